@@ -1,0 +1,133 @@
+/*
+ * core/config/config.h - configuration: YAML read into one tree, environment overrides,
+ * the core's schema with documented defaults, and --generate-config.
+ *
+ * Every node remembers the file line it came from (or the environment variable), so every
+ * error names the key and where it was set. Unknown keys are errors, never ignored. The core
+ * validates its own keys into struct core_config; each plugin receives its subtree
+ * (plugins.<name>) and validates it itself through the host table. Internal prefix: cfg_.
+ *
+ * Environment rule (one rule for every key): ATRIUM__<SEG>__<SEG>...=<value> sets the key
+ * <seg>.<seg>... (segments lower-cased; "__" separates segments, a single "_" stays part of
+ * the key). The value is read as YAML, so `[a, b]` is a list and `true` a boolean.
+ * Example: ATRIUM__SERVER__HTTP__REQUEST_THREADS=8 sets server.http.request_threads.
+ */
+#ifndef ATRIUM_CORE_CONFIG_H
+#define ATRIUM_CORE_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum { CFG_SCALAR = 1, CFG_MAP, CFG_SEQ } cfg_kind;
+
+typedef struct cfg_node {
+    cfg_kind kind;
+    char *key;          /* key in the parent map; NULL for sequence items and the root */
+    char *value;        /* scalar text (CFG_SCALAR); NULL otherwise; "" for an empty value */
+    bool null_value;    /* the scalar was YAML null (~, null, or nothing) */
+    int line;           /* 1-based line in `origin` (0 when set from the environment) */
+    const char *origin; /* file path, or the environment variable's name */
+    struct cfg_node *parent;
+    struct cfg_node *first_child, *last_child, *next;
+} cfg_node;
+
+/* Errors are written to err as one line: "<origin>:<line>: <key path>: <message>". */
+cfg_node *cfg_load_file(const char *path, char *err, size_t errlen);
+cfg_node *cfg_load_string(const char *text, const char *origin, char *err, size_t errlen);
+cfg_node *cfg_new_map(void); /* an empty root */
+void cfg_free(cfg_node *root);
+
+/* Apply every ATRIUM__* variable of envp (NULL-terminated, as `environ`). Creates missing
+ * maps along the way; replaces existing values. 0 or -1 with err set. */
+int cfg_apply_env(cfg_node *root, char *const *envp, char *err, size_t errlen);
+
+/* True when n is NULL or a YAML null (`key:`, `~`, `null`): the key counts as not given, so
+ * typed reads return their default and cfg_check_keys sees an empty map. */
+bool cfg_is_absent(const cfg_node *n);
+/* "a map", "a list", "a single value" or "an empty value", for error messages. */
+const char *cfg_kind_name(const cfg_node *n);
+
+/* Look-ups by dotted path relative to n ("server.http.port"); NULL when absent. */
+cfg_node *cfg_get(const cfg_node *n, const char *path);
+/* The dotted path of a node from the root ("plugins.media.delivery_slots"), into buf. */
+const char *cfg_path(const cfg_node *n, char *buf, size_t len);
+/* "<origin>:<line>" or "<origin>" for env, into buf. */
+const char *cfg_where(const cfg_node *n, char *buf, size_t len);
+/* Write the module's one error format about n into err: "<where>: <key path>: <message>"
+ * (the path left out for the root; with n NULL, the message alone). For checks beyond the
+ * typed reads, in schema.c and in plugins validating their subtree. Always returns -1, so a
+ * check can `return cfg_error(...)`. Any thread; touches nothing but err. */
+int cfg_error(const cfg_node *n, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Typed reads of `path` under n. When absent the default is stored and 0 returned. On a
+ * wrong type or a value out of [min, max], -1 with err naming the key, its place and the
+ * allowed range. */
+int cfg_read_int(const cfg_node *n, const char *path, int64_t def, int64_t min, int64_t max,
+                 int64_t *out, char *err, size_t errlen);
+int cfg_read_bool(const cfg_node *n, const char *path, bool def, bool *out, char *err,
+                  size_t errlen);
+/* *out points into the tree (or at def); valid while the tree lives. */
+int cfg_read_string(const cfg_node *n, const char *path, const char *def, const char **out,
+                    char *err, size_t errlen);
+/* A list of strings (a YAML sequence of scalars, or a single scalar taken as one item).
+ * *out is malloc'd (array of pointers into the tree), *n_out its length; free(*out). */
+int cfg_read_string_list(const cfg_node *n, const char *path, const char ***out,
+                         size_t *n_out, char *err, size_t errlen);
+
+/* The map n (absent is fine) may only hold keys in `allowed` (NULL-terminated). -1 with err
+ * naming the first unknown key, its place, and the nearest allowed key when one is close
+ * ("did you mean fetch_threads?"). A non-map n is also an error. */
+int cfg_check_keys(const cfg_node *n, const char *const *allowed, char *err, size_t errlen);
+
+/* ---- the core's own settings (schema.c) ---------------------------------------------- */
+
+struct core_config {
+    const char *server_name;    /* server_name (required) */
+    const char *public_baseurl; /* public_baseurl: "" = no /.well-known/matrix/client */
+    const char *plugin_dir;     /* plugin_dir: where <name>.so are looked for */
+    const char *log_level;      /* log.level: error|warn|info|debug */
+    struct {
+        const char *bind_address;     /* server.http.bind_address (default 127.0.0.1) */
+        int port;                     /* server.http.port (default 8008) */
+        int request_threads;          /* server.http.request_threads (default 4, 1..256) */
+        int connection_timeout_s;     /* server.http.connection_timeout_s (default 60) */
+        int max_connections;          /* server.http.max_connections (0 = from RLIMIT_NOFILE) */
+        int fd_reserve;               /* server.http.fd_reserve (default 128) */
+        int64_t max_json_body_bytes;  /* server.http.max_json_body_bytes (default 1 MiB) */
+        int handoff_deadline_ms;      /* server.http.handoff_deadline_ms (default 60000) */
+        const char **trusted_proxies; /* server.http.trusted_proxies (default []) */
+        size_t n_trusted_proxies;
+    } http;
+    struct {
+        bool enabled;                   /* server.metrics.enabled (default true) */
+        const char **allowed_addresses; /* server.metrics.allowed_addresses (loopback) */
+        size_t n_allowed_addresses;
+    } metrics;
+    int shutdown_grace_ms; /* server.shutdown_grace_ms (default 10000) */
+    struct {
+        const char *conninfo;     /* database.conninfo (libpq string; required) */
+        int pool_size;            /* database.pool_size (default 8, 1..512) */
+        int checkout_timeout_ms;  /* database.checkout_timeout_ms (default 5000) */
+        int connect_retry_s;      /* database.connect_retry_s (default 30) */
+    } database;
+    struct {
+        bool enabled;         /* ratelimit.enabled (default true) */
+    } ratelimit;
+};
+
+/* Validate every core key of root into *out (which points into root) and reject unknown
+ * keys anywhere outside plugins.<name> subtrees. plugins.<name> must be maps; their
+ * `enabled` (bool) and `path` (string) are checked here, the rest by the plugin.
+ * 0, or -1 with err set. Free out->http.trusted_proxies and out->metrics.allowed_addresses
+ * with core_config_release. */
+int core_config_load(const cfg_node *root, struct core_config *out, char *err, size_t errlen);
+void core_config_release(struct core_config *c);
+
+/* Write a complete, commented configuration with every default to f. */
+int cfg_generate(FILE *f, const char *server_name, const char *conninfo,
+                 const char *plugin_dir);
+
+#endif

@@ -1,0 +1,666 @@
+/*
+ * core/config/schema.c - checking a configuration tree against what is expected: the typed
+ * reads and the unknown-key check (for the core and for plugins alike), the core's own keys
+ * with their defaults, units and ranges read into struct core_config, and --generate-config,
+ * which writes those same keys with those same defaults as a commented file.
+ *
+ * Each integer's default and range is written once, in the settings below, and used by both
+ * the loader and the generator, so a generated file always says what the loader would do. A
+ * YAML null counts as absent: a typed read gives its default and cfg_check_keys sees an empty
+ * map. Unknown keys are errors everywhere except inside plugins.<name>: there this file checks
+ * only `enabled` and `path` (DESIGN §4) and leaves every other key to the plugin, which
+ * validates its subtree in init. It does not parse YAML or read the environment (config.c
+ * built the tree and applied ATRIUM__* first), and it does not decide how a setting is used;
+ * the comments say what its owner does with it. No global mutable state; any thread.
+ */
+#include "core/config/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#ifdef ATRIUM_DEFAULT_PLUGIN_DIR
+#define CORE_DEFAULT_PLUGIN_DIR ATRIUM_DEFAULT_PLUGIN_DIR
+#else
+#define CORE_DEFAULT_PLUGIN_DIR "/usr/lib/atrium/plugins"
+#endif
+
+#define CORE_DEFAULT_PUBLIC_BASEURL ""
+#define CORE_DEFAULT_BIND_ADDRESS "127.0.0.1"
+#define CORE_DEFAULT_LOG_LEVEL "info"
+#define CORE_DEFAULT_METRICS_ENABLED true
+#define CORE_DEFAULT_RATELIMIT_ENABLED true
+#define CORE_DEFAULT_PLUGIN_ENABLED false
+
+enum {
+    SCHEMA_TEXT_BYTES = 512,          /* scratch for paths, places and lists */
+    SCHEMA_QUOTE_BYTES = 64,          /* a bad value is quoted up to this many bytes */
+    SCHEMA_SUGGEST_MAX_DISTANCE = 2,  /* edits at most for a "did you mean" */
+    SCHEMA_SUGGEST_MAX_KEY_BYTES = 64, /* longer keys get no suggestion */
+};
+
+static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
+static const char *const DEFAULT_METRICS_ADDRESSES[] = {"127.0.0.1", "::1"};
+/* Plugins that --generate-config enables. */
+static const char *const GENERATED_PLUGINS[] = {"media", "directory", NULL};
+
+/* ---- typed reads ---------------------------------------------------------------------- */
+
+/* Decimal only: an optional sign and digits. 0, -1 for garbage, -2 for overflow. */
+static int parse_decimal(const char *s, int64_t *out)
+{
+    const char *p = s + (*s == '-' || *s == '+');
+    if (*p == '\0')
+        return -1;
+    for (; *p != '\0'; p++)
+        if (!isdigit((unsigned char)*p))
+            return -1;
+    errno = 0;
+    long long v = strtoll(s, NULL, 10);
+    if (errno == ERANGE)
+        return -2;
+    *out = (int64_t)v;
+    return 0;
+}
+
+int cfg_read_int(const cfg_node *n, const char *path, int64_t def, int64_t min, int64_t max,
+                 int64_t *out, char *err, size_t errlen)
+{
+    *out = def; /* defined on every path, even an error */
+    const cfg_node *v = cfg_get(n, path);
+    if (cfg_is_absent(v))
+        return 0;
+    if (v->kind != CFG_SCALAR)
+        return cfg_error(v, err, errlen, "expected an integer in %" PRId64 "..%" PRId64
+                         ", found %s", min, max, cfg_kind_name(v));
+    int64_t x = 0;
+    int rc = parse_decimal(v->value, &x);
+    if (rc == -1)
+        return cfg_error(v, err, errlen, "expected a decimal integer in %" PRId64 "..%" PRId64
+                         ", got \"%.*s\"", min, max, SCHEMA_QUOTE_BYTES, v->value);
+    if (rc == -2 || x < min || x > max)
+        return cfg_error(v, err, errlen, "%.*s is out of range (allowed %" PRId64 "..%" PRId64
+                         ")", SCHEMA_QUOTE_BYTES, v->value, min, max);
+    *out = x;
+    return 0;
+}
+
+int cfg_read_bool(const cfg_node *n, const char *path, bool def, bool *out, char *err,
+                  size_t errlen)
+{
+    static const char *const yes[] = {"true", "yes", "on"}, *const no[] = {"false", "no", "off"};
+    *out = def; /* defined on every path, even an error */
+    const cfg_node *v = cfg_get(n, path);
+    if (cfg_is_absent(v))
+        return 0;
+    for (size_t i = 0; v->kind == CFG_SCALAR && i < sizeof yes / sizeof *yes; i++) {
+        if (strcasecmp(v->value, yes[i]) == 0 || strcasecmp(v->value, no[i]) == 0) {
+            *out = strcasecmp(v->value, yes[i]) == 0;
+            return 0;
+        }
+    }
+    if (v->kind != CFG_SCALAR)
+        return cfg_error(v, err, errlen, "expected true or false, found %s", cfg_kind_name(v));
+    return cfg_error(v, err, errlen, "expected true or false (yes/no and on/off also work), "
+                     "got \"%.*s\"", SCHEMA_QUOTE_BYTES, v->value);
+}
+
+int cfg_read_string(const cfg_node *n, const char *path, const char *def, const char **out,
+                    char *err, size_t errlen)
+{
+    *out = def; /* defined on every path, even an error */
+    const cfg_node *v = cfg_get(n, path);
+    if (cfg_is_absent(v))
+        return 0;
+    if (v->kind != CFG_SCALAR)
+        return cfg_error(v, err, errlen, "expected a single value (a string), found %s",
+                         cfg_kind_name(v));
+    *out = v->value;
+    return 0;
+}
+
+int cfg_read_string_list(const cfg_node *n, const char *path, const char ***out,
+                         size_t *n_out, char *err, size_t errlen)
+{
+    *out = NULL;
+    *n_out = 0;
+    const cfg_node *v = cfg_get(n, path);
+    if (cfg_is_absent(v))
+        return 0;
+    if (v->kind == CFG_MAP)
+        return cfg_error(v, err, errlen, "expected a list of strings, found a map");
+    size_t count = 0;
+    if (v->kind == CFG_SCALAR) {
+        count = 1;
+    } else {
+        for (const cfg_node *c = v->first_child; c != NULL; c = c->next, count++)
+            if (c->kind != CFG_SCALAR || c->null_value)
+                return cfg_error(c, err, errlen, "expected a string, found %s", cfg_kind_name(c));
+    }
+    if (count == 0)
+        return 0;
+    const char **items = malloc(count * sizeof *items);
+    if (items == NULL)
+        return cfg_error(v, err, errlen, "out of memory");
+    if (v->kind == CFG_SCALAR) {
+        items[0] = v->value;
+    } else {
+        size_t i = 0;
+        for (const cfg_node *c = v->first_child; c != NULL; c = c->next)
+            items[i++] = c->value;
+    }
+    *out = items;
+    *n_out = count;
+    return 0;
+}
+
+/* ---- unknown keys ----------------------------------------------------------------------- */
+
+/* Optimal string alignment distance (a swap of two neighbours is one edit), ignoring case;
+ * INT_MAX for keys too long to be worth a suggestion. */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > SCHEMA_SUGGEST_MAX_KEY_BYTES || lb > SCHEMA_SUGGEST_MAX_KEY_BYTES)
+        return INT_MAX;
+    int d[SCHEMA_SUGGEST_MAX_KEY_BYTES + 1][SCHEMA_SUGGEST_MAX_KEY_BYTES + 1];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        for (size_t j = 1; j <= lb; j++) {
+            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+            int best = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    }
+    return d[la][lb];
+}
+
+/* The allowed key an operator most likely meant: a near spelling, or the key with its unit
+ * suffix left off ("shutdown_grace" for "shutdown_grace_ms"). NULL when none is close. */
+static const char *nearest_key(const char *const *allowed, const char *key)
+{
+    const char *best = NULL;
+    int best_d = SCHEMA_SUGGEST_MAX_DISTANCE + 1;
+    size_t klen = strlen(key);
+    for (size_t i = 0; allowed[i] != NULL; i++) {
+        int d = edit_distance(key, allowed[i]);
+        if (strncmp(allowed[i], key, klen) == 0 && allowed[i][klen] == '_')
+            d = 1;
+        if (d < best_d && (size_t)d < strlen(allowed[i])) {
+            best = allowed[i];
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+int cfg_check_keys(const cfg_node *n, const char *const *allowed, char *err, size_t errlen)
+{
+    if (cfg_is_absent(n))
+        return 0;
+    if (n->kind != CFG_MAP)
+        return cfg_error(n, err, errlen, "expected a map of keys, found %s", cfg_kind_name(n));
+    for (const cfg_node *c = n->first_child; c != NULL; c = c->next) {
+        bool known = false;
+        for (size_t i = 0; allowed[i] != NULL && !known; i++)
+            known = strcmp(allowed[i], c->key) == 0;
+        if (known)
+            continue;
+        const char *near = nearest_key(allowed, c->key);
+        if (near != NULL)
+            return cfg_error(c, err, errlen, "unknown key (did you mean %s?)", near);
+        char list[SCHEMA_TEXT_BYTES];
+        size_t pos = 0;
+        list[0] = '\0';
+        for (size_t i = 0; allowed[i] != NULL && pos < sizeof list; i++)
+            pos += (size_t)snprintf(list + pos, sizeof list - pos, "%s%s", i ? ", " : "",
+                                    allowed[i]);
+        return cfg_error(c, err, errlen, "unknown key (allowed here: %s)",
+                         allowed[0] ? list : "none");
+    }
+    return 0;
+}
+
+/* ---- integer settings: one default and range for loader and generator -------------------- */
+
+struct int_setting {
+    const char *path;      /* dotted key */
+    int64_t def, min, max; /* default and allowed range, inclusive */
+    const char *doc;       /* the comment written above the key, with its unit */
+};
+
+static const struct int_setting HTTP_PORT = {
+    "server.http.port", 8008, 0, 65535,
+    "TCP port for plain client HTTP (TLS belongs in a proxy); 0 = any free port."};
+static const struct int_setting HTTP_REQUEST_THREADS = {
+    "server.http.request_threads", 4, 1, 256,
+    "Threads handling client requests (the request pool), a count."};
+static const struct int_setting HTTP_CONNECTION_TIMEOUT_S = {
+    "server.http.connection_timeout_s", 60, 1, 3600,
+    "Seconds a client connection may stay idle before it is closed."};
+static const struct int_setting HTTP_MAX_CONNECTIONS = {
+    "server.http.max_connections", 0, 0, 1000000,
+    "Open client connections, a count; 0 = RLIMIT_NOFILE minus fd_reserve."};
+static const struct int_setting HTTP_FD_RESERVE = {
+    "server.http.fd_reserve", 128, 0, 65536,
+    "File descriptors kept for files, PostgreSQL and peers, a count."};
+static const struct int_setting HTTP_MAX_JSON_BODY_BYTES = {
+    "server.http.max_json_body_bytes", INT64_C(1024) * 1024, 1024, INT64_C(64) * 1024 * 1024,
+    "Largest JSON request body accepted, in bytes."};
+static const struct int_setting HTTP_HANDOFF_DEADLINE_MS = {
+    "server.http.handoff_deadline_ms", 60000, 100, 3600000,
+    "Milliseconds a parked or handed-off request may wait before it fails."};
+static const struct int_setting SHUTDOWN_GRACE_MS = {
+    "server.shutdown_grace_ms", 10000, 0, 600000,
+    "Milliseconds shutdown lets requests in flight finish."};
+static const struct int_setting DB_POOL_SIZE = {
+    "database.pool_size", 8, 1, 512,
+    "PostgreSQL connections, shared by the core and the plugins, a count."};
+static const struct int_setting DB_CHECKOUT_TIMEOUT_MS = {
+    "database.checkout_timeout_ms", 5000, 1, 600000,
+    "Milliseconds a request waits for a free database connection (then 503)."};
+static const struct int_setting DB_CONNECT_RETRY_S = {
+    "database.connect_retry_s", 30, 0, 3600,
+    "Seconds to keep retrying an unreachable PostgreSQL before giving up."};
+
+/* ---- which keys exist ---------------------------------------------------------------------- */
+
+static const char *const TOP_KEYS[] = {"server_name", "public_baseurl", "plugin_dir", "log",
+                                       "server", "database", "ratelimit", "plugins", NULL};
+static const char *const LOG_KEYS[] = {"level", NULL};
+static const char *const SERVER_KEYS[] = {"http", "metrics", "shutdown_grace_ms", NULL};
+static const char *const HTTP_KEYS[] = {"bind_address", "port", "request_threads",
+                                        "connection_timeout_s", "max_connections",
+                                        "fd_reserve", "max_json_body_bytes",
+                                        "handoff_deadline_ms", "trusted_proxies", NULL};
+static const char *const METRICS_KEYS[] = {"enabled", "allowed_addresses", NULL};
+static const char *const DATABASE_KEYS[] = {"conninfo", "pool_size", "checkout_timeout_ms",
+                                            "connect_retry_s", NULL};
+static const char *const RATELIMIT_KEYS[] = {"enabled", NULL};
+
+static int check_core_keys(const cfg_node *root, char *err, size_t errlen)
+{
+    static const struct {
+        const char *path;
+        const char *const *allowed;
+    } maps[] = {{"", TOP_KEYS},          {"log", LOG_KEYS},
+                {"server", SERVER_KEYS}, {"server.http", HTTP_KEYS},
+                {"server.metrics", METRICS_KEYS}, {"database", DATABASE_KEYS},
+                {"ratelimit", RATELIMIT_KEYS}};
+    for (size_t i = 0; i < sizeof maps / sizeof *maps; i++)
+        if (cfg_check_keys(cfg_get(root, maps[i].path), maps[i].allowed, err, errlen) < 0)
+            return -1;
+    return 0;
+}
+
+/* plugins: a map of name -> map; only `enabled` and `path` are the core's to check. */
+static int check_plugins(const cfg_node *root, char *err, size_t errlen)
+{
+    const cfg_node *plugins = cfg_get(root, "plugins");
+    if (plugins == NULL || cfg_is_absent(plugins))
+        return 0;
+    if (plugins->kind != CFG_MAP)
+        return cfg_error(plugins, err, errlen,
+                         "expected a map of plugin names to their settings (media: {enabled: "
+                         "true})");
+    for (const cfg_node *p = plugins->first_child; p != NULL; p = p->next) {
+        /* The name becomes <plugin_dir>/<name>.so: no path separators, no dots. */
+        for (const char *c = p->key; *c != '\0'; c++)
+            if (!isalnum((unsigned char)*c) && *c != '_' && *c != '-')
+                return cfg_error(p, err, errlen, "a plugin name may only hold letters, digits, "
+                                 "'_' and '-'; to load another file set path:");
+        if (p->kind != CFG_MAP && !cfg_is_absent(p))
+            return cfg_error(p, err, errlen, "expected the plugin's settings as a map "
+                             "(enabled: true, ...)");
+        bool enabled;
+        const char *path;
+        if (cfg_read_bool(p, "enabled", CORE_DEFAULT_PLUGIN_ENABLED, &enabled, err, errlen) < 0 ||
+            cfg_read_string(p, "path", NULL, &path, err, errlen) < 0)
+            return -1;
+        if (path != NULL && path[0] == '\0')
+            return cfg_error(cfg_get(p, "path"), err, errlen, "must not be empty; leave it out "
+                             "to load %s.so from plugin_dir", p->key);
+    }
+    return 0;
+}
+
+/* ---- reading values ------------------------------------------------------------------------ */
+
+static int read_int(const cfg_node *root, const struct int_setting *s, int *out, char *err,
+                    size_t errlen)
+{
+    int64_t v;
+    if (cfg_read_int(root, s->path, s->def, s->min, s->max, &v, err, errlen) < 0)
+        return -1;
+    *out = (int)v; /* every int setting's range fits an int */
+    return 0;
+}
+
+/* A required key that is absent: reported at the nearest map that exists, with the
+ * environment variable that could also set it. */
+static int missing_key(const cfg_node *root, const char *path, const char *hint, char *err,
+                       size_t errlen)
+{
+    char parent[SCHEMA_TEXT_BYTES], where[SCHEMA_TEXT_BYTES], env[SCHEMA_TEXT_BYTES];
+    const cfg_node *at = root;
+    snprintf(parent, sizeof parent, "%s", path);
+    for (char *dot = strrchr(parent, '.'); dot != NULL; dot = strrchr(parent, '.')) {
+        *dot = '\0';
+        if ((at = cfg_get(root, parent)) != NULL)
+            break;
+        at = root;
+    }
+    size_t pos = (size_t)snprintf(env, sizeof env, "ATRIUM__");
+    for (const char *c = path; *c != '\0' && pos + 2 < sizeof env; c++) {
+        if (*c == '.') {
+            env[pos++] = '_';
+            env[pos++] = '_';
+        } else {
+            env[pos++] = (char)toupper((unsigned char)*c);
+        }
+    }
+    env[pos] = '\0';
+    return cfg_error(NULL, err, errlen, "%s: %s: required key is missing (%s; or set %s)",
+                     cfg_where(at, where, sizeof where), path, hint, env);
+}
+
+static int read_required(const cfg_node *root, const char *path, const char *hint,
+                         const char **out, char *err, size_t errlen)
+{
+    if (cfg_read_string(root, path, NULL, out, err, errlen) < 0)
+        return -1;
+    if (*out == NULL) {
+        missing_key(root, path, hint, err, errlen);
+        return -1;
+    }
+    if ((*out)[0] == '\0')
+        return cfg_error(cfg_get(root, path), err, errlen, "must not be empty (%s)", hint);
+    return 0;
+}
+
+static int read_nonempty(const cfg_node *root, const char *path, const char *def,
+                         const char **out, char *err, size_t errlen)
+{
+    if (cfg_read_string(root, path, def, out, err, errlen) < 0)
+        return -1;
+    if ((*out)[0] == '\0')
+        return cfg_error(cfg_get(root, path), err, errlen, "must not be empty; leave the key "
+                         "out for the default (%s)", def);
+    return 0;
+}
+
+static int read_top(const cfg_node *root, struct core_config *out, char *err, size_t errlen)
+{
+    if (read_required(root, "server_name", "the name in user IDs, like example.org in "
+                      "@alice:example.org", &out->server_name, err, errlen) < 0)
+        return -1;
+    for (const char *c = out->server_name; *c != '\0'; c++)
+        if (isspace((unsigned char)*c) || *c == '/' || *c == '@')
+            return cfg_error(cfg_get(root, "server_name"), err, errlen, "\"%.64s\" is not a "
+                             "server name; give a host with an optional port, like example.org "
+                             "or example.org:8448", out->server_name);
+    if (cfg_read_string(root, "public_baseurl", CORE_DEFAULT_PUBLIC_BASEURL,
+                        &out->public_baseurl, err, errlen) < 0)
+        return -1;
+    if (out->public_baseurl[0] != '\0' && strncmp(out->public_baseurl, "https://", 8) != 0 &&
+        strncmp(out->public_baseurl, "http://", 7) != 0)
+        return cfg_error(cfg_get(root, "public_baseurl"), err, errlen, "expected a URL "
+                         "starting with https:// (or \"\" for none)");
+    if (read_nonempty(root, "plugin_dir", CORE_DEFAULT_PLUGIN_DIR, &out->plugin_dir, err,
+                      errlen) < 0)
+        return -1;
+    const char *level;
+    if (cfg_read_string(root, "log.level", CORE_DEFAULT_LOG_LEVEL, &level, err, errlen) < 0)
+        return -1;
+    for (size_t i = 0; LOG_LEVELS[i] != NULL; i++)
+        if (strcasecmp(level, LOG_LEVELS[i]) == 0)
+            out->log_level = LOG_LEVELS[i];
+    if (out->log_level == NULL)
+        return cfg_error(cfg_get(root, "log.level"), err, errlen, "\"%.64s\" is not a log "
+                         "level (allowed: error, warn, info, debug)", level);
+    return 0;
+}
+
+static int read_server(const cfg_node *root, struct core_config *out, char *err,
+                       size_t errlen)
+{
+    int64_t body_bytes;
+    if (read_nonempty(root, "server.http.bind_address", CORE_DEFAULT_BIND_ADDRESS,
+                      &out->http.bind_address, err, errlen) < 0 ||
+        read_int(root, &HTTP_PORT, &out->http.port, err, errlen) < 0 ||
+        read_int(root, &HTTP_REQUEST_THREADS, &out->http.request_threads, err, errlen) < 0 ||
+        read_int(root, &HTTP_CONNECTION_TIMEOUT_S, &out->http.connection_timeout_s, err,
+                 errlen) < 0 ||
+        read_int(root, &HTTP_MAX_CONNECTIONS, &out->http.max_connections, err, errlen) < 0 ||
+        read_int(root, &HTTP_FD_RESERVE, &out->http.fd_reserve, err, errlen) < 0 ||
+        cfg_read_int(root, HTTP_MAX_JSON_BODY_BYTES.path, HTTP_MAX_JSON_BODY_BYTES.def,
+                     HTTP_MAX_JSON_BODY_BYTES.min, HTTP_MAX_JSON_BODY_BYTES.max, &body_bytes,
+                     err, errlen) < 0 ||
+        read_int(root, &HTTP_HANDOFF_DEADLINE_MS, &out->http.handoff_deadline_ms, err,
+                 errlen) < 0 ||
+        cfg_read_string_list(root, "server.http.trusted_proxies", &out->http.trusted_proxies,
+                             &out->http.n_trusted_proxies, err, errlen) < 0 ||
+        cfg_read_bool(root, "server.metrics.enabled", CORE_DEFAULT_METRICS_ENABLED,
+                      &out->metrics.enabled, err, errlen) < 0 ||
+        read_int(root, &SHUTDOWN_GRACE_MS, &out->shutdown_grace_ms, err, errlen) < 0)
+        return -1;
+    out->http.max_json_body_bytes = body_bytes;
+
+    const char *addresses = "server.metrics.allowed_addresses";
+    const cfg_node *given = cfg_get(root, addresses);
+    if (!cfg_is_absent(given))
+        return cfg_read_string_list(root, addresses, &out->metrics.allowed_addresses,
+                                    &out->metrics.n_allowed_addresses, err, errlen);
+    size_t n = sizeof DEFAULT_METRICS_ADDRESSES / sizeof *DEFAULT_METRICS_ADDRESSES;
+    out->metrics.allowed_addresses = malloc(sizeof DEFAULT_METRICS_ADDRESSES);
+    if (out->metrics.allowed_addresses == NULL)
+        return cfg_error(root, err, errlen, "out of memory");
+    memcpy(out->metrics.allowed_addresses, DEFAULT_METRICS_ADDRESSES,
+           sizeof DEFAULT_METRICS_ADDRESSES);
+    out->metrics.n_allowed_addresses = n;
+    return 0;
+}
+
+static int read_database(const cfg_node *root, struct core_config *out, char *err,
+                         size_t errlen)
+{
+    if (read_required(root, "database.conninfo", "a libpq connection string, like "
+                      "\"dbname=atrium\"", &out->database.conninfo, err, errlen) < 0 ||
+        read_int(root, &DB_POOL_SIZE, &out->database.pool_size, err, errlen) < 0 ||
+        read_int(root, &DB_CHECKOUT_TIMEOUT_MS, &out->database.checkout_timeout_ms, err,
+                 errlen) < 0 ||
+        read_int(root, &DB_CONNECT_RETRY_S, &out->database.connect_retry_s, err, errlen) < 0 ||
+        cfg_read_bool(root, "ratelimit.enabled", CORE_DEFAULT_RATELIMIT_ENABLED,
+                      &out->ratelimit.enabled, err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
+int core_config_load(const cfg_node *root, struct core_config *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (root == NULL)
+        return cfg_error(NULL, err, errlen, "no configuration");
+    if (check_core_keys(root, err, errlen) < 0 || check_plugins(root, err, errlen) < 0)
+        return -1;
+    if (read_top(root, out, err, errlen) < 0 || read_server(root, out, err, errlen) < 0 ||
+        read_database(root, out, err, errlen) < 0) {
+        core_config_release(out);
+        return -1;
+    }
+    return 0;
+}
+
+void core_config_release(struct core_config *c)
+{
+    if (c == NULL)
+        return;
+    free(c->http.trusted_proxies);
+    c->http.trusted_proxies = NULL;
+    c->http.n_trusted_proxies = 0;
+    free(c->metrics.allowed_addresses);
+    c->metrics.allowed_addresses = NULL;
+    c->metrics.n_allowed_addresses = 0;
+}
+
+/* ---- --generate-config ------------------------------------------------------------------- */
+
+/* A YAML double-quoted string, so any server name or conninfo reads back unchanged. */
+static void put_quoted(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s != '\0'; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void put_comment(FILE *f, int indent, const char *text)
+{
+    fprintf(f, "%*s# %s\n", indent, "", text);
+}
+
+static void put_string(FILE *f, int indent, const char *key, const char *value)
+{
+    fprintf(f, "%*s%s: ", indent, "", key);
+    put_quoted(f, value);
+    fputc('\n', f);
+}
+
+static void put_int(FILE *f, int indent, const struct int_setting *s)
+{
+    const char *leaf = strrchr(s->path, '.');
+    fprintf(f, "%*s# %s Allowed: %" PRId64 "..%" PRId64 ".\n", indent, "", s->doc, s->min,
+            s->max);
+    fprintf(f, "%*s%s: %" PRId64 "\n", indent, "", leaf ? leaf + 1 : s->path, s->def);
+}
+
+static void put_bool(FILE *f, int indent, const char *key, bool value, const char *doc)
+{
+    put_comment(f, indent, doc);
+    fprintf(f, "%*s%s: %s\n", indent, "", key, value ? "true" : "false");
+}
+
+static void generate_top(FILE *f, const char *server_name, const char *plugin_dir)
+{
+    put_comment(f, 0, "Atrium homeserver configuration, written by --generate-config.");
+    put_comment(f, 0, "Every key the core reads is listed with its default. Any key can also "
+                "be set");
+    put_comment(f, 0, "from the environment: ATRIUM__SERVER__HTTP__PORT=8448 sets "
+                "server.http.port");
+    put_comment(f, 0, "(the value is read as YAML). Unknown keys stop start-up; they are "
+                "never ignored.");
+    fputc('\n', f);
+    put_comment(f, 0, "This server's name, as in @alice:example.org. Required; it cannot");
+    put_comment(f, 0, "change once users exist.");
+    put_string(f, 0, "server_name", server_name);
+    put_comment(f, 0, "Base URL clients reach this server at, for /.well-known/matrix/client;");
+    put_comment(f, 0, "\"\" = serve no /.well-known/matrix/client.");
+    put_string(f, 0, "public_baseurl", CORE_DEFAULT_PUBLIC_BASEURL);
+    put_comment(f, 0, "Directory where plugins are found as <name>.so (a path).");
+    if (plugin_dir != NULL) {
+        put_string(f, 0, "plugin_dir", plugin_dir);
+    } else {
+        fputs("# plugin_dir: ", f);
+        put_quoted(f, CORE_DEFAULT_PLUGIN_DIR);
+        fputc('\n', f);
+    }
+    fputc('\n', f);
+    put_comment(f, 0, "Logging.");
+    fputs("log:\n", f);
+    put_comment(f, 2, "Least severe messages written: error, warn, info or debug.");
+    fprintf(f, "  level: %s\n\n", CORE_DEFAULT_LOG_LEVEL);
+}
+
+static void generate_server(FILE *f)
+{
+    put_comment(f, 0, "The HTTP front door.");
+    fputs("server:\n", f);
+    put_comment(f, 2, "The client-server listener.");
+    fputs("  http:\n", f);
+    put_comment(f, 4, "Address to listen on, an IPv4 or IPv6 literal.");
+    put_string(f, 4, "bind_address", CORE_DEFAULT_BIND_ADDRESS);
+    put_int(f, 4, &HTTP_PORT);
+    put_int(f, 4, &HTTP_REQUEST_THREADS);
+    put_int(f, 4, &HTTP_CONNECTION_TIMEOUT_S);
+    put_int(f, 4, &HTTP_MAX_CONNECTIONS);
+    put_int(f, 4, &HTTP_FD_RESERVE);
+    put_int(f, 4, &HTTP_MAX_JSON_BODY_BYTES);
+    put_int(f, 4, &HTTP_HANDOFF_DEADLINE_MS);
+    put_comment(f, 4, "Proxy addresses whose X-Forwarded-For is believed (a list of "
+                "addresses).");
+    fputs("    trusted_proxies: []\n", f);
+    put_comment(f, 2, "Prometheus metrics at /metrics.");
+    fputs("  metrics:\n", f);
+    put_bool(f, 4, "enabled", CORE_DEFAULT_METRICS_ENABLED, "Serve /metrics (true or false).");
+    put_comment(f, 4, "Client addresses allowed to read /metrics (a list of addresses).");
+    fputs("    allowed_addresses: [", f);
+    for (size_t i = 0; i < sizeof DEFAULT_METRICS_ADDRESSES / sizeof *DEFAULT_METRICS_ADDRESSES;
+         i++) {
+        fputs(i ? ", " : "", f);
+        put_quoted(f, DEFAULT_METRICS_ADDRESSES[i]);
+    }
+    fputs("]\n", f);
+    put_int(f, 2, &SHUTDOWN_GRACE_MS);
+    fputc('\n', f);
+}
+
+static void generate_rest(FILE *f, const char *conninfo)
+{
+    put_comment(f, 0, "PostgreSQL, shared by the core and the plugins.");
+    fputs("database:\n", f);
+    put_comment(f, 2, "libpq connection string (see the libpq docs). Required.");
+    put_string(f, 2, "conninfo", conninfo);
+    put_int(f, 2, &DB_POOL_SIZE);
+    put_int(f, 2, &DB_CHECKOUT_TIMEOUT_MS);
+    put_int(f, 2, &DB_CONNECT_RETRY_S);
+    fputc('\n', f);
+    put_comment(f, 0, "Per-client rate limits.");
+    fputs("ratelimit:\n", f);
+    put_bool(f, 2, "enabled", CORE_DEFAULT_RATELIMIT_ENABLED,
+             "Refuse clients over their rate with 429 (true or false).");
+    fputc('\n', f);
+    put_comment(f, 0, "Plugins, one map per plugin name. Besides enabled and path, each "
+                "plugin's keys are");
+    put_comment(f, 0, "its own and are checked by the plugin at start-up.");
+    fputs("plugins:\n", f);
+    for (size_t i = 0; GENERATED_PLUGINS[i] != NULL; i++) {
+        fprintf(f, "  %s:\n", GENERATED_PLUGINS[i]);
+        fprintf(f, "    # Load %s.so from plugin_dir (true or false); path: loads another "
+                ".so instead.\n", GENERATED_PLUGINS[i]);
+        fputs("    enabled: true\n", f);
+    }
+}
+
+int cfg_generate(FILE *f, const char *server_name, const char *conninfo,
+                 const char *plugin_dir)
+{
+    if (f == NULL || server_name == NULL || conninfo == NULL)
+        return -1;
+    generate_top(f, server_name, plugin_dir);
+    generate_server(f);
+    generate_rest(f, conninfo);
+    if (fflush(f) != 0 || ferror(f))
+        return -1;
+    return 0;
+}

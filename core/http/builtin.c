@@ -1,0 +1,82 @@
+/*
+ * core/http/builtin.c - the core's own endpoints: /health, the client versions, the client
+ * discovery file, and /metrics. They register through the same router as plugins.
+ *
+ * None of these touch the database or wait on anything: /health answers as long as the
+ * request pool runs, which is what a load balancer should learn from it.
+ */
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/http/http.h"
+
+/* The spec versions advertised to clients (v1.11 brings authenticated media). */
+static const char *const SPEC_VERSIONS[] = {"r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5",
+                                            "v1.6", "v1.7", "v1.8", "v1.9", "v1.10", "v1.11",
+                                            "v1.12", NULL};
+
+static int get_health(atrium_req *r)
+{
+    return http_respond_json(r, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+static int get_versions(atrium_req *r)
+{
+    json_t *versions = json_array();
+    for (size_t i = 0; SPEC_VERSIONS[i]; i++) json_array_append_new(versions, json_string(SPEC_VERSIONS[i]));
+    json_t *body = json_pack("{s:o, s:{s:b}}", "versions", versions, "unstable_features",
+                             "org.matrix.msc3916.stable", 1);
+    return http_respond_json(r, 200, body);
+}
+
+static int get_wellknown_client(atrium_req *r)
+{
+    const char *base = r->srv->cfg->public_baseurl;
+    if (!base || !*base)
+        return http_respond_error(r, 404, "M_NOT_FOUND", "No client discovery is configured");
+    return http_respond_json(r, 200, json_pack("{s:{s:s}}", "m.homeserver", "base_url", base));
+}
+
+static int get_metrics(atrium_req *r)
+{
+    const struct core_config *cfg = r->srv->cfg;
+    /* The direct peer must be allowed; a forwarded address does not count. */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    char peer[64] = "";
+    if (ci && ci->client_addr) {
+        const struct sockaddr *sa = ci->client_addr;
+        if (sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, peer, sizeof(peer));
+        else if (sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, peer, sizeof(peer));
+    }
+    if (!cfg->metrics.enabled ||
+        !http_addr_in_list(peer, cfg->metrics.allowed_addresses, cfg->metrics.n_allowed_addresses))
+        return http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
+    size_t len = 0;
+    char *text = rt_metrics_render(r->srv->metrics, &len);
+    if (!text) return ATRIUM_E_NOMEM;
+    int rc = http_respond_buffer(r, 200, "text/plain; version=0.0.4", text, len);
+    free(text);
+    return rc;
+}
+
+int http_builtin_routes(http_server *s)
+{
+    static const atrium_route routes[] = {
+        {.method = "GET", .path = "/health", .handler = get_health},
+        {.method = "GET", .path = "/_matrix/client/versions", .handler = get_versions},
+        {.method = "GET", .path = "/.well-known/matrix/client", .handler = get_wellknown_client},
+        {.method = "GET", .path = "/metrics", .handler = get_metrics},
+    };
+    char err[256];
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        if (router_add(s->router, &routes[i], "core", err, sizeof(err)) < 0) {
+            rt_log(ATRIUM_LOG_ERROR, "core", "%s", err);
+            return -1;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,248 @@
+/*
+ * core/http/http.h - the core's HTTP layer, internal: the server object, the request
+ * object behind atrium_req, the router, and the suspend/resume machinery (park, handoff,
+ * deadlines, events, admission lines).
+ *
+ * The public face of all this is include/atrium/host.h; this header is what core files
+ * share among themselves. Internal prefixes: http_ (server, request, response),
+ * router_, susp_ (suspension).
+ */
+#ifndef ATRIUM_CORE_HTTP_H
+#define ATRIUM_CORE_HTTP_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "atrium/host.h"
+#include "core/config/config.h"
+#include "core/runtime/runtime.h"
+
+/* ---- router ------------------------------------------------------------------------- */
+
+typedef struct router router;
+typedef struct route_entry {
+    atrium_route route;
+    const char *owner;  /* "core" or the plugin's name */
+    size_t n_segs;
+    const char **segs;  /* literal text, or NULL for a {param} segment */
+    const char **names; /* param name per segment, or NULL */
+    int literals;       /* how many literal segments: more literals win */
+} route_entry;
+
+router *router_new(void);
+void router_free(router *rt);
+/* 0, or ATRIUM_E_EXISTS / ATRIUM_E_INVAL with err naming both owners / the problem. */
+int router_add(router *rt, const atrium_route *route, const char *owner, char *err,
+               size_t errlen);
+/* Match method + raw (still percent-encoded) path. Segments are percent-decoded after
+ * splitting, so an encoded "/" stays inside its segment. On a match, the param names and
+ * decoded values are allocated in `arena`. NULL when nothing matches; *wrong_method is
+ * set when the path matches a route of another method (-> 405). HEAD matches GET. */
+const route_entry *router_match(const router *rt, const char *method, const char *raw_path,
+                                rt_arena *arena, const char ***names, const char ***values,
+                                size_t *n, bool *wrong_method);
+/* Percent-decode in place; returns false on a malformed escape or an embedded NUL. */
+bool http_percent_decode(char *s);
+
+/* ---- server ------------------------------------------------------------------------- */
+
+typedef struct http_server http_server;
+typedef struct susp_timer susp_timer;
+
+struct http_server {
+    const struct core_config *cfg;
+    rt_metrics *metrics;
+    router *router;
+    struct MHD_Daemon *daemon;
+    susp_timer *timer;
+    rt_budget *outbound; /* ADR-0079 */
+    atomic_bool stopping;
+    int max_connections;
+    pthread_mutex_t events_mu;
+    struct atrium_event *events; /* every event, for shutdown */
+    rt_metric *m_requests, *m_connections, *m_parked, *m_handed_off, *m_holds;
+    rt_metric *m_handoff_expired, *m_handoff_client_gone, *m_handoff_cancelled;
+    rt_metric *m_responses[6]; /* by status class 1xx..5xx, [0] unused */
+    bool ratelimit_enabled;
+};
+
+http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics);
+/* Bind and listen (MHD's thread pool starts). 0 or -1 (logged). */
+int http_server_start(http_server *s);
+/* Stop accepting new connections; keep serving those that exist. */
+void http_server_quiesce(http_server *s);
+/* Answer every parked or handed-off request (parked ones run again with reason
+ * _SHUTDOWN; handed-off ones get 503) and refuse new parks and handoffs. */
+void http_server_expire_suspended(http_server *s);
+/* Wait until no request is in flight (idle keep-alive connections do not count) or
+ * grace_ms passed. */
+void http_server_drain(http_server *s, int grace_ms);
+void http_server_stop(http_server *s); /* MHD_stop_daemon; after expire */
+void http_server_free(http_server *s);
+/* Register the core's own routes (/health, /versions, /metrics, ...). */
+int http_builtin_routes(http_server *s);
+
+/* ---- request ------------------------------------------------------------------------ */
+
+enum susp_state { SUSP_ACTIVE = 0, SUSP_SUSPENDED, SUSP_RESUMING };
+enum susp_kind { SUSP_NONE = 0, SUSP_PARK, SUSP_LINE, SUSP_HANDOFF };
+enum susp_action { ACT_NONE = 0, ACT_RESPOND, ACT_REDISPATCH };
+
+typedef struct http_kv {
+    const char *name, *value;
+} http_kv;
+
+typedef struct http_hold {
+    void (*release)(void *arg);
+    void *arg;
+    struct http_hold *next;
+} http_hold;
+
+typedef struct http_out_header {
+    const char *name, *value;
+    struct http_out_header *next;
+} http_out_header;
+
+#define HTTP_MAX_HANDOFF_VALUES 8
+#define HTTP_MAX_RATELIMITS_PER_REQ 8
+
+struct atrium_req {
+    http_server *srv;
+    struct MHD_Connection *conn;
+    rt_arena *arena;
+    atomic_int refs;
+    pthread_mutex_t mu; /* guards the suspension fields below */
+    char id[20];
+
+    const char *method;
+    const char *path;     /* percent-decoded */
+    const char *raw_path; /* as received */
+    const route_entry *route;
+    size_t n_params;
+    const char **param_names, **param_values;
+    http_kv *headers, *args;
+    size_t n_headers, n_args;
+    const char *client_addr;
+    const char *user; /* authenticated user ID, or NULL */
+    int sock_fd;
+    int64_t start_ms, deadline_ms;
+
+    /* body */
+    char *body;
+    size_t body_len, body_cap;
+    int64_t max_body;
+    bool body_too_large, body_failed;
+    json_t *json;
+
+    /* running */
+    int run_reason;
+    int runs;
+    void *plugin_state;
+    bool in_dispatch_done; /* the response was queued */
+
+    /* the response under construction, owned by the owning thread */
+    struct MHD_Response *response;
+    int status;
+    http_out_header *out_headers;
+
+    /* suspension: guarded by mu */
+    int susp;        /* enum susp_state */
+    int susp_kind;   /* enum susp_kind */
+    int action;      /* enum susp_action, set with SUSP_RESUMING */
+    int resume_reason;
+    struct MHD_Response *resume_response;
+    int resume_status;
+    size_t heap_idx; /* position in the deadline heap, or SIZE_MAX */
+    int64_t susp_deadline;
+    bool worker_running;
+
+    /* parked on an event (linked under the event's lock) */
+    struct atrium_event *ev;
+    struct atrium_req *ev_prev, *ev_next;
+    bool ev_linked;
+
+    /* admission line */
+    rt_line *line;
+    rt_line_waiter waiter;
+    bool line_waiting;  /* linked in line, or granted and not yet taken as a hold */
+    bool line_cancelled; /* the deadline or shutdown took it out of the line */
+    int64_t line_deadline;
+
+    /* handoff */
+    rt_pool *pool;
+    atrium_scope_value hvals[HTTP_MAX_HANDOFF_VALUES];
+    size_t n_hvals;
+
+    /* holds, released once in the request-completed callback */
+    http_hold *holds;
+    pthread_mutex_t holds_mu;
+    bool completed;
+
+    /* rate limiters this request was already counted by */
+    void *rl_counted[HTTP_MAX_RATELIMITS_PER_REQ];
+    int n_rl_counted;
+};
+
+atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *method,
+                         const char *raw_url);
+void http_req_ref(atrium_req *r);
+void http_req_unref(atrium_req *r);
+/* Release every hold once (idempotent); holds added later are released at once. */
+int http_req_add_hold(atrium_req *r, void (*release)(void *arg), void *arg);
+void http_req_release_holds(atrium_req *r);
+/* Run the route handler on the calling thread inside the request's scopes; returns the
+ * handler's outcome (errors mapped to a response). */
+int http_req_run(atrium_req *r);
+const char *http_req_header(atrium_req *r, const char *name);
+const char *http_req_client_key(atrium_req *r);
+bool http_addr_in_list(const char *addr, const char **list, size_t n);
+
+/* ---- responses ---------------------------------------------------------------------- */
+
+/* Build (not queue) a Matrix error response with CORS and no-store headers. */
+struct MHD_Response *http_error_response(int status, const char *errcode, const char *msg,
+                                         int64_t retry_after_ms);
+/* Set r's response (replacing any). */
+void http_set_response(atrium_req *r, int status, struct MHD_Response *resp);
+/* Add CORS headers and r's custom headers to r->response. */
+void http_finalize_response(atrium_req *r);
+void http_add_cors(struct MHD_Response *resp);
+int http_respond_error(atrium_req *r, int status, const char *errcode, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int http_respond_json(atrium_req *r, int status, json_t *body);
+int http_respond_limited(atrium_req *r, int64_t retry_after_ms, const char *message);
+void http_count_status(http_server *s, int status);
+int http_respond_header(atrium_req *r, const char *name, const char *value);
+int http_respond_buffer(atrium_req *r, int status, const char *content_type, const void *data,
+                        size_t len);
+int http_respond_file(atrium_req *r, int status, const char *content_type, int fd,
+                      uint64_t offset, uint64_t len);
+int http_respond_stream(atrium_req *r, int status, const char *content_type, int64_t size,
+                        atrium_stream_read read, void *arg, void (*free_arg)(void *));
+
+/* ---- suspension (suspend.c) --------------------------------------------------------- */
+
+susp_timer *susp_timer_new(http_server *s);
+void susp_timer_free(susp_timer *t);
+/* [req] suspend r (if not already) as `kind` with a deadline. */
+void susp_suspend(atrium_req *r, int kind, int64_t deadline_ms);
+/* Resume r with an action exactly once: true if this call resumed it. `resp` is consumed
+ * either way. */
+bool susp_resume(atrium_req *r, int action, int reason, int status, struct MHD_Response *resp);
+/* The handoff task body and its submit. */
+int susp_handoff(atrium_req *r, rt_pool *pool, const atrium_scope_value *vals, size_t n);
+int susp_park(atrium_req *r, struct atrium_event *ev, int64_t deadline_ms);
+int susp_event_signal(struct atrium_event *ev);
+struct atrium_event *susp_event_new(http_server *s);
+int susp_line_admit(atrium_req *r, rt_line *line, int64_t max_wait_ms);
+/* Release a line slot and pass it on (used by the line hold). */
+void susp_line_release(http_server *s, rt_line *line);
+/* Resume every suspended request (shutdown). */
+void susp_expire_all(http_server *s);
+/* Cleanup at completion: a waiter still in a line leaves it. */
+void susp_request_done(atrium_req *r);
+void susp_events_free(http_server *s);
+
+#endif

@@ -1,0 +1,243 @@
+/*
+ * core/http/request.c - the request object: its arena, what it carries (method, path,
+ * parameters, headers, query, body, client key), its holds, and running its handler
+ * inside the request's scopes.
+ *
+ * A request lives from libmicrohttpd's first call for it to the request-completed
+ * callback, plus as long as a pool task or the deadline timer still holds a reference.
+ * Everything a handler reads is copied into the arena when the request arrives, so any
+ * thread that owns the request can read it without touching libmicrohttpd. Holds are the
+ * one place where resources tied to a request are given back: exactly once, at the end.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/http/http.h"
+
+#define REQ_ARENA_CHUNK_BYTES 8192
+
+static atomic_ulong next_request_id = 1;
+
+typedef struct kv_collect {
+    atrium_req *r;
+    http_kv *items;
+    size_t n, cap;
+    bool decode;
+} kv_collect;
+
+static enum MHD_Result collect_kv(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  const char *value)
+{
+    (void)kind;
+    kv_collect *k = cls;
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 16;
+        http_kv *n = rt_arena_alloc(k->r->arena, cap * sizeof(*n));
+        if (!n) return MHD_NO;
+        if (k->n) memcpy(n, k->items, k->n * sizeof(*n));
+        k->items = n;
+        k->cap = cap;
+    }
+    char *name = rt_arena_strdup(k->r->arena, key ? key : "");
+    char *val = rt_arena_strdup(k->r->arena, value ? value : "");
+    if (!name || !val) return MHD_NO;
+    if (k->decode && (!http_percent_decode(name) || !http_percent_decode(val))) return MHD_YES;
+    k->items[k->n].name = name;
+    k->items[k->n].value = val;
+    k->n++;
+    return MHD_YES;
+}
+
+static const char *addr_to_string(rt_arena *a, const struct sockaddr *sa)
+{
+    char buf[INET6_ADDRSTRLEN] = "unknown";
+    if (sa && sa->sa_family == AF_INET) {
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, sizeof(buf));
+    } else if (sa && sa->sa_family == AF_INET6) {
+        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(a6)) inet_ntop(AF_INET, &a6->s6_addr[12], buf, sizeof(buf));
+        else inet_ntop(AF_INET6, a6, buf, sizeof(buf));
+    }
+    return rt_arena_strdup(a, buf);
+}
+
+bool http_addr_in_list(const char *addr, const char **list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(addr, list[i]) == 0) return true;
+    return false;
+}
+
+/* The client's address: the peer's, or, when the peer is a trusted proxy, the rightmost
+ * X-Forwarded-For entry that is not itself a trusted proxy. */
+static const char *client_address(atrium_req *r, const char *peer)
+{
+    const struct core_config *cfg = r->srv->cfg;
+    if (!http_addr_in_list(peer, cfg->http.trusted_proxies, cfg->http.n_trusted_proxies))
+        return peer;
+    const char *xff = http_req_header(r, "X-Forwarded-For");
+    if (!xff) return peer;
+    char *copy = rt_arena_strdup(r->arena, xff);
+    if (!copy) return peer;
+    const char *chosen = peer;
+    for (;;) {
+        char *comma = strrchr(copy, ',');
+        char *item = comma ? comma + 1 : copy;
+        while (*item == ' ' || *item == '\t') item++;
+        size_t len = strlen(item);
+        while (len && (item[len - 1] == ' ' || item[len - 1] == '\t')) item[--len] = '\0';
+        if (len) {
+            chosen = item;
+            if (!http_addr_in_list(item, cfg->http.trusted_proxies,
+                                   cfg->http.n_trusted_proxies))
+                break;
+        }
+        if (!comma) break;
+        *comma = '\0';
+    }
+    return chosen;
+}
+
+atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *method,
+                         const char *raw_url)
+{
+    rt_arena *arena = rt_arena_new(REQ_ARENA_CHUNK_BYTES);
+    if (!arena) return NULL;
+    atrium_req *r = rt_arena_alloc(arena, sizeof(*r));
+    if (!r) {
+        rt_arena_free(arena);
+        return NULL;
+    }
+    r->srv = s;
+    r->conn = c;
+    r->arena = arena;
+    atomic_init(&r->refs, 1);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->holds_mu, NULL);
+    snprintf(r->id, sizeof(r->id), "%06lx",
+             (unsigned long)atomic_fetch_add(&next_request_id, 1));
+    r->method = rt_arena_strdup(arena, method);
+    r->raw_path = rt_arena_strdup(arena, raw_url);
+    char *path = rt_arena_strdup(arena, raw_url);
+    if (!r->method || !r->raw_path || !path) {
+        http_req_unref(r);
+        return NULL;
+    }
+    if (!http_percent_decode(path)) path = rt_arena_strdup(arena, raw_url);
+    r->path = path;
+    r->heap_idx = SIZE_MAX;
+    r->sock_fd = -1;
+    r->start_ms = rt_now_ms();
+    r->deadline_ms = r->start_ms + s->cfg->http.handoff_deadline_ms;
+
+    kv_collect h = {.r = r};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, collect_kv, &h);
+    r->headers = h.items;
+    r->n_headers = h.n;
+    kv_collect q = {.r = r, .decode = true};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_kv, &q);
+    r->args = q.items;
+    r->n_args = q.n;
+
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const char *peer = addr_to_string(arena, ci ? ci->client_addr : NULL);
+    r->client_addr = client_address(r, peer ? peer : "unknown");
+    ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) r->sock_fd = ci->connect_fd;
+    return r;
+}
+
+void http_req_ref(atrium_req *r)
+{
+    atomic_fetch_add(&r->refs, 1);
+}
+
+void http_req_unref(atrium_req *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    if (r->response) MHD_destroy_response(r->response);
+    if (r->resume_response) MHD_destroy_response(r->resume_response);
+    if (r->json) json_decref(r->json);
+    free(r->body);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->holds_mu);
+    rt_arena_free(r->arena);
+}
+
+int http_req_add_hold(atrium_req *r, void (*release)(void *), void *arg)
+{
+    pthread_mutex_lock(&r->holds_mu);
+    if (r->completed) {
+        pthread_mutex_unlock(&r->holds_mu);
+        release(arg);
+        return ATRIUM_E_EXPIRED;
+    }
+    http_hold *h = malloc(sizeof(*h));
+    if (!h) {
+        pthread_mutex_unlock(&r->holds_mu);
+        release(arg);
+        return ATRIUM_E_NOMEM;
+    }
+    h->release = release;
+    h->arg = arg;
+    h->next = r->holds;
+    r->holds = h;
+    rt_metric_add(r->srv->m_holds, 1);
+    pthread_mutex_unlock(&r->holds_mu);
+    return 0;
+}
+
+void http_req_release_holds(atrium_req *r)
+{
+    pthread_mutex_lock(&r->holds_mu);
+    r->completed = true;
+    http_hold *h = r->holds;
+    r->holds = NULL;
+    pthread_mutex_unlock(&r->holds_mu);
+    while (h) { /* newest first: reverse order of acquisition */
+        http_hold *next = h->next;
+        h->release(h->arg);
+        rt_metric_add(r->srv->m_holds, -1);
+        free(h);
+        h = next;
+    }
+}
+
+const char *http_req_header(atrium_req *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_headers; i++)
+        if (strcasecmp(r->headers[i].name, name) == 0) return r->headers[i].value;
+    return NULL;
+}
+
+const char *http_req_client_key(atrium_req *r)
+{
+    return r->user ? r->user : r->client_addr;
+}
+
+int http_req_run(atrium_req *r)
+{
+    RT_SCOPE(ATRIUM_SCOPE_REQUEST, r);
+    RT_SCOPE(ATRIUM_SCOPE_REQUEST_ID, r->id);
+    RT_SCOPE(ATRIUM_SCOPE_CLIENT_KEY, http_req_client_key(r));
+    RT_SCOPE(ATRIUM_SCOPE_DEADLINE, (intptr_t)r->deadline_ms);
+    RT_SCOPE(ATRIUM_SCOPE_USER, r->user);
+    /* Values carried by a handoff, published only on the pool that received it. */
+    rt_scope_frame frames[HTTP_MAX_HANDOFF_VALUES];
+    size_t pushed = 0;
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) {
+        for (; pushed < r->n_hvals; pushed++)
+            rt_scope_push(&frames[pushed], r->hvals[pushed].key, r->hvals[pushed].value);
+    }
+    r->runs++;
+    const route_entry *route = r->route;
+    int rc = route->route.handler(r);
+    /* From here r may belong to another thread (parked, handed off): only the stack. */
+    while (pushed) rt_scope_pop(&frames[--pushed]);
+    return rc;
+}

@@ -1,0 +1,191 @@
+/*
+ * core/http/response.c - building responses: JSON, bytes, files, streams and Matrix errors,
+ * with the headers every response carries (CORS) and every failure carries (no-store).
+ *
+ * Responses are built here on whichever thread owns the request and queued by
+ * core/http/server.c on the request-pool thread that owns the connection: a pool thread
+ * never calls MHD_queue_response (deprecated on suspended connections); it stores the
+ * response and resumes. This file does not decide *when* a response goes out.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/http/http.h"
+
+#define STREAM_BLOCK_BYTES (64 * 1024)
+
+void http_add_cors(struct MHD_Response *resp)
+{
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods",
+                            "GET, HEAD, POST, PUT, DELETE, OPTIONS");
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                            "X-Requested-With, Content-Type, Authorization, Date");
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers",
+                            "Content-Disposition, Retry-After, ETag, Content-Range");
+}
+
+static struct MHD_Response *json_response(json_t *body)
+{
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!text) return NULL;
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(text);
+        return NULL;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    return resp;
+}
+
+struct MHD_Response *http_error_response(int status, const char *errcode, const char *msg,
+                                         int64_t retry_after_ms)
+{
+    json_t *body = json_pack("{s:s, s:s}", "errcode", errcode, "error", msg ? msg : "");
+    if (!body) return NULL;
+    if (retry_after_ms > 0) json_object_set_new(body, "retry_after_ms", json_integer(retry_after_ms));
+    struct MHD_Response *resp = json_response(body);
+    if (!resp) return NULL;
+    http_add_cors(resp);
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    if (retry_after_ms > 0 || status == 503) {
+        char secs[32];
+        int64_t s = retry_after_ms > 0 ? (retry_after_ms + 999) / 1000 : 1;
+        snprintf(secs, sizeof(secs), "%lld", (long long)s);
+        MHD_add_response_header(resp, "Retry-After", secs);
+    }
+    (void)status;
+    return resp;
+}
+
+void http_set_response(atrium_req *r, int status, struct MHD_Response *resp)
+{
+    if (r->response) MHD_destroy_response(r->response);
+    r->response = resp;
+    r->status = status;
+}
+
+void http_finalize_response(atrium_req *r)
+{
+    if (!r->response) return;
+    http_add_cors(r->response);
+    /* Custom headers were prepended; add them oldest first. */
+    http_out_header *rev = NULL;
+    for (http_out_header *h = r->out_headers; h;) {
+        http_out_header *next = h->next;
+        h->next = rev;
+        rev = h;
+        h = next;
+    }
+    for (http_out_header *h = rev; h; h = h->next)
+        MHD_add_response_header(r->response, h->name, h->value);
+    r->out_headers = NULL;
+}
+
+/* A response built on a pool thread after the core already answered is dropped. */
+static bool answered_elsewhere(atrium_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    bool gone = r->susp == SUSP_RESUMING;
+    pthread_mutex_unlock(&r->mu);
+    return gone;
+}
+
+static int store(atrium_req *r, int status, struct MHD_Response *resp)
+{
+    if (!resp) return ATRIUM_E_NOMEM;
+    if (answered_elsewhere(r)) {
+        MHD_destroy_response(resp);
+        return ATRIUM_E_EXPIRED;
+    }
+    http_set_response(r, status, resp);
+    return 0;
+}
+
+int http_respond_json(atrium_req *r, int status, json_t *body)
+{
+    if (!body) return ATRIUM_E_INVAL;
+    return store(r, status, json_response(body));
+}
+
+int http_respond_error(atrium_req *r, int status, const char *errcode, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    r->out_headers = NULL; /* a failure does not carry the success headers */
+    struct MHD_Response *resp = http_error_response(status, errcode, msg, 0);
+    return store(r, status, resp);
+}
+
+int http_respond_limited(atrium_req *r, int64_t retry_after_ms, const char *message)
+{
+    if (retry_after_ms <= 0) retry_after_ms = 1000;
+    r->out_headers = NULL;
+    struct MHD_Response *resp = http_error_response(
+        429, "M_LIMIT_EXCEEDED", message ? message : "Too many requests", retry_after_ms);
+    return store(r, 429, resp);
+}
+
+int http_respond_header(atrium_req *r, const char *name, const char *value)
+{
+    http_out_header *h = rt_arena_alloc(r->arena, sizeof(*h));
+    if (!h) return ATRIUM_E_NOMEM;
+    h->name = rt_arena_strdup(r->arena, name);
+    h->value = rt_arena_strdup(r->arena, value);
+    if (!h->name || !h->value) return ATRIUM_E_NOMEM;
+    h->next = r->out_headers;
+    r->out_headers = h;
+    return 0;
+}
+
+int http_respond_buffer(atrium_req *r, int status, const char *content_type, const void *data,
+                        size_t len)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
+    if (resp && content_type) MHD_add_response_header(resp, "Content-Type", content_type);
+    return store(r, status, resp);
+}
+
+int http_respond_file(atrium_req *r, int status, const char *content_type, int fd,
+                      uint64_t offset, uint64_t len)
+{
+    struct MHD_Response *resp = MHD_create_response_from_fd_at_offset64(len, fd, offset);
+    if (!resp) {
+        close(fd);
+        return ATRIUM_E_NOMEM;
+    }
+    if (content_type) MHD_add_response_header(resp, "Content-Type", content_type);
+    return store(r, status, resp);
+}
+
+int http_respond_stream(atrium_req *r, int status, const char *content_type, int64_t size,
+                        atrium_stream_read read, void *arg, void (*free_arg)(void *))
+{
+    /* ATRIUM_STREAM_END / _ERROR are MHD's END_OF_STREAM / END_WITH_ERROR values. */
+    _Static_assert(ATRIUM_STREAM_END == (int64_t)MHD_CONTENT_READER_END_OF_STREAM, "stream end");
+    _Static_assert(ATRIUM_STREAM_ERROR == (int64_t)MHD_CONTENT_READER_END_WITH_ERROR, "stream err");
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        size < 0 ? MHD_SIZE_UNKNOWN : (uint64_t)size, STREAM_BLOCK_BYTES,
+        (MHD_ContentReaderCallback)read, arg, free_arg);
+    if (!resp) {
+        if (free_arg) free_arg(arg);
+        return ATRIUM_E_NOMEM;
+    }
+    if (content_type) MHD_add_response_header(resp, "Content-Type", content_type);
+    return store(r, status, resp);
+}
+
+void http_count_status(http_server *s, int status)
+{
+    int cls = status / 100;
+    if (cls >= 1 && cls <= 5) rt_metric_add(s->m_responses[cls], 1);
+}

@@ -1,0 +1,228 @@
+/*
+ * core/http/router.c - method + path templates -> handlers.
+ *
+ * Routes are registered during start-up only (the core's own and each plugin's, during
+ * init) and never change while serving, so matching takes no lock. A template is split
+ * into segments: literal text or a {name} parameter. The request path is split on "/"
+ * while still percent-encoded and each segment decoded afterwards, so "%2F" inside a room
+ * alias never creates a new segment. When several templates match, the one with more
+ * literal segments wins (/rooms/{id}/members beats /rooms/{id}/{type}). The router
+ * knows nothing of 404/405 answers: it reports "no match" and "wrong method".
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/http/http.h"
+
+#define ROUTER_MAX_SEGMENTS 32
+
+struct router {
+    route_entry *entries;
+    size_t n, cap;
+};
+
+router *router_new(void)
+{
+    return calloc(1, sizeof(router));
+}
+
+void router_free(router *rt)
+{
+    if (!rt) return;
+    for (size_t i = 0; i < rt->n; i++) {
+        route_entry *e = &rt->entries[i];
+        for (size_t j = 0; j < e->n_segs; j++) {
+            free((void *)e->segs[j]);
+            free((void *)e->names[j]);
+        }
+        free(e->segs);
+        free(e->names);
+        free((void *)e->owner);
+    }
+    free(rt->entries);
+    free(rt);
+}
+
+static bool same_method(const char *a, const char *b)
+{
+    return strcmp(a, b) == 0;
+}
+
+static bool parse_template(route_entry *e, const char *path, char *err, size_t errlen)
+{
+    if (path[0] != '/') {
+        snprintf(err, errlen, "route path \"%s\" must start with /", path);
+        return false;
+    }
+    const char *p = path + 1;
+    e->segs = calloc(ROUTER_MAX_SEGMENTS, sizeof(char *));
+    e->names = calloc(ROUTER_MAX_SEGMENTS, sizeof(char *));
+    if (!e->segs || !e->names) return false;
+    while (*p || p == path + 1) {
+        const char *slash = strchr(p, '/');
+        size_t len = slash ? (size_t)(slash - p) : strlen(p);
+        if (e->n_segs == ROUTER_MAX_SEGMENTS) {
+            snprintf(err, errlen, "route path \"%s\" has too many segments", path);
+            return false;
+        }
+        if (len >= 2 && p[0] == '{' && p[len - 1] == '}') {
+            e->names[e->n_segs] = strndup(p + 1, len - 2);
+            e->segs[e->n_segs] = NULL;
+        } else if (memchr(p, '{', len) || memchr(p, '}', len)) {
+            snprintf(err, errlen, "route path \"%s\": a parameter must be a whole segment", path);
+            return false;
+        } else {
+            e->segs[e->n_segs] = strndup(p, len);
+            e->literals++;
+        }
+        e->n_segs++;
+        if (!slash) break;
+        p = slash + 1;
+    }
+    return true;
+}
+
+/* Two templates collide when every segment pair is equal literals or both parameters. */
+static bool same_shape(const route_entry *a, const route_entry *b)
+{
+    if (a->n_segs != b->n_segs) return false;
+    for (size_t i = 0; i < a->n_segs; i++) {
+        if (!a->segs[i] != !b->segs[i]) return false;
+        if (a->segs[i] && strcmp(a->segs[i], b->segs[i]) != 0) return false;
+    }
+    return true;
+}
+
+int router_add(router *rt, const atrium_route *route, const char *owner, char *err,
+               size_t errlen)
+{
+    if (!route || !route->method || !route->path || !route->handler) {
+        snprintf(err, errlen, "route from \"%s\" lacks a method, path or handler", owner);
+        return ATRIUM_E_INVAL;
+    }
+    route_entry e = {.route = *route};
+    if (!parse_template(&e, route->path, err, errlen)) {
+        for (size_t j = 0; j < e.n_segs; j++) {
+            free((void *)e.segs[j]);
+            free((void *)e.names[j]);
+        }
+        free(e.segs);
+        free(e.names);
+        return ATRIUM_E_INVAL;
+    }
+    for (size_t i = 0; i < rt->n; i++) {
+        if (same_method(rt->entries[i].route.method, route->method) &&
+            same_shape(&rt->entries[i], &e)) {
+            snprintf(err, errlen, "route %s %s from \"%s\" is already registered by \"%s\" (%s)",
+                     route->method, route->path, owner, rt->entries[i].owner,
+                     rt->entries[i].route.path);
+            for (size_t j = 0; j < e.n_segs; j++) {
+                free((void *)e.segs[j]);
+                free((void *)e.names[j]);
+            }
+            free(e.segs);
+            free(e.names);
+            return ATRIUM_E_EXISTS;
+        }
+    }
+    if (rt->n == rt->cap) {
+        size_t cap = rt->cap ? rt->cap * 2 : 32;
+        route_entry *n = realloc(rt->entries, cap * sizeof(*n));
+        if (!n) return ATRIUM_E_NOMEM;
+        rt->entries = n;
+        rt->cap = cap;
+    }
+    e.owner = strdup(owner);
+    rt->entries[rt->n++] = e;
+    return 0;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+bool http_percent_decode(char *s)
+{
+    char *w = s;
+    for (const char *r = s; *r; r++) {
+        if (*r == '%') {
+            int hi = hexval(r[1]), lo = hi >= 0 ? hexval(r[2]) : -1;
+            if (hi < 0 || lo < 0) return false;
+            char c = (char)(hi * 16 + lo);
+            if (c == '\0') return false;
+            *w++ = c;
+            r += 2;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+    return true;
+}
+
+const route_entry *router_match(const router *rt, const char *method, const char *raw_path,
+                                rt_arena *arena, const char ***names, const char ***values,
+                                size_t *n, bool *wrong_method)
+{
+    *wrong_method = false;
+    *n = 0;
+    if (raw_path[0] != '/') return NULL;
+    const char *raw_segs[ROUTER_MAX_SEGMENTS];
+    size_t raw_lens[ROUTER_MAX_SEGMENTS];
+    size_t n_raw = 0;
+    const char *p = raw_path + 1;
+    for (;;) {
+        const char *slash = strchr(p, '/');
+        size_t len = slash ? (size_t)(slash - p) : strlen(p);
+        if (n_raw == ROUTER_MAX_SEGMENTS) return NULL;
+        raw_segs[n_raw] = p;
+        raw_lens[n_raw++] = len;
+        if (!slash) break;
+        p = slash + 1;
+    }
+    /* Decode each segment once. */
+    char *seg[ROUTER_MAX_SEGMENTS];
+    for (size_t i = 0; i < n_raw; i++) {
+        seg[i] = rt_arena_strndup(arena, raw_segs[i], raw_lens[i]);
+        if (!seg[i] || !http_percent_decode(seg[i])) return NULL;
+    }
+    bool is_head = strcmp(method, "HEAD") == 0;
+    const route_entry *best = NULL;
+    for (size_t i = 0; i < rt->n; i++) {
+        const route_entry *e = &rt->entries[i];
+        if (e->n_segs != n_raw) continue;
+        bool ok = true;
+        for (size_t j = 0; j < n_raw && ok; j++) {
+            if (e->segs[j]) ok = strcmp(e->segs[j], seg[j]) == 0;
+            else ok = seg[j][0] != '\0';
+        }
+        if (!ok) continue;
+        bool method_ok = strcmp(e->route.method, method) == 0 ||
+                         (is_head && strcmp(e->route.method, "GET") == 0);
+        if (!method_ok) {
+            *wrong_method = true;
+            continue;
+        }
+        if (!best || e->literals > best->literals) best = e;
+    }
+    if (!best) return NULL;
+    *wrong_method = false;
+    size_t np = best->n_segs - (size_t)best->literals;
+    const char **nm = rt_arena_alloc(arena, (np + 1) * sizeof(char *));
+    const char **vl = rt_arena_alloc(arena, (np + 1) * sizeof(char *));
+    if (!nm || !vl) return NULL;
+    size_t k = 0;
+    for (size_t j = 0; j < best->n_segs; j++) {
+        if (best->segs[j]) continue;
+        nm[k] = best->names[j];
+        vl[k++] = seg[j];
+    }
+    *names = nm;
+    *values = vl;
+    *n = k;
+    return best;
+}

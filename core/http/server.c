@@ -1,0 +1,398 @@
+/*
+ * core/http/server.c - the libmicrohttpd listener: its request pool, the access handler
+ * that routes, reads bodies, runs handlers and queues responses, and the request-completed
+ * callback where holds are released.
+ *
+ * Decisions owned here (DESIGN §2): MHD's internal thread pool is the request pool
+ * (server.http.request_threads, epoll); every connection has an inactivity timeout; the
+ * connection limit is derived from RLIMIT_NOFILE minus what PostgreSQL, outbound sockets
+ * and files need; paths reach the router still percent-encoded; responses are queued
+ * only on the connection's own thread (a pool worker stores its response and resumes);
+ * shutdown resumes every suspended connection before MHD_stop_daemon.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "core/http/http.h"
+
+#define CONNECTION_MEMORY_LIMIT_BYTES (64 * 1024)
+#define OUTBOUND_SOCKET_RESERVE 16 /* the federation client's connection cap */
+#define DRAIN_POLL_MS 20
+
+static atomic_int open_connections;
+static atomic_int inflight_requests; /* received and not yet completed */
+
+/* Keep the raw path: the router splits it before decoding. Query values are decoded
+ * when the request copies them. */
+static size_t no_unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    return strlen(s);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = '\0';
+    rt_log(ATRIUM_LOG_WARN, "http", "libmicrohttpd: %s", line);
+}
+
+static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *resp)
+{
+    if (!resp) resp = http_error_response(500, "M_UNKNOWN", "Internal server error", 0);
+    if (!resp) return MHD_NO;
+    enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    http_count_status(r->srv, status);
+    r->in_dispatch_done = true;
+    return rc;
+}
+
+static enum MHD_Result queue_own(atrium_req *r)
+{
+    http_finalize_response(r);
+    struct MHD_Response *resp = r->response;
+    r->response = NULL;
+    return queue(r, r->status, resp);
+}
+
+/* Run the handler on this request-pool thread and act on its outcome. */
+static enum MHD_Result dispatch(atrium_req *r)
+{
+    int rc = http_req_run(r);
+    if (rc == ATRIUM_PARKED || rc == ATRIUM_HANDED_OFF) return MHD_YES; /* not ours now */
+    if (rc < 0) {
+        bool stopping = atomic_load(&r->srv->stopping);
+        if (rc != ATRIUM_E_STOPPED && !stopping)
+            rt_log(ATRIUM_LOG_ERROR, "core", "[req %s] %s %s: handler failed (%d)", r->id,
+                   r->method, r->path, rc);
+        if (rc == ATRIUM_E_STOPPED || stopping)
+            http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+        else if (rc == ATRIUM_E_DB)
+            http_respond_error(r, 503, "M_UNKNOWN", "The database is unavailable; retry");
+        else
+            http_respond_error(r, 500, "M_UNKNOWN", "Internal server error");
+    } else if (!r->response) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "[req %s] %s %s: handler set no response", r->id,
+               r->method, r->path);
+        http_respond_error(r, 500, "M_UNKNOWN", "Internal server error");
+    }
+    return queue_own(r);
+}
+
+/* First call for a request: route it and decide whether it is answered before its body. */
+static void prepare(atrium_req *r)
+{
+    http_server *s = r->srv;
+    rt_metric_add(s->m_requests, 1);
+    if (strcmp(r->method, "OPTIONS") == 0) {
+        http_respond_json(r, 200, json_object()); /* CORS preflight: headers do the work */
+        return;
+    }
+    bool wrong_method = false;
+    r->route = router_match(s->router, r->method, r->raw_path, r->arena, &r->param_names,
+                            &r->param_values, &r->n_params, &wrong_method);
+    if (!r->route) {
+        if (wrong_method)
+            http_respond_error(r, 405, "M_UNRECOGNIZED", "Method %s not allowed on this path",
+                               r->method);
+        else
+            http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
+        return;
+    }
+    r->max_body = r->route->route.max_body_bytes > 0 ? r->route->route.max_body_bytes
+                                                     : s->cfg->http.max_json_body_bytes;
+    const char *cl = http_req_header(r, "Content-Length");
+    if (cl) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (errno || end == cl || (long long)n > r->max_body) {
+            http_respond_error(r, 413, "M_TOO_LARGE", "The request body is larger than %lld bytes",
+                               (long long)r->max_body);
+            r->body_too_large = true;
+        }
+    }
+}
+
+static void take_body(atrium_req *r, const char *data, size_t size)
+{
+    if (r->response || r->body_failed) return; /* already answered: discard */
+    const atrium_route *route = &r->route->route;
+    if ((int64_t)(r->body_len + size) > r->max_body) {
+        r->body_too_large = true;
+        http_respond_error(r, 413, "M_TOO_LARGE", "The request body is larger than %lld bytes",
+                           (long long)r->max_body);
+        return;
+    }
+    if (route->flags & ATRIUM_ROUTE_STREAM_BODY) {
+        r->body_len += size;
+        int rc;
+        {
+            RT_SCOPE(ATRIUM_SCOPE_REQUEST, r);
+            RT_SCOPE(ATRIUM_SCOPE_REQUEST_ID, r->id);
+            rc = route->body_chunk ? route->body_chunk(r, data, size) : 0;
+        }
+        if (rc < 0) {
+            r->body_failed = true;
+            if (!r->response) http_respond_error(r, 400, "M_UNKNOWN", "The body was refused");
+        }
+        return;
+    }
+    if (r->body_len + size + 1 > r->body_cap) {
+        size_t cap = r->body_cap ? r->body_cap : 4096;
+        while (cap < r->body_len + size + 1) cap *= 2;
+        char *n = realloc(r->body, cap);
+        if (!n) {
+            r->body_failed = true;
+            http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+            return;
+        }
+        r->body = n;
+        r->body_cap = cap;
+    }
+    memcpy(r->body + r->body_len, data, size);
+    r->body_len += size;
+    r->body[r->body_len] = '\0';
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
+                                 const char *method, const char *version,
+                                 const char *upload_data, size_t *upload_data_size,
+                                 void **con_cls)
+{
+    (void)version;
+    http_server *s = cls;
+    atrium_req *r = *con_cls;
+    if (!r) {
+        r = http_req_new(s, c, method, url);
+        if (!r) return MHD_NO;
+        *con_cls = r;
+        atomic_fetch_add(&inflight_requests, 1);
+        prepare(r);
+        /* Refused before its body: answer now; MHD closes the connection after. */
+        if (r->body_too_large) return queue_own(r);
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        take_body(r, upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->in_dispatch_done) return MHD_YES;
+
+    pthread_mutex_lock(&r->mu);
+    int state = r->susp;
+    int action = r->action, reason = r->resume_reason, status = r->resume_status;
+    struct MHD_Response *resp = r->resume_response;
+    if (state == SUSP_RESUMING) {
+        r->susp = SUSP_ACTIVE;
+        r->susp_kind = SUSP_NONE;
+        r->action = ACT_NONE;
+        r->resume_response = NULL;
+    }
+    pthread_mutex_unlock(&r->mu);
+
+    if (state == SUSP_RESUMING) {
+        if (action == ACT_RESPOND) return queue(r, status, resp);
+        r->run_reason = reason;
+        return dispatch(r);
+    }
+    if (r->response) return queue_own(r); /* answered before running (404, 405, 413, ...) */
+    if (r->runs > 0) {
+        /* The handler said it parked or handed off but did not: a plugin bug. */
+        rt_log(ATRIUM_LOG_ERROR, "core", "[req %s] handler returned a wait without waiting",
+               r->id);
+        http_respond_error(r, 500, "M_UNKNOWN", "Internal server error");
+        return queue_own(r);
+    }
+    r->run_reason = ATRIUM_RUN_FIRST;
+    return dispatch(r);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)c;
+    atrium_req *r = *con_cls;
+    if (!r) return;
+    *con_cls = NULL;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        rt_log(ATRIUM_LOG_DEBUG, "core", "[req %s] ended early (%d)", r->id, (int)toe);
+    susp_request_done(r);
+    http_req_release_holds(r);
+    http_req_unref(r);
+    atomic_fetch_sub(&inflight_requests, 1);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    http_server *s = cls;
+    (void)c;
+    (void)socket_context;
+    int d = toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
+    atomic_fetch_add(&open_connections, d);
+    rt_metric_add(s->m_connections, d);
+}
+
+http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
+{
+    http_server *s = calloc(1, sizeof(*s));
+    if (!s) return NULL;
+    s->cfg = cfg;
+    s->metrics = metrics;
+    s->router = router_new();
+    pthread_mutex_init(&s->events_mu, NULL);
+    s->ratelimit_enabled = cfg->ratelimit.enabled;
+    int outbound_cap = cfg->http.request_threads / 2;
+    if (outbound_cap < 1) outbound_cap = 1;
+    s->outbound = rt_budget_new("outbound", outbound_cap, 1, metrics);
+    s->m_requests = rt_metric_counter(metrics, "atrium_http_requests_total", NULL,
+                                      "Requests received");
+    s->m_connections = rt_metric_gauge(metrics, "atrium_http_connections", NULL,
+                                       "Open client connections");
+    s->m_parked = rt_metric_gauge(metrics, "atrium_http_parked", NULL,
+                                  "Requests parked (waiting for an event or a line slot)");
+    s->m_handed_off = rt_metric_gauge(metrics, "atrium_http_handed_off", NULL,
+                                      "Requests handed off to a pool and not yet answered");
+    s->m_holds = rt_metric_gauge(metrics, "atrium_http_holds", NULL,
+                                 "Holds attached to requests and not yet released");
+    s->m_handoff_expired = rt_metric_counter(metrics, "atrium_http_handoff_expired_total", NULL,
+                                             "Handed-off requests answered by their deadline");
+    s->m_handoff_client_gone = rt_metric_counter(
+        metrics, "atrium_http_handoff_client_gone_total", NULL,
+        "Handed-off requests dropped because the client had gone");
+    s->m_handoff_cancelled = rt_metric_counter(metrics, "atrium_http_handoff_cancelled_total",
+                                               NULL, "Handed-off requests whose pool stopped");
+    static const char *const classes[] = {NULL, "1xx", "2xx", "3xx", "4xx", "5xx"};
+    for (int i = 1; i <= 5; i++) {
+        char labels[32];
+        snprintf(labels, sizeof(labels), "class=\"%s\"", classes[i]);
+        s->m_responses[i] = rt_metric_counter(metrics, "atrium_http_responses_total", labels,
+                                              "Responses sent, by status class");
+    }
+    s->timer = susp_timer_new(s);
+    if (!s->router || !s->outbound || !s->timer) {
+        http_server_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* How many client connections the descriptors allow: RLIMIT_NOFILE minus the database
+ * pool, outbound sockets, the configured reserve for files, and MHD's own descriptors. */
+static int connection_limit(const struct core_config *cfg)
+{
+    struct rlimit rl;
+    long nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : 1024;
+    long reserve = (long)cfg->database.pool_size + OUTBOUND_SOCKET_RESERVE + cfg->http.fd_reserve +
+                   4L * cfg->http.request_threads + 16;
+    long limit = nofile - reserve;
+    if (limit < 8) limit = 8;
+    if (cfg->http.max_connections > 0 && cfg->http.max_connections < limit)
+        limit = cfg->http.max_connections;
+    else if (cfg->http.max_connections > limit)
+        rt_log(ATRIUM_LOG_WARN, "core",
+               "server.http.max_connections %d exceeds what RLIMIT_NOFILE %ld allows; using %ld",
+               cfg->http.max_connections, nofile, limit);
+    return (int)limit;
+}
+
+int http_server_start(http_server *s)
+{
+    const struct core_config *cfg = s->cfg;
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, cfg->http.bind_address, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)cfg->http.port);
+    } else if (inet_pton(AF_INET6, cfg->http.bind_address, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)cfg->http.port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        rt_log(ATRIUM_LOG_ERROR, "core",
+               "server.http.bind_address \"%s\" is not an IPv4 or IPv6 address",
+               cfg->http.bind_address);
+        return -1;
+    }
+    s->max_connections = connection_limit(cfg);
+    s->daemon = MHD_start_daemon(
+        flags, (uint16_t)cfg->http.port, NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER,
+        mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &ss,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http.request_threads,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->http.connection_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY_LIMIT_BYTES,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        on_connection, s, MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL, MHD_OPTION_END);
+    if (!s->daemon) {
+        rt_log(ATRIUM_LOG_ERROR, "core",
+               "cannot listen on %s:%d (%s): is another server using the port? Change "
+               "server.http.port or server.http.bind_address",
+               cfg->http.bind_address, cfg->http.port, strerror(errno));
+        return -1;
+    }
+    rt_log(ATRIUM_LOG_INFO, "core",
+           "listening on http://%s:%d (%d request threads, %d connections max, timeout %d s)",
+           cfg->http.bind_address, cfg->http.port, cfg->http.request_threads,
+           s->max_connections, cfg->http.connection_timeout_s);
+    return 0;
+}
+
+void http_server_quiesce(http_server *s)
+{
+    if (!s->daemon) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void http_server_expire_suspended(http_server *s)
+{
+    susp_expire_all(s);
+}
+
+void http_server_drain(http_server *s, int grace_ms)
+{
+    (void)s;
+    int64_t until = rt_now_ms() + grace_ms;
+    while (atomic_load(&inflight_requests) > 0 && rt_now_ms() < until) {
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = DRAIN_POLL_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    int left = atomic_load(&inflight_requests);
+    if (left > 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "%d requests still running after the grace period of %d ms",
+               left, grace_ms);
+}
+
+void http_server_stop(http_server *s)
+{
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    s->daemon = NULL;
+}
+
+void http_server_free(http_server *s)
+{
+    if (!s) return;
+    http_server_stop(s);
+    susp_timer_free(s->timer);
+    susp_events_free(s);
+    router_free(s->router);
+    rt_budget_free(s->outbound);
+    pthread_mutex_destroy(&s->events_mu);
+    free(s);
+}

@@ -1,0 +1,211 @@
+/*
+ * core/main.c - the atrium executable: command line, start-up order, signals, shutdown.
+ *
+ * Start-up order: config (file, then environment) -> log level -> descriptors -> metrics
+ * -> HTTP server object (routes are registered before listening) -> PostgreSQL (bounded
+ * retry) -> core migrations -> plugins (init) -> plugin migrations -> plugins (start)
+ * -> listen. Any failure stops start-up with the line that says why.
+ * Shutdown (SIGINT/SIGTERM): stop accepting -> answer every parked and handed-off request
+ * -> let running requests finish within server.shutdown_grace_ms -> stop plugins (their
+ * pools drain) -> stop libmicrohttpd -> fini plugins -> close PostgreSQL.
+ * Signals are blocked in every thread and taken here with sigwait, so no handler runs
+ * inside library code.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/config/config.h"
+#include "core/http/http.h"
+#include "core/plugins/plugins.h"
+#include "core/runtime/runtime.h"
+#include "core/store/db.h"
+
+#ifndef ATRIUM_VERSION
+#define ATRIUM_VERSION "dev"
+#endif
+#ifndef ATRIUM_DEFAULT_PLUGIN_DIR
+#define ATRIUM_DEFAULT_PLUGIN_DIR "/usr/lib/atrium/plugins"
+#endif
+
+#define CFG_ERR_LEN 1024
+
+extern char **environ;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: atrium --config FILE          run the server\n"
+            "       atrium --generate-config FILE --server-name NAME\n"
+            "              [--database-conninfo CONNINFO] [--plugin-dir DIR]\n"
+            "                                      write a complete, commented config\n"
+            "       atrium --version\n"
+            "Any setting can be overridden from the environment: ATRIUM__SERVER__HTTP__PORT=8448\n"
+            "sets server.http.port (segments joined by \"__\").\n");
+}
+
+static int generate_config(const char *path, const char *server_name, const char *conninfo,
+                           const char *plugin_dir)
+{
+    if (!server_name) {
+        fprintf(stderr, "atrium: --generate-config needs --server-name\n");
+        return 2;
+    }
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        fprintf(stderr, "atrium: %s already exists; not overwriting it\n", path);
+        return 1;
+    }
+    FILE *f = fopen(path, "wx");
+    if (!f) {
+        fprintf(stderr, "atrium: cannot create %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    int rc = cfg_generate(f, server_name, conninfo ? conninfo : "", plugin_dir);
+    if (fclose(f) != 0 || rc < 0) {
+        fprintf(stderr, "atrium: writing %s failed\n", path);
+        unlink(path);
+        return 1;
+    }
+    fprintf(stderr, "atrium: wrote %s\n", path);
+    return 0;
+}
+
+static void raise_nofile_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+static const atrium_migration CORE_MIGRATIONS[] = {
+    {1, "core_server_info",
+     "CREATE TABLE IF NOT EXISTS core_server_info ("
+     " key text PRIMARY KEY, value text NOT NULL)"},
+};
+
+static int serve(const char *config_path)
+{
+    char err[CFG_ERR_LEN];
+    cfg_node *root = cfg_load_file(config_path, err, sizeof(err));
+    if (!root) {
+        fprintf(stderr, "atrium: %s\n", err);
+        return 1;
+    }
+    if (cfg_apply_env(root, environ, err, sizeof(err)) < 0) {
+        fprintf(stderr, "atrium: %s\n", err);
+        cfg_free(root);
+        return 1;
+    }
+    struct core_config cfg;
+    if (core_config_load(root, &cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "atrium: %s\n", err);
+        cfg_free(root);
+        return 1;
+    }
+    rt_log_set_level(rt_log_level_parse(cfg.log_level));
+    raise_nofile_limit();
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
+    /* Block the stop signals in every thread created from here on. */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+
+    int exit_code = 1;
+    core_runtime rt = {.cfg = &cfg, .root = root};
+    rt.metrics = rt_metrics_new();
+    rt.http = rt.metrics ? http_server_new(&cfg, rt.metrics) : NULL;
+    if (!rt.http || http_builtin_routes(rt.http) < 0) goto out;
+    rt_log(ATRIUM_LOG_INFO, "core", "Atrium %s starting for %s", ATRIUM_VERSION, cfg.server_name);
+
+    rt.db = db_pool_new(cfg.database.conninfo, cfg.database.pool_size, rt.metrics);
+    if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
+    db_set_global(rt.db);
+    if (db_migrate(rt.db, "core", CORE_MIGRATIONS,
+                   sizeof(CORE_MIGRATIONS) / sizeof(CORE_MIGRATIONS[0])) < 0)
+        goto out;
+    if (plugins_load_all(&rt) < 0 || plugins_migrate_all(&rt) < 0 || plugins_start_all(&rt) < 0)
+        goto stop_plugins;
+    if (http_server_start(rt.http) < 0) goto stop_plugins;
+    rt_log(ATRIUM_LOG_INFO, "core", "ready");
+
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    rt_log(ATRIUM_LOG_INFO, "core", "received %s; stopping (grace %d ms)", strsignal(sig),
+           cfg.shutdown_grace_ms);
+    http_server_quiesce(rt.http);
+    http_server_expire_suspended(rt.http);
+    http_server_drain(rt.http, cfg.shutdown_grace_ms);
+    exit_code = 0;
+
+stop_plugins:
+    plugins_stop_all(&rt);
+    if (rt.http) http_server_drain(rt.http, 1000); /* answers from stopped pools go out */
+    if (rt.http) http_server_stop(rt.http);
+    plugins_fini_all(&rt);
+out:
+    http_server_free(rt.http);
+    db_set_global(NULL);
+    db_pool_free(rt.db);
+    rt_metrics_free(rt.metrics);
+    core_config_release(&cfg);
+    cfg_free(root);
+    curl_global_cleanup();
+    if (exit_code == 0) rt_log(ATRIUM_LOG_INFO, "core", "stopped");
+    return exit_code;
+}
+
+int main(int argc, char **argv)
+{
+    const char *config = NULL, *gen = NULL, *server_name = NULL, *conninfo = NULL;
+    const char *plugin_dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--version") == 0) {
+            printf("atrium %s (plugin ABI %d.%d)\n", ATRIUM_VERSION, ATRIUM_ABI_MAJOR,
+                   ATRIUM_ABI_MINOR);
+            return 0;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--config") == 0 && next) {
+            config = next;
+            i++;
+        } else if (strcmp(a, "--generate-config") == 0 && next) {
+            gen = next;
+            i++;
+        } else if (strcmp(a, "--server-name") == 0 && next) {
+            server_name = next;
+            i++;
+        } else if (strcmp(a, "--database-conninfo") == 0 && next) {
+            conninfo = next;
+            i++;
+        } else if (strcmp(a, "--plugin-dir") == 0 && next) {
+            plugin_dir = next;
+            i++;
+        } else {
+            fprintf(stderr, "atrium: unknown or incomplete argument \"%s\"\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (gen) return generate_config(gen, server_name, conninfo, plugin_dir);
+    if (!config) {
+        usage(stderr);
+        return 2;
+    }
+    return serve(config);
+}

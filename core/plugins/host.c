@@ -1,0 +1,439 @@
+/*
+ * core/plugins/host.c - struct atrium_host: the core's mechanisms as plugins see them.
+ *
+ * Each member is a thin adapter from the public types of include/atrium/host.h to the
+ * core's internals (core/http, core/runtime, core/store); rules live in those modules,
+ * not here. The one piece of state is the runtime pointer the table serves, set once
+ * before any plugin loads.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/plugins/plugins.h"
+
+#define HOST_ERR_LEN 512
+#define RATELIMIT_MAX_KEYS 100000 /* client keys tracked per action */
+
+static core_runtime *rt_bound; /* the runtime this table serves; set once at start-up */
+
+struct atrium_line {
+    rt_line *line;
+    int64_t max_wait_ms;
+};
+
+/* ---- server, log, config ------------------------------------------------------------ */
+
+static const char *h_server_name(void)
+{
+    return rt_bound->cfg->server_name;
+}
+
+static void h_log(atrium_plugin *self, int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    rt_vlog(level, self ? self->name : "plugin", fmt, ap);
+    va_end(ap);
+}
+
+static int64_t h_now_ms(void)
+{
+    return rt_now_ms();
+}
+
+static int config_failed(atrium_plugin *self, const char *err)
+{
+    rt_log(ATRIUM_LOG_ERROR, self->name, "invalid configuration: %s", err);
+    return ATRIUM_E_INVAL;
+}
+
+static int h_config_int(atrium_plugin *self, const atrium_config *cfg, const char *key,
+                        int64_t def, int64_t min, int64_t max, int64_t *out)
+{
+    char err[HOST_ERR_LEN];
+    if (cfg_read_int((const cfg_node *)cfg, key, def, min, max, out, err, sizeof(err)) < 0)
+        return config_failed(self, err);
+    return 0;
+}
+
+static int h_config_bool(atrium_plugin *self, const atrium_config *cfg, const char *key,
+                         bool def, bool *out)
+{
+    char err[HOST_ERR_LEN];
+    if (cfg_read_bool((const cfg_node *)cfg, key, def, out, err, sizeof(err)) < 0)
+        return config_failed(self, err);
+    return 0;
+}
+
+static int h_config_string(atrium_plugin *self, const atrium_config *cfg, const char *key,
+                           const char *def, const char **out)
+{
+    char err[HOST_ERR_LEN];
+    if (cfg_read_string((const cfg_node *)cfg, key, def, out, err, sizeof(err)) < 0)
+        return config_failed(self, err);
+    return 0;
+}
+
+#define HOST_MAX_ALLOWED_KEYS 128
+
+static int h_config_check_keys(atrium_plugin *self, const atrium_config *cfg,
+                               const char *const *allowed)
+{
+    const char *all[HOST_MAX_ALLOWED_KEYS + 3];
+    size_t n = 0;
+    all[n++] = "enabled";
+    all[n++] = "path";
+    for (size_t i = 0; allowed && allowed[i] && n < HOST_MAX_ALLOWED_KEYS + 2; i++)
+        all[n++] = allowed[i];
+    all[n] = NULL;
+    char err[HOST_ERR_LEN];
+    if (cfg_check_keys((const cfg_node *)cfg, all, err, sizeof(err)) < 0)
+        return config_failed(self, err);
+    return 0;
+}
+
+static int require_init(atrium_plugin *self, const char *what)
+{
+    if (self && self->in_init) return 0;
+    rt_log(ATRIUM_LOG_ERROR, self ? self->name : "plugin", "%s is only allowed during init", what);
+    return ATRIUM_E_STATE;
+}
+
+static int h_route_add(atrium_plugin *self, const atrium_route *route)
+{
+    int rc = require_init(self, "route_add");
+    if (rc < 0) return rc;
+    char err[HOST_ERR_LEN];
+    rc = router_add(rt_bound->http->router, route, self->name, err, sizeof(err));
+    if (rc < 0) rt_log(ATRIUM_LOG_ERROR, self->name, "%s", err);
+    return rc;
+}
+
+static int h_db_migrations(atrium_plugin *self, const atrium_migration *list, size_t n)
+{
+    int rc = require_init(self, "db_migrations");
+    if (rc < 0) return rc;
+    self->migrations = list;
+    self->n_migrations = n;
+    return 0;
+}
+
+/* ---- request -------------------------------------------------------------------------- */
+
+static const char *h_req_method(atrium_req *r) { return r->method; }
+static const char *h_req_path(atrium_req *r) { return r->path; }
+static const char *h_req_id(atrium_req *r) { return r->id; }
+static void *h_req_route_arg(atrium_req *r) { return r->route ? r->route->route.arg : NULL; }
+static int h_req_run_reason(atrium_req *r) { return r->run_reason; }
+static void *h_req_state(atrium_req *r) { return r->plugin_state; }
+static void h_req_set_state(atrium_req *r, void *state) { r->plugin_state = state; }
+static const char *h_req_client_key(atrium_req *r) { return http_req_client_key(r); }
+static const char *h_req_header(atrium_req *r, const char *name) { return http_req_header(r, name); }
+static void *h_req_alloc(atrium_req *r, size_t size) { return rt_arena_alloc(r->arena, size); }
+static char *h_req_strdup(atrium_req *r, const char *s) { return rt_arena_strdup(r->arena, s); }
+
+static const char *h_req_param(atrium_req *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_params; i++)
+        if (strcmp(r->param_names[i], name) == 0) return r->param_values[i];
+    return NULL;
+}
+
+static const char *h_req_query(atrium_req *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_args; i++)
+        if (strcmp(r->args[i].name, name) == 0) return r->args[i].value;
+    return NULL;
+}
+
+static const char *h_req_body(atrium_req *r, size_t *len)
+{
+    if (len) *len = r->body_len;
+    return r->body ? r->body : "";
+}
+
+static json_t *h_req_json(atrium_req *r)
+{
+    if (r->json) return r->json;
+    json_error_t jerr;
+    json_t *j = r->body_len ? json_loadb(r->body, r->body_len, 0, &jerr) : NULL;
+    if (!j || !json_is_object(j)) {
+        if (j) json_decref(j);
+        http_respond_error(r, 400, "M_NOT_JSON", "The body is not a JSON object");
+        return NULL;
+    }
+    r->json = j;
+    return j;
+}
+
+static int h_req_hold(atrium_req *r, void (*release)(void *), void *arg)
+{
+    return http_req_add_hold(r, release, arg);
+}
+
+/* ---- responses ---------------------------------------------------------------------- */
+
+static int h_respond_error(atrium_req *r, int status, const char *errcode, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return http_respond_error(r, status, errcode, "%s", msg);
+}
+
+/* ---- scopes, pools, handoff, parking -------------------------------------------------- */
+
+static void *h_scope_get(int key) { return rt_scope_get(key); }
+
+static atrium_pool *h_pool_create(atrium_plugin *self, const char *name, int threads,
+                                  int queue_depth)
+{
+    if (require_init(self, "pool_create") < 0 || self->n_pools == PLUGIN_MAX_POOLS) return NULL;
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", self->name, name);
+    rt_pool *p = rt_pool_new(full, threads, queue_depth, rt_bound->metrics);
+    if (p) self->pools[self->n_pools++] = p;
+    return (atrium_pool *)p;
+}
+
+static int h_pool_submit(atrium_pool *pool, void (*fn)(void *, bool), void *arg)
+{
+    return rt_pool_submit((rt_pool *)pool, fn, arg);
+}
+
+static void h_pool_stop(atrium_pool *pool) { rt_pool_stop((rt_pool *)pool); }
+
+static int h_handoff(atrium_req *r, atrium_pool *pool, const atrium_scope_value *vals, size_t n)
+{
+    return susp_handoff(r, (rt_pool *)pool, vals, n);
+}
+
+static atrium_event *h_event_create(atrium_plugin *self)
+{
+    if (require_init(self, "event_create") < 0) return NULL;
+    return susp_event_new(rt_bound->http);
+}
+
+static int h_park(atrium_req *r, atrium_event *ev, int64_t deadline_ms)
+{
+    return susp_park(r, ev, deadline_ms);
+}
+
+static int h_event_signal(atrium_event *ev) { return susp_event_signal(ev); }
+
+/* ---- budgets, lines, outbound, rate limits -------------------------------------------- */
+
+static atrium_budget *h_budget_create(atrium_plugin *self, const char *name, int global_cap,
+                                      int per_key_cap)
+{
+    if (require_init(self, "budget_create") < 0) return NULL;
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", self->name, name);
+    rt_budget *b = rt_budget_new(full, global_cap, per_key_cap, rt_bound->metrics);
+    if (!b || !plugin_own(self, (void (*)(void *))rt_budget_free, b)) return NULL;
+    return (atrium_budget *)b;
+}
+
+static int h_budget_try_acquire(atrium_budget *b, const char *key)
+{
+    return rt_budget_try_acquire((rt_budget *)b, key, NULL);
+}
+
+static void h_budget_release(atrium_budget *b, const char *key)
+{
+    rt_budget_release((rt_budget *)b, key);
+}
+
+typedef struct budget_hold {
+    rt_budget *b;
+    const char *key;
+} budget_hold;
+
+static void budget_hold_release(void *arg)
+{
+    budget_hold *h = arg;
+    rt_budget_release(h->b, h->key);
+}
+
+static int acquire_as_hold(atrium_req *r, rt_budget *b)
+{
+    const char *key = http_req_client_key(r);
+    int rc = rt_budget_try_acquire(b, key, NULL);
+    if (rc < 0) return rc;
+    budget_hold *h = rt_arena_alloc(r->arena, sizeof(*h));
+    if (!h) {
+        rt_budget_release(b, key);
+        return ATRIUM_E_NOMEM;
+    }
+    h->b = b;
+    h->key = key;
+    return http_req_add_hold(r, budget_hold_release, h);
+}
+
+static int h_budget_acquire_hold(atrium_req *r, atrium_budget *b)
+{
+    return acquire_as_hold(r, (rt_budget *)b);
+}
+
+static void line_free(void *obj)
+{
+    atrium_line *l = obj;
+    rt_line_free(l->line);
+    free(l);
+}
+
+static atrium_line *h_line_create(atrium_plugin *self, const char *name, int slots,
+                                  int max_waiting, int max_waiting_per_key, int64_t max_wait_ms)
+{
+    if (require_init(self, "line_create") < 0) return NULL;
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", self->name, name);
+    atrium_line *l = calloc(1, sizeof(*l));
+    if (!l) return NULL;
+    l->line = rt_line_new(full, slots, max_waiting, max_waiting_per_key, rt_bound->metrics);
+    l->max_wait_ms = max_wait_ms;
+    if (!l->line) {
+        free(l);
+        return NULL;
+    }
+    if (!plugin_own(self, line_free, l)) return NULL;
+    return l;
+}
+
+static int h_line_admit(atrium_req *r, atrium_line *line)
+{
+    return susp_line_admit(r, line->line, line->max_wait_ms);
+}
+
+static int h_outbound_acquire(atrium_req *r)
+{
+    return acquire_as_hold(r, rt_bound->http->outbound);
+}
+
+static atrium_ratelimit *h_ratelimit_create(atrium_plugin *self, const char *action,
+                                            double per_second, double burst)
+{
+    if (require_init(self, "ratelimit_create") < 0) return NULL;
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", self->name, action);
+    rt_ratelimit *rl = rt_ratelimit_new(full, per_second, burst, RATELIMIT_MAX_KEYS,
+                                        rt_bound->metrics);
+    if (!rl || !plugin_own(self, (void (*)(void *))rt_ratelimit_free, rl)) return NULL;
+    return (atrium_ratelimit *)rl;
+}
+
+static int64_t h_ratelimit_check(atrium_req *r, atrium_ratelimit *rl)
+{
+    if (!r->srv->ratelimit_enabled || rt_scope_get(ATRIUM_SCOPE_RATE_ADMITTED)) return 0;
+    for (int i = 0; i < r->n_rl_counted; i++)
+        if (r->rl_counted[i] == rl) return 0; /* a re-run is not counted twice */
+    int64_t wait = rt_ratelimit_check((rt_ratelimit *)rl, http_req_client_key(r), rt_now_ms());
+    if (wait == 0 && r->n_rl_counted < HTTP_MAX_RATELIMITS_PER_REQ)
+        r->rl_counted[r->n_rl_counted++] = rl;
+    return wait;
+}
+
+/* ---- metrics, db ---------------------------------------------------------------------- */
+
+static bool metric_name_ok(atrium_plugin *self, const char *name)
+{
+    char prefix[96];
+    snprintf(prefix, sizeof(prefix), "atrium_%s_", self->name);
+    for (char *p = prefix; *p; p++)
+        if (*p == '-') *p = '_';
+    if (strncmp(name, prefix, strlen(prefix)) == 0) return true;
+    rt_log(ATRIUM_LOG_ERROR, self->name, "metric \"%s\" must start with \"%s\"", name, prefix);
+    return false;
+}
+
+static atrium_metric *h_metric_counter(atrium_plugin *self, const char *name, const char *labels,
+                                       const char *help)
+{
+    if (require_init(self, "metric_counter") < 0 || !metric_name_ok(self, name)) return NULL;
+    return (atrium_metric *)rt_metric_counter(rt_bound->metrics, name, labels, help);
+}
+
+static atrium_metric *h_metric_gauge(atrium_plugin *self, const char *name, const char *labels,
+                                     const char *help)
+{
+    if (require_init(self, "metric_gauge") < 0 || !metric_name_ok(self, name)) return NULL;
+    return (atrium_metric *)rt_metric_gauge(rt_bound->metrics, name, labels, help);
+}
+
+static void h_metric_add(atrium_metric *m, int64_t d) { rt_metric_add((rt_metric *)m, d); }
+static void h_metric_set(atrium_metric *m, int64_t v) { rt_metric_set((rt_metric *)m, v); }
+static PGconn *h_db_acquire(int64_t timeout_ms) { return db_acquire(rt_bound->db, timeout_ms); }
+static void h_db_release(PGconn *c) { db_release(rt_bound->db, c); }
+
+static const atrium_host HOST = {
+    .size = sizeof(atrium_host),
+    .abi_major = ATRIUM_ABI_MAJOR,
+    .abi_minor = ATRIUM_ABI_MINOR,
+    .server_name = h_server_name,
+    .log = h_log,
+    .now_ms = h_now_ms,
+    .config_int = h_config_int,
+    .config_bool = h_config_bool,
+    .config_string = h_config_string,
+    .config_check_keys = h_config_check_keys,
+    .route_add = h_route_add,
+    .db_migrations = h_db_migrations,
+    .req_method = h_req_method,
+    .req_path = h_req_path,
+    .req_param = h_req_param,
+    .req_query = h_req_query,
+    .req_header = h_req_header,
+    .req_body = h_req_body,
+    .req_json = h_req_json,
+    .req_client_key = h_req_client_key,
+    .req_id = h_req_id,
+    .req_route_arg = h_req_route_arg,
+    .req_run_reason = h_req_run_reason,
+    .req_alloc = h_req_alloc,
+    .req_strdup = h_req_strdup,
+    .req_state = h_req_state,
+    .req_set_state = h_req_set_state,
+    .req_hold = h_req_hold,
+    .respond_header = http_respond_header,
+    .respond_json = http_respond_json,
+    .respond_buffer = http_respond_buffer,
+    .respond_file = http_respond_file,
+    .respond_stream = http_respond_stream,
+    .respond_error = h_respond_error,
+    .respond_limited = http_respond_limited,
+    .scope_get = h_scope_get,
+    .scope_wait = rt_scope_wait,
+    .cond_init = rt_cond_init,
+    .pool_create = h_pool_create,
+    .pool_submit = h_pool_submit,
+    .pool_stop = h_pool_stop,
+    .handoff = h_handoff,
+    .event_create = h_event_create,
+    .park = h_park,
+    .event_signal = h_event_signal,
+    .budget_create = h_budget_create,
+    .budget_try_acquire = h_budget_try_acquire,
+    .budget_release = h_budget_release,
+    .budget_acquire_hold = h_budget_acquire_hold,
+    .line_create = h_line_create,
+    .line_admit = h_line_admit,
+    .outbound_acquire = h_outbound_acquire,
+    .ratelimit_create = h_ratelimit_create,
+    .ratelimit_check = h_ratelimit_check,
+    .metric_counter = h_metric_counter,
+    .metric_gauge = h_metric_gauge,
+    .metric_add = h_metric_add,
+    .metric_set = h_metric_set,
+    .db_acquire = h_db_acquire,
+    .db_release = h_db_release,
+};
+
+const atrium_host *host_table(core_runtime *rt)
+{
+    rt_bound = rt;
+    return &HOST;
+}

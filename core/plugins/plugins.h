@@ -1,0 +1,68 @@
+/*
+ * core/plugins/plugins.h - loading plugins and the host table they call.
+ *
+ * The loader owns the handshake (DESIGN §4): dlopen(RTLD_NOW | RTLD_LOCAL), one entry
+ * symbol, magic / size / ABI major-minor / build signature / name checks, one actionable
+ * line per refusal, duplicate interfaces refused, and the lifecycle init -> migrations ->
+ * start -> stop -> fini. host.c fills struct atrium_host from the core's mechanisms.
+ * Internal prefixes: plugins_, host_.
+ */
+#ifndef ATRIUM_CORE_PLUGINS_H
+#define ATRIUM_CORE_PLUGINS_H
+
+#include "atrium/host.h"
+#include "core/config/config.h"
+#include "core/http/http.h"
+#include "core/runtime/runtime.h"
+#include "core/store/db.h"
+
+#define PLUGIN_MAX_POOLS 8
+#define PLUGIN_MAX_OWNED 64
+
+/* Something the host created for a plugin in init and frees after its fini. */
+typedef struct plugin_owned {
+    void (*free)(void *obj);
+    void *obj;
+} plugin_owned;
+
+struct atrium_plugin {
+    char *name;
+    char *path;
+    const atrium_plugin_desc *desc;
+    void *dl;
+    void *state;
+    const cfg_node *cfg;
+    rt_pool *pools[PLUGIN_MAX_POOLS];
+    size_t n_pools;
+    plugin_owned owned[PLUGIN_MAX_OWNED];
+    size_t n_owned;
+    const atrium_migration *migrations;
+    size_t n_migrations;
+    bool in_init, started;
+};
+
+/* The runtime object: everything the core runs, in one place. */
+typedef struct core_runtime {
+    const struct core_config *cfg;
+    const cfg_node *root;
+    rt_metrics *metrics;
+    http_server *http;
+    db_pool *db;
+    struct atrium_plugin **plugins;
+    size_t n_plugins;
+} core_runtime;
+
+/* Record obj for freeing after the plugin's fini; false (and obj freed) when full. */
+bool plugin_own(atrium_plugin *p, void (*free_fn)(void *), void *obj);
+
+/* The host table; binds rt as the runtime host functions serve. */
+const atrium_host *host_table(core_runtime *rt);
+
+/* Load and init every enabled plugin (plugins.<name>.enabled). 0 or -1 (logged). */
+int plugins_load_all(core_runtime *rt);
+int plugins_migrate_all(core_runtime *rt);
+int plugins_start_all(core_runtime *rt);
+void plugins_stop_all(core_runtime *rt);
+void plugins_fini_all(core_runtime *rt);
+
+#endif

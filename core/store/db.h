@@ -1,0 +1,43 @@
+/*
+ * core/store/db.h - the PostgreSQL pool shared by the core and plugins, and migrations.
+ *
+ * One fixed pool of libpq connections (database.pool_size). A connection belongs to one
+ * thread between db_acquire and db_release; acquire waits at most the caller's timeout
+ * (no request ever hangs on an exhausted pool). A connection found broken (PostgreSQL
+ * restarted) is reset before it is handed out again, so the pool heals without a restart
+ * of Atrium. Migrations are recorded per owner ("core", "media", ...) in
+ * atrium_migrations and applied in one transaction per owner, serialized across
+ * processes by an advisory lock. Internal prefix: db_.
+ */
+#ifndef ATRIUM_CORE_DB_H
+#define ATRIUM_CORE_DB_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "atrium/host.h"
+#include "core/runtime/runtime.h"
+
+typedef struct db_pool db_pool;
+
+/* Opens nothing yet. */
+db_pool *db_pool_new(const char *conninfo, int size, rt_metrics *metrics);
+/* Open every connection, retrying for up to retry_s seconds when PostgreSQL is not
+ * reachable yet. 0, or -1 after logging what failed and what to check. */
+int db_pool_connect(db_pool *p, int retry_s);
+/* Borrow a connection, waiting at most timeout_ms. NULL on timeout, or when the
+ * connection could not be re-established (logged). Any thread. */
+PGconn *db_acquire(db_pool *p, int64_t timeout_ms);
+void db_release(db_pool *p, PGconn *c);
+void db_pool_free(db_pool *p);
+
+/* Apply owner's pending migrations (versions ascending, each recorded). 0 or -1 (logged). */
+int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n);
+
+/* The process-wide pool the host table's db_acquire uses. */
+void db_set_global(db_pool *p);
+db_pool *db_global(void);
+
+#endif

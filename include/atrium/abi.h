@@ -1,0 +1,84 @@
+/*
+ * atrium/abi.h - version numbers, build signature, error codes and scope keys of the
+ * Atrium plugin ABI.
+ *
+ * This is the smallest header of the public seam: every other public header includes it.
+ * It owns the two compatibility questions the loader asks of a plugin ("same contract
+ * version?" and "same build-time layout?") and the error vocabulary every host function
+ * returns. It deliberately says nothing about HTTP or the core's libraries: a plugin
+ * compiles against include/atrium/ plus libc, jansson and libpq, nothing else.
+ */
+#ifndef ATRIUM_ABI_H
+#define ATRIUM_ABI_H
+
+#include <stdint.h>
+#include <jansson.h>
+
+/* The contract version. A plugin built for another major is refused; a plugin that needs
+ * a newer minor than the host offers is refused. The host table only grows within a major
+ * (members are appended), so an old plugin keeps working on a newer host of the same major. */
+#define ATRIUM_ABI_MAJOR 1
+#define ATRIUM_ABI_MINOR 0
+
+#define ATRIUM_PLUGIN_MAGIC 0x41545250u /* "ATRP" */
+
+#define ATRIUM_STR_(x) #x
+#define ATRIUM_STR(x) ATRIUM_STR_(x)
+
+/* The build-time layout a plugin was compiled with: pointer and long widths (off_t and time_t
+ * follow long on the LP64 targets Atrium supports) and the jansson major version (jansson
+ * objects cross the seam). Compared as a string. */
+#define ATRIUM_BUILD_SIG                                                                   \
+    "ptr" ATRIUM_STR(__SIZEOF_POINTER__) ",long" ATRIUM_STR(__SIZEOF_LONG__) ",jansson" ATRIUM_STR( \
+        JANSSON_MAJOR_VERSION)
+
+#define ATRIUM_EXPORT __attribute__((visibility("default")))
+
+/* Error codes. Every host function that can fail returns 0 (or a non-negative value) on
+ * success and one of these negative values on failure. */
+enum atrium_err {
+    ATRIUM_OK = 0,
+    ATRIUM_E_INVAL = -1,    /* an argument is wrong (a bug in the caller) */
+    ATRIUM_E_NOMEM = -2,    /* out of memory */
+    ATRIUM_E_LIMIT = -3,    /* a cap, budget or queue is full: answer 429 or 503 */
+    ATRIUM_E_STOPPED = -4,  /* the pool or the server is stopping: answer 503 */
+    ATRIUM_E_TIMEOUT = -5,  /* a deadline passed */
+    ATRIUM_E_EXPIRED = -6,  /* the request was already answered (deadline, shutdown) */
+    ATRIUM_E_STATE = -7,    /* called in the wrong phase or on the wrong thread */
+    ATRIUM_E_DB = -8,       /* PostgreSQL failed or no connection could be had in time */
+    ATRIUM_E_IO = -9,       /* a system call failed (errno tells more) */
+    ATRIUM_E_NOTFOUND = -10,
+    ATRIUM_E_EXISTS = -11,  /* already registered (route, interface, metric) */
+    ATRIUM_E_GONE = -12,    /* the client went away */
+};
+
+/* Scope keys: thread-local values the core publishes for the duration of a handler call
+ * (see atrium/http.h, scope_get). A handoff republishes them on the receiving thread. */
+enum atrium_scope_key {
+    ATRIUM_SCOPE_REQUEST = 1,   /* atrium_req *: the request this thread works for */
+    ATRIUM_SCOPE_REQUEST_ID,    /* const char *: id printed on every log line */
+    ATRIUM_SCOPE_CLIENT_KEY,    /* const char *: user ID once authenticated, else address */
+    ATRIUM_SCOPE_DEADLINE,      /* intptr_t: monotonic ms by which the request must answer */
+    ATRIUM_SCOPE_USER,          /* const char *: authenticated user ID, or absent */
+    ATRIUM_SCOPE_LOCK,          /* pthread_mutex_t *: the lock the request holds, if any */
+    ATRIUM_SCOPE_FETCH_MODE,    /* intptr_t: enum atrium_fetch_mode */
+    ATRIUM_SCOPE_RATE_ADMITTED, /* intptr_t: non-zero = the rate limiter already counted it */
+    ATRIUM_SCOPE__COUNT
+};
+
+/* How a remote fetch may run on this thread (DESIGN §5). */
+enum atrium_fetch_mode {
+    ATRIUM_FETCH_INLINE = 0, /* no fetch pool: fetch here under the outbound budget */
+    ATRIUM_FETCH_DEFER = 1,  /* request pool: do the quick part, then defer to the pool */
+    ATRIUM_FETCH_ADMITTED = 2, /* fetch pool: admitted, fetch now */
+};
+
+/* Log levels for host->log. */
+enum atrium_log_level {
+    ATRIUM_LOG_ERROR = 0,
+    ATRIUM_LOG_WARN = 1,
+    ATRIUM_LOG_INFO = 2,
+    ATRIUM_LOG_DEBUG = 3,
+};
+
+#endif

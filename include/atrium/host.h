@@ -1,0 +1,339 @@
+/*
+ * atrium/host.h - the services the host offers a plugin: one versioned table of function
+ * pointers, handed to init() and valid until fini() returns.
+ *
+ * Growth rule: members are only appended, never inserted, removed, reordered or retyped
+ * within a major version. The table starts with its own size, so a plugin built for minor N
+ * can test whether a member of minor N+1 exists with ATRIUM_HOST_HAS(host, member).
+ *
+ * Thread classes, written next to every member:
+ *   [init] only inside the plugin's init() callback (main thread, before listening).
+ *   [req]  only on the thread that currently owns the request: the thread running its
+ *          handler. After a handler hands a request off or parks it, the handing thread
+ *          must not touch the request again (another thread may already own it).
+ *   [any]  any thread; thread-safe.
+ *
+ * Ownership: strings and memory obtained from a request (req_*, and req_alloc) belong to
+ * the request and stay valid until it ends; never free them. Handles created in init
+ * (pools, budgets, lines, events, metrics, rate limiters) belong to the host and live
+ * until the server exits. Errors are negative enum atrium_err values (atrium/abi.h).
+ *
+ * What a handler must not do: block on another server on a request-pool thread (use the
+ * outbound budget, or hand off to a pool), call libmicrohttpd, install signal handlers,
+ * call curl_global_init, or exit().
+ */
+#ifndef ATRIUM_HOST_H
+#define ATRIUM_HOST_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <libpq-fe.h>
+
+#include "atrium/abi.h"
+#include "atrium/plugin.h"
+
+typedef struct atrium_req atrium_req;         /* one HTTP request */
+typedef struct atrium_pool atrium_pool;       /* a plugin's thread pool */
+typedef struct atrium_budget atrium_budget;   /* in-flight counter: global + per client key */
+typedef struct atrium_line atrium_line;       /* admission line: slots + fair parked queue */
+typedef struct atrium_event atrium_event;     /* something parked requests wait for */
+typedef struct atrium_metric atrium_metric;   /* a Prometheus counter, gauge or histogram */
+typedef struct atrium_ratelimit atrium_ratelimit;
+
+/* ---- routes ------------------------------------------------------------------------- */
+
+/* What a handler returns: one of these outcomes, or a negative atrium_err (the core then
+ * answers 500 M_UNKNOWN, or 503 while stopping, and logs it). */
+enum atrium_outcome {
+    ATRIUM_DONE = 0,       /* a respond_* call set the response */
+    ATRIUM_PARKED = 1,     /* park() or line_admit() parked the request: it will run again */
+    ATRIUM_HANDED_OFF = 2, /* handoff() moved the request to a pool: it will run there */
+};
+
+/* Why a handler runs (req_run_reason). A handler runs again from the top every time a
+ * parked request is woken or a handed-off request starts on its pool, so it must be cheap
+ * and idempotent up to the point where it parked or handed off. */
+enum atrium_run_reason {
+    ATRIUM_RUN_FIRST = 0,    /* the request just arrived */
+    ATRIUM_RUN_WOKEN = 1,    /* the event it parked on was signalled */
+    ATRIUM_RUN_GRANTED = 2,  /* the admission line gave it a slot */
+    ATRIUM_RUN_DEADLINE = 3, /* its park deadline passed */
+    ATRIUM_RUN_HANDOFF = 4,  /* it runs on the pool it was handed to */
+    ATRIUM_RUN_SHUTDOWN = 5, /* the server is stopping: answer now (503 is fine) */
+};
+
+typedef int (*atrium_handler)(atrium_req *req);
+
+/* Flags for atrium_route.flags. */
+#define ATRIUM_ROUTE_STREAM_BODY 0x1u /* deliver the body to body_chunk as it arrives */
+
+typedef struct atrium_route {
+    const char *method;     /* "GET" (also serves HEAD), "POST", "PUT", "DELETE" */
+    const char *path;       /* template: literal segments and {name} segments, e.g.
+                               "/_matrix/client/v1/media/download/{server}/{id}" */
+    atrium_handler handler; /* required */
+    int64_t max_body_bytes; /* 0 = the server's server.http.max_json_body_bytes; larger
+                               bodies get 413 M_TOO_LARGE without running the handler */
+    unsigned flags;
+    /* With ATRIUM_ROUTE_STREAM_BODY: called [req] on a request-pool thread for each chunk
+     * of the body, before the handler runs; return 0, or a negative error to answer the
+     * request with 400/413 (whatever respond_* the callback set, else 400). */
+    int (*body_chunk)(atrium_req *req, const char *data, size_t len);
+    void *arg; /* handed back by req_route_arg */
+} atrium_route;
+
+/* A scope value published on the receiving thread of a handoff. */
+typedef struct atrium_scope_value {
+    int key; /* enum atrium_scope_key */
+    void *value;
+} atrium_scope_value;
+
+/* A migration: owner-relative version numbers start at 1 and never change once shipped. */
+typedef struct atrium_migration {
+    int version;
+    const char *name;
+    const char *sql; /* may hold several statements; runs in one transaction */
+} atrium_migration;
+
+/* A streamed body: called on the connection's request-pool thread (so it must not block
+ * for long) to fill buf with up to max bytes at position pos. Return the number of bytes
+ * written (> 0), ATRIUM_STREAM_END after the last byte, or ATRIUM_STREAM_ERROR to abort
+ * the connection. Returning 0 is not allowed (it would spin). */
+#define ATRIUM_STREAM_END (-1)
+#define ATRIUM_STREAM_ERROR (-2)
+typedef int64_t (*atrium_stream_read)(void *arg, uint64_t pos, char *buf, size_t max);
+
+/* ---- the host table ------------------------------------------------------------------ */
+
+struct atrium_host {
+    uint32_t size; /* sizeof(struct atrium_host) in this host */
+    uint16_t abi_major, abi_minor;
+
+    /* == 1.0: server, logging, configuration ========================================== */
+
+    /* [any] The server name (e.g. "example.org"). Owned by the host. */
+    const char *(*server_name)(void);
+    /* [any] Log one line under the plugin's name; the request id is added when the calling
+     * thread works for a request. level: enum atrium_log_level. */
+    void (*log)(atrium_plugin *self, int level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+    /* [any] Monotonic milliseconds (for deadlines). */
+    int64_t (*now_ms)(void);
+
+    /* [init] Read plugins.<name>.<key> from the subtree given to init. When absent, *out
+     * gets def and 0 is returned. On a wrong type or out-of-range value the host logs one
+     * line naming the key, the file and line, and the allowed range, and returns
+     * ATRIUM_E_INVAL: return that from init. `*out` strings belong to the host. */
+    int (*config_int)(atrium_plugin *self, const atrium_config *cfg, const char *key,
+                      int64_t def, int64_t min, int64_t max, int64_t *out);
+    int (*config_bool)(atrium_plugin *self, const atrium_config *cfg, const char *key,
+                       bool def, bool *out);
+    int (*config_string)(atrium_plugin *self, const atrium_config *cfg, const char *key,
+                         const char *def, const char **out);
+    /* [init] Refuse keys of the subtree not in `allowed` (NULL-terminated; "enabled" and
+     * "path" are always allowed). Logs the first unknown key with its place and a
+     * did-you-mean, and returns ATRIUM_E_INVAL. */
+    int (*config_check_keys)(atrium_plugin *self, const atrium_config *cfg,
+                             const char *const *allowed);
+
+    /* [init] Register a route. The route struct is copied; its strings must be static. A
+     * method+path already registered (by the core or another plugin) is ATRIUM_E_EXISTS
+     * and stops start-up with a line naming both owners. */
+    int (*route_add)(atrium_plugin *self, const atrium_route *route);
+
+    /* [init] Register this plugin's SQL migrations (owner = the plugin's name). The host
+     * applies the pending ones in order, in a transaction each, before start(), serialized
+     * across processes by an advisory lock. `list` must stay valid (static). */
+    int (*db_migrations)(atrium_plugin *self, const atrium_migration *list, size_t n);
+
+    /* == 1.0: the request =============================================================== */
+
+    /* [req] Method ("GET", "HEAD", ...), path (percent-decoded), a path parameter by its
+     * template name, a query parameter (decoded; NULL when absent), a header (case-
+     * insensitive; NULL when absent). All owned by the request. */
+    const char *(*req_method)(atrium_req *req);
+    const char *(*req_path)(atrium_req *req);
+    const char *(*req_param)(atrium_req *req, const char *name);
+    const char *(*req_query)(atrium_req *req, const char *name);
+    const char *(*req_header)(atrium_req *req, const char *name);
+    /* [req] The buffered body (NUL-terminated for convenience; *len excludes the NUL).
+     * Empty for ATRIUM_ROUTE_STREAM_BODY routes. */
+    const char *(*req_body)(atrium_req *req, size_t *len);
+    /* [req] The body parsed as a JSON object, owned by the request. On failure the host
+     * has already set a 400 M_NOT_JSON response and returns NULL: return ATRIUM_DONE. */
+    json_t *(*req_json)(atrium_req *req);
+    /* [req] The client key: the authenticated user ID, else the client's address
+     * (X-Forwarded-For honoured only from server.http.trusted_proxies). */
+    const char *(*req_client_key)(atrium_req *req);
+    const char *(*req_id)(atrium_req *req);
+    void *(*req_route_arg)(atrium_req *req);
+    int (*req_run_reason)(atrium_req *req); /* enum atrium_run_reason */
+    /* [req] Memory freed when the request ends (never free it yourself); NULL on OOM. */
+    void *(*req_alloc)(atrium_req *req, size_t size);
+    char *(*req_strdup)(atrium_req *req, const char *s);
+    /* [req] A pointer of the plugin's that survives re-runs of the handler (parks and
+     * handoffs); typically req_alloc'd. */
+    void *(*req_state)(atrium_req *req);
+    void (*req_set_state)(atrium_req *req, void *state);
+    /* [req] Attach a hold: `release(arg)` is called exactly once, on a request-pool
+     * thread, when the response's last byte was sent, the client went away, or the
+     * request failed. A hold attached after the request ended is released at once
+     * (and ATRIUM_E_EXPIRED returned). Holds are released in reverse order. */
+    int (*req_hold)(atrium_req *req, void (*release)(void *arg), void *arg);
+
+    /* == 1.0: responses ================================================================= */
+    /* Each respond_* sets the request's one response; a second call replaces the first.
+     * On a pool thread after the request's deadline passed (the core answered 504
+     * already) they return ATRIUM_E_EXPIRED and drop what they were given. */
+
+    /* [req] Add a header to the response being built (before or after respond_*). */
+    int (*respond_header)(atrium_req *req, const char *name, const char *value);
+    /* [req] JSON body; steals the reference to `body`. */
+    int (*respond_json)(atrium_req *req, int status, json_t *body);
+    /* [req] Bytes, copied. */
+    int (*respond_buffer)(atrium_req *req, int status, const char *content_type,
+                          const void *data, size_t len);
+    /* [req] `len` bytes of the open file `fd` from `offset`, sent with sendfile where the
+     * platform allows. Takes ownership of fd (closed when the response is done, even on
+     * error). */
+    int (*respond_file)(atrium_req *req, int status, const char *content_type, int fd,
+                        uint64_t offset, uint64_t len);
+    /* [req] A body produced by `read` (size -1 = unknown, sent chunked). free_arg(arg) is
+     * called once when the response is destroyed (also on error). */
+    int (*respond_stream)(atrium_req *req, int status, const char *content_type,
+                          int64_t size, atrium_stream_read read, void *arg,
+                          void (*free_arg)(void *arg));
+    /* [req] A Matrix error {"errcode", "error"} with Cache-Control: no-store. */
+    int (*respond_error)(atrium_req *req, int status, const char *errcode, const char *fmt,
+                         ...) __attribute__((format(printf, 4, 5)));
+    /* [req] 429 M_LIMIT_EXCEEDED with retry_after_ms, Retry-After (seconds, rounded up)
+     * and Cache-Control: no-store. */
+    int (*respond_limited)(atrium_req *req, int64_t retry_after_ms, const char *message);
+
+    /* == 1.0: scopes ==================================================================== */
+
+    /* [any] The calling thread's innermost value for key (enum atrium_scope_key), or NULL.
+     * Handlers run with ATRIUM_SCOPE_REQUEST, _REQUEST_ID, _CLIENT_KEY and _DEADLINE
+     * published, plus whatever values the handoff that started them carried. */
+    void *(*scope_get)(int key);
+    /* [any] Wait on cv (the caller holds its mutex m) until signalled or deadline_ms
+     * (monotonic; <= 0 = none), releasing the lock published as ATRIUM_SCOPE_LOCK while
+     * waiting. 0 when signalled, ATRIUM_E_TIMEOUT at the deadline. cv must be created with
+     * cond_init. */
+    int (*scope_wait)(pthread_cond_t *cv, pthread_mutex_t *m, int64_t deadline_ms);
+    int (*cond_init)(pthread_cond_t *cv); /* [any] a CLOCK_MONOTONIC condition variable */
+
+    /* == 1.0: pools and handoff ========================================================= */
+
+    /* [init] A named pool of `threads` workers with a queue of `queue_depth` tasks. The
+     * host starts it before start() and stops and joins it after stop(). Metrics
+     * atrium_pool_{threads,busy,queued,queue_limit,refused_total}{pool="<name>"}. */
+    atrium_pool *(*pool_create)(atrium_plugin *self, const char *name, int threads,
+                                int queue_depth);
+    /* [any] Run fn(arg, cancelled) on the pool. Never blocks: ATRIUM_E_LIMIT when the queue
+     * is full, ATRIUM_E_STOPPED after the pool stopped (fn is then never called). A task
+     * accepted before a stop runs with cancelled=true and must only clean up. */
+    int (*pool_submit)(atrium_pool *pool, void (*fn)(void *arg, bool cancelled), void *arg);
+    /* [any] Stop the pool early: refuse new work; queued work runs cancelled. */
+    void (*pool_stop)(atrium_pool *pool);
+    /* [req] Move the request to `pool`: the connection is suspended (no thread waits for
+     * it) and the route's handler runs again on a pool thread, with run reason
+     * ATRIUM_RUN_HANDOFF and `vals` published in its scope (copied; n <= 8). Returns 0:
+     * return ATRIUM_HANDED_OFF and do not touch req again. ATRIUM_E_LIMIT (queue full) or
+     * ATRIUM_E_STOPPED: nothing happened; answer the request yourself (429/503). The core
+     * answers 504 if the handler has not answered by the request's deadline
+     * (server.http.handoff_deadline_ms), 503 if the pool stops first, and drops the work
+     * if the client has gone before a worker picks it up. */
+    int (*handoff)(atrium_req *req, atrium_pool *pool, const atrium_scope_value *vals,
+                   size_t n);
+
+    /* == 1.0: parking =================================================================== */
+
+    /* [init] An event parked requests can wait for. */
+    atrium_event *(*event_create)(atrium_plugin *self);
+    /* [req] Park the request on ev until it is signalled or deadline_ms (monotonic) passes:
+     * the connection is suspended and no thread waits. Returns 0: return ATRIUM_PARKED and
+     * do not touch req again; the handler later runs again on a request-pool thread with
+     * reason ATRIUM_RUN_WOKEN, _DEADLINE or _SHUTDOWN. ATRIUM_E_STOPPED while stopping.
+     * The deadline is capped at 10 minutes from now. */
+    int (*park)(atrium_req *req, atrium_event *ev, int64_t deadline_ms);
+    /* [any] Wake every request parked on ev; returns how many. */
+    int (*event_signal)(atrium_event *ev);
+
+    /* == 1.0: budgets, admission lines, outbound budget, rate limits ===================== */
+
+    /* [init] global_cap in flight in all, per_key_cap per client key. Metrics
+     * atrium_budget_{in_use,limit,refused_total}{budget="<name>"}. */
+    atrium_budget *(*budget_create)(atrium_plugin *self, const char *name, int global_cap,
+                                    int per_key_cap);
+    /* [any] Take a slot for key without blocking: 0, or ATRIUM_E_LIMIT. */
+    int (*budget_try_acquire)(atrium_budget *b, const char *key);
+    void (*budget_release)(atrium_budget *b, const char *key); /* [any] */
+    /* [req] Take a slot for the request's client key and attach it as a hold. */
+    int (*budget_acquire_hold)(atrium_req *req, atrium_budget *b);
+
+    /* [init] An admission line: `slots` requests at a time; up to `max_waiting` more wait
+     * parked (at most `max_waiting_per_key` of one client key; 0 = no per-key cap), served
+     * round-robin across client keys, each for at most `max_wait_ms`. Metrics
+     * atrium_line_{slots,in_use,waiting,refused_total,timed_out_total}{line="<name>"}. */
+    atrium_line *(*line_create)(atrium_plugin *self, const char *name, int slots,
+                                int max_waiting, int max_waiting_per_key,
+                                int64_t max_wait_ms);
+    /* [req] Enter the line; call it first thing in the handler, on every run.
+     *   ATRIUM_OK        a slot is held (as a hold: released after the last byte);
+     *   ATRIUM_PARKED    the request waits: return ATRIUM_PARKED; the handler runs again
+     *                    (reason _GRANTED or _DEADLINE) and calls line_admit again;
+     *   ATRIUM_E_LIMIT   the line is full: answer with respond_limited;
+     *   ATRIUM_E_TIMEOUT it waited max_wait_ms without a slot: answer 429 too;
+     *   ATRIUM_E_STOPPED the server is stopping: answer 503. */
+    int (*line_admit)(atrium_req *req, atrium_line *line);
+
+    /* [req] The outbound budget (ADR-0079) for a handler on a request-pool thread that will
+     * wait on another server: at most half the request pool across all clients and one per
+     * client key. 0 = the slot is held until the request ends; ATRIUM_E_LIMIT = answer 429
+     * at once (respond_limited), never wait. */
+    int (*outbound_acquire)(atrium_req *req);
+
+    /* [init] A token bucket per client key: per_second refill, burst capacity. */
+    atrium_ratelimit *(*ratelimit_create)(atrium_plugin *self, const char *action,
+                                          double per_second, double burst);
+    /* [req] 0 = allowed; > 0 = refused, retry after that many ms (answer with
+     * respond_limited). A request counts once however often its handler runs; requests
+     * whose scope has ATRIUM_SCOPE_RATE_ADMITTED are not counted. Always 0 when the
+     * operator disabled rate limiting (ratelimit.enabled: false). */
+    int64_t (*ratelimit_check)(atrium_req *req, atrium_ratelimit *rl);
+
+    /* == 1.0: metrics =================================================================== */
+
+    /* [init] Register a metric. `name` must start with "atrium_<plugin name>_"; labels is a
+     * Prometheus label list without braces ('kind="x"') or NULL. */
+    atrium_metric *(*metric_counter)(atrium_plugin *self, const char *name,
+                                     const char *labels, const char *help);
+    atrium_metric *(*metric_gauge)(atrium_plugin *self, const char *name, const char *labels,
+                                   const char *help);
+    /* [any] Add to a counter or gauge; set a gauge. */
+    void (*metric_add)(atrium_metric *m, int64_t delta);
+    void (*metric_set)(atrium_metric *m, int64_t value);
+
+    /* == 1.0: PostgreSQL ================================================================ */
+
+    /* [any] Borrow a connection from the shared pool, waiting at most timeout_ms (a request
+     * handler should pass a short wait and answer 503 on NULL). NULL when none could be had
+     * in time or PostgreSQL is unreachable (logged). The connection is the caller's alone
+     * until db_release; never hold it across a park, a handoff or a remote call. */
+    PGconn *(*db_acquire)(int64_t timeout_ms);
+    /* [any] Give it back (a connection left broken is reset before its next use). */
+    void (*db_release)(PGconn *conn);
+
+    /* 1.1 and later: appended below this line, never inserted above. */
+};
+
+/* Does this host offer `member`? (For plugins that target an older minor.) */
+#define ATRIUM_HOST_HAS(h, member)                                                         \
+    ((h)->size >= offsetof(struct atrium_host, member) + sizeof((h)->member) && (h)->member)
+
+#endif

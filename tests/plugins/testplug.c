@@ -1,0 +1,287 @@
+/*
+ * tests/plugins/testplug.c - a plugin built only from include/atrium/, used by the
+ * integration tests to drive every core mechanism through the public ABI: handoff to its
+ * own pool, parking on an event, holds on a slow response, an admission line, the
+ * outbound budget against a peer the test controls, a rate limit, and PostgreSQL with
+ * its own migration.
+ *
+ * Compiled several times with different TESTPLUG_NAME / TESTPLUG_PROVIDES to test the
+ * loader's duplicate checks. Not shipped.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "atrium/host.h"
+
+#ifndef TESTPLUG_NAME
+#define TESTPLUG_NAME "testplug"
+#endif
+#ifndef TESTPLUG_PROVIDES
+#define TESTPLUG_PROVIDES "test/1"
+#endif
+#ifndef TESTPLUG_PREFIX
+#define TESTPLUG_PREFIX "/_test"
+#endif
+
+#define OUTBOUND_PEER_WAIT_MS 15000
+#define DB_WAIT_MS 2000
+
+static const atrium_host *h;
+static atrium_plugin *me;
+
+typedef struct testplug {
+    atrium_pool *work;
+    atrium_event *bell;
+    atrium_line *line;
+    atrium_ratelimit *limit;
+    atrium_metric *holds;
+    atrium_metric *runs_on_pool;
+} testplug;
+
+static testplug tp;
+
+static const atrium_migration MIGRATIONS[] = {
+    {1, "items", "CREATE TABLE testplug_items (id integer PRIMARY KEY, label text NOT NULL)"},
+    {2, "seed", "INSERT INTO testplug_items VALUES (1, 'one'), (2, 'two'), (3, 'three')"},
+};
+
+static long query_long(atrium_req *req, const char *name, long def)
+{
+    const char *v = h->req_query(req, name);
+    return v ? strtol(v, NULL, 10) : def;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- handoff ---------------------------------------------------------------------- */
+
+static int handoff_or_refuse(atrium_req *req)
+{
+    atrium_scope_value v[] = {{ATRIUM_SCOPE_FETCH_MODE, (void *)(intptr_t)ATRIUM_FETCH_ADMITTED},
+                              {ATRIUM_SCOPE_RATE_ADMITTED, (void *)(intptr_t)1}};
+    int rc = h->handoff(req, tp.work, v, 2);
+    if (rc == 0) return ATRIUM_HANDED_OFF;
+    if (rc == ATRIUM_E_LIMIT) return h->respond_limited(req, 1000, "The test pool is full");
+    return h->respond_error(req, 503, "M_UNKNOWN", "The test pool has stopped");
+}
+
+/* GET /_test/handoff?sleep_ms=N: runs on the pool, which says where it ran. */
+static int get_handoff(atrium_req *req)
+{
+    if (h->req_run_reason(req) != ATRIUM_RUN_HANDOFF) return handoff_or_refuse(req);
+    long ms = query_long(req, "sleep_ms", 0);
+    if (ms > 0) sleep_ms(ms);
+    h->metric_add(tp.runs_on_pool, 1);
+    intptr_t mode = (intptr_t)h->scope_get(ATRIUM_SCOPE_FETCH_MODE);
+    json_t *body = json_pack("{s:b, s:I, s:s}", "ran_on_pool", 1, "fetch_mode", (json_int_t)mode,
+                             "request", h->req_id(req));
+    return h->respond_json(req, 200, body);
+}
+
+/* POST /_test/pool/stop */
+static int post_pool_stop(atrium_req *req)
+{
+    h->pool_stop(tp.work);
+    return h->respond_json(req, 200, json_pack("{s:b}", "stopped", 1));
+}
+
+/* ---- parking ---------------------------------------------------------------------- */
+
+/* GET /_test/park?timeout_ms=N: parks on the bell; says what woke it. */
+static int get_park(atrium_req *req)
+{
+    switch (h->req_run_reason(req)) {
+    case ATRIUM_RUN_FIRST: {
+        long timeout = query_long(req, "timeout_ms", 30000);
+        int rc = h->park(req, tp.bell, h->now_ms() + timeout);
+        if (rc == 0) return ATRIUM_PARKED;
+        return h->respond_error(req, 503, "M_UNKNOWN", "Cannot park now");
+    }
+    case ATRIUM_RUN_WOKEN:
+        return h->respond_json(req, 200, json_pack("{s:s}", "woken_by", "event"));
+    case ATRIUM_RUN_DEADLINE:
+        return h->respond_json(req, 200, json_pack("{s:s}", "woken_by", "deadline"));
+    default:
+        return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+    }
+}
+
+/* POST /_test/ring */
+static int post_ring(atrium_req *req)
+{
+    int n = h->event_signal(tp.bell);
+    return h->respond_json(req, 200, json_pack("{s:i}", "woken", n));
+}
+
+/* ---- holds and streams ------------------------------------------------------------ */
+
+typedef struct pattern {
+    uint64_t size;
+} pattern;
+
+static int64_t pattern_read(void *arg, uint64_t pos, char *buf, size_t max)
+{
+    pattern *p = arg;
+    if (pos >= p->size) return ATRIUM_STREAM_END;
+    size_t n = (size_t)(p->size - pos < max ? p->size - pos : max);
+    for (size_t i = 0; i < n; i++) buf[i] = (char)('a' + (pos + i) % 26);
+    return (int64_t)n;
+}
+
+static void hold_release(void *arg)
+{
+    (void)arg;
+    h->metric_add(tp.holds, -1);
+}
+
+static int respond_pattern(atrium_req *req)
+{
+    long bytes = query_long(req, "bytes", 1024);
+    pattern *p = malloc(sizeof(*p));
+    if (!p) return ATRIUM_E_NOMEM;
+    p->size = (uint64_t)(bytes > 0 ? bytes : 0);
+    return h->respond_stream(req, 200, "application/octet-stream", (int64_t)p->size, pattern_read,
+                             p, free);
+}
+
+/* GET /_test/slow?bytes=N: a body of N bytes with a hold counted by a gauge. */
+static int get_slow(atrium_req *req)
+{
+    h->metric_add(tp.holds, 1);
+    h->req_hold(req, hold_release, NULL);
+    return respond_pattern(req);
+}
+
+/* GET /_test/line?bytes=N: admission line first, then a body; the slot is a hold. */
+static int get_line(atrium_req *req)
+{
+    int rc = h->line_admit(req, tp.line);
+    if (rc == ATRIUM_PARKED) return ATRIUM_PARKED;
+    if (rc == ATRIUM_E_LIMIT) return h->respond_limited(req, 1000, "The line is full");
+    if (rc == ATRIUM_E_TIMEOUT) return h->respond_limited(req, 1000, "Waited too long");
+    if (rc < 0) return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+    return respond_pattern(req);
+}
+
+/* ---- outbound budget -------------------------------------------------------------- */
+
+/* GET /_test/outbound?port=P: waits on a peer the test controls, on this request-pool
+ * thread, under the outbound budget. */
+static int get_outbound(atrium_req *req)
+{
+    if (h->outbound_acquire(req) < 0)
+        return h->respond_limited(req, 1000, "Too many requests waiting on other servers");
+    long port = query_long(req, "port", 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        if (fd >= 0) close(fd);
+        return h->respond_error(req, 502, "M_UNKNOWN", "The peer is unreachable");
+    }
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int n = poll(&p, 1, OUTBOUND_PEER_WAIT_MS);
+    close(fd);
+    if (n <= 0) return h->respond_error(req, 504, "M_UNKNOWN", "The peer did not answer");
+    return h->respond_json(req, 200, json_pack("{s:s}", "peer", "answered"));
+}
+
+/* ---- rate limit, database --------------------------------------------------------- */
+
+/* GET /_test/limited: burst 2, then 429; also hands off once to prove a re-run is not
+ * counted twice. */
+static int get_limited(atrium_req *req)
+{
+    int64_t wait = h->ratelimit_check(req, tp.limit);
+    if (wait > 0) return h->respond_limited(req, wait, "Slow down");
+    if (h->req_query(req, "via_pool") && h->req_run_reason(req) != ATRIUM_RUN_HANDOFF) {
+        int rc = h->handoff(req, tp.work, NULL, 0);
+        if (rc == 0) return ATRIUM_HANDED_OFF;
+        return h->respond_error(req, 503, "M_UNKNOWN", "pool refused");
+    }
+    return h->respond_json(req, 200, json_pack("{s:b}", "allowed", 1));
+}
+
+/* GET /_test/db: counts the rows its migrations created. */
+static int get_db(atrium_req *req)
+{
+    PGconn *c = h->db_acquire(DB_WAIT_MS);
+    if (!c) return h->respond_error(req, 503, "M_UNKNOWN", "No database connection");
+    PGresult *res = PQexec(c, "SELECT count(*) FROM testplug_items");
+    int ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+    long n = ok ? atol(PQgetvalue(res, 0, 0)) : -1;
+    if (!ok) h->log(me, ATRIUM_LOG_WARN, "query failed: %s", PQresultErrorMessage(res));
+    PQclear(res);
+    h->db_release(c);
+    if (!ok) return h->respond_error(req, 503, "M_UNKNOWN", "The database query failed; retry");
+    return h->respond_json(req, 200, json_pack("{s:i}", "items", (int)n));
+}
+
+/* POST /_test/echo: the JSON body back. */
+static int post_echo(atrium_req *req)
+{
+    json_t *body = h->req_json(req);
+    if (!body) return ATRIUM_DONE;
+    return h->respond_json(req, 200, json_incref(body));
+}
+
+/* ---- lifecycle -------------------------------------------------------------------- */
+
+static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
+                   void **state)
+{
+    h = host;
+    me = self;
+    static const char *const keys[] = {"threads", "queue", "line_slots", "line_waiting",
+                                       "line_wait_ms", NULL};
+    if (host->config_check_keys(self, cfg, keys) < 0) return ATRIUM_E_INVAL;
+    int64_t threads, queue, slots, waiting, wait_ms;
+    if (host->config_int(self, cfg, "threads", 2, 1, 64, &threads) < 0 ||
+        host->config_int(self, cfg, "queue", 8, 1, 1024, &queue) < 0 ||
+        host->config_int(self, cfg, "line_slots", 1, 1, 64, &slots) < 0 ||
+        host->config_int(self, cfg, "line_waiting", 4, 0, 1024, &waiting) < 0 ||
+        host->config_int(self, cfg, "line_wait_ms", 5000, 1, 600000, &wait_ms) < 0)
+        return ATRIUM_E_INVAL;
+    tp.work = host->pool_create(self, "work", (int)threads, (int)queue);
+    tp.bell = host->event_create(self);
+    tp.line = host->line_create(self, "line", (int)slots, (int)waiting, 0, wait_ms);
+    tp.limit = host->ratelimit_create(self, "limited", 0.5, 2);
+    tp.holds = host->metric_gauge(self, "atrium_" TESTPLUG_NAME "_holds", NULL,
+                                  "Holds of /_test/slow not yet released");
+    tp.runs_on_pool = host->metric_counter(self, "atrium_" TESTPLUG_NAME "_pool_runs_total", NULL,
+                                           "Handlers run on the test pool");
+    if (!tp.work || !tp.bell || !tp.line || !tp.limit || !tp.holds || !tp.runs_on_pool)
+        return ATRIUM_E_NOMEM;
+    int rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
+    const atrium_route routes[] = {
+        {.method = "GET", .path = TESTPLUG_PREFIX "/handoff", .handler = get_handoff},
+        {.method = "POST", .path = TESTPLUG_PREFIX "/pool/stop", .handler = post_pool_stop},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/park", .handler = get_park},
+        {.method = "POST", .path = TESTPLUG_PREFIX "/ring", .handler = post_ring},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/slow", .handler = get_slow},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/line", .handler = get_line},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/outbound", .handler = get_outbound},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/limited", .handler = get_limited},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/db", .handler = get_db},
+        {.method = "POST", .path = TESTPLUG_PREFIX "/echo", .handler = post_echo,
+         .max_body_bytes = 4096},
+    };
+    for (size_t i = 0; rc == 0 && i < sizeof(routes) / sizeof(routes[0]); i++)
+        rc = host->route_add(self, &routes[i]);
+    *state = &tp;
+    return rc;
+}
+
+ATRIUM_PLUGIN(.name = TESTPLUG_NAME, .version = "1.0.0", .provides = TESTPLUG_PROVIDES,
+              .init = tp_init)
