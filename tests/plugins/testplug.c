@@ -228,6 +228,14 @@ static int get_db(atrium_req *req)
     return h->respond_json(req, 200, json_pack("{s:i}", "items", (int)n));
 }
 
+/* GET /_test/param/{value}?q=: the decoded path parameter and query value back. */
+static int get_param(atrium_req *req)
+{
+    const char *q = h->req_query(req, "q");
+    return h->respond_json(req, 200, json_pack("{s:s, s:s?}", "value", h->req_param(req, "value"),
+                                               "q", q));
+}
+
 /* POST /_test/echo: the JSON body back. */
 static int post_echo(atrium_req *req)
 {
@@ -274,6 +282,7 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
         {.method = "GET", .path = TESTPLUG_PREFIX "/outbound", .handler = get_outbound},
         {.method = "GET", .path = TESTPLUG_PREFIX "/limited", .handler = get_limited},
         {.method = "GET", .path = TESTPLUG_PREFIX "/db", .handler = get_db},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/param/{value}", .handler = get_param},
         {.method = "POST", .path = TESTPLUG_PREFIX "/echo", .handler = post_echo,
          .max_body_bytes = 4096},
     };

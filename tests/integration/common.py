@@ -1,0 +1,70 @@
+"""Shared set-up for the integration tests: a server with the test plugin loaded, and small
+helpers for concurrent requests and polling metrics."""
+
+import os
+import threading
+import time
+
+from harness import AtriumTestCase, test_plugin_dir  # noqa: F401  (re-exported)
+
+
+def testplug(name="testplug", **settings):
+    """plugins entry loading one of the test plugins from build/tests/plugins."""
+    return {name: {"enabled": True, "path": os.path.join(test_plugin_dir(), f"{name}.so"), **settings}}
+
+
+def with_testplug(**settings):
+    plugins = {"media": {"enabled": True}, "directory": {"enabled": True}}
+    plugins.update(testplug(**settings))
+    return plugins
+
+
+class Background:
+    """Runs fn(*args) in a thread; .result() waits for it and returns or re-raises."""
+
+    def __init__(self, fn, *args, **kwargs):
+        self._value = None
+        self._error = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args, kwargs), daemon=True)
+        self.started_at = time.monotonic()
+        self.finished_at = None
+        self._thread.start()
+
+    def _run(self, fn, args, kwargs):
+        try:
+            self._value = fn(*args, **kwargs)
+        except BaseException as e:  # handed to result()
+            self._error = e
+        finally:
+            self.finished_at = time.monotonic()
+
+    def done(self):
+        return not self._thread.is_alive()
+
+    def result(self, timeout=30):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"background request still running after {timeout}s")
+        if self._error:
+            raise self._error
+        return self._value
+
+
+def wait_until(predicate, timeout=10, interval=0.05, what="condition"):
+    """Polls predicate() until it returns a truthy value; returns it or fails."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{what} not reached within {timeout}s (last value {last!r})")
+
+
+def thread_count(pid):
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads line")
