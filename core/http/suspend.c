@@ -393,7 +393,7 @@ int susp_handoff(atrium_req *r, rt_pool *pool, const atrium_scope_value *vals, s
     if (atomic_load(&r->srv->stopping)) return ATRIUM_E_STOPPED;
     int rc = rt_pool_reserve(pool);
     if (rc < 0) return rc;
-    memcpy(r->hvals, vals, n * sizeof(*vals));
+    if (n) memcpy(r->hvals, vals, n * sizeof(*vals));
     r->n_hvals = n;
     r->pool = pool;
     http_req_ref(r); /* the task's */

@@ -245,7 +245,10 @@ class OutboundBudgetTest(AtriumTestCase):
         def from_client(addr):
             return {"X-Forwarded-For": addr}
 
+        # One after the other: libmicrohttpd pins a connection to the thread that accepted
+        # it, and a thread may accept a burst of connections before it blocks.
         a = Background(srv.json, "GET", path, headers=from_client("10.1.0.1"), timeout=30)
+        wait_until(lambda: len(peer.accepted) == 1, what="one request waiting on the peer")
         b = Background(srv.json, "GET", path, headers=from_client("10.1.0.2"), timeout=30)
         wait_until(lambda: len(peer.accepted) == 2, what="two requests waiting on the peer")
         self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "outbound"}), 2)

@@ -1,0 +1,162 @@
+/*
+ * tests/unit/test_router.c - the router: templates, parameters, percent-decoding after
+ * splitting, literal segments winning over parameters, 405 detection, duplicates.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/http/http.h"
+
+static int dummy(atrium_req *r)
+{
+    (void)r;
+    return 0;
+}
+
+static int other(atrium_req *r)
+{
+    (void)r;
+    return 1;
+}
+
+typedef struct match {
+    const route_entry *e;
+    const char **names, **values;
+    size_t n;
+    bool wrong_method;
+} match;
+
+static match do_match(router *rt, rt_arena *a, const char *method, const char *path)
+{
+    match m = {0};
+    m.e = router_match(rt, method, path, a, &m.names, &m.values, &m.n, &m.wrong_method);
+    return m;
+}
+
+static void add(router *rt, const char *method, const char *path, atrium_handler h)
+{
+    char err[256];
+    atrium_route r = {.method = method, .path = path, .handler = h};
+    assert_int_equal(router_add(rt, &r, "test", err, sizeof(err)), 0);
+}
+
+static void test_parameters_are_decoded_after_the_path_is_split(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    rt_arena *a = rt_arena_new(1024);
+    add(rt, "GET", "/_matrix/client/v3/rooms/{room}/state/{type}", dummy);
+    match m = do_match(rt, a, "GET", "/_matrix/client/v3/rooms/%21abc%3Aex.org/state/m.a%2Fb");
+    assert_non_null(m.e);
+    assert_int_equal(m.n, 2);
+    assert_string_equal(m.names[0], "room");
+    assert_string_equal(m.values[0], "!abc:ex.org");
+    assert_string_equal(m.names[1], "type");
+    assert_string_equal(m.values[1], "m.a/b"); /* an encoded slash stays in its segment */
+    rt_arena_free(a);
+    router_free(rt);
+}
+
+static void test_literal_segments_win_over_parameters(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    rt_arena *a = rt_arena_new(1024);
+    add(rt, "GET", "/rooms/{room}/{what}", dummy);
+    add(rt, "GET", "/rooms/{room}/members", other);
+    match m = do_match(rt, a, "GET", "/rooms/r1/members");
+    assert_non_null(m.e);
+    assert_ptr_equal(m.e->route.handler, other);
+    m = do_match(rt, a, "GET", "/rooms/r1/state");
+    assert_ptr_equal(m.e->route.handler, dummy);
+    rt_arena_free(a);
+    router_free(rt);
+}
+
+static void test_a_path_known_for_another_method_reports_wrong_method(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    rt_arena *a = rt_arena_new(1024);
+    add(rt, "POST", "/login", dummy);
+    match m = do_match(rt, a, "GET", "/login");
+    assert_null(m.e);
+    assert_true(m.wrong_method);
+    m = do_match(rt, a, "GET", "/logout");
+    assert_null(m.e);
+    assert_false(m.wrong_method);
+    rt_arena_free(a);
+    router_free(rt);
+}
+
+static void test_head_is_served_by_get_routes(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    rt_arena *a = rt_arena_new(1024);
+    add(rt, "GET", "/health", dummy);
+    assert_non_null(do_match(rt, a, "HEAD", "/health").e);
+    rt_arena_free(a);
+    router_free(rt);
+}
+
+static void test_empty_or_malformed_segments_do_not_match(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    rt_arena *a = rt_arena_new(1024);
+    add(rt, "GET", "/media/{server}/{id}", dummy);
+    assert_null(do_match(rt, a, "GET", "/media//abc").e);     /* empty parameter */
+    assert_null(do_match(rt, a, "GET", "/media/s/abc/").e);   /* trailing slash */
+    assert_null(do_match(rt, a, "GET", "/media/s/ab%zz").e);  /* bad escape */
+    assert_null(do_match(rt, a, "GET", "/media/s/ab%00c").e); /* embedded NUL */
+    assert_non_null(do_match(rt, a, "GET", "/media/s/abc").e);
+    rt_arena_free(a);
+    router_free(rt);
+}
+
+static void test_the_same_route_twice_is_refused_naming_both_owners(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    char err[256];
+    atrium_route r = {.method = "GET", .path = "/x/{a}", .handler = dummy};
+    assert_int_equal(router_add(rt, &r, "media", err, sizeof(err)), 0);
+    atrium_route same_shape = {.method = "GET", .path = "/x/{b}", .handler = other};
+    assert_int_equal(router_add(rt, &same_shape, "other", err, sizeof(err)), ATRIUM_E_EXISTS);
+    assert_non_null(strstr(err, "\"other\""));
+    assert_non_null(strstr(err, "already registered by \"media\""));
+    atrium_route post = {.method = "POST", .path = "/x/{a}", .handler = other};
+    assert_int_equal(router_add(rt, &post, "other", err, sizeof(err)), 0);
+    router_free(rt);
+}
+
+static void test_parameters_must_be_whole_segments(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    char err[256];
+    atrium_route r = {.method = "GET", .path = "/x/a{b}", .handler = dummy};
+    assert_int_equal(router_add(rt, &r, "t", err, sizeof(err)), ATRIUM_E_INVAL);
+    atrium_route rel = {.method = "GET", .path = "x", .handler = dummy};
+    assert_int_equal(router_add(rt, &rel, "t", err, sizeof(err)), ATRIUM_E_INVAL);
+    router_free(rt);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parameters_are_decoded_after_the_path_is_split),
+        cmocka_unit_test(test_literal_segments_win_over_parameters),
+        cmocka_unit_test(test_a_path_known_for_another_method_reports_wrong_method),
+        cmocka_unit_test(test_head_is_served_by_get_routes),
+        cmocka_unit_test(test_empty_or_malformed_segments_do_not_match),
+        cmocka_unit_test(test_the_same_route_twice_is_refused_naming_both_owners),
+        cmocka_unit_test(test_parameters_must_be_whole_segments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
