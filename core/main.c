@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/client/auth.h"
+#include "core/client/client.h"
 #include "core/config/config.h"
 #include "core/http/http.h"
 #include "core/plugins/plugins.h"
@@ -35,6 +37,8 @@
 #endif
 
 #define CFG_ERR_LEN 1024
+#define AUTH_POOL_THREADS 2  /* at most two Argon2id hashes (64 MiB each) at once */
+#define AUTH_POOL_QUEUE 64
 
 extern char **environ;
 
@@ -124,6 +128,7 @@ static int serve(const char *config_path)
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
 
     int exit_code = 1;
+    rt_pool *auth_pool_obj = NULL;
     core_runtime rt = {.cfg = &cfg, .root = root};
     rt.metrics = rt_metrics_new();
     rt.http = rt.metrics ? http_server_new(&cfg, rt.metrics) : NULL;
@@ -136,6 +141,16 @@ static int serve(const char *config_path)
     if (db_migrate(rt.db, "core", CORE_MIGRATIONS,
                    sizeof(CORE_MIGRATIONS) / sizeof(CORE_MIGRATIONS[0])) < 0)
         goto out;
+    auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);
+    if (!auth_pool_obj || rt_pool_start(auth_pool_obj) < 0) goto stop_plugins;
+    auth_set_pool(auth_pool_obj);
+    for (size_t i = 0; CLIENT_MODULES[i]; i++) {
+        const client_module *m = CLIENT_MODULES[i];
+        if (m->init(rt.http, rt.metrics) < 0 ||
+            (m->n_migrations && db_migrate(rt.db, m->owner, m->migrations, m->n_migrations) < 0) ||
+            (m->start && m->start() < 0))
+            goto stop_plugins;
+    }
     if (plugins_load_all(&rt) < 0 || plugins_migrate_all(&rt) < 0 || plugins_start_all(&rt) < 0)
         goto stop_plugins;
     if (http_server_start(rt.http) < 0) goto stop_plugins;
@@ -152,9 +167,17 @@ static int serve(const char *config_path)
 
 stop_plugins:
     plugins_stop_all(&rt);
+    for (size_t i = 0; CLIENT_MODULES[i]; i++)
+        if (CLIENT_MODULES[i]->stop) CLIENT_MODULES[i]->stop();
+    if (auth_pool_obj) {
+        rt_pool_stop(auth_pool_obj);
+        rt_pool_join(auth_pool_obj);
+    }
     if (rt.http) http_server_drain(rt.http, 1000); /* answers from stopped pools go out */
     if (rt.http) http_server_stop(rt.http);
     plugins_fini_all(&rt);
+    auth_set_pool(NULL);
+    if (auth_pool_obj) rt_pool_free(auth_pool_obj);
 out:
     http_server_free(rt.http);
     db_set_global(NULL);

@@ -125,7 +125,9 @@ struct atrium_req {
     http_kv *headers, *args;
     size_t n_headers, n_args;
     const char *client_addr;
-    const char *user; /* authenticated user ID, or NULL */
+    const char *user;   /* authenticated user ID, or NULL */
+    const char *device; /* the access token's device ID, or NULL */
+    int is_admin;       /* the user is a server admin (valid when user is set) */
     int sock_fd;
     int64_t start_ms, deadline_ms;
 

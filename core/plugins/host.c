@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client/auth.h"
 #include "core/plugins/plugins.h"
 
 #define HOST_ERR_LEN 512
@@ -167,6 +168,10 @@ static json_t *h_req_json(atrium_req *r)
     r->json = j;
     return j;
 }
+
+static const char *h_req_authenticate(atrium_req *r) { return auth_request(r); }
+static const char *h_req_device(atrium_req *r) { return r->device; }
+static int h_req_is_admin(atrium_req *r) { return auth_is_admin(r); }
 
 static int h_req_hold(atrium_req *r, void (*release)(void *), void *arg)
 {
@@ -398,6 +403,9 @@ static const atrium_host HOST = {
     .req_state = h_req_state,
     .req_set_state = h_req_set_state,
     .req_hold = h_req_hold,
+    .req_authenticate = h_req_authenticate,
+    .req_device = h_req_device,
+    .req_is_admin = h_req_is_admin,
     .respond_header = http_respond_header,
     .respond_json = http_respond_json,
     .respond_buffer = http_respond_buffer,

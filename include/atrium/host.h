@@ -184,6 +184,17 @@ struct atrium_host {
      * request failed. A hold attached after the request ended is released at once
      * (and ATRIUM_E_EXPIRED returned). Holds are released in reverse order. */
     int (*req_hold)(atrium_req *req, void (*release)(void *arg), void *arg);
+    /* [req] Authenticate the request by its access token (Authorization: Bearer, or
+     * ?access_token=). Returns the user ID (owned by the request; from then on it is the
+     * request's client key). On failure the host has set the response (401 M_MISSING_TOKEN
+     * or M_UNKNOWN_TOKEN, 503 when the database is unreachable) and returns NULL: return
+     * ATRIUM_DONE. Looks the token up in PostgreSQL (a short wait at most), so a revoked
+     * token is refused at once; a second call on the same request is free. */
+    const char *(*req_authenticate)(atrium_req *req);
+    /* [req] The device ID of the authenticated access token, or NULL. */
+    const char *(*req_device)(atrium_req *req);
+    /* [req] 1 when the authenticated user is a server admin, 0 otherwise. */
+    int (*req_is_admin)(atrium_req *req);
 
     /* == 1.0: responses ================================================================= */
     /* Each respond_* sets the request's one response; a second call replaces the first.

@@ -1,0 +1,23 @@
+/*
+ * core/client/client.c - the list of the core's client-server modules and the helper they
+ * use to register routes. Adding a module means adding it to CLIENT_MODULES, nothing else.
+ */
+#include "core/client/client.h"
+
+extern const client_module ACCOUNTS_MODULE;
+
+const client_module *const CLIENT_MODULES[] = {
+    &ACCOUNTS_MODULE,
+    NULL,
+};
+
+int client_route(http_server *s, const char *method, const char *path, atrium_handler handler,
+                 int64_t max_body_bytes)
+{
+    atrium_route r = {.method = method, .path = path, .handler = handler,
+                      .max_body_bytes = max_body_bytes};
+    char err[256];
+    int rc = router_add(s->router, &r, "core", err, sizeof(err));
+    if (rc < 0) rt_log(ATRIUM_LOG_ERROR, "core", "%s", err);
+    return rc;
+}
