@@ -23,6 +23,7 @@
 
 #include "core/client/auth.h"
 #include "core/client/client.h"
+#include "core/client/notifier.h"
 #include "core/config/config.h"
 #include "core/http/http.h"
 #include "core/plugins/plugins.h"
@@ -94,6 +95,8 @@ static const atrium_migration CORE_MIGRATIONS[] = {
     {1, "core_server_info",
      "CREATE TABLE IF NOT EXISTS core_server_info ("
      " key text PRIMARY KEY, value text NOT NULL)"},
+    /* One position for every per-user stream: see core/client/notifier.h. */
+    {2, "stream_seq", "CREATE SEQUENCE stream_seq"},
 };
 
 static int serve(const char *config_path)
@@ -177,6 +180,7 @@ stop_plugins:
     if (rt.http) http_server_stop(rt.http);
     plugins_fini_all(&rt);
     auth_set_pool(NULL);
+    notifier_free();
     if (auth_pool_obj) rt_pool_free(auth_pool_obj);
 out:
     http_server_free(rt.http);

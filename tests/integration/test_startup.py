@@ -54,7 +54,7 @@ class StartupTest(AtriumTestCase):
         for s in servers:
             self.assertEqual(s.json("GET", "/_test/db"), (200, {"items": 3}))
         rows = psql("SELECT owner || ':' || version FROM atrium_migrations ORDER BY 1", database=db)
-        self.assertEqual([r[0] for r in rows], ["accounts:1", "core:1", "testplug:1", "testplug:2"])
+        self.assertEqual([r[0] for r in rows], ["accounts:1", "core:1", "core:2", "testplug:1", "testplug:2"])
 
 
 if __name__ == "__main__":
