@@ -330,6 +330,9 @@ int http_server_start(http_server *s)
         return -1;
     }
     s->max_connections = connection_limit(cfg);
+    rt_metric_set(rt_metric_gauge(s->metrics, "atrium_http_max_connections", NULL,
+                                  "Client connections allowed at once (from RLIMIT_NOFILE)"),
+                  s->max_connections);
     s->daemon = MHD_start_daemon(
         flags, (uint16_t)cfg->http.port, NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER,
         mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &ss,

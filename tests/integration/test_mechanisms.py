@@ -287,7 +287,54 @@ class RateLimitTest(AtriumTestCase):
             self.assertEqual(srv.json("GET", "/_test/limited")[0], 200)
 
 
+class ConnectionLimitTest(AtriumTestCase):
+    def test_connections_over_the_descriptor_limit_wait_unaccepted_until_a_slot_frees(self):
+        # 256 descriptors minus the reserve, the database pool and outbound sockets.
+        srv = self.start_server(nofile=256, settings={"server": {"http": {"fd_reserve": 64}}})
+        limit = int(srv.metric("atrium_http_max_connections"))
+        self.assertGreater(limit, 8)
+        self.assertLess(limit, 256 - 64)
+        held = []
+        self.addCleanup(lambda: [s.close() for s in held])
+        for _ in range(limit):
+            s = raw_connect(srv.port)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            self.assertEqual(read_head(s)[0], 200)  # each one served, kept open
+            held.append(s)
+        # Over the limit the server does not accept: the connection waits in the kernel's
+        # backlog, costing the server nothing, and is served as soon as a slot frees.
+        extra = raw_connect(srv.port, timeout=1)
+        self.addCleanup(extra.close)
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        with self.assertRaises(socket.timeout):
+            extra.recv(100)
+        held.pop().close()
+        extra.settimeout(10)
+        self.assertEqual(read_head(extra)[0], 200)
+        for s in held:
+            s.close()
+        held.clear()
+        self.assertEqual(srv.request("GET", "/health", timeout=5)[0], 200)
+
+
 class DatabaseTest(AtriumTestCase):
+    def test_an_exhausted_database_pool_gives_a_clean_503_not_a_hang(self):
+        srv = self.start_server(plugins=with_testplug(), settings={
+            "database": {"pool_size": 2}, "server": {"http": {"request_threads": 4}}})
+        holders = [Background(srv.json, "GET", "/_test/db/hold?ms=4000", timeout=30)]
+        wait_until(lambda: srv.metric("atrium_db_connections_in_use") == 1, what="one held")
+        holders.append(Background(srv.json, "GET", "/_test/db/hold?ms=4000", timeout=30))
+        wait_until(lambda: srv.metric("atrium_db_connections_in_use") == 2, what="pool full")
+        started = time.monotonic()
+        status, body = srv.json("GET", "/_test/db")
+        self.assertEqual(status, 503, body)
+        self.assertEqual(body["errcode"], "M_UNKNOWN")
+        self.assertLess(time.monotonic() - started, 3.5, "bounded wait for a connection")
+        self.assertEqual(srv.metric("atrium_db_acquire_timeouts_total"), 1)
+        for h in holders:
+            self.assertEqual(h.result()[0], 200)
+        self.assertEqual(srv.json("GET", "/_test/db"), (200, {"items": 3}))
+
     def test_plugin_migrations_ran_and_the_pool_heals_after_connections_are_killed(self):
         srv = self.start_server(plugins=with_testplug())
         self.assertEqual(srv.json("GET", "/_test/db"), (200, {"items": 3}))

@@ -228,6 +228,18 @@ static int get_db(atrium_req *req)
     return h->respond_json(req, 200, json_pack("{s:i}", "items", (int)n));
 }
 
+/* GET /_test/db/hold?ms=N: holds a database connection for N ms on the test pool, so a
+ * test can hold the shared pool full without blocking a request thread. */
+static int get_db_hold(atrium_req *req)
+{
+    if (h->req_run_reason(req) != ATRIUM_RUN_HANDOFF) return handoff_or_refuse(req);
+    PGconn *c = h->db_acquire(DB_WAIT_MS);
+    if (!c) return h->respond_error(req, 503, "M_UNKNOWN", "No database connection");
+    sleep_ms(query_long(req, "ms", 1000));
+    h->db_release(c);
+    return h->respond_json(req, 200, json_pack("{s:b}", "held", 1));
+}
+
 /* GET /_test/param/{value}?q=: the decoded path parameter and query value back. */
 static int get_param(atrium_req *req)
 {
@@ -282,6 +294,7 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
         {.method = "GET", .path = TESTPLUG_PREFIX "/outbound", .handler = get_outbound},
         {.method = "GET", .path = TESTPLUG_PREFIX "/limited", .handler = get_limited},
         {.method = "GET", .path = TESTPLUG_PREFIX "/db", .handler = get_db},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/db/hold", .handler = get_db_hold},
         {.method = "GET", .path = TESTPLUG_PREFIX "/param/{value}", .handler = get_param},
         {.method = "POST", .path = TESTPLUG_PREFIX "/echo", .handler = post_echo,
          .max_body_bytes = 4096},
