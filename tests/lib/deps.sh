@@ -1,0 +1,110 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # the package lists are read by the scripts that source this file
+# What Atrium needs from the machine, in one place: the Debian package lists, the function
+# that installs them, and the cmake configure step the scripts share.
+#
+# Sourced (never executed) by deploy/run-local.sh, tests/run.sh, tests/lib/pg.sh and the
+# bench scripts, so the run command and the test command cannot drift apart on what a
+# fresh Debian 12 machine needs. `atrium_need_packages pkg...` installs only the missing
+# packages: dpkg-query decides what is missing, `apt-get update` runs at most once per
+# process, and nothing is asked interactively (CI runs with no stdin). It needs root, or
+# sudo for a non-root user; otherwise it stops with the command the operator should run.
+# deploy/Dockerfile repeats the build and runtime lists for its two stages.
+
+# Building the server and its plugins. CMake also configures the tests in every build,
+# so cmocka and the Python interpreter (integration tests) are needed to configure at all.
+ATRIUM_BUILD_PACKAGES=(
+    build-essential cmake pkg-config
+    libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libwebp-dev
+    libjansson-dev libsodium-dev libyaml-dev libcmocka-dev
+    python3
+)
+
+# Running the server from a checkout (deploy/run-local.sh): the private PostgreSQL
+# cluster, psql to create its database, curl to wait for /health.
+ATRIUM_RUNTIME_PACKAGES=(
+    postgresql postgresql-client curl ca-certificates
+)
+
+# Running the test suite (tests/run.sh) on top of build + runtime (the integration tests
+# need python3, already a build package, plus psql and curl from the runtime list).
+ATRIUM_TEST_PACKAGES=(
+    # --- E2E tests (matrix-js-sdk), added by a later issue: put nodejs and npm here. ---
+)
+
+# Load figures (bench/).
+ATRIUM_BENCH_PACKAGES=(
+    wrk
+)
+
+# Set once `apt-get update` has run in this process.
+ATRIUM_APT_UPDATED=${ATRIUM_APT_UPDATED:-0}
+
+# Prints "[atrium] message" on stderr: progress for the operator, never mixed with
+# output a caller may capture.
+atrium_say() {
+    printf '[atrium] %s\n' "$*" >&2
+}
+
+# Prints an error and exits the calling script.
+atrium_die() {
+    printf '[atrium] ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+# True when the Debian package is installed (not merely known or half-configured).
+atrium_package_installed() {
+    local status
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null) || return 1
+    [ "$status" = installed ]
+}
+
+# Runs a command as root: directly when we are root, else through sudo.
+atrium_as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    else
+        sudo "$@"
+    fi
+}
+
+# atrium_need_packages pkg...: installs the packages that are not installed yet.
+atrium_need_packages() {
+    local missing=() pkg
+    for pkg in "$@"; do
+        atrium_package_installed "$pkg" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+
+    command -v apt-get >/dev/null 2>&1 ||
+        atrium_die "apt-get not found: this script expects Debian 12; install these packages yourself: ${missing[*]}"
+    if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+        atrium_die "missing Debian packages: ${missing[*]}. Installing them needs root and sudo is not installed: run this as root, or have an administrator run: apt-get install ${missing[*]}"
+    fi
+    atrium_say "installing missing Debian packages: ${missing[*]}"
+    # Wait for a dpkg lock held by e.g. unattended-upgrades on a freshly booted machine
+    # instead of failing at once.
+    local apt_opts=(-o DPkg::Lock::Timeout=600 -o Dpkg::Use-Pty=0)
+    if [ "$ATRIUM_APT_UPDATED" != 1 ]; then
+        atrium_as_root env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" -q update ||
+            atrium_die "apt-get update failed; check the network and /etc/apt/sources.list*"
+        ATRIUM_APT_UPDATED=1
+    fi
+    atrium_as_root env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" -q -y \
+        --no-install-recommends install "${missing[@]}" ||
+        atrium_die "could not install: ${missing[*]}"
+}
+
+# atrium_configure_tree SOURCE_DIR BUILD_DIR [CMAKE ARGS...]: cmake configure. A build
+# tree configured for another source directory (a moved or copied checkout) is
+# reconfigured from scratch; anything else in it (build/test-pg, say) is left alone.
+atrium_configure_tree() {
+    local src=$1 dir=$2
+    shift 2
+    if [ -f "$dir/CMakeCache.txt" ] &&
+        ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$src" "$dir/CMakeCache.txt"; then
+        atrium_say "$dir was configured for another source directory; reconfiguring"
+        rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
+    fi
+    cmake -S "$src" -B "$dir" "$@" || atrium_die "cmake could not configure $dir"
+}

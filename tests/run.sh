@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# THE test command: everything the suite needs, from a fresh Debian 12 machine to a verdict.
+#
+#   tests/run.sh [CTEST ARGS...]      e.g. tests/run.sh -L unit, tests/run.sh -R media
+#
+# 1. installs the missing build, runtime and test packages (tests/lib/deps.sh);
+# 2. configures and builds build/ (RelWithDebInfo) and build-asan/ (ASan + UBSan);
+# 3. starts one private PostgreSQL cluster for the whole run in build/test-pg on a free
+#    port (tests/lib/pg.sh) and exports ATRIUM_TEST_PG_CONNINFO (no dbname: every test
+#    creates its own database) and ATRIUM_TEST_PG_DIR;
+# 4. runs ctest in build/, then in build-asan/ with leak detection on and any sanitizer
+#    report fatal, passing CTEST ARGS to both;
+# 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary, and exits non-zero
+#    if anything failed.
+# CI (.ci/run) runs exactly this. A second run reuses both builds and the cluster.
+#
+# Developer knobs (CI sets none): ATRIUM_TEST_SKIP_ASAN=1 skips the sanitizer tree,
+# ATRIUM_JOBS=N sets build parallelism (default: number of CPUs).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+# shellcheck source=tests/lib/deps.sh
+. tests/lib/deps.sh
+
+readonly PG_SH=$root/tests/lib/pg.sh
+readonly PG_DIR=$root/build/test-pg
+readonly CTEST_JOBS=2
+readonly CTEST_DEFAULT_TIMEOUT_S=600   # for tests that set no TIMEOUT of their own
+build_jobs=${ATRIUM_JOBS:-$(nproc)}
+
+started=$(date +%s)
+stage="setup"
+pg_started=0
+summary=()
+failed=0
+total_passed=0
+total_failed=0
+
+# Bold, green and red only on a terminal; CI logs get plain text.
+if [ -t 1 ]; then
+    bold=$'\033[1m' green=$'\033[32m' red=$'\033[31m' plain=$'\033[0m'
+else
+    bold='' green='' red='' plain=''
+fi
+
+step() {
+    stage=$*
+    printf '\n%s==> %s%s\n' "$bold" "$*" "$plain"
+}
+
+on_exit() {
+    local rc=$?
+    if [ "$pg_started" = 1 ]; then
+        "$PG_SH" stop "$PG_DIR" >&2 || atrium_say "could not stop the test PostgreSQL in $PG_DIR"
+    fi
+    local elapsed=$(($(date +%s) - started))
+    printf '\n%s========== Atrium test summary (%dm%02ds) ==========%s\n' \
+        "$bold" $((elapsed / 60)) $((elapsed % 60)) "$plain"
+    local line
+    for line in "${summary[@]}"; do printf '%s\n' "$line"; done
+    if [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]; then
+        printf '%sRESULT: PASSED%s\n' "$green" "$plain"
+    else
+        if [ ${#summary[@]} -eq 0 ] || [ "$failed" -eq 0 ]; then
+            printf 'stopped during: %s\n' "$stage"
+        fi
+        printf '%sRESULT: FAILED%s\n' "$red" "$plain"
+        [ "$rc" -ne 0 ] || rc=1
+    fi
+    # Both trees together, as the last line.
+    printf 'tests: %d passed, %d failed\n' "$total_passed" "$total_failed"
+    exit "$rc"
+}
+trap on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# run_ctest DIR LABEL [ENV=VALUE...] -- CTEST ARGS: runs the suite of one tree and adds
+# its verdict to the summary.
+run_ctest() {
+    local dir=$1 label=$2
+    shift 2
+    local env=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do env+=("$1"); shift; done
+    shift
+    local log=$dir/Testing/atrium-run.log rc
+    mkdir -p "$dir/Testing"
+    # Where the harness puts each server's config and log (kept there when a test fails).
+    rm -rf "$dir/test-tmp"
+    env+=("ATRIUM_TEST_TMPDIR=$root/$dir/test-tmp")
+    set +e
+    env "${env[@]}" ctest --test-dir "$dir" --output-on-failure -j"$CTEST_JOBS" \
+        --timeout "$CTEST_DEFAULT_TIMEOUT_S" --no-tests=error \
+        --output-junit "$root/$dir/Testing/junit.xml" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    local verdict
+    verdict=$(grep -E '^[0-9]+% tests passed' "$log" | tail -n 1 || true)
+    if [[ $verdict =~ ([0-9]+)\ tests?\ failed\ out\ of\ ([0-9]+) ]]; then
+        total_failed=$((total_failed + BASH_REMATCH[1]))
+        total_passed=$((total_passed + BASH_REMATCH[2] - BASH_REMATCH[1]))
+    else
+        verdict="ctest exited with $rc (see $log)"
+    fi
+    if [ "$rc" -eq 0 ]; then
+        summary+=("$(printf '%-28s PASSED  %s' "$label" "$verdict")")
+    else
+        failed=1
+        summary+=("$(printf '%-28s FAILED  %s' "$label" "$verdict")")
+        while read -r line; do summary+=("    $line"); done \
+            < <(sed -n '/^The following tests FAILED:/,/^[^ \t]/{/^[ \t]/p}' "$log")
+    fi
+}
+
+step "Debian packages"
+atrium_need_packages "${ATRIUM_BUILD_PACKAGES[@]}" "${ATRIUM_RUNTIME_PACKAGES[@]}" "${ATRIUM_TEST_PACKAGES[@]}"
+
+step "build/ (RelWithDebInfo)"
+atrium_configure_tree "$root" build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=OFF
+cmake --build build -j"$build_jobs"
+
+if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
+    step "build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer)"
+    atrium_configure_tree "$root" build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=ON
+    cmake --build build-asan -j"$build_jobs"
+fi
+
+step "PostgreSQL for the tests (build/test-pg)"
+pg_started=1
+ATRIUM_PG_FAST=1 "$PG_SH" start "$PG_DIR" >&2
+ATRIUM_TEST_PG_CONNINFO=$("$PG_SH" conninfo "$PG_DIR")
+ATRIUM_TEST_PG_DIR=$PG_DIR
+export ATRIUM_TEST_PG_CONNINFO ATRIUM_TEST_PG_DIR
+# Databases left by a killed earlier run (the harness names them atrium_test_*).
+leftovers=$("$PG_SH" psql "$PG_DIR" postgres -At -c \
+    "SELECT datname FROM pg_database WHERE datname LIKE 'atrium\_test\_%'")
+for db in $leftovers; do
+    "$PG_SH" psql "$PG_DIR" postgres -q -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)"
+done
+[ -z "$leftovers" ] || atrium_say "dropped databases left by an earlier run: $(echo "$leftovers" | tr '\n' ' ')"
+
+# Keep Python from writing __pycache__ into the source tree.
+export PYTHONDONTWRITEBYTECODE=1
+
+step "ctest in build/"
+run_ctest build "build (RelWithDebInfo)" -- "$@"
+
+if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
+    step "ctest in build-asan/"
+    run_ctest build-asan "build-asan (ASan+UBSan)" \
+        ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 -- "$@"
+else
+    summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_ASAN=1)' "build-asan (ASan+UBSan)")")
+fi
+stage="done"
