@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/cli/cli.h"
 #include "core/client/auth.h"
 #include "core/client/client.h"
 #include "core/client/notifier.h"
@@ -50,6 +51,8 @@ static void usage(FILE *f)
             "       atrium --generate-config FILE --server-name NAME\n"
             "              [--database-conninfo CONNINFO] [--plugin-dir DIR]\n"
             "                                      write a complete, commented config\n"
+            "       atrium register-user --config FILE --user NAME [--password PW] [--admin]\n"
+            "              [--url URL]            create an account on the running server\n"
             "       atrium --version\n"
             "Any setting can be overridden from the environment: ATRIUM__SERVER__HTTP__PORT=8448\n"
             "sets server.http.port (segments joined by \"__\").\n");
@@ -198,6 +201,8 @@ int main(int argc, char **argv)
 {
     const char *config = NULL, *gen = NULL, *server_name = NULL, *conninfo = NULL;
     const char *plugin_dir = NULL;
+    if (argc > 1 && strcmp(argv[1], "register-user") == 0)
+        return cli_register_user(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *next = i + 1 < argc ? argv[i + 1] : NULL;

@@ -116,6 +116,15 @@ run_ctest() {
 step "Debian packages"
 atrium_need_packages "${ATRIUM_BUILD_PACKAGES[@]}" "${ATRIUM_RUNTIME_PACKAGES[@]}" "${ATRIUM_TEST_PACKAGES[@]}"
 
+step "npm packages for the end-to-end tests (tests/e2e, matrix-js-sdk)"
+# The machines come with Node.js 20; a machine without node gets Debian's.
+command -v node >/dev/null 2>&1 || atrium_need_packages nodejs npm
+e2e_stamp=tests/e2e/node_modules/.atrium-lock
+if ! cmp -s tests/e2e/package-lock.json "$e2e_stamp" 2>/dev/null; then
+    npm ci --prefix tests/e2e --no-audit --no-fund --loglevel=error
+    cp tests/e2e/package-lock.json "$e2e_stamp"
+fi
+
 step "build/ (RelWithDebInfo)"
 atrium_configure_tree "$root" build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=OFF
 cmake --build build -j"$build_jobs"

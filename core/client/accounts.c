@@ -1,9 +1,24 @@
 /*
- * core/client/accounts.c - accounts: the tables behind users, devices and access tokens,
- * and who-am-I. Registration, login and logout build on auth.h.
+ * core/client/accounts.c - the accounts module: the tables behind users, devices, tokens,
+ * profiles, user-interactive auth, push rules, filters and account data, and the module's
+ * start-up (rate limiters, every account route).
+ *
+ * The endpoints live one concern per file (see accounts.h); this file only ties them into
+ * one client module so their migrations are recorded under one owner, "accounts".
+ *
+ * Tables other modules read:
+ *   account_data (user_id, room_id ('' = global), type, content jsonb, stream_pos bigint):
+ *     one row per (user, room, type); every write takes nextval('stream_seq') as its
+ *     stream_pos and wakes the user (notifier_wake_user) after commit, so /sync sends the
+ *     rows with stream_pos > since. Push rule changes are mirrored there as m.push_rules.
+ *   filters (user_id, filter_id bigint, filter jsonb): filter IDs are decimal text of
+ *     filter_id, unique per server.
+ *   profiles (user_id, displayname, avatar_url): NULL = not set.
  */
-#include "core/client/auth.h"
-#include "core/client/client.h"
+#include <sodium.h>
+
+#include "core/client/accounts.h"
+#include "core/client/ratelimits.h"
 
 static const atrium_migration MIGRATIONS[] = {
     {1, "users_devices_tokens",
@@ -26,22 +41,82 @@ static const atrium_migration MIGRATIONS[] = {
      " device_id text NOT NULL,"
      " created_ts bigint NOT NULL);"
      "CREATE INDEX access_tokens_user ON access_tokens (user_id, device_id);"},
+    {2, "uia_profiles_settings",
+     "CREATE TABLE uia_sessions ("
+     " session_id text PRIMARY KEY,"
+     " purpose text NOT NULL,"
+     " user_id text NOT NULL,"
+     " expires_ts bigint NOT NULL);"
+     "CREATE INDEX uia_sessions_expiry ON uia_sessions (expires_ts);"
+     "CREATE TABLE admin_register_nonces ("
+     " nonce text PRIMARY KEY,"
+     " expires_ts bigint NOT NULL);"
+     "CREATE INDEX admin_register_nonces_expiry ON admin_register_nonces (expires_ts);"
+     "CREATE TABLE profiles ("
+     " user_id text PRIMARY KEY REFERENCES users(user_id),"
+     " displayname text,"
+     " avatar_url text);"
+     "CREATE SEQUENCE filter_ids;"
+     "CREATE TABLE filters ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " filter_id bigint NOT NULL,"
+     " filter jsonb NOT NULL,"
+     " PRIMARY KEY (user_id, filter_id));"
+     "CREATE TABLE account_data ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " room_id text NOT NULL,"
+     " type text NOT NULL,"
+     " content jsonb NOT NULL,"
+     " stream_pos bigint NOT NULL,"
+     " PRIMARY KEY (user_id, room_id, type));"
+     "CREATE INDEX account_data_stream ON account_data (user_id, stream_pos);"
+     "CREATE TABLE push_rules ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " kind text NOT NULL,"
+     " rule_id text NOT NULL,"
+     " position integer NOT NULL,"
+     " conditions jsonb,"
+     " pattern text,"
+     " actions jsonb NOT NULL,"
+     " enabled boolean NOT NULL DEFAULT true,"
+     " PRIMARY KEY (user_id, kind, rule_id));"
+     "CREATE TABLE push_rule_defaults ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " rule_id text NOT NULL,"
+     " enabled boolean,"
+     " actions jsonb,"
+     " PRIMARY KEY (user_id, rule_id));"},
 };
-
-/* GET /_matrix/client/v3/account/whoami */
-static int get_whoami(atrium_req *r)
-{
-    const char *user = auth_request(r);
-    if (!user) return ATRIUM_DONE;
-    json_t *body = json_pack("{s:s, s:s, s:b}", "user_id", user, "device_id", r->device,
-                             "is_guest", 0);
-    return http_respond_json(r, 200, body);
-}
 
 static int accounts_init(http_server *s, rt_metrics *metrics)
 {
-    (void)metrics;
-    return client_route(s, "GET", "/_matrix/client/v3/account/whoami", get_whoami, 0);
+    if (sodium_init() < 0) { /* random numbers and Argon2id need it, once, before threads */
+        rt_log(ATRIUM_LOG_ERROR, "core", "libsodium failed to initialize");
+        return -1;
+    }
+    if (ratelimits_init(s->cfg, metrics) < 0) return -1;
+    if (acc_register_routes(s) < 0 || acc_admin_register_routes(s) < 0 ||
+        acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||
+        acc_pushrules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
+        acc_account_data_routes(s) < 0)
+        return -1;
+    return 0;
+}
+
+static void prepare_dummy_hash(void *arg, bool cancelled)
+{
+    (void)arg;
+    if (!cancelled) auth_prepare_dummy_hash();
+}
+
+/* After migrations: the auth pool makes the unknown-user hash before the first login. */
+static int accounts_start(void)
+{
+    rt_pool *pool = auth_pool();
+    if (pool && rt_pool_submit(pool, prepare_dummy_hash, NULL) < 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "could not queue the dummy password hash; the first "
+               "failed login will make it");
+    return 0;
 }
 
 const client_module ACCOUNTS_MODULE = {
@@ -49,4 +124,5 @@ const client_module ACCOUNTS_MODULE = {
     .migrations = MIGRATIONS,
     .n_migrations = sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]),
     .init = accounts_init,
+    .start = accounts_start,
 };

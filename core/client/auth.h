@@ -42,6 +42,13 @@ int auth_revoke_user_tokens(PGconn *conn, const char *user_id);
  * and memory-hungry by design: call on the auth pool (auth_pool()). */
 int auth_hash_password(const char *password, char *hash_out);
 bool auth_check_password(const char *hash, const char *password);
+/* The login rule: true only when hash (a stored Argon2id string) matches password. A NULL
+ * hash (no such user, or no password set) costs the same time as a real check and returns
+ * false, so an answer's timing does not tell whether a user exists. Auth pool only. */
+bool auth_verify_password(const char *hash, const char *password);
+/* Make the hash auth_verify_password checks unknown users against now, not at the first
+ * failed login (which would then take longer and tell). Auth pool only; idempotent. */
+void auth_prepare_dummy_hash(void);
 
 /* The pool password hashing runs on (2 threads: at most 2 hashes' memory at once). */
 rt_pool *auth_pool(void);

@@ -15,6 +15,7 @@
 typedef struct user_event {
     char *user_id;
     struct atrium_event *ev;
+    uint64_t wakes; /* under mu */
     struct user_event *next;
 } user_event;
 
@@ -87,8 +88,18 @@ void notifier_wake_user(const char *user_id)
     pthread_mutex_lock(&mu);
     user_event *e = find_locked(user_id);
     struct atrium_event *ev = e ? e->ev : NULL;
+    if (e) e->wakes++;
     pthread_mutex_unlock(&mu);
     if (ev) susp_event_signal(ev);
+}
+
+uint64_t notifier_wake_count(const char *user_id)
+{
+    pthread_mutex_lock(&mu);
+    user_event *e = find_locked(user_id);
+    uint64_t n = e ? e->wakes : 0;
+    pthread_mutex_unlock(&mu);
+    return n;
 }
 
 void notifier_wake_room(PGconn *conn, const char *room_id)

@@ -18,6 +18,7 @@
 #define ATRIUM_CORE_NOTIFIER_H
 
 #include <libpq-fe.h>
+#include <stdint.h>
 
 #include "core/http/http.h"
 
@@ -26,6 +27,11 @@
 struct atrium_event *notifier_event_for(http_server *s, const char *user_id);
 /* Wake every parked request of user_id. Any thread; cheap when nobody waits. */
 void notifier_wake_user(const char *user_id);
+/* How many wake-ups user_id has had (counted once notifier_event_for created its entry).
+ * A long-poll reads it before looking for news and again right after parking: a change
+ * means a wake-up fell between the two, and it signals the event itself so the news is
+ * not left waiting for the timeout. Any thread. */
+uint64_t notifier_wake_count(const char *user_id);
 /* Wake every user whose membership in room_id is join or invite (reads the room's
  * members with conn, a connection the caller holds). */
 void notifier_wake_room(PGconn *conn, const char *room_id);

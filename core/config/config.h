@@ -114,7 +114,19 @@ struct core_config {
         int connect_retry_s;      /* database.connect_retry_s (default 30) */
     } database;
     struct {
+        const char *default_version; /* rooms.default_version (default "10"): createRoom */
+    } rooms;
+    struct {
+        bool enabled;              /* registration.enabled (default false): POST /register */
+        const char *shared_secret; /* registration.shared_secret ("" = admin registration off) */
+    } registration;
+    struct {
         bool enabled;         /* ratelimit.enabled (default true) */
+        /* Token buckets per client: ratelimit.<action>.per_minute and .burst. */
+        struct core_rate {
+            int per_minute, burst;
+        } registration, login, message, sync; /* ratelimit.register.*, .login.*,
+                                                 .message.*, .sync.* */
     } ratelimit;
 };
 

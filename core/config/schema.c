@@ -16,6 +16,7 @@
 #include "core/config/config.h"
 
 #include <ctype.h>
+#include <sodium.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -34,6 +35,10 @@
 #define CORE_DEFAULT_LOG_LEVEL "info"
 #define CORE_DEFAULT_METRICS_ENABLED true
 #define CORE_DEFAULT_RATELIMIT_ENABLED true
+#define CORE_DEFAULT_ROOM_VERSION "10" /* checked against the supported ones by core/client/rooms.c */
+#define CORE_DEFAULT_REGISTRATION_ENABLED false
+#define CORE_DEFAULT_REGISTRATION_SHARED_SECRET ""
+#define GENERATED_SHARED_SECRET_BYTES 32 /* random bytes, written as hex */
 #define CORE_DEFAULT_PLUGIN_ENABLED false
 
 enum {
@@ -276,11 +281,37 @@ static const struct int_setting DB_CHECKOUT_TIMEOUT_MS = {
 static const struct int_setting DB_CONNECT_RETRY_S = {
     "database.connect_retry_s", 30, 0, 3600,
     "Seconds to keep retrying an unreachable PostgreSQL before giving up."};
+/* Rate limits: a token bucket per client (address before login, user after) and action. */
+static const struct int_setting RL_REGISTER_PER_MINUTE = {
+    "ratelimit.register.per_minute", 30, 1, 1000000,
+    "Registration requests (POST /register, admin nonce) refilled per minute, per address."};
+static const struct int_setting RL_REGISTER_BURST = {
+    "ratelimit.register.burst", 10, 1, 1000000,
+    "Registration requests allowed at once before the rate applies, a count."};
+static const struct int_setting RL_LOGIN_PER_MINUTE = {
+    "ratelimit.login.per_minute", 30, 1, 1000000,
+    "Login attempts (POST /login) refilled per minute, per address."};
+static const struct int_setting RL_LOGIN_BURST = {
+    "ratelimit.login.burst", 10, 1, 1000000,
+    "Login attempts allowed at once before the rate applies, a count."};
+static const struct int_setting RL_MESSAGE_PER_MINUTE = {
+    "ratelimit.message.per_minute", 300, 1, 1000000,
+    "Events sent into rooms refilled per minute, per user."};
+static const struct int_setting RL_MESSAGE_BURST = {
+    "ratelimit.message.burst", 30, 1, 1000000,
+    "Events sent at once before the rate applies, a count."};
+static const struct int_setting RL_SYNC_PER_MINUTE = {
+    "ratelimit.sync.per_minute", 1200, 1, 1000000,
+    "Sync requests refilled per minute, per user (a parked sync that wakes is not counted again)."};
+static const struct int_setting RL_SYNC_BURST = {
+    "ratelimit.sync.burst", 100, 1, 1000000,
+    "Sync requests allowed at once before the rate applies, a count."};
 
 /* ---- which keys exist ---------------------------------------------------------------------- */
 
 static const char *const TOP_KEYS[] = {"server_name", "public_baseurl", "plugin_dir", "log",
-                                       "server", "database", "ratelimit", "plugins", NULL};
+                                       "server", "database", "registration", "ratelimit",
+                                       "rooms", "plugins", NULL};
 static const char *const LOG_KEYS[] = {"level", NULL};
 static const char *const SERVER_KEYS[] = {"http", "metrics", "shutdown_grace_ms", NULL};
 static const char *const HTTP_KEYS[] = {"bind_address", "port", "request_threads",
@@ -290,7 +321,11 @@ static const char *const HTTP_KEYS[] = {"bind_address", "port", "request_threads
 static const char *const METRICS_KEYS[] = {"enabled", "allowed_addresses", NULL};
 static const char *const DATABASE_KEYS[] = {"conninfo", "pool_size", "checkout_timeout_ms",
                                             "connect_retry_s", NULL};
-static const char *const RATELIMIT_KEYS[] = {"enabled", NULL};
+static const char *const REGISTRATION_KEYS[] = {"enabled", "shared_secret", NULL};
+static const char *const ROOMS_KEYS[] = {"default_version", NULL};
+static const char *const RATELIMIT_KEYS[] = {"enabled", "register", "login", "message", "sync",
+                                             NULL};
+static const char *const RATE_KEYS[] = {"per_minute", "burst", NULL};
 
 static int check_core_keys(const cfg_node *root, char *err, size_t errlen)
 {
@@ -300,7 +335,10 @@ static int check_core_keys(const cfg_node *root, char *err, size_t errlen)
     } maps[] = {{"", TOP_KEYS},          {"log", LOG_KEYS},
                 {"server", SERVER_KEYS}, {"server.http", HTTP_KEYS},
                 {"server.metrics", METRICS_KEYS}, {"database", DATABASE_KEYS},
-                {"ratelimit", RATELIMIT_KEYS}};
+                {"registration", REGISTRATION_KEYS}, {"ratelimit", RATELIMIT_KEYS},
+                {"ratelimit.register", RATE_KEYS}, {"ratelimit.login", RATE_KEYS},
+                {"ratelimit.message", RATE_KEYS}, {"ratelimit.sync", RATE_KEYS},
+                {"rooms", ROOMS_KEYS}};
     for (size_t i = 0; i < sizeof maps / sizeof *maps; i++)
         if (cfg_check_keys(cfg_get(root, maps[i].path), maps[i].allowed, err, errlen) < 0)
             return -1;
@@ -490,6 +528,30 @@ static int read_database(const cfg_node *root, struct core_config *out, char *er
     return 0;
 }
 
+static int read_accounts(const cfg_node *root, struct core_config *out, char *err,
+                         size_t errlen)
+{
+    if (cfg_read_bool(root, "registration.enabled", CORE_DEFAULT_REGISTRATION_ENABLED,
+                      &out->registration.enabled, err, errlen) < 0 ||
+        cfg_read_string(root, "registration.shared_secret",
+                        CORE_DEFAULT_REGISTRATION_SHARED_SECRET,
+                        &out->registration.shared_secret, err, errlen) < 0 ||
+        read_int(root, &RL_REGISTER_PER_MINUTE, &out->ratelimit.registration.per_minute, err,
+                 errlen) < 0 ||
+        read_int(root, &RL_REGISTER_BURST, &out->ratelimit.registration.burst, err, errlen) < 0 ||
+        read_int(root, &RL_LOGIN_PER_MINUTE, &out->ratelimit.login.per_minute, err, errlen) < 0 ||
+        read_int(root, &RL_LOGIN_BURST, &out->ratelimit.login.burst, err, errlen) < 0 ||
+        read_int(root, &RL_MESSAGE_PER_MINUTE, &out->ratelimit.message.per_minute, err,
+                 errlen) < 0 ||
+        read_int(root, &RL_MESSAGE_BURST, &out->ratelimit.message.burst, err, errlen) < 0 ||
+        read_int(root, &RL_SYNC_PER_MINUTE, &out->ratelimit.sync.per_minute, err, errlen) < 0 ||
+        read_int(root, &RL_SYNC_BURST, &out->ratelimit.sync.burst, err, errlen) < 0 ||
+        read_nonempty(root, "rooms.default_version", CORE_DEFAULT_ROOM_VERSION,
+                      &out->rooms.default_version, err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
 int core_config_load(const cfg_node *root, struct core_config *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
@@ -498,7 +560,7 @@ int core_config_load(const cfg_node *root, struct core_config *out, char *err, s
     if (check_core_keys(root, err, errlen) < 0 || check_plugins(root, err, errlen) < 0)
         return -1;
     if (read_top(root, out, err, errlen) < 0 || read_server(root, out, err, errlen) < 0 ||
-        read_database(root, out, err, errlen) < 0) {
+        read_database(root, out, err, errlen) < 0 || read_accounts(root, out, err, errlen) < 0) {
         core_config_release(out);
         return -1;
     }
@@ -625,7 +687,7 @@ static void generate_server(FILE *f)
     fputc('\n', f);
 }
 
-static void generate_rest(FILE *f, const char *conninfo)
+static int generate_rest(FILE *f, const char *conninfo)
 {
     put_comment(f, 0, "PostgreSQL, shared by the core and the plugins.");
     fputs("database:\n", f);
@@ -635,10 +697,44 @@ static void generate_rest(FILE *f, const char *conninfo)
     put_int(f, 2, &DB_CHECKOUT_TIMEOUT_MS);
     put_int(f, 2, &DB_CONNECT_RETRY_S);
     fputc('\n', f);
+    put_comment(f, 0, "Accounts.");
+    fputs("registration:\n", f);
+    put_comment(f, 2, "Let anyone create an account with POST /register (true or false). "
+                "The default is");
+    put_comment(f, 2, "false; this generated file turns it on for a local server.");
+    fputs("  enabled: true\n", f);
+    put_comment(f, 2, "Secret for admin registration (/_synapse/admin/v1/register and "
+                "`atrium register-user`);");
+    put_comment(f, 2, "\"\" (the default) turns admin registration off. Keep it private.");
+    unsigned char raw[GENERATED_SHARED_SECRET_BYTES];
+    char hex[2 * GENERATED_SHARED_SECRET_BYTES + 1];
+    if (sodium_init() < 0)
+        return -1;
+    randombytes_buf(raw, sizeof raw);
+    sodium_bin2hex(hex, sizeof hex, raw, sizeof raw);
+    put_string(f, 2, "shared_secret", hex);
+    fputc('\n', f);
     put_comment(f, 0, "Per-client rate limits.");
     fputs("ratelimit:\n", f);
     put_bool(f, 2, "enabled", CORE_DEFAULT_RATELIMIT_ENABLED,
              "Refuse clients over their rate with 429 (true or false).");
+    static const struct {
+        const char *name;
+        const struct int_setting *per_minute, *burst;
+    } rates[] = {{"register", &RL_REGISTER_PER_MINUTE, &RL_REGISTER_BURST},
+                 {"login", &RL_LOGIN_PER_MINUTE, &RL_LOGIN_BURST},
+                 {"message", &RL_MESSAGE_PER_MINUTE, &RL_MESSAGE_BURST},
+                 {"sync", &RL_SYNC_PER_MINUTE, &RL_SYNC_BURST}};
+    for (size_t i = 0; i < sizeof rates / sizeof *rates; i++) {
+        fprintf(f, "  %s:\n", rates[i].name);
+        put_int(f, 4, rates[i].per_minute);
+        put_int(f, 4, rates[i].burst);
+    }
+    fputc('\n', f);
+    put_comment(f, 0, "Rooms.");
+    fputs("rooms:\n", f);
+    put_comment(f, 2, "Room version of new rooms when createRoom names none (\"10\" or \"11\").");
+    put_string(f, 2, "default_version", CORE_DEFAULT_ROOM_VERSION);
     fputc('\n', f);
     put_comment(f, 0, "Plugins, one map per plugin name. Besides enabled and path, each "
                 "plugin's keys are");
@@ -650,6 +746,7 @@ static void generate_rest(FILE *f, const char *conninfo)
                 ".so instead.\n", GENERATED_PLUGINS[i]);
         fputs("    enabled: true\n", f);
     }
+    return 0;
 }
 
 int cfg_generate(FILE *f, const char *server_name, const char *conninfo,
@@ -659,7 +756,8 @@ int cfg_generate(FILE *f, const char *server_name, const char *conninfo,
         return -1;
     generate_top(f, server_name, plugin_dir);
     generate_server(f);
-    generate_rest(f, conninfo);
+    if (generate_rest(f, conninfo) < 0)
+        return -1;
     if (fflush(f) != 0 || ferror(f))
         return -1;
     return 0;

@@ -199,6 +199,14 @@ void http_req_release_holds(atrium_req *r);
 int http_req_run(atrium_req *r);
 const char *http_req_header(atrium_req *r, const char *name);
 const char *http_req_client_key(atrium_req *r);
+/* [req] The body as a JSON object, parsed once and kept in r->json (freed with r, so it
+ * survives re-runs). NULL after answering 400 M_NOT_JSON (empty, malformed, not an object). */
+json_t *http_req_json(atrium_req *r);
+/* [req] The one rate-limit check of a request: 0 = allowed, > 0 = refused, milliseconds
+ * until a token is there. Counts r once per limiter however often its handler runs again
+ * (park, handoff), never when rate limiting is off or the scope says the request was
+ * already admitted (ATRIUM_SCOPE_RATE_ADMITTED). Keyed by http_req_client_key. */
+int64_t http_req_ratelimit(atrium_req *r, rt_ratelimit *rl);
 bool http_addr_in_list(const char *addr, const char **list, size_t n);
 
 /* ---- responses ---------------------------------------------------------------------- */

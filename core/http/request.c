@@ -220,6 +220,31 @@ const char *http_req_client_key(atrium_req *r)
     return r->user ? r->user : r->client_addr;
 }
 
+json_t *http_req_json(atrium_req *r)
+{
+    if (r->json) return r->json;
+    json_error_t jerr;
+    json_t *j = r->body_len ? json_loadb(r->body, r->body_len, 0, &jerr) : NULL;
+    if (!j || !json_is_object(j)) {
+        if (j) json_decref(j);
+        http_respond_error(r, 400, "M_NOT_JSON", "The body is not a JSON object");
+        return NULL;
+    }
+    r->json = j;
+    return j;
+}
+
+int64_t http_req_ratelimit(atrium_req *r, rt_ratelimit *rl)
+{
+    if (!r->srv->ratelimit_enabled || rt_scope_get(ATRIUM_SCOPE_RATE_ADMITTED)) return 0;
+    for (int i = 0; i < r->n_rl_counted; i++)
+        if (r->rl_counted[i] == rl) return 0; /* a re-run is not counted twice */
+    int64_t wait = rt_ratelimit_check(rl, http_req_client_key(r), rt_now_ms());
+    if (wait == 0 && r->n_rl_counted < HTTP_MAX_RATELIMITS_PER_REQ)
+        r->rl_counted[r->n_rl_counted++] = rl;
+    return wait;
+}
+
 int http_req_run(atrium_req *r)
 {
     RT_SCOPE(ATRIUM_SCOPE_REQUEST, r);

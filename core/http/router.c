@@ -58,7 +58,7 @@ static bool parse_template(route_entry *e, const char *path, char *err, size_t e
     e->segs = calloc(ROUTER_MAX_SEGMENTS, sizeof(char *));
     e->names = calloc(ROUTER_MAX_SEGMENTS, sizeof(char *));
     if (!e->segs || !e->names) return false;
-    while (*p || p == path + 1) {
+    for (;;) { /* split exactly as router_match splits: "/a/" is "a" and "" */
         const char *slash = strchr(p, '/');
         size_t len = slash ? (size_t)(slash - p) : strlen(p);
         if (e->n_segs == ROUTER_MAX_SEGMENTS) {

@@ -155,19 +155,7 @@ static const char *h_req_body(atrium_req *r, size_t *len)
     return r->body ? r->body : "";
 }
 
-static json_t *h_req_json(atrium_req *r)
-{
-    if (r->json) return r->json;
-    json_error_t jerr;
-    json_t *j = r->body_len ? json_loadb(r->body, r->body_len, 0, &jerr) : NULL;
-    if (!j || !json_is_object(j)) {
-        if (j) json_decref(j);
-        http_respond_error(r, 400, "M_NOT_JSON", "The body is not a JSON object");
-        return NULL;
-    }
-    r->json = j;
-    return j;
-}
+static json_t *h_req_json(atrium_req *r) { return http_req_json(r); }
 
 static const char *h_req_authenticate(atrium_req *r) { return auth_request(r); }
 static const char *h_req_device(atrium_req *r) { return r->device; }
@@ -333,13 +321,7 @@ static atrium_ratelimit *h_ratelimit_create(atrium_plugin *self, const char *act
 
 static int64_t h_ratelimit_check(atrium_req *r, atrium_ratelimit *rl)
 {
-    if (!r->srv->ratelimit_enabled || rt_scope_get(ATRIUM_SCOPE_RATE_ADMITTED)) return 0;
-    for (int i = 0; i < r->n_rl_counted; i++)
-        if (r->rl_counted[i] == rl) return 0; /* a re-run is not counted twice */
-    int64_t wait = rt_ratelimit_check((rt_ratelimit *)rl, http_req_client_key(r), rt_now_ms());
-    if (wait == 0 && r->n_rl_counted < HTTP_MAX_RATELIMITS_PER_REQ)
-        r->rl_counted[r->n_rl_counted++] = rl;
-    return wait;
+    return http_req_ratelimit(r, (rt_ratelimit *)rl);
 }
 
 /* ---- metrics, db ---------------------------------------------------------------------- */

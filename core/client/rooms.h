@@ -1,0 +1,263 @@
+/*
+ * core/client/rooms.h - what the room files share: the tables, the write path that turns a
+ * client's intent into a stored event, reading events back in the client format, and the
+ * request helpers of the room endpoints.
+ *
+ * The room family is one client module (ROOMS_MODULE in rooms.c, owner "rooms") spread over
+ * files by concern: rooms_write.c (the one write path: lock, authorize, build, store),
+ * rooms_create.c (createRoom), rooms_membership.c (join, leave, invite, kick, ban, unban,
+ * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
+ * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing), and
+ * events_store.c (stored events -> client format). /sync is its own module (sync.c).
+ *
+ * The data model (migration "rooms" 1):
+ *   rooms         one row per room: version, creator, and the forward extremity (the
+ *                 newest event and its depth). Its row lock serializes writes to one room,
+ *                 so a local room's events form a line: each event's prev_events is the
+ *                 previous event and stream positions grow in that order.
+ *   events        every event: its stream position (stream_seq), ID, PDU text, the state
+ *                 event it replaced, the redaction that redacted it, and the sender's
+ *                 device + transaction ID.
+ *   current_state (room_id, type, state_key) -> event_id, membership: the contract other
+ *                 modules read (notifier_wake_room).
+ *   memberships   the history of every user's membership per room, by stream position:
+ *                 "what was U's membership in R at position P" is one index probe. The
+ *                 newest row carries `forgotten`.
+ *   event_txns    (user, device, txn_id) -> event_id: send idempotency.
+ *   receipts, typing: ephemeral data with stream positions.
+ * State at a position P of a room is, per (type, state_key), the newest state event with
+ * stream_pos <= P: right for local rooms, whose events form a line.
+ *
+ * Stream positions: rows take them with the SQL function stream_next() (a shared advisory
+ * lock, then nextval), and /sync reads the newest safe position with stream_upto() (the
+ * exclusive lock, then the sequence), so a sync never hands out a token past a position
+ * whose transaction has not committed. Internal prefix: rooms_.
+ */
+#ifndef ATRIUM_CORE_ROOMS_H
+#define ATRIUM_CORE_ROOMS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/client/client.h"
+#include "core/client/events.h"
+#include "core/client/room_auth.h"
+
+#define ROOMS_DB_WAIT_MS 2000
+#define ROOMS_MAX_BODY_BYTES (EVENT_MAX_PDU_BYTES) /* no larger body can become an event */
+#define ROOMS_CREATE_MAX_BODY_BYTES (1024 * 1024)  /* createRoom: initial_state, invites */
+#define ROOMS_MAX_TXN_ID_BYTES 255
+#define ROOMS_MAX_REASON_BYTES 1024
+#define ROOMS_MAX_INVITES 100                  /* createRoom invite list */
+#define ROOMS_MAX_INITIAL_STATE 100            /* createRoom initial_state entries */
+#define ROOMS_ID_RANDOM_CHARS 18               /* "!<18 letters>:server" */
+#define ROOMS_DEFAULT_VERSION "10"
+
+/* ---- failures ----------------------------------------------------------------------- */
+
+enum rooms_failure {
+    ROOMS_OK = 0,
+    ROOMS_E_FORBIDDEN = -100, /* 403 M_FORBIDDEN (auth rules, not a member) */
+    ROOMS_E_NOT_FOUND = -101, /* 404 M_NOT_FOUND */
+    ROOMS_E_TOO_LARGE = -102, /* 413 M_TOO_LARGE */
+    ROOMS_E_BAD_JSON = -103,  /* 400 M_BAD_JSON (not canonical, malformed) */
+    ROOMS_E_DB = -104,        /* 503 M_UNKNOWN, retry */
+    ROOMS_E_TXN_RACE = -105,  /* the transaction ID was stored meanwhile: look it up */
+};
+
+typedef struct rooms_err {
+    int code;
+    char why[ROOM_AUTH_WHY_LEN];
+} rooms_err;
+
+/* [req] Answer the failure (status and errcode by code, error = why). Returns ATRIUM_DONE. */
+int rooms_fail(atrium_req *r, const rooms_err *e);
+/* Set e and return its code. */
+int rooms_set_err(rooms_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- database helpers --------------------------------------------------------------- */
+
+/* One parameterized statement: the result (tuples or command OK), or NULL after logging.
+ * *unique_violation (may be NULL) is set when it failed on a unique constraint. */
+PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
+                  bool *unique_violation);
+bool rooms_exec(PGconn *c, const char *sql, int n, const char *const *params);
+/* [req] A pooled connection, or NULL after answering 503. */
+PGconn *rooms_db(atrium_req *r);
+void rooms_db_release(PGconn *c);
+/* Decimal text of x in the arena / into buf. */
+const char *rooms_i64(atrium_req *r, int64_t x);
+/* Milliseconds since the Unix epoch (origin_server_ts). */
+int64_t rooms_wall_ms(void);
+
+/* ---- the write path (rooms_write.c) ------------------------------------------------- */
+
+/* One transaction writing events into one room, holding the room's row lock. */
+typedef struct room_tx {
+    PGconn *c;
+    const char *room_id;
+    const room_version *ver;
+    char last_event_id[EVENT_ID_LEN]; /* "" before the create event */
+    int64_t depth;                    /* of the newest event, 0 before the create event */
+    const char *wake_users[ROOMS_MAX_INVITES + 2]; /* users to wake beside the members */
+    int n_wake;
+    rt_arena *arena;
+} room_tx;
+
+typedef struct room_new_event {
+    const char *sender;
+    const char *type;
+    const char *state_key; /* NULL: not a state event */
+    json_t *content;       /* borrowed; must be canonical-ready (cjson_normalize'd) */
+    const char *redacts;   /* m.room.redaction: the target */
+    const char *txn_device, *txn_id; /* send idempotency, or NULL */
+    const char *txn_key;             /* the idempotency key when not txn_id ("redact|<txn>") */
+} room_new_event;
+
+/* BEGIN and lock an existing room. ROOMS_OK, ROOMS_E_NOT_FOUND, ROOMS_E_DB (e set; the
+ * transaction is rolled back on failure). */
+int rooms_tx_begin(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id, rooms_err *e);
+/* BEGIN and insert a new room row. */
+int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id,
+                       const room_version *ver, const char *creator, rooms_err *e);
+/* Authorize, build and store one event (current state, memberships, redaction, the
+ * transaction ID updated). id_out gets its event ID. On failure the caller rolls back. */
+int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
+                    rooms_err *e);
+/* COMMIT and wake the room's members and the users named by the events. */
+int rooms_tx_commit(room_tx *tx, rooms_err *e);
+void rooms_tx_rollback(room_tx *tx);
+
+/* The room's state the auth rules read for a sender and a target (target may be NULL);
+ * JSON objects are owned by *holder (json_decref it). ROOMS_OK or ROOMS_E_DB. Also gives
+ * the event IDs for auth_events. */
+typedef struct room_auth_load {
+    room_auth_state st;
+    json_t *holder;
+    const char *create_id, *pl_id, *jr_id, *sender_member_id, *target_member_id;
+} room_auth_load;
+int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
+                    const char *sender, const char *target, room_auth_load *out);
+
+/* ---- membership (rooms_membership.c) ------------------------------------------------ */
+
+/* The content of a membership event for user_id: {"membership", "displayname",
+ * "avatar_url"} with the profile's values when set. A new object (never NULL). */
+json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership);
+/* May user_id be invited from here: a local user that exists (ROOMS_E_NOT_FOUND
+ * otherwise) or, until federation arrives, not a remote one (ROOMS_E_FORBIDDEN). */
+int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e);
+/* Look up (user, device, key) in event_txns: 1 with id_out set, 0 when absent, ROOMS_E_DB. */
+int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,
+                     char id_out[EVENT_ID_LEN]);
+/* [req] Write one event as its own transaction and answer: {"event_id"} (or {} / the
+ * given body when answer is not NULL: it is stolen). Handles the transaction-ID race by
+ * answering with the event stored first. Returns ATRIUM_DONE. */
+int rooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev, json_t *answer);
+
+/* ---- reading (events_store.c) ------------------------------------------------------- */
+
+/* The column list every event read selects, FROM events e with the joins the client
+ * format needs; append "WHERE ..." (qualify columns with e.). */
+#define EVENTS_SELECT                                                                       \
+    "SELECT e.stream_pos, e.event_id, e.pdu, e.redacted_by, e.txn_device, e.txn_id,"       \
+    " rm.room_version, p.pdu, p.redacted_by, rd.pdu, rd.event_id, e.replaces_state"         \
+    " FROM events e JOIN rooms rm ON rm.room_id = e.room_id"                                \
+    " LEFT JOIN events p ON p.event_id = e.replaces_state"                                  \
+    " LEFT JOIN events rd ON rd.event_id = e.redacted_by "
+#define EVENTS_COL_POS 0
+
+typedef struct events_view {
+    const char *user_id, *device_id; /* the viewer: transaction_id for its own device */
+    bool with_room_id;                /* /sync leaves room_id out */
+    int64_t now_ms;                   /* wall clock, for unsigned.age */
+} events_view;
+
+/* Row `row` of an EVENTS_SELECT result in the client format (with unsigned: age,
+ * transaction_id, prev_content, replaces_state, redacted_because). NULL on a corrupt row
+ * (logged). */
+json_t *events_render(const events_view *v, PGresult *res, int row);
+/* The stream position of row `row`. */
+int64_t events_pos(PGresult *res, int row);
+/* Run an EVENTS_SELECT query and append every row, rendered, to array `out`. The number of
+ * rows, or ROOMS_E_DB. */
+int events_fetch(PGconn *c, const events_view *v, const char *sql, int n,
+                 const char *const *params, json_t *out, int64_t *first_pos, int64_t *last_pos);
+/* The room's state at position upto (INT64_MAX: the current state), in the client format,
+ * appended to out in stream order. With members not NULL (a JSON array of user IDs), the
+ * only m.room.member events are those of these users (lazy loading). With types not NULL
+ * (a PostgreSQL array literal), only these event types. Rows or ROOMS_E_DB. */
+int events_state_at(PGconn *c, const events_view *v, const char *room_id, int64_t upto,
+                    const json_t *members, const char *types, json_t *out);
+/* A PostgreSQL text[] literal of the strings of a JSON array. NULL on
+ * out-of-memory; the result lives in the arena. */
+const char *rooms_pg_array(rt_arena *a, const json_t *strings);
+/* The state changes of a window: per (type, state_key) the newest state event with
+ * after < pos <= upto (after 0: the whole state at upto), filtered as events_state_at. */
+int events_state_between(PGconn *c, const events_view *v, const char *room_id, int64_t after,
+                         int64_t upto, const json_t *members, const char *types, json_t *out);
+/* The PDU of a stored event with its room version, or NULL (not found / database). */
+json_t *events_load_pdu(PGconn *c, const char *event_id, const char *room_id,
+                        const room_version **ver_out, bool *redacted_out);
+
+/* ---- membership and visibility ------------------------------------------------------ */
+
+/* A user's membership in a room at position upto (INT64_MAX: now). *pos_out gets the
+ * membership event's position (0 if none). Writes the membership ("join", ...) into out
+ * ("" when the user never had one). ROOMS_OK or ROOMS_E_DB. */
+int rooms_membership_at(PGconn *c, const char *room_id, const char *user_id, int64_t upto,
+                        char out[16], int64_t *pos_out);
+/* The highest position user_id may see in room_id: INT64_MAX while joined, the leave
+ * position after leaving; ROOMS_E_FORBIDDEN (e set) when never joined, ROOMS_E_NOT_FOUND
+ * for an unknown room, ROOMS_E_DB. */
+int rooms_visible_upto(PGconn *c, const char *room_id, const char *user_id, int64_t *upto,
+                       rooms_err *e);
+/* The room's version, or NULL when the room does not exist (*db_failed on error). */
+const room_version *rooms_version_of(PGconn *c, const char *room_id, bool *db_failed);
+
+/* ---- event filters (events_store.c) ------------------------------------------------- */
+
+/* A RoomEventFilter, as the SQL of the readers uses it: arrays are PostgreSQL text[]
+ * literals (types as LIKE patterns: the spec's '*' wildcard becomes '%'), NULL = no
+ * condition. */
+typedef struct room_filter {
+    int64_t limit; /* -1 when not given */
+    const char *types, *not_types, *senders, *not_senders;
+    bool lazy_load_members;
+} room_filter;
+
+/* The SQL condition of a room_filter on events e, with its four arrays as parameters
+ * $N (types), $N+1 (not_types), $N+2 (senders), $N+3 (not_senders). Lives in the arena. */
+const char *rooms_filter_sql(rt_arena *a, int n);
+/* Parse f (a RoomEventFilter object; NULL = no filter) into out. false with why (for 400
+ * M_BAD_JSON) on wrong types. */
+bool rooms_filter_parse(rt_arena *a, const json_t *f, room_filter *out, char *why, size_t len);
+/* [req] The filter in query parameter `name` (JSON text). false after answering 400. */
+bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out);
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+/* [req] The {roomId} path parameter, checked to look like a room ID (400 otherwise). */
+const char *rooms_param_room(atrium_req *r);
+/* [req] A path parameter by name. */
+const char *rooms_param(atrium_req *r, const char *name);
+/* Is id a syntactically valid user ID ("@local:server", <= 255 bytes)? Room ID ("!...")? */
+bool rooms_user_id_ok(const char *id);
+bool rooms_room_id_ok(const char *id);
+/* The server's name (server_name), for `origin` and new room IDs. */
+const char *rooms_server_name(void);
+/* The configured default room version (rooms.default_version). */
+const room_version *rooms_default_version(void);
+/* Pagination tokens: "s<pos>". false when tok is not one. */
+bool rooms_parse_token(const char *tok, int64_t *pos);
+const char *rooms_token(atrium_req *r, int64_t pos);
+
+/* Route registration, one per file. */
+int rooms_create_routes(http_server *s);
+int rooms_membership_routes(http_server *s);
+int rooms_send_routes(http_server *s);
+int rooms_read_routes(http_server *s);
+int rooms_ephemeral_routes(http_server *s);
+
+#endif

@@ -1,0 +1,374 @@
+/*
+ * core/client/rooms_read.c - reading rooms: GET /rooms/{roomId}/state[/{type}[/{key}]],
+ * /event/{eventId}, /members, /joined_members, /messages, /context/{eventId}, and
+ * GET /joined_rooms.
+ *
+ * Every reader first asks rooms_visible_upto what the caller may see (everything while
+ * joined; up to their leave after leaving; nothing if never joined) and clamps its query
+ * to that position. Pagination tokens are stream positions ("s<N>": after event N), the
+ * same as /sync's, so a sync's prev_batch feeds /messages directly.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/accounts.h"
+#include "core/client/rooms.h"
+
+#define MESSAGES_DEFAULT_LIMIT 10
+#define MESSAGES_MAX_LIMIT 1000
+#define CONTEXT_DEFAULT_LIMIT 10
+#define CONTEXT_MAX_LIMIT 100
+
+/* The common start of a reader: authenticated user, room, DB connection, visibility. */
+typedef struct reader {
+    const char *user, *room;
+    PGconn *c;
+    int64_t upto; /* visible up to this position (INT64_MAX while joined) */
+    events_view view;
+} reader;
+
+/* true: rd is ready (connection held). false: answered (connection released). */
+static bool open_reader(atrium_req *r, reader *rd)
+{
+    memset(rd, 0, sizeof(*rd));
+    if (!(rd->user = auth_request(r)) || !(rd->room = rooms_param_room(r))) return false;
+    if (!(rd->c = rooms_db(r))) return false;
+    rooms_err e = {0};
+    if (rooms_visible_upto(rd->c, rd->room, rd->user, &rd->upto, &e) < 0) {
+        rooms_db_release(rd->c);
+        rooms_fail(r, &e);
+        return false;
+    }
+    rd->view = (events_view){.user_id = rd->user, .device_id = r->device, .with_room_id = true,
+                             .now_ms = rooms_wall_ms()};
+    return true;
+}
+
+static int close_reader(atrium_req *r, reader *rd, int status, json_t *body)
+{
+    rooms_db_release(rd->c);
+    if (!body) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    return http_respond_json(r, status, body);
+}
+
+static int db_failed(atrium_req *r, reader *rd, json_t *garbage)
+{
+    json_decref(garbage);
+    return close_reader(r, rd, 503, NULL);
+}
+
+/* An integer query parameter in [1, max] (def when absent). false after answering 400. */
+static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t max, int64_t *out)
+{
+    const char *v = acc_query_arg(r, name);
+    *out = def;
+    if (!v) return true;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || x < 0) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "'%s' must be a non-negative integer", name);
+        return false;
+    }
+    *out = x > max ? max : x;
+    return true;
+}
+
+/* ---- state -------------------------------------------------------------------------- */
+
+/* GET /_matrix/client/v3/rooms/{roomId}/state */
+static int get_state_all(atrium_req *r)
+{
+    reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *out = json_array();
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.upto, NULL, NULL, out) < 0)
+        return db_failed(r, &rd, out);
+    return close_reader(r, &rd, 200, out);
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/state/{eventType}[/{stateKey}] */
+static int get_state_one(atrium_req *r)
+{
+    const char *type = rooms_param(r, "eventType"), *key = rooms_param(r, "stateKey");
+    if (!key) key = "";
+    const char *format = acc_query_arg(r, "format");
+    reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *types = json_pack("[s]", type);
+    const char *type_arr = rooms_pg_array(r->arena, types);
+    json_decref(types);
+    json_t *all = json_array();
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.upto, NULL, type_arr, all) < 0)
+        return db_failed(r, &rd, all);
+    json_t *found = NULL;
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        json_t *ev = json_array_get(all, i);
+        if (strcmp(json_string_value(json_object_get(ev, "state_key")), key) == 0) found = ev;
+    }
+    if (!found) {
+        json_decref(all);
+        rooms_db_release(rd.c);
+        return http_respond_error(r, 404, "M_NOT_FOUND", "No such state event");
+    }
+    json_t *answer = format && strcmp(format, "event") == 0 ? found : json_object_get(found, "content");
+    json_incref(answer);
+    json_decref(all);
+    return close_reader(r, &rd, 200, answer);
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/event/{eventId} */
+static int get_event(atrium_req *r)
+{
+    const char *event_id = rooms_param(r, "eventId");
+    reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    const char *p[3] = {event_id, rd.room, rooms_i64(r, rd.upto)};
+    json_t *out = json_array();
+    int n = events_fetch(rd.c, &rd.view, EVENTS_SELECT "WHERE e.event_id = $1 AND e.room_id = $2"
+                                                      " AND e.stream_pos <= $3",
+                         3, p, out, NULL, NULL);
+    if (n < 0) return db_failed(r, &rd, out);
+    if (json_array_size(out) == 0) {
+        json_decref(out);
+        rooms_db_release(rd.c);
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
+    }
+    json_t *ev = json_incref(json_array_get(out, 0));
+    json_decref(out);
+    return close_reader(r, &rd, 200, ev);
+}
+
+/* ---- members ------------------------------------------------------------------------ */
+
+static bool in_list(const char *v, const char *list)
+{
+    return !list || strcmp(v, list) == 0;
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/members?at=&membership=&not_membership= */
+static int get_members(atrium_req *r)
+{
+    const char *at = acc_query_arg(r, "at"), *only = acc_query_arg(r, "membership");
+    const char *not_m = acc_query_arg(r, "not_membership");
+    int64_t at_pos = INT64_MAX;
+    if (at && !rooms_parse_token(at, &at_pos))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "'at' is not a token of this server");
+    reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    int64_t upto = at_pos < rd.upto ? at_pos : rd.upto;
+    json_t *types = json_pack("[s]", "m.room.member");
+    const char *type_arr = rooms_pg_array(r->arena, types);
+    json_decref(types);
+    json_t *all = json_array();
+    if (events_state_at(rd.c, &rd.view, rd.room, upto, NULL, type_arr, all) < 0)
+        return db_failed(r, &rd, all);
+    json_t *chunk = json_array();
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        json_t *ev = json_array_get(all, i);
+        const char *m = json_string_value(json_object_get(json_object_get(ev, "content"), "membership"));
+        if (!m || !in_list(m, only) || (not_m && strcmp(m, not_m) == 0)) continue;
+        json_array_append(chunk, ev);
+    }
+    json_decref(all);
+    return close_reader(r, &rd, 200, json_pack("{s:o}", "chunk", chunk));
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/joined_members */
+static int get_joined_members(atrium_req *r)
+{
+    reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *types = json_pack("[s]", "m.room.member");
+    const char *type_arr = rooms_pg_array(r->arena, types);
+    json_decref(types);
+    json_t *all = json_array();
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.upto, NULL, type_arr, all) < 0)
+        return db_failed(r, &rd, all);
+    json_t *joined = json_object();
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        json_t *ev = json_array_get(all, i), *content = json_object_get(ev, "content");
+        if (!in_list(json_string_value(json_object_get(content, "membership")), "join")) continue;
+        json_t *who = json_object();
+        json_t *dn = json_object_get(content, "displayname"), *av = json_object_get(content, "avatar_url");
+        if (json_is_string(dn)) json_object_set(who, "display_name", dn);
+        if (json_is_string(av)) json_object_set(who, "avatar_url", av);
+        json_object_set_new(joined, json_string_value(json_object_get(ev, "state_key")), who);
+    }
+    json_decref(all);
+    return close_reader(r, &rd, 200, json_pack("{s:o}", "joined", joined));
+}
+
+/* GET /_matrix/client/v3/joined_rooms */
+static int get_joined_rooms(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    const char *p[1] = {user};
+    PGresult *res = rooms_q(c,
+                            "SELECT room_id FROM current_state WHERE type = 'm.room.member'"
+                            " AND state_key = $1 AND membership = 'join' ORDER BY room_id",
+                            1, p, NULL);
+    rooms_db_release(c);
+    if (!res) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    json_t *rooms = json_array();
+    for (int i = 0; i < PQntuples(res); i++) json_array_append_new(rooms, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    return http_respond_json(r, 200, json_pack("{s:o}", "joined_rooms", rooms));
+}
+
+/* ---- timelines ---------------------------------------------------------------------- */
+
+/* The member events (current state) of the senders of `events`, for lazy loading. */
+static int lazy_members(reader *rd, int64_t upto, json_t *events, json_t *out)
+{
+    json_t *senders = json_array();
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *s = json_object_get(json_array_get(events, i), "sender");
+        bool seen = false;
+        for (size_t j = 0; j < json_array_size(senders) && !seen; j++)
+            seen = json_equal(json_array_get(senders, j), s);
+        if (!seen && json_is_string(s)) json_array_append(senders, s);
+    }
+    json_t *types = json_pack("[s]", "m.room.member");
+    rt_arena *a = rt_arena_new(256);
+    int rc = a ? events_state_at(rd->c, &rd->view, rd->room, upto, senders, rooms_pg_array(a, types), out)
+               : ROOMS_E_DB;
+    rt_arena_free(a);
+    json_decref(types);
+    json_decref(senders);
+    return rc;
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/messages?dir=&from=&to=&limit=&filter= */
+static int get_messages(atrium_req *r)
+{
+    const char *dir = acc_query_arg(r, "dir"), *from = acc_query_arg(r, "from");
+    const char *to = acc_query_arg(r, "to");
+    if (!dir || (strcmp(dir, "b") != 0 && strcmp(dir, "f") != 0))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "'dir' must be \"b\" or \"f\"");
+    bool back = dir[0] == 'b';
+    int64_t from_pos = back ? INT64_MAX : 0, to_pos = back ? 0 : INT64_MAX, limit;
+    if ((from && !rooms_parse_token(from, &from_pos)) || (to && !rooms_parse_token(to, &to_pos)))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a pagination token of this server");
+    room_filter f;
+    if (!query_limit(r, "limit", MESSAGES_DEFAULT_LIMIT, MESSAGES_MAX_LIMIT, &limit) ||
+        !rooms_filter_query(r, "filter", &f))
+        return ATRIUM_DONE;
+    if (f.limit >= 0 && !acc_query_arg(r, "limit")) limit = f.limit > MESSAGES_MAX_LIMIT ? MESSAGES_MAX_LIMIT : f.limit;
+    reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    /* Back: after `to`, up to `from` and the visible end, newest first. Forward: after
+     * `from`, up to `to` and the visible end, oldest first. */
+    int64_t lo = back ? to_pos : from_pos, hi = back ? from_pos : to_pos;
+    if (hi > rd.upto) hi = rd.upto;
+    const char *p[8] = {rd.room, rooms_i64(r, lo), rooms_i64(r, hi), rooms_i64(r, limit),
+                        f.types, f.not_types, f.senders, f.not_senders};
+    const char *sql = rt_arena_printf(r->arena,
+                                      EVENTS_SELECT "WHERE e.room_id = $1 AND e.stream_pos > $2"
+                                                    " AND e.stream_pos <= $3%s"
+                                                    " ORDER BY e.stream_pos %s LIMIT $4",
+                                      rooms_filter_sql(r->arena, 5), back ? "DESC" : "ASC");
+    json_t *chunk = json_array();
+    int64_t first = 0, last = 0;
+    int n = events_fetch(rd.c, &rd.view, sql, 8, p, chunk, &first, &last);
+    if (n < 0) return db_failed(r, &rd, chunk);
+    /* Without `from`, a backward page starts at its newest event, a forward one at 0. */
+    const char *start = from ? from : rooms_token(r, back ? (n > 0 ? first : 0) : lo);
+    json_t *body = json_pack("{s:o, s:s}", "chunk", chunk, "start", start);
+    if (n > 0 && n == limit) json_object_set_new(body, "end", json_string(rooms_token(r, back ? last - 1 : last)));
+    if (f.lazy_load_members && n > 0) {
+        json_t *state = json_array();
+        if (lazy_members(&rd, rd.upto, chunk, state) < 0) return db_failed(r, &rd, body);
+        json_object_set_new(body, "state", state);
+    }
+    return close_reader(r, &rd, 200, body);
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/context/{eventId}?limit=&filter= */
+static int get_context(atrium_req *r)
+{
+    const char *event_id = rooms_param(r, "eventId");
+    int64_t limit;
+    room_filter f;
+    if (!query_limit(r, "limit", CONTEXT_DEFAULT_LIMIT, CONTEXT_MAX_LIMIT, &limit) ||
+        !rooms_filter_query(r, "filter", &f))
+        return ATRIUM_DONE;
+    reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *one = json_array();
+    int64_t pos = 0;
+    const char *p1[3] = {event_id, rd.room, rooms_i64(r, rd.upto)};
+    int n = events_fetch(rd.c, &rd.view, EVENTS_SELECT "WHERE e.event_id = $1 AND e.room_id = $2"
+                                                      " AND e.stream_pos <= $3",
+                         3, p1, one, &pos, NULL);
+    if (n < 0) return db_failed(r, &rd, one);
+    if (n == 0) {
+        json_decref(one);
+        rooms_db_release(rd.c);
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
+    }
+    int64_t before_n = limit / 2, after_n = limit - before_n;
+    const char *filter_sql = rooms_filter_sql(r->arena, 5);
+    const char *pb[8] = {rd.room, rooms_i64(r, pos), rooms_i64(r, rd.upto), rooms_i64(r, before_n),
+                         f.types, f.not_types, f.senders, f.not_senders};
+    json_t *before = json_array(), *after = json_array();
+    int64_t b_last = pos, a_last = pos, dummy;
+    int nb = events_fetch(rd.c, &rd.view,
+                          rt_arena_printf(r->arena, EVENTS_SELECT "WHERE e.room_id = $1 AND e.stream_pos < $2"
+                                                                  " AND $3::bigint > 0%s ORDER BY e.stream_pos DESC"
+                                                                  " LIMIT $4",
+                                          filter_sql),
+                          8, pb, before, &dummy, &b_last);
+    pb[3] = rooms_i64(r, after_n);
+    int na = nb < 0 ? nb : events_fetch(rd.c, &rd.view,
+                                        rt_arena_printf(r->arena, EVENTS_SELECT "WHERE e.room_id = $1 AND e.stream_pos > $2"
+                                                                                " AND e.stream_pos <= $3%s ORDER BY"
+                                                                                " e.stream_pos ASC LIMIT $4",
+                                                        filter_sql),
+                                        8, pb, after, &dummy, &a_last);
+    json_t *body = json_pack("{s:O, s:o, s:o, s:s, s:s}", "event", json_array_get(one, 0),
+                             "events_before", before, "events_after", after, "start",
+                             rooms_token(r, nb > 0 ? b_last - 1 : pos - 1), "end", rooms_token(r, a_last));
+    json_decref(one);
+    if (na < 0) return db_failed(r, &rd, body);
+    json_t *state = json_array();
+    int rc;
+    if (f.lazy_load_members) {
+        json_t *all = json_array();
+        json_array_append(all, json_object_get(body, "event"));
+        json_array_extend(all, before);
+        json_array_extend(all, after);
+        rc = lazy_members(&rd, a_last, all, state);
+        json_decref(all);
+    } else {
+        rc = events_state_at(rd.c, &rd.view, rd.room, a_last, NULL, NULL, state);
+    }
+    json_object_set_new(body, "state", state);
+    if (rc < 0) return db_failed(r, &rd, body);
+    return close_reader(r, &rd, 200, body);
+}
+
+int rooms_read_routes(http_server *s)
+{
+    static const struct {
+        const char *path;
+        atrium_handler h;
+    } routes[] = {
+        {"/_matrix/client/v3/rooms/{roomId}/state", get_state_all},
+        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}", get_state_one},
+        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}/", get_state_one},
+        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}/{stateKey}", get_state_one},
+        {"/_matrix/client/v3/rooms/{roomId}/event/{eventId}", get_event},
+        {"/_matrix/client/v3/rooms/{roomId}/members", get_members},
+        {"/_matrix/client/v3/rooms/{roomId}/joined_members", get_joined_members},
+        {"/_matrix/client/v3/rooms/{roomId}/messages", get_messages},
+        {"/_matrix/client/v3/rooms/{roomId}/context/{eventId}", get_context},
+        {"/_matrix/client/v3/joined_rooms", get_joined_rooms},
+    };
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (client_route(s, "GET", routes[i].path, routes[i].h, 0) < 0) return -1;
+    return 0;
+}
