@@ -98,8 +98,20 @@ static const atrium_migration CORE_MIGRATIONS[] = {
     {1, "core_server_info",
      "CREATE TABLE IF NOT EXISTS core_server_info ("
      " key text PRIMARY KEY, value text NOT NULL)"},
-    /* One position for every per-user stream: see core/client/notifier.h. */
-    {2, "stream_seq", "CREATE SEQUENCE stream_seq"},
+    /* One position for every per-user stream: see core/client/notifier.h. Writers take
+     * positions with stream_next(), which holds a shared advisory lock until their
+     * transaction ends; stream_upto() takes that lock exclusively for an instant, so the
+     * position it returns never passes a row that is not yet committed. */
+    {2, "stream_seq",
+     "CREATE SEQUENCE stream_seq;"
+     "CREATE FUNCTION stream_next() RETURNS bigint LANGUAGE plpgsql AS $f$"
+     " BEGIN PERFORM pg_advisory_xact_lock_shared(7405418920188312);"
+     " RETURN nextval('stream_seq'); END $f$;"
+     "CREATE FUNCTION stream_upto() RETURNS bigint LANGUAGE plpgsql AS $f$"
+     " DECLARE v bigint; called boolean;"
+     " BEGIN PERFORM pg_advisory_xact_lock(7405418920188312);"
+     " SELECT last_value, is_called INTO v, called FROM stream_seq;"
+     " IF called THEN RETURN v; END IF; RETURN 0; END $f$;"},
 };
 
 static int serve(const char *config_path)

@@ -26,7 +26,7 @@ bool acc_account_data_store(PGconn *c, const char *user_id, const char *room_id,
 {
     const char *p[4] = {user_id, room_id, type, content};
     return acc_exec(c, "INSERT INTO account_data (user_id, room_id, type, content, stream_pos)"
-                       " VALUES ($1, $2, $3, $4::jsonb, nextval('stream_seq'))"
+                       " VALUES ($1, $2, $3, $4::jsonb, stream_next())"
                        " ON CONFLICT (user_id, room_id, type) DO UPDATE SET"
                        " content = EXCLUDED.content, stream_pos = EXCLUDED.stream_pos",
                     4, p);

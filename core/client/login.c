@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
+#include "core/client/e2ee.h"
 #include "core/client/ratelimits.h"
 
 typedef struct login_state {
@@ -140,6 +141,7 @@ static int post_logout(atrium_req *r)
     bool ok = acc_exec(c, "BEGIN", 0, NULL) && acc_delete_devices(c, r->user, ids, 1, NULL) &&
               acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    else e2ee_wake_key_change(c, r->user); /* room-mates' syncs: device list changed */
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
     return http_respond_json(r, 200, json_object());
@@ -154,6 +156,7 @@ static int post_logout_all(atrium_req *r)
     bool ok = acc_exec(c, "BEGIN", 0, NULL) && acc_delete_devices(c, r->user, NULL, 0, NULL) &&
               acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    else e2ee_wake_key_change(c, r->user); /* room-mates' syncs: device list changed */
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
     return http_respond_json(r, 200, json_object());

@@ -5,7 +5,9 @@
  *
  * The stream model: every row of every per-user stream (events, to-device messages,
  * account data, receipts, device-list changes, ...) takes its position from ONE PostgreSQL
- * sequence, stream_seq (core migration 2). A sync token is that position ("s<N>"), so
+ * sequence, stream_seq, through the SQL function stream_next() inside the writing
+ * transaction; readers bound a sync with stream_upto(), which never passes an uncommitted
+ * position (both in core migration 2). A sync token is that position ("s<N>"), so
  * "what happened after token N" is "rows with position > N" in each stream table, and a
  * position means the same in every process sharing the database (DESIGN §8).
  *

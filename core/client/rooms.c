@@ -17,20 +17,9 @@
 #include "core/client/rooms.h"
 
 /* Any 64-bit key not used by another advisory lock (db.c uses 7405418920188311). */
-#define ROOMS_STREAM_LOCK_KEY "7405418920188312"
 
 static const atrium_migration MIGRATIONS[] = {
     {1, "rooms_events_state",
-     /* Positions: writers hold the shared lock from taking a position until commit; the
-      * reader of the newest safe position takes the exclusive lock for an instant. */
-     "CREATE FUNCTION stream_next() RETURNS bigint LANGUAGE plpgsql AS $f$"
-     " BEGIN PERFORM pg_advisory_xact_lock_shared(" ROOMS_STREAM_LOCK_KEY ");"
-     " RETURN nextval('stream_seq'); END $f$;"
-     "CREATE FUNCTION stream_upto() RETURNS bigint LANGUAGE plpgsql AS $f$"
-     " DECLARE v bigint; called boolean;"
-     " BEGIN PERFORM pg_advisory_xact_lock(" ROOMS_STREAM_LOCK_KEY ");"
-     " SELECT last_value, is_called INTO v, called FROM stream_seq;"
-     " IF called THEN RETURN v; END IF; RETURN 0; END $f$;"
      "CREATE TABLE rooms ("
      " room_id text PRIMARY KEY,"
      " room_version text NOT NULL,"

@@ -11,7 +11,7 @@
  * woken or when the timeout passes. Internal prefix: sync_.
  *
  * Writers of rows a sync reports: take the row's position with the SQL function
- * stream_next() (created by the rooms module) rather than nextval('stream_seq'), inside
+ * stream_next() (core migration 2) rather than nextval('stream_seq'), inside
  * the transaction that writes the row. stream_next() holds a shared advisory lock until
  * that transaction ends, and a sync reads `upto` with stream_upto(), which waits for those
  * locks; so `upto` never passes a position whose row is not yet committed, and no row is
