@@ -136,6 +136,7 @@ static int load_one(core_runtime *rt, const atrium_host *host, const cfg_node *p
     p->in_init = true;
     int rc = d->init(host, p, (const atrium_config *)pcfg, &p->state);
     p->in_init = false;
+    p->inited = rc >= 0; /* fini only follows an init that succeeded */
     if (rc < 0) {
         rt_log(ATRIUM_LOG_ERROR, "core",
                "plugin \"%s\" (%s): init failed (%d) - see the lines above; fix plugins.%s or "
@@ -229,7 +230,7 @@ void plugins_fini_all(core_runtime *rt)
 {
     for (size_t i = rt->n_plugins; i-- > 0;) {
         atrium_plugin *p = rt->plugins[i];
-        if (p->desc->fini) p->desc->fini(p->state);
+        if (p->inited && p->desc->fini) p->desc->fini(p->state);
         for (size_t k = 0; k < p->n_pools; k++) rt_pool_free(p->pools[k]);
         for (size_t k = p->n_owned; k-- > 0;) p->owned[k].free(p->owned[k].obj);
         free(p->name);

@@ -38,7 +38,7 @@ struct atrium_plugin {
     size_t n_owned;
     const atrium_migration *migrations;
     size_t n_migrations;
-    bool in_init, started;
+    bool in_init, inited, started;
 };
 
 /* The runtime object: everything the core runs, in one place. */

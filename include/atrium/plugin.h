@@ -14,6 +14,8 @@
  *                                  pools, budgets, lines, metrics. No DB access, no threads.
  *                                  Return 0, or a negative atrium_err after logging why
  *                                  with host->log: the server then refuses to start.
+ *                                  After a failed init, fini is not called: free what
+ *                                  init allocated before returning the error.
  *   start(state)                   after every plugin's init succeeded and migrations ran,
  *                                  before the listener opens: start work that needs the DB.
  *                                  Pools created in init are started by the host.

@@ -1,67 +1,333 @@
 /*
- * plugins/media/media.c - the media plugin (provides "media/1").
+ * plugins/media/media.c - the media plugin (provides "media/1"): its settings, its routes,
+ * its pools, line and events, and its lifecycle; plus the media configuration endpoint.
  *
- * This first version owns the media settings and answers the media configuration
- * endpoints, so clients learn the upload limit from the plugin that will enforce it.
- * Uploads, downloads, thumbnails and the delivery line arrive with the media issue; the
- * plugin is built only against include/atrium/, as a replacement would be.
+ * Decisions owned here: the names, defaults and ranges of every plugins.media setting
+ * (unknown keys stop start-up, host->config_check_keys), and the bounds that follow from
+ * them - delivery_slots requests hold a slot (and at most one file) at a time,
+ * render_threads renders run at once, io_threads workers make uploads durable. The
+ * behaviours live in the files media.h lists; this file only wires them to the host.
+ * The plugin is built only against include/atrium/ (plus libc, jansson, libpq, libvips,
+ * libwebp) and would work the same as a replacement plugin.
  */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
-#include "atrium/host.h"
+#include "media.h"
 
-#define MEDIA_DEFAULT_MAX_UPLOAD_BYTES (50LL * 1024 * 1024)
-#define MEDIA_MAX_UPLOAD_BYTES_LIMIT (4LL * 1024 * 1024 * 1024)
+#define DEFAULT_MAX_UPLOAD_BYTES (50LL * 1024 * 1024)
+#define MAX_UPLOAD_BYTES_LIMIT (4LL * 1024 * 1024 * 1024)
+#define DEFAULT_STORE_PATH "./media_store"
+#define DEFAULT_DELIVERY_SLOTS 64
+#define DEFAULT_DELIVERY_QUEUE 1024
+#define DEFAULT_DELIVERY_QUEUE_PER_CLIENT 512
+#define DEFAULT_DELIVERY_WAIT_MS 30000
+#define DELIVERY_RETRY_AFTER_MS 1000
+#define DEFAULT_MAX_IMAGE_PIXELS 32000000LL
+#define DEFAULT_RENDER_QUEUE 512
+#define DEFAULT_RENDER_WAIT_MS 15000
+#define DEFAULT_IO_THREADS 4
+#define DEFAULT_IO_QUEUE 256
+#define DEFAULT_MAX_PENDING_UPLOADS 16
+#define DEFAULT_UNUSED_EXPIRY_MS (24LL * 3600 * 1000) /* the spec's recommendation */
+#define DEFAULT_UPLOAD_WAIT_MS 20000                  /* the spec's default timeout_ms */
+#define DEFAULT_UPLOAD_WAIT_MAX_MS 60000
+#define PARK_LIMIT_MS (10LL * 60 * 1000) /* the host caps a park at 10 minutes */
+#define UPLOAD_RATE_PER_SECOND 10.0
+#define UPLOAD_RATE_BURST 50.0
+#define FDS_PER_RENDER 4 /* original, output, libvips' own */
 
-typedef struct media {
-    const atrium_host *host;
-    atrium_plugin *self;
-    int64_t max_upload_size;
-} media;
-
-static const atrium_host *h; /* the host table, valid from init to fini */
+const atrium_host *media_host;
 
 static int get_config(atrium_req *req)
 {
-    media *m = h->req_route_arg(req);
-    json_t *body = json_pack("{s:I}", "m.upload.size", (json_int_t)m->max_upload_size);
-    return h->respond_json(req, 200, body);
+    media *m = media_of(req);
+    if (!media_authenticate(m, req)) return ATRIUM_DONE;
+    json_t *body = json_pack("{s:I}", "m.upload.size", (json_int_t)m->cfg.max_upload_bytes);
+    return media_reply(m, req, body);
+}
+
+static const char *const SETTINGS[] = {
+    "max_upload_size",
+    "store_path",
+    "delivery_slots",
+    "delivery_queue",
+    "delivery_queue_per_client",
+    "delivery_wait_ms",
+    "thumbnail_sizes",
+    "max_image_pixels",
+    "render_threads",
+    "render_queue",
+    "render_wait_ms",
+    "io_threads",
+    "io_queue",
+    "max_pending_uploads",
+    "unused_upload_expiry_ms",
+    "upload_wait_default_ms",
+    "upload_wait_max_ms",
+    "legacy_media",
+    "legacy_freeze_ts",
+    NULL,
+};
+
+/* One integer setting into an int field. */
+static int read_int(media *m, const atrium_config *cfg, const char *key, int64_t def, int64_t min,
+                    int64_t max, int *out)
+{
+    int64_t v;
+    if (m->h->config_int(m->self, cfg, key, def, min, max, &v) < 0) return ATRIUM_E_INVAL;
+    *out = (int)v;
+    return 0;
+}
+
+static int read_settings(media *m, const atrium_config *cfg)
+{
+    const atrium_host *h = m->h;
+    atrium_plugin *self = m->self;
+    media_config *c = &m->cfg;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    const char *sizes = NULL;
+    if (h->config_check_keys(self, cfg, SETTINGS) < 0 ||
+        h->config_int(self, cfg, "max_upload_size", DEFAULT_MAX_UPLOAD_BYTES, 1,
+                      MAX_UPLOAD_BYTES_LIMIT, &c->max_upload_bytes) < 0 ||
+        h->config_string(self, cfg, "store_path", DEFAULT_STORE_PATH, &c->store_path) < 0 ||
+        read_int(m, cfg, "delivery_slots", DEFAULT_DELIVERY_SLOTS, 1, 100000, &c->delivery_slots) <
+            0 ||
+        read_int(m, cfg, "delivery_queue", DEFAULT_DELIVERY_QUEUE, 0, 1000000, &c->delivery_queue) <
+            0 ||
+        read_int(m, cfg, "delivery_queue_per_client", DEFAULT_DELIVERY_QUEUE_PER_CLIENT, 0, 1000000,
+                 &c->delivery_queue_per_client) < 0 ||
+        h->config_int(self, cfg, "delivery_wait_ms", DEFAULT_DELIVERY_WAIT_MS, 1, PARK_LIMIT_MS,
+                      &c->delivery_wait_ms) < 0 ||
+        h->config_string(self, cfg, "thumbnail_sizes", MEDIA_DEFAULT_SIZES, &sizes) < 0 ||
+        h->config_int(self, cfg, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS, 1,
+                      100000LL * 100000LL, &c->max_image_pixels) < 0 ||
+        read_int(m, cfg, "render_threads", cores, 1, 256, &c->render_threads) < 0 ||
+        read_int(m, cfg, "render_queue", DEFAULT_RENDER_QUEUE, 1, 1000000, &c->render_queue) < 0 ||
+        h->config_int(self, cfg, "render_wait_ms", DEFAULT_RENDER_WAIT_MS, 0, PARK_LIMIT_MS,
+                      &c->render_wait_ms) < 0 ||
+        read_int(m, cfg, "io_threads", DEFAULT_IO_THREADS, 1, 256, &c->io_threads) < 0 ||
+        read_int(m, cfg, "io_queue", DEFAULT_IO_QUEUE, 1, 1000000, &c->io_queue) < 0 ||
+        read_int(m, cfg, "max_pending_uploads", DEFAULT_MAX_PENDING_UPLOADS, 1, 1000000,
+                 &c->max_pending_uploads) < 0 ||
+        h->config_int(self, cfg, "unused_upload_expiry_ms", DEFAULT_UNUSED_EXPIRY_MS, 1000,
+                      365LL * 24 * 3600 * 1000, &c->unused_expiry_ms) < 0 ||
+        h->config_int(self, cfg, "upload_wait_default_ms", DEFAULT_UPLOAD_WAIT_MS, 0, PARK_LIMIT_MS,
+                      &c->upload_wait_default_ms) < 0 ||
+        h->config_int(self, cfg, "upload_wait_max_ms", DEFAULT_UPLOAD_WAIT_MAX_MS, 0, PARK_LIMIT_MS,
+                      &c->upload_wait_max_ms) < 0 ||
+        h->config_bool(self, cfg, "legacy_media", false, &c->legacy_media) < 0 ||
+        h->config_int(self, cfg, "legacy_freeze_ts", 0, 0, INT64_MAX, &c->legacy_freeze_ts) < 0)
+        return ATRIUM_E_INVAL;
+    c->delivery_retry_after_ms = DELIVERY_RETRY_AFTER_MS;
+    char err[160];
+    int n = media_sizes_parse(sizes, c->sizes, MEDIA_MAX_SIZES, err, sizeof(err));
+    if (n < 0) {
+        h->log(self, ATRIUM_LOG_ERROR,
+               "invalid configuration: plugins.media.thumbnail_sizes: %s (expected e.g. \"%s\")",
+               err, MEDIA_DEFAULT_SIZES);
+        return ATRIUM_E_INVAL;
+    }
+    c->n_sizes = (size_t)n;
+    if (!*c->store_path || strchr(c->store_path, '[') ||
+        strlen(c->store_path) > MEDIA_PATH_MAX / 2) {
+        h->log(self, ATRIUM_LOG_ERROR,
+               "invalid configuration: plugins.media.store_path must be a folder path of at "
+               "most %d characters without '['",
+               MEDIA_PATH_MAX / 2);
+        return ATRIUM_E_INVAL;
+    }
+    return 0;
+}
+
+static int register_routes(media *m)
+{
+    int64_t body = m->cfg.max_upload_bytes;
+    const atrium_route routes[] = {
+        {.method = "GET", .path = "/_matrix/client/v1/media/config", .handler = get_config},
+        {.method = "GET", .path = "/_matrix/media/v3/config", .handler = get_config},
+        {.method = "POST",
+         .path = "/_matrix/media/v3/upload",
+         .handler = upload_handler,
+         .max_body_bytes = body,
+         .flags = ATRIUM_ROUTE_STREAM_BODY,
+         .body_chunk = upload_body_chunk},
+        {.method = "PUT",
+         .path = "/_matrix/media/v3/upload/{serverName}/{mediaId}",
+         .handler = upload_put_handler,
+         .max_body_bytes = body,
+         .flags = ATRIUM_ROUTE_STREAM_BODY,
+         .body_chunk = upload_put_body_chunk},
+        {.method = "POST", .path = "/_matrix/media/v1/create", .handler = create_handler},
+        {.method = "GET",
+         .path = "/_matrix/client/v1/media/download/{serverName}/{mediaId}",
+         .handler = download_handler},
+        {.method = "GET",
+         .path = "/_matrix/client/v1/media/download/{serverName}/{mediaId}/{fileName}",
+         .handler = download_handler},
+        {.method = "GET",
+         .path = "/_matrix/client/v1/media/thumbnail/{serverName}/{mediaId}",
+         .handler = thumbnail_handler},
+        {.method = "GET",
+         .path = "/_matrix/media/v3/download/{serverName}/{mediaId}",
+         .handler = download_legacy_handler},
+        {.method = "GET",
+         .path = "/_matrix/media/v3/download/{serverName}/{mediaId}/{fileName}",
+         .handler = download_legacy_handler},
+        {.method = "GET",
+         .path = "/_matrix/media/v3/thumbnail/{serverName}/{mediaId}",
+         .handler = thumbnail_legacy_handler},
+    };
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        atrium_route r = routes[i];
+        r.arg = m;
+        int rc = m->h->route_add(m->self, &r);
+        if (rc < 0) return rc;
+    }
+    return admin_register(m);
+}
+
+static int create_metrics(media *m)
+{
+    const atrium_host *h = m->h;
+    atrium_plugin *s = m->self;
+    m->m_uploads = h->metric_counter(s, "atrium_media_uploads_total", NULL, "Uploads stored");
+    m->m_upload_bytes =
+        h->metric_counter(s, "atrium_media_upload_bytes_total", NULL, "Bytes of uploads stored");
+    m->m_downloads = h->metric_counter(s, "atrium_media_downloads_total", NULL, "Originals served");
+    m->m_thumbnails = h->metric_counter(s, "atrium_media_thumbnails_total", NULL,
+                                        "Thumbnail responses with a body");
+    m->m_renders_ok =
+        h->metric_counter(s, "atrium_media_renders_total", "result=\"ok\"", "Thumbnail renders");
+    m->m_renders_failed = h->metric_counter(s, "atrium_media_renders_total", "result=\"failed\"",
+                                            "Thumbnail renders");
+    m->m_renders_running =
+        h->metric_gauge(s, "atrium_media_renders_running", NULL, "Thumbnail renders running now");
+    m->m_render_coalesced =
+        h->metric_counter(s, "atrium_media_render_coalesced_total", NULL,
+                          "Thumbnail requests that joined a render already under way");
+    m->m_authorizing = h->metric_gauge(s, "atrium_media_authorizing", NULL,
+                                       "Media requests whose access token is being checked now");
+    m->m_authorizing_peak = h->metric_gauge(s, "atrium_media_authorizing_peak", NULL,
+                                            "Most media authorizations ever running at once");
+    m->m_authorizations = h->metric_counter(s, "atrium_media_authorizations_total", NULL,
+                                            "Media content requests authorized (once per request)");
+    m->m_delivering = h->metric_gauge(s, "atrium_media_delivering", NULL,
+                                      "Media requests holding a delivery slot");
+    m->m_fallback_nearest =
+        h->metric_counter(s, "atrium_media_thumbnail_fallback_total", "kind=\"nearest\"",
+                          "Thumbnail requests answered without their render");
+    m->m_fallback_unavailable =
+        h->metric_counter(s, "atrium_media_thumbnail_fallback_total", "kind=\"unavailable\"",
+                          "Thumbnail requests answered without their render");
+    m->m_not_yet_uploaded =
+        h->metric_counter(s, "atrium_media_not_yet_uploaded_total", NULL,
+                          "Downloads that gave up waiting for an asynchronous upload");
+    m->m_upload_waiters =
+        h->metric_gauge(s, "atrium_media_upload_waiters", NULL,
+                        "Downloads waiting (with their delivery slot) for an asynchronous upload");
+    m->m_refused_policy = h->metric_counter(s, "atrium_media_refused_quarantined_total", NULL,
+                                            "Requests refused because the media is quarantined");
+    atrium_metric *all[] = {m->m_uploads,          m->m_upload_bytes,         m->m_downloads,
+                            m->m_thumbnails,       m->m_renders_ok,           m->m_renders_failed,
+                            m->m_renders_running,  m->m_render_coalesced,     m->m_authorizing,
+                            m->m_authorizing_peak, m->m_authorizations,       m->m_delivering,
+                            m->m_fallback_nearest, m->m_fallback_unavailable, m->m_not_yet_uploaded,
+                            m->m_refused_policy,   m->m_upload_waiters};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (!all[i]) return ATRIUM_E_INVAL;
+    return 0;
+}
+
+static int create_mechanisms(media *m)
+{
+    const atrium_host *h = m->h;
+    const media_config *c = &m->cfg;
+    m->delivery = h->line_create(m->self, "delivery", c->delivery_slots, c->delivery_queue,
+                                 c->delivery_queue_per_client, c->delivery_wait_ms);
+    m->render_pool = h->pool_create(m->self, "render", c->render_threads, c->render_queue);
+    m->io_pool = h->pool_create(m->self, "io", c->io_threads, c->io_queue);
+    m->rl_upload =
+        h->ratelimit_create(m->self, "upload", UPLOAD_RATE_PER_SECOND, UPLOAD_RATE_BURST);
+    if (!m->delivery || !m->render_pool || !m->io_pool || !m->rl_upload) return ATRIUM_E_NOMEM;
+    for (size_t i = 0; i < MEDIA_EVENT_BUCKETS; i++)
+        if (!(m->events[i] = h->event_create(m->self))) return ATRIUM_E_NOMEM;
+    return create_metrics(m);
+}
+
+static void media_free(media *m)
+{
+    thumbnails_fini(m);
+    pthread_mutex_destroy(&m->upload_mu);
+    free(m);
 }
 
 static int media_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
                       void **state)
 {
-    static const char *const keys[] = {"max_upload_size", NULL};
-    if (host->config_check_keys(self, cfg, keys) < 0) return ATRIUM_E_INVAL;
     media *m = calloc(1, sizeof(*m));
     if (!m) return ATRIUM_E_NOMEM;
-    m->host = host;
+    m->h = host;
     m->self = self;
-    if (host->config_int(self, cfg, "max_upload_size", MEDIA_DEFAULT_MAX_UPLOAD_BYTES, 1,
-                         MEDIA_MAX_UPLOAD_BYTES_LIMIT, &m->max_upload_size) < 0) {
-        free(m);
-        return ATRIUM_E_INVAL;
-    }
-    h = host;
-    const atrium_route routes[] = {
-        {.method = "GET", .path = "/_matrix/client/v1/media/config", .handler = get_config, .arg = m},
-        {.method = "GET", .path = "/_matrix/media/v3/config", .handler = get_config, .arg = m},
-    };
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
-        int rc = host->route_add(self, &routes[i]);
-        if (rc < 0) {
-            free(m);
-            return rc;
-        }
+    pthread_mutex_init(&m->upload_mu, NULL);
+    media_host = host;
+    snprintf(m->server_name, sizeof(m->server_name), "%s", host->server_name());
+    int rc = read_settings(m, cfg);
+    if (rc == 0) rc = thumbnails_init(m);
+    if (rc == 0) rc = create_mechanisms(m);
+    if (rc == 0) rc = host->db_migrations(self, MEDIA_MIGRATIONS, MEDIA_N_MIGRATIONS);
+    if (rc == 0) rc = register_routes(m);
+    if (rc < 0) {
+        media_free(m);
+        return rc;
     }
     *state = m;
     return 0;
 }
 
-static void media_fini(void *state)
+/* The descriptors media work may hold at once, against the process's limit. */
+static void check_descriptor_budget(media *m)
 {
-    free(state);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0) return;
+    long need = (long)m->cfg.delivery_slots + (long)m->cfg.render_threads * FDS_PER_RENDER +
+                2L * m->cfg.io_threads;
+    if (need > (long)rl.rlim_cur / 2)
+        m->h->log(m->self, ATRIUM_LOG_WARN,
+                  "media may hold %ld file descriptors at once (delivery_slots + renders + io) "
+                  "of the %ld this process may open: lower plugins.media.delivery_slots or "
+                  "raise the limit (ulimit -n), and keep server.http.fd_reserve above %ld",
+                  need, (long)rl.rlim_cur, need);
 }
 
-ATRIUM_PLUGIN(.name = "media", .version = "0.1.0", .provides = "media/1", .init = media_init,
-              .fini = media_fini)
+static int media_start(void *state)
+{
+    media *m = state;
+    int rc = render_global_init(m);
+    if (rc < 0) return rc;
+    m->vips_started = true;
+    rc = store_init(m);
+    if (rc < 0) return rc;
+    int removed = store_sweep(m);
+    m->h->log(m->self, ATRIUM_LOG_INFO,
+              "media store %s ready (%d temp leftover(s) removed); %d delivery slots, %d "
+              "render threads",
+              m->cfg.store_path, removed, m->cfg.delivery_slots, m->cfg.render_threads);
+    check_descriptor_budget(m);
+    return 0;
+}
+
+static void media_fini(void *state)
+{
+    media *m = state;
+    if (!m) return; /* init failed: nothing was kept */
+    if (m->vips_started) render_global_fini();
+    media_free(m);
+}
+
+ATRIUM_PLUGIN(.name = "media", .version = "1.0.0", .provides = "media/1", .init = media_init,
+              .start = media_start, .fini = media_fini)

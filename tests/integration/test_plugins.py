@@ -7,6 +7,7 @@ import unittest
 
 from common import AtriumTestCase, testplug, with_testplug
 from harness import Server, ServerError, test_plugin_dir
+from media_support import register
 
 
 class LoaderTest(AtriumTestCase):
@@ -35,8 +36,10 @@ class LoaderTest(AtriumTestCase):
         self.assertEqual(srv.json("GET", "/_matrix/client/v3/publicRooms")[0], 200)
 
     def test_enabled_media_plugin_answers_its_config_from_its_settings(self):
-        srv = self.start_server(plugins={"media": {"enabled": True, "max_upload_size": 1234567}})
-        self.assertEqual(srv.json("GET", "/_matrix/client/v1/media/config"),
+        srv = self.start_server(plugins={"media": {"enabled": True, "max_upload_size": 1234567}},
+                                settings={"registration": {"enabled": True}})
+        _, token = register(srv)  # the media config needs an access token (spec v1.11)
+        self.assertEqual(srv.json("GET", "/_matrix/client/v1/media/config", token=token),
                          (200, {"m.upload.size": 1234567}))
 
     def test_two_plugins_providing_one_interface_stop_start_up(self):

@@ -17,6 +17,7 @@ ATRIUM_BUILD_PACKAGES=(
     build-essential cmake pkg-config
     libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libwebp-dev
     libjansson-dev libsodium-dev libyaml-dev libcmocka-dev
+    libvips-dev  # media plugin: image decoding (links libwebp, libjpeg, libpng, giflib)
     python3
 )
 
@@ -29,12 +30,15 @@ ATRIUM_RUNTIME_PACKAGES=(
 # Running the test suite (tests/run.sh) on top of build + runtime (the integration tests
 # need python3, already a build package, plus psql and curl from the runtime list).
 ATRIUM_TEST_PACKAGES=(
-    # --- E2E tests (matrix-js-sdk), added by a later issue: put nodejs and npm here. ---
+    libvips-tools  # media tests: `vips`/`vipsheader` make JPEGs and decode WebP answers
+    # The E2E tests (matrix-js-sdk) need Node.js >= 20, which the machines bring;
+    # tests/run.sh installs Debian's nodejs and npm only where node is missing.
 )
 
 # Load figures (bench/).
 ATRIUM_BENCH_PACKAGES=(
     wrk
+    nginx-light libvips-tools  # bench/media_*.sh: the baselines beside Atrium
 )
 
 # Set once `apt-get update` has run in this process.

@@ -1,0 +1,320 @@
+/*
+ * plugins/media/db.c - the media plugin's SQL: its migrations (owner "media") and every
+ * query it runs.
+ *
+ * Tables: media_local holds one row per local media ID - who created it and when, and,
+ * once its bytes arrived, their SHA-256, size, declared type, file name and image header
+ * facts (width, height, frames); quarantine marks live on the row (by ID) or in
+ * media_quarantined_hashes (by content, so a re-upload of refused bytes stays refused).
+ * A row with uploaded_ts NULL is a reservation from /create waiting for its PUT.
+ *
+ * Every function takes a connection the caller borrowed (db_acquire) and gives back
+ * MEDIA_DB_OK / MEDIA_DB_NOTFOUND or ATRIUM_E_DB after logging PostgreSQL's message.
+ * Parameters travel as text; no SQL is ever assembled from client input.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "media.h"
+
+#define I64_CHARS 24
+
+const atrium_migration MEDIA_MIGRATIONS[] = {
+    {1, "media_local",
+     "CREATE TABLE media_local ("
+     " media_id text PRIMARY KEY,"
+     " user_id text NOT NULL,"
+     " created_ts bigint NOT NULL,"
+     " expires_ts bigint,"
+     " uploaded_ts bigint,"
+     " content_type text,"
+     " upload_name text,"
+     " size_bytes bigint,"
+     " sha256 text,"
+     " width integer, height integer, frames integer,"
+     " quarantined_by text,"
+     " quarantined_ts bigint,"
+     " safe_from_quarantine boolean NOT NULL DEFAULT false);"
+     "CREATE INDEX media_local_user ON media_local (user_id, created_ts);"
+     "CREATE INDEX media_local_sha256 ON media_local (sha256);"
+     "CREATE TABLE media_quarantined_hashes ("
+     " sha256 text PRIMARY KEY,"
+     " quarantined_by text NOT NULL,"
+     " quarantined_ts bigint NOT NULL);"},
+};
+const size_t MEDIA_N_MIGRATIONS = sizeof(MEDIA_MIGRATIONS) / sizeof(MEDIA_MIGRATIONS[0]);
+
+/* The columns media_row is read from, in parse_row's order. */
+#define ROW_COLUMNS                                                                                \
+    "m.media_id, m.user_id, coalesce(m.content_type, ''), coalesce(m.upload_name, ''),"            \
+    " coalesce(m.sha256, ''), m.created_ts, coalesce(m.expires_ts, 0),"                            \
+    " coalesce(m.uploaded_ts, 0), coalesce(m.size_bytes, 0), coalesce(m.width, 0),"                \
+    " coalesce(m.height, 0), coalesce(m.frames, 0),"                                               \
+    " coalesce(m.quarantined_by, q.quarantined_by, ''),"                                           \
+    " (m.quarantined_by IS NOT NULL OR q.sha256 IS NOT NULL), m.safe_from_quarantine"
+#define ROW_FROM " FROM media_local m LEFT JOIN media_quarantined_hashes q ON q.sha256 = m.sha256"
+
+static PGresult *run(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *sql, int n,
+                     const char *const *params, ExecStatusType want)
+{
+    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) == want) return res;
+    h->log(self, ATRIUM_LOG_ERROR, "media query failed: %s",
+           res ? PQresultErrorMessage(res) : PQerrorMessage(c));
+    PQclear(res);
+    return NULL;
+}
+
+static void copy_field(char *dst, size_t cap, const PGresult *res, int row, int col)
+{
+    snprintf(dst, cap, "%s", PQgetvalue(res, row, col));
+}
+
+static int64_t i64_field(const PGresult *res, int row, int col)
+{
+    return strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+static void parse_row(const PGresult *res, int i, media_row *r)
+{
+    memset(r, 0, sizeof(*r));
+    copy_field(r->media_id, sizeof(r->media_id), res, i, 0);
+    copy_field(r->user_id, sizeof(r->user_id), res, i, 1);
+    copy_field(r->content_type, sizeof(r->content_type), res, i, 2);
+    copy_field(r->upload_name, sizeof(r->upload_name), res, i, 3);
+    copy_field(r->sha256, sizeof(r->sha256), res, i, 4);
+    r->created_ts = i64_field(res, i, 5);
+    r->expires_ts = i64_field(res, i, 6);
+    r->uploaded_ts = i64_field(res, i, 7);
+    r->uploaded = r->uploaded_ts > 0;
+    r->size_bytes = i64_field(res, i, 8);
+    r->width = (int)i64_field(res, i, 9);
+    r->height = (int)i64_field(res, i, 10);
+    r->frames = (int)i64_field(res, i, 11);
+    copy_field(r->quarantined_by, sizeof(r->quarantined_by), res, i, 12);
+    r->quarantined = PQgetvalue(res, i, 13)[0] == 't';
+    r->safe_from_quarantine = PQgetvalue(res, i, 14)[0] == 't';
+}
+
+int media_db_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
+                 media_row *out)
+{
+    const char *p[] = {media_id};
+    PGresult *res = run(h, self, c, "SELECT " ROW_COLUMNS ROW_FROM " WHERE m.media_id = $1", 1, p,
+                        PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    int rc = PQntuples(res) == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+    if (rc == MEDIA_DB_OK) parse_row(res, 0, out);
+    PQclear(res);
+    return rc;
+}
+
+static const char *opt(const char *s)
+{
+    return s && *s ? s : NULL; /* "" is stored as NULL */
+}
+
+static const char *dims(int v, char *buf)
+{
+    if (v <= 0) return NULL;
+    snprintf(buf, I64_CHARS, "%d", v);
+    return buf;
+}
+
+int media_db_insert(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r)
+{
+    char created[I64_CHARS], size[I64_CHARS], w[I64_CHARS], hh[I64_CHARS], f[I64_CHARS];
+    snprintf(created, sizeof(created), "%" PRId64, r->created_ts);
+    snprintf(size, sizeof(size), "%" PRId64, r->size_bytes);
+    const char *p[] = {
+        r->media_id, r->user_id, created,           opt(r->content_type), opt(r->upload_name),
+        size,        r->sha256,  dims(r->width, w), dims(r->height, hh),  dims(r->frames, f)};
+    PGresult *res = run(h, self, c,
+                        "INSERT INTO media_local (media_id, user_id, created_ts, uploaded_ts,"
+                        " content_type, upload_name, size_bytes, sha256, width, height, frames)"
+                        " VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8, $9, $10)",
+                        10, p, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    PQclear(res);
+    return MEDIA_DB_OK;
+}
+
+int media_db_create(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
+                    const char *user_id, int64_t now, int64_t expires, int max_pending)
+{
+    char now_s[I64_CHARS], exp_s[I64_CHARS], max_s[I64_CHARS];
+    snprintf(now_s, sizeof(now_s), "%" PRId64, now);
+    snprintf(exp_s, sizeof(exp_s), "%" PRId64, expires);
+    snprintf(max_s, sizeof(max_s), "%d", max_pending);
+    const char *p[] = {media_id, user_id, now_s, exp_s, max_s};
+    /* The pending cap and the insert in one statement. */
+    PGresult *res = run(h, self, c,
+                        "INSERT INTO media_local (media_id, user_id, created_ts, expires_ts)"
+                        " SELECT $1, $2, $3::bigint, $4::bigint WHERE (SELECT count(*)"
+                        " FROM media_local WHERE user_id = $2 AND uploaded_ts IS NULL"
+                        " AND expires_ts > $3::bigint) < $5::bigint",
+                        5, p, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    int inserted = atoi(PQcmdTuples(res));
+    PQclear(res);
+    return inserted == 1 ? MEDIA_DB_OK : ATRIUM_E_LIMIT;
+}
+
+int media_db_exec(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *sql)
+{
+    PGresult *res = run(h, self, c, sql, 0, NULL, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    PQclear(res);
+    return MEDIA_DB_OK;
+}
+
+int media_db_lock_pending(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                          const char *media_id, media_row *out)
+{
+    const char *p[] = {media_id};
+    PGresult *res =
+        run(h, self, c, "SELECT " ROW_COLUMNS ROW_FROM " WHERE m.media_id = $1 FOR UPDATE OF m", 1,
+            p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    int rc = PQntuples(res) == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+    if (rc == MEDIA_DB_OK) parse_row(res, 0, out);
+    PQclear(res);
+    return rc;
+}
+
+int media_db_complete(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r)
+{
+    char up[I64_CHARS], size[I64_CHARS], w[I64_CHARS], hh[I64_CHARS], f[I64_CHARS];
+    snprintf(up, sizeof(up), "%" PRId64, r->uploaded_ts);
+    snprintf(size, sizeof(size), "%" PRId64, r->size_bytes);
+    const char *p[] = {r->media_id,
+                       up,
+                       opt(r->content_type),
+                       opt(r->upload_name),
+                       size,
+                       r->sha256,
+                       dims(r->width, w),
+                       dims(r->height, hh),
+                       dims(r->frames, f)};
+    PGresult *res = run(h, self, c,
+                        "UPDATE media_local SET uploaded_ts = $2, expires_ts = NULL,"
+                        " content_type = $3, upload_name = $4, size_bytes = $5, sha256 = $6,"
+                        " width = $7, height = $8, frames = $9"
+                        " WHERE media_id = $1 AND uploaded_ts IS NULL",
+                        9, p, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    int n = atoi(PQcmdTuples(res));
+    PQclear(res);
+    return n == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+}
+
+int media_db_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                            const char *media_id, const char *by)
+{
+    char now[I64_CHARS];
+    snprintf(now, sizeof(now), "%" PRId64, media_wall_ms());
+    const char *p[] = {media_id, by, by ? now : NULL};
+    PGresult *res = run(h, self, c,
+                        "UPDATE media_local SET quarantined_by = $2, quarantined_ts = $3"
+                        " WHERE media_id = $1 AND ($2::text IS NULL OR NOT safe_from_quarantine)",
+                        3, p, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    int n = atoi(PQcmdTuples(res));
+    PQclear(res);
+    return n == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+}
+
+int media_db_set_hash_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                                 const char *sha256, const char *by)
+{
+    char now[I64_CHARS];
+    snprintf(now, sizeof(now), "%" PRId64, media_wall_ms());
+    const char *add[] = {sha256, by, now};
+    const char *del[] = {sha256};
+    PGresult *res =
+        by ? run(h, self, c,
+                 "INSERT INTO media_quarantined_hashes (sha256, quarantined_by, quarantined_ts)"
+                 " VALUES ($1, $2, $3) ON CONFLICT (sha256) DO NOTHING",
+                 3, add, PGRES_COMMAND_OK)
+           : run(h, self, c, "DELETE FROM media_quarantined_hashes WHERE sha256 = $1", 1, del,
+                 PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    PQclear(res);
+    return MEDIA_DB_OK;
+}
+
+int media_db_delete(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
+                    bool *sha_still_used, char sha_out[SHA256_HEX_CHARS + 1])
+{
+    const char *p[] = {media_id};
+    PGresult *res = run(h, self, c,
+                        "DELETE FROM media_local WHERE media_id = $1 RETURNING"
+                        " coalesce(sha256, ''), EXISTS (SELECT 1 FROM media_local o"
+                        " WHERE o.sha256 = media_local.sha256 AND o.media_id <> $1)",
+                        1, p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    int rc = PQntuples(res) == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+    if (rc == MEDIA_DB_OK) {
+        snprintf(sha_out, SHA256_HEX_CHARS + 1, "%s", PQgetvalue(res, 0, 0));
+        *sha_still_used = PQgetvalue(res, 0, 1)[0] == 't';
+    }
+    PQclear(res);
+    return rc;
+}
+
+/* One row as the Synapse admin API shows a user's media. */
+static json_t *admin_item(const media_row *r)
+{
+    json_t *o = json_pack("{s:s, s:I, s:I, s:b}", "media_id", r->media_id, "created_ts",
+                          (json_int_t)r->created_ts, "media_length", (json_int_t)r->size_bytes,
+                          "safe_from_quarantine", r->safe_from_quarantine);
+    if (!o) return NULL;
+    json_object_set_new(o, "media_type",
+                        r->content_type[0] ? json_string(r->content_type) : json_null());
+    json_object_set_new(o, "upload_name",
+                        r->upload_name[0] ? json_string(r->upload_name) : json_null());
+    json_object_set_new(o, "quarantined_by",
+                        r->quarantined_by[0] ? json_string(r->quarantined_by) : json_null());
+    json_object_set_new(o, "last_access_ts", json_null());
+    return o;
+}
+
+int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *user_id,
+                       int64_t from, int64_t limit, bool newest_first, json_t **out, int64_t *total)
+{
+    char from_s[I64_CHARS], limit_s[I64_CHARS];
+    snprintf(from_s, sizeof(from_s), "%" PRId64, from);
+    snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit);
+    const char *p[] = {user_id, limit_s, from_s};
+    PGresult *res = run(h, self, c,
+                        newest_first ? "SELECT " ROW_COLUMNS ROW_FROM " WHERE m.user_id = $1"
+                                       " ORDER BY m.created_ts DESC, m.media_id LIMIT $2 OFFSET $3"
+                                     : "SELECT " ROW_COLUMNS ROW_FROM " WHERE m.user_id = $1"
+                                       " ORDER BY m.created_ts ASC, m.media_id LIMIT $2 OFFSET $3",
+                        3, p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    json_t *arr = json_array();
+    media_row r;
+    for (int i = 0; arr && i < PQntuples(res); i++) {
+        parse_row(res, i, &r);
+        json_t *item = admin_item(&r);
+        if (!item || json_array_append_new(arr, item) < 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    PQclear(res);
+    if (!arr) return ATRIUM_E_NOMEM;
+    res = run(h, self, c, "SELECT count(*) FROM media_local WHERE user_id = $1", 1, p,
+              PGRES_TUPLES_OK);
+    if (!res) {
+        json_decref(arr);
+        return ATRIUM_E_DB;
+    }
+    *total = i64_field(res, 0, 0);
+    PQclear(res);
+    *out = arr;
+    return MEDIA_DB_OK;
+}

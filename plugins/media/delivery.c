@@ -1,0 +1,386 @@
+/*
+ * plugins/media/delivery.c - how every GET/HEAD of media content begins: the delivery
+ * line, then authorization, then the media row, the trust-and-safety policy and the wait
+ * for an asynchronous upload; plus what every success and every failure says.
+ *
+ * Decisions owned here (DESIGN §5 "Delivery (held to the last byte)"):
+ *   - a delivery slot is taken before anything else, in a fair parked line keyed by the
+ *     client's address (tokens are not verified yet, so they are never keys); the slot is
+ *     a hold, released by the core after the last body byte or when the client leaves;
+ *   - the access token is checked only once the slot is held, so a request that waited
+ *     is judged by the token's state when it is served (a revoked token is refused);
+ *   - past the line: 429 with retry_after_ms, Retry-After and no-store;
+ *   - quarantined media (by ID or by content hash) is 404 M_NOT_FOUND, exactly like
+ *     media that does not exist;
+ *   - a download of created-but-empty media waits parked (no thread) up to timeout_ms,
+ *     re-reading its row when the upload lands here or every UPLOAD_RECHECK_MS (the
+ *     upload may land in another process), then 504 M_NOT_YET_UPLOADED;
+ *   - successful media responses carry the sandboxing CSP, CORP cross-origin,
+ *     `Cache-Control: private, max-age=86400`, nosniff and the ETag; failures carry
+ *     no-store (host->respond_error adds it).
+ * JSON endpoints, /health and /versions never come here, so they never wait.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "media.h"
+
+#define UPLOAD_RECHECK_MS 2000
+#define LOCATE_AGAIN (MEDIA_GO + 1) /* await_upload: the row changed, read it again */
+#define CSP_VALUE                                                                                  \
+    "sandbox; default-src 'none'; script-src 'none'; plugin-types application/pdf; "               \
+    "style-src 'unsafe-inline'; object-src 'self';"
+#define CACHE_SUCCESS "private, max-age=86400"
+
+media_req *media_req_state(media *m, atrium_req *req)
+{
+    const atrium_host *h = m->h;
+    media_req *st = h->req_state(req);
+    if (st) return st;
+    st = h->req_alloc(req, sizeof(*st));
+    if (!st) {
+        h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+        return NULL;
+    }
+    memset(st, 0, sizeof(*st));
+    h->req_set_state(req, st);
+    return st;
+}
+
+size_t media_bucket(const char *key)
+{
+    uint64_t x = 1469598103934665603ull; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
+        x ^= *p;
+        x *= 1099511628211ull;
+    }
+    return (size_t)(x % MEDIA_EVENT_BUCKETS);
+}
+
+int64_t media_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int media_reply(media *m, atrium_req *req, json_t *body)
+{
+    return m->h->respond_json(req, 200, body) < 0 ? ATRIUM_E_NOMEM : ATRIUM_DONE;
+}
+
+/* ---- the line and authorization ----------------------------------------------------- */
+
+const char *media_authenticate(media *m, atrium_req *req)
+{
+    const char *user = m->h->req_authenticate(req);
+    /* The host's 401 M_UNKNOWN_TOKEN carries no Cache-Control (its M_MISSING_TOKEN and 503
+     * do): every media failure must say no-store. A repeated no-store is harmless. */
+    if (!user) m->h->respond_header(req, "Cache-Control", "no-store");
+    return user;
+}
+
+typedef struct delivering_hold {
+    media *m;
+} delivering_hold;
+
+static void delivering_release(void *arg)
+{
+    delivering_hold *d = arg;
+    d->m->h->metric_add(d->m->m_delivering, -1);
+}
+
+/* The admission rule's answer for a request the line did not take. */
+static int refuse_admission(media *m, atrium_req *req, int rc)
+{
+    const atrium_host *h = m->h;
+    switch (rc) {
+    case ATRIUM_E_LIMIT:
+        h->respond_limited(req, m->cfg.delivery_retry_after_ms,
+                           "Too many media requests are waiting; retry shortly");
+        return ATRIUM_DONE;
+    case ATRIUM_E_TIMEOUT:
+        h->respond_limited(req, m->cfg.delivery_retry_after_ms,
+                           "Waited too long for a media delivery slot; retry shortly");
+        return ATRIUM_DONE;
+    case ATRIUM_E_STOPPED:
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    default: return rc < 0 ? rc : ATRIUM_E_STATE;
+    }
+}
+
+/* Track how many authorizations run at once, and the most ever seen. */
+static void authorizing_begin(media *m)
+{
+    int now = atomic_fetch_add(&m->authorizing, 1) + 1;
+    m->h->metric_add(m->m_authorizing, 1);
+    int peak = atomic_load(&m->authorizing_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&m->authorizing_peak, &peak, now)) {
+    }
+    if (now > peak) m->h->metric_set(m->m_authorizing_peak, now);
+}
+
+static void authorizing_end(media *m)
+{
+    atomic_fetch_sub(&m->authorizing, 1);
+    m->h->metric_add(m->m_authorizing, -1);
+}
+
+int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate)
+{
+    const atrium_host *h = m->h;
+    if (h->req_run_reason(req) == ATRIUM_RUN_SHUTDOWN) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    if (!st->admitted) {
+        int rc = h->line_admit(req, m->delivery);
+        if (rc == ATRIUM_PARKED) return ATRIUM_PARKED;
+        if (rc != ATRIUM_OK) return refuse_admission(m, req, rc);
+        st->admitted = true;
+        delivering_hold *d = h->req_alloc(req, sizeof(*d));
+        if (d) {
+            d->m = m;
+            h->metric_add(m->m_delivering, 1);
+            h->req_hold(req, delivering_release, d);
+        }
+    }
+    if (!authenticate) return MEDIA_GO;
+    authorizing_begin(m);
+    const char *user = media_authenticate(m, req);
+    authorizing_end(m);
+    if (!st->counted_auth) {
+        st->counted_auth = true;
+        h->metric_add(m->m_authorizations, 1);
+    }
+    return user ? MEDIA_GO : ATRIUM_DONE;
+}
+
+/* ---- the media row -------------------------------------------------------------------- */
+
+/* Remote media (another server's name in the path). Fetching over federation is a later
+ * feature; until then such media does not exist here. */
+static int remote_media(media *m, atrium_req *req, const char *server)
+{
+    m->h->respond_error(req, 404, "M_NOT_FOUND",
+                        "Media from %s is not available: this server does not fetch remote "
+                        "media yet",
+                        server);
+    return ATRIUM_DONE;
+}
+
+static int read_row(media *m, atrium_req *req, media_req *st, const char *media_id)
+{
+    const atrium_host *h = m->h;
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    if (!c) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
+        return ATRIUM_DONE;
+    }
+    int rc = media_db_get(h, m->self, c, media_id, &st->row);
+    h->db_release(c);
+    if (rc == ATRIUM_E_DB) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
+        return ATRIUM_DONE;
+    }
+    if (rc == MEDIA_DB_NOTFOUND) {
+        h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+        return ATRIUM_DONE;
+    }
+    st->have_row = true;
+    return MEDIA_GO;
+}
+
+/* timeout_ms of a download of not-yet-uploaded media: default, capped; -1 when invalid. */
+static int64_t wait_for_upload_ms(media *m, atrium_req *req)
+{
+    const char *v = m->h->req_query(req, "timeout_ms");
+    if (!v) return m->cfg.upload_wait_default_ms;
+    char *end;
+    errno = 0;
+    long long ms = strtoll(v, &end, 10);
+    if (errno || end == v || *end || ms < 0) return -1;
+    return ms > m->cfg.upload_wait_max_ms ? m->cfg.upload_wait_max_ms : ms;
+}
+
+static void upload_waiter_release(void *arg)
+{
+    media *m = arg;
+    atomic_fetch_sub(&m->upload_waiters, 1);
+    m->h->metric_add(m->m_upload_waiters, -1);
+}
+
+/* Count the request among those waiting for an upload until it ends (a hold); false when
+ * half the delivery slots already wait so. */
+static bool upload_waiter_enter(media *m, atrium_req *req)
+{
+    int cap = m->cfg.delivery_slots / 2 > 0 ? m->cfg.delivery_slots / 2 : 1;
+    if (atomic_fetch_add(&m->upload_waiters, 1) >= cap) {
+        atomic_fetch_sub(&m->upload_waiters, 1);
+        return false;
+    }
+    m->h->metric_add(m->m_upload_waiters, 1);
+    return m->h->req_hold(req, upload_waiter_release, m) == 0;
+}
+
+/* The row says "created, not uploaded": wait parked, or answer. */
+static int await_upload(media *m, atrium_req *req, media_req *st, uint64_t gen)
+{
+    const atrium_host *h = m->h;
+    const media_row *row = &st->row;
+    int64_t now = h->now_ms();
+    if (row->expires_ts > 0 && row->expires_ts <= media_wall_ms()) {
+        h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+        return ATRIUM_DONE;
+    }
+    if (!st->waiting_upload) {
+        int64_t wait_ms = wait_for_upload_ms(m, req);
+        if (wait_ms < 0) {
+            h->respond_error(req, 400, "M_INVALID_PARAM",
+                             "timeout_ms must be a non-negative integer");
+            return ATRIUM_DONE;
+        }
+        /* A waiter keeps its delivery slot: at most half the slots may wait for uploads,
+         * the others give up at once (the spec lets a server answer before timeout_ms). */
+        if (wait_ms > 0 && !upload_waiter_enter(m, req)) wait_ms = 0;
+        st->waiting_upload = true;
+        st->upload_deadline_ms = now + wait_ms;
+    }
+    if (now >= st->upload_deadline_ms) {
+        h->metric_add(m->m_not_yet_uploaded, 1);
+        h->respond_error(req, 504, "M_NOT_YET_UPLOADED",
+                         "The media has not been uploaded yet; retry later");
+        return ATRIUM_DONE;
+    }
+    size_t b = media_bucket(row->media_id);
+    int64_t until = st->upload_deadline_ms;
+    if (until > now + UPLOAD_RECHECK_MS) until = now + UPLOAD_RECHECK_MS;
+    /* Park under upload_mu: an upload that landed after our read bumped the generation
+     * (re-read now); one that lands later finds us linked to the event. */
+    pthread_mutex_lock(&m->upload_mu);
+    if (m->upload_gen[b] != gen) {
+        pthread_mutex_unlock(&m->upload_mu);
+        st->have_row = false;
+        return LOCATE_AGAIN;
+    }
+    int rc = h->park(req, m->events[b], until);
+    pthread_mutex_unlock(&m->upload_mu);
+    if (rc != 0) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    st->have_row = false; /* re-read when woken */
+    return ATRIUM_PARKED;
+}
+
+int delivery_locate(media *m, atrium_req *req, media_req *st, bool legacy)
+{
+    const atrium_host *h = m->h;
+    const char *server = h->req_param(req, "serverName");
+    const char *media_id = h->req_param(req, "mediaId");
+    if (!server || !media_server_name_valid(server)) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "Invalid server name");
+        return ATRIUM_DONE;
+    }
+    if (!media_id || !media_id_valid(media_id)) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "Invalid media ID");
+        return ATRIUM_DONE;
+    }
+    if (strcmp(server, m->server_name) != 0) return remote_media(m, req, server);
+    for (;;) {
+        uint64_t gen = 0;
+        if (!st->have_row) {
+            pthread_mutex_lock(&m->upload_mu);
+            gen = m->upload_gen[media_bucket(media_id)];
+            pthread_mutex_unlock(&m->upload_mu);
+            int rc = read_row(m, req, st, media_id);
+            if (rc != MEDIA_GO) return rc;
+        }
+        const media_row *row = &st->row;
+        if (row->quarantined) {
+            h->metric_add(m->m_refused_policy, 1);
+            h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+            return ATRIUM_DONE;
+        }
+        if (legacy && m->cfg.legacy_freeze_ts > 0 && row->created_ts >= m->cfg.legacy_freeze_ts) {
+            h->respond_error(req, 404, "M_NOT_FOUND",
+                             "Media not found: media uploaded since the freeze is served only "
+                             "by the authenticated /_matrix/client/v1/media endpoints");
+            return ATRIUM_DONE;
+        }
+        if (row->uploaded) return MEDIA_GO;
+        int rc = await_upload(m, req, st, gen);
+        if (rc != LOCATE_AGAIN) return rc;
+    }
+}
+
+void delivery_upload_landed(media *m, const char *media_id)
+{
+    size_t b = media_bucket(media_id);
+    pthread_mutex_lock(&m->upload_mu);
+    m->upload_gen[b]++;
+    pthread_mutex_unlock(&m->upload_mu);
+    m->h->event_signal(m->events[b]);
+}
+
+/* ---- what responses say ---------------------------------------------------------------- */
+
+void delivery_success_headers(media *m, atrium_req *req, const char *etag)
+{
+    const atrium_host *h = m->h;
+    h->respond_header(req, "Content-Security-Policy", CSP_VALUE);
+    h->respond_header(req, "Cross-Origin-Resource-Policy", "cross-origin");
+    h->respond_header(req, "Cache-Control", CACHE_SUCCESS);
+    h->respond_header(req, "X-Content-Type-Options", "nosniff");
+    if (etag) h->respond_header(req, "ETag", etag);
+}
+
+int delivery_not_modified(media *m, atrium_req *req, const char *etag)
+{
+    int rc = m->h->respond_buffer(req, 304, NULL, "", 0);
+    if (rc < 0) return rc;
+    delivery_success_headers(m, req, etag);
+    return ATRIUM_DONE;
+}
+
+int delivery_open(media *m, atrium_req *req, const char *path, uint64_t *size)
+{
+    const atrium_host *h = m->h;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int err = errno;
+        if (err == EMFILE || err == ENFILE) {
+            h->log(m->self, ATRIUM_LOG_WARN,
+                   "out of file descriptors opening media (%s): lower "
+                   "plugins.media.delivery_slots or raise the descriptor limit",
+                   strerror(err));
+            h->respond_error(req, 503, "M_UNKNOWN", "The server is busy; retry shortly");
+        } else if (err == ENOENT) {
+            h->log(m->self, ATRIUM_LOG_ERROR,
+                   "media file %s is missing although its row exists: restore it from a "
+                   "backup or delete the media",
+                   path);
+            h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+        } else {
+            h->log(m->self, ATRIUM_LOG_ERROR, "cannot open %s: %s", path, strerror(err));
+            h->respond_error(req, 500, "M_UNKNOWN", "The media file could not be read");
+        }
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) < 0) {
+        h->log(m->self, ATRIUM_LOG_ERROR, "cannot stat %s: %s", path, strerror(errno));
+        close(fd);
+        h->respond_error(req, 500, "M_UNKNOWN", "The media file could not be read");
+        return -1;
+    }
+    *size = (uint64_t)sb.st_size;
+    return fd;
+}

@@ -1,0 +1,348 @@
+/*
+ * plugins/media/media.h - what the files of the media plugin share: the plugin object,
+ * its settings, the media row, the per-request state, and each file's entry points.
+ *
+ * The plugin is built only against include/atrium/ (plus libc, jansson, libpq, libvips
+ * and libwebp); nothing here reaches into the core. One `media` object exists per loaded
+ * plugin; every route carries it as its argument (req_route_arg), and pool tasks carry it
+ * in their job, so no file keeps state of its own (media_host, the host table set once in
+ * init, is the only global). Which file owns which decision:
+ *   media.c     settings, routes, lifecycle, the config endpoint
+ *   delivery.c  the delivery line, authorization after admission, the media look-up and
+ *               the wait for asynchronous uploads (every GET/HEAD of content passes here)
+ *   download.c  serving an original: conditional requests, ranges, the file
+ *   headers.c   the header rules (disposition, inline list, ETag, Range parsing, IDs)
+ *   sizes.c     thumbnail sizes: parsing the setting and choosing one for a request
+ *   thumbnail.c thumbnail requests: one render per key, parked waiters, fallbacks
+ *   render.c    decoding (libvips, untrusted loaders blocked) and WebP encoding (libwebp)
+ *   store.c     the files on disk: layout, durable atomic writes, the start-up sweep
+ *   db.c        the SQL: migrations and every query
+ *   upload.c    upload, create and the asynchronous upload PUT
+ *   admin.c     the Synapse-shaped admin API
+ *   verify.c    checking every original against its recorded SHA-256 (admin and CLI)
+ */
+#ifndef MEDIA_H
+#define MEDIA_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "atrium/host.h"
+#include "sha256.h"
+
+/* ---- limits ---------------------------------------------------------------------------- */
+
+#define MEDIA_ID_GENERATED_CHARS 24 /* length of the IDs this server mints */
+#define MEDIA_ID_MAX_CHARS 255      /* longest media ID accepted in a path */
+#define MEDIA_SERVER_NAME_MAX_CHARS 255
+#define MEDIA_USER_ID_MAX_BYTES 255 /* the spec's limit for user IDs */
+#define MEDIA_TYPE_MAX_BYTES 255    /* a Content-Type stored with an upload */
+#define MEDIA_NAME_MAX_BYTES 1023   /* an upload's file name (UTF-8) */
+#define MEDIA_MAX_SIZES 16          /* configured thumbnail sizes */
+#define MEDIA_THUMB_MAX_SIDE 10000  /* largest width/height a thumbnail request may ask */
+#define MEDIA_EVENT_BUCKETS 64      /* events parked requests share, by key hash */
+#define MEDIA_DB_WAIT_MS 2000       /* longest wait for a database connection */
+#define MEDIA_PATH_MAX 1024
+
+/* ---- settings ---------------------------------------------------------------------------- */
+
+typedef struct media_size {
+    int width, height;
+    bool crop;     /* false: scale (fit in the box) */
+    bool animated; /* a request's variant of a size: every frame (never set in settings) */
+} media_size;
+
+typedef struct media_config {
+    int64_t max_upload_bytes;
+    const char *store_path;
+    int delivery_slots;
+    int delivery_queue;            /* requests that may wait for a slot */
+    int delivery_queue_per_client; /* of which from one client key (0 = no cap) */
+    int64_t delivery_wait_ms;
+    int64_t delivery_retry_after_ms; /* suggested to clients refused by a full line */
+    media_size sizes[MEDIA_MAX_SIZES];
+    size_t n_sizes;
+    int64_t max_image_pixels;
+    int render_threads, render_queue;
+    int64_t render_wait_ms; /* how long a thumbnail request waits for its render */
+    int io_threads, io_queue;
+    int max_pending_uploads;  /* created and not yet uploaded, per user */
+    int64_t unused_expiry_ms; /* how long a created media ID waits for its upload */
+    int64_t upload_wait_default_ms, upload_wait_max_ms; /* timeout_ms on downloads */
+    bool legacy_media;        /* serve the unauthenticated /_matrix/media/v3 paths */
+    int64_t legacy_freeze_ts; /* media created at or after this (ms) is frozen there; 0 = none */
+} media_config;
+
+/* ---- the plugin object -------------------------------------------------------------- */
+
+typedef struct render_table render_table;
+
+typedef struct media {
+    const atrium_host *h;
+    atrium_plugin *self;
+    media_config cfg;
+    char server_name[MEDIA_SERVER_NAME_MAX_CHARS + 1];
+
+    atrium_line *delivery;
+    atrium_pool *render_pool, *io_pool;
+    atrium_event *events[MEDIA_EVENT_BUCKETS];
+    atrium_ratelimit *rl_upload;
+
+    /* Asynchronous uploads: a generation per event bucket, bumped when an upload lands,
+     * so a download that read "not yet uploaded" cannot miss the wake-up. */
+    pthread_mutex_t upload_mu;
+    uint64_t upload_gen[MEDIA_EVENT_BUCKETS];
+
+    render_table *renders;
+    bool vips_started;
+
+    atomic_int authorizing, authorizing_peak;
+    atomic_int upload_waiters; /* requests waiting (with their slot) for an upload */
+    atrium_metric *m_uploads, *m_upload_bytes, *m_downloads, *m_thumbnails;
+    atrium_metric *m_renders_ok, *m_renders_failed, *m_renders_running, *m_render_coalesced;
+    atrium_metric *m_authorizing, *m_authorizing_peak, *m_authorizations;
+    atrium_metric *m_delivering, *m_fallback_nearest, *m_fallback_unavailable;
+    atrium_metric *m_not_yet_uploaded, *m_refused_policy, *m_upload_waiters;
+} media;
+
+/* ---- a media row ------------------------------------------------------------------- */
+
+typedef struct media_row {
+    char media_id[MEDIA_ID_MAX_CHARS + 1];
+    char user_id[MEDIA_USER_ID_MAX_BYTES + 1];
+    char content_type[MEDIA_TYPE_MAX_BYTES + 1]; /* "" when unknown */
+    char upload_name[MEDIA_NAME_MAX_BYTES + 1];  /* "" when none */
+    char sha256[SHA256_HEX_CHARS + 1];           /* "" until uploaded */
+    int64_t created_ts, expires_ts, uploaded_ts; /* ms; uploaded_ts 0 = not yet */
+    int64_t size_bytes;
+    int width, height, frames; /* from the image header; 0 = not an image (or unknown) */
+    bool uploaded;
+    bool quarantined; /* by ID or by hash */
+    char quarantined_by[MEDIA_USER_ID_MAX_BYTES + 1];
+    bool safe_from_quarantine;
+} media_row;
+
+/* ---- per-request state (req_state), kept across re-runs ------------------------------- */
+
+typedef struct upload_state upload_state;
+
+typedef struct media_req {
+    bool admitted;     /* holds a delivery slot (a hold, released after the body) */
+    bool counted_auth; /* counted once in atrium_media_authorizations_total */
+    bool have_row;
+    media_row row;
+    bool waiting_upload; /* parked for an asynchronous upload */
+    int64_t upload_deadline_ms;
+    bool waiting_render; /* parked for a thumbnail render */
+    int64_t render_deadline_ms;
+    upload_state *up; /* upload routes only */
+} media_req;
+
+/* [req] The request's state, created on first use; NULL on OOM (a 500 is set). */
+media_req *media_req_state(media *m, atrium_req *req);
+/* The host table, set once in init before any route can run and never changed: the one
+ * way a handler reaches its plugin object. */
+extern const atrium_host *media_host;
+/* [req] The plugin object behind a route (every route's argument). */
+static inline media *media_of(atrium_req *req)
+{
+    return (media *)media_host->req_route_arg(req);
+}
+/* The event bucket for a key (a media ID, a thumbnail key). */
+size_t media_bucket(const char *key);
+/* Milliseconds since the Unix epoch (timestamps in rows). */
+int64_t media_wall_ms(void);
+
+/* ---- headers.c: the header rules (pure) --------------------------------------------- */
+
+bool media_id_valid(const char *id);
+bool media_server_name_valid(const char *name);
+/* Is the content type on the spec's inline allow-list (case-insensitive, parameters
+ * ignored)? */
+bool media_type_inline(const char *content_type);
+/* Is the type one a thumbnail may be served as (jpeg, png, gif, webp)? */
+bool media_type_thumbnail_safe(const char *content_type);
+/* Is a client-supplied Content-Type acceptable to store (printable ASCII, bounded)? */
+bool media_type_acceptable(const char *content_type);
+/* Is a client-supplied file name acceptable (valid UTF-8, no control characters,
+ * bounded)? */
+bool media_name_acceptable(const char *name);
+/* Content-Disposition: "inline"/"attachment", then filename="..." for ASCII names or
+ * filename*=utf-8''... (RFC 6266 / 8187) for others; no filename when name is NULL or
+ * empty. Returns 0, or -1 when out is too small. */
+int media_content_disposition(char *out, size_t cap, bool is_inline, const char *name);
+/* Does an If-None-Match header match the strong ETag (weak comparison, "*" matches)? */
+bool media_etag_matches(const char *if_none_match, const char *etag);
+
+enum media_range { MEDIA_RANGE_NONE = 0, MEDIA_RANGE_OK, MEDIA_RANGE_UNSATISFIABLE };
+/* Parse a Range header against a body of `size` bytes: MEDIA_RANGE_NONE when absent,
+ * malformed or multi-range (serve the whole body), _OK with [*start, *start + *len),
+ * or _UNSATISFIABLE (answer 416). */
+int media_parse_range(const char *range, uint64_t size, uint64_t *start, uint64_t *len);
+
+/* ---- sizes.c ---------------------------------------------------------------------------- */
+
+#define MEDIA_DEFAULT_SIZES "32x32 crop, 96x96 crop, 320x240 scale, 640x480 scale, 800x600 scale"
+/* Parse "WxH method, ..." into out (at most MEDIA_MAX_SIZES). Returns the count, or -1
+ * with err describing the first problem. */
+int media_sizes_parse(const char *text, media_size *out, size_t cap, char *err, size_t errlen);
+/* The configured size for a request of w x h with this method: the smallest of that
+ * method at least as large on both sides, else the largest of that method, else the
+ * same among the other method. NULL only when none are configured. */
+const media_size *media_size_choose(const media_size *sizes, size_t n, int w, int h, bool crop);
+/* Does an original of ow x oh already fit inside w x h (so it is its own thumbnail)? */
+bool media_fits_within(int ow, int oh, int w, int h);
+
+/* ---- store.c ---------------------------------------------------------------------------- */
+
+/* A file being written: unnamed (O_TMPFILE) until committed, or a ".tmp-" name in the
+ * same folder where the file system cannot do unnamed files. */
+typedef struct store_tmp {
+    int fd;
+    char dir[MEDIA_PATH_MAX];
+    char named[MEDIA_PATH_MAX]; /* "" for an unnamed file */
+} store_tmp;
+
+int store_init(media *m);  /* [init/start] create the folders */
+int store_sweep(media *m); /* [start] remove temp leftovers; returns count */
+int store_original_path(const media *m, const char *media_id, char *out, size_t cap);
+int store_thumb_dir(const media *m, const char *sha256, char *out, size_t cap);
+/* "<W>x<H>-<method>[-anim].webp" in the SHA-256's thumbnail folder. */
+int store_thumb_path(const media *m, const char *sha256, const media_size *s, char *out,
+                     size_t cap);
+/* Open a temp file in the folder of final_path (created durably when missing). 0, or a
+ * negative errno (logged). */
+int store_tmp_open(media *m, const char *final_path, store_tmp *t);
+/* Make the temp file final_path: fsync the data, link it under its name (replacing an
+ * existing file when `replace`), fsync the folder. Consumes t (the fd is closed). 0, or
+ * a negative errno: -EEXIST when final_path exists and !replace. */
+int store_tmp_commit(media *m, store_tmp *t, const char *final_path, bool replace);
+/* Drop a temp file (close; unlink a named one). Idempotent. */
+void store_tmp_discard(store_tmp *t);
+/* Write all of buf; 0 or a negative errno. */
+int store_write_all(int fd, const void *buf, size_t len);
+/* Remove an original; remove a SHA-256's thumbnails folder. */
+int store_remove_original(media *m, const char *media_id);
+void store_remove_thumbs(media *m, const char *sha256);
+
+/* ---- db.c ------------------------------------------------------------------------------- */
+
+extern const atrium_migration MEDIA_MIGRATIONS[];
+extern const size_t MEDIA_N_MIGRATIONS;
+
+enum { MEDIA_DB_OK = 0, MEDIA_DB_NOTFOUND = 1 };
+/* Each returns MEDIA_DB_OK, MEDIA_DB_NOTFOUND where stated, or ATRIUM_E_DB (logged). */
+int media_db_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
+                 media_row *out);
+int media_db_insert(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r);
+int media_db_create(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
+                    const char *user_id, int64_t now, int64_t expires, int max_pending);
+/* Locks the row of an asynchronous upload (inside a transaction the caller began). */
+int media_db_lock_pending(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                          const char *media_id, media_row *out);
+int media_db_complete(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r);
+int media_db_exec(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *sql);
+int media_db_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                            const char *media_id, const char *by);
+int media_db_set_hash_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                                 const char *sha256, const char *by);
+int media_db_delete(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
+                    bool *sha_still_used, char sha_out[SHA256_HEX_CHARS + 1]);
+/* A user's media for the admin API: a JSON array of Synapse-shaped objects. */
+int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *user_id,
+                       int64_t from, int64_t limit, bool newest_first, json_t **out,
+                       int64_t *total);
+
+/* ---- delivery.c ------------------------------------------------------------------------ */
+
+/* [req] Answer 200 with a JSON body (stolen; NULL = out of memory): ATRIUM_DONE, or
+ * ATRIUM_E_NOMEM for the host to answer 500. */
+int media_reply(media *m, atrium_req *req, json_t *body);
+/* [req] host->req_authenticate, plus no-store on its failure responses. The user ID, or
+ * NULL with the response set (return ATRIUM_DONE). */
+const char *media_authenticate(media *m, atrium_req *req);
+
+#define MEDIA_GO 100 /* not an outcome: the handler goes on */
+/* [req] The steps every GET/HEAD of media content starts with, in order: a delivery slot
+ * (waiting parked in the line; 429 past it), then - when `authenticate` - the access
+ * token (only after admission, so a token revoked while waiting is refused). Returns
+ * MEDIA_GO or the outcome to return. */
+int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate);
+/* [req] Validate serverName/mediaId, read the row (cached in st), apply the
+ * trust-and-safety policy and wait (parked, up to timeout_ms) for an asynchronous upload.
+ * Returns MEDIA_GO with st->row filled, or the outcome to return. `legacy` applies the
+ * freeze of the unauthenticated paths. */
+int delivery_locate(media *m, atrium_req *req, media_req *st, bool legacy);
+/* [any] Wake downloads waiting for media_id's upload. */
+void delivery_upload_landed(media *m, const char *media_id);
+/* [req] The headers every successful media response carries (CSP, CORP, Cache-Control,
+ * nosniff, ETag). */
+void delivery_success_headers(media *m, atrium_req *req, const char *etag);
+/* [req] 304 Not Modified for a matching If-None-Match. */
+int delivery_not_modified(media *m, atrium_req *req, const char *etag);
+/* [req] Open an original or thumbnail for serving: the fd, or -1 with the response set
+ * (404 when missing - logged as a store inconsistency -, 503 when out of descriptors). */
+int delivery_open(media *m, atrium_req *req, const char *path, uint64_t *size);
+
+/* ---- verify.c ------------------------------------------------------------------------- */
+
+typedef struct verify_report {
+    int64_t checked;  /* originals looked at */
+    int64_t problems; /* of which missing, of the wrong size, or with another SHA-256 */
+    json_t *details;  /* [{"media_id", "problem", ...}], at most VERIFY_MAX_DETAILS */
+} verify_report;
+#define VERIFY_MAX_DETAILS 1000
+typedef PGconn *(*verify_acquire_fn)(void *ctx);
+typedef void (*verify_release_fn)(void *ctx, PGconn *c);
+/* [any] Check every uploaded original against its row (size, SHA-256). A connection is
+ * borrowed per page of rows and given back before the files of the page are read. 0, or
+ * ATRIUM_E_DB / ATRIUM_E_NOMEM with err set. rep->details is the caller's to decref. */
+int media_verify(const media *m, verify_acquire_fn acquire, verify_release_fn release, void *ctx,
+                 verify_report *rep, char *err, size_t errlen);
+
+/* ---- handlers ------------------------------------------------------------------------ */
+
+int download_handler(atrium_req *req);
+int download_legacy_handler(atrium_req *req);
+int thumbnail_handler(atrium_req *req);
+int thumbnail_legacy_handler(atrium_req *req);
+int upload_handler(atrium_req *req);
+int upload_body_chunk(atrium_req *req, const char *data, size_t len);
+int create_handler(atrium_req *req);
+int upload_put_handler(atrium_req *req);
+int upload_put_body_chunk(atrium_req *req, const char *data, size_t len);
+int admin_register(media *m);
+
+/* ---- thumbnail.c / render.c ----------------------------------------------------------- */
+
+int thumbnails_init(media *m);
+void thumbnails_fini(media *m);
+
+enum render_result {
+    RENDER_OK = 0,
+    RENDER_E_NOT_IMAGE = -1, /* no allowed decoder recognises it */
+    RENDER_E_TOO_LARGE = -2, /* header claims more than max_image_pixels */
+    RENDER_E_DECODE = -3,    /* truncated or corrupt */
+    RENDER_E_NOMEM = -4,
+    RENDER_E_IO = -5,
+};
+/* [init] Start libvips with only the trusted loaders (JPEG, PNG, GIF, WebP). */
+int render_global_init(media *m);
+void render_global_fini(void);
+/* [any] Read an image header: dimensions (of one frame) and frame count. RENDER_OK or
+ * RENDER_E_NOT_IMAGE. */
+int render_probe(const char *path, int *width, int *height, int *frames);
+/* [any] Render path to a WebP thumbnail of at most s->width x s->height (crop: exactly the
+ * box's aspect) honouring EXIF orientation, never upscaled; the first frame only, unless
+ * s->animated (then every frame, as an animated WebP, when the frames fit
+ * RENDER_MAX_ANIMATED_PIXELS; else the first). On RENDER_OK *out / *len hold the WebP
+ * bytes (free with render_free). */
+int render_thumbnail(const char *path, const media_size *s, int64_t max_pixels, uint8_t **out,
+                     size_t *len);
+void render_free(uint8_t *buf);
+const char *render_strerror(int rc);
+
+#endif

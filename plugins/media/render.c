@@ -1,0 +1,280 @@
+/*
+ * plugins/media/render.c - turning an original into a WebP thumbnail: decoding with
+ * libvips, encoding with libwebp.
+ *
+ * Decisions owned here (DESIGN §5 "Thumbnails"):
+ *   - only trusted decoders run: every libvips loader is blocked, then JPEG, PNG, GIF and
+ *     WebP are allowed again (and libvips' own "untrusted" set stays blocked), so a file
+ *     claiming to be an image can never reach PDF, SVG, ImageMagick or similar parsers;
+ *   - the pixel count is read from the header and anything over max_image_pixels is
+ *     refused before a single pixel is decoded;
+ *   - vips_thumbnail decodes at reduced scale where the format allows (JPEG DCT scaling,
+ *     WebP scaling), streams the rest sequentially, honours EXIF orientation, takes the
+ *     first frame of an animation (every frame, as an animated WebP, when asked for one
+ *     and the frames stay within bounds), never upscales, and fails on truncated input
+ *     rather than inventing grey pixels;
+ *   - libvips keeps no cache of images or descriptors and uses one worker per render, so
+ *     memory and descriptors are bounded by the number of renders (the render pool's
+ *     size, thumbnail.c).
+ * What this file does not do: decide which size to render, write files, or coordinate
+ * who renders (thumbnail.c).
+ */
+#include <vips/vips.h>
+#include <webp/encode.h>
+#include <webp/mux.h>
+
+#include "media.h"
+
+#define RENDER_WEBP_QUALITY 80
+#define RENDER_MAX_BANDS_WITH_ALPHA 4
+#define RENDER_DEFAULT_DELAY_MS 100 /* a frame without a delay */
+/* Frames x thumbnail pixels of an animated thumbnail, at most (about 64 MiB as RGBA);
+ * longer animations get their first frame. */
+#define RENDER_MAX_ANIMATED_PIXELS (16LL * 1000 * 1000)
+
+static const char *const TRUSTED_LOADERS[] = {"VipsForeignLoadJpeg", "VipsForeignLoadPng",
+                                              "VipsForeignLoadNsgif", "VipsForeignLoadWebp", NULL};
+
+int render_global_init(media *m)
+{
+    if (VIPS_INIT("atrium-media") != 0) {
+        m->h->log(m->self, ATRIUM_LOG_ERROR, "libvips failed to start: %s", vips_error_buffer());
+        vips_error_clear();
+        return ATRIUM_E_STATE;
+    }
+    vips_cache_set_max(0);
+    vips_cache_set_max_mem(0);
+    vips_cache_set_max_files(0);
+    vips_concurrency_set(1);
+    vips_block_untrusted_set(TRUE);
+    vips_operation_block_set("VipsForeignLoad", TRUE);
+    for (size_t i = 0; TRUSTED_LOADERS[i]; i++) vips_operation_block_set(TRUSTED_LOADERS[i], FALSE);
+    return 0;
+}
+
+void render_global_fini(void)
+{
+    vips_shutdown();
+}
+
+const char *render_strerror(int rc)
+{
+    switch (rc) {
+    case RENDER_OK: return "ok";
+    case RENDER_E_NOT_IMAGE: return "not an image this server decodes";
+    case RENDER_E_TOO_LARGE: return "image too large to thumbnail";
+    case RENDER_E_DECODE: return "image truncated or corrupt";
+    case RENDER_E_NOMEM: return "out of memory";
+    case RENDER_E_IO: return "file error";
+    default: return "unknown error";
+    }
+}
+
+/* Open the header only (no pixels are decoded until asked for). */
+static VipsImage *open_header(const char *path)
+{
+    VipsImage *im = vips_image_new_from_file(path, "access", VIPS_ACCESS_SEQUENTIAL, NULL);
+    if (!im) vips_error_clear();
+    return im;
+}
+
+int render_probe(const char *path, int *width, int *height, int *frames)
+{
+    VipsImage *im = open_header(path);
+    if (!im) return RENDER_E_NOT_IMAGE;
+    int w = vips_image_get_width(im);
+    int h = vips_image_get_page_height(im);
+    if (vips_image_get_orientation_swap(im)) {
+        int t = w;
+        w = h;
+        h = t;
+    }
+    *width = w;
+    *height = h;
+    *frames = vips_image_get_n_pages(im);
+    g_object_unref(im);
+    return RENDER_OK;
+}
+
+/* sRGB, 8 bits, 3 bands or 4 with alpha: what the WebP encoder takes. */
+static VipsImage *to_srgb8(VipsImage *in)
+{
+    VipsImage *srgb = NULL, *cut = NULL, *out = NULL;
+    if (vips_colourspace(in, &srgb, VIPS_INTERPRETATION_sRGB, NULL) != 0) return NULL;
+    int bands = vips_image_get_bands(srgb);
+    if (bands < 3) { /* sRGB always has 3 or 4: anything else is not an image we handle */
+        g_object_unref(srgb);
+        return NULL;
+    }
+    if (bands > RENDER_MAX_BANDS_WITH_ALPHA) {
+        int keep = vips_image_hasalpha(srgb) ? 4 : 3;
+        if (vips_extract_band(srgb, &cut, 0, "n", keep, NULL) != 0) {
+            g_object_unref(srgb);
+            return NULL;
+        }
+        g_object_unref(srgb);
+        srgb = cut;
+    }
+    if (vips_cast_uchar(srgb, &out, NULL) != 0) out = NULL;
+    g_object_unref(srgb);
+    return out;
+}
+
+/* One frame (or the whole still) as WebP. */
+static int encode_still(const uint8_t *px, int w, int h, int bands, uint8_t **out, size_t *len)
+{
+    uint8_t *webp = NULL;
+    size_t n = bands == 4 ? WebPEncodeRGBA(px, w, h, w * 4, RENDER_WEBP_QUALITY, &webp)
+                          : WebPEncodeRGB(px, w, h, w * 3, RENDER_WEBP_QUALITY, &webp);
+    if (n == 0) {
+        WebPFree(webp);
+        return RENDER_E_NOMEM;
+    }
+    *out = webp;
+    *len = n;
+    return RENDER_OK;
+}
+
+/* An animation as libvips lays it out: frames stacked vertically, and the part of each
+ * frame to keep (all of it, or the centre for a crop). */
+typedef struct strip {
+    const uint8_t *px;
+    int width, page_h, frames, bands;
+    int crop_x, crop_y, crop_w, crop_h;
+} strip;
+
+/* The frames as an animated WebP; delays in ms per frame (missing or 0:
+ * RENDER_DEFAULT_DELAY_MS), loop 0 = forever. */
+static int encode_animation(const strip *st, const int *delays, int n_delays, int loop,
+                            uint8_t **out, size_t *len)
+{
+    WebPAnimEncoderOptions opts;
+    WebPConfig config;
+    if (!WebPAnimEncoderOptionsInit(&opts) || !WebPConfigInit(&config)) return RENDER_E_NOMEM;
+    opts.anim_params.loop_count = loop;
+    config.quality = RENDER_WEBP_QUALITY;
+    WebPAnimEncoder *enc = WebPAnimEncoderNew(st->crop_w, st->crop_h, &opts);
+    if (!enc) return RENDER_E_NOMEM;
+    int rc = RENDER_OK, timestamp = 0;
+    size_t stride = (size_t)st->width * st->bands;
+    for (int i = 0; i < st->frames && rc == RENDER_OK; i++) {
+        WebPPicture pic;
+        if (!WebPPictureInit(&pic)) {
+            rc = RENDER_E_NOMEM;
+            break;
+        }
+        pic.use_argb = 1;
+        pic.width = st->crop_w;
+        pic.height = st->crop_h;
+        const uint8_t *f = st->px + stride * ((size_t)i * st->page_h + st->crop_y) +
+                           (size_t)st->crop_x * st->bands;
+        int ok = st->bands == 4 ? WebPPictureImportRGBA(&pic, f, (int)stride)
+                                : WebPPictureImportRGB(&pic, f, (int)stride);
+        if (!ok || !WebPAnimEncoderAdd(enc, &pic, timestamp, &config)) rc = RENDER_E_NOMEM;
+        WebPPictureFree(&pic);
+        timestamp += i < n_delays && delays[i] > 0 ? delays[i] : RENDER_DEFAULT_DELAY_MS;
+    }
+    WebPData data;
+    WebPDataInit(&data);
+    if (rc == RENDER_OK &&
+        (!WebPAnimEncoderAdd(enc, NULL, timestamp, NULL) || !WebPAnimEncoderAssemble(enc, &data)))
+        rc = RENDER_E_NOMEM;
+    WebPAnimEncoderDelete(enc);
+    if (rc != RENDER_OK) {
+        WebPDataClear(&data);
+        return rc;
+    }
+    *out = (uint8_t *)data.bytes;
+    *len = data.size;
+    return RENDER_OK;
+}
+
+/* The size an animation's frames are reduced to: the box itself (scale), or the smallest
+ * size covering the box (crop: the centre is cut from each frame later); never larger than
+ * the frame. */
+static void animation_target(const media_size *s, int frame_w, int frame_h, int *w, int *h)
+{
+    *w = s->width;
+    *h = s->height;
+    if (!s->crop) return;
+    double scale = (double)s->width / frame_w;
+    if ((double)s->height / frame_h > scale) scale = (double)s->height / frame_h;
+    if (scale > 1.0) scale = 1.0;
+    *w = (int)(frame_w * scale + 0.999);
+    *h = (int)(frame_h * scale + 0.999);
+}
+
+int render_thumbnail(const char *path, const media_size *s, int64_t max_pixels, uint8_t **out,
+                     size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    VipsImage *head = open_header(path);
+    if (!head) return RENDER_E_NOT_IMAGE;
+    int frame_w = vips_image_get_width(head), frame_h = vips_image_get_page_height(head);
+    int pages = vips_image_get_n_pages(head);
+    g_object_unref(head);
+    int64_t frame_pixels = (int64_t)frame_w * frame_h;
+    if (frame_pixels > max_pixels) return RENDER_E_TOO_LARGE;
+    /* Every frame is decoded for an animation: they count together. */
+    bool animated = s->animated && pages > 1 && frame_pixels * pages <= max_pixels &&
+                    (int64_t)s->width * s->height * pages <= RENDER_MAX_ANIMATED_PIXELS;
+
+    /* Load options travel in the file name: "[n=-1]" loads every frame. libvips crops a
+     * whole strip, not each frame, so an animation is reduced here and cut below. */
+    char name[MEDIA_PATH_MAX + 8];
+    snprintf(name, sizeof(name), "%s%s", path, animated ? "[n=-1]" : "");
+    int tw = s->width, th = s->height;
+    if (animated) animation_target(s, frame_w, frame_h, &tw, &th);
+    VipsImage *thumb = NULL;
+    if (vips_thumbnail(name, &thumb, tw, "height", th, "size", VIPS_SIZE_DOWN, "crop",
+                       s->crop && !animated ? VIPS_INTERESTING_CENTRE : VIPS_INTERESTING_NONE,
+                       "fail_on", VIPS_FAIL_ON_TRUNCATED, NULL) != 0) {
+        vips_error_clear();
+        return RENDER_E_DECODE;
+    }
+    int *delays = NULL, n_delays = 0, loop = 0;
+    int page_h = vips_image_get_page_height(thumb);
+    if (animated) {
+        if (vips_image_get_typeof(thumb, "delay"))
+            vips_image_get_array_int(thumb, "delay", &delays, &n_delays);
+        if (vips_image_get_typeof(thumb, "loop")) vips_image_get_int(thumb, "loop", &loop);
+    }
+    VipsImage *rgb = to_srgb8(thumb);
+    if (!rgb) {
+        g_object_unref(thumb);
+        vips_error_clear();
+        return RENDER_E_DECODE;
+    }
+    size_t bytes = 0;
+    /* The decode happens here, through the pipeline, at the reduced size. */
+    uint8_t *px = vips_image_write_to_memory(rgb, &bytes);
+    strip st = {.px = px,
+                .width = vips_image_get_width(rgb),
+                .page_h = page_h,
+                .bands = vips_image_get_bands(rgb)};
+    int height = vips_image_get_height(rgb);
+    g_object_unref(rgb);
+    int rc;
+    if (!px) {
+        vips_error_clear();
+        rc = RENDER_E_DECODE;
+    } else if (animated && page_h > 0 && height % page_h == 0 && height / page_h > 1) {
+        st.frames = height / page_h;
+        st.crop_w = s->crop && s->width < st.width ? s->width : st.width;
+        st.crop_h = s->crop && s->height < page_h ? s->height : page_h;
+        st.crop_x = (st.width - st.crop_w) / 2;
+        st.crop_y = (page_h - st.crop_h) / 2;
+        rc = encode_animation(&st, delays, n_delays, loop, out, len);
+    } else {
+        rc = encode_still(px, st.width, height, st.bands, out, len);
+    }
+    g_free(px);
+    g_object_unref(thumb); /* owns delays */
+    return rc;
+}
+
+void render_free(uint8_t *buf)
+{
+    WebPFree(buf);
+}

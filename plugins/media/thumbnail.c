@@ -1,0 +1,490 @@
+/*
+ * plugins/media/thumbnail.c - GET/HEAD /_matrix/client/v1/media/thumbnail/{serverName}/
+ * {mediaId} (and the legacy /_matrix/media/v3/thumbnail path): which bytes answer a
+ * thumbnail request, and who renders them.
+ *
+ * Decisions owned here (DESIGN §5 "Thumbnails", spec digest §1.7):
+ *   - an original that already fits inside the request (or inside the chosen configured
+ *     size) and is a static JPEG/PNG/GIF/WebP is its own thumbnail: never upscaled;
+ *   - otherwise the configured size sizes.c chooses is rendered once per (original's
+ *     SHA-256, size, method): the first request submits one render job to the render pool
+ *     (render_threads workers, so concurrent renders and their memory are bounded); every
+ *     request for the same key parks - no thread - on the job's event bucket and is served
+ *     the file when the job signals. The table of jobs is the one place that knows a
+ *     render is under way;
+ *   - a render that cannot start (pool queue full) or finish within render_wait_ms: the
+ *     nearest thumbnail that already exists, else 503 with Retry-After; never the
+ *     original in its place;
+ *   - what the header says decides quickly: not an image -> 400 M_UNKNOWN, more pixels
+ *     than max_image_pixels -> 413 M_TOO_LARGE, before any decoding; a render that fails
+ *     (truncated, corrupt) gives 400 M_UNKNOWN and is remembered for a while so clients
+ *     retrying do not re-decode a bad file (the original still downloads);
+ *   - thumbnails are written like originals (store.c: durable, atomic), so whatever file
+ *     exists under a thumbnail's name is complete.
+ * The delivery slot taken in delivery.c is held while a request waits for its render and
+ * while its body is sent.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "media.h"
+
+#define RENDER_TABLE_BUCKETS 256
+#define RENDER_FAILED_MAX 4096              /* remembered failures, at most */
+#define RENDER_FAILED_CONTENT_TTL_MS 600000 /* a bad file stays bad: remember 10 minutes */
+#define RENDER_FAILED_TRANSIENT_TTL_MS 5000 /* out of memory, disk trouble: 5 seconds */
+#define THUMB_KEY_MAX (SHA256_HEX_CHARS + 32)
+#define THUMB_NAME "thumbnail"
+#define FALLBACK_OTHER_METHOD_PENALTY (1L << 40) /* prefer any size of the asked method */
+
+enum job_state { JOB_PENDING = 0, JOB_FAILED };
+
+typedef struct render_job {
+    char key[THUMB_KEY_MAX]; /* "<sha256>/<W>x<H>-<method>" */
+    media *m;
+    char src[MEDIA_PATH_MAX], dst[MEDIA_PATH_MAX];
+    media_size size;
+    int state;  /* enum job_state, under the table's lock */
+    int result; /* enum render_result once failed */
+    int64_t failed_at_ms;
+    struct render_job *next;
+} render_job;
+
+struct render_table {
+    pthread_mutex_t mu;
+    render_job *buckets[RENDER_TABLE_BUCKETS];
+    size_t n_failed;
+};
+
+int thumbnails_init(media *m)
+{
+    m->renders = calloc(1, sizeof(*m->renders));
+    if (!m->renders) return ATRIUM_E_NOMEM;
+    pthread_mutex_init(&m->renders->mu, NULL);
+    return 0;
+}
+
+void thumbnails_fini(media *m)
+{
+    if (!m->renders) return;
+    for (size_t i = 0; i < RENDER_TABLE_BUCKETS; i++) {
+        render_job *j = m->renders->buckets[i];
+        while (j) {
+            render_job *next = j->next;
+            free(j);
+            j = next;
+        }
+    }
+    pthread_mutex_destroy(&m->renders->mu);
+    free(m->renders);
+    m->renders = NULL;
+}
+
+/* ---- the job table (caller holds mu) ------------------------------------------------- */
+
+static render_job **slot_of(render_table *t, const char *key)
+{
+    size_t b = media_bucket(key) * 7919u % RENDER_TABLE_BUCKETS;
+    render_job **pp = &t->buckets[b];
+    while (*pp && strcmp((*pp)->key, key) != 0) pp = &(*pp)->next;
+    return pp;
+}
+
+static void unlink_job(render_table *t, render_job *j)
+{
+    render_job **pp = slot_of(t, j->key);
+    if (*pp == j) *pp = j->next;
+    if (j->state == JOB_FAILED) t->n_failed--;
+}
+
+static bool failure_expired(const render_job *j, int64_t now)
+{
+    int64_t ttl = j->result == RENDER_E_NOMEM || j->result == RENDER_E_IO
+                      ? RENDER_FAILED_TRANSIENT_TTL_MS
+                      : RENDER_FAILED_CONTENT_TTL_MS;
+    return now - j->failed_at_ms >= ttl;
+}
+
+/* Drop expired failures; when still full, all of them (they are only a cache). */
+static void prune_failures(render_table *t, int64_t now)
+{
+    for (int pass = 0; pass < 2 && t->n_failed >= RENDER_FAILED_MAX; pass++) {
+        for (size_t i = 0; i < RENDER_TABLE_BUCKETS; i++) {
+            render_job **pp = &t->buckets[i];
+            while (*pp) {
+                render_job *j = *pp;
+                if (j->state == JOB_FAILED && (pass == 1 || failure_expired(j, now))) {
+                    *pp = j->next;
+                    t->n_failed--;
+                    free(j);
+                } else {
+                    pp = &j->next;
+                }
+            }
+        }
+    }
+}
+
+/* ---- the render task (render pool) ----------------------------------------------------- */
+
+static int write_thumbnail(media *m, const char *dst, const uint8_t *buf, size_t len)
+{
+    store_tmp t;
+    if (store_tmp_open(m, dst, &t) < 0) return RENDER_E_IO;
+    if (store_write_all(t.fd, buf, len) < 0) {
+        m->h->log(m->self, ATRIUM_LOG_ERROR, "cannot write thumbnail %s: %s", dst, strerror(errno));
+        store_tmp_discard(&t);
+        return RENDER_E_IO;
+    }
+    int rc = store_tmp_commit(m, &t, dst, false);
+    /* EEXIST: the same thumbnail was committed meanwhile (another process): fine. */
+    return rc == 0 || rc == -EEXIST ? RENDER_OK : RENDER_E_IO;
+}
+
+static void render_task(void *arg, bool cancelled)
+{
+    render_job *j = arg;
+    media *m = j->m;
+    const atrium_host *h = m->h;
+    int rc = RENDER_E_IO;
+    if (!cancelled) {
+        h->metric_add(m->m_renders_running, 1);
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        rc = render_thumbnail(j->src, &j->size, m->cfg.max_image_pixels, &buf, &len);
+        if (rc == RENDER_OK) {
+            rc = write_thumbnail(m, j->dst, buf, len);
+            render_free(buf);
+        }
+        h->metric_add(m->m_renders_running, -1);
+        h->metric_add(rc == RENDER_OK ? m->m_renders_ok : m->m_renders_failed, 1);
+        if (rc != RENDER_OK)
+            h->log(m->self,
+                   rc == RENDER_E_IO || rc == RENDER_E_NOMEM ? ATRIUM_LOG_ERROR : ATRIUM_LOG_INFO,
+                   "thumbnail %s: %s", j->key, render_strerror(rc));
+    }
+    size_t bucket = media_bucket(j->key);
+    render_table *t = m->renders;
+    pthread_mutex_lock(&t->mu);
+    unlink_job(t, j);
+    if (rc == RENDER_OK || cancelled) {
+        free(j);
+    } else {
+        /* Waiters learn the failure from the table; later requests too, for a while. */
+        int64_t now = h->now_ms();
+        prune_failures(t, now);
+        j->state = JOB_FAILED;
+        j->result = rc;
+        j->failed_at_ms = now;
+        j->next = NULL;
+        render_job **pp = slot_of(t, j->key);
+        *pp = j;
+        t->n_failed++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    h->event_signal(m->events[bucket]);
+}
+
+/* ---- answers ------------------------------------------------------------------------- */
+
+static int respond_render_failure(media *m, atrium_req *req, int result)
+{
+    const atrium_host *h = m->h;
+    switch (result) {
+    case RENDER_E_TOO_LARGE:
+        h->respond_error(req, 413, "M_TOO_LARGE", "The image is too large to thumbnail");
+        break;
+    case RENDER_E_NOT_IMAGE:
+    case RENDER_E_DECODE:
+        h->respond_error(req, 400, "M_UNKNOWN",
+                         "Cannot generate thumbnails for the requested content");
+        break;
+    default:
+        h->respond_error(req, 503, "M_UNKNOWN",
+                         "The thumbnail could not be generated now; retry shortly");
+        break;
+    }
+    return ATRIUM_DONE;
+}
+
+/* What names a rendering: "<sha256>/<W>x<H>-<method>[-anim]" (job key and ETag). */
+static void thumb_key(const char *sha256, const media_size *s, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%dx%d-%s%s", sha256, s->width, s->height, s->crop ? "crop" : "scale",
+             s->animated ? "-anim" : "");
+}
+
+static void thumb_etag(const char *sha256, const media_size *s, char *out, size_t cap)
+{
+    char key[THUMB_KEY_MAX];
+    thumb_key(sha256, s, key, sizeof(key));
+    snprintf(out, cap, "\"%s\"", key);
+}
+
+/* Serve an open thumbnail (or original) file inline. */
+static int serve_file(media *m, atrium_req *req, int fd, uint64_t size, const char *type,
+                      const char *ext, const char *etag)
+{
+    const atrium_host *h = m->h;
+    int rc = h->respond_file(req, 200, type, fd, 0, size);
+    if (rc < 0) return rc;
+    char disposition[64];
+    snprintf(disposition, sizeof(disposition), "inline; filename=\"" THUMB_NAME ".%s\"", ext);
+    delivery_success_headers(m, req, etag);
+    h->respond_header(req, "Content-Disposition", disposition);
+    h->metric_add(m->m_thumbnails, 1);
+    return ATRIUM_DONE;
+}
+
+static const char *ext_of(const char *content_type)
+{
+    if (strncasecmp(content_type, "image/jpeg", 10) == 0) return "jpg";
+    if (strncasecmp(content_type, "image/png", 9) == 0) return "png";
+    if (strncasecmp(content_type, "image/gif", 9) == 0) return "gif";
+    return "webp";
+}
+
+static int serve_original(media *m, atrium_req *req, const media_row *row)
+{
+    char etag[SHA256_HEX_CHARS + 3], path[MEDIA_PATH_MAX];
+    snprintf(etag, sizeof(etag), "\"%s\"", row->sha256);
+    if (media_etag_matches(m->h->req_header(req, "If-None-Match"), etag))
+        return delivery_not_modified(m, req, etag);
+    if (store_original_path(m, row->media_id, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
+    uint64_t size;
+    int fd = delivery_open(m, req, path, &size);
+    if (fd < 0) return ATRIUM_DONE;
+    return serve_file(m, req, fd, size, row->content_type, ext_of(row->content_type), etag);
+}
+
+/* Open an existing thumbnail: fd, -1 when there is none, -2 with a response set. */
+static int open_thumb(media *m, atrium_req *req, const char *path, uint64_t *size)
+{
+    if (access(path, F_OK) < 0 && errno == ENOENT) return -1;
+    int fd = delivery_open(m, req, path, size);
+    return fd >= 0 ? fd : -2;
+}
+
+static int serve_thumb(media *m, atrium_req *req, const media_row *row, const media_size *s, int fd,
+                       uint64_t size)
+{
+    char etag[THUMB_KEY_MAX + 8];
+    thumb_etag(row->sha256, s, etag, sizeof(etag));
+    return serve_file(m, req, fd, size, "image/webp", "webp", etag);
+}
+
+/* No render in time: the nearest thumbnail that exists (same method first), else 503. */
+static int fallback(media *m, atrium_req *req, const media_row *row, const media_size *want)
+{
+    const atrium_host *h = m->h;
+    const media_size *best = NULL;
+    long best_score = 0;
+    char path[MEDIA_PATH_MAX], best_path[MEDIA_PATH_MAX];
+    for (size_t i = 0; i < m->cfg.n_sizes; i++) {
+        const media_size *s = &m->cfg.sizes[i];
+        if (store_thumb_path(m, row->sha256, s, path, sizeof(path)) < 0 || access(path, F_OK) < 0)
+            continue;
+        long score = labs((long)s->width * s->height - (long)want->width * want->height) +
+                     (s->crop != want->crop ? FALLBACK_OTHER_METHOD_PENALTY : 0);
+        if (best && score >= best_score) continue;
+        best = s;
+        best_score = score;
+        snprintf(best_path, sizeof(best_path), "%s", path);
+    }
+    uint64_t size = 0;
+    int fd = best ? open_thumb(m, req, best_path, &size) : -1;
+    if (fd == -2) return ATRIUM_DONE;
+    if (fd >= 0) {
+        h->metric_add(m->m_fallback_nearest, 1);
+        return serve_thumb(m, req, row, best, fd, size);
+    }
+    h->metric_add(m->m_fallback_unavailable, 1);
+    h->respond_error(req, 503, "M_UNKNOWN", "The thumbnail is being generated; retry shortly");
+    return ATRIUM_DONE;
+}
+
+/* The thumbnail file does not exist: join the render for it (starting one if none runs)
+ * and park until it ends. Returns MEDIA_GO when the file exists now. */
+static int await_render(media *m, atrium_req *req, media_req *st, const media_row *row,
+                        const media_size *s, const char *dst)
+{
+    const atrium_host *h = m->h;
+    char key[THUMB_KEY_MAX];
+    thumb_key(row->sha256, s, key, sizeof(key));
+    int64_t now = h->now_ms();
+    render_table *t = m->renders;
+    pthread_mutex_lock(&t->mu);
+    render_job **pp = slot_of(t, key), *j = *pp;
+    if (j && j->state == JOB_FAILED && failure_expired(j, now)) {
+        unlink_job(t, j);
+        free(j);
+        j = NULL;
+    }
+    if (j && j->state == JOB_FAILED) {
+        int result = j->result;
+        pthread_mutex_unlock(&t->mu);
+        return respond_render_failure(m, req, result);
+    }
+    if (!j) {
+        /* A job leaves the table only after its file was committed: check under the lock. */
+        if (access(dst, F_OK) == 0) {
+            pthread_mutex_unlock(&t->mu);
+            return MEDIA_GO;
+        }
+        j = calloc(1, sizeof(*j));
+        if (!j || store_original_path(m, row->media_id, j->src, sizeof(j->src)) < 0) {
+            pthread_mutex_unlock(&t->mu);
+            free(j);
+            return ATRIUM_E_NOMEM;
+        }
+        snprintf(j->key, sizeof(j->key), "%s", key);
+        snprintf(j->dst, sizeof(j->dst), "%s", dst);
+        j->m = m;
+        j->size = *s;
+        j->state = JOB_PENDING;
+        if (h->pool_submit(m->render_pool, render_task, j) < 0) {
+            pthread_mutex_unlock(&t->mu);
+            free(j);
+            return fallback(m, req, row, s);
+        }
+        j->next = NULL;
+        *slot_of(t, key) = j;
+    } else if (!st->waiting_render) {
+        h->metric_add(m->m_render_coalesced, 1);
+    }
+    if (!st->waiting_render) {
+        st->waiting_render = true;
+        st->render_deadline_ms = now + m->cfg.render_wait_ms;
+    } else if (now >= st->render_deadline_ms) {
+        pthread_mutex_unlock(&t->mu);
+        return fallback(m, req, row, s);
+    }
+    /* Parked under the table's lock, so the job's signal (sent after it updates the
+     * table under the same lock) cannot pass us by. */
+    int rc = h->park(req, m->events[media_bucket(key)], st->render_deadline_ms);
+    pthread_mutex_unlock(&t->mu);
+    if (rc != 0) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    return ATRIUM_PARKED;
+}
+
+/* ---- the request ------------------------------------------------------------------------ */
+
+/* A positive integer query parameter up to max; 0 when absent, -1 when invalid. */
+static long int_param(const char *v, long max)
+{
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || end == v || *end || n < 1 || n > max) return -1;
+    return n;
+}
+
+typedef struct thumb_request {
+    int width, height;
+    bool crop, animated;
+} thumb_request;
+
+static int parse_request(media *m, atrium_req *req, thumb_request *out)
+{
+    const atrium_host *h = m->h;
+    const char *w = h->req_query(req, "width"), *hh = h->req_query(req, "height");
+    if (!w || !hh) {
+        h->respond_error(req, 400, "M_MISSING_PARAM", "width and height are required");
+        return ATRIUM_DONE;
+    }
+    long wv = int_param(w, MEDIA_THUMB_MAX_SIDE), hv = int_param(hh, MEDIA_THUMB_MAX_SIDE);
+    if (wv < 1 || hv < 1) {
+        h->respond_error(req, 400, "M_INVALID_PARAM",
+                         "width and height must be integers from 1 to %d", MEDIA_THUMB_MAX_SIDE);
+        return ATRIUM_DONE;
+    }
+    const char *method = h->req_query(req, "method");
+    if (method && strcmp(method, "crop") != 0 && strcmp(method, "scale") != 0) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "method must be \"crop\" or \"scale\"");
+        return ATRIUM_DONE;
+    }
+    const char *animated = h->req_query(req, "animated");
+    if (animated && strcmp(animated, "true") != 0 && strcmp(animated, "false") != 0) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "animated must be true or false");
+        return ATRIUM_DONE;
+    }
+    out->width = (int)wv;
+    out->height = (int)hv;
+    out->crop = method && strcmp(method, "crop") == 0;
+    out->animated = animated && strcmp(animated, "true") == 0;
+    return MEDIA_GO;
+}
+
+/* May the original answer as it is? A safe image type, static unless animation was
+ * asked for, and no larger than the box. */
+static bool original_serves(const media_row *row, bool animated, int w, int h)
+{
+    return media_type_thumbnail_safe(row->content_type) && (row->frames <= 1 || animated) &&
+           media_fits_within(row->width, row->height, w, h);
+}
+
+static int serve(media *m, atrium_req *req, bool legacy)
+{
+    const atrium_host *h = m->h;
+    if (legacy && !m->cfg.legacy_media) {
+        h->respond_error(req, 404, "M_NOT_FOUND",
+                         "Media not found: use the authenticated /_matrix/client/v1/media "
+                         "endpoints");
+        return ATRIUM_DONE;
+    }
+    media_req *st = media_req_state(m, req);
+    if (!st) return ATRIUM_DONE;
+    int rc = delivery_enter(m, req, st, !legacy);
+    if (rc != MEDIA_GO) return rc;
+    thumb_request tr;
+    rc = parse_request(m, req, &tr);
+    if (rc != MEDIA_GO) return rc;
+    rc = delivery_locate(m, req, st, legacy);
+    if (rc != MEDIA_GO) return rc;
+    const media_row *row = &st->row;
+
+    if (row->width <= 0 || row->height <= 0)
+        return respond_render_failure(m, req, RENDER_E_NOT_IMAGE);
+    if ((int64_t)row->width * row->height > m->cfg.max_image_pixels)
+        return respond_render_failure(m, req, RENDER_E_TOO_LARGE);
+    if (original_serves(row, tr.animated, tr.width, tr.height)) return serve_original(m, req, row);
+    media_size chosen =
+        *media_size_choose(m->cfg.sizes, m->cfg.n_sizes, tr.width, tr.height, tr.crop);
+    const media_size *s = &chosen;
+    if (original_serves(row, tr.animated, s->width, s->height)) return serve_original(m, req, row);
+    /* animated=true on an animation: every frame; otherwise (false, absent, or a still
+     * image) the first frame only. */
+    chosen.animated = tr.animated && row->frames > 1;
+
+    char etag[THUMB_KEY_MAX + 8], path[MEDIA_PATH_MAX];
+    thumb_etag(row->sha256, s, etag, sizeof(etag));
+    if (media_etag_matches(h->req_header(req, "If-None-Match"), etag))
+        return delivery_not_modified(m, req, etag);
+    if (store_thumb_path(m, row->sha256, s, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
+    for (;;) {
+        uint64_t size;
+        int fd = open_thumb(m, req, path, &size);
+        if (fd >= 0) return serve_thumb(m, req, row, s, fd, size);
+        if (fd == -2) return ATRIUM_DONE;
+        rc = await_render(m, req, st, row, s, path);
+        if (rc != MEDIA_GO) return rc;
+    }
+}
+
+int thumbnail_handler(atrium_req *req)
+{
+    return serve(media_of(req), req, false);
+}
+
+int thumbnail_legacy_handler(atrium_req *req)
+{
+    return serve(media_of(req), req, true);
+}

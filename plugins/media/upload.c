@@ -1,0 +1,364 @@
+/*
+ * plugins/media/upload.c - getting bytes in: POST /_matrix/media/v3/upload, the
+ * asynchronous pair POST /_matrix/media/v1/create + PUT
+ * /_matrix/media/v3/upload/{serverName}/{mediaId}.
+ *
+ * Decisions owned here (DESIGN §5 "Storage", spec digest §1.4-1.5):
+ *   - an upload streams into a temporary file in its final folder as it arrives
+ *     (ATRIUM_ROUTE_STREAM_BODY): never buffered whole in memory, hashed (SHA-256) chunk
+ *     by chunk. The caller is authenticated on the first chunk, so a stranger's body is
+ *     refused before it is written;
+ *   - over max_upload_size: 413 M_TOO_LARGE; the temporary file is unnamed (or removed
+ *     by the request's hold), so nothing partial is left, whatever the client does;
+ *   - acknowledgement order: file fsynced, named, folder fsynced; then the row committed;
+ *     then the answer. That slow part runs on the "io" pool (a handoff), never on a
+ *     request-pool thread;
+ *   - /create reserves an ID for its caller for unused_expiry_ms, at most
+ *     max_pending_uploads pending per user (429 past it); the PUT must come from the same
+ *     user (403), for a live reservation (404), once (409 M_CANNOT_OVERWRITE_MEDIA). The
+ *     PUT's commit happens under the row's lock, so two PUTs cannot both win; it then
+ *     wakes downloads parked on the ID (delivery.c).
+ * Image header facts (dimensions, frames) are read once here, at commit, so thumbnail
+ * requests can decide quickly (thumbnail.c).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "media.h"
+
+#define DEFAULT_CONTENT_TYPE "application/octet-stream"
+#define ID_ALPHABET "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+#define ID_ALPHABET_LEN 62
+#define ID_REJECT_FROM                                                                             \
+    248 /* 4 * 62: bytes from here are redrawn, so every letter is equally likely */
+#define BUSY_RETRY_AFTER_MS 1000
+#define MXC_MAX (MEDIA_SERVER_NAME_MAX_CHARS + MEDIA_ID_MAX_CHARS + 8)
+
+struct upload_state {
+    store_tmp tmp;
+    sha256_ctx sha;
+    int64_t size;
+    bool is_put;
+    char media_id[MEDIA_ID_MAX_CHARS + 1];
+    char final_path[MEDIA_PATH_MAX];
+    char content_type[MEDIA_TYPE_MAX_BYTES + 1];
+    char upload_name[MEDIA_NAME_MAX_BYTES + 1];
+    char user_id[MEDIA_USER_ID_MAX_BYTES + 1];
+};
+
+/* A fresh media ID: MEDIA_ID_GENERATED_CHARS letters and digits from getrandom. */
+static int generate_id(char out[MEDIA_ID_GENERATED_CHARS + 1])
+{
+    size_t n = 0;
+    unsigned char rnd[64];
+    while (n < MEDIA_ID_GENERATED_CHARS) {
+        if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) return ATRIUM_E_IO;
+        for (size_t i = 0; i < sizeof(rnd) && n < MEDIA_ID_GENERATED_CHARS; i++)
+            if (rnd[i] < ID_REJECT_FROM) out[n++] = ID_ALPHABET[rnd[i] % ID_ALPHABET_LEN];
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+static void upload_release(void *arg)
+{
+    upload_state *up = arg;
+    store_tmp_discard(&up->tmp); /* a committed one is already closed: no-op */
+}
+
+static int busy(media *m, atrium_req *req)
+{
+    m->h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
+    return ATRIUM_DONE;
+}
+
+/* The rule for a PUT into a reservation, applied to its row. */
+static int check_reservation(media *m, atrium_req *req, const media_row *row, const char *user)
+{
+    const atrium_host *h = m->h;
+    if (strcmp(row->user_id, user) != 0) {
+        h->respond_error(req, 403, "M_FORBIDDEN", "This media ID was created by another user");
+        return ATRIUM_DONE;
+    }
+    if (row->uploaded) {
+        h->respond_error(req, 409, "M_CANNOT_OVERWRITE_MEDIA",
+                         "Content was already uploaded for this media ID");
+        return ATRIUM_DONE;
+    }
+    if (row->expires_ts > 0 && row->expires_ts <= media_wall_ms()) {
+        h->respond_error(req, 404, "M_NOT_FOUND", "This media ID expired; create a new one");
+        return ATRIUM_DONE;
+    }
+    return MEDIA_GO;
+}
+
+/* The PUT's target, checked before its body is written. */
+static int check_put_target(media *m, atrium_req *req, upload_state *up)
+{
+    const atrium_host *h = m->h;
+    const char *server = h->req_param(req, "serverName");
+    const char *id = h->req_param(req, "mediaId");
+    if (!server || !media_server_name_valid(server) || !id || !media_id_valid(id)) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "Invalid server name or media ID");
+        return ATRIUM_DONE;
+    }
+    if (strcmp(server, m->server_name) != 0) {
+        h->respond_error(req, 404, "M_NOT_FOUND", "Media IDs of %s cannot be uploaded here",
+                         server);
+        return ATRIUM_DONE;
+    }
+    snprintf(up->media_id, sizeof(up->media_id), "%s", id);
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    if (!c) return busy(m, req);
+    media_row row;
+    int rc = media_db_get(h, m->self, c, id, &row);
+    h->db_release(c);
+    if (rc == ATRIUM_E_DB) return busy(m, req);
+    if (rc == MEDIA_DB_NOTFOUND) {
+        h->respond_error(req, 404, "M_NOT_FOUND",
+                         "Unknown media ID: create one with /_matrix/media/v1/create");
+        return ATRIUM_DONE;
+    }
+    return check_reservation(m, req, &row, up->user_id);
+}
+
+/* First chunk (or an empty body): who is uploading what, and where it goes. */
+static int upload_begin(media *m, atrium_req *req, media_req *st, bool is_put)
+{
+    const atrium_host *h = m->h;
+    const char *user = media_authenticate(m, req);
+    if (!user) return ATRIUM_DONE;
+    int64_t wait = h->ratelimit_check(req, m->rl_upload);
+    if (wait > 0) {
+        h->respond_limited(req, wait, "Too many uploads");
+        return ATRIUM_DONE;
+    }
+    const char *type = h->req_header(req, "Content-Type");
+    if (!type || !*type) type = DEFAULT_CONTENT_TYPE;
+    if (!media_type_acceptable(type)) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "Invalid Content-Type");
+        return ATRIUM_DONE;
+    }
+    const char *name = h->req_query(req, "filename");
+    if (name && !media_name_acceptable(name)) {
+        h->respond_error(req, 400, "M_INVALID_PARAM",
+                         "filename must be UTF-8 without control characters, at most %d bytes",
+                         MEDIA_NAME_MAX_BYTES);
+        return ATRIUM_DONE;
+    }
+    upload_state *up = h->req_alloc(req, sizeof(*up));
+    if (!up) return ATRIUM_E_NOMEM;
+    memset(up, 0, sizeof(*up));
+    up->tmp.fd = -1;
+    up->is_put = is_put;
+    snprintf(up->user_id, sizeof(up->user_id), "%s", user);
+    snprintf(up->content_type, sizeof(up->content_type), "%s", type);
+    snprintf(up->upload_name, sizeof(up->upload_name), "%s", name ? name : "");
+    int rc = is_put ? check_put_target(m, req, up)
+                    : (generate_id(up->media_id) < 0 ? ATRIUM_E_IO : MEDIA_GO);
+    if (rc != MEDIA_GO) return rc;
+    if (store_original_path(m, up->media_id, up->final_path, sizeof(up->final_path)) < 0)
+        return ATRIUM_E_INVAL;
+    if (store_tmp_open(m, up->final_path, &up->tmp) < 0) {
+        h->respond_error(req, 500, "M_UNKNOWN", "The server could not store the upload");
+        return ATRIUM_DONE;
+    }
+    sha256_init(&up->sha);
+    st->up = up;
+    if (h->req_hold(req, upload_release, up) < 0) return ATRIUM_E_EXPIRED;
+    return MEDIA_GO;
+}
+
+static int body_chunk(atrium_req *req, const char *data, size_t len, bool is_put)
+{
+    media *m = media_of(req);
+    const atrium_host *h = m->h;
+    media_req *st = media_req_state(m, req);
+    if (!st) return ATRIUM_E_NOMEM;
+    if (!st->up) {
+        int rc = upload_begin(m, req, st, is_put);
+        if (rc != MEDIA_GO) return rc < 0 ? rc : ATRIUM_E_INVAL;
+    }
+    upload_state *up = st->up;
+    if (up->tmp.fd < 0) return ATRIUM_E_STATE;
+    if (up->size + (int64_t)len > m->cfg.max_upload_bytes) {
+        store_tmp_discard(&up->tmp);
+        h->respond_error(req, 413, "M_TOO_LARGE", "The upload is larger than %lld bytes",
+                         (long long)m->cfg.max_upload_bytes);
+        return ATRIUM_E_LIMIT;
+    }
+    int rc = store_write_all(up->tmp.fd, data, len);
+    if (rc < 0) {
+        h->log(m->self, ATRIUM_LOG_ERROR, "cannot write upload %s: %s", up->media_id,
+               strerror(-rc));
+        store_tmp_discard(&up->tmp);
+        h->respond_error(req, rc == -ENOSPC ? 507 : 500, "M_UNKNOWN",
+                         "The server could not store the upload");
+        return ATRIUM_E_IO;
+    }
+    sha256_update(&up->sha, data, len);
+    up->size += (int64_t)len;
+    return 0;
+}
+
+int upload_body_chunk(atrium_req *req, const char *data, size_t len)
+{
+    return body_chunk(req, data, len, false);
+}
+
+int upload_put_body_chunk(atrium_req *req, const char *data, size_t len)
+{
+    return body_chunk(req, data, len, true);
+}
+
+/* The row the upload becomes, with the facts read from the committed file. */
+static void fill_row(const upload_state *up, const char *sha, media_row *row)
+{
+    memset(row, 0, sizeof(*row));
+    snprintf(row->media_id, sizeof(row->media_id), "%s", up->media_id);
+    snprintf(row->user_id, sizeof(row->user_id), "%s", up->user_id);
+    snprintf(row->content_type, sizeof(row->content_type), "%s", up->content_type);
+    snprintf(row->upload_name, sizeof(row->upload_name), "%s", up->upload_name);
+    snprintf(row->sha256, sizeof(row->sha256), "%s", sha);
+    row->created_ts = row->uploaded_ts = media_wall_ms();
+    row->size_bytes = up->size;
+    if (render_probe(up->final_path, &row->width, &row->height, &row->frames) != RENDER_OK)
+        row->width = row->height = row->frames = 0;
+}
+
+static int store_failed(media *m, atrium_req *req)
+{
+    m->h->respond_error(req, 500, "M_UNKNOWN", "The server could not store the upload");
+    return ATRIUM_DONE;
+}
+
+/* io pool: POST upload. File durable, then the row, then the answer. */
+static int commit_new(media *m, atrium_req *req, upload_state *up, const char *sha)
+{
+    const atrium_host *h = m->h;
+    if (store_tmp_commit(m, &up->tmp, up->final_path, false) < 0) return store_failed(m, req);
+    media_row row;
+    fill_row(up, sha, &row);
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    int rc = c ? media_db_insert(h, m->self, c, &row) : ATRIUM_E_DB;
+    if (c) h->db_release(c);
+    if (rc != MEDIA_DB_OK) {
+        unlink(up->final_path); /* never acknowledged: leave nothing behind */
+        return busy(m, req);
+    }
+    char mxc[MXC_MAX];
+    snprintf(mxc, sizeof(mxc), "mxc://%s/%s", m->server_name, up->media_id);
+    return media_reply(m, req, json_pack("{s:s}", "content_uri", mxc));
+}
+
+/* io pool: PUT upload, under the reservation's row lock. */
+static int commit_put(media *m, atrium_req *req, upload_state *up, const char *sha)
+{
+    const atrium_host *h = m->h;
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    if (!c) return busy(m, req);
+    media_row row;
+    int rc = media_db_exec(h, m->self, c, "BEGIN");
+    if (rc == MEDIA_DB_OK) rc = media_db_lock_pending(h, m->self, c, up->media_id, &row);
+    int outcome = MEDIA_GO;
+    if (rc == MEDIA_DB_NOTFOUND) {
+        h->respond_error(req, 404, "M_NOT_FOUND", "Unknown media ID");
+        outcome = ATRIUM_DONE;
+    } else if (rc != MEDIA_DB_OK) {
+        outcome = busy(m, req);
+    } else {
+        outcome = check_reservation(m, req, &row, up->user_id);
+    }
+    if (outcome == MEDIA_GO && store_tmp_commit(m, &up->tmp, up->final_path, true) < 0)
+        outcome = store_failed(m, req);
+    if (outcome == MEDIA_GO) {
+        fill_row(up, sha, &row);
+        rc = media_db_complete(h, m->self, c, &row);
+        if (rc == MEDIA_DB_OK) rc = media_db_exec(h, m->self, c, "COMMIT");
+        if (rc != MEDIA_DB_OK) outcome = busy(m, req);
+    }
+    if (outcome != MEDIA_GO) media_db_exec(h, m->self, c, "ROLLBACK");
+    h->db_release(c);
+    if (outcome != MEDIA_GO) return outcome;
+    delivery_upload_landed(m, up->media_id);
+    return media_reply(m, req, json_object());
+}
+
+static int handle(atrium_req *req, bool is_put)
+{
+    media *m = media_of(req);
+    const atrium_host *h = m->h;
+    media_req *st = media_req_state(m, req);
+    if (!st) return ATRIUM_DONE;
+    int reason = h->req_run_reason(req);
+    if (reason == ATRIUM_RUN_HANDOFF) {
+        upload_state *up = st->up;
+        char sha[SHA256_HEX_CHARS + 1];
+        sha256_final_hex(&up->sha, sha);
+        int rc = up->is_put ? commit_put(m, req, up, sha) : commit_new(m, req, up, sha);
+        if (rc == ATRIUM_DONE && !up->is_put) h->metric_add(m->m_uploads, 1);
+        if (rc == ATRIUM_DONE) h->metric_add(m->m_upload_bytes, up->size);
+        return rc;
+    }
+    if (reason == ATRIUM_RUN_SHUTDOWN) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    if (!st->up) { /* an empty body: no chunk ever came */
+        int rc = upload_begin(m, req, st, is_put);
+        if (rc != MEDIA_GO) return rc;
+    }
+    int rc = h->handoff(req, m->io_pool, NULL, 0);
+    if (rc == 0) return ATRIUM_HANDED_OFF;
+    if (rc == ATRIUM_E_LIMIT) {
+        h->respond_limited(req, BUSY_RETRY_AFTER_MS, "Too many uploads are being stored; retry");
+        return ATRIUM_DONE;
+    }
+    h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+    return ATRIUM_DONE;
+}
+
+int upload_handler(atrium_req *req)
+{
+    return handle(req, false);
+}
+
+int upload_put_handler(atrium_req *req)
+{
+    return handle(req, true);
+}
+
+int create_handler(atrium_req *req)
+{
+    media *m = media_of(req);
+    const atrium_host *h = m->h;
+    const char *user = media_authenticate(m, req);
+    if (!user) return ATRIUM_DONE;
+    int64_t wait = h->ratelimit_check(req, m->rl_upload);
+    if (wait > 0) {
+        h->respond_limited(req, wait, "Too many uploads");
+        return ATRIUM_DONE;
+    }
+    char id[MEDIA_ID_GENERATED_CHARS + 1];
+    if (generate_id(id) < 0) return ATRIUM_E_IO;
+    int64_t now = media_wall_ms(), expires = now + m->cfg.unused_expiry_ms;
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    if (!c) return busy(m, req);
+    int rc = media_db_create(h, m->self, c, id, user, now, expires, m->cfg.max_pending_uploads);
+    h->db_release(c);
+    if (rc == ATRIUM_E_LIMIT) {
+        h->respond_limited(req, BUSY_RETRY_AFTER_MS,
+                           "Too many media IDs are waiting for their upload; upload or let "
+                           "them expire first");
+        return ATRIUM_DONE;
+    }
+    if (rc != MEDIA_DB_OK) return busy(m, req);
+    char mxc[MXC_MAX];
+    snprintf(mxc, sizeof(mxc), "mxc://%s/%s", m->server_name, id);
+    return media_reply(
+        m, req,
+        json_pack("{s:s, s:I}", "content_uri", mxc, "unused_expires_at", (json_int_t)expires));
+}
