@@ -53,6 +53,8 @@ static void usage(FILE *f)
             "                                      write a complete, commented config\n"
             "       atrium register-user --config FILE --user NAME [--password PW] [--admin]\n"
             "              [--url URL]            create an account on the running server\n"
+            "       atrium verify-media --config FILE [--json]\n"
+            "                                      check every original against its SHA-256\n"
             "       atrium --version\n"
             "Any setting can be overridden from the environment: ATRIUM__SERVER__HTTP__PORT=8448\n"
             "sets server.http.port (segments joined by \"__\").\n");
@@ -215,6 +217,8 @@ int main(int argc, char **argv)
     const char *plugin_dir = NULL;
     if (argc > 1 && strcmp(argv[1], "register-user") == 0)
         return cli_register_user(argc - 2, argv + 2);
+    if (argc > 1 && strcmp(argv[1], "verify-media") == 0)
+        return cli_verify_media(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *next = i + 1 < argc ? argv[i + 1] : NULL;

@@ -460,6 +460,12 @@ class TrustAndSafetyTest(MediaTestCase):
         self.assertEqual(out.returncode, 1, out.stderr)
         cli_report = json.loads(out.stdout)
         self.assertEqual({d["media_id"]: d["problem"] for d in cli_report["details"]}, problems)
+        # And so does the subcommand that reads both settings from the server's config.
+        out = subprocess.run([atrium_bin(), "verify-media", "--config", srv.config_path, "--json"],
+                             capture_output=True, text=True, timeout=60, cwd=srv.dir)
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertEqual({d["media_id"]: d["problem"] for d in json.loads(out.stdout)["details"]},
+                         problems)
 
 
 if __name__ == "__main__":
