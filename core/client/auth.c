@@ -84,8 +84,9 @@ const char *auth_request(atrium_req *r)
     if (!r->user) {
         json_t *body = json_pack("{s:s, s:s, s:b}", "errcode", "M_UNKNOWN_TOKEN", "error",
                                  "Unknown or revoked access token", "soft_logout", 0);
-        http_respond_json(r, 401, body);
         r->out_headers = NULL;
+        if (http_respond_json(r, 401, body) == 0 && r->response)
+            MHD_add_response_header(r->response, "Cache-Control", "no-store"); /* a failure */
         return NULL;
     }
     return r->user;

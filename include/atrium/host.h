@@ -187,7 +187,8 @@ struct atrium_host {
     /* [req] Authenticate the request by its access token (Authorization: Bearer, or
      * ?access_token=). Returns the user ID (owned by the request; from then on it is the
      * request's client key). On failure the host has set the response (401 M_MISSING_TOKEN
-     * or M_UNKNOWN_TOKEN, 503 when the database is unreachable) and returns NULL: return
+     * or M_UNKNOWN_TOKEN, 503 when the database is unreachable; all with Cache-Control:
+     * no-store) and returns NULL: return
      * ATRIUM_DONE. Looks the token up in PostgreSQL (a short wait at most), so a revoked
      * token is refused at once; a second call on the same request is free. */
     const char *(*req_authenticate)(atrium_req *req);

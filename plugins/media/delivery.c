@@ -79,11 +79,8 @@ int media_reply(media *m, atrium_req *req, json_t *body)
 
 const char *media_authenticate(media *m, atrium_req *req)
 {
-    const char *user = m->h->req_authenticate(req);
-    /* The host's 401 M_UNKNOWN_TOKEN carries no Cache-Control (its M_MISSING_TOKEN and 503
-     * do): every media failure must say no-store. A repeated no-store is harmless. */
-    if (!user) m->h->respond_header(req, "Cache-Control", "no-store");
-    return user;
+    /* The host's failures (401, 503) already carry Cache-Control: no-store. */
+    return m->h->req_authenticate(req);
 }
 
 typedef struct delivering_hold {
@@ -131,6 +128,19 @@ static void authorizing_end(media *m)
 {
     atomic_fetch_sub(&m->authorizing, 1);
     m->h->metric_add(m->m_authorizing, -1);
+}
+
+int delivery_begin(media *m, atrium_req *req, bool legacy, media_req **st)
+{
+    if (legacy && !m->cfg.legacy_media) {
+        m->h->respond_error(req, 404, "M_NOT_FOUND",
+                            "Media not found: use the authenticated /_matrix/client/v1/media "
+                            "endpoints");
+        return ATRIUM_DONE;
+    }
+    *st = media_req_state(m, req);
+    if (!*st) return ATRIUM_DONE;
+    return delivery_enter(m, req, *st, !legacy);
 }
 
 int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate)

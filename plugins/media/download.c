@@ -41,15 +41,8 @@ static bool if_range_allows(const char *if_range, const char *etag)
 static int serve(media *m, atrium_req *req, bool legacy)
 {
     const atrium_host *h = m->h;
-    if (legacy && !m->cfg.legacy_media) {
-        h->respond_error(req, 404, "M_NOT_FOUND",
-                         "Media not found: use the authenticated /_matrix/client/v1/media "
-                         "endpoints");
-        return ATRIUM_DONE;
-    }
-    media_req *st = media_req_state(m, req);
-    if (!st) return ATRIUM_DONE;
-    int rc = delivery_enter(m, req, st, !legacy);
+    media_req *st = NULL;
+    int rc = delivery_begin(m, req, legacy, &st);
     if (rc != MEDIA_GO) return rc;
     const char *file_name = h->req_param(req, "fileName");
     if (file_name && !media_name_acceptable(file_name)) {

@@ -261,8 +261,8 @@ int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, con
 /* [req] Answer 200 with a JSON body (stolen; NULL = out of memory): ATRIUM_DONE, or
  * ATRIUM_E_NOMEM for the host to answer 500. */
 int media_reply(media *m, atrium_req *req, json_t *body);
-/* [req] host->req_authenticate, plus no-store on its failure responses. The user ID, or
- * NULL with the response set (return ATRIUM_DONE). */
+/* [req] host->req_authenticate: the user ID, or NULL with the response (no-store) set
+ * (return ATRIUM_DONE). */
 const char *media_authenticate(media *m, atrium_req *req);
 
 #define MEDIA_GO 100 /* not an outcome: the handler goes on */
@@ -271,6 +271,10 @@ const char *media_authenticate(media *m, atrium_req *req);
  * token (only after admission, so a token revoked while waiting is refused). Returns
  * MEDIA_GO or the outcome to return. */
 int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate);
+/* The start shared by every content handler (download, thumbnail): the legacy paths'
+ * switch (404 unless legacy_media), the request's state, then delivery_enter. MEDIA_GO
+ * with *st set, or the outcome the handler returns as it is. */
+int delivery_begin(media *m, atrium_req *req, bool legacy, media_req **st);
 /* [req] Validate serverName/mediaId, read the row (cached in st), apply the
  * trust-and-safety policy and wait (parked, up to timeout_ms) for an asynchronous upload.
  * Returns MEDIA_GO with st->row filled, or the outcome to return. `legacy` applies the

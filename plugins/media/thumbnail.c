@@ -434,15 +434,8 @@ static bool original_serves(const media_row *row, bool animated, int w, int h)
 static int serve(media *m, atrium_req *req, bool legacy)
 {
     const atrium_host *h = m->h;
-    if (legacy && !m->cfg.legacy_media) {
-        h->respond_error(req, 404, "M_NOT_FOUND",
-                         "Media not found: use the authenticated /_matrix/client/v1/media "
-                         "endpoints");
-        return ATRIUM_DONE;
-    }
-    media_req *st = media_req_state(m, req);
-    if (!st) return ATRIUM_DONE;
-    int rc = delivery_enter(m, req, st, !legacy);
+    media_req *st = NULL;
+    int rc = delivery_begin(m, req, legacy, &st);
     if (rc != MEDIA_GO) return rc;
     thumb_request tr;
     rc = parse_request(m, req, &tr);
