@@ -477,20 +477,32 @@ static json_t *read_keys(PGconn *c, const char *user, const char *v, const char 
     return out;
 }
 
+/* The start of reading or deleting keys: authenticate, read ?version=, begin, and lock
+ * that version (404 when it does not exist). The connection in a transaction, with the
+ * version in *version and as text in v; or NULL with the response set. */
+static PGconn *open_keys_version(atrium_req *r, int64_t *version, char v[VERSION_TEXT_BYTES])
+{
+    if (!auth_request(r) || !request_version(r, version)) return NULL;
+    PGconn *c = begin(r);
+    if (!c) return NULL;
+    int found = lock_version(c, r->user, *version);
+    if (found <= 0) {
+        if (found < 0) finish(r, c, NULL);
+        else fail(r, c, 404, "M_NOT_FOUND", BACKUP_NOT_FOUND);
+        return NULL;
+    }
+    version_text(*version, v);
+    return c;
+}
+
 /* GET /room_keys/keys[/{roomId}[/{sessionId}]]?version= */
 static int get_keys(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
-    int64_t version;
-    if (!request_version(r, &version)) return ATRIUM_DONE;
     const char *room = e2ee_param(r, "roomId"), *session = e2ee_param(r, "sessionId");
-    PGconn *c = begin(r);
-    if (!c) return ATRIUM_DONE;
-    int found = lock_version(c, r->user, version);
-    if (found < 0) return finish(r, c, NULL);
-    if (found == 0) return fail(r, c, 404, "M_NOT_FOUND", BACKUP_NOT_FOUND);
+    int64_t version;
     char v[VERSION_TEXT_BYTES];
-    version_text(version, v);
+    PGconn *c = open_keys_version(r, &version, v);
+    if (!c) return ATRIUM_DONE;
     json_t *keys = read_keys(c, r->user, v, room, session);
     if (!keys) return finish(r, c, NULL);
     json_t *out;
@@ -519,17 +531,11 @@ static int get_keys(atrium_req *r)
 /* DELETE /room_keys/keys[/{roomId}[/{sessionId}]]?version= */
 static int delete_keys(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
-    int64_t version;
-    if (!request_version(r, &version)) return ATRIUM_DONE;
     const char *room = e2ee_param(r, "roomId"), *session = e2ee_param(r, "sessionId");
-    PGconn *c = begin(r);
-    if (!c) return ATRIUM_DONE;
-    int found = lock_version(c, r->user, version);
-    if (found < 0) return finish(r, c, NULL);
-    if (found == 0) return fail(r, c, 404, "M_NOT_FOUND", BACKUP_NOT_FOUND);
+    int64_t version;
     char v[VERSION_TEXT_BYTES];
-    version_text(version, v);
+    PGconn *c = open_keys_version(r, &version, v);
+    if (!c) return ATRIUM_DONE;
     const char *p[4] = {r->user, v, room ? room : "", session ? session : ""};
     PGresult *res = e2ee_sql(c, PGRES_COMMAND_OK,
                              "DELETE FROM e2ee_backup_keys"
