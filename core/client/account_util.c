@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
+#include "core/client/e2ee.h"
 
 /* ---- request bodies ---------------------------------------------------------------------- */
 
@@ -210,6 +211,12 @@ int acc_open_session(PGconn *c, const char *user_id, const char *device_id, cons
         !acc_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2, p))
         return ATRIUM_E_DB;
     return auth_issue_token(c, user_id, device_id, token_out);
+}
+
+void acc_tokens_revoked(PGconn *c, const char *user_id)
+{
+    auth_cache_forget_user(user_id);
+    e2ee_wake_key_change(c, user_id);
 }
 
 bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *device_ids,

@@ -86,6 +86,14 @@ static const atrium_migration MIGRATIONS[] = {
      " enabled boolean,"
      " actions jsonb,"
      " PRIMARY KEY (user_id, rule_id));"},
+    /* Revocations reach every process's token cache (auth_cache.c). */
+    {3, "auth_notify",
+     "CREATE FUNCTION atrium_auth_notify() RETURNS trigger LANGUAGE plpgsql AS $f$"
+     " BEGIN PERFORM pg_notify('atrium_auth', OLD.user_id); RETURN NULL; END $f$;"
+     "CREATE TRIGGER access_tokens_revoked AFTER DELETE ON access_tokens"
+     " FOR EACH ROW EXECUTE FUNCTION atrium_auth_notify();"
+     "CREATE TRIGGER users_rights_changed AFTER UPDATE OF is_admin, deactivated ON users"
+     " FOR EACH ROW EXECUTE FUNCTION atrium_auth_notify();"},
 };
 
 static int accounts_init(http_server *s, rt_metrics *metrics)
@@ -94,7 +102,7 @@ static int accounts_init(http_server *s, rt_metrics *metrics)
         rt_log(ATRIUM_LOG_ERROR, "core", "libsodium failed to initialize");
         return -1;
     }
-    if (ratelimits_init(s->cfg, metrics) < 0) return -1;
+    if (ratelimits_init(s->cfg, metrics) < 0 || auth_cache_init(metrics) < 0) return -1;
     if (acc_register_routes(s) < 0 || acc_admin_register_routes(s) < 0 ||
         acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||
         acc_pushrules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
@@ -112,6 +120,7 @@ static void prepare_dummy_hash(void *arg, bool cancelled)
 /* After migrations: the auth pool makes the unknown-user hash before the first login. */
 static int accounts_start(void)
 {
+    if (auth_cache_start(db_pool_conninfo(db_global())) < 0) return -1;
     rt_pool *pool = auth_pool();
     if (pool && rt_pool_submit(pool, prepare_dummy_hash, NULL) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "could not queue the dummy password hash; the first "
@@ -125,4 +134,5 @@ const client_module ACCOUNTS_MODULE = {
     .n_migrations = sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]),
     .init = accounts_init,
     .start = accounts_start,
+    .stop = auth_cache_stop,
 };

@@ -99,6 +99,11 @@ typedef struct acc_new_account {
     const char *uia_session;    /* forgotten when the account exists; may be NULL */
 } acc_new_account;
 
+/* After committing anything that deleted user_id's devices or tokens: this process's token
+ * cache forgets them at once (others hear the trigger's NOTIFY), and room-mates' parked
+ * syncs learn that the user's device list changed. */
+void acc_tokens_revoked(PGconn *c, const char *user_id);
+
 /* [auth pool] Hash the password, create the user, its profile and (unless inhibit_login)
  * a device with a token in one transaction, and answer 200 {user_id, access_token,
  * device_id}; 400 M_USER_IN_USE when the user exists; 503 on database trouble. Returns

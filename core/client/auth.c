@@ -57,6 +57,8 @@ const char *auth_request(atrium_req *r)
     }
     char hex[65];
     token_hash_hex(token, hex);
+    uint64_t epoch;
+    if (auth_cache_lookup(r, hex, &epoch)) return r->user;
     PGconn *c = db_acquire(db_global(), AUTH_DB_WAIT_MS);
     if (!c) {
         http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
@@ -74,6 +76,7 @@ const char *auth_request(atrium_req *r)
         r->user = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
         r->device = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 1));
         r->is_admin = PQgetvalue(res, 0, 2)[0] == 't' ? 1 : 0;
+        if (r->user && r->device) auth_cache_store(hex, r->user, r->device, r->is_admin, epoch);
     }
     PQclear(res);
     db_release(db_global(), c);
@@ -116,28 +119,6 @@ int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id, c
     if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "storing a token failed: %s", PQresultErrorMessage(res));
     PQclear(res);
     return ok ? 0 : ATRIUM_E_DB;
-}
-
-static int exec1(PGconn *conn, const char *sql, const char *param)
-{
-    const char *params[1] = {param};
-    PGresult *res = PQexecParams(conn, sql, 1, NULL, params, NULL, NULL, 0);
-    bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-    if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "%s", PQresultErrorMessage(res));
-    PQclear(res);
-    return ok ? 0 : ATRIUM_E_DB;
-}
-
-int auth_revoke_token(PGconn *conn, const char *token)
-{
-    char hex[65];
-    token_hash_hex(token, hex);
-    return exec1(conn, "DELETE FROM access_tokens WHERE token_hash = $1", hex);
-}
-
-int auth_revoke_user_tokens(PGconn *conn, const char *user_id)
-{
-    return exec1(conn, "DELETE FROM access_tokens WHERE user_id = $1", user_id);
 }
 
 int auth_hash_password(const char *password, char *hash_out)

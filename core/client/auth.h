@@ -2,10 +2,10 @@
  * core/client/auth.h - who is calling: access tokens, passwords, and the request's user.
  *
  * Access tokens are 256-bit random values; only their SHA-256 is stored (access_tokens),
- * so a database leak does not hand out sessions. Every authenticated request looks its
- * token up in PostgreSQL, so a token revoked by logout stops working at once in every
- * process that shares the database (a cache, when one comes, must be invalidated through
- * LISTEN/NOTIFY: DESIGN §8). Passwords are hashed with Argon2id (libsodium); hashing runs
+ * so a database leak does not hand out sessions. An authenticated request finds its token
+ * in a small cache (auth_cache.c) or in PostgreSQL; a token revoked by logout stops
+ * working at once in this process, and in every other process sharing the database as
+ * soon as PostgreSQL's NOTIFY reaches it (DESIGN §8). Passwords are hashed with Argon2id (libsodium); hashing runs
  * on the small "auth" pool so its memory is bounded and no request-pool thread waits on it.
  * Internal prefix: auth_.
  */
@@ -34,9 +34,6 @@ int auth_is_admin(atrium_req *r);
 /* Mint a token for (user, device), store its hash. token_out gets the token text
  * (AUTH_TOKEN_CHARS + 1 bytes). 0 or ATRIUM_E_DB. conn: a connection the caller holds. */
 int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id, char *token_out);
-/* Forget one token / every token of a user (logout, logout/all). 0 or ATRIUM_E_DB. */
-int auth_revoke_token(PGconn *conn, const char *token);
-int auth_revoke_user_tokens(PGconn *conn, const char *user_id);
 
 /* Argon2id. hash_out must hold crypto_pwhash_STRBYTES (128). 0 or ATRIUM_E_NOMEM. Slow
  * and memory-hungry by design: call on the auth pool (auth_pool()). */
@@ -53,6 +50,23 @@ void auth_prepare_dummy_hash(void);
 /* The pool password hashing runs on (2 threads: at most 2 hashes' memory at once). */
 rt_pool *auth_pool(void);
 void auth_set_pool(rt_pool *p);
+
+/* ---- the token cache (auth_cache.c) ------------------------------------------------- */
+/* Register its metrics; 0 or -1. At start-up, before requests. */
+int auth_cache_init(rt_metrics *metrics);
+/* Start / stop the listener of revocations from other processes (NOTIFY atrium_auth). The
+ * cache answers nothing while the listener is not connected. */
+int auth_cache_start(const char *conninfo);
+void auth_cache_stop(void);
+/* [req] A cached (user, device, admin) for the token hash, set on r; false on a miss.
+ * *epoch_out is what auth_cache_store needs after the database look-up. */
+bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out);
+void auth_cache_store(const char *hash, const char *user, const char *device, int admin,
+                      uint64_t read_epoch);
+/* Any thread: forget every cached token of user_id. Call after committing anything that
+ * deletes a user's tokens or changes their admin or deactivated flag; other processes
+ * learn it from the trigger's NOTIFY. */
+void auth_cache_forget_user(const char *user_id);
 
 /* The token of the request, or NULL. */
 const char *auth_token_of(atrium_req *r);

@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/e2ee.h"
 
 #define DEVICES_DELETE_PURPOSE "delete_devices"
 #define PASSWORD_PURPOSE "password"
@@ -108,7 +107,7 @@ static int finish_delete(atrium_req *r, const delete_state *st)
     if (ok) uia_forget(c, st->auth.session);
     ok = ok && acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
-    else e2ee_wake_key_change(c, r->user); /* room-mates' syncs: device list changed */
+    else acc_tokens_revoked(c, r->user);
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
     return http_respond_json(r, 200, json_object());
@@ -187,7 +186,7 @@ static int finish_password(atrium_req *r, const password_state *st)
     if (ok) uia_forget(c, st->auth.session);
     ok = ok && acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
-    else e2ee_wake_key_change(c, r->user); /* room-mates' syncs: device list changed */
+    else acc_tokens_revoked(c, r->user);
     acc_db_release(c);
     sodium_memzero(hash, sizeof(hash));
     if (!ok) return acc_db_failed(r);

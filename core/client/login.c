@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/e2ee.h"
 #include "core/client/ratelimits.h"
 
 typedef struct login_state {
@@ -67,6 +66,7 @@ static int finish_login(atrium_req *r, const login_state *st)
                                 token) == 0;
     ok = ok && acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    else auth_cache_forget_user(st->user_id); /* a re-used device ID lost its old tokens */
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
     json_t *body = json_pack("{s:s, s:s, s:s, s:s}", "user_id", st->user_id, "access_token",
@@ -141,7 +141,7 @@ static int post_logout(atrium_req *r)
     bool ok = acc_exec(c, "BEGIN", 0, NULL) && acc_delete_devices(c, r->user, ids, 1, NULL) &&
               acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
-    else e2ee_wake_key_change(c, r->user); /* room-mates' syncs: device list changed */
+    else acc_tokens_revoked(c, r->user);
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
     return http_respond_json(r, 200, json_object());
@@ -156,7 +156,7 @@ static int post_logout_all(atrium_req *r)
     bool ok = acc_exec(c, "BEGIN", 0, NULL) && acc_delete_devices(c, r->user, NULL, 0, NULL) &&
               acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
-    else e2ee_wake_key_change(c, r->user); /* room-mates' syncs: device list changed */
+    else acc_tokens_revoked(c, r->user);
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
     return http_respond_json(r, 200, json_object());

@@ -176,6 +176,11 @@ void db_release(db_pool *p, PGconn *c)
     rt_metric_add(p->m_in_use, -1);
 }
 
+const char *db_pool_conninfo(const db_pool *p)
+{
+    return p->conninfo;
+}
+
 void db_pool_free(db_pool *p)
 {
     if (!p) return;

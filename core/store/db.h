@@ -32,6 +32,8 @@ int db_pool_connect(db_pool *p, int retry_s);
 PGconn *db_acquire(db_pool *p, int64_t timeout_ms);
 void db_release(db_pool *p, PGconn *c);
 void db_pool_free(db_pool *p);
+/* The connection string the pool was made with (for dedicated connections: LISTEN). */
+const char *db_pool_conninfo(const db_pool *p);
 
 /* Apply owner's pending migrations (versions ascending, each recorded). 0 or -1 (logged). */
 int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n);

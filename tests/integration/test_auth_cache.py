@@ -1,0 +1,80 @@
+"""The token cache: repeated requests with one token read PostgreSQL once, and a revoked
+token is refused at once in the process that revoked it and, through PostgreSQL's NOTIFY,
+promptly in another process sharing the database."""
+
+import time
+import unittest
+
+from accounts import REGISTRATION_ON, login, register
+from common import AtriumTestCase, wait_until
+from harness import Server, create_database, drop_database, psql
+
+WHOAMI = "/_matrix/client/v3/account/whoami"
+
+
+class TokenCacheTest(AtriumTestCase):
+    def test_a_token_is_read_from_the_database_once_then_served_from_the_cache(self):
+        srv = self.start_server(settings=REGISTRATION_ON)
+        alice = register(srv, "alice")
+
+        def served_from_cache():  # true once the listener is connected and alice is cached
+            srv.json("GET", WHOAMI, token=alice.token)
+            return srv.metric("atrium_auth_cache_hits_total") > 0
+
+        wait_until(served_from_cache, what="the cache in use")
+        hits = srv.metric("atrium_auth_cache_hits_total")
+        misses = srv.metric("atrium_auth_cache_misses_total")
+        for _ in range(5):
+            self.assertEqual(srv.json("GET", WHOAMI, token=alice.token)[1]["user_id"], alice.user_id)
+        self.assertEqual(srv.metric("atrium_auth_cache_hits_total"), hits + 5)
+        self.assertEqual(srv.metric("atrium_auth_cache_misses_total"), misses)
+
+    def test_logout_refuses_a_cached_token_at_once_in_the_same_process(self):
+        srv = self.start_server(settings=REGISTRATION_ON)
+        register(srv, "bob")
+        phone, laptop = login(srv, "bob", device_id="PHONE"), login(srv, "bob", device_id="LAPTOP")
+        for acct in (phone, laptop):  # both cached now
+            self.assertEqual(srv.json("GET", WHOAMI, token=acct.token)[0], 200)
+            self.assertEqual(srv.json("GET", WHOAMI, token=acct.token)[0], 200)
+        self.assertEqual(srv.json("POST", "/_matrix/client/v3/logout/all", {}, token=phone.token)[0], 200)
+        for acct in (phone, laptop):
+            status, body = srv.json("GET", WHOAMI, token=acct.token)
+            self.assertEqual((status, body["errcode"]), (401, "M_UNKNOWN_TOKEN"))
+
+    def test_a_token_revoked_by_another_process_is_refused_promptly(self):
+        db = create_database()
+        self.addCleanup(drop_database, db)
+        a = Server(database=db, settings=REGISTRATION_ON, start=False)
+        b = Server(database=db, settings=REGISTRATION_ON, start=False)
+        for s in (a, b):
+            self.addCleanup(s.close)
+            s.start()
+        carol = register(a, "carol")
+
+        def cached_in_b():
+            self.assertEqual(b.json("GET", WHOAMI, token=carol.token)[0], 200)
+            return b.metric("atrium_auth_cache_hits_total") > 0
+
+        wait_until(cached_in_b, what="carol's token cached in b")
+        self.assertEqual(a.json("POST", "/_matrix/client/v3/logout", {}, token=carol.token)[0], 200)
+        started = time.monotonic()
+        wait_until(lambda: b.json("GET", WHOAMI, token=carol.token)[0] == 401, timeout=5,
+                   what="b refuses the revoked token")
+        self.assertLess(time.monotonic() - started, 2.0, "NOTIFY reaches the other process promptly")
+
+    def test_a_revocation_written_straight_into_the_database_also_reaches_the_cache(self):
+        srv = self.start_server(settings=REGISTRATION_ON)
+        dave = register(srv, "dave")
+
+        def cached():
+            self.assertEqual(srv.json("GET", WHOAMI, token=dave.token)[0], 200)
+            return srv.metric("atrium_auth_cache_hits_total") > 0
+
+        wait_until(cached, what="dave's token cached")
+        psql(f"UPDATE users SET deactivated = true WHERE user_id = '{dave.user_id}'", database=srv.database)
+        wait_until(lambda: srv.json("GET", WHOAMI, token=dave.token)[0] == 401, timeout=5,
+                   what="a deactivated user's cached token refused")
+
+
+if __name__ == "__main__":
+    unittest.main()
