@@ -20,6 +20,7 @@
  * who renders (thumbnail.c).
  */
 #include <vips/vips.h>
+#include <vips/vector.h> /* vips_vector_set_enabled: not in vips.h in 8.14 */
 #include <webp/encode.h>
 #include <webp/mux.h>
 
@@ -46,6 +47,10 @@ int render_global_init(media *m)
     vips_cache_set_max_mem(0);
     vips_cache_set_max_files(0);
     vips_concurrency_set(1);
+    /* No run-time code generation (liborc): concurrent renders crashed inside liborc's
+     * JIT code allocator (orc_code_allocate_codemem) in a gallery test, and a crash of the
+     * whole server costs more than the SIMD speed-up of resizing. */
+    vips_vector_set_enabled(FALSE);
     vips_block_untrusted_set(TRUE);
     vips_operation_block_set("VipsForeignLoad", TRUE);
     for (size_t i = 0; TRUSTED_LOADERS[i]; i++) vips_operation_block_set(TRUSTED_LOADERS[i], FALSE);
