@@ -134,6 +134,43 @@ bool e2ee_id_ok(const char *s)
     return n > 0 && n <= E2EE_MAX_ID_BYTES;
 }
 
+const char *e2ee_check_device_map(const json_t *map, const char *what, size_t max_pairs,
+                                  bool (*value_ok)(const json_t *value),
+                                  const char *value_rule)
+{
+    static _Thread_local char msg[192];
+    if (!json_is_object(map)) {
+        snprintf(msg, sizeof(msg), "%s must be an object", what);
+        return msg;
+    }
+    size_t pairs = 0;
+    const char *user, *device;
+    json_t *devices, *value;
+    json_object_foreach((json_t *)map, user, devices) {
+        if (!json_is_object(devices)) {
+            snprintf(msg, sizeof(msg), "%s must map user IDs to objects of device ID -> %s",
+                     what, value_rule);
+            return msg;
+        }
+        json_object_foreach(devices, device, value) {
+            if (!e2ee_id_ok(device)) {
+                snprintf(msg, sizeof(msg), "%s: a device ID is empty or too long", what);
+                return msg;
+            }
+            if (!value_ok(value)) {
+                snprintf(msg, sizeof(msg), "%s: each device maps to %s", what, value_rule);
+                return msg;
+            }
+            if (++pairs > max_pairs) {
+                snprintf(msg, sizeof(msg), "%s: more than %zu devices in one request", what,
+                         max_pairs);
+                return msg;
+            }
+        }
+    }
+    return NULL;
+}
+
 /* ---- database ----------------------------------------------------------------------------- */
 
 PGconn *e2ee_db(atrium_req *r)

@@ -51,6 +51,12 @@ bool e2ee_user_is_local(const atrium_req *r, const char *user_id);
 const char *e2ee_user_domain(const char *user_id);
 /* Is s a usable identifier: non-empty, at most E2EE_MAX_ID_BYTES, no control characters. */
 bool e2ee_id_ok(const char *s);
+/* Is `map` {user ID: {device ID: value}} well formed and within `max_pairs` pairs? Every
+ * device ID must pass e2ee_id_ok and every value value_ok. NULL, or a message for 400
+ * M_BAD_JSON naming `what` (the field). */
+const char *e2ee_check_device_map(const json_t *map, const char *what, size_t max_pairs,
+                                  bool (*value_ok)(const json_t *value),
+                                  const char *value_rule);
 
 /* ---- database ----------------------------------------------------------------------------- */
 

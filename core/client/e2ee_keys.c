@@ -267,25 +267,9 @@ static void remote_failure(json_t *failures, const char *user_id)
                                   "Federation is not available on this server"));
 }
 
-/* Is `req` {user: {device: algorithm}} within the caps? NULL, or a message. */
-static const char *check_claim(const json_t *req)
+static bool is_algorithm(const json_t *v)
 {
-    if (!json_is_object(req)) return "one_time_keys must be an object";
-    size_t pairs = 0;
-    const char *user;
-    json_t *devices;
-    json_object_foreach((json_t *)req, user, devices) {
-        if (!json_is_object(devices))
-            return "one_time_keys must map user IDs to objects of device ID -> algorithm";
-        const char *device;
-        json_t *alg;
-        json_object_foreach(devices, device, alg) {
-            if (!json_is_string(alg) || !e2ee_id_ok(json_string_value(alg)))
-                return "one_time_keys: each device maps to an algorithm name";
-            if (++pairs > E2EE_CLAIM_MAX_DEVICES) return "too many devices in one claim";
-        }
-    }
-    return NULL;
+    return json_is_string(v) && e2ee_id_ok(json_string_value(v));
 }
 
 /* POST /_matrix/client/v3/keys/claim */
@@ -295,7 +279,8 @@ static int post_keys_claim(atrium_req *r)
     json_t *body = acc_body(r);
     if (!body) return ATRIUM_DONE;
     const json_t *req = json_object_get(body, "one_time_keys");
-    const char *msg = check_claim(req);
+    const char *msg = e2ee_check_device_map(req, "one_time_keys", E2EE_CLAIM_MAX_DEVICES,
+                                            is_algorithm, "an algorithm name");
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
     json_t *timeout = json_object_get(body, "timeout");
     if (timeout && !json_is_integer(timeout))

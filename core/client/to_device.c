@@ -32,25 +32,9 @@
  * are pruned when that device sends again, so the table stays bounded per device. */
 #define TO_DEVICE_TXN_RETENTION_MS (24 * 60 * 60 * 1000)
 
-/* Is messages {user: {device or "*": object}} within the caps? NULL, or a message. */
-static const char *check_messages(const json_t *messages)
+static bool is_content(const json_t *v)
 {
-    if (!json_is_object(messages)) return "messages must be an object";
-    size_t n = 0;
-    const char *user;
-    json_t *devices;
-    json_object_foreach((json_t *)messages, user, devices) {
-        if (!json_is_object(devices))
-            return "messages must map user IDs to objects of device ID -> content";
-        const char *device;
-        json_t *content;
-        json_object_foreach(devices, device, content) {
-            if (!json_is_object(content)) return "each message's content must be an object";
-            if (!e2ee_id_ok(device)) return "a device ID is empty or too long";
-            if (++n > TO_DEVICE_MAX_MESSAGES) return "too many messages in one request";
-        }
-    }
-    return NULL;
+    return json_is_object(v);
 }
 
 /* Store the messages for one user's devices ({device or "*": content}) in one statement;
@@ -89,7 +73,8 @@ static int put_send_to_device(atrium_req *r)
     json_t *body = acc_body(r);
     if (!body) return ATRIUM_DONE;
     const json_t *messages = json_object_get(body, "messages");
-    const char *msg = check_messages(messages);
+    const char *msg = e2ee_check_device_map(messages, "messages", TO_DEVICE_MAX_MESSAGES,
+                                            is_content, "a content object");
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
 
     PGconn *c = e2ee_db(r);

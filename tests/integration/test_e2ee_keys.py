@@ -339,6 +339,8 @@ class KeysClaimTest(E2eeServerCase):
     def test_bad_claims_are_refused(self):
         cases = [{}, {"one_time_keys": []}, {"one_time_keys": {self.erin.user_id: ["DEV"]}},
                  {"one_time_keys": {self.erin.user_id: {"DEV": 1}}},
+                 {"one_time_keys": {self.erin.user_id: {"": "signed_curve25519"}}},
+                 {"one_time_keys": {self.erin.user_id: {"D" * 256: "signed_curve25519"}}},
                  {"one_time_keys": {f"@u{i}:localhost": {"D": "a"} for i in range(1001)}}]
         for body in cases:
             with self.subTest(body=str(body)[:80]):
