@@ -19,12 +19,36 @@ import hashlib
 import itertools
 import json
 import secrets
+import unittest
 import urllib.parse
 
-from harness import psql
+from accounts import REGISTRATION_ON, register
+from harness import Server, psql
 
 V3 = "/_matrix/client/v3"
 _txn_counter = itertools.count(1)
+
+
+class SharedServerTest(unittest.TestCase):
+    """One server for a whole TestCase class, with one registered Client per name in USERS
+    (as cls.<name>): registering costs an Argon2id hash each, so the class shares them."""
+
+    USERS = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server(settings=REGISTRATION_ON)
+        cls.srv.__enter__()
+        try:
+            for name in cls.USERS:
+                setattr(cls, name, Client(cls.srv, register(cls.srv, name)))
+        except BaseException:
+            cls.srv.__exit__(None, None, None)
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.__exit__(None, None, None)
 
 
 def quote(value):

@@ -15,28 +15,14 @@ import urllib.parse
 from accounts import REGISTRATION_ON, login, register
 from common import Background
 from harness import Server
-from rooms_client import (V3, Client, content_hash, quote, reference_event_id, stored_pdus)
+from rooms_client import (SharedServerTest, V3, Client, content_hash, quote,
+                          reference_event_id, stored_pdus)
 
 EVENT_MAX_PDU_BYTES = 65536
 
 
-class RoomsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = Server(settings=REGISTRATION_ON)
-        cls.srv.__enter__()
-        try:
-            cls.alice = Client(cls.srv, register(cls.srv, "alice"))
-            cls.bob = Client(cls.srv, register(cls.srv, "bob"))
-            cls.carol = Client(cls.srv, register(cls.srv, "carol"))
-            cls.dave = Client(cls.srv, register(cls.srv, "dave"))
-        except BaseException:
-            cls.srv.__exit__(None, None, None)
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.__exit__(None, None, None)
+class RoomsTest(SharedServerTest):
+    USERS = ("alice", "bob", "carol", "dave")
 
     def room_path(self, room, rest=""):
         return f"{V3}/rooms/{quote(room)}{rest}"

@@ -14,7 +14,7 @@ import urllib.parse
 from accounts import REGISTRATION_ON, register
 from common import thread_count, wait_until
 from harness import Server
-from rooms_client import V3, Client, crowd, quote, timeline_bodies
+from rooms_client import SharedServerTest, V3, Client, crowd, quote, timeline_bodies
 
 CROWD = 200
 CROWD_IN_ROOM = 50
@@ -52,22 +52,8 @@ def read_response(sock):
     return status, json.loads(body)
 
 
-class SyncTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = Server(settings=REGISTRATION_ON)
-        cls.srv.__enter__()
-        try:
-            cls.alice = Client(cls.srv, register(cls.srv, "alice"))
-            cls.bob = Client(cls.srv, register(cls.srv, "bob"))
-            cls.carol = Client(cls.srv, register(cls.srv, "carol"))
-        except BaseException:
-            cls.srv.__exit__(None, None, None)
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.__exit__(None, None, None)
+class SyncTest(SharedServerTest):
+    USERS = ("alice", "bob", "carol")
 
     def test_initial_then_incremental_sync_report_each_event_once(self):
         room = self.alice.create_room(preset="public_chat", name="Sync")
