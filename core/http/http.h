@@ -248,7 +248,7 @@ int susp_event_signal(struct atrium_event *ev);
 struct atrium_event *susp_event_new(http_server *s);
 int susp_line_admit(atrium_req *r, rt_line *line, int64_t max_wait_ms);
 /* Release a line slot and pass it on (used by the line hold). */
-void susp_line_release(http_server *s, rt_line *line);
+void susp_line_release(rt_line *line);
 /* Resume every suspended request (shutdown). */
 void susp_expire_all(http_server *s);
 /* Cleanup at completion: a waiter still in a line leaves it. */

@@ -256,37 +256,24 @@ int susp_event_signal(struct atrium_event *ev)
 
 /* ---- admission lines ---------------------------------------------------------------- */
 
-typedef struct line_hold {
-    http_server *srv;
-    rt_line *line;
-} line_hold;
-
-void susp_line_release(http_server *s, rt_line *line)
+void susp_line_release(rt_line *line)
 {
     rt_line_waiter *w = rt_line_release(line);
     if (!w) return;
     /* The slot passed to w: we unlinked it, so we resume it (nobody else will). */
     atrium_req *r = w->ctx;
     susp_resume(r, ACT_REDISPATCH, ATRIUM_RUN_GRANTED, 0, NULL);
-    (void)s;
 }
 
-static void line_hold_release(void *arg)
+static void line_hold_release(void *line)
 {
-    line_hold *h = arg;
-    susp_line_release(h->srv, h->line);
+    susp_line_release(line);
 }
 
+/* The slot becomes a hold: given back after the last byte or when the client leaves. */
 static int line_take_hold(atrium_req *r, rt_line *line)
 {
-    line_hold *h = rt_arena_alloc(r->arena, sizeof(*h));
-    if (!h) {
-        susp_line_release(r->srv, line);
-        return ATRIUM_E_NOMEM;
-    }
-    h->srv = r->srv;
-    h->line = line;
-    int rc = http_req_add_hold(r, line_hold_release, h);
+    int rc = http_req_add_hold(r, line_hold_release, line);
     return rc == 0 ? ATRIUM_OK : rc;
 }
 
@@ -328,7 +315,7 @@ void susp_request_done(atrium_req *r)
 {
     /* A handler that was granted a slot but never took it (it failed before calling
      * line_admit again) must not leak the slot. */
-    if (r->line_waiting && r->line && !r->line_cancelled) susp_line_release(r->srv, r->line);
+    if (r->line_waiting && r->line && !r->line_cancelled) susp_line_release(r->line);
     r->line_waiting = false;
 }
 
