@@ -5,9 +5,10 @@
  * -> HTTP server object (routes are registered before listening) -> PostgreSQL (bounded
  * retry) -> core migrations -> plugins (init) -> plugin migrations -> plugins (start)
  * -> listen. Any failure stops start-up with the line that says why.
- * Shutdown (SIGINT/SIGTERM): stop accepting -> answer every parked and handed-off request
- * -> let running requests finish within server.shutdown_grace_ms -> stop plugins (their
- * pools drain) -> stop libmicrohttpd -> fini plugins -> close PostgreSQL.
+ * Shutdown (SIGINT/SIGTERM): refuse new requests (503, Connection: close) -> answer every
+ * parked and handed-off request -> let running requests finish within
+ * server.shutdown_grace_ms -> stop plugins (their pools drain) -> stop libmicrohttpd -> fini
+ * plugins -> close PostgreSQL.
  * Signals are blocked in every thread and taken here with sigwait, so no handler runs
  * inside library code.
  */
@@ -178,9 +179,9 @@ static int serve(const char *config_path)
 
     int sig = 0;
     sigwait(&stop_signals, &sig);
+    http_server_quiesce(rt.http); /* before the line: tests read it as "now refusing" */
     rt_log(ATRIUM_LOG_INFO, "core", "received %s; stopping (grace %d ms)", strsignal(sig),
            cfg.shutdown_grace_ms);
-    http_server_quiesce(rt.http);
     http_server_expire_suspended(rt.http);
     http_server_drain(rt.http, cfg.shutdown_grace_ms);
     exit_code = 0;

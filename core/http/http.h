@@ -59,6 +59,7 @@ struct http_server {
     susp_timer *timer;
     rt_budget *outbound; /* ADR-0079 */
     atomic_bool stopping;
+    atomic_bool draining; /* stop signal taken: new requests get 503 */
     int max_connections;
     pthread_mutex_t events_mu;
     struct atrium_event *events; /* every event, for shutdown */
@@ -71,7 +72,9 @@ struct http_server {
 http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics);
 /* Bind and listen (MHD's thread pool starts). 0 or -1 (logged). */
 int http_server_start(http_server *s);
-/* Stop accepting new connections; keep serving those that exist. */
+/* Refuse new requests with 503 (Connection: close) and keep serving those in flight.
+ * The listening socket stays open until http_server_stop: MHD_quiesce_daemon races its
+ * own epoll workers in libmicrohttpd 0.9.75 and can abort the process. */
 void http_server_quiesce(http_server *s);
 /* Answer every parked or handed-off request (parked ones run again with reason
  * _SHUTDOWN; handed-off ones get 503) and refuse new parks and handoffs. */

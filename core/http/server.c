@@ -88,14 +88,20 @@ static enum MHD_Result dispatch(atrium_req *r)
     return queue_own(r);
 }
 
-/* First call for a request: route it and decide whether it is answered before its body. */
-static void prepare(atrium_req *r)
+/* First call for a request: route it and decide whether it is answered before its body
+ * (true: answer now, MHD closes the connection after). */
+static bool prepare(atrium_req *r)
 {
     http_server *s = r->srv;
     rt_metric_add(s->m_requests, 1);
+    if (atomic_load(&s->draining)) {
+        http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+        http_respond_header(r, "Connection", "close");
+        return true;
+    }
     if (strcmp(r->method, "OPTIONS") == 0) {
         http_respond_json(r, 200, json_object()); /* CORS preflight: headers do the work */
-        return;
+        return false;
     }
     bool wrong_method = false;
     r->route = router_match(s->router, r->method, r->raw_path, r->arena, &r->param_names,
@@ -106,7 +112,7 @@ static void prepare(atrium_req *r)
                                r->method);
         else
             http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
-        return;
+        return false;
     }
     r->max_body = r->route->route.max_body_bytes > 0 ? r->route->route.max_body_bytes
                                                      : s->cfg->http.max_json_body_bytes;
@@ -121,6 +127,7 @@ static void prepare(atrium_req *r)
             r->body_too_large = true;
         }
     }
+    return r->body_too_large;
 }
 
 static void take_body(atrium_req *r, const char *data, size_t size)
@@ -177,9 +184,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         if (!r) return MHD_NO;
         *con_cls = r;
         atomic_fetch_add(&inflight_requests, 1);
-        prepare(r);
         /* Refused before its body: answer now; MHD closes the connection after. */
-        if (r->body_too_large) return queue_own(r);
+        if (prepare(r)) return queue_own(r);
         return MHD_YES;
     }
     if (*upload_data_size) {
@@ -358,9 +364,7 @@ int http_server_start(http_server *s)
 
 void http_server_quiesce(http_server *s)
 {
-    if (!s->daemon) return;
-    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+    atomic_store(&s->draining, true);
 }
 
 void http_server_expire_suspended(http_server *s)

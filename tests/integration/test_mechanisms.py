@@ -2,6 +2,8 @@
 handoff, parking, holds, admission lines, the outbound budget, deadlines, rate limits,
 PostgreSQL, and shutdown with requests still waiting."""
 
+import http.client
+import json
 import socket
 import time
 import unittest
@@ -160,6 +162,41 @@ class ParkTest(AtriumTestCase):
             self.assertEqual(status, 503, data)
             self.assertIsNotNone(headers.get("Retry-After"))
             self.assertLess(p.finished_at - started, 2.0, "answered as the stop began")
+
+    def test_new_requests_during_the_drain_get_503_while_a_running_one_finishes(self):
+        srv = self.start_server(plugins=with_testplug())
+        keep_alive = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        keep_alive.request("GET", "/_matrix/client/versions")
+        self.assertEqual(keep_alive.getresponse().read()[:1], b"{")
+        # A body the client reads slowly keeps the drain open.
+        size = 16 * 1024 * 1024
+        slow = raw_connect(srv.port, rcvbuf=16384)
+        slow.sendall(f"GET /_test/slow?bytes={size} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        status, _, rest = read_head(slow)
+        self.assertEqual(status, 200)
+        stopping = Background(srv.stop)
+        srv.wait_for_log("stopping")
+        for label, ask in (("new connection", lambda: srv.request("GET", "/_matrix/client/versions")),
+                           ("kept-alive connection", lambda: self._ask(keep_alive))):
+            status, headers, data = ask()
+            self.assertEqual(status, 503, label)
+            self.assertEqual(json.loads(data)["errcode"], "M_UNKNOWN", label)
+            self.assertIsNotNone(headers.get("Retry-After"), label)
+            self.assertEqual(headers.get("Connection", "").lower(), "close", label)
+        self.assertFalse(stopping.done(), "the running request holds the exit")
+        received = len(rest)
+        while received < size:
+            chunk = slow.recv(1 << 20)
+            self.assertTrue(chunk, "the running body was cut off")
+            received += len(chunk)
+        slow.close()
+        self.assertEqual(stopping.result(), 0)
+
+    @staticmethod
+    def _ask(conn):
+        conn.request("GET", "/_matrix/client/versions")
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read()
 
 
 class HoldTest(AtriumTestCase):
