@@ -80,6 +80,21 @@ bool acc_object(atrium_req *r, json_t *obj, const char *key, bool required, json
     return true;
 }
 
+bool acc_user_identifier(atrium_req *r, json_t *obj, const char **user)
+{
+    json_t *ident;
+    *user = NULL;
+    if (!acc_object(r, obj, "identifier", false, &ident)) return false;
+    if (!ident) return acc_string(r, obj, "user", false, ACC_USER_ID_MAX_BYTES, user);
+    const char *itype;
+    if (!acc_string(r, ident, "type", true, 0, &itype)) return false;
+    if (strcmp(itype, "m.id.user") != 0) {
+        http_respond_error(r, 400, "M_UNKNOWN", "Only m.id.user identifiers are supported");
+        return false;
+    }
+    return acc_string(r, ident, "user", true, ACC_USER_ID_MAX_BYTES, user);
+}
+
 const char *acc_query_arg(atrium_req *r, const char *name)
 {
     for (size_t i = 0; i < r->n_args; i++)

@@ -46,6 +46,10 @@ bool acc_string(atrium_req *r, json_t *obj, const char *key, bool required, size
 bool acc_bool(atrium_req *r, json_t *obj, const char *key, bool def, bool *out);
 /* An object field (absent: *out NULL). */
 bool acc_object(atrium_req *r, json_t *obj, const char *key, bool required, json_t **out);
+/* [req] Who a login or an auth stage names: `identifier` {type: m.id.user, user}, else the
+ * deprecated top-level `user` (*user NULL when neither is there). false after answering 400
+ * (M_UNKNOWN for another identifier type). */
+bool acc_user_identifier(atrium_req *r, json_t *obj, const char **user);
 /* The value of query parameter name, or NULL. */
 const char *acc_query_arg(atrium_req *r, const char *name);
 

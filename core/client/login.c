@@ -75,34 +75,19 @@ static int finish_login(atrium_req *r, const login_state *st)
     return http_respond_json(r, 200, body);
 }
 
-/* Who is logging in: identifier {type: m.id.user, user} or the deprecated top-level user.
- * *user is NULL after answering 400. */
+/* Who is logging in (acc_user_identifier); third-party identifiers are refused. *user is
+ * NULL after answering 400. */
 static bool login_user(atrium_req *r, json_t *body, const char **user)
 {
-    json_t *ident;
-    *user = NULL;
-    if (!acc_object(r, body, "identifier", false, &ident)) return false;
-    if (ident) {
-        const char *itype;
-        if (!acc_string(r, ident, "type", true, 0, &itype)) return false;
-        if (strcmp(itype, "m.id.user") != 0) {
-            http_respond_error(r, 400, "M_UNKNOWN", "Only m.id.user identifiers are supported");
-            return false;
-        }
-        return acc_string(r, ident, "user", true, ACC_USER_ID_MAX_BYTES, user);
-    }
+    if (!acc_user_identifier(r, body, user)) return false;
+    if (*user) return true;
     const char *medium;
     if (!acc_string(r, body, "medium", false, 0, &medium)) return false;
-    if (medium) {
+    if (medium)
         http_respond_error(r, 400, "M_UNKNOWN", "Third-party identifiers are not supported");
-        return false;
-    }
-    if (!acc_string(r, body, "user", false, ACC_USER_ID_MAX_BYTES, user)) return false;
-    if (!*user) {
+    else
         http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'identifier'");
-        return false;
-    }
-    return true;
+    return false;
 }
 
 /* POST /_matrix/client/v3/login */
@@ -131,14 +116,15 @@ static int post_login(atrium_req *r)
     return acc_to_auth_pool(r, st);
 }
 
-/* POST /_matrix/client/v3/logout: this device and its tokens. The body may be empty. */
-static int post_logout(atrium_req *r)
+/* Deletes this device (all: every device of the user) with its tokens in one transaction. */
+static int logout_devices(atrium_req *r, bool all)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
     const char *ids[1] = {r->device};
-    bool ok = acc_exec(c, "BEGIN", 0, NULL) && acc_delete_devices(c, r->user, ids, 1, NULL) &&
+    bool ok = acc_exec(c, "BEGIN", 0, NULL) &&
+              acc_delete_devices(c, r->user, all ? NULL : ids, all ? 0 : 1, NULL) &&
               acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
     else acc_tokens_revoked(c, r->user);
@@ -147,19 +133,16 @@ static int post_logout(atrium_req *r)
     return http_respond_json(r, 200, json_object());
 }
 
+/* POST /_matrix/client/v3/logout: this device and its tokens. The body may be empty. */
+static int post_logout(atrium_req *r)
+{
+    return logout_devices(r, false);
+}
+
 /* POST /_matrix/client/v3/logout/all: every device of the user. */
 static int post_logout_all(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
-    if (!c) return ATRIUM_DONE;
-    bool ok = acc_exec(c, "BEGIN", 0, NULL) && acc_delete_devices(c, r->user, NULL, 0, NULL) &&
-              acc_exec(c, "COMMIT", 0, NULL);
-    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
-    else acc_tokens_revoked(c, r->user);
-    acc_db_release(c);
-    if (!ok) return acc_db_failed(r);
-    return http_respond_json(r, 200, json_object());
+    return logout_devices(r, true);
 }
 
 /* GET /_matrix/client/v3/account/whoami */

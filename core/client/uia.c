@@ -140,21 +140,8 @@ bool uia_password_begin(atrium_req *r, json_t *body, const char *purpose, uia_pa
         return false;
     }
     if (!uia_check(r, auth, UIA_STAGE_PASSWORD, purpose, r->user, &p->session)) return false;
-    /* Who: identifier {type: m.id.user, user} or the deprecated top-level user. */
-    json_t *ident;
-    const char *who = NULL;
-    if (!acc_object(r, auth, "identifier", false, &ident)) return false;
-    if (ident) {
-        const char *itype;
-        if (!acc_string(r, ident, "type", true, 0, &itype)) return false;
-        if (strcmp(itype, "m.id.user") != 0) {
-            http_respond_error(r, 400, "M_UNKNOWN", "Only m.id.user identifiers are supported");
-            return false;
-        }
-        if (!acc_string(r, ident, "user", true, ACC_USER_ID_MAX_BYTES, &who)) return false;
-    } else if (!acc_string(r, auth, "user", false, ACC_USER_ID_MAX_BYTES, &who)) {
-        return false;
-    }
+    const char *who;
+    if (!acc_user_identifier(r, auth, &who)) return false;
     if (!acc_string(r, auth, "password", true, ACC_PASSWORD_MAX_BYTES, &p->password))
         return false;
     const char *as = who ? acc_local_user(r, who) : r->user;

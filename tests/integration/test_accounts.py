@@ -181,6 +181,7 @@ class LoginTest(AtriumTestCase):
             ({"type": "m.login.password", "identifier": {"type": "m.id.user", "user": "alice"}, "password": True}, 400, "M_BAD_JSON"),
             ({"type": "m.login.password", "identifier": {"type": "m.id.thirdparty", "medium": "email",
                                                          "address": "a@b.c"}, "password": "x"}, 400, "M_UNKNOWN"),
+            ({"type": "m.login.password", "medium": "email", "address": "a@b.c", "password": "x"}, 400, "M_UNKNOWN"),
             ({"type": "m.login.password", "user": "alice", "password": "x" * 70_000}, 413, "M_TOO_LARGE"),
         ]
         for body, want_status, want_code in cases:
