@@ -154,6 +154,21 @@ def raw_connect(port, host="127.0.0.1", timeout=10, rcvbuf=None):
     return sock
 
 
+def read_head(sock, limit=65536):
+    """Reads a raw socket until the end of the response headers; returns (status, header
+    bytes, whatever body bytes came with them)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise AssertionError(f"connection closed before headers: {data!r}")
+        data += chunk
+        if len(data) > limit:
+            raise AssertionError("headers too long")
+    head, rest = data.split(b"\r\n\r\n", 1)
+    return int(head.split(b" ", 2)[1]), head, rest
+
+
 # ---------------------------------------------------------------------------------------
 # YAML: the subset config files need (mappings, sequences, scalars), always unambiguous.
 

@@ -18,7 +18,7 @@ import tempfile
 import uuid
 import zlib
 
-from harness import deep_merge, psql
+from harness import deep_merge, psql, raw_connect
 
 PASSWORD = "correct horse battery staple"
 
@@ -263,7 +263,6 @@ def vips_decode(data, points=(), suffix=".webp"):
 
 def raw_get(srv, path, token=None, headers=None, rcvbuf=None):
     """A GET on a raw socket: returns the connected socket after sending the request."""
-    from harness import raw_connect
     sock = raw_connect(srv.port, rcvbuf=rcvbuf, timeout=30)
     lines = [f"GET {path} HTTP/1.1", "Host: x"]
     if token:
@@ -272,20 +271,6 @@ def raw_get(srv, path, token=None, headers=None, rcvbuf=None):
         lines.append(f"{k}: {v}")
     sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
     return sock
-
-
-def read_head(sock, limit=65536):
-    """Reads until the end of the response headers; returns (status, header bytes, rest)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise AssertionError(f"connection closed before headers: {data!r}")
-        data += chunk
-        if len(data) > limit:
-            raise AssertionError("headers too long")
-    head, rest = data.split(b"\r\n\r\n", 1)
-    return int(head.split(b" ", 2)[1]), head, rest
 
 
 def get_many(srv, paths, token, concurrency, timeout=60):

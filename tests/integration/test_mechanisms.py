@@ -9,22 +9,7 @@ import time
 import unittest
 
 from common import AtriumTestCase, Background, thread_count, wait_until, with_testplug
-from harness import psql, raw_connect
-
-
-def read_head(sock, limit=65536):
-    """Reads until the end of the response headers; returns (status, header bytes, rest)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise AssertionError(f"connection closed before headers: {data!r}")
-        data += chunk
-        if len(data) > limit:
-            raise AssertionError("headers too long")
-    head, rest = data.split(b"\r\n\r\n", 1)
-    status = int(head.split(b" ", 2)[1])
-    return status, head, rest
+from harness import psql, raw_connect, read_head
 
 
 class PeerThatNeverAnswers:

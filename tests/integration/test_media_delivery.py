@@ -11,8 +11,9 @@ import time
 import unittest
 
 from common import AtriumTestCase, Background, wait_until
+from harness import read_head
 from media_support import (download_path, get_many, logout, media_server, noise_png, raw_get,
-                           read_head, register, solid_png, thumbnail_path, upload, webp_size)
+                           register, solid_png, thumbnail_path, upload, webp_size)
 
 LINE = {"line": "media.delivery"}
 BIG_SIDE = 2400  # a 2400x2400 noise PNG (~17 MB) is its own thumbnail at full size
