@@ -5,15 +5,29 @@
  * GET /profile/{userId}[/{field}] answers for local users from the profiles table: 404
  * M_NOT_FOUND for a user that does not exist, or for a field that is not set. Remote users'
  * profiles need a federation query, which is not here yet: they get 404 too. Only a user
- * may set their own profile (403 otherwise). A new account's display name is its
- * localpart (acc_create_account). What this file does not do: send updated m.room.member
- * events into the user's rooms when the profile changes (the rooms code owns membership
- * events).
+ * may set their own profile (403 otherwise); an empty string clears a field (stored as
+ * NULL, so it reads as not set). A new account's display name is its localpart
+ * (acc_create_account).
+ *
+ * This file owns the decision that a profile change reaches the user's rooms, and how far:
+ * once the new value is committed, every room the user is joined to gets a new
+ * m.room.member event carrying it (clients show names and avatars from member state), up
+ * to PROFILE_ROOMS_MAX rooms per change, each room its own short transaction on a
+ * connection taken and given back per room. A room that refuses or fails is logged and
+ * skipped; the PUT answers 200 once the profile is committed, whatever the rooms did.
+ * What this file does not do: build or authorize those events (the rooms module's
+ * rooms_member_profile_refresh does, through the rooms write path, and writes nothing
+ * where the member event already has the values), or update rooms beyond the cap later.
  */
 #include <string.h>
 
 #include "core/client/accounts.h"
 #include "core/client/events.h"
+#include "core/client/rooms.h"
+
+/* Joined rooms one profile change updates before the PUT answers; each is one short
+ * transaction of the rooms write path. Rooms past it keep their old member event. */
+#define PROFILE_ROOMS_MAX 1000
 
 typedef struct profile_field {
     const char *name;   /* in the path and the JSON */
@@ -88,6 +102,47 @@ static int get_field(atrium_req *r)
     return http_respond_json(r, 200, body);
 }
 
+/* After user_id's profile was committed: refresh their member event in each joined room
+ * (at most PROFILE_ROOMS_MAX), holding a connection only for one room at a time. Failures
+ * are logged, never answered: the profile change itself has succeeded. */
+static void update_joined_rooms(atrium_req *r, const char *user_id)
+{
+    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    json_t *rooms = json_array();
+    int n = c && rooms ? rooms_joined_ids(c, user_id, PROFILE_ROOMS_MAX + 1, rooms) : ROOMS_E_DB;
+    if (c) db_release(db_global(), c);
+    if (n < 0) {
+        rt_log(ATRIUM_LOG_WARN, "core", "profile of %s changed, but its rooms could not be "
+               "listed (database busy or failing): their member events keep the old values "
+               "until the next profile change", user_id);
+        json_decref(rooms);
+        return;
+    }
+    if (n > PROFILE_ROOMS_MAX) {
+        rt_log(ATRIUM_LOG_WARN, "core", "profile of %s changed; it is joined to more than %d "
+               "rooms and only the first %d (by room ID) get the new member event",
+               user_id, PROFILE_ROOMS_MAX, PROFILE_ROOMS_MAX);
+        n = PROFILE_ROOMS_MAX;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *room = json_string_value(json_array_get(rooms, (size_t)i));
+        c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+        if (!c) {
+            rt_log(ATRIUM_LOG_WARN, "core", "profile of %s: the database is busy; %d of %d "
+                   "rooms keep the old member event", user_id, n - i, n);
+            break;
+        }
+        rooms_err e = {0};
+        char id[EVENT_ID_LEN];
+        int rc = rooms_member_profile_refresh(c, r->arena, room, user_id, id, &e);
+        db_release(db_global(), c);
+        if (rc != ROOMS_OK)
+            rt_log(ATRIUM_LOG_WARN, "core", "profile of %s: room %s keeps the old member "
+                   "event: %s", user_id, room, e.why);
+    }
+    json_decref(rooms);
+}
+
 /* PUT /_matrix/client/v3/profile/{userId}/{field} {"<field>": value} */
 static int put_field(atrium_req *r)
 {
@@ -105,12 +160,13 @@ static int put_field(atrium_req *r)
     if (!c) return ATRIUM_DONE;
     const char *p[2] = {r->user, value};
     char *sql = rt_arena_printf(r->arena,
-                                "INSERT INTO profiles (user_id, %s) VALUES ($1, $2)"
-                                " ON CONFLICT (user_id) DO UPDATE SET %s = $2",
-                                f->column, f->column);
+                                "INSERT INTO profiles (user_id, %s) VALUES ($1, NULLIF($2, ''))"
+                                " ON CONFLICT (user_id) DO UPDATE SET %s = EXCLUDED.%s",
+                                f->column, f->column, f->column);
     bool ok = sql && acc_exec(c, sql, 2, p);
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
+    update_joined_rooms(r, r->user);
     return http_respond_json(r, 200, json_object());
 }
 

@@ -188,6 +188,23 @@ int rooms_membership_at(PGconn *c, const char *room_id, const char *user_id, int
     return ROOMS_OK;
 }
 
+int rooms_joined_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out)
+{
+    char limit_s[24];
+    snprintf(limit_s, sizeof(limit_s), "%lld", (long long)limit);
+    const char *p[2] = {user_id, limit < 0 ? NULL : limit_s};
+    PGresult *res = rooms_q(c,
+                            "SELECT room_id FROM current_state WHERE type = 'm.room.member'"
+                            " AND state_key = $1 AND membership = 'join' ORDER BY room_id"
+                            " LIMIT $2::bigint",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    int n = PQntuples(res);
+    for (int i = 0; i < n; i++) json_array_append_new(out, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    return n;
+}
+
 const room_version *rooms_version_of(PGconn *c, const char *room_id, bool *db_failed)
 {
     const char *p[1] = {room_id};

@@ -151,6 +151,15 @@ int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e);
 /* Look up (user, device, key) in event_txns: 1 with id_out set, 0 when absent, ROOMS_E_DB. */
 int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,
                      char id_out[EVENT_ID_LEN]);
+/* After user_id's profile changed: bring their m.room.member event in room_id in line
+ * with it, as one transaction of the write path (room lock, auth rules, stream position,
+ * wake-ups). Only while user_id is joined; the new content is the current one with
+ * displayname and avatar_url taken from the profile (an unset or empty field removes the
+ * key), membership still "join". Writes nothing when the content already matches or the
+ * user is not joined: ROOMS_OK with id_out "". Otherwise ROOMS_OK with the new event's ID,
+ * or a failure (e set, rolled back; id_out ""). conn held, outside any transaction. */
+int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id,
+                                 const char *user_id, char id_out[EVENT_ID_LEN], rooms_err *e);
 /* [req] Write one event as its own transaction and answer: {"event_id"} (or {} / the
  * given body when answer is not NULL: it is stolen). Handles the transaction-ID race by
  * answering with the event stored first. Returns ATRIUM_DONE. */
@@ -208,6 +217,9 @@ json_t *events_load_pdu(PGconn *c, const char *event_id, const char *room_id,
  * ("" when the user never had one). ROOMS_OK or ROOMS_E_DB. */
 int rooms_membership_at(PGconn *c, const char *room_id, const char *user_id, int64_t upto,
                         char out[16], int64_t *pos_out);
+/* Append to array out the IDs of the rooms user_id is joined to now, in room ID order, at
+ * most limit of them (limit < 0: all). The number appended, or ROOMS_E_DB. */
+int rooms_joined_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out);
 /* The highest position user_id may see in room_id: INT64_MAX while joined, the leave
  * position after leaving; ROOMS_E_FORBIDDEN (e set) when never joined, ROOMS_E_NOT_FOUND
  * for an unknown room, ROOMS_E_DB. */

@@ -9,28 +9,46 @@
  * room / banned, membership events carry the user's profile, and invites reach only local
  * users that exist (no federation yet). Aliases are not resolved here: /join/#alias
  * answers 404 M_NOT_FOUND.
+ *
+ * It also owns which profile fields a membership event carries (add_profile: displayname
+ * and avatar_url, an empty value being no value), both for new memberships and for
+ * rooms_member_profile_refresh, the one-room step that carries a profile change into a
+ * joined room's member event. Which rooms to refresh, and how many, is profile.c's
+ * decision.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/client/accounts.h"
+#include "core/client/canonical_json.h"
 #include "core/client/rooms.h"
 
 /* ---- shared helpers ----------------------------------------------------------------- */
 
-json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership)
+/* The profile fields a membership event carries, in the profiles table's column order. */
+static const char *const MEMBER_PROFILE_KEYS[] = {"displayname", "avatar_url"};
+#define N_MEMBER_PROFILE_KEYS (sizeof(MEMBER_PROFILE_KEYS) / sizeof(MEMBER_PROFILE_KEYS[0]))
+
+/* Set in content the profile fields of user_id that have a value; an empty string is no
+ * value (a cleared field). ROOMS_OK (also for a user without a profile row) or ROOMS_E_DB. */
+static int add_profile(PGconn *c, const char *user_id, json_t *content)
 {
-    json_t *content = json_pack("{s:s}", "membership", membership);
     const char *p[1] = {user_id};
     PGresult *res = rooms_q(c, "SELECT displayname, avatar_url FROM profiles WHERE user_id = $1",
                             1, p, NULL);
-    if (res && PQntuples(res) == 1) {
-        if (!PQgetisnull(res, 0, 0))
-            json_object_set_new(content, "displayname", json_string(PQgetvalue(res, 0, 0)));
-        if (!PQgetisnull(res, 0, 1))
-            json_object_set_new(content, "avatar_url", json_string(PQgetvalue(res, 0, 1)));
-    }
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; PQntuples(res) == 1 && i < (int)N_MEMBER_PROFILE_KEYS; i++)
+        if (!PQgetisnull(res, 0, i) && PQgetvalue(res, 0, i)[0])
+            json_object_set_new(content, MEMBER_PROFILE_KEYS[i],
+                                json_string(PQgetvalue(res, 0, i)));
     PQclear(res);
+    return ROOMS_OK;
+}
+
+json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership)
+{
+    json_t *content = json_pack("{s:s}", "membership", membership);
+    (void)add_profile(c, user_id, content); /* a failed read leaves the bare membership */
     return content;
 }
 
@@ -89,6 +107,80 @@ int rooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev
         return rooms_fail(r, &e);
     }
     return http_respond_json(r, 200, answer ? answer : json_pack("{s:s}", "event_id", id));
+}
+
+/* ---- profile changes ---------------------------------------------------------------- */
+
+/* The content of user_id's current join event in the room of tx (as redacted, when it
+ * was), into *out; *out NULL when the user is not joined. ROOMS_OK or ROOMS_E_DB. */
+static int joined_content(room_tx *tx, const char *user_id, json_t **out)
+{
+    *out = NULL;
+    const char *p[2] = {tx->room_id, user_id};
+    PGresult *res = rooms_q(tx->c,
+                            "SELECT e.pdu, e.redacted_by IS NOT NULL FROM current_state cs"
+                            " JOIN events e ON e.event_id = cs.event_id"
+                            " WHERE cs.room_id = $1 AND cs.type = 'm.room.member'"
+                            " AND cs.state_key = $2 AND cs.membership = 'join'",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    json_t *pdu = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
+    bool redacted = pdu && PQgetvalue(res, 0, 1)[0] == 't';
+    PQclear(res);
+    json_t *content = json_object_get(pdu, "content");
+    if (json_is_object(content))
+        *out = redacted ? event_redact_content(tx->ver, "m.room.member", content)
+                        : json_deep_copy(content);
+    json_decref(pdu);
+    return ROOMS_OK;
+}
+
+/* current with its profile fields replaced by those of profile (absent there: removed). A
+ * new object, or NULL when nothing would change. */
+static json_t *with_profile(const json_t *current, const json_t *profile)
+{
+    json_t *next = json_deep_copy(current);
+    for (size_t i = 0; next && i < N_MEMBER_PROFILE_KEYS; i++) {
+        json_t *v = json_object_get(profile, MEMBER_PROFILE_KEYS[i]);
+        if (v) json_object_set(next, MEMBER_PROFILE_KEYS[i], v);
+        else json_object_del(next, MEMBER_PROFILE_KEYS[i]);
+    }
+    if (next && json_equal(next, (json_t *)current)) {
+        json_decref(next);
+        return NULL;
+    }
+    return next;
+}
+
+int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id,
+                                 const char *user_id, char id_out[EVENT_ID_LEN], rooms_err *e)
+{
+    id_out[0] = '\0';
+    room_tx tx;
+    int rc = rooms_tx_begin(&tx, c, arena, room_id, e);
+    if (rc != ROOMS_OK) return rc;
+    json_t *current = NULL, *profile = json_object(), *next = NULL;
+    rc = profile ? joined_content(&tx, user_id, &current) : ROOMS_E_DB;
+    if (rc == ROOMS_OK && current) rc = add_profile(c, user_id, profile);
+    if (rc != ROOMS_OK) rooms_set_err(e, rc, "database");
+    char why[ROOM_AUTH_WHY_LEN];
+    if (rc == ROOMS_OK && current && (next = with_profile(current, profile)) &&
+        cjson_normalize(next, why, sizeof(why)) < 0)
+        rc = rooms_set_err(e, ROOMS_E_BAD_JSON, "%s", why);
+    if (rc == ROOMS_OK && next) {
+        room_new_event ev = {.sender = user_id, .type = "m.room.member", .state_key = user_id,
+                             .content = next};
+        rc = rooms_tx_append(&tx, &ev, id_out, e);
+        if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, e); /* rolls back itself on failure */
+        else rooms_tx_rollback(&tx);
+    } else {
+        rooms_tx_rollback(&tx); /* nothing to write, or a failure */
+    }
+    if (rc != ROOMS_OK) id_out[0] = '\0';
+    json_decref(current);
+    json_decref(profile);
+    json_decref(next);
+    return rc;
 }
 
 /* ---- requests ----------------------------------------------------------------------- */

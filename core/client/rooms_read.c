@@ -206,16 +206,13 @@ static int get_joined_rooms(atrium_req *r)
     if (!user) return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
-    const char *p[1] = {user};
-    PGresult *res = rooms_q(c,
-                            "SELECT room_id FROM current_state WHERE type = 'm.room.member'"
-                            " AND state_key = $1 AND membership = 'join' ORDER BY room_id",
-                            1, p, NULL);
-    rooms_db_release(c);
-    if (!res) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     json_t *rooms = json_array();
-    for (int i = 0; i < PQntuples(res); i++) json_array_append_new(rooms, json_string(PQgetvalue(res, i, 0)));
-    PQclear(res);
+    int n = rooms_joined_ids(c, user, -1, rooms);
+    rooms_db_release(c);
+    if (n < 0) {
+        json_decref(rooms);
+        return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    }
     return http_respond_json(r, 200, json_pack("{s:o}", "joined_rooms", rooms));
 }
 
