@@ -9,7 +9,7 @@
 # Each Atrium request passes the delivery line, checks its token (in the token cache, else
 # in PostgreSQL), reads the media row and sends the file with sendfile; nginx only sends
 # the file. See
-# bench/media_common.sh for ATRIUM_BIN and the database. WRK_CONNECTIONS, WRK_THREADS and
+# bench/lib.sh for ATRIUM_BIN and the database. WRK_CONNECTIONS, WRK_THREADS and
 # WRK_DURATION change the load.
 set -euo pipefail
 # shellcheck source=bench/media_common.sh

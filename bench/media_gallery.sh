@@ -11,7 +11,7 @@
 # The delivery line is widened for this run (one client asks for everything at once and
 # the last renders finish long after the default 30 s wait): delivery_queue 4096,
 # delivery_queue_per_client 4096, delivery_wait_ms 600000, render_wait_ms 600000.
-# Needs about 1.6 GB of disk for 1000 copies. See bench/media_common.sh for ATRIUM_BIN and
+# Needs about 1.6 GB of disk for 1000 copies. See bench/lib.sh for ATRIUM_BIN and
 # the database.
 set -euo pipefail
 # shellcheck source=bench/media_common.sh

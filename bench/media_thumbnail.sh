@@ -7,7 +7,7 @@
 #
 #   bench/media_thumbnail.sh
 #
-# See bench/media_common.sh for ATRIUM_BIN and the database.
+# See bench/lib.sh for ATRIUM_BIN and the database.
 set -euo pipefail
 # shellcheck source=bench/media_common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/media_common.sh"
