@@ -745,6 +745,8 @@ static int generate_rest(FILE *f, const char *conninfo)
         fprintf(f, "    # Load %s.so from plugin_dir (true or false); path: loads another "
                 ".so instead.\n", GENERATED_PLUGINS[i]);
         fputs("    enabled: true\n", f);
+        fprintf(f, "    # Its own keys and their defaults: plugins/%s/README.md in Atrium's "
+                "source.\n", GENERATED_PLUGINS[i]);
     }
     return 0;
 }

@@ -1,10 +1,19 @@
 /*
  * plugins/directory/directory.c - the room directory plugin (provides "directory/1").
  *
- * This first version owns the directory's table and serves the local public room list
- * from it. Publishing rooms, aliases and remote look-ups (under the outbound budget of
- * ADR-0079) come with the room and federation issues.
+ * This version owns the directory's table and serves the local public room list from it:
+ * GET /publicRooms (no token needed) and POST /publicRooms (a token needed; a search term
+ * and room types as filters). The decision this file owns is how the list is paged: rooms
+ * are ordered by joined members (most first), then room ID, and a page token is the
+ * offset into that order ("o<N>"), so next_batch and prev_batch are the offsets of the
+ * neighbouring pages. A room that joins or leaves the list between two pages can shift
+ * one entry, which the spec allows (the count is an estimate).
+ * What this file does not do yet: publish rooms, aliases, or remote look-ups (`server=`
+ * another server is refused with 400; those run under the outbound budget of ADR-0079
+ * once federation exists). Nothing fills the table but an operator, for now.
  */
+#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +22,11 @@
 
 #define DIRECTORY_DB_WAIT_MS 2000
 #define DIRECTORY_DEFAULT_LIMIT 100
+#define DIRECTORY_MAX_LIMIT 500
+#define DIRECTORY_MAX_OFFSET 1000000       /* deepest page token accepted */
+#define DIRECTORY_MAX_SEARCH_BYTES 256     /* generic_search_term */
+#define DIRECTORY_MAX_ROOM_TYPES 16        /* entries of filter.room_types */
+#define DIRECTORY_MAX_ROOM_TYPE_BYTES 255  /* one room type */
 
 static const atrium_migration MIGRATIONS[] = {
     {1, "public_rooms",
@@ -24,6 +38,7 @@ static const atrium_migration MIGRATIONS[] = {
      " guest_can_join boolean NOT NULL DEFAULT false,"
      " join_rule text NOT NULL DEFAULT 'public',"
      " published_at timestamptz NOT NULL DEFAULT now())"},
+    {2, "room_type", "ALTER TABLE directory_public_rooms ADD COLUMN room_type text"},
 };
 
 typedef struct directory {
@@ -31,48 +46,82 @@ typedef struct directory {
     atrium_plugin *self;
 } directory;
 
+/* One page request, from the query string (GET) or the body (POST). */
+typedef struct page_query {
+    long limit;
+    long offset;
+    const char *search;     /* generic_search_term, or NULL */
+    char *types_json;       /* filter.room_types as a JSON array (null = no type), or NULL */
+} page_query;
+
 static const atrium_host *h; /* the host table, valid from init to fini */
 
 static void set_optional(json_t *o, const char *key, PGresult *res, int row, int col)
 {
-    if (!PQgetisnull(res, row, col)) json_object_set_new(o, key, json_string(PQgetvalue(res, row, col)));
+    if (!PQgetisnull(res, row, col))
+        json_object_set_new(o, key, json_string(PQgetvalue(res, row, col)));
 }
 
-static int get_public_rooms(atrium_req *req)
+/* A page token "o<N>" into *offset; false for anything else. */
+static bool parse_since(const char *since, long *offset)
+{
+    if (since[0] != 'o' || !isdigit((unsigned char)since[1])) return false;
+    char *end = NULL;
+    errno = 0;
+    long n = strtol(since + 1, &end, 10);
+    if (errno || *end || n > DIRECTORY_MAX_OFFSET) return false;
+    *offset = n;
+    return true;
+}
+
+/* The `server` query parameter: absent or this server. false after answering 400. */
+static bool local_server(atrium_req *req)
+{
+    const char *server = h->req_query(req, "server");
+    if (!server || strcmp(server, h->server_name()) == 0) return true;
+    h->respond_error(req, 400, "M_INVALID_PARAM",
+                     "Remote room directories are not supported yet; leave out 'server'");
+    return false;
+}
+
+/* Runs the page query and answers with chunk, next_batch/prev_batch and the estimate. */
+static int answer_page(atrium_req *req, const page_query *q)
 {
     directory *d = h->req_route_arg(req);
-    long limit = DIRECTORY_DEFAULT_LIMIT;
-    const char *ls = h->req_query(req, "limit");
-    if (ls) {
-        char *end = NULL;
-        limit = strtol(ls, &end, 10);
-        if (!*ls || *end || limit < 0)
-            return h->respond_error(req, 400, "M_INVALID_PARAM", "limit must be a non-negative integer");
-        if (limit > 500) limit = 500;
-    }
-    if (h->req_query(req, "server") && strcmp(h->req_query(req, "server"), h->server_name()) != 0)
-        return h->respond_error(req, 400, "M_INVALID_PARAM",
-                                "Remote room directories are not supported yet");
+    char lim[24], off[24];
+    snprintf(lim, sizeof(lim), "%ld", q->limit);
+    snprintf(off, sizeof(off), "%ld", q->offset);
+    const char *params[4] = {lim, off, q->search, q->types_json};
     PGconn *c = h->db_acquire(DIRECTORY_DB_WAIT_MS);
     if (!c) return h->respond_error(req, 503, "M_UNKNOWN", "The database is busy; retry");
-    char lim[24];
-    snprintf(lim, sizeof(lim), "%ld", limit);
-    const char *params[1] = {lim};
-    PGresult *res = PQexecParams(c,
-                                 "SELECT room_id, name, topic, canonical_alias, avatar_url,"
-                                 " num_joined_members, world_readable, guest_can_join, join_rule,"
-                                 " (SELECT count(*) FROM directory_public_rooms)"
-                                 " FROM directory_public_rooms"
-                                 " ORDER BY num_joined_members DESC, room_id LIMIT $1",
-                                 1, NULL, params, NULL, NULL, 0);
+    /* $3: case-insensitive substring of name, topic or alias (LIKE wildcards escaped);
+     * $4: allowed room types, JSON null standing for rooms without one. One row more
+     * than the page says whether a next page exists. */
+    PGresult *res = PQexecParams(
+        c,
+        "WITH matching AS (SELECT * FROM directory_public_rooms r WHERE"
+        " ($3::text IS NULL OR concat_ws(' ', r.name, r.topic, r.canonical_alias) ILIKE"
+        "  '%' || replace(replace(replace($3, '\\', '\\\\'), '%', '\\%'), '_', '\\_') || '%')"
+        " AND ($4::jsonb IS NULL OR EXISTS (SELECT 1 FROM jsonb_array_elements($4::jsonb) t"
+        "  WHERE (jsonb_typeof(t) = 'null' AND r.room_type IS NULL)"
+        "  OR (jsonb_typeof(t) = 'string' AND r.room_type = t #>> '{}'))))"
+        " SELECT room_id, name, topic, canonical_alias, avatar_url, num_joined_members,"
+        " world_readable, guest_can_join, join_rule, room_type,"
+        " (SELECT count(*) FROM matching)"
+        " FROM matching ORDER BY num_joined_members DESC, room_id"
+        " LIMIT $1::bigint + 1 OFFSET $2::bigint",
+        4, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        h->log(d->self, ATRIUM_LOG_ERROR, "public room query failed: %s", PQresultErrorMessage(res));
+        h->log(d->self, ATRIUM_LOG_ERROR, "public room query failed: %s",
+               PQresultErrorMessage(res));
         PQclear(res);
         h->db_release(c);
         return h->respond_error(req, 503, "M_UNKNOWN", "The database failed; retry");
     }
+    int rows = PQntuples(res);
+    int shown = rows > q->limit ? (int)q->limit : rows;
     json_t *chunk = json_array();
-    for (int i = 0; i < PQntuples(res); i++) {
+    for (int i = 0; i < shown; i++) {
         json_t *room = json_pack("{s:s, s:i, s:b, s:b, s:s}", "room_id", PQgetvalue(res, i, 0),
                                  "num_joined_members", atoi(PQgetvalue(res, i, 5)),
                                  "world_readable", PQgetvalue(res, i, 6)[0] == 't',
@@ -82,13 +131,122 @@ static int get_public_rooms(atrium_req *req)
         set_optional(room, "topic", res, i, 2);
         set_optional(room, "canonical_alias", res, i, 3);
         set_optional(room, "avatar_url", res, i, 4);
+        set_optional(room, "room_type", res, i, 9);
         json_array_append_new(chunk, room);
     }
-    long total = PQntuples(res) ? atol(PQgetvalue(res, 0, 9)) : 0;
+    long total = rows ? atol(PQgetvalue(res, 0, 10)) : 0;
     PQclear(res);
     h->db_release(c);
-    return h->respond_json(req, 200, json_pack("{s:o, s:I}", "chunk", chunk,
-                                               "total_room_count_estimate", (json_int_t)total));
+    json_t *body = json_pack("{s:o, s:I}", "chunk", chunk, "total_room_count_estimate",
+                             (json_int_t)total);
+    char token[24];
+    if (q->limit > 0 && rows > q->limit) { /* limit 0: no next page to loop on */
+        snprintf(token, sizeof(token), "o%ld", q->offset + q->limit);
+        json_object_set_new(body, "next_batch", json_string(token));
+    }
+    if (q->offset > 0) {
+        long prev = q->offset > q->limit ? q->offset - q->limit : 0;
+        snprintf(token, sizeof(token), "o%ld", prev);
+        json_object_set_new(body, "prev_batch", json_string(token));
+    }
+    return h->respond_json(req, 200, body);
+}
+
+/* GET /_matrix/client/v3/publicRooms?limit=&since=&server= */
+static int get_public_rooms(atrium_req *req)
+{
+    page_query q = {.limit = DIRECTORY_DEFAULT_LIMIT};
+    const char *ls = h->req_query(req, "limit");
+    if (ls) {
+        char *end = NULL;
+        errno = 0;
+        q.limit = strtol(ls, &end, 10);
+        if (!*ls || *end || errno || q.limit < 0)
+            return h->respond_error(req, 400, "M_INVALID_PARAM",
+                                    "limit must be a non-negative integer");
+        if (q.limit > DIRECTORY_MAX_LIMIT) q.limit = DIRECTORY_MAX_LIMIT;
+    }
+    const char *since = h->req_query(req, "since");
+    if (since && !parse_since(since, &q.offset))
+        return h->respond_error(req, 400, "M_INVALID_PARAM", "Unknown 'since' token");
+    if (!local_server(req)) return ATRIUM_DONE;
+    return answer_page(req, &q);
+}
+
+/* filter.room_types into q->types_json (request memory). false after answering 400. */
+static bool read_room_types(atrium_req *req, json_t *filter, page_query *q)
+{
+    json_t *types = json_object_get(filter, "room_types");
+    if (!types || json_is_null(types)) return true;
+    if (!json_is_array(types) || json_array_size(types) > DIRECTORY_MAX_ROOM_TYPES) {
+        h->respond_error(req, 400, "M_BAD_JSON",
+                         "filter.room_types must be an array of at most %d strings or nulls",
+                         DIRECTORY_MAX_ROOM_TYPES);
+        return false;
+    }
+    size_t i;
+    json_t *t;
+    json_array_foreach(types, i, t) {
+        if (json_is_null(t)) continue;
+        if (!json_is_string(t) || json_string_length(t) > DIRECTORY_MAX_ROOM_TYPE_BYTES) {
+            h->respond_error(req, 400, "M_BAD_JSON",
+                             "each of filter.room_types must be a string (at most %d bytes) "
+                             "or null", DIRECTORY_MAX_ROOM_TYPE_BYTES);
+            return false;
+        }
+    }
+    char *dumped = json_dumps(types, JSON_COMPACT);
+    q->types_json = dumped ? h->req_strdup(req, dumped) : NULL;
+    free(dumped);
+    if (!q->types_json) {
+        h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+        return false;
+    }
+    return true;
+}
+
+/* POST /_matrix/client/v3/publicRooms?server= {limit, since, filter{generic_search_term,
+ * room_types}, include_all_networks, third_party_instance_id}: a token is needed. */
+static int post_public_rooms(atrium_req *req)
+{
+    if (!h->req_authenticate(req)) return ATRIUM_DONE;
+    json_t *body = h->req_json(req);
+    if (!body) return ATRIUM_DONE;
+    page_query q = {.limit = DIRECTORY_DEFAULT_LIMIT};
+    json_t *limit = json_object_get(body, "limit"), *since = json_object_get(body, "since");
+    json_t *filter = json_object_get(body, "filter");
+    if (limit && !json_is_null(limit)) {
+        if (!json_is_integer(limit) || json_integer_value(limit) < 0)
+            return h->respond_error(req, 400, "M_BAD_JSON",
+                                    "limit must be a non-negative integer");
+        json_int_t n = json_integer_value(limit);
+        q.limit = n > DIRECTORY_MAX_LIMIT ? DIRECTORY_MAX_LIMIT : (long)n;
+    }
+    if (since && !json_is_null(since)) {
+        if (!json_is_string(since))
+            return h->respond_error(req, 400, "M_BAD_JSON", "since must be a string");
+        if (!parse_since(json_string_value(since), &q.offset))
+            return h->respond_error(req, 400, "M_INVALID_PARAM", "Unknown 'since' token");
+    }
+    if (filter && !json_is_null(filter)) {
+        if (!json_is_object(filter))
+            return h->respond_error(req, 400, "M_BAD_JSON", "filter must be an object");
+        json_t *term = json_object_get(filter, "generic_search_term");
+        if (term && !json_is_null(term)) {
+            if (!json_is_string(term) || json_string_length(term) > DIRECTORY_MAX_SEARCH_BYTES)
+                return h->respond_error(req, 400, "M_BAD_JSON",
+                                        "filter.generic_search_term must be a string of at "
+                                        "most %d bytes", DIRECTORY_MAX_SEARCH_BYTES);
+            if (json_string_length(term) > 0) q.search = json_string_value(term);
+        }
+        if (!read_room_types(req, filter, &q)) return ATRIUM_DONE;
+    }
+    json_t *tp = json_object_get(body, "third_party_instance_id");
+    if (tp && !json_is_null(tp))
+        return h->respond_error(req, 400, "M_INVALID_PARAM",
+                                "This server bridges no third-party networks");
+    if (!local_server(req)) return ATRIUM_DONE;
+    return answer_page(req, &q);
 }
 
 static int directory_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
@@ -102,9 +260,14 @@ static int directory_init(const atrium_host *host, atrium_plugin *self, const at
     d->self = self;
     h = host;
     int rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
-    const atrium_route route = {.method = "GET", .path = "/_matrix/client/v3/publicRooms",
-                                .handler = get_public_rooms, .arg = d};
-    if (rc == 0) rc = host->route_add(self, &route);
+    const atrium_route routes[] = {
+        {.method = "GET", .path = "/_matrix/client/v3/publicRooms", .handler = get_public_rooms,
+         .arg = d},
+        {.method = "POST", .path = "/_matrix/client/v3/publicRooms",
+         .handler = post_public_rooms, .arg = d},
+    };
+    for (size_t i = 0; rc == 0 && i < sizeof(routes) / sizeof(routes[0]); i++)
+        rc = host->route_add(self, &routes[i]);
     if (rc < 0) {
         free(d);
         return rc;
@@ -118,5 +281,5 @@ static void directory_fini(void *state)
     free(state);
 }
 
-ATRIUM_PLUGIN(.name = "directory", .version = "0.1.0", .provides = "directory/1",
+ATRIUM_PLUGIN(.name = "directory", .version = "0.2.0", .provides = "directory/1",
               .init = directory_init, .fini = directory_fini)

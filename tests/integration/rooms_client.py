@@ -34,10 +34,11 @@ class SharedServerTest(unittest.TestCase):
     (as cls.<name>): registering costs an Argon2id hash each, so the class shares them."""
 
     USERS = ()
+    PLUGINS = None  # the config's `plugins` mapping (harness.Server)
 
     @classmethod
     def setUpClass(cls):
-        cls.srv = Server(settings=REGISTRATION_ON)
+        cls.srv = Server(settings=REGISTRATION_ON, plugins=cls.PLUGINS)
         cls.srv.__enter__()
         try:
             for name in cls.USERS:
