@@ -36,16 +36,7 @@ admin_psql() {
 bench_cleanup() {
     local c
     for c in "${extra_cleanup[@]}"; do eval "$c" || true; done
-    if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-        kill -TERM "$server_pid" 2>/dev/null || true
-        local waited=0
-        while kill -0 "$server_pid" 2>/dev/null && [ "$waited" -lt $((STOP_GRACE_S * 10)) ]; do
-            sleep 0.1
-            waited=$((waited + 1))
-        done
-        kill -KILL "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-    fi
+    [ -z "$server_pid" ] || atrium_stop_pid "$server_pid" "$STOP_GRACE_S" || true
     if [ -n "$conninfo" ]; then
         admin_psql -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true
     fi

@@ -85,16 +85,8 @@ stop_server() {
     [ -n "$server_pid" ] || return 0
     if kill -0 "$server_pid" 2>/dev/null; then
         atrium_say "stopping Atrium (pid $server_pid)"
-        kill -TERM "$server_pid" 2>/dev/null || true
-        local waited=0
-        while kill -0 "$server_pid" 2>/dev/null && [ "$waited" -lt $((STOP_GRACE_S * 10)) ]; do
-            sleep 0.1
-            waited=$((waited + 1))
-        done
-        if kill -0 "$server_pid" 2>/dev/null; then
-            atrium_say "Atrium did not stop within ${STOP_GRACE_S}s; killing it"
-            kill -KILL "$server_pid" 2>/dev/null || true
-        fi
+        atrium_stop_pid "$server_pid" "$STOP_GRACE_S" ||
+            atrium_say "Atrium did not stop within ${STOP_GRACE_S}s; killed it"
     fi
     wait "$server_pid" 2>/dev/null || true
     server_pid=

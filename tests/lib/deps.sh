@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # the package lists are read by the scripts that source this file
 # What Atrium needs from the machine, in one place: the Debian package lists, the function
-# that installs them, and the cmake configure step the scripts share.
+# that installs them, the cmake configure step and the server stop the scripts share.
 #
 # Sourced (never executed) by deploy/run-local.sh, tests/run.sh, tests/lib/pg.sh and the
 # bench scripts, so the run command and the test command cannot drift apart on what a
@@ -111,4 +111,23 @@ atrium_configure_tree() {
         rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
     fi
     cmake -S "$src" -B "$dir" "$@" || atrium_die "cmake could not configure $dir"
+}
+
+# atrium_stop_pid PID GRACE_S: SIGTERM, up to GRACE_S seconds for PID to exit, then
+# SIGKILL; reaps it (it is the caller's child). Returns 1 when it had to be killed.
+atrium_stop_pid() {
+    local pid=$1 grace_s=$2 waited=0 killed=0
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt $((grace_s * 10)) ]; do
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -KILL "$pid" 2>/dev/null || true
+            killed=1
+        fi
+    fi
+    wait "$pid" 2>/dev/null || true
+    return "$killed"
 }
