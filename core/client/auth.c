@@ -2,7 +2,8 @@
  * core/client/auth.c - access tokens and passwords (see auth.h for the decisions).
  *
  * Token look-ups use a prepared-free parameterized query on a pooled connection held only
- * for the query. The token's hash is the primary key, so the look-up is one index probe.
+ * for the query. The token's hash is the primary key, so the look-up is one index probe;
+ * the same query reads the device's last_seen_ts for auth_seen_note (auth_seen.c).
  */
 #include <pthread.h>
 #include <sodium.h>
@@ -58,7 +59,10 @@ const char *auth_request(atrium_req *r)
     char hex[65];
     token_hash_hex(token, hex);
     uint64_t epoch;
-    if (auth_cache_lookup(r, hex, &epoch)) return r->user;
+    if (auth_cache_lookup(r, hex, &epoch)) {
+        auth_seen_note(r, AUTH_SEEN_UNKNOWN);
+        return r->user;
+    }
     PGconn *c = db_acquire(db_global(), AUTH_DB_WAIT_MS);
     if (!c) {
         http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
@@ -66,20 +70,26 @@ const char *auth_request(atrium_req *r)
     }
     const char *params[1] = {hex};
     PGresult *res = PQexecParams(c,
-                                 "SELECT t.user_id, t.device_id, u.is_admin FROM access_tokens t"
-                                 " JOIN users u ON u.user_id = t.user_id"
+                                 "SELECT t.user_id, t.device_id, u.is_admin, d.last_seen_ts"
+                                 " FROM access_tokens t JOIN users u ON u.user_id = t.user_id"
+                                 " LEFT JOIN devices d ON d.user_id = t.user_id"
+                                 " AND d.device_id = t.device_id"
                                  " WHERE t.token_hash = $1 AND NOT u.deactivated",
                                  1, NULL, params, NULL, NULL, 0);
     bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
     if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "token look-up failed: %s", PQresultErrorMessage(res));
+    int64_t seen_ts = 0; /* NULL (never seen, or no device row): due */
     if (ok && PQntuples(res) == 1) {
         r->user = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
         r->device = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 1));
         r->is_admin = PQgetvalue(res, 0, 2)[0] == 't' ? 1 : 0;
         if (r->user && r->device) auth_cache_store(hex, r->user, r->device, r->is_admin, epoch);
+        if (!PQgetisnull(res, 0, 3)) seen_ts = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+        if (seen_ts < 0) seen_ts = 0;
     }
     PQclear(res);
     db_release(db_global(), c);
+    if (r->user) auth_seen_note(r, seen_ts); /* after the release: it may take its own */
     if (!ok) {
         http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
         return NULL;

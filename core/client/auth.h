@@ -5,9 +5,11 @@
  * so a database leak does not hand out sessions. An authenticated request finds its token
  * in a small cache (auth_cache.c) or in PostgreSQL; a token revoked by logout stops
  * working at once in this process, and in every other process sharing the database as
- * soon as PostgreSQL's NOTIFY reaches it (DESIGN §8). Passwords are hashed with Argon2id (libsodium); hashing runs
- * on the small "auth" pool so its memory is bounded and no request-pool thread waits on it.
- * Internal prefix: auth_.
+ * soon as PostgreSQL's NOTIFY reaches it (DESIGN §8). Passwords are hashed with Argon2id
+ * (libsodium); hashing runs on the small "auth" pool so its memory is bounded and no
+ * request-pool thread waits on it. An authenticated request also keeps its device's
+ * last_seen_ts/last_seen_ip current, writing at most once per AUTH_SEEN_REFRESH_MS
+ * (auth_seen.c). Internal prefix: auth_.
  */
 #ifndef ATRIUM_CORE_AUTH_H
 #define ATRIUM_CORE_AUTH_H
@@ -52,7 +54,8 @@ rt_pool *auth_pool(void);
 void auth_set_pool(rt_pool *p);
 
 /* ---- the token cache (auth_cache.c) ------------------------------------------------- */
-/* Register its metrics; 0 or -1. At start-up, before requests. */
+/* Register its metrics, and the last-seen table's (auth_seen_init); 0 or -1. At start-up,
+ * before requests. */
 int auth_cache_init(rt_metrics *metrics);
 /* Start / stop the listener of revocations from other processes (NOTIFY atrium_auth). The
  * cache answers nothing while the listener is not connected. */
@@ -67,6 +70,28 @@ void auth_cache_store(const char *hash, const char *user, const char *device, in
  * deletes a user's tokens or changes their admin or deactivated flag; other processes
  * learn it from the trigger's NOTIFY. */
 void auth_cache_forget_user(const char *user_id);
+
+/* ---- when devices were last seen (auth_seen.c) ---------------------------------------- */
+#define AUTH_SEEN_REFRESH_MS (5 * 60 * 1000) /* a device's row is rewritten at most this often */
+#define AUTH_SEEN_RETRY_MS (30 * 1000)       /* after a refresh that could not be written */
+#define AUTH_SEEN_UNKNOWN (-1)               /* no stored last_seen_ts at hand */
+
+/* Key the table, register its metrics; 0. At start-up, before requests (auth_cache_init). */
+int auth_seen_init(rt_metrics *metrics);
+/* [req] r has just authenticated (r->user, r->device set): refresh the device's
+ * last_seen_ts and last_seen_ip (r->client_addr) in PostgreSQL when auth_seen_due says so.
+ * stored_ts: the devices row's last_seen_ts that the token look-up read (0 for NULL), or
+ * AUTH_SEEN_UNKNOWN (a token from the cache). Never fails r and never sets a response; it
+ * waits for a pooled connection only briefly and never for a locked row. */
+void auth_seen_note(atrium_req *r, int64_t stored_ts);
+/* The rule, with the wall clock passed in: true when the newest last-seen time known for
+ * (user, device) - the one remembered here or stored_ts (>= 0, or AUTH_SEEN_UNKNOWN) - is
+ * AUTH_SEEN_REFRESH_MS older than now_ms; the caller must then write now_ms, which is
+ * remembered at once so concurrent requests do not write too. False when nothing is known.
+ * Any thread. */
+bool auth_seen_due(const char *user, const char *device, int64_t stored_ts, int64_t now_ms);
+/* The write auth_seen_due asked for at due_ms failed: due again AUTH_SEEN_RETRY_MS later. */
+void auth_seen_retry_later(const char *user, const char *device, int64_t due_ms);
 
 /* The token of the request, or NULL. */
 const char *auth_token_of(atrium_req *r);

@@ -75,7 +75,7 @@ int auth_cache_init(rt_metrics *metrics)
                                  "Authenticated requests that read the token from PostgreSQL");
     m_forgets = rt_metric_counter(metrics, "atrium_auth_cache_forgets_total", NULL,
                                   "Users forgotten by the token cache (revocations seen)");
-    return 0;
+    return auth_seen_init(metrics);
 }
 
 bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out)

@@ -96,7 +96,7 @@ def conninfo_for(database):
     return f"{pg_conninfo()} dbname={database}"
 
 
-def _psql_bin():
+def psql_bin():
     """The newest PostgreSQL's own psql (skips the pg_wrapper script), else psql on PATH."""
     candidates = []
     base = "/usr/lib/postgresql"
@@ -113,7 +113,7 @@ def _psql_bin():
 def psql(sql, database="postgres", timeout=60):
     """Runs SQL with psql on the test cluster; returns rows as lists of strings."""
     proc = subprocess.run(
-        [_psql_bin(), "-X", "-q", "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1",
+        [psql_bin(), "-X", "-q", "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1",
          "-d", conninfo_for(database), "-c", sql],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, "PGCONNECT_TIMEOUT": "10"})
     if proc.returncode != 0:
