@@ -174,6 +174,14 @@ bool acc_account_data_store(PGconn *c, const char *user_id, const char *room_id,
  * such filter (*out NULL), ATRIUM_E_DB (logged). conn held. For /sync's ?filter=<id>. */
 int acc_filter_load(PGconn *c, const char *user_id, const char *filter_id, json_t **out);
 
+/* ---- push rules (pushrules.c) --------------------------------------------------------------- */
+
+/* [req] r->user's composed global rule set ({override, content, room, sender, underride}:
+ * the user's rules and changes over the server defaults), read with c (held by the
+ * caller). When the stored part cannot be read, *db_ok is false, the failure is logged and
+ * the defaults come back. A new reference; NULL only on out of memory. */
+json_t *acc_pushrules_for(atrium_req *r, PGconn *c, bool *db_ok);
+
 /* ---- route registration, one per file ------------------------------------------------------ */
 
 int acc_register_routes(http_server *s);

@@ -11,7 +11,8 @@
  * user's global account data as m.push_rules with a stream position, so /sync carries it.
  * Reads never fail: matrix-js-sdk retries GET /pushrules/ forever before it syncs, so when
  * PostgreSQL cannot be read the defaults are served (and the failure logged).
- * What this file does not do: evaluate rules against events (notification counts).
+ * What this file does not do: evaluate rules against events (push_eval.c does, for the
+ * notification counts of /sync) or deliver pushes (no pushers yet).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +205,15 @@ static json_t *load_ruleset(atrium_req *r, PGconn *c, bool *db_ok)
     json_t *global = compose_ruleset(r, *db_ok ? rules : NULL, *db_ok ? settings : NULL);
     PQclear(rules);
     PQclear(settings);
+    return global;
+}
+
+json_t *acc_pushrules_for(atrium_req *r, PGconn *c, bool *db_ok)
+{
+    json_t *global = load_ruleset(r, c, db_ok);
+    if (!*db_ok)
+        rt_log(ATRIUM_LOG_WARN, "core", "push rules of %s evaluated without stored changes "
+               "(database unavailable)", r->user);
     return global;
 }
 

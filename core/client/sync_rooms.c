@@ -16,12 +16,19 @@
  *     descriptive events and the invite itself.
  *   - Lazy loading: state carries only the member events of the timeline's senders and the
  *     user's own (repeated in every sync that needs them: no per-device cache yet).
+ *   - unread_notifications: the unread events (from others, after the user's newest read
+ *     receipt or own event, at most SYNC_MAX_UNREAD_COUNT) judged by the user's push rules
+ *     (push_eval.c): notification_count = those that notify, highlight_count = those that
+ *     also highlight. The rules are read once per response, the room's context (members,
+ *     display name, power levels) once per room.
  * What it does not do: parking, tokens, account data outside rooms (sync.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client/accounts.h"
+#include "core/client/push_eval.h"
 #include "core/client/sync_rooms.h"
 
 /* The events of invite_state, besides the invite itself and the inviter's member event. */
@@ -217,27 +224,106 @@ static int room_account_data(sync_ctx *s, json_t **out)
     return ROOMS_OK;
 }
 
+/* What push rules read about a room (push_eval.h), in one query: the joined member count,
+ * the user's display name from their member event, the current power levels (redacted
+ * when their event was) and the creator. The JSON pr points into is owned by *holder. */
+static int push_room_load(sync_ctx *s, const char *room_id, push_room *pr, json_t **holder)
+{
+    *pr = (push_room){0};
+    *holder = json_array();
+    const char *p[2] = {room_id, s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT rm.room_version, rm.creator,"
+                            " (SELECT count(*) FROM current_state WHERE room_id = $1"
+                            "  AND type = 'm.room.member' AND membership = 'join'),"
+                            " (SELECT e.pdu FROM current_state cs JOIN events e"
+                            "  ON e.event_id = cs.event_id WHERE cs.room_id = $1"
+                            "  AND cs.type = 'm.room.member' AND cs.state_key = $2"
+                            "  AND e.redacted_by IS NULL),"
+                            " pl.pdu, pl.redacted_by IS NOT NULL"
+                            " FROM rooms rm LEFT JOIN LATERAL (SELECT e.pdu, e.redacted_by"
+                            "  FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
+                            "  WHERE cs.room_id = $1 AND cs.type = 'm.room.power_levels'"
+                            "  AND cs.state_key = '') pl ON true WHERE rm.room_id = $1",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    if (PQntuples(res) == 1) {
+        pr->member_count = atoll(PQgetvalue(res, 0, 2));
+        pr->creator = rt_arena_strdup(s->r->arena, PQgetvalue(res, 0, 1));
+        json_t *member = PQgetisnull(res, 0, 3) ? NULL : json_loads(PQgetvalue(res, 0, 3), 0, NULL);
+        if (member && json_array_append_new(*holder, member) == 0)
+            pr->display_name = event_content_str(member, "displayname");
+        json_t *pl = PQgetisnull(res, 0, 4) ? NULL : json_loads(PQgetvalue(res, 0, 4), 0, NULL);
+        if (pl && json_array_append_new(*holder, pl) == 0) {
+            json_t *content = json_object_get(pl, "content");
+            const room_version *ver = room_version_find(PQgetvalue(res, 0, 0));
+            if (PQgetvalue(res, 0, 5)[0] == 't' && ver) {
+                content = event_redact_content(ver, "m.room.power_levels", content);
+                if (json_array_append_new(*holder, content) < 0) content = NULL;
+            }
+            pr->power_levels = content;
+        }
+    }
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* Count the unread events (PDUs in column 0 of events) whose push actions notify, and
+ * those that also highlight. Loads the user's rules once per sync response. */
+static int count_notifications(sync_ctx *s, const char *room_id, PGresult *events,
+                               json_int_t *notify, json_int_t *highlight)
+{
+    if (!s->push_rules) {
+        bool db_ok;
+        if (!(s->push_rules = acc_pushrules_for(s->r, s->c, &db_ok))) return ROOMS_E_DB;
+    }
+    push_room pr;
+    json_t *holder;
+    int rc = push_room_load(s, room_id, &pr, &holder);
+    bool out_of_steps = false;
+    for (int i = 0; rc >= 0 && i < PQntuples(events); i++) {
+        json_t *pdu = json_loads(PQgetvalue(events, i, 0), 0, NULL);
+        if (!pdu) continue; /* corrupt rows are logged where events are rendered */
+        push_outcome o = push_eval(s->push_rules, pdu, &pr);
+        json_decref(pdu);
+        *notify += o.notify;
+        *highlight += o.highlight;
+        out_of_steps = out_of_steps || o.out_of_steps;
+    }
+    json_decref(holder);
+    if (out_of_steps)
+        rt_log(ATRIUM_LOG_DEBUG, "core", "push rules of %s in %s: matching work ran out "
+               "(PUSH_MAX_STEPS); some rules were not tried", s->user, room_id);
+    return rc;
+}
+
+/* unread_notifications: of the events from others after the user's newest read receipt or
+ * own event (at most SYNC_MAX_UNREAD_COUNT, newest first, redacted ones left out), those
+ * the user's push rules make notify, and those that also highlight. */
 static int unread_counts(sync_ctx *s, const char *room_id, json_t *room)
 {
     const char *p[4] = {room_id, s->user, i64s(s, s->upto), i64s(s, SYNC_MAX_UNREAD_COUNT)};
-    /* Messages from others after the user's newest read receipt or own event. */
     PGresult *res = rooms_q(s->c,
-                            "SELECT count(*) FROM (SELECT 1 FROM events e WHERE e.room_id = $1"
-                            " AND e.stream_pos <= $3 AND e.sender <> $2"
-                            " AND e.type IN ('m.room.message', 'm.room.encrypted')"
+                            "SELECT e.pdu FROM events e WHERE e.room_id = $1"
+                            " AND e.stream_pos <= $3 AND e.sender <> $2 AND e.redacted_by IS NULL"
                             " AND e.stream_pos > greatest("
                             "  coalesce((SELECT max(x.stream_pos) FROM receipts rc"
                             "   JOIN events x ON x.event_id = rc.event_id WHERE rc.room_id = $1"
-                            "   AND rc.user_id = $2 AND rc.receipt_type IN ('m.read', 'm.read.private')), 0),"
-                            "  coalesce((SELECT max(o.stream_pos) FROM events o WHERE o.room_id = $1"
-                            "   AND o.sender = $2 AND o.stream_pos <= $3), 0))"
-                            " LIMIT $4) t",
+                            "   AND rc.user_id = $2"
+                            "   AND rc.receipt_type IN ('m.read', 'm.read.private')), 0),"
+                            "  coalesce((SELECT max(o.stream_pos) FROM events o"
+                            "   WHERE o.room_id = $1 AND o.sender = $2 AND o.stream_pos <= $3), 0))"
+                            " ORDER BY e.stream_pos DESC LIMIT $4",
                             4, p, NULL);
     if (!res) return ROOMS_E_DB;
-    json_int_t n = atoll(PQgetvalue(res, 0, 0));
+    json_int_t notify = 0, highlight = 0;
+    int rc = PQntuples(res) > 0 ? count_notifications(s, room_id, res, &notify, &highlight)
+                                : ROOMS_OK;
     PQclear(res);
+    if (rc < 0) return rc;
     json_object_set_new(room, "unread_notifications",
-                        json_pack("{s:I, s:I}", "notification_count", n, "highlight_count", (json_int_t)0));
+                        json_pack("{s:I, s:I}", "notification_count", notify, "highlight_count",
+                                  highlight));
     return ROOMS_OK;
 }
 
@@ -454,5 +540,7 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     PQclear(res);
     json_decref(acct);
     json_decref(active);
+    json_decref(s->push_rules);
+    s->push_rules = NULL;
     return rc;
 }

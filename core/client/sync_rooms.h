@@ -10,7 +10,7 @@
 
 #define SYNC_DEFAULT_TIMELINE_LIMIT 10
 #define SYNC_MAX_TIMELINE_LIMIT 500
-#define SYNC_MAX_UNREAD_COUNT 99  /* unread_notifications counts stop here */
+#define SYNC_MAX_UNREAD_COUNT 99  /* unread events read for unread_notifications, newest first */
 #define SYNC_MAX_HEROES 5
 
 typedef struct sync_ctx {
@@ -26,10 +26,13 @@ typedef struct sync_ctx {
     bool include_leave;   /* room.include_leave */
     const json_t *only_rooms, *not_rooms; /* room.rooms / room.not_rooms, or NULL */
     events_view view;     /* room_id left out */
+    json_t *push_rules;   /* the user's rule set: loaded by the first room with unread
+                           * events, released when sync_rooms returns (NULL before) */
 } sync_ctx;
 
 /* Fill rooms.join / rooms.invite / rooms.leave of `rooms` for the window (since, upto].
- * *has_new is set when any room has something to report. ROOMS_OK or ROOMS_E_DB. */
+ * *has_new is set when any room has something to report. ROOMS_OK or ROOMS_E_DB.
+ * s->push_rules is NULL again when it returns. */
 int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new);
 
 #endif
