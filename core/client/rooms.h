@@ -1,7 +1,7 @@
 /*
  * core/client/rooms.h - what the room files share: the tables, the write path that turns a
- * client's intent into a stored event, reading events back in the client format, and the
- * request helpers of the room endpoints.
+ * client's intent into a stored event, reading events back in the client format, who may
+ * see which events (history visibility), and the request helpers of the room endpoints.
  *
  * The room family is one client module (ROOMS_MODULE in rooms.c, owner "rooms") spread over
  * files by concern: rooms_write.c (the one write path: lock, authorize, build, store),
@@ -220,11 +220,84 @@ int rooms_membership_at(PGconn *c, const char *room_id, const char *user_id, int
 /* Append to array out the IDs of the rooms user_id is joined to now, in room ID order, at
  * most limit of them (limit < 0: all). The number appended, or ROOMS_E_DB. */
 int rooms_joined_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out);
-/* The highest position user_id may see in room_id: INT64_MAX while joined, the leave
- * position after leaving; ROOMS_E_FORBIDDEN (e set) when never joined, ROOMS_E_NOT_FOUND
+/* History visibility (rooms.c owns the rule). For user U and an event E at position p,
+ * with hv the room's m.room.history_visibility before E ("shared" when unset) and mem U's
+ * membership before E, E is visible when: it is U's own m.room.member event; or hv is
+ * "world_readable"; or mem is "join"; or hv is "shared" and U is joined now; or hv is
+ * "invited" and mem is "invite". An m.room.history_visibility event is also visible when
+ * its own new value would allow it (the spec: before or after). A value that is none of
+ * the four is treated as "joined" (hide rather than show). Nothing after the first
+ * membership change that followed U's last join is visible (a user who left sees nothing
+ * after leaving). The rule becomes a short list of visible ranges of positions. */
+#define ROOMS_VIS_MAX_RANGES 64    /* visible (lo, hi] ranges kept; beyond: the oldest hidden */
+#define ROOMS_VIS_MAX_CHANGES 1000 /* changes of each kind read; before them: the strictest */
+#define ROOMS_VIS_PARAMS 7         /* SQL parameters rooms_vis_window uses */
+
+typedef enum rooms_hv {            /* strictest first */
+    ROOMS_HV_JOINED = 0,
+    ROOMS_HV_INVITED,
+    ROOMS_HV_SHARED,
+    ROOMS_HV_WORLD_READABLE,
+} rooms_hv;
+
+typedef enum rooms_mem {
+    ROOMS_MEM_NONE = 0, /* none, leave, ban, knock */
+    ROOMS_MEM_INVITE,
+    ROOMS_MEM_JOIN,
+} rooms_mem;
+
+/* What one user may see of one room's events. */
+typedef struct rooms_vis {
+    int64_t lo[ROOMS_VIS_MAX_RANGES], hi[ROOMS_VIS_MAX_RANGES]; /* (lo, hi], ascending,
+                                                                  * disjoint, not adjacent */
+    int n;
+    int64_t upto;      /* nothing after: INT64_MAX unless the user left after their last join */
+    int64_t floor;     /* nothing at or before (own membership events included); INT64_MAX:
+                        * nothing at all */
+    bool ever_joined;  /* readers answer 403 without (no peeking) */
+    int dropped;       /* ranges hidden by ROOMS_VIS_MAX_RANGES */
+    const char *user_id; /* borrowed: own membership events are always visible */
+} rooms_vis;
+
+/* One change at a stream position: value is a rooms_hv or a rooms_mem. */
+typedef struct rooms_vis_change {
+    int64_t pos;
+    int value;
+} rooms_vis_change;
+
+/* A room's history_visibility changes and a user's membership changes, each ascending.
+ * *_truncated: older changes exist but were not read (the state before the oldest one
+ * read is then taken to be the strictest: "joined", no membership). */
+typedef struct rooms_vis_history {
+    const rooms_vis_change *mem, *hv;
+    int n_mem, n_hv;
+    bool mem_truncated, hv_truncated;
+} rooms_vis_history;
+
+/* The value of a history_visibility content field (NULL or unknown: ROOMS_HV_JOINED) and
+ * of a membership. */
+rooms_hv rooms_hv_parse(const char *value);
+rooms_mem rooms_mem_parse(const char *membership);
+/* The visible ranges of a history, by the rule above (pure; any thread). */
+void rooms_vis_compute(const rooms_vis_history *h, const char *user_id, rooms_vis *out);
+/* Read the history of (room_id, user_id) with one query and compute it. The room is not
+ * checked to exist. ROOMS_OK or ROOMS_E_DB. user_id must outlive *out. */
+int rooms_vis_load(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out);
+/* What a reader of room_id may see: ROOMS_OK with *out; ROOMS_E_FORBIDDEN (e set) when the
+ * user was never joined (no peeking, whatever the history_visibility), ROOMS_E_NOT_FOUND
  * for an unknown room, ROOMS_E_DB. */
-int rooms_visible_upto(PGconn *c, const char *room_id, const char *user_id, int64_t *upto,
-                       rooms_err *e);
+int rooms_visibility(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out,
+                     rooms_err *e);
+/* Restrict a query on events e to what v shows within the window lo < pos <= hi (hidden:
+ * to what it hides there): *sql gets a condition (" AND ...", in arena a) using
+ * parameters $n .. $n+ROOMS_VIS_PARAMS-1, whose values go to p[0 .. ROOMS_VIS_PARAMS-1].
+ * false when the window is empty, or nothing in it can be visible (not hidden), or out of
+ * memory: the caller answers with no events instead of querying. */
+bool rooms_vis_window(rt_arena *a, const rooms_vis *v, int64_t lo, int64_t hi, bool hidden,
+                      int n, const char **sql, const char **p);
+/* Does v show every event with lo < pos <= hi (nothing hidden in the window)? A window
+ * past v->upto is not covered. */
+bool rooms_vis_covers(const rooms_vis *v, int64_t lo, int64_t hi);
 /* The room's version, or NULL when the room does not exist (*db_failed on error). */
 const room_version *rooms_version_of(PGconn *c, const char *room_id, bool *db_failed);
 

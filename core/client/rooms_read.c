@@ -3,10 +3,13 @@
  * /event/{eventId}, /members, /joined_members, /messages, /context/{eventId}, and
  * GET /joined_rooms.
  *
- * Every reader first asks rooms_visible_upto what the caller may see (everything while
- * joined; up to their leave after leaving; nothing if never joined) and clamps its query
- * to that position. Pagination tokens are stream positions ("s<N>": after event N), the
- * same as /sync's, so a sync's prev_batch feeds /messages directly.
+ * Every reader first asks rooms_visibility what the caller may see (rooms.c owns the
+ * history visibility rule; a user who was never joined gets 403). Events (/event,
+ * /messages, /context) are restricted to it with rooms_vis_window; an invisible event is
+ * 404 M_NOT_FOUND, as if it did not exist. State (/state, /members) is the room's state
+ * as of the user's leave, or now: state is not history. Pagination tokens are stream
+ * positions ("s<N>": after event N), the same as /sync's, so a sync's prev_batch feeds
+ * /messages directly; a page before what the user may see is empty, never an error.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +27,7 @@
 typedef struct reader {
     const char *user, *room;
     PGconn *c;
-    int64_t upto; /* visible up to this position (INT64_MAX while joined) */
+    rooms_vis vis; /* vis.upto: the state readers' position (INT64_MAX while joined) */
     events_view view;
 } reader;
 
@@ -35,7 +38,7 @@ static bool open_reader(atrium_req *r, reader *rd)
     if (!(rd->user = auth_request(r)) || !(rd->room = rooms_param_room(r))) return false;
     if (!(rd->c = rooms_db(r))) return false;
     rooms_err e = {0};
-    if (rooms_visible_upto(rd->c, rd->room, rd->user, &rd->upto, &e) < 0) {
+    if (rooms_visibility(rd->c, rd->room, rd->user, &rd->vis, &e) < 0) {
         rooms_db_release(rd->c);
         rooms_fail(r, &e);
         return false;
@@ -74,6 +77,17 @@ static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t ma
     return true;
 }
 
+/* The event event_id of the room into out when the reader may see it: rows (0 or 1) or
+ * ROOMS_E_DB. *pos gets its position (may be NULL). */
+static int fetch_one(atrium_req *r, reader *rd, const char *event_id, json_t *out, int64_t *pos)
+{
+    const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
+    if (!rooms_vis_window(r->arena, &rd->vis, 0, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
+    const char *sql = rt_arena_printf(r->arena, EVENTS_SELECT "WHERE e.event_id = $1"
+                                                              " AND e.room_id = $2%s", vis_sql);
+    return events_fetch(rd->c, &rd->view, sql, 2 + ROOMS_VIS_PARAMS, p, out, pos, NULL);
+}
+
 /* ---- state -------------------------------------------------------------------------- */
 
 /* GET /_matrix/client/v3/rooms/{roomId}/state */
@@ -82,7 +96,7 @@ static int get_state_all(atrium_req *r)
     reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *out = json_array();
-    if (events_state_at(rd.c, &rd.view, rd.room, rd.upto, NULL, NULL, out) < 0)
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, NULL, out) < 0)
         return db_failed(r, &rd, out);
     return close_reader(r, &rd, 200, out);
 }
@@ -99,7 +113,7 @@ static int get_state_one(atrium_req *r)
     const char *type_arr = rooms_pg_array(r->arena, types);
     json_decref(types);
     json_t *all = json_array();
-    if (events_state_at(rd.c, &rd.view, rd.room, rd.upto, NULL, type_arr, all) < 0)
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, type_arr, all) < 0)
         return db_failed(r, &rd, all);
     json_t *found = NULL;
     for (size_t i = 0; i < json_array_size(all); i++) {
@@ -123,11 +137,8 @@ static int get_event(atrium_req *r)
     const char *event_id = rooms_param(r, "eventId");
     reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
-    const char *p[3] = {event_id, rd.room, rooms_i64(r, rd.upto)};
     json_t *out = json_array();
-    int n = events_fetch(rd.c, &rd.view, EVENTS_SELECT "WHERE e.event_id = $1 AND e.room_id = $2"
-                                                      " AND e.stream_pos <= $3",
-                         3, p, out, NULL, NULL);
+    int n = fetch_one(r, &rd, event_id, out, NULL);
     if (n < 0) return db_failed(r, &rd, out);
     if (json_array_size(out) == 0) {
         json_decref(out);
@@ -156,7 +167,7 @@ static int get_members(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'at' is not a token of this server");
     reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
-    int64_t upto = at_pos < rd.upto ? at_pos : rd.upto;
+    int64_t upto = at_pos < rd.vis.upto ? at_pos : rd.vis.upto;
     json_t *types = json_pack("[s]", "m.room.member");
     const char *type_arr = rooms_pg_array(r->arena, types);
     json_decref(types);
@@ -183,7 +194,7 @@ static int get_joined_members(atrium_req *r)
     const char *type_arr = rooms_pg_array(r->arena, types);
     json_decref(types);
     json_t *all = json_array();
-    if (events_state_at(rd.c, &rd.view, rd.room, rd.upto, NULL, type_arr, all) < 0)
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, type_arr, all) < 0)
         return db_failed(r, &rd, all);
     json_t *joined = json_object();
     for (size_t i = 0; i < json_array_size(all); i++) {
@@ -239,6 +250,24 @@ static int lazy_members(reader *rd, int64_t upto, json_t *events, json_t *out)
     return rc;
 }
 
+/* The first `limit` events the reader may see with lo < pos <= hi that pass the filter, into
+ * out: newest first (back) or oldest first. Rows or ROOMS_E_DB; *first / *last get the
+ * positions of the first and last row. */
+static int window_page(atrium_req *r, reader *rd, const room_filter *f, int64_t lo, int64_t hi,
+                       int64_t limit, bool back, json_t *out, int64_t *first, int64_t *last)
+{
+    const char *p[6 + ROOMS_VIS_PARAMS] = {rd->room, rooms_i64(r, limit), f->types,
+                                           f->not_types, f->senders, f->not_senders};
+    const char *vis_sql;
+    if (!rooms_vis_window(r->arena, &rd->vis, lo, hi, false, 7, &vis_sql, p + 6)) return 0;
+    const char *sql = rt_arena_printf(r->arena,
+                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s"
+                                                    " ORDER BY e.stream_pos %s LIMIT $2",
+                                      vis_sql, rooms_filter_sql(r->arena, 3),
+                                      back ? "DESC" : "ASC");
+    return events_fetch(rd->c, &rd->view, sql, 6 + ROOMS_VIS_PARAMS, p, out, first, last);
+}
+
 /* GET /_matrix/client/v3/rooms/{roomId}/messages?dir=&from=&to=&limit=&filter= */
 static int get_messages(atrium_req *r)
 {
@@ -257,20 +286,12 @@ static int get_messages(atrium_req *r)
     if (f.limit >= 0 && !acc_query_arg(r, "limit")) limit = f.limit > MESSAGES_MAX_LIMIT ? MESSAGES_MAX_LIMIT : f.limit;
     reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
-    /* Back: after `to`, up to `from` and the visible end, newest first. Forward: after
-     * `from`, up to `to` and the visible end, oldest first. */
+    /* Back: after `to`, up to `from`, newest first. Forward: after `from`, up to `to`,
+     * oldest first. Both only what the user may see. */
     int64_t lo = back ? to_pos : from_pos, hi = back ? from_pos : to_pos;
-    if (hi > rd.upto) hi = rd.upto;
-    const char *p[8] = {rd.room, rooms_i64(r, lo), rooms_i64(r, hi), rooms_i64(r, limit),
-                        f.types, f.not_types, f.senders, f.not_senders};
-    const char *sql = rt_arena_printf(r->arena,
-                                      EVENTS_SELECT "WHERE e.room_id = $1 AND e.stream_pos > $2"
-                                                    " AND e.stream_pos <= $3%s"
-                                                    " ORDER BY e.stream_pos %s LIMIT $4",
-                                      rooms_filter_sql(r->arena, 5), back ? "DESC" : "ASC");
     json_t *chunk = json_array();
     int64_t first = 0, last = 0;
-    int n = events_fetch(rd.c, &rd.view, sql, 8, p, chunk, &first, &last);
+    int n = window_page(r, &rd, &f, lo, hi, limit, back, chunk, &first, &last);
     if (n < 0) return db_failed(r, &rd, chunk);
     /* Without `from`, a backward page starts at its newest event, a forward one at 0. */
     const char *start = from ? from : rooms_token(r, back ? (n > 0 ? first : 0) : lo);
@@ -278,7 +299,7 @@ static int get_messages(atrium_req *r)
     if (n > 0 && n == limit) json_object_set_new(body, "end", json_string(rooms_token(r, back ? last - 1 : last)));
     if (f.lazy_load_members && n > 0) {
         json_t *state = json_array();
-        if (lazy_members(&rd, rd.upto, chunk, state) < 0) return db_failed(r, &rd, body);
+        if (lazy_members(&rd, rd.vis.upto, chunk, state) < 0) return db_failed(r, &rd, body);
         json_object_set_new(body, "state", state);
     }
     return close_reader(r, &rd, 200, body);
@@ -297,10 +318,7 @@ static int get_context(atrium_req *r)
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *one = json_array();
     int64_t pos = 0;
-    const char *p1[3] = {event_id, rd.room, rooms_i64(r, rd.upto)};
-    int n = events_fetch(rd.c, &rd.view, EVENTS_SELECT "WHERE e.event_id = $1 AND e.room_id = $2"
-                                                      " AND e.stream_pos <= $3",
-                         3, p1, one, &pos, NULL);
+    int n = fetch_one(r, &rd, event_id, one, &pos);
     if (n < 0) return db_failed(r, &rd, one);
     if (n == 0) {
         json_decref(one);
@@ -308,24 +326,12 @@ static int get_context(atrium_req *r)
         return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
     }
     int64_t before_n = limit / 2, after_n = limit - before_n;
-    const char *filter_sql = rooms_filter_sql(r->arena, 5);
-    const char *pb[8] = {rd.room, rooms_i64(r, pos), rooms_i64(r, rd.upto), rooms_i64(r, before_n),
-                         f.types, f.not_types, f.senders, f.not_senders};
     json_t *before = json_array(), *after = json_array();
     int64_t b_last = pos, a_last = pos, dummy;
-    int nb = events_fetch(rd.c, &rd.view,
-                          rt_arena_printf(r->arena, EVENTS_SELECT "WHERE e.room_id = $1 AND e.stream_pos < $2"
-                                                                  " AND $3::bigint > 0%s ORDER BY e.stream_pos DESC"
-                                                                  " LIMIT $4",
-                                          filter_sql),
-                          8, pb, before, &dummy, &b_last);
-    pb[3] = rooms_i64(r, after_n);
-    int na = nb < 0 ? nb : events_fetch(rd.c, &rd.view,
-                                        rt_arena_printf(r->arena, EVENTS_SELECT "WHERE e.room_id = $1 AND e.stream_pos > $2"
-                                                                                " AND e.stream_pos <= $3%s ORDER BY"
-                                                                                " e.stream_pos ASC LIMIT $4",
-                                                        filter_sql),
-                                        8, pb, after, &dummy, &a_last);
+    int nb = window_page(r, &rd, &f, 0, pos - 1, before_n, true, before, &dummy, &b_last);
+    int na = nb < 0 ? nb
+                    : window_page(r, &rd, &f, pos, INT64_MAX, after_n, false, after, &dummy,
+                                  &a_last);
     json_t *body = json_pack("{s:O, s:o, s:o, s:s, s:s}", "event", json_array_get(one, 0),
                              "events_before", before, "events_after", after, "start",
                              rooms_token(r, nb > 0 ? b_last - 1 : pos - 1), "end", rooms_token(r, a_last));

@@ -12,6 +12,11 @@
  *   - A left room is reported once, in the sync whose window holds the leave, with the
  *     events up to the leave (only the user's own membership events when they were not
  *     joined at `since`); initial syncs leave them out unless the filter asks.
+ *   - Timelines hold only what history visibility lets the user see (rooms_vis_window;
+ *     the rule is rooms.c's). A timeline never spans a hidden state event: it then starts
+ *     after the newest one (limited), so the state block before it carries what that
+ *     event set and the client's room state stays current; state changes hidden in the
+ *     window of an unlimited incremental timeline are sent as state too.
  *   - Invites carry stripped state (type, state_key, content, sender) of the room's
  *     descriptive events and the invite itself.
  *   - Lazy loading: state carries only the member events of the timeline's senders and the
@@ -85,22 +90,28 @@ typedef struct timeline {
     int64_t first_pos; /* position of the first event, 0 if none */
 } timeline;
 
-/* The newest `limit` visible events with lo < pos <= hi, ascending. */
-static int fetch_timeline(sync_ctx *s, const char *room_id, int64_t lo, int64_t hi, timeline *t)
+/* The newest `limit` events with lo < pos <= hi that the user may see (vis), ascending. */
+static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
+                        int64_t hi, timeline *t)
 {
     t->events = json_array();
     t->limited = false;
     t->first_pos = 0;
-    const char *p[8] = {room_id, i64s(s, lo), i64s(s, hi), i64s(s, s->timeline_limit + 1),
-                        s->timeline.types, s->timeline.not_types, s->timeline.senders,
-                        s->timeline.not_senders};
+    const char *p[6 + ROOMS_VIS_PARAMS] = {room_id, i64s(s, s->timeline_limit + 1),
+                                           s->timeline.types, s->timeline.not_types,
+                                           s->timeline.senders, s->timeline.not_senders};
+    const char *vis_sql;
+    if (!rooms_vis_window(s->r->arena, vis, lo, hi, false, 7, &vis_sql, p + 6)) return ROOMS_OK;
     const char *sql = rt_arena_printf(s->r->arena,
-                                      EVENTS_SELECT "WHERE e.room_id = $1 AND e.stream_pos > $2"
-                                                    " AND e.stream_pos <= $3%s"
-                                                    " ORDER BY e.stream_pos DESC LIMIT $4",
-                                      rooms_filter_sql(s->r->arena, 5));
-    PGresult *res = rooms_q(s->c, sql, 8, p, NULL);
-    if (!res) return ROOMS_E_DB;
+                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s"
+                                                    " ORDER BY e.stream_pos DESC LIMIT $2",
+                                      vis_sql, rooms_filter_sql(s->r->arena, 3));
+    PGresult *res = rooms_q(s->c, sql, 6 + ROOMS_VIS_PARAMS, p, NULL);
+    if (!res) {
+        json_decref(t->events);
+        t->events = NULL;
+        return ROOMS_E_DB;
+    }
     int keep = PQntuples(res);
     if (keep > s->timeline_limit) {
         t->limited = true; /* one more than the limit exists */
@@ -115,16 +126,56 @@ static int fetch_timeline(sync_ctx *s, const char *room_id, int64_t lo, int64_t 
     return ROOMS_OK;
 }
 
-/* State before the timeline: the whole state (full) or the window's changes. */
+/* The position of the newest state event with lo < pos <= hi that vis hides, or 0. */
+static int newest_hidden_state(sync_ctx *s, const char *room_id, const rooms_vis *vis,
+                               int64_t lo, int64_t hi, int64_t *pos)
+{
+    *pos = 0;
+    const char *p[1 + ROOMS_VIS_PARAMS] = {room_id}, *vis_sql;
+    if (!rooms_vis_window(s->r->arena, vis, lo, hi, true, 2, &vis_sql, p + 1)) return ROOMS_OK;
+    const char *sql = rt_arena_printf(s->r->arena,
+                                      "SELECT max(e.stream_pos) FROM events e WHERE e.room_id = $1"
+                                      " AND e.state_key IS NOT NULL%s", vis_sql);
+    PGresult *res = rooms_q(s->c, sql, 1 + ROOMS_VIS_PARAMS, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    if (!PQgetisnull(res, 0, 0)) *pos = atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* The timeline of the window lo < pos <= hi: its newest `limit` visible events (t->events
+ * is NULL after a failure). A client
+ * applies the state block, then the timeline's state events; a state event hidden inside
+ * the timeline's span would leave it with stale state, so the timeline then starts after
+ * the newest such event (limited: what it skipped is a /messages away) and the state
+ * block, the state before the timeline, carries what that event set. */
+static int fetch_timeline(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
+                          int64_t hi, timeline *t)
+{
+    int rc = fetch_window(s, room_id, vis, lo, hi, t);
+    if (rc < 0 || !t->first_pos || rooms_vis_covers(vis, t->first_pos, hi)) return rc;
+    int64_t hidden;
+    rc = newest_hidden_state(s, room_id, vis, t->first_pos, hi, &hidden);
+    if (rc >= 0 && !hidden) return ROOMS_OK;
+    json_decref(t->events);
+    t->events = NULL;
+    if (rc < 0) return rc;
+    rc = fetch_window(s, room_id, vis, hidden, hi, t);
+    t->limited = true;
+    return rc;
+}
+
+/* State before the timeline: the whole state (full) or the window's changes (also when
+ * the timeline is not limited but history visibility hid events of the window: gappy). */
 static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, bool full,
-                          int64_t upto, json_t *out)
+                          bool gappy, int64_t upto, json_t *out)
 {
     int64_t before = t->first_pos ? t->first_pos - 1 : upto;
     json_t *members = s->lazy_members ? lazy_member_list(s, t->events) : NULL;
     int rc;
     if (full)
         rc = events_state_between(s->c, &s->view, room_id, 0, before, members, NULL, out);
-    else if (t->limited)
+    else if (t->limited || gappy)
         rc = events_state_between(s->c, &s->view, room_id, s->since, before, members, NULL, out);
     else
         rc = ROOMS_OK;
@@ -376,12 +427,17 @@ static int joined_at_since(sync_ctx *s, const char *room_id, bool *joined)
 static int joined_room(sync_ctx *s, const char *room_id, json_t *acct, json_t *join, bool *has_new)
 {
     bool was_joined;
-    if (joined_at_since(s, room_id, &was_joined) < 0) return ROOMS_E_DB;
+    rooms_vis vis;
+    if (joined_at_since(s, room_id, &was_joined) < 0 ||
+        rooms_vis_load(s->c, room_id, s->user, &vis) < 0)
+        return ROOMS_E_DB;
     bool full = s->since == 0 || s->full_state || !was_joined;
+    int64_t from = full ? 0 : s->since;
     timeline t;
-    if (fetch_timeline(s, room_id, full ? 0 : s->since, s->upto, &t) < 0) return ROOMS_E_DB;
+    if (fetch_timeline(s, room_id, &vis, from, s->upto, &t) < 0) return ROOMS_E_DB;
     json_t *state = json_array(), *eph = json_array();
-    int rc = timeline_state(s, room_id, &t, full, s->upto, state);
+    bool gappy = !rooms_vis_covers(&vis, from, s->upto);
+    int rc = timeline_state(s, room_id, &t, full, gappy, s->upto, state);
     if (rc >= 0) rc = ephemeral(s, room_id, s->since == 0, eph);
     json_t *acct_events = json_object_get(acct, room_id);
     bool news = full || json_array_size(t.events) > 0 || json_array_size(state) > 0 ||
@@ -441,8 +497,12 @@ static int left_room(sync_ctx *s, const membership_row *m, json_t *leave, bool *
     json_t *state = json_array();
     int rc;
     if (was_joined || s->since == 0) {
-        rc = fetch_timeline(s, m->room_id, s->since, m->pos, &t);
-        if (rc >= 0) rc = timeline_state(s, m->room_id, &t, s->since == 0, m->pos, state);
+        rooms_vis vis;
+        rc = rooms_vis_load(s->c, m->room_id, s->user, &vis);
+        if (rc >= 0) rc = fetch_timeline(s, m->room_id, &vis, s->since, m->pos, &t);
+        if (rc >= 0)
+            rc = timeline_state(s, m->room_id, &t, s->since == 0,
+                                !rooms_vis_covers(&vis, s->since, m->pos), m->pos, state);
     } else {
         /* Not joined at since (an invite withdrawn or refused, or a join and leave within
          * the window): only the user's own membership events of the window. */
