@@ -94,6 +94,25 @@ static const atrium_migration MIGRATIONS[] = {
      " FOR EACH ROW EXECUTE FUNCTION atrium_auth_notify();"
      "CREATE TRIGGER users_rights_changed AFTER UPDATE OF is_admin, deactivated ON users"
      " FOR EACH ROW EXECUTE FUNCTION atrium_auth_notify();"},
+    /* pushers.c; a device's pushers go with the device. */
+    {4, "pushers",
+     "CREATE TABLE pushers ("
+     " user_id text NOT NULL,"
+     " device_id text NOT NULL,"
+     " app_id text NOT NULL,"
+     " pushkey text NOT NULL,"
+     " kind text NOT NULL,"
+     " app_display_name text NOT NULL,"
+     " device_display_name text NOT NULL,"
+     " profile_tag text,"
+     " lang text NOT NULL,"
+     " data jsonb NOT NULL,"
+     " created_ts bigint NOT NULL,"
+     " PRIMARY KEY (user_id, app_id, pushkey),"
+     " FOREIGN KEY (user_id, device_id) REFERENCES devices (user_id, device_id)"
+     "  ON DELETE CASCADE);"
+     "CREATE INDEX pushers_app_pushkey ON pushers (app_id, pushkey);"
+     "CREATE INDEX pushers_device ON pushers (user_id, device_id);"},
 };
 
 static int accounts_init(http_server *s, rt_metrics *metrics)
@@ -106,7 +125,8 @@ static int accounts_init(http_server *s, rt_metrics *metrics)
     if (acc_register_routes(s) < 0 || acc_admin_register_routes(s) < 0 ||
         acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||
         acc_pushrules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
-        acc_account_data_routes(s) < 0)
+        acc_tags_routes(s) < 0 || acc_pushers_routes(s) < 0 || acc_misc_routes(s) < 0 ||
+        acc_account_data_routes(s) < 0 || acc_user_directory_routes(s) < 0)
         return -1;
     return 0;
 }

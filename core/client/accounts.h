@@ -5,7 +5,8 @@
  *
  * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over
  * files by concern: register.c, admin_register.c, login.c, devices.c, profile.c,
- * pushrules.c, filters.c, account_data.c, uia.c. Each file registers its own routes from an
+ * pushrules.c, filters.c, account_data.c, tags.c, pushers.c, account_misc.c,
+ * user_directory.c, uia.c. Each file registers its own routes from an
  * *_routes function called by the module's init. Password work (Argon2id hashing and
  * checking) always runs on the auth pool: a handler validates on the request pool, hands
  * the request off with susp_handoff(r, auth_pool(), ...), and finishes when it runs again
@@ -192,5 +193,9 @@ int acc_profile_routes(http_server *s);
 int acc_pushrules_routes(http_server *s);
 int acc_filters_routes(http_server *s);
 int acc_account_data_routes(http_server *s);
+int acc_tags_routes(http_server *s);
+int acc_pushers_routes(http_server *s);
+int acc_misc_routes(http_server *s);
+int acc_user_directory_routes(http_server *s);
 
 #endif
