@@ -21,6 +21,7 @@
 
 #include "core/client/auth.h"
 #include "core/client/rooms.h"
+#include "core/client/rooms_relations.h"
 
 /* Any 64-bit key not used by another advisory lock (db.c uses 7405418920188311). */
 
@@ -93,6 +94,49 @@ static const atrium_migration MIGRATIONS[] = {
      " stream_pos bigint NOT NULL,"
      " PRIMARY KEY (room_id, user_id));"
      "CREATE INDEX typing_stream ON typing (room_id, stream_pos);"},
+    {2, "rooms_event_relations",
+     /* Relations by parent (rooms_bundle.c keeps it), filled from the events stored so far. */
+     "CREATE TABLE event_relations ("
+     " event_id text PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " relates_to text NOT NULL,"
+     " rel_type text NOT NULL,"
+     " sender text NOT NULL,"
+     " type text NOT NULL,"
+     " stream_pos bigint NOT NULL,"
+     " aggregation_key text);"
+     "CREATE INDEX event_relations_parent ON event_relations (relates_to, rel_type, stream_pos);"
+     "CREATE INDEX event_relations_threads ON event_relations (room_id, relates_to, stream_pos)"
+     " WHERE rel_type = 'm.thread';"
+     "INSERT INTO event_relations SELECT e.event_id, e.room_id, x.r ->> 'event_id',"
+     " x.r ->> 'rel_type', e.sender, e.type, e.stream_pos,"
+     " CASE WHEN x.r ->> 'rel_type' = 'm.annotation' AND jsonb_typeof(x.r -> 'key') = 'string'"
+     "  THEN x.r ->> 'key' END"
+     " FROM events e, LATERAL (SELECT e.pdu::jsonb -> 'content' -> 'm.relates_to' AS r) x"
+     " WHERE e.redacted_by IS NULL AND e.type <> 'm.room.redaction'"
+     " AND jsonb_typeof(x.r -> 'rel_type') = 'string'"
+     " AND jsonb_typeof(x.r -> 'event_id') = 'string'"
+     " AND length(x.r ->> 'rel_type') BETWEEN 1 AND 255"
+     " AND length(x.r ->> 'event_id') BETWEEN 1 AND 255;"},
+    {3, "rooms_event_search",
+     /* Full text search (rooms_search.c): the searchable text of an event - content.body of
+      * m.room.message, content.name of m.room.name, content.topic of m.room.topic - as a
+      * generated tsvector, NULL once redacted, with a GIN index. */
+     "CREATE FUNCTION events_search_text(etype text, pdu text) RETURNS text"
+     " LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$"
+     " DECLARE k text; v json;"
+     " BEGIN"
+     "  k := CASE etype WHEN 'm.room.message' THEN 'body' WHEN 'm.room.name' THEN 'name'"
+     "   WHEN 'm.room.topic' THEN 'topic' END;"
+     "  IF k IS NULL OR strpos(pdu, '\\u0000') > 0 THEN RETURN NULL; END IF;"
+     "  v := pdu::json -> 'content' -> k;"
+     "  IF json_typeof(v) IS DISTINCT FROM 'string' THEN RETURN NULL; END IF;"
+     "  RETURN v #>> '{}';"
+     " END $$;"
+     "ALTER TABLE events ADD COLUMN search_tsv tsvector GENERATED ALWAYS AS (CASE WHEN"
+     " redacted_by IS NULL THEN to_tsvector('simple'::regconfig, events_search_text(type, pdu))"
+     " END) STORED;"
+     "CREATE INDEX events_search ON events USING gin (search_tsv) WHERE search_tsv IS NOT NULL;"},
 };
 
 static const struct core_config *the_cfg;
@@ -510,8 +554,9 @@ static int rooms_init(http_server *s, rt_metrics *metrics)
         return -1;
     }
     if (rooms_create_routes(s) < 0 || rooms_membership_routes(s) < 0 || rooms_send_routes(s) < 0 ||
-        rooms_read_routes(s) < 0 || rooms_ephemeral_routes(s) < 0)
+        rooms_read_routes(s) < 0 || rooms_ephemeral_routes(s) < 0 || rooms_relations_routes(s) < 0)
         return -1;
+    if (rooms_search_routes(s) < 0) return -1;
     return 0;
 }
 

@@ -344,5 +344,6 @@ int rooms_membership_routes(http_server *s);
 int rooms_send_routes(http_server *s);
 int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
+int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
 
 #endif

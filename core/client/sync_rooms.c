@@ -34,6 +34,7 @@
 
 #include "core/client/accounts.h"
 #include "core/client/push_eval.h"
+#include "core/client/rooms_relations.h"
 #include "core/client/sync_rooms.h"
 
 /* The events of invite_state, besides the invite itself and the inviter's member event. */
@@ -123,6 +124,11 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
     }
     if (keep > 0) t->first_pos = events_pos(res, keep - 1);
     PQclear(res);
+    if (rel_bundle(s->c, s->r->arena, &s->view, room_id, vis, t->events) < 0) {
+        json_decref(t->events);
+        t->events = NULL;
+        return ROOMS_E_DB;
+    }
     return ROOMS_OK;
 }
 
