@@ -126,7 +126,8 @@ static int accounts_init(http_server *s, rt_metrics *metrics)
         acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||
         acc_pushrules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
         acc_tags_routes(s) < 0 || acc_pushers_routes(s) < 0 || acc_misc_routes(s) < 0 ||
-        acc_account_data_routes(s) < 0 || acc_user_directory_routes(s) < 0)
+        acc_account_data_routes(s) < 0 || acc_user_directory_routes(s) < 0 ||
+        acc_deactivate_routes(s) < 0)
         return -1;
     return 0;
 }

@@ -6,7 +6,7 @@
  * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over
  * files by concern: register.c, admin_register.c, login.c, devices.c, profile.c,
  * pushrules.c, filters.c, account_data.c, tags.c, pushers.c, account_misc.c,
- * user_directory.c, uia.c. Each file registers its own routes from an
+ * user_directory.c, uia.c, account_deactivate.c. Each file registers its own routes from an
  * *_routes function called by the module's init. Password work (Argon2id hashing and
  * checking) always runs on the auth pool: a handler validates on the request pool, hands
  * the request off with susp_handoff(r, auth_pool(), ...), and finishes when it runs again
@@ -197,5 +197,6 @@ int acc_tags_routes(http_server *s);
 int acc_pushers_routes(http_server *s);
 int acc_misc_routes(http_server *s);
 int acc_user_directory_routes(http_server *s);
+int acc_deactivate_routes(http_server *s);
 
 #endif

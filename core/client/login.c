@@ -4,11 +4,12 @@
  *
  * Login checks the password on the auth pool and answers a wrong password and an unknown
  * user identically (403 M_FORBIDDEN, same work done: auth_verify_password), so a login
- * form cannot be used to find out who has an account. A login names its device or gets a
- * new one; re-using a device ID revokes that device's older tokens. Logout deletes the
- * device and its tokens in PostgreSQL, so the token stops working at once in every process
- * (auth_request reads the table on every request). What this file does not do: tokens'
- * format and look-up (auth.c), device management (devices.c).
+ * form cannot be used to find out who has an account; a deactivated account (whose name
+ * stays taken anyway) gets 403 M_USER_DEACTIVATED whatever the password. A login names
+ * its device or gets a new one; re-using a device ID revokes that device's older tokens.
+ * Logout deletes the device and its tokens in PostgreSQL, so the token stops working at
+ * once in every process (auth_request reads the table on every request). What this file
+ * does not do: tokens' format and look-up (auth.c), device management (devices.c).
  */
 #include <string.h>
 
@@ -47,10 +48,13 @@ static int finish_login(atrium_req *r, const login_state *st)
         acc_db_release(c); /* never held across the slow check */
         if (!res) return acc_db_failed(r);
     }
-    if (!auth_verify_password(hash, st->password))
-        return http_respond_error(r, 403, "M_FORBIDDEN", "Invalid username or password");
-    if (deactivated)
+    bool password_ok = auth_verify_password(hash, st->password);
+    /* A deactivated account has no password left (account_deactivate.c): whatever the
+     * password, the answer says why, as Synapse's does. */
+    if (deactivated && (password_ok || !hash))
         return http_respond_error(r, 403, "M_USER_DEACTIVATED", "This account is deactivated");
+    if (!password_ok)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "Invalid username or password");
 
     char device[ACC_RANDOM_ID_CHARS + 1];
     const char *device_id = st->device_id;

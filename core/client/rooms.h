@@ -160,6 +160,16 @@ int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, cons
  * or a failure (e set, rolled back; id_out ""). conn held, outside any transaction. */
 int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id,
                                  const char *user_id, char id_out[EVENT_ID_LEN], rooms_err *e);
+/* Append to array out the IDs of the rooms where user_id is joined or invited now, in room
+ * ID order, at most limit of them (limit < 0: all). The number appended, or ROOMS_E_DB. */
+int rooms_joined_or_invited_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out);
+/* user_id leaves room_id, or declines its invite: one m.room.member "leave" event sent by
+ * user_id, as one transaction of the write path. Writes nothing when, under the room's
+ * lock, the user is neither joined nor invited: ROOMS_OK with id_out "". Otherwise
+ * ROOMS_OK with the new event's ID, or a failure (e set, rolled back; id_out ""). conn
+ * held, outside any transaction. For account deactivation (account_deactivate.c). */
+int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const char *user_id,
+                       char id_out[EVENT_ID_LEN], rooms_err *e);
 /* [req] Write one event as its own transaction and answer: {"event_id"} (or {} / the
  * given body when answer is not NULL: it is stolen). Handles the transaction-ID race by
  * answering with the event stored first. Returns ATRIUM_DONE. */

@@ -14,7 +14,8 @@
  * and avatar_url, an empty value being no value), both for new memberships and for
  * rooms_member_profile_refresh, the one-room step that carries a profile change into a
  * joined room's member event. Which rooms to refresh, and how many, is profile.c's
- * decision.
+ * decision. Likewise rooms_member_leave is the one-room step of an account deactivation
+ * (which rooms, and how many: account_deactivate.c).
  */
 #include <stdio.h>
 #include <string.h>
@@ -180,6 +181,52 @@ int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id
     json_decref(current);
     json_decref(profile);
     json_decref(next);
+    return rc;
+}
+
+/* ---- account deactivation ------------------------------------------------------------ */
+
+int rooms_joined_or_invited_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out)
+{
+    char limit_s[24];
+    snprintf(limit_s, sizeof(limit_s), "%lld", (long long)limit);
+    const char *p[2] = {user_id, limit < 0 ? NULL : limit_s};
+    PGresult *res = rooms_q(c,
+                            "SELECT room_id FROM current_state WHERE type = 'm.room.member'"
+                            " AND state_key = $1 AND membership IN ('join', 'invite')"
+                            " ORDER BY room_id LIMIT $2::bigint",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    int n = PQntuples(res);
+    for (int i = 0; i < n; i++) json_array_append_new(out, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    return n;
+}
+
+int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const char *user_id,
+                       char id_out[EVENT_ID_LEN], rooms_err *e)
+{
+    id_out[0] = '\0';
+    room_tx tx;
+    int rc = rooms_tx_begin(&tx, c, arena, room_id, e);
+    if (rc != ROOMS_OK) return rc;
+    char membership[16] = "";
+    rc = rooms_membership_at(c, room_id, user_id, INT64_MAX, membership, NULL);
+    if (rc != ROOMS_OK) rooms_set_err(e, rc, "database");
+    bool member = strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0;
+    json_t *content = rc == ROOMS_OK && member ? json_pack("{s:s}", "membership", "leave") : NULL;
+    if (content) {
+        room_new_event ev = {.sender = user_id, .type = "m.room.member", .state_key = user_id,
+                             .content = content};
+        rc = rooms_tx_append(&tx, &ev, id_out, e);
+        if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, e); /* rolls back itself on failure */
+        else rooms_tx_rollback(&tx);
+    } else {
+        if (rc == ROOMS_OK && member) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
+        rooms_tx_rollback(&tx); /* not a member any more, or a failure */
+    }
+    if (rc != ROOMS_OK) id_out[0] = '\0';
+    json_decref(content);
     return rc;
 }
 
