@@ -7,10 +7,13 @@
  * files by concern: rooms_write.c (the one write path: lock, authorize, build, store),
  * rooms_create.c (createRoom), rooms_membership.c (join, leave, invite, kick, ban, unban,
  * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
- * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing), and
- * events_store.c (stored events -> client format). /sync is its own module (sync.c).
+ * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
+ * rooms_relations.c + rooms_bundle.c (relations, threads, bundled aggregations: see
+ * rooms_relations.h), rooms_search.c (POST /search), and events_store.c (stored events ->
+ * client format). /sync is its own module (sync.c).
  *
- * The data model (migration "rooms" 1):
+ * The data model (migration "rooms" 1; 2 adds event_relations, the index of m.relates_to
+ * filled at write time; 3 adds events.search_tsv, the full-text column of POST /search):
  *   rooms         one row per room: version, creator, and the forward extremity (the
  *                 newest event and its depth). Its row lock serializes writes to one room,
  *                 so a local room's events form a line: each event's prev_events is the
