@@ -149,7 +149,8 @@ int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
  * "avatar_url"} with the profile's values when set. A new object (never NULL). */
 json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership);
 /* May user_id be invited from here: a local user that exists (ROOMS_E_NOT_FOUND
- * otherwise) or, until federation arrives, not a remote one (ROOMS_E_FORBIDDEN). */
+ * otherwise) and is not deactivated, and, until federation arrives, not a remote one
+ * (ROOMS_E_FORBIDDEN for both). */
 int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e);
 /* Look up (user, device, key) in event_txns: 1 with id_out set, 0 when absent, ROOMS_E_DB. */
 int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,

@@ -58,9 +58,16 @@ int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e)
     if (strcmp(room_auth_domain(user_id), rooms_server_name()) != 0)
         return rooms_set_err(e, ROOMS_E_FORBIDDEN, "Federation is not available yet: %.64s is "
                              "on another server", user_id);
-    int exists = acc_user_exists(c, user_id);
-    if (exists < 0) return rooms_set_err(e, ROOMS_E_DB, "database");
-    if (!exists) return rooms_set_err(e, ROOMS_E_NOT_FOUND, "Unknown user %.64s", user_id);
+    const char *p[1] = {user_id};
+    PGresult *res = rooms_q(c, "SELECT deactivated FROM users WHERE user_id = $1", 1, p, NULL);
+    if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
+    int rows = PQntuples(res);
+    bool deactivated = rows == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    if (!rows) return rooms_set_err(e, ROOMS_E_NOT_FOUND, "Unknown user %.64s", user_id);
+    if (deactivated)
+        return rooms_set_err(e, ROOMS_E_FORBIDDEN, "%.64s has deactivated their account",
+                             user_id);
     return ROOMS_OK;
 }
 

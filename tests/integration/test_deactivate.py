@@ -102,6 +102,10 @@ class DeactivateTest(unittest.TestCase):
         self.assertEqual(self.srv.json("GET", f"{V3}/profile/{quote(dana.user_id)}"),
                          (200, {"displayname": "dana"}))
         self.assertIn(f"deactivated {dana.user_id}: left 2 rooms, 0 failed", self.srv.log_text())
+        # Nobody can invite the account back.
+        answer = self.bob.member_action(joined, "invite", dana.user_id)
+        self.assertError(answer, 403, "M_FORBIDDEN")
+        self.assertIn("deactivated", answer[1]["error"])
 
     def test_every_token_dies_at_once_and_login_is_refused(self):
         phone = register(self.srv, "erin", device_id="PHONE")
