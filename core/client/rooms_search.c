@@ -34,6 +34,7 @@
 
 #include "core/client/accounts.h"
 #include "core/client/rooms.h"
+#include "core/client/rooms_relations.h"
 
 #define SEARCH_MAX_BODY_BYTES (64 * 1024)
 #define SEARCH_TERM_MAX_BYTES 512
@@ -472,6 +473,11 @@ static int render_page(search_run *s, PGresult *page, int rows, json_t *results,
         for (int j = 0; !ev && j < PQntuples(res); j++)
             if (events_pos(res, j) == pos) ev = events_render(&s->view, res, j);
         if (!ev) continue; /* a corrupt row (logged) */
+        json_t *one = json_pack("[O]", ev); /* bundled aggregations, as other readers */
+        if (!one || rel_bundle(s->c, s->r->arena, &s->view, s->room_ids[idx], &s->vis[idx],
+                               one) < 0)
+            rc = ROOMS_E_DB;
+        json_decref(one);
         json_t *item = json_pack("{s:f, s:o}", "rank", strtod(PQgetvalue(page, i, 1), NULL),
                                  "result", ev);
         json_t *ctx = s->q->context ? context_of(s, idx, pos, ev) : NULL;

@@ -70,6 +70,20 @@ class SearchTest(SharedServerTest):
 
     # -- matching ---------------------------------------------------------------------
 
+    def test_results_carry_bundled_aggregations_like_other_readers(self):
+        w = word()
+        room = self.alice.create_room(preset="private_chat")
+        original = self.say(self.alice, room, f"first draft {w}")
+        edit = self.alice.send(room, {"msgtype": "m.text", "body": "* fixed",
+                                      "m.new_content": {"msgtype": "m.text", "body": "fixed"},
+                                      "m.relates_to": {"rel_type": "m.replace",
+                                                       "event_id": original}})
+        results = self.search(self.alice, w)["results"]
+        self.assertEqual([r["result"]["event_id"] for r in results], [original])
+        bundle = results[0]["result"]["unsigned"]["m.relations"]
+        self.assertEqual(bundle["m.replace"]["event_id"], edit)
+
+
     def test_finds_words_in_bodies_of_every_joined_room_case_insensitively_and_by_prefix(self):
         w = word()
         one = self.alice.create_room(preset="private_chat")
