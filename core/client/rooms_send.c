@@ -7,8 +7,10 @@
  * created, without writing, rate limiting or re-checking anything (a retry of a request
  * that succeeded must succeed). Redactions keep their transaction IDs in their own
  * namespace ("redact|<txnId>"). Setting a state event to the content it already has
- * writes nothing and answers with the existing event, as Synapse does. Everything else -
- * auth rules, size limits, canonical JSON - is the write path's (rooms_write.c).
+ * writes nothing and answers with the existing event, as Synapse does. A second annotation
+ * (reaction) with the same key from the same sender to the same event is refused with 400
+ * M_DUPLICATE_ANNOTATION, as the spec says; redacting the first allows it again. Everything
+ * else - auth rules, size limits, canonical JSON - is the write path's (rooms_write.c).
  */
 #include <stdio.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include "core/client/canonical_json.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms.h"
+#include "core/client/rooms_relations.h"
 
 /* The request body as event content: a JSON object canonical JSON can carry. */
 static json_t *content_body(atrium_req *r)
@@ -55,6 +58,38 @@ static bool txn_ok(atrium_req *r, const char *txn)
     return false;
 }
 
+/* Has user already annotated what content annotates with the same key and event type
+ * (the relations index forgets redacted ones)? 1 = answered 400, 0 = no (or not an
+ * annotation), -1 = answered 503. Checked before the write, outside the room lock: two
+ * identical reactions at the same instant may both pass, which costs nothing but a
+ * duplicate reaction. */
+static int duplicate_annotation(atrium_req *r, const char *room, const char *user,
+                                const char *type, const json_t *content)
+{
+    rel_info rel;
+    if (!rel_parse(content, &rel) || !rel.key || strcmp(rel.rel_type, "m.annotation") != 0)
+        return 0;
+    PGconn *c = rooms_db(r);
+    if (!c) return -1;
+    const char *p[5] = {rel.event_id, user, type, rel.key, room};
+    PGresult *res = rooms_q(c,
+                            "SELECT 1 FROM event_relations WHERE relates_to = $1"
+                            " AND rel_type = 'm.annotation' AND sender = $2 AND type = $3"
+                            " AND aggregation_key = $4 AND room_id = $5 LIMIT 1",
+                            5, p, NULL);
+    rooms_db_release(c);
+    if (!res) {
+        http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+        return -1;
+    }
+    int dup = PQntuples(res) > 0;
+    PQclear(res);
+    if (dup)
+        http_respond_error(r, 400, "M_DUPLICATE_ANNOTATION",
+                           "You already annotated that event with this key");
+    return dup;
+}
+
 /* PUT /_matrix/client/v3/rooms/{roomId}/send/{eventType}/{txnId} */
 static int put_send(atrium_req *r)
 {
@@ -67,6 +102,7 @@ static int put_send(atrium_req *r)
     json_t *content = content_body(r);
     if (!content) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
+    if (duplicate_annotation(r, room, user, type, content) != 0) return ATRIUM_DONE;
     room_new_event ev = {.sender = user, .type = type, .content = content,
                          .txn_device = r->device, .txn_id = txn};
     return rooms_write_one(r, room, &ev, NULL);

@@ -314,6 +314,21 @@ class RelationsTest(SharedServerTest):
         plain = self.say(self.alice, room, "nothing relates to me")
         self.assertNotIn("m.relations", self.event(self.alice, room, plain).get("unsigned", {}))
 
+    def test_a_second_identical_reaction_is_refused_until_the_first_is_redacted(self):
+        room = self.public_room(self.bob)
+        target = self.say(self.alice, room, "react to me")
+        first = self.react(self.bob, room, target, "🎉")
+        content = {"m.relates_to": {"rel_type": "m.annotation", "event_id": target, "key": "🎉"}}
+        status, body = self.bob.call("PUT", f"{V3}/rooms/{quote(room)}/send/m.reaction/dup1",
+                                     content)
+        self.assertEqual((status, body["errcode"]), (400, "M_DUPLICATE_ANNOTATION"), body)
+        self.react(self.alice, room, target, "🎉")  # another sender: fine
+        self.react(self.bob, room, target, "👀")   # another key: fine
+        self.bob.ok("PUT", f"{V3}/rooms/{quote(room)}/redact/{quote(first)}/undo1", {})
+        status, body = self.bob.call("PUT", f"{V3}/rooms/{quote(room)}/send/m.reaction/dup2",
+                                     content)
+        self.assertEqual(status, 200, body)
+
     def test_reference_bundle_is_capped(self):
         room = self.public_room()
         target = self.say(self.alice, room, "target")
