@@ -565,4 +565,6 @@ const client_module ROOMS_MODULE = {
     .migrations = MIGRATIONS,
     .n_migrations = sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]),
     .init = rooms_init,
+    .start = rooms_typing_start,
+    .stop = rooms_typing_stop,
 };

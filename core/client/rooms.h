@@ -9,8 +9,8 @@
  * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
  * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
  * rooms_relations.c + rooms_bundle.c (relations, threads, bundled aggregations: see
- * rooms_relations.h), rooms_search.c (POST /search), and events_store.c (stored events ->
- * client format). /sync is its own module (sync.c).
+ * rooms_relations.h), rooms_search.c (POST /search), rooms_typing.c (typing notices that
+ * run out), and events_store.c (stored events -> client format). /sync is its own module (sync.c).
  *
  * The data model (migration "rooms" 1; 2 adds event_relations, the index of m.relates_to
  * filled at write time; 3 adds events.search_tsv, the full-text column of POST /search):
@@ -359,5 +359,10 @@ int rooms_send_routes(http_server *s);
 int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
+/* The typing reaper (rooms_typing.c): the rooms module's start and stop. */
+int rooms_typing_start(void);
+void rooms_typing_stop(void);
+/* A typing notice of this process runs out at wall_ms: the reaper wakes then. Any thread. */
+void rooms_typing_expires_at(int64_t wall_ms);
 
 #endif

@@ -7,8 +7,7 @@
  * `ephemeral` (receipts, typing) or `account_data` (m.fully_read) once it is newer than the
  * client's token; after the commit the room's members are woken (only the user for private
  * receipts and read markers). Only joined members may send them. Typing lasts at most
- * TYPING_MAX_TIMEOUT_MS; an expiry is reported with the next change in the room (no timer
- * wakes syncs when a typing notice merely runs out).
+ * TYPING_MAX_TIMEOUT_MS; when it runs out, the typing reaper (rooms_typing.c) reports it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,6 +190,7 @@ static int put_typing(atrium_req *r)
     if (ok) notifier_wake_room(c, room);
     rooms_db_release(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    if (json_is_true(typing)) rooms_typing_expires_at(atoll(p[2]));
     return http_respond_json(r, 200, json_object());
 }
 

@@ -176,6 +176,21 @@ class SyncTest(SharedServerTest):
         stopped = self.bob.sync(since=answer["next_batch"])["rooms"]["join"][room]["ephemeral"]["events"]
         self.assertIn({"type": "m.typing", "content": {"user_ids": []}}, stopped)
 
+    def test_a_typing_notice_that_runs_out_wakes_a_parked_sync(self):
+        room = self.alice.create_room(preset="public_chat")
+        self.bob.join(room)
+        self.alice.ok("PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(self.alice.user_id)}",
+                      {"typing": True, "timeout": 1000})
+        typing_at = time.monotonic()
+        since = self.bob.sync()["next_batch"]
+        # Nothing else happens in the room: only the expiry can end this long-poll early.
+        answer = self.bob.sync(since=since, timeout_ms=20000)
+        woke_after = time.monotonic() - typing_at
+        ephemeral = answer["rooms"]["join"][room]["ephemeral"]["events"]
+        self.assertIn({"type": "m.typing", "content": {"user_ids": []}}, ephemeral)
+        self.assertLess(woke_after, 10, "woken by the expiry, not by the sync's timeout")
+        self.assertGreaterEqual(woke_after, 0.9, "not before the notice ran out")
+
     def test_bad_parameters_are_refused(self):
         for query, errcode in (("since=yesterday", "M_INVALID_PARAM"), ("timeout=-5", "M_INVALID_PARAM"),
                                ("timeout=soon", "M_INVALID_PARAM"), ("full_state=maybe", "M_INVALID_PARAM"),
