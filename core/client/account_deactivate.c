@@ -37,6 +37,7 @@
 typedef struct deactivate_state {
     uia_password auth;
     bool erase;
+    bool deactivated; /* the account's rows are committed; the rooms are next */
 } deactivate_state;
 
 /* The account's own rows, as one transaction (conn held): true when committed. */
@@ -105,9 +106,16 @@ static void leave_rooms(atrium_req *r, const char *user_id)
     json_decref(rooms);
 }
 
-/* [auth pool] After the password passed: deactivate, leave the rooms, answer. */
-static int finish_deactivate(atrium_req *r, const deactivate_state *st)
+/* [auth pool] After the password passed: deactivate, then hand off to the rooms module's
+ * bulk pool, so leaving many rooms holds no auth thread. [bulk pool] Leave the rooms and
+ * answer. */
+static int finish_deactivate(atrium_req *r, deactivate_state *st)
 {
+    if (st->deactivated) {
+        leave_rooms(r, r->user);
+        return http_respond_json(r, 200,
+                                 json_pack("{s:s}", "id_server_unbind_result", "no-support"));
+    }
     if (!uia_password_verify(r, &st->auth, DEACTIVATE_PURPOSE)) return ATRIUM_DONE;
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
@@ -115,6 +123,10 @@ static int finish_deactivate(atrium_req *r, const deactivate_state *st)
     if (ok) acc_tokens_revoked(c, r->user); /* the tokens stop working before the rooms */
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
+    st->deactivated = true;
+    int rc = rooms_to_bulk_pool(r);
+    if (rc == ATRIUM_HANDED_OFF) return rc;
+    /* No room for it there: the account is closed all the same; say so, and leave here. */
     leave_rooms(r, r->user);
     return http_respond_json(r, 200, json_pack("{s:s}", "id_server_unbind_result", "no-support"));
 }

@@ -13,7 +13,8 @@
  * once the new value is committed, every room the user is joined to gets a new
  * m.room.member event carrying it (clients show names and avatars from member state), up
  * to PROFILE_ROOMS_MAX rooms per change, each room its own short transaction on a
- * connection taken and given back per room. A room that refuses or fails is logged and
+ * connection taken and given back per room. The whole change runs on the rooms module's
+ * bulk pool (rooms_to_bulk_pool), and a change counts against the message rate limit. A room that refuses or fails is logged and
  * skipped; the PUT answers 200 once the profile is committed, whatever the rooms did.
  * What this file does not do: build or authorize those events (the rooms module's
  * rooms_member_profile_refresh does, through the rooms write path, and writes nothing
@@ -23,6 +24,7 @@
 
 #include "core/client/accounts.h"
 #include "core/client/events.h"
+#include "core/client/ratelimits.h"
 #include "core/client/rooms.h"
 
 /* Joined rooms one profile change updates before the PUT answers; each is one short
@@ -156,6 +158,12 @@ static int put_field(atrium_req *r)
     if (!body || !acc_string(r, body, f->name, true, f->max_bytes, &value)) return ATRIUM_DONE;
     if (strcmp(f->name, "avatar_url") == 0 && value[0] && strncmp(value, "mxc://", 6) != 0)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "avatar_url must be an mxc:// URI");
+    /* Each change may write a member event into every joined room: it costs a message,
+     * and it runs on the rooms module's bulk pool, not on this request thread. */
+    if (r->run_reason != ATRIUM_RUN_HANDOFF) {
+        if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
+        return rooms_to_bulk_pool(r);
+    }
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
     const char *p[2] = {r->user, value};

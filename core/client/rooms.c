@@ -542,12 +542,52 @@ const char *rooms_token(atrium_req *r, int64_t pos)
     return rt_arena_printf(r->arena, "s%lld", (long long)(pos < 0 ? 0 : pos));
 }
 
+/* ---- the bulk pool ------------------------------------------------------------------ */
+
+/* Writes into many rooms at once (a profile change, a deactivation) run here, one at a
+ * time, so they hold neither a request-pool thread nor an auth thread. */
+#define ROOMS_BULK_THREADS 1
+#define ROOMS_BULK_QUEUE 32
+
+static rt_pool *bulk_pool;
+
+int rooms_to_bulk_pool(atrium_req *r)
+{
+    int rc = bulk_pool ? susp_handoff(r, bulk_pool, NULL, 0) : ATRIUM_E_STOPPED;
+    if (rc == 0) return ATRIUM_HANDED_OFF;
+    if (rc == ATRIUM_E_LIMIT)
+        http_respond_limited(r, 1000, "Too many room-wide changes in progress; retry");
+    else
+        http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+    return ATRIUM_DONE;
+}
+
+static int rooms_start(void)
+{
+    if (rt_pool_start(bulk_pool) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the rooms.bulk pool's thread");
+        return -1;
+    }
+    return rooms_typing_start();
+}
+
+static void rooms_stop(void)
+{
+    rooms_typing_stop();
+    if (!bulk_pool) return;
+    rt_pool_stop(bulk_pool); /* queued handoffs are answered 503 */
+    rt_pool_join(bulk_pool);
+    rt_pool_free(bulk_pool);
+    bulk_pool = NULL;
+}
+
 /* ---- the module --------------------------------------------------------------------- */
 
 static int rooms_init(http_server *s, rt_metrics *metrics)
 {
-    (void)metrics;
     the_cfg = s->cfg;
+    bulk_pool = rt_pool_new("core.rooms_bulk", ROOMS_BULK_THREADS, ROOMS_BULK_QUEUE, metrics);
+    if (!bulk_pool) return -1;
     if (!room_version_find(the_cfg->rooms.default_version)) {
         rt_log(ATRIUM_LOG_ERROR, "core", "rooms.default_version \"%.16s\" is not a room version "
                "this server supports: set it to \"10\" or \"11\"", the_cfg->rooms.default_version);
@@ -565,6 +605,6 @@ const client_module ROOMS_MODULE = {
     .migrations = MIGRATIONS,
     .n_migrations = sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]),
     .init = rooms_init,
-    .start = rooms_typing_start,
-    .stop = rooms_typing_stop,
+    .start = rooms_start,
+    .stop = rooms_stop,
 };

@@ -359,7 +359,12 @@ int rooms_send_routes(http_server *s);
 int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
-/* The typing reaper (rooms_typing.c): the rooms module's start and stop. */
+/* [req] Hand r off to the rooms module's bulk pool (one thread, a short queue), where
+ * writes into many rooms run without holding a request-pool or auth thread; the handler
+ * runs again there with run_reason ATRIUM_RUN_HANDOFF. ATRIUM_HANDED_OFF, or ATRIUM_DONE
+ * after answering 429 (queue full) or 503 (stopping). */
+int rooms_to_bulk_pool(atrium_req *r);
+/* The typing reaper (rooms_typing.c), started and stopped with the rooms module. */
 int rooms_typing_start(void);
 void rooms_typing_stop(void);
 /* A typing notice of this process runs out at wall_ms: the reaper wakes then. Any thread. */

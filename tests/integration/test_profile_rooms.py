@@ -6,8 +6,11 @@ the profile change.
 """
 
 import re
+import subprocess
 import unittest
 
+from common import Background, wait_until
+from harness import conninfo_for, psql_bin
 from rooms_client import SharedServerTest, V3, quote
 
 MEMBER = "m.room.member"
@@ -15,6 +18,8 @@ LONG_NAME = "N" * 200          # well within the profile's 256 bytes
 EVENT_LIMIT_BYTES = 65536      # the spec's limit on a whole event
 PROBE_PAD_BYTES = 65400        # a body under the limit whose event is over it
 PAD_MARGIN_BYTES = 100         # how far under the limit the padded member event stays
+BULK_QUEUE = 32                # ROOMS_BULK_QUEUE in core/client/rooms.c (one thread)
+BULK = {"pool": "core.rooms_bulk"}
 
 
 class ProfileRoomsTest(SharedServerTest):
@@ -177,6 +182,37 @@ class ProfileRoomsTest(SharedServerTest):
                          {"displayname": LONG_NAME})
         self.assertIn(f"room {full} keeps the old member event", self.srv.log_text())
         self.carol.leave(full)  # later profile changes of carol need not meet this room again
+
+
+    def test_changes_run_on_the_bulk_pool_whose_full_queue_refuses_at_once(self):
+        """The bulk pool held full: one change stuck on a row lock, BULK_QUEUE waiting; the
+        next is refused with 429 while the request pool keeps serving."""
+        holder = subprocess.Popen(  # a session of its own, holding carol's profile row
+            [psql_bin(), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+             "-d", conninfo_for(self.srv.database)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        waiting = []
+        try:
+            holder.stdin.write(f"BEGIN;\nSELECT 'locked' FROM profiles WHERE user_id = "
+                               f"'{self.carol.user_id}' FOR UPDATE;\n")
+            holder.stdin.flush()
+            self.assertEqual(holder.stdout.readline().strip(), "locked")
+            path = self.profile_path(self.carol, "displayname")
+            waiting = [Background(self.carol.call, "PUT", path, {"displayname": f"Carol {i}"},
+                                  timeout=60) for i in range(BULK_QUEUE + 1)]
+            wait_until(lambda: self.srv.metric("atrium_pool_busy", BULK) == 1
+                       and self.srv.metric("atrium_pool_queued", BULK) == BULK_QUEUE,
+                       what="one change running and the queue full")
+            refused = self.srv.metric("atrium_pool_refused_total", BULK)
+            status, body = self.carol.call("PUT", path, {"displayname": "one too many"})
+            self.assertEqual((status, body["errcode"]), (429, "M_LIMIT_EXCEEDED"), body)
+            self.assertGreater(body["retry_after_ms"], 0)
+            self.assertEqual(self.srv.metric("atrium_pool_refused_total", BULK), refused + 1)
+            self.assertEqual(self.srv.json("GET", "/_matrix/client/versions")[0], 200)
+        finally:
+            holder.communicate("ROLLBACK;\n", timeout=30)
+        self.assertEqual([w.result(60) for w in waiting], [(200, {})] * (BULK_QUEUE + 1))
+        wait_until(lambda: self.srv.metric("atrium_pool_queued", BULK) == 0, what="queue empty")
 
 
 if __name__ == "__main__":
