@@ -14,8 +14,10 @@
  *      triggers' NOTIFY) and room-mates learn the device list changed;
  *   3. one leave event per room the user is joined to or invited to, at most
  *      DEACTIVATE_ROOMS_MAX rooms, each its own short transaction of the rooms write path
- *      on a connection taken per room. A room that fails is logged and skipped: the
- *      account is deactivated whatever the rooms did.
+ *      on a connection taken per room, on the rooms module's bulk pool (handed off there
+ *      after step 2, so no auth thread is held; if its queue is full, on the auth thread
+ *      after all). A room that fails is logged and skipped: the account is deactivated
+ *      whatever the rooms did.
  * The answer is {"id_server_unbind_result": "no-support"}: Atrium keeps no third-party
  * identifiers, so there is nothing to unbind and no identity server is called; id_server
  * is only checked for its type. What this file does not do: refuse logins of deactivated
