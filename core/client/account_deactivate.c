@@ -66,7 +66,7 @@ static void leave_rooms(atrium_req *r, const char *user_id)
 {
     PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
     json_t *rooms = json_array();
-    int n = c && rooms ? rooms_joined_or_invited_ids(c, user_id, DEACTIVATE_ROOMS_MAX + 1, rooms)
+    int n = c && rooms ? rooms_user_room_ids(c, user_id, true, DEACTIVATE_ROOMS_MAX + 1, rooms)
                        : ROOMS_E_DB;
     if (c) db_release(db_global(), c);
     if (n < 0) {

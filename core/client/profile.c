@@ -111,7 +111,8 @@ static void update_joined_rooms(atrium_req *r, const char *user_id)
 {
     PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
     json_t *rooms = json_array();
-    int n = c && rooms ? rooms_joined_ids(c, user_id, PROFILE_ROOMS_MAX + 1, rooms) : ROOMS_E_DB;
+    int n = c && rooms ? rooms_user_room_ids(c, user_id, false, PROFILE_ROOMS_MAX + 1, rooms)
+                       : ROOMS_E_DB;
     if (c) db_release(db_global(), c);
     if (n < 0) {
         rt_log(ATRIUM_LOG_WARN, "core", "profile of %s changed, but its rooms could not be "

@@ -238,16 +238,18 @@ int rooms_membership_at(PGconn *c, const char *room_id, const char *user_id, int
     return ROOMS_OK;
 }
 
-int rooms_joined_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out)
+int rooms_user_room_ids(PGconn *c, const char *user_id, bool with_invites, int64_t limit,
+                        json_t *out)
 {
     char limit_s[24];
     snprintf(limit_s, sizeof(limit_s), "%lld", (long long)limit);
-    const char *p[2] = {user_id, limit < 0 ? NULL : limit_s};
+    const char *p[3] = {user_id, limit < 0 ? NULL : limit_s, with_invites ? "t" : "f"};
     PGresult *res = rooms_q(c,
                             "SELECT room_id FROM current_state WHERE type = 'm.room.member'"
-                            " AND state_key = $1 AND membership = 'join' ORDER BY room_id"
-                            " LIMIT $2::bigint",
-                            2, p, NULL);
+                            " AND state_key = $1 AND (membership = 'join'"
+                            " OR ($3::boolean AND membership = 'invite'))"
+                            " ORDER BY room_id LIMIT $2::bigint",
+                            3, p, NULL);
     if (!res) return ROOMS_E_DB;
     int n = PQntuples(res);
     for (int i = 0; i < n; i++) json_array_append_new(out, json_string(PQgetvalue(res, i, 0)));

@@ -164,9 +164,6 @@ int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, cons
  * or a failure (e set, rolled back; id_out ""). conn held, outside any transaction. */
 int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id,
                                  const char *user_id, char id_out[EVENT_ID_LEN], rooms_err *e);
-/* Append to array out the IDs of the rooms where user_id is joined or invited now, in room
- * ID order, at most limit of them (limit < 0: all). The number appended, or ROOMS_E_DB. */
-int rooms_joined_or_invited_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out);
 /* user_id leaves room_id, or declines its invite: one m.room.member "leave" event sent by
  * user_id, as one transaction of the write path. Writes nothing when, under the room's
  * lock, the user is neither joined nor invited: ROOMS_OK with id_out "". Otherwise
@@ -231,9 +228,11 @@ json_t *events_load_pdu(PGconn *c, const char *event_id, const char *room_id,
  * ("" when the user never had one). ROOMS_OK or ROOMS_E_DB. */
 int rooms_membership_at(PGconn *c, const char *room_id, const char *user_id, int64_t upto,
                         char out[16], int64_t *pos_out);
-/* Append to array out the IDs of the rooms user_id is joined to now, in room ID order, at
- * most limit of them (limit < 0: all). The number appended, or ROOMS_E_DB. */
-int rooms_joined_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out);
+/* Append to array out the IDs of the rooms user_id is joined to now (with_invites: or
+ * invited to), in room ID order, at most limit of them (limit < 0: all). The number
+ * appended, or ROOMS_E_DB. */
+int rooms_user_room_ids(PGconn *c, const char *user_id, bool with_invites, int64_t limit,
+                        json_t *out);
 /* History visibility (rooms.c owns the rule). For user U and an event E at position p,
  * with hv the room's m.room.history_visibility before E ("shared" when unset) and mem U's
  * membership before E, E is visible when: it is U's own m.room.member event; or hv is

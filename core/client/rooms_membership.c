@@ -193,23 +193,6 @@ int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id
 
 /* ---- account deactivation ------------------------------------------------------------ */
 
-int rooms_joined_or_invited_ids(PGconn *c, const char *user_id, int64_t limit, json_t *out)
-{
-    char limit_s[24];
-    snprintf(limit_s, sizeof(limit_s), "%lld", (long long)limit);
-    const char *p[2] = {user_id, limit < 0 ? NULL : limit_s};
-    PGresult *res = rooms_q(c,
-                            "SELECT room_id FROM current_state WHERE type = 'm.room.member'"
-                            " AND state_key = $1 AND membership IN ('join', 'invite')"
-                            " ORDER BY room_id LIMIT $2::bigint",
-                            2, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    int n = PQntuples(res);
-    for (int i = 0; i < n; i++) json_array_append_new(out, json_string(PQgetvalue(res, i, 0)));
-    PQclear(res);
-    return n;
-}
-
 int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const char *user_id,
                        char id_out[EVENT_ID_LEN], rooms_err *e)
 {

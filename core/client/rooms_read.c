@@ -220,7 +220,7 @@ static int get_joined_rooms(atrium_req *r)
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     json_t *rooms = json_array();
-    int n = rooms_joined_ids(c, user, -1, rooms);
+    int n = rooms_user_room_ids(c, user, false, -1, rooms);
     rooms_db_release(c);
     if (n < 0) {
         json_decref(rooms);
