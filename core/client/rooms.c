@@ -435,6 +435,27 @@ int rooms_visibility(PGconn *c, const char *room_id, const char *user_id, rooms_
     return ROOMS_OK;
 }
 
+bool rooms_reader_open(atrium_req *r, rooms_reader *rd)
+{
+    if (!(rd->c = rooms_db(r))) return false;
+    rooms_err e = {0};
+    if (rooms_visibility(rd->c, rd->room, rd->user, &rd->vis, &e) < 0) {
+        rooms_db_release(rd->c);
+        rooms_fail(r, &e);
+        return false;
+    }
+    rd->view = (events_view){.user_id = rd->user, .device_id = r->device, .with_room_id = true,
+                             .now_ms = rooms_wall_ms()};
+    return true;
+}
+
+int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body)
+{
+    rooms_db_release(rd->c);
+    if (!body) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    return http_respond_json(r, status, body);
+}
+
 /* A PostgreSQL bigint[] literal of n positions. */
 static const char *pos_array(rt_arena *a, const int64_t *pos, int n)
 {

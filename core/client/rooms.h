@@ -272,6 +272,21 @@ typedef struct rooms_vis {
     const char *user_id; /* borrowed: own membership events are always visible */
 } rooms_vis;
 
+/* What a reader of one room's events holds (rooms_read.c, rooms_relations.c). */
+typedef struct rooms_reader {
+    const char *user, *room;
+    PGconn *c;
+    rooms_vis vis; /* vis.upto: the state readers' position (INT64_MAX while joined) */
+    events_view view;
+} rooms_reader;
+/* [req] Start reading rd->room as rd->user (both set by the caller): a connection, what
+ * the user may see (rooms_visibility: 404 unknown room, 403 never joined) and the view to
+ * render with. true: ready, connection held; false: answered, nothing held. */
+bool rooms_reader_open(atrium_req *r, rooms_reader *rd);
+/* [req] End a reader: release its connection and answer body (stolen) with status, or 503
+ * when body is NULL (a database failure). Returns ATRIUM_DONE. */
+int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body);
+
 /* One change at a stream position: value is a rooms_hv or a rooms_mem. */
 typedef struct rooms_vis_change {
     int64_t pos;

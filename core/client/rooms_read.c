@@ -24,42 +24,19 @@
 #define CONTEXT_DEFAULT_LIMIT 10
 #define CONTEXT_MAX_LIMIT 100
 
-/* The common start of a reader: authenticated user, room, DB connection, visibility. */
-typedef struct reader {
-    const char *user, *room;
-    PGconn *c;
-    rooms_vis vis; /* vis.upto: the state readers' position (INT64_MAX while joined) */
-    events_view view;
-} reader;
-
-/* true: rd is ready (connection held). false: answered (connection released). */
-static bool open_reader(atrium_req *r, reader *rd)
+/* The common start of a reader: authenticated user, room, then rooms_reader_open. true:
+ * rd is ready (connection held). false: answered (nothing held). */
+static bool open_reader(atrium_req *r, rooms_reader *rd)
 {
     memset(rd, 0, sizeof(*rd));
     if (!(rd->user = auth_request(r)) || !(rd->room = rooms_param_room(r))) return false;
-    if (!(rd->c = rooms_db(r))) return false;
-    rooms_err e = {0};
-    if (rooms_visibility(rd->c, rd->room, rd->user, &rd->vis, &e) < 0) {
-        rooms_db_release(rd->c);
-        rooms_fail(r, &e);
-        return false;
-    }
-    rd->view = (events_view){.user_id = rd->user, .device_id = r->device, .with_room_id = true,
-                             .now_ms = rooms_wall_ms()};
-    return true;
+    return rooms_reader_open(r, rd);
 }
 
-static int close_reader(atrium_req *r, reader *rd, int status, json_t *body)
-{
-    rooms_db_release(rd->c);
-    if (!body) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
-    return http_respond_json(r, status, body);
-}
-
-static int db_failed(atrium_req *r, reader *rd, json_t *garbage)
+static int db_failed(atrium_req *r, rooms_reader *rd, json_t *garbage)
 {
     json_decref(garbage);
-    return close_reader(r, rd, 503, NULL);
+    return rooms_reader_close(r, rd, 503, NULL);
 }
 
 /* An integer query parameter in [1, max] (def when absent). false after answering 400. */
@@ -80,7 +57,7 @@ static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t ma
 
 /* The event event_id of the room into out when the reader may see it: rows (0 or 1) or
  * ROOMS_E_DB. *pos gets its position (may be NULL). */
-static int fetch_one(atrium_req *r, reader *rd, const char *event_id, json_t *out, int64_t *pos)
+static int fetch_one(atrium_req *r, rooms_reader *rd, const char *event_id, json_t *out, int64_t *pos)
 {
     const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
     if (!rooms_vis_window(r->arena, &rd->vis, 0, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
@@ -94,12 +71,12 @@ static int fetch_one(atrium_req *r, reader *rd, const char *event_id, json_t *ou
 /* GET /_matrix/client/v3/rooms/{roomId}/state */
 static int get_state_all(atrium_req *r)
 {
-    reader rd;
+    rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *out = json_array();
     if (events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, NULL, out) < 0)
         return db_failed(r, &rd, out);
-    return close_reader(r, &rd, 200, out);
+    return rooms_reader_close(r, &rd, 200, out);
 }
 
 /* GET /_matrix/client/v3/rooms/{roomId}/state/{eventType}[/{stateKey}] */
@@ -108,7 +85,7 @@ static int get_state_one(atrium_req *r)
     const char *type = rooms_param(r, "eventType"), *key = rooms_param(r, "stateKey");
     if (!key) key = "";
     const char *format = acc_query_arg(r, "format");
-    reader rd;
+    rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *types = json_pack("[s]", type);
     const char *type_arr = rooms_pg_array(r->arena, types);
@@ -129,14 +106,14 @@ static int get_state_one(atrium_req *r)
     json_t *answer = format && strcmp(format, "event") == 0 ? found : json_object_get(found, "content");
     json_incref(answer);
     json_decref(all);
-    return close_reader(r, &rd, 200, answer);
+    return rooms_reader_close(r, &rd, 200, answer);
 }
 
 /* GET /_matrix/client/v3/rooms/{roomId}/event/{eventId} */
 static int get_event(atrium_req *r)
 {
     const char *event_id = rooms_param(r, "eventId");
-    reader rd;
+    rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *out = json_array();
     int n = fetch_one(r, &rd, event_id, out, NULL);
@@ -149,7 +126,7 @@ static int get_event(atrium_req *r)
     }
     json_t *ev = json_incref(json_array_get(out, 0));
     json_decref(out);
-    return close_reader(r, &rd, 200, ev);
+    return rooms_reader_close(r, &rd, 200, ev);
 }
 
 /* ---- members ------------------------------------------------------------------------ */
@@ -167,7 +144,7 @@ static int get_members(atrium_req *r)
     int64_t at_pos = INT64_MAX;
     if (at && !rooms_parse_token(at, &at_pos))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'at' is not a token of this server");
-    reader rd;
+    rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     int64_t upto = at_pos < rd.vis.upto ? at_pos : rd.vis.upto;
     json_t *types = json_pack("[s]", "m.room.member");
@@ -184,13 +161,13 @@ static int get_members(atrium_req *r)
         json_array_append(chunk, ev);
     }
     json_decref(all);
-    return close_reader(r, &rd, 200, json_pack("{s:o}", "chunk", chunk));
+    return rooms_reader_close(r, &rd, 200, json_pack("{s:o}", "chunk", chunk));
 }
 
 /* GET /_matrix/client/v3/rooms/{roomId}/joined_members */
 static int get_joined_members(atrium_req *r)
 {
-    reader rd;
+    rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *types = json_pack("[s]", "m.room.member");
     const char *type_arr = rooms_pg_array(r->arena, types);
@@ -209,7 +186,7 @@ static int get_joined_members(atrium_req *r)
         json_object_set_new(joined, json_string_value(json_object_get(ev, "state_key")), who);
     }
     json_decref(all);
-    return close_reader(r, &rd, 200, json_pack("{s:o}", "joined", joined));
+    return rooms_reader_close(r, &rd, 200, json_pack("{s:o}", "joined", joined));
 }
 
 /* GET /_matrix/client/v3/joined_rooms */
@@ -232,7 +209,7 @@ static int get_joined_rooms(atrium_req *r)
 /* ---- timelines ---------------------------------------------------------------------- */
 
 /* The member events (current state) of the senders of `events`, for lazy loading. */
-static int lazy_members(reader *rd, int64_t upto, json_t *events, json_t *out)
+static int lazy_members(rooms_reader *rd, int64_t upto, json_t *events, json_t *out)
 {
     json_t *senders = json_array();
     for (size_t i = 0; i < json_array_size(events); i++) {
@@ -255,7 +232,7 @@ static int lazy_members(reader *rd, int64_t upto, json_t *events, json_t *out)
 /* The first `limit` events the reader may see with lo < pos <= hi that pass the filter, into
  * out: newest first (back) or oldest first. Rows or ROOMS_E_DB; *first / *last get the
  * positions of the first and last row. */
-static int window_page(atrium_req *r, reader *rd, const room_filter *f, int64_t lo, int64_t hi,
+static int window_page(atrium_req *r, rooms_reader *rd, const room_filter *f, int64_t lo, int64_t hi,
                        int64_t limit, bool back, json_t *out, int64_t *first, int64_t *last)
 {
     const char *p[6 + ROOMS_VIS_PARAMS] = {rd->room, rooms_i64(r, limit), f->types,
@@ -286,7 +263,7 @@ static int get_messages(atrium_req *r)
         !rooms_filter_query(r, "filter", &f))
         return ATRIUM_DONE;
     if (f.limit >= 0 && !acc_query_arg(r, "limit")) limit = f.limit > MESSAGES_MAX_LIMIT ? MESSAGES_MAX_LIMIT : f.limit;
-    reader rd;
+    rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     /* Back: after `to`, up to `from`, newest first. Forward: after `from`, up to `to`,
      * oldest first. Both only what the user may see. */
@@ -305,7 +282,7 @@ static int get_messages(atrium_req *r)
         if (lazy_members(&rd, rd.vis.upto, chunk, state) < 0) return db_failed(r, &rd, body);
         json_object_set_new(body, "state", state);
     }
-    return close_reader(r, &rd, 200, body);
+    return rooms_reader_close(r, &rd, 200, body);
 }
 
 /* GET /_matrix/client/v3/rooms/{roomId}/context/{eventId}?limit=&filter= */
@@ -317,7 +294,7 @@ static int get_context(atrium_req *r)
     if (!query_limit(r, "limit", CONTEXT_DEFAULT_LIMIT, CONTEXT_MAX_LIMIT, &limit) ||
         !rooms_filter_query(r, "filter", &f))
         return ATRIUM_DONE;
-    reader rd;
+    rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *one = json_array();
     int64_t pos = 0;
@@ -357,7 +334,7 @@ static int get_context(atrium_req *r)
     }
     json_object_set_new(body, "state", state);
     if (rc < 0) return db_failed(r, &rd, body);
-    return close_reader(r, &rd, 200, body);
+    return rooms_reader_close(r, &rd, 200, body);
 }
 
 int rooms_read_routes(http_server *s)

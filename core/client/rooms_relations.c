@@ -47,44 +47,14 @@ static int bad_param(atrium_req *r, const char *why)
     return http_respond_error(r, 400, "M_INVALID_PARAM", "%s", why);
 }
 
-/* The start of both endpoints: the viewer, the room, a connection and what the viewer may
- * see. true when ready; false after answering (nothing held). */
-typedef struct rel_reader {
-    const char *user, *room;
-    PGconn *c;
-    rooms_vis vis;
-    events_view view;
-} rel_reader;
-
-static bool open_reader(atrium_req *r, rel_reader *rd)
-{
-    if (!(rd->c = rooms_db(r))) return false;
-    rooms_err e = {0};
-    if (rooms_visibility(rd->c, rd->room, rd->user, &rd->vis, &e) < 0) {
-        rooms_db_release(rd->c);
-        rooms_fail(r, &e);
-        return false;
-    }
-    rd->view = (events_view){.user_id = rd->user, .device_id = r->device, .with_room_id = true,
-                             .now_ms = rooms_wall_ms()};
-    return true;
-}
-
-static int finish(atrium_req *r, rel_reader *rd, json_t *body)
-{
-    rooms_db_release(rd->c);
-    if (!body) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
-    return http_respond_json(r, 200, body);
-}
-
-static int db_failed(atrium_req *r, rel_reader *rd, json_t *garbage)
+static int db_failed(atrium_req *r, rooms_reader *rd, json_t *garbage)
 {
     json_decref(garbage);
-    return finish(r, rd, NULL);
+    return rooms_reader_close(r, rd, 503, NULL);
 }
 
 /* Render the first `keep` rows of res into array out. */
-static void render_rows(const rel_reader *rd, PGresult *res, int keep, json_t *out)
+static void render_rows(const rooms_reader *rd, PGresult *res, int keep, json_t *out)
 {
     for (int i = 0; i < keep; i++) {
         json_t *ev = events_render(&rd->view, res, i);
@@ -93,7 +63,7 @@ static void render_rows(const rel_reader *rd, PGresult *res, int keep, json_t *o
 }
 
 /* Does the viewer see event_id of the room? 1 yes, 0 no (or unknown), ROOMS_E_DB. */
-static int parent_visible(atrium_req *r, rel_reader *rd, const char *event_id)
+static int parent_visible(atrium_req *r, rooms_reader *rd, const char *event_id)
 {
     const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
     if (!rooms_vis_window(r->arena, &rd->vis, 0, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
@@ -127,7 +97,7 @@ static const char RELATIONS_SQL[] =
  *     ?from=&to=&limit=&dir=&recurse= */
 static int get_relations(atrium_req *r)
 {
-    rel_reader rd = {0};
+    rooms_reader rd = {0};
     if (!(rd.user = auth_request(r)) || !(rd.room = rooms_param_room(r))) return ATRIUM_DONE;
     const char *parent = rooms_param(r, "eventId"), *rel_type = rooms_param(r, "relType");
     const char *ev_type = rooms_param(r, "eventType"), *dir = acc_query_arg(r, "dir");
@@ -147,7 +117,7 @@ static int get_relations(atrium_req *r)
     bool deep = recurse && recurse[0] == 't';
     if (!parent || !*parent || strlen(parent) > EVENT_MAX_ID_BYTES)
         return bad_param(r, "Not an event ID");
-    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    if (!rooms_reader_open(r, &rd)) return ATRIUM_DONE;
     int seen = parent_visible(r, &rd, parent);
     if (seen < 0) return db_failed(r, &rd, NULL);
     if (seen == 0) {
@@ -180,7 +150,7 @@ static int get_relations(atrium_req *r)
     if (more) json_object_set_new(body, "next_batch", json_string(next));
     if (from) json_object_set_new(body, "prev_batch", json_string(from));
     if (deep) json_object_set_new(body, "recursion_depth", json_integer(RELATIONS_RECURSE_DEPTH));
-    return finish(r, &rd, body);
+    return rooms_reader_close(r, &rd, 200, body);
 }
 
 /* ---- /threads ----------------------------------------------------------------------- */
@@ -200,7 +170,7 @@ static const char THREADS_SQL[] =
     " ORDER BY t.latest DESC LIMIT $5";
 
 /* The roots named by the first `keep` rows of `threads`, rendered, in that order. */
-static int render_roots(atrium_req *r, rel_reader *rd, PGresult *threads, int keep, json_t *out)
+static int render_roots(atrium_req *r, rooms_reader *rd, PGresult *threads, int keep, json_t *out)
 {
     json_t *ids = json_array();
     for (int i = 0; i < keep; i++)
@@ -227,7 +197,7 @@ static int render_roots(atrium_req *r, rel_reader *rd, PGresult *threads, int ke
 /* GET /_matrix/client/v1/rooms/{roomId}/threads?include=&from=&limit= */
 static int get_threads(atrium_req *r)
 {
-    rel_reader rd = {0};
+    rooms_reader rd = {0};
     if (!(rd.user = auth_request(r)) || !(rd.room = rooms_param_room(r))) return ATRIUM_DONE;
     const char *include = acc_query_arg(r, "include"), *from = acc_query_arg(r, "from");
     if (include && strcmp(include, "all") != 0 && strcmp(include, "participated") != 0)
@@ -238,7 +208,7 @@ static int get_threads(atrium_req *r)
     if (!rel_parse_limit(acc_query_arg(r, "limit"), THREADS_DEFAULT_LIMIT, THREADS_MAX_LIMIT,
                          &limit))
         return bad_param(r, "'limit' must be a non-negative integer");
-    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    if (!rooms_reader_open(r, &rd)) return ATRIUM_DONE;
     bool participated = include && include[0] == 'p';
     const char *p[5 + ROOMS_VIS_PARAMS] = {rd.room, rooms_i64(r, from_pos),
                                            participated ? "true" : "false", rd.user,
@@ -262,7 +232,7 @@ static int get_threads(atrium_req *r)
         return db_failed(r, &rd, chunk);
     json_t *body = json_pack("{s:o}", "chunk", chunk);
     if (more) json_object_set_new(body, "next_batch", json_string(rooms_token(r, last - 1)));
-    return finish(r, &rd, body);
+    return rooms_reader_close(r, &rd, 200, body);
 }
 
 int rooms_relations_routes(http_server *s)
