@@ -185,6 +185,17 @@ void e2ee_db_done(PGconn *c)
     db_release(db_global(), c);
 }
 
+PGconn *e2ee_db_begin(atrium_req *r)
+{
+    PGconn *c = e2ee_db(r);
+    if (c && !e2ee_begin(c)) {
+        e2ee_db_failed(r, c, false);
+        e2ee_db_done(c);
+        return NULL;
+    }
+    return c;
+}
+
 PGresult *e2ee_sql(PGconn *c, ExecStatusType want, const char *sql, int n,
                    const char *const *params)
 {

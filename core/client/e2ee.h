@@ -76,6 +76,9 @@ bool e2ee_commit(PGconn *c);
 void e2ee_rollback(PGconn *c);
 /* [req] Answer 503 M_UNKNOWN for a failed database step (rolls back when in_txn). */
 int e2ee_db_failed(atrium_req *r, PGconn *c, bool in_txn);
+/* [req] A pooled connection inside a new transaction, or NULL after answering 503 (nothing
+ * held). */
+PGconn *e2ee_db_begin(atrium_req *r);
 
 /* ---- key changes ------------------------------------------------------------------------- */
 

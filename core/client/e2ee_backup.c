@@ -44,18 +44,6 @@ static bool parse_version(const char *s, int64_t *out)
     return true;
 }
 
-/* Did the handler get a DB connection and a transaction? NULL after answering. */
-static PGconn *begin(atrium_req *r)
-{
-    PGconn *c = e2ee_db(r);
-    if (c && !e2ee_begin(c)) {
-        e2ee_db_failed(r, c, false);
-        e2ee_db_done(c);
-        return NULL;
-    }
-    return c;
-}
-
 /* Finish: commit and answer `body` (consumed), or answer 503. Releases c. */
 static int finish(atrium_req *r, PGconn *c, json_t *body)
 {
@@ -169,7 +157,7 @@ static int get_version(atrium_req *r)
     int64_t version = 0;
     if (vs && !parse_version(vs, &version))
         return http_respond_error(r, 404, "M_NOT_FOUND", BACKUP_NOT_FOUND);
-    PGconn *c = begin(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
     int found = vs ? 1 : current_version(c, r->user, &version);
     if (found < 0) return finish(r, c, NULL);
@@ -201,7 +189,7 @@ static int post_version(atrium_req *r)
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
     char *auth_data = json_dumps(json_object_get(body, "auth_data"), JSON_COMPACT);
     if (!auth_data) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-    PGconn *c = begin(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) {
         free(auth_data);
         return ATRIUM_DONE;
@@ -238,7 +226,7 @@ static int put_version(atrium_req *r)
     if (bv && !(json_is_string(bv) && strcmp(json_string_value(bv), e2ee_param(r, "version")) == 0))
         return http_respond_error(r, 400, "M_INVALID_PARAM",
                                   "version in the body does not match the path");
-    PGconn *c = begin(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
     int found;
     json_t *info = version_info(c, r->user, version, &found);
@@ -267,7 +255,7 @@ static int delete_version(atrium_req *r)
     int64_t version;
     if (!parse_version(e2ee_param(r, "version"), &version))
         return http_respond_error(r, 404, "M_NOT_FOUND", BACKUP_NOT_FOUND);
-    PGconn *c = begin(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
     int found = lock_version(c, r->user, version);
     if (found < 0) return finish(r, c, NULL);
@@ -402,7 +390,7 @@ static int put_keys(atrium_req *r)
     if (!keys)
         return http_respond_error(r, 400, "M_BAD_JSON",
                                   "The body is not session key backup data for this path");
-    PGconn *c = begin(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) {
         json_decref(keys);
         return ATRIUM_DONE;
@@ -483,7 +471,7 @@ static json_t *read_keys(PGconn *c, const char *user, const char *v, const char 
 static PGconn *open_keys_version(atrium_req *r, int64_t *version, char v[VERSION_TEXT_BYTES])
 {
     if (!auth_request(r) || !request_version(r, version)) return NULL;
-    PGconn *c = begin(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) return NULL;
     int found = lock_version(c, r->user, *version);
     if (found <= 0) {

@@ -133,13 +133,8 @@ static int post_device_signing_upload(atrium_req *r)
     /* Set only when this run is the one on the auth pool, after the first run's hand-off. */
     uia_password *pw = r->run_reason == ATRIUM_RUN_HANDOFF ? r->plugin_state : NULL;
     if (pw && !uia_password_verify(r, pw, XSIGN_UIA_PURPOSE)) return ATRIUM_DONE;
-    PGconn *c = e2ee_db(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
-    if (!e2ee_begin(c)) {
-        e2ee_db_failed(r, c, false);
-        e2ee_db_done(c);
-        return ATRIUM_DONE;
-    }
     /* Serialize a user's uploads: the decision below must see the keys it replaces. */
     const char *p[1] = {r->user};
     xsign_keys stored;
@@ -344,14 +339,9 @@ static int post_signatures_upload(atrium_req *r)
     if (!body) return ATRIUM_DONE;
     const char *msg = check_signatures(body);
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
-    PGconn *c = e2ee_db(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
     xsign_keys mine;
-    if (!e2ee_begin(c)) {
-        e2ee_db_failed(r, c, false);
-        e2ee_db_done(c);
-        return ATRIUM_DONE;
-    }
     if (!load_keys(r, c, r->user, &mine)) {
         e2ee_db_failed(r, c, true);
         e2ee_db_done(c);

@@ -187,13 +187,8 @@ static int post_keys_upload(atrium_req *r)
     if (!msg && fbk) msg = check_key_map(fbk, "fallback_keys", E2EE_UPLOAD_MAX_FALLBACK_KEYS, r);
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
 
-    PGconn *c = e2ee_db(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
-    if (!e2ee_begin(c)) {
-        e2ee_db_failed(r, c, false);
-        e2ee_db_done(c);
-        return ATRIUM_DONE;
-    }
     int changed = 0;
     const char *clash = NULL;
     int rc = 0;

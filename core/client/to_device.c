@@ -77,13 +77,8 @@ static int put_send_to_device(atrium_req *r)
                                             is_content, "a content object");
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
 
-    PGconn *c = e2ee_db(r);
+    PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
-    if (!e2ee_begin(c)) {
-        e2ee_db_failed(r, c, false);
-        e2ee_db_done(c);
-        return ATRIUM_DONE;
-    }
     char retention[24];
     snprintf(retention, sizeof(retention), "%d", TO_DEVICE_TXN_RETENTION_MS);
     const char *p[4] = {r->user, r->device, retention, NULL};
