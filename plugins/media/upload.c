@@ -125,17 +125,23 @@ static int check_put_target(media *m, atrium_req *req, upload_state *up)
     return check_reservation(m, req, &row, up->user_id);
 }
 
+/* The authenticated user, within the upload rate limit; NULL after answering (401, 429). */
+static const char *uploader(media *m, atrium_req *req)
+{
+    const char *user = media_authenticate(m, req);
+    if (!user) return NULL;
+    int64_t wait = m->h->ratelimit_check(req, m->rl_upload);
+    if (wait <= 0) return user;
+    m->h->respond_limited(req, wait, "Too many uploads");
+    return NULL;
+}
+
 /* First chunk (or an empty body): who is uploading what, and where it goes. */
 static int upload_begin(media *m, atrium_req *req, media_req *st, bool is_put)
 {
     const atrium_host *h = m->h;
-    const char *user = media_authenticate(m, req);
+    const char *user = uploader(m, req);
     if (!user) return ATRIUM_DONE;
-    int64_t wait = h->ratelimit_check(req, m->rl_upload);
-    if (wait > 0) {
-        h->respond_limited(req, wait, "Too many uploads");
-        return ATRIUM_DONE;
-    }
     const char *type = h->req_header(req, "Content-Type");
     if (!type || !*type) type = DEFAULT_CONTENT_TYPE;
     if (!media_type_acceptable(type)) {
@@ -335,13 +341,8 @@ int create_handler(atrium_req *req)
 {
     media *m = media_of(req);
     const atrium_host *h = m->h;
-    const char *user = media_authenticate(m, req);
+    const char *user = uploader(m, req);
     if (!user) return ATRIUM_DONE;
-    int64_t wait = h->ratelimit_check(req, m->rl_upload);
-    if (wait > 0) {
-        h->respond_limited(req, wait, "Too many uploads");
-        return ATRIUM_DONE;
-    }
     char id[MEDIA_ID_GENERATED_CHARS + 1];
     if (generate_id(id) < 0) return ATRIUM_E_IO;
     int64_t now = media_wall_ms(), expires = now + m->cfg.unused_expiry_ms;
