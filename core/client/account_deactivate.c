@@ -27,8 +27,8 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/events.h"
-#include "core/client/rooms.h"
+#include "core/rooms/events.h"
+#include "core/client/rooms_api.h"
 
 #define DEACTIVATE_PURPOSE "deactivate"
 /* Rooms one deactivation leaves before it answers; each is one short transaction of the

@@ -14,10 +14,10 @@
  *   to_device.c           sendToDevice and the to_device sync section
  *
  * The decisions owned here: a change of a user's device or cross-signing keys takes one
- * stream position (stream_next(), see rooms.h) in device_lists_changes
+ * stream position (stream_next(), see core/rooms/rooms.h) in device_lists_changes
  * (e2ee_record_key_change), and "who must hear about a user's key change" is the user and
  * everyone sharing a joined room with them (E2EE_SHARED_USERS_SQL, e2ee_wake_key_change).
- * Positions are taken last in a transaction: no row lock after a position (rooms.h).
+ * Positions are taken last in a transaction: no row lock after a position (core/rooms/rooms.h).
  * Internal prefix: e2ee_.
  */
 #ifndef ATRIUM_CORE_E2EE_H

@@ -21,7 +21,7 @@
 
 #include "core/client/accounts.h"
 #include "core/client/e2ee.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 #include "core/client/sync.h"
 
 #define E2EE_QUERY_MAX_USERS 1000 /* users per keys/query request */

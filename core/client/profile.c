@@ -23,9 +23,9 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/events.h"
+#include "core/rooms/events.h"
 #include "core/client/ratelimits.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 
 /* Joined rooms one profile change updates before the PUT answers; each is one short
  * transaction of the rooms write path. Rooms past it keep their old member event. */

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/canonical_json.h"
+#include "core/rooms/canonical_json.h"
 #include "core/client/ratelimits.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 
 /* Levels of the default m.room.power_levels (Synapse-compatible). */
 #define PL_CREATOR 100

@@ -15,7 +15,7 @@
 
 #include "core/client/accounts.h"
 #include "core/client/notifier.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 
 #define TYPING_MAX_TIMEOUT_MS (2 * 60 * 1000)
 #define TYPING_DEFAULT_TIMEOUT_MS 30000

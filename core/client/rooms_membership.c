@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/canonical_json.h"
-#include "core/client/rooms.h"
+#include "core/rooms/canonical_json.h"
+#include "core/client/rooms_api.h"
 
 /* ---- shared helpers ----------------------------------------------------------------- */
 

@@ -3,8 +3,8 @@
  * /event/{eventId}, /members, /joined_members, /messages, /context/{eventId}, and
  * GET /joined_rooms.
  *
- * Every reader first asks rooms_visibility what the caller may see (rooms.c owns the
- * history visibility rule; a user who was never joined gets 403). Events (/event,
+ * Every reader first asks rooms_visibility what the caller may see (core/rooms/rooms_vis.c
+ * owns the history visibility rule; a user who was never joined gets 403). Events (/event,
  * /messages, /context) are restricted to it with rooms_vis_window; an invisible event is
  * 404 M_NOT_FOUND, as if it did not exist. State (/state, /members) is the room's state
  * as of the user's leave, or now: state is not history. Pagination tokens are stream
@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 #include "core/client/rooms_relations.h"
 
 #define MESSAGES_DEFAULT_LIMIT 10

@@ -5,7 +5,7 @@
  *
  * Both read the event_relations index (rooms_bundle.c fills it at write time) and answer
  * like the other readers: 403 to a user who was never joined, 404 for an unknown room or a
- * parent event the user may not see, and only events rooms_vis_window shows (rooms.c owns
+ * parent event the user may not see, and only events rooms_vis_window shows (core/rooms/rooms_vis.c owns
  * the history visibility rule). Pagination tokens are stream positions ("s<N>", the
  * tokens of /messages and /sync): backwards from `from` means positions <= N, forwards
  * positions > N. /relations orders by position; with recurse=true it also follows

@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 
 #define REL_THREAD "m.thread"
 #define REL_REPLACE "m.replace"

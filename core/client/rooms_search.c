@@ -33,7 +33,7 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 #include "core/client/rooms_relations.h"
 
 #define SEARCH_MAX_BODY_BYTES (64 * 1024)

@@ -16,9 +16,9 @@
 #include <string.h>
 
 #include "core/client/accounts.h"
-#include "core/client/canonical_json.h"
+#include "core/rooms/canonical_json.h"
 #include "core/client/ratelimits.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 #include "core/client/rooms_relations.h"
 
 /* The request body as event content: a JSON object canonical JSON can carry. */

@@ -22,7 +22,7 @@
 #include <time.h>
 
 #include "core/client/notifier.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 
 #define TYPING_REAP_RETRY_MS 5000 /* after a pass that failed */
 #define TYPING_REAP_DB_WAIT_MS 2000

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/canonical_json.h"
+#include "core/rooms/canonical_json.h"
 #include "core/client/notifier.h"
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 #include "core/client/rooms_relations.h"
 
 static bool is(const char *a, const char *b)

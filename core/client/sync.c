@@ -177,7 +177,7 @@ static int global_account_data(sync_ctx *s, json_t *resp, bool *has_new)
     return ROOMS_OK;
 }
 
-/* The newest position whose writers have all committed (see rooms.h). */
+/* The newest position whose writers have all committed (see core/rooms/rooms.h). */
 static int64_t stream_upto(PGconn *c)
 {
     PGresult *res = rooms_q(c, "SELECT stream_upto()", 0, NULL, NULL);

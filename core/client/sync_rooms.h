@@ -6,7 +6,7 @@
 #ifndef ATRIUM_CORE_SYNC_ROOMS_H
 #define ATRIUM_CORE_SYNC_ROOMS_H
 
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 
 #define SYNC_DEFAULT_TIMELINE_LIMIT 10
 #define SYNC_MAX_TIMELINE_LIMIT 500

@@ -17,7 +17,7 @@
  * ASCII it follows the database's LC_CTYPE (none under the C locale).
  *
  * Both rules are one SQL statement over the accounts tables (users, profiles) and the
- * rooms module's current_state and events (see rooms.h), without tables or indexes of its
+ * rooms module's current_state and events (see core/rooms/rooms.h), without tables or indexes of its
  * own. The word match reads users and profiles once, with LIKE only (no regular
  * expressions); the candidates are sorted, and then checked in that order for a shared or
  * public room through index probes (current_state_members, the keys of current_state and

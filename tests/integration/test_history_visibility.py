@@ -22,7 +22,7 @@ MEMBER = "m.room.member"
 PAGE = "100"                                   # larger than any room here
 BIG_TIMELINE = {"room": {"timeline": {"limit": 100}}}
 WITH_LEAVE = {"room": {"timeline": {"limit": 100}, "include_leave": True}}
-MAX_CHANGES = 1000                             # ROOMS_VIS_MAX_CHANGES in core/client/rooms.h
+MAX_CHANGES = 1000                             # ROOMS_VIS_MAX_CHANGES in core/rooms/rooms.h
 ALL = ["before-invite", "after-invite", "after-join"]
 
 # What bob reads while joined, and after leaving (rule 4: "shared" history from before his

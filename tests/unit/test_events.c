@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/canonical_json.h"
-#include "core/client/events.h"
+#include "core/rooms/canonical_json.h"
+#include "core/rooms/events.h"
 
 static json_t *parse(const char *text)
 {

@@ -1,6 +1,6 @@
 /*
  * tests/unit/test_history_visibility.c - the history visibility rule as ranges
- * (rooms_vis_compute in core/client/rooms.c): each history_visibility value for a user
+ * (rooms_vis_compute in core/rooms/rooms_vis.c): each history_visibility value for a user
  * invited then joined, a change judged by the value before or after it, the leave clamp,
  * "shared" needing the user joined now, a user never joined, unknown values, the
  * ROOMS_VIS_MAX_RANGES cap (the oldest ranges go), a truncated history (the strictest
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms.h"
+#include "core/client/rooms_api.h"
 
 #define BOB "@bob:example.org"
 #define NO_END INT64_MAX

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/room_auth.h"
+#include "core/rooms/room_auth.h"
 
 #define ALICE "@alice:hs" /* creator, level 100 */
 #define BOB "@bob:hs"     /* moderator, level 50 */

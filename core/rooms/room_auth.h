@@ -1,5 +1,5 @@
 /*
- * core/client/room_auth.h - the authorization rules of room versions 10 and 11 for events
+ * core/rooms/room_auth.h - the authorization rules of room versions 10 and 11 for events
  * this server writes: may this sender send this event, given the room's current state?
  *
  * The rules are the spec's ("Authorization rules" of the room versions), applied to the
@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/client/events.h"
+#include "core/rooms/events.h"
 
 /* Levels the spec defines for a room without m.room.power_levels, and the defaults of
  * missing keys in one. */

@@ -1,5 +1,5 @@
 /*
- * core/client/canonical_json.h - Matrix canonical JSON (the byte string that event IDs,
+ * core/rooms/canonical_json.h - Matrix canonical JSON (the byte string that event IDs,
  * content hashes and signatures are computed over) and the unpadded base64 forms Matrix
  * uses.
  *

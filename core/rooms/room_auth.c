@@ -1,5 +1,5 @@
 /*
- * core/client/room_auth.c - the authorization rules (see room_auth.h).
+ * core/rooms/room_auth.c - the authorization rules (see room_auth.h).
  *
  * One function per rule family, in the spec's order: the create event, membership events,
  * then the checks every other event passes (sender joined, type level, user-named state
@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/room_auth.h"
+#include "core/rooms/room_auth.h"
 
 static bool refuse(char why[ROOM_AUTH_WHY_LEN], const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

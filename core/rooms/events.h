@@ -1,5 +1,5 @@
 /*
- * core/client/events.h - room events as data: room versions, the redaction algorithm,
+ * core/rooms/events.h - room events as data: room versions, the redaction algorithm,
  * content hashes, reference hashes (event IDs) and the client format.
  *
  * Events are stored and hashed in the federation (PDU) format of room versions 4 and later:

@@ -1,5 +1,5 @@
 /*
- * core/client/canonical_json.c - canonical JSON encoding and the base64 forms (see
+ * core/rooms/canonical_json.c - canonical JSON encoding and the base64 forms (see
  * canonical_json.h).
  *
  * The encoder is written here rather than taken from jansson's json_dumps because the spec
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/canonical_json.h"
+#include "core/rooms/canonical_json.h"
 
 #define BUF_INITIAL_BYTES 256
 

@@ -1,5 +1,5 @@
 /*
- * core/client/events.c - room versions, redaction, hashes and the client format of events
+ * core/rooms/events.c - room versions, redaction, hashes and the client format of events
  * (see events.h for the decisions).
  *
  * The redaction algorithm is the one place that knows which keys survive a redaction in
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/canonical_json.h"
-#include "core/client/events.h"
+#include "core/rooms/canonical_json.h"
+#include "core/rooms/events.h"
 
 static const room_version VERSIONS[] = {
     {.id = "10"},

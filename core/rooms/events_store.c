@@ -1,5 +1,5 @@
 /*
- * core/client/events_store.c - stored events back to clients: one renderer for every
+ * core/rooms/events_store.c - stored events back to clients: one renderer for every
  * endpoint that returns events (/sync, /messages, /context, /state, /members, ...).
  *
  * The client format comes from events.c; this file adds what only the database knows, in
@@ -7,13 +7,13 @@
  * state event this one replaced (prev_content, replaces_state, prev_sender), and the
  * redaction that redacted it (redacted_because). A redacted event is always served
  * redacted, with the algorithm of its room's version. It does not decide who may see
- * which events (rooms.c, sync.c).
+ * which events (rooms_vis.c, core/client/sync.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms.h"
+#include "core/rooms/rooms.h"
 
 /* Columns of EVENTS_SELECT. */
 enum {
@@ -256,24 +256,4 @@ bool rooms_filter_parse(rt_arena *a, const json_t *f, room_filter *out, char *wh
            filter_list(a, f, "not_types", true, &out->not_types, why, len) &&
            filter_list(a, f, "senders", false, &out->senders, why, len) &&
            filter_list(a, f, "not_senders", false, &out->not_senders, why, len);
-}
-
-bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out)
-{
-    const char *text = NULL;
-    for (size_t i = 0; i < r->n_args; i++)
-        if (strcmp(r->args[i].name, name) == 0) text = r->args[i].value;
-    json_t *f = NULL;
-    if (text && *text) {
-        f = json_loads(text, 0, NULL);
-        if (!f) {
-            http_respond_error(r, 400, "M_BAD_JSON", "'%s' is not JSON", name);
-            return false;
-        }
-    }
-    char why[128];
-    bool ok = rooms_filter_parse(r->arena, f, out, why, sizeof(why));
-    json_decref(f);
-    if (!ok) http_respond_error(r, 400, "M_BAD_JSON", "%s", why);
-    return ok;
 }

@@ -1,0 +1,251 @@
+/*
+ * core/rooms/rooms.c - the room model's tables (ROOMS_MIGRATIONS; rooms.h describes the data
+ * model) and the small helpers every part of it shares: failures, database calls,
+ * membership look-ups, the room version of a room, and the shape of user and room IDs.
+ * History visibility is rooms_vis.c; reading events back is events_store.c.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/rooms/rooms.h"
+
+const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
+    {1, "rooms_events_state",
+     "CREATE TABLE rooms ("
+     " room_id text PRIMARY KEY,"
+     " room_version text NOT NULL,"
+     " creator text NOT NULL,"
+     " created_ts bigint NOT NULL,"
+     " last_event_id text NOT NULL DEFAULT '',"
+     " last_depth bigint NOT NULL DEFAULT 0);"
+     "CREATE TABLE events ("
+     " stream_pos bigint PRIMARY KEY,"
+     " event_id text NOT NULL UNIQUE,"
+     " room_id text NOT NULL REFERENCES rooms(room_id),"
+     " type text NOT NULL,"
+     " state_key text,"
+     " sender text NOT NULL,"
+     " origin_server_ts bigint NOT NULL,"
+     " depth bigint NOT NULL,"
+     " pdu text NOT NULL,"
+     " replaces_state text,"
+     " redacted_by text,"
+     " txn_device text,"
+     " txn_id text);"
+     "CREATE INDEX events_room_pos ON events (room_id, stream_pos);"
+     "CREATE INDEX events_room_state ON events (room_id, type, state_key, stream_pos)"
+     " WHERE state_key IS NOT NULL;"
+     "CREATE TABLE current_state ("
+     " room_id text NOT NULL,"
+     " type text NOT NULL,"
+     " state_key text NOT NULL,"
+     " event_id text NOT NULL,"
+     " membership text,"
+     " PRIMARY KEY (room_id, type, state_key));"
+     "CREATE INDEX current_state_members ON current_state (state_key, room_id)"
+     " WHERE type = 'm.room.member';"
+     "CREATE TABLE memberships ("
+     " stream_pos bigint PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " user_id text NOT NULL,"
+     " membership text NOT NULL,"
+     " event_id text NOT NULL,"
+     " sender text NOT NULL,"
+     " forgotten boolean NOT NULL DEFAULT false);"
+     "CREATE INDEX memberships_user ON memberships (user_id, room_id, stream_pos);"
+     "CREATE INDEX memberships_user_pos ON memberships (user_id, stream_pos);"
+     "CREATE TABLE event_txns ("
+     " user_id text NOT NULL,"
+     " device_id text NOT NULL,"
+     " txn_id text NOT NULL,"
+     " event_id text NOT NULL,"
+     " created_ts bigint NOT NULL,"
+     " PRIMARY KEY (user_id, device_id, txn_id));"
+     "CREATE TABLE receipts ("
+     " room_id text NOT NULL,"
+     " user_id text NOT NULL,"
+     " receipt_type text NOT NULL,"
+     " thread_id text NOT NULL DEFAULT '',"
+     " event_id text NOT NULL,"
+     " ts bigint NOT NULL,"
+     " stream_pos bigint NOT NULL,"
+     " PRIMARY KEY (room_id, user_id, receipt_type, thread_id));"
+     "CREATE INDEX receipts_stream ON receipts (room_id, stream_pos);"
+     "CREATE TABLE typing ("
+     " room_id text NOT NULL,"
+     " user_id text NOT NULL,"
+     " expires_ts bigint NOT NULL,"
+     " stream_pos bigint NOT NULL,"
+     " PRIMARY KEY (room_id, user_id));"
+     "CREATE INDEX typing_stream ON typing (room_id, stream_pos);"},
+    {2, "rooms_event_relations",
+     /* Relations by parent (rooms_bundle.c keeps it), filled from the events stored so far. */
+     "CREATE TABLE event_relations ("
+     " event_id text PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " relates_to text NOT NULL,"
+     " rel_type text NOT NULL,"
+     " sender text NOT NULL,"
+     " type text NOT NULL,"
+     " stream_pos bigint NOT NULL,"
+     " aggregation_key text);"
+     "CREATE INDEX event_relations_parent ON event_relations (relates_to, rel_type, stream_pos);"
+     "CREATE INDEX event_relations_threads ON event_relations (room_id, relates_to, stream_pos)"
+     " WHERE rel_type = 'm.thread';"
+     "INSERT INTO event_relations SELECT e.event_id, e.room_id, x.r ->> 'event_id',"
+     " x.r ->> 'rel_type', e.sender, e.type, e.stream_pos,"
+     " CASE WHEN x.r ->> 'rel_type' = 'm.annotation' AND jsonb_typeof(x.r -> 'key') = 'string'"
+     "  THEN x.r ->> 'key' END"
+     " FROM events e, LATERAL (SELECT e.pdu::jsonb -> 'content' -> 'm.relates_to' AS r) x"
+     " WHERE e.redacted_by IS NULL AND e.type <> 'm.room.redaction'"
+     " AND jsonb_typeof(x.r -> 'rel_type') = 'string'"
+     " AND jsonb_typeof(x.r -> 'event_id') = 'string'"
+     " AND length(x.r ->> 'rel_type') BETWEEN 1 AND 255"
+     " AND length(x.r ->> 'event_id') BETWEEN 1 AND 255;"},
+    {3, "rooms_event_search",
+     /* Full text search (rooms_search.c): the searchable text of an event - content.body of
+      * m.room.message, content.name of m.room.name, content.topic of m.room.topic - as a
+      * generated tsvector, NULL once redacted, with a GIN index. */
+     "CREATE FUNCTION events_search_text(etype text, pdu text) RETURNS text"
+     " LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$"
+     " DECLARE k text; v json;"
+     " BEGIN"
+     "  k := CASE etype WHEN 'm.room.message' THEN 'body' WHEN 'm.room.name' THEN 'name'"
+     "   WHEN 'm.room.topic' THEN 'topic' END;"
+     "  IF k IS NULL OR strpos(pdu, '\\u0000') > 0 THEN RETURN NULL; END IF;"
+     "  v := pdu::json -> 'content' -> k;"
+     "  IF json_typeof(v) IS DISTINCT FROM 'string' THEN RETURN NULL; END IF;"
+     "  RETURN v #>> '{}';"
+     " END $$;"
+     "ALTER TABLE events ADD COLUMN search_tsv tsvector GENERATED ALWAYS AS (CASE WHEN"
+     " redacted_by IS NULL THEN to_tsvector('simple'::regconfig, events_search_text(type, pdu))"
+     " END) STORED;"
+     "CREATE INDEX events_search ON events USING gin (search_tsv) WHERE search_tsv IS NOT NULL;"},
+};
+
+
+
+/* ---- failures ----------------------------------------------------------------------- */
+
+int rooms_set_err(rooms_err *e, int code, const char *fmt, ...)
+{
+    e->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->why, sizeof(e->why), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* ---- database ----------------------------------------------------------------------- */
+
+PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
+                  bool *unique_violation)
+{
+    if (unique_violation) *unique_violation = false;
+    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(res);
+    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) return res;
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    if (unique_violation && state && strcmp(state, "23505") == 0) {
+        *unique_violation = true;
+    } else {
+        rt_log(ATRIUM_LOG_ERROR, "core", "rooms query failed: %s", PQresultErrorMessage(res));
+    }
+    PQclear(res);
+    return NULL;
+}
+
+bool rooms_exec(PGconn *c, const char *sql, int n, const char *const *params)
+{
+    PGresult *res = rooms_q(c, sql, n, params, NULL);
+    PQclear(res);
+    return res != NULL;
+}
+
+int64_t rooms_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- membership and visibility ------------------------------------------------------ */
+
+int rooms_membership_at(PGconn *c, const char *room_id, const char *user_id, int64_t upto,
+                        char out[16], int64_t *pos_out)
+{
+    char upto_s[24];
+    snprintf(upto_s, sizeof(upto_s), "%lld", (long long)upto);
+    const char *p[3] = {user_id, room_id, upto_s};
+    PGresult *res = rooms_q(c,
+                            "SELECT membership, stream_pos FROM memberships"
+                            " WHERE user_id = $1 AND room_id = $2 AND stream_pos <= $3"
+                            " ORDER BY stream_pos DESC LIMIT 1",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    out[0] = '\0';
+    if (pos_out) *pos_out = 0;
+    if (PQntuples(res) == 1) {
+        snprintf(out, 16, "%s", PQgetvalue(res, 0, 0));
+        if (pos_out) *pos_out = atoll(PQgetvalue(res, 0, 1));
+    }
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+int rooms_user_room_ids(PGconn *c, const char *user_id, bool with_invites, int64_t limit,
+                        json_t *out)
+{
+    char limit_s[24];
+    snprintf(limit_s, sizeof(limit_s), "%lld", (long long)limit);
+    const char *p[3] = {user_id, limit < 0 ? NULL : limit_s, with_invites ? "t" : "f"};
+    PGresult *res = rooms_q(c,
+                            "SELECT room_id FROM current_state WHERE type = 'm.room.member'"
+                            " AND state_key = $1 AND (membership = 'join'"
+                            " OR ($3::boolean AND membership = 'invite'))"
+                            " ORDER BY room_id LIMIT $2::bigint",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    int n = PQntuples(res);
+    for (int i = 0; i < n; i++) json_array_append_new(out, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    return n;
+}
+
+const room_version *rooms_version_of(PGconn *c, const char *room_id, bool *db_failed)
+{
+    const char *p[1] = {room_id};
+    *db_failed = false;
+    PGresult *res = rooms_q(c, "SELECT room_version FROM rooms WHERE room_id = $1", 1, p, NULL);
+    if (!res) {
+        *db_failed = true;
+        return NULL;
+    }
+    const room_version *v = PQntuples(res) == 1 ? room_version_find(PQgetvalue(res, 0, 0)) : NULL;
+    PQclear(res);
+    return v;
+}
+
+/* ---- identifiers -------------------------------------------------------------------- */
+
+/* "<sigil>localpart:server" within the spec's length limit. */
+static bool sigil_id_ok(const char *id, char sigil)
+{
+    if (!id || id[0] != sigil || strlen(id) > EVENT_MAX_ID_BYTES) return false;
+    const char *colon = strchr(id, ':');
+    return colon && colon > id + 1 && colon[1] != '\0';
+}
+
+bool rooms_user_id_ok(const char *id)
+{
+    return sigil_id_ok(id, '@');
+}
+
+bool rooms_room_id_ok(const char *id)
+{
+    return sigil_id_ok(id, '!');
+}

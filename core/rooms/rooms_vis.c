@@ -1,0 +1,228 @@
+/*
+ * core/rooms/rooms_vis.c - history visibility: who may see which events of a room.
+ *
+ * The rule lives here alone (hv_allows, applied by rooms_vis_compute; rooms.h states it):
+ * from the room's m.room.history_visibility changes and the user's membership changes,
+ * both read with their stream positions in one query, it computes the short list of
+ * position ranges the user may see, plus their own membership events. Every reader of
+ * events (core/client/rooms/rooms_read.c, core/client/sync/sync_rooms.c) restricts its SQL
+ * with rooms_vis_window, so the rule is never re-implemented beside its twin. Readers
+ * answer 403 to a user who was never joined (no peeking, even in world_readable rooms).
+ * State (/state, /members, sync's state block) is current room state, not history: it
+ * does not go through this rule.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rooms/rooms.h"
+
+/* ---- history visibility ------------------------------------------------------------- */
+
+rooms_hv rooms_hv_parse(const char *value)
+{
+    if (!value) return ROOMS_HV_JOINED;
+    if (strcmp(value, "world_readable") == 0) return ROOMS_HV_WORLD_READABLE;
+    if (strcmp(value, "shared") == 0) return ROOMS_HV_SHARED;
+    if (strcmp(value, "invited") == 0) return ROOMS_HV_INVITED;
+    return ROOMS_HV_JOINED; /* "joined", and anything unknown: the strictest */
+}
+
+rooms_mem rooms_mem_parse(const char *membership)
+{
+    if (membership && strcmp(membership, "join") == 0) return ROOMS_MEM_JOIN;
+    if (membership && strcmp(membership, "invite") == 0) return ROOMS_MEM_INVITE;
+    return ROOMS_MEM_NONE;
+}
+
+/* The rule, for an event that is not the user's own membership event: hv and mem as they
+ * were before the event, joined_now the user's membership today. */
+static bool hv_allows(rooms_hv hv, rooms_mem mem, bool joined_now)
+{
+    if (hv == ROOMS_HV_WORLD_READABLE || mem == ROOMS_MEM_JOIN) return true;
+    if (hv == ROOMS_HV_SHARED) return joined_now;
+    return hv == ROOMS_HV_INVITED && mem == ROOMS_MEM_INVITE;
+}
+
+/* Append (lo, hi] clipped to v->upto, merging with the newest range when they touch; past
+ * ROOMS_VIS_MAX_RANGES the oldest range goes (hide rather than show). Ranges arrive in
+ * ascending order. */
+static void add_range(rooms_vis *v, int64_t lo, int64_t hi)
+{
+    if (hi > v->upto) hi = v->upto;
+    if (lo >= hi) return;
+    if (v->n > 0 && lo <= v->hi[v->n - 1]) {
+        if (hi > v->hi[v->n - 1]) v->hi[v->n - 1] = hi;
+        return;
+    }
+    if (v->n == ROOMS_VIS_MAX_RANGES) {
+        memmove(v->lo, v->lo + 1, (ROOMS_VIS_MAX_RANGES - 1) * sizeof(v->lo[0]));
+        memmove(v->hi, v->hi + 1, (ROOMS_VIS_MAX_RANGES - 1) * sizeof(v->hi[0]));
+        v->n--;
+        v->dropped++;
+    }
+    v->lo[v->n] = lo;
+    v->hi[v->n] = hi;
+    v->n++;
+}
+
+void rooms_vis_compute(const rooms_vis_history *h, const char *user_id, rooms_vis *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->user_id = user_id;
+    v->upto = INT64_MAX;
+    int last_join = -1;
+    for (int i = 0; i < h->n_mem; i++)
+        if (h->mem[i].value == ROOMS_MEM_JOIN) last_join = i;
+    v->ever_joined = last_join >= 0;
+    bool joined_now = h->n_mem > 0 && h->mem[h->n_mem - 1].value == ROOMS_MEM_JOIN;
+    for (int i = last_join + 1; last_join >= 0 && i < h->n_mem; i++) {
+        if (h->mem[i].value != ROOMS_MEM_JOIN) {
+            v->upto = h->mem[i].pos; /* the leave (or ban, ...) itself stays visible */
+            break;
+        }
+    }
+    /* Walk the changes in position order: between two changes the state is constant, and
+     * an event at a change's position still sees the state before that change. */
+    rooms_hv hv = h->hv_truncated ? ROOMS_HV_JOINED : ROOMS_HV_SHARED;
+    rooms_mem mem = ROOMS_MEM_NONE;
+    int64_t from = 0;
+    int im = 0, ih = 0;
+    while (im < h->n_mem || ih < h->n_hv) {
+        bool take_hv = im == h->n_mem || (ih < h->n_hv && h->hv[ih].pos < h->mem[im].pos);
+        int64_t at = take_hv ? h->hv[ih].pos : h->mem[im].pos;
+        if (hv_allows(hv, mem, joined_now)) add_range(v, from, at);
+        if (take_hv) {
+            rooms_hv next = (rooms_hv)h->hv[ih++].value;
+            if (hv_allows(next, mem, joined_now)) add_range(v, at - 1, at);
+            hv = next;
+        } else {
+            mem = (rooms_mem)h->mem[im++].value;
+        }
+        if (at > from) from = at;
+    }
+    if (hv_allows(hv, mem, joined_now)) add_range(v, from, INT64_MAX);
+    v->floor = v->n > 0 ? v->lo[0] : INT64_MAX;
+    if (h->n_mem > 0 && h->mem[0].pos - 1 < v->floor) v->floor = h->mem[0].pos - 1;
+}
+
+/* One query: per kind ('h' history_visibility of the room, 'm' the user's membership), the
+ * newest ROOMS_VIS_MAX_CHANGES + 1 changes (rows whose value differs from the previous
+ * one), in ascending position order. */
+static const char VIS_HISTORY_SQL[] =
+    "SELECT k, pos, val FROM ("
+    " (SELECT 'm' AS k, pos, val FROM (SELECT stream_pos AS pos, membership AS val,"
+    "   lag(membership) OVER (ORDER BY stream_pos) AS prev FROM memberships"
+    "   WHERE user_id = $1 AND room_id = $2) m"
+    "  WHERE prev IS DISTINCT FROM val ORDER BY pos DESC LIMIT $3)"
+    " UNION ALL"
+    " (SELECT 'h', pos, val FROM (SELECT pos, val, lag(val) OVER (ORDER BY pos) AS prev"
+    "   FROM (SELECT e.stream_pos AS pos,"
+    "     coalesce(e.pdu::json -> 'content' ->> 'history_visibility', '') AS val"
+    "     FROM events e WHERE e.room_id = $2 AND e.type = 'm.room.history_visibility'"
+    "     AND e.state_key = '') x) h"
+    "  WHERE prev IS DISTINCT FROM val ORDER BY pos DESC LIMIT $3)) c ORDER BY k, pos";
+
+int rooms_vis_load(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out)
+{
+    char limit_s[24];
+    snprintf(limit_s, sizeof(limit_s), "%d", ROOMS_VIS_MAX_CHANGES + 1);
+    const char *p[3] = {user_id, room_id, limit_s};
+    PGresult *res = rooms_q(c, VIS_HISTORY_SQL, 3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    int rows = PQntuples(res);
+    rooms_vis_change *all = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(*all));
+    if (!all) {
+        PQclear(res);
+        return ROOMS_E_DB;
+    }
+    int n_h = 0;
+    for (int i = 0; i < rows; i++) {
+        bool is_hv = PQgetvalue(res, i, 0)[0] == 'h';
+        all[i].pos = atoll(PQgetvalue(res, i, 1));
+        all[i].value = is_hv ? (int)rooms_hv_parse(PQgetvalue(res, i, 2))
+                             : (int)rooms_mem_parse(PQgetvalue(res, i, 2));
+        n_h += is_hv;
+    }
+    PQclear(res);
+    /* Ordered by kind: 'h' rows first, then 'm'. One row past the limit means older
+     * changes exist: drop it (the oldest) and say so. */
+    rooms_vis_history h = {.hv = all, .n_hv = n_h, .mem = all + n_h, .n_mem = rows - n_h};
+    if (h.n_hv > ROOMS_VIS_MAX_CHANGES) {
+        h.hv++;
+        h.n_hv--;
+        h.hv_truncated = true;
+    }
+    if (h.n_mem > ROOMS_VIS_MAX_CHANGES) {
+        h.mem++;
+        h.n_mem--;
+        h.mem_truncated = true;
+    }
+    rooms_vis_compute(&h, user_id, out);
+    free(all);
+    if (h.hv_truncated || h.mem_truncated || out->dropped > 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "history visibility of %s in %s: over %d changes or %d "
+               "ranges; older history is hidden from this user", user_id, room_id,
+               ROOMS_VIS_MAX_CHANGES, ROOMS_VIS_MAX_RANGES);
+    return ROOMS_OK;
+}
+
+int rooms_visibility(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out,
+                     rooms_err *e)
+{
+    bool failed;
+    if (!rooms_version_of(c, room_id, &failed))
+        return failed ? rooms_set_err(e, ROOMS_E_DB, "database")
+                      : rooms_set_err(e, ROOMS_E_NOT_FOUND, "Unknown room");
+    if (rooms_vis_load(c, room_id, user_id, out) < 0)
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    if (!out->ever_joined)
+        return rooms_set_err(e, ROOMS_E_FORBIDDEN, "You are not a member of this room");
+    return ROOMS_OK;
+}
+
+/* A PostgreSQL bigint[] literal of n positions. */
+static const char *pos_array(rt_arena *a, const int64_t *pos, int n)
+{
+    size_t cap = 3 + (size_t)n * 21, used = 0;
+    char *out = rt_arena_alloc(a, cap);
+    if (!out) return NULL;
+    out[used++] = '{';
+    for (int i = 0; i < n; i++)
+        used += (size_t)snprintf(out + used, cap - used, "%s%lld", i ? "," : "", (long long)pos[i]);
+    snprintf(out + used, cap - used, "}");
+    return out;
+}
+
+bool rooms_vis_window(rt_arena *a, const rooms_vis *v, int64_t lo, int64_t hi, bool hidden,
+                      int n, const char **sql, const char **p)
+{
+    if (!hidden) { /* the visible part of the window: a narrower index range to scan */
+        if (lo < v->floor) lo = v->floor;
+        if (hi > v->upto) hi = v->upto;
+    }
+    if (lo >= hi) return false;
+    p[0] = rt_arena_printf(a, "%lld", (long long)lo);
+    p[1] = rt_arena_printf(a, "%lld", (long long)hi);
+    p[2] = rt_arena_printf(a, "%lld", (long long)v->floor);
+    p[3] = rt_arena_printf(a, "%lld", (long long)v->upto);
+    p[4] = pos_array(a, v->lo, v->n);
+    p[5] = pos_array(a, v->hi, v->n);
+    p[6] = v->user_id;
+    *sql = rt_arena_printf(a,
+                           " AND e.stream_pos > $%d AND e.stream_pos <= $%d AND %s("
+                           "e.stream_pos > $%d AND e.stream_pos <= $%d"
+                           " AND (EXISTS (SELECT 1 FROM unnest($%d::bigint[], $%d::bigint[])"
+                           "  r(lo, hi) WHERE e.stream_pos > r.lo AND e.stream_pos <= r.hi)"
+                           "  OR (e.type = 'm.room.member' AND e.state_key = $%d)))",
+                           n, n + 1, hidden ? "NOT " : "", n + 2, n + 3, n + 4, n + 5, n + 6);
+    return p[0] && p[1] && p[2] && p[3] && p[4] && p[5] && *sql;
+}
+
+bool rooms_vis_covers(const rooms_vis *v, int64_t lo, int64_t hi)
+{
+    if (lo >= hi) return true;
+    for (int i = 0; i < v->n; i++)
+        if (v->lo[i] <= lo && v->hi[i] >= hi) return true;
+    return false;
+}
