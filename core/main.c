@@ -23,9 +23,9 @@
 #include <unistd.h>
 
 #include "core/cli/cli.h"
-#include "core/client/auth.h"
+#include "core/client/auth/auth.h"
 #include "core/client/client.h"
-#include "core/client/notifier.h"
+#include "core/client/sync/notifier.h"
 #include "core/config/config.h"
 #include "core/http/http.h"
 #include "core/plugins/plugins.h"
@@ -101,7 +101,7 @@ static const atrium_migration CORE_MIGRATIONS[] = {
     {1, "core_server_info",
      "CREATE TABLE IF NOT EXISTS core_server_info ("
      " key text PRIMARY KEY, value text NOT NULL)"},
-    /* One position for every per-user stream: see core/client/notifier.h. Writers take
+    /* One position for every per-user stream: see core/client/sync/notifier.h. Writers take
      * positions with stream_next(), which holds a shared advisory lock until their
      * transaction ends; stream_upto() takes that lock exclusively for an instant, so the
      * position it returns never passes a row that is not yet committed. */

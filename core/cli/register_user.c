@@ -2,7 +2,7 @@
  * core/cli/register_user.c - `atrium register-user`: create an account (an admin, usually
  * the first one) on a running server through shared-secret admin registration.
  *
- * The exchange is the server's own (core/client/admin_register.c): GET a nonce, then POST
+ * The exchange is the server's own (core/client/accounts/admin_register.c): GET a nonce, then POST
  * the user with the MAC computed by the same function the server checks it with
  * (admin_register_mac). The secret comes from the config file (registration.shared_secret,
  * after ATRIUM__* environment overrides, as the server reads it); the URL defaults to the
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "core/cli/cli.h"
-#include "core/client/admin_register.h"
+#include "core/client/accounts/admin_register.h"
 #include "core/config/config.h"
 
 #define CLI_ERR_BYTES 1024

@@ -35,7 +35,7 @@
 #define CORE_DEFAULT_LOG_LEVEL "info"
 #define CORE_DEFAULT_METRICS_ENABLED true
 #define CORE_DEFAULT_RATELIMIT_ENABLED true
-#define CORE_DEFAULT_ROOM_VERSION "10" /* checked against the supported ones by core/client/rooms.c */
+#define CORE_DEFAULT_ROOM_VERSION "10" /* checked by core/client/rooms/rooms.c */
 #define CORE_DEFAULT_REGISTRATION_ENABLED false
 #define CORE_DEFAULT_REGISTRATION_SHARED_SECRET ""
 #define GENERATED_SHARED_SECRET_BYTES 32 /* random bytes, written as hex */

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/auth.h"
+#include "core/client/auth/auth.h"
 #include "core/plugins/plugins.h"
 
 #define HOST_ERR_LEN 512

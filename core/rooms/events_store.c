@@ -7,7 +7,7 @@
  * state event this one replaced (prev_content, replaces_state, prev_sender), and the
  * redaction that redacted it (redacted_because). A redacted event is always served
  * redacted, with the algorithm of its room's version. It does not decide who may see
- * which events (rooms_vis.c, core/client/sync.c).
+ * which events (rooms_vis.c, core/client/sync/sync.c).
  */
 #include <stdio.h>
 #include <stdlib.h>

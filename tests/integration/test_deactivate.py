@@ -17,7 +17,7 @@ WHOAMI = f"{V3}/account/whoami"
 ADMIN_REGISTER = "/_synapse/admin/v1/register"
 SECRET = "deactivation test secret"
 MEMBER = "m.room.member"
-DEACTIVATE_ROOMS_MAX = 1000    # DEACTIVATE_ROOMS_MAX in core/client/account_deactivate.c
+DEACTIVATE_ROOMS_MAX = 1000    # DEACTIVATE_ROOMS_MAX in core/client/accounts/deactivate.c
 ID_SERVER_MAX_BYTES = 255      # DEACTIVATE_ID_SERVER_MAX_BYTES there
 PASSWORD_TIMEOUT_S = 60        # Argon2id under ASan
 

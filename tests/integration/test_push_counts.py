@@ -13,7 +13,7 @@ import unittest
 
 from rooms_client import V3, SharedServerTest, quote
 
-UNREAD_CAP = 99  # SYNC_MAX_UNREAD_COUNT in core/client/sync_rooms.h
+UNREAD_CAP = 99  # SYNC_MAX_UNREAD_COUNT in core/client/sync/sync_rooms.h
 
 
 def one_room_filter(room):

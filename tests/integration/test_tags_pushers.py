@@ -9,10 +9,10 @@ from accounts import login
 from common import Background
 from rooms_client import V3, Client, SharedServerTest, quote
 
-TAGS_PER_ROOM_MAX = 64        # core/client/tags.c
+TAGS_PER_ROOM_MAX = 64        # core/client/accounts/tags.c
 TAG_NAME_MAX_BYTES = 255
 TAG_BODY_MAX_BYTES = 4096
-PUSHERS_PER_USER_MAX = 64     # core/client/pushers.c
+PUSHERS_PER_USER_MAX = 64     # core/client/push/pushers.c
 PUSHER_BODY_MAX_BYTES = 8192
 NOTIFY_URL = "https://push.example.org/_matrix/push/v1/notify"
 

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "core/client/accounts.h"
+#include "core/client/accounts/accounts.h"
 #include "core/config/config.h"
 
 enum { ERR_BYTES = 512 };

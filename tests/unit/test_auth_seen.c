@@ -13,7 +13,7 @@
 #include <cmocka.h>
 #include <sodium.h>
 
-#include "core/client/auth.h"
+#include "core/client/auth/auth.h"
 
 #define T0_MS INT64_C(1767225600000) /* 2026-01-01, a realistic wall clock */
 #define LONG_AGO_MS INT64_C(1000000000000)

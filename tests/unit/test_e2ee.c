@@ -11,7 +11,7 @@
 
 #include <string.h>
 
-#include "core/client/e2ee.h"
+#include "core/client/e2ee/e2ee.h"
 
 static void test_key_ids_need_an_algorithm_and_an_id(void **state)
 {

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "core/client/admin_register.h"
-#include "core/client/hmac_sha1.h"
+#include "core/client/accounts/admin_register.h"
+#include "core/client/accounts/hmac_sha1.h"
 
 static void hex(const unsigned char *d, size_t n, char *out)
 {

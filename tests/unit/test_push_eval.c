@@ -1,5 +1,5 @@
 /*
- * tests/unit/test_push_eval.c - the push rule evaluator (core/client/push_eval.c): glob
+ * tests/unit/test_push_eval.c - the push rule evaluator (core/client/push/push_eval.c): glob
  * patterns and word boundaries, dotted keys with escapes, every condition kind, rule order
  * across kinds, disabled rules, the highlight tweak, the legacy mention rules, malformed
  * rules and the work bound. Rule sets and events are written here; the server's default
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/push_eval.h"
+#include "core/client/push/push_eval.h"
 
 #define ALICE "@alice:example.org"
 #define BOB "@bob:example.org"

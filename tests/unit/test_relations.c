@@ -1,5 +1,5 @@
 /*
- * tests/unit/test_relations.c - the pure parts of relations (core/client/rooms_bundle.c,
+ * tests/unit/test_relations.c - the pure parts of relations (core/client/rooms/rooms_bundle.c,
  * rooms_relations.c): which contents are relations (rel_parse: m.relates_to with string
  * rel_type and event_id, the annotation key only for m.annotation, the ID length limit)
  * and the limit parameter of /relations and /threads (rel_parse_limit: default, cap,
@@ -14,7 +14,7 @@
 
 #include <string.h>
 
-#include "core/client/rooms_relations.h"
+#include "core/client/rooms/rooms_relations.h"
 
 static json_t *content(const char *text)
 {

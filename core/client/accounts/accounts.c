@@ -1,0 +1,161 @@
+/*
+ * core/client/accounts/accounts.c - the accounts module: the tables behind users, devices, tokens,
+ * profiles, user-interactive auth, push rules, filters and account data, and the module's
+ * start-up (rate limiters, every account route).
+ *
+ * The endpoints live one concern per file (see accounts.h); this file only ties them into
+ * one client module so their migrations are recorded under one owner, "accounts".
+ *
+ * Tables other modules read:
+ *   account_data (user_id, room_id ('' = global), type, content jsonb, stream_pos bigint):
+ *     one row per (user, room, type); every write takes nextval('stream_seq') as its
+ *     stream_pos and wakes the user (notifier_wake_user) after commit, so /sync sends the
+ *     rows with stream_pos > since. Push rule changes are mirrored there as m.push_rules.
+ *   filters (user_id, filter_id bigint, filter jsonb): filter IDs are decimal text of
+ *     filter_id, unique per server.
+ *   profiles (user_id, displayname, avatar_url): NULL = not set.
+ */
+#include <sodium.h>
+
+#include "core/client/accounts/accounts.h"
+#include "core/client/push/push_rules.h"
+#include "core/client/push/pushers.h"
+#include "core/client/ratelimits.h"
+
+static const atrium_migration MIGRATIONS[] = {
+    {1, "users_devices_tokens",
+     "CREATE TABLE users ("
+     " user_id text PRIMARY KEY,"
+     " password_hash text,"
+     " is_admin boolean NOT NULL DEFAULT false,"
+     " deactivated boolean NOT NULL DEFAULT false,"
+     " created_ts bigint NOT NULL);"
+     "CREATE TABLE devices ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " device_id text NOT NULL,"
+     " display_name text,"
+     " last_seen_ts bigint,"
+     " last_seen_ip text,"
+     " PRIMARY KEY (user_id, device_id));"
+     "CREATE TABLE access_tokens ("
+     " token_hash text PRIMARY KEY,"
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " device_id text NOT NULL,"
+     " created_ts bigint NOT NULL);"
+     "CREATE INDEX access_tokens_user ON access_tokens (user_id, device_id);"},
+    {2, "uia_profiles_settings",
+     "CREATE TABLE uia_sessions ("
+     " session_id text PRIMARY KEY,"
+     " purpose text NOT NULL,"
+     " user_id text NOT NULL,"
+     " expires_ts bigint NOT NULL);"
+     "CREATE INDEX uia_sessions_expiry ON uia_sessions (expires_ts);"
+     "CREATE TABLE admin_register_nonces ("
+     " nonce text PRIMARY KEY,"
+     " expires_ts bigint NOT NULL);"
+     "CREATE INDEX admin_register_nonces_expiry ON admin_register_nonces (expires_ts);"
+     "CREATE TABLE profiles ("
+     " user_id text PRIMARY KEY REFERENCES users(user_id),"
+     " displayname text,"
+     " avatar_url text);"
+     "CREATE SEQUENCE filter_ids;"
+     "CREATE TABLE filters ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " filter_id bigint NOT NULL,"
+     " filter jsonb NOT NULL,"
+     " PRIMARY KEY (user_id, filter_id));"
+     "CREATE TABLE account_data ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " room_id text NOT NULL,"
+     " type text NOT NULL,"
+     " content jsonb NOT NULL,"
+     " stream_pos bigint NOT NULL,"
+     " PRIMARY KEY (user_id, room_id, type));"
+     "CREATE INDEX account_data_stream ON account_data (user_id, stream_pos);"
+     "CREATE TABLE push_rules ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " kind text NOT NULL,"
+     " rule_id text NOT NULL,"
+     " position integer NOT NULL,"
+     " conditions jsonb,"
+     " pattern text,"
+     " actions jsonb NOT NULL,"
+     " enabled boolean NOT NULL DEFAULT true,"
+     " PRIMARY KEY (user_id, kind, rule_id));"
+     "CREATE TABLE push_rule_defaults ("
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " rule_id text NOT NULL,"
+     " enabled boolean,"
+     " actions jsonb,"
+     " PRIMARY KEY (user_id, rule_id));"},
+    /* Revocations reach every process's token cache (auth_cache.c). */
+    {3, "auth_notify",
+     "CREATE FUNCTION atrium_auth_notify() RETURNS trigger LANGUAGE plpgsql AS $f$"
+     " BEGIN PERFORM pg_notify('atrium_auth', OLD.user_id); RETURN NULL; END $f$;"
+     "CREATE TRIGGER access_tokens_revoked AFTER DELETE ON access_tokens"
+     " FOR EACH ROW EXECUTE FUNCTION atrium_auth_notify();"
+     "CREATE TRIGGER users_rights_changed AFTER UPDATE OF is_admin, deactivated ON users"
+     " FOR EACH ROW EXECUTE FUNCTION atrium_auth_notify();"},
+    /* pushers.c; a device's pushers go with the device. */
+    {4, "pushers",
+     "CREATE TABLE pushers ("
+     " user_id text NOT NULL,"
+     " device_id text NOT NULL,"
+     " app_id text NOT NULL,"
+     " pushkey text NOT NULL,"
+     " kind text NOT NULL,"
+     " app_display_name text NOT NULL,"
+     " device_display_name text NOT NULL,"
+     " profile_tag text,"
+     " lang text NOT NULL,"
+     " data jsonb NOT NULL,"
+     " created_ts bigint NOT NULL,"
+     " PRIMARY KEY (user_id, app_id, pushkey),"
+     " FOREIGN KEY (user_id, device_id) REFERENCES devices (user_id, device_id)"
+     "  ON DELETE CASCADE);"
+     "CREATE INDEX pushers_app_pushkey ON pushers (app_id, pushkey);"
+     "CREATE INDEX pushers_device ON pushers (user_id, device_id);"},
+};
+
+static int accounts_init(http_server *s, rt_metrics *metrics)
+{
+    if (sodium_init() < 0) { /* random numbers and Argon2id need it, once, before threads */
+        rt_log(ATRIUM_LOG_ERROR, "core", "libsodium failed to initialize");
+        return -1;
+    }
+    if (ratelimits_init(s->cfg, metrics) < 0 || auth_cache_init(metrics) < 0) return -1;
+    if (acc_register_routes(s) < 0 || acc_admin_register_routes(s) < 0 ||
+        acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||
+        push_rules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
+        acc_tags_routes(s) < 0 || pushers_routes(s) < 0 || acc_misc_routes(s) < 0 ||
+        acc_account_data_routes(s) < 0 || acc_user_directory_routes(s) < 0 ||
+        acc_deactivate_routes(s) < 0)
+        return -1;
+    return 0;
+}
+
+static void prepare_dummy_hash(void *arg, bool cancelled)
+{
+    (void)arg;
+    if (!cancelled) auth_prepare_dummy_hash();
+}
+
+/* After migrations: the auth pool makes the unknown-user hash before the first login. */
+static int accounts_start(void)
+{
+    if (auth_cache_start(db_pool_conninfo(db_global())) < 0) return -1;
+    rt_pool *pool = auth_pool();
+    if (pool && rt_pool_submit(pool, prepare_dummy_hash, NULL) < 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "could not queue the dummy password hash; the first "
+               "failed login will make it");
+    return 0;
+}
+
+const client_module ACCOUNTS_MODULE = {
+    .owner = "accounts",
+    .migrations = MIGRATIONS,
+    .n_migrations = sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]),
+    .init = accounts_init,
+    .start = accounts_start,
+    .stop = auth_cache_stop,
+};

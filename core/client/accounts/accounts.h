@@ -1,0 +1,193 @@
+/*
+ * core/client/accounts/accounts.h - what the account files share: reading request bodies into typed
+ * fields with the spec's error codes, user IDs (the localpart grammar, the server's name),
+ * short database helpers, creating accounts and login sessions, and user-interactive auth.
+ *
+ * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over files by
+ * concern, each file X.c holding the functions acc_X_* (the file name is the prefix): register.c,
+ * admin_register.c, login.c, devices.c, profile.c, filters.c, account_data.c, tags.c, misc.c,
+ * user_directory.c, deactivate.c; uia.c is uia_, hmac_sha1.c hmac_sha1_, and account_util.c the
+ * acc_ helpers every file shares. The module also registers the push endpoints (core/client/push/).
+ * Each file registers its own routes from an *_routes function called by the module's init.
+ * Password work (Argon2id hashing and checking) always runs on the auth pool: a handler validates
+ * on the request pool, hands the request off with susp_handoff(r, auth_pool(), ...), and finishes
+ * when it runs again with run_reason ATRIUM_RUN_HANDOFF, reading what the first run decided from
+ * r->plugin_state. This header does not hold the rate limiters (ratelimits.h) or token handling
+ * (auth.h). Internal prefix: acc_ (and uia_ for user-interactive auth).
+ */
+#ifndef ATRIUM_CORE_ACCOUNTS_H
+#define ATRIUM_CORE_ACCOUNTS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "core/client/auth/auth.h"
+#include "core/client/client.h"
+
+#define ACC_MAX_BODY_BYTES (64 * 1024)    /* every account endpoint's JSON body */
+#define ACC_USER_ID_MAX_BYTES 255         /* the spec's limit on a whole user ID */
+#define ACC_PASSWORD_MAX_BYTES 512
+#define ACC_DEVICE_ID_MAX_BYTES 128
+#define ACC_DEVICE_NAME_MAX_BYTES 256
+#define ACC_DISPLAYNAME_MAX_BYTES 256
+#define ACC_AVATAR_URL_MAX_BYTES 1024
+#define ACC_RANDOM_ID_CHARS 10            /* random localparts and device IDs */
+#define ACC_DB_WAIT_MS AUTH_DB_WAIT_MS
+
+/* ---- request bodies ---------------------------------------------------------------------- */
+
+/* [req] The body as a JSON object (parsed once, kept in r->json for re-runs). NULL after
+ * answering 400 M_NOT_JSON. */
+json_t *acc_body(atrium_req *r);
+/* [req] Typed fields of obj. Each returns true when the field is fine (absent fields leave
+ * *out at NULL / the default), false after answering: 400 M_BAD_JSON for a wrong type,
+ * 400 M_MISSING_PARAM for an absent required field, 400 M_INVALID_PARAM over max_bytes
+ * (0 = no limit). Strings point into obj. */
+bool acc_string(atrium_req *r, json_t *obj, const char *key, bool required, size_t max_bytes,
+                const char **out);
+bool acc_bool(atrium_req *r, json_t *obj, const char *key, bool def, bool *out);
+/* An object field (absent: *out NULL). */
+bool acc_object(atrium_req *r, json_t *obj, const char *key, bool required, json_t **out);
+/* [req] Who a login or an auth stage names: `identifier` {type: m.id.user, user}, else the
+ * deprecated top-level `user` (*user NULL when neither is there). false after answering 400
+ * (M_UNKNOWN for another identifier type). */
+bool acc_user_identifier(atrium_req *r, json_t *obj, const char **user);
+/* The value of query parameter name, or NULL. */
+const char *acc_query_arg(atrium_req *r, const char *name);
+
+/* ---- user IDs ---------------------------------------------------------------------------- */
+
+/* Is lp a localpart this server hands out (a-z 0-9 . _ = - / +, non-empty, short enough
+ * that the whole user ID fits ACC_USER_ID_MAX_BYTES)? */
+bool acc_localpart_ok(const struct core_config *cfg, const char *lp);
+/* [req] "@<lp>:<server_name>" in r's arena (NULL on out of memory). */
+char *acc_user_id(atrium_req *r, const char *localpart);
+/* [req] The user ID a registration's username asks for: upper case folded, then checked
+ * with acc_localpart_ok. NULL when the name is not a valid localpart (nothing answered). */
+const char *acc_user_id_for_username(atrium_req *r, const char *username);
+/* [req] A login's user (a localpart or a full user ID; upper case folded) as this server's
+ * user ID, or NULL when it cannot be a local user. */
+const char *acc_local_user(atrium_req *r, const char *user);
+/* The localpart of a user ID of this server, into the arena; NULL when not local. */
+const char *acc_localpart_of(atrium_req *r, const char *user_id);
+/* Fill out with n random characters from a-z0-9 and a NUL. */
+void acc_random_chars(char *out, size_t n);
+/* A new device ID (ACC_RANDOM_ID_CHARS upper-case letters and digits) into out. */
+void acc_random_device_id(char out[ACC_RANDOM_ID_CHARS + 1]);
+
+/* ---- database ---------------------------------------------------------------------------- */
+
+/* [req] A pooled connection, or NULL after answering 503 (the caller returns ATRIUM_DONE).
+ * Hold it only for queries: release it before any handoff or password work. */
+PGconn *acc_db(atrium_req *r);
+void acc_db_release(PGconn *c);
+/* One parameterized statement (text parameters). The result (tuples or command OK), or
+ * NULL after logging the failure. The caller PQclears a non-NULL result. */
+PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params);
+/* acc_q for statements whose result is not needed: true when it succeeded. */
+bool acc_exec(PGconn *c, const char *sql, int n, const char *const *params);
+/* [req] Answer 503 for a failed query (M_UNKNOWN, retry). Returns ATRIUM_DONE. */
+int acc_db_failed(atrium_req *r);
+/* Does user_id exist (deactivated or not)? 1, 0, or ATRIUM_E_DB. */
+int acc_user_exists(PGconn *c, const char *user_id);
+
+/* ---- accounts and login sessions -------------------------------------------------------- */
+
+typedef struct acc_new_account {
+    const char *user_id;
+    const char *password;       /* hashed here (auth pool) */
+    const char *device_id;      /* NULL: a random one */
+    const char *device_name;    /* may be NULL */
+    const char *displayname;    /* NULL: the localpart */
+    bool admin;
+    bool inhibit_login;         /* create no device and no token */
+    bool with_home_server;      /* add home_server to the answer */
+    const char *uia_session;    /* forgotten when the account exists; may be NULL */
+} acc_new_account;
+
+/* After committing anything that deleted user_id's devices or tokens: this process's token
+ * cache forgets them at once (others hear the trigger's NOTIFY), and room-mates' parked
+ * syncs learn that the user's device list changed. */
+void acc_tokens_revoked(PGconn *c, const char *user_id);
+
+/* [auth pool] Hash the password, create the user, its profile and (unless inhibit_login)
+ * a device with a token in one transaction, and answer 200 {user_id, access_token,
+ * device_id}; 400 M_USER_IN_USE when the user exists; 503 on database trouble. Returns
+ * ATRIUM_DONE. */
+int acc_create_account(atrium_req *r, const acc_new_account *a);
+/* A login session for (user, device) with conn held inside a transaction the caller owns:
+ * creates the device (or renames it when name is given), revokes the device's old tokens,
+ * and mints a token into token_out (AUTH_TOKEN_CHARS + 1). 0 or ATRIUM_E_DB. */
+int acc_open_session(PGconn *c, const char *user_id, const char *device_id, const char *name,
+                     const char *ip, char *token_out);
+/* Delete devices of user_id (all when device_ids is NULL, else the n listed; keep_device,
+ * if not NULL, survives) and every token of theirs. conn held. true on success. */
+bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *device_ids,
+                        size_t n, const char *keep_device);
+
+/* [req] Hand r to the auth pool with state in r->plugin_state; answers 429/503 itself
+ * when the pool refuses. Returns what the handler returns. */
+int acc_to_auth_pool(atrium_req *r, void *state);
+
+/* ---- user-interactive auth (uia.c) ------------------------------------------------------ */
+
+#define UIA_STAGE_DUMMY "m.login.dummy"
+#define UIA_STAGE_PASSWORD "m.login.password"
+#define UIA_SESSION_TTL_MS (30 * 60 * 1000)
+
+/* [req] Answer 401 with the UIA body for the one-stage flow `stage`: a session (an existing
+ * one when session is not NULL, else a new one stored for purpose and user_id, "" before
+ * login) plus errcode/error when errcode is not NULL. Returns ATRIUM_DONE. */
+int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const char *user_id,
+                  const char *session, const char *errcode, const char *error);
+/* [req] Check the auth dict of a request: its type must be `stage` and its session, when
+ * given, one this server issued for purpose and user_id that has not expired. true: go on
+ * (*session_out = the session or NULL); false: answered (a fresh 401 challenge with an
+ * errcode, or 503). */
+bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpose,
+               const char *user_id, const char **session_out);
+/* Forget a session once its operation succeeded (conn held; NULL session is a no-op). */
+void uia_forget(PGconn *c, const char *session);
+
+/* Password UIA for an authenticated user's sensitive operation (device deletion, password
+ * change). First run: uia_password_begin reads body.auth and returns true when the request
+ * should go to the auth pool (p filled), false when it answered (401 challenge, 400).
+ * On the auth pool: uia_password_verify checks the password; false when it answered (401
+ * with M_FORBIDDEN, 503). */
+typedef struct uia_password {
+    const char *session;
+    const char *password;
+} uia_password;
+bool uia_password_begin(atrium_req *r, json_t *body, const char *purpose, uia_password *p);
+bool uia_password_verify(atrium_req *r, const uia_password *p, const char *purpose);
+
+/* ---- account data (account_data.c) -------------------------------------------------------- */
+
+/* Upsert (user_id, room_id ("" = global), type) = content (JSON object text) with a new
+ * stream position (nextval('stream_seq')). conn held, usually inside the caller's
+ * transaction; the caller calls notifier_wake_user(user_id) after its commit. true on
+ * success. */
+bool acc_account_data_store(PGconn *c, const char *user_id, const char *room_id,
+                            const char *type, const char *content);
+
+/* ---- filters (filters.c) ------------------------------------------------------------------ */
+
+/* The filter filter_id of user_id as stored, into *out (a new reference): 1 found, 0 no
+ * such filter (*out NULL), ATRIUM_E_DB (logged). conn held. For /sync's ?filter=<id>. */
+int acc_filter_load(PGconn *c, const char *user_id, const char *filter_id, json_t **out);
+
+/* ---- route registration, one per file ------------------------------------------------------ */
+
+int acc_register_routes(http_server *s);
+int acc_admin_register_routes(http_server *s);
+int acc_login_routes(http_server *s);
+int acc_devices_routes(http_server *s);
+int acc_profile_routes(http_server *s);
+int acc_filters_routes(http_server *s);
+int acc_account_data_routes(http_server *s);
+int acc_tags_routes(http_server *s);
+int acc_misc_routes(http_server *s);
+int acc_user_directory_routes(http_server *s);
+int acc_deactivate_routes(http_server *s);
+
+#endif

@@ -1,0 +1,125 @@
+/*
+ * core/client/accounts/filters.c - sync filters: POST /user/{userId}/filter stores a filter and
+ * answers its ID, GET /user/{userId}/filter/{filterId} gives it back as stored.
+ *
+ * matrix-js-sdk creates a filter before its first sync and compares what GET returns with
+ * its own copy, so a filter is stored exactly as sent (jsonb keeps every key). The same
+ * filter posted again by the same user gets the same ID, so a client that re-creates its
+ * filter at every start does not grow the table. IDs are decimal numbers (never starting
+ * with "{", which /sync reads as an inline filter). Only the top-level shape is checked
+ * here; what each field means is /sync's business.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+
+#define FILTER_ID_MAX_DIGITS 18 /* fits a bigint */
+
+/* The user a /user/{userId}/... path names must be the caller: 403 otherwise. */
+static bool own_path(atrium_req *r)
+{
+    if (strcmp(r->param_values[0], r->user) == 0) return true;
+    http_respond_error(r, 403, "M_FORBIDDEN", "You can only use your own filters");
+    return false;
+}
+
+static bool filter_shape_ok(atrium_req *r, json_t *filter)
+{
+    static const char *const object_keys[] = {"room", "presence", "account_data", NULL};
+    for (size_t i = 0; object_keys[i]; i++) {
+        json_t *v = json_object_get(filter, object_keys[i]);
+        if (v && !json_is_object(v)) {
+            http_respond_error(r, 400, "M_BAD_JSON", "'%s' must be an object", object_keys[i]);
+            return false;
+        }
+    }
+    json_t *fields = json_object_get(filter, "event_fields");
+    size_t i;
+    json_t *f;
+    bool fields_ok = !fields || json_is_array(fields);
+    json_array_foreach(fields, i, f) if (!json_is_string(f)) fields_ok = false;
+    if (!fields_ok) {
+        http_respond_error(r, 400, "M_BAD_JSON", "'event_fields' must be a list of strings");
+        return false;
+    }
+    json_t *format = json_object_get(filter, "event_format");
+    if (format && (!json_is_string(format) || (strcmp(json_string_value(format), "client") != 0 &&
+                                               strcmp(json_string_value(format), "federation") != 0))) {
+        http_respond_error(r, 400, "M_BAD_JSON", "'event_format' must be client or federation");
+        return false;
+    }
+    return true;
+}
+
+/* POST /_matrix/client/v3/user/{userId}/filter */
+static int post_filter(atrium_req *r)
+{
+    if (!auth_request(r) || !own_path(r)) return ATRIUM_DONE;
+    json_t *filter = acc_body(r);
+    if (!filter || !filter_shape_ok(r, filter)) return ATRIUM_DONE;
+    char *text = json_dumps(filter, JSON_COMPACT);
+    if (!text) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    PGconn *c = acc_db(r);
+    if (!c) {
+        free(text);
+        return ATRIUM_DONE;
+    }
+    const char *p[2] = {r->user, text};
+    /* Same filter, same ID: look first, insert only when new. */
+    PGresult *res = acc_q(c, "WITH found AS (SELECT filter_id FROM filters"
+                             "  WHERE user_id = $1 AND filter = $2::jsonb LIMIT 1),"
+                             " added AS (INSERT INTO filters (user_id, filter_id, filter)"
+                             "  SELECT $1, nextval('filter_ids'), $2::jsonb"
+                             "  WHERE NOT EXISTS (SELECT 1 FROM found) RETURNING filter_id)"
+                             " SELECT filter_id FROM found UNION ALL SELECT filter_id FROM added",
+                          2, p);
+    acc_db_release(c);
+    free(text);
+    if (!res || PQntuples(res) < 1) {
+        PQclear(res);
+        return acc_db_failed(r);
+    }
+    json_t *body = json_pack("{s:s}", "filter_id", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return http_respond_json(r, 200, body);
+}
+
+int acc_filter_load(PGconn *c, const char *user_id, const char *filter_id, json_t **out)
+{
+    *out = NULL;
+    size_t len = strlen(filter_id);
+    if (len == 0 || len > FILTER_ID_MAX_DIGITS || strspn(filter_id, "0123456789") != len)
+        return 0;
+    const char *p[2] = {user_id, filter_id};
+    PGresult *res = acc_q(c, "SELECT filter FROM filters WHERE user_id = $1"
+                             " AND filter_id = $2::bigint", 2, p);
+    if (!res) return ATRIUM_E_DB;
+    if (PQntuples(res) == 1) *out = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
+    PQclear(res);
+    return *out ? 1 : 0;
+}
+
+/* GET /_matrix/client/v3/user/{userId}/filter/{filterId} */
+static int get_filter(atrium_req *r)
+{
+    if (!auth_request(r) || !own_path(r)) return ATRIUM_DONE;
+    PGconn *c = acc_db(r);
+    if (!c) return ATRIUM_DONE;
+    json_t *filter;
+    int found = acc_filter_load(c, r->user, r->param_values[1], &filter);
+    acc_db_release(c);
+    if (found < 0) return acc_db_failed(r);
+    if (!found) return http_respond_error(r, 404, "M_NOT_FOUND", "No such filter");
+    return http_respond_json(r, 200, filter);
+}
+
+int acc_filters_routes(http_server *s)
+{
+    if (client_route(s, "POST", "/_matrix/client/v3/user/{userId}/filter", post_filter,
+                     ACC_MAX_BODY_BYTES) < 0 ||
+        client_route(s, "GET", "/_matrix/client/v3/user/{userId}/filter/{filterId}", get_filter,
+                     0) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,31 @@
+/*
+ * core/client/accounts/hmac_sha1.h - SHA-1 and HMAC-SHA1 (FIPS 180-4, RFC 2104), for the one place
+ * that needs them: the MAC of Synapse-style shared-secret admin registration, which tools
+ * already speak. libsodium has no SHA-1, and nothing else here should use it: it is not a
+ * choice for new designs. Pure functions; any thread. Internal prefix: sha1_, hmac_sha1.
+ */
+#ifndef ATRIUM_CORE_HMAC_SHA1_H
+#define ATRIUM_CORE_HMAC_SHA1_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHA1_DIGEST_BYTES 20
+#define SHA1_BLOCK_BYTES 64
+
+typedef struct sha1_ctx {
+    uint32_t h[5];
+    uint64_t total_bytes;
+    unsigned char block[SHA1_BLOCK_BYTES];
+    size_t used; /* bytes waiting in block */
+} sha1_ctx;
+
+void sha1_init(sha1_ctx *c);
+void sha1_update(sha1_ctx *c, const void *data, size_t len);
+void sha1_final(sha1_ctx *c, unsigned char out[SHA1_DIGEST_BYTES]);
+
+/* HMAC-SHA1 of msg under key (any length). */
+void hmac_sha1(const void *key, size_t key_len, const void *msg, size_t msg_len,
+               unsigned char out[SHA1_DIGEST_BYTES]);
+
+#endif

@@ -1,0 +1,172 @@
+/*
+ * core/client/accounts/login.c - logging in and out: GET/POST /_matrix/client/v3/login (password
+ * login), POST /logout and /logout/all, and GET /account/whoami.
+ *
+ * Login checks the password on the auth pool and answers a wrong password and an unknown
+ * user identically (403 M_FORBIDDEN, same work done: auth_verify_password), so a login
+ * form cannot be used to find out who has an account; a deactivated account (whose name
+ * stays taken anyway) gets 403 M_USER_DEACTIVATED whatever the password. A login names
+ * its device or gets a new one; re-using a device ID revokes that device's older tokens.
+ * Logout deletes the device and its tokens in PostgreSQL, so the token stops working at
+ * once in every process (auth_request reads the table on every request). What this file
+ * does not do: tokens' format and look-up (auth.c), device management (devices.c).
+ */
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+#include "core/client/ratelimits.h"
+
+typedef struct login_state {
+    const char *user_id; /* NULL: cannot be a local user (checked against a dummy hash) */
+    const char *password;
+    const char *device_id;
+    const char *device_name;
+} login_state;
+
+/* GET /_matrix/client/v3/login */
+static int get_login(atrium_req *r)
+{
+    return http_respond_json(r, 200, json_pack("{s:[{s:s}]}", "flows", "type", "m.login.password"));
+}
+
+/* [auth pool] The second half: check the password, then open the session. */
+static int finish_login(atrium_req *r, const login_state *st)
+{
+    char *hash = NULL;
+    bool deactivated = false;
+    if (st->user_id) {
+        PGconn *c = acc_db(r);
+        if (!c) return ATRIUM_DONE;
+        const char *p[1] = {st->user_id};
+        PGresult *res = acc_q(c, "SELECT password_hash, deactivated FROM users WHERE user_id = $1",
+                              1, p);
+        if (res && PQntuples(res) == 1) {
+            if (!PQgetisnull(res, 0, 0)) hash = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
+            deactivated = PQgetvalue(res, 0, 1)[0] == 't';
+        }
+        PQclear(res);
+        acc_db_release(c); /* never held across the slow check */
+        if (!res) return acc_db_failed(r);
+    }
+    bool password_ok = auth_verify_password(hash, st->password);
+    /* A deactivated account has no password left (deactivate.c): whatever the
+     * password, the answer says why, as Synapse's does. */
+    if (deactivated && (password_ok || !hash))
+        return http_respond_error(r, 403, "M_USER_DEACTIVATED", "This account is deactivated");
+    if (!password_ok)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "Invalid username or password");
+
+    char device[ACC_RANDOM_ID_CHARS + 1];
+    const char *device_id = st->device_id;
+    if (!device_id) {
+        acc_random_device_id(device);
+        device_id = device;
+    }
+    char token[AUTH_TOKEN_CHARS + 1];
+    PGconn *c = acc_db(r);
+    if (!c) return ATRIUM_DONE;
+    bool ok = acc_exec(c, "BEGIN", 0, NULL);
+    ok = ok && acc_open_session(c, st->user_id, device_id, st->device_name, r->client_addr,
+                                token) == 0;
+    ok = ok && acc_exec(c, "COMMIT", 0, NULL);
+    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    else auth_cache_forget_user(st->user_id); /* a re-used device ID lost its old tokens */
+    acc_db_release(c);
+    if (!ok) return acc_db_failed(r);
+    json_t *body = json_pack("{s:s, s:s, s:s, s:s}", "user_id", st->user_id, "access_token",
+                             token, "device_id", device_id, "home_server",
+                             r->srv->cfg->server_name);
+    return http_respond_json(r, 200, body);
+}
+
+/* Who is logging in (acc_user_identifier); third-party identifiers are refused. *user is
+ * NULL after answering 400. */
+static bool login_user(atrium_req *r, json_t *body, const char **user)
+{
+    if (!acc_user_identifier(r, body, user)) return false;
+    if (*user) return true;
+    const char *medium;
+    if (!acc_string(r, body, "medium", false, 0, &medium)) return false;
+    if (medium)
+        http_respond_error(r, 400, "M_UNKNOWN", "Third-party identifiers are not supported");
+    else
+        http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'identifier'");
+    return false;
+}
+
+/* POST /_matrix/client/v3/login */
+static int post_login(atrium_req *r)
+{
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_login(r, r->plugin_state);
+    if (ratelimit_refused(r, ratelimit_login())) return ATRIUM_DONE;
+    json_t *body = acc_body(r);
+    if (!body) return ATRIUM_DONE;
+    const char *type, *user, *password, *device_id, *device_name;
+    if (!acc_string(r, body, "type", true, 0, &type)) return ATRIUM_DONE;
+    if (strcmp(type, "m.login.password") != 0)
+        return http_respond_error(r, 400, "M_UNKNOWN", "Unknown login type; use m.login.password");
+    if (!login_user(r, body, &user) ||
+        !acc_string(r, body, "password", true, ACC_PASSWORD_MAX_BYTES, &password) ||
+        !acc_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
+        !acc_string(r, body, "initial_device_display_name", false, ACC_DEVICE_NAME_MAX_BYTES,
+                    &device_name))
+        return ATRIUM_DONE;
+    if (device_id && !device_id[0])
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "device_id must not be empty");
+    login_state *st = rt_arena_alloc(r->arena, sizeof(*st));
+    if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    *st = (login_state){.user_id = acc_local_user(r, user), .password = password,
+                        .device_id = device_id, .device_name = device_name};
+    return acc_to_auth_pool(r, st);
+}
+
+/* Deletes this device (all: every device of the user) with its tokens in one transaction. */
+static int logout_devices(atrium_req *r, bool all)
+{
+    if (!auth_request(r)) return ATRIUM_DONE;
+    PGconn *c = acc_db(r);
+    if (!c) return ATRIUM_DONE;
+    const char *ids[1] = {r->device};
+    bool ok = acc_exec(c, "BEGIN", 0, NULL) &&
+              acc_delete_devices(c, r->user, all ? NULL : ids, all ? 0 : 1, NULL) &&
+              acc_exec(c, "COMMIT", 0, NULL);
+    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    else acc_tokens_revoked(c, r->user);
+    acc_db_release(c);
+    if (!ok) return acc_db_failed(r);
+    return http_respond_json(r, 200, json_object());
+}
+
+/* POST /_matrix/client/v3/logout: this device and its tokens. The body may be empty. */
+static int post_logout(atrium_req *r)
+{
+    return logout_devices(r, false);
+}
+
+/* POST /_matrix/client/v3/logout/all: every device of the user. */
+static int post_logout_all(atrium_req *r)
+{
+    return logout_devices(r, true);
+}
+
+/* GET /_matrix/client/v3/account/whoami */
+static int get_whoami(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    json_t *body = json_pack("{s:s, s:s, s:b}", "user_id", user, "device_id", r->device,
+                             "is_guest", 0);
+    return http_respond_json(r, 200, body);
+}
+
+int acc_login_routes(http_server *s)
+{
+    if (client_route(s, "GET", "/_matrix/client/v3/login", get_login, 0) < 0 ||
+        client_route(s, "POST", "/_matrix/client/v3/login", post_login, ACC_MAX_BODY_BYTES) < 0 ||
+        client_route(s, "POST", "/_matrix/client/v3/logout", post_logout, ACC_MAX_BODY_BYTES) < 0 ||
+        client_route(s, "POST", "/_matrix/client/v3/logout/all", post_logout_all,
+                     ACC_MAX_BODY_BYTES) < 0 ||
+        client_route(s, "GET", "/_matrix/client/v3/account/whoami", get_whoami, 0) < 0)
+        return -1;
+    return 0;
+}

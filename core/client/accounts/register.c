@@ -1,0 +1,135 @@
+/*
+ * core/client/accounts/register.c - open registration: POST /_matrix/client/v3/register with
+ * user-interactive auth (m.login.dummy), and GET /register/available.
+ *
+ * The order of checks is the client's experience: the rate limit and whether registration
+ * is open come first, then the body's fields and the username (so a client learns that a
+ * name is taken before it completes auth), then the UIA stage: a request without `auth`
+ * always gets the 401 challenge, even a complete one (Element sends `{}` first to learn the
+ * flows). Once auth passed, the request goes to the auth pool, where the password is
+ * hashed and the account created (acc_create_account). Guests are refused. What this file
+ * does not do: admin registration (admin_register.c) or log anyone in afterwards beyond
+ * the token the answer carries.
+ */
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+#include "core/client/ratelimits.h"
+
+#define REGISTER_PURPOSE "register"
+
+typedef struct register_state {
+    acc_new_account account;
+} register_state;
+
+/* The username of a request, lower-cased, as a user ID; NULL after answering 400. */
+static const char *wanted_user_id(atrium_req *r, const char *username)
+{
+    const char *user_id = acc_user_id_for_username(r, username);
+    if (!user_id)
+        http_respond_error(r, 400, "M_INVALID_USERNAME",
+                           "A username may only hold a-z, 0-9 and . _ = - / +, and the user ID "
+                           "must fit %d bytes", ACC_USER_ID_MAX_BYTES);
+    return user_id;
+}
+
+/* 400 M_USER_IN_USE when taken. true: free (or answered on trouble: check r->response). */
+static bool user_free(atrium_req *r, const char *user_id)
+{
+    PGconn *c = acc_db(r);
+    if (!c) return false;
+    int exists = acc_user_exists(c, user_id);
+    acc_db_release(c);
+    if (exists < 0) {
+        acc_db_failed(r);
+        return false;
+    }
+    if (exists) {
+        http_respond_error(r, 400, "M_USER_IN_USE", "That user ID is already taken");
+        return false;
+    }
+    return true;
+}
+
+static const char *random_user_id(atrium_req *r)
+{
+    char lp[ACC_RANDOM_ID_CHARS + 1];
+    acc_random_chars(lp, ACC_RANDOM_ID_CHARS);
+    return acc_user_id(r, lp);
+}
+
+/* POST /_matrix/client/v3/register */
+static int post_register(atrium_req *r)
+{
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) {
+        register_state *st = r->plugin_state;
+        return acc_create_account(r, &st->account);
+    }
+    if (ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
+    const char *kind = acc_query_arg(r, "kind");
+    if (kind && strcmp(kind, "guest") == 0)
+        return http_respond_error(r, 403, "M_GUEST_ACCESS_FORBIDDEN",
+                                  "Guest access is not enabled on this server");
+    if (kind && strcmp(kind, "user") != 0)
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "kind must be user or guest");
+    if (!r->srv->cfg->registration.enabled)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "Registration is disabled");
+    json_t *body = acc_body(r);
+    if (!body) return ATRIUM_DONE;
+    const char *username, *password, *device_id, *device_name;
+    bool inhibit_login;
+    json_t *auth;
+    if (!acc_string(r, body, "username", false, ACC_USER_ID_MAX_BYTES, &username) ||
+        !acc_string(r, body, "password", false, ACC_PASSWORD_MAX_BYTES, &password) ||
+        !acc_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
+        !acc_string(r, body, "initial_device_display_name", false, ACC_DEVICE_NAME_MAX_BYTES,
+                    &device_name) ||
+        !acc_bool(r, body, "inhibit_login", false, &inhibit_login) ||
+        !acc_object(r, body, "auth", false, &auth))
+        return ATRIUM_DONE;
+    if (device_id && !device_id[0])
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "device_id must not be empty");
+    const char *user_id = username ? wanted_user_id(r, username) : NULL;
+    if (username && !user_id) return ATRIUM_DONE;
+    if (user_id && !user_free(r, user_id)) return ATRIUM_DONE;
+    if (!auth)
+        return uia_challenge(r, UIA_STAGE_DUMMY, REGISTER_PURPOSE, "", NULL, NULL, NULL);
+    const char *session;
+    if (!uia_check(r, auth, UIA_STAGE_DUMMY, REGISTER_PURPOSE, "", &session)) return ATRIUM_DONE;
+    if (!password)
+        return http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'password'");
+    if (!password[0])
+        return http_respond_error(r, 400, "M_WEAK_PASSWORD", "The password must not be empty");
+    register_state *st = rt_arena_alloc(r->arena, sizeof(*st));
+    if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    st->account = (acc_new_account){
+        .user_id = user_id ? user_id : random_user_id(r),
+        .password = password,
+        .device_id = device_id,
+        .device_name = device_name,
+        .inhibit_login = inhibit_login,
+        .uia_session = session,
+    };
+    return acc_to_auth_pool(r, st);
+}
+
+/* GET /_matrix/client/v3/register/available?username= */
+static int get_available(atrium_req *r)
+{
+    if (ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
+    const char *username = acc_query_arg(r, "username");
+    if (!username)
+        return http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'username'");
+    const char *user_id = wanted_user_id(r, username);
+    if (!user_id || !user_free(r, user_id)) return ATRIUM_DONE;
+    return http_respond_json(r, 200, json_pack("{s:b}", "available", 1));
+}
+
+int acc_register_routes(http_server *s)
+{
+    if (client_route(s, "POST", "/_matrix/client/v3/register", post_register,
+                     ACC_MAX_BODY_BYTES) < 0 ||
+        client_route(s, "GET", "/_matrix/client/v3/register/available", get_available, 0) < 0)
+        return -1;
+    return 0;
+}

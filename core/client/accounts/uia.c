@@ -1,0 +1,178 @@
+/*
+ * core/client/accounts/uia.c - user-interactive authentication: the 401 challenge, sessions, and
+ * the one-stage flows Atrium offers (m.login.dummy for registration, m.login.password for
+ * an authenticated user's sensitive operations).
+ *
+ * Sessions live in PostgreSQL (uia_sessions) with an expiry, so any process sharing the
+ * database accepts a session another process issued (DESIGN §8). A session is bound to its
+ * purpose ("register", "delete_devices", "password") and to its user ("" before login),
+ * so a session issued to one user or for one operation is refused for another. Expired
+ * sessions are deleted whenever a new one is created, which bounds the table. A request
+ * that names no session is still accepted when its stage passes: with single-stage flows
+ * the session carries no progress worth insisting on. What this file does not do: check
+ * the operation's own parameters, or hash anything (the password stage's check runs on
+ * the auth pool through uia_password_verify).
+ */
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+
+#define UIA_SESSION_BYTES 18 /* random bytes, base64url: 24 characters */
+
+static char *new_session_id(atrium_req *r)
+{
+    unsigned char raw[UIA_SESSION_BYTES];
+    randombytes_buf(raw, sizeof(raw));
+    char b64[sodium_base64_ENCODED_LEN(UIA_SESSION_BYTES, sodium_base64_VARIANT_URLSAFE_NO_PADDING)];
+    sodium_bin2base64(b64, sizeof(b64), raw, sizeof(raw), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    return rt_arena_strdup(r->arena, b64);
+}
+
+/* Store a new session; false on database trouble. */
+static bool store_session(PGconn *c, const char *session, const char *purpose, const char *user)
+{
+    char ttl[32];
+    snprintf(ttl, sizeof(ttl), "%d", UIA_SESSION_TTL_MS);
+    const char *p[4] = {session, purpose, user, ttl};
+    return acc_exec(c, "DELETE FROM uia_sessions"
+                       " WHERE expires_ts < (extract(epoch from now()) * 1000)::bigint",
+                    0, NULL) &&
+           acc_exec(c,
+                    "INSERT INTO uia_sessions (session_id, purpose, user_id, expires_ts)"
+                    " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint + $4::bigint)",
+                    4, p);
+}
+
+int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const char *user_id,
+                  const char *session, const char *errcode, const char *error)
+{
+    if (!session) {
+        session = new_session_id(r);
+        PGconn *c = acc_db(r);
+        if (!c) return ATRIUM_DONE;
+        bool ok = session && store_session(c, session, purpose, user_id);
+        acc_db_release(c);
+        if (!ok) return acc_db_failed(r);
+    }
+    json_t *body = json_pack("{s:[{s:[s]}], s:{}, s:s}", "flows", "stages", stage, "params",
+                             "session", session);
+    if (body && errcode) {
+        json_object_set_new(body, "errcode", json_string(errcode));
+        json_object_set_new(body, "error", json_string(error ? error : ""));
+    }
+    if (!body) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    http_respond_json(r, 401, body);
+    return ATRIUM_DONE;
+}
+
+/* 1 the session is live for (purpose, user); 0 not; ATRIUM_E_DB. */
+static int session_live(PGconn *c, const char *session, const char *purpose, const char *user)
+{
+    const char *p[3] = {session, purpose, user};
+    PGresult *res = acc_q(c,
+                          "SELECT 1 FROM uia_sessions WHERE session_id = $1 AND purpose = $2"
+                          " AND user_id = $3"
+                          " AND expires_ts >= (extract(epoch from now()) * 1000)::bigint",
+                          3, p);
+    if (!res) return ATRIUM_E_DB;
+    int n = PQntuples(res);
+    PQclear(res);
+    return n > 0;
+}
+
+bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpose,
+               const char *user_id, const char **session_out)
+{
+    *session_out = NULL;
+    const char *type = NULL, *session = NULL;
+    json_t *t = json_object_get(auth, "type"), *s = json_object_get(auth, "session");
+    if (json_is_string(t)) type = json_string_value(t);
+    if (json_is_string(s) && json_string_length(s) > 0) session = json_string_value(s);
+    if ((s && !json_is_null(s) && !json_is_string(s)) || (t && !json_is_null(t) && !type)) {
+        http_respond_error(r, 400, "M_BAD_JSON", "'auth.type' and 'auth.session' must be strings");
+        return false;
+    }
+    if (session) {
+        PGconn *c = acc_db(r);
+        if (!c) return false;
+        int live = session_live(c, session, purpose, user_id);
+        acc_db_release(c);
+        if (live < 0) {
+            acc_db_failed(r);
+            return false;
+        }
+        if (!live) {
+            uia_challenge(r, stage, purpose, user_id, NULL, "M_UNKNOWN",
+                          "Unknown or expired session; start again with the new one");
+            return false;
+        }
+    }
+    if (!type) { /* only the session: the client asks where it stands */
+        uia_challenge(r, stage, purpose, user_id, session, NULL, NULL);
+        return false;
+    }
+    if (strcmp(type, stage) != 0) {
+        uia_challenge(r, stage, purpose, user_id, session, "M_UNKNOWN",
+                      "That authentication type is not offered here");
+        return false;
+    }
+    *session_out = session;
+    return true;
+}
+
+void uia_forget(PGconn *c, const char *session)
+{
+    if (!session) return;
+    const char *p[1] = {session};
+    acc_exec(c, "DELETE FROM uia_sessions WHERE session_id = $1", 1, p);
+}
+
+/* ---- the password stage ------------------------------------------------------------------- */
+
+bool uia_password_begin(atrium_req *r, json_t *body, const char *purpose, uia_password *p)
+{
+    json_t *auth;
+    if (!acc_object(r, body, "auth", false, &auth)) return false;
+    if (!auth) {
+        uia_challenge(r, UIA_STAGE_PASSWORD, purpose, r->user, NULL, NULL, NULL);
+        return false;
+    }
+    if (!uia_check(r, auth, UIA_STAGE_PASSWORD, purpose, r->user, &p->session)) return false;
+    const char *who;
+    if (!acc_user_identifier(r, auth, &who)) return false;
+    if (!acc_string(r, auth, "password", true, ACC_PASSWORD_MAX_BYTES, &p->password))
+        return false;
+    const char *as = who ? acc_local_user(r, who) : r->user;
+    if (!as || strcmp(as, r->user) != 0) {
+        uia_challenge(r, UIA_STAGE_PASSWORD, purpose, r->user, p->session, "M_FORBIDDEN",
+                      "You can only authenticate as yourself");
+        return false;
+    }
+    return true;
+}
+
+bool uia_password_verify(atrium_req *r, const uia_password *p, const char *purpose)
+{
+    RT_ASSERT(rt_pool_on_worker(auth_pool()), "%s", "password check off the auth pool");
+    PGconn *c = acc_db(r);
+    if (!c) return false;
+    const char *params[1] = {r->user};
+    PGresult *res = acc_q(c, "SELECT password_hash FROM users WHERE user_id = $1", 1, params);
+    char *hash = NULL;
+    if (res && PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
+        hash = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
+    PQclear(res);
+    acc_db_release(c); /* never held across the slow check */
+    if (!res) {
+        acc_db_failed(r);
+        return false;
+    }
+    if (!auth_verify_password(hash, p->password)) {
+        uia_challenge(r, UIA_STAGE_PASSWORD, purpose, r->user, p->session, "M_FORBIDDEN",
+                      "Invalid password");
+        return false;
+    }
+    return true;
+}

@@ -1,0 +1,172 @@
+/*
+ * core/client/auth/auth.c - access tokens and passwords (see auth.h for the decisions).
+ *
+ * Token look-ups use a prepared-free parameterized query on a pooled connection held only
+ * for the query. The token's hash is the primary key, so the look-up is one index probe;
+ * the same query reads the device's last_seen_ts for auth_seen_note (auth_seen.c).
+ */
+#include <pthread.h>
+#include <sodium.h>
+#include <strings.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/auth/auth.h"
+
+static rt_pool *the_auth_pool;
+
+rt_pool *auth_pool(void)
+{
+    return the_auth_pool;
+}
+
+void auth_set_pool(rt_pool *p)
+{
+    the_auth_pool = p;
+}
+
+static void token_hash_hex(const char *token, char out[65])
+{
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, (const unsigned char *)token, strlen(token));
+    sodium_bin2hex(out, 65, h, sizeof(h));
+}
+
+const char *auth_token_of(atrium_req *r)
+{
+    const char *hdr = http_req_header(r, "Authorization");
+    if (hdr) {
+        if (strncasecmp(hdr, "Bearer ", 7) != 0) return NULL;
+        const char *t = hdr + 7;
+        while (*t == ' ') t++;
+        return *t ? t : NULL;
+    }
+    for (size_t i = 0; i < r->n_args; i++)
+        if (strcmp(r->args[i].name, "access_token") == 0 && r->args[i].value[0])
+            return r->args[i].value;
+    return NULL;
+}
+
+const char *auth_request(atrium_req *r)
+{
+    if (r->user) return r->user;
+    const char *token = auth_token_of(r);
+    if (!token) {
+        http_respond_error(r, 401, "M_MISSING_TOKEN", "Missing access token");
+        return NULL;
+    }
+    char hex[65];
+    token_hash_hex(token, hex);
+    uint64_t epoch;
+    if (auth_cache_lookup(r, hex, &epoch)) {
+        auth_seen_note(r, AUTH_SEEN_UNKNOWN);
+        return r->user;
+    }
+    PGconn *c = db_acquire(db_global(), AUTH_DB_WAIT_MS);
+    if (!c) {
+        http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
+        return NULL;
+    }
+    const char *params[1] = {hex};
+    PGresult *res = PQexecParams(c,
+                                 "SELECT t.user_id, t.device_id, u.is_admin, d.last_seen_ts"
+                                 " FROM access_tokens t JOIN users u ON u.user_id = t.user_id"
+                                 " LEFT JOIN devices d ON d.user_id = t.user_id"
+                                 " AND d.device_id = t.device_id"
+                                 " WHERE t.token_hash = $1 AND NOT u.deactivated",
+                                 1, NULL, params, NULL, NULL, 0);
+    bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+    if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "token look-up failed: %s", PQresultErrorMessage(res));
+    int64_t seen_ts = 0; /* NULL (never seen, or no device row): due */
+    if (ok && PQntuples(res) == 1) {
+        r->user = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
+        r->device = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 1));
+        r->is_admin = PQgetvalue(res, 0, 2)[0] == 't' ? 1 : 0;
+        if (r->user && r->device) auth_cache_store(hex, r->user, r->device, r->is_admin, epoch);
+        if (!PQgetisnull(res, 0, 3)) seen_ts = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+        if (seen_ts < 0) seen_ts = 0;
+    }
+    PQclear(res);
+    db_release(db_global(), c);
+    if (r->user) auth_seen_note(r, seen_ts); /* after the release: it may take its own */
+    if (!ok) {
+        http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+        return NULL;
+    }
+    if (!r->user) {
+        json_t *body = json_pack("{s:s, s:s, s:b}", "errcode", "M_UNKNOWN_TOKEN", "error",
+                                 "Unknown or revoked access token", "soft_logout", 0);
+        r->out_headers = NULL;
+        if (http_respond_json(r, 401, body) == 0 && r->response)
+            MHD_add_response_header(r->response, "Cache-Control", "no-store"); /* a failure */
+        return NULL;
+    }
+    return r->user;
+}
+
+int auth_is_admin(atrium_req *r)
+{
+    if (!r->user) return 0;
+    return r->is_admin;
+}
+
+int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id, char *token_out)
+{
+    unsigned char raw[32];
+    randombytes_buf(raw, sizeof(raw));
+    char b64[sodium_base64_ENCODED_LEN(32, sodium_base64_VARIANT_URLSAFE_NO_PADDING)];
+    sodium_bin2base64(b64, sizeof(b64), raw, sizeof(raw), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    snprintf(token_out, AUTH_TOKEN_CHARS + 1, "%s%s", AUTH_TOKEN_PREFIX, b64);
+    char hex[65];
+    token_hash_hex(token_out, hex);
+    const char *params[3] = {hex, user_id, device_id};
+    PGresult *res = PQexecParams(conn,
+                                 "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
+                                 " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint)",
+                                 3, NULL, params, NULL, NULL, 0);
+    bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+    if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "storing a token failed: %s", PQresultErrorMessage(res));
+    PQclear(res);
+    return ok ? 0 : ATRIUM_E_DB;
+}
+
+int auth_hash_password(const char *password, char *hash_out)
+{
+    if (crypto_pwhash_str(hash_out, password, strlen(password), crypto_pwhash_OPSLIMIT_INTERACTIVE,
+                          crypto_pwhash_MEMLIMIT_INTERACTIVE) != 0)
+        return ATRIUM_E_NOMEM;
+    return 0;
+}
+
+bool auth_check_password(const char *hash, const char *password)
+{
+    return crypto_pwhash_str_verify(hash, password, strlen(password)) == 0;
+}
+
+/* A hash of a random password, made once, for checks against users that do not exist. */
+static char dummy_hash[crypto_pwhash_STRBYTES];
+static bool dummy_ok;
+static pthread_once_t dummy_once = PTHREAD_ONCE_INIT;
+
+static void make_dummy_hash(void)
+{
+    char pw[33];
+    unsigned char raw[16];
+    randombytes_buf(raw, sizeof(raw));
+    sodium_bin2hex(pw, sizeof(pw), raw, sizeof(raw));
+    dummy_ok = auth_hash_password(pw, dummy_hash) == 0;
+}
+
+void auth_prepare_dummy_hash(void)
+{
+    pthread_once(&dummy_once, make_dummy_hash);
+}
+
+bool auth_verify_password(const char *hash, const char *password)
+{
+    if (hash && hash[0]) return auth_check_password(hash, password);
+    pthread_once(&dummy_once, make_dummy_hash);
+    if (dummy_ok) (void)auth_check_password(dummy_hash, password);
+    return false;
+}

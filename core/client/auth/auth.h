@@ -1,0 +1,99 @@
+/*
+ * core/client/auth/auth.h - who is calling: access tokens, passwords, and the request's user.
+ *
+ * Access tokens are 256-bit random values; only their SHA-256 is stored (access_tokens),
+ * so a database leak does not hand out sessions. An authenticated request finds its token
+ * in a small cache (auth_cache.c) or in PostgreSQL; a token revoked by logout stops
+ * working at once in this process, and in every other process sharing the database as
+ * soon as PostgreSQL's NOTIFY reaches it (DESIGN §8). Passwords are hashed with Argon2id
+ * (libsodium); hashing runs on the small "auth" pool so its memory is bounded and no
+ * request-pool thread waits on it. An authenticated request also keeps its device's
+ * last_seen_ts/last_seen_ip current, writing at most once per AUTH_SEEN_REFRESH_MS
+ * (auth_seen.c). Internal prefix: auth_.
+ */
+#ifndef ATRIUM_CORE_AUTH_H
+#define ATRIUM_CORE_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/http/http.h"
+#include "core/store/db.h"
+
+#define AUTH_TOKEN_PREFIX "atr_"
+#define AUTH_TOKEN_CHARS 48 /* prefix + base64url of 32 random bytes */
+#define AUTH_DB_WAIT_MS 2000
+
+/* [req] Authenticate r from "Authorization: Bearer <token>" or ?access_token=. On success
+ * sets r->user and r->device (arena strings; the client key becomes the user) and returns
+ * the user ID. On failure sets the response (401 M_MISSING_TOKEN or M_UNKNOWN_TOKEN, or
+ * 503 when the database cannot be reached) and returns NULL: the handler returns
+ * ATRIUM_DONE. Idempotent: a second call returns the cached user. */
+const char *auth_request(atrium_req *r);
+/* [req] Is the authenticated user a server admin? 1, 0, or ATRIUM_E_DB. */
+int auth_is_admin(atrium_req *r);
+
+/* Mint a token for (user, device), store its hash. token_out gets the token text
+ * (AUTH_TOKEN_CHARS + 1 bytes). 0 or ATRIUM_E_DB. conn: a connection the caller holds. */
+int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id, char *token_out);
+
+/* Argon2id. hash_out must hold crypto_pwhash_STRBYTES (128). 0 or ATRIUM_E_NOMEM. Slow
+ * and memory-hungry by design: call on the auth pool (auth_pool()). */
+int auth_hash_password(const char *password, char *hash_out);
+bool auth_check_password(const char *hash, const char *password);
+/* The login rule: true only when hash (a stored Argon2id string) matches password. A NULL
+ * hash (no such user, or no password set) costs the same time as a real check and returns
+ * false, so an answer's timing does not tell whether a user exists. Auth pool only. */
+bool auth_verify_password(const char *hash, const char *password);
+/* Make the hash auth_verify_password checks unknown users against now, not at the first
+ * failed login (which would then take longer and tell). Auth pool only; idempotent. */
+void auth_prepare_dummy_hash(void);
+
+/* The pool password hashing runs on (2 threads: at most 2 hashes' memory at once). */
+rt_pool *auth_pool(void);
+void auth_set_pool(rt_pool *p);
+
+/* ---- the token cache (auth_cache.c) ------------------------------------------------- */
+/* Register its metrics, and the last-seen table's (auth_seen_init); 0 or -1. At start-up,
+ * before requests. */
+int auth_cache_init(rt_metrics *metrics);
+/* Start / stop the listener of revocations from other processes (NOTIFY atrium_auth). The
+ * cache answers nothing while the listener is not connected. */
+int auth_cache_start(const char *conninfo);
+void auth_cache_stop(void);
+/* [req] A cached (user, device, admin) for the token hash, set on r; false on a miss.
+ * *epoch_out is what auth_cache_store needs after the database look-up. */
+bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out);
+void auth_cache_store(const char *hash, const char *user, const char *device, int admin,
+                      uint64_t read_epoch);
+/* Any thread: forget every cached token of user_id. Call after committing anything that
+ * deletes a user's tokens or changes their admin or deactivated flag; other processes
+ * learn it from the trigger's NOTIFY. */
+void auth_cache_forget_user(const char *user_id);
+
+/* ---- when devices were last seen (auth_seen.c) ---------------------------------------- */
+#define AUTH_SEEN_REFRESH_MS (5 * 60 * 1000) /* a device's row is rewritten at most this often */
+#define AUTH_SEEN_RETRY_MS (30 * 1000)       /* after a refresh that could not be written */
+#define AUTH_SEEN_UNKNOWN (-1)               /* no stored last_seen_ts at hand */
+
+/* Key the table, register its metrics; 0. At start-up, before requests (auth_cache_init). */
+int auth_seen_init(rt_metrics *metrics);
+/* [req] r has just authenticated (r->user, r->device set): refresh the device's
+ * last_seen_ts and last_seen_ip (r->client_addr) in PostgreSQL when auth_seen_due says so.
+ * stored_ts: the devices row's last_seen_ts that the token look-up read (0 for NULL), or
+ * AUTH_SEEN_UNKNOWN (a token from the cache). Never fails r and never sets a response; it
+ * waits for a pooled connection only briefly and never for a locked row. */
+void auth_seen_note(atrium_req *r, int64_t stored_ts);
+/* The rule, with the wall clock passed in: true when the newest last-seen time known for
+ * (user, device) - the one remembered here or stored_ts (>= 0, or AUTH_SEEN_UNKNOWN) - is
+ * AUTH_SEEN_REFRESH_MS older than now_ms; the caller must then write now_ms, which is
+ * remembered at once so concurrent requests do not write too. False when nothing is known.
+ * Any thread. */
+bool auth_seen_due(const char *user, const char *device, int64_t stored_ts, int64_t now_ms);
+/* The write auth_seen_due asked for at due_ms failed: due again AUTH_SEEN_RETRY_MS later. */
+void auth_seen_retry_later(const char *user, const char *device, int64_t due_ms);
+
+/* The token of the request, or NULL. */
+const char *auth_token_of(atrium_req *r);
+
+#endif

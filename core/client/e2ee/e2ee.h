@@ -1,0 +1,118 @@
+/*
+ * core/client/e2ee/e2ee.h - end-to-end encryption plumbing: what the E2EE files share.
+ *
+ * The server only stores and routes keys and to-device messages; it never inspects
+ * ciphertext and never verifies a client's signatures (clients do that; see the note in
+ * e2ee_cross_signing.c). The files:
+ *   e2ee.c                the module (routes, migrations owned by "e2ee") and the helpers
+ *                         below: parameters, transactions, key-change positions, wake-ups
+ *   e2ee_keys.c           keys/upload, keys/claim, and the sync section with the one-time
+ *                         key counts
+ *   e2ee_query.c          keys/query, keys/changes, and the device_lists sync section
+ *   e2ee_cross_signing.c  keys/device_signing/upload, keys/signatures/upload
+ *   e2ee_backup.c         room_keys/version and room_keys/keys (server-side key backup)
+ *   to_device.c           sendToDevice and the to_device sync section
+ *
+ * The decisions owned here: a change of a user's device or cross-signing keys takes one
+ * stream position (stream_next(), see core/rooms/rooms.h) in device_lists_changes
+ * (e2ee_record_key_change), and "who must hear about a user's key change" is the user and
+ * everyone sharing a joined room with them (E2EE_SHARED_USERS_SQL, e2ee_wake_key_change).
+ * Positions are taken last in a transaction: no row lock after a position (core/rooms/rooms.h).
+ * Internal prefix: e2ee_.
+ */
+#ifndef ATRIUM_CORE_E2EE_H
+#define ATRIUM_CORE_E2EE_H
+
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/http/http.h"
+
+#define E2EE_DB_WAIT_MS 2000
+#define E2EE_MAX_ID_BYTES 255 /* user, device, key, room, session and transaction IDs */
+
+/* ---- the module's parts (each registers its routes; 0 or -1, logged) -------------------- */
+int e2ee_keys_init(http_server *s);
+int e2ee_query_init(http_server *s);
+int e2ee_cross_signing_init(http_server *s);
+int e2ee_backup_init(http_server *s);
+int to_device_init(http_server *s);
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+/* Bodies are read with acc_body, query arguments with acc_query_arg (accounts.h). */
+/* [req] A route parameter by name, or NULL. */
+const char *e2ee_param(atrium_req *r, const char *name);
+/* Is user_id on this server (ends in ":" + server_name)? */
+bool e2ee_user_is_local(const atrium_req *r, const char *user_id);
+/* The server-name part of a user ID ("" when it has none). */
+const char *e2ee_user_domain(const char *user_id);
+/* Is s a usable identifier: non-empty, at most E2EE_MAX_ID_BYTES, no control characters. */
+bool e2ee_id_ok(const char *s);
+/* Is `map` {user ID: {device ID: value}} well formed and within `max_pairs` pairs? Every
+ * device ID must pass e2ee_id_ok and every value value_ok. NULL, or a message for 400
+ * M_BAD_JSON naming `what` (the field). */
+const char *e2ee_check_device_map(const json_t *map, const char *what, size_t max_pairs,
+                                  bool (*value_ok)(const json_t *value),
+                                  const char *value_rule);
+
+/* ---- database ----------------------------------------------------------------------------- */
+
+/* [req] A pooled connection, or NULL after answering 503 (busy database). */
+PGconn *e2ee_db(atrium_req *r);
+void e2ee_db_done(PGconn *c);
+/* Run a parameterized statement; NULL (logged, result cleared) unless it returned `want`
+ * (PGRES_TUPLES_OK or PGRES_COMMAND_OK). */
+PGresult *e2ee_sql(PGconn *c, ExecStatusType want, const char *sql, int n,
+                   const char *const *params);
+/* A statement whose result is not needed (a command, or a SELECT ... FOR UPDATE that only
+ * locks): true when it succeeded (failures logged). */
+bool e2ee_exec(PGconn *c, const char *sql, int n, const char *const *params);
+/* BEGIN / COMMIT / ROLLBACK: true on success (failures logged). */
+bool e2ee_begin(PGconn *c);
+bool e2ee_commit(PGconn *c);
+void e2ee_rollback(PGconn *c);
+/* [req] Answer 503 M_UNKNOWN for a failed database step (rolls back when in_txn). */
+int e2ee_db_failed(atrium_req *r, PGconn *c, bool in_txn);
+/* [req] A pooled connection inside a new transaction, or NULL after answering 503 (nothing
+ * held). */
+PGconn *e2ee_db_begin(atrium_req *r);
+
+/* ---- key changes ------------------------------------------------------------------------- */
+
+/* The users who hear of $1's key changes: $1 and every user joined to a room $1 is joined
+ * to (current_state, owned by rooms). A SELECT of one text column named user_id, for
+ * "IN (...)", CTEs and wake-ups. */
+extern const char E2EE_SHARED_USERS_SQL[];
+/* Record that user_id's device or cross-signing keys changed, at a fresh stream position,
+ * inside the caller's transaction. 0 or ATRIUM_E_DB. */
+int e2ee_record_key_change(PGconn *c, const char *user_id);
+/* After the transaction that recorded a change committed: wake the parked syncs of
+ * everyone who hears of user_id's key changes. Any thread with a connection. */
+void e2ee_wake_key_change(PGconn *c, const char *user_id);
+
+/* ---- pure helpers (unit tested) ---------------------------------------------------------- */
+
+/* Length of the algorithm part of "<algorithm>:<key id>", or -1 when either part is empty
+ * or there is no colon. */
+int e2ee_key_algorithm_len(const char *key_id);
+/* Is `keys` a device_keys object uploadable by (user_id, device_id)? NULL when it is, else
+ * a message for the client; *errcode gets "M_BAD_JSON" (shape) or "M_INVALID_PARAM"
+ * (another user's or device's keys). */
+const char *e2ee_check_device_keys(const json_t *keys, const char *user_id,
+                                   const char *device_id, const char **errcode);
+/* Is `key` a cross-signing key of user_id with `usage` (e.g. "master")? NULL when it is,
+ * else a message; *public_key gets the key's one ed25519 public key (borrowed from key). */
+const char *e2ee_check_cross_signing_key(const json_t *key, const char *user_id,
+                                         const char *usage, const char **public_key);
+
+/* The backup replacement rule: does a backed-up session key with (verified,
+ * first_message_index, forwarded_count) = new_* replace the stored old_* one? A verified key
+ * beats an unverified one; then the lower first message index (it decrypts more); then the
+ * fewer forwards. */
+bool e2ee_backup_should_replace(bool old_verified, int64_t old_index, int64_t old_forwards,
+                                bool new_verified, int64_t new_index, int64_t new_forwards);
+
+#endif

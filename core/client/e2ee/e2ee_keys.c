@@ -1,0 +1,355 @@
+/*
+ * core/client/e2ee/e2ee_keys.c - a device's own keys: POST /keys/upload (device keys, one-time
+ * keys, fallback keys), POST /keys/claim, and the sync section that tells a device how many
+ * one-time keys it has left (device_one_time_keys_count, device_unused_fallback_key_types).
+ *
+ * Owns the claim rule: one one-time key per (device, algorithm) per claim, taken by one
+ * DELETE ... RETURNING whose row is picked FOR UPDATE SKIP LOCKED, so two concurrent claims
+ * never get the same key and never wait on each other; when none is left, the device's
+ * fallback key for that algorithm is handed out (again and again) and marked used. Keys
+ * are stored as the client uploaded them; the server never reads the key material.
+ * Device-key changes take a stream position (e2ee_record_key_change); one-time keys do not
+ * (only the owning device cares, through the counts).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+#include "core/client/client.h"
+#include "core/client/e2ee/e2ee.h"
+#include "core/client/sync/sync.h"
+
+#define E2EE_UPLOAD_MAX_ONE_TIME_KEYS 1000 /* per keys/upload request */
+#define E2EE_UPLOAD_MAX_FALLBACK_KEYS 16   /* per keys/upload request */
+#define E2EE_CLAIM_MAX_DEVICES 1000        /* user-device pairs per keys/claim request */
+/* Clients expect this algorithm's count even when it is zero (they top up on seeing 0). */
+#define E2EE_DEFAULT_OTK_ALGORITHM "signed_curve25519"
+
+/* ---- keys/upload -------------------------------------------------------------------------- */
+
+/* Is `keys` (one_time_keys or fallback_keys) an object of "<alg>:<id>" -> object or
+ * string, with at most `max` entries? NULL, or a message for the client. */
+static const char *check_key_map(const json_t *keys, const char *field, size_t max,
+                                 atrium_req *r)
+{
+    if (!json_is_object(keys)) return rt_arena_printf(r->arena, "%s must be an object", field);
+    if (json_object_size(keys) > max)
+        return rt_arena_printf(r->arena, "%s holds more than %zu keys", field, max);
+    const char *key_id;
+    json_t *v;
+    json_object_foreach((json_t *)keys, key_id, v) {
+        if (e2ee_key_algorithm_len(key_id) < 0 || !e2ee_id_ok(key_id))
+            return rt_arena_printf(r->arena, "%s: key IDs must look like <algorithm>:<id>",
+                                   field);
+        if (!json_is_object(v) && !json_is_string(v))
+            return rt_arena_printf(r->arena, "%s: each key must be an object or a string",
+                                   field);
+    }
+    return NULL;
+}
+
+/* Store device_keys unless identical to what is stored; a change takes a stream position.
+ * 1 changed, 0 unchanged, ATRIUM_E_DB. */
+static int store_device_keys(PGconn *c, const char *user, const char *device,
+                             const json_t *keys)
+{
+    const char *p[3] = {user, device, NULL};
+    PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,
+                             "SELECT key_json FROM e2ee_device_keys"
+                             " WHERE user_id = $1 AND device_id = $2 FOR UPDATE",
+                             2, p);
+    if (!res) return ATRIUM_E_DB;
+    bool same = false;
+    if (PQntuples(res) == 1) {
+        json_t *old = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
+        same = old && json_equal(old, keys);
+        json_decref(old);
+    }
+    PQclear(res);
+    if (same) return 0;
+    char *text = json_dumps(keys, JSON_COMPACT);
+    if (!text) return ATRIUM_E_NOMEM;
+    p[2] = text;
+    bool ok = e2ee_exec(c,
+                        "INSERT INTO e2ee_device_keys (user_id, device_id, key_json)"
+                        " VALUES ($1, $2, $3)"
+                        " ON CONFLICT (user_id, device_id)"
+                        " DO UPDATE SET key_json = EXCLUDED.key_json",
+                        3, p);
+    free(text);
+    if (!ok || e2ee_record_key_change(c, user) < 0) return ATRIUM_E_DB;
+    return 1;
+}
+
+/* Insert one-time keys; a key ID already stored with other content is refused (clients must
+ * not reuse key IDs), the same content again is a harmless retry. 0, ATRIUM_E_DB, or
+ * ATRIUM_E_EXISTS with *clash set to the first clashing key ID (arena). */
+static int store_one_time_keys(atrium_req *r, PGconn *c, const json_t *keys,
+                               const char **clash)
+{
+    char *text = json_dumps(keys, JSON_COMPACT);
+    if (!text) return ATRIUM_E_NOMEM;
+    const char *p[3] = {r->user, r->device, text};
+    /* The final SELECT sees the table as it was before this statement's INSERT, so it
+     * finds exactly the IDs that were stored already. */
+    PGresult *res = e2ee_sql(
+        c, PGRES_TUPLES_OK,
+        "WITH new AS (SELECT split_part(key, ':', 1) AS alg,"
+        "   substr(key, strpos(key, ':') + 1) AS kid, key AS full_id, value::text AS kj"
+        "  FROM json_each($3::json)),"
+        " ins AS (INSERT INTO e2ee_one_time_keys (user_id, device_id, algorithm, key_id, key_json)"
+        "  SELECT $1, $2, alg, kid, kj FROM new ON CONFLICT DO NOTHING RETURNING 1)"
+        " SELECT n.full_id FROM new n JOIN e2ee_one_time_keys o"
+        "  ON o.user_id = $1 AND o.device_id = $2 AND o.algorithm = n.alg AND o.key_id = n.kid"
+        " WHERE o.key_json <> n.kj LIMIT 1",
+        3, p);
+    free(text);
+    if (!res) return ATRIUM_E_DB;
+    int rc = 0;
+    if (PQntuples(res) > 0) {
+        *clash = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
+        rc = ATRIUM_E_EXISTS;
+    }
+    PQclear(res);
+    return rc;
+}
+
+/* Set the fallback key per algorithm. Re-uploading the current key keeps its used flag; a
+ * new key starts unused. 0 or ATRIUM_E_DB. */
+static int store_fallback_keys(atrium_req *r, PGconn *c, const json_t *keys)
+{
+    const char *key_id;
+    json_t *v;
+    json_object_foreach((json_t *)keys, key_id, v) {
+        int alen = e2ee_key_algorithm_len(key_id);
+        char *alg = rt_arena_strndup(r->arena, key_id, (size_t)alen);
+        char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!alg || !text) {
+            free(text);
+            return ATRIUM_E_NOMEM;
+        }
+        const char *p[5] = {r->user, r->device, alg, key_id + alen + 1, text};
+        bool ok = e2ee_exec(
+            c,
+            "INSERT INTO e2ee_fallback_keys (user_id, device_id, algorithm, key_id, key_json)"
+            " VALUES ($1, $2, $3, $4, $5)"
+            " ON CONFLICT (user_id, device_id, algorithm) DO UPDATE"
+            " SET key_id = EXCLUDED.key_id, key_json = EXCLUDED.key_json,"
+            " used = e2ee_fallback_keys.used AND e2ee_fallback_keys.key_id = EXCLUDED.key_id"
+            "  AND e2ee_fallback_keys.key_json = EXCLUDED.key_json",
+            5, p);
+        free(text);
+        if (!ok) return ATRIUM_E_DB;
+    }
+    return 0;
+}
+
+/* {algorithm: count} of a device's unclaimed one-time keys, with the default algorithm
+ * always present. NULL on a database failure. */
+static json_t *one_time_key_counts(PGconn *c, const char *user, const char *device)
+{
+    const char *p[2] = {user, device};
+    PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,
+                             "SELECT algorithm, count(*) FROM e2ee_one_time_keys"
+                             " WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm",
+                             2, p);
+    if (!res) return NULL;
+    json_t *counts = json_object();
+    json_object_set_new(counts, E2EE_DEFAULT_OTK_ALGORITHM, json_integer(0));
+    for (int i = 0; i < PQntuples(res); i++)
+        json_object_set_new(counts, PQgetvalue(res, i, 0),
+                            json_integer(atoll(PQgetvalue(res, i, 1))));
+    PQclear(res);
+    return counts;
+}
+
+/* POST /_matrix/client/v3/keys/upload */
+static int post_keys_upload(atrium_req *r)
+{
+    if (!auth_request(r)) return ATRIUM_DONE;
+    json_t *body = acc_body(r);
+    if (!body) return ATRIUM_DONE;
+    const json_t *dk = json_object_get(body, "device_keys");
+    const json_t *otk = json_object_get(body, "one_time_keys");
+    const json_t *fbk = json_object_get(body, "fallback_keys");
+    if (!fbk) fbk = json_object_get(body, "org.matrix.msc2732.fallback_keys");
+    if (json_is_null(dk)) dk = NULL;
+    if (json_is_null(otk)) otk = NULL;
+    if (json_is_null(fbk)) fbk = NULL;
+    if (dk) {
+        const char *errcode;
+        const char *msg = e2ee_check_device_keys(dk, r->user, r->device, &errcode);
+        if (msg) return http_respond_error(r, 400, errcode, "%s", msg);
+    }
+    const char *msg = NULL;
+    if (otk) msg = check_key_map(otk, "one_time_keys", E2EE_UPLOAD_MAX_ONE_TIME_KEYS, r);
+    if (!msg && fbk) msg = check_key_map(fbk, "fallback_keys", E2EE_UPLOAD_MAX_FALLBACK_KEYS, r);
+    if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
+
+    PGconn *c = e2ee_db_begin(r);
+    if (!c) return ATRIUM_DONE;
+    int changed = 0;
+    const char *clash = NULL;
+    int rc = 0;
+    /* Device keys last: their change takes a stream position, and no row lock may be
+     * taken after that (rooms.h: the stream lock order). */
+    if (otk) rc = store_one_time_keys(r, c, otk, &clash);
+    if (rc >= 0 && fbk) rc = store_fallback_keys(r, c, fbk);
+    if (rc >= 0 && dk) rc = changed = store_device_keys(c, r->user, r->device, dk);
+    json_t *counts = rc >= 0 ? one_time_key_counts(c, r->user, r->device) : NULL;
+    if (rc == ATRIUM_E_EXISTS) {
+        e2ee_rollback(c);
+        http_respond_error(r, 400, "M_INVALID_PARAM",
+                           "One-time key %s already exists with other content", clash);
+    } else if (!counts || !e2ee_commit(c)) {
+        e2ee_db_failed(r, c, true);
+    } else {
+        if (changed > 0) e2ee_wake_key_change(c, r->user);
+        http_respond_json(r, 200, json_pack("{s:O}", "one_time_key_counts", counts));
+    }
+    json_decref(counts);
+    e2ee_db_done(c);
+    return ATRIUM_DONE;
+}
+
+/* ---- keys/claim --------------------------------------------------------------------------- */
+
+/* Claim one key of `alg` from (user, device): an unclaimed one-time key, else the fallback
+ * key (marked used). Adds "alg:id": key to `into`. 1 claimed, 0 nothing, ATRIUM_E_DB. */
+static int claim_one(PGconn *c, const char *user, const char *device, const char *alg,
+                     json_t *into)
+{
+    const char *p[3] = {user, device, alg};
+    PGresult *res = e2ee_sql(
+        c, PGRES_TUPLES_OK,
+        "WITH otk AS ("
+        "  DELETE FROM e2ee_one_time_keys"
+        "  WHERE (user_id, device_id, algorithm, key_id) = ("
+        "   SELECT user_id, device_id, algorithm, key_id FROM e2ee_one_time_keys"
+        "   WHERE user_id = $1 AND device_id = $2 AND algorithm = $3"
+        "   ORDER BY key_id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+        "  RETURNING key_id, key_json),"
+        " fb AS ("
+        "  UPDATE e2ee_fallback_keys SET used = true"
+        "  WHERE user_id = $1 AND device_id = $2 AND algorithm = $3"
+        "   AND NOT EXISTS (SELECT 1 FROM otk)"
+        "  RETURNING key_id, key_json)"
+        " SELECT key_id, key_json FROM otk UNION ALL SELECT key_id, key_json FROM fb",
+        3, p);
+    if (!res) return ATRIUM_E_DB;
+    int got = 0;
+    if (PQntuples(res) > 0) {
+        json_t *key = json_loads(PQgetvalue(res, 0, 1), JSON_DECODE_ANY, NULL);
+        if (key) {
+            char id[2 * E2EE_MAX_ID_BYTES + 2];
+            snprintf(id, sizeof(id), "%s:%s", alg, PQgetvalue(res, 0, 0));
+            json_object_set_new(into, id, key);
+            got = 1;
+        }
+    }
+    PQclear(res);
+    return got;
+}
+
+/* failures[server] for a user on another server: federation is not here yet. */
+static void remote_failure(json_t *failures, const char *user_id)
+{
+    const char *domain = e2ee_user_domain(user_id);
+    if (json_object_get(failures, domain)) return;
+    json_object_set_new(failures, domain,
+                        json_pack("{s:i, s:s}", "status", 503, "message",
+                                  "Federation is not available on this server"));
+}
+
+static bool is_algorithm(const json_t *v)
+{
+    return json_is_string(v) && e2ee_id_ok(json_string_value(v));
+}
+
+/* POST /_matrix/client/v3/keys/claim */
+static int post_keys_claim(atrium_req *r)
+{
+    if (!auth_request(r)) return ATRIUM_DONE;
+    json_t *body = acc_body(r);
+    if (!body) return ATRIUM_DONE;
+    const json_t *req = json_object_get(body, "one_time_keys");
+    const char *msg = e2ee_check_device_map(req, "one_time_keys", E2EE_CLAIM_MAX_DEVICES,
+                                            is_algorithm, "an algorithm name");
+    if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
+    json_t *timeout = json_object_get(body, "timeout");
+    if (timeout && !json_is_integer(timeout))
+        return http_respond_error(r, 400, "M_BAD_JSON", "timeout must be an integer");
+
+    PGconn *c = e2ee_db(r);
+    if (!c) return ATRIUM_DONE;
+    json_t *keys = json_object(), *failures = json_object();
+    bool ok = true;
+    const char *user;
+    json_t *devices;
+    json_object_foreach((json_t *)req, user, devices) {
+        if (!e2ee_user_is_local(r, user)) {
+            remote_failure(failures, user);
+            continue;
+        }
+        json_t *per_user = json_object();
+        const char *device;
+        json_t *alg;
+        json_object_foreach(devices, device, alg) {
+            json_t *per_device = json_object();
+            int got = claim_one(c, user, device, json_string_value(alg), per_device);
+            if (got < 0) ok = false;
+            if (got > 0) json_object_set(per_user, device, per_device);
+            json_decref(per_device);
+            if (!ok) break;
+        }
+        if (json_object_size(per_user)) json_object_set(keys, user, per_user);
+        json_decref(per_user);
+        if (!ok) break;
+    }
+    if (ok)
+        http_respond_json(r, 200, json_pack("{s:o, s:o}", "one_time_keys", keys, "failures",
+                                            failures));
+    else {
+        json_decref(keys);
+        json_decref(failures);
+        e2ee_db_failed(r, c, false);
+    }
+    e2ee_db_done(c);
+    return ATRIUM_DONE;
+}
+
+/* ---- sync section -------------------------------------------------------------------------- */
+
+/* device_one_time_keys_count and device_unused_fallback_key_types: steady-state data that
+ * never wakes a sync by itself (returns 0). */
+static int sync_key_counts(PGconn *c, const char *user_id, const char *device_id,
+                           int64_t since, int64_t upto, json_t *response)
+{
+    (void)since;
+    (void)upto;
+    json_t *counts = one_time_key_counts(c, user_id, device_id);
+    if (!counts) return ATRIUM_E_DB;
+    json_object_set_new(response, "device_one_time_keys_count", counts);
+    const char *p[2] = {user_id, device_id};
+    PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,
+                             "SELECT algorithm FROM e2ee_fallback_keys"
+                             " WHERE user_id = $1 AND device_id = $2 AND NOT used"
+                             " ORDER BY algorithm",
+                             2, p);
+    if (!res) return ATRIUM_E_DB;
+    json_t *types = json_array();
+    for (int i = 0; i < PQntuples(res); i++)
+        json_array_append_new(types, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    json_object_set_new(response, "device_unused_fallback_key_types", types);
+    return 0;
+}
+
+int e2ee_keys_init(http_server *s)
+{
+    if (client_route(s, "POST", "/_matrix/client/v3/keys/upload", post_keys_upload, 0) < 0 ||
+        client_route(s, "POST", "/_matrix/client/v3/keys/claim", post_keys_claim, 0) < 0)
+        return -1;
+    return sync_add_section(sync_key_counts) < 0 ? -1 : 0;
+}

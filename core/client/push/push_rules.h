@@ -1,0 +1,25 @@
+/*
+ * core/client/push/push_rules.h - push rules (push_rules.c): each user's composed rule set
+ * (server defaults plus the user's own rules and changes) and the /pushrules endpoints.
+ * Evaluating rules against events is push_eval.h; pushers are pushers.h. The routes are
+ * registered by the accounts module (core/client/accounts/accounts.c), whose migrations
+ * hold the tables. Internal prefix: push_rules_.
+ */
+#ifndef ATRIUM_CORE_PUSH_RULES_H
+#define ATRIUM_CORE_PUSH_RULES_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "core/client/client.h"
+
+/* [req] r->user's composed global rule set ({override, content, room, sender, underride}:
+ * the user's rules and changes over the server defaults), read with c (held by the
+ * caller). When the stored part cannot be read, *db_ok is false, the failure is logged and
+ * the defaults come back. A new reference; NULL only on out of memory. */
+json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok);
+
+/* Register GET/PUT/DELETE /pushrules/... 0 or -1 (logged). */
+int push_rules_routes(http_server *s);
+
+#endif

@@ -1,0 +1,201 @@
+/*
+ * core/client/rooms/rooms.c - the rooms module: its start-up (the tables are the room model's,
+ * core/rooms/rooms.c), and the helpers every room endpoint shares: failures -> Matrix
+ * errors, database connections, readers, path parameters and pagination tokens.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/auth/auth.h"
+#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/rooms_relations.h"
+
+static const struct core_config *the_cfg;
+
+/* ---- failures ----------------------------------------------------------------------- */
+
+int rooms_fail(atrium_req *r, const rooms_err *e)
+{
+    switch (e->code) {
+    case ROOMS_E_FORBIDDEN: return http_respond_error(r, 403, "M_FORBIDDEN", "%s", e->why);
+    case ROOMS_E_NOT_FOUND: return http_respond_error(r, 404, "M_NOT_FOUND", "%s", e->why);
+    case ROOMS_E_TOO_LARGE: return http_respond_error(r, 413, "M_TOO_LARGE", "%s", e->why);
+    case ROOMS_E_BAD_JSON: return http_respond_error(r, 400, "M_BAD_JSON", "%s", e->why);
+    default: return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    }
+}
+
+/* ---- database ----------------------------------------------------------------------- */
+
+PGconn *rooms_db(atrium_req *r)
+{
+    PGconn *c = db_acquire(db_global(), ROOMS_DB_WAIT_MS);
+    if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
+    return c;
+}
+
+void rooms_db_release(PGconn *c)
+{
+    db_release(db_global(), c);
+}
+
+const char *rooms_i64(atrium_req *r, int64_t x)
+{
+    return rt_arena_printf(r->arena, "%lld", (long long)x);
+}
+
+/* ---- readers ------------------------------------------------------------------------ */
+
+bool rooms_reader_open(atrium_req *r, rooms_reader *rd)
+{
+    if (!(rd->c = rooms_db(r))) return false;
+    rooms_err e = {0};
+    if (rooms_visibility(rd->c, rd->room, rd->user, &rd->vis, &e) < 0) {
+        rooms_db_release(rd->c);
+        rooms_fail(r, &e);
+        return false;
+    }
+    rd->view = (events_view){.user_id = rd->user, .device_id = r->device, .with_room_id = true,
+                             .now_ms = rooms_wall_ms()};
+    return true;
+}
+
+int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body)
+{
+    rooms_db_release(rd->c);
+    if (!body) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    return http_respond_json(r, status, body);
+}
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+const char *rooms_param(atrium_req *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_params; i++)
+        if (strcmp(r->param_names[i], name) == 0) return r->param_values[i];
+    return NULL;
+}
+
+bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out)
+{
+    const char *text = NULL;
+    for (size_t i = 0; i < r->n_args; i++)
+        if (strcmp(r->args[i].name, name) == 0) text = r->args[i].value;
+    json_t *f = NULL;
+    if (text && *text) {
+        f = json_loads(text, 0, NULL);
+        if (!f) {
+            http_respond_error(r, 400, "M_BAD_JSON", "'%s' is not JSON", name);
+            return false;
+        }
+    }
+    char why[128];
+    bool ok = rooms_filter_parse(r->arena, f, out, why, sizeof(why));
+    json_decref(f);
+    if (!ok) http_respond_error(r, 400, "M_BAD_JSON", "%s", why);
+    return ok;
+}
+
+const char *rooms_param_room(atrium_req *r)
+{
+    const char *room = rooms_param(r, "roomId");
+    if (!rooms_room_id_ok(room)) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID");
+        return NULL;
+    }
+    return room;
+}
+
+const char *rooms_server_name(void)
+{
+    return the_cfg ? the_cfg->server_name : "localhost";
+}
+
+const room_version *rooms_default_version(void)
+{
+    const room_version *v = room_version_find(the_cfg ? the_cfg->rooms.default_version : NULL);
+    return v ? v : room_version_find(ROOMS_DEFAULT_VERSION);
+}
+
+bool rooms_parse_token(const char *tok, int64_t *pos)
+{
+    if (!tok || tok[0] != 's' || tok[1] < '0' || tok[1] > '9') return false;
+    char *end;
+    long long v = strtoll(tok + 1, &end, 10);
+    if (*end != '\0' || v < 0) return false;
+    *pos = v;
+    return true;
+}
+
+const char *rooms_token(atrium_req *r, int64_t pos)
+{
+    return rt_arena_printf(r->arena, "s%lld", (long long)(pos < 0 ? 0 : pos));
+}
+
+/* ---- the bulk pool ------------------------------------------------------------------ */
+
+/* Writes into many rooms at once (a profile change, a deactivation) run here, one at a
+ * time, so they hold neither a request-pool thread nor an auth thread. */
+#define ROOMS_BULK_THREADS 1
+#define ROOMS_BULK_QUEUE 32
+
+static rt_pool *bulk_pool;
+
+int rooms_to_bulk_pool(atrium_req *r)
+{
+    int rc = bulk_pool ? susp_handoff(r, bulk_pool, NULL, 0) : ATRIUM_E_STOPPED;
+    if (rc == 0) return ATRIUM_HANDED_OFF;
+    if (rc == ATRIUM_E_LIMIT)
+        http_respond_limited(r, 1000, "Too many room-wide changes in progress; retry");
+    else
+        http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+    return ATRIUM_DONE;
+}
+
+static int rooms_start(void)
+{
+    if (rt_pool_start(bulk_pool) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the rooms.bulk pool's thread");
+        return -1;
+    }
+    return rooms_typing_start();
+}
+
+static void rooms_stop(void)
+{
+    rooms_typing_stop();
+    if (!bulk_pool) return;
+    rt_pool_stop(bulk_pool); /* queued handoffs are answered 503 */
+    rt_pool_join(bulk_pool);
+    rt_pool_free(bulk_pool);
+    bulk_pool = NULL;
+}
+
+/* ---- the module --------------------------------------------------------------------- */
+
+static int rooms_init(http_server *s, rt_metrics *metrics)
+{
+    the_cfg = s->cfg;
+    bulk_pool = rt_pool_new("core.rooms_bulk", ROOMS_BULK_THREADS, ROOMS_BULK_QUEUE, metrics);
+    if (!bulk_pool) return -1;
+    if (!room_version_find(the_cfg->rooms.default_version)) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "rooms.default_version \"%.16s\" is not a room version "
+               "this server supports: set it to \"10\" or \"11\"", the_cfg->rooms.default_version);
+        return -1;
+    }
+    if (rooms_create_routes(s) < 0 || rooms_membership_routes(s) < 0 || rooms_send_routes(s) < 0 ||
+        rooms_read_routes(s) < 0 || rooms_ephemeral_routes(s) < 0 || rooms_relations_routes(s) < 0)
+        return -1;
+    if (rooms_search_routes(s) < 0) return -1;
+    return 0;
+}
+
+const client_module ROOMS_MODULE = {
+    .owner = "rooms",
+    .migrations = ROOMS_MIGRATIONS,
+    .n_migrations = ROOMS_N_MIGRATIONS,
+    .init = rooms_init,
+    .start = rooms_start,
+    .stop = rooms_stop,
+};

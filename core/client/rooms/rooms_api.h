@@ -1,0 +1,185 @@
+/*
+ * core/client/rooms/rooms_api.h - what the room endpoints share: failures as Matrix errors, the
+ * write path that turns a client's intent into a stored event, membership changes,
+ * readers, the request helpers and the routes. The room model they build on (tables,
+ * events, auth rules, visibility) is core/rooms/rooms.h.
+ *
+ * The room family is one client module (ROOMS_MODULE in rooms.c, owner "rooms") spread over
+ * files by concern: rooms_write.c (the one write path: lock, authorize, build, store),
+ * rooms_create.c (createRoom), rooms_membership.c (join, leave, invite, kick, ban, unban,
+ * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
+ * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
+ * rooms_relations.c + rooms_bundle.c (relations, threads, bundled aggregations: see
+ * rooms_relations.h), rooms_search.c (POST /search), rooms_typing.c (typing notices that
+ * run out). /sync is its own module (sync.c). Internal prefix: rooms_.
+ */
+#ifndef ATRIUM_CORE_CLIENT_ROOMS_API_H
+#define ATRIUM_CORE_CLIENT_ROOMS_API_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/client/client.h"
+#include "core/rooms/rooms.h"
+
+#define ROOMS_DB_WAIT_MS 2000
+#define ROOMS_MAX_BODY_BYTES (EVENT_MAX_PDU_BYTES) /* no larger body can become an event */
+#define ROOMS_CREATE_MAX_BODY_BYTES (1024 * 1024)  /* createRoom: initial_state, invites */
+#define ROOMS_MAX_TXN_ID_BYTES 255
+#define ROOMS_MAX_REASON_BYTES 1024
+#define ROOMS_MAX_INVITES 100                  /* createRoom invite list */
+#define ROOMS_MAX_INITIAL_STATE 100            /* createRoom initial_state entries */
+#define ROOMS_ID_RANDOM_CHARS 18               /* "!<18 letters>:server" */
+#define ROOMS_DEFAULT_VERSION "10"
+
+/* ---- failures ----------------------------------------------------------------------- */
+
+/* [req] Answer the failure (status and errcode by code, error = why). Returns ATRIUM_DONE. */
+int rooms_fail(atrium_req *r, const rooms_err *e);
+
+/* ---- database ----------------------------------------------------------------------- */
+
+/* [req] A pooled connection, or NULL after answering 503. */
+PGconn *rooms_db(atrium_req *r);
+void rooms_db_release(PGconn *c);
+/* Decimal text of x in the arena / into buf. */
+const char *rooms_i64(atrium_req *r, int64_t x);
+
+/* ---- the write path (rooms_write.c) ------------------------------------------------- */
+
+/* One transaction writing events into one room, holding the room's row lock. */
+typedef struct room_tx {
+    PGconn *c;
+    const char *room_id;
+    const room_version *ver;
+    char last_event_id[EVENT_ID_LEN]; /* "" before the create event */
+    int64_t depth;                    /* of the newest event, 0 before the create event */
+    const char *wake_users[ROOMS_MAX_INVITES + 2]; /* users to wake beside the members */
+    int n_wake;
+    rt_arena *arena;
+} room_tx;
+
+typedef struct room_new_event {
+    const char *sender;
+    const char *type;
+    const char *state_key; /* NULL: not a state event */
+    json_t *content;       /* borrowed; must be canonical-ready (cjson_normalize'd) */
+    const char *redacts;   /* m.room.redaction: the target */
+    const char *txn_device, *txn_id; /* send idempotency, or NULL */
+    const char *txn_key;             /* the idempotency key when not txn_id ("redact|<txn>") */
+} room_new_event;
+
+/* BEGIN and lock an existing room. ROOMS_OK, ROOMS_E_NOT_FOUND, ROOMS_E_DB (e set; the
+ * transaction is rolled back on failure). */
+int rooms_tx_begin(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id, rooms_err *e);
+/* BEGIN and insert a new room row. */
+int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id,
+                       const room_version *ver, const char *creator, rooms_err *e);
+/* Authorize, build and store one event (current state, memberships, redaction, the
+ * transaction ID updated). id_out gets its event ID. On failure the caller rolls back. */
+int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
+                    rooms_err *e);
+/* COMMIT and wake the room's members and the users named by the events. */
+int rooms_tx_commit(room_tx *tx, rooms_err *e);
+void rooms_tx_rollback(room_tx *tx);
+
+/* The room's state the auth rules read for a sender and a target (target may be NULL);
+ * JSON objects are owned by *holder (json_decref it). ROOMS_OK or ROOMS_E_DB. Also gives
+ * the event IDs for auth_events. */
+typedef struct room_auth_load {
+    room_auth_state st;
+    json_t *holder;
+    const char *create_id, *pl_id, *jr_id, *sender_member_id, *target_member_id;
+} room_auth_load;
+int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
+                    const char *sender, const char *target, room_auth_load *out);
+
+/* ---- membership (rooms_membership.c) ------------------------------------------------ */
+
+/* The content of a membership event for user_id: {"membership", "displayname",
+ * "avatar_url"} with the profile's values when set. A new object (never NULL). */
+json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership);
+/* May user_id be invited from here: a local user that exists (ROOMS_E_NOT_FOUND
+ * otherwise) and is not deactivated, and, until federation arrives, not a remote one
+ * (ROOMS_E_FORBIDDEN for both). */
+int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e);
+/* Look up (user, device, key) in event_txns: 1 with id_out set, 0 when absent, ROOMS_E_DB. */
+int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,
+                     char id_out[EVENT_ID_LEN]);
+/* After user_id's profile changed: bring their m.room.member event in room_id in line
+ * with it, as one transaction of the write path (room lock, auth rules, stream position,
+ * wake-ups). Only while user_id is joined; the new content is the current one with
+ * displayname and avatar_url taken from the profile (an unset or empty field removes the
+ * key), membership still "join". Writes nothing when the content already matches or the
+ * user is not joined: ROOMS_OK with id_out "". Otherwise ROOMS_OK with the new event's ID,
+ * or a failure (e set, rolled back; id_out ""). conn held, outside any transaction. */
+int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id,
+                                 const char *user_id, char id_out[EVENT_ID_LEN], rooms_err *e);
+/* user_id leaves room_id, or declines its invite: one m.room.member "leave" event sent by
+ * user_id, as one transaction of the write path. Writes nothing when, under the room's
+ * lock, the user is neither joined nor invited: ROOMS_OK with id_out "". Otherwise
+ * ROOMS_OK with the new event's ID, or a failure (e set, rolled back; id_out ""). conn
+ * held, outside any transaction. For account deactivation
+ * (core/client/accounts/deactivate.c). */
+int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const char *user_id,
+                       char id_out[EVENT_ID_LEN], rooms_err *e);
+/* [req] Write one event as its own transaction and answer: {"event_id"} (or {} / the
+ * given body when answer is not NULL: it is stolen). Handles the transaction-ID race by
+ * answering with the event stored first. Returns ATRIUM_DONE. */
+int rooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev, json_t *answer);
+
+/* ---- readers ------------------------------------------------------------------------ */
+
+/* What a reader of one room's events holds (rooms_read.c, rooms_relations.c). */
+typedef struct rooms_reader {
+    const char *user, *room;
+    PGconn *c;
+    rooms_vis vis; /* vis.upto: the state readers' position (INT64_MAX while joined) */
+    events_view view;
+} rooms_reader;
+/* [req] Start reading rd->room as rd->user (both set by the caller): a connection, what
+ * the user may see (rooms_visibility: 404 unknown room, 403 never joined) and the view to
+ * render with. true: ready, connection held; false: answered, nothing held. */
+bool rooms_reader_open(atrium_req *r, rooms_reader *rd);
+/* [req] End a reader: release its connection and answer body (stolen) with status, or 503
+ * when body is NULL (a database failure). Returns ATRIUM_DONE. */
+int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body);
+
+/* [req] The filter in query parameter `name` (JSON text). false after answering 400. */
+bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out);
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+/* [req] The {roomId} path parameter, checked to look like a room ID (400 otherwise). */
+const char *rooms_param_room(atrium_req *r);
+/* [req] A path parameter by name. */
+const char *rooms_param(atrium_req *r, const char *name);
+/* The server's name (server_name), for `origin` and new room IDs. */
+const char *rooms_server_name(void);
+/* The configured default room version (rooms.default_version). */
+const room_version *rooms_default_version(void);
+/* Pagination tokens: "s<pos>". false when tok is not one. */
+bool rooms_parse_token(const char *tok, int64_t *pos);
+const char *rooms_token(atrium_req *r, int64_t pos);
+
+/* Route registration, one per file. */
+int rooms_create_routes(http_server *s);
+int rooms_membership_routes(http_server *s);
+int rooms_send_routes(http_server *s);
+int rooms_read_routes(http_server *s);
+int rooms_ephemeral_routes(http_server *s);
+int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
+/* [req] Hand r off to the rooms module's bulk pool (one thread, a short queue), where
+ * writes into many rooms run without holding a request-pool or auth thread; the handler
+ * runs again there with run_reason ATRIUM_RUN_HANDOFF. ATRIUM_HANDED_OFF, or ATRIUM_DONE
+ * after answering 429 (queue full) or 503 (stopping). */
+int rooms_to_bulk_pool(atrium_req *r);
+/* The typing reaper (rooms_typing.c), started and stopped with the rooms module. */
+int rooms_typing_start(void);
+void rooms_typing_stop(void);
+/* A typing notice of this process runs out at wall_ms: the reaper wakes then. Any thread. */
+void rooms_typing_expires_at(int64_t wall_ms);
+
+
+#endif

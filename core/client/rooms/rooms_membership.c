@@ -1,0 +1,419 @@
+/*
+ * core/client/rooms/rooms_membership.c - joining and leaving: POST /rooms/{roomId}/join,
+ * /join/{roomIdOrAlias}, /rooms/{roomId}/leave, invite, kick, ban, unban and forget, plus
+ * rooms_write_one, the "write one event and answer" step the single-event endpoints share.
+ *
+ * Each endpoint only says which membership event it wants; whether it is allowed is the
+ * auth rules' decision (room_auth.c through rooms_write.c). What this file adds: a join
+ * of a user already joined writes nothing, kick and unban need a target that is in the
+ * room / banned, membership events carry the user's profile, and invites reach only local
+ * users that exist (no federation yet). Aliases are not resolved here: /join/#alias
+ * answers 404 M_NOT_FOUND.
+ *
+ * It also owns which profile fields a membership event carries (add_profile: displayname
+ * and avatar_url, an empty value being no value), both for new memberships and for
+ * rooms_member_profile_refresh, the one-room step that carries a profile change into a
+ * joined room's member event. Which rooms to refresh, and how many, is profile.c's
+ * decision. Likewise rooms_member_leave is the one-room step of an account deactivation
+ * (which rooms, and how many: core/client/accounts/deactivate.c).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+#include "core/rooms/canonical_json.h"
+#include "core/client/rooms/rooms_api.h"
+
+/* ---- shared helpers ----------------------------------------------------------------- */
+
+/* The profile fields a membership event carries, in the profiles table's column order. */
+static const char *const MEMBER_PROFILE_KEYS[] = {"displayname", "avatar_url"};
+#define N_MEMBER_PROFILE_KEYS (sizeof(MEMBER_PROFILE_KEYS) / sizeof(MEMBER_PROFILE_KEYS[0]))
+
+/* Set in content the profile fields of user_id that have a value; an empty string is no
+ * value (a cleared field). ROOMS_OK (also for a user without a profile row) or ROOMS_E_DB. */
+static int add_profile(PGconn *c, const char *user_id, json_t *content)
+{
+    const char *p[1] = {user_id};
+    PGresult *res = rooms_q(c, "SELECT displayname, avatar_url FROM profiles WHERE user_id = $1",
+                            1, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; PQntuples(res) == 1 && i < (int)N_MEMBER_PROFILE_KEYS; i++)
+        if (!PQgetisnull(res, 0, i) && PQgetvalue(res, 0, i)[0])
+            json_object_set_new(content, MEMBER_PROFILE_KEYS[i],
+                                json_string(PQgetvalue(res, 0, i)));
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership)
+{
+    json_t *content = json_pack("{s:s}", "membership", membership);
+    (void)add_profile(c, user_id, content); /* a failed read leaves the bare membership */
+    return content;
+}
+
+int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e)
+{
+    if (strcmp(room_auth_domain(user_id), rooms_server_name()) != 0)
+        return rooms_set_err(e, ROOMS_E_FORBIDDEN, "Federation is not available yet: %.64s is "
+                             "on another server", user_id);
+    const char *p[1] = {user_id};
+    PGresult *res = rooms_q(c, "SELECT deactivated FROM users WHERE user_id = $1", 1, p, NULL);
+    if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
+    int rows = PQntuples(res);
+    bool deactivated = rows == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    if (!rows) return rooms_set_err(e, ROOMS_E_NOT_FOUND, "Unknown user %.64s", user_id);
+    if (deactivated)
+        return rooms_set_err(e, ROOMS_E_FORBIDDEN, "%.64s has deactivated their account",
+                             user_id);
+    return ROOMS_OK;
+}
+
+int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,
+                     char id_out[EVENT_ID_LEN])
+{
+    const char *p[3] = {user_id, device_id, key};
+    PGresult *res = rooms_q(c,
+                            "SELECT event_id FROM event_txns"
+                            " WHERE user_id = $1 AND device_id = $2 AND txn_id = $3",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    int found = PQntuples(res) == 1;
+    if (found) snprintf(id_out, EVENT_ID_LEN, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return found;
+}
+
+int rooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev, json_t *answer)
+{
+    PGconn *c = rooms_db(r);
+    if (!c) {
+        json_decref(answer);
+        return ATRIUM_DONE;
+    }
+    room_tx tx;
+    rooms_err e = {0};
+    char id[EVENT_ID_LEN] = "";
+    int rc = rooms_tx_begin(&tx, c, r->arena, room_id, &e);
+    if (rc == ROOMS_OK) {
+        rc = rooms_tx_append(&tx, ev, id, &e);
+        if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
+        else rooms_tx_rollback(&tx);
+    }
+    if (rc == ROOMS_E_TXN_RACE) {
+        /* The same transaction ID committed meanwhile on another connection: its event is
+         * the answer. */
+        int found = rooms_txn_lookup(c, ev->sender, ev->txn_device,
+                                     ev->txn_key ? ev->txn_key : ev->txn_id, id);
+        rc = found == 1 ? ROOMS_OK : rooms_set_err(&e, ROOMS_E_DB, "database");
+    }
+    rooms_db_release(c);
+    if (rc != ROOMS_OK) {
+        json_decref(answer);
+        return rooms_fail(r, &e);
+    }
+    return http_respond_json(r, 200, answer ? answer : json_pack("{s:s}", "event_id", id));
+}
+
+/* ---- profile changes ---------------------------------------------------------------- */
+
+/* The content of user_id's current join event in the room of tx (as redacted, when it
+ * was), into *out; *out NULL when the user is not joined. ROOMS_OK or ROOMS_E_DB. */
+static int joined_content(room_tx *tx, const char *user_id, json_t **out)
+{
+    *out = NULL;
+    const char *p[2] = {tx->room_id, user_id};
+    PGresult *res = rooms_q(tx->c,
+                            "SELECT e.pdu, e.redacted_by IS NOT NULL FROM current_state cs"
+                            " JOIN events e ON e.event_id = cs.event_id"
+                            " WHERE cs.room_id = $1 AND cs.type = 'm.room.member'"
+                            " AND cs.state_key = $2 AND cs.membership = 'join'",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    json_t *pdu = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
+    bool redacted = pdu && PQgetvalue(res, 0, 1)[0] == 't';
+    PQclear(res);
+    json_t *content = json_object_get(pdu, "content");
+    if (json_is_object(content))
+        *out = redacted ? event_redact_content(tx->ver, "m.room.member", content)
+                        : json_deep_copy(content);
+    json_decref(pdu);
+    return ROOMS_OK;
+}
+
+/* current with its profile fields replaced by those of profile (absent there: removed). A
+ * new object, or NULL when nothing would change. */
+static json_t *with_profile(const json_t *current, const json_t *profile)
+{
+    json_t *next = json_deep_copy(current);
+    for (size_t i = 0; next && i < N_MEMBER_PROFILE_KEYS; i++) {
+        json_t *v = json_object_get(profile, MEMBER_PROFILE_KEYS[i]);
+        if (v) json_object_set(next, MEMBER_PROFILE_KEYS[i], v);
+        else json_object_del(next, MEMBER_PROFILE_KEYS[i]);
+    }
+    if (next && json_equal(next, (json_t *)current)) {
+        json_decref(next);
+        return NULL;
+    }
+    return next;
+}
+
+int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id,
+                                 const char *user_id, char id_out[EVENT_ID_LEN], rooms_err *e)
+{
+    id_out[0] = '\0';
+    room_tx tx;
+    int rc = rooms_tx_begin(&tx, c, arena, room_id, e);
+    if (rc != ROOMS_OK) return rc;
+    json_t *current = NULL, *profile = json_object(), *next = NULL;
+    rc = profile ? joined_content(&tx, user_id, &current) : ROOMS_E_DB;
+    if (rc == ROOMS_OK && current) rc = add_profile(c, user_id, profile);
+    if (rc != ROOMS_OK) rooms_set_err(e, rc, "database");
+    char why[ROOM_AUTH_WHY_LEN];
+    if (rc == ROOMS_OK && current && (next = with_profile(current, profile)) &&
+        cjson_normalize(next, why, sizeof(why)) < 0)
+        rc = rooms_set_err(e, ROOMS_E_BAD_JSON, "%s", why);
+    if (rc == ROOMS_OK && next) {
+        room_new_event ev = {.sender = user_id, .type = "m.room.member", .state_key = user_id,
+                             .content = next};
+        rc = rooms_tx_append(&tx, &ev, id_out, e);
+        if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, e); /* rolls back itself on failure */
+        else rooms_tx_rollback(&tx);
+    } else {
+        rooms_tx_rollback(&tx); /* nothing to write, or a failure */
+    }
+    if (rc != ROOMS_OK) id_out[0] = '\0';
+    json_decref(current);
+    json_decref(profile);
+    json_decref(next);
+    return rc;
+}
+
+/* ---- account deactivation ------------------------------------------------------------ */
+
+int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const char *user_id,
+                       char id_out[EVENT_ID_LEN], rooms_err *e)
+{
+    id_out[0] = '\0';
+    room_tx tx;
+    int rc = rooms_tx_begin(&tx, c, arena, room_id, e);
+    if (rc != ROOMS_OK) return rc;
+    char membership[16] = "";
+    rc = rooms_membership_at(c, room_id, user_id, INT64_MAX, membership, NULL);
+    if (rc != ROOMS_OK) rooms_set_err(e, rc, "database");
+    bool member = strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0;
+    json_t *content = rc == ROOMS_OK && member ? json_pack("{s:s}", "membership", "leave") : NULL;
+    if (content) {
+        room_new_event ev = {.sender = user_id, .type = "m.room.member", .state_key = user_id,
+                             .content = content};
+        rc = rooms_tx_append(&tx, &ev, id_out, e);
+        if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, e); /* rolls back itself on failure */
+        else rooms_tx_rollback(&tx);
+    } else {
+        if (rc == ROOMS_OK && member) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
+        rooms_tx_rollback(&tx); /* not a member any more, or a failure */
+    }
+    if (rc != ROOMS_OK) id_out[0] = '\0';
+    json_decref(content);
+    return rc;
+}
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+/* The optional "reason" of a membership request, into content. false after answering. */
+static bool take_reason(atrium_req *r, json_t *body, json_t *content)
+{
+    const char *reason;
+    if (!acc_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return false;
+    if (reason) json_object_set_new(content, "reason", json_string(reason));
+    return true;
+}
+
+/* A body that may be empty (some clients send none for join/leave/forget). */
+static json_t *optional_body(atrium_req *r)
+{
+    if (r->body_len == 0) {
+        if (!r->json) r->json = json_object();
+        return r->json;
+    }
+    return acc_body(r);
+}
+
+static int join_room(atrium_req *r, const char *user, const char *room_id)
+{
+    json_t *body = optional_body(r);
+    if (!body) return ATRIUM_DONE;
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    char membership[16];
+    bool failed;
+    bool exists = rooms_version_of(c, room_id, &failed) != NULL;
+    int rc = failed ? ROOMS_E_DB : rooms_membership_at(c, room_id, user, INT64_MAX, membership, NULL);
+    json_t *content = rc == ROOMS_OK && exists ? rooms_member_content(c, user, "join") : NULL;
+    rooms_db_release(c);
+    if (rc != ROOMS_OK) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    if (!exists)
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room; joining rooms on other "
+                                  "servers is not available yet");
+    json_t *answer = json_pack("{s:s}", "room_id", room_id);
+    if (strcmp(membership, "join") == 0) {
+        json_decref(content);
+        return http_respond_json(r, 200, answer);
+    }
+    if (!take_reason(r, body, content)) {
+        json_decref(content);
+        json_decref(answer);
+        return ATRIUM_DONE;
+    }
+    room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = user, .content = content};
+    int out = rooms_write_one(r, room_id, &ev, answer);
+    json_decref(content);
+    return out;
+}
+
+/* POST /_matrix/client/v3/rooms/{roomId}/join */
+static int post_room_join(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    const char *room = rooms_param_room(r);
+    return room ? join_room(r, user, room) : ATRIUM_DONE;
+}
+
+/* POST /_matrix/client/v3/join/{roomIdOrAlias} */
+static int post_join(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    const char *target = rooms_param(r, "roomIdOrAlias");
+    if (target && target[0] == '#')
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Room alias %.128s not found", target);
+    if (!rooms_room_id_ok(target))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID or alias");
+    return join_room(r, user, target);
+}
+
+/* POST /_matrix/client/v3/rooms/{roomId}/leave */
+static int post_leave(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    const char *room = rooms_param_room(r);
+    json_t *body = room ? optional_body(r) : NULL;
+    if (!body) return ATRIUM_DONE;
+    json_t *content = json_pack("{s:s}", "membership", "leave");
+    if (!take_reason(r, body, content)) {
+        json_decref(content);
+        return ATRIUM_DONE;
+    }
+    room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = user, .content = content};
+    int out = rooms_write_one(r, room, &ev, json_object());
+    json_decref(content);
+    return out;
+}
+
+/* What an action on another user (invite, kick, ban, unban) writes and requires. */
+typedef struct target_action {
+    const char *membership;     /* written */
+    const char *target_must_be; /* the target's current membership, or NULL for any */
+    const char *refusal;        /* when it is not */
+} target_action;
+
+static const target_action INVITE = {"invite", NULL, NULL};
+static const target_action KICK = {"leave", NULL, "The user is not in this room"};
+static const target_action BAN = {"ban", NULL, NULL};
+static const target_action UNBAN = {"leave", "ban", "The user is not banned"};
+
+static int act_on_user(atrium_req *r, const target_action *act)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    const char *room = rooms_param_room(r);
+    json_t *body = room ? acc_body(r) : NULL;
+    if (!body) return ATRIUM_DONE;
+    const char *target;
+    if (!acc_string(r, body, "user_id", true, 0, &target)) return ATRIUM_DONE;
+    if (!rooms_user_id_ok(target))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "'user_id' is not a user ID");
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    rooms_err e = {0};
+    char current[16] = "";
+    int rc = rooms_membership_at(c, room, target, INT64_MAX, current, NULL);
+    if (rc < 0) rooms_set_err(&e, rc, "database");
+    if (rc == ROOMS_OK && act == &INVITE) rc = rooms_check_invitee(c, target, &e);
+    json_t *content = rc == ROOMS_OK ? rooms_member_content(c, target, act->membership) : NULL;
+    rooms_db_release(c);
+    if (rc != ROOMS_OK) return rooms_fail(r, &e);
+    if (act != &INVITE) {
+        /* Kick and ban carry no profile of the target. */
+        json_object_del(content, "displayname");
+        json_object_del(content, "avatar_url");
+    }
+    bool kick_ok = act != &KICK || strcmp(current, "join") == 0 || strcmp(current, "invite") == 0;
+    bool unban_ok = !act->target_must_be || strcmp(current, act->target_must_be) == 0;
+    if (!kick_ok || !unban_ok) {
+        json_decref(content);
+        return http_respond_error(r, 403, "M_FORBIDDEN", "%s", act->refusal);
+    }
+    if (!take_reason(r, body, content)) {
+        json_decref(content);
+        return ATRIUM_DONE;
+    }
+    room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = target, .content = content};
+    int out = rooms_write_one(r, room, &ev, json_object());
+    json_decref(content);
+    return out;
+}
+
+static int post_invite(atrium_req *r) { return act_on_user(r, &INVITE); }
+static int post_kick(atrium_req *r) { return act_on_user(r, &KICK); }
+static int post_ban(atrium_req *r) { return act_on_user(r, &BAN); }
+static int post_unban(atrium_req *r) { return act_on_user(r, &UNBAN); }
+
+/* POST /_matrix/client/v3/rooms/{roomId}/forget */
+static int post_forget(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    const char *room = rooms_param_room(r);
+    if (!room || !optional_body(r)) return ATRIUM_DONE;
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    char membership[16];
+    int64_t pos = 0;
+    int rc = rooms_membership_at(c, room, user, INT64_MAX, membership, &pos);
+    bool ok = rc == ROOMS_OK;
+    if (ok && pos > 0 && strcmp(membership, "join") != 0 && strcmp(membership, "invite") != 0) {
+        const char *p[1] = {rooms_i64(r, pos)};
+        ok = rooms_exec(c, "UPDATE memberships SET forgotten = true WHERE stream_pos = $1", 1, p);
+    }
+    rooms_db_release(c);
+    if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    if (pos == 0) return http_respond_error(r, 404, "M_NOT_FOUND", "You were never in this room");
+    if (strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0)
+        return http_respond_error(r, 400, "M_UNKNOWN", "Leave the room before forgetting it");
+    return http_respond_json(r, 200, json_object());
+}
+
+int rooms_membership_routes(http_server *s)
+{
+    static const struct {
+        const char *path;
+        atrium_handler h;
+    } routes[] = {
+        {"/_matrix/client/v3/rooms/{roomId}/join", post_room_join},
+        {"/_matrix/client/v3/join/{roomIdOrAlias}", post_join},
+        {"/_matrix/client/v3/rooms/{roomId}/leave", post_leave},
+        {"/_matrix/client/v3/rooms/{roomId}/invite", post_invite},
+        {"/_matrix/client/v3/rooms/{roomId}/kick", post_kick},
+        {"/_matrix/client/v3/rooms/{roomId}/ban", post_ban},
+        {"/_matrix/client/v3/rooms/{roomId}/unban", post_unban},
+        {"/_matrix/client/v3/rooms/{roomId}/forget", post_forget},
+    };
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (client_route(s, "POST", routes[i].path, routes[i].h, ROOMS_MAX_BODY_BYTES) < 0) return -1;
+    return 0;
+}

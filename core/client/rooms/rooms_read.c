@@ -1,0 +1,360 @@
+/*
+ * core/client/rooms/rooms_read.c - reading rooms: GET /rooms/{roomId}/state[/{type}[/{key}]],
+ * /event/{eventId}, /members, /joined_members, /messages, /context/{eventId}, and
+ * GET /joined_rooms.
+ *
+ * Every reader first asks rooms_visibility what the caller may see (core/rooms/rooms_vis.c
+ * owns the history visibility rule; a user who was never joined gets 403). Events (/event,
+ * /messages, /context) are restricted to it with rooms_vis_window; an invisible event is
+ * 404 M_NOT_FOUND, as if it did not exist. State (/state, /members) is the room's state
+ * as of the user's leave, or now: state is not history. Pagination tokens are stream
+ * positions ("s<N>": after event N), the same as /sync's, so a sync's prev_batch feeds
+ * /messages directly; a page before what the user may see is empty, never an error.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/rooms_relations.h"
+
+#define MESSAGES_DEFAULT_LIMIT 10
+#define MESSAGES_MAX_LIMIT 1000
+#define CONTEXT_DEFAULT_LIMIT 10
+#define CONTEXT_MAX_LIMIT 100
+
+/* The common start of a reader: authenticated user, room, then rooms_reader_open. true:
+ * rd is ready (connection held). false: answered (nothing held). */
+static bool open_reader(atrium_req *r, rooms_reader *rd)
+{
+    memset(rd, 0, sizeof(*rd));
+    if (!(rd->user = auth_request(r)) || !(rd->room = rooms_param_room(r))) return false;
+    return rooms_reader_open(r, rd);
+}
+
+static int db_failed(atrium_req *r, rooms_reader *rd, json_t *garbage)
+{
+    json_decref(garbage);
+    return rooms_reader_close(r, rd, 503, NULL);
+}
+
+/* An integer query parameter in [1, max] (def when absent). false after answering 400. */
+static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t max, int64_t *out)
+{
+    const char *v = acc_query_arg(r, name);
+    *out = def;
+    if (!v) return true;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || x < 0) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "'%s' must be a non-negative integer", name);
+        return false;
+    }
+    *out = x > max ? max : x;
+    return true;
+}
+
+/* The event event_id of the room into out when the reader may see it: rows (0 or 1) or
+ * ROOMS_E_DB. *pos gets its position (may be NULL). */
+static int fetch_one(atrium_req *r, rooms_reader *rd, const char *event_id, json_t *out, int64_t *pos)
+{
+    const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
+    if (!rooms_vis_window(r->arena, &rd->vis, 0, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
+    const char *sql = rt_arena_printf(r->arena, EVENTS_SELECT "WHERE e.event_id = $1"
+                                                              " AND e.room_id = $2%s", vis_sql);
+    return events_fetch(rd->c, &rd->view, sql, 2 + ROOMS_VIS_PARAMS, p, out, pos, NULL);
+}
+
+/* ---- state -------------------------------------------------------------------------- */
+
+/* GET /_matrix/client/v3/rooms/{roomId}/state */
+static int get_state_all(atrium_req *r)
+{
+    rooms_reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *out = json_array();
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, NULL, out) < 0)
+        return db_failed(r, &rd, out);
+    return rooms_reader_close(r, &rd, 200, out);
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/state/{eventType}[/{stateKey}] */
+static int get_state_one(atrium_req *r)
+{
+    const char *type = rooms_param(r, "eventType"), *key = rooms_param(r, "stateKey");
+    if (!key) key = "";
+    const char *format = acc_query_arg(r, "format");
+    rooms_reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *types = json_pack("[s]", type);
+    const char *type_arr = rooms_pg_array(r->arena, types);
+    json_decref(types);
+    json_t *all = json_array();
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, type_arr, all) < 0)
+        return db_failed(r, &rd, all);
+    json_t *found = NULL;
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        json_t *ev = json_array_get(all, i);
+        if (strcmp(json_string_value(json_object_get(ev, "state_key")), key) == 0) found = ev;
+    }
+    if (!found) {
+        json_decref(all);
+        rooms_db_release(rd.c);
+        return http_respond_error(r, 404, "M_NOT_FOUND", "No such state event");
+    }
+    json_t *answer = format && strcmp(format, "event") == 0 ? found : json_object_get(found, "content");
+    json_incref(answer);
+    json_decref(all);
+    return rooms_reader_close(r, &rd, 200, answer);
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/event/{eventId} */
+static int get_event(atrium_req *r)
+{
+    const char *event_id = rooms_param(r, "eventId");
+    rooms_reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *out = json_array();
+    int n = fetch_one(r, &rd, event_id, out, NULL);
+    if (n < 0 || rel_bundle(rd.c, r->arena, &rd.view, rd.room, &rd.vis, out) < 0)
+        return db_failed(r, &rd, out);
+    if (json_array_size(out) == 0) {
+        json_decref(out);
+        rooms_db_release(rd.c);
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
+    }
+    json_t *ev = json_incref(json_array_get(out, 0));
+    json_decref(out);
+    return rooms_reader_close(r, &rd, 200, ev);
+}
+
+/* ---- members ------------------------------------------------------------------------ */
+
+static bool in_list(const char *v, const char *list)
+{
+    return !list || strcmp(v, list) == 0;
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/members?at=&membership=&not_membership= */
+static int get_members(atrium_req *r)
+{
+    const char *at = acc_query_arg(r, "at"), *only = acc_query_arg(r, "membership");
+    const char *not_m = acc_query_arg(r, "not_membership");
+    int64_t at_pos = INT64_MAX;
+    if (at && !rooms_parse_token(at, &at_pos))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "'at' is not a token of this server");
+    rooms_reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    int64_t upto = at_pos < rd.vis.upto ? at_pos : rd.vis.upto;
+    json_t *types = json_pack("[s]", "m.room.member");
+    const char *type_arr = rooms_pg_array(r->arena, types);
+    json_decref(types);
+    json_t *all = json_array();
+    if (events_state_at(rd.c, &rd.view, rd.room, upto, NULL, type_arr, all) < 0)
+        return db_failed(r, &rd, all);
+    json_t *chunk = json_array();
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        json_t *ev = json_array_get(all, i);
+        const char *m = json_string_value(json_object_get(json_object_get(ev, "content"), "membership"));
+        if (!m || !in_list(m, only) || (not_m && strcmp(m, not_m) == 0)) continue;
+        json_array_append(chunk, ev);
+    }
+    json_decref(all);
+    return rooms_reader_close(r, &rd, 200, json_pack("{s:o}", "chunk", chunk));
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/joined_members */
+static int get_joined_members(atrium_req *r)
+{
+    rooms_reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *types = json_pack("[s]", "m.room.member");
+    const char *type_arr = rooms_pg_array(r->arena, types);
+    json_decref(types);
+    json_t *all = json_array();
+    if (events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, type_arr, all) < 0)
+        return db_failed(r, &rd, all);
+    json_t *joined = json_object();
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        json_t *ev = json_array_get(all, i), *content = json_object_get(ev, "content");
+        if (!in_list(json_string_value(json_object_get(content, "membership")), "join")) continue;
+        json_t *who = json_object();
+        json_t *dn = json_object_get(content, "displayname"), *av = json_object_get(content, "avatar_url");
+        if (json_is_string(dn)) json_object_set(who, "display_name", dn);
+        if (json_is_string(av)) json_object_set(who, "avatar_url", av);
+        json_object_set_new(joined, json_string_value(json_object_get(ev, "state_key")), who);
+    }
+    json_decref(all);
+    return rooms_reader_close(r, &rd, 200, json_pack("{s:o}", "joined", joined));
+}
+
+/* GET /_matrix/client/v3/joined_rooms */
+static int get_joined_rooms(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    json_t *rooms = json_array();
+    int n = rooms_user_room_ids(c, user, false, -1, rooms);
+    rooms_db_release(c);
+    if (n < 0) {
+        json_decref(rooms);
+        return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    }
+    return http_respond_json(r, 200, json_pack("{s:o}", "joined_rooms", rooms));
+}
+
+/* ---- timelines ---------------------------------------------------------------------- */
+
+/* The member events (current state) of the senders of `events`, for lazy loading. */
+static int lazy_members(rooms_reader *rd, int64_t upto, json_t *events, json_t *out)
+{
+    json_t *senders = json_array();
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *s = json_object_get(json_array_get(events, i), "sender");
+        bool seen = false;
+        for (size_t j = 0; j < json_array_size(senders) && !seen; j++)
+            seen = json_equal(json_array_get(senders, j), s);
+        if (!seen && json_is_string(s)) json_array_append(senders, s);
+    }
+    json_t *types = json_pack("[s]", "m.room.member");
+    rt_arena *a = rt_arena_new(256);
+    int rc = a ? events_state_at(rd->c, &rd->view, rd->room, upto, senders, rooms_pg_array(a, types), out)
+               : ROOMS_E_DB;
+    rt_arena_free(a);
+    json_decref(types);
+    json_decref(senders);
+    return rc;
+}
+
+/* The first `limit` events the reader may see with lo < pos <= hi that pass the filter, into
+ * out: newest first (back) or oldest first. Rows or ROOMS_E_DB; *first / *last get the
+ * positions of the first and last row. */
+static int window_page(atrium_req *r, rooms_reader *rd, const room_filter *f, int64_t lo, int64_t hi,
+                       int64_t limit, bool back, json_t *out, int64_t *first, int64_t *last)
+{
+    const char *p[6 + ROOMS_VIS_PARAMS] = {rd->room, rooms_i64(r, limit), f->types,
+                                           f->not_types, f->senders, f->not_senders};
+    const char *vis_sql;
+    if (!rooms_vis_window(r->arena, &rd->vis, lo, hi, false, 7, &vis_sql, p + 6)) return 0;
+    const char *sql = rt_arena_printf(r->arena,
+                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s"
+                                                    " ORDER BY e.stream_pos %s LIMIT $2",
+                                      vis_sql, rooms_filter_sql(r->arena, 3),
+                                      back ? "DESC" : "ASC");
+    return events_fetch(rd->c, &rd->view, sql, 6 + ROOMS_VIS_PARAMS, p, out, first, last);
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/messages?dir=&from=&to=&limit=&filter= */
+static int get_messages(atrium_req *r)
+{
+    const char *dir = acc_query_arg(r, "dir"), *from = acc_query_arg(r, "from");
+    const char *to = acc_query_arg(r, "to");
+    if (!dir || (strcmp(dir, "b") != 0 && strcmp(dir, "f") != 0))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "'dir' must be \"b\" or \"f\"");
+    bool back = dir[0] == 'b';
+    int64_t from_pos = back ? INT64_MAX : 0, to_pos = back ? 0 : INT64_MAX, limit;
+    if ((from && !rooms_parse_token(from, &from_pos)) || (to && !rooms_parse_token(to, &to_pos)))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a pagination token of this server");
+    room_filter f;
+    if (!query_limit(r, "limit", MESSAGES_DEFAULT_LIMIT, MESSAGES_MAX_LIMIT, &limit) ||
+        !rooms_filter_query(r, "filter", &f))
+        return ATRIUM_DONE;
+    if (f.limit >= 0 && !acc_query_arg(r, "limit")) limit = f.limit > MESSAGES_MAX_LIMIT ? MESSAGES_MAX_LIMIT : f.limit;
+    rooms_reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    /* Back: after `to`, up to `from`, newest first. Forward: after `from`, up to `to`,
+     * oldest first. Both only what the user may see. */
+    int64_t lo = back ? to_pos : from_pos, hi = back ? from_pos : to_pos;
+    json_t *chunk = json_array();
+    int64_t first = 0, last = 0;
+    int n = window_page(r, &rd, &f, lo, hi, limit, back, chunk, &first, &last);
+    if (n < 0 || rel_bundle(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
+        return db_failed(r, &rd, chunk);
+    /* Without `from`, a backward page starts at its newest event, a forward one at 0. */
+    const char *start = from ? from : rooms_token(r, back ? (n > 0 ? first : 0) : lo);
+    json_t *body = json_pack("{s:o, s:s}", "chunk", chunk, "start", start);
+    if (n > 0 && n == limit) json_object_set_new(body, "end", json_string(rooms_token(r, back ? last - 1 : last)));
+    if (f.lazy_load_members && n > 0) {
+        json_t *state = json_array();
+        if (lazy_members(&rd, rd.vis.upto, chunk, state) < 0) return db_failed(r, &rd, body);
+        json_object_set_new(body, "state", state);
+    }
+    return rooms_reader_close(r, &rd, 200, body);
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/context/{eventId}?limit=&filter= */
+static int get_context(atrium_req *r)
+{
+    const char *event_id = rooms_param(r, "eventId");
+    int64_t limit;
+    room_filter f;
+    if (!query_limit(r, "limit", CONTEXT_DEFAULT_LIMIT, CONTEXT_MAX_LIMIT, &limit) ||
+        !rooms_filter_query(r, "filter", &f))
+        return ATRIUM_DONE;
+    rooms_reader rd;
+    if (!open_reader(r, &rd)) return ATRIUM_DONE;
+    json_t *one = json_array();
+    int64_t pos = 0;
+    int n = fetch_one(r, &rd, event_id, one, &pos);
+    if (n < 0) return db_failed(r, &rd, one);
+    if (n == 0) {
+        json_decref(one);
+        rooms_db_release(rd.c);
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
+    }
+    int64_t before_n = limit / 2, after_n = limit - before_n;
+    json_t *before = json_array(), *after = json_array();
+    int64_t b_last = pos, a_last = pos, dummy;
+    int nb = window_page(r, &rd, &f, 0, pos - 1, before_n, true, before, &dummy, &b_last);
+    int na = nb < 0 ? nb
+                    : window_page(r, &rd, &f, pos, INT64_MAX, after_n, false, after, &dummy,
+                                  &a_last);
+    json_t *body = json_pack("{s:O, s:o, s:o, s:s, s:s}", "event", json_array_get(one, 0),
+                             "events_before", before, "events_after", after, "start",
+                             rooms_token(r, nb > 0 ? b_last - 1 : pos - 1), "end", rooms_token(r, a_last));
+    json_array_extend(one, before); /* one page for the bundles: the objects are shared */
+    json_array_extend(one, after);
+    if (na >= 0 && rel_bundle(rd.c, r->arena, &rd.view, rd.room, &rd.vis, one) < 0) na = -1;
+    json_decref(one);
+    if (na < 0) return db_failed(r, &rd, body);
+    json_t *state = json_array();
+    int rc;
+    if (f.lazy_load_members) {
+        json_t *all = json_array();
+        json_array_append(all, json_object_get(body, "event"));
+        json_array_extend(all, before);
+        json_array_extend(all, after);
+        rc = lazy_members(&rd, a_last, all, state);
+        json_decref(all);
+    } else {
+        rc = events_state_at(rd.c, &rd.view, rd.room, a_last, NULL, NULL, state);
+    }
+    json_object_set_new(body, "state", state);
+    if (rc < 0) return db_failed(r, &rd, body);
+    return rooms_reader_close(r, &rd, 200, body);
+}
+
+int rooms_read_routes(http_server *s)
+{
+    static const struct {
+        const char *path;
+        atrium_handler h;
+    } routes[] = {
+        {"/_matrix/client/v3/rooms/{roomId}/state", get_state_all},
+        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}", get_state_one},
+        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}/", get_state_one},
+        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}/{stateKey}", get_state_one},
+        {"/_matrix/client/v3/rooms/{roomId}/event/{eventId}", get_event},
+        {"/_matrix/client/v3/rooms/{roomId}/members", get_members},
+        {"/_matrix/client/v3/rooms/{roomId}/joined_members", get_joined_members},
+        {"/_matrix/client/v3/rooms/{roomId}/messages", get_messages},
+        {"/_matrix/client/v3/rooms/{roomId}/context/{eventId}", get_context},
+        {"/_matrix/client/v3/joined_rooms", get_joined_rooms},
+    };
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (client_route(s, "GET", routes[i].path, routes[i].h, 0) < 0) return -1;
+    return 0;
+}

@@ -1,0 +1,125 @@
+/*
+ * core/client/rooms/rooms_typing.c - typing notices that run out: when a typer's timeout passes
+ * without a new notice, the room's members learn it at that moment, as they would from
+ * `typing: false`.
+ *
+ * The decision this file owns is how an expiry becomes news: one thread (the "typing
+ * reaper") sleeps until the earliest expiry it knows of, then, in one statement, gives
+ * every typing row whose time has passed a new stream position and marks it reported
+ * (expires_ts 0, as `typing: false` does), and wakes each of those rooms. A /sync reports
+ * a room's typers whenever a typing row of the room has a position in its window, so the
+ * expiry reaches every parked and later sync like any other change. The earliest expiry
+ * comes from PUT /typing in this process (rooms_typing_expires_at) and, after each
+ * pass, from the table itself, so rows written by another process sharing the database,
+ * or before a restart, are reaped too. A pass that cannot reach PostgreSQL is tried again
+ * TYPING_REAP_RETRY_MS later. What this file does not do: store typing notices or report
+ * them (rooms_ephemeral.c, sync_rooms.c).
+ */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "core/client/sync/notifier.h"
+#include "core/client/rooms/rooms_api.h"
+
+#define TYPING_REAP_RETRY_MS 5000 /* after a pass that failed */
+#define TYPING_REAP_DB_WAIT_MS 2000
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER; /* CLOCK_REALTIME, like the expiries */
+static pthread_t reaper;
+static bool running, quit;
+static int64_t next_ms; /* wall-clock ms of the earliest known expiry; 0 = none known */
+
+void rooms_typing_expires_at(int64_t wall_ms)
+{
+    pthread_mutex_lock(&mu);
+    if (next_ms == 0 || wall_ms < next_ms) {
+        next_ms = wall_ms;
+        pthread_cond_signal(&cond);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* One pass at now_ms: report every expired row and wake its room. The next expiry to wait
+ * for (0: none), or a retry time after a failure. */
+static int64_t reap(int64_t now_ms)
+{
+    PGconn *c = db_acquire(db_global(), TYPING_REAP_DB_WAIT_MS);
+    if (!c) return now_ms + TYPING_REAP_RETRY_MS;
+    char now_s[24];
+    snprintf(now_s, sizeof(now_s), "%lld", (long long)now_ms);
+    const char *p[1] = {now_s};
+    PGresult *res = rooms_q(c,
+                            "WITH gone AS (UPDATE typing SET expires_ts = 0,"
+                            " stream_pos = stream_next() WHERE expires_ts > 0"
+                            " AND expires_ts <= $1::bigint RETURNING room_id)"
+                            " SELECT DISTINCT room_id FROM gone",
+                            1, p, NULL);
+    if (res) {
+        for (int i = 0; i < PQntuples(res); i++) notifier_wake_room(c, PQgetvalue(res, i, 0));
+        PQclear(res);
+        res = rooms_q(c, "SELECT coalesce(min(expires_ts), 0) FROM typing WHERE expires_ts > 0",
+                      0, NULL, NULL);
+    }
+    int64_t next = res ? atoll(PQgetvalue(res, 0, 0)) : now_ms + TYPING_REAP_RETRY_MS;
+    if (!res)
+        rt_log(ATRIUM_LOG_WARN, "core", "typing notices that ran out could not be reported; "
+               "trying again in %d s", TYPING_REAP_RETRY_MS / 1000);
+    PQclear(res);
+    db_release(db_global(), c);
+    return next;
+}
+
+static void *reaper_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    while (!quit) {
+        int64_t now = rt_wall_ms();
+        if (next_ms == 0) {
+            pthread_cond_wait(&cond, &mu);
+            continue;
+        }
+        if (now < next_ms) {
+            struct timespec until = {.tv_sec = next_ms / 1000,
+                                     .tv_nsec = (long)(next_ms % 1000) * 1000000L};
+            pthread_cond_timedwait(&cond, &mu, &until);
+            continue;
+        }
+        next_ms = 0;
+        pthread_mutex_unlock(&mu);
+        int64_t later = reap(now);
+        pthread_mutex_lock(&mu);
+        if (later > 0 && (next_ms == 0 || later < next_ms)) next_ms = later;
+    }
+    pthread_mutex_unlock(&mu);
+    return NULL;
+}
+
+int rooms_typing_start(void)
+{
+    pthread_mutex_lock(&mu);
+    quit = false;
+    next_ms = 1; /* a first pass at once: rows left by an earlier run or another process */
+    pthread_mutex_unlock(&mu);
+    if (pthread_create(&reaper, NULL, reaper_main, NULL) != 0) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the typing reaper thread");
+        return -1;
+    }
+    running = true;
+    return 0;
+}
+
+void rooms_typing_stop(void)
+{
+    if (!running) return;
+    pthread_mutex_lock(&mu);
+    quit = true;
+    pthread_cond_signal(&cond);
+    pthread_mutex_unlock(&mu);
+    pthread_join(reaper, NULL);
+    running = false;
+}

@@ -1,0 +1,354 @@
+/*
+ * core/client/rooms/rooms_write.c - the one write path of room events: a transaction that locks
+ * the room's row, reads the state the auth rules need, authorizes the event, builds its
+ * PDU (auth_events, prev_events, depth, hashes, event ID), and stores it with everything
+ * that follows from it (current state, membership history, a redaction's target, the
+ * sender's transaction ID), then wakes whoever should see it after the commit.
+ *
+ * Every endpoint that writes an event (createRoom, membership, send, state, redact) goes
+ * through rooms_tx_append, so the rules are applied in one place. Lock order inside a
+ * transaction: the room's row first, then the stream lock (stream_next()); nothing takes a
+ * row lock after taking a stream position, which keeps /sync's stream_upto() free of
+ * deadlocks. Not here: HTTP (the endpoint files), reading events back (events_store.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rooms/canonical_json.h"
+#include "core/client/sync/notifier.h"
+#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/rooms_relations.h"
+
+static bool is(const char *a, const char *b)
+{
+    return a && b && strcmp(a, b) == 0;
+}
+
+/* ---- transactions ------------------------------------------------------------------- */
+
+int rooms_tx_begin(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id, rooms_err *e)
+{
+    memset(tx, 0, sizeof(*tx));
+    tx->c = c;
+    tx->arena = arena;
+    tx->room_id = room_id;
+    if (!rooms_exec(c, "BEGIN", 0, NULL)) return rooms_set_err(e, ROOMS_E_DB, "database");
+    const char *p[1] = {room_id};
+    PGresult *res = rooms_q(c,
+                            "SELECT room_version, last_event_id, last_depth FROM rooms"
+                            " WHERE room_id = $1 FOR UPDATE",
+                            1, p, NULL);
+    if (!res) {
+        rooms_tx_rollback(tx);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
+    if (PQntuples(res) != 1) {
+        PQclear(res);
+        rooms_tx_rollback(tx);
+        return rooms_set_err(e, ROOMS_E_NOT_FOUND, "Unknown room");
+    }
+    tx->ver = room_version_find(PQgetvalue(res, 0, 0));
+    snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", PQgetvalue(res, 0, 1));
+    tx->depth = atoll(PQgetvalue(res, 0, 2));
+    PQclear(res);
+    if (!tx->ver) {
+        rooms_tx_rollback(tx);
+        return rooms_set_err(e, ROOMS_E_FORBIDDEN, "The room's version is not supported");
+    }
+    return ROOMS_OK;
+}
+
+int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id,
+                       const room_version *ver, const char *creator, rooms_err *e)
+{
+    memset(tx, 0, sizeof(*tx));
+    tx->c = c;
+    tx->arena = arena;
+    tx->room_id = room_id;
+    tx->ver = ver;
+    char ts[24];
+    snprintf(ts, sizeof(ts), "%lld", (long long)rooms_wall_ms());
+    const char *p[4] = {room_id, ver->id, creator, ts};
+    if (!rooms_exec(c, "BEGIN", 0, NULL)) return rooms_set_err(e, ROOMS_E_DB, "database");
+    if (!rooms_exec(c,
+                    "INSERT INTO rooms (room_id, room_version, creator, created_ts)"
+                    " VALUES ($1, $2, $3, $4)",
+                    4, p)) {
+        rooms_tx_rollback(tx);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
+    return ROOMS_OK;
+}
+
+void rooms_tx_rollback(room_tx *tx)
+{
+    PQclear(PQexec(tx->c, "ROLLBACK"));
+}
+
+int rooms_tx_commit(room_tx *tx, rooms_err *e)
+{
+    if (!rooms_exec(tx->c, "COMMIT", 0, NULL)) {
+        rooms_tx_rollback(tx);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
+    notifier_wake_room(tx->c, tx->room_id);
+    for (int i = 0; i < tx->n_wake; i++) notifier_wake_user(tx->wake_users[i]);
+    return ROOMS_OK;
+}
+
+/* ---- the auth state ----------------------------------------------------------------- */
+
+int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
+                    const char *sender, const char *target, room_auth_load *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->st.version = ver;
+    out->holder = json_object();
+    if (!out->holder) return ROOMS_E_DB;
+    const char *p[3] = {room_id, sender, target ? target : sender};
+    PGresult *res = rooms_q(c,
+                            "SELECT cs.type, cs.state_key, cs.event_id, e.pdu, e.redacted_by"
+                            " IS NOT NULL, cs.membership"
+                            " FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
+                            " WHERE cs.room_id = $1 AND ((cs.state_key = '' AND cs.type IN"
+                            " ('m.room.create', 'm.room.power_levels', 'm.room.join_rules'))"
+                            " OR (cs.type = 'm.room.member' AND cs.state_key IN ($2, $3)))",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; i < PQntuples(res); i++) {
+        const char *type = PQgetvalue(res, i, 0), *sk = PQgetvalue(res, i, 1);
+        json_t *pdu = json_loads(PQgetvalue(res, i, 3), 0, NULL);
+        if (!pdu) {
+            rt_log(ATRIUM_LOG_ERROR, "core", "event %s of %s is not JSON", PQgetvalue(res, i, 2), room_id);
+            continue;
+        }
+        if (PQgetvalue(res, i, 4)[0] == 't') {
+            json_t *red = event_redact(ver, pdu);
+            json_decref(pdu);
+            pdu = red;
+        }
+        char key[EVENT_MAX_ID_BYTES * 2 + 8];
+        snprintf(key, sizeof(key), "%s|%s", type, sk);
+        json_object_set_new(out->holder, key, pdu);
+        snprintf(key, sizeof(key), "id|%s|%s", type, sk);
+        json_object_set_new(out->holder, key, json_string(PQgetvalue(res, i, 2)));
+        const char *id = json_string_value(json_object_get(out->holder, key));
+        json_t *content = json_object_get(pdu, "content");
+        if (strcmp(type, "m.room.create") == 0) {
+            out->st.create = pdu;
+            out->create_id = id;
+        } else if (strcmp(type, "m.room.power_levels") == 0) {
+            out->st.power_levels = content;
+            out->pl_id = id;
+        } else if (strcmp(type, "m.room.join_rules") == 0) {
+            out->st.join_rules = content;
+            out->jr_id = id;
+        } else {
+            /* m.room.member of the sender and/or the target */
+            const char *membership = json_string_value(json_object_get(content, "membership"));
+            if (strcmp(sk, sender) == 0) {
+                out->st.sender_membership = membership;
+                out->sender_member_id = id;
+            }
+            if (target && strcmp(sk, target) == 0) {
+                out->st.target_membership = membership;
+                out->target_member_id = id;
+            }
+        }
+    }
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* ---- building and storing an event -------------------------------------------------- */
+
+static void add_auth_id(json_t *arr, const char *id)
+{
+    if (!id) return;
+    for (size_t i = 0; i < json_array_size(arr); i++)
+        if (strcmp(json_string_value(json_array_get(arr, i)), id) == 0) return;
+    json_array_append_new(arr, json_string(id));
+}
+
+/* The spec's auth events selection for an event of this type/membership. */
+static json_t *select_auth_events(const room_auth_load *a, const room_new_event *ev)
+{
+    json_t *arr = json_array();
+    if (strcmp(ev->type, "m.room.create") == 0) return arr;
+    add_auth_id(arr, a->create_id);
+    add_auth_id(arr, a->pl_id);
+    add_auth_id(arr, a->sender_member_id);
+    if (strcmp(ev->type, "m.room.member") == 0) {
+        add_auth_id(arr, a->target_member_id);
+        const char *m = json_string_value(json_object_get(ev->content, "membership"));
+        if (is(m, "join") || is(m, "invite") || is(m, "knock")) add_auth_id(arr, a->jr_id);
+    }
+    return arr;
+}
+
+static json_t *build_pdu(room_tx *tx, const room_auth_load *a, const room_new_event *ev)
+{
+    json_t *content = ev->content;
+    if (ev->redacts && tx->ver->redacts_in_content) {
+        content = json_deep_copy(ev->content);
+        json_object_set_new(content, "redacts", json_string(ev->redacts));
+    } else {
+        json_incref(content);
+    }
+    json_t *prev = json_array();
+    if (tx->last_event_id[0]) json_array_append_new(prev, json_string(tx->last_event_id));
+    json_t *pdu = json_pack("{s:o, s:o, s:I, s:I, s:o, s:s, s:s, s:s}",
+                            "auth_events", select_auth_events(a, ev), "content", content,
+                            "depth", (json_int_t)(tx->depth + 1), "origin_server_ts",
+                            (json_int_t)rooms_wall_ms(), "prev_events", prev, "room_id",
+                            tx->room_id, "sender", ev->sender, "type", ev->type);
+    if (!pdu) return NULL;
+    if (ev->state_key) json_object_set_new(pdu, "state_key", json_string(ev->state_key));
+    if (!tx->ver->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
+    if (ev->redacts && !tx->ver->redacts_in_content)
+        json_object_set_new(pdu, "redacts", json_string(ev->redacts));
+    return pdu;
+}
+
+/* A redaction's target must be an event of this room the sender may redact. */
+static int check_redaction(room_tx *tx, const room_auth_load *a, const room_new_event *ev,
+                           rooms_err *e)
+{
+    const char *p[2] = {ev->redacts, tx->room_id};
+    PGresult *res = rooms_q(tx->c, "SELECT sender FROM events WHERE event_id = $1 AND room_id = $2",
+                            2, p, NULL);
+    if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
+    int rc = ROOMS_OK;
+    if (PQntuples(res) != 1)
+        rc = rooms_set_err(e, ROOMS_E_NOT_FOUND, "No such event in this room");
+    else if (!room_auth_may_redact(&a->st, ev->sender, PQgetvalue(res, 0, 0)))
+        rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "You do not have permission to redact this event");
+    PQclear(res);
+    return rc;
+}
+
+/* The state event this one replaces, into out ("" when none). */
+static int replaced_state(room_tx *tx, const room_new_event *ev, char out[EVENT_ID_LEN + 8])
+{
+    out[0] = '\0';
+    if (!ev->state_key) return ROOMS_OK;
+    const char *p[3] = {tx->room_id, ev->type, ev->state_key};
+    PGresult *res = rooms_q(tx->c,
+                            "SELECT event_id FROM current_state"
+                            " WHERE room_id = $1 AND type = $2 AND state_key = $3",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    if (PQntuples(res) == 1) snprintf(out, EVENT_ID_LEN + 8, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char *event_id,
+                 rooms_err *e)
+{
+    char replaces[EVENT_ID_LEN + 8];
+    if (replaced_state(tx, ev, replaces) < 0) return rooms_set_err(e, ROOMS_E_DB, "database");
+    PGresult *res = rooms_q(tx->c, "SELECT stream_next()", 0, NULL, NULL);
+    if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
+    char pos[24], depth[24], ts[24];
+    snprintf(pos, sizeof(pos), "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    snprintf(depth, sizeof(depth), "%lld", (long long)(tx->depth + 1));
+    snprintf(ts, sizeof(ts), "%lld", (long long)json_integer_value(json_object_get(pdu, "origin_server_ts")));
+    char *text = json_dumps(pdu, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!text) return rooms_set_err(e, ROOMS_E_DB, "out of memory");
+    const char *membership = strcmp(ev->type, "m.room.member") == 0
+                                 ? json_string_value(json_object_get(ev->content, "membership"))
+                                 : NULL;
+    const char *p[12] = {pos, event_id, tx->room_id, ev->type, ev->state_key, ev->sender, ts,
+                         depth, text, replaces[0] ? replaces : NULL, ev->txn_device, ev->txn_id};
+    bool ok = rooms_exec(tx->c,
+                         "INSERT INTO events (stream_pos, event_id, room_id, type, state_key,"
+                         " sender, origin_server_ts, depth, pdu, replaces_state, txn_device, txn_id)"
+                         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                         12, p);
+    free(text);
+    if (ok) ok = rel_index(tx->c, pos, event_id, tx->room_id, ev); /* relations, redactions */
+    if (ok && ev->state_key) {
+        const char *q[5] = {tx->room_id, ev->type, ev->state_key, event_id, membership};
+        ok = rooms_exec(tx->c,
+                        "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
+                        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (room_id, type, state_key)"
+                        " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
+                        5, q);
+    }
+    if (ok && membership) {
+        const char *q[6] = {pos, tx->room_id, ev->state_key, membership, event_id, ev->sender};
+        ok = rooms_exec(tx->c,
+                        "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
+                        " sender) VALUES ($1, $2, $3, $4, $5, $6)",
+                        6, q);
+    }
+    if (ok && ev->redacts) {
+        const char *q[2] = {event_id, ev->redacts};
+        ok = rooms_exec(tx->c,
+                        "UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL",
+                        2, q);
+    }
+    if (ok) {
+        const char *q[3] = {tx->room_id, event_id, depth};
+        ok = rooms_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth = $3 WHERE room_id = $1",
+                        3, q);
+    }
+    if (!ok) return rooms_set_err(e, ROOMS_E_DB, "database");
+    if (ev->txn_id) {
+        char now[24];
+        snprintf(now, sizeof(now), "%lld", (long long)rooms_wall_ms());
+        const char *q[5] = {ev->sender, ev->txn_device, ev->txn_key ? ev->txn_key : ev->txn_id,
+                            event_id, now};
+        bool dup = false;
+        PGresult *r2 = rooms_q(tx->c,
+                               "INSERT INTO event_txns (user_id, device_id, txn_id, event_id, created_ts)"
+                               " VALUES ($1, $2, $3, $4, $5)",
+                               5, q, &dup);
+        if (!r2) return rooms_set_err(e, dup ? ROOMS_E_TXN_RACE : ROOMS_E_DB, "transaction");
+        PQclear(r2);
+    }
+    return ROOMS_OK;
+}
+
+int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
+                    rooms_err *e)
+{
+    if (strlen(ev->type) > EVENT_MAX_ID_BYTES || (ev->state_key && strlen(ev->state_key) > EVENT_MAX_ID_BYTES))
+        return rooms_set_err(e, ROOMS_E_BAD_JSON, "Event types and state keys are limited to %d bytes",
+                             EVENT_MAX_ID_BYTES);
+    const char *target = strcmp(ev->type, "m.room.member") == 0 ? ev->state_key : NULL;
+    room_auth_load a;
+    if (rooms_load_auth(tx->c, tx->room_id, tx->ver, ev->sender, target, &a) < 0) {
+        json_decref(a.holder);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
+    a.st.only_create = tx->depth == 1 && a.st.create != NULL;
+    int rc = ROOMS_OK;
+    char why[ROOM_AUTH_WHY_LEN];
+    json_t *pdu = NULL;
+    if (!room_auth_allows(&a.st, ev->type, ev->state_key, ev->sender, ev->content, why))
+        rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "%s", why);
+    if (rc == ROOMS_OK && ev->redacts) rc = check_redaction(tx, &a, ev, e);
+    if (rc == ROOMS_OK && !(pdu = build_pdu(tx, &a, ev))) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
+    if (rc == ROOMS_OK) {
+        size_t size = 0;
+        int fin = event_finalize(tx->ver, pdu, id_out, &size);
+        if (fin == EVENT_TOO_LARGE)
+            rc = rooms_set_err(e, ROOMS_E_TOO_LARGE, "The event is %zu bytes; the limit is %d", size,
+                               EVENT_MAX_PDU_BYTES);
+        else if (fin != EVENT_OK)
+            rc = rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
+    }
+    if (rc == ROOMS_OK) rc = store(tx, ev, pdu, id_out, e);
+    json_decref(pdu);
+    json_decref(a.holder);
+    if (rc != ROOMS_OK) return rc;
+    snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", id_out);
+    tx->depth++;
+    if (target && tx->n_wake < (int)(sizeof(tx->wake_users) / sizeof(tx->wake_users[0])))
+        tx->wake_users[tx->n_wake++] = rt_arena_strdup(tx->arena, target);
+    return ROOMS_OK;
+}

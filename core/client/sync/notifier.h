@@ -1,0 +1,44 @@
+/*
+ * core/client/sync/notifier.h - waking the long-polls (/sync) of users when something for them
+ * is written: an event in one of their rooms, a to-device message, account data, a key
+ * change.
+ *
+ * The stream model: every row of every per-user stream (events, to-device messages,
+ * account data, receipts, device-list changes, ...) takes its position from ONE PostgreSQL
+ * sequence, stream_seq, through the SQL function stream_next() inside the writing
+ * transaction; readers bound a sync with stream_upto(), which never passes an uncommitted
+ * position (both in core migration 2). A sync token is that position ("s<N>"), so
+ * "what happened after token N" is "rows with position > N" in each stream table, and a
+ * position means the same in every process sharing the database (DESIGN §8).
+ *
+ * Wake-ups: a parked /sync parks on its user's event (notifier_event_for); a writer calls
+ * notifier_wake_user / notifier_wake_room after its transaction committed. Wake-ups are
+ * in-process for now; a second process learns of them through LISTEN/NOTIFY later.
+ * Internal prefix: notifier_.
+ */
+#ifndef ATRIUM_CORE_NOTIFIER_H
+#define ATRIUM_CORE_NOTIFIER_H
+
+#include <libpq-fe.h>
+#include <stdint.h>
+
+#include "core/http/http.h"
+
+/* The event a user's parked syncs wait on (created on first use; lives until shutdown).
+ * NULL on out-of-memory. Any thread. */
+struct atrium_event *notifier_event_for(http_server *s, const char *user_id);
+/* Wake every parked request of user_id. Any thread; cheap when nobody waits. */
+void notifier_wake_user(const char *user_id);
+/* How many wake-ups user_id has had (counted once notifier_event_for created its entry).
+ * A long-poll reads it before looking for news and again right after parking: a change
+ * means a wake-up fell between the two, and it signals the event itself so the news is
+ * not left waiting for the timeout. Any thread. */
+uint64_t notifier_wake_count(const char *user_id);
+/* Wake every user whose membership in room_id is join or invite (reads the room's
+ * members with conn, a connection the caller holds). */
+void notifier_wake_room(PGconn *conn, const char *room_id);
+/* The newest stream position (max of stream_seq handed out so far), or -1 on error. */
+int64_t notifier_stream_position(PGconn *conn);
+void notifier_free(void);
+
+#endif

@@ -1,0 +1,289 @@
+/*
+ * core/client/sync/sync.c - GET /_matrix/client/v3/sync (see sync.h): parameters and filters,
+ * the window of a run, global account data, the sections other modules add, and the
+ * long-poll that parks.
+ *
+ * The long-poll rule lives in sync_get alone: a run computes the answer for (since, upto]
+ * with one database connection held for its queries only; when nothing is new and the
+ * client's timeout has not passed, the connection is released and the request parks on its
+ * user's notifier event, holding no thread. A wake-up or the deadline runs the handler
+ * again from the top; the deadline run answers whatever it finds (usually nothing) with a
+ * next_batch at least as new as `since`. The wake-up counter read before the queries and
+ * again right after parking closes the gap in which a wake-up could otherwise be lost. A
+ * re-run is not counted again by the rate limiter (http_req_ratelimit's rule).
+ * What it does not do: assemble rooms (sync_rooms.c), render events (events_store.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+#include "core/client/sync/notifier.h"
+#include "core/client/ratelimits.h"
+#include "core/client/sync/sync.h"
+#include "core/client/sync/sync_rooms.h"
+
+#define SYNC_MAX_TIMEOUT_MS (5 * 60 * 1000)
+#define SYNC_RATE_MAX_KEYS 100000 /* users tracked by the sync limiter */
+#define SECONDS_PER_MINUTE 60.0
+#define SYNC_USER_ID_MAX 256
+
+static sync_section_fn sections[SYNC_MAX_SECTIONS];
+static int n_sections;
+static rt_ratelimit *sync_limiter;
+
+int sync_add_section(sync_section_fn fn)
+{
+    if (n_sections == SYNC_MAX_SECTIONS) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "too many sync sections (at most %d)", SYNC_MAX_SECTIONS);
+        return ATRIUM_E_LIMIT;
+    }
+    sections[n_sections++] = fn;
+    return 0;
+}
+
+/* What survives the re-runs of one request. */
+typedef struct sync_run_state {
+    int64_t deadline_ms; /* monotonic; 0 = answer at once */
+} sync_run_state;
+
+/* ---- parameters --------------------------------------------------------------------- */
+
+/* A filter's `room` part into s. false with why. */
+static bool apply_filter(sync_ctx *s, const json_t *filter, char *why, size_t len)
+{
+    json_t *room = json_object_get(filter, "room");
+    if (room && !json_is_object(room)) {
+        snprintf(why, len, "'room' must be an object");
+        return false;
+    }
+    json_t *tl = json_object_get(room, "timeline"), *state = json_object_get(room, "state");
+    if (!rooms_filter_parse(s->r->arena, tl, &s->timeline, why, len)) return false;
+    room_filter st;
+    if (!rooms_filter_parse(s->r->arena, state, &st, why, len)) return false;
+    s->lazy_members = st.lazy_load_members || s->timeline.lazy_load_members;
+    if (s->timeline.limit >= 0)
+        s->timeline_limit = s->timeline.limit > SYNC_MAX_TIMELINE_LIMIT ? SYNC_MAX_TIMELINE_LIMIT
+                                                                         : s->timeline.limit;
+    json_t *inc = json_object_get(room, "include_leave");
+    if (inc && !json_is_boolean(inc)) {
+        snprintf(why, len, "'include_leave' must be true or false");
+        return false;
+    }
+    s->include_leave = json_is_true(inc);
+    json_t *only = json_object_get(room, "rooms"), *except = json_object_get(room, "not_rooms");
+    if ((only && !json_is_array(only)) || (except && !json_is_array(except))) {
+        snprintf(why, len, "'rooms' and 'not_rooms' must be lists");
+        return false;
+    }
+    s->only_rooms = only;
+    s->not_rooms = except;
+    return true;
+}
+
+/* The filter parameter: inline JSON, or the ID of a filter the user stored. The parsed
+ * filter is kept in *holder (json_decref it). false after answering. */
+static bool load_filter(atrium_req *r, sync_ctx *s, json_t **holder)
+{
+    *holder = NULL;
+    const char *f = acc_query_arg(r, "filter");
+    if (!f || !*f) return true;
+    if (f[0] == '{') {
+        *holder = json_loads(f, 0, NULL);
+        if (!json_is_object(*holder)) {
+            json_decref(*holder);
+            *holder = NULL;
+            http_respond_error(r, 400, "M_BAD_JSON", "The filter is not a JSON object");
+            return false;
+        }
+    } else {
+        char *end;
+        long long id = strtoll(f, &end, 10);
+        if (*end || id < 0) {
+            http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown filter");
+            return false;
+        }
+        const char *p[2] = {s->user, f};
+        PGresult *res = rooms_q(s->c, "SELECT filter::text FROM filters WHERE user_id = $1 AND filter_id = $2",
+                                2, p, NULL);
+        if (!res) {
+            http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+            return false;
+        }
+        if (PQntuples(res) == 1) *holder = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
+        PQclear(res);
+        if (!*holder) {
+            http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown filter");
+            return false;
+        }
+    }
+    char why[128];
+    if (!apply_filter(s, *holder, why, sizeof(why))) {
+        json_decref(*holder);
+        *holder = NULL;
+        http_respond_error(r, 400, "M_BAD_JSON", "%s", why);
+        return false;
+    }
+    return true;
+}
+
+/* since, timeout, full_state. false after answering 400. */
+static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms)
+{
+    const char *since = acc_query_arg(r, "since"), *timeout = acc_query_arg(r, "timeout");
+    const char *full = acc_query_arg(r, "full_state");
+    if (since && !rooms_parse_token(since, &s->since)) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
+        return false;
+    }
+    *timeout_ms = 0;
+    if (timeout) {
+        char *end;
+        long long t = strtoll(timeout, &end, 10);
+        if (!*timeout || *end || t < 0) {
+            http_respond_error(r, 400, "M_INVALID_PARAM", "'timeout' must be a non-negative integer");
+            return false;
+        }
+        *timeout_ms = t > SYNC_MAX_TIMEOUT_MS ? SYNC_MAX_TIMEOUT_MS : t;
+    }
+    if (full && strcmp(full, "true") != 0 && strcmp(full, "false") != 0) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "'full_state' must be true or false");
+        return false;
+    }
+    s->full_state = full && strcmp(full, "true") == 0;
+    return true;
+}
+
+/* ---- the response ------------------------------------------------------------------- */
+
+static int global_account_data(sync_ctx *s, json_t *resp, bool *has_new)
+{
+    const char *p[3] = {s->user, rooms_i64(s->r, s->since), rooms_i64(s->r, s->upto)};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT type, content::text FROM account_data WHERE user_id = $1"
+                            " AND room_id = '' AND stream_pos > $2 AND stream_pos <= $3"
+                            " ORDER BY stream_pos",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    json_t *events = json_array();
+    for (int i = 0; i < PQntuples(res); i++) {
+        json_t *content = json_loads(PQgetvalue(res, i, 1), 0, NULL);
+        json_array_append_new(events, json_pack("{s:s, s:o}", "type", PQgetvalue(res, i, 0), "content",
+                                                content ? content : json_object()));
+    }
+    PQclear(res);
+    if (json_array_size(events) > 0) *has_new = true;
+    json_object_set_new(resp, "account_data", json_pack("{s:o}", "events", events));
+    return ROOMS_OK;
+}
+
+/* The newest position whose writers have all committed (see core/rooms/rooms.h). */
+static int64_t stream_upto(PGconn *c)
+{
+    PGresult *res = rooms_q(c, "SELECT stream_upto()", 0, NULL, NULL);
+    if (!res) return -1;
+    int64_t v = atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return v;
+}
+
+/* Build the whole answer for (since, upto]. NULL on database failure. */
+static json_t *build_response(sync_ctx *s, bool *has_new)
+{
+    *has_new = false;
+    json_t *resp = json_object(), *rooms = json_object();
+    json_object_set_new(resp, "rooms", rooms);
+    if (sync_rooms(s, rooms, has_new) < 0 || global_account_data(s, resp, has_new) < 0) {
+        json_decref(resp);
+        return NULL;
+    }
+    for (int i = 0; i < n_sections; i++) {
+        int rc = sections[i](s->c, s->user, s->device, s->since, s->upto, resp);
+        if (rc < 0) {
+            rt_log(ATRIUM_LOG_ERROR, "core", "a sync section failed (%d)", rc);
+            json_decref(resp);
+            return NULL;
+        }
+        if (rc > 0) *has_new = true;
+    }
+    /* Keys every client expects, when no section filled them. */
+    if (!json_object_get(resp, "to_device"))
+        json_object_set_new(resp, "to_device", json_pack("{s:[]}", "events"));
+    if (!json_object_get(resp, "device_lists"))
+        json_object_set_new(resp, "device_lists", json_pack("{s:[], s:[]}", "changed", "left"));
+    if (!json_object_get(resp, "device_one_time_keys_count"))
+        json_object_set_new(resp, "device_one_time_keys_count", json_object());
+    json_object_set_new(resp, "presence", json_pack("{s:[]}", "events"));
+    json_object_set_new(resp, "next_batch", json_string(rooms_token(s->r, s->upto)));
+    return resp;
+}
+
+/* GET /_matrix/client/v3/sync */
+static int sync_get(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    if (ratelimit_refused(r, sync_limiter)) return ATRIUM_DONE; /* counted once per request */
+    sync_ctx s = {.r = r, .user = user, .device = r->device, .timeline_limit = SYNC_DEFAULT_TIMELINE_LIMIT};
+    s.view = (events_view){.user_id = user, .device_id = r->device, .now_ms = rooms_wall_ms()};
+    int64_t timeout_ms;
+    if (!read_params(r, &s, &timeout_ms)) return ATRIUM_DONE;
+    if (r->run_reason == ATRIUM_RUN_SHUTDOWN) {
+        /* The server is stopping: a parked sync answers "nothing new" at its own token
+         * without touching the database, so thousands of them drain quickly. */
+        return http_respond_json(r, 200, json_pack("{s:s, s:{s:{}, s:{}, s:{}, s:{}}}", "next_batch",
+                                                    rooms_token(r, s.since), "rooms", "join", "invite",
+                                                    "leave", "knock"));
+    }
+    sync_run_state *st = r->plugin_state;
+    if (!st) {
+        if (!(st = rt_arena_alloc(r->arena, sizeof(*st)))) return ATRIUM_E_NOMEM;
+        st->deadline_ms = timeout_ms ? rt_now_ms() + timeout_ms : 0;
+        r->plugin_state = st;
+    }
+    /* The user's event exists from here on, so every later wake-up is counted. */
+    struct atrium_event *ev = notifier_event_for(r->srv, user);
+    uint64_t wakes_before = notifier_wake_count(user);
+
+    if (!(s.c = rooms_db(r))) return ATRIUM_DONE;
+    json_t *filter_holder;
+    if (!load_filter(r, &s, &filter_holder)) {
+        rooms_db_release(s.c);
+        return ATRIUM_DONE;
+    }
+    s.upto = stream_upto(s.c);
+    if (s.since > s.upto) s.since = s.upto; /* a token from a newer database: start there */
+    bool has_new = false;
+    json_t *resp = s.upto < 0 ? NULL : build_response(&s, &has_new);
+    rooms_db_release(s.c);
+    json_decref(filter_holder);
+    if (!resp) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+
+    bool may_wait = r->run_reason != ATRIUM_RUN_DEADLINE && r->run_reason != ATRIUM_RUN_SHUTDOWN &&
+                    st->deadline_ms > rt_now_ms();
+    if (!has_new && s.since > 0 && may_wait && ev) {
+        char who[SYNC_USER_ID_MAX];
+        snprintf(who, sizeof(who), "%s", user); /* r may be gone once parked */
+        if (susp_park(r, ev, st->deadline_ms) == 0) {
+            json_decref(resp);
+            if (notifier_wake_count(who) != wakes_before) notifier_wake_user(who);
+            return ATRIUM_PARKED;
+        }
+    }
+    return http_respond_json(r, 200, resp);
+}
+
+static int sync_init(http_server *s, rt_metrics *metrics)
+{
+    /* ratelimit.sync.*: a re-run of a parked sync is not counted again. */
+    const struct core_rate *rate = &s->cfg->ratelimit.sync;
+    sync_limiter = rt_ratelimit_new("sync", rate->per_minute / SECONDS_PER_MINUTE, rate->burst,
+                                    SYNC_RATE_MAX_KEYS, metrics);
+    if (!sync_limiter) return -1;
+    return client_route(s, "GET", "/_matrix/client/v3/sync", sync_get, 0);
+}
+
+const client_module SYNC_MODULE = {
+    .owner = "sync",
+    .init = sync_init, /* the limiter lives until the process exits */
+};

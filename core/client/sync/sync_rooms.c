@@ -1,0 +1,613 @@
+/*
+ * core/client/sync/sync_rooms.c - the `rooms` part of a /sync response: which rooms the user is
+ * in, was invited to or left within the window (since, upto], and for each what the client
+ * must learn (timeline, state, ephemeral events, room account data, counts).
+ *
+ * Decisions owned here:
+ *   - A room is "newly joined" when the user's membership at `since` was not join (or on an
+ *     initial or full_state sync): it gets its whole state before the timeline and the
+ *     last `limit` events. Otherwise the timeline is the window's events, limited to the
+ *     newest `limit` with limited=true and the state changes between since and the
+ *     timeline's start.
+ *   - A left room is reported once, in the sync whose window holds the leave, with the
+ *     events up to the leave (only the user's own membership events when they were not
+ *     joined at `since`); initial syncs leave them out unless the filter asks.
+ *   - Timelines hold only what history visibility lets the user see (rooms_vis_window;
+ *     the rule is rooms.c's). A timeline never spans a hidden state event: it then starts
+ *     after the newest one (limited), so the state block before it carries what that
+ *     event set and the client's room state stays current; state changes hidden in the
+ *     window of an unlimited incremental timeline are sent as state too.
+ *   - Invites carry stripped state (type, state_key, content, sender) of the room's
+ *     descriptive events and the invite itself.
+ *   - Lazy loading: state carries only the member events of the timeline's senders and the
+ *     user's own (repeated in every sync that needs them: no per-device cache yet).
+ *   - unread_notifications: the unread events (from others, after the user's newest read
+ *     receipt or own event, at most SYNC_MAX_UNREAD_COUNT) judged by the user's push rules
+ *     (push_eval.c): notification_count = those that notify, highlight_count = those that
+ *     also highlight. The rules are read once per response, the room's context (members,
+ *     display name, power levels) once per room.
+ * What it does not do: parking, tokens, account data outside rooms (sync.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/accounts/accounts.h"
+#include "core/client/push/push_eval.h"
+#include "core/client/push/push_rules.h"
+#include "core/client/rooms/rooms_relations.h"
+#include "core/client/sync/sync_rooms.h"
+
+/* The events of invite_state, besides the invite itself and the inviter's member event. */
+static const char *const STRIPPED_TYPES[] = {"m.room.create", "m.room.join_rules", "m.room.name",
+                                             "m.room.avatar", "m.room.canonical_alias",
+                                             "m.room.encryption", "m.room.topic",
+                                             "m.room.member", NULL};
+
+typedef struct membership_row {
+    const char *room_id, *membership, *event_id, *sender;
+    int64_t pos;
+} membership_row;
+
+static const char *i64s(sync_ctx *s, int64_t x)
+{
+    return rooms_i64(s->r, x);
+}
+
+static bool room_wanted(const sync_ctx *s, const char *room_id)
+{
+    json_t *id = json_string(room_id);
+    bool ok = true;
+    if (s->only_rooms) {
+        ok = false;
+        for (size_t i = 0; i < json_array_size(s->only_rooms); i++)
+            if (json_equal(json_array_get(s->only_rooms, i), id)) ok = true;
+    }
+    for (size_t i = 0; s->not_rooms && i < json_array_size(s->not_rooms); i++)
+        if (json_equal(json_array_get(s->not_rooms, i), id)) ok = false;
+    json_decref(id);
+    return ok;
+}
+
+/* The senders of a timeline plus the user: whose member events lazy loading sends. */
+static json_t *lazy_member_list(sync_ctx *s, const json_t *timeline)
+{
+    json_t *users = json_array();
+    json_array_append_new(users, json_string(s->user));
+    for (size_t i = 0; i < json_array_size(timeline); i++) {
+        json_t *sender = json_object_get(json_array_get(timeline, i), "sender");
+        bool seen = false;
+        for (size_t j = 0; j < json_array_size(users) && !seen; j++)
+            seen = json_equal(json_array_get(users, j), sender);
+        if (!seen && json_is_string(sender)) json_array_append(users, sender);
+    }
+    return users;
+}
+
+/* ---- timeline and state ------------------------------------------------------------- */
+
+typedef struct timeline {
+    json_t *events;  /* ascending */
+    bool limited;
+    int64_t first_pos; /* position of the first event, 0 if none */
+} timeline;
+
+/* The newest `limit` events with lo < pos <= hi that the user may see (vis), ascending. */
+static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
+                        int64_t hi, timeline *t)
+{
+    t->events = json_array();
+    t->limited = false;
+    t->first_pos = 0;
+    const char *p[6 + ROOMS_VIS_PARAMS] = {room_id, i64s(s, s->timeline_limit + 1),
+                                           s->timeline.types, s->timeline.not_types,
+                                           s->timeline.senders, s->timeline.not_senders};
+    const char *vis_sql;
+    if (!rooms_vis_window(s->r->arena, vis, lo, hi, false, 7, &vis_sql, p + 6)) return ROOMS_OK;
+    const char *sql = rt_arena_printf(s->r->arena,
+                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s"
+                                                    " ORDER BY e.stream_pos DESC LIMIT $2",
+                                      vis_sql, rooms_filter_sql(s->r->arena, 3));
+    PGresult *res = rooms_q(s->c, sql, 6 + ROOMS_VIS_PARAMS, p, NULL);
+    if (!res) {
+        json_decref(t->events);
+        t->events = NULL;
+        return ROOMS_E_DB;
+    }
+    int keep = PQntuples(res);
+    if (keep > s->timeline_limit) {
+        t->limited = true; /* one more than the limit exists */
+        keep = (int)s->timeline_limit;
+    }
+    for (int i = keep; i-- > 0;) {
+        json_t *ev = events_render(&s->view, res, i);
+        if (ev) json_array_append_new(t->events, ev);
+    }
+    if (keep > 0) t->first_pos = events_pos(res, keep - 1);
+    PQclear(res);
+    if (rel_bundle(s->c, s->r->arena, &s->view, room_id, vis, t->events) < 0) {
+        json_decref(t->events);
+        t->events = NULL;
+        return ROOMS_E_DB;
+    }
+    return ROOMS_OK;
+}
+
+/* The position of the newest state event with lo < pos <= hi that vis hides, or 0. */
+static int newest_hidden_state(sync_ctx *s, const char *room_id, const rooms_vis *vis,
+                               int64_t lo, int64_t hi, int64_t *pos)
+{
+    *pos = 0;
+    const char *p[1 + ROOMS_VIS_PARAMS] = {room_id}, *vis_sql;
+    if (!rooms_vis_window(s->r->arena, vis, lo, hi, true, 2, &vis_sql, p + 1)) return ROOMS_OK;
+    const char *sql = rt_arena_printf(s->r->arena,
+                                      "SELECT max(e.stream_pos) FROM events e WHERE e.room_id = $1"
+                                      " AND e.state_key IS NOT NULL%s", vis_sql);
+    PGresult *res = rooms_q(s->c, sql, 1 + ROOMS_VIS_PARAMS, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    if (!PQgetisnull(res, 0, 0)) *pos = atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* The timeline of the window lo < pos <= hi: its newest `limit` visible events (t->events
+ * is NULL after a failure). A client
+ * applies the state block, then the timeline's state events; a state event hidden inside
+ * the timeline's span would leave it with stale state, so the timeline then starts after
+ * the newest such event (limited: what it skipped is a /messages away) and the state
+ * block, the state before the timeline, carries what that event set. */
+static int fetch_timeline(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
+                          int64_t hi, timeline *t)
+{
+    int rc = fetch_window(s, room_id, vis, lo, hi, t);
+    if (rc < 0 || !t->first_pos || rooms_vis_covers(vis, t->first_pos, hi)) return rc;
+    int64_t hidden;
+    rc = newest_hidden_state(s, room_id, vis, t->first_pos, hi, &hidden);
+    if (rc >= 0 && !hidden) return ROOMS_OK;
+    json_decref(t->events);
+    t->events = NULL;
+    if (rc < 0) return rc;
+    rc = fetch_window(s, room_id, vis, hidden, hi, t);
+    t->limited = true;
+    return rc;
+}
+
+/* State before the timeline: the whole state (full) or the window's changes (also when
+ * the timeline is not limited but history visibility hid events of the window: gappy). */
+static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, bool full,
+                          bool gappy, int64_t upto, json_t *out)
+{
+    int64_t before = t->first_pos ? t->first_pos - 1 : upto;
+    json_t *members = s->lazy_members ? lazy_member_list(s, t->events) : NULL;
+    int rc;
+    if (full)
+        rc = events_state_between(s->c, &s->view, room_id, 0, before, members, NULL, out);
+    else if (t->limited || gappy)
+        rc = events_state_between(s->c, &s->view, room_id, s->since, before, members, NULL, out);
+    else
+        rc = ROOMS_OK;
+    if (rc >= 0 && !full && s->lazy_members && json_array_size(t->events) > 0) {
+        /* Lazy loading: members of the senders as of the timeline's start, even when the
+         * client may know them (no per-device record of what was sent). */
+        json_t *types = json_pack("[s]", "m.room.member");
+        json_t *extra = json_array();
+        rc = events_state_between(s->c, &s->view, room_id, 0, before, members,
+                                  rooms_pg_array(s->r->arena, types), extra);
+        for (size_t i = 0; i < json_array_size(extra); i++) {
+            json_t *ev = json_array_get(extra, i);
+            bool dup = false;
+            for (size_t j = 0; j < json_array_size(out) && !dup; j++)
+                dup = json_equal(json_object_get(json_array_get(out, j), "event_id"),
+                                 json_object_get(ev, "event_id"));
+            if (!dup) json_array_append(out, ev);
+        }
+        json_decref(extra);
+        json_decref(types);
+    }
+    json_decref(members);
+    return rc < 0 ? rc : ROOMS_OK;
+}
+
+/* ---- ephemeral, account data, counts ------------------------------------------------ */
+
+static int ephemeral(sync_ctx *s, const char *room_id, bool initial, json_t *out)
+{
+    const char *p[4] = {room_id, i64s(s, initial ? 0 : s->since), i64s(s, s->upto), s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT event_id, receipt_type, user_id, ts, thread_id FROM receipts"
+                            " WHERE room_id = $1 AND stream_pos > $2 AND stream_pos <= $3"
+                            " AND (receipt_type <> 'm.read.private' OR user_id = $4)",
+                            4, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    if (PQntuples(res) > 0) {
+        json_t *content = json_object();
+        for (int i = 0; i < PQntuples(res); i++) {
+            const char *ev = PQgetvalue(res, i, 0), *type = PQgetvalue(res, i, 1);
+            json_t *by_ev = json_object_get(content, ev);
+            if (!by_ev) json_object_set_new(content, ev, by_ev = json_object());
+            json_t *by_type = json_object_get(by_ev, type);
+            if (!by_type) json_object_set_new(by_ev, type, by_type = json_object());
+            json_t *rec = json_pack("{s:I}", "ts", (json_int_t)atoll(PQgetvalue(res, i, 3)));
+            if (PQgetvalue(res, i, 4)[0])
+                json_object_set_new(rec, "thread_id", json_string(PQgetvalue(res, i, 4)));
+            json_object_set_new(by_type, PQgetvalue(res, i, 2), rec);
+        }
+        json_array_append_new(out, json_pack("{s:s, s:o}", "type", "m.receipt", "content", content));
+    }
+    PQclear(res);
+    /* Typing: the current typers, sent when the set changed in the window (or on an initial
+     * sync when someone types). */
+    const char *q[4] = {room_id, i64s(s, initial ? 0 : s->since), i64s(s, s->upto),
+                        i64s(s, rooms_wall_ms())};
+    res = rooms_q(s->c,
+                  "SELECT user_id, expires_ts > $4::bigint, stream_pos > $2::bigint"
+                  " AND stream_pos <= $3::bigint FROM typing WHERE room_id = $1",
+                  4, q, NULL);
+    if (!res) return ROOMS_E_DB;
+    bool changed = false;
+    json_t *typers = json_array();
+    for (int i = 0; i < PQntuples(res); i++) {
+        if (PQgetvalue(res, i, 1)[0] == 't') json_array_append_new(typers, json_string(PQgetvalue(res, i, 0)));
+        if (PQgetvalue(res, i, 2)[0] == 't') changed = true;
+    }
+    PQclear(res);
+    if ((initial && json_array_size(typers) > 0) || (!initial && changed))
+        json_array_append_new(out, json_pack("{s:s, s:{s:o}}", "type", "m.typing", "content",
+                                             "user_ids", typers));
+    else
+        json_decref(typers);
+    return ROOMS_OK;
+}
+
+/* Room account data of the window, as {room_id: [events]}. */
+static int room_account_data(sync_ctx *s, json_t **out)
+{
+    *out = json_object();
+    const char *p[3] = {s->user, i64s(s, s->since), i64s(s, s->upto)};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT room_id, type, content::text FROM account_data"
+                            " WHERE user_id = $1 AND room_id <> '' AND stream_pos > $2"
+                            " AND stream_pos <= $3 ORDER BY stream_pos",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; i < PQntuples(res); i++) {
+        const char *room = PQgetvalue(res, i, 0);
+        json_t *list = json_object_get(*out, room);
+        if (!list) json_object_set_new(*out, room, list = json_array());
+        json_t *content = json_loads(PQgetvalue(res, i, 2), 0, NULL);
+        json_array_append_new(list, json_pack("{s:s, s:o}", "type", PQgetvalue(res, i, 1), "content",
+                                              content ? content : json_object()));
+    }
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* What push rules read about a room (push_eval.h), in one query: the joined member count,
+ * the user's display name from their member event, the current power levels (redacted
+ * when their event was) and the creator. The JSON pr points into is owned by *holder. */
+static int push_room_load(sync_ctx *s, const char *room_id, push_room *pr, json_t **holder)
+{
+    *pr = (push_room){0};
+    *holder = json_array();
+    const char *p[2] = {room_id, s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT rm.room_version, rm.creator,"
+                            " (SELECT count(*) FROM current_state WHERE room_id = $1"
+                            "  AND type = 'm.room.member' AND membership = 'join'),"
+                            " (SELECT e.pdu FROM current_state cs JOIN events e"
+                            "  ON e.event_id = cs.event_id WHERE cs.room_id = $1"
+                            "  AND cs.type = 'm.room.member' AND cs.state_key = $2"
+                            "  AND e.redacted_by IS NULL),"
+                            " pl.pdu, pl.redacted_by IS NOT NULL"
+                            " FROM rooms rm LEFT JOIN LATERAL (SELECT e.pdu, e.redacted_by"
+                            "  FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
+                            "  WHERE cs.room_id = $1 AND cs.type = 'm.room.power_levels'"
+                            "  AND cs.state_key = '') pl ON true WHERE rm.room_id = $1",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    if (PQntuples(res) == 1) {
+        pr->member_count = atoll(PQgetvalue(res, 0, 2));
+        pr->creator = rt_arena_strdup(s->r->arena, PQgetvalue(res, 0, 1));
+        json_t *member = PQgetisnull(res, 0, 3) ? NULL : json_loads(PQgetvalue(res, 0, 3), 0, NULL);
+        if (member && json_array_append_new(*holder, member) == 0)
+            pr->display_name = event_content_str(member, "displayname");
+        json_t *pl = PQgetisnull(res, 0, 4) ? NULL : json_loads(PQgetvalue(res, 0, 4), 0, NULL);
+        if (pl && json_array_append_new(*holder, pl) == 0) {
+            json_t *content = json_object_get(pl, "content");
+            const room_version *ver = room_version_find(PQgetvalue(res, 0, 0));
+            if (PQgetvalue(res, 0, 5)[0] == 't' && ver) {
+                content = event_redact_content(ver, "m.room.power_levels", content);
+                if (json_array_append_new(*holder, content) < 0) content = NULL;
+            }
+            pr->power_levels = content;
+        }
+    }
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* Count the unread events (PDUs in column 0 of events) whose push actions notify, and
+ * those that also highlight. Loads the user's rules once per sync response. */
+static int count_notifications(sync_ctx *s, const char *room_id, PGresult *events,
+                               json_int_t *notify, json_int_t *highlight)
+{
+    if (!s->push_rules) {
+        bool db_ok;
+        if (!(s->push_rules = push_rules_for(s->r, s->c, &db_ok))) return ROOMS_E_DB;
+    }
+    push_room pr;
+    json_t *holder;
+    int rc = push_room_load(s, room_id, &pr, &holder);
+    bool out_of_steps = false;
+    for (int i = 0; rc >= 0 && i < PQntuples(events); i++) {
+        json_t *pdu = json_loads(PQgetvalue(events, i, 0), 0, NULL);
+        if (!pdu) continue; /* corrupt rows are logged where events are rendered */
+        push_outcome o = push_eval(s->push_rules, pdu, &pr);
+        json_decref(pdu);
+        *notify += o.notify;
+        *highlight += o.highlight;
+        out_of_steps = out_of_steps || o.out_of_steps;
+    }
+    json_decref(holder);
+    if (out_of_steps)
+        rt_log(ATRIUM_LOG_DEBUG, "core", "push rules of %s in %s: matching work ran out "
+               "(PUSH_MAX_STEPS); some rules were not tried", s->user, room_id);
+    return rc;
+}
+
+/* unread_notifications: of the events from others after the user's newest read receipt or
+ * own event (at most SYNC_MAX_UNREAD_COUNT, newest first, redacted ones left out), those
+ * the user's push rules make notify, and those that also highlight. */
+static int unread_counts(sync_ctx *s, const char *room_id, json_t *room)
+{
+    const char *p[4] = {room_id, s->user, i64s(s, s->upto), i64s(s, SYNC_MAX_UNREAD_COUNT)};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT e.pdu FROM events e WHERE e.room_id = $1"
+                            " AND e.stream_pos <= $3 AND e.sender <> $2 AND e.redacted_by IS NULL"
+                            " AND e.stream_pos > greatest("
+                            "  coalesce((SELECT max(x.stream_pos) FROM receipts rc"
+                            "   JOIN events x ON x.event_id = rc.event_id WHERE rc.room_id = $1"
+                            "   AND rc.user_id = $2"
+                            "   AND rc.receipt_type IN ('m.read', 'm.read.private')), 0),"
+                            "  coalesce((SELECT max(o.stream_pos) FROM events o"
+                            "   WHERE o.room_id = $1 AND o.sender = $2 AND o.stream_pos <= $3), 0))"
+                            " ORDER BY e.stream_pos DESC LIMIT $4",
+                            4, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    json_int_t notify = 0, highlight = 0;
+    int rc = PQntuples(res) > 0 ? count_notifications(s, room_id, res, &notify, &highlight)
+                                : ROOMS_OK;
+    PQclear(res);
+    if (rc < 0) return rc;
+    json_object_set_new(room, "unread_notifications",
+                        json_pack("{s:I, s:I}", "notification_count", notify, "highlight_count",
+                                  highlight));
+    return ROOMS_OK;
+}
+
+/* m.heroes and member counts; sent with a room's full state or when its members changed. */
+static int summary(sync_ctx *s, const char *room_id, json_t *room)
+{
+    const char *p[3] = {room_id, s->user, i64s(s, SYNC_MAX_HEROES)};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT count(*) FILTER (WHERE membership = 'join'),"
+                            " count(*) FILTER (WHERE membership = 'invite'),"
+                            " (SELECT coalesce(json_agg(h.state_key), '[]')::text FROM"
+                            "  (SELECT state_key FROM current_state WHERE room_id = $1"
+                            "   AND type = 'm.room.member' AND membership IN ('join', 'invite')"
+                            "   AND state_key <> $2 ORDER BY state_key LIMIT $3) h)"
+                            " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
+                            " AND membership IN ('join', 'invite')",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    json_t *heroes = json_loads(PQgetvalue(res, 0, 2), 0, NULL);
+    json_object_set_new(room, "summary",
+                        json_pack("{s:o, s:I, s:I}", "m.heroes", heroes ? heroes : json_array(),
+                                  "m.joined_member_count", (json_int_t)atoll(PQgetvalue(res, 0, 0)),
+                                  "m.invited_member_count", (json_int_t)atoll(PQgetvalue(res, 0, 1))));
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+static bool has_member_event(const json_t *events)
+{
+    for (size_t i = 0; i < json_array_size(events); i++)
+        if (strcmp(json_string_value(json_object_get(json_array_get(events, i), "type")),
+                   "m.room.member") == 0)
+            return true;
+    return false;
+}
+
+/* ---- joined, invited, left ---------------------------------------------------------- */
+
+/* Was the user joined at `since`? */
+static int joined_at_since(sync_ctx *s, const char *room_id, bool *joined)
+{
+    char m[16];
+    *joined = false;
+    if (s->since == 0) return ROOMS_OK;
+    int rc = rooms_membership_at(s->c, room_id, s->user, s->since, m, NULL);
+    *joined = strcmp(m, "join") == 0;
+    return rc;
+}
+
+static int joined_room(sync_ctx *s, const char *room_id, json_t *acct, json_t *join, bool *has_new)
+{
+    bool was_joined;
+    rooms_vis vis;
+    if (joined_at_since(s, room_id, &was_joined) < 0 ||
+        rooms_vis_load(s->c, room_id, s->user, &vis) < 0)
+        return ROOMS_E_DB;
+    bool full = s->since == 0 || s->full_state || !was_joined;
+    int64_t from = full ? 0 : s->since;
+    timeline t;
+    if (fetch_timeline(s, room_id, &vis, from, s->upto, &t) < 0) return ROOMS_E_DB;
+    json_t *state = json_array(), *eph = json_array();
+    bool gappy = !rooms_vis_covers(&vis, from, s->upto);
+    int rc = timeline_state(s, room_id, &t, full, gappy, s->upto, state);
+    if (rc >= 0) rc = ephemeral(s, room_id, s->since == 0, eph);
+    json_t *acct_events = json_object_get(acct, room_id);
+    bool news = full || json_array_size(t.events) > 0 || json_array_size(state) > 0 ||
+                json_array_size(eph) > 0 || json_array_size(acct_events) > 0;
+    if (rc < 0 || !news) {
+        json_decref(t.events);
+        json_decref(state);
+        json_decref(eph);
+        return rc < 0 ? rc : ROOMS_OK;
+    }
+    const char *prev = rooms_token(s->r, t.first_pos ? t.first_pos - 1 : s->upto);
+    json_t *room = json_pack("{s:{s:o}, s:{s:o, s:b, s:s}, s:{s:o}, s:{s:o}}", "state", "events", state,
+                             "timeline", "events", t.events, "limited", t.limited, "prev_batch", prev,
+                             "ephemeral", "events", eph, "account_data", "events",
+                             acct_events ? json_incref(acct_events) : json_array());
+    rc = unread_counts(s, room_id, room);
+    if (rc >= 0 && (full || has_member_event(t.events) || has_member_event(state)))
+        rc = summary(s, room_id, room);
+    json_object_set_new(join, room_id, room);
+    *has_new = true;
+    return rc < 0 ? rc : ROOMS_OK;
+}
+
+static int invited_room(sync_ctx *s, const membership_row *m, json_t *invite, bool *has_new)
+{
+    json_t *types = json_array();
+    for (size_t i = 0; STRIPPED_TYPES[i]; i++) json_array_append_new(types, json_string(STRIPPED_TYPES[i]));
+    json_t *members = json_pack("[s, s]", s->user, m->sender);
+    json_t *full = json_array();
+    int rc = events_state_between(s->c, &s->view, m->room_id, 0, m->pos, members,
+                                  rooms_pg_array(s->r->arena, types), full);
+    json_decref(types);
+    json_decref(members);
+    if (rc < 0) {
+        json_decref(full);
+        return rc;
+    }
+    json_t *stripped = json_array();
+    for (size_t i = 0; i < json_array_size(full); i++) {
+        json_t *ev = json_array_get(full, i);
+        json_array_append_new(stripped, json_pack("{s:O, s:O, s:O, s:O}", "type", json_object_get(ev, "type"),
+                                                  "state_key", json_object_get(ev, "state_key"),
+                                                  "content", json_object_get(ev, "content"),
+                                                  "sender", json_object_get(ev, "sender")));
+    }
+    json_decref(full);
+    json_object_set_new(invite, m->room_id, json_pack("{s:{s:o}}", "invite_state", "events", stripped));
+    *has_new = true;
+    return ROOMS_OK;
+}
+
+static int left_room(sync_ctx *s, const membership_row *m, json_t *leave, bool *has_new)
+{
+    bool was_joined;
+    if (joined_at_since(s, m->room_id, &was_joined) < 0) return ROOMS_E_DB;
+    timeline t = {0};
+    json_t *state = json_array();
+    int rc;
+    if (was_joined || s->since == 0) {
+        rooms_vis vis;
+        rc = rooms_vis_load(s->c, m->room_id, s->user, &vis);
+        if (rc >= 0) rc = fetch_timeline(s, m->room_id, &vis, s->since, m->pos, &t);
+        if (rc >= 0)
+            rc = timeline_state(s, m->room_id, &t, s->since == 0,
+                                !rooms_vis_covers(&vis, s->since, m->pos), m->pos, state);
+    } else {
+        /* Not joined at since (an invite withdrawn or refused, or a join and leave within
+         * the window): only the user's own membership events of the window. */
+        t.events = json_array();
+        const char *p[4] = {m->room_id, i64s(s, s->since), i64s(s, m->pos), s->user};
+        rc = events_fetch(s->c, &s->view,
+                          EVENTS_SELECT "WHERE e.room_id = $1 AND e.stream_pos > $2 AND e.stream_pos <= $3"
+                                        " AND e.type = 'm.room.member' AND e.state_key = $4"
+                                        " ORDER BY e.stream_pos",
+                          4, p, t.events, &t.first_pos, NULL);
+    }
+    if (rc < 0) {
+        json_decref(t.events);
+        json_decref(state);
+        return rc;
+    }
+    const char *prev = rooms_token(s->r, t.first_pos ? t.first_pos - 1 : m->pos);
+    json_object_set_new(leave, m->room_id,
+                        json_pack("{s:{s:o}, s:{s:o, s:b, s:s}, s:{s:[]}}", "state", "events", state,
+                                  "timeline", "events", t.events, "limited", t.limited, "prev_batch",
+                                  prev, "account_data", "events"));
+    *has_new = true;
+    return ROOMS_OK;
+}
+
+/* Incremental syncs: the joined rooms of `memberships` with events, receipts or typing in
+ * the window, as a set {room_id: true}; NULL (every room) for initial and full syncs. */
+static int active_rooms(sync_ctx *s, PGresult *memberships, json_t **out)
+{
+    *out = NULL;
+    if (s->since == 0 || s->full_state) return ROOMS_OK;
+    json_t *ids = json_array();
+    for (int i = 0; i < PQntuples(memberships); i++)
+        if (strcmp(PQgetvalue(memberships, i, 1), "join") == 0)
+            json_array_append_new(ids, json_string(PQgetvalue(memberships, i, 0)));
+    *out = json_object();
+    if (json_array_size(ids) == 0) {
+        json_decref(ids);
+        return ROOMS_OK;
+    }
+    const char *p[3] = {rooms_pg_array(s->r->arena, ids), i64s(s, s->since), i64s(s, s->upto)};
+    json_decref(ids);
+    PGresult *res = rooms_q(s->c,
+                            "SELECT DISTINCT room_id FROM events WHERE room_id = ANY($1::text[])"
+                            " AND stream_pos > $2 AND stream_pos <= $3"
+                            " UNION SELECT room_id FROM receipts WHERE room_id = ANY($1::text[])"
+                            " AND stream_pos > $2 AND stream_pos <= $3"
+                            " UNION SELECT room_id FROM typing WHERE room_id = ANY($1::text[])"
+                            " AND stream_pos > $2 AND stream_pos <= $3",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; i < PQntuples(res); i++) json_object_set_new(*out, PQgetvalue(res, i, 0), json_true());
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
+{
+    json_t *join = json_object(), *invite = json_object(), *leave = json_object();
+    json_object_set_new(rooms, "join", join);
+    json_object_set_new(rooms, "invite", invite);
+    json_object_set_new(rooms, "leave", leave);
+    json_object_set_new(rooms, "knock", json_object());
+    json_t *acct;
+    if (room_account_data(s, &acct) < 0) return ROOMS_E_DB;
+    /* Every room's newest membership of the user as of upto. */
+    const char *p[2] = {s->user, i64s(s, s->upto)};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id,"
+                            " sender, forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2"
+                            " ORDER BY room_id, stream_pos DESC",
+                            2, p, NULL);
+    if (!res) {
+        json_decref(acct);
+        return ROOMS_E_DB;
+    }
+    json_t *active = NULL;
+    int rc = active_rooms(s, res, &active);
+    for (int i = 0; i < PQntuples(res) && rc >= 0; i++) {
+        membership_row m = {PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), PQgetvalue(res, i, 3),
+                            PQgetvalue(res, i, 4), atoll(PQgetvalue(res, i, 2))};
+        bool forgotten = PQgetvalue(res, i, 5)[0] == 't';
+        if (forgotten || !room_wanted(s, m.room_id)) continue;
+        bool in_window = m.pos > s->since;
+        if (strcmp(m.membership, "join") == 0) {
+            if (!active || json_object_get(active, m.room_id) || json_object_get(acct, m.room_id))
+                rc = joined_room(s, m.room_id, acct, join, has_new);
+        }
+        else if (strcmp(m.membership, "invite") == 0 && (in_window || s->since == 0))
+            rc = invited_room(s, &m, invite, has_new);
+        else if ((strcmp(m.membership, "leave") == 0 || strcmp(m.membership, "ban") == 0) &&
+                 ((s->since > 0 && in_window) || (s->since == 0 && s->include_leave)))
+            rc = left_room(s, &m, leave, has_new);
+    }
+    PQclear(res);
+    json_decref(acct);
+    json_decref(active);
+    json_decref(s->push_rules);
+    s->push_rules = NULL;
+    return rc;
+}

@@ -1,0 +1,38 @@
+/*
+ * core/client/sync/sync_rooms.h - what sync.c (the endpoint: parameters, filter, parking,
+ * sections) and sync_rooms.c (the `rooms` part of a response) share: the window of one
+ * sync run and the filter that shapes it. Internal prefix: sync_.
+ */
+#ifndef ATRIUM_CORE_SYNC_ROOMS_H
+#define ATRIUM_CORE_SYNC_ROOMS_H
+
+#include "core/client/rooms/rooms_api.h"
+
+#define SYNC_DEFAULT_TIMELINE_LIMIT 10
+#define SYNC_MAX_TIMELINE_LIMIT 500
+#define SYNC_MAX_UNREAD_COUNT 99  /* unread events read for unread_notifications, newest first */
+#define SYNC_MAX_HEROES 5
+
+typedef struct sync_ctx {
+    atrium_req *r;
+    PGconn *c;
+    const char *user, *device;
+    int64_t since; /* 0: initial sync */
+    int64_t upto;  /* next_batch */
+    bool full_state;
+    room_filter timeline; /* room.timeline */
+    int64_t timeline_limit;
+    bool lazy_members;    /* room.state.lazy_load_members (or room.timeline's) */
+    bool include_leave;   /* room.include_leave */
+    const json_t *only_rooms, *not_rooms; /* room.rooms / room.not_rooms, or NULL */
+    events_view view;     /* room_id left out */
+    json_t *push_rules;   /* the user's rule set: loaded by the first room with unread
+                           * events, released when sync_rooms returns (NULL before) */
+} sync_ctx;
+
+/* Fill rooms.join / rooms.invite / rooms.leave of `rooms` for the window (since, upto].
+ * *has_new is set when any room has something to report. ROOMS_OK or ROOMS_E_DB.
+ * s->push_rules is NULL again when it returns. */
+int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new);
+
+#endif
