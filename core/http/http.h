@@ -200,6 +200,15 @@ void http_req_release_holds(atrium_req *r);
 /* Run the route handler on the calling thread inside the request's scopes; returns the
  * handler's outcome (errors mapped to a response). */
 int http_req_run(atrium_req *r);
+/* [req] Reading a request, one set of calls for the core and plugins alike (the host
+ * table's req_param, req_query and req_json adapt them). All results are owned by r.
+ * A path parameter by its template name ("roomId" for "{roomId}"), percent-decoded; NULL
+ * when the route has no parameter of that name. */
+const char *http_req_param(atrium_req *r, const char *name);
+/* [req] A query argument by name, percent-decoded ("" for "?name" or "?name="); NULL when
+ * absent. When a name repeats, the first occurrence wins. */
+const char *http_req_query(atrium_req *r, const char *name);
+/* [req] A header by name (case-insensitive); NULL when absent. */
 const char *http_req_header(atrium_req *r, const char *name);
 const char *http_req_client_key(atrium_req *r);
 /* [req] The body as a JSON object, parsed once and kept in r->json (freed with r, so it

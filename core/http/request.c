@@ -208,6 +208,20 @@ void http_req_release_holds(atrium_req *r)
     }
 }
 
+const char *http_req_param(atrium_req *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_params; i++)
+        if (strcmp(r->param_names[i], name) == 0) return r->param_values[i];
+    return NULL;
+}
+
+const char *http_req_query(atrium_req *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_args; i++) /* the first occurrence wins */
+        if (strcmp(r->args[i].name, name) == 0) return r->args[i].value;
+    return NULL;
+}
+
 const char *http_req_header(atrium_req *r, const char *name)
 {
     for (size_t i = 0; i < r->n_headers; i++)

@@ -131,23 +131,11 @@ static int h_req_run_reason(atrium_req *r) { return r->run_reason; }
 static void *h_req_state(atrium_req *r) { return r->plugin_state; }
 static void h_req_set_state(atrium_req *r, void *state) { r->plugin_state = state; }
 static const char *h_req_client_key(atrium_req *r) { return http_req_client_key(r); }
+static const char *h_req_param(atrium_req *r, const char *name) { return http_req_param(r, name); }
+static const char *h_req_query(atrium_req *r, const char *name) { return http_req_query(r, name); }
 static const char *h_req_header(atrium_req *r, const char *name) { return http_req_header(r, name); }
 static void *h_req_alloc(atrium_req *r, size_t size) { return rt_arena_alloc(r->arena, size); }
 static char *h_req_strdup(atrium_req *r, const char *s) { return rt_arena_strdup(r->arena, s); }
-
-static const char *h_req_param(atrium_req *r, const char *name)
-{
-    for (size_t i = 0; i < r->n_params; i++)
-        if (strcmp(r->param_names[i], name) == 0) return r->param_values[i];
-    return NULL;
-}
-
-static const char *h_req_query(atrium_req *r, const char *name)
-{
-    for (size_t i = 0; i < r->n_args; i++)
-        if (strcmp(r->args[i].name, name) == 0) return r->args[i].value;
-    return NULL;
-}
 
 static const char *h_req_body(atrium_req *r, size_t *len)
 {

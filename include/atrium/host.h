@@ -153,8 +153,9 @@ struct atrium_host {
     /* == 1.0: the request =============================================================== */
 
     /* [req] Method ("GET", "HEAD", ...), path (percent-decoded), a path parameter by its
-     * template name, a query parameter (decoded; NULL when absent), a header (case-
-     * insensitive; NULL when absent). All owned by the request. */
+     * template name, a query parameter (decoded; NULL when absent; the first occurrence
+     * when the name repeats), a header (case-insensitive; NULL when absent). All owned by
+     * the request. */
     const char *(*req_method)(atrium_req *req);
     const char *(*req_path)(atrium_req *req);
     const char *(*req_param)(atrium_req *req, const char *name);

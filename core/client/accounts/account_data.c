@@ -36,7 +36,7 @@ bool acc_account_data_store(PGconn *c, const char *user_id, const char *room_id,
  * false after answering. */
 static bool path_ok(atrium_req *r, const char *room_id, const char *type)
 {
-    if (strcmp(r->param_values[0], r->user) != 0) {
+    if (strcmp(http_req_param(r, "userId"), r->user) != 0) {
         http_respond_error(r, 403, "M_FORBIDDEN", "You can only use your own account data");
         return false;
     }
@@ -60,7 +60,7 @@ static int put_data(atrium_req *r, const char *room_id, const char *type)
         if (strcmp(type, SERVER_MANAGED_TYPES[i]) == 0)
             return http_respond_error(r, 405, "M_BAD_JSON",
                                       "%s is managed by the server; use its own API", type);
-    json_t *content = acc_body(r);
+    json_t *content = http_req_json(r);
     if (!content) return ATRIUM_DONE;
     char *text = json_dumps(content, JSON_COMPACT);
     if (!text) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
@@ -94,11 +94,17 @@ static int get_data(atrium_req *r, const char *room_id, const char *type)
 }
 
 /* /user/{userId}/account_data/{type} */
-static int put_global(atrium_req *r) { return put_data(r, NULL, r->param_values[1]); }
-static int get_global(atrium_req *r) { return get_data(r, NULL, r->param_values[1]); }
+static int put_global(atrium_req *r) { return put_data(r, NULL, http_req_param(r, "type")); }
+static int get_global(atrium_req *r) { return get_data(r, NULL, http_req_param(r, "type")); }
 /* /user/{userId}/rooms/{roomId}/account_data/{type} */
-static int put_room(atrium_req *r) { return put_data(r, r->param_values[1], r->param_values[2]); }
-static int get_room(atrium_req *r) { return get_data(r, r->param_values[1], r->param_values[2]); }
+static int put_room(atrium_req *r)
+{
+    return put_data(r, http_req_param(r, "roomId"), http_req_param(r, "type"));
+}
+static int get_room(atrium_req *r)
+{
+    return get_data(r, http_req_param(r, "roomId"), http_req_param(r, "type"));
+}
 
 int acc_account_data_routes(http_server *s)
 {

@@ -18,11 +18,6 @@
 
 /* ---- request bodies ---------------------------------------------------------------------- */
 
-json_t *acc_body(atrium_req *r)
-{
-    return http_req_json(r);
-}
-
 bool acc_string(atrium_req *r, json_t *obj, const char *key, bool required, size_t max_bytes,
                 const char **out)
 {
@@ -93,13 +88,6 @@ bool acc_user_identifier(atrium_req *r, json_t *obj, const char **user)
         return false;
     }
     return acc_string(r, ident, "user", true, ACC_USER_ID_MAX_BYTES, user);
-}
-
-const char *acc_query_arg(atrium_req *r, const char *name)
-{
-    for (size_t i = 0; i < r->n_args; i++)
-        if (strcmp(r->args[i].name, name) == 0) return r->args[i].value;
-    return NULL;
 }
 
 /* ---- user IDs ---------------------------------------------------------------------------- */

@@ -36,9 +36,6 @@
 
 /* ---- request bodies ---------------------------------------------------------------------- */
 
-/* [req] The body as a JSON object (parsed once, kept in r->json for re-runs). NULL after
- * answering 400 M_NOT_JSON. */
-json_t *acc_body(atrium_req *r);
 /* [req] Typed fields of obj. Each returns true when the field is fine (absent fields leave
  * *out at NULL / the default), false after answering: 400 M_BAD_JSON for a wrong type,
  * 400 M_MISSING_PARAM for an absent required field, 400 M_INVALID_PARAM over max_bytes
@@ -52,8 +49,6 @@ bool acc_object(atrium_req *r, json_t *obj, const char *key, bool required, json
  * deprecated top-level `user` (*user NULL when neither is there). false after answering 400
  * (M_UNKNOWN for another identifier type). */
 bool acc_user_identifier(atrium_req *r, json_t *obj, const char **user);
-/* The value of query parameter name, or NULL. */
-const char *acc_query_arg(atrium_req *r, const char *name);
 
 /* ---- user IDs ---------------------------------------------------------------------------- */
 

@@ -102,7 +102,7 @@ static int post_register(atrium_req *r)
 {
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return acc_create_account(r, r->plugin_state);
     if (!enabled(r) || ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const char *nonce, *username, *password, *mac, *displayname;
     bool admin;

@@ -58,7 +58,7 @@ static int get_device(atrium_req *r)
     if (!auth_request(r)) return ATRIUM_DONE;
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
-    const char *p[2] = {r->user, r->param_values[0]};
+    const char *p[2] = {r->user, http_req_param(r, "deviceId")};
     PGresult *res = acc_q(c, "SELECT " DEVICE_COLUMNS " FROM devices WHERE user_id = $1"
                              " AND device_id = $2", 2, p);
     acc_db_release(c);
@@ -74,13 +74,13 @@ static int get_device(atrium_req *r)
 static int put_device(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     const char *name;
     if (!body || !acc_string(r, body, "display_name", false, ACC_DEVICE_NAME_MAX_BYTES, &name))
         return ATRIUM_DONE;
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
-    const char *p[3] = {r->user, r->param_values[0], name};
+    const char *p[3] = {r->user, http_req_param(r, "deviceId"), name};
     PGresult *res = acc_q(c, "UPDATE devices SET display_name = COALESCE($3, display_name)"
                              " WHERE user_id = $1 AND device_id = $2", 3, p);
     acc_db_release(c);
@@ -129,12 +129,12 @@ static int delete_device(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
-    json_t *body = r->body_len ? acc_body(r) : json_object();
+    json_t *body = r->body_len ? http_req_json(r) : json_object();
     if (!body) return ATRIUM_DONE;
     if (!r->json) r->json = body; /* an empty body: keep the placeholder for its lifetime */
     const char **ids = rt_arena_alloc(r->arena, sizeof(char *));
     if (!ids) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-    ids[0] = r->param_values[0];
+    ids[0] = http_req_param(r, "deviceId");
     return begin_delete(r, body, ids, 1);
 }
 
@@ -143,7 +143,7 @@ static int post_delete_devices(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     json_t *list = json_object_get(body, "devices");
     if (!list) return http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'devices'");
@@ -198,7 +198,7 @@ static int post_password(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_password(r, r->plugin_state);
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     password_state *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");

@@ -19,7 +19,7 @@
 /* The user a /user/{userId}/... path names must be the caller: 403 otherwise. */
 static bool own_path(atrium_req *r)
 {
-    if (strcmp(r->param_values[0], r->user) == 0) return true;
+    if (strcmp(http_req_param(r, "userId"), r->user) == 0) return true;
     http_respond_error(r, 403, "M_FORBIDDEN", "You can only use your own filters");
     return false;
 }
@@ -56,7 +56,7 @@ static bool filter_shape_ok(atrium_req *r, json_t *filter)
 static int post_filter(atrium_req *r)
 {
     if (!auth_request(r) || !own_path(r)) return ATRIUM_DONE;
-    json_t *filter = acc_body(r);
+    json_t *filter = http_req_json(r);
     if (!filter || !filter_shape_ok(r, filter)) return ATRIUM_DONE;
     char *text = json_dumps(filter, JSON_COMPACT);
     if (!text) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
@@ -107,7 +107,7 @@ static int get_filter(atrium_req *r)
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
     json_t *filter;
-    int found = acc_filter_load(c, r->user, r->param_values[1], &filter);
+    int found = acc_filter_load(c, r->user, http_req_param(r, "filterId"), &filter);
     acc_db_release(c);
     if (found < 0) return acc_db_failed(r);
     if (!found) return http_respond_error(r, 404, "M_NOT_FOUND", "No such filter");

@@ -99,7 +99,7 @@ static int post_login(atrium_req *r)
 {
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_login(r, r->plugin_state);
     if (ratelimit_refused(r, ratelimit_login())) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const char *type, *user, *password, *device_id, *device_name;
     if (!acc_string(r, body, "type", true, 0, &type)) return ATRIUM_DONE;

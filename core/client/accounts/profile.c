@@ -82,7 +82,7 @@ static const profile_field *field_named(const char *name)
 /* GET /_matrix/client/v3/profile/{userId} */
 static int get_profile(atrium_req *r)
 {
-    json_t *profile = load_profile(r, r->param_values[0]);
+    json_t *profile = load_profile(r, http_req_param(r, "userId"));
     if (!profile) return ATRIUM_DONE;
     return http_respond_json(r, 200, profile);
 }
@@ -90,9 +90,9 @@ static int get_profile(atrium_req *r)
 /* GET /_matrix/client/v3/profile/{userId}/{field} */
 static int get_field(atrium_req *r)
 {
-    const profile_field *f = field_named(r->param_values[1]);
+    const profile_field *f = field_named(http_req_param(r, "field"));
     if (!f) return http_respond_error(r, 404, "M_NOT_FOUND", "No such profile field");
-    json_t *profile = load_profile(r, r->param_values[0]);
+    json_t *profile = load_profile(r, http_req_param(r, "userId"));
     if (!profile) return ATRIUM_DONE;
     json_t *value = json_object_get(profile, f->name);
     if (!value) {
@@ -150,11 +150,11 @@ static void update_joined_rooms(atrium_req *r, const char *user_id)
 static int put_field(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    const profile_field *f = field_named(r->param_values[1]);
+    const profile_field *f = field_named(http_req_param(r, "field"));
     if (!f) return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown profile field");
-    if (strcmp(r->param_values[0], r->user) != 0)
+    if (strcmp(http_req_param(r, "userId"), r->user) != 0)
         return http_respond_error(r, 403, "M_FORBIDDEN", "You can only change your own profile");
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     const char *value;
     if (!body || !acc_string(r, body, f->name, true, f->max_bytes, &value)) return ATRIUM_DONE;
     if (strcmp(f->name, "avatar_url") == 0 && value[0] && strncmp(value, "mxc://", 6) != 0)

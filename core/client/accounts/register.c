@@ -66,7 +66,7 @@ static int post_register(atrium_req *r)
         return acc_create_account(r, &st->account);
     }
     if (ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
-    const char *kind = acc_query_arg(r, "kind");
+    const char *kind = http_req_query(r, "kind");
     if (kind && strcmp(kind, "guest") == 0)
         return http_respond_error(r, 403, "M_GUEST_ACCESS_FORBIDDEN",
                                   "Guest access is not enabled on this server");
@@ -74,7 +74,7 @@ static int post_register(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "kind must be user or guest");
     if (!r->srv->cfg->registration.enabled)
         return http_respond_error(r, 403, "M_FORBIDDEN", "Registration is disabled");
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const char *username, *password, *device_id, *device_name;
     bool inhibit_login;
@@ -117,7 +117,7 @@ static int post_register(atrium_req *r)
 static int get_available(atrium_req *r)
 {
     if (ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
-    const char *username = acc_query_arg(r, "username");
+    const char *username = http_req_query(r, "username");
     if (!username)
         return http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'username'");
     const char *user_id = wanted_user_id(r, username);

@@ -34,13 +34,13 @@
  * NULL) a sane name. false after answering. */
 static bool tag_path_ok(atrium_req *r, const char *tag)
 {
-    if (strcmp(r->param_values[0], r->user) != 0) {
+    if (strcmp(http_req_param(r, "userId"), r->user) != 0) {
         http_respond_error(r, 403, "M_FORBIDDEN", "You can only use your own room tags");
         return false;
     }
-    if (!rooms_room_id_ok(r->param_values[1])) {
+    if (!rooms_room_id_ok(http_req_param(r, "roomId"))) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'%.64s' is not a room ID",
-                           r->param_values[1]);
+                           http_req_param(r, "roomId"));
         return false;
     }
     if (!tag) return true;
@@ -143,7 +143,7 @@ static tag_edit_result edit_in_tx(PGconn *c, const char *user_id, const char *ro
  * syncs when something changed, and answer {} (or the error). Returns ATRIUM_DONE. */
 static int edit_tag(atrium_req *r, const char *tag, json_t *info)
 {
-    const char *room_id = r->param_values[1];
+    const char *room_id = http_req_param(r, "roomId");
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
     tag_edit_result rc = TAG_EDIT_DB;
@@ -177,7 +177,7 @@ static int get_tags(atrium_req *r)
     if (!auth_request(r) || !tag_path_ok(r, NULL)) return ATRIUM_DONE;
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
-    json_t *content = load_tag_event(c, r->user, r->param_values[1]);
+    json_t *content = load_tag_event(c, r->user, http_req_param(r, "roomId"));
     acc_db_release(c);
     if (!content) return acc_db_failed(r);
     json_t *tags = tags_of(content);
@@ -190,9 +190,9 @@ static int get_tags(atrium_req *r)
 /* PUT /_matrix/client/v3/user/{userId}/rooms/{roomId}/tags/{tag} {order?, ...} */
 static int put_tag(atrium_req *r)
 {
-    const char *tag = r->param_values[2];
+    const char *tag = http_req_param(r, "tag");
     if (!auth_request(r) || !tag_path_ok(r, tag)) return ATRIUM_DONE;
-    json_t *info = acc_body(r);
+    json_t *info = http_req_json(r);
     if (!info || !tag_info_ok(r, info)) return ATRIUM_DONE;
     return edit_tag(r, tag, info);
 }
@@ -200,7 +200,7 @@ static int put_tag(atrium_req *r)
 /* DELETE /_matrix/client/v3/user/{userId}/rooms/{roomId}/tags/{tag} */
 static int delete_tag(atrium_req *r)
 {
-    const char *tag = r->param_values[2];
+    const char *tag = http_req_param(r, "tag");
     if (!auth_request(r) || !tag_path_ok(r, tag)) return ATRIUM_DONE;
     return edit_tag(r, tag, NULL);
 }

@@ -189,7 +189,7 @@ static json_t *result_of(PGresult *res, int row)
 static int search(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     const char *term;
     int64_t limit;
     if (!body || !acc_string(r, body, "search_term", true, UDIR_TERM_MAX_BYTES, &term) ||

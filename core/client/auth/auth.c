@@ -42,10 +42,8 @@ const char *auth_token_of(atrium_req *r)
         while (*t == ' ') t++;
         return *t ? t : NULL;
     }
-    for (size_t i = 0; i < r->n_args; i++)
-        if (strcmp(r->args[i].name, "access_token") == 0 && r->args[i].value[0])
-            return r->args[i].value;
-    return NULL;
+    const char *q = http_req_query(r, "access_token");
+    return q && *q ? q : NULL;
 }
 
 const char *auth_request(atrium_req *r)

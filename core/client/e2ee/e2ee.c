@@ -108,13 +108,6 @@ static const atrium_migration MIGRATIONS[] = {
 
 /* ---- requests ----------------------------------------------------------------------------- */
 
-const char *e2ee_param(atrium_req *r, const char *name)
-{
-    for (size_t i = 0; i < r->n_params; i++)
-        if (strcmp(r->param_names[i], name) == 0) return r->param_values[i];
-    return NULL;
-}
-
 const char *e2ee_user_domain(const char *user_id)
 {
     const char *colon = strchr(user_id, ':');

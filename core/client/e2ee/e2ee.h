@@ -42,9 +42,7 @@ int to_device_init(http_server *s);
 
 /* ---- requests ----------------------------------------------------------------------------- */
 
-/* Bodies are read with acc_body, query arguments with acc_query_arg (accounts.h). */
-/* [req] A route parameter by name, or NULL. */
-const char *e2ee_param(atrium_req *r, const char *name);
+/* Requests are read with http_req_param, http_req_query and http_req_json (core/http/http.h). */
 /* Is user_id on this server (ends in ":" + server_name)? */
 bool e2ee_user_is_local(const atrium_req *r, const char *user_id);
 /* The server-name part of a user ID ("" when it has none). */

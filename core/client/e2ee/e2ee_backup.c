@@ -153,7 +153,7 @@ static json_t *version_info(PGconn *c, const char *user, int64_t version, int *f
 static int get_version(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    const char *vs = e2ee_param(r, "version");
+    const char *vs = http_req_param(r, "version");
     int64_t version = 0;
     if (vs && !parse_version(vs, &version))
         return http_respond_error(r, 404, "M_NOT_FOUND", BACKUP_NOT_FOUND);
@@ -183,7 +183,7 @@ static const char *check_version_body(const json_t *body)
 static int post_version(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const char *msg = check_version_body(body);
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
@@ -215,15 +215,16 @@ static int post_version(atrium_req *r)
 static int put_version(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     int64_t version;
-    if (!parse_version(e2ee_param(r, "version"), &version))
+    if (!parse_version(http_req_param(r, "version"), &version))
         return http_respond_error(r, 404, "M_NOT_FOUND", BACKUP_NOT_FOUND);
     const char *msg = check_version_body(body);
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
     const json_t *bv = json_object_get(body, "version");
-    if (bv && !(json_is_string(bv) && strcmp(json_string_value(bv), e2ee_param(r, "version")) == 0))
+    const char *path_version = http_req_param(r, "version");
+    if (bv && !(json_is_string(bv) && strcmp(json_string_value(bv), path_version) == 0))
         return http_respond_error(r, 400, "M_INVALID_PARAM",
                                   "version in the body does not match the path");
     PGconn *c = e2ee_db_begin(r);
@@ -253,7 +254,7 @@ static int delete_version(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     int64_t version;
-    if (!parse_version(e2ee_param(r, "version"), &version))
+    if (!parse_version(http_req_param(r, "version"), &version))
         return http_respond_error(r, 404, "M_NOT_FOUND", BACKUP_NOT_FOUND);
     PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
@@ -288,7 +289,7 @@ static bool key_data_ok(const json_t *v)
 /* The request's version (?version=): parsed, or answered (400 missing, 404 malformed). */
 static bool request_version(atrium_req *r, int64_t *version)
 {
-    const char *vs = acc_query_arg(r, "version");
+    const char *vs = http_req_query(r, "version");
     if (!vs) {
         http_respond_error(r, 400, "M_MISSING_PARAM", "The version query parameter is required");
         return false;
@@ -382,11 +383,11 @@ static json_t *normalize_put(json_t *body, const char *room, const char *session
 static int put_keys(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     int64_t version;
     if (!request_version(r, &version)) return ATRIUM_DONE;
-    json_t *keys = normalize_put(body, e2ee_param(r, "roomId"), e2ee_param(r, "sessionId"));
+    json_t *keys = normalize_put(body, http_req_param(r, "roomId"), http_req_param(r, "sessionId"));
     if (!keys)
         return http_respond_error(r, 400, "M_BAD_JSON",
                                   "The body is not session key backup data for this path");
@@ -486,7 +487,7 @@ static PGconn *open_keys_version(atrium_req *r, int64_t *version, char v[VERSION
 /* GET /room_keys/keys[/{roomId}[/{sessionId}]]?version= */
 static int get_keys(atrium_req *r)
 {
-    const char *room = e2ee_param(r, "roomId"), *session = e2ee_param(r, "sessionId");
+    const char *room = http_req_param(r, "roomId"), *session = http_req_param(r, "sessionId");
     int64_t version;
     char v[VERSION_TEXT_BYTES];
     PGconn *c = open_keys_version(r, &version, v);
@@ -519,7 +520,7 @@ static int get_keys(atrium_req *r)
 /* DELETE /room_keys/keys[/{roomId}[/{sessionId}]]?version= */
 static int delete_keys(atrium_req *r)
 {
-    const char *room = e2ee_param(r, "roomId"), *session = e2ee_param(r, "sessionId");
+    const char *room = http_req_param(r, "roomId"), *session = http_req_param(r, "sessionId");
     int64_t version;
     char v[VERSION_TEXT_BYTES];
     PGconn *c = open_keys_version(r, &version, v);

@@ -124,7 +124,7 @@ static bool store_upload(PGconn *c, const char *user, const xsign_upload *up)
 static int post_device_signing_upload(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     xsign_upload up;
     const char *msg = read_upload(r, body, &up);
@@ -335,7 +335,7 @@ static const char *check_signatures(const json_t *body)
 static int post_signatures_upload(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const char *msg = check_signatures(body);
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);

@@ -168,7 +168,7 @@ static json_t *one_time_key_counts(PGconn *c, const char *user, const char *devi
 static int post_keys_upload(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const json_t *dk = json_object_get(body, "device_keys");
     const json_t *otk = json_object_get(body, "one_time_keys");
@@ -271,7 +271,7 @@ static bool is_algorithm(const json_t *v)
 static int post_keys_claim(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const json_t *req = json_object_get(body, "one_time_keys");
     const char *msg = e2ee_check_device_map(req, "one_time_keys", E2EE_CLAIM_MAX_DEVICES,

@@ -182,7 +182,7 @@ static const char *check_query(const json_t *req)
 static int post_keys_query(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const json_t *req = json_object_get(body, "device_keys");
     const char *msg = check_query(req);
@@ -329,7 +329,7 @@ static json_t *device_list_changes(PGconn *c, const char *user, int64_t from, in
 static int get_keys_changes(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    const char *from_s = acc_query_arg(r, "from"), *to_s = acc_query_arg(r, "to");
+    const char *from_s = http_req_query(r, "from"), *to_s = http_req_query(r, "to");
     if (!from_s) return http_respond_error(r, 400, "M_MISSING_PARAM", "from is required");
     int64_t from, to = INT64_MAX;
     if (!rooms_parse_token(from_s, &from))

@@ -64,13 +64,13 @@ static bool store_messages(PGconn *c, atrium_req *r, const char *type, const cha
 static int put_send_to_device(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    const char *type = e2ee_param(r, "eventType"), *txn = e2ee_param(r, "txnId");
+    const char *type = http_req_param(r, "eventType"), *txn = http_req_param(r, "txnId");
     if (!type || !e2ee_id_ok(type))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "The event type is empty or too long");
     if (!txn || !e2ee_id_ok(txn))
         return http_respond_error(r, 400, "M_INVALID_PARAM",
                                   "The transaction ID is empty or too long");
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const json_t *messages = json_object_get(body, "messages");
     const char *msg = e2ee_check_device_map(messages, "messages", TO_DEVICE_MAX_MESSAGES,

@@ -262,7 +262,7 @@ static int get_global(atrium_req *r)
 static int get_kind(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    const char *kind = r->param_values[0];
+    const char *kind = http_req_param(r, "kind");
     if (!kind_ok(kind)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
     json_t *global = ruleset_for_read(r);
     if (!global) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
@@ -275,7 +275,7 @@ static int get_kind(atrium_req *r)
  * *global_out owns the returned rule. */
 static json_t *rule_of_path(atrium_req *r, json_t **global_out)
 {
-    const char *kind = r->param_values[0], *rule_id = r->param_values[1];
+    const char *kind = http_req_param(r, "kind"), *rule_id = http_req_param(r, "ruleId");
     *global_out = NULL;
     if (!kind_ok(kind)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
@@ -462,15 +462,15 @@ static bool put_rule_tx(atrium_req *r, PGconn *c, void *arg)
 static int put_rule(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    put_args a = {.kind = r->param_values[0], .rule_id = r->param_values[1],
-                  .before = acc_query_arg(r, "before"), .after = acc_query_arg(r, "after")};
+    put_args a = {.kind = http_req_param(r, "kind"), .rule_id = http_req_param(r, "ruleId"),
+                  .before = http_req_query(r, "before"), .after = http_req_query(r, "after")};
     if (!kind_ok(a.kind)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
     if (a.rule_id[0] == '.')
         return http_respond_error(r, 400, "M_INVALID_PARAM",
                                   "Rule IDs starting with '.' belong to the server");
     if (strchr(a.rule_id, '/') || strchr(a.rule_id, '\\'))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Rule IDs may not hold / or \\");
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     json_t *actions = json_object_get(body, "actions");
     if (!actions_ok(r, actions)) return ATRIUM_DONE;
@@ -496,7 +496,7 @@ static int put_rule(atrium_req *r)
 static bool delete_rule_tx(atrium_req *r, PGconn *c, void *arg)
 {
     (void)arg;
-    const char *p[3] = {r->user, r->param_values[0], r->param_values[1]};
+    const char *p[3] = {r->user, http_req_param(r, "kind"), http_req_param(r, "ruleId")};
     PGresult *res = acc_q(c, "DELETE FROM push_rules WHERE user_id = $1 AND kind = $2"
                              " AND rule_id = $3", 3, p);
     if (!res) return false;
@@ -510,9 +510,9 @@ static bool delete_rule_tx(atrium_req *r, PGconn *c, void *arg)
 static int delete_rule(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (!kind_ok(r->param_values[0]))
+    if (!kind_ok(http_req_param(r, "kind")))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
-    if (r->param_values[1][0] == '.')
+    if (http_req_param(r, "ruleId")[0] == '.')
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Server-default rules cannot be deleted");
     return apply_change(r, delete_rule_tx, NULL);
 }
@@ -526,7 +526,7 @@ typedef struct attr_args {
 static bool set_attr_tx(atrium_req *r, PGconn *c, void *arg)
 {
     attr_args *a = arg;
-    const char *kind = r->param_values[0], *rule_id = r->param_values[1];
+    const char *kind = http_req_param(r, "kind"), *rule_id = http_req_param(r, "ruleId");
     bool is_default = rule_id[0] == '.';
     if (is_default) {
         json_t *defaults = default_rules(r);
@@ -559,9 +559,9 @@ static bool set_attr_tx(atrium_req *r, PGconn *c, void *arg)
 static int put_enabled(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (!kind_ok(r->param_values[0]))
+    if (!kind_ok(http_req_param(r, "kind")))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     json_t *v = json_object_get(body, "enabled");
     if (!v) return http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'enabled'");
@@ -575,9 +575,9 @@ static int put_enabled(atrium_req *r)
 static int put_actions(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (!kind_ok(r->param_values[0]))
+    if (!kind_ok(http_req_param(r, "kind")))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body || !actions_ok(r, json_object_get(body, "actions"))) return ATRIUM_DONE;
     char *text = json_dumps(json_object_get(body, "actions"), JSON_COMPACT);
     if (!text) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");

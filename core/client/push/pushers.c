@@ -184,7 +184,7 @@ static pusher_set_result set_in_tx(PGconn *c, atrium_req *r, const pusher_req *p
 static int post_pusher_set(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     pusher_req p;
     if (!body || !read_pusher(r, body, &p)) return ATRIUM_DONE;
     char *data_text = p.data ? json_dumps(p.data, JSON_COMPACT) : NULL;

@@ -70,18 +70,9 @@ int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body
 
 /* ---- requests ----------------------------------------------------------------------- */
 
-const char *rooms_param(atrium_req *r, const char *name)
-{
-    for (size_t i = 0; i < r->n_params; i++)
-        if (strcmp(r->param_names[i], name) == 0) return r->param_values[i];
-    return NULL;
-}
-
 bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out)
 {
-    const char *text = NULL;
-    for (size_t i = 0; i < r->n_args; i++)
-        if (strcmp(r->args[i].name, name) == 0) text = r->args[i].value;
+    const char *text = http_req_query(r, name);
     json_t *f = NULL;
     if (text && *text) {
         f = json_loads(text, 0, NULL);
@@ -99,7 +90,7 @@ bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out)
 
 const char *rooms_param_room(atrium_req *r)
 {
-    const char *room = rooms_param(r, "roomId");
+    const char *room = http_req_param(r, "roomId");
     if (!rooms_room_id_ok(room)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID");
         return NULL;

@@ -153,8 +153,6 @@ bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out);
 
 /* [req] The {roomId} path parameter, checked to look like a room ID (400 otherwise). */
 const char *rooms_param_room(atrium_req *r);
-/* [req] A path parameter by name. */
-const char *rooms_param(atrium_req *r, const char *name);
 /* The server's name (server_name), for `origin` and new room IDs. */
 const char *rooms_server_name(void);
 /* The configured default room version (rooms.default_version). */

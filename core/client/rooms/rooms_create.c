@@ -219,7 +219,7 @@ static int post_create_room(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     create_req q;
     if (!parse_create(r, body, &q)) return ATRIUM_DONE;

@@ -91,11 +91,11 @@ static int post_receipt(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *room = rooms_param_room(r);
-    const char *type = rooms_param(r, "receiptType"), *event_id = rooms_param(r, "eventId");
+    const char *type = http_req_param(r, "receiptType"), *event_id = http_req_param(r, "eventId");
     if (!room) return ATRIUM_DONE;
     if (!is_receipt_type(type) && strcmp(type, "m.fully_read") != 0)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown receipt type");
-    json_t *body = r->body_len ? acc_body(r) : (r->json = json_object());
+    json_t *body = r->body_len ? http_req_json(r) : (r->json = json_object());
     const char *thread;
     if (!body || !acc_string(r, body, "thread_id", false, EVENT_MAX_ID_BYTES, &thread)) return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
@@ -123,7 +123,7 @@ static int post_read_markers(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *room = rooms_param_room(r);
-    json_t *body = room ? acc_body(r) : NULL;
+    json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     const char *fully, *read, *priv;
     if (!acc_string(r, body, "m.fully_read", false, EVENT_MAX_ID_BYTES, &fully) ||
@@ -162,8 +162,8 @@ static int put_typing(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r), *who = rooms_param(r, "userId");
-    json_t *body = room ? acc_body(r) : NULL;
+    const char *room = rooms_param_room(r), *who = http_req_param(r, "userId");
+    json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     if (strcmp(who, user) != 0)
         return http_respond_error(r, 403, "M_FORBIDDEN", "You can only set your own typing state");

@@ -238,7 +238,7 @@ static json_t *optional_body(atrium_req *r)
         if (!r->json) r->json = json_object();
         return r->json;
     }
-    return acc_body(r);
+    return http_req_json(r);
 }
 
 static int join_room(atrium_req *r, const char *user, const char *room_id)
@@ -287,7 +287,7 @@ static int post_join(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *target = rooms_param(r, "roomIdOrAlias");
+    const char *target = http_req_param(r, "roomIdOrAlias");
     if (target && target[0] == '#')
         return http_respond_error(r, 404, "M_NOT_FOUND", "Room alias %.128s not found", target);
     if (!rooms_room_id_ok(target))
@@ -331,7 +331,7 @@ static int act_on_user(atrium_req *r, const target_action *act)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *room = rooms_param_room(r);
-    json_t *body = room ? acc_body(r) : NULL;
+    json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     const char *target;
     if (!acc_string(r, body, "user_id", true, 0, &target)) return ATRIUM_DONE;

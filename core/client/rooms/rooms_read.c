@@ -42,7 +42,7 @@ static int db_failed(atrium_req *r, rooms_reader *rd, json_t *garbage)
 /* An integer query parameter in [1, max] (def when absent). false after answering 400. */
 static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t max, int64_t *out)
 {
-    const char *v = acc_query_arg(r, name);
+    const char *v = http_req_query(r, name);
     *out = def;
     if (!v) return true;
     char *end;
@@ -82,9 +82,9 @@ static int get_state_all(atrium_req *r)
 /* GET /_matrix/client/v3/rooms/{roomId}/state/{eventType}[/{stateKey}] */
 static int get_state_one(atrium_req *r)
 {
-    const char *type = rooms_param(r, "eventType"), *key = rooms_param(r, "stateKey");
+    const char *type = http_req_param(r, "eventType"), *key = http_req_param(r, "stateKey");
     if (!key) key = "";
-    const char *format = acc_query_arg(r, "format");
+    const char *format = http_req_query(r, "format");
     rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *types = json_pack("[s]", type);
@@ -112,7 +112,7 @@ static int get_state_one(atrium_req *r)
 /* GET /_matrix/client/v3/rooms/{roomId}/event/{eventId} */
 static int get_event(atrium_req *r)
 {
-    const char *event_id = rooms_param(r, "eventId");
+    const char *event_id = http_req_param(r, "eventId");
     rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *out = json_array();
@@ -139,8 +139,8 @@ static bool in_list(const char *v, const char *list)
 /* GET /_matrix/client/v3/rooms/{roomId}/members?at=&membership=&not_membership= */
 static int get_members(atrium_req *r)
 {
-    const char *at = acc_query_arg(r, "at"), *only = acc_query_arg(r, "membership");
-    const char *not_m = acc_query_arg(r, "not_membership");
+    const char *at = http_req_query(r, "at"), *only = http_req_query(r, "membership");
+    const char *not_m = http_req_query(r, "not_membership");
     int64_t at_pos = INT64_MAX;
     if (at && !rooms_parse_token(at, &at_pos))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'at' is not a token of this server");
@@ -250,8 +250,8 @@ static int window_page(atrium_req *r, rooms_reader *rd, const room_filter *f, in
 /* GET /_matrix/client/v3/rooms/{roomId}/messages?dir=&from=&to=&limit=&filter= */
 static int get_messages(atrium_req *r)
 {
-    const char *dir = acc_query_arg(r, "dir"), *from = acc_query_arg(r, "from");
-    const char *to = acc_query_arg(r, "to");
+    const char *dir = http_req_query(r, "dir"), *from = http_req_query(r, "from");
+    const char *to = http_req_query(r, "to");
     if (!dir || (strcmp(dir, "b") != 0 && strcmp(dir, "f") != 0))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'dir' must be \"b\" or \"f\"");
     bool back = dir[0] == 'b';
@@ -262,7 +262,8 @@ static int get_messages(atrium_req *r)
     if (!query_limit(r, "limit", MESSAGES_DEFAULT_LIMIT, MESSAGES_MAX_LIMIT, &limit) ||
         !rooms_filter_query(r, "filter", &f))
         return ATRIUM_DONE;
-    if (f.limit >= 0 && !acc_query_arg(r, "limit")) limit = f.limit > MESSAGES_MAX_LIMIT ? MESSAGES_MAX_LIMIT : f.limit;
+    if (f.limit >= 0 && !http_req_query(r, "limit"))
+        limit = f.limit > MESSAGES_MAX_LIMIT ? MESSAGES_MAX_LIMIT : f.limit;
     rooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     /* Back: after `to`, up to `from`, newest first. Forward: after `from`, up to `to`,
@@ -288,7 +289,7 @@ static int get_messages(atrium_req *r)
 /* GET /_matrix/client/v3/rooms/{roomId}/context/{eventId}?limit=&filter= */
 static int get_context(atrium_req *r)
 {
-    const char *event_id = rooms_param(r, "eventId");
+    const char *event_id = http_req_param(r, "eventId");
     int64_t limit;
     room_filter f;
     if (!query_limit(r, "limit", CONTEXT_DEFAULT_LIMIT, CONTEXT_MAX_LIMIT, &limit) ||

@@ -98,17 +98,17 @@ static int get_relations(atrium_req *r)
 {
     rooms_reader rd = {0};
     if (!(rd.user = auth_request(r)) || !(rd.room = rooms_param_room(r))) return ATRIUM_DONE;
-    const char *parent = rooms_param(r, "eventId"), *rel_type = rooms_param(r, "relType");
-    const char *ev_type = rooms_param(r, "eventType"), *dir = acc_query_arg(r, "dir");
-    const char *from = acc_query_arg(r, "from"), *to = acc_query_arg(r, "to");
-    const char *recurse = acc_query_arg(r, "recurse");
+    const char *parent = http_req_param(r, "eventId"), *rel_type = http_req_param(r, "relType");
+    const char *ev_type = http_req_param(r, "eventType"), *dir = http_req_query(r, "dir");
+    const char *from = http_req_query(r, "from"), *to = http_req_query(r, "to");
+    const char *recurse = http_req_query(r, "recurse");
     if (dir && strcmp(dir, "b") != 0 && strcmp(dir, "f") != 0)
         return bad_param(r, "'dir' must be \"b\" or \"f\"");
     bool back = !dir || dir[0] == 'b';
     int64_t from_pos = back ? INT64_MAX : 0, to_pos = back ? 0 : INT64_MAX, limit;
     if ((from && !rooms_parse_token(from, &from_pos)) || (to && !rooms_parse_token(to, &to_pos)))
         return bad_param(r, "Not a pagination token of this server");
-    if (!rel_parse_limit(acc_query_arg(r, "limit"), RELATIONS_DEFAULT_LIMIT, RELATIONS_MAX_LIMIT,
+    if (!rel_parse_limit(http_req_query(r, "limit"), RELATIONS_DEFAULT_LIMIT, RELATIONS_MAX_LIMIT,
                          &limit))
         return bad_param(r, "'limit' must be a non-negative integer");
     if (recurse && strcmp(recurse, "true") != 0 && strcmp(recurse, "false") != 0)
@@ -198,13 +198,13 @@ static int get_threads(atrium_req *r)
 {
     rooms_reader rd = {0};
     if (!(rd.user = auth_request(r)) || !(rd.room = rooms_param_room(r))) return ATRIUM_DONE;
-    const char *include = acc_query_arg(r, "include"), *from = acc_query_arg(r, "from");
+    const char *include = http_req_query(r, "include"), *from = http_req_query(r, "from");
     if (include && strcmp(include, "all") != 0 && strcmp(include, "participated") != 0)
         return bad_param(r, "'include' must be \"all\" or \"participated\"");
     int64_t from_pos = INT64_MAX, limit;
     if (from && !rooms_parse_token(from, &from_pos))
         return bad_param(r, "Not a pagination token of this server");
-    if (!rel_parse_limit(acc_query_arg(r, "limit"), THREADS_DEFAULT_LIMIT, THREADS_MAX_LIMIT,
+    if (!rel_parse_limit(http_req_query(r, "limit"), THREADS_DEFAULT_LIMIT, THREADS_MAX_LIMIT,
                          &limit))
         return bad_param(r, "'limit' must be a non-negative integer");
     if (!rooms_reader_open(r, &rd)) return ATRIUM_DONE;

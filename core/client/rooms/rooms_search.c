@@ -235,7 +235,7 @@ static bool parse_room_events(atrium_req *r, json_t *re, search_req *q)
                !parse_context_limit(r, ec, "after_limit", &q->after) ||
                !acc_bool(r, ec, "include_profile", false, &q->profile)))
         return false;
-    return parse_token(r, acc_query_arg(r, "next_batch"), q);
+    return parse_token(r, http_req_query(r, "next_batch"), q);
 }
 
 /* ---- the queries -------------------------------------------------------------------- */
@@ -562,7 +562,7 @@ static int post_search(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    json_t *body = acc_body(r), *cats, *re;
+    json_t *body = http_req_json(r), *cats, *re;
     if (!body || !acc_object(r, body, "search_categories", true, &cats) ||
         !acc_object(r, cats, "room_events", false, &re))
         return ATRIUM_DONE;

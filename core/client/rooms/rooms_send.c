@@ -24,7 +24,7 @@
 /* The request body as event content: a JSON object canonical JSON can carry. */
 static json_t *content_body(atrium_req *r)
 {
-    json_t *body = acc_body(r);
+    json_t *body = http_req_json(r);
     if (!body) return NULL;
     char why[ROOM_AUTH_WHY_LEN];
     if (cjson_normalize(body, why, sizeof(why)) < 0) {
@@ -96,7 +96,7 @@ static int put_send(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *room = rooms_param_room(r);
-    const char *type = rooms_param(r, "eventType"), *txn = rooms_param(r, "txnId");
+    const char *type = http_req_param(r, "eventType"), *txn = http_req_param(r, "txnId");
     if (!room || !txn_ok(r, txn)) return ATRIUM_DONE;
     if (replay_txn(r, user, txn)) return ATRIUM_DONE;
     json_t *content = content_body(r);
@@ -137,7 +137,7 @@ static int put_state(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *room = rooms_param_room(r);
-    const char *type = rooms_param(r, "eventType"), *key = rooms_param(r, "stateKey");
+    const char *type = http_req_param(r, "eventType"), *key = http_req_param(r, "stateKey");
     if (!room) return ATRIUM_DONE;
     if (!key) key = "";
     json_t *content = content_body(r);
@@ -168,13 +168,13 @@ static int put_redact(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *room = rooms_param_room(r);
-    const char *target = rooms_param(r, "eventId"), *txn = rooms_param(r, "txnId");
+    const char *target = http_req_param(r, "eventId"), *txn = http_req_param(r, "txnId");
     if (!room || !txn_ok(r, txn)) return ATRIUM_DONE;
     if (target[0] != '$' || strlen(target) > EVENT_MAX_ID_BYTES)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not an event ID");
     const char *key = rt_arena_printf(r->arena, "redact|%s", txn);
     if (replay_txn(r, user, key)) return ATRIUM_DONE;
-    json_t *body = r->body_len ? acc_body(r) : (r->json = json_object());
+    json_t *body = r->body_len ? http_req_json(r) : (r->json = json_object());
     if (!body) return ATRIUM_DONE;
     const char *reason;
     if (!acc_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;

@@ -86,7 +86,7 @@ static bool apply_filter(sync_ctx *s, const json_t *filter, char *why, size_t le
 static bool load_filter(atrium_req *r, sync_ctx *s, json_t **holder)
 {
     *holder = NULL;
-    const char *f = acc_query_arg(r, "filter");
+    const char *f = http_req_query(r, "filter");
     if (!f || !*f) return true;
     if (f[0] == '{') {
         *holder = json_loads(f, 0, NULL);
@@ -130,8 +130,8 @@ static bool load_filter(atrium_req *r, sync_ctx *s, json_t **holder)
 /* since, timeout, full_state. false after answering 400. */
 static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms)
 {
-    const char *since = acc_query_arg(r, "since"), *timeout = acc_query_arg(r, "timeout");
-    const char *full = acc_query_arg(r, "full_state");
+    const char *since = http_req_query(r, "since"), *timeout = http_req_query(r, "timeout");
+    const char *full = http_req_query(r, "full_state");
     if (since && !rooms_parse_token(since, &s->since)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
         return false;
