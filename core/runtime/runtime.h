@@ -2,7 +2,7 @@
  * core/runtime/runtime.h - the runtime's building blocks, one small module each:
  * clock, log, arena, metrics, scope, pool, budget, admission line, rate limiter.
  *
- * These are the mechanisms of DESIGN §3 without any HTTP in them, so each can be unit
+ * These are the mechanisms of docs/architecture.md without any HTTP in them, so each can be unit
  * tested alone. core/http glues them to libmicrohttpd (suspend/resume, holds) and the host
  * table exposes them to plugins. Internal prefix: rt_. Functions that can fail return a
  * negative enum atrium_err (include/atrium/abi.h) or NULL.
