@@ -103,7 +103,7 @@ bool rt_scope_has(int key);
 #define RT_SCOPE(key, value)                                                            \
     rt_scope_frame RT_SCOPE_CAT(rt_scope_f_, __LINE__) __attribute__((cleanup(rt_scope_pop))); \
     rt_scope_push(&RT_SCOPE_CAT(rt_scope_f_, __LINE__), (key), (void *)(value))
-/* Save/restore the whole chain (used when a pool thread runs work for a request). */
+/* Save/restore the whole chain (a pool runs each task with an empty chain). */
 rt_scope_frame *rt_scope_current(void);
 void rt_scope_set_current(rt_scope_frame *top);
 /* Wait on cv (whose mutex m the caller holds) until signalled or deadline_ms (monotonic;

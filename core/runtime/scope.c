@@ -13,7 +13,7 @@
  * it releases the ATRIUM_SCOPE_LOCK mutex for the duration, so a request waiting for (say) a
  * coalesced fetch never blocks others that need the lock it holds. Deliberately not here:
  * what the values mean (the HTTP layer publishes them) and copying them to another thread
- * (the handoff republishes them with rt_scope_set_current).
+ * (core/http pushes a handoff's values again on the receiving thread).
  */
 #include <errno.h>
 #include <time.h>
