@@ -245,7 +245,7 @@ struct atrium_host {
 
     /* [init] A named pool of `threads` workers with a queue of `queue_depth` tasks. The
      * host starts it before start() and stops and joins it after stop(). Metrics
-     * atrium_pool_{threads,busy,queued,queue_limit,refused_total}{pool="<name>"}. */
+     * atrium_pool_{threads,busy,queued,queue_limit,refused_total}{pool="<plugin>.<name>"}. */
     atrium_pool *(*pool_create)(atrium_plugin *self, const char *name, int threads,
                                 int queue_depth);
     /* [any] Run fn(arg, cancelled) on the pool. Never blocks: ATRIUM_E_LIMIT when the queue
@@ -281,7 +281,7 @@ struct atrium_host {
     /* == 1.0: budgets, admission lines, outbound budget, rate limits ===================== */
 
     /* [init] global_cap in flight in all, per_key_cap per client key. Metrics
-     * atrium_budget_{in_use,limit,refused_total}{budget="<name>"}. */
+     * atrium_budget_{in_use,limit,refused_total}{budget="<plugin>.<name>"}. */
     atrium_budget *(*budget_create)(atrium_plugin *self, const char *name, int global_cap,
                                     int per_key_cap);
     /* [any] Take a slot for key without blocking: 0, or ATRIUM_E_LIMIT. */
@@ -293,7 +293,7 @@ struct atrium_host {
     /* [init] An admission line: `slots` requests at a time; up to `max_waiting` more wait
      * parked (at most `max_waiting_per_key` of one client key; 0 = no per-key cap), served
      * round-robin across client keys, each for at most `max_wait_ms`. Metrics
-     * atrium_line_{slots,in_use,waiting,refused_total,timed_out_total}{line="<name>"}. */
+     * atrium_line_{slots,in_use,waiting,refused_total,timed_out_total}{line="<plugin>.<name>"}. */
     atrium_line *(*line_create)(atrium_plugin *self, const char *name, int slots,
                                 int max_waiting, int max_waiting_per_key,
                                 int64_t max_wait_ms);
