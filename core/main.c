@@ -1,14 +1,17 @@
 /*
  * core/main.c - the atrium executable: command line, start-up order, signals, shutdown.
  *
- * Start-up order: config (file, then environment) -> log level -> descriptors -> metrics
- * -> HTTP server object (routes are registered before listening) -> PostgreSQL (bounded
- * retry) -> core migrations -> plugins (init) -> plugin migrations -> plugins (start)
- * -> listen. Any failure stops start-up with the line that says why.
+ * Start-up order: config (file, then environment) -> log level -> descriptors, SIGPIPE,
+ * libcurl, stop signals blocked -> metrics -> HTTP server object and the core's own routes
+ * (routes are registered before listening) -> PostgreSQL (bounded retry) -> core
+ * migrations -> the auth pool -> each client module in turn (init, its migrations, start)
+ * -> plugins (init) -> plugin migrations -> plugins (pools, start) -> listen. Any failure
+ * stops start-up with the line that says why.
  * Shutdown (SIGINT/SIGTERM): refuse new requests (503, Connection: close) -> answer every
  * parked and handed-off request -> let running requests finish within
- * server.shutdown_grace_ms -> stop plugins (their pools drain) -> stop libmicrohttpd -> fini
- * plugins -> close PostgreSQL.
+ * server.shutdown_grace_ms -> stop plugins (their pools drain) -> stop client modules and
+ * the auth pool -> a short drain for their answers -> stop libmicrohttpd -> fini plugins
+ * -> close PostgreSQL. Why no MHD_quiesce_daemon: docs/adr/0004-shutdown-without-quiesce.md.
  * Signals are blocked in every thread and taken here with sigwait, so no handler runs
  * inside library code.
  */
@@ -101,7 +104,8 @@ static const atrium_migration CORE_MIGRATIONS[] = {
     {1, "core_server_info",
      "CREATE TABLE IF NOT EXISTS core_server_info ("
      " key text PRIMARY KEY, value text NOT NULL)"},
-    /* One position for every per-user stream: see core/client/sync/notifier.h. Writers take
+    /* One position for every per-user stream: see core/client/sync/notifier.h and
+     * docs/adr/0003-stream-positions-from-one-sequence.md. Writers take
      * positions with stream_next(), which holds a shared advisory lock until their
      * transaction ends; stream_upto() takes that lock exclusively for an instant, so the
      * position it returns never passes a row that is not yet committed. */

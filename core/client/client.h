@@ -21,7 +21,7 @@ typedef struct client_module {
     /* Register routes (and create pools). 0 or -1 (logged). */
     int (*init)(http_server *s, rt_metrics *metrics);
     int (*start)(void);      /* may be NULL: after migrations, before listening */
-    void (*stop)(void);      /* may be NULL: after the listener closed */
+    void (*stop)(void);      /* may be NULL: after plugins stopped, before the listener closes */
 } client_module;
 
 /* Every module, in start-up order; NULL-terminated. */

@@ -2,7 +2,7 @@
  * core/config/config.c - YAML text into the cfg_node tree, environment overrides, look-ups,
  * and the one error format that names a key and the place it was set.
  *
- * This file owns the reading half of DESIGN §4's configuration: one tree per configuration,
+ * This file owns the reading half of the configuration: one tree per configuration,
  * every node tagged with its origin (file path or environment variable) and 1-based line, the
  * one error format, and the one environment rule ATRIUM__A__B=value -> a.b. It deliberately
  * knows no key names and judges no values: typed reads, unknown keys and the core's own keys

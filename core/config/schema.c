@@ -8,7 +8,8 @@
  * the loader and the generator, so a generated file always says what the loader would do. A
  * YAML null counts as absent: a typed read gives its default and cfg_check_keys sees an empty
  * map. Unknown keys are errors everywhere except inside plugins.<name>: there this file checks
- * only `enabled` and `path` (DESIGN §4) and leaves every other key to the plugin, which
+ * only `enabled` and `path` (docs/architecture.md, 'The plugin seam') and leaves every
+ * other key to the plugin, which
  * validates its subtree in init. It does not parse YAML or read the environment (config.c
  * built the tree and applied ATRIUM__* first), and it does not decide how a setting is used;
  * the comments say what its owner does with it. No global mutable state; any thread.

@@ -57,7 +57,7 @@ struct http_server {
     router *router;
     struct MHD_Daemon *daemon;
     susp_timer *timer;
-    rt_budget *outbound; /* ADR-0079 */
+    rt_budget *outbound; /* ADR-0079 (docs/adr/0079-outbound-budget.md) */
     atomic_bool stopping;
     atomic_bool draining; /* stop signal taken: new requests get 503 */
     int max_connections;

@@ -3,7 +3,8 @@
  * that routes, reads bodies, runs handlers and queues responses, and the request-completed
  * callback where holds are released.
  *
- * Decisions owned here (DESIGN §2): MHD's internal thread pool is the request pool
+ * Decisions owned here (docs/architecture.md, 'A request's journey', and
+ * docs/adr/0001-request-threads-never-block.md): MHD's internal thread pool is the request pool
  * (server.http.request_threads, epoll); every connection has an inactivity timeout; the
  * connection limit is derived from RLIMIT_NOFILE minus what PostgreSQL, outbound sockets
  * and files need; paths reach the router still percent-encoded; responses are queued
@@ -20,7 +21,7 @@
 #include "core/http/http.h"
 
 #define CONNECTION_MEMORY_LIMIT_BYTES (64 * 1024)
-#define OUTBOUND_SOCKET_RESERVE 16 /* the federation client's connection cap */
+#define OUTBOUND_SOCKET_RESERVE 16 /* the coming federation client's connection cap */
 #define DRAIN_POLL_MS 20
 
 static atomic_int open_connections;

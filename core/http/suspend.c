@@ -109,7 +109,8 @@ static void heap_insert(susp_timer *t, atrium_req *r, int64_t deadline)
         size_t cap = t->cap ? t->cap * 2 : 256;
         heap_item *n = realloc(t->heap, cap * sizeof(*n));
         if (!n) {
-            /* Cannot track it: the only safe answer is to expire it now. */
+            /* Cannot track its deadline: a suspended request nobody would ever answer is
+             * worse than a loud crash, so stop here. */
             rt_log(ATRIUM_LOG_ERROR, "core", "out of memory tracking a deadline");
             abort();
         }

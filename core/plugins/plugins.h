@@ -1,7 +1,8 @@
 /*
  * core/plugins/plugins.h - loading plugins and the host table they call.
  *
- * The loader owns the handshake (DESIGN §4): dlopen(RTLD_NOW | RTLD_LOCAL), one entry
+ * The loader owns the handshake (docs/architecture.md, 'The plugin seam'):
+ * dlopen(RTLD_NOW | RTLD_LOCAL), one entry
  * symbol, magic / size / ABI major-minor / build signature / name checks, one actionable
  * line per refusal, duplicate interfaces refused, and the lifecycle init -> migrations ->
  * start -> stop -> fini. host.c fills struct atrium_host from the core's mechanisms.

@@ -1,7 +1,7 @@
 /*
  * core/runtime/arena.c - bump allocation for memory that lives as long as a request.
  *
- * Owns the nginx rule of DESIGN/STYLE: request memory comes from the request's arena and is
+ * Owns the nginx rule: request memory comes from the request's arena and is
  * never freed piecemeal, so a handler cannot leak it on an early return and cannot free it
  * twice. Memory is taken from chunks of chunk_bytes; an allocation larger than a chunk gets a
  * chunk of its own so a big body never wastes the rest of a normal chunk. Every pointer is

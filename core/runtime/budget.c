@@ -1,13 +1,13 @@
 /*
  * core/runtime/budget.c - in-flight counters with a global cap and a per-client cap.
  *
- * Owns the budget rule of DESIGN §3 (and so the outbound budget of ADR-0079 and the media
- * fetch budget, which are budgets with particular caps): a slot is taken at once or refused
- * at once, never waited for. The per-key table holds only keys with something in flight; a
- * key's record is freed when its count returns to 0, so the table is bounded by the global
- * cap whatever the number of clients. A per_key_cap of 0 means only the global cap applies.
- * Deliberately not here: waiting for a slot (that is the admission line) and holding the
- * slot until the response is sent (core/http's holds call rt_budget_release).
+ * Owns the budget rule (and so the outbound budget, docs/adr/0079-outbound-budget.md, and the
+ * media fetch budget to come, which are budgets with particular caps): a slot is taken at once
+ * or refused at once, never waited for. The per-key table holds only keys with something in
+ * flight; a key's record is freed when its count returns to 0, so the table is bounded by the
+ * global cap whatever the number of clients. A per_key_cap of 0 means only the global cap
+ * applies. Deliberately not here: waiting for a slot (that is the admission line) and holding
+ * the slot until the response is sent (core/http's holds call rt_budget_release).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,14 +1,14 @@
 /*
  * core/runtime/line.c - admission lines: slots plus a waiting line fair across clients.
  *
- * Owns the fairness rule of DESIGN §3 (admission queue): waiters are grouped by client key,
- * each key with its own FIFO, and the keys that have waiters form a ring. A released slot
- * goes to the head waiter of the key at the front of the ring, and that key moves to the
- * back. So a client with a hundred waiters and a client with one alternate: the second is
- * served within one turn of the first, whatever arrived before it. The slot passes directly
- * from the releaser to the waiter (in_use does not drop), so a newcomer can never overtake
- * the line. Caps: max_waiting in total (0 = no line: refuse at once when no slot is free)
- * and max_waiting_per_key (0 = only the total applies); over either, refuse at once.
+ * Owns the fairness rule of admission lines (docs/architecture.md): waiters are grouped by
+ * client key, each key with its own FIFO, and the keys that have waiters form a ring. A
+ * released slot goes to the head waiter of the key at the front of the ring, and that key moves
+ * to the back. So a client with a hundred waiters and a client with one alternate: the second
+ * is served within one turn of the first, whatever arrived before it. The slot passes directly
+ * from the releaser to the waiter (in_use does not drop), so a newcomer can never overtake the
+ * line. Caps: max_waiting in total (0 = no line: refuse at once when no slot is free) and
+ * max_waiting_per_key (0 = only the total applies); over either, refuse at once.
  *
  * A waiter is an intrusive record the caller embeds; the line never calls out and never
  * sleeps, it only links and unlinks under its lock and hands the granted waiter back to the

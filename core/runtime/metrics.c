@@ -1,7 +1,7 @@
 /*
  * core/runtime/metrics.c - counters, gauges and histograms, rendered for /metrics.
  *
- * Owns the Prometheus text exposition of DESIGN §3: metrics are grouped into families by
+ * Owns the Prometheus text exposition of /metrics: metrics are grouped into families by
  * name, and each family is rendered as one `# HELP` and one `# TYPE` line followed by every
  * label set registered under that name (Prometheus rejects a repeated TYPE line). Families
  * appear in the order they were first registered, label sets likewise, so the output is

@@ -1,11 +1,11 @@
 /*
  * core/runtime/pool.c - named fixed-size thread pools with a bounded queue.
  *
- * Owns the pool rules of DESIGN §3: a fixed number of threads started once, a FIFO queue of
- * at most queue_depth tasks, and submission that never blocks - a full queue or a stopped
- * pool refuses at once so the caller can answer 429/503 instead of parking a thread. For the
- * handoff (suspend the connection, then enqueue) a caller reserves a queue slot first: a
- * reservation counts against the depth, so the later rt_pool_submit_reserved cannot fail.
+ * Owns the pool rules (docs/architecture.md): a fixed number of threads started once, a FIFO
+ * queue of at most queue_depth tasks, and submission that never blocks - a full queue or a
+ * stopped pool refuses at once so the caller can answer 429/503 instead of parking a thread.
+ * For the handoff (suspend the connection, then enqueue) a caller reserves a queue slot first:
+ * a reservation counts against the depth, so the later rt_pool_submit_reserved cannot fail.
  *
  * Every submitted task runs exactly once. After rt_pool_stop the workers drain the queue,
  * running what is left with cancelled=true (a handoff then only answers 503), and exit only

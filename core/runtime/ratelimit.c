@@ -1,9 +1,9 @@
 /*
  * core/runtime/ratelimit.c - token buckets per client key, in a bounded table.
  *
- * Owns the rate-limiter rule of DESIGN §3: each client key has a bucket of at most `burst`
- * tokens refilled continuously at `per_second`; a request takes one token or is refused with
- * the milliseconds until one is there (the retry_after_ms of the 429). Time is passed in,
+ * Owns the rate-limiter rule (docs/architecture.md): each client key has a bucket of at most
+ * `burst` tokens refilled continuously at `per_second`; a request takes one token or is refused
+ * with the milliseconds until one is there (the retry_after_ms of the 429). Time is passed in,
  * so tests and callers decide the clock (core/http passes rt_now_ms()).
  *
  * The table is bounded by max_keys so that a flood of distinct addresses cannot grow it

@@ -2,7 +2,7 @@
  * core/runtime/runtime.h - the runtime's building blocks, one small module each:
  * clock, log, arena, metrics, scope, pool, budget, admission line, rate limiter.
  *
- * These are the mechanisms of DESIGN §3 without any HTTP in them, so each can be unit
+ * These are the mechanisms of docs/architecture.md without any HTTP in them, so each can be unit
  * tested alone. core/http glues them to libmicrohttpd (suspend/resume, holds) and the host
  * table exposes them to plugins. Internal prefix: rt_. Functions that can fail return a
  * negative enum atrium_err (include/atrium/abi.h) or NULL.
@@ -103,7 +103,7 @@ bool rt_scope_has(int key);
 #define RT_SCOPE(key, value)                                                            \
     rt_scope_frame RT_SCOPE_CAT(rt_scope_f_, __LINE__) __attribute__((cleanup(rt_scope_pop))); \
     rt_scope_push(&RT_SCOPE_CAT(rt_scope_f_, __LINE__), (key), (void *)(value))
-/* Save/restore the whole chain (used when a pool thread runs work for a request). */
+/* Save/restore the whole chain (a pool runs each task with an empty chain). */
 rt_scope_frame *rt_scope_current(void);
 void rt_scope_set_current(rt_scope_frame *top);
 /* Wait on cv (whose mutex m the caller holds) until signalled or deadline_ms (monotonic;

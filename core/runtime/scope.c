@@ -1,18 +1,19 @@
 /*
  * core/runtime/scope.c - thread-local scope frames and the wait that honours them.
  *
- * Owns DESIGN §2 step 3: values published for the duration of a call (request, client key,
- * deadline, the lock the request holds, ...) live in frames on the caller's stack, chained
- * through one thread-local pointer. RT_SCOPE pushes a frame and its cleanup attribute pops
- * it, so no return, break or goto can leak one; popping anything but the innermost frame is a
- * bug that would corrupt every later lookup, so it aborts. Lookups walk the chain (it is a
- * handful of frames deep), innermost first, so an inner frame shadows an outer one.
+ * Owns the scopes of docs/architecture.md: values published for the duration of a call
+ * (request, client key, deadline, the lock the request holds, ...) live in frames on the
+ * caller's stack, chained through one thread-local pointer. RT_SCOPE pushes a frame and its
+ * cleanup attribute pops it, so no return, break or goto can leak one; popping anything but the
+ * innermost frame is a bug that would corrupt every later lookup, so it aborts. Lookups walk
+ * the chain (it is a handful of frames deep), innermost first, so an inner frame shadows an
+ * outer one.
  *
  * rt_scope_wait is the one place that waits on a condition variable on behalf of a request:
  * it releases the ATRIUM_SCOPE_LOCK mutex for the duration, so a request waiting for (say) a
  * coalesced fetch never blocks others that need the lock it holds. Deliberately not here:
  * what the values mean (the HTTP layer publishes them) and copying them to another thread
- * (the handoff republishes them with rt_scope_set_current).
+ * (core/http pushes a handoff's values again on the receiving thread).
  */
 #include <errno.h>
 #include <time.h>

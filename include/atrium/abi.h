@@ -53,7 +53,7 @@ enum atrium_err {
 };
 
 /* Scope keys: thread-local values the core publishes for the duration of a handler call
- * (see atrium/http.h, scope_get). A handoff republishes them on the receiving thread. */
+ * (see atrium/host.h, scope_get). A handoff republishes them on the receiving thread. */
 enum atrium_scope_key {
     ATRIUM_SCOPE_REQUEST = 1,   /* atrium_req *: the request this thread works for */
     ATRIUM_SCOPE_REQUEST_ID,    /* const char *: id printed on every log line */
@@ -66,7 +66,8 @@ enum atrium_scope_key {
     ATRIUM_SCOPE__COUNT
 };
 
-/* How a remote fetch may run on this thread (DESIGN §5). */
+/* How a remote fetch may run on this thread (docs/adr/0005-remote-media-fetch-pool.md;
+ * remote fetching is not built yet). */
 enum atrium_fetch_mode {
     ATRIUM_FETCH_INLINE = 0, /* no fetch pool: fetch here under the outbound budget */
     ATRIUM_FETCH_DEFER = 1,  /* request pool: do the quick part, then defer to the pool */

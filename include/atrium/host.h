@@ -41,7 +41,7 @@ typedef struct atrium_pool atrium_pool;       /* a plugin's thread pool */
 typedef struct atrium_budget atrium_budget;   /* in-flight counter: global + per client key */
 typedef struct atrium_line atrium_line;       /* admission line: slots + fair parked queue */
 typedef struct atrium_event atrium_event;     /* something parked requests wait for */
-typedef struct atrium_metric atrium_metric;   /* a Prometheus counter, gauge or histogram */
+typedef struct atrium_metric atrium_metric;   /* a Prometheus counter or gauge */
 typedef struct atrium_ratelimit atrium_ratelimit;
 
 /* ---- routes ------------------------------------------------------------------------- */
@@ -96,7 +96,7 @@ typedef struct atrium_scope_value {
 typedef struct atrium_migration {
     int version;
     const char *name;
-    const char *sql; /* may hold several statements; runs in one transaction */
+    const char *sql; /* may hold several statements; runs in its owner's one transaction */
 } atrium_migration;
 
 /* A streamed body: called on the connection's request-pool thread (so it must not block
@@ -146,8 +146,9 @@ struct atrium_host {
     int (*route_add)(atrium_plugin *self, const atrium_route *route);
 
     /* [init] Register this plugin's SQL migrations (owner = the plugin's name). The host
-     * applies the pending ones in order, in a transaction each, before start(), serialized
-     * across processes by an advisory lock. `list` must stay valid (static). */
+     * applies the pending ones in order, all in one transaction (a failure applies none of
+     * them), before start(), serialized across processes by an advisory lock. `list` must
+     * stay valid (static). */
     int (*db_migrations)(atrium_plugin *self, const atrium_migration *list, size_t n);
 
     /* == 1.0: the request =============================================================== */
@@ -182,8 +183,9 @@ struct atrium_host {
     void (*req_set_state)(atrium_req *req, void *state);
     /* [req] Attach a hold: `release(arg)` is called exactly once, on a request-pool
      * thread, when the response's last byte was sent, the client went away, or the
-     * request failed. A hold attached after the request ended is released at once
-     * (and ATRIUM_E_EXPIRED returned). Holds are released in reverse order. */
+     * request failed. A hold attached after the request ended (ATRIUM_E_EXPIRED) or that
+     * finds no memory (ATRIUM_E_NOMEM) is released at once, on the calling thread. Holds
+     * are released in reverse order. */
     int (*req_hold)(atrium_req *req, void (*release)(void *arg), void *arg);
     /* [req] Authenticate the request by its access token (Authorization: Bearer, or
      * ?access_token=). Returns the user ID (owned by the request; from then on it is the
@@ -244,7 +246,7 @@ struct atrium_host {
 
     /* [init] A named pool of `threads` workers with a queue of `queue_depth` tasks. The
      * host starts it before start() and stops and joins it after stop(). Metrics
-     * atrium_pool_{threads,busy,queued,queue_limit,refused_total}{pool="<name>"}. */
+     * atrium_pool_{threads,busy,queued,queue_limit,refused_total}{pool="<plugin>.<name>"}. */
     atrium_pool *(*pool_create)(atrium_plugin *self, const char *name, int threads,
                                 int queue_depth);
     /* [any] Run fn(arg, cancelled) on the pool. Never blocks: ATRIUM_E_LIMIT when the queue
@@ -280,7 +282,7 @@ struct atrium_host {
     /* == 1.0: budgets, admission lines, outbound budget, rate limits ===================== */
 
     /* [init] global_cap in flight in all, per_key_cap per client key. Metrics
-     * atrium_budget_{in_use,limit,refused_total}{budget="<name>"}. */
+     * atrium_budget_{in_use,limit,refused_total}{budget="<plugin>.<name>"}. */
     atrium_budget *(*budget_create)(atrium_plugin *self, const char *name, int global_cap,
                                     int per_key_cap);
     /* [any] Take a slot for key without blocking: 0, or ATRIUM_E_LIMIT. */
@@ -292,7 +294,7 @@ struct atrium_host {
     /* [init] An admission line: `slots` requests at a time; up to `max_waiting` more wait
      * parked (at most `max_waiting_per_key` of one client key; 0 = no per-key cap), served
      * round-robin across client keys, each for at most `max_wait_ms`. Metrics
-     * atrium_line_{slots,in_use,waiting,refused_total,timed_out_total}{line="<name>"}. */
+     * atrium_line_{slots,in_use,waiting,refused_total,timed_out_total}{line="<plugin>.<name>"}. */
     atrium_line *(*line_create)(atrium_plugin *self, const char *name, int slots,
                                 int max_waiting, int max_waiting_per_key,
                                 int64_t max_wait_ms);
@@ -305,7 +307,8 @@ struct atrium_host {
      *   ATRIUM_E_STOPPED the server is stopping: answer 503. */
     int (*line_admit)(atrium_req *req, atrium_line *line);
 
-    /* [req] The outbound budget (ADR-0079) for a handler on a request-pool thread that will
+    /* [req] The outbound budget (ADR-0079, docs/adr/0079-outbound-budget.md) for a handler
+     * on a request-pool thread that will
      * wait on another server: at most half the request pool across all clients and one per
      * client key. 0 = the slot is held until the request ends; ATRIUM_E_LIMIT = answer 429
      * at once (respond_limited), never wait. */

@@ -19,8 +19,9 @@
  *   start(state)                   after every plugin's init succeeded and migrations ran,
  *                                  before the listener opens: start work that needs the DB.
  *                                  Pools created in init are started by the host.
- *   stop(state)                    after the listener closed and parked requests were
- *                                  answered: refuse new work, finish what runs. The host
+ *   stop(state)                    once new requests are refused (503) and parked requests
+ *                                  answered, before the listener closes: refuse new work,
+ *                                  finish what runs. The host
  *                                  then stops and joins the plugin's pools.
  *   fini(state)                    after every plugin stopped: free memory.
  * start, stop and fini may be NULL.

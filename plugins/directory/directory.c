@@ -9,7 +9,8 @@
  * neighbouring pages. A room that joins or leaves the list between two pages can shift
  * one entry, which the spec allows (the count is an estimate).
  * What this file does not do yet: publish rooms, aliases, or remote look-ups (`server=`
- * another server is refused with 400; those run under the outbound budget of ADR-0079
+ * another server is refused with 400; those run under the outbound budget
+ * (ADR-0079, docs/adr/0079-outbound-budget.md)
  * once federation exists). Nothing fills the table but an operator, for now.
  */
 #include <ctype.h>

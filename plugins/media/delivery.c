@@ -3,7 +3,7 @@
  * line, then authorization, then the media row, the trust-and-safety policy and the wait
  * for an asynchronous upload; plus what every success and every failure says.
  *
- * Decisions owned here (DESIGN §5 "Delivery (held to the last byte)"):
+ * Decisions owned here (docs/adr/0002-delivery-held-to-the-last-byte.md):
  *   - a delivery slot is taken before anything else, in a fair parked line keyed by the
  *     client's address (tokens are not verified yet, so they are never keys); the slot is
  *     a hold, released by the core after the last body byte or when the client leaves;

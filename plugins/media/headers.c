@@ -2,7 +2,8 @@
  * plugins/media/headers.c - the rules that decide what a media response says about
  * itself, and which identifiers may reach the store at all.
  *
- * Decisions owned here (spec digest §1.1, §1.6, §1.10; DESIGN §5 "Headers"):
+ * Decisions owned here (docs/architecture.md, "Media: the plugin's rules", Headers and
+ * Identifiers; the Matrix client-server API, Content repository, and RFC 9110, RFC 6266):
  *   - media IDs are whitelisted ([A-Za-z0-9_-], bounded), never blacklisted, so no path
  *     traversal or encoding trick can name a file outside the store;
  *   - Content-Disposition is `inline` only for the spec's allow-list, carries the upload's

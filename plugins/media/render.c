@@ -2,7 +2,7 @@
  * plugins/media/render.c - turning an original into a WebP thumbnail: decoding with
  * libvips, encoding with libwebp.
  *
- * Decisions owned here (DESIGN §5 "Thumbnails"):
+ * Decisions owned here (docs/architecture.md, "Media: the plugin's rules", Thumbnails):
  *   - only trusted decoders run: every libvips loader is blocked, then JPEG, PNG, GIF and
  *     WebP are allowed again (and libvips' own "untrusted" set stays blocked), so a file
  *     claiming to be an image can never reach PDF, SVG, ImageMagick or similar parsers;

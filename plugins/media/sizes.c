@@ -1,7 +1,8 @@
 /*
  * plugins/media/sizes.c - which thumbnail a request gets.
  *
- * Decision owned here (spec digest §1.7, DESIGN §5 "Thumbnails"): thumbnails come only in
+ * Decision owned here (the Matrix client-server API, Content repository, "Thumbnails";
+ * docs/architecture.md, "Media: the plugin's rules"): thumbnails come only in
  * the configured sizes (plugins.media.thumbnail_sizes, default the spec's five), so the
  * number of renders per original is bounded whatever clients ask. A request gets the
  * smallest configured size of its method that is at least as large on both sides; when

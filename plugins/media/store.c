@@ -8,7 +8,8 @@
  * Media IDs reach this file only after media_id_valid() ([A-Za-z0-9_-]), so a path can
  * never leave the store.
  *
- * Decision owned here (DESIGN §5 "Storage"): a file becomes visible under its final name
+ * Decision owned here (docs/architecture.md, "Media: the plugin's rules", Storage): a file
+ * becomes visible under its final name
  * only once its bytes are durable. Bytes go to a temporary file in the final folder: an
  * unnamed one (O_TMPFILE) where the file system allows, which cannot outlive the process
  * that writes it, else a ".tmp-" name. Commit = fsync the file, give it its final name in

@@ -3,7 +3,8 @@
  * {mediaId} (and the legacy /_matrix/media/v3/thumbnail path): which bytes answer a
  * thumbnail request, and who renders them.
  *
- * Decisions owned here (DESIGN §5 "Thumbnails", spec digest §1.7):
+ * Decisions owned here (docs/architecture.md, "Media: the plugin's rules"; the Matrix
+ * client-server API, Content repository, "Thumbnails"):
  *   - an original that already fits inside the request (or inside the chosen configured
  *     size) and is a static JPEG/PNG/GIF/WebP is its own thumbnail: never upscaled;
  *   - otherwise the configured size sizes.c chooses is rendered once per (original's

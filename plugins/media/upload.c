@@ -3,7 +3,8 @@
  * asynchronous pair POST /_matrix/media/v1/create + PUT
  * /_matrix/media/v3/upload/{serverName}/{mediaId}.
  *
- * Decisions owned here (DESIGN §5 "Storage", spec digest §1.4-1.5):
+ * Decisions owned here (docs/architecture.md, "Media: the plugin's rules", Storage; the
+ * Matrix client-server API, Content repository: upload, create and PUT upload):
  *   - an upload streams into a temporary file in its final folder as it arrives
  *     (ATRIUM_ROUTE_STREAM_BODY): never buffered whole in memory, hashed (SHA-256) chunk
  *     by chunk. The caller is authenticated on the first chunk, so a stranger's body is

@@ -254,8 +254,8 @@ class HoldTest(AtriumTestCase):
 
 
 class OutboundBudgetTest(AtriumTestCase):
-    """ADR-0079: with 4 request threads, at most 2 requests may wait on other servers, and
-    at most 1 per client key; over either cap the answer is 429 at once."""
+    """ADR-0079 (docs/adr/0079-outbound-budget.md): with 4 request threads, at most 2
+    requests may wait on other servers, and at most 1 per client key; over either cap the answer is 429 at once."""
 
     def test_third_outbound_request_and_second_from_one_client_are_refused_at_once(self):
         srv = self.start_server(plugins=with_testplug(), settings={

@@ -1,7 +1,8 @@
-"""Delivery held to the last byte (DESIGN §5): the slot is taken before authorization and
-held until the body's last byte or the client's departure; JSON endpoints never wait; a
-full line answers 429; a gallery of 150 (and of 300 under `ulimit -n 256`) arrives whole;
-a storm of abandoned downloads gives every slot and hold back."""
+"""Delivery held to the last byte (docs/adr/0002-delivery-held-to-the-last-byte.md): the
+slot is taken before authorization and held until the body's last byte or the client's
+departure; JSON endpoints never wait; a full line answers 429; a gallery of 150 (and of 300
+under `ulimit -n 256`) arrives whole; a storm of abandoned downloads gives every slot and
+hold back."""
 
 import json
 import os

@@ -4,7 +4,8 @@
  * an authenticated user's sensitive operations).
  *
  * Sessions live in PostgreSQL (uia_sessions) with an expiry, so any process sharing the
- * database accepts a session another process issued (DESIGN §8). A session is bound to its
+ * database accepts a session another process issued (docs/architecture.md, 'More than one
+ * process'). A session is bound to its
  * purpose ("register", "delete_devices", "password") and to its user ("" before login),
  * so a session issued to one user or for one operation is refused for another. Expired
  * sessions are deleted whenever a new one is created, which bounds the table. A request

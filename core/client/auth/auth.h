@@ -5,7 +5,8 @@
  * so a database leak does not hand out sessions. An authenticated request finds its token
  * in a small cache (auth_cache.c) or in PostgreSQL; a token revoked by logout stops
  * working at once in this process, and in every other process sharing the database as
- * soon as PostgreSQL's NOTIFY reaches it (DESIGN §8). Passwords are hashed with Argon2id
+ * soon as PostgreSQL's NOTIFY reaches it (docs/architecture.md, 'More than one process').
+ * Passwords are hashed with Argon2id
  * (libsodium); hashing runs on the small "auth" pool so its memory is bounded and no
  * request-pool thread waits on it. An authenticated request also keeps its device's
  * last_seen_ts/last_seen_ip current, writing at most once per AUTH_SEEN_REFRESH_MS

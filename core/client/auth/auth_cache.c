@@ -11,7 +11,8 @@
  *     a trigger on access_tokens (and on users' admin and deactivation flags) sends
  *     NOTIFY atrium_auth with the user ID; a listener thread here forgets that user.
  *     While the listener has no connection the cache is off (and emptied when it comes
- *     back), so a missed notification can never leave a stale entry (DESIGN §8).
+ *     back), so a missed notification can never leave a stale entry (docs/architecture.md,
+ *     'More than one process').
  *   - Entries also expire after AUTH_CACHE_TTL_MS, as a last line.
  * The table is direct-mapped by the token hash (uniform: it is SHA-256), bounded, and
  * holds only hashes, user IDs and device IDs. It does not decide who may do what.

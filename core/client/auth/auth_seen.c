@@ -7,7 +7,8 @@
  *     this process knows for it is AUTH_SEEN_REFRESH_MS old, so a busy device costs at most
  *     one UPDATE per interval. "Known" is the larger of what the token look-up read from
  *     PostgreSQL (a token cache miss reads devices.last_seen_ts in the same query, so a
- *     refresh by another process sharing the database counts too: DESIGN §8) and what this
+ *     refresh by another process sharing the database counts too: docs/architecture.md,
+ *     'More than one process') and what this
  *     process wrote last, remembered in a small bounded table. A request served from the
  *     token cache reads only that table: no database round trip within the interval. A
  *     device the table does not know (evicted by another, or after a restart) is left

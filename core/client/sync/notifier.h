@@ -9,7 +9,8 @@
  * transaction; readers bound a sync with stream_upto(), which never passes an uncommitted
  * position (both in core migration 2). A sync token is that position ("s<N>"), so
  * "what happened after token N" is "rows with position > N" in each stream table, and a
- * position means the same in every process sharing the database (DESIGN §8).
+ * position means the same in every process sharing the database
+ * (docs/adr/0003-stream-positions-from-one-sequence.md).
  *
  * Wake-ups: a parked /sync parks on its user's event (notifier_event_for); a writer calls
  * notifier_wake_user / notifier_wake_room after its transaction committed. Wake-ups are
