@@ -106,6 +106,14 @@ struct core_config {
         const char **allowed_addresses; /* server.metrics.allowed_addresses (loopback) */
         size_t n_allowed_addresses;
     } metrics;
+    struct core_fed_listener {
+        const char *bind_address;          /* server.federation.bind_address (0.0.0.0) */
+        int port;                          /* server.federation.port (default 8448) */
+        bool tls;                          /* server.federation.tls (default true) */
+        const char *tls_certificate_path;  /* server.federation.tls_certificate_path ("") */
+        const char *tls_private_key_path;  /* server.federation.tls_private_key_path ("") */
+        int request_threads;               /* server.federation.request_threads (default 2) */
+    } fed_listener;
     int shutdown_grace_ms; /* server.shutdown_grace_ms (default 10000) */
     struct {
         const char *conninfo;     /* database.conninfo (libpq string; required) */
@@ -128,6 +136,36 @@ struct core_config {
         } registration, login, message, sync; /* ratelimit.register.*, .login.*,
                                                  .message.*, .sync.* */
     } ratelimit;
+    struct core_federation {
+        /* federation.signing_key_path: "" = "<server_name>.signing.key" beside the config
+         * file; relative paths are relative to the config file's directory. */
+        const char *signing_key_path;
+        const char *config_dir;          /* the config file's directory (set by the caller) */
+        int64_t key_valid_ms;            /* federation.key_valid_ms (default 7 days) */
+        const cfg_node *old_signing_keys; /* federation.old_signing_keys (a map, or NULL) */
+        bool verify_certificates;        /* federation.verify_certificates (default true) */
+        const char **custom_ca_list;     /* federation.custom_ca_list (PEM files) */
+        size_t n_custom_ca_list;
+        const char **certificate_verification_whitelist; /* server names, development only */
+        size_t n_certificate_verification_whitelist;
+        const char **ip_range_blacklist; /* federation.ip_range_blacklist (NULL = defaults) */
+        size_t n_ip_range_blacklist;
+        bool ip_range_blacklist_given;
+        const char **ip_range_whitelist; /* federation.ip_range_whitelist (default []) */
+        size_t n_ip_range_whitelist;
+        const char **domain_whitelist;   /* federation.domain_whitelist ([] = everyone) */
+        size_t n_domain_whitelist;
+        const cfg_node *trusted_key_servers; /* federation.trusted_key_servers (a list) */
+        const char **dns_servers;        /* federation.dns_servers ([] = /etc/resolv.conf) */
+        size_t n_dns_servers;
+        int max_connections;             /* federation.client.max_connections (16) */
+        int max_connections_per_host;    /* federation.client.max_connections_per_host (8) */
+        int request_timeout_ms;          /* federation.client.request_timeout_ms (60000) */
+        int64_t min_retry_interval_ms;   /* federation.destination_min_retry_interval_ms */
+        int retry_multiplier;            /* federation.destination_retry_multiplier */
+        int64_t max_retry_interval_ms;   /* federation.destination_max_retry_interval_ms */
+        int key_fetch_failure_cache_ms;  /* federation.key_fetch_failure_cache_ms (60000) */
+    } federation;
 };
 
 /* Validate every core key of root into *out (which points into root) and reject unknown

@@ -41,6 +41,7 @@
 #define CORE_DEFAULT_REGISTRATION_SHARED_SECRET ""
 #define GENERATED_SHARED_SECRET_BYTES 32 /* random bytes, written as hex */
 #define CORE_DEFAULT_PLUGIN_ENABLED false
+#define CORE_DEFAULT_FED_BIND_ADDRESS "0.0.0.0"
 
 enum {
     SCHEMA_TEXT_BYTES = 512,          /* scratch for paths, places and lists */
@@ -308,13 +309,59 @@ static const struct int_setting RL_SYNC_BURST = {
     "ratelimit.sync.burst", 100, 1, 1000000,
     "Sync requests allowed at once before the rate applies, a count."};
 
+/* Federation: the listener other servers reach, and the outbound side. */
+static const struct int_setting FED_PORT = {
+    "server.federation.port", 8448, 0, 65535,
+    "TCP port of the federation listener (other servers and key look-ups); 0 = any free port."};
+static const struct int_setting FED_REQUEST_THREADS = {
+    "server.federation.request_threads", 2, 1, 256,
+    "Threads handling requests from other servers (the federation listener's pool), a count."};
+static const struct int_setting FED_KEY_VALID_MS = {
+    "federation.key_valid_ms", INT64_C(7) * 24 * 3600 * 1000, 60000,
+    INT64_C(30) * 24 * 3600 * 1000,
+    "Milliseconds this server's published key stays valid (valid_until_ts), from each answer."};
+static const struct int_setting FED_MAX_CONNECTIONS = {
+    "federation.client.max_connections", 16, 1, 4096,
+    "Outbound connections to other servers open at once, in all, a count."};
+static const struct int_setting FED_MAX_CONNECTIONS_PER_HOST = {
+    "federation.client.max_connections_per_host", 8, 1, 4096,
+    "Outbound connections to one server at once, a count (one slow peer cannot take them all)."};
+static const struct int_setting FED_REQUEST_TIMEOUT_MS = {
+    "federation.client.request_timeout_ms", 60000, 100, 600000,
+    "Milliseconds an outbound request to another server may take before it fails."};
+static const struct int_setting FED_MIN_RETRY_MS = {
+    "federation.destination_min_retry_interval_ms", 600000, 100, INT64_C(7) * 24 * 3600 * 1000,
+    "Milliseconds a server that failed is left alone before the first retry."};
+static const struct int_setting FED_RETRY_MULTIPLIER = {
+    "federation.destination_retry_multiplier", 2, 1, 100,
+    "Each further failure multiplies the wait by this factor."};
+static const struct int_setting FED_MAX_RETRY_MS = {
+    "federation.destination_max_retry_interval_ms", INT64_C(24) * 3600 * 1000, 100,
+    INT64_C(30) * 24 * 3600 * 1000,
+    "The longest wait between retries of a failing server, in milliseconds."};
+static const struct int_setting FED_KEY_FAILURE_CACHE_MS = {
+    "federation.key_fetch_failure_cache_ms", 60000, 0, 3600000,
+    "Milliseconds a failed key look-up is remembered, so a dead server is not asked each time."};
+
 /* ---- which keys exist ---------------------------------------------------------------------- */
 
 static const char *const TOP_KEYS[] = {"server_name", "public_baseurl", "plugin_dir", "log",
                                        "server", "database", "registration", "ratelimit",
-                                       "rooms", "plugins", NULL};
+                                       "rooms", "plugins", "federation", NULL};
 static const char *const LOG_KEYS[] = {"level", NULL};
-static const char *const SERVER_KEYS[] = {"http", "metrics", "shutdown_grace_ms", NULL};
+static const char *const SERVER_KEYS[] = {"http", "metrics", "federation", "shutdown_grace_ms",
+                                          NULL};
+static const char *const FED_LISTENER_KEYS[] = {"bind_address", "port", "tls",
+                                                "tls_certificate_path", "tls_private_key_path",
+                                                "request_threads", NULL};
+static const char *const FEDERATION_KEYS[] = {
+    "signing_key_path", "key_valid_ms", "old_signing_keys", "verify_certificates",
+    "custom_ca_list", "certificate_verification_whitelist", "ip_range_blacklist",
+    "ip_range_whitelist", "domain_whitelist", "trusted_key_servers", "dns_servers", "client",
+    "destination_min_retry_interval_ms", "destination_retry_multiplier",
+    "destination_max_retry_interval_ms", "key_fetch_failure_cache_ms", NULL};
+static const char *const FED_CLIENT_KEYS[] = {"max_connections", "max_connections_per_host",
+                                              "request_timeout_ms", NULL};
 static const char *const HTTP_KEYS[] = {"bind_address", "port", "request_threads",
                                         "connection_timeout_s", "max_connections",
                                         "fd_reserve", "max_json_body_bytes",
@@ -339,7 +386,8 @@ static int check_core_keys(const cfg_node *root, char *err, size_t errlen)
                 {"registration", REGISTRATION_KEYS}, {"ratelimit", RATELIMIT_KEYS},
                 {"ratelimit.register", RATE_KEYS}, {"ratelimit.login", RATE_KEYS},
                 {"ratelimit.message", RATE_KEYS}, {"ratelimit.sync", RATE_KEYS},
-                {"rooms", ROOMS_KEYS}};
+                {"rooms", ROOMS_KEYS}, {"server.federation", FED_LISTENER_KEYS},
+                {"federation", FEDERATION_KEYS}, {"federation.client", FED_CLIENT_KEYS}};
     for (size_t i = 0; i < sizeof maps / sizeof *maps; i++)
         if (cfg_check_keys(cfg_get(root, maps[i].path), maps[i].allowed, err, errlen) < 0)
             return -1;
@@ -553,6 +601,83 @@ static int read_accounts(const cfg_node *root, struct core_config *out, char *er
     return 0;
 }
 
+static int read_int64(const cfg_node *root, const struct int_setting *s, int64_t *out,
+                      char *err, size_t errlen)
+{
+    return cfg_read_int(root, s->path, s->def, s->min, s->max, out, err, errlen);
+}
+
+/* A map (or absent) at path: the node, for its owner to read. */
+static int read_map(const cfg_node *root, const char *path, const cfg_node **out, char *err,
+                    size_t errlen)
+{
+    const cfg_node *n = cfg_get(root, path);
+    *out = NULL;
+    if (cfg_is_absent(n))
+        return 0;
+    if (n->kind != CFG_MAP)
+        return cfg_error(n, err, errlen, "expected a map, found %s", cfg_kind_name(n));
+    *out = n;
+    return 0;
+}
+
+static int read_federation(const cfg_node *root, struct core_config *out, char *err,
+                           size_t errlen)
+{
+    struct core_federation *f = &out->federation;
+    struct core_fed_listener *l = &out->fed_listener;
+    const cfg_node *tks = cfg_get(root, "federation.trusted_key_servers");
+    if (!cfg_is_absent(tks) && tks->kind != CFG_SEQ)
+        return cfg_error(tks, err, errlen, "expected a list of {server_name, verify_keys}");
+    f->trusted_key_servers = cfg_is_absent(tks) ? NULL : tks;
+    f->ip_range_blacklist_given = !cfg_is_absent(cfg_get(root, "federation.ip_range_blacklist"));
+    int retry_multiplier;
+    if (read_nonempty(root, "server.federation.bind_address", CORE_DEFAULT_FED_BIND_ADDRESS,
+                      &l->bind_address, err, errlen) < 0 ||
+        read_int(root, &FED_PORT, &l->port, err, errlen) < 0 ||
+        cfg_read_bool(root, "server.federation.tls", true, &l->tls, err, errlen) < 0 ||
+        cfg_read_string(root, "server.federation.tls_certificate_path", "",
+                        &l->tls_certificate_path, err, errlen) < 0 ||
+        cfg_read_string(root, "server.federation.tls_private_key_path", "",
+                        &l->tls_private_key_path, err, errlen) < 0 ||
+        read_int(root, &FED_REQUEST_THREADS, &l->request_threads, err, errlen) < 0 ||
+        cfg_read_string(root, "federation.signing_key_path", "", &f->signing_key_path, err,
+                        errlen) < 0 ||
+        read_int64(root, &FED_KEY_VALID_MS, &f->key_valid_ms, err, errlen) < 0 ||
+        read_map(root, "federation.old_signing_keys", &f->old_signing_keys, err, errlen) < 0 ||
+        cfg_read_bool(root, "federation.verify_certificates", true, &f->verify_certificates,
+                      err, errlen) < 0 ||
+        cfg_read_string_list(root, "federation.custom_ca_list", &f->custom_ca_list,
+                             &f->n_custom_ca_list, err, errlen) < 0 ||
+        cfg_read_string_list(root, "federation.certificate_verification_whitelist",
+                             &f->certificate_verification_whitelist,
+                             &f->n_certificate_verification_whitelist, err, errlen) < 0 ||
+        cfg_read_string_list(root, "federation.ip_range_blacklist", &f->ip_range_blacklist,
+                             &f->n_ip_range_blacklist, err, errlen) < 0 ||
+        cfg_read_string_list(root, "federation.ip_range_whitelist", &f->ip_range_whitelist,
+                             &f->n_ip_range_whitelist, err, errlen) < 0 ||
+        cfg_read_string_list(root, "federation.domain_whitelist", &f->domain_whitelist,
+                             &f->n_domain_whitelist, err, errlen) < 0 ||
+        cfg_read_string_list(root, "federation.dns_servers", &f->dns_servers,
+                             &f->n_dns_servers, err, errlen) < 0 ||
+        read_int(root, &FED_MAX_CONNECTIONS, &f->max_connections, err, errlen) < 0 ||
+        read_int(root, &FED_MAX_CONNECTIONS_PER_HOST, &f->max_connections_per_host, err,
+                 errlen) < 0 ||
+        read_int(root, &FED_REQUEST_TIMEOUT_MS, &f->request_timeout_ms, err, errlen) < 0 ||
+        read_int64(root, &FED_MIN_RETRY_MS, &f->min_retry_interval_ms, err, errlen) < 0 ||
+        read_int(root, &FED_RETRY_MULTIPLIER, &retry_multiplier, err, errlen) < 0 ||
+        read_int64(root, &FED_MAX_RETRY_MS, &f->max_retry_interval_ms, err, errlen) < 0 ||
+        read_int(root, &FED_KEY_FAILURE_CACHE_MS, &f->key_fetch_failure_cache_ms, err,
+                 errlen) < 0)
+        return -1;
+    f->retry_multiplier = retry_multiplier;
+    if (l->tls && (l->tls_certificate_path[0] == '\0') != (l->tls_private_key_path[0] == '\0'))
+        return cfg_error(cfg_get(root, "server.federation"), err, errlen,
+                         "tls_certificate_path and tls_private_key_path go together: set both "
+                         "(or neither, to serve no federation)");
+    return 0;
+}
+
 int core_config_load(const cfg_node *root, struct core_config *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
@@ -561,7 +686,8 @@ int core_config_load(const cfg_node *root, struct core_config *out, char *err, s
     if (check_core_keys(root, err, errlen) < 0 || check_plugins(root, err, errlen) < 0)
         return -1;
     if (read_top(root, out, err, errlen) < 0 || read_server(root, out, err, errlen) < 0 ||
-        read_database(root, out, err, errlen) < 0 || read_accounts(root, out, err, errlen) < 0) {
+        read_database(root, out, err, errlen) < 0 || read_accounts(root, out, err, errlen) < 0 ||
+        read_federation(root, out, err, errlen) < 0) {
         core_config_release(out);
         return -1;
     }
@@ -578,6 +704,14 @@ void core_config_release(struct core_config *c)
     free(c->metrics.allowed_addresses);
     c->metrics.allowed_addresses = NULL;
     c->metrics.n_allowed_addresses = 0;
+    const char ***lists[] = {&c->federation.custom_ca_list,
+                             &c->federation.certificate_verification_whitelist,
+                             &c->federation.ip_range_blacklist, &c->federation.ip_range_whitelist,
+                             &c->federation.domain_whitelist, &c->federation.dns_servers};
+    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
+        free(*lists[i]);
+        *lists[i] = NULL;
+    }
 }
 
 /* ---- --generate-config ------------------------------------------------------------------- */
@@ -684,7 +818,70 @@ static void generate_server(FILE *f)
         put_quoted(f, DEFAULT_METRICS_ADDRESSES[i]);
     }
     fputs("]\n", f);
+    put_comment(f, 2, "The federation listener: other servers and key look-ups (TLS). Without "
+                "a certificate");
+    put_comment(f, 2, "(and with tls: true) no federation is served and the server says so at "
+                "start-up.");
+    fputs("  federation:\n", f);
+    put_comment(f, 4, "Address to listen on, an IPv4 or IPv6 literal.");
+    put_string(f, 4, "bind_address", CORE_DEFAULT_FED_BIND_ADDRESS);
+    put_int(f, 4, &FED_PORT);
+    put_bool(f, 4, "tls", true, "Serve TLS here (false when a proxy in front terminates TLS).");
+    put_comment(f, 4, "PEM certificate (or chain) and private key files; reloaded on SIGHUP.");
+    put_string(f, 4, "tls_certificate_path", "");
+    put_string(f, 4, "tls_private_key_path", "");
+    put_int(f, 4, &FED_REQUEST_THREADS);
     put_int(f, 2, &SHUTDOWN_GRACE_MS);
+    fputc('\n', f);
+}
+
+static void generate_federation(FILE *f)
+{
+    put_comment(f, 0, "Federation: talking to other Matrix servers.");
+    fputs("federation:\n", f);
+    put_comment(f, 2, "This server's ed25519 signing key (Synapse's file format); created on "
+                "first start");
+    put_comment(f, 2, "when the file does not exist. \"\" = <server_name>.signing.key beside "
+                "this file.");
+    put_string(f, 2, "signing_key_path", "");
+    put_int(f, 2, &FED_KEY_VALID_MS);
+    put_comment(f, 2, "Keys this server used before, still published so what they signed "
+                "verifies:");
+    put_comment(f, 2, "{\"ed25519:id\": {key: <unpadded base64 public key>, expired_ts: <ms>}}.");
+    fputs("  old_signing_keys: {}\n", f);
+    put_bool(f, 2, "verify_certificates", true,
+             "Check other servers' TLS certificates (true or false).");
+    put_comment(f, 2, "PEM files of the CAs trusted for federation instead of the system's "
+                "(a list).");
+    fputs("  custom_ca_list: []\n", f);
+    put_comment(f, 2, "Server names whose certificates are not checked: for development only "
+                "(logged).");
+    fputs("  certificate_verification_whitelist: []\n", f);
+    put_comment(f, 2, "Addresses never connected to (CIDR list). Leave it out for the "
+                "defaults: loopback,");
+    put_comment(f, 2, "private (RFC 1918), link-local, CGNAT, ULA, multicast and their "
+                "::ffff: forms.");
+    fputs("  # ip_range_blacklist: [\"127.0.0.0/8\", \"10.0.0.0/8\", ...]\n", f);
+    put_comment(f, 2, "Addresses allowed even though the blacklist names them (CIDR list).");
+    fputs("  ip_range_whitelist: []\n", f);
+    put_comment(f, 2, "Server names to federate with, both ways; [] = every server.");
+    fputs("  domain_whitelist: []\n", f);
+    put_comment(f, 2, "Notaries asked for other servers' keys first: a list of {server_name, "
+                "verify_keys:");
+    put_comment(f, 2, "{\"ed25519:id\": <unpadded base64 key>}}; [] = ask each server "
+                "itself.");
+    fputs("  trusted_key_servers: []\n", f);
+    put_comment(f, 2, "DNS servers for server discovery (\"ip\" or \"ip:port\"); [] = "
+                "/etc/resolv.conf.");
+    fputs("  dns_servers: []\n", f);
+    fputs("  client:\n", f);
+    put_int(f, 4, &FED_MAX_CONNECTIONS);
+    put_int(f, 4, &FED_MAX_CONNECTIONS_PER_HOST);
+    put_int(f, 4, &FED_REQUEST_TIMEOUT_MS);
+    put_int(f, 2, &FED_MIN_RETRY_MS);
+    put_int(f, 2, &FED_RETRY_MULTIPLIER);
+    put_int(f, 2, &FED_MAX_RETRY_MS);
+    put_int(f, 2, &FED_KEY_FAILURE_CACHE_MS);
     fputc('\n', f);
 }
 
@@ -759,6 +956,7 @@ int cfg_generate(FILE *f, const char *server_name, const char *conninfo,
         return -1;
     generate_top(f, server_name, plugin_dir);
     generate_server(f);
+    generate_federation(f);
     if (generate_rest(f, conninfo) < 0)
         return -1;
     if (fflush(f) != 0 || ferror(f))

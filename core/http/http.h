@@ -51,6 +51,19 @@ bool http_percent_decode(char *s);
 typedef struct http_server http_server;
 typedef struct susp_timer susp_timer;
 
+/* Which listener a request came in on: the client listener serves no federation path, the
+ * federation listener serves only those (http_path_is_federation). */
+enum http_listener_kind { HTTP_LISTENER_CLIENT = 0, HTTP_LISTENER_FEDERATION = 1 };
+typedef struct http_listener {
+    http_server *srv;
+    int kind; /* enum http_listener_kind */
+} http_listener;
+
+/* The check the federation module runs before every handler of an ATRIUM_ROUTE_FEDERATION
+ * route (X-Matrix): 0 with r->origin set, ATRIUM_DONE with a refusal set as the response,
+ * or ATRIUM_PARKED while a key is being fetched (the request runs again when it lands). */
+typedef int (*http_fed_auth_fn)(atrium_req *r);
+
 struct http_server {
     const struct core_config *cfg;
     rt_metrics *metrics;
@@ -67,6 +80,14 @@ struct http_server {
     rt_metric *m_handoff_expired, *m_handoff_client_gone, *m_handoff_cancelled;
     rt_metric *m_responses[6]; /* by status class 1xx..5xx, [0] unused */
     bool ratelimit_enabled;
+
+    /* federation listener (none until http_server_set_federation) */
+    struct MHD_Daemon *fed_daemon;
+    http_listener listeners[2]; /* by enum http_listener_kind: the daemons' cls */
+    bool fed_enabled;
+    http_fed_auth_fn fed_auth;
+    route_entry fed_fallback; /* unmatched federation paths: signature check, then 404 */
+    int fed_max_connections;
 };
 
 http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics);
@@ -86,11 +107,26 @@ void http_server_stop(http_server *s); /* MHD_stop_daemon; after expire */
 void http_server_free(http_server *s);
 /* Register the core's own routes (/health, /versions, /metrics, ...). */
 int http_builtin_routes(http_server *s);
+/* Serve federation: a second listener (server.federation.*) for federation and key paths,
+ * TLS unless server.federation.tls is false (the certificate must be loaded with
+ * http_tls_load first). `auth` runs before every ATRIUM_ROUTE_FEDERATION handler;
+ * `fallback` answers unmatched federation paths (after `auth`). Before http_server_start. */
+void http_server_set_federation(http_server *s, http_fed_auth_fn auth, atrium_handler fallback);
+/* Is this raw path one the federation listener serves (/_matrix/federation/, /_matrix/key/)? */
+bool http_path_is_federation(const char *raw_path);
+
+/* ---- TLS (tls.c) -------------------------------------------------------------------- */
+/* Load a PEM certificate (or chain) and key as the federation listener's certificate; new
+ * handshakes use it from then on (SIGHUP calls this again). 0, or -1 with err set (the
+ * certificate in use stays). Any thread. */
+int http_tls_load(const char *cert_path, const char *key_path, char *err, size_t errlen);
+void http_tls_free_all(void); /* after the listener stopped */
+void *http_tls_cert_callback(void); /* for MHD_OPTION_HTTPS_CERT_CALLBACK */
 
 /* ---- request ------------------------------------------------------------------------ */
 
 enum susp_state { SUSP_ACTIVE = 0, SUSP_SUSPENDED, SUSP_RESUMING };
-enum susp_kind { SUSP_NONE = 0, SUSP_PARK, SUSP_LINE, SUSP_HANDOFF };
+enum susp_kind { SUSP_NONE = 0, SUSP_PARK, SUSP_LINE, SUSP_HANDOFF, SUSP_WAIT };
 enum susp_action { ACT_NONE = 0, ACT_RESPOND, ACT_REDISPATCH };
 
 typedef struct http_kv {
@@ -128,6 +164,8 @@ struct atrium_req {
     http_kv *headers, *args;
     size_t n_headers, n_args;
     const char *client_addr;
+    int listener;       /* enum http_listener_kind */
+    const char *origin; /* the server whose X-Matrix signature was verified, or NULL */
     const char *user;   /* authenticated user ID, or NULL */
     const char *device; /* the access token's device ID, or NULL */
     int is_admin;       /* the user is a server admin (valid when user is set) */
@@ -168,6 +206,9 @@ struct atrium_req {
     struct atrium_req *ev_prev, *ev_next;
     bool ev_linked;
 
+    /* parked with susp_wait until susp_wake (guarded by mu) */
+    bool wait_linked;
+
     /* admission line */
     rt_line *line;
     rt_line_waiter waiter;
@@ -191,7 +232,7 @@ struct atrium_req {
 };
 
 atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *method,
-                         const char *raw_url);
+                         const char *raw_url, int listener);
 void http_req_ref(atrium_req *r);
 void http_req_unref(atrium_req *r);
 /* Release every hold once (idempotent); holds added later are released at once. */
@@ -257,6 +298,14 @@ bool susp_resume(atrium_req *r, int action, int reason, int status, struct MHD_R
 int susp_handoff(atrium_req *r, rt_pool *pool, const atrium_scope_value *vals, size_t n);
 int susp_park(atrium_req *r, struct atrium_event *ev, int64_t deadline_ms);
 int susp_event_signal(struct atrium_event *ev);
+/* [req] Park r until one susp_wake(r) or its deadline (capped like a park): no thread
+ * waits, and the handler runs again with reason _WOKEN, _DEADLINE or _SHUTDOWN. For waits
+ * on a callback of one's own (an outbound request's completion). Takes a reference on r
+ * that susp_wake gives back, so the waker must call susp_wake exactly once, even after the
+ * deadline already resumed r. Returns 0 (return ATRIUM_PARKED), or ATRIUM_E_STOPPED while
+ * stopping (nothing taken). Wake may come before the handler returned: that is fine. */
+int susp_wait(atrium_req *r, int64_t deadline_ms);
+void susp_wake(atrium_req *r); /* [any] */
 struct atrium_event *susp_event_new(http_server *s);
 int susp_line_admit(atrium_req *r, rt_line *line, int64_t max_wait_ms);
 /* Release a line slot and pass it on (used by the line hold). */

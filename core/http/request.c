@@ -103,7 +103,7 @@ static const char *client_address(atrium_req *r, const char *peer)
 }
 
 atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *method,
-                         const char *raw_url)
+                         const char *raw_url, int listener)
 {
     rt_arena *arena = rt_arena_new(REQ_ARENA_CHUNK_BYTES);
     if (!arena) return NULL;
@@ -114,6 +114,7 @@ atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *m
     }
     r->srv = s;
     r->conn = c;
+    r->listener = listener;
     r->arena = arena;
     atomic_init(&r->refs, 1);
     pthread_mutex_init(&r->mu, NULL);
@@ -275,7 +276,18 @@ int http_req_run(atrium_req *r)
     }
     r->runs++;
     const route_entry *route = r->route;
-    int rc = route->route.handler(r);
+    int rc;
+    /* Federation routes: the signature is checked before the handler sees anything. The
+     * check either sets r->origin, or answers (a refusal) or parks (a key is on its way:
+     * the request runs again when it lands). */
+    if ((route->route.flags & ATRIUM_ROUTE_FEDERATION) && !r->origin) {
+        rc = r->srv->fed_auth ? r->srv->fed_auth(r)
+                              : http_respond_error(r, 404, "M_UNRECOGNIZED",
+                                                   "Federation is not served here");
+        if (!r->origin) goto out;
+    }
+    rc = route->route.handler(r);
+out:
     /* From here r may belong to another thread (parked, handed off): only the stack. */
     while (pushed) rt_scope_pop(&frames[--pushed]);
     return rc;

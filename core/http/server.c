@@ -23,6 +23,8 @@
 #define CONNECTION_MEMORY_LIMIT_BYTES (64 * 1024)
 #define OUTBOUND_SOCKET_RESERVE 16 /* the coming federation client's connection cap */
 #define DRAIN_POLL_MS 20
+#define FED_CONNECTION_SHARE 4 /* the federation listener gets 1/4 of the connections */
+#define FED_MIN_CONNECTIONS 8
 
 static atomic_int open_connections;
 static atomic_int inflight_requests; /* received and not yet completed */
@@ -104,9 +106,20 @@ static bool prepare(atrium_req *r)
         http_respond_json(r, 200, json_object()); /* CORS preflight: headers do the work */
         return false;
     }
+    /* Each listener serves its own paths only (a client probing federation paths on the
+     * client port, or anything but federation on the federation port, learns nothing). */
+    bool federation_path = http_path_is_federation(r->raw_path);
+    if (federation_path != (r->listener == HTTP_LISTENER_FEDERATION)) {
+        http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
+        return false;
+    }
     bool wrong_method = false;
     r->route = router_match(s->router, r->method, r->raw_path, r->arena, &r->param_names,
                             &r->param_values, &r->n_params, &wrong_method);
+    /* An unknown federation path is answered 404 only after its signature was checked. */
+    if (!r->route && federation_path && s->fed_fallback.route.handler &&
+        strncmp(r->raw_path, "/_matrix/federation/", 20) == 0)
+        r->route = &s->fed_fallback;
     if (!r->route) {
         if (wrong_method)
             http_respond_error(r, 405, "M_UNRECOGNIZED", "Method %s not allowed on this path",
@@ -178,10 +191,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
                                  void **con_cls)
 {
     (void)version;
-    http_server *s = cls;
+    http_listener *listener = cls;
+    http_server *s = listener->srv;
     atrium_req *r = *con_cls;
     if (!r) {
-        r = http_req_new(s, c, method, url);
+        r = http_req_new(s, c, method, url, listener->kind);
         if (!r) return MHD_NO;
         *con_cls = r;
         atomic_fetch_add(&inflight_requests, 1);
@@ -244,7 +258,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    http_server *s = cls;
+    http_server *s = ((http_listener *)cls)->srv;
     (void)c;
     (void)socket_context;
     int d = toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
@@ -261,6 +275,8 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
     s->router = router_new();
     pthread_mutex_init(&s->events_mu, NULL);
     s->ratelimit_enabled = cfg->ratelimit.enabled;
+    s->listeners[HTTP_LISTENER_CLIENT] = (http_listener){s, HTTP_LISTENER_CLIENT};
+    s->listeners[HTTP_LISTENER_FEDERATION] = (http_listener){s, HTTP_LISTENER_FEDERATION};
     int outbound_cap = cfg->http.request_threads / 2;
     if (outbound_cap < 1) outbound_cap = 1;
     s->outbound = rt_budget_new("outbound", outbound_cap, 1, metrics);
@@ -315,40 +331,115 @@ static int connection_limit(const struct core_config *cfg)
     return (int)limit;
 }
 
+bool http_path_is_federation(const char *raw_path)
+{
+    return strncmp(raw_path, "/_matrix/federation/", 20) == 0 ||
+           strcmp(raw_path, "/_matrix/federation") == 0 ||
+           strncmp(raw_path, "/_matrix/key/", 13) == 0;
+}
+
+void http_server_set_federation(http_server *s, http_fed_auth_fn auth, atrium_handler fallback)
+{
+    s->fed_enabled = true;
+    s->fed_auth = auth;
+    memset(&s->fed_fallback, 0, sizeof(s->fed_fallback));
+    s->fed_fallback.route.method = "GET";
+    s->fed_fallback.route.path = "/_matrix/federation/{unknown}";
+    s->fed_fallback.route.handler = fallback;
+    s->fed_fallback.route.flags = ATRIUM_ROUTE_FEDERATION;
+    s->fed_fallback.owner = "core";
+}
+
+/* Fill ss from an address literal and port; false when it is no IPv4/IPv6 literal. */
+static bool bind_sockaddr(const char *address, int port, struct sockaddr_storage *ss,
+                          unsigned *flags)
+{
+    memset(ss, 0, sizeof(*ss));
+    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, address, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        return true;
+    }
+    if (inet_pton(AF_INET6, address, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        *flags |= MHD_USE_IPv6;
+        return true;
+    }
+    return false;
+}
+
+/* The federation listener: its own small pool, TLS through the reloadable certificate. */
+static int start_federation(http_server *s)
+{
+    const struct core_fed_listener *fl = &s->cfg->fed_listener;
+    struct sockaddr_storage ss;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (!bind_sockaddr(fl->bind_address, fl->port, &ss, &flags)) {
+        rt_log(ATRIUM_LOG_ERROR, "core",
+               "server.federation.bind_address \"%s\" is not an IPv4 or IPv6 address",
+               fl->bind_address);
+        return -1;
+    }
+    if (fl->tls) flags |= MHD_USE_TLS;
+    http_listener *l = &s->listeners[HTTP_LISTENER_FEDERATION];
+    s->fed_daemon = MHD_start_daemon(
+        flags, (uint16_t)fl->port, NULL, NULL, on_access, l, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        NULL, MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)fl->request_threads, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)s->fed_max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)s->cfg->http.connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)CONNECTION_MEMORY_LIMIT_BYTES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, l,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, l, MHD_OPTION_UNESCAPE_CALLBACK,
+        no_unescape, NULL,
+        fl->tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, http_tls_cert_callback(),
+        MHD_OPTION_END);
+    if (!s->fed_daemon) {
+        rt_log(ATRIUM_LOG_ERROR, "core",
+               "cannot listen for federation on %s:%d (%s): is another server using the "
+               "port? Change server.federation.port or server.federation.bind_address",
+               fl->bind_address, fl->port, strerror(errno));
+        return -1;
+    }
+    rt_log(ATRIUM_LOG_INFO, "core", "federation listening on %s://%s:%d (%d threads)",
+           fl->tls ? "https" : "http", fl->bind_address, fl->port, fl->request_threads);
+    return 0;
+}
+
 int http_server_start(http_server *s)
 {
     const struct core_config *cfg = s->cfg;
     struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof(ss));
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-    if (inet_pton(AF_INET, cfg->http.bind_address, &a4->sin_addr) == 1) {
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons((uint16_t)cfg->http.port);
-    } else if (inet_pton(AF_INET6, cfg->http.bind_address, &a6->sin6_addr) == 1) {
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons((uint16_t)cfg->http.port);
-        flags |= MHD_USE_IPv6;
-    } else {
+    if (!bind_sockaddr(cfg->http.bind_address, cfg->http.port, &ss, &flags)) {
         rt_log(ATRIUM_LOG_ERROR, "core",
                "server.http.bind_address \"%s\" is not an IPv4 or IPv6 address",
                cfg->http.bind_address);
         return -1;
     }
     s->max_connections = connection_limit(cfg);
+    if (s->fed_enabled) { /* a quarter of the connections for other servers */
+        s->fed_max_connections = s->max_connections / FED_CONNECTION_SHARE;
+        if (s->fed_max_connections < FED_MIN_CONNECTIONS) s->fed_max_connections = FED_MIN_CONNECTIONS;
+        s->max_connections -= s->fed_max_connections;
+        if (s->max_connections < FED_MIN_CONNECTIONS) s->max_connections = FED_MIN_CONNECTIONS;
+    }
     rt_metric_set(rt_metric_gauge(s->metrics, "atrium_http_max_connections", NULL,
                                   "Client connections allowed at once (from RLIMIT_NOFILE)"),
                   s->max_connections);
     s->daemon = MHD_start_daemon(
-        flags, (uint16_t)cfg->http.port, NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER,
+        flags, (uint16_t)cfg->http.port, NULL, NULL, on_access,
+        &s->listeners[HTTP_LISTENER_CLIENT], MHD_OPTION_EXTERNAL_LOGGER,
         mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &ss,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http.request_threads,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->http.connection_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY_LIMIT_BYTES,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-        on_connection, s, MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s->listeners[HTTP_LISTENER_CLIENT],
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, &s->listeners[HTTP_LISTENER_CLIENT],
+        MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL, MHD_OPTION_END);
     if (!s->daemon) {
         rt_log(ATRIUM_LOG_ERROR, "core",
                "cannot listen on %s:%d (%s): is another server using the port? Change "
@@ -360,7 +451,7 @@ int http_server_start(http_server *s)
            "listening on http://%s:%d (%d request threads, %d connections max, timeout %d s)",
            cfg->http.bind_address, cfg->http.port, cfg->http.request_threads,
            s->max_connections, cfg->http.connection_timeout_s);
-    return 0;
+    return s->fed_enabled ? start_federation(s) : 0;
 }
 
 void http_server_quiesce(http_server *s)
@@ -389,6 +480,8 @@ void http_server_drain(http_server *s, int grace_ms)
 
 void http_server_stop(http_server *s)
 {
+    if (s->fed_daemon) MHD_stop_daemon(s->fed_daemon);
+    s->fed_daemon = NULL;
     if (s->daemon) MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
 }

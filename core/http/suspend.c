@@ -255,6 +255,29 @@ int susp_event_signal(struct atrium_event *ev)
     return woken;
 }
 
+int susp_wait(atrium_req *r, int64_t deadline_ms)
+{
+    if (atomic_load(&r->srv->stopping)) return ATRIUM_E_STOPPED;
+    int64_t cap = rt_now_ms() + PARK_MAX_MS;
+    if (deadline_ms > cap) deadline_ms = cap;
+    http_req_ref(r); /* the waker's */
+    pthread_mutex_lock(&r->mu);
+    r->wait_linked = true;
+    susp_suspend(r, SUSP_WAIT, deadline_ms);
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+void susp_wake(atrium_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    bool mine = r->wait_linked; /* the deadline may have taken it first */
+    r->wait_linked = false;
+    pthread_mutex_unlock(&r->mu);
+    if (mine) susp_resume(r, ACT_REDISPATCH, ATRIUM_RUN_WOKEN, 0, NULL);
+    http_req_unref(r);
+}
+
 /* ---- admission lines ---------------------------------------------------------------- */
 
 void susp_line_release(rt_line *line)
@@ -416,6 +439,9 @@ static void expire(http_server *s, atrium_req *r, bool stopping)
     } else if (kind == SUSP_LINE) {
         mine = rt_line_cancel(r->line, &r->waiter);
         if (mine) r->line_cancelled = true; /* tells line_admit: no slot */
+    } else if (kind == SUSP_WAIT) {
+        mine = r->wait_linked; /* the waker finds it gone and only drops its reference */
+        r->wait_linked = false;
     }
     pthread_mutex_unlock(&r->mu);
     if (kind == SUSP_HANDOFF) {

@@ -70,6 +70,11 @@ typedef int (*atrium_handler)(atrium_req *req);
 
 /* Flags for atrium_route.flags. */
 #define ATRIUM_ROUTE_STREAM_BODY 0x1u /* deliver the body to body_chunk as it arrives */
+/* A route other servers call (1.1): served on the federation listener only, and the core
+ * verifies the request's X-Matrix signature before the handler runs (req_origin then names
+ * the verified server). A missing or bad signature is answered 401 M_UNAUTHORIZED (403
+ * M_FORBIDDEN for a server outside federation.domain_whitelist) without running it. */
+#define ATRIUM_ROUTE_FEDERATION 0x2u
 
 typedef struct atrium_route {
     const char *method;     /* "GET" (also serves HEAD), "POST", "PUT", "DELETE" */

@@ -17,6 +17,7 @@ ATRIUM_BUILD_PACKAGES=(
     build-essential cmake pkg-config
     libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libwebp-dev
     libjansson-dev libsodium-dev libyaml-dev libcmocka-dev
+    libgnutls28-dev  # the federation listener's TLS certificate (reloaded on SIGHUP)
     libvips-dev  # media plugin: image decoding (links libwebp, libjpeg, libpng, giflib)
     python3
 )
