@@ -158,6 +158,7 @@ struct atrium_req {
     const char *method;
     const char *path;     /* percent-decoded */
     const char *raw_path; /* as received */
+    const char *raw_query; /* the query string as received (without '?'), or "" */
     const route_entry *route;
     size_t n_params;
     const char **param_names, **param_values;

@@ -52,6 +52,49 @@ static enum MHD_Result collect_kv(void *cls, enum MHD_ValueKind kind, const char
     return MHD_YES;
 }
 
+/* The query string as the client sent it, rebuilt from libmicrohttpd's split (its unescape
+ * callback is a no-op, so keys and values are still encoded): X-Matrix signs it verbatim. */
+typedef struct raw_query {
+    atrium_req *r;
+    char *buf;
+    size_t len, cap;
+    bool failed;
+} raw_query;
+
+static void raw_query_put(raw_query *q, const char *s, size_t n)
+{
+    if (q->failed) return;
+    if (q->len + n + 1 > q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 256;
+        while (cap < q->len + n + 1) cap *= 2;
+        char *b = rt_arena_alloc(q->r->arena, cap);
+        if (!b) {
+            q->failed = true;
+            return;
+        }
+        if (q->len) memcpy(b, q->buf, q->len);
+        q->buf = b;
+        q->cap = cap;
+    }
+    memcpy(q->buf + q->len, s, n);
+    q->len += n;
+    q->buf[q->len] = '\0';
+}
+
+static enum MHD_Result collect_raw_query(void *cls, enum MHD_ValueKind kind, const char *key,
+                                         const char *value)
+{
+    (void)kind;
+    raw_query *q = cls;
+    if (q->len) raw_query_put(q, "&", 1);
+    raw_query_put(q, key ? key : "", key ? strlen(key) : 0);
+    if (value) {
+        raw_query_put(q, "=", 1);
+        raw_query_put(q, value, strlen(value));
+    }
+    return MHD_YES;
+}
+
 static const char *addr_to_string(rt_arena *a, const struct sockaddr *sa)
 {
     char buf[INET6_ADDRSTRLEN] = "unknown";
@@ -143,6 +186,9 @@ atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *m
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_kv, &q);
     r->args = q.items;
     r->n_args = q.n;
+    raw_query rq = {.r = r};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_raw_query, &rq);
+    r->raw_query = rq.buf && !rq.failed ? rq.buf : "";
 
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);

@@ -1,0 +1,150 @@
+/*
+ * core/federation/fed_auth.c - the check that runs before every federation handler: the
+ * request's X-Matrix signature (the server-server API, "Request Authentication").
+ *
+ * Order of the checks, each refusal logged with the check's name so an operator can tell a
+ * misconfigured peer from an attack: an X-Matrix Authorization header that parses; a
+ * destination naming this server (an absent one is accepted, as older servers send none);
+ * an origin that is a server name, is not this server and is allowed by
+ * federation.domain_whitelist (403 M_FORBIDDEN otherwise); a JSON body when there is a
+ * body; the origin's key, valid now; the signature over method, URI (path and query as
+ * sent), origin, destination and content. Refusals are 401 M_UNAUTHORIZED.
+ *
+ * A key not yet known is fetched (fed_keyring.h) while the request waits parked on the
+ * module's key event, holding no thread; every end of a look-up signals that event and
+ * the waiting requests run again from the top, now finding the key in the cache (or its
+ * failure, remembered briefly). Only then does a handler see the request, with
+ * r->origin set to the verified server.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/federation/fed_internal.h"
+
+enum fed_auth_reason {
+    FED_AUTH_MISSING = 0,
+    FED_AUTH_MALFORMED,
+    FED_AUTH_DESTINATION,
+    FED_AUTH_NOT_ALLOWED,
+    FED_AUTH_BODY,
+    FED_AUTH_UNKNOWN_KEY,
+    FED_AUTH_EXPIRED_KEY,
+    FED_AUTH_BAD_SIGNATURE,
+    FED_AUTH__COUNT
+};
+
+#define FED_AUTH_MAX_RUNS 4 /* a request woken this often without its key gives up */
+
+static const char *const REASON_NAMES[FED_AUTH__COUNT] = {
+    "missing", "malformed", "destination", "not_allowed", "body", "unknown_key", "expired_key",
+    "bad_signature"};
+
+void fed_auth_metrics(fed_module *m)
+{
+    m->m_auth_ok = rt_metric_counter(m->metrics, "atrium_federation_inbound_verified_total", NULL,
+                                     "Federation requests whose X-Matrix signature verified");
+    for (int i = 0; i < FED_AUTH__COUNT; i++) {
+        char labels[48];
+        snprintf(labels, sizeof(labels), "reason=\"%s\"", REASON_NAMES[i]);
+        m->m_auth_refused[i] =
+            rt_metric_counter(m->metrics, "atrium_federation_inbound_refused_total", labels,
+                              "Federation requests refused before their handler, by failed check");
+    }
+}
+
+static int refuse(atrium_req *r, int reason, const char *origin, const char *detail)
+{
+    fed_module *m = fed_state();
+    rt_metric_add(m->m_auth_refused[reason], 1);
+    rt_log(ATRIUM_LOG_WARN, "federation", "[req %s] %s %s from %s refused (check %s): %s", r->id,
+           r->method, r->raw_path, origin ? origin : r->client_addr, REASON_NAMES[reason], detail);
+    if (reason == FED_AUTH_NOT_ALLOWED)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "Federation with %s is not allowed",
+                                  origin ? origin : "this server");
+    return http_respond_error(r, 401, "M_UNAUTHORIZED", "%s", detail);
+}
+
+/* The first X-Matrix credential among the Authorization headers. */
+static const char *xmatrix_header(atrium_req *r)
+{
+    for (size_t i = 0; i < r->n_headers; i++)
+        if (strcasecmp(r->headers[i].name, "Authorization") == 0 &&
+            strncasecmp(r->headers[i].value, "X-Matrix ", 9) == 0)
+            return r->headers[i].value;
+    return NULL;
+}
+
+/* A key look-up ended (found or failed, now in the key ring's memory): run r again. */
+static void wake_request(void *arg)
+{
+    susp_wake(arg);
+}
+
+int fed_auth_check(atrium_req *r)
+{
+    fed_module *m = fed_state();
+    const char *hdr = xmatrix_header(r);
+    if (!hdr) return refuse(r, FED_AUTH_MISSING, NULL, "No X-Matrix Authorization header");
+    fed_xmatrix x;
+    char why[256];
+    if (fed_xmatrix_parse(hdr, &x, why, sizeof(why)) < 0)
+        return refuse(r, FED_AUTH_MALFORMED, NULL, why);
+    if (x.destination[0] && strcmp(x.destination, m->server_name) != 0) {
+        snprintf(why, sizeof(why), "The request is for %.128s, not this server", x.destination);
+        return refuse(r, FED_AUTH_DESTINATION, x.origin, why);
+    }
+    char host[FED_RESOLVE_NAME_BYTES];
+    int port;
+    if (!fed_server_name_split(x.origin, host, sizeof(host), &port))
+        return refuse(r, FED_AUTH_MALFORMED, NULL, "The origin is not a server name");
+    if (strcmp(x.origin, m->server_name) == 0)
+        return refuse(r, FED_AUTH_NOT_ALLOWED, x.origin, "A request claiming to be from us");
+    if (!fed_domain_allowed(x.origin))
+        return refuse(r, FED_AUTH_NOT_ALLOWED, x.origin, "not in federation.domain_whitelist");
+    json_t *content = NULL;
+    if (r->body_len > 0) {
+        json_error_t jerr;
+        if (!r->json) r->json = json_loadb(r->body, r->body_len, 0, &jerr);
+        if (!r->json || !json_is_object(r->json))
+            return refuse(r, FED_AUTH_BODY, x.origin, "The body is not a JSON object");
+        content = r->json;
+    }
+
+    unsigned char pub[FED_PUBLIC_KEY_BYTES];
+    int64_t now = rt_wall_ms();
+    int kr = fed_keyring_get(m->keyring, x.origin, x.key, now, pub, why, sizeof(why));
+    if (kr == FED_KEYRING_MISSING) {
+        /* Not known yet: fetch it while the request waits without a thread. */
+        if (r->run_reason == ATRIUM_RUN_SHUTDOWN)
+            return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+        if (r->run_reason == ATRIUM_RUN_DEADLINE || r->runs > FED_AUTH_MAX_RUNS)
+            return refuse(r, FED_AUTH_UNKNOWN_KEY, x.origin,
+                          "The origin's key could not be fetched in time");
+        if (susp_wait(r, r->deadline_ms) < 0)
+            return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+        if (fed_keyring_fetch(m->keyring, x.origin, x.key, now, wake_request, r) < 0)
+            susp_wake(r); /* could not even ask: run again now and find the failure */
+        return ATRIUM_PARKED;
+    }
+    if (kr == FED_KEYRING_EXPIRED) return refuse(r, FED_AUTH_EXPIRED_KEY, x.origin, why);
+    if (kr != FED_KEYRING_FOUND) return refuse(r, FED_AUTH_UNKNOWN_KEY, x.origin, why);
+
+    char uri[8192];
+    int n = snprintf(uri, sizeof(uri), "%s%s%s", r->raw_path, r->raw_query[0] ? "?" : "",
+                     r->raw_query);
+    if (n < 0 || (size_t)n >= sizeof(uri))
+        return refuse(r, FED_AUTH_MALFORMED, x.origin, "The request URI is too long");
+    int vr = fed_xmatrix_verify(r->method, uri, m->server_name, content, &x, pub, why,
+                                sizeof(why));
+    if (vr < 0) return refuse(r, FED_AUTH_BAD_SIGNATURE, x.origin, why);
+    r->origin = rt_arena_strdup(r->arena, x.origin);
+    if (!r->origin) return ATRIUM_E_NOMEM;
+    rt_metric_add(m->m_auth_ok, 1);
+    return 0;
+}
+
+int fed_auth_unknown_path(atrium_req *r)
+{
+    return http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
+}

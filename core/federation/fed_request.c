@@ -1,0 +1,224 @@
+/*
+ * core/federation/fed_request.c - one outbound federation request, end to end: allowed?
+ * backed off? where to? signed, sent through the one client, and its outcome recorded for
+ * the destination's backoff.
+ *
+ * The steps run on whichever internal thread finished the previous one (the caller's for
+ * the checks, the resolver's after discovery, the outbound client's I/O thread at the
+ * end), so nothing here blocks and the caller's callback must be quick too. What counts as
+ * a failure for backoff: no connection, a TLS failure, a timeout, discovery finding
+ * nothing, or a 5xx answer; any other HTTP answer (a 404 included) proves the server is
+ * there and resets it. A request refused by the address blacklist is not the peer's fault
+ * and does not back it off.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/federation/fed_internal.h"
+
+typedef struct fed_req_state {
+    fed_request_opts o;
+    char *destination, *uri, *method;
+    char *body; /* the canonical JSON sent */
+    size_t body_len;
+    char auth[FED_AUTH_HEADER_BYTES];
+    char host_hdr[FED_RESOLVE_NAME_BYTES + 8];
+    int64_t deadline_ms;
+} fed_req_state;
+
+static void state_free(fed_req_state *st)
+{
+    free(st->destination);
+    free(st->uri);
+    free(st->method);
+    free(st->body);
+    free(st);
+}
+
+/* Report and free: the one exit of every request. */
+static void finish(fed_req_state *st, const fed_response *res)
+{
+    st->o.on_done(st->o.arg, res);
+    state_free(st);
+}
+
+static void finish_error(fed_req_state *st, int outcome, const char *error)
+{
+    fed_response res = {.outcome = outcome, .error = error, .destination = st->destination};
+    finish(st, &res);
+}
+
+bool fed_domain_allowed(const char *server_name)
+{
+    const struct core_federation *f = &fed_state()->cfg->federation;
+    if (f->n_domain_whitelist == 0) return true;
+    for (size_t i = 0; i < f->n_domain_whitelist; i++)
+        if (strcmp(f->domain_whitelist[i], server_name) == 0) return true;
+    return false;
+}
+
+static bool verify_tls_for(const char *destination)
+{
+    const struct core_federation *f = &fed_state()->cfg->federation;
+    if (!f->verify_certificates) return false;
+    for (size_t i = 0; i < f->n_certificate_verification_whitelist; i++)
+        if (strcmp(f->certificate_verification_whitelist[i], destination) == 0) return false;
+    return true;
+}
+
+static bool counts_as_failure(int outcome, int status)
+{
+    switch (outcome) {
+    case FED_HTTP_OK: return status >= 500;
+    case FED_HTTP_E_TIMEOUT:
+    case FED_HTTP_E_CONNECT:
+    case FED_HTTP_E_TLS:
+    case FED_HTTP_E_PROTOCOL:
+    case FED_REQ_E_RESOLVE: return true;
+    default: return false;
+    }
+}
+
+static void record_outcome(fed_req_state *st, int outcome, int status)
+{
+    fed_backoff *b = fed_state()->backoff;
+    if (!b) return;
+    if (counts_as_failure(outcome, status))
+        fed_backoff_failure(b, st->destination);
+    else if (outcome == FED_HTTP_OK)
+        fed_backoff_success(b, st->destination);
+}
+
+static void http_done(void *arg, const fed_http_result *hr)
+{
+    fed_req_state *st = arg;
+    record_outcome(st, hr->outcome, hr->status);
+    fed_response res = {.outcome = hr->outcome, .status = hr->status, .body = hr->body,
+                        .body_len = hr->body_len, .error = hr->error,
+                        .destination = st->destination, .handle = hr->handle};
+    json_t *j = NULL;
+    char why[160];
+    if (hr->outcome == FED_HTTP_OK && st->o.want_json && hr->body) {
+        json_error_t jerr;
+        j = json_loadb(hr->body, hr->body_len, 0, &jerr);
+        if (!j || !json_is_object(j)) {
+            snprintf(why, sizeof(why), "%s answered %d with a body that is not a JSON object",
+                     st->destination, hr->status);
+            res.outcome = FED_REQ_E_NOT_JSON;
+            res.error = why;
+        } else {
+            res.json = j;
+        }
+    } else if (hr->outcome != FED_HTTP_OK) {
+        rt_log(ATRIUM_LOG_DEBUG, "federation", "%s %s%s: %s", st->method, st->destination,
+               st->uri, hr->error);
+    }
+    finish(st, &res);
+    if (j) json_decref(j);
+}
+
+static void resolved(void *arg, int rc, const fed_target *t, const char *error)
+{
+    fed_req_state *st = arg;
+    if (rc < 0) {
+        record_outcome(st, FED_REQ_E_RESOLVE, 0);
+        char why[320];
+        snprintf(why, sizeof(why), "cannot find %s: %s", st->destination, error ? error : "");
+        finish_error(st, FED_REQ_E_RESOLVE, why);
+        return;
+    }
+    char url[FED_RESOLVE_NAME_BYTES + 64 + 4096];
+    bool v6 = strchr(t->tls_name, ':') != NULL;
+    int n = snprintf(url, sizeof(url), "https://%s%s%s:%d%s", v6 ? "[" : "", t->tls_name,
+                     v6 ? "]" : "", t->port, st->uri);
+    if (n < 0 || (size_t)n >= sizeof(url)) {
+        finish_error(st, FED_HTTP_E_INTERNAL, "the request URI is too long");
+        return;
+    }
+    const char *addrs[FED_RESOLVE_MAX_ADDRS + 1];
+    int na = 0;
+    for (int i = 0; i < t->n_addrs && i < FED_RESOLVE_MAX_ADDRS; i++) addrs[na++] = t->addrs[i];
+    addrs[na] = NULL;
+    const char *headers[3];
+    int nh = 0;
+    if (st->auth[0]) headers[nh++] = st->auth;
+    headers[nh] = NULL;
+    fed_http_req hq = {
+        .method = st->method,
+        .url = url,
+        .connect_addrs = na ? addrs : NULL,
+        .host_header = t->host_header,
+        .headers = headers,
+        .body = st->body,
+        .body_len = st->body_len,
+        .content_type = st->body ? "application/json" : NULL,
+        .deadline_ms = st->deadline_ms,
+        .max_body_bytes = st->o.max_body_bytes > 0 ? st->o.max_body_bytes
+                                                   : FED_REQUEST_DEFAULT_MAX_BODY_BYTES,
+        .verify_tls = verify_tls_for(st->destination),
+        .host_key = st->destination,
+        .on_chunk = st->o.on_chunk,
+        .on_done = http_done,
+        .arg = st,
+    };
+    int src = fed_http_submit(fed_state()->http, &hq, NULL);
+    if (src < 0)
+        finish_error(st, src == ATRIUM_E_LIMIT ? FED_HTTP_E_INTERNAL : FED_HTTP_E_CANCELLED,
+                     src == ATRIUM_E_LIMIT ? "the outbound queue is full" : "stopping");
+}
+
+int fed_request_submit(const fed_request_opts *o)
+{
+    fed_module *m = fed_state();
+    if (!m || !m->http || !m->resolver) return ATRIUM_E_STOPPED;
+    if (!o || !o->method || !o->destination || !o->uri || o->uri[0] != '/' || !o->on_done)
+        return ATRIUM_E_INVAL;
+    fed_req_state *st = calloc(1, sizeof(*st));
+    if (!st) return ATRIUM_E_NOMEM;
+    st->o = *o;
+    st->destination = strdup(o->destination);
+    st->uri = strdup(o->uri);
+    st->method = strdup(o->method);
+    if (!st->destination || !st->uri || !st->method) {
+        state_free(st);
+        return ATRIUM_E_NOMEM;
+    }
+    st->deadline_ms = o->deadline_ms > 0 ? o->deadline_ms
+                                         : rt_now_ms() + m->cfg->federation.request_timeout_ms;
+    if (o->body) {
+        st->body = cjson_encode(o->body, &st->body_len);
+        if (!st->body) {
+            state_free(st);
+            return ATRIUM_E_INVAL;
+        }
+    }
+    if (strcmp(o->destination, m->server_name) == 0 || !fed_domain_allowed(o->destination)) {
+        finish_error(st, FED_REQ_E_NOT_ALLOWED,
+                     "the destination is this server or not in federation.domain_whitelist");
+        return 0;
+    }
+    if (!o->ignore_backoff && m->backoff) {
+        int64_t wait = fed_backoff_retry_in_ms(m->backoff, o->destination, rt_wall_ms());
+        if (wait > 0) {
+            char why[160];
+            snprintf(why, sizeof(why), "%s failed recently; next try in %lld s",
+                     o->destination, (long long)((wait + 999) / 1000));
+            finish_error(st, FED_REQ_E_BACKOFF, why);
+            return 0;
+        }
+    }
+    if (!o->unsigned_request &&
+        fed_xmatrix_header(o->method, o->uri, m->server_name, o->destination, o->body,
+                           &m->key, st->auth + 15, sizeof(st->auth) - 15) < 0) {
+        state_free(st);
+        return ATRIUM_E_INVAL;
+    }
+    if (!o->unsigned_request) memcpy(st->auth, "Authorization: ", 15);
+    int rc = fed_resolve_lookup(m->resolver, o->destination, resolved, st);
+    if (rc < 0) {
+        state_free(st);
+        return rc;
+    }
+    return 0;
+}

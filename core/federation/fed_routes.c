@@ -1,0 +1,106 @@
+/*
+ * core/federation/fed_routes.c - the first endpoints other servers call: the server's
+ * implementation version, its signing keys (the key server), other servers' keys through
+ * this server as a notary, and local users' profiles.
+ *
+ * The key routes need no signature (a server asks for keys precisely because it cannot
+ * verify one yet); the profile query is an ATRIUM_ROUTE_FEDERATION route, so fed_auth.c
+ * has verified the X-Matrix signature before it runs. The notary answers from the key
+ * ring's cache and fetches on a miss, parked (susp_wait) while the origin answers.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/federation/fed_internal.h"
+#include "core/store/db.h"
+
+#ifndef ATRIUM_VERSION
+#define ATRIUM_VERSION "dev"
+#endif
+
+#define FED_PROFILE_DB_WAIT_MS 2000 /* a peer's profile query waits this long for PostgreSQL */
+#define FED_NOTARY_MAX_SERVERS 64   /* servers one POST /_matrix/key/v2/query may ask for */
+
+/* GET /_matrix/federation/v1/version */
+static int get_version(atrium_req *r)
+{
+    return http_respond_json(r, 200, json_pack("{s:{s:s,s:s}}", "server", "name", "Atrium",
+                                               "version", ATRIUM_VERSION));
+}
+
+static json_t *own_key_document(fed_module *m)
+{
+    return fed_server_key_document(m->server_name, &m->key, m->old_keys, m->n_old_keys,
+                                   rt_wall_ms(), m->cfg->federation.key_valid_ms);
+}
+
+/* GET /_matrix/key/v2/server (and the deprecated .../server/{keyId}: the same document) */
+static int get_server_keys(atrium_req *r)
+{
+    json_t *doc = own_key_document(fed_state());
+    if (!doc) return ATRIUM_E_NOMEM;
+    return http_respond_json(r, 200, doc);
+}
+
+/* GET /_matrix/federation/v1/query/profile?user_id=...&field=... (signed) */
+static int get_profile(atrium_req *r)
+{
+    fed_module *m = fed_state();
+    const char *user = NULL, *field = NULL;
+    for (size_t i = 0; i < r->n_args; i++) {
+        if (!user && strcmp(r->args[i].name, "user_id") == 0) user = r->args[i].value;
+        if (!field && strcmp(r->args[i].name, "field") == 0) field = r->args[i].value;
+    }
+    if (!user || !*user)
+        return http_respond_error(r, 400, "M_MISSING_PARAM", "user_id is required");
+    if (field && strcmp(field, "displayname") != 0 && strcmp(field, "avatar_url") != 0)
+        return http_respond_error(r, 400, "M_INVALID_PARAM",
+                                  "field must be displayname or avatar_url");
+    const char *colon = strchr(user, ':');
+    if (user[0] != '@' || !colon || strcmp(colon + 1, m->server_name) != 0)
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "%s is not a user of this server",
+                                  user);
+    PGconn *c = db_acquire(db_global(), FED_PROFILE_DB_WAIT_MS);
+    if (!c) return http_respond_error(r, 503, "M_UNKNOWN", "The database is unavailable");
+    const char *p[1] = {user};
+    PGresult *res = PQexecParams(c,
+                                 "SELECT p.displayname, p.avatar_url FROM users u"
+                                 " LEFT JOIN profiles p ON p.user_id = u.user_id"
+                                 " WHERE u.user_id = $1",
+                                 1, NULL, p, NULL, NULL, 0);
+    db_release(db_global(), c);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        PQclear(res);
+        return http_respond_error(r, 503, "M_UNKNOWN", "The database failed");
+    }
+    if (PQntuples(res) != 1) {
+        PQclear(res);
+        return http_respond_error(r, 404, "M_NOT_FOUND", "No such user");
+    }
+    json_t *body = json_object();
+    static const char *const cols[] = {"displayname", "avatar_url"};
+    for (int i = 0; i < 2; i++)
+        if ((!field || strcmp(field, cols[i]) == 0) && !PQgetisnull(res, 0, i))
+            json_object_set_new(body, cols[i], json_string(PQgetvalue(res, 0, i)));
+    PQclear(res);
+    return http_respond_json(r, 200, body);
+}
+
+int fed_routes_register(fed_module *m)
+{
+    static const atrium_route routes[] = {
+        {.method = "GET", .path = "/_matrix/federation/v1/version", .handler = get_version},
+        {.method = "GET", .path = "/_matrix/key/v2/server", .handler = get_server_keys},
+        {.method = "GET", .path = "/_matrix/key/v2/server/{keyId}", .handler = get_server_keys},
+        {.method = "GET", .path = "/_matrix/federation/v1/query/profile", .handler = get_profile,
+         .flags = ATRIUM_ROUTE_FEDERATION},
+    };
+    char err[256];
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        if (router_add(m->srv->router, &routes[i], "core", err, sizeof(err)) < 0) {
+            rt_log(ATRIUM_LOG_ERROR, "federation", "%s", err);
+            return -1;
+        }
+    }
+    return fed_notary_routes(m);
+}
