@@ -5,13 +5,16 @@
  * libcurl, stop signals blocked -> metrics -> HTTP server object and the core's own routes
  * (routes are registered before listening) -> PostgreSQL (bounded retry) -> core
  * migrations -> the auth pool -> each client module in turn (init, its migrations, start)
- * -> plugins (init) -> plugin migrations -> plugins (pools, start) -> listen. Any failure
- * stops start-up with the line that says why.
+ * -> federation (signing key, routes, the listener's certificate; its migrations; its
+ * threads) -> plugins (init) -> plugin migrations -> plugins (pools, start) -> listen
+ * (client, then federation). Any failure stops start-up with the line that says why.
+ * SIGHUP reloads the federation listener's certificate and changes nothing else.
  * Shutdown (SIGINT/SIGTERM): refuse new requests (503, Connection: close) -> answer every
  * parked and handed-off request -> let running requests finish within
  * server.shutdown_grace_ms -> stop plugins (their pools drain) -> stop client modules and
- * the auth pool -> a short drain for their answers -> stop libmicrohttpd -> fini plugins
- * -> close PostgreSQL. Why no MHD_quiesce_daemon: docs/adr/0004-shutdown-without-quiesce.md.
+ * the auth pool -> a short drain for their answers -> stop libmicrohttpd -> stop
+ * federation (outbound requests end) -> fini plugins -> free federation -> close
+ * PostgreSQL. Why no MHD_quiesce_daemon: docs/adr/0004-shutdown-without-quiesce.md.
  * Signals are blocked in every thread and taken here with sigwait, so no handler runs
  * inside library code.
  */
@@ -30,6 +33,7 @@
 #include "core/client/client.h"
 #include "core/client/sync/notifier.h"
 #include "core/config/config.h"
+#include "core/federation/federation.h"
 #include "core/http/http.h"
 #include "core/plugins/plugins.h"
 #include "core/runtime/runtime.h"
@@ -150,6 +154,7 @@ static int serve(const char *config_path)
     sigemptyset(&stop_signals);
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGHUP); /* reload the federation certificate */
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
 
     int exit_code = 1;
@@ -176,13 +181,20 @@ static int serve(const char *config_path)
             (m->start && m->start() < 0))
             goto stop_plugins;
     }
+    size_t n_fed_migrations = 0;
+    const atrium_migration *fed_migrations = NULL;
+    if (federation_init(&cfg, config_path, rt.http, rt.metrics) < 0 ||
+        !(fed_migrations = federation_migrations(&n_fed_migrations)) ||
+        db_migrate(rt.db, "federation", fed_migrations, n_fed_migrations) < 0 ||
+        federation_start() < 0)
+        goto stop_plugins;
     if (plugins_load_all(&rt) < 0 || plugins_migrate_all(&rt) < 0 || plugins_start_all(&rt) < 0)
         goto stop_plugins;
     if (http_server_start(rt.http) < 0) goto stop_plugins;
     rt_log(ATRIUM_LOG_INFO, "core", "ready");
 
     int sig = 0;
-    sigwait(&stop_signals, &sig);
+    while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) federation_reload_tls();
     http_server_quiesce(rt.http); /* before the line: tests read it as "now refusing" */
     rt_log(ATRIUM_LOG_INFO, "core", "received %s; stopping (grace %d ms)", strsignal(sig),
            cfg.shutdown_grace_ms);
@@ -200,7 +212,9 @@ stop_plugins:
     }
     if (rt.http) http_server_drain(rt.http, 1000); /* answers from stopped pools go out */
     if (rt.http) http_server_stop(rt.http);
+    federation_stop(); /* after the listeners: outbound callbacks may still resume requests */
     plugins_fini_all(&rt);
+    federation_free();
     auth_set_pool(NULL);
     notifier_free();
     if (auth_pool_obj) rt_pool_free(auth_pool_obj);

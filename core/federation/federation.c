@@ -1,0 +1,237 @@
+/*
+ * core/federation/federation.c - builds the federation module from the configuration and
+ * holds it for the life of the process: the signing key (created on first start), the
+ * address lists, the outbound client, discovery, backoff, the key ring and its fetches,
+ * the routes, and the federation listener's certificate.
+ *
+ * Start-up order (main.c): federation_init before listening (routes and the listener are
+ * registered then), the "federation" migrations, federation_start (threads), and at
+ * shutdown federation_stop after the listeners stopped taking requests. The outbound side
+ * exists even when no federation listener is served (no certificate): this server can
+ * still ask others for keys and profiles.
+ */
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/federation/fed_internal.h"
+
+#define FED_HTTP_QUEUE_DEPTH 4096       /* outbound requests submitted, not yet started */
+#define FED_RESOLVE_TIMEOUT_MS 15000     /* one discovery: DNS and .well-known */
+#define FED_WELL_KNOWN_MAX_BYTES 65536   /* a larger .well-known answer is refused */
+#define FED_KEY_FETCH_MAX_BYTES (256 * 1024) /* a key document larger than this is refused */
+#define FED_KEY_FETCH_TIMEOUT_MS 10000
+
+static fed_module *fed;
+
+fed_module *fed_state(void)
+{
+    return fed;
+}
+
+static int load_old_keys(fed_module *m)
+{
+    const cfg_node *map = m->cfg->federation.old_signing_keys;
+    if (!map) return 0;
+    char err[256];
+    for (const cfg_node *k = map->first_child; k; k = k->next) {
+        if (m->n_old_keys == FED_MAX_OLD_KEYS) {
+            rt_log(ATRIUM_LOG_ERROR, "federation", "federation.old_signing_keys: at most %d keys",
+                   FED_MAX_OLD_KEYS);
+            return -1;
+        }
+        const char *key = NULL;
+        int64_t expired = 0;
+        if (cfg_read_string(k, "key", NULL, &key, err, sizeof(err)) < 0 ||
+            cfg_read_int(k, "expired_ts", 0, 0, INT64_MAX, &expired, err, sizeof(err)) < 0 ||
+            !key) {
+            rt_log(ATRIUM_LOG_ERROR, "federation",
+                   "federation.old_signing_keys.%s: needs key (base64) and expired_ts (ms)%s%s",
+                   k->key, key ? ": " : "", key ? err : "");
+            return -1;
+        }
+        if (fed_old_key_parse(k->key, key, expired, &m->old_keys[m->n_old_keys], err,
+                              sizeof(err)) < 0) {
+            rt_log(ATRIUM_LOG_ERROR, "federation", "federation.old_signing_keys: %s", err);
+            return -1;
+        }
+        m->n_old_keys++;
+    }
+    return 0;
+}
+
+/* federation.signing_key_path, relative to the config file's directory; by default
+ * "<server_name>.signing.key" there. */
+static int key_path(fed_module *m, const char *config_path)
+{
+    const char *given = m->cfg->federation.signing_key_path;
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", config_path ? config_path : ".");
+    const char *d = config_path ? dirname(dir) : ".";
+    int n;
+    if (!given || !*given)
+        n = snprintf(m->key_path, sizeof(m->key_path), "%s/%s.signing.key", d, m->server_name);
+    else if (given[0] == '/')
+        n = snprintf(m->key_path, sizeof(m->key_path), "%s", given);
+    else
+        n = snprintf(m->key_path, sizeof(m->key_path), "%s/%s", d, given);
+    return n > 0 && (size_t)n < sizeof(m->key_path) ? 0 : -1;
+}
+
+static int build_ranges(fed_module *m)
+{
+    const struct core_federation *f = &m->cfg->federation;
+    char err[256];
+    if (f->ip_range_blacklist_given)
+        m->blacklist = fed_iprange_parse(f->ip_range_blacklist, f->n_ip_range_blacklist, err,
+                                         sizeof(err));
+    else {
+        size_t n = 0;
+        while (FED_IPRANGE_DEFAULT_BLACKLIST[n]) n++;
+        m->blacklist = fed_iprange_parse(FED_IPRANGE_DEFAULT_BLACKLIST, n, err, sizeof(err));
+    }
+    if (!m->blacklist) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "federation.ip_range_blacklist: %s", err);
+        return -1;
+    }
+    m->whitelist = fed_iprange_parse(f->ip_range_whitelist, f->n_ip_range_whitelist, err,
+                                     sizeof(err));
+    if (!m->whitelist) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "federation.ip_range_whitelist: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+int federation_init(const struct core_config *cfg, const char *config_path, http_server *srv,
+                    rt_metrics *metrics)
+{
+    fed_module *m = calloc(1, sizeof(*m));
+    if (!m) return -1;
+    fed = m;
+    m->cfg = cfg;
+    m->server_name = cfg->server_name;
+    m->srv = srv;
+    m->metrics = metrics;
+    char err[512];
+    if (key_path(m, config_path) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "federation.signing_key_path is too long");
+        return -1;
+    }
+    if (fed_signing_key_load_or_create(m->key_path, &m->key, err, sizeof(err)) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "%s", err);
+        return -1;
+    }
+    rt_log(ATRIUM_LOG_INFO, "federation", "signing key %s from %s", m->key.key_id, m->key_path);
+    if (load_old_keys(m) < 0 || build_ranges(m) < 0) return -1;
+
+    const struct core_federation *f = &cfg->federation;
+    fed_http_settings hs = {
+        .max_connections = f->max_connections,
+        .max_connections_per_host = f->max_connections_per_host,
+        .queue_depth = FED_HTTP_QUEUE_DEPTH,
+        .ca_files = f->custom_ca_list,
+        .n_ca_files = f->n_custom_ca_list,
+        .blacklist = m->blacklist,
+        .whitelist = m->whitelist,
+    };
+    m->http = fed_http_new(&hs, metrics);
+    fed_resolve_settings rs = {
+        .dns_servers = f->dns_servers,
+        .n_dns_servers = f->n_dns_servers,
+        .lookup_timeout_ms = FED_RESOLVE_TIMEOUT_MS,
+        .well_known_max_bytes = FED_WELL_KNOWN_MAX_BYTES,
+        .verify_tls = f->verify_certificates,
+    };
+    m->resolver = m->http ? fed_resolve_new(&rs, m->http, metrics) : NULL;
+    fed_backoff_settings bs = {
+        .min_interval_ms = f->min_retry_interval_ms,
+        .multiplier = f->retry_multiplier,
+        .max_interval_ms = f->max_retry_interval_ms,
+    };
+    m->backoff = fed_backoff_new(&bs, metrics);
+    m->keyring = fed_keyring_create(m, metrics);
+    m->keys_event = susp_event_new(srv);
+    if (!m->http || !m->resolver || !m->backoff || !m->keyring || !m->keys_event) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "cannot set up the outbound side");
+        return -1;
+    }
+    fed_auth_metrics(m);
+    if (fed_routes_register(m) < 0) return -1;
+
+    const struct core_fed_listener *l = &cfg->fed_listener;
+    if (l->tls && !l->tls_certificate_path[0]) {
+        rt_log(ATRIUM_LOG_WARN, "federation",
+               "no federation listener: set server.federation.tls_certificate_path and "
+               "tls_private_key_path (or server.federation.tls: false behind a TLS proxy) "
+               "for other servers to reach this one");
+        return 0;
+    }
+    if (l->tls && http_tls_load(l->tls_certificate_path, l->tls_private_key_path, err,
+                                sizeof(err)) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "server.federation: %s", err);
+        return -1;
+    }
+    m->listener = true;
+    http_server_set_federation(srv, fed_auth_check, fed_auth_unknown_path);
+    return 0;
+}
+
+const atrium_migration *federation_migrations(size_t *n)
+{
+    return fed_migrations(n);
+}
+
+int federation_start(void)
+{
+    fed_module *m = fed;
+    if (!m) return 0;
+    if (fed_http_start(m->http) < 0 || fed_resolve_start(m->resolver) < 0 ||
+        fed_backoff_start(m->backoff) < 0 || fed_keyring_start(m->keyring) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "cannot start the federation threads");
+        return -1;
+    }
+    return 0;
+}
+
+void federation_reload_tls(void)
+{
+    fed_module *m = fed;
+    if (!m || !m->listener || !m->cfg->fed_listener.tls) return;
+    char err[512];
+    const struct core_fed_listener *l = &m->cfg->fed_listener;
+    if (http_tls_load(l->tls_certificate_path, l->tls_private_key_path, err, sizeof(err)) < 0)
+        rt_log(ATRIUM_LOG_ERROR, "federation",
+               "SIGHUP: keeping the certificate in use, the new one failed: %s", err);
+    else
+        rt_log(ATRIUM_LOG_INFO, "federation", "SIGHUP: reloaded the certificate from %s",
+               l->tls_certificate_path);
+}
+
+void federation_stop(void)
+{
+    fed_module *m = fed;
+    if (!m) return;
+    if (m->resolver) fed_resolve_stop(m->resolver);
+    if (m->http) fed_http_stop(m->http);
+    if (m->keyring) fed_keyring_stop(m->keyring);
+    if (m->backoff) fed_backoff_stop(m->backoff);
+}
+
+void federation_free(void)
+{
+    fed_module *m = fed;
+    if (!m) return;
+    if (m->keyring) fed_keyring_free(m->keyring);
+    if (m->backoff) fed_backoff_free(m->backoff);
+    if (m->resolver) fed_resolve_free(m->resolver);
+    if (m->http) fed_http_free(m->http);
+    fed_iprange_free(m->blacklist);
+    fed_iprange_free(m->whitelist);
+    fed_signing_key_wipe(&m->key);
+    http_tls_free_all();
+    fed = NULL;
+    free(m);
+}
