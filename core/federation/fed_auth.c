@@ -34,8 +34,6 @@ enum fed_auth_reason {
     FED_AUTH__COUNT
 };
 
-#define FED_AUTH_MAX_RUNS 4 /* a request woken this often without its key gives up */
-
 static const char *const REASON_NAMES[FED_AUTH__COUNT] = {
     "missing", "malformed", "destination", "not_allowed", "body", "unknown_key", "expired_key",
     "bad_signature"};
@@ -75,10 +73,43 @@ static const char *xmatrix_header(atrium_req *r)
     return NULL;
 }
 
-/* A key look-up ended (found or failed, now in the key ring's memory): run r again. */
-static void wake_request(void *arg)
+/* The request's own state across its runs: the key look-up's answer. */
+typedef struct fed_auth_state {
+    fed_waiter w;
+    fed_key_result res;
+} fed_auth_state;
+
+/* A pending key look-up ended (on the ring's or the outbound client's thread). */
+static void key_looked_up(void *arg, const fed_key_result *res)
 {
-    susp_wake(arg);
+    fed_auth_state *st = arg;
+    atrium_req *r = st->w.r;
+    st->res = *res;
+    fed_waiter_done(&st->w);
+    http_req_unref(r);
+}
+
+static int park_for_key(atrium_req *r, fed_auth_state *st)
+{
+    int rc = fed_waiter_park(&st->w, r, r->deadline_ms);
+    if (rc < 0) return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+    return ATRIUM_PARKED;
+}
+
+int fed_waiter_park(fed_waiter *w, atrium_req *r, int64_t deadline_ms)
+{
+    int rc = susp_wait(r, deadline_ms);
+    if (rc < 0) return rc; /* the callback will find IDLE and wake nobody */
+    if (atomic_exchange(&w->state, FED_WAITER_PARKED) == FED_WAITER_DONE) {
+        atomic_store(&w->state, FED_WAITER_DONE);
+        susp_wake(r); /* it answered before we parked: run again now */
+    }
+    return 0;
+}
+
+void fed_waiter_done(fed_waiter *w)
+{
+    if (atomic_exchange(&w->state, FED_WAITER_DONE) == FED_WAITER_PARKED) susp_wake(w->r);
 }
 
 int fed_auth_check(atrium_req *r)
@@ -111,24 +142,32 @@ int fed_auth_check(atrium_req *r)
         content = r->json;
     }
 
-    unsigned char pub[FED_PUBLIC_KEY_BYTES];
-    int64_t now = rt_wall_ms();
-    int kr = fed_keyring_get(m->keyring, x.origin, x.key, now, pub, why, sizeof(why));
-    if (kr == FED_KEYRING_MISSING) {
-        /* Not known yet: fetch it while the request waits without a thread. */
+    /* The origin's key: from the ring's memory at once, or fetched while the request
+     * waits parked (no thread). A re-run after the wait finds the answer in its state. */
+    fed_auth_state *st = r->plugin_state;
+    if (!st) {
+        st = rt_arena_alloc(r->arena, sizeof(*st));
+        if (!st) return ATRIUM_E_NOMEM;
+        r->plugin_state = st;
+        http_req_ref(r); /* the look-up callback's */
+        st->w.r = r;
+        int lr = fed_keyring_lookup(m->keyring, x.origin, x.key, rt_wall_ms(), &st->res,
+                                    key_looked_up, st);
+        if (lr == FED_KEYRING_PENDING) return park_for_key(r, st);
+        http_req_unref(r); /* answered now: no callback */
+        atomic_store(&st->w.state, FED_WAITER_DONE);
+    } else if (atomic_load(&st->w.state) != FED_WAITER_DONE) {
         if (r->run_reason == ATRIUM_RUN_SHUTDOWN)
             return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
-        if (r->run_reason == ATRIUM_RUN_DEADLINE || r->runs > FED_AUTH_MAX_RUNS)
-            return refuse(r, FED_AUTH_UNKNOWN_KEY, x.origin,
-                          "The origin's key could not be fetched in time");
-        if (susp_wait(r, r->deadline_ms) < 0)
-            return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
-        if (fed_keyring_fetch(m->keyring, x.origin, x.key, now, wake_request, r) < 0)
-            susp_wake(r); /* could not even ask: run again now and find the failure */
-        return ATRIUM_PARKED;
+        return refuse(r, FED_AUTH_UNKNOWN_KEY, x.origin,
+                      "The origin's key could not be fetched in time");
     }
-    if (kr == FED_KEYRING_EXPIRED) return refuse(r, FED_AUTH_EXPIRED_KEY, x.origin, why);
-    if (kr != FED_KEYRING_FOUND) return refuse(r, FED_AUTH_UNKNOWN_KEY, x.origin, why);
+    if (st->res.status != FED_KEY_FOUND) {
+        bool expired = st->res.status == FED_KEY_E_UNKNOWN && strstr(st->res.error, "valid");
+        return refuse(r, expired ? FED_AUTH_EXPIRED_KEY : FED_AUTH_UNKNOWN_KEY, x.origin,
+                      st->res.error);
+    }
+    const unsigned char *pub = st->res.key.public_key;
 
     char uri[8192];
     int n = snprintf(uri, sizeof(uri), "%s%s%s", r->raw_path, r->raw_query[0] ? "?" : "",

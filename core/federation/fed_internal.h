@@ -8,6 +8,8 @@
 #ifndef ATRIUM_CORE_FED_INTERNAL_H
 #define ATRIUM_CORE_FED_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "core/federation/fed_backoff.h"
 #include "core/federation/fed_http.h"
 #include "core/federation/fed_iprange.h"
@@ -37,10 +39,23 @@ typedef struct fed_module {
     fed_resolver *resolver;
     fed_backoff *backoff;
     fed_keyring *keyring;
-    struct atrium_event *keys_event; /* signalled whenever a key look-up ends */
     rt_metric *m_auth_ok;
     rt_metric *m_auth_refused[8]; /* by enum fed_auth_reason */
 } fed_module;
+
+/* A request waiting for a callback that may come before, during or after the handler
+ * parks (fed_keyring_lookup's PENDING may answer on the calling thread). The callback
+ * stores its result, then calls fed_waiter_done; the handler, after a PENDING, calls
+ * fed_waiter_park. Whichever comes second wakes the request, exactly once. The caller
+ * holds a reference on r (http_req_ref) for the callback, which drops it after
+ * fed_waiter_done, so r outlives a callback that comes after r was answered. */
+typedef struct fed_waiter {
+    atomic_int state; /* FED_WAITER_* */
+    atrium_req *r;
+} fed_waiter;
+enum { FED_WAITER_IDLE = 0, FED_WAITER_PARKED, FED_WAITER_DONE };
+int fed_waiter_park(fed_waiter *w, atrium_req *r, int64_t deadline_ms);
+void fed_waiter_done(fed_waiter *w);
 
 /* The module, or NULL before federation_init / after federation_free. */
 fed_module *fed_state(void);
@@ -50,7 +65,12 @@ int fed_auth_check(atrium_req *r);
 int fed_auth_unknown_path(atrium_req *r);
 void fed_auth_metrics(fed_module *m);
 
-/* fed_routes.c: the key server, version and profile routes. */
+/* fed_routes.c: the key server, version and profile routes; fed_notary.c: key queries. */
 int fed_routes_register(fed_module *m);
+int fed_notary_routes(fed_module *m);
+json_t *fed_own_key_document(fed_module *m); /* signed, a new reference */
+
+/* federation.c: the key ring's fetch hook (trusted key servers first, then the origin). */
+int fed_fetch_keys(void *fetch_arg, fed_keyring *ring, const char *server_name);
 
 #endif

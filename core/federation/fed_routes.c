@@ -28,7 +28,7 @@ static int get_version(atrium_req *r)
                                                "version", ATRIUM_VERSION));
 }
 
-static json_t *own_key_document(fed_module *m)
+json_t *fed_own_key_document(fed_module *m)
 {
     return fed_server_key_document(m->server_name, &m->key, m->old_keys, m->n_old_keys,
                                    rt_wall_ms(), m->cfg->federation.key_valid_ms);
@@ -37,7 +37,7 @@ static json_t *own_key_document(fed_module *m)
 /* GET /_matrix/key/v2/server (and the deprecated .../server/{keyId}: the same document) */
 static int get_server_keys(atrium_req *r)
 {
-    json_t *doc = own_key_document(fed_state());
+    json_t *doc = fed_own_key_document(fed_state());
     if (!doc) return ATRIUM_E_NOMEM;
     return http_respond_json(r, 200, doc);
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "core/federation/fed_internal.h"
+#include "core/store/db.h"
 
 #define FED_HTTP_QUEUE_DEPTH 4096       /* outbound requests submitted, not yet started */
 #define FED_RESOLVE_TIMEOUT_MS 15000     /* one discovery: DNS and .well-known */
@@ -24,11 +25,136 @@
 #define FED_KEY_FETCH_MAX_BYTES (256 * 1024) /* a key document larger than this is refused */
 #define FED_KEY_FETCH_TIMEOUT_MS 10000
 
+#define FED_MAX_NOTARIES 8
+#define FED_MAX_NOTARY_KEYS 8
+
 static fed_module *fed;
+
+/* federation.trusted_key_servers, parsed once. */
+static fed_notary notaries[FED_MAX_NOTARIES];
+static fed_public_key notary_keys[FED_MAX_NOTARIES][FED_MAX_NOTARY_KEYS];
+static size_t n_notaries;
 
 fed_module *fed_state(void)
 {
     return fed;
+}
+
+/* ---- fetching other servers' keys (the key ring's hook) ------------------------------- */
+
+typedef struct key_fetch {
+    fed_keyring *ring;
+    char server[FED_SERVER_NAME_MAX_BYTES];
+    size_t notary; /* the next trusted key server to ask; n_notaries = the origin itself */
+} key_fetch;
+
+static void fetch_next(key_fetch *kf, const char *last_error);
+
+static void fetch_done(void *arg, const fed_response *res)
+{
+    key_fetch *kf = arg;
+    char why[FED_KEYRING_ERROR_MAX_BYTES];
+    fed_key_set *set = NULL;
+    bool via_notary = kf->notary < n_notaries;
+    if (res->outcome != FED_HTTP_OK)
+        snprintf(why, sizeof(why), "%s", res->error ? res->error : "failed");
+    else if (res->status != 200 || !res->json)
+        snprintf(why, sizeof(why), "%s answered %d", res->destination, res->status);
+    else if (via_notary)
+        set = fed_keyring_validate_notary(res->json, kf->server, &notaries[kf->notary],
+                                          rt_wall_ms(), why, sizeof(why));
+    else
+        set = fed_keyring_validate(res->json, kf->server, rt_wall_ms(), why, sizeof(why));
+    if (set) {
+        fed_keyring_fetched(kf->ring, kf->server, set, NULL);
+        free(kf);
+        return;
+    }
+    rt_log(ATRIUM_LOG_INFO, "federation", "keys of %s from %s: %s", kf->server,
+           via_notary ? notaries[kf->notary].server_name : "the server itself", why);
+    kf->notary++;
+    fetch_next(kf, why);
+}
+
+/* Ask the next source: each trusted key server in turn, then the origin. */
+static void fetch_next(key_fetch *kf, const char *last_error)
+{
+    while (kf->notary <= n_notaries) {
+        bool via_notary = kf->notary < n_notaries;
+        json_t *body = NULL;
+        if (via_notary)
+            body = json_pack("{s:{s:{}}}", "server_keys", kf->server);
+        fed_request_opts o = {
+            .method = via_notary ? "POST" : "GET",
+            .destination = via_notary ? notaries[kf->notary].server_name : kf->server,
+            .uri = via_notary ? "/_matrix/key/v2/query" : "/_matrix/key/v2/server",
+            .body = body,
+            .deadline_ms = rt_now_ms() + FED_KEY_FETCH_TIMEOUT_MS,
+            .max_body_bytes = FED_KEY_FETCH_MAX_BYTES,
+            .unsigned_request = true,
+            .ignore_backoff = true, /* the peer's own request says it is up */
+            .want_json = true,
+            .on_done = fetch_done,
+            .arg = kf,
+        };
+        int rc = fed_request_submit(&o);
+        if (body) json_decref(body);
+        if (rc == 0) return;
+        kf->notary++;
+    }
+    fed_keyring_fetched(kf->ring, kf->server, NULL,
+                        last_error ? last_error : "no key source could be asked");
+    free(kf);
+}
+
+int fed_fetch_keys(void *fetch_arg, fed_keyring *ring, const char *server_name)
+{
+    (void)fetch_arg;
+    key_fetch *kf = calloc(1, sizeof(*kf));
+    if (!kf) return ATRIUM_E_NOMEM;
+    kf->ring = ring;
+    snprintf(kf->server, sizeof(kf->server), "%s", server_name);
+    fetch_next(kf, NULL);
+    return 0;
+}
+
+/* federation.trusted_key_servers: [{server_name, verify_keys: {id: key}}] */
+static int load_notaries(fed_module *m)
+{
+    const cfg_node *list = m->cfg->federation.trusted_key_servers;
+    n_notaries = 0;
+    if (!list) return 0;
+    char err[256], where[256];
+    for (const cfg_node *e = list->first_child; e; e = e->next) {
+        const char *name = NULL;
+        const cfg_node *keys = cfg_get(e, "verify_keys");
+        if (n_notaries == FED_MAX_NOTARIES || e->kind != CFG_MAP ||
+            cfg_read_string(e, "server_name", NULL, &name, err, sizeof(err)) < 0 || !name ||
+            !keys || keys->kind != CFG_MAP || !keys->first_child) {
+            rt_log(ATRIUM_LOG_ERROR, "federation",
+                   "%s: federation.trusted_key_servers: each entry needs server_name and "
+                   "verify_keys {\"ed25519:id\": key} (at most %d entries)",
+                   cfg_where(e, where, sizeof(where)), FED_MAX_NOTARIES);
+            return -1;
+        }
+        size_t nk = 0;
+        for (const cfg_node *k = keys->first_child; k; k = k->next) {
+            if (nk == FED_MAX_NOTARY_KEYS || k->kind != CFG_SCALAR ||
+                fed_public_key_parse(k->key, k->value, &notary_keys[n_notaries][nk], err,
+                                     sizeof(err)) < 0) {
+                rt_log(ATRIUM_LOG_ERROR, "federation",
+                       "%s: federation.trusted_key_servers: %s", cfg_where(k, where, sizeof(where)),
+                       nk == FED_MAX_NOTARY_KEYS ? "too many keys" : err);
+                return -1;
+            }
+            nk++;
+        }
+        notaries[n_notaries] = (fed_notary){.server_name = name,
+                                            .keys = notary_keys[n_notaries],
+                                            .n_keys = nk};
+        n_notaries++;
+    }
+    return 0;
 }
 
 static int load_old_keys(fed_module *m)
@@ -125,7 +251,7 @@ int federation_init(const struct core_config *cfg, const char *config_path, http
         return -1;
     }
     rt_log(ATRIUM_LOG_INFO, "federation", "signing key %s from %s", m->key.key_id, m->key_path);
-    if (load_old_keys(m) < 0 || build_ranges(m) < 0) return -1;
+    if (load_old_keys(m) < 0 || build_ranges(m) < 0 || load_notaries(m) < 0) return -1;
 
     const struct core_federation *f = &cfg->federation;
     fed_http_settings hs = {
@@ -152,9 +278,18 @@ int federation_init(const struct core_config *cfg, const char *config_path, http
         .max_interval_ms = f->max_retry_interval_ms,
     };
     m->backoff = fed_backoff_new(&bs, metrics);
-    m->keyring = fed_keyring_create(m, metrics);
-    m->keys_event = susp_event_new(srv);
-    if (!m->http || !m->resolver || !m->backoff || !m->keyring || !m->keys_event) {
+    fed_keyring_settings ks = {
+        .max_servers = FED_KEYRING_DEFAULT_MAX_SERVERS,
+        .negative_ttl_ms = f->key_fetch_failure_cache_ms,
+        .refetch_min_interval_ms = FED_KEYRING_DEFAULT_REFETCH_MIN_INTERVAL_MS,
+        .max_waiters = FED_KEYRING_DEFAULT_MAX_WAITERS,
+        .queue_depth = FED_KEYRING_DEFAULT_QUEUE_DEPTH,
+        .db_timeout_ms = FED_KEYRING_DEFAULT_DB_TIMEOUT_MS,
+        .fetch = fed_fetch_keys,
+        .fetch_arg = m,
+    };
+    m->keyring = fed_keyring_new(&ks, db_global(), metrics);
+    if (!m->http || !m->resolver || !m->backoff || !m->keyring) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "cannot set up the outbound side");
         return -1;
     }

@@ -227,6 +227,10 @@ struct atrium_req {
     pthread_mutex_t holds_mu;
     bool completed;
 
+    /* run once when the last reference goes (after every callback that held one) */
+    void (*on_free)(void *arg);
+    void *on_free_arg;
+
     /* rate limiters this request was already counted by */
     void *rl_counted[HTTP_MAX_RATELIMITS_PER_REQ];
     int n_rl_counted;
@@ -236,6 +240,9 @@ atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *m
                          const char *raw_url, int listener);
 void http_req_ref(atrium_req *r);
 void http_req_unref(atrium_req *r);
+/* [req] Call fn(arg) once when r is freed, after its last reference went: for state a
+ * late callback may still write (one per request; a second call replaces the first). */
+void http_req_on_free(atrium_req *r, void (*fn)(void *arg), void *arg);
 /* Release every hold once (idempotent); holds added later are released at once. */
 int http_req_add_hold(atrium_req *r, void (*release)(void *arg), void *arg);
 void http_req_release_holds(atrium_req *r);

@@ -207,6 +207,7 @@ void http_req_ref(atrium_req *r)
 void http_req_unref(atrium_req *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    if (r->on_free) r->on_free(r->on_free_arg);
     if (r->response) MHD_destroy_response(r->response);
     if (r->resume_response) MHD_destroy_response(r->resume_response);
     if (r->json) json_decref(r->json);
@@ -214,6 +215,12 @@ void http_req_unref(atrium_req *r)
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->holds_mu);
     rt_arena_free(r->arena);
+}
+
+void http_req_on_free(atrium_req *r, void (*fn)(void *), void *arg)
+{
+    r->on_free = fn;
+    r->on_free_arg = arg;
 }
 
 int http_req_add_hold(atrium_req *r, void (*release)(void *), void *arg)

@@ -63,6 +63,12 @@ const char *acc_user_id_for_username(atrium_req *r, const char *username);
 /* [req] A login's user (a localpart or a full user ID; upper case folded) as this server's
  * user ID, or NULL when it cannot be a local user. */
 const char *acc_local_user(atrium_req *r, const char *user);
+/* [req] False only for a well-formed user ID of another server ("@lp:other"): anything
+ * else is this server's to answer (or to refuse as unknown). */
+bool acc_is_local_user(atrium_req *r, const char *user_id);
+/* [req] GET /profile for a user of another server, asked over federation while the request
+ * waits parked (profile_remote.c); field NULL = the whole profile. */
+int acc_profile_remote(atrium_req *r, const char *user_id, const char *field);
 /* The localpart of a user ID of this server, into the arena; NULL when not local. */
 const char *acc_localpart_of(atrium_req *r, const char *user_id);
 /* Fill out with n random characters from a-z0-9 and a NUL. */

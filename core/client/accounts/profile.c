@@ -4,7 +4,7 @@
  *
  * GET /profile/{userId}[/{field}] answers for local users from the profiles table: 404
  * M_NOT_FOUND for a user that does not exist, or for a field that is not set. Remote users'
- * profiles need a federation query, which is not here yet: they get 404 too. Only a user
+ * profiles are asked of their server (profile_remote.c). Only a user
  * may set their own profile (403 otherwise); an empty string clears a field (stored as
  * NULL, so it reads as not set). A new account's display name is its localpart
  * (acc_create_account).
@@ -82,6 +82,8 @@ static const profile_field *field_named(const char *name)
 /* GET /_matrix/client/v3/profile/{userId} */
 static int get_profile(atrium_req *r)
 {
+    if (!acc_is_local_user(r, http_req_param(r, "userId")))
+        return acc_profile_remote(r, http_req_param(r, "userId"), NULL);
     json_t *profile = load_profile(r, http_req_param(r, "userId"));
     if (!profile) return ATRIUM_DONE;
     return http_respond_json(r, 200, profile);
@@ -92,6 +94,8 @@ static int get_field(atrium_req *r)
 {
     const profile_field *f = field_named(http_req_param(r, "field"));
     if (!f) return http_respond_error(r, 404, "M_NOT_FOUND", "No such profile field");
+    if (!acc_is_local_user(r, http_req_param(r, "userId")))
+        return acc_profile_remote(r, http_req_param(r, "userId"), f->name);
     json_t *profile = load_profile(r, http_req_param(r, "userId"));
     if (!profile) return ATRIUM_DONE;
     json_t *value = json_object_get(profile, f->name);
