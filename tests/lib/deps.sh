@@ -17,6 +17,7 @@ ATRIUM_BUILD_PACKAGES=(
     build-essential cmake pkg-config
     libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libwebp-dev
     libjansson-dev libsodium-dev libyaml-dev libcmocka-dev
+    libc-ares-dev  # federation: asynchronous DNS (SRV, A/AAAA with TTLs) for discovery
     libvips-dev  # media plugin: image decoding (links libwebp, libjpeg, libpng, giflib)
     python3
 )
