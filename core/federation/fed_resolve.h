@@ -23,7 +23,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct fed_http_result; /* used by fed_http.h before its definition */
 #include "core/federation/fed_http.h"
 #include "core/runtime/runtime.h"
 
