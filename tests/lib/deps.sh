@@ -18,6 +18,7 @@ ATRIUM_BUILD_PACKAGES=(
     libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libwebp-dev
     libjansson-dev libsodium-dev libyaml-dev libcmocka-dev
     libgnutls28-dev  # the federation listener's TLS certificate (reloaded on SIGHUP)
+    libc-ares-dev  # federation: asynchronous DNS (SRV, A/AAAA with TTLs) for discovery
     libvips-dev  # media plugin: image decoding (links libwebp, libjpeg, libpng, giflib)
     python3
 )

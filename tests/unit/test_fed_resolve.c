@@ -1,0 +1,876 @@
+/*
+ * tests/unit/test_fed_resolve.c - server discovery against real servers on loopback: a
+ * tiny UDP DNS server (answers A and SRV from a table the test fills, with TTLs, encoded
+ * by hand) and a tiny plain-HTTP server answering /.well-known/matrix/server per Host
+ * header. The resolver runs its own thread and fetches through the real outbound client
+ * (fed_http, loopback whitelisted); the well-known fetch is pointed at the HTTP server
+ * with the resolver's test knobs (scheme http, the server's port).
+ *
+ * Every test uses names of its own, so the caches of the one resolver the group shares
+ * never mix tests. Counters on both servers show what was (not) asked.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/federation/fed_http.h"
+#include "core/federation/fed_iprange.h"
+#include "core/federation/fed_resolve.h"
+
+#define T_A 1
+#define T_AAAA 28
+#define T_SRV 33
+#define MAX_RRS 128
+#define MAX_HOSTS 64
+#define WAIT_MS 10000
+#define LOOKUP_TIMEOUT_MS 3000
+#define SERVER_POLL_MS 50
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the DNS server ------------------------------------------------------------------------ */
+
+typedef struct rr {
+    char name[128];
+    int type;
+    uint32_t ttl;
+    char addr[64];          /* A */
+    int prio, weight, port; /* SRV */
+    char target[128];       /* SRV; "." for no service */
+} rr;
+
+typedef struct qcount {
+    char name[256];
+    int type, n;
+} qcount;
+
+static struct {
+    int fd, port;
+    pthread_t th;
+    pthread_mutex_t mu;
+    rr rrs[MAX_RRS];
+    int n_rrs;
+    qcount counts[MAX_RRS * 2];
+    int n_counts;
+    char blackhole[128]; /* a name never answered */
+    volatile int stop;
+} dns = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void dns_add_a(const char *name, const char *ip, uint32_t ttl)
+{
+    pthread_mutex_lock(&dns.mu);
+    rr *r = &dns.rrs[dns.n_rrs++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->type = T_A;
+    r->ttl = ttl;
+    snprintf(r->addr, sizeof r->addr, "%s", ip);
+    pthread_mutex_unlock(&dns.mu);
+}
+
+static void dns_set_a(const char *name, const char *ip)
+{
+    pthread_mutex_lock(&dns.mu);
+    for (int i = 0; i < dns.n_rrs; i++)
+        if (dns.rrs[i].type == T_A && strcasecmp(dns.rrs[i].name, name) == 0)
+            snprintf(dns.rrs[i].addr, sizeof dns.rrs[i].addr, "%s", ip);
+    pthread_mutex_unlock(&dns.mu);
+}
+
+static void dns_add_srv(const char *name, int prio, int weight, int port, const char *target,
+                        uint32_t ttl)
+{
+    pthread_mutex_lock(&dns.mu);
+    rr *r = &dns.rrs[dns.n_rrs++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->type = T_SRV;
+    r->ttl = ttl;
+    r->prio = prio;
+    r->weight = weight;
+    r->port = port;
+    snprintf(r->target, sizeof r->target, "%s", target);
+    pthread_mutex_unlock(&dns.mu);
+}
+
+static int dns_count(const char *name, int type)
+{
+    int n = 0;
+    pthread_mutex_lock(&dns.mu);
+    for (int i = 0; i < dns.n_counts; i++)
+        if (dns.counts[i].type == type && strcasecmp(dns.counts[i].name, name) == 0)
+            n = dns.counts[i].n;
+    pthread_mutex_unlock(&dns.mu);
+    return n;
+}
+
+static int dns_total(void)
+{
+    int n = 0;
+    pthread_mutex_lock(&dns.mu);
+    for (int i = 0; i < dns.n_counts; i++)
+        n += dns.counts[i].n;
+    pthread_mutex_unlock(&dns.mu);
+    return n;
+}
+
+static void count_query(const char *name, int type)
+{
+    for (int i = 0; i < dns.n_counts; i++)
+        if (dns.counts[i].type == type && strcasecmp(dns.counts[i].name, name) == 0) {
+            dns.counts[i].n++;
+            return;
+        }
+    if (dns.n_counts < (int)(sizeof dns.counts / sizeof dns.counts[0])) {
+        qcount *c = &dns.counts[dns.n_counts++];
+        snprintf(c->name, sizeof c->name, "%s", name);
+        c->type = type;
+        c->n = 1;
+    }
+}
+
+static size_t put16(unsigned char *p, unsigned v)
+{
+    p[0] = (unsigned char)(v >> 8);
+    p[1] = (unsigned char)v;
+    return 2;
+}
+
+static size_t put32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+    return 4;
+}
+
+static size_t put_name(unsigned char *p, const char *name)
+{
+    size_t n = 0;
+    if (strcmp(name, ".") == 0) {
+        p[0] = 0;
+        return 1;
+    }
+    const char *s = name;
+    while (*s) {
+        const char *dot = strchr(s, '.');
+        size_t l = dot ? (size_t)(dot - s) : strlen(s);
+        p[n++] = (unsigned char)l;
+        memcpy(p + n, s, l);
+        n += l;
+        s += l;
+        if (*s == '.')
+            s++;
+    }
+    p[n++] = 0;
+    return n;
+}
+
+/* Answer one query from the table: the question copied, its records with a pointer to the
+ * question's name; NXDOMAIN for a name with no record of any type. */
+static size_t dns_answer(const unsigned char *q, size_t qlen, unsigned char *out, size_t cap,
+                         bool *drop)
+{
+    *drop = false;
+    if (qlen < 12 || cap < 512)
+        return 0;
+    size_t off = 12;
+    char name[256];
+    size_t nl = 0;
+    while (off < qlen && q[off] != 0) {
+        unsigned l = q[off++];
+        if (off + l > qlen || nl + l + 2 > sizeof name)
+            return 0;
+        if (nl)
+            name[nl++] = '.';
+        for (unsigned i = 0; i < l; i++)
+            name[nl++] = (char)tolower(q[off + i]);
+        off += l;
+    }
+    name[nl] = '\0';
+    off++;
+    if (off + 4 > qlen)
+        return 0;
+    int type = (q[off] << 8) | q[off + 1];
+    size_t qend = off + 4;
+    pthread_mutex_lock(&dns.mu);
+    count_query(name, type);
+    if (dns.blackhole[0] && strcasecmp(name, dns.blackhole) == 0) {
+        pthread_mutex_unlock(&dns.mu);
+        *drop = true;
+        return 0;
+    }
+    size_t n = qend;
+    memcpy(out, q, qend);
+    bool known = false;
+    unsigned ancount = 0;
+    for (int i = 0; i < dns.n_rrs; i++) {
+        rr *r = &dns.rrs[i];
+        if (strcasecmp(r->name, name) != 0)
+            continue;
+        known = true;
+        if (r->type != type)
+            continue;
+        n += put16(out + n, 0xC00C);
+        n += put16(out + n, (unsigned)type);
+        n += put16(out + n, 1);
+        n += put32(out + n, r->ttl);
+        if (type == T_A) {
+            n += put16(out + n, 4);
+            inet_pton(AF_INET, r->addr, out + n);
+            n += 4;
+        } else {
+            unsigned char rd[300];
+            size_t rl = 0;
+            rl += put16(rd + rl, (unsigned)r->prio);
+            rl += put16(rd + rl, (unsigned)r->weight);
+            rl += put16(rd + rl, (unsigned)r->port);
+            rl += put_name(rd + rl, r->target);
+            n += put16(out + n, (unsigned)rl);
+            memcpy(out + n, rd, rl);
+            n += rl;
+        }
+        ancount++;
+    }
+    pthread_mutex_unlock(&dns.mu);
+    unsigned flags = 0x8000 | 0x0080 | (q[2] & 0x01) << 8; /* QR, RA, RD copied */
+    if (!known)
+        flags |= 3; /* NXDOMAIN */
+    put16(out + 2, flags);
+    put16(out + 4, 1);
+    put16(out + 6, ancount);
+    put16(out + 8, 0);
+    put16(out + 10, 0);
+    return n;
+}
+
+static void *dns_main(void *arg)
+{
+    (void)arg;
+    while (!dns.stop) {
+        struct pollfd p = {.fd = dns.fd, .events = POLLIN};
+        if (poll(&p, 1, SERVER_POLL_MS) <= 0)
+            continue;
+        unsigned char q[512], out[1500];
+        struct sockaddr_in from;
+        socklen_t fl = sizeof from;
+        ssize_t got = recvfrom(dns.fd, q, sizeof q, 0, (struct sockaddr *)&from, &fl);
+        if (got <= 0)
+            continue;
+        bool drop;
+        size_t n = dns_answer(q, (size_t)got, out, sizeof out, &drop);
+        if (n > 0 && !drop)
+            sendto(dns.fd, out, n, 0, (struct sockaddr *)&from, fl);
+    }
+    return NULL;
+}
+
+static int listen_on_loopback(int type)
+{
+    int fd = socket(AF_INET, type, 0);
+    assert_true(fd >= 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    if (type == SOCK_STREAM)
+        assert_int_equal(listen(fd, 16), 0);
+    return fd;
+}
+
+static int bound_port(int fd)
+{
+    struct sockaddr_in a;
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    return ntohs(a.sin_port);
+}
+
+/* ---- the .well-known server ------------------------------------------------------------------- */
+
+typedef struct wk_host {
+    char host[128];
+    int status;
+    char headers[512]; /* extra header lines, each ending in \r\n */
+    char body[512];
+    int delay_ms;
+    int requests;
+} wk_host;
+
+static struct {
+    int fd, port;
+    pthread_t th;
+    pthread_mutex_t mu;
+    wk_host hosts[MAX_HOSTS];
+    int n_hosts;
+    volatile int stop;
+} web = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void wk_set(const char *host, int status, const char *headers, const char *body)
+{
+    pthread_mutex_lock(&web.mu);
+    wk_host *h = NULL;
+    for (int i = 0; i < web.n_hosts; i++)
+        if (strcasecmp(web.hosts[i].host, host) == 0)
+            h = &web.hosts[i];
+    if (!h) {
+        h = &web.hosts[web.n_hosts++];
+        memset(h, 0, sizeof *h);
+        snprintf(h->host, sizeof h->host, "%s", host);
+    }
+    h->status = status;
+    snprintf(h->headers, sizeof h->headers, "%s", headers ? headers : "");
+    snprintf(h->body, sizeof h->body, "%s", body ? body : "");
+    pthread_mutex_unlock(&web.mu);
+}
+
+static void wk_set_delay(const char *host, int delay_ms)
+{
+    pthread_mutex_lock(&web.mu);
+    for (int i = 0; i < web.n_hosts; i++)
+        if (strcasecmp(web.hosts[i].host, host) == 0)
+            web.hosts[i].delay_ms = delay_ms;
+    pthread_mutex_unlock(&web.mu);
+}
+
+static int wk_count(const char *host)
+{
+    int n = 0;
+    pthread_mutex_lock(&web.mu);
+    for (int i = 0; i < web.n_hosts; i++)
+        if (strcasecmp(web.hosts[i].host, host) == 0)
+            n = web.hosts[i].requests;
+    pthread_mutex_unlock(&web.mu);
+    return n;
+}
+
+static void web_serve(int c)
+{
+    char req[4096];
+    size_t n = 0;
+    req[0] = '\0';
+    while (n < sizeof req - 1 && !strstr(req, "\r\n\r\n")) {
+        struct pollfd p = {.fd = c, .events = POLLIN};
+        if (poll(&p, 1, 2000) <= 0)
+            return;
+        ssize_t got = read(c, req + n, sizeof req - 1 - n);
+        if (got <= 0)
+            return;
+        n += (size_t)got;
+        req[n] = '\0';
+    }
+    char host[128] = "";
+    const char *h = strcasestr(req, "\r\nHost:");
+    if (h) {
+        h += 7;
+        while (*h == ' ')
+            h++;
+        size_t l = strcspn(h, ":\r\n");
+        snprintf(host, sizeof host, "%.*s", (int)l, h);
+    }
+    int status = 404, delay = 0;
+    char headers[512] = "", body[512] = "{}";
+    pthread_mutex_lock(&web.mu);
+    for (int i = 0; i < web.n_hosts; i++) {
+        wk_host *w = &web.hosts[i];
+        if (strcasecmp(w->host, host) != 0)
+            continue;
+        w->requests++;
+        status = w->status;
+        delay = w->delay_ms;
+        snprintf(headers, sizeof headers, "%s", w->headers);
+        snprintf(body, sizeof body, "%s", w->body);
+    }
+    pthread_mutex_unlock(&web.mu);
+    if (delay)
+        sleep_ms(delay);
+    char resp[2048];
+    int rl = snprintf(resp, sizeof resp,
+                      "HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: "
+                      "%zu\r\nConnection: close\r\n%s\r\n%s",
+                      status, strlen(body), headers, body);
+    ssize_t w = write(c, resp, (size_t)rl);
+    (void)w;
+}
+
+static void *web_main(void *arg)
+{
+    (void)arg;
+    while (!web.stop) {
+        struct pollfd p = {.fd = web.fd, .events = POLLIN};
+        if (poll(&p, 1, SERVER_POLL_MS) <= 0)
+            continue;
+        int c = accept(web.fd, NULL, NULL);
+        if (c < 0)
+            continue;
+        web_serve(c);
+        close(c);
+    }
+    return NULL;
+}
+
+/* ---- the resolver under test --------------------------------------------------------------------- */
+
+static struct {
+    rt_metrics *metrics;
+    fed_iprange_list *black, *white;
+    fed_http *http;
+    fed_resolver *r;
+    char dns_server[64];
+} g;
+
+typedef struct result {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int rc;
+    fed_target t;
+    char err[256];
+} result;
+
+static void on_resolved(void *arg, int rc, const fed_target *t, const char *err)
+{
+    result *res = arg;
+    pthread_mutex_lock(&res->mu);
+    res->rc = rc;
+    if (t)
+        res->t = *t;
+    snprintf(res->err, sizeof res->err, "%s", err ? err : "");
+    res->done = true;
+    pthread_cond_signal(&res->cv);
+    pthread_mutex_unlock(&res->mu);
+}
+
+static void result_init(result *res)
+{
+    memset(res, 0, sizeof *res);
+    pthread_mutex_init(&res->mu, NULL);
+    rt_cond_init(&res->cv);
+}
+
+static void result_wait(result *res)
+{
+    int64_t deadline = rt_now_ms() + WAIT_MS;
+    pthread_mutex_lock(&res->mu);
+    while (!res->done && rt_now_ms() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 20 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&res->cv, &res->mu, &ts);
+    }
+    bool done = res->done;
+    pthread_mutex_unlock(&res->mu);
+    if (!done)
+        fail_msg("no answer from the resolver within %d ms", WAIT_MS);
+}
+
+static result resolve(const char *name)
+{
+    result res;
+    result_init(&res);
+    assert_int_equal(fed_resolve_lookup(g.r, name, on_resolved, &res), 0);
+    result_wait(&res);
+    if (res.rc != 0)
+        print_message("lookup %s: rc %d: %s\n", name, res.rc, res.err);
+    return res;
+}
+
+static void assert_target(const result *res, const char *step, const char *tls_name, int port,
+                          const char *host_header, const char *addr)
+{
+    assert_int_equal(res->rc, 0);
+    assert_string_equal(res->t.step, step);
+    assert_string_equal(res->t.tls_name, tls_name);
+    assert_int_equal(res->t.port, port);
+    assert_string_equal(res->t.host_header, host_header);
+    assert_true(res->t.n_addrs >= 1);
+    assert_string_equal(res->t.addrs[0], addr);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    dns.fd = listen_on_loopback(SOCK_DGRAM);
+    dns.port = bound_port(dns.fd);
+    web.fd = listen_on_loopback(SOCK_STREAM);
+    web.port = bound_port(web.fd);
+    pthread_create(&dns.th, NULL, dns_main, NULL);
+    pthread_create(&web.th, NULL, web_main, NULL);
+
+    g.metrics = rt_metrics_new();
+    char err[256];
+    size_t nb = 0;
+    while (FED_IPRANGE_DEFAULT_BLACKLIST[nb])
+        nb++;
+    g.black = fed_iprange_parse(FED_IPRANGE_DEFAULT_BLACKLIST, nb, err, sizeof err);
+    const char *const white[] = {"127.0.0.0/8"};
+    g.white = fed_iprange_parse(white, 1, err, sizeof err);
+    assert_non_null(g.black);
+    assert_non_null(g.white);
+    fed_http_settings hs = {.max_connections = 16,
+                            .max_connections_per_host = 8,
+                            .queue_depth = 64,
+                            .blacklist = g.black,
+                            .whitelist = g.white};
+    g.http = fed_http_new(&hs, g.metrics);
+    assert_non_null(g.http);
+    assert_int_equal(fed_http_start(g.http), 0);
+
+    snprintf(g.dns_server, sizeof g.dns_server, "127.0.0.1:%d", dns.port);
+    const char *servers[] = {g.dns_server};
+    fed_resolve_settings rs = {
+        .dns_servers = servers,
+        .n_dns_servers = 1,
+        .lookup_timeout_ms = LOOKUP_TIMEOUT_MS,
+        .verify_tls = true,
+        .well_known_min_cache_ms = -1, /* no floor: max-age=1 means one second */
+        .well_known_scheme = "http",
+        .well_known_port = web.port,
+    };
+    g.r = fed_resolve_new(&rs, g.http, g.metrics);
+    assert_non_null(g.r);
+    assert_int_equal(fed_resolve_start(g.r), 0);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    fed_resolve_stop(g.r);
+    fed_http_stop(g.http);
+    fed_resolve_free(g.r);
+    fed_http_free(g.http);
+    fed_iprange_free(g.black);
+    fed_iprange_free(g.white);
+    rt_metrics_free(g.metrics);
+    dns.stop = 1;
+    web.stop = 1;
+    pthread_join(dns.th, NULL);
+    pthread_join(web.th, NULL);
+    close(dns.fd);
+    close(web.fd);
+    return 0;
+}
+
+/* ---- the tests ---------------------------------------------------------------------------------- */
+
+static void test_ip_literal_is_used_as_is_without_any_lookup(void **state)
+{
+    (void)state;
+    int dns_before = dns_total();
+    result a = resolve("127.0.0.5:1234");
+    assert_target(&a, "ip-literal", "127.0.0.5", 1234, "127.0.0.5:1234", "127.0.0.5");
+    result b = resolve("[::1]");
+    assert_target(&b, "ip-literal", "::1", 8448, "[::1]", "::1");
+    assert_int_equal(dns_total(), dns_before);
+}
+
+static void test_invalid_server_name_is_refused(void **state)
+{
+    (void)state;
+    result a = resolve("bad..name");
+    assert_int_equal(a.rc, ATRIUM_E_INVAL);
+    result b = resolve("host.test:99999");
+    assert_int_equal(b.rc, ATRIUM_E_INVAL);
+}
+
+static void test_explicit_port_resolves_the_hostname_and_skips_well_known(void **state)
+{
+    (void)state;
+    dns_add_a("ep.test", "127.0.0.9", 300);
+    wk_set("ep.test", 200, NULL, "{\"m.server\": \"wrong.test:1\"}");
+    result a = resolve("ep.test:8500");
+    assert_target(&a, "explicit-port", "ep.test", 8500, "ep.test:8500", "127.0.0.9");
+    assert_int_equal(wk_count("ep.test"), 0);
+    assert_int_equal(dns_count("ep.test", T_A), 1);
+}
+
+static void test_well_known_with_delegated_port(void **state)
+{
+    (void)state;
+    dns_add_a("dp.test", "127.0.0.1", 300);
+    wk_set("dp.test", 200, NULL, "{\"m.server\": \"backend-dp.test:9000\"}");
+    dns_add_a("backend-dp.test", "127.0.0.10", 300);
+    result a = resolve("dp.test");
+    assert_target(&a, "well-known", "backend-dp.test", 9000, "backend-dp.test:9000",
+                  "127.0.0.10");
+    assert_int_equal(wk_count("dp.test"), 1);
+    /* no SRV look-up: the delegated port decides */
+    assert_int_equal(dns_count("_matrix-fed._tcp.backend-dp.test", T_SRV), 0);
+}
+
+static void test_well_known_with_delegated_ip_literal(void **state)
+{
+    (void)state;
+    dns_add_a("dip.test", "127.0.0.1", 300);
+    wk_set("dip.test", 200, NULL, "{\"m.server\": \"127.0.0.14\"}");
+    result a = resolve("dip.test");
+    assert_target(&a, "well-known", "127.0.0.14", 8448, "127.0.0.14", "127.0.0.14");
+}
+
+static void test_delegated_name_goes_through_srv_without_another_well_known(void **state)
+{
+    (void)state;
+    dns_add_a("dn.test", "127.0.0.1", 300);
+    wk_set("dn.test", 200, NULL, "{\"m.server\": \"deleg-dn.test\"}");
+    /* the delegated name has a .well-known of its own that must never be read */
+    dns_add_a("deleg-dn.test", "127.0.0.1", 300);
+    wk_set("deleg-dn.test", 200, NULL, "{\"m.server\": \"wrong.test:1\"}");
+    dns_add_srv("_matrix-fed._tcp.deleg-dn.test", 10, 5, 7000, "tgt-dn.test", 300);
+    dns_add_a("tgt-dn.test", "127.0.0.11", 300);
+    result a = resolve("dn.test");
+    assert_target(&a, "well-known+srv", "deleg-dn.test", 7000, "deleg-dn.test", "127.0.0.11");
+    assert_int_equal(wk_count("dn.test"), 1);
+    assert_int_equal(wk_count("deleg-dn.test"), 0);
+}
+
+static void test_delegated_name_without_srv_falls_back_to_8448(void **state)
+{
+    (void)state;
+    dns_add_a("dn2.test", "127.0.0.1", 300);
+    wk_set("dn2.test", 200, NULL, "{\"m.server\": \"deleg-dn2.test\"}");
+    dns_add_a("deleg-dn2.test", "127.0.0.15", 300);
+    result a = resolve("dn2.test");
+    assert_target(&a, "well-known+default", "deleg-dn2.test", 8448, "deleg-dn2.test",
+                  "127.0.0.15");
+    assert_int_equal(dns_count("_matrix-fed._tcp.deleg-dn2.test", T_SRV), 1);
+    assert_int_equal(dns_count("_matrix._tcp.deleg-dn2.test", T_SRV), 1);
+}
+
+static void test_srv_record_gives_target_and_port_host_stays_the_name(void **state)
+{
+    (void)state;
+    dns_add_a("srv.test", "127.0.0.1", 300);
+    wk_set("srv.test", 404, NULL, "{}");
+    dns_add_srv("_matrix-fed._tcp.srv.test", 20, 0, 7002, "tgt-b.test", 300);
+    dns_add_srv("_matrix-fed._tcp.srv.test", 10, 0, 7001, "tgt-a.test", 300);
+    dns_add_a("tgt-a.test", "127.0.0.12", 300);
+    dns_add_a("tgt-b.test", "127.0.0.16", 300);
+    result a = resolve("srv.test");
+    assert_target(&a, "srv", "srv.test", 7001, "srv.test", "127.0.0.12");
+    assert_int_equal(wk_count("srv.test"), 1);
+}
+
+static void test_srv_target_without_address_gives_way_to_the_next(void **state)
+{
+    (void)state;
+    dns_add_a("srv2.test", "127.0.0.1", 300);
+    dns_add_srv("_matrix-fed._tcp.srv2.test", 10, 0, 7001, "gone-srv2.test", 300);
+    dns_add_srv("_matrix-fed._tcp.srv2.test", 20, 0, 7004, "tgt-srv2.test", 300);
+    dns_add_a("tgt-srv2.test", "127.0.0.17", 300);
+    result a = resolve("srv2.test");
+    assert_target(&a, "srv", "srv2.test", 7004, "srv2.test", "127.0.0.17");
+}
+
+static void test_legacy_srv_is_asked_after_matrix_fed(void **state)
+{
+    (void)state;
+    dns_add_a("legacy.test", "127.0.0.1", 300);
+    dns_add_srv("_matrix._tcp.legacy.test", 10, 0, 7003, "tgt-l.test", 300);
+    dns_add_a("tgt-l.test", "127.0.0.18", 300);
+    result a = resolve("legacy.test");
+    assert_target(&a, "srv-legacy", "legacy.test", 7003, "legacy.test", "127.0.0.18");
+    assert_int_equal(dns_count("_matrix-fed._tcp.legacy.test", T_SRV), 1);
+    assert_int_equal(dns_count("_matrix._tcp.legacy.test", T_SRV), 1);
+}
+
+static void test_no_well_known_no_srv_falls_back_to_8448(void **state)
+{
+    (void)state;
+    dns_add_a("plain.test", "127.0.0.1", 300);
+    result a = resolve("plain.test");
+    assert_target(&a, "default", "plain.test", 8448, "plain.test", "127.0.0.1");
+    char *text = rt_metrics_render(g.metrics, NULL);
+    assert_non_null(strstr(text, "atrium_federation_discovery_total{step=\"default\"}"));
+    free(text);
+}
+
+static void test_srv_dot_target_means_no_service(void **state)
+{
+    (void)state;
+    dns_add_a("nosvc.test", "127.0.0.1", 300);
+    dns_add_srv("_matrix-fed._tcp.nosvc.test", 0, 0, 0, ".", 300);
+    result a = resolve("nosvc.test");
+    assert_int_equal(a.rc, ATRIUM_E_NOTFOUND);
+}
+
+static void test_unknown_name_is_not_found(void **state)
+{
+    (void)state;
+    result a = resolve("nowhere.test");
+    assert_int_equal(a.rc, ATRIUM_E_NOTFOUND);
+}
+
+static void test_well_known_redirect_is_followed_and_resolved_again(void **state)
+{
+    (void)state;
+    char loc[256];
+    snprintf(loc, sizeof loc,
+             "Location: http://redir-b.test:%d/.well-known/matrix/server\r\n", web.port);
+    dns_add_a("redir.test", "127.0.0.1", 300);
+    wk_set("redir.test", 302, loc, "");
+    dns_add_a("redir-b.test", "127.0.0.1", 300);
+    wk_set("redir-b.test", 200, NULL, "{\"m.server\": \"final-r.test:9100\"}");
+    dns_add_a("final-r.test", "127.0.0.13", 300);
+    result a = resolve("redir.test");
+    assert_target(&a, "well-known", "final-r.test", 9100, "final-r.test:9100", "127.0.0.13");
+    assert_int_equal(wk_count("redir.test"), 1);
+    assert_int_equal(wk_count("redir-b.test"), 1);
+    assert_int_equal(dns_count("redir-b.test", T_A), 1);
+}
+
+static void test_redirect_loop_stops_after_five_hops(void **state)
+{
+    (void)state;
+    dns_add_a("loop.test", "127.0.0.1", 300);
+    wk_set("loop.test", 301, "Location: /.well-known/matrix/server\r\n", "");
+    result a = resolve("loop.test");
+    /* the well-known counts as invalid: discovery goes on without it */
+    assert_target(&a, "default", "loop.test", 8448, "loop.test", "127.0.0.1");
+    assert_int_equal(wk_count("loop.test"), 6); /* the first fetch and five redirects */
+}
+
+static void test_well_known_is_cached_for_its_max_age_then_fetched_again(void **state)
+{
+    (void)state;
+    dns_add_a("short.test", "127.0.0.1", 300);
+    wk_set("short.test", 200, "Cache-Control: max-age=1\r\n",
+           "{\"m.server\": \"s1.test:1000\"}");
+    dns_add_a("s1.test", "127.0.0.1", 300);
+    dns_add_a("s2.test", "127.0.0.1", 300);
+    result a = resolve("short.test");
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(a.t.port, 1000);
+    result b = resolve("short.test");
+    assert_int_equal(b.t.port, 1000);
+    assert_int_equal(wk_count("short.test"), 1);
+    wk_set("short.test", 200, "Cache-Control: max-age=1\r\n",
+           "{\"m.server\": \"s2.test:2000\"}");
+    sleep_ms(1200);
+    result c = resolve("short.test");
+    assert_int_equal(c.rc, 0);
+    assert_int_equal(c.t.port, 2000);
+    assert_string_equal(c.t.tls_name, "s2.test");
+    assert_int_equal(wk_count("short.test"), 2);
+}
+
+static void test_failed_well_known_is_not_fetched_again_within_its_window(void **state)
+{
+    (void)state;
+    dns_add_a("err5.test", "127.0.0.1", 300);
+    wk_set("err5.test", 500, NULL, "oops");
+    dns_add_a("err4.test", "127.0.0.1", 300);
+    wk_set("err4.test", 200, NULL, "{\"m.server\": 12}");
+    for (int i = 0; i < 3; i++) {
+        result a = resolve("err5.test");
+        assert_target(&a, "default", "err5.test", 8448, "err5.test", "127.0.0.1");
+        result b = resolve("err4.test");
+        assert_target(&b, "default", "err4.test", 8448, "err4.test", "127.0.0.1");
+    }
+    assert_int_equal(wk_count("err5.test"), 1);
+    assert_int_equal(wk_count("err4.test"), 1);
+}
+
+static void test_dns_answer_is_asked_again_after_its_ttl(void **state)
+{
+    (void)state;
+    dns_add_a("ttl.test", "127.0.0.20", 1);
+    result a = resolve("ttl.test:8600");
+    assert_target(&a, "explicit-port", "ttl.test", 8600, "ttl.test:8600", "127.0.0.20");
+    result b = resolve("ttl.test:8600");
+    assert_string_equal(b.t.addrs[0], "127.0.0.20");
+    assert_int_equal(dns_count("ttl.test", T_A), 1);
+    dns_set_a("ttl.test", "127.0.0.21");
+    sleep_ms(1200);
+    result c = resolve("ttl.test:8600");
+    assert_target(&c, "explicit-port", "ttl.test", 8600, "ttl.test:8600", "127.0.0.21");
+    assert_int_equal(dns_count("ttl.test", T_A), 2);
+}
+
+static void test_concurrent_lookups_of_one_name_share_one_discovery(void **state)
+{
+    (void)state;
+    dns_add_a("slow.test", "127.0.0.1", 300);
+    wk_set("slow.test", 200, NULL, "{\"m.server\": \"slow-b.test:4000\"}");
+    wk_set_delay("slow.test", 300);
+    dns_add_a("slow-b.test", "127.0.0.19", 300);
+    result a, b;
+    result_init(&a);
+    result_init(&b);
+    assert_int_equal(fed_resolve_lookup(g.r, "slow.test", on_resolved, &a), 0);
+    assert_int_equal(fed_resolve_lookup(g.r, "slow.test", on_resolved, &b), 0);
+    result_wait(&a);
+    result_wait(&b);
+    assert_target(&a, "well-known", "slow-b.test", 4000, "slow-b.test:4000", "127.0.0.19");
+    assert_target(&b, "well-known", "slow-b.test", 4000, "slow-b.test:4000", "127.0.0.19");
+    assert_int_equal(wk_count("slow.test"), 1);
+}
+
+static void test_unanswered_dns_ends_at_the_lookup_deadline(void **state)
+{
+    (void)state;
+    pthread_mutex_lock(&dns.mu);
+    snprintf(dns.blackhole, sizeof dns.blackhole, "blackhole.test");
+    pthread_mutex_unlock(&dns.mu);
+    int64_t t0 = rt_now_ms();
+    result a = resolve("blackhole.test:1");
+    int64_t took = rt_now_ms() - t0;
+    assert_int_equal(a.rc, ATRIUM_E_TIMEOUT);
+    assert_in_range(took, LOOKUP_TIMEOUT_MS - 100, LOOKUP_TIMEOUT_MS + 2000);
+    /* other names are served meanwhile and after */
+    dns_add_a("after.test", "127.0.0.22", 300);
+    result b = resolve("after.test:1");
+    assert_int_equal(b.rc, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ip_literal_is_used_as_is_without_any_lookup),
+        cmocka_unit_test(test_invalid_server_name_is_refused),
+        cmocka_unit_test(test_explicit_port_resolves_the_hostname_and_skips_well_known),
+        cmocka_unit_test(test_well_known_with_delegated_port),
+        cmocka_unit_test(test_well_known_with_delegated_ip_literal),
+        cmocka_unit_test(test_delegated_name_goes_through_srv_without_another_well_known),
+        cmocka_unit_test(test_delegated_name_without_srv_falls_back_to_8448),
+        cmocka_unit_test(test_srv_record_gives_target_and_port_host_stays_the_name),
+        cmocka_unit_test(test_srv_target_without_address_gives_way_to_the_next),
+        cmocka_unit_test(test_legacy_srv_is_asked_after_matrix_fed),
+        cmocka_unit_test(test_no_well_known_no_srv_falls_back_to_8448),
+        cmocka_unit_test(test_srv_dot_target_means_no_service),
+        cmocka_unit_test(test_unknown_name_is_not_found),
+        cmocka_unit_test(test_well_known_redirect_is_followed_and_resolved_again),
+        cmocka_unit_test(test_redirect_loop_stops_after_five_hops),
+        cmocka_unit_test(test_well_known_is_cached_for_its_max_age_then_fetched_again),
+        cmocka_unit_test(test_failed_well_known_is_not_fetched_again_within_its_window),
+        cmocka_unit_test(test_dns_answer_is_asked_again_after_its_ttl),
+        cmocka_unit_test(test_concurrent_lookups_of_one_name_share_one_discovery),
+        cmocka_unit_test(test_unanswered_dns_ends_at_the_lookup_deadline),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
