@@ -27,12 +27,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "atrium/abi.h"
+
 #define FED_SEED_BYTES 32        /* an Ed25519 seed (crypto_sign_SEEDBYTES) */
 #define FED_PUBLIC_KEY_BYTES 32  /* crypto_sign_PUBLICKEYBYTES */
 #define FED_SECRET_KEY_BYTES 64  /* libsodium's secret key: seed, then public key */
 #define FED_SIGNATURE_BYTES 64   /* crypto_sign_BYTES */
 #define FED_PUBLIC_KEY_B64_LEN 44 /* 43 characters of unpadded base64, plus NUL */
 #define FED_SIGNATURE_B64_LEN 87  /* 86 characters of unpadded base64, plus NUL */
+/* A server name (a host name of at most 255 characters and ":port"), with its NUL. */
+#define FED_SERVER_NAME_MAX_BYTES 262
 /* A key ID, "ed25519:" and a version of [A-Za-z0-9_], with its NUL. */
 #define FED_KEY_ID_MAX_BYTES 64
 /* 7 days: the default lifetime announced in valid_until_ts of our key document, and the
