@@ -15,6 +15,7 @@
 #include "core/federation/fed_iprange.h"
 #include "core/federation/fed_keyring.h"
 #include "core/federation/fed_keys.h"
+#include "core/federation/fed_migrations.h"
 #include "core/federation/fed_request.h"
 #include "core/federation/fed_resolve.h"
 #include "core/federation/fed_xmatrix.h"

@@ -24,6 +24,7 @@
 #define FED_WELL_KNOWN_MAX_BYTES 65536   /* a larger .well-known answer is refused */
 #define FED_KEY_FETCH_MAX_BYTES (256 * 1024) /* a key document larger than this is refused */
 #define FED_KEY_FETCH_TIMEOUT_MS 10000
+#define FED_BACKOFF_DRAIN_MS 2000            /* backoff writes still queued at shutdown */
 
 #define FED_MAX_NOTARIES 8
 #define FED_MAX_NOTARY_KEYS 8
@@ -272,12 +273,12 @@ int federation_init(const struct core_config *cfg, const char *config_path, http
         .verify_tls = f->verify_certificates,
     };
     m->resolver = m->http ? fed_resolve_new(&rs, m->http, metrics) : NULL;
-    fed_backoff_settings bs = {
-        .min_interval_ms = f->min_retry_interval_ms,
-        .multiplier = f->retry_multiplier,
-        .max_interval_ms = f->max_retry_interval_ms,
-    };
-    m->backoff = fed_backoff_new(&bs, metrics);
+    fed_backoff_settings bs;
+    fed_backoff_settings_defaults(&bs);
+    bs.min_interval_ms = f->min_retry_interval_ms;
+    bs.multiplier = f->retry_multiplier;
+    bs.max_interval_ms = f->max_retry_interval_ms;
+    m->backoff = fed_backoff_new(&bs, db_global(), metrics);
     fed_keyring_settings ks = {
         .max_servers = FED_KEYRING_DEFAULT_MAX_SERVERS,
         .negative_ttl_ms = f->key_fetch_failure_cache_ms,
@@ -316,13 +317,15 @@ int federation_init(const struct core_config *cfg, const char *config_path, http
 
 const atrium_migration *federation_migrations(size_t *n)
 {
-    return fed_migrations(n);
+    *n = FED_N_MIGRATIONS;
+    return FED_MIGRATIONS;
 }
 
 int federation_start(void)
 {
     fed_module *m = fed;
     if (!m) return 0;
+    if (fed_backoff_load(m->backoff) < 0) return -1; /* after the migrations */
     if (fed_http_start(m->http) < 0 || fed_resolve_start(m->resolver) < 0 ||
         fed_backoff_start(m->backoff) < 0 || fed_keyring_start(m->keyring) < 0) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "cannot start the federation threads");
@@ -352,7 +355,7 @@ void federation_stop(void)
     if (m->resolver) fed_resolve_stop(m->resolver);
     if (m->http) fed_http_stop(m->http);
     if (m->keyring) fed_keyring_stop(m->keyring);
-    if (m->backoff) fed_backoff_stop(m->backoff);
+    if (m->backoff) fed_backoff_stop(m->backoff, FED_BACKOFF_DRAIN_MS);
 }
 
 void federation_free(void)
