@@ -66,9 +66,9 @@ int fed_auth_check(atrium_req *r);
 int fed_auth_unknown_path(atrium_req *r);
 void fed_auth_metrics(fed_module *m);
 
-/* fed_routes.c: the key server, version and profile routes; fed_notary.c: key queries. */
+/* fed_routes.c: the key server, version and profile routes; fed_keyquery.c: key queries. */
 int fed_routes_register(fed_module *m);
-int fed_notary_routes(fed_module *m);
+int fed_keyquery_routes(fed_module *m);
 json_t *fed_own_key_document(fed_module *m); /* signed, a new reference */
 
 /* federation.c: the key ring's fetch hook (trusted key servers first, then the origin). */

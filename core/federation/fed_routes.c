@@ -102,5 +102,5 @@ int fed_routes_register(fed_module *m)
             return -1;
         }
     }
-    return fed_notary_routes(m);
+    return fed_keyquery_routes(m);
 }

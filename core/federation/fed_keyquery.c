@@ -1,5 +1,5 @@
 /*
- * core/federation/fed_notary.c - this server as a notary: GET /_matrix/key/v2/query/
+ * core/federation/fed_keyquery.c - this server as a notary: GET /_matrix/key/v2/query/
  * {serverName} and POST /_matrix/key/v2/query answer with other servers' key documents,
  * each carrying our signature besides its origin's.
  *
@@ -111,7 +111,7 @@ static int post_query(atrium_req *r)
     return query(r, c, (size_t)n);
 }
 
-int fed_notary_routes(fed_module *m)
+int fed_keyquery_routes(fed_module *m)
 {
     static const atrium_route routes[] = {
         {.method = "GET", .path = "/_matrix/key/v2/query/{serverName}", .handler = get_query},
