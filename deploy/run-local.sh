@@ -194,8 +194,17 @@ until curl -fsS -m 2 -o /dev/null "$probe_url" 2>/dev/null; do
     sleep 0.2
 done
 
-printf '\n[atrium] Atrium is ready: http://%s:%s  (server_name %s). Ctrl-C stops it.\n\n' \
+printf '\n[atrium] Atrium is ready: http://%s:%s  (server_name %s). Ctrl-C stops it.\n' \
     "$url_host" "$port" "$(config_value "$config" server_name || echo '?')" >&2
+# Federation is served only with a certificate (or behind a TLS proxy with tls: false).
+fed_cert=$(config_value "$config" server.federation.tls_certificate_path 2>/dev/null || true)
+fed_tls=$(config_value "$config" server.federation.tls 2>/dev/null || true)
+fed_port=$(config_value "$config" server.federation.port 2>/dev/null || true)
+if [ -n "$fed_cert" ] || [ "$fed_tls" = false ]; then
+    printf '[atrium] Federation: other servers reach port %s.\n\n' "${fed_port:-8448}" >&2
+else
+    printf '[atrium] Federation is off: set server.federation.tls_certificate_path and tls_private_key_path in %s to serve it (README: Federation).\n\n' "$config" >&2
+fi
 
 rc=0
 wait "$server_pid" || rc=$?

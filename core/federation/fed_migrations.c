@@ -15,6 +15,18 @@ const atrium_migration FED_MIGRATIONS[] = {
      " failure_ts bigint,"
      " retry_last_ts bigint NOT NULL DEFAULT 0,"
      " retry_interval_ms bigint NOT NULL DEFAULT 0)"},
+    /* Other servers' keys (fed_keyring.h): one row per key, with the effective validity
+     * (valid_until_ts capped as the spec says) and the whole signed document, served again
+     * when this server answers as a notary. */
+    {2, "federation_server_keys",
+     "CREATE TABLE federation_server_keys ("
+     " server_name text NOT NULL,"
+     " key_id text NOT NULL,"
+     " public_key text NOT NULL,"       /* unpadded base64 */
+     " valid_until_ts bigint NOT NULL," /* ms since the epoch */
+     " fetched_ts bigint NOT NULL,"
+     " key_json text NOT NULL,"
+     " PRIMARY KEY (server_name, key_id))"},
 };
 
 const size_t FED_N_MIGRATIONS = sizeof(FED_MIGRATIONS) / sizeof(FED_MIGRATIONS[0]);
