@@ -321,24 +321,36 @@ int fed_signing_key_load_or_create(const char *path, fed_signing_key *key, char 
     return rc;
 }
 
-int fed_old_key_parse(const char *key_id, const char *key_b64, int64_t expired_ts,
-                      fed_old_key *out, char *err, size_t err_len)
+int fed_public_key_parse(const char *key_id, const char *key_b64, fed_public_key *out,
+                         char *err, size_t err_len)
 {
     memset(out, 0, sizeof(*out));
     if (!fed_key_id_valid(key_id)) {
         snprintf(err, err_len,
-                 "old signing key \"%.64s\": a key ID is \"ed25519:\" and a version of "
-                 "A-Z, a-z, 0-9 and _",
+                 "key \"%.64s\": a key ID is \"ed25519:\" and a version of A-Z, a-z, 0-9 "
+                 "and _",
                  key_id ? key_id : "");
         return ATRIUM_E_INVAL;
     }
     if (!key_b64 || fed_b64_decode_exact(key_b64, out->public_key, FED_PUBLIC_KEY_BYTES) < 0) {
-        snprintf(err, err_len, "old signing key %s: \"key\" must be base64 of a %d-byte public key",
-                 key_id, FED_PUBLIC_KEY_BYTES);
+        snprintf(err, err_len, "key %s: the key must be base64 of a %d-byte public key", key_id,
+                 FED_PUBLIC_KEY_BYTES);
         memset(out, 0, sizeof(*out));
         return ATRIUM_E_INVAL;
     }
     snprintf(out->key_id, sizeof(out->key_id), "%s", key_id);
+    return 0;
+}
+
+int fed_old_key_parse(const char *key_id, const char *key_b64, int64_t expired_ts,
+                      fed_old_key *out, char *err, size_t err_len)
+{
+    memset(out, 0, sizeof(*out));
+    fed_public_key k;
+    int rc = fed_public_key_parse(key_id, key_b64, &k, err, err_len);
+    if (rc < 0) return rc;
+    memcpy(out->key_id, k.key_id, sizeof(out->key_id));
+    memcpy(out->public_key, k.public_key, sizeof(out->public_key));
     out->expired_ts = expired_ts;
     return 0;
 }

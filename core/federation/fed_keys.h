@@ -65,6 +65,12 @@ typedef struct fed_old_key {
     int64_t expired_ts; /* ms since the epoch: when the server stopped signing with it */
 } fed_old_key;
 
+/* Another server's public key as configured (trusted_key_servers' verify_keys). */
+typedef struct fed_public_key {
+    char key_id[FED_KEY_ID_MAX_BYTES];
+    unsigned char public_key[FED_PUBLIC_KEY_BYTES];
+} fed_public_key;
+
 /* Is key_id "ed25519:" followed by 1 to FED_KEY_ID_MAX_BYTES-9 characters of [A-Za-z0-9_]?
  * (The spec's grammar for key versions; ed25519 is the one algorithm in use.) */
 bool fed_key_id_valid(const char *key_id);
@@ -92,6 +98,11 @@ void fed_signing_key_wipe(fed_signing_key *key);
  * with err set (a sentence naming the key ID) when the ID or the key is malformed. */
 int fed_old_key_parse(const char *key_id, const char *key_b64, int64_t expired_ts,
                       fed_old_key *out, char *err, size_t err_len);
+
+/* Fill *out from a configured key ID and its public key in base64 (padded or not). 0, or
+ * ATRIUM_E_INVAL with err set (a sentence naming the key ID). */
+int fed_public_key_parse(const char *key_id, const char *key_b64, fed_public_key *out,
+                         char *err, size_t err_len);
 
 /* Sign obj (a JSON object) as server_name with k: adds signatures.<server_name>.<key id>,
  * replacing a previous signature by the same key and keeping all others. `unsigned` is
