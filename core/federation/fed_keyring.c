@@ -25,7 +25,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/client/canonical_json.h"
+#include "core/rooms/canonical_json.h"
 #include "core/federation/fed_base64.h"
 #include "core/federation/fed_keyring.h"
 

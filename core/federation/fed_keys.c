@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/client/canonical_json.h"
+#include "core/rooms/canonical_json.h"
 #include "core/federation/fed_base64.h"
 #include "core/federation/fed_keys.h"
 #include "core/runtime/runtime.h"
