@@ -71,6 +71,13 @@ int fed_routes_register(fed_module *m);
 int fed_keyquery_routes(fed_module *m);
 json_t *fed_own_key_document(fed_module *m); /* signed, a new reference */
 
+/* fed_verify.c: is obj signed by server_name with a key valid at valid_at_ms (wall ms)?
+ * done(arg, 0 or a negative error, why) exactly once, possibly before this returns; a
+ * negative return (not an object, out of memory) calls nothing. Any thread. */
+typedef void (*fed_verify_cb)(void *arg, int result, const char *why);
+int fed_verify_signed(const json_t *obj, const char *server_name, int64_t valid_at_ms,
+                      fed_verify_cb done, void *arg);
+
 /* federation.c: the key ring's fetch hook (trusted key servers first, then the origin). */
 int fed_fetch_keys(void *fetch_arg, fed_keyring *ring, const char *server_name);
 

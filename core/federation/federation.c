@@ -348,6 +348,19 @@ void federation_reload_tls(void)
                l->tls_certificate_path);
 }
 
+int federation_sign_json(json_t *obj)
+{
+    fed_module *m = fed;
+    if (!m) return ATRIUM_E_STOPPED;
+    return fed_sign_json(obj, m->server_name, &m->key);
+}
+
+int federation_verify_json(const json_t *obj, const char *server_name, int64_t valid_at_ms,
+                           void (*done)(void *arg, int result, const char *why), void *arg)
+{
+    return fed_verify_signed(obj, server_name, valid_at_ms, done, arg);
+}
+
 void federation_stop(void)
 {
     fed_module *m = fed;

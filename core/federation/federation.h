@@ -30,6 +30,15 @@ int federation_start(void); /* threads: outbound client, resolver, key store; af
 /* SIGHUP: load the listener's certificate again (a failure keeps the old one, logged). */
 void federation_reload_tls(void);
 void federation_stop(void); /* end outbound requests (callbacks run), join threads */
+/* Sign obj as this server (signatures.<server_name>.<key id>). 0 or ATRIUM_E_INVAL (not an
+ * object, no canonical encoding) / ATRIUM_E_STOPPED (no federation module). Any thread. */
+int federation_sign_json(json_t *obj);
+/* Is obj signed by server_name with a key valid at valid_at_ms (wall clock)? The key comes
+ * from the key ring, fetched when needed: done(arg, 0 or a negative error, a reason) is
+ * called exactly once, possibly before this returns, else on an internal thread (quick).
+ * A negative return (not an object, out of memory): done is never called. Any thread. */
+int federation_verify_json(const json_t *obj, const char *server_name, int64_t valid_at_ms,
+                           void (*done)(void *arg, int result, const char *why), void *arg);
 void federation_free(void);
 
 #endif

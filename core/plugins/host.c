@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
+#include "core/federation/fed_request.h"
+#include "core/federation/federation.h"
 #include "core/plugins/plugins.h"
 
 #define HOST_ERR_LEN 512
@@ -344,6 +346,66 @@ static void h_metric_set(atrium_metric *m, int64_t v) { rt_metric_set((rt_metric
 static PGconn *h_db_acquire(int64_t timeout_ms) { return db_acquire(rt_bound->db, timeout_ms); }
 static void h_db_release(PGconn *c) { db_release(rt_bound->db, c); }
 
+/* ---- federation (1.1) ------------------------------------------------------------------ */
+
+static const char *h_req_origin(atrium_req *r) { return r->origin; }
+
+/* A plugin's federation request: its callbacks, behind the core's fed_request_opts. */
+typedef struct plugin_fed_req {
+    int (*on_chunk)(void *arg, const atrium_fed_response *res, const char *data, size_t len);
+    void (*on_done)(void *arg, const atrium_fed_response *res);
+    void *arg;
+} plugin_fed_req;
+
+static int h_fed_chunk(void *arg, fed_http_handle *hd, const char *data, size_t len)
+{
+    plugin_fed_req *p = arg;
+    atrium_fed_response res = {.outcome = ATRIUM_FED_OK, .status = fed_http_handle_status(hd),
+                               .error = "", .internal = hd};
+    return p->on_chunk(p->arg, &res, data, len);
+}
+
+static void h_fed_done(void *arg, const fed_response *fr)
+{
+    plugin_fed_req *p = arg;
+    /* The outcome numbers of fed_http.h and fed_request.h are the ABI's. */
+    atrium_fed_response res = {.outcome = fr->outcome, .status = fr->status, .json = fr->json,
+                               .body = fr->body, .body_len = fr->body_len,
+                               .error = fr->error ? fr->error : "",
+                               .destination = fr->destination, .internal = fr->handle};
+    p->on_done(p->arg, &res);
+    free(p);
+}
+
+static int h_fed_request(const atrium_fed_request *q)
+{
+    if (!q || q->size < offsetof(atrium_fed_request, arg) + sizeof(q->arg) || !q->on_done)
+        return ATRIUM_E_INVAL;
+    plugin_fed_req *p = malloc(sizeof(*p));
+    if (!p) return ATRIUM_E_NOMEM;
+    *p = (plugin_fed_req){.on_chunk = q->on_chunk, .on_done = q->on_done, .arg = q->arg};
+    fed_request_opts o = {.method = q->method, .destination = q->destination, .uri = q->uri,
+                          .body = q->body, .deadline_ms = q->deadline_ms,
+                          .max_body_bytes = q->max_body_bytes,
+                          .unsigned_request = (q->flags & ATRIUM_FED_UNSIGNED) != 0,
+                          .ignore_backoff = (q->flags & ATRIUM_FED_IGNORE_BACKOFF) != 0,
+                          .want_json = (q->flags & ATRIUM_FED_JSON) != 0,
+                          .on_chunk = q->on_chunk ? h_fed_chunk : NULL,
+                          .on_done = h_fed_done, .arg = p};
+    int rc = fed_request_submit(&o);
+    if (rc < 0) free(p);
+    return rc;
+}
+
+static const char *h_fed_response_header(const atrium_fed_response *res, const char *name)
+{
+    return res && res->internal ? fed_http_handle_header(res->internal, name) : NULL;
+}
+
+static int h_req_wait(atrium_req *r, int64_t deadline_ms) { return susp_wait(r, deadline_ms); }
+static void h_req_wake(atrium_req *r) { susp_wake(r); }
+static int h_fed_sign_json(json_t *obj) { return federation_sign_json(obj); }
+
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
     .abi_major = ATRIUM_ABI_MAJOR,
@@ -408,6 +470,13 @@ static const atrium_host HOST = {
     .metric_set = h_metric_set,
     .db_acquire = h_db_acquire,
     .db_release = h_db_release,
+    .req_origin = h_req_origin,
+    .fed_request = h_fed_request,
+    .fed_response_header = h_fed_response_header,
+    .req_wait = h_req_wait,
+    .req_wake = h_req_wake,
+    .fed_sign_json = h_fed_sign_json,
+    .fed_verify_json = federation_verify_json,
 };
 
 const atrium_host *host_table(core_runtime *rt)

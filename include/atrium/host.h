@@ -112,6 +112,59 @@ typedef struct atrium_migration {
 #define ATRIUM_STREAM_ERROR (-2)
 typedef int64_t (*atrium_stream_read)(void *arg, uint64_t pos, char *buf, size_t max);
 
+/* ---- federation (1.1) ---------------------------------------------------------------- */
+
+/* How a federation request ended (atrium_fed_response.outcome): ATRIUM_FED_OK when the
+ * other server answered (any HTTP status), else one of the failures. */
+enum atrium_fed_outcome {
+    ATRIUM_FED_OK = 0,
+    ATRIUM_FED_E_TIMEOUT = -1,     /* the deadline passed */
+    ATRIUM_FED_E_CONNECT = -2,     /* no connection could be made */
+    ATRIUM_FED_E_TLS = -3,         /* TLS or certificate verification failed */
+    ATRIUM_FED_E_BLOCKED = -4,     /* the address is blacklisted (federation.ip_range_*) */
+    ATRIUM_FED_E_TOO_LARGE = -5,   /* the answer passed max_body_bytes */
+    ATRIUM_FED_E_PROTOCOL = -6,    /* a malformed HTTP answer, or cut off */
+    ATRIUM_FED_E_CANCELLED = -7,   /* on_chunk refused, or the server is stopping */
+    ATRIUM_FED_E_INTERNAL = -8,    /* out of memory, the outbound queue full */
+    ATRIUM_FED_E_BACKOFF = -20,    /* the server failed recently and was not contacted */
+    ATRIUM_FED_E_NOT_ALLOWED = -21, /* this server, or not in federation.domain_whitelist */
+    ATRIUM_FED_E_RESOLVE = -22,    /* server discovery found nowhere to connect */
+    ATRIUM_FED_E_NOT_JSON = -23,   /* ATRIUM_FED_JSON: the body is not a JSON object */
+};
+
+/* Flags for atrium_fed_request.flags. */
+#define ATRIUM_FED_UNSIGNED 0x1u       /* send no X-Matrix signature */
+#define ATRIUM_FED_IGNORE_BACKOFF 0x2u /* a user's explicit action: ask even when backed off */
+#define ATRIUM_FED_JSON 0x4u           /* parse the answer as a JSON object (into .json) */
+
+typedef struct atrium_fed_response {
+    int outcome;            /* enum atrium_fed_outcome */
+    int status;             /* the HTTP status when outcome == ATRIUM_FED_OK */
+    const json_t *json;     /* with ATRIUM_FED_JSON: the parsed body (borrowed) */
+    const char *body;       /* the buffered body, NUL-terminated (NULL with on_chunk) */
+    size_t body_len;
+    const char *error;      /* a sentence for the log when outcome != OK */
+    const char *destination;
+    void *internal;         /* for fed_response_header */
+} atrium_fed_response;
+
+typedef struct atrium_fed_request {
+    uint32_t size;           /* sizeof(atrium_fed_request): the struct grows by appending */
+    const char *method;      /* "GET", "PUT", "POST", "DELETE" */
+    const char *destination; /* a server name: discovery, backoff and the signature follow it */
+    const char *uri;         /* path and query as sent, "/_matrix/federation/v1/..." */
+    const json_t *body;      /* JSON content (copied, signed), or NULL */
+    int64_t deadline_ms;     /* monotonic (now_ms); 0 = federation.client.request_timeout_ms */
+    int64_t max_body_bytes;  /* 0 = 16 MiB */
+    unsigned flags;          /* ATRIUM_FED_* */
+    /* Optional streaming: each chunk of the answer's body as it arrives (res carries the
+     * status; fed_response_header works); return 0 to go on, non-zero to abort. */
+    int (*on_chunk)(void *arg, const atrium_fed_response *res, const char *data, size_t len);
+    /* Called exactly once when the request ends, if and only if fed_request returned 0. */
+    void (*on_done)(void *arg, const atrium_fed_response *res);
+    void *arg;
+} atrium_fed_request;
+
 /* ---- the host table ------------------------------------------------------------------ */
 
 struct atrium_host {
@@ -351,6 +404,45 @@ struct atrium_host {
     void (*db_release)(PGconn *conn);
 
     /* 1.1 and later: appended below this line, never inserted above. */
+
+    /* == 1.1: federation ================================================================ */
+    /* Routes flagged ATRIUM_ROUTE_FEDERATION are served on the federation listener, after
+     * the core verified their X-Matrix signature. */
+
+    /* [req] The other server whose signature the core verified for this request (a
+     * federation route), or NULL. Owned by the request. */
+    const char *(*req_origin)(atrium_req *req);
+    /* [any] Send a request to another server: the domain whitelist and backoff are
+     * checked, the destination discovered, the request signed (unless ATRIUM_FED_UNSIGNED)
+     * and sent through the core's one outbound client, whose connection caps and address
+     * blacklist apply. Never blocks. 0: on_done (and on_chunk) will be called on an
+     * internal thread, where they must be quick and never block (no PostgreSQL, no waits);
+     * on_done may even run before this returns. ATRIUM_E_INVAL (a malformed request),
+     * ATRIUM_E_LIMIT (the outbound queue is full), ATRIUM_E_STOPPED: nothing is called.
+     * A request handler that needs the answer parks with req_wait and has on_done call
+     * req_wake. The request struct and its strings are copied. */
+    int (*fed_request)(const atrium_fed_request *req);
+    /* [any] Inside on_chunk or on_done: a header of the answer (case-insensitive), or NULL. */
+    const char *(*fed_response_header)(const atrium_fed_response *res, const char *name);
+    /* [req] Park the request until req_wake (or its deadline, capped at 10 minutes): no
+     * thread waits, and the handler runs again with reason _WOKEN, _DEADLINE or _SHUTDOWN.
+     * Returns 0 (return ATRIUM_PARKED) or ATRIUM_E_STOPPED (nothing happened). Call it
+     * before starting what will wake it. Exactly one req_wake must follow a 0, even after
+     * the deadline already ran the handler again: the request stays valid until then. */
+    int (*req_wait)(atrium_req *req, int64_t deadline_ms);
+    /* [any] Wake a request parked with req_wait (once per req_wait). */
+    void (*req_wake)(atrium_req *req);
+    /* [any] Sign obj (a JSON object) as this server: adds signatures.<server name>.<key
+     * id>, keeping other signatures. 0, or ATRIUM_E_INVAL (not an object, or no canonical
+     * JSON encoding: floats, integers past 2^53). */
+    int (*fed_sign_json)(json_t *obj);
+    /* [any] Check that obj carries a valid signature of server_name by a key valid at
+     * valid_at_ms (wall clock; for a request, now). The key comes from the core's key
+     * cache, or is fetched: done(arg, 0 or a negative error, a reason) is called exactly
+     * once, possibly before this returns, else on an internal thread (quick, never
+     * blocking). ATRIUM_E_INVAL when obj is not an object: done is not called then. */
+    int (*fed_verify_json)(const json_t *obj, const char *server_name, int64_t valid_at_ms,
+                           void (*done)(void *arg, int result, const char *why), void *arg);
 };
 
 /* Does this host offer `member`? (For plugins that target an older minor.) */

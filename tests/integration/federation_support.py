@@ -109,16 +109,17 @@ class TestCA:
     def _run(self, *args):
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
-    def issue(self, name, ip):
-        """(cert, key) paths for a server certificate with IP SAN `ip`."""
+    def issue(self, name, ip=None, dns=None):
+        """(cert, key) paths for a server certificate with IP SAN `ip` or DNS SAN `dns`."""
         key = os.path.join(self.dir, f"{name}.key")
         csr = os.path.join(self.dir, f"{name}.csr")
         cert = os.path.join(self.dir, f"{name}.crt")
         ext = os.path.join(self.dir, f"{name}.ext")
         with open(ext, "w") as f:
-            f.write(f"subjectAltName=IP:{ip}\nextendedKeyUsage=serverAuth,clientAuth\n")
-        self._run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={ip}", "-keyout", key,
-                  "-out", csr)
+            san = f"IP:{ip}" if ip else f"DNS:{dns}"
+            f.write(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
+        self._run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={ip or dns}", "-keyout",
+                  key, "-out", csr)
         self._run("x509", "-req", "-in", csr, "-CA", self.cert, "-CAkey", self.key,
                   "-CAcreateserial", "-days", "2", "-out", cert, "-extfile", ext)
         return cert, key
@@ -151,14 +152,17 @@ def federation_settings(ca, ip, port, cert, key, extra=None):
 
 
 class FederatedServer(harness.Server):
-    """An Atrium server with a federation listener on its own loopback address."""
+    """An Atrium server with a federation listener on its own loopback address. Its server
+    name is "ip:port" unless `name` gives another ("{port}" in it becomes the port); its
+    certificate is for the IP, or for `cert_name` (a DNS name) when given."""
 
-    def __init__(self, ca, ip, extra=None, **kwargs):
+    def __init__(self, ca, ip, extra=None, name=None, cert_name=None, **kwargs):
         self.fed_ip = ip
         self.fed_port = free_port(ip)
         self.ca = ca
-        self.tls_cert, self.tls_key = ca.issue(f"atrium-{ip}", ip)
-        name = f"{ip}:{self.fed_port}"
+        self.tls_cert, self.tls_key = (ca.issue(f"atrium-{cert_name}", dns=cert_name)
+                                       if cert_name else ca.issue(f"atrium-{ip}", ip))
+        name = name.format(port=self.fed_port) if name else f"{ip}:{self.fed_port}"
         super().__init__(server_name=name,
                          settings=federation_settings(ca, ip, self.fed_port, self.tls_cert,
                                                       self.tls_key, extra), **kwargs)
@@ -227,6 +231,114 @@ class FakeKeyServer:
         self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# ---- a DNS server for discovery tests ---------------------------------------------------
+
+TYPE_A, TYPE_SRV = 1, 33
+
+
+def _name_wire(name):
+    out = b""
+    for label in name.rstrip(".").split("."):
+        out += bytes([len(label)]) + label.encode()
+    return out + b"\0"
+
+
+class FakeDNS:
+    """A UDP DNS server on loopback answering A and SRV questions from `records`:
+    {("b.test", "A"): ["127.0.0.22"], ("_matrix-fed._tcp.b.test", "SRV"): [(prio, weight,
+    port, target)]}; anything else gets NXDOMAIN. Counts the questions it was asked."""
+
+    def __init__(self, ip="127.0.0.53", ttl=300):
+        self.records = {}
+        self.ttl = ttl
+        self.asked = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((ip, 0))
+        self.address = f"{ip}:{self.sock.getsockname()[1]}"
+        self._stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(0.2)
+        while not self._stop:
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                self.sock.sendto(self._answer(data), peer)
+            except Exception:  # a malformed question: no answer
+                pass
+
+    def _answer(self, q):
+        qid, flags = q[0:2], int.from_bytes(q[2:4], "big")
+        pos, labels = 12, []
+        while q[pos]:
+            labels.append(q[pos + 1:pos + 1 + q[pos]].decode())
+            pos += 1 + q[pos]
+        qname = ".".join(labels).lower()
+        qtype = int.from_bytes(q[pos + 1:pos + 3], "big")
+        question = q[12:pos + 5]
+        kind = {TYPE_A: "A", TYPE_SRV: "SRV"}.get(qtype, "?")
+        self.asked.append((qname, kind))
+        answers = self.records.get((qname, kind), [])
+        rd = flags & 0x0100
+        rcode = 0 if answers or (qname, "A") in self.records or (qname, "SRV") in self.records else 3
+        body = b""
+        for a in answers:
+            if kind == "A":
+                rdata = socket.inet_aton(a)
+            else:
+                prio, weight, port, target = a
+                rdata = (prio.to_bytes(2, "big") + weight.to_bytes(2, "big") +
+                         port.to_bytes(2, "big") + _name_wire(target))
+            body += (b"\xc0\x0c" + qtype.to_bytes(2, "big") + b"\x00\x01" +
+                     self.ttl.to_bytes(4, "big") + len(rdata).to_bytes(2, "big") + rdata)
+        header = (qid + (0x8000 | 0x0400 | rd | 0x0080 | rcode).to_bytes(2, "big") +
+                  b"\x00\x01" + len(answers).to_bytes(2, "big") + b"\x00\x00\x00\x00")
+        return header + question + body
+
+    def close(self):
+        self._stop = True
+        self.sock.close()
+
+
+class WellKnownServer:
+    """HTTPS on ip:443 serving /.well-known/matrix/server with the body the test sets."""
+
+    def __init__(self, ca, ip, name, body):
+        self.body = body
+        self.requests = []
+        cert, keyfile = ca.issue(f"wk-{name}", dns=name)
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests.append(self.path)
+                data = json.dumps(outer.body).encode()
+                self.send_response(200 if self.path == "/.well-known/matrix/server" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer((ip, 443), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, keyfile)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self):
         self.httpd.shutdown()

@@ -38,10 +38,15 @@ class ProfileTest(AtriumTestCase):
         self.assertEqual(self.srv.json("GET", self.path + "/displayname"), (200, {"displayname": "kim"}))
 
     def test_unknown_users_are_404(self):
-        for path in (f"{V3}/profile/{quote('@ghost:localhost')}", f"{V3}/profile/{quote('@ghost:localhost')}/displayname",
-                     f"{V3}/profile/{quote('@kim:elsewhere.org')}"):
+        for path in (f"{V3}/profile/{quote('@ghost:localhost')}", f"{V3}/profile/{quote('@ghost:localhost')}/displayname"):
             status, body = self.srv.json("GET", path)
             self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), path)
+
+    def test_a_user_of_a_server_that_cannot_be_reached_is_502(self):
+        # Asked over federation (test_federation.py covers servers that answer); .invalid
+        # never resolves, so the answer comes at once.
+        status, body = self.srv.json("GET", f"{V3}/profile/{quote('@kim:elsewhere.invalid')}")
+        self.assertEqual((status, body["errcode"]), (502, "M_UNKNOWN"))
 
     def test_bad_profile_bodies(self):
         cases = [("{", 400, "M_NOT_JSON"), ({}, 400, "M_MISSING_PARAM"), ({"displayname": 5}, 400, "M_BAD_JSON"),

@@ -37,9 +37,9 @@ class FederationTestCase(harness.AtriumTestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def start_fed(self, ip, extra=None, start=True):
+    def start_fed(self, ip, extra=None, start=True, plugins=None):
         srv = FederatedServer(self.ca, ip, extra=harness.deep_merge(REGISTRATION_ON, extra or {}),
-                              start=False)
+                              start=False, plugins=plugins)
 
         def close():
             outcome = getattr(self, "_outcome", None)
@@ -286,6 +286,44 @@ class OutboundTest(FederationTestCase):
         self.assertEqual(status, 502)
         time.sleep(0.2)
         self.assertEqual(len(accepted), n)
+
+
+FEDPLUG = {"fedplug": {"enabled": True,
+                       "path": os.path.join(harness.test_plugin_dir(), "fedplug.so")}}
+
+
+class PluginAbiTest(FederationTestCase):
+    """The federation members of the host table, used by a plugin built from include/."""
+
+    def test_a_plugin_asks_another_server_parked_and_signs_and_verifies_json(self):
+        a = self.start_fed(A_IP, plugins=FEDPLUG)
+        b = self.start_fed(B_IP, plugins=FEDPLUG)
+        status, body = a.json("GET", f"/_fedplug/version?server={quote(b.server_name)}")
+        self.assertEqual(status, 200, body)
+        self.assertEqual((body["outcome"], body["status"]), (0, 200), body)
+        self.assertEqual(body["body"]["server"]["name"], "Atrium")
+        self.assertEqual(a.metric("atrium_http_parked"), 0)
+
+        status, signed = a.json("POST", "/_fedplug/sign", {"hello": "world", "n": 1})
+        self.assertEqual(status, 200, signed)
+        _, _, doc = a.fed_request("GET", "/_matrix/key/v2/server")
+        [(key_id, key)] = doc["verify_keys"].items()
+        self.assertTrue(verify_json(signed, a.server_name, key_id, key["key"]))
+
+        status, answer = b.json("POST", f"/_fedplug/verify?server={quote(a.server_name)}", signed)
+        self.assertEqual((status, answer["valid"]), (200, True), answer)
+        tampered = dict(signed, n=2)
+        status, answer = b.json("POST", f"/_fedplug/verify?server={quote(a.server_name)}", tampered)
+        self.assertEqual((status, answer["valid"]), (200, False), answer)
+
+    def test_a_plugin_federation_route_sees_the_verified_origin(self):
+        peer = self.fake_peer()
+        a = self.start_fed(A_IP, plugins=FEDPLUG)
+        uri = "/_matrix/federation/unstable/org.atrium.fedplug/whoami"
+        status, _, body = a.signed_request("GET", uri, peer.server_name, peer.key)
+        self.assertEqual((status, body), (200, {"origin": peer.server_name}))
+        status, _, body = a.fed_request("GET", uri)
+        self.assertEqual(status, 401)
 
 
 class CertificateReloadTest(FederationTestCase):

@@ -23,7 +23,10 @@ _Static_assert(offsetof(struct atrium_host, req_method) == 8 + 9 * PTR, "host 1.
 _Static_assert(offsetof(struct atrium_host, respond_header) == 8 + 28 * PTR, "host 1.0 layout");
 _Static_assert(offsetof(struct atrium_host, handoff) == 8 + 41 * PTR, "host 1.0 layout changed");
 _Static_assert(offsetof(struct atrium_host, db_release) == 8 + 59 * PTR, "host 1.0 layout changed");
-_Static_assert(sizeof(struct atrium_host) == 8 + 60 * PTR, "members are appended only at a minor");
+/* 1.1 appends federation: req_origin first, right after the 1.0 members. */
+_Static_assert(offsetof(struct atrium_host, req_origin) == 8 + 60 * PTR, "1.1 must append");
+_Static_assert(offsetof(struct atrium_host, fed_verify_json) == 8 + 66 * PTR, "1.1 layout");
+_Static_assert(sizeof(struct atrium_host) == 8 + 67 * PTR, "members are appended only at a minor");
 _Static_assert(offsetof(atrium_plugin_desc, name) == 24, "descriptor 1.0 layout changed");
 _Static_assert(offsetof(atrium_plugin_desc, fini) == 72, "descriptor 1.0 layout changed");
 
