@@ -33,6 +33,7 @@
 
 typedef struct fed_http fed_http;               /* the client: one per process */
 typedef struct fed_http_handle fed_http_handle; /* one submitted request */
+typedef struct fed_http_result fed_http_result; /* how one request ended (below) */
 typedef struct fed_iprange_list fed_iprange_list;
 
 /* How a request ended (fed_http_result.outcome). */
@@ -87,7 +88,7 @@ typedef struct fed_http_req {
     /* Called exactly once when the request ends, whatever the outcome, if and only if
      * fed_http_submit returned 0. The result and everything it points to is valid only
      * during the call. */
-    void (*on_done)(void *arg, const struct fed_http_result *res);
+    void (*on_done)(void *arg, const fed_http_result *res);
     void *arg;
 } fed_http_req;
 
