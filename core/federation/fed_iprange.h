@@ -27,10 +27,13 @@ extern const char *const FED_IPRANGE_DEFAULT_BLACKLIST[];
 fed_iprange_list *fed_iprange_parse(const char *const *cidrs, size_t n, char *err,
                                     size_t errlen);
 void fed_iprange_free(fed_iprange_list *l);
-/* Does any range of l contain the address? (NULL l contains nothing.) */
+/* Does any range of l contain the address? (NULL l contains nothing; nor does it contain
+ * a non-IP address, or for _str a string that is not an IP literal.) An IPv4 address is
+ * also matched against the IPv6 ranges in its ::ffff: form. */
 bool fed_iprange_contains(const fed_iprange_list *l, const struct sockaddr *sa);
 bool fed_iprange_contains_str(const fed_iprange_list *l, const char *ip);
-/* The rule: allowed unless on the blacklist and not on the whitelist. */
+/* The rule: allowed unless on the blacklist and not on the whitelist. A socket address
+ * that is neither IPv4 nor IPv6 is never allowed. */
 bool fed_iprange_allowed(const fed_iprange_list *black, const fed_iprange_list *white,
                          const struct sockaddr *sa);
 
