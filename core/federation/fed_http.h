@@ -50,9 +50,11 @@ enum fed_http_outcome {
 };
 
 typedef struct fed_http_settings {
+    /* <= 0 takes the default. The per-host cap counts connections per URL host and port
+     * (curl's rule; HTTP/2 multiplexes many requests on one). */
     int max_connections;          /* CURLMOPT_MAX_TOTAL_CONNECTIONS (default 16) */
     int max_connections_per_host; /* CURLMOPT_MAX_HOST_CONNECTIONS (default 8) */
-    int queue_depth;              /* submitted but not yet taken by the I/O thread */
+    int queue_depth;              /* submitted but not yet taken by the I/O thread (1024) */
     /* PEM files of the CAs trusted for TLS, instead of the system's; NULL/0 = system. */
     const char *const *ca_files;
     size_t n_ca_files;
@@ -61,21 +63,24 @@ typedef struct fed_http_settings {
 } fed_http_settings;
 
 typedef struct fed_http_req {
-    const char *method; /* "GET", "POST", "PUT", "DELETE" */
+    const char *method; /* "GET", "POST", "PUT", "DELETE"; anything else is E_INVAL */
     /* Absolute URL, "https://host:port/path?query". The URL's host is the TLS SNI name and
      * the name the certificate must match; for an IP literal host the IP. */
     const char *url;
     /* IP literals to connect to for the URL's host and port, in order of preference
      * (NULL-terminated; at least one unless the URL's host is an IP literal). The client
      * never resolves names itself. */
-    const char *const *connect_addrs;
+    const char *const *connect_addrs; /* ignored for an IP-literal URL */
     const char *host_header;       /* Host header to send; NULL = the URL's host[:port] */
-    const char *const *headers;    /* extra "Name: value" lines, NULL-terminated, or NULL */
+    /* Extra "Name: value" lines, NULL-terminated, or NULL; "Name:" removes one curl would
+     * send. No CR or LF anywhere in a header, host_header or content_type (E_INVAL). */
+    const char *const *headers;
     const char *body;              /* copied at submit; NULL = no body */
     size_t body_len;
     const char *content_type;      /* of the body (e.g. "application/json"), or NULL */
-    int64_t deadline_ms;           /* monotonic; the request fails at this instant */
-    int64_t max_body_bytes;        /* the response body is cut off (E_TOO_LARGE) past this */
+    int64_t deadline_ms;           /* monotonic (rt_now_ms), > 0; the request fails then */
+    int64_t max_body_bytes;        /* the response body is cut off (E_TOO_LARGE) past this;
+                                      >= 0 */
     bool verify_tls;               /* false only for development destinations (logged) */
     /* Per-host accounting key for the per-host cap and metrics (the destination server
      * name); NULL = the URL's host. Copied. */
@@ -95,7 +100,9 @@ typedef struct fed_http_req {
 typedef struct fed_http_result {
     int outcome;              /* enum fed_http_outcome */
     int status;               /* HTTP status when outcome == FED_HTTP_OK, else 0 */
-    const char *body;         /* the buffered body (NUL-terminated), NULL with on_chunk */
+    /* The buffered body (NUL-terminated; "" when empty) when outcome == FED_HTTP_OK and
+     * on_chunk is not set; else NULL. */
+    const char *body;
     size_t body_len;
     const char *error;        /* a sentence for logs when outcome != OK, else "" */
     const char *connected_ip; /* the address the response came from, or "" */
@@ -110,7 +117,7 @@ fed_http *fed_http_new(const fed_http_settings *s, rt_metrics *metrics);
 int fed_http_start(fed_http *c); /* start the I/O thread: 0 or ATRIUM_E_IO */
 /* Submit a request; never blocks. 0: on_done will be called exactly once (possibly before
  * this returns, on another thread). ATRIUM_E_LIMIT: the queue is full; ATRIUM_E_STOPPED:
- * the client is stopping; ATRIUM_E_INVAL: a malformed request. On an error on_done is
+ * the client is stopping; ATRIUM_E_INVAL: a malformed request; ATRIUM_E_NOMEM. On an error on_done is
  * never called. `*out` (may be NULL) gets a handle valid until on_done returns. */
 int fed_http_submit(fed_http *c, const fed_http_req *req, fed_http_handle **out);
 /* Ask for the request to end now with E_CANCELLED (on_done is still called once). Safe
@@ -120,8 +127,9 @@ void fed_http_cancel(fed_http *c, fed_http_handle *h);
  * insensitive; the last one when repeated), or NULL. */
 int fed_http_handle_status(fed_http_handle *h);
 const char *fed_http_handle_header(fed_http_handle *h, const char *name);
-/* Stop: refuse new submissions, end every request with E_CANCELLED, join the thread. */
+/* Stop: refuse new submissions, end every request with E_CANCELLED, join the thread.
+ * Never from a callback. Without fed_http_start, queued requests end on this thread. */
 void fed_http_stop(fed_http *c);
-void fed_http_free(fed_http *c); /* after stop */
+void fed_http_free(fed_http *c); /* stops first if need be */
 
 #endif
