@@ -40,6 +40,7 @@
 enum srv_mode {
     SRV_CANNED,    /* read the request, write `response`, close */
     SRV_STREAM,    /* chunked: the first chunk, then wait for `go`, then the rest */
+    SRV_KEEPALIVE, /* answer `response` to every request on a connection until it closes */
 };
 
 typedef struct srv {
@@ -91,8 +92,9 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
-/* Read one request: headers, then Content-Length bytes of body. */
-static void read_request(srv *s, int fd)
+/* Read one request: headers, then Content-Length bytes of body. Its length (0: the
+ * connection closed first). */
+static size_t read_request(srv *s, int fd)
 {
     char buf[REQUEST_MAX_BYTES];
     size_t len = 0, want = 0;
@@ -116,6 +118,7 @@ static void read_request(srv *s, int fd)
     s->request[len] = '\0';
     s->request_len = len;
     pthread_mutex_unlock(&s->m);
+    return len;
 }
 
 static void serve_stream(srv *s, int fd)
@@ -150,9 +153,13 @@ static void *srv_main(void *arg)
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->m);
         if (hang) continue;
-        read_request(s, fd);
-        if (s->mode == SRV_STREAM) serve_stream(s, fd);
-        else write_all(fd, s->response, strlen(s->response));
+        if (s->mode == SRV_KEEPALIVE) {
+            while (read_request(s, fd) > 0) write_all(fd, s->response, strlen(s->response));
+        } else {
+            read_request(s, fd);
+            if (s->mode == SRV_STREAM) serve_stream(s, fd);
+            else write_all(fd, s->response, strlen(s->response));
+        }
         shutdown(fd, SHUT_WR);
         close(fd);
     }
@@ -429,6 +436,30 @@ static void test_a_name_connects_to_the_given_address_with_its_host_header(void 
     q.connect_addrs = NULL;
     assert_int_equal(fed_http_submit(e.c, &q, NULL), ATRIUM_E_INVAL);
     rec_destroy(&r);
+    env_close(&e);
+    srv_stop(&s);
+}
+
+static void test_a_connection_is_kept_alive_for_the_next_request(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, SRV_KEEPALIVE, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nka", 0);
+    env e;
+    env_open(&e, 2, 16, NULL, NULL, true);
+    char url[128];
+    url_of(url, sizeof(url), "127.0.0.1", s.port, "/");
+    for (int i = 0; i < 3; i++) {
+        rec r;
+        rec_init(&r);
+        fed_http_req q = get(url, &r, 2000);
+        assert_int_equal(fed_http_submit(e.c, &q, NULL), 0);
+        assert_true(rec_wait(&r));
+        assert_int_equal(r.outcome, FED_HTTP_OK);
+        assert_string_equal(r.body, "ka");
+        rec_destroy(&r);
+    }
+    assert_int_equal(srv_accepted(&s), 1);
     env_close(&e);
     srv_stop(&s);
 }
@@ -796,6 +827,38 @@ static void test_the_whitelist_reopens_a_blacklisted_range(void **state)
     srv_stop(&s);
 }
 
+/* One labelled gauge per host key, up to 256; the rest share host="other". */
+static void test_per_host_gauges_are_bounded(void **state)
+{
+    (void)state;
+    env e;
+    env_open(&e, 2, 512, "0.0.0.0/0", NULL, true); /* every connect refused: quick ends */
+    enum { N = 260 };
+    rec *r = calloc(N, sizeof(rec));
+    char keys[N][16];
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i]);
+        snprintf(keys[i], sizeof(keys[i]), "h%d", i);
+        fed_http_req q = get("http://127.0.0.1:9/", &r[i], 2000);
+        q.host_key = keys[i];
+        assert_int_equal(fed_http_submit(e.c, &q, NULL), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_true(rec_wait(&r[i]));
+        assert_int_equal(r[i].outcome, FED_HTTP_E_BLOCKED);
+        rec_destroy(&r[i]);
+    }
+    free(r);
+    size_t len;
+    char *text = rt_metrics_render(e.metrics, &len);
+    assert_non_null(strstr(text, "atrium_federation_outbound_host_in_flight{host=\"h0\"} 0\n"));
+    assert_non_null(strstr(text, "atrium_federation_outbound_host_in_flight{host=\"h255\"} 0\n"));
+    assert_null(strstr(text, "host=\"h256\""));
+    assert_non_null(strstr(text, "atrium_federation_outbound_host_in_flight{host=\"other\"} 0\n"));
+    free(text);
+    env_close(&e);
+}
+
 static void test_a_refused_connection_is_a_connect_error(void **state)
 {
     (void)state;
@@ -958,6 +1021,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_200_with_body_and_headers_is_buffered),
         cmocka_unit_test(test_a_name_connects_to_the_given_address_with_its_host_header),
+        cmocka_unit_test(test_a_connection_is_kept_alive_for_the_next_request),
         cmocka_unit_test(test_a_post_body_arrives_as_sent),
         cmocka_unit_test(test_headers_of_an_interim_response_are_not_kept),
         cmocka_unit_test(test_a_silent_peer_ends_at_the_deadline_and_gives_its_slots_back),
@@ -968,6 +1032,7 @@ int main(void)
         cmocka_unit_test(test_a_refusing_chunk_callback_cancels_the_request),
         cmocka_unit_test(test_a_blacklisted_address_is_refused_at_connect),
         cmocka_unit_test(test_the_whitelist_reopens_a_blacklisted_range),
+        cmocka_unit_test(test_per_host_gauges_are_bounded),
         cmocka_unit_test(test_a_refused_connection_is_a_connect_error),
         cmocka_unit_test(test_cancel_ends_a_request_at_once),
         cmocka_unit_test(test_stop_ends_every_request_once),
