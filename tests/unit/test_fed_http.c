@@ -909,6 +909,31 @@ static void test_cancel_ends_a_request_at_once(void **state)
     srv_stop(&s);
 }
 
+static void test_a_request_cancelled_while_queued_never_connects(void **state)
+{
+    (void)state;
+    srv s;
+    srv_listen(&s); /* nobody accepts: a connection would wait in the backlog */
+    env e;
+    env_open(&e, 2, 16, NULL, NULL, false);
+    rec r;
+    rec_init(&r);
+    char url[128];
+    url_of(url, sizeof(url), "127.0.0.1", s.port, "/");
+    fed_http_req q = get(url, &r, 2000);
+    fed_http_handle *h = NULL;
+    assert_int_equal(fed_http_submit(e.c, &q, &h), 0);
+    fed_http_cancel(e.c, h);
+    assert_int_equal(fed_http_start(e.c), 0);
+    assert_true(rec_wait(&r));
+    assert_int_equal(r.outcome, FED_HTTP_E_CANCELLED);
+    assert_false(listener_has_pending_connection(&s));
+    env_close(&e);
+    assert_int_equal(r.calls, 1);
+    rec_destroy(&r);
+    srv_stop(&s);
+}
+
 static void test_stop_ends_every_request_once(void **state)
 {
     (void)state;
@@ -1035,6 +1060,7 @@ int main(void)
         cmocka_unit_test(test_per_host_gauges_are_bounded),
         cmocka_unit_test(test_a_refused_connection_is_a_connect_error),
         cmocka_unit_test(test_cancel_ends_a_request_at_once),
+        cmocka_unit_test(test_a_request_cancelled_while_queued_never_connects),
         cmocka_unit_test(test_stop_ends_every_request_once),
         cmocka_unit_test(test_a_full_queue_refuses_at_once),
         cmocka_unit_test(test_malformed_requests_are_refused_at_submit),
