@@ -390,8 +390,9 @@ static void finish_done_transfers(fed_http *c)
     int left;
     while ((m = curl_multi_info_read(c->multi, &left))) {
         if (m->msg != CURLMSG_DONE) continue;
-        fed_http_handle *h = NULL;
-        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&h);
+        char *priv = NULL;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, &priv);
+        fed_http_handle *h = (fed_http_handle *)priv;
         RT_ASSERT(h != NULL, "a finished transfer without its handle");
         finish_curl(c, h, m->data.result);
     }

@@ -41,6 +41,7 @@
 #define FED_HTTP_BODY_INITIAL_BYTES 4096
 #define FED_HTTP_IP_BYTES 64 /* an IP literal's text, brackets included */
 #define FED_HTTP_CONTENT_LENGTH_DIGITS_MAX 31
+#define HTTP_STATUS_DIGITS 3
 
 static const char HTTP_STATUS_PREFIX[] = "HTTP/";
 static const char CONTENT_LENGTH[] = "content-length";
@@ -276,8 +277,10 @@ static size_t on_header(char *data, size_t size, size_t nitems, void *ud)
         h->header_bytes = 0;
         const char *p = memchr(data, ' ', len);
         h->status = 0;
+        int digits = 0;
         if (p)
-            for (p++; p < data + len && *p >= '0' && *p <= '9'; p++)
+            for (p++; p < data + len && digits < HTTP_STATUS_DIGITS && *p >= '0' && *p <= '9';
+                 p++, digits++)
                 h->status = h->status * 10 + (*p - '0');
     }
     h->header_bytes += total;
