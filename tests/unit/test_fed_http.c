@@ -82,6 +82,27 @@ static void srv_listen(srv *s)
     s->port = ntohs(a.sin_port);
 }
 
+/* The same on [::1]; false (and nothing listens) when the machine has no IPv6 loopback. */
+static bool srv_listen6(srv *s)
+{
+    memset(s, 0, sizeof(*s));
+    pthread_mutex_init(&s->m, NULL);
+    rt_cond_init(&s->cv);
+    s->lfd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        listen(s->lfd, 16) != 0) {
+        if (s->lfd >= 0) close(s->lfd);
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->m);
+        return false;
+    }
+    socklen_t len = sizeof(a);
+    getsockname(s->lfd, (struct sockaddr *)&a, &len);
+    s->port = ntohs(a.sin6_port);
+    return true;
+}
+
 static void write_all(int fd, const char *p, size_t n)
 {
     while (n) {
@@ -166,14 +187,19 @@ static void *srv_main(void *arg)
     return NULL;
 }
 
-static void srv_start(srv *s, enum srv_mode mode, const char *response, int hang_first)
+static void srv_run(srv *s, enum srv_mode mode, const char *response, int hang_first)
 {
-    srv_listen(s);
     s->mode = mode;
     s->response = response;
     s->hang_first = hang_first;
     assert_int_equal(pthread_create(&s->th, NULL, srv_main, s), 0);
     s->threaded = true;
+}
+
+static void srv_start(srv *s, enum srv_mode mode, const char *response, int hang_first)
+{
+    srv_listen(s);
+    srv_run(s, mode, response, hang_first);
 }
 
 static void srv_stop(srv *s)
@@ -827,6 +853,58 @@ static void test_the_whitelist_reopens_a_blacklisted_range(void **state)
     srv_stop(&s);
 }
 
+static void test_ipv6_addresses_are_connected_to_and_checked(void **state)
+{
+    (void)state;
+    srv s;
+    if (!srv_listen6(&s)) {
+        fprintf(stderr, "no IPv6 loopback on this machine: skipping\n");
+        skip();
+    }
+    srv_run(&s, SRV_CANNED,
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nv6", 0);
+    char by_name[128], literal[128];
+    url_of(by_name, sizeof(by_name), "peer6.invalid", s.port, "/");
+    snprintf(literal, sizeof(literal), "http://[::1]:%d/", s.port);
+    const char *addrs[] = {"::1", NULL};
+
+    env open;
+    env_open(&open, 2, 16, NULL, NULL, true);
+    rec r1, r2;
+    rec_init(&r1);
+    rec_init(&r2);
+    fed_http_req q1 = get(by_name, &r1, 2000);
+    q1.connect_addrs = addrs;
+    assert_int_equal(fed_http_submit(open.c, &q1, NULL), 0);
+    assert_true(rec_wait(&r1));
+    assert_int_equal(r1.outcome, FED_HTTP_OK);
+    assert_string_equal(r1.body, "v6");
+    fed_http_req q2 = get(literal, &r2, 2000);
+    assert_int_equal(fed_http_submit(open.c, &q2, NULL), 0);
+    assert_true(rec_wait(&r2));
+    assert_int_equal(r2.outcome, FED_HTTP_OK);
+    env_close(&open);
+    int served = srv_accepted(&s);
+    assert_int_equal(served, 2);
+
+    env shut;
+    env_open(&shut, 2, 16, "::1/128", NULL, true);
+    rec r3;
+    rec_init(&r3);
+    fed_http_req q3 = get(by_name, &r3, 2000);
+    q3.connect_addrs = addrs;
+    assert_int_equal(fed_http_submit(shut.c, &q3, NULL), 0);
+    assert_true(rec_wait(&r3));
+    assert_int_equal(r3.outcome, FED_HTTP_E_BLOCKED);
+    assert_non_null(strstr(r3.error, "::1"));
+    env_close(&shut);
+    assert_int_equal(srv_accepted(&s), served);
+    rec_destroy(&r1);
+    rec_destroy(&r2);
+    rec_destroy(&r3);
+    srv_stop(&s);
+}
+
 /* One labelled gauge per host key, up to 256; the rest share host="other". */
 static void test_per_host_gauges_are_bounded(void **state)
 {
@@ -1057,6 +1135,7 @@ int main(void)
         cmocka_unit_test(test_a_refusing_chunk_callback_cancels_the_request),
         cmocka_unit_test(test_a_blacklisted_address_is_refused_at_connect),
         cmocka_unit_test(test_the_whitelist_reopens_a_blacklisted_range),
+        cmocka_unit_test(test_ipv6_addresses_are_connected_to_and_checked),
         cmocka_unit_test(test_per_host_gauges_are_bounded),
         cmocka_unit_test(test_a_refused_connection_is_a_connect_error),
         cmocka_unit_test(test_cancel_ends_a_request_at_once),
