@@ -105,7 +105,8 @@ fed_backoff *fed_backoff_new(const fed_backoff_settings *s, db_pool *db, rt_metr
     b->m_dests = rt_metric_gauge(metrics, "atrium_federation_backoff_destinations", NULL,
                                  "Destinations whose requests are delayed after failures");
     b->m_dropped = rt_metric_counter(metrics, "atrium_federation_backoff_writes_dropped_total",
-                                     NULL, "Backoff changes not written to PostgreSQL (queue full)");
+                                     NULL,
+                                     "Backoff changes not written to PostgreSQL (queue full)");
     return b;
 }
 
@@ -303,7 +304,8 @@ void fed_backoff_failure(fed_backoff *b, const char *dest)
     dest_ent *e = find_locked(b, dest);
     if (!e && (e = insert_locked(b, dest)) != NULL) e->failure_ts = now;
     if (e) {
-        e->interval_ms = fed_backoff_next_interval_ms(&b->s, e->interval_ms, next_uniform_locked(b));
+        double u = next_uniform_locked(b);
+        e->interval_ms = fed_backoff_next_interval_ms(&b->s, e->interval_ms, u);
         e->retry_last_ts = now;
         queue_write_locked(b, dest, e, false);
     }

@@ -117,8 +117,8 @@ fed_http *fed_http_new(const fed_http_settings *s, rt_metrics *metrics);
 int fed_http_start(fed_http *c); /* start the I/O thread: 0 or ATRIUM_E_IO */
 /* Submit a request; never blocks. 0: on_done will be called exactly once (possibly before
  * this returns, on another thread). ATRIUM_E_LIMIT: the queue is full; ATRIUM_E_STOPPED:
- * the client is stopping; ATRIUM_E_INVAL: a malformed request; ATRIUM_E_NOMEM. On an error on_done is
- * never called. `*out` (may be NULL) gets a handle valid until on_done returns. */
+ * the client is stopping; ATRIUM_E_INVAL: a malformed request; ATRIUM_E_NOMEM. On an
+ * error on_done is never called. `*out` (may be NULL) gets a handle valid until on_done returns. */
 int fed_http_submit(fed_http *c, const fed_http_req *req, fed_http_handle **out);
 /* Ask for the request to end now with E_CANCELLED (on_done is still called once). Safe
  * to call with a handle whose request already ended only before on_done returned. */

@@ -111,8 +111,10 @@ static void http_done(void *arg, const fed_http_result *hr)
             res.json = j;
         }
     } else if (hr->outcome != FED_HTTP_OK) {
-        rt_log(ATRIUM_LOG_DEBUG, "federation", "%s %s%s: %s", st->method, st->destination,
-               st->uri, hr->error);
+        /* A refused address is the operator's business (a blacklist, or an attack); the
+         * rest is the peer's, and backoff keeps its repetitions few. */
+        rt_log(hr->outcome == FED_HTTP_E_BLOCKED ? ATRIUM_LOG_WARN : ATRIUM_LOG_INFO,
+               "federation", "%s %s%s: %s", st->method, st->destination, st->uri, hr->error);
     }
     finish(st, &res);
     if (j) json_decref(j);

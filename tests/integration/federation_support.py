@@ -260,13 +260,13 @@ class FakeDNS:
         self.asked = []
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((ip, 0))
+        self.sock.settimeout(0.2)
         self.address = f"{ip}:{self.sock.getsockname()[1]}"
         self._stop = False
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self):
-        self.sock.settimeout(0.2)
         while not self._stop:
             try:
                 data, peer = self.sock.recvfrom(4096)

@@ -37,9 +37,9 @@ class FederationTestCase(harness.AtriumTestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def start_fed(self, ip, extra=None, start=True, plugins=None):
+    def start_fed(self, ip, extra=None, start=True, **kwargs):
         srv = FederatedServer(self.ca, ip, extra=harness.deep_merge(REGISTRATION_ON, extra or {}),
-                              start=False, plugins=plugins)
+                              start=False, **kwargs)
 
         def close():
             outcome = getattr(self, "_outcome", None)

@@ -40,6 +40,7 @@
 enum srv_mode {
     SRV_CANNED,    /* read the request, write `response`, close */
     SRV_STREAM,    /* chunked: the first chunk, then wait for `go`, then the rest */
+    SRV_KEEPALIVE, /* answer `response` to every request on a connection until it closes */
 };
 
 typedef struct srv {
@@ -81,6 +82,27 @@ static void srv_listen(srv *s)
     s->port = ntohs(a.sin_port);
 }
 
+/* The same on [::1]; false (and nothing listens) when the machine has no IPv6 loopback. */
+static bool srv_listen6(srv *s)
+{
+    memset(s, 0, sizeof(*s));
+    pthread_mutex_init(&s->m, NULL);
+    rt_cond_init(&s->cv);
+    s->lfd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        listen(s->lfd, 16) != 0) {
+        if (s->lfd >= 0) close(s->lfd);
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->m);
+        return false;
+    }
+    socklen_t len = sizeof(a);
+    getsockname(s->lfd, (struct sockaddr *)&a, &len);
+    s->port = ntohs(a.sin6_port);
+    return true;
+}
+
 static void write_all(int fd, const char *p, size_t n)
 {
     while (n) {
@@ -91,8 +113,9 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
-/* Read one request: headers, then Content-Length bytes of body. */
-static void read_request(srv *s, int fd)
+/* Read one request: headers, then Content-Length bytes of body. Its length (0: the
+ * connection closed first). */
+static size_t read_request(srv *s, int fd)
 {
     char buf[REQUEST_MAX_BYTES];
     size_t len = 0, want = 0;
@@ -116,6 +139,7 @@ static void read_request(srv *s, int fd)
     s->request[len] = '\0';
     s->request_len = len;
     pthread_mutex_unlock(&s->m);
+    return len;
 }
 
 static void serve_stream(srv *s, int fd)
@@ -150,23 +174,32 @@ static void *srv_main(void *arg)
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->m);
         if (hang) continue;
-        read_request(s, fd);
-        if (s->mode == SRV_STREAM) serve_stream(s, fd);
-        else write_all(fd, s->response, strlen(s->response));
+        if (s->mode == SRV_KEEPALIVE) {
+            while (read_request(s, fd) > 0) write_all(fd, s->response, strlen(s->response));
+        } else {
+            read_request(s, fd);
+            if (s->mode == SRV_STREAM) serve_stream(s, fd);
+            else write_all(fd, s->response, strlen(s->response));
+        }
         shutdown(fd, SHUT_WR);
         close(fd);
     }
     return NULL;
 }
 
-static void srv_start(srv *s, enum srv_mode mode, const char *response, int hang_first)
+static void srv_run(srv *s, enum srv_mode mode, const char *response, int hang_first)
 {
-    srv_listen(s);
     s->mode = mode;
     s->response = response;
     s->hang_first = hang_first;
     assert_int_equal(pthread_create(&s->th, NULL, srv_main, s), 0);
     s->threaded = true;
+}
+
+static void srv_start(srv *s, enum srv_mode mode, const char *response, int hang_first)
+{
+    srv_listen(s);
+    srv_run(s, mode, response, hang_first);
 }
 
 static void srv_stop(srv *s)
@@ -429,6 +462,30 @@ static void test_a_name_connects_to_the_given_address_with_its_host_header(void 
     q.connect_addrs = NULL;
     assert_int_equal(fed_http_submit(e.c, &q, NULL), ATRIUM_E_INVAL);
     rec_destroy(&r);
+    env_close(&e);
+    srv_stop(&s);
+}
+
+static void test_a_connection_is_kept_alive_for_the_next_request(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, SRV_KEEPALIVE, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nka", 0);
+    env e;
+    env_open(&e, 2, 16, NULL, NULL, true);
+    char url[128];
+    url_of(url, sizeof(url), "127.0.0.1", s.port, "/");
+    for (int i = 0; i < 3; i++) {
+        rec r;
+        rec_init(&r);
+        fed_http_req q = get(url, &r, 2000);
+        assert_int_equal(fed_http_submit(e.c, &q, NULL), 0);
+        assert_true(rec_wait(&r));
+        assert_int_equal(r.outcome, FED_HTTP_OK);
+        assert_string_equal(r.body, "ka");
+        rec_destroy(&r);
+    }
+    assert_int_equal(srv_accepted(&s), 1);
     env_close(&e);
     srv_stop(&s);
 }
@@ -796,6 +853,90 @@ static void test_the_whitelist_reopens_a_blacklisted_range(void **state)
     srv_stop(&s);
 }
 
+static void test_ipv6_addresses_are_connected_to_and_checked(void **state)
+{
+    (void)state;
+    srv s;
+    if (!srv_listen6(&s)) {
+        fprintf(stderr, "no IPv6 loopback on this machine: skipping\n");
+        skip();
+    }
+    srv_run(&s, SRV_CANNED,
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nv6", 0);
+    char by_name[128], literal[128];
+    url_of(by_name, sizeof(by_name), "peer6.invalid", s.port, "/");
+    snprintf(literal, sizeof(literal), "http://[::1]:%d/", s.port);
+    const char *addrs[] = {"::1", NULL};
+
+    env open;
+    env_open(&open, 2, 16, NULL, NULL, true);
+    rec r1, r2;
+    rec_init(&r1);
+    rec_init(&r2);
+    fed_http_req q1 = get(by_name, &r1, 2000);
+    q1.connect_addrs = addrs;
+    assert_int_equal(fed_http_submit(open.c, &q1, NULL), 0);
+    assert_true(rec_wait(&r1));
+    assert_int_equal(r1.outcome, FED_HTTP_OK);
+    assert_string_equal(r1.body, "v6");
+    fed_http_req q2 = get(literal, &r2, 2000);
+    assert_int_equal(fed_http_submit(open.c, &q2, NULL), 0);
+    assert_true(rec_wait(&r2));
+    assert_int_equal(r2.outcome, FED_HTTP_OK);
+    env_close(&open);
+    int served = srv_accepted(&s);
+    assert_int_equal(served, 2);
+
+    env shut;
+    env_open(&shut, 2, 16, "::1/128", NULL, true);
+    rec r3;
+    rec_init(&r3);
+    fed_http_req q3 = get(by_name, &r3, 2000);
+    q3.connect_addrs = addrs;
+    assert_int_equal(fed_http_submit(shut.c, &q3, NULL), 0);
+    assert_true(rec_wait(&r3));
+    assert_int_equal(r3.outcome, FED_HTTP_E_BLOCKED);
+    assert_non_null(strstr(r3.error, "::1"));
+    env_close(&shut);
+    assert_int_equal(srv_accepted(&s), served);
+    rec_destroy(&r1);
+    rec_destroy(&r2);
+    rec_destroy(&r3);
+    srv_stop(&s);
+}
+
+/* One labelled gauge per host key, up to 256; the rest share host="other". */
+static void test_per_host_gauges_are_bounded(void **state)
+{
+    (void)state;
+    env e;
+    env_open(&e, 2, 512, "0.0.0.0/0", NULL, true); /* every connect refused: quick ends */
+    enum { N = 260 };
+    rec *r = calloc(N, sizeof(rec));
+    char keys[N][16];
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i]);
+        snprintf(keys[i], sizeof(keys[i]), "h%d", i);
+        fed_http_req q = get("http://127.0.0.1:9/", &r[i], 2000);
+        q.host_key = keys[i];
+        assert_int_equal(fed_http_submit(e.c, &q, NULL), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_true(rec_wait(&r[i]));
+        assert_int_equal(r[i].outcome, FED_HTTP_E_BLOCKED);
+        rec_destroy(&r[i]);
+    }
+    free(r);
+    size_t len;
+    char *text = rt_metrics_render(e.metrics, &len);
+    assert_non_null(strstr(text, "atrium_federation_outbound_host_in_flight{host=\"h0\"} 0\n"));
+    assert_non_null(strstr(text, "atrium_federation_outbound_host_in_flight{host=\"h255\"} 0\n"));
+    assert_null(strstr(text, "host=\"h256\""));
+    assert_non_null(strstr(text, "atrium_federation_outbound_host_in_flight{host=\"other\"} 0\n"));
+    free(text);
+    env_close(&e);
+}
+
 static void test_a_refused_connection_is_a_connect_error(void **state)
 {
     (void)state;
@@ -840,6 +981,31 @@ static void test_cancel_ends_a_request_at_once(void **state)
     assert_true(r.done_at - t0 < SLACK_MS);
     /* The server sees its connection closed: the slot is given back. */
     assert_true(peer_closes(s.hung[0]));
+    env_close(&e);
+    assert_int_equal(r.calls, 1);
+    rec_destroy(&r);
+    srv_stop(&s);
+}
+
+static void test_a_request_cancelled_while_queued_never_connects(void **state)
+{
+    (void)state;
+    srv s;
+    srv_listen(&s); /* nobody accepts: a connection would wait in the backlog */
+    env e;
+    env_open(&e, 2, 16, NULL, NULL, false);
+    rec r;
+    rec_init(&r);
+    char url[128];
+    url_of(url, sizeof(url), "127.0.0.1", s.port, "/");
+    fed_http_req q = get(url, &r, 2000);
+    fed_http_handle *h = NULL;
+    assert_int_equal(fed_http_submit(e.c, &q, &h), 0);
+    fed_http_cancel(e.c, h);
+    assert_int_equal(fed_http_start(e.c), 0);
+    assert_true(rec_wait(&r));
+    assert_int_equal(r.outcome, FED_HTTP_E_CANCELLED);
+    assert_false(listener_has_pending_connection(&s));
     env_close(&e);
     assert_int_equal(r.calls, 1);
     rec_destroy(&r);
@@ -958,6 +1124,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_200_with_body_and_headers_is_buffered),
         cmocka_unit_test(test_a_name_connects_to_the_given_address_with_its_host_header),
+        cmocka_unit_test(test_a_connection_is_kept_alive_for_the_next_request),
         cmocka_unit_test(test_a_post_body_arrives_as_sent),
         cmocka_unit_test(test_headers_of_an_interim_response_are_not_kept),
         cmocka_unit_test(test_a_silent_peer_ends_at_the_deadline_and_gives_its_slots_back),
@@ -968,8 +1135,11 @@ int main(void)
         cmocka_unit_test(test_a_refusing_chunk_callback_cancels_the_request),
         cmocka_unit_test(test_a_blacklisted_address_is_refused_at_connect),
         cmocka_unit_test(test_the_whitelist_reopens_a_blacklisted_range),
+        cmocka_unit_test(test_ipv6_addresses_are_connected_to_and_checked),
+        cmocka_unit_test(test_per_host_gauges_are_bounded),
         cmocka_unit_test(test_a_refused_connection_is_a_connect_error),
         cmocka_unit_test(test_cancel_ends_a_request_at_once),
+        cmocka_unit_test(test_a_request_cancelled_while_queued_never_connects),
         cmocka_unit_test(test_stop_ends_every_request_once),
         cmocka_unit_test(test_a_full_queue_refuses_at_once),
         cmocka_unit_test(test_malformed_requests_are_refused_at_submit),
