@@ -90,6 +90,14 @@ static void record_outcome(fed_req_state *st, int outcome, int status)
         fed_backoff_success(b, st->destination);
 }
 
+/* The transfer calls back with our state as its argument; the caller's on_chunk gets its
+ * own argument. */
+static int http_chunk(void *arg, fed_http_handle *h, const char *data, size_t len)
+{
+    fed_req_state *st = arg;
+    return st->o.on_chunk(st->o.arg, h, data, len);
+}
+
 static void http_done(void *arg, const fed_http_result *hr)
 {
     fed_req_state *st = arg;
@@ -160,7 +168,7 @@ static void resolved(void *arg, int rc, const fed_target *t, const char *error)
                                                    : FED_REQUEST_DEFAULT_MAX_BODY_BYTES,
         .verify_tls = verify_tls_for(st->destination),
         .host_key = st->destination,
-        .on_chunk = st->o.on_chunk,
+        .on_chunk = st->o.on_chunk ? http_chunk : NULL,
         .on_done = http_done,
         .arg = st,
     };
