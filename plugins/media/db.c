@@ -7,6 +7,9 @@
  * facts (width, height, frames); quarantine marks live on the row (by ID) or in
  * media_quarantined_hashes (by content, so a re-upload of refused bytes stays refused).
  * A row with uploaded_ts NULL is a reservation from /create waiting for its PUT.
+ * media_remote is the remote cache: one row per (origin, media ID) whose copy is complete
+ * and durable on disk (file_name, under the store), written only after the file was
+ * committed, so a row always names a whole file; hash quarantine applies to it too.
  *
  * Every function takes a connection the caller borrowed (db_acquire) and gives back
  * MEDIA_DB_OK / MEDIA_DB_NOTFOUND or ATRIUM_E_DB after logging PostgreSQL's message.
@@ -43,6 +46,23 @@ const atrium_migration MEDIA_MIGRATIONS[] = {
      " sha256 text PRIMARY KEY,"
      " quarantined_by text NOT NULL,"
      " quarantined_ts bigint NOT NULL);"},
+    {2, "media_remote",
+     "CREATE TABLE media_remote ("
+     " origin text NOT NULL,"
+     " media_id text NOT NULL,"
+     " file_name text NOT NULL,"
+     " content_type text,"
+     " upload_name text,"
+     " size_bytes bigint NOT NULL,"
+     " sha256 text NOT NULL,"
+     " width integer, height integer, frames integer,"
+     " fetched_ts bigint NOT NULL,"
+     " last_access_ts bigint NOT NULL,"
+     " quarantined_by text,"
+     " quarantined_ts bigint,"
+     " PRIMARY KEY (origin, media_id));"
+     "CREATE INDEX media_remote_last_access ON media_remote (last_access_ts);"
+     "CREATE INDEX media_remote_sha256 ON media_remote (sha256);"},
 };
 const size_t MEDIA_N_MIGRATIONS = sizeof(MEDIA_MIGRATIONS) / sizeof(MEDIA_MIGRATIONS[0]);
 
@@ -316,5 +336,73 @@ int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, con
     *total = i64_field(res, 0, 0);
     PQclear(res);
     *out = arr;
+    return MEDIA_DB_OK;
+}
+
+/* ---- the remote cache ------------------------------------------------------------------ */
+
+int media_db_remote_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
+                        const char *media_id, media_row *out)
+{
+    const char *p[] = {origin, media_id};
+    PGresult *res = run(h, self, c,
+                        "SELECT r.media_id, coalesce(r.content_type, ''),"
+                        " coalesce(r.upload_name, ''), r.sha256, r.fetched_ts, r.size_bytes,"
+                        " coalesce(r.width, 0), coalesce(r.height, 0), coalesce(r.frames, 0),"
+                        " coalesce(r.quarantined_by, q.quarantined_by, ''),"
+                        " (r.quarantined_by IS NOT NULL OR q.sha256 IS NOT NULL), r.file_name"
+                        " FROM media_remote r LEFT JOIN media_quarantined_hashes q"
+                        " ON q.sha256 = r.sha256 WHERE r.origin = $1 AND r.media_id = $2",
+                        2, p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    int rc = PQntuples(res) == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+    if (rc == MEDIA_DB_OK) {
+        memset(out, 0, sizeof(*out));
+        copy_field(out->media_id, sizeof(out->media_id), res, 0, 0);
+        copy_field(out->content_type, sizeof(out->content_type), res, 0, 1);
+        copy_field(out->upload_name, sizeof(out->upload_name), res, 0, 2);
+        copy_field(out->sha256, sizeof(out->sha256), res, 0, 3);
+        out->created_ts = out->uploaded_ts = i64_field(res, 0, 4);
+        out->size_bytes = i64_field(res, 0, 5);
+        out->width = (int)i64_field(res, 0, 6);
+        out->height = (int)i64_field(res, 0, 7);
+        out->frames = (int)i64_field(res, 0, 8);
+        copy_field(out->quarantined_by, sizeof(out->quarantined_by), res, 0, 9);
+        out->quarantined = PQgetvalue(res, 0, 10)[0] == 't';
+        copy_field(out->file_name, sizeof(out->file_name), res, 0, 11);
+        out->uploaded = true;
+    }
+    PQclear(res);
+    return rc;
+}
+
+int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
+                        const media_row *r, char old_file[MEDIA_FILE_NAME_MAX])
+{
+    char now[I64_CHARS], size[I64_CHARS], w[I64_CHARS], hh[I64_CHARS], f[I64_CHARS];
+    snprintf(now, sizeof(now), "%" PRId64, media_wall_ms());
+    snprintf(size, sizeof(size), "%" PRId64, r->size_bytes);
+    const char *p[] = {origin,    r->media_id,          r->file_name,         opt(r->content_type),
+                       opt(r->upload_name), size,       r->sha256,            dims(r->width, w),
+                       dims(r->height, hh), dims(r->frames, f), now};
+    /* The old row's file name comes back so the caller can remove a replaced copy. */
+    PGresult *res = run(h, self, c,
+                        "WITH old AS (SELECT file_name FROM media_remote"
+                        " WHERE origin = $1 AND media_id = $2 FOR UPDATE)"
+                        " INSERT INTO media_remote (origin, media_id, file_name, content_type,"
+                        " upload_name, size_bytes, sha256, width, height, frames, fetched_ts,"
+                        " last_access_ts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,"
+                        " $11) ON CONFLICT (origin, media_id) DO UPDATE SET"
+                        " file_name = EXCLUDED.file_name, content_type = EXCLUDED.content_type,"
+                        " upload_name = EXCLUDED.upload_name, size_bytes = EXCLUDED.size_bytes,"
+                        " sha256 = EXCLUDED.sha256, width = EXCLUDED.width,"
+                        " height = EXCLUDED.height, frames = EXCLUDED.frames,"
+                        " fetched_ts = EXCLUDED.fetched_ts, last_access_ts = EXCLUDED.fetched_ts"
+                        " RETURNING coalesce((SELECT file_name FROM old), '')",
+                        11, p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    old_file[0] = '\0';
+    if (PQntuples(res) == 1) snprintf(old_file, MEDIA_FILE_NAME_MAX, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
     return MEDIA_DB_OK;
 }

@@ -49,6 +49,7 @@ media_req *media_req_state(media *m, atrium_req *req)
         return NULL;
     }
     memset(st, 0, sizeof(*st));
+    st->arrival_ms = h->now_ms();
     h->req_set_state(req, st);
     return st;
 }
@@ -140,13 +141,16 @@ int delivery_begin(media *m, atrium_req *req, bool legacy, media_req **st)
     }
     *st = media_req_state(m, req);
     if (!*st) return ATRIUM_DONE;
-    return delivery_enter(m, req, *st, !legacy);
+    /* A federation route: the core verified the calling server; there is no token. */
+    if (m->h->req_origin(req)) (*st)->federation = true;
+    return delivery_enter(m, req, *st, !legacy && !(*st)->federation);
 }
 
 int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate)
 {
     const atrium_host *h = m->h;
     if (h->req_run_reason(req) == ATRIUM_RUN_SHUTDOWN) {
+        if (st->fw) return fetch_budget_enter(m, req, st); /* leaves the line, answers 503 */
         h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
         return ATRIUM_DONE;
     }
@@ -175,17 +179,6 @@ int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate)
 
 /* ---- the media row -------------------------------------------------------------------- */
 
-/* Remote media (another server's name in the path). Fetching over federation is a later
- * feature; until then such media does not exist here. */
-static int remote_media(media *m, atrium_req *req, const char *server)
-{
-    m->h->respond_error(req, 404, "M_NOT_FOUND",
-                        "Media from %s is not available: this server does not fetch remote "
-                        "media yet",
-                        server);
-    return ATRIUM_DONE;
-}
-
 static int read_row(media *m, atrium_req *req, media_req *st, const char *media_id)
 {
     const atrium_host *h = m->h;
@@ -208,8 +201,7 @@ static int read_row(media *m, atrium_req *req, media_req *st, const char *media_
     return MEDIA_GO;
 }
 
-/* timeout_ms of a download of not-yet-uploaded media: default, capped; -1 when invalid. */
-static int64_t wait_for_upload_ms(media *m, atrium_req *req)
+int64_t delivery_timeout_ms(media *m, atrium_req *req)
 {
     const char *v = m->h->req_query(req, "timeout_ms");
     if (!v) return m->cfg.upload_wait_default_ms;
@@ -251,7 +243,7 @@ static int await_upload(media *m, atrium_req *req, media_req *st, uint64_t gen)
         return ATRIUM_DONE;
     }
     if (!st->waiting_upload) {
-        int64_t wait_ms = wait_for_upload_ms(m, req);
+        int64_t wait_ms = delivery_timeout_ms(m, req);
         if (wait_ms < 0) {
             h->respond_error(req, 400, "M_INVALID_PARAM",
                              "timeout_ms must be a non-negative integer");
@@ -293,7 +285,7 @@ static int await_upload(media *m, atrium_req *req, media_req *st, uint64_t gen)
 int delivery_locate(media *m, atrium_req *req, media_req *st, bool legacy)
 {
     const atrium_host *h = m->h;
-    const char *server = h->req_param(req, "serverName");
+    const char *server = st->federation ? m->server_name : h->req_param(req, "serverName");
     const char *media_id = h->req_param(req, "mediaId");
     if (!server || !media_server_name_valid(server)) {
         h->respond_error(req, 400, "M_INVALID_PARAM", "Invalid server name");
@@ -303,7 +295,17 @@ int delivery_locate(media *m, atrium_req *req, media_req *st, bool legacy)
         h->respond_error(req, 400, "M_INVALID_PARAM", "Invalid media ID");
         return ATRIUM_DONE;
     }
-    if (strcmp(server, m->server_name) != 0) return remote_media(m, req, server);
+    if (strcmp(server, m->server_name) != 0) {
+        if (legacy && m->cfg.legacy_freeze_ts > 0) {
+            /* Remote media on the frozen legacy paths: fetched only by the
+             * authenticated endpoints. */
+            h->respond_error(req, 404, "M_NOT_FOUND",
+                             "Media not found: remote media is served only by the "
+                             "authenticated /_matrix/client/v1/media endpoints");
+            return ATRIUM_DONE;
+        }
+        return remote_locate(m, req, st, server, media_id);
+    }
     for (;;) {
         uint64_t gen = 0;
         if (!st->have_row) {

@@ -59,7 +59,7 @@ static int serve(media *m, atrium_req *req, bool legacy)
         return delivery_not_modified(m, req, etag);
 
     char path[MEDIA_PATH_MAX];
-    if (store_original_path(m, row->media_id, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
+    if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
     uint64_t size = 0;
     int fd = delivery_open(m, req, path, &size);
     if (fd < 0) return ATRIUM_DONE;
@@ -72,6 +72,7 @@ static int serve(media *m, atrium_req *req, bool legacy)
     uint64_t start = 0, len = size;
     const char *range = h->req_header(req, "Range");
     if (range && !if_range_allows(h->req_header(req, "If-Range"), etag)) range = NULL;
+    if (st->federation) range = NULL; /* the federation answer is always the whole file */
     int ranged = media_parse_range(range, size, &start, &len);
     char content_range[96];
     if (ranged == MEDIA_RANGE_UNSATISFIABLE) {
@@ -93,9 +94,10 @@ static int serve(media *m, atrium_req *req, bool legacy)
         snprintf(content_range, sizeof(content_range), "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64,
                  start, start + len - 1, size);
     }
-    rc = h->respond_file(req, status, type, fd, start, len);
+    rc = delivery_respond_file(m, req, status, type, disposition, fd, start, len);
     if (rc < 0) return rc;
     delivery_success_headers(m, req, etag);
+    if (st->federation) return ATRIUM_DONE;
     h->respond_header(req, "Content-Disposition", disposition);
     h->respond_header(req, "Accept-Ranges", "bytes");
     if (status == 206) h->respond_header(req, "Content-Range", content_range);

@@ -39,6 +39,12 @@
 #define UPLOAD_RATE_PER_SECOND 10.0
 #define UPLOAD_RATE_BURST 50.0
 #define FDS_PER_RENDER 4 /* original, output, libvips' own */
+#define DEFAULT_FETCH_THREADS 16
+#define DEFAULT_FETCH_MAX_IN_FLIGHT 64
+#define DEFAULT_FETCH_MAX_PER_CLIENT 8
+#define DEFAULT_FETCH_LINE_PER_CLIENT 256
+#define DEFAULT_REMOTE_FETCH_TIMEOUT_MS 60000
+#define FETCH_POOL_SPARE_TASKS 64 /* beyond the budget: the end of fetches whose requests left */
 
 const atrium_host *media_host;
 
@@ -70,6 +76,13 @@ static const char *const SETTINGS[] = {
     "upload_wait_max_ms",
     "legacy_media",
     "legacy_freeze_ts",
+    "remote_fetch_enabled",
+    "media_fetch_threads",
+    "media_fetch_max_in_flight",
+    "media_fetch_max_per_client",
+    "media_fetch_line_per_client",
+    "remote_fetch_timeout_ms",
+    "prevent_media_downloads_from",
     NULL,
 };
 
@@ -83,6 +96,31 @@ static int read_int(media *m, const atrium_config *cfg, const char *key, int64_t
     return 0;
 }
 
+/* prevent_media_downloads_from: server names separated by commas or spaces. The list is
+ * kept in the plugin object (the host's string is split into copies). */
+static int parse_origins(media *m, const char *text)
+{
+    media_config *c = &m->cfg;
+    const char *p = text;
+    while (*p) {
+        while (*p == ',' || *p == ' ') p++;
+        if (!*p) break;
+        size_t n = strcspn(p, ", ");
+        char *name = strndup(p, n);
+        if (!name || !media_server_name_valid(name) || c->n_blocked_origins >= MEDIA_MAX_BLOCKED_ORIGINS) {
+            m->h->log(m->self, ATRIUM_LOG_ERROR,
+                      "invalid configuration: plugins.media.prevent_media_downloads_from: "
+                      "\"%.*s\" is not a server name, or more than %d are listed",
+                      (int)n, p, MEDIA_MAX_BLOCKED_ORIGINS);
+            free(name);
+            return ATRIUM_E_INVAL;
+        }
+        c->blocked_origins[c->n_blocked_origins++] = name;
+        p += n;
+    }
+    return 0;
+}
+
 static int read_settings(media *m, const atrium_config *cfg)
 {
     const atrium_host *h = m->h;
@@ -90,7 +128,7 @@ static int read_settings(media *m, const atrium_config *cfg)
     media_config *c = &m->cfg;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
-    const char *sizes = NULL;
+    const char *sizes = NULL, *blocked = NULL;
     if (h->config_check_keys(self, cfg, SETTINGS) < 0 ||
         h->config_int(self, cfg, "max_upload_size", DEFAULT_MAX_UPLOAD_BYTES, 1,
                       MAX_UPLOAD_BYTES_LIMIT, &c->max_upload_bytes) < 0 ||
@@ -121,8 +159,21 @@ static int read_settings(media *m, const atrium_config *cfg)
         h->config_int(self, cfg, "upload_wait_max_ms", DEFAULT_UPLOAD_WAIT_MAX_MS, 0, PARK_LIMIT_MS,
                       &c->upload_wait_max_ms) < 0 ||
         h->config_bool(self, cfg, "legacy_media", false, &c->legacy_media) < 0 ||
-        h->config_int(self, cfg, "legacy_freeze_ts", 0, 0, INT64_MAX, &c->legacy_freeze_ts) < 0)
+        h->config_int(self, cfg, "legacy_freeze_ts", 0, 0, INT64_MAX, &c->legacy_freeze_ts) < 0 ||
+        h->config_bool(self, cfg, "remote_fetch_enabled", true, &c->remote_fetch_enabled) < 0 ||
+        read_int(m, cfg, "media_fetch_threads", DEFAULT_FETCH_THREADS, 1, 1024, &c->fetch_threads) <
+            0 ||
+        read_int(m, cfg, "media_fetch_max_in_flight", DEFAULT_FETCH_MAX_IN_FLIGHT, 1, 100000,
+                 &c->fetch_max_in_flight) < 0 ||
+        read_int(m, cfg, "media_fetch_max_per_client", DEFAULT_FETCH_MAX_PER_CLIENT, 1, 100000,
+                 &c->fetch_max_per_client) < 0 ||
+        read_int(m, cfg, "media_fetch_line_per_client", DEFAULT_FETCH_LINE_PER_CLIENT, 0, 100000,
+                 &c->fetch_line_per_client) < 0 ||
+        h->config_int(self, cfg, "remote_fetch_timeout_ms", DEFAULT_REMOTE_FETCH_TIMEOUT_MS, 100,
+                      PARK_LIMIT_MS, &c->remote_fetch_timeout_ms) < 0 ||
+        h->config_string(self, cfg, "prevent_media_downloads_from", "", &blocked) < 0)
         return ATRIUM_E_INVAL;
+    if (parse_origins(m, blocked) < 0) return ATRIUM_E_INVAL;
     c->delivery_retry_after_ms = DELIVERY_RETRY_AFTER_MS;
     char err[160];
     int n = media_sizes_parse(sizes, c->sizes, MEDIA_MAX_SIZES, err, sizeof(err));
@@ -181,6 +232,14 @@ static int register_routes(media *m)
         {.method = "GET",
          .path = "/_matrix/media/v3/thumbnail/{serverName}/{mediaId}",
          .handler = thumbnail_legacy_handler},
+        {.method = "GET",
+         .path = "/_matrix/federation/v1/media/download/{mediaId}",
+         .handler = fed_download_handler,
+         .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "GET",
+         .path = "/_matrix/federation/v1/media/thumbnail/{mediaId}",
+         .handler = fed_thumbnail_handler,
+         .flags = ATRIUM_ROUTE_FEDERATION},
     };
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         atrium_route r = routes[i];
@@ -232,6 +291,44 @@ static int create_metrics(media *m)
                         "Downloads waiting (with their delivery slot) for an asynchronous upload");
     m->m_refused_policy = h->metric_counter(s, "atrium_media_refused_quarantined_total", NULL,
                                             "Requests refused because the media is quarantined");
+    m->m_fetches_ok = h->metric_counter(s, "atrium_media_remote_fetches_total", "outcome=\"ok\"",
+                                        "Fetches of remote media, by outcome");
+    m->m_fetches_not_found = h->metric_counter(s, "atrium_media_remote_fetches_total",
+                                               "outcome=\"not_found\"",
+                                               "Fetches of remote media, by outcome");
+    m->m_fetches_too_large = h->metric_counter(s, "atrium_media_remote_fetches_total",
+                                               "outcome=\"too_large\"",
+                                               "Fetches of remote media, by outcome");
+    m->m_fetches_failed = h->metric_counter(s, "atrium_media_remote_fetches_total",
+                                            "outcome=\"failed\"",
+                                            "Fetches of remote media, by outcome");
+    m->m_fetches_running = h->metric_gauge(s, "atrium_media_remote_fetches_running", NULL,
+                                           "Fetches of remote media under way");
+    m->m_fetch_coalesced =
+        h->metric_counter(s, "atrium_media_remote_fetch_coalesced_total", NULL,
+                          "Requests that joined a fetch of the same remote file under way");
+    m->m_fetch_bytes = h->metric_counter(s, "atrium_media_remote_fetch_bytes_total", NULL,
+                                         "Bytes of remote media stored");
+    m->m_remote_hits = h->metric_counter(s, "atrium_media_remote_cache_hits_total", NULL,
+                                         "Remote media requests answered from the cache");
+    m->m_fetch_legacy = h->metric_counter(s, "atrium_media_remote_fetch_legacy_total", NULL,
+                                          "Fetches retried on the legacy download endpoint");
+    m->m_fetch_in_flight = h->metric_gauge(s, "atrium_media_fetch_budget_in_flight", NULL,
+                                           "Fetch budget slots held");
+    m->m_fetch_line_waiting = h->metric_gauge(s, "atrium_media_fetch_line_waiting", NULL,
+                                              "Requests waiting in the fetch line");
+    m->m_fetch_line_refused = h->metric_counter(s, "atrium_media_fetch_line_refused_total", NULL,
+                                                "Requests refused (429) past the fetch line");
+    m->m_fed_served = h->metric_counter(s, "atrium_media_federation_served_total", NULL,
+                                        "Media answers sent to other servers");
+    atrium_metric *remote_all[] = {
+        m->m_fetches_ok,      m->m_fetches_not_found, m->m_fetches_too_large,
+        m->m_fetches_failed,  m->m_fetches_running,   m->m_fetch_coalesced,
+        m->m_fetch_bytes,     m->m_remote_hits,       m->m_fetch_legacy,
+        m->m_fetch_in_flight, m->m_fetch_line_waiting, m->m_fetch_line_refused,
+        m->m_fed_served};
+    for (size_t i = 0; i < sizeof(remote_all) / sizeof(remote_all[0]); i++)
+        if (!remote_all[i]) return ATRIUM_E_INVAL;
     atrium_metric *all[] = {m->m_uploads,          m->m_upload_bytes,         m->m_downloads,
                             m->m_thumbnails,       m->m_renders_ok,           m->m_renders_failed,
                             m->m_renders_running,  m->m_render_coalesced,     m->m_authorizing,
@@ -251,9 +348,13 @@ static int create_mechanisms(media *m)
                                  c->delivery_queue_per_client, c->delivery_wait_ms);
     m->render_pool = h->pool_create(m->self, "render", c->render_threads, c->render_queue);
     m->io_pool = h->pool_create(m->self, "io", c->io_threads, c->io_queue);
+    /* As deep as the budget: an admitted handoff is never refused for queue space. */
+    m->fetch_pool = h->pool_create(m->self, "fetch", c->fetch_threads,
+                                   c->fetch_max_in_flight + FETCH_POOL_SPARE_TASKS);
     m->rl_upload =
         h->ratelimit_create(m->self, "upload", UPLOAD_RATE_PER_SECOND, UPLOAD_RATE_BURST);
-    if (!m->delivery || !m->render_pool || !m->io_pool || !m->rl_upload) return ATRIUM_E_NOMEM;
+    if (!m->delivery || !m->render_pool || !m->io_pool || !m->fetch_pool || !m->rl_upload)
+        return ATRIUM_E_NOMEM;
     for (size_t i = 0; i < MEDIA_EVENT_BUCKETS; i++)
         if (!(m->events[i] = h->event_create(m->self))) return ATRIUM_E_NOMEM;
     return create_metrics(m);
@@ -262,6 +363,9 @@ static int create_mechanisms(media *m)
 static void media_free(media *m)
 {
     thumbnails_fini(m);
+    remote_fini(m);
+    fetch_budget_fini(m);
+    for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->upload_mu);
     free(m);
 }
@@ -278,6 +382,12 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     snprintf(m->server_name, sizeof(m->server_name), "%s", host->server_name());
     int rc = read_settings(m, cfg);
     if (rc == 0) rc = thumbnails_init(m);
+    if (rc == 0) rc = remote_init(m);
+    if (rc == 0) rc = fetch_budget_init(m);
+    if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
+        host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");
+        rc = ATRIUM_E_STATE;
+    }
     if (rc == 0) rc = create_mechanisms(m);
     if (rc == 0) rc = host->db_migrations(self, MEDIA_MIGRATIONS, MEDIA_N_MIGRATIONS);
     if (rc == 0) rc = register_routes(m);

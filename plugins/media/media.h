@@ -20,6 +20,10 @@
  *   upload.c    upload, create and the asynchronous upload PUT
  *   admin.c     the Synapse-shaped admin API
  *   verify.c    checking every original against its recorded SHA-256 (admin and CLI)
+ *   fed_serve.c serving this server's media to other servers (multipart/mixed)
+ *   remote.c    remote media: defer/admitted modes, the coalesced fetch, the remote cache
+ *   fetch_budget.c the fetch budget and its fair parked line
+ *   multipart.c reading a multipart/mixed answer as it arrives (pure)
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -46,6 +50,8 @@
 #define MEDIA_EVENT_BUCKETS 64      /* events parked requests share, by key hash */
 #define MEDIA_DB_WAIT_MS 2000       /* longest wait for a database connection */
 #define MEDIA_PATH_MAX 1024
+#define MEDIA_FILE_NAME_MAX 640 /* a remote copy's path under store_path */
+#define MEDIA_MAX_BLOCKED_ORIGINS 64
 
 /* ---- settings ---------------------------------------------------------------------------- */
 
@@ -74,11 +80,22 @@ typedef struct media_config {
     int64_t upload_wait_default_ms, upload_wait_max_ms; /* timeout_ms on downloads */
     bool legacy_media;        /* serve the unauthenticated /_matrix/media/v3 paths */
     int64_t legacy_freeze_ts; /* media created at or after this (ms) is frozen there; 0 = none */
+    /* remote media (remote.c, fetch_budget.c) */
+    bool remote_fetch_enabled;
+    int fetch_threads;           /* media_fetch_threads */
+    int fetch_max_in_flight;     /* media_fetch_max_in_flight: running or queued, all clients */
+    int fetch_max_per_client;    /* media_fetch_max_per_client */
+    int fetch_line_per_client;   /* media_fetch_line_per_client: parked over a cap; 0 = 429 */
+    int64_t remote_fetch_timeout_ms; /* how long one fetch may take, whoever waits for it */
+    const char *blocked_origins[MEDIA_MAX_BLOCKED_ORIGINS]; /* prevent_media_downloads_from */
+    size_t n_blocked_origins;
 } media_config;
 
 /* ---- the plugin object -------------------------------------------------------------- */
 
 typedef struct render_table render_table;
+typedef struct remote_table remote_table;
+typedef struct fetch_budget fetch_budget;
 
 typedef struct media {
     const atrium_host *h;
@@ -98,6 +115,14 @@ typedef struct media {
 
     render_table *renders;
     bool vips_started;
+
+    atrium_pool *fetch_pool; /* media_fetch_threads workers: start fetches, store them */
+    remote_table *remote;    /* fetches under way, one per remote file */
+    fetch_budget *budget;    /* the fetch budget and its parked line */
+    atrium_metric *m_fetches_ok, *m_fetches_not_found, *m_fetches_failed, *m_fetches_too_large;
+    atrium_metric *m_fetches_running, *m_fetch_coalesced, *m_fetch_bytes, *m_remote_hits;
+    atrium_metric *m_fetch_in_flight, *m_fetch_line_waiting;
+    atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served;
 
     atomic_int authorizing, authorizing_peak;
     atomic_int upload_waiters; /* requests waiting (with their slot) for an upload */
@@ -123,11 +148,15 @@ typedef struct media_row {
     bool quarantined; /* by ID or by hash */
     char quarantined_by[MEDIA_USER_ID_MAX_BYTES + 1];
     bool safe_from_quarantine;
+    /* remote media only: the cached copy's path under store_path ("" for local media) */
+    char file_name[MEDIA_FILE_NAME_MAX];
 } media_row;
 
 /* ---- per-request state (req_state), kept across re-runs ------------------------------- */
 
 typedef struct upload_state upload_state;
+typedef struct fetch_waiter fetch_waiter;
+typedef struct remote_waiter remote_waiter;
 
 typedef struct media_req {
     bool admitted;     /* holds a delivery slot (a hold, released after the body) */
@@ -139,6 +168,13 @@ typedef struct media_req {
     bool waiting_render; /* parked for a thumbnail render */
     int64_t render_deadline_ms;
     upload_state *up; /* upload routes only */
+    int64_t arrival_ms;   /* monotonic, the handler's first run */
+    bool federation;      /* a federation route: answer multipart/mixed */
+    /* remote media (remote.c): the fetch budget slot, the parked line, the fetch */
+    bool fetch_slot;      /* holds a fetch budget slot (a hold) */
+    fetch_waiter *fw;     /* waiting in the fetch line */
+    remote_waiter *rw;    /* waiting for a fetch of the file */
+    int64_t remote_deadline_ms;
 } media_req;
 
 /* [req] The request's state, created on first use; NULL on OOM (a 500 is set). */
@@ -251,6 +287,13 @@ int media_db_set_hash_quarantine(const atrium_host *h, atrium_plugin *self, PGco
                                  const char *sha256, const char *by);
 int media_db_delete(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
                     bool *sha_still_used, char sha_out[SHA256_HEX_CHARS + 1]);
+/* The remote cache row of origin/media_id (file_name set; quarantine by hash joined). */
+int media_db_remote_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
+                        const char *media_id, media_row *out);
+/* Record a committed remote copy (r->file_name names it); old_file gets the name of the
+ * copy it replaced ("" when none). */
+int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
+                        const media_row *r, char old_file[MEDIA_FILE_NAME_MAX]);
 /* A user's media for the admin API: a JSON array of Synapse-shaped objects. */
 int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *user_id,
                        int64_t from, int64_t limit, bool newest_first, json_t **out,
@@ -290,6 +333,84 @@ int delivery_not_modified(media *m, atrium_req *req, const char *etag);
 /* [req] Open an original or thumbnail for serving: the fd, or -1 with the response set
  * (404 when missing - logged as a store inconsistency -, 503 when out of descriptors). */
 int delivery_open(media *m, atrium_req *req, const char *path, uint64_t *size);
+
+/* [req] The request's timeout_ms (default upload_wait_default_ms, capped at
+ * upload_wait_max_ms); -1 when it is not a non-negative integer. */
+int64_t delivery_timeout_ms(media *m, atrium_req *req);
+/* The path of a row's bytes: the remote copy's when file_name is set, else the local
+ * original's. 0 or ATRIUM_E_INVAL (too long). */
+int store_row_path(const media *m, const media_row *row, char *out, size_t cap);
+/* A new, unused path for a remote copy of origin/media_id (a random suffix, so a later
+ * copy never replaces a file a reader may have open): relative (under store_path) into
+ * rel, and absolute into abs. */
+int store_remote_name(const media *m, const char *origin, const char *media_id, char *rel,
+                      size_t rel_cap, char *abs, size_t abs_cap);
+
+/* ---- fed_serve.c: this server's media for other servers ---------------------------- */
+
+int fed_download_handler(atrium_req *req);
+int fed_thumbnail_handler(atrium_req *req);
+/* [req] Answer with `len` bytes of fd from `offset` as the file part of a multipart/mixed
+ * body whose first part is the JSON object {} (the federation media format). Takes fd. */
+int fed_respond_multipart(media *m, atrium_req *req, const char *type, const char *disposition,
+                          int fd, uint64_t offset, uint64_t len);
+/* [req] The content answer for a request: multipart for a federation route (st->federation),
+ * else host->respond_file. Takes fd. */
+int delivery_respond_file(media *m, atrium_req *req, int status, const char *type,
+                          const char *disposition, int fd, uint64_t offset, uint64_t len);
+
+/* ---- remote.c ------------------------------------------------------------------------ */
+
+int remote_init(media *m);
+void remote_fini(media *m);
+/* [req] Another server's media: the refusals and policy, the cache look-up, and on a miss
+ * the fetch (fetch budget, handoff to the fetch pool, one coalesced fetch, parked until
+ * it lands). MEDIA_GO with st->row filled from the remote cache, or the outcome. */
+int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
+                  const char *media_id);
+
+/* ---- fetch_budget.c ------------------------------------------------------------------- */
+
+int fetch_budget_init(media *m);
+void fetch_budget_fini(media *m);
+/* [req] Hold a slot of the fetch budget: MEDIA_GO once held (a hold, given back when the
+ * request ends), ATRIUM_PARKED while waiting in the fair line (the handler runs again and
+ * calls this again), or ATRIUM_DONE with the answer set (429 past the line, 504 at the
+ * request's deadline, 503 while stopping). */
+int fetch_budget_enter(media *m, atrium_req *req, media_req *st);
+
+/* ---- multipart.c ---------------------------------------------------------------------- */
+
+#define MP_BOUNDARY_MAX 70   /* RFC 2046 */
+#define MP_BUF_BYTES 65536   /* carried between chunks while looking for a delimiter */
+#define MP_HEADERS_MAX 8192  /* one part's header block */
+#define MP_JSON_MAX 65536    /* the metadata part */
+#define MP_HEADER_VALUE_MAX 2048
+
+enum mp_state { MP_PREAMBLE = 0, MP_AFTER_DELIM, MP_HEADERS, MP_PART, MP_DONE, MP_ERROR };
+typedef struct mp_parser {
+    char delim[MP_BOUNDARY_MAX + 5]; /* "\r\n--" boundary */
+    size_t dlen;
+    int state;
+    int part; /* 1 = metadata (JSON), 2 = the file, 3+ = ignored */
+    char buf[MP_BUF_BYTES + MP_HEADERS_MAX];
+    size_t len;
+    char json[MP_JSON_MAX + 1];
+    size_t json_len;
+    char content_type[MP_HEADER_VALUE_MAX], disposition[MP_HEADER_VALUE_MAX],
+        location[MP_HEADER_VALUE_MAX];
+    int64_t body_bytes;
+    /* each piece of the file part as it is found; non-zero stops the parse */
+    int (*on_body)(void *arg, const char *data, size_t len);
+    void *arg;
+} mp_parser;
+/* Start a parser for a Content-Type header ("multipart/mixed; boundary=..."): 0, or -1
+ * when it is not multipart/mixed with a valid boundary. */
+int mp_init(mp_parser *p, const char *content_type);
+/* Feed bytes: 0, -1 for a malformed body, or what on_body returned (non-zero). */
+int mp_feed(mp_parser *p, const char *data, size_t len);
+/* Did the body end properly: the metadata and the file part, then the close delimiter? */
+bool mp_complete(const mp_parser *p);
 
 /* ---- verify.c ------------------------------------------------------------------------- */
 

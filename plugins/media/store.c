@@ -5,6 +5,10 @@
  * Layout under plugins.media.store_path:
  *   local/<id[0:2]>/<id[2:4]>/<media ID>                          originals, by media ID
  *   thumbnails/<sha[0:2]>/<sha[2:4]>/<sha256>/<W>x<H>-<method>.webp thumbnails, by content
+ *   remote/<origin>/<id[0:2]>/<id[2:4]>/<media ID>-<random>        remote copies
+ * A remote copy's name carries a random suffix: a later copy of the same file gets a new
+ * name, so it never replaces a file a reader has open (the row names the current one).
+ * In <origin>, ':', '[' and ']' become '_' (which no server name contains).
  * Media IDs reach this file only after media_id_valid() ([A-Za-z0-9_-]), so a path can
  * never leave the store.
  *
@@ -84,7 +88,7 @@ static int mkdir_durable(media *m, const char *path)
 int store_init(media *m)
 {
     char path[MEDIA_PATH_MAX];
-    static const char *const SUBDIRS[] = {"local", "thumbnails", NULL};
+    static const char *const SUBDIRS[] = {"local", "thumbnails", "remote", NULL};
     for (size_t i = 0; SUBDIRS[i]; i++) {
         if ((size_t)snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, SUBDIRS[i]) >=
             sizeof(path))
@@ -152,6 +156,30 @@ int store_original_path(const media *m, const char *media_id, char *out, size_t 
     fanout(media_id, a, b);
     int n = snprintf(out, cap, "%s/local/%s/%s/%s", m->cfg.store_path, a, b, media_id);
     return n < 0 || (size_t)n >= cap ? ATRIUM_E_INVAL : 0;
+}
+
+int store_row_path(const media *m, const media_row *row, char *out, size_t cap)
+{
+    if (!row->file_name[0]) return store_original_path(m, row->media_id, out, cap);
+    int n = snprintf(out, cap, "%s/%s", m->cfg.store_path, row->file_name);
+    return n < 0 || (size_t)n >= cap ? ATRIUM_E_INVAL : 0;
+}
+
+int store_remote_name(const media *m, const char *origin, const char *media_id, char *rel,
+                      size_t rel_cap, char *abs, size_t abs_cap)
+{
+    char o[MEDIA_SERVER_NAME_MAX_CHARS + 1], a[3], b[3];
+    snprintf(o, sizeof(o), "%s", origin);
+    for (char *p = o; *p; p++)
+        if (*p == ':' || *p == '[' || *p == ']') *p = '_';
+    unsigned char rnd[8];
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) return ATRIUM_E_IO;
+    fanout(media_id, a, b);
+    int n = snprintf(rel, rel_cap, "remote/%s/%s/%s/%s-%02x%02x%02x%02x%02x%02x%02x%02x", o, a, b,
+                     media_id, rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+    if (n < 0 || (size_t)n >= rel_cap) return ATRIUM_E_INVAL;
+    n = snprintf(abs, abs_cap, "%s/%s", m->cfg.store_path, rel);
+    return n < 0 || (size_t)n >= abs_cap ? ATRIUM_E_INVAL : 0;
 }
 
 int store_thumb_dir(const media *m, const char *sha256, char *out, size_t cap)

@@ -231,12 +231,13 @@ static int serve_file(media *m, atrium_req *req, int fd, uint64_t size, const ch
                       const char *ext, const char *etag)
 {
     const atrium_host *h = m->h;
-    int rc = h->respond_file(req, 200, type, fd, 0, size);
-    if (rc < 0) return rc;
     char disposition[64];
     snprintf(disposition, sizeof(disposition), "inline; filename=\"" THUMB_NAME ".%s\"", ext);
+    int rc = delivery_respond_file(m, req, 200, type, disposition, fd, 0, size);
+    if (rc < 0) return rc;
     delivery_success_headers(m, req, etag);
-    h->respond_header(req, "Content-Disposition", disposition);
+    media_req *st = h->req_state(req);
+    if (!st || !st->federation) h->respond_header(req, "Content-Disposition", disposition);
     h->metric_add(m->m_thumbnails, 1);
     return ATRIUM_DONE;
 }
@@ -255,7 +256,7 @@ static int serve_original(media *m, atrium_req *req, const media_row *row)
     snprintf(etag, sizeof(etag), "\"%s\"", row->sha256);
     if (media_etag_matches(m->h->req_header(req, "If-None-Match"), etag))
         return delivery_not_modified(m, req, etag);
-    if (store_original_path(m, row->media_id, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
+    if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
     uint64_t size;
     int fd = delivery_open(m, req, path, &size);
     if (fd < 0) return ATRIUM_DONE;
@@ -337,7 +338,7 @@ static int await_render(media *m, atrium_req *req, media_req *st, const media_ro
             return MEDIA_GO;
         }
         j = calloc(1, sizeof(*j));
-        if (!j || store_original_path(m, row->media_id, j->src, sizeof(j->src)) < 0) {
+        if (!j || store_row_path(m, row, j->src, sizeof(j->src)) < 0) {
             pthread_mutex_unlock(&t->mu);
             free(j);
             return ATRIUM_E_NOMEM;

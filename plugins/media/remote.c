@@ -1,0 +1,639 @@
+/*
+ * plugins/media/remote.c - another server's media: the remote cache, and the one fetch
+ * per remote file that fills it (docs/adr/0005-remote-media-fetch-pool.md).
+ *
+ * A download or thumbnail whose serverName is not ours comes here from delivery_locate,
+ * after the delivery slot and the access token. The path, in order:
+ *   1. defer mode (the request pool; ATRIUM_SCOPE_FETCH_MODE absent or DEFER): the quick
+ *      part - 404 M_NOT_FOUND when remote fetching is off (remote_fetch_enabled), the
+ *      request says allow_remote=false, or the origin is in prevent_media_downloads_from;
+ *      the remote-cache look-up (a row in media_remote whose file exists; quarantine by
+ *      ID or hash is 404 like missing media); on a hit the request is served like local
+ *      media, with the cached copy's path;
+ *   2. on a miss: a slot of the fetch budget (fetch_budget.c: a hold, or a parked wait in
+ *      its fair line, or 429), then a handoff to the fetch pool with FETCH_MODE=ADMITTED
+ *      and RATE_ADMITTED published;
+ *   3. admitted mode (the fetch pool): the cache is looked at again (a fetch may have
+ *      landed meanwhile), then the request joins the fetch of its file - starting it if
+ *      none runs - and parks (host->req_wait) until the fetch ends: the one fetch per
+ *      (origin, media ID) is the coalescing, and every request for the file, the first
+ *      included, waits the same way;
+ *   4. woken on the request pool, it reads the stored copy (step 1's look-up again), or
+ *      answers the fetch's failure.
+ *
+ * Why no thread ever waits on the peer: host->fed_request is asynchronous. The fetch pool
+ * thread that starts a fetch only opens the temporary file and queues the request (both
+ * local and quick) and returns; the request waits parked, holding no thread. The answer
+ * arrives on the core's outbound-client thread, in on_chunk, which only parses the
+ * multipart framing, hashes and write(2)s the bytes to the temporary file - never fsync,
+ * never PostgreSQL. When the transfer ends, on_done queues the rest (fsync, link under the
+ * final name, the image header probe, the media_remote row) on the fetch pool: local work
+ * that may take milliseconds but never waits on another server. So a peer that never
+ * answers holds neither request-pool nor fetch-pool threads: only its fetch budget slots
+ * (until each waiting request's deadline) and its outbound connection.
+ *
+ * The fetch (Matrix server-server API, "Content repository"): first the authenticated
+ * GET /_matrix/federation/v1/media/download/{mediaId} (signed), a multipart/mixed answer
+ * read as it arrives (multipart.c); when the origin says the endpoint is unknown (404 or
+ * 405 with M_UNRECOGNIZED, a 404 without a Matrix error, or 400), the legacy
+ * GET /_matrix/media/v3/download/{origin}/{mediaId}?allow_remote=false&allow_redirect=true.
+ * The body is capped at max_upload_size while it is read (the transfer is aborted past
+ * it). The bytes go to a temporary file (store.c), fsynced and given a fresh name, and
+ * only then the row is written: a fetch cut off midway, garbage, or too large leaves
+ * nothing in the cache. A later copy of the same file gets a new name (the row is
+ * switched to it and the old file unlinked), so a reader holding the old descriptor is
+ * never torn.
+ *
+ * The codes (Element does not retry media, so they must be exact): 404 M_NOT_FOUND only
+ * when the origin says the file does not exist; 502 M_UNKNOWN for an unreachable origin,
+ * a garbage or truncated answer, or any other failure of the origin; 502 M_TOO_LARGE past
+ * max_upload_size; 504 when the request's own deadline passes (timeout_ms, default
+ * upload_wait_default_ms, capped at upload_wait_max_ms, counted from the request's first
+ * run, the waits in the fetch line included); all with Cache-Control: no-store.
+ *
+ * Not done here (yet): following a Location part or a redirect, the origin's own
+ * thumbnail endpoint (remote thumbnails are rendered from the fetched original, which
+ * makes an image and its thumbnail one fetch), a per-origin cap, a negative cache,
+ * streaming to waiters as bytes arrive, coalescing across processes, eviction.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "media.h"
+
+#define REMOTE_TABLE_BUCKETS 256
+#define REMOTE_KEY_MAX (MEDIA_SERVER_NAME_MAX_CHARS + MEDIA_ID_MAX_CHARS + 2)
+#define REMOTE_URI_MAX (2 * (MEDIA_SERVER_NAME_MAX_CHARS + MEDIA_ID_MAX_CHARS) + 128)
+#define REMOTE_ERROR_BODY_MAX 4096 /* an error answer's body kept to read its errcode */
+#define REMOTE_FRAMING_BYTES (MP_HEADERS_MAX * 2 + MP_JSON_MAX + 1024) /* multipart overhead */
+#define DEFAULT_CONTENT_TYPE "application/octet-stream"
+
+enum remote_result {
+    REMOTE_OK = 0,
+    REMOTE_NOT_FOUND,   /* the origin says it does not exist */
+    REMOTE_UNREACHABLE, /* no answer, or an answer other than the file */
+    REMOTE_BAD_ANSWER,  /* garbage, truncated */
+    REMOTE_TOO_LARGE,   /* past max_upload_size */
+    REMOTE_INTERNAL,    /* our disk or database */
+    REMOTE_STOPPING,
+};
+
+enum fetch_phase { PHASE_FEDERATION = 0, PHASE_LEGACY };
+
+struct remote_waiter {
+    atrium_req *req;
+    int result; /* enum remote_result, set (under the table's lock) before the wake */
+    bool done;
+    remote_waiter *next;
+};
+
+typedef struct remote_job {
+    char key[REMOTE_KEY_MAX];
+    char origin[MEDIA_SERVER_NAME_MAX_CHARS + 1];
+    char media_id[MEDIA_ID_MAX_CHARS + 1];
+    media *m;
+    remote_waiter *waiters; /* under the table's lock */
+    struct remote_job *next;
+
+    /* the transfer: written on the outbound client's thread, read after on_done */
+    int phase;
+    int outcome, status;
+    bool started, bad, too_large, io_error;
+    mp_parser *mp;
+    store_tmp tmp;
+    bool tmp_open;
+    sha256_ctx sha;
+    int64_t bytes;
+    char content_type[MP_HEADER_VALUE_MAX], disposition[MP_HEADER_VALUE_MAX];
+    char err_body[REMOTE_ERROR_BODY_MAX + 1];
+    size_t err_len;
+    char file_rel[MEDIA_FILE_NAME_MAX], file_abs[MEDIA_PATH_MAX];
+} remote_job;
+
+struct remote_table {
+    pthread_mutex_t mu;
+    remote_job *buckets[REMOTE_TABLE_BUCKETS];
+};
+
+int remote_init(media *m)
+{
+    m->remote = calloc(1, sizeof(*m->remote));
+    if (!m->remote) return ATRIUM_E_NOMEM;
+    pthread_mutex_init(&m->remote->mu, NULL);
+    return 0;
+}
+
+void remote_fini(media *m)
+{
+    if (!m->remote) return;
+    /* Jobs still listed belong to transfers the core cancelled at shutdown; their memory
+     * goes with the process. */
+    pthread_mutex_destroy(&m->remote->mu);
+    free(m->remote);
+    m->remote = NULL;
+}
+
+/* ---- answers ------------------------------------------------------------------------- */
+
+/* The one mapping from a fetch's result to what the client is told. */
+static int remote_respond_failure(media *m, atrium_req *req, int result, const char *origin)
+{
+    const atrium_host *h = m->h;
+    switch (result) {
+    case REMOTE_NOT_FOUND: h->respond_error(req, 404, "M_NOT_FOUND", "Media not found"); break;
+    case REMOTE_TOO_LARGE:
+        h->respond_error(req, 502, "M_TOO_LARGE",
+                         "The remote file is larger than this server accepts");
+        break;
+    case REMOTE_BAD_ANSWER:
+        h->respond_error(req, 502, "M_UNKNOWN", "%s sent a malformed answer for the media",
+                         origin);
+        break;
+    case REMOTE_INTERNAL:
+        h->respond_error(req, 503, "M_UNKNOWN", "The media could not be stored; retry shortly");
+        break;
+    case REMOTE_STOPPING: h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping"); break;
+    default:
+        h->respond_error(req, 502, "M_UNKNOWN", "Could not fetch the media from %s", origin);
+        break;
+    }
+    return ATRIUM_DONE;
+}
+
+static int respond_timeout(media *m, atrium_req *req)
+{
+    m->h->respond_error(req, 504, "M_UNKNOWN", "Timed out fetching the remote media; retry later");
+    return ATRIUM_DONE;
+}
+
+/* ---- policy --------------------------------------------------------------------------- */
+
+static bool origin_blocked(const media *m, const char *origin)
+{
+    for (size_t i = 0; i < m->cfg.n_blocked_origins; i++)
+        if (strcasecmp(m->cfg.blocked_origins[i], origin) == 0) return true;
+    return false;
+}
+
+/* The refusals of defer mode: MEDIA_GO, or ATRIUM_DONE with 404 set. */
+static int remote_refusal(media *m, atrium_req *req, const char *origin)
+{
+    const char *allow = m->h->req_query(req, "allow_remote");
+    bool refused = !m->cfg.remote_fetch_enabled || (allow && strcmp(allow, "false") == 0) ||
+                   origin_blocked(m, origin);
+    if (!refused) return MEDIA_GO;
+    m->h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+    return ATRIUM_DONE;
+}
+
+/* ---- the cache ---------------------------------------------------------------------- */
+
+enum { CACHE_HIT = MEDIA_GO, CACHE_MISS = MEDIA_GO + 1 };
+
+/* CACHE_HIT with st->row, CACHE_MISS, or ATRIUM_DONE with the answer set. */
+static int cache_lookup(media *m, atrium_req *req, media_req *st, const char *origin,
+                        const char *media_id)
+{
+    const atrium_host *h = m->h;
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    if (!c) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
+        return ATRIUM_DONE;
+    }
+    int rc = media_db_remote_get(h, m->self, c, origin, media_id, &st->row);
+    h->db_release(c);
+    if (rc == ATRIUM_E_DB) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
+        return ATRIUM_DONE;
+    }
+    if (rc == MEDIA_DB_NOTFOUND) return CACHE_MISS;
+    if (st->row.quarantined) {
+        h->metric_add(m->m_refused_policy, 1);
+        h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+        return ATRIUM_DONE;
+    }
+    char path[MEDIA_PATH_MAX];
+    if (store_row_path(m, &st->row, path, sizeof(path)) < 0 || access(path, F_OK) < 0) {
+        h->log(m->self, ATRIUM_LOG_WARN,
+               "remote media %s/%s: the cached copy %s is missing; fetching it again", origin,
+               media_id, st->row.file_name);
+        return CACHE_MISS;
+    }
+    st->have_row = true;
+    h->metric_add(m->m_remote_hits, 1);
+    return CACHE_HIT;
+}
+
+/* ---- the job table (under the table's lock) ---------------------------------------- */
+
+static remote_job **job_slot(remote_table *t, const char *key)
+{
+    remote_job **pp = &t->buckets[media_bucket(key) * 7919u % REMOTE_TABLE_BUCKETS];
+    while (*pp && strcmp((*pp)->key, key) != 0) pp = &(*pp)->next;
+    return pp;
+}
+
+static void job_free(remote_job *j)
+{
+    if (j->tmp_open) store_tmp_discard(&j->tmp);
+    free(j->mp);
+    free(j);
+}
+
+/* The fetch ended: tell every waiter, wake them (after the lock), forget the job. */
+static void job_complete(remote_job *j, int result)
+{
+    media *m = j->m;
+    const atrium_host *h = m->h;
+    remote_table *t = m->remote;
+    pthread_mutex_lock(&t->mu);
+    remote_job **pp = job_slot(t, j->key);
+    if (*pp == j) *pp = j->next;
+    remote_waiter *w = j->waiters;
+    j->waiters = NULL;
+    for (remote_waiter *x = w; x; x = x->next) {
+        x->result = result;
+        x->done = true;
+    }
+    pthread_mutex_unlock(&t->mu);
+    while (w) {
+        remote_waiter *next = w->next; /* w may be freed once its request is woken */
+        h->req_wake(w->req);
+        w = next;
+    }
+    atrium_metric *outcome = result == REMOTE_OK          ? m->m_fetches_ok
+                             : result == REMOTE_NOT_FOUND ? m->m_fetches_not_found
+                             : result == REMOTE_TOO_LARGE ? m->m_fetches_too_large
+                                                          : m->m_fetches_failed;
+    h->metric_add(outcome, 1);
+    h->metric_add(m->m_fetches_running, -1);
+    job_free(j);
+}
+
+/* ---- the transfer (the outbound client's thread: quick, never blocking) --------------- */
+
+/* File bytes: capped, hashed, written to the temporary file. Non-zero aborts. */
+static int job_write(void *arg, const char *data, size_t len)
+{
+    remote_job *j = arg;
+    if (j->bytes + (int64_t)len > j->m->cfg.max_upload_bytes) {
+        j->too_large = true;
+        return 1;
+    }
+    j->bytes += (int64_t)len;
+    sha256_update(&j->sha, data, len);
+    if (store_write_all(j->tmp.fd, data, len) < 0) {
+        j->io_error = true;
+        return 1;
+    }
+    return 0;
+}
+
+static int job_chunk(void *arg, const atrium_fed_response *res, const char *data, size_t len)
+{
+    remote_job *j = arg;
+    const atrium_host *h = j->m->h;
+    j->status = res->status;
+    if (res->status != 200) { /* keep the start of an error answer for its errcode */
+        size_t room = REMOTE_ERROR_BODY_MAX - j->err_len;
+        size_t n = len < room ? len : room;
+        memcpy(j->err_body + j->err_len, data, n);
+        j->err_len += n;
+        j->err_body[j->err_len] = '\0';
+        return 0;
+    }
+    if (!j->started) {
+        j->started = true;
+        const char *ct = h->fed_response_header(res, "Content-Type");
+        if (j->phase == PHASE_FEDERATION) {
+            if (mp_init(j->mp, ct) < 0) {
+                j->bad = true;
+                return 1;
+            }
+            j->mp->on_body = job_write;
+            j->mp->arg = j;
+        } else {
+            const char *cd = h->fed_response_header(res, "Content-Disposition");
+            snprintf(j->content_type, sizeof(j->content_type), "%s", ct ? ct : "");
+            snprintf(j->disposition, sizeof(j->disposition), "%s", cd ? cd : "");
+        }
+    }
+    if (j->phase == PHASE_LEGACY) return job_write(j, data, len);
+    int rc = mp_feed(j->mp, data, len);
+    if (rc != 0 && !j->too_large && !j->io_error) j->bad = true;
+    return rc;
+}
+
+static void job_after_transfer(void *arg, bool cancelled);
+
+static void job_done(void *arg, const atrium_fed_response *res)
+{
+    remote_job *j = arg;
+    j->outcome = res->outcome;
+    if (res->outcome == ATRIUM_FED_OK) j->status = res->status;
+    if (res->outcome != ATRIUM_FED_OK && res->error)
+        j->m->h->log(j->m->self, ATRIUM_LOG_INFO, "remote media %s: %s", j->key, res->error);
+    /* The rest touches the disk and the database: on the fetch pool. */
+    if (j->m->h->pool_submit(j->m->fetch_pool, job_after_transfer, j) < 0) job_complete(j, REMOTE_STOPPING);
+}
+
+/* ---- starting a fetch (the fetch pool) ------------------------------------------------ */
+
+static int job_start(remote_job *j)
+{
+    media *m = j->m;
+    const atrium_host *h = m->h;
+    if (j->tmp_open) store_tmp_discard(&j->tmp);
+    j->tmp_open = false;
+    j->started = j->bad = j->too_large = j->io_error = false;
+    j->status = 0;
+    j->bytes = 0;
+    j->err_len = 0;
+    j->err_body[0] = '\0';
+    sha256_init(&j->sha);
+    if (store_remote_name(m, j->origin, j->media_id, j->file_rel, sizeof(j->file_rel), j->file_abs,
+                          sizeof(j->file_abs)) < 0 ||
+        store_tmp_open(m, j->file_abs, &j->tmp) < 0)
+        return REMOTE_INTERNAL;
+    j->tmp_open = true;
+    char uri[REMOTE_URI_MAX];
+    if (j->phase == PHASE_FEDERATION)
+        snprintf(uri, sizeof(uri), "/_matrix/federation/v1/media/download/%s", j->media_id);
+    else
+        snprintf(uri, sizeof(uri),
+                 "/_matrix/media/v3/download/%s/%s?allow_remote=false&allow_redirect=true",
+                 j->origin, j->media_id);
+    atrium_fed_request q = {
+        .size = sizeof(q),
+        .method = "GET",
+        .destination = j->origin,
+        .uri = uri,
+        .deadline_ms = h->now_ms() + m->cfg.remote_fetch_timeout_ms,
+        .max_body_bytes = m->cfg.max_upload_bytes + REMOTE_FRAMING_BYTES,
+        .on_chunk = job_chunk,
+        .on_done = job_done,
+        .arg = j,
+    };
+    if (j->phase == PHASE_LEGACY) h->metric_add(m->m_fetch_legacy, 1);
+    int rc = h->fed_request(&q);
+    if (rc == ATRIUM_E_STOPPED) return REMOTE_STOPPING;
+    return rc < 0 ? REMOTE_UNREACHABLE : REMOTE_OK;
+}
+
+/* Does an error answer say "this endpoint is unknown here" (so: try the legacy path)? */
+static bool endpoint_unknown(const remote_job *j)
+{
+    if (j->status == 400) return true;
+    if (j->status != 404 && j->status != 405) return false;
+    json_error_t err;
+    json_t *body = json_loadb(j->err_body, j->err_len, 0, &err);
+    const char *code = json_string_value(json_object_get(body, "errcode"));
+    bool unknown = !code || strcmp(code, "M_UNRECOGNIZED") == 0;
+    json_decref(body);
+    return unknown;
+}
+
+/* The file name of a Content-Disposition (filename="..." or filename*=utf-8''...). */
+static void disposition_name(const char *cd, char *out, size_t cap)
+{
+    out[0] = '\0';
+    const char *p = strcasestr(cd, "filename*=utf-8''");
+    if (p) {
+        p += strlen("filename*=utf-8''");
+        size_t n = 0;
+        while (*p && *p != ';' && n + 1 < cap) {
+            unsigned hi, lo;
+            if (*p == '%' && sscanf(p + 1, "%1x%1x", &hi, &lo) == 2) {
+                out[n++] = (char)(hi * 16 + lo);
+                p += 3;
+            } else {
+                out[n++] = *p++;
+            }
+        }
+        out[n] = '\0';
+        return;
+    }
+    p = strcasestr(cd, "filename=");
+    if (!p) return;
+    p += strlen("filename=");
+    size_t n = 0;
+    if (*p == '"') {
+        for (p++; *p && *p != '"' && n + 1 < cap; p++) {
+            if (*p == '\\' && p[1]) p++;
+            out[n++] = *p;
+        }
+    } else {
+        while (*p && *p != ';' && *p != ' ' && n + 1 < cap) out[n++] = *p++;
+    }
+    out[n] = '\0';
+}
+
+/* The bytes are all here: make them durable, probe them, record the row. */
+static int job_commit(remote_job *j)
+{
+    media *m = j->m;
+    const atrium_host *h = m->h;
+    media_row row;
+    memset(&row, 0, sizeof(row));
+    snprintf(row.media_id, sizeof(row.media_id), "%s", j->media_id);
+    const char *ct = j->phase == PHASE_FEDERATION ? j->mp->content_type : j->content_type;
+    const char *cd = j->phase == PHASE_FEDERATION ? j->mp->disposition : j->disposition;
+    snprintf(row.content_type, sizeof(row.content_type), "%.*s", MEDIA_TYPE_MAX_BYTES,
+             media_type_acceptable(ct) ? ct : DEFAULT_CONTENT_TYPE);
+    disposition_name(cd, row.upload_name, sizeof(row.upload_name));
+    if (!media_name_acceptable(row.upload_name)) row.upload_name[0] = '\0';
+    sha256_final_hex(&j->sha, row.sha256);
+    row.size_bytes = j->bytes;
+    snprintf(row.file_name, sizeof(row.file_name), "%s", j->file_rel);
+    if (store_tmp_commit(m, &j->tmp, j->file_abs, false) < 0) {
+        j->tmp_open = false;
+        return REMOTE_INTERNAL;
+    }
+    j->tmp_open = false;
+    if (render_probe(j->file_abs, &row.width, &row.height, &row.frames) != RENDER_OK)
+        row.width = row.height = row.frames = 0;
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    char old[MEDIA_FILE_NAME_MAX] = "";
+    int rc = c ? media_db_remote_put(h, m->self, c, j->origin, &row, old) : ATRIUM_E_DB;
+    if (c) h->db_release(c);
+    if (rc != MEDIA_DB_OK) {
+        unlink(j->file_abs);
+        return REMOTE_INTERNAL;
+    }
+    if (old[0] && strcmp(old, row.file_name) != 0) {
+        /* The row names the new copy now; readers of the old one keep their descriptor. */
+        char path[MEDIA_PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, old);
+        unlink(path);
+    }
+    h->metric_add(m->m_fetch_bytes, j->bytes);
+    h->log(m->self, ATRIUM_LOG_INFO, "remote media %s stored: %" PRId64 " bytes, sha256 %s%s",
+           j->key, j->bytes, row.sha256, j->phase == PHASE_LEGACY ? " (legacy endpoint)" : "");
+    return REMOTE_OK;
+}
+
+/* What the transfer's end means: a result, or -1 when the legacy fetch was started. */
+static int job_judge(remote_job *j)
+{
+    media *m = j->m;
+    if (j->too_large) return REMOTE_TOO_LARGE;
+    if (j->io_error) return REMOTE_INTERNAL;
+    if (j->bad) return REMOTE_BAD_ANSWER;
+    if (j->outcome == ATRIUM_FED_E_TOO_LARGE) return REMOTE_TOO_LARGE;
+    if (j->outcome == ATRIUM_FED_E_PROTOCOL) return REMOTE_BAD_ANSWER;
+    if (j->outcome != ATRIUM_FED_OK) return REMOTE_UNREACHABLE;
+    if (j->status == 200) {
+        if (j->phase == PHASE_FEDERATION) {
+            if (!mp_complete(j->mp)) return REMOTE_BAD_ANSWER;
+            if (j->mp->location[0]) {
+                m->h->log(m->self, ATRIUM_LOG_INFO,
+                          "remote media %s: the origin answered with a Location part, which "
+                          "this server does not follow yet",
+                          j->key);
+                return REMOTE_UNREACHABLE;
+            }
+        }
+        return job_commit(j);
+    }
+    if (j->phase == PHASE_FEDERATION && endpoint_unknown(j)) {
+        j->phase = PHASE_LEGACY;
+        int rc = job_start(j);
+        return rc == REMOTE_OK ? -1 : rc;
+    }
+    if (j->status == 404) return REMOTE_NOT_FOUND;
+    m->h->log(m->self, ATRIUM_LOG_INFO, "remote media %s: the origin answered %d", j->key,
+              j->status);
+    return REMOTE_UNREACHABLE;
+}
+
+static void job_after_transfer(void *arg, bool cancelled)
+{
+    remote_job *j = arg;
+    int result = cancelled ? REMOTE_STOPPING : job_judge(j);
+    if (result >= 0) job_complete(j, result);
+}
+
+/* ---- the request ---------------------------------------------------------------------- */
+
+/* Admitted mode: join the fetch of the file (starting it when none runs) and park. */
+static int join_fetch(media *m, atrium_req *req, media_req *st, const char *origin,
+                      const char *media_id)
+{
+    const atrium_host *h = m->h;
+    char key[REMOTE_KEY_MAX];
+    snprintf(key, sizeof(key), "%s/%s", origin, media_id);
+    remote_waiter *w = h->req_alloc(req, sizeof(*w));
+    if (!w) return ATRIUM_E_NOMEM;
+    memset(w, 0, sizeof(*w));
+    w->req = req;
+    remote_table *t = m->remote;
+    pthread_mutex_lock(&t->mu);
+    remote_job **pp = job_slot(t, key), *j = *pp;
+    remote_job *fresh = NULL;
+    if (!j) {
+        fresh = calloc(1, sizeof(*fresh));
+        mp_parser *mp = fresh ? malloc(sizeof(*mp)) : NULL;
+        if (!mp) {
+            pthread_mutex_unlock(&t->mu);
+            free(fresh);
+            return ATRIUM_E_NOMEM;
+        }
+        fresh->mp = mp;
+        fresh->m = m;
+        snprintf(fresh->key, sizeof(fresh->key), "%s", key);
+        snprintf(fresh->origin, sizeof(fresh->origin), "%s", origin);
+        snprintf(fresh->media_id, sizeof(fresh->media_id), "%s", media_id);
+        j = fresh;
+    }
+    /* Parked before the fetch can end (it wakes under the same lock's protection). */
+    if (h->req_wait(req, st->remote_deadline_ms) < 0) {
+        pthread_mutex_unlock(&t->mu);
+        if (fresh) job_free(fresh);
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    w->next = j->waiters;
+    j->waiters = w;
+    st->rw = w;
+    if (fresh) {
+        fresh->next = NULL;
+        *pp = fresh;
+    } else {
+        h->metric_add(m->m_fetch_coalesced, 1);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (fresh) {
+        h->metric_add(m->m_fetches_running, 1);
+        int rc = job_start(fresh);
+        if (rc != REMOTE_OK) job_complete(fresh, rc);
+    }
+    return ATRIUM_PARKED;
+}
+
+/* The fetch mode the calling thread runs in (the handoff to the fetch pool publishes
+ * ADMITTED). */
+static int fetch_mode(media *m)
+{
+    return (int)(intptr_t)m->h->scope_get(ATRIUM_SCOPE_FETCH_MODE);
+}
+
+int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
+                  const char *media_id)
+{
+    const atrium_host *h = m->h;
+    if (st->rw) { /* a run after waiting for the fetch */
+        remote_table *t = m->remote;
+        pthread_mutex_lock(&t->mu);
+        bool done = st->rw->done;
+        int result = st->rw->result;
+        pthread_mutex_unlock(&t->mu);
+        /* Not done: the deadline ran us; the fetch goes on for the others and still
+         * sends our one wake-up (the request stays valid until then). */
+        if (!done) return respond_timeout(m, req);
+        st->rw = NULL;
+        if (result != REMOTE_OK) return remote_respond_failure(m, req, result, origin);
+        int rc = cache_lookup(m, req, st, origin, media_id);
+        if (rc == CACHE_MISS) return remote_respond_failure(m, req, REMOTE_INTERNAL, origin);
+        return rc;
+    }
+    int rc;
+    if (st->fw) { /* a run after waiting in the fetch line: settle that first */
+        rc = fetch_budget_enter(m, req, st);
+        if (rc != MEDIA_GO) return rc;
+    }
+    rc = remote_refusal(m, req, origin);
+    if (rc != MEDIA_GO) return rc;
+    if (st->remote_deadline_ms == 0) {
+        int64_t timeout = delivery_timeout_ms(m, req);
+        if (timeout < 0) {
+            h->respond_error(req, 400, "M_INVALID_PARAM", "timeout_ms must be a non-negative integer");
+            return ATRIUM_DONE;
+        }
+        st->remote_deadline_ms = st->arrival_ms + timeout;
+    }
+    rc = cache_lookup(m, req, st, origin, media_id);
+    if (rc != CACHE_MISS) return rc;
+    if (h->now_ms() >= st->remote_deadline_ms) return respond_timeout(m, req);
+    if (fetch_mode(m) == ATRIUM_FETCH_ADMITTED) return join_fetch(m, req, st, origin, media_id);
+
+    /* Defer mode: a slot of the fetch budget, then the fetch pool. */
+    rc = fetch_budget_enter(m, req, st);
+    if (rc != MEDIA_GO) return rc;
+    const atrium_scope_value vals[] = {
+        {.key = ATRIUM_SCOPE_FETCH_MODE, .value = (void *)(intptr_t)ATRIUM_FETCH_ADMITTED},
+        {.key = ATRIUM_SCOPE_RATE_ADMITTED, .value = (void *)(intptr_t)1},
+    };
+    rc = h->handoff(req, m->fetch_pool, vals, sizeof(vals) / sizeof(vals[0]));
+    if (rc == 0) return ATRIUM_HANDED_OFF;
+    if (rc == ATRIUM_E_STOPPED) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    h->respond_limited(req, 1000, "Too many remote media fetches queued; retry shortly");
+    return ATRIUM_DONE;
+}

@@ -1,0 +1,427 @@
+"""Remote media: Atrium serving its media to other servers as multipart/mixed, and
+fetching other servers' media - one fetch per remote file, on the fetch pool, through the
+fetch budget and its fair line, with exact codes.
+
+Two Atrium servers federate over loopback TLS (federation_support.FederatedServer); where a
+peer must misbehave or count what reaches it, a fake origin written here plays it: HTTPS
+from the test CA, its key document served (Atrium's requests to it are signed; the fake
+does not check them), and /_matrix/federation/v1/media/download answered as each test
+says.
+"""
+
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import ssl
+import tempfile
+import threading
+import time
+import unittest
+
+import harness
+from federation_support import FederatedServer, SigningKey, TestCA, canonical, free_port, sign_json, xmatrix
+from media_support import get_many, png, register, upload, webp_size
+
+A_IP, B_IP, ORIGIN_IP, ORIGIN2_IP = "127.0.0.21", "127.0.0.22", "127.0.0.33", "127.0.0.34"
+BOUNDARY = "bNdRy7f3a9"
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def multipart(data, content_type="application/octet-stream", boundary=BOUNDARY, name=None):
+    disp = f'inline; filename="{name}"' if name else "inline"
+    return (f"--{boundary}\r\nContent-Type: application/json\r\n\r\n{{}}\r\n"
+            f"--{boundary}\r\nContent-Type: {content_type}\r\nContent-Disposition: {disp}\r\n\r\n"
+            ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
+
+
+class FakeOrigin:
+    """An origin server over TLS. `files[media_id]` says how to answer:
+    ("ok", bytes, content_type) multipart; ("not_found",); ("garbage",); ("hang",);
+    ("unrecognized", bytes, content_type): the federation endpoint is unknown (404
+    M_UNRECOGNIZED), the legacy one serves the bytes; ("truncated", bytes): a Content-Length
+    promising more than is sent. `delay_s` delays every media answer. `hits` counts media
+    requests by path."""
+
+    def __init__(self, ca, ip):
+        self.ip = ip
+        self.port = free_port(ip)
+        self.server_name = f"{ip}:{self.port}"
+        self.key = SigningKey("fake1")
+        self.files = {}
+        self.delay_s = 0
+        self.hits = {}
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        cert, keyfile = ca.issue(f"origin-{ip}", ip)
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def send(self, status, body, content_type="application/json", length=None):
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body) if length is None else length))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                path = self.path.split("?")[0]
+                if path.startswith("/_matrix/key/v2/server"):
+                    doc = {"server_name": outer.server_name,
+                           "verify_keys": {outer.key.key_id: {"key": outer.key.public_b64}},
+                           "old_verify_keys": {},
+                           "valid_until_ts": int(time.time() * 1000) + 3600 * 1000}
+                    return self.send(200, canonical(sign_json(doc, outer.server_name, outer.key)))
+                with outer.lock:
+                    outer.hits[path] = outer.hits.get(path, 0) + 1
+                if outer.delay_s:
+                    time.sleep(outer.delay_s)
+                fed = "/_matrix/federation/v1/media/download/"
+                legacy = f"/_matrix/media/v3/download/{outer.server_name}/"
+                if path.startswith(fed):
+                    media_id, is_fed = path[len(fed):], True
+                elif path.startswith(legacy):
+                    media_id, is_fed = path[len(legacy):], False
+                else:
+                    return self.send(404, b'{"errcode":"M_UNRECOGNIZED","error":"no"}')
+                spec = outer.files.get(media_id, ("not_found",))
+                kind = spec[0]
+                if kind == "hang":
+                    outer.release.wait(60)
+                    return
+                if kind == "not_found":
+                    return self.send(404, b'{"errcode":"M_NOT_FOUND","error":"not here"}')
+                if kind == "garbage":
+                    return self.send(200, b"this is not a multipart body at all" * 10,
+                                     f"multipart/mixed; boundary={BOUNDARY}")
+                if kind == "truncated":
+                    body = multipart(spec[1])
+                    self.send(200, body[: len(body) // 2], f"multipart/mixed; boundary={BOUNDARY}",
+                              length=len(body))
+                    self.close_connection = True
+                    return
+                if kind == "unrecognized" and is_fed:
+                    return self.send(404, b'{"errcode":"M_UNRECOGNIZED","error":"unknown"}')
+                if not is_fed:
+                    return self.send(200, spec[1], spec[2])
+                return self.send(200, multipart(spec[1], spec[2], name="pic.png"),
+                                 f"multipart/mixed; boundary={BOUNDARY}")
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer((ip, self.port), Handler)
+        self.httpd.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, keyfile)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def media_hits(self, media_id):
+        with self.lock:
+            return sum(n for p, n in self.hits.items() if p.endswith("/" + media_id))
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class RemoteMediaCase(harness.AtriumTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="atrium-media-remote-")
+        cls.ca = TestCA(cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def start_fed(self, ip, media=None, extra=None):
+        def settings(tmp):
+            conf = {"enabled": True, "store_path": os.path.join(tmp, "media_store")}
+            conf.update(media or {})
+            return harness.deep_merge({"registration": {"enabled": True},
+                                       "plugins": {"media": conf}}, extra or {})
+        srv = FederatedServer(self.ca, ip, extra=None, start=False)
+        srv._settings = harness.deep_merge(srv._settings, settings(srv.dir))
+        srv.store = os.path.join(srv.dir, "media_store")
+        srv.write_config()
+
+        def close():
+            outcome = getattr(self, "_outcome", None)
+            if outcome is not None and not getattr(outcome, "success", True):
+                srv._failed = True
+            srv.close()
+        self.addCleanup(close)
+        srv.start()
+        return srv
+
+    def origin(self, ip=ORIGIN_IP):
+        o = FakeOrigin(self.ca, ip)
+        self.addCleanup(o.close)
+        return o
+
+    def remote_path(self, origin_name, media_id, thumb=None, extra=""):
+        if thumb:
+            w, h = thumb
+            return (f"/_matrix/client/v1/media/thumbnail/{origin_name}/{media_id}"
+                    f"?width={w}&height={h}&method=scale{extra}")
+        return f"/_matrix/client/v1/media/download/{origin_name}/{media_id}{extra}"
+
+    def assert_failure(self, result, status, errcode):
+        got_status, headers, body = result
+        self.assertEqual(got_status, status, body[:300])
+        self.assertEqual(json.loads(body)["errcode"], errcode, body)
+        self.assertEqual(headers.get("Cache-Control"), "no-store")
+
+
+class ServingOtherServersTest(RemoteMediaCase):
+    def test_federation_download_is_multipart_with_metadata_then_the_bytes(self):
+        b = self.start_fed(B_IP)
+        _, token = register(b)
+        data = os.urandom(300000)
+        media_id = upload(b, token, data, "application/pdf", filename="doc.pdf")
+        peer = SigningKey("p1")
+        # Unsigned: refused by the core before the plugin runs.
+        status, _, body = b.fed_request("GET", f"/_matrix/federation/v1/media/download/{media_id}")
+        self.assertEqual(status, 401, body)
+        # Signed by a server B cannot reach for keys: still refused (the signature is
+        # checked against keys, not trusted) - so sign as A, a real server.
+        a = self.start_fed(A_IP)
+        del peer
+        status, headers, raw = self._signed_get(a, b, f"/_matrix/federation/v1/media/download/{media_id}")
+        self.assertEqual(status, 200, raw[:300])
+        ctype = headers["Content-Type"]
+        self.assertTrue(ctype.startswith("multipart/mixed; boundary="), ctype)
+        boundary = ctype.split("boundary=", 1)[1]
+        parts = raw.split(b"--" + boundary.encode())
+        self.assertEqual(parts[0], b"")
+        self.assertEqual(parts[-1], b"--\r\n")
+        meta_head, meta = parts[1].split(b"\r\n\r\n", 1)
+        self.assertIn(b"Content-Type: application/json", meta_head)
+        self.assertEqual(json.loads(meta), {})
+        file_head, file_body = parts[2].split(b"\r\n\r\n", 1)
+        self.assertIn(b"Content-Type: application/pdf", file_head)
+        self.assertIn(b'filename="doc.pdf"', file_head)
+        self.assertEqual(sha(file_body[:-2]), sha(data))
+        # Unknown media: 404 M_NOT_FOUND.
+        status, _, raw = self._signed_get(a, b, "/_matrix/federation/v1/media/download/nope")
+        self.assertEqual((status, json.loads(raw)["errcode"]), (404, "M_NOT_FOUND"))
+
+    def _signed_get(self, a, b, path):
+        """A GET to B's federation listener signed with A's key (read from A's key file)."""
+        with open(os.path.join(a.dir, f"{a.server_name}.signing.key")) as f:
+            _, version, seed = f.read().split()
+        import base64
+        key = SigningKey(version, base64.b64decode(seed + "=" * (-len(seed) % 4)))
+        auth = xmatrix("GET", path, a.server_name, b.server_name, key)
+        import http.client
+        conn = http.client.HTTPSConnection(b.fed_ip, b.fed_port, timeout=15,
+                                           context=self.ca.client_context())
+        conn.request("GET", path, headers={"Authorization": auth})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        return resp.status, dict(resp.getheaders()), raw
+
+
+class FetchingFromAtriumTest(RemoteMediaCase):
+    def test_a_user_on_a_downloads_and_thumbnails_media_uploaded_on_b_then_from_the_cache(self):
+        a = self.start_fed(A_IP)
+        b = self.start_fed(B_IP)
+        _, tb = register(b)
+        _, ta = register(a)
+        image = png(640, 480)
+        media_id = upload(b, tb, image, "image/png", filename="pic.png")
+        status, headers, body = a.request("GET", self.remote_path(b.server_name, media_id),
+                                          token=ta, timeout=30)
+        self.assertEqual(status, 200, body[:300])
+        self.assertEqual(sha(body), sha(image))
+        self.assertEqual(headers["Content-Type"], "image/png")
+        self.assertIn('filename="pic.png"', headers["Content-Disposition"])
+        served = b.metric("atrium_media_federation_served_total")
+        self.assertEqual(served, 1)
+        status, _, thumb = a.request("GET", self.remote_path(b.server_name, media_id, (96, 96)),
+                                     token=ta, timeout=30)
+        self.assertEqual(status, 200, thumb[:300])
+        self.assertEqual(webp_size(thumb), (320, 240))  # the smallest scale size >= 96x96
+        status, _, again = a.request("GET", self.remote_path(b.server_name, media_id), token=ta)
+        self.assertEqual((status, sha(again)), (200, sha(image)))
+        # The thumbnail and the second download came from A's cache: B served once.
+        self.assertEqual(b.metric("atrium_media_federation_served_total"), 1)
+        self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}), 1)
+
+
+class FakeOriginTest(RemoteMediaCase):
+    SHORT = {"upload_wait_default_ms": 3000}
+
+    def test_one_hundred_concurrent_downloads_of_one_uncached_file_make_one_upstream_request(self):
+        o = self.origin()
+        data = os.urandom(200000)
+        o.files["one"] = ("ok", data, "application/octet-stream")
+        o.delay_s = 0.5
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        results = get_many(a, [self.remote_path(o.server_name, "one")] * 100, token, 100)
+        self.assertEqual([r[0] for r in results], [200] * 100, [r[2][:200] for r in results if r[0] != 200][:3])
+        self.assertTrue(all(sha(r[2]) == sha(data) for r in results))
+        self.assertEqual(o.media_hits("one"), 1)
+        self.assertEqual(a.metric("atrium_media_fetch_budget_in_flight"), 0)
+
+    def test_150_distinct_remote_images_from_one_client_all_load(self):
+        o = self.origin()
+        for i in range(150):
+            o.files[f"img{i}"] = ("ok", png(8, 8 + i % 5), "image/png")
+        o.delay_s = 0.05
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        paths = [self.remote_path(o.server_name, f"img{i}") for i in range(150)]
+        results = get_many(a, paths, token, 150)
+        bad = [(i, r[0], r[2][:120]) for i, r in enumerate(results) if r[0] != 200]
+        self.assertEqual(bad, [])
+        for i, r in enumerate(results):
+            self.assertEqual(sha(r[2]), sha(o.files[f"img{i}"][1]))
+        self.assertEqual(sum(o.media_hits(f"img{i}") for i in range(150)), 150)
+
+    def test_with_no_line_requests_over_the_per_client_cap_get_429_at_once(self):
+        o = self.origin()
+        for i in range(12):
+            o.files[f"f{i}"] = ("ok", b"x" * 1000, "text/plain")
+        o.delay_s = 1.5
+        a = self.start_fed(A_IP, media={"media_fetch_line_per_client": 0,
+                                        "media_fetch_max_per_client": 2})
+        _, token = register(a)
+        started = time.monotonic()
+        results = [None] * 6
+        times = [None] * 6
+
+        def get(i):
+            results[i] = a.request("GET", self.remote_path(o.server_name, f"f{i}"), token=token,
+                                   timeout=30)
+            times[i] = time.monotonic() - started
+        threads = [threading.Thread(target=get, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(40)
+        statuses = sorted(r[0] for r in results)
+        self.assertEqual(statuses, [200, 200, 429, 429, 429, 429], statuses)
+        for i, r in enumerate(results):
+            if r[0] == 429:
+                body = json.loads(r[2])
+                self.assertEqual(body["errcode"], "M_LIMIT_EXCEEDED")
+                self.assertEqual(body["retry_after_ms"], 1000)
+                self.assertEqual(r[1]["Retry-After"], "1")
+                self.assertEqual(r[1]["Cache-Control"], "no-store")
+                self.assertLess(times[i], 1.2, "a refusal must not wait for the fetches")
+
+    def test_over_the_per_client_cap_requests_wait_in_the_line_and_all_succeed(self):
+        o = self.origin()
+        for i in range(6):
+            o.files[f"w{i}"] = ("ok", b"y" * 100 + bytes([i]), "text/plain")
+        o.delay_s = 0.3
+        a = self.start_fed(A_IP, media={"media_fetch_max_per_client": 2})
+        _, token = register(a)
+        results = get_many(a, [self.remote_path(o.server_name, f"w{i}") for i in range(6)], token, 6)
+        self.assertEqual([r[0] for r in results], [200] * 6)
+        self.assertEqual([r[2] for r in results], [o.files[f"w{i}"][1] for i in range(6)])
+
+    def test_a_peer_that_never_answers_gives_504_by_the_deadline_and_the_server_stays_responsive(self):
+        o = self.origin()
+        o.files["black"] = ("hang",)
+        a = self.start_fed(A_IP, media={"media_fetch_threads": 2})
+        _, token = register(a)
+        results = [None] * 16
+        started = time.monotonic()
+
+        path = self.remote_path(o.server_name, "black", extra="?timeout_ms=2000")
+
+        def get(i):
+            results[i] = a.request("GET", path, token=token, timeout=30)
+        threads = [threading.Thread(target=get, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        # Meanwhile: /versions answers at once (no request-pool thread waits on the peer).
+        t0 = time.monotonic()
+        status, _ = a.json("GET", "/_matrix/client/versions")
+        self.assertEqual(status, 200)
+        self.assertLess(time.monotonic() - t0, 1.0)
+        for t in threads:
+            t.join(30)
+        elapsed = time.monotonic() - started
+        for r in results:
+            self.assert_failure(r, 504, "M_UNKNOWN")
+        self.assertLess(elapsed, 6.0)
+        # Slots come back; the fetch pool's threads were never held.
+        self.assertEqual(a.metric("atrium_media_fetch_budget_in_flight"), 0)
+        self.assertEqual(a.metric("atrium_pool_busy", {"pool": "media.fetch"}), 0)
+        self.assertEqual(o.media_hits("black"), 1)
+
+    def test_an_origin_answering_404_gives_404(self):
+        o = self.origin()
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        r = a.request("GET", self.remote_path(o.server_name, "missing"), token=token, timeout=30)
+        self.assert_failure(r, 404, "M_NOT_FOUND")
+
+    def test_garbage_multipart_gives_502_and_leaves_nothing_in_the_cache(self):
+        o = self.origin()
+        o.files["junk"] = ("garbage",)
+        o.files["cut"] = ("truncated", os.urandom(50000))
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        self.assert_failure(a.request("GET", self.remote_path(o.server_name, "junk"), token=token,
+                                      timeout=30), 502, "M_UNKNOWN")
+        self.assert_failure(a.request("GET", self.remote_path(o.server_name, "cut"), token=token,
+                                      timeout=30), 502, "M_UNKNOWN")
+        remote_files = [f for root, _, fs in os.walk(os.path.join(a.store, "remote")) for f in fs]
+        self.assertEqual(remote_files, [])
+        self.assertEqual(harness.psql("SELECT count(*) FROM media_remote", a.database), [["0"]])
+
+    def test_an_oversize_file_gives_502_too_large(self):
+        o = self.origin()
+        o.files["big"] = ("ok", os.urandom(300000), "application/octet-stream")
+        a = self.start_fed(A_IP, media={"max_upload_size": 100000})
+        _, token = register(a)
+        self.assert_failure(a.request("GET", self.remote_path(o.server_name, "big"), token=token,
+                                      timeout=30), 502, "M_TOO_LARGE")
+
+    def test_an_origin_without_federation_media_is_asked_on_the_legacy_endpoint(self):
+        o = self.origin()
+        data = os.urandom(5000)
+        o.files["old"] = ("unrecognized", data, "application/octet-stream")
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        status, _, body = a.request("GET", self.remote_path(o.server_name, "old"), token=token,
+                                    timeout=30)
+        self.assertEqual((status, sha(body)), (200, sha(data)))
+        self.assertEqual(o.hits.get(f"/_matrix/media/v3/download/{o.server_name}/old"), 1)
+
+    def test_allow_remote_false_and_blocked_origins_are_404_without_a_fetch(self):
+        o = self.origin()
+        o.files["x"] = ("ok", b"hello", "text/plain")
+        a = self.start_fed(A_IP, media={"prevent_media_downloads_from": "evil.example, " + o.server_name})
+        _, token = register(a)
+        self.assert_failure(a.request("GET", self.remote_path(o.server_name, "x"), token=token),
+                            404, "M_NOT_FOUND")
+        o2 = self.origin(ORIGIN2_IP)
+        o2.files["y"] = ("ok", b"hello", "text/plain")
+        self.assert_failure(a.request("GET", self.remote_path(o2.server_name, "y",
+                                                              extra="?allow_remote=false"),
+                                      token=token), 404, "M_NOT_FOUND")
+        self.assertEqual(o.media_hits("x") + o2.media_hits("y"), 0)
+        status, _, body = a.request("GET", self.remote_path(o2.server_name, "y"), token=token,
+                                    timeout=30)
+        self.assertEqual((status, body), (200, b"hello"))
+
+
+if __name__ == "__main__":
+    unittest.main()
