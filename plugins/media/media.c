@@ -44,6 +44,9 @@
 #define DEFAULT_FETCH_MAX_PER_CLIENT 8
 #define DEFAULT_FETCH_LINE_PER_CLIENT 256
 #define DEFAULT_REMOTE_FETCH_TIMEOUT_MS 60000
+#define DEFAULT_REMOTE_FETCH_MAX_PER_ORIGIN 8
+#define DEFAULT_REMOTE_NOT_FOUND_CACHE_MS 60000
+#define DEFAULT_REMOTE_FAILURE_CACHE_MS 10000
 #define FETCH_POOL_SPARE_TASKS 64 /* beyond the budget: the end of fetches whose requests left */
 
 const atrium_host *media_host;
@@ -83,6 +86,9 @@ static const char *const SETTINGS[] = {
     "media_fetch_line_per_client",
     "remote_fetch_timeout_ms",
     "prevent_media_downloads_from",
+    "remote_fetch_max_per_origin",
+    "remote_not_found_cache_ms",
+    "remote_failure_cache_ms",
     NULL,
 };
 
@@ -171,7 +177,13 @@ static int read_settings(media *m, const atrium_config *cfg)
                  &c->fetch_line_per_client) < 0 ||
         h->config_int(self, cfg, "remote_fetch_timeout_ms", DEFAULT_REMOTE_FETCH_TIMEOUT_MS, 100,
                       PARK_LIMIT_MS, &c->remote_fetch_timeout_ms) < 0 ||
-        h->config_string(self, cfg, "prevent_media_downloads_from", "", &blocked) < 0)
+        h->config_string(self, cfg, "prevent_media_downloads_from", "", &blocked) < 0 ||
+        read_int(m, cfg, "remote_fetch_max_per_origin", DEFAULT_REMOTE_FETCH_MAX_PER_ORIGIN, 1,
+                 100000, &c->remote_fetch_max_per_origin) < 0 ||
+        h->config_int(self, cfg, "remote_not_found_cache_ms", DEFAULT_REMOTE_NOT_FOUND_CACHE_MS, 0,
+                      24LL * 3600 * 1000, &c->remote_not_found_cache_ms) < 0 ||
+        h->config_int(self, cfg, "remote_failure_cache_ms", DEFAULT_REMOTE_FAILURE_CACHE_MS, 0,
+                      24LL * 3600 * 1000, &c->remote_failure_cache_ms) < 0)
         return ATRIUM_E_INVAL;
     if (parse_origins(m, blocked) < 0) return ATRIUM_E_INVAL;
     c->delivery_retry_after_ms = DELIVERY_RETRY_AFTER_MS;
@@ -321,7 +333,9 @@ static int create_metrics(media *m)
                                                 "Requests refused (429) past the fetch line");
     m->m_fed_served = h->metric_counter(s, "atrium_media_federation_served_total", NULL,
                                         "Media answers sent to other servers");
-    atrium_metric *remote_all[] = {
+    m->m_negative_hits = h->metric_counter(s, "atrium_media_remote_negative_hits_total", NULL,
+                                           "Remote media answered from a remembered failure");
+    atrium_metric *remote_all[] = {m->m_negative_hits,
         m->m_fetches_ok,      m->m_fetches_not_found, m->m_fetches_too_large,
         m->m_fetches_failed,  m->m_fetches_running,   m->m_fetch_coalesced,
         m->m_fetch_bytes,     m->m_remote_hits,       m->m_fetch_legacy,

@@ -87,6 +87,9 @@ typedef struct media_config {
     int fetch_max_per_client;    /* media_fetch_max_per_client */
     int fetch_line_per_client;   /* media_fetch_line_per_client: parked over a cap; 0 = 429 */
     int64_t remote_fetch_timeout_ms; /* how long one fetch may take, whoever waits for it */
+    int remote_fetch_max_per_origin; /* fetches of one origin at once */
+    int64_t remote_not_found_cache_ms; /* a 404 / too large remembered (0 = not) */
+    int64_t remote_failure_cache_ms;   /* unreachable / garbage remembered (0 = not) */
     const char *blocked_origins[MEDIA_MAX_BLOCKED_ORIGINS]; /* prevent_media_downloads_from */
     size_t n_blocked_origins;
 } media_config;
@@ -122,7 +125,7 @@ typedef struct media {
     atrium_metric *m_fetches_ok, *m_fetches_not_found, *m_fetches_failed, *m_fetches_too_large;
     atrium_metric *m_fetches_running, *m_fetch_coalesced, *m_fetch_bytes, *m_remote_hits;
     atrium_metric *m_fetch_in_flight, *m_fetch_line_waiting;
-    atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served;
+    atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served, *m_negative_hits;
 
     atomic_int authorizing, authorizing_peak;
     atomic_int upload_waiters; /* requests waiting (with their slot) for an upload */

@@ -51,10 +51,21 @@
  * upload_wait_default_ms, capped at upload_wait_max_ms, counted from the request's first
  * run, the waits in the fetch line included); all with Cache-Control: no-store.
  *
+ * Per-origin cap: at most remote_fetch_max_per_origin fetches of one origin run at once;
+ * the next wait (as jobs, their requests parked on them) and start, in order, when one of
+ * that origin's ends - unless every request that wanted one has been answered meanwhile
+ * (then it ends without asking). So one dead or slow origin holds at most that many
+ * outbound transfers, and other origins are fetched as usual.
+ *
+ * Negative cache: a 404 or a too-large file is remembered for remote_not_found_cache_ms,
+ * an unreachable origin or a garbage answer for remote_failure_cache_ms (per remote file,
+ * in memory, at most REMOTE_NEGATIVE_MAX entries); meanwhile the same answer is given at
+ * once, without a budget slot and without asking the origin again.
+ *
  * Not done here (yet): following a Location part or a redirect, the origin's own
  * thumbnail endpoint (remote thumbnails are rendered from the fetched original, which
- * makes an image and its thumbnail one fetch), a per-origin cap, a negative cache,
- * streaming to waiters as bytes arrive, coalescing across processes, eviction.
+ * makes an image and its thumbnail one fetch), streaming to waiters as bytes arrive,
+ * coalescing across processes, eviction.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -72,6 +83,8 @@
 #define REMOTE_ERROR_BODY_MAX 4096 /* an error answer's body kept to read its errcode */
 #define REMOTE_FRAMING_BYTES (MP_HEADERS_MAX * 2 + MP_JSON_MAX + 1024) /* multipart overhead */
 #define DEFAULT_CONTENT_TYPE "application/octet-stream"
+#define REMOTE_ORIGIN_BUCKETS 64
+#define REMOTE_NEGATIVE_MAX 4096 /* remembered failures, at most */
 
 enum remote_result {
     REMOTE_OK = 0,
@@ -81,6 +94,7 @@ enum remote_result {
     REMOTE_TOO_LARGE,   /* past max_upload_size */
     REMOTE_INTERNAL,    /* our disk or database */
     REMOTE_STOPPING,
+    REMOTE_ABANDONED, /* nobody waited for it any more: never started */
 };
 
 enum fetch_phase { PHASE_FEDERATION = 0, PHASE_LEGACY };
@@ -89,8 +103,25 @@ struct remote_waiter {
     atrium_req *req;
     int result; /* enum remote_result, set (under the table's lock) before the wake */
     bool done;
+    bool abandoned; /* its deadline answered it: the fetch need not start for it */
     remote_waiter *next;
 };
+
+/* Fetches of one origin: how many run, and those waiting for the per-origin cap. */
+typedef struct remote_origin {
+    char origin[MEDIA_SERVER_NAME_MAX_CHARS + 1];
+    int running;
+    struct remote_job *pending_head, *pending_tail;
+    struct remote_origin *next;
+} remote_origin;
+
+/* A remembered failure of one remote file (the negative cache). */
+typedef struct remote_negative {
+    char key[REMOTE_KEY_MAX];
+    int result;
+    int64_t until_ms;
+    struct remote_negative *next;
+} remote_negative;
 
 typedef struct remote_job {
     char key[REMOTE_KEY_MAX];
@@ -99,6 +130,9 @@ typedef struct remote_job {
     media *m;
     remote_waiter *waiters; /* under the table's lock */
     struct remote_job *next;
+    struct remote_job *pending_next; /* in its origin's pending list */
+    bool running;                    /* counted in its origin's running fetches */
+    bool counted;                    /* counted in atrium_media_remote_fetches_running */
 
     /* the transfer: written on the outbound client's thread, read after on_done */
     int phase;
@@ -118,6 +152,9 @@ typedef struct remote_job {
 struct remote_table {
     pthread_mutex_t mu;
     remote_job *buckets[REMOTE_TABLE_BUCKETS];
+    remote_origin *origins[REMOTE_ORIGIN_BUCKETS];
+    remote_negative *negative[REMOTE_TABLE_BUCKETS];
+    size_t n_negative;
 };
 
 int remote_init(media *m)
@@ -133,6 +170,17 @@ void remote_fini(media *m)
     if (!m->remote) return;
     /* Jobs still listed belong to transfers the core cancelled at shutdown; their memory
      * goes with the process. */
+    remote_table *t = m->remote;
+    for (size_t i = 0; i < REMOTE_ORIGIN_BUCKETS; i++)
+        for (remote_origin *o = t->origins[i], *next; o; o = next) {
+            next = o->next;
+            free(o);
+        }
+    for (size_t i = 0; i < REMOTE_TABLE_BUCKETS; i++)
+        for (remote_negative *n = t->negative[i], *next; n; n = next) {
+            next = n->next;
+            free(n);
+        }
     pthread_mutex_destroy(&m->remote->mu);
     free(m->remote);
     m->remote = NULL;
@@ -238,6 +286,95 @@ static remote_job **job_slot(remote_table *t, const char *key)
     return pp;
 }
 
+/* ---- the negative cache (under the table's lock) ------------------------------------ */
+
+/* How long a result is remembered: 0 = not at all. */
+static int64_t negative_ttl_ms(const media *m, int result)
+{
+    switch (result) {
+    case REMOTE_NOT_FOUND:
+    case REMOTE_TOO_LARGE: return m->cfg.remote_not_found_cache_ms;
+    case REMOTE_UNREACHABLE:
+    case REMOTE_BAD_ANSWER: return m->cfg.remote_failure_cache_ms;
+    default: return 0;
+    }
+}
+
+static remote_negative **negative_slot(remote_table *t, const char *key)
+{
+    remote_negative **pp = &t->negative[media_bucket(key) * 7919u % REMOTE_TABLE_BUCKETS];
+    while (*pp && strcmp((*pp)->key, key) != 0) pp = &(*pp)->next;
+    return pp;
+}
+
+/* Drop expired entries; when still full, all of them (they are only a cache). */
+static void negative_prune(remote_table *t, int64_t now)
+{
+    for (int pass = 0; pass < 2 && t->n_negative >= REMOTE_NEGATIVE_MAX; pass++)
+        for (size_t i = 0; i < REMOTE_TABLE_BUCKETS; i++) {
+            remote_negative **pp = &t->negative[i];
+            while (*pp) {
+                remote_negative *n = *pp;
+                if (pass == 1 || n->until_ms <= now) {
+                    *pp = n->next;
+                    t->n_negative--;
+                    free(n);
+                } else {
+                    pp = &n->next;
+                }
+            }
+        }
+}
+
+static void negative_remember(media *m, remote_table *t, const char *key, int result)
+{
+    int64_t ttl = negative_ttl_ms(m, result);
+    if (ttl <= 0) return;
+    int64_t now = m->h->now_ms();
+    negative_prune(t, now);
+    remote_negative **pp = negative_slot(t, key), *n = *pp;
+    if (!n) {
+        if (!(n = calloc(1, sizeof(*n)))) return;
+        snprintf(n->key, sizeof(n->key), "%s", key);
+        *pp = n;
+        t->n_negative++;
+    }
+    n->result = result;
+    n->until_ms = now + ttl;
+}
+
+/* The remembered result for key, or -1. */
+static int negative_lookup(media *m, remote_table *t, const char *key)
+{
+    remote_negative **pp = negative_slot(t, key), *n = *pp;
+    if (!n) return -1;
+    if (n->until_ms > m->h->now_ms()) return n->result;
+    *pp = n->next;
+    t->n_negative--;
+    free(n);
+    return -1;
+}
+
+/* ---- the per-origin cap (under the table's lock) ------------------------------------ */
+
+static remote_origin *origin_get(remote_table *t, const char *origin)
+{
+    remote_origin **pp = &t->origins[media_bucket(origin) % REMOTE_ORIGIN_BUCKETS];
+    while (*pp && strcmp((*pp)->origin, origin) != 0) pp = &(*pp)->next;
+    if (*pp) return *pp;
+    remote_origin *o = calloc(1, sizeof(*o));
+    if (!o) return NULL;
+    snprintf(o->origin, sizeof(o->origin), "%s", origin);
+    *pp = o;
+    return o;
+}
+
+/* The rule: may another fetch from this origin start now? */
+static bool origin_allows(const media *m, const remote_origin *o)
+{
+    return o->running < m->cfg.remote_fetch_max_per_origin;
+}
+
 static void job_free(remote_job *j)
 {
     if (j->tmp_open) store_tmp_discard(&j->tmp);
@@ -245,20 +382,38 @@ static void job_free(remote_job *j)
     free(j);
 }
 
-/* The fetch ended: tell every waiter, wake them (after the lock), forget the job. */
+static void job_start_task(void *arg, bool cancelled);
+
+/* The fetch ended: remember a failure, tell every waiter, wake them (after the lock),
+ * forget the job, and let the origin's next pending fetch start. */
 static void job_complete(remote_job *j, int result)
 {
     media *m = j->m;
     const atrium_host *h = m->h;
     remote_table *t = m->remote;
+    remote_job *start = NULL;
     pthread_mutex_lock(&t->mu);
     remote_job **pp = job_slot(t, j->key);
     if (*pp == j) *pp = j->next;
+    negative_remember(m, t, j->key, result);
     remote_waiter *w = j->waiters;
     j->waiters = NULL;
     for (remote_waiter *x = w; x; x = x->next) {
         x->result = result;
         x->done = true;
+    }
+    if (j->running) {
+        remote_origin *o = origin_get(t, j->origin);
+        if (o) {
+            o->running--;
+            if (o->pending_head && origin_allows(m, o)) {
+                start = o->pending_head;
+                o->pending_head = start->pending_next;
+                if (!o->pending_head) o->pending_tail = NULL;
+                start->running = true;
+                o->running++;
+            }
+        }
     }
     pthread_mutex_unlock(&t->mu);
     while (w) {
@@ -271,8 +426,10 @@ static void job_complete(remote_job *j, int result)
                              : result == REMOTE_TOO_LARGE ? m->m_fetches_too_large
                                                           : m->m_fetches_failed;
     h->metric_add(outcome, 1);
-    h->metric_add(m->m_fetches_running, -1);
+    if (j->counted) h->metric_add(m->m_fetches_running, -1);
     job_free(j);
+    if (start && h->pool_submit(m->fetch_pool, job_start_task, start) < 0)
+        job_complete(start, REMOTE_STOPPING);
 }
 
 /* ---- the transfer (the outbound client's thread: quick, never blocking) --------------- */
@@ -383,6 +540,31 @@ static int job_start(remote_job *j)
     int rc = h->fed_request(&q);
     if (rc == ATRIUM_E_STOPPED) return REMOTE_STOPPING;
     return rc < 0 ? REMOTE_UNREACHABLE : REMOTE_OK;
+}
+
+/* A fetch that waited for its origin's cap: start it, unless every request that wanted it
+ * has been answered already (then it ends without asking the origin). */
+static void job_start_task(void *arg, bool cancelled)
+{
+    remote_job *j = arg;
+    media *m = j->m;
+    if (cancelled) {
+        job_complete(j, REMOTE_STOPPING);
+        return;
+    }
+    pthread_mutex_lock(&m->remote->mu);
+    bool wanted = false;
+    for (remote_waiter *w = j->waiters; w; w = w->next)
+        if (!w->abandoned) wanted = true;
+    pthread_mutex_unlock(&m->remote->mu);
+    if (!wanted) {
+        job_complete(j, REMOTE_ABANDONED);
+        return;
+    }
+    m->h->metric_add(m->m_fetches_running, 1);
+    j->counted = true;
+    int rc = job_start(j);
+    if (rc != REMOTE_OK) job_complete(j, rc);
 }
 
 /* Does an error answer say "this endpoint is unknown here" (so: try the legacy path)? */
@@ -533,8 +715,15 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     w->req = req;
     remote_table *t = m->remote;
     pthread_mutex_lock(&t->mu);
+    int remembered = negative_lookup(m, t, key);
+    if (remembered >= 0) {
+        pthread_mutex_unlock(&t->mu);
+        h->metric_add(m->m_negative_hits, 1);
+        return remote_respond_failure(m, req, remembered, origin);
+    }
     remote_job **pp = job_slot(t, key), *j = *pp;
     remote_job *fresh = NULL;
+    bool start_now = false;
     if (!j) {
         fresh = calloc(1, sizeof(*fresh));
         mp_parser *mp = fresh ? malloc(sizeof(*mp)) : NULL;
@@ -563,12 +752,23 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     if (fresh) {
         fresh->next = NULL;
         *pp = fresh;
+        remote_origin *o = origin_get(t, origin);
+        if (!o || origin_allows(m, o)) { /* no memory for the count: do not hold it back */
+            start_now = true;
+            fresh->running = o != NULL;
+            if (o) o->running++;
+        } else { /* behind the per-origin cap: starts when one of the origin's ends */
+            if (o->pending_tail) o->pending_tail->pending_next = fresh;
+            else o->pending_head = fresh;
+            o->pending_tail = fresh;
+        }
     } else {
         h->metric_add(m->m_fetch_coalesced, 1);
     }
     pthread_mutex_unlock(&t->mu);
-    if (fresh) {
+    if (start_now) {
         h->metric_add(m->m_fetches_running, 1);
+        fresh->counted = true;
         int rc = job_start(fresh);
         if (rc != REMOTE_OK) job_complete(fresh, rc);
     }
@@ -594,7 +794,12 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
         pthread_mutex_unlock(&t->mu);
         /* Not done: the deadline ran us; the fetch goes on for the others and still
          * sends our one wake-up (the request stays valid until then). */
-        if (!done) return respond_timeout(m, req);
+        if (!done) {
+            pthread_mutex_lock(&t->mu);
+            st->rw->abandoned = true;
+            pthread_mutex_unlock(&t->mu);
+            return respond_timeout(m, req);
+        }
         st->rw = NULL;
         if (result != REMOTE_OK) return remote_respond_failure(m, req, result, origin);
         int rc = cache_lookup(m, req, st, origin, media_id);
@@ -620,6 +825,15 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
     if (rc != CACHE_MISS) return rc;
     if (h->now_ms() >= st->remote_deadline_ms) return respond_timeout(m, req);
     if (fetch_mode(m) == ATRIUM_FETCH_ADMITTED) return join_fetch(m, req, st, origin, media_id);
+    char key[REMOTE_KEY_MAX];
+    snprintf(key, sizeof(key), "%s/%s", origin, media_id);
+    pthread_mutex_lock(&m->remote->mu);
+    int remembered = negative_lookup(m, m->remote, key);
+    pthread_mutex_unlock(&m->remote->mu);
+    if (remembered >= 0) { /* a recent failure: the same answer, without asking again */
+        h->metric_add(m->m_negative_hits, 1);
+        return remote_respond_failure(m, req, remembered, origin);
+    }
 
     /* Defer mode: a slot of the fetch budget, then the fetch pool. */
     rc = fetch_budget_enter(m, req, st);

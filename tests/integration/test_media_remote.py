@@ -365,12 +365,49 @@ class FakeOriginTest(RemoteMediaCase):
         self.assertEqual(a.metric("atrium_pool_busy", {"pool": "media.fetch"}), 0)
         self.assertEqual(o.media_hits("black"), 1)
 
-    def test_an_origin_answering_404_gives_404(self):
+    def test_an_origin_answering_404_gives_404_and_is_not_asked_again_within_the_window(self):
         o = self.origin()
         a = self.start_fed(A_IP)
         _, token = register(a)
         r = a.request("GET", self.remote_path(o.server_name, "missing"), token=token, timeout=30)
         self.assert_failure(r, 404, "M_NOT_FOUND")
+        r = a.request("GET", self.remote_path(o.server_name, "missing"), token=token, timeout=30)
+        self.assert_failure(r, 404, "M_NOT_FOUND")
+        self.assertEqual(o.media_hits("missing"), 1)
+        self.assertEqual(a.metric("atrium_media_remote_negative_hits_total"), 1)
+
+    def test_a_dead_origin_holds_at_most_its_per_origin_cap_while_others_are_served(self):
+        dead = self.origin()
+        for i in range(5):
+            dead.files[f"d{i}"] = ("hang",)
+        good = self.origin(ORIGIN2_IP)
+        good.files["g"] = ("ok", b"good bytes", "text/plain")
+        a = self.start_fed(A_IP, media={"remote_fetch_max_per_origin": 2,
+                                        "remote_fetch_timeout_ms": 3000})
+        _, token = register(a)
+        results = [None] * 5
+
+        def get(i):
+            results[i] = a.request("GET", self.remote_path(dead.server_name, f"d{i}",
+                                                           extra="?timeout_ms=1500"),
+                                   token=token, timeout=30)
+        threads = [threading.Thread(target=get, args=(i,)) for i in range(5)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        status, _, body = a.request("GET", self.remote_path(good.server_name, "g"), token=token,
+                                    timeout=5)
+        self.assertEqual((status, body), (200, b"good bytes"))
+        for t in threads:
+            t.join(30)
+        for r in results:
+            self.assert_failure(r, 504, "M_UNKNOWN")
+        # Only the cap's worth reached the dead origin; the others were never started, even
+        # after the running two timed out (nobody wanted them any more).
+        time.sleep(3.5)
+        self.assertEqual(sum(dead.media_hits(f"d{i}") for i in range(5)), 2)
+        self.assertEqual(a.metric("atrium_media_remote_fetches_running"), 0)
+        self.assertEqual(a.metric("atrium_media_fetch_budget_in_flight"), 0)
 
     def test_garbage_multipart_gives_502_and_leaves_nothing_in_the_cache(self):
         o = self.origin()
