@@ -10,6 +10,8 @@
  * media_remote is the remote cache: one row per (origin, media ID) whose copy is complete
  * and durable on disk (file_name, under the store), written only after the file was
  * committed, so a row always names a whole file; hash quarantine applies to it too.
+ * media_remote_thumbnails holds the thumbnails origins made of their media, per
+ * configured size, written the same way.
  *
  * Every function takes a connection the caller borrowed (db_acquire) and gives back
  * MEDIA_DB_OK / MEDIA_DB_NOTFOUND or ATRIUM_E_DB after logging PostgreSQL's message.
@@ -63,6 +65,19 @@ const atrium_migration MEDIA_MIGRATIONS[] = {
      " PRIMARY KEY (origin, media_id));"
      "CREATE INDEX media_remote_last_access ON media_remote (last_access_ts);"
      "CREATE INDEX media_remote_sha256 ON media_remote (sha256);"},
+    {3, "media_remote_thumbnails",
+     "CREATE TABLE media_remote_thumbnails ("
+     " origin text NOT NULL,"
+     " media_id text NOT NULL,"
+     " width integer NOT NULL, height integer NOT NULL,"
+     " method text NOT NULL,"
+     " animated boolean NOT NULL,"
+     " file_name text NOT NULL,"
+     " content_type text NOT NULL,"
+     " size_bytes bigint NOT NULL,"
+     " sha256 text NOT NULL,"
+     " fetched_ts bigint NOT NULL,"
+     " PRIMARY KEY (origin, media_id, width, height, method, animated));"},
 };
 const size_t MEDIA_N_MIGRATIONS = sizeof(MEDIA_MIGRATIONS) / sizeof(MEDIA_MIGRATIONS[0]);
 
@@ -403,6 +418,65 @@ int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, co
     if (!res) return ATRIUM_E_DB;
     old_file[0] = '\0';
     if (PQntuples(res) == 1) snprintf(old_file, MEDIA_FILE_NAME_MAX, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return MEDIA_DB_OK;
+}
+
+int media_db_remote_thumb_get(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                              const char *origin, const char *media_id, const media_size *s,
+                              media_row *out)
+{
+    char w[I64_CHARS], hh[I64_CHARS];
+    snprintf(w, sizeof(w), "%d", s->width);
+    snprintf(hh, sizeof(hh), "%d", s->height);
+    const char *p[] = {origin, media_id, w, hh, s->crop ? "crop" : "scale",
+                       s->animated ? "true" : "false"};
+    PGresult *res = run(h, self, c,
+                        "SELECT t.file_name, t.content_type, t.sha256, t.size_bytes,"
+                        " (q.sha256 IS NOT NULL OR r.quarantined_by IS NOT NULL)"
+                        " FROM media_remote_thumbnails t"
+                        " LEFT JOIN media_quarantined_hashes q ON q.sha256 = t.sha256"
+                        " LEFT JOIN media_remote r ON r.origin = t.origin AND r.media_id = t.media_id"
+                        " WHERE t.origin = $1 AND t.media_id = $2 AND t.width = $3"
+                        " AND t.height = $4 AND t.method = $5 AND t.animated = $6",
+                        6, p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    int rc = PQntuples(res) == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+    if (rc == MEDIA_DB_OK) {
+        memset(out, 0, sizeof(*out));
+        snprintf(out->media_id, sizeof(out->media_id), "%s", media_id);
+        copy_field(out->file_name, sizeof(out->file_name), res, 0, 0);
+        copy_field(out->content_type, sizeof(out->content_type), res, 0, 1);
+        copy_field(out->sha256, sizeof(out->sha256), res, 0, 2);
+        out->size_bytes = i64_field(res, 0, 3);
+        out->quarantined = PQgetvalue(res, 0, 4)[0] == 't';
+        out->uploaded = true;
+    }
+    PQclear(res);
+    return rc;
+}
+
+int media_db_remote_thumb_put(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                              const char *origin, const media_size *s, const media_row *r)
+{
+    char w[I64_CHARS], hh[I64_CHARS], size[I64_CHARS], now[I64_CHARS];
+    snprintf(w, sizeof(w), "%d", s->width);
+    snprintf(hh, sizeof(hh), "%d", s->height);
+    snprintf(size, sizeof(size), "%" PRId64, r->size_bytes);
+    snprintf(now, sizeof(now), "%" PRId64, media_wall_ms());
+    const char *p[] = {origin, r->media_id, w, hh, s->crop ? "crop" : "scale",
+                       s->animated ? "true" : "false", r->file_name, r->content_type, size,
+                       r->sha256, now};
+    PGresult *res = run(h, self, c,
+                        "INSERT INTO media_remote_thumbnails (origin, media_id, width, height,"
+                        " method, animated, file_name, content_type, size_bytes, sha256,"
+                        " fetched_ts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+                        " ON CONFLICT (origin, media_id, width, height, method, animated)"
+                        " DO UPDATE SET file_name = EXCLUDED.file_name,"
+                        " content_type = EXCLUDED.content_type, size_bytes = EXCLUDED.size_bytes,"
+                        " sha256 = EXCLUDED.sha256, fetched_ts = EXCLUDED.fetched_ts",
+                        11, p, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
     PQclear(res);
     return MEDIA_DB_OK;
 }

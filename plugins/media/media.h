@@ -178,6 +178,13 @@ typedef struct media_req {
     fetch_waiter *fw;     /* waiting in the fetch line */
     remote_waiter *rw;    /* waiting for a fetch of the file */
     int64_t remote_deadline_ms;
+    int fetch_rounds; /* fetches this request waited for (a bound against loops) */
+    /* a thumbnail request (set by thumbnail.c before delivery_locate): the configured
+     * size chosen; for remote media the origin's thumbnail of that size is fetched first */
+    bool thumb_wanted;
+    media_size thumb_size;
+    bool thumb_fallback;   /* the origin has none: fetch the original and render here */
+    bool row_is_thumbnail; /* remote_locate found the origin's thumbnail: st->row is it */
 } media_req;
 
 /* [req] The request's state, created on first use; NULL on OOM (a 500 is set). */
@@ -297,6 +304,13 @@ int media_db_remote_get(const atrium_host *h, atrium_plugin *self, PGconn *c, co
  * copy it replaced ("" when none). */
 int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
                         const media_row *r, char old_file[MEDIA_FILE_NAME_MAX]);
+/* The origin's thumbnail of origin/media_id at a configured size, as a row (file_name,
+ * content_type, sha256, size_bytes). */
+int media_db_remote_thumb_get(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                              const char *origin, const char *media_id, const media_size *s,
+                              media_row *out);
+int media_db_remote_thumb_put(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                              const char *origin, const media_size *s, const media_row *r);
 /* A user's media for the admin API: a JSON array of Synapse-shaped objects. */
 int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *user_id,
                        int64_t from, int64_t limit, bool newest_first, json_t **out,

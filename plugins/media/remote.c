@@ -62,10 +62,16 @@
  * in memory, at most REMOTE_NEGATIVE_MAX entries); meanwhile the same answer is given at
  * once, without a budget slot and without asking the origin again.
  *
- * Not done here (yet): following a Location part or a redirect, the origin's own
- * thumbnail endpoint (remote thumbnails are rendered from the fetched original, which
- * makes an image and its thumbnail one fetch), streaming to waiters as bytes arrive,
- * coalescing across processes, eviction.
+ * Remote thumbnails: while the original is not cached, a thumbnail request asks the
+ * origin's GET /_matrix/federation/v1/media/thumbnail/{mediaId} for the configured size
+ * thumbnail.c chose (one fetch per origin, media ID and size, like originals), stores it
+ * in media_remote_thumbnails and serves it as it is. When the origin has none (any answer
+ * but a complete multipart with a safe image type), that is remembered like a 404 and the
+ * original is fetched and rendered here. Once the original is cached, thumbnails are
+ * rendered from it.
+ *
+ * Not done here (yet): following a Location part or a redirect, streaming to waiters as
+ * bytes arrive, coalescing across processes, eviction.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -95,7 +101,9 @@ enum remote_result {
     REMOTE_INTERNAL,    /* our disk or database */
     REMOTE_STOPPING,
     REMOTE_ABANDONED, /* nobody waited for it any more: never started */
+    REMOTE_NO_THUMBNAIL, /* the origin has no thumbnail for it: fetch the original */
 };
+#define REMOTE_MAX_ROUNDS 3 /* fetches one request may wait for (thumbnail, original, ...) */
 
 enum fetch_phase { PHASE_FEDERATION = 0, PHASE_LEGACY };
 
@@ -128,6 +136,8 @@ typedef struct remote_job {
     char origin[MEDIA_SERVER_NAME_MAX_CHARS + 1];
     char media_id[MEDIA_ID_MAX_CHARS + 1];
     media *m;
+    bool thumb;        /* the origin's thumbnail of `size`, not the original */
+    media_size size;
     remote_waiter *waiters; /* under the table's lock */
     struct remote_job *next;
     struct remote_job *pending_next; /* in its origin's pending list */
@@ -277,6 +287,19 @@ static int cache_lookup(media *m, atrium_req *req, media_req *st, const char *or
     return CACHE_HIT;
 }
 
+/* What names one upstream resource: "<origin>/<media ID>" for the original,
+ * "<origin>/<media ID>/<W>x<H>-<method>[-anim]" for the origin's thumbnail of a size. */
+static void remote_key(const char *origin, const char *media_id, const media_size *thumb,
+                       char *out, size_t cap)
+{
+    if (!thumb) {
+        snprintf(out, cap, "%s/%s", origin, media_id);
+        return;
+    }
+    snprintf(out, cap, "%s/%s/%dx%d-%s%s", origin, media_id, thumb->width, thumb->height,
+             thumb->crop ? "crop" : "scale", thumb->animated ? "-anim" : "");
+}
+
 /* ---- the job table (under the table's lock) ---------------------------------------- */
 
 static remote_job **job_slot(remote_table *t, const char *key)
@@ -293,7 +316,8 @@ static int64_t negative_ttl_ms(const media *m, int result)
 {
     switch (result) {
     case REMOTE_NOT_FOUND:
-    case REMOTE_TOO_LARGE: return m->cfg.remote_not_found_cache_ms;
+    case REMOTE_TOO_LARGE:
+    case REMOTE_NO_THUMBNAIL: return m->cfg.remote_not_found_cache_ms;
     case REMOTE_UNREACHABLE:
     case REMOTE_BAD_ANSWER: return m->cfg.remote_failure_cache_ms;
     default: return 0;
@@ -519,7 +543,13 @@ static int job_start(remote_job *j)
         return REMOTE_INTERNAL;
     j->tmp_open = true;
     char uri[REMOTE_URI_MAX];
-    if (j->phase == PHASE_FEDERATION)
+    if (j->thumb)
+        snprintf(uri, sizeof(uri),
+                 "/_matrix/federation/v1/media/thumbnail/%s?width=%d&height=%d&method=%s"
+                 "&animated=%s",
+                 j->media_id, j->size.width, j->size.height, j->size.crop ? "crop" : "scale",
+                 j->size.animated ? "true" : "false");
+    else if (j->phase == PHASE_FEDERATION)
         snprintf(uri, sizeof(uri), "/_matrix/federation/v1/media/download/%s", j->media_id);
     else
         snprintf(uri, sizeof(uri),
@@ -632,16 +662,19 @@ static int job_commit(remote_job *j)
     sha256_final_hex(&j->sha, row.sha256);
     row.size_bytes = j->bytes;
     snprintf(row.file_name, sizeof(row.file_name), "%s", j->file_rel);
+    if (j->thumb && !media_type_thumbnail_safe(row.content_type)) return REMOTE_NO_THUMBNAIL;
     if (store_tmp_commit(m, &j->tmp, j->file_abs, false) < 0) {
         j->tmp_open = false;
         return REMOTE_INTERNAL;
     }
     j->tmp_open = false;
-    if (render_probe(j->file_abs, &row.width, &row.height, &row.frames) != RENDER_OK)
+    if (!j->thumb && render_probe(j->file_abs, &row.width, &row.height, &row.frames) != RENDER_OK)
         row.width = row.height = row.frames = 0;
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
     char old[MEDIA_FILE_NAME_MAX] = "";
-    int rc = c ? media_db_remote_put(h, m->self, c, j->origin, &row, old) : ATRIUM_E_DB;
+    int rc = !c        ? ATRIUM_E_DB
+             : j->thumb ? media_db_remote_thumb_put(h, m->self, c, j->origin, &j->size, &row)
+                        : media_db_remote_put(h, m->self, c, j->origin, &row, old);
     if (c) h->db_release(c);
     if (rc != MEDIA_DB_OK) {
         unlink(j->file_abs);
@@ -669,6 +702,8 @@ static int job_judge(remote_job *j)
     if (j->outcome == ATRIUM_FED_E_TOO_LARGE) return REMOTE_TOO_LARGE;
     if (j->outcome == ATRIUM_FED_E_PROTOCOL) return REMOTE_BAD_ANSWER;
     if (j->outcome != ATRIUM_FED_OK) return REMOTE_UNREACHABLE;
+    if (j->thumb && (j->status != 200 || (mp_complete(j->mp) && j->mp->location[0])))
+        return REMOTE_NO_THUMBNAIL; /* whatever the reason: the original may still exist */
     if (j->status == 200) {
         if (j->phase == PHASE_FEDERATION) {
             if (!mp_complete(j->mp)) return REMOTE_BAD_ANSWER;
@@ -704,11 +739,11 @@ static void job_after_transfer(void *arg, bool cancelled)
 
 /* Admitted mode: join the fetch of the file (starting it when none runs) and park. */
 static int join_fetch(media *m, atrium_req *req, media_req *st, const char *origin,
-                      const char *media_id)
+                      const char *media_id, const media_size *thumb)
 {
     const atrium_host *h = m->h;
     char key[REMOTE_KEY_MAX];
-    snprintf(key, sizeof(key), "%s/%s", origin, media_id);
+    remote_key(origin, media_id, thumb, key, sizeof(key));
     remote_waiter *w = h->req_alloc(req, sizeof(*w));
     if (!w) return ATRIUM_E_NOMEM;
     memset(w, 0, sizeof(*w));
@@ -718,6 +753,10 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     int remembered = negative_lookup(m, t, key);
     if (remembered >= 0) {
         pthread_mutex_unlock(&t->mu);
+        if (remembered == REMOTE_NO_THUMBNAIL && thumb) { /* learnt meanwhile */
+            st->thumb_fallback = true;
+            return join_fetch(m, req, st, origin, media_id, NULL);
+        }
         h->metric_add(m->m_negative_hits, 1);
         return remote_respond_failure(m, req, remembered, origin);
     }
@@ -737,6 +776,8 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
         snprintf(fresh->key, sizeof(fresh->key), "%s", key);
         snprintf(fresh->origin, sizeof(fresh->origin), "%s", origin);
         snprintf(fresh->media_id, sizeof(fresh->media_id), "%s", media_id);
+        fresh->thumb = thumb != NULL;
+        if (thumb) fresh->size = *thumb;
         j = fresh;
     }
     /* Parked before the fetch can end (it wakes under the same lock's protection). */
@@ -749,6 +790,7 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     w->next = j->waiters;
     j->waiters = w;
     st->rw = w;
+    st->fetch_rounds++;
     if (fresh) {
         fresh->next = NULL;
         *pp = fresh;
@@ -782,31 +824,77 @@ static int fetch_mode(media *m)
     return (int)(intptr_t)m->h->scope_get(ATRIUM_SCOPE_FETCH_MODE);
 }
 
+/* The origin's thumbnail for a thumbnail request, while the original is not cached:
+ * CACHE_HIT (st->row is the thumbnail), CACHE_MISS, or ATRIUM_DONE. */
+static int thumb_lookup(media *m, atrium_req *req, media_req *st, const char *origin,
+                        const char *media_id)
+{
+    const atrium_host *h = m->h;
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    if (!c) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
+        return ATRIUM_DONE;
+    }
+    int rc = media_db_remote_thumb_get(h, m->self, c, origin, media_id, &st->thumb_size, &st->row);
+    h->db_release(c);
+    if (rc == ATRIUM_E_DB) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
+        return ATRIUM_DONE;
+    }
+    if (rc == MEDIA_DB_NOTFOUND) return CACHE_MISS;
+    if (st->row.quarantined) {
+        h->metric_add(m->m_refused_policy, 1);
+        h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+        return ATRIUM_DONE;
+    }
+    char path[MEDIA_PATH_MAX];
+    if (store_row_path(m, &st->row, path, sizeof(path)) < 0 || access(path, F_OK) < 0)
+        return CACHE_MISS;
+    st->row_is_thumbnail = true;
+    st->have_row = true;
+    h->metric_add(m->m_remote_hits, 1);
+    return CACHE_HIT;
+}
+
+/* A remembered failure for key: the answer (or, for "no thumbnail", the switch to the
+ * original) - MEDIA_GO when nothing is remembered. */
+static int negative_answer(media *m, atrium_req *req, media_req *st, const char *key,
+                           const char *origin)
+{
+    pthread_mutex_lock(&m->remote->mu);
+    int remembered = negative_lookup(m, m->remote, key);
+    pthread_mutex_unlock(&m->remote->mu);
+    if (remembered < 0) return MEDIA_GO;
+    if (remembered == REMOTE_NO_THUMBNAIL) {
+        st->thumb_fallback = true;
+        return MEDIA_GO;
+    }
+    m->h->metric_add(m->m_negative_hits, 1);
+    return remote_respond_failure(m, req, remembered, origin);
+}
+
 int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
                   const char *media_id)
 {
     const atrium_host *h = m->h;
-    if (st->rw) { /* a run after waiting for the fetch */
+    int rc;
+    if (st->rw) { /* a run after waiting for a fetch */
         remote_table *t = m->remote;
         pthread_mutex_lock(&t->mu);
         bool done = st->rw->done;
         int result = st->rw->result;
+        if (!done) st->rw->abandoned = true;
         pthread_mutex_unlock(&t->mu);
         /* Not done: the deadline ran us; the fetch goes on for the others and still
          * sends our one wake-up (the request stays valid until then). */
-        if (!done) {
-            pthread_mutex_lock(&t->mu);
-            st->rw->abandoned = true;
-            pthread_mutex_unlock(&t->mu);
-            return respond_timeout(m, req);
-        }
+        if (!done) return respond_timeout(m, req);
         st->rw = NULL;
-        if (result != REMOTE_OK) return remote_respond_failure(m, req, result, origin);
-        int rc = cache_lookup(m, req, st, origin, media_id);
-        if (rc == CACHE_MISS) return remote_respond_failure(m, req, REMOTE_INTERNAL, origin);
-        return rc;
+        if (result == REMOTE_NO_THUMBNAIL) st->thumb_fallback = true;
+        else if (result != REMOTE_OK) return remote_respond_failure(m, req, result, origin);
+        if (st->fetch_rounds >= REMOTE_MAX_ROUNDS)
+            return remote_respond_failure(m, req, REMOTE_INTERNAL, origin);
+        /* go on: the look-ups below find what the fetch stored */
     }
-    int rc;
     if (st->fw) { /* a run after waiting in the fetch line: settle that first */
         rc = fetch_budget_enter(m, req, st);
         if (rc != MEDIA_GO) return rc;
@@ -823,17 +911,24 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
     }
     rc = cache_lookup(m, req, st, origin, media_id);
     if (rc != CACHE_MISS) return rc;
-    if (h->now_ms() >= st->remote_deadline_ms) return respond_timeout(m, req);
-    if (fetch_mode(m) == ATRIUM_FETCH_ADMITTED) return join_fetch(m, req, st, origin, media_id);
-    char key[REMOTE_KEY_MAX];
-    snprintf(key, sizeof(key), "%s/%s", origin, media_id);
-    pthread_mutex_lock(&m->remote->mu);
-    int remembered = negative_lookup(m, m->remote, key);
-    pthread_mutex_unlock(&m->remote->mu);
-    if (remembered >= 0) { /* a recent failure: the same answer, without asking again */
-        h->metric_add(m->m_negative_hits, 1);
-        return remote_respond_failure(m, req, remembered, origin);
+    bool want_thumb = st->thumb_wanted && !st->thumb_fallback;
+    if (want_thumb) {
+        rc = thumb_lookup(m, req, st, origin, media_id);
+        if (rc != CACHE_MISS) return rc;
     }
+    char key[REMOTE_KEY_MAX];
+    remote_key(origin, media_id, want_thumb ? &st->thumb_size : NULL, key, sizeof(key));
+    rc = negative_answer(m, req, st, key, origin);
+    if (rc != MEDIA_GO) return rc;
+    if (want_thumb && st->thumb_fallback) { /* remembered: the origin has no thumbnail */
+        want_thumb = false;
+        remote_key(origin, media_id, NULL, key, sizeof(key));
+        rc = negative_answer(m, req, st, key, origin);
+        if (rc != MEDIA_GO) return rc;
+    }
+    if (h->now_ms() >= st->remote_deadline_ms) return respond_timeout(m, req);
+    if (fetch_mode(m) == ATRIUM_FETCH_ADMITTED)
+        return join_fetch(m, req, st, origin, media_id, want_thumb ? &st->thumb_size : NULL);
 
     /* Defer mode: a slot of the fetch budget, then the fetch pool. */
     rc = fetch_budget_enter(m, req, st);

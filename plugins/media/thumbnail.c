@@ -23,7 +23,9 @@
  *   - thumbnails are written like originals (store.c: durable, atomic), so whatever file
  *     exists under a thumbnail's name is complete.
  * The delivery slot taken in delivery.c is held while a request waits for its render and
- * while its body is sent.
+ * while its body is sent. Remote media (remote.c): when the original is not cached, the
+ * origin's thumbnail of the chosen configured size is fetched and served as it is;
+ * when the origin has none, the original is fetched and rendered here like local media.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -263,6 +265,20 @@ static int serve_original(media *m, atrium_req *req, const media_row *row)
     return serve_file(m, req, fd, size, row->content_type, ext_of(row->content_type), etag);
 }
 
+/* The origin's thumbnail of remote media, as stored (its type is a safe image type). */
+static int serve_remote_thumb(media *m, atrium_req *req, const media_row *row)
+{
+    char etag[SHA256_HEX_CHARS + 3], path[MEDIA_PATH_MAX];
+    snprintf(etag, sizeof(etag), "\"%s\"", row->sha256);
+    if (media_etag_matches(m->h->req_header(req, "If-None-Match"), etag))
+        return delivery_not_modified(m, req, etag);
+    if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
+    uint64_t size;
+    int fd = delivery_open(m, req, path, &size);
+    if (fd < 0) return ATRIUM_DONE;
+    return serve_file(m, req, fd, size, row->content_type, ext_of(row->content_type), etag);
+}
+
 /* Open an existing thumbnail: fd, -1 when there is none, -2 with a response set. */
 static int open_thumb(media *m, atrium_req *req, const char *path, uint64_t *size)
 {
@@ -442,9 +458,14 @@ static int serve(media *m, atrium_req *req, bool legacy)
     thumb_request tr;
     rc = parse_request(m, req, &tr);
     if (rc != MEDIA_GO) return rc;
+    /* For remote media the origin's own thumbnail of the chosen size is asked first. */
+    st->thumb_wanted = true;
+    st->thumb_size = *media_size_choose(m->cfg.sizes, m->cfg.n_sizes, tr.width, tr.height, tr.crop);
+    st->thumb_size.animated = tr.animated;
     rc = delivery_locate(m, req, st, legacy);
     if (rc != MEDIA_GO) return rc;
     const media_row *row = &st->row;
+    if (st->row_is_thumbnail) return serve_remote_thumb(m, req, row);
 
     if (row->width <= 0 || row->height <= 0)
         return respond_render_failure(m, req, RENDER_E_NOT_IMAGE);

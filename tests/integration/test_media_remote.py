@@ -259,6 +259,30 @@ class FetchingFromAtriumTest(RemoteMediaCase):
         self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}), 1)
 
 
+    def test_a_remote_thumbnail_comes_from_the_origins_thumbnail_endpoint_first(self):
+        a = self.start_fed(A_IP)
+        b = self.start_fed(B_IP)
+        _, tb = register(b)
+        _, ta = register(a)
+        image = png(800, 600)
+        media_id = upload(b, tb, image, "image/png")
+        status, _, thumb = a.request("GET", self.remote_path(b.server_name, media_id, (320, 240)),
+                                     token=ta, timeout=30)
+        self.assertEqual(status, 200, thumb[:300])
+        status, _, own = b.request("GET", f"/_matrix/client/v1/media/thumbnail/{b.server_name}/"
+                                   f"{media_id}?width=320&height=240&method=scale", token=tb)
+        self.assertEqual(status, 200)
+        self.assertEqual(sha(thumb), sha(own))  # B's own rendering, not A's
+        self.assertEqual(webp_size(thumb), (320, 240))
+        self.assertEqual(b.metric("atrium_media_federation_served_total"), 1)
+        self.assertEqual(a.metric("atrium_media_renders_total", {"result": "ok"}), 0)
+        # Again: from A's cache.
+        status, _, again = a.request("GET", self.remote_path(b.server_name, media_id, (320, 240)),
+                                     token=ta, timeout=30)
+        self.assertEqual((status, sha(again)), (200, sha(own)))
+        self.assertEqual(b.metric("atrium_media_federation_served_total"), 1)
+
+
 class FakeOriginTest(RemoteMediaCase):
     SHORT = {"upload_wait_default_ms": 3000}
 
@@ -321,6 +345,28 @@ class FakeOriginTest(RemoteMediaCase):
                 self.assertEqual(r[1]["Retry-After"], "1")
                 self.assertEqual(r[1]["Cache-Control"], "no-store")
                 self.assertLess(times[i], 1.2, "a refusal must not wait for the fetches")
+
+    def test_fifty_downloads_and_fifty_thumbnails_of_a_fresh_file_ask_each_resource_once(self):
+        o = self.origin()
+        image = png(640, 480)
+        o.files["pic"] = ("ok", image, "image/png")
+        o.delay_s = 0.5
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        paths = [self.remote_path(o.server_name, "pic", (96, 96) if i % 2 else None)
+                 for i in range(100)]
+        results = get_many(a, paths, token, 100)
+        self.assertEqual([r[0] for r in results], [200] * 100,
+                         [r[2][:200] for r in results if r[0] != 200][:3])
+        self.assertTrue(all(sha(r[2]) == sha(image) for r in results[0::2]))
+        self.assertTrue(all(webp_size(r[2]) == (320, 240) for r in results[1::2]))
+        # The fake has no thumbnail endpoint: asked at most once (not at all when the
+        # original landed first), and the original exactly once.
+        with o.lock:
+            hits = dict(o.hits)
+        self.assertEqual(hits.get("/_matrix/federation/v1/media/download/pic"), 1, hits)
+        self.assertLessEqual(hits.get("/_matrix/federation/v1/media/thumbnail/pic", 0), 1, hits)
+        self.assertEqual(a.metric("atrium_media_renders_total", {"result": "ok"}), 1)
 
     def test_over_the_per_client_cap_requests_wait_in_the_line_and_all_succeed(self):
         o = self.origin()
