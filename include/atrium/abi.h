@@ -67,7 +67,7 @@ enum atrium_scope_key {
 };
 
 /* How a remote fetch may run on this thread (docs/adr/0005-remote-media-fetch-pool.md;
- * remote fetching is not built yet). */
+ * plugins/media/remote.c). */
 enum atrium_fetch_mode {
     ATRIUM_FETCH_INLINE = 0, /* no fetch pool: fetch here under the outbound budget */
     ATRIUM_FETCH_DEFER = 1,  /* request pool: do the quick part, then defer to the pool */
