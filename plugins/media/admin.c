@@ -10,6 +10,8 @@
  *   POST   /_atrium/admin/v1/media/quarantine_hash/{sha256}             quarantine by content
  *   POST   /_atrium/admin/v1/media/unquarantine_hash/{sha256}
  *   POST   /_atrium/admin/v1/media/verify                               check every original
+ * and the remote cache's purge (cache.c), as Synapse's:
+ *   POST   /_synapse/admin/v1/purge_media_cache?before_ts=<ms>         {"deleted": n}
  *
  * Every route requires an access token of a server admin (403 M_FORBIDDEN otherwise).
  * Quarantine takes effect at once for new requests: delivery.c reads the row (with the
@@ -279,6 +281,29 @@ static int verify(atrium_req *req)
                                  (json_int_t)rep.problems, "details", rep.details));
 }
 
+static int purge_media_cache(atrium_req *req)
+{
+    media *m = media_of(req);
+    const atrium_host *h = m->h;
+    if (h->req_run_reason(req) != ATRIUM_RUN_HANDOFF) {
+        if (!require_admin(m, req)) return ATRIUM_DONE;
+        if (query_int(h, req, "before_ts", -1) < 0) {
+            h->respond_error(req, 400, "M_MISSING_PARAM",
+                             "before_ts (ms since the epoch) is required");
+            return ATRIUM_DONE;
+        }
+        int rc = h->handoff(req, m->io_pool, NULL, 0); /* unlinking files: not here */
+        if (rc == 0) return ATRIUM_HANDED_OFF;
+        h->respond_limited(req, 1000, "The server is busy storing media; retry");
+        return ATRIUM_DONE;
+    }
+    int64_t deleted = 0;
+    if (cache_purge(m, query_int(h, req, "before_ts", 0), &deleted) < 0) return db_failed(m, req);
+    h->log(m->self, ATRIUM_LOG_INFO, "remote media cache purged: %lld cop%s removed",
+           (long long)deleted, deleted == 1 ? "y" : "ies");
+    return media_reply(m, req, json_pack("{s:I}", "deleted", (json_int_t)deleted));
+}
+
 int admin_register(media *m)
 {
     const atrium_route routes[] = {
@@ -302,6 +327,9 @@ int admin_register(media *m)
          .path = "/_atrium/admin/v1/media/unquarantine_hash/{sha256}",
          .handler = unquarantine_hash},
         {.method = "POST", .path = "/_atrium/admin/v1/media/verify", .handler = verify},
+        {.method = "POST",
+         .path = "/_synapse/admin/v1/purge_media_cache",
+         .handler = purge_media_cache},
     };
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         atrium_route r = routes[i];

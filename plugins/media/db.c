@@ -392,7 +392,8 @@ int media_db_remote_get(const atrium_host *h, atrium_plugin *self, PGconn *c, co
 }
 
 int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
-                        const media_row *r, char old_file[MEDIA_FILE_NAME_MAX])
+                        const media_row *r, char old_file[MEDIA_FILE_NAME_MAX],
+                        int64_t *old_bytes)
 {
     char now[I64_CHARS], size[I64_CHARS], w[I64_CHARS], hh[I64_CHARS], f[I64_CHARS];
     snprintf(now, sizeof(now), "%" PRId64, media_wall_ms());
@@ -402,7 +403,7 @@ int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, co
                        dims(r->height, hh), dims(r->frames, f), now};
     /* The old row's file name comes back so the caller can remove a replaced copy. */
     PGresult *res = run(h, self, c,
-                        "WITH old AS (SELECT file_name FROM media_remote"
+                        "WITH old AS (SELECT file_name, size_bytes FROM media_remote"
                         " WHERE origin = $1 AND media_id = $2 FOR UPDATE)"
                         " INSERT INTO media_remote (origin, media_id, file_name, content_type,"
                         " upload_name, size_bytes, sha256, width, height, frames, fetched_ts,"
@@ -413,11 +414,16 @@ int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, co
                         " sha256 = EXCLUDED.sha256, width = EXCLUDED.width,"
                         " height = EXCLUDED.height, frames = EXCLUDED.frames,"
                         " fetched_ts = EXCLUDED.fetched_ts, last_access_ts = EXCLUDED.fetched_ts"
-                        " RETURNING coalesce((SELECT file_name FROM old), '')",
+                        " RETURNING coalesce((SELECT file_name FROM old), ''),"
+                        " coalesce((SELECT size_bytes FROM old), 0)",
                         11, p, PGRES_TUPLES_OK);
     if (!res) return ATRIUM_E_DB;
     old_file[0] = '\0';
-    if (PQntuples(res) == 1) snprintf(old_file, MEDIA_FILE_NAME_MAX, "%s", PQgetvalue(res, 0, 0));
+    *old_bytes = 0;
+    if (PQntuples(res) == 1) {
+        snprintf(old_file, MEDIA_FILE_NAME_MAX, "%s", PQgetvalue(res, 0, 0));
+        *old_bytes = i64_field(res, 0, 1);
+    }
     PQclear(res);
     return MEDIA_DB_OK;
 }

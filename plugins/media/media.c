@@ -47,6 +47,7 @@
 #define DEFAULT_REMOTE_FETCH_MAX_PER_ORIGIN 8
 #define DEFAULT_REMOTE_NOT_FOUND_CACHE_MS 60000
 #define DEFAULT_REMOTE_FAILURE_CACHE_MS 10000
+#define DEFAULT_REMOTE_CACHE_MAX_BYTES (10LL * 1024 * 1024 * 1024)
 #define FETCH_POOL_SPARE_TASKS 64 /* beyond the budget: the end of fetches whose requests left */
 
 const atrium_host *media_host;
@@ -89,6 +90,7 @@ static const char *const SETTINGS[] = {
     "remote_fetch_max_per_origin",
     "remote_not_found_cache_ms",
     "remote_failure_cache_ms",
+    "remote_cache_max_bytes",
     NULL,
 };
 
@@ -183,7 +185,9 @@ static int read_settings(media *m, const atrium_config *cfg)
         h->config_int(self, cfg, "remote_not_found_cache_ms", DEFAULT_REMOTE_NOT_FOUND_CACHE_MS, 0,
                       24LL * 3600 * 1000, &c->remote_not_found_cache_ms) < 0 ||
         h->config_int(self, cfg, "remote_failure_cache_ms", DEFAULT_REMOTE_FAILURE_CACHE_MS, 0,
-                      24LL * 3600 * 1000, &c->remote_failure_cache_ms) < 0)
+                      24LL * 3600 * 1000, &c->remote_failure_cache_ms) < 0 ||
+        h->config_int(self, cfg, "remote_cache_max_bytes", DEFAULT_REMOTE_CACHE_MAX_BYTES, 0,
+                      INT64_MAX, &c->remote_cache_max_bytes) < 0)
         return ATRIUM_E_INVAL;
     if (parse_origins(m, blocked) < 0) return ATRIUM_E_INVAL;
     c->delivery_retry_after_ms = DELIVERY_RETRY_AFTER_MS;
@@ -335,7 +339,11 @@ static int create_metrics(media *m)
                                         "Media answers sent to other servers");
     m->m_negative_hits = h->metric_counter(s, "atrium_media_remote_negative_hits_total", NULL,
                                            "Remote media answered from a remembered failure");
-    atrium_metric *remote_all[] = {m->m_negative_hits,
+    m->m_remote_cache_bytes = h->metric_gauge(s, "atrium_media_remote_cache_bytes", NULL,
+                                              "Bytes of remote media in the cache");
+    m->m_remote_evictions = h->metric_counter(s, "atrium_media_remote_cache_evictions_total", NULL,
+                                              "Remote copies removed to keep the cache in bounds");
+    atrium_metric *remote_all[] = {m->m_negative_hits, m->m_remote_cache_bytes, m->m_remote_evictions,
         m->m_fetches_ok,      m->m_fetches_not_found, m->m_fetches_too_large,
         m->m_fetches_failed,  m->m_fetches_running,   m->m_fetch_coalesced,
         m->m_fetch_bytes,     m->m_remote_hits,       m->m_fetch_legacy,
@@ -379,6 +387,7 @@ static void media_free(media *m)
     thumbnails_fini(m);
     remote_fini(m);
     fetch_budget_fini(m);
+    cache_fini(m);
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->upload_mu);
     free(m);
@@ -398,6 +407,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = thumbnails_init(m);
     if (rc == 0) rc = remote_init(m);
     if (rc == 0) rc = fetch_budget_init(m);
+    if (rc == 0) rc = cache_init(m);
     if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
         host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");
         rc = ATRIUM_E_STATE;
@@ -437,6 +447,8 @@ static int media_start(void *state)
     rc = store_init(m);
     if (rc < 0) return rc;
     int removed = store_sweep(m);
+    rc = cache_start(m);
+    if (rc < 0) return rc;
     m->h->log(m->self, ATRIUM_LOG_INFO,
               "media store %s ready (%d temp leftover(s) removed); %d delivery slots, %d "
               "render threads",

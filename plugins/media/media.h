@@ -24,6 +24,7 @@
  *   remote.c    remote media: defer/admitted modes, the coalesced fetch, the remote cache
  *   fetch_budget.c the fetch budget and its fair parked line
  *   multipart.c reading a multipart/mixed answer as it arrives (pure)
+ *   cache.c     the remote cache's bound: batched last access, eviction, the purge
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -90,6 +91,7 @@ typedef struct media_config {
     int remote_fetch_max_per_origin; /* fetches of one origin at once */
     int64_t remote_not_found_cache_ms; /* a 404 / too large remembered (0 = not) */
     int64_t remote_failure_cache_ms;   /* unreachable / garbage remembered (0 = not) */
+    int64_t remote_cache_max_bytes;    /* bound of the remote cache (0 = none) */
     const char *blocked_origins[MEDIA_MAX_BLOCKED_ORIGINS]; /* prevent_media_downloads_from */
     size_t n_blocked_origins;
 } media_config;
@@ -99,6 +101,7 @@ typedef struct media_config {
 typedef struct render_table render_table;
 typedef struct remote_table remote_table;
 typedef struct fetch_budget fetch_budget;
+typedef struct remote_cache remote_cache;
 
 typedef struct media {
     const atrium_host *h;
@@ -122,6 +125,8 @@ typedef struct media {
     atrium_pool *fetch_pool; /* media_fetch_threads workers: start fetches, store them */
     remote_table *remote;    /* fetches under way, one per remote file */
     fetch_budget *budget;    /* the fetch budget and its parked line */
+    remote_cache *cache;     /* the remote cache's bound and last-access batches */
+    atrium_metric *m_remote_cache_bytes, *m_remote_evictions;
     atrium_metric *m_fetches_ok, *m_fetches_not_found, *m_fetches_failed, *m_fetches_too_large;
     atrium_metric *m_fetches_running, *m_fetch_coalesced, *m_fetch_bytes, *m_remote_hits;
     atrium_metric *m_fetch_in_flight, *m_fetch_line_waiting;
@@ -303,7 +308,8 @@ int media_db_remote_get(const atrium_host *h, atrium_plugin *self, PGconn *c, co
 /* Record a committed remote copy (r->file_name names it); old_file gets the name of the
  * copy it replaced ("" when none). */
 int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
-                        const media_row *r, char old_file[MEDIA_FILE_NAME_MAX]);
+                        const media_row *r, char old_file[MEDIA_FILE_NAME_MAX],
+                        int64_t *old_bytes);
 /* The origin's thumbnail of origin/media_id at a configured size, as a row (file_name,
  * content_type, sha256, size_bytes). */
 int media_db_remote_thumb_get(const atrium_host *h, atrium_plugin *self, PGconn *c,
@@ -385,6 +391,22 @@ void remote_fini(media *m);
  * it lands). MEDIA_GO with st->row filled from the remote cache, or the outcome. */
 int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
                   const char *media_id);
+
+/* ---- cache.c --------------------------------------------------------------------------- */
+
+int cache_init(media *m);
+void cache_fini(media *m);
+/* [start] Count the remote cache's bytes. */
+int cache_start(media *m);
+/* [any] A cache hit: recorded as last access, in a batch. */
+void cache_touch(media *m, const char *origin, const char *media_id);
+/* [fetch pool, io pool] A copy of `bytes` was recorded: count it; past
+ * remote_cache_max_bytes, remove the least recently used copies (blocks on PostgreSQL and
+ * the disk: never on a request-pool thread). */
+void cache_stored(media *m, int64_t bytes);
+/* [io pool] Remove every copy last accessed before before_ts (ms since the epoch);
+ * *deleted = how many originals. 0 or ATRIUM_E_DB. */
+int cache_purge(media *m, int64_t before_ts, int64_t *deleted);
 
 /* ---- fetch_budget.c ------------------------------------------------------------------- */
 

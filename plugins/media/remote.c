@@ -70,8 +70,10 @@
  * original is fetched and rendered here. Once the original is cached, thumbnails are
  * rendered from it.
  *
+ * The cache's bound, last access and the purge live in cache.c.
+ *
  * Not done here (yet): following a Location part or a redirect, streaming to waiters as
- * bytes arrive, coalescing across processes, eviction.
+ * bytes arrive, coalescing across processes.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -284,6 +286,7 @@ static int cache_lookup(media *m, atrium_req *req, media_req *st, const char *or
     }
     st->have_row = true;
     h->metric_add(m->m_remote_hits, 1);
+    cache_touch(m, origin, media_id);
     return CACHE_HIT;
 }
 
@@ -672,9 +675,10 @@ static int job_commit(remote_job *j)
         row.width = row.height = row.frames = 0;
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
     char old[MEDIA_FILE_NAME_MAX] = "";
+    int64_t old_bytes = 0;
     int rc = !c        ? ATRIUM_E_DB
              : j->thumb ? media_db_remote_thumb_put(h, m->self, c, j->origin, &j->size, &row)
-                        : media_db_remote_put(h, m->self, c, j->origin, &row, old);
+                        : media_db_remote_put(h, m->self, c, j->origin, &row, old, &old_bytes);
     if (c) h->db_release(c);
     if (rc != MEDIA_DB_OK) {
         unlink(j->file_abs);
@@ -687,6 +691,7 @@ static int job_commit(remote_job *j)
         unlink(path);
     }
     h->metric_add(m->m_fetch_bytes, j->bytes);
+    if (!j->thumb) cache_stored(m, j->bytes - old_bytes);
     h->log(m->self, ATRIUM_LOG_INFO, "remote media %s stored: %" PRId64 " bytes, sha256 %s%s",
            j->key, j->bytes, row.sha256, j->phase == PHASE_LEGACY ? " (legacy endpoint)" : "");
     return REMOTE_OK;

@@ -488,6 +488,58 @@ class FakeOriginTest(RemoteMediaCase):
         self.assertEqual((status, sha(body)), (200, sha(data)))
         self.assertEqual(o.hits.get(f"/_matrix/media/v3/download/{o.server_name}/old"), 1)
 
+    def remote_bytes_on_disk(self, srv):
+        return sum(os.path.getsize(os.path.join(root, f))
+                   for root, _, fs in os.walk(os.path.join(srv.store, "remote")) for f in fs)
+
+    def test_the_remote_cache_stays_in_its_bound_and_evicts_the_least_recently_used(self):
+        o = self.origin()
+        for name in ("e1", "e2", "e3"):
+            o.files[name] = ("ok", os.urandom(100000), "application/octet-stream")
+        a = self.start_fed(A_IP, media={"remote_cache_max_bytes": 250000})
+        _, token = register(a)
+
+        def get(name):
+            status, _, body = a.request("GET", self.remote_path(o.server_name, name), token=token,
+                                        timeout=30)
+            self.assertEqual((status, sha(body)), (200, sha(o.files[name][1])))
+        get("e1")
+        get("e2")
+        time.sleep(0.05)
+        get("e1")  # e1 is now the more recently used
+        get("e3")  # past the bound: e2 goes
+        self.assertLessEqual(self.remote_bytes_on_disk(a), 250000)
+        self.assertEqual(a.metric("atrium_media_remote_cache_evictions_total"), 1)
+        self.assertEqual(a.metric("atrium_media_remote_cache_bytes"), 200000)
+        get("e1")
+        get("e3")
+        self.assertEqual((o.media_hits("e1"), o.media_hits("e3")), (1, 1))
+        get("e2")  # fetched again
+        self.assertEqual(o.media_hits("e2"), 2)
+        self.assertLessEqual(self.remote_bytes_on_disk(a), 250000)
+
+    def test_the_admin_purge_removes_copies_last_accessed_before_the_time(self):
+        o = self.origin()
+        o.files["p1"] = ("ok", b"purge me", "text/plain")
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        _, admin = register(a, admin=True)
+        self.assertEqual(a.request("GET", self.remote_path(o.server_name, "p1"), token=token,
+                                   timeout=30)[0], 200)
+        status, body = a.json("POST", "/_synapse/admin/v1/purge_media_cache?before_ts=1",
+                              {}, token=admin)
+        self.assertEqual((status, body), (200, {"deleted": 0}))
+        status, body = a.json("POST", "/_synapse/admin/v1/purge_media_cache?before_ts="
+                              f"{int(time.time() * 1000) + 1000}", {}, token=admin)
+        self.assertEqual((status, body), (200, {"deleted": 1}))
+        self.assertEqual(self.remote_bytes_on_disk(a), 0)
+        status, _ = a.json("POST", "/_synapse/admin/v1/purge_media_cache?before_ts=1", {},
+                           token=token)
+        self.assertEqual(status, 403)
+        self.assertEqual(a.request("GET", self.remote_path(o.server_name, "p1"), token=token,
+                                   timeout=30)[0], 200)
+        self.assertEqual(o.media_hits("p1"), 2)
+
     def test_allow_remote_false_and_blocked_origins_are_404_without_a_fetch(self):
         o = self.origin()
         o.files["x"] = ("ok", b"hello", "text/plain")
