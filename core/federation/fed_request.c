@@ -178,10 +178,46 @@ static void resolved(void *arg, int rc, const fed_target *t, const char *error)
                      src == ATRIUM_E_LIMIT ? "the outbound queue is full" : "stopping");
 }
 
+static int fed_request_submit_to(const fed_request_opts *o, bool server);
+
+/* A URL request (o->url): the host[:port] to discover and the path to ask. */
+static int url_target(const char *url, char *dest, size_t dest_cap, char *path, size_t path_cap)
+{
+    fed_url base = {.scheme = "https", .host = "invalid", .port = 443, .path = "/"}, u;
+    if (strncmp(url, "https://", 8) != 0 || fed_url_resolve(&base, url, &u) < 0) return -1;
+    if (strcmp(u.scheme, "https") != 0) return -1;
+    bool v6 = strchr(u.host, ':') != NULL;
+    int n = snprintf(dest, dest_cap, "%s%s%s:%d", v6 ? "[" : "", u.host, v6 ? "]" : "",
+                     u.port > 0 ? u.port : 443);
+    if (n < 0 || (size_t)n >= dest_cap) return -1;
+    n = snprintf(path, path_cap, "%s", u.path[0] ? u.path : "/");
+    return n < 0 || (size_t)n >= path_cap ? -1 : 0;
+}
+
 int fed_request_submit(const fed_request_opts *o)
 {
     fed_module *m = fed_state();
     if (!m || !m->http || !m->resolver) return ATRIUM_E_STOPPED;
+    if (o && o->url) {
+        char dest[FED_RESOLVE_NAME_BYTES + 16], path[1024];
+        if (!o->method || strcmp(o->method, "GET") != 0 || o->body ||
+            url_target(o->url, dest, sizeof(dest), path, sizeof(path)) < 0)
+            return ATRIUM_E_INVAL;
+        fed_request_opts copy = *o;
+        copy.url = NULL;
+        copy.destination = dest;
+        copy.uri = path;
+        copy.unsigned_request = true;
+        copy.ignore_backoff = true;
+        return fed_request_submit_to(&copy, false);
+    }
+    return fed_request_submit_to(o, true);
+}
+
+/* Submit to a server (checked: not this server, in the whitelist) or to a URL's host. */
+static int fed_request_submit_to(const fed_request_opts *o, bool server)
+{
+    fed_module *m = fed_state();
     if (!o || !o->method || !o->destination || !o->uri || o->uri[0] != '/' || !o->on_done)
         return ATRIUM_E_INVAL;
     fed_req_state *st = calloc(1, sizeof(*st));
@@ -203,7 +239,8 @@ int fed_request_submit(const fed_request_opts *o)
             return ATRIUM_E_INVAL;
         }
     }
-    if (strcmp(o->destination, m->server_name) == 0 || !fed_domain_allowed(o->destination)) {
+    if (server &&
+        (strcmp(o->destination, m->server_name) == 0 || !fed_domain_allowed(o->destination))) {
         finish_error(st, FED_REQ_E_NOT_ALLOWED,
                      "the destination is this server or not in federation.domain_whitelist");
         return 0;

@@ -381,6 +381,7 @@ static int h_fed_request(const atrium_fed_request *q)
 {
     if (!q || q->size < offsetof(atrium_fed_request, arg) + sizeof(q->arg) || !q->on_done)
         return ATRIUM_E_INVAL;
+    const char *url = ATRIUM_FED_REQUEST_HAS(q, url) ? q->url : NULL;
     plugin_fed_req *p = malloc(sizeof(*p));
     if (!p) return ATRIUM_E_NOMEM;
     *p = (plugin_fed_req){.on_chunk = q->on_chunk, .on_done = q->on_done, .arg = q->arg};
@@ -391,7 +392,7 @@ static int h_fed_request(const atrium_fed_request *q)
                           .ignore_backoff = (q->flags & ATRIUM_FED_IGNORE_BACKOFF) != 0,
                           .want_json = (q->flags & ATRIUM_FED_JSON) != 0,
                           .on_chunk = q->on_chunk ? h_fed_chunk : NULL,
-                          .on_done = h_fed_done, .arg = p};
+                          .on_done = h_fed_done, .arg = p, .url = url};
     int rc = fed_request_submit(&o);
     if (rc < 0) free(p);
     return rc;

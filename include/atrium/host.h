@@ -163,7 +163,19 @@ typedef struct atrium_fed_request {
     /* Called exactly once when the request ends, if and only if fed_request returned 0. */
     void (*on_done)(void *arg, const atrium_fed_response *res);
     void *arg;
+    /* == appended in 1.1 (test the size with ATRIUM_FED_REQUEST_HAS) ================= */
+    /* An absolute "https://host[:port]/path?query" to GET instead of destination + uri:
+     * where another server said its content lives (a Location). Sent unsigned, without
+     * backoff or the domain whitelist (it need not be a Matrix server); the host is looked
+     * up like a server name with an explicit port (default 443) and the address blacklist
+     * applies at connect as for every outbound request. destination and uri are ignored
+     * (may be NULL). http:// URLs, user info and relative URLs are ATRIUM_E_INVAL. */
+    const char *url;
 } atrium_fed_request;
+
+/* Does this request struct carry `member` (a plugin built for an older 1.1)? */
+#define ATRIUM_FED_REQUEST_HAS(q, member)                                                  \
+    ((q)->size >= offsetof(atrium_fed_request, member) + sizeof((q)->member))
 
 /* ---- the host table ------------------------------------------------------------------ */
 

@@ -72,8 +72,13 @@
  *
  * The cache's bound, last access and the purge live in cache.c.
  *
- * Not done here (yet): following a Location part or a redirect, streaming to waiters as
- * bytes arrive, coalescing across processes.
+ * A Location part (the file lives elsewhere, e.g. a CDN) is followed once: an unsigned
+ * GET of that https URL through the same outbound client (host->fed_request's url), the
+ * address blacklist applying at connect; its body is the file, capped the same way.
+ * Anything but a 200 there is 502.
+ *
+ * Not done here (yet): HTTP redirects (3xx) of the legacy endpoint, streaming to waiters
+ * as bytes arrive, coalescing across processes.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -107,7 +112,8 @@ enum remote_result {
 };
 #define REMOTE_MAX_ROUNDS 3 /* fetches one request may wait for (thumbnail, original, ...) */
 
-enum fetch_phase { PHASE_FEDERATION = 0, PHASE_LEGACY };
+/* PHASE_LOCATION: the URL a multipart answer's Location part named (followed once). */
+enum fetch_phase { PHASE_FEDERATION = 0, PHASE_LEGACY, PHASE_LOCATION };
 
 struct remote_waiter {
     atrium_req *req;
@@ -159,6 +165,7 @@ typedef struct remote_job {
     char err_body[REMOTE_ERROR_BODY_MAX + 1];
     size_t err_len;
     char file_rel[MEDIA_FILE_NAME_MAX], file_abs[MEDIA_PATH_MAX];
+    char location[MP_HEADER_VALUE_MAX]; /* PHASE_LOCATION's URL */
 } remote_job;
 
 struct remote_table {
@@ -507,7 +514,7 @@ static int job_chunk(void *arg, const atrium_fed_response *res, const char *data
             snprintf(j->disposition, sizeof(j->disposition), "%s", cd ? cd : "");
         }
     }
-    if (j->phase == PHASE_LEGACY) return job_write(j, data, len);
+    if (j->phase != PHASE_FEDERATION) return job_write(j, data, len);
     int rc = mp_feed(j->mp, data, len);
     if (rc != 0 && !j->too_large && !j->io_error) j->bad = true;
     return rc;
@@ -570,6 +577,10 @@ static int job_start(remote_job *j)
         .arg = j,
     };
     if (j->phase == PHASE_LEGACY) h->metric_add(m->m_fetch_legacy, 1);
+    if (j->phase == PHASE_LOCATION) {
+        q.url = j->location;
+        q.destination = q.uri = NULL;
+    }
     int rc = h->fed_request(&q);
     if (rc == ATRIUM_E_STOPPED) return REMOTE_STOPPING;
     return rc < 0 ? REMOTE_UNREACHABLE : REMOTE_OK;
@@ -658,6 +669,7 @@ static int job_commit(remote_job *j)
     snprintf(row.media_id, sizeof(row.media_id), "%s", j->media_id);
     const char *ct = j->phase == PHASE_FEDERATION ? j->mp->content_type : j->content_type;
     const char *cd = j->phase == PHASE_FEDERATION ? j->mp->disposition : j->disposition;
+    if (j->phase == PHASE_LOCATION && !cd[0]) cd = j->mp->disposition; /* the part's name */
     snprintf(row.content_type, sizeof(row.content_type), "%.*s", MEDIA_TYPE_MAX_BYTES,
              media_type_acceptable(ct) ? ct : DEFAULT_CONTENT_TYPE);
     disposition_name(cd, row.upload_name, sizeof(row.upload_name));
@@ -712,12 +724,14 @@ static int job_judge(remote_job *j)
     if (j->status == 200) {
         if (j->phase == PHASE_FEDERATION) {
             if (!mp_complete(j->mp)) return REMOTE_BAD_ANSWER;
-            if (j->mp->location[0]) {
+            if (j->mp->location[0]) { /* the file lives elsewhere: follow it, once */
+                snprintf(j->location, sizeof(j->location), "%s", j->mp->location);
+                j->phase = PHASE_LOCATION;
+                int rc = job_start(j);
+                if (rc == REMOTE_OK) return -1;
                 m->h->log(m->self, ATRIUM_LOG_INFO,
-                          "remote media %s: the origin answered with a Location part, which "
-                          "this server does not follow yet",
-                          j->key);
-                return REMOTE_UNREACHABLE;
+                          "remote media %s: cannot follow its Location %s", j->key, j->location);
+                return rc == REMOTE_INTERNAL ? rc : REMOTE_BAD_ANSWER;
             }
         }
         return job_commit(j);
@@ -726,6 +740,11 @@ static int job_judge(remote_job *j)
         j->phase = PHASE_LEGACY;
         int rc = job_start(j);
         return rc == REMOTE_OK ? -1 : rc;
+    }
+    if (j->phase == PHASE_LOCATION) {
+        m->h->log(m->self, ATRIUM_LOG_INFO, "remote media %s: its Location %s answered %d",
+                  j->key, j->location, j->status);
+        return REMOTE_UNREACHABLE;
     }
     if (j->status == 404) return REMOTE_NOT_FOUND;
     m->h->log(m->self, ATRIUM_LOG_INFO, "remote media %s: the origin answered %d", j->key,
@@ -770,7 +789,7 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     bool start_now = false;
     if (!j) {
         fresh = calloc(1, sizeof(*fresh));
-        mp_parser *mp = fresh ? malloc(sizeof(*mp)) : NULL;
+        mp_parser *mp = fresh ? calloc(1, sizeof(*mp)) : NULL;
         if (!mp) {
             pthread_mutex_unlock(&t->mu);
             free(fresh);

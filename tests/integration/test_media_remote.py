@@ -82,6 +82,11 @@ class FakeOrigin:
                     outer.hits[path] = outer.hits.get(path, 0) + 1
                 if outer.delay_s:
                     time.sleep(outer.delay_s)
+                if path.startswith("/cdn/"):
+                    spec = outer.files.get(path[len("/cdn/"):])
+                    if not spec:
+                        return self.send(404, b"{}")
+                    return self.send(200, spec[1], spec[2])
                 fed = "/_matrix/federation/v1/media/download/"
                 legacy = f"/_matrix/media/v3/download/{outer.server_name}/"
                 if path.startswith(fed):
@@ -106,6 +111,11 @@ class FakeOrigin:
                               length=len(body))
                     self.close_connection = True
                     return
+                if kind == "location":
+                    body = (f"--{BOUNDARY}\r\nContent-Type: application/json\r\n\r\n{{}}\r\n"
+                            f"--{BOUNDARY}\r\nLocation: {spec[1]}\r\n\r\n"
+                            f"\r\n--{BOUNDARY}--\r\n").encode()
+                    return self.send(200, body, f"multipart/mixed; boundary={BOUNDARY}")
                 if kind == "unrecognized" and is_fed:
                     return self.send(404, b'{"errcode":"M_UNRECOGNIZED","error":"unknown"}')
                 if not is_fed:
@@ -539,6 +549,32 @@ class FakeOriginTest(RemoteMediaCase):
         self.assertEqual(a.request("GET", self.remote_path(o.server_name, "p1"), token=token,
                                    timeout=30)[0], 200)
         self.assertEqual(o.media_hits("p1"), 2)
+
+    def test_a_location_part_is_followed_once_and_a_blacklisted_one_is_refused(self):
+        o = self.origin()
+        cdn = self.origin(ORIGIN2_IP)
+        data = os.urandom(70000)
+        cdn.files["blob"] = ("raw", data, "image/png")
+        o.files["moved"] = ("location", f"https://{cdn.server_name}/cdn/blob")
+        o.files["evil"] = ("location", "https://10.255.255.1:8443/cdn/x")
+        o.files["loop"] = ("location", f"https://{o.server_name}/_matrix/federation/v1/media/download/loop")
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        status, headers, body = a.request("GET", self.remote_path(o.server_name, "moved"),
+                                          token=token, timeout=30)
+        self.assertEqual((status, sha(body)), (200, sha(data)))
+        self.assertEqual(headers["Content-Type"], "image/png")
+        self.assertEqual(cdn.hits.get("/cdn/blob"), 1)
+        self.assert_failure(a.request("GET", self.remote_path(o.server_name, "evil"), token=token,
+                                      timeout=30), 502, "M_UNKNOWN")
+        self.assertIn("10.255.255.1", a.log_text())
+        # Followed once only: what the Location answers is the file, even when it is another
+        # multipart answer naming a Location again.
+        status, _, body = a.request("GET", self.remote_path(o.server_name, "loop"), token=token,
+                                    timeout=30)
+        self.assertEqual(status, 200)
+        self.assertIn(b"Location: https://", body)
+        self.assertEqual(o.media_hits("loop"), 2)
 
     def test_allow_remote_false_and_blocked_origins_are_404_without_a_fetch(self):
         o = self.origin()

@@ -26,6 +26,9 @@ _Static_assert(offsetof(struct atrium_host, db_release) == 8 + 59 * PTR, "host 1
 /* 1.1 appends federation: req_origin first, right after the 1.0 members. */
 _Static_assert(offsetof(struct atrium_host, req_origin) == 8 + 60 * PTR, "1.1 must append");
 _Static_assert(offsetof(struct atrium_host, fed_verify_json) == 8 + 66 * PTR, "1.1 layout");
+/* atrium_fed_request grows by appending after arg (its size field tells which it has). */
+_Static_assert(offsetof(atrium_fed_request, url) == offsetof(atrium_fed_request, arg) + PTR,
+               "atrium_fed_request must append");
 _Static_assert(sizeof(struct atrium_host) == 8 + 67 * PTR, "members are appended only at a minor");
 _Static_assert(offsetof(atrium_plugin_desc, name) == 24, "descriptor 1.0 layout changed");
 _Static_assert(offsetof(atrium_plugin_desc, fini) == 72, "descriptor 1.0 layout changed");
