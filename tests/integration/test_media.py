@@ -200,9 +200,12 @@ class IdentifierAndTokenTest(MediaTestCase):
                                       token=token), 400, "M_INVALID_PARAM")
         self.assert_error(srv.request("GET", download_path(srv, "a.b"), token=token), 400, "M_INVALID_PARAM")
         self.assertTrue(os.path.exists(secret))
-        # Media of another server does not exist here (remote fetching comes later).
+        # Media of another server is fetched (tests/integration/test_media_remote.py); an
+        # origin that cannot be reached is 502, and allow_remote=false never asks it.
         self.assert_error(srv.request("GET", "/_matrix/client/v1/media/download/example.org/abc",
-                                      token=token), 404, "M_NOT_FOUND")
+                                      token=token, timeout=30), 502, "M_UNKNOWN")
+        self.assert_error(srv.request("GET", "/_matrix/client/v1/media/download/example.org/abc"
+                                      "?allow_remote=false", token=token), 404, "M_NOT_FOUND")
 
     def test_missing_unknown_and_revoked_tokens_get_401(self):
         srv = media_server(self)
