@@ -111,6 +111,20 @@ class FakeOrigin:
                               length=len(body))
                     self.close_connection = True
                     return
+                if kind == "slow":  # half the body, a pause of spec[2] s, the rest
+                    body = multipart(spec[1])
+                    self.send_response(200)
+                    self.send_header("Content-Type", f"multipart/mixed; boundary={BOUNDARY}")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    outer.release.wait(spec[2])
+                    try:
+                        self.wfile.write(body[len(body) // 2:])
+                    except OSError:
+                        pass
+                    return
                 if kind == "location":
                     body = (f"--{BOUNDARY}\r\nContent-Type: application/json\r\n\r\n{{}}\r\n"
                             f"--{BOUNDARY}\r\nLocation: {spec[1]}\r\n\r\n"
@@ -575,6 +589,73 @@ class FakeOriginTest(RemoteMediaCase):
         self.assertEqual(status, 200)
         self.assertIn(b"Location: https://", body)
         self.assertEqual(o.media_hits("loop"), 2)
+
+    def test_clients_that_leave_while_waiting_give_their_slots_back_by_the_deadline(self):
+        o = self.origin()
+        o.files["gone"] = ("hang",)
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        socks = [harness.raw_connect(a.port) for _ in range(5)]
+        for sock in socks:
+            sock.sendall((f"GET {self.remote_path(o.server_name, 'gone', extra='?timeout_ms=1500')}"
+                          f" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n").encode())
+        deadline = time.monotonic() + 5
+        while a.metric("atrium_media_fetch_budget_in_flight") != 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(a.metric("atrium_media_fetch_budget_in_flight"), 5)
+        for sock in socks:
+            sock.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (a.metric("atrium_media_fetch_budget_in_flight") or
+                                               a.metric("atrium_media_delivering")):
+            time.sleep(0.1)
+        self.assertEqual(a.metric("atrium_media_fetch_budget_in_flight"), 0)
+        self.assertEqual(a.metric("atrium_media_delivering"), 0)
+        self.assertEqual(a.metric("atrium_media_fetch_line_waiting"), 0)
+        self.assertEqual(o.media_hits("gone"), 1)
+        status, _ = a.json("GET", "/_matrix/client/versions")
+        self.assertEqual(status, 200)
+
+    def test_after_kill_9_during_fetches_no_torn_copy_is_ever_served(self):
+        o = self.origin()
+        for i in range(3):
+            o.files[f"k{i}"] = ("ok", os.urandom(80000), "application/octet-stream")
+            o.files[f"s{i}"] = ("slow", os.urandom(400000), 30)
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        names = [f"k{i}" for i in range(3)] + [f"s{i}" for i in range(3)]
+        for name in names:
+            threading.Thread(target=lambda n=name: self._quiet_get(a, o, n, token),
+                             daemon=True).start()
+        deadline = time.monotonic() + 10
+        while (harness.psql("SELECT count(*) FROM media_remote", a.database) != [["3"]] and
+               time.monotonic() < deadline):
+            time.sleep(0.05)
+        time.sleep(0.3)  # the slow ones are half-way
+        a.kill()
+        a.start()
+        rows = harness.psql("SELECT media_id, file_name, sha256, size_bytes FROM media_remote"
+                            " ORDER BY media_id", a.database)
+        self.assertEqual([r[0] for r in rows], ["k0", "k1", "k2"])
+        for media_id, file_name, digest, size in rows:
+            with open(os.path.join(a.store, file_name), "rb") as f:
+                content = f.read()
+            self.assertEqual((sha(content), len(content)), (digest, int(size)))
+            self.assertEqual(digest, sha(o.files[media_id][1]))
+        on_disk = sorted(os.path.relpath(os.path.join(root, f), a.store)
+                         for root, _, fs in os.walk(os.path.join(a.store, "remote")) for f in fs)
+        self.assertEqual(on_disk, sorted(r[1] for r in rows))
+        for i in range(3):
+            status, _, body = a.request("GET", self.remote_path(o.server_name, f"k{i}"),
+                                        token=token, timeout=30)
+            self.assertEqual((status, sha(body)), (200, sha(o.files[f"k{i}"][1])))
+            self.assertEqual(o.media_hits(f"k{i}"), 1)
+
+    def _quiet_get(self, a, o, name, token):
+        try:
+            a.request("GET", self.remote_path(o.server_name, name), token=token, timeout=60)
+        except OSError:
+            pass
 
     def test_allow_remote_false_and_blocked_origins_are_404_without_a_fetch(self):
         o = self.origin()
