@@ -13,6 +13,7 @@
  * and the remote cache's purge (cache.c), as Synapse's:
  *   POST   /_synapse/admin/v1/purge_media_cache?before_ts=<ms>         {"deleted": n}
  *
+ * Quarantine also takes another server's media (the cached copy's row in media_remote).
  * Every route requires an access token of a server admin (403 M_FORBIDDEN otherwise).
  * Quarantine takes effect at once for new requests: delivery.c reads the row (with the
  * hash list) for every request it serves. Deleting removes the row first, then the file,
@@ -129,12 +130,38 @@ static int media_delete(atrium_req *req)
     return media_reply(m, req, json_pack("{s:[s], s:i}", "deleted_media", id, "total", 1));
 }
 
+/* Quarantine of another server's media: the cached copy's row (cache.c never serves a
+ * quarantined copy: remote.c answers 404 like missing media); media not cached here is
+ * 404 (there is nothing to mark yet). */
+static int set_remote_quarantine(media *m, atrium_req *req, const char *admin, bool on)
+{
+    const atrium_host *h = m->h;
+    const char *server = h->req_param(req, "serverName");
+    const char *id = h->req_param(req, "mediaId");
+    if (!server || !id || !media_server_name_valid(server) || !media_id_valid(id)) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "Invalid server name or media ID");
+        return ATRIUM_DONE;
+    }
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    if (!c) return db_failed(m, req);
+    int rc = media_db_remote_set_quarantine(h, m->self, c, server, id, on ? admin : NULL);
+    h->db_release(c);
+    if (rc == ATRIUM_E_DB) return db_failed(m, req);
+    if (rc == MEDIA_DB_NOTFOUND) return not_found(m, req);
+    h->log(m->self, ATRIUM_LOG_INFO, "remote media %s/%s %s by %s", server, id,
+           on ? "quarantined" : "released", admin);
+    return media_reply(m, req, json_object());
+}
+
 static int set_quarantine(atrium_req *req, bool on)
 {
     media *m = media_of(req);
     const atrium_host *h = m->h;
     const char *admin = require_admin(m, req);
     if (!admin) return ATRIUM_DONE;
+    const char *server = h->req_param(req, "serverName");
+    if (server && strcmp(server, m->server_name) != 0)
+        return set_remote_quarantine(m, req, admin, on);
     const char *id = local_media_id(m, req);
     if (!id) return ATRIUM_DONE;
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);

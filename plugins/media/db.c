@@ -486,3 +486,19 @@ int media_db_remote_thumb_put(const atrium_host *h, atrium_plugin *self, PGconn 
     PQclear(res);
     return MEDIA_DB_OK;
 }
+
+int media_db_remote_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                                   const char *origin, const char *media_id, const char *by)
+{
+    char now[I64_CHARS];
+    snprintf(now, sizeof(now), "%" PRId64, media_wall_ms());
+    const char *p[] = {origin, media_id, by, by ? now : NULL};
+    PGresult *res = run(h, self, c,
+                        "UPDATE media_remote SET quarantined_by = $3, quarantined_ts = $4"
+                        " WHERE origin = $1 AND media_id = $2",
+                        4, p, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    int n = atoi(PQcmdTuples(res));
+    PQclear(res);
+    return n == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+}

@@ -317,6 +317,9 @@ int media_db_remote_thumb_get(const atrium_host *h, atrium_plugin *self, PGconn 
                               media_row *out);
 int media_db_remote_thumb_put(const atrium_host *h, atrium_plugin *self, PGconn *c,
                               const char *origin, const media_size *s, const media_row *r);
+/* Quarantine (by = the admin) or release (by = NULL) a cached remote copy. */
+int media_db_remote_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                                   const char *origin, const char *media_id, const char *by);
 /* A user's media for the admin API: a JSON array of Synapse-shaped objects. */
 int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *user_id,
                        int64_t from, int64_t limit, bool newest_first, json_t **out,

@@ -657,6 +657,26 @@ class FakeOriginTest(RemoteMediaCase):
         except OSError:
             pass
 
+    def test_quarantined_remote_media_is_404_by_id_and_by_hash(self):
+        o = self.origin()
+        o.files["q1"] = ("ok", b"quarantine me", "text/plain")
+        o.files["q2"] = ("ok", b"refused bytes", "text/plain")
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        _, admin = register(a, admin=True)
+        path1, path2 = (self.remote_path(o.server_name, n) for n in ("q1", "q2"))
+        self.assertEqual(a.request("GET", path1, token=token, timeout=30)[0], 200)
+        status, _ = a.json("POST", f"/_synapse/admin/v1/media/quarantine/{o.server_name}/q1", {},
+                           token=admin)
+        self.assertEqual(status, 200)
+        self.assert_failure(a.request("GET", path1, token=token), 404, "M_NOT_FOUND")
+        # By hash, before the file was ever fetched: checked on the fetched bytes.
+        status, _ = a.json("POST", "/_atrium/admin/v1/media/quarantine_hash/"
+                           f"{sha(b'refused bytes')}", {}, token=admin)
+        self.assertEqual(status, 200)
+        self.assert_failure(a.request("GET", path2, token=token, timeout=30), 404, "M_NOT_FOUND")
+        self.assertEqual(o.media_hits("q1"), 1)
+
     def test_allow_remote_false_and_blocked_origins_are_404_without_a_fetch(self):
         o = self.origin()
         o.files["x"] = ("ok", b"hello", "text/plain")
