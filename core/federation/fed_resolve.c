@@ -1003,12 +1003,15 @@ static void *resolver_main(void *arg)
     for (;;) {
         struct pollfd pfd[1 + ARES_GETSOCK_MAXNUM];
         ares_socket_t socks[ARES_GETSOCK_MAXNUM];
-        int bits = ares_getsock(r->ch, socks, ARES_GETSOCK_MAXNUM);
+        /* The bit tests by hand, in unsigned arithmetic: c-ares's ARES_GETSOCK_WRITABLE
+         * shifts a signed 1 by up to 31 places (undefined behaviour). */
+        unsigned bits = (unsigned)ares_getsock(r->ch, socks, ARES_GETSOCK_MAXNUM);
         nfds_t n = 1;
         pfd[0] = (struct pollfd){.fd = r->wake_fd, .events = POLLIN};
-        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = (short)((ARES_GETSOCK_READABLE(bits, i) ? POLLIN : 0) |
-                               (ARES_GETSOCK_WRITABLE(bits, i) ? POLLOUT : 0));
+        for (unsigned i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
+            bool readable = bits & (1u << i);
+            bool writable = bits & (1u << (i + ARES_GETSOCK_MAXNUM));
+            short ev = (short)((readable ? POLLIN : 0) | (writable ? POLLOUT : 0));
             if (ev)
                 pfd[n++] = (struct pollfd){.fd = socks[i], .events = ev};
         }
