@@ -194,6 +194,9 @@ int fed_auth_check(atrium_req *r)
     if (vr < 0) return refuse(r, FED_AUTH_BAD_SIGNATURE, x.origin, why);
     r->origin = rt_arena_strdup(r->arena, x.origin);
     if (!r->origin) return ATRIUM_E_NOMEM;
+    /* The state slot was only borrowed for the key wait: the handler's from now on (a
+     * plugin's req_state must start out NULL). The memory is the request's arena's. */
+    r->plugin_state = NULL;
     rt_metric_add(m->m_auth_ok, 1);
     return 0;
 }
