@@ -23,7 +23,7 @@ class LoaderTest(AtriumTestCase):
         path = os.path.join(test_plugin_dir(), "badabi.so")
         log = self.start_expecting_failure({"badabi": {"enabled": True, "path": path}})
         self.assertIn(f'plugin "badabi" ({path}): built for plugin ABI 2.x, this server provides '
-                      f'1.0 - use a build of the plugin for Atrium plugin ABI 1.x', log)
+                      f'1.1 - use a build of the plugin for Atrium plugin ABI 1.x', log)
 
     def test_disabled_plugin_paths_are_unrecognized_while_the_rest_serves(self):
         srv = self.start_server(plugins={"media": {"enabled": False}, "directory": {"enabled": True}})
