@@ -44,7 +44,8 @@
 #define MEDIA_MAX_SIZES 16          /* configured thumbnail sizes */
 #define MEDIA_THUMB_MAX_SIDE 10000  /* largest width/height a thumbnail request may ask */
 #define MEDIA_EVENT_BUCKETS 64      /* events parked requests share, by key hash */
-#define MEDIA_DB_WAIT_MS 2000       /* longest wait for a database connection */
+/* Longest wait for a database connection: the operator's database.checkout_timeout_ms. */
+#define MEDIA_DB_WAIT_MS (media_host->db_wait_ms())
 #define MEDIA_PATH_MAX 1024
 
 /* ---- settings ---------------------------------------------------------------------------- */
@@ -63,6 +64,7 @@ typedef struct media_config {
     int delivery_queue_per_client; /* of which from one client key (0 = no cap) */
     int64_t delivery_wait_ms;
     int64_t delivery_retry_after_ms; /* suggested to clients refused by a full line */
+    const char *thumbnail_sizes; /* as configured; parsed into sizes */
     media_size sizes[MEDIA_MAX_SIZES];
     size_t n_sizes;
     int64_t max_image_pixels;

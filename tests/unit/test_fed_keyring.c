@@ -731,7 +731,7 @@ static void test_keys_survive_in_postgresql_across_rings(void **state)
     admin_exec(sql);
     char ci[1024];
     snprintf(ci, sizeof(ci), "%s dbname=%s", getenv("ATRIUM_TEST_PG_CONNINFO"), dbname);
-    db_pool *db = db_pool_new(ci, 2, NULL);
+    db_pool *db = db_pool_new(ci, 2, 2000, NULL);
     assert_non_null(db);
     assert_int_equal(db_pool_connect(db, 10), 0);
     assert_int_equal(db_migrate(db, FED_KEYRING_MIGRATION_OWNER, FED_KEYRING_MIGRATIONS,
