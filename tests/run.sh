@@ -115,6 +115,11 @@ run_ctest() {
         while read -r line; do summary+=("    $line"); done \
             < <(sed -n '/^The following tests FAILED:/,/^[^ \t]/{/^[ \t]/p}' "$log")
     fi
+    # Tests that skipped themselves say why ("SKIPPED: ..."): the summary repeats it, so a
+    # run without, say, the Synapse peer says so at the end.
+    local skipped
+    while read -r skipped; do summary+=("    skipped: $skipped"); done \
+        < <(grep -ho "SKIPPED: [^'\"]*" "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u)
 }
 
 tsan_enabled() {
@@ -123,6 +128,15 @@ tsan_enabled() {
 
 step "Debian packages"
 atrium_need_packages "${ATRIUM_BUILD_PACKAGES[@]}" "${ATRIUM_RUNTIME_PACKAGES[@]}" "${ATRIUM_TEST_PACKAGES[@]}"
+
+# The federation interop tests use a real Synapse when shared/peers/synapse/ lies beside
+# the repository (CI lays it there); they skip, saying so, when it does not.
+synapse_peer=${ATRIUM_SYNAPSE_PEER_SH:-$(dirname "$root")/shared/peers/synapse/peer.sh}
+if [ -f "$synapse_peer" ]; then
+    step "Synapse test peer ($synapse_peer)"
+    bash "$synapse_peer" install >&2 || atrium_die "could not install the Synapse test peer"
+    export ATRIUM_SYNAPSE_PEER_SH=$synapse_peer
+fi
 
 step "npm packages for the end-to-end tests (tests/e2e, matrix-js-sdk)"
 # The machines come with Node.js 20; a machine without node gets Debian's.
