@@ -220,12 +220,14 @@ static void *resolver_main(void *arg)
     for (;;) {
         struct pollfd pfd[1 + ARES_GETSOCK_MAXNUM];
         ares_socket_t socks[ARES_GETSOCK_MAXNUM];
-        int bits = ares_getsock(r->ch, socks, ARES_GETSOCK_MAXNUM);
+        /* c-ares' ARES_GETSOCK_WRITABLE shifts a signed 1 into the sign bit for the 16th
+         * socket (undefined behaviour): read the bits unsigned instead. */
+        unsigned bits = (unsigned)ares_getsock(r->ch, socks, ARES_GETSOCK_MAXNUM);
         nfds_t n = 1;
         pfd[0] = (struct pollfd){.fd = r->wake_fd, .events = POLLIN};
-        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = (short)((ARES_GETSOCK_READABLE(bits, i) ? POLLIN : 0) |
-                               (ARES_GETSOCK_WRITABLE(bits, i) ? POLLOUT : 0));
+        for (unsigned i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
+            bool rd = (bits >> i) & 1u, wr = (bits >> (i + ARES_GETSOCK_MAXNUM)) & 1u;
+            short ev = (short)((rd ? POLLIN : 0) | (wr ? POLLOUT : 0));
             if (ev)
                 pfd[n++] = (struct pollfd){.fd = socks[i], .events = ev};
         }
