@@ -394,7 +394,9 @@ int fed_resolve_start(fed_resolver *r)
                strerror(rc));
         return ATRIUM_E_IO;
     }
-    r->started = true;
+    pthread_mutex_lock(&r->mu);
+    r->started = true; /* read under mu by fed_resolve_lookup */
+    pthread_mutex_unlock(&r->mu);
     return 0;
 }
 
