@@ -194,10 +194,15 @@ static void handle_msg(fed_resolver *r, fed_resolve_msg *m, bool stopping)
         free(m);
         return;
     }
-    fed_disc *d = m->d; /* the fetch's reference */
+    /* The message is embedded in its discovery, and answering it may submit the next
+     * redirect hop at once, whose callback then fills the same message on the client's
+     * thread: take the answer out of it first. */
+    fed_resolve_msg answer = *m;
+    m->body = m->location = m->cache_control = m->expires = NULL;
+    fed_disc *d = answer.d; /* the fetch's reference */
     if (!d->done)
-        fed_resolve_steps_well_known_answer(d, m);
-    msg_clear(m);
+        fed_resolve_steps_well_known_answer(d, &answer);
+    msg_clear(&answer);
     fed_disc_unref(d);
 }
 
