@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +74,7 @@ static struct {
     qcount counts[MAX_RRS * 2];
     int n_counts;
     char blackhole[128]; /* a name never answered */
-    volatile int stop;
+    atomic_int stop;
 } dns = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void dns_add_a(const char *name, const char *ip, uint32_t ttl)
@@ -324,7 +325,7 @@ static struct {
     pthread_mutex_t mu;
     wk_host hosts[MAX_HOSTS];
     int n_hosts;
-    volatile int stop;
+    atomic_int stop;
 } web = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void wk_set(const char *host, int status, const char *headers, const char *body)
@@ -435,7 +436,7 @@ static void *web_main(void *arg)
 static struct {
     int fd;
     pthread_t th;
-    volatile int accepts, stop;
+    atomic_int accepts, stop;
 } dead = {.fd = -1};
 
 static void *dead_main(void *arg)
@@ -448,7 +449,7 @@ static void *dead_main(void *arg)
         int c = accept(dead.fd, NULL, NULL);
         if (c < 0)
             continue;
-        __atomic_add_fetch(&dead.accepts, 1, __ATOMIC_SEQ_CST);
+        atomic_fetch_add(&dead.accepts, 1);
         close(c);
     }
     return NULL;
@@ -862,7 +863,7 @@ static void test_unreachable_well_known_is_not_fetched_again_within_its_window(v
         result a = resolve("dead.test");
         assert_target(&a, "default", "dead.test", 8448, "dead.test", "127.0.0.2");
     }
-    assert_int_equal(__atomic_load_n(&dead.accepts, __ATOMIC_SEQ_CST), 1);
+    assert_int_equal(atomic_load(&dead.accepts), 1);
 }
 
 static void test_dns_answer_is_asked_again_after_its_ttl(void **state)
