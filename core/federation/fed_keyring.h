@@ -177,7 +177,8 @@ enum { FED_KEYRING_ANSWERED = 0, FED_KEYRING_PENDING = 1 };
  * refusal: a recent failure, a fresh fetch that lacked the key, busy, stopped) and cb never
  * called; or FED_KEYRING_PENDING: cb(arg, result) will be called exactly once, on another
  * thread or on this one before the function returns (when the fetch hook answers at once);
- * *now_out is then untouched. Never blocks. */
+ * *now_out is then untouched. Never blocks. An invalid server name or key ID is answered
+ * FED_KEY_E_UNKNOWN. */
 int fed_keyring_lookup(fed_keyring *ring, const char *server_name, const char *key_id,
                        int64_t minimum_valid_until_ms, fed_key_result *now_out,
                        fed_keyring_cb cb, void *arg);

@@ -187,6 +187,20 @@ static void test_document_shape_is_checked(void **state)
     fed_key_set_free(s);
     json_decref(d);
 
+    /* A key ID outside the spec's [A-Za-z0-9_] (another implementation's) is still used. */
+    fed_signing_key dashed = remote_key;
+    snprintf(dashed.key_id, sizeof(dashed.key_id), "ed25519:auto-1");
+    d = doc_of("remote.example", &dashed, T0 + DAY_MS);
+    s = fed_keyring_validate(d, "remote.example", T0, why, sizeof(why));
+    assert_non_null(s);
+    assert_string_equal(s->keys[0].key_id, "ed25519:auto-1");
+    fed_key_set_free(s);
+    json_decref(d);
+    snprintf(dashed.key_id, sizeof(dashed.key_id), "ed25519:a\"b");
+    d = doc_of("remote.example", &dashed, T0 + DAY_MS);
+    expect_refused(d, "remote.example", "malformed verify key");
+    json_decref(d);
+
     d = doc_of("remote.example", &remote_key, T0 + DAY_MS);
     json_object_set_new(json_object_get(d, "old_verify_keys"), "ed25519:o",
                         json_pack("{s:s}", "key", "Zm9v"));
