@@ -27,6 +27,19 @@
  * that called fed_keyring_fetched (the outbound client's I/O thread): they must be quick
  * and must not block (resume a parked request, no PostgreSQL). They are never called with
  * a ring lock held, so they may call into the ring again. Internal prefix: fed_keyring_.
+ *
+ * Wiring, in outline (the integrator's fetch hook, on top of fed_http.h and discovery):
+ *     static int fetch(void *arg, fed_keyring *ring, const char *server)
+ *     {   submit GET /_matrix/key/v2/server (or POST /_matrix/key/v2/query to a trusted
+ *         key server) and return 0; in the request's on_done (I/O thread):
+ *             json_t *doc = json_loadb(res->body, res->body_len, 0, NULL);
+ *             fed_key_set *k = doc ? fed_keyring_validate(doc, server, rt_wall_ms(), why,
+ *                                                         sizeof(why)) : NULL;
+ *             (or fed_keyring_validate_notary; on failure try the next source)
+ *             fed_keyring_fetched(ring, server, k, k ? NULL : why);
+ *     }
+ * and for an inbound request: fed_xmatrix_parse, then fed_keyring_lookup(origin, key,
+ * now), then fed_xmatrix_verify with the key found.
  */
 #ifndef ATRIUM_CORE_FED_KEYRING_H
 #define ATRIUM_CORE_FED_KEYRING_H
