@@ -37,6 +37,7 @@
  *                                                         sizeof(why)) : NULL;
  *             (or fed_keyring_validate_notary; on failure try the next source)
  *             fed_keyring_fetched(ring, server, k, k ? NULL : why);
+ *             json_decref(doc);
  *     }
  * and for an inbound request: fed_xmatrix_parse, then fed_keyring_lookup(origin, key,
  * now), then fed_xmatrix_verify with the key found.
@@ -78,7 +79,9 @@ typedef struct fed_verify_key {
      * valid_until_ts for a current key, expired_ts for an old one). */
     int64_t valid_until_ms;
     int64_t fetched_ms; /* when the document holding it was fetched (wall clock) */
-    bool old;           /* from old_verify_keys */
+    /* From old_verify_keys: such keys verify events only, so an inbound request signed
+     * with one is refused whatever its expired_ts (the caller checks). */
+    bool old;
 } fed_verify_key;
 
 /* A server's keys as validated; only the validators and the ring create these. */
