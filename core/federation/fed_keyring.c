@@ -563,7 +563,7 @@ int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_
         !(w = calloc(1, sizeof(*w)))) {
         pthread_mutex_unlock(&r->mu);
         rt_metric_add(r->m_busy, 1);
-        answer_now(now_out, FED_KEY_E_BUSY, "too many key look-ups are waiting",
+        answer_now(now_out, FED_KEY_E_BUSY, "too many key look-ups or servers in flight",
                    server_name);
         return FED_KEYRING_ANSWERED;
     }
