@@ -7,7 +7,7 @@
  * migrations -> the auth pool -> each client module in turn (init, its migrations, start)
  * -> federation (signing key, routes, the listener's certificate; its migrations; its
  * threads) -> plugins (init) -> plugin migrations -> plugins (pools, start) -> listen
- * (client, then federation). Any failure stops start-up with the line that says why.
+ * (federation, then client). Any failure stops start-up with the line that says why.
  * SIGHUP reloads the federation listener's certificate and changes nothing else.
  * Shutdown (SIGINT/SIGTERM): refuse new requests (503, Connection: close) -> answer every
  * parked and handed-off request -> let running requests finish within
@@ -63,6 +63,8 @@ static void usage(FILE *f)
             "              [--url URL]            create an account on the running server\n"
             "       atrium verify-media --config FILE [--json]\n"
             "                                      check every original against its SHA-256\n"
+            "       atrium --print-config-table [PLUGIN] [--plugin-dir DIR]\n"
+            "                                      print the settings as a Markdown table\n"
             "       atrium --version\n"
             "Any setting can be overridden from the environment: ATRIUM__SERVER__HTTP__PORT=8448\n"
             "sets server.http.port (segments joined by \"__\").\n");
@@ -85,7 +87,18 @@ static int generate_config(const char *path, const char *server_name, const char
         fprintf(stderr, "atrium: cannot create %s: %s\n", path, strerror(errno));
         return 1;
     }
-    int rc = cfg_generate(f, server_name, conninfo ? conninfo : "", plugin_dir);
+    /* Each generated plugin's settings, from its descriptor (none of its code runs). */
+    struct cfg_plugin_doc docs[8];
+    size_t n = 0;
+    for (size_t i = 0; CFG_GENERATED_PLUGINS[i] && n < sizeof(docs) / sizeof(docs[0]); i++)
+        if (plugins_describe(plugin_dir ? plugin_dir : ATRIUM_DEFAULT_PLUGIN_DIR,
+                             CFG_GENERATED_PLUGINS[i], NULL, &docs[n]) == 0)
+            n++;
+        else
+            fprintf(stderr, "atrium: plugins.%s: its settings are left out (see above)\n",
+                    CFG_GENERATED_PLUGINS[i]);
+    int rc = cfg_generate(f, server_name, conninfo ? conninfo : "", plugin_dir, docs, n);
+    for (size_t i = 0; i < n; i++) plugins_describe_release(&docs[i]);
     if (fclose(f) != 0 || rc < 0) {
         fprintf(stderr, "atrium: writing %s failed\n", path);
         unlink(path);
@@ -93,6 +106,23 @@ static int generate_config(const char *path, const char *server_name, const char
     }
     fprintf(stderr, "atrium: wrote %s\n", path);
     return 0;
+}
+
+/* `atrium --print-config-table [PLUGIN]`: the table README.md (or the plugin's README)
+ * carries, generated from the same rows the loader reads. */
+static int print_config_table(const char *plugin, const char *plugin_dir)
+{
+    if (!plugin) {
+        cfg_print_core_table(stdout);
+        return fflush(stdout) == 0 ? 0 : 1;
+    }
+    struct cfg_plugin_doc doc;
+    if (plugins_describe(plugin_dir ? plugin_dir : ATRIUM_DEFAULT_PLUGIN_DIR, plugin, NULL,
+                         &doc) < 0)
+        return 1;
+    cfg_settings_print_markdown(stdout, "", doc.rows, doc.n_rows);
+    plugins_describe_release(&doc);
+    return fflush(stdout) == 0 ? 0 : 1;
 }
 
 static void raise_nofile_limit(void)
@@ -165,7 +195,8 @@ static int serve(const char *config_path)
     if (!rt.http || http_builtin_routes(rt.http) < 0) goto out;
     rt_log(ATRIUM_LOG_INFO, "core", "Atrium %s starting for %s", ATRIUM_VERSION, cfg.server_name);
 
-    rt.db = db_pool_new(cfg.database.conninfo, cfg.database.pool_size, rt.metrics);
+    rt.db = db_pool_new(cfg.database.conninfo, cfg.database.pool_size,
+                        cfg.database.checkout_timeout_ms, rt.metrics);
     if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
     db_set_global(rt.db);
     if (db_migrate(rt.db, "core", CORE_MIGRATIONS,
@@ -233,7 +264,8 @@ out:
 int main(int argc, char **argv)
 {
     const char *config = NULL, *gen = NULL, *server_name = NULL, *conninfo = NULL;
-    const char *plugin_dir = NULL;
+    const char *plugin_dir = NULL, *table_of = NULL;
+    bool table = false;
     if (argc > 1 && strcmp(argv[1], "register-user") == 0)
         return cli_register_user(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "verify-media") == 0)
@@ -248,6 +280,12 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
+        } else if (strcmp(a, "--print-config-table") == 0) {
+            table = true;
+            if (next && next[0] != '-') {
+                table_of = next;
+                i++;
+            }
         } else if (strcmp(a, "--config") == 0 && next) {
             config = next;
             i++;
@@ -269,6 +307,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (table) return print_config_table(table_of, plugin_dir);
     if (gen) return generate_config(gen, server_name, conninfo, plugin_dir);
     if (!config) {
         usage(stderr);

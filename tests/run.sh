@@ -4,17 +4,21 @@
 #   tests/run.sh [CTEST ARGS...]      e.g. tests/run.sh -L unit, tests/run.sh -R media
 #
 # 1. installs the missing build, runtime and test packages (tests/lib/deps.sh);
-# 2. configures and builds build/ (RelWithDebInfo) and build-asan/ (ASan + UBSan);
+# 2. configures and builds build/ (RelWithDebInfo), build-asan/ (ASan + UBSan) and
+#    build-tsan/ (ThreadSanitizer);
 # 3. starts one private PostgreSQL cluster for the whole run in build/test-pg on a free
 #    port (tests/lib/pg.sh) and exports ATRIUM_TEST_PG_CONNINFO (no dbname: every test
 #    creates its own database) and ATRIUM_TEST_PG_DIR;
 # 4. runs ctest in build/, then in build-asan/ with leak detection on and any sanitizer
-#    report fatal, passing CTEST ARGS to both;
+#    report fatal, then the tests labelled "tsan" (the runtime mechanisms, plugins, media
+#    delivery: tests/CMakeLists.txt) in build-tsan/ with any data race fatal (library
+#    internals suppressed by tests/tsan.supp), passing CTEST ARGS to all three;
 # 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary, and exits non-zero
 #    if anything failed.
 # CI (.ci/run) runs exactly this. A second run reuses both builds and the cluster.
 #
-# Developer knobs (CI sets none): ATRIUM_TEST_SKIP_ASAN=1 skips the sanitizer tree,
+# Developer knobs (CI sets none): ATRIUM_TEST_SKIP_ASAN=1 skips both sanitizer trees,
+# ATRIUM_TEST_SKIP_TSAN=1 only the ThreadSanitizer one,
 # ATRIUM_JOBS=N sets build parallelism (default: number of CPUs).
 set -euo pipefail
 
@@ -111,10 +115,28 @@ run_ctest() {
         while read -r line; do summary+=("    $line"); done \
             < <(sed -n '/^The following tests FAILED:/,/^[^ \t]/{/^[ \t]/p}' "$log")
     fi
+    # Tests that skipped themselves say why ("SKIPPED: ..."): the summary repeats it, so a
+    # run without, say, the Synapse peer says so at the end.
+    local skipped
+    while read -r skipped; do summary+=("    skipped: $skipped"); done \
+        < <(grep -ho "SKIPPED: [^'\"]*" "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u)
+}
+
+tsan_enabled() {
+    [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ] && [ "${ATRIUM_TEST_SKIP_TSAN:-0}" != 1 ]
 }
 
 step "Debian packages"
 atrium_need_packages "${ATRIUM_BUILD_PACKAGES[@]}" "${ATRIUM_RUNTIME_PACKAGES[@]}" "${ATRIUM_TEST_PACKAGES[@]}"
+
+# The federation interop tests use a real Synapse when shared/peers/synapse/ lies beside
+# the repository (CI lays it there); they skip, saying so, when it does not.
+synapse_peer=${ATRIUM_SYNAPSE_PEER_SH:-$(dirname "$root")/shared/peers/synapse/peer.sh}
+if [ -f "$synapse_peer" ]; then
+    step "Synapse test peer ($synapse_peer)"
+    bash "$synapse_peer" install >&2 || atrium_die "could not install the Synapse test peer"
+    export ATRIUM_SYNAPSE_PEER_SH=$synapse_peer
+fi
 
 step "npm packages for the end-to-end tests (tests/e2e, matrix-js-sdk)"
 # The machines come with Node.js 20; a machine without node gets Debian's.
@@ -131,8 +153,13 @@ cmake --build build -j"$build_jobs"
 
 if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
     step "build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer)"
-    atrium_configure_tree "$root" build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=ON
+    atrium_configure_tree "$root" build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=address
     cmake --build build-asan -j"$build_jobs"
+fi
+if tsan_enabled; then
+    step "build-tsan/ (ThreadSanitizer)"
+    atrium_configure_tree "$root" build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=thread
+    cmake --build build-tsan -j"$build_jobs"
 fi
 
 step "PostgreSQL for the tests (build/test-pg)"
@@ -162,5 +189,14 @@ if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 -- "$@"
 else
     summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_ASAN=1)' "build-asan (ASan+UBSan)")")
+fi
+
+if tsan_enabled; then
+    step "ctest -L tsan in build-tsan/"
+    run_ctest build-tsan "build-tsan (TSan subset)" \
+        "TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$root/tests/tsan.supp" \
+        -- -L tsan "$@"
+else
+    summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_*SAN=1)' "build-tsan (TSan subset)")")
 fi
 stage="done"

@@ -2,8 +2,10 @@
  * core/cli/verify_media.c - `atrium verify-media --config FILE`: checks every uploaded
  * original against its recorded SHA-256 by running the media plugin's own checker
  * (atrium-media-verify, installed beside atrium) with the database and store of the
- * server's configuration. The core never links plugin code: it only reads the two
- * settings and hands over to the plugin's command.
+ * server's configuration. The core never links plugin code and keeps no copy of the
+ * plugin's defaults: the store path's default comes from the settings table the plugin
+ * declares (read from its descriptor, running none of its code), then it hands over to the
+ * plugin's command.
  */
 #include <errno.h>
 #include <libgen.h>
@@ -15,9 +17,10 @@
 
 #include "core/cli/cli.h"
 #include "core/config/config.h"
+#include "core/plugins/plugins.h"
 
 #define VERIFY_BINARY "atrium-media-verify"
-#define VERIFY_DEFAULT_STORE "./media_store" /* the media plugin's default store_path */
+#define VERIFY_PLUGIN "media"
 #define VERIFY_ERR_LEN 1024
 
 extern char **environ;
@@ -45,10 +48,31 @@ int cli_verify_media(int argc, char **argv)
         cfg_free(root);
         return 2;
     }
-    const char *conninfo = NULL, *store = NULL;
-    if (cfg_read_string(root, "database.conninfo", "", &conninfo, err, sizeof(err)) < 0 ||
-        cfg_read_string(root, "plugins.media.store_path", VERIFY_DEFAULT_STORE, &store, err,
+    /* The plugin the server would load, and the store_path default it declares. */
+    const char *plugin_dir = NULL, *plugin_path = NULL, *conninfo = NULL, *store = NULL;
+    if (cfg_read_string(root, "plugin_dir", ATRIUM_DEFAULT_PLUGIN_DIR, &plugin_dir, err,
+                        sizeof(err)) < 0 ||
+        cfg_read_string(root, "plugins." VERIFY_PLUGIN ".path", NULL, &plugin_path, err,
                         sizeof(err)) < 0) {
+        fprintf(stderr, "atrium: %s\n", err);
+        cfg_free(root);
+        return 2;
+    }
+    struct cfg_plugin_doc media;
+    const struct cfg_setting *store_row = NULL;
+    if (plugins_describe(plugin_dir, VERIFY_PLUGIN, plugin_path, &media) == 0)
+        store_row = cfg_settings_find(media.rows, media.n_rows, "store_path");
+    const char *store_default = store_row ? store_row->def_string : NULL; /* static */
+    plugins_describe_release(&media);
+    if (!store_default) {
+        fprintf(stderr, "atrium: cannot read the media plugin's settings (see above): set "
+                        "plugin_dir or plugins.media.path to its media.so\n");
+        cfg_free(root);
+        return 2;
+    }
+    if (cfg_read_string(root, "database.conninfo", "", &conninfo, err, sizeof(err)) < 0 ||
+        cfg_read_string(root, "plugins." VERIFY_PLUGIN ".store_path", store_default,
+                        &store, err, sizeof(err)) < 0) {
         fprintf(stderr, "atrium: %s\n", err);
         cfg_free(root);
         return 2;

@@ -1,6 +1,7 @@
 /*
  * core/config/config.h - configuration: YAML read into one tree, environment overrides,
- * the core's schema with documented defaults, and --generate-config.
+ * settings tables (one row per key) that drive reading, the unknown-key check,
+ * --generate-config and the documentation tables.
  *
  * Every node remembers the file line it came from (or the environment variable), so every
  * error names the key and where it was set. Unknown keys are errors, never ignored. The core
@@ -82,7 +83,91 @@ int cfg_read_string_list(const cfg_node *n, const char *path, const char ***out,
  * ("did you mean fetch_threads?"). A non-map n is also an error. */
 int cfg_check_keys(const cfg_node *n, const char *const *allowed, char *err, size_t errlen);
 
-/* ---- the core's own settings (schema.c) ---------------------------------------------- */
+/* ---- settings tables (schema.c) -------------------------------------------------------
+ * A setting is declared once, as one row: its dotted key, type, range, default, unit, where
+ * the value is stored (an offset into the destination struct) and its help text. The same
+ * rows drive reading (cfg_settings_read), the unknown-key check (cfg_settings_check_keys),
+ * the generated configuration (cfg_settings_write) and the documentation tables
+ * (cfg_settings_print_markdown). The core's rows are in settings.c; a plugin's come from its
+ * descriptor (core/plugins/settings.c converts them). */
+
+typedef enum {
+    CFG_T_INT = 1,     /* int */
+    CFG_T_INT64,       /* int64_t */
+    CFG_T_BOOL,        /* bool */
+    CFG_T_STRING,      /* const char * (into the tree, or the row's def_string) */
+    CFG_T_ENUM,        /* const char * pointing at one of `values` (matched ignoring case) */
+    CFG_T_STRING_LIST, /* const char ** (malloc'd) and its size_t count at count_offset */
+    CFG_T_TREE,        /* const cfg_node *: a map ("{}" as def_string) or a list ("[]") its
+                          owner validates (NULL when absent); the keys below are not checked */
+} cfg_type;
+
+enum {
+    CFG_F_REQUIRED = 1u << 0, /* no default: absent or empty is an error naming the env var */
+    CFG_F_NONEMPTY = 1u << 1, /* a string that may be left out, but not given as "" */
+    CFG_F_KEEP = 1u << 2,     /* absent: the field keeps what the caller put there (a default
+                                 computed at start, described by default_doc) */
+};
+
+struct cfg_setting {
+    const char *path;   /* dotted key, relative to the map the table is read from */
+    cfg_type type;
+    unsigned flags;     /* CFG_F_* */
+    size_t offset;      /* where the value goes in the destination struct */
+    size_t count_offset; /* CFG_T_STRING_LIST: where its size_t length goes */
+    int64_t def, min, max; /* CFG_T_INT*, CFG_T_BOOL (0/1): default and inclusive range */
+    const char *def_string; /* CFG_T_STRING, CFG_T_ENUM: the default */
+    const char *const *values; /* CFG_T_ENUM: the allowed values; CFG_T_STRING_LIST: the
+                                  default items (NULL-terminated; NULL = empty list) */
+    const char *unit;   /* "ms", "s", "bytes", "count", ... (documentation), or NULL */
+    const char *help;   /* one or two sentences: what it does, for operators */
+    const char *default_doc; /* the default in words when it is not a value ("CPU cores") */
+    /* An extra check of a value read without error, or NULL: 0, or -1 via cfg_error(n,...). */
+    int (*check)(const cfg_node *n, const void *field, char *err, size_t errlen);
+};
+
+/* A comment for a map of a table ("server.http": "The client-server listener."), written
+ * above it by cfg_settings_write. */
+struct cfg_section {
+    const char *path;
+    const char *help;
+};
+
+/* A value --generate-config writes instead of a row's default (YAML text, already quoted as
+ * needed), with a note for the comment above it (or NULL). A NULL yaml writes the key
+ * commented out with its default. */
+struct cfg_value {
+    const char *path;
+    const char *yaml;
+    const char *note;
+};
+
+/* Read every row of the table from the map n (absent keys get their defaults) into the
+ * struct at base. 0, or -1 with err naming the key, its place and what is allowed; string
+ * lists read before the failure are left for the caller to free (cfg_settings_release). */
+int cfg_settings_read(const cfg_node *n, const struct cfg_setting *rows, size_t n_rows,
+                      void *base, char *err, size_t errlen);
+/* Free what cfg_settings_read allocated in base (the string lists); idempotent. */
+void cfg_settings_release(const struct cfg_setting *rows, size_t n_rows, void *base);
+/* Refuse keys of the map n, and of every map below it that the rows reach, that no row
+ * declares (the messages of cfg_check_keys). `extra` (NULL-terminated, or NULL) are more
+ * keys allowed directly in n, which the caller checks itself ("plugins"). */
+int cfg_settings_check_keys(const cfg_node *n, const struct cfg_setting *rows, size_t n_rows,
+                            const char *const *extra, char *err, size_t errlen);
+/* Write the rows as commented YAML at `indent` spaces: each map opened once, with its
+ * section comment; each key with its help, allowed values and default (or its entry in
+ * `values`). Rows of one map must be contiguous. */
+void cfg_settings_write(FILE *f, int indent, const struct cfg_setting *rows, size_t n_rows,
+                        const struct cfg_section *sections, size_t n_sections,
+                        const struct cfg_value *values, size_t n_values);
+/* A Markdown table (key, default, allowed, meaning), each key prefixed with `prefix`. */
+void cfg_settings_print_markdown(FILE *f, const char *prefix, const struct cfg_setting *rows,
+                                 size_t n_rows);
+/* The row whose path is `path`, or NULL. */
+const struct cfg_setting *cfg_settings_find(const struct cfg_setting *rows, size_t n_rows,
+                                            const char *path);
+
+/* ---- the core's own settings (settings.c) --------------------------------------------- */
 
 struct core_config {
     const char *server_name;    /* server_name (required) */
@@ -118,7 +203,8 @@ struct core_config {
     struct {
         const char *conninfo;     /* database.conninfo (libpq string; required) */
         int pool_size;            /* database.pool_size (default 8, 1..512) */
-        int checkout_timeout_ms;  /* database.checkout_timeout_ms (default 5000) */
+        int checkout_timeout_ms;  /* database.checkout_timeout_ms (default 2000): request
+                                     paths' wait for a pooled connection (DB_WAIT_CONFIGURED) */
         int connect_retry_s;      /* database.connect_retry_s (default 30) */
     } database;
     struct {
@@ -140,7 +226,6 @@ struct core_config {
         /* federation.signing_key_path: "" = "<server_name>.signing.key" beside the config
          * file; relative paths are relative to the config file's directory. */
         const char *signing_key_path;
-        const char *config_dir;          /* the config file's directory (set by the caller) */
         int64_t key_valid_ms;            /* federation.key_valid_ms (default 7 days) */
         const cfg_node *old_signing_keys; /* federation.old_signing_keys (a map, or NULL) */
         bool verify_certificates;        /* federation.verify_certificates (default true) */
@@ -148,9 +233,9 @@ struct core_config {
         size_t n_custom_ca_list;
         const char **certificate_verification_whitelist; /* server names, development only */
         size_t n_certificate_verification_whitelist;
-        const char **ip_range_blacklist; /* federation.ip_range_blacklist (NULL = defaults) */
+        const char **ip_range_blacklist; /* federation.ip_range_blacklist (default: the list
+                                            of fed_iprange.h) */
         size_t n_ip_range_blacklist;
-        bool ip_range_blacklist_given;
         const char **ip_range_whitelist; /* federation.ip_range_whitelist (default []) */
         size_t n_ip_range_whitelist;
         const char **domain_whitelist;   /* federation.domain_whitelist ([] = everyone) */
@@ -176,8 +261,31 @@ struct core_config {
 int core_config_load(const cfg_node *root, struct core_config *out, char *err, size_t errlen);
 void core_config_release(struct core_config *c);
 
-/* Write a complete, commented configuration with every default to f. */
+/* The core's table: every key of struct core_config, one row each. */
+extern const struct cfg_setting CORE_SETTINGS[];
+extern const size_t CORE_N_SETTINGS;
+/* What the core itself reads under every plugins.<name>: enabled and path. */
+extern const struct cfg_setting PLUGIN_COMMON_SETTINGS[];
+extern const size_t PLUGIN_N_COMMON_SETTINGS;
+/* The plugins --generate-config enables (NULL-terminated). */
+extern const char *const CFG_GENERATED_PLUGINS[];
+
+/* One plugin's declared settings for --generate-config: rows NULL when its descriptor
+ * could not be read (the file then points at the plugin's README instead). */
+struct cfg_plugin_doc {
+    const char *name;
+    const struct cfg_setting *rows;
+    size_t n_rows;
+};
+
+/* Write a complete, commented configuration with every default to f: every core key, and
+ * for each plugin of CFG_GENERATED_PLUGINS its settings as `plugins` describes them (n may
+ * be 0). 0, or -1 when writing failed. */
 int cfg_generate(FILE *f, const char *server_name, const char *conninfo,
-                 const char *plugin_dir);
+                 const char *plugin_dir, const struct cfg_plugin_doc *plugins, size_t n);
+
+/* The Markdown table of the core's keys and of plugins.<name>.enabled/path, as README.md
+ * carries it (`atrium --print-config-table`). */
+void cfg_print_core_table(FILE *f);
 
 #endif

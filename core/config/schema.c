@@ -1,23 +1,21 @@
 /*
  * core/config/schema.c - checking a configuration tree against what is expected: the typed
- * reads and the unknown-key check (for the core and for plugins alike), the core's own keys
- * with their defaults, units and ranges read into struct core_config, and --generate-config,
- * which writes those same keys with those same defaults as a commented file.
+ * reads and the unknown-key check (for the core and for plugins alike), and the engine of
+ * settings tables: one row per key (struct cfg_setting) drives reading into a struct, the
+ * unknown-key check of every map the rows reach, the commented YAML of --generate-config and
+ * the Markdown tables of the READMEs.
  *
- * Each integer's default and range is written once, in the settings below, and used by both
- * the loader and the generator, so a generated file always says what the loader would do. A
- * YAML null counts as absent: a typed read gives its default and cfg_check_keys sees an empty
- * map. Unknown keys are errors everywhere except inside plugins.<name>: there this file checks
- * only `enabled` and `path` (docs/architecture.md, 'The plugin seam') and leaves every
- * other key to the plugin, which
- * validates its subtree in init. It does not parse YAML or read the environment (config.c
- * built the tree and applied ATRIUM__* first), and it does not decide how a setting is used;
- * the comments say what its owner does with it. No global mutable state; any thread.
+ * Because all four are driven by the same rows, a generated file always says what the loader
+ * would do and the documentation cannot drift from either. A YAML null counts as absent: a
+ * typed read gives its default and cfg_check_keys sees an empty map. This file knows no key
+ * names: the core's rows are in settings.c, a plugin's come from its descriptor. It does not
+ * parse YAML or read the environment (config.c built the tree and applied ATRIUM__* first),
+ * and it does not decide how a setting is used. No global mutable state; any thread.
  */
 #include "core/config/config.h"
 
+#include <assert.h>
 #include <ctype.h>
-#include <sodium.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -25,35 +23,15 @@
 #include <string.h>
 #include <strings.h>
 
-#ifdef ATRIUM_DEFAULT_PLUGIN_DIR
-#define CORE_DEFAULT_PLUGIN_DIR ATRIUM_DEFAULT_PLUGIN_DIR
-#else
-#define CORE_DEFAULT_PLUGIN_DIR "/usr/lib/atrium/plugins"
-#endif
-
-#define CORE_DEFAULT_PUBLIC_BASEURL ""
-#define CORE_DEFAULT_BIND_ADDRESS "127.0.0.1"
-#define CORE_DEFAULT_LOG_LEVEL "info"
-#define CORE_DEFAULT_METRICS_ENABLED true
-#define CORE_DEFAULT_RATELIMIT_ENABLED true
-#define CORE_DEFAULT_ROOM_VERSION "10" /* checked by core/client/rooms/rooms.c */
-#define CORE_DEFAULT_REGISTRATION_ENABLED false
-#define CORE_DEFAULT_REGISTRATION_SHARED_SECRET ""
-#define GENERATED_SHARED_SECRET_BYTES 32 /* random bytes, written as hex */
-#define CORE_DEFAULT_PLUGIN_ENABLED false
-#define CORE_DEFAULT_FED_BIND_ADDRESS "0.0.0.0"
-
 enum {
     SCHEMA_TEXT_BYTES = 512,          /* scratch for paths, places and lists */
     SCHEMA_QUOTE_BYTES = 64,          /* a bad value is quoted up to this many bytes */
     SCHEMA_SUGGEST_MAX_DISTANCE = 2,  /* edits at most for a "did you mean" */
     SCHEMA_SUGGEST_MAX_KEY_BYTES = 64, /* longer keys get no suggestion */
+    SCHEMA_MAX_KEYS_PER_MAP = 64,     /* distinct keys one map of a table may declare */
+    SCHEMA_MAX_DEPTH = 8,             /* map levels in one setting's path */
+    SCHEMA_WRAP_COLUMN = 92,          /* generated comments are wrapped before this */
 };
-
-static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
-static const char *const DEFAULT_METRICS_ADDRESSES[] = {"127.0.0.1", "::1"};
-/* Plugins that --generate-config enables. */
-static const char *const GENERATED_PLUGINS[] = {"media", "directory", NULL};
 
 /* ---- typed reads ---------------------------------------------------------------------- */
 
@@ -242,199 +220,15 @@ int cfg_check_keys(const cfg_node *n, const char *const *allowed, char *err, siz
     return 0;
 }
 
-/* ---- integer settings: one default and range for loader and generator -------------------- */
+/* ---- settings tables: reading ------------------------------------------------------------ */
 
-struct int_setting {
-    const char *path;      /* dotted key */
-    int64_t def, min, max; /* default and allowed range, inclusive */
-    const char *doc;       /* the comment written above the key, with its unit */
-};
-
-static const struct int_setting HTTP_PORT = {
-    "server.http.port", 8008, 0, 65535,
-    "TCP port for plain client HTTP (TLS belongs in a proxy); 0 = any free port."};
-static const struct int_setting HTTP_REQUEST_THREADS = {
-    "server.http.request_threads", 4, 1, 256,
-    "Threads handling client requests (the request pool), a count."};
-static const struct int_setting HTTP_CONNECTION_TIMEOUT_S = {
-    "server.http.connection_timeout_s", 60, 1, 3600,
-    "Seconds a client connection may stay idle before it is closed."};
-static const struct int_setting HTTP_MAX_CONNECTIONS = {
-    "server.http.max_connections", 0, 0, 1000000,
-    "Open client connections, a count; 0 = RLIMIT_NOFILE minus fd_reserve."};
-static const struct int_setting HTTP_FD_RESERVE = {
-    "server.http.fd_reserve", 128, 0, 65536,
-    "File descriptors kept for files, PostgreSQL and peers, a count."};
-static const struct int_setting HTTP_MAX_JSON_BODY_BYTES = {
-    "server.http.max_json_body_bytes", INT64_C(1024) * 1024, 1024, INT64_C(64) * 1024 * 1024,
-    "Largest JSON request body accepted, in bytes."};
-static const struct int_setting HTTP_HANDOFF_DEADLINE_MS = {
-    "server.http.handoff_deadline_ms", 60000, 100, 3600000,
-    "Milliseconds a parked or handed-off request may wait before it fails."};
-static const struct int_setting SHUTDOWN_GRACE_MS = {
-    "server.shutdown_grace_ms", 10000, 0, 600000,
-    "Milliseconds shutdown lets requests in flight finish."};
-static const struct int_setting DB_POOL_SIZE = {
-    "database.pool_size", 8, 1, 512,
-    "PostgreSQL connections, shared by the core and the plugins, a count."};
-static const struct int_setting DB_CHECKOUT_TIMEOUT_MS = {
-    "database.checkout_timeout_ms", 5000, 1, 600000,
-    "Milliseconds a request waits for a free database connection (then 503)."};
-static const struct int_setting DB_CONNECT_RETRY_S = {
-    "database.connect_retry_s", 30, 0, 3600,
-    "Seconds to keep retrying an unreachable PostgreSQL before giving up."};
-/* Rate limits: a token bucket per client (address before login, user after) and action. */
-static const struct int_setting RL_REGISTER_PER_MINUTE = {
-    "ratelimit.register.per_minute", 30, 1, 1000000,
-    "Registration requests (POST /register, admin nonce) refilled per minute, per address."};
-static const struct int_setting RL_REGISTER_BURST = {
-    "ratelimit.register.burst", 10, 1, 1000000,
-    "Registration requests allowed at once before the rate applies, a count."};
-static const struct int_setting RL_LOGIN_PER_MINUTE = {
-    "ratelimit.login.per_minute", 30, 1, 1000000,
-    "Login attempts (POST /login) refilled per minute, per address."};
-static const struct int_setting RL_LOGIN_BURST = {
-    "ratelimit.login.burst", 10, 1, 1000000,
-    "Login attempts allowed at once before the rate applies, a count."};
-static const struct int_setting RL_MESSAGE_PER_MINUTE = {
-    "ratelimit.message.per_minute", 300, 1, 1000000,
-    "Events sent into rooms refilled per minute, per user."};
-static const struct int_setting RL_MESSAGE_BURST = {
-    "ratelimit.message.burst", 30, 1, 1000000,
-    "Events sent at once before the rate applies, a count."};
-static const struct int_setting RL_SYNC_PER_MINUTE = {
-    "ratelimit.sync.per_minute", 1200, 1, 1000000,
-    "Sync requests refilled per minute, per user (a parked sync that wakes is not counted again)."};
-static const struct int_setting RL_SYNC_BURST = {
-    "ratelimit.sync.burst", 100, 1, 1000000,
-    "Sync requests allowed at once before the rate applies, a count."};
-
-/* Federation: the listener other servers reach, and the outbound side. */
-static const struct int_setting FED_PORT = {
-    "server.federation.port", 8448, 0, 65535,
-    "TCP port of the federation listener (other servers and key look-ups); 0 = any free port."};
-static const struct int_setting FED_REQUEST_THREADS = {
-    "server.federation.request_threads", 2, 1, 256,
-    "Threads handling requests from other servers (the federation listener's pool), a count."};
-static const struct int_setting FED_KEY_VALID_MS = {
-    "federation.key_valid_ms", INT64_C(7) * 24 * 3600 * 1000, 60000,
-    INT64_C(30) * 24 * 3600 * 1000,
-    "Milliseconds this server's published key stays valid (valid_until_ts), from each answer."};
-static const struct int_setting FED_MAX_CONNECTIONS = {
-    "federation.client.max_connections", 16, 1, 4096,
-    "Outbound connections to other servers open at once, in all, a count."};
-static const struct int_setting FED_MAX_CONNECTIONS_PER_HOST = {
-    "federation.client.max_connections_per_host", 8, 1, 4096,
-    "Outbound connections to one server at once, a count (one slow peer cannot take them all)."};
-static const struct int_setting FED_REQUEST_TIMEOUT_MS = {
-    "federation.client.request_timeout_ms", 60000, 100, 600000,
-    "Milliseconds an outbound request to another server may take before it fails."};
-static const struct int_setting FED_MIN_RETRY_MS = {
-    "federation.destination_min_retry_interval_ms", 600000, 100, INT64_C(7) * 24 * 3600 * 1000,
-    "Milliseconds a server that failed is left alone before the first retry."};
-static const struct int_setting FED_RETRY_MULTIPLIER = {
-    "federation.destination_retry_multiplier", 2, 1, 100,
-    "Each further failure multiplies the wait by this factor."};
-static const struct int_setting FED_MAX_RETRY_MS = {
-    "federation.destination_max_retry_interval_ms", INT64_C(24) * 3600 * 1000, 100,
-    INT64_C(30) * 24 * 3600 * 1000,
-    "The longest wait between retries of a failing server, in milliseconds."};
-static const struct int_setting FED_KEY_FAILURE_CACHE_MS = {
-    "federation.key_fetch_failure_cache_ms", 60000, 0, 3600000,
-    "Milliseconds a failed key look-up is remembered, so a dead server is not asked each time."};
-
-/* ---- which keys exist ---------------------------------------------------------------------- */
-
-static const char *const TOP_KEYS[] = {"server_name", "public_baseurl", "plugin_dir", "log",
-                                       "server", "database", "registration", "ratelimit",
-                                       "rooms", "plugins", "federation", NULL};
-static const char *const LOG_KEYS[] = {"level", NULL};
-static const char *const SERVER_KEYS[] = {"http", "metrics", "federation", "shutdown_grace_ms",
-                                          NULL};
-static const char *const FED_LISTENER_KEYS[] = {"bind_address", "port", "tls",
-                                                "tls_certificate_path", "tls_private_key_path",
-                                                "request_threads", NULL};
-static const char *const FEDERATION_KEYS[] = {
-    "signing_key_path", "key_valid_ms", "old_signing_keys", "verify_certificates",
-    "custom_ca_list", "certificate_verification_whitelist", "ip_range_blacklist",
-    "ip_range_whitelist", "domain_whitelist", "trusted_key_servers", "dns_servers", "client",
-    "destination_min_retry_interval_ms", "destination_retry_multiplier",
-    "destination_max_retry_interval_ms", "key_fetch_failure_cache_ms", NULL};
-static const char *const FED_CLIENT_KEYS[] = {"max_connections", "max_connections_per_host",
-                                              "request_timeout_ms", NULL};
-static const char *const HTTP_KEYS[] = {"bind_address", "port", "request_threads",
-                                        "connection_timeout_s", "max_connections",
-                                        "fd_reserve", "max_json_body_bytes",
-                                        "handoff_deadline_ms", "trusted_proxies", NULL};
-static const char *const METRICS_KEYS[] = {"enabled", "allowed_addresses", NULL};
-static const char *const DATABASE_KEYS[] = {"conninfo", "pool_size", "checkout_timeout_ms",
-                                            "connect_retry_s", NULL};
-static const char *const REGISTRATION_KEYS[] = {"enabled", "shared_secret", NULL};
-static const char *const ROOMS_KEYS[] = {"default_version", NULL};
-static const char *const RATELIMIT_KEYS[] = {"enabled", "register", "login", "message", "sync",
-                                             NULL};
-static const char *const RATE_KEYS[] = {"per_minute", "burst", NULL};
-
-static int check_core_keys(const cfg_node *root, char *err, size_t errlen)
+const struct cfg_setting *cfg_settings_find(const struct cfg_setting *rows, size_t n_rows,
+                                            const char *path)
 {
-    static const struct {
-        const char *path;
-        const char *const *allowed;
-    } maps[] = {{"", TOP_KEYS},          {"log", LOG_KEYS},
-                {"server", SERVER_KEYS}, {"server.http", HTTP_KEYS},
-                {"server.metrics", METRICS_KEYS}, {"database", DATABASE_KEYS},
-                {"registration", REGISTRATION_KEYS}, {"ratelimit", RATELIMIT_KEYS},
-                {"ratelimit.register", RATE_KEYS}, {"ratelimit.login", RATE_KEYS},
-                {"ratelimit.message", RATE_KEYS}, {"ratelimit.sync", RATE_KEYS},
-                {"rooms", ROOMS_KEYS}, {"server.federation", FED_LISTENER_KEYS},
-                {"federation", FEDERATION_KEYS}, {"federation.client", FED_CLIENT_KEYS}};
-    for (size_t i = 0; i < sizeof maps / sizeof *maps; i++)
-        if (cfg_check_keys(cfg_get(root, maps[i].path), maps[i].allowed, err, errlen) < 0)
-            return -1;
-    return 0;
-}
-
-/* plugins: a map of name -> map; only `enabled` and `path` are the core's to check. */
-static int check_plugins(const cfg_node *root, char *err, size_t errlen)
-{
-    const cfg_node *plugins = cfg_get(root, "plugins");
-    if (plugins == NULL || cfg_is_absent(plugins))
-        return 0;
-    if (plugins->kind != CFG_MAP)
-        return cfg_error(plugins, err, errlen,
-                         "expected a map of plugin names to their settings (media: {enabled: "
-                         "true})");
-    for (const cfg_node *p = plugins->first_child; p != NULL; p = p->next) {
-        /* The name becomes <plugin_dir>/<name>.so: no path separators, no dots. */
-        for (const char *c = p->key; *c != '\0'; c++)
-            if (!isalnum((unsigned char)*c) && *c != '_' && *c != '-')
-                return cfg_error(p, err, errlen, "a plugin name may only hold letters, digits, "
-                                 "'_' and '-'; to load another file set path:");
-        if (p->kind != CFG_MAP && !cfg_is_absent(p))
-            return cfg_error(p, err, errlen, "expected the plugin's settings as a map "
-                             "(enabled: true, ...)");
-        bool enabled;
-        const char *path;
-        if (cfg_read_bool(p, "enabled", CORE_DEFAULT_PLUGIN_ENABLED, &enabled, err, errlen) < 0 ||
-            cfg_read_string(p, "path", NULL, &path, err, errlen) < 0)
-            return -1;
-        if (path != NULL && path[0] == '\0')
-            return cfg_error(cfg_get(p, "path"), err, errlen, "must not be empty; leave it out "
-                             "to load %s.so from plugin_dir", p->key);
-    }
-    return 0;
-}
-
-/* ---- reading values ------------------------------------------------------------------------ */
-
-static int read_int(const cfg_node *root, const struct int_setting *s, int *out, char *err,
-                    size_t errlen)
-{
-    int64_t v;
-    if (cfg_read_int(root, s->path, s->def, s->min, s->max, &v, err, errlen) < 0)
-        return -1;
-    *out = (int)v; /* every int setting's range fits an int */
-    return 0;
+    for (size_t i = 0; i < n_rows; i++)
+        if (strcmp(rows[i].path, path) == 0)
+            return &rows[i];
+    return NULL;
 }
 
 /* A required key that is absent: reported at the nearest map that exists, with the
@@ -451,7 +245,21 @@ static int missing_key(const cfg_node *root, const char *path, const char *hint,
             break;
         at = root;
     }
+    char full[SCHEMA_TEXT_BYTES];
+    cfg_path(root, full, sizeof full); /* a table read below the top: plugins.media */
     size_t pos = (size_t)snprintf(env, sizeof env, "ATRIUM__");
+    for (const char *c = full; *c != '\0' && pos + 2 < sizeof env; c++) {
+        if (*c == '.') {
+            env[pos++] = '_';
+            env[pos++] = '_';
+        } else {
+            env[pos++] = (char)toupper((unsigned char)*c);
+        }
+    }
+    if (full[0] != '\0' && pos + 2 < sizeof env) {
+        env[pos++] = '_';
+        env[pos++] = '_';
+    }
     for (const char *c = path; *c != '\0' && pos + 2 < sizeof env; c++) {
         if (*c == '.') {
             env[pos++] = '_';
@@ -461,260 +269,209 @@ static int missing_key(const cfg_node *root, const char *path, const char *hint,
         }
     }
     env[pos] = '\0';
-    return cfg_error(NULL, err, errlen, "%s: %s: required key is missing (%s; or set %s)",
-                     cfg_where(at, where, sizeof where), path, hint, env);
+    return cfg_error(NULL, err, errlen, "%s: %s%s%s: required key is missing (%s; or set %s)",
+                     cfg_where(at, where, sizeof where), full, full[0] ? "." : "", path, hint,
+                     env);
 }
 
-static int read_required(const cfg_node *root, const char *path, const char *hint,
-                         const char **out, char *err, size_t errlen)
+static int read_string_row(const cfg_node *n, const struct cfg_setting *r, const char **out,
+                           char *err, size_t errlen)
 {
-    if (cfg_read_string(root, path, NULL, out, err, errlen) < 0)
+    if (cfg_read_string(n, r->path, (r->flags & CFG_F_REQUIRED) ? NULL : r->def_string, out,
+                        err, errlen) < 0)
         return -1;
-    if (*out == NULL) {
-        missing_key(root, path, hint, err, errlen);
+    if (*out == NULL && (r->flags & CFG_F_REQUIRED))
+        return missing_key(n, r->path, r->help, err, errlen);
+    if (*out == NULL)
+        return 0; /* no default: NULL says "not given" */
+    if ((*out)[0] != '\0')
+        return 0;
+    if (r->flags & CFG_F_REQUIRED)
+        return cfg_error(cfg_get(n, r->path), err, errlen, "must not be empty (%s)", r->help);
+    if (r->flags & CFG_F_NONEMPTY)
+        return cfg_error(cfg_get(n, r->path), err, errlen, "must not be empty; leave the key "
+                         "out for the default (%s)", r->def_string);
+    return 0;
+}
+
+static int read_enum_row(const cfg_node *n, const struct cfg_setting *r, const char **out,
+                         char *err, size_t errlen)
+{
+    const char *given;
+    if (cfg_read_string(n, r->path, r->def_string, &given, err, errlen) < 0)
         return -1;
+    for (size_t i = 0; r->values[i] != NULL; i++) {
+        if (strcasecmp(given, r->values[i]) == 0) {
+            *out = r->values[i];
+            return 0;
+        }
     }
-    if ((*out)[0] == '\0')
-        return cfg_error(cfg_get(root, path), err, errlen, "must not be empty (%s)", hint);
+    char list[SCHEMA_TEXT_BYTES];
+    size_t pos = 0;
+    list[0] = '\0';
+    for (size_t i = 0; r->values[i] != NULL && pos < sizeof list; i++)
+        pos += (size_t)snprintf(list + pos, sizeof list - pos, "%s%s", i ? ", " : "",
+                                r->values[i]);
+    return cfg_error(cfg_get(n, r->path), err, errlen, "\"%.*s\" is not a %s (allowed: %s)",
+                     SCHEMA_QUOTE_BYTES, given, r->unit ? r->unit : "allowed value", list);
+}
+
+static int read_list_row(const cfg_node *n, const struct cfg_setting *r, const char ***out,
+                         size_t *count, char *err, size_t errlen)
+{
+    if (!cfg_is_absent(cfg_get(n, r->path)) || r->values == NULL)
+        return cfg_read_string_list(n, r->path, out, count, err, errlen);
+    size_t k = 0;
+    while (r->values[k] != NULL)
+        k++;
+    *out = NULL;
+    *count = 0;
+    if (k == 0)
+        return 0;
+    if ((*out = malloc(k * sizeof **out)) == NULL)
+        return cfg_error(n, err, errlen, "out of memory");
+    memcpy(*out, r->values, k * sizeof **out);
+    *count = k;
     return 0;
 }
 
-static int read_nonempty(const cfg_node *root, const char *path, const char *def,
-                         const char **out, char *err, size_t errlen)
-{
-    if (cfg_read_string(root, path, def, out, err, errlen) < 0)
-        return -1;
-    if ((*out)[0] == '\0')
-        return cfg_error(cfg_get(root, path), err, errlen, "must not be empty; leave the key "
-                         "out for the default (%s)", def);
-    return 0;
-}
-
-static int read_top(const cfg_node *root, struct core_config *out, char *err, size_t errlen)
-{
-    if (read_required(root, "server_name", "the name in user IDs, like example.org in "
-                      "@alice:example.org", &out->server_name, err, errlen) < 0)
-        return -1;
-    for (const char *c = out->server_name; *c != '\0'; c++)
-        if (isspace((unsigned char)*c) || *c == '/' || *c == '@')
-            return cfg_error(cfg_get(root, "server_name"), err, errlen, "\"%.64s\" is not a "
-                             "server name; give a host with an optional port, like example.org "
-                             "or example.org:8448", out->server_name);
-    if (cfg_read_string(root, "public_baseurl", CORE_DEFAULT_PUBLIC_BASEURL,
-                        &out->public_baseurl, err, errlen) < 0)
-        return -1;
-    if (out->public_baseurl[0] != '\0' && strncmp(out->public_baseurl, "https://", 8) != 0 &&
-        strncmp(out->public_baseurl, "http://", 7) != 0)
-        return cfg_error(cfg_get(root, "public_baseurl"), err, errlen, "expected a URL "
-                         "starting with https:// (or \"\" for none)");
-    if (read_nonempty(root, "plugin_dir", CORE_DEFAULT_PLUGIN_DIR, &out->plugin_dir, err,
-                      errlen) < 0)
-        return -1;
-    const char *level;
-    if (cfg_read_string(root, "log.level", CORE_DEFAULT_LOG_LEVEL, &level, err, errlen) < 0)
-        return -1;
-    for (size_t i = 0; LOG_LEVELS[i] != NULL; i++)
-        if (strcasecmp(level, LOG_LEVELS[i]) == 0)
-            out->log_level = LOG_LEVELS[i];
-    if (out->log_level == NULL)
-        return cfg_error(cfg_get(root, "log.level"), err, errlen, "\"%.64s\" is not a log "
-                         "level (allowed: error, warn, info, debug)", level);
-    return 0;
-}
-
-static int read_server(const cfg_node *root, struct core_config *out, char *err,
-                       size_t errlen)
-{
-    int64_t body_bytes;
-    if (read_nonempty(root, "server.http.bind_address", CORE_DEFAULT_BIND_ADDRESS,
-                      &out->http.bind_address, err, errlen) < 0 ||
-        read_int(root, &HTTP_PORT, &out->http.port, err, errlen) < 0 ||
-        read_int(root, &HTTP_REQUEST_THREADS, &out->http.request_threads, err, errlen) < 0 ||
-        read_int(root, &HTTP_CONNECTION_TIMEOUT_S, &out->http.connection_timeout_s, err,
-                 errlen) < 0 ||
-        read_int(root, &HTTP_MAX_CONNECTIONS, &out->http.max_connections, err, errlen) < 0 ||
-        read_int(root, &HTTP_FD_RESERVE, &out->http.fd_reserve, err, errlen) < 0 ||
-        cfg_read_int(root, HTTP_MAX_JSON_BODY_BYTES.path, HTTP_MAX_JSON_BODY_BYTES.def,
-                     HTTP_MAX_JSON_BODY_BYTES.min, HTTP_MAX_JSON_BODY_BYTES.max, &body_bytes,
-                     err, errlen) < 0 ||
-        read_int(root, &HTTP_HANDOFF_DEADLINE_MS, &out->http.handoff_deadline_ms, err,
-                 errlen) < 0 ||
-        cfg_read_string_list(root, "server.http.trusted_proxies", &out->http.trusted_proxies,
-                             &out->http.n_trusted_proxies, err, errlen) < 0 ||
-        cfg_read_bool(root, "server.metrics.enabled", CORE_DEFAULT_METRICS_ENABLED,
-                      &out->metrics.enabled, err, errlen) < 0 ||
-        read_int(root, &SHUTDOWN_GRACE_MS, &out->shutdown_grace_ms, err, errlen) < 0)
-        return -1;
-    out->http.max_json_body_bytes = body_bytes;
-
-    const char *addresses = "server.metrics.allowed_addresses";
-    const cfg_node *given = cfg_get(root, addresses);
-    if (!cfg_is_absent(given))
-        return cfg_read_string_list(root, addresses, &out->metrics.allowed_addresses,
-                                    &out->metrics.n_allowed_addresses, err, errlen);
-    size_t n = sizeof DEFAULT_METRICS_ADDRESSES / sizeof *DEFAULT_METRICS_ADDRESSES;
-    out->metrics.allowed_addresses = malloc(sizeof DEFAULT_METRICS_ADDRESSES);
-    if (out->metrics.allowed_addresses == NULL)
-        return cfg_error(root, err, errlen, "out of memory");
-    memcpy(out->metrics.allowed_addresses, DEFAULT_METRICS_ADDRESSES,
-           sizeof DEFAULT_METRICS_ADDRESSES);
-    out->metrics.n_allowed_addresses = n;
-    return 0;
-}
-
-static int read_database(const cfg_node *root, struct core_config *out, char *err,
-                         size_t errlen)
-{
-    if (read_required(root, "database.conninfo", "a libpq connection string, like "
-                      "\"dbname=atrium\"", &out->database.conninfo, err, errlen) < 0 ||
-        read_int(root, &DB_POOL_SIZE, &out->database.pool_size, err, errlen) < 0 ||
-        read_int(root, &DB_CHECKOUT_TIMEOUT_MS, &out->database.checkout_timeout_ms, err,
-                 errlen) < 0 ||
-        read_int(root, &DB_CONNECT_RETRY_S, &out->database.connect_retry_s, err, errlen) < 0 ||
-        cfg_read_bool(root, "ratelimit.enabled", CORE_DEFAULT_RATELIMIT_ENABLED,
-                      &out->ratelimit.enabled, err, errlen) < 0)
-        return -1;
-    return 0;
-}
-
-static int read_accounts(const cfg_node *root, struct core_config *out, char *err,
-                         size_t errlen)
-{
-    if (cfg_read_bool(root, "registration.enabled", CORE_DEFAULT_REGISTRATION_ENABLED,
-                      &out->registration.enabled, err, errlen) < 0 ||
-        cfg_read_string(root, "registration.shared_secret",
-                        CORE_DEFAULT_REGISTRATION_SHARED_SECRET,
-                        &out->registration.shared_secret, err, errlen) < 0 ||
-        read_int(root, &RL_REGISTER_PER_MINUTE, &out->ratelimit.registration.per_minute, err,
-                 errlen) < 0 ||
-        read_int(root, &RL_REGISTER_BURST, &out->ratelimit.registration.burst, err, errlen) < 0 ||
-        read_int(root, &RL_LOGIN_PER_MINUTE, &out->ratelimit.login.per_minute, err, errlen) < 0 ||
-        read_int(root, &RL_LOGIN_BURST, &out->ratelimit.login.burst, err, errlen) < 0 ||
-        read_int(root, &RL_MESSAGE_PER_MINUTE, &out->ratelimit.message.per_minute, err,
-                 errlen) < 0 ||
-        read_int(root, &RL_MESSAGE_BURST, &out->ratelimit.message.burst, err, errlen) < 0 ||
-        read_int(root, &RL_SYNC_PER_MINUTE, &out->ratelimit.sync.per_minute, err, errlen) < 0 ||
-        read_int(root, &RL_SYNC_BURST, &out->ratelimit.sync.burst, err, errlen) < 0 ||
-        read_nonempty(root, "rooms.default_version", CORE_DEFAULT_ROOM_VERSION,
-                      &out->rooms.default_version, err, errlen) < 0)
-        return -1;
-    return 0;
-}
-
-static int read_int64(const cfg_node *root, const struct int_setting *s, int64_t *out,
-                      char *err, size_t errlen)
-{
-    return cfg_read_int(root, s->path, s->def, s->min, s->max, out, err, errlen);
-}
-
-/* A map (or absent) at path: the node, for its owner to read. */
-static int read_map(const cfg_node *root, const char *path, const cfg_node **out, char *err,
+static int read_row(const cfg_node *n, const struct cfg_setting *r, void *base, char *err,
                     size_t errlen)
 {
-    const cfg_node *n = cfg_get(root, path);
-    *out = NULL;
-    if (cfg_is_absent(n))
+    char *field = (char *)base + r->offset;
+    if ((r->flags & CFG_F_KEEP) && cfg_is_absent(cfg_get(n, r->path)))
         return 0;
-    if (n->kind != CFG_MAP)
-        return cfg_error(n, err, errlen, "expected a map, found %s", cfg_kind_name(n));
-    *out = n;
+    int64_t v;
+    bool b;
+    switch (r->type) {
+    case CFG_T_INT:
+    case CFG_T_INT64:
+        if (cfg_read_int(n, r->path, r->def, r->min, r->max, &v, err, errlen) < 0)
+            return -1;
+        if (r->type == CFG_T_INT)
+            *(int *)(void *)field = (int)v; /* an int row's range fits an int (asserted) */
+        else
+            *(int64_t *)(void *)field = v;
+        break;
+    case CFG_T_BOOL:
+        if (cfg_read_bool(n, r->path, r->def != 0, &b, err, errlen) < 0)
+            return -1;
+        *(bool *)(void *)field = b;
+        break;
+    case CFG_T_STRING:
+        if (read_string_row(n, r, (const char **)(void *)field, err, errlen) < 0)
+            return -1;
+        break;
+    case CFG_T_ENUM:
+        if (read_enum_row(n, r, (const char **)(void *)field, err, errlen) < 0)
+            return -1;
+        break;
+    case CFG_T_STRING_LIST:
+        if (read_list_row(n, r, (const char ***)(void *)field,
+                          (size_t *)(void *)((char *)base + r->count_offset), err, errlen) < 0)
+            return -1;
+        break;
+    case CFG_T_TREE: {
+        const cfg_node *t = cfg_get(n, r->path);
+        bool want_map = r->def_string && r->def_string[0] == '{';
+        if (cfg_is_absent(t))
+            t = NULL;
+        else if (t->kind != (want_map ? CFG_MAP : CFG_SEQ))
+            return cfg_error(t, err, errlen, "expected %s, found %s", want_map ? "a map" : "a list",
+                             cfg_kind_name(t));
+        *(const cfg_node **)(void *)field = t;
+        break;
+    }
+    }
+    if (r->check != NULL && r->check(cfg_get(n, r->path), field, err, errlen) < 0)
+        return -1;
     return 0;
 }
 
-static int read_federation(const cfg_node *root, struct core_config *out, char *err,
-                           size_t errlen)
+int cfg_settings_read(const cfg_node *n, const struct cfg_setting *rows, size_t n_rows,
+                      void *base, char *err, size_t errlen)
 {
-    struct core_federation *f = &out->federation;
-    struct core_fed_listener *l = &out->fed_listener;
-    const cfg_node *tks = cfg_get(root, "federation.trusted_key_servers");
-    if (!cfg_is_absent(tks) && tks->kind != CFG_SEQ)
-        return cfg_error(tks, err, errlen, "expected a list of {server_name, verify_keys}");
-    f->trusted_key_servers = cfg_is_absent(tks) ? NULL : tks;
-    f->ip_range_blacklist_given = !cfg_is_absent(cfg_get(root, "federation.ip_range_blacklist"));
-    int retry_multiplier;
-    if (read_nonempty(root, "server.federation.bind_address", CORE_DEFAULT_FED_BIND_ADDRESS,
-                      &l->bind_address, err, errlen) < 0 ||
-        read_int(root, &FED_PORT, &l->port, err, errlen) < 0 ||
-        cfg_read_bool(root, "server.federation.tls", true, &l->tls, err, errlen) < 0 ||
-        cfg_read_string(root, "server.federation.tls_certificate_path", "",
-                        &l->tls_certificate_path, err, errlen) < 0 ||
-        cfg_read_string(root, "server.federation.tls_private_key_path", "",
-                        &l->tls_private_key_path, err, errlen) < 0 ||
-        read_int(root, &FED_REQUEST_THREADS, &l->request_threads, err, errlen) < 0 ||
-        cfg_read_string(root, "federation.signing_key_path", "", &f->signing_key_path, err,
-                        errlen) < 0 ||
-        read_int64(root, &FED_KEY_VALID_MS, &f->key_valid_ms, err, errlen) < 0 ||
-        read_map(root, "federation.old_signing_keys", &f->old_signing_keys, err, errlen) < 0 ||
-        cfg_read_bool(root, "federation.verify_certificates", true, &f->verify_certificates,
-                      err, errlen) < 0 ||
-        cfg_read_string_list(root, "federation.custom_ca_list", &f->custom_ca_list,
-                             &f->n_custom_ca_list, err, errlen) < 0 ||
-        cfg_read_string_list(root, "federation.certificate_verification_whitelist",
-                             &f->certificate_verification_whitelist,
-                             &f->n_certificate_verification_whitelist, err, errlen) < 0 ||
-        cfg_read_string_list(root, "federation.ip_range_blacklist", &f->ip_range_blacklist,
-                             &f->n_ip_range_blacklist, err, errlen) < 0 ||
-        cfg_read_string_list(root, "federation.ip_range_whitelist", &f->ip_range_whitelist,
-                             &f->n_ip_range_whitelist, err, errlen) < 0 ||
-        cfg_read_string_list(root, "federation.domain_whitelist", &f->domain_whitelist,
-                             &f->n_domain_whitelist, err, errlen) < 0 ||
-        cfg_read_string_list(root, "federation.dns_servers", &f->dns_servers,
-                             &f->n_dns_servers, err, errlen) < 0 ||
-        read_int(root, &FED_MAX_CONNECTIONS, &f->max_connections, err, errlen) < 0 ||
-        read_int(root, &FED_MAX_CONNECTIONS_PER_HOST, &f->max_connections_per_host, err,
-                 errlen) < 0 ||
-        read_int(root, &FED_REQUEST_TIMEOUT_MS, &f->request_timeout_ms, err, errlen) < 0 ||
-        read_int64(root, &FED_MIN_RETRY_MS, &f->min_retry_interval_ms, err, errlen) < 0 ||
-        read_int(root, &FED_RETRY_MULTIPLIER, &retry_multiplier, err, errlen) < 0 ||
-        read_int64(root, &FED_MAX_RETRY_MS, &f->max_retry_interval_ms, err, errlen) < 0 ||
-        read_int(root, &FED_KEY_FAILURE_CACHE_MS, &f->key_fetch_failure_cache_ms, err,
-                 errlen) < 0)
-        return -1;
-    f->retry_multiplier = retry_multiplier;
-    if (l->tls && (l->tls_certificate_path[0] == '\0') != (l->tls_private_key_path[0] == '\0'))
-        return cfg_error(cfg_get(root, "server.federation"), err, errlen,
-                         "tls_certificate_path and tls_private_key_path go together: set both "
-                         "(or neither, to serve no federation)");
-    return 0;
-}
-
-int core_config_load(const cfg_node *root, struct core_config *out, char *err, size_t errlen)
-{
-    memset(out, 0, sizeof *out);
-    if (root == NULL)
-        return cfg_error(NULL, err, errlen, "no configuration");
-    if (check_core_keys(root, err, errlen) < 0 || check_plugins(root, err, errlen) < 0)
-        return -1;
-    if (read_top(root, out, err, errlen) < 0 || read_server(root, out, err, errlen) < 0 ||
-        read_database(root, out, err, errlen) < 0 || read_accounts(root, out, err, errlen) < 0 ||
-        read_federation(root, out, err, errlen) < 0) {
-        core_config_release(out);
-        return -1;
+    for (size_t i = 0; i < n_rows; i++) {
+        assert(rows[i].type != CFG_T_INT || (rows[i].min >= INT_MIN && rows[i].max <= INT_MAX));
+        assert(rows[i].type != CFG_T_ENUM || rows[i].values != NULL);
+        if (read_row(n, &rows[i], base, err, errlen) < 0)
+            return -1;
     }
     return 0;
 }
 
-void core_config_release(struct core_config *c)
+void cfg_settings_release(const struct cfg_setting *rows, size_t n_rows, void *base)
 {
-    if (c == NULL)
-        return;
-    free(c->http.trusted_proxies);
-    c->http.trusted_proxies = NULL;
-    c->http.n_trusted_proxies = 0;
-    free(c->metrics.allowed_addresses);
-    c->metrics.allowed_addresses = NULL;
-    c->metrics.n_allowed_addresses = 0;
-    const char ***lists[] = {&c->federation.custom_ca_list,
-                             &c->federation.certificate_verification_whitelist,
-                             &c->federation.ip_range_blacklist, &c->federation.ip_range_whitelist,
-                             &c->federation.domain_whitelist, &c->federation.dns_servers};
-    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
-        free(*lists[i]);
-        *lists[i] = NULL;
+    for (size_t i = 0; i < n_rows; i++) {
+        if (rows[i].type != CFG_T_STRING_LIST)
+            continue;
+        const char ***list = (const char ***)(void *)((char *)base + rows[i].offset);
+        free(*list);
+        *list = NULL;
+        *(size_t *)(void *)((char *)base + rows[i].count_offset) = 0;
     }
 }
 
-/* ---- --generate-config ------------------------------------------------------------------- */
+/* ---- settings tables: unknown keys ------------------------------------------------------- */
+
+/* The distinct keys of the map at `prefix` ("" for the top, else "server.http.") that the
+ * rows declare, in row order, then `extra`; copied into buf, pointers in keys (NULL-ended). */
+static void map_keys(const struct cfg_setting *rows, size_t n_rows, const char *prefix,
+                     const char *const *extra, char *buf, size_t buflen, const char **keys)
+{
+    size_t n = 0, used = 0, plen = strlen(prefix);
+    for (size_t i = 0; i < n_rows && n + 1 < SCHEMA_MAX_KEYS_PER_MAP; i++) {
+        const char *p = rows[i].path;
+        if (strncmp(p, prefix, plen) != 0)
+            continue;
+        const char *seg = p + plen, *dot = strchr(seg, '.');
+        size_t len = dot ? (size_t)(dot - seg) : strlen(seg);
+        bool seen = false;
+        for (size_t k = 0; k < n && !seen; k++)
+            seen = strlen(keys[k]) == len && strncmp(keys[k], seg, len) == 0;
+        if (seen || used + len + 1 > buflen)
+            continue;
+        memcpy(buf + used, seg, len);
+        buf[used + len] = '\0';
+        keys[n++] = buf + used;
+        used += len + 1;
+    }
+    for (size_t k = 0; extra != NULL && extra[k] != NULL && n + 1 < SCHEMA_MAX_KEYS_PER_MAP; k++)
+        keys[n++] = extra[k];
+    keys[n] = NULL;
+}
+
+static int check_map(const cfg_node *n, const struct cfg_setting *rows, size_t n_rows,
+                     const char *prefix, const char *const *extra, int depth, char *err,
+                     size_t errlen)
+{
+    char buf[SCHEMA_TEXT_BYTES * 2];
+    const char *keys[SCHEMA_MAX_KEYS_PER_MAP];
+    map_keys(rows, n_rows, prefix, extra, buf, sizeof buf, keys);
+    if (cfg_check_keys(n, keys, err, errlen) < 0)
+        return -1;
+    if (cfg_is_absent(n) || depth == SCHEMA_MAX_DEPTH)
+        return 0;
+    for (size_t k = 0; keys[k] != NULL; k++) {
+        char below[SCHEMA_TEXT_BYTES];
+        snprintf(below, sizeof below, "%s%s.", prefix, keys[k]);
+        bool is_map = false;
+        for (size_t i = 0; i < n_rows && !is_map; i++)
+            is_map = strncmp(rows[i].path, below, strlen(below)) == 0;
+        if (is_map && check_map(cfg_get(n, keys[k]), rows, n_rows, below, NULL, depth + 1, err,
+                                errlen) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int cfg_settings_check_keys(const cfg_node *n, const struct cfg_setting *rows, size_t n_rows,
+                            const char *const *extra, char *err, size_t errlen)
+{
+    return check_map(n, rows, n_rows, "", extra, 0, err, errlen);
+}
+
+/* ---- settings tables: --generate-config ---------------------------------------------------- */
 
 /* A YAML double-quoted string, so any server name or conninfo reads back unchanged. */
 static void put_quoted(FILE *f, const char *s)
@@ -732,234 +489,226 @@ static void put_quoted(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static void put_comment(FILE *f, int indent, const char *text)
+/* Comment lines at indent, wrapped at word boundaries before SCHEMA_WRAP_COLUMN. */
+static void put_wrapped(FILE *f, int indent, const char *text)
 {
-    fprintf(f, "%*s# %s\n", indent, "", text);
+    int width = SCHEMA_WRAP_COLUMN - indent - 2;
+    while (*text != '\0') {
+        int len = (int)strlen(text);
+        if (len > width) {
+            int cut = width;
+            while (cut > 0 && text[cut] != ' ')
+                cut--;
+            len = cut > 0 ? cut : width;
+        }
+        fprintf(f, "%*s# %.*s\n", indent, "", len, text);
+        text += len;
+        while (*text == ' ')
+            text++;
+    }
 }
 
-static void put_string(FILE *f, int indent, const char *key, const char *value)
+/* The row's default as YAML. */
+static void put_default(FILE *f, const struct cfg_setting *r)
 {
-    fprintf(f, "%*s%s: ", indent, "", key);
-    put_quoted(f, value);
-    fputc('\n', f);
+    switch (r->type) {
+    case CFG_T_INT:
+    case CFG_T_INT64: fprintf(f, "%" PRId64, r->def); break;
+    case CFG_T_BOOL: fputs(r->def ? "true" : "false", f); break;
+    case CFG_T_ENUM: fputs(r->def_string, f); break;
+    case CFG_T_STRING: put_quoted(f, r->def_string ? r->def_string : ""); break;
+    case CFG_T_STRING_LIST:
+        fputc('[', f);
+        for (size_t i = 0; r->values != NULL && r->values[i] != NULL; i++) {
+            fputs(i ? ", " : "", f);
+            put_quoted(f, r->values[i]);
+        }
+        fputc(']', f);
+        break;
+    case CFG_T_TREE: fputs(r->def_string, f); break;
+    }
 }
 
-static void put_int(FILE *f, int indent, const struct int_setting *s)
+/* What the row allows, in words ("1..256 ms", "true or false"), into buf. */
+static const char *allowed_text(const struct cfg_setting *r, bool markdown, char *buf,
+                                size_t len)
 {
-    const char *leaf = strrchr(s->path, '.');
-    fprintf(f, "%*s# %s Allowed: %" PRId64 "..%" PRId64 ".\n", indent, "", s->doc, s->min,
-            s->max);
-    fprintf(f, "%*s%s: %" PRId64 "\n", indent, "", leaf ? leaf + 1 : s->path, s->def);
+    const char *tick = markdown ? "`" : "";
+    size_t pos = 0;
+    buf[0] = '\0';
+    switch (r->type) {
+    case CFG_T_INT:
+    case CFG_T_INT64:
+        snprintf(buf, len, "%" PRId64 "..%" PRId64 "%s%s", r->min, r->max, r->unit ? " " : "",
+                 r->unit ? r->unit : "");
+        break;
+    case CFG_T_BOOL: snprintf(buf, len, "true or false"); break;
+    case CFG_T_STRING:
+        snprintf(buf, len, "%s", (r->flags & (CFG_F_REQUIRED | CFG_F_NONEMPTY))
+                                     ? "a non-empty string" : "a string");
+        break;
+    case CFG_T_STRING_LIST: snprintf(buf, len, "a list of strings"); break;
+    case CFG_T_TREE:
+        snprintf(buf, len, "%s", r->def_string[0] == '{' ? "a map" : "a list of maps");
+        break;
+    case CFG_T_ENUM:
+        for (size_t i = 0; r->values[i] != NULL && pos < len; i++)
+            pos += (size_t)snprintf(buf + pos, len - pos, "%s%s%s%s", i ? ", " : "", tick,
+                                    r->values[i], tick);
+        break;
+    }
+    return buf;
 }
 
-static void put_bool(FILE *f, int indent, const char *key, bool value, const char *doc)
+static const struct cfg_value *value_for(const struct cfg_value *values, size_t n,
+                                         const char *path)
 {
-    put_comment(f, indent, doc);
-    fprintf(f, "%*s%s: %s\n", indent, "", key, value ? "true" : "false");
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(values[i].path, path) == 0)
+            return &values[i];
+    return NULL;
 }
 
-static void generate_top(FILE *f, const char *server_name, const char *plugin_dir)
+static const char *section_for(const struct cfg_section *sections, size_t n, const char *path)
 {
-    put_comment(f, 0, "Atrium homeserver configuration, written by --generate-config.");
-    put_comment(f, 0, "Every key the core reads is listed with its default. Any key can also "
-                "be set");
-    put_comment(f, 0, "from the environment: ATRIUM__SERVER__HTTP__PORT=8448 sets "
-                "server.http.port");
-    put_comment(f, 0, "(the value is read as YAML). Unknown keys stop start-up; they are "
-                "never ignored.");
-    fputc('\n', f);
-    put_comment(f, 0, "This server's name, as in @alice:example.org. Required; it cannot");
-    put_comment(f, 0, "change once users exist.");
-    put_string(f, 0, "server_name", server_name);
-    put_comment(f, 0, "Base URL clients reach this server at, for /.well-known/matrix/client;");
-    put_comment(f, 0, "\"\" = serve no /.well-known/matrix/client.");
-    put_string(f, 0, "public_baseurl", CORE_DEFAULT_PUBLIC_BASEURL);
-    put_comment(f, 0, "Directory where plugins are found as <name>.so (a path).");
-    if (plugin_dir != NULL) {
-        put_string(f, 0, "plugin_dir", plugin_dir);
-    } else {
-        fputs("# plugin_dir: ", f);
-        put_quoted(f, CORE_DEFAULT_PLUGIN_DIR);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(sections[i].path, path) == 0)
+            return sections[i].help;
+    return NULL;
+}
+
+/* The number of map segments of `path` (its dots), and each map's length in ends[]. */
+static int map_depth(const char *path, size_t *ends)
+{
+    int d = 0;
+    for (const char *c = path; *c != '\0' && d < SCHEMA_MAX_DEPTH; c++)
+        if (*c == '.')
+            ends[d++] = (size_t)(c - path);
+    return d;
+}
+
+static void write_row(FILE *f, int indent, const struct cfg_setting *r,
+                      const struct cfg_value *v)
+{
+    char allowed[SCHEMA_TEXT_BYTES], text[SCHEMA_TEXT_BYTES * 2];
+    const char *leaf = strrchr(r->path, '.');
+    leaf = leaf ? leaf + 1 : r->path;
+    snprintf(text, sizeof text, "%s Allowed: %s.", r->help,
+             allowed_text(r, false, allowed, sizeof allowed));
+    put_wrapped(f, indent, text);
+    if (r->default_doc != NULL) {
+        snprintf(text, sizeof text, "Default: %s.", r->default_doc);
+        put_wrapped(f, indent, text);
+    }
+    if (v != NULL && v->note != NULL)
+        put_wrapped(f, indent, v->note);
+    if ((r->flags & CFG_F_KEEP) || (v != NULL && v->yaml == NULL)) {
+        fprintf(f, "%*s# %s: ", indent, "", leaf);
+        if (r->flags & CFG_F_KEEP)
+            fprintf(f, "(%s)", r->default_doc ? r->default_doc : "computed at start");
+        else
+            put_default(f, r);
         fputc('\n', f);
+        return;
     }
-    fputc('\n', f);
-    put_comment(f, 0, "Logging.");
-    fputs("log:\n", f);
-    put_comment(f, 2, "Least severe messages written: error, warn, info or debug.");
-    fprintf(f, "  level: %s\n\n", CORE_DEFAULT_LOG_LEVEL);
-}
-
-static void generate_server(FILE *f)
-{
-    put_comment(f, 0, "The HTTP front door.");
-    fputs("server:\n", f);
-    put_comment(f, 2, "The client-server listener.");
-    fputs("  http:\n", f);
-    put_comment(f, 4, "Address to listen on, an IPv4 or IPv6 literal.");
-    put_string(f, 4, "bind_address", CORE_DEFAULT_BIND_ADDRESS);
-    put_int(f, 4, &HTTP_PORT);
-    put_int(f, 4, &HTTP_REQUEST_THREADS);
-    put_int(f, 4, &HTTP_CONNECTION_TIMEOUT_S);
-    put_int(f, 4, &HTTP_MAX_CONNECTIONS);
-    put_int(f, 4, &HTTP_FD_RESERVE);
-    put_int(f, 4, &HTTP_MAX_JSON_BODY_BYTES);
-    put_int(f, 4, &HTTP_HANDOFF_DEADLINE_MS);
-    put_comment(f, 4, "Proxy addresses whose X-Forwarded-For is believed (a list of "
-                "addresses).");
-    fputs("    trusted_proxies: []\n", f);
-    put_comment(f, 2, "Prometheus metrics at /metrics.");
-    fputs("  metrics:\n", f);
-    put_bool(f, 4, "enabled", CORE_DEFAULT_METRICS_ENABLED, "Serve /metrics (true or false).");
-    put_comment(f, 4, "Client addresses allowed to read /metrics (a list of addresses).");
-    fputs("    allowed_addresses: [", f);
-    for (size_t i = 0; i < sizeof DEFAULT_METRICS_ADDRESSES / sizeof *DEFAULT_METRICS_ADDRESSES;
-         i++) {
-        fputs(i ? ", " : "", f);
-        put_quoted(f, DEFAULT_METRICS_ADDRESSES[i]);
-    }
-    fputs("]\n", f);
-    put_comment(f, 2, "The federation listener: other servers and key look-ups (TLS). Without "
-                "a certificate");
-    put_comment(f, 2, "(and with tls: true) no federation is served and the server says so at "
-                "start-up.");
-    fputs("  federation:\n", f);
-    put_comment(f, 4, "Address to listen on, an IPv4 or IPv6 literal.");
-    put_string(f, 4, "bind_address", CORE_DEFAULT_FED_BIND_ADDRESS);
-    put_int(f, 4, &FED_PORT);
-    put_bool(f, 4, "tls", true, "Serve TLS here (false when a proxy in front terminates TLS).");
-    put_comment(f, 4, "PEM certificate (or chain) and private key files; reloaded on SIGHUP.");
-    put_string(f, 4, "tls_certificate_path", "");
-    put_string(f, 4, "tls_private_key_path", "");
-    put_int(f, 4, &FED_REQUEST_THREADS);
-    put_int(f, 2, &SHUTDOWN_GRACE_MS);
+    fprintf(f, "%*s%s: ", indent, "", leaf);
+    if (v != NULL)
+        fputs(v->yaml, f);
+    else
+        put_default(f, r);
     fputc('\n', f);
 }
 
-static void generate_federation(FILE *f)
+void cfg_settings_write(FILE *f, int indent, const struct cfg_setting *rows, size_t n_rows,
+                        const struct cfg_section *sections, size_t n_sections,
+                        const struct cfg_value *values, size_t n_values)
 {
-    put_comment(f, 0, "Federation: talking to other Matrix servers.");
-    fputs("federation:\n", f);
-    put_comment(f, 2, "This server's ed25519 signing key (Synapse's file format); created on "
-                "first start");
-    put_comment(f, 2, "when the file does not exist. \"\" = <server_name>.signing.key beside "
-                "this file.");
-    put_string(f, 2, "signing_key_path", "");
-    put_int(f, 2, &FED_KEY_VALID_MS);
-    put_comment(f, 2, "Keys this server used before, still published so what they signed "
-                "verifies:");
-    put_comment(f, 2, "{\"ed25519:id\": {key: <unpadded base64 public key>, expired_ts: <ms>}}.");
-    fputs("  old_signing_keys: {}\n", f);
-    put_bool(f, 2, "verify_certificates", true,
-             "Check other servers' TLS certificates (true or false).");
-    put_comment(f, 2, "PEM files of the CAs trusted for federation instead of the system's "
-                "(a list).");
-    fputs("  custom_ca_list: []\n", f);
-    put_comment(f, 2, "Server names whose certificates are not checked: for development only "
-                "(logged).");
-    fputs("  certificate_verification_whitelist: []\n", f);
-    put_comment(f, 2, "Addresses never connected to (CIDR list). Leave it out for the "
-                "defaults: loopback,");
-    put_comment(f, 2, "private (RFC 1918), link-local, CGNAT, ULA, multicast and their "
-                "::ffff: forms.");
-    fputs("  # ip_range_blacklist: [\"127.0.0.0/8\", \"10.0.0.0/8\", ...]\n", f);
-    put_comment(f, 2, "Addresses allowed even though the blacklist names them (CIDR list).");
-    fputs("  ip_range_whitelist: []\n", f);
-    put_comment(f, 2, "Server names to federate with, both ways; [] = every server.");
-    fputs("  domain_whitelist: []\n", f);
-    put_comment(f, 2, "Notaries asked for other servers' keys first: a list of {server_name, "
-                "verify_keys:");
-    put_comment(f, 2, "{\"ed25519:id\": <unpadded base64 key>}}; [] = ask each server "
-                "itself.");
-    fputs("  trusted_key_servers: []\n", f);
-    put_comment(f, 2, "DNS servers for server discovery (\"ip\" or \"ip:port\"); [] = "
-                "/etc/resolv.conf.");
-    fputs("  dns_servers: []\n", f);
-    fputs("  client:\n", f);
-    put_int(f, 4, &FED_MAX_CONNECTIONS);
-    put_int(f, 4, &FED_MAX_CONNECTIONS_PER_HOST);
-    put_int(f, 4, &FED_REQUEST_TIMEOUT_MS);
-    put_int(f, 2, &FED_MIN_RETRY_MS);
-    put_int(f, 2, &FED_RETRY_MULTIPLIER);
-    put_int(f, 2, &FED_MAX_RETRY_MS);
-    put_int(f, 2, &FED_KEY_FAILURE_CACHE_MS);
-    fputc('\n', f);
+    size_t prev_ends[SCHEMA_MAX_DEPTH];
+    int prev_depth = 0;
+    const char *prev = "";
+    for (size_t i = 0; i < n_rows; i++) {
+        const char *path = rows[i].path;
+        size_t ends[SCHEMA_MAX_DEPTH];
+        int depth = map_depth(path, ends), same = 0;
+        while (same < depth && same < prev_depth && ends[same] == prev_ends[same] &&
+               strncmp(path, prev, ends[same]) == 0)
+            same++;
+        for (int d = same; d < depth; d++) {
+            char map[SCHEMA_TEXT_BYTES];
+            snprintf(map, sizeof map, "%.*s", (int)ends[d], path);
+            if (d == 0 && i > 0)
+                fputc('\n', f);
+            const char *help = section_for(sections, n_sections, map);
+            if (help != NULL)
+                put_wrapped(f, indent + 2 * d, help);
+            const char *seg = d == 0 ? map : map + ends[d - 1] + 1;
+            fprintf(f, "%*s%s:\n", indent + 2 * d, "", seg);
+        }
+        if (depth == 0 && prev_depth > 0)
+            fputc('\n', f);
+        write_row(f, indent + 2 * depth, &rows[i], value_for(values, n_values, path));
+        memcpy(prev_ends, ends, sizeof ends);
+        prev_depth = depth;
+        prev = path;
+    }
 }
 
-static int generate_rest(FILE *f, const char *conninfo)
+/* ---- settings tables: Markdown ------------------------------------------------------------ */
+
+/* Text for a table cell: '|' escaped, newlines as spaces. */
+static void put_cell(FILE *f, const char *s)
 {
-    put_comment(f, 0, "PostgreSQL, shared by the core and the plugins.");
-    fputs("database:\n", f);
-    put_comment(f, 2, "libpq connection string (see the libpq docs). Required.");
-    put_string(f, 2, "conninfo", conninfo);
-    put_int(f, 2, &DB_POOL_SIZE);
-    put_int(f, 2, &DB_CHECKOUT_TIMEOUT_MS);
-    put_int(f, 2, &DB_CONNECT_RETRY_S);
-    fputc('\n', f);
-    put_comment(f, 0, "Accounts.");
-    fputs("registration:\n", f);
-    put_comment(f, 2, "Let anyone create an account with POST /register (true or false). "
-                "The default is");
-    put_comment(f, 2, "false; this generated file turns it on for a local server.");
-    fputs("  enabled: true\n", f);
-    put_comment(f, 2, "Secret for admin registration (/_synapse/admin/v1/register and "
-                "`atrium register-user`);");
-    put_comment(f, 2, "\"\" (the default) turns admin registration off. Keep it private.");
-    unsigned char raw[GENERATED_SHARED_SECRET_BYTES];
-    char hex[2 * GENERATED_SHARED_SECRET_BYTES + 1];
-    if (sodium_init() < 0)
-        return -1;
-    randombytes_buf(raw, sizeof raw);
-    sodium_bin2hex(hex, sizeof hex, raw, sizeof raw);
-    put_string(f, 2, "shared_secret", hex);
-    fputc('\n', f);
-    put_comment(f, 0, "Per-client rate limits.");
-    fputs("ratelimit:\n", f);
-    put_bool(f, 2, "enabled", CORE_DEFAULT_RATELIMIT_ENABLED,
-             "Refuse clients over their rate with 429 (true or false).");
-    static const struct {
-        const char *name;
-        const struct int_setting *per_minute, *burst;
-    } rates[] = {{"register", &RL_REGISTER_PER_MINUTE, &RL_REGISTER_BURST},
-                 {"login", &RL_LOGIN_PER_MINUTE, &RL_LOGIN_BURST},
-                 {"message", &RL_MESSAGE_PER_MINUTE, &RL_MESSAGE_BURST},
-                 {"sync", &RL_SYNC_PER_MINUTE, &RL_SYNC_BURST}};
-    for (size_t i = 0; i < sizeof rates / sizeof *rates; i++) {
-        fprintf(f, "  %s:\n", rates[i].name);
-        put_int(f, 4, rates[i].per_minute);
-        put_int(f, 4, rates[i].burst);
+    for (; *s != '\0'; s++) {
+        if (*s == '|')
+            fputs("\\|", f);
+        else
+            fputc(*s == '\n' ? ' ' : *s, f);
     }
-    fputc('\n', f);
-    put_comment(f, 0, "Rooms.");
-    fputs("rooms:\n", f);
-    put_comment(f, 2, "Room version of new rooms when createRoom names none (\"10\" or \"11\").");
-    put_string(f, 2, "default_version", CORE_DEFAULT_ROOM_VERSION);
-    fputc('\n', f);
-    put_comment(f, 0, "Plugins, one map per plugin name. Besides enabled and path, each "
-                "plugin's keys are");
-    put_comment(f, 0, "its own and are checked by the plugin at start-up.");
-    fputs("plugins:\n", f);
-    for (size_t i = 0; GENERATED_PLUGINS[i] != NULL; i++) {
-        fprintf(f, "  %s:\n", GENERATED_PLUGINS[i]);
-        fprintf(f, "    # Load %s.so from plugin_dir (true or false); path: loads another "
-                ".so instead.\n", GENERATED_PLUGINS[i]);
-        fputs("    enabled: true\n", f);
-        fprintf(f, "    # Its own keys and their defaults: plugins/%s/README.md in Atrium's "
-                "source.\n", GENERATED_PLUGINS[i]);
-    }
-    return 0;
 }
 
-int cfg_generate(FILE *f, const char *server_name, const char *conninfo,
-                 const char *plugin_dir)
+static void put_markdown_default(FILE *f, const struct cfg_setting *r)
 {
-    if (f == NULL || server_name == NULL || conninfo == NULL)
-        return -1;
-    generate_top(f, server_name, plugin_dir);
-    generate_server(f);
-    generate_federation(f);
-    if (generate_rest(f, conninfo) < 0)
-        return -1;
-    if (fflush(f) != 0 || ferror(f))
-        return -1;
-    return 0;
+    if (r->default_doc != NULL) {
+        put_cell(f, r->default_doc);
+        return;
+    }
+    if (r->flags & CFG_F_REQUIRED) {
+        fputs("(required)", f);
+        return;
+    }
+    switch (r->type) {
+    case CFG_T_INT:
+    case CFG_T_INT64: fprintf(f, "`%" PRId64 "`", r->def); break;
+    case CFG_T_BOOL: fputs(r->def ? "`true`" : "`false`", f); break;
+    case CFG_T_ENUM: fprintf(f, "`%s`", r->def_string); break;
+    case CFG_T_STRING:
+        if (r->def_string == NULL)
+            fputs("(none)", f);
+        else
+            fprintf(f, "`\"%s\"`", r->def_string);
+        break;
+    case CFG_T_STRING_LIST:
+        if (r->values == NULL || r->values[0] == NULL)
+            fputs("`[]`", f);
+        for (size_t i = 0; r->values != NULL && r->values[i] != NULL; i++)
+            fprintf(f, "%s`%s`", i ? ", " : "", r->values[i]);
+        break;
+    case CFG_T_TREE: fprintf(f, "`%s`", r->def_string); break;
+    }
+}
+
+void cfg_settings_print_markdown(FILE *f, const char *prefix, const struct cfg_setting *rows,
+                                 size_t n_rows)
+{
+    char allowed[SCHEMA_TEXT_BYTES];
+    fputs("| key | default | allowed | meaning |\n| --- | --- | --- | --- |\n", f);
+    for (size_t i = 0; i < n_rows; i++) {
+        fprintf(f, "| `%s%s` | ", prefix, rows[i].path);
+        put_markdown_default(f, &rows[i]);
+        fputs(" | ", f);
+        put_cell(f, allowed_text(&rows[i], true, allowed, sizeof allowed));
+        fputs(" | ", f);
+        put_cell(f, rows[i].help);
+        fputs(" |\n", f);
+    }
 }

@@ -230,10 +230,12 @@ fed_http_handle *fed_http_handle_new(const fed_http_req *req, int *rc)
 
 /* ---- callbacks (I/O thread) ------------------------------------------------------------- */
 
-static void refuse_too_large(fed_http_handle *h, const char *fmt, long long n)
+/* declared: the Content-Length said so; else the body read so far passed the cap. */
+static void refuse_too_large(fed_http_handle *h, bool declared, long long n)
 {
     h->too_large = true;
-    snprintf(h->why, sizeof(h->why), fmt, n, (long long)h->max_body_bytes);
+    snprintf(h->why, sizeof(h->why), "the response %s %lld bytes (the cap is %lld)",
+             declared ? "declares" : "body passed", n, (long long)h->max_body_bytes);
 }
 
 static bool header_add(fed_http_handle *h, const char *name, size_t nlen, const char *value,
@@ -322,7 +324,7 @@ static size_t on_header(char *data, size_t size, size_t nitems, void *ud)
             long long declared = strtoll(num, &e, 10);
             if (e != num && *e == '\0' &&
                 (errno == ERANGE || declared > h->max_body_bytes)) {
-                refuse_too_large(h, "the response declares %lld bytes (the cap is %lld)",
+                refuse_too_large(h, true,
                                  declared);
                 return 0;
             }
@@ -340,7 +342,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
     size_t len = size * nmemb;
     if (len == 0) return 0;
     if ((int64_t)len > h->max_body_bytes - h->received) {
-        refuse_too_large(h, "the response body passed %lld bytes (the cap is %lld)",
+        refuse_too_large(h, false,
                          (long long)h->received + (long long)len);
         return 0;
     }

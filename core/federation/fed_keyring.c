@@ -224,11 +224,12 @@ static void refusal_of(const entry *e, bool any_key, const char *key_id, int64_t
              any_key ? "(any)" : key_id, min_valid);
 }
 
-static void answer_status(waiter *w, int status, const char *fmt, const char *name)
+/* The refusal's sentence: "<why> (keys of <name>)". */
+static void answer_status(waiter *w, int status, const char *why, const char *name)
 {
     memset(&w->res, 0, sizeof(w->res));
     w->res.status = status;
-    snprintf(w->res.error, sizeof(w->res.error), fmt, name);
+    snprintf(w->res.error, sizeof(w->res.error), "%s (keys of %.200s)", why, name);
 }
 
 /* Move e's waiters that are answered now onto *done; with `final`, all of them (those
@@ -264,12 +265,12 @@ static void deliver(waiter *done)
 }
 
 /* Every waiter of e gets `status` (busy, stopped). Locked. */
-static void fail_all_locked(fed_keyring *r, entry *e, int status, const char *fmt, waiter **done)
+static void fail_all_locked(fed_keyring *r, entry *e, int status, const char *why, waiter **done)
 {
     while (e->waiters) {
         waiter *w = e->waiters;
         e->waiters = w->next;
-        answer_status(w, status, fmt, e->name);
+        answer_status(w, status, why, e->name);
         w->next = *done;
         *done = w;
         r->n_waiters--;
@@ -498,7 +499,7 @@ static void load_run(void *arg, bool cancelled)
         fed_key_set_merge(e->keys, rows);
     }
     if (r->stopped || cancelled) {
-        fail_all_locked(r, e, FED_KEY_E_STOPPED, "the key ring is stopping (keys of %.200s)",
+        fail_all_locked(r, e, FED_KEY_E_STOPPED, "the key ring is stopping",
                         &done);
         e->state = ST_IDLE;
     } else {
@@ -514,12 +515,20 @@ static void load_run(void *arg, bool cancelled)
     free(t);
 }
 
+/* Fill an immediate refusal (busy, stopped): "<why> (keys of <name>)", like answer_status. */
+static void answer_now(fed_key_result *out, int status, const char *why, const char *name)
+{
+    memset(out, 0, sizeof(*out));
+    out->status = status;
+    snprintf(out->error, sizeof(out->error), "%s (keys of %.200s)", why, name);
+}
+
 int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_id,
                        int64_t minimum_valid_until_ms, fed_key_result *now_out,
                        fed_keyring_cb cb, void *arg)
 {
-    memset(now_out, 0, sizeof(*now_out));
     if (!name_ok(server_name) || (key_id && strlen(key_id) >= FED_KEY_ID_MAX_BYTES)) {
+        memset(now_out, 0, sizeof(*now_out));
         now_out->status = FED_KEY_E_UNKNOWN;
         snprintf(now_out->error, sizeof(now_out->error),
                  "not a server name or key ID that can be looked up");
@@ -529,8 +538,8 @@ int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_
     pthread_mutex_lock(&r->mu);
     if (r->stopped) {
         pthread_mutex_unlock(&r->mu);
-        now_out->status = FED_KEY_E_STOPPED;
-        snprintf(now_out->error, sizeof(now_out->error), "the key ring is stopping");
+        answer_now(now_out, FED_KEY_E_STOPPED, "the key ring is stopping",
+                   server_name);
         return FED_KEYRING_ANSWERED;
     }
     entry *e = find_locked(r, server_name);
@@ -554,9 +563,8 @@ int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_
         !(w = calloc(1, sizeof(*w)))) {
         pthread_mutex_unlock(&r->mu);
         rt_metric_add(r->m_busy, 1);
-        now_out->status = FED_KEY_E_BUSY;
-        snprintf(now_out->error, sizeof(now_out->error),
-                 "too many key look-ups are waiting (keys of %.200s)", server_name);
+        answer_now(now_out, FED_KEY_E_BUSY, "too many key look-ups or servers in flight",
+                   server_name);
         return FED_KEYRING_ANSWERED;
     }
     w->cb = cb;
@@ -592,7 +600,7 @@ int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_
             e = find_locked(r, name);
             e->state = ST_IDLE;
             fail_all_locked(r, e, FED_KEY_E_BUSY,
-                            "the key ring's pool is full (keys of %.200s)", &done);
+                            "the key ring's pool is full", &done);
             pthread_mutex_unlock(&r->mu);
             rt_metric_add(r->m_busy, 1);
             deliver(done);
@@ -724,7 +732,7 @@ void fed_keyring_stop(fed_keyring *r)
     waiter *done = NULL;
     pthread_mutex_lock(&r->mu);
     for (entry *e = r->lru.lru_next; e != &r->lru; e = e->lru_next) {
-        fail_all_locked(r, e, FED_KEY_E_STOPPED, "the key ring is stopping (keys of %.200s)",
+        fail_all_locked(r, e, FED_KEY_E_STOPPED, "the key ring is stopping",
                         &done);
         e->state = ST_IDLE;
     }

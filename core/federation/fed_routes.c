@@ -12,14 +12,12 @@
 #include <string.h>
 
 #include "core/federation/fed_internal.h"
-#include "core/store/db.h"
+#include "core/client/accounts/accounts.h"
 
 #ifndef ATRIUM_VERSION
 #define ATRIUM_VERSION "dev"
 #endif
 
-#define FED_PROFILE_DB_WAIT_MS 2000 /* a peer's profile query waits this long for PostgreSQL */
-#define FED_NOTARY_MAX_SERVERS 64   /* servers one POST /_matrix/key/v2/query may ask for */
 
 /* GET /_matrix/federation/v1/version */
 static int get_version(atrium_req *r)
@@ -60,29 +58,13 @@ static int get_profile(atrium_req *r)
     if (user[0] != '@' || !colon || strcmp(colon + 1, m->server_name) != 0)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "%s is not a user of this server",
                                   user);
-    PGconn *c = db_acquire(db_global(), FED_PROFILE_DB_WAIT_MS);
-    if (!c) return http_respond_error(r, 503, "M_UNKNOWN", "The database is unavailable");
-    const char *p[1] = {user};
-    PGresult *res = PQexecParams(c,
-                                 "SELECT p.displayname, p.avatar_url FROM users u"
-                                 " LEFT JOIN profiles p ON p.user_id = u.user_id"
-                                 " WHERE u.user_id = $1",
-                                 1, NULL, p, NULL, NULL, 0);
-    db_release(db_global(), c);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        PQclear(res);
-        return http_respond_error(r, 503, "M_UNKNOWN", "The database failed");
+    json_t *body = acc_profile_load(r, user);
+    if (!body) return ATRIUM_DONE;
+    if (field) { /* only the field asked for */
+        json_t *v = json_incref(json_object_get(body, field));
+        json_object_clear(body);
+        if (v) json_object_set_new(body, field, v);
     }
-    if (PQntuples(res) != 1) {
-        PQclear(res);
-        return http_respond_error(r, 404, "M_NOT_FOUND", "No such user");
-    }
-    json_t *body = json_object();
-    static const char *const cols[] = {"displayname", "avatar_url"};
-    for (int i = 0; i < 2; i++)
-        if ((!field || strcmp(field, cols[i]) == 0) && !PQgetisnull(res, 0, i))
-            json_object_set_new(body, cols[i], json_string(PQgetvalue(res, 0, i)));
-    PQclear(res);
     return http_respond_json(r, 200, body);
 }
 

@@ -211,14 +211,8 @@ static int build_ranges(fed_module *m)
 {
     const struct core_federation *f = &m->cfg->federation;
     char err[256];
-    if (f->ip_range_blacklist_given)
-        m->blacklist = fed_iprange_parse(f->ip_range_blacklist, f->n_ip_range_blacklist, err,
-                                         sizeof(err));
-    else {
-        size_t n = 0;
-        while (FED_IPRANGE_DEFAULT_BLACKLIST[n]) n++;
-        m->blacklist = fed_iprange_parse(FED_IPRANGE_DEFAULT_BLACKLIST, n, err, sizeof(err));
-    }
+    m->blacklist = fed_iprange_parse(f->ip_range_blacklist, f->n_ip_range_blacklist, err,
+                                     sizeof(err));
     if (!m->blacklist) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "federation.ip_range_blacklist: %s", err);
         return -1;
@@ -298,6 +292,12 @@ int federation_init(const struct core_config *cfg, const char *config_path, http
     if (fed_routes_register(m) < 0) return -1;
 
     const struct core_fed_listener *l = &cfg->fed_listener;
+    if (l->tls && !l->tls_certificate_path[0] != !l->tls_private_key_path[0]) {
+        rt_log(ATRIUM_LOG_ERROR, "federation",
+               "server.federation: tls_certificate_path and tls_private_key_path go together: "
+               "set both (or neither, to serve no federation)");
+        return -1;
+    }
     if (l->tls && !l->tls_certificate_path[0]) {
         rt_log(ATRIUM_LOG_WARN, "federation",
                "no federation listener: set server.federation.tls_certificate_path and "

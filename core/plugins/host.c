@@ -79,6 +79,16 @@ static int h_config_string(atrium_plugin *self, const atrium_config *cfg, const 
     return 0;
 }
 
+static int h_config_load(atrium_plugin *self, const atrium_config *cfg, void *base)
+{
+    char err[HOST_ERR_LEN];
+    if (!self->in_init) return ATRIUM_E_STATE;
+    if (!base && self->n_settings) return ATRIUM_E_INVAL; /* no rows, no struct needed */
+    if (plugin_settings_load(self, (const cfg_node *)cfg, base, err, sizeof(err)) < 0)
+        return config_failed(self, err);
+    return 0;
+}
+
 #define HOST_MAX_ALLOWED_KEYS 128
 
 static int h_config_check_keys(atrium_plugin *self, const atrium_config *cfg,
@@ -343,7 +353,13 @@ static atrium_metric *h_metric_gauge(atrium_plugin *self, const char *name, cons
 
 static void h_metric_add(atrium_metric *m, int64_t d) { rt_metric_add((rt_metric *)m, d); }
 static void h_metric_set(atrium_metric *m, int64_t v) { rt_metric_set((rt_metric *)m, v); }
-static PGconn *h_db_acquire(int64_t timeout_ms) { return db_acquire(rt_bound->db, timeout_ms); }
+static PGconn *h_db_acquire(int64_t timeout_ms)
+{
+    /* DB_WAIT_CONFIGURED is the core's own marker, not part of the ABI: a negative wait
+     * from a plugin stays "do not wait". */
+    return db_acquire(rt_bound->db, timeout_ms < 0 ? 0 : timeout_ms);
+}
+static int64_t h_db_wait_ms(void) { return db_request_wait_ms(rt_bound->db); }
 static void h_db_release(PGconn *c) { db_release(rt_bound->db, c); }
 
 /* ---- federation (1.1) ------------------------------------------------------------------ */
@@ -471,6 +487,8 @@ static const atrium_host HOST = {
     .metric_set = h_metric_set,
     .db_acquire = h_db_acquire,
     .db_release = h_db_release,
+    .config_load = h_config_load,
+    .db_wait_ms = h_db_wait_ms,
     .req_origin = h_req_origin,
     .fed_request = h_fed_request,
     .fed_response_header = h_fed_response_header,

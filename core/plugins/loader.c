@@ -46,8 +46,7 @@ static const char *plugin_path(core_runtime *rt, const cfg_node *pcfg, const cha
     return buf;
 }
 
-/* The handshake; NULL after logging the refusal. */
-static const atrium_plugin_desc *handshake(const char *name, const char *path, void **dl_out)
+const atrium_plugin_desc *plugin_handshake(const char *name, const char *path, void **dl_out)
 {
     void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!dl) {
@@ -108,7 +107,7 @@ static int load_one(core_runtime *rt, const atrium_host *host, const cfg_node *p
     char buf[1024];
     const char *path = plugin_path(rt, pcfg, name, buf, sizeof(buf));
     void *dl = NULL;
-    const atrium_plugin_desc *d = handshake(name, path, &dl);
+    const atrium_plugin_desc *d = plugin_handshake(name, path, &dl);
     if (!d) return -1;
     for (size_t i = 0; i < rt->n_plugins; i++) {
         const atrium_plugin_desc *o = rt->plugins[i]->desc;
@@ -133,6 +132,12 @@ static int load_one(core_runtime *rt, const atrium_host *host, const cfg_node *p
     p->dl = dl;
     p->cfg = pcfg;
     rt->plugins[rt->n_plugins++] = p;
+    char err[512];
+    if (plugin_settings_adopt(p, err, sizeof(err)) < 0) {
+        refuse(name, path, "its settings table: %s - the plugin is broken; use a fixed build",
+               err);
+        return -1;
+    }
     p->in_init = true;
     int rc = d->init(host, p, (const atrium_config *)pcfg, &p->state);
     p->in_init = false;
@@ -233,6 +238,7 @@ void plugins_fini_all(core_runtime *rt)
         if (p->inited && p->desc->fini) p->desc->fini(p->state);
         for (size_t k = 0; k < p->n_pools; k++) rt_pool_free(p->pools[k]);
         for (size_t k = p->n_owned; k-- > 0;) p->owned[k].free(p->owned[k].obj);
+        free(p->settings);
         free(p->name);
         free(p->path);
         free(p);

@@ -26,6 +26,7 @@ struct db_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int idle;
+    int64_t request_wait_ms; /* database.checkout_timeout_ms: what DB_WAIT_CONFIGURED means */
     rt_metric *m_in_use, *m_size, *m_timeouts, *m_resets;
 };
 
@@ -36,17 +37,24 @@ void db_set_global(db_pool *p)
     global_pool = p;
 }
 
+int64_t db_request_wait_ms(const db_pool *p)
+{
+    return p ? p->request_wait_ms : 0;
+}
+
 db_pool *db_global(void)
 {
     return global_pool;
 }
 
-db_pool *db_pool_new(const char *conninfo, int size, rt_metrics *metrics)
+db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,
+                     rt_metrics *metrics)
 {
     db_pool *p = calloc(1, sizeof(*p));
     if (!p) return NULL;
     p->conninfo = strdup(conninfo);
     p->size = size;
+    p->request_wait_ms = request_wait_ms;
     p->conns = calloc((size_t)size, sizeof(db_conn));
     if (!p->conninfo || !p->conns) {
         db_pool_free(p);
@@ -116,6 +124,7 @@ int db_pool_connect(db_pool *p, int retry_s)
 PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
 {
     if (!p) return NULL;
+    if (timeout_ms == DB_WAIT_CONFIGURED) timeout_ms = p->request_wait_ms;
     int64_t until = rt_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     pthread_mutex_lock(&p->mu);
     while (p->idle == 0) {

@@ -22,12 +22,21 @@
 
 typedef struct db_pool db_pool;
 
-/* Opens nothing yet. */
-db_pool *db_pool_new(const char *conninfo, int size, rt_metrics *metrics);
+/* db_acquire's timeout for a request path: the pool's configured wait
+ * (database.checkout_timeout_ms), one setting for every such acquisition. Background work
+ * that may wait longer, or a path that must not wait at all, passes its own. */
+#define DB_WAIT_CONFIGURED INT64_C(-1)
+
+/* Opens nothing yet. request_wait_ms is what DB_WAIT_CONFIGURED waits (> 0). */
+db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,
+                     rt_metrics *metrics);
+/* The wait DB_WAIT_CONFIGURED stands for (0 for no pool). Any thread. */
+int64_t db_request_wait_ms(const db_pool *p);
 /* Open every connection, retrying for up to retry_s seconds when PostgreSQL is not
  * reachable yet. 0, or -1 after logging what failed and what to check. */
 int db_pool_connect(db_pool *p, int retry_s);
-/* Borrow a connection, waiting at most timeout_ms. NULL on timeout, or when the
+/* Borrow a connection, waiting at most timeout_ms (DB_WAIT_CONFIGURED: the configured
+ * request wait). NULL on timeout, or when the
  * connection could not be re-established (logged). Any thread. */
 PGconn *db_acquire(db_pool *p, int64_t timeout_ms);
 void db_release(db_pool *p, PGconn *c);

@@ -417,6 +417,23 @@ struct atrium_host {
 
     /* 1.1 and later: appended below this line, never inserted above. */
 
+    /* == 1.1: settings declared once, the configured database wait ====================== */
+
+    /* [init] Read the subtree given to init through the settings table of the plugin's
+     * descriptor (atrium_plugin_desc.settings): each row's value, or its default when the
+     * key is absent, is stored at base + row.offset (base is the plugin's own settings
+     * struct; strings stored there belong to the host). Keys no row declares (besides
+     * "enabled" and "path") are refused as config_check_keys refuses them, so a plugin
+     * using this needs no config_check_keys call. On a wrong type, an out-of-range value,
+     * an unknown key or a malformed table the host logs one line naming the key, the file
+     * and line and what is allowed, and returns ATRIUM_E_INVAL: return that from init.
+     * Fields of rows read before the failure may have been written. */
+    int (*config_load)(atrium_plugin *self, const atrium_config *cfg, void *base);
+    /* [any] How long a request handler should wait for a database connection
+     * (db_acquire): the operator's database.checkout_timeout_ms, the same wait the core's
+     * own request paths use. Always > 0. */
+    int64_t (*db_wait_ms)(void);
+
     /* == 1.1: federation ================================================================ */
     /* Routes flagged ATRIUM_ROUTE_FEDERATION are served on the federation listener, after
      * the core verified their X-Matrix signature. */

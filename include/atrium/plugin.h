@@ -38,6 +38,34 @@ typedef struct atrium_host atrium_host;
 typedef struct atrium_plugin atrium_plugin; /* the host's handle for one loaded plugin */
 typedef struct atrium_config atrium_config; /* a read-only config subtree (plugins.<name>) */
 
+/* One setting of the plugin (ABI 1.1): a key of plugins.<name>, declared once in the
+ * descriptor's `settings` table. From these rows the host reads the plugin's settings
+ * (host->config_load), refuses unknown keys, writes the keys with their defaults and help
+ * into `atrium --generate-config`, and prints them as a Markdown table
+ * (`atrium --print-config-table <name>`). The host reads the table without running plugin
+ * code, so it must be static data. This layout is frozen within ABI major 1. */
+enum atrium_setting_type {
+    ATRIUM_SETTING_INT = 1,    /* an int field; min and max must fit an int */
+    ATRIUM_SETTING_INT64 = 2,  /* an int64_t field */
+    ATRIUM_SETTING_BOOL = 3,   /* a bool field; def is 0 or 1 */
+    ATRIUM_SETTING_STRING = 4, /* a const char * field; the string belongs to the host and
+                                  lives until the server exits */
+};
+
+typedef struct atrium_setting {
+    const char *key;        /* the key below plugins.<name>, without dots ("delivery_slots") */
+    int type;               /* enum atrium_setting_type */
+    size_t offset;          /* offsetof(the plugin's settings struct, its field) */
+    int64_t def, min, max;  /* INT, INT64, BOOL: the default and the inclusive range */
+    const char *def_string; /* STRING: the default */
+    const char *unit;       /* for the documentation: "ms", "bytes", "threads", or NULL */
+    const char *help;       /* what it does, in a sentence or two, for operators */
+    /* Non-NULL when the default is computed when the plugin starts (e.g. "CPU cores"): the
+     * text documents it, and an absent key leaves the field as the plugin set it before
+     * calling config_load. */
+    const char *default_doc;
+} atrium_setting;
+
 typedef struct atrium_plugin_desc {
     uint32_t magic;        /* ATRIUM_PLUGIN_MAGIC */
     uint32_t size;         /* sizeof(atrium_plugin_desc) when the plugin was built */
@@ -52,6 +80,10 @@ typedef struct atrium_plugin_desc {
     int (*start)(void *state);
     void (*stop)(void *state);
     void (*fini)(void *state);
+    /* ABI 1.1, appended: the plugin's settings (see atrium_setting), or NULL and 0 for a
+     * plugin without settings of its own or one that reads them key by key. */
+    const atrium_setting *settings;
+    size_t n_settings;
 } atrium_plugin_desc;
 
 /* The one symbol the host looks up. */
@@ -67,7 +99,8 @@ typedef const atrium_plugin_desc *(*atrium_plugin_entry_fn)(void);
 /* Define the entry symbol and the descriptor. Use once per plugin, at file scope:
  *   ATRIUM_PLUGIN(.name = "media", .version = "1.0.0", .provides = "media/1",
  *                 .init = media_init, .start = media_start, .stop = media_stop,
- *                 .fini = media_fini)
+ *                 .fini = media_fini, .settings = MEDIA_SETTINGS,
+ *                 .n_settings = MEDIA_N_SETTINGS)
  */
 #define ATRIUM_PLUGIN(...)                                                                  \
     ATRIUM_EXPORT const atrium_plugin_desc *atrium_plugin_entry(void);                      \

@@ -21,7 +21,6 @@
 
 #include "atrium/host.h"
 
-#define DIRECTORY_DB_WAIT_MS 2000
 #define DIRECTORY_DEFAULT_LIMIT 100
 #define DIRECTORY_MAX_LIMIT 500
 #define DIRECTORY_MAX_OFFSET 1000000       /* deepest page token accepted */
@@ -93,7 +92,7 @@ static int answer_page(atrium_req *req, const page_query *q)
     snprintf(lim, sizeof(lim), "%ld", q->limit);
     snprintf(off, sizeof(off), "%ld", q->offset);
     const char *params[4] = {lim, off, q->search, q->types_json};
-    PGconn *c = h->db_acquire(DIRECTORY_DB_WAIT_MS);
+    PGconn *c = h->db_acquire(h->db_wait_ms());
     if (!c) return h->respond_error(req, 503, "M_UNKNOWN", "The database is busy; retry");
     /* $3: case-insensitive substring of name, topic or alias (LIKE wildcards escaped);
      * $4: allowed room types, JSON null standing for rooms without one. One row more
@@ -253,8 +252,9 @@ static int post_public_rooms(atrium_req *req)
 static int directory_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
                           void **state)
 {
-    static const char *const keys[] = {NULL};
-    if (host->config_check_keys(self, cfg, keys) < 0) return ATRIUM_E_INVAL;
+    /* No settings of its own yet (no table in the descriptor): any key but enabled and path
+     * is refused. */
+    if (host->config_load(self, cfg, NULL) < 0) return ATRIUM_E_INVAL;
     directory *d = calloc(1, sizeof(*d));
     if (!d) return ATRIUM_E_NOMEM;
     d->host = host;

@@ -2,14 +2,16 @@
  * plugins/media/media.c - the media plugin (provides "media/1"): its settings, its routes,
  * its pools, line and events, and its lifecycle; plus the media configuration endpoint.
  *
- * Decisions owned here: the names, defaults and ranges of every plugins.media setting
- * (unknown keys stop start-up, host->config_check_keys), and the bounds that follow from
+ * Decisions owned here: the names, defaults, ranges and help of every plugins.media
+ * setting, declared once in MEDIA_SETTINGS (the host reads them and refuses unknown keys,
+ * host->config_load, and documents them), and the bounds that follow from
  * them - delivery_slots requests hold a slot (and at most one file) at a time,
  * render_threads renders run at once, io_threads workers make uploads durable. The
  * behaviours live in the files media.h lists; this file only wires them to the host.
  * The plugin is built only against include/atrium/ (plus libc, jansson, libpq, libvips,
  * libwebp) and would work the same as a replacement plugin.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,49 +62,106 @@ static int get_config(atrium_req *req)
     return media_reply(m, req, body);
 }
 
-static const char *const SETTINGS[] = {
-    "max_upload_size",
-    "store_path",
-    "delivery_slots",
-    "delivery_queue",
-    "delivery_queue_per_client",
-    "delivery_wait_ms",
-    "thumbnail_sizes",
-    "max_image_pixels",
-    "render_threads",
-    "render_queue",
-    "render_wait_ms",
-    "io_threads",
-    "io_queue",
-    "max_pending_uploads",
-    "unused_upload_expiry_ms",
-    "upload_wait_default_ms",
-    "upload_wait_max_ms",
-    "legacy_media",
-    "legacy_freeze_ts",
-    "remote_fetch_enabled",
-    "media_fetch_threads",
-    "media_fetch_max_in_flight",
-    "media_fetch_max_per_client",
-    "media_fetch_line_per_client",
-    "remote_fetch_timeout_ms",
-    "prevent_media_downloads_from",
-    "remote_fetch_max_per_origin",
-    "remote_not_found_cache_ms",
-    "remote_failure_cache_ms",
-    "remote_cache_max_bytes",
-    NULL,
-};
+/* Every plugins.media setting, declared once: the host reads them into media_config
+ * (config_load), refuses unknown keys, and writes them with their defaults and help into
+ * --generate-config and `atrium --print-config-table media` (plugins/media/README.md). */
+#define FIELD(f) offsetof(media_config, f)
+#define INT_SETTING(k, f, d, lo, hi, u, h)                                                  \
+    {.key = (k), .type = ATRIUM_SETTING_INT, .offset = FIELD(f), .def = (d), .min = (lo),  \
+     .max = (hi), .unit = (u), .help = (h)}
+#define INT64_SETTING(k, f, d, lo, hi, u, h)                                                \
+    {.key = (k), .type = ATRIUM_SETTING_INT64, .offset = FIELD(f), .def = (d), .min = (lo), \
+     .max = (hi), .unit = (u), .help = (h)}
 
-/* One integer setting into an int field. */
-static int read_int(media *m, const atrium_config *cfg, const char *key, int64_t def, int64_t min,
-                    int64_t max, int *out)
-{
-    int64_t v;
-    if (m->h->config_int(m->self, cfg, key, def, min, max, &v) < 0) return ATRIUM_E_INVAL;
-    *out = (int)v;
-    return 0;
-}
+static const atrium_setting MEDIA_SETTINGS[] = {
+    INT64_SETTING("max_upload_size", max_upload_bytes, DEFAULT_MAX_UPLOAD_BYTES, 1,
+                  MAX_UPLOAD_BYTES_LIMIT, "bytes",
+                  "Largest upload; a larger one gets 413 M_TOO_LARGE and leaves nothing behind."),
+    {.key = "store_path", .type = ATRIUM_SETTING_STRING, .offset = FIELD(store_path),
+     .def_string = DEFAULT_STORE_PATH,
+     .help = "Folder of originals (local/) and thumbnails (thumbnails/); relative to the "
+             "server's working directory."},
+    INT_SETTING("delivery_slots", delivery_slots, DEFAULT_DELIVERY_SLOTS, 1, 100000, "requests",
+                "Content responses in flight at once (each holds at most one open file)."),
+    INT_SETTING("delivery_queue", delivery_queue, DEFAULT_DELIVERY_QUEUE, 0, 1000000,
+                "requests", "Requests that may wait, parked, for a delivery slot."),
+    INT_SETTING("delivery_queue_per_client", delivery_queue_per_client,
+                DEFAULT_DELIVERY_QUEUE_PER_CLIENT, 0, 1000000, "requests",
+                "Of the waiting requests, how many may come from one client (0 = no cap)."),
+    INT64_SETTING("delivery_wait_ms", delivery_wait_ms, DEFAULT_DELIVERY_WAIT_MS, 1,
+                  PARK_LIMIT_MS, "ms", "Longest wait for a delivery slot (then 429)."),
+    {.key = "thumbnail_sizes", .type = ATRIUM_SETTING_STRING, .offset = FIELD(thumbnail_sizes),
+     .def_string = MEDIA_DEFAULT_SIZES,
+     .help = "Thumbnail sizes rendered, as `<W>x<H> crop` or `<W>x<H> scale`, separated by commas."},
+    INT64_SETTING("max_image_pixels", max_image_pixels, DEFAULT_MAX_IMAGE_PIXELS, 1,
+                  100000LL * 100000LL, "pixels",
+                  "Images whose header claims more pixels are not thumbnailed (413)."),
+    {.key = "render_threads", .type = ATRIUM_SETTING_INT, .offset = FIELD(render_threads),
+     .def = 1, .min = 1, .max = 256, .unit = "threads", .default_doc = "CPU cores",
+     .help = "Thumbnail renders at once (bounds the memory decoding takes)."},
+    INT_SETTING("render_queue", render_queue, DEFAULT_RENDER_QUEUE, 1, 1000000, "renders",
+                "Renders that may wait for a render thread."),
+    INT64_SETTING("render_wait_ms", render_wait_ms, DEFAULT_RENDER_WAIT_MS, 0, PARK_LIMIT_MS,
+                  "ms", "How long a thumbnail request waits for its render before it gets the "
+                        "nearest size already rendered."),
+    INT_SETTING("io_threads", io_threads, DEFAULT_IO_THREADS, 1, 256, "threads",
+                "Workers that make uploads durable (fsync, rename)."),
+    INT_SETTING("io_queue", io_queue, DEFAULT_IO_QUEUE, 1, 1000000, "tasks",
+                "Uploads that may wait for an io thread."),
+    INT_SETTING("max_pending_uploads", max_pending_uploads, DEFAULT_MAX_PENDING_UPLOADS, 1,
+                1000000, "IDs", "Created and not yet uploaded media IDs per user (then 429)."),
+    INT64_SETTING("unused_upload_expiry_ms", unused_expiry_ms, DEFAULT_UNUSED_EXPIRY_MS, 1000,
+                  365LL * 24 * 3600 * 1000, "ms", "Lifetime of a created media ID."),
+    INT64_SETTING("upload_wait_default_ms", upload_wait_default_ms, DEFAULT_UPLOAD_WAIT_MS, 0,
+                  PARK_LIMIT_MS, "ms",
+                  "How long a download waits for an asynchronous upload when it gives no "
+                  "timeout_ms."),
+    INT64_SETTING("upload_wait_max_ms", upload_wait_max_ms, DEFAULT_UPLOAD_WAIT_MAX_MS, 0,
+                  PARK_LIMIT_MS, "ms", "The most a download's timeout_ms may ask for."),
+    {.key = "legacy_media", .type = ATRIUM_SETTING_BOOL, .offset = FIELD(legacy_media),
+     .def = 0, .min = 0, .max = 1,
+     .help = "Serve the unauthenticated legacy paths /_matrix/media/v3/download and "
+             "/thumbnail."},
+    INT64_SETTING("legacy_freeze_ts", legacy_freeze_ts, 0, 0, INT64_MAX, "ms since the epoch",
+                  "Media created at or after this is not served on the legacy paths (0 = "
+                  "none)."),
+    {.key = "remote_fetch_enabled", .type = ATRIUM_SETTING_BOOL,
+     .offset = FIELD(remote_fetch_enabled), .def = 1, .min = 0, .max = 1,
+     .help = "Fetch other servers' media over federation (off: it is 404 M_NOT_FOUND)."},
+    INT_SETTING("media_fetch_threads", fetch_threads, DEFAULT_FETCH_THREADS, 1, 1024, "threads",
+                "Fetch pool workers: they start fetches and store what arrives; none ever "
+                "waits on another server."),
+    INT_SETTING("media_fetch_max_in_flight", fetch_max_in_flight, DEFAULT_FETCH_MAX_IN_FLIGHT, 1,
+                100000, "requests",
+                "Fetch budget: remote media requests fetching or queued, all clients."),
+    INT_SETTING("media_fetch_max_per_client", fetch_max_per_client, DEFAULT_FETCH_MAX_PER_CLIENT,
+                1, 100000, "requests", "Fetch budget: of which from one client (user)."),
+    INT_SETTING("media_fetch_line_per_client", fetch_line_per_client,
+                DEFAULT_FETCH_LINE_PER_CLIENT, 0, 100000, "requests",
+                "Requests of one client that may wait, parked, for a fetch budget slot; past "
+                "it 429 (0 = 429 at once over a cap)."),
+    INT64_SETTING("remote_fetch_timeout_ms", remote_fetch_timeout_ms,
+                  DEFAULT_REMOTE_FETCH_TIMEOUT_MS, 100, PARK_LIMIT_MS, "ms",
+                  "Longest one fetch may take, whoever waits for it."),
+    INT_SETTING("remote_fetch_max_per_origin", remote_fetch_max_per_origin,
+                DEFAULT_REMOTE_FETCH_MAX_PER_ORIGIN, 1, 100000, "fetches",
+                "Fetches of one origin at once; the next wait for one of them to end."),
+    INT64_SETTING("remote_not_found_cache_ms", remote_not_found_cache_ms,
+                  DEFAULT_REMOTE_NOT_FOUND_CACHE_MS, 0, 24LL * 3600 * 1000, "ms",
+                  "How long an origin's 404, a too-large file or a missing thumbnail is "
+                  "remembered (0 = not)."),
+    INT64_SETTING("remote_failure_cache_ms", remote_failure_cache_ms,
+                  DEFAULT_REMOTE_FAILURE_CACHE_MS, 0, 24LL * 3600 * 1000, "ms",
+                  "How long an unreachable origin or a garbage answer is remembered (0 = not)."),
+    INT64_SETTING("remote_cache_max_bytes", remote_cache_max_bytes,
+                  DEFAULT_REMOTE_CACHE_MAX_BYTES, 0, INT64_MAX, "bytes",
+                  "Bound of the remote cache; past it the least recently used copies go "
+                  "(0 = no bound)."),
+    {.key = "prevent_media_downloads_from", .type = ATRIUM_SETTING_STRING,
+     .offset = FIELD(blocked_origins_text), .def_string = "",
+     .help = "Origins (server names, separated by commas) whose media is never fetched."},
+};
+#define MEDIA_N_SETTINGS (sizeof(MEDIA_SETTINGS) / sizeof(MEDIA_SETTINGS[0]))
 
 /* prevent_media_downloads_from: server names separated by commas or spaces. The list is
  * kept in the plugin object (the host's string is split into copies). */
@@ -135,64 +194,13 @@ static int read_settings(media *m, const atrium_config *cfg)
     atrium_plugin *self = m->self;
     media_config *c = &m->cfg;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores < 1) cores = 1;
-    const char *sizes = NULL, *blocked = NULL;
-    if (h->config_check_keys(self, cfg, SETTINGS) < 0 ||
-        h->config_int(self, cfg, "max_upload_size", DEFAULT_MAX_UPLOAD_BYTES, 1,
-                      MAX_UPLOAD_BYTES_LIMIT, &c->max_upload_bytes) < 0 ||
-        h->config_string(self, cfg, "store_path", DEFAULT_STORE_PATH, &c->store_path) < 0 ||
-        read_int(m, cfg, "delivery_slots", DEFAULT_DELIVERY_SLOTS, 1, 100000, &c->delivery_slots) <
-            0 ||
-        read_int(m, cfg, "delivery_queue", DEFAULT_DELIVERY_QUEUE, 0, 1000000, &c->delivery_queue) <
-            0 ||
-        read_int(m, cfg, "delivery_queue_per_client", DEFAULT_DELIVERY_QUEUE_PER_CLIENT, 0, 1000000,
-                 &c->delivery_queue_per_client) < 0 ||
-        h->config_int(self, cfg, "delivery_wait_ms", DEFAULT_DELIVERY_WAIT_MS, 1, PARK_LIMIT_MS,
-                      &c->delivery_wait_ms) < 0 ||
-        h->config_string(self, cfg, "thumbnail_sizes", MEDIA_DEFAULT_SIZES, &sizes) < 0 ||
-        h->config_int(self, cfg, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS, 1,
-                      100000LL * 100000LL, &c->max_image_pixels) < 0 ||
-        read_int(m, cfg, "render_threads", cores, 1, 256, &c->render_threads) < 0 ||
-        read_int(m, cfg, "render_queue", DEFAULT_RENDER_QUEUE, 1, 1000000, &c->render_queue) < 0 ||
-        h->config_int(self, cfg, "render_wait_ms", DEFAULT_RENDER_WAIT_MS, 0, PARK_LIMIT_MS,
-                      &c->render_wait_ms) < 0 ||
-        read_int(m, cfg, "io_threads", DEFAULT_IO_THREADS, 1, 256, &c->io_threads) < 0 ||
-        read_int(m, cfg, "io_queue", DEFAULT_IO_QUEUE, 1, 1000000, &c->io_queue) < 0 ||
-        read_int(m, cfg, "max_pending_uploads", DEFAULT_MAX_PENDING_UPLOADS, 1, 1000000,
-                 &c->max_pending_uploads) < 0 ||
-        h->config_int(self, cfg, "unused_upload_expiry_ms", DEFAULT_UNUSED_EXPIRY_MS, 1000,
-                      365LL * 24 * 3600 * 1000, &c->unused_expiry_ms) < 0 ||
-        h->config_int(self, cfg, "upload_wait_default_ms", DEFAULT_UPLOAD_WAIT_MS, 0, PARK_LIMIT_MS,
-                      &c->upload_wait_default_ms) < 0 ||
-        h->config_int(self, cfg, "upload_wait_max_ms", DEFAULT_UPLOAD_WAIT_MAX_MS, 0, PARK_LIMIT_MS,
-                      &c->upload_wait_max_ms) < 0 ||
-        h->config_bool(self, cfg, "legacy_media", false, &c->legacy_media) < 0 ||
-        h->config_int(self, cfg, "legacy_freeze_ts", 0, 0, INT64_MAX, &c->legacy_freeze_ts) < 0 ||
-        h->config_bool(self, cfg, "remote_fetch_enabled", true, &c->remote_fetch_enabled) < 0 ||
-        read_int(m, cfg, "media_fetch_threads", DEFAULT_FETCH_THREADS, 1, 1024, &c->fetch_threads) <
-            0 ||
-        read_int(m, cfg, "media_fetch_max_in_flight", DEFAULT_FETCH_MAX_IN_FLIGHT, 1, 100000,
-                 &c->fetch_max_in_flight) < 0 ||
-        read_int(m, cfg, "media_fetch_max_per_client", DEFAULT_FETCH_MAX_PER_CLIENT, 1, 100000,
-                 &c->fetch_max_per_client) < 0 ||
-        read_int(m, cfg, "media_fetch_line_per_client", DEFAULT_FETCH_LINE_PER_CLIENT, 0, 100000,
-                 &c->fetch_line_per_client) < 0 ||
-        h->config_int(self, cfg, "remote_fetch_timeout_ms", DEFAULT_REMOTE_FETCH_TIMEOUT_MS, 100,
-                      PARK_LIMIT_MS, &c->remote_fetch_timeout_ms) < 0 ||
-        h->config_string(self, cfg, "prevent_media_downloads_from", "", &blocked) < 0 ||
-        read_int(m, cfg, "remote_fetch_max_per_origin", DEFAULT_REMOTE_FETCH_MAX_PER_ORIGIN, 1,
-                 100000, &c->remote_fetch_max_per_origin) < 0 ||
-        h->config_int(self, cfg, "remote_not_found_cache_ms", DEFAULT_REMOTE_NOT_FOUND_CACHE_MS, 0,
-                      24LL * 3600 * 1000, &c->remote_not_found_cache_ms) < 0 ||
-        h->config_int(self, cfg, "remote_failure_cache_ms", DEFAULT_REMOTE_FAILURE_CACHE_MS, 0,
-                      24LL * 3600 * 1000, &c->remote_failure_cache_ms) < 0 ||
-        h->config_int(self, cfg, "remote_cache_max_bytes", DEFAULT_REMOTE_CACHE_MAX_BYTES, 0,
-                      INT64_MAX, &c->remote_cache_max_bytes) < 0)
+    c->render_threads = cores < 1 ? 1 : cores > 256 ? 256 : (int)cores; /* unless configured */
+    if (h->config_load(self, cfg, c) < 0) return ATRIUM_E_INVAL;
+    if (parse_origins(m, c->blocked_origins_text ? c->blocked_origins_text : "") < 0)
         return ATRIUM_E_INVAL;
-    if (parse_origins(m, blocked) < 0) return ATRIUM_E_INVAL;
     c->delivery_retry_after_ms = DELIVERY_RETRY_AFTER_MS;
     char err[160];
-    int n = media_sizes_parse(sizes, c->sizes, MEDIA_MAX_SIZES, err, sizeof(err));
+    int n = media_sizes_parse(c->thumbnail_sizes, c->sizes, MEDIA_MAX_SIZES, err, sizeof(err));
     if (n < 0) {
         h->log(self, ATRIUM_LOG_ERROR,
                "invalid configuration: plugins.media.thumbnail_sizes: %s (expected e.g. \"%s\")",
@@ -466,4 +474,5 @@ static void media_fini(void *state)
 }
 
 ATRIUM_PLUGIN(.name = "media", .version = "1.0.0", .provides = "media/1", .init = media_init,
-              .start = media_start, .fini = media_fini)
+              .start = media_start, .fini = media_fini, .settings = MEDIA_SETTINGS,
+              .n_settings = MEDIA_N_SETTINGS)

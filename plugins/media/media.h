@@ -49,7 +49,8 @@
 #define MEDIA_MAX_SIZES 16          /* configured thumbnail sizes */
 #define MEDIA_THUMB_MAX_SIDE 10000  /* largest width/height a thumbnail request may ask */
 #define MEDIA_EVENT_BUCKETS 64      /* events parked requests share, by key hash */
-#define MEDIA_DB_WAIT_MS 2000       /* longest wait for a database connection */
+/* Longest wait for a database connection: the operator's database.checkout_timeout_ms. */
+#define MEDIA_DB_WAIT_MS (media_host->db_wait_ms())
 #define MEDIA_PATH_MAX 1024
 #define MEDIA_FILE_NAME_MAX 640 /* a remote copy's path under store_path */
 #define MEDIA_MAX_BLOCKED_ORIGINS 64
@@ -70,6 +71,7 @@ typedef struct media_config {
     int delivery_queue_per_client; /* of which from one client key (0 = no cap) */
     int64_t delivery_wait_ms;
     int64_t delivery_retry_after_ms; /* suggested to clients refused by a full line */
+    const char *thumbnail_sizes; /* as configured; parsed into sizes */
     media_size sizes[MEDIA_MAX_SIZES];
     size_t n_sizes;
     int64_t max_image_pixels;
@@ -92,7 +94,8 @@ typedef struct media_config {
     int64_t remote_not_found_cache_ms; /* a 404 / too large remembered (0 = not) */
     int64_t remote_failure_cache_ms;   /* unreachable / garbage remembered (0 = not) */
     int64_t remote_cache_max_bytes;    /* bound of the remote cache (0 = none) */
-    const char *blocked_origins[MEDIA_MAX_BLOCKED_ORIGINS]; /* prevent_media_downloads_from */
+    const char *blocked_origins_text; /* prevent_media_downloads_from, as configured */
+    const char *blocked_origins[MEDIA_MAX_BLOCKED_ORIGINS]; /* ... split (the plugin's copies) */
     size_t n_blocked_origins;
 } media_config;
 

@@ -53,7 +53,8 @@ import uuid
 HEALTH_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 30
 LOG_TAIL_LINES = 80
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer")
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer",
+                     "WARNING: ThreadSanitizer")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

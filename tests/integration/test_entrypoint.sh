@@ -59,7 +59,7 @@ free_port() {
 }
 
 no_sanitizer_report() {
-    if grep -E 'ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer' "$log" >&2; then
+    if grep -E 'ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer|WARNING: ThreadSanitizer' "$log" >&2; then
         fail "sanitizer report in the server log"
     fi
 }

@@ -32,6 +32,14 @@ class LoaderTest(AtriumTestCase):
         self.assertIn(f'plugin "badabi" ({path}): built for plugin ABI 2.x, this server provides '
                       f'1.{abi_minor()} - use a build of the plugin for Atrium plugin ABI 1.x', log)
 
+    def test_plugin_with_a_malformed_settings_table_is_refused_before_its_init(self):
+        path = os.path.join(test_plugin_dir(), "badsettings.so")
+        log = self.start_expecting_failure({"badsettings": {"enabled": True, "path": path}})
+        self.assertIn(f'plugin "badsettings" ({path}): its settings table: setting "slots" has '
+                      f'default 0 outside its range 1..8 - the plugin is broken; use a fixed '
+                      f'build', log)
+        self.assertNotIn("init failed", log)
+
     def test_disabled_plugin_paths_are_unrecognized_while_the_rest_serves(self):
         srv = self.start_server(plugins={"media": {"enabled": False}, "directory": {"enabled": True}})
         status, body = srv.json("GET", "/_matrix/client/v1/media/config")

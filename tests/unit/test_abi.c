@@ -1,8 +1,9 @@
 /*
  * tests/unit/test_abi.c - the public ABI's layout is frozen for 1.x: the headers compile
  * alone (this file includes them first, before anything else), the 1.0 members of the
- * host table and the descriptor keep their offsets, and the macro fills in the handshake.
- * An accidental insertion into struct atrium_host fails this build.
+ * host table and the descriptor keep their offsets, the 1.1 members follow them, and the
+ * macro fills in the handshake. An accidental insertion into struct atrium_host fails this
+ * build.
  */
 #include "atrium/host.h"
 #include "atrium/plugin.h"
@@ -23,15 +24,27 @@ _Static_assert(offsetof(struct atrium_host, req_method) == 8 + 9 * PTR, "host 1.
 _Static_assert(offsetof(struct atrium_host, respond_header) == 8 + 28 * PTR, "host 1.0 layout");
 _Static_assert(offsetof(struct atrium_host, handoff) == 8 + 41 * PTR, "host 1.0 layout changed");
 _Static_assert(offsetof(struct atrium_host, db_release) == 8 + 59 * PTR, "host 1.0 layout changed");
-/* 1.1 appends federation: req_origin first, right after the 1.0 members. */
-_Static_assert(offsetof(struct atrium_host, req_origin) == 8 + 60 * PTR, "1.1 must append");
-_Static_assert(offsetof(struct atrium_host, fed_verify_json) == 8 + 66 * PTR, "1.1 layout");
+/* 1.1, appended after the 60 members of 1.0: the settings table, then federation. */
+_Static_assert(offsetof(struct atrium_host, config_load) == 8 + 60 * PTR, "host 1.1 layout");
+_Static_assert(offsetof(struct atrium_host, db_wait_ms) == 8 + 61 * PTR, "host 1.1 layout");
+_Static_assert(offsetof(struct atrium_host, req_origin) == 8 + 62 * PTR, "host 1.1 layout");
+_Static_assert(offsetof(struct atrium_host, fed_verify_json) == 8 + 68 * PTR, "host 1.1 layout");
+_Static_assert(sizeof(struct atrium_host) == 8 + 69 * PTR, "members are appended only at a minor");
 /* atrium_fed_request grows by appending after arg (its size field tells which it has). */
 _Static_assert(offsetof(atrium_fed_request, url) == offsetof(atrium_fed_request, arg) + PTR,
                "atrium_fed_request must append");
-_Static_assert(sizeof(struct atrium_host) == 8 + 67 * PTR, "members are appended only at a minor");
 _Static_assert(offsetof(atrium_plugin_desc, name) == 24, "descriptor 1.0 layout changed");
 _Static_assert(offsetof(atrium_plugin_desc, fini) == 72, "descriptor 1.0 layout changed");
+_Static_assert(offsetof(atrium_plugin_desc, settings) == 80, "descriptor 1.1 layout changed");
+_Static_assert(offsetof(atrium_plugin_desc, n_settings) == 88, "descriptor 1.1 layout changed");
+_Static_assert(sizeof(atrium_plugin_desc) == 96, "descriptor fields are appended only");
+/* A settings row (1.1) is frozen for the major: plugins' static tables use this layout. */
+_Static_assert(offsetof(atrium_setting, type) == PTR, "setting row layout changed");
+_Static_assert(offsetof(atrium_setting, offset) == 2 * PTR, "setting row layout changed");
+_Static_assert(offsetof(atrium_setting, def) == 3 * PTR, "setting row layout changed");
+_Static_assert(offsetof(atrium_setting, def_string) == 6 * PTR, "setting row layout changed");
+_Static_assert(offsetof(atrium_setting, default_doc) == 9 * PTR, "setting row layout changed");
+_Static_assert(sizeof(atrium_setting) == 10 * PTR, "setting row layout changed");
 
 static int noop_init(const atrium_host *h, atrium_plugin *s, const atrium_config *c, void **st)
 {
@@ -39,7 +52,16 @@ static int noop_init(const atrium_host *h, atrium_plugin *s, const atrium_config
     return 0;
 }
 
-ATRIUM_PLUGIN(.name = "abi-test", .version = "1", .init = noop_init)
+struct abi_test_settings {
+    int slots;
+};
+static const atrium_setting ABI_TEST_SETTINGS[] = {
+    {.key = "slots", .type = ATRIUM_SETTING_INT, .offset = offsetof(struct abi_test_settings,
+     slots), .def = 4, .min = 1, .max = 8, .help = "Slots."},
+};
+
+ATRIUM_PLUGIN(.name = "abi-test", .version = "1", .init = noop_init,
+              .settings = ABI_TEST_SETTINGS, .n_settings = 1)
 
 static void test_the_plugin_macro_fills_in_the_handshake(void **state)
 {
@@ -51,6 +73,8 @@ static void test_the_plugin_macro_fills_in_the_handshake(void **state)
     assert_int_equal(d->abi_minor, ATRIUM_ABI_MINOR);
     assert_string_equal(d->build_sig, ATRIUM_BUILD_SIG);
     assert_string_equal(d->name, "abi-test");
+    assert_ptr_equal(d->settings, ABI_TEST_SETTINGS);
+    assert_int_equal(d->n_settings, 1);
 }
 
 static void test_host_has_tells_present_members_from_absent_ones(void **state)
@@ -64,6 +88,12 @@ static void test_host_has_tells_present_members_from_absent_ones(void **state)
     /* A host from before db_release existed. */
     full.size = (uint32_t)offsetof(struct atrium_host, db_release);
     assert_false(ATRIUM_HOST_HAS(&full, db_release));
+    /* A 1.0 host: the 1.1 members are absent even if the memory after it is not zero. */
+    full.size = (uint32_t)offsetof(struct atrium_host, config_load);
+    full.config_load = (int (*)(atrium_plugin *, const atrium_config *, void *))1;
+    assert_false(ATRIUM_HOST_HAS(&full, config_load));
+    full.size = sizeof(full);
+    assert_true(ATRIUM_HOST_HAS(&full, config_load));
 }
 
 int main(void)

@@ -98,7 +98,7 @@ static void test_generated_config_opens_registration_with_a_random_secret(void *
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     FILE *f = fdopen(fd, "w");
-    assert_int_equal(cfg_generate(f, "example.org", "dbname=x", NULL), 0);
+    assert_int_equal(cfg_generate(f, "example.org", "dbname=x", NULL, NULL, 0), 0);
     fclose(f);
     cfg_node *root = cfg_load_file(path, err, sizeof(err));
     assert_non_null(root);
@@ -120,7 +120,7 @@ static void test_generated_config_opens_registration_with_a_random_secret(void *
     /* A second file gets another secret. */
     fd = mkstemp(strcpy(path, "/tmp/atrium_test_acc_gen_XXXXXX"));
     f = fdopen(fd, "w");
-    assert_int_equal(cfg_generate(f, "example.org", "dbname=x", NULL), 0);
+    assert_int_equal(cfg_generate(f, "example.org", "dbname=x", NULL, NULL, 0), 0);
     fclose(f);
     root = cfg_load_file(path, err, sizeof(err));
     assert_int_equal(core_config_load(root, &c, err, sizeof(err)), 0);

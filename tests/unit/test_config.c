@@ -538,7 +538,7 @@ static void test_defaults_apply_when_keys_are_absent(void **state)
     assert_int_equal(c.shutdown_grace_ms, 10000);
     assert_string_equal(c.database.conninfo, "dbname=atrium");
     assert_int_equal(c.database.pool_size, 8);
-    assert_int_equal(c.database.checkout_timeout_ms, 5000);
+    assert_int_equal(c.database.checkout_timeout_ms, 2000);
     assert_int_equal(c.database.connect_retry_s, 30);
     assert_true(c.ratelimit.enabled);
     core_config_release(&c);
@@ -608,6 +608,87 @@ static void test_log_level_outside_the_allowed_set_is_rejected(void **state)
                              "(allowed: error, warn, info, debug)");
 }
 
+/* ---- settings tables ---------------------------------------------------------------------- */
+
+/* A plugin-like table: what a descriptor's rows become. */
+struct sample {
+    int slots;
+    int64_t wait_ms;
+    bool legacy;
+    const char *path;
+    int threads; /* computed default, kept when absent */
+};
+
+static const struct cfg_setting SAMPLE[] = {
+    {.path = "slots", .type = CFG_T_INT, .offset = offsetof(struct sample, slots), .def = 64,
+     .min = 1, .max = 100, .unit = "requests", .help = "Slots at once."},
+    {.path = "wait.max_ms", .type = CFG_T_INT64, .offset = offsetof(struct sample, wait_ms),
+     .def = 30000, .min = 1, .max = 600000, .unit = "ms", .help = "Longest wait."},
+    {.path = "legacy", .type = CFG_T_BOOL, .offset = offsetof(struct sample, legacy),
+     .def = 0, .min = 0, .max = 1, .help = "Serve | legacy paths."},
+    {.path = "path", .type = CFG_T_STRING, .offset = offsetof(struct sample, path),
+     .def_string = "./store", .help = "Where."},
+    {.path = "threads", .type = CFG_T_INT, .flags = CFG_F_KEEP,
+     .offset = offsetof(struct sample, threads), .def = 1, .min = 1, .max = 256,
+     .default_doc = "CPU cores", .help = "Threads."},
+};
+#define N_SAMPLE (sizeof SAMPLE / sizeof *SAMPLE)
+
+static void test_a_table_reads_every_row_into_its_field_with_defaults(void **state)
+{
+    (void)state;
+    char err[ERR_BYTES] = "";
+    cfg_node *root = load("slots: 7\nwait:\n  max_ms: 5\n");
+    struct sample s = {.threads = 12}; /* the computed default */
+    assert_int_equal(cfg_settings_check_keys(root, SAMPLE, N_SAMPLE, NULL, err, sizeof err), 0);
+    assert_int_equal(cfg_settings_read(root, SAMPLE, N_SAMPLE, &s, err, sizeof err), 0);
+    assert_int_equal(s.slots, 7);
+    assert_int_equal(s.wait_ms, 5);
+    assert_false(s.legacy);
+    assert_string_equal(s.path, "./store");
+    assert_int_equal(s.threads, 12); /* absent: left as the caller computed it */
+    cfg_free(root);
+    root = load("threads: 3\nslots: 101\n");
+    assert_int_equal(cfg_settings_read(root, SAMPLE, N_SAMPLE, &s, err, sizeof err), -1);
+    assert_contains(err, "test.yaml:2: slots: 101 is out of range (allowed 1..100)");
+    cfg_free(root);
+}
+
+static void test_a_table_refuses_keys_it_does_not_declare_at_every_level(void **state)
+{
+    (void)state;
+    char err[ERR_BYTES] = "";
+    static const char *const extra[] = {"enabled", NULL};
+    cfg_node *root = load("enabled: true\nslot: 3\n");
+    assert_int_equal(cfg_settings_check_keys(root, SAMPLE, N_SAMPLE, extra, err, sizeof err), -1);
+    assert_contains(err, "test.yaml:2: slot: unknown key (did you mean slots?)");
+    cfg_free(root);
+    root = load("wait:\n  max: 3\n");
+    assert_int_equal(cfg_settings_check_keys(root, SAMPLE, N_SAMPLE, extra, err, sizeof err), -1);
+    assert_contains(err, "wait.max: unknown key (did you mean max_ms?)");
+    cfg_free(root);
+    root = load("wait: 5\n");
+    assert_int_equal(cfg_settings_check_keys(root, SAMPLE, N_SAMPLE, extra, err, sizeof err), -1);
+    assert_contains(err, "wait: expected a map of keys, found a single value");
+    cfg_free(root);
+}
+
+static void test_a_table_is_printed_as_markdown_one_row_per_key(void **state)
+{
+    (void)state;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cfg_settings_print_markdown(f, "plugins.x.", SAMPLE, N_SAMPLE);
+    fclose(f);
+    assert_contains(text, "| key | default | allowed | meaning |\n| --- | --- | --- | --- |\n");
+    assert_contains(text, "| `plugins.x.slots` | `64` | 1..100 requests | Slots at once. |\n");
+    assert_contains(text, "| `plugins.x.wait.max_ms` | `30000` | 1..600000 ms | Longest wait. |");
+    assert_contains(text, "| `plugins.x.legacy` | `false` | true or false | Serve \\| legacy");
+    assert_contains(text, "| `plugins.x.threads` | CPU cores | 1..256 |");
+    free(text);
+}
+
 /* ---- --generate-config ------------------------------------------------------------------- */
 
 /* quotes and spaces, so the generator must quote it for it to read back unchanged */
@@ -620,7 +701,7 @@ static void generate_to_file(const char *plugin_dir, char *path)
     assert_true(fd >= 0);
     FILE *f = fdopen(fd, "w");
     assert_non_null(f);
-    assert_int_equal(cfg_generate(f, "matrix.example.org", GENERATED_CONNINFO, plugin_dir), 0);
+    assert_int_equal(cfg_generate(f, "matrix.example.org", GENERATED_CONNINFO, plugin_dir, NULL, 0), 0);
     fclose(f);
 }
 
@@ -657,6 +738,34 @@ static void test_generated_config_loads_back_with_every_default(void **state)
         if (cfg_get(root, keys[i]) == NULL)
             fail_msg("generated config lacks %s", keys[i]);
     core_config_release(&c);
+    cfg_free(root);
+    unlink(path);
+}
+
+static void test_generated_config_writes_a_plugins_declared_settings_that_read_back(void **state)
+{
+    (void)state;
+    char path[64], err[ERR_BYTES] = "";
+    strcpy(path, "/tmp/atrium_test_generated_XXXXXX");
+    FILE *f = fdopen(mkstemp(path), "w");
+    assert_non_null(f);
+    const struct cfg_plugin_doc docs[] = {{"media", SAMPLE, N_SAMPLE}};
+    assert_int_equal(cfg_generate(f, "example.org", "dbname=x", NULL, docs, 1), 0);
+    fclose(f);
+    cfg_node *root = cfg_load_file(path, err, sizeof err);
+    if (root == NULL)
+        fail_msg("generated config does not load: %s", err);
+    const cfg_node *media = cfg_get(root, "plugins.media");
+    assert_string_equal(cfg_get(media, "slots")->value, "64");
+    assert_string_equal(cfg_get(media, "wait.max_ms")->value, "30000");
+    assert_null(cfg_get(media, "threads")); /* its default is computed: written commented */
+    struct sample s = {.threads = 5};
+    assert_int_equal(cfg_settings_read(media, SAMPLE, N_SAMPLE, &s, err, sizeof err), 0);
+    assert_int_equal(s.slots, 64);
+    assert_string_equal(s.path, "./store");
+    assert_int_equal(s.threads, 5);
+    /* a plugin that could not be described points at its README instead */
+    assert_non_null(cfg_get(root, "plugins.directory.enabled"));
     cfg_free(root);
     unlink(path);
 }
@@ -716,7 +825,11 @@ int main(void)
         cmocka_unit_test(test_missing_server_name_is_an_error),
         cmocka_unit_test(test_missing_database_conninfo_is_an_error_at_its_map),
         cmocka_unit_test(test_log_level_outside_the_allowed_set_is_rejected),
+        cmocka_unit_test(test_a_table_reads_every_row_into_its_field_with_defaults),
+        cmocka_unit_test(test_a_table_refuses_keys_it_does_not_declare_at_every_level),
+        cmocka_unit_test(test_a_table_is_printed_as_markdown_one_row_per_key),
         cmocka_unit_test(test_generated_config_loads_back_with_every_default),
+        cmocka_unit_test(test_generated_config_writes_a_plugins_declared_settings_that_read_back),
         cmocka_unit_test(test_generated_config_without_plugin_dir_uses_the_default),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -127,7 +127,7 @@ static void test_writes_are_queued_only_for_changes_and_dropped_when_full(void *
 {
     (void)state;
     rt_metrics *m = rt_metrics_new();
-    db_pool *db = db_pool_new("dbname=never_connected", 1, NULL); /* never used: no writer */
+    db_pool *db = db_pool_new("dbname=never_connected", 1, 2000, NULL); /* never used: no writer */
     fed_backoff_settings s = {.write_queue_depth = 2};
     fed_backoff *b = fed_backoff_new(&s, db, m);
     rt_metric *queued =
@@ -205,7 +205,7 @@ static void test_the_state_is_saved_and_survives_a_restart(void **state)
     snprintf(sql, sizeof(sql), "CREATE DATABASE \"%s\"", name);
     admin_exec(sql);
     snprintf(ci, sizeof(ci), "%s dbname=%s", pg_conninfo(), name);
-    db_pool *db = db_pool_new(ci, 2, NULL);
+    db_pool *db = db_pool_new(ci, 2, 2000, NULL);
     assert_int_equal(db_pool_connect(db, 5), 0);
     assert_int_equal(db_migrate(db, FED_MIGRATIONS_OWNER, FED_MIGRATIONS, FED_N_MIGRATIONS), 0);
 

@@ -66,6 +66,10 @@ const char *acc_local_user(atrium_req *r, const char *user);
 /* [req] False only for a well-formed user ID of another server ("@lp:other"): anything
  * else is this server's to answer (or to refuse as unknown). */
 bool acc_is_local_user(atrium_req *r, const char *user_id);
+/* [req] The profile of a local user as a new {displayname?, avatar_url?}; NULL after
+ * answering (404 M_NOT_FOUND for an unknown user, 503 when the database fails). Shared by
+ * GET /profile and the federation profile query. */
+json_t *acc_profile_load(atrium_req *r, const char *user_id);
 /* [req] GET /profile for a user of another server, asked over federation while the request
  * waits parked (profile_remote.c); field NULL = the whole profile. */
 int acc_profile_remote(atrium_req *r, const char *user_id, const char *field);

@@ -43,9 +43,7 @@ static const profile_field FIELDS[] = {
 };
 #define N_FIELDS (sizeof(FIELDS) / sizeof(FIELDS[0]))
 
-/* The profile row of user_id as {displayname?, avatar_url?}; NULL after answering (404 for
- * an unknown user, 503). */
-static json_t *load_profile(atrium_req *r, const char *user_id)
+json_t *acc_profile_load(atrium_req *r, const char *user_id)
 {
     PGconn *c = acc_db(r);
     if (!c) return NULL;
@@ -84,7 +82,7 @@ static int get_profile(atrium_req *r)
 {
     if (!acc_is_local_user(r, http_req_param(r, "userId")))
         return acc_profile_remote(r, http_req_param(r, "userId"), NULL);
-    json_t *profile = load_profile(r, http_req_param(r, "userId"));
+    json_t *profile = acc_profile_load(r, http_req_param(r, "userId"));
     if (!profile) return ATRIUM_DONE;
     return http_respond_json(r, 200, profile);
 }
@@ -96,7 +94,7 @@ static int get_field(atrium_req *r)
     if (!f) return http_respond_error(r, 404, "M_NOT_FOUND", "No such profile field");
     if (!acc_is_local_user(r, http_req_param(r, "userId")))
         return acc_profile_remote(r, http_req_param(r, "userId"), f->name);
-    json_t *profile = load_profile(r, http_req_param(r, "userId"));
+    json_t *profile = acc_profile_load(r, http_req_param(r, "userId"));
     if (!profile) return ATRIUM_DONE;
     json_t *value = json_object_get(profile, f->name);
     if (!value) {

@@ -279,7 +279,9 @@ static json_t *user_list(PGconn *c, const char *sql_template, const char *user, 
     snprintf(to_s, sizeof(to_s), "%lld", (long long)to);
     const char *p[3] = {user, from_s, to_s};
     char sql[4096];
-    snprintf(sql, sizeof(sql), sql_template, E2EE_SHARED_USERS_SQL);
+    const char *hole = strstr(sql_template, "%s"); /* where the shared-users query goes */
+    snprintf(sql, sizeof(sql), "%.*s%s%s", (int)(hole - sql_template), sql_template,
+             E2EE_SHARED_USERS_SQL, hole + 2);
     PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK, sql, 3, p);
     if (!res) return NULL;
     json_t *out = json_array();
