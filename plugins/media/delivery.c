@@ -18,6 +18,9 @@
  *   - successful media responses carry the sandboxing CSP, CORP cross-origin,
  *     `Cache-Control: private, max-age=86400`, nosniff and the ETag; failures carry
  *     no-store (host->respond_error adds it).
+ * Another server's media leaves delivery_locate for remote.c (the remote cache and the
+ * fetch); a federation route (the core verified the calling server: req_origin) skips
+ * the token and is answered multipart/mixed (fed_serve.c).
  * JSON endpoints, /health and /versions never come here, so they never wait.
  */
 #include <errno.h>

@@ -188,9 +188,15 @@ static fetch_waiter *grant_waiters(media *m, fetch_budget *b)
     return wake;
 }
 
+/* The gauges (under mu): slots held, the most one client holds, requests waiting. */
 static void publish(media *m, fetch_budget *b)
 {
+    int most = 0;
+    for (size_t i = 0; i < FETCH_CLIENT_BUCKETS; i++)
+        for (const fetch_client *c = b->buckets[i]; c; c = c->next)
+            if (c->in_flight > most) most = c->in_flight;
     m->h->metric_set(m->m_fetch_in_flight, b->in_flight);
+    m->h->metric_set(m->m_fetch_in_flight_client_max, most);
     m->h->metric_set(m->m_fetch_line_waiting, b->waiting);
 }
 
@@ -317,5 +323,6 @@ int fetch_budget_enter(media *m, atrium_req *req, media_req *st)
     st->fw = w;
     publish(m, b);
     pthread_mutex_unlock(&b->mu);
+    h->metric_add(m->m_fetch_line_waits, 1);
     return ATRIUM_PARKED;
 }

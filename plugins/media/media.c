@@ -341,6 +341,11 @@ static int create_metrics(media *m)
                                            "Fetch budget slots held");
     m->m_fetch_line_waiting = h->metric_gauge(s, "atrium_media_fetch_line_waiting", NULL,
                                               "Requests waiting in the fetch line");
+    m->m_fetch_in_flight_client_max =
+        h->metric_gauge(s, "atrium_media_fetch_budget_in_flight_client_max", NULL,
+                        "Fetch budget slots held by the client holding the most");
+    m->m_fetch_line_waits = h->metric_counter(s, "atrium_media_fetch_line_waits_total", NULL,
+                                              "Requests that waited in the fetch line");
     m->m_fetch_line_refused = h->metric_counter(s, "atrium_media_fetch_line_refused_total", NULL,
                                                 "Requests refused (429) past the fetch line");
     m->m_fed_served = h->metric_counter(s, "atrium_media_federation_served_total", NULL,
@@ -356,6 +361,7 @@ static int create_metrics(media *m)
         m->m_fetches_failed,  m->m_fetches_running,   m->m_fetch_coalesced,
         m->m_fetch_bytes,     m->m_remote_hits,       m->m_fetch_legacy,
         m->m_fetch_in_flight, m->m_fetch_line_waiting, m->m_fetch_line_refused,
+        m->m_fetch_in_flight_client_max, m->m_fetch_line_waits,
         m->m_fed_served};
     for (size_t i = 0; i < sizeof(remote_all) / sizeof(remote_all[0]); i++)
         if (!remote_all[i]) return ATRIUM_E_INVAL;

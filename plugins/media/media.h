@@ -132,7 +132,8 @@ typedef struct media {
     atrium_metric *m_remote_cache_bytes, *m_remote_evictions;
     atrium_metric *m_fetches_ok, *m_fetches_not_found, *m_fetches_failed, *m_fetches_too_large;
     atrium_metric *m_fetches_running, *m_fetch_coalesced, *m_fetch_bytes, *m_remote_hits;
-    atrium_metric *m_fetch_in_flight, *m_fetch_line_waiting;
+    atrium_metric *m_fetch_in_flight, *m_fetch_in_flight_client_max, *m_fetch_line_waiting;
+    atrium_metric *m_fetch_line_waits;
     atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served, *m_negative_hits;
 
     atomic_int authorizing, authorizing_peak;

@@ -410,6 +410,8 @@ class FakeOriginTest(RemoteMediaCase):
         _, token = register(a)
         results = get_many(a, [self.remote_path(o.server_name, f"w{i}") for i in range(6)], token, 6)
         self.assertEqual([r[0] for r in results], [200] * 6)
+        self.assertEqual(a.metric("atrium_media_fetch_line_waits_total"), 4)
+        self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight_client_max"), 0)
         self.assertEqual([r[2] for r in results], [o.files[f"w{i}"][1] for i in range(6)])
 
     def test_a_peer_that_never_answers_gives_504_by_the_deadline_and_the_server_stays_responsive(self):
