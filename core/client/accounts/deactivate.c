@@ -27,8 +27,8 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
-#include "core/rooms/events.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/events.h"
 
 #define DEACTIVATE_PURPOSE "deactivate"
 /* Rooms one deactivation leaves before it answers; each is one short transaction of the
@@ -145,8 +145,8 @@ static int post_deactivate(atrium_req *r)
     deactivate_state *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     const char *id_server;
-    if (!acc_bool(r, body, "erase", false, &st->erase) ||
-        !acc_string(r, body, "id_server", false, DEACTIVATE_ID_SERVER_MAX_BYTES, &id_server))
+    if (!http_field_bool(r, body, "erase", false, &st->erase) ||
+        !http_field_string(r, body, "id_server", false, DEACTIVATE_ID_SERVER_MAX_BYTES, &id_server))
         return ATRIUM_DONE;
     if (!uia_password_begin(r, body, DEACTIVATE_PURPOSE, &st->auth)) return ATRIUM_DONE;
     return acc_to_auth_pool(r, st);

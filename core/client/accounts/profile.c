@@ -23,9 +23,9 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
-#include "core/rooms/events.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/events.h"
 
 /* Joined rooms one profile change updates before the PUT answers; each is one short
  * transaction of the rooms write path. Rooms past it keep their old member event. */
@@ -158,7 +158,7 @@ static int put_field(atrium_req *r)
         return http_respond_error(r, 403, "M_FORBIDDEN", "You can only change your own profile");
     json_t *body = http_req_json(r);
     const char *value;
-    if (!body || !acc_string(r, body, f->name, true, f->max_bytes, &value)) return ATRIUM_DONE;
+    if (!body || !http_field_string(r, body, f->name, true, f->max_bytes, &value)) return ATRIUM_DONE;
     if (strcmp(f->name, "avatar_url") == 0 && value[0] && strncmp(value, "mxc://", 6) != 0)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "avatar_url must be an mxc:// URI");
     /* Each change may write a member event into every joined room: it costs a message,

@@ -477,7 +477,7 @@ static int put_rule(atrium_req *r)
     bool with_conditions = strcmp(a.kind, "override") == 0 || strcmp(a.kind, "underride") == 0;
     json_t *conditions = json_object_get(body, "conditions");
     if (with_conditions && conditions && !conditions_ok(r, conditions)) return ATRIUM_DONE;
-    if (strcmp(a.kind, "content") == 0 && !acc_string(r, body, "pattern", true, 0, &a.pattern))
+    if (strcmp(a.kind, "content") == 0 && !http_field_string(r, body, "pattern", true, 0, &a.pattern))
         return ATRIUM_DONE;
     json_t *empty = json_array();
     a.actions = json_dumps(actions, JSON_COMPACT | JSON_ENCODE_ANY);

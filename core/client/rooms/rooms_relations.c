@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_relations.h"
 
 #define RELATIONS_DEFAULT_LIMIT 5

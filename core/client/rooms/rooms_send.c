@@ -15,11 +15,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/rooms/canonical_json.h"
+#include "core/client/auth/auth.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
+#include "core/rooms/canonical_json.h"
 
 /* The request body as event content: a JSON object canonical JSON can carry. */
 static json_t *content_body(atrium_req *r)
@@ -177,7 +177,7 @@ static int put_redact(atrium_req *r)
     json_t *body = r->body_len ? http_req_json(r) : (r->json = json_object());
     if (!body) return ATRIUM_DONE;
     const char *reason;
-    if (!acc_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;
+    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
     json_t *content = reason ? json_pack("{s:s}", "reason", reason) : json_object();
     room_new_event ev = {.sender = user, .type = "m.room.redaction", .content = content,

@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/client/sync/notifier.h"
+#include "core/client/auth/auth.h"
 #include "core/client/ratelimits.h"
+#include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
 #include "core/client/sync/sync_rooms.h"
 

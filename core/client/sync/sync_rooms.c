@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/client/push/push_eval.h"
 #include "core/client/push/push_rules.h"
 #include "core/client/rooms/rooms_relations.h"
