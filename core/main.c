@@ -146,11 +146,11 @@ static const atrium_migration CORE_MIGRATIONS[] = {
     {2, "stream_seq",
      "CREATE SEQUENCE stream_seq;"
      "CREATE FUNCTION stream_next() RETURNS bigint LANGUAGE plpgsql AS $f$"
-     " BEGIN PERFORM pg_advisory_xact_lock_shared(7405418920188312);"
+     " BEGIN PERFORM pg_advisory_xact_lock_shared(" DB_LOCK_STREAM ");"
      " RETURN nextval('stream_seq'); END $f$;"
      "CREATE FUNCTION stream_upto() RETURNS bigint LANGUAGE plpgsql AS $f$"
      " DECLARE v bigint; called boolean;"
-     " BEGIN PERFORM pg_advisory_xact_lock(7405418920188312);"
+     " BEGIN PERFORM pg_advisory_xact_lock(" DB_LOCK_STREAM ");"
      " SELECT last_value, is_called INTO v, called FROM stream_seq;"
      " IF called THEN RETURN v; END IF; RETURN 0; END $f$;"},
 };

@@ -218,7 +218,7 @@ static bool exec_ok(PGconn *c, const char *sql, char *err, size_t errlen)
 
 int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n)
 {
-    PGconn *c = db_acquire(p, 30000);
+    PGconn *c = db_acquire(p, DB_MIGRATE_WAIT_MS);
     if (!c) {
         rt_log(ATRIUM_LOG_ERROR, "core", "migrations for \"%s\": no database connection", owner);
         return -1;
@@ -227,7 +227,8 @@ int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size
     int applied = 0;
     bool ok = exec_ok(c, "BEGIN", err, sizeof(err)) &&
               /* One lock for every owner and process: migrations never race. */
-              exec_ok(c, "SELECT pg_advisory_xact_lock(7405418920188311)", err, sizeof(err)) &&
+              exec_ok(c, "SELECT pg_advisory_xact_lock(" DB_LOCK_MIGRATIONS ")", err,
+                      sizeof(err)) &&
               exec_ok(c,
                       "CREATE TABLE IF NOT EXISTS atrium_migrations ("
                       " owner text NOT NULL, version integer NOT NULL, name text NOT NULL,"

@@ -97,7 +97,7 @@ void acc_random_device_id(char out[ACC_RANDOM_ID_CHARS + 1])
 
 PGconn *acc_db(atrium_req *r)
 {
-    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
     return c;
 }

@@ -34,7 +34,6 @@
 #define ACC_DISPLAYNAME_MAX_BYTES 256
 #define ACC_AVATAR_URL_MAX_BYTES 1024
 #define ACC_RANDOM_ID_CHARS 10            /* random localparts and device IDs */
-#define ACC_DB_WAIT_MS AUTH_DB_WAIT_MS
 
 /* ---- logins ------------------------------------------------------------------------------ */
 

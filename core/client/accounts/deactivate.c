@@ -64,7 +64,7 @@ static bool deactivate_account(PGconn *c, const char *user_id, bool erase)
  * are logged, never answered. */
 static void leave_rooms(atrium_req *r, const char *user_id)
 {
-    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     json_t *rooms = json_array();
     int n = c && rooms ? rooms_user_room_ids(c, user_id, true, DEACTIVATE_ROOMS_MAX + 1, rooms)
                        : ROOMS_E_DB;
@@ -84,7 +84,7 @@ static void leave_rooms(atrium_req *r, const char *user_id)
     int left = 0, failed = 0;
     for (int i = 0; i < n; i++) {
         const char *room = json_string_value(json_array_get(rooms, (size_t)i));
-        c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+        c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
         if (!c) {
             rt_log(ATRIUM_LOG_WARN, "core", "deactivating %s: the database is busy; it stays in "
                    "%d of %d rooms", user_id, n - i, n);

@@ -111,7 +111,7 @@ static int get_field(atrium_req *r)
  * are logged, never answered: the profile change itself has succeeded. */
 static void update_joined_rooms(atrium_req *r, const char *user_id)
 {
-    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     json_t *rooms = json_array();
     int n = c && rooms ? rooms_user_room_ids(c, user_id, false, PROFILE_ROOMS_MAX + 1, rooms)
                        : ROOMS_E_DB;
@@ -131,7 +131,7 @@ static void update_joined_rooms(atrium_req *r, const char *user_id)
     }
     for (int i = 0; i < n; i++) {
         const char *room = json_string_value(json_array_get(rooms, (size_t)i));
-        c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+        c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
         if (!c) {
             rt_log(ATRIUM_LOG_WARN, "core", "profile of %s: the database is busy; %d of %d "
                    "rooms keep the old member event", user_id, n - i, n);

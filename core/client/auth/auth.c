@@ -61,7 +61,7 @@ const char *auth_request(atrium_req *r)
         auth_seen_note(r, AUTH_SEEN_UNKNOWN);
         return r->user;
     }
-    PGconn *c = db_acquire(db_global(), AUTH_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) {
         http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
         return NULL;

@@ -23,7 +23,6 @@
 
 #define AUTH_TOKEN_PREFIX "atr_"
 #define AUTH_TOKEN_CHARS 48 /* prefix + base64url of 32 random bytes */
-#define AUTH_DB_WAIT_MS DB_WAIT_CONFIGURED /* database.checkout_timeout_ms */
 
 /* [req] Authenticate r from "Authorization: Bearer <token>" or ?access_token=. On success
  * sets r->user and r->device (arena strings; the client key becomes the user) and returns

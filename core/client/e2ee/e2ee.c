@@ -168,7 +168,7 @@ const char *e2ee_check_device_map(const json_t *map, const char *what, size_t ma
 
 PGconn *e2ee_db(atrium_req *r)
 {
-    PGconn *c = db_acquire(db_global(), E2EE_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
     return c;
 }

@@ -221,7 +221,7 @@ json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok)
 /* The rule set for a read, degraded to the defaults when PostgreSQL is unavailable. */
 static json_t *ruleset_for_read(atrium_req *r)
 {
-    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     bool db_ok = false;
     json_t *global = load_ruleset(r, c, &db_ok);
     if (c) acc_db_release(c);

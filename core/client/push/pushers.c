@@ -33,9 +33,6 @@
 #define PUSHER_LANG_MAX_BYTES 64
 #define PUSHER_URL_MAX_BYTES 2048
 #define PUSHER_NOTIFY_PATH "/_matrix/push/v1/notify"
-/* Key class of the advisory lock that queues pushers/set calls for one (app_id, pushkey);
- * the two-int form of pg_advisory_xact_lock, apart from the core's bigint keys. */
-#define PUSHER_LOCK_CLASS "7405"
 
 /* One pushers/set request, its strings pointing into the body. */
 typedef struct pusher_req {
@@ -153,7 +150,7 @@ static pusher_set_result set_in_tx(PGconn *c, atrium_req *r, const pusher_req *p
     /* The user's row queues their own calls (the cap); the advisory lock queues calls of
      * any user for this (app_id, pushkey) (the append rule). Always in this order. */
     if (!acc_exec(c, "SELECT FROM users WHERE user_id = $1 FOR NO KEY UPDATE", 1, key) ||
-        !acc_exec(c, "SELECT pg_advisory_xact_lock(" PUSHER_LOCK_CLASS ","
+        !acc_exec(c, "SELECT pg_advisory_xact_lock(" DB_LOCK_CLASS_PUSHERS ","
                      " hashtext($1 || chr(10) || $2))", 2, app_key))
         return PUSHER_SET_DB;
     PGresult *res = acc_q(c, "SELECT count(*) FILTER (WHERE NOT (app_id = $2 AND pushkey = $3))"

@@ -30,7 +30,7 @@ int rooms_fail(atrium_req *r, const rooms_err *e)
 
 PGconn *rooms_db(atrium_req *r)
 {
-    PGconn *c = db_acquire(db_global(), ROOMS_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
     return c;
 }
