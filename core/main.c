@@ -134,27 +134,6 @@ static void raise_nofile_limit(void)
     }
 }
 
-static const atrium_migration CORE_MIGRATIONS[] = {
-    {1, "core_server_info",
-     "CREATE TABLE IF NOT EXISTS core_server_info ("
-     " key text PRIMARY KEY, value text NOT NULL)"},
-    /* One position for every per-user stream: see core/client/sync/notifier.h and
-     * docs/adr/0003-stream-positions-from-one-sequence.md. Writers take
-     * positions with stream_next(), which holds a shared advisory lock until their
-     * transaction ends; stream_upto() takes that lock exclusively for an instant, so the
-     * position it returns never passes a row that is not yet committed. */
-    {2, "stream_seq",
-     "CREATE SEQUENCE stream_seq;"
-     "CREATE FUNCTION stream_next() RETURNS bigint LANGUAGE plpgsql AS $f$"
-     " BEGIN PERFORM pg_advisory_xact_lock_shared(" DB_LOCK_STREAM ");"
-     " RETURN nextval('stream_seq'); END $f$;"
-     "CREATE FUNCTION stream_upto() RETURNS bigint LANGUAGE plpgsql AS $f$"
-     " DECLARE v bigint; called boolean;"
-     " BEGIN PERFORM pg_advisory_xact_lock(" DB_LOCK_STREAM ");"
-     " SELECT last_value, is_called INTO v, called FROM stream_seq;"
-     " IF called THEN RETURN v; END IF; RETURN 0; END $f$;"},
-};
-
 static int serve(const char *config_path)
 {
     char err[CFG_ERR_LEN];
@@ -199,9 +178,7 @@ static int serve(const char *config_path)
                         cfg.database.checkout_timeout_ms, rt.metrics);
     if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
     db_set_global(rt.db);
-    if (db_migrate(rt.db, "core", CORE_MIGRATIONS,
-                   sizeof(CORE_MIGRATIONS) / sizeof(CORE_MIGRATIONS[0])) < 0)
-        goto out;
+    if (db_core_migrate(rt.db) < 0) goto out;
     auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);
     if (!auth_pool_obj || rt_pool_start(auth_pool_obj) < 0) goto stop_plugins;
     auth_set_pool(auth_pool_obj);

@@ -47,6 +47,10 @@ const char *db_pool_conninfo(const db_pool *p);
 /* Apply owner's pending migrations (versions ascending, each recorded). 0 or -1 (logged). */
 int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n);
 
+/* Apply the core's own migrations (db_core.c: core_server_info, the stream positions),
+ * before any module's or plugin's. 0 or -1 (logged). */
+int db_core_migrate(db_pool *p);
+
 /* ---- what every user of the database shares ------------------------------------------ */
 
 /* A request path's wait for a pooled connection is DB_WAIT_CONFIGURED (above). How long
