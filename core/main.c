@@ -31,6 +31,7 @@
 #include "core/cli/cli.h"
 #include "core/client/auth/auth.h"
 #include "core/client/client.h"
+#include "core/client/ratelimits.h"
 #include "core/client/sync/notifier.h"
 #include "core/config/config.h"
 #include "core/federation/federation.h"
@@ -169,6 +170,7 @@ static int serve(const char *config_path)
     int exit_code = 1;
     rt_pool *auth_pool_obj = NULL;
     core_runtime rt = {.cfg = &cfg, .root = root};
+    core_runtime_bind(&rt); /* before any module's init; unbound below, after every thread */
     rt.metrics = rt_metrics_new();
     rt.http = rt.metrics ? http_server_new(&cfg, rt.metrics) : NULL;
     if (!rt.http || http_builtin_routes(rt.http) < 0) goto out;
@@ -177,16 +179,15 @@ static int serve(const char *config_path)
     rt.db = db_pool_new(cfg.database.conninfo, cfg.database.pool_size,
                         cfg.database.checkout_timeout_ms, rt.metrics);
     if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
-    db_set_global(rt.db);
     if (db_core_migrate(rt.db) < 0) goto out;
     auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);
     if (!auth_pool_obj || rt_pool_start(auth_pool_obj) < 0) goto stop_plugins;
-    auth_set_pool(auth_pool_obj);
+    rt.auth_pool = auth_pool_obj;
     for (size_t i = 0; CLIENT_MODULES[i]; i++) {
         const client_module *m = CLIENT_MODULES[i];
-        if (m->init(rt.http, rt.metrics) < 0 ||
+        if (m->init(&rt) < 0 ||
             (m->n_migrations && db_migrate(rt.db, m->owner, m->migrations, m->n_migrations) < 0) ||
-            (m->start && m->start() < 0))
+            (m->start && m->start(&rt) < 0))
             goto stop_plugins;
     }
     size_t n_fed_migrations = 0;
@@ -213,7 +214,7 @@ static int serve(const char *config_path)
 stop_plugins:
     plugins_stop_all(&rt);
     for (size_t i = 0; CLIENT_MODULES[i]; i++)
-        if (CLIENT_MODULES[i]->stop) CLIENT_MODULES[i]->stop();
+        if (CLIENT_MODULES[i]->stop) CLIENT_MODULES[i]->stop(&rt);
     if (auth_pool_obj) {
         rt_pool_stop(auth_pool_obj);
         rt_pool_join(auth_pool_obj);
@@ -223,12 +224,13 @@ stop_plugins:
     federation_stop(); /* after the listeners: outbound callbacks may still resume requests */
     plugins_fini_all(&rt);
     federation_free();
-    auth_set_pool(NULL);
+    rt.auth_pool = NULL;
     notifier_free();
     if (auth_pool_obj) rt_pool_free(auth_pool_obj);
 out:
     http_server_free(rt.http);
-    db_set_global(NULL);
+    ratelimits_free(&rt);
+    core_runtime_bind(NULL);
     db_pool_free(rt.db);
     rt_metrics_free(rt.metrics);
     core_config_release(&cfg);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/runtime/core_runtime.h"
 #include "core/store/db.h"
 
 #define DB_RETRY_INTERVAL_MS 1000
@@ -30,13 +31,6 @@ struct db_pool {
     rt_metric *m_in_use, *m_size, *m_timeouts, *m_resets;
 };
 
-static db_pool *global_pool;
-
-void db_set_global(db_pool *p)
-{
-    global_pool = p;
-}
-
 int64_t db_request_wait_ms(const db_pool *p)
 {
     return p ? p->request_wait_ms : 0;
@@ -44,7 +38,8 @@ int64_t db_request_wait_ms(const db_pool *p)
 
 db_pool *db_global(void)
 {
-    return global_pool;
+    core_runtime *rt = core_runtime_get();
+    return rt ? rt->db : NULL;
 }
 
 db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,

@@ -65,8 +65,8 @@ int db_core_migrate(db_pool *p);
  * from the bigint one: */
 #define DB_LOCK_CLASS_PUSHERS "7405" /* pushers/set, per hash of (app_id, pushkey) */
 
-/* The process-wide pool the host table's db_acquire uses. */
-void db_set_global(db_pool *p);
+/* The runtime object's pool (core/runtime/core_runtime.h), the one the core and the host
+ * table's db_acquire use; NULL when no runtime object is bound. Any thread. */
 db_pool *db_global(void);
 
 #endif

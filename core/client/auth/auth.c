@@ -13,17 +13,12 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-
-static rt_pool *the_auth_pool;
+#include "core/runtime/core_runtime.h"
 
 rt_pool *auth_pool(void)
 {
-    return the_auth_pool;
-}
-
-void auth_set_pool(rt_pool *p)
-{
-    the_auth_pool = p;
+    core_runtime *rt = core_runtime_get();
+    return rt ? rt->auth_pool : NULL;
 }
 
 static void token_hash_hex(const char *token, char out[65])

@@ -49,9 +49,9 @@ bool auth_verify_password(const char *hash, const char *password);
  * failed login (which would then take longer and tell). Auth pool only; idempotent. */
 void auth_prepare_dummy_hash(void);
 
-/* The pool password hashing runs on (2 threads: at most 2 hashes' memory at once). */
+/* The pool password hashing runs on (2 threads: at most 2 hashes' memory at once): the
+ * runtime object's auth_pool, created by core/main.c. NULL when none is bound. */
 rt_pool *auth_pool(void);
-void auth_set_pool(rt_pool *p);
 
 /* ---- the token cache (auth_cache.c) ------------------------------------------------- */
 /* Register its metrics, and the last-seen table's (auth_seen_init); 0 or -1. At start-up,

@@ -360,9 +360,9 @@ const char *e2ee_check_cross_signing_key(const json_t *key, const char *user_id,
 
 /* ---- the module -------------------------------------------------------------------------- */
 
-static int e2ee_init(http_server *s, rt_metrics *metrics)
+static int e2ee_init(core_runtime *rt)
 {
-    (void)metrics;
+    http_server *s = rt->http;
     if (e2ee_keys_init(s) < 0 || e2ee_query_init(s) < 0 || e2ee_cross_signing_init(s) < 0 ||
         e2ee_backup_init(s) < 0 || to_device_init(s) < 0)
         return -1;
