@@ -474,8 +474,8 @@ static int render_page(search_run *s, PGresult *page, int rows, json_t *results,
             if (events_pos(res, j) == pos) ev = events_render(&s->view, res, j);
         if (!ev) continue; /* a corrupt row (logged) */
         json_t *one = json_pack("[O]", ev); /* bundled aggregations, as other readers */
-        if (!one || rel_bundle(s->c, s->r->arena, &s->view, s->room_ids[idx], &s->vis[idx],
-                               one) < 0)
+        if (!one || rooms_bundle_add(s->c, s->r->arena, &s->view, s->room_ids[idx], &s->vis[idx],
+                                     one) < 0)
             rc = ROOMS_E_DB;
         json_decref(one);
         json_t *item = json_pack("{s:f, s:o}", "rank", strtod(PQgetvalue(page, i, 1), NULL),

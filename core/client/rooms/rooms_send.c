@@ -66,8 +66,8 @@ static bool txn_ok(atrium_req *r, const char *txn)
 static int duplicate_annotation(atrium_req *r, const char *room, const char *user,
                                 const char *type, const json_t *content)
 {
-    rel_info rel;
-    if (!rel_parse(content, &rel) || !rel.key || strcmp(rel.rel_type, "m.annotation") != 0)
+    rooms_relation rel;
+    if (!rooms_bundle_parse(content, &rel) || !rel.key || strcmp(rel.rel_type, "m.annotation") != 0)
         return 0;
     PGconn *c = rooms_db(r);
     if (!c) return -1;
