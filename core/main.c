@@ -173,7 +173,8 @@ static int serve(const char *config_path)
     core_runtime_bind(&rt); /* before any module's init; unbound below, after every thread */
     rt.metrics = rt_metrics_new();
     rt.http = rt.metrics ? http_server_new(&cfg, rt.metrics) : NULL;
-    if (!rt.http || http_builtin_routes(rt.http) < 0) goto out;
+    rt.notifier = notifier_new();
+    if (!rt.notifier || !rt.http || http_builtin_routes(rt.http) < 0) goto out;
     rt_log(ATRIUM_LOG_INFO, "core", "Atrium %s starting for %s", ATRIUM_VERSION, cfg.server_name);
 
     rt.db = db_pool_new(cfg.database.conninfo, cfg.database.pool_size,
@@ -225,10 +226,10 @@ stop_plugins:
     plugins_fini_all(&rt);
     federation_free();
     rt.auth_pool = NULL;
-    notifier_free();
     if (auth_pool_obj) rt_pool_free(auth_pool_obj);
 out:
     http_server_free(rt.http);
+    notifier_free(rt.notifier);
     ratelimits_free(&rt);
     core_runtime_bind(NULL);
     db_pool_free(rt.db);

@@ -11,10 +11,9 @@
  * stopped taking work. Reading them needs no lock. Code with no path to the object (a
  * handler deep in a call chain, a module's own thread) reads it with core_runtime_get.
  *
- * Not here yet: the tables behind the notifier (core/client/sync/notifier.c), the token
- * cache (core/client/auth/auth_cache.c), last-seen times (auth_seen.c), the typing
- * reaper (core/client/rooms/rooms_typing.c) and /sync's sections (sync.c) keep file-level
- * state behind their own functions. Internal prefix: core_runtime_.
+ * Not here yet: the token cache (core/client/auth/auth_cache.c), last-seen times
+ * (auth_seen.c), the typing reaper (core/client/rooms/rooms_typing.c) and /sync's
+ * sections (sync.c) keep file-level state behind their own functions. Internal prefix: core_runtime_.
  */
 #ifndef ATRIUM_CORE_RUNTIME_OBJECT_H
 #define ATRIUM_CORE_RUNTIME_OBJECT_H
@@ -28,6 +27,7 @@ struct cfg_node;
 struct core_config;
 struct db_pool;
 struct http_server;
+struct notifier;
 
 /* The client API's rate limiters (core/client/ratelimits.c creates them). */
 typedef struct core_limits {
@@ -41,6 +41,7 @@ typedef struct core_runtime {
     rt_metrics *metrics;             /* every metric of the process */
     struct http_server *http;        /* the listener, its request pool, router, budgets */
     struct db_pool *db;              /* the PostgreSQL pool of the core and plugins */
+    struct notifier *notifier;       /* users' wake-up events (core/client/sync/notifier.h) */
     rt_pool *auth_pool;              /* core.auth: Argon2id hashing and checks */
     rt_pool *rooms_bulk_pool;        /* core.rooms_bulk: writes into many rooms at once */
     core_limits limits;
