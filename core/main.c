@@ -230,6 +230,7 @@ stop_plugins:
 out:
     http_server_free(rt.http);
     notifier_free(rt.notifier);
+    auth_cache_free(rt.auth_cache);
     ratelimits_free(&rt);
     core_runtime_bind(NULL);
     db_pool_free(rt.db);

@@ -11,9 +11,9 @@
  * stopped taking work. Reading them needs no lock. Code with no path to the object (a
  * handler deep in a call chain, a module's own thread) reads it with core_runtime_get.
  *
- * Not here yet: the token cache (core/client/auth/auth_cache.c), last-seen times
- * (auth_seen.c), the typing reaper (core/client/rooms/rooms_typing.c) and /sync's
- * sections (sync.c) keep file-level state behind their own functions. Internal prefix: core_runtime_.
+ * Not here yet: last-seen times (core/client/auth/auth_seen.c), the typing reaper
+ * (core/client/rooms/rooms_typing.c) and /sync's sections (core/client/sync/sync.c) keep
+ * file-level state behind their own functions. Internal prefix: core_runtime_.
  */
 #ifndef ATRIUM_CORE_RUNTIME_OBJECT_H
 #define ATRIUM_CORE_RUNTIME_OBJECT_H
@@ -23,6 +23,7 @@
 #include "core/runtime/runtime.h"
 
 struct atrium_plugin;
+struct auth_cache;
 struct cfg_node;
 struct core_config;
 struct db_pool;
@@ -43,6 +44,7 @@ typedef struct core_runtime {
     struct db_pool *db;              /* the PostgreSQL pool of the core and plugins */
     struct notifier *notifier;       /* users' wake-up events (core/client/sync/notifier.h) */
     rt_pool *auth_pool;              /* core.auth: Argon2id hashing and checks */
+    struct auth_cache *auth_cache;   /* token -> user (core/client/auth/auth.h) */
     rt_pool *rooms_bulk_pool;        /* core.rooms_bulk: writes into many rooms at once */
     core_limits limits;
     struct atrium_plugin **plugins;  /* loaded plugins, in load order */
