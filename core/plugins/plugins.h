@@ -15,6 +15,7 @@
 #include "atrium/host.h"
 #include "core/config/config.h"
 #include "core/http/http.h"
+#include "core/runtime/core_runtime.h"
 #include "core/runtime/runtime.h"
 #include "core/store/db.h"
 
@@ -45,21 +46,10 @@ struct atrium_plugin {
     bool in_init, inited, started;
 };
 
-/* The runtime object: everything the core runs, in one place. */
-typedef struct core_runtime {
-    const struct core_config *cfg;
-    const cfg_node *root;
-    rt_metrics *metrics;
-    http_server *http;
-    db_pool *db;
-    struct atrium_plugin **plugins;
-    size_t n_plugins;
-} core_runtime;
-
 /* Record obj for freeing after the plugin's fini; false (and obj freed) when full. */
 bool plugin_own(atrium_plugin *p, void (*free_fn)(void *), void *obj);
 
-/* The host table; binds rt as the runtime host functions serve. */
+/* The host table, serving rt (the bound runtime object, core_runtime_get()). */
 const atrium_host *host_table(core_runtime *rt);
 
 /* The handshake (loader.c): dlopen path and check the descriptor against this server;

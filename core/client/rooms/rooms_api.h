@@ -23,7 +23,6 @@
 #include "core/client/client.h"
 #include "core/rooms/rooms.h"
 
-#define ROOMS_DB_WAIT_MS DB_WAIT_CONFIGURED /* database.checkout_timeout_ms */
 #define ROOMS_MAX_BODY_BYTES (EVENT_MAX_PDU_BYTES) /* no larger body can become an event */
 #define ROOMS_CREATE_MAX_BODY_BYTES (1024 * 1024)  /* createRoom: initial_state, invites */
 #define ROOMS_MAX_TXN_ID_BYTES 255

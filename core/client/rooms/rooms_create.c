@@ -12,10 +12,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/rooms/canonical_json.h"
+#include "core/client/auth/auth.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/canonical_json.h"
 
 /* Levels of the default m.room.power_levels (Synapse-compatible). */
 #define PL_CREATOR 100
@@ -132,15 +132,15 @@ static bool parse_create(atrium_req *r, json_t *body, create_req *q)
     char why[ROOM_AUTH_WHY_LEN];
     if (cjson_normalize(body, why, sizeof(why)) < 0) return bad(r, "M_BAD_JSON", why);
     const char *visibility, *preset_name, *version, *alias;
-    if (!acc_string(r, body, "visibility", false, 0, &visibility) ||
-        !acc_string(r, body, "preset", false, 0, &preset_name) ||
-        !acc_string(r, body, "room_version", false, 0, &version) ||
-        !acc_string(r, body, "room_alias_name", false, 0, &alias) ||
-        !acc_string(r, body, "name", false, 0, &q->name) ||
-        !acc_string(r, body, "topic", false, 0, &q->topic) ||
-        !acc_bool(r, body, "is_direct", false, &q->is_direct) ||
-        !acc_object(r, body, "creation_content", false, &q->creation_content) ||
-        !acc_object(r, body, "power_level_content_override", false, &q->pl_override) ||
+    if (!http_field_string(r, body, "visibility", false, 0, &visibility) ||
+        !http_field_string(r, body, "preset", false, 0, &preset_name) ||
+        !http_field_string(r, body, "room_version", false, 0, &version) ||
+        !http_field_string(r, body, "room_alias_name", false, 0, &alias) ||
+        !http_field_string(r, body, "name", false, 0, &q->name) ||
+        !http_field_string(r, body, "topic", false, 0, &q->topic) ||
+        !http_field_bool(r, body, "is_direct", false, &q->is_direct) ||
+        !http_field_object(r, body, "creation_content", false, &q->creation_content) ||
+        !http_field_object(r, body, "power_level_content_override", false, &q->pl_override) ||
         !parse_invites(r, body, q) || !parse_initial_state(r, body, q))
         return false;
     if (visibility && strcmp(visibility, "public") != 0 && strcmp(visibility, "private") != 0)

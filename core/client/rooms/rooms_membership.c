@@ -20,9 +20,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/rooms/canonical_json.h"
+#include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/canonical_json.h"
 
 /* ---- shared helpers ----------------------------------------------------------------- */
 
@@ -226,7 +226,7 @@ int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const ch
 static bool take_reason(atrium_req *r, json_t *body, json_t *content)
 {
     const char *reason;
-    if (!acc_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return false;
+    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return false;
     if (reason) json_object_set_new(content, "reason", json_string(reason));
     return true;
 }
@@ -334,7 +334,7 @@ static int act_on_user(atrium_req *r, const target_action *act)
     json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     const char *target;
-    if (!acc_string(r, body, "user_id", true, 0, &target)) return ATRIUM_DONE;
+    if (!http_field_string(r, body, "user_id", true, 0, &target)) return ATRIUM_DONE;
     if (!rooms_user_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'user_id' is not a user ID");
     PGconn *c = rooms_db(r);

@@ -15,11 +15,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/rooms/canonical_json.h"
+#include "core/client/auth/auth.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
+#include "core/rooms/canonical_json.h"
 
 /* The request body as event content: a JSON object canonical JSON can carry. */
 static json_t *content_body(atrium_req *r)
@@ -66,8 +66,8 @@ static bool txn_ok(atrium_req *r, const char *txn)
 static int duplicate_annotation(atrium_req *r, const char *room, const char *user,
                                 const char *type, const json_t *content)
 {
-    rel_info rel;
-    if (!rel_parse(content, &rel) || !rel.key || strcmp(rel.rel_type, "m.annotation") != 0)
+    rooms_relation rel;
+    if (!rooms_bundle_parse(content, &rel) || !rel.key || strcmp(rel.rel_type, "m.annotation") != 0)
         return 0;
     PGconn *c = rooms_db(r);
     if (!c) return -1;
@@ -177,7 +177,7 @@ static int put_redact(atrium_req *r)
     json_t *body = r->body_len ? http_req_json(r) : (r->json = json_object());
     if (!body) return ATRIUM_DONE;
     const char *reason;
-    if (!acc_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;
+    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
     json_t *content = reason ? json_pack("{s:s}", "reason", reason) : json_object();
     room_new_event ev = {.sender = user, .type = "m.room.redaction", .content = content,

@@ -269,7 +269,8 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
                          " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                          12, p);
     free(text);
-    if (ok) ok = rel_index(tx->c, pos, event_id, tx->room_id, ev); /* relations, redactions */
+    /* relations, redactions */
+    if (ok) ok = rooms_bundle_index(tx->c, pos, event_id, tx->room_id, ev);
     if (ok && ev->state_key) {
         const char *q[5] = {tx->room_id, ev->type, ev->state_key, event_id, membership};
         ok = rooms_exec(tx->c,
