@@ -3,10 +3,11 @@
 visibility "public", join by alias, m.room.canonical_alias checks, the listing kept fresh
 as the room's state changes, and a server whose directory is disabled."""
 
+import os
 import unittest
 
 from accounts import REGISTRATION_ON, register
-from harness import Server, psql
+from harness import Server, ServerError, psql, test_plugin_dir
 from rooms_client import V3, Client, SharedServerTest, quote
 
 PUBLIC_ROOMS = V3 + "/publicRooms"
@@ -162,6 +163,41 @@ class DirectoryDisabledTest(unittest.TestCase):
                                      {"alias": "#x:localhost"})
             self.assertEqual((status, body["errcode"]), (400, "M_BAD_ALIAS"))
             self.assertEqual(user.state(room, "m.room.name")["name"], "Still works")
+
+
+class ReplacementDirectoryTest(unittest.TestCase):
+    """A directory built only from include/atrium/ (tests/plugins/altdir.c) provides
+    directory/1: the core creates and resolves aliases through it."""
+
+    def test_the_core_uses_whichever_plugin_provides_the_directory_interface(self):
+        path = os.path.join(test_plugin_dir(), "altdir.so")
+        with Server(settings=REGISTRATION_ON,
+                    plugins={"altdir": {"enabled": True, "path": path}}) as srv:
+            ann = Client(srv, register(srv, "ann"))
+            ben = Client(srv, register(srv, "ben"))
+            room = ann.create_room(room_alias_name="alt", visibility="public", preset="public_chat")
+            self.assertEqual(ann.state(room, "m.room.canonical_alias"), {"alias": "#alt:localhost"})
+            self.assertEqual(ben.ok("POST", f"{V3}/join/{quote('#alt:localhost')}")["room_id"], room)
+            status, body = ben.call("POST", f"{V3}/createRoom", {"room_alias_name": "alt"})
+            self.assertEqual((status, body["errcode"]), (400, "M_ROOM_IN_USE"))
+            calls = srv.json("GET", "/_altdir/calls")[1]
+            self.assertEqual((calls["alias_create"], calls["alias_resolve"], calls["room_publish"]),
+                             (2, 1, 1))
+            self.assertGreaterEqual(calls["room_changed"], 2)  # creation, then ben's join
+            # The plugin serves no alias routes: the core has none of its own.
+            status, body = srv.json("GET", alias_path("#alt:localhost"))
+            self.assertEqual((status, body["errcode"]), (404, "M_UNRECOGNIZED"))
+
+    def test_two_plugins_providing_directory_1_stop_start_up(self):
+        path = os.path.join(test_plugin_dir(), "altdir.so")
+        srv = Server(plugins={"altdir": {"enabled": True, "path": path},
+                              "directory": {"enabled": True}}, start=False)
+        try:
+            with self.assertRaises(ServerError):
+                srv.start(timeout=20)
+            self.assertIn('both provide "directory/1"', srv.log_text())
+        finally:
+            srv.close()
 
 
 if __name__ == "__main__":
