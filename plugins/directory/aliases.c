@@ -8,8 +8,9 @@
  * joined to the room (or a server admin), and a taken alias is M_ROOM_IN_USE; it is
  * deleted by whoever created it, a member whose power level lets them set the room's
  * m.room.canonical_alias, or a server admin. Deleting an alias leaves the room (and its
- * canonical alias event) alone. Not here: aliases of other servers (GET answers 404 for
- * them until remote look-ups exist).
+ * canonical alias event) alone. It also answers other servers' look-ups
+ * (GET /_matrix/federation/v1/query/directory). Aliases of other servers are looked up
+ * by remote.c.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -119,10 +120,26 @@ static int get_alias(atrium_req *req)
 {
     const char *alias = param_alias(req);
     if (!alias) return ATRIUM_DONE;
+    if (!local_alias(alias)) return dir_remote_alias(req, alias, strchr(alias, ':') + 1);
+    PGconn *c = dir_db(req);
+    if (!c) return ATRIUM_DONE;
+    char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
+    int rc = dir_alias_resolve(c, alias, room_id);
+    h->db_release(c);
+    if (rc == ATRIUM_E_NOTFOUND)
+        return h->respond_error(req, 404, "M_NOT_FOUND", "Room alias %s not found", alias);
+    if (rc < 0) return h->respond_error(req, 503, "M_UNKNOWN", "The database failed; retry");
+    return h->respond_json(req, 200, json_pack("{s:s, s:[s]}", "room_id", room_id, "servers",
+                                               h->server_name()));
+}
+
+/* GET /_matrix/federation/v1/query/directory?room_alias=: another server resolves one of
+ * this server's aliases. */
+static int fed_query_directory(atrium_req *req)
+{
+    const char *alias = h->req_query(req, "room_alias");
     if (!local_alias(alias))
-        return h->respond_error(req, 404, "M_NOT_FOUND",
-                                "Room alias %s is on another server; remote look-ups are not "
-                                "available", alias);
+        return h->respond_error(req, 404, "M_NOT_FOUND", "Not a room alias of this server");
     PGconn *c = dir_db(req);
     if (!c) return ATRIUM_DONE;
     char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
@@ -222,6 +239,8 @@ int dir_alias_routes(void)
          .handler = delete_alias},
         {.method = "GET", .path = "/_matrix/client/v3/rooms/{roomId}/aliases",
          .handler = get_room_aliases},
+        {.method = "GET", .path = "/_matrix/federation/v1/query/directory",
+         .handler = fed_query_directory, .flags = ATRIUM_ROUTE_FEDERATION},
     };
     for (size_t i = 0; i < sizeof(ROUTES) / sizeof(ROUTES[0]); i++) {
         int rc = h->route_add(dir_self, &ROUTES[i]);

@@ -7,9 +7,9 @@
  * lists rooms without including anything of this plugin. The work lives in aliases.c
  * (room aliases) and listing.c (publishing and the public room list). It is built only
  * against include/atrium/, like any third-party plugin, and reads the core's rooms only
- * through "rooms/1" (include/atrium/rooms.h). Not done yet: remote look-ups
- * (publicRooms?server=, aliases of other servers), which are to run under the outbound
- * budget of ADR-0079 (docs/adr/0079-outbound-budget.md).
+ * through "rooms/1" (include/atrium/rooms.h). remote.c asks other servers
+ * (publicRooms?server=, their aliases) under the outbound budget of ADR-0079
+ * (docs/adr/0079-outbound-budget.md).
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -43,12 +43,21 @@ static const atrium_migration MIGRATIONS[] = {
 };
 
 static dir_settings settings;
+#define FIELD(f) offsetof(dir_settings, f)
 
 static const atrium_setting SETTINGS[] = {
     {.key = "publish", .type = ATRIUM_SETTING_STRING,
      .offset = offsetof(dir_settings, publish), .def_string = "everyone",
      .help = "Who may list rooms in the public room list: \"everyone\" (a member with the "
              "power to set the room's canonical alias) or \"admins\" (server admins only)."},
+    {.key = "remote_timeout_ms", .type = ATRIUM_SETTING_INT64, .offset = FIELD(remote_timeout_ms),
+     .def = 20000, .min = 1000, .max = 120000, .unit = "ms",
+     .help = "A look-up on another server (publicRooms?server=, a remote alias) fails with 504 "
+             "after this long; keep it under clients' own timeouts."},
+    {.key = "remote_cache_ms", .type = ATRIUM_SETTING_INT64, .offset = FIELD(remote_cache_ms),
+     .def = 30000, .min = 0, .max = 3600000, .unit = "ms",
+     .help = "How long another server's answer is reused for identical look-ups; 0 = not "
+             "reused (identical look-ups in flight are still shared)."},
 };
 
 static const atrium_directory DIRECTORY_IFACE = {
@@ -95,7 +104,10 @@ static int directory_init(const atrium_host *host, atrium_plugin *self, const at
                   "\"everyone\" or \"admins\"", settings.publish);
         return ATRIUM_E_INVAL;
     }
-    int rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
+    dir_remote.timeout_ms = settings.remote_timeout_ms;
+    dir_remote.cache_ms = settings.remote_cache_ms;
+    int rc = dir_remote_init();
+    if (rc == 0) rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
     if (rc == 0) rc = host->iface_provide(self, ATRIUM_DIRECTORY_IFACE, &DIRECTORY_IFACE);
     if (rc == 0) rc = dir_alias_routes();
     if (rc == 0) rc = dir_listing_routes();

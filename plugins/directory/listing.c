@@ -181,14 +181,11 @@ static bool parse_since(const char *since, long *offset)
     return true;
 }
 
-/* The `server` query parameter: absent or this server. false after answering 400. */
-static bool local_server(atrium_req *req)
+/* The `server` parameter when it names another server, else NULL (absent or this one). */
+static const char *remote_server(atrium_req *req)
 {
     const char *server = h->req_query(req, "server");
-    if (!server || strcmp(server, h->server_name()) == 0) return true;
-    h->respond_error(req, 400, "M_INVALID_PARAM",
-                     "Remote room directories are not supported yet; leave out 'server'");
-    return false;
+    return server && server[0] && strcmp(server, h->server_name()) != 0 ? server : NULL;
 }
 
 /* Runs the page query and answers with chunk, next_batch/prev_batch and the estimate. */
@@ -258,25 +255,42 @@ static int answer_page(atrium_req *req, const page_query *q)
     return h->respond_json(req, 200, body);
 }
 
-/* GET /_matrix/client/v3/publicRooms?limit=&since=&server= */
-static int get_public_rooms(atrium_req *req)
+/* limit from the query string into *limit (capped; untouched when absent). false after
+ * answering 400. */
+static bool query_limit(atrium_req *req, long *limit)
+{
+    const char *ls = h->req_query(req, "limit");
+    if (!ls) return true;
+    char *end = NULL;
+    errno = 0;
+    long n = strtol(ls, &end, 10);
+    if (!*ls || *end || errno || n < 0) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "limit must be a non-negative integer");
+        return false;
+    }
+    *limit = n > DIRECTORY_MAX_LIMIT ? DIRECTORY_MAX_LIMIT : n;
+    return true;
+}
+
+/* GET publicRooms?limit=&since= of this server's list (clients and other servers). */
+static int get_local_page(atrium_req *req)
 {
     page_query q = {.limit = DIRECTORY_DEFAULT_LIMIT};
-    const char *ls = h->req_query(req, "limit");
-    if (ls) {
-        char *end = NULL;
-        errno = 0;
-        q.limit = strtol(ls, &end, 10);
-        if (!*ls || *end || errno || q.limit < 0)
-            return h->respond_error(req, 400, "M_INVALID_PARAM",
-                                    "limit must be a non-negative integer");
-        if (q.limit > DIRECTORY_MAX_LIMIT) q.limit = DIRECTORY_MAX_LIMIT;
-    }
+    if (!query_limit(req, &q.limit)) return ATRIUM_DONE;
     const char *since = h->req_query(req, "since");
     if (since && !parse_since(since, &q.offset))
         return h->respond_error(req, 400, "M_INVALID_PARAM", "Unknown 'since' token");
-    if (!local_server(req)) return ATRIUM_DONE;
     return answer_page(req, &q);
+}
+
+/* GET /_matrix/client/v3/publicRooms?limit=&since=&server= */
+static int get_public_rooms(atrium_req *req)
+{
+    const char *server = remote_server(req);
+    if (!server) return get_local_page(req);
+    long limit = -1;
+    if (!query_limit(req, &limit)) return ATRIUM_DONE;
+    return dir_remote_rooms(req, server, limit, h->req_query(req, "since"), NULL);
 }
 
 /* filter.room_types into q->types_json (request memory). false after answering 400. */
@@ -311,47 +325,78 @@ static bool read_room_types(atrium_req *req, json_t *filter, page_query *q)
     return true;
 }
 
-/* POST /_matrix/client/v3/publicRooms?server= {limit, since, filter{generic_search_term,
- * room_types}, include_all_networks, third_party_instance_id}: a token is needed. */
+/* A POST publicRooms body {limit, since, filter{generic_search_term, room_types},
+ * include_all_networks, third_party_instance_id} into q; with remote, since is another
+ * server's token and is not read. false after answering 400. */
+static bool parse_post(atrium_req *req, json_t *body, page_query *q, bool remote)
+{
+    json_t *limit = json_object_get(body, "limit"), *since = json_object_get(body, "since");
+    json_t *filter = json_object_get(body, "filter");
+    if (limit && !json_is_null(limit)) {
+        if (!json_is_integer(limit) || json_integer_value(limit) < 0) {
+            h->respond_error(req, 400, "M_BAD_JSON", "limit must be a non-negative integer");
+            return false;
+        }
+        json_int_t n = json_integer_value(limit);
+        q->limit = n > DIRECTORY_MAX_LIMIT ? DIRECTORY_MAX_LIMIT : (long)n;
+    }
+    if (since && !json_is_null(since)) {
+        if (!json_is_string(since)) {
+            h->respond_error(req, 400, "M_BAD_JSON", "since must be a string");
+            return false;
+        }
+        if (!remote && !parse_since(json_string_value(since), &q->offset)) {
+            h->respond_error(req, 400, "M_INVALID_PARAM", "Unknown 'since' token");
+            return false;
+        }
+    }
+    if (filter && !json_is_null(filter)) {
+        if (!json_is_object(filter)) {
+            h->respond_error(req, 400, "M_BAD_JSON", "filter must be an object");
+            return false;
+        }
+        json_t *term = json_object_get(filter, "generic_search_term");
+        if (term && !json_is_null(term)) {
+            if (!json_is_string(term) || json_string_length(term) > DIRECTORY_MAX_SEARCH_BYTES) {
+                h->respond_error(req, 400, "M_BAD_JSON",
+                                 "filter.generic_search_term must be a string of at most %d "
+                                 "bytes", DIRECTORY_MAX_SEARCH_BYTES);
+                return false;
+            }
+            if (json_string_length(term) > 0) q->search = json_string_value(term);
+        }
+        if (!read_room_types(req, filter, q)) return false;
+    }
+    json_t *tp = json_object_get(body, "third_party_instance_id");
+    if (tp && !json_is_null(tp)) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "This server bridges no third-party networks");
+        return false;
+    }
+    return true;
+}
+
+/* POST /_matrix/client/v3/publicRooms?server=: a token is needed. */
 static int post_public_rooms(atrium_req *req)
 {
     if (!h->req_authenticate(req)) return ATRIUM_DONE;
     json_t *body = h->req_json(req);
     if (!body) return ATRIUM_DONE;
-    page_query q = {.limit = DIRECTORY_DEFAULT_LIMIT};
-    json_t *limit = json_object_get(body, "limit"), *since = json_object_get(body, "since");
+    const char *server = remote_server(req);
+    page_query q = {.limit = server ? -1 : DIRECTORY_DEFAULT_LIMIT};
+    if (!parse_post(req, body, &q, server != NULL)) return ATRIUM_DONE;
+    if (!server) return answer_page(req, &q);
     json_t *filter = json_object_get(body, "filter");
-    if (limit && !json_is_null(limit)) {
-        if (!json_is_integer(limit) || json_integer_value(limit) < 0)
-            return h->respond_error(req, 400, "M_BAD_JSON",
-                                    "limit must be a non-negative integer");
-        json_int_t n = json_integer_value(limit);
-        q.limit = n > DIRECTORY_MAX_LIMIT ? DIRECTORY_MAX_LIMIT : (long)n;
-    }
-    if (since && !json_is_null(since)) {
-        if (!json_is_string(since))
-            return h->respond_error(req, 400, "M_BAD_JSON", "since must be a string");
-        if (!parse_since(json_string_value(since), &q.offset))
-            return h->respond_error(req, 400, "M_INVALID_PARAM", "Unknown 'since' token");
-    }
-    if (filter && !json_is_null(filter)) {
-        if (!json_is_object(filter))
-            return h->respond_error(req, 400, "M_BAD_JSON", "filter must be an object");
-        json_t *term = json_object_get(filter, "generic_search_term");
-        if (term && !json_is_null(term)) {
-            if (!json_is_string(term) || json_string_length(term) > DIRECTORY_MAX_SEARCH_BYTES)
-                return h->respond_error(req, 400, "M_BAD_JSON",
-                                        "filter.generic_search_term must be a string of at "
-                                        "most %d bytes", DIRECTORY_MAX_SEARCH_BYTES);
-            if (json_string_length(term) > 0) q.search = json_string_value(term);
-        }
-        if (!read_room_types(req, filter, &q)) return ATRIUM_DONE;
-    }
-    json_t *tp = json_object_get(body, "third_party_instance_id");
-    if (tp && !json_is_null(tp))
-        return h->respond_error(req, 400, "M_INVALID_PARAM",
-                                "This server bridges no third-party networks");
-    if (!local_server(req)) return ATRIUM_DONE;
+    return dir_remote_rooms(req, server, q.limit, json_string_value(json_object_get(body, "since")),
+                            json_is_object(filter) ? filter : NULL);
+}
+
+/* POST /_matrix/federation/v1/publicRooms: another server asks for this server's list. */
+static int fed_post_public_rooms(atrium_req *req)
+{
+    json_t *body = h->req_json(req);
+    if (!body) return ATRIUM_DONE;
+    page_query q = {.limit = DIRECTORY_DEFAULT_LIMIT};
+    if (!parse_post(req, body, &q, false)) return ATRIUM_DONE;
     return answer_page(req, &q);
 }
 
@@ -365,6 +410,10 @@ int dir_listing_routes(void)
          .handler = get_visibility},
         {.method = "PUT", .path = "/_matrix/client/v3/directory/list/room/{roomId}",
          .handler = put_visibility},
+        {.method = "GET", .path = "/_matrix/federation/v1/publicRooms",
+         .handler = get_local_page, .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "POST", .path = "/_matrix/federation/v1/publicRooms",
+         .handler = fed_post_public_rooms, .flags = ATRIUM_ROUTE_FEDERATION},
     };
     for (size_t i = 0; i < sizeof(ROUTES) / sizeof(ROUTES[0]); i++) {
         int rc = h->route_add(dir_self, &ROUTES[i]);
