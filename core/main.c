@@ -7,7 +7,7 @@
  * migrations -> the auth pool -> each client module in turn (init, its migrations, start)
  * -> federation (signing key, routes, the listener's certificate; its migrations; its
  * threads) -> plugins (init) -> plugin migrations -> plugins (pools, start) -> listen
- * (client, then federation). Any failure stops start-up with the line that says why.
+ * (federation, then client). Any failure stops start-up with the line that says why.
  * SIGHUP reloads the federation listener's certificate and changes nothing else.
  * Shutdown (SIGINT/SIGTERM): refuse new requests (503, Connection: close) -> answer every
  * parked and handed-off request -> let running requests finish within

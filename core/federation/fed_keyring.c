@@ -515,12 +515,20 @@ static void load_run(void *arg, bool cancelled)
     free(t);
 }
 
+/* Fill an immediate refusal (busy, stopped): "<why> (keys of <name>)", like answer_status. */
+static void answer_now(fed_key_result *out, int status, const char *why, const char *name)
+{
+    memset(out, 0, sizeof(*out));
+    out->status = status;
+    snprintf(out->error, sizeof(out->error), "%s (keys of %.200s)", why, name);
+}
+
 int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_id,
                        int64_t minimum_valid_until_ms, fed_key_result *now_out,
                        fed_keyring_cb cb, void *arg)
 {
-    memset(now_out, 0, sizeof(*now_out));
     if (!name_ok(server_name) || (key_id && strlen(key_id) >= FED_KEY_ID_MAX_BYTES)) {
+        memset(now_out, 0, sizeof(*now_out));
         now_out->status = FED_KEY_E_UNKNOWN;
         snprintf(now_out->error, sizeof(now_out->error),
                  "not a server name or key ID that can be looked up");
@@ -530,8 +538,8 @@ int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_
     pthread_mutex_lock(&r->mu);
     if (r->stopped) {
         pthread_mutex_unlock(&r->mu);
-        now_out->status = FED_KEY_E_STOPPED;
-        snprintf(now_out->error, sizeof(now_out->error), "the key ring is stopping");
+        answer_now(now_out, FED_KEY_E_STOPPED, "the key ring is stopping",
+                   server_name);
         return FED_KEYRING_ANSWERED;
     }
     entry *e = find_locked(r, server_name);
@@ -555,9 +563,8 @@ int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_
         !(w = calloc(1, sizeof(*w)))) {
         pthread_mutex_unlock(&r->mu);
         rt_metric_add(r->m_busy, 1);
-        now_out->status = FED_KEY_E_BUSY;
-        snprintf(now_out->error, sizeof(now_out->error),
-                 "too many key look-ups are waiting (keys of %.200s)", server_name);
+        answer_now(now_out, FED_KEY_E_BUSY, "too many key look-ups or servers in flight",
+                   server_name);
         return FED_KEYRING_ANSWERED;
     }
     w->cb = cb;

@@ -27,6 +27,20 @@
  * that called fed_keyring_fetched (the outbound client's I/O thread): they must be quick
  * and must not block (resume a parked request, no PostgreSQL). They are never called with
  * a ring lock held, so they may call into the ring again. Internal prefix: fed_keyring_.
+ *
+ * Wiring, in outline (the integrator's fetch hook, on top of fed_http.h and discovery):
+ *     static int fetch(void *arg, fed_keyring *ring, const char *server)
+ *     {   submit GET /_matrix/key/v2/server (or POST /_matrix/key/v2/query to a trusted
+ *         key server) and return 0; in the request's on_done (I/O thread):
+ *             json_t *doc = json_loadb(res->body, res->body_len, 0, NULL);
+ *             fed_key_set *k = doc ? fed_keyring_validate(doc, server, rt_wall_ms(), why,
+ *                                                         sizeof(why)) : NULL;
+ *             (or fed_keyring_validate_notary; on failure try the next source)
+ *             fed_keyring_fetched(ring, server, k, k ? NULL : why);
+ *             json_decref(doc);
+ *     }
+ * and for an inbound request: fed_xmatrix_parse, then fed_keyring_lookup(origin, key,
+ * now), then fed_xmatrix_verify with the key found.
  */
 #ifndef ATRIUM_CORE_FED_KEYRING_H
 #define ATRIUM_CORE_FED_KEYRING_H
@@ -65,7 +79,9 @@ typedef struct fed_verify_key {
      * valid_until_ts for a current key, expired_ts for an old one). */
     int64_t valid_until_ms;
     int64_t fetched_ms; /* when the document holding it was fetched (wall clock) */
-    bool old;           /* from old_verify_keys */
+    /* From old_verify_keys: such keys verify events only, so an inbound request signed
+     * with one is refused whatever its expired_ts (the caller checks). */
+    bool old;
 } fed_verify_key;
 
 /* A server's keys as validated; only the validators and the ring create these. */
@@ -177,7 +193,8 @@ enum { FED_KEYRING_ANSWERED = 0, FED_KEYRING_PENDING = 1 };
  * refusal: a recent failure, a fresh fetch that lacked the key, busy, stopped) and cb never
  * called; or FED_KEYRING_PENDING: cb(arg, result) will be called exactly once, on another
  * thread or on this one before the function returns (when the fetch hook answers at once);
- * *now_out is then untouched. Never blocks. */
+ * *now_out is then untouched. Never blocks. An invalid server name or key ID is answered
+ * FED_KEY_E_UNKNOWN. */
 int fed_keyring_lookup(fed_keyring *ring, const char *server_name, const char *key_id,
                        int64_t minimum_valid_until_ms, fed_key_result *now_out,
                        fed_keyring_cb cb, void *arg);

@@ -125,7 +125,7 @@ bool fed_host_is_ip_literal(const char *host)
     return host && (inet_pton(AF_INET, host, bin) == 1 || inet_pton(AF_INET6, host, bin) == 1);
 }
 
-/* ---- cache period of a .well-known answer ----------------------------------------------- */
+/* ---- cache period of a .well-known answer ---------------------------------------------------- */
 
 /* Does directive `name` ("max-age") appear in a Cache-Control list (case-insensitive)?
  * Its value, unquoted, goes to val ("" when it has none); val may be NULL. */
@@ -216,7 +216,7 @@ int64_t fed_resolve_cache_period_ms(const char *cache_control, const char *expir
     return -1;
 }
 
-/* ---- the .well-known body --------------------------------------------------------------- */
+/* ---- the .well-known body -------------------------------------------------------------------- */
 
 int fed_well_known_parse(const char *body, size_t len, char *out, size_t out_len, char *err,
                          size_t errlen)
@@ -247,7 +247,7 @@ int fed_well_known_parse(const char *body, size_t len, char *out, size_t out_len
     return rc;
 }
 
-/* ---- SRV order ----------------------------------------------------------------------------- */
+/* ---- SRV order ------------------------------------------------------------------------------- */
 
 static int srv_cmp_priority(const void *a, const void *b)
 {
@@ -317,7 +317,7 @@ bool fed_srv_says_no_service(const fed_srv_record *recs, size_t n)
     return n == 1 && (recs[0].target[0] == '\0' || strcmp(recs[0].target, ".") == 0);
 }
 
-/* ---- DNS answer TTL ------------------------------------------------------------------------ */
+/* ---- DNS answer TTL -------------------------------------------------------------------------- */
 
 /* Skip a (possibly compressed) name at *off; false when malformed. */
 static bool dns_skip_name(const unsigned char *msg, size_t len, size_t *off)
@@ -382,7 +382,7 @@ int64_t fed_dns_min_ttl(const unsigned char *msg, size_t len, int type)
     return min;
 }
 
-/* ---- redirect Location --------------------------------------------------------------------- */
+/* ---- redirect Location ----------------------------------------------------------------------- */
 
 int fed_url_resolve(const fed_url *base, const char *location, fed_url *out)
 {

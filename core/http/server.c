@@ -425,6 +425,8 @@ int http_server_start(http_server *s)
         if (s->fed_max_connections < FED_MIN_CONNECTIONS) s->fed_max_connections = FED_MIN_CONNECTIONS;
         s->max_connections -= s->fed_max_connections;
         if (s->max_connections < FED_MIN_CONNECTIONS) s->max_connections = FED_MIN_CONNECTIONS;
+        /* Federation first: once the client listener answers /health, both are up. */
+        if (start_federation(s) < 0) return -1;
     }
     rt_metric_set(rt_metric_gauge(s->metrics, "atrium_http_max_connections", NULL,
                                   "Client connections allowed at once (from RLIMIT_NOFILE)"),
@@ -451,7 +453,7 @@ int http_server_start(http_server *s)
            "listening on http://%s:%d (%d request threads, %d connections max, timeout %d s)",
            cfg->http.bind_address, cfg->http.port, cfg->http.request_threads,
            s->max_connections, cfg->http.connection_timeout_s);
-    return s->fed_enabled ? start_federation(s) : 0;
+    return 0;
 }
 
 void http_server_quiesce(http_server *s)

@@ -187,6 +187,20 @@ static void test_document_shape_is_checked(void **state)
     fed_key_set_free(s);
     json_decref(d);
 
+    /* A key ID outside the spec's [A-Za-z0-9_] (another implementation's) is still used. */
+    fed_signing_key dashed = remote_key;
+    snprintf(dashed.key_id, sizeof(dashed.key_id), "ed25519:auto-1");
+    d = doc_of("remote.example", &dashed, T0 + DAY_MS);
+    s = fed_keyring_validate(d, "remote.example", T0, why, sizeof(why));
+    assert_non_null(s);
+    assert_string_equal(s->keys[0].key_id, "ed25519:auto-1");
+    fed_key_set_free(s);
+    json_decref(d);
+    snprintf(dashed.key_id, sizeof(dashed.key_id), "ed25519:a\"b");
+    d = doc_of("remote.example", &dashed, T0 + DAY_MS);
+    expect_refused(d, "remote.example", "malformed verify key");
+    json_decref(d);
+
     d = doc_of("remote.example", &remote_key, T0 + DAY_MS);
     json_object_set_new(json_object_get(d, "old_verify_keys"), "ed25519:o",
                         json_pack("{s:s}", "key", "Zm9v"));
@@ -225,6 +239,17 @@ static void test_notary_answer_needs_the_notary_signature(void **state)
     assert_int_equal(s->n, 1);
     assert_string_equal(s->server_name, "remote.example");
     fed_key_set_free(s);
+    /* Two documents of the server (an old and a new answer): for one key, the longer
+     * validity wins. */
+    json_t *newer = doc_of("remote.example", &remote_key, T0 + 3 * DAY_MS);
+    fed_sign_json(newer, "notary.example", &notary_key);
+    json_array_append_new(json_object_get(resp, "server_keys"), newer);
+    s = fed_keyring_validate_notary(resp, "remote.example", &notary, T0, why, sizeof(why));
+    if (!s) fail_msg("%s", why);
+    assert_int_equal(s->n, 1);
+    assert_int_equal(s->keys[0].valid_until_ms, T0 + 3 * DAY_MS);
+    fed_key_set_free(s);
+    json_array_remove(json_object_get(resp, "server_keys"), 2);
     /* A notary signature that does not match (the document changed after it signed). */
     json_object_set_new(json_object_get(json_object_get(listed, "signatures"), "notary.example"),
                         notary_key.key_id,
@@ -430,6 +455,21 @@ static void test_failed_fetch_is_cached_briefly(void **state)
                         NULL);
     wait_answers(&a, 4);
     assert_int_equal(a.found, 1);
+    end_ring(ring);
+}
+
+static void test_keys_of_another_server_do_not_answer(void **state)
+{
+    (void)state;
+    fed_keyring *ring = new_ring(NULL, 0, 0);
+    answers a;
+    answers_init(&a);
+    lookup(ring, "remote.example", "ed25519:r1", T0, &a);
+    fed_keyring_fetched(ring, "remote.example", valid_set("evil.example", &remote_key, T0 + DAY_MS),
+                        NULL);
+    wait_answers(&a, 1);
+    assert_int_equal(a.unreachable, 1);
+    assert_non_null(strstr(a.last_error, "evil.example"));
     end_ring(ring);
 }
 
@@ -815,6 +855,7 @@ int main(void)
         cmocka_unit_test(test_many_lookups_share_one_fetch_and_all_are_answered),
         cmocka_unit_test(test_concurrent_lookups_from_many_threads_share_one_fetch),
         cmocka_unit_test(test_failed_fetch_is_cached_briefly),
+        cmocka_unit_test(test_keys_of_another_server_do_not_answer),
         cmocka_unit_test(test_hook_that_cannot_start_fails_the_waiters),
         cmocka_unit_test(test_expired_validity_makes_a_refetch),
         cmocka_unit_test(test_unknown_key_id_does_not_hammer_the_origin),

@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +49,7 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* ---- the DNS server ------------------------------------------------------------------------ */
+/* ---- the DNS server -------------------------------------------------------------------------- */
 
 typedef struct rr {
     char name[128];
@@ -73,7 +74,7 @@ static struct {
     qcount counts[MAX_RRS * 2];
     int n_counts;
     char blackhole[128]; /* a name never answered */
-    volatile int stop;
+    atomic_int stop;
 } dns = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void dns_add_a(const char *name, const char *ip, uint32_t ttl)
@@ -307,7 +308,7 @@ static int bound_port(int fd)
     return ntohs(a.sin_port);
 }
 
-/* ---- the .well-known server ------------------------------------------------------------------- */
+/* ---- the .well-known server ------------------------------------------------------------------ */
 
 typedef struct wk_host {
     char host[128];
@@ -324,7 +325,7 @@ static struct {
     pthread_mutex_t mu;
     wk_host hosts[MAX_HOSTS];
     int n_hosts;
-    volatile int stop;
+    atomic_int stop;
 } web = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void wk_set(const char *host, int status, const char *headers, const char *body)
@@ -430,7 +431,44 @@ static void *web_main(void *arg)
     return NULL;
 }
 
-/* ---- the resolver under test --------------------------------------------------------------------- */
+/* A web server that is down in the way that matters: it accepts and hangs up at once
+ * (on 127.0.0.2, same port), counting the connections. */
+static struct {
+    int fd;
+    pthread_t th;
+    atomic_int accepts, stop;
+} dead = {.fd = -1};
+
+static void *dead_main(void *arg)
+{
+    (void)arg;
+    while (!dead.stop) {
+        struct pollfd p = {.fd = dead.fd, .events = POLLIN};
+        if (poll(&p, 1, SERVER_POLL_MS) <= 0)
+            continue;
+        int c = accept(dead.fd, NULL, NULL);
+        if (c < 0)
+            continue;
+        atomic_fetch_add(&dead.accepts, 1);
+        close(c);
+    }
+    return NULL;
+}
+
+static void dead_start(int port)
+{
+    dead.fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(dead.fd >= 0);
+    int one = 1;
+    setsockopt(dead.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
+    assert_int_equal(bind(dead.fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(dead.fd, 16), 0);
+    pthread_create(&dead.th, NULL, dead_main, NULL);
+}
+
+/* ---- the resolver under test ----------------------------------------------------------------- */
 
 static struct {
     rt_metrics *metrics;
@@ -521,6 +559,7 @@ static int group_setup(void **state)
     web.port = bound_port(web.fd);
     pthread_create(&dns.th, NULL, dns_main, NULL);
     pthread_create(&web.th, NULL, web_main, NULL);
+    dead_start(web.port);
 
     g.metrics = rt_metrics_new();
     char err[256];
@@ -572,12 +611,15 @@ static int group_teardown(void **state)
     web.stop = 1;
     pthread_join(dns.th, NULL);
     pthread_join(web.th, NULL);
+    dead.stop = 1;
+    pthread_join(dead.th, NULL);
+    close(dead.fd);
     close(dns.fd);
     close(web.fd);
     return 0;
 }
 
-/* ---- the tests ---------------------------------------------------------------------------------- */
+/* ---- the tests ------------------------------------------------------------------------------- */
 
 static void test_ip_literal_is_used_as_is_without_any_lookup(void **state)
 {
@@ -796,6 +838,34 @@ static void test_failed_well_known_is_not_fetched_again_within_its_window(void *
     assert_int_equal(wk_count("err4.test"), 1);
 }
 
+static void test_recent_delegation_is_kept_while_the_well_known_server_fails(void **state)
+{
+    (void)state;
+    dns_add_a("stale.test", "127.0.0.1", 300);
+    dns_add_a("stale-b.test", "127.0.0.23", 300);
+    wk_set("stale.test", 200, "Cache-Control: max-age=1\r\n",
+           "{\"m.server\": \"stale-b.test:5000\"}");
+    result a = resolve("stale.test");
+    assert_target(&a, "well-known", "stale-b.test", 5000, "stale-b.test:5000", "127.0.0.23");
+    wk_set("stale.test", 503, NULL, "down");
+    sleep_ms(1200);
+    result b = resolve("stale.test");
+    assert_int_equal(wk_count("stale.test"), 2); /* asked again after max-age... */
+    /* ...failed, and the last delegation still decides */
+    assert_target(&b, "well-known", "stale-b.test", 5000, "stale-b.test:5000", "127.0.0.23");
+}
+
+static void test_unreachable_well_known_is_not_fetched_again_within_its_window(void **state)
+{
+    (void)state;
+    dns_add_a("dead.test", "127.0.0.2", 300);
+    for (int i = 0; i < 3; i++) {
+        result a = resolve("dead.test");
+        assert_target(&a, "default", "dead.test", 8448, "dead.test", "127.0.0.2");
+    }
+    assert_int_equal(atomic_load(&dead.accepts), 1);
+}
+
 static void test_dns_answer_is_asked_again_after_its_ttl(void **state)
 {
     (void)state;
@@ -868,6 +938,8 @@ int main(void)
         cmocka_unit_test(test_redirect_loop_stops_after_five_hops),
         cmocka_unit_test(test_well_known_is_cached_for_its_max_age_then_fetched_again),
         cmocka_unit_test(test_failed_well_known_is_not_fetched_again_within_its_window),
+        cmocka_unit_test(test_recent_delegation_is_kept_while_the_well_known_server_fails),
+        cmocka_unit_test(test_unreachable_well_known_is_not_fetched_again_within_its_window),
         cmocka_unit_test(test_dns_answer_is_asked_again_after_its_ttl),
         cmocka_unit_test(test_concurrent_lookups_of_one_name_share_one_discovery),
         cmocka_unit_test(test_unanswered_dns_ends_at_the_lookup_deadline),
