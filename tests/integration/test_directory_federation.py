@@ -90,27 +90,36 @@ def alias_path(alias):
 class TwoServersTest(FederationTestCase):
     def test_a_user_on_a_resolves_an_alias_of_b_and_reads_b_public_rooms(self):
         b = self.start_fed(B_IP, plugins=DIRECTORY)
-        a = self.start_fed(A_IP, plugins=DIRECTORY)
+        a = self.start_fed(A_IP, {"server": {"http": {"trusted_proxies": ["127.0.0.1"]}}},
+                           plugins=DIRECTORY)
+        # Each look-up from its own client key: a slot is given back only after the last
+        # byte of its answer went out, so a client's next look-up may race it (ADR-0079).
+        clients = iter(f"10.4.0.{i}" for i in range(1, 50))
+
+        def look_up(path):
+            return a.json("GET", path, headers={"X-Forwarded-For": next(clients)})
+
         bea = Client(b, register(b, "bea"))
         room = bea.create_room(room_alias_name="hub", visibility="public", name="Hub",
                                topic="B's hub")
         bea.create_room(room_alias_name="quiet", name="Unlisted")
         amy = Client(a, register(a, "amy"))
         alias = f"#hub:{b.server_name}"
-        status, body = a.json("GET", alias_path(alias))
+        status, body = look_up(alias_path(alias))
         self.assertEqual((status, body["room_id"]), (200, room), body)
         self.assertEqual(body["servers"], [b.server_name])
-        status, body = a.json("GET", alias_path(f"#nothere:{b.server_name}"))
+        status, body = look_up(alias_path(f"#nothere:{b.server_name}"))
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
 
-        status, body = a.json("GET", f"{V3}/publicRooms?server={quote(b.server_name)}")
+        status, body = look_up(f"{V3}/publicRooms?server={quote(b.server_name)}")
         self.assertEqual(status, 200, body)
         self.assertEqual([(r["room_id"], r["name"], r["canonical_alias"]) for r in body["chunk"]],
                          [(room, "Hub", alias)])
         status, body = amy.call("POST", f"{V3}/publicRooms?server={quote(b.server_name)}",
                                 {"filter": {"generic_search_term": "nothing like it"}})
         self.assertEqual((status, body["chunk"]), (200, []), body)
-        status, body = amy.call("POST", f"{V3}/publicRooms?server={quote(b.server_name)}",
+        ann = Client(a, register(a, "ann"))  # another client key (see look_up)
+        status, body = ann.call("POST", f"{V3}/publicRooms?server={quote(b.server_name)}",
                                 {"filter": {"generic_search_term": "hub"}, "limit": 5})
         self.assertEqual([r["room_id"] for r in body["chunk"]], [room])
         # Joining through it needs room federation, which does not exist yet: a clear 404.
