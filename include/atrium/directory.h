@@ -47,6 +47,10 @@ typedef struct atrium_directory {
      * rule, guest access, history visibility) changed: refresh its entry if it is listed.
      * Called by the core in the transaction that changed it. 0 or ATRIUM_E_DB. */
     int (*room_changed)(PGconn *c, const char *room_id);
+    /* May user_id (server_admin: a server admin) list rooms it creates? The directory's
+     * publication rule, asked by createRoom before a room with visibility "public" is
+     * made: 1 or 0 (the core answers 403 M_FORBIDDEN and creates nothing). */
+    int (*may_publish)(const char *user_id, bool server_admin);
 } atrium_directory;
 
 #endif

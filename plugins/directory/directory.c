@@ -67,6 +67,7 @@ static const atrium_directory DIRECTORY_IFACE = {
     .alias_resolve = dir_alias_resolve,
     .room_publish = dir_room_publish,
     .room_changed = dir_room_changed,
+    .may_publish = dir_may_publish,
 };
 
 PGresult *dir_q(PGconn *c, const char *sql, int n, const char *const *params, bool *unique)

@@ -69,6 +69,7 @@ int dir_remote_alias(atrium_req *req, const char *alias, const char *server);
 /* listing.c */
 int dir_room_publish(PGconn *c, const char *room_id, bool visible);
 int dir_room_changed(PGconn *c, const char *room_id);
+int dir_may_publish(const char *user_id, bool server_admin);
 int dir_listing_routes(void);
 
 #endif

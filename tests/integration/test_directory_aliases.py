@@ -143,6 +143,46 @@ class AliasTest(SharedServerTest):
         self.ava.ok("PUT", path, {})
 
 
+class AdminsOnlyPublishingTest(SharedServerTest):
+    """plugins.directory.publish: admins. Server admins list rooms and delete anyone's
+    alias through the client endpoints; nobody else lists rooms."""
+
+    USERS = ("ed",)
+    PLUGINS = {"directory": {"enabled": True, "publish": "admins"}}
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = Client(cls.srv, register(cls.srv, "root"))
+        psql(f"UPDATE users SET is_admin = true WHERE user_id = '{cls.root.user_id}'",
+             database=cls.srv.database)
+
+    def test_only_server_admins_list_rooms_and_they_may_delete_any_alias(self):
+        status, body = self.ed.call("POST", f"{V3}/createRoom",
+                                    {"visibility": "public", "room_alias_name": "eds"})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual(self.srv.json("GET", alias_path("#eds:localhost"))[0], 404)  # not made
+        room = self.ed.create_room(room_alias_name="eds", name="Ed's")
+        path = f"{V3}/directory/list/room/{quote(room)}"
+        status, body = self.ed.call("PUT", path, {"visibility": "public"})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.root.ok("PUT", path, {"visibility": "public"})  # not even in the room
+        self.assertEqual(listed(self.srv)[room]["name"], "Ed's")
+        self.root.ok("DELETE", alias_path("#eds:localhost"))
+        self.assertEqual(self.srv.json("GET", alias_path("#eds:localhost"))[0], 404)
+        self.assertEqual(self.root.ok("POST", f"{V3}/createRoom", {"visibility": "public"})
+                         .get("room_id") in listed(self.srv), True)
+
+    def test_an_unknown_publication_rule_stops_start_up(self):
+        srv = Server(plugins={"directory": {"enabled": True, "publish": "nobody"}}, start=False)
+        try:
+            with self.assertRaises(ServerError):
+                srv.start(timeout=20)
+            self.assertIn('plugins.directory.publish is "nobody"', srv.log_text())
+        finally:
+            srv.close()
+
+
 class DirectoryDisabledTest(unittest.TestCase):
     def test_the_server_runs_without_the_directory_and_alias_parts_say_so(self):
         with Server(settings=REGISTRATION_ON) as srv:

@@ -71,6 +71,12 @@ static int alt_changed(PGconn *c, const char *room_id)
     return 0;
 }
 
+static int alt_may_publish(const char *user_id, bool server_admin)
+{
+    (void)user_id, (void)server_admin;
+    return 1;
+}
+
 static const atrium_directory ALT = {
     .size = sizeof(atrium_directory),
     .version = ATRIUM_DIRECTORY_VERSION,
@@ -78,6 +84,7 @@ static const atrium_directory ALT = {
     .alias_resolve = alt_resolve,
     .room_publish = alt_publish,
     .room_changed = alt_changed,
+    .may_publish = alt_may_publish,
 };
 
 static int get_calls(atrium_req *req)

@@ -7,7 +7,8 @@
  * (rooms_write.c) inside one transaction, so a room is created whole or not at all.
  * room_alias_name becomes the alias #<name>:<server>, created through the room directory
  * (include/atrium/directory.h) in the same transaction, followed by an
- * m.room.canonical_alias event; visibility "public" lists the room, in that transaction too.
+ * m.room.canonical_alias event; visibility "public" lists the room, in that transaction too
+ * (403 first when the directory's publication rule does not let the user).
  * So a room and its alias exist together or neither does. Without an enabled directory,
  * room_alias_name is 400 M_UNRECOGNIZED and visibility "public" creates an unlisted room.
  * Third-party invites (invite_3pid) are refused with 400 M_INVALID_PARAM.
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/rooms/canonical_json.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
@@ -262,6 +264,10 @@ static int post_create_room(atrium_req *r)
     create_req q;
     if (!parse_create(r, body, &q)) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
+    const atrium_directory *dir = rooms_directory();
+    if (q.publish && dir && dir->may_publish(user, auth_is_admin(r) == 1) != 1)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "You may not publish rooms to this "
+                                  "server's room directory; create it with visibility private");
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     char room_id[EVENT_MAX_ID_BYTES + 1];
