@@ -317,8 +317,12 @@ static int look_up(atrium_req *req, const ask *a)
         start = true;
     }
     if (h->req_wait(req, l->deadline_ms + DIR_WAKE_SLACK_MS) < 0) {
-        if (start && l->listed) unlist_locked(l); /* its only reference: freed */
-        else if (start) unref_locked((l->refs++, l));
+        if (start && l->listed) {
+            unlist_locked(l); /* the table's reference was its only one: freed */
+        } else if (start) {
+            free(l->key); /* never listed, never referenced */
+            free(l);
+        }
         pthread_mutex_unlock(&lock);
         free(w);
         return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
