@@ -182,6 +182,10 @@ int fed_auth_check(atrium_req *r)
                                                       : FED_AUTH_UNKNOWN_KEY,
                       x.origin, st->res.error);
     }
+    if (st->res.key.old) /* a rotated-out key still verifies events, never a request */
+        return refuse(r, FED_AUTH_EXPIRED_KEY, x.origin,
+                      "The key is one the origin retired (old_verify_keys): it signs no "
+                      "requests");
     const unsigned char *pub = st->res.key.public_key;
 
     char uri[8192];

@@ -33,20 +33,6 @@
 #define POOL_NAME "federation_keys"
 #define HASH_LOAD_FACTOR 2 /* buckets per entry at max_servers */
 
-const atrium_migration FED_KEYRING_MIGRATIONS[] = {
-    {1, "federation_server_keys",
-     "CREATE TABLE federation_server_keys ("
-     " server_name text NOT NULL,"
-     " key_id text NOT NULL,"
-     " public_key text NOT NULL,"     /* unpadded base64 */
-     " valid_until_ts bigint NOT NULL," /* effective validity (ms), capped as the spec says */
-     " fetched_ts bigint NOT NULL,"
-     " key_json text NOT NULL,"       /* the whole document, as the origin signed it */
-     " PRIMARY KEY (server_name, key_id))"},
-};
-const size_t FED_KEYRING_N_MIGRATIONS =
-    sizeof(FED_KEYRING_MIGRATIONS) / sizeof(FED_KEYRING_MIGRATIONS[0]);
-
 typedef struct waiter {
     struct waiter *next;
     fed_keyring_cb cb;

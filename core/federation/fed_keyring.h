@@ -153,7 +153,7 @@ typedef struct fed_keyring_settings {
 } fed_keyring_settings;
 
 /* A ring: memory only when db is NULL (tests), else backed by federation_server_keys
- * (apply FED_KEYRING_MIGRATIONS first). Copies settings. Metrics:
+ * (apply FED_MIGRATIONS of fed_migrations.h first: version 2 creates it). Copies settings. Metrics:
  * atrium_federation_key_lookups_total{result="hit|miss|negative|busy"},
  * atrium_federation_key_fetches_total{outcome="ok|failed"},
  * atrium_federation_key_cache_servers, atrium_federation_key_waiters, and the pool's
@@ -210,12 +210,9 @@ void fed_keyring_fetched(fed_keyring *ring, const char *server_name, fed_key_set
  * tests and an orderly shutdown). 0 or ATRIUM_E_TIMEOUT. Not on a ring callback. */
 int fed_keyring_flush(fed_keyring *ring, int64_t timeout_ms);
 
-/* The migration of federation_server_keys (server_name, key_id, public_key, valid_until_ts,
- * fetched_ts, key_json; primary key (server_name, key_id)). Register it under owner
- * FED_KEYRING_MIGRATION_OWNER. */
-#define FED_KEYRING_MIGRATION_OWNER "federation"
-extern const atrium_migration FED_KEYRING_MIGRATIONS[];
-extern const size_t FED_KEYRING_N_MIGRATIONS;
+/* The table federation_server_keys (server_name, key_id, public_key, valid_until_ts,
+ * fetched_ts, key_json; primary key (server_name, key_id)) is version 2 of the federation's
+ * one migration list, fed_migrations.h. */
 
 /* ---- acting as a notary (/_matrix/key/v2/query) ----------------------------------------- */
 

@@ -69,6 +69,15 @@ int fed_verify_signed(const json_t *obj, const char *server_name, int64_t valid_
         done(arg, ATRIUM_E_STOPPED, "federation is not running");
         return 0;
     }
+    if (strcmp(server_name, m->server_name) == 0) { /* our own key: no look-up */
+        char why[160] = "";
+        int rc = strcmp(key_id, m->key.key_id) == 0
+                     ? fed_verify_json(obj, server_name, key_id, m->key.public_key, why,
+                                       sizeof(why))
+                     : FED_SIG_E_UNSIGNED;
+        done(arg, rc, rc == 0 ? "" : (why[0] ? why : "not signed with this server's key"));
+        return 0;
+    }
     verify_job *j = calloc(1, sizeof(*j));
     if (!j) return ATRIUM_E_NOMEM;
     j->obj = json_deep_copy(obj);

@@ -365,9 +365,11 @@ void federation_stop(void)
 {
     fed_module *m = fed;
     if (!m) return;
+    /* The ring first (its waiters are answered), then what feeds it: a fetch that ends
+     * while the client stops may still hand the ring its answer, which it then drops. */
+    if (m->keyring) fed_keyring_stop(m->keyring);
     if (m->resolver) fed_resolve_stop(m->resolver);
     if (m->http) fed_http_stop(m->http);
-    if (m->keyring) fed_keyring_stop(m->keyring);
     if (m->backoff) fed_backoff_stop(m->backoff, FED_BACKOFF_DRAIN_MS);
 }
 

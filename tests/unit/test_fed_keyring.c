@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/federation/fed_keyring.h"
+#include "core/federation/fed_migrations.h"
 
 #define T0 1700000000000LL
 #define HOUR_MS (3600LL * 1000)
@@ -774,8 +775,7 @@ static void test_keys_survive_in_postgresql_across_rings(void **state)
     db_pool *db = db_pool_new(ci, 2, 2000, NULL);
     assert_non_null(db);
     assert_int_equal(db_pool_connect(db, 10), 0);
-    assert_int_equal(db_migrate(db, FED_KEYRING_MIGRATION_OWNER, FED_KEYRING_MIGRATIONS,
-                                FED_KEYRING_N_MIGRATIONS), 0);
+    assert_int_equal(db_migrate(db, FED_MIGRATIONS_OWNER, FED_MIGRATIONS, FED_N_MIGRATIONS), 0);
 
     /* The first ring fetches remote.example (a current and an old key) and stores it. */
     fed_keyring *ring = new_ring(db, 0, 0);
