@@ -421,6 +421,19 @@ static int h_req_wait(atrium_req *r, int64_t deadline_ms) { return susp_wait(r, 
 static void h_req_wake(atrium_req *r) { susp_wake(r); }
 static int h_fed_sign_json(json_t *obj) { return federation_sign_json(obj); }
 
+static int h_iface_provide(atrium_plugin *self, const char *name, const void *iface)
+{
+    int rc = require_init(self, "iface_provide");
+    if (rc < 0) return rc;
+    if (!name || !self->desc->provides || strcmp(name, self->desc->provides) != 0) {
+        rt_log(ATRIUM_LOG_ERROR, self->name, "iface_provide(\"%s\"): a plugin provides only the "
+               "interface its descriptor names in .provides (\"%s\")", name ? name : "(null)",
+               self->desc->provides ? self->desc->provides : "none");
+        return ATRIUM_E_INVAL;
+    }
+    return plugins_iface_add(self->name, self->desc->provides, iface);
+}
+
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
     .abi_major = ATRIUM_ABI_MAJOR,
@@ -494,6 +507,8 @@ static const atrium_host HOST = {
     .req_wake = h_req_wake,
     .fed_sign_json = h_fed_sign_json,
     .fed_verify_json = federation_verify_json,
+    .iface_provide = h_iface_provide,
+    .iface_get = plugins_iface_get,
 };
 
 const atrium_host *host_table(core_runtime *rt)

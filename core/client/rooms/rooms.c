@@ -27,6 +27,10 @@ int rooms_fail(atrium_req *r, const rooms_err *e)
     case ROOMS_E_NOT_FOUND: return http_respond_error(r, 404, "M_NOT_FOUND", "%s", e->why);
     case ROOMS_E_TOO_LARGE: return http_respond_error(r, 413, "M_TOO_LARGE", "%s", e->why);
     case ROOMS_E_BAD_JSON: return http_respond_error(r, 400, "M_BAD_JSON", "%s", e->why);
+    case ROOMS_E_NO_DIRECTORY: return rooms_directory_disabled(r);
+    case ROOMS_E_BAD_ALIAS: return http_respond_error(r, 400, "M_BAD_ALIAS", "%s", e->why);
+    case ROOMS_E_ALIAS_IN_USE: return http_respond_error(r, 400, "M_ROOM_IN_USE", "%s", e->why);
+    case ROOMS_E_INVALID: return http_respond_error(r, 400, "M_INVALID_PARAM", "%s", e->why);
     default: return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     }
 }
@@ -186,7 +190,7 @@ static int rooms_init(core_runtime *rt)
     if (rooms_create_routes(s) < 0 || rooms_membership_routes(s) < 0 || rooms_send_routes(s) < 0 ||
         rooms_read_routes(s) < 0 || rooms_ephemeral_routes(s) < 0 || rooms_relations_routes(s) < 0)
         return -1;
-    if (rooms_search_routes(s) < 0) return -1;
+    if (rooms_search_routes(s) < 0 || rooms_iface_provide() < 0) return -1;
     return 0;
 }
 

@@ -9,7 +9,9 @@
  * namespace ("redact|<txnId>"). Setting a state event to the content it already has
  * writes nothing and answers with the existing event, as Synapse does. A second annotation
  * (reaction) with the same key from the same sender to the same event is refused with 400
- * M_DUPLICATE_ANNOTATION, as the spec says; redacting the first allows it again. Everything
+ * M_DUPLICATE_ANNOTATION, as the spec says; redacting the first allows it again. An
+ * m.room.canonical_alias state event must name aliases that point to the room
+ * (rooms_check_canonical_alias, 400 M_BAD_ALIAS). Everything
  * else - auth rules, size limits, canonical JSON - is the write path's (rooms_write.c).
  */
 #include <stdio.h>
@@ -144,6 +146,13 @@ static int put_state(atrium_req *r)
     if (!content) return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
+    if (strcmp(type, "m.room.canonical_alias") == 0 && key[0] == '\0') {
+        rooms_err e = {0};
+        if (rooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
+            rooms_db_release(c);
+            return rooms_fail(r, &e);
+        }
+    }
     char id[EVENT_ID_LEN];
     bool same = same_state(c, room, type, key, content, id);
     rooms_db_release(c);
