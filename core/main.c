@@ -31,6 +31,7 @@
 #include "core/cli/cli.h"
 #include "core/client/auth/auth.h"
 #include "core/client/client.h"
+#include "core/client/ratelimits.h"
 #include "core/client/sync/notifier.h"
 #include "core/config/config.h"
 #include "core/federation/federation.h"
@@ -134,27 +135,6 @@ static void raise_nofile_limit(void)
     }
 }
 
-static const atrium_migration CORE_MIGRATIONS[] = {
-    {1, "core_server_info",
-     "CREATE TABLE IF NOT EXISTS core_server_info ("
-     " key text PRIMARY KEY, value text NOT NULL)"},
-    /* One position for every per-user stream: see core/client/sync/notifier.h and
-     * docs/adr/0003-stream-positions-from-one-sequence.md. Writers take
-     * positions with stream_next(), which holds a shared advisory lock until their
-     * transaction ends; stream_upto() takes that lock exclusively for an instant, so the
-     * position it returns never passes a row that is not yet committed. */
-    {2, "stream_seq",
-     "CREATE SEQUENCE stream_seq;"
-     "CREATE FUNCTION stream_next() RETURNS bigint LANGUAGE plpgsql AS $f$"
-     " BEGIN PERFORM pg_advisory_xact_lock_shared(7405418920188312);"
-     " RETURN nextval('stream_seq'); END $f$;"
-     "CREATE FUNCTION stream_upto() RETURNS bigint LANGUAGE plpgsql AS $f$"
-     " DECLARE v bigint; called boolean;"
-     " BEGIN PERFORM pg_advisory_xact_lock(7405418920188312);"
-     " SELECT last_value, is_called INTO v, called FROM stream_seq;"
-     " IF called THEN RETURN v; END IF; RETURN 0; END $f$;"},
-};
-
 static int serve(const char *config_path)
 {
     char err[CFG_ERR_LEN];
@@ -190,26 +170,25 @@ static int serve(const char *config_path)
     int exit_code = 1;
     rt_pool *auth_pool_obj = NULL;
     core_runtime rt = {.cfg = &cfg, .root = root};
+    core_runtime_bind(&rt); /* before any module's init; unbound below, after every thread */
     rt.metrics = rt_metrics_new();
     rt.http = rt.metrics ? http_server_new(&cfg, rt.metrics) : NULL;
-    if (!rt.http || http_builtin_routes(rt.http) < 0) goto out;
+    rt.notifier = notifier_new();
+    if (!rt.notifier || !rt.http || http_builtin_routes(rt.http) < 0) goto out;
     rt_log(ATRIUM_LOG_INFO, "core", "Atrium %s starting for %s", ATRIUM_VERSION, cfg.server_name);
 
     rt.db = db_pool_new(cfg.database.conninfo, cfg.database.pool_size,
                         cfg.database.checkout_timeout_ms, rt.metrics);
     if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
-    db_set_global(rt.db);
-    if (db_migrate(rt.db, "core", CORE_MIGRATIONS,
-                   sizeof(CORE_MIGRATIONS) / sizeof(CORE_MIGRATIONS[0])) < 0)
-        goto out;
+    if (db_core_migrate(rt.db) < 0) goto out;
     auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);
     if (!auth_pool_obj || rt_pool_start(auth_pool_obj) < 0) goto stop_plugins;
-    auth_set_pool(auth_pool_obj);
+    rt.auth_pool = auth_pool_obj;
     for (size_t i = 0; CLIENT_MODULES[i]; i++) {
         const client_module *m = CLIENT_MODULES[i];
-        if (m->init(rt.http, rt.metrics) < 0 ||
+        if (m->init(&rt) < 0 ||
             (m->n_migrations && db_migrate(rt.db, m->owner, m->migrations, m->n_migrations) < 0) ||
-            (m->start && m->start() < 0))
+            (m->start && m->start(&rt) < 0))
             goto stop_plugins;
     }
     size_t n_fed_migrations = 0;
@@ -236,7 +215,7 @@ static int serve(const char *config_path)
 stop_plugins:
     plugins_stop_all(&rt);
     for (size_t i = 0; CLIENT_MODULES[i]; i++)
-        if (CLIENT_MODULES[i]->stop) CLIENT_MODULES[i]->stop();
+        if (CLIENT_MODULES[i]->stop) CLIENT_MODULES[i]->stop(&rt);
     if (auth_pool_obj) {
         rt_pool_stop(auth_pool_obj);
         rt_pool_join(auth_pool_obj);
@@ -246,12 +225,14 @@ stop_plugins:
     federation_stop(); /* after the listeners: outbound callbacks may still resume requests */
     plugins_fini_all(&rt);
     federation_free();
-    auth_set_pool(NULL);
-    notifier_free();
+    rt.auth_pool = NULL;
     if (auth_pool_obj) rt_pool_free(auth_pool_obj);
 out:
     http_server_free(rt.http);
-    db_set_global(NULL);
+    notifier_free(rt.notifier);
+    auth_cache_free(rt.auth_cache);
+    ratelimits_free(&rt);
+    core_runtime_bind(NULL);
     db_pool_free(rt.db);
     rt_metrics_free(rt.metrics);
     core_config_release(&cfg);

@@ -118,7 +118,7 @@ run_ctest() {
     # Tests that skipped themselves say why ("SKIPPED: ..."): the summary repeats it, so a
     # run without, say, the Synapse peer says so at the end.
     local skipped
-    while read -r skipped; do summary+=("    skipped: $skipped"); done \
+    while read -r skipped; do summary+=("    ${skipped/SKIPPED: /skipped: }"); done \
         < <(grep -ho "SKIPPED: [^'\"]*" "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u)
 }
 

@@ -8,30 +8,46 @@
 
 #define SECONDS_PER_MINUTE 60.0
 
-static rt_ratelimit *rl_register, *rl_login, *rl_message;
-
 static rt_ratelimit *make(const char *name, const struct core_rate *rate, rt_metrics *metrics)
 {
     return rt_ratelimit_new(name, rate->per_minute / SECONDS_PER_MINUTE, rate->burst,
                             RATELIMIT_MAX_KEYS, metrics);
 }
 
-int ratelimits_init(const struct core_config *cfg, rt_metrics *metrics)
+int ratelimits_init(core_runtime *rt)
 {
-    RT_ASSERT(!rl_register, "%s", "ratelimits_init called twice");
-    rl_register = make("register", &cfg->ratelimit.registration, metrics);
-    rl_login = make("login", &cfg->ratelimit.login, metrics);
-    rl_message = make("message", &cfg->ratelimit.message, metrics);
-    if (!rl_register || !rl_login || !rl_message) {
+    core_limits *l = &rt->limits;
+    RT_ASSERT(!l->registration, "%s", "ratelimits_init called twice");
+    l->registration = make("register", &rt->cfg->ratelimit.registration, rt->metrics);
+    l->login = make("login", &rt->cfg->ratelimit.login, rt->metrics);
+    l->message = make("message", &rt->cfg->ratelimit.message, rt->metrics);
+    if (!l->registration || !l->login || !l->message) {
         rt_log(ATRIUM_LOG_ERROR, "core", "out of memory creating the rate limiters");
         return ATRIUM_E_NOMEM;
     }
     return 0;
 }
 
-rt_ratelimit *ratelimit_register(void) { return rl_register; }
-rt_ratelimit *ratelimit_login(void) { return rl_login; }
-rt_ratelimit *ratelimit_message(void) { return rl_message; }
+void ratelimits_free(core_runtime *rt)
+{
+    core_limits *l = &rt->limits;
+    rt_ratelimit_free(l->registration);
+    rt_ratelimit_free(l->login);
+    rt_ratelimit_free(l->message);
+    rt_ratelimit_free(l->sync);
+    *l = (core_limits){0};
+}
+
+static core_limits *limits(void)
+{
+    core_runtime *rt = core_runtime_get();
+    return rt ? &rt->limits : NULL;
+}
+
+rt_ratelimit *ratelimit_register(void) { return limits() ? limits()->registration : NULL; }
+rt_ratelimit *ratelimit_login(void) { return limits() ? limits()->login : NULL; }
+rt_ratelimit *ratelimit_message(void) { return limits() ? limits()->message : NULL; }
+rt_ratelimit *ratelimit_sync(void) { return limits() ? limits()->sync : NULL; }
 
 bool ratelimit_refused(atrium_req *r, rt_ratelimit *rl)
 {

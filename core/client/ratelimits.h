@@ -15,17 +15,22 @@
 #include <stdbool.h>
 
 #include "core/http/http.h"
+#include "core/runtime/core_runtime.h"
 
 #define RATELIMIT_MAX_KEYS 100000 /* clients tracked per limiter */
 
-/* Create the limiters from cfg (start-up, once; the accounts module's init does it).
- * 0 or ATRIUM_E_NOMEM. They live until the process exits. */
-int ratelimits_init(const struct core_config *cfg, rt_metrics *metrics);
+/* Create the limiters from rt->cfg into rt->limits (start-up, once; the accounts module's
+ * init does it). 0 or ATRIUM_E_NOMEM. They live until ratelimits_free. */
+int ratelimits_init(core_runtime *rt);
+/* Free every limiter of rt->limits (the sync module's too) and clear them. core/main.c, at
+ * the end, after every thread that counts requests stopped. */
+void ratelimits_free(core_runtime *rt);
 
-/* The limiters (NULL before ratelimits_init). Any thread. */
+/* The bound runtime object's limiters (NULL before ratelimits_init). Any thread. */
 rt_ratelimit *ratelimit_register(void);
 rt_ratelimit *ratelimit_login(void);
 rt_ratelimit *ratelimit_message(void);
+rt_ratelimit *ratelimit_sync(void); /* created by the sync module (core/client/sync/sync.c) */
 
 /* [req] Count r against rl: false = allowed; true = refused, and r has been answered 429
  * (the handler returns ATRIUM_DONE). A NULL rl allows everything. */

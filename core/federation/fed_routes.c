@@ -44,11 +44,7 @@ static int get_server_keys(atrium_req *r)
 static int get_profile(atrium_req *r)
 {
     fed_module *m = fed_state();
-    const char *user = NULL, *field = NULL;
-    for (size_t i = 0; i < r->n_args; i++) {
-        if (!user && strcmp(r->args[i].name, "user_id") == 0) user = r->args[i].value;
-        if (!field && strcmp(r->args[i].name, "field") == 0) field = r->args[i].value;
-    }
+    const char *user = http_req_query(r, "user_id"), *field = http_req_query(r, "field");
     if (!user || !*user)
         return http_respond_error(r, 400, "M_MISSING_PARAM", "user_id is required");
     if (field && strcmp(field, "displayname") != 0 && strcmp(field, "avatar_url") != 0)

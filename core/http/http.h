@@ -263,6 +263,17 @@ const char *http_req_client_key(atrium_req *r);
 /* [req] The body as a JSON object, parsed once and kept in r->json (freed with r, so it
  * survives re-runs). NULL after answering 400 M_NOT_JSON (empty, malformed, not an object). */
 json_t *http_req_json(atrium_req *r);
+/* [req] Typed fields of a JSON object of the request (field.c). Each returns true when the
+ * field is fine (absent fields leave *out at NULL / the default), false after answering:
+ * 400 M_BAD_JSON for a wrong type, 400 M_MISSING_PARAM for an absent required field, 400
+ * M_INVALID_PARAM over max_bytes (0 = no limit) or for a string with a NUL. Strings point
+ * into obj. */
+bool http_field_string(atrium_req *r, json_t *obj, const char *key, bool required,
+                       size_t max_bytes, const char **out);
+bool http_field_bool(atrium_req *r, json_t *obj, const char *key, bool def, bool *out);
+/* An object field (absent: *out NULL). */
+bool http_field_object(atrium_req *r, json_t *obj, const char *key, bool required,
+                       json_t **out);
 /* [req] The one rate-limit check of a request: 0 = allowed, > 0 = refused, milliseconds
  * until a token is there. Counts r once per limiter however often its handler runs again
  * (park, handoff), never when rate limiting is off or the scope says the request was

@@ -19,7 +19,6 @@
 #define HOST_ERR_LEN 512
 #define RATELIMIT_MAX_KEYS 100000 /* client keys tracked per action */
 
-static core_runtime *rt_bound; /* the runtime this table serves; set once at start-up */
 
 struct atrium_line {
     rt_line *line;
@@ -30,7 +29,7 @@ struct atrium_line {
 
 static const char *h_server_name(void)
 {
-    return rt_bound->cfg->server_name;
+    return core_runtime_get()->cfg->server_name;
 }
 
 static void h_log(atrium_plugin *self, int level, const char *fmt, ...)
@@ -119,7 +118,7 @@ static int h_route_add(atrium_plugin *self, const atrium_route *route)
     int rc = require_init(self, "route_add");
     if (rc < 0) return rc;
     char err[HOST_ERR_LEN];
-    rc = router_add(rt_bound->http->router, route, self->name, err, sizeof(err));
+    rc = router_add(core_runtime_get()->http->router, route, self->name, err, sizeof(err));
     if (rc < 0) rt_log(ATRIUM_LOG_ERROR, self->name, "%s", err);
     return rc;
 }
@@ -188,7 +187,7 @@ static atrium_pool *h_pool_create(atrium_plugin *self, const char *name, int thr
     if (require_init(self, "pool_create") < 0 || self->n_pools == PLUGIN_MAX_POOLS) return NULL;
     char full[128];
     snprintf(full, sizeof(full), "%s.%s", self->name, name);
-    rt_pool *p = rt_pool_new(full, threads, queue_depth, rt_bound->metrics);
+    rt_pool *p = rt_pool_new(full, threads, queue_depth, core_runtime_get()->metrics);
     if (p) self->pools[self->n_pools++] = p;
     return (atrium_pool *)p;
 }
@@ -208,7 +207,7 @@ static int h_handoff(atrium_req *r, atrium_pool *pool, const atrium_scope_value 
 static atrium_event *h_event_create(atrium_plugin *self)
 {
     if (require_init(self, "event_create") < 0) return NULL;
-    return susp_event_new(rt_bound->http);
+    return susp_event_new(core_runtime_get()->http);
 }
 
 static int h_park(atrium_req *r, atrium_event *ev, int64_t deadline_ms)
@@ -226,7 +225,7 @@ static atrium_budget *h_budget_create(atrium_plugin *self, const char *name, int
     if (require_init(self, "budget_create") < 0) return NULL;
     char full[128];
     snprintf(full, sizeof(full), "%s.%s", self->name, name);
-    rt_budget *b = rt_budget_new(full, global_cap, per_key_cap, rt_bound->metrics);
+    rt_budget *b = rt_budget_new(full, global_cap, per_key_cap, core_runtime_get()->metrics);
     if (!b || !plugin_own(self, (void (*)(void *))rt_budget_free, b)) return NULL;
     return (atrium_budget *)b;
 }
@@ -287,7 +286,7 @@ static atrium_line *h_line_create(atrium_plugin *self, const char *name, int slo
     snprintf(full, sizeof(full), "%s.%s", self->name, name);
     atrium_line *l = calloc(1, sizeof(*l));
     if (!l) return NULL;
-    l->line = rt_line_new(full, slots, max_waiting, max_waiting_per_key, rt_bound->metrics);
+    l->line = rt_line_new(full, slots, max_waiting, max_waiting_per_key, core_runtime_get()->metrics);
     l->max_wait_ms = max_wait_ms;
     if (!l->line) {
         free(l);
@@ -304,7 +303,7 @@ static int h_line_admit(atrium_req *r, atrium_line *line)
 
 static int h_outbound_acquire(atrium_req *r)
 {
-    return acquire_as_hold(r, rt_bound->http->outbound);
+    return acquire_as_hold(r, core_runtime_get()->http->outbound);
 }
 
 static atrium_ratelimit *h_ratelimit_create(atrium_plugin *self, const char *action,
@@ -314,7 +313,7 @@ static atrium_ratelimit *h_ratelimit_create(atrium_plugin *self, const char *act
     char full[128];
     snprintf(full, sizeof(full), "%s.%s", self->name, action);
     rt_ratelimit *rl = rt_ratelimit_new(full, per_second, burst, RATELIMIT_MAX_KEYS,
-                                        rt_bound->metrics);
+                                        core_runtime_get()->metrics);
     if (!rl || !plugin_own(self, (void (*)(void *))rt_ratelimit_free, rl)) return NULL;
     return (atrium_ratelimit *)rl;
 }
@@ -341,14 +340,14 @@ static atrium_metric *h_metric_counter(atrium_plugin *self, const char *name, co
                                        const char *help)
 {
     if (require_init(self, "metric_counter") < 0 || !metric_name_ok(self, name)) return NULL;
-    return (atrium_metric *)rt_metric_counter(rt_bound->metrics, name, labels, help);
+    return (atrium_metric *)rt_metric_counter(core_runtime_get()->metrics, name, labels, help);
 }
 
 static atrium_metric *h_metric_gauge(atrium_plugin *self, const char *name, const char *labels,
                                      const char *help)
 {
     if (require_init(self, "metric_gauge") < 0 || !metric_name_ok(self, name)) return NULL;
-    return (atrium_metric *)rt_metric_gauge(rt_bound->metrics, name, labels, help);
+    return (atrium_metric *)rt_metric_gauge(core_runtime_get()->metrics, name, labels, help);
 }
 
 static void h_metric_add(atrium_metric *m, int64_t d) { rt_metric_add((rt_metric *)m, d); }
@@ -357,10 +356,10 @@ static PGconn *h_db_acquire(int64_t timeout_ms)
 {
     /* DB_WAIT_CONFIGURED is the core's own marker, not part of the ABI: a negative wait
      * from a plugin stays "do not wait". */
-    return db_acquire(rt_bound->db, timeout_ms < 0 ? 0 : timeout_ms);
+    return db_acquire(core_runtime_get()->db, timeout_ms < 0 ? 0 : timeout_ms);
 }
-static int64_t h_db_wait_ms(void) { return db_request_wait_ms(rt_bound->db); }
-static void h_db_release(PGconn *c) { db_release(rt_bound->db, c); }
+static int64_t h_db_wait_ms(void) { return db_request_wait_ms(core_runtime_get()->db); }
+static void h_db_release(PGconn *c) { db_release(core_runtime_get()->db, c); }
 
 /* ---- federation (1.1) ------------------------------------------------------------------ */
 
@@ -422,6 +421,19 @@ static const char *h_fed_response_header(const atrium_fed_response *res, const c
 static int h_req_wait(atrium_req *r, int64_t deadline_ms) { return susp_wait(r, deadline_ms); }
 static void h_req_wake(atrium_req *r) { susp_wake(r); }
 static int h_fed_sign_json(json_t *obj) { return federation_sign_json(obj); }
+
+static int h_iface_provide(atrium_plugin *self, const char *name, const void *iface)
+{
+    int rc = require_init(self, "iface_provide");
+    if (rc < 0) return rc;
+    if (!name || !self->desc->provides || strcmp(name, self->desc->provides) != 0) {
+        rt_log(ATRIUM_LOG_ERROR, self->name, "iface_provide(\"%s\"): a plugin provides only the "
+               "interface its descriptor names in .provides (\"%s\")", name ? name : "(null)",
+               self->desc->provides ? self->desc->provides : "none");
+        return ATRIUM_E_INVAL;
+    }
+    return plugins_iface_add(self->name, self->desc->provides, iface);
+}
 
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
@@ -496,10 +508,12 @@ static const atrium_host HOST = {
     .req_wake = h_req_wake,
     .fed_sign_json = h_fed_sign_json,
     .fed_verify_json = federation_verify_json,
+    .iface_provide = h_iface_provide,
+    .iface_get = plugins_iface_get,
 };
 
 const atrium_host *host_table(core_runtime *rt)
 {
-    rt_bound = rt;
+    RT_ASSERT(rt == core_runtime_get(), "%s", "the host table serves the bound runtime object");
     return &HOST;
 }

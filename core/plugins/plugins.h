@@ -15,6 +15,7 @@
 #include "atrium/host.h"
 #include "core/config/config.h"
 #include "core/http/http.h"
+#include "core/runtime/core_runtime.h"
 #include "core/runtime/runtime.h"
 #include "core/store/db.h"
 
@@ -45,21 +46,10 @@ struct atrium_plugin {
     bool in_init, inited, started;
 };
 
-/* The runtime object: everything the core runs, in one place. */
-typedef struct core_runtime {
-    const struct core_config *cfg;
-    const cfg_node *root;
-    rt_metrics *metrics;
-    http_server *http;
-    db_pool *db;
-    struct atrium_plugin **plugins;
-    size_t n_plugins;
-} core_runtime;
-
 /* Record obj for freeing after the plugin's fini; false (and obj freed) when full. */
 bool plugin_own(atrium_plugin *p, void (*free_fn)(void *), void *obj);
 
-/* The host table; binds rt as the runtime host functions serve. */
+/* The host table, serving rt (the bound runtime object, core_runtime_get()). */
 const atrium_host *host_table(core_runtime *rt);
 
 /* The handshake (loader.c): dlopen path and check the descriptor against this server;
@@ -79,6 +69,15 @@ int plugins_describe(const char *plugin_dir, const char *name, const char *path,
                      struct cfg_plugin_doc *out);
 /* Free the rows plugins_describe made (their strings stay: they are the plugin's). */
 void plugins_describe_release(struct cfg_plugin_doc *doc);
+
+/* The interface registry (iface.c). Register iface (its first field its size, >= 8) under
+ * name for owner ("core" or a plugin's name): 0, ATRIUM_E_INVAL, ATRIUM_E_EXISTS (logged
+ * with both owners), ATRIUM_E_LIMIT. Main thread, before the listener opens. */
+int plugins_iface_add(const char *owner, const char *name, const void *iface);
+/* The interface registered under name whose size is >= min_size, or NULL. Any thread. */
+const void *plugins_iface_get(const char *name, uint32_t min_size);
+/* Forget every interface (after the plugins' fini; for tests that start twice). */
+void plugins_iface_reset(void);
 
 /* Load and init every enabled plugin (plugins.<name>.enabled). 0 or -1 (logged). */
 int plugins_load_all(core_runtime *rt);

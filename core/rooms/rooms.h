@@ -59,6 +59,10 @@ enum rooms_failure {
     ROOMS_E_BAD_JSON = -103,  /* 400 M_BAD_JSON (not canonical, malformed) */
     ROOMS_E_DB = -104,        /* 503 M_UNKNOWN, retry */
     ROOMS_E_TXN_RACE = -105,  /* the transaction ID was stored meanwhile: look it up */
+    ROOMS_E_NO_DIRECTORY = -106, /* 400 M_UNRECOGNIZED: aliases need the disabled directory */
+    ROOMS_E_BAD_ALIAS = -107,    /* 400 M_BAD_ALIAS (m.room.canonical_alias) */
+    ROOMS_E_ALIAS_IN_USE = -108, /* 400 M_ROOM_IN_USE */
+    ROOMS_E_INVALID = -109,      /* 400 M_INVALID_PARAM */
 };
 
 typedef struct rooms_err {

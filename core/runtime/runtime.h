@@ -5,7 +5,8 @@
  * These are the mechanisms of docs/architecture.md without any HTTP in them, so each can be unit
  * tested alone. core/http glues them to libmicrohttpd (suspend/resume, holds) and the host
  * table exposes them to plugins. Internal prefix: rt_. Functions that can fail return a
- * negative enum atrium_err (include/atrium/abi.h) or NULL.
+ * negative enum atrium_err (include/atrium/abi.h) or NULL. The runtime object, which holds
+ * the running instances of these for the whole process, is core_runtime.h.
  */
 #ifndef ATRIUM_CORE_RUNTIME_H
 #define ATRIUM_CORE_RUNTIME_H

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/runtime/core_runtime.h"
 #include "core/store/db.h"
 
 #define DB_RETRY_INTERVAL_MS 1000
@@ -30,13 +31,6 @@ struct db_pool {
     rt_metric *m_in_use, *m_size, *m_timeouts, *m_resets;
 };
 
-static db_pool *global_pool;
-
-void db_set_global(db_pool *p)
-{
-    global_pool = p;
-}
-
 int64_t db_request_wait_ms(const db_pool *p)
 {
     return p ? p->request_wait_ms : 0;
@@ -44,7 +38,8 @@ int64_t db_request_wait_ms(const db_pool *p)
 
 db_pool *db_global(void)
 {
-    return global_pool;
+    core_runtime *rt = core_runtime_get();
+    return rt ? rt->db : NULL;
 }
 
 db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,
@@ -218,7 +213,7 @@ static bool exec_ok(PGconn *c, const char *sql, char *err, size_t errlen)
 
 int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n)
 {
-    PGconn *c = db_acquire(p, 30000);
+    PGconn *c = db_acquire(p, DB_MIGRATE_WAIT_MS);
     if (!c) {
         rt_log(ATRIUM_LOG_ERROR, "core", "migrations for \"%s\": no database connection", owner);
         return -1;
@@ -227,7 +222,8 @@ int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size
     int applied = 0;
     bool ok = exec_ok(c, "BEGIN", err, sizeof(err)) &&
               /* One lock for every owner and process: migrations never race. */
-              exec_ok(c, "SELECT pg_advisory_xact_lock(7405418920188311)", err, sizeof(err)) &&
+              exec_ok(c, "SELECT pg_advisory_xact_lock(" DB_LOCK_MIGRATIONS ")", err,
+                      sizeof(err)) &&
               exec_ok(c,
                       "CREATE TABLE IF NOT EXISTS atrium_migrations ("
                       " owner text NOT NULL, version integer NOT NULL, name text NOT NULL,"

@@ -47,8 +47,26 @@ const char *db_pool_conninfo(const db_pool *p);
 /* Apply owner's pending migrations (versions ascending, each recorded). 0 or -1 (logged). */
 int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n);
 
-/* The process-wide pool the host table's db_acquire uses. */
-void db_set_global(db_pool *p);
+/* Apply the core's own migrations (db_core.c: core_server_info, the stream positions),
+ * before any module's or plugin's. 0 or -1 (logged). */
+int db_core_migrate(db_pool *p);
+
+/* ---- what every user of the database shares ------------------------------------------ */
+
+/* A request path's wait for a pooled connection is DB_WAIT_CONFIGURED (above). How long
+ * start-up waits for a connection to apply an owner's migrations. */
+#define DB_MIGRATE_WAIT_MS 30000
+
+/* The advisory-lock keys the core takes, as SQL text, all here so no two collide. The
+ * bigint form: */
+#define DB_LOCK_MIGRATIONS "7405418920188311" /* db_migrate: one migrating process at a time */
+#define DB_LOCK_STREAM "7405418920188312"     /* stream_next (shared), stream_upto (exclusive) */
+/* Key classes of the two-int form pg_advisory_xact_lock(class, key), a key space apart
+ * from the bigint one: */
+#define DB_LOCK_CLASS_PUSHERS "7405" /* pushers/set, per hash of (app_id, pushkey) */
+
+/* The runtime object's pool (core/runtime/core_runtime.h), the one the core and the host
+ * table's db_acquire use; NULL when no runtime object is bound. Any thread. */
 db_pool *db_global(void);
 
 #endif

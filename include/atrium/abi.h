@@ -19,7 +19,8 @@
  * (members are appended), so an old plugin keeps working on a newer host of the same major. */
 #define ATRIUM_ABI_MAJOR 1
 #define ATRIUM_ABI_MINOR 1 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
-                              federation (req_origin, fed_request, req_wait, ...) */
+                              federation (req_origin, fed_request, req_wait, ...);
+                              interfaces (iface_provide, iface_get) */
 
 #define ATRIUM_PLUGIN_MAGIC 0x41545250u /* "ATRP" */
 

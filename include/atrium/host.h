@@ -472,6 +472,25 @@ struct atrium_host {
      * blocking). ATRIUM_E_INVAL when obj is not an object: done is not called then. */
     int (*fed_verify_json)(const json_t *obj, const char *server_name, int64_t valid_at_ms,
                            void (*done)(void *arg, int result, const char *why), void *arg);
+
+    /* == 1.1: interfaces between plugins and the core =================================== */
+    /* An interface is a static struct of function pointers whose first two fields are
+     * `uint32_t size` (sizeof the struct the provider was built with; the struct only
+     * grows by appending) and `uint32_t version` (the interface's minor version), named
+     * "<interface>/<major>" ("directory/1"). Its header lives in include/atrium/, so a
+     * replacement plugin can provide the same interface and any caller can use it. The
+     * core provides "rooms/1" (atrium/rooms.h). */
+
+    /* [init] Provide `iface` under `name`, which must be the descriptor's `provides` (a
+     * plugin provides one interface). `iface` must stay valid until the server exits and
+     * its functions must be callable from any thread once start() ran. ATRIUM_E_INVAL (name
+     * is not this plugin's `provides`, or size < 8), ATRIUM_E_EXISTS (already provided). */
+    int (*iface_provide)(atrium_plugin *self, const char *name, const void *iface);
+    /* [any] The interface provided under `name`, or NULL when no enabled plugin (or the
+     * core) provides it, or the provider's struct is smaller than min_size (built for an
+     * older minor that lacks members the caller needs). Complete once every plugin's init
+     * ran: call it in start() or later (a request handler), and keep the pointer. */
+    const void *(*iface_get)(const char *name, uint32_t min_size);
 };
 
 /* Does this host offer `member`? (For plugins that target an older minor.) */

@@ -1,32 +1,26 @@
 /*
  * plugins/directory/directory.c - the room directory plugin (provides "directory/1").
  *
- * This version owns the directory's table and serves the local public room list from it:
- * GET /publicRooms (no token needed) and POST /publicRooms (a token needed; a search term
- * and room types as filters). The decision this file owns is how the list is paged: rooms
- * are ordered by joined members (most first), then room ID, and a page token is the
- * offset into that order ("o<N>"), so next_batch and prev_batch are the offsets of the
- * neighbouring pages. A room that joins or leaves the list between two pages can shift
- * one entry, which the spec allows (the count is an estimate).
- * What this file does not do yet: publish rooms, aliases, or remote look-ups (`server=`
- * another server is refused with 400; those run under the outbound budget
- * (ADR-0079, docs/adr/0079-outbound-budget.md)
- * once federation exists). Nothing fills the table but an operator, for now.
+ * This file is the plugin's frame: the descriptor, its one setting (who may list rooms),
+ * the migrations of its two tables, its routes, and the "directory/1" interface table
+ * (include/atrium/directory.h) through which the core creates and resolves aliases and
+ * lists rooms without including anything of this plugin. The work lives in aliases.c
+ * (room aliases) and listing.c (publishing and the public room list). It is built only
+ * against include/atrium/, like any third-party plugin, and reads the core's rooms only
+ * through "rooms/1" (include/atrium/rooms.h). remote.c asks other servers
+ * (publicRooms?server=, their aliases) under the outbound budget of ADR-0079
+ * (docs/adr/0079-outbound-budget.md).
  */
-#include <ctype.h>
-#include <errno.h>
-#include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "atrium/host.h"
+#include "directory.h"
 
-#define DIRECTORY_DEFAULT_LIMIT 100
-#define DIRECTORY_MAX_LIMIT 500
-#define DIRECTORY_MAX_OFFSET 1000000       /* deepest page token accepted */
-#define DIRECTORY_MAX_SEARCH_BYTES 256     /* generic_search_term */
-#define DIRECTORY_MAX_ROOM_TYPES 16        /* entries of filter.room_types */
-#define DIRECTORY_MAX_ROOM_TYPE_BYTES 255  /* one room type */
+const atrium_host *dir_host;
+atrium_plugin *dir_self;
+const atrium_rooms *dir_rooms;
+enum dir_publish_rule dir_publish_rule;
 
 static const atrium_migration MIGRATIONS[] = {
     {1, "public_rooms",
@@ -39,248 +33,101 @@ static const atrium_migration MIGRATIONS[] = {
      " join_rule text NOT NULL DEFAULT 'public',"
      " published_at timestamptz NOT NULL DEFAULT now())"},
     {2, "room_type", "ALTER TABLE directory_public_rooms ADD COLUMN room_type text"},
+    {3, "aliases",
+     "CREATE TABLE directory_aliases ("
+     " alias text PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " creator text NOT NULL,"
+     " created_at timestamptz NOT NULL DEFAULT now());"
+     "CREATE INDEX directory_aliases_room ON directory_aliases (room_id)"},
 };
 
-typedef struct directory {
-    const atrium_host *host;
-    atrium_plugin *self;
-} directory;
+static dir_settings settings;
+#define FIELD(f) offsetof(dir_settings, f)
 
-/* One page request, from the query string (GET) or the body (POST). */
-typedef struct page_query {
-    long limit;
-    long offset;
-    const char *search;     /* generic_search_term, or NULL */
-    char *types_json;       /* filter.room_types as a JSON array (null = no type), or NULL */
-} page_query;
+static const atrium_setting SETTINGS[] = {
+    {.key = "publish", .type = ATRIUM_SETTING_STRING,
+     .offset = offsetof(dir_settings, publish), .def_string = "everyone",
+     .help = "Who may list rooms in the public room list: \"everyone\" (a member with the "
+             "power to set the room's canonical alias) or \"admins\" (server admins only)."},
+    {.key = "remote_timeout_ms", .type = ATRIUM_SETTING_INT64, .offset = FIELD(remote_timeout_ms),
+     .def = 20000, .min = 1000, .max = 120000, .unit = "ms",
+     .help = "A look-up on another server (publicRooms?server=, a remote alias) fails with 504 "
+             "after this long; keep it under clients' own timeouts."},
+    {.key = "remote_cache_ms", .type = ATRIUM_SETTING_INT64, .offset = FIELD(remote_cache_ms),
+     .def = 30000, .min = 0, .max = 3600000, .unit = "ms",
+     .help = "How long another server's answer is reused for identical look-ups; 0 = not "
+             "reused (identical look-ups in flight are still shared)."},
+};
 
-static const atrium_host *h; /* the host table, valid from init to fini */
+static const atrium_directory DIRECTORY_IFACE = {
+    .size = sizeof(atrium_directory),
+    .version = ATRIUM_DIRECTORY_VERSION,
+    .alias_create = dir_alias_create,
+    .alias_resolve = dir_alias_resolve,
+    .room_publish = dir_room_publish,
+    .room_changed = dir_room_changed,
+    .may_publish = dir_may_publish,
+};
 
-static void set_optional(json_t *o, const char *key, PGresult *res, int row, int col)
+PGresult *dir_q(PGconn *c, const char *sql, int n, const char *const *params, bool *unique)
 {
-    if (!PQgetisnull(res, row, col))
-        json_object_set_new(o, key, json_string(PQgetvalue(res, row, col)));
-}
-
-/* A page token "o<N>" into *offset; false for anything else. */
-static bool parse_since(const char *since, long *offset)
-{
-    if (since[0] != 'o' || !isdigit((unsigned char)since[1])) return false;
-    char *end = NULL;
-    errno = 0;
-    long n = strtol(since + 1, &end, 10);
-    if (errno || *end || n > DIRECTORY_MAX_OFFSET) return false;
-    *offset = n;
-    return true;
-}
-
-/* The `server` query parameter: absent or this server. false after answering 400. */
-static bool local_server(atrium_req *req)
-{
-    const char *server = h->req_query(req, "server");
-    if (!server || strcmp(server, h->server_name()) == 0) return true;
-    h->respond_error(req, 400, "M_INVALID_PARAM",
-                     "Remote room directories are not supported yet; leave out 'server'");
-    return false;
-}
-
-/* Runs the page query and answers with chunk, next_batch/prev_batch and the estimate. */
-static int answer_page(atrium_req *req, const page_query *q)
-{
-    directory *d = h->req_route_arg(req);
-    char lim[24], off[24];
-    snprintf(lim, sizeof(lim), "%ld", q->limit);
-    snprintf(off, sizeof(off), "%ld", q->offset);
-    const char *params[4] = {lim, off, q->search, q->types_json};
-    PGconn *c = h->db_acquire(h->db_wait_ms());
-    if (!c) return h->respond_error(req, 503, "M_UNKNOWN", "The database is busy; retry");
-    /* $3: case-insensitive substring of name, topic or alias (LIKE wildcards escaped);
-     * $4: allowed room types, JSON null standing for rooms without one. One row more
-     * than the page says whether a next page exists. */
-    PGresult *res = PQexecParams(
-        c,
-        "WITH matching AS (SELECT * FROM directory_public_rooms r WHERE"
-        " ($3::text IS NULL OR concat_ws(' ', r.name, r.topic, r.canonical_alias) ILIKE"
-        "  '%' || replace(replace(replace($3, '\\', '\\\\'), '%', '\\%'), '_', '\\_') || '%')"
-        " AND ($4::jsonb IS NULL OR EXISTS (SELECT 1 FROM jsonb_array_elements($4::jsonb) t"
-        "  WHERE (jsonb_typeof(t) = 'null' AND r.room_type IS NULL)"
-        "  OR (jsonb_typeof(t) = 'string' AND r.room_type = t #>> '{}'))))"
-        " SELECT room_id, name, topic, canonical_alias, avatar_url, num_joined_members,"
-        " world_readable, guest_can_join, join_rule, room_type,"
-        " (SELECT count(*) FROM matching)"
-        " FROM matching ORDER BY num_joined_members DESC, room_id"
-        " LIMIT $1::bigint + 1 OFFSET $2::bigint",
-        4, NULL, params, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        h->log(d->self, ATRIUM_LOG_ERROR, "public room query failed: %s",
-               PQresultErrorMessage(res));
-        PQclear(res);
-        h->db_release(c);
-        return h->respond_error(req, 503, "M_UNKNOWN", "The database failed; retry");
-    }
-    int rows = PQntuples(res);
-    int shown = rows > q->limit ? (int)q->limit : rows;
-    json_t *chunk = json_array();
-    for (int i = 0; i < shown; i++) {
-        json_t *room = json_pack("{s:s, s:i, s:b, s:b, s:s}", "room_id", PQgetvalue(res, i, 0),
-                                 "num_joined_members", atoi(PQgetvalue(res, i, 5)),
-                                 "world_readable", PQgetvalue(res, i, 6)[0] == 't',
-                                 "guest_can_join", PQgetvalue(res, i, 7)[0] == 't', "join_rule",
-                                 PQgetvalue(res, i, 8));
-        set_optional(room, "name", res, i, 1);
-        set_optional(room, "topic", res, i, 2);
-        set_optional(room, "canonical_alias", res, i, 3);
-        set_optional(room, "avatar_url", res, i, 4);
-        set_optional(room, "room_type", res, i, 9);
-        json_array_append_new(chunk, room);
-    }
-    long total = rows ? atol(PQgetvalue(res, 0, 10)) : 0;
+    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(res);
+    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) return res;
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    bool dup = state && strcmp(state, "23505") == 0;
+    if (unique) *unique = dup;
+    if (!dup)
+        dir_host->log(dir_self, ATRIUM_LOG_ERROR, "directory query failed: %s",
+                      PQresultErrorMessage(res));
     PQclear(res);
-    h->db_release(c);
-    json_t *body = json_pack("{s:o, s:I}", "chunk", chunk, "total_room_count_estimate",
-                             (json_int_t)total);
-    char token[24];
-    if (q->limit > 0 && rows > q->limit) { /* limit 0: no next page to loop on */
-        snprintf(token, sizeof(token), "o%ld", q->offset + q->limit);
-        json_object_set_new(body, "next_batch", json_string(token));
-    }
-    if (q->offset > 0) {
-        long prev = q->offset > q->limit ? q->offset - q->limit : 0;
-        snprintf(token, sizeof(token), "o%ld", prev);
-        json_object_set_new(body, "prev_batch", json_string(token));
-    }
-    return h->respond_json(req, 200, body);
+    return NULL;
 }
 
-/* GET /_matrix/client/v3/publicRooms?limit=&since=&server= */
-static int get_public_rooms(atrium_req *req)
+PGconn *dir_db(atrium_req *req)
 {
-    page_query q = {.limit = DIRECTORY_DEFAULT_LIMIT};
-    const char *ls = h->req_query(req, "limit");
-    if (ls) {
-        char *end = NULL;
-        errno = 0;
-        q.limit = strtol(ls, &end, 10);
-        if (!*ls || *end || errno || q.limit < 0)
-            return h->respond_error(req, 400, "M_INVALID_PARAM",
-                                    "limit must be a non-negative integer");
-        if (q.limit > DIRECTORY_MAX_LIMIT) q.limit = DIRECTORY_MAX_LIMIT;
-    }
-    const char *since = h->req_query(req, "since");
-    if (since && !parse_since(since, &q.offset))
-        return h->respond_error(req, 400, "M_INVALID_PARAM", "Unknown 'since' token");
-    if (!local_server(req)) return ATRIUM_DONE;
-    return answer_page(req, &q);
-}
-
-/* filter.room_types into q->types_json (request memory). false after answering 400. */
-static bool read_room_types(atrium_req *req, json_t *filter, page_query *q)
-{
-    json_t *types = json_object_get(filter, "room_types");
-    if (!types || json_is_null(types)) return true;
-    if (!json_is_array(types) || json_array_size(types) > DIRECTORY_MAX_ROOM_TYPES) {
-        h->respond_error(req, 400, "M_BAD_JSON",
-                         "filter.room_types must be an array of at most %d strings or nulls",
-                         DIRECTORY_MAX_ROOM_TYPES);
-        return false;
-    }
-    size_t i;
-    json_t *t;
-    json_array_foreach(types, i, t) {
-        if (json_is_null(t)) continue;
-        if (!json_is_string(t) || json_string_length(t) > DIRECTORY_MAX_ROOM_TYPE_BYTES) {
-            h->respond_error(req, 400, "M_BAD_JSON",
-                             "each of filter.room_types must be a string (at most %d bytes) "
-                             "or null", DIRECTORY_MAX_ROOM_TYPE_BYTES);
-            return false;
-        }
-    }
-    char *dumped = json_dumps(types, JSON_COMPACT);
-    q->types_json = dumped ? h->req_strdup(req, dumped) : NULL;
-    free(dumped);
-    if (!q->types_json) {
-        h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
-        return false;
-    }
-    return true;
-}
-
-/* POST /_matrix/client/v3/publicRooms?server= {limit, since, filter{generic_search_term,
- * room_types}, include_all_networks, third_party_instance_id}: a token is needed. */
-static int post_public_rooms(atrium_req *req)
-{
-    if (!h->req_authenticate(req)) return ATRIUM_DONE;
-    json_t *body = h->req_json(req);
-    if (!body) return ATRIUM_DONE;
-    page_query q = {.limit = DIRECTORY_DEFAULT_LIMIT};
-    json_t *limit = json_object_get(body, "limit"), *since = json_object_get(body, "since");
-    json_t *filter = json_object_get(body, "filter");
-    if (limit && !json_is_null(limit)) {
-        if (!json_is_integer(limit) || json_integer_value(limit) < 0)
-            return h->respond_error(req, 400, "M_BAD_JSON",
-                                    "limit must be a non-negative integer");
-        json_int_t n = json_integer_value(limit);
-        q.limit = n > DIRECTORY_MAX_LIMIT ? DIRECTORY_MAX_LIMIT : (long)n;
-    }
-    if (since && !json_is_null(since)) {
-        if (!json_is_string(since))
-            return h->respond_error(req, 400, "M_BAD_JSON", "since must be a string");
-        if (!parse_since(json_string_value(since), &q.offset))
-            return h->respond_error(req, 400, "M_INVALID_PARAM", "Unknown 'since' token");
-    }
-    if (filter && !json_is_null(filter)) {
-        if (!json_is_object(filter))
-            return h->respond_error(req, 400, "M_BAD_JSON", "filter must be an object");
-        json_t *term = json_object_get(filter, "generic_search_term");
-        if (term && !json_is_null(term)) {
-            if (!json_is_string(term) || json_string_length(term) > DIRECTORY_MAX_SEARCH_BYTES)
-                return h->respond_error(req, 400, "M_BAD_JSON",
-                                        "filter.generic_search_term must be a string of at "
-                                        "most %d bytes", DIRECTORY_MAX_SEARCH_BYTES);
-            if (json_string_length(term) > 0) q.search = json_string_value(term);
-        }
-        if (!read_room_types(req, filter, &q)) return ATRIUM_DONE;
-    }
-    json_t *tp = json_object_get(body, "third_party_instance_id");
-    if (tp && !json_is_null(tp))
-        return h->respond_error(req, 400, "M_INVALID_PARAM",
-                                "This server bridges no third-party networks");
-    if (!local_server(req)) return ATRIUM_DONE;
-    return answer_page(req, &q);
+    PGconn *c = dir_host->db_acquire(dir_host->db_wait_ms());
+    if (!c) dir_host->respond_error(req, 503, "M_UNKNOWN", "The database is busy; retry");
+    return c;
 }
 
 static int directory_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
                           void **state)
 {
-    /* No settings of its own yet (no table in the descriptor): any key but enabled and path
-     * is refused. */
-    if (host->config_load(self, cfg, NULL) < 0) return ATRIUM_E_INVAL;
-    directory *d = calloc(1, sizeof(*d));
-    if (!d) return ATRIUM_E_NOMEM;
-    d->host = host;
-    d->self = self;
-    h = host;
-    int rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
-    const atrium_route routes[] = {
-        {.method = "GET", .path = "/_matrix/client/v3/publicRooms", .handler = get_public_rooms,
-         .arg = d},
-        {.method = "POST", .path = "/_matrix/client/v3/publicRooms",
-         .handler = post_public_rooms, .arg = d},
-    };
-    for (size_t i = 0; rc == 0 && i < sizeof(routes) / sizeof(routes[0]); i++)
-        rc = host->route_add(self, &routes[i]);
-    if (rc < 0) {
-        free(d);
-        return rc;
+    dir_host = host;
+    dir_self = self;
+    if (host->config_load(self, cfg, &settings) < 0) return ATRIUM_E_INVAL;
+    if (strcmp(settings.publish, "everyone") == 0) dir_publish_rule = DIR_PUBLISH_EVERYONE;
+    else if (strcmp(settings.publish, "admins") == 0) dir_publish_rule = DIR_PUBLISH_ADMINS;
+    else {
+        host->log(self, ATRIUM_LOG_ERROR, "plugins.directory.publish is \"%s\"; set it to "
+                  "\"everyone\" or \"admins\"", settings.publish);
+        return ATRIUM_E_INVAL;
     }
-    *state = d;
+    dir_remote.timeout_ms = settings.remote_timeout_ms;
+    dir_remote.cache_ms = settings.remote_cache_ms;
+    int rc = dir_remote_init();
+    if (rc == 0) rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
+    if (rc == 0) rc = host->iface_provide(self, ATRIUM_DIRECTORY_IFACE, &DIRECTORY_IFACE);
+    if (rc == 0) rc = dir_alias_routes();
+    if (rc == 0) rc = dir_listing_routes();
+    *state = NULL;
+    return rc;
+}
+
+static int directory_start(void *state)
+{
+    (void)state;
+    dir_rooms = dir_host->iface_get(ATRIUM_ROOMS_IFACE, sizeof(atrium_rooms));
+    if (!dir_rooms) {
+        dir_host->log(dir_self, ATRIUM_LOG_ERROR, "this server does not provide \"%s\"; use a "
+                      "directory plugin built for it", ATRIUM_ROOMS_IFACE);
+        return ATRIUM_E_STATE;
+    }
     return 0;
 }
 
-static void directory_fini(void *state)
-{
-    free(state);
-}
-
-ATRIUM_PLUGIN(.name = "directory", .version = "0.2.0", .provides = "directory/1",
-              .init = directory_init, .fini = directory_fini)
+ATRIUM_PLUGIN(.name = "directory", .version = "0.3.0", .provides = ATRIUM_DIRECTORY_IFACE,
+              .init = directory_init, .start = directory_start, .settings = SETTINGS,
+              .n_settings = sizeof(SETTINGS) / sizeof(SETTINGS[0]))

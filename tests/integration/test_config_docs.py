@@ -1,4 +1,5 @@
-"""Settings are declared once: the tables in README.md and plugins/media/README.md are the
+"""Settings are declared once: the tables in README.md, plugins/media/README.md and
+plugins/directory/README.md are the
 ones `atrium --print-config-table` generates from the rows the server reads its settings
 with, and `--generate-config` writes the media plugin's settings too, with their defaults,
 in a file the server starts from."""
@@ -47,6 +48,9 @@ class ConfigDocsTest(AtriumTestCase):
 
     def test_media_readme_table_is_the_generated_table_of_the_media_settings(self):
         self.assert_readme_matches("plugins/media/README.md", "media")
+
+    def test_directory_readme_table_is_the_generated_table_of_the_directory_settings(self):
+        self.assert_readme_matches("plugins/directory/README.md", "directory")
 
     def test_generated_table_has_one_row_per_key_with_its_default(self):
         rows = [line for line in generated_table().splitlines() if line.startswith("| `")]

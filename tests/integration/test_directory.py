@@ -1,8 +1,9 @@
 """The directory plugin's public room list: GET and POST /publicRooms, paging with
 since/next_batch/prev_batch, the search term and room types, and bad input.
 
-Nothing publishes rooms yet, so the test writes the plugin's own table directly, as an
-operator would."""
+The test writes the plugin's own table directly (rooms that do not exist, listed as an
+operator might), to test the list's paging and filters apart from publishing, which
+test_directory_aliases.py covers."""
 
 import unittest
 
@@ -111,8 +112,7 @@ class DirectoryTest(SharedServerTest):
 
     def test_bad_input_gets_the_matching_error(self):
         get_cases = [("?limit=-1", "M_INVALID_PARAM"), ("?limit=ten", "M_INVALID_PARAM"),
-                     ("?since=p5", "M_INVALID_PARAM"), ("?since=o99999999999", "M_INVALID_PARAM"),
-                     ("?server=elsewhere.example", "M_INVALID_PARAM")]
+                     ("?since=p5", "M_INVALID_PARAM"), ("?since=o99999999999", "M_INVALID_PARAM")]
         for query, code in get_cases:
             status, body = self.srv.json("GET", PUBLIC_ROOMS + query)
             self.assertEqual((status, body["errcode"]), (400, code), query)
@@ -133,8 +133,9 @@ class DirectoryTest(SharedServerTest):
         for body, code in post_cases:
             status, answer = self.post(body)
             self.assertEqual((status, answer["errcode"]), (400, code), body)
+        # This server has no federation listener: another server's list is a 502, not []
         status, answer = self.post({}, query="?server=elsewhere.example")
-        self.assertEqual((status, answer["errcode"]), (400, "M_INVALID_PARAM"))
+        self.assertIn((status, answer["errcode"]), ((502, "M_UNKNOWN"), (504, "M_UNKNOWN")))
 
     def test_a_large_limit_is_capped_and_zero_gives_an_empty_last_page(self):
         status, body = self.srv.json("GET", PUBLIC_ROOMS + "?limit=100000")

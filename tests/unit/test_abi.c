@@ -7,6 +7,8 @@
  */
 #include "atrium/host.h"
 #include "atrium/plugin.h"
+#include "atrium/directory.h"
+#include "atrium/rooms.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,7 +31,17 @@ _Static_assert(offsetof(struct atrium_host, config_load) == 8 + 60 * PTR, "host 
 _Static_assert(offsetof(struct atrium_host, db_wait_ms) == 8 + 61 * PTR, "host 1.1 layout");
 _Static_assert(offsetof(struct atrium_host, req_origin) == 8 + 62 * PTR, "host 1.1 layout");
 _Static_assert(offsetof(struct atrium_host, fed_verify_json) == 8 + 68 * PTR, "host 1.1 layout");
-_Static_assert(sizeof(struct atrium_host) == 8 + 69 * PTR, "members are appended only at a minor");
+_Static_assert(offsetof(struct atrium_host, iface_provide) == 8 + 69 * PTR, "host 1.1 layout");
+_Static_assert(offsetof(struct atrium_host, iface_get) == 8 + 70 * PTR, "host 1.1 layout");
+_Static_assert(sizeof(struct atrium_host) == 8 + 71 * PTR, "members are appended only at a minor");
+/* Interfaces start with their size and version, then function pointers, appended only. */
+_Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
+               "directory/1 header changed");
+_Static_assert(offsetof(atrium_directory, alias_create) == 8, "directory/1 layout changed");
+_Static_assert(offsetof(atrium_directory, may_publish) == 8 + 4 * PTR, "directory/1 layout");
+_Static_assert(sizeof(atrium_directory) == 8 + 5 * PTR, "directory/1 members are appended");
+_Static_assert(offsetof(atrium_rooms, room_summary) == 8, "rooms/1 layout changed");
+_Static_assert(sizeof(atrium_rooms) == 8 + 3 * PTR, "rooms/1 members are appended");
 /* atrium_fed_request grows by appending after arg (its size field tells which it has). */
 _Static_assert(offsetof(atrium_fed_request, url) == offsetof(atrium_fed_request, arg) + PTR,
                "atrium_fed_request must append");

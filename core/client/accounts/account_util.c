@@ -18,76 +18,19 @@
 
 /* ---- request bodies ---------------------------------------------------------------------- */
 
-bool acc_string(atrium_req *r, json_t *obj, const char *key, bool required, size_t max_bytes,
-                const char **out)
-{
-    *out = NULL;
-    json_t *v = json_object_get(obj, key);
-    if (!v || (json_is_null(v) && !required)) {
-        if (!required) return true;
-        http_respond_error(r, 400, "M_MISSING_PARAM", "Missing '%s'", key);
-        return false;
-    }
-    if (!json_is_string(v)) {
-        http_respond_error(r, 400, "M_BAD_JSON", "'%s' must be a string", key);
-        return false;
-    }
-    if (max_bytes && json_string_length(v) > max_bytes) {
-        http_respond_error(r, 400, "M_INVALID_PARAM", "'%s' is longer than %zu bytes", key,
-                           max_bytes);
-        return false;
-    }
-    if (strlen(json_string_value(v)) != json_string_length(v)) {
-        http_respond_error(r, 400, "M_INVALID_PARAM", "'%s' must not contain NUL", key);
-        return false;
-    }
-    *out = json_string_value(v);
-    return true;
-}
-
-bool acc_bool(atrium_req *r, json_t *obj, const char *key, bool def, bool *out)
-{
-    *out = def;
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return true;
-    if (!json_is_boolean(v)) {
-        http_respond_error(r, 400, "M_BAD_JSON", "'%s' must be true or false", key);
-        return false;
-    }
-    *out = json_is_true(v);
-    return true;
-}
-
-bool acc_object(atrium_req *r, json_t *obj, const char *key, bool required, json_t **out)
-{
-    *out = NULL;
-    json_t *v = json_object_get(obj, key);
-    if (!v || (json_is_null(v) && !required)) {
-        if (!required) return true;
-        http_respond_error(r, 400, "M_MISSING_PARAM", "Missing '%s'", key);
-        return false;
-    }
-    if (!json_is_object(v)) {
-        http_respond_error(r, 400, "M_BAD_JSON", "'%s' must be an object", key);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
 bool acc_user_identifier(atrium_req *r, json_t *obj, const char **user)
 {
     json_t *ident;
     *user = NULL;
-    if (!acc_object(r, obj, "identifier", false, &ident)) return false;
-    if (!ident) return acc_string(r, obj, "user", false, ACC_USER_ID_MAX_BYTES, user);
+    if (!http_field_object(r, obj, "identifier", false, &ident)) return false;
+    if (!ident) return http_field_string(r, obj, "user", false, ACC_USER_ID_MAX_BYTES, user);
     const char *itype;
-    if (!acc_string(r, ident, "type", true, 0, &itype)) return false;
+    if (!http_field_string(r, ident, "type", true, 0, &itype)) return false;
     if (strcmp(itype, "m.id.user") != 0) {
         http_respond_error(r, 400, "M_UNKNOWN", "Only m.id.user identifiers are supported");
         return false;
     }
-    return acc_string(r, ident, "user", true, ACC_USER_ID_MAX_BYTES, user);
+    return http_field_string(r, ident, "user", true, ACC_USER_ID_MAX_BYTES, user);
 }
 
 /* ---- user IDs ---------------------------------------------------------------------------- */
@@ -154,7 +97,7 @@ void acc_random_device_id(char out[ACC_RANDOM_ID_CHARS + 1])
 
 PGconn *acc_db(atrium_req *r)
 {
-    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
     return c;
 }

@@ -117,13 +117,16 @@ static const atrium_migration MIGRATIONS[] = {
      "CREATE INDEX pushers_device ON pushers (user_id, device_id);"},
 };
 
-static int accounts_init(http_server *s, rt_metrics *metrics)
+static int accounts_init(core_runtime *rt)
 {
+    http_server *s = rt->http;
     if (sodium_init() < 0) { /* random numbers and Argon2id need it, once, before threads */
         rt_log(ATRIUM_LOG_ERROR, "core", "libsodium failed to initialize");
         return -1;
     }
-    if (ratelimits_init(s->cfg, metrics) < 0 || auth_cache_init(metrics) < 0) return -1;
+    if (ratelimits_init(rt) < 0 || !(rt->auth_cache = auth_cache_new(rt->metrics)) ||
+        auth_seen_init(rt->metrics) < 0)
+        return -1;
     if (acc_register_routes(s) < 0 || acc_admin_register_routes(s) < 0 ||
         acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||
         push_rules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
@@ -141,14 +144,19 @@ static void prepare_dummy_hash(void *arg, bool cancelled)
 }
 
 /* After migrations: the auth pool makes the unknown-user hash before the first login. */
-static int accounts_start(void)
+static int accounts_start(core_runtime *rt)
 {
-    if (auth_cache_start(db_pool_conninfo(db_global())) < 0) return -1;
-    rt_pool *pool = auth_pool();
+    if (auth_cache_start(rt->auth_cache, db_pool_conninfo(rt->db)) < 0) return -1;
+    rt_pool *pool = rt->auth_pool;
     if (pool && rt_pool_submit(pool, prepare_dummy_hash, NULL) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "could not queue the dummy password hash; the first "
                "failed login will make it");
     return 0;
+}
+
+static void accounts_stop(core_runtime *rt)
+{
+    auth_cache_stop(rt->auth_cache); /* freed by core/main.c at the very end */
 }
 
 const client_module ACCOUNTS_MODULE = {
@@ -157,5 +165,5 @@ const client_module ACCOUNTS_MODULE = {
     .n_migrations = sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]),
     .init = accounts_init,
     .start = accounts_start,
-    .stop = auth_cache_stop,
+    .stop = accounts_stop,
 };

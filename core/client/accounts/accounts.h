@@ -1,13 +1,15 @@
 /*
- * core/client/accounts/accounts.h - what the account files share: reading request bodies into typed
- * fields with the spec's error codes, user IDs (the localpart grammar, the server's name),
- * short database helpers, creating accounts and login sessions, and user-interactive auth.
+ * core/client/accounts/accounts.h - what the account files share: who a login names, user
+ * IDs (the localpart grammar, the server's name), short database helpers, creating accounts
+ * and login sessions, and user-interactive auth. Reading a request (path parameters, query
+ * arguments, the JSON body and its typed fields) is core/http/http.h, for every module.
  *
  * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over files by
  * concern, each file X.c holding the functions acc_X_* (the file name is the prefix): register.c,
  * admin_register.c, login.c, devices.c, profile.c, filters.c, account_data.c, tags.c, misc.c,
  * user_directory.c, deactivate.c; uia.c is uia_, hmac_sha1.c hmac_sha1_, and account_util.c the
- * acc_ helpers every file shares. The module also registers the push endpoints (core/client/push/).
+ * acc_ helpers every file shares. The module also registers the push endpoints
+ * (core/client/push/: their tables are this module's, and they use its database helpers).
  * Each file registers its own routes from an *_routes function called by the module's init.
  * Password work (Argon2id hashing and checking) always runs on the auth pool: a handler validates
  * on the request pool, hands the request off with susp_handoff(r, auth_pool(), ...), and finishes
@@ -32,19 +34,9 @@
 #define ACC_DISPLAYNAME_MAX_BYTES 256
 #define ACC_AVATAR_URL_MAX_BYTES 1024
 #define ACC_RANDOM_ID_CHARS 10            /* random localparts and device IDs */
-#define ACC_DB_WAIT_MS AUTH_DB_WAIT_MS
 
-/* ---- request bodies ---------------------------------------------------------------------- */
+/* ---- logins ------------------------------------------------------------------------------ */
 
-/* [req] Typed fields of obj. Each returns true when the field is fine (absent fields leave
- * *out at NULL / the default), false after answering: 400 M_BAD_JSON for a wrong type,
- * 400 M_MISSING_PARAM for an absent required field, 400 M_INVALID_PARAM over max_bytes
- * (0 = no limit). Strings point into obj. */
-bool acc_string(atrium_req *r, json_t *obj, const char *key, bool required, size_t max_bytes,
-                const char **out);
-bool acc_bool(atrium_req *r, json_t *obj, const char *key, bool def, bool *out);
-/* An object field (absent: *out NULL). */
-bool acc_object(atrium_req *r, json_t *obj, const char *key, bool required, json_t **out);
 /* [req] Who a login or an auth stage names: `identifier` {type: m.id.user, user}, else the
  * deprecated top-level `user` (*user NULL when neither is there). false after answering 400
  * (M_UNKNOWN for another identifier type). */

@@ -106,12 +106,12 @@ static int post_register(atrium_req *r)
     if (!body) return ATRIUM_DONE;
     const char *nonce, *username, *password, *mac, *displayname;
     bool admin;
-    if (!acc_string(r, body, "nonce", true, 0, &nonce) ||
-        !acc_string(r, body, "username", true, ACC_USER_ID_MAX_BYTES, &username) ||
-        !acc_string(r, body, "password", true, ACC_PASSWORD_MAX_BYTES, &password) ||
-        !acc_string(r, body, "mac", true, 0, &mac) ||
-        !acc_string(r, body, "displayname", false, ACC_DISPLAYNAME_MAX_BYTES, &displayname) ||
-        !acc_bool(r, body, "admin", false, &admin))
+    if (!http_field_string(r, body, "nonce", true, 0, &nonce) ||
+        !http_field_string(r, body, "username", true, ACC_USER_ID_MAX_BYTES, &username) ||
+        !http_field_string(r, body, "password", true, ACC_PASSWORD_MAX_BYTES, &password) ||
+        !http_field_string(r, body, "mac", true, 0, &mac) ||
+        !http_field_string(r, body, "displayname", false, ACC_DISPLAYNAME_MAX_BYTES, &displayname) ||
+        !http_field_bool(r, body, "admin", false, &admin))
         return ATRIUM_DONE;
     int live = consume_nonce(r, nonce);
     if (live < 0) return ATRIUM_DONE;

@@ -27,8 +27,8 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
-#include "core/rooms/events.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/events.h"
 
 #define DEACTIVATE_PURPOSE "deactivate"
 /* Rooms one deactivation leaves before it answers; each is one short transaction of the
@@ -64,7 +64,7 @@ static bool deactivate_account(PGconn *c, const char *user_id, bool erase)
  * are logged, never answered. */
 static void leave_rooms(atrium_req *r, const char *user_id)
 {
-    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     json_t *rooms = json_array();
     int n = c && rooms ? rooms_user_room_ids(c, user_id, true, DEACTIVATE_ROOMS_MAX + 1, rooms)
                        : ROOMS_E_DB;
@@ -84,7 +84,7 @@ static void leave_rooms(atrium_req *r, const char *user_id)
     int left = 0, failed = 0;
     for (int i = 0; i < n; i++) {
         const char *room = json_string_value(json_array_get(rooms, (size_t)i));
-        c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+        c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
         if (!c) {
             rt_log(ATRIUM_LOG_WARN, "core", "deactivating %s: the database is busy; it stays in "
                    "%d of %d rooms", user_id, n - i, n);
@@ -145,8 +145,8 @@ static int post_deactivate(atrium_req *r)
     deactivate_state *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     const char *id_server;
-    if (!acc_bool(r, body, "erase", false, &st->erase) ||
-        !acc_string(r, body, "id_server", false, DEACTIVATE_ID_SERVER_MAX_BYTES, &id_server))
+    if (!http_field_bool(r, body, "erase", false, &st->erase) ||
+        !http_field_string(r, body, "id_server", false, DEACTIVATE_ID_SERVER_MAX_BYTES, &id_server))
         return ATRIUM_DONE;
     if (!uia_password_begin(r, body, DEACTIVATE_PURPOSE, &st->auth)) return ATRIUM_DONE;
     return acc_to_auth_pool(r, st);

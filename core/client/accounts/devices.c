@@ -76,7 +76,7 @@ static int put_device(atrium_req *r)
     if (!auth_request(r)) return ATRIUM_DONE;
     json_t *body = http_req_json(r);
     const char *name;
-    if (!body || !acc_string(r, body, "display_name", false, ACC_DEVICE_NAME_MAX_BYTES, &name))
+    if (!body || !http_field_string(r, body, "display_name", false, ACC_DEVICE_NAME_MAX_BYTES, &name))
         return ATRIUM_DONE;
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
@@ -202,8 +202,8 @@ static int post_password(atrium_req *r)
     if (!body) return ATRIUM_DONE;
     password_state *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-    if (!acc_string(r, body, "new_password", false, ACC_PASSWORD_MAX_BYTES, &st->new_password) ||
-        !acc_bool(r, body, "logout_devices", true, &st->logout_devices))
+    if (!http_field_string(r, body, "new_password", false, ACC_PASSWORD_MAX_BYTES, &st->new_password) ||
+        !http_field_bool(r, body, "logout_devices", true, &st->logout_devices))
         return ATRIUM_DONE;
     if (!uia_password_begin(r, body, PASSWORD_PURPOSE, &st->auth)) return ATRIUM_DONE;
     if (!st->new_password)

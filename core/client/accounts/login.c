@@ -86,7 +86,7 @@ static bool login_user(atrium_req *r, json_t *body, const char **user)
     if (!acc_user_identifier(r, body, user)) return false;
     if (*user) return true;
     const char *medium;
-    if (!acc_string(r, body, "medium", false, 0, &medium)) return false;
+    if (!http_field_string(r, body, "medium", false, 0, &medium)) return false;
     if (medium)
         http_respond_error(r, 400, "M_UNKNOWN", "Third-party identifiers are not supported");
     else
@@ -102,13 +102,13 @@ static int post_login(atrium_req *r)
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const char *type, *user, *password, *device_id, *device_name;
-    if (!acc_string(r, body, "type", true, 0, &type)) return ATRIUM_DONE;
+    if (!http_field_string(r, body, "type", true, 0, &type)) return ATRIUM_DONE;
     if (strcmp(type, "m.login.password") != 0)
         return http_respond_error(r, 400, "M_UNKNOWN", "Unknown login type; use m.login.password");
     if (!login_user(r, body, &user) ||
-        !acc_string(r, body, "password", true, ACC_PASSWORD_MAX_BYTES, &password) ||
-        !acc_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
-        !acc_string(r, body, "initial_device_display_name", false, ACC_DEVICE_NAME_MAX_BYTES,
+        !http_field_string(r, body, "password", true, ACC_PASSWORD_MAX_BYTES, &password) ||
+        !http_field_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
+        !http_field_string(r, body, "initial_device_display_name", false, ACC_DEVICE_NAME_MAX_BYTES,
                     &device_name))
         return ATRIUM_DONE;
     if (device_id && !device_id[0])

@@ -23,9 +23,9 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
-#include "core/rooms/events.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/events.h"
 
 /* Joined rooms one profile change updates before the PUT answers; each is one short
  * transaction of the rooms write path. Rooms past it keep their old member event. */
@@ -111,7 +111,7 @@ static int get_field(atrium_req *r)
  * are logged, never answered: the profile change itself has succeeded. */
 static void update_joined_rooms(atrium_req *r, const char *user_id)
 {
-    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     json_t *rooms = json_array();
     int n = c && rooms ? rooms_user_room_ids(c, user_id, false, PROFILE_ROOMS_MAX + 1, rooms)
                        : ROOMS_E_DB;
@@ -131,7 +131,7 @@ static void update_joined_rooms(atrium_req *r, const char *user_id)
     }
     for (int i = 0; i < n; i++) {
         const char *room = json_string_value(json_array_get(rooms, (size_t)i));
-        c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+        c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
         if (!c) {
             rt_log(ATRIUM_LOG_WARN, "core", "profile of %s: the database is busy; %d of %d "
                    "rooms keep the old member event", user_id, n - i, n);
@@ -158,7 +158,7 @@ static int put_field(atrium_req *r)
         return http_respond_error(r, 403, "M_FORBIDDEN", "You can only change your own profile");
     json_t *body = http_req_json(r);
     const char *value;
-    if (!body || !acc_string(r, body, f->name, true, f->max_bytes, &value)) return ATRIUM_DONE;
+    if (!body || !http_field_string(r, body, f->name, true, f->max_bytes, &value)) return ATRIUM_DONE;
     if (strcmp(f->name, "avatar_url") == 0 && value[0] && strncmp(value, "mxc://", 6) != 0)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "avatar_url must be an mxc:// URI");
     /* Each change may write a member event into every joined room: it costs a message,

@@ -79,13 +79,13 @@ static int post_register(atrium_req *r)
     const char *username, *password, *device_id, *device_name;
     bool inhibit_login;
     json_t *auth;
-    if (!acc_string(r, body, "username", false, ACC_USER_ID_MAX_BYTES, &username) ||
-        !acc_string(r, body, "password", false, ACC_PASSWORD_MAX_BYTES, &password) ||
-        !acc_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
-        !acc_string(r, body, "initial_device_display_name", false, ACC_DEVICE_NAME_MAX_BYTES,
+    if (!http_field_string(r, body, "username", false, ACC_USER_ID_MAX_BYTES, &username) ||
+        !http_field_string(r, body, "password", false, ACC_PASSWORD_MAX_BYTES, &password) ||
+        !http_field_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
+        !http_field_string(r, body, "initial_device_display_name", false, ACC_DEVICE_NAME_MAX_BYTES,
                     &device_name) ||
-        !acc_bool(r, body, "inhibit_login", false, &inhibit_login) ||
-        !acc_object(r, body, "auth", false, &auth))
+        !http_field_bool(r, body, "inhibit_login", false, &inhibit_login) ||
+        !http_field_object(r, body, "auth", false, &auth))
         return ATRIUM_DONE;
     if (device_id && !device_id[0])
         return http_respond_error(r, 400, "M_INVALID_PARAM", "device_id must not be empty");

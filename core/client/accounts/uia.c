@@ -135,7 +135,7 @@ void uia_forget(PGconn *c, const char *session)
 bool uia_password_begin(atrium_req *r, json_t *body, const char *purpose, uia_password *p)
 {
     json_t *auth;
-    if (!acc_object(r, body, "auth", false, &auth)) return false;
+    if (!http_field_object(r, body, "auth", false, &auth)) return false;
     if (!auth) {
         uia_challenge(r, UIA_STAGE_PASSWORD, purpose, r->user, NULL, NULL, NULL);
         return false;
@@ -143,7 +143,7 @@ bool uia_password_begin(atrium_req *r, json_t *body, const char *purpose, uia_pa
     if (!uia_check(r, auth, UIA_STAGE_PASSWORD, purpose, r->user, &p->session)) return false;
     const char *who;
     if (!acc_user_identifier(r, auth, &who)) return false;
-    if (!acc_string(r, auth, "password", true, ACC_PASSWORD_MAX_BYTES, &p->password))
+    if (!http_field_string(r, auth, "password", true, ACC_PASSWORD_MAX_BYTES, &p->password))
         return false;
     const char *as = who ? acc_local_user(r, who) : r->user;
     if (!as || strcmp(as, r->user) != 0) {

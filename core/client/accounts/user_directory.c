@@ -192,7 +192,7 @@ static int search(atrium_req *r)
     json_t *body = http_req_json(r);
     const char *term;
     int64_t limit;
-    if (!body || !acc_string(r, body, "search_term", true, UDIR_TERM_MAX_BYTES, &term) ||
+    if (!body || !http_field_string(r, body, "search_term", true, UDIR_TERM_MAX_BYTES, &term) ||
         !read_limit(r, body, &limit))
         return ATRIUM_DONE;
     udir_terms t;

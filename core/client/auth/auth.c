@@ -13,17 +13,12 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-
-static rt_pool *the_auth_pool;
+#include "core/runtime/core_runtime.h"
 
 rt_pool *auth_pool(void)
 {
-    return the_auth_pool;
-}
-
-void auth_set_pool(rt_pool *p)
-{
-    the_auth_pool = p;
+    core_runtime *rt = core_runtime_get();
+    return rt ? rt->auth_pool : NULL;
 }
 
 static void token_hash_hex(const char *token, char out[65])
@@ -61,7 +56,7 @@ const char *auth_request(atrium_req *r)
         auth_seen_note(r, AUTH_SEEN_UNKNOWN);
         return r->user;
     }
-    PGconn *c = db_acquire(db_global(), AUTH_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) {
         http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
         return NULL;

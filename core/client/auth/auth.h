@@ -23,7 +23,6 @@
 
 #define AUTH_TOKEN_PREFIX "atr_"
 #define AUTH_TOKEN_CHARS 48 /* prefix + base64url of 32 random bytes */
-#define AUTH_DB_WAIT_MS DB_WAIT_CONFIGURED /* database.checkout_timeout_ms */
 
 /* [req] Authenticate r from "Authorization: Bearer <token>" or ?access_token=. On success
  * sets r->user and r->device (arena strings; the client key becomes the user) and returns
@@ -50,18 +49,23 @@ bool auth_verify_password(const char *hash, const char *password);
  * failed login (which would then take longer and tell). Auth pool only; idempotent. */
 void auth_prepare_dummy_hash(void);
 
-/* The pool password hashing runs on (2 threads: at most 2 hashes' memory at once). */
+/* The pool password hashing runs on (2 threads: at most 2 hashes' memory at once): the
+ * runtime object's auth_pool, created by core/main.c. NULL when none is bound. */
 rt_pool *auth_pool(void);
-void auth_set_pool(rt_pool *p);
 
 /* ---- the token cache (auth_cache.c) ------------------------------------------------- */
-/* Register its metrics, and the last-seen table's (auth_seen_init); 0 or -1. At start-up,
- * before requests. */
-int auth_cache_init(rt_metrics *metrics);
+/* The cache is the runtime object's (rt->auth_cache); the look-ups below use the bound
+ * object's and do nothing (miss) without one. */
+typedef struct auth_cache auth_cache;
+/* An empty cache with its metrics registered, or NULL on out of memory. At start-up, before
+ * requests (the accounts module's init). */
+auth_cache *auth_cache_new(rt_metrics *metrics);
 /* Start / stop the listener of revocations from other processes (NOTIFY atrium_auth). The
- * cache answers nothing while the listener is not connected. */
-int auth_cache_start(const char *conninfo);
-void auth_cache_stop(void);
+ * cache answers nothing while the listener is not connected, nor once stopped. */
+int auth_cache_start(auth_cache *c, const char *conninfo);
+void auth_cache_stop(auth_cache *c);
+/* Stop (if running) and free c; NULL is fine. After every thread that could use it stopped. */
+void auth_cache_free(auth_cache *c);
 /* [req] A cached (user, device, admin) for the token hash, set on r; false on a miss.
  * *epoch_out is what auth_cache_store needs after the database look-up. */
 bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out);
@@ -77,7 +81,8 @@ void auth_cache_forget_user(const char *user_id);
 #define AUTH_SEEN_RETRY_MS (30 * 1000)       /* after a refresh that could not be written */
 #define AUTH_SEEN_UNKNOWN (-1)               /* no stored last_seen_ts at hand */
 
-/* Key the table, register its metrics; 0. At start-up, before requests (auth_cache_init). */
+/* Key the table, register its metrics; 0. At start-up, before requests (the accounts
+ * module's init). */
 int auth_seen_init(rt_metrics *metrics);
 /* [req] r has just authenticated (r->user, r->device set): refresh the device's
  * last_seen_ts and last_seen_ip (r->client_addr) in PostgreSQL when auth_seen_due says so.

@@ -15,7 +15,9 @@
  *     'More than one process').
  *   - Entries also expire after AUTH_CACHE_TTL_MS, as a last line.
  * The table is direct-mapped by the token hash (uniform: it is SHA-256), bounded, and
- * holds only hashes, user IDs and device IDs. It does not decide who may do what.
+ * holds only hashes, user IDs and device IDs. It does not decide who may do what. It is
+ * the runtime object's (rt->auth_cache: made by the accounts module's init, freed by
+ * core/main.c at the very end, so a request still running at shutdown finds it).
  */
 #include <poll.h>
 #include <stdatomic.h>
@@ -23,6 +25,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
+#include "core/runtime/core_runtime.h"
 
 #define AUTH_CACHE_SLOTS 16384          /* tokens remembered at once */
 #define AUTH_CACHE_TTL_MS (60 * 1000)   /* an entry is trusted this long at most */
@@ -37,16 +40,25 @@ typedef struct cache_entry {
     int64_t expires_ms;
 } cache_entry;
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static cache_entry *slots;
-static uint64_t epoch;      /* bumped by every forget: see auth_cache_store */
-static bool listening;      /* the listener is connected: caching is allowed */
-static rt_metric *m_hits, *m_misses, *m_forgets;
+struct auth_cache {
+    pthread_mutex_t mu;
+    cache_entry *slots; /* NULL once stopped */
+    uint64_t epoch;     /* bumped by every forget: see auth_cache_store */
+    bool listening;     /* the listener is connected: caching is allowed */
+    rt_metric *m_hits, *m_misses, *m_forgets;
 
-static pthread_t listener;
-static bool listener_started;
-static atomic_bool listener_stop;
-static char *listen_conninfo;
+    pthread_t listener;
+    bool listener_started;
+    atomic_bool listener_stop;
+    char *listen_conninfo;
+};
+
+/* The bound runtime object's cache, or NULL. */
+static auth_cache *the_cache(void)
+{
+    core_runtime *rt = core_runtime_get();
+    return rt ? rt->auth_cache : NULL;
+}
 
 /* The slot of a token hash: its first 32 bits (hex), which SHA-256 spreads evenly. */
 static size_t slot_of(const char *hash)
@@ -66,44 +78,55 @@ static void clear_entry(cache_entry *e)
     memset(e, 0, sizeof(*e));
 }
 
-int auth_cache_init(rt_metrics *metrics)
+auth_cache *auth_cache_new(rt_metrics *metrics)
 {
-    slots = calloc(AUTH_CACHE_SLOTS, sizeof(*slots));
-    if (!slots) return -1;
-    m_hits = rt_metric_counter(metrics, "atrium_auth_cache_hits_total", NULL,
-                               "Authenticated requests answered from the token cache");
-    m_misses = rt_metric_counter(metrics, "atrium_auth_cache_misses_total", NULL,
-                                 "Authenticated requests that read the token from PostgreSQL");
-    m_forgets = rt_metric_counter(metrics, "atrium_auth_cache_forgets_total", NULL,
-                                  "Users forgotten by the token cache (revocations seen)");
-    return auth_seen_init(metrics);
+    auth_cache *c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    c->slots = calloc(AUTH_CACHE_SLOTS, sizeof(*c->slots));
+    if (!c->slots) {
+        free(c);
+        return NULL;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->m_hits = rt_metric_counter(metrics, "atrium_auth_cache_hits_total", NULL,
+                                  "Authenticated requests answered from the token cache");
+    c->m_misses = rt_metric_counter(metrics, "atrium_auth_cache_misses_total", NULL,
+                                    "Authenticated requests that read the token from PostgreSQL");
+    c->m_forgets = rt_metric_counter(metrics, "atrium_auth_cache_forgets_total", NULL,
+                                     "Users forgotten by the token cache (revocations seen)");
+    return c;
 }
 
 bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out)
 {
+    auth_cache *c = the_cache();
+    *epoch_out = 0;
+    if (!c) return false;
     bool hit = false;
-    pthread_mutex_lock(&mu);
-    *epoch_out = epoch;
-    cache_entry *e = slots ? &slots[slot_of(hash)] : NULL;
-    if (listening && e && e->user && strcmp(e->hash, hash) == 0 &&
+    pthread_mutex_lock(&c->mu);
+    *epoch_out = c->epoch;
+    cache_entry *e = c->slots ? &c->slots[slot_of(hash)] : NULL;
+    if (c->listening && e && e->user && strcmp(e->hash, hash) == 0 &&
         e->expires_ms > rt_now_ms()) {
         r->user = rt_arena_strdup(r->arena, e->user);
         r->device = rt_arena_strdup(r->arena, e->device);
         r->is_admin = e->admin;
         hit = r->user && r->device;
     }
-    pthread_mutex_unlock(&mu);
-    rt_metric_add(hit ? m_hits : m_misses, 1);
+    pthread_mutex_unlock(&c->mu);
+    rt_metric_add(hit ? c->m_hits : c->m_misses, 1);
     return hit;
 }
 
 void auth_cache_store(const char *hash, const char *user, const char *device, int admin,
                       uint64_t read_epoch)
 {
-    pthread_mutex_lock(&mu);
+    auth_cache *c = the_cache();
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
     /* A forget since the look-up began may have revoked what the database said. */
-    if (slots && listening && epoch == read_epoch) {
-        cache_entry *e = &slots[slot_of(hash)];
+    if (c->slots && c->listening && c->epoch == read_epoch) {
+        cache_entry *e = &c->slots[slot_of(hash)];
         clear_entry(e);
         e->user = strdup(user);
         e->device = strdup(device);
@@ -115,32 +138,39 @@ void auth_cache_store(const char *hash, const char *user, const char *device, in
             clear_entry(e);
         }
     }
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&c->mu);
 }
 
-/* mu held. user NULL = everyone. */
-static void forget_locked(const char *user)
+/* c->mu held. user NULL = everyone. */
+static void forget_locked(auth_cache *c, const char *user)
 {
-    epoch++;
-    if (!slots) return;
+    c->epoch++;
+    if (!c->slots) return;
     for (size_t i = 0; i < AUTH_CACHE_SLOTS; i++)
-        if (slots[i].user && (!user || strcmp(slots[i].user, user) == 0)) clear_entry(&slots[i]);
+        if (c->slots[i].user && (!user || strcmp(c->slots[i].user, user) == 0))
+            clear_entry(&c->slots[i]);
+}
+
+static void forget_user(auth_cache *c, const char *user_id)
+{
+    pthread_mutex_lock(&c->mu);
+    forget_locked(c, user_id);
+    pthread_mutex_unlock(&c->mu);
+    rt_metric_add(c->m_forgets, 1);
 }
 
 void auth_cache_forget_user(const char *user_id)
 {
-    pthread_mutex_lock(&mu);
-    forget_locked(user_id);
-    pthread_mutex_unlock(&mu);
-    rt_metric_add(m_forgets, 1);
+    auth_cache *c = the_cache();
+    if (c) forget_user(c, user_id);
 }
 
-static void set_listening(bool on)
+static void set_listening(auth_cache *c, bool on)
 {
-    pthread_mutex_lock(&mu);
-    forget_locked(NULL); /* whatever was missed while away, or is no longer watched */
-    listening = on;
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_lock(&c->mu);
+    forget_locked(c, NULL); /* whatever was missed while away, or is no longer watched */
+    c->listening = on;
+    pthread_mutex_unlock(&c->mu);
 }
 
 static void sleep_ms(int ms)
@@ -149,9 +179,9 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static PGconn *listen_connect(void)
+static PGconn *listen_connect(const char *conninfo)
 {
-    PGconn *c = PQconnectdb(listen_conninfo);
+    PGconn *c = PQconnectdb(conninfo);
     if (!c || PQstatus(c) != CONNECTION_OK) {
         if (c) PQfinish(c);
         return NULL;
@@ -168,68 +198,77 @@ static PGconn *listen_connect(void)
 
 static void *listen_main(void *arg)
 {
-    (void)arg;
+    auth_cache *cache = arg;
     PGconn *c = NULL;
-    while (!atomic_load(&listener_stop)) {
+    while (!atomic_load(&cache->listener_stop)) {
         if (!c) {
-            c = listen_connect();
+            c = listen_connect(cache->listen_conninfo);
             if (!c) {
                 sleep_ms(AUTH_LISTEN_RETRY_MS);
                 continue;
             }
-            set_listening(true);
+            set_listening(cache, true);
         }
         struct pollfd p = {.fd = PQsocket(c), .events = POLLIN};
         int n = poll(&p, 1, AUTH_LISTEN_POLL_MS);
         if (n > 0 && !PQconsumeInput(c)) {
             rt_log(ATRIUM_LOG_WARN, "core", "token cache off: lost its PostgreSQL connection (%s)",
                    PQerrorMessage(c));
-            set_listening(false);
+            set_listening(cache, false);
             PQfinish(c);
             c = NULL;
             continue;
         }
         PGnotify *note;
         while ((note = PQnotifies(c)) != NULL) {
-            auth_cache_forget_user(note->extra);
+            forget_user(cache, note->extra);
             PQfreemem(note);
         }
         if (PQstatus(c) != CONNECTION_OK) {
-            set_listening(false);
+            set_listening(cache, false);
             PQfinish(c);
             c = NULL;
         }
     }
-    set_listening(false);
+    set_listening(cache, false);
     if (c) PQfinish(c);
     return NULL;
 }
 
-int auth_cache_start(const char *conninfo)
+int auth_cache_start(auth_cache *c, const char *conninfo)
 {
-    listen_conninfo = strdup(conninfo);
-    if (!listen_conninfo) return -1;
-    atomic_store(&listener_stop, false);
-    if (pthread_create(&listener, NULL, listen_main, NULL) != 0) {
+    c->listen_conninfo = strdup(conninfo);
+    if (!c->listen_conninfo) return -1;
+    atomic_store(&c->listener_stop, false);
+    if (pthread_create(&c->listener, NULL, listen_main, c) != 0) {
         rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the token cache's listener thread");
         return -1;
     }
-    listener_started = true;
+    c->listener_started = true;
     return 0;
 }
 
-void auth_cache_stop(void)
+void auth_cache_stop(auth_cache *c)
 {
-    if (listener_started) {
-        atomic_store(&listener_stop, true);
-        pthread_join(listener, NULL);
-        listener_started = false;
+    if (!c) return;
+    if (c->listener_started) {
+        atomic_store(&c->listener_stop, true);
+        pthread_join(c->listener, NULL);
+        c->listener_started = false;
     }
-    pthread_mutex_lock(&mu);
-    forget_locked(NULL);
-    free(slots);
-    slots = NULL;
-    pthread_mutex_unlock(&mu);
-    free(listen_conninfo);
-    listen_conninfo = NULL;
+    pthread_mutex_lock(&c->mu);
+    forget_locked(c, NULL);
+    free(c->slots);
+    c->slots = NULL;
+    pthread_mutex_unlock(&c->mu);
+    free(c->listen_conninfo);
+    c->listen_conninfo = NULL;
+}
+
+void auth_cache_free(auth_cache *c)
+{
+    if (!c) return;
+    auth_cache_stop(c);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
 }

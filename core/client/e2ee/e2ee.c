@@ -168,7 +168,7 @@ const char *e2ee_check_device_map(const json_t *map, const char *what, size_t ma
 
 PGconn *e2ee_db(atrium_req *r)
 {
-    PGconn *c = db_acquire(db_global(), E2EE_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
     return c;
 }
@@ -360,9 +360,9 @@ const char *e2ee_check_cross_signing_key(const json_t *key, const char *user_id,
 
 /* ---- the module -------------------------------------------------------------------------- */
 
-static int e2ee_init(http_server *s, rt_metrics *metrics)
+static int e2ee_init(core_runtime *rt)
 {
-    (void)metrics;
+    http_server *s = rt->http;
     if (e2ee_keys_init(s) < 0 || e2ee_query_init(s) < 0 || e2ee_cross_signing_init(s) < 0 ||
         e2ee_backup_init(s) < 0 || to_device_init(s) < 0)
         return -1;

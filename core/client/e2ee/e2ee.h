@@ -30,7 +30,6 @@
 
 #include "core/http/http.h"
 
-#define E2EE_DB_WAIT_MS DB_WAIT_CONFIGURED /* database.checkout_timeout_ms */
 #define E2EE_MAX_ID_BYTES 255 /* user, device, key, room, session and transaction IDs */
 
 /* ---- the module's parts (each registers its routes; 0 or -1, logged) -------------------- */

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/client/client.h"
 #include "core/client/e2ee/e2ee.h"
 #include "core/client/sync/sync.h"

@@ -221,7 +221,7 @@ json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok)
 /* The rule set for a read, degraded to the defaults when PostgreSQL is unavailable. */
 static json_t *ruleset_for_read(atrium_req *r)
 {
-    PGconn *c = db_acquire(db_global(), ACC_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     bool db_ok = false;
     json_t *global = load_ruleset(r, c, &db_ok);
     if (c) acc_db_release(c);
@@ -477,7 +477,7 @@ static int put_rule(atrium_req *r)
     bool with_conditions = strcmp(a.kind, "override") == 0 || strcmp(a.kind, "underride") == 0;
     json_t *conditions = json_object_get(body, "conditions");
     if (with_conditions && conditions && !conditions_ok(r, conditions)) return ATRIUM_DONE;
-    if (strcmp(a.kind, "content") == 0 && !acc_string(r, body, "pattern", true, 0, &a.pattern))
+    if (strcmp(a.kind, "content") == 0 && !http_field_string(r, body, "pattern", true, 0, &a.pattern))
         return ATRIUM_DONE;
     json_t *empty = json_array();
     a.actions = json_dumps(actions, JSON_COMPACT | JSON_ENCODE_ANY);

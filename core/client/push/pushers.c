@@ -33,9 +33,6 @@
 #define PUSHER_LANG_MAX_BYTES 64
 #define PUSHER_URL_MAX_BYTES 2048
 #define PUSHER_NOTIFY_PATH "/_matrix/push/v1/notify"
-/* Key class of the advisory lock that queues pushers/set calls for one (app_id, pushkey);
- * the two-int form of pg_advisory_xact_lock, apart from the core's bigint keys. */
-#define PUSHER_LOCK_CLASS "7405"
 
 /* One pushers/set request, its strings pointing into the body. */
 typedef struct pusher_req {
@@ -78,7 +75,7 @@ static bool pusher_url_ok(const char *url)
 static bool chars_field(atrium_req *r, json_t *body, const char *key, bool required,
                         size_t max_chars, const char **out)
 {
-    if (!acc_string(r, body, key, required, 0, out)) return false;
+    if (!http_field_string(r, body, key, required, 0, out)) return false;
     if (*out && utf8_chars(*out) > max_chars) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'%s' is longer than %zu characters",
                            key, max_chars);
@@ -91,11 +88,11 @@ static bool chars_field(atrium_req *r, json_t *body, const char *key, bool requi
  * notify URL; data.format, when given, a string. false after answering. */
 static bool pusher_data_ok(atrium_req *r, pusher_req *p, json_t *body)
 {
-    if (!acc_object(r, body, "data", true, &p->data)) return false;
+    if (!http_field_object(r, body, "data", true, &p->data)) return false;
     const char *format, *url;
-    if (!acc_string(r, p->data, "format", false, 0, &format)) return false;
+    if (!http_field_string(r, p->data, "format", false, 0, &format)) return false;
     if (strcmp(p->kind, "http") != 0) return true;
-    if (!acc_string(r, p->data, "url", true, PUSHER_URL_MAX_BYTES, &url)) return false;
+    if (!http_field_string(r, p->data, "url", true, PUSHER_URL_MAX_BYTES, &url)) return false;
     if (!pusher_url_ok(url)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'url' must be an http(s) URL with the "
                            "path " PUSHER_NOTIFY_PATH);
@@ -108,7 +105,7 @@ static bool pusher_data_ok(atrium_req *r, pusher_req *p, json_t *body)
 static bool read_pusher(atrium_req *r, json_t *body, pusher_req *p)
 {
     *p = (pusher_req){0};
-    if (!acc_string(r, body, "pushkey", true, PUSHER_PUSHKEY_MAX_BYTES, &p->pushkey) ||
+    if (!http_field_string(r, body, "pushkey", true, PUSHER_PUSHKEY_MAX_BYTES, &p->pushkey) ||
         !chars_field(r, body, "app_id", true, PUSHER_APP_ID_MAX_CHARS, &p->app_id))
         return false;
     if (!p->pushkey[0] || !p->app_id[0]) {
@@ -121,19 +118,19 @@ static bool read_pusher(atrium_req *r, json_t *body, pusher_req *p)
         return false;
     }
     if (json_is_null(kind)) return true; /* a deletion needs nothing else */
-    if (!acc_string(r, body, "kind", true, 0, &p->kind)) return false;
+    if (!http_field_string(r, body, "kind", true, 0, &p->kind)) return false;
     if (strcmp(p->kind, "http") != 0 && strcmp(p->kind, "email") != 0) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'kind' must be http, email or null");
         return false;
     }
-    return acc_string(r, body, "app_display_name", true, PUSHER_NAME_MAX_BYTES,
+    return http_field_string(r, body, "app_display_name", true, PUSHER_NAME_MAX_BYTES,
                       &p->app_display_name) &&
-           acc_string(r, body, "device_display_name", true, PUSHER_NAME_MAX_BYTES,
+           http_field_string(r, body, "device_display_name", true, PUSHER_NAME_MAX_BYTES,
                       &p->device_display_name) &&
            chars_field(r, body, "profile_tag", false, PUSHER_PROFILE_TAG_MAX_CHARS,
                        &p->profile_tag) &&
-           acc_string(r, body, "lang", true, PUSHER_LANG_MAX_BYTES, &p->lang) &&
-           acc_bool(r, body, "append", false, &p->append) && pusher_data_ok(r, p, body);
+           http_field_string(r, body, "lang", true, PUSHER_LANG_MAX_BYTES, &p->lang) &&
+           http_field_bool(r, body, "append", false, &p->append) && pusher_data_ok(r, p, body);
 }
 
 typedef enum { PUSHER_SET_OK, PUSHER_SET_FULL, PUSHER_SET_DB } pusher_set_result;
@@ -153,7 +150,7 @@ static pusher_set_result set_in_tx(PGconn *c, atrium_req *r, const pusher_req *p
     /* The user's row queues their own calls (the cap); the advisory lock queues calls of
      * any user for this (app_id, pushkey) (the append rule). Always in this order. */
     if (!acc_exec(c, "SELECT FROM users WHERE user_id = $1 FOR NO KEY UPDATE", 1, key) ||
-        !acc_exec(c, "SELECT pg_advisory_xact_lock(" PUSHER_LOCK_CLASS ","
+        !acc_exec(c, "SELECT pg_advisory_xact_lock(" DB_LOCK_CLASS_PUSHERS ","
                      " hashtext($1 || chr(10) || $2))", 2, app_key))
         return PUSHER_SET_DB;
     PGresult *res = acc_q(c, "SELECT count(*) FILTER (WHERE NOT (app_id = $2 AND pushkey = $3))"

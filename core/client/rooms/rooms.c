@@ -11,7 +11,12 @@
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
 
-static const struct core_config *the_cfg;
+/* The settings, or NULL when no runtime object is bound (unit tests). */
+static const struct core_config *settings(void)
+{
+    core_runtime *rt = core_runtime_get();
+    return rt ? rt->cfg : NULL;
+}
 
 /* ---- failures ----------------------------------------------------------------------- */
 
@@ -22,6 +27,10 @@ int rooms_fail(atrium_req *r, const rooms_err *e)
     case ROOMS_E_NOT_FOUND: return http_respond_error(r, 404, "M_NOT_FOUND", "%s", e->why);
     case ROOMS_E_TOO_LARGE: return http_respond_error(r, 413, "M_TOO_LARGE", "%s", e->why);
     case ROOMS_E_BAD_JSON: return http_respond_error(r, 400, "M_BAD_JSON", "%s", e->why);
+    case ROOMS_E_NO_DIRECTORY: return rooms_directory_disabled(r);
+    case ROOMS_E_BAD_ALIAS: return http_respond_error(r, 400, "M_BAD_ALIAS", "%s", e->why);
+    case ROOMS_E_ALIAS_IN_USE: return http_respond_error(r, 400, "M_ROOM_IN_USE", "%s", e->why);
+    case ROOMS_E_INVALID: return http_respond_error(r, 400, "M_INVALID_PARAM", "%s", e->why);
     default: return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     }
 }
@@ -30,7 +39,7 @@ int rooms_fail(atrium_req *r, const rooms_err *e)
 
 PGconn *rooms_db(atrium_req *r)
 {
-    PGconn *c = db_acquire(db_global(), ROOMS_DB_WAIT_MS);
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
     return c;
 }
@@ -100,12 +109,14 @@ const char *rooms_param_room(atrium_req *r)
 
 const char *rooms_server_name(void)
 {
-    return the_cfg ? the_cfg->server_name : "localhost";
+    const struct core_config *cfg = settings();
+    return cfg ? cfg->server_name : "localhost";
 }
 
 const room_version *rooms_default_version(void)
 {
-    const room_version *v = room_version_find(the_cfg ? the_cfg->rooms.default_version : NULL);
+    const struct core_config *cfg = settings();
+    const room_version *v = room_version_find(cfg ? cfg->rooms.default_version : NULL);
     return v ? v : room_version_find(ROOMS_DEFAULT_VERSION);
 }
 
@@ -131,10 +142,9 @@ const char *rooms_token(atrium_req *r, int64_t pos)
 #define ROOMS_BULK_THREADS 1
 #define ROOMS_BULK_QUEUE 32
 
-static rt_pool *bulk_pool;
-
 int rooms_to_bulk_pool(atrium_req *r)
 {
+    rt_pool *bulk_pool = core_runtime_get()->rooms_bulk_pool;
     int rc = bulk_pool ? susp_handoff(r, bulk_pool, NULL, 0) : ATRIUM_E_STOPPED;
     if (rc == 0) return ATRIUM_HANDED_OFF;
     if (rc == ATRIUM_E_LIMIT)
@@ -144,41 +154,43 @@ int rooms_to_bulk_pool(atrium_req *r)
     return ATRIUM_DONE;
 }
 
-static int rooms_start(void)
+static int rooms_start(core_runtime *rt)
 {
-    if (rt_pool_start(bulk_pool) < 0) {
+    if (rt_pool_start(rt->rooms_bulk_pool) < 0) {
         rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the rooms.bulk pool's thread");
         return -1;
     }
     return rooms_typing_start();
 }
 
-static void rooms_stop(void)
+static void rooms_stop(core_runtime *rt)
 {
     rooms_typing_stop();
+    rt_pool *bulk_pool = rt->rooms_bulk_pool;
     if (!bulk_pool) return;
     rt_pool_stop(bulk_pool); /* queued handoffs are answered 503 */
     rt_pool_join(bulk_pool);
     rt_pool_free(bulk_pool);
-    bulk_pool = NULL;
+    rt->rooms_bulk_pool = NULL;
 }
 
 /* ---- the module --------------------------------------------------------------------- */
 
-static int rooms_init(http_server *s, rt_metrics *metrics)
+static int rooms_init(core_runtime *rt)
 {
-    the_cfg = s->cfg;
-    bulk_pool = rt_pool_new("core.rooms_bulk", ROOMS_BULK_THREADS, ROOMS_BULK_QUEUE, metrics);
-    if (!bulk_pool) return -1;
-    if (!room_version_find(the_cfg->rooms.default_version)) {
+    http_server *s = rt->http;
+    rt->rooms_bulk_pool = rt_pool_new("core.rooms_bulk", ROOMS_BULK_THREADS, ROOMS_BULK_QUEUE,
+                                      rt->metrics);
+    if (!rt->rooms_bulk_pool) return -1;
+    if (!room_version_find(rt->cfg->rooms.default_version)) {
         rt_log(ATRIUM_LOG_ERROR, "core", "rooms.default_version \"%.16s\" is not a room version "
-               "this server supports: set it to \"10\" or \"11\"", the_cfg->rooms.default_version);
+               "this server supports: set it to \"10\" or \"11\"", rt->cfg->rooms.default_version);
         return -1;
     }
     if (rooms_create_routes(s) < 0 || rooms_membership_routes(s) < 0 || rooms_send_routes(s) < 0 ||
         rooms_read_routes(s) < 0 || rooms_ephemeral_routes(s) < 0 || rooms_relations_routes(s) < 0)
         return -1;
-    if (rooms_search_routes(s) < 0) return -1;
+    if (rooms_search_routes(s) < 0 || rooms_iface_provide() < 0) return -1;
     return 0;
 }
 

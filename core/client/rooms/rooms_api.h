@@ -20,10 +20,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "atrium/directory.h"
+#include "atrium/rooms.h"
 #include "core/client/client.h"
 #include "core/rooms/rooms.h"
 
-#define ROOMS_DB_WAIT_MS DB_WAIT_CONFIGURED /* database.checkout_timeout_ms */
 #define ROOMS_MAX_BODY_BYTES (EVENT_MAX_PDU_BYTES) /* no larger body can become an event */
 #define ROOMS_CREATE_MAX_BODY_BYTES (1024 * 1024)  /* createRoom: initial_state, invites */
 #define ROOMS_MAX_TXN_ID_BYTES 255
@@ -56,6 +57,7 @@ typedef struct room_tx {
     char last_event_id[EVENT_ID_LEN]; /* "" before the create event */
     int64_t depth;                    /* of the newest event, 0 before the create event */
     const char *wake_users[ROOMS_MAX_INVITES + 2]; /* users to wake beside the members */
+    bool listing_changed; /* an event changed what a public room list shows of the room */
     int n_wake;
     rt_arena *arena;
 } room_tx;
@@ -94,6 +96,28 @@ typedef struct room_auth_load {
 } room_auth_load;
 int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
                     const char *sender, const char *target, room_auth_load *out);
+
+/* ---- the directory seam (rooms_iface.c) -------------------------------------------- */
+
+/* Register the core's "rooms/1" interface (module init). 0 or a negative atrium_err. */
+int rooms_iface_provide(void);
+/* The plugin providing "directory/1", or NULL when none is enabled. Any thread. */
+const atrium_directory *rooms_directory(void);
+/* [req] Answer 400 M_UNRECOGNIZED: the directory is disabled. Returns ATRIUM_DONE. */
+int rooms_directory_disabled(atrium_req *r);
+/* Does a state event of this type change what a public room list shows of its room? */
+bool rooms_listing_type(const char *type);
+/* The room a local alias points to: ROOMS_OK, ROOMS_E_NOT_FOUND (unknown or not local),
+ * ROOMS_E_NO_DIRECTORY, ROOMS_E_DB (e set). */
+int rooms_resolve_alias(PGconn *c, const char *alias,
+                        char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1], rooms_err *e);
+
+/* The rule for m.room.canonical_alias content: `alias` and each of `alt_aliases` must be
+ * room aliases, and each of this server's must point to room_id in the directory (another
+ * server's aliases are not asked about: that needs a remote look-up per event). ROOMS_OK,
+ * ROOMS_E_INVALID, ROOMS_E_BAD_ALIAS, ROOMS_E_DB (e set). */
+int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *content,
+                                rooms_err *e);
 
 /* ---- membership (rooms_membership.c) ------------------------------------------------ */
 

@@ -2,12 +2,12 @@
  * core/client/rooms/rooms_bundle.c - relations at write time and bundled aggregations at read
  * time.
  *
- * Write time: rel_index, called by the write path for every stored event, records a
+ * Write time: rooms_bundle_index, called by the write path for every stored event, records a
  * relation (its parent, rel_type, sender, type, stream position, annotation key) in
  * event_relations and deletes the row of a relation that a redaction removes, so the
  * readers never parse event JSON to find relations and a redacted relation stops counting.
  *
- * Read time: rel_bundle owns which aggregations the server bundles into
+ * Read time: rooms_bundle_add owns which aggregations the server bundles into
  * unsigned."m.relations" (spec v1.11): m.thread (latest event, count, whether the viewer
  * took part), m.replace (the whole most recent valid replacement: same sender and type as
  * the original, neither a state event, the original not itself a replacement nor redacted,
@@ -33,7 +33,7 @@ static const char *relates_str(const json_t *rel, const char *key)
     return s && *s && strlen(s) <= EVENT_MAX_ID_BYTES ? s : NULL;
 }
 
-bool rel_parse(const json_t *content, rel_info *out)
+bool rooms_bundle_parse(const json_t *content, rooms_relation *out)
 {
     memset(out, 0, sizeof(*out));
     const json_t *rel = json_object_get(content, "m.relates_to");
@@ -49,16 +49,16 @@ bool rel_parse(const json_t *content, rel_info *out)
     return true;
 }
 
-bool rel_index(PGconn *c, const char *pos, const char *event_id, const char *room_id,
-               const room_new_event *ev)
+bool rooms_bundle_index(PGconn *c, const char *pos, const char *event_id, const char *room_id,
+                        const room_new_event *ev)
 {
     if (ev->redacts) { /* a redaction is never a relation itself; it ends the one it hits */
         const char *p[2] = {ev->redacts, room_id};
         return rooms_exec(c, "DELETE FROM event_relations WHERE event_id = $1 AND room_id = $2",
                           2, p);
     }
-    rel_info rel;
-    if (!rel_parse(ev->content, &rel)) return true;
+    rooms_relation rel;
+    if (!rooms_bundle_parse(ev->content, &rel)) return true;
     const char *p[8] = {event_id, room_id, rel.event_id, rel.rel_type, ev->sender, ev->type,
                         pos, rel.key};
     return rooms_exec(c,
@@ -224,8 +224,8 @@ static int bundle(PGconn *c, rt_arena *a, const events_view *v, const char *room
     return rc;
 }
 
-int rel_bundle(PGconn *c, rt_arena *a, const events_view *v, const char *room_id,
-               const rooms_vis *vis, json_t *events)
+int rooms_bundle_add(PGconn *c, rt_arena *a, const events_view *v, const char *room_id,
+                     const rooms_vis *vis, json_t *events)
 {
     return bundle(c, a, v, room_id, vis, events, 0);
 }

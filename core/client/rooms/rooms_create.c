@@ -5,17 +5,24 @@
  * the preset's join rules / history visibility / guest access, initial_state, name,
  * topic, invites) and the presets' meaning. Every event goes through the one write path
  * (rooms_write.c) inside one transaction, so a room is created whole or not at all.
- * Room aliases are not created here yet: a request with room_alias_name is refused with
- * 400 M_INVALID_PARAM saying so. Third-party invites (invite_3pid) likewise.
+ * room_alias_name becomes the alias #<name>:<server>, created through the room directory
+ * (include/atrium/directory.h) in the same transaction, followed by an
+ * m.room.canonical_alias event; visibility "public" lists the room, in that transaction too
+ * (403 first when the directory's publication rule does not let the user).
+ * So a room and its alias exist together or neither does. Without an enabled directory,
+ * room_alias_name is 400 M_UNRECOGNIZED and visibility "public" creates an unlisted room.
+ * Third-party invites (invite_3pid) are refused with 400 M_INVALID_PARAM.
  */
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/rooms/canonical_json.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/canonical_json.h"
 
 /* Levels of the default m.room.power_levels (Synapse-compatible). */
 #define PL_CREATOR 100
@@ -76,6 +83,8 @@ typedef struct create_req {
     const preset *preset;
     const room_version *ver;
     const char *name, *topic;
+    const char *alias;        /* "#<room_alias_name>:<server>" in request memory, or NULL */
+    bool publish;             /* visibility "public" */
     json_t *invites;          /* array of user IDs (borrowed from the body) */
     json_t *initial_state;    /* array, may be NULL */
     json_t *creation_content; /* object, may be NULL */
@@ -132,22 +141,31 @@ static bool parse_create(atrium_req *r, json_t *body, create_req *q)
     char why[ROOM_AUTH_WHY_LEN];
     if (cjson_normalize(body, why, sizeof(why)) < 0) return bad(r, "M_BAD_JSON", why);
     const char *visibility, *preset_name, *version, *alias;
-    if (!acc_string(r, body, "visibility", false, 0, &visibility) ||
-        !acc_string(r, body, "preset", false, 0, &preset_name) ||
-        !acc_string(r, body, "room_version", false, 0, &version) ||
-        !acc_string(r, body, "room_alias_name", false, 0, &alias) ||
-        !acc_string(r, body, "name", false, 0, &q->name) ||
-        !acc_string(r, body, "topic", false, 0, &q->topic) ||
-        !acc_bool(r, body, "is_direct", false, &q->is_direct) ||
-        !acc_object(r, body, "creation_content", false, &q->creation_content) ||
-        !acc_object(r, body, "power_level_content_override", false, &q->pl_override) ||
+    if (!http_field_string(r, body, "visibility", false, 0, &visibility) ||
+        !http_field_string(r, body, "preset", false, 0, &preset_name) ||
+        !http_field_string(r, body, "room_version", false, 0, &version) ||
+        !http_field_string(r, body, "room_alias_name", false, 0, &alias) ||
+        !http_field_string(r, body, "name", false, 0, &q->name) ||
+        !http_field_string(r, body, "topic", false, 0, &q->topic) ||
+        !http_field_bool(r, body, "is_direct", false, &q->is_direct) ||
+        !http_field_object(r, body, "creation_content", false, &q->creation_content) ||
+        !http_field_object(r, body, "power_level_content_override", false, &q->pl_override) ||
         !parse_invites(r, body, q) || !parse_initial_state(r, body, q))
         return false;
     if (visibility && strcmp(visibility, "public") != 0 && strcmp(visibility, "private") != 0)
         return bad(r, "M_INVALID_PARAM", "'visibility' must be \"public\" or \"private\"");
-    if (alias && alias[0])
-        return bad(r, "M_INVALID_PARAM", "Room aliases are not supported by createRoom yet; "
-                   "create the room without room_alias_name");
+    q->publish = visibility && strcmp(visibility, "public") == 0;
+    if (alias && alias[0]) {
+        if (!rooms_directory()) {
+            rooms_directory_disabled(r);
+            return false;
+        }
+        if (strpbrk(alias, ": \t\n\r#"))
+            return bad(r, "M_INVALID_PARAM", "room_alias_name is the local part of the alias: "
+                       "no ':', '#' or whitespace");
+        q->alias = rt_arena_printf(r->arena, "#%s:%s", alias, rooms_server_name());
+        if (!q->alias) return bad(r, "M_UNKNOWN", "Out of memory");
+    }
     json_t *tp = json_object_get(body, "invite_3pid");
     if (json_is_array(tp) && json_array_size(tp) > 0)
         return bad(r, "M_INVALID_PARAM", "Third-party invites are not supported");
@@ -203,6 +221,25 @@ static bool write_room(atrium_req *r, room_tx *tx, const create_req *q, const ch
         return false;
     if (q->topic && !put_state(tx, creator, "m.room.topic", "", json_pack("{s:s}", "topic", q->topic), e))
         return false;
+    const atrium_directory *dir = rooms_directory();
+    if (q->alias) {
+        int rc = dir ? dir->alias_create(tx->c, q->alias, tx->room_id, creator) : ATRIUM_E_STATE;
+        if (rc == ATRIUM_E_EXISTS) {
+            rooms_set_err(e, ROOMS_E_ALIAS_IN_USE, "Room alias %.255s already exists", q->alias);
+            return false;
+        }
+        if (rc == ATRIUM_E_INVAL) {
+            rooms_set_err(e, ROOMS_E_INVALID, "%.255s is not a valid room alias", q->alias);
+            return false;
+        }
+        if (rc < 0) {
+            rooms_set_err(e, ROOMS_E_DB, "database");
+            return false;
+        }
+        if (!put_state(tx, creator, "m.room.canonical_alias", "",
+                       json_pack("{s:s}", "alias", q->alias), e))
+            return false;
+    }
     for (size_t i = 0; i < json_array_size(q->invites); i++) {
         const char *invitee = json_string_value(json_array_get(q->invites, i));
         if (rooms_check_invitee(tx->c, invitee, e) < 0) return false;
@@ -211,6 +248,10 @@ static bool write_room(atrium_req *r, room_tx *tx, const create_req *q, const ch
         if (!put_state(tx, creator, "m.room.member", invitee, content, e)) return false;
     }
     (void)r;
+    if (q->publish && dir && dir->room_publish(tx->c, tx->room_id, true) < 0) {
+        rooms_set_err(e, ROOMS_E_DB, "database");
+        return false;
+    }
     return true;
 }
 
@@ -224,6 +265,10 @@ static int post_create_room(atrium_req *r)
     create_req q;
     if (!parse_create(r, body, &q)) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
+    const atrium_directory *dir = rooms_directory();
+    if (q.publish && dir && dir->may_publish(user, auth_is_admin(r) == 1) != 1)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "You may not publish rooms to this "
+                                  "server's room directory; create it with visibility private");
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     char room_id[EVENT_MAX_ID_BYTES + 1];

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/client/sync/notifier.h"
+#include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/client/sync/notifier.h"
 
 #define TYPING_MAX_TIMEOUT_MS (2 * 60 * 1000)
 #define TYPING_DEFAULT_TIMEOUT_MS 30000
@@ -97,7 +97,7 @@ static int post_receipt(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown receipt type");
     json_t *body = r->body_len ? http_req_json(r) : (r->json = json_object());
     const char *thread;
-    if (!body || !acc_string(r, body, "thread_id", false, EVENT_MAX_ID_BYTES, &thread)) return ATRIUM_DONE;
+    if (!body || !http_field_string(r, body, "thread_id", false, EVENT_MAX_ID_BYTES, &thread)) return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     if (!may_mark(r, c, room, user, event_id)) {
@@ -126,9 +126,9 @@ static int post_read_markers(atrium_req *r)
     json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     const char *fully, *read, *priv;
-    if (!acc_string(r, body, "m.fully_read", false, EVENT_MAX_ID_BYTES, &fully) ||
-        !acc_string(r, body, "m.read", false, EVENT_MAX_ID_BYTES, &read) ||
-        !acc_string(r, body, "m.read.private", false, EVENT_MAX_ID_BYTES, &priv))
+    if (!http_field_string(r, body, "m.fully_read", false, EVENT_MAX_ID_BYTES, &fully) ||
+        !http_field_string(r, body, "m.read", false, EVENT_MAX_ID_BYTES, &read) ||
+        !http_field_string(r, body, "m.read.private", false, EVENT_MAX_ID_BYTES, &priv))
         return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;

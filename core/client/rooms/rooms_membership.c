@@ -7,8 +7,8 @@
  * auth rules' decision (room_auth.c through rooms_write.c). What this file adds: a join
  * of a user already joined writes nothing, kick and unban need a target that is in the
  * room / banned, membership events carry the user's profile, and invites reach only local
- * users that exist (no federation yet). Aliases are not resolved here: /join/#alias
- * answers 404 M_NOT_FOUND.
+ * users that exist (no federation yet). /join/#alias resolves a local alias through the
+ * room directory (rooms_iface.c); a remote alias answers 404 until room federation exists.
  *
  * It also owns which profile fields a membership event carries (add_profile: displayname
  * and avatar_url, an empty value being no value), both for new memberships and for
@@ -20,9 +20,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/rooms/canonical_json.h"
+#include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/canonical_json.h"
 
 /* ---- shared helpers ----------------------------------------------------------------- */
 
@@ -226,7 +226,7 @@ int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const ch
 static bool take_reason(atrium_req *r, json_t *body, json_t *content)
 {
     const char *reason;
-    if (!acc_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return false;
+    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return false;
     if (reason) json_object_set_new(content, "reason", json_string(reason));
     return true;
 }
@@ -282,14 +282,32 @@ static int post_room_join(atrium_req *r)
     return room ? join_room(r, user, room) : ATRIUM_DONE;
 }
 
+/* Join the room a local alias names (the directory resolves it). A remote alias would
+ * need room federation to join through, which this server does not do yet: 404 saying so. */
+static int join_alias(atrium_req *r, const char *user, const char *alias)
+{
+    if (!rooms_directory()) return rooms_directory_disabled(r);
+    const char *colon = strchr(alias, ':');
+    if (!colon || strcmp(colon + 1, rooms_server_name()) != 0)
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Room alias %.255s is on another server; "
+                                  "joining rooms on other servers is not available yet", alias);
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
+    rooms_err e = {0};
+    int rc = rooms_resolve_alias(c, alias, room_id, &e);
+    rooms_db_release(c);
+    if (rc != ROOMS_OK) return rooms_fail(r, &e);
+    return join_room(r, user, rt_arena_strdup(r->arena, room_id));
+}
+
 /* POST /_matrix/client/v3/join/{roomIdOrAlias} */
 static int post_join(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
-    if (target && target[0] == '#')
-        return http_respond_error(r, 404, "M_NOT_FOUND", "Room alias %.128s not found", target);
+    if (target && target[0] == '#') return join_alias(r, user, target);
     if (!rooms_room_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID or alias");
     return join_room(r, user, target);
@@ -334,7 +352,7 @@ static int act_on_user(atrium_req *r, const target_action *act)
     json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     const char *target;
-    if (!acc_string(r, body, "user_id", true, 0, &target)) return ATRIUM_DONE;
+    if (!http_field_string(r, body, "user_id", true, 0, &target)) return ATRIUM_DONE;
     if (!rooms_user_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'user_id' is not a user ID");
     PGconn *c = rooms_db(r);

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
 
@@ -117,7 +117,7 @@ static int get_event(atrium_req *r)
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *out = json_array();
     int n = fetch_one(r, &rd, event_id, out, NULL);
-    if (n < 0 || rel_bundle(rd.c, r->arena, &rd.view, rd.room, &rd.vis, out) < 0)
+    if (n < 0 || rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, out) < 0)
         return db_failed(r, &rd, out);
     if (json_array_size(out) == 0) {
         json_decref(out);
@@ -272,7 +272,7 @@ static int get_messages(atrium_req *r)
     json_t *chunk = json_array();
     int64_t first = 0, last = 0;
     int n = window_page(r, &rd, &f, lo, hi, limit, back, chunk, &first, &last);
-    if (n < 0 || rel_bundle(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
+    if (n < 0 || rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
     /* Without `from`, a backward page starts at its newest event, a forward one at 0. */
     const char *start = from ? from : rooms_token(r, back ? (n > 0 ? first : 0) : lo);
@@ -318,7 +318,7 @@ static int get_context(atrium_req *r)
                              rooms_token(r, nb > 0 ? b_last - 1 : pos - 1), "end", rooms_token(r, a_last));
     json_array_extend(one, before); /* one page for the bundles: the objects are shared */
     json_array_extend(one, after);
-    if (na >= 0 && rel_bundle(rd.c, r->arena, &rd.view, rd.room, &rd.vis, one) < 0) na = -1;
+    if (na >= 0 && rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, one) < 0) na = -1;
     json_decref(one);
     if (na < 0) return db_failed(r, &rd, body);
     json_t *state = json_array();

@@ -3,22 +3,24 @@
  *   GET /_matrix/client/v1/rooms/{roomId}/relations/{eventId}[/{relType}[/{eventType}]]
  *   GET /_matrix/client/v1/rooms/{roomId}/threads
  *
- * Both read the event_relations index (rooms_bundle.c fills it at write time) and answer like the
- * other readers: 403 to a user who was never joined, 404 for an unknown room or a parent event the
- * user may not see, and only events rooms_vis_window shows (core/rooms/rooms_vis.c owns the history
- * visibility rule). Pagination tokens are stream positions ("s<N>", the tokens of /messages and
- * /sync): backwards from `from` means positions <= N, forwards positions > N. /relations orders by
- * position; with recurse=true it also follows relations of relations, up to RELATIONS_RECURSE_DEPTH
- * levels (recursion_depth in the answer). /threads orders threads by their newest visible thread
+ * Both read the event_relations index (rooms_bundle.c fills it at write time) and answer
+ * like the other readers: 403 to a user who was never joined, 404 for an unknown room or a
+ * parent event the user may not see, and only events rooms_vis_window shows
+ * (core/rooms/rooms_vis.c owns the history visibility rule). Pagination tokens are stream
+ * positions ("s<N>", the tokens of /messages and /sync): backwards from `from` means
+ * positions <= N, forwards positions > N. /relations orders by position; with recurse=true
+ * it also follows relations of relations, up to RELATIONS_RECURSE_DEPTH levels
+ * (recursion_depth in the answer). /threads orders threads by their newest visible thread
  * event, newest first; a token there is that position. Each page's events get their bundled
- * aggregations from rel_bundle. Not here: what a bundle holds (rooms_bundle.c), storing relations.
+ * aggregations from rooms_bundle_add. Not here: what a bundle holds (rooms_bundle.c),
+ * storing relations.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_relations.h"
 
 #define RELATIONS_DEFAULT_LIMIT 5
@@ -27,7 +29,7 @@
 #define THREADS_DEFAULT_LIMIT 5
 #define THREADS_MAX_LIMIT 100
 
-bool rel_parse_limit(const char *text, int64_t def, int64_t max, int64_t *out)
+bool rooms_relations_limit(const char *text, int64_t def, int64_t max, int64_t *out)
 {
     *out = def;
     if (!text) return true;
@@ -108,8 +110,8 @@ static int get_relations(atrium_req *r)
     int64_t from_pos = back ? INT64_MAX : 0, to_pos = back ? 0 : INT64_MAX, limit;
     if ((from && !rooms_parse_token(from, &from_pos)) || (to && !rooms_parse_token(to, &to_pos)))
         return bad_param(r, "Not a pagination token of this server");
-    if (!rel_parse_limit(http_req_query(r, "limit"), RELATIONS_DEFAULT_LIMIT, RELATIONS_MAX_LIMIT,
-                         &limit))
+    if (!rooms_relations_limit(http_req_query(r, "limit"), RELATIONS_DEFAULT_LIMIT,
+                               RELATIONS_MAX_LIMIT, &limit))
         return bad_param(r, "'limit' must be a non-negative integer");
     if (recurse && strcmp(recurse, "true") != 0 && strcmp(recurse, "false") != 0)
         return bad_param(r, "'recurse' must be true or false");
@@ -142,7 +144,7 @@ static int get_relations(atrium_req *r)
         if (keep > 0) last = events_pos(res, keep - 1);
         PQclear(res);
     }
-    if (rel_bundle(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
+    if (rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
     json_t *body = json_pack("{s:o}", "chunk", chunk);
     const char *next = rooms_token(r, back ? last - 1 : last);
@@ -204,8 +206,8 @@ static int get_threads(atrium_req *r)
     int64_t from_pos = INT64_MAX, limit;
     if (from && !rooms_parse_token(from, &from_pos))
         return bad_param(r, "Not a pagination token of this server");
-    if (!rel_parse_limit(http_req_query(r, "limit"), THREADS_DEFAULT_LIMIT, THREADS_MAX_LIMIT,
-                         &limit))
+    if (!rooms_relations_limit(http_req_query(r, "limit"), THREADS_DEFAULT_LIMIT,
+                               THREADS_MAX_LIMIT, &limit))
         return bad_param(r, "'limit' must be a non-negative integer");
     if (!rooms_reader_open(r, &rd)) return ATRIUM_DONE;
     bool participated = include && include[0] == 'p';
@@ -227,7 +229,7 @@ static int get_threads(atrium_req *r)
         PQclear(res);
         if (rc < 0) return db_failed(r, &rd, chunk);
     }
-    if (rel_bundle(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
+    if (rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
     json_t *body = json_pack("{s:o}", "chunk", chunk);
     if (more) json_object_set_new(body, "next_batch", json_string(rooms_token(r, last - 1)));

@@ -9,7 +9,8 @@
  * in the table event_relations (migration "rooms" 2) and drops the row again when the
  * relation event is redacted, so a redacted relation never aggregates. rooms_bundle.c owns
  * the indexing and which aggregations are bundled; rooms_relations.c owns the endpoints
- * (/relations, /threads). Internal prefix: rel_.
+ * (/relations, /threads). Internal prefixes: rooms_bundle_ (rooms_bundle.c) and
+ * rooms_relations_ (rooms_relations.c); the REL_ constants name the spec's relation types.
  */
 #ifndef ATRIUM_CORE_ROOMS_RELATIONS_H
 #define ATRIUM_CORE_ROOMS_RELATIONS_H
@@ -26,24 +27,24 @@
 #define REL_ANNOTATION "m.annotation"
 #define REL_BUNDLE_MAX_REFERENCES 50 /* event IDs in one event's m.reference chunk */
 
-/* What m.relates_to says. Pointers borrow from the content passed to rel_parse. */
-typedef struct rel_info {
+/* What m.relates_to says. Pointers borrow from the content passed to rooms_bundle_parse. */
+typedef struct rooms_relation {
     const char *rel_type, *event_id;
     const char *key; /* m.annotation's aggregation key, or NULL */
-} rel_info;
+} rooms_relation;
 
 /* Is content (an event's content object, may be NULL) a relation? true with *out filled
  * when m.relates_to is an object with a non-empty string rel_type and event_id, each at
  * most EVENT_MAX_ID_BYTES long; key is set only for m.annotation with a string key. Pure;
  * any thread. */
-bool rel_parse(const json_t *content, rel_info *out);
+bool rooms_bundle_parse(const json_t *content, rooms_relation *out);
 
 /* Inside the write path's transaction (rooms_write.c), after the event's row is stored:
  * record ev in event_relations when it is a relation, and when it is a redaction forget
  * the relation it redacts. pos is the event's stream position (decimal text). false after
  * a logged database failure (the caller rolls back). */
-bool rel_index(PGconn *c, const char *pos, const char *event_id, const char *room_id,
-               const room_new_event *ev);
+bool rooms_bundle_index(PGconn *c, const char *pos, const char *event_id, const char *room_id,
+                        const room_new_event *ev);
 
 /* Add unsigned."m.relations" to the rendered events of array `events` (all of room_id,
  * rendered with v): m.thread {latest_event, count, current_user_participated},
@@ -52,13 +53,13 @@ bool rel_index(PGconn *c, const char *pos, const char *event_id, const char *roo
  * v1.7 on). Only relation events vis shows count. A constant number of queries per call,
  * whatever the number of events. ROOMS_OK or ROOMS_E_DB (events are then unchanged or
  * partly bundled; the caller answers 503). conn held by the caller. */
-int rel_bundle(PGconn *c, rt_arena *a, const events_view *v, const char *room_id,
-               const rooms_vis *vis, json_t *events);
+int rooms_bundle_add(PGconn *c, rt_arena *a, const events_view *v, const char *room_id,
+                     const rooms_vis *vis, json_t *events);
 
 /* An integer query parameter's text (NULL: absent) into *out: def when absent, else
  * clamped to [1, max] (an empty page would end a pagination); false when it is not a
  * non-negative decimal integer. Pure. */
-bool rel_parse_limit(const char *text, int64_t def, int64_t max, int64_t *out);
+bool rooms_relations_limit(const char *text, int64_t def, int64_t max, int64_t *out);
 
 /* Route registration (rooms_relations.c): the relations and threads endpoints. */
 int rooms_relations_routes(http_server *s);

@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
 
@@ -222,10 +222,10 @@ static bool parse_room_events(atrium_req *r, json_t *re, search_req *q)
     memset(q, 0, sizeof(*q));
     const char *order;
     json_t *ec;
-    if (!acc_string(r, re, "search_term", true, SEARCH_TERM_MAX_BYTES, &q->term) ||
-        !acc_string(r, re, "order_by", false, 0, &order) || !parse_keys(r, re, q) ||
-        !parse_filter(r, re, q) || !acc_object(r, re, "event_context", false, &ec) ||
-        !acc_bool(r, re, "include_state", false, &q->state))
+    if (!http_field_string(r, re, "search_term", true, SEARCH_TERM_MAX_BYTES, &q->term) ||
+        !http_field_string(r, re, "order_by", false, 0, &order) || !parse_keys(r, re, q) ||
+        !parse_filter(r, re, q) || !http_field_object(r, re, "event_context", false, &ec) ||
+        !http_field_bool(r, re, "include_state", false, &q->state))
         return false;
     if (order && strcmp(order, "rank") != 0 && strcmp(order, "recent") != 0)
         return refuse(r, "M_INVALID_PARAM", "'order_by' must be \"rank\" or \"recent\"");
@@ -233,7 +233,7 @@ static bool parse_room_events(atrium_req *r, json_t *re, search_req *q)
     q->context = ec != NULL;
     if (ec && (!parse_context_limit(r, ec, "before_limit", &q->before) ||
                !parse_context_limit(r, ec, "after_limit", &q->after) ||
-               !acc_bool(r, ec, "include_profile", false, &q->profile)))
+               !http_field_bool(r, ec, "include_profile", false, &q->profile)))
         return false;
     return parse_token(r, http_req_query(r, "next_batch"), q);
 }
@@ -474,8 +474,8 @@ static int render_page(search_run *s, PGresult *page, int rows, json_t *results,
             if (events_pos(res, j) == pos) ev = events_render(&s->view, res, j);
         if (!ev) continue; /* a corrupt row (logged) */
         json_t *one = json_pack("[O]", ev); /* bundled aggregations, as other readers */
-        if (!one || rel_bundle(s->c, s->r->arena, &s->view, s->room_ids[idx], &s->vis[idx],
-                               one) < 0)
+        if (!one || rooms_bundle_add(s->c, s->r->arena, &s->view, s->room_ids[idx], &s->vis[idx],
+                                     one) < 0)
             rc = ROOMS_E_DB;
         json_decref(one);
         json_t *item = json_pack("{s:f, s:o}", "rank", strtod(PQgetvalue(page, i, 1), NULL),
@@ -563,8 +563,8 @@ static int post_search(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     json_t *body = http_req_json(r), *cats, *re;
-    if (!body || !acc_object(r, body, "search_categories", true, &cats) ||
-        !acc_object(r, cats, "room_events", false, &re))
+    if (!body || !http_field_object(r, body, "search_categories", true, &cats) ||
+        !http_field_object(r, cats, "room_events", false, &re))
         return ATRIUM_DONE;
     if (!re) return http_respond_json(r, 200, json_pack("{s:{}}", "search_categories"));
     search_req q;

@@ -9,17 +9,19 @@
  * namespace ("redact|<txnId>"). Setting a state event to the content it already has
  * writes nothing and answers with the existing event, as Synapse does. A second annotation
  * (reaction) with the same key from the same sender to the same event is refused with 400
- * M_DUPLICATE_ANNOTATION, as the spec says; redacting the first allows it again. Everything
+ * M_DUPLICATE_ANNOTATION, as the spec says; redacting the first allows it again. An
+ * m.room.canonical_alias state event must name aliases that point to the room
+ * (rooms_check_canonical_alias, 400 M_BAD_ALIAS). Everything
  * else - auth rules, size limits, canonical JSON - is the write path's (rooms_write.c).
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/rooms/canonical_json.h"
+#include "core/client/auth/auth.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
+#include "core/rooms/canonical_json.h"
 
 /* The request body as event content: a JSON object canonical JSON can carry. */
 static json_t *content_body(atrium_req *r)
@@ -66,8 +68,8 @@ static bool txn_ok(atrium_req *r, const char *txn)
 static int duplicate_annotation(atrium_req *r, const char *room, const char *user,
                                 const char *type, const json_t *content)
 {
-    rel_info rel;
-    if (!rel_parse(content, &rel) || !rel.key || strcmp(rel.rel_type, "m.annotation") != 0)
+    rooms_relation rel;
+    if (!rooms_bundle_parse(content, &rel) || !rel.key || strcmp(rel.rel_type, "m.annotation") != 0)
         return 0;
     PGconn *c = rooms_db(r);
     if (!c) return -1;
@@ -144,6 +146,13 @@ static int put_state(atrium_req *r)
     if (!content) return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
+    if (strcmp(type, "m.room.canonical_alias") == 0 && key[0] == '\0') {
+        rooms_err e = {0};
+        if (rooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
+            rooms_db_release(c);
+            return rooms_fail(r, &e);
+        }
+    }
     char id[EVENT_ID_LEN];
     bool same = same_state(c, room, type, key, content, id);
     rooms_db_release(c);
@@ -177,7 +186,7 @@ static int put_redact(atrium_req *r)
     json_t *body = r->body_len ? http_req_json(r) : (r->json = json_object());
     if (!body) return ATRIUM_DONE;
     const char *reason;
-    if (!acc_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;
+    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
     json_t *content = reason ? json_pack("{s:s}", "reason", reason) : json_object();
     room_new_event ev = {.sender = user, .type = "m.room.redaction", .content = content,

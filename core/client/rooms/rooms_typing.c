@@ -25,7 +25,7 @@
 #include "core/client/rooms/rooms_api.h"
 
 #define TYPING_REAP_RETRY_MS 5000 /* after a pass that failed */
-#define TYPING_REAP_DB_WAIT_MS 2000
+#define TYPING_REAP_DB_WAIT_MS 2000 /* background work: its own wait, not a request's */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER; /* CLOCK_REALTIME, like the expiries */

@@ -88,6 +88,11 @@ void rooms_tx_rollback(room_tx *tx)
 
 int rooms_tx_commit(room_tx *tx, rooms_err *e)
 {
+    const atrium_directory *dir = tx->listing_changed ? rooms_directory() : NULL;
+    if (dir && dir->room_changed(tx->c, tx->room_id) < 0) {
+        rooms_tx_rollback(tx);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
     if (!rooms_exec(tx->c, "COMMIT", 0, NULL)) {
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_DB, "database");
@@ -269,7 +274,8 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
                          " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                          12, p);
     free(text);
-    if (ok) ok = rel_index(tx->c, pos, event_id, tx->room_id, ev); /* relations, redactions */
+    /* relations, redactions */
+    if (ok) ok = rooms_bundle_index(tx->c, pos, event_id, tx->room_id, ev);
     if (ok && ev->state_key) {
         const char *q[5] = {tx->room_id, ev->type, ev->state_key, event_id, membership};
         ok = rooms_exec(tx->c,
@@ -348,6 +354,7 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
     if (rc != ROOMS_OK) return rc;
     snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", id_out);
     tx->depth++;
+    if (ev->state_key && rooms_listing_type(ev->type)) tx->listing_changed = true;
     if (target && tx->n_wake < (int)(sizeof(tx->wake_users) / sizeof(tx->wake_users[0])))
         tx->wake_users[tx->n_wake++] = rt_arena_strdup(tx->arena, target);
     return ROOMS_OK;

@@ -3,12 +3,14 @@
  *
  * A small open hash table from user ID to atrium_event, under one mutex. It only grows with
  * the number of distinct users that long-polled since start-up; each entry is a user ID
- * and an event (a few dozen bytes).
+ * and an event (a few dozen bytes). The table is the runtime object's (rt->notifier,
+ * made and freed by core/main.c); without one bound nothing is parked or woken.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client/sync/notifier.h"
+#include "core/runtime/core_runtime.h"
 
 #define NOTIFIER_INITIAL_BUCKETS 256
 
@@ -19,9 +21,25 @@ typedef struct user_event {
     struct user_event *next;
 } user_event;
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static user_event **buckets;
-static size_t n_buckets, n_entries;
+struct notifier {
+    pthread_mutex_t mu;
+    user_event **buckets;
+    size_t n_buckets, n_entries;
+};
+
+notifier *notifier_new(void)
+{
+    notifier *n = calloc(1, sizeof(*n));
+    if (n) pthread_mutex_init(&n->mu, NULL);
+    return n;
+}
+
+/* The bound runtime object's table, or NULL. */
+static notifier *the_notifier(void)
+{
+    core_runtime *rt = core_runtime_get();
+    return rt ? rt->notifier : NULL;
+}
 
 static size_t hash(const char *s)
 {
@@ -30,76 +48,82 @@ static size_t hash(const char *s)
     return h;
 }
 
-static user_event *find_locked(const char *user_id)
+static user_event *find_locked(notifier *n, const char *user_id)
 {
-    if (!buckets) return NULL;
-    for (user_event *e = buckets[hash(user_id) % n_buckets]; e; e = e->next)
+    if (!n->buckets) return NULL;
+    for (user_event *e = n->buckets[hash(user_id) % n->n_buckets]; e; e = e->next)
         if (strcmp(e->user_id, user_id) == 0) return e;
     return NULL;
 }
 
-static void grow_locked(void)
+static void grow_locked(notifier *n)
 {
-    size_t nb = n_buckets ? n_buckets * 2 : NOTIFIER_INITIAL_BUCKETS;
+    size_t nb = n->n_buckets ? n->n_buckets * 2 : NOTIFIER_INITIAL_BUCKETS;
     user_event **nbk = calloc(nb, sizeof(*nbk));
     if (!nbk) return; /* keep the old table: slower, still correct */
-    for (size_t i = 0; i < n_buckets; i++) {
-        for (user_event *e = buckets[i], *next; e; e = next) {
+    for (size_t i = 0; i < n->n_buckets; i++) {
+        for (user_event *e = n->buckets[i], *next; e; e = next) {
             next = e->next;
             size_t b = hash(e->user_id) % nb;
             e->next = nbk[b];
             nbk[b] = e;
         }
     }
-    free(buckets);
-    buckets = nbk;
-    n_buckets = nb;
+    free(n->buckets);
+    n->buckets = nbk;
+    n->n_buckets = nb;
 }
 
 struct atrium_event *notifier_event_for(http_server *s, const char *user_id)
 {
-    pthread_mutex_lock(&mu);
-    user_event *e = find_locked(user_id);
+    notifier *n = the_notifier();
+    if (!n) return NULL;
+    pthread_mutex_lock(&n->mu);
+    user_event *e = find_locked(n, user_id);
     if (!e) {
-        if (n_entries >= n_buckets) grow_locked();
+        if (n->n_entries >= n->n_buckets) grow_locked(n);
         e = calloc(1, sizeof(*e));
         if (e) {
             e->user_id = strdup(user_id);
             e->ev = susp_event_new(s);
-            if (!e->user_id || !e->ev || !buckets) {
+            if (!e->user_id || !e->ev || !n->buckets) {
                 free(e->user_id);
                 free(e); /* the event, if any, is freed with the server */
                 e = NULL;
             } else {
-                size_t b = hash(user_id) % n_buckets;
-                e->next = buckets[b];
-                buckets[b] = e;
-                n_entries++;
+                size_t b = hash(user_id) % n->n_buckets;
+                e->next = n->buckets[b];
+                n->buckets[b] = e;
+                n->n_entries++;
             }
         }
     }
     struct atrium_event *ev = e ? e->ev : NULL;
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&n->mu);
     return ev;
 }
 
 void notifier_wake_user(const char *user_id)
 {
-    pthread_mutex_lock(&mu);
-    user_event *e = find_locked(user_id);
+    notifier *n = the_notifier();
+    if (!n) return;
+    pthread_mutex_lock(&n->mu);
+    user_event *e = find_locked(n, user_id);
     struct atrium_event *ev = e ? e->ev : NULL;
     if (e) e->wakes++;
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&n->mu);
     if (ev) susp_event_signal(ev);
 }
 
 uint64_t notifier_wake_count(const char *user_id)
 {
-    pthread_mutex_lock(&mu);
-    user_event *e = find_locked(user_id);
-    uint64_t n = e ? e->wakes : 0;
-    pthread_mutex_unlock(&mu);
-    return n;
+    notifier *n = the_notifier();
+    if (!n) return 0;
+    pthread_mutex_lock(&n->mu);
+    user_event *e = find_locked(n, user_id);
+    uint64_t wakes = e ? e->wakes : 0;
+    pthread_mutex_unlock(&n->mu);
+    return wakes;
 }
 
 void notifier_wake_room(PGconn *conn, const char *room_id)
@@ -128,18 +152,17 @@ int64_t notifier_stream_position(PGconn *conn)
     return pos;
 }
 
-void notifier_free(void)
+void notifier_free(notifier *n)
 {
-    pthread_mutex_lock(&mu);
-    for (size_t i = 0; i < n_buckets; i++) {
-        for (user_event *e = buckets[i], *next; e; e = next) {
+    if (!n) return;
+    for (size_t i = 0; i < n->n_buckets; i++) {
+        for (user_event *e = n->buckets[i], *next; e; e = next) {
             next = e->next;
             free(e->user_id);
             free(e);
         }
     }
-    free(buckets);
-    buckets = NULL;
-    n_buckets = n_entries = 0;
-    pthread_mutex_unlock(&mu);
+    free(n->buckets);
+    pthread_mutex_destroy(&n->mu);
+    free(n);
 }

@@ -25,6 +25,17 @@
 
 #include "core/http/http.h"
 
+/* The table of users' wake-up events: the runtime object's (rt->notifier). */
+typedef struct notifier notifier;
+/* An empty table, or NULL on out of memory. Start-up. */
+notifier *notifier_new(void);
+/* Free n (NULL is fine); the events themselves go with the HTTP server. After every thread
+ * that could wake or park stopped. */
+void notifier_free(notifier *n);
+
+/* The functions below use the bound runtime object's table (core/runtime/core_runtime.h);
+ * without one, nothing parks (NULL event) and wake-ups do nothing. */
+
 /* The event a user's parked syncs wait on (created on first use; lives until shutdown).
  * NULL on out-of-memory. Any thread. */
 struct atrium_event *notifier_event_for(http_server *s, const char *user_id);
@@ -40,6 +51,5 @@ uint64_t notifier_wake_count(const char *user_id);
 void notifier_wake_room(PGconn *conn, const char *room_id);
 /* The newest stream position (max of stream_seq handed out so far), or -1 on error. */
 int64_t notifier_stream_position(PGconn *conn);
-void notifier_free(void);
 
 #endif

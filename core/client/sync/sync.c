@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
-#include "core/client/sync/notifier.h"
+#include "core/client/auth/auth.h"
 #include "core/client/ratelimits.h"
+#include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
 #include "core/client/sync/sync_rooms.h"
 
@@ -30,7 +30,6 @@
 
 static sync_section_fn sections[SYNC_MAX_SECTIONS];
 static int n_sections;
-static rt_ratelimit *sync_limiter;
 
 int sync_add_section(sync_section_fn fn)
 {
@@ -223,7 +222,7 @@ static int sync_get(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    if (ratelimit_refused(r, sync_limiter)) return ATRIUM_DONE; /* counted once per request */
+    if (ratelimit_refused(r, ratelimit_sync())) return ATRIUM_DONE; /* counted once per request */
     sync_ctx s = {.r = r, .user = user, .device = r->device, .timeline_limit = SYNC_DEFAULT_TIMELINE_LIMIT};
     s.view = (events_view){.user_id = user, .device_id = r->device, .now_ms = rooms_wall_ms()};
     int64_t timeout_ms;
@@ -273,17 +272,17 @@ static int sync_get(atrium_req *r)
     return http_respond_json(r, 200, resp);
 }
 
-static int sync_init(http_server *s, rt_metrics *metrics)
+static int sync_init(core_runtime *rt)
 {
     /* ratelimit.sync.*: a re-run of a parked sync is not counted again. */
-    const struct core_rate *rate = &s->cfg->ratelimit.sync;
-    sync_limiter = rt_ratelimit_new("sync", rate->per_minute / SECONDS_PER_MINUTE, rate->burst,
-                                    SYNC_RATE_MAX_KEYS, metrics);
-    if (!sync_limiter) return -1;
-    return client_route(s, "GET", "/_matrix/client/v3/sync", sync_get, 0);
+    const struct core_rate *rate = &rt->cfg->ratelimit.sync;
+    rt->limits.sync = rt_ratelimit_new("sync", rate->per_minute / SECONDS_PER_MINUTE,
+                                       rate->burst, SYNC_RATE_MAX_KEYS, rt->metrics);
+    if (!rt->limits.sync) return -1;
+    return client_route(rt->http, "GET", "/_matrix/client/v3/sync", sync_get, 0);
 }
 
 const client_module SYNC_MODULE = {
     .owner = "sync",
-    .init = sync_init, /* the limiter lives until the process exits */
+    .init = sync_init, /* the limiter is freed with the others (ratelimits_free) */
 };

@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/accounts.h"
+#include "core/client/auth/auth.h"
 #include "core/client/push/push_eval.h"
 #include "core/client/push/push_rules.h"
 #include "core/client/rooms/rooms_relations.h"
@@ -125,7 +125,7 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
     }
     if (keep > 0) t->first_pos = events_pos(res, keep - 1);
     PQclear(res);
-    if (rel_bundle(s->c, s->r->arena, &s->view, room_id, vis, t->events) < 0) {
+    if (rooms_bundle_add(s->c, s->r->arena, &s->view, room_id, vis, t->events) < 0) {
         json_decref(t->events);
         t->events = NULL;
         return ROOMS_E_DB;

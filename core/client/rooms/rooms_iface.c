@@ -1,0 +1,190 @@
+/*
+ * core/client/rooms/rooms_iface.c - the seam between the rooms module and the room
+ * directory, both ways: the interface "rooms/1" the core provides to plugins
+ * (include/atrium/rooms.h: a room's summary, a user's membership, whether a user may send
+ * a state event), and the core's one way to reach "directory/1" (include/atrium/directory.h).
+ *
+ * The summary is computed from current_state, the contract other modules read, with one
+ * query: the latest non-redacted content of the state events a public room list shows
+ * and the joined member count. A redacted state event counts as unset. What this file
+ * does not do: decide anything about aliases or listing; that is the directory's.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/rooms/rooms_api.h"
+#include "core/plugins/plugins.h"
+
+static int summary(PGconn *c, const char *room_id, json_t **out)
+{
+    *out = NULL;
+    const char *p[1] = {room_id};
+    PGresult *res = rooms_q(
+        c,
+        "SELECT (SELECT count(*) FROM current_state m WHERE m.room_id = r.room_id"
+        "  AND m.type = 'm.room.member' AND m.membership = 'join'),"
+        " coalesce(jsonb_object_agg(cs.type, e.pdu::jsonb -> 'content')"
+        "  FILTER (WHERE cs.type IS NOT NULL AND e.redacted_by IS NULL), '{}')::text"
+        " FROM rooms r LEFT JOIN current_state cs ON cs.room_id = r.room_id"
+        "  AND cs.state_key = '' AND cs.type IN ('m.room.create', 'm.room.name',"
+        "  'm.room.topic', 'm.room.avatar', 'm.room.canonical_alias', 'm.room.join_rules',"
+        "  'm.room.guest_access', 'm.room.history_visibility')"
+        " LEFT JOIN events e ON e.event_id = cs.event_id"
+        " WHERE r.room_id = $1 GROUP BY r.room_id",
+        1, p, NULL);
+    if (!res) return ATRIUM_E_DB;
+    if (PQntuples(res) == 0) {
+        PQclear(res);
+        return ATRIUM_E_NOTFOUND;
+    }
+    json_t *state = json_loads(PQgetvalue(res, 0, 1), 0, NULL);
+    json_int_t members = (json_int_t)strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+    PQclear(res);
+    if (!state) return ATRIUM_E_DB;
+#define FIELD(type, key) json_object_get(json_object_get(state, type), key)
+    const char *jr = json_string_value(FIELD("m.room.join_rules", "join_rule"));
+    const char *ga = json_string_value(FIELD("m.room.guest_access", "guest_access"));
+    const char *hv = json_string_value(FIELD("m.room.history_visibility", "history_visibility"));
+    json_t *s = json_pack("{s:s, s:I, s:s, s:b, s:b}", "room_id", room_id,
+                          "num_joined_members", members, "join_rule", jr ? jr : "invite",
+                          "guest_can_join", ga && strcmp(ga, "can_join") == 0,
+                          "world_readable", hv && strcmp(hv, "world_readable") == 0);
+    static const struct {
+        const char *type, *key, *as;
+    } OPTIONAL[] = {
+        {"m.room.name", "name", "name"},
+        {"m.room.topic", "topic", "topic"},
+        {"m.room.avatar", "url", "avatar_url"},
+        {"m.room.canonical_alias", "alias", "canonical_alias"},
+        {"m.room.create", "type", "room_type"},
+    };
+    for (size_t i = 0; s && i < sizeof(OPTIONAL) / sizeof(OPTIONAL[0]); i++) {
+        json_t *v = FIELD(OPTIONAL[i].type, OPTIONAL[i].key);
+        if (json_is_string(v) && json_string_length(v) > 0)
+            json_object_set(s, OPTIONAL[i].as, v);
+    }
+#undef FIELD
+    json_decref(state);
+    if (!s) return ATRIUM_E_NOMEM;
+    *out = s;
+    return 0;
+}
+
+static int membership(PGconn *c, const char *room_id, const char *user_id,
+                      char out[ATRIUM_MEMBERSHIP_LEN])
+{
+    bool failed = false;
+    if (!rooms_version_of(c, room_id, &failed)) return failed ? ATRIUM_E_DB : ATRIUM_E_NOTFOUND;
+    return rooms_membership_at(c, room_id, user_id, INT64_MAX, out, NULL) == ROOMS_OK
+               ? 0
+               : ATRIUM_E_DB;
+}
+
+static int may_send_state(PGconn *c, const char *room_id, const char *user_id,
+                          const char *event_type)
+{
+    bool failed = false;
+    const room_version *ver = rooms_version_of(c, room_id, &failed);
+    if (!ver) return failed ? ATRIUM_E_DB : ATRIUM_E_NOTFOUND;
+    room_auth_load a;
+    int rc = rooms_load_auth(c, room_id, ver, user_id, NULL, &a);
+    if (rc < 0) {
+        json_decref(a.holder);
+        return ATRIUM_E_DB;
+    }
+    json_t *content = json_object();
+    char why[ROOM_AUTH_WHY_LEN];
+    bool ok = room_auth_allows(&a.st, event_type, "", user_id, content, why);
+    json_decref(content);
+    json_decref(a.holder);
+    return ok ? 1 : 0;
+}
+
+static const atrium_rooms ROOMS_IFACE = {
+    .size = sizeof(atrium_rooms),
+    .version = ATRIUM_ROOMS_VERSION,
+    .room_summary = summary,
+    .membership = membership,
+    .may_send_state = may_send_state,
+};
+
+int rooms_iface_provide(void)
+{
+    return plugins_iface_add("core", ATRIUM_ROOMS_IFACE, &ROOMS_IFACE);
+}
+
+const atrium_directory *rooms_directory(void)
+{
+    return plugins_iface_get(ATRIUM_DIRECTORY_IFACE, sizeof(atrium_directory));
+}
+
+int rooms_directory_disabled(atrium_req *r)
+{
+    return http_respond_error(r, 400, "M_UNRECOGNIZED",
+                              "Room aliases need the room directory, which this server has "
+                              "disabled (plugins.directory.enabled)");
+}
+
+bool rooms_listing_type(const char *type)
+{
+    static const char *const TYPES[] = {
+        "m.room.member", "m.room.create", "m.room.name", "m.room.topic", "m.room.avatar",
+        "m.room.canonical_alias", "m.room.join_rules", "m.room.guest_access",
+        "m.room.history_visibility",
+    };
+    for (size_t i = 0; i < sizeof(TYPES) / sizeof(TYPES[0]); i++)
+        if (strcmp(type, TYPES[i]) == 0) return true;
+    return false;
+}
+
+int rooms_resolve_alias(PGconn *c, const char *alias, char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1],
+                        rooms_err *e)
+{
+    const atrium_directory *d = rooms_directory();
+    if (!d) return rooms_set_err(e, ROOMS_E_NO_DIRECTORY, "the room directory is disabled");
+    int rc = d->alias_resolve(c, alias, room_id);
+    if (rc == ATRIUM_E_NOTFOUND || rc == ATRIUM_E_INVAL)
+        return rooms_set_err(e, ROOMS_E_NOT_FOUND, "Room alias %.255s not found", alias);
+    if (rc < 0) return rooms_set_err(e, ROOMS_E_DB, "database");
+    return ROOMS_OK;
+}
+
+/* One alias named by an m.room.canonical_alias event: well-formed, and when it is this
+ * server's, pointing to room_id. */
+static int check_one_alias(PGconn *c, const char *room_id, const json_t *v, rooms_err *e)
+{
+    const char *alias = json_string_value(v);
+    const char *colon = alias ? strchr(alias, ':') : NULL;
+    if (!alias || alias[0] != '#' || !colon || colon == alias + 1 || !colon[1] ||
+        strlen(alias) > ATRIUM_ROOM_ID_MAX_BYTES)
+        return rooms_set_err(e, ROOMS_E_INVALID, "%.255s is not a room alias",
+                             alias ? alias : "(not a string)");
+    if (strcmp(colon + 1, rooms_server_name()) != 0) return ROOMS_OK; /* see the header */
+    const atrium_directory *d = rooms_directory();
+    if (!d)
+        return rooms_set_err(e, ROOMS_E_BAD_ALIAS, "Room alias %.255s cannot be checked: the "
+                             "room directory is disabled", alias);
+    char target[ATRIUM_ROOM_ID_MAX_BYTES + 1];
+    int rc = d->alias_resolve(c, alias, target);
+    if (rc == ATRIUM_E_DB) return rooms_set_err(e, ROOMS_E_DB, "database");
+    if (rc < 0 || strcmp(target, room_id) != 0)
+        return rooms_set_err(e, ROOMS_E_BAD_ALIAS, "Room alias %.255s does not point to this room",
+                             alias);
+    return ROOMS_OK;
+}
+
+int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *content,
+                                rooms_err *e)
+{
+    const json_t *alias = json_object_get(content, "alias");
+    const json_t *alt = json_object_get(content, "alt_aliases");
+    if (alias && !json_is_null(alias) && check_one_alias(c, room_id, alias, e) < 0) return e->code;
+    if (!alt || json_is_null(alt)) return ROOMS_OK;
+    if (!json_is_array(alt))
+        return rooms_set_err(e, ROOMS_E_INVALID, "alt_aliases must be a list of room aliases");
+    size_t i;
+    const json_t *v;
+    json_array_foreach(alt, i, v) if (check_one_alias(c, room_id, v, e) < 0) return e->code;
+    return ROOMS_OK;
+}

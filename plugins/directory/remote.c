@@ -1,0 +1,404 @@
+/*
+ * plugins/directory/remote.c - look-ups on other servers: publicRooms?server= (GET and
+ * POST) and aliases of other servers (GET /directory/room/#a:other), asked with
+ * /_matrix/federation/v1/publicRooms and /_matrix/federation/v1/query/directory.
+ *
+ * The decision this file owns is ADR-0079 (docs/adr/0079-outbound-budget.md), kept
+ * exactly: every look-up that has to ask a peer first takes an outbound-budget slot
+ * (host->outbound_acquire: half the request pool in all, one per client key), and over
+ * either cap it is answered 429 at once with retry_after_ms and Retry-After, never queued.
+ * While the peer thinks, the request waits parked (req_wait), holding no request-pool
+ * thread but still its slot, until the federation client's on_done wakes it.
+ *
+ * Look-ups are shared: one entry per key (kind, server, limit, since, filter) holds the
+ * outcome. Requests arriving while one is in flight join its waiters instead of asking
+ * again; a successful answer is reused for `cache_ms` (30 s) by requests that then need
+ * no slot at all. A look-up ends by `timeout_ms` (20 s, well under a client's own
+ * timeout): 504, and a peer's refusal or a broken answer is 502, both with no-store; only
+ * answers the peer gave with 200 are kept. An entry lives while the table or a waiting
+ * request refers to it (refs), so the federation callback never meets a freed entry.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "directory.h"
+
+#define h dir_host
+
+#define DIR_RETRY_AFTER_MS 1000        /* what a refused look-up is told to wait */
+#define DIR_WAKE_SLACK_MS 2000         /* a parked request's deadline past its look-up's */
+#define DIR_CACHE_MAX_ENTRIES 1024     /* entries kept at most (in flight and answered) */
+#define DIR_MAX_ANSWER_BYTES (4 << 20) /* a peer's answer at most */
+
+dir_remote_settings dir_remote = {.timeout_ms = 20000, .cache_ms = 30000};
+
+enum lookup_kind { LOOKUP_ROOMS = 0, LOOKUP_ALIAS = 1 };
+
+typedef struct waiter {
+    atrium_req *req;
+    struct waiter *next;
+} waiter;
+
+typedef struct lookup {
+    struct lookup *next; /* in the table while `listed` */
+    char *key;
+    int kind;
+    bool listed, done;
+    int refs;              /* the table's (while listed) + each request's hold */
+    int64_t deadline_ms;   /* of the federation request */
+    int64_t expires_ms;    /* done: reused until then (only 200 answers) */
+    int status;            /* done: the status to answer */
+    json_t *answer;        /* done: the body to answer */
+    waiter *waiters;
+} lookup;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static lookup *table;
+static int n_table;
+
+static atrium_metric *m_ok, *m_refused, *m_timeout, *m_failed, *m_limited, *m_hits, *m_shared,
+    *m_in_flight;
+
+int dir_remote_init(void)
+{
+    static const char *const NAME = "atrium_directory_remote_lookups_total";
+    static const char *const HELP = "Look-ups on other servers by how they ended.";
+    m_ok = h->metric_counter(dir_self, NAME, "outcome=\"ok\"", HELP);
+    m_refused = h->metric_counter(dir_self, NAME, "outcome=\"refused\"", HELP);
+    m_timeout = h->metric_counter(dir_self, NAME, "outcome=\"timeout\"", HELP);
+    m_failed = h->metric_counter(dir_self, NAME, "outcome=\"failed\"", HELP);
+    m_limited = h->metric_counter(dir_self, "atrium_directory_remote_limited_total", NULL,
+                                  "Look-ups refused with 429 by the outbound budget.");
+    m_hits = h->metric_counter(dir_self, "atrium_directory_remote_cache_hits_total", NULL,
+                               "Look-ups answered from a cached answer.");
+    m_shared = h->metric_counter(dir_self, "atrium_directory_remote_shared_total", NULL,
+                                 "Look-ups that joined an identical one in flight.");
+    m_in_flight = h->metric_gauge(dir_self, "atrium_directory_remote_in_flight", NULL,
+                                  "Look-ups waiting for another server now.");
+    return m_ok && m_refused && m_timeout && m_failed && m_limited && m_hits && m_shared &&
+                   m_in_flight
+               ? 0
+               : ATRIUM_E_NOMEM;
+}
+
+/* Drop one reference; the caller holds the lock. */
+static void unref_locked(lookup *l)
+{
+    if (--l->refs > 0) return;
+    json_decref(l->answer);
+    free(l->key);
+    free(l);
+}
+
+static void unlist_locked(lookup *l)
+{
+    if (!l->listed) return;
+    for (lookup **p = &table; *p; p = &(*p)->next) {
+        if (*p == l) {
+            *p = l->next;
+            break;
+        }
+    }
+    l->listed = false;
+    n_table--;
+    unref_locked(l);
+}
+
+/* A request's hold on its entry, released when the request ends. */
+static void release_hold(void *arg)
+{
+    pthread_mutex_lock(&lock);
+    unref_locked(arg);
+    pthread_mutex_unlock(&lock);
+}
+
+/* The entry for key that is in flight or still fresh; expired ones are dropped. */
+static lookup *find_locked(const char *key, int64_t now)
+{
+    for (lookup *l = table, *next; l; l = next) {
+        next = l->next;
+        if (l->done && l->expires_ms <= now) {
+            unlist_locked(l);
+            continue;
+        }
+        if (strcmp(l->key, key) == 0) return l;
+    }
+    return NULL;
+}
+
+/* Set the outcome, wake every waiter (once each: the req_wait contract). Any thread. */
+static void finish(lookup *l, int status, json_t *answer, atrium_metric *outcome)
+{
+    pthread_mutex_lock(&lock);
+    l->done = true;
+    l->status = status;
+    l->answer = answer;
+    l->expires_ms = h->now_ms() + dir_remote.cache_ms;
+    if (status != 200 || dir_remote.cache_ms == 0) unlist_locked(l);
+    waiter *w = l->waiters;
+    l->waiters = NULL;
+    pthread_mutex_unlock(&lock);
+    h->metric_add(outcome, 1);
+    h->metric_add(m_in_flight, -1);
+    while (w) {
+        waiter *next = w->next;
+        h->req_wake(w->req);
+        free(w);
+        w = next;
+    }
+}
+
+static json_t *error_body(const char *errcode, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static json_t *error_body(const char *errcode, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return json_pack("{s:s, s:s}", "errcode", errcode, "error", msg);
+}
+
+/* on_done of the federation request (an internal thread: quick, no blocking). */
+static void on_answer(void *arg, const atrium_fed_response *res)
+{
+    lookup *l = arg;
+    const char *server = res->destination ? res->destination : "the other server";
+    if (res->outcome == ATRIUM_FED_E_TIMEOUT) {
+        finish(l, 504, error_body("M_UNKNOWN", "%s did not answer in time", server),
+               m_timeout);
+        return;
+    }
+    if (res->outcome != ATRIUM_FED_OK) {
+        finish(l, 502, error_body("M_UNKNOWN", "Could not ask %s: %s", server, res->error ? res->error : "failed"),
+               m_failed);
+        return;
+    }
+    const json_t *j = res->json;
+    if (res->status == 200 && l->kind == LOOKUP_ROOMS && json_is_array(json_object_get(j, "chunk"))) {
+        finish(l, 200, json_deep_copy(j), m_ok);
+        return;
+    }
+    const char *room_id = json_string_value(json_object_get(j, "room_id"));
+    if (res->status == 200 && l->kind == LOOKUP_ALIAS && room_id) {
+        json_t *servers = json_object_get(j, "servers");
+        json_t *a = json_pack("{s:s, s:O}", "room_id", room_id, "servers",
+                              json_is_array(servers) ? servers : json_pack("[s]", server));
+        finish(l, 200, a, m_ok);
+        return;
+    }
+    if (res->status == 404 && l->kind == LOOKUP_ALIAS) {
+        finish(l, 404, error_body("M_NOT_FOUND", "%s has no such room alias", server),
+               m_refused);
+        return;
+    }
+    const char *errcode = json_string_value(json_object_get(j, "errcode"));
+    char why[64];
+    snprintf(why, sizeof(why), "HTTP %d %.40s", res->status, errcode ? errcode : "");
+    finish(l, 502, error_body("M_UNKNOWN", "%s refused the look-up (%s)", server, why),
+           res->status == 200 ? m_failed : m_refused);
+}
+
+/* The federation request's end: its outcome, then its reference dropped. */
+static void on_done(void *arg, const atrium_fed_response *res)
+{
+    on_answer(arg, res);
+    release_hold(arg);
+}
+
+/* Answer from a finished entry (a copy of its answer; the entry may be shared). */
+static int answer_from(atrium_req *req, lookup *l)
+{
+    pthread_mutex_lock(&lock);
+    int status = l->status;
+    json_t *body = json_deep_copy(l->answer);
+    pthread_mutex_unlock(&lock);
+    if (!body) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+    if (status == 200) return h->respond_json(req, 200, body);
+    const char *errcode = json_string_value(json_object_get(body, "errcode"));
+    const char *error = json_string_value(json_object_get(body, "error"));
+    int rc = h->respond_error(req, status, errcode ? errcode : "M_UNKNOWN", "%s",
+                              error ? error : "The look-up failed");
+    json_decref(body);
+    return rc;
+}
+
+/* The percent-encoding of s for a query string, in request memory. */
+static const char *url_encode(atrium_req *req, const char *s)
+{
+    size_t n = strlen(s);
+    char *out = h->req_alloc(req, 3 * n + 1), *p = out;
+    if (!out) return NULL;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            c == '-' || c == '_' || c == '.' || c == '~')
+            *p++ = (char)c;
+        else
+            p += sprintf(p, "%%%02X", c);
+    }
+    *p = '\0';
+    return out;
+}
+
+/* What to ask the peer for one look-up. */
+typedef struct ask {
+    int kind;
+    const char *server, *method, *uri, *key;
+    json_t *body; /* POST content (borrowed), or NULL */
+} ask;
+
+/* The whole look-up; runs on every run of the handler (the first, and after parking). */
+static int look_up(atrium_req *req, const ask *a)
+{
+    lookup *mine = h->req_state(req);
+    if (mine) { /* woken, or its deadline passed, or the server is stopping */
+        pthread_mutex_lock(&lock);
+        bool done = mine->done;
+        pthread_mutex_unlock(&lock);
+        if (done) return answer_from(req, mine);
+        if (h->req_run_reason(req) == ATRIUM_RUN_SHUTDOWN)
+            return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return h->respond_error(req, 504, "M_UNKNOWN", "%s did not answer in time", a->server);
+    }
+    int64_t now = h->now_ms();
+    pthread_mutex_lock(&lock);
+    lookup *l = find_locked(a->key, now);
+    bool fresh = l && l->done;
+    if (fresh) l->refs++;
+    pthread_mutex_unlock(&lock);
+    if (fresh) { /* cached: no peer is asked, so no slot is needed */
+        h->metric_add(m_hits, 1);
+        int rc = answer_from(req, l);
+        release_hold(l);
+        return rc;
+    }
+    if (h->outbound_acquire(req) < 0) {
+        h->metric_add(m_limited, 1);
+        return h->respond_limited(req, DIR_RETRY_AFTER_MS,
+                                  "Too many look-ups on other servers at once; retry");
+    }
+    waiter *w = calloc(1, sizeof(*w));
+    if (!w) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+    w->req = req;
+    bool start = false;
+    pthread_mutex_lock(&lock);
+    l = find_locked(a->key, now);
+    if (l && l->done) { /* answered meanwhile */
+        l->refs++;
+        pthread_mutex_unlock(&lock);
+        free(w);
+        int rc = answer_from(req, l);
+        release_hold(l);
+        return rc;
+    }
+    if (!l) {
+        l = calloc(1, sizeof(*l));
+        char *key = strdup(a->key);
+        if (!l || !key) {
+            pthread_mutex_unlock(&lock);
+            free(l), free(key), free(w);
+            return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+        }
+        *l = (lookup){.key = key, .kind = a->kind, .refs = 0,
+                      .deadline_ms = now + dir_remote.timeout_ms};
+        if (n_table < DIR_CACHE_MAX_ENTRIES) { /* else asked alone, not shared */
+            l->next = table;
+            table = l;
+            l->listed = true;
+            l->refs++;
+            n_table++;
+        }
+        start = true;
+    }
+    if (h->req_wait(req, l->deadline_ms + DIR_WAKE_SLACK_MS) < 0) {
+        if (start && l->listed) {
+            unlist_locked(l); /* the table's reference was its only one: freed */
+        } else if (start) {
+            free(l->key); /* never listed, never referenced */
+            free(l);
+        }
+        pthread_mutex_unlock(&lock);
+        free(w);
+        return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+    }
+    w->next = l->waiters;
+    l->waiters = w;
+    l->refs += start ? 2 : 1; /* the request's hold; the federation request's until done */
+    pthread_mutex_unlock(&lock);
+    h->req_set_state(req, l);
+    h->req_hold(req, release_hold, l);
+    if (!start) {
+        h->metric_add(m_shared, 1);
+        return ATRIUM_PARKED;
+    }
+    h->metric_add(m_in_flight, 1);
+    atrium_fed_request fr = {.size = sizeof(fr), .method = a->method, .destination = a->server,
+                             .uri = a->uri, .body = a->body, .deadline_ms = l->deadline_ms,
+                             .max_body_bytes = DIR_MAX_ANSWER_BYTES,
+                             .flags = ATRIUM_FED_JSON | ATRIUM_FED_IGNORE_BACKOFF,
+                             .on_done = on_done, .arg = l};
+    int rc = h->fed_request(&fr);
+    if (rc < 0) {
+        finish(l, rc == ATRIUM_E_LIMIT ? 503 : 502,
+               error_body("M_UNKNOWN", "Could not ask %s%s", a->server,
+                          rc == ATRIUM_E_LIMIT ? ": too many outbound requests" : ""),
+               m_failed);
+        release_hold(l);
+    }
+    return ATRIUM_PARKED;
+}
+
+int dir_remote_rooms(atrium_req *req, const char *server, long limit, const char *since,
+                     const json_t *filter)
+{
+    char lim[24] = "";
+    if (limit >= 0) snprintf(lim, sizeof(lim), "%ld", limit);
+    char *f = filter ? json_dumps(filter, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    size_t klen = strlen(server) + strlen(lim) + (since ? strlen(since) : 0) + (f ? strlen(f) : 0) + 16;
+    char *k = h->req_alloc(req, klen);
+    if (k) snprintf(k, klen, "r|%s|%s|%s|%s", server, lim, since ? since : "", f ? f : "-");
+    free(f);
+    ask a = {.kind = LOOKUP_ROOMS, .server = server, .key = k};
+    json_t *body = NULL;
+    if (filter) {
+        a.method = "POST";
+        a.uri = "/_matrix/federation/v1/publicRooms";
+        body = json_pack("{s:O}", "filter", (json_t *)filter);
+        if (body && limit >= 0) json_object_set_new(body, "limit", json_integer(limit));
+        if (body && since) json_object_set_new(body, "since", json_string(since));
+        a.body = body;
+    } else {
+        a.method = "GET";
+        const char *s = since ? url_encode(req, since) : NULL;
+        size_t ulen = 64 + strlen(lim) + (s ? strlen(s) : 0);
+        char *uri = h->req_alloc(req, ulen);
+        if (uri)
+            snprintf(uri, ulen, "/_matrix/federation/v1/publicRooms%s%s%s%s%s",
+                     lim[0] || s ? "?" : "", lim[0] ? "limit=" : "", lim,
+                     s ? (lim[0] ? "&since=" : "since=") : "", s ? s : "");
+        a.uri = uri;
+    }
+    int rc = !a.key || !a.uri || (filter && !body)
+                 ? h->respond_error(req, 500, "M_UNKNOWN", "Out of memory")
+                 : look_up(req, &a);
+    json_decref(body);
+    return rc;
+}
+
+int dir_remote_alias(atrium_req *req, const char *alias, const char *server)
+{
+    const char *enc = url_encode(req, alias);
+    size_t ulen = enc ? strlen(enc) + 64 : 0, klen = strlen(alias) + 8;
+    char *uri = enc ? h->req_alloc(req, ulen) : NULL, *key = h->req_alloc(req, klen);
+    if (!uri || !key) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+    snprintf(uri, ulen, "/_matrix/federation/v1/query/directory?room_alias=%s", enc);
+    snprintf(key, klen, "a|%s", alias);
+    ask a = {.kind = LOOKUP_ALIAS, .server = server, .method = "GET", .uri = uri, .key = key};
+    return look_up(req, &a);
+}

@@ -1,0 +1,244 @@
+"""Room aliases and publishing through the directory plugin: PUT/GET/DELETE
+/directory/room/{alias}, /rooms/{roomId}/aliases, createRoom with room_alias_name and
+visibility "public", join by alias, m.room.canonical_alias checks, the listing kept fresh
+as the room's state changes, and a server whose directory is disabled."""
+
+import os
+import unittest
+
+from accounts import REGISTRATION_ON, register
+from harness import Server, ServerError, psql, test_plugin_dir
+from rooms_client import V3, Client, SharedServerTest, quote
+
+PUBLIC_ROOMS = V3 + "/publicRooms"
+
+
+def alias_path(alias):
+    return f"{V3}/directory/room/{quote(alias)}"
+
+
+def listed(srv):
+    status, body = srv.json("GET", PUBLIC_ROOMS)
+    assert status == 200, body
+    return {r["room_id"]: r for r in body["chunk"]}
+
+
+class AliasTest(SharedServerTest):
+    USERS = ("ava", "bo", "cy")
+    PLUGINS = {"directory": {"enabled": True}}
+
+    def test_an_alias_round_trips_and_deleting_it_keeps_the_room(self):
+        room = self.ava.create_room(name="Round trip")
+        self.ava.ok("PUT", alias_path("#trip:localhost"), {"room_id": room})
+        status, body = self.srv.json("GET", alias_path("#trip:localhost"))
+        self.assertEqual((status, body), (200, {"room_id": room, "servers": ["localhost"]}))
+        self.assertEqual(self.ava.ok("GET", f"{V3}/rooms/{quote(room)}/aliases"),
+                         {"aliases": ["#trip:localhost"]})
+        self.ava.ok("DELETE", alias_path("#trip:localhost"))
+        status, body = self.srv.json("GET", alias_path("#trip:localhost"))
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+        self.assertEqual(self.ava.state(room, "m.room.name")["name"], "Round trip")
+        self.assertEqual(self.ava.ok("GET", f"{V3}/rooms/{quote(room)}/aliases"), {"aliases": []})
+
+    def test_bad_taken_foreign_and_unknown_aliases_get_their_errors(self):
+        room = self.ava.create_room()
+        for bad in ("trip:localhost", "#:localhost", "#nocolon", "#a b:localhost",
+                    "#" + "x" * 260 + ":localhost"):
+            status, body = self.ava.call("PUT", alias_path(bad), {"room_id": room})
+            self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"), bad)
+        status, body = self.ava.call("PUT", alias_path("#x:elsewhere.example"), {"room_id": room})
+        self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"))
+        self.ava.ok("PUT", alias_path("#taken:localhost"), {"room_id": room})
+        status, body = self.ava.call("PUT", alias_path("#taken:localhost"), {"room_id": room})
+        self.assertEqual((status, body["errcode"]), (409, "M_ROOM_IN_USE"))
+        status, body = self.ava.call("PUT", alias_path("#ghost:localhost"),
+                                     {"room_id": "!nothere:localhost"})
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+        # bo is not in the room: may neither name it nor delete its alias
+        status, body = self.bo.call("PUT", alias_path("#bos:localhost"), {"room_id": room})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        status, body = self.bo.call("DELETE", alias_path("#taken:localhost"))
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        status, body = self.bo.call("GET", f"{V3}/rooms/{quote(room)}/aliases")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        status, body = self.ava.call("DELETE", alias_path("#unknown:localhost"))
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+        status, body = self.srv.json("GET", alias_path("#unknown:localhost"))
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+
+    def test_a_room_admin_may_delete_an_alias_a_member_made_but_a_member_may_not(self):
+        room = self.ava.create_room(preset="public_chat")
+        self.bo.join(room)
+        self.cy.join(room)
+        self.bo.ok("PUT", alias_path("#bos-alias:localhost"), {"room_id": room})
+        status, body = self.cy.call("DELETE", alias_path("#bos-alias:localhost"))
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.ava.ok("DELETE", alias_path("#bos-alias:localhost"))  # power 100
+
+    def test_create_room_with_an_alias_and_public_visibility_lists_it_and_join_by_alias_works(self):
+        room = self.ava.create_room(room_alias_name="lobby", visibility="public", name="Lobby",
+                                    topic="Say hi")
+        status, body = self.srv.json("GET", alias_path("#lobby:localhost"))
+        self.assertEqual((status, body["room_id"]), (200, room))
+        self.assertEqual(self.ava.state(room, "m.room.canonical_alias"), {"alias": "#lobby:localhost"})
+        entry = listed(self.srv)[room]
+        self.assertEqual((entry["name"], entry["topic"], entry["canonical_alias"],
+                          entry["num_joined_members"], entry["join_rule"],
+                          entry["guest_can_join"], entry["world_readable"]),
+                         ("Lobby", "Say hi", "#lobby:localhost", 1, "public", False, False))
+        self.assertEqual(self.srv.json("GET", f"{V3}/directory/list/room/{quote(room)}")[1],
+                         {"visibility": "public"})
+        answer = self.bo.ok("POST", f"{V3}/join/{quote('#lobby:localhost')}")
+        self.assertEqual(answer["room_id"], room)
+        self.assertEqual(listed(self.srv)[room]["num_joined_members"], 2)  # fresh after a join
+        self.ava.put_state(room, "m.room.name", {"name": "Big lobby"})
+        self.assertEqual(listed(self.srv)[room]["name"], "Big lobby")
+        status, body = self.bo.call("POST", f"{V3}/join/{quote('#nope:localhost')}")
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+        status, body = self.bo.call("POST", f"{V3}/join/{quote('#far:elsewhere.example')}")
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+
+    def test_create_room_with_a_taken_alias_creates_neither_room_nor_alias(self):
+        self.ava.create_room(room_alias_name="once")
+        before = psql("SELECT count(*) FROM rooms", database=self.srv.database)
+        status, body = self.bo.call("POST", f"{V3}/createRoom",
+                                    {"room_alias_name": "once", "name": "Second"})
+        self.assertEqual((status, body["errcode"]), (400, "M_ROOM_IN_USE"))
+        status, body = self.bo.call("POST", f"{V3}/createRoom", {"room_alias_name": "bad:name"})
+        self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"))
+        after = psql("SELECT count(*) FROM rooms", database=self.srv.database)
+        self.assertEqual(before, after)
+
+    def test_publishing_needs_the_power_to_set_the_canonical_alias_and_unlisting_works(self):
+        room = self.ava.create_room(preset="public_chat", name="Quiet")
+        self.assertNotIn(room, listed(self.srv))
+        self.bo.join(room)
+        path = f"{V3}/directory/list/room/{quote(room)}"
+        status, body = self.bo.call("PUT", path, {"visibility": "public"})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.ava.ok("PUT", path, {"visibility": "public"})
+        self.assertEqual(listed(self.srv)[room]["num_joined_members"], 2)
+        self.ava.ok("PUT", path, {"visibility": "private"})
+        self.assertNotIn(room, listed(self.srv))
+        self.assertEqual(self.srv.json("GET", path)[1], {"visibility": "private"})
+        status, body = self.ava.call("PUT", path, {"visibility": "secret"})
+        self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"))
+        status, body = self.srv.json("GET", f"{V3}/directory/list/room/{quote('!no:localhost')}")
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+
+    def test_a_canonical_alias_must_point_to_the_room(self):
+        room = self.ava.create_room()
+        other = self.ava.create_room()
+        self.ava.ok("PUT", alias_path("#mine:localhost"), {"room_id": room})
+        self.ava.ok("PUT", alias_path("#theirs:localhost"), {"room_id": other})
+        path = f"{V3}/rooms/{quote(room)}/state/m.room.canonical_alias"
+        self.ava.ok("PUT", path, {"alias": "#mine:localhost"})
+        for content in ({"alias": "#theirs:localhost"}, {"alias": "#unset:localhost"},
+                        {"alias": "#mine:localhost", "alt_aliases": ["#theirs:localhost"]}):
+            status, body = self.ava.call("PUT", path, content)
+            self.assertEqual((status, body["errcode"]), (400, "M_BAD_ALIAS"), content)
+        status, body = self.ava.call("PUT", path, {"alias": "not-an-alias"})
+        self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"))
+        self.ava.ok("PUT", path, {"alias": "#mine:localhost", "alt_aliases": []})
+        self.ava.ok("PUT", path, {})
+
+
+class AdminsOnlyPublishingTest(SharedServerTest):
+    """plugins.directory.publish: admins. Server admins list rooms and delete anyone's
+    alias through the client endpoints; nobody else lists rooms."""
+
+    USERS = ("ed",)
+    PLUGINS = {"directory": {"enabled": True, "publish": "admins"}}
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = Client(cls.srv, register(cls.srv, "root"))
+        psql(f"UPDATE users SET is_admin = true WHERE user_id = '{cls.root.user_id}'",
+             database=cls.srv.database)
+
+    def test_only_server_admins_list_rooms_and_they_may_delete_any_alias(self):
+        status, body = self.ed.call("POST", f"{V3}/createRoom",
+                                    {"visibility": "public", "room_alias_name": "eds"})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual(self.srv.json("GET", alias_path("#eds:localhost"))[0], 404)  # not made
+        room = self.ed.create_room(room_alias_name="eds", name="Ed's")
+        path = f"{V3}/directory/list/room/{quote(room)}"
+        status, body = self.ed.call("PUT", path, {"visibility": "public"})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.root.ok("PUT", path, {"visibility": "public"})  # not even in the room
+        self.assertEqual(listed(self.srv)[room]["name"], "Ed's")
+        self.root.ok("DELETE", alias_path("#eds:localhost"))
+        self.assertEqual(self.srv.json("GET", alias_path("#eds:localhost"))[0], 404)
+        self.assertEqual(self.root.ok("POST", f"{V3}/createRoom", {"visibility": "public"})
+                         .get("room_id") in listed(self.srv), True)
+
+    def test_an_unknown_publication_rule_stops_start_up(self):
+        srv = Server(plugins={"directory": {"enabled": True, "publish": "nobody"}}, start=False)
+        try:
+            with self.assertRaises(ServerError):
+                srv.start(timeout=20)
+            self.assertIn('plugins.directory.publish is "nobody"', srv.log_text())
+        finally:
+            srv.close()
+
+
+class DirectoryDisabledTest(unittest.TestCase):
+    def test_the_server_runs_without_the_directory_and_alias_parts_say_so(self):
+        with Server(settings=REGISTRATION_ON) as srv:
+            user = Client(srv, register(srv, "dee"))
+            status, body = user.call("POST", f"{V3}/createRoom", {"room_alias_name": "x"})
+            self.assertEqual((status, body["errcode"]), (400, "M_UNRECOGNIZED"))
+            self.assertIn("directory", body["error"])
+            room = user.create_room(visibility="public", name="Still works")
+            for method, path in (("GET", alias_path("#x:localhost")),
+                                 ("PUT", alias_path("#x:localhost")),
+                                 ("GET", PUBLIC_ROOMS),
+                                 ("GET", f"{V3}/directory/list/room/{quote(room)}")):
+                status, body = user.call(method, path, {"room_id": room} if method == "PUT" else None)
+                self.assertEqual((status, body["errcode"]), (404, "M_UNRECOGNIZED"), path)
+            status, body = user.call("POST", f"{V3}/join/{quote('#x:localhost')}")
+            self.assertEqual((status, body["errcode"]), (400, "M_UNRECOGNIZED"))
+            status, body = user.call("PUT", f"{V3}/rooms/{quote(room)}/state/m.room.canonical_alias",
+                                     {"alias": "#x:localhost"})
+            self.assertEqual((status, body["errcode"]), (400, "M_BAD_ALIAS"))
+            self.assertEqual(user.state(room, "m.room.name")["name"], "Still works")
+
+
+class ReplacementDirectoryTest(unittest.TestCase):
+    """A directory built only from include/atrium/ (tests/plugins/altdir.c) provides
+    directory/1: the core creates and resolves aliases through it."""
+
+    def test_the_core_uses_whichever_plugin_provides_the_directory_interface(self):
+        path = os.path.join(test_plugin_dir(), "altdir.so")
+        with Server(settings=REGISTRATION_ON,
+                    plugins={"altdir": {"enabled": True, "path": path}}) as srv:
+            ann = Client(srv, register(srv, "ann"))
+            ben = Client(srv, register(srv, "ben"))
+            room = ann.create_room(room_alias_name="alt", visibility="public", preset="public_chat")
+            self.assertEqual(ann.state(room, "m.room.canonical_alias"), {"alias": "#alt:localhost"})
+            self.assertEqual(ben.ok("POST", f"{V3}/join/{quote('#alt:localhost')}")["room_id"], room)
+            status, body = ben.call("POST", f"{V3}/createRoom", {"room_alias_name": "alt"})
+            self.assertEqual((status, body["errcode"]), (400, "M_ROOM_IN_USE"))
+            calls = srv.json("GET", "/_altdir/calls")[1]
+            self.assertEqual((calls["alias_create"], calls["alias_resolve"], calls["room_publish"]),
+                             (2, 1, 1))
+            self.assertGreaterEqual(calls["room_changed"], 2)  # creation, then ben's join
+            # The plugin serves no alias routes: the core has none of its own.
+            status, body = srv.json("GET", alias_path("#alt:localhost"))
+            self.assertEqual((status, body["errcode"]), (404, "M_UNRECOGNIZED"))
+
+    def test_two_plugins_providing_directory_1_stop_start_up(self):
+        path = os.path.join(test_plugin_dir(), "altdir.so")
+        srv = Server(plugins={"altdir": {"enabled": True, "path": path},
+                              "directory": {"enabled": True}}, start=False)
+        try:
+            with self.assertRaises(ServerError):
+                srv.start(timeout=20)
+            self.assertIn('both provide "directory/1"', srv.log_text())
+        finally:
+            srv.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
