@@ -262,28 +262,33 @@ static int remote_refusal(media *m, atrium_req *req, const char *origin)
 
 enum { CACHE_HIT = MEDIA_GO, CACHE_MISS = MEDIA_GO + 1 };
 
+/* What a cache row look-up (rc: a media_db_remote_*_get result, ATRIUM_E_DB also for no
+ * connection) leads to: 503 for the database, CACHE_MISS, 404 for a quarantined copy, or
+ * CACHE_HIT to go on and check the file. One rule for originals and thumbnails. */
+static int judge_row(media *m, atrium_req *req, int rc, const media_row *row)
+{
+    if (rc == ATRIUM_E_DB) {
+        m->h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
+        return ATRIUM_DONE;
+    }
+    if (rc == MEDIA_DB_NOTFOUND) return CACHE_MISS;
+    if (row->quarantined) {
+        m->h->metric_add(m->m_refused_policy, 1);
+        m->h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+        return ATRIUM_DONE;
+    }
+    return CACHE_HIT;
+}
+
 /* CACHE_HIT with st->row, CACHE_MISS, or ATRIUM_DONE with the answer set. */
 static int cache_lookup(media *m, atrium_req *req, media_req *st, const char *origin,
                         const char *media_id)
 {
     const atrium_host *h = m->h;
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
-    if (!c) {
-        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
-        return ATRIUM_DONE;
-    }
-    int rc = media_db_remote_get(h, m->self, c, origin, media_id, &st->row);
-    h->db_release(c);
-    if (rc == ATRIUM_E_DB) {
-        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
-        return ATRIUM_DONE;
-    }
-    if (rc == MEDIA_DB_NOTFOUND) return CACHE_MISS;
-    if (st->row.quarantined) {
-        h->metric_add(m->m_refused_policy, 1);
-        h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
-        return ATRIUM_DONE;
-    }
+    int rc = c ? media_db_remote_get(h, m->self, c, origin, media_id, &st->row) : ATRIUM_E_DB;
+    if (c) h->db_release(c);
+    if ((rc = judge_row(m, req, rc, &st->row)) != CACHE_HIT) return rc;
     char path[MEDIA_PATH_MAX];
     if (store_row_path(m, &st->row, path, sizeof(path)) < 0 || access(path, F_OK) < 0) {
         h->log(m->self, ATRIUM_LOG_WARN,
@@ -855,22 +860,11 @@ static int thumb_lookup(media *m, atrium_req *req, media_req *st, const char *or
 {
     const atrium_host *h = m->h;
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
-    if (!c) {
-        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
-        return ATRIUM_DONE;
-    }
-    int rc = media_db_remote_thumb_get(h, m->self, c, origin, media_id, &st->thumb_size, &st->row);
-    h->db_release(c);
-    if (rc == ATRIUM_E_DB) {
-        h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
-        return ATRIUM_DONE;
-    }
-    if (rc == MEDIA_DB_NOTFOUND) return CACHE_MISS;
-    if (st->row.quarantined) {
-        h->metric_add(m->m_refused_policy, 1);
-        h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
-        return ATRIUM_DONE;
-    }
+    int rc = c ? media_db_remote_thumb_get(h, m->self, c, origin, media_id, &st->thumb_size,
+                                           &st->row)
+               : ATRIUM_E_DB;
+    if (c) h->db_release(c);
+    if ((rc = judge_row(m, req, rc, &st->row)) != CACHE_HIT) return rc;
     char path[MEDIA_PATH_MAX];
     if (store_row_path(m, &st->row, path, sizeof(path)) < 0 || access(path, F_OK) < 0)
         return CACHE_MISS;
