@@ -295,3 +295,42 @@ bool room_auth_may_redact(const room_auth_state *st, const char *sender,
     if (is(sender, original_sender)) return true;
     return room_auth_user_level(st, sender) >= room_auth_action_level(st, "redact");
 }
+
+/* ---- a whole event against a state ---------------------------------------------------- */
+
+static const char *membership_of(const json_t *member_event)
+{
+    return json_string_value(json_object_get(json_object_get(member_event, "content"),
+                                             "membership"));
+}
+
+bool room_auth_check_event(const room_version *v, const json_t *pdu, room_state_get_fn get,
+                           void *ctx, char why[ROOM_AUTH_WHY_LEN])
+{
+    why[0] = '\0';
+    const char *type = json_string_value(json_object_get(pdu, "type"));
+    const char *sender = json_string_value(json_object_get(pdu, "sender"));
+    const char *state_key = event_state_key(pdu);
+    const json_t *content = json_object_get(pdu, "content");
+    if (!v || !type || !sender) return refuse(why, "Malformed event");
+    room_auth_state st = {.version = v};
+    st.create = get(ctx, "m.room.create", "");
+    const json_t *pl = get(ctx, "m.room.power_levels", "");
+    const json_t *jr = get(ctx, "m.room.join_rules", "");
+    st.power_levels = pl ? json_object_get(pl, "content") : NULL;
+    st.join_rules = jr ? json_object_get(jr, "content") : NULL;
+    st.sender_membership = membership_of(get(ctx, "m.room.member", sender));
+    bool member = strcmp(type, "m.room.member") == 0;
+    if (member && state_key) st.target_membership = membership_of(get(ctx, "m.room.member", state_key));
+    /* The creator's first join: its only previous event is the create event. */
+    const json_t *prev = json_object_get(pdu, "prev_events");
+    if (st.create && json_is_array(prev) && json_array_size(prev) == 1) {
+        char create_id[EVENT_ID_LEN];
+        const json_t *p0 = json_array_get(prev, 0);
+        const char *prev_id = json_is_string(p0) ? json_string_value(p0)
+                                                 : json_string_value(json_array_get(p0, 0));
+        st.only_create = prev_id && event_compute_id(v, st.create, create_id) == 0 &&
+                         strcmp(prev_id, create_id) == 0;
+    }
+    return room_auth_allows(&st, type, state_key, sender, content, why);
+}

@@ -65,4 +65,19 @@ bool room_auth_may_redact(const room_auth_state *st, const char *sender,
 /* The server part of a user or room ID ("@a:example.org" -> "example.org"), or "". */
 const char *room_auth_domain(const char *id);
 
+/* ---- checking a whole event against a state --------------------------------------- */
+
+/* The state an event is checked against (its auth events, the state before it, or the
+ * room's current state, as the caller chooses): the PDU at (type, state_key), or NULL.
+ * Borrowed: it must stay valid until room_auth_check_event returns. */
+typedef const json_t *(*room_state_get_fn)(void *ctx, const char *type, const char *state_key);
+
+/* May this PDU (federation format, any supported room version) be accepted given the state
+ * that get answers? true, or false with why. This is the entry point for events this
+ * server did not write (federation), and the one state resolution's iterative auth checks
+ * call; it reads the event's own fields (type, state_key, sender, content, prev_events)
+ * and asks get for create, power levels, join rules and the memberships the rules need. */
+bool room_auth_check_event(const room_version *v, const json_t *pdu, room_state_get_fn get,
+                           void *ctx, char why[ROOM_AUTH_WHY_LEN]);
+
 #endif
