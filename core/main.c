@@ -214,6 +214,7 @@ static int serve(const char *config_path)
 
 stop_plugins:
     plugins_stop_all(&rt);
+    federation_stop_inbound();
     for (size_t i = 0; CLIENT_MODULES[i]; i++)
         if (CLIENT_MODULES[i]->stop) CLIENT_MODULES[i]->stop(&rt);
     if (auth_pool_obj) {

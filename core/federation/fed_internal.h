@@ -40,6 +40,8 @@ typedef struct fed_module {
     fed_resolver *resolver;
     fed_backoff *backoff;
     fed_keyring *keyring;
+    struct fed_outbound *outbound; /* fed_outbound.c: the queue's sender */
+    rt_pool *inbound_pool;         /* fed_inbound.c: received transactions run here */
     rt_metric *m_auth_ok;
     rt_metric *m_auth_refused[8]; /* by enum fed_auth_reason */
 } fed_module;
@@ -77,6 +79,25 @@ json_t *fed_own_key_document(fed_module *m); /* signed, a new reference */
 typedef void (*fed_verify_cb)(void *arg, int result, const char *why);
 int fed_verify_signed(const json_t *obj, const char *server_name, int64_t valid_at_ms,
                       fed_verify_cb done, void *arg);
+
+/* fed_outbound.c: the sender of the outbound queue (fed_txn.h). new: NULL on failure;
+ * start: its thread (0 or ATRIUM_E_IO); stop: the thread joined (a transaction in flight
+ * is answered later by the outbound client's stop, and sent again at the next start);
+ * free: after the outbound client stopped (its callbacks write into the destinations). */
+typedef struct fed_outbound fed_outbound;
+fed_outbound *fed_outbound_new(db_pool *db, fed_backoff *backoff, const char *server_name,
+                               rt_metrics *metrics);
+int fed_outbound_start(fed_outbound *o);
+void fed_outbound_stop(fed_outbound *o);
+void fed_outbound_free(fed_outbound *o);
+
+/* fed_inbound.c: PUT /_matrix/federation/v1/send/{txnId} and its pool. routes: during
+ * federation_init (0 or -1); start: the pool's threads; stop: queued transactions are
+ * answered 503 and the pool joined (before the listeners stop); free: after stop. */
+int fed_inbound_routes(fed_module *m);
+int fed_inbound_start(fed_module *m);
+void fed_inbound_stop(fed_module *m);
+void fed_inbound_free(fed_module *m);
 
 /* federation.c: the key ring's fetch hook (trusted key servers first, then the origin). */
 int fed_fetch_keys(void *fetch_arg, fed_keyring *ring, const char *server_name);

@@ -284,12 +284,13 @@ int federation_init(const struct core_config *cfg, const char *config_path, http
         .fetch_arg = m,
     };
     m->keyring = fed_keyring_new(&ks, db_global(), metrics);
-    if (!m->http || !m->resolver || !m->backoff || !m->keyring) {
+    m->outbound = fed_outbound_new(db_global(), m->backoff, m->server_name, metrics);
+    if (!m->http || !m->resolver || !m->backoff || !m->keyring || !m->outbound) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "cannot set up the outbound side");
         return -1;
     }
     fed_auth_metrics(m);
-    if (fed_routes_register(m) < 0) return -1;
+    if (fed_routes_register(m) < 0 || fed_inbound_routes(m) < 0) return -1;
 
     const struct core_fed_listener *l = &cfg->fed_listener;
     if (l->tls && !l->tls_certificate_path[0] != !l->tls_private_key_path[0]) {
@@ -327,7 +328,8 @@ int federation_start(void)
     if (!m) return 0;
     if (fed_backoff_load(m->backoff) < 0) return -1; /* after the migrations */
     if (fed_http_start(m->http) < 0 || fed_resolve_start(m->resolver) < 0 ||
-        fed_backoff_start(m->backoff) < 0 || fed_keyring_start(m->keyring) < 0) {
+        fed_backoff_start(m->backoff) < 0 || fed_keyring_start(m->keyring) < 0 ||
+        fed_inbound_start(m) < 0 || fed_outbound_start(m->outbound) < 0) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "cannot start the federation threads");
         return -1;
     }
@@ -361,10 +363,20 @@ int federation_verify_json(const json_t *obj, const char *server_name, int64_t v
     return fed_verify_signed(obj, server_name, valid_at_ms, done, arg);
 }
 
+void federation_stop_inbound(void)
+{
+    fed_module *m = fed;
+    if (m) fed_inbound_stop(m);
+}
+
 void federation_stop(void)
 {
     fed_module *m = fed;
     if (!m) return;
+    fed_inbound_stop(m); /* idempotent: main.c stopped it before the listeners */
+    /* The sender first: no new transactions; those in flight are answered by the client's
+     * stop below (their rows stay queued for the next start). */
+    if (m->outbound) fed_outbound_stop(m->outbound);
     /* The ring first (its waiters are answered), then what feeds it: a fetch that ends
      * while the client stops may still hand the ring its answer, which it then drops. */
     if (m->keyring) fed_keyring_stop(m->keyring);
@@ -377,6 +389,8 @@ void federation_free(void)
 {
     fed_module *m = fed;
     if (!m) return;
+    fed_inbound_free(m);
+    fed_outbound_free(m->outbound);
     if (m->keyring) fed_keyring_free(m->keyring);
     if (m->backoff) fed_backoff_free(m->backoff);
     if (m->resolver) fed_resolve_free(m->resolver);

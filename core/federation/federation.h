@@ -29,6 +29,9 @@ const atrium_migration *federation_migrations(size_t *n);
 int federation_start(void); /* threads: outbound client, resolver, key store; after migrations */
 /* SIGHUP: load the listener's certificate again (a failure keeps the old one, logged). */
 void federation_reload_tls(void);
+/* Stop the pool of received transactions (those queued are answered 503): with the other
+ * pools, before the listeners stop. */
+void federation_stop_inbound(void);
 void federation_stop(void); /* end outbound requests (callbacks run), join threads */
 /* Sign obj as this server (signatures.<server_name>.<key id>). 0 or ATRIUM_E_INVAL (not an
  * object, no canonical encoding) / ATRIUM_E_STOPPED (no federation module). Any thread. */

@@ -193,7 +193,8 @@ class FederatedServer(harness.Server):
 class FakeKeyServer:
     """A fake peer: serves /_matrix/key/v2/server over TLS for its name and keys, counting
     requests. The test decides what it publishes (valid_until_ts, extra keys), so it can
-    lie or expire in ways a real server would not."""
+    lie or expire in ways a real server would not. stop() and start() take it off the
+    network and bring it back on the same address (its server name stays)."""
 
     def __init__(self, ca, ip):
         self.ip = ip
@@ -202,39 +203,120 @@ class FakeKeyServer:
         self.key = SigningKey("fake1")
         self.valid_for_ms = 3600 * 1000
         self.requests = []
-        cert, keyfile = ca.issue(f"fake-{ip}", ip)
+        self.cert, self.keyfile = ca.issue(f"fake-{ip}", ip)
+        self.httpd = None
+        self.start()
+
+    def key_document(self):
+        doc = {"server_name": self.server_name,
+               "verify_keys": {self.key.key_id: {"key": self.key.public_b64}},
+               "old_verify_keys": {},
+               "valid_until_ts": int(time.time() * 1000) + self.valid_for_ms}
+        return sign_json(doc, self.server_name, self.key)
+
+    @staticmethod
+    def reply(handler, status, obj):
+        body = canonical(obj)
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def do_get(self, handler):
+        if not handler.path.startswith("/_matrix/key/v2/server"):
+            handler.send_error(404)
+            return
+        self.reply(handler, 200, self.key_document())
+
+    def do_put(self, handler):
+        handler.send_error(404)
+
+    def start(self):
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 outer.requests.append(self.path)
-                if not self.path.startswith("/_matrix/key/v2/server"):
-                    self.send_error(404)
-                    return
-                doc = {"server_name": outer.server_name,
-                       "verify_keys": {outer.key.key_id: {"key": outer.key.public_b64}},
-                       "old_verify_keys": {},
-                       "valid_until_ts": int(time.time() * 1000) + outer.valid_for_ms}
-                body = canonical(sign_json(doc, outer.server_name, outer.key))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                outer.do_get(self)
+
+            def do_PUT(self):
+                outer.requests.append(self.path)
+                outer.do_put(self)
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer((ip, self.port), Handler)
+        http.server.ThreadingHTTPServer.allow_reuse_address = True
+        self.httpd = http.server.ThreadingHTTPServer((self.ip, self.port), Handler)
+        self.httpd.daemon_threads = True
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, keyfile)
+        ctx.load_cert_chain(self.cert, self.keyfile)
         self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
+    def stop(self):
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+
     def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.stop()
+
+
+class FakeReceivingPeer(FakeKeyServer):
+    """A fake peer that receives transactions: every PUT /_matrix/federation/v1/send/{txnId}
+    is recorded in `transactions` as (txn_id, origin of its X-Matrix header, body), in
+    arrival order, and answered 200 with an empty result per PDU (or `status` when the test
+    sets it). A replayed transaction ID is recorded again, so a test can tell a retry of the
+    same transaction from a second delivery of the same event."""
+
+    SEND = "/_matrix/federation/v1/send/"
+
+    def __init__(self, ca, ip):
+        self.transactions = []
+        self.status = 200
+        self.lock = threading.Lock()
+        super().__init__(ca, ip)
+
+    def do_put(self, handler):
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        if not handler.path.startswith(self.SEND):
+            handler.send_error(404)
+            return
+        auth = handler.headers.get("Authorization") or ""
+        origin = auth.split('origin="', 1)[1].split('"', 1)[0] if 'origin="' in auth else None
+        body = json.loads(raw or b"{}")
+        with self.lock:
+            self.transactions.append((handler.path[len(self.SEND):], origin, body))
+        if self.status != 200:
+            self.reply(handler, self.status, {"errcode": "M_UNKNOWN", "error": "test refusal"})
+            return
+        self.reply(handler, 200, {"pdus": {}})
+
+    def delivered_pdus(self):
+        """The PDUs received, first delivery of each transaction ID only, in order."""
+        seen, out = set(), []
+        with self.lock:
+            for txn_id, _, body in self.transactions:
+                if txn_id in seen:
+                    continue
+                seen.add(txn_id)
+                out.extend(body.get("pdus", []))
+        return out
+
+    def delivered_edus(self):
+        seen, out = set(), []
+        with self.lock:
+            for txn_id, _, body in self.transactions:
+                if txn_id in seen:
+                    continue
+                seen.add(txn_id)
+                out.extend(body.get("edus", []))
+        return out
 
 
 # ---- a DNS server for discovery tests ---------------------------------------------------

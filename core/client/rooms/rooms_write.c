@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/federation/fed_txn.h"
 #include "core/rooms/canonical_json.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/rooms/rooms_api.h"
@@ -98,6 +99,7 @@ int rooms_tx_commit(room_tx *tx, rooms_err *e)
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
     notifier_wake_room(tx->c, tx->room_id);
+    fed_outbound_kick(); /* fedtxn: the queue may have rows from this transaction */
     for (int i = 0; i < tx->n_wake; i++) notifier_wake_user(tx->wake_users[i]);
     return ROOMS_OK;
 }
@@ -349,6 +351,10 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
             rc = rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
     }
     if (rc == ROOMS_OK) rc = store(tx, ev, pdu, id_out, e);
+    /* fedtxn: queue the event for the room's other servers, until roomfed wires the
+     * write path (it then owns this line and its except_server). */
+    if (rc == ROOMS_OK && fed_outbound_enqueue_pdu(tx->c, tx->room_id, id_out, NULL) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
     json_decref(pdu);
     json_decref(a.holder);
     if (rc != ROOMS_OK) return rc;

@@ -1,0 +1,205 @@
+"""Federation transactions both ways: PUT /_matrix/federation/v1/send/{txnId} as Atrium
+receives it (the spec's size limits, the body's origin against the signer, a replay
+answered from the record without being processed again, an unsigned request refused) and
+the persisted outbound queue as Atrium sends it to a fake receiving peer (events delivered
+in order; a destination that was down, with an Atrium restart in between, gets every
+queued event once; a long backlog collapsed to the newest event when the peer returns).
+
+Until the room model serves joins over federation, a room shared with the peer is made
+with a test fixture: a join of a remote user written straight into current_state (the
+outbound queue reads the room's servers from there).
+"""
+
+import json
+import time
+import uuid
+
+import harness
+from accounts import register
+from federation_support import FakeReceivingPeer, xmatrix
+from rooms_client import Client
+from test_federation import A_IP, FAKE_IP, FederationTestCase
+
+SEND = "/_matrix/federation/v1/send/"
+
+
+def wait_until(predicate, timeout=30, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class InboundTransactionTest(FederationTestCase):
+    def setUp(self):
+        self.peer = self.fake_peer()
+        self.a = self.start_fed(A_IP)
+
+    def send(self, txn_id, pdus=(), edus=(), origin=None, signer=None):
+        body = {"origin": origin or self.peer.server_name, "origin_server_ts": 1,
+                "pdus": list(pdus), "edus": list(edus)}
+        uri = SEND + txn_id
+        auth = xmatrix("PUT", uri, signer or self.peer.server_name, self.a.server_name,
+                       self.peer.key, body)
+        return self.a.fed_request("PUT", uri, {"Authorization": auth}, body)
+
+    def pdu(self, n):
+        return {"event_id": f"$test{n}:{self.peer.server_name}", "room_id": "!nowhere:x",
+                "type": "m.room.message", "sender": f"@p:{self.peer.server_name}",
+                "content": {"body": str(n)}, "origin_server_ts": 1, "depth": n}
+
+    def pdus_counted(self):
+        return self.a.metric("atrium_federation_inbound_pdus_total") or 0
+
+    def test_more_than_50_pdus_or_100_edus_is_refused_with_400(self):
+        status, _, body = self.send("big-pdus", pdus=[self.pdu(i) for i in range(51)])
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"), body)
+        edu = {"edu_type": "m.test.unknown", "content": {}}
+        status, _, body = self.send("big-edus", edus=[edu] * 101)
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"), body)
+        self.assertEqual(self.pdus_counted(), 0)  # nothing of either was processed
+        # Exactly at the limits, the transaction is taken.
+        status, _, body = self.send("at-limits", pdus=[self.pdu(i) for i in range(50)],
+                                    edus=[edu] * 100)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(len(body["pdus"]), 50)
+        self.assertEqual(self.a.metric("atrium_federation_inbound_transactions_total",
+                                       {"outcome": "refused"}), 2)
+
+    def test_an_origin_in_the_body_other_than_the_signer_is_refused(self):
+        status, _, body = self.send("spoof", pdus=[self.pdu(1)], origin="elsewhere.example")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"), body)
+        self.assertEqual(self.pdus_counted(), 0)
+
+    def test_a_replay_gets_the_stored_answer_and_is_processed_once(self):
+        pdus = [self.pdu(1), self.pdu(2)]
+        edus = [{"edu_type": "m.test.unknown", "content": {"x": 1}}]
+        status, _, first = self.send("once", pdus=pdus, edus=edus)
+        self.assertEqual(status, 200, first)
+        self.assertEqual(set(first["pdus"]), {p["event_id"] for p in pdus})
+        self.assertEqual(self.pdus_counted(), 2)
+        status, _, again = self.send("once", pdus=pdus, edus=edus)
+        self.assertEqual((status, again), (200, first))
+        self.assertEqual(self.pdus_counted(), 2)  # not handed to the room model again
+        self.assertEqual(self.a.metric("atrium_federation_inbound_transactions_total",
+                                       {"outcome": "replayed"}), 1)
+        self.assertEqual(self.a.metric("atrium_federation_inbound_edus_total",
+                                       {"outcome": "ignored"}), 1)  # an unknown type
+        # Another transaction ID with the same PDUs is a new transaction.
+        status, _, other = self.send("twice", pdus=pdus)
+        self.assertEqual(status, 200, other)
+        self.assertEqual(self.pdus_counted(), 4)
+
+    def test_an_unsigned_transaction_is_refused_with_401(self):
+        body = {"origin": self.peer.server_name, "origin_server_ts": 1, "pdus": [self.pdu(1)]}
+        status, _, answer = self.a.fed_request("PUT", SEND + "unsigned", None, body)
+        self.assertEqual((status, answer["errcode"]), (401, "M_UNAUTHORIZED"), answer)
+        self.assertEqual(self.pdus_counted(), 0)
+
+
+class OutboundQueueTest(FederationTestCase):
+    """Atrium A sends into a room it shares (by the fixture) with a fake receiving peer."""
+
+    def setUp(self):
+        self.peer = FakeReceivingPeer(self.ca, FAKE_IP)
+        self.addCleanup(self.peer.close)
+        self.a = self.start_fed(A_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.room = self.alice.create_room(name="shared")
+        self.remote_join(f"@bob:{self.peer.server_name}")
+
+    def remote_join(self, user_id):
+        """Test fixture: user_id (of the peer) joined, as if a federated join had landed."""
+        fake_event = "$fixture" + uuid.uuid4().hex
+        harness.psql("INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
+                     f" VALUES ('{self.room}', 'm.room.member', '{user_id}', '{fake_event}',"
+                     " 'join')", database=self.a.database)
+
+    def say(self, *bodies):
+        for body in bodies:
+            self.alice.send(self.room, {"msgtype": "m.text", "body": body})
+
+    def delivered_bodies(self):
+        return [p.get("content", {}).get("body") for p in self.peer.delivered_pdus()
+                if p.get("type") == "m.room.message"]
+
+    def queued_rows(self):
+        return int(harness.psql("SELECT count(*) FROM federation_outbound",
+                                database=self.a.database)[0][0])
+
+    def depth_gauge(self):
+        return self.a.metric("atrium_federation_outbound_queue_depth",
+                             {"destination": self.peer.server_name})
+
+    def test_queued_events_are_delivered_in_order_in_signed_transactions(self):
+        bodies = [f"m{i}" for i in range(1, 6)]
+        self.say(*bodies)
+        wait_until(lambda: len(self.delivered_bodies()) >= 5, what="five messages at the peer")
+        self.assertEqual(self.delivered_bodies(), bodies)
+        for txn_id, origin, body in self.peer.transactions:
+            self.assertEqual(origin, self.a.server_name)
+            self.assertEqual(body["origin"], self.a.server_name)
+            self.assertLessEqual(len(body["pdus"]), 50)
+            self.assertIsInstance(body["origin_server_ts"], int)
+        wait_until(lambda: self.queued_rows() == 0, what="the queue to empty")
+        wait_until(lambda: self.depth_gauge() == 0, what="the depth gauge back to 0")
+        self.assertGreaterEqual(self.a.metric("atrium_federation_outbound_transactions_total",
+                                              {"outcome": "sent"}), 1)
+
+    def test_a_down_destination_gets_every_event_once_after_it_returns_across_a_restart(self):
+        self.peer.stop()
+        self.say("m1", "m2", "m3")
+        wait_until(lambda: (self.a.metric("atrium_federation_outbound_transactions_total",
+                                          {"outcome": "failed"}) or 0) >= 1,
+                   what="a failed attempt")
+        self.assertEqual(self.queued_rows(), 3)
+        self.a.stop()
+        self.a.start()
+        self.say("m4", "m5")
+        self.assertEqual(self.queued_rows(), 5)
+        self.peer.start()
+        wait_until(lambda: len(self.delivered_bodies()) >= 5, what="every message at the peer")
+        wait_until(lambda: self.queued_rows() == 0, what="the queue to empty")
+        self.assertEqual(self.delivered_bodies(), ["m1", "m2", "m3", "m4", "m5"])
+        # No event went out under two transaction IDs (a retry reuses its transaction's ID).
+        where = {}
+        for txn_id, _, body in self.peer.transactions:
+            for pdu in body["pdus"]:
+                key = pdu["content"].get("body")
+                where.setdefault(key, set()).add(txn_id)
+        self.assertTrue(all(len(ids) == 1 for ids in where.values()), where)
+
+    def test_a_long_backlog_is_collapsed_to_the_newest_event_when_the_peer_returns(self):
+        self.peer.stop()
+        self.say("first")
+        wait_until(lambda: (self.a.metric("atrium_federation_outbound_transactions_total",
+                                          {"outcome": "failed"}) or 0) >= 1,
+                   what="a failed attempt")
+        backlog = [f"b{i}" for i in range(1, 61)]
+        self.say(*backlog)
+        wait_until(lambda: self.a.metric("atrium_federation_outbound_catchup_destinations") == 1,
+                   what="the destination in catch-up")
+        self.peer.start()
+        wait_until(lambda: "b60" in self.delivered_bodies(), what="the newest event at the peer")
+        wait_until(lambda: self.queued_rows() == 0, what="the queue to empty")
+        delivered = self.delivered_bodies()
+        skipped = self.a.metric("atrium_federation_outbound_catchup_skipped_pdus_total")
+        self.assertGreaterEqual(skipped, 10)
+        self.assertEqual(len(delivered) + skipped, 61)
+        self.assertEqual(delivered[-1], "b60")
+        self.assertEqual(delivered, sorted(delivered, key=lambda b: -1 if b == "first"
+                                           else int(b[1:])))
+        # Once the backlog is gone the destination is up to date again: no collapse.
+        self.say("after")
+        wait_until(lambda: "after" in self.delivered_bodies(), what="a later event")
+        wait_until(lambda: self.a.metric("atrium_federation_outbound_catchup_destinations") == 0,
+                   what="catch-up to end")
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
