@@ -526,6 +526,65 @@ static void test_v2_auth_events_answer_for_keys_the_partial_state_lacks(void **s
     dag_free(&d);
 }
 
+/*
+ * A: Alice bans Dave, who never joined. B: Dave joins. Conflicted: Dave {ban, dave} (no
+ * auth difference: neither cites anything the other state's chain lacks). Power order:
+ * the ban (Alice bans someone else), allowed. Then Dave's join is checked with the
+ * partial state's membership of Dave, the ban, although the join's own auth events hold
+ * no membership of his: refused. The same in room version 1 (the pass over Dave's key
+ * takes either first and the other cannot displace a ban, or the ban displaces the join).
+ */
+static void test_a_ban_beats_a_concurrent_first_join_in_v2_and_v1(void **state)
+{
+    (void)state;
+    const room_version *versions[] = {room_version_find("10"), v1()};
+    for (size_t i = 0; i < 2; i++) {
+        dag d;
+        dag_init(&d, versions[i]);
+        branch base = base_room(&d), a = fork_of(&base), b = fork_of(&base);
+        const char *ban = emit(&a, "ban", "m.room.member", DAVE, ALICE, 2000, "{\"membership\":\"ban\"}");
+        join(&b, "dave", DAVE, 2000);
+        state_res_report rep;
+        state_map *out = resolve2(&a, &b, &rep);
+        assert_at(out, "m.room.member", DAVE, ban);
+        if (i == 0) {
+            assert_int_equal(rep.full_conflicted, 2);
+            assert_int_equal(rep.power_sorted, 1);
+            assert_int_equal(rep.auth_checks, 2);
+            assert_int_equal(rep.auth_refused, 1);
+        }
+        state_map_free(out);
+        free_branches(&base, &a, &b);
+        dag_free(&d);
+    }
+}
+
+/* Three forks, one join each: three states in, every join allowed (public room, nothing
+ * conflicting but the three new keys), all three members out. */
+static void test_v2_three_states_resolve_at_once(void **state)
+{
+    (void)state;
+    dag d;
+    dag_init(&d, room_version_find("10"));
+    branch base = base_room(&d), a = fork_of(&base), b = fork_of(&base), c = fork_of(&base);
+    const char *dave = join(&a, "dave", DAVE, 2000);
+    const char *erin = join(&b, "erin", ERIN, 2000);
+    const char *frank = join(&c, "frank", "@frank:hs", 2000);
+    const state_map *states[] = {a.state, b.state, c.state};
+    state_map *out;
+    state_res_report rep;
+    assert_int_equal(resolve_states(&d, states, 3, 0, &out, &rep), STATE_RES_OK);
+    assert_at(out, "m.room.member", DAVE, dave);
+    assert_at(out, "m.room.member", ERIN, erin);
+    assert_at(out, "m.room.member", "@frank:hs", frank);
+    assert_int_equal(state_map_count(out), 10);
+    assert_int_equal(rep.conflicted_keys, 3);
+    state_map_free(out);
+    free_branches(&base, &a, &b);
+    state_map_free(c.state);
+    dag_free(&d);
+}
+
 /* ---- v2: tie-breaks --------------------------------------------------------------------- */
 
 /*
@@ -910,6 +969,8 @@ int main(void)
         cmocka_unit_test(test_v2_join_rule_change_beats_a_concurrent_join),
         cmocka_unit_test(test_v2_concurrent_joins_all_land_and_the_later_of_two_holds_the_key),
         cmocka_unit_test(test_v2_auth_events_answer_for_keys_the_partial_state_lacks),
+        cmocka_unit_test(test_a_ban_beats_a_concurrent_first_join_in_v2_and_v1),
+        cmocka_unit_test(test_v2_three_states_resolve_at_once),
         cmocka_unit_test(test_v2_power_order_puts_the_more_powerful_sender_first),
         cmocka_unit_test(test_v2_power_order_breaks_equal_power_by_timestamp),
         cmocka_unit_test(test_v2_power_order_breaks_equal_timestamps_by_event_id),
