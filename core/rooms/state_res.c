@@ -23,6 +23,7 @@
 
 #include "core/rooms/room_auth.h"
 #include "core/rooms/state_res_internal.h"
+#include "core/runtime/runtime.h"
 
 enum state_res_algorithm state_res_algorithm_of(const room_version *v)
 {
@@ -374,6 +375,9 @@ static int resolve(sr_ctx *c, state_map **out)
 
 int state_res_resolve(const state_res_request *req, state_map **out, state_res_report *report)
 {
+    RT_ASSERT(req && out && report, "state_res_resolve needs a request, an out and a report");
+    RT_ASSERT(req->n_states == 0 || (req->states && req->load),
+              "state_res_resolve: %zu states but no state array or no loader", req->n_states);
     uint64_t t0 = now_us();
     memset(report, 0, sizeof(*report));
     *out = NULL;

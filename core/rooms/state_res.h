@@ -104,7 +104,8 @@ typedef struct state_res_report {
 /* Resolve req->states into *out, a new map the caller frees with state_map_free.
  * STATE_RES_OK, or a negative state_res_outcome with *out NULL and report->why (and, where
  * one event is at fault, report->event_id) saying what failed. Any thread; the request's
- * states must not change during the call; report may not be NULL. */
+ * states must not change during the call. A NULL req, out or report, or states without a
+ * state array or a loader, is a bug in the caller: one log line, then abort. */
 int state_res_resolve(const state_res_request *req, state_map **out, state_res_report *report);
 
 #endif
