@@ -21,40 +21,49 @@
  * page lists under "added in" or "changed in". */
 static const room_version VERSIONS[] = {
     {.id = "1", .number = 1, .event_id_format = ROOM_EVENT_ID_OPAQUE, .state_res = 1,
+     .local_create = true,
      .redaction = ROOM_REDACT_V1, .redaction_auth_rule = true, .aliases_auth_rule = true},
     {.id = "2", .number = 2, .event_id_format = ROOM_EVENT_ID_OPAQUE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V1, .redaction_auth_rule = true, .aliases_auth_rule = true},
     {.id = "3", .number = 3, .event_id_format = ROOM_EVENT_ID_HASH_B64, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V1, .aliases_auth_rule = true},
     {.id = "4", .number = 4, .event_id_format = ROOM_EVENT_ID_HASH_URLSAFE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V1, .aliases_auth_rule = true},
     {.id = "5", .number = 5, .event_id_format = ROOM_EVENT_ID_HASH_URLSAFE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V1, .aliases_auth_rule = true, .key_validity_enforced = true},
     {.id = "6", .number = 6, .event_id_format = ROOM_EVENT_ID_HASH_URLSAFE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V6, .key_validity_enforced = true,
      .notifications_power_levels = true, .strict_canonical_json = true},
     {.id = "7", .number = 7, .event_id_format = ROOM_EVENT_ID_HASH_URLSAFE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V6, .key_validity_enforced = true,
      .notifications_power_levels = true, .strict_canonical_json = true, .knock = true},
     {.id = "8", .number = 8, .event_id_format = ROOM_EVENT_ID_HASH_URLSAFE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V8, .key_validity_enforced = true,
      .notifications_power_levels = true, .strict_canonical_json = true, .knock = true,
      .restricted_join = true},
     {.id = "9", .number = 9, .event_id_format = ROOM_EVENT_ID_HASH_URLSAFE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V9, .key_validity_enforced = true,
      .notifications_power_levels = true, .strict_canonical_json = true, .knock = true,
      .restricted_join = true},
     {.id = "10", .number = 10, .event_id_format = ROOM_EVENT_ID_HASH_URLSAFE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V9, .key_validity_enforced = true,
      .notifications_power_levels = true, .strict_canonical_json = true, .knock = true,
-     .restricted_join = true, .knock_restricted = true, .integer_power_levels = true,
-     .local_create = true},
+     .restricted_join = true, .knock_restricted = true, .integer_power_levels = true},
     {.id = "11", .number = 11, .event_id_format = ROOM_EVENT_ID_HASH_URLSAFE, .state_res = 2,
+     .local_create = true,
      .redaction = ROOM_REDACT_V11, .v11_redaction = true, .creator_is_sender = true,
      .redacts_in_content = true, .key_validity_enforced = true,
      .notifications_power_levels = true, .strict_canonical_json = true, .knock = true,
-     .restricted_join = true, .knock_restricted = true, .integer_power_levels = true,
-     .local_create = true},
+     .restricted_join = true, .knock_restricted = true, .integer_power_levels = true},
 };
 
 const char *const ROOM_VERSIONS_SUPPORTED[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9",
@@ -263,9 +272,46 @@ int event_compute_id(const room_version *v, const json_t *pdu, char out[EVENT_ID
     return 0;
 }
 
+/* Room versions 1-2 name an event by an ID its creator picks: "$" + this many random
+ * letters + ":" + the creator's server (the sender's, for events this server writes). */
+#define EVENT_OPAQUE_ID_LETTERS 18
+
+/* Turn string entries of pdu[key] into the [event ID, {hashes}] pairs of v1-2, with an
+ * empty hashes object as Synapse writes them (receivers read only the IDs). */
+static void refs_as_pairs(json_t *pdu, const char *key)
+{
+    json_t *arr = json_object_get(pdu, key);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *ref = json_array_get(arr, i);
+        if (json_is_string(ref)) json_array_set_new(arr, i, json_pack("[O,{}]", ref));
+    }
+}
+
+static int give_opaque_id(json_t *pdu)
+{
+    if (json_object_get(pdu, "event_id")) return 0;
+    const char *sender = json_string_value(json_object_get(pdu, "sender"));
+    const char *colon = sender ? strchr(sender, ':') : NULL;
+    if (!colon || !colon[1]) return -1;
+    static const char LETTERS[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    char local[EVENT_OPAQUE_ID_LETTERS + 1];
+    for (size_t i = 0; i < EVENT_OPAQUE_ID_LETTERS; i++)
+        local[i] = LETTERS[randombytes_uniform(sizeof(LETTERS) - 1)];
+    local[EVENT_OPAQUE_ID_LETTERS] = '\0';
+    char id[EVENT_ID_LEN];
+    int n = snprintf(id, sizeof(id), "$%s:%s", local, colon + 1);
+    if (n < 0 || n > EVENT_MAX_ID_BYTES) return -1;
+    json_object_set_new(pdu, "event_id", json_string(id));
+    refs_as_pairs(pdu, "prev_events");
+    refs_as_pairs(pdu, "auth_events");
+    return 0;
+}
+
 int event_finalize(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN],
                    size_t *size_out)
 {
+    if (v->event_id_format == ROOM_EVENT_ID_OPAQUE && give_opaque_id(pdu) < 0)
+        return EVENT_NOT_CANONICAL;
     if (event_add_content_hash(pdu) < 0) return EVENT_NOT_CANONICAL;
     size_t len;
     char *s = cjson_encode(pdu, &len);

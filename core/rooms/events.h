@@ -114,7 +114,9 @@ enum event_check {
     EVENT_TOO_LARGE = -2,     /* over EVENT_MAX_PDU_BYTES */
 };
 /* Add the content hash, check the size, compute the ID. *size_out (may be NULL) gets the
- * canonical size in bytes. */
+ * canonical size in bytes. For v1-2 an event without an event_id first gets one, "$" +
+ * random letters + ":" + the sender's server, and the string entries of its prev_events
+ * and auth_events become [event ID, {}] pairs (the v1-2 format). */
 int event_finalize(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN],
                    size_t *size_out);
 

@@ -151,6 +151,33 @@ static const char VEC_V1[] =
     "\"def\"}]],\"room_id\":\"!room:example.org\",\"sender\":\"@alice:example.org\",\"type\":"
     "\"m.room.message\"}";
 
+static void test_v1_events_this_server_writes_get_an_id_and_reference_pairs(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= 2; n++) {
+        json_t *pdu = parse(VEC_MSG);
+        char id[EVENT_ID_LEN];
+        assert_int_equal(event_finalize(ver(n), pdu, id, NULL), EVENT_OK);
+        assert_string_equal(json_string_value(json_object_get(pdu, "event_id")), id);
+        assert_true(event_opaque_id_valid(id));
+        assert_string_equal(event_id_domain(id), "example.org"); /* the sender's server */
+        assert_int_equal(strlen(id), 1 + 18 + 1 + strlen("example.org"));
+        char *refs = json_dumps(json_object_get(pdu, "prev_events"), JSON_COMPACT);
+        assert_string_equal(refs, "[[\"$prev\",{}]]");
+        free(refs);
+        assert_int_equal(json_array_size(json_object_get(pdu, "auth_events")), 3);
+        assert_true(event_content_hash_ok(pdu)); /* hashed after the ID was added */
+        char why[EVENT_WHY_LEN];
+        json_object_set_new(pdu, "signatures", json_object());
+        assert_int_equal(event_check_format(ver(n), pdu, why), EVENT_FORMAT_BAD); /* "$prev" has no server */
+        /* A second finalize keeps the ID. */
+        char again[EVENT_ID_LEN];
+        assert_int_equal(event_finalize(ver(n), pdu, again, NULL), EVENT_OK);
+        assert_string_equal(again, id);
+        json_decref(pdu);
+    }
+}
+
 static void test_v3_ids_use_standard_base64_and_v4_on_url_safe(void **state)
 {
     (void)state;
@@ -216,9 +243,8 @@ static void test_each_version_has_the_features_its_spec_page_adds(void **state)
                                               : ROOM_REDACT_V11);
         assert_true(room_version_find_creatable(v->id) == (v->local_create ? v : NULL));
     }
-    assert_non_null(room_version_find_creatable("10"));
+    assert_non_null(room_version_find_creatable("1"));
     assert_non_null(room_version_find_creatable("11"));
-    assert_null(room_version_find_creatable("1"));
     assert_null(room_version_find_creatable("12"));
 }
 
@@ -526,6 +552,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spec_appendix_events_hash_and_sign_as_the_appendix_says),
         cmocka_unit_test(test_v1_and_v2_event_ids_are_the_events_own),
+        cmocka_unit_test(test_v1_events_this_server_writes_get_an_id_and_reference_pairs),
         cmocka_unit_test(test_v3_ids_use_standard_base64_and_v4_on_url_safe),
         cmocka_unit_test(test_v1_reference_hash_covers_the_event_id),
         cmocka_unit_test(test_each_version_has_the_features_its_spec_page_adds),

@@ -184,7 +184,7 @@ static int rooms_init(core_runtime *rt)
     if (!rt->rooms_bulk_pool) return -1;
     if (!room_version_find_creatable(rt->cfg->rooms.default_version)) {
         rt_log(ATRIUM_LOG_ERROR, "core", "rooms.default_version \"%.16s\" is not a room version "
-               "this server supports: set it to \"10\" or \"11\"", rt->cfg->rooms.default_version);
+               "this server creates: set it to one of \"1\" to \"11\"", rt->cfg->rooms.default_version);
         return -1;
     }
     if (rooms_create_routes(s) < 0 || rooms_membership_routes(s) < 0 || rooms_send_routes(s) < 0 ||
