@@ -524,6 +524,11 @@ json_t *event_client_format(const room_version *v, const json_t *pdu, const char
         json_t *target = json_object_get(pdu, "redacts");
         if (!target && content) target = json_object_get(content, "redacts");
         if (json_is_string(target)) json_object_set(out, "redacts", target);
+        /* And under content in versions before 11, for clients that read it there only
+         * (room version 11's "Event format" asks servers to). */
+        json_t *out_content = json_object_get(out, "content");
+        if (json_is_string(target) && !redacted && !json_object_get(out_content, "redacts"))
+            json_object_set(out_content, "redacts", target);
     }
     return out;
 }

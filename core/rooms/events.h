@@ -122,8 +122,8 @@ int event_finalize(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN]
 
 /* The client format of a stored event (no `unsigned`; the caller adds it): content
  * (redacted when `redacted`), event_id, origin_server_ts, sender, type, state_key when it
- * is a state event, room_id when with_room_id, and a top-level `redacts` for redactions in
- * every room version. A new object, or NULL on out-of-memory. */
+ * is a state event, room_id when with_room_id, and for redactions `redacts` both at the top
+ * level and (unless redacted) in content, in every room version. A new object, or NULL on out-of-memory. */
 json_t *event_client_format(const room_version *v, const json_t *pdu, const char *event_id,
                             bool redacted, bool with_room_id);
 

@@ -344,6 +344,9 @@ class RoomsTest(SharedServerTest):
                              else pdus[rid]["content"]["redacts"], target)
             self.assertEqual(self.bob.ok("GET", self.room_path(room, f"/event/{quote(target)}"))
                              ["content"], {})
+            # Clients find redacts at the top and in content, whatever the version.
+            seen = self.bob.ok("GET", self.room_path(room, f"/event/{quote(rid)}"))
+            self.assertEqual((seen["redacts"], seen["content"]["redacts"]), (target, target))
             # Join rules keep "allow" through a redaction from v8 on.
             self.alice.put_state(room, "m.room.join_rules", {"join_rule": "public", "allow": []})
             jr = self.alice.ok("GET", self.room_path(room, "/state/m.room.join_rules/?format=event"))

@@ -333,6 +333,17 @@ static void test_client_format_redacts_content_and_copies_redacts_to_the_top(voi
     free(s);
     json_decref(ev);
     json_decref(pdu);
+    /* Before v11 the PDU carries redacts at the top; clients get it in content too. */
+    pdu = parse("{\"type\":\"m.room.redaction\",\"redacts\":\"$e\",\"content\":{\"reason\":\"r\"},"
+                "\"sender\":\"@a:b\",\"origin_server_ts\":5}");
+    ev = event_client_format(room_version_find("10"), pdu, "$id", false, false);
+    s = cjson_encode(ev, NULL);
+    assert_string_equal(s, "{\"content\":{\"reason\":\"r\",\"redacts\":\"$e\"},\"event_id\":\"$id\","
+                           "\"origin_server_ts\":5,\"redacts\":\"$e\",\"sender\":\"@a:b\",\"type\":"
+                           "\"m.room.redaction\"}");
+    free(s);
+    json_decref(ev);
+    json_decref(pdu);
 }
 
 int main(void)
