@@ -483,8 +483,12 @@ json_t *event_required_signers(const room_version *v, const json_t *pdu)
     bool tp_invite = member && membership && strcmp(membership, "invite") == 0 &&
                      json_object_get(content, "third_party_invite");
     if (!tp_invite) add_server(out, id_server(sender));
-    if (v->event_id_format == ROOM_EVENT_ID_OPAQUE)
-        add_server(out, event_id_domain(json_string_value(json_object_get(pdu, "event_id"))));
+    if (v->event_id_format == ROOM_EVENT_ID_OPAQUE) {
+        /* "if it differs from the originating server": a third-party invite whose event ID
+         * is of the sender's server needs no signature from it either (as Synapse does). */
+        const char *id_domain = event_id_domain(json_string_value(json_object_get(pdu, "event_id")));
+        if (strcmp(id_domain, id_server(sender)) != 0) add_server(out, id_domain);
+    }
     if (v->restricted_join && member && membership && strcmp(membership, "join") == 0) {
         const char *via = json_string_value(json_object_get(content, "join_authorised_via_users_server"));
         if (via) add_server(out, id_server(via));

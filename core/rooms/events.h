@@ -11,9 +11,10 @@
  * `unsigned`, so an ID computed here is the one every other server computes and a
  * redaction never changes it. Rooms of versions 1 and 2 carry their own `event_id`
  * ("$opaque:domain", chosen by the server that created the event), which is checked here,
- * not computed. Everything here is pure (no database, no request): the write path lives in
- * rooms_write.c, the rules of who may send what in room_auth.c. Internal prefixes:
- * room_version_, event_.
+ * not computed (event_finalize picks one for the events this server writes). Everything
+ * here is pure (no database, no request; only that pick draws random letters): the write
+ * path lives in rooms_write.c, the rules of who may send what in room_auth.c. Internal
+ * prefixes: room_version_, event_.
  *
  * Signatures are made and checked in core/federation (fed_sign_json, fed_verify_json):
  * this file only says *which* servers must have signed a PDU (event_required_signers).
@@ -33,7 +34,9 @@
 #define EVENT_ID_LEN 256          /* any event ID: at most EVENT_MAX_ID_BYTES, plus NUL */
 #define EVENT_MAX_PREV_EVENTS 20  /* prev_events entries of one PDU */
 #define EVENT_MAX_AUTH_EVENTS 10  /* auth_events entries of one PDU */
-/* depth: v1-5 allow any non-negative 64-bit integer, v6+ (canonical JSON) up to 2^53 - 1. */
+/* depth: v1-5 allow any non-negative 64-bit integer, v6+ (canonical JSON) up to 2^53 - 1.
+ * This server's canonical JSON carries integers up to 2^53 - 1 only (canonical_json.h), so
+ * a v1-5 event past that is refused as not canonical before its depth is looked at. */
 #define EVENT_MAX_DEPTH_V1 INT64_MAX
 #define EVENT_MAX_DEPTH_V6 INT64_C(9007199254740991)
 
@@ -155,7 +158,8 @@ int event_check_format(const room_version *v, const json_t *pdu, char why[EVENT_
  * made from a third-party invite (m.room.member, membership invite, content.
  * third_party_invite) is exempt from the sender's server (its sender must match the
  * m.room.third_party_invite event's, which the auth rules check, and another server may
- * deliver it): for v3+ the array can then be empty. NULL on out-of-memory or when pdu has
+ * deliver it), and the event ID's server is added only when it is not the sender's: so
+ * the array can be empty. NULL on out-of-memory or when pdu has
  * no sender. The caller owns the array. */
 json_t *event_required_signers(const room_version *v, const json_t *pdu);
 

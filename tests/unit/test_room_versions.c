@@ -520,6 +520,10 @@ static void test_required_signers_per_version(void **state)
                       "\"third_party_invite\":{\"signed\":{}}}}";
     assert_signers(1, 2, tpi, "[\"two\"]");
     assert_signers(3, 11, tpi, "[]");
+    const char *tpi_same = "{\"sender\":\"@a:one\",\"event_id\":\"$e:one\",\"type\":"
+                           "\"m.room.member\",\"state_key\":\"@c:four\",\"content\":{"
+                           "\"membership\":\"invite\",\"third_party_invite\":{\"signed\":{}}}}";
+    assert_signers(1, 11, tpi_same, "[]");
 }
 
 /* ---- the content hash ---------------------------------------------------------------- */
