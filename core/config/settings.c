@@ -168,7 +168,7 @@ const struct cfg_setting CORE_SETTINGS[] = {
 
     {.path = "rooms.default_version", .type = CFG_T_STRING, .flags = CFG_F_NONEMPTY,
      .offset = FIELD(rooms.default_version), .def_string = "10",
-     .help = "Room version of new rooms when createRoom names none (\"10\" or \"11\"; "
+     .help = "Room version of new rooms when createRoom names none (\"1\" to \"11\"; "
              "checked by the rooms module)."},
     {.path = "federation.signing_key_path", .type = CFG_T_STRING,
      .offset = FIELD(federation.signing_key_path), .def_string = "",

@@ -134,39 +134,42 @@ def unpadded_b64(data, url_safe=False):
     return encoded.decode().rstrip("=")
 
 
-_KEEP_TOP = {
-    "10": {"event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",
+_TOP_V1 = {"event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",
            "depth", "prev_events", "prev_state", "auth_events", "origin", "origin_server_ts",
-           "membership"},
-    "11": {"event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",
-           "depth", "prev_events", "auth_events", "origin_server_ts"},
-}
-_KEEP_CONTENT = {
-    "10": {"m.room.member": {"membership", "join_authorised_via_users_server"},
-           "m.room.create": {"creator"},
-           "m.room.join_rules": {"join_rule", "allow"},
-           "m.room.power_levels": {"ban", "events", "events_default", "kick", "redact",
-                                   "state_default", "users", "users_default"},
-           "m.room.history_visibility": {"history_visibility"}},
-    "11": {"m.room.member": {"membership", "join_authorised_via_users_server"},
-           "m.room.create": None,  # everything
-           "m.room.join_rules": {"join_rule", "allow"},
-           "m.room.power_levels": {"ban", "events", "events_default", "invite", "kick", "redact",
-                                   "state_default", "users", "users_default"},
-           "m.room.history_visibility": {"history_visibility"},
-           "m.room.redaction": {"redacts"}},
-}
+           "membership"}
+_TOP_V11 = {"event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",
+            "depth", "prev_events", "auth_events", "origin_server_ts"}
+
+
+def _keep_content(v):
+    """Content keys the redaction algorithm of room version v (an int) keeps, per type; None
+    means the whole content (the spec's "Redactions" of each room version page)."""
+    pl = {"ban", "events", "events_default", "kick", "redact", "state_default", "users",
+          "users_default"}
+    rules = {
+        "m.room.member": {"membership"} | ({"join_authorised_via_users_server"} if v >= 9 else set()),
+        "m.room.create": None if v >= 11 else {"creator"},
+        "m.room.join_rules": {"join_rule"} | ({"allow"} if v >= 8 else set()),
+        "m.room.power_levels": pl | ({"invite"} if v >= 11 else set()),
+        "m.room.history_visibility": {"history_visibility"},
+    }
+    if v <= 5:
+        rules["m.room.aliases"] = {"aliases"}
+    if v >= 11:
+        rules["m.room.redaction"] = {"redacts"}
+    return rules
 
 
 def redact(pdu, version):
-    out = {k: v for k, v in pdu.items() if k in _KEEP_TOP[version]}
-    rules = _KEEP_CONTENT[version]
+    v = int(version)
+    out = {k: val for k, val in pdu.items() if k in (_TOP_V11 if v >= 11 else _TOP_V1)}
+    rules = _keep_content(v)
     content = pdu.get("content", {})
     if pdu["type"] in rules and rules[pdu["type"]] is None:
         out["content"] = dict(content)
     else:
         keep = rules.get(pdu["type"], set())
-        out["content"] = {k: v for k, v in content.items() if k in keep}
+        out["content"] = {k: val for k, val in content.items() if k in keep}
     return out
 
 
@@ -176,10 +179,16 @@ def content_hash(pdu):
 
 
 def reference_event_id(pdu, version):
+    """The event ID of pdu: v1-2 its own event_id; v3 "$" + standard base64 of the reference
+    hash; v4+ the URL-safe alphabet."""
+    if int(version) <= 2:
+        return pdu["event_id"]
     red = redact(pdu, version)
     red.pop("signatures", None)
     red.pop("unsigned", None)
-    return "$" + unpadded_b64(hashlib.sha256(canonical_json(red)).digest(), url_safe=True)
+    red.pop("event_id", None)
+    digest = hashlib.sha256(canonical_json(red)).digest()
+    return "$" + unpadded_b64(digest, url_safe=int(version) >= 4)
 
 
 def stored_pdus(srv, room):

@@ -18,6 +18,8 @@ from harness import Server
 from rooms_client import (SharedServerTest, V3, Client, content_hash, quote,
                           reference_event_id, stored_pdus)
 
+ALL_ROOM_VERSIONS = [str(n) for n in range(1, 12)]  # every stable version this server creates
+
 EVENT_MAX_PDU_BYTES = 65536
 
 
@@ -91,7 +93,8 @@ class RoomsTest(SharedServerTest):
         self.assertError(post({"initial_state": [{"type": "x"}]}), 400, "M_BAD_JSON")
         self.assertError(post({"preset": "party"}), 400, "M_INVALID_PARAM")
         self.assertError(post({"visibility": "secret"}), 400, "M_INVALID_PARAM")
-        self.assertError(post({"room_version": "1"}), 400, "M_UNSUPPORTED_ROOM_VERSION")
+        self.assertError(post({"room_version": "12"}), 400, "M_UNSUPPORTED_ROOM_VERSION")
+        self.assertError(post({"room_version": 10}), 400, "M_BAD_JSON")
         # This server runs without the directory plugin: aliases are refused as such.
         self.assertError(post({"room_alias_name": "lobby"}), 400, "M_UNRECOGNIZED")
         self.assertError(post({"creation_content": {"x": 1.5}}), 400, "M_BAD_JSON")
@@ -298,23 +301,58 @@ class RoomsTest(SharedServerTest):
     # -- event IDs ------------------------------------------------------------------------
 
     def test_event_ids_are_reference_hashes_and_events_chain(self):
-        for version in ("10", "11"):
+        for version in ALL_ROOM_VERSIONS:
             room = self.alice.create_room(room_version=version, name="Hashes")
             self.alice.send(room, {"msgtype": "m.text", "body": "h\u00e9llo \u0001 \"q\" /"})
             events = stored_pdus(self.srv, room)
             self.assertGreaterEqual(len(events), 8)
             ids = [event_id for event_id, _ in events]
+            # v1-2 reference other events as [event ID, hashes] pairs, v3+ by ID alone.
+            refs = (lambda refs: [r[0] for r in refs]) if int(version) <= 2 else (lambda refs: refs)
             for i, (event_id, pdu) in enumerate(events):
                 self.assertEqual(pdu["hashes"]["sha256"], content_hash(pdu), (version, pdu["type"]))
                 self.assertEqual(event_id, reference_event_id(pdu, version), (version, pdu["type"]))
                 self.assertEqual(pdu["depth"], i + 1)
-                self.assertEqual(pdu["prev_events"], ids[i - 1:i] if i else [])
+                self.assertEqual(refs(pdu["prev_events"]), ids[i - 1:i] if i else [])
                 self.assertEqual(pdu["room_id"], room)
-                self.assertTrue(set(pdu["auth_events"]) <= set(ids[:i]))
+                self.assertTrue(set(refs(pdu["auth_events"])) <= set(ids[:i]))
                 if i > 0:
-                    self.assertIn(ids[0], pdu["auth_events"])  # the create event
+                    self.assertIn(ids[0], refs(pdu["auth_events"]))  # the create event
+                if int(version) <= 2:
+                    self.assertRegex(event_id, r"^\$[A-Za-z]{18}:localhost$")
+                    self.assertTrue(all(r[1] == {} for r in pdu["prev_events"] + pdu["auth_events"]))
+                else:
+                    self.assertNotIn("event_id", pdu)
             message = events[-1][1]
             self.assertEqual(len(message["auth_events"]), 3)  # create, power levels, sender's join
+            create = self.alice.state(room, "m.room.create")
+            self.assertEqual(create["room_version"], version)
+            self.assertEqual("creator" in create, int(version) <= 10)
+
+    def test_rooms_of_every_version_serve_read_and_redact_their_events(self):
+        for version in ALL_ROOM_VERSIONS:
+            room = self.alice.create_room(room_version=version, preset="public_chat")
+            self.bob.join(room)
+            target = self.bob.send(room, {"msgtype": "m.text", "body": f"v{version}"})
+            # v3 IDs may hold "/" and "+": clients escape them in paths.
+            seen = self.alice.ok("GET", self.room_path(room, f"/event/{quote(target)}"))
+            self.assertEqual((seen["event_id"], seen["content"]["body"]), (target, f"v{version}"))
+            rid = self.alice.ok("PUT", self.room_path(room, f"/redact/{quote(target)}/every-version-r{version}"),
+                                {})["event_id"]
+            pdus = dict(stored_pdus(self.srv, room))
+            self.assertEqual(pdus[rid].get("redacts") if int(version) <= 10
+                             else pdus[rid]["content"]["redacts"], target)
+            self.assertEqual(self.bob.ok("GET", self.room_path(room, f"/event/{quote(target)}"))
+                             ["content"], {})
+            # Clients find redacts at the top and in content, whatever the version.
+            seen = self.bob.ok("GET", self.room_path(room, f"/event/{quote(rid)}"))
+            self.assertEqual((seen["redacts"], seen["content"]["redacts"]), (target, target))
+            # Join rules keep "allow" through a redaction from v8 on.
+            self.alice.put_state(room, "m.room.join_rules", {"join_rule": "public", "allow": []})
+            jr = self.alice.ok("GET", self.room_path(room, "/state/m.room.join_rules/?format=event"))
+            self.alice.ok("PUT", self.room_path(room, f"/redact/{quote(jr['event_id'])}/every-version-j{version}"), {})
+            self.assertEqual(self.alice.state(room, "m.room.join_rules"),
+                             {"join_rule": "public", **({"allow": []} if int(version) >= 8 else {})})
 
     # -- readers ----------------------------------------------------------------------------
 
@@ -427,7 +465,7 @@ class RoomDefaultsTest(unittest.TestCase):
                                         {"body": "1"})[0], 200)
 
     def test_an_unsupported_default_room_version_stops_start_up(self):
-        srv = Server(settings={"rooms": {"default_version": "3"}}, start=False)
+        srv = Server(settings={"rooms": {"default_version": "12"}}, start=False)
         try:
             with self.assertRaises(Exception):
                 srv.start(timeout=15)

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -292,13 +293,20 @@ static void test_redaction_keeps_content_keys_per_event_type_and_version(void **
                       "{\"content\":{},\"type\":\"m.room.name\"}");
 }
 
-static void test_room_versions_10_and_11_are_the_supported_ones(void **state)
+static void test_room_versions_1_to_11_are_known(void **state)
 {
     (void)state;
-    assert_non_null(room_version_find("10"));
-    assert_non_null(room_version_find("11"));
-    assert_null(room_version_find("9"));
-    assert_null(room_version_find("1"));
+    char id[4];
+    for (int n = 1; n <= 11; n++) {
+        snprintf(id, sizeof(id), "%d", n);
+        assert_non_null(room_version_find(id));
+        assert_int_equal(room_version_find(id)->number, n);
+        assert_string_equal(ROOM_VERSIONS_SUPPORTED[n - 1], id);
+    }
+    assert_null(ROOM_VERSIONS_SUPPORTED[11]);
+    assert_null(room_version_find("12"));
+    assert_null(room_version_find("0"));
+    assert_null(room_version_find("01"));
     assert_null(room_version_find(NULL));
     assert_false(room_version_find("10")->creator_is_sender);
     assert_true(room_version_find("11")->creator_is_sender);
@@ -325,6 +333,17 @@ static void test_client_format_redacts_content_and_copies_redacts_to_the_top(voi
     free(s);
     json_decref(ev);
     json_decref(pdu);
+    /* Before v11 the PDU carries redacts at the top; clients get it in content too. */
+    pdu = parse("{\"type\":\"m.room.redaction\",\"redacts\":\"$e\",\"content\":{\"reason\":\"r\"},"
+                "\"sender\":\"@a:b\",\"origin_server_ts\":5}");
+    ev = event_client_format(room_version_find("10"), pdu, "$id", false, false);
+    s = cjson_encode(ev, NULL);
+    assert_string_equal(s, "{\"content\":{\"reason\":\"r\",\"redacts\":\"$e\"},\"event_id\":\"$id\","
+                           "\"origin_server_ts\":5,\"redacts\":\"$e\",\"sender\":\"@a:b\",\"type\":"
+                           "\"m.room.redaction\"}");
+    free(s);
+    json_decref(ev);
+    json_decref(pdu);
 }
 
 int main(void)
@@ -341,7 +360,7 @@ int main(void)
         cmocka_unit_test(test_event_finalize_refuses_events_over_64_kib),
         cmocka_unit_test(test_redaction_keeps_the_v10_top_level_keys_and_drops_the_rest),
         cmocka_unit_test(test_redaction_keeps_content_keys_per_event_type_and_version),
-        cmocka_unit_test(test_room_versions_10_and_11_are_the_supported_ones),
+        cmocka_unit_test(test_room_versions_1_to_11_are_known),
         cmocka_unit_test(test_client_format_redacts_content_and_copies_redacts_to_the_top),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

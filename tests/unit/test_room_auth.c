@@ -271,7 +271,7 @@ static void test_a_second_create_event_or_none_at_all_is_refused(void **state)
     assert_false(send(&f, ALICE, "join", "m.room.create", "", "{\"creator\":\"@alice:hs\"}"));
     f.st.create = NULL;
     assert_true(send(&f, ALICE, NULL, "m.room.create", "", "{\"creator\":\"@alice:hs\",\"room_version\":\"10\"}"));
-    assert_false(send(&f, ALICE, NULL, "m.room.create", "", "{\"creator\":\"@alice:hs\",\"room_version\":\"3\"}"));
+    assert_false(send(&f, ALICE, NULL, "m.room.create", "", "{\"creator\":\"@alice:hs\",\"room_version\":\"99\"}"));
     assert_false(send(&f, ALICE, NULL, "m.room.create", "", "{}")); /* v10 needs creator */
     assert_false(send(&f, ALICE, "join", "m.room.message", NULL, "{}"));
     teardown_room(&f);

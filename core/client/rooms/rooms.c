@@ -116,8 +116,8 @@ const char *rooms_server_name(void)
 const room_version *rooms_default_version(void)
 {
     const struct core_config *cfg = settings();
-    const room_version *v = room_version_find(cfg ? cfg->rooms.default_version : NULL);
-    return v ? v : room_version_find(ROOMS_DEFAULT_VERSION);
+    const room_version *v = room_version_find_creatable(cfg ? cfg->rooms.default_version : NULL);
+    return v ? v : room_version_find_creatable(ROOMS_DEFAULT_VERSION);
 }
 
 bool rooms_parse_token(const char *tok, int64_t *pos)
@@ -182,9 +182,9 @@ static int rooms_init(core_runtime *rt)
     rt->rooms_bulk_pool = rt_pool_new("core.rooms_bulk", ROOMS_BULK_THREADS, ROOMS_BULK_QUEUE,
                                       rt->metrics);
     if (!rt->rooms_bulk_pool) return -1;
-    if (!room_version_find(rt->cfg->rooms.default_version)) {
+    if (!room_version_find_creatable(rt->cfg->rooms.default_version)) {
         rt_log(ATRIUM_LOG_ERROR, "core", "rooms.default_version \"%.16s\" is not a room version "
-               "this server supports: set it to \"10\" or \"11\"", rt->cfg->rooms.default_version);
+               "this server creates: set it to one of \"1\" to \"11\"", rt->cfg->rooms.default_version);
         return -1;
     }
     if (rooms_create_routes(s) < 0 || rooms_membership_routes(s) < 0 || rooms_send_routes(s) < 0 ||

@@ -172,9 +172,14 @@ static bool parse_create(atrium_req *r, json_t *body, create_req *q)
     if (!preset_name) preset_name = visibility && strcmp(visibility, "public") == 0 ? "public_chat" : "private_chat";
     if (!(q->preset = find_preset(preset_name)))
         return bad(r, "M_INVALID_PARAM", "Unknown preset");
-    q->ver = version ? room_version_find(version) : rooms_default_version();
+    q->ver = version ? room_version_find_creatable(version) : rooms_default_version();
     if (!q->ver) {
-        http_respond_error(r, 400, "M_UNSUPPORTED_ROOM_VERSION", "Room version %.16s is not supported", version);
+        if (room_version_find(version))
+            http_respond_error(r, 400, "M_UNSUPPORTED_ROOM_VERSION", "This server joins rooms of "
+                               "version %.16s but cannot create them", version);
+        else
+            http_respond_error(r, 400, "M_UNSUPPORTED_ROOM_VERSION", "Room version %.16s is not "
+                               "supported", version);
         return false;
     }
     return true;
