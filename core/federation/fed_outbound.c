@@ -110,30 +110,34 @@ static bool exec_ok(PGconn *c, const char *sql, int n, const char *const *params
     return ok;
 }
 
+/* The servers of room_id's joined members, minus this server: rows of one text column. */
+static PGresult *room_servers(PGconn *c, const char *room_id)
+{
+    const char *p[2] = {room_id, own_server_name()};
+    PGresult *res = PQexecParams(
+        c,
+        "SELECT DISTINCT substr(state_key, strpos(state_key, ':') + 1) AS d FROM current_state"
+        " WHERE room_id = $1 AND type = 'm.room.member' AND membership = 'join'"
+        " AND strpos(state_key, ':') > 0 AND substr(state_key, strpos(state_key, ':') + 1) <> $2",
+        2, NULL, p, NULL, NULL, 0);
+    if (PQresultStatus(res) == PGRES_TUPLES_OK) return res;
+    rt_log(ATRIUM_LOG_ERROR, "federation", "outbound queue: %s", PQerrorMessage(c));
+    PQclear(res);
+    return NULL;
+}
+
 int fed_outbound_enqueue_pdu(PGconn *c, const char *room_id, const char *event_id,
                              const char *except_server)
 {
     if (!c || !room_id || !event_id) return -1;
     char now[24];
     snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
-    /* The servers of the joined members: the part of each user ID after its first ':'. */
-    const char *p[5] = {room_id, event_id, own_server_name(), except_server ? except_server : "",
-                        now};
-    PGresult *res = PQexecParams(
-        c,
-        "SELECT DISTINCT substr(state_key, strpos(state_key, ':') + 1) FROM current_state"
-        " WHERE room_id = $1 AND type = 'm.room.member' AND membership = 'join'"
-        " AND strpos(state_key, ':') > 0",
-        1, NULL, p, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        rt_log(ATRIUM_LOG_ERROR, "federation", "outbound queue: %s", PQerrorMessage(c));
-        PQclear(res);
-        return -1;
-    }
+    PGresult *res = room_servers(c, room_id);
+    if (!res) return -1;
     int rc = 0;
     for (int i = 0; i < PQntuples(res) && rc == 0; i++) {
         const char *dest = PQgetvalue(res, i, 0);
-        if (!*dest || strcmp(dest, p[2]) == 0 || strcmp(dest, p[3]) == 0) continue;
+        if (!*dest || (except_server && strcmp(dest, except_server) == 0)) continue;
         if (fed_state() && !fed_domain_allowed(dest)) continue; /* never sendable */
         const char *q[4] = {dest, room_id, event_id, now};
         if (!exec_ok(c,
@@ -163,6 +167,41 @@ int fed_outbound_enqueue_edu(PGconn *c, const char *destination, const char *edu
                       4, q, NULL);
     free(text);
     return ok ? 0 : -1;
+}
+
+int fed_outbound_enqueue_room_edu(PGconn *c, const char *room_id, const char *edu_type,
+                                  const json_t *content)
+{
+    if (!c || !room_id) return -1;
+    PGresult *res = room_servers(c, room_id);
+    if (!res) return -1;
+    int rc = 0;
+    for (int i = 0; i < PQntuples(res) && rc == 0; i++) {
+        const char *dest = PQgetvalue(res, i, 0);
+        if (fed_state() && !fed_domain_allowed(dest)) continue;
+        rc = fed_outbound_enqueue_edu(c, dest, edu_type, content);
+    }
+    PQclear(res);
+    return rc;
+}
+
+int fed_txn_server_in_room(PGconn *c, const char *room_id, const char *server_name)
+{
+    const char *p[2] = {room_id, server_name};
+    PGresult *res = PQexecParams(c,
+                                 "SELECT 1 FROM current_state WHERE room_id = $1"
+                                 " AND type = 'm.room.member' AND membership = 'join'"
+                                 " AND substr(state_key, strpos(state_key, ':') + 1) = $2"
+                                 " AND strpos(state_key, ':') > 0 LIMIT 1",
+                                 2, NULL, p, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "room membership: %s", PQerrorMessage(c));
+        PQclear(res);
+        return -1;
+    }
+    int in = PQntuples(res) > 0;
+    PQclear(res);
+    return in;
 }
 
 void fed_outbound_kick(void)
@@ -224,10 +263,14 @@ static void txn_answered(void *arg, const fed_response *res)
     if (!ok) {
         if (res->outcome == FED_HTTP_OK) /* an answer, so the transport saw no failure */
             fed_backoff_failure(m->backoff, d->name);
-        rt_log(ATRIUM_LOG_INFO, "federation", "transaction %s to %s not delivered: %s%s%d",
-               d->txn_id, d->name, res->error ? res->error : "",
-               res->outcome == FED_HTTP_OK ? "answered " : " ",
-               res->outcome == FED_HTTP_OK ? res->status : res->outcome);
+        if (res->outcome == FED_HTTP_OK)
+            rt_log(ATRIUM_LOG_INFO, "federation",
+                   "transaction %s to %s not delivered: answered %d; retried after backoff",
+                   d->txn_id, d->name, res->status);
+        else
+            rt_log(ATRIUM_LOG_INFO, "federation",
+                   "transaction %s to %s not delivered: %s; retried after backoff", d->txn_id,
+                   d->name, res->error ? res->error : "no answer");
     }
     pthread_mutex_lock(&o->mu);
     d->answered = true;
@@ -559,6 +602,7 @@ void fed_outbound_free(fed_outbound *o)
     if (!o) return;
     for (out_dest *d = o->dests, *next; d; d = next) {
         next = d->next;
+        rt_keytab_remove(&o->tab, &d->ke);
         dest_free(d);
     }
     rt_keytab_destroy(&o->tab);

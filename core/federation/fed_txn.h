@@ -36,8 +36,15 @@ int fed_outbound_enqueue_pdu(PGconn *c, const char *room_id, const char *event_i
 /* Queue one EDU for one destination, inside the caller's open transaction. 0 or -1. */
 int fed_outbound_enqueue_edu(PGconn *c, const char *destination, const char *edu_type,
                              const json_t *content);
+/* Queue one EDU for every server with a joined member in room_id's current state except
+ * this one (typing, receipts), inside the caller's transaction. 0 or -1. */
+int fed_outbound_enqueue_room_edu(PGconn *c, const char *room_id, const char *edu_type,
+                                  const json_t *content);
 /* After the commit that queued something: wake the sender. Any thread, never blocks. */
 void fed_outbound_kick(void);
+/* Is server_name in room_id: has it a member joined in current state? 1 yes, 0 no, -1 on a
+ * database failure. For EDU handlers: an EDU about a room counts only from a server in it. */
+int fed_txn_server_in_room(PGconn *c, const char *room_id, const char *server_name);
 
 /* ---- inbound ------------------------------------------------------------------------- */
 

@@ -157,7 +157,7 @@ class OutboundQueueTest(FederationTestCase):
                                           {"outcome": "failed"}) or 0) >= 1,
                    what="a failed attempt")
         self.assertEqual(self.queued_rows(), 3)
-        self.a.stop()
+        self.assertEqual(self.a.stop(), 0)  # a clean stop with a destination still queued
         self.a.start()
         self.say("m4", "m5")
         self.assertEqual(self.queued_rows(), 5)

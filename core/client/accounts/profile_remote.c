@@ -40,27 +40,6 @@ static void remote_done(void *arg, const fed_response *res)
     susp_wake(r);
 }
 
-/* Percent-encode s (RFC 3986 unreserved kept) into out. */
-static bool uri_encode(const char *s, char *out, size_t len)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        bool keep = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
-                    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' || *p == '_' || *p == '~';
-        if (o + 4 >= len) return false;
-        if (keep) {
-            out[o++] = (char)*p;
-        } else {
-            out[o++] = '%';
-            out[o++] = hex[*p >> 4];
-            out[o++] = hex[*p & 15];
-        }
-    }
-    out[o] = '\0';
-    return true;
-}
-
 static int answer(atrium_req *r, remote_profile *rp, const char *field)
 {
     if (rp->outcome == FED_REQ_E_NOT_ALLOWED)
@@ -121,7 +100,7 @@ int acc_profile_remote(atrium_req *r, const char *user_id, const char *field)
     if (user_id[0] != '@' || !server || !server[1])
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a user ID");
     char enc[REMOTE_PROFILE_URI_BYTES / 2], uri[REMOTE_PROFILE_URI_BYTES];
-    if (!uri_encode(user_id, enc, sizeof(enc)))
+    if (!fed_uri_encode(user_id, enc, sizeof(enc)))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "The user ID is too long");
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/query/profile?user_id=%s%s%s", enc,
              field ? "&field=" : "", field ? field : "");

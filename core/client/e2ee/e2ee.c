@@ -19,6 +19,7 @@
 #include "core/client/client.h"
 #include "core/client/e2ee/e2ee.h"
 #include "core/client/sync/notifier.h"
+#include "core/federation/fed_txn.h"
 
 static const atrium_migration MIGRATIONS[] = {
     {1, "e2ee_keys_to_device_backup",
@@ -104,6 +105,90 @@ static const atrium_migration MIGRATIONS[] = {
      " PRIMARY KEY (user_id, version, room_id, session_id),"
      " FOREIGN KEY (user_id, version) REFERENCES e2ee_backup_versions (user_id, version)"
      "  ON DELETE CASCADE);"},
+    {2, "e2ee_federation",
+     /* Device lists across servers (e2ee_federation.c). A local user's device-list stream
+      * ID counts that user's announced changes; each change of a device's keys (upload,
+      * delete, also by cascade) or of the display name of a device with keys is queued as
+      * an m.device_list_update EDU for every other server sharing a joined room with the
+      * user, in the transaction that made it (federation_outbound, created by the
+      * "federation" migrations before any request runs). Local users are those with a row
+      * in users; a server's other members never are. */
+     "CREATE TABLE e2ee_device_list_streams ("
+     " user_id text PRIMARY KEY,"
+     " stream_id bigint NOT NULL);"
+     /* Remote users' device lists as their servers announced them: the last stream ID
+      * applied (a prev_id that is not it means a gap: resync), the devices
+      * {device_id: {keys, device_display_name}} and the cross-signing keys. */
+     "CREATE TABLE e2ee_remote_device_lists ("
+     " user_id text PRIMARY KEY,"
+     " stream_id bigint NOT NULL,"
+     " devices text NOT NULL DEFAULT '{}',"
+     " master_key text,"
+     " self_signing_key text,"
+     " updated_ts bigint NOT NULL);"
+     "CREATE FUNCTION e2ee_announce_device(uid text, did text, gone boolean) RETURNS void"
+     " LANGUAGE plpgsql AS $f$"
+     " DECLARE sid bigint; body text;"
+     " BEGIN"
+     "  INSERT INTO e2ee_device_list_streams AS s (user_id, stream_id) VALUES (uid, 1)"
+     "   ON CONFLICT (user_id) DO UPDATE SET stream_id = s.stream_id + 1"
+     "   RETURNING stream_id INTO sid;"
+     "  body := jsonb_strip_nulls(jsonb_build_object('user_id', uid, 'device_id', did,"
+     "   'stream_id', sid,"
+     "   'prev_id', CASE WHEN sid > 1 THEN jsonb_build_array(sid - 1) ELSE '[]'::jsonb END,"
+     "   'deleted', CASE WHEN gone THEN true END,"
+     "   'keys', (SELECT k.key_json::jsonb FROM e2ee_device_keys k"
+     "    WHERE k.user_id = uid AND k.device_id = did AND NOT gone),"
+     "   'device_display_name', (SELECT d.display_name FROM devices d"
+     "    WHERE d.user_id = uid AND d.device_id = did AND NOT gone)))::text;"
+     "  INSERT INTO federation_outbound (destination, kind, edu_type, content, queued_ts)"
+     "   SELECT DISTINCT substr(o.state_key, strpos(o.state_key, ':') + 1), 1,"
+     "    'm.device_list_update', body, (extract(epoch from now()) * 1000)::bigint"
+     "   FROM current_state m JOIN current_state o ON o.room_id = m.room_id"
+     "    AND o.type = 'm.room.member' AND o.membership = 'join'"
+     "   WHERE m.type = 'm.room.member' AND m.state_key = uid AND m.membership = 'join'"
+     "    AND strpos(o.state_key, ':') > 0"
+     "    AND NOT EXISTS (SELECT 1 FROM users u WHERE u.user_id = o.state_key);"
+     " END $f$;"
+     "CREATE FUNCTION e2ee_device_keys_announce() RETURNS trigger LANGUAGE plpgsql AS $f$"
+     " BEGIN"
+     "  IF TG_OP = 'DELETE' THEN PERFORM e2ee_announce_device(OLD.user_id, OLD.device_id, true);"
+     "  ELSE PERFORM e2ee_announce_device(NEW.user_id, NEW.device_id, false); END IF;"
+     "  RETURN NULL;"
+     " END $f$;"
+     "CREATE TRIGGER e2ee_device_keys_announce AFTER INSERT OR UPDATE OR DELETE"
+     " ON e2ee_device_keys FOR EACH ROW EXECUTE FUNCTION e2ee_device_keys_announce();"
+     "CREATE FUNCTION e2ee_device_renamed() RETURNS trigger LANGUAGE plpgsql AS $f$"
+     " BEGIN"
+     "  IF NEW.display_name IS DISTINCT FROM OLD.display_name AND EXISTS (SELECT 1"
+     "   FROM e2ee_device_keys k WHERE k.user_id = NEW.user_id AND k.device_id = NEW.device_id)"
+     "  THEN PERFORM e2ee_announce_device(NEW.user_id, NEW.device_id, false); END IF;"
+     "  RETURN NULL;"
+     " END $f$;"
+     "CREATE TRIGGER e2ee_device_renamed AFTER UPDATE OF display_name ON devices"
+     " FOR EACH ROW EXECUTE FUNCTION e2ee_device_renamed();"
+     /* m.signing_key_update: a local user's master or self-signing key changed. */
+     "CREATE FUNCTION e2ee_signing_keys_announce() RETURNS trigger LANGUAGE plpgsql AS $f$"
+     " DECLARE body text;"
+     " BEGIN"
+     "  IF NEW.key_type NOT IN ('master', 'self_signing') THEN RETURN NULL; END IF;"
+     "  body := jsonb_strip_nulls(jsonb_build_object('user_id', NEW.user_id,"
+     "   'master_key', (SELECT key_json::jsonb FROM e2ee_cross_signing_keys"
+     "    WHERE user_id = NEW.user_id AND key_type = 'master'),"
+     "   'self_signing_key', (SELECT key_json::jsonb FROM e2ee_cross_signing_keys"
+     "    WHERE user_id = NEW.user_id AND key_type = 'self_signing')))::text;"
+     "  INSERT INTO federation_outbound (destination, kind, edu_type, content, queued_ts)"
+     "   SELECT DISTINCT substr(o.state_key, strpos(o.state_key, ':') + 1), 1,"
+     "    'm.signing_key_update', body, (extract(epoch from now()) * 1000)::bigint"
+     "   FROM current_state m JOIN current_state o ON o.room_id = m.room_id"
+     "    AND o.type = 'm.room.member' AND o.membership = 'join'"
+     "   WHERE m.type = 'm.room.member' AND m.state_key = NEW.user_id"
+     "    AND m.membership = 'join' AND strpos(o.state_key, ':') > 0"
+     "    AND NOT EXISTS (SELECT 1 FROM users u WHERE u.user_id = o.state_key);"
+     "  RETURN NULL;"
+     " END $f$;"
+     "CREATE TRIGGER e2ee_signing_keys_announce AFTER INSERT OR UPDATE"
+     " ON e2ee_cross_signing_keys FOR EACH ROW EXECUTE FUNCTION e2ee_signing_keys_announce();"},
 };
 
 /* ---- requests ----------------------------------------------------------------------------- */
@@ -263,6 +348,7 @@ void e2ee_wake_key_change(PGconn *c, const char *user_id)
     }
     for (int i = 0; i < PQntuples(res); i++) notifier_wake_user(PQgetvalue(res, i, 0));
     PQclear(res);
+    fed_outbound_kick(); /* the change may have queued device-list EDUs (e2ee_federation.c) */
 }
 
 /* ---- pure helpers ------------------------------------------------------------------------ */
@@ -364,7 +450,7 @@ static int e2ee_init(core_runtime *rt)
 {
     http_server *s = rt->http;
     if (e2ee_keys_init(s) < 0 || e2ee_query_init(s) < 0 || e2ee_cross_signing_init(s) < 0 ||
-        e2ee_backup_init(s) < 0 || to_device_init(s) < 0)
+        e2ee_backup_init(s) < 0 || to_device_init(s) < 0 || e2ee_federation_init(s) < 0)
         return -1;
     return 0;
 }

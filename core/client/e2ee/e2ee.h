@@ -105,6 +105,39 @@ const char *e2ee_check_device_keys(const json_t *keys, const char *user_id,
 const char *e2ee_check_cross_signing_key(const json_t *key, const char *user_id,
                                          const char *usage, const char **public_key);
 
+/* ---- across servers (e2ee_remote.c, e2ee_federation.c) ------------------------------------ */
+
+/* [req] Ask each server of `bodies` ({server: JSON body}) POST uri at once and park r until
+ * all answered or the timeout (a JSON integer of ms, or NULL: 10 s) passed; the handler then
+ * runs again and calls e2ee_fanout_finish. 0 (return ATRIUM_PARKED), ATRIUM_E_NOMEM, or
+ * ATRIUM_E_STOPPED (answer 503). The fan-out lives in r->plugin_state. */
+typedef struct e2ee_fanout e2ee_fanout;
+int e2ee_fanout_start(atrium_req *r, const char *uri, json_t *bodies, const json_t *timeout);
+/* [req] Has this request a fan-out (the run after e2ee_fanout_start)? */
+bool e2ee_fanout_pending(atrium_req *r);
+/* [req] The servers' 200 answers into answers {server: body} and a failures entry
+ * {server: {status, message}} for each of the others; later answers are dropped. */
+void e2ee_fanout_finish(atrium_req *r, json_t *answers, json_t *failures);
+/* keys/query of server_name's users in req ({user: [device, ...]}) into resp (sections
+ * device_keys, master_keys, self_signing_keys, user_signing_keys present). me: the asking
+ * local user (its user-signing key and signatures are visible to it), NULL for another
+ * server. false on a database failure. */
+bool e2ee_query_local(PGconn *c, const char *server_name, const json_t *req, const char *me,
+                      json_t *resp);
+/* Claim one key of alg from (user, device) into `into`: 1 claimed, 0 none, ATRIUM_E_DB. */
+int e2ee_claim_one(PGconn *c, const char *user, const char *device, const char *alg,
+                   json_t *into);
+/* keys/claim of server_name's users in req ({user: {device: alg}}) into keys. */
+bool e2ee_claim_local(PGconn *c, const char *server_name, const json_t *req, json_t *keys);
+/* Store to-device messages of sender for one local user's devices ({device or "*":
+ * content}) in one statement; adds user to `woken` when something was stored. false on a
+ * database failure. */
+bool to_device_store(PGconn *c, const char *sender, const char *type, const char *user,
+                     const json_t *devices, json_t *woken);
+/* Register the federation routes (user/devices, user/keys/query, user/keys/claim) and the
+ * EDU handlers (m.direct_to_device, m.device_list_update, m.signing_key_update). */
+int e2ee_federation_init(http_server *s);
+
 /* The backup replacement rule: does a backed-up session key with (verified,
  * first_message_index, forwarded_count) = new_* replace the stored old_* one? A verified key
  * beats an unverified one; then the lower first message index (it decrypts more); then the

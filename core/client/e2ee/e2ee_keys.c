@@ -217,8 +217,8 @@ static int post_keys_upload(atrium_req *r)
 
 /* Claim one key of `alg` from (user, device): an unclaimed one-time key, else the fallback
  * key (marked used). Adds "alg:id": key to `into`. 1 claimed, 0 nothing, ATRIUM_E_DB. */
-static int claim_one(PGconn *c, const char *user, const char *device, const char *alg,
-                     json_t *into)
+int e2ee_claim_one(PGconn *c, const char *user, const char *device, const char *alg,
+                   json_t *into)
 {
     const char *p[3] = {user, device, alg};
     PGresult *res = e2ee_sql(
@@ -252,22 +252,41 @@ static int claim_one(PGconn *c, const char *user, const char *device, const char
     return got;
 }
 
-/* failures[server] for a user on another server: federation is not here yet. */
-static void remote_failure(json_t *failures, const char *user_id)
-{
-    const char *domain = e2ee_user_domain(user_id);
-    if (json_object_get(failures, domain)) return;
-    json_object_set_new(failures, domain,
-                        json_pack("{s:i, s:s}", "status", 503, "message",
-                                  "Federation is not available on this server"));
-}
-
 static bool is_algorithm(const json_t *v)
 {
     return json_is_string(v) && e2ee_id_ok(json_string_value(v));
 }
 
-/* POST /_matrix/client/v3/keys/claim */
+/* Claim the keys of `req` ({user: {device: algorithm}}) of this server's users into keys
+ * ({user: {device: {key_id: key}}}). false on a database failure. */
+bool e2ee_claim_local(PGconn *c, const char *server_name, const json_t *req, json_t *keys)
+{
+    const char *user;
+    json_t *devices;
+    json_object_foreach((json_t *)req, user, devices) {
+        if (user[0] != '@' || strcmp(e2ee_user_domain(user), server_name) != 0) continue;
+        json_t *per_user = json_object();
+        const char *device;
+        json_t *alg;
+        bool ok = true;
+        json_object_foreach(devices, device, alg) {
+            if (!json_is_string(alg)) continue;
+            json_t *per_device = json_object();
+            int got = e2ee_claim_one(c, user, device, json_string_value(alg), per_device);
+            if (got < 0) ok = false;
+            if (got > 0) json_object_set(per_user, device, per_device);
+            json_decref(per_device);
+            if (!ok) break;
+        }
+        if (json_object_size(per_user)) json_object_set(keys, user, per_user);
+        json_decref(per_user);
+        if (!ok) return false;
+    }
+    return true;
+}
+
+/* POST /_matrix/client/v3/keys/claim: keys of local users claimed here, of other servers'
+ * users claimed from their servers at once, parked (e2ee_remote.c). */
 static int post_keys_claim(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
@@ -281,32 +300,51 @@ static int post_keys_claim(atrium_req *r)
     if (timeout && !json_is_integer(timeout))
         return http_respond_error(r, 400, "M_BAD_JSON", "timeout must be an integer");
 
-    PGconn *c = e2ee_db(r);
-    if (!c) return ATRIUM_DONE;
     json_t *keys = json_object(), *failures = json_object();
-    bool ok = true;
-    const char *user;
-    json_t *devices;
-    json_object_foreach((json_t *)req, user, devices) {
-        if (!e2ee_user_is_local(r, user)) {
-            remote_failure(failures, user);
-            continue;
+    if (!e2ee_fanout_pending(r)) {
+        json_t *bodies = json_object();
+        const char *user;
+        json_t *devices;
+        json_object_foreach((json_t *)req, user, devices) {
+            if (e2ee_user_is_local(r, user) || !*e2ee_user_domain(user)) continue;
+            const char *server = e2ee_user_domain(user);
+            json_t *b = json_object_get(bodies, server);
+            if (!b) json_object_set_new(bodies, server, b = json_pack("{s:{}}", "one_time_keys"));
+            json_object_set(json_object_get(b, "one_time_keys"), user, devices);
         }
-        json_t *per_user = json_object();
-        const char *device;
-        json_t *alg;
-        json_object_foreach(devices, device, alg) {
-            json_t *per_device = json_object();
-            int got = claim_one(c, user, device, json_string_value(alg), per_device);
-            if (got < 0) ok = false;
-            if (got > 0) json_object_set(per_user, device, per_device);
-            json_decref(per_device);
-            if (!ok) break;
+        int rc = json_object_size(bodies) == 0
+                     ? 1
+                     : e2ee_fanout_start(r, "/_matrix/federation/v1/user/keys/claim", bodies,
+                                         timeout);
+        json_decref(bodies);
+        if (rc <= 0) {
+            json_decref(keys);
+            json_decref(failures);
+            return rc == 0 ? ATRIUM_PARKED
+                           : http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
         }
-        if (json_object_size(per_user)) json_object_set(keys, user, per_user);
-        json_decref(per_user);
-        if (!ok) break;
+    } else {
+        json_t *answers = json_object();
+        e2ee_fanout_finish(r, answers, failures);
+        const char *server;
+        json_t *answer;
+        json_object_foreach(answers, server, answer) {
+            const char *user;
+            json_t *v;
+            json_object_foreach(json_object_get(answer, "one_time_keys"), user, v) {
+                if (json_is_object(v) && strcmp(e2ee_user_domain(user), server) == 0)
+                    json_object_set(keys, user, v);
+            }
+        }
+        json_decref(answers);
     }
+    PGconn *c = e2ee_db(r);
+    if (!c) {
+        json_decref(keys);
+        json_decref(failures);
+        return ATRIUM_DONE;
+    }
+    bool ok = e2ee_claim_local(c, r->srv->cfg->server_name, req, keys);
     if (ok)
         http_respond_json(r, 200, json_pack("{s:o, s:o}", "one_time_keys", keys, "failures",
                                             failures));

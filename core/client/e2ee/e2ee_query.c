@@ -7,8 +7,9 @@
  * later through keys/signatures/upload merged in. Owns the visibility rule for those
  * signatures (visible_signature_sql): a user's signatures on their own keys are visible to
  * everyone; a signature on another user's keys (a user-signing signature) only to its
- * signer, as is the user-signing key itself. Users on other servers are reported in
- * `failures` (there is no federation yet).
+ * signer, as is the user-signing key itself. Users on other servers are asked of their
+ * servers (e2ee_remote.c); e2ee_query_local answers both this server's clients and other
+ * servers (/_matrix/federation/v1/user/keys/query, e2ee_federation.c).
  *
  * keys/changes and device_lists report, for a window of stream positions, the users whose
  * keys the client must fetch again (changed_sql: among those who hear of each other's key
@@ -178,7 +179,51 @@ static const char *check_query(const json_t *req)
     return NULL;
 }
 
-/* POST /_matrix/client/v3/keys/query */
+bool e2ee_query_local(PGconn *c, const char *server_name, const json_t *req, const char *me,
+                      json_t *resp)
+{
+    json_t *local = json_array();
+    const char *user;
+    json_t *devices;
+    json_object_foreach((json_t *)req, user, devices) {
+        if (user[0] != '@' || strcmp(e2ee_user_domain(user), server_name) != 0) continue;
+        json_array_append_new(local, json_string(user));
+        json_object_set_new(json_object_get(resp, "device_keys"), user, json_object());
+    }
+    char *users = json_dumps(local, JSON_COMPACT);
+    json_decref(local);
+    if (!users) return false;
+    bool ok = query_device_keys(c, users, req, resp) &&
+              query_cross_signing_keys(c, users, me ? me : "", resp) &&
+              query_signatures(c, users, me ? me : "", resp);
+    free(users);
+    return ok;
+}
+
+/* Put what each server answered about its own users into resp (the sections a server may
+ * answer with; a user of another server in its answer is ignored). */
+static void merge_remote(json_t *resp, const json_t *answers)
+{
+    static const char *const sections[] = {"device_keys", "master_keys", "self_signing_keys"};
+    const char *server;
+    json_t *answer;
+    json_object_foreach((json_t *)answers, server, answer) {
+        for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++) {
+            json_t *sec = json_object_get(answer, sections[i]);
+            if (!json_is_object(sec)) continue;
+            const char *user;
+            json_t *v;
+            json_object_foreach(sec, user, v) {
+                if (json_is_object(v) && strcmp(e2ee_user_domain(user), server) == 0)
+                    json_object_set(json_object_get(resp, sections[i]), user, v);
+            }
+        }
+    }
+}
+
+/* POST /_matrix/client/v3/keys/query: local users from the database, users of other
+ * servers from their servers at once, parked until all answered or the timeout passed
+ * (e2ee_remote.c); failures per server that did not answer. */
 static int post_keys_query(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
@@ -193,36 +238,45 @@ static int post_keys_query(atrium_req *r)
 
     json_t *resp = json_pack("{s:{}, s:{}, s:{}, s:{}, s:{}}", "device_keys", "failures",
                              "master_keys", "self_signing_keys", "user_signing_keys");
-    json_t *local = json_array();
-    const char *user;
-    json_t *devices;
-    json_object_foreach((json_t *)req, user, devices) {
-        if (e2ee_user_is_local(r, user)) {
-            json_array_append_new(local, json_string(user));
-            json_object_set_new(json_object_get(resp, "device_keys"), user, json_object());
-        } else if (!json_object_get(json_object_get(resp, "failures"), e2ee_user_domain(user))) {
-            json_object_set_new(json_object_get(resp, "failures"), e2ee_user_domain(user),
-                                json_pack("{s:i, s:s}", "status", 503, "message",
-                                          "Federation is not available on this server"));
+    if (!e2ee_fanout_pending(r)) {
+        /* First run: ask the other servers, one body per server. */
+        json_t *bodies = json_object();
+        const char *user;
+        json_t *devices;
+        json_object_foreach((json_t *)req, user, devices) {
+            if (e2ee_user_is_local(r, user)) continue;
+            const char *server = e2ee_user_domain(user);
+            if (!*server) continue;
+            json_t *b = json_object_get(bodies, server);
+            if (!b) json_object_set_new(bodies, server, b = json_pack("{s:{}}", "device_keys"));
+            json_object_set(json_object_get(b, "device_keys"), user, devices);
         }
-    }
-    char *users = json_dumps(local, JSON_COMPACT);
-    json_decref(local);
-    if (!users) {
-        json_decref(resp);
-        return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+        int rc = json_object_size(bodies) == 0
+                     ? 1
+                     : e2ee_fanout_start(r, "/_matrix/federation/v1/user/keys/query", bodies,
+                                         timeout);
+        json_decref(bodies);
+        if (rc == 0) {
+            json_decref(resp);
+            return ATRIUM_PARKED;
+        }
+        if (rc < 0) {
+            json_decref(resp);
+            return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+        }
+    } else {
+        json_t *answers = json_object();
+        e2ee_fanout_finish(r, answers, json_object_get(resp, "failures"));
+        merge_remote(resp, answers);
+        json_decref(answers);
     }
     PGconn *c = e2ee_db(r);
     if (!c) {
-        free(users);
         json_decref(resp);
         return ATRIUM_DONE;
     }
-    bool ok = query_device_keys(c, users, req, resp) &&
-              query_cross_signing_keys(c, users, r->user, resp) &&
-              query_signatures(c, users, r->user, resp);
+    bool ok = e2ee_query_local(c, r->srv->cfg->server_name, req, r->user, resp);
     e2ee_db_done(c);
-    free(users);
     if (!ok) {
         json_decref(resp);
         return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");

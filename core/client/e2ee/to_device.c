@@ -14,8 +14,9 @@
  * the client has acknowledged it. So a lost response is delivered again, a message whose
  * position was taken before a concurrent sync read the stream is not skipped, and a backlog
  * larger than one response drains over the following syncs. Messages for users on other
- * servers are dropped (no federation yet); for unknown devices they are dropped, as the
- * spec allows.
+ * servers go out as one m.direct_to_device EDU per server, queued in the same transaction;
+ * those other servers send us are stored by e2ee_federation.c through to_device_store.
+ * Messages for unknown devices are dropped, as the spec allows.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 #include "core/client/e2ee/e2ee.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
+#include "core/federation/fed_txn.h"
 
 #define TO_DEVICE_MAX_MESSAGES 10000 /* (user, device) entries per sendToDevice request */
 #define TO_DEVICE_SYNC_LIMIT 100     /* messages per sync response */
@@ -38,14 +40,12 @@ static bool is_content(const json_t *v)
     return json_is_object(v);
 }
 
-/* Store the messages for one user's devices ({device or "*": content}) in one statement;
- * adds user to `woken` when something was stored. true, or false on a DB failure. */
-static bool store_messages(PGconn *c, atrium_req *r, const char *type, const char *user,
-                           const json_t *devices, json_t *woken)
+bool to_device_store(PGconn *c, const char *sender, const char *type, const char *user,
+                     const json_t *devices, json_t *woken)
 {
     char *text = json_dumps(devices, JSON_COMPACT);
     if (!text) return false;
-    const char *p[4] = {user, r->user, type, text};
+    const char *p[4] = {user, sender, type, text};
     PGresult *res = e2ee_sql(
         c, PGRES_COMMAND_OK,
         "INSERT INTO to_device_messages (user_id, device_id, stream_pos, sender, event_type,"
@@ -59,6 +59,12 @@ static bool store_messages(PGconn *c, atrium_req *r, const char *type, const cha
     if (atoll(PQcmdTuples(res)) > 0) json_object_set_new(woken, user, json_true());
     PQclear(res);
     return true;
+}
+
+static bool store_messages_local(PGconn *c, atrium_req *r, const char *type, const char *user,
+                                 const json_t *devices, json_t *woken)
+{
+    return to_device_store(c, r->user, type, user, devices, woken);
 }
 
 /* PUT /_matrix/client/v3/sendToDevice/{eventType}/{txnId} */
@@ -102,25 +108,43 @@ static int put_send_to_device(atrium_req *r)
         first = ok && atoll(PQcmdTuples(res)) == 1; /* else: a retry, already stored */
         PQclear(res);
     }
-    json_t *woken = json_object();
+    json_t *woken = json_object(), *remote = json_object();
     const char *user;
     json_t *devices;
     if (first) {
         json_object_foreach((json_t *)messages, user, devices) {
             if (!e2ee_user_is_local(r, user)) {
-                rt_log(ATRIUM_LOG_DEBUG, "e2ee", "to-device message for %s dropped: no federation",
-                       user);
+                const char *server = e2ee_user_domain(user);
+                if (!*server) continue;
+                json_t *m = json_object_get(remote, server);
+                if (!m) json_object_set_new(remote, server, m = json_object());
+                json_object_set(m, user, devices);
                 continue;
             }
-            ok = store_messages(c, r, type, user, devices, woken);
+            ok = store_messages_local(c, r, type, user, devices, woken);
             if (!ok) break;
         }
     }
+    /* Users of other servers: one m.direct_to_device EDU per server, queued in this
+     * transaction (the outbound queue delivers it, core/federation/fed_txn.h). */
+    const char *server;
+    json_t *m;
+    json_object_foreach(remote, server, m) {
+        if (!ok) break;
+        json_t *edu = json_pack("{s:s,s:s,s:s,s:O}", "sender", r->user, "type", type,
+                                "message_id", rt_arena_printf(r->arena, "%s/%s", r->device, txn),
+                                "messages", m);
+        ok = edu && fed_outbound_enqueue_edu(c, server, "m.direct_to_device", edu) == 0;
+        json_decref(edu);
+    }
+    bool queued = json_object_size(remote) > 0;
+    json_decref(remote);
     if (!ok || !e2ee_commit(c)) {
         e2ee_db_failed(r, c, true);
     } else {
         json_t *unused;
         json_object_foreach(woken, user, unused) notifier_wake_user(user);
+        if (queued) fed_outbound_kick();
         http_respond_json(r, 200, json_object());
     }
     json_decref(woken);

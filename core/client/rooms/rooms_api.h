@@ -202,6 +202,13 @@ int rooms_typing_start(void);
 void rooms_typing_stop(void);
 /* A typing notice of this process runs out at wall_ms: the reaper wakes then. Any thread. */
 void rooms_typing_expires_at(int64_t wall_ms);
+/* Typing and receipts across servers (rooms_edus.c): queue a local user's notice for the
+ * room's other servers (after it was stored on c; failures are logged, the local notice
+ * stands), and register the handlers of other servers' notices (at init; 0 or -1). */
+void rooms_edu_typing(PGconn *c, const char *room_id, const char *user_id, bool typing);
+void rooms_edu_receipt(PGconn *c, const char *room_id, const char *user_id,
+                       const char *event_id, const char *ts, const char *thread_id);
+int rooms_edus_init(void);
 
 
 #endif

@@ -6,7 +6,8 @@
  * Each is a row with a stream position (stream_next()) that /sync reports in the room's
  * `ephemeral` (receipts, typing) or `account_data` (m.fully_read) once it is newer than the
  * client's token; after the commit the room's members are woken (only the user for private
- * receipts and read markers). Only joined members may send them. Typing lasts at most
+ * receipts and read markers). Public receipts and typing also go to the room's other
+ * servers (rooms_edus.c). Only joined members may send them. Typing lasts at most
  * TYPING_MAX_TIMEOUT_MS; when it runs out, the typing reaper (rooms_typing.c) reports it.
  */
 #include <stdio.h>
@@ -111,6 +112,9 @@ static int post_receipt(atrium_req *r)
     if (ok) {
         if (strcmp(type, "m.read") == 0) notifier_wake_room(c, room);
         else notifier_wake_user(user);
+        if (strcmp(type, "m.read") == 0) /* public: the room's other servers hear of it */
+            rooms_edu_receipt(c, room, user, event_id, rooms_i64(r, rooms_wall_ms()),
+                              thread ? thread : "");
     }
     rooms_db_release(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -152,6 +156,7 @@ static int post_read_markers(atrium_req *r)
     if (!ok) PQclear(PQexec(c, "ROLLBACK"));
     if (ok && read) notifier_wake_room(c, room);
     else if (ok) notifier_wake_user(user);
+    if (ok && read) rooms_edu_receipt(c, room, user, read, ts, "");
     rooms_db_release(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     return http_respond_json(r, 200, json_object());
@@ -188,6 +193,7 @@ static int put_typing(atrium_req *r)
                          " DO UPDATE SET expires_ts = EXCLUDED.expires_ts, stream_pos = EXCLUDED.stream_pos",
                          3, p);
     if (ok) notifier_wake_room(c, room);
+    if (ok) rooms_edu_typing(c, room, user, json_is_true(typing));
     rooms_db_release(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (json_is_true(typing)) rooms_typing_expires_at(atoll(p[2]));
