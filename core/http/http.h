@@ -283,13 +283,16 @@ bool http_addr_in_list(const char *addr, const char **list, size_t n);
 
 /* ---- responses ---------------------------------------------------------------------- */
 
-/* Build (not queue) a Matrix error response with CORS and no-store headers. */
+/* Build (not queue) a Matrix error response with the no-store header (CORS comes when it
+ * is queued). */
 struct MHD_Response *http_error_response(int status, const char *errcode, const char *msg,
                                          int64_t retry_after_ms);
 /* Set r's response (replacing any). */
 void http_set_response(atrium_req *r, int status, struct MHD_Response *resp);
-/* Add CORS headers and r's custom headers to r->response. */
+/* Add r's custom headers to r->response. */
 void http_finalize_response(atrium_req *r);
+/* Add the CORS headers unless resp has them already; called once, by the function that
+ * queues every response (server.c). */
 void http_add_cors(struct MHD_Response *resp);
 int http_respond_error(atrium_req *r, int status, const char *errcode, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
