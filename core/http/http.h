@@ -25,6 +25,7 @@ typedef struct router router;
 typedef struct route_entry {
     atrium_route route;
     const char *owner;  /* "core" or the plugin's name */
+    const char *path;   /* the template, owned (route.path points here) */
     size_t n_segs;
     const char **segs;  /* literal text, or NULL for a {param} segment */
     const char **names; /* param name per segment, or NULL */
@@ -33,7 +34,8 @@ typedef struct route_entry {
 
 router *router_new(void);
 void router_free(router *rt);
-/* 0, or ATRIUM_E_EXISTS / ATRIUM_E_INVAL with err naming both owners / the problem. */
+/* 0, or ATRIUM_E_EXISTS / ATRIUM_E_INVAL with err naming both owners / the problem. A
+ * /_matrix/client/v3/ or /_matrix/media/v3/ route is also added under r0 (router_r0_twin). */
 int router_add(router *rt, const atrium_route *route, const char *owner, char *err,
                size_t errlen);
 /* Match method + raw (still percent-encoded) path. Segments are percent-decoded after
@@ -43,6 +45,9 @@ int router_add(router *rt, const atrium_route *route, const char *owner, char *e
 const route_entry *router_match(const router *rt, const char *method, const char *raw_path,
                                 rt_arena *arena, const char ***names, const char ***values,
                                 size_t *n, bool *wrong_method);
+/* The r0 path serving the same endpoint as the v3 template `path` (written to out): true
+ * when r0.6.1 had the endpoint, false for other prefixes and endpoints newer than r0. */
+bool router_r0_twin(const char *path, char *out, size_t outlen);
 /* Percent-decode in place; returns false on a malformed escape or an embedded NUL. */
 bool http_percent_decode(char *s);
 
