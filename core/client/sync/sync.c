@@ -61,6 +61,16 @@ static bool apply_filter(sync_ctx *s, const json_t *filter, char *why, size_t le
     room_filter st;
     if (!rooms_filter_parse(s->r->arena, state, &st, why, len)) return false;
     s->lazy_members = st.lazy_load_members || s->timeline.lazy_load_members;
+    s->state_filter = json_is_object(state) ? state : NULL;
+    json_t *format = json_object_get(filter, "event_format");
+    if (format && (!json_is_string(format) ||
+                   (strcmp(json_string_value(format), "client") != 0 &&
+                    strcmp(json_string_value(format), "federation") != 0))) {
+        snprintf(why, len, "'event_format' must be client or federation");
+        return false;
+    }
+    /* The federation format names the room in every event. */
+    s->view.with_room_id = format && strcmp(json_string_value(format), "federation") == 0;
     if (s->timeline.limit >= 0)
         s->timeline_limit = s->timeline.limit > SYNC_MAX_TIMELINE_LIMIT ? SYNC_MAX_TIMELINE_LIMIT
                                                                          : s->timeline.limit;
