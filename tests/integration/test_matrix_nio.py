@@ -31,7 +31,8 @@ PASSWORD = "correct horse battery staple"
 
 class MatrixNioTest(AtriumTestCase):
     def setUp(self):
-        self.srv = media_server(self, media={"legacy_media": True})
+        self.srv = media_server(self, media={"legacy_media": True},
+                                settings={"presence": {"enabled": True}})
         self.base = f"http://127.0.0.1:{self.srv.port}"
 
     def run_async(self, coro):

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
+#include "core/client/presence/presence.h"
 #include "core/client/ratelimits.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
@@ -160,6 +161,11 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms)
         return false;
     }
     s->full_state = full && strcmp(full, "true") == 0;
+    if (!presence_sync_value_ok(http_req_query(r, "set_presence"))) {
+        http_respond_error(r, 400, "M_INVALID_PARAM",
+                           "'set_presence' must be online, unavailable or offline");
+        return false;
+    }
     return true;
 }
 
@@ -222,7 +228,8 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
         json_object_set_new(resp, "device_lists", json_pack("{s:[], s:[]}", "changed", "left"));
     if (!json_object_get(resp, "device_one_time_keys_count"))
         json_object_set_new(resp, "device_one_time_keys_count", json_object());
-    json_object_set_new(resp, "presence", json_pack("{s:[]}", "events"));
+    if (!json_object_get(resp, "presence"))
+        json_object_set_new(resp, "presence", json_pack("{s:[]}", "events"));
     json_object_set_new(resp, "next_batch", json_string(rooms_token(s->r, s->upto)));
     return resp;
 }
@@ -260,6 +267,11 @@ static int sync_get(atrium_req *r)
         rooms_db_release(s.c);
         return ATRIUM_DONE;
     }
+    /* The mark the sync leaves on the user's presence: once per request, before `upto` is
+     * read so a change is in this very window. */
+    if (r->run_reason == ATRIUM_RUN_FIRST &&
+        presence_sync_mark(s.c, user, http_req_query(r, "set_presence")) < 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "[req %s] could not record %s's presence", r->id, user);
     s.upto = stream_upto(s.c);
     if (s.since > s.upto) s.since = s.upto; /* a token from a newer database: start there */
     bool has_new = false;
