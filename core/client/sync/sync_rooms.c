@@ -453,18 +453,30 @@ static int unread_counts(sync_ctx *s, const char *room_id, json_t *room)
 static int summary(sync_ctx *s, const char *room_id, json_t *room)
 {
     const char *p[3] = {room_id, s->user, i64s(s, SYNC_MAX_HEROES)};
+    /* Heroes (the spec's rule): the first SYNC_MAX_HEROES other members by the stream
+     * order of their membership, joined or invited ones; when there are none, those who
+     * left or were banned. */
+#define HEROES_SQL(memberships)                                                            \
+    "(SELECT coalesce(json_agg(h.state_key ORDER BY h.pos), '[]')::text FROM"               \
+    "  (SELECT cs.state_key, e.stream_pos AS pos FROM current_state cs"                    \
+    "   JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = $1"                  \
+    "   AND cs.type = 'm.room.member' AND cs.membership IN " memberships                   \
+    "   AND cs.state_key <> $2 ORDER BY e.stream_pos LIMIT $3) h)"
     PGresult *res = rooms_q(s->c,
                             "SELECT count(*) FILTER (WHERE membership = 'join'),"
                             " count(*) FILTER (WHERE membership = 'invite'),"
-                            " (SELECT coalesce(json_agg(h.state_key), '[]')::text FROM"
-                            "  (SELECT state_key FROM current_state WHERE room_id = $1"
-                            "   AND type = 'm.room.member' AND membership IN ('join', 'invite')"
-                            "   AND state_key <> $2 ORDER BY state_key LIMIT $3) h)"
+                            " " HEROES_SQL("('join', 'invite')") ","
+                            " " HEROES_SQL("('leave', 'ban')")
                             " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
                             " AND membership IN ('join', 'invite')",
                             3, p, NULL);
+#undef HEROES_SQL
     if (!res) return ROOMS_E_DB;
     json_t *heroes = json_loads(PQgetvalue(res, 0, 2), 0, NULL);
+    if (json_array_size(heroes) == 0) {
+        json_decref(heroes);
+        heroes = json_loads(PQgetvalue(res, 0, 3), 0, NULL);
+    }
     json_object_set_new(room, "summary",
                         json_pack("{s:o, s:I, s:I}", "m.heroes", heroes ? heroes : json_array(),
                                   "m.joined_member_count", (json_int_t)atoll(PQgetvalue(res, 0, 0)),
