@@ -8,12 +8,14 @@ extern const client_module ACCOUNTS_MODULE;
 extern const client_module ROOMS_MODULE;
 extern const client_module SYNC_MODULE;
 extern const client_module E2EE_MODULE;
+extern const client_module PRESENCE_MODULE;
 
 const client_module *const CLIENT_MODULES[] = {
     &ACCOUNTS_MODULE,
     &ROOMS_MODULE, /* after accounts: reads profiles, writes account_data */
     &SYNC_MODULE,
     &E2EE_MODULE, /* after accounts: its tables reference users and devices */
+    &PRESENCE_MODULE, /* after accounts and rooms: reads users and room members */
     NULL,
 };
 

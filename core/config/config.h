@@ -222,6 +222,9 @@ struct core_config {
         } registration, login, message, sync; /* ratelimit.register.*, .login.*,
                                                  .message.*, .sync.* */
     } ratelimit;
+    struct {
+        bool enabled; /* presence.enabled (default true) */
+    } presence;
     struct core_federation {
         /* federation.signing_key_path: "" = "<server_name>.signing.key" beside the config
          * file; relative paths are relative to the config file's directory. */

@@ -166,6 +166,10 @@ const struct cfg_setting CORE_SETTINGS[] = {
     RATE_ROWS("sync", sync, 1200, 100,
               "Sync requests per user (a parked sync that wakes is not counted again)"),
 
+    BOOL_ROW("presence.enabled", presence.enabled, true,
+             "Track and share presence (online, unavailable, offline): /presence and /sync's "
+             "presence; off, every user reads as offline and nothing is stored."),
+
     {.path = "rooms.default_version", .type = CFG_T_STRING, .flags = CFG_F_NONEMPTY,
      .offset = FIELD(rooms.default_version), .def_string = "10",
      .help = "Room version of new rooms when createRoom names none (\"1\" to \"11\"; "
@@ -265,6 +269,7 @@ static const struct cfg_section CORE_SECTIONS[] = {
     {"registration", "Accounts."},
     {"ratelimit", "Per-client rate limits: a token bucket per client (address before login, "
                   "user after) and action."},
+    {"presence", "Presence: whether users are online, shared with those they share a room with."},
     {"rooms", "Rooms."},
     {"server.federation", "The federation listener: other servers and key look-ups (TLS)."},
     {"federation", "Federation: talking to other Matrix servers (README.md, Federation)."},

@@ -25,6 +25,7 @@ typedef struct router router;
 typedef struct route_entry {
     atrium_route route;
     const char *owner;  /* "core" or the plugin's name */
+    const char *path;   /* the template, owned (route.path points here) */
     size_t n_segs;
     const char **segs;  /* literal text, or NULL for a {param} segment */
     const char **names; /* param name per segment, or NULL */
@@ -33,7 +34,8 @@ typedef struct route_entry {
 
 router *router_new(void);
 void router_free(router *rt);
-/* 0, or ATRIUM_E_EXISTS / ATRIUM_E_INVAL with err naming both owners / the problem. */
+/* 0, or ATRIUM_E_EXISTS / ATRIUM_E_INVAL with err naming both owners / the problem. A
+ * /_matrix/client/v3/ or /_matrix/media/v3/ route is also added under r0 (router_r0_twin). */
 int router_add(router *rt, const atrium_route *route, const char *owner, char *err,
                size_t errlen);
 /* Match method + raw (still percent-encoded) path. Segments are percent-decoded after
@@ -43,6 +45,9 @@ int router_add(router *rt, const atrium_route *route, const char *owner, char *e
 const route_entry *router_match(const router *rt, const char *method, const char *raw_path,
                                 rt_arena *arena, const char ***names, const char ***values,
                                 size_t *n, bool *wrong_method);
+/* The r0 path serving the same endpoint as the v3 template `path` (written to out): true
+ * when r0.6.1 had the endpoint, false for other prefixes and endpoints newer than r0. */
+bool router_r0_twin(const char *path, char *out, size_t outlen);
 /* Percent-decode in place; returns false on a malformed escape or an embedded NUL. */
 bool http_percent_decode(char *s);
 
@@ -283,13 +288,16 @@ bool http_addr_in_list(const char *addr, const char **list, size_t n);
 
 /* ---- responses ---------------------------------------------------------------------- */
 
-/* Build (not queue) a Matrix error response with CORS and no-store headers. */
+/* Build (not queue) a Matrix error response with the no-store header (CORS comes when it
+ * is queued). */
 struct MHD_Response *http_error_response(int status, const char *errcode, const char *msg,
                                          int64_t retry_after_ms);
 /* Set r's response (replacing any). */
 void http_set_response(atrium_req *r, int status, struct MHD_Response *resp);
-/* Add CORS headers and r's custom headers to r->response. */
+/* Add r's custom headers to r->response. */
 void http_finalize_response(atrium_req *r);
+/* Add the CORS headers unless resp has them already; called once, by the function that
+ * queues every response (server.c). */
 void http_add_cors(struct MHD_Response *resp);
 int http_respond_error(atrium_req *r, int status, const char *errcode, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -2,6 +2,12 @@
  * core/http/response.c - building responses: JSON, bytes, files, streams and Matrix errors,
  * with the headers every response carries (CORS) and every failure carries (no-store).
  *
+ * CORS headers are added in one place only, http_add_cors, which core/http/server.c calls
+ * on every response right before MHD_queue_response (whoever built it: a handler, the
+ * router's 404, a deadline's 504). Nothing else adds them: libmicrohttpd appends a header
+ * each time it is added, and a browser refuses a response whose Access-Control-Allow-Origin
+ * appears twice.
+ *
  * Responses are built here on whichever thread owns the request and queued by
  * core/http/server.c on the request-pool thread that owns the connection: a pool thread
  * never calls MHD_queue_response (deprecated on suspended connections); it stores the
@@ -19,6 +25,9 @@
 
 void http_add_cors(struct MHD_Response *resp)
 {
+    /* Idempotent: a response object queued again (or built by a plugin that set them
+     * itself) keeps one copy. */
+    if (MHD_get_response_header(resp, "Access-Control-Allow-Origin")) return;
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
     MHD_add_response_header(resp, "Access-Control-Allow-Methods",
                             "GET, HEAD, POST, PUT, DELETE, OPTIONS");
@@ -51,7 +60,6 @@ struct MHD_Response *http_error_response(int status, const char *errcode, const 
     if (retry_after_ms > 0) json_object_set_new(body, "retry_after_ms", json_integer(retry_after_ms));
     struct MHD_Response *resp = json_response(body);
     if (!resp) return NULL;
-    http_add_cors(resp);
     MHD_add_response_header(resp, "Cache-Control", "no-store");
     if (retry_after_ms > 0 || status == 503) {
         char secs[32];
@@ -73,7 +81,6 @@ void http_set_response(atrium_req *r, int status, struct MHD_Response *resp)
 void http_finalize_response(atrium_req *r)
 {
     if (!r->response) return;
-    http_add_cors(r->response);
     /* Custom headers were prepended; add them oldest first. */
     http_out_header *rev = NULL;
     for (http_out_header *h = r->out_headers; h;) {

@@ -8,6 +8,12 @@
  * alias never creates a new segment. When several templates match, the one with more
  * literal segments wins (/rooms/{id}/members beats /rooms/{id}/{type}). The router
  * knows nothing of 404/405 answers: it reports "no match" and "wrong method".
+ *
+ * Legacy prefixes are one rule here, router_r0_twin: a route registered under
+ * /_matrix/client/v3/ or /_matrix/media/v3/ is also served, by the same handler, under the
+ * r0 prefix its endpoint had in spec r0.6.1 (clients such as matrix-nio still use it), unless
+ * the endpoint is newer than r0 (R0_ABSENT). Whoever registers a v3 route, core or plugin,
+ * gets the twin; nobody registers r0 paths by hand.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +21,26 @@
 #include "core/http/http.h"
 
 #define ROUTER_MAX_SEGMENTS 32
+#define ROUTER_MAX_PATH_BYTES 512
+
+/* Versioned prefixes whose endpoints r0.6.1 also had under r0. */
+static const struct {
+    const char *v3, *r0;
+} R0_PREFIXES[] = {
+    {"/_matrix/client/v3/", "/_matrix/client/r0/"},
+    {"/_matrix/media/v3/", "/_matrix/media/r0/"},
+};
+
+/* v3 endpoints that did not exist in r0.6.1 (added in v1.1 and later), as registered. */
+static const char *const R0_ABSENT[] = {
+    "/_matrix/client/v3/keys/device_signing/upload", /* cross-signing, v1.1 */
+    "/_matrix/client/v3/keys/signatures/upload",     /* cross-signing, v1.1 */
+    "/_matrix/client/v3/knock/{roomIdOrAlias}",      /* v1.1 */
+    "/_matrix/client/v3/rooms/{roomId}/knock",       /* v1.1 */
+    "/_matrix/client/v3/refresh",                    /* v1.3 */
+    "/_matrix/client/v3/login/get_token",            /* v1.7 */
+    "/_matrix/media/v3/upload/{serverName}/{mediaId}", /* asynchronous upload, v1.7 */
+};
 
 struct router {
     route_entry *entries;
@@ -38,6 +64,7 @@ void router_free(router *rt)
         free(e->segs);
         free(e->names);
         free((void *)e->owner);
+        free((void *)e->path);
     }
     free(rt->entries);
     free(rt);
@@ -93,8 +120,35 @@ static bool same_shape(const route_entry *a, const route_entry *b)
     return true;
 }
 
+bool router_r0_twin(const char *path, char *out, size_t outlen)
+{
+    for (size_t i = 0; i < sizeof(R0_ABSENT) / sizeof(R0_ABSENT[0]); i++)
+        if (strcmp(path, R0_ABSENT[i]) == 0) return false;
+    for (size_t i = 0; i < sizeof(R0_PREFIXES) / sizeof(R0_PREFIXES[0]); i++) {
+        size_t n = strlen(R0_PREFIXES[i].v3);
+        if (strncmp(path, R0_PREFIXES[i].v3, n) != 0) continue;
+        int len = snprintf(out, outlen, "%s%s", R0_PREFIXES[i].r0, path + n);
+        return len > 0 && (size_t)len < outlen;
+    }
+    return false;
+}
+
+static int add_one(router *rt, const atrium_route *route, const char *owner, char *err,
+                   size_t errlen);
+
 int router_add(router *rt, const atrium_route *route, const char *owner, char *err,
                size_t errlen)
+{
+    int rc = add_one(rt, route, owner, err, errlen);
+    char twin[ROUTER_MAX_PATH_BYTES];
+    if (rc < 0 || !router_r0_twin(route->path, twin, sizeof(twin))) return rc;
+    atrium_route legacy = *route;
+    legacy.path = twin; /* copied by add_one into the entry's own path */
+    return add_one(rt, &legacy, owner, err, errlen);
+}
+
+static int add_one(router *rt, const atrium_route *route, const char *owner, char *err,
+                   size_t errlen)
 {
     if (!route || !route->method || !route->path || !route->handler) {
         snprintf(err, errlen, "route from \"%s\" lacks a method, path or handler", owner);
@@ -133,6 +187,9 @@ int router_add(router *rt, const atrium_route *route, const char *owner, char *e
         rt->cap = cap;
     }
     e.owner = strdup(owner);
+    e.path = strdup(route->path);
+    if (!e.owner || !e.path) return ATRIUM_E_NOMEM;
+    e.route.path = e.path;
     rt->entries[rt->n++] = e;
     return 0;
 }

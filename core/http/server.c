@@ -52,6 +52,7 @@ static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *res
 {
     if (!resp) resp = http_error_response(500, "M_UNKNOWN", "Internal server error", 0);
     if (!resp) return MHD_NO;
+    http_add_cors(resp); /* the one place every response gets its CORS headers */
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     http_count_status(r->srv, status);

@@ -173,7 +173,9 @@ typedef struct rooms_vis {
     int64_t upto;      /* nothing after: INT64_MAX unless the user left after their last join */
     int64_t floor;     /* nothing at or before (own membership events included); INT64_MAX:
                         * nothing at all */
-    bool ever_joined;  /* readers answer 403 without (no peeking) */
+    bool ever_joined;  /* readers answer 403 without, unless world_readable */
+    bool world_readable; /* the room's history_visibility now is world_readable: anyone
+                          * may read it (what the rule lets them see) */
     int dropped;       /* ranges hidden by ROOMS_VIS_MAX_RANGES */
     const char *user_id; /* borrowed: own membership events are always visible */
 } rooms_vis;
@@ -205,7 +207,8 @@ void rooms_vis_compute(const rooms_vis_history *h, const char *user_id, rooms_vi
 int rooms_vis_load(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out);
 /* What a reader of room_id may see: ROOMS_OK with *out; ROOMS_E_FORBIDDEN (e set) when the
  * user was never joined (no peeking, whatever the history_visibility), ROOMS_E_NOT_FOUND
- * for an unknown room, ROOMS_E_DB. */
+ * for an unknown room, ROOMS_E_DB. A room whose history_visibility is world_readable now is
+ * readable by anyone (the rule still decides which events). */
 int rooms_visibility(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out,
                      rooms_err *e);
 /* Restrict a query on events e to what v shows within the window lo < pos <= hi (hidden:

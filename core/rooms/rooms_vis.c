@@ -7,7 +7,8 @@
  * position ranges the user may see, plus their own membership events. Every reader of
  * events (core/client/rooms/rooms_read.c, core/client/sync/sync_rooms.c) restricts its SQL
  * with rooms_vis_window, so the rule is never re-implemented beside its twin. Readers
- * answer 403 to a user who was never joined (no peeking, even in world_readable rooms).
+ * answer 403 to a user who was never joined, unless the room is world_readable now
+ * (rooms_visibility): then anyone reads what the rule shows a non-member.
  * State (/state, /members, sync's state block) is current room state, not history: it
  * does not go through this rule.
  */
@@ -102,6 +103,7 @@ void rooms_vis_compute(const rooms_vis_history *h, const char *user_id, rooms_vi
         if (at > from) from = at;
     }
     if (hv_allows(hv, mem, joined_now)) add_range(v, from, INT64_MAX);
+    v->world_readable = hv == ROOMS_HV_WORLD_READABLE;
     v->floor = v->n > 0 ? v->lo[0] : INT64_MAX;
     if (h->n_mem > 0 && h->mem[0].pos - 1 < v->floor) v->floor = h->mem[0].pos - 1;
 }
@@ -176,7 +178,7 @@ int rooms_visibility(PGconn *c, const char *room_id, const char *user_id, rooms_
                       : rooms_set_err(e, ROOMS_E_NOT_FOUND, "Unknown room");
     if (rooms_vis_load(c, room_id, user_id, out) < 0)
         return rooms_set_err(e, ROOMS_E_DB, "database");
-    if (!out->ever_joined)
+    if (!out->ever_joined && !out->world_readable)
         return rooms_set_err(e, ROOMS_E_FORBIDDEN, "You are not a member of this room");
     return ROOMS_OK;
 }

@@ -197,6 +197,22 @@ int media_db_create(const atrium_host *h, atrium_plugin *self, PGconn *c, const 
     return inserted == 1 ? MEDIA_DB_OK : ATRIUM_E_LIMIT;
 }
 
+int media_db_uploaded_since(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                            const char *user_id, int64_t since_ms, int64_t *out)
+{
+    char since_s[I64_CHARS];
+    snprintf(since_s, sizeof(since_s), "%" PRId64, since_ms);
+    const char *p[] = {user_id, since_s};
+    PGresult *res = run(h, self, c,
+                        "SELECT coalesce(sum(size_bytes), 0) FROM media_local"
+                        " WHERE user_id = $1 AND uploaded_ts >= $2::bigint",
+                        2, p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    *out = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+    PQclear(res);
+    return MEDIA_DB_OK;
+}
+
 int media_db_exec(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *sql)
 {
     PGresult *res = run(h, self, c, sql, 0, NULL, PGRES_COMMAND_OK);

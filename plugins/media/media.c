@@ -38,8 +38,13 @@
 #define DEFAULT_UPLOAD_WAIT_MS 20000                  /* the spec's default timeout_ms */
 #define DEFAULT_UPLOAD_WAIT_MAX_MS 60000
 #define PARK_LIMIT_MS (10LL * 60 * 1000) /* the host caps a park at 10 minutes */
-#define UPLOAD_RATE_PER_SECOND 10.0
-#define UPLOAD_RATE_BURST 50.0
+/* Uploads per user: 10 a second refill, and a burst that takes a 150-image album sent 8
+ * at a time whole (test_media_limits.py); Synapse has no upload rate by default. */
+#define DEFAULT_UPLOAD_RATE_PER_MINUTE 600
+#define DEFAULT_UPLOAD_RATE_BURST 200
+#define DEFAULT_UPLOAD_QUOTA_WINDOW_MS (24LL * 3600 * 1000)
+#define UPLOAD_QUOTA_WINDOW_MAX_MS (366LL * 24 * 3600 * 1000)
+#define SECONDS_PER_MINUTE 60.0
 #define FDS_PER_RENDER 4 /* original, output, libvips' own */
 #define DEFAULT_FETCH_THREADS 16
 #define DEFAULT_FETCH_MAX_IN_FLIGHT 64
@@ -108,6 +113,19 @@ static const atrium_setting MEDIA_SETTINGS[] = {
                 "Workers that make uploads durable (fsync, rename)."),
     INT_SETTING("io_queue", io_queue, DEFAULT_IO_QUEUE, 1, 1000000, "tasks",
                 "Uploads that may wait for an io thread."),
+    INT_SETTING("ratelimit_upload_per_minute", upload_rate_per_minute,
+                DEFAULT_UPLOAD_RATE_PER_MINUTE, 1, 1000000, "per minute",
+                "Uploads (POST upload, create, PUT upload) per user: how fast the bucket "
+                "refills (429 past it; off with ratelimit.enabled: false)."),
+    INT_SETTING("ratelimit_upload_burst", upload_rate_burst, DEFAULT_UPLOAD_RATE_BURST, 1,
+                1000000, "uploads",
+                "Uploads per user: how many at once before the rate applies."),
+    INT64_SETTING("upload_quota_bytes", upload_quota_bytes, 0, 0, INT64_MAX, "bytes",
+                  "Bytes one user may upload per upload_quota_window_ms; past it 400 "
+                  "M_RESOURCE_LIMIT_EXCEEDED (0 = no quota)."),
+    INT64_SETTING("upload_quota_window_ms", upload_quota_window_ms,
+                  DEFAULT_UPLOAD_QUOTA_WINDOW_MS, 1000, UPLOAD_QUOTA_WINDOW_MAX_MS, "ms",
+                  "The sliding window upload_quota_bytes counts uploads in."),
     INT_SETTING("max_pending_uploads", max_pending_uploads, DEFAULT_MAX_PENDING_UPLOADS, 1,
                 1000000, "IDs", "Created and not yet uploaded media IDs per user (then 429)."),
     INT64_SETTING("unused_upload_expiry_ms", unused_expiry_ms, DEFAULT_UNUSED_EXPIRY_MS, 1000,
@@ -387,8 +405,9 @@ static int create_mechanisms(media *m)
     /* As deep as the budget: an admitted handoff is never refused for queue space. */
     m->fetch_pool = h->pool_create(m->self, "fetch", c->fetch_threads,
                                    c->fetch_max_in_flight + FETCH_POOL_SPARE_TASKS);
-    m->rl_upload =
-        h->ratelimit_create(m->self, "upload", UPLOAD_RATE_PER_SECOND, UPLOAD_RATE_BURST);
+    m->rl_upload = h->ratelimit_create(m->self, "upload",
+                                       c->upload_rate_per_minute / SECONDS_PER_MINUTE,
+                                       (double)c->upload_rate_burst);
     if (!m->delivery || !m->render_pool || !m->io_pool || !m->fetch_pool || !m->rl_upload)
         return ATRIUM_E_NOMEM;
     for (size_t i = 0; i < MEDIA_EVENT_BUCKETS; i++)

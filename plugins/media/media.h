@@ -79,6 +79,9 @@ typedef struct media_config {
     int64_t render_wait_ms; /* how long a thumbnail request waits for its render */
     int io_threads, io_queue;
     int max_pending_uploads;  /* created and not yet uploaded, per user */
+    int upload_rate_per_minute, upload_rate_burst; /* the upload bucket, per user */
+    int64_t upload_quota_bytes;     /* per user per window; 0 = no quota */
+    int64_t upload_quota_window_ms; /* the quota's sliding window */
     int64_t unused_expiry_ms; /* how long a created media ID waits for its upload */
     int64_t upload_wait_default_ms, upload_wait_max_ms; /* timeout_ms on downloads */
     bool legacy_media;        /* serve the unauthenticated /_matrix/media/v3 paths */
@@ -293,6 +296,10 @@ enum { MEDIA_DB_OK = 0, MEDIA_DB_NOTFOUND = 1 };
 int media_db_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
                  media_row *out);
 int media_db_insert(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r);
+/* Bytes `user_id` uploaded (local media, uploaded_ts at or after since_ms) into *out.
+ * MEDIA_DB_OK or ATRIUM_E_DB. */
+int media_db_uploaded_since(const atrium_host *h, atrium_plugin *self, PGconn *c,
+                            const char *user_id, int64_t since_ms, int64_t *out);
 int media_db_create(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
                     const char *user_id, int64_t now, int64_t expires, int max_pending);
 /* Locks the row of an asynchronous upload (inside a transaction the caller began). */

@@ -19,11 +19,18 @@
  *     user (403), for a live reservation (404), once (409 M_CANNOT_OVERWRITE_MEDIA). The
  *     PUT's commit happens under the row's lock, so two PUTs cannot both win; it then
  *     wakes downloads parked on the ID (delivery.c).
+ *   - uploads per user are a token bucket (ratelimit_upload_*, 429), and with
+ *     upload_quota_bytes set, the bytes one user uploaded in upload_quota_window_ms are
+ *     a quota (upload_quota_allows): an upload that would pass it is refused with 400
+ *     M_RESOURCE_LIMIT_EXCEEDED before its bytes are written where Content-Length tells,
+ *     and at the chunk that passes it otherwise. Uploads running at once are each judged
+ *     against what was committed, so they may overshoot the quota by what they carry.
  * Image header facts (dimensions, frames) are read once here, at commit, so thumbnail
  * requests can decide quickly (thumbnail.c).
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -42,6 +49,7 @@ struct upload_state {
     store_tmp tmp;
     sha256_ctx sha;
     int64_t size;
+    int64_t quota_left; /* bytes this upload may still carry under the quota; -1 = no quota */
     bool is_put;
     char media_id[MEDIA_ID_MAX_CHARS + 1];
     char final_path[MEDIA_PATH_MAX];
@@ -137,6 +145,36 @@ static const char *uploader(media *m, atrium_req *req)
     return NULL;
 }
 
+static int quota_refused(media *m, atrium_req *req)
+{
+    m->h->respond_error(req, 400, "M_RESOURCE_LIMIT_EXCEEDED",
+                        "Upload quota exceeded: at most %lld bytes per %lld s",
+                        (long long)m->cfg.upload_quota_bytes,
+                        (long long)(m->cfg.upload_quota_window_ms / 1000));
+    return ATRIUM_DONE;
+}
+
+/* The quota rule: how many bytes `user` may still upload now, into *left (-1 when there is
+ * no quota); MEDIA_GO, or ATRIUM_DONE after answering (quota used up, database busy). */
+static int upload_quota_allows(media *m, atrium_req *req, const char *user, int64_t *left)
+{
+    *left = -1;
+    if (m->cfg.upload_quota_bytes <= 0) return MEDIA_GO;
+    const atrium_host *h = m->h;
+    PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
+    if (!c) return busy(m, req);
+    int64_t used = 0;
+    int rc = media_db_uploaded_since(h, m->self, c, user,
+                                     media_wall_ms() - m->cfg.upload_quota_window_ms, &used);
+    h->db_release(c);
+    if (rc != MEDIA_DB_OK) return busy(m, req);
+    *left = m->cfg.upload_quota_bytes - used;
+    const char *cl = h->req_header(req, "Content-Length");
+    int64_t announced = cl ? strtoll(cl, NULL, 10) : 0;
+    if (*left <= 0 || announced > *left) return quota_refused(m, req);
+    return MEDIA_GO;
+}
+
 /* First chunk (or an empty body): who is uploading what, and where it goes. */
 static int upload_begin(media *m, atrium_req *req, media_req *st, bool is_put)
 {
@@ -164,7 +202,9 @@ static int upload_begin(media *m, atrium_req *req, media_req *st, bool is_put)
     snprintf(up->user_id, sizeof(up->user_id), "%s", user);
     snprintf(up->content_type, sizeof(up->content_type), "%s", type);
     snprintf(up->upload_name, sizeof(up->upload_name), "%s", name ? name : "");
-    int rc = is_put ? check_put_target(m, req, up)
+    int rc = upload_quota_allows(m, req, user, &up->quota_left);
+    if (rc != MEDIA_GO) return rc;
+    rc = is_put ? check_put_target(m, req, up)
                     : (generate_id(up->media_id) < 0 ? ATRIUM_E_IO : MEDIA_GO);
     if (rc != MEDIA_GO) return rc;
     if (store_original_path(m, up->media_id, up->final_path, sizeof(up->final_path)) < 0)
@@ -195,6 +235,11 @@ static int body_chunk(atrium_req *req, const char *data, size_t len, bool is_put
         store_tmp_discard(&up->tmp);
         h->respond_error(req, 413, "M_TOO_LARGE", "The upload is larger than %lld bytes",
                          (long long)m->cfg.max_upload_bytes);
+        return ATRIUM_E_LIMIT;
+    }
+    if (up->quota_left >= 0 && up->size + (int64_t)len > up->quota_left) {
+        store_tmp_discard(&up->tmp);
+        quota_refused(m, req);
         return ATRIUM_E_LIMIT;
     }
     int rc = store_write_all(up->tmp.fd, data, len);

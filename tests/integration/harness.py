@@ -303,7 +303,8 @@ class Server:
 
     server_name  the config's server_name (default "localhost")
     settings     dict merged over the harness's base config (server.http.port,
-                 database.conninfo, plugin_dir, ratelimit.enabled: false, log.level), or a
+                 database.conninfo, plugin_dir, ratelimit.enabled: false,
+                 presence.enabled: false, log.level), or a
                  callable taking the server's temporary directory and returning that dict
     plugins      dict written as the config's `plugins` mapping, e.g.
                  {"media": {"enabled": True}, "probe": {"path": ".../probe.so"}}
@@ -363,6 +364,8 @@ class Server:
             "database": {"conninfo": self.conninfo},
             "plugin_dir": plugin_dir(),
             "ratelimit": {"enabled": False},
+            # Presence changes wake contacts' syncs; tests that count wake-ups turn it on.
+            "presence": {"enabled": False},
             "log": {"level": os.environ.get("ATRIUM_TEST_LOG_LEVEL", "info")},
         }
         if self._plugins is not None:

@@ -101,7 +101,7 @@ class PushRulesTest(AtriumTestCase):
         self.assertEqual([r["rule_id"] for r in rules["override"]], [
             ".m.rule.master", ".m.rule.suppress_notices", ".m.rule.invite_for_me", ".m.rule.member_event",
             ".m.rule.is_user_mention", ".m.rule.contains_display_name", ".m.rule.is_room_mention",
-            ".m.rule.roomnotif", ".m.rule.tombstone", ".m.rule.reaction", ".m.rule.server_acl",
+            ".m.rule.roomnotif", ".m.rule.tombstone", ".m.rule.reaction", ".m.rule.room.server_acl",
             ".m.rule.suppress_edits"])
         master = rules["override"][0]
         self.assertEqual((master["enabled"], master["default"], master["actions"]), (False, True, []))
@@ -176,12 +176,31 @@ class PushRulesTest(AtriumTestCase):
             ("PUT", "/pushrules/global/override/.m.rule.master/enabled", {}, 400, "M_MISSING_PARAM"),
             ("PUT", "/pushrules/global/override/x", {"actions": ["x" * 70000]}, 413, "M_TOO_LARGE"),
             ("GET", "/pushrules/global/override/none", None, 404, "M_NOT_FOUND"),
+            # Malformed rule paths are 400, as the spec lists (404 is for a missing rule).
+            ("PUT", "/pushrules/device/override/x", {"actions": []}, 400, "M_INVALID_PARAM"),
+            ("GET", "/pushrules/device/override/x", None, 400, "M_INVALID_PARAM"),
+            ("DELETE", "/pushrules/nope/override/x", None, 400, "M_INVALID_PARAM"),
+            ("GET", "/pushrules/nope/", None, 400, "M_INVALID_PARAM"),
+            ("PUT", "/pushrules//override/x", {"actions": []}, 400, "M_INVALID_PARAM"),
+            ("PUT", "/pushrules/global//x", {"actions": []}, 400, "M_INVALID_PARAM"),
+            ("PUT", "/pushrules/global/override/", {"actions": []}, 400, "M_INVALID_PARAM"),
+            ("PUT", "/pushrules/global/override", {"actions": []}, 400, "M_INVALID_PARAM"),
+            ("DELETE", "/pushrules/global/override/", None, 400, "M_INVALID_PARAM"),
+            ("GET", "/pushrules/global/nonsense/x", None, 400, "M_INVALID_PARAM"),
+            # Actions must be ones the spec defines.
+            ("PUT", "/pushrules/global/room/!r:localhost", {"actions": ["wiggle"]}, 400, "M_BAD_JSON"),
+            ("PUT", "/pushrules/global/override/.m.rule.master/actions", {"actions": ["nope"]},
+             400, "M_BAD_JSON"),
+            ("PUT", "/pushrules/global/room/!r:localhost", {"actions": [{"value": 1}]}, 400, "M_BAD_JSON"),
         ]
         for method, path, body, want_status, want_code in cases:
             status, answer = self.srv.json(method, V3 + path, body, token=self.mia.token,
                                            headers={"Content-Type": "application/json"})
             self.assertEqual((status, answer["errcode"]), (want_status, want_code), path)
         self.assertEqual(self.srv.json("GET", V3 + "/pushrules/")[0], 401)
+        # The deprecated no-op actions are still accepted from older clients.
+        self.assertEqual(self.srv.json("PUT", V3 + "/pushrules/global/room/!r:localhost",
+                                       {"actions": ["dont_notify"]}, token=self.mia.token), (200, {}))
 
 
 class FiltersTest(AtriumTestCase):

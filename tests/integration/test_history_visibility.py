@@ -239,12 +239,30 @@ class HistoryVisibilityTest(SharedServerTest):
         forward = self.bob.messages(room, dir="f", limit="10", **{"from": "s0"})
         self.assertEqual(bodies(forward["chunk"]), ["after-join"])
         self.assertEqual(own_memberships(forward["chunk"], self.bob.user_id), ["invite", "join"])
-        # A stranger still gets 403, even in a world_readable room (no peeking).
-        world, world_ids = self.scenario("world_readable")
-        seen = world_ids["before-invite"]
-        for tail in ("/messages?dir=b", f"/event/{quote(seen)}", f"/context/{quote(seen)}"):
-            status, body = self.carol.call("GET", self.path(world, tail))
+        # A stranger gets 403 unless the room is world_readable.
+        shared, shared_ids = self.scenario("shared")
+        seen = shared_ids["before-invite"]
+        for tail in ("/messages?dir=b", f"/event/{quote(seen)}", f"/context/{quote(seen)}",
+                     "/state", "/state/m.room.create/"):
+            status, body = self.carol.call("GET", self.path(shared, tail))
             self.assertEqual((status, body.get("errcode")), (403, "M_FORBIDDEN"), tail)
+
+    def test_a_world_readable_room_is_readable_by_non_members(self):
+        room, ids = self.scenario("world_readable")
+        self.alice.put_state(room, "m.room.topic", {"topic": "open to all"})
+        stranger = self.carol
+        chunk = stranger.messages(room, dir="b", limit="50")["chunk"]
+        self.assertEqual(bodies(chunk[::-1]), ["before-invite", "after-invite", "after-join"])
+        seen = stranger.ok("GET", self.path(room, f"/event/{quote(ids['before-invite'])}"))
+        self.assertEqual(seen["content"]["body"], "before-invite")
+        state = stranger.ok("GET", self.path(room, "/state"))
+        self.assertIn(("m.room.topic", ""), [(e["type"], e["state_key"]) for e in state])
+        topic = stranger.ok("GET", self.path(room, "/state/m.room.topic/"))
+        self.assertEqual(topic, {"topic": "open to all"})
+        # Once it is no longer world_readable, the stranger is shut out again.
+        self.alice.put_state(room, HV, {"history_visibility": "shared"})
+        status, body = stranger.call("GET", self.path(room, "/messages?dir=b"))
+        self.assertEqual((status, body.get("errcode")), (403, "M_FORBIDDEN"))
 
     def test_a_refused_invite_shows_only_what_the_invite_allowed(self):
         for value, expected in (("shared", []), ("invited", ["while-invited"])):

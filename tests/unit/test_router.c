@@ -147,6 +147,36 @@ static void test_parameters_must_be_whole_segments(void **state)
     router_free(rt);
 }
 
+static void test_v3_routes_are_served_under_r0_unless_newer_than_r0(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    rt_arena *a = rt_arena_new(1024);
+    add(rt, "PUT", "/_matrix/client/v3/rooms/{roomId}/send/{eventType}/{txnId}", dummy);
+    add(rt, "POST", "/_matrix/media/v3/upload", other);
+    add(rt, "PUT", "/_matrix/media/v3/upload/{serverName}/{mediaId}", dummy);
+    add(rt, "POST", "/_matrix/client/v3/keys/device_signing/upload", dummy);
+    add(rt, "GET", "/_matrix/client/v1/media/config", dummy);
+    match m = do_match(rt, a, "PUT", "/_matrix/client/r0/rooms/%21r%3Ax/send/m.room.message/t1");
+    assert_non_null(m.e);
+    assert_ptr_equal(m.e->route.handler, dummy);
+    assert_int_equal(m.n, 3);
+    assert_string_equal(m.values[0], "!r:x");
+    m = do_match(rt, a, "POST", "/_matrix/media/r0/upload");
+    assert_non_null(m.e);
+    assert_ptr_equal(m.e->route.handler, other);
+    /* Newer than r0, or not a v3 prefix: no twin. */
+    assert_null(do_match(rt, a, "PUT", "/_matrix/media/r0/upload/x/y").e);
+    assert_null(do_match(rt, a, "POST", "/_matrix/client/r0/keys/device_signing/upload").e);
+    assert_null(do_match(rt, a, "GET", "/_matrix/client/r0/media/config").e);
+    /* The twin is registered like any route: a duplicate v3 route is still refused once. */
+    char err[256];
+    atrium_route dup = {.method = "POST", .path = "/_matrix/media/v3/upload", .handler = dummy};
+    assert_int_equal(router_add(rt, &dup, "again", err, sizeof(err)), ATRIUM_E_EXISTS);
+    rt_arena_free(a);
+    router_free(rt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -157,6 +187,7 @@ int main(void)
         cmocka_unit_test(test_empty_or_malformed_segments_do_not_match),
         cmocka_unit_test(test_the_same_route_twice_is_refused_naming_both_owners),
         cmocka_unit_test(test_parameters_must_be_whole_segments),
+        cmocka_unit_test(test_v3_routes_are_served_under_r0_unless_newer_than_r0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

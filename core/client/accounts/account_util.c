@@ -156,6 +156,9 @@ int acc_open_session(PGconn *c, const char *user_id, const char *device_id, cons
                   4, p) ||
         !acc_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2, p))
         return ATRIUM_E_DB;
+    /* A new device is a device-list change (recorded by a trigger, e2ee.c): a woken sync
+     * reads the stream only once this transaction committed. */
+    e2ee_wake_key_change(c, user_id);
     return auth_issue_token(c, user_id, device_id, token_out);
 }
 

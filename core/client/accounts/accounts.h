@@ -184,6 +184,7 @@ int acc_filters_routes(http_server *s);
 int acc_account_data_routes(http_server *s);
 int acc_tags_routes(http_server *s);
 int acc_misc_routes(http_server *s);
+int acc_whois_routes(http_server *s);
 int acc_user_directory_routes(http_server *s);
 int acc_deactivate_routes(http_server *s);
 

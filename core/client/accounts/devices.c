@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/client/e2ee/e2ee.h"
 
 #define DEVICES_DELETE_PURPOSE "delete_devices"
 #define PASSWORD_PURPOSE "password"
@@ -83,9 +84,10 @@ static int put_device(atrium_req *r)
     const char *p[3] = {r->user, http_req_param(r, "deviceId"), name};
     PGresult *res = acc_q(c, "UPDATE devices SET display_name = COALESCE($3, display_name)"
                              " WHERE user_id = $1 AND device_id = $2", 3, p);
+    bool found = res && strcmp(PQcmdTuples(res), "1") == 0;
+    if (found && name) e2ee_wake_key_change(c, r->user); /* a rename is a device-list change */
     acc_db_release(c);
     if (!res) return acc_db_failed(r);
-    bool found = strcmp(PQcmdTuples(res), "1") == 0;
     PQclear(res);
     if (!found) return http_respond_error(r, 404, "M_NOT_FOUND", "No such device");
     return http_respond_json(r, 200, json_object());

@@ -7,12 +7,15 @@
  * filter posted again by the same user gets the same ID, so a client that re-creates its
  * filter at every start does not grow the table. IDs are decimal numbers (never starting
  * with "{", which /sync reads as an inline filter). Only the top-level shape is checked
- * here; what each field means is /sync's business.
+ * here, plus the event filters of `room` (rooms_filter_parse, the rule /sync applies: a
+ * non-boolean lazy_load_members or a types list of non-strings is 400 here, not a
+ * surprise at the next sync); what each field means is /sync's business.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/rooms/rooms.h"
 
 #define FILTER_ID_MAX_DIGITS 18 /* fits a bigint */
 
@@ -31,6 +34,18 @@ static bool filter_shape_ok(atrium_req *r, json_t *filter)
         json_t *v = json_object_get(filter, object_keys[i]);
         if (v && !json_is_object(v)) {
             http_respond_error(r, 400, "M_BAD_JSON", "'%s' must be an object", object_keys[i]);
+            return false;
+        }
+    }
+    static const char *const room_filters[] = {"state", "timeline", "ephemeral", "account_data",
+                                               NULL};
+    json_t *room = json_object_get(filter, "room");
+    for (size_t i = 0; room_filters[i]; i++) {
+        room_filter parsed;
+        char why[128];
+        if (!rooms_filter_parse(r->arena, json_object_get(room, room_filters[i]), &parsed, why,
+                                sizeof(why))) {
+            http_respond_error(r, 400, "M_BAD_JSON", "room.%s: %s", room_filters[i], why);
             return false;
         }
     }

@@ -8,10 +8,11 @@
  * fields it must route by (user_id, device_id, key IDs, usage) and never the key material.
  *
  * Deleting a device (logout, device delete; done by accounts) cascades to its keys,
- * one-time keys, fallback keys and pending to-device messages through foreign keys; a
- * trigger records the device-list change when a device that had keys goes, so that other
- * users re-query. The process that deleted it should call e2ee_wake_key_change after
- * committing (parked syncs wake at their timeout otherwise).
+ * one-time keys, fallback keys and pending to-device messages through foreign keys.
+ * Triggers record the device-list change when a device row is added (a login), removed,
+ * or renamed, and when a device's keys go, so that other users re-query, whichever code
+ * touched the row. The process that changed it should call e2ee_wake_key_change (parked
+ * syncs wake at their timeout otherwise).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,21 @@ static const atrium_migration MIGRATIONS[] = {
      " END $f$;"
      "CREATE TRIGGER e2ee_signing_keys_announce AFTER INSERT OR UPDATE"
      " ON e2ee_cross_signing_keys FOR EACH ROW EXECUTE FUNCTION e2ee_signing_keys_announce();"},
+    /* A device that appears, goes or is renamed is a device-list change too: others must
+     * re-query (a login's new device has no keys yet, and nobody would hear of it). */
+    {3, "device_row_changes",
+     "CREATE FUNCTION e2ee_device_row_changed() RETURNS trigger LANGUAGE plpgsql AS $$"
+     " BEGIN"
+     "  INSERT INTO device_lists_changes (stream_pos, user_id)"
+     "   VALUES (stream_next(), CASE WHEN TG_OP = 'DELETE' THEN OLD.user_id"
+     "    ELSE NEW.user_id END);"
+     "  RETURN NULL;"
+     " END $$;"
+     "CREATE TRIGGER e2ee_device_added_or_removed AFTER INSERT OR DELETE ON devices"
+     " FOR EACH ROW EXECUTE FUNCTION e2ee_device_row_changed();"
+     "CREATE TRIGGER e2ee_device_renamed_changes AFTER UPDATE OF display_name ON devices"
+     " FOR EACH ROW WHEN (OLD.display_name IS DISTINCT FROM NEW.display_name)"
+     " EXECUTE FUNCTION e2ee_device_row_changed();"},
 };
 
 /* ---- requests ----------------------------------------------------------------------------- */

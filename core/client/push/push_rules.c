@@ -63,7 +63,7 @@ static const char DEFAULT_RULES[] =
     RULE(".m.rule.tombstone", MATCH("type", "m.room.tombstone") "," MATCH("state_key", ""),
          "\"notify\"," HIGHLIGHT) ","
     RULE(".m.rule.reaction", MATCH("type", "m.reaction"), "") ","
-    RULE(".m.rule.server_acl", MATCH("type", "m.room.server_acl") "," MATCH("state_key", ""),
+    RULE(".m.rule.room.server_acl", MATCH("type", "m.room.server_acl") "," MATCH("state_key", ""),
          "") ","
     RULE(".m.rule.suppress_edits",
          "{\"kind\":\"event_property_is\",\"key\":\"content.m\\\\.relates_to.rel_type\","
@@ -241,10 +241,42 @@ static json_t *find_rule(json_t *global, const char *kind, const char *rule_id)
     return NULL;
 }
 
+/* The path rule of every /pushrules/{scope}/... endpoint: the scope is "global" (the only
+ * one), the kind one of KINDS and the rule ID not empty, each a 400 otherwise (the spec's
+ * answer for a malformed rule path; 404 is for a rule that does not exist). Parts the route
+ * has no parameter for are not checked. false after answering. */
+static bool rule_path_ok(atrium_req *r)
+{
+    const char *scope = http_req_param(r, "scope"), *kind = http_req_param(r, "kind");
+    const char *rule_id = http_req_param(r, "ruleId");
+    if (scope && strcmp(scope, "global") != 0) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown push rule scope (only global)");
+        return false;
+    }
+    if (kind && !kind_ok(kind)) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
+        return false;
+    }
+    if (rule_id && !*rule_id) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "Missing rule ID");
+        return false;
+    }
+    return true;
+}
+
+/* A rule path with an empty scope, kind or rule ID (…/pushrules//override/x,
+ * …/global//x, …/global/override/ for writes): 400, as the spec lists. */
+static int bad_rule_path(atrium_req *r)
+{
+    if (!auth_request(r)) return ATRIUM_DONE;
+    return http_respond_error(r, 400, "M_INVALID_PARAM",
+                              "A push rule path needs a scope, a kind and a rule ID");
+}
+
 /* GET /pushrules/, /pushrules: {global: {...}}; GET /pushrules/global/: the global set. */
 static int get_all(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     json_t *global = ruleset_for_read(r);
     if (!global) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     return http_respond_json(r, 200, json_pack("{s:o}", "global", global));
@@ -252,7 +284,7 @@ static int get_all(atrium_req *r)
 
 static int get_global(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     json_t *global = ruleset_for_read(r);
     if (!global) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     return http_respond_json(r, 200, global);
@@ -261,7 +293,7 @@ static int get_global(atrium_req *r)
 /* GET /pushrules/global/{kind}/: the rules of one kind. */
 static int get_kind(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     const char *kind = http_req_param(r, "kind");
     if (!kind_ok(kind)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
     json_t *global = ruleset_for_read(r);
@@ -299,7 +331,7 @@ static json_t *rule_of_path(atrium_req *r, json_t **global_out)
 /* GET /pushrules/global/{kind}/{ruleId}[/enabled|/actions] */
 static int get_rule(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     json_t *global;
     json_t *rule = rule_of_path(r, &global);
     if (!rule) return ATRIUM_DONE;
@@ -310,7 +342,7 @@ static int get_rule(atrium_req *r)
 
 static int get_rule_attr(atrium_req *r, const char *attr)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     json_t *global;
     json_t *rule = rule_of_path(r, &global);
     if (!rule) return ATRIUM_DONE;
@@ -324,7 +356,15 @@ static int get_actions(atrium_req *r) { return get_rule_attr(r, "actions"); }
 
 /* ---- writes --------------------------------------------------------------------------------- */
 
-/* Validate actions: a list of strings or {set_tweak: string, value?}. */
+/* The action strings the spec defines ("dont_notify" and "coalesce" are deprecated no-ops,
+ * still accepted from older clients). */
+static bool action_name_ok(const char *a)
+{
+    return strcmp(a, "notify") == 0 || strcmp(a, "dont_notify") == 0 ||
+           strcmp(a, "coalesce") == 0;
+}
+
+/* Validate actions: a list of known action strings or {set_tweak: string, value?}. */
 static bool actions_ok(atrium_req *r, json_t *actions)
 {
     if (!actions) {
@@ -335,12 +375,14 @@ static bool actions_ok(atrium_req *r, json_t *actions)
     size_t i;
     json_t *a;
     json_array_foreach(actions, i, a) {
-        if (!json_is_string(a) && !(json_is_object(a) && json_is_string(json_object_get(a, "set_tweak"))))
+        if (json_is_string(a) ? !action_name_ok(json_string_value(a))
+                              : !(json_is_object(a) &&
+                                  json_is_string(json_object_get(a, "set_tweak"))))
             ok = false;
     }
     if (!ok)
-        http_respond_error(r, 400, "M_BAD_JSON", "'actions' must be a list of strings and "
-                           "{\"set_tweak\": ...} objects");
+        http_respond_error(r, 400, "M_BAD_JSON", "'actions' must be a list of notify, "
+                           "dont_notify, coalesce and {\"set_tweak\": ...} objects");
     return ok;
 }
 
@@ -461,7 +503,7 @@ static bool put_rule_tx(atrium_req *r, PGconn *c, void *arg)
 /* PUT /pushrules/global/{kind}/{ruleId} {actions, conditions?, pattern?} ?before= ?after= */
 static int put_rule(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     put_args a = {.kind = http_req_param(r, "kind"), .rule_id = http_req_param(r, "ruleId"),
                   .before = http_req_query(r, "before"), .after = http_req_query(r, "after")};
     if (!kind_ok(a.kind)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
@@ -509,7 +551,7 @@ static bool delete_rule_tx(atrium_req *r, PGconn *c, void *arg)
 /* DELETE /pushrules/global/{kind}/{ruleId} */
 static int delete_rule(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     if (!kind_ok(http_req_param(r, "kind")))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
     if (http_req_param(r, "ruleId")[0] == '.')
@@ -558,7 +600,7 @@ static bool set_attr_tx(atrium_req *r, PGconn *c, void *arg)
 /* PUT /pushrules/global/{kind}/{ruleId}/enabled {enabled} */
 static int put_enabled(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     if (!kind_ok(http_req_param(r, "kind")))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
     json_t *body = http_req_json(r);
@@ -574,7 +616,7 @@ static int put_enabled(atrium_req *r)
 /* PUT /pushrules/global/{kind}/{ruleId}/actions {actions} */
 static int put_actions(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
     if (!kind_ok(http_req_param(r, "kind")))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown rule kind");
     json_t *body = http_req_json(r);
@@ -590,17 +632,17 @@ static int put_actions(atrium_req *r)
 int push_rules_routes(http_server *s)
 {
 #define PR "/_matrix/client/v3/pushrules"
-#define RULE_PATH PR "/global/{kind}/{ruleId}"
+#define RULE_PATH PR "/{scope}/{kind}/{ruleId}"
     static const struct {
         const char *method, *path;
         atrium_handler handler;
     } routes[] = {
         {"GET", PR, get_all},
         {"GET", PR "/", get_all},
-        {"GET", PR "/global", get_global},
-        {"GET", PR "/global/", get_global},
-        {"GET", PR "/global/{kind}", get_kind},
-        {"GET", PR "/global/{kind}/", get_kind},
+        {"GET", PR "/{scope}", get_global},
+        {"GET", PR "/{scope}/", get_global},
+        {"GET", PR "/{scope}/{kind}", get_kind},
+        {"GET", PR "/{scope}/{kind}/", get_kind},
         {"GET", RULE_PATH, get_rule},
         {"PUT", RULE_PATH, put_rule},
         {"DELETE", RULE_PATH, delete_rule},
@@ -608,6 +650,17 @@ int push_rules_routes(http_server *s)
         {"PUT", RULE_PATH "/enabled", put_enabled},
         {"GET", RULE_PATH "/actions", get_actions},
         {"PUT", RULE_PATH "/actions", put_actions},
+        /* Empty parts: a literal "" segment matches only an empty one. */
+        {"PUT", PR "//{kind}/{ruleId}", bad_rule_path},
+        {"DELETE", PR "//{kind}/{ruleId}", bad_rule_path},
+        {"GET", PR "//{kind}/{ruleId}", bad_rule_path},
+        {"PUT", PR "/{scope}//{ruleId}", bad_rule_path},
+        {"DELETE", PR "/{scope}//{ruleId}", bad_rule_path},
+        {"GET", PR "/{scope}//{ruleId}", bad_rule_path},
+        {"PUT", PR "/{scope}/{kind}/", bad_rule_path},
+        {"DELETE", PR "/{scope}/{kind}/", bad_rule_path},
+        {"PUT", PR "/{scope}/{kind}", bad_rule_path},
+        {"DELETE", PR "/{scope}/{kind}", bad_rule_path},
     };
 #undef RULE_PATH
 #undef PR

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
+#include "core/client/presence/presence.h"
 #include "core/client/ratelimits.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
@@ -61,6 +62,16 @@ static bool apply_filter(sync_ctx *s, const json_t *filter, char *why, size_t le
     room_filter st;
     if (!rooms_filter_parse(s->r->arena, state, &st, why, len)) return false;
     s->lazy_members = st.lazy_load_members || s->timeline.lazy_load_members;
+    s->state_filter = json_is_object(state) ? state : NULL;
+    json_t *format = json_object_get(filter, "event_format");
+    if (format && (!json_is_string(format) ||
+                   (strcmp(json_string_value(format), "client") != 0 &&
+                    strcmp(json_string_value(format), "federation") != 0))) {
+        snprintf(why, len, "'event_format' must be client or federation");
+        return false;
+    }
+    /* The federation format names the room in every event. */
+    s->view.with_room_id = format && strcmp(json_string_value(format), "federation") == 0;
     if (s->timeline.limit >= 0)
         s->timeline_limit = s->timeline.limit > SYNC_MAX_TIMELINE_LIMIT ? SYNC_MAX_TIMELINE_LIMIT
                                                                          : s->timeline.limit;
@@ -150,6 +161,11 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms)
         return false;
     }
     s->full_state = full && strcmp(full, "true") == 0;
+    if (!presence_sync_value_ok(http_req_query(r, "set_presence"))) {
+        http_respond_error(r, 400, "M_INVALID_PARAM",
+                           "'set_presence' must be online, unavailable or offline");
+        return false;
+    }
     return true;
 }
 
@@ -212,7 +228,8 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
         json_object_set_new(resp, "device_lists", json_pack("{s:[], s:[]}", "changed", "left"));
     if (!json_object_get(resp, "device_one_time_keys_count"))
         json_object_set_new(resp, "device_one_time_keys_count", json_object());
-    json_object_set_new(resp, "presence", json_pack("{s:[]}", "events"));
+    if (!json_object_get(resp, "presence"))
+        json_object_set_new(resp, "presence", json_pack("{s:[]}", "events"));
     json_object_set_new(resp, "next_batch", json_string(rooms_token(s->r, s->upto)));
     return resp;
 }
@@ -250,6 +267,11 @@ static int sync_get(atrium_req *r)
         rooms_db_release(s.c);
         return ATRIUM_DONE;
     }
+    /* The mark the sync leaves on the user's presence: once per request, before `upto` is
+     * read so a change is in this very window. */
+    if (r->run_reason == ATRIUM_RUN_FIRST &&
+        presence_sync_mark(s.c, user, http_req_query(r, "set_presence")) < 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "[req %s] could not record %s's presence", r->id, user);
     s.upto = stream_upto(s.c);
     if (s.since > s.upto) s.since = s.upto; /* a token from a newer database: start there */
     bool has_new = false;

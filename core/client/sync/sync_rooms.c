@@ -19,6 +19,9 @@
  *     window of an unlimited incremental timeline are sent as state too.
  *   - Invites carry stripped state (type, state_key, content, sender) of the room's
  *     descriptive events and the invite itself.
+ *   - The filter's room.state (types, not_types, senders, not_senders; '*' a wildcard in
+ *     types) shapes every state block, whoever computed it (state_event_wanted): an empty
+ *     `types` list sends no state at all.
  *   - Lazy loading: state carries only the member events of the timeline's senders and the
  *     user's own (repeated in every sync that needs them: no per-device cache yet).
  *   - unread_notifications: the unread events (from others, after the user's newest read
@@ -172,6 +175,66 @@ static int fetch_timeline(sync_ctx *s, const char *room_id, const rooms_vis *vis
     return rc;
 }
 
+/* The spec's filter pattern: '*' matches any run of characters, everything else itself. */
+static bool glob_match(const char *pat, const char *str)
+{
+    const char *star = NULL, *resume = NULL;
+    while (*str) {
+        if (*pat == '*') {
+            star = pat++;
+            resume = str;
+        } else if (*pat == *str) {
+            pat++;
+            str++;
+        } else if (star) {
+            pat = star + 1;
+            str = ++resume;
+        } else {
+            return false;
+        }
+    }
+    while (*pat == '*') pat++;
+    return *pat == '\0';
+}
+
+/* Is `value` matched by any string of the list (exactly, or as a pattern)? */
+static bool listed(const json_t *list, const char *value, bool patterns)
+{
+    size_t i;
+    const json_t *item;
+    json_array_foreach(list, i, item)
+    {
+        const char *v = json_string_value(item);
+        if (v && (patterns ? glob_match(v, value) : strcmp(v, value) == 0)) return true;
+    }
+    return false;
+}
+
+/* The room.state filter's rule for one state event: in `types` (when given), not in
+ * `not_types`, sent by one of `senders` (when given), not by one of `not_senders`. The
+ * filter's lists were checked by rooms_filter_parse. */
+static bool state_event_wanted(const json_t *f, const json_t *ev)
+{
+    if (!f) return true;
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    const char *sender = json_string_value(json_object_get(ev, "sender"));
+    const json_t *types = json_object_get(f, "types"), *senders = json_object_get(f, "senders");
+    if (!type || !sender) return false;
+    if (types && !listed(types, type, true)) return false;
+    if (listed(json_object_get(f, "not_types"), type, true)) return false;
+    if (senders && !listed(senders, sender, false)) return false;
+    return !listed(json_object_get(f, "not_senders"), sender, false);
+}
+
+/* Keep in `state` only what the filter's room.state wants. */
+static void filter_state(const sync_ctx *s, json_t *state)
+{
+    if (!s->state_filter) return;
+    for (size_t i = json_array_size(state); i-- > 0;)
+        if (!state_event_wanted(s->state_filter, json_array_get(state, i)))
+            json_array_remove(state, i);
+}
+
 /* State before the timeline: the whole state (full) or the window's changes (also when
  * the timeline is not limited but history visibility hid events of the window: gappy). */
 static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, bool full,
@@ -205,6 +268,7 @@ static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, b
         json_decref(types);
     }
     json_decref(members);
+    filter_state(s, out);
     return rc < 0 ? rc : ROOMS_OK;
 }
 
@@ -389,18 +453,30 @@ static int unread_counts(sync_ctx *s, const char *room_id, json_t *room)
 static int summary(sync_ctx *s, const char *room_id, json_t *room)
 {
     const char *p[3] = {room_id, s->user, i64s(s, SYNC_MAX_HEROES)};
+    /* Heroes (the spec's rule): the first SYNC_MAX_HEROES other members by the stream
+     * order of their membership, joined or invited ones; when there are none, those who
+     * left or were banned. */
+#define HEROES_SQL(memberships)                                                            \
+    "(SELECT coalesce(json_agg(h.state_key ORDER BY h.pos), '[]')::text FROM"               \
+    "  (SELECT cs.state_key, e.stream_pos AS pos FROM current_state cs"                    \
+    "   JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = $1"                  \
+    "   AND cs.type = 'm.room.member' AND cs.membership IN " memberships                   \
+    "   AND cs.state_key <> $2 ORDER BY e.stream_pos LIMIT $3) h)"
     PGresult *res = rooms_q(s->c,
                             "SELECT count(*) FILTER (WHERE membership = 'join'),"
                             " count(*) FILTER (WHERE membership = 'invite'),"
-                            " (SELECT coalesce(json_agg(h.state_key), '[]')::text FROM"
-                            "  (SELECT state_key FROM current_state WHERE room_id = $1"
-                            "   AND type = 'm.room.member' AND membership IN ('join', 'invite')"
-                            "   AND state_key <> $2 ORDER BY state_key LIMIT $3) h)"
+                            " " HEROES_SQL("('join', 'invite')") ","
+                            " " HEROES_SQL("('leave', 'ban')")
                             " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
                             " AND membership IN ('join', 'invite')",
                             3, p, NULL);
+#undef HEROES_SQL
     if (!res) return ROOMS_E_DB;
     json_t *heroes = json_loads(PQgetvalue(res, 0, 2), 0, NULL);
+    if (json_array_size(heroes) == 0) {
+        json_decref(heroes);
+        heroes = json_loads(PQgetvalue(res, 0, 3), 0, NULL);
+    }
     json_object_set_new(room, "summary",
                         json_pack("{s:o, s:I, s:I}", "m.heroes", heroes ? heroes : json_array(),
                                   "m.joined_member_count", (json_int_t)atoll(PQgetvalue(res, 0, 0)),

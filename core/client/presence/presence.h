@@ -1,0 +1,22 @@
+/*
+ * core/client/presence/presence.h - presence (online, unavailable, offline) as /sync needs
+ * it: the mark a sync leaves (set_presence). The endpoints and the sync section live in
+ * presence.c. Internal prefix: presence_.
+ */
+#ifndef ATRIUM_CORE_PRESENCE_H
+#define ATRIUM_CORE_PRESENCE_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+
+/* Is set_presence one of the values a sync may give ("online", "unavailable",
+ * "offline")? */
+bool presence_sync_value_ok(const char *set_presence);
+/* [req] What a sync with set_presence (NULL = "online") says about user_id: "offline"
+ * leaves the presence alone, "online" / "unavailable" mark the user so, active now. A
+ * change of the state others see takes a stream position and wakes the user's contacts;
+ * otherwise at most one write per PRESENCE_ACTIVE_REFRESH_MS. Nothing when presence is off.
+ * c: a connection the caller holds. 0, or ATRIUM_E_DB (logged; the sync goes on). */
+int presence_sync_mark(PGconn *c, const char *user_id, const char *set_presence);
+
+#endif

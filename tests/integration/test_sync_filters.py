@@ -1,0 +1,70 @@
+"""/sync filters the spec's way: room.state (types, not_types, senders; '*' wildcards)
+shapes the state block whether the filter is stored or inline, `types: []` and an unknown
+type send no state, a non-boolean lazy_load_members is refused with 400 (stored or
+inline), and event_format: federation names the room in every event."""
+
+import json
+
+from rooms_client import SharedServerTest, V3, quote
+
+
+class SyncFilterTest(SharedServerTest):
+    USERS = ("alice", "bob")
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.room = cls.alice.create_room(preset="public_chat", name="Filters", topic="t")
+        cls.bob.join(cls.room)
+        # More messages than the default timeline limit: the state comes as the state block.
+        for i in range(12):
+            cls.alice.send(cls.room, {"msgtype": "m.text", "body": f"filler {i}"})
+        cls.alice.send(cls.room, {"msgtype": "m.text", "body": "hi"})
+
+    def state_types(self, answer):
+        return sorted({e["type"] for e in answer["rooms"]["join"][self.room]["state"]["events"]})
+
+    def store(self, definition):
+        return self.bob.ok("POST", f"{V3}/user/{quote(self.bob.user_id)}/filter",
+                           definition)["filter_id"]
+
+    def test_state_types_shape_the_state_block_stored_or_inline(self):
+        everything = self.state_types(self.bob.sync())
+        self.assertIn("m.room.name", everything)
+        self.assertIn("m.room.member", everything)
+        for definition, expected in (
+                ({"room": {"state": {"types": []}}}, []),
+                ({"room": {"state": {"types": ["org.example.unknown"]}}}, []),
+                ({"room": {"state": {"types": ["m.room.name", "m.room.topic"]}}},
+                 ["m.room.name", "m.room.topic"]),
+                ({"room": {"state": {"types": ["m.room.*"], "not_types": ["m.room.member"]}}},
+                 [t for t in everything if t.startswith("m.room.") and t != "m.room.member"]),
+                ({"room": {"state": {"senders": [self.bob.user_id]}}}, ["m.room.member"])):
+            for f in (self.store(definition), definition):
+                answer = self.bob.sync(filter=f)
+                self.assertEqual(self.state_types(answer), expected, (f, definition))
+                self.assertIn("hi", [e["content"].get("body") for e in
+                                     answer["rooms"]["join"][self.room]["timeline"]["events"]],
+                              "the state filter leaves the timeline alone")
+
+    def test_a_non_boolean_lazy_load_members_is_400(self):
+        bad = {"room": {"state": {"lazy_load_members": "yes"}}}
+        status, body = self.bob.call("POST", f"{V3}/user/{quote(self.bob.user_id)}/filter", bad)
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"))
+        status, body = self.bob.call("GET", f"{V3}/sync?filter={quote(json.dumps(bad))}")
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"))
+        status, body = self.bob.call("POST", f"{V3}/user/{quote(self.bob.user_id)}/filter",
+                                     {"room": {"timeline": {"types": [1]}}})
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"))
+
+    def test_event_format_federation_names_the_room_in_every_event(self):
+        for f in ({"event_format": "federation"}, self.store({"event_format": "federation"})):
+            joined = self.bob.sync(filter=f)["rooms"]["join"][self.room]
+            events = joined["state"]["events"] + joined["timeline"]["events"]
+            self.assertTrue(events)
+            self.assertEqual({e.get("room_id") for e in events}, {self.room}, f)
+        joined = self.bob.sync()["rooms"]["join"][self.room]
+        self.assertNotIn("room_id", joined["timeline"]["events"][0], "the client format omits it")
+        status, body = self.bob.call("GET", f"{V3}/sync?filter=" +
+                                     quote(json.dumps({"event_format": "pdu"})))
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"))
