@@ -309,7 +309,7 @@ static void test_room_versions_choose_their_algorithm(void **state)
     (void)state;
     assert_int_equal(state_res_algorithm_of(room_version_find("1")), STATE_RES_V1);
     /* Version 2 introduced state resolution v2; every later one up to 11 keeps it. */
-    char id[4];
+    char id[12];
     for (int n = 2; n <= 11; n++) {
         snprintf(id, sizeof(id), "%d", n);
         assert_int_equal(state_res_algorithm_of(room_version_find(id)), STATE_RES_V2);
