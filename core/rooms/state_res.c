@@ -27,12 +27,9 @@
 
 enum state_res_algorithm state_res_algorithm_of(const room_version *v)
 {
-    if (!v || !v->id) return STATE_RES_NONE;
-    char *end;
-    long n = strtol(v->id, &end, 10);
-    if (end == v->id || *end || v->id[0] < '1' || v->id[0] > '9') return STATE_RES_NONE;
-    if (n == 1) return STATE_RES_V1;
-    if (n >= 2 && n <= 11) return STATE_RES_V2; /* 12 changed the algorithm again */
+    if (!v) return STATE_RES_NONE;
+    if (v->state_res == 1) return STATE_RES_V1;
+    if (v->state_res == 2) return STATE_RES_V2;
     return STATE_RES_NONE;
 }
 

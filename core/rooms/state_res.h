@@ -46,9 +46,9 @@
 #define STATE_RES_MAX_STATES 64
 #define STATE_RES_WHY_LEN 200
 
-/* The algorithm a room version resolves state with. */
+/* The algorithm a room version resolves state with (its state_res, events.h). */
 enum state_res_algorithm {
-    STATE_RES_NONE = 0, /* a version this module does not resolve (unknown, or 12+) */
+    STATE_RES_NONE = 0, /* a version this module does not resolve (none, or a later one) */
     STATE_RES_V1 = 1,
     STATE_RES_V2 = 2,
 };

@@ -35,7 +35,12 @@
  *     conflicted set (step 1 of "Algorithm"), in building both the set sorted in step 2
  *     and the DAG it is sorted by;
  *   - an event this server rejected is never admitted by the iterative auth checks, where
- *     the spec's "Rejected events" would re-check it.
+ *     the spec's "Rejected events" would re-check it;
+ *   - for the power ordering, the sender of an event citing no power levels counts 100
+ *     only when the create event's content.creator names it, so never in room version 11,
+ *     whose create event has no creator ("Reverse topological power ordering" reads the
+ *     level "when looking at their auth_events", which the auth rules give the create
+ *     event's sender in version 11). Only the room's first events cite no power levels.
  * Cycles (impossible with hash-derived event IDs, possible in a hostile DAG with the free
  * IDs of versions 1 and 2) fail the resolution rather than loop.
  */
@@ -147,17 +152,25 @@ static bool is_power_event(const sr_event *e)
     return (is(m, "leave") || is(m, "ban")) && !is(e->sender, e->state_key);
 }
 
-/* The sender's power level as the event's own auth events (power levels, create) give it. */
+/* The sender's power level as the event's own auth events (power levels, create) give it.
+ * Without power levels among them, Synapse's creator is content.creator (see the top of
+ * this file). */
 static int64_t sender_power(const sr_ctx *c, uint32_t e)
 {
     uint32_t pl = sr_auth_event_at(c, e, "m.room.power_levels", "");
     uint32_t create = sr_auth_event_at(c, e, "m.room.create", "");
+    const char *sender = c->ev[e].sender;
+    if (pl == SR_NONE) {
+        const json_t *content = create != SR_NONE ? json_object_get(c->ev[create].pdu, "content") : NULL;
+        return is(json_string_value(json_object_get(content, "creator")), sender)
+                   ? ROOM_AUTH_CREATOR_LEVEL_NO_PL : 0;
+    }
     room_auth_state st = {
         .version = c->v,
         .create = create != SR_NONE ? c->ev[create].pdu : NULL,
-        .power_levels = pl != SR_NONE ? json_object_get(c->ev[pl].pdu, "content") : NULL,
+        .power_levels = json_object_get(c->ev[pl].pdu, "content"),
     };
-    return room_auth_user_level(&st, c->ev[e].sender);
+    return room_auth_user_level(&st, sender);
 }
 
 /* The order of the reverse topological power ordering: x before y. */

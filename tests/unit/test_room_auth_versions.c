@@ -290,8 +290,10 @@ static void test_string_power_levels_count_before_v10_and_are_refused_from_it(vo
         teardown(&r);
     }
     int64_t lv;
-    assert_true(room_auth_level_value(ver(5), json_real(50.57), &lv) && lv == 50);
-    json_t *real = json_real(-3.9);
+    json_t *real = json_real(50.57);
+    assert_true(room_auth_level_value(ver(5), real, &lv) && lv == 50);
+    json_decref(real);
+    real = json_real(-3.9);
     assert_true(room_auth_level_value(ver(1), real, &lv) && lv == -3);
     assert_false(room_auth_level_value(ver(6), real, &lv));
     json_decref(real);

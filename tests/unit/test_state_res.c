@@ -43,9 +43,6 @@
     "\"events_default\":0,\"state_default\":50,\"ban\":50,\"kick\":50,\"redact\":50,"         \
     "\"invite\":0}"
 
-/* Until the room versions before 10 are registered (room_version_find("1")), version 1
- * is this descriptor: the v10 rules under the name "1", which is what selects v1. */
-static const room_version V1_STANDIN = {.id = "1"};
 
 typedef struct tev {
     char name[32];
@@ -56,7 +53,7 @@ typedef struct tev {
 
 typedef struct dag {
     const room_version *v;
-    bool own_ids; /* version 1: "$name:hs" IDs in the PDU; later versions: reference hashes */
+    bool own_ids; /* versions 1, 2: "$name:hs" IDs in the PDU; later: reference hashes */
     tev *ev;      /* DAG_MAX_EVENTS, never moved: ids handed out stay valid */
     size_t n;
     const char *hide; /* an event ID the loader does not have */
@@ -82,7 +79,8 @@ static void dag_init(dag *d, const room_version *v)
 {
     memset(d, 0, sizeof(*d));
     d->v = v;
-    d->own_ids = state_res_algorithm_of(v) == STATE_RES_V1;
+    assert_non_null(v);
+    d->own_ids = v->event_id_format == ROOM_EVENT_ID_OPAQUE;
     d->ev = calloc(DAG_MAX_EVENTS, sizeof(*d->ev));
     assert_non_null(d->ev);
 }
@@ -177,11 +175,8 @@ static const char *emit(branch *b, const char *name, const char *type, const cha
         assert_int_equal(event_finalize(d->v, pdu, id, NULL), EVENT_OK);
         snprintf(e->id, sizeof(e->id), "%s", id);
     }
-    /* The creator's first join is allowed by its prev event being the create event, which
-     * room_auth recognises by the reference-hash ID: not applicable to version 1's IDs. */
-    bool creator_join_v1 = d->own_ids && state_map_count(b->state) == 1;
     char why[ROOM_AUTH_WHY_LEN];
-    if (!creator_join_v1 && !room_auth_check_event(d->v, pdu, branch_get, b, why))
+    if (!room_auth_check_event(d->v, pdu, branch_get, b, why))
         fail_msg("test DAG: %s is not allowed on its branch: %s", name, why);
     e->pdu = pdu;
     d->n++;
@@ -202,11 +197,8 @@ static branch base_room(dag *d)
     branch b = {.d = d, .state = state_map_new()};
     assert_non_null(b.state);
     char create[128];
-    if (room_version_find(d->v->id)) /* the stand-in's version is not one room_auth knows */
-        snprintf(create, sizeof(create), "{\"creator\":\"%s\",\"room_version\":\"%s\"}",
-                 ALICE, d->v->id);
-    else
-        snprintf(create, sizeof(create), "{\"creator\":\"%s\"}", ALICE);
+    snprintf(create, sizeof(create), "{\"creator\":\"%s\",\"room_version\":\"%s\"}", ALICE,
+             d->v->id);
     emit(&b, "create", "m.room.create", "", ALICE, 1000, create);
     join(&b, "alice", ALICE, 1001);
     emit(&b, "pl1", "m.room.power_levels", "", ALICE, 1002, PL1_CONTENT);
@@ -270,8 +262,12 @@ static void free_branches(branch *a, branch *b, branch *c)
 
 static const room_version *v1(void)
 {
-    const room_version *v = room_version_find("1");
-    return v ? v : &V1_STANDIN;
+    return room_version_find("1");
+}
+
+static const room_version *v2(void)
+{
+    return room_version_find("2");
 }
 
 /* ---- the state map ---------------------------------------------------------------------- */
@@ -311,15 +307,15 @@ static void test_state_map_sets_replaces_and_iterates_in_first_set_order(void **
 static void test_room_versions_choose_their_algorithm(void **state)
 {
     (void)state;
-    room_version v = {.id = "1"};
-    assert_int_equal(state_res_algorithm_of(&v), STATE_RES_V1);
-    v.id = "2"; /* version 2 introduced state resolution v2 */
-    assert_int_equal(state_res_algorithm_of(&v), STATE_RES_V2);
-    assert_int_equal(state_res_algorithm_of(room_version_find("10")), STATE_RES_V2);
-    assert_int_equal(state_res_algorithm_of(room_version_find("11")), STATE_RES_V2);
-    v.id = "12";
-    assert_int_equal(state_res_algorithm_of(&v), STATE_RES_NONE);
-    v.id = "org.example.custom";
+    assert_int_equal(state_res_algorithm_of(room_version_find("1")), STATE_RES_V1);
+    /* Version 2 introduced state resolution v2; every later one up to 11 keeps it. */
+    char id[12];
+    for (int n = 2; n <= 11; n++) {
+        snprintf(id, sizeof(id), "%d", n);
+        assert_int_equal(state_res_algorithm_of(room_version_find(id)), STATE_RES_V2);
+    }
+    assert_int_equal(state_res_algorithm_of(NULL), STATE_RES_NONE);
+    room_version v = {.id = "org.example.custom"}; /* no state_res: not one this module resolves */
     assert_int_equal(state_res_algorithm_of(&v), STATE_RES_NONE);
     const state_map *none[] = {NULL};
     state_res_request rq = {.version = &v, .states = none, .n_states = 0, .load = loader};
@@ -853,6 +849,36 @@ static void test_more_states_than_the_bound_fail(void **state)
     dag_free(&d);
 }
 
+/*
+ * Room version 2's free event IDs let a hostile server send two power-levels events each
+ * citing the other as an auth event. Both are in the full conflicted set and both are power
+ * events, so the power ordering meets the cycle: a clean failure naming one of them, not a
+ * loop. (The same DAG with a hash-derived ID cannot exist.)
+ */
+static void test_v2_an_auth_cycle_fails_cleanly(void **state)
+{
+    (void)state;
+    dag d;
+    dag_init(&d, v2());
+    branch base = base_room(&d), a = fork_of(&base), b = fork_of(&base);
+    const char *x = emit(&a, "x", "m.room.power_levels", "", ALICE, 2000, PL1_CONTENT);
+    const char *y = emit(&b, "y", "m.room.power_levels", "", ALICE, 2001,
+                         "{\"users\":{\"@alice:hs\":100}}");
+    json_array_append_new(json_object_get(find_id(&d, x)->pdu, "auth_events"),
+                          json_pack("[s,{s:s}]", y, "sha256", "AAAA"));
+    json_array_append_new(json_object_get(find_id(&d, y)->pdu, "auth_events"),
+                          json_pack("[s,{s:s}]", x, "sha256", "AAAA"));
+    const state_map *states[] = {a.state, b.state};
+    state_map *out;
+    state_res_report rep;
+    assert_int_equal(resolve_states(&d, states, 2, 0, &out, &rep), STATE_RES_E_BAD_EVENT);
+    assert_null(out);
+    assert_true(strcmp(rep.event_id, x) == 0 || strcmp(rep.event_id, y) == 0);
+    assert_non_null(strstr(rep.why, "cycle"));
+    free_branches(&base, &a, &b);
+    dag_free(&d);
+}
+
 /* ---- v1 --------------------------------------------------------------------------------- */
 
 /*
@@ -982,6 +1008,7 @@ int main(void)
         cmocka_unit_test(test_an_event_of_another_room_is_refused),
         cmocka_unit_test(test_a_deep_auth_chain_over_the_bound_fails_cleanly),
         cmocka_unit_test(test_more_states_than_the_bound_fail),
+        cmocka_unit_test(test_v2_an_auth_cycle_fails_cleanly),
         cmocka_unit_test(test_v1_ban_beats_the_banned_moderators_power_change_as_in_v2),
         cmocka_unit_test(test_v1_loses_the_ban_of_a_moderator_whose_membership_also_changed),
         cmocka_unit_test(test_v1_keeps_a_join_that_raced_a_join_rule_change),
