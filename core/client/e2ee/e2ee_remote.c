@@ -22,7 +22,7 @@
 
 #define E2EE_REMOTE_DEFAULT_TIMEOUT_MS 10000 /* the spec's default for keys/query, claim */
 #define E2EE_REMOTE_MAX_TIMEOUT_MS 60000
-#define E2EE_REMOTE_MAX_SERVERS 100 /* servers asked per request; more are failures */
+#define E2EE_REMOTE_MAX_SERVERS 100 /* servers asked per request; the rest are failures */
 #define E2EE_REMOTE_MAX_BODY_BYTES (4 * 1024 * 1024)
 
 typedef struct fanout_dest {
@@ -99,7 +99,6 @@ int e2ee_fanout_start(atrium_req *r, const char *uri, json_t *bodies, const json
 
     e2ee_fanout *f = calloc(1, sizeof(*f));
     size_t n = json_object_size(bodies);
-    if (n > E2EE_REMOTE_MAX_SERVERS) n = E2EE_REMOTE_MAX_SERVERS;
     if (!f || !(f->d = calloc(n ? n : 1, sizeof(*f->d)))) {
         free(f);
         return ATRIUM_E_NOMEM;
@@ -136,7 +135,10 @@ int e2ee_fanout_start(atrium_req *r, const char *uri, json_t *bodies, const json
                               .want_json = true,
                               .on_done = answered,
                               .arg = d};
-        if (fed_request_submit(&o) < 0) dest_done(d, NULL, 503, "could not be asked");
+        if (i >= E2EE_REMOTE_MAX_SERVERS)
+            dest_done(d, NULL, 503, "too many servers in one request");
+        else if (fed_request_submit(&o) < 0)
+            dest_done(d, NULL, 503, "could not be asked");
     }
     pthread_mutex_lock(&f->mu);
     bool last = --f->pending == 0;
