@@ -25,8 +25,8 @@
  * its prev_events unknown and fetches the gap itself (get_missing_events), which is what
  * a server coming back after a long absence needs rather than a replay of every
  * transaction it missed. A destination leaves catch-up at the first transaction made
- * without anything to collapse. EDUs are never collapsed (to-device messages must all
- * arrive).
+ * without anything to collapse. EDUs are kept (to-device messages must all arrive), but
+ * for typing notices older than FED_OUTBOUND_TYPING_STALE_MS, which ran out long ago.
  *
  * Not here: what a PDU means (the room model decides which events to queue) and the
  * inbound half (fed_inbound.c). Several processes sharing one database would each send
@@ -52,6 +52,8 @@
  * that is catching up keeps only its newest few. */
 #define FED_OUTBOUND_CATCHUP_THRESHOLD_PDUS 50
 #define FED_OUTBOUND_CATCHUP_KEEP_PDUS 1
+/* A typing notice queued longer ago than this is not sent to a destination catching up. */
+#define FED_OUTBOUND_TYPING_STALE_MS 30000
 #define FED_OUTBOUND_TXN_ID_BYTES 48
 #define FED_OUTBOUND_URI_BYTES 128
 
@@ -281,13 +283,21 @@ static void txn_answered(void *arg, const fed_response *res)
     pthread_mutex_unlock(&o->mu);
 }
 
-/* Catch-up: keep the newest few PDUs of each room over the threshold. Rows already in a
- * transaction stay (that transaction is resent as it was). The number deleted, or -1. */
+/* Catch-up: keep the newest few PDUs of each room over the threshold, and drop typing
+ * notices older than FED_OUTBOUND_TYPING_STALE_MS (they ran out long ago). Rows already in
+ * a transaction stay (that transaction is resent as it was). PDUs deleted, or -1. */
 static int64_t collapse(PGconn *c, const char *dest)
 {
-    char threshold[16], keep[16];
+    char threshold[16], keep[16], stale[24];
     snprintf(threshold, sizeof(threshold), "%d", FED_OUTBOUND_CATCHUP_THRESHOLD_PDUS);
     snprintf(keep, sizeof(keep), "%d", FED_OUTBOUND_CATCHUP_KEEP_PDUS);
+    snprintf(stale, sizeof(stale), "%lld", (long long)(rt_wall_ms() - FED_OUTBOUND_TYPING_STALE_MS));
+    const char *q[2] = {dest, stale};
+    if (!exec_ok(c,
+                 "DELETE FROM federation_outbound WHERE destination = $1 AND kind = 1"
+                 " AND edu_type = 'm.typing' AND txn_id IS NULL AND queued_ts < $2::bigint",
+                 2, q, NULL))
+        return -1;
     const char *p[3] = {dest, threshold, keep};
     int64_t n = 0;
     if (!exec_ok(c,

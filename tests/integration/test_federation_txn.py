@@ -181,6 +181,12 @@ class OutboundQueueTest(FederationTestCase):
                    what="a failed attempt")
         backlog = [f"b{i}" for i in range(1, 61)]
         self.say(*backlog)
+        # EDUs queued long ago meanwhile: a typing notice (stale: not sent) and another
+        # (kept: EDUs are never collapsed).
+        for edu_type in ("m.typing", "m.test.keep"):
+            harness.psql("INSERT INTO federation_outbound (destination, kind, edu_type, content,"
+                         f" queued_ts) VALUES ('{self.peer.server_name}', 1, '{edu_type}',"
+                         " '{\"old\": true}', 1)", database=self.a.database)
         wait_until(lambda: self.a.metric("atrium_federation_outbound_catchup_destinations") == 1,
                    what="the destination in catch-up")
         self.peer.start()
@@ -191,6 +197,7 @@ class OutboundQueueTest(FederationTestCase):
         self.assertGreaterEqual(skipped, 10)
         self.assertEqual(len(delivered) + skipped, 61)
         self.assertEqual(delivered[-1], "b60")
+        self.assertEqual([e["edu_type"] for e in self.peer.delivered_edus()], ["m.test.keep"])
         self.assertEqual(delivered, sorted(delivered, key=lambda b: -1 if b == "first"
                                            else int(b[1:])))
         # Once the backlog is gone the destination is up to date again: no collapse.
