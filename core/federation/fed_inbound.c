@@ -44,6 +44,14 @@
 #define FED_TXN_ID_MAX_BYTES 255
 #define FED_INBOUND_KEY_BYTES 512 /* origin and transaction ID of a running transaction */
 
+/* ---- outcomes, as the metrics label them ----------------------------------------- */
+
+enum { TXN_PROCESSED = 0, TXN_REPLAYED, TXN_REFUSED, TXN__COUNT };
+static const char *const TXN_OUTCOMES[TXN__COUNT] = {"processed", "replayed", "refused"};
+enum { PDU_ACCEPTED = 0, PDU_SOFT_FAILED, PDU_REJECTED, PDU_ERROR, PDU__COUNT };
+static const char *const PDU_OUTCOMES[PDU__COUNT] = {"accepted", "soft_failed", "rejected",
+                                                     "error"};
+
 /* ---- the handler registry (filled by the room model and client modules at init, which
  * may run before the federation module exists; read on the pool's threads) ------------ */
 
@@ -62,6 +70,8 @@ static struct {
     /* transactions being processed now: "origin\ntxn_id" (at most one per pool thread) */
     char running[FED_INBOUND_POOL_THREADS][FED_INBOUND_KEY_BYTES];
     int64_t last_prune_ms;
+    /* the metrics, registered once by fed_inbound_routes */
+    rt_metric *txns[TXN__COUNT], *pdus[PDU__COUNT], *edus_handled, *edus_ignored;
 } fed_txn_registry = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 void fed_txn_set_pdu_handler(fed_pdu_handler_fn fn, void *ctx)
@@ -134,37 +144,25 @@ static void release_running(const char *key)
     pthread_mutex_unlock(&fed_txn_registry.mu);
 }
 
-/* ---- metrics -------------------------------------------------------------------------- */
-
-enum { TXN_PROCESSED = 0, TXN_REPLAYED, TXN_REFUSED, TXN__COUNT };
-static const char *const TXN_OUTCOMES[TXN__COUNT] = {"processed", "replayed", "refused"};
-enum { PDU_ACCEPTED = 0, PDU_SOFT_FAILED, PDU_REJECTED, PDU_ERROR, PDU__COUNT };
-static const char *const PDU_OUTCOMES[PDU__COUNT] = {"accepted", "soft_failed", "rejected",
-                                                     "error"};
-
-static struct {
-    rt_metric *txns[TXN__COUNT], *pdus[PDU__COUNT], *edus_handled, *edus_ignored;
-} inbound_metrics;
-
 static void register_metrics(rt_metrics *reg)
 {
     char labels[64];
     for (int i = 0; i < TXN__COUNT; i++) {
         snprintf(labels, sizeof(labels), "outcome=\"%s\"", TXN_OUTCOMES[i]);
-        inbound_metrics.txns[i] =
+        fed_txn_registry.txns[i] =
             rt_metric_counter(reg, "atrium_federation_inbound_transactions_total", labels,
                               "Transactions received from other servers, by outcome");
     }
     for (int i = 0; i < PDU__COUNT; i++) {
         snprintf(labels, sizeof(labels), "outcome=\"%s\"", PDU_OUTCOMES[i]);
-        inbound_metrics.pdus[i] =
+        fed_txn_registry.pdus[i] =
             rt_metric_counter(reg, "atrium_federation_inbound_pdus_total", labels,
                               "PDUs received in transactions, by the room model's verdict");
     }
-    inbound_metrics.edus_handled =
+    fed_txn_registry.edus_handled =
         rt_metric_counter(reg, "atrium_federation_inbound_edus_total", "outcome=\"handled\"",
                           "EDUs received in transactions");
-    inbound_metrics.edus_ignored =
+    fed_txn_registry.edus_ignored =
         rt_metric_counter(reg, "atrium_federation_inbound_edus_total", "outcome=\"ignored\"",
                           "EDUs received in transactions");
 }
@@ -266,7 +264,7 @@ static json_t *run_transaction(const char *origin, json_t *pdus, json_t *edus,
         if (outcome != FED_PDU_ACCEPTED && outcome != FED_PDU_SOFT_FAILED && !err[0])
             snprintf(err, sizeof(err), "%s", outcome == FED_PDU_REJECTED ? "Rejected"
                                                                          : "Not processed");
-        rt_metric_add(inbound_metrics.pdus[outcome_metric(outcome)], 1);
+        rt_metric_add(fed_txn_registry.pdus[outcome_metric(outcome)], 1);
         if (!keys[i]) continue;
         bool ok = outcome == FED_PDU_ACCEPTED || outcome == FED_PDU_SOFT_FAILED;
         json_object_set_new(results, keys[i], ok ? json_object() : json_pack("{s:s}", "error", err));
@@ -278,11 +276,11 @@ static json_t *run_transaction(const char *origin, json_t *pdus, json_t *edus,
         fed_edu_handler_fn efn;
         void *ectx;
         if (!type || !json_is_object(content) || !edu_handler(type, &efn, &ectx)) {
-            rt_metric_add(inbound_metrics.edus_ignored, 1);
+            rt_metric_add(fed_txn_registry.edus_ignored, 1);
             continue;
         }
         efn(ectx, origin, content);
-        rt_metric_add(inbound_metrics.edus_handled, 1);
+        rt_metric_add(fed_txn_registry.edus_handled, 1);
     }
     return json_pack("{s:o}", "pdus", results);
 }
@@ -300,7 +298,7 @@ static int process(atrium_req *r)
         db_release(db_global(), c);
         if (db_failed)
             return http_respond_error(r, 503, "M_UNKNOWN", "The database is not available");
-        rt_metric_add(inbound_metrics.txns[TXN_REPLAYED], 1);
+        rt_metric_add(fed_txn_registry.txns[TXN_REPLAYED], 1);
         return http_respond_json(r, 200, answer);
     }
     char *key = rt_arena_printf(r->arena, "%s\n%s", r->origin, txn);
@@ -324,13 +322,13 @@ static int process(atrium_req *r)
         db_release(db_global(), c);
     }
     release_running(key);
-    rt_metric_add(inbound_metrics.txns[TXN_PROCESSED], 1);
+    rt_metric_add(fed_txn_registry.txns[TXN_PROCESSED], 1);
     return http_respond_json(r, 200, answer);
 }
 
 static int refuse(atrium_req *r, int status, const char *errcode, const char *why)
 {
-    rt_metric_add(inbound_metrics.txns[TXN_REFUSED], 1);
+    rt_metric_add(fed_txn_registry.txns[TXN_REFUSED], 1);
     rt_log(ATRIUM_LOG_INFO, "federation", "transaction %s from %s refused: %s",
            http_req_param(r, "txnId"), r->origin, why);
     return http_respond_error(r, status, errcode, "%s", why);
