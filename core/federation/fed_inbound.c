@@ -267,7 +267,8 @@ static json_t *run_transaction(const char *origin, json_t *pdus, json_t *edus,
         rt_metric_add(fed_txn_registry.pdus[outcome_metric(outcome)], 1);
         if (!keys[i]) continue;
         bool ok = outcome == FED_PDU_ACCEPTED || outcome == FED_PDU_SOFT_FAILED;
-        json_object_set_new(results, keys[i], ok ? json_object() : json_pack("{s:s}", "error", err));
+        json_object_set_new(results, keys[i],
+                            ok ? json_object() : json_pack("{s:s}", "error", err));
     }
     json_t *edu;
     json_array_foreach(edus, i, edu) {

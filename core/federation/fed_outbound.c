@@ -291,7 +291,8 @@ static int64_t collapse(PGconn *c, const char *dest)
     char threshold[16], keep[16], stale[24];
     snprintf(threshold, sizeof(threshold), "%d", FED_OUTBOUND_CATCHUP_THRESHOLD_PDUS);
     snprintf(keep, sizeof(keep), "%d", FED_OUTBOUND_CATCHUP_KEEP_PDUS);
-    snprintf(stale, sizeof(stale), "%lld", (long long)(rt_wall_ms() - FED_OUTBOUND_TYPING_STALE_MS));
+    snprintf(stale, sizeof(stale), "%lld",
+             (long long)(rt_wall_ms() - FED_OUTBOUND_TYPING_STALE_MS));
     const char *q[2] = {dest, stale};
     if (!exec_ok(c,
                  "DELETE FROM federation_outbound WHERE destination = $1 AND kind = 1"

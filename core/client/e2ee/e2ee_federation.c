@@ -381,7 +381,8 @@ static void on_signing_key_update(void *ctx, const char *origin, const json_t *c
     (void)ctx;
     const char *user = json_string_value(json_object_get(content, "user_id"));
     if (!from_its_server(origin, user, "m.signing_key_update")) return;
-    json_t *mk = json_object_get(content, "master_key"), *sk = json_object_get(content, "self_signing_key");
+    json_t *mk = json_object_get(content, "master_key");
+    json_t *sk = json_object_get(content, "self_signing_key");
     if ((mk && !json_is_object(mk)) || (sk && !json_is_object(sk)) || (!mk && !sk)) return;
     PGconn *c = db_acquire(db_global(), E2EE_FED_DB_WAIT_MS);
     if (!c) return;
@@ -400,7 +401,8 @@ static void on_signing_key_update(void *ctx, const char *origin, const json_t *c
                         " self_signing_key, updated_ts) VALUES ($1, 0, $2, $3, $4)"
                         " ON CONFLICT (user_id) DO UPDATE SET"
                         " master_key = COALESCE($2, e2ee_remote_device_lists.master_key),"
-                        " self_signing_key = COALESCE($3, e2ee_remote_device_lists.self_signing_key),"
+                        " self_signing_key ="
+                        "  COALESCE($3, e2ee_remote_device_lists.self_signing_key),"
                         " updated_ts = $4",
                         4, p) &&
               e2ee_record_key_change(c, user) == 0 && e2ee_commit(c);

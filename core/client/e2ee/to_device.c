@@ -131,9 +131,9 @@ static int put_send_to_device(atrium_req *r)
     json_t *m;
     json_object_foreach(remote, server, m) {
         if (!ok) break;
+        const char *message_id = rt_arena_printf(r->arena, "%s/%s/%s", r->device, type, txn);
         json_t *edu = json_pack("{s:s,s:s,s:s,s:O}", "sender", r->user, "type", type,
-                                "message_id", rt_arena_printf(r->arena, "%s/%s/%s", r->device, type, txn),
-                                "messages", m);
+                                "message_id", message_id, "messages", m);
         ok = edu && fed_outbound_enqueue_edu(c, server, "m.direct_to_device", edu) == 0;
         json_decref(edu);
     }
