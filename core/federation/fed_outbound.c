@@ -613,7 +613,7 @@ void fed_outbound_free(fed_outbound *o)
     if (!o) return;
     for (out_dest *d = o->dests, *next; d; d = next) {
         next = d->next;
-        rt_keytab_remove(&o->tab, &d->ke);
+        rt_keytab_remove(&o->tab, &d->ke); /* the table asserts it is empty when destroyed */
         dest_free(d);
     }
     rt_keytab_destroy(&o->tab);
