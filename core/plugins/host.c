@@ -169,7 +169,9 @@ static char *h_req_strdup(atrium_req *r, const char *s) { return rt_arena_strdup
 
 static const char *h_req_body(atrium_req *r, size_t *len)
 {
-    if (len) *len = r->body_len;
+    /* A streamed body went to body_chunk: body_len counts it (for max_body_bytes), but
+     * nothing is buffered, so the buffered body is empty, as host.h says. */
+    if (len) *len = r->body ? r->body_len : 0;
     return r->body ? r->body : "";
 }
 

@@ -131,7 +131,11 @@ def raw_request(srv, method, path, headers=None, body=b"", chunked=False, token=
                     sock.sendall(b"0\r\n\r\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # answered before the whole body: read that answer
-        return read_response(sock)
+        try:
+            return read_response(sock)
+        except socket.timeout:
+            raise AssertionError(f"{method} {path}: no answer within {timeout}s"
+                                 + ("" if send_body else " while the body was not sent")) from None
     finally:
         sock.close()
 
