@@ -7,9 +7,11 @@
  * reach core symbols), is it an Atrium plugin (entry symbol, magic, size), is it built for
  * this contract (ABI major equal, minor not newer) and this platform (build signature),
  * is it the plugin the config named, does it bring the mandatory callback, and does no
- * other plugin provide the same interface. Every refusal is one line naming the file, what
- * it wants, what the server has and what to do, and stops start-up: a server silently
- * missing its media module is worse than one that does not start.
+ * other plugin provide the same interface; after init, a plugin providing media/1 must
+ * have registered the routes include/atrium/media.h requires, and a failed init is logged
+ * with its error's name. Every refusal is one line naming the file, what it wants, what
+ * the server has and what to do, and stops start-up: a server silently missing its media
+ * module is worse than one that does not start.
  * Plugins are never dlclose'd.
  */
 #include <dlfcn.h>

@@ -50,8 +50,9 @@
  * HEAD (the core sends the headers without the body). Path parameters: {serverName},
  * {mediaId}, {fileName}. Groups, in order:
  *   config        {"m.upload.size": max_upload_size}; authenticated (v1)
- *   upload        the body streamed to storage (ATRIUM_ROUTE_STREAM_BODY, with
- *                 ATRIUM_ROUTE_HEADERS_FIRST to refuse a stranger before the body), answers
+ *   upload        the body streamed to storage as it arrives, never buffered whole
+ *                 (ATRIUM_ROUTE_STREAM_BODY); a request without a valid token is answered
+ *                 401 before its body is sent (ATRIUM_ROUTE_HEADERS_FIRST); answers
  *                 {"content_uri": "mxc://<server name>/<id>"}
  *   create + PUT  the asynchronous pair: register both or neither
  *   download      authenticated content, with and without a file name

@@ -606,6 +606,8 @@ def main():
     OPTS.name = args.name or os.path.basename(args.plugin).rsplit(".so", 1)[0]
     OPTS.thumbnails = args.thumbnails
     OPTS.set = args.set
+    if os.environ.get("ATRIUM_BIN"):  # the server runs in its own folder: no relative path
+        os.environ["ATRIUM_BIN"] = os.path.abspath(os.environ["ATRIUM_BIN"])
     if not os.path.exists(OPTS.plugin):
         sys.exit(f"conform.py: no such plugin file: {OPTS.plugin}")
     stop_db = ensure_database()
