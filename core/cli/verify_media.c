@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "atrium/media.h"
 #include "core/cli/cli.h"
 #include "core/config/config.h"
 #include "core/plugins/plugins.h"
@@ -61,7 +62,7 @@ int cli_verify_media(int argc, char **argv)
     struct cfg_plugin_doc media;
     const struct cfg_setting *store_row = NULL;
     if (plugins_describe(plugin_dir, VERIFY_PLUGIN, plugin_path, &media) == 0)
-        store_row = cfg_settings_find(media.rows, media.n_rows, "store_path");
+        store_row = cfg_settings_find(media.rows, media.n_rows, ATRIUM_MEDIA_SETTING_STORE_PATH);
     const char *store_default = store_row ? store_row->def_string : NULL; /* static */
     plugins_describe_release(&media);
     if (!store_default) {

@@ -38,6 +38,9 @@ void router_free(router *rt);
  * /_matrix/client/v3/ or /_matrix/media/v3/ route is also added under r0 (router_r0_twin). */
 int router_add(router *rt, const atrium_route *route, const char *owner, char *err,
                size_t errlen);
+/* The owner ("core" or a plugin's name) of the route registered for method and a path
+ * template of the same shape, or NULL. Main thread, at start-up. */
+const char *router_owner(const router *rt, const char *method, const char *path);
 /* Match method + raw (still percent-encoded) path. Segments are percent-decoded after
  * splitting, so an encoded "/" stays inside its segment. On a match, the param names and
  * decoded values are allocated in `arena`. NULL when nothing matches; *wrong_method is
@@ -227,10 +230,18 @@ struct atrium_req {
     atrium_scope_value hvals[HTTP_MAX_HANDOFF_VALUES];
     size_t n_hvals;
 
-    /* holds, released once in the request-completed callback */
+    /* holds, released once in the request-completed callback - or, when a handed-off
+     * handler still runs then (the deadline answered it), by that handler's pool thread
+     * once it returns (guarded by holds_mu) */
     http_hold *holds;
     pthread_mutex_t holds_mu;
     bool completed;
+    int on_pool;         /* handed-off handler runs in progress (a handler on one pool may
+                            hand off to another, whose run starts before the first ends) */
+    bool holds_deferred; /* completed while on_pool: the pool thread releases them */
+
+    /* inside a body_chunk callback: park, line_admit, req_wait and handoff refuse */
+    bool in_body_chunk;
 
     /* run once when the last reference goes (after every callback that held one) */
     void (*on_free)(void *arg);
@@ -251,6 +262,11 @@ void http_req_on_free(atrium_req *r, void (*fn)(void *arg), void *arg);
 /* Release every hold once (idempotent); holds added later are released at once. */
 int http_req_add_hold(atrium_req *r, void (*release)(void *arg), void *arg);
 void http_req_release_holds(atrium_req *r);
+/* Around a handed-off handler's run (suspend.c): while it runs, http_req_release_holds
+ * defers to http_req_pool_run_end, which releases them on the pool thread. begin returns
+ * false when the request already completed (do not run the handler). */
+bool http_req_pool_run_begin(atrium_req *r);
+void http_req_pool_run_end(atrium_req *r);
 /* Run the route handler on the calling thread inside the request's scopes; returns the
  * handler's outcome (errors mapped to a response). */
 int http_req_run(atrium_req *r);

@@ -246,13 +246,48 @@ int http_req_add_hold(atrium_req *r, void (*release)(void *), void *arg)
     return 0;
 }
 
+static void release_list(atrium_req *r, http_hold *h);
+
 void http_req_release_holds(atrium_req *r)
 {
     pthread_mutex_lock(&r->holds_mu);
     r->completed = true;
+    if (r->on_pool) { /* never under a running handler: its pool thread releases them */
+        r->holds_deferred = true;
+        pthread_mutex_unlock(&r->holds_mu);
+        return;
+    }
     http_hold *h = r->holds;
     r->holds = NULL;
     pthread_mutex_unlock(&r->holds_mu);
+    release_list(r, h);
+}
+
+bool http_req_pool_run_begin(atrium_req *r)
+{
+    pthread_mutex_lock(&r->holds_mu);
+    bool live = !r->completed;
+    if (live) r->on_pool++;
+    pthread_mutex_unlock(&r->holds_mu);
+    return live;
+}
+
+void http_req_pool_run_end(atrium_req *r)
+{
+    pthread_mutex_lock(&r->holds_mu);
+    r->on_pool--;
+    http_hold *h = NULL;
+    if (r->on_pool == 0 && r->holds_deferred) {
+        r->holds_deferred = false;
+        h = r->holds;
+        r->holds = NULL;
+    }
+    pthread_mutex_unlock(&r->holds_mu);
+    release_list(r, h);
+}
+
+static void release_list(atrium_req *r, http_hold *h)
+{
     while (h) { /* newest first: reverse order of acquisition */
         http_hold *next = h->next;
         h->release(h->arg);

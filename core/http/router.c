@@ -194,6 +194,26 @@ static int add_one(router *rt, const atrium_route *route, const char *owner, cha
     return 0;
 }
 
+const char *router_owner(const router *rt, const char *method, const char *path)
+{
+    route_entry probe = {0};
+    char err[128];
+    const char *owner = NULL;
+    if (parse_template(&probe, path, err, sizeof(err))) {
+        for (size_t i = 0; i < rt->n && !owner; i++)
+            if (same_method(rt->entries[i].route.method, method) &&
+                same_shape(&rt->entries[i], &probe))
+                owner = rt->entries[i].owner;
+    }
+    for (size_t j = 0; j < probe.n_segs; j++) {
+        free((void *)probe.segs[j]);
+        free((void *)probe.names[j]);
+    }
+    free(probe.segs);
+    free(probe.names);
+    return owner;
+}
+
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';

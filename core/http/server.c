@@ -92,6 +92,8 @@ static enum MHD_Result dispatch(atrium_req *r)
     return queue_own(r);
 }
 
+static int call_body_chunk(atrium_req *r, const char *data, size_t size);
+
 /* First call for a request: route it and decide whether it is answered before its body
  * (true: answer now, MHD closes the connection after). */
 static bool prepare(atrium_req *r)
@@ -142,7 +144,32 @@ static bool prepare(atrium_req *r)
             r->body_too_large = true;
         }
     }
-    return r->body_too_large;
+    if (r->body_too_large) return true;
+    /* ATRIUM_ROUTE_HEADERS_FIRST: the plugin sees the headers before any of the body and
+     * may refuse now, so a stranger's upload is answered before it is sent. */
+    const atrium_route *route = &r->route->route;
+    if ((route->flags & ATRIUM_ROUTE_HEADERS_FIRST) && route->body_chunk) {
+        int rc = call_body_chunk(r, NULL, 0);
+        if (rc < 0) {
+            r->body_failed = true;
+            if (!r->response) http_respond_error(r, 400, "M_UNKNOWN", "The request was refused");
+            http_respond_header(r, "Connection", "close");
+            return true;
+        }
+    }
+    return false;
+}
+
+/* One body_chunk call, inside the request's scopes; park, handoff and the like refuse
+ * while it runs (the request is not a handler's yet). */
+static int call_body_chunk(atrium_req *r, const char *data, size_t size)
+{
+    RT_SCOPE(ATRIUM_SCOPE_REQUEST, r);
+    RT_SCOPE(ATRIUM_SCOPE_REQUEST_ID, r->id);
+    r->in_body_chunk = true;
+    int rc = r->route->route.body_chunk(r, data, size);
+    r->in_body_chunk = false;
+    return rc;
 }
 
 static void take_body(atrium_req *r, const char *data, size_t size)
@@ -157,12 +184,7 @@ static void take_body(atrium_req *r, const char *data, size_t size)
     }
     if (route->flags & ATRIUM_ROUTE_STREAM_BODY) {
         r->body_len += size;
-        int rc;
-        {
-            RT_SCOPE(ATRIUM_SCOPE_REQUEST, r);
-            RT_SCOPE(ATRIUM_SCOPE_REQUEST_ID, r->id);
-            rc = route->body_chunk ? route->body_chunk(r, data, size) : 0;
-        }
+        int rc = route->body_chunk ? call_body_chunk(r, data, size) : 0;
         if (rc < 0) {
             r->body_failed = true;
             if (!r->response) http_respond_error(r, 400, "M_UNKNOWN", "The body was refused");

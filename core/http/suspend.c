@@ -379,8 +379,16 @@ static void handoff_task(void *arg, bool cancelled)
         http_req_unref(r);
         return;
     }
+    /* The deadline may answer the request while the handler runs; its holds then wait
+     * for the handler to return (http_req_pool_run_end), so nothing it uses through a
+     * hold is released under it. */
+    if (!http_req_pool_run_begin(r)) {
+        http_req_unref(r);
+        return;
+    }
     r->run_reason = ATRIUM_RUN_HANDOFF;
     int rc = http_req_run(r);
+    http_req_pool_run_end(r);
     if (rc == ATRIUM_PARKED || rc == ATRIUM_HANDED_OFF) {
         http_req_unref(r); /* someone else owns it now; our reference only */
         return;

@@ -113,10 +113,29 @@ static int require_init(atrium_plugin *self, const char *what)
     return ATRIUM_E_STATE;
 }
 
+#define ROUTE_KNOWN_FLAGS                                                                  \
+    (ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_FEDERATION | ATRIUM_ROUTE_HEADERS_FIRST)
+
 static int h_route_add(atrium_plugin *self, const atrium_route *route)
 {
     int rc = require_init(self, "route_add");
     if (rc < 0) return rc;
+    if (route && (route->flags & ~ROUTE_KNOWN_FLAGS)) {
+        rt_log(ATRIUM_LOG_ERROR, self->name,
+               "route %s %s: unknown flags 0x%x (this server offers plugin ABI %d.%d)",
+               route->method ? route->method : "?", route->path ? route->path : "?",
+               route->flags & ~ROUTE_KNOWN_FLAGS, ATRIUM_ABI_MAJOR, ATRIUM_ABI_MINOR);
+        return ATRIUM_E_INVAL;
+    }
+    if (route && (route->flags & ATRIUM_ROUTE_HEADERS_FIRST) &&
+        (!(route->flags & ATRIUM_ROUTE_STREAM_BODY) || !route->body_chunk ||
+         (route->flags & ATRIUM_ROUTE_FEDERATION))) {
+        rt_log(ATRIUM_LOG_ERROR, self->name,
+               "route %s %s: ATRIUM_ROUTE_HEADERS_FIRST needs ATRIUM_ROUTE_STREAM_BODY and a "
+               "body_chunk, and is not for federation routes",
+               route->method ? route->method : "?", route->path ? route->path : "?");
+        return ATRIUM_E_INVAL;
+    }
     char err[HOST_ERR_LEN];
     rc = router_add(core_runtime_get()->http->router, route, self->name, err, sizeof(err));
     if (rc < 0) rt_log(ATRIUM_LOG_ERROR, self->name, "%s", err);
@@ -150,7 +169,9 @@ static char *h_req_strdup(atrium_req *r, const char *s) { return rt_arena_strdup
 
 static const char *h_req_body(atrium_req *r, size_t *len)
 {
-    if (len) *len = r->body_len;
+    /* A streamed body went to body_chunk: body_len counts it (for max_body_bytes), but
+     * nothing is buffered, so the buffered body is empty, as host.h says. */
+    if (len) *len = r->body ? r->body_len : 0;
     return r->body ? r->body : "";
 }
 
@@ -199,9 +220,19 @@ static int h_pool_submit(atrium_pool *pool, void (*fn)(void *, bool), void *arg)
 
 static void h_pool_stop(atrium_pool *pool) { rt_pool_stop((rt_pool *)pool); }
 
+/* The waits a handler may start; a body_chunk callback may not (host.h, atrium_route). */
+static int refuse_in_body_chunk(atrium_req *r, const char *what)
+{
+    if (!r->in_body_chunk) return 0;
+    rt_log(ATRIUM_LOG_ERROR, "core", "[req %s] %s called from body_chunk: refused (%s)", r->id,
+           what, atrium_err_name(ATRIUM_E_STATE));
+    return ATRIUM_E_STATE;
+}
+
 static int h_handoff(atrium_req *r, atrium_pool *pool, const atrium_scope_value *vals, size_t n)
 {
-    return susp_handoff(r, (rt_pool *)pool, vals, n);
+    int rc = refuse_in_body_chunk(r, "handoff");
+    return rc < 0 ? rc : susp_handoff(r, (rt_pool *)pool, vals, n);
 }
 
 static atrium_event *h_event_create(atrium_plugin *self)
@@ -212,7 +243,8 @@ static atrium_event *h_event_create(atrium_plugin *self)
 
 static int h_park(atrium_req *r, atrium_event *ev, int64_t deadline_ms)
 {
-    return susp_park(r, ev, deadline_ms);
+    int rc = refuse_in_body_chunk(r, "park");
+    return rc < 0 ? rc : susp_park(r, ev, deadline_ms);
 }
 
 static int h_event_signal(atrium_event *ev) { return susp_event_signal(ev); }
@@ -298,7 +330,8 @@ static atrium_line *h_line_create(atrium_plugin *self, const char *name, int slo
 
 static int h_line_admit(atrium_req *r, atrium_line *line)
 {
-    return susp_line_admit(r, line->line, line->max_wait_ms);
+    int rc = refuse_in_body_chunk(r, "line_admit");
+    return rc < 0 ? rc : susp_line_admit(r, line->line, line->max_wait_ms);
 }
 
 static int h_outbound_acquire(atrium_req *r)
@@ -418,7 +451,11 @@ static const char *h_fed_response_header(const atrium_fed_response *res, const c
     return res && res->internal ? fed_http_handle_header(res->internal, name) : NULL;
 }
 
-static int h_req_wait(atrium_req *r, int64_t deadline_ms) { return susp_wait(r, deadline_ms); }
+static int h_req_wait(atrium_req *r, int64_t deadline_ms)
+{
+    int rc = refuse_in_body_chunk(r, "req_wait");
+    return rc < 0 ? rc : susp_wait(r, deadline_ms);
+}
 static void h_req_wake(atrium_req *r) { susp_wake(r); }
 static int h_fed_sign_json(json_t *obj) { return federation_sign_json(obj); }
 

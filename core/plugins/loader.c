@@ -7,9 +7,11 @@
  * reach core symbols), is it an Atrium plugin (entry symbol, magic, size), is it built for
  * this contract (ABI major equal, minor not newer) and this platform (build signature),
  * is it the plugin the config named, does it bring the mandatory callback, and does no
- * other plugin provide the same interface. Every refusal is one line naming the file, what
- * it wants, what the server has and what to do, and stops start-up: a server silently
- * missing its media module is worse than one that does not start.
+ * other plugin provide the same interface; after init, a plugin providing media/1 must
+ * have registered the routes include/atrium/media.h requires, and a failed init is logged
+ * with its error's name. Every refusal is one line naming the file, what it wants, what
+ * the server has and what to do, and stops start-up: a server silently missing its media
+ * module is worse than one that does not start.
  * Plugins are never dlclose'd.
  */
 #include <dlfcn.h>
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "atrium/media.h"
 #include "core/plugins/plugins.h"
 
 #define DESC_V1_SIZE (offsetof(atrium_plugin_desc, fini) + sizeof(void (*)(void *)))
@@ -101,6 +104,32 @@ const atrium_plugin_desc *plugin_handshake(const char *name, const char *path, v
     return d;
 }
 
+/* The routes a media/1 plugin must register (atrium/media.h), checked after its init:
+ * a replacement missing one is refused at start-up rather than answering 404 later. */
+static int contract_check(core_runtime *rt, const atrium_plugin *p)
+{
+    if (!p->desc->provides || strcmp(p->desc->provides, ATRIUM_MEDIA_IFACE) != 0) return 0;
+    static const struct {
+        const char *method, *path;
+        int cls;
+    } routes[] = {
+#define CONTRACT_ROUTE_(name, method, path, cls) {method, path, cls},
+        ATRIUM_MEDIA_ROUTES(CONTRACT_ROUTE_)
+#undef CONTRACT_ROUTE_
+    };
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        if (routes[i].cls != ATRIUM_MEDIA_REQUIRED) continue;
+        const char *owner = router_owner(rt->http->router, routes[i].method, routes[i].path);
+        if (owner && strcmp(owner, p->name) == 0) continue;
+        rt_log(ATRIUM_LOG_ERROR, "core",
+               "plugin \"%s\" (%s) provides %s but does not serve %s %s, which that contract "
+               "requires (include/atrium/media.h) - use a complete build of the plugin",
+               p->name, p->path, ATRIUM_MEDIA_IFACE, routes[i].method, routes[i].path);
+        return -1;
+    }
+    return 0;
+}
+
 static int load_one(core_runtime *rt, const atrium_host *host, const cfg_node *pcfg,
                     const char *name)
 {
@@ -144,11 +173,12 @@ static int load_one(core_runtime *rt, const atrium_host *host, const cfg_node *p
     p->inited = rc >= 0; /* fini only follows an init that succeeded */
     if (rc < 0) {
         rt_log(ATRIUM_LOG_ERROR, "core",
-               "plugin \"%s\" (%s): init failed (%d) - see the lines above; fix plugins.%s or "
+               "plugin \"%s\" (%s): init failed: %s - see the lines above; fix plugins.%s or "
                "disable it",
-               name, path, rc, name);
+               name, path, atrium_err_name(rc), name);
         return -1;
     }
+    if (contract_check(rt, p) < 0) return -1;
     rt_log(ATRIUM_LOG_INFO, "core", "plugin \"%s\" %s loaded from %s%s%s", name,
            d->version ? d->version : "", path, d->provides ? ", provides " : "",
            d->provides ? d->provides : "");

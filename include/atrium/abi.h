@@ -14,13 +14,25 @@
 #include <stdint.h>
 #include <jansson.h>
 
-/* The contract version. A plugin built for another major is refused; a plugin that needs
- * a newer minor than the host offers is refused. The host table only grows within a major
- * (members are appended), so an old plugin keeps working on a newer host of the same major. */
+/* The contract version these headers describe. A plugin built for another major is
+ * refused; a plugin that needs a newer minor than the host offers is refused. The host
+ * table only grows within a major (members are appended), so an old plugin keeps working
+ * on a newer host of the same major.
+ *
+ * These two are facts about the headers, not settings: a plugin says which contract it
+ * targets with ATRIUM_TARGET_ABI_MAJOR and ATRIUM_TARGET_ABI_MINOR (atrium/plugin.h),
+ * defined before including any atrium/ header (or with -D). Defining ATRIUM_ABI_MAJOR or
+ * ATRIUM_ABI_MINOR yourself is an error, so a stray -DATRIUM_ABI_MAJOR=2 cannot silently
+ * build a plugin for a contract these headers do not describe. */
+#if defined(ATRIUM_ABI_MAJOR) || defined(ATRIUM_ABI_MINOR)
+#error "ATRIUM_ABI_MAJOR/MINOR are set by atrium/abi.h; to target another ABI define ATRIUM_TARGET_ABI_MAJOR / ATRIUM_TARGET_ABI_MINOR"
+#endif
 #define ATRIUM_ABI_MAJOR 1
-#define ATRIUM_ABI_MINOR 1 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
+#define ATRIUM_ABI_MINOR 2 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
                               federation (req_origin, fed_request, req_wait, ...);
-                              interfaces (iface_provide, iface_get) */
+                              interfaces (iface_provide, iface_get).
+                              1.2: ATRIUM_ROUTE_HEADERS_FIRST (refuse a streamed body
+                              before it is read); the media/1 contract (atrium/media.h) */
 
 #define ATRIUM_PLUGIN_MAGIC 0x41545250u /* "ATRP" */
 
@@ -53,6 +65,28 @@ enum atrium_err {
     ATRIUM_E_EXISTS = -11,  /* already registered (route, interface, metric) */
     ATRIUM_E_GONE = -12,    /* the client went away */
 };
+
+/* The name of an error code ("ATRIUM_E_EXISTS") followed by what it means, for log
+ * lines; "unknown error" for anything else. Any thread. */
+static inline const char *atrium_err_name(int err)
+{
+    switch (err) {
+    case ATRIUM_OK: return "ATRIUM_OK";
+    case ATRIUM_E_INVAL: return "ATRIUM_E_INVAL (an argument is wrong)";
+    case ATRIUM_E_NOMEM: return "ATRIUM_E_NOMEM (out of memory)";
+    case ATRIUM_E_LIMIT: return "ATRIUM_E_LIMIT (a cap, budget or queue is full)";
+    case ATRIUM_E_STOPPED: return "ATRIUM_E_STOPPED (stopping)";
+    case ATRIUM_E_TIMEOUT: return "ATRIUM_E_TIMEOUT (a deadline passed)";
+    case ATRIUM_E_EXPIRED: return "ATRIUM_E_EXPIRED (the request was already answered)";
+    case ATRIUM_E_STATE: return "ATRIUM_E_STATE (wrong phase or thread)";
+    case ATRIUM_E_DB: return "ATRIUM_E_DB (PostgreSQL failed)";
+    case ATRIUM_E_IO: return "ATRIUM_E_IO (a system call failed)";
+    case ATRIUM_E_NOTFOUND: return "ATRIUM_E_NOTFOUND (not found)";
+    case ATRIUM_E_EXISTS: return "ATRIUM_E_EXISTS (already registered)";
+    case ATRIUM_E_GONE: return "ATRIUM_E_GONE (the client went away)";
+    default: return "unknown error";
+    }
+}
 
 /* Scope keys: thread-local values the core publishes for the duration of a handler call
  * (see atrium/host.h, scope_get). A handoff republishes them on the receiving thread. */

@@ -14,7 +14,8 @@
  *   [any]  any thread; thread-safe.
  *
  * Ownership: strings and memory obtained from a request (req_*, and req_alloc) belong to
- * the request and stay valid until it ends; never free them. Handles created in init
+ * the request and stay valid until it ends - after its holds were released and after the
+ * last handler run returned - ; never free them. Handles created in init
  * (pools, budgets, lines, events, metrics, rate limiters) belong to the host and live
  * until the server exits. Errors are negative enum atrium_err values (atrium/abi.h).
  *
@@ -68,25 +69,51 @@ enum atrium_run_reason {
 
 typedef int (*atrium_handler)(atrium_req *req);
 
-/* Flags for atrium_route.flags. */
+/* Flags for atrium_route.flags. route_add refuses bits it does not know (ATRIUM_E_INVAL). */
 #define ATRIUM_ROUTE_STREAM_BODY 0x1u /* deliver the body to body_chunk as it arrives */
 /* A route other servers call (1.1): served on the federation listener only, and the core
  * verifies the request's X-Matrix signature before the handler runs (req_origin then names
  * the verified server). A missing or bad signature is answered 401 M_UNAUTHORIZED (403
  * M_FORBIDDEN for a server outside federation.domain_whitelist) without running it. */
 #define ATRIUM_ROUTE_FEDERATION 0x2u
+/* With ATRIUM_ROUTE_STREAM_BODY (1.2): body_chunk is first called once with data == NULL
+ * and len == 0 as soon as the request's headers have arrived, before any byte of the
+ * body is read, also when the body is empty. A negative return answers the request at
+ * once with whatever respond_* the callback set (else 400), the body is never read and
+ * the connection is closed after the answer: a plugin refuses an unauthenticated or
+ * unwanted upload (req_authenticate, then return the error) before the client sends it.
+ * Not for federation routes (their signature is checked later): ATRIUM_E_INVAL. */
+#define ATRIUM_ROUTE_HEADERS_FIRST 0x4u
 
 typedef struct atrium_route {
     const char *method;     /* "GET" (also serves HEAD), "POST", "PUT", "DELETE" */
     const char *path;       /* template: literal segments and {name} segments, e.g.
                                "/_matrix/client/v1/media/download/{server}/{id}" */
     atrium_handler handler; /* required */
-    int64_t max_body_bytes; /* 0 = the server's server.http.max_json_body_bytes; larger
-                               bodies get 413 M_TOO_LARGE without running the handler */
+    /* 0 = the server's server.http.max_json_body_bytes. Applies to every route, streamed
+     * or not: a Content-Length above it is answered 413 M_TOO_LARGE before anything of the
+     * plugin runs (not even the ATRIUM_ROUTE_HEADERS_FIRST call); a body without a length
+     * that grows past it is answered 413 by the core at the chunk that would pass it.
+     * That chunk and the rest never reach body_chunk, the handler never runs, and the
+     * plugin is not told otherwise: its holds are released when the 413 has been sent,
+     * which is where a streamed upload's temporary file must be cleaned up. A plugin that
+     * wants its own 413 message sets this a little above its own limit and answers from
+     * body_chunk. */
+    int64_t max_body_bytes;
     unsigned flags;
-    /* With ATRIUM_ROUTE_STREAM_BODY: called [req] on a request-pool thread for each chunk
-     * of the body, before the handler runs; return 0, or a negative error to answer the
-     * request with 400/413 (whatever respond_* the callback set, else 400). */
+    /* With ATRIUM_ROUTE_STREAM_BODY: called [req] on the connection's request-pool thread
+     * for each chunk of the body, in order, before the handler runs (which then runs once
+     * the whole body is in, on the same kind of thread). Never called with data for an
+     * empty body: the handler runs directly (with ATRIUM_ROUTE_HEADERS_FIRST, after the
+     * NULL call). Return 0, or a negative error to answer the request with 400/413
+     * (whatever respond_* the callback set, else 400); after a refusal the rest of the
+     * body is read and discarded, and the handler never runs. The callback may call the
+     * [req] readers (req_header, req_query, req_param, req_route_arg, req_client_key),
+     * req_alloc/req_strdup, req_state/req_set_state, req_hold, req_authenticate,
+     * req_device, req_is_admin, ratelimit_check, budget_acquire_hold, the respond_*
+     * family, and every [any] member; it must not park, line_admit, req_wait or
+     * handoff (the request is not a handler's yet), and should keep to quick work: a
+     * slow callback slows this upload only, but holds a request-pool thread. */
     int (*body_chunk)(atrium_req *req, const char *data, size_t len);
     void *arg; /* handed back by req_route_arg */
 } atrium_route;
@@ -197,7 +224,9 @@ struct atrium_host {
     /* [init] Read plugins.<name>.<key> from the subtree given to init. When absent, *out
      * gets def and 0 is returned. On a wrong type or out-of-range value the host logs one
      * line naming the key, the file and line, and the allowed range, and returns
-     * ATRIUM_E_INVAL: return that from init. `*out` strings belong to the host. */
+     * ATRIUM_E_INVAL: return that from init. `*out` strings belong to the host and live
+     * until the server exits (after fini). Values are handed over as written: a relative
+     * path is relative to the server's working directory. */
     int (*config_int)(atrium_plugin *self, const atrium_config *cfg, const char *key,
                       int64_t def, int64_t min, int64_t max, int64_t *out);
     int (*config_bool)(atrium_plugin *self, const atrium_config *cfg, const char *key,
@@ -253,9 +282,15 @@ struct atrium_host {
     void (*req_set_state)(atrium_req *req, void *state);
     /* [req] Attach a hold: `release(arg)` is called exactly once, on a request-pool
      * thread, when the response's last byte was sent, the client went away, or the
-     * request failed. A hold attached after the request ended (ATRIUM_E_EXPIRED) or that
-     * finds no memory (ATRIUM_E_NOMEM) is released at once, on the calling thread. Holds
-     * are released in reverse order. */
+     * request failed (a 413 from the core included). A hold attached after the request
+     * ended (ATRIUM_E_EXPIRED) or that finds no memory (ATRIUM_E_NOMEM) is released at
+     * once, on the calling thread, before req_hold returns: whatever req_hold returns,
+     * the release has run or will run, exactly once. Holds are released in reverse order,
+     * before the request's memory (req_alloc) is freed, so arg may point into it.
+     * A handed-off handler still running on its pool when the core answered the request
+     * (its deadline passed: 504; or shutdown: 503) keeps its holds until it returns: they
+     * are then released on that pool thread, never under a running handler. Such a
+     * handler sees respond_* return ATRIUM_E_EXPIRED and req_hold release at once. */
     int (*req_hold)(atrium_req *req, void (*release)(void *arg), void *arg);
     /* [req] Authenticate the request by its access token (Authorization: Bearer, or
      * ?access_token=). Returns the user ID (owned by the request; from then on it is the
@@ -384,7 +419,8 @@ struct atrium_host {
      * at once (respond_limited), never wait. */
     int (*outbound_acquire)(atrium_req *req);
 
-    /* [init] A token bucket per client key: per_second refill, burst capacity. */
+    /* [init] A token bucket per client key: per_second refill, burst capacity. Metrics
+     * atrium_ratelimit_{refused_total,keys}{action="<plugin>.<action>"}. */
     atrium_ratelimit *(*ratelimit_create)(atrium_plugin *self, const char *action,
                                           double per_second, double burst);
     /* [req] 0 = allowed; > 0 = refused, retry after that many ms (answer with

@@ -18,13 +18,22 @@
  *                                  init allocated before returning the error.
  *   start(state)                   after every plugin's init succeeded and migrations ran,
  *                                  before the listener opens: start work that needs the DB.
- *                                  Pools created in init are started by the host.
+ *                                  Pools created in init are started by the host. Return 0
+ *                                  (any value >= 0 is success), or a negative atrium_err
+ *                                  after logging why: start-up stops (the server exits
+ *                                  with status 1); this plugin's stop is not called but
+ *                                  its pools are stopped and its fini runs, and plugins
+ *                                  started before it are stopped.
  *   stop(state)                    once new requests are refused (503) and parked requests
  *                                  answered, before the listener closes: refuse new work,
  *                                  finish what runs. The host
  *                                  then stops and joins the plugin's pools.
  *   fini(state)                    after every plugin stopped: free memory.
- * start, stop and fini may be NULL.
+ * start, stop and fini may be NULL. Paths in a plugin's settings are handed over as
+ * written: a relative one is relative to the server's working directory (the host does
+ * not resolve it; resolve it in init if the plugin wants another base). A failing init
+ * is logged by the core with the error's name (atrium_err_name) after the plugin's own
+ * lines.
  */
 #ifndef ATRIUM_PLUGIN_H
 #define ATRIUM_PLUGIN_H
@@ -90,10 +99,23 @@ typedef struct atrium_plugin_desc {
 typedef const atrium_plugin_desc *(*atrium_plugin_entry_fn)(void);
 #define ATRIUM_PLUGIN_ENTRY_SYMBOL "atrium_plugin_entry"
 
-/* A plugin may target an older host minor (it then must test ATRIUM_HOST_HAS before using
- * newer host members). */
+/* The contract a plugin targets, written into its descriptor by ATRIUM_PLUGIN(...).
+ * Define them before including any atrium/ header (or with -D) to target something else:
+ *   ATRIUM_TARGET_ABI_MINOR  an older minor, so the plugin also loads on older hosts of
+ *                            the major; it then must test ATRIUM_HOST_HAS before using
+ *                            newer host members (and use no newer route flags);
+ *   ATRIUM_TARGET_ABI_MAJOR  another major: only useful to test a loader's refusal
+ *                            (tests/plugins/badabi.c), since these headers describe
+ *                            major ATRIUM_ABI_MAJOR alone.
+ * A minor newer than these headers offer is a compile error. */
+#ifndef ATRIUM_TARGET_ABI_MAJOR
+#define ATRIUM_TARGET_ABI_MAJOR ATRIUM_ABI_MAJOR
+#endif
 #ifndef ATRIUM_TARGET_ABI_MINOR
 #define ATRIUM_TARGET_ABI_MINOR ATRIUM_ABI_MINOR
+#endif
+#if ATRIUM_TARGET_ABI_MAJOR == ATRIUM_ABI_MAJOR && ATRIUM_TARGET_ABI_MINOR > ATRIUM_ABI_MINOR
+#error "ATRIUM_TARGET_ABI_MINOR is newer than these headers (ATRIUM_ABI_MINOR): update include/atrium/"
 #endif
 
 /* Define the entry symbol and the descriptor. Use once per plugin, at file scope:
@@ -108,7 +130,7 @@ typedef const atrium_plugin_desc *(*atrium_plugin_entry_fn)(void);
     {                                                                                        \
         static const atrium_plugin_desc d = {.magic = ATRIUM_PLUGIN_MAGIC,                  \
                                              .size = sizeof(atrium_plugin_desc),            \
-                                             .abi_major = ATRIUM_ABI_MAJOR,                 \
+                                             .abi_major = ATRIUM_TARGET_ABI_MAJOR,          \
                                              .abi_minor = ATRIUM_TARGET_ABI_MINOR,          \
                                              .build_sig = ATRIUM_BUILD_SIG,                 \
                                              __VA_ARGS__};                                  \

@@ -36,10 +36,6 @@
 
 #define UPLOAD_RECHECK_MS 2000
 #define LOCATE_AGAIN (MEDIA_GO + 1) /* await_upload: the row changed, read it again */
-#define CSP_VALUE                                                                                  \
-    "sandbox; default-src 'none'; script-src 'none'; plugin-types application/pdf; "               \
-    "style-src 'unsafe-inline'; object-src 'self';"
-#define CACHE_SUCCESS "private, max-age=86400"
 
 media_req *media_req_state(media *m, atrium_req *req)
 {
@@ -350,10 +346,10 @@ void delivery_upload_landed(media *m, const char *media_id)
 void delivery_success_headers(media *m, atrium_req *req, const char *etag)
 {
     const atrium_host *h = m->h;
-    h->respond_header(req, "Content-Security-Policy", CSP_VALUE);
-    h->respond_header(req, "Cross-Origin-Resource-Policy", "cross-origin");
-    h->respond_header(req, "Cache-Control", CACHE_SUCCESS);
-    h->respond_header(req, "X-Content-Type-Options", "nosniff");
+    h->respond_header(req, "Content-Security-Policy", ATRIUM_MEDIA_CSP);
+    h->respond_header(req, "Cross-Origin-Resource-Policy", ATRIUM_MEDIA_CORP);
+    h->respond_header(req, "Cache-Control", ATRIUM_MEDIA_CACHE_OK);
+    h->respond_header(req, "X-Content-Type-Options", ATRIUM_MEDIA_NOSNIFF);
     if (etag) h->respond_header(req, "ETag", etag);
 }
 

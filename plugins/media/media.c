@@ -79,21 +79,21 @@ static int get_config(atrium_req *req)
      .max = (hi), .unit = (u), .help = (h)}
 
 static const atrium_setting MEDIA_SETTINGS[] = {
-    INT64_SETTING("max_upload_size", max_upload_bytes, DEFAULT_MAX_UPLOAD_BYTES, 1,
+    INT64_SETTING(ATRIUM_MEDIA_SETTING_MAX_UPLOAD, max_upload_bytes, DEFAULT_MAX_UPLOAD_BYTES, 1,
                   MAX_UPLOAD_BYTES_LIMIT, "bytes",
                   "Largest upload; a larger one gets 413 M_TOO_LARGE and leaves nothing behind."),
-    {.key = "store_path", .type = ATRIUM_SETTING_STRING, .offset = FIELD(store_path),
+    {.key = ATRIUM_MEDIA_SETTING_STORE_PATH, .type = ATRIUM_SETTING_STRING, .offset = FIELD(store_path),
      .def_string = DEFAULT_STORE_PATH,
      .help = "Folder of originals (local/) and thumbnails (thumbnails/); relative to the "
              "server's working directory."},
-    INT_SETTING("delivery_slots", delivery_slots, DEFAULT_DELIVERY_SLOTS, 1, 100000, "requests",
+    INT_SETTING(ATRIUM_MEDIA_SETTING_SLOTS, delivery_slots, DEFAULT_DELIVERY_SLOTS, 1, 100000, "requests",
                 "Content responses in flight at once (each holds at most one open file)."),
-    INT_SETTING("delivery_queue", delivery_queue, DEFAULT_DELIVERY_QUEUE, 0, 1000000,
+    INT_SETTING(ATRIUM_MEDIA_SETTING_QUEUE, delivery_queue, DEFAULT_DELIVERY_QUEUE, 0, 1000000,
                 "requests", "Requests that may wait, parked, for a delivery slot."),
-    INT_SETTING("delivery_queue_per_client", delivery_queue_per_client,
+    INT_SETTING(ATRIUM_MEDIA_SETTING_QUEUE_PER_CLIENT, delivery_queue_per_client,
                 DEFAULT_DELIVERY_QUEUE_PER_CLIENT, 0, 1000000, "requests",
                 "Of the waiting requests, how many may come from one client (0 = no cap)."),
-    INT64_SETTING("delivery_wait_ms", delivery_wait_ms, DEFAULT_DELIVERY_WAIT_MS, 1,
+    INT64_SETTING(ATRIUM_MEDIA_SETTING_WAIT_MS, delivery_wait_ms, DEFAULT_DELIVERY_WAIT_MS, 1,
                   PARK_LIMIT_MS, "ms", "Longest wait for a delivery slot (then 429)."),
     {.key = "thumbnail_sizes", .type = ATRIUM_SETTING_STRING, .offset = FIELD(thumbnail_sizes),
      .def_string = MEDIA_DEFAULT_SIZES,
@@ -241,45 +241,45 @@ static int register_routes(media *m)
 {
     int64_t body = m->cfg.max_upload_bytes;
     const atrium_route routes[] = {
-        {.method = "GET", .path = "/_matrix/client/v1/media/config", .handler = get_config},
-        {.method = "GET", .path = "/_matrix/media/v3/config", .handler = get_config},
+        {.method = "GET", .path = ATRIUM_MEDIA_PATH_CONFIG, .handler = get_config},
+        {.method = "GET", .path = ATRIUM_MEDIA_PATH_CONFIG_V3, .handler = get_config},
         {.method = "POST",
-         .path = "/_matrix/media/v3/upload",
+         .path = ATRIUM_MEDIA_PATH_UPLOAD,
          .handler = upload_handler,
          .max_body_bytes = body,
-         .flags = ATRIUM_ROUTE_STREAM_BODY,
+         .flags = ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_HEADERS_FIRST,
          .body_chunk = upload_body_chunk},
         {.method = "PUT",
-         .path = "/_matrix/media/v3/upload/{serverName}/{mediaId}",
+         .path = ATRIUM_MEDIA_PATH_UPLOAD_PUT,
          .handler = upload_put_handler,
          .max_body_bytes = body,
-         .flags = ATRIUM_ROUTE_STREAM_BODY,
+         .flags = ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_HEADERS_FIRST,
          .body_chunk = upload_put_body_chunk},
-        {.method = "POST", .path = "/_matrix/media/v1/create", .handler = create_handler},
+        {.method = "POST", .path = ATRIUM_MEDIA_PATH_CREATE, .handler = create_handler},
         {.method = "GET",
-         .path = "/_matrix/client/v1/media/download/{serverName}/{mediaId}",
+         .path = ATRIUM_MEDIA_PATH_DOWNLOAD,
          .handler = download_handler},
         {.method = "GET",
-         .path = "/_matrix/client/v1/media/download/{serverName}/{mediaId}/{fileName}",
+         .path = ATRIUM_MEDIA_PATH_DOWNLOAD_NAMED,
          .handler = download_handler},
         {.method = "GET",
-         .path = "/_matrix/client/v1/media/thumbnail/{serverName}/{mediaId}",
+         .path = ATRIUM_MEDIA_PATH_THUMBNAIL,
          .handler = thumbnail_handler},
         {.method = "GET",
-         .path = "/_matrix/media/v3/download/{serverName}/{mediaId}",
+         .path = ATRIUM_MEDIA_PATH_LEGACY_DOWNLOAD,
          .handler = download_legacy_handler},
         {.method = "GET",
-         .path = "/_matrix/media/v3/download/{serverName}/{mediaId}/{fileName}",
+         .path = ATRIUM_MEDIA_PATH_LEGACY_DOWNLOAD_NAMED,
          .handler = download_legacy_handler},
         {.method = "GET",
-         .path = "/_matrix/media/v3/thumbnail/{serverName}/{mediaId}",
+         .path = ATRIUM_MEDIA_PATH_LEGACY_THUMBNAIL,
          .handler = thumbnail_legacy_handler},
         {.method = "GET",
-         .path = "/_matrix/federation/v1/media/download/{mediaId}",
+         .path = ATRIUM_MEDIA_PATH_FED_DOWNLOAD,
          .handler = fed_download_handler,
          .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "GET",
-         .path = "/_matrix/federation/v1/media/thumbnail/{mediaId}",
+         .path = ATRIUM_MEDIA_PATH_FED_THUMBNAIL,
          .handler = fed_thumbnail_handler,
          .flags = ATRIUM_ROUTE_FEDERATION},
     };
@@ -398,7 +398,7 @@ static int create_mechanisms(media *m)
 {
     const atrium_host *h = m->h;
     const media_config *c = &m->cfg;
-    m->delivery = h->line_create(m->self, "delivery", c->delivery_slots, c->delivery_queue,
+    m->delivery = h->line_create(m->self, ATRIUM_MEDIA_DELIVERY_LINE, c->delivery_slots, c->delivery_queue,
                                  c->delivery_queue_per_client, c->delivery_wait_ms);
     m->render_pool = h->pool_create(m->self, "render", c->render_threads, c->render_queue);
     m->io_pool = h->pool_create(m->self, "io", c->io_threads, c->io_queue);
@@ -498,6 +498,6 @@ static void media_fini(void *state)
     media_free(m);
 }
 
-ATRIUM_PLUGIN(.name = "media", .version = "1.0.0", .provides = "media/1", .init = media_init,
+ATRIUM_PLUGIN(.name = "media", .version = "1.0.0", .provides = ATRIUM_MEDIA_IFACE, .init = media_init,
               .start = media_start, .fini = media_fini, .settings = MEDIA_SETTINGS,
               .n_settings = MEDIA_N_SETTINGS)

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "atrium/host.h"
+#include "atrium/media.h" /* the media/1 contract this plugin implements */
 #include "sha256.h"
 
 /* ---- limits ---------------------------------------------------------------------------- */

@@ -36,7 +36,7 @@
 
 #include "media.h"
 
-#define STORE_TMP_PREFIX ".tmp-"
+#define STORE_TMP_PREFIX ATRIUM_MEDIA_TMP_PREFIX
 #define STORE_DIR_MODE 0750
 #define STORE_FILE_MODE 0640
 #define STORE_SWEEP_MAX_DEPTH 8

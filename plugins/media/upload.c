@@ -7,8 +7,9 @@
  * Matrix client-server API, Content repository: upload, create and PUT upload):
  *   - an upload streams into a temporary file in its final folder as it arrives
  *     (ATRIUM_ROUTE_STREAM_BODY): never buffered whole in memory, hashed (SHA-256) chunk
- *     by chunk. The caller is authenticated on the first chunk, so a stranger's body is
- *     refused before it is written;
+ *     by chunk. The caller is authenticated when the headers have arrived
+ *     (ATRIUM_ROUTE_HEADERS_FIRST), so a stranger's upload is answered 401 before its
+ *     body is sent;
  *   - over max_upload_size: 413 M_TOO_LARGE; the temporary file is unnamed (or removed
  *     by the request's hold), so nothing partial is left, whatever the client does;
  *   - acknowledgement order: file fsynced, named, folder fsynced; then the row committed;
@@ -225,10 +226,11 @@ static int body_chunk(atrium_req *req, const char *data, size_t len, bool is_put
     const atrium_host *h = m->h;
     media_req *st = media_req_state(m, req);
     if (!st) return ATRIUM_E_NOMEM;
-    if (!st->up) {
+    if (!st->up) { /* the headers-first call (ATRIUM_ROUTE_HEADERS_FIRST), before any byte */
         int rc = upload_begin(m, req, st, is_put);
         if (rc != MEDIA_GO) return rc < 0 ? rc : ATRIUM_E_INVAL;
     }
+    if (!data) return 0;
     upload_state *up = st->up;
     if (up->tmp.fd < 0) return ATRIUM_E_STATE;
     if (up->size + (int64_t)len > m->cfg.max_upload_bytes) {

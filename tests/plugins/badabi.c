@@ -1,8 +1,12 @@
 /*
- * tests/plugins/badabi.c - a plugin that claims the next ABI major, so the loader's
- * refusal line can be tested. Written without ATRIUM_PLUGIN(...) on purpose: the macro
- * always fills in the ABI this header defines.
+ * tests/plugins/badabi.c - a plugin that targets the next ABI major, so the loader's
+ * refusal line can be tested. It sets its target the way any plugin does
+ * (ATRIUM_TARGET_ABI_MAJOR before the headers, atrium/plugin.h): the descriptor
+ * ATRIUM_PLUGIN(...) writes then claims 2.0. tests/plugins/CMakeLists.txt also checks that
+ * defining ATRIUM_ABI_MAJOR itself does not compile.
  */
+#define ATRIUM_TARGET_ABI_MAJOR 2
+#define ATRIUM_TARGET_ABI_MINOR 0
 #include "atrium/host.h"
 
 static int never_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
@@ -15,18 +19,4 @@ static int never_init(const atrium_host *host, atrium_plugin *self, const atrium
     return ATRIUM_E_STATE; /* the loader must refuse before calling this */
 }
 
-ATRIUM_EXPORT const atrium_plugin_desc *atrium_plugin_entry(void);
-const atrium_plugin_desc *atrium_plugin_entry(void)
-{
-    static const atrium_plugin_desc d = {
-        .magic = ATRIUM_PLUGIN_MAGIC,
-        .size = sizeof(atrium_plugin_desc),
-        .abi_major = ATRIUM_ABI_MAJOR + 1,
-        .abi_minor = 0,
-        .build_sig = ATRIUM_BUILD_SIG,
-        .name = "badabi",
-        .version = "9.9.9",
-        .init = never_init,
-    };
-    return &d;
-}
+ATRIUM_PLUGIN(.name = "badabi", .version = "9.9.9", .init = never_init)

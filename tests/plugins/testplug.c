@@ -2,15 +2,19 @@
  * tests/plugins/testplug.c - a plugin built only from include/atrium/, used by the
  * integration tests to drive every core mechanism through the public ABI: handoff to its
  * own pool, parking on an event, holds on a slow response, an admission line, the
- * outbound budget against a peer the test controls, a rate limit, and PostgreSQL with
- * its own migration.
+ * outbound budget against a peer the test controls, a rate limit, PostgreSQL with its
+ * own migration, and what a media plugin needs most: a streamed body (with the
+ * headers-first call), respond_file and req_authenticate
+ * (tests/integration/test_plugin_streams.py).
  *
  * Compiled several times with different TESTPLUG_NAME / TESTPLUG_PROVIDES to test the
  * loader's duplicate checks. Not shipped.
  */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +36,10 @@
 
 #define OUTBOUND_PEER_WAIT_MS 15000
 #define DB_WAIT_MS 2000
+#define STREAM_MAX_BODY_BYTES (1024 * 1024) /* the core answers 413 past it */
+#define FILE_BYTES 65536                    /* the file /_test/file serves */
+#define FNV_OFFSET 1469598103934665603ull
+#define FNV_PRIME 1099511628211ull
 
 static const atrium_host *h;
 static atrium_plugin *me;
@@ -43,6 +51,8 @@ typedef struct testplug {
     atrium_ratelimit *limit;
     atrium_metric *holds;
     atrium_metric *runs_on_pool;
+    atrium_metric *stream_holds;          /* holds of /_test/stream not yet released */
+    atrium_metric *released_under_handler; /* a hold released while its handler ran */
 } testplug;
 
 static testplug tp;
@@ -248,6 +258,133 @@ static int get_param(atrium_req *req)
                                                "q", q));
 }
 
+/* ---- streamed body, file, authentication ------------------------------------------ */
+
+typedef struct stream_state {
+    bool headers_seen;   /* the headers-first call came before any data */
+    int park_in_chunk;   /* what park returned when called from body_chunk */
+    int64_t bytes, chunks;
+    uint64_t fnv;        /* FNV-1a of the body, to check every byte arrived in order */
+} stream_state;
+
+static void stream_release(void *arg)
+{
+    (void)arg;
+    h->metric_add(tp.stream_holds, -1);
+}
+
+/* POST /_test/stream?auth=1&refuse=1: the body as it arrives. The headers-first call
+ * (data NULL) authenticates when asked, or refuses, before any byte is read. */
+static int stream_chunk(atrium_req *req, const char *data, size_t len)
+{
+    stream_state *st = h->req_state(req);
+    if (!data) {
+        if (st) return ATRIUM_E_STATE; /* the headers-first call comes once */
+        if (query_long(req, "auth", 0) && !h->req_authenticate(req)) return ATRIUM_E_INVAL;
+        if (query_long(req, "refuse", 0)) {
+            h->respond_error(req, 403, "M_FORBIDDEN", "Refused before the body");
+            return ATRIUM_E_INVAL;
+        }
+        st = h->req_alloc(req, sizeof(*st));
+        if (!st) return ATRIUM_E_NOMEM;
+        memset(st, 0, sizeof(*st));
+        st->headers_seen = true;
+        st->fnv = FNV_OFFSET;
+        h->req_set_state(req, st);
+        h->metric_add(tp.stream_holds, 1);
+        return h->req_hold(req, stream_release, NULL); /* released even if this fails */
+    }
+    if (!st) return ATRIUM_E_STATE;
+    if (st->chunks == 0) st->park_in_chunk = h->park(req, tp.bell, h->now_ms() + 1000);
+    for (size_t i = 0; i < len; i++) st->fnv = (st->fnv ^ (unsigned char)data[i]) * FNV_PRIME;
+    st->bytes += (int64_t)len;
+    st->chunks++;
+    return 0;
+}
+
+static int post_stream(atrium_req *req)
+{
+    stream_state *st = h->req_state(req);
+    size_t buffered = 0;
+    h->req_body(req, &buffered);
+    char fnv[17];
+    snprintf(fnv, sizeof(fnv), "%016llx", (unsigned long long)(st ? st->fnv : FNV_OFFSET));
+    return h->respond_json(req, 200,
+                           json_pack("{s:b, s:I, s:I, s:s, s:i, s:I}", "headers_first",
+                                     st && st->headers_seen, "bytes",
+                                     (json_int_t)(st ? st->bytes : 0), "chunks",
+                                     (json_int_t)(st ? st->chunks : 0), "fnv", fnv,
+                                     "park_in_chunk", st ? st->park_in_chunk : 0, "buffered",
+                                     (json_int_t)buffered));
+}
+
+/* GET /_test/file?offset=N&len=M: bytes i % 251 of a 64 KiB file, through respond_file
+ * (the file is already unlinked: the descriptor is all that is left of it). */
+static int get_file(atrium_req *req)
+{
+    char path[] = "/tmp/atrium-testplug-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return ATRIUM_E_IO;
+    unlink(path);
+    char buf[FILE_BYTES];
+    for (size_t i = 0; i < sizeof(buf); i++) buf[i] = (char)(i % 251);
+    if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf)) {
+        close(fd);
+        return ATRIUM_E_IO;
+    }
+    long offset = query_long(req, "offset", 0), len = query_long(req, "len", FILE_BYTES);
+    if (offset < 0 || len < 0 || offset + len > FILE_BYTES) {
+        close(fd);
+        return h->respond_error(req, 416, "M_UNKNOWN", "Outside the file");
+    }
+    return h->respond_file(req, 200, "application/octet-stream", fd, (uint64_t)offset,
+                           (uint64_t)len);
+}
+
+/* GET /_test/whoami: req_authenticate, then what the host knows of the caller. */
+static int get_whoami(atrium_req *req)
+{
+    const char *user = h->req_authenticate(req);
+    if (!user) return ATRIUM_DONE;
+    const char *device = h->req_device(req);
+    return h->respond_json(req, 200,
+                           json_pack("{s:s, s:s?, s:b, s:s}", "user_id", user, "device_id",
+                                     device, "admin", h->req_is_admin(req) == 1, "client_key",
+                                     h->req_client_key(req)));
+}
+
+/* GET /_test/handoff_hold?sleep_ms=N: a hold, then a handler on the pool that outlives
+ * the request's deadline (the core answers 504 meanwhile). The hold must not be released
+ * while that handler runs: it checks once it wakes. */
+typedef struct hold_probe {
+    atomic_bool released;
+} hold_probe;
+
+static void probe_release(void *arg)
+{
+    hold_probe *p = arg;
+    atomic_store(&p->released, true);
+    h->metric_add(tp.holds, -1);
+}
+
+static int get_handoff_hold(atrium_req *req)
+{
+    hold_probe *p = h->req_state(req);
+    if (h->req_run_reason(req) != ATRIUM_RUN_HANDOFF) {
+        p = h->req_alloc(req, sizeof(*p));
+        if (!p) return ATRIUM_E_NOMEM;
+        atomic_init(&p->released, false);
+        h->req_set_state(req, p);
+        h->metric_add(tp.holds, 1);
+        if (h->req_hold(req, probe_release, p) < 0) return ATRIUM_E_EXPIRED;
+        return handoff_or_refuse(req);
+    }
+    sleep_ms(query_long(req, "sleep_ms", 0));
+    if (atomic_load(&p->released)) h->metric_add(tp.released_under_handler, 1);
+    int rc = h->respond_json(req, 200, json_pack("{s:b}", "late", true));
+    return rc == ATRIUM_E_EXPIRED ? ATRIUM_DONE : rc;
+}
+
 /* POST /_test/echo: the JSON body back. */
 static int post_echo(atrium_req *req)
 {
@@ -281,7 +418,13 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
                                   "Holds of /_test/slow not yet released");
     tp.runs_on_pool = host->metric_counter(self, "atrium_" TESTPLUG_NAME "_pool_runs_total", NULL,
                                            "Handlers run on the test pool");
-    if (!tp.work || !tp.bell || !tp.line || !tp.limit || !tp.holds || !tp.runs_on_pool)
+    tp.stream_holds = host->metric_gauge(self, "atrium_" TESTPLUG_NAME "_stream_holds", NULL,
+                                         "Holds of /_test/stream not yet released");
+    tp.released_under_handler =
+        host->metric_counter(self, "atrium_" TESTPLUG_NAME "_released_under_handler_total", NULL,
+                             "Holds released while their handed-off handler still ran");
+    if (!tp.work || !tp.bell || !tp.line || !tp.limit || !tp.holds || !tp.runs_on_pool ||
+        !tp.stream_holds || !tp.released_under_handler)
         return ATRIUM_E_NOMEM;
     int rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
     const atrium_route routes[] = {
@@ -298,6 +441,13 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
         {.method = "GET", .path = TESTPLUG_PREFIX "/param/{value}", .handler = get_param},
         {.method = "POST", .path = TESTPLUG_PREFIX "/echo", .handler = post_echo,
          .max_body_bytes = 4096},
+        {.method = "POST", .path = TESTPLUG_PREFIX "/stream", .handler = post_stream,
+         .max_body_bytes = STREAM_MAX_BODY_BYTES,
+         .flags = ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_HEADERS_FIRST,
+         .body_chunk = stream_chunk},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/file", .handler = get_file},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/whoami", .handler = get_whoami},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/handoff_hold", .handler = get_handoff_hold},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(routes) / sizeof(routes[0]); i++)
         rc = host->route_add(self, &routes[i]);

@@ -3,12 +3,14 @@
  * alone (this file includes them first, before anything else), the 1.0 members of the
  * host table and the descriptor keep their offsets, the 1.1 members follow them, and the
  * macro fills in the handshake. An accidental insertion into struct atrium_host fails this
- * build.
+ * build. 1.2 added no host member: a route flag (ATRIUM_ROUTE_HEADERS_FIRST) and the
+ * media/1 contract (atrium/media.h), whose route list is checked here too.
  */
 #include "atrium/host.h"
 #include "atrium/plugin.h"
 #include "atrium/directory.h"
 #include "atrium/rooms.h"
+#include "atrium/media.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,6 +36,13 @@ _Static_assert(offsetof(struct atrium_host, fed_verify_json) == 8 + 68 * PTR, "h
 _Static_assert(offsetof(struct atrium_host, iface_provide) == 8 + 69 * PTR, "host 1.1 layout");
 _Static_assert(offsetof(struct atrium_host, iface_get) == 8 + 70 * PTR, "host 1.1 layout");
 _Static_assert(sizeof(struct atrium_host) == 8 + 71 * PTR, "members are appended only at a minor");
+/* Route flags and the route struct are frozen too: the host copies sizeof(atrium_route). */
+_Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x2u &&
+                   ATRIUM_ROUTE_HEADERS_FIRST == 0x4u,
+               "route flags keep their bits");
+_Static_assert(offsetof(atrium_route, body_chunk) == 5 * PTR && sizeof(atrium_route) == 7 * PTR,
+               "atrium_route layout changed");
+_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 2, "this file pins ABI 1.2");
 /* Interfaces start with their size and version, then function pointers, appended only. */
 _Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
                "directory/1 header changed");
@@ -57,6 +66,43 @@ _Static_assert(offsetof(atrium_setting, def) == 3 * PTR, "setting row layout cha
 _Static_assert(offsetof(atrium_setting, def_string) == 6 * PTR, "setting row layout changed");
 _Static_assert(offsetof(atrium_setting, default_doc) == 9 * PTR, "setting row layout changed");
 _Static_assert(sizeof(atrium_setting) == 10 * PTR, "setting row layout changed");
+
+/* media/1: five routes required (config, upload, download twice, thumbnail), each
+ * registered by the stock plugin and the example (the core checks at start-up). */
+static void test_the_media_contract_lists_its_required_routes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *method, *path;
+        int cls;
+    } routes[] = {
+#define ROW_(name, method, path, cls) {method, path, cls},
+        ATRIUM_MEDIA_ROUTES(ROW_)
+#undef ROW_
+    };
+    assert_int_equal(sizeof(routes) / sizeof(routes[0]), ATRIUM_MEDIA_ROUTE__COUNT);
+    int required = 0;
+    for (size_t i = 0; i < ATRIUM_MEDIA_ROUTE__COUNT; i++) {
+        assert_true(routes[i].path[0] == '/');
+        required += routes[i].cls == ATRIUM_MEDIA_REQUIRED;
+    }
+    assert_int_equal(required, 5);
+    assert_string_equal(routes[ATRIUM_MEDIA_ROUTE_UPLOAD].path, "/_matrix/media/v3/upload");
+    assert_string_equal(routes[ATRIUM_MEDIA_ROUTE_UPLOAD].method, "POST");
+    assert_int_equal(routes[ATRIUM_MEDIA_ROUTE_CREATE].cls, ATRIUM_MEDIA_OPTIONAL);
+}
+
+/* Error names for log lines: every code has one, anything else is "unknown". */
+static void test_every_error_code_has_a_name(void **state)
+{
+    (void)state;
+    for (int e = ATRIUM_E_GONE; e <= ATRIUM_OK; e++) {
+        const char *name = atrium_err_name(e);
+        assert_true(strncmp(name, "ATRIUM_", 7) == 0);
+    }
+    assert_string_equal(atrium_err_name(ATRIUM_E_EXISTS), "ATRIUM_E_EXISTS (already registered)");
+    assert_string_equal(atrium_err_name(-99), "unknown error");
+}
 
 static int noop_init(const atrium_host *h, atrium_plugin *s, const atrium_config *c, void **st)
 {
@@ -113,6 +159,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_the_plugin_macro_fills_in_the_handshake),
         cmocka_unit_test(test_host_has_tells_present_members_from_absent_ones),
+        cmocka_unit_test(test_the_media_contract_lists_its_required_routes),
+        cmocka_unit_test(test_every_error_code_has_a_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
