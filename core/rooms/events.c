@@ -483,13 +483,14 @@ json_t *event_required_signers(const room_version *v, const json_t *pdu)
     bool tp_invite = member && membership && strcmp(membership, "invite") == 0 &&
                      json_object_get(content, "third_party_invite");
     if (!tp_invite) add_server(out, id_server(sender));
-    if (v->event_id_format == ROOM_EVENT_ID_OPAQUE) {
-        /* "if it differs from the originating server": a third-party invite whose event ID
-         * is of the sender's server needs no signature from it either (as Synapse does). */
-        const char *id_domain = event_id_domain(json_string_value(json_object_get(pdu, "event_id")));
-        if (strcmp(id_domain, id_server(sender)) != 0) add_server(out, id_domain);
-    }
-    if (v->restricted_join && member && membership && strcmp(membership, "join") == 0) {
+    /* Server-server API "Validating hashes and signatures on received events" asks for the
+     * event ID's server "if it differs from the originating server"; Synapse requires it
+     * always (so also on a third-party invite whose ID is of the sender's server), and so
+     * does this. */
+    if (v->event_id_format == ROOM_EVENT_ID_OPAQUE)
+        add_server(out, event_id_domain(json_string_value(json_object_get(pdu, "event_id"))));
+    /* Auth rule 4.2 (v8+): any membership event carrying the key, not only joins. */
+    if (v->restricted_join && member) {
         const char *via = json_string_value(json_object_get(content, "join_authorised_via_users_server"));
         if (via) add_server(out, id_server(via));
     }

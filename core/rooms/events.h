@@ -153,13 +153,13 @@ enum event_format_check {
 int event_check_format(const room_version *v, const json_t *pdu, char why[EVENT_WHY_LEN]);
 
 /* The servers whose signatures v requires on pdu, as a new JSON array of distinct server
- * names: the sender's server; for v1-2 also the server of the event ID; for v8+ a join
- * carrying content.join_authorised_via_users_server also that user's server. An invite
+ * names: the sender's server; for v1-2 also the server of the event ID; for v8+ an
+ * m.room.member event carrying content.join_authorised_via_users_server (auth rule 4.2)
+ * also that user's server. An invite
  * made from a third-party invite (m.room.member, membership invite, content.
  * third_party_invite) is exempt from the sender's server (its sender must match the
  * m.room.third_party_invite event's, which the auth rules check, and another server may
- * deliver it), and the event ID's server is added only when it is not the sender's: so
- * the array can be empty. NULL on out-of-memory or when pdu has
+ * deliver it): for v3+ the array can then be empty. NULL on out-of-memory or when pdu has
  * no sender. The caller owns the array. */
 json_t *event_required_signers(const room_version *v, const json_t *pdu);
 

@@ -349,8 +349,11 @@ static const char *const PL_LEVEL_KEYS[] = {"users_default", "events_default", "
                                             "ban", "redact", "kick", "invite", NULL};
 
 /* users: an object whose keys are user IDs and whose values are levels (every version);
- * v10+: the top-level levels integers, events and notifications objects of integers. */
-static bool power_levels_well_formed(const room_version *v, const json_t *content,
+ * v10+: the top-level levels integers, events and notifications objects of integers.
+ * strict applies the v10 rules to any version: the local write path does, because the
+ * spec asks servers to keep users from sending new string levels ("Definitions",
+ * server-server API) although older versions accept them from other servers. */
+static bool power_levels_well_formed(const room_version *v, bool strict, const json_t *content,
                                      char why[ROOM_AUTH_WHY_LEN])
 {
     int64_t n;
@@ -361,11 +364,11 @@ static bool power_levels_well_formed(const room_version *v, const json_t *conten
         json_t *val;
         json_object_foreach((json_t *)users, k, val) {
             if (!room_auth_is_user_id(k)) return refuse(why, "\"users\" keys must be user IDs");
-            if (!room_auth_level_value(v, val, &n))
+            if (strict ? !json_is_integer(val) : !room_auth_level_value(v, val, &n))
                 return refuse(why, "Levels in \"users\" must be integers");
         }
     }
-    if (!v->integer_power_levels) return true;
+    if (!v->integer_power_levels && !strict) return true;
     for (size_t i = 0; PL_LEVEL_KEYS[i]; i++) {
         json_t *val = json_object_get(content, PL_LEVEL_KEYS[i]);
         if (val && !json_is_integer(val)) return refuse(why, "\"%s\" must be an integer", PL_LEVEL_KEYS[i]);
@@ -441,7 +444,7 @@ static bool allows_power_levels(const room_auth_state *st, const char *sender,
                                 const json_t *content, char why[ROOM_AUTH_WHY_LEN])
 {
     const room_version *v = st->version;
-    if (!power_levels_well_formed(v, content, why)) return false;
+    if (!power_levels_well_formed(v, !st->pdu, content, why)) return false;
     if (!st->power_levels) return true;
     int64_t mine = room_auth_user_level(st, sender);
     for (size_t i = 0; PL_LEVEL_KEYS[i]; i++) {

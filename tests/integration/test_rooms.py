@@ -354,6 +354,64 @@ class RoomsTest(SharedServerTest):
             self.assertEqual(self.alice.state(room, "m.room.join_rules"),
                              {"join_rule": "public", **({"allow": []} if int(version) >= 8 else {})})
 
+    # -- upgrades ---------------------------------------------------------------------------
+
+    def test_upgrade_replaces_an_old_version_room_and_closes_it(self):
+        old = self.alice.create_room(room_version="1", preset="public_chat", name="Old", topic="T")
+        self.bob.join(old)
+        self.alice.put_state(old, "m.room.encryption", {"algorithm": "m.megolm.v1.aes-sha2"})
+        old_pl = self.alice.state(old, "m.room.power_levels")
+        last = stored_pdus(self.srv, old)[-1][0]
+        up = lambda who, body, room=old: who.call("POST", self.room_path(room, "/upgrade"), body)
+        self.assertError(up(self.alice, {"new_version": "12"}), 400, "M_UNSUPPORTED_ROOM_VERSION")
+        self.assertError(up(self.alice, {}), 400, "M_MISSING_PARAM")
+        self.assertError(up(self.bob, {"new_version": "11"}), 403, "M_FORBIDDEN")  # level 0
+        self.assertError(up(self.alice, {"new_version": "11"}, "!nope:localhost"), 404, "M_NOT_FOUND")
+
+        status, body = up(self.alice, {"new_version": "11"})
+        self.assertEqual(status, 200, body)
+        new = body["replacement_room"]
+        self.assertEqual(self.alice.state(new, "m.room.create"),
+                         {"room_version": "11", "predecessor": {"room_id": old, "event_id": last}})
+        for event_type in ("m.room.name", "m.room.topic", "m.room.join_rules", "m.room.encryption",
+                           "m.room.history_visibility", "m.room.guest_access"):
+            self.assertEqual(self.alice.state(new, event_type), self.alice.state(old, event_type)
+                             if event_type != "m.room.join_rules" else {"join_rule": "public"},
+                             event_type)
+        self.assertEqual(self.alice.state(new, "m.room.power_levels"), old_pl)
+        members = self.alice.ok("GET", self.room_path(new, "/joined_members"))["joined"]
+        self.assertEqual(list(members), [self.alice.user_id])  # memberships stay behind
+        self.bob.join(new)
+
+        # The old room: a tombstone pointing at the new one, ordinary members silenced.
+        self.assertEqual(self.alice.state(old, "m.room.tombstone"),
+                         {"body": "This room has been replaced", "replacement_room": new})
+        pl = self.alice.state(old, "m.room.power_levels")
+        self.assertEqual((pl["events_default"], pl["invite"]), (50, 50))
+        self.assertError(self.bob.call("PUT", self.room_path(old, "/send/m.room.message/up1"),
+                                       {"body": "x"}), 403, "M_FORBIDDEN")
+
+    def test_upgrade_by_a_moderator_copies_state_beyond_their_level(self):
+        old = self.alice.create_room(room_version="9", preset="public_chat", name="Mods")
+        self.bob.join(old)
+        # Bob (50) may tombstone, but name and power levels need 100.
+        pl = self.alice.state(old, "m.room.power_levels")
+        pl["users"][self.bob.user_id] = 50
+        pl["events"].update({"m.room.tombstone": 50, "m.room.name": 100, "m.room.power_levels": 100})
+        self.alice.put_state(old, "m.room.power_levels", pl)
+        status, body = self.bob.call("POST", self.room_path(old, "/upgrade"), {"new_version": "10"})
+        self.assertEqual(status, 200, body)
+        new = body["replacement_room"]
+        self.assertEqual(self.bob.state(new, "m.room.name"), {"name": "Mods"})
+        self.assertEqual(self.bob.state(new, "m.room.power_levels"), pl)  # Bob back at 50
+        self.assertEqual(self.bob.state(new, "m.room.create"),
+                         {"room_version": "10", "creator": self.bob.user_id,
+                          "predecessor": {"room_id": old,
+                                          "event_id": stored_pdus(self.srv, old)[-2][0]}})
+        # Bob could not change the old room's power levels: the tombstone is there anyway.
+        self.assertEqual(self.bob.state(old, "m.room.tombstone")["replacement_room"], new)
+        self.assertEqual(self.alice.state(old, "m.room.power_levels"), pl)
+
     # -- readers ----------------------------------------------------------------------------
 
     def test_messages_paginate_both_ways_with_filters(self):

@@ -238,6 +238,13 @@ static void test_power_level_changes_stay_within_the_senders_level(void **state)
     /* v10: levels must be integers, users keys user IDs. */
     assert_false(send(&f, ALICE, "join", pl, "", "{\"users\":{\"@alice:hs\":100},\"ban\":\"50\"}"));
     assert_false(send(&f, ALICE, "join", pl, "", "{\"users\":{\"@alice:hs\":\"100\"}}"));
+    /* The local write path refuses new string levels in older versions too (which accept
+     * them from other servers: test_room_auth_versions.c). */
+    f.st.version = room_version_find("5");
+    assert_false(send(&f, ALICE, "join", pl, "", "{\"users\":{\"@alice:hs\":100},\"ban\":\"50\"}"));
+    assert_false(send(&f, ALICE, "join", pl, "", "{\"users\":{\"@alice:hs\":\"100\"}}"));
+    assert_true(send(&f, ALICE, "join", pl, "", "{\"users\":{\"@alice:hs\":100},\"ban\":50}"));
+    f.st.version = room_version_find("10");
     assert_false(send(&f, ALICE, "join", pl, "", "{\"users\":{\"alice\":100}}"));
     /* Carol (0) lacks the level m.room.power_levels needs (50). */
     json_object_set_new(json_object_get(f.pl, "users"), CAROL, json_integer(0));

@@ -42,7 +42,7 @@ static json_t *parse(const char *text)
 
 static const room_version *ver(int n)
 {
-    char id[4];
+    char id[12]; /* any int */
     snprintf(id, sizeof(id), "%d", n);
     return room_version_find(id);
 }

@@ -513,7 +513,8 @@ static void test_required_signers_per_version(void **state)
     const char *leave = "{\"sender\":\"@a:one\",\"type\":\"m.room.member\",\"state_key\":\"@a:one\","
                         "\"content\":{\"membership\":\"leave\",\"join_authorised_via_users_server\":"
                         "\"@b:three\"}}";
-    assert_signers(8, 11, leave, "[\"one\"]");
+    assert_signers(3, 7, leave, "[\"one\"]");
+    assert_signers(8, 11, leave, "[\"one\",\"three\"]"); /* auth rule 4.2: any membership */
 
     const char *tpi = "{\"sender\":\"@a:one\",\"event_id\":\"$e:two\",\"type\":\"m.room.member\","
                       "\"state_key\":\"@c:four\",\"content\":{\"membership\":\"invite\","
@@ -523,7 +524,8 @@ static void test_required_signers_per_version(void **state)
     const char *tpi_same = "{\"sender\":\"@a:one\",\"event_id\":\"$e:one\",\"type\":"
                            "\"m.room.member\",\"state_key\":\"@c:four\",\"content\":{"
                            "\"membership\":\"invite\",\"third_party_invite\":{\"signed\":{}}}}";
-    assert_signers(1, 11, tpi_same, "[]");
+    assert_signers(1, 2, tpi_same, "[\"one\"]");
+    assert_signers(3, 11, tpi_same, "[]");
 }
 
 /* ---- the content hash ---------------------------------------------------------------- */

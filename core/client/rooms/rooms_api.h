@@ -6,7 +6,7 @@
  *
  * The room family is one client module (ROOMS_MODULE in rooms.c, owner "rooms") spread over
  * files by concern: rooms_write.c (the one write path: lock, authorize, build, store),
- * rooms_create.c (createRoom), rooms_membership.c (join, leave, invite, kick, ban, unban,
+ * rooms_create.c (createRoom), rooms_upgrade.c (room upgrades), rooms_membership.c (join, leave, invite, kick, ban, unban,
  * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
  * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
  * rooms_relations.c + rooms_bundle.c (relations, threads, bundled aggregations: see
@@ -177,6 +177,8 @@ bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out);
 
 /* [req] The {roomId} path parameter, checked to look like a room ID (400 otherwise). */
 const char *rooms_param_room(atrium_req *r);
+/* A new room ID, "!" + ROOMS_ID_RANDOM_CHARS random letters + ":" + the server's name. */
+void rooms_new_room_id(char *out, size_t len);
 /* The server's name (server_name), for `origin` and new room IDs. */
 const char *rooms_server_name(void);
 /* The configured default room version (rooms.default_version). */
@@ -187,6 +189,7 @@ const char *rooms_token(atrium_req *r, int64_t pos);
 
 /* Route registration, one per file. */
 int rooms_create_routes(http_server *s);
+int rooms_upgrade_routes(http_server *s); /* rooms_upgrade.c: POST /rooms/{roomId}/upgrade */
 int rooms_membership_routes(http_server *s);
 int rooms_send_routes(http_server *s);
 int rooms_read_routes(http_server *s);

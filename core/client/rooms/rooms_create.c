@@ -68,7 +68,7 @@ static json_t *default_power_levels(const char *creator, const preset *p, json_t
                      PL_MODERATOR);
 }
 
-static void new_room_id(char *out, size_t len)
+void rooms_new_room_id(char *out, size_t len)
 {
     static const char LETTERS[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
     char local[ROOMS_ID_RANDOM_CHARS + 1];
@@ -277,7 +277,7 @@ static int post_create_room(atrium_req *r)
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     char room_id[EVENT_MAX_ID_BYTES + 1];
-    new_room_id(room_id, sizeof(room_id));
+    rooms_new_room_id(room_id, sizeof(room_id));
     room_tx tx;
     rooms_err e = {0};
     bool ok = rooms_tx_begin_new(&tx, c, r->arena, room_id, q.ver, user, &e) == ROOMS_OK;
