@@ -11,7 +11,9 @@
  *
  * The data model (migrations of owner "rooms", ROOMS_MIGRATIONS in rooms.c: 1 the tables;
  * 2 adds event_relations, the index of m.relates_to filled at write time; 3 adds
- * events.search_tsv, the full-text column of POST /search):
+ * events.search_tsv, the full-text column of POST /search; 4 the event graph of federated
+ * rooms, events_graph.h: prev/auth edges, forward extremities, outliers, soft-failed and
+ * rejected events, state snapshots):
  *   rooms         one row per room: version, creator, and the forward extremity (the
  *                 newest event and its depth). Its row lock serializes writes to one room,
  *                 so a local room's events form a line: each event's prev_events is the
@@ -46,7 +48,7 @@
 #include "core/store/db.h"
 
 /* The migrations of owner "rooms" (rooms.c), applied by the rooms module (core/client/rooms/). */
-#define ROOMS_N_MIGRATIONS 3
+#define ROOMS_N_MIGRATIONS 4
 extern const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS];
 
 /* ---- failures ----------------------------------------------------------------------- */
@@ -81,6 +83,10 @@ PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
 bool rooms_exec(PGconn *c, const char *sql, int n, const char *const *params);
 /* Milliseconds since the Unix epoch (origin_server_ts). */
 int64_t rooms_wall_ms(void);
+
+/* The stream is what clients read; events_graph.h keeps the graph beside it. An event
+ * from another server joins the stream once accepted, at the end (its position is when
+ * it arrived here), so "state at P" stays the line's answer for readers. */
 
 /* ---- reading (events_store.c) ------------------------------------------------------- */
 

@@ -23,6 +23,7 @@
 #include "atrium/directory.h"
 #include "atrium/rooms.h"
 #include "core/client/client.h"
+#include "core/rooms/events_graph.h"
 #include "core/rooms/rooms.h"
 
 #define ROOMS_MAX_BODY_BYTES (EVENT_MAX_PDU_BYTES) /* no larger body can become an event */
@@ -55,7 +56,8 @@ typedef struct room_tx {
     const char *room_id;
     const room_version *ver;
     char last_event_id[EVENT_ID_LEN]; /* "" before the create event */
-    int64_t depth;                    /* of the newest event, 0 before the create event */
+    int64_t depth;                    /* of the deepest extremity, 0 before the create event */
+    rooms_graph_tips tips;            /* the forward extremities: the next prev_events */
     const char *wake_users[ROOMS_MAX_INVITES + 2]; /* users to wake beside the members */
     bool listing_changed; /* an event changed what a public room list shows of the room */
     int n_wake;
@@ -82,6 +84,11 @@ int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room
  * transaction ID updated). id_out gets its event ID. On failure the caller rolls back. */
 int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
                     rooms_err *e);
+/* Seal a built event as this server: content hash, event ID (into id_out), this server's
+ * signature over the redacted event (none without a federation module: unit tests), and
+ * the size limit checked on the signed event. ROOMS_OK, ROOMS_E_TOO_LARGE ("The event is
+ * N bytes; ..."), ROOMS_E_BAD_JSON (e set). */
+int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN], rooms_err *e);
 /* COMMIT and wake the room's members and the users named by the events. */
 int rooms_tx_commit(room_tx *tx, rooms_err *e);
 void rooms_tx_rollback(room_tx *tx);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/federation/federation.h"
 #include "core/federation/fed_txn.h"
 #include "core/rooms/canonical_json.h"
 #include "core/client/sync/notifier.h"
@@ -51,8 +52,12 @@ int rooms_tx_begin(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id,
     }
     tx->ver = room_version_find(PQgetvalue(res, 0, 0));
     snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", PQgetvalue(res, 0, 1));
-    tx->depth = atoll(PQgetvalue(res, 0, 2));
     PQclear(res);
+    if (rooms_graph_tips_load(c, room_id, &tx->tips) < 0) {
+        rooms_tx_rollback(tx);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
+    tx->depth = tx->tips.max_depth;
     if (!tx->ver) {
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_FORBIDDEN, "The room's version is not supported");
@@ -204,7 +209,7 @@ static json_t *build_pdu(room_tx *tx, const room_auth_load *a, const room_new_ev
         json_incref(content);
     }
     json_t *prev = json_array();
-    if (tx->last_event_id[0]) json_array_append_new(prev, json_string(tx->last_event_id));
+    for (int i = 0; i < tx->tips.n; i++) json_array_append_new(prev, json_string(tx->tips.ids[i]));
     json_t *pdu = json_pack("{s:o, s:o, s:I, s:I, s:o, s:s, s:s, s:s}",
                             "auth_events", select_auth_events(a, ev), "content", content,
                             "depth", (json_int_t)(tx->depth + 1), "origin_server_ts",
@@ -216,6 +221,30 @@ static json_t *build_pdu(room_tx *tx, const room_auth_load *a, const room_new_ev
     if (ev->redacts && !tx->ver->redacts_in_content)
         json_object_set_new(pdu, "redacts", json_string(ev->redacts));
     return pdu;
+}
+
+int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN], rooms_err *e)
+{
+    json_object_del(pdu, "signatures");
+    json_object_del(pdu, "unsigned");
+    if (event_add_content_hash(pdu) < 0 || event_compute_id(v, pdu, id_out) < 0)
+        return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
+    /* The spec signs the redacted event, so a signature survives redaction. */
+    json_t *red = event_redact(v, pdu);
+    if (!red) return rooms_set_err(e, ROOMS_E_DB, "out of memory");
+    int rc = federation_sign_json(red);
+    if (rc == 0) json_object_set(pdu, "signatures", json_object_get(red, "signatures"));
+    json_decref(red);
+    if (rc < 0 && rc != ATRIUM_E_STOPPED)
+        return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event could not be signed");
+    size_t len = 0;
+    char *text = cjson_encode(pdu, &len);
+    if (!text) return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
+    free(text);
+    if (len > EVENT_MAX_PDU_BYTES)
+        return rooms_set_err(e, ROOMS_E_TOO_LARGE, "The event is %zu bytes; the limit is %d", len,
+                             EVENT_MAX_PDU_BYTES);
+    return ROOMS_OK;
 }
 
 /* A redaction's target must be an event of this room the sender may redact. */
@@ -304,6 +333,9 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
         ok = rooms_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth = $3 WHERE room_id = $1",
                         3, q);
     }
+    /* The graph: its edges, and it is the one forward extremity now (it names them all). */
+    if (ok) ok = rooms_graph_record_edges(tx->c, tx->room_id, event_id, pdu) == 0;
+    if (ok) ok = rooms_graph_advance(tx->c, tx->room_id, event_id, pdu) == 0;
     if (!ok) return rooms_set_err(e, ROOMS_E_DB, "database");
     if (ev->txn_id) {
         char now[24];
@@ -341,15 +373,7 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
         rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "%s", why);
     if (rc == ROOMS_OK && ev->redacts) rc = check_redaction(tx, &a, ev, e);
     if (rc == ROOMS_OK && !(pdu = build_pdu(tx, &a, ev))) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
-    if (rc == ROOMS_OK) {
-        size_t size = 0;
-        int fin = event_finalize(tx->ver, pdu, id_out, &size);
-        if (fin == EVENT_TOO_LARGE)
-            rc = rooms_set_err(e, ROOMS_E_TOO_LARGE, "The event is %zu bytes; the limit is %d", size,
-                               EVENT_MAX_PDU_BYTES);
-        else if (fin != EVENT_OK)
-            rc = rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
-    }
+    if (rc == ROOMS_OK) rc = rooms_event_seal(tx->ver, pdu, id_out, e);
     if (rc == ROOMS_OK) rc = store(tx, ev, pdu, id_out, e);
     /* fedtxn: queue the event for the room's other servers, until roomfed wires the
      * write path (it then owns this line and its except_server). */
@@ -360,6 +384,9 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
     if (rc != ROOMS_OK) return rc;
     snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", id_out);
     tx->depth++;
+    snprintf(tx->tips.ids[0], ROOMS_GRAPH_ID_BYTES, "%s", id_out);
+    tx->tips.n = 1;
+    tx->tips.max_depth = tx->depth;
     if (ev->state_key && rooms_listing_type(ev->type)) tx->listing_changed = true;
     if (target && tx->n_wake < (int)(sizeof(tx->wake_users) / sizeof(tx->wake_users[0])))
         tx->wake_users[tx->n_wake++] = rt_arena_strdup(tx->arena, target);
