@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "core/federation/fed_rooms.h"
+#include "core/federation/fed_rooms_queue.h"
+#include "core/federation/fed_txn.h"
 
 void fed_rooms_host_of_server(const char *server_name, char *out, size_t len)
 {
@@ -190,5 +192,19 @@ int fed_rooms_respond_pdus(atrium_req *r, json_t *pdus)
 
 int fed_rooms_routes(fed_module *m)
 {
-    return fed_rooms_serve_routes(m);
+    if (fed_rooms_serve_routes(m) < 0) return -1;
+    return fed_rooms_join_routes(m);
+}
+
+/* ---- the outbound queue (fed_rooms_queue.h) ------------------------------------------ */
+
+int fed_rooms_queue_pdu(PGconn *c, const char *room_id, const char *event_id,
+                        const char *except_server)
+{
+    return fed_outbound_enqueue_pdu(c, room_id, event_id, except_server);
+}
+
+void fed_rooms_kick(void)
+{
+    fed_outbound_kick();
 }

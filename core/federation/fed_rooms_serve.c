@@ -19,21 +19,6 @@
 
 #include "core/federation/fed_rooms.h"
 
-/* The PDUs of ids (a JSON array) that are stored, in the given order: a new array. */
-static json_t *load_pdus(PGconn *c, const json_t *ids, bool *db_failed)
-{
-    json_t *out = json_array();
-    *db_failed = false;
-    for (size_t i = 0; i < json_array_size(ids); i++) {
-        rooms_graph_where w;
-        json_t *pdu = rooms_graph_load(c, json_string_value(json_array_get(ids, i)), NULL, &w,
-                                       db_failed);
-        if (*db_failed) break;
-        if (pdu) json_array_append_new(out, pdu);
-    }
-    return out;
-}
-
 /* GET /_matrix/federation/v1/event/{eventId} */
 static int get_event(atrium_req *r)
 {
@@ -116,8 +101,9 @@ static int get_state(atrium_req *r)
     json_t *state, *chain;
     if (!state_ids_at(r, &state, &chain)) return ATRIUM_DONE;
     PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
-    bool f1 = true, f2 = true;
-    json_t *pdus = c ? load_pdus(c, state, &f1) : NULL, *auth = c ? load_pdus(c, chain, &f2) : NULL;
+    json_t *pdus = NULL, *auth = NULL;
+    bool f1 = !c || rooms_graph_load_many(c, state, &pdus) < 0;
+    bool f2 = !c || rooms_graph_load_many(c, chain, &auth) < 0;
     fed_rooms_close(c);
     json_decref(state);
     json_decref(chain);

@@ -254,3 +254,22 @@ int rooms_graph_store_outlier(PGconn *c, const char *room_id, const char *event_
     if (!ok) return -1;
     return rooms_graph_record_edges(c, room_id, event_id, pdu);
 }
+
+int rooms_graph_load_many(PGconn *c, const json_t *ids, json_t **out)
+{
+    *out = json_array();
+    for (size_t i = 0; i < json_array_size(ids); i++) {
+        rooms_graph_where w;
+        bool failed;
+        json_t *pdu = rooms_graph_load(c, json_string_value(json_array_get(ids, i)), NULL, &w,
+                                       &failed);
+        if (failed) {
+            json_decref(*out);
+            *out = NULL;
+            return -1;
+        }
+        if (pdu && w != ROOMS_GRAPH_REJECTED) json_array_append(*out, pdu);
+        json_decref(pdu);
+    }
+    return 0;
+}

@@ -87,6 +87,10 @@ typedef enum rooms_graph_where {
 json_t *rooms_graph_load(PGconn *c, const char *event_id, char *room_id_out,
                          rooms_graph_where *where_out, bool *db_failed);
 
+/* The stored PDUs of ids (a JSON array of IDs), as rooms_graph_load gives them, in the
+ * given order, unknown and rejected ones left out: a new array into *out. 0 or -1. */
+int rooms_graph_load_many(PGconn *c, const json_t *ids, json_t **out);
+
 /* Keep pdu outside the timeline with a status ('outlier', 'soft_failed', 'rejected'),
  * why (may be NULL) and the server it came from. An event already stored (anywhere) is
  * left as it is. Inside the caller's transaction. 0 or -1. */

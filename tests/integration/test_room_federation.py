@@ -150,3 +150,120 @@ class ServedEventsTest(FederationTestCase):
         status, body = self.view.get(f"{FED}/v1/state_ids/{quote(room)}?event_id={quote(msg)}")
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
         self.a.wait_for_log("refused by the server ACL")
+
+
+def complete_event(template, server_name, key, version="10", **changes):
+    """A template (make_join/make_leave) completed as the joining server does: origin and
+    time set, content hash, signature over the redacted event; (event, event_id)."""
+    ev = {k: v for k, v in template.items() if k not in ("event_id", "hashes", "signatures",
+                                                         "unsigned")}
+    ev["origin"] = server_name
+    ev["origin_server_ts"] = int(time.time() * 1000)
+    ev.update(changes)
+    ev["hashes"] = {"sha256": content_hash(ev)}
+    signed = sign_json(redact(ev, version), server_name, key)
+    ev["signatures"] = signed["signatures"]
+    return ev, reference_event_id(ev, version)
+
+
+class ResidentJoinTest(FederationTestCase):
+    """This server as the resident server of a room a fake peer's user joins and leaves."""
+
+    def setUp(self):
+        self.peer = self.fake_peer()
+        self.a = self.start_fed(A_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.view = PeerView(self.a, self.peer)
+        self.user = f"@pat:{self.peer.server_name}"
+
+    def make(self, room, what="join", user=None, ver="&ver=10&ver=11"):
+        user = user or self.user
+        q = f"?{ver[1:]}" if what == "join" and ver else ""
+        return self.view.get(f"{FED}/v1/make_{what}/{quote(room)}/{quote(user)}{q}")
+
+    def send(self, room, ev, event_id, what="join"):
+        return self.view.send("PUT", f"{FED}/v2/send_{what}/{quote(room)}/{quote(event_id)}", ev)
+
+    def members(self, room):
+        body = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")
+        return {e["state_key"]: e["content"]["membership"] for e in body["chunk"]}
+
+    def test_a_peer_joins_a_public_room_and_gets_the_full_state_then_leaves(self):
+        room = self.alice.create_room(preset="public_chat", name="Lobby")
+        self.alice.send(room, {"msgtype": "m.text", "body": "before"})
+        status, made = self.make(room)
+        self.assertEqual(status, 200, made)
+        self.assertEqual(made["room_version"], "10")
+        tmpl = made["event"]
+        self.assertEqual((tmpl["type"], tmpl["state_key"], tmpl["sender"], tmpl["content"]),
+                         ("m.room.member", self.user, self.user, {"membership": "join"}))
+        ev, event_id = complete_event(tmpl, self.peer.server_name, self.peer.key,
+                                      content={"membership": "join", "displayname": "Pat"})
+        status, answer = self.send(room, ev, event_id)
+        self.assertEqual(status, 200, answer)
+        state_types = {(p["type"], p["state_key"]) for p in answer["state"]}
+        self.assertIn(("m.room.create", ""), state_types)
+        self.assertIn(("m.room.name", ""), state_types)
+        self.assertIn(("m.room.member", self.alice.user_id), state_types)
+        self.assertNotIn(("m.room.member", self.user), state_types)  # the state before it
+        self.assertEqual(answer["servers_in_room"], [self.a.server_name])
+        key_id, public = a_key(self.a)
+        for p in answer["state"] + answer["auth_chain"]:
+            self.assertTrue(verify_json(redact(p, "10"), self.a.server_name, key_id, public))
+        # Stored on A, as the peer's, visible to A's clients with the peer's profile.
+        self.assertEqual(self.members(room)[self.user], "join")
+        [(origin,)] = psql(f"SELECT origin FROM events WHERE event_id = '{event_id}'",
+                           database=self.a.database)
+        self.assertEqual(origin, self.peer.server_name)
+        sync = self.alice.sync()
+        names = [e["content"].get("displayname") for e in
+                 sync["rooms"]["join"][room]["timeline"]["events"] if e["type"] == "m.room.member"]
+        self.assertIn("Pat", names)
+        # The peer now sees the room's events (it is in the room).
+        msg = self.alice.send(room, {"msgtype": "m.text", "body": "after"})
+        self.assertEqual(self.view.get(f"{FED}/v1/event/{quote(msg)}")[0], 200)
+        # A second send_join of the same event is answered again, stored once.
+        self.assertEqual(self.send(room, ev, event_id)[0], 200)
+        self.assertEqual(psql(f"SELECT count(*) FROM events WHERE event_id = '{event_id}'",
+                              database=self.a.database), [["1"]])
+        # Leaving: make_leave, send_leave.
+        status, made = self.make(room, "leave")
+        self.assertEqual(status, 200, made)
+        self.assertEqual(made["event"]["prev_events"], [msg])
+        ev, leave_id = complete_event(made["event"], self.peer.server_name, self.peer.key)
+        self.assertEqual(self.send(room, ev, leave_id, "leave"), (200, {}))
+        self.assertEqual(self.members(room)[self.user], "leave")
+
+    def test_an_invite_only_room_refuses_the_join_at_make_join(self):
+        room = self.alice.create_room(preset="private_chat")
+        status, body = self.make(room)
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+
+    def test_make_join_names_the_rooms_version_when_the_peer_does_not_support_it(self):
+        room = self.alice.create_room(preset="public_chat")
+        status, body = self.make(room, ver="&ver=9")
+        self.assertEqual((status, body["errcode"], body["room_version"]),
+                         (400, "M_INCOMPATIBLE_ROOM_VERSION", "10"))
+
+    def test_a_peer_cannot_join_for_a_user_of_another_server(self):
+        room = self.alice.create_room(preset="public_chat")
+        status, body = self.make(room, user="@mallory:elsewhere.example")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+
+    def test_send_join_refuses_a_bad_signature_a_wrong_hash_and_a_wrong_id(self):
+        room = self.alice.create_room(preset="public_chat")
+        _, made = self.make(room)
+        from federation_support import SigningKey
+        impostor = SigningKey(self.peer.key.key_id.split(":")[1])
+        ev, event_id = complete_event(made["event"], self.peer.server_name, impostor)
+        status, body = self.send(room, ev, event_id)
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"), body)
+        ev, event_id = complete_event(made["event"], self.peer.server_name, self.peer.key)
+        tampered = dict(ev, content={"membership": "join", "displayname": "changed"})
+        status, body = self.send(room, tampered, reference_event_id(tampered, "10"))
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"), body)
+        status, body = self.send(room, ev, "$not-its-id")
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"), body)
+        self.assertNotIn(self.user, self.members(room))
+        # The good one still works.
+        self.assertEqual(self.send(room, ev, event_id)[0], 200)

@@ -84,6 +84,24 @@ int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room
  * transaction ID updated). id_out gets its event ID. On failure the caller rolls back. */
 int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
                     rooms_err *e);
+/* Authorize an event against the current state and build its PDU (prev_events, auth
+ * events, depth) without hash, ID or signature: the template other servers complete
+ * (make_join, make_leave). *pdu_out is new. ROOMS_OK, ROOMS_E_FORBIDDEN, ROOMS_E_DB. */
+int rooms_tx_template(room_tx *tx, const room_new_event *ev, json_t **pdu_out, rooms_err *e);
+/* Append an event another server created (already checked: format, signatures, hashes,
+ * auth) to the stream, with everything that follows (current state, memberships, graph,
+ * the state it was authorized against when state_before, a JSON array of event IDs, is
+ * given); origin is the server that delivered it (NULL: created here, queued for the
+ * room's other servers unless flags say otherwise). A redaction takes effect only when
+ * its sender may redact the target. On failure the caller rolls back. */
+enum {
+    ROOMS_PDU_HISTORICAL = 1, /* state of a room joined over federation: no forward
+                               * extremity, queued for nobody */
+    ROOMS_PDU_NO_QUEUE = 2,   /* created here but delivered by another server (our
+                               * send_join's join): queued for nobody */
+};
+int rooms_tx_append_pdu(room_tx *tx, json_t *pdu, const char *event_id, const char *origin,
+                        const json_t *state_before, unsigned flags, rooms_err *e);
 /* Seal a built event as this server: content hash, event ID (into id_out), this server's
  * signature over the redacted event (none without a federation module: unit tests), and
  * the size limit checked on the signed event. ROOMS_OK, ROOMS_E_TOO_LARGE ("The event is
@@ -204,6 +222,26 @@ int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
  * runs again there with run_reason ATRIUM_RUN_HANDOFF. ATRIUM_HANDED_OFF, or ATRIUM_DONE
  * after answering 429 (queue full) or 503 (stopping). */
 int rooms_to_bulk_pool(atrium_req *r);
+/* [req] Hand r off to the rooms module's remote pool (ROOMS_REMOTE_THREADS threads, a
+ * short queue), where requests that wait for other servers (joining, inviting, leaving
+ * through them) run holding no request-pool thread. Like rooms_to_bulk_pool otherwise. */
+int rooms_to_remote_pool(atrium_req *r);
+/* Join room_id through other servers (rooms_remote.c), on the remote pool's thread: the
+ * via servers (a JSON array of server names, tried in order) are asked make_join, the
+ * join is built, signed and sent with send_join, and the answer's state and auth chain are
+ * checked (IDs, hashes, signatures, auth rules) and stored before the join. Answers r:
+ * {"room_id"} or the failure. Returns ATRIUM_DONE. */
+int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, const json_t *vias);
+/* Does joining room_id need other servers: unknown here, or known but with no user of
+ * this server joined while other servers' users are (a room left and rejoined)? 1, 0,
+ * ROOMS_E_DB. */
+int rooms_join_needs_remote(PGconn *c, const char *room_id);
+/* [req] The servers to join room_id through, in the order tried: the request's
+ * server_name (and via) arguments, the room ID's server, then the servers of the members
+ * this server last knew joined. A new array. */
+json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id);
+#define ROOMS_REMOTE_THREADS 2
+#define ROOMS_REMOTE_QUEUE 16
 /* The typing reaper (rooms_typing.c), started and stopped with the rooms module. */
 int rooms_typing_start(void);
 void rooms_typing_stop(void);

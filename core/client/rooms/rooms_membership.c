@@ -247,16 +247,28 @@ static int join_room(atrium_req *r, const char *user, const char *room_id)
     if (!body) return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
+    /* A room this server is not in: through the servers that are, on the remote pool. */
+    int remote = rooms_join_needs_remote(c, room_id);
+    if (remote == 1) {
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) {
+            rooms_db_release(c);
+            return rooms_to_remote_pool(r);
+        }
+        json_t *vias = rooms_remote_vias(r, c, room_id);
+        rooms_db_release(c);
+        int out = rooms_remote_join(r, user, room_id, vias);
+        json_decref(vias);
+        return out;
+    }
     char membership[16];
-    bool failed;
-    bool exists = rooms_version_of(c, room_id, &failed) != NULL;
+    bool failed = remote < 0;
+    bool exists = !failed && rooms_version_of(c, room_id, &failed) != NULL;
     int rc = failed ? ROOMS_E_DB : rooms_membership_at(c, room_id, user, INT64_MAX, membership, NULL);
     json_t *content = rc == ROOMS_OK && exists ? rooms_member_content(c, user, "join") : NULL;
     rooms_db_release(c);
     if (rc != ROOMS_OK) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (!exists)
-        return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room; joining rooms on other "
-                                  "servers is not available yet");
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room");
     json_t *answer = json_pack("{s:s}", "room_id", room_id);
     if (strcmp(membership, "join") == 0) {
         json_decref(content);

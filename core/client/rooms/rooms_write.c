@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/federation/fed_rooms_queue.h"
 #include "core/federation/federation.h"
 #include "core/federation/fed_txn.h"
 #include "core/rooms/canonical_json.h"
@@ -103,8 +104,8 @@ int rooms_tx_commit(room_tx *tx, rooms_err *e)
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
+    fed_rooms_kick();
     notifier_wake_room(tx->c, tx->room_id);
-    fed_outbound_kick(); /* fedtxn: the queue may have rows from this transaction */
     for (int i = 0; i < tx->n_wake; i++) notifier_wake_user(tx->wake_users[i]);
     return ROOMS_OK;
 }
@@ -265,7 +266,7 @@ static int check_redaction(room_tx *tx, const room_auth_load *a, const room_new_
 }
 
 /* The state event this one replaces, into out ("" when none). */
-static int replaced_state(room_tx *tx, const room_new_event *ev, char out[EVENT_ID_LEN + 8])
+static int replaced_state(room_tx *tx, const room_new_event *ev, char out[ROOMS_GRAPH_ID_BYTES])
 {
     out[0] = '\0';
     if (!ev->state_key) return ROOMS_OK;
@@ -275,35 +276,38 @@ static int replaced_state(room_tx *tx, const room_new_event *ev, char out[EVENT_
                             " WHERE room_id = $1 AND type = $2 AND state_key = $3",
                             3, p, NULL);
     if (!res) return ROOMS_E_DB;
-    if (PQntuples(res) == 1) snprintf(out, EVENT_ID_LEN + 8, "%s", PQgetvalue(res, 0, 0));
+    if (PQntuples(res) == 1) snprintf(out, ROOMS_GRAPH_ID_BYTES, "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
     return ROOMS_OK;
 }
 
+/* Store pdu (an event of the stream, created here or by origin: NULL for here) with
+ * everything that follows from it. */
 static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char *event_id,
-                 rooms_err *e)
+                 const char *origin, unsigned flags, rooms_err *e)
 {
-    char replaces[EVENT_ID_LEN + 8];
+    char replaces[ROOMS_GRAPH_ID_BYTES];
     if (replaced_state(tx, ev, replaces) < 0) return rooms_set_err(e, ROOMS_E_DB, "database");
     PGresult *res = rooms_q(tx->c, "SELECT stream_next()", 0, NULL, NULL);
     if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
     char pos[24], depth[24], ts[24];
     snprintf(pos, sizeof(pos), "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
-    snprintf(depth, sizeof(depth), "%lld", (long long)(tx->depth + 1));
+    snprintf(depth, sizeof(depth), "%lld", (long long)json_integer_value(json_object_get(pdu, "depth")));
     snprintf(ts, sizeof(ts), "%lld", (long long)json_integer_value(json_object_get(pdu, "origin_server_ts")));
     char *text = json_dumps(pdu, JSON_COMPACT | JSON_SORT_KEYS);
     if (!text) return rooms_set_err(e, ROOMS_E_DB, "out of memory");
     const char *membership = strcmp(ev->type, "m.room.member") == 0
                                  ? json_string_value(json_object_get(ev->content, "membership"))
                                  : NULL;
-    const char *p[12] = {pos, event_id, tx->room_id, ev->type, ev->state_key, ev->sender, ts,
-                         depth, text, replaces[0] ? replaces : NULL, ev->txn_device, ev->txn_id};
+    const char *p[13] = {pos, event_id, tx->room_id, ev->type, ev->state_key, ev->sender, ts,
+                         depth, text, replaces[0] ? replaces : NULL, ev->txn_device, ev->txn_id,
+                         origin};
     bool ok = rooms_exec(tx->c,
                          "INSERT INTO events (stream_pos, event_id, room_id, type, state_key,"
-                         " sender, origin_server_ts, depth, pdu, replaces_state, txn_device, txn_id)"
-                         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                         12, p);
+                         " sender, origin_server_ts, depth, pdu, replaces_state, txn_device, txn_id,"
+                         " origin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                         13, p);
     free(text);
     /* relations, redactions */
     if (ok) ok = rooms_bundle_index(tx->c, pos, event_id, tx->room_id, ev);
@@ -330,12 +334,17 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     }
     if (ok) {
         const char *q[3] = {tx->room_id, event_id, depth};
-        ok = rooms_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth = $3 WHERE room_id = $1",
+        ok = rooms_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth ="
+                        " GREATEST(last_depth, $3::bigint) WHERE room_id = $1",
                         3, q);
     }
     /* The graph: its edges, and it is the one forward extremity now (it names them all). */
     if (ok) ok = rooms_graph_record_edges(tx->c, tx->room_id, event_id, pdu) == 0;
-    if (ok) ok = rooms_graph_advance(tx->c, tx->room_id, event_id, pdu) == 0;
+    if (ok && !(flags & ROOMS_PDU_HISTORICAL))
+        ok = rooms_graph_advance(tx->c, tx->room_id, event_id, pdu) == 0;
+    /* Our own events go to the room's other servers (theirs came from them). */
+    if (ok && !origin && !(flags & (ROOMS_PDU_HISTORICAL | ROOMS_PDU_NO_QUEUE)))
+        ok = fed_rooms_queue_pdu(tx->c, tx->room_id, event_id, NULL) == 0;
     if (!ok) return rooms_set_err(e, ROOMS_E_DB, "database");
     if (ev->txn_id) {
         char now[24];
@@ -374,11 +383,7 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
     if (rc == ROOMS_OK && ev->redacts) rc = check_redaction(tx, &a, ev, e);
     if (rc == ROOMS_OK && !(pdu = build_pdu(tx, &a, ev))) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
     if (rc == ROOMS_OK) rc = rooms_event_seal(tx->ver, pdu, id_out, e);
-    if (rc == ROOMS_OK) rc = store(tx, ev, pdu, id_out, e);
-    /* fedtxn: queue the event for the room's other servers, until roomfed wires the
-     * write path (it then owns this line and its except_server). */
-    if (rc == ROOMS_OK && fed_outbound_enqueue_pdu(tx->c, tx->room_id, id_out, NULL) < 0)
-        rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    if (rc == ROOMS_OK) rc = store(tx, ev, pdu, id_out, NULL, 0, e);
     json_decref(pdu);
     json_decref(a.holder);
     if (rc != ROOMS_OK) return rc;
@@ -390,5 +395,81 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
     if (ev->state_key && rooms_listing_type(ev->type)) tx->listing_changed = true;
     if (target && tx->n_wake < (int)(sizeof(tx->wake_users) / sizeof(tx->wake_users[0])))
         tx->wake_users[tx->n_wake++] = rt_arena_strdup(tx->arena, target);
+    return ROOMS_OK;
+}
+
+/* ---- templates and events of other servers ---------------------------------------- */
+
+int rooms_tx_template(room_tx *tx, const room_new_event *ev, json_t **pdu_out, rooms_err *e)
+{
+    *pdu_out = NULL;
+    const char *target = strcmp(ev->type, "m.room.member") == 0 ? ev->state_key : NULL;
+    room_auth_load a;
+    if (rooms_load_auth(tx->c, tx->room_id, tx->ver, ev->sender, target, &a) < 0) {
+        json_decref(a.holder);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
+    a.st.only_create = tx->depth == 1 && a.st.create != NULL;
+    char why[ROOM_AUTH_WHY_LEN];
+    int rc = ROOMS_OK;
+    if (!room_auth_allows(&a.st, ev->type, ev->state_key, ev->sender, ev->content, why))
+        rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "%s", why);
+    if (rc == ROOMS_OK && !(*pdu_out = build_pdu(tx, &a, ev)))
+        rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
+    json_decref(a.holder);
+    return rc;
+}
+
+/* May the redaction pdu (by sender) take effect on its target? The target's sender on the
+ * same server, or the redact level in the current state (room versions 3+ decide this
+ * when the redaction is applied, not when it is authorized). */
+static bool redaction_applies(room_tx *tx, const char *sender, const char *target)
+{
+    const char *p[2] = {target, tx->room_id};
+    PGresult *res = rooms_q(tx->c, "SELECT sender FROM events WHERE event_id = $1 AND room_id = $2",
+                            2, p, NULL);
+    if (!res) return false;
+    bool ok = false;
+    if (PQntuples(res) == 1) {
+        const char *orig = PQgetvalue(res, 0, 0);
+        ok = strcmp(room_auth_domain(orig), room_auth_domain(sender)) == 0;
+        if (!ok) {
+            room_auth_load a;
+            if (rooms_load_auth(tx->c, tx->room_id, tx->ver, sender, NULL, &a) == ROOMS_OK)
+                ok = room_auth_may_redact(&a.st, sender, orig);
+            json_decref(a.holder);
+        }
+    }
+    PQclear(res);
+    return ok;
+}
+
+int rooms_tx_append_pdu(room_tx *tx, json_t *pdu, const char *event_id, const char *origin,
+                        const json_t *state_before, unsigned flags, rooms_err *e)
+{
+    const char *type = json_string_value(json_object_get(pdu, "type"));
+    const char *sender = json_string_value(json_object_get(pdu, "sender"));
+    json_t *content = json_object_get(pdu, "content");
+    if (!type || !sender || !json_is_object(content))
+        return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event lacks a type, sender or content");
+    const char *redacts = json_string_value(json_object_get(pdu, "redacts"));
+    if (!redacts) redacts = json_string_value(json_object_get(content, "redacts"));
+    if (strcmp(type, "m.room.redaction") != 0) redacts = NULL;
+    if (redacts && !redaction_applies(tx, sender, redacts)) redacts = NULL;
+    room_new_event ev = {.sender = sender, .type = type, .state_key = event_state_key(pdu),
+                         .content = content, .redacts = redacts};
+    int rc = store(tx, &ev, pdu, event_id, origin, flags, e);
+    if (rc == ROOMS_OK && state_before &&
+        rooms_graph_set_state_before(tx->c, tx->room_id, event_id, state_before) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    if (rc == ROOMS_OK && rooms_graph_tips_load(tx->c, tx->room_id, &tx->tips) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    if (rc != ROOMS_OK) return rc;
+    tx->depth = tx->tips.max_depth;
+    snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", event_id);
+    if (ev.state_key && rooms_listing_type(type)) tx->listing_changed = true;
+    if (ev.state_key && strcmp(type, "m.room.member") == 0 &&
+        tx->n_wake < (int)(sizeof(tx->wake_users) / sizeof(tx->wake_users[0])))
+        tx->wake_users[tx->n_wake++] = rt_arena_strdup(tx->arena, ev.state_key);
     return ROOMS_OK;
 }
