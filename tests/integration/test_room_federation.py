@@ -17,7 +17,7 @@ from federation_support import canonical, sign_json, verify_json
 from rooms_client import (Client, content_hash, redact, reference_event_id, stored_pdus,
                           unpadded_b64)
 from harness import psql
-from test_federation import A_IP, FAKE_IP, FederationTestCase
+from test_federation import A_IP, B_IP, FAKE_IP, FederationTestCase
 
 FED = "/_matrix/federation"
 
@@ -267,3 +267,64 @@ class ResidentJoinTest(FederationTestCase):
         self.assertNotIn(self.user, self.members(room))
         # The good one still works.
         self.assertEqual(self.send(room, ev, event_id)[0], 200)
+
+
+class TwoServersTest(FederationTestCase):
+    """Two Atrium processes: A's users create rooms, B's users join them."""
+
+    def setUp(self):
+        self.a = self.start_fed(A_IP)
+        self.b = self.start_fed(B_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.bob = Client(self.b, register(self.b, "bob"))
+
+    def join(self, room, via=None):
+        via = via or self.a.server_name
+        return self.bob.call("POST", f"/_matrix/client/v3/join/{quote(room)}?server_name={quote(via)}",
+                             {}, timeout=30)
+
+    def test_a_user_joins_a_room_on_another_server_and_sees_it_in_sync(self):
+        room = self.alice.create_room(preset="public_chat", name="Lobby")
+        self.alice.send(room, {"msgtype": "m.text", "body": "hello from A"})
+        status, body = self.join(room)
+        self.assertEqual((status, body), (200, {"room_id": room}))
+        # B's sync: the room, its name, alice and bob joined, A's message.
+        sync = self.bob.sync()
+        joined = sync["rooms"]["join"][room]
+        events = joined["state"]["events"] + joined["timeline"]["events"]
+        self.assertIn("Lobby", [e["content"].get("name") for e in events if e["type"] == "m.room.name"])
+        members = {e["state_key"]: e["content"]["membership"] for e in events
+                   if e["type"] == "m.room.member"}
+        self.assertEqual(members, {self.alice.user_id: "join", self.bob.user_id: "join"})
+        # A has bob's join, delivered by B, signed by B.
+        status, state = self.alice.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")
+        self.assertIn(self.bob.user_id, {e["state_key"] for e in state["chunk"]
+                                         if e["content"]["membership"] == "join"})
+        [(event_id, origin)] = psql(
+            f"SELECT event_id, origin FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
+            f" AND state_key = '{self.bob.user_id}'", database=self.a.database)
+        self.assertEqual(origin, self.b.server_name)
+        status, _, doc = self.b.fed_request("GET", "/_matrix/key/v2/server")
+        [(key_id, key)] = doc["verify_keys"].items()
+        [(pdu,)] = psql(f"SELECT pdu FROM events WHERE event_id = '{event_id}'", database=self.a.database)
+        self.assertTrue(verify_json(redact(json.loads(pdu), "10"), self.b.server_name, key_id, key["key"]))
+        # Both servers agree on the room's current state.
+        def state_ids(srv):
+            return sorted(r[0] for r in psql(f"SELECT event_id FROM current_state WHERE room_id = '{room}'",
+                                             database=srv.database))
+        self.assertEqual(state_ids(self.a), state_ids(self.b))
+        # B's next event in the room follows the join.
+        status, body = self.bob.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.name")
+        self.assertEqual((status, body), (200, {"name": "Lobby"}))
+
+    def test_joining_an_invite_only_room_is_refused_with_the_residents_answer(self):
+        room = self.alice.create_room(preset="private_chat")
+        status, body = self.join(room)
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"), body)
+        self.assertEqual(psql(f"SELECT count(*) FROM rooms WHERE room_id = '{room}'",
+                              database=self.b.database), [["0"]])
+
+    def test_joining_through_a_server_that_is_not_there_fails_cleanly(self):
+        status, body = self.bob.call("POST", f"/_matrix/client/v3/join/{quote('!nope:127.0.0.99:1')}",
+                                     {}, timeout=60)
+        self.assertIn(status, (502, 504), body)
