@@ -3,7 +3,8 @@
  * what a server may read of a room (history visibility for servers) and whether its
  * traffic is accepted at all (m.room.server_acl), and the routes built on them:
  * fed_rooms_serve.c (event, state, state_ids, backfill, get_missing_events) and
- * fed_rooms_join.c (make_join/send_join, make_leave/send_leave as the resident server).
+ * fed_rooms_join.c (make_join/send_join, make_leave/send_leave as the resident server),
+ * fed_rooms_invite.c (invites of our users by other servers).
  *
  * The room model itself (tables, the graph, auth rules) is core/rooms/; these files only
  * read it and answer. Internal prefix: fed_rooms_.
@@ -60,6 +61,7 @@ int64_t fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id
 int fed_rooms_routes(fed_module *m);
 int fed_rooms_serve_routes(fed_module *m);
 int fed_rooms_join_routes(fed_module *m);
+int fed_rooms_invite_routes(fed_module *m); /* fed_rooms_invite.c: PUT /v2/invite */
 /* [req] The fed_rooms routes' common answer envelope: {"origin", "origin_server_ts",
  * "pdus": pdus (stolen)}. */
 int fed_rooms_respond_pdus(atrium_req *r, json_t *pdus);

@@ -16,7 +16,9 @@
  * The state before an event: for an event of the stream, the newest state event per
  * (type, state_key) at an earlier position (the line), unless event_state_before names a
  * snapshot (state_snapshots: a set of event IDs, shared by every event with the same
- * state), which federated events get: the state they were authorized against. Internal
+ * state), which federated events get: the state they were authorized against.
+ * remote_invites keeps the stripped state sent with an invite to a room this server is not
+ * in (the invite itself an outlier, the membership a row of memberships). Internal
  * prefix: rooms_graph_.
  */
 #ifndef ATRIUM_CORE_ROOMS_EVENTS_GRAPH_H

@@ -166,6 +166,18 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      " snapshot_id bigint NOT NULL REFERENCES state_snapshots(snapshot_id));"
      "ALTER TABLE events ADD COLUMN origin text;"
      "CREATE INDEX memberships_room ON memberships (room_id, stream_pos);"
+     /* Invites of local users to rooms this server is not in: the stripped state the
+      * inviting server sent, for /sync's invite_state (the invite itself is an outlier,
+      * its membership a row of memberships). */
+     "CREATE TABLE remote_invites ("
+     " event_id text PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " user_id text NOT NULL,"
+     " sender text NOT NULL,"
+     " room_version text NOT NULL,"
+     " invite_state text NOT NULL,"
+     " received_ts bigint NOT NULL);"
+     "CREATE INDEX remote_invites_user ON remote_invites (user_id, room_id);"
      "INSERT INTO event_edges SELECT e.event_id, p.id, e.room_id FROM events e,"
      " LATERAL json_array_elements_text(e.pdu::json -> 'prev_events') p(id)"
      " ON CONFLICT DO NOTHING;"

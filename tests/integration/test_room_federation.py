@@ -328,3 +328,49 @@ class TwoServersTest(FederationTestCase):
         status, body = self.bob.call("POST", f"/_matrix/client/v3/join/{quote('!nope:127.0.0.99:1')}",
                                      {}, timeout=60)
         self.assertIn(status, (502, 504), body)
+
+    def invite(self, room, user_id):
+        return self.alice.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/invite",
+                               {"user_id": user_id}, timeout=30)
+
+    def test_an_invite_crosses_servers_shows_in_sync_and_is_accepted(self):
+        room = self.alice.create_room(preset="private_chat", name="Secret")
+        self.assertEqual(self.invite(room, self.bob.user_id), (200, {}))
+        # A stored the invite with B's signature beside its own.
+        [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
+                        f" AND state_key = '{self.bob.user_id}'", database=self.a.database)
+        self.assertEqual(set(json.loads(pdu)["signatures"]), {self.a.server_name, self.b.server_name})
+        # B's sync shows the invite with the room's stripped state.
+        sync = self.bob.sync()
+        invite = sync["rooms"]["invite"][room]["invite_state"]["events"]
+        self.assertIn("Secret", [e["content"].get("name") for e in invite])
+        self.assertEqual(invite[-1]["content"]["membership"], "invite")
+        self.assertEqual(invite[-1]["sender"], self.alice.user_id)
+        # Accepting: a join through A (the room is invite only: the invite lets bob in).
+        status, body = self.bob.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join", {},
+                                     timeout=30)
+        self.assertEqual((status, body), (200, {"room_id": room}))
+        sync = self.bob.sync(since=sync["next_batch"])
+        self.assertIn(room, sync["rooms"]["join"])
+        self.assertNotIn(room, sync["rooms"]["invite"])
+
+    def test_a_declined_invite_leaves_through_the_inviting_server(self):
+        room = self.alice.create_room(preset="private_chat")
+        self.assertEqual(self.invite(room, self.bob.user_id)[0], 200)
+        first = self.bob.sync()
+        self.assertIn(room, first["rooms"]["invite"])
+        self.assertEqual(self.bob.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/leave", {},
+                                       timeout=30), (200, {}))
+        members = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")["chunk"]
+        self.assertEqual({e["state_key"]: e["content"]["membership"] for e in members}[self.bob.user_id],
+                         "leave")
+        later = self.bob.sync(since=first["next_batch"])
+        self.assertNotIn(room, later["rooms"]["invite"])
+
+    def test_inviting_a_user_the_other_server_does_not_have_is_its_404(self):
+        room = self.alice.create_room(preset="private_chat")
+        status, body = self.invite(room, f"@nobody:{self.b.server_name}")
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
+        self.assertEqual(psql(f"SELECT count(*) FROM events WHERE room_id = '{room}'"
+                              f" AND state_key = '@nobody:{self.b.server_name}'",
+                              database=self.a.database), [["0"]])

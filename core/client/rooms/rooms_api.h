@@ -149,9 +149,9 @@ int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *co
 /* The content of a membership event for user_id: {"membership", "displayname",
  * "avatar_url"} with the profile's values when set. A new object (never NULL). */
 json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership);
-/* May user_id be invited from here: a local user that exists (ROOMS_E_NOT_FOUND
- * otherwise) and is not deactivated, and, until federation arrives, not a remote one
- * (ROOMS_E_FORBIDDEN for both). */
+/* May user_id, a user of this server, be invited: one that exists (ROOMS_E_NOT_FOUND
+ * otherwise) and is not deactivated (ROOMS_E_FORBIDDEN). Users of other servers are
+ * invited through their server (rooms_remote_invite), which decides. */
 int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e);
 /* Look up (user, device, key) in event_txns: 1 with id_out set, 0 when absent, ROOMS_E_DB. */
 int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,
@@ -232,6 +232,16 @@ int rooms_to_remote_pool(atrium_req *r);
  * checked (IDs, hashes, signatures, auth rules) and stored before the join. Answers r:
  * {"room_id"} or the failure. Returns ATRIUM_DONE. */
 int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, const json_t *vias);
+/* Invite target, a user of another server, to room_id as sender (on the remote pool's
+ * thread): the invite is authorized and sealed here, signed by the invitee's server
+ * (PUT /v2/invite, with the room's stripped state), then stored and sent to the room's
+ * other servers. content is the invite's (borrowed). Answers r; returns ATRIUM_DONE. */
+int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
+                        const char *target, json_t *content);
+/* Decline an invite to a room this server is not in (on the remote pool's thread):
+ * make_leave / send_leave through the vias, then the leave kept as the user's newest
+ * membership. Answers r; returns ATRIUM_DONE. */
+int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, const json_t *vias);
 /* Does joining room_id need other servers: unknown here, or known but with no user of
  * this server joined while other servers' users are (a room left and rejoined)? 1, 0,
  * ROOMS_E_DB. */

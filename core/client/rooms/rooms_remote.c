@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/client/rooms/rooms_api.h"
+#include "core/client/sync/notifier.h"
 #include "core/federation/fed_call.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/state_pdus.h"
@@ -178,16 +179,19 @@ static void check_all(const room_version *v, const char *room_id, const json_t *
     free(all);
 }
 
-/* make_join at each via in turn: the template and the via that gave it. */
-static json_t *ask_make_join(atrium_req *r, const char *user, const char *room_id,
-                             const json_t *vias, const char **via_out, fed_call_result *last)
+/* make_<membership> ("join", "leave") at each via in turn: the answer and the via that
+ * gave it. */
+static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
+                        const char *room_id, const json_t *vias, const char **via_out,
+                        fed_call_result *last)
 {
     char room_enc[REMOTE_URI_BYTES / 4], user_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
     if (!uri_part(room_id, room_enc, sizeof(room_enc)) || !uri_part(user, user_enc, sizeof(user_enc)))
         return NULL;
-    size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_join/%s/%s",
-                                room_enc, user_enc);
-    for (size_t i = 0; ROOM_VERSIONS_SUPPORTED[i] && o < sizeof(uri); i++)
+    size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_%s/%s/%s",
+                                membership, room_enc, user_enc);
+    for (size_t i = 0; strcmp(membership, "join") == 0 && ROOM_VERSIONS_SUPPORTED[i] &&
+                       o < sizeof(uri); i++)
         o += (size_t)snprintf(uri + o, sizeof(uri) - o, "%sver=%s", i ? "&" : "?",
                               ROOM_VERSIONS_SUPPORTED[i]);
     memset(last, 0, sizeof(*last));
@@ -207,15 +211,17 @@ static json_t *ask_make_join(atrium_req *r, const char *user, const char *room_i
             *via_out = via;
             return json_incref(last->json);
         }
-        rt_log(ATRIUM_LOG_INFO, "core", "make_join for %s at %s failed: %s (status %d)", room_id,
-               via, last->error, last->status);
+        rt_log(ATRIUM_LOG_INFO, "core", "make_%s for %s at %s failed: %s (status %d)", membership,
+               room_id, via, last->error, last->status);
     }
     return NULL;
 }
 
-/* The join event from the template: ours to complete (origin, time, content), then sealed. */
-static json_t *complete_join(atrium_req *r, PGconn *c, const room_version *v, const json_t *tmpl,
-                             const char *user, char id[EVENT_ID_LEN], rooms_err *e)
+/* The membership event from the template: ours to complete (origin, time, content), then
+ * sealed. */
+static json_t *complete_member(atrium_req *r, PGconn *c, const room_version *v, const json_t *tmpl,
+                               const char *user, const char *membership, char id[EVENT_ID_LEN],
+                               rooms_err *e)
 {
     json_t *pdu = json_deep_copy(tmpl);
     json_object_del(pdu, "event_id");
@@ -225,7 +231,8 @@ static json_t *complete_join(atrium_req *r, PGconn *c, const room_version *v, co
     if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
     else json_object_del(pdu, "origin");
     json_object_set_new(pdu, "origin_server_ts", json_integer(rooms_wall_ms()));
-    json_t *content = rooms_member_content(c, user, "join");
+    json_t *content = strcmp(membership, "join") == 0 ? rooms_member_content(c, user, "join")
+                                                      : json_pack("{s:s}", "membership", membership);
     const char *reason = json_string_value(json_object_get(r->json, "reason"));
     if (reason) json_object_set_new(content, "reason", json_string(reason));
     json_object_set_new(pdu, "content", content);
@@ -239,7 +246,8 @@ static json_t *complete_join(atrium_req *r, PGconn *c, const room_version *v, co
         strcmp(event_state_key(pdu) ?: "", user) != 0 ||
         strcmp(json_string_value(json_object_get(pdu, "type")) ?: "", "m.room.member") != 0) {
         json_decref(pdu);
-        rooms_set_err(e, ROOMS_E_FORBIDDEN, "The resident server's template is not this join");
+        rooms_set_err(e, ROOMS_E_FORBIDDEN, "The resident server's template is not this %s",
+                      membership);
         return NULL;
     }
     if (rooms_event_seal(v, pdu, id, e) != ROOMS_OK) {
@@ -335,7 +343,7 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
 {
     fed_call_result mk;
     const char *via = NULL;
-    json_t *made = ask_make_join(r, user, room_id, vias, &via, &mk);
+    json_t *made = ask_make(r, "join", user, room_id, vias, &via, &mk);
     if (!made) {
         int out = answer_peer_failure(r, &mk, "No server could help joining the room");
         fed_call_result_clear(&mk);
@@ -351,7 +359,7 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
     }
     rooms_err e = {0};
     char join_id[EVENT_ID_LEN];
-    json_t *join = complete_join(r, c, v, json_object_get(made, "event"), user, join_id, &e);
+    json_t *join = complete_member(r, c, v, json_object_get(made, "event"), user, "join", join_id, &e);
     json_decref(made);
     if (!join) {
         rooms_db_release(c);
@@ -403,6 +411,15 @@ json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id)
             r->args[i].value && *r->args[i].value)
             json_array_append_new(vias, json_string(r->args[i].value));
     json_array_append_new(vias, json_string(room_auth_domain(room_id)));
+    /* Invited from another server: the inviter's server is in the room. */
+    const char *q[1] = {room_id};
+    PGresult *inv = rooms_q(c,
+                            "SELECT DISTINCT substr(sender, strpos(sender, ':') + 1)"
+                            " FROM remote_invites WHERE room_id = $1 LIMIT 8",
+                            1, q, NULL);
+    for (int i = 0; inv && i < PQntuples(inv); i++)
+        json_array_append_new(vias, json_string(PQgetvalue(inv, i, 0)));
+    PQclear(inv);
     /* A room known here (left, now rejoined): the servers that were in it. */
     const char *p[1] = {room_id};
     PGresult *res = rooms_q(c,
@@ -414,4 +431,181 @@ json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id)
         json_array_append_new(vias, json_string(PQgetvalue(res, i, 0)));
     PQclear(res);
     return vias;
+}
+
+/* ---- inviting a user of another server ------------------------------------------------ */
+
+/* The stripped state an invite carries: the room's descriptive events and the inviter's
+ * member event (type, state_key, sender, content). A new array. */
+static json_t *invite_room_state(const json_t *map, const char *sender)
+{
+    static const char *const TYPES[] = {"m.room.create", "m.room.join_rules", "m.room.name",
+                                        "m.room.avatar", "m.room.canonical_alias",
+                                        "m.room.encryption", "m.room.topic", NULL};
+    json_t *out = json_array();
+    for (size_t i = 0; TYPES[i] || i == 0; i++) {
+        const json_t *ev = TYPES[i] ? rooms_pdus_get((void *)map, TYPES[i], "")
+                                    : NULL;
+        if (ev)
+            json_array_append_new(out, json_pack("{s:O, s:O, s:O, s:O}", "type",
+                                                 json_object_get(ev, "type"), "state_key",
+                                                 json_object_get(ev, "state_key"), "sender",
+                                                 json_object_get(ev, "sender"), "content",
+                                                 json_object_get(ev, "content")));
+        if (!TYPES[i]) break;
+    }
+    const json_t *me = rooms_pdus_get((void *)map, "m.room.member", sender);
+    if (me)
+        json_array_append_new(out, json_pack("{s:O, s:O, s:O, s:O}", "type", json_object_get(me, "type"),
+                                             "state_key", json_object_get(me, "state_key"), "sender",
+                                             json_object_get(me, "sender"), "content",
+                                             json_object_get(me, "content")));
+    return out;
+}
+
+int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
+                        const char *target, json_t *content)
+{
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    /* The invite, built and sealed under the room's lock, which is let go while the
+     * invitee's server answers. */
+    room_tx tx;
+    rooms_err e = {0};
+    json_t *pdu = NULL, *map = NULL;
+    char id[EVENT_ID_LEN] = "";
+    const room_version *v = NULL;
+    int rc = rooms_tx_begin(&tx, c, r->arena, room_id, &e);
+    if (rc == ROOMS_OK) {
+        v = tx.ver;
+        room_new_event ev = {.sender = sender, .type = "m.room.member", .state_key = target,
+                             .content = content};
+        rc = rooms_tx_template(&tx, &ev, &pdu, &e);
+        if (rc == ROOMS_OK && rooms_pdus_current(c, room_id, &map, NULL) < 0)
+            rc = rooms_set_err(&e, ROOMS_E_DB, "database");
+        rooms_tx_rollback(&tx);
+    }
+    if (rc == ROOMS_OK) rc = rooms_event_seal(v, pdu, id, &e);
+    if (rc != ROOMS_OK) {
+        rooms_db_release(c);
+        json_decref(pdu);
+        json_decref(map);
+        return rooms_fail(r, &e);
+    }
+    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
+    uri_part(room_id, room_enc, sizeof(room_enc));
+    uri_part(id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/invite/%s/%s", room_enc, id_enc);
+    json_t *body = json_pack("{s:O, s:s, s:o}", "event", pdu, "room_version", v->id,
+                             "invite_room_state", invite_room_state(map, sender));
+    json_decref(map);
+    const char *server = room_auth_domain(target);
+    fed_request_opts o = {.method = "PUT", .destination = server, .uri = uri, .body = body,
+                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                          .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
+    fed_call_result res;
+    fed_call(&o, &res);
+    json_decref(body);
+    json_t *signed_ev = fed_call_ok(&res) ? json_object_get(res.json, "event") : NULL;
+    char sid[EVENT_ID_LEN], why[FED_CALL_ERROR_BYTES] = "";
+    bool same = json_is_object(signed_ev) && event_compute_id(v, signed_ev, sid) == 0 &&
+                strcmp(sid, id) == 0;
+    json_t *red = same ? event_redact(v, signed_ev) : NULL;
+    bool signed_ok = red && fed_call_verify(red, server, rooms_wall_ms(), why) == 0;
+    json_decref(red);
+    if (!signed_ok) {
+        rooms_db_release(c);
+        json_decref(pdu);
+        int out = fed_call_ok(&res)
+                      ? http_respond_error(r, 502, "M_UNKNOWN", "The invitee's server answered an "
+                                           "invite it did not sign: %s", why)
+                      : answer_peer_failure(r, &res, "The invitee's server refused the invite");
+        fed_call_result_clear(&res);
+        return out;
+    }
+    json_decref(pdu);
+    pdu = json_incref(signed_ev);
+    fed_call_result_clear(&res);
+    /* Stored under the lock again, checked against the state as it is now. */
+    rc = rooms_tx_begin(&tx, c, r->arena, room_id, &e);
+    json_t *ids = NULL;
+    if (rc == ROOMS_OK) {
+        char awhy[ROOM_AUTH_WHY_LEN];
+        if (rooms_pdus_current(c, room_id, &map, &ids) < 0)
+            rc = rooms_set_err(&e, ROOMS_E_DB, "database");
+        else if (!room_auth_check_event(v, pdu, rooms_pdus_get, map, awhy))
+            rc = rooms_set_err(&e, ROOMS_E_FORBIDDEN, "%s", awhy);
+        if (rc == ROOMS_OK) rc = rooms_tx_append_pdu(&tx, pdu, id, NULL, ids, 0, &e);
+        if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
+        else rooms_tx_rollback(&tx);
+    }
+    json_decref(map);
+    json_decref(ids);
+    json_decref(pdu);
+    rooms_db_release(c);
+    if (rc != ROOMS_OK) return rooms_fail(r, &e);
+    return http_respond_json(r, 200, json_object());
+}
+
+/* ---- declining an invite to a room this server is not in ------------------------------ */
+
+int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
+{
+    fed_call_result mk;
+    const char *via = NULL;
+    json_t *made = ask_make(r, "leave", user, room_id, vias, &via, &mk);
+    if (!made) {
+        int out = answer_peer_failure(r, &mk, "No server could help leaving the room");
+        fed_call_result_clear(&mk);
+        return out;
+    }
+    fed_call_result_clear(&mk);
+    const char *ver_id = json_string_value(json_object_get(made, "room_version"));
+    const room_version *v = room_version_find(ver_id ? ver_id : "1");
+    PGconn *c = rooms_db(r);
+    if (!c) {
+        json_decref(made);
+        return ATRIUM_DONE;
+    }
+    rooms_err e = {0};
+    char id[EVENT_ID_LEN];
+    json_t *leave = complete_member(r, c, v, json_object_get(made, "event"), user, "leave", id, &e);
+    json_decref(made);
+    if (!leave) {
+        rooms_db_release(c);
+        return rooms_fail(r, &e);
+    }
+    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
+    uri_part(room_id, room_enc, sizeof(room_enc));
+    uri_part(id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_leave/%s/%s", room_enc, id_enc);
+    fed_request_opts o = {.method = "PUT", .destination = via, .uri = uri, .body = leave,
+                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                          .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
+    fed_call_result sl;
+    fed_call(&o, &sl);
+    if (!fed_call_ok(&sl)) {
+        rooms_db_release(c);
+        json_decref(leave);
+        int out = answer_peer_failure(r, &sl, "The resident server refused the leave");
+        fed_call_result_clear(&sl);
+        return out;
+    }
+    fed_call_result_clear(&sl);
+    /* This server is not in the room: the leave is kept like the invite was, an outlier and
+     * the user's newest membership. */
+    const char *p[3] = {id, room_id, user};
+    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+              rooms_graph_store_outlier(c, room_id, id, leave, "outlier", NULL, via) == 0 &&
+              rooms_exec(c,
+                         "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                         " event_id, sender) VALUES (stream_next(), $2, $3, 'leave', $1, $3)",
+                         3, p) &&
+              rooms_exec(c, "COMMIT", 0, NULL);
+    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    rooms_db_release(c);
+    json_decref(leave);
+    if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    notifier_wake_user(user);
+    return http_respond_json(r, 200, json_object());
 }
