@@ -117,26 +117,27 @@ int fed_call_verify(const json_t *obj, const char *server_name, int64_t valid_at
 int fed_call_verify_event(const room_version *v, const json_t *pdu,
                           char why[FED_CALL_ERROR_BYTES])
 {
-    const char *sender = json_string_value(json_object_get(pdu, "sender"));
-    const char *server = room_auth_domain(sender);
-    if (!server || !*server) {
+    json_t *signers = event_required_signers(v, pdu);
+    if (!signers) {
         snprintf(why, FED_CALL_ERROR_BYTES, "the event has no sender");
         return ATRIUM_E_INVAL;
     }
     json_t *red = event_redact(v, pdu);
-    if (!red) return ATRIUM_E_NOMEM;
-    /* Signatures are checked at the event's own time when it says one, as keys expire. */
+    if (!red) {
+        json_decref(signers);
+        return ATRIUM_E_NOMEM;
+    }
+    /* v5+: the key must be valid when the event says it was sent; before, any time. */
     int64_t ts = json_integer_value(json_object_get(pdu, "origin_server_ts"));
-    char inner[FED_CALL_ERROR_BYTES];
-    int rc = fed_call_verify(red, server, ts > 0 ? ts : 0, inner);
-    if (rc < 0) snprintf(why, FED_CALL_ERROR_BYTES, "not signed by %.100s: %.120s", server, inner);
-    /* Room versions 1 and 2: the server named by the event ID signs too. */
-    const char *id = json_string_value(json_object_get(pdu, "event_id"));
-    const char *colon = id ? strchr(id, ':') : NULL;
-    if (rc == 0 && colon && strcmp(colon + 1, server) != 0) {
-        rc = fed_call_verify(red, colon + 1, ts > 0 ? ts : 0, inner);
-        if (rc < 0) snprintf(why, FED_CALL_ERROR_BYTES, "not signed by %.100s: %.120s", colon + 1, inner);
+    int64_t valid_at = v->key_validity_enforced && ts > 0 ? ts : 0;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < json_array_size(signers); i++) {
+        const char *server = json_string_value(json_array_get(signers, i));
+        char inner[FED_CALL_ERROR_BYTES];
+        rc = fed_call_verify(red, server, valid_at, inner);
+        if (rc < 0) snprintf(why, FED_CALL_ERROR_BYTES, "not signed by %.100s: %.120s", server, inner);
     }
     json_decref(red);
+    json_decref(signers);
     return rc;
 }

@@ -43,9 +43,10 @@ void fed_call_result_clear(fed_call_result *res);
 int fed_call_verify(const json_t *obj, const char *server_name, int64_t valid_at_ms,
                     char why[FED_CALL_ERROR_BYTES]);
 
-/* The signature checks an event needs under room version v: the sender's server signed
- * the redacted event (and, for v1/v2-style IDs "$x:server", the event ID's server too).
- * 0, or a negative error with why naming the server. Waiting threads only. */
+/* The signature checks an event needs under room version v: every server
+ * event_required_signers names signed the redacted event, with a key valid at the event's
+ * origin_server_ts from room version 5 on. 0, or a negative error with why naming the
+ * server. Waiting threads only. */
 int fed_call_verify_event(const room_version *v, const json_t *pdu,
                           char why[FED_CALL_ERROR_BYTES]);
 

@@ -82,7 +82,7 @@ static int invite_begin(atrium_req *r, const char *room_id, const char *event_id
     char id[EVENT_ID_LEN];
     if (event_compute_id(v, pdu, id) < 0 || strcmp(id, event_id) != 0)
         return http_respond_error(r, 400, "M_BAD_JSON", "The event ID is not the event's reference hash");
-    if (!rooms_pdu_hash_matches(pdu))
+    if (!event_content_hash_ok(pdu))
         return http_respond_error(r, 400, "M_BAD_JSON", "The content hash does not match");
     PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) return http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");

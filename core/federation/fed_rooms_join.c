@@ -131,7 +131,7 @@ static int send_member_begin(atrium_req *r, const member_route *mr, const char *
     if (event_compute_id(v, pdu, id) < 0 || strcmp(id, event_id) != 0)
         return http_respond_error(r, 400, "M_BAD_JSON", "The event ID is not the event's "
                                   "reference hash");
-    if (!rooms_pdu_hash_matches(pdu))
+    if (!event_content_hash_ok(pdu))
         return http_respond_error(r, 400, "M_BAD_JSON", "The content hash does not match");
     send_state *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return ATRIUM_E_NOMEM;

@@ -1,7 +1,7 @@
 /*
- * core/rooms/state_pdus.c - room states in memory (state_map.h): one JSON object keyed by
- * the length-prefixed pair "<len(type)>:<type><state_key>", so no type or state key can
- * make two keys collide, and the content hash check of a received PDU.
+ * core/rooms/state_pdus.c - room states in memory as PDUs (state_pdus.h): one JSON object
+ * keyed by the length-prefixed pair "<len(type)>:<type><state_key>", so no type or state
+ * key can make two keys collide.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,17 +112,4 @@ int rooms_pdus_of_ids(PGconn *c, const json_t *ids, json_t **map_out)
     put_rows(*map_out, NULL, res);
     PQclear(res);
     return 0;
-}
-
-bool rooms_pdu_hash_matches(const json_t *pdu)
-{
-    const char *given = json_string_value(json_object_get(json_object_get(pdu, "hashes"), "sha256"));
-    if (!given) return false;
-    json_t *copy = json_copy((json_t *)pdu);
-    if (!copy) return false;
-    bool ok = event_add_content_hash(copy) == 0 &&
-              strcmp(json_string_value(json_object_get(json_object_get(copy, "hashes"), "sha256")) ?: "",
-                     given) == 0;
-    json_decref(copy);
-    return ok;
 }

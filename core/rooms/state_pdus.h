@@ -1,11 +1,11 @@
 /*
  * core/rooms/state_pdus.h - a room state in memory, as the auth rules and state resolution
  * read it: (type, state_key) -> PDU, held in one JSON object, with a getter of the shape
- * room_auth_check_event takes (room_state_get_fn). And the checks of a received PDU that
- * the version layer does not offer as functions of their own: its content hash.
+ * room_auth_check_event takes (room_state_get_fn). (state_map.h is the other form, type
+ * and state key to event ID, that state resolution takes.)
  *
  * Pure except rooms_pdus_current / _of_ids, which read the database. Internal prefix:
- * rooms_pdus_, rooms_pdu_.
+ * rooms_pdus_.
  */
 #ifndef ATRIUM_CORE_ROOMS_STATE_PDUS_H
 #define ATRIUM_CORE_ROOMS_STATE_PDUS_H
@@ -32,8 +32,5 @@ int rooms_pdus_current(PGconn *c, const char *room_id, json_t **map_out, json_t 
 /* A map of the stored state events named by ids (stream or outliers; unknown ones left
  * out). 0 or -1. */
 int rooms_pdus_of_ids(PGconn *c, const json_t *ids, json_t **map_out);
-
-/* Does pdu's hashes.sha256 match its content? */
-bool rooms_pdu_hash_matches(const json_t *pdu);
 
 #endif

@@ -106,7 +106,7 @@ static json_t *check_received(const room_version *v, const char *room_id, json_t
         return NULL;
     }
     if (fed_call_verify_event(v, pdu, why) < 0) return NULL;
-    if (!rooms_pdu_hash_matches(pdu)) {
+    if (!event_content_hash_ok(pdu)) {
         rt_log(ATRIUM_LOG_INFO, "core", "event %s of %s: content hash mismatch, kept redacted",
                id, room_id);
         return event_redact(v, pdu);

@@ -228,9 +228,12 @@ int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LE
 {
     json_object_del(pdu, "signatures");
     json_object_del(pdu, "unsigned");
-    if (event_add_content_hash(pdu) < 0 || event_compute_id(v, pdu, id_out) < 0)
+    size_t len = 0;
+    int fin = event_finalize(v, pdu, id_out, &len); /* hash, ID (v1-2: picked), size */
+    if (fin == EVENT_NOT_CANONICAL)
         return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
-    /* The spec signs the redacted event, so a signature survives redaction. */
+    /* The spec signs the redacted event, so a signature survives redaction. The limit is
+     * checked on the signed event: that is what other servers receive. */
     json_t *red = event_redact(v, pdu);
     if (!red) return rooms_set_err(e, ROOMS_E_DB, "out of memory");
     int rc = federation_sign_json(red);
@@ -238,11 +241,10 @@ int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LE
     json_decref(red);
     if (rc < 0 && rc != ATRIUM_E_STOPPED)
         return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event could not be signed");
-    size_t len = 0;
     char *text = cjson_encode(pdu, &len);
     if (!text) return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
     free(text);
-    if (len > EVENT_MAX_PDU_BYTES)
+    if (len > EVENT_MAX_PDU_BYTES || fin == EVENT_TOO_LARGE)
         return rooms_set_err(e, ROOMS_E_TOO_LARGE, "The event is %zu bytes; the limit is %d", len,
                              EVENT_MAX_PDU_BYTES);
     return ROOMS_OK;
