@@ -4,7 +4,8 @@
  * traffic is accepted at all (m.room.server_acl), and the routes built on them:
  * fed_rooms_serve.c (event, state, state_ids, backfill, get_missing_events) and
  * fed_rooms_join.c (make_join/send_join, make_leave/send_leave as the resident server),
- * fed_rooms_invite.c (invites of our users by other servers).
+ * fed_rooms_invite.c (invites of our users by other servers) and fed_rooms_receive.c
+ * (PDUs received in transactions).
  *
  * The room model itself (tables, the graph, auth rules) is core/rooms/; these files only
  * read it and answer. Internal prefix: fed_rooms_.
@@ -62,6 +63,8 @@ int fed_rooms_routes(fed_module *m);
 int fed_rooms_serve_routes(fed_module *m);
 int fed_rooms_join_routes(fed_module *m);
 int fed_rooms_invite_routes(fed_module *m); /* fed_rooms_invite.c: PUT /v2/invite */
+/* fed_rooms_receive.c: register the handler of received PDUs and its metrics. 0. */
+int fed_rooms_receive_init(fed_module *m);
 /* [req] The fed_rooms routes' common answer envelope: {"origin", "origin_server_ts",
  * "pdus": pdus (stolen)}. */
 int fed_rooms_respond_pdus(atrium_req *r, json_t *pdus);

@@ -193,7 +193,8 @@ int fed_rooms_respond_pdus(atrium_req *r, json_t *pdus)
 int fed_rooms_routes(fed_module *m)
 {
     if (fed_rooms_serve_routes(m) < 0 || fed_rooms_join_routes(m) < 0) return -1;
-    return fed_rooms_invite_routes(m);
+    if (fed_rooms_invite_routes(m) < 0) return -1;
+    return fed_rooms_receive_init(m);
 }
 
 /* ---- the outbound queue (fed_rooms_queue.h) ------------------------------------------ */

@@ -374,3 +374,63 @@ class TwoServersTest(FederationTestCase):
         self.assertEqual(psql(f"SELECT count(*) FROM events WHERE room_id = '{room}'"
                               f" AND state_key = '@nobody:{self.b.server_name}'",
                               database=self.a.database), [["0"]])
+
+    def bodies(self, client, room):
+        chunk = client.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")["chunk"]
+        return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
+
+    def wait_until(self, what, predicate, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        self.fail(f"timed out waiting for {what}")
+
+    def public_room_with_bob(self):
+        room = self.alice.create_room(preset="public_chat", name="Talk")
+        self.assertEqual(self.join(room)[0], 200)
+        return room
+
+    def membership(self, client, room, user_id):
+        status, body = client.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.member/{quote(user_id)}")
+        return body.get("membership") if status == 200 else None
+
+    def test_both_users_talk_and_each_sees_the_others_messages_in_order(self):
+        room = self.public_room_with_bob()
+        since = self.bob.sync()["next_batch"]
+        said = []
+        for i, (who, other) in enumerate([(self.alice, self.bob), (self.bob, self.alice)] * 2):
+            body = f"{'ab'[i % 2]}{i // 2 + 1}"
+            who.send(room, {"msgtype": "m.text", "body": body})
+            said.append(body)
+            self.wait_until(f"{body} at {other.user_id}", lambda: self.bodies(other, room) == said)
+        self.assertEqual(self.bodies(self.alice, room), ["a1", "b1", "a2", "b2"])
+        self.assertEqual(self.bodies(self.bob, room), ["a1", "b1", "a2", "b2"])
+        # In bob's sync too, in order, with alice's as alice's.
+        sync = self.bob.sync(since=since)
+        timeline = sync["rooms"]["join"][room]["timeline"]["events"]
+        msgs = [(e["sender"], e["content"]["body"]) for e in timeline if e["type"] == "m.room.message"]
+        self.assertEqual(msgs, [(self.alice.user_id, "a1"), (self.bob.user_id, "b1"),
+                                (self.alice.user_id, "a2"), (self.bob.user_id, "b2")])
+        self.assertGreaterEqual(self.b.metric("atrium_rooms_inbound_pdus_total",
+                                              {"outcome": "accepted", "check": ""}), 2)
+
+    def test_a_user_leaves_and_rejoins_and_a_ban_keeps_them_out(self):
+        room = self.public_room_with_bob()
+        self.bob.leave(room)
+        self.wait_until("bob's leave at A", lambda: self.membership(self.alice, room, self.bob.user_id) == "leave")
+        self.alice.send(room, {"msgtype": "m.text", "body": "while bob was away"})
+        # Rejoining: B has nobody in the room, so through A again; it learns what it missed.
+        self.assertEqual(self.join(room)[0], 200)
+        self.assertEqual(self.membership(self.alice, room, self.bob.user_id), "join")
+        self.bob.send(room, {"msgtype": "m.text", "body": "back"})
+        self.wait_until("bob's message at A", lambda: "back" in self.bodies(self.alice, room))
+        # A ban reaches B; bob can no longer send, and B's copy agrees.
+        status, _ = self.alice.member_action(room, "ban", self.bob.user_id)
+        self.assertEqual(status, 200)
+        self.wait_until("the ban at B", lambda: self.membership(self.bob, room, self.bob.user_id) == "ban")
+        status, body = self.bob.call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/t-banned",
+                                     {"msgtype": "m.text", "body": "let me in"})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertNotIn("let me in", self.bodies(self.alice, room))

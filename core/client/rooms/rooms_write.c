@@ -312,6 +312,10 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
                          13, p);
     free(text);
     /* relations, redactions */
+    /* Our own events go to the room's other servers (theirs came from them): those in the
+     * room before the event, so a kicked or banned user's server learns of it too. */
+    if (ok && !origin && !(flags & (ROOMS_PDU_HISTORICAL | ROOMS_PDU_NO_QUEUE)))
+        ok = fed_rooms_queue_pdu(tx->c, tx->room_id, event_id, NULL) == 0;
     if (ok) ok = rooms_bundle_index(tx->c, pos, event_id, tx->room_id, ev);
     if (ok && ev->state_key) {
         const char *q[5] = {tx->room_id, ev->type, ev->state_key, event_id, membership};
@@ -344,9 +348,7 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     if (ok) ok = rooms_graph_record_edges(tx->c, tx->room_id, event_id, pdu) == 0;
     if (ok && !(flags & ROOMS_PDU_HISTORICAL))
         ok = rooms_graph_advance(tx->c, tx->room_id, event_id, pdu) == 0;
-    /* Our own events go to the room's other servers (theirs came from them). */
-    if (ok && !origin && !(flags & (ROOMS_PDU_HISTORICAL | ROOMS_PDU_NO_QUEUE)))
-        ok = fed_rooms_queue_pdu(tx->c, tx->room_id, event_id, NULL) == 0;
+
     if (!ok) return rooms_set_err(e, ROOMS_E_DB, "database");
     if (ev->txn_id) {
         char now[24];
