@@ -47,6 +47,9 @@ int fed_rooms_server_may_see(PGconn *c, const char *room_id, const char *server,
 
 /* Is one of server's users joined to room_id now? 1, 0, -1 database. */
 int fed_rooms_server_joined(PGconn *c, const char *room_id, const char *server);
+/* Has one of server's users any membership (join, invite, leave, ban, knock) in room_id's
+ * current state? 1, 0, -1 database. */
+int fed_rooms_server_involved(PGconn *c, const char *room_id, const char *server);
 
 /* [req] The shared checks of every room route: a connection (503 when none), the room
  * known here (404), its ACL allowing r->origin (403). Returns the connection, or NULL

@@ -137,6 +137,20 @@ int fed_rooms_server_joined(PGconn *c, const char *room_id, const char *server)
     return n > 0;
 }
 
+int fed_rooms_server_involved(PGconn *c, const char *room_id, const char *server)
+{
+    const char *p[2] = {room_id, server};
+    PGresult *res = rooms_q(c,
+                            "SELECT 1 FROM current_state WHERE room_id = $1"
+                            " AND type = 'm.room.member'"
+                            " AND substr(state_key, strpos(state_key, ':') + 1) = $2 LIMIT 1",
+                            2, p, NULL);
+    if (!res) return -1;
+    int n = PQntuples(res);
+    PQclear(res);
+    return n > 0;
+}
+
 int64_t fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id)
 {
     const char *p[2] = {event_id, room_id};

@@ -5,8 +5,10 @@
  * or rejected.
  *
  *   1. format and room version (event_check_format), for a room this server is in, from a
- *      server its ACL allows and that is in the room itself (or a membership event of one
- *      of its own users);
+ *      server its ACL allows and that has a member in the room's state (any membership:
+ *      a banned user's server sends what the auth rules then refuse), or a membership
+ *      event of one of its own users; a PDU from a server with no part in the room is
+ *      refused without being kept;
  *   2. the signatures the room version requires (fed_call_verify_event);
  *   3. the content hash: a mismatch goes on with the redacted event, stored redacted;
  *   4. the auth rules against the event's own auth events, every one of which must be
@@ -413,7 +415,7 @@ static int precheck(pdu_job *rx, const json_t *pdu, char err[FED_PDU_ERR_LEN])
     const char *own = fed_state()->server_name;
     int in = fed_rooms_server_joined(rx->c, room_id, own);
     int acl = in == 1 ? fed_rooms_acl_allows(rx->c, room_id, rx->origin) : 1;
-    int origin_in = in == 1 && acl == 1 ? fed_rooms_server_joined(rx->c, room_id, rx->origin) : 1;
+    int origin_in = in == 1 && acl == 1 ? fed_rooms_server_involved(rx->c, room_id, rx->origin) : 1;
     if (in < 0 || acl < 0 || origin_in < 0) return retry(err);
     if (!in) return reject(rx, RC_ROOM, err, "This server is not in the room");
     if (!acl) return reject(rx, RC_ACL, err, "Server ACLs of the room deny %s", rx->origin);

@@ -269,6 +269,132 @@ class ResidentJoinTest(FederationTestCase):
         self.assertEqual(self.send(room, ev, event_id)[0], 200)
 
 
+class BadPeerTest(FederationTestCase):
+    """A fake peer in a room of A (joined through make_join/send_join) sends PDUs in
+    transactions: good ones, and each kind of bad one the spec names."""
+
+    def setUp(self):
+        self.peer = self.fake_peer()
+        self.a = self.start_fed(A_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.view = PeerView(self.a, self.peer)
+        self.user = f"@pat:{self.peer.server_name}"
+        self.room = self.alice.create_room(preset="public_chat")
+        _, made = self.view.get(f"{FED}/v1/make_join/{quote(self.room)}/{quote(self.user)}?ver=10")
+        ev, event_id = complete_event(made["event"], self.peer.server_name, self.peer.key)
+        status, _ = self.view.send("PUT", f"{FED}/v2/send_join/{quote(self.room)}/{quote(event_id)}", ev)
+        self.assertEqual(status, 200)
+        self.txn = 0
+
+    def q(self, sql):
+        return psql(sql, database=self.a.database)
+
+    def event(self, content, event_type="m.room.message", state_key=None, key=None, prev=None,
+              room=None, sender=None, member=None):
+        room = room or self.room
+        [(pl,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
+                         " AND type = 'm.room.power_levels'")
+        [(create,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
+                             " AND type = 'm.room.create'")
+        sender = sender or self.user
+        member = [[member]] if member else self.q(
+            f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
+            f" AND type = 'm.room.member' AND state_key = '{sender}'")
+        prev = prev or [r[0] for r in self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{room}'")]
+        [(depth,)] = self.q(f"SELECT max(depth) FROM events WHERE room_id = '{room}'")
+        ev = {"type": event_type, "room_id": room, "sender": sender, "content": content,
+              "auth_events": [create, pl] + [m[0] for m in member], "prev_events": prev,
+              "depth": int(depth) + 1}
+        if state_key is not None:
+            ev["state_key"] = state_key
+        return complete_event(ev, self.peer.server_name, key or self.peer.key)
+
+    def send_txn(self, *pdus):
+        self.txn += 1
+        body = {"origin": self.peer.server_name, "origin_server_ts": int(time.time() * 1000),
+                "pdus": list(pdus)}
+        status, answer = self.view.send("PUT", f"{FED}/v1/send/t{self.txn}", body)
+        self.assertEqual(status, 200, answer)
+        return answer["pdus"]
+
+    def stored(self, event_id):
+        rows = self.q(f"SELECT 'stream' FROM events WHERE event_id = '{event_id}'"
+                      f" UNION ALL SELECT status FROM event_outliers WHERE event_id = '{event_id}'")
+        return [r[0] for r in rows]
+
+    def timeline(self):
+        chunk = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(self.room)}/messages?dir=b&limit=50")["chunk"]
+        return {e["event_id"]: e for e in chunk}
+
+    def test_a_good_pdu_is_accepted_and_reaches_the_clients(self):
+        ev, event_id = self.event({"msgtype": "m.text", "body": "hi from pat"})
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["stream"])
+        self.assertEqual(self.timeline()[event_id]["content"]["body"], "hi from pat")
+        # Replayed: the same answer, stored once.
+        self.txn -= 1
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["stream"])
+
+    def test_a_bad_signature_is_rejected_and_nothing_is_stored(self):
+        from federation_support import SigningKey
+        impostor = SigningKey(self.peer.key.key_id.split(":")[1])
+        ev, event_id = self.event({"msgtype": "m.text", "body": "forged"}, key=impostor)
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), [])
+        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
+                                       {"outcome": "rejected", "check": "signature"}), 1)
+
+    def test_a_wrong_content_hash_is_stored_redacted(self):
+        ev, event_id = self.event({"msgtype": "m.text", "body": "original"})
+        ev["content"] = {"msgtype": "m.text", "body": "altered in transit"}  # hash and ID stay
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["stream"])
+        self.assertEqual(self.timeline()[event_id]["content"], {})
+        [(pdu,)] = self.q(f"SELECT pdu FROM events WHERE event_id = '{event_id}'")
+        self.assertNotIn("altered", pdu)
+        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_redacted_total"), 1)
+
+    def test_an_auth_failure_is_rejected_and_kept_out_of_state_and_timeline(self):
+        [(before,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
+                             " AND type = 'm.room.power_levels'")
+        ev, event_id = self.event({"users": {self.user: 100}}, "m.room.power_levels", "")
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), ["rejected"])
+        self.assertNotIn(event_id, self.timeline())
+        self.assertEqual(self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
+                                " AND type = 'm.room.power_levels'"), [[before]])
+        # Never served to anyone.
+        status, _ = self.view.get(f"{FED}/v1/event/{quote(event_id)}")
+        self.assertEqual(status, 404)
+
+    def test_an_event_for_a_room_the_peer_is_not_in_is_rejected(self):
+        other = self.alice.create_room(preset="public_chat")
+        ev, event_id = self.event({"msgtype": "m.text", "body": "intruder"}, room=other)
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), [])
+        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
+                                       {"outcome": "rejected", "check": "origin"}), 1)
+
+    def test_after_a_ban_the_peer_can_no_longer_send_into_the_room(self):
+        [(old_tip,)] = self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")
+        [(join,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
+                           f" AND state_key = '{self.user}'")
+        self.assertEqual(self.alice.member_action(self.room, "ban", self.user)[0], 200)
+        # On top of the ban: refused by the state before it.
+        ev, event_id = self.event({"msgtype": "m.text", "body": "still here"})
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), ["rejected"])
+        # Beside it (prev_events from before the ban): valid then, refused by the current
+        # state: soft-failed, kept, not in the timeline.
+        ev, event_id = self.event({"msgtype": "m.text", "body": "sneaky"}, prev=[old_tip], member=join)
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["soft_failed"])
+        self.assertNotIn(event_id, self.timeline())
+        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
+                                       {"outcome": "soft_failed", "check": ""}), 1)
+
+
 class TwoServersTest(FederationTestCase):
     """Two Atrium processes: A's users create rooms, B's users join them."""
 
