@@ -560,3 +560,76 @@ class TwoServersTest(FederationTestCase):
                                      {"msgtype": "m.text", "body": "let me in"})
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
         self.assertNotIn("let me in", self.bodies(self.alice, room))
+
+
+from test_federation_synapse import SYNAPSE_IP, SynapseInteropTest  # noqa: E402
+
+SYNAPSE_ATRIUM_IP = "127.0.0.53"
+
+
+class SynapseRoomsTest(SynapseInteropTest):
+    """The same joins against a real Synapse, both directions. Skipped, saying so, when the
+    Synapse peer is absent (SynapseInteropTest's skip)."""
+
+    test_keys_and_signed_requests_both_ways = None  # SynapseInteropTest's own test runs there
+
+    def setUp(self):
+        self.a = self.start_fed(SYNAPSE_ATRIUM_IP, start=False)
+        self.syn = self.start_synapse([self.a.server_name])
+        self.a.start()
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.sam = json.loads(__import__("test_federation_synapse").peer(
+            "register", self.syn["dir"], "sam", "sam-password-1"))
+
+    def sam_call(self, method, path, body=None):
+        return self.synapse_json(self.syn, method, path, token=self.sam["access_token"], body=body)
+
+    def sam_bodies(self, room):
+        status, body = self.sam_call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")
+        return [e["content"].get("body") for e in reversed(body.get("chunk", []))
+                if e["type"] == "m.room.message"] if status == 200 else []
+
+    def alice_bodies(self, room):
+        chunk = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")["chunk"]
+        return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
+
+    def wait_until(self, what, predicate, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        self.fail(f"timed out waiting for {what}")
+
+    def test_atrium_joins_a_synapse_room_and_both_talk(self):
+        status, body = self.sam_call("POST", "/_matrix/client/v3/createRoom",
+                                     {"preset": "public_chat", "name": "At Synapse"})
+        self.assertEqual(status, 200, body)
+        room = body["room_id"]
+        self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s1",
+                      {"msgtype": "m.text", "body": "before alice"})
+        status, body = self.alice.call("POST", f"/_matrix/client/v3/join/{quote(room)}"
+                                       f"?server_name={quote(self.syn['name'])}", {}, timeout=60)
+        self.assertEqual((status, body), (200, {"room_id": room}), body)
+        sync = self.alice.sync()
+        self.assertIn(room, sync["rooms"]["join"])
+        self.alice.send(room, {"msgtype": "m.text", "body": "hello synapse"})
+        self.wait_until("alice's message at Synapse", lambda: "hello synapse" in self.sam_bodies(room))
+        self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s2",
+                      {"msgtype": "m.text", "body": "hello atrium"})
+        self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
+
+    def test_synapse_joins_an_atrium_room_and_both_talk(self):
+        room = self.alice.create_room(preset="public_chat", name="At Atrium")
+        self.alice.send(room, {"msgtype": "m.text", "body": "before sam"})
+        status, body = self.sam_call("POST", f"/_matrix/client/v3/join/{quote(room)}"
+                                     f"?server_name={quote(self.a.server_name)}", {})
+        self.assertEqual(status, 200, body)
+        members = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")["chunk"]
+        self.assertIn(self.sam["user_id"], {e["state_key"] for e in members
+                                            if e["content"]["membership"] == "join"})
+        self.alice.send(room, {"msgtype": "m.text", "body": "hello synapse"})
+        self.wait_until("alice's message at Synapse", lambda: "hello synapse" in self.sam_bodies(room))
+        self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s3",
+                      {"msgtype": "m.text", "body": "hello atrium"})
+        self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
