@@ -27,10 +27,12 @@
  * /members find it. Runs on the inbound pool's threads (fed_inbound.c): it may wait for
  * other servers, each request with a deadline (fed_call.h).
  *
+ * When the room then has several forward extremities whose states differ, the current
+ * state becomes their resolution (resolve_current): current_state and, for memberships, a
+ * new row of memberships; the stream keeps its events in arrival order.
+ *
  * Metrics: atrium_rooms_inbound_pdus_total{outcome, check}, state resolutions by outcome
- * and their duration. What it does not do: backfill history older than the gap it needs,
- * or re-resolve the current state when a fork closes (the current state takes each
- * accepted state event in arrival order, as the stream does).
+ * and their duration. What it does not do: backfill history older than the gap it needs.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -428,6 +430,72 @@ static int precheck(pdu_job *rx, const json_t *pdu, char err[FED_PDU_ERR_LEN])
     return ROOMS_OK;
 }
 
+/* Make (type, state_key) of the current state the stored event pdu (id): the row of
+ * current_state and, for a membership, a row of memberships at a new position so /sync
+ * sees the change. Inside the room's transaction. 0 or -1. */
+static int set_current(pdu_job *rx, const json_t *pdu, const char *id)
+{
+    const char *type = json_string_value(json_object_get(pdu, "type")), *sk = event_state_key(pdu);
+    bool member = type && strcmp(type, "m.room.member") == 0;
+    const char *membership = member ? event_content_str(pdu, "membership") : NULL;
+    const char *p[5] = {rx->room_id, type, sk, id, membership};
+    if (!rooms_exec(rx->c,
+                    "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
+                    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (room_id, type, state_key)"
+                    " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
+                    5, p))
+        return -1;
+    if (!membership) return 0;
+    const char *q[5] = {rx->room_id, sk, membership, id,
+                        json_string_value(json_object_get(pdu, "sender"))};
+    return rooms_exec(rx->c,
+                      "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
+                      " sender) VALUES (stream_next(), $1, $2, $3, $4, $5)",
+                      5, q)
+               ? 0
+               : -1;
+}
+
+/* Where forks meet in the room's current state: with several forward extremities whose
+ * states differ, the current state becomes their resolution (state_res.h), key by key.
+ * Inside the room's transaction, after an accepted event joined the stream. A resolution
+ * that cannot run keeps the state as the stream left it (logged). 0 or -1 (database). */
+static int resolve_current(pdu_job *rx)
+{
+    rooms_graph_tips tips;
+    if (rooms_graph_tips_load(rx->c, rx->room_id, &tips) < 0) return -1;
+    if (tips.n < 2) return 0;
+    json_t *maps[ROOMS_GRAPH_MAX_PREV_EVENTS];
+    int k = 0;
+    for (int i = 0; i < tips.n; i++)
+        if ((maps[k] = state_after(rx, tips.ids[i]))) k++;
+    bool same = true;
+    for (int i = 1; i < k && same; i++) same = json_equal(maps[0], maps[i]);
+    json_t *resolved = k >= 2 && !same ? resolve(rx, maps, (size_t)k) : NULL;
+    for (int i = 0; i < k; i++) json_decref(maps[i]);
+    if (!resolved) return 0;
+    json_t *current = NULL;
+    int rc = rooms_pdus_current(rx->c, rx->room_id, &current, NULL);
+    int changed = 0;
+    const char *key;
+    json_t *pdu;
+    json_object_foreach(resolved, key, pdu) {
+        if (rc < 0) break;
+        char id[EVENT_ID_LEN], cur_id[EVENT_ID_LEN];
+        const json_t *cur = json_object_get(current, key);
+        if (event_compute_id(rx->v, pdu, id) < 0) continue;
+        if (cur && event_compute_id(rx->v, cur, cur_id) == 0 && strcmp(id, cur_id) == 0) continue;
+        rc = set_current(rx, pdu, id);
+        changed++;
+    }
+    if (rc == 0 && changed)
+        rt_log(ATRIUM_LOG_INFO, "federation", "state resolution of %d forward extremities of %s "
+               "changed %d key(s) of the current state", tips.n, rx->room_id, changed);
+    json_decref(current);
+    json_decref(resolved);
+    return rc;
+}
+
 static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *state_ids,
                       char err[FED_PDU_ERR_LEN])
 {
@@ -443,6 +511,8 @@ static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *st
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         else if (pos == 0)
             rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, state_ids, 0, &e);
+        if (rc == ROOMS_OK && pos == 0 && resolve_current(rx) < 0)
+            rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
         else rooms_tx_rollback(&tx);
     }

@@ -269,7 +269,7 @@ class ResidentJoinTest(FederationTestCase):
         self.assertEqual(self.send(room, ev, event_id)[0], 200)
 
 
-class BadPeerTest(FederationTestCase):
+class FakePeerTest(FederationTestCase):
     """A fake peer in a room of A (joined through make_join/send_join) sends PDUs in
     transactions: good ones, and each kind of bad one the spec names."""
 
@@ -290,7 +290,7 @@ class BadPeerTest(FederationTestCase):
         return psql(sql, database=self.a.database)
 
     def event(self, content, event_type="m.room.message", state_key=None, key=None, prev=None,
-              room=None, sender=None, member=None):
+              room=None, sender=None, member=None, **changes):
         room = room or self.room
         [(pl,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
                          " AND type = 'm.room.power_levels'")
@@ -307,7 +307,7 @@ class BadPeerTest(FederationTestCase):
               "depth": int(depth) + 1}
         if state_key is not None:
             ev["state_key"] = state_key
-        return complete_event(ev, self.peer.server_name, key or self.peer.key)
+        return complete_event(ev, self.peer.server_name, key or self.peer.key, **changes)
 
     def send_txn(self, *pdus):
         self.txn += 1
@@ -393,6 +393,30 @@ class BadPeerTest(FederationTestCase):
         self.assertNotIn(event_id, self.timeline())
         self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
                                        {"outcome": "soft_failed", "check": ""}), 1)
+
+    def test_concurrent_state_resolves_by_the_spec_not_by_arrival(self):
+        pl = self.alice.state(self.room, "m.room.power_levels")
+        pl["users"][self.user] = 50
+        self.alice.put_state(self.room, "m.room.power_levels", pl)
+        self.alice.put_state(self.room, "m.room.topic", {"topic": "old"})
+        [(tip,)] = self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")
+        mine = self.alice.put_state(self.room, "m.room.topic", {"topic": "A"})
+        # pat's topic beside alice's (the same prev event), sent earlier by its clock: it
+        # arrives last, but resolution v2 orders these two by origin_server_ts, so alice's,
+        # the later, is applied last and stays.
+        ev, theirs = self.event({"topic": "P"}, "m.room.topic", "", prev=[tip],
+                                origin_server_ts=int(time.time() * 1000) - 60000)
+        self.assertEqual(self.send_txn(ev), {theirs: {}})
+        self.assertEqual(self.stored(theirs), ["stream"])
+        self.assertEqual(self.alice.state(self.room, "m.room.topic"), {"topic": "A"})
+        self.assertEqual(sorted(r[0] for r in self.q(
+            f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")), sorted([mine, theirs]))
+        self.assertGreaterEqual(self.a.metric("atrium_rooms_state_resolutions_total", {"outcome": "ok"}), 1)
+        # The next event closes the fork: it names both.
+        after = self.alice.send(self.room, {"msgtype": "m.text", "body": "merged"})
+        [(pdu,)] = self.q(f"SELECT pdu FROM events WHERE event_id = '{after}'")
+        self.assertEqual(sorted(json.loads(pdu)["prev_events"]), sorted([mine, theirs]))
+        self.assertEqual(self.alice.state(self.room, "m.room.topic"), {"topic": "A"})
 
 
 class TwoServersTest(FederationTestCase):

@@ -366,6 +366,19 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     return ROOMS_OK;
 }
 
+/* The event IDs of the room's current state, a new array into *out. 0 or -1. */
+static int current_state_ids(room_tx *tx, json_t **out)
+{
+    const char *p[1] = {tx->room_id};
+    PGresult *res = rooms_q(tx->c, "SELECT event_id FROM current_state WHERE room_id = $1", 1, p,
+                            NULL);
+    if (!res) return -1;
+    *out = json_array();
+    for (int i = 0; i < PQntuples(res); i++) json_array_append_new(*out, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    return 0;
+}
+
 int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
                     rooms_err *e)
 {
@@ -387,7 +400,16 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
     if (rc == ROOMS_OK && ev->redacts) rc = check_redaction(tx, &a, ev, e);
     if (rc == ROOMS_OK && !(pdu = build_pdu(tx, &a, ev))) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
     if (rc == ROOMS_OK) rc = rooms_event_seal(tx->ver, pdu, id_out, e);
+    /* After a fork the line is not the state this event was authorized against (the
+     * current state, which state resolution may have set): record it. */
+    json_t *before = NULL;
+    if (rc == ROOMS_OK && tx->tips.n > 1 && current_state_ids(tx, &before) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
     if (rc == ROOMS_OK) rc = store(tx, ev, pdu, id_out, NULL, 0, e);
+    if (rc == ROOMS_OK && before &&
+        rooms_graph_set_state_before(tx->c, tx->room_id, id_out, before) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    json_decref(before);
     json_decref(pdu);
     json_decref(a.holder);
     if (rc != ROOMS_OK) return rc;
