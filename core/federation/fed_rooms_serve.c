@@ -8,9 +8,12 @@
  * the origin may see (fed_rooms_server_may_see): an event it may not see is "not found"
  * for /event, a refusal (403) for the state of the room at it, and silently left out of
  * backfill and missing events. PDUs go out as stored, with their signatures (redacted when
- * they were). State "at" an event is the state before it (what a server needs to compute
- * the state after a prev_event, adding that event itself when it is state), as the graph
- * keeps it (events_graph.h). What this file does not do: answer for rooms this server
+ * they were). State "at" an event is the state before it, as the graph keeps it
+ * (events_graph.h): the spec's Server-Server API ("GET /_matrix/federation/v1/state_ids/
+ * {roomId}", "Retrieve the state of a room at a given event") does not say whether the
+ * event itself is included; Synapse answers the state before it and, asking another
+ * server, adds the event itself when computing the state after a prev event. This server
+ * follows Synapse on both sides (fed_rooms_receive.c asks the same way). What this file does not do: answer for rooms this server
  * left (the same refusal as for unknown events).
  */
 #include <stdio.h>
