@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/federation/fed_internal.h"
+#include "core/federation/fed_rooms.h"
 #include "core/client/accounts/accounts.h"
 
 #ifndef ATRIUM_VERSION
@@ -80,5 +81,6 @@ int fed_routes_register(fed_module *m)
             return -1;
         }
     }
-    return fed_keyquery_routes(m);
+    if (fed_keyquery_routes(m) < 0) return -1;
+    return fed_rooms_routes(m); /* rooms as other servers read and join them (fed_rooms.h) */
 }

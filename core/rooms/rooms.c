@@ -124,6 +124,68 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      " redacted_by IS NULL THEN to_tsvector('simple'::regconfig, events_search_text(type, pdu))"
      " END) STORED;"
      "CREATE INDEX events_search ON events USING gin (search_tsv) WHERE search_tsv IS NOT NULL;"},
+    {4, "rooms_event_graph",
+     /* The event graph of federated rooms (events_graph.c): prev and auth edges of every
+      * event, the forward extremities (several when servers sent concurrently), events
+      * kept outside the timeline (outliers, soft-failed and rejected ones) and the state
+      * each federated event was authorized against, as shared snapshots. Existing rooms
+      * are lines: their edges come from the stored PDUs, their one extremity from
+      * rooms.last_event_id. */
+     "CREATE TABLE event_edges ("
+     " event_id text NOT NULL,"
+     " prev_id text NOT NULL,"
+     " room_id text NOT NULL,"
+     " PRIMARY KEY (event_id, prev_id));"
+     "CREATE INDEX event_edges_prev ON event_edges (prev_id);"
+     "CREATE TABLE event_auth_edges ("
+     " event_id text NOT NULL,"
+     " auth_id text NOT NULL,"
+     " PRIMARY KEY (event_id, auth_id));"
+     "CREATE TABLE room_extremities ("
+     " room_id text NOT NULL,"
+     " event_id text NOT NULL,"
+     " PRIMARY KEY (room_id, event_id));"
+     "CREATE TABLE event_outliers ("
+     " event_id text PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " status text NOT NULL CHECK (status IN ('outlier', 'soft_failed', 'rejected')),"
+     " reason text,"
+     " origin text,"
+     " depth bigint NOT NULL,"
+     " pdu text NOT NULL,"
+     " received_ts bigint NOT NULL);"
+     "CREATE INDEX event_outliers_room ON event_outliers (room_id, status);"
+     "CREATE TABLE state_snapshots ("
+     " snapshot_id bigserial PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " digest text NOT NULL,"
+     " event_ids text[] NOT NULL,"
+     " UNIQUE (room_id, digest));"
+     "CREATE TABLE event_state_before ("
+     " event_id text PRIMARY KEY,"
+     " snapshot_id bigint NOT NULL REFERENCES state_snapshots(snapshot_id));"
+     "ALTER TABLE events ADD COLUMN origin text;"
+     "CREATE INDEX memberships_room ON memberships (room_id, stream_pos);"
+     /* Invites of local users to rooms this server is not in: the stripped state the
+      * inviting server sent, for /sync's invite_state (the invite itself is an outlier,
+      * its membership a row of memberships). */
+     "CREATE TABLE remote_invites ("
+     " event_id text PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " user_id text NOT NULL,"
+     " sender text NOT NULL,"
+     " room_version text NOT NULL,"
+     " invite_state text NOT NULL,"
+     " received_ts bigint NOT NULL);"
+     "CREATE INDEX remote_invites_user ON remote_invites (user_id, room_id);"
+     "INSERT INTO event_edges SELECT e.event_id, p.id, e.room_id FROM events e,"
+     " LATERAL json_array_elements_text(e.pdu::json -> 'prev_events') p(id)"
+     " ON CONFLICT DO NOTHING;"
+     "INSERT INTO event_auth_edges SELECT e.event_id, a.id FROM events e,"
+     " LATERAL json_array_elements_text(e.pdu::json -> 'auth_events') a(id)"
+     " ON CONFLICT DO NOTHING;"
+     "INSERT INTO room_extremities SELECT room_id, last_event_id FROM rooms"
+     " WHERE last_event_id <> '';"},
 };
 
 

@@ -11,14 +11,17 @@
  *
  * The data model (migrations of owner "rooms", ROOMS_MIGRATIONS in rooms.c: 1 the tables;
  * 2 adds event_relations, the index of m.relates_to filled at write time; 3 adds
- * events.search_tsv, the full-text column of POST /search):
- *   rooms         one row per room: version, creator, and the forward extremity (the
- *                 newest event and its depth). Its row lock serializes writes to one room,
- *                 so a local room's events form a line: each event's prev_events is the
- *                 previous event and stream positions grow in that order.
- *   events        every event: its stream position (stream_seq), ID, PDU text, the state
- *                 event it replaced, the redaction that redacted it, and the sender's
- *                 device + transaction ID.
+ * events.search_tsv, the full-text column of POST /search; 4 the event graph of federated
+ * rooms, events_graph.h: prev/auth edges, forward extremities, outliers, soft-failed and
+ * rejected events, state snapshots):
+ *   rooms         one row per room: version, creator, the newest event and the greatest
+ *                 depth. Its row lock serializes writes to one room, whoever created the
+ *                 event (the forward extremities, several after concurrent sends, are
+ *                 room_extremities: events_graph.h).
+ *   events        every accepted event, ours or another server's: its stream position
+ *                 (stream_seq), ID, PDU text, the state event it replaced, the redaction
+ *                 that redacted it, the sender's device + transaction ID, and the server
+ *                 that delivered it (origin; NULL for ours).
  *   current_state (room_id, type, state_key) -> event_id, membership: the contract other
  *                 modules read (notifier_wake_room).
  *   memberships   the history of every user's membership per room, by stream position:
@@ -27,7 +30,9 @@
  *   event_txns    (user, device, txn_id) -> event_id: send idempotency.
  *   receipts, typing: ephemeral data with stream positions.
  * State at a position P of a room is, per (type, state_key), the newest state event with
- * stream_pos <= P: right for local rooms, whose events form a line.
+ * stream_pos <= P: what client readers use. Where federated forks meet, current_state is
+ * their resolution (core/federation/fed_rooms_receive.c) and the state each federated
+ * event was authorized against is a snapshot (events_graph.h).
  *
  * Stream positions: rows take them with the SQL function stream_next() (a shared advisory
  * lock, then nextval), and /sync reads the newest safe position with stream_upto() (the
@@ -46,7 +51,7 @@
 #include "core/store/db.h"
 
 /* The migrations of owner "rooms" (rooms.c), applied by the rooms module (core/client/rooms/). */
-#define ROOMS_N_MIGRATIONS 3
+#define ROOMS_N_MIGRATIONS 4
 extern const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS];
 
 /* ---- failures ----------------------------------------------------------------------- */
@@ -81,6 +86,10 @@ PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
 bool rooms_exec(PGconn *c, const char *sql, int n, const char *const *params);
 /* Milliseconds since the Unix epoch (origin_server_ts). */
 int64_t rooms_wall_ms(void);
+
+/* The stream is what clients read; events_graph.h keeps the graph beside it. An event
+ * from another server joins the stream once accepted, at the end (its position is when
+ * it arrived here), so "state at P" stays the line's answer for readers. */
 
 /* ---- reading (events_store.c) ------------------------------------------------------- */
 

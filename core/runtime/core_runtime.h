@@ -46,6 +46,7 @@ typedef struct core_runtime {
     rt_pool *auth_pool;              /* core.auth: Argon2id hashing and checks */
     struct auth_cache *auth_cache;   /* token -> user (core/client/auth/auth.h) */
     rt_pool *rooms_bulk_pool;        /* core.rooms_bulk: writes into many rooms at once */
+    rt_pool *rooms_remote_pool;      /* core.rooms_remote: room requests waiting on peers */
     core_limits limits;
     struct atrium_plugin **plugins;  /* loaded plugins, in load order */
     size_t n_plugins;

@@ -154,10 +154,22 @@ int rooms_to_bulk_pool(atrium_req *r)
     return ATRIUM_DONE;
 }
 
+int rooms_to_remote_pool(atrium_req *r)
+{
+    rt_pool *pool = core_runtime_get()->rooms_remote_pool;
+    int rc = pool ? susp_handoff(r, pool, NULL, 0) : ATRIUM_E_STOPPED;
+    if (rc == 0) return ATRIUM_HANDED_OFF;
+    if (rc == ATRIUM_E_LIMIT)
+        http_respond_limited(r, 1000, "Too many requests to other servers in progress; retry");
+    else
+        http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+    return ATRIUM_DONE;
+}
+
 static int rooms_start(core_runtime *rt)
 {
-    if (rt_pool_start(rt->rooms_bulk_pool) < 0) {
-        rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the rooms.bulk pool's thread");
+    if (rt_pool_start(rt->rooms_bulk_pool) < 0 || rt_pool_start(rt->rooms_remote_pool) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the rooms pools' threads");
         return -1;
     }
     return rooms_typing_start();
@@ -166,6 +178,12 @@ static int rooms_start(core_runtime *rt)
 static void rooms_stop(core_runtime *rt)
 {
     rooms_typing_stop();
+    if (rt->rooms_remote_pool) {
+        rt_pool_stop(rt->rooms_remote_pool); /* queued handoffs are answered 503 */
+        rt_pool_join(rt->rooms_remote_pool);
+        rt_pool_free(rt->rooms_remote_pool);
+        rt->rooms_remote_pool = NULL;
+    }
     rt_pool *bulk_pool = rt->rooms_bulk_pool;
     if (!bulk_pool) return;
     rt_pool_stop(bulk_pool); /* queued handoffs are answered 503 */
@@ -182,6 +200,9 @@ static int rooms_init(core_runtime *rt)
     rt->rooms_bulk_pool = rt_pool_new("core.rooms_bulk", ROOMS_BULK_THREADS, ROOMS_BULK_QUEUE,
                                       rt->metrics);
     if (!rt->rooms_bulk_pool) return -1;
+    rt->rooms_remote_pool = rt_pool_new("core.rooms_remote", ROOMS_REMOTE_THREADS,
+                                        ROOMS_REMOTE_QUEUE, rt->metrics);
+    if (!rt->rooms_remote_pool) return -1;
     if (!room_version_find_creatable(rt->cfg->rooms.default_version)) {
         rt_log(ATRIUM_LOG_ERROR, "core", "rooms.default_version \"%.16s\" is not a room version "
                "this server creates: set it to one of \"1\" to \"11\"", rt->cfg->rooms.default_version);

@@ -23,6 +23,7 @@
 #include "atrium/directory.h"
 #include "atrium/rooms.h"
 #include "core/client/client.h"
+#include "core/rooms/events_graph.h"
 #include "core/rooms/rooms.h"
 
 #define ROOMS_MAX_BODY_BYTES (EVENT_MAX_PDU_BYTES) /* no larger body can become an event */
@@ -55,7 +56,8 @@ typedef struct room_tx {
     const char *room_id;
     const room_version *ver;
     char last_event_id[EVENT_ID_LEN]; /* "" before the create event */
-    int64_t depth;                    /* of the newest event, 0 before the create event */
+    int64_t depth;                    /* of the deepest extremity, 0 before the create event */
+    rooms_graph_tips tips;            /* the forward extremities: the next prev_events */
     const char *wake_users[ROOMS_MAX_INVITES + 2]; /* users to wake beside the members */
     bool listing_changed; /* an event changed what a public room list shows of the room */
     int n_wake;
@@ -82,6 +84,29 @@ int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room
  * transaction ID updated). id_out gets its event ID. On failure the caller rolls back. */
 int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
                     rooms_err *e);
+/* Authorize an event against the current state and build its PDU (prev_events, auth
+ * events, depth) without hash, ID or signature: the template other servers complete
+ * (make_join, make_leave). *pdu_out is new. ROOMS_OK, ROOMS_E_FORBIDDEN, ROOMS_E_DB. */
+int rooms_tx_template(room_tx *tx, const room_new_event *ev, json_t **pdu_out, rooms_err *e);
+/* Append an event another server created (already checked: format, signatures, hashes,
+ * auth) to the stream, with everything that follows (current state, memberships, graph,
+ * the state it was authorized against when state_before, a JSON array of event IDs, is
+ * given); origin is the server that delivered it (NULL: created here, queued for the
+ * room's other servers unless flags say otherwise). A redaction takes effect only when
+ * its sender may redact the target. On failure the caller rolls back. */
+enum {
+    ROOMS_PDU_HISTORICAL = 1, /* state of a room joined over federation: no forward
+                               * extremity, queued for nobody */
+    ROOMS_PDU_NO_QUEUE = 2,   /* created here but delivered by another server (our
+                               * send_join's join): queued for nobody */
+};
+int rooms_tx_append_pdu(room_tx *tx, json_t *pdu, const char *event_id, const char *origin,
+                        const json_t *state_before, unsigned flags, rooms_err *e);
+/* Seal a built event as this server: content hash, event ID (into id_out), this server's
+ * signature over the redacted event (none without a federation module: unit tests), and
+ * the size limit checked on the signed event. ROOMS_OK, ROOMS_E_TOO_LARGE ("The event is
+ * N bytes; ..."), ROOMS_E_BAD_JSON (e set). */
+int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN], rooms_err *e);
 /* COMMIT and wake the room's members and the users named by the events. */
 int rooms_tx_commit(room_tx *tx, rooms_err *e);
 void rooms_tx_rollback(room_tx *tx);
@@ -124,9 +149,9 @@ int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *co
 /* The content of a membership event for user_id: {"membership", "displayname",
  * "avatar_url"} with the profile's values when set. A new object (never NULL). */
 json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership);
-/* May user_id be invited from here: a local user that exists (ROOMS_E_NOT_FOUND
- * otherwise) and is not deactivated, and, until federation arrives, not a remote one
- * (ROOMS_E_FORBIDDEN for both). */
+/* May user_id, a user of this server, be invited: one that exists (ROOMS_E_NOT_FOUND
+ * otherwise) and is not deactivated (ROOMS_E_FORBIDDEN). Users of other servers are
+ * invited through their server (rooms_remote_invite), which decides. */
 int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e);
 /* Look up (user, device, key) in event_txns: 1 with id_out set, 0 when absent, ROOMS_E_DB. */
 int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,
@@ -200,6 +225,36 @@ int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
  * runs again there with run_reason ATRIUM_RUN_HANDOFF. ATRIUM_HANDED_OFF, or ATRIUM_DONE
  * after answering 429 (queue full) or 503 (stopping). */
 int rooms_to_bulk_pool(atrium_req *r);
+/* [req] Hand r off to the rooms module's remote pool (ROOMS_REMOTE_THREADS threads, a
+ * short queue), where requests that wait for other servers (joining, inviting, leaving
+ * through them) run holding no request-pool thread. Like rooms_to_bulk_pool otherwise. */
+int rooms_to_remote_pool(atrium_req *r);
+/* Join room_id through other servers (rooms_remote.c), on the remote pool's thread: the
+ * via servers (a JSON array of server names, tried in order) are asked make_join, the
+ * join is built, signed and sent with send_join, and the answer's state and auth chain are
+ * checked (IDs, hashes, signatures, auth rules) and stored before the join. Answers r:
+ * {"room_id"} or the failure. Returns ATRIUM_DONE. */
+int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, const json_t *vias);
+/* Invite target, a user of another server, to room_id as sender (on the remote pool's
+ * thread): the invite is authorized and sealed here, signed by the invitee's server
+ * (PUT /v2/invite, with the room's stripped state), then stored and sent to the room's
+ * other servers. content is the invite's (borrowed). Answers r; returns ATRIUM_DONE. */
+int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
+                        const char *target, json_t *content);
+/* Decline an invite to a room this server is not in (on the remote pool's thread):
+ * make_leave / send_leave through the vias, then the leave kept as the user's newest
+ * membership. Answers r; returns ATRIUM_DONE. */
+int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, const json_t *vias);
+/* Does joining room_id need other servers: unknown here, or known but with no user of
+ * this server joined while other servers' users are (a room left and rejoined)? 1, 0,
+ * ROOMS_E_DB. */
+int rooms_join_needs_remote(PGconn *c, const char *room_id);
+/* [req] The servers to join room_id through, in the order tried: the request's
+ * server_name (and via) arguments, the room ID's server, then the servers of the members
+ * this server last knew joined. A new array. */
+json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id);
+#define ROOMS_REMOTE_THREADS 2
+#define ROOMS_REMOTE_QUEUE 16
 /* The typing reaper (rooms_typing.c), started and stopped with the rooms module. */
 int rooms_typing_start(void);
 void rooms_typing_stop(void);

@@ -247,6 +247,13 @@ static bool write_room(atrium_req *r, room_tx *tx, const create_req *q, const ch
     }
     for (size_t i = 0; i < json_array_size(q->invites); i++) {
         const char *invitee = json_string_value(json_array_get(q->invites, i));
+        if (strcmp(room_auth_domain(invitee), rooms_server_name()) != 0) {
+            /* Their server must sign the invite: a request to a peer, which createRoom's
+             * one transaction does not wait for. */
+            rooms_set_err(e, ROOMS_E_FORBIDDEN, "%.64s is on another server: invite them once "
+                          "the room exists (/rooms/{roomId}/invite)", invitee);
+            return false;
+        }
         if (rooms_check_invitee(tx->c, invitee, e) < 0) return false;
         json_t *content = rooms_member_content(tx->c, invitee, "invite");
         if (q->is_direct) json_object_set_new(content, "is_direct", json_true());

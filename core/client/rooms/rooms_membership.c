@@ -55,9 +55,6 @@ json_t *rooms_member_content(PGconn *c, const char *user_id, const char *members
 
 int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e)
 {
-    if (strcmp(room_auth_domain(user_id), rooms_server_name()) != 0)
-        return rooms_set_err(e, ROOMS_E_FORBIDDEN, "Federation is not available yet: %.64s is "
-                             "on another server", user_id);
     const char *p[1] = {user_id};
     PGresult *res = rooms_q(c, "SELECT deactivated FROM users WHERE user_id = $1", 1, p, NULL);
     if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
@@ -247,9 +244,22 @@ static int join_room(atrium_req *r, const char *user, const char *room_id)
     if (!body) return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
+    /* A room this server is not in: through the servers that are, on the remote pool. */
+    int remote = rooms_join_needs_remote(c, room_id);
+    if (remote == 1) {
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) {
+            rooms_db_release(c);
+            return rooms_to_remote_pool(r);
+        }
+        json_t *vias = rooms_remote_vias(r, c, room_id);
+        rooms_db_release(c);
+        int out = rooms_remote_join(r, user, room_id, vias);
+        json_decref(vias);
+        return out;
+    }
     char membership[16];
-    bool failed;
-    bool exists = rooms_version_of(c, room_id, &failed) != NULL;
+    bool failed = remote < 0;
+    bool exists = !failed && rooms_version_of(c, room_id, &failed) != NULL;
     int rc = failed ? ROOMS_E_DB : rooms_membership_at(c, room_id, user, INT64_MAX, membership, NULL);
     json_t *content = rc == ROOMS_OK && exists ? rooms_member_content(c, user, "join") : NULL;
     bool guest_refused = false;
@@ -273,8 +283,7 @@ static int join_room(atrium_req *r, const char *user, const char *room_id)
     }
     if (rc != ROOMS_OK) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (!exists)
-        return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room; joining rooms on other "
-                                  "servers is not available yet");
+        return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room");
     json_t *answer = json_pack("{s:s}", "room_id", room_id);
     if (strcmp(membership, "join") == 0) {
         json_decref(content);
@@ -339,6 +348,26 @@ static int post_leave(atrium_req *r)
     const char *room = rooms_param_room(r);
     json_t *body = room ? optional_body(r) : NULL;
     if (!body) return ATRIUM_DONE;
+    /* Declining an invite to a room this server is not in: through the inviting server. */
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    char membership[16] = "";
+    int remote = rooms_join_needs_remote(c, room);
+    if (remote == 1 && rooms_membership_at(c, room, user, INT64_MAX, membership, NULL) < 0)
+        remote = ROOMS_E_DB;
+    if (remote == 1 && strcmp(membership, "invite") == 0) {
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) {
+            rooms_db_release(c);
+            return rooms_to_remote_pool(r);
+        }
+        json_t *vias = rooms_remote_vias(r, c, room);
+        rooms_db_release(c);
+        int out = rooms_remote_leave(r, user, room, vias);
+        json_decref(vias);
+        return out;
+    }
+    rooms_db_release(c);
+    if (remote < 0) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     json_t *content = json_pack("{s:s}", "membership", "leave");
     if (!take_reason(r, body, content)) {
         json_decref(content);
@@ -373,6 +402,15 @@ static int act_on_user(atrium_req *r, const target_action *act)
     if (!http_field_string(r, body, "user_id", true, 0, &target)) return ATRIUM_DONE;
     if (!rooms_user_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'user_id' is not a user ID");
+    if (act == &INVITE && strcmp(room_auth_domain(target), rooms_server_name()) != 0) {
+        /* A user of another server: their server signs the invite; on the remote pool. */
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) return rooms_to_remote_pool(r);
+        json_t *content = json_pack("{s:s}", "membership", "invite");
+        int out = take_reason(r, body, content) ? rooms_remote_invite(r, user, room, target, content)
+                                                : ATRIUM_DONE;
+        json_decref(content);
+        return out;
+    }
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     rooms_err e = {0};

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/federation/fed_rooms_queue.h"
+#include "core/federation/federation.h"
 #include "core/federation/fed_txn.h"
 #include "core/rooms/canonical_json.h"
 #include "core/client/sync/notifier.h"
@@ -51,8 +53,12 @@ int rooms_tx_begin(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id,
     }
     tx->ver = room_version_find(PQgetvalue(res, 0, 0));
     snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", PQgetvalue(res, 0, 1));
-    tx->depth = atoll(PQgetvalue(res, 0, 2));
     PQclear(res);
+    if (rooms_graph_tips_load(c, room_id, &tx->tips) < 0) {
+        rooms_tx_rollback(tx);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
+    tx->depth = tx->tips.max_depth;
     if (!tx->ver) {
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_FORBIDDEN, "The room's version is not supported");
@@ -98,8 +104,8 @@ int rooms_tx_commit(room_tx *tx, rooms_err *e)
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
+    fed_rooms_kick();
     notifier_wake_room(tx->c, tx->room_id);
-    fed_outbound_kick(); /* fedtxn: the queue may have rows from this transaction */
     for (int i = 0; i < tx->n_wake; i++) notifier_wake_user(tx->wake_users[i]);
     return ROOMS_OK;
 }
@@ -204,7 +210,7 @@ static json_t *build_pdu(room_tx *tx, const room_auth_load *a, const room_new_ev
         json_incref(content);
     }
     json_t *prev = json_array();
-    if (tx->last_event_id[0]) json_array_append_new(prev, json_string(tx->last_event_id));
+    for (int i = 0; i < tx->tips.n; i++) json_array_append_new(prev, json_string(tx->tips.ids[i]));
     json_t *pdu = json_pack("{s:o, s:o, s:I, s:I, s:o, s:s, s:s, s:s}",
                             "auth_events", select_auth_events(a, ev), "content", content,
                             "depth", (json_int_t)(tx->depth + 1), "origin_server_ts",
@@ -216,6 +222,32 @@ static json_t *build_pdu(room_tx *tx, const room_auth_load *a, const room_new_ev
     if (ev->redacts && !tx->ver->redacts_in_content)
         json_object_set_new(pdu, "redacts", json_string(ev->redacts));
     return pdu;
+}
+
+int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN], rooms_err *e)
+{
+    json_object_del(pdu, "signatures");
+    json_object_del(pdu, "unsigned");
+    size_t len = 0;
+    int fin = event_finalize(v, pdu, id_out, &len); /* hash, ID (v1-2: picked), size */
+    if (fin == EVENT_NOT_CANONICAL)
+        return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
+    /* The spec signs the redacted event, so a signature survives redaction. The limit is
+     * checked on the signed event: that is what other servers receive. */
+    json_t *red = event_redact(v, pdu);
+    if (!red) return rooms_set_err(e, ROOMS_E_DB, "out of memory");
+    int rc = federation_sign_json(red);
+    if (rc == 0) json_object_set(pdu, "signatures", json_object_get(red, "signatures"));
+    json_decref(red);
+    if (rc < 0 && rc != ATRIUM_E_STOPPED)
+        return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event could not be signed");
+    char *text = cjson_encode(pdu, &len);
+    if (!text) return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
+    free(text);
+    if (len > EVENT_MAX_PDU_BYTES || fin == EVENT_TOO_LARGE)
+        return rooms_set_err(e, ROOMS_E_TOO_LARGE, "The event is %zu bytes; the limit is %d", len,
+                             EVENT_MAX_PDU_BYTES);
+    return ROOMS_OK;
 }
 
 /* A redaction's target must be an event of this room the sender may redact. */
@@ -236,7 +268,7 @@ static int check_redaction(room_tx *tx, const room_auth_load *a, const room_new_
 }
 
 /* The state event this one replaces, into out ("" when none). */
-static int replaced_state(room_tx *tx, const room_new_event *ev, char out[EVENT_ID_LEN + 8])
+static int replaced_state(room_tx *tx, const room_new_event *ev, char out[ROOMS_GRAPH_ID_BYTES])
 {
     out[0] = '\0';
     if (!ev->state_key) return ROOMS_OK;
@@ -246,37 +278,44 @@ static int replaced_state(room_tx *tx, const room_new_event *ev, char out[EVENT_
                             " WHERE room_id = $1 AND type = $2 AND state_key = $3",
                             3, p, NULL);
     if (!res) return ROOMS_E_DB;
-    if (PQntuples(res) == 1) snprintf(out, EVENT_ID_LEN + 8, "%s", PQgetvalue(res, 0, 0));
+    if (PQntuples(res) == 1) snprintf(out, ROOMS_GRAPH_ID_BYTES, "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
     return ROOMS_OK;
 }
 
+/* Store pdu (an event of the stream, created here or by origin: NULL for here) with
+ * everything that follows from it. */
 static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char *event_id,
-                 rooms_err *e)
+                 const char *origin, unsigned flags, rooms_err *e)
 {
-    char replaces[EVENT_ID_LEN + 8];
+    char replaces[ROOMS_GRAPH_ID_BYTES];
     if (replaced_state(tx, ev, replaces) < 0) return rooms_set_err(e, ROOMS_E_DB, "database");
     PGresult *res = rooms_q(tx->c, "SELECT stream_next()", 0, NULL, NULL);
     if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
     char pos[24], depth[24], ts[24];
     snprintf(pos, sizeof(pos), "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
-    snprintf(depth, sizeof(depth), "%lld", (long long)(tx->depth + 1));
+    snprintf(depth, sizeof(depth), "%lld", (long long)json_integer_value(json_object_get(pdu, "depth")));
     snprintf(ts, sizeof(ts), "%lld", (long long)json_integer_value(json_object_get(pdu, "origin_server_ts")));
     char *text = json_dumps(pdu, JSON_COMPACT | JSON_SORT_KEYS);
     if (!text) return rooms_set_err(e, ROOMS_E_DB, "out of memory");
     const char *membership = strcmp(ev->type, "m.room.member") == 0
                                  ? json_string_value(json_object_get(ev->content, "membership"))
                                  : NULL;
-    const char *p[12] = {pos, event_id, tx->room_id, ev->type, ev->state_key, ev->sender, ts,
-                         depth, text, replaces[0] ? replaces : NULL, ev->txn_device, ev->txn_id};
+    const char *p[13] = {pos, event_id, tx->room_id, ev->type, ev->state_key, ev->sender, ts,
+                         depth, text, replaces[0] ? replaces : NULL, ev->txn_device, ev->txn_id,
+                         origin};
     bool ok = rooms_exec(tx->c,
                          "INSERT INTO events (stream_pos, event_id, room_id, type, state_key,"
-                         " sender, origin_server_ts, depth, pdu, replaces_state, txn_device, txn_id)"
-                         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                         12, p);
+                         " sender, origin_server_ts, depth, pdu, replaces_state, txn_device, txn_id,"
+                         " origin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                         13, p);
     free(text);
     /* relations, redactions */
+    /* Our own events go to the room's other servers (theirs came from them): those in the
+     * room before the event, so a kicked or banned user's server learns of it too. */
+    if (ok && !origin && !(flags & (ROOMS_PDU_HISTORICAL | ROOMS_PDU_NO_QUEUE)))
+        ok = fed_rooms_queue_pdu(tx->c, tx->room_id, event_id, NULL) == 0;
     if (ok) ok = rooms_bundle_index(tx->c, pos, event_id, tx->room_id, ev);
     if (ok && ev->state_key) {
         const char *q[5] = {tx->room_id, ev->type, ev->state_key, event_id, membership};
@@ -301,9 +340,15 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     }
     if (ok) {
         const char *q[3] = {tx->room_id, event_id, depth};
-        ok = rooms_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth = $3 WHERE room_id = $1",
+        ok = rooms_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth ="
+                        " GREATEST(last_depth, $3::bigint) WHERE room_id = $1",
                         3, q);
     }
+    /* The graph: its edges, and it is the one forward extremity now (it names them all). */
+    if (ok) ok = rooms_graph_record_edges(tx->c, tx->room_id, event_id, pdu) == 0;
+    if (ok && !(flags & ROOMS_PDU_HISTORICAL))
+        ok = rooms_graph_advance(tx->c, tx->room_id, event_id, pdu) == 0;
+
     if (!ok) return rooms_set_err(e, ROOMS_E_DB, "database");
     if (ev->txn_id) {
         char now[24];
@@ -319,6 +364,19 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
         PQclear(r2);
     }
     return ROOMS_OK;
+}
+
+/* The event IDs of the room's current state, a new array into *out. 0 or -1. */
+static int current_state_ids(room_tx *tx, json_t **out)
+{
+    const char *p[1] = {tx->room_id};
+    PGresult *res = rooms_q(tx->c, "SELECT event_id FROM current_state WHERE room_id = $1", 1, p,
+                            NULL);
+    if (!res) return -1;
+    *out = json_array();
+    for (int i = 0; i < PQntuples(res); i++) json_array_append_new(*out, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    return 0;
 }
 
 int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
@@ -341,27 +399,103 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
         rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "%s", why);
     if (rc == ROOMS_OK && ev->redacts) rc = check_redaction(tx, &a, ev, e);
     if (rc == ROOMS_OK && !(pdu = build_pdu(tx, &a, ev))) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
-    if (rc == ROOMS_OK) {
-        size_t size = 0;
-        int fin = event_finalize(tx->ver, pdu, id_out, &size);
-        if (fin == EVENT_TOO_LARGE)
-            rc = rooms_set_err(e, ROOMS_E_TOO_LARGE, "The event is %zu bytes; the limit is %d", size,
-                               EVENT_MAX_PDU_BYTES);
-        else if (fin != EVENT_OK)
-            rc = rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
-    }
-    if (rc == ROOMS_OK) rc = store(tx, ev, pdu, id_out, e);
-    /* fedtxn: queue the event for the room's other servers, until roomfed wires the
-     * write path (it then owns this line and its except_server). */
-    if (rc == ROOMS_OK && fed_outbound_enqueue_pdu(tx->c, tx->room_id, id_out, NULL) < 0)
+    if (rc == ROOMS_OK) rc = rooms_event_seal(tx->ver, pdu, id_out, e);
+    /* After a fork the line is not the state this event was authorized against (the
+     * current state, which state resolution may have set): record it. */
+    json_t *before = NULL;
+    if (rc == ROOMS_OK && tx->tips.n > 1 && current_state_ids(tx, &before) < 0)
         rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    if (rc == ROOMS_OK) rc = store(tx, ev, pdu, id_out, NULL, 0, e);
+    if (rc == ROOMS_OK && before &&
+        rooms_graph_set_state_before(tx->c, tx->room_id, id_out, before) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    json_decref(before);
     json_decref(pdu);
     json_decref(a.holder);
     if (rc != ROOMS_OK) return rc;
     snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", id_out);
     tx->depth++;
+    snprintf(tx->tips.ids[0], ROOMS_GRAPH_ID_BYTES, "%s", id_out);
+    tx->tips.n = 1;
+    tx->tips.max_depth = tx->depth;
     if (ev->state_key && rooms_listing_type(ev->type)) tx->listing_changed = true;
     if (target && tx->n_wake < (int)(sizeof(tx->wake_users) / sizeof(tx->wake_users[0])))
         tx->wake_users[tx->n_wake++] = rt_arena_strdup(tx->arena, target);
+    return ROOMS_OK;
+}
+
+/* ---- templates and events of other servers ---------------------------------------- */
+
+int rooms_tx_template(room_tx *tx, const room_new_event *ev, json_t **pdu_out, rooms_err *e)
+{
+    *pdu_out = NULL;
+    const char *target = strcmp(ev->type, "m.room.member") == 0 ? ev->state_key : NULL;
+    room_auth_load a;
+    if (rooms_load_auth(tx->c, tx->room_id, tx->ver, ev->sender, target, &a) < 0) {
+        json_decref(a.holder);
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    }
+    a.st.only_create = tx->depth == 1 && a.st.create != NULL;
+    char why[ROOM_AUTH_WHY_LEN];
+    int rc = ROOMS_OK;
+    if (!room_auth_allows(&a.st, ev->type, ev->state_key, ev->sender, ev->content, why))
+        rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "%s", why);
+    if (rc == ROOMS_OK && !(*pdu_out = build_pdu(tx, &a, ev)))
+        rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
+    json_decref(a.holder);
+    return rc;
+}
+
+/* May the redaction pdu (by sender) take effect on its target? The target's sender on the
+ * same server, or the redact level in the current state (room versions 3+ decide this
+ * when the redaction is applied, not when it is authorized). */
+static bool redaction_applies(room_tx *tx, const char *sender, const char *target)
+{
+    const char *p[2] = {target, tx->room_id};
+    PGresult *res = rooms_q(tx->c, "SELECT sender FROM events WHERE event_id = $1 AND room_id = $2",
+                            2, p, NULL);
+    if (!res) return false;
+    bool ok = false;
+    if (PQntuples(res) == 1) {
+        const char *orig = PQgetvalue(res, 0, 0);
+        ok = strcmp(room_auth_domain(orig), room_auth_domain(sender)) == 0;
+        if (!ok) {
+            room_auth_load a;
+            if (rooms_load_auth(tx->c, tx->room_id, tx->ver, sender, NULL, &a) == ROOMS_OK)
+                ok = room_auth_may_redact(&a.st, sender, orig);
+            json_decref(a.holder);
+        }
+    }
+    PQclear(res);
+    return ok;
+}
+
+int rooms_tx_append_pdu(room_tx *tx, json_t *pdu, const char *event_id, const char *origin,
+                        const json_t *state_before, unsigned flags, rooms_err *e)
+{
+    const char *type = json_string_value(json_object_get(pdu, "type"));
+    const char *sender = json_string_value(json_object_get(pdu, "sender"));
+    json_t *content = json_object_get(pdu, "content");
+    if (!type || !sender || !json_is_object(content))
+        return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event lacks a type, sender or content");
+    const char *redacts = json_string_value(json_object_get(pdu, "redacts"));
+    if (!redacts) redacts = json_string_value(json_object_get(content, "redacts"));
+    if (strcmp(type, "m.room.redaction") != 0) redacts = NULL;
+    if (redacts && !redaction_applies(tx, sender, redacts)) redacts = NULL;
+    room_new_event ev = {.sender = sender, .type = type, .state_key = event_state_key(pdu),
+                         .content = content, .redacts = redacts};
+    int rc = store(tx, &ev, pdu, event_id, origin, flags, e);
+    if (rc == ROOMS_OK && state_before &&
+        rooms_graph_set_state_before(tx->c, tx->room_id, event_id, state_before) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    if (rc == ROOMS_OK && rooms_graph_tips_load(tx->c, tx->room_id, &tx->tips) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    if (rc != ROOMS_OK) return rc;
+    tx->depth = tx->tips.max_depth;
+    snprintf(tx->last_event_id, sizeof(tx->last_event_id), "%s", event_id);
+    if (ev.state_key && rooms_listing_type(type)) tx->listing_changed = true;
+    if (ev.state_key && strcmp(type, "m.room.member") == 0 &&
+        tx->n_wake < (int)(sizeof(tx->wake_users) / sizeof(tx->wake_users[0])))
+        tx->wake_users[tx->n_wake++] = rt_arena_strdup(tx->arena, ev.state_key);
     return ROOMS_OK;
 }

@@ -1,0 +1,611 @@
+/*
+ * core/client/rooms/rooms_remote.c - joining a room through other servers, as the joining
+ * server: make_join to the via servers in turn, the join completed from the template,
+ * signed (rooms_event_seal) and sent with send_join, and the returned state and auth chain
+ * checked and stored before the join itself.
+ *
+ * It runs on the rooms module's remote pool (rooms_to_remote_pool): the client's request
+ * is handed off, so no request-pool thread waits while peers answer; the pool thread waits
+ * on each request and signature check with its deadline (fed_call.h). The checks of each
+ * received event are the spec's, in its order: the room it claims, its ID (the reference
+ * hash under the room's version), its content hash (a mismatch keeps the redacted event),
+ * the signatures the version requires (fed_call_verify_event), and the auth rules against
+ * its own auth events, which must themselves have passed: an event whose auth event was
+ * refused is refused. The state is stored in depth order as historical events of the
+ * stream (so current state is the resident's state, and /sync shows the room), the rest
+ * of the auth chain as outliers, then the join with the state it was authorized against.
+ *
+ * Not here: partial-state joins (the full state is asked for), restricted joins through a
+ * resident's authorising user, and joining through a remote alias (the directory's).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/rooms/rooms_api.h"
+#include "core/client/sync/notifier.h"
+#include "core/federation/fed_call.h"
+#include "core/rooms/canonical_json.h"
+#include "core/rooms/state_pdus.h"
+
+#define REMOTE_URI_BYTES 2048
+#define REMOTE_JOIN_MAX_BODY_BYTES (64 * 1024 * 1024) /* a send_join answer: the full state */
+#define REMOTE_MAKE_MAX_BODY_BYTES (256 * 1024)
+#define REMOTE_MAX_VIAS 8 /* via servers tried at most */
+
+/* Percent-encode s (unreserved characters kept) into out. false when it does not fit. */
+static bool uri_part(const char *s, char *out, size_t len)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        bool keep = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
+                    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' || *p == '_' || *p == '~';
+        if (o + 4 >= len) return false;
+        if (keep) {
+            out[o++] = (char)*p;
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[*p >> 4];
+            out[o++] = hex[*p & 15];
+        }
+    }
+    out[o] = '\0';
+    return true;
+}
+
+int rooms_join_needs_remote(PGconn *c, const char *room_id)
+{
+    const char *p[2] = {room_id, rooms_server_name()};
+    PGresult *res = rooms_q(c,
+                            "SELECT EXISTS (SELECT 1 FROM rooms WHERE room_id = $1),"
+                            " coalesce(bool_or(substr(state_key, strpos(state_key, ':') + 1) = $2),"
+                            "  false),"
+                            " coalesce(bool_or(substr(state_key, strpos(state_key, ':') + 1) <> $2),"
+                            "  false)"
+                            " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
+                            " AND membership = 'join'",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    bool known = PQgetvalue(res, 0, 0)[0] == 't', ours = PQgetvalue(res, 0, 1)[0] == 't',
+         theirs = PQgetvalue(res, 0, 2)[0] == 't';
+    PQclear(res);
+    if (!known) return strcmp(room_auth_domain(room_id), rooms_server_name()) != 0;
+    return !ours && theirs;
+}
+
+/* The answer to the client for a peer's refusal (its status and errcode kept for 4xx). */
+static int answer_peer_failure(atrium_req *r, const fed_call_result *res, const char *what)
+{
+    if (res->outcome == FED_HTTP_E_TIMEOUT)
+        return http_respond_error(r, 504, "M_UNKNOWN", "%s: the server did not answer in time", what);
+    if (res->outcome == FED_REQ_E_NOT_ALLOWED)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "%s: federation with that server is not "
+                                  "allowed", what);
+    if (res->outcome != FED_HTTP_OK)
+        return http_respond_error(r, 502, "M_UNKNOWN", "%s: %s", what, res->error);
+    const char *code = json_string_value(json_object_get(res->json, "errcode"));
+    const char *msg = json_string_value(json_object_get(res->json, "error"));
+    int status = res->status >= 400 && res->status < 500 ? res->status : 502;
+    return http_respond_error(r, status, code ? code : "M_UNKNOWN", "%s: %s", what,
+                              msg ? msg : "refused");
+}
+
+/* One received event checked: room, ID, hash (redacted on mismatch), signatures. The
+ * event to keep (a new reference, possibly redacted) with its ID, or NULL with why. */
+static json_t *check_received(const room_version *v, const char *room_id, json_t *pdu,
+                              char id[EVENT_ID_LEN], char why[FED_CALL_ERROR_BYTES])
+{
+    if (!json_is_object(pdu) || strcmp(json_string_value(json_object_get(pdu, "room_id")) ?: "",
+                                       room_id) != 0) {
+        snprintf(why, FED_CALL_ERROR_BYTES, "an event of another room");
+        return NULL;
+    }
+    if (event_compute_id(v, pdu, id) < 0) {
+        snprintf(why, FED_CALL_ERROR_BYTES, "not canonical JSON");
+        return NULL;
+    }
+    if (fed_call_verify_event(v, pdu, why) < 0) return NULL;
+    if (!event_content_hash_ok(pdu)) {
+        rt_log(ATRIUM_LOG_INFO, "core", "event %s of %s: content hash mismatch, kept redacted",
+               id, room_id);
+        return event_redact(v, pdu);
+    }
+    return json_incref(pdu);
+}
+
+/* Does every auth event of pdu appear in accepted (ID -> event)? */
+static bool auth_events_accepted(const json_t *pdu, const json_t *accepted)
+{
+    json_t *auth = json_object_get(pdu, "auth_events");
+    for (size_t i = 0; i < json_array_size(auth); i++) {
+        json_t *a = json_array_get(auth, i);
+        const char *aid = json_is_array(a) ? json_string_value(json_array_get(a, 0))
+                                           : json_string_value(a);
+        if (!aid || !json_object_get(accepted, aid)) return false;
+    }
+    return true;
+}
+
+static int by_depth(const void *a, const void *b)
+{
+    json_int_t da = json_integer_value(json_object_get(*(json_t *const *)a, "depth"));
+    json_int_t db = json_integer_value(json_object_get(*(json_t *const *)b, "depth"));
+    return da < db ? -1 : da > db;
+}
+
+/* Check every event of the answer (state and auth chain): accepted (ID -> PDU) gets those
+ * that pass, checked in depth order so an event's auth events are judged before it. */
+static void check_all(const room_version *v, const char *room_id, const json_t *state,
+                      const json_t *chain, json_t *accepted)
+{
+    size_t n = json_array_size(state) + json_array_size(chain), k = 0;
+    json_t **all = calloc(n ? n : 1, sizeof(*all));
+    if (!all) return;
+    for (size_t i = 0; i < json_array_size(chain); i++) all[k++] = json_array_get(chain, i);
+    for (size_t i = 0; i < json_array_size(state); i++) all[k++] = json_array_get(state, i);
+    qsort(all, k, sizeof(*all), by_depth);
+    for (size_t i = 0; i < k; i++) {
+        char id[EVENT_ID_LEN], why[FED_CALL_ERROR_BYTES];
+        json_t *ev = check_received(v, room_id, all[i], id, why);
+        if (!ev) {
+            rt_log(ATRIUM_LOG_INFO, "core", "join of %s: an event of the answer refused: %s",
+                   room_id, why);
+            continue;
+        }
+        if (json_object_get(accepted, id)) {
+            json_decref(ev);
+            continue;
+        }
+        json_t *auth = json_object();
+        json_t *ids = json_object_get(ev, "auth_events");
+        for (size_t j = 0; j < json_array_size(ids); j++) {
+            json_t *a = json_array_get(ids, j);
+            const char *aid = json_is_array(a) ? json_string_value(json_array_get(a, 0))
+                                               : json_string_value(a);
+            json_t *ae = aid ? json_object_get(accepted, aid) : NULL;
+            if (ae) rooms_pdus_put(auth, ae);
+        }
+        char awhy[ROOM_AUTH_WHY_LEN];
+        if (auth_events_accepted(ev, accepted) &&
+            room_auth_check_event(v, ev, rooms_pdus_get, auth, awhy))
+            json_object_set(accepted, id, ev);
+        else
+            rt_log(ATRIUM_LOG_INFO, "core", "join of %s: event %s refused by its auth events",
+                   room_id, id);
+        json_decref(auth);
+        json_decref(ev);
+    }
+    free(all);
+}
+
+/* make_<membership> ("join", "leave") at each via in turn: the answer and the via that
+ * gave it. */
+static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
+                        const char *room_id, const json_t *vias, const char **via_out,
+                        fed_call_result *last)
+{
+    char room_enc[REMOTE_URI_BYTES / 4], user_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
+    if (!uri_part(room_id, room_enc, sizeof(room_enc)) || !uri_part(user, user_enc, sizeof(user_enc)))
+        return NULL;
+    size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_%s/%s/%s",
+                                membership, room_enc, user_enc);
+    for (size_t i = 0; strcmp(membership, "join") == 0 && ROOM_VERSIONS_SUPPORTED[i] &&
+                       o < sizeof(uri); i++)
+        o += (size_t)snprintf(uri + o, sizeof(uri) - o, "%sver=%s", i ? "&" : "?",
+                              ROOM_VERSIONS_SUPPORTED[i]);
+    memset(last, 0, sizeof(*last));
+    snprintf(last->error, sizeof(last->error), "no server to join through");
+    last->outcome = FED_REQ_E_RESOLVE;
+    for (size_t i = 0; i < json_array_size(vias) && i < REMOTE_MAX_VIAS; i++) {
+        const char *via = json_string_value(json_array_get(vias, i));
+        if (!via || strcmp(via, rooms_server_name()) == 0) continue;
+        fed_call_result_clear(last);
+        fed_request_opts o2 = {.method = "GET", .destination = via, .uri = uri,
+                               .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                               .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
+        fed_call(&o2, last);
+        json_t *ev = fed_call_ok(last) ? json_object_get(last->json, "event") : NULL;
+        const char *ver = json_string_value(json_object_get(last->json, "room_version"));
+        if (json_is_object(ev) && room_version_find(ver ? ver : "1")) {
+            *via_out = via;
+            return json_incref(last->json);
+        }
+        rt_log(ATRIUM_LOG_INFO, "core", "make_%s for %s at %s failed: %s (status %d)", membership,
+               room_id, via, last->error, last->status);
+    }
+    return NULL;
+}
+
+/* The membership event from the template: ours to complete (origin, time, content), then
+ * sealed. */
+static json_t *complete_member(atrium_req *r, PGconn *c, const room_version *v, const json_t *tmpl,
+                               const char *user, const char *membership, char id[EVENT_ID_LEN],
+                               rooms_err *e)
+{
+    json_t *pdu = json_deep_copy(tmpl);
+    json_object_del(pdu, "event_id");
+    json_object_del(pdu, "hashes");
+    json_object_del(pdu, "signatures");
+    json_object_del(pdu, "unsigned");
+    if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
+    else json_object_del(pdu, "origin");
+    json_object_set_new(pdu, "origin_server_ts", json_integer(rooms_wall_ms()));
+    json_t *content = strcmp(membership, "join") == 0 ? rooms_member_content(c, user, "join")
+                                                      : json_pack("{s:s}", "membership", membership);
+    const char *reason = json_string_value(json_object_get(r->json, "reason"));
+    if (reason) json_object_set_new(content, "reason", json_string(reason));
+    json_object_set_new(pdu, "content", content);
+    char why[ROOM_AUTH_WHY_LEN];
+    if (cjson_normalize(pdu, why, sizeof(why)) < 0) {
+        json_decref(pdu);
+        rooms_set_err(e, ROOMS_E_BAD_JSON, "%s", why);
+        return NULL;
+    }
+    if (strcmp(json_string_value(json_object_get(pdu, "sender")) ?: "", user) != 0 ||
+        strcmp(event_state_key(pdu) ?: "", user) != 0 ||
+        strcmp(json_string_value(json_object_get(pdu, "type")) ?: "", "m.room.member") != 0) {
+        json_decref(pdu);
+        rooms_set_err(e, ROOMS_E_FORBIDDEN, "The resident server's template is not this %s",
+                      membership);
+        return NULL;
+    }
+    if (rooms_event_seal(v, pdu, id, e) != ROOMS_OK) {
+        json_decref(pdu);
+        return NULL;
+    }
+    return pdu;
+}
+
+/* Store the checked answer and the join in one transaction. */
+static int store_join(atrium_req *r, PGconn *c, const room_version *v, const char *room_id,
+                      const char *via, const json_t *accepted, const json_t *state,
+                      json_t *join, const char *join_id, rooms_err *e)
+{
+    /* The state events that passed, one per key (the answer's), and their IDs. */
+    json_t *map = rooms_pdus_new(), *state_ids = json_array(), *in_state = json_object();
+    for (size_t i = 0; i < json_array_size(state); i++) {
+        char id[EVENT_ID_LEN];
+        json_t *s = json_array_get(state, i);
+        json_t *ok = event_compute_id(v, s, id) == 0 ? json_object_get(accepted, id) : NULL;
+        if (!ok || json_object_get(in_state, id)) continue;
+        rooms_pdus_put(map, ok);
+        json_object_set_new(in_state, id, json_true());
+        json_array_append_new(state_ids, json_string(id));
+    }
+    const json_t *create = rooms_pdus_get(map, "m.room.create", "");
+    char why[ROOM_AUTH_WHY_LEN];
+    int rc = ROOMS_OK;
+    if (!create)
+        rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "The resident server's state has no valid "
+                           "m.room.create event");
+    else if (!room_auth_check_event(v, join, rooms_pdus_get, map, why))
+        rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "The join is refused by the room's state: %s", why);
+    room_tx tx;
+    bool failed = false, known = rc == ROOMS_OK && rooms_version_of(c, room_id, &failed) != NULL;
+    if (failed) rc = rooms_set_err(e, ROOMS_E_DB, "database");
+    if (rc == ROOMS_OK) {
+        const char *creator = v->creator_is_sender
+                                  ? json_string_value(json_object_get(create, "sender"))
+                                  : event_content_str(create, "creator");
+        rc = known ? rooms_tx_begin(&tx, c, r->arena, room_id, e)
+                   : rooms_tx_begin_new(&tx, c, r->arena, room_id, v, creator ? creator : "", e);
+        if (rc == ROOMS_OK) {
+            tx.ver = v;
+            /* The auth chain beyond the state: outliers. */
+            const char *k;
+            json_t *ev;
+            json_object_foreach((json_t *)accepted, k, ev) {
+                if (rc != ROOMS_OK) break;
+                if (!json_object_get(in_state, k) &&
+                    rooms_graph_store_outlier(c, room_id, k, ev, "outlier", NULL, via) < 0)
+                    rc = rooms_set_err(e, ROOMS_E_DB, "database");
+            }
+            /* The state, oldest first, into the stream (events already there are kept). */
+            size_t n = json_array_size(state_ids);
+            json_t **sorted = calloc(n ? n : 1, sizeof(*sorted));
+            if (!sorted) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
+            size_t m = 0;
+            json_object_foreach(map, k, ev) if (sorted && m < n) sorted[m++] = ev;
+            if (sorted) qsort(sorted, m, sizeof(*sorted), by_depth);
+            for (size_t i = 0; rc == ROOMS_OK && i < m; i++) {
+                char id[EVENT_ID_LEN];
+                if (event_compute_id(v, sorted[i], id) < 0) continue;
+                rooms_graph_where w;
+                bool f2;
+                json_t *have = rooms_graph_load(c, id, NULL, &w, &f2);
+                json_decref(have);
+                if (f2) rc = rooms_set_err(e, ROOMS_E_DB, "database");
+                else if (w != ROOMS_GRAPH_STREAM)
+                    rc = rooms_tx_append_pdu(&tx, sorted[i], id, via, NULL, ROOMS_PDU_HISTORICAL, e);
+            }
+            free(sorted);
+            if (rc == ROOMS_OK)
+                rc = rooms_tx_append_pdu(&tx, join, join_id, NULL, state_ids, ROOMS_PDU_NO_QUEUE, e);
+            /* The join is the one forward extremity: what this server knew of the room
+             * before (a rejoin) is behind it. */
+            const char *q[2] = {room_id, join_id};
+            if (rc == ROOMS_OK &&
+                !rooms_exec(c, "DELETE FROM room_extremities WHERE room_id = $1 AND event_id <> $2",
+                            2, q))
+                rc = rooms_set_err(e, ROOMS_E_DB, "database");
+            if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, e);
+            else rooms_tx_rollback(&tx);
+        }
+    }
+    json_decref(map);
+    json_decref(state_ids);
+    json_decref(in_state);
+    return rc;
+}
+
+int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
+{
+    fed_call_result mk;
+    const char *via = NULL;
+    json_t *made = ask_make(r, "join", user, room_id, vias, &via, &mk);
+    if (!made) {
+        int out = answer_peer_failure(r, &mk, "No server could help joining the room");
+        fed_call_result_clear(&mk);
+        return out;
+    }
+    fed_call_result_clear(&mk);
+    const char *ver_id = json_string_value(json_object_get(made, "room_version"));
+    const room_version *v = room_version_find(ver_id ? ver_id : "1");
+    PGconn *c = rooms_db(r);
+    if (!c) {
+        json_decref(made);
+        return ATRIUM_DONE;
+    }
+    rooms_err e = {0};
+    char join_id[EVENT_ID_LEN];
+    json_t *join = complete_member(r, c, v, json_object_get(made, "event"), user, "join", join_id, &e);
+    json_decref(made);
+    if (!join) {
+        rooms_db_release(c);
+        return rooms_fail(r, &e);
+    }
+    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
+    uri_part(room_id, room_enc, sizeof(room_enc));
+    uri_part(join_id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_join/%s/%s", room_enc, id_enc);
+    fed_request_opts o = {.method = "PUT", .destination = via, .uri = uri, .body = join,
+                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                          .max_body_bytes = REMOTE_JOIN_MAX_BODY_BYTES};
+    fed_call_result sj;
+    fed_call(&o, &sj);
+    if (!fed_call_ok(&sj)) {
+        rooms_db_release(c);
+        json_decref(join);
+        int out = answer_peer_failure(r, &sj, "The resident server refused the join");
+        fed_call_result_clear(&sj);
+        return out;
+    }
+    /* The resident may add its signature to the join (restricted rooms): keep its copy when
+     * it is the same event. */
+    json_t *theirs = json_object_get(sj.json, "event");
+    char tid[EVENT_ID_LEN];
+    if (json_is_object(theirs) && event_compute_id(v, theirs, tid) == 0 && strcmp(tid, join_id) == 0) {
+        json_decref(join);
+        join = json_incref(theirs);
+    }
+    json_t *accepted = json_object();
+    check_all(v, room_id, json_object_get(sj.json, "state"), json_object_get(sj.json, "auth_chain"),
+              accepted);
+    int rc = store_join(r, c, v, room_id, via, accepted, json_object_get(sj.json, "state"), join,
+                        join_id, &e);
+    rooms_db_release(c);
+    json_decref(accepted);
+    json_decref(join);
+    fed_call_result_clear(&sj);
+    if (rc != ROOMS_OK) return rooms_fail(r, &e);
+    rt_log(ATRIUM_LOG_INFO, "core", "%s joined %s through %s", user, room_id, via);
+    return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
+}
+
+json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id)
+{
+    json_t *vias = json_array();
+    for (size_t i = 0; i < r->n_args; i++)
+        if ((strcmp(r->args[i].name, "server_name") == 0 || strcmp(r->args[i].name, "via") == 0) &&
+            r->args[i].value && *r->args[i].value)
+            json_array_append_new(vias, json_string(r->args[i].value));
+    json_array_append_new(vias, json_string(room_auth_domain(room_id)));
+    /* Invited from another server: the inviter's server is in the room. */
+    const char *q[1] = {room_id};
+    PGresult *inv = rooms_q(c,
+                            "SELECT DISTINCT substr(sender, strpos(sender, ':') + 1)"
+                            " FROM remote_invites WHERE room_id = $1 LIMIT 8",
+                            1, q, NULL);
+    for (int i = 0; inv && i < PQntuples(inv); i++)
+        json_array_append_new(vias, json_string(PQgetvalue(inv, i, 0)));
+    PQclear(inv);
+    /* A room known here (left, now rejoined): the servers that were in it. */
+    const char *p[1] = {room_id};
+    PGresult *res = rooms_q(c,
+                            "SELECT DISTINCT substr(state_key, strpos(state_key, ':') + 1)"
+                            " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
+                            " AND membership = 'join' LIMIT 8",
+                            1, p, NULL);
+    for (int i = 0; res && i < PQntuples(res); i++)
+        json_array_append_new(vias, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    return vias;
+}
+
+/* ---- inviting a user of another server ------------------------------------------------ */
+
+/* The stripped state an invite carries: the room's descriptive events and the inviter's
+ * member event (type, state_key, sender, content). A new array. */
+static json_t *invite_room_state(const json_t *map, const char *sender)
+{
+    static const char *const TYPES[] = {"m.room.create", "m.room.join_rules", "m.room.name",
+                                        "m.room.avatar", "m.room.canonical_alias",
+                                        "m.room.encryption", "m.room.topic", NULL};
+    json_t *out = json_array();
+    for (size_t i = 0; TYPES[i] || i == 0; i++) {
+        const json_t *ev = TYPES[i] ? rooms_pdus_get((void *)map, TYPES[i], "")
+                                    : NULL;
+        if (ev)
+            json_array_append_new(out, json_pack("{s:O, s:O, s:O, s:O}", "type",
+                                                 json_object_get(ev, "type"), "state_key",
+                                                 json_object_get(ev, "state_key"), "sender",
+                                                 json_object_get(ev, "sender"), "content",
+                                                 json_object_get(ev, "content")));
+        if (!TYPES[i]) break;
+    }
+    const json_t *me = rooms_pdus_get((void *)map, "m.room.member", sender);
+    if (me)
+        json_array_append_new(out, json_pack("{s:O, s:O, s:O, s:O}", "type", json_object_get(me, "type"),
+                                             "state_key", json_object_get(me, "state_key"), "sender",
+                                             json_object_get(me, "sender"), "content",
+                                             json_object_get(me, "content")));
+    return out;
+}
+
+int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
+                        const char *target, json_t *content)
+{
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    /* The invite, built and sealed under the room's lock, which is let go while the
+     * invitee's server answers. */
+    room_tx tx;
+    rooms_err e = {0};
+    json_t *pdu = NULL, *map = NULL;
+    char id[EVENT_ID_LEN] = "";
+    const room_version *v = NULL;
+    int rc = rooms_tx_begin(&tx, c, r->arena, room_id, &e);
+    if (rc == ROOMS_OK) {
+        v = tx.ver;
+        room_new_event ev = {.sender = sender, .type = "m.room.member", .state_key = target,
+                             .content = content};
+        rc = rooms_tx_template(&tx, &ev, &pdu, &e);
+        if (rc == ROOMS_OK && rooms_pdus_current(c, room_id, &map, NULL) < 0)
+            rc = rooms_set_err(&e, ROOMS_E_DB, "database");
+        rooms_tx_rollback(&tx);
+    }
+    if (rc == ROOMS_OK) rc = rooms_event_seal(v, pdu, id, &e);
+    if (rc != ROOMS_OK) {
+        rooms_db_release(c);
+        json_decref(pdu);
+        json_decref(map);
+        return rooms_fail(r, &e);
+    }
+    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
+    uri_part(room_id, room_enc, sizeof(room_enc));
+    uri_part(id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/invite/%s/%s", room_enc, id_enc);
+    json_t *body = json_pack("{s:O, s:s, s:o}", "event", pdu, "room_version", v->id,
+                             "invite_room_state", invite_room_state(map, sender));
+    json_decref(map);
+    const char *server = room_auth_domain(target);
+    fed_request_opts o = {.method = "PUT", .destination = server, .uri = uri, .body = body,
+                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                          .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
+    fed_call_result res;
+    fed_call(&o, &res);
+    json_decref(body);
+    json_t *signed_ev = fed_call_ok(&res) ? json_object_get(res.json, "event") : NULL;
+    char sid[EVENT_ID_LEN], why[FED_CALL_ERROR_BYTES] = "";
+    bool same = json_is_object(signed_ev) && event_compute_id(v, signed_ev, sid) == 0 &&
+                strcmp(sid, id) == 0;
+    json_t *red = same ? event_redact(v, signed_ev) : NULL;
+    bool signed_ok = red && fed_call_verify(red, server, rooms_wall_ms(), why) == 0;
+    json_decref(red);
+    if (!signed_ok) {
+        rooms_db_release(c);
+        json_decref(pdu);
+        int out = fed_call_ok(&res)
+                      ? http_respond_error(r, 502, "M_UNKNOWN", "The invitee's server answered an "
+                                           "invite it did not sign: %s", why)
+                      : answer_peer_failure(r, &res, "The invitee's server refused the invite");
+        fed_call_result_clear(&res);
+        return out;
+    }
+    json_decref(pdu);
+    pdu = json_incref(signed_ev);
+    fed_call_result_clear(&res);
+    /* Stored under the lock again, checked against the state as it is now. */
+    rc = rooms_tx_begin(&tx, c, r->arena, room_id, &e);
+    json_t *ids = NULL;
+    if (rc == ROOMS_OK) {
+        char awhy[ROOM_AUTH_WHY_LEN];
+        if (rooms_pdus_current(c, room_id, &map, &ids) < 0)
+            rc = rooms_set_err(&e, ROOMS_E_DB, "database");
+        else if (!room_auth_check_event(v, pdu, rooms_pdus_get, map, awhy))
+            rc = rooms_set_err(&e, ROOMS_E_FORBIDDEN, "%s", awhy);
+        if (rc == ROOMS_OK) rc = rooms_tx_append_pdu(&tx, pdu, id, NULL, ids, 0, &e);
+        if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
+        else rooms_tx_rollback(&tx);
+    }
+    json_decref(map);
+    json_decref(ids);
+    json_decref(pdu);
+    rooms_db_release(c);
+    if (rc != ROOMS_OK) return rooms_fail(r, &e);
+    return http_respond_json(r, 200, json_object());
+}
+
+/* ---- declining an invite to a room this server is not in ------------------------------ */
+
+int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
+{
+    fed_call_result mk;
+    const char *via = NULL;
+    json_t *made = ask_make(r, "leave", user, room_id, vias, &via, &mk);
+    if (!made) {
+        int out = answer_peer_failure(r, &mk, "No server could help leaving the room");
+        fed_call_result_clear(&mk);
+        return out;
+    }
+    fed_call_result_clear(&mk);
+    const char *ver_id = json_string_value(json_object_get(made, "room_version"));
+    const room_version *v = room_version_find(ver_id ? ver_id : "1");
+    PGconn *c = rooms_db(r);
+    if (!c) {
+        json_decref(made);
+        return ATRIUM_DONE;
+    }
+    rooms_err e = {0};
+    char id[EVENT_ID_LEN];
+    json_t *leave = complete_member(r, c, v, json_object_get(made, "event"), user, "leave", id, &e);
+    json_decref(made);
+    if (!leave) {
+        rooms_db_release(c);
+        return rooms_fail(r, &e);
+    }
+    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
+    uri_part(room_id, room_enc, sizeof(room_enc));
+    uri_part(id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_leave/%s/%s", room_enc, id_enc);
+    fed_request_opts o = {.method = "PUT", .destination = via, .uri = uri, .body = leave,
+                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                          .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
+    fed_call_result sl;
+    fed_call(&o, &sl);
+    if (!fed_call_ok(&sl)) {
+        rooms_db_release(c);
+        json_decref(leave);
+        int out = answer_peer_failure(r, &sl, "The resident server refused the leave");
+        fed_call_result_clear(&sl);
+        return out;
+    }
+    fed_call_result_clear(&sl);
+    /* This server is not in the room: the leave is kept like the invite was, an outlier and
+     * the user's newest membership. */
+    const char *p[3] = {id, room_id, user};
+    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+              rooms_graph_store_outlier(c, room_id, id, leave, "outlier", NULL, via) == 0 &&
+              rooms_exec(c,
+                         "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                         " event_id, sender) VALUES (stream_next(), $2, $3, 'leave', $1, $3)",
+                         3, p) &&
+              rooms_exec(c, "COMMIT", 0, NULL);
+    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    rooms_db_release(c);
+    json_decref(leave);
+    if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    notifier_wake_user(user);
+    return http_respond_json(r, 200, json_object());
+}

@@ -1,0 +1,659 @@
+"""Room federation: events other servers accept (signed, hashed, with the spec's auth and
+prev events), the endpoints other servers read rooms with (/event, /state, /state_ids,
+/backfill, /get_missing_events) under history visibility for servers and server ACLs, and
+joining through the resident server (make_join / send_join, make_leave / send_leave).
+
+A fake peer (federation_support.FakeKeyServer: it publishes its key, and the test signs
+its requests and events with it) plays the other server where the test needs one that can
+lie; two Atrium processes play both sides where the real thing can run.
+"""
+
+import hashlib
+import json
+import time
+
+from accounts import quote, register
+from federation_support import canonical, sign_json, verify_json
+from rooms_client import (Client, content_hash, redact, reference_event_id, stored_pdus,
+                          unpadded_b64)
+from harness import psql
+from test_federation import A_IP, B_IP, FAKE_IP, FederationTestCase
+
+FED = "/_matrix/federation"
+
+
+def a_key(srv):
+    status, _, doc = srv.fed_request("GET", "/_matrix/key/v2/server")
+    assert status == 200, doc
+    [(key_id, key)] = doc["verify_keys"].items()
+    return key_id, key["key"]
+
+
+class PeerView:
+    """The fake peer's signed requests to one Atrium server."""
+
+    def __init__(self, srv, peer):
+        self.srv, self.peer = srv, peer
+
+    def get(self, path):
+        status, _, body = self.srv.signed_request("GET", path, self.peer.server_name, self.peer.key)
+        return status, body
+
+    def send(self, method, path, content):
+        status, _, body = self.srv.signed_request(method, path, self.peer.server_name,
+                                                  self.peer.key, content)
+        return status, body
+
+
+class ServedEventsTest(FederationTestCase):
+    def setUp(self):
+        self.peer = self.fake_peer()
+        self.a = self.start_fed(A_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.view = PeerView(self.a, self.peer)
+
+    def world_readable_room(self, **extra):
+        return self.alice.create_room(initial_state=[{
+            "type": "m.room.history_visibility", "state_key": "",
+            "content": {"history_visibility": "world_readable"}}], **extra)
+
+    def test_events_are_signed_hashed_and_carry_the_specs_auth_and_prev_events(self):
+        room = self.world_readable_room()
+        first = self.alice.send(room, {"msgtype": "m.text", "body": "one"})
+        second = self.alice.send(room, {"msgtype": "m.text", "body": "two"})
+        key_id, public = a_key(self.a)
+        events = dict(stored_pdus(self.a, room))
+        ids_by_type = {(p["type"], p.get("state_key")): i for i, p in events.items()}
+        status, body = self.view.get(f"{FED}/v1/event/{quote(second)}")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["origin"], self.a.server_name)
+        [pdu] = body["pdus"]
+        # The ID is the reference hash; the content hash is right; A's signature is over
+        # the redacted event and verifies with the key A publishes.
+        self.assertEqual(reference_event_id(pdu, "10"), second)
+        self.assertEqual(pdu["hashes"]["sha256"], content_hash(pdu))
+        self.assertTrue(verify_json(redact(pdu, "10"), self.a.server_name, key_id, public))
+        # Every stored event is signed so.
+        for event_id, stored in events.items():
+            self.assertTrue(verify_json(redact(stored, "10"), self.a.server_name, key_id, public),
+                            event_id)
+        # prev_events: the event before; depth one more; auth events: create, power
+        # levels, the sender's membership.
+        self.assertEqual(pdu["prev_events"], [first])
+        self.assertEqual(pdu["depth"], events[first]["depth"] + 1)
+        self.assertEqual(sorted(pdu["auth_events"]), sorted([
+            ids_by_type[("m.room.create", "")], ids_by_type[("m.room.power_levels", "")],
+            ids_by_type[("m.room.member", self.alice.user_id)]]))
+        # A membership event also names the join rules (join) and the target's member event.
+        join = events[ids_by_type[("m.room.member", self.alice.user_id)]]
+        self.assertIn(ids_by_type[("m.room.create", "")], join["auth_events"])
+
+    def test_state_and_state_ids_answer_the_state_before_an_event_with_its_auth_chain(self):
+        room = self.world_readable_room(name="Lobby")
+        msg = self.alice.send(room, {"msgtype": "m.text", "body": "hi"})
+        topic = self.alice.put_state(room, "m.room.topic", {"topic": "t"})
+        state_types = {p["type"] for _, p in stored_pdus(self.a, room) if "state_key" in p}
+        status, ids = self.view.get(f"{FED}/v1/state_ids/{quote(room)}?event_id={quote(msg)}")
+        self.assertEqual(status, 200, ids)
+        status, full = self.view.get(f"{FED}/v1/state/{quote(room)}?event_id={quote(msg)}")
+        self.assertEqual(status, 200, full)
+        got = {p["type"] for p in full["pdus"]}
+        self.assertEqual(got, state_types - {"m.room.topic"})  # before the message: no topic
+        self.assertEqual(sorted(ids["pdu_ids"]),
+                         sorted(reference_event_id(p, "10") for p in full["pdus"]))
+        self.assertNotIn(topic, ids["pdu_ids"])
+        # The auth chain holds the create event (every other event's auth root), and no
+        # event of the state needs anything outside state + chain.
+        known = set(ids["pdu_ids"]) | set(ids["auth_chain_ids"])
+        for p in full["pdus"] + full["auth_chain"]:
+            self.assertTrue(set(p["auth_events"]) <= known, p)
+        status, after = self.view.get(f"{FED}/v1/state_ids/{quote(room)}?event_id={quote(topic)}")
+        self.assertNotIn(topic, after["pdu_ids"])
+        status, later = self.view.get(
+            f"{FED}/v1/state_ids/{quote(room)}?event_id={quote(self.alice.send(room, {'body': 'x', 'msgtype': 'm.text'}))}")
+        self.assertIn(topic, later["pdu_ids"])
+
+    def test_backfill_and_missing_events_walk_back_from_the_given_events(self):
+        room = self.world_readable_room()
+        sent = [self.alice.send(room, {"msgtype": "m.text", "body": f"m{i}"}) for i in range(5)]
+        status, body = self.view.get(f"{FED}/v1/backfill/{quote(room)}?v={quote(sent[3])}&limit=3")
+        self.assertEqual(status, 200, body)
+        self.assertEqual([reference_event_id(p, "10") for p in body["pdus"]],
+                         [sent[3], sent[2], sent[1]])
+        status, body = self.view.send("POST", f"{FED}/v1/get_missing_events/{quote(room)}",
+                                      {"earliest_events": [sent[0]], "latest_events": [sent[4]],
+                                       "limit": 10, "min_depth": 0})
+        self.assertEqual(status, 200, body)
+        self.assertEqual([reference_event_id(p, "10") for p in body["events"]],
+                         [sent[1], sent[2], sent[3]])
+
+    def test_a_server_with_no_member_sees_nothing_of_a_room_that_is_not_world_readable(self):
+        room = self.alice.create_room()
+        msg = self.alice.send(room, {"msgtype": "m.text", "body": "secret"})
+        status, body = self.view.get(f"{FED}/v1/event/{quote(msg)}")
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+        status, body = self.view.get(f"{FED}/v1/state_ids/{quote(room)}?event_id={quote(msg)}")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        status, body = self.view.get(f"{FED}/v1/backfill/{quote(room)}?v={quote(msg)}&limit=10")
+        self.assertEqual((status, body["pdus"]), (200, []))
+        status, body = self.view.get(f"{FED}/v1/event/{quote('$nope')}")
+        self.assertEqual(status, 404)
+
+    def test_a_server_denied_by_the_rooms_acl_is_refused_whatever_the_visibility(self):
+        room = self.world_readable_room()
+        msg = self.alice.send(room, {"msgtype": "m.text", "body": "hi"})
+        self.assertEqual(self.view.get(f"{FED}/v1/event/{quote(msg)}")[0], 200)
+        self.alice.put_state(room, "m.room.server_acl",
+                             {"allow": ["*"], "deny": [FAKE_IP], "allow_ip_literals": True})
+        status, body = self.view.get(f"{FED}/v1/event/{quote(msg)}")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        status, body = self.view.get(f"{FED}/v1/state_ids/{quote(room)}?event_id={quote(msg)}")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.a.wait_for_log("refused by the server ACL")
+
+
+def complete_event(template, server_name, key, version="10", **changes):
+    """A template (make_join/make_leave) completed as the joining server does: origin and
+    time set, content hash, signature over the redacted event; (event, event_id)."""
+    ev = {k: v for k, v in template.items() if k not in ("event_id", "hashes", "signatures",
+                                                         "unsigned")}
+    ev["origin"] = server_name
+    ev["origin_server_ts"] = int(time.time() * 1000)
+    ev.update(changes)
+    ev["hashes"] = {"sha256": content_hash(ev)}
+    signed = sign_json(redact(ev, version), server_name, key)
+    ev["signatures"] = signed["signatures"]
+    return ev, reference_event_id(ev, version)
+
+
+class ResidentJoinTest(FederationTestCase):
+    """This server as the resident server of a room a fake peer's user joins and leaves."""
+
+    def setUp(self):
+        self.peer = self.fake_peer()
+        self.a = self.start_fed(A_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.view = PeerView(self.a, self.peer)
+        self.user = f"@pat:{self.peer.server_name}"
+
+    def make(self, room, what="join", user=None, ver="&ver=10&ver=11"):
+        user = user or self.user
+        q = f"?{ver[1:]}" if what == "join" and ver else ""
+        return self.view.get(f"{FED}/v1/make_{what}/{quote(room)}/{quote(user)}{q}")
+
+    def send(self, room, ev, event_id, what="join"):
+        return self.view.send("PUT", f"{FED}/v2/send_{what}/{quote(room)}/{quote(event_id)}", ev)
+
+    def members(self, room):
+        body = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")
+        return {e["state_key"]: e["content"]["membership"] for e in body["chunk"]}
+
+    def test_a_peer_joins_a_public_room_and_gets_the_full_state_then_leaves(self):
+        room = self.alice.create_room(preset="public_chat", name="Lobby")
+        self.alice.send(room, {"msgtype": "m.text", "body": "before"})
+        status, made = self.make(room)
+        self.assertEqual(status, 200, made)
+        self.assertEqual(made["room_version"], "10")
+        tmpl = made["event"]
+        self.assertEqual((tmpl["type"], tmpl["state_key"], tmpl["sender"], tmpl["content"]),
+                         ("m.room.member", self.user, self.user, {"membership": "join"}))
+        ev, event_id = complete_event(tmpl, self.peer.server_name, self.peer.key,
+                                      content={"membership": "join", "displayname": "Pat"})
+        status, answer = self.send(room, ev, event_id)
+        self.assertEqual(status, 200, answer)
+        state_types = {(p["type"], p["state_key"]) for p in answer["state"]}
+        self.assertIn(("m.room.create", ""), state_types)
+        self.assertIn(("m.room.name", ""), state_types)
+        self.assertIn(("m.room.member", self.alice.user_id), state_types)
+        self.assertNotIn(("m.room.member", self.user), state_types)  # the state before it
+        self.assertEqual(answer["servers_in_room"], [self.a.server_name])
+        key_id, public = a_key(self.a)
+        for p in answer["state"] + answer["auth_chain"]:
+            self.assertTrue(verify_json(redact(p, "10"), self.a.server_name, key_id, public))
+        # Stored on A, as the peer's, visible to A's clients with the peer's profile.
+        self.assertEqual(self.members(room)[self.user], "join")
+        [(origin,)] = psql(f"SELECT origin FROM events WHERE event_id = '{event_id}'",
+                           database=self.a.database)
+        self.assertEqual(origin, self.peer.server_name)
+        sync = self.alice.sync()
+        names = [e["content"].get("displayname") for e in
+                 sync["rooms"]["join"][room]["timeline"]["events"] if e["type"] == "m.room.member"]
+        self.assertIn("Pat", names)
+        # The peer now sees the room's events (it is in the room).
+        msg = self.alice.send(room, {"msgtype": "m.text", "body": "after"})
+        self.assertEqual(self.view.get(f"{FED}/v1/event/{quote(msg)}")[0], 200)
+        # A second send_join of the same event is answered again, stored once.
+        self.assertEqual(self.send(room, ev, event_id)[0], 200)
+        self.assertEqual(psql(f"SELECT count(*) FROM events WHERE event_id = '{event_id}'",
+                              database=self.a.database), [["1"]])
+        # Leaving: make_leave, send_leave.
+        status, made = self.make(room, "leave")
+        self.assertEqual(status, 200, made)
+        self.assertEqual(made["event"]["prev_events"], [msg])
+        ev, leave_id = complete_event(made["event"], self.peer.server_name, self.peer.key)
+        self.assertEqual(self.send(room, ev, leave_id, "leave"), (200, {}))
+        self.assertEqual(self.members(room)[self.user], "leave")
+
+    def test_an_invite_only_room_refuses_the_join_at_make_join(self):
+        room = self.alice.create_room(preset="private_chat")
+        status, body = self.make(room)
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+
+    def test_make_join_names_the_rooms_version_when_the_peer_does_not_support_it(self):
+        room = self.alice.create_room(preset="public_chat")
+        status, body = self.make(room, ver="&ver=9")
+        self.assertEqual((status, body["errcode"], body["room_version"]),
+                         (400, "M_INCOMPATIBLE_ROOM_VERSION", "10"))
+
+    def test_a_peer_cannot_join_for_a_user_of_another_server(self):
+        room = self.alice.create_room(preset="public_chat")
+        status, body = self.make(room, user="@mallory:elsewhere.example")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+
+    def test_send_join_refuses_a_bad_signature_a_wrong_hash_and_a_wrong_id(self):
+        room = self.alice.create_room(preset="public_chat")
+        _, made = self.make(room)
+        from federation_support import SigningKey
+        impostor = SigningKey(self.peer.key.key_id.split(":")[1])
+        ev, event_id = complete_event(made["event"], self.peer.server_name, impostor)
+        status, body = self.send(room, ev, event_id)
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"), body)
+        ev, event_id = complete_event(made["event"], self.peer.server_name, self.peer.key)
+        tampered = dict(ev, content={"membership": "join", "displayname": "changed"})
+        status, body = self.send(room, tampered, reference_event_id(tampered, "10"))
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"), body)
+        status, body = self.send(room, ev, "$not-its-id")
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"), body)
+        self.assertNotIn(self.user, self.members(room))
+        # The good one still works.
+        self.assertEqual(self.send(room, ev, event_id)[0], 200)
+
+
+class FakePeerTest(FederationTestCase):
+    """A fake peer in a room of A (joined through make_join/send_join) sends PDUs in
+    transactions: good ones, and each kind of bad one the spec names."""
+
+    def setUp(self):
+        self.peer = self.fake_peer()
+        self.a = self.start_fed(A_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.view = PeerView(self.a, self.peer)
+        self.user = f"@pat:{self.peer.server_name}"
+        self.room = self.alice.create_room(preset="public_chat")
+        _, made = self.view.get(f"{FED}/v1/make_join/{quote(self.room)}/{quote(self.user)}?ver=10")
+        ev, event_id = complete_event(made["event"], self.peer.server_name, self.peer.key)
+        status, _ = self.view.send("PUT", f"{FED}/v2/send_join/{quote(self.room)}/{quote(event_id)}", ev)
+        self.assertEqual(status, 200)
+        self.txn = 0
+
+    def q(self, sql):
+        return psql(sql, database=self.a.database)
+
+    def event(self, content, event_type="m.room.message", state_key=None, key=None, prev=None,
+              room=None, sender=None, member=None, **changes):
+        room = room or self.room
+        [(pl,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
+                         " AND type = 'm.room.power_levels'")
+        [(create,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
+                             " AND type = 'm.room.create'")
+        sender = sender or self.user
+        member = [[member]] if member else self.q(
+            f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
+            f" AND type = 'm.room.member' AND state_key = '{sender}'")
+        prev = prev or [r[0] for r in self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{room}'")]
+        [(depth,)] = self.q(f"SELECT max(depth) FROM events WHERE room_id = '{room}'")
+        ev = {"type": event_type, "room_id": room, "sender": sender, "content": content,
+              "auth_events": [create, pl] + [m[0] for m in member], "prev_events": prev,
+              "depth": int(depth) + 1}
+        if state_key is not None:
+            ev["state_key"] = state_key
+        return complete_event(ev, self.peer.server_name, key or self.peer.key, **changes)
+
+    def send_txn(self, *pdus):
+        self.txn += 1
+        body = {"origin": self.peer.server_name, "origin_server_ts": int(time.time() * 1000),
+                "pdus": list(pdus)}
+        status, answer = self.view.send("PUT", f"{FED}/v1/send/t{self.txn}", body)
+        self.assertEqual(status, 200, answer)
+        return answer["pdus"]
+
+    def stored(self, event_id):
+        rows = self.q(f"SELECT 'stream' FROM events WHERE event_id = '{event_id}'"
+                      f" UNION ALL SELECT status FROM event_outliers WHERE event_id = '{event_id}'")
+        return [r[0] for r in rows]
+
+    def timeline(self):
+        chunk = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(self.room)}/messages?dir=b&limit=50")["chunk"]
+        return {e["event_id"]: e for e in chunk}
+
+    def test_a_good_pdu_is_accepted_and_reaches_the_clients(self):
+        ev, event_id = self.event({"msgtype": "m.text", "body": "hi from pat"})
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["stream"])
+        self.assertEqual(self.timeline()[event_id]["content"]["body"], "hi from pat")
+        # Replayed: the same answer, stored once.
+        self.txn -= 1
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["stream"])
+
+    def test_a_bad_signature_is_rejected_and_nothing_is_stored(self):
+        from federation_support import SigningKey
+        impostor = SigningKey(self.peer.key.key_id.split(":")[1])
+        ev, event_id = self.event({"msgtype": "m.text", "body": "forged"}, key=impostor)
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), [])
+        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
+                                       {"outcome": "rejected", "check": "signature"}), 1)
+
+    def test_a_wrong_content_hash_is_stored_redacted(self):
+        ev, event_id = self.event({"msgtype": "m.text", "body": "original"})
+        ev["content"] = {"msgtype": "m.text", "body": "altered in transit"}  # hash and ID stay
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["stream"])
+        self.assertEqual(self.timeline()[event_id]["content"], {})
+        [(pdu,)] = self.q(f"SELECT pdu FROM events WHERE event_id = '{event_id}'")
+        self.assertNotIn("altered", pdu)
+        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_redacted_total"), 1)
+
+    def test_an_auth_failure_is_rejected_and_kept_out_of_state_and_timeline(self):
+        [(before,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
+                             " AND type = 'm.room.power_levels'")
+        ev, event_id = self.event({"users": {self.user: 100}}, "m.room.power_levels", "")
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), ["rejected"])
+        self.assertNotIn(event_id, self.timeline())
+        self.assertEqual(self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
+                                " AND type = 'm.room.power_levels'"), [[before]])
+        # Never served to anyone.
+        status, _ = self.view.get(f"{FED}/v1/event/{quote(event_id)}")
+        self.assertEqual(status, 404)
+
+    def test_an_event_for_a_room_the_peer_is_not_in_is_rejected(self):
+        other = self.alice.create_room(preset="public_chat")
+        ev, event_id = self.event({"msgtype": "m.text", "body": "intruder"}, room=other)
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), [])
+        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
+                                       {"outcome": "rejected", "check": "origin"}), 1)
+
+    def test_after_a_ban_the_peer_can_no_longer_send_into_the_room(self):
+        [(old_tip,)] = self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")
+        [(join,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
+                           f" AND state_key = '{self.user}'")
+        self.assertEqual(self.alice.member_action(self.room, "ban", self.user)[0], 200)
+        # On top of the ban: refused by the state before it.
+        ev, event_id = self.event({"msgtype": "m.text", "body": "still here"})
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), ["rejected"])
+        # Beside it (prev_events from before the ban): valid then, refused by the current
+        # state: soft-failed, kept, not in the timeline.
+        ev, event_id = self.event({"msgtype": "m.text", "body": "sneaky"}, prev=[old_tip], member=join)
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["soft_failed"])
+        self.assertNotIn(event_id, self.timeline())
+        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
+                                       {"outcome": "soft_failed", "check": ""}), 1)
+
+    def test_concurrent_state_resolves_by_the_spec_not_by_arrival(self):
+        pl = self.alice.state(self.room, "m.room.power_levels")
+        pl["users"][self.user] = 50
+        self.alice.put_state(self.room, "m.room.power_levels", pl)
+        self.alice.put_state(self.room, "m.room.topic", {"topic": "old"})
+        [(tip,)] = self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")
+        mine = self.alice.put_state(self.room, "m.room.topic", {"topic": "A"})
+        # pat's topic beside alice's (the same prev event), sent earlier by its clock: it
+        # arrives last, but resolution v2 orders these two by origin_server_ts, so alice's,
+        # the later, is applied last and stays.
+        ev, theirs = self.event({"topic": "P"}, "m.room.topic", "", prev=[tip],
+                                origin_server_ts=int(time.time() * 1000) - 60000)
+        self.assertEqual(self.send_txn(ev), {theirs: {}})
+        self.assertEqual(self.stored(theirs), ["stream"])
+        self.assertEqual(self.alice.state(self.room, "m.room.topic"), {"topic": "A"})
+        self.assertEqual(sorted(r[0] for r in self.q(
+            f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")), sorted([mine, theirs]))
+        self.assertGreaterEqual(self.a.metric("atrium_rooms_state_resolutions_total", {"outcome": "ok"}), 1)
+        # The next event closes the fork: it names both.
+        after = self.alice.send(self.room, {"msgtype": "m.text", "body": "merged"})
+        [(pdu,)] = self.q(f"SELECT pdu FROM events WHERE event_id = '{after}'")
+        self.assertEqual(sorted(json.loads(pdu)["prev_events"]), sorted([mine, theirs]))
+        self.assertEqual(self.alice.state(self.room, "m.room.topic"), {"topic": "A"})
+
+
+class TwoServersTest(FederationTestCase):
+    """Two Atrium processes: A's users create rooms, B's users join them."""
+
+    def setUp(self):
+        self.a = self.start_fed(A_IP)
+        self.b = self.start_fed(B_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.bob = Client(self.b, register(self.b, "bob"))
+
+    def join(self, room, via=None):
+        via = via or self.a.server_name
+        return self.bob.call("POST", f"/_matrix/client/v3/join/{quote(room)}?server_name={quote(via)}",
+                             {}, timeout=30)
+
+    def test_a_user_joins_a_room_on_another_server_and_sees_it_in_sync(self):
+        room = self.alice.create_room(preset="public_chat", name="Lobby")
+        self.alice.send(room, {"msgtype": "m.text", "body": "hello from A"})
+        status, body = self.join(room)
+        self.assertEqual((status, body), (200, {"room_id": room}))
+        # B's sync: the room, its name, alice and bob joined, A's message.
+        sync = self.bob.sync()
+        joined = sync["rooms"]["join"][room]
+        events = joined["state"]["events"] + joined["timeline"]["events"]
+        self.assertIn("Lobby", [e["content"].get("name") for e in events if e["type"] == "m.room.name"])
+        members = {e["state_key"]: e["content"]["membership"] for e in events
+                   if e["type"] == "m.room.member"}
+        self.assertEqual(members, {self.alice.user_id: "join", self.bob.user_id: "join"})
+        # A has bob's join, delivered by B, signed by B.
+        status, state = self.alice.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")
+        self.assertIn(self.bob.user_id, {e["state_key"] for e in state["chunk"]
+                                         if e["content"]["membership"] == "join"})
+        [(event_id, origin)] = psql(
+            f"SELECT event_id, origin FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
+            f" AND state_key = '{self.bob.user_id}'", database=self.a.database)
+        self.assertEqual(origin, self.b.server_name)
+        status, _, doc = self.b.fed_request("GET", "/_matrix/key/v2/server")
+        [(key_id, key)] = doc["verify_keys"].items()
+        [(pdu,)] = psql(f"SELECT pdu FROM events WHERE event_id = '{event_id}'", database=self.a.database)
+        self.assertTrue(verify_json(redact(json.loads(pdu), "10"), self.b.server_name, key_id, key["key"]))
+        # Both servers agree on the room's current state.
+        def state_ids(srv):
+            return sorted(r[0] for r in psql(f"SELECT event_id FROM current_state WHERE room_id = '{room}'",
+                                             database=srv.database))
+        self.assertEqual(state_ids(self.a), state_ids(self.b))
+        # B's next event in the room follows the join.
+        status, body = self.bob.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.name")
+        self.assertEqual((status, body), (200, {"name": "Lobby"}))
+
+    def test_joining_an_invite_only_room_is_refused_with_the_residents_answer(self):
+        room = self.alice.create_room(preset="private_chat")
+        status, body = self.join(room)
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"), body)
+        self.assertEqual(psql(f"SELECT count(*) FROM rooms WHERE room_id = '{room}'",
+                              database=self.b.database), [["0"]])
+
+    def test_joining_through_a_server_that_is_not_there_fails_cleanly(self):
+        status, body = self.bob.call("POST", f"/_matrix/client/v3/join/{quote('!nope:127.0.0.99:1')}",
+                                     {}, timeout=60)
+        self.assertIn(status, (502, 504), body)
+
+    def invite(self, room, user_id):
+        return self.alice.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/invite",
+                               {"user_id": user_id}, timeout=30)
+
+    def test_an_invite_crosses_servers_shows_in_sync_and_is_accepted(self):
+        room = self.alice.create_room(preset="private_chat", name="Secret")
+        self.assertEqual(self.invite(room, self.bob.user_id), (200, {}))
+        # A stored the invite with B's signature beside its own.
+        [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
+                        f" AND state_key = '{self.bob.user_id}'", database=self.a.database)
+        self.assertEqual(set(json.loads(pdu)["signatures"]), {self.a.server_name, self.b.server_name})
+        # B's sync shows the invite with the room's stripped state.
+        sync = self.bob.sync()
+        invite = sync["rooms"]["invite"][room]["invite_state"]["events"]
+        self.assertIn("Secret", [e["content"].get("name") for e in invite])
+        self.assertEqual(invite[-1]["content"]["membership"], "invite")
+        self.assertEqual(invite[-1]["sender"], self.alice.user_id)
+        # Accepting: a join through A (the room is invite only: the invite lets bob in).
+        status, body = self.bob.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join", {},
+                                     timeout=30)
+        self.assertEqual((status, body), (200, {"room_id": room}))
+        sync = self.bob.sync(since=sync["next_batch"])
+        self.assertIn(room, sync["rooms"]["join"])
+        self.assertNotIn(room, sync["rooms"]["invite"])
+
+    def test_a_declined_invite_leaves_through_the_inviting_server(self):
+        room = self.alice.create_room(preset="private_chat")
+        self.assertEqual(self.invite(room, self.bob.user_id)[0], 200)
+        first = self.bob.sync()
+        self.assertIn(room, first["rooms"]["invite"])
+        self.assertEqual(self.bob.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/leave", {},
+                                       timeout=30), (200, {}))
+        members = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")["chunk"]
+        self.assertEqual({e["state_key"]: e["content"]["membership"] for e in members}[self.bob.user_id],
+                         "leave")
+        later = self.bob.sync(since=first["next_batch"])
+        self.assertNotIn(room, later["rooms"]["invite"])
+
+    def test_inviting_a_user_the_other_server_does_not_have_is_its_404(self):
+        room = self.alice.create_room(preset="private_chat")
+        status, body = self.invite(room, f"@nobody:{self.b.server_name}")
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
+        self.assertEqual(psql(f"SELECT count(*) FROM events WHERE room_id = '{room}'"
+                              f" AND state_key = '@nobody:{self.b.server_name}'",
+                              database=self.a.database), [["0"]])
+
+    def bodies(self, client, room):
+        chunk = client.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")["chunk"]
+        return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
+
+    def wait_until(self, what, predicate, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        self.fail(f"timed out waiting for {what}")
+
+    def public_room_with_bob(self):
+        room = self.alice.create_room(preset="public_chat", name="Talk")
+        self.assertEqual(self.join(room)[0], 200)
+        return room
+
+    def membership(self, client, room, user_id):
+        status, body = client.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.member/{quote(user_id)}")
+        return body.get("membership") if status == 200 else None
+
+    def test_both_users_talk_and_each_sees_the_others_messages_in_order(self):
+        room = self.public_room_with_bob()
+        since = self.bob.sync()["next_batch"]
+        said = []
+        for i, (who, other) in enumerate([(self.alice, self.bob), (self.bob, self.alice)] * 2):
+            body = f"{'ab'[i % 2]}{i // 2 + 1}"
+            who.send(room, {"msgtype": "m.text", "body": body})
+            said.append(body)
+            self.wait_until(f"{body} at {other.user_id}", lambda: self.bodies(other, room) == said)
+        self.assertEqual(self.bodies(self.alice, room), ["a1", "b1", "a2", "b2"])
+        self.assertEqual(self.bodies(self.bob, room), ["a1", "b1", "a2", "b2"])
+        # In bob's sync too, in order, with alice's as alice's.
+        sync = self.bob.sync(since=since)
+        timeline = sync["rooms"]["join"][room]["timeline"]["events"]
+        msgs = [(e["sender"], e["content"]["body"]) for e in timeline if e["type"] == "m.room.message"]
+        self.assertEqual(msgs, [(self.alice.user_id, "a1"), (self.bob.user_id, "b1"),
+                                (self.alice.user_id, "a2"), (self.bob.user_id, "b2")])
+        self.assertGreaterEqual(self.b.metric("atrium_rooms_inbound_pdus_total",
+                                              {"outcome": "accepted", "check": ""}), 2)
+
+    def test_a_user_leaves_and_rejoins_and_a_ban_keeps_them_out(self):
+        room = self.public_room_with_bob()
+        self.bob.leave(room)
+        self.wait_until("bob's leave at A", lambda: self.membership(self.alice, room, self.bob.user_id) == "leave")
+        self.alice.send(room, {"msgtype": "m.text", "body": "while bob was away"})
+        # Rejoining: B has nobody in the room, so through A again; it learns what it missed.
+        self.assertEqual(self.join(room)[0], 200)
+        self.assertEqual(self.membership(self.alice, room, self.bob.user_id), "join")
+        self.bob.send(room, {"msgtype": "m.text", "body": "back"})
+        self.wait_until("bob's message at A", lambda: "back" in self.bodies(self.alice, room))
+        # A ban reaches B; bob can no longer send, and B's copy agrees.
+        status, _ = self.alice.member_action(room, "ban", self.bob.user_id)
+        self.assertEqual(status, 200)
+        self.wait_until("the ban at B", lambda: self.membership(self.bob, room, self.bob.user_id) == "ban")
+        status, body = self.bob.call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/t-banned",
+                                     {"msgtype": "m.text", "body": "let me in"})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertNotIn("let me in", self.bodies(self.alice, room))
+
+
+from test_federation_synapse import SYNAPSE_IP, SynapseInteropTest  # noqa: E402
+
+SYNAPSE_ATRIUM_IP = "127.0.0.53"
+
+
+class SynapseRoomsTest(SynapseInteropTest):
+    """The same joins against a real Synapse, both directions. Skipped, saying so, when the
+    Synapse peer is absent (SynapseInteropTest's skip)."""
+
+    test_keys_and_signed_requests_both_ways = None  # SynapseInteropTest's own test runs there
+
+    def setUp(self):
+        self.a = self.start_fed(SYNAPSE_ATRIUM_IP, start=False)
+        self.syn = self.start_synapse([self.a.server_name])
+        self.a.start()
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.sam = json.loads(__import__("test_federation_synapse").peer(
+            "register", self.syn["dir"], "sam", "sam-password-1"))
+
+    def sam_call(self, method, path, body=None):
+        return self.synapse_json(self.syn, method, path, token=self.sam["access_token"], body=body)
+
+    def sam_bodies(self, room):
+        status, body = self.sam_call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")
+        return [e["content"].get("body") for e in reversed(body.get("chunk", []))
+                if e["type"] == "m.room.message"] if status == 200 else []
+
+    def alice_bodies(self, room):
+        chunk = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")["chunk"]
+        return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
+
+    def wait_until(self, what, predicate, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        self.fail(f"timed out waiting for {what}")
+
+    def test_atrium_joins_a_synapse_room_and_both_talk(self):
+        status, body = self.sam_call("POST", "/_matrix/client/v3/createRoom",
+                                     {"preset": "public_chat", "name": "At Synapse"})
+        self.assertEqual(status, 200, body)
+        room = body["room_id"]
+        self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s1",
+                      {"msgtype": "m.text", "body": "before alice"})
+        status, body = self.alice.call("POST", f"/_matrix/client/v3/join/{quote(room)}"
+                                       f"?server_name={quote(self.syn['name'])}", {}, timeout=60)
+        self.assertEqual((status, body), (200, {"room_id": room}), body)
+        sync = self.alice.sync()
+        self.assertIn(room, sync["rooms"]["join"])
+        self.alice.send(room, {"msgtype": "m.text", "body": "hello synapse"})
+        self.wait_until("alice's message at Synapse", lambda: "hello synapse" in self.sam_bodies(room))
+        self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s2",
+                      {"msgtype": "m.text", "body": "hello atrium"})
+        self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
+
+    def test_synapse_joins_an_atrium_room_and_both_talk(self):
+        room = self.alice.create_room(preset="public_chat", name="At Atrium")
+        self.alice.send(room, {"msgtype": "m.text", "body": "before sam"})
+        status, body = self.sam_call("POST", f"/_matrix/client/v3/join/{quote(room)}"
+                                     f"?server_name={quote(self.a.server_name)}", {})
+        self.assertEqual(status, 200, body)
+        members = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")["chunk"]
+        self.assertIn(self.sam["user_id"], {e["state_key"] for e in members
+                                            if e["content"]["membership"] == "join"})
+        self.alice.send(room, {"msgtype": "m.text", "body": "hello synapse"})
+        self.wait_until("alice's message at Synapse", lambda: "hello synapse" in self.sam_bodies(room))
+        self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s3",
+                      {"msgtype": "m.text", "body": "hello atrium"})
+        self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
