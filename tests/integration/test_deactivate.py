@@ -190,7 +190,7 @@ class DeactivateTest(unittest.TestCase):
         # Authenticating as somebody else.
         as_bob = {"auth": password_auth(ivy, session, user=self.bob.user_id)}
         status, body = self.srv.json("POST", DEACTIVATE, as_bob, token=ivy.token)
-        self.assertEqual((status, body["errcode"]), (401, "M_FORBIDDEN"))
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
         # A session issued for another operation (a password change).
         status, other = self.srv.json("POST", f"{V3}/account/password", {"new_password": "x"},
                                       token=ivy.token)

@@ -65,7 +65,7 @@ class DevicesTest(AtriumTestCase):
         # Someone else's name in the identifier is refused too.
         status, body = self.srv.json("DELETE", DEVICES + "/LAPTOP", {
             "auth": password_auth(self.phone, challenge["session"], user="@ivy:localhost")}, token=self.phone.token)
-        self.assertEqual((status, body["errcode"]), (401, "M_FORBIDDEN"))
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
         status, body = self.srv.json("DELETE", DEVICES + "/LAPTOP", {
             "auth": password_auth(self.phone, challenge["session"])}, token=self.phone.token, timeout=60)
         self.assertEqual((status, body), (200, {}))
@@ -82,6 +82,28 @@ class DevicesTest(AtriumTestCase):
         self.assertEqual((status, body["errcode"]), (401, "M_UNKNOWN"))
         self.assertNotEqual(body["session"], theirs["session"])
         self.assertEqual(self.srv.json("GET", WHOAMI, token=self.laptop.token)[0], 200)
+
+    def test_a_session_is_bound_to_the_request_that_began_it(self):
+        tablet = login(self.srv, "henry", self.phone.password, device_id="TABLET")
+        status, challenge = self.srv.json("DELETE", DEVICES + "/LAPTOP", token=self.phone.token)
+        self.assertEqual(status, 401)
+        # The session began deleting LAPTOP: it cannot delete TABLET.
+        status, body = self.srv.json("DELETE", DEVICES + "/TABLET", {
+            "auth": password_auth(self.phone, challenge["session"])}, token=self.phone.token, timeout=60)
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual(self.srv.json("GET", WHOAMI, token=tablet.token)[0], 200)
+
+    def test_a_resubmission_with_only_auth_completes_the_first_request(self):
+        tablet = login(self.srv, "henry", self.phone.password, device_id="TABLET")
+        status, challenge = self.srv.json("POST", "/_matrix/client/v3/delete_devices",
+                                          {"devices": ["LAPTOP", "TABLET"]}, token=self.phone.token)
+        self.assertEqual(status, 401)
+        status, body = self.srv.json("POST", "/_matrix/client/v3/delete_devices", {
+            "auth": password_auth(self.phone, challenge["session"])}, token=self.phone.token, timeout=60)
+        self.assertEqual((status, body), (200, {}))
+        for gone in (self.laptop, tablet):
+            self.assertEqual(self.srv.json("GET", WHOAMI, token=gone.token)[0], 401)
+        self.assertEqual(self.srv.json("GET", WHOAMI, token=self.phone.token)[0], 200)
 
     def test_delete_devices_removes_several_at_once(self):
         tablet = login(self.srv, "henry", self.phone.password, device_id="TABLET")

@@ -115,6 +115,11 @@ static const atrium_migration MIGRATIONS[] = {
      "  ON DELETE CASCADE);"
      "CREATE INDEX pushers_app_pushkey ON pushers (app_id, pushkey);"
      "CREATE INDEX pushers_device ON pushers (user_id, device_id);"},
+    /* uia.c: a session is bound to the request that began it (method and path), and keeps
+     * that request's parameters (secrets left out) for a resubmission with only auth. */
+    {5, "uia_operation",
+     "ALTER TABLE uia_sessions ADD COLUMN operation text NOT NULL DEFAULT '',"
+     " ADD COLUMN params jsonb;"},
 };
 
 static int accounts_init(core_runtime *rt)

@@ -138,11 +138,18 @@ int acc_to_auth_pool(atrium_req *r, void *state);
 int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const char *user_id,
                   const char *session, const char *errcode, const char *error);
 /* [req] Check the auth dict of a request: its type must be `stage` and its session, when
- * given, one this server issued for purpose and user_id that has not expired. true: go on
- * (*session_out = the session or NULL); false: answered (a fresh 401 challenge with an
- * errcode, or 503). */
+ * given, one this server issued for purpose and user_id that has not expired, begun by a
+ * request of the same method and path. true: go on (*session_out = the session or NULL);
+ * false: answered (a fresh 401 challenge with an errcode, 403 for a session of another
+ * operation, or 503). */
 bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpose,
                const char *user_id, const char **session_out);
+/* [req] The body of a request that may carry UIA (the handlers call it instead of
+ * http_req_json): the parsed body ({} for an empty one). When it holds only `auth` with a
+ * session this server issued, the parameters the session's first request gave (secrets
+ * left out) are filled in, so a client may resubmit with auth alone. NULL after answering
+ * 400. */
+json_t *uia_body(atrium_req *r);
 /* Forget a session once its operation succeeded (conn held; NULL session is a no-op). */
 void uia_forget(PGconn *c, const char *session);
 

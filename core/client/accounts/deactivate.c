@@ -138,9 +138,8 @@ static int post_deactivate(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_deactivate(r, r->plugin_state);
-    /* An empty body asks for the challenge; its placeholder lives in r->json, freed with r. */
-    json_t *body = r->body_len ? http_req_json(r) : (r->json = r->json ? r->json : json_object());
-    if (!body && !r->body_len) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    /* An empty body asks for the challenge. */
+    json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     deactivate_state *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");

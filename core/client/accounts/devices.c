@@ -131,9 +131,8 @@ static int delete_device(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
-    json_t *body = r->body_len ? http_req_json(r) : json_object();
+    json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
-    if (!r->json) r->json = body; /* an empty body: keep the placeholder for its lifetime */
     const char **ids = rt_arena_alloc(r->arena, sizeof(char *));
     if (!ids) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     ids[0] = http_req_param(r, "deviceId");
@@ -145,7 +144,7 @@ static int post_delete_devices(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
-    json_t *body = http_req_json(r);
+    json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     json_t *list = json_object_get(body, "devices");
     if (!list) return http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'devices'");
@@ -200,7 +199,7 @@ static int post_password(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_password(r, r->plugin_state);
-    json_t *body = http_req_json(r);
+    json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     password_state *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");

@@ -74,7 +74,7 @@ static int post_register(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "kind must be user or guest");
     if (!r->srv->cfg->registration.enabled)
         return http_respond_error(r, 403, "M_FORBIDDEN", "Registration is disabled");
-    json_t *body = http_req_json(r);
+    json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     const char *username, *password, *device_id, *device_name;
     bool inhibit_login;

@@ -21,6 +21,32 @@
 #include "core/client/accounts/accounts.h"
 
 #define UIA_SESSION_BYTES 18 /* random bytes, base64url: 24 characters */
+#define UIA_OPERATION_MAX_BYTES 1024
+
+/* Body keys never stored with a session. */
+static const char *const UIA_SECRET_KEYS[] = {"auth", "password", "new_password", NULL};
+
+/* "METHOD /path" of the request, the operation a session is bound to. */
+static const char *operation_of(atrium_req *r)
+{
+    char *op = rt_arena_printf(r->arena, "%s %s", r->method, r->path);
+    if (op && strlen(op) > UIA_OPERATION_MAX_BYTES) op[UIA_OPERATION_MAX_BYTES] = '\0';
+    return op ? op : "";
+}
+
+/* The request's parameters worth keeping with its session (JSON text, or NULL). */
+static char *params_of(atrium_req *r)
+{
+    if (!json_is_object(r->json)) return NULL;
+    json_t *copy = json_copy(r->json);
+    if (!copy) return NULL;
+    for (size_t i = 0; UIA_SECRET_KEYS[i]; i++) json_object_del(copy, UIA_SECRET_KEYS[i]);
+    char *text = json_object_size(copy) > 0 ? json_dumps(copy, JSON_COMPACT) : NULL;
+    json_decref(copy);
+    char *kept = text ? rt_arena_strdup(r->arena, text) : NULL;
+    free(text);
+    return kept;
+}
 
 static char *new_session_id(atrium_req *r)
 {
@@ -31,19 +57,47 @@ static char *new_session_id(atrium_req *r)
     return rt_arena_strdup(r->arena, b64);
 }
 
-/* Store a new session; false on database trouble. */
-static bool store_session(PGconn *c, const char *session, const char *purpose, const char *user)
+/* Store a new session for r's operation; false on database trouble. */
+static bool store_session(atrium_req *r, PGconn *c, const char *session, const char *purpose,
+                          const char *user)
 {
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%d", UIA_SESSION_TTL_MS);
-    const char *p[4] = {session, purpose, user, ttl};
+    const char *p[6] = {session, purpose, user, ttl, operation_of(r), params_of(r)};
     return acc_exec(c, "DELETE FROM uia_sessions"
                        " WHERE expires_ts < (extract(epoch from now()) * 1000)::bigint",
                     0, NULL) &&
            acc_exec(c,
-                    "INSERT INTO uia_sessions (session_id, purpose, user_id, expires_ts)"
-                    " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint + $4::bigint)",
-                    4, p);
+                    "INSERT INTO uia_sessions (session_id, purpose, user_id, expires_ts,"
+                    " operation, params) VALUES ($1, $2, $3,"
+                    " (extract(epoch from now()) * 1000)::bigint + $4::bigint, $5, $6::jsonb)",
+                    6, p);
+}
+
+json_t *uia_body(atrium_req *r)
+{
+    json_t *body = r->body_len ? http_req_json(r) : (r->json = r->json ? r->json : json_object());
+    if (!body) {
+        if (!r->body_len) http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+        return NULL;
+    }
+    json_t *session = json_object_get(json_object_get(body, "auth"), "session");
+    if (json_object_size(body) != 1 || !json_is_string(session)) return body;
+    PGconn *c = acc_db(r);
+    if (!c) return NULL;
+    const char *p[2] = {json_string_value(session), operation_of(r)};
+    PGresult *res = acc_q(c, "SELECT params::text FROM uia_sessions WHERE session_id = $1"
+                             " AND operation = $2 AND params IS NOT NULL", 2, p);
+    acc_db_release(c);
+    if (!res) {
+        acc_db_failed(r);
+        return NULL;
+    }
+    json_t *kept = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
+    PQclear(res);
+    if (json_is_object(kept)) json_object_update_missing(body, kept);
+    json_decref(kept);
+    return body;
 }
 
 int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const char *user_id,
@@ -53,7 +107,7 @@ int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const c
         session = new_session_id(r);
         PGconn *c = acc_db(r);
         if (!c) return ATRIUM_DONE;
-        bool ok = session && store_session(c, session, purpose, user_id);
+        bool ok = session && store_session(r, c, session, purpose, user_id);
         acc_db_release(c);
         if (!ok) return acc_db_failed(r);
     }
@@ -68,19 +122,26 @@ int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const c
     return ATRIUM_DONE;
 }
 
-/* 1 the session is live for (purpose, user); 0 not; ATRIUM_E_DB. */
-static int session_live(PGconn *c, const char *session, const char *purpose, const char *user)
+enum { SESSION_UNKNOWN = 0, SESSION_LIVE = 1, SESSION_OTHER_OPERATION = 2 };
+
+/* SESSION_LIVE: the session is live for (purpose, user) and was begun by this operation;
+ * SESSION_OTHER_OPERATION: live for (purpose, user), begun by another; SESSION_UNKNOWN:
+ * none; ATRIUM_E_DB. */
+static int session_live(atrium_req *r, PGconn *c, const char *session, const char *purpose,
+                        const char *user)
 {
-    const char *p[3] = {session, purpose, user};
+    const char *p[4] = {session, purpose, user, operation_of(r)};
     PGresult *res = acc_q(c,
-                          "SELECT 1 FROM uia_sessions WHERE session_id = $1 AND purpose = $2"
-                          " AND user_id = $3"
+                          "SELECT operation = $4 OR operation = '' FROM uia_sessions"
+                          " WHERE session_id = $1 AND purpose = $2 AND user_id = $3"
                           " AND expires_ts >= (extract(epoch from now()) * 1000)::bigint",
-                          3, p);
+                          4, p);
     if (!res) return ATRIUM_E_DB;
-    int n = PQntuples(res);
+    int rc = PQntuples(res) == 0              ? SESSION_UNKNOWN
+             : PQgetvalue(res, 0, 0)[0] == 't' ? SESSION_LIVE
+                                               : SESSION_OTHER_OPERATION;
     PQclear(res);
-    return n > 0;
+    return rc;
 }
 
 bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpose,
@@ -98,13 +159,18 @@ bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpo
     if (session) {
         PGconn *c = acc_db(r);
         if (!c) return false;
-        int live = session_live(c, session, purpose, user_id);
+        int live = session_live(r, c, session, purpose, user_id);
         acc_db_release(c);
         if (live < 0) {
             acc_db_failed(r);
             return false;
         }
-        if (!live) {
+        if (live == SESSION_OTHER_OPERATION) {
+            http_respond_error(r, 403, "M_FORBIDDEN",
+                               "This session was begun for another request; start again");
+            return false;
+        }
+        if (live == SESSION_UNKNOWN) {
             uia_challenge(r, stage, purpose, user_id, NULL, "M_UNKNOWN",
                           "Unknown or expired session; start again with the new one");
             return false;
@@ -146,9 +212,8 @@ bool uia_password_begin(atrium_req *r, json_t *body, const char *purpose, uia_pa
     if (!http_field_string(r, auth, "password", true, ACC_PASSWORD_MAX_BYTES, &p->password))
         return false;
     const char *as = who ? acc_local_user(r, who) : r->user;
-    if (!as || strcmp(as, r->user) != 0) {
-        uia_challenge(r, UIA_STAGE_PASSWORD, purpose, r->user, p->session, "M_FORBIDDEN",
-                      "You can only authenticate as yourself");
+    if (!as || strcmp(as, r->user) != 0) { /* not a failed stage: a refusal */
+        http_respond_error(r, 403, "M_FORBIDDEN", "You can only authenticate as yourself");
         return false;
     }
     return true;
