@@ -115,6 +115,16 @@ class UserDirectoryTest(SharedServerTest):
         host.put_state(room, "m.room.join_rules", {"join_rule": "invite"})
         self.assertEqual(self.found(self.alice, "host"), [])
 
+    def test_a_world_readable_room_shows_its_members_while_it_is_world_readable(self):
+        (reader,) = [Client(self.srv, m) for m in crowd(self.srv, 1, prefix="reader")]
+        room = reader.create_room(preset="private_chat")
+        self.assertEqual(self.found(self.alice, "reader"), [])
+        hv = "m.room.history_visibility"
+        reader.put_state(room, hv, {"history_visibility": "world_readable"})
+        self.assertEqual(self.found(self.alice, "reader"), [reader.user_id])
+        reader.put_state(room, hv, {"history_visibility": "shared"})
+        self.assertEqual(self.found(self.alice, "reader"), [])
+
     def test_a_deactivated_user_is_not_found(self):
         (erin,) = [Client(self.srv, m) for m in crowd(self.srv, 1, prefix="erin")]
         erin.join(self.public)

@@ -4,7 +4,10 @@
  *
  * This file owns two decisions. Who may be found (Synapse's default, search_all_users
  * off): a local user who is not deactivated and who is joined now to a room the searcher
- * is joined to now, or to a room whose current join rule is "public". The searcher finds
+ * is joined to now, or to a public room: one whose current join rule is "public" or whose
+ * current history visibility is "world_readable" (anyone may read it, members included).
+ * Both are read from the current state at each search, so a change of either applies at
+ * once. The searcher finds
  * themselves by the same rule, so only while they are joined to some room. And what
  * matches: the term is split at whitespace into words, and every word must be, case
  * folded, the start of a word of the user's "@localpart" or display name. Words there are
@@ -89,7 +92,13 @@ static const char SEARCH_SQL[] =
     "                      JOIN events e ON e.event_id = jr.event_id"
     "                     WHERE jr.room_id = a.room_id AND jr.type = 'm.room.join_rules'"
     "                       AND jr.state_key = ''"
-    "                       AND (e.pdu::jsonb) -> 'content' ->> 'join_rule' = 'public')))"
+    "                       AND (e.pdu::jsonb) -> 'content' ->> 'join_rule' = 'public')"
+    "          OR EXISTS (SELECT 1 FROM current_state hv"
+    "                      JOIN events e ON e.event_id = hv.event_id"
+    "                     WHERE hv.room_id = a.room_id"
+    "                       AND hv.type = 'm.room.history_visibility' AND hv.state_key = ''"
+    "                       AND (e.pdu::jsonb) -> 'content' ->> 'history_visibility'"
+    "                           = 'world_readable')))"
     "  ORDER BY m.exact DESC, m.sort_key, m.user_id"
     "  LIMIT $5::bigint";
 
