@@ -68,3 +68,45 @@ class SyncFilterTest(SharedServerTest):
         status, body = self.bob.call("GET", f"{V3}/sync?filter=" +
                                      quote(json.dumps({"event_format": "pdu"})))
         self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"))
+
+
+LAZY = {"room": {"state": {"lazy_load_members": True}, "timeline": {"limit": 2}}}
+LAZY_REDUNDANT = {"room": {"state": {"lazy_load_members": True, "include_redundant_members": True},
+                           "timeline": {"limit": 2}}}
+
+
+class LazyMembersTest(SharedServerTest):
+    USERS = ("ann", "ben", "cat", "dan")
+
+    def members(self, answer, room):
+        joined = answer["rooms"]["join"].get(room, {})
+        return sorted(e["state_key"] for e in joined.get("state", {}).get("events", [])
+                      if e["type"] == "m.room.member")
+
+    def test_each_member_event_goes_to_a_device_once_unless_redundant_ones_are_asked_for(self):
+        room = self.ann.create_room(preset="public_chat")
+        for who in (self.ben, self.cat, self.dan):
+            who.join(room)
+        for i in range(3):
+            self.cat.send(room, {"msgtype": "m.text", "body": f"cat {i}"})
+        first = self.ben.sync(filter=LAZY)
+        # The senders of the timeline and ben himself, not ann or dan.
+        self.assertEqual(self.members(first, room), sorted([self.ben.user_id, self.cat.user_id]))
+        # cat again and dan for the first time (a gap, so a state block): only dan's member
+        # event is new to this device.
+        for i in range(3):
+            self.cat.send(room, {"msgtype": "m.text", "body": f"cat again {i}"})
+        self.dan.send(room, {"msgtype": "m.text", "body": "dan"})
+        second = self.ben.sync(since=first["next_batch"], filter=LAZY)
+        self.assertTrue(second["rooms"]["join"][room]["timeline"]["limited"])
+        self.assertEqual(self.members(second, room), [self.dan.user_id])
+        # The same window asked with include_redundant_members: both again.
+        again = self.ben.sync(since=first["next_batch"], filter=LAZY_REDUNDANT)
+        self.assertEqual(self.members(again, room), sorted([self.cat.user_id, self.dan.user_id]))
+        # An initial sync starts the device again from nothing.
+        fresh = self.ben.sync(filter=LAZY)
+        self.assertEqual(self.members(fresh, room),
+                         sorted([self.ben.user_id, self.cat.user_id, self.dan.user_id]))
+        status, body = self.ben.call("GET", f"{V3}/sync?filter=" + quote(json.dumps(
+            {"room": {"state": {"lazy_load_members": True, "include_redundant_members": 1}}})))
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"))

@@ -63,6 +63,12 @@ static bool apply_filter(sync_ctx *s, const json_t *filter, char *why, size_t le
     if (!rooms_filter_parse(s->r->arena, state, &st, why, len)) return false;
     s->lazy_members = st.lazy_load_members || s->timeline.lazy_load_members;
     s->state_filter = json_is_object(state) ? state : NULL;
+    json_t *redundant = json_object_get(state, "include_redundant_members");
+    if (redundant && !json_is_boolean(redundant)) {
+        snprintf(why, len, "'include_redundant_members' must be true or false");
+        return false;
+    }
+    s->redundant_members = json_is_true(redundant);
     json_t *format = json_object_get(filter, "event_format");
     if (format && (!json_is_string(format) ||
                    (strcmp(json_string_value(format), "client") != 0 &&

@@ -22,8 +22,9 @@
  *   - The filter's room.state (types, not_types, senders, not_senders; '*' a wildcard in
  *     types) shapes every state block, whoever computed it (state_event_wanted): an empty
  *     `types` list sends no state at all.
- *   - Lazy loading: state carries only the member events of the timeline's senders and the
- *     user's own (repeated in every sync that needs them: no per-device cache yet).
+ *   - Lazy loading: state carries only the member events of the timeline's senders (and,
+ *     when the room is sent whole, the user's own), each sent to a device once unless the
+ *     filter asks for redundant ones (sync_lazy.c keeps what each device was sent).
  *   - unread_notifications: the unread events (from others, after the user's newest read
  *     receipt or own event, at most SYNC_MAX_UNREAD_COUNT) judged by the user's push rules
  *     (push_eval.c): notification_count = those that notify, highlight_count = those that
@@ -39,6 +40,7 @@
 #include "core/client/push/push_eval.h"
 #include "core/client/push/push_rules.h"
 #include "core/client/rooms/rooms_relations.h"
+#include "core/client/sync/sync_lazy.h"
 #include "core/client/sync/sync_rooms.h"
 
 /* The events of invite_state, besides the invite itself and the inviter's member event. */
@@ -72,11 +74,12 @@ static bool room_wanted(const sync_ctx *s, const char *room_id)
     return ok;
 }
 
-/* The senders of a timeline plus the user: whose member events lazy loading sends. */
-static json_t *lazy_member_list(sync_ctx *s, const json_t *timeline)
+/* The senders of a timeline (plus the user when the room is sent whole, so the client
+ * knows it is in it): whose member events lazy loading sends. */
+static json_t *lazy_member_list(sync_ctx *s, const json_t *timeline, bool full)
 {
     json_t *users = json_array();
-    json_array_append_new(users, json_string(s->user));
+    if (full) json_array_append_new(users, json_string(s->user));
     for (size_t i = 0; i < json_array_size(timeline); i++) {
         json_t *sender = json_object_get(json_array_get(timeline, i), "sender");
         bool seen = false;
@@ -241,7 +244,7 @@ static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, b
                           bool gappy, int64_t upto, json_t *out)
 {
     int64_t before = t->first_pos ? t->first_pos - 1 : upto;
-    json_t *members = s->lazy_members ? lazy_member_list(s, t->events) : NULL;
+    json_t *members = s->lazy_members ? lazy_member_list(s, t->events, full) : NULL;
     int rc;
     if (full)
         rc = events_state_between(s->c, &s->view, room_id, 0, before, members, NULL, out);
@@ -269,6 +272,8 @@ static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, b
     }
     json_decref(members);
     filter_state(s, out);
+    if (rc >= 0 && s->lazy_members && !s->redundant_members)
+        sync_lazy_filter_and_record(s->user, s->device, room_id, full, out, t->events);
     return rc < 0 ? rc : ROOMS_OK;
 }
 
@@ -649,6 +654,9 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     json_object_set_new(rooms, "invite", invite);
     json_object_set_new(rooms, "leave", leave);
     json_object_set_new(rooms, "knock", json_object());
+    /* A device syncing from nothing has no member events: forget what it was sent. */
+    if (s->lazy_members && (s->since == 0 || s->full_state))
+        sync_lazy_forget_device(s->user, s->device);
     json_t *acct;
     if (room_account_data(s, &acct) < 0) return ROOMS_E_DB;
     /* Every room's newest membership of the user as of upto. */

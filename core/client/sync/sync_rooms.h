@@ -23,6 +23,7 @@ typedef struct sync_ctx {
     room_filter timeline; /* room.timeline */
     int64_t timeline_limit;
     bool lazy_members;    /* room.state.lazy_load_members (or room.timeline's) */
+    bool redundant_members; /* room.state.include_redundant_members: resend member events */
     const json_t *state_filter; /* room.state (types, senders...), or NULL; owned by sync.c */
     bool include_leave;   /* room.include_leave */
     const json_t *only_rooms, *not_rooms; /* room.rooms / room.not_rooms, or NULL */
