@@ -11,7 +11,11 @@
  * next_batch at least as new as `since`. The wake-up counter read before the queries and
  * again right after parking closes the gap in which a wake-up could otherwise be lost. A
  * re-run is not counted again by the rate limiter (http_req_ratelimit's rule).
- * What it does not do: assemble rooms (sync_rooms.c), render events (events_store.c).
+ * The deprecated /initialSync, /rooms/{roomId}/initialSync and /events are modes of the same
+ * handler (sync_serve): the first two a sync from nothing with `limit` messages per room,
+ * /events a sync from its `from` (or from now) that parks the same way; sync_legacy.c
+ * gives each its shape. What it does not do: assemble rooms (sync_rooms.c), render events
+ * (events_store.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +26,7 @@
 #include "core/client/ratelimits.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
+#include "core/client/sync/sync_legacy.h"
 #include "core/client/sync/sync_rooms.h"
 
 #define SYNC_MAX_TIMEOUT_MS (5 * 60 * 1000)
@@ -42,9 +47,16 @@ int sync_add_section(sync_section_fn fn)
     return 0;
 }
 
+/* The endpoints this handler serves: /sync, and the deprecated APIs computed the same way
+ * and reshaped (sync_legacy.c). */
+enum sync_mode { SYNC_MODE_SYNC = 0, SYNC_MODE_INITIAL, SYNC_MODE_ROOM_INITIAL, SYNC_MODE_EVENTS };
+
+#define LEGACY_DEFAULT_LIMIT 10 /* initialSync's messages per room when no limit is given */
+
 /* What survives the re-runs of one request. */
 typedef struct sync_run_state {
     int64_t deadline_ms; /* monotonic; 0 = answer at once */
+    int64_t since_now;   /* /events without `from`: the position of its first run, or 0 */
 } sync_run_state;
 
 /* ---- parameters --------------------------------------------------------------------- */
@@ -143,11 +155,24 @@ static bool load_filter(atrium_req *r, sync_ctx *s, json_t **holder)
     return true;
 }
 
-/* since, timeout, full_state. false after answering 400. */
-static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms)
+/* since (/events: from), timeout, full_state (initialSync: limit). false after answering
+ * 400. */
+static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mode)
 {
-    const char *since = http_req_query(r, "since"), *timeout = http_req_query(r, "timeout");
+    const char *since = http_req_query(r, mode == SYNC_MODE_EVENTS ? "from" : "since");
+    const char *timeout = http_req_query(r, "timeout");
     const char *full = http_req_query(r, "full_state");
+    if (mode == SYNC_MODE_INITIAL || mode == SYNC_MODE_ROOM_INITIAL) {
+        since = timeout = full = NULL; /* always from nothing, never waiting */
+        const char *limit = http_req_query(r, "limit");
+        char *end;
+        long long n = limit ? strtoll(limit, &end, 10) : LEGACY_DEFAULT_LIMIT;
+        if (limit && (!*limit || *end || n < 0)) {
+            http_respond_error(r, 400, "M_INVALID_PARAM", "'limit' must be a non-negative integer");
+            return false;
+        }
+        s->timeline_limit = n > SYNC_MAX_TIMELINE_LIMIT ? SYNC_MAX_TIMELINE_LIMIT : n;
+    }
     if (since && !rooms_parse_token(since, &s->since)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
         return false;
@@ -240,16 +265,39 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
     return resp;
 }
 
-/* GET /_matrix/client/v3/sync */
-static int sync_get(atrium_req *r)
+/* The answer of a mode other than /sync, built from the sync response (consumed). */
+static int respond_legacy(atrium_req *r, int mode, json_t *resp, int64_t since)
+{
+    json_t *out;
+    if (mode == SYNC_MODE_INITIAL) {
+        out = sync_legacy_initial(resp);
+    } else if (mode == SYNC_MODE_EVENTS) {
+        out = sync_legacy_events(resp, rooms_token(r, since));
+    } else {
+        out = sync_legacy_room(resp, http_req_param(r, "roomId"));
+        if (!out) {
+            json_decref(resp);
+            return http_respond_error(r, 403, "M_FORBIDDEN", "You are not a member of this room");
+        }
+    }
+    json_decref(resp);
+    if (!out) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    return http_respond_json(r, 200, out);
+}
+
+/* GET /_matrix/client/v3/sync, and the deprecated /initialSync,
+ * /rooms/{roomId}/initialSync and /events (mode). */
+static int sync_serve(atrium_req *r, int mode)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_sync())) return ATRIUM_DONE; /* counted once per request */
     sync_ctx s = {.r = r, .user = user, .device = r->device, .timeline_limit = SYNC_DEFAULT_TIMELINE_LIMIT};
-    s.view = (events_view){.user_id = user, .device_id = r->device, .now_ms = rooms_wall_ms()};
+    /* The legacy APIs name the room in every event. */
+    s.view = (events_view){.user_id = user, .device_id = r->device, .now_ms = rooms_wall_ms(),
+                           .with_room_id = mode != SYNC_MODE_SYNC};
     int64_t timeout_ms;
-    if (!read_params(r, &s, &timeout_ms)) return ATRIUM_DONE;
+    if (!read_params(r, &s, &timeout_ms, mode)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_SHUTDOWN) {
         /* The server is stopping: a parked sync answers "nothing new" at its own token
          * without touching the database, so thousands of them drain quickly. */
@@ -263,13 +311,30 @@ static int sync_get(atrium_req *r)
         st->deadline_ms = timeout_ms ? rt_now_ms() + timeout_ms : 0;
         r->plugin_state = st;
     }
+    if (mode == SYNC_MODE_EVENTS && !http_req_query(r, "from")) {
+        /* No `from`: events from now on (the first run's position, kept for re-runs). */
+        if (!st->since_now) {
+            PGconn *c = rooms_db(r);
+            if (!c) return ATRIUM_DONE;
+            st->since_now = stream_upto(c);
+            rooms_db_release(c);
+            if (st->since_now < 0)
+                return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+        }
+        s.since = st->since_now;
+    }
     /* The user's event exists from here on, so every later wake-up is counted. */
     struct atrium_event *ev = notifier_event_for(r->srv, user);
     uint64_t wakes_before = notifier_wake_count(user);
 
     if (!(s.c = rooms_db(r))) return ATRIUM_DONE;
-    json_t *filter_holder;
-    if (!load_filter(r, &s, &filter_holder)) {
+    json_t *filter_holder = NULL, *only_room = NULL;
+    if (mode != SYNC_MODE_SYNC) {
+        if (mode == SYNC_MODE_ROOM_INITIAL) {
+            only_room = json_pack("[s]", http_req_param(r, "roomId"));
+            s.only_rooms = only_room;
+        }
+    } else if (!load_filter(r, &s, &filter_holder)) {
         rooms_db_release(s.c);
         return ATRIUM_DONE;
     }
@@ -284,6 +349,7 @@ static int sync_get(atrium_req *r)
     json_t *resp = s.upto < 0 ? NULL : build_response(&s, &has_new);
     rooms_db_release(s.c);
     json_decref(filter_holder);
+    json_decref(only_room);
     if (!resp) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
 
     bool may_wait = r->run_reason != ATRIUM_RUN_DEADLINE && r->run_reason != ATRIUM_RUN_SHUTDOWN &&
@@ -297,8 +363,14 @@ static int sync_get(atrium_req *r)
             return ATRIUM_PARKED;
         }
     }
+    if (mode != SYNC_MODE_SYNC) return respond_legacy(r, mode, resp, s.since);
     return http_respond_json(r, 200, resp);
 }
+
+static int sync_get(atrium_req *r) { return sync_serve(r, SYNC_MODE_SYNC); }
+static int initial_sync_get(atrium_req *r) { return sync_serve(r, SYNC_MODE_INITIAL); }
+static int room_initial_sync_get(atrium_req *r) { return sync_serve(r, SYNC_MODE_ROOM_INITIAL); }
+static int events_get(atrium_req *r) { return sync_serve(r, SYNC_MODE_EVENTS); }
 
 static int sync_init(core_runtime *rt)
 {
@@ -307,7 +379,13 @@ static int sync_init(core_runtime *rt)
     rt->limits.sync = rt_ratelimit_new("sync", rate->per_minute / SECONDS_PER_MINUTE,
                                        rate->burst, SYNC_RATE_MAX_KEYS, rt->metrics);
     if (!rt->limits.sync) return -1;
-    return client_route(rt->http, "GET", "/_matrix/client/v3/sync", sync_get, 0);
+    if (client_route(rt->http, "GET", "/_matrix/client/v3/sync", sync_get, 0) < 0 ||
+        client_route(rt->http, "GET", "/_matrix/client/v3/initialSync", initial_sync_get, 0) < 0 ||
+        client_route(rt->http, "GET", "/_matrix/client/v3/rooms/{roomId}/initialSync",
+                     room_initial_sync_get, 0) < 0 ||
+        client_route(rt->http, "GET", "/_matrix/client/v3/events", events_get, 0) < 0)
+        return -1;
+    return 0;
 }
 
 const client_module SYNC_MODULE = {
