@@ -213,6 +213,7 @@ struct core_config {
     struct {
         bool enabled;              /* registration.enabled (default false): POST /register */
         const char *shared_secret; /* registration.shared_secret ("" = admin registration off) */
+        bool guest_access;         /* registration.guest_access (default false): guests */
     } registration;
     struct {
         bool enabled;         /* ratelimit.enabled (default true) */

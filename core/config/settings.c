@@ -151,6 +151,10 @@ const struct cfg_setting CORE_SETTINGS[] = {
 
     BOOL_ROW("registration.enabled", registration.enabled, false,
              "Let anyone create an account with POST /register."),
+    BOOL_ROW("registration.guest_access", registration.guest_access, false,
+             "Let anyone make a guest account (POST /register?kind=guest): no password, and "
+             "only the endpoints the spec opens to guests (403 M_GUEST_ACCESS_FORBIDDEN "
+             "elsewhere); guests join only rooms whose m.room.guest_access is can_join."),
     {.path = "registration.shared_secret", .type = CFG_T_STRING,
      .offset = FIELD(registration.shared_secret), .def_string = "",
      .help = "Secret for admin registration (/_synapse/admin/v1/register and `atrium "

@@ -178,6 +178,7 @@ struct atrium_req {
     const char *user;   /* authenticated user ID, or NULL */
     const char *device; /* the access token's device ID, or NULL */
     int is_admin;       /* the user is a server admin (valid when user is set) */
+    int is_guest;       /* the user is a guest (valid when user is set); -1: a guest refused */
     int sock_fd;
     int64_t start_ms, deadline_ms;
 

@@ -196,12 +196,13 @@ static void rollback(PGconn *c) { acc_exec(c, "ROLLBACK", 0, NULL); }
 static int insert_user(PGconn *c, const acc_new_account *a, const char *hash,
                        const char *displayname)
 {
-    const char *p[3] = {a->user_id, hash, a->admin ? "t" : "f"};
+    const char *p[4] = {a->user_id, hash, a->admin ? "t" : "f", a->guest ? "t" : "f"};
     PGresult *res = acc_q(c,
-                          "INSERT INTO users (user_id, password_hash, is_admin, created_ts)"
-                          " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint)"
+                          "INSERT INTO users (user_id, password_hash, is_admin, is_guest,"
+                          " created_ts) VALUES ($1, $2, $3, $4,"
+                          " (extract(epoch from now()) * 1000)::bigint)"
                           " ON CONFLICT (user_id) DO NOTHING",
-                          3, p);
+                          4, p);
     if (!res) return ATRIUM_E_DB;
     bool created = strcmp(PQcmdTuples(res), "1") == 0;
     PQclear(res);
@@ -215,8 +216,8 @@ static int insert_user(PGconn *c, const acc_new_account *a, const char *hash,
 int acc_create_account(atrium_req *r, const acc_new_account *a)
 {
     RT_ASSERT(rt_pool_on_worker(auth_pool()), "%s", "password hashing off the auth pool");
-    char hash[crypto_pwhash_STRBYTES];
-    if (auth_hash_password(a->password, hash) < 0) {
+    char hash[crypto_pwhash_STRBYTES] = "";
+    if (a->password && auth_hash_password(a->password, hash) < 0) {
         rt_log(ATRIUM_LOG_ERROR, "core", "hashing a password failed (out of memory?)");
         http_respond_error(r, 503, "M_UNKNOWN", "The server is busy; retry");
         return ATRIUM_DONE;
@@ -233,7 +234,7 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
     if (!c) return ATRIUM_DONE;
     int created = ATRIUM_E_DB;
     if (begin(c)) {
-        created = insert_user(c, a, hash, displayname);
+        created = insert_user(c, a, a->password ? hash : NULL, displayname);
         if (created == 1 && !a->inhibit_login &&
             acc_open_session(c, a->user_id, device_id, a->device_name, r->client_addr, token) < 0)
             created = ATRIUM_E_DB;
@@ -248,7 +249,8 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
         return ATRIUM_DONE;
     }
     if (created < 0) return acc_db_failed(r);
-    rt_log(ATRIUM_LOG_INFO, "core", "registered %s%s", a->user_id, a->admin ? " (admin)" : "");
+    rt_log(ATRIUM_LOG_INFO, "core", "registered %s%s", a->user_id,
+           a->admin ? " (admin)" : a->guest ? " (guest)" : "");
     json_t *body = json_pack("{s:s}", "user_id", a->user_id);
     if (body && !a->inhibit_login) {
         json_object_set_new(body, "access_token", json_string(token));

@@ -120,6 +120,8 @@ static const atrium_migration MIGRATIONS[] = {
     {5, "uia_operation",
      "ALTER TABLE uia_sessions ADD COLUMN operation text NOT NULL DEFAULT '',"
      " ADD COLUMN params jsonb;"},
+    /* Guests (register.c, auth.c): accounts without a password and with a guest's rights. */
+    {6, "guests", "ALTER TABLE users ADD COLUMN is_guest boolean NOT NULL DEFAULT false;"},
 };
 
 static int accounts_init(core_runtime *rt)

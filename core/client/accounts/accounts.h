@@ -97,6 +97,7 @@ typedef struct acc_new_account {
     const char *device_name;    /* may be NULL */
     const char *displayname;    /* NULL: the localpart */
     bool admin;
+    bool guest;                 /* a guest account: password NULL, a guest's rights */
     bool inhibit_login;         /* create no device and no token */
     bool with_home_server;      /* add home_server to the answer */
     const char *uia_session;    /* forgotten when the account exists; may be NULL */

@@ -155,7 +155,7 @@ static int get_whoami(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     json_t *body = json_pack("{s:s, s:s, s:b}", "user_id", user, "device_id", r->device,
-                             "is_guest", 0);
+                             "is_guest", r->is_guest > 0);
     return http_respond_json(r, 200, body);
 }
 

@@ -7,7 +7,9 @@
  * name is taken before it completes auth), then the UIA stage: a request without `auth`
  * always gets the 401 challenge, even a complete one (Element sends `{}` first to learn the
  * flows). Once auth passed, the request goes to the auth pool, where the password is
- * hashed and the account created (acc_create_account). Guests are refused. What this file
+ * hashed and the account created (acc_create_account). A guest (kind=guest, only with
+ * registration.guest_access) needs no auth and no password: a random user ID, a device
+ * and a token, and the rights auth_guest.c gives guests. What this file
  * does not do: admin registration (admin_register.c) or log anyone in afterwards beyond
  * the token the answer carries.
  */
@@ -58,6 +60,28 @@ static const char *random_user_id(atrium_req *r)
     return acc_user_id(r, lp);
 }
 
+/* POST /register?kind=guest {initial_device_display_name?}: a guest account, at once. */
+static int register_guest(atrium_req *r)
+{
+    if (!r->srv->cfg->registration.guest_access)
+        return http_respond_error(r, 403, "M_GUEST_ACCESS_FORBIDDEN",
+                                  "Guest access is not enabled on this server");
+    json_t *body = r->body_len ? http_req_json(r) : NULL;
+    if (r->body_len && !body) return ATRIUM_DONE;
+    const char *device_name = NULL;
+    if (body && !http_field_string(r, body, "initial_device_display_name", false,
+                                   ACC_DEVICE_NAME_MAX_BYTES, &device_name))
+        return ATRIUM_DONE;
+    register_state *st = rt_arena_alloc(r->arena, sizeof(*st));
+    if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    st->account = (acc_new_account){
+        .user_id = random_user_id(r),
+        .device_name = device_name,
+        .guest = true,
+    };
+    return acc_to_auth_pool(r, st);
+}
+
 /* POST /_matrix/client/v3/register */
 static int post_register(atrium_req *r)
 {
@@ -67,9 +91,7 @@ static int post_register(atrium_req *r)
     }
     if (ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
     const char *kind = http_req_query(r, "kind");
-    if (kind && strcmp(kind, "guest") == 0)
-        return http_respond_error(r, 403, "M_GUEST_ACCESS_FORBIDDEN",
-                                  "Guest access is not enabled on this server");
+    if (kind && strcmp(kind, "guest") == 0) return register_guest(r);
     if (kind && strcmp(kind, "user") != 0)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "kind must be user or guest");
     if (!r->srv->cfg->registration.enabled)

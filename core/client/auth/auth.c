@@ -41,9 +41,20 @@ const char *auth_token_of(atrium_req *r)
     return q && *q ? q : NULL;
 }
 
+/* The guest rule at the door: a guest's request outside auth_guest_allows is refused. */
+static const char *admit(atrium_req *r)
+{
+    if (!r->is_guest || auth_guest_allows(r)) return r->user;
+    r->user = r->device = NULL; /* not authenticated for this request */
+    r->is_guest = -1;             /* and refused: auth_request answers NULL from now on */
+    http_respond_error(r, 403, "M_GUEST_ACCESS_FORBIDDEN", "Guests may not use this endpoint");
+    return NULL;
+}
+
 const char *auth_request(atrium_req *r)
 {
     if (r->user) return r->user;
+    if (r->is_guest < 0) return NULL; /* refused already (a guest outside the list) */
     const char *token = auth_token_of(r);
     if (!token) {
         http_respond_error(r, 401, "M_MISSING_TOKEN", "Missing access token");
@@ -54,7 +65,7 @@ const char *auth_request(atrium_req *r)
     uint64_t epoch;
     if (auth_cache_lookup(r, hex, &epoch)) {
         auth_seen_note(r, AUTH_SEEN_UNKNOWN);
-        return r->user;
+        return admit(r);
     }
     PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) {
@@ -63,7 +74,8 @@ const char *auth_request(atrium_req *r)
     }
     const char *params[1] = {hex};
     PGresult *res = PQexecParams(c,
-                                 "SELECT t.user_id, t.device_id, u.is_admin, d.last_seen_ts"
+                                 "SELECT t.user_id, t.device_id, u.is_admin, d.last_seen_ts,"
+                                 " u.is_guest"
                                  " FROM access_tokens t JOIN users u ON u.user_id = t.user_id"
                                  " LEFT JOIN devices d ON d.user_id = t.user_id"
                                  " AND d.device_id = t.device_id"
@@ -76,7 +88,9 @@ const char *auth_request(atrium_req *r)
         r->user = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
         r->device = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 1));
         r->is_admin = PQgetvalue(res, 0, 2)[0] == 't' ? 1 : 0;
-        if (r->user && r->device) auth_cache_store(hex, r->user, r->device, r->is_admin, epoch);
+        r->is_guest = PQgetvalue(res, 0, 4)[0] == 't' ? 1 : 0;
+        int flags = (r->is_admin ? AUTH_FLAG_ADMIN : 0) | (r->is_guest ? AUTH_FLAG_GUEST : 0);
+        if (r->user && r->device) auth_cache_store(hex, r->user, r->device, flags, epoch);
         if (!PQgetisnull(res, 0, 3)) seen_ts = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
         if (seen_ts < 0) seen_ts = 0;
     }
@@ -95,7 +109,7 @@ const char *auth_request(atrium_req *r)
             MHD_add_response_header(r->response, "Cache-Control", "no-store"); /* a failure */
         return NULL;
     }
-    return r->user;
+    return admit(r);
 }
 
 int auth_is_admin(atrium_req *r)

@@ -30,6 +30,8 @@
  * 503 when the database cannot be reached) and returns NULL: the handler returns
  * ATRIUM_DONE. Idempotent: a second call returns the cached user. */
 const char *auth_request(atrium_req *r);
+/* [req] May the guest r->user call r's route (auth_guest.c holds the list)? */
+bool auth_guest_allows(atrium_req *r);
 /* [req] Is the authenticated user a server admin? 1, 0, or ATRIUM_E_DB. */
 int auth_is_admin(atrium_req *r);
 
@@ -69,7 +71,9 @@ void auth_cache_free(auth_cache *c);
 /* [req] A cached (user, device, admin) for the token hash, set on r; false on a miss.
  * *epoch_out is what auth_cache_store needs after the database look-up. */
 bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out);
-void auth_cache_store(const char *hash, const char *user, const char *device, int admin,
+#define AUTH_FLAG_ADMIN 0x1
+#define AUTH_FLAG_GUEST 0x2
+void auth_cache_store(const char *hash, const char *user, const char *device, int flags,
                       uint64_t read_epoch);
 /* Any thread: forget every cached token of user_id. Call after committing anything that
  * deletes a user's tokens or changes their admin or deactivated flag; other processes

@@ -36,7 +36,7 @@
 typedef struct cache_entry {
     char hash[65];
     char *user, *device;
-    int admin;
+    int flags; /* AUTH_FLAG_* */
     int64_t expires_ms;
 } cache_entry;
 
@@ -110,7 +110,8 @@ bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out)
         e->expires_ms > rt_now_ms()) {
         r->user = rt_arena_strdup(r->arena, e->user);
         r->device = rt_arena_strdup(r->arena, e->device);
-        r->is_admin = e->admin;
+        r->is_admin = (e->flags & AUTH_FLAG_ADMIN) != 0;
+        r->is_guest = (e->flags & AUTH_FLAG_GUEST) != 0;
         hit = r->user && r->device;
     }
     pthread_mutex_unlock(&c->mu);
@@ -118,7 +119,7 @@ bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out)
     return hit;
 }
 
-void auth_cache_store(const char *hash, const char *user, const char *device, int admin,
+void auth_cache_store(const char *hash, const char *user, const char *device, int flags,
                       uint64_t read_epoch)
 {
     auth_cache *c = the_cache();
@@ -132,7 +133,7 @@ void auth_cache_store(const char *hash, const char *user, const char *device, in
         e->device = strdup(device);
         if (e->user && e->device) {
             memcpy(e->hash, hash, sizeof(e->hash));
-            e->admin = admin;
+            e->flags = flags;
             e->expires_ms = rt_now_ms() + AUTH_CACHE_TTL_MS;
         } else {
             clear_entry(e);

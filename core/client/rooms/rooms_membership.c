@@ -252,7 +252,25 @@ static int join_room(atrium_req *r, const char *user, const char *room_id)
     bool exists = rooms_version_of(c, room_id, &failed) != NULL;
     int rc = failed ? ROOMS_E_DB : rooms_membership_at(c, room_id, user, INT64_MAX, membership, NULL);
     json_t *content = rc == ROOMS_OK && exists ? rooms_member_content(c, user, "join") : NULL;
+    bool guest_refused = false;
+    if (rc == ROOMS_OK && exists && r->is_guest > 0 && strcmp(membership, "join") != 0) {
+        /* Guests join only rooms that let them (m.room.guest_access: can_join). */
+        const char *p[1] = {room_id};
+        PGresult *res = rooms_q(c,
+                                "SELECT 1 FROM current_state cs JOIN events e"
+                                " ON e.event_id = cs.event_id WHERE cs.room_id = $1"
+                                " AND cs.type = 'm.room.guest_access' AND cs.state_key = ''"
+                                " AND (e.pdu::jsonb) -> 'content' ->> 'guest_access' = 'can_join'",
+                                1, p, NULL);
+        if (!res) rc = ROOMS_E_DB;
+        else guest_refused = PQntuples(res) == 0;
+        PQclear(res);
+    }
     rooms_db_release(c);
+    if (guest_refused) {
+        json_decref(content);
+        return http_respond_error(r, 403, "M_FORBIDDEN", "Guests may not join this room");
+    }
     if (rc != ROOMS_OK) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (!exists)
         return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room; joining rooms on other "
