@@ -11,7 +11,8 @@
  * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
  * rooms_relations.c + rooms_bundle.c (relations, threads, bundled aggregations: see
  * rooms_relations.h), rooms_search.c (POST /search), rooms_typing.c (typing notices that
- * run out). /sync is its own module (sync.c). Internal prefix: rooms_.
+ * run out), rooms_remote.c (joining, inviting and declining through other servers, on the
+ * remote pool). /sync is its own module (sync.c). Internal prefix: rooms_.
  */
 #ifndef ATRIUM_CORE_CLIENT_ROOMS_API_H
 #define ATRIUM_CORE_CLIENT_ROOMS_API_H
