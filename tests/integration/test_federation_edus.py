@@ -5,16 +5,12 @@ reported in `failures`, to-device messages both ways, device-list updates (appli
 order, a gap resynced through /user/devices, deletions), signing-key updates, and typing and
 read receipts both ways.
 
-Test fixture, until the room model serves joins over federation: a room "shared" across
-the servers is the room alice creates on A, with memberships written straight into
-current_state and memberships on both sides (shared_room below). Device-list and
-ephemeral news only need those two tables; B holds no events of the room, so these tests
-read B's side through keys/changes and B's own tables rather than bob's /sync.
+The room the users share is a real federated room: alice creates it on A and bob joins it
+through A (make_join/send_join), so each server's current state holds both members.
 """
 
 import json
 import time
-import uuid
 
 import harness
 from federation_support import free_port
@@ -27,18 +23,6 @@ from test_federation_txn import wait_until
 V3 = "/_matrix/client/v3"
 
 
-def join_fixture(srv, room, user_id):
-    """Test fixture: user_id joined to room in srv's current_state and membership stream."""
-    fake = "$fixture" + uuid.uuid4().hex
-    harness.psql(
-        "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
-        f" VALUES ('{room}', 'm.room.member', '{user_id}', '{fake}', 'join')"
-        " ON CONFLICT DO NOTHING;"
-        "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id, sender)"
-        f" VALUES (nextval('stream_seq'), '{room}', '{user_id}', 'join', '{fake}', '{user_id}')",
-        database=srv.database)
-
-
 class TwoServerTest(FederationTestCase):
     def setUp(self):
         self.a = self.start_fed(A_IP)
@@ -47,12 +31,19 @@ class TwoServerTest(FederationTestCase):
         self.bob = register(self.b, "bob", display_name="bob's laptop")
 
     def shared_room(self):
-        """alice's room on A with bob of B joined, on both servers (the fixture above)."""
-        room = Client(self.a, self.alice).create_room(name="shared")
-        join_fixture(self.a, room, self.bob.user_id)
-        join_fixture(self.b, room, self.alice.user_id)
-        join_fixture(self.b, room, self.bob.user_id)
+        """alice's public room on A, which bob of B joins through A."""
+        room = Client(self.a, self.alice).create_room(preset="public_chat", name="shared")
+        status, body = self.bob.json("POST", f"{V3}/join/{quote(room)}?server_name="
+                                     f"{quote(self.a.server_name)}", {}, timeout=30)
+        self.assertEqual((status, body), (200, {"room_id": room}))
+        wait_until(lambda: self.member_of(self.a, room, self.bob.user_id), what="bob joined at A")
         return room
+
+    @staticmethod
+    def member_of(srv, room, user_id):
+        return harness.psql("SELECT 1 FROM current_state WHERE room_id = '%s' AND type ="
+                            " 'm.room.member' AND state_key = '%s' AND membership = 'join'"
+                            % (room, user_id), database=srv.database)
 
     def b_rows(self, sql):
         return harness.psql(sql, database=self.b.database)
@@ -152,7 +143,10 @@ class DeviceListsAcrossServersTest(TwoServerTest):
     def test_device_changes_reach_a_server_sharing_a_room_in_order_and_a_gap_is_resynced(self):
         # Before they share a room, B hears nothing of alice's keys.
         upload(self.alice, device_keys=device_keys(self.alice))
+        since = stream_token(self.b)
         self.shared_room()
+        # Sharing a room is news of its own: bob's client must fetch alice's keys.
+        self.assertIn(self.alice.user_id, self.changes(since))
         since = stream_token(self.b)
 
         # A second device of alice: B learns of it (first news of alice: a resync).
@@ -211,39 +205,55 @@ class DeviceListsAcrossServersTest(TwoServerTest):
 class TypingAndReceiptsAcrossServersTest(TwoServerTest):
     def test_typing_and_read_receipts_cross_both_ways(self):
         room = self.shared_room()
-        alice = Client(self.a, self.alice)
-        event_id = alice.send(room, {"msgtype": "m.text", "body": "hello"})
+        # The receipts are for an event both servers hold: the room's name, part of the
+        # state bob's join brought to B.
+        status, state = self.alice.json("GET", f"{V3}/rooms/{quote(room)}/state")
+        self.assertEqual(status, 200, state)
+        [event_id] = [e["event_id"] for e in state if e["type"] == "m.room.name"]
 
-        # A -> B: alice types and reads; B stores both for its users' syncs.
+        def ephemeral(acc, since, kind):
+            answer = sync(acc, since, timeout_ms=1000)
+            joined = answer["rooms"]["join"].get(room, {})
+            return [e["content"] for e in joined.get("ephemeral", {}).get("events", [])
+                    if e["type"] == kind]
+
+        # A -> B: alice types and reads; bob's /sync on B shows both.
+        since_b = sync(self.bob)["next_batch"]
         status, _ = self.alice.json("PUT", f"{V3}/rooms/{quote(room)}/typing/"
                                     f"{quote(self.alice.user_id)}", {"typing": True, "timeout": 20000})
         self.assertEqual(status, 200)
-        wait_until(lambda: self.b_rows(
-            f"SELECT 1 FROM typing WHERE room_id = '{room}' AND user_id = '{self.alice.user_id}'"
-            " AND expires_ts > 0"), what="alice typing at B")
+        wait_until(lambda: any(self.alice.user_id in c["user_ids"]
+                               for c in ephemeral(self.bob, since_b, "m.typing")),
+                   what="alice typing in bob's sync")
         status, _ = self.alice.json("POST", f"{V3}/rooms/{quote(room)}/receipt/m.read/"
                                     f"{quote(event_id)}", {})
         self.assertEqual(status, 200)
-        rows = wait_until(lambda: self.b_rows(
-            f"SELECT event_id FROM receipts WHERE room_id = '{room}'"
-            f" AND user_id = '{self.alice.user_id}' AND receipt_type = 'm.read'"),
-            what="alice's receipt at B")
-        self.assertEqual(rows, [[event_id]])
+        receipts = wait_until(lambda: ephemeral(self.bob, since_b, "m.receipt"),
+                              what="alice's receipt in bob's sync")
+        self.assertIn(self.alice.user_id, receipts[0][event_id]["m.read"])
 
-        # B -> A: bob types; alice's /sync on A shows him typing in the room.
-        since = sync(self.alice)["next_batch"]
+        # B -> A: bob types and reads; alice's /sync on A shows both.
+        since_a = sync(self.alice)["next_batch"]
         status, body = self.bob.json("PUT", f"{V3}/rooms/{quote(room)}/typing/"
                                      f"{quote(self.bob.user_id)}", {"typing": True})
         self.assertEqual(status, 200, body)
-
-        def bob_typing():
-            answer = sync(self.alice, since, timeout_ms=1000)
-            joined = answer["rooms"]["join"].get(room, {})
-            for e in joined.get("ephemeral", {}).get("events", []):
-                if e["type"] == "m.typing" and self.bob.user_id in e["content"]["user_ids"]:
-                    return True
-            return None
-        wait_until(bob_typing, what="bob typing in alice's sync")
+        wait_until(lambda: any(self.bob.user_id in c["user_ids"]
+                               for c in ephemeral(self.alice, since_a, "m.typing")),
+                   what="bob typing in alice's sync")
+        status, body = self.bob.json("POST", f"{V3}/rooms/{quote(room)}/receipt/m.read/"
+                                     f"{quote(event_id)}", {})
+        self.assertEqual(status, 200, body)
+        receipts = wait_until(lambda: [r for r in ephemeral(self.alice, since_a, "m.receipt")
+                                       if self.bob.user_id in r.get(event_id, {}).get("m.read", {})],
+                              what="bob's receipt in alice's sync")
+        self.assertTrue(receipts)
+        # Typing stops: bob's notice is withdrawn at A too.
+        since_a = sync(self.alice)["next_batch"]
+        self.bob.json("PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(self.bob.user_id)}",
+                      {"typing": False})
+        wait_until(lambda: any(self.bob.user_id not in c["user_ids"]
+                               for c in ephemeral(self.alice, since_a, "m.typing")),
+                   what="bob no longer typing in alice's sync")
 
     def test_a_server_cannot_speak_for_another_servers_user(self):
         room = self.shared_room()
