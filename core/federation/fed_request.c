@@ -270,53 +270,6 @@ static int fed_request_submit_to(const fed_request_opts *o, bool server)
     return 0;
 }
 
-/* ---- waiting for an answer (pool threads only) ---------------------------------------- */
-
-typedef struct fed_request_waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int outcome, status;
-    json_t *json;
-} fed_request_waiter;
-
-static void waited_done(void *arg, const fed_response *res)
-{
-    fed_request_waiter *w = arg;
-    pthread_mutex_lock(&w->mu);
-    w->outcome = res->outcome;
-    w->status = res->status;
-    w->json = res->json ? json_deep_copy(res->json) : NULL;
-    w->done = true;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-int fed_request_wait(const fed_request_opts *o, int *status, json_t **json_out)
-{
-    fed_request_waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER};
-    rt_cond_init(&w.cv);
-    fed_request_opts copy = *o;
-    copy.on_done = waited_done;
-    copy.arg = &w;
-    copy.want_json = true;
-    *status = 0;
-    *json_out = NULL;
-    int rc = fed_request_submit(&copy);
-    if (rc < 0) {
-        pthread_cond_destroy(&w.cv);
-        return FED_HTTP_E_INTERNAL;
-    }
-    pthread_mutex_lock(&w.mu);
-    while (!w.done) pthread_cond_wait(&w.cv, &w.mu); /* the transport ends it by the deadline */
-    pthread_mutex_unlock(&w.mu);
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
-    *status = w.status;
-    *json_out = w.json;
-    return w.outcome == FED_HTTP_OK ? 0 : w.outcome;
-}
-
 bool fed_uri_encode(const char *s, char *out, size_t len)
 {
     static const char hex[] = "0123456789ABCDEF";

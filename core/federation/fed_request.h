@@ -65,14 +65,6 @@ typedef struct fed_request_opts {
  * called. Any thread, once federation is started (federation.h). */
 int fed_request_submit(const fed_request_opts *o);
 
-/* Submit and wait for the answer on the calling thread, which must be neither a request
- * thread nor an internal thread of the federation client: a pool of one's own (the inbound
- * transactions' pool, where EDU handlers run). o->on_done and o->arg are ignored; the wait
- * ends by o->deadline_ms (the transport answers every request by its deadline). 0 with an
- * HTTP answer in *status (and *json_out, a new reference, when the body was a JSON object;
- * else NULL), or the negative outcome (fed_http / fed_request) when no answer came. */
-int fed_request_wait(const fed_request_opts *o, int *status, json_t **json_out);
-
 /* Percent-encode s for a path segment or query value of a federation URI (RFC 3986
  * unreserved characters kept) into out: false when it does not fit in len. */
 bool fed_uri_encode(const char *s, char *out, size_t len);

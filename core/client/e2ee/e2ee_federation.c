@@ -28,7 +28,7 @@
 #include "core/client/client.h"
 #include "core/client/e2ee/e2ee.h"
 #include "core/client/sync/notifier.h"
-#include "core/federation/fed_request.h"
+#include "core/federation/fed_call.h"
 #include "core/federation/fed_txn.h"
 
 #define E2EE_FED_DB_WAIT_MS 5000            /* EDU handlers: background work */
@@ -238,17 +238,17 @@ static int resync(PGconn *c, const char *origin, const char *user_id)
     fed_request_opts o = {.method = "GET", .destination = origin, .uri = uri,
                           .deadline_ms = rt_now_ms() + E2EE_FED_RESYNC_TIMEOUT_MS,
                           .max_body_bytes = E2EE_FED_RESYNC_MAX_BYTES};
-    int status = 0;
-    json_t *j = NULL;
-    int rc = fed_request_wait(&o, &status, &j);
+    fed_call_result res;
+    bool ran = fed_call(&o, &res);
+    json_t *j = res.json;
     const char *answered_for = json_string_value(json_object_get(j, "user_id"));
     json_t *list = json_object_get(j, "devices");
     json_t *sid = json_object_get(j, "stream_id");
-    if (rc < 0 || status != 200 || !answered_for || strcmp(answered_for, user_id) != 0 ||
+    if (!ran || !fed_call_ok(&res) || !answered_for || strcmp(answered_for, user_id) != 0 ||
         !json_is_array(list) || !json_is_integer(sid)) {
-        rt_log(ATRIUM_LOG_INFO, "e2ee", "device list of %s not resynced from %s (%d, %d)",
-               user_id, origin, rc, status);
-        json_decref(j);
+        rt_log(ATRIUM_LOG_INFO, "e2ee", "device list of %s not resynced from %s: %s (%d)",
+               user_id, origin, res.error[0] ? res.error : "an unusable answer", res.status);
+        fed_call_result_clear(&res);
         return -1;
     }
     json_t *devices = json_object();
@@ -283,7 +283,7 @@ static int resync(PGconn *c, const char *origin, const char *user_id)
     free(mk);
     free(sk);
     json_decref(devices);
-    json_decref(j);
+    fed_call_result_clear(&res);
     return ok ? 0 : -1;
 }
 
