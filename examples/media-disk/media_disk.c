@@ -97,7 +97,8 @@ static const atrium_setting SETTINGS[] = {
      .help = "Downloads that may wait, parked, for a slot."},
     {.key = ATRIUM_MEDIA_SETTING_QUEUE_PER_CLIENT, .type = ATRIUM_SETTING_INT,
      .offset = FIELD(delivery_queue_per_client), .def = 64, .min = 0, .max = 1000000,
-     .unit = "requests", .help = "Of the waiting downloads, how many from one client (0 = no cap)."},
+     .unit = "requests",
+     .help = "Of the waiting downloads, how many from one client (0 = no cap)."},
     {.key = ATRIUM_MEDIA_SETTING_WAIT_MS, .type = ATRIUM_SETTING_INT64,
      .offset = FIELD(delivery_wait_ms), .def = 30000, .min = 1, .max = 600000, .unit = "ms",
      .help = "Longest wait for a delivery slot (then 429)."},
@@ -296,7 +297,8 @@ static int upload_commit(atrium_req *req, upload *up)
                            6, NULL, vals, NULL, NULL, 0);
     }
     bool ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
-    if (!ok && c) h->log(P.self, ATRIUM_LOG_ERROR, "cannot record %s: %s", up->id, PQerrorMessage(c));
+    if (!ok && c)
+        h->log(P.self, ATRIUM_LOG_ERROR, "cannot record %s: %s", up->id, PQerrorMessage(c));
     PQclear(res);
     if (c) h->db_release(c);
     if (!ok) {

@@ -25,7 +25,7 @@
  * ATRIUM_ABI_MINOR yourself is an error, so a stray -DATRIUM_ABI_MAJOR=2 cannot silently
  * build a plugin for a contract these headers do not describe. */
 #if defined(ATRIUM_ABI_MAJOR) || defined(ATRIUM_ABI_MINOR)
-#error "ATRIUM_ABI_MAJOR/MINOR are set by atrium/abi.h; to target another ABI define ATRIUM_TARGET_ABI_MAJOR / ATRIUM_TARGET_ABI_MINOR"
+#error "ATRIUM_ABI_MAJOR/MINOR belong to atrium/abi.h: define ATRIUM_TARGET_ABI_MAJOR/MINOR"
 #endif
 #define ATRIUM_ABI_MAJOR 1
 #define ATRIUM_ABI_MINOR 2 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;

@@ -5,8 +5,8 @@
  * A media plugin declares `.provides = ATRIUM_MEDIA_IFACE` in its descriptor. The core
  * then checks, after the plugin's init, that it registered every route this header marks
  * required (ATRIUM_MEDIA_ROUTES, class ATRIUM_MEDIA_REQUIRED) and refuses to start with
- * one line naming the first one missing. The stock plugin registers its routes from the
- * same list and uses the header values below, and the core reads the `store_path`
+ * one line naming the first one missing. The stock plugin registers its routes with the
+ * same path macros and uses the header values below, and the core reads the `store_path`
  * setting by the name given here (`atrium verify-media`), so the contract cannot drift
  * from what either of them does. tests/conformance/media/ checks the behaviour; a minimal
  * plugin built from this header alone is examples/media-disk/; docs/plugins.md explains
@@ -19,8 +19,9 @@
  *     nothing more);
  *   - `atrium verify-media --config FILE` runs the program `atrium-media-verify` found
  *     beside the atrium executable with `--conninfo <database.conninfo>` and `--store
- *     <plugins.<media>.store_path>` (exit 0 all match, 1 mismatches, 2 could not run). A
- *     replacement ships its own program of that name or documents that it has none;
+ *     <plugins.media.store_path>` (exit 0 all match, 1 mismatches, 2 could not run): it
+ *     is the stock plugin's checker, for the plugin configured as plugins.media. A
+ *     replacement under another name has no verify-media; it may ship its own checker;
  *   - quarantine and the other admin endpoints are the plugin's own routes (optional);
  *   - federation media: the plugin registers the federation routes below with
  *     ATRIUM_ROUTE_FEDERATION; the core verifies the calling server's X-Matrix signature
@@ -46,9 +47,10 @@
 #define ATRIUM_MEDIA_REQUIRED 1
 #define ATRIUM_MEDIA_OPTIONAL 0
 
-/* ATRIUM_MEDIA_PATH_<name> and X(name, method, path template, class): the routes of media/1. A GET route also answers
- * HEAD (the core sends the headers without the body). Path parameters: {serverName},
- * {mediaId}, {fileName}. Groups, in order:
+/* The routes of media/1: ATRIUM_MEDIA_PATH_<name>, and the list
+ * ATRIUM_MEDIA_ROUTES(X) calling X(name, method, path template, class) for each. A GET
+ * route also answers HEAD (the core sends the headers without the body). Path
+ * parameters: {serverName}, {mediaId}, {fileName}. Groups, in order:
  *   config        {"m.upload.size": max_upload_size}; authenticated (v1)
  *   upload        the body streamed to storage as it arrives, never buffered whole
  *                 (ATRIUM_ROUTE_STREAM_BODY); a request without a valid token is answered
@@ -165,8 +167,10 @@ enum atrium_media_route_id {
 /* Error codes, by case (status, errcode):
  *   no access token                         401 M_MISSING_TOKEN   (host->req_authenticate)
  *   unknown or revoked token                401 M_UNKNOWN_TOKEN   (host->req_authenticate)
- *   unknown media, another server's name when it is not fetched, a media ID outside
- *   [A-Za-z0-9_-], quarantined media         404 M_NOT_FOUND       (all alike: no oracle)
+ *   unknown media, another server's name when it is not fetched, quarantined media
+ *                                           404 M_NOT_FOUND       (all alike: no oracle)
+ *   a media ID outside [A-Za-z0-9_-], or a malformed server name (never reaching a file)
+ *                                           404 M_NOT_FOUND, or 400 M_INVALID_PARAM
  *   an upload larger than max_upload_size   413 M_TOO_LARGE       (nothing stored)
  *   the delivery line is full / waited out  429 M_LIMIT_EXCEEDED  (+ retry_after_ms)
  *   created media not uploaded in time      504 M_NOT_YET_UPLOADED

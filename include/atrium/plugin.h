@@ -115,7 +115,7 @@ typedef const atrium_plugin_desc *(*atrium_plugin_entry_fn)(void);
 #define ATRIUM_TARGET_ABI_MINOR ATRIUM_ABI_MINOR
 #endif
 #if ATRIUM_TARGET_ABI_MAJOR == ATRIUM_ABI_MAJOR && ATRIUM_TARGET_ABI_MINOR > ATRIUM_ABI_MINOR
-#error "ATRIUM_TARGET_ABI_MINOR is newer than these headers (ATRIUM_ABI_MINOR): update include/atrium/"
+#error "ATRIUM_TARGET_ABI_MINOR is newer than these headers: update include/atrium/"
 #endif
 
 /* Define the entry symbol and the descriptor. Use once per plugin, at file scope:
