@@ -192,6 +192,8 @@ typedef struct media_req {
     remote_waiter *rw;    /* waiting for a fetch of the file */
     int64_t remote_deadline_ms;
     int fetch_rounds; /* fetches this request waited for (a bound against loops) */
+    uint64_t landed_seen; /* remote.c: the table's count of landed fetches at our last miss */
+    int look_again;       /* remote.c: cache look-ups repeated because a fetch landed */
     /* a thumbnail request (set by thumbnail.c before delivery_locate): the configured
      * size chosen; for remote media the origin's thumbnail of that size is fetched first */
     bool thumb_wanted;

@@ -17,7 +17,10 @@
  *      landed meanwhile), then the request joins the fetch of its file - starting it if
  *      none runs - and parks (host->req_wait) until the fetch ends: the one fetch per
  *      (origin, media ID) is the coalescing, and every request for the file, the first
- *      included, waits the same way;
+ *      included, waits the same way. A fetch that ends between a request's look-up and
+ *      its join would otherwise be started again: the table counts landed fetches, and a
+ *      request that finds no fetch running but a count moved since its look-up looks
+ *      again (REMOTE_MAX_LOOK_AGAIN times at most);
  *   4. woken on the request pool, it reads the stored copy (step 1's look-up again), or
  *      answers the fetch's failure.
  *
@@ -111,6 +114,8 @@ enum remote_result {
     REMOTE_NO_THUMBNAIL, /* the origin has no thumbnail for it: fetch the original */
 };
 #define REMOTE_MAX_ROUNDS 3 /* fetches one request may wait for (thumbnail, original, ...) */
+#define REMOTE_MAX_LOOK_AGAIN 3 /* cache look-ups one request repeats before fetching anyway */
+#define REMOTE_LOOK_AGAIN (MEDIA_GO + 2) /* join_fetch: a fetch landed since our miss: look again */
 
 /* PHASE_LOCATION: the URL a multipart answer's Location part named (followed once). */
 enum fetch_phase { PHASE_FEDERATION = 0, PHASE_LEGACY, PHASE_LOCATION };
@@ -174,6 +179,7 @@ struct remote_table {
     remote_origin *origins[REMOTE_ORIGIN_BUCKETS];
     remote_negative *negative[REMOTE_TABLE_BUCKETS];
     size_t n_negative;
+    uint64_t landed; /* fetches that stored a file: a miss older than one may be stale */
 };
 
 int remote_init(media *m)
@@ -434,6 +440,7 @@ static void job_complete(remote_job *j, int result)
     pthread_mutex_lock(&t->mu);
     remote_job **pp = job_slot(t, j->key);
     if (*pp == j) *pp = j->next;
+    if (result == REMOTE_OK) t->landed++;
     negative_remember(m, t, j->key, result);
     remote_waiter *w = j->waiters;
     j->waiters = NULL;
@@ -792,6 +799,14 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     remote_job **pp = job_slot(t, key), *j = *pp;
     remote_job *fresh = NULL;
     bool start_now = false;
+    /* No fetch runs, but one landed since our cache miss: it may have been this file's,
+     * which left the table just before we came (fetching it again would be a second
+     * fetch of the same file). Look at the cache again, a bounded number of times. */
+    if (!j && t->landed != st->landed_seen && st->look_again < REMOTE_MAX_LOOK_AGAIN) {
+        pthread_mutex_unlock(&t->mu);
+        st->look_again++;
+        return REMOTE_LOOK_AGAIN;
+    }
     if (!j) {
         fresh = calloc(1, sizeof(*fresh));
         mp_parser *mp = fresh ? calloc(1, sizeof(*mp)) : NULL;
@@ -927,6 +942,12 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
         }
         st->remote_deadline_ms = st->arrival_ms + timeout;
     }
+look:
+    if (fetch_mode(m) == ATRIUM_FETCH_ADMITTED) { /* before the look-up: see join_fetch */
+        pthread_mutex_lock(&m->remote->mu);
+        st->landed_seen = m->remote->landed;
+        pthread_mutex_unlock(&m->remote->mu);
+    }
     rc = cache_lookup(m, req, st, origin, media_id);
     if (rc != CACHE_MISS) return rc;
     bool want_thumb = st->thumb_wanted && !st->thumb_fallback;
@@ -945,8 +966,11 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
         if (rc != MEDIA_GO) return rc;
     }
     if (h->now_ms() >= st->remote_deadline_ms) return respond_timeout(m, req);
-    if (fetch_mode(m) == ATRIUM_FETCH_ADMITTED)
-        return join_fetch(m, req, st, origin, media_id, want_thumb ? &st->thumb_size : NULL);
+    if (fetch_mode(m) == ATRIUM_FETCH_ADMITTED) {
+        rc = join_fetch(m, req, st, origin, media_id, want_thumb ? &st->thumb_size : NULL);
+        if (rc == REMOTE_LOOK_AGAIN) goto look;
+        return rc;
+    }
 
     /* Defer mode: a slot of the fetch budget, then the fetch pool. */
     rc = fetch_budget_enter(m, req, st);
