@@ -206,6 +206,8 @@ struct core_config {
         int checkout_timeout_ms;  /* database.checkout_timeout_ms (default 2000): request
                                      paths' wait for a pooled connection (DB_WAIT_CONFIGURED) */
         int connect_retry_s;      /* database.connect_retry_s (default 30) */
+        int unresponsive_ms;      /* database.unresponsive_ms (default 1000): probe deadline */
+        int statement_timeout_ms; /* database.statement_timeout_ms (default 30000; 0 none) */
     } database;
     struct {
         const char *default_version; /* rooms.default_version (default "10"): createRoom */
