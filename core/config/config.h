@@ -182,7 +182,9 @@ struct core_config {
         int max_connections;          /* server.http.max_connections (0 = from RLIMIT_NOFILE) */
         int fd_reserve;               /* server.http.fd_reserve (default 128) */
         int64_t max_json_body_bytes;  /* server.http.max_json_body_bytes (default 1 MiB) */
-        int handoff_deadline_ms;      /* server.http.handoff_deadline_ms (default 60000) */
+        int handoff_deadline_ms;      /* server.http.handoff_deadline_ms (default 60000),
+                                         counted from the end of the request's body */
+        int body_idle_timeout_s;      /* server.http.body_idle_timeout_s (default 15) */
         const char **trusted_proxies; /* server.http.trusted_proxies (default []) */
         size_t n_trusted_proxies;
     } http;

@@ -108,7 +108,11 @@ const struct cfg_setting CORE_SETTINGS[] = {
      .max = INT64_C(64) * 1024 * 1024, .unit = "bytes",
      .help = "Largest JSON request body accepted (larger ones get 413)."},
     INT_ROW("server.http.handoff_deadline_ms", http.handoff_deadline_ms, 60000, 100, 3600000,
-            "ms", "A parked or handed-off request not answered by then gets 504."),
+            "ms", "A parked or handed-off request not answered this long after its body "
+                  "arrived gets 504."),
+    INT_ROW("server.http.body_idle_timeout_s", http.body_idle_timeout_s, 15, 1, 3600, "s",
+            "A client that sends no byte of its request body for this long is disconnected "
+            "(however long a steady upload takes)."),
     {.path = "server.http.trusted_proxies", .type = CFG_T_STRING_LIST,
      .offset = FIELD(http.trusted_proxies), .count_offset = FIELD(http.n_trusted_proxies),
      .help = "Proxy addresses whose X-Forwarded-For is believed (for client keys)."},

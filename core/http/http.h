@@ -209,7 +209,8 @@ struct atrium_req {
     int resume_status;
     size_t heap_idx; /* position in the deadline heap, or SIZE_MAX */
     int64_t susp_deadline;
-    bool worker_running;
+    bool worker_running; /* a handoff's task runs the handler (mu): its answer, not the
+                            deadline's, ends the request */
 
     /* parked on an event (linked under the event's lock) */
     struct atrium_event *ev;

@@ -9,7 +9,11 @@
  * connection limit is derived from RLIMIT_NOFILE minus what PostgreSQL, outbound sockets
  * and files need; paths reach the router still percent-encoded; responses are queued
  * only on the connection's own thread (a pool worker stores its response and resumes);
- * shutdown resumes every suspended connection before MHD_stop_daemon.
+ * shutdown resumes every suspended connection before MHD_stop_daemon. While a body is
+ * arriving the connection's inactivity timeout is server.http.body_idle_timeout_s (a
+ * client that stops sending is cut, one that sends slowly but steadily is not), and a
+ * request's handoff deadline counts from the end of its body, so a long upload is never
+ * refused for the time its bytes took to arrive.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -172,6 +176,14 @@ static int call_body_chunk(atrium_req *r, const char *data, size_t size)
     return rc;
 }
 
+/* Whether a body follows the request's headers (a Content-Length above 0, or chunked). */
+static bool request_has_body(atrium_req *r)
+{
+    const char *cl = http_req_header(r, "Content-Length");
+    if (cl) return strspn(cl, "0") != strlen(cl);
+    return http_req_header(r, "Transfer-Encoding") != NULL;
+}
+
 static void take_body(atrium_req *r, const char *data, size_t size)
 {
     if (r->response || r->body_failed) return; /* already answered: discard */
@@ -224,6 +236,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         atomic_fetch_add(&inflight_requests, 1);
         /* Refused before its body: answer now; MHD closes the connection after. */
         if (prepare(r)) return queue_own(r);
+        if (request_has_body(r))
+            MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                      (unsigned)s->cfg->http.body_idle_timeout_s);
         return MHD_YES;
     }
     if (*upload_data_size) {
@@ -258,6 +273,12 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         http_respond_error(r, 500, "M_UNKNOWN", "Internal server error");
         return queue_own(r);
     }
+    /* The whole request is here: the connection is idle-timed as any other again, and the
+     * deadline counts from now. */
+    if (request_has_body(r))
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)s->cfg->http.connection_timeout_s);
+    r->deadline_ms = rt_now_ms() + s->cfg->http.handoff_deadline_ms;
     r->run_reason = ATRIUM_RUN_FIRST;
     return dispatch(r);
 }

@@ -114,7 +114,8 @@ static int require_init(atrium_plugin *self, const char *what)
 }
 
 #define ROUTE_KNOWN_FLAGS                                                                  \
-    (ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_FEDERATION | ATRIUM_ROUTE_HEADERS_FIRST)
+    (ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_FEDERATION | ATRIUM_ROUTE_HEADERS_FIRST |      \
+     ATRIUM_ROUTE_COMMITS)
 
 static int h_route_add(atrium_plugin *self, const atrium_route *route)
 {
