@@ -185,6 +185,8 @@ struct core_config {
         int handoff_deadline_ms;      /* server.http.handoff_deadline_ms (default 60000),
                                          counted from the end of the request's body */
         int body_idle_timeout_s;      /* server.http.body_idle_timeout_s (default 15) */
+        int send_stall_timeout_s;     /* server.http.send_stall_timeout_s (default 10) */
+        int line_share_per_client_percent; /* server.http.line_share_per_client_percent (25) */
         const char **trusted_proxies; /* server.http.trusted_proxies (default []) */
         size_t n_trusted_proxies;
     } http;

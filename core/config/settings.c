@@ -110,6 +110,13 @@ const struct cfg_setting CORE_SETTINGS[] = {
     INT_ROW("server.http.handoff_deadline_ms", http.handoff_deadline_ms, 60000, 100, 3600000,
             "ms", "A parked or handed-off request not answered this long after its body "
                   "arrived gets 504."),
+    INT_ROW("server.http.line_share_per_client_percent", http.line_share_per_client_percent,
+            25, 1, 100, "%", "No client holds more than this share of an admission line's "
+            "slots at once (at least one; the media delivery line): the rest stay free for "
+            "others."),
+    INT_ROW("server.http.send_stall_timeout_s", http.send_stall_timeout_s, 10, 1, 3600, "s",
+            "A client that reads nothing of a response for this long is disconnected, and "
+            "what its request held (a delivery slot) is freed."),
     INT_ROW("server.http.body_idle_timeout_s", http.body_idle_timeout_s, 15, 1, 3600, "s",
             "A client that sends no byte of its request body for this long is disconnected "
             "(however long a steady upload takes)."),

@@ -289,24 +289,37 @@ void susp_wake(atrium_req *r)
 
 /* ---- admission lines ---------------------------------------------------------------- */
 
-void susp_line_release(rt_line *line)
+void susp_line_release(rt_line *line, const char *holder)
 {
-    rt_line_waiter *w = rt_line_release(line);
+    rt_line_waiter *w = rt_line_release_for(line, holder);
     if (!w) return;
     /* The slot passed to w: we unlinked it, so we resume it (nobody else will). */
     atrium_req *r = w->ctx;
     susp_resume(r, ACT_REDISPATCH, ATRIUM_RUN_GRANTED, 0, NULL);
 }
 
-static void line_hold_release(void *line)
+typedef struct line_hold {
+    rt_line *line;
+    const char *holder; /* the waiter's key (the request's arena: outlives its holds) */
+} line_hold;
+
+static void line_hold_release(void *arg)
 {
-    susp_line_release(line);
+    line_hold *lh = arg;
+    susp_line_release(lh->line, lh->holder);
 }
 
 /* The slot becomes a hold: given back after the last byte or when the client leaves. */
 static int line_take_hold(atrium_req *r, rt_line *line)
 {
-    int rc = http_req_add_hold(r, line_hold_release, line);
+    line_hold *lh = rt_arena_alloc(r->arena, sizeof(*lh));
+    if (!lh) {
+        susp_line_release(line, r->waiter.key);
+        return ATRIUM_E_NOMEM;
+    }
+    lh->line = line;
+    lh->holder = r->waiter.key;
+    int rc = http_req_add_hold(r, line_hold_release, lh);
     return rc == 0 ? ATRIUM_OK : rc;
 }
 
@@ -348,7 +361,8 @@ void susp_request_done(atrium_req *r)
 {
     /* A handler that was granted a slot but never took it (it failed before calling
      * line_admit again) must not leak the slot. */
-    if (r->line_waiting && r->line && !r->line_cancelled) susp_line_release(r->line);
+    if (r->line_waiting && r->line && !r->line_cancelled)
+        susp_line_release(r->line, r->waiter.key);
     r->line_waiting = false;
 }
 

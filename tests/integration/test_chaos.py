@@ -10,7 +10,10 @@ a half. What must hold:
     database is unavailable, the log says so once (not once per request), and everything
     recovers after SIGCONT without a restart of Atrium;
   - PostgreSQL restarted under a stream of uploads: every acknowledged upload is there
-    afterwards, byte for byte, and uploads succeed again without a restart of Atrium.
+    afterwards, byte for byte, and uploads succeed again without a restart of Atrium;
+  - one client opening many downloads and reading none holds only its share of the
+    delivery slots, another client is served meanwhile, and a holder that reads nothing
+    loses its slot after server.http.send_stall_timeout_s, not the idle timeout.
 
 The other chaos cases live beside the mechanisms they test: kill -9 during uploads and
 renders in test_media_crash.py.
@@ -18,6 +21,7 @@ renders in test_media_crash.py.
 
 import json
 import os
+import socket
 import statistics
 import tempfile
 import threading
@@ -187,6 +191,55 @@ class RestartedPostgresTest(ChaosCase):
             status, _, body = srv.request("GET", download_path(srv, media_id), token=token, timeout=20)
             self.assertEqual(status, 200, (media_id, body[:300]))
             self.assertEqual(sha256(body), digest, media_id)
+        self.assertTrue(srv.running())
+
+
+class SlotHolderTest(AtriumTestCase):
+    """One client opens many downloads and reads none of them, another client downloads."""
+
+    def test_a_client_holding_slots_without_reading_neither_starves_another_nor_keeps_them(self):
+        srv = media_server(self, media={"delivery_slots": 16}, settings={"server": {"http": {
+            "send_stall_timeout_s": 2, "connection_timeout_s": 60}}})
+        _, token = register(srv)
+        data = os.urandom(4 << 20)
+        media_id = upload(srv, token, data, timeout=60)
+        path = download_path(srv, media_id)
+        hogs = []
+        for _ in range(16):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            sock.settimeout(30)
+            sock.connect(("127.0.0.1", srv.port))
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+            hogs.append(sock)
+        self.addCleanup(lambda: [h.close() for h in hogs])
+        # The hog holds its share of the line (25 % of 16), the rest of its requests wait.
+        wait_until(lambda: srv.metric("atrium_media_delivering") == 4, what="the hog's share held")
+        wait_until(lambda: srv.metric("atrium_line_waiting", {"line": "media.delivery"}) == 12,
+                   what="the hog's other requests waiting")
+        # Another client (another address) is served at once meanwhile.
+        other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        other.settimeout(30)
+        other.bind(("127.0.0.2", 0))
+        other.connect(("127.0.0.1", srv.port))
+        started = time.monotonic()
+        other.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                      f"Connection: close\r\n\r\n".encode())
+        got = b""
+        while True:
+            chunk = other.recv(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+        other.close()
+        self.assertLess(time.monotonic() - started, 5, "the other client was not made to wait")
+        head, body = got.split(b"\r\n\r\n", 1)
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head[:200])
+        self.assertEqual(sha256(body), sha256(data))
+        # A holder that reads nothing loses its slot after send_stall_timeout_s (2 s), long
+        # before the 60 s idle timeout: its waiting requests move up.
+        wait_until(lambda: srv.metric("atrium_line_waiting", {"line": "media.delivery"}) <= 8,
+                   timeout=8, what="stalled holders cut and their slots passed on")
         self.assertTrue(srv.running())
 
 
