@@ -100,7 +100,8 @@ static const atrium_setting MEDIA_SETTINGS[] = {
      .help = "Thumbnail sizes rendered, as `<W>x<H> crop` or `<W>x<H> scale`, separated by commas."},
     INT64_SETTING("max_image_pixels", max_image_pixels, DEFAULT_MAX_IMAGE_PIXELS, 1,
                   100000LL * 100000LL, "pixels",
-                  "Images whose header claims more pixels are not thumbnailed (413)."),
+                  "Images whose header claims more pixels (a frame, or the declared canvas, as of a GIF's "
+                  "screen) are not thumbnailed nor served as their own thumbnail (413)."),
     {.key = "render_threads", .type = ATRIUM_SETTING_INT, .offset = FIELD(render_threads),
      .def = 1, .min = 1, .max = 256, .unit = "threads", .default_doc = "CPU cores",
      .help = "Thumbnail renders at once (bounds the memory decoding takes)."},
