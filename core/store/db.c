@@ -91,6 +91,7 @@ struct db_pool {
     int64_t refused; /* checkouts refused in the current outage */
     PGconn *probe;   /* the monitor's own connection (monitor thread only) */
     int64_t last_probe_ms;
+    int64_t heal_after_ms; /* no reconnect before (after one failed) */
     rt_metric *m_in_use, *m_size, *m_timeouts, *m_resets, *m_available, *m_refused, *m_cuts;
 };
 
@@ -371,6 +372,7 @@ static void declare_up_locked(db_pool *p)
 {
     if (!atomic_load(&p->down)) return;
     atomic_store(&p->down, false);
+    p->heal_after_ms = 0; /* re-establish the pool's connections now */
     rt_metric_set(p->m_available, 1);
     rt_log(ATRIUM_LOG_INFO, "core",
            "PostgreSQL answers again after %lld ms unavailable; %lld database request(s) were "
@@ -383,7 +385,9 @@ static void declare_up_locked(db_pool *p)
 static bool probe(db_pool *p, char *err, size_t errlen)
 {
     int64_t deadline = rt_now_ms() + p->unresponsive_ms;
-    if (p->probe && PQstatus(p->probe) != CONNECTION_OK) {
+    /* While unavailable, "answers again" means a new connection works too: the pool's
+     * connections must be re-established, not only the probe's kept one. */
+    if (p->probe && (PQstatus(p->probe) != CONNECTION_OK || atomic_load(&p->down))) {
         PQfinish(p->probe);
         p->probe = NULL;
     }
@@ -396,8 +400,19 @@ static bool probe(db_pool *p, char *err, size_t errlen)
     return false;
 }
 
-/* Re-establish one broken connection (the monitor owns it: HEALING). mu held on entry and
- * exit, released meanwhile. */
+/* Connections a checkout can have now or later (idle or borrowed). mu. */
+static int usable_locked(const db_pool *p)
+{
+    int n = 0;
+    for (int i = 0; i < p->size; i++)
+        if (p->conns[i].state == DB_CONN_IDLE || p->conns[i].state == DB_CONN_BUSY) n++;
+    return n;
+}
+
+/* Re-establish one broken connection (the monitor owns it: HEALING). A failure makes the
+ * database unavailable only when no other connection works (PostgreSQL refusing one more
+ * connection, say, is not an outage: the rest are still served); otherwise it is retried
+ * after DB_REPROBE_INTERVAL_MS. mu held on entry and exit, released meanwhile. */
 static void heal_locked(db_pool *p, db_conn *dc)
 {
     dc->state = DB_CONN_HEALING;
@@ -408,7 +423,8 @@ static void heal_locked(db_pool *p, db_conn *dc)
     pthread_mutex_lock(&p->mu);
     if (!fresh) {
         dc->state = DB_CONN_BROKEN;
-        declare_down_locked(p, err);
+        p->heal_after_ms = rt_now_ms() + DB_REPROBE_INTERVAL_MS;
+        if (usable_locked(p) == 0) declare_down_locked(p, err);
         return;
     }
     rt_metric_add(p->m_resets, 1);
@@ -446,7 +462,9 @@ static void *monitor_main(void *arg)
             if (ok) declare_up_locked(p);
             else declare_down_locked(p, err);
         }
-        for (int i = 0; i < p->size && !atomic_load(&p->down) && !p->stopping; i++)
+        for (int i = 0; i < p->size && !atomic_load(&p->down) && !p->stopping &&
+                        rt_now_ms() >= p->heal_after_ms;
+             i++)
             if (p->conns[i].state == DB_CONN_BROKEN) heal_locked(p, &p->conns[i]);
         int64_t until = rt_now_ms() + DB_MONITOR_TICK_MS;
         struct timespec ts = {.tv_sec = until / 1000, .tv_nsec = (until % 1000) * 1000000L};
