@@ -510,6 +510,9 @@ int db_pool_connect(db_pool *p, int retry_s)
             nanosleep(&ts, NULL);
         }
     }
+    /* The probe's own connection now, so the process's descriptors are what they will
+     * stay (the monitor re-opens it when it is lost). */
+    p->probe = connect_by(p->effective, rt_now_ms() + p->unresponsive_ms, err, sizeof(err));
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->size; i++) p->conns[i].state = DB_CONN_IDLE;
     p->idle = p->size;
