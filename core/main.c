@@ -179,6 +179,8 @@ static int serve(const char *config_path)
 
     rt.db = db_pool_new(cfg.database.conninfo, cfg.database.pool_size,
                         cfg.database.checkout_timeout_ms, rt.metrics);
+    if (rt.db)
+        db_pool_tune(rt.db, cfg.database.unresponsive_ms, cfg.database.statement_timeout_ms);
     if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
     if (db_core_migrate(rt.db) < 0) goto out;
     auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);

@@ -182,7 +182,11 @@ struct core_config {
         int max_connections;          /* server.http.max_connections (0 = from RLIMIT_NOFILE) */
         int fd_reserve;               /* server.http.fd_reserve (default 128) */
         int64_t max_json_body_bytes;  /* server.http.max_json_body_bytes (default 1 MiB) */
-        int handoff_deadline_ms;      /* server.http.handoff_deadline_ms (default 60000) */
+        int handoff_deadline_ms;      /* server.http.handoff_deadline_ms (default 60000),
+                                         counted from the end of the request's body */
+        int body_idle_timeout_s;      /* server.http.body_idle_timeout_s (default 15) */
+        int send_stall_timeout_s;     /* server.http.send_stall_timeout_s (default 10) */
+        int line_share_per_client_percent; /* server.http.line_share_per_client_percent (25) */
         const char **trusted_proxies; /* server.http.trusted_proxies (default []) */
         size_t n_trusted_proxies;
     } http;
@@ -206,6 +210,8 @@ struct core_config {
         int checkout_timeout_ms;  /* database.checkout_timeout_ms (default 2000): request
                                      paths' wait for a pooled connection (DB_WAIT_CONFIGURED) */
         int connect_retry_s;      /* database.connect_retry_s (default 30) */
+        int unresponsive_ms;      /* database.unresponsive_ms (default 1000): probe deadline */
+        int statement_timeout_ms; /* database.statement_timeout_ms (default 30000; 0 none) */
     } database;
     struct {
         const char *default_version; /* rooms.default_version (default "10"): createRoom */

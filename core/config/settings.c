@@ -108,7 +108,18 @@ const struct cfg_setting CORE_SETTINGS[] = {
      .max = INT64_C(64) * 1024 * 1024, .unit = "bytes",
      .help = "Largest JSON request body accepted (larger ones get 413)."},
     INT_ROW("server.http.handoff_deadline_ms", http.handoff_deadline_ms, 60000, 100, 3600000,
-            "ms", "A parked or handed-off request not answered by then gets 504."),
+            "ms", "A parked or handed-off request not answered this long after its body "
+                  "arrived gets 504."),
+    INT_ROW("server.http.line_share_per_client_percent", http.line_share_per_client_percent,
+            25, 1, 100, "%", "No client holds more than this share of an admission line's "
+            "slots at once (at least one; the media delivery line): the rest stay free for "
+            "others."),
+    INT_ROW("server.http.send_stall_timeout_s", http.send_stall_timeout_s, 10, 1, 3600, "s",
+            "A client that reads nothing of a response for this long is disconnected, and "
+            "what its request held (a delivery slot) is freed."),
+    INT_ROW("server.http.body_idle_timeout_s", http.body_idle_timeout_s, 15, 1, 3600, "s",
+            "A client that sends no byte of its request body for this long is disconnected "
+            "(however long a steady upload takes)."),
     {.path = "server.http.trusted_proxies", .type = CFG_T_STRING_LIST,
      .offset = FIELD(http.trusted_proxies), .count_offset = FIELD(http.n_trusted_proxies),
      .help = "Proxy addresses whose X-Forwarded-For is believed (for client keys)."},
@@ -148,6 +159,13 @@ const struct cfg_setting CORE_SETTINGS[] = {
                   "is answered 503."),
     INT_ROW("database.connect_retry_s", database.connect_retry_s, 30, 0, 3600, "s",
             "How long start-up keeps retrying an unreachable PostgreSQL."),
+    INT_ROW("database.unresponsive_ms", database.unresponsive_ms, 1000, 100, 60000, "ms",
+            "A PostgreSQL that does not answer a probe within this long counts as unavailable: "
+            "queries waiting on it are cut and requests needing it get 503 at once until it "
+            "answers again."),
+    INT_ROW("database.statement_timeout_ms", database.statement_timeout_ms, 30000, 0, 3600000,
+            "ms", "PostgreSQL cancels a statement running longer than this (its "
+                  "statement_timeout; migrations excepted); 0 = no limit."),
 
     BOOL_ROW("registration.enabled", registration.enabled, false,
              "Let anyone create an account with POST /register."),

@@ -3,13 +3,16 @@
  * discovery file, and /metrics. They register through the same router as plugins.
  *
  * None of these touch the database or wait on anything: /health answers as long as the
- * request pool runs, which is what a load balancer should learn from it.
+ * request pool runs, which is what a load balancer should learn from it; its body also
+ * says whether PostgreSQL answers ("database": "ok" or "unavailable", as the pool's
+ * monitor last found it: core/store/db.h), without asking it.
  */
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/http/http.h"
+#include "core/store/db.h"
 
 /* The spec versions advertised to clients (v1.11 brings authenticated media). */
 static const char *const SPEC_VERSIONS[] = {"r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5",
@@ -18,7 +21,8 @@ static const char *const SPEC_VERSIONS[] = {"r0.6.1", "v1.1", "v1.2", "v1.3", "v
 
 static int get_health(atrium_req *r)
 {
-    return http_respond_json(r, 200, json_pack("{s:s}", "status", "ok"));
+    const char *db = db_available(db_global()) ? "ok" : "unavailable";
+    return http_respond_json(r, 200, json_pack("{s:s, s:s}", "status", "ok", "database", db));
 }
 
 static int get_versions(atrium_req *r)

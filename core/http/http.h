@@ -209,7 +209,8 @@ struct atrium_req {
     int resume_status;
     size_t heap_idx; /* position in the deadline heap, or SIZE_MAX */
     int64_t susp_deadline;
-    bool worker_running;
+    bool worker_running; /* a handoff's task runs the handler (mu): its answer, not the
+                            deadline's, ends the request */
 
     /* parked on an event (linked under the event's lock) */
     struct atrium_event *ev;
@@ -353,7 +354,7 @@ void susp_wake(atrium_req *r); /* [any] */
 struct atrium_event *susp_event_new(http_server *s);
 int susp_line_admit(atrium_req *r, rt_line *line, int64_t max_wait_ms);
 /* Release a line slot and pass it on (used by the line hold). */
-void susp_line_release(rt_line *line);
+void susp_line_release(rt_line *line, const char *holder); /* holder: the waiter's key */
 /* Resume every suspended request (shutdown). */
 void susp_expire_all(http_server *s);
 /* Cleanup at completion: a waiter still in a line leaves it. */

@@ -9,7 +9,11 @@
  * connection limit is derived from RLIMIT_NOFILE minus what PostgreSQL, outbound sockets
  * and files need; paths reach the router still percent-encoded; responses are queued
  * only on the connection's own thread (a pool worker stores its response and resumes);
- * shutdown resumes every suspended connection before MHD_stop_daemon.
+ * shutdown resumes every suspended connection before MHD_stop_daemon. The connection's
+ * inactivity timeout follows what it does (set_phase): a client that stops sending its
+ * body, or stops reading its response, is cut well before the idle timeout, one that is
+ * slow but steady is not; and a request's handoff deadline counts from the end of its
+ * body, so a long upload is never refused for the time its bytes took to arrive.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -48,12 +52,31 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     rt_log(ATRIUM_LOG_WARN, "http", "libmicrohttpd: %s", line);
 }
 
+/* The connection's inactivity timeout for what it does now (libmicrohttpd closes it after
+ * that long without a byte either way), one rule per phase:
+ *   - a request body arriving: server.http.body_idle_timeout_s;
+ *   - a response being sent: server.http.send_stall_timeout_s, so a client that stops
+ *     reading loses what its request holds (a delivery slot) long before the idle timeout;
+ *   - otherwise (between requests): server.http.connection_timeout_s.
+ * On the connection's own thread only. */
+enum conn_phase { PHASE_IDLE, PHASE_BODY, PHASE_SENDING };
+
+static void set_phase(http_server *s, struct MHD_Connection *c, enum conn_phase phase)
+{
+    const struct core_config *cfg = s->cfg;
+    int secs = phase == PHASE_BODY      ? cfg->http.body_idle_timeout_s
+               : phase == PHASE_SENDING ? cfg->http.send_stall_timeout_s
+                                        : cfg->http.connection_timeout_s;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)secs);
+}
+
 static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *resp)
 {
     if (!resp) resp = http_error_response(500, "M_UNKNOWN", "Internal server error", 0);
     if (!resp) return MHD_NO;
     http_add_cors(resp); /* the one place every response gets its CORS headers */
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
+    if (rc == MHD_YES) set_phase(r->srv, r->conn, PHASE_SENDING);
     MHD_destroy_response(resp);
     http_count_status(r->srv, status);
     r->in_dispatch_done = true;
@@ -172,6 +195,14 @@ static int call_body_chunk(atrium_req *r, const char *data, size_t size)
     return rc;
 }
 
+/* Whether a body follows the request's headers (a Content-Length above 0, or chunked). */
+static bool request_has_body(atrium_req *r)
+{
+    const char *cl = http_req_header(r, "Content-Length");
+    if (cl) return strspn(cl, "0") != strlen(cl);
+    return http_req_header(r, "Transfer-Encoding") != NULL;
+}
+
 static void take_body(atrium_req *r, const char *data, size_t size)
 {
     if (r->response || r->body_failed) return; /* already answered: discard */
@@ -224,6 +255,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         atomic_fetch_add(&inflight_requests, 1);
         /* Refused before its body: answer now; MHD closes the connection after. */
         if (prepare(r)) return queue_own(r);
+        if (request_has_body(r)) set_phase(s, c, PHASE_BODY);
         return MHD_YES;
     }
     if (*upload_data_size) {
@@ -258,6 +290,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         http_respond_error(r, 500, "M_UNKNOWN", "Internal server error");
         return queue_own(r);
     }
+    /* The whole request is here: the connection is idle-timed as any other again, and the
+     * deadline counts from now. */
+    if (request_has_body(r)) set_phase(s, c, PHASE_IDLE);
+    r->deadline_ms = rt_now_ms() + s->cfg->http.handoff_deadline_ms;
     r->run_reason = ATRIUM_RUN_FIRST;
     return dispatch(r);
 }
@@ -266,10 +302,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     (void)cls;
-    (void)c;
     atrium_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
+    set_phase(r->srv, c, PHASE_IDLE); /* kept alive: waiting for the next request */
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         rt_log(ATRIUM_LOG_DEBUG, "core", "[req %s] ended early (%d)", r->id, (int)toe);
     susp_request_done(r);

@@ -12,6 +12,14 @@
  *   - state: susp_resume moves SUSPENDED -> RESUMING under the request's lock; a second
  *     caller (a pool worker finishing after the deadline answered 504) sees RESUMING and
  *     drops its response.
+ *   - for a route flagged ATRIUM_ROUTE_COMMITS, a handoff's deadline (and shutdown)
+ *     refuses only work that has not started: once a pool task runs the handler
+ *     (worker_running, set under the request's lock where the task finds the request
+ *     still suspended), the task alone answers. Otherwise a 504 could go out while the
+ *     work commits, the request would complete under it and its holds (an upload's
+ *     temporary file) be released beneath the work: the client told "failed" about work
+ *     that was done, and a descriptor closed twice. Such work bounds its own waits (the
+ *     database pool cuts a wait on a silent PostgreSQL: core/store/db.h).
  * Lifetimes: a suspended request cannot complete (libmicrohttpd only completes it after a
  * resume), so whoever finds it linked may take a reference before unlocking.
  * Lock order: request mu -> event mu / line lock / timer mu. Never the reverse.
@@ -147,6 +155,7 @@ void susp_suspend(atrium_req *r, int kind, int64_t deadline_ms)
     }
     r->susp_kind = kind;
     r->susp_deadline = deadline_ms;
+    r->worker_running = false; /* waiting again: its new deadline applies */
     heap_insert(r->srv->timer, r, deadline_ms);
 }
 
@@ -280,24 +289,37 @@ void susp_wake(atrium_req *r)
 
 /* ---- admission lines ---------------------------------------------------------------- */
 
-void susp_line_release(rt_line *line)
+void susp_line_release(rt_line *line, const char *holder)
 {
-    rt_line_waiter *w = rt_line_release(line);
+    rt_line_waiter *w = rt_line_release_for(line, holder);
     if (!w) return;
     /* The slot passed to w: we unlinked it, so we resume it (nobody else will). */
     atrium_req *r = w->ctx;
     susp_resume(r, ACT_REDISPATCH, ATRIUM_RUN_GRANTED, 0, NULL);
 }
 
-static void line_hold_release(void *line)
+typedef struct line_hold {
+    rt_line *line;
+    const char *holder; /* the waiter's key (the request's arena: outlives its holds) */
+} line_hold;
+
+static void line_hold_release(void *arg)
 {
-    susp_line_release(line);
+    line_hold *lh = arg;
+    susp_line_release(lh->line, lh->holder);
 }
 
 /* The slot becomes a hold: given back after the last byte or when the client leaves. */
 static int line_take_hold(atrium_req *r, rt_line *line)
 {
-    int rc = http_req_add_hold(r, line_hold_release, line);
+    line_hold *lh = rt_arena_alloc(r->arena, sizeof(*lh));
+    if (!lh) {
+        susp_line_release(line, r->waiter.key);
+        return ATRIUM_E_NOMEM;
+    }
+    lh->line = line;
+    lh->holder = r->waiter.key;
+    int rc = http_req_add_hold(r, line_hold_release, lh);
     return rc == 0 ? ATRIUM_OK : rc;
 }
 
@@ -339,7 +361,8 @@ void susp_request_done(atrium_req *r)
 {
     /* A handler that was granted a slot but never took it (it failed before calling
      * line_admit again) must not leak the slot. */
-    if (r->line_waiting && r->line && !r->line_cancelled) susp_line_release(r->line);
+    if (r->line_waiting && r->line && !r->line_cancelled)
+        susp_line_release(r->line, r->waiter.key);
     r->line_waiting = false;
 }
 
@@ -367,6 +390,8 @@ static void handoff_task(void *arg, bool cancelled)
     pthread_mutex_lock(&r->mu);
     bool live = r->susp == SUSP_SUSPENDED;
     bool gone = live && client_gone(r->sock_fd);
+    if (live && !gone && (r->route->route.flags & ATRIUM_ROUTE_COMMITS))
+        r->worker_running = true; /* from here the deadline leaves it to us */
     pthread_mutex_unlock(&r->mu);
     if (!live) { /* the deadline or shutdown answered already */
         http_req_unref(r);
@@ -389,6 +414,9 @@ static void handoff_task(void *arg, bool cancelled)
     r->run_reason = ATRIUM_RUN_HANDOFF;
     int rc = http_req_run(r);
     http_req_pool_run_end(r);
+    /* worker_running stays set until the next suspend clears it: a request that parked or
+     * was handed off again from here has cleared it already, and one answered below is
+     * never suspended again before its next run. */
     if (rc == ATRIUM_PARKED || rc == ATRIUM_HANDED_OFF) {
         http_req_unref(r); /* someone else owns it now; our reference only */
         return;
@@ -435,6 +463,10 @@ static void expire(http_server *s, atrium_req *r, bool stopping)
         return;
     }
     int kind = r->susp_kind;
+    if (kind == SUSP_HANDOFF && r->worker_running) {
+        pthread_mutex_unlock(&r->mu); /* the running work answers (see the top) */
+        return;
+    }
     bool mine = false;
     if (kind == SUSP_PARK) {
         struct atrium_event *ev = r->ev;

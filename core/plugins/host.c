@@ -114,7 +114,8 @@ static int require_init(atrium_plugin *self, const char *what)
 }
 
 #define ROUTE_KNOWN_FLAGS                                                                  \
-    (ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_FEDERATION | ATRIUM_ROUTE_HEADERS_FIRST)
+    (ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_FEDERATION | ATRIUM_ROUTE_HEADERS_FIRST |      \
+     ATRIUM_ROUTE_COMMITS)
 
 static int h_route_add(atrium_plugin *self, const atrium_route *route)
 {
@@ -310,6 +311,18 @@ static void line_free(void *obj)
     free(l);
 }
 
+/* The rule for every plugin's admission line: a client key holds at most
+ * server.http.line_share_per_client_percent of its slots (rounded up, at least one); 0
+ * (no bound) when that is every slot. */
+static int line_holding_cap(int slots)
+{
+    const core_runtime *rt = core_runtime_get();
+    int pct = rt && rt->cfg ? rt->cfg->http.line_share_per_client_percent : 100;
+    int cap = (int)(((long)slots * pct + 99) / 100);
+    if (cap < 1) cap = 1;
+    return cap >= slots ? 0 : cap;
+}
+
 static atrium_line *h_line_create(atrium_plugin *self, const char *name, int slots,
                                   int max_waiting, int max_waiting_per_key, int64_t max_wait_ms)
 {
@@ -324,6 +337,7 @@ static atrium_line *h_line_create(atrium_plugin *self, const char *name, int slo
         free(l);
         return NULL;
     }
+    rt_line_limit_holding(l->line, line_holding_cap(slots));
     if (!plugin_own(self, line_free, l)) return NULL;
     return l;
 }

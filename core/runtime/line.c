@@ -8,7 +8,10 @@
  * is served within one turn of the first, whatever arrived before it. The slot passes directly
  * from the releaser to the waiter (in_use does not drop), so a newcomer can never overtake the
  * line. Caps: max_waiting in total (0 = no line: refuse at once when no slot is free) and
- * max_waiting_per_key (0 = only the total applies); over either, refuse at once.
+ * max_waiting_per_key (0 = only the total applies); over either, refuse at once. A line may
+ * also bound holding (rt_line_limit_holding): a key holding max_holding_per_key slots waits
+ * for its next one although slots are free, and a released slot skips the keys at their
+ * cap, so one client can never take every slot and leave the others waiting.
  *
  * A waiter is an intrusive record the caller embeds; the line never calls out and never
  * sleeps, it only links and unlinks under its lock and hands the granted waiter back to the
@@ -28,9 +31,10 @@
 
 struct rt_line_key {
     rt_keyent ent; /* first: the table hands back &ent */
-    struct rt_line_key *ring_prev, *ring_next;
+    struct rt_line_key *ring_prev, *ring_next; /* NULL while the key has no waiters */
     rt_line_waiter *head, *tail; /* this key's waiters, in arrival order */
     int count;
+    int holding; /* slots this key holds (counted only when holding is bounded) */
     char key[];
 };
 typedef struct rt_line_key rt_line_key;
@@ -38,6 +42,7 @@ typedef struct rt_line_key rt_line_key;
 struct rt_line {
     char *name;
     int slots, max_waiting, max_waiting_per_key;
+    int max_holding_per_key; /* 0 = holding is not bounded per key (nor counted) */
     pthread_mutex_t lock;
     int in_use, waiting;
     rt_line_key *ring; /* the key served next; its ring_prev is served last */
@@ -60,7 +65,7 @@ rt_line *rt_line_new(const char *name, int slots, int max_waiting, int max_waiti
     if (l == NULL)
         return NULL;
     l->name = strdup(name);
-    if (l->name == NULL || rt_keytab_init(&l->keys, (size_t)max_waiting) != 0) {
+    if (l->name == NULL || rt_keytab_init(&l->keys, (size_t)max_waiting + (size_t)slots) != 0) {
         free(l->name);
         free(l);
         return NULL;
@@ -122,14 +127,50 @@ static void ring_remove(rt_line *l, rt_line_key *k)
     k->ring_prev = k->ring_next = NULL;
 }
 
-/* A key whose last waiter left: out of the ring and the table, freed. */
+/* A key whose last waiter left: out of the ring; and, holding nothing either, out of the
+ * table and freed. */
 static void key_drop(rt_line *l, rt_line_key *k)
 {
     RT_ASSERT(k->count == 0 && k->head == NULL, "line %s: dropping key \"%s\" with waiters",
               l->name, k->key);
-    ring_remove(l, k);
+    if (k->ring_next != NULL)
+        ring_remove(l, k);
+    if (k->holding > 0)
+        return;
     rt_keytab_remove(&l->keys, &k->ent);
     free(k);
+}
+
+/* The record of key, created (linked in the table, not in the ring) when absent; NULL on
+ * OOM. Caller holds l->lock. */
+static rt_line_key *key_get(rt_line *l, const char *key, uint64_t hash)
+{
+    rt_line_key *k = (rt_line_key *)rt_keytab_find(&l->keys, key, hash);
+    if (k != NULL)
+        return k;
+    size_t len = strlen(key);
+    k = calloc(1, sizeof(*k) + len + 1);
+    if (k == NULL)
+        return NULL;
+    memcpy(k->key, key, len + 1);
+    k->ent.key = k->key;
+    k->ent.hash = hash;
+    rt_keytab_insert(&l->keys, &k->ent);
+    return k;
+}
+
+/* The per-key holding rule: may key k take one more slot? Caller holds l->lock. */
+static bool may_hold_locked(const rt_line *l, const rt_line_key *k)
+{
+    return l->max_holding_per_key == 0 || k == NULL || k->holding < l->max_holding_per_key;
+}
+
+void rt_line_limit_holding(rt_line *l, int max_holding_per_key)
+{
+    pthread_mutex_lock(&l->lock);
+    RT_ASSERT(l->in_use == 0, "line %s: holding limited while in use", l->name);
+    l->max_holding_per_key = max_holding_per_key > 0 ? max_holding_per_key : 0;
+    pthread_mutex_unlock(&l->lock);
 }
 
 static void publish_locked(rt_line *l)
@@ -158,36 +199,38 @@ int rt_line_enter(rt_line *l, rt_line_waiter *w)
     pthread_mutex_lock(&l->lock);
     RT_ASSERT(w->state != RT_LINE_QUEUED, "line %s: waiter %p entered twice", l->name,
               (void *)w);
-    if (l->in_use < l->slots) {
-        /* Slots pass straight to waiters on release, so a free slot means no waiters. */
-        RT_ASSERT(l->waiting == 0, "line %s: %d free slot(s) but %d waiting", l->name,
-                  l->slots - l->in_use, l->waiting);
+    uint64_t hash = rt_keytab_hash(&l->keys, w->key);
+    rt_line_key *k = (rt_line_key *)rt_keytab_find(&l->keys, w->key, hash);
+    if (l->in_use < l->slots && may_hold_locked(l, k)) {
+        /* Slots pass straight to waiters on release, so a free slot means no waiter that
+         * may hold one. */
+        RT_ASSERT(l->waiting == 0 || l->max_holding_per_key > 0,
+                  "line %s: %d free slot(s) but %d waiting", l->name, l->slots - l->in_use,
+                  l->waiting);
+        if (l->max_holding_per_key > 0) {
+            if ((k = key_get(l, w->key, hash)) == NULL) {
+                rt_log(ATRIUM_LOG_ERROR, "core", "line %s: out of memory, refusing", l->name);
+                rc = ATRIUM_E_LIMIT;
+                goto out;
+            }
+            k->holding++;
+        }
         l->in_use++;
         w->state = RT_LINE_ADMITTED;
         rc = RT_LINE_ADMITTED;
         goto out;
     }
-    uint64_t hash = rt_keytab_hash(&l->keys, w->key);
-    rt_line_key *k = (rt_line_key *)rt_keytab_find(&l->keys, w->key, hash);
     if (!may_wait_locked(l, k)) {
         rc = ATRIUM_E_LIMIT;
         goto out;
     }
-    if (k == NULL) {
-        size_t len = strlen(w->key);
-        k = calloc(1, sizeof(*k) + len + 1);
-        if (k == NULL) {
-            rt_log(ATRIUM_LOG_ERROR, "core", "line %s: out of memory, refusing a waiter",
-                   l->name);
-            rc = ATRIUM_E_LIMIT; /* refused like a full line: w untouched */
-            goto out;
-        }
-        memcpy(k->key, w->key, len + 1);
-        k->ent.key = k->key;
-        k->ent.hash = hash;
-        rt_keytab_insert(&l->keys, &k->ent);
-        ring_append(l, k);
+    if (k == NULL && (k = key_get(l, w->key, hash)) == NULL) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "line %s: out of memory, refusing a waiter", l->name);
+        rc = ATRIUM_E_LIMIT; /* refused like a full line: w untouched */
+        goto out;
     }
+    if (k->ring_next == NULL)
+        ring_append(l, k);
     w->next = NULL;
     w->lkey = k;
     if (k->tail != NULL)
@@ -209,15 +252,44 @@ out:
 
 rt_line_waiter *rt_line_release(rt_line *l)
 {
+    RT_ASSERT(l->max_holding_per_key == 0, "line %s: release without the holder's key",
+              l->name);
+    return rt_line_release_for(l, NULL);
+}
+
+rt_line_waiter *rt_line_release_for(rt_line *l, const char *holder)
+{
     rt_line_waiter *w = NULL;
     pthread_mutex_lock(&l->lock);
     RT_ASSERT(l->in_use > 0, "line %s: release with no slot in use", l->name);
+    if (l->max_holding_per_key > 0) {
+        RT_ASSERT(holder != NULL, "line %s: release without the holder's key", l->name);
+        rt_line_key *h =
+            (rt_line_key *)rt_keytab_find(&l->keys, holder, rt_keytab_hash(&l->keys, holder));
+        RT_ASSERT(h != NULL && h->holding > 0, "line %s: \"%s\" releases a slot it does not hold",
+                  l->name, holder);
+        h->holding--;
+        if (h->holding == 0 && h->count == 0)
+            key_drop(l, h);
+    }
+    /* Fair order: the head waiter of the front key that may hold one more; it goes to the
+     * back. Keys at their holding cap are passed over (they keep their turn). */
     rt_line_key *k = l->ring;
+    while (k != NULL && !may_hold_locked(l, k)) {
+        k = k->ring_next;
+        if (k == l->ring)
+            k = NULL; /* every waiting key is at its cap */
+    }
     if (k == NULL) {
         l->in_use--;
         goto out;
     }
-    /* Fair order: the head waiter of the front key; that key goes to the back. */
+    if (k != l->ring) { /* served out of turn: to the back, the front keeps its place */
+        ring_remove(l, k);
+        ring_append(l, k);
+    }
+    if (l->max_holding_per_key > 0)
+        k->holding++;
     w = k->head;
     k->head = w->next;
     if (k->head == NULL)
@@ -229,7 +301,7 @@ rt_line_waiter *rt_line_release(rt_line *l)
     w->state = RT_LINE_ADMITTED; /* the slot passes to w: in_use is unchanged */
     if (k->count == 0)
         key_drop(l, k);
-    else
+    else if (l->ring == k)
         l->ring = k->ring_next;
 out:
     publish_locked(l);
@@ -302,6 +374,9 @@ void rt_line_free(rt_line *l)
     if (l == NULL)
         return;
     RT_ASSERT(l->waiting == 0, "line %s freed with %d waiter(s) linked", l->name, l->waiting);
+    rt_keyent *e;
+    while ((e = rt_keytab_pop_any(&l->keys)) != NULL)
+        free(e); /* keys still counted as holding (the record begins with its entry) */
     rt_keytab_destroy(&l->keys);
     pthread_mutex_destroy(&l->lock);
     free(l->name);

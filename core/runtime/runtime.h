@@ -181,8 +181,15 @@ rt_line *rt_line_new(const char *name, int slots, int max_waiting, int max_waiti
  * by a later rt_line_release (then it owns a slot). ATRIUM_E_LIMIT: refused, w untouched. */
 int rt_line_enter(rt_line *l, rt_line_waiter *w);
 /* Give a slot back. If someone waits, the slot passes to the next waiter (fair order), which
- * is unlinked and returned: the caller must wake it. Otherwise NULL. */
+ * is unlinked and returned: the caller must wake it. Otherwise NULL. Only for a line whose
+ * holding is not bounded (asserted); otherwise rt_line_release_for. */
 rt_line_waiter *rt_line_release(rt_line *l);
+/* The same, naming the key of the request that held the slot (its waiter's key). */
+rt_line_waiter *rt_line_release_for(rt_line *l, const char *holder);
+/* Before first use: no key holds more than max_holding_per_key slots at once (0 = no such
+ * bound). A key at the bound waits for its next slot although slots are free, and a
+ * released slot goes to the next key in the fair order that is below it. */
+void rt_line_limit_holding(rt_line *l, int max_holding_per_key);
 /* Remove a waiting w (deadline, shutdown). true: it was waiting and is now unlinked, holds
  * nothing. false: it was already granted a slot (the caller now owns that slot). */
 bool rt_line_cancel(rt_line *l, rt_line_waiter *w);

@@ -3,9 +3,14 @@
  *
  * One fixed pool of libpq connections (database.pool_size). A connection belongs to one
  * thread between db_acquire and db_release; acquire waits at most the caller's timeout
- * (no request ever hangs on an exhausted pool). A connection found broken (PostgreSQL
- * restarted) is reset before it is handed out again, so the pool heals without a restart
- * of Atrium. Migrations are recorded per owner ("core", "media", ...) in
+ * (no request ever hangs on an exhausted pool). No caller ever waits on PostgreSQL without
+ * a bound, whatever libpq call it makes on its connection: the pool's monitor thread
+ * probes a server that keeps a borrowed connection waiting, and when the probe gets no
+ * answer within database.unresponsive_ms the database is "unavailable": every borrowed
+ * connection is cut under its caller (whose libpq call then fails at once), and every
+ * acquisition fails at once (503 upstream) until a probe is answered again. Broken
+ * connections (cut, or PostgreSQL restarted) are re-established by the monitor, never on
+ * a request thread, so the pool heals without a restart of Atrium. Migrations are recorded per owner ("core", "media", ...) in
  * atrium_migrations and applied in one transaction per owner, serialized across
  * processes by an advisory lock. Internal prefix: db_.
  */
@@ -27,21 +32,38 @@ typedef struct db_pool db_pool;
  * that may wait longer, or a path that must not wait at all, passes its own. */
 #define DB_WAIT_CONFIGURED INT64_C(-1)
 
+/* Defaults of the two limits db_pool_tune sets (database.unresponsive_ms and
+ * database.statement_timeout_ms). */
+#define DB_DEFAULT_UNRESPONSIVE_MS 1000
+#define DB_DEFAULT_STATEMENT_TIMEOUT_MS 30000
+
 /* Opens nothing yet. request_wait_ms is what DB_WAIT_CONFIGURED waits (> 0). */
 db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,
                      rt_metrics *metrics);
+/* Before db_pool_connect: how long a probe may go unanswered before the database counts as
+ * unavailable (> 0), and PostgreSQL's statement_timeout for pooled connections (0 = none,
+ * or whatever the conninfo's own options say). */
+void db_pool_tune(db_pool *p, int unresponsive_ms, int statement_timeout_ms);
+/* Whether the database answers, as the monitor last found (true before any probe and for
+ * no pool). Any thread; never waits. */
+bool db_available(const db_pool *p);
 /* The wait DB_WAIT_CONFIGURED stands for (0 for no pool). Any thread. */
 int64_t db_request_wait_ms(const db_pool *p);
 /* Open every connection, retrying for up to retry_s seconds when PostgreSQL is not
- * reachable yet. 0, or -1 after logging what failed and what to check. */
+ * reachable yet, then start the monitor thread. 0, or -1 after logging what failed and
+ * what to check. */
 int db_pool_connect(db_pool *p, int retry_s);
 /* Borrow a connection, waiting at most timeout_ms (DB_WAIT_CONFIGURED: the configured
- * request wait). NULL on timeout, or when the
- * connection could not be re-established (logged). Any thread. */
+ * request wait) for a free one. NULL on timeout, and at once while the database is
+ * unavailable (db_available; logged once per outage by the monitor, not per call). The
+ * connection may be cut under the caller when PostgreSQL stops answering: its libpq calls
+ * then fail as on a lost connection (answer 503). Any thread. */
 PGconn *db_acquire(db_pool *p, int64_t timeout_ms);
 void db_release(db_pool *p, PGconn *c);
 void db_pool_free(db_pool *p);
-/* The connection string the pool was made with (for dedicated connections: LISTEN). */
+/* The connection string for dedicated connections (LISTEN): the configured one with the
+ * pool's defaults (connect_timeout, TCP keepalives, tcp_user_timeout, statement_timeout)
+ * where it sets none; the configured one before db_pool_connect. */
 const char *db_pool_conninfo(const db_pool *p);
 
 /* Apply owner's pending migrations (versions ascending, each recorded). 0 or -1 (logged). */

@@ -84,6 +84,14 @@ typedef int (*atrium_handler)(atrium_req *req);
  * unwanted upload (req_authenticate, then return the error) before the client sends it.
  * Not for federation routes (their signature is checked later): ATRIUM_E_INVAL. */
 #define ATRIUM_ROUTE_HEADERS_FIRST 0x4u
+/* A route whose handed-off work commits what the request brought (an upload: a file and
+ * its row) (1.2): once a pool worker runs its handler, that worker alone answers, and the
+ * request's deadline or shutdown no longer does, so the client is never told "failed"
+ * about work that was done, nor is the request completed (its holds released) while the
+ * work still uses them. Work not yet started is still refused at the deadline (504) or
+ * shutdown (503). The work must bound its own waits (database calls are bounded by the
+ * host's pool). */
+#define ATRIUM_ROUTE_COMMITS 0x8u
 
 typedef struct atrium_route {
     const char *method;     /* "GET" (also serves HEAD), "POST", "PUT", "DELETE" */

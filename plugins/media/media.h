@@ -513,9 +513,14 @@ enum render_result {
 /* [init] Start libvips with only the trusted loaders (JPEG, PNG, GIF, WebP). */
 int render_global_init(media *m);
 void render_global_fini(void);
-/* [any] Read an image header: dimensions (of one frame) and frame count. RENDER_OK or
- * RENDER_E_NOT_IMAGE. */
+/* [any] Read an image header: dimensions (of one frame, or the container's declared
+ * canvas where that is larger: canvas.c) and frame count. RENDER_OK or RENDER_E_NOT_IMAGE. */
 int render_probe(const char *path, int *width, int *height, int *frames);
+/* canvas.c [any]: the canvas the container header in b[0..n) declares (GIF, PNG, WebP,
+ * JPEG), 0 x 0 when it declares none. */
+void canvas_of_buffer(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h);
+/* The same for the start of a file. 0, or ATRIUM_E_IO / ATRIUM_E_NOMEM (then 0 x 0). */
+int canvas_of_file(const char *path, uint32_t *w, uint32_t *h);
 /* [any] Render path to a WebP thumbnail of at most s->width x s->height (crop: exactly the
  * box's aspect) honouring EXIF orientation, never upscaled; the first frame only, unless
  * s->animated (then every frame, as an animated WebP, when the frames fit

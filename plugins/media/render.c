@@ -7,7 +7,8 @@
  *     WebP are allowed again (and libvips' own "untrusted" set stays blocked), so a file
  *     claiming to be an image can never reach PDF, SVG, ImageMagick or similar parsers;
  *   - the pixel count is read from the header and anything over max_image_pixels is
- *     refused before a single pixel is decoded;
+ *     refused before a single pixel is decoded; the count is the larger of the frame and
+ *     the container's declared canvas (canvas.c), which is what browsers allocate;
  *   - vips_thumbnail decodes at reduced scale where the format allows (JPEG DCT scaling,
  *     WebP scaling), streams the rest sequentially, honours EXIF orientation, takes the
  *     first frame of an animation (every frame, as an animated WebP, when asked for one
@@ -94,10 +95,17 @@ int render_probe(const char *path, int *width, int *height, int *frames)
         w = h;
         h = t;
     }
-    *width = w;
-    *height = h;
     *frames = vips_image_get_n_pages(im);
     g_object_unref(im);
+    /* What a browser decodes: the declared canvas when it is larger than the frame. */
+    uint32_t cw, ch;
+    if (canvas_of_file(path, &cw, &ch) == 0 && (uint64_t)cw * ch > (uint64_t)w * h &&
+        cw <= INT32_MAX && ch <= INT32_MAX) {
+        w = (int)cw;
+        h = (int)ch;
+    }
+    *width = w;
+    *height = h;
     return RENDER_OK;
 }
 
@@ -221,6 +229,9 @@ int render_thumbnail(const char *path, const media_size *s, int64_t max_pixels, 
     g_object_unref(head);
     int64_t frame_pixels = (int64_t)frame_w * frame_h;
     if (frame_pixels > max_pixels) return RENDER_E_TOO_LARGE;
+    uint32_t cw, ch; /* the declared canvas counts too (canvas.c) */
+    if (canvas_of_file(path, &cw, &ch) == 0 && (int64_t)cw * ch > max_pixels)
+        return RENDER_E_TOO_LARGE;
     /* Every frame is decoded for an animation: they count together. */
     bool animated = s->animated && pages > 1 && frame_pixels * pages <= max_pixels &&
                     (int64_t)s->width * s->height * pages <= RENDER_MAX_ANIMATED_PIXELS;

@@ -445,7 +445,7 @@ class Server:
                     f"log {self.log_path}:\n{self.log_tail()}")
             try:
                 status, _, body = self.request("GET", "/health", timeout=2)
-                if status == 200 and jsonlib.loads(body or b"null") == {"status": "ok"}:
+                if status == 200 and (jsonlib.loads(body or b"{}") or {}).get("status") == "ok":
                     return
                 last_error = f"status {status}, body {body[:200]!r}"
             except (OSError, http.client.HTTPException, ValueError) as e:

@@ -86,7 +86,7 @@ wait_healthy() {
             fail "the entrypoint exited with status $rc before /health answered"
         fi
         if body=$(curl -fsS -m 2 "http://127.0.0.1:$port/health" 2>/dev/null); then
-            [ "$(tr -d ' \n' <<<"$body")" = '{"status":"ok"}' ] || fail "/health answered '$body'"
+            [ "$(tr -d ' \n' <<<"$body")" = '{"status":"ok","database":"ok"}' ] || fail "/health answered '$body'"
             return 0
         fi
         sleep 0.1

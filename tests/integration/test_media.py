@@ -316,7 +316,9 @@ class AsyncUploadTest(MediaTestCase):
         self.assertEqual(headers.get("Content-Disposition"), 'inline; filename="a.bin"')
 
     def test_waiting_for_uploads_may_take_at_most_half_the_delivery_slots(self):
-        srv = media_server(self, media={"delivery_slots": 2})
+        # One client takes both slots here: no per-client share of the line.
+        srv = media_server(self, media={"delivery_slots": 2},
+                           settings={"server": {"http": {"line_share_per_client_percent": 100}}})
         _, token = register(srv)
         ready = upload(srv, token, b"already here", "text/plain")
         status, created = srv.json("POST", "/_matrix/media/v1/create", {}, token=token)

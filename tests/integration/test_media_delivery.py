@@ -148,7 +148,8 @@ class GalleryTest(DeliveryTestCase):
 
 class DisconnectStormTest(DeliveryTestCase):
     def test_200_downloads_abandoned_mid_body_give_every_slot_and_hold_back(self):
-        srv = media_server(self)
+        # One client takes every slot here: no per-client share of the line.
+        srv = media_server(self, settings={"server": {"http": {"line_share_per_client_percent": 100}}})
         _, token = register(srv)
         media_id = upload(srv, token, os.urandom(4 << 20), "video/mp4", timeout=60)
         fds_before = len(os.listdir(f"/proc/{srv.pid}/fd"))

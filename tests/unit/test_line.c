@@ -48,6 +48,59 @@ static void test_line_admits_at_once_while_slots_are_free(void **state)
     rt_line_free(l);
 }
 
+static void test_line_bounds_what_one_key_holds_and_serves_other_keys_from_free_slots(void **state)
+{
+    (void)state;
+    rt_line *l = rt_line_new("delivery", 4, 10, 0, NULL);
+    rt_line_limit_holding(l, 2);
+    rt_line_waiter a1 = waiter("a", 1), a2 = waiter("a", 2), a3 = waiter("a", 3),
+                   a4 = waiter("a", 4), b1 = waiter("b", 5);
+    assert_int_equal(rt_line_enter(l, &a1), RT_LINE_ADMITTED);
+    assert_int_equal(rt_line_enter(l, &a2), RT_LINE_ADMITTED);
+    /* a holds its two: its next ones wait although two slots are free... */
+    assert_int_equal(rt_line_enter(l, &a3), RT_LINE_QUEUED);
+    assert_int_equal(rt_line_enter(l, &a4), RT_LINE_QUEUED);
+    assert_int_equal(rt_line_in_use(l), 2);
+    /* ...and another key takes a free slot at once. */
+    assert_int_equal(rt_line_enter(l, &b1), RT_LINE_ADMITTED);
+    /* b's release frees its slot (a is at its bound: nobody to pass it to). */
+    assert_null(rt_line_release_for(l, "b"));
+    assert_int_equal(rt_line_in_use(l), 2);
+    /* a's release passes the slot to a's next waiter, in order. */
+    assert_int_equal(id_of(rt_line_release_for(l, "a")), 3);
+    assert_int_equal(id_of(rt_line_release_for(l, "a")), 4);
+    assert_int_equal(rt_line_waiting(l), 0);
+    assert_null(rt_line_release_for(l, "a"));
+    assert_null(rt_line_release_for(l, "a"));
+    assert_int_equal(rt_line_in_use(l), 0);
+    rt_line_free(l);
+}
+
+static void test_line_released_slot_skips_a_key_at_its_bound_for_the_next_key(void **state)
+{
+    (void)state;
+    rt_line *l = rt_line_new("delivery", 2, 10, 0, NULL);
+    rt_line_limit_holding(l, 1);
+    rt_line_waiter a1 = waiter("a", 1), b1 = waiter("b", 2), a2 = waiter("a", 3),
+                   b2 = waiter("b", 4), c1 = waiter("c", 5);
+    assert_int_equal(rt_line_enter(l, &a1), RT_LINE_ADMITTED);
+    assert_int_equal(rt_line_enter(l, &b1), RT_LINE_ADMITTED);
+    assert_int_equal(rt_line_enter(l, &a2), RT_LINE_QUEUED); /* front of the ring */
+    assert_int_equal(rt_line_enter(l, &b2), RT_LINE_QUEUED);
+    assert_int_equal(rt_line_enter(l, &c1), RT_LINE_QUEUED);
+    /* b releases: the ring's front key a still holds its one (at its bound), so the slot
+     * passes over it to b's waiter; a keeps its turn. */
+    assert_int_equal(id_of(rt_line_release_for(l, "b")), 4);
+    /* a releases: a's own waiter is next in the fair order. */
+    assert_int_equal(id_of(rt_line_release_for(l, "a")), 3);
+    /* b releases again: a and b are done waiting, c is served. */
+    assert_int_equal(id_of(rt_line_release_for(l, "b")), 5);
+    assert_null(rt_line_release_for(l, "a"));
+    assert_null(rt_line_release_for(l, "c"));
+    assert_int_equal(rt_line_in_use(l), 0);
+    rt_line_free(l);
+}
+
 static void test_line_passes_a_released_slot_straight_to_the_next_waiter(void **state)
 {
     (void)state;
@@ -342,6 +395,8 @@ int main(void)
         cmocka_unit_test(test_line_cancel_of_a_granted_waiter_returns_false_and_keeps_the_slot),
         cmocka_unit_test(test_line_metrics_report_slots_use_waiting_refusals_and_timeouts),
         cmocka_unit_test(test_line_hands_every_slot_on_under_concurrent_clients),
+        cmocka_unit_test(test_line_bounds_what_one_key_holds_and_serves_other_keys_from_free_slots),
+        cmocka_unit_test(test_line_released_slot_skips_a_key_at_its_bound_for_the_next_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

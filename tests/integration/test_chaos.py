@@ -1,0 +1,284 @@
+"""Chaos: the server under load while its PostgreSQL is frozen or restarted.
+
+Each test runs against a private cluster (pg_private.PrivatePostgres), never the run's
+shared one, and keeps to a few seconds of fault so the file stays well under a minute and
+a half. What must hold:
+
+  - PostgreSQL frozen (SIGSTOP of the postmaster and its children, as a stalled disk or a
+    partition looks): /health and /versions keep answering fast, requests that need the
+    database fail within the bound with 503 and Retry-After, /health's body says the
+    database is unavailable, the log says so once (not once per request), and everything
+    recovers after SIGCONT without a restart of Atrium;
+  - PostgreSQL restarted under a stream of uploads: every acknowledged upload is there
+    afterwards, byte for byte, and uploads succeed again without a restart of Atrium;
+  - one client opening many downloads and reading none holds only its share of the
+    delivery slots, another client is served meanwhile, and a holder that reads nothing
+    loses its slot after server.http.send_stall_timeout_s, not the idle timeout;
+  - a gallery of 300 thumbnails at once under `ulimit -n 256` while /health is asked every
+    50 ms: each /health answers within 200 ms.
+
+The other chaos cases live beside the mechanisms they test: kill -9 during uploads and
+renders in test_media_crash.py.
+"""
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+import threading
+import time
+import unittest
+
+from common import AtriumTestCase, wait_until
+from media_support import (download_path, get_many, media_server, register, sha256,
+                           solid_png, thumbnail_path, upload)
+from pg_private import PrivatePostgres
+
+FREEZE_S = 5
+# The bound on a request that needs the frozen database: the probe deadline
+# (database.unresponsive_ms, 1000 by default), the 200 ms a connection may stay borrowed
+# before the probe starts, the monitor's tick, and slack for a loaded machine.
+DB_BOUND_S = 3.0
+# Cheap requests while the outage is being detected may wait for a request thread held by
+# the database (at most the bound); once it is detected they are served at once.
+CHEAP_FAST_S = 0.3
+DETECTED_AFTER_S = DB_BOUND_S
+
+
+def _timed(fn, *args, **kwargs):
+    started = time.monotonic()
+    try:
+        out = fn(*args, **kwargs)
+    except OSError as e:
+        out = e
+    return started, time.monotonic() - started, out
+
+
+class ChaosCase(AtriumTestCase):
+    def private_pg(self):
+        root = os.environ.get("ATRIUM_TEST_TMPDIR") or None
+        if root:
+            os.makedirs(root, exist_ok=True)
+        pg = PrivatePostgres(tempfile.mkdtemp(prefix="chaos-pg-", dir=root))
+        self.addCleanup(pg.close)  # runs after the server's close (LIFO): thawed first
+        return pg
+
+    def chaos_server(self, pg, media=None, **settings):
+        conninfo = pg.conninfo("atrium_chaos")
+        extra = {"database": {"conninfo": conninfo}, "server": {"http": {"request_threads": 4}}}
+        for k, v in settings.items():
+            extra.setdefault(k, {}).update(v)
+        return media_server(self, media=media, settings=extra, database="atrium_chaos")
+
+
+class FrozenPostgresTest(ChaosCase):
+    def test_frozen_postgres_leaves_cheap_endpoints_fast_and_fails_the_rest_within_the_bound(self):
+        pg = self.private_pg()
+        srv = self.chaos_server(pg)
+        _, token = register(srv)
+        data = os.urandom(20_000)
+        media_id = upload(srv, token, data)
+        path = download_path(srv, media_id)
+        self.assertEqual(srv.request("GET", path, token=token)[0], 200)
+
+        cheap, needing, lock = [], [], threading.Lock()
+        stop = threading.Event()
+
+        def cheap_loop(route):
+            while not stop.is_set():
+                started, took, out = _timed(srv.request, "GET", route, timeout=20)
+                with lock:
+                    cheap.append((started, took, out))
+                time.sleep(0.02)
+
+        def needing_loop():
+            while not stop.is_set():
+                started, took, out = _timed(srv.request, "GET", path, token=token, timeout=20)
+                with lock:
+                    needing.append((started, took, out))
+
+        threads = [threading.Thread(target=cheap_loop, args=(r,), daemon=True)
+                   for r in ("/health", "/_matrix/client/versions")]
+        threads += [threading.Thread(target=needing_loop, daemon=True) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        health_during = None
+        with pg.frozen():
+            frozen_at = time.monotonic()
+            time.sleep(FREEZE_S - 1)
+            health_during = srv.json("GET", "/health", timeout=5)
+            time.sleep(1)
+        thawed_at = time.monotonic()
+        # Everything recovers without a restart.
+        wait_until(lambda: srv.request("GET", path, token=token, timeout=5)[0] == 200,
+                   timeout=15, what="downloads served again after SIGCONT")
+        wait_until(lambda: srv.json("GET", "/health")[1].get("database") == "ok",
+                   timeout=10, what="/health says the database is back")
+        stop.set()
+        for t in threads:
+            t.join(30)
+
+        self.assertEqual(health_during, (200, {"status": "ok", "database": "unavailable"}))
+        for started, took, out in cheap:
+            self.assertNotIsInstance(out, Exception, "a cheap request failed")
+            self.assertEqual(out[0], 200)
+            if frozen_at + DETECTED_AFTER_S <= started <= thawed_at:
+                self.assertLess(took, CHEAP_FAST_S, "a cheap request was slow once the outage was known")
+            self.assertLess(took, DB_BOUND_S, "a cheap request waited longer than the bound")
+        during = [(s, t, o) for s, t, o in needing if frozen_at + 0.2 <= s <= thawed_at - DB_BOUND_S]
+        self.assertGreater(len(during), 10, "database requests were made during the freeze")
+        for started, took, out in during:
+            self.assertNotIsInstance(out, Exception, "a database request got no answer")
+            status, headers, body = out
+            self.assertEqual(status, 503, body[:200])
+            self.assertEqual(json.loads(body)["errcode"], "M_UNKNOWN")
+            self.assertGreaterEqual(int(headers["Retry-After"]), 1)
+            self.assertLess(took, DB_BOUND_S, "a database request waited past the bound")
+        cheap_during = [t for s, t, _ in cheap if frozen_at <= s <= thawed_at]
+        if os.environ.get("ATRIUM_CHAOS_REPORT"):
+            print(f"\nfrozen {FREEZE_S}s: {len(cheap_during)} cheap requests, max "
+                  f"{max(cheap_during):.3f}s median {statistics.median(cheap_during):.4f}s; "
+                  f"{len(during)} database requests, max {max(t for _, t, _ in during):.3f}s")
+        self.assertLess(statistics.median(cheap_during), 0.1)
+        log = srv.log_text()
+        self.assertEqual(log.count("PostgreSQL unavailable"), 1, "one line per outage")
+        self.assertEqual(log.count("PostgreSQL answers again"), 1)
+        self.assertGreaterEqual(srv.metric("atrium_db_refused_total"), len(during) // 2)
+
+
+class RestartedPostgresTest(ChaosCase):
+    def test_postgres_restart_under_uploads_loses_nothing_acknowledged_and_heals_without_a_restart(self):
+        pg = self.private_pg()
+        srv = self.chaos_server(pg)
+        _, token = register(srv)
+        acknowledged, refused, lock = {}, [], threading.Lock()
+        stop = threading.Event()
+
+        def uploader(k):
+            n = 0
+            while not stop.is_set():
+                n += 1
+                data = os.urandom(10_000 + (k * 7919 + n * 104729) % 200_000)
+                try:
+                    status, _, body = srv.request("POST", "/_matrix/media/v3/upload", body=data,
+                                                  token=token, timeout=20)
+                except OSError as e:
+                    with lock:
+                        refused.append(repr(e))
+                    continue
+                with lock:
+                    if status == 200:
+                        acknowledged[json.loads(body)["content_uri"].rsplit("/", 1)[1]] = sha256(data)
+                    else:
+                        refused.append(status)
+
+        threads = [threading.Thread(target=uploader, args=(k,), daemon=True) for k in range(4)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(acknowledged) >= 10, timeout=30, what="uploads under way")
+        pg.restart()
+        with lock:
+            before = len(acknowledged)
+        wait_until(lambda: len(acknowledged) >= before + 10, timeout=30,
+                   what="uploads acknowledged again after the restart, without restarting Atrium")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        for status in refused:
+            self.assertIn(status, (503,), "a refused upload is a clean 503")
+        with lock:
+            acked = dict(acknowledged)
+        for media_id, digest in acked.items():
+            status, _, body = srv.request("GET", download_path(srv, media_id), token=token, timeout=20)
+            self.assertEqual(status, 200, (media_id, body[:300]))
+            self.assertEqual(sha256(body), digest, media_id)
+        self.assertTrue(srv.running())
+
+
+class SlotHolderTest(AtriumTestCase):
+    """One client opens many downloads and reads none of them, another client downloads."""
+
+    def test_a_client_holding_slots_without_reading_neither_starves_another_nor_keeps_them(self):
+        srv = media_server(self, media={"delivery_slots": 16}, settings={"server": {"http": {
+            "send_stall_timeout_s": 2, "connection_timeout_s": 60}}})
+        _, token = register(srv)
+        data = os.urandom(4 << 20)
+        media_id = upload(srv, token, data, timeout=60)
+        path = download_path(srv, media_id)
+        hogs = []
+        for _ in range(16):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            sock.settimeout(30)
+            sock.connect(("127.0.0.1", srv.port))
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+            hogs.append(sock)
+        self.addCleanup(lambda: [h.close() for h in hogs])
+        # The hog holds its share of the line (25 % of 16), the rest of its requests wait.
+        wait_until(lambda: srv.metric("atrium_media_delivering") == 4, what="the hog's share held")
+        wait_until(lambda: srv.metric("atrium_line_waiting", {"line": "media.delivery"}) == 12,
+                   what="the hog's other requests waiting")
+        # Another client (another address) is served at once meanwhile.
+        other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        other.settimeout(30)
+        other.bind(("127.0.0.2", 0))
+        other.connect(("127.0.0.1", srv.port))
+        started = time.monotonic()
+        other.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                      f"Connection: close\r\n\r\n".encode())
+        got = b""
+        while True:
+            chunk = other.recv(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+        other.close()
+        self.assertLess(time.monotonic() - started, 5, "the other client was not made to wait")
+        head, body = got.split(b"\r\n\r\n", 1)
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head[:200])
+        self.assertEqual(sha256(body), sha256(data))
+        # A holder that reads nothing loses its slot after send_stall_timeout_s (2 s), long
+        # before the 60 s idle timeout: its waiting requests move up.
+        wait_until(lambda: srv.metric("atrium_line_waiting", {"line": "media.delivery"}) <= 8,
+                   timeout=8, what="stalled holders cut and their slots passed on")
+        self.assertTrue(srv.running())
+
+
+class GalleryUnderLowDescriptorLimitTest(AtriumTestCase):
+    # Fails until connections are reserved for cheap requests (issue 12, defect 9: the
+    # connection limit fills with parked media requests, and /health queues behind them
+    # for seconds). Remove the decorator with that change: an unexpected success fails.
+    @unittest.expectedFailure
+    def test_a_gallery_under_ulimit_256_leaves_health_answered_within_200_ms_throughout(self):
+        srv = media_server(self, nofile=256)
+        _, token = register(srv)
+        ids = [upload(srv, token, solid_png(100 + i % 50, 100 + i // 50, i), "image/png")
+               for i in range(150)]
+        paths = [thumbnail_path(srv, m, 96, 96, "crop") for m in ids] + \
+                [thumbnail_path(srv, m, 32, 32, "crop") for m in ids]
+        probes, stop = [], threading.Event()
+
+        def probe():
+            while not stop.is_set():
+                started, took, out = _timed(srv.request, "GET", "/health", timeout=10)
+                probes.append((took, out if isinstance(out, Exception) else out[0]))
+                time.sleep(0.05)
+
+        prober = threading.Thread(target=probe, daemon=True)
+        prober.start()
+        try:
+            results = get_many(srv, paths, token, concurrency=300, timeout=90)
+        finally:
+            stop.set()
+            prober.join(15)
+        for status, _, body in results:
+            self.assertEqual(status, 200, body[:200])
+        self.assertGreater(len(probes), 5)
+        slow = [(round(t, 3), s) for t, s in probes if t >= 0.2 or s != 200]
+        self.assertEqual(slow, [], "every /health answered 200 within 200 ms")
+
+
+if __name__ == "__main__":
+    unittest.main()
