@@ -44,15 +44,25 @@ const char *router_owner(const router *rt, const char *method, const char *path)
 /* Match method + raw (still percent-encoded) path. Segments are percent-decoded after
  * splitting, so an encoded "/" stays inside its segment. On a match, the param names and
  * decoded values are allocated in `arena`. NULL when nothing matches; *wrong_method is
- * set when the path matches a route of another method (-> 405). HEAD matches GET. */
+ * set when the path matches a route of another method (-> 405). HEAD matches GET.
+ * Every parameter value is checked to be text (http_decode_text): when one is not, the
+ * route is still returned and *invalid names that parameter (the caller answers 400
+ * before anything reads it); else *invalid is NULL. */
 const route_entry *router_match(const router *rt, const char *method, const char *raw_path,
                                 rt_arena *arena, const char ***names, const char ***values,
-                                size_t *n, bool *wrong_method);
+                                size_t *n, bool *wrong_method, const char **invalid);
 /* The r0 path serving the same endpoint as the v3 template `path` (written to out): true
  * when r0.6.1 had the endpoint, false for other prefixes and endpoints newer than r0. */
 bool router_r0_twin(const char *path, char *out, size_t outlen);
 /* Percent-decode in place; returns false on a malformed escape or an embedded NUL. */
 bool http_percent_decode(char *s);
+/* Is s (NUL-terminated) well-formed UTF-8: no overlong forms, no surrogates, nothing past
+ * U+10FFFF? */
+bool http_utf8_valid(const char *s);
+/* The one rule for a value a client put in a path or query string: percent-decode in
+ * place, then require UTF-8 text without NUL. false when it is not (the caller answers
+ * 400 M_INVALID_PARAM; s is then unspecified). */
+bool http_decode_text(char *s);
 
 /* ---- server ------------------------------------------------------------------------- */
 
@@ -172,6 +182,7 @@ struct atrium_req {
     const char **param_names, **param_values;
     http_kv *headers, *args;
     size_t n_headers, n_args;
+    const char *invalid_arg; /* raw name of the first query argument that is not text */
     const char *client_addr;
     int listener;       /* enum http_listener_kind */
     const char *origin; /* the server whose X-Matrix signature was verified, or NULL */

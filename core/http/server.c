@@ -117,8 +117,9 @@ static bool prepare(atrium_req *r)
         return false;
     }
     bool wrong_method = false;
+    const char *invalid = NULL;
     r->route = router_match(s->router, r->method, r->raw_path, r->arena, &r->param_names,
-                            &r->param_values, &r->n_params, &wrong_method);
+                            &r->param_values, &r->n_params, &wrong_method, &invalid);
     /* An unknown federation path is answered 404 only after its signature was checked. */
     if (!r->route && federation_path && s->fed_fallback.route.handler &&
         strncmp(r->raw_path, "/_matrix/federation/", 20) == 0)
@@ -129,6 +130,13 @@ static bool prepare(atrium_req *r)
                                r->method);
         else
             http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
+        return false;
+    }
+    /* Path and query values reach handlers (and PostgreSQL) as UTF-8 text only. */
+    if (invalid || r->invalid_arg) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "The %s '%s' is not UTF-8 text",
+                           invalid ? "path parameter" : "query parameter",
+                           invalid ? invalid : r->invalid_arg);
         return false;
     }
     r->max_body = r->route->route.max_body_bytes > 0 ? r->route->route.max_body_bytes
