@@ -209,6 +209,10 @@ struct atrium_req {
     /* the response under construction, owned by the owning thread */
     struct MHD_Response *response;
     int status;
+    /* when that response is an error (status >= 400): its JSON and Retry-After seconds
+     * (0 = none), so it can also be written straight to the socket (http_error_wire) */
+    const char *error_json;
+    int64_t error_retry_after_s;
     http_out_header *out_headers;
 
     /* suspension: guarded by mu */
@@ -316,6 +320,14 @@ bool http_addr_in_list(const char *addr, const char **list, size_t n);
 
 /* ---- responses ---------------------------------------------------------------------- */
 
+/* A Matrix error as a complete HTTP/1.1 message with Connection: close, for an answer that
+ * cannot wait for libmicrohttpd (the request's body is still arriving): r's current error
+ * response, or one built from status/errcode/msg when errcode is not NULL. Written into
+ * buf; its length, or 0 when r holds no error response or buf is too small. */
+size_t http_error_wire(atrium_req *r, int status, const char *errcode, const char *msg,
+                       char *buf, size_t cap);
+/* The reason phrase of a status ("Payload Too Large"), "Error" when unknown. */
+const char *http_reason_phrase(int status);
 /* Build (not queue) a Matrix error response with the no-store header (CORS comes when it
  * is queued). */
 struct MHD_Response *http_error_response(int status, const char *errcode, const char *msg,

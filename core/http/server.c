@@ -13,11 +13,14 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "atrium/parse.h"
 #include "core/http/http.h"
 
 #define CONNECTION_MEMORY_LIMIT_BYTES (64 * 1024)
@@ -25,6 +28,7 @@
 #define DRAIN_POLL_MS 20
 #define FED_CONNECTION_SHARE 4 /* the federation listener gets 1/4 of the connections */
 #define FED_MIN_CONNECTIONS 8
+#define WIRE_ERROR_MAX_BYTES 2048 /* an error written straight to the socket */
 
 static atomic_int open_connections;
 static atomic_int inflight_requests; /* received and not yet completed */
@@ -45,7 +49,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     vsnprintf(line, sizeof(line), fmt, ap);
     size_t n = strlen(line);
     while (n && line[n - 1] == '\n') line[--n] = '\0';
-    rt_log(ATRIUM_LOG_WARN, "http", "libmicrohttpd: %s", line);
+    /* Our own MHD_NO after answer_mid_body, and what a client's bad framing makes it say,
+     * are the client's doing, not the operator's business: debug only. */
+    bool client_caused = strstr(line, "Application reported internal error") ||
+                         strstr(line, "Closing connection") || strstr(line, "Error processing request");
+    rt_log(client_caused ? ATRIUM_LOG_DEBUG : ATRIUM_LOG_WARN, "http", "libmicrohttpd: %s", line);
 }
 
 static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *resp)
@@ -94,17 +102,67 @@ static enum MHD_Result dispatch(atrium_req *r)
 
 static int call_body_chunk(atrium_req *r, const char *data, size_t size);
 
+/* Does the request announce a body (a Content-Length above 0, or any Transfer-Encoding)? */
+static bool announces_body(atrium_req *r)
+{
+    const char *cl = http_req_header(r, "Content-Length");
+    return http_req_header(r, "Transfer-Encoding") || (cl && strcmp(cl, "0") != 0);
+}
+
+/* The framing rules libmicrohttpd leaves to us, checked on the headers alone: a
+ * Transfer-Encoding other than plain "chunked" (libmicrohttpd would read such a body to
+ * the end of the connection), and a Content-Length past int64. Returns true after
+ * answering. */
+static bool refuse_framing(atrium_req *r)
+{
+    const char *te = http_req_header(r, "Transfer-Encoding");
+    if (te) {
+        size_t n = strlen(te);
+        while (n && (te[n - 1] == ' ' || te[n - 1] == '\t')) n--;
+        while (n && (*te == ' ' || *te == '\t')) te++, n--;
+        if (!(n == 7 && strncasecmp(te, "chunked", 7) == 0)) {
+            /* RFC 9112: chunked must be the final coding (else the body has no end: 400);
+             * any other coding is one this server does not implement (501). */
+            const char *last = te + n;
+            while (last > te && last[-1] != ',') last--;
+            while (*last == ' ' || *last == '\t') last++;
+            bool chunked_last = (size_t)(te + n - last) == 7 && strncasecmp(last, "chunked", 7) == 0;
+            if (!chunked_last)
+                http_respond_error(r, 400, "M_UNKNOWN",
+                                   "Transfer-Encoding must end with chunked");
+            else
+                http_respond_error(r, 501, "M_UNRECOGNIZED",
+                                   "Only the chunked transfer coding is supported");
+            return true;
+        }
+    }
+    return false;
+}
+
 /* First call for a request: route it and decide whether it is answered before its body
- * (true: answer now, MHD closes the connection after). */
+ * (true: answer now, MHD closes the connection after without reading the body). Every
+ * refusal known from the headers alone is sent before the body when one is announced:
+ * a client is never made to upload what will be refused. */
+static bool prepare_route(atrium_req *r);
+
 static bool prepare(atrium_req *r)
+{
+    bool answered = prepare_route(r);
+    if (!answered && r->response && announces_body(r)) answered = true;
+    if (answered) http_respond_header(r, "Connection", "close");
+    return answered;
+}
+
+/* Route r and apply the checks that need only its headers. true: answered now. */
+static bool prepare_route(atrium_req *r)
 {
     http_server *s = r->srv;
     rt_metric_add(s->m_requests, 1);
     if (atomic_load(&s->draining)) {
         http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
-        http_respond_header(r, "Connection", "close");
         return true;
     }
+    if (refuse_framing(r)) return true;
     if (strcmp(r->method, "OPTIONS") == 0) {
         http_respond_json(r, 200, json_object()); /* CORS preflight: headers do the work */
         return false;
@@ -141,16 +199,14 @@ static bool prepare(atrium_req *r)
     }
     r->max_body = r->route->route.max_body_bytes > 0 ? r->route->route.max_body_bytes
                                                      : s->cfg->http.max_json_body_bytes;
+    /* libmicrohttpd accepted the value as a number below 2^64; past the route's limit (or
+     * past int64) it is answered before any byte of the body. */
     const char *cl = http_req_header(r, "Content-Length");
-    if (cl) {
-        char *end = NULL;
-        errno = 0;
-        unsigned long long n = strtoull(cl, &end, 10);
-        if (errno || end == cl || (long long)n > r->max_body) {
-            http_respond_error(r, 413, "M_TOO_LARGE", "The request body is larger than %lld bytes",
-                               (long long)r->max_body);
-            r->body_too_large = true;
-        }
+    int64_t declared = 0;
+    if (cl && atrium_parse_int64(cl, 0, r->max_body, &declared) != 0) {
+        http_respond_error(r, 413, "M_TOO_LARGE", "The request body is larger than %lld bytes",
+                           (long long)r->max_body);
+        r->body_too_large = true;
     }
     if (r->body_too_large) return true;
     /* ATRIUM_ROUTE_HEADERS_FIRST: the plugin sees the headers before any of the body and
@@ -161,8 +217,7 @@ static bool prepare(atrium_req *r)
         if (rc < 0) {
             r->body_failed = true;
             if (!r->response) http_respond_error(r, 400, "M_UNKNOWN", "The request was refused");
-            http_respond_header(r, "Connection", "close");
-            return true;
+            return true; /* prepare adds Connection: close */
         }
     }
     return false;
@@ -180,15 +235,47 @@ static int call_body_chunk(atrium_req *r, const char *data, size_t size)
     return rc;
 }
 
-static void take_body(atrium_req *r, const char *data, size_t size)
+/* An answer decided while the body is still arriving (413 past the limit, a body_chunk
+ * refusal): libmicrohttpd queues responses only before the body or after all of it, and
+ * reading the rest (hundreds of megabytes, maybe) just to refuse it is what a client must
+ * not be able to make us do. So the error goes straight to the socket - the connection's
+ * own thread is the only writer, and nothing of a response was written yet - and
+ * returning MHD_NO closes the connection. On a TLS listener the bytes cannot be written
+ * beside the TLS session: the connection is closed without an answer. */
+static enum MHD_Result answer_mid_body(atrium_req *r)
 {
-    if (r->response || r->body_failed) return; /* already answered: discard */
+    http_server *s = r->srv;
+    bool tls = r->listener == HTTP_LISTENER_FEDERATION && s->cfg->fed_listener.tls;
+    char wire[WIRE_ERROR_MAX_BYTES];
+    size_t n = tls ? 0 : http_error_wire(r, 0, NULL, NULL, wire, sizeof(wire));
+    if (!tls && n == 0) /* an error response without recorded JSON: say what it was */
+        n = http_error_wire(r, r->status >= 400 ? r->status : 400, "M_UNKNOWN",
+                            http_reason_phrase(r->status >= 400 ? r->status : 400), wire,
+                            sizeof(wire));
+    if (n > 0 && r->sock_fd >= 0) {
+        ssize_t w = send(r->sock_fd, wire, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w == (ssize_t)n) {
+            http_count_status(s, r->status);
+            shutdown(r->sock_fd, SHUT_WR); /* the client sees the end of the answer */
+        }
+    }
+    rt_log(ATRIUM_LOG_DEBUG, "core", "[req %s] answered %d before the end of its body; closing",
+           r->id, r->status);
+    r->in_dispatch_done = true;
+    return MHD_NO;
+}
+
+/* Take one piece of the body. Returns true when the request has been refused (the caller
+ * answers at once with answer_mid_body). */
+static bool take_body(atrium_req *r, const char *data, size_t size)
+{
+    if (r->response || r->body_failed) return r->response != NULL; /* already refused */
     const atrium_route *route = &r->route->route;
     if ((int64_t)(r->body_len + size) > r->max_body) {
         r->body_too_large = true;
         http_respond_error(r, 413, "M_TOO_LARGE", "The request body is larger than %lld bytes",
                            (long long)r->max_body);
-        return;
+        return true;
     }
     if (route->flags & ATRIUM_ROUTE_STREAM_BODY) {
         r->body_len += size;
@@ -196,8 +283,9 @@ static void take_body(atrium_req *r, const char *data, size_t size)
         if (rc < 0) {
             r->body_failed = true;
             if (!r->response) http_respond_error(r, 400, "M_UNKNOWN", "The body was refused");
+            return true;
         }
-        return;
+        return false;
     }
     if (r->body_len + size + 1 > r->body_cap) {
         size_t cap = r->body_cap ? r->body_cap : 4096;
@@ -206,7 +294,7 @@ static void take_body(atrium_req *r, const char *data, size_t size)
         if (!n) {
             r->body_failed = true;
             http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-            return;
+            return true;
         }
         r->body = n;
         r->body_cap = cap;
@@ -214,6 +302,7 @@ static void take_body(atrium_req *r, const char *data, size_t size)
     memcpy(r->body + r->body_len, data, size);
     r->body_len += size;
     r->body[r->body_len] = '\0';
+    return false;
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
@@ -235,9 +324,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         return MHD_YES;
     }
     if (*upload_data_size) {
-        take_body(r, upload_data, *upload_data_size);
+        if (r->in_dispatch_done) return MHD_NO; /* answered mid-body: never read on */
+        bool refused = take_body(r, upload_data, *upload_data_size);
         *upload_data_size = 0;
-        return MHD_YES;
+        return refused ? answer_mid_body(r) : MHD_YES;
     }
     if (r->in_dispatch_done) return MHD_YES;
 
