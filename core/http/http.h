@@ -75,7 +75,44 @@ enum http_listener_kind { HTTP_LISTENER_CLIENT = 0, HTTP_LISTENER_FEDERATION = 1
 typedef struct http_listener {
     http_server *srv;
     int kind; /* enum http_listener_kind */
+    atomic_int open_connections; /* open now, counted by the connection callback */
+    /* A client worker (one libmicrohttpd daemon with one thread, fed by the gate): */
+    struct MHD_Daemon *daemon;
+    struct http_listener *parent; /* the client listener, whose counts it adds to */
+    atomic_int busy;              /* handler runs in progress on its thread */
+    int max_connections;          /* its share of the client connections */
 } http_listener;
+
+/* Count d connections opened (+1) or closed (-1) on l and its parent. */
+void http_listener_count(http_listener *l, int d);
+
+/* ---- the gate (gate.c): the client listener's front door ----------------------------- */
+typedef struct http_gate http_gate;
+/* Listen on addr and hand every new connection whose request headers are complete and
+ * well-framed to one of s->workers (libmicrohttpd daemons started with
+ * MHD_USE_NO_LISTEN_SOCKET): the least busy one with room. Others get a Matrix error
+ * (400, 408 after server.http.header_timeout_ms, 413, 431, 505, 503 at the connection
+ * limit) and are closed. *port_out gets the bound port. NULL with errno set when the
+ * socket cannot be bound. Main thread. */
+http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_t addrlen,
+                           int *port_out);
+/* Stop accepting and close every connection still waiting for its headers. */
+void http_gate_stop(http_gate *g);
+/* Where the header block of buf ends (just past the empty line), or 0 when it does not
+ * end within len bytes. Pure. */
+size_t http_gate_head_end(const char *buf, size_t len);
+/* Is this request head one of the few that are answered without waiting (/health,
+ * /versions, /metrics, whoami, .well-known), which may use the connections kept in
+ * reserve? Pure. */
+bool http_gate_cheap_request(const char *head, size_t len);
+/* Judge a complete request head (buf[0..len), up to and including the empty line): 0
+ * when libmicrohttpd may have it, else the status to answer, with *errcode and msg set.
+ * Checks the request line (method token, target without blanks or controls, at most 256
+ * query parameters, HTTP/1.0 or 1.1 else 505), header lines (at most 100, no folding,
+ * token names), and Content-Length (decimal, below 2^63 else 413, duplicates agreeing,
+ * never together with Transfer-Encoding). Pure; any thread. */
+int http_gate_check_head(const char *buf, size_t len, const char **errcode, char *msg,
+                         size_t msglen);
 
 /* The check the federation module runs before every handler of an ATRIUM_ROUTE_FEDERATION
  * route (X-Matrix): 0 with r->origin set, ATRIUM_DONE with a refusal set as the response,
@@ -86,7 +123,12 @@ struct http_server {
     const struct core_config *cfg;
     rt_metrics *metrics;
     router *router;
-    struct MHD_Daemon *daemon;
+    http_listener *workers; /* the client listener's request pool: one daemon per thread */
+    int n_workers;
+    http_gate *gate;      /* the client listener's front door */
+    int gate_max_pending; /* connections it may hold while their headers arrive */
+    int cheap_reserve;    /* connections parked requests may never take (suspend.c) */
+    atomic_int suspended; /* client requests parked, in a line or waiting now */
     susp_timer *timer;
     rt_budget *outbound; /* ADR-0079 (docs/adr/0079-outbound-budget.md) */
     atomic_bool stopping;
@@ -192,6 +234,7 @@ struct atrium_req {
     int is_guest;       /* the user is a guest (valid when user is set); -1: a guest refused */
     int sock_fd;
     int64_t start_ms, deadline_ms;
+    bool close_after; /* answered under connection pressure: no keep-alive */
 
     /* body */
     char *body;

@@ -29,6 +29,11 @@
 #define FED_CONNECTION_SHARE 4 /* the federation listener gets 1/4 of the connections */
 #define FED_MIN_CONNECTIONS 8
 #define WIRE_ERROR_MAX_BYTES 2048 /* an error written straight to the socket */
+#define WORKER_LIMIT_SLACK 3 /* libmicrohttpd's limit per worker, times the gate's share (cheap requests may use twice the share) */
+#define GATE_SHARE 4              /* 1/4 of the client connections may be sending headers */
+#define GATE_MIN_PENDING 8
+#define CHEAP_RESERVE_SHARE 8     /* 1/8 of the served connections is never held by waiters */
+#define CHEAP_RESERVE_MIN 4
 
 static atomic_int open_connections;
 static atomic_int inflight_requests; /* received and not yet completed */
@@ -61,6 +66,7 @@ static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *res
     if (!resp) resp = http_error_response(500, "M_UNKNOWN", "Internal server error", 0);
     if (!resp) return MHD_NO;
     http_add_cors(resp); /* the one place every response gets its CORS headers */
+    if (r->close_after) MHD_add_response_header(resp, "Connection", "close");
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     http_count_status(r->srv, status);
@@ -83,13 +89,15 @@ static enum MHD_Result dispatch(atrium_req *r)
     if (rc == ATRIUM_PARKED || rc == ATRIUM_HANDED_OFF) return MHD_YES; /* not ours now */
     if (rc < 0) {
         bool stopping = atomic_load(&r->srv->stopping);
-        if (rc != ATRIUM_E_STOPPED && !stopping)
+        if (rc != ATRIUM_E_STOPPED && rc != ATRIUM_E_LIMIT && !stopping)
             rt_log(ATRIUM_LOG_ERROR, "core", "[req %s] %s %s: handler failed (%d)", r->id,
                    r->method, r->path, rc);
         if (rc == ATRIUM_E_STOPPED || stopping)
             http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
         else if (rc == ATRIUM_E_DB)
             http_respond_error(r, 503, "M_UNKNOWN", "The database is unavailable; retry");
+        else if (rc == ATRIUM_E_LIMIT) /* e.g. no room left to wait (susp_room_to_wait) */
+            http_respond_limited(r, 1000, "The server is busy; retry shortly");
         else
             http_respond_error(r, 500, "M_UNKNOWN", "Internal server error");
     } else if (!r->response) {
@@ -101,6 +109,16 @@ static enum MHD_Result dispatch(atrium_req *r)
 }
 
 static int call_body_chunk(atrium_req *r, const char *data, size_t size);
+
+/* dispatch, counted as a busy thread of its worker (the gate gives new connections to
+ * workers whose thread is not inside a handler). */
+static enum MHD_Result dispatch_on(http_listener *l, atrium_req *r)
+{
+    atomic_fetch_add(&l->busy, 1);
+    enum MHD_Result rc = dispatch(r);
+    atomic_fetch_sub(&l->busy, 1);
+    return rc;
+}
 
 /* Does the request announce a body (a Content-Length above 0, or any Transfer-Encoding)? */
 static bool announces_body(atrium_req *r)
@@ -346,7 +364,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     if (state == SUSP_RESUMING) {
         if (action == ACT_RESPOND) return queue(r, status, resp);
         r->run_reason = reason;
-        return dispatch(r);
+        return dispatch_on(listener, r);
     }
     if (r->response) return queue_own(r); /* answered before running (404, 405, 413, ...) */
     if (r->runs > 0) {
@@ -357,7 +375,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         return queue_own(r);
     }
     r->run_reason = ATRIUM_RUN_FIRST;
-    return dispatch(r);
+    return dispatch_on(listener, r);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -376,6 +394,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&inflight_requests, 1);
 }
 
+void http_listener_count(http_listener *l, int d)
+{
+    atomic_fetch_add(&l->open_connections, d);
+    if (l->parent) atomic_fetch_add(&l->parent->open_connections, d);
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
@@ -383,7 +407,11 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     (void)c;
     (void)socket_context;
     int d = toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
+    http_listener *l = cls;
     atomic_fetch_add(&open_connections, d);
+    /* A client worker's connections were counted by the gate when it handed them over
+     * (http_gate_count): a burst is spread before any has started. */
+    if (!l->parent || d < 0) http_listener_count(l, d);
     rt_metric_add(s->m_connections, d);
 }
 
@@ -396,8 +424,11 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
     s->router = router_new();
     pthread_mutex_init(&s->events_mu, NULL);
     s->ratelimit_enabled = cfg->ratelimit.enabled;
-    s->listeners[HTTP_LISTENER_CLIENT] = (http_listener){s, HTTP_LISTENER_CLIENT};
-    s->listeners[HTTP_LISTENER_FEDERATION] = (http_listener){s, HTTP_LISTENER_FEDERATION};
+    for (int k = HTTP_LISTENER_CLIENT; k <= HTTP_LISTENER_FEDERATION; k++) {
+        s->listeners[k].srv = s;
+        s->listeners[k].kind = k;
+        atomic_init(&s->listeners[k].open_connections, 0);
+    }
     int outbound_cap = cfg->http.request_threads / 2;
     if (outbound_cap < 1) outbound_cap = 1;
     s->outbound = rt_budget_new("outbound", outbound_cap, 1, metrics);
@@ -549,21 +580,58 @@ int http_server_start(http_server *s)
         /* Federation first: once the client listener answers /health, both are up. */
         if (start_federation(s) < 0) return -1;
     }
+    /* The client connections are shared out: some for connections still sending their
+     * headers (held by the gate), the rest served by libmicrohttpd, of which a reserve is
+     * kept for requests answered without waiting (suspend.c, susp_room_to_wait). */
+    s->gate_max_pending = s->max_connections / GATE_SHARE;
+    if (s->gate_max_pending < GATE_MIN_PENDING) s->gate_max_pending = GATE_MIN_PENDING;
+    s->max_connections -= s->gate_max_pending;
+    if (s->max_connections < FED_MIN_CONNECTIONS) s->max_connections = FED_MIN_CONNECTIONS;
+    /* Shared evenly by the request pool's daemons (one per thread). */
+    int per_worker = s->max_connections / cfg->http.request_threads;
+    if (per_worker < 1) per_worker = 1;
+    s->max_connections = per_worker * cfg->http.request_threads;
+    s->cheap_reserve = s->max_connections / CHEAP_RESERVE_SHARE;
+    if (s->cheap_reserve < CHEAP_RESERVE_MIN) s->cheap_reserve = CHEAP_RESERVE_MIN;
     rt_metric_set(rt_metric_gauge(s->metrics, "atrium_http_max_connections", NULL,
                                   "Client connections allowed at once (from RLIMIT_NOFILE)"),
                   s->max_connections);
-    s->daemon = MHD_start_daemon(
-        flags, (uint16_t)cfg->http.port, NULL, NULL, on_access,
-        &s->listeners[HTTP_LISTENER_CLIENT], MHD_OPTION_EXTERNAL_LOGGER,
-        mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &ss,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http.request_threads,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->http.connection_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY_LIMIT_BYTES,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s->listeners[HTTP_LISTENER_CLIENT],
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, &s->listeners[HTTP_LISTENER_CLIENT],
-        MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL, MHD_OPTION_END);
-    if (!s->daemon) {
+    /* The request pool: one libmicrohttpd daemon per thread, without a listening socket.
+     * The gate (gate.c) owns that socket and hands each connection whose headers are
+     * complete and well-framed to the least busy daemon (MHD_add_connection): a thread
+     * blocked in a handler is not given new connections. */
+    flags |= MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    s->n_workers = cfg->http.request_threads;
+    s->workers = calloc((size_t)s->n_workers, sizeof(*s->workers));
+    bool workers_ok = s->workers != NULL;
+    for (int i = 0; workers_ok && i < s->n_workers; i++) {
+        http_listener *w = &s->workers[i];
+        w->srv = s;
+        w->kind = HTTP_LISTENER_CLIENT;
+        w->parent = &s->listeners[HTTP_LISTENER_CLIENT];
+        w->max_connections = per_worker;
+        atomic_init(&w->open_connections, 0);
+        atomic_init(&w->busy, 0);
+        w->daemon = MHD_start_daemon(
+            flags, 0, NULL, NULL, on_access, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+            /* The gate enforces per_worker with counts from the connection callback;
+             * libmicrohttpd forgets a closed connection a little later, so its own limit
+             * has room for that lag (or it would close new connections unanswered). */
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(per_worker * WORKER_LIMIT_SLACK),
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->http.connection_timeout_s,
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY_LIMIT_BYTES,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, w,
+            MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL, MHD_OPTION_END);
+        workers_ok = w->daemon != NULL;
+    }
+    int port = cfg->http.port;
+    if (workers_ok) {
+        socklen_t len = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                 : sizeof(struct sockaddr_in);
+        s->gate = http_gate_start(s, (const struct sockaddr *)&ss, len, &port);
+    }
+    if (!workers_ok || !s->gate) {
         rt_log(ATRIUM_LOG_ERROR, "core",
                "cannot listen on %s:%d (%s): is another server using the port? Change "
                "server.http.port or server.http.bind_address",
@@ -571,9 +639,10 @@ int http_server_start(http_server *s)
         return -1;
     }
     rt_log(ATRIUM_LOG_INFO, "core",
-           "listening on http://%s:%d (%d request threads, %d connections max, timeout %d s)",
-           cfg->http.bind_address, cfg->http.port, cfg->http.request_threads,
-           s->max_connections, cfg->http.connection_timeout_s);
+           "listening on http://%s:%d (%d request threads, %d connections max, timeout %d s, "
+           "headers within %d ms)",
+           cfg->http.bind_address, port, cfg->http.request_threads, s->max_connections,
+           cfg->http.connection_timeout_s, cfg->http.header_timeout_ms);
     return 0;
 }
 
@@ -603,10 +672,14 @@ void http_server_drain(http_server *s, int grace_ms)
 
 void http_server_stop(http_server *s)
 {
+    http_gate_stop(s->gate); /* no new connections reach the daemon from here on */
+    s->gate = NULL;
     if (s->fed_daemon) MHD_stop_daemon(s->fed_daemon);
     s->fed_daemon = NULL;
-    if (s->daemon) MHD_stop_daemon(s->daemon);
-    s->daemon = NULL;
+    for (int i = 0; s->workers && i < s->n_workers; i++) {
+        if (s->workers[i].daemon) MHD_stop_daemon(s->workers[i].daemon);
+        s->workers[i].daemon = NULL;
+    }
 }
 
 void http_server_free(http_server *s)
@@ -616,6 +689,7 @@ void http_server_free(http_server *s)
     susp_timer_free(s->timer);
     susp_events_free(s);
     router_free(s->router);
+    free(s->workers);
     rt_budget_free(s->outbound);
     pthread_mutex_destroy(&s->events_mu);
     free(s);
