@@ -193,8 +193,10 @@ int http_gate_check_head(const char *buf, size_t len, const char **errcode, char
                 memcpy(num, v, vl);
                 num[vl] = '\0';
                 rc = num[0] == '-' ? ATRIUM_E_INVAL : atrium_parse_int64(num, 0, INT64_MAX, &x);
-            } else if (strspn(v, "0123456789") >= vl) {
-                rc = ATRIUM_E_LIMIT; /* all digits, just very many */
+            } else {
+                size_t digits = 0; /* the head is not NUL-terminated: a bounded scan */
+                while (digits < vl && v[digits] >= '0' && v[digits] <= '9') digits++;
+                if (digits == vl) rc = ATRIUM_E_LIMIT; /* all digits, just very many */
             }
             if (rc == ATRIUM_E_INVAL)
                 return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
@@ -298,9 +300,9 @@ bool http_gate_cheap_request(const char *head, size_t len)
     if (!((mlen == 3 && memcmp(head, "GET", 3) == 0) || (mlen == 4 && memcmp(head, "HEAD", 4) == 0) ||
           (mlen == 7 && memcmp(head, "OPTIONS", 7) == 0)))
         return false;
-    const char *path = sp + 1;
-    size_t plen = strcspn(path, " ?\r\n");
-    if (plen > (size_t)(head + len - path)) return false;
+    const char *path = sp + 1, *end = head + len;
+    size_t plen = 0; /* the head is not NUL-terminated: a bounded scan */
+    while (path + plen < end && !strchr(" ?\r\n", path[plen])) plen++;
     for (size_t i = 0; i < sizeof(CHEAP_PATHS) / sizeof(CHEAP_PATHS[0]); i++)
         if (strlen(CHEAP_PATHS[i]) == plen && memcmp(CHEAP_PATHS[i], path, plen) == 0) return true;
     return false;
