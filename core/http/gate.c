@@ -51,6 +51,7 @@
 #define GATE_IDLE_WAIT_MS 1000 /* epoll wait when no deadline is near */
 #define GATE_DRAIN_BYTES (64 * 1024) /* read before closing a refused one (FIN, not RST) */
 #define GATE_FULL_RETRY_MS 20 /* at the connection limit: how often room is looked for */
+#define GATE_EVICT_MIN_AGE_MS 1000 /* one that sent nothing yet is evicted from this age */
 
 typedef struct gate_conn {
     int fd;
@@ -60,6 +61,7 @@ typedef struct gate_conn {
     bool ready; /* headers complete and good; waiting for room under the limit */
     bool cheap; /* http_gate_cheap_request */
     bool dead;  /* dropped or handed over: freed after the current batch of events */
+    bool partial; /* sent part of its headers (a whole head comes in one piece) */
     struct gate_conn *prev, *next; /* in arrival order, so in deadline order */
 } gate_conn;
 
@@ -391,6 +393,7 @@ static void inspect(http_gate *g, gate_conn *c, uint32_t events)
     if (n < 0) return;
     size_t end = http_gate_head_end(g->peek, (size_t)n);
     if (end == 0) {
+        c->partial = n > 0;
         if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) { /* gone before its headers ended */
             drop(g, c, 0, NULL, NULL);
             return;
@@ -422,10 +425,16 @@ static void accept_all(http_gate *g)
         if (g->n_pending >= g->max_pending) {
             /* Full of connections still sending headers: the oldest of those goes. A real
              * client sends its headers within a round trip and is hardly ever the oldest;
-             * a slow sender is, so slow senders cannot lock newcomers out. When all are
-             * ready and waiting for room, new connections wait in the backlog instead. */
+             * a slow sender is, so slow senders cannot lock newcomers out. When none is
+             * slow (all ready and waiting for room, or just arrived), new connections wait
+             * in the backlog instead. */
+            /* Slow: sent part of its headers (a real client's head comes in one piece), or
+             * nothing for a while. One that connected a moment ago and sent nothing yet is
+             * not slow, only not there yet (a burst of new clients). */
+            int64_t young = rt_now_ms() - GATE_EVICT_MIN_AGE_MS + g->header_timeout_ms;
             gate_conn *slow = g->head;
-            while (slow && slow->ready) slow = slow->next;
+            while (slow && (slow->ready || (!slow->partial && slow->deadline_ms > young)))
+                slow = slow->next;
             if (!slow) {
                 rt_metric_add(g->m_full, 1);
                 set_accepting(g, false);

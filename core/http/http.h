@@ -127,8 +127,7 @@ struct http_server {
     int n_workers;
     http_gate *gate;      /* the client listener's front door */
     int gate_max_pending; /* connections it may hold while their headers arrive */
-    int cheap_reserve;    /* connections parked requests may never take (suspend.c) */
-    atomic_int suspended; /* client requests parked, in a line or waiting now */
+    int cheap_reserve;    /* connections only cheap requests may take (gate.c) */
     susp_timer *timer;
     rt_budget *outbound; /* ADR-0079 (docs/adr/0079-outbound-budget.md) */
     atomic_bool stopping;
@@ -234,7 +233,6 @@ struct atrium_req {
     int is_guest;       /* the user is a guest (valid when user is set); -1: a guest refused */
     int sock_fd;
     int64_t start_ms, deadline_ms;
-    bool close_after; /* answered under connection pressure: no keep-alive */
 
     /* body */
     char *body;

@@ -66,7 +66,6 @@ static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *res
     if (!resp) resp = http_error_response(500, "M_UNKNOWN", "Internal server error", 0);
     if (!resp) return MHD_NO;
     http_add_cors(resp); /* the one place every response gets its CORS headers */
-    if (r->close_after) MHD_add_response_header(resp, "Connection", "close");
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     http_count_status(r->srv, status);
@@ -582,7 +581,7 @@ int http_server_start(http_server *s)
     }
     /* The client connections are shared out: some for connections still sending their
      * headers (held by the gate), the rest served by libmicrohttpd, of which a reserve is
-     * kept for requests answered without waiting (suspend.c, susp_room_to_wait). */
+     * kept for requests answered without waiting (gate.c, pick_worker). */
     s->gate_max_pending = s->max_connections / GATE_SHARE;
     if (s->gate_max_pending < GATE_MIN_PENDING) s->gate_max_pending = GATE_MIN_PENDING;
     s->max_connections -= s->gate_max_pending;

@@ -133,19 +133,12 @@ static void heap_remove(susp_timer *t, atrium_req *r)
 
 /* ---- suspend and resume ------------------------------------------------------------- */
 
-/* Suspended client requests, for the metrics and the gate's view of the pool. */
-static void count_suspended(atrium_req *r, int d)
-{
-    if (r->listener == HTTP_LISTENER_CLIENT) atomic_fetch_add(&r->srv->suspended, d);
-}
-
 void susp_suspend(atrium_req *r, int kind, int64_t deadline_ms)
 {
     /* Caller holds r->mu. */
     if (r->susp == SUSP_ACTIVE) {
         MHD_suspend_connection(r->conn);
         r->susp = SUSP_SUSPENDED;
-        count_suspended(r, 1);
         rt_metric_add(kind == SUSP_HANDOFF ? r->srv->m_handed_off : r->srv->m_parked, 1);
     } else if (r->susp_kind != kind) {
         /* A handler on a pool parks: move it from one gauge to the other. */
@@ -166,7 +159,6 @@ bool susp_resume(atrium_req *r, int action, int reason, int status, struct MHD_R
         return false;
     }
     rt_metric_add(r->susp_kind == SUSP_HANDOFF ? r->srv->m_handed_off : r->srv->m_parked, -1);
-    count_suspended(r, -1);
     r->susp = SUSP_RESUMING;
     r->action = action;
     r->resume_reason = reason;

@@ -273,6 +273,15 @@ class BadInputTest(unittest.TestCase):
         self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"))
         self.assert_alive("numbers past int64")
 
+    def test_a_filter_with_a_limit_that_is_not_a_number_is_refused_when_stored(self):
+        path = "/_matrix/client/v3/user/%40mallory%3Alocalhost/filter"
+        status, body = self.srv.json("POST", path, {"room": {"timeline": {"limit": "x"}}},
+                                     token=self.token)
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"), body)
+        status, body = self.srv.json("POST", path, {"room": {"timeline": {"limit": 5}}},
+                                     token=self.token)
+        self.assertEqual(status, 200, body)
+
     # -- malformed bodies to every route family ----------------------------------------------
 
     def test_malformed_json_bodies_are_400_on_every_route_family(self):
