@@ -23,18 +23,22 @@
 
 #define STREAM_BLOCK_BYTES (64 * 1024)
 
+/* The CORS headers every answer carries, whichever way it is sent. */
+static const char *const CORS_HEADERS[][2] = {
+    {"Access-Control-Allow-Origin", "*"},
+    {"Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, DELETE, OPTIONS"},
+    {"Access-Control-Allow-Headers", "X-Requested-With, Content-Type, Authorization, Date"},
+    {"Access-Control-Expose-Headers", "Content-Disposition, Retry-After, ETag, Content-Range"},
+};
+#define N_CORS_HEADERS (sizeof(CORS_HEADERS) / sizeof(CORS_HEADERS[0]))
+
 void http_add_cors(struct MHD_Response *resp)
 {
     /* Idempotent: a response object queued again (or built by a plugin that set them
      * itself) keeps one copy. */
-    if (MHD_get_response_header(resp, "Access-Control-Allow-Origin")) return;
-    MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
-    MHD_add_response_header(resp, "Access-Control-Allow-Methods",
-                            "GET, HEAD, POST, PUT, DELETE, OPTIONS");
-    MHD_add_response_header(resp, "Access-Control-Allow-Headers",
-                            "X-Requested-With, Content-Type, Authorization, Date");
-    MHD_add_response_header(resp, "Access-Control-Expose-Headers",
-                            "Content-Disposition, Retry-After, ETag, Content-Range");
+    if (MHD_get_response_header(resp, CORS_HEADERS[0][0])) return;
+    for (size_t i = 0; i < N_CORS_HEADERS; i++)
+        MHD_add_response_header(resp, CORS_HEADERS[i][0], CORS_HEADERS[i][1]);
 }
 
 static struct MHD_Response *json_response(json_t *body)
@@ -136,15 +140,20 @@ size_t http_error_wire(atrium_req *r, int status, const char *errcode, const cha
         secs = r->error_retry_after_s;
     }
     if (!json) return 0;
-    char retry[48] = "";
-    if (secs > 0) snprintf(retry, sizeof(retry), "Retry-After: %lld\r\n", (long long)secs);
+    char extra[512] = "";
+    size_t at = 0;
+    if (secs > 0)
+        at += (size_t)snprintf(extra, sizeof(extra), "Retry-After: %lld\r\n", (long long)secs);
+    for (size_t i = 0; i < N_CORS_HEADERS && at < sizeof(extra); i++)
+        at += (size_t)snprintf(extra + at, sizeof(extra) - at, "%s: %s\r\n", CORS_HEADERS[i][0],
+                               CORS_HEADERS[i][1]);
     int n = snprintf(buf, cap,
                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\nConnection: close\r\nCache-Control: no-store\r\n"
-                     "Access-Control-Allow-Origin: *\r\n%s\r\n%s",
-                     status, http_reason_phrase(status), strlen(json), retry, json);
+                     "%s\r\n%s",
+                     status, http_reason_phrase(status), strlen(json), extra, json);
     free(own);
-    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+    return n > 0 && (size_t)n < cap && at < sizeof(extra) ? (size_t)n : 0;
 }
 
 void http_set_response(atrium_req *r, int status, struct MHD_Response *resp)
