@@ -4,12 +4,17 @@
  * callback where holds are released.
  *
  * Decisions owned here (docs/architecture.md, 'A request's journey', and
- * docs/adr/0001-request-threads-never-block.md): MHD's internal thread pool is the request pool
- * (server.http.request_threads, epoll); every connection has an inactivity timeout; the
- * connection limit is derived from RLIMIT_NOFILE minus what PostgreSQL, outbound sockets
- * and files need; paths reach the router still percent-encoded; responses are queued
- * only on the connection's own thread (a pool worker stores its response and resumes);
- * shutdown resumes every suspended connection before MHD_stop_daemon.
+ * docs/adr/0001-request-threads-never-block.md): the request pool is one libmicrohttpd
+ * daemon per thread (server.http.request_threads, epoll), fed by the gate (gate.c), which
+ * owns the client listening socket, enforces the header deadline and answers bad framing;
+ * every connection has an inactivity timeout; the connection limit is derived from
+ * RLIMIT_NOFILE minus what PostgreSQL, outbound sockets and files need, and shared out
+ * between the gate, requests that wait and a reserve for cheap ones; paths reach the
+ * router still percent-encoded; every refusal known from the headers is answered before
+ * the body, one decided mid-body is written to the socket at once (answer_mid_body);
+ * responses are queued only on the connection's own thread (a pool worker stores its
+ * response and resumes); shutdown resumes every suspended connection before
+ * MHD_stop_daemon.
  */
 #include <arpa/inet.h>
 #include <errno.h>
