@@ -166,13 +166,13 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
     if (mode == SYNC_MODE_INITIAL || mode == SYNC_MODE_ROOM_INITIAL) {
         since = timeout = full = NULL; /* always from nothing, never waiting */
         const char *limit = http_req_query(r, "limit");
-        char *end;
-        long long n = limit ? strtoll(limit, &end, 10) : LEGACY_DEFAULT_LIMIT;
-        if (limit && (!*limit || *end || n < 0)) {
+        int64_t n = LEGACY_DEFAULT_LIMIT;
+        int rc = limit ? atrium_parse_int64(limit, 0, SYNC_MAX_TIMELINE_LIMIT, &n) : 0; /* clamped */
+        if (rc == ATRIUM_E_INVAL || (rc == ATRIUM_E_LIMIT && n != SYNC_MAX_TIMELINE_LIMIT)) {
             http_respond_error(r, 400, "M_INVALID_PARAM", "'limit' must be a non-negative integer");
             return false;
         }
-        s->timeline_limit = n > SYNC_MAX_TIMELINE_LIMIT ? SYNC_MAX_TIMELINE_LIMIT : n;
+        s->timeline_limit = n;
     }
     if (since && !rooms_parse_token(since, &s->since)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
