@@ -12,13 +12,16 @@
 # 4. runs ctest in build/, then in build-asan/ with leak detection on and any sanitizer
 #    report fatal, then the tests labelled "tsan" (the runtime mechanisms, plugins, media
 #    delivery: tests/CMakeLists.txt) in build-tsan/ with any data race fatal (library
-#    internals suppressed by tests/tsan.supp), passing CTEST ARGS to all three;
+#    internals suppressed by tests/tsan.supp), passing CTEST ARGS to all three; then
+#    the libFuzzer targets (tests/fuzz, label "fuzz") in build-fuzz/ (clang), each for
+#    ATRIUM_FUZZ_SECONDS seconds (default 4) from its seed corpus;
 # 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary, and exits non-zero
 #    if anything failed.
 # CI (.ci/run) runs exactly this. A second run reuses both builds and the cluster.
 #
 # Developer knobs (CI sets none): ATRIUM_TEST_SKIP_ASAN=1 skips both sanitizer trees,
-# ATRIUM_TEST_SKIP_TSAN=1 only the ThreadSanitizer one,
+# ATRIUM_TEST_SKIP_TSAN=1 only the ThreadSanitizer one, ATRIUM_TEST_SKIP_FUZZ=1 the
+# fuzzing tree, ATRIUM_FUZZ_SECONDS=N runs each fuzz target N seconds (default 4),
 # ATRIUM_JOBS=N sets build parallelism (default: number of CPUs).
 set -euo pipefail
 
@@ -122,6 +125,12 @@ run_ctest() {
         < <(grep -ho "SKIPPED: [^'\"]*" "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u)
 }
 
+# The fuzzers run with the whole suite, not with a ctest filter (tests/run.sh -R media has
+# nothing to fuzz). One target alone: ctest --test-dir build-fuzz -R fuzz.router.
+fuzz_enabled() {
+    [ "${ATRIUM_TEST_SKIP_FUZZ:-0}" != 1 ] && [ $# -eq 0 ]
+}
+
 tsan_enabled() {
     [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ] && [ "${ATRIUM_TEST_SKIP_TSAN:-0}" != 1 ]
 }
@@ -162,6 +171,13 @@ if tsan_enabled; then
     cmake --build build-tsan -j"$build_jobs"
 fi
 
+if fuzz_enabled "$@"; then
+    step "build-fuzz/ (libFuzzer targets, clang)"
+    atrium_configure_tree "$root" build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_C_COMPILER=clang -DATRIUM_FUZZ=ON
+    cmake --build build-fuzz -j"$build_jobs" --target fuzz_all
+fi
+
 step "PostgreSQL for the tests (build/test-pg)"
 pg_started=1
 ATRIUM_PG_FAST=1 "$PG_SH" start "$PG_DIR" >&2
@@ -198,5 +214,18 @@ if tsan_enabled; then
         -- -L tsan "$@"
 else
     summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_*SAN=1)' "build-tsan (TSan subset)")")
+fi
+if fuzz_enabled "$@"; then
+    step "ctest -L fuzz in build-fuzz/ (${ATRIUM_FUZZ_SECONDS:-4} s per target)"
+    run_ctest build-fuzz "build-fuzz (libFuzzer)" -- -L fuzz
+    # Executions and coverage each target reached (libFuzzer's last status line).
+    for log in build-fuzz/tests/fuzz/work/*/last-run.log; do
+        [ -f "$log" ] || continue
+        t=$(basename "$(dirname "$log")")
+        line=$(grep -E '^#[0-9]+' "$log" | tail -n 1 | awk '{print $1, $3, $4, $5, $6, $7, $8}')
+        summary+=("$(printf '    fuzz %-14s %s' "$t" "$line")")
+    done
+else
+    summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_FUZZ=1 or a ctest filter)' "build-fuzz (libFuzzer)")")
 fi
 stage="done"

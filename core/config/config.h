@@ -179,6 +179,7 @@ struct core_config {
         int port;                     /* server.http.port (default 8008) */
         int request_threads;          /* server.http.request_threads (default 4, 1..256) */
         int connection_timeout_s;     /* server.http.connection_timeout_s (default 60) */
+        int header_timeout_ms;        /* server.http.header_timeout_ms (default 10000) */
         int max_connections;          /* server.http.max_connections (0 = from RLIMIT_NOFILE) */
         int fd_reserve;               /* server.http.fd_reserve (default 128) */
         int64_t max_json_body_bytes;  /* server.http.max_json_body_bytes (default 1 MiB) */

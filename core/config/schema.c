@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include "atrium/parse.h"
 
 enum {
     SCHEMA_TEXT_BYTES = 512,          /* scratch for paths, places and lists */
@@ -38,18 +39,8 @@ enum {
 /* Decimal only: an optional sign and digits. 0, -1 for garbage, -2 for overflow. */
 static int parse_decimal(const char *s, int64_t *out)
 {
-    const char *p = s + (*s == '-' || *s == '+');
-    if (*p == '\0')
-        return -1;
-    for (; *p != '\0'; p++)
-        if (!isdigit((unsigned char)*p))
-            return -1;
-    errno = 0;
-    long long v = strtoll(s, NULL, 10);
-    if (errno == ERANGE)
-        return -2;
-    *out = (int64_t)v;
-    return 0;
+    int rc = atrium_parse_int64(s + (*s == '+' && s[1] != '-'), INT64_MIN, INT64_MAX, out);
+    return rc == 0 ? 0 : rc == ATRIUM_E_LIMIT ? -2 : -1;
 }
 
 int cfg_read_int(const cfg_node *n, const char *path, int64_t def, int64_t min, int64_t max,

@@ -98,6 +98,9 @@ const struct cfg_setting CORE_SETTINGS[] = {
             "The request pool: threads handling client requests (libmicrohttpd's pool)."),
     INT_ROW("server.http.connection_timeout_s", http.connection_timeout_s, 60, 1, 3600, "s",
             "An idle client connection is closed after this long."),
+    INT_ROW("server.http.header_timeout_ms", http.header_timeout_ms, 10000, 100, 600000, "ms",
+            "A new connection must send its complete request headers within this long, else "
+            "it gets 408 and is closed (slow senders cannot hold connections)."),
     INT_ROW("server.http.max_connections", http.max_connections, 0, 0, 1000000, NULL,
             "Open client connections at most; 0 = RLIMIT_NOFILE minus fd_reserve, the "
             "database pool and outbound sockets."),

@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 
 #include "core/federation/fed_http_transfer.h"
+#include "atrium/parse.h"
 
 #ifndef ATRIUM_VERSION
 #define ATRIUM_VERSION "dev"
@@ -319,11 +320,9 @@ static size_t on_header(char *data, size_t size, size_t nitems, void *ud)
         if (vl < sizeof(num)) {
             memcpy(num, v, vl);
             num[vl] = '\0';
-            char *e;
-            errno = 0;
-            long long declared = strtoll(num, &e, 10);
-            if (e != num && *e == '\0' &&
-                (errno == ERANGE || declared > h->max_body_bytes)) {
+            int64_t declared;
+            int rc = atrium_parse_int64(num, 0, INT64_MAX, &declared);
+            if (num[0] != '-' && rc != ATRIUM_E_INVAL && declared > h->max_body_bytes) {
                 refuse_too_large(h, true,
                                  declared);
                 return 0;

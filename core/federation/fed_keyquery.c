@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/federation/fed_internal.h"
+#include "atrium/parse.h"
 
 typedef struct notary_state {
     fed_waiter w;
@@ -76,11 +77,8 @@ static int64_t minimum_valid_until(atrium_req *r)
 {
     const char *v = http_req_query(r, "minimum_valid_until_ts");
     if (!v || !*v) return rt_wall_ms();
-    char *end = NULL;
-    errno = 0;
-    long long n = strtoll(v, &end, 10);
-    if (errno || *end || n < 0) return -1;
-    return n;
+    int64_t n;
+    return atrium_parse_int64(v, 0, INT64_MAX, &n) == 0 ? n : -1;
 }
 
 /* GET /_matrix/key/v2/query/{serverName}[/{keyId}] */

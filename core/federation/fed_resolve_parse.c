@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "core/federation/fed_resolve.h"
+#include "atrium/parse.h"
 
 #define FED_NAME_MAX_BYTES 255 /* the spec's bound on a DNS name */
 #define FED_LABEL_MAX_BYTES 63 /* RFC 1035 */
@@ -200,10 +201,10 @@ int64_t fed_resolve_cache_period_ms(const char *cache_control, const char *expir
             return 0;
         char v[32];
         if (cc_directive(cache_control, "max-age", v, sizeof v)) {
-            char *end;
-            long long secs = strtoll(v, &end, 10);
-            if (end != v && *end == '\0' && secs >= 0 && v[0] != '-' && v[0] != '+')
-                return secs > INT64_MAX / FED_MS_PER_S ? INT64_MAX : secs * FED_MS_PER_S;
+            int64_t secs;
+            int rc = atrium_parse_int64(v, 0, INT64_MAX / FED_MS_PER_S, &secs);
+            if (v[0] != '-' && rc != ATRIUM_E_INVAL)
+                return rc == ATRIUM_E_LIMIT ? INT64_MAX : secs * FED_MS_PER_S;
             /* A malformed max-age is ignored; Expires may still speak. */
         }
     }

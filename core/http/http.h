@@ -44,15 +44,25 @@ const char *router_owner(const router *rt, const char *method, const char *path)
 /* Match method + raw (still percent-encoded) path. Segments are percent-decoded after
  * splitting, so an encoded "/" stays inside its segment. On a match, the param names and
  * decoded values are allocated in `arena`. NULL when nothing matches; *wrong_method is
- * set when the path matches a route of another method (-> 405). HEAD matches GET. */
+ * set when the path matches a route of another method (-> 405). HEAD matches GET.
+ * Every parameter value is checked to be text (http_decode_text): when one is not, the
+ * route is still returned and *invalid names that parameter (the caller answers 400
+ * before anything reads it); else *invalid is NULL. */
 const route_entry *router_match(const router *rt, const char *method, const char *raw_path,
                                 rt_arena *arena, const char ***names, const char ***values,
-                                size_t *n, bool *wrong_method);
+                                size_t *n, bool *wrong_method, const char **invalid);
 /* The r0 path serving the same endpoint as the v3 template `path` (written to out): true
  * when r0.6.1 had the endpoint, false for other prefixes and endpoints newer than r0. */
 bool router_r0_twin(const char *path, char *out, size_t outlen);
 /* Percent-decode in place; returns false on a malformed escape or an embedded NUL. */
 bool http_percent_decode(char *s);
+/* Is s (NUL-terminated) well-formed UTF-8: no overlong forms, no surrogates, nothing past
+ * U+10FFFF? */
+bool http_utf8_valid(const char *s);
+/* The one rule for a value a client put in a path or query string: percent-decode in
+ * place, then require UTF-8 text without NUL. false when it is not (the caller answers
+ * 400 M_INVALID_PARAM; s is then unspecified). */
+bool http_decode_text(char *s);
 
 /* ---- server ------------------------------------------------------------------------- */
 
@@ -65,7 +75,44 @@ enum http_listener_kind { HTTP_LISTENER_CLIENT = 0, HTTP_LISTENER_FEDERATION = 1
 typedef struct http_listener {
     http_server *srv;
     int kind; /* enum http_listener_kind */
+    atomic_int open_connections; /* open now, counted by the connection callback */
+    /* A client worker (one libmicrohttpd daemon with one thread, fed by the gate): */
+    struct MHD_Daemon *daemon;
+    struct http_listener *parent; /* the client listener, whose counts it adds to */
+    atomic_int busy;              /* handler runs in progress on its thread */
+    int max_connections;          /* its share of the client connections */
 } http_listener;
+
+/* Count d connections opened (+1) or closed (-1) on l and its parent. */
+void http_listener_count(http_listener *l, int d);
+
+/* ---- the gate (gate.c): the client listener's front door ----------------------------- */
+typedef struct http_gate http_gate;
+/* Listen on addr and hand every new connection whose request headers are complete and
+ * well-framed to one of s->workers (libmicrohttpd daemons started with
+ * MHD_USE_NO_LISTEN_SOCKET): the least busy one with room. Others get a Matrix error
+ * (400, 408 after server.http.header_timeout_ms, 413, 431, 505, 503 at the connection
+ * limit) and are closed. *port_out gets the bound port. NULL with errno set when the
+ * socket cannot be bound. Main thread. */
+http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_t addrlen,
+                           int *port_out);
+/* Stop accepting and close every connection still waiting for its headers. */
+void http_gate_stop(http_gate *g);
+/* Where the header block of buf ends (just past the empty line), or 0 when it does not
+ * end within len bytes. Pure. */
+size_t http_gate_head_end(const char *buf, size_t len);
+/* Is this request head one of the few that are answered without waiting (/health,
+ * /versions, /metrics, whoami, .well-known), which may use the connections kept in
+ * reserve? Pure. */
+bool http_gate_cheap_request(const char *head, size_t len);
+/* Judge a complete request head (buf[0..len), up to and including the empty line): 0
+ * when libmicrohttpd may have it, else the status to answer, with *errcode and msg set.
+ * Checks the request line (method token, target without blanks or controls, at most 256
+ * query parameters, HTTP/1.0 or 1.1 else 505), header lines (at most 100, no folding,
+ * token names), and Content-Length (decimal, below 2^63 else 413, duplicates agreeing,
+ * never together with Transfer-Encoding). Pure; any thread. */
+int http_gate_check_head(const char *buf, size_t len, const char **errcode, char *msg,
+                         size_t msglen);
 
 /* The check the federation module runs before every handler of an ATRIUM_ROUTE_FEDERATION
  * route (X-Matrix): 0 with r->origin set, ATRIUM_DONE with a refusal set as the response,
@@ -76,7 +123,11 @@ struct http_server {
     const struct core_config *cfg;
     rt_metrics *metrics;
     router *router;
-    struct MHD_Daemon *daemon;
+    http_listener *workers; /* the client listener's request pool: one daemon per thread */
+    int n_workers;
+    http_gate *gate;      /* the client listener's front door */
+    int gate_max_pending; /* connections it may hold while their headers arrive */
+    int cheap_reserve;    /* connections only cheap requests may take (gate.c) */
     susp_timer *timer;
     rt_budget *outbound; /* ADR-0079 (docs/adr/0079-outbound-budget.md) */
     atomic_bool stopping;
@@ -172,6 +223,7 @@ struct atrium_req {
     const char **param_names, **param_values;
     http_kv *headers, *args;
     size_t n_headers, n_args;
+    const char *invalid_arg; /* raw name of the first query argument that is not text */
     const char *client_addr;
     int listener;       /* enum http_listener_kind */
     const char *origin; /* the server whose X-Matrix signature was verified, or NULL */
@@ -198,6 +250,10 @@ struct atrium_req {
     /* the response under construction, owned by the owning thread */
     struct MHD_Response *response;
     int status;
+    /* when that response is an error (status >= 400): its JSON and Retry-After seconds
+     * (0 = none), so it can also be written straight to the socket (http_error_wire) */
+    const char *error_json;
+    int64_t error_retry_after_s;
     http_out_header *out_headers;
 
     /* suspension: guarded by mu */
@@ -306,6 +362,14 @@ bool http_addr_in_list(const char *addr, const char **list, size_t n);
 
 /* ---- responses ---------------------------------------------------------------------- */
 
+/* A Matrix error as a complete HTTP/1.1 message with Connection: close, for an answer that
+ * cannot wait for libmicrohttpd (the request's body is still arriving): r's current error
+ * response, or one built from status/errcode/msg when errcode is not NULL. Written into
+ * buf; its length, or 0 when r holds no error response or buf is too small. */
+size_t http_error_wire(atrium_req *r, int status, const char *errcode, const char *msg,
+                       char *buf, size_t cap);
+/* The reason phrase of a status ("Payload Too Large"), "Error" when unknown. */
+const char *http_reason_phrase(int status);
 /* Build (not queue) a Matrix error response with the no-store header (CORS comes when it
  * is queued). */
 struct MHD_Response *http_error_response(int status, const char *errcode, const char *msg,

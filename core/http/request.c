@@ -45,7 +45,15 @@ static enum MHD_Result collect_kv(void *cls, enum MHD_ValueKind kind, const char
     char *name = rt_arena_strdup(k->r->arena, key ? key : "");
     char *val = rt_arena_strdup(k->r->arena, value ? value : "");
     if (!name || !val) return MHD_NO;
-    if (k->decode && (!http_percent_decode(name) || !http_percent_decode(val))) return MHD_YES;
+    if (k->decode) {
+        /* The name as sent, for the error message when it is printable text itself. */
+        const char *raw = k->r->invalid_arg || !http_utf8_valid(name)
+                              ? NULL : rt_arena_strdup(k->r->arena, name);
+        if (!http_decode_text(name) || !http_decode_text(val)) {
+            if (!k->r->invalid_arg) k->r->invalid_arg = raw ? raw : "?";
+            return MHD_YES; /* refused with 400 before any handler reads the query */
+        }
+    }
     k->items[k->n].name = name;
     k->items[k->n].value = val;
     k->n++;

@@ -23,18 +23,22 @@
 
 #define STREAM_BLOCK_BYTES (64 * 1024)
 
+/* The CORS headers every answer carries, whichever way it is sent. */
+static const char *const CORS_HEADERS[][2] = {
+    {"Access-Control-Allow-Origin", "*"},
+    {"Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, DELETE, OPTIONS"},
+    {"Access-Control-Allow-Headers", "X-Requested-With, Content-Type, Authorization, Date"},
+    {"Access-Control-Expose-Headers", "Content-Disposition, Retry-After, ETag, Content-Range"},
+};
+#define N_CORS_HEADERS (sizeof(CORS_HEADERS) / sizeof(CORS_HEADERS[0]))
+
 void http_add_cors(struct MHD_Response *resp)
 {
     /* Idempotent: a response object queued again (or built by a plugin that set them
      * itself) keeps one copy. */
-    if (MHD_get_response_header(resp, "Access-Control-Allow-Origin")) return;
-    MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
-    MHD_add_response_header(resp, "Access-Control-Allow-Methods",
-                            "GET, HEAD, POST, PUT, DELETE, OPTIONS");
-    MHD_add_response_header(resp, "Access-Control-Allow-Headers",
-                            "X-Requested-With, Content-Type, Authorization, Date");
-    MHD_add_response_header(resp, "Access-Control-Expose-Headers",
-                            "Content-Disposition, Retry-After, ETag, Content-Range");
+    if (MHD_get_response_header(resp, CORS_HEADERS[0][0])) return;
+    for (size_t i = 0; i < N_CORS_HEADERS; i++)
+        MHD_add_response_header(resp, CORS_HEADERS[i][0], CORS_HEADERS[i][1]);
 }
 
 static struct MHD_Response *json_response(json_t *body)
@@ -52,23 +56,104 @@ static struct MHD_Response *json_response(json_t *body)
     return resp;
 }
 
+/* The body of a Matrix error (malloc'd JSON text), or NULL. A message that is not UTF-8
+ * (it may quote what the client sent) is replaced rather than losing the answer. */
+static char *error_json(const char *errcode, const char *msg, int64_t retry_after_ms)
+{
+    json_t *body = json_pack("{s:s, s:s}", "errcode", errcode, "error", msg ? msg : "");
+    if (!body) body = json_pack("{s:s, s:s}", "errcode", errcode, "error", "(unprintable)");
+    if (!body) return NULL;
+    if (retry_after_ms > 0) json_object_set_new(body, "retry_after_ms", json_integer(retry_after_ms));
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    return text;
+}
+
+/* Retry-After seconds of an error: from retry_after_ms, 1 for a bare 503, else 0. */
+static int64_t retry_after_s(int status, int64_t retry_after_ms)
+{
+    if (retry_after_ms > 0) return (retry_after_ms + 999) / 1000;
+    return status == 503 ? 1 : 0;
+}
+
+static struct MHD_Response *error_response_from(int status, char *text, int64_t retry_after_ms)
+{
+    if (!text) return NULL;
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(text);
+        return NULL;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    int64_t secs = retry_after_s(status, retry_after_ms);
+    if (secs > 0) {
+        char v[32];
+        snprintf(v, sizeof(v), "%lld", (long long)secs);
+        MHD_add_response_header(resp, "Retry-After", v);
+    }
+    return resp;
+}
+
 struct MHD_Response *http_error_response(int status, const char *errcode, const char *msg,
                                          int64_t retry_after_ms)
 {
-    json_t *body = json_pack("{s:s, s:s}", "errcode", errcode, "error", msg ? msg : "");
-    if (!body) return NULL;
-    if (retry_after_ms > 0) json_object_set_new(body, "retry_after_ms", json_integer(retry_after_ms));
-    struct MHD_Response *resp = json_response(body);
-    if (!resp) return NULL;
-    MHD_add_response_header(resp, "Cache-Control", "no-store");
-    if (retry_after_ms > 0 || status == 503) {
-        char secs[32];
-        int64_t s = retry_after_ms > 0 ? (retry_after_ms + 999) / 1000 : 1;
-        snprintf(secs, sizeof(secs), "%lld", (long long)s);
-        MHD_add_response_header(resp, "Retry-After", secs);
+    return error_response_from(status, error_json(errcode, msg, retry_after_ms), retry_after_ms);
+}
+
+const char *http_reason_phrase(int status)
+{
+    switch (status) {
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
+    case 413: return "Payload Too Large";
+    case 414: return "URI Too Long";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Error";
     }
-    (void)status;
-    return resp;
+}
+
+size_t http_error_wire(atrium_req *r, int status, const char *errcode, const char *msg,
+                       char *buf, size_t cap)
+{
+    char *own = NULL;
+    const char *json;
+    int64_t secs;
+    if (errcode) {
+        json = own = error_json(errcode, msg, 0);
+        secs = retry_after_s(status, 0);
+    } else {
+        if (!r || !r->response || !r->error_json) return 0;
+        status = r->status;
+        json = r->error_json;
+        secs = r->error_retry_after_s;
+    }
+    if (!json) return 0;
+    char extra[512] = "";
+    size_t at = 0;
+    if (secs > 0)
+        at += (size_t)snprintf(extra, sizeof(extra), "Retry-After: %lld\r\n", (long long)secs);
+    for (size_t i = 0; i < N_CORS_HEADERS && at < sizeof(extra); i++)
+        at += (size_t)snprintf(extra + at, sizeof(extra) - at, "%s: %s\r\n", CORS_HEADERS[i][0],
+                               CORS_HEADERS[i][1]);
+    int n = snprintf(buf, cap,
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\nCache-Control: no-store\r\n"
+                     "%s\r\n%s",
+                     status, http_reason_phrase(status), strlen(json), extra, json);
+    free(own);
+    return n > 0 && (size_t)n < cap && at < sizeof(extra) ? (size_t)n : 0;
 }
 
 void http_set_response(atrium_req *r, int status, struct MHD_Response *resp)
@@ -111,12 +196,31 @@ static int store(atrium_req *r, int status, struct MHD_Response *resp)
         return ATRIUM_E_EXPIRED;
     }
     http_set_response(r, status, resp);
+    r->error_json = NULL; /* an error sets it again right after */
     return 0;
+}
+
+/* Store a Matrix error built from text (consumed), remembering its JSON for
+ * http_error_wire. */
+static int store_error(atrium_req *r, int status, char *text, int64_t retry_after_ms)
+{
+    const char *copy = text ? rt_arena_strdup(r->arena, text) : NULL;
+    int rc = store(r, status, error_response_from(status, text, retry_after_ms));
+    if (rc == 0) {
+        r->error_json = copy;
+        r->error_retry_after_s = retry_after_s(status, retry_after_ms);
+    }
+    return rc;
 }
 
 int http_respond_json(atrium_req *r, int status, json_t *body)
 {
     if (!body) return ATRIUM_E_INVAL;
+    if (status >= 400) { /* an error of its own shape (M_UNKNOWN_TOKEN with soft_logout) */
+        char *text = json_dumps(body, JSON_COMPACT);
+        json_decref(body);
+        return text ? store_error(r, status, text, 0) : ATRIUM_E_NOMEM;
+    }
     return store(r, status, json_response(body));
 }
 
@@ -128,17 +232,17 @@ int http_respond_error(atrium_req *r, int status, const char *errcode, const cha
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     r->out_headers = NULL; /* a failure does not carry the success headers */
-    struct MHD_Response *resp = http_error_response(status, errcode, msg, 0);
-    return store(r, status, resp);
+    return store_error(r, status, error_json(errcode, msg, 0), 0);
 }
 
 int http_respond_limited(atrium_req *r, int64_t retry_after_ms, const char *message)
 {
     if (retry_after_ms <= 0) retry_after_ms = 1000;
     r->out_headers = NULL;
-    struct MHD_Response *resp = http_error_response(
-        429, "M_LIMIT_EXCEEDED", message ? message : "Too many requests", retry_after_ms);
-    return store(r, 429, resp);
+    return store_error(r, 429,
+                       error_json("M_LIMIT_EXCEEDED", message ? message : "Too many requests",
+                                  retry_after_ms),
+                       retry_after_ms);
 }
 
 int http_respond_header(atrium_req *r, const char *name, const char *value)

@@ -241,11 +241,42 @@ bool http_percent_decode(char *s)
     return true;
 }
 
+bool http_utf8_valid(const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    while (*s) {
+        unsigned c = *s;
+        if (c < 0x80) {
+            s++;
+            continue;
+        }
+        size_t len;
+        unsigned cp, min;
+        if (c >= 0xC2 && c <= 0xDF) len = 2, cp = c & 0x1F, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF) len = 3, cp = c & 0x0F, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4) len = 4, cp = c & 0x07, min = 0x10000;
+        else return false; /* a continuation byte first, C0/C1 (overlong) or F5..FF */
+        for (size_t i = 1; i < len; i++) {
+            if ((s[i] & 0xC0) != 0x80) return false; /* also stops at the NUL */
+            cp = (cp << 6) | (s[i] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+        s += len;
+    }
+    return true;
+}
+
+bool http_decode_text(char *s)
+{
+    return http_percent_decode(s) && http_utf8_valid(s);
+}
+
 const route_entry *router_match(const router *rt, const char *method, const char *raw_path,
                                 rt_arena *arena, const char ***names, const char ***values,
-                                size_t *n, bool *wrong_method)
+                                size_t *n, bool *wrong_method, const char **invalid)
 {
     *wrong_method = false;
+    *invalid = NULL;
     *n = 0;
     if (raw_path[0] != '/') return NULL;
     const char *raw_segs[ROUTER_MAX_SEGMENTS];
@@ -261,11 +292,15 @@ const route_entry *router_match(const router *rt, const char *method, const char
         if (!slash) break;
         p = slash + 1;
     }
-    /* Decode each segment once. */
+    /* Decode each segment once. One that is not text matches no literal (every literal
+     * is text) but does fill a parameter, so the route is found and the request refused
+     * with 400 rather than 404. */
     char *seg[ROUTER_MAX_SEGMENTS];
+    bool text[ROUTER_MAX_SEGMENTS];
     for (size_t i = 0; i < n_raw; i++) {
         seg[i] = rt_arena_strndup(arena, raw_segs[i], raw_lens[i]);
-        if (!seg[i] || !http_percent_decode(seg[i])) return NULL;
+        if (!seg[i]) return NULL;
+        text[i] = http_decode_text(seg[i]);
     }
     bool is_head = strcmp(method, "HEAD") == 0;
     const route_entry *best = NULL;
@@ -274,8 +309,8 @@ const route_entry *router_match(const router *rt, const char *method, const char
         if (e->n_segs != n_raw) continue;
         bool ok = true;
         for (size_t j = 0; j < n_raw && ok; j++) {
-            if (e->segs[j]) ok = strcmp(e->segs[j], seg[j]) == 0;
-            else ok = seg[j][0] != '\0';
+            if (e->segs[j]) ok = text[j] && strcmp(e->segs[j], seg[j]) == 0;
+            else ok = !text[j] || seg[j][0] != '\0';
         }
         if (!ok) continue;
         bool method_ok = strcmp(e->route.method, method) == 0 ||
@@ -296,6 +331,7 @@ const route_entry *router_match(const router *rt, const char *method, const char
     for (size_t j = 0; j < best->n_segs; j++) {
         if (best->segs[j]) continue;
         nm[k] = best->names[j];
+        if (!text[j] && !*invalid) *invalid = best->names[j];
         vl[k++] = seg[j];
     }
     *names = nm;

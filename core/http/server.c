@@ -4,24 +4,32 @@
  * callback where holds are released.
  *
  * Decisions owned here (docs/architecture.md, 'A request's journey', and
- * docs/adr/0001-request-threads-never-block.md): MHD's internal thread pool is the request pool
- * (server.http.request_threads, epoll); every connection has an inactivity timeout; the
- * connection limit is derived from RLIMIT_NOFILE minus what PostgreSQL, outbound sockets
- * and files need; paths reach the router still percent-encoded; responses are queued
- * only on the connection's own thread (a pool worker stores its response and resumes);
- * shutdown resumes every suspended connection before MHD_stop_daemon. The connection's
- * inactivity timeout follows what it does (set_phase): a client that stops sending its
- * body, or stops reading its response, is cut well before the idle timeout, one that is
- * slow but steady is not; and a request's handoff deadline counts from the end of its
- * body, so a long upload is never refused for the time its bytes took to arrive.
+ * docs/adr/0001-request-threads-never-block.md): the request pool is one libmicrohttpd
+ * daemon per thread (server.http.request_threads, epoll), fed by the gate (gate.c), which
+ * owns the client listening socket, enforces the header deadline and answers bad framing;
+ * every connection has an inactivity timeout; the connection limit is derived from
+ * RLIMIT_NOFILE minus what PostgreSQL, outbound sockets and files need, and shared out
+ * between the gate, requests that wait and a reserve for cheap ones; paths reach the
+ * router still percent-encoded; every refusal known from the headers is answered before
+ * the body, one decided mid-body is written to the socket at once (answer_mid_body);
+ * responses are queued only on the connection's own thread (a pool worker stores its
+ * response and resumes); shutdown resumes every suspended connection before
+ * MHD_stop_daemon. The connection's inactivity timeout follows what it does (set_phase):
+ * a client that stops sending its body, or stops reading its response, is cut well before
+ * the idle timeout, one that is slow but steady is not; and a request's handoff deadline
+ * counts from the end of its body, so a long upload is never refused for the time its
+ * bytes took to arrive.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "atrium/parse.h"
 #include "core/http/http.h"
 
 #define CONNECTION_MEMORY_LIMIT_BYTES (64 * 1024)
@@ -29,6 +37,12 @@
 #define DRAIN_POLL_MS 20
 #define FED_CONNECTION_SHARE 4 /* the federation listener gets 1/4 of the connections */
 #define FED_MIN_CONNECTIONS 8
+#define WIRE_ERROR_MAX_BYTES 2048 /* an error written straight to the socket */
+#define WORKER_LIMIT_SLACK 3 /* libmicrohttpd's limit per worker, times the gate's share (cheap requests may use twice the share) */
+#define GATE_SHARE 4              /* 1/4 of the client connections may be sending headers */
+#define GATE_MIN_PENDING 8
+#define CHEAP_RESERVE_SHARE 8     /* 1/8 of the served connections is never held by waiters */
+#define CHEAP_RESERVE_MIN 4
 
 static atomic_int open_connections;
 static atomic_int inflight_requests; /* received and not yet completed */
@@ -49,7 +63,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     vsnprintf(line, sizeof(line), fmt, ap);
     size_t n = strlen(line);
     while (n && line[n - 1] == '\n') line[--n] = '\0';
-    rt_log(ATRIUM_LOG_WARN, "http", "libmicrohttpd: %s", line);
+    /* Our own MHD_NO after answer_mid_body, and what a client's bad framing makes it say,
+     * are the client's doing, not the operator's business: debug only. */
+    bool client_caused = strstr(line, "Application reported internal error") ||
+                         strstr(line, "Closing connection") || strstr(line, "Error processing request");
+    rt_log(client_caused ? ATRIUM_LOG_DEBUG : ATRIUM_LOG_WARN, "http", "libmicrohttpd: %s", line);
 }
 
 /* The connection's inactivity timeout for what it does now (libmicrohttpd closes it after
@@ -58,7 +76,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
  *   - a response being sent: server.http.send_stall_timeout_s, so a client that stops
  *     reading loses what its request holds (a delivery slot) long before the idle timeout;
  *   - otherwise (between requests): server.http.connection_timeout_s.
- * On the connection's own thread only. */
+ * The header deadline is the gate's (gate.c). On the connection's own thread only. */
 enum conn_phase { PHASE_IDLE, PHASE_BODY, PHASE_SENDING };
 
 static void set_phase(http_server *s, struct MHD_Connection *c, enum conn_phase phase)
@@ -98,13 +116,15 @@ static enum MHD_Result dispatch(atrium_req *r)
     if (rc == ATRIUM_PARKED || rc == ATRIUM_HANDED_OFF) return MHD_YES; /* not ours now */
     if (rc < 0) {
         bool stopping = atomic_load(&r->srv->stopping);
-        if (rc != ATRIUM_E_STOPPED && !stopping)
+        if (rc != ATRIUM_E_STOPPED && rc != ATRIUM_E_LIMIT && !stopping)
             rt_log(ATRIUM_LOG_ERROR, "core", "[req %s] %s %s: handler failed (%d)", r->id,
                    r->method, r->path, rc);
         if (rc == ATRIUM_E_STOPPED || stopping)
             http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
         else if (rc == ATRIUM_E_DB)
             http_respond_error(r, 503, "M_UNKNOWN", "The database is unavailable; retry");
+        else if (rc == ATRIUM_E_LIMIT) /* e.g. no room left to wait (susp_room_to_wait) */
+            http_respond_limited(r, 1000, "The server is busy; retry shortly");
         else
             http_respond_error(r, 500, "M_UNKNOWN", "Internal server error");
     } else if (!r->response) {
@@ -117,17 +137,77 @@ static enum MHD_Result dispatch(atrium_req *r)
 
 static int call_body_chunk(atrium_req *r, const char *data, size_t size);
 
+/* dispatch, counted as a busy thread of its worker (the gate gives new connections to
+ * workers whose thread is not inside a handler). */
+static enum MHD_Result dispatch_on(http_listener *l, atrium_req *r)
+{
+    atomic_fetch_add(&l->busy, 1);
+    enum MHD_Result rc = dispatch(r);
+    atomic_fetch_sub(&l->busy, 1);
+    return rc;
+}
+
+/* Does the request announce a body (a Content-Length above 0, or any Transfer-Encoding)? */
+static bool announces_body(atrium_req *r)
+{
+    const char *cl = http_req_header(r, "Content-Length");
+    return http_req_header(r, "Transfer-Encoding") || (cl && strcmp(cl, "0") != 0);
+}
+
+/* The framing rules libmicrohttpd leaves to us, checked on the headers alone: a
+ * Transfer-Encoding other than plain "chunked" (libmicrohttpd would read such a body to
+ * the end of the connection), and a Content-Length past int64. Returns true after
+ * answering. */
+static bool refuse_framing(atrium_req *r)
+{
+    const char *te = http_req_header(r, "Transfer-Encoding");
+    if (te) {
+        size_t n = strlen(te);
+        while (n && (te[n - 1] == ' ' || te[n - 1] == '\t')) n--;
+        while (n && (*te == ' ' || *te == '\t')) te++, n--;
+        if (!(n == 7 && strncasecmp(te, "chunked", 7) == 0)) {
+            /* RFC 9112: chunked must be the final coding (else the body has no end: 400);
+             * any other coding is one this server does not implement (501). */
+            const char *last = te + n;
+            while (last > te && last[-1] != ',') last--;
+            while (*last == ' ' || *last == '\t') last++;
+            bool chunked_last = (size_t)(te + n - last) == 7 && strncasecmp(last, "chunked", 7) == 0;
+            if (!chunked_last)
+                http_respond_error(r, 400, "M_UNKNOWN",
+                                   "Transfer-Encoding must end with chunked");
+            else
+                http_respond_error(r, 501, "M_UNRECOGNIZED",
+                                   "Only the chunked transfer coding is supported");
+            return true;
+        }
+    }
+    return false;
+}
+
 /* First call for a request: route it and decide whether it is answered before its body
- * (true: answer now, MHD closes the connection after). */
+ * (true: answer now, MHD closes the connection after without reading the body). Every
+ * refusal known from the headers alone is sent before the body when one is announced:
+ * a client is never made to upload what will be refused. */
+static bool prepare_route(atrium_req *r);
+
 static bool prepare(atrium_req *r)
+{
+    bool answered = prepare_route(r);
+    if (!answered && r->response && announces_body(r)) answered = true;
+    if (answered) http_respond_header(r, "Connection", "close");
+    return answered;
+}
+
+/* Route r and apply the checks that need only its headers. true: answered now. */
+static bool prepare_route(atrium_req *r)
 {
     http_server *s = r->srv;
     rt_metric_add(s->m_requests, 1);
     if (atomic_load(&s->draining)) {
         http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
-        http_respond_header(r, "Connection", "close");
         return true;
     }
+    if (refuse_framing(r)) return true;
     if (strcmp(r->method, "OPTIONS") == 0) {
         http_respond_json(r, 200, json_object()); /* CORS preflight: headers do the work */
         return false;
@@ -140,8 +220,9 @@ static bool prepare(atrium_req *r)
         return false;
     }
     bool wrong_method = false;
+    const char *invalid = NULL;
     r->route = router_match(s->router, r->method, r->raw_path, r->arena, &r->param_names,
-                            &r->param_values, &r->n_params, &wrong_method);
+                            &r->param_values, &r->n_params, &wrong_method, &invalid);
     /* An unknown federation path is answered 404 only after its signature was checked. */
     if (!r->route && federation_path && s->fed_fallback.route.handler &&
         strncmp(r->raw_path, "/_matrix/federation/", 20) == 0)
@@ -154,18 +235,23 @@ static bool prepare(atrium_req *r)
             http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
         return false;
     }
+    /* Path and query values reach handlers (and PostgreSQL) as UTF-8 text only. */
+    if (invalid || r->invalid_arg) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "The %s '%s' is not UTF-8 text",
+                           invalid ? "path parameter" : "query parameter",
+                           invalid ? invalid : r->invalid_arg);
+        return false;
+    }
     r->max_body = r->route->route.max_body_bytes > 0 ? r->route->route.max_body_bytes
                                                      : s->cfg->http.max_json_body_bytes;
+    /* libmicrohttpd accepted the value as a number below 2^64; past the route's limit (or
+     * past int64) it is answered before any byte of the body. */
     const char *cl = http_req_header(r, "Content-Length");
-    if (cl) {
-        char *end = NULL;
-        errno = 0;
-        unsigned long long n = strtoull(cl, &end, 10);
-        if (errno || end == cl || (long long)n > r->max_body) {
-            http_respond_error(r, 413, "M_TOO_LARGE", "The request body is larger than %lld bytes",
-                               (long long)r->max_body);
-            r->body_too_large = true;
-        }
+    int64_t declared = 0;
+    if (cl && atrium_parse_int64(cl, 0, r->max_body, &declared) != 0) {
+        http_respond_error(r, 413, "M_TOO_LARGE", "The request body is larger than %lld bytes",
+                           (long long)r->max_body);
+        r->body_too_large = true;
     }
     if (r->body_too_large) return true;
     /* ATRIUM_ROUTE_HEADERS_FIRST: the plugin sees the headers before any of the body and
@@ -176,8 +262,7 @@ static bool prepare(atrium_req *r)
         if (rc < 0) {
             r->body_failed = true;
             if (!r->response) http_respond_error(r, 400, "M_UNKNOWN", "The request was refused");
-            http_respond_header(r, "Connection", "close");
-            return true;
+            return true; /* prepare adds Connection: close */
         }
     }
     return false;
@@ -195,23 +280,47 @@ static int call_body_chunk(atrium_req *r, const char *data, size_t size)
     return rc;
 }
 
-/* Whether a body follows the request's headers (a Content-Length above 0, or chunked). */
-static bool request_has_body(atrium_req *r)
+/* An answer decided while the body is still arriving (413 past the limit, a body_chunk
+ * refusal): libmicrohttpd queues responses only before the body or after all of it, and
+ * reading the rest (hundreds of megabytes, maybe) just to refuse it is what a client must
+ * not be able to make us do. So the error goes straight to the socket - the connection's
+ * own thread is the only writer, and nothing of a response was written yet - and
+ * returning MHD_NO closes the connection. On a TLS listener the bytes cannot be written
+ * beside the TLS session: the connection is closed without an answer. */
+static enum MHD_Result answer_mid_body(atrium_req *r)
 {
-    const char *cl = http_req_header(r, "Content-Length");
-    if (cl) return strspn(cl, "0") != strlen(cl);
-    return http_req_header(r, "Transfer-Encoding") != NULL;
+    http_server *s = r->srv;
+    bool tls = r->listener == HTTP_LISTENER_FEDERATION && s->cfg->fed_listener.tls;
+    char wire[WIRE_ERROR_MAX_BYTES];
+    size_t n = tls ? 0 : http_error_wire(r, 0, NULL, NULL, wire, sizeof(wire));
+    if (!tls && n == 0) /* an error response without recorded JSON: say what it was */
+        n = http_error_wire(r, r->status >= 400 ? r->status : 400, "M_UNKNOWN",
+                            http_reason_phrase(r->status >= 400 ? r->status : 400), wire,
+                            sizeof(wire));
+    if (n > 0 && r->sock_fd >= 0) {
+        ssize_t w = send(r->sock_fd, wire, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w == (ssize_t)n) {
+            http_count_status(s, r->status);
+            shutdown(r->sock_fd, SHUT_WR); /* the client sees the end of the answer */
+        }
+    }
+    rt_log(ATRIUM_LOG_DEBUG, "core", "[req %s] answered %d before the end of its body; closing",
+           r->id, r->status);
+    r->in_dispatch_done = true;
+    return MHD_NO;
 }
 
-static void take_body(atrium_req *r, const char *data, size_t size)
+/* Take one piece of the body. Returns true when the request has been refused (the caller
+ * answers at once with answer_mid_body). */
+static bool take_body(atrium_req *r, const char *data, size_t size)
 {
-    if (r->response || r->body_failed) return; /* already answered: discard */
+    if (r->response || r->body_failed) return r->response != NULL; /* already refused */
     const atrium_route *route = &r->route->route;
     if ((int64_t)(r->body_len + size) > r->max_body) {
         r->body_too_large = true;
         http_respond_error(r, 413, "M_TOO_LARGE", "The request body is larger than %lld bytes",
                            (long long)r->max_body);
-        return;
+        return true;
     }
     if (route->flags & ATRIUM_ROUTE_STREAM_BODY) {
         r->body_len += size;
@@ -219,8 +328,9 @@ static void take_body(atrium_req *r, const char *data, size_t size)
         if (rc < 0) {
             r->body_failed = true;
             if (!r->response) http_respond_error(r, 400, "M_UNKNOWN", "The body was refused");
+            return true;
         }
-        return;
+        return false;
     }
     if (r->body_len + size + 1 > r->body_cap) {
         size_t cap = r->body_cap ? r->body_cap : 4096;
@@ -229,7 +339,7 @@ static void take_body(atrium_req *r, const char *data, size_t size)
         if (!n) {
             r->body_failed = true;
             http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-            return;
+            return true;
         }
         r->body = n;
         r->body_cap = cap;
@@ -237,6 +347,7 @@ static void take_body(atrium_req *r, const char *data, size_t size)
     memcpy(r->body + r->body_len, data, size);
     r->body_len += size;
     r->body[r->body_len] = '\0';
+    return false;
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
@@ -255,13 +366,14 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         atomic_fetch_add(&inflight_requests, 1);
         /* Refused before its body: answer now; MHD closes the connection after. */
         if (prepare(r)) return queue_own(r);
-        if (request_has_body(r)) set_phase(s, c, PHASE_BODY);
+        if (announces_body(r)) set_phase(s, c, PHASE_BODY);
         return MHD_YES;
     }
     if (*upload_data_size) {
-        take_body(r, upload_data, *upload_data_size);
+        if (r->in_dispatch_done) return MHD_NO; /* answered mid-body: never read on */
+        bool refused = take_body(r, upload_data, *upload_data_size);
         *upload_data_size = 0;
-        return MHD_YES;
+        return refused ? answer_mid_body(r) : MHD_YES;
     }
     if (r->in_dispatch_done) return MHD_YES;
 
@@ -280,7 +392,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     if (state == SUSP_RESUMING) {
         if (action == ACT_RESPOND) return queue(r, status, resp);
         r->run_reason = reason;
-        return dispatch(r);
+        return dispatch_on(listener, r);
     }
     if (r->response) return queue_own(r); /* answered before running (404, 405, 413, ...) */
     if (r->runs > 0) {
@@ -292,10 +404,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     }
     /* The whole request is here: the connection is idle-timed as any other again, and the
      * deadline counts from now. */
-    if (request_has_body(r)) set_phase(s, c, PHASE_IDLE);
+    if (announces_body(r)) set_phase(s, c, PHASE_IDLE);
     r->deadline_ms = rt_now_ms() + s->cfg->http.handoff_deadline_ms;
     r->run_reason = ATRIUM_RUN_FIRST;
-    return dispatch(r);
+    return dispatch_on(listener, r);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -314,6 +426,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&inflight_requests, 1);
 }
 
+void http_listener_count(http_listener *l, int d)
+{
+    atomic_fetch_add(&l->open_connections, d);
+    if (l->parent) atomic_fetch_add(&l->parent->open_connections, d);
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
@@ -321,7 +439,11 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     (void)c;
     (void)socket_context;
     int d = toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
+    http_listener *l = cls;
     atomic_fetch_add(&open_connections, d);
+    /* A client worker's connections were counted by the gate when it handed them over
+     * (http_gate_count): a burst is spread before any has started. */
+    if (!l->parent || d < 0) http_listener_count(l, d);
     rt_metric_add(s->m_connections, d);
 }
 
@@ -334,8 +456,11 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
     s->router = router_new();
     pthread_mutex_init(&s->events_mu, NULL);
     s->ratelimit_enabled = cfg->ratelimit.enabled;
-    s->listeners[HTTP_LISTENER_CLIENT] = (http_listener){s, HTTP_LISTENER_CLIENT};
-    s->listeners[HTTP_LISTENER_FEDERATION] = (http_listener){s, HTTP_LISTENER_FEDERATION};
+    for (int k = HTTP_LISTENER_CLIENT; k <= HTTP_LISTENER_FEDERATION; k++) {
+        s->listeners[k].srv = s;
+        s->listeners[k].kind = k;
+        atomic_init(&s->listeners[k].open_connections, 0);
+    }
     int outbound_cap = cfg->http.request_threads / 2;
     if (outbound_cap < 1) outbound_cap = 1;
     s->outbound = rt_budget_new("outbound", outbound_cap, 1, metrics);
@@ -487,21 +612,58 @@ int http_server_start(http_server *s)
         /* Federation first: once the client listener answers /health, both are up. */
         if (start_federation(s) < 0) return -1;
     }
+    /* The client connections are shared out: some for connections still sending their
+     * headers (held by the gate), the rest served by libmicrohttpd, of which a reserve is
+     * kept for requests answered without waiting (gate.c, pick_worker). */
+    s->gate_max_pending = s->max_connections / GATE_SHARE;
+    if (s->gate_max_pending < GATE_MIN_PENDING) s->gate_max_pending = GATE_MIN_PENDING;
+    s->max_connections -= s->gate_max_pending;
+    if (s->max_connections < FED_MIN_CONNECTIONS) s->max_connections = FED_MIN_CONNECTIONS;
+    /* Shared evenly by the request pool's daemons (one per thread). */
+    int per_worker = s->max_connections / cfg->http.request_threads;
+    if (per_worker < 1) per_worker = 1;
+    s->max_connections = per_worker * cfg->http.request_threads;
+    s->cheap_reserve = s->max_connections / CHEAP_RESERVE_SHARE;
+    if (s->cheap_reserve < CHEAP_RESERVE_MIN) s->cheap_reserve = CHEAP_RESERVE_MIN;
     rt_metric_set(rt_metric_gauge(s->metrics, "atrium_http_max_connections", NULL,
                                   "Client connections allowed at once (from RLIMIT_NOFILE)"),
                   s->max_connections);
-    s->daemon = MHD_start_daemon(
-        flags, (uint16_t)cfg->http.port, NULL, NULL, on_access,
-        &s->listeners[HTTP_LISTENER_CLIENT], MHD_OPTION_EXTERNAL_LOGGER,
-        mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &ss,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http.request_threads,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->http.connection_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY_LIMIT_BYTES,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s->listeners[HTTP_LISTENER_CLIENT],
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, &s->listeners[HTTP_LISTENER_CLIENT],
-        MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL, MHD_OPTION_END);
-    if (!s->daemon) {
+    /* The request pool: one libmicrohttpd daemon per thread, without a listening socket.
+     * The gate (gate.c) owns that socket and hands each connection whose headers are
+     * complete and well-framed to the least busy daemon (MHD_add_connection): a thread
+     * blocked in a handler is not given new connections. */
+    flags |= MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    s->n_workers = cfg->http.request_threads;
+    s->workers = calloc((size_t)s->n_workers, sizeof(*s->workers));
+    bool workers_ok = s->workers != NULL;
+    for (int i = 0; workers_ok && i < s->n_workers; i++) {
+        http_listener *w = &s->workers[i];
+        w->srv = s;
+        w->kind = HTTP_LISTENER_CLIENT;
+        w->parent = &s->listeners[HTTP_LISTENER_CLIENT];
+        w->max_connections = per_worker;
+        atomic_init(&w->open_connections, 0);
+        atomic_init(&w->busy, 0);
+        w->daemon = MHD_start_daemon(
+            flags, 0, NULL, NULL, on_access, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+            /* The gate enforces per_worker with counts from the connection callback;
+             * libmicrohttpd forgets a closed connection a little later, so its own limit
+             * has room for that lag (or it would close new connections unanswered). */
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(per_worker * WORKER_LIMIT_SLACK),
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->http.connection_timeout_s,
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY_LIMIT_BYTES,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, w,
+            MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL, MHD_OPTION_END);
+        workers_ok = w->daemon != NULL;
+    }
+    int port = cfg->http.port;
+    if (workers_ok) {
+        socklen_t len = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                 : sizeof(struct sockaddr_in);
+        s->gate = http_gate_start(s, (const struct sockaddr *)&ss, len, &port);
+    }
+    if (!workers_ok || !s->gate) {
         rt_log(ATRIUM_LOG_ERROR, "core",
                "cannot listen on %s:%d (%s): is another server using the port? Change "
                "server.http.port or server.http.bind_address",
@@ -509,9 +671,10 @@ int http_server_start(http_server *s)
         return -1;
     }
     rt_log(ATRIUM_LOG_INFO, "core",
-           "listening on http://%s:%d (%d request threads, %d connections max, timeout %d s)",
-           cfg->http.bind_address, cfg->http.port, cfg->http.request_threads,
-           s->max_connections, cfg->http.connection_timeout_s);
+           "listening on http://%s:%d (%d request threads, %d connections max, timeout %d s, "
+           "headers within %d ms)",
+           cfg->http.bind_address, port, cfg->http.request_threads, s->max_connections,
+           cfg->http.connection_timeout_s, cfg->http.header_timeout_ms);
     return 0;
 }
 
@@ -541,10 +704,14 @@ void http_server_drain(http_server *s, int grace_ms)
 
 void http_server_stop(http_server *s)
 {
+    http_gate_stop(s->gate); /* no new connections reach the daemon from here on */
+    s->gate = NULL;
     if (s->fed_daemon) MHD_stop_daemon(s->fed_daemon);
     s->fed_daemon = NULL;
-    if (s->daemon) MHD_stop_daemon(s->daemon);
-    s->daemon = NULL;
+    for (int i = 0; s->workers && i < s->n_workers; i++) {
+        if (s->workers[i].daemon) MHD_stop_daemon(s->workers[i].daemon);
+        s->workers[i].daemon = NULL;
+    }
 }
 
 void http_server_free(http_server *s)
@@ -554,6 +721,7 @@ void http_server_free(http_server *s)
     susp_timer_free(s->timer);
     susp_events_free(s);
     router_free(s->router);
+    free(s->workers);
     rt_budget_free(s->outbound);
     pthread_mutex_destroy(&s->events_mu);
     free(s);

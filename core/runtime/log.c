@@ -11,9 +11,17 @@
  * stdio would split a line into several writes). Line breaks inside a message become spaces
  * so one call is always one line; a line longer than RT_LOG_LINE_MAX_BYTES is cut and ends
  * in "...". This file also holds the crash report of RT_ASSERT, which is a last log line.
+ *
+ * Repeats are rate-limited: an ERROR or WARN line whose text (origin and message, the
+ * request id left out) was already written less than the repeat interval ago is not
+ * written again but counted, and the next copy written after the interval says how many
+ * were left out ("(47 more like this in the last 10 s)"). A database outage that fails
+ * every request thus costs a line per interval, not thousands, and the count still tells
+ * how bad it was. INFO and DEBUG lines are never held back.
  * It deliberately does not rotate files, buffer or ship logs: the service manager does.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +36,8 @@
 #define RT_LOG_TRUNCATED_MARK "..."
 #define RT_LOG_DEFAULT_LEVEL ATRIUM_LOG_INFO
 #define RT_LOG_MS_PER_S 1000
+#define RT_LOG_REPEAT_INTERVAL_MS 10000 /* one copy of a repeated ERROR/WARN line per this */
+#define RT_LOG_REPEAT_SLOTS 128         /* distinct repeated lines tracked at once */
 
 static const char *const rt_log_level_names[] = {
     [ATRIUM_LOG_ERROR] = "ERROR",
@@ -42,6 +52,54 @@ static atomic_int rt_log_current_level = RT_LOG_DEFAULT_LEVEL;
 /* Set once a thread is reporting a failed assertion, so a failure inside the report (a
  * broken clock) aborts at once instead of recursing. */
 static atomic_bool rt_log_assert_failing = false;
+
+/* The repeat registry: per slot the hash of a line's text, when it was last written and
+ * how many copies were held back since. Guarded by rt_log_repeats_mu. */
+typedef struct rt_log_repeat {
+    uint64_t hash;
+    int64_t written_ms;
+    uint64_t held_back;
+} rt_log_repeat;
+static rt_log_repeat rt_log_repeats[RT_LOG_REPEAT_SLOTS];
+static pthread_mutex_t rt_log_repeats_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int rt_log_repeat_interval_ms = RT_LOG_REPEAT_INTERVAL_MS;
+
+void rt_log_set_repeat_interval_ms(int ms)
+{
+    atomic_store(&rt_log_repeat_interval_ms, ms < 0 ? 0 : ms);
+}
+
+static uint64_t text_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h ? h : 1;
+}
+
+/* The one rule for repeated lines: may a line with this text be written now? When it
+ * may, *held_back is how many copies were held back since it was last written. */
+static bool repeat_admit(const char *text, size_t n, uint64_t *held_back)
+{
+    *held_back = 0;
+    int interval = atomic_load(&rt_log_repeat_interval_ms);
+    if (interval <= 0) return true;
+    uint64_t h = text_hash(text, n);
+    int64_t now = rt_now_ms();
+    pthread_mutex_lock(&rt_log_repeats_mu);
+    rt_log_repeat *slot = &rt_log_repeats[h % RT_LOG_REPEAT_SLOTS];
+    bool write = true;
+    if (slot->hash == h && now - slot->written_ms < interval) {
+        slot->held_back++;
+        write = false;
+    } else {
+        if (slot->hash == h) *held_back = slot->held_back;
+        slot->hash = h;
+        slot->written_ms = now;
+        slot->held_back = 0;
+    }
+    pthread_mutex_unlock(&rt_log_repeats_mu);
+    return write;
+}
 
 static bool level_valid(int level)
 {
@@ -141,6 +199,7 @@ void rt_vlog(int level, const char *origin, const char *fmt, va_list ap)
         append(line, cap, &pos, "[req %s] ", req_id);
 
     bool whole = true;
+    size_t msg = pos;
     int n = vsnprintf(line + pos, cap - pos, fmt, ap);
     if (n < 0) {
         whole = append(line, cap, &pos, "(unformattable log message: %s)", fmt);
@@ -149,6 +208,23 @@ void rt_vlog(int level, const char *origin, const char *fmt, va_list ap)
         whole = false;
     } else {
         pos += (size_t)n;
+    }
+    if (level <= ATRIUM_LOG_WARN) {
+        /* The text that makes a line "the same": level, origin and message. */
+        char key[RT_LOG_LINE_MAX_BYTES];
+        int kn = snprintf(key, sizeof(key), "%d %s %.*s", level, origin ? origin : "",
+                          (int)(pos - msg), line + msg);
+        uint64_t held_back = 0;
+        if (!repeat_admit(key, kn < 0 ? 0 : (size_t)kn < sizeof(key) ? (size_t)kn : sizeof(key) - 1,
+                          &held_back)) {
+            errno = saved_errno;
+            return;
+        }
+        if (held_back > 0)
+            whole = append(line, cap, &pos, " (%llu more like this in the last %d s)",
+                           (unsigned long long)held_back,
+                           (atomic_load(&rt_log_repeat_interval_ms) + RT_LOG_MS_PER_S - 1) /
+                               RT_LOG_MS_PER_S) && whole;
     }
     for (size_t i = body; i < pos; i++) {
         if (line[i] == '\n' || line[i] == '\r')

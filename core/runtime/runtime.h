@@ -34,6 +34,9 @@ int rt_log_level_parse(const char *name); /* "error|warn|info|debug" -> level, o
 void rt_log(int level, const char *origin, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void rt_vlog(int level, const char *origin, const char *fmt, va_list ap);
+/* ERROR and WARN lines whose text repeats within this interval are counted, not written
+ * (log.c); 0 writes every line. Default 10 s. Any thread. */
+void rt_log_set_repeat_interval_ms(int ms);
 /* Invariant checks that stay on in every build type (CMake's RelWithDebInfo defines NDEBUG,
  * which silences assert(3)). On failure: one ERROR log line naming the file, line, the
  * condition and the formatted context, then abort(). Any thread. */

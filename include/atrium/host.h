@@ -114,8 +114,9 @@ typedef struct atrium_route {
      * the whole body is in, on the same kind of thread). Never called with data for an
      * empty body: the handler runs directly (with ATRIUM_ROUTE_HEADERS_FIRST, after the
      * NULL call). Return 0, or a negative error to answer the request with 400/413
-     * (whatever respond_* the callback set, else 400); after a refusal the rest of the
-     * body is read and discarded, and the handler never runs. The callback may call the
+     * (whatever respond_* the callback set, else 400); after a refusal the answer is
+     * written at once, the rest of the body is never read, the connection is closed (on
+     * a TLS listener without an answer), and the handler never runs. The callback may call the
      * [req] readers (req_header, req_query, req_param, req_route_arg, req_client_key),
      * req_alloc/req_strdup, req_state/req_set_state, req_hold, req_authenticate,
      * req_device, req_is_admin, ratelimit_check, budget_acquire_hold, the respond_*

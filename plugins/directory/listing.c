@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "directory.h"
+#include "atrium/parse.h"
 
 #define h dir_host
 
@@ -179,11 +180,9 @@ static void set_optional(json_t *o, const char *key, PGresult *res, int row, int
 static bool parse_since(const char *since, long *offset)
 {
     if (since[0] != 'o' || !isdigit((unsigned char)since[1])) return false;
-    char *end = NULL;
-    errno = 0;
-    long n = strtol(since + 1, &end, 10);
-    if (errno || *end || n > DIRECTORY_MAX_OFFSET) return false;
-    *offset = n;
+    int64_t n;
+    if (atrium_parse_int64(since + 1, 0, DIRECTORY_MAX_OFFSET, &n) != 0) return false;
+    *offset = (long)n;
     return true;
 }
 
@@ -267,14 +266,13 @@ static bool query_limit(atrium_req *req, long *limit)
 {
     const char *ls = h->req_query(req, "limit");
     if (!ls) return true;
-    char *end = NULL;
-    errno = 0;
-    long n = strtol(ls, &end, 10);
-    if (!*ls || *end || errno || n < 0) {
+    int64_t n;
+    int rc = atrium_parse_int64(ls, 0, DIRECTORY_MAX_LIMIT, &n); /* past the maximum: clamped */
+    if (rc == ATRIUM_E_INVAL || (rc == ATRIUM_E_LIMIT && n != DIRECTORY_MAX_LIMIT)) {
         h->respond_error(req, 400, "M_INVALID_PARAM", "limit must be a non-negative integer");
         return false;
     }
-    *limit = n > DIRECTORY_MAX_LIMIT ? DIRECTORY_MAX_LIMIT : n;
+    *limit = (long)n;
     return true;
 }
 

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "media.h"
+#include "atrium/parse.h"
 
 #define ADMIN_LIST_DEFAULT 100
 #define ADMIN_LIST_MAX 1000
@@ -232,10 +233,8 @@ static int64_t query_int(const atrium_host *h, atrium_req *req, const char *name
 {
     const char *v = h->req_query(req, name);
     if (!v) return def;
-    char *end;
-    errno = 0;
-    long long n = strtoll(v, &end, 10);
-    return errno || end == v || *end || n < 0 ? -1 : n;
+    int64_t n;
+    return atrium_parse_int64(v, 0, INT64_MAX, &n) == 0 ? n : -1;
 }
 
 static int user_media(atrium_req *req)

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "atrium/parse.h"
 
 #define UPLOAD_RECHECK_MS 2000
 #define LOCATE_AGAIN (MEDIA_GO + 1) /* await_upload: the row changed, read it again */
@@ -204,11 +205,10 @@ int64_t delivery_timeout_ms(media *m, atrium_req *req)
 {
     const char *v = m->h->req_query(req, "timeout_ms");
     if (!v) return m->cfg.upload_wait_default_ms;
-    char *end;
-    errno = 0;
-    long long ms = strtoll(v, &end, 10);
-    if (errno || end == v || *end || ms < 0) return -1;
-    return ms > m->cfg.upload_wait_max_ms ? m->cfg.upload_wait_max_ms : ms;
+    int64_t ms, max = m->cfg.upload_wait_max_ms;
+    int rc = atrium_parse_int64(v, 0, max, &ms); /* past the maximum: clamped to it */
+    if (rc == ATRIUM_E_INVAL || (rc == ATRIUM_E_LIMIT && ms != max)) return -1;
+    return ms;
 }
 
 static void upload_waiter_release(void *arg)

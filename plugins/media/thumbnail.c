@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "atrium/parse.h"
 
 #define RENDER_TABLE_BUCKETS 256
 #define RENDER_FAILED_MAX 4096              /* remembered failures, at most */
@@ -398,11 +399,8 @@ static int await_render(media *m, atrium_req *req, media_req *st, const media_ro
 static long int_param(const char *v, long max)
 {
     if (!v) return 0;
-    char *end;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    if (errno || end == v || *end || n < 1 || n > max) return -1;
-    return n;
+    int64_t n;
+    return atrium_parse_int64(v, 1, max, &n) == 0 ? (long)n : -1;
 }
 
 typedef struct thumb_request {

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "atrium/parse.h"
 
 #define DEFAULT_CONTENT_TYPE "application/octet-stream"
 #define ID_ALPHABET "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
@@ -171,7 +172,8 @@ static int upload_quota_allows(media *m, atrium_req *req, const char *user, int6
     if (rc != MEDIA_DB_OK) return busy(m, req);
     *left = m->cfg.upload_quota_bytes - used;
     const char *cl = h->req_header(req, "Content-Length");
-    int64_t announced = cl ? strtoll(cl, NULL, 10) : 0;
+    int64_t announced = 0; /* past int64 reads as the largest: refused */
+    if (cl && atrium_parse_int64(cl, 0, INT64_MAX, &announced) == ATRIUM_E_INVAL) announced = 0;
     if (*left <= 0 || announced > *left) return quota_refused(m, req);
     return MEDIA_GO;
 }

@@ -247,10 +247,8 @@ class SlotHolderTest(AtriumTestCase):
 
 
 class GalleryUnderLowDescriptorLimitTest(AtriumTestCase):
-    # Fails until connections are reserved for cheap requests (issue 12, defect 9: the
-    # connection limit fills with parked media requests, and /health queues behind them
-    # for seconds). Remove the decorator with that change: an unexpected success fails.
-    @unittest.expectedFailure
+    # Holds because the gate reserves connections for cheap requests (core/http/gate.c):
+    # parked media requests cannot take the last ones /health needs.
     def test_a_gallery_under_ulimit_256_leaves_health_answered_within_200_ms_throughout(self):
         srv = media_server(self, nofile=256)
         _, token = register(srv)

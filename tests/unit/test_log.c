@@ -162,6 +162,34 @@ static void test_log_lines_from_concurrent_threads_never_interleave(void **state
     assert_int_equal(lines, LOGGERS * LINES_PER_LOGGER);
 }
 
+static int count_lines(const char *out, const char *needle)
+{
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+    return n;
+}
+
+static void test_repeated_error_lines_are_written_once_per_interval_with_a_count(void **state)
+{
+    (void)state;
+    rt_log_set_repeat_interval_ms(300);
+    capture_begin();
+    for (int i = 0; i < 500; i++) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "the database failed: connection refused");
+        rt_log(ATRIUM_LOG_ERROR, "core", "another failure");
+    }
+    rt_log(ATRIUM_LOG_INFO, "core", "info is never held back");
+    rt_log(ATRIUM_LOG_INFO, "core", "info is never held back");
+    usleep(350 * 1000);
+    rt_log(ATRIUM_LOG_ERROR, "core", "the database failed: connection refused");
+    char *out = (char *)capture_end();
+    rt_log_set_repeat_interval_ms(0);
+    assert_int_equal(count_lines(out, "the database failed: connection refused"), 2);
+    assert_int_equal(count_lines(out, "another failure"), 1);
+    assert_int_equal(count_lines(out, "info is never held back"), 2);
+    assert_non_null(strstr(out, "connection refused (499 more like this in the last 1 s)\n"));
+}
+
 static void test_log_keeps_errno_for_the_caller(void **state)
 {
     (void)state;
@@ -206,6 +234,7 @@ int main(void)
         cmocka_unit_test(test_log_cuts_an_overlong_line_and_marks_it),
         cmocka_unit_test(test_log_lines_from_concurrent_threads_never_interleave),
         cmocka_unit_test(test_log_keeps_errno_for_the_caller),
+        cmocka_unit_test(test_repeated_error_lines_are_written_once_per_interval_with_a_count),
         cmocka_unit_test(test_log_level_parse_accepts_the_four_names),
         cmocka_unit_test(test_clock_monotonic_never_goes_back_and_wall_clock_is_unix_time),
     };

@@ -28,12 +28,13 @@ typedef struct match {
     const char **names, **values;
     size_t n;
     bool wrong_method;
+    const char *invalid;
 } match;
 
 static match do_match(router *rt, rt_arena *a, const char *method, const char *path)
 {
     match m = {0};
-    m.e = router_match(rt, method, path, a, &m.names, &m.values, &m.n, &m.wrong_method);
+    m.e = router_match(rt, method, path, a, &m.names, &m.values, &m.n, &m.wrong_method, &m.invalid);
     return m;
 }
 
@@ -104,7 +105,7 @@ static void test_head_is_served_by_get_routes(void **state)
     router_free(rt);
 }
 
-static void test_empty_or_malformed_segments_do_not_match(void **state)
+static void test_empty_segments_do_not_match(void **state)
 {
     (void)state;
     router *rt = router_new();
@@ -112,9 +113,41 @@ static void test_empty_or_malformed_segments_do_not_match(void **state)
     add(rt, "GET", "/media/{server}/{id}", dummy);
     assert_null(do_match(rt, a, "GET", "/media//abc").e);     /* empty parameter */
     assert_null(do_match(rt, a, "GET", "/media/s/abc/").e);   /* trailing slash */
-    assert_null(do_match(rt, a, "GET", "/media/s/ab%zz").e);  /* bad escape */
-    assert_null(do_match(rt, a, "GET", "/media/s/ab%00c").e); /* embedded NUL */
-    assert_non_null(do_match(rt, a, "GET", "/media/s/abc").e);
+    match m = do_match(rt, a, "GET", "/media/s/abc");
+    assert_non_null(m.e);
+    assert_null(m.invalid);
+    rt_arena_free(a);
+    router_free(rt);
+}
+
+static void test_a_parameter_that_is_not_text_is_named_so_the_request_gets_400(void **state)
+{
+    (void)state;
+    router *rt = router_new();
+    rt_arena *a = rt_arena_new(1024);
+    add(rt, "GET", "/media/{server}/{id}", dummy);
+    add(rt, "GET", "/lit/x", dummy);
+    static const char *const bad[] = {
+        "/media/s/ab%zz",       /* bad escape */
+        "/media/s/ab%00c",      /* embedded NUL */
+        "/media/s/%FF",         /* not UTF-8 at all */
+        "/media/s/%C0%AF",      /* overlong '/' */
+        "/media/s/%ED%A0%80",   /* a UTF-16 surrogate */
+        "/media/s/%F4%90%80%80", /* past U+10FFFF */
+        "/media/s/%E2%82",      /* truncated sequence */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        match m = do_match(rt, a, "GET", bad[i]);
+        assert_non_null(m.e);
+        assert_non_null(m.invalid);
+        assert_string_equal(m.invalid, "id");
+    }
+    match m = do_match(rt, a, "GET", "/media/%FF/x");
+    assert_string_equal(m.invalid, "server");
+    m = do_match(rt, a, "GET", "/media/s/caf%C3%A9%F0%9F%98%80"); /* é and an emoji: text */
+    assert_null(m.invalid);
+    assert_string_equal(m.values[1], "caf\xc3\xa9\xf0\x9f\x98\x80");
+    assert_null(do_match(rt, a, "GET", "/lit/%FF").e); /* a literal never matches non-text */
     rt_arena_free(a);
     router_free(rt);
 }
@@ -184,7 +217,8 @@ int main(void)
         cmocka_unit_test(test_literal_segments_win_over_parameters),
         cmocka_unit_test(test_a_path_known_for_another_method_reports_wrong_method),
         cmocka_unit_test(test_head_is_served_by_get_routes),
-        cmocka_unit_test(test_empty_or_malformed_segments_do_not_match),
+        cmocka_unit_test(test_empty_segments_do_not_match),
+        cmocka_unit_test(test_a_parameter_that_is_not_text_is_named_so_the_request_gets_400),
         cmocka_unit_test(test_the_same_route_twice_is_refused_naming_both_owners),
         cmocka_unit_test(test_parameters_must_be_whole_segments),
         cmocka_unit_test(test_v3_routes_are_served_under_r0_unless_newer_than_r0),

@@ -18,6 +18,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/client.h"
 #include "core/client/e2ee/e2ee.h"
+#include "atrium/parse.h"
 
 #define BACKUP_NOT_FOUND "Unknown backup version"
 #define VERSION_TEXT_BYTES 24 /* a version number as a query parameter */
@@ -38,11 +39,7 @@ static void version_text(int64_t version, char out[VERSION_TEXT_BYTES])
 /* A version number from the path or the query: decimal digits, in int64 range. */
 static bool parse_version(const char *s, int64_t *out)
 {
-    if (!s || !*s || strlen(s) > 18) return false;
-    for (const char *p = s; *p; p++)
-        if (!isdigit((unsigned char)*p)) return false;
-    *out = atoll(s);
-    return true;
+    return s && s[0] != '-' && atrium_parse_int64(s, 0, INT64_MAX, out) == 0;
 }
 
 /* Finish: commit and answer `body` (consumed), or answer 503. Releases c. */

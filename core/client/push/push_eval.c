@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/client/push/push_eval.h"
+#include "atrium/parse.h"
 
 #define GLOB_ANY_ONE (-1)         /* '?' */
 #define GLOB_STAR (-2)            /* '*' (a run of them is one) */
@@ -311,7 +312,8 @@ static bool cond_member_count(eval_ctx *cx, const json_t *cond)
     }
     size_t digits = strspn(is, "0123456789");
     if (digits == 0 || digits > MEMBER_COUNT_MAX_DIGITS || is[digits] != '\0') return false;
-    int64_t want = strtoll(is, NULL, 10), have = cx->room->member_count;
+    int64_t want, have = cx->room->member_count;
+    if (atrium_parse_int64(is, 0, INT64_MAX, &want) != 0) return false;
     if (strcmp(op, "<") == 0) return have < want;
     if (strcmp(op, ">") == 0) return have > want;
     if (strcmp(op, "<=") == 0) return have <= want;

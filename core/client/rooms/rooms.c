@@ -10,6 +10,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
+#include "atrium/parse.h"
 
 /* The settings, or NULL when no runtime object is bound (unit tests). */
 static const struct core_config *settings(void)
@@ -123,9 +124,8 @@ const room_version *rooms_default_version(void)
 bool rooms_parse_token(const char *tok, int64_t *pos)
 {
     if (!tok || tok[0] != 's' || tok[1] < '0' || tok[1] > '9') return false;
-    char *end;
-    long long v = strtoll(tok + 1, &end, 10);
-    if (*end != '\0' || v < 0) return false;
+    int64_t v;
+    if (atrium_parse_int64(tok + 1, 0, INT64_MAX, &v) != 0) return false;
     *pos = v;
     return true;
 }

@@ -18,6 +18,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
+#include "atrium/parse.h"
 
 #define MESSAGES_DEFAULT_LIMIT 10
 #define MESSAGES_MAX_LIMIT 1000
@@ -45,13 +46,13 @@ static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t ma
     const char *v = http_req_query(r, name);
     *out = def;
     if (!v) return true;
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (!*v || *end || x < 0) {
+    int64_t x;
+    int rc = atrium_parse_int64(v, 0, max, &x); /* past max: clamped to max */
+    if (rc == ATRIUM_E_INVAL || (rc == ATRIUM_E_LIMIT && x != max)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'%s' must be a non-negative integer", name);
         return false;
     }
-    *out = x > max ? max : x;
+    *out = x;
     return true;
 }
 

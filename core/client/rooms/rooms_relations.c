@@ -22,6 +22,7 @@
 
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_relations.h"
+#include "atrium/parse.h"
 
 #define RELATIONS_DEFAULT_LIMIT 5
 #define RELATIONS_MAX_LIMIT 100
@@ -33,12 +34,10 @@ bool rooms_relations_limit(const char *text, int64_t def, int64_t max, int64_t *
 {
     *out = def;
     if (!text) return true;
-    if (!*text) return false;
-    for (const char *s = text; *s; s++)
-        if (*s < '0' || *s > '9') return false;
-    errno = 0;
-    unsigned long long x = strtoull(text, NULL, 10);
-    *out = errno == ERANGE || x > (unsigned long long)max ? max : (int64_t)x;
+    int64_t x;
+    int rc = atrium_parse_int64(text, 0, max, &x); /* past max: clamped to max */
+    if (rc == ATRIUM_E_INVAL || text[0] == '-') return false;
+    *out = x;
     if (*out < 1) *out = 1; /* an empty page would end the pagination */
     return true;
 }

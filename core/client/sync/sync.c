@@ -28,6 +28,7 @@
 #include "core/client/sync/sync.h"
 #include "core/client/sync/sync_legacy.h"
 #include "core/client/sync/sync_rooms.h"
+#include "atrium/parse.h"
 
 #define SYNC_MAX_TIMEOUT_MS (5 * 60 * 1000)
 #define SYNC_RATE_MAX_KEYS 100000 /* users tracked by the sync limiter */
@@ -125,9 +126,9 @@ static bool load_filter(atrium_req *r, sync_ctx *s, json_t **holder)
             return false;
         }
     } else {
-        char *end;
-        long long id = strtoll(f, &end, 10);
-        if (*end || id < 0) {
+        /* Filter IDs are what POST /filter handed out: non-negative int64s. */
+        int64_t id;
+        if (f[0] == '-' || atrium_parse_int64(f, 0, INT64_MAX, &id) != 0) {
             http_respond_error(r, 400, "M_INVALID_PARAM", "Unknown filter");
             return false;
         }
@@ -165,13 +166,13 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
     if (mode == SYNC_MODE_INITIAL || mode == SYNC_MODE_ROOM_INITIAL) {
         since = timeout = full = NULL; /* always from nothing, never waiting */
         const char *limit = http_req_query(r, "limit");
-        char *end;
-        long long n = limit ? strtoll(limit, &end, 10) : LEGACY_DEFAULT_LIMIT;
-        if (limit && (!*limit || *end || n < 0)) {
+        int64_t n = LEGACY_DEFAULT_LIMIT;
+        int rc = limit ? atrium_parse_int64(limit, 0, SYNC_MAX_TIMELINE_LIMIT, &n) : 0; /* clamped */
+        if (rc == ATRIUM_E_INVAL || (rc == ATRIUM_E_LIMIT && n != SYNC_MAX_TIMELINE_LIMIT)) {
             http_respond_error(r, 400, "M_INVALID_PARAM", "'limit' must be a non-negative integer");
             return false;
         }
-        s->timeline_limit = n > SYNC_MAX_TIMELINE_LIMIT ? SYNC_MAX_TIMELINE_LIMIT : n;
+        s->timeline_limit = n;
     }
     if (since && !rooms_parse_token(since, &s->since)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
@@ -179,13 +180,13 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
     }
     *timeout_ms = 0;
     if (timeout) {
-        char *end;
-        long long t = strtoll(timeout, &end, 10);
-        if (!*timeout || *end || t < 0) {
+        int64_t t;
+        int rc = atrium_parse_int64(timeout, 0, SYNC_MAX_TIMEOUT_MS, &t); /* clamped */
+        if (rc == ATRIUM_E_INVAL || (rc == ATRIUM_E_LIMIT && t != SYNC_MAX_TIMEOUT_MS)) {
             http_respond_error(r, 400, "M_INVALID_PARAM", "'timeout' must be a non-negative integer");
             return false;
         }
-        *timeout_ms = t > SYNC_MAX_TIMEOUT_MS ? SYNC_MAX_TIMEOUT_MS : t;
+        *timeout_ms = t;
     }
     if (full && strcmp(full, "true") != 0 && strcmp(full, "false") != 0) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'full_state' must be true or false");
