@@ -33,27 +33,6 @@
 #define REMOTE_MAKE_MAX_BODY_BYTES (256 * 1024)
 #define REMOTE_MAX_VIAS 8 /* via servers tried at most */
 
-/* Percent-encode s (unreserved characters kept) into out. false when it does not fit. */
-static bool uri_part(const char *s, char *out, size_t len)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        bool keep = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
-                    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' || *p == '_' || *p == '~';
-        if (o + 4 >= len) return false;
-        if (keep) {
-            out[o++] = (char)*p;
-        } else {
-            out[o++] = '%';
-            out[o++] = hex[*p >> 4];
-            out[o++] = hex[*p & 15];
-        }
-    }
-    out[o] = '\0';
-    return true;
-}
-
 int rooms_join_needs_remote(PGconn *c, const char *room_id)
 {
     const char *p[2] = {room_id, rooms_server_name()};
@@ -186,7 +165,7 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
                         fed_call_result *last)
 {
     char room_enc[REMOTE_URI_BYTES / 4], user_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
-    if (!uri_part(room_id, room_enc, sizeof(room_enc)) || !uri_part(user, user_enc, sizeof(user_enc)))
+    if (!fed_uri_encode(room_id, room_enc, sizeof(room_enc)) || !fed_uri_encode(user, user_enc, sizeof(user_enc)))
         return NULL;
     size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_%s/%s/%s",
                                 membership, room_enc, user_enc);
@@ -366,8 +345,8 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
         return rooms_fail(r, &e);
     }
     char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
-    uri_part(room_id, room_enc, sizeof(room_enc));
-    uri_part(join_id, id_enc, sizeof(id_enc));
+    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
+    fed_uri_encode(join_id, id_enc, sizeof(id_enc));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_join/%s/%s", room_enc, id_enc);
     fed_request_opts o = {.method = "PUT", .destination = via, .uri = uri, .body = join,
                           .deadline_ms = r->deadline_ms, .ignore_backoff = true,
@@ -493,8 +472,8 @@ int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
         return rooms_fail(r, &e);
     }
     char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
-    uri_part(room_id, room_enc, sizeof(room_enc));
-    uri_part(id, id_enc, sizeof(id_enc));
+    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
+    fed_uri_encode(id, id_enc, sizeof(id_enc));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v2/invite/%s/%s", room_enc, id_enc);
     json_t *body = json_pack("{s:O, s:s, s:o}", "event", pdu, "room_version", v->id,
                              "invite_room_state", invite_room_state(map, sender));
@@ -576,8 +555,8 @@ int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, con
         return rooms_fail(r, &e);
     }
     char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
-    uri_part(room_id, room_enc, sizeof(room_enc));
-    uri_part(id, id_enc, sizeof(id_enc));
+    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
+    fed_uri_encode(id, id_enc, sizeof(id_enc));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_leave/%s/%s", room_enc, id_enc);
     fed_request_opts o = {.method = "PUT", .destination = via, .uri = uri, .body = leave,
                           .deadline_ms = r->deadline_ms, .ignore_backoff = true,
