@@ -318,48 +318,86 @@ static int store_join(atrium_req *r, PGconn *c, const room_version *v, const cha
     return rc;
 }
 
-int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
+/* A membership change through other servers, its remote half: make_<kind> at the vias
+ * in turn, the event completed and signed here, then send_<kind> (v2) to the server that
+ * made it. On success the caller owns what remote_member holds (remote_member_clear); on
+ * failure the request has been answered and *out says what to return. */
+typedef struct remote_member {
+    const room_version *v;
+    PGconn *c;                /* borrowed for the request (rooms_db_release) */
+    const char *via;          /* the server that made the event */
+    json_t *event;            /* our signed member event */
+    char id[EVENT_ID_LEN];
+    fed_call_result sent;     /* the send_<kind> answer */
+} remote_member;
+
+static void remote_member_clear(remote_member *m)
 {
+    if (m->c) rooms_db_release(m->c);
+    json_decref(m->event);
+    fed_call_result_clear(&m->sent);
+}
+
+static bool make_and_send(atrium_req *r, const char *kind, const char *user, const char *room_id,
+                          const json_t *vias, int64_t max_body, remote_member *m, int *out)
+{
+    memset(m, 0, sizeof(*m));
     fed_call_result mk;
-    const char *via = NULL;
-    json_t *made = ask_make(r, "join", user, room_id, vias, &via, &mk);
+    char why[96];
+    json_t *made = ask_make(r, kind, user, room_id, vias, &m->via, &mk);
     if (!made) {
-        int out = answer_peer_failure(r, &mk, "No server could help joining the room");
+        snprintf(why, sizeof(why), "No server could help %s the room",
+                 strcmp(kind, "join") == 0 ? "joining" : "leaving");
+        *out = answer_peer_failure(r, &mk, why);
         fed_call_result_clear(&mk);
-        return out;
+        return false;
     }
     fed_call_result_clear(&mk);
     const char *ver_id = json_string_value(json_object_get(made, "room_version"));
-    const room_version *v = room_version_find(ver_id ? ver_id : "1");
-    PGconn *c = rooms_db(r);
-    if (!c) {
+    m->v = room_version_find(ver_id ? ver_id : "1");
+    if (!(m->c = rooms_db(r))) {
         json_decref(made);
-        return ATRIUM_DONE;
+        *out = ATRIUM_DONE;
+        return false;
     }
     rooms_err e = {0};
-    char join_id[EVENT_ID_LEN];
-    json_t *join = complete_member(r, c, v, json_object_get(made, "event"), user, "join", join_id, &e);
+    m->event = complete_member(r, m->c, m->v, json_object_get(made, "event"), user, kind, m->id, &e);
     json_decref(made);
-    if (!join) {
-        rooms_db_release(c);
-        return rooms_fail(r, &e);
+    if (!m->event) {
+        remote_member_clear(m);
+        *out = rooms_fail(r, &e);
+        return false;
     }
     char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
     fed_uri_encode(room_id, room_enc, sizeof(room_enc));
-    fed_uri_encode(join_id, id_enc, sizeof(id_enc));
-    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_join/%s/%s", room_enc, id_enc);
-    fed_request_opts o = {.method = "PUT", .destination = via, .uri = uri, .body = join,
+    fed_uri_encode(m->id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_%s/%s/%s", kind, room_enc, id_enc);
+    fed_request_opts o = {.method = "PUT", .destination = m->via, .uri = uri, .body = m->event,
                           .deadline_ms = r->deadline_ms, .ignore_backoff = true,
-                          .max_body_bytes = REMOTE_JOIN_MAX_BODY_BYTES};
-    fed_call_result sj;
-    fed_call(&o, &sj);
-    if (!fed_call_ok(&sj)) {
-        rooms_db_release(c);
-        json_decref(join);
-        int out = answer_peer_failure(r, &sj, "The resident server refused the join");
-        fed_call_result_clear(&sj);
-        return out;
+                          .max_body_bytes = max_body};
+    fed_call(&o, &m->sent);
+    if (!fed_call_ok(&m->sent)) {
+        snprintf(why, sizeof(why), "The resident server refused the %s", kind);
+        *out = answer_peer_failure(r, &m->sent, why);
+        remote_member_clear(m);
+        return false;
     }
+    return true;
+}
+
+int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
+{
+    remote_member m;
+    int out;
+    if (!make_and_send(r, "join", user, room_id, vias, REMOTE_JOIN_MAX_BODY_BYTES, &m, &out))
+        return out;
+    const room_version *v = m.v;
+    PGconn *c = m.c;
+    const char *via = m.via;
+    json_t *join = m.event;
+    const char *join_id = m.id;
+    fed_call_result sj = m.sent;
+    rooms_err e = {0};
     /* The resident may add its signature to the join (restricted rooms): keep its copy when
      * it is the same event. */
     json_t *theirs = json_object_get(sj.json, "event");
@@ -530,46 +568,15 @@ int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
 
 int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
 {
-    fed_call_result mk;
-    const char *via = NULL;
-    json_t *made = ask_make(r, "leave", user, room_id, vias, &via, &mk);
-    if (!made) {
-        int out = answer_peer_failure(r, &mk, "No server could help leaving the room");
-        fed_call_result_clear(&mk);
+    remote_member m;
+    int out;
+    if (!make_and_send(r, "leave", user, room_id, vias, REMOTE_MAKE_MAX_BODY_BYTES, &m, &out))
         return out;
-    }
-    fed_call_result_clear(&mk);
-    const char *ver_id = json_string_value(json_object_get(made, "room_version"));
-    const room_version *v = room_version_find(ver_id ? ver_id : "1");
-    PGconn *c = rooms_db(r);
-    if (!c) {
-        json_decref(made);
-        return ATRIUM_DONE;
-    }
-    rooms_err e = {0};
-    char id[EVENT_ID_LEN];
-    json_t *leave = complete_member(r, c, v, json_object_get(made, "event"), user, "leave", id, &e);
-    json_decref(made);
-    if (!leave) {
-        rooms_db_release(c);
-        return rooms_fail(r, &e);
-    }
-    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
-    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
-    fed_uri_encode(id, id_enc, sizeof(id_enc));
-    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_leave/%s/%s", room_enc, id_enc);
-    fed_request_opts o = {.method = "PUT", .destination = via, .uri = uri, .body = leave,
-                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
-                          .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
-    fed_call_result sl;
-    fed_call(&o, &sl);
-    if (!fed_call_ok(&sl)) {
-        rooms_db_release(c);
-        json_decref(leave);
-        int out = answer_peer_failure(r, &sl, "The resident server refused the leave");
-        fed_call_result_clear(&sl);
-        return out;
-    }
+    PGconn *c = m.c;
+    const char *via = m.via;
+    json_t *leave = m.event;
+    const char *id = m.id;
+    fed_call_result sl = m.sent;
     fed_call_result_clear(&sl);
     /* This server is not in the room: the leave is kept like the invite was, an outlier and
      * the user's newest membership. */
