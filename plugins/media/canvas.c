@@ -88,6 +88,7 @@ void canvas_of_buffer(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h)
     } else if (n >= 4 && b[0] == 0xFF && b[1] == 0xD8) {
         if (!jpeg_canvas(b, n, w, h)) *w = *h = 0;
     }
+    if (*w == 0 || *h == 0) *w = *h = 0; /* a canvas without area declares nothing */
 }
 
 int canvas_of_file(const char *path, uint32_t *w, uint32_t *h)

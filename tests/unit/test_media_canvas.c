@@ -77,6 +77,11 @@ static void test_anything_else_declares_nothing(void **state)
     declared("", 0, 0, 0);
     declared("hello, world", 12, 0, 0);
     declared("RIFF\0\0\0\0WAVE", 12, 0, 0);
+    /* A canvas without area (found by fuzz_canvas): one dimension 0 declares nothing. */
+    static const uint8_t zero_wide[] = "\xff\xd8"
+                                       "\xff\xc0\x00\x11\x08\x1a\x0a\x00\x00\x03"; /* SOF0 0 x 6666 */
+    declared(zero_wide, sizeof(zero_wide) - 1, 0, 0);
+    declared("GIF89a\x00\x00\x10\x00", 10, 0, 0);
 }
 
 int main(void)
