@@ -44,6 +44,7 @@ typedef struct atrium_line atrium_line;       /* admission line: slots + fair pa
 typedef struct atrium_event atrium_event;     /* something parked requests wait for */
 typedef struct atrium_metric atrium_metric;   /* a Prometheus counter or gauge */
 typedef struct atrium_ratelimit atrium_ratelimit;
+typedef struct atrium_lease atrium_lease;     /* a once-only job's lease (1.3) */
 
 /* ---- routes ------------------------------------------------------------------------- */
 
@@ -536,7 +537,49 @@ struct atrium_host {
      * older minor that lacks members the caller needs). Complete once every plugin's init
      * ran: call it in start() or later (a request handler), and keep the pointer. */
     const void *(*iface_get)(const char *name, uint32_t min_size);
+
+    /* == 1.3: several processes on one database (docs/architecture.md) ================== */
+    /* Processes that share one PostgreSQL (and one media store) tell each other what
+     * changed through notifications (PostgreSQL LISTEN/NOTIFY on one listening connection
+     * per process) and run once-only jobs under leases. A member left NULL is not offered
+     * by this host (test with ATRIUM_HOST_HAS). */
+
+    /* [any] This process's instance name (config server.instance_name), as it appears in
+     * its log lines and metrics. */
+    const char *(*instance_name)(void);
+    /* [init] Call cb(arg, payload) for every notification published on `channel` by any
+     * process sharing the database, this one included. `channel` is 1-40 characters of
+     * [a-z0-9_.]; the host scopes it to the plugin (two plugins cannot collide). cb runs on
+     * the core's notification thread and must not block: signal an atrium_event, wake a
+     * request, queue work. After the listening connection was lost and came back, every
+     * subscriber's cb is called once with payload NULL: notifications may have been missed,
+     * so revalidate whatever they keep fresh. ATRIUM_E_INVAL (bad channel), ATRIUM_E_STATE
+     * (not in init), ATRIUM_E_LIMIT (too many subscriptions). */
+    int (*notify_subscribe)(atrium_plugin *self, const char *channel,
+                            void (*cb)(void *arg, const char *payload), void *arg);
+    /* [any] Publish `payload` (text, at most ATRIUM_NOTIFY_MAX_PAYLOAD bytes; IDs and
+     * positions, never the data itself) on `channel`. With `conn` (from db_acquire, inside
+     * a transaction the caller opened) it is delivered when that transaction commits and
+     * never if it rolls back; with conn NULL it is sent at once on a pooled connection
+     * (call it after your own commit). ATRIUM_E_INVAL, ATRIUM_E_DB. */
+    int (*notify_publish)(atrium_plugin *self, PGconn *conn, const char *channel,
+                          const char *payload);
+    /* [any] 1 while this process's listening connection is up, 0 while it is down (then
+     * notifications are being missed: a cache kept fresh by them must be bypassed). */
+    int (*notify_live)(void);
+    /* [init] A lease named `name` (1-40 characters of [a-z0-9_.], scoped to the plugin):
+     * at most one process sharing the database holds it at a time. The host takes and
+     * renews it in the background (every ttl_ms / 3); when its holder dies or loses the
+     * database, another process takes it over within ttl_ms. NULL on a bad name or ttl
+     * (1 s to 10 min). */
+    atrium_lease *(*lease_create)(atrium_plugin *self, const char *name, int64_t ttl_ms);
+    /* [any] 1 when this process holds the lease now: check it before each run of the job
+     * it guards. */
+    int (*lease_held)(atrium_lease *lease);
 };
+
+/* The longest payload notify_publish accepts, in bytes. */
+#define ATRIUM_NOTIFY_MAX_PAYLOAD 1000
 
 /* Does this host offer `member`? (For plugins that target an older minor.) */
 #define ATRIUM_HOST_HAS(h, member)                                                         \

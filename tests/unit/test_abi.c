@@ -35,14 +35,17 @@ _Static_assert(offsetof(struct atrium_host, req_origin) == 8 + 62 * PTR, "host 1
 _Static_assert(offsetof(struct atrium_host, fed_verify_json) == 8 + 68 * PTR, "host 1.1 layout");
 _Static_assert(offsetof(struct atrium_host, iface_provide) == 8 + 69 * PTR, "host 1.1 layout");
 _Static_assert(offsetof(struct atrium_host, iface_get) == 8 + 70 * PTR, "host 1.1 layout");
-_Static_assert(sizeof(struct atrium_host) == 8 + 71 * PTR, "members are appended only at a minor");
+/* 1.3, appended after iface_get: several processes on one database. */
+_Static_assert(offsetof(struct atrium_host, instance_name) == 8 + 71 * PTR, "host 1.3 layout");
+_Static_assert(offsetof(struct atrium_host, lease_held) == 8 + 76 * PTR, "host 1.3 layout");
+_Static_assert(sizeof(struct atrium_host) == 8 + 77 * PTR, "members are appended only at a minor");
 /* Route flags and the route struct are frozen too: the host copies sizeof(atrium_route). */
 _Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x2u &&
                    ATRIUM_ROUTE_HEADERS_FIRST == 0x4u,
                "route flags keep their bits");
 _Static_assert(offsetof(atrium_route, body_chunk) == 5 * PTR && sizeof(atrium_route) == 7 * PTR,
                "atrium_route layout changed");
-_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 2, "this file pins ABI 1.2");
+_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 3, "this file pins ABI 1.3");
 /* Interfaces start with their size and version, then function pointers, appended only. */
 _Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
                "directory/1 header changed");
