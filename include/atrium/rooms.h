@@ -5,13 +5,15 @@
  * The core provides it; plugins such as the room directory read a room's summary and a
  * user's standing in a room through it instead of reading the core's tables, so the
  * tables can change without breaking them. Every function takes a connection the caller
- * borrowed (host->db_acquire), may run inside the caller's transaction, never begins or
- * ends one, and may be called from any thread. Growth rule: members are appended; check
- * `size` (or pass a larger min_size to iface_get) before using a newer one.
+ * borrowed (host->db_acquire) and may be called from any thread; those of version 0 may
+ * run inside the caller's transaction and never begin or end one (a later member says
+ * when it differs). Growth rule: members are appended; check ATRIUM_ROOMS_HAS(r, member)
+ * before using a newer one (look the interface up with ATRIUM_ROOMS_V0_SIZE).
  */
 #ifndef ATRIUM_ROOMS_H
 #define ATRIUM_ROOMS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -20,7 +22,7 @@
 #include "atrium/abi.h"
 
 #define ATRIUM_ROOMS_IFACE "rooms/1"
-#define ATRIUM_ROOMS_VERSION 0 /* minor version of rooms/1 */
+#define ATRIUM_ROOMS_VERSION 1 /* minor version of rooms/1 */
 #define ATRIUM_MEMBERSHIP_LEN 16 /* "join", "invite", "leave", "ban", "knock", "" */
 
 typedef struct atrium_rooms {
@@ -39,6 +41,23 @@ typedef struct atrium_rooms {
      * room_id now (the room's auth rules), 0 when not, ATRIUM_E_NOTFOUND, ATRIUM_E_DB. */
     int (*may_send_state)(PGconn *c, const char *room_id, const char *user_id,
                           const char *event_type);
+
+    /* ---- version 1 ---- */
+    /* The directory deleted alias of room_id at user_id's request: when the room's
+     * m.room.canonical_alias names it (`alias` or one of `alt_aliases`), the event is sent
+     * again without it, as user_id, if the room's auth rules let user_id send it; else
+     * nothing is sent (the alias stays deleted either way, as the spec recommends). It
+     * begins and commits its own transaction on c (under the room's write lock), so call
+     * it outside one. 1 (the event was sent), 0 (none named it, no such room, or user_id
+     * may not send it), ATRIUM_E_DB. */
+    int (*canonical_alias_drop)(PGconn *c, const char *room_id, const char *alias,
+                                const char *user_id);
 } atrium_rooms;
+
+/* The size of version 0 (what every core offering rooms/1 has). */
+#define ATRIUM_ROOMS_V0_SIZE ((uint32_t)offsetof(atrium_rooms, canonical_alias_drop))
+/* Does the core's rooms/1 r have member (and set it)? */
+#define ATRIUM_ROOMS_HAS(r, member)                                                            \
+    ((r)->size >= offsetof(atrium_rooms, member) + sizeof((r)->member) && (r)->member)
 
 #endif

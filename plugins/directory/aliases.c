@@ -7,8 +7,9 @@
  * Rules this file owns: an alias is created only for this server's name, only by a user
  * joined to the room (or a server admin), and a taken alias is M_ROOM_IN_USE; it is
  * deleted by whoever created it, a member whose power level lets them set the room's
- * m.room.canonical_alias, or a server admin. Deleting an alias leaves the room (and its
- * canonical alias event) alone. It also answers other servers' look-ups
+ * m.room.canonical_alias, or a server admin. Deleting an alias leaves the room alone; the
+ * room's m.room.canonical_alias stops naming it (rooms/1 canonical_alias_drop: sent as the
+ * deleting user when the room lets them). It also answers other servers' look-ups
  * (GET /_matrix/federation/v1/query/directory). Aliases of other servers are looked up
  * by remote.c.
  */
@@ -174,13 +175,21 @@ static int delete_alias(atrium_req *req)
     PGresult *res =
         dir_q(c, "SELECT room_id, creator FROM directory_aliases WHERE alias = $1", 1, p, NULL);
     int rc = !res ? ATRIUM_E_DB : PQntuples(res) == 0 ? ATRIUM_E_NOTFOUND : 0;
-    if (rc == 0) rc = may_delete(req, c, user, PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 1));
+    char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1] = "";
+    if (rc == 0) {
+        snprintf(room_id, sizeof(room_id), "%s", PQgetvalue(res, 0, 0));
+        rc = may_delete(req, c, user, room_id, PQgetvalue(res, 0, 1));
+    }
     PQclear(res);
     if (rc == 1) {
         res = dir_q(c, "DELETE FROM directory_aliases WHERE alias = $1", 1, p, NULL);
         rc = res ? 1 : ATRIUM_E_DB;
         PQclear(res);
     }
+    /* The room's canonical alias event no longer names it (sent as the user, when they may;
+     * a failure there leaves the alias deleted, as the spec recommends). */
+    if (rc == 1 && ATRIUM_ROOMS_HAS(dir_rooms, canonical_alias_drop))
+        (void)dir_rooms->canonical_alias_drop(c, room_id, alias, user);
     h->db_release(c);
     if (rc == 1) return h->respond_json(req, 200, json_object());
     if (rc == 0)

@@ -68,6 +68,8 @@ static const atrium_directory DIRECTORY_IFACE = {
     .room_publish = dir_room_publish,
     .room_changed = dir_room_changed,
     .may_publish = dir_may_publish,
+    .alias_resolve_remote = dir_remote_alias_resolve,
+    .room_listed = dir_room_listed,
 };
 
 PGresult *dir_q(PGconn *c, const char *sql, int n, const char *const *params, bool *unique)
@@ -119,7 +121,7 @@ static int directory_init(const atrium_host *host, atrium_plugin *self, const at
 static int directory_start(void *state)
 {
     (void)state;
-    dir_rooms = dir_host->iface_get(ATRIUM_ROOMS_IFACE, sizeof(atrium_rooms));
+    dir_rooms = dir_host->iface_get(ATRIUM_ROOMS_IFACE, ATRIUM_ROOMS_V0_SIZE);
     if (!dir_rooms) {
         dir_host->log(dir_self, ATRIUM_LOG_ERROR, "this server does not provide \"%s\"; use a "
                       "directory plugin built for it", ATRIUM_ROOMS_IFACE);

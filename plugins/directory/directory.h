@@ -65,10 +65,15 @@ int dir_remote_rooms(atrium_req *req, const char *server, long limit, const char
                      const json_t *filter);
 /* [req] Answer with the room alias names on server (its directory's answer). Likewise. */
 int dir_remote_alias(atrium_req *req, const char *alias, const char *server);
+/* [req] directory/1 alias_resolve_remote: the same look-up, its answer for the caller. */
+int dir_remote_alias_resolve(atrium_req *req, const char *alias,
+                             char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1], json_t **servers);
 
 /* listing.c */
 int dir_room_publish(PGconn *c, const char *room_id, bool visible);
 int dir_room_changed(PGconn *c, const char *room_id);
+/* Is room_id in the list? 1, 0, ATRIUM_E_DB. */
+int dir_room_listed(PGconn *c, const char *room_id);
 int dir_may_publish(const char *user_id, bool server_admin);
 int dir_listing_routes(void);
 

@@ -81,15 +81,21 @@ int dir_room_publish(PGconn *c, const char *room_id, bool visible)
     return 0;
 }
 
-int dir_room_changed(PGconn *c, const char *room_id)
+int dir_room_listed(PGconn *c, const char *room_id)
 {
     const char *p[1] = {room_id};
     PGresult *res =
         dir_q(c, "SELECT 1 FROM directory_public_rooms WHERE room_id = $1", 1, p, NULL);
     if (!res) return ATRIUM_E_DB;
-    bool listed = PQntuples(res) > 0;
+    int listed = PQntuples(res) > 0;
     PQclear(res);
-    if (!listed) return 0;
+    return listed;
+}
+
+int dir_room_changed(PGconn *c, const char *room_id)
+{
+    int listed = dir_room_listed(c, room_id);
+    if (listed <= 0) return listed;
     int rc = refresh(c, room_id);
     return rc == ATRIUM_E_NOTFOUND ? 0 : rc;
 }
@@ -103,19 +109,13 @@ static int get_visibility(atrium_req *req)
     json_t *s = NULL;
     int rc = dir_rooms->room_summary(c, room_id, &s);
     json_decref(s);
-    PGresult *res = NULL;
-    if (rc == 0) {
-        const char *p[1] = {room_id};
-        res = dir_q(c, "SELECT 1 FROM directory_public_rooms WHERE room_id = $1", 1, p, NULL);
-        if (!res) rc = ATRIUM_E_DB;
-    }
-    bool listed = res && PQntuples(res) > 0;
-    PQclear(res);
+    int listed = rc == 0 ? dir_room_listed(c, room_id) : 0;
+    if (listed < 0) rc = listed;
     h->db_release(c);
     if (rc == ATRIUM_E_NOTFOUND) return h->respond_error(req, 404, "M_NOT_FOUND", "Unknown room");
     if (rc < 0) return h->respond_error(req, 503, "M_UNKNOWN", "The database failed; retry");
     return h->respond_json(req, 200, json_pack("{s:s}", "visibility",
-                                               listed ? "public" : "private"));
+                                               listed == 1 ? "public" : "private"));
 }
 
 int dir_may_publish(const char *user_id, bool server_admin)

@@ -185,10 +185,12 @@ static void on_answer(void *arg, const atrium_fed_response *res)
         return;
     }
     const char *room_id = json_string_value(json_object_get(j, "room_id"));
-    if (res->status == 200 && l->kind == LOOKUP_ALIAS && room_id) {
+    if (res->status == 200 && l->kind == LOOKUP_ALIAS && room_id && room_id[0] == '!' &&
+        strlen(room_id) <= ATRIUM_ROOM_ID_MAX_BYTES) {
         json_t *servers = json_object_get(j, "servers");
-        json_t *a = json_pack("{s:s, s:O}", "room_id", room_id, "servers",
-                              json_is_array(servers) ? servers : json_pack("[s]", server));
+        json_t *a = json_is_array(servers)
+                        ? json_pack("{s:s, s:O}", "room_id", room_id, "servers", servers)
+                        : json_pack("{s:s, s:[s]}", "room_id", room_id, "servers", server);
         finish(l, 200, a, m_ok);
         return;
     }
@@ -250,8 +252,25 @@ static const char *url_encode(atrium_req *req, const char *s)
 typedef struct ask {
     int kind;
     const char *server, *method, *uri, *key;
-    json_t *body; /* POST content (borrowed), or NULL */
+    json_t *body;    /* POST content (borrowed), or NULL */
+    json_t **result; /* where a 200 answer goes for the caller, or NULL: to the client */
 } ask;
+
+/* The outcome of a finished entry, to whom the look-up is for: a 200 answer to the caller
+ * (a copy in *a->result: ATRIUM_DIRECTORY_RESOLVED), anything else to the client. */
+static int deliver(atrium_req *req, lookup *l, const ask *a)
+{
+    if (a->result) {
+        pthread_mutex_lock(&lock);
+        json_t *copy = l->status == 200 ? json_deep_copy(l->answer) : NULL;
+        pthread_mutex_unlock(&lock);
+        if (copy) {
+            *a->result = copy;
+            return ATRIUM_DIRECTORY_RESOLVED;
+        }
+    }
+    return answer_from(req, l);
+}
 
 /* The whole look-up; runs on every run of the handler (the first, and after parking). */
 static int look_up(atrium_req *req, const ask *a)
@@ -261,7 +280,7 @@ static int look_up(atrium_req *req, const ask *a)
         pthread_mutex_lock(&lock);
         bool done = mine->done;
         pthread_mutex_unlock(&lock);
-        if (done) return answer_from(req, mine);
+        if (done) return deliver(req, mine, a);
         if (h->req_run_reason(req) == ATRIUM_RUN_SHUTDOWN)
             return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
         return h->respond_error(req, 504, "M_UNKNOWN", "%s did not answer in time", a->server);
@@ -274,7 +293,7 @@ static int look_up(atrium_req *req, const ask *a)
     pthread_mutex_unlock(&lock);
     if (fresh) { /* cached: no peer is asked, so no slot is needed */
         h->metric_add(m_hits, 1);
-        int rc = answer_from(req, l);
+        int rc = deliver(req, l, a);
         release_hold(l);
         return rc;
     }
@@ -293,7 +312,7 @@ static int look_up(atrium_req *req, const ask *a)
         l->refs++;
         pthread_mutex_unlock(&lock);
         free(w);
-        int rc = answer_from(req, l);
+        int rc = deliver(req, l, a);
         release_hold(l);
         return rc;
     }
@@ -391,7 +410,8 @@ int dir_remote_rooms(atrium_req *req, const char *server, long limit, const char
     return rc;
 }
 
-int dir_remote_alias(atrium_req *req, const char *alias, const char *server)
+/* The alias look-up, for the client (result NULL) or for the caller. */
+static int alias_look_up(atrium_req *req, const char *alias, const char *server, json_t **result)
 {
     const char *enc = url_encode(req, alias);
     size_t ulen = enc ? strlen(enc) + 64 : 0, klen = strlen(alias) + 8;
@@ -399,6 +419,30 @@ int dir_remote_alias(atrium_req *req, const char *alias, const char *server)
     if (!uri || !key) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
     snprintf(uri, ulen, "/_matrix/federation/v1/query/directory?room_alias=%s", enc);
     snprintf(key, klen, "a|%s", alias);
-    ask a = {.kind = LOOKUP_ALIAS, .server = server, .method = "GET", .uri = uri, .key = key};
+    ask a = {.kind = LOOKUP_ALIAS, .server = server, .method = "GET", .uri = uri, .key = key,
+             .result = result};
     return look_up(req, &a);
+}
+
+int dir_remote_alias(atrium_req *req, const char *alias, const char *server)
+{
+    return alias_look_up(req, alias, server, NULL);
+}
+
+int dir_remote_alias_resolve(atrium_req *req, const char *alias,
+                             char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1], json_t **servers)
+{
+    *servers = NULL;
+    const char *server = NULL;
+    if (!dir_alias_ok(alias, &server))
+        return h->respond_error(req, 400, "M_INVALID_PARAM", "Not a room alias");
+    json_t *answer = NULL;
+    int rc = alias_look_up(req, alias, server, &answer);
+    if (rc != ATRIUM_DIRECTORY_RESOLVED) return rc;
+    /* on_answer kept only answers with a room ID and a list of servers. */
+    snprintf(room_id, ATRIUM_ROOM_ID_MAX_BYTES + 1, "%s",
+             json_string_value(json_object_get(answer, "room_id")));
+    *servers = json_incref(json_object_get(answer, "servers"));
+    json_decref(answer);
+    return ATRIUM_DIRECTORY_RESOLVED;
 }

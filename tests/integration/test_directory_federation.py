@@ -2,7 +2,7 @@
 public room list (GET and POST publicRooms?server=); remote look-ups under ADR-0079
 (docs/adr/0079-outbound-budget.md) with a peer that never answers; the 30 s cache and
 in-flight sharing, counted at a fake peer; a peer's refusal reaching the client as an
-error. Joining a room through a remote alias needs room federation and is not tested."""
+error; a user on A joining a room of B through B's alias."""
 
 import http.server
 import json
@@ -122,12 +122,45 @@ class TwoServersTest(FederationTestCase):
         status, body = ann.call("POST", f"{V3}/publicRooms?server={quote(b.server_name)}",
                                 {"filter": {"generic_search_term": "hub"}, "limit": 5})
         self.assertEqual([r["room_id"] for r in body["chunk"]], [room])
-        # Joining through it needs room federation, which does not exist yet: a clear 404.
-        status, body = amy.call("POST", f"{V3}/join/{quote(alias)}")
-        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
         # B's own federation routes need a signature.
         status, _, _ = b.fed_request("GET", "/_matrix/federation/v1/publicRooms")
         self.assertEqual(status, 401)
+
+
+    def test_a_user_on_a_joins_through_an_alias_of_b_and_sees_what_is_said_on_b(self):
+        b = self.start_fed(B_IP, plugins=DIRECTORY)
+        a = self.start_fed(A_IP, plugins=DIRECTORY)
+        bea = Client(b, register(b, "bea"))
+        room = bea.create_room(room_alias_name="square", preset="public_chat", name="Square")
+        amy = Client(a, register(a, "amy"))
+        alias = f"#square:{b.server_name}"
+        # No server_name given: A asks B's directory, then joins through the servers it names.
+        status, body = amy.call("POST", f"{V3}/join/{quote(alias)}", {}, timeout=30)
+        self.assertEqual((status, body), (200, {"room_id": room}), body)
+        self.assertEqual(a.metric("atrium_directory_remote_lookups_total", {"outcome": "ok"}), 1)
+        # The wait for B's answer held no request-pool thread: it was parked, and the join
+        # itself ran on the rooms module's remote pool.
+        wait_until(lambda: a.metric("atrium_budget_in_use", {"budget": "outbound"}) == 0,
+                   what="the look-up's slot returned with the request")
+        self.assertEqual(a.metric("atrium_http_parked"), 0)
+        members = bea.ok("GET", f"{V3}/rooms/{quote(room)}/members")["chunk"]
+        self.assertEqual({e["state_key"]: e["content"]["membership"] for e in members},
+                         {bea.user_id: "join", amy.user_id: "join"})
+        bea.send(room, {"msgtype": "m.text", "body": "said on B"})
+
+        def bodies():
+            chunk = amy.ok("GET", f"{V3}/rooms/{quote(room)}/messages?dir=b&limit=20")["chunk"]
+            return [e["content"].get("body") for e in chunk if e["type"] == "m.room.message"]
+
+        wait_until(lambda: "said on B" in bodies(), what="B's message at A", timeout=20)
+        # Joining again by the alias is answered from the cached look-up, and an alias B
+        # does not have is B's 404, not a join.
+        status, body = amy.call("POST", f"{V3}/join/{quote(alias)}", {}, timeout=30)
+        self.assertEqual((status, body), (200, {"room_id": room}), body)
+        self.assertEqual(a.metric("atrium_directory_remote_cache_hits_total"), 1)
+        status, body = amy.call("POST", f"{V3}/join/{quote('#gone:' + b.server_name)}", {},
+                                timeout=30)
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
 
 
 class OutboundBudgetTest(FederationTestCase):

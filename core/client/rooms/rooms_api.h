@@ -127,7 +127,8 @@ int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
 
 /* Register the core's "rooms/1" interface (module init). 0 or a negative atrium_err. */
 int rooms_iface_provide(void);
-/* The plugin providing "directory/1", or NULL when none is enabled. Any thread. */
+/* The plugin providing "directory/1" (at least its version 0: check ATRIUM_DIRECTORY_HAS
+ * before a later member), or NULL when none is enabled. Any thread. */
 const atrium_directory *rooms_directory(void);
 /* [req] Answer 400 M_UNRECOGNIZED: the directory is disabled. Returns ATRIUM_DONE. */
 int rooms_directory_disabled(atrium_req *r);

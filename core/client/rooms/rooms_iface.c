@@ -6,8 +6,12 @@
  *
  * The summary is computed from current_state, the contract other modules read, with one
  * query: the latest non-redacted content of the state events a public room list shows
- * and the joined member count. A redacted state event counts as unset. What this file
- * does not do: decide anything about aliases or listing; that is the directory's.
+ * and the joined member count. A redacted state event counts as unset. It also owns what
+ * the room's m.room.canonical_alias may name (every alias of this server must point to the
+ * room) and, when the directory deletes an alias, sending that event again without it (as
+ * the user who deleted it, when the auth rules let them: the spec's recommendation and
+ * what Synapse does; never as another user). What this file does not do: decide anything
+ * about aliases or listing; that is the directory's.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,7 @@
 
 #include "core/client/rooms/rooms_api.h"
 #include "core/plugins/plugins.h"
+#include "core/rooms/canonical_json.h"
 
 static int summary(PGconn *c, const char *room_id, json_t **out)
 {
@@ -101,12 +106,104 @@ static int may_send_state(PGconn *c, const char *room_id, const char *user_id,
     return ok ? 1 : 0;
 }
 
+/* content of an m.room.canonical_alias event without alias (from `alias` and
+ * `alt_aliases`; an alt_aliases left empty goes): a new object, or NULL when it does not
+ * name alias. */
+static json_t *canonical_without(const json_t *content, const char *alias)
+{
+    json_t *next = json_deep_copy(content);
+    if (!next) return NULL;
+    bool named = false;
+    const char *main_alias = json_string_value(json_object_get(next, "alias"));
+    if (main_alias && strcmp(main_alias, alias) == 0) {
+        json_object_del(next, "alias");
+        named = true;
+    }
+    json_t *alt = json_object_get(next, "alt_aliases");
+    for (size_t i = json_array_size(alt); i-- > 0;) {
+        const char *a = json_string_value(json_array_get(alt, i));
+        if (a && strcmp(a, alias) == 0) {
+            json_array_remove(alt, i);
+            named = true;
+        }
+    }
+    if (json_is_array(alt) && json_array_size(alt) == 0) json_object_del(next, "alt_aliases");
+    if (!named) {
+        json_decref(next);
+        return NULL;
+    }
+    return next;
+}
+
+/* The content of the room's current m.room.canonical_alias (NULL when it has none or it
+ * is redacted) into *out. ROOMS_OK or ROOMS_E_DB. */
+static int canonical_content(PGconn *c, const char *room_id, json_t **out)
+{
+    *out = NULL;
+    const char *p[1] = {room_id};
+    PGresult *res = rooms_q(c,
+                            "SELECT e.pdu FROM current_state cs JOIN events e"
+                            " ON e.event_id = cs.event_id WHERE cs.room_id = $1"
+                            " AND cs.type = 'm.room.canonical_alias' AND cs.state_key = ''"
+                            " AND e.redacted_by IS NULL",
+                            1, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    json_t *pdu = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
+    PQclear(res);
+    json_t *content = json_object_get(pdu, "content");
+    if (json_is_object(content)) *out = json_incref(content);
+    json_decref(pdu);
+    return ROOMS_OK;
+}
+
+#define CANONICAL_DROP_ARENA_BYTES 4096 /* the write path's scratch for one event */
+
+static int canonical_alias_drop(PGconn *c, const char *room_id, const char *alias,
+                                const char *user_id)
+{
+    rt_arena *arena = rt_arena_new(CANONICAL_DROP_ARENA_BYTES);
+    if (!arena) return ATRIUM_E_NOMEM;
+    room_tx tx;
+    rooms_err e = {0};
+    int rc = rooms_tx_begin(&tx, c, arena, room_id, &e);
+    if (rc != ROOMS_OK) {
+        rt_arena_free(arena);
+        return rc == ROOMS_E_NOT_FOUND ? 0 : ATRIUM_E_DB;
+    }
+    json_t *content = NULL, *next = NULL;
+    char why[ROOM_AUTH_WHY_LEN], id[EVENT_ID_LEN];
+    rc = canonical_content(c, room_id, &content);
+    if (rc == ROOMS_OK && content && (next = canonical_without(content, alias)) &&
+        cjson_normalize(next, why, sizeof(why)) < 0)
+        rc = rooms_set_err(&e, ROOMS_E_BAD_JSON, "%s", why);
+    int out = 0;
+    if (rc == ROOMS_OK && next) {
+        room_new_event ev = {.sender = user_id, .type = "m.room.canonical_alias",
+                             .state_key = "", .content = next};
+        rc = rooms_tx_append(&tx, &ev, id, &e);
+        if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e); /* rolls back itself on failure */
+        else rooms_tx_rollback(&tx);
+        if (rc == ROOMS_OK) out = 1;
+        else if (rc == ROOMS_E_FORBIDDEN)
+            rt_log(ATRIUM_LOG_INFO, "core", "alias %s of %s deleted; %s may not update the room's "
+                   "canonical alias event, which still names it (%s)", alias, room_id, user_id,
+                   e.why);
+    } else {
+        rooms_tx_rollback(&tx); /* nothing names the alias, or a failure */
+    }
+    json_decref(content);
+    json_decref(next);
+    rt_arena_free(arena);
+    return rc == ROOMS_E_DB ? ATRIUM_E_DB : out;
+}
+
 static const atrium_rooms ROOMS_IFACE = {
     .size = sizeof(atrium_rooms),
     .version = ATRIUM_ROOMS_VERSION,
     .room_summary = summary,
     .membership = membership,
     .may_send_state = may_send_state,
+    .canonical_alias_drop = canonical_alias_drop,
 };
 
 int rooms_iface_provide(void)
@@ -116,7 +213,7 @@ int rooms_iface_provide(void)
 
 const atrium_directory *rooms_directory(void)
 {
-    return plugins_iface_get(ATRIUM_DIRECTORY_IFACE, sizeof(atrium_directory));
+    return plugins_iface_get(ATRIUM_DIRECTORY_IFACE, ATRIUM_DIRECTORY_V0_SIZE);
 }
 
 int rooms_directory_disabled(atrium_req *r)

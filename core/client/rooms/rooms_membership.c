@@ -7,8 +7,9 @@
  * auth rules' decision (room_auth.c through rooms_write.c). What this file adds: a join
  * of a user already joined writes nothing, kick and unban need a target that is in the
  * room / banned, membership events carry the user's profile, and invites reach only local
- * users that exist (no federation yet). /join/#alias resolves a local alias through the
- * room directory (rooms_iface.c); a remote alias answers 404 until room federation exists.
+ * users that exist; other servers' users are invited through their server
+ * (rooms_remote.c). /join/#alias resolves the alias through the room directory, another
+ * server's by asking it (join_alias), and joins through the servers the answer names.
  *
  * It also owns which profile fields a membership event carries (add_profile: displayname
  * and avatar_url, an empty value being no value), both for new memberships and for
@@ -238,7 +239,10 @@ static json_t *optional_body(atrium_req *r)
     return http_req_json(r);
 }
 
-static int join_room(atrium_req *r, const char *user, const char *room_id)
+/* Join room_id; alias_vias (may be NULL): the servers a remote alias's answer named, tried
+ * first when the join goes through other servers. */
+static int join_room(atrium_req *r, const char *user, const char *room_id,
+                     const json_t *alias_vias)
 {
     json_t *body = optional_body(r);
     if (!body) return ATRIUM_DONE;
@@ -251,8 +255,11 @@ static int join_room(atrium_req *r, const char *user, const char *room_id)
             rooms_db_release(c);
             return rooms_to_remote_pool(r);
         }
-        json_t *vias = rooms_remote_vias(r, c, room_id);
+        json_t *vias = json_deep_copy(alias_vias ? alias_vias : json_array());
+        json_t *more = rooms_remote_vias(r, c, room_id);
         rooms_db_release(c);
+        json_array_extend(vias, more);
+        json_decref(more);
         int out = rooms_remote_join(r, user, room_id, vias);
         json_decref(vias);
         return out;
@@ -306,18 +313,36 @@ static int post_room_join(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *room = rooms_param_room(r);
-    return room ? join_room(r, user, room) : ATRIUM_DONE;
+    return room ? join_room(r, user, room, NULL) : ATRIUM_DONE;
 }
 
-/* Join the room a local alias names (the directory resolves it). A remote alias would
- * need room federation to join through, which this server does not do yet: 404 saying so. */
+/* Join the room an alias names. The directory resolves it: a local alias from its table;
+ * another server's by asking that server (directory/1 alias_resolve_remote: the request
+ * parks under the outbound budget while it answers, and this handler runs again), then
+ * the join goes through the servers the answer lists (on the remote pool, like any join
+ * of a room this server is not in). Every run resolves again: the directory keeps the
+ * answer in the request, so the run on the remote pool gets it without asking. */
 static int join_alias(atrium_req *r, const char *user, const char *alias)
 {
-    if (!rooms_directory()) return rooms_directory_disabled(r);
+    const atrium_directory *d = rooms_directory();
+    if (!d) return rooms_directory_disabled(r);
     const char *colon = strchr(alias, ':');
-    if (!colon || strcmp(colon + 1, rooms_server_name()) != 0)
-        return http_respond_error(r, 404, "M_NOT_FOUND", "Room alias %.255s is on another server; "
-                                  "joining rooms on other servers is not available yet", alias);
+    if (colon && colon[1] && strcmp(colon + 1, rooms_server_name()) != 0) {
+        if (!ATRIUM_DIRECTORY_HAS(d, alias_resolve_remote))
+            return http_respond_error(r, 404, "M_NOT_FOUND", "Room alias %.255s is on another "
+                                      "server, and this server's room directory does not ask "
+                                      "other servers", alias);
+        char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
+        json_t *servers = NULL;
+        int rc = d->alias_resolve_remote(r, alias, room_id, &servers);
+        if (rc != ATRIUM_DIRECTORY_RESOLVED) return rc;
+        int out = rooms_room_id_ok(room_id)
+                      ? join_room(r, user, rt_arena_strdup(r->arena, room_id), servers)
+                      : http_respond_error(r, 502, "M_UNKNOWN", "The server of %.255s answered "
+                                           "with something that is not a room ID", alias);
+        json_decref(servers);
+        return out;
+    }
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
@@ -325,7 +350,7 @@ static int join_alias(atrium_req *r, const char *user, const char *alias)
     int rc = rooms_resolve_alias(c, alias, room_id, &e);
     rooms_db_release(c);
     if (rc != ROOMS_OK) return rooms_fail(r, &e);
-    return join_room(r, user, rt_arena_strdup(r->arena, room_id));
+    return join_room(r, user, rt_arena_strdup(r->arena, room_id), NULL);
 }
 
 /* POST /_matrix/client/v3/join/{roomIdOrAlias} */
@@ -337,7 +362,7 @@ static int post_join(atrium_req *r)
     if (target && target[0] == '#') return join_alias(r, user, target);
     if (!rooms_room_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID or alias");
-    return join_room(r, user, target);
+    return join_room(r, user, target, NULL);
 }
 
 /* POST /_matrix/client/v3/rooms/{roomId}/leave */

@@ -16,7 +16,8 @@
  * of the auth chain as outliers, then the join with the state it was authorized against.
  *
  * Not here: partial-state joins (the full state is asked for), restricted joins through a
- * resident's authorising user, and joining through a remote alias (the directory's).
+ * resident's authorising user, and resolving another server's alias (the directory's:
+ * rooms_membership.c passes the servers its answer names as the first vias).
  */
 #include <stdio.h>
 #include <stdlib.h>
