@@ -95,8 +95,11 @@ class AliasTest(SharedServerTest):
         self.assertEqual(listed(self.srv)[room]["name"], "Big lobby")
         status, body = self.bo.call("POST", f"{V3}/join/{quote('#nope:localhost')}")
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
-        status, body = self.bo.call("POST", f"{V3}/join/{quote('#far:elsewhere.example')}")
-        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+        # Another server's alias is asked of that server; this one federates with nobody.
+        status, body = self.bo.call("POST", f"{V3}/join/{quote('#far:elsewhere.example')}",
+                                    timeout=30)
+        self.assertEqual((status, body["errcode"]), (502, "M_UNKNOWN"), body)
+        self.assertIn("elsewhere.example", body["error"])
 
     def test_create_room_with_a_taken_alias_creates_neither_room_nor_alias(self):
         self.ava.create_room(room_alias_name="once")
@@ -141,6 +144,45 @@ class AliasTest(SharedServerTest):
         self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"))
         self.ava.ok("PUT", path, {"alias": "#mine:localhost", "alt_aliases": []})
         self.ava.ok("PUT", path, {})
+
+
+    def test_deleting_an_alias_takes_it_out_of_the_canonical_alias_event_as_the_deleter(self):
+        room = self.ava.create_room(room_alias_name="canon", preset="public_chat",
+                                    visibility="public", name="Canon")
+        self.bo.join(room)
+        for alias, who in (("#alt-one:localhost", self.ava), ("#alt-two:localhost", self.ava),
+                           ("#bos-alt:localhost", self.bo)):
+            who.ok("PUT", alias_path(alias), {"room_id": room})
+        full = {"alias": "#canon:localhost",
+                "alt_aliases": ["#alt-one:localhost", "#alt-two:localhost", "#bos-alt:localhost"]}
+        self.ava.put_state(room, "m.room.canonical_alias", full)
+
+        def canonical():
+            state = self.ava.ok("GET", f"{V3}/rooms/{quote(room)}/state")
+            [event] = [e for e in state if e["type"] == "m.room.canonical_alias"]
+            return event["sender"], event["content"]
+
+        self.ava.ok("DELETE", alias_path("#alt-one:localhost"))
+        self.assertEqual(canonical(), (self.ava.user_id, {
+            "alias": "#canon:localhost",
+            "alt_aliases": ["#alt-two:localhost", "#bos-alt:localhost"]}))
+        self.ava.ok("DELETE", alias_path("#canon:localhost"))
+        self.assertEqual(canonical(), (self.ava.user_id, {
+            "alt_aliases": ["#alt-two:localhost", "#bos-alt:localhost"]}))
+        self.assertNotIn("canonical_alias", listed(self.srv)[room])  # the list follows
+        # bo made #bos-alt and may delete it, but may not send the canonical alias event
+        # (power 50 needed): the alias goes, the event stays, nothing is sent as anyone else.
+        self.bo.ok("DELETE", alias_path("#bos-alt:localhost"))
+        self.assertEqual(self.srv.json("GET", alias_path("#bos-alt:localhost"))[0], 404)
+        self.assertEqual(canonical(), (self.ava.user_id, {
+            "alt_aliases": ["#alt-two:localhost", "#bos-alt:localhost"]}))
+        # An alias the event does not name changes nothing; the room stays throughout.
+        self.ava.ok("PUT", alias_path("#unnamed:localhost"), {"room_id": room})
+        self.ava.ok("DELETE", alias_path("#unnamed:localhost"))
+        self.ava.ok("DELETE", alias_path("#alt-two:localhost"))
+        self.assertEqual(canonical(), (self.ava.user_id, {"alt_aliases": ["#bos-alt:localhost"]}))
+        self.assertEqual(self.bo.state(room, "m.room.name"), {"name": "Canon"})
+        self.assertEqual(listed(self.srv)[room]["name"], "Canon")
 
 
 class AdminsOnlyPublishingTest(SharedServerTest):
