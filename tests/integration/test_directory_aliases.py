@@ -215,6 +215,40 @@ class AdminsOnlyPublishingTest(SharedServerTest):
         self.assertEqual(self.root.ok("POST", f"{V3}/createRoom", {"visibility": "public"})
                          .get("room_id") in listed(self.srv), True)
 
+    def test_the_synapse_admin_room_api_shows_a_room_with_its_listing_to_admins_only(self):
+        room = self.ed.create_room(room_alias_name="eds-admin", preset="public_chat",
+                                   name="Ed's admin view", topic="Details",
+                                   initial_state=[{"type": "m.room.encryption", "state_key": "",
+                                                   "content": {"algorithm": "m.megolm.v1.aes-sha2"}}])
+        path = f"/_synapse/admin/v1/rooms/{quote(room)}"
+        status, body = self.ed.call("GET", path)
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        details = self.root.ok("GET", path)
+        self.assertEqual({k: details[k] for k in (
+            "room_id", "name", "topic", "canonical_alias", "creator", "joined_members",
+            "joined_local_members", "encryption", "federatable", "public", "join_rules",
+            "guest_access", "history_visibility", "room_type", "forgotten", "avatar")}, {
+            "room_id": room, "name": "Ed's admin view", "topic": "Details",
+            "canonical_alias": "#eds-admin:localhost", "creator": self.ed.user_id,
+            "joined_members": 1, "joined_local_members": 1,
+            "encryption": "m.megolm.v1.aes-sha2", "federatable": True, "public": False,
+            "join_rules": "public", "guest_access": "forbidden", "history_visibility": "shared",
+            "room_type": None, "forgotten": False, "avatar": None})
+        self.assertEqual(details["version"], "10")
+        self.assertGreaterEqual(details["joined_local_devices"], 1)
+        self.assertEqual(details["state_events"],
+                         len(self.ed.ok("GET", f"{V3}/rooms/{quote(room)}/state")))
+        # The admin lists it through the directory (as on Synapse): the details follow.
+        self.root.ok("PUT", f"{V3}/directory/list/room/{quote(room)}", {"visibility": "public"})
+        self.assertTrue(self.root.ok("GET", path)["public"])
+        # Once its only member left and forgot it, it is forgotten.
+        self.ed.leave(room)
+        self.ed.ok("POST", f"{V3}/rooms/{quote(room)}/forget", {})
+        details = self.root.ok("GET", path)
+        self.assertEqual((details["joined_members"], details["forgotten"]), (0, True))
+        status, body = self.root.call("GET", "/_synapse/admin/v1/rooms/" + quote("!nope:localhost"))
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+
     def test_an_unknown_publication_rule_stops_start_up(self):
         srv = Server(plugins={"directory": {"enabled": True, "publish": "nobody"}}, start=False)
         try:
@@ -239,8 +273,13 @@ class DirectoryDisabledTest(unittest.TestCase):
                                  ("GET", f"{V3}/directory/list/room/{quote(room)}")):
                 status, body = user.call(method, path, {"room_id": room} if method == "PUT" else None)
                 self.assertEqual((status, body["errcode"]), (404, "M_UNRECOGNIZED"), path)
-            status, body = user.call("POST", f"{V3}/join/{quote('#x:localhost')}")
-            self.assertEqual((status, body["errcode"]), (400, "M_UNRECOGNIZED"))
+            for alias in ("#x:localhost", "#x:elsewhere.example"):
+                status, body = user.call("POST", f"{V3}/join/{quote(alias)}")
+                self.assertEqual((status, body["errcode"]), (400, "M_UNRECOGNIZED"), alias)
+            psql(f"UPDATE users SET is_admin = true WHERE user_id = '{user.user_id}'",
+                 database=srv.database)
+            details = user.ok("GET", f"/_synapse/admin/v1/rooms/{quote(room)}")
+            self.assertEqual((details["name"], details["public"]), ("Still works", False))
             status, body = user.call("PUT", f"{V3}/rooms/{quote(room)}/state/m.room.canonical_alias",
                                      {"alias": "#x:localhost"})
             self.assertEqual((status, body["errcode"]), (400, "M_BAD_ALIAS"))
@@ -269,6 +308,11 @@ class ReplacementDirectoryTest(unittest.TestCase):
             # The plugin serves no alias routes: the core has none of its own.
             status, body = srv.json("GET", alias_path("#alt:localhost"))
             self.assertEqual((status, body["errcode"]), (404, "M_UNRECOGNIZED"))
+            # It provides version 0 of directory/1, without remote look-ups: a join by
+            # another server's alias says so.
+            status, body = ben.call("POST", f"{V3}/join/{quote('#far:elsewhere.example')}")
+            self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+            self.assertIn("does not ask other servers", body["error"])
 
     def test_two_plugins_providing_directory_1_stop_start_up(self):
         path = os.path.join(test_plugin_dir(), "altdir.so")

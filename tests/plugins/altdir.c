@@ -2,7 +2,8 @@
  * tests/plugins/altdir.c - a replacement room directory built only from include/atrium/:
  * it provides "directory/1" with aliases kept in memory (no tables, no routes), so a test
  * can show that the core creates and resolves aliases through whichever plugin provides
- * the interface. GET /_altdir/calls answers how often each function was called.
+ * the interface, at the version the plugin was written for (0 here). GET /_altdir/calls
+ * answers how often each function was called.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -77,9 +78,12 @@ static int alt_may_publish(const char *user_id, bool server_admin)
     return 1;
 }
 
+/* Built as a version-0 provider (the five functions directory/1 began with): the core
+ * must use it for those and answer what needs a later member (a join by another server's
+ * alias) without calling past its size. */
 static const atrium_directory ALT = {
-    .size = sizeof(atrium_directory),
-    .version = ATRIUM_DIRECTORY_VERSION,
+    .size = ATRIUM_DIRECTORY_V0_SIZE,
+    .version = 0,
     .alias_create = alt_create,
     .alias_resolve = alt_resolve,
     .room_publish = alt_publish,
@@ -115,8 +119,8 @@ static int altdir_start(void *state)
 {
     (void)state;
     /* The interface this plugin provides is found by name, with its size checked. */
-    if (h->iface_get(ATRIUM_DIRECTORY_IFACE, sizeof(atrium_directory)) != &ALT) return -1;
-    if (h->iface_get(ATRIUM_DIRECTORY_IFACE, sizeof(atrium_directory) + 8) != NULL) return -1;
+    if (h->iface_get(ATRIUM_DIRECTORY_IFACE, ATRIUM_DIRECTORY_V0_SIZE) != &ALT) return -1;
+    if (h->iface_get(ATRIUM_DIRECTORY_IFACE, sizeof(atrium_directory)) != NULL) return -1;
     return h->iface_get("rooms/1", 8) ? 0 : -1;
 }
 
