@@ -176,11 +176,20 @@ class AliasTest(SharedServerTest):
         self.assertEqual(self.srv.json("GET", alias_path("#bos-alt:localhost"))[0], 404)
         self.assertEqual(canonical(), (self.ava.user_id, {
             "alt_aliases": ["#alt-two:localhost", "#bos-alt:localhost"]}))
+        # Aliases the event names already are not checked again (only new ones are), so
+        # the stale one does not block the next update; a new unknown one still does.
+        path = f"{V3}/rooms/{quote(room)}/state/m.room.canonical_alias"
+        self.ava.ok("PUT", path, {"alias": "#alt-two:localhost",
+                                  "alt_aliases": ["#alt-two:localhost", "#bos-alt:localhost"]})
+        status, body = self.ava.call("PUT", path, {"alt_aliases": ["#bos-alt:localhost",
+                                                                   "#never:localhost"]})
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_ALIAS"), body)
         # An alias the event does not name changes nothing; the room stays throughout.
         self.ava.ok("PUT", alias_path("#unnamed:localhost"), {"room_id": room})
         self.ava.ok("DELETE", alias_path("#unnamed:localhost"))
         self.ava.ok("DELETE", alias_path("#alt-two:localhost"))
         self.assertEqual(canonical(), (self.ava.user_id, {"alt_aliases": ["#bos-alt:localhost"]}))
+        self.assertNotIn("canonical_alias", listed(self.srv)[room])
         self.assertEqual(self.bo.state(room, "m.room.name"), {"name": "Canon"})
         self.assertEqual(listed(self.srv)[room]["name"], "Canon")
 

@@ -140,9 +140,10 @@ int rooms_resolve_alias(PGconn *c, const char *alias,
                         char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1], rooms_err *e);
 
 /* The rule for m.room.canonical_alias content: `alias` and each of `alt_aliases` must be
- * room aliases, and each of this server's must point to room_id in the directory (another
- * server's aliases are not asked about: that needs a remote look-up per event). ROOMS_OK,
- * ROOMS_E_INVALID, ROOMS_E_BAD_ALIAS, ROOMS_E_DB (e set). */
+ * room aliases, and each of this server's that the room's current event does not name
+ * already must point to room_id in the directory (another server's aliases are not asked
+ * about: that needs a remote look-up per event). ROOMS_OK, ROOMS_E_INVALID,
+ * ROOMS_E_BAD_ALIAS, ROOMS_E_DB (e set). */
 int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *content,
                                 rooms_err *e);
 

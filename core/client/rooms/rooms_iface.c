@@ -21,6 +21,8 @@
 #include "core/plugins/plugins.h"
 #include "core/rooms/canonical_json.h"
 
+static int canonical_content(PGconn *c, const char *room_id, json_t **out);
+
 static int summary(PGconn *c, const char *room_id, json_t **out)
 {
     *out = NULL;
@@ -247,9 +249,26 @@ int rooms_resolve_alias(PGconn *c, const char *alias, char room_id[ATRIUM_ROOM_I
     return ROOMS_OK;
 }
 
+/* Does canonical alias content name alias (as `alias` or in `alt_aliases`)? */
+static bool canonical_names(const json_t *content, const char *alias)
+{
+    const char *main_alias = json_string_value(json_object_get(content, "alias"));
+    if (main_alias && strcmp(main_alias, alias) == 0) return true;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(json_object_get(content, "alt_aliases"), i, v) {
+        const char *a = json_string_value(v);
+        if (a && strcmp(a, alias) == 0) return true;
+    }
+    return false;
+}
+
 /* One alias named by an m.room.canonical_alias event: well-formed, and when it is this
- * server's, pointing to room_id. */
-static int check_one_alias(PGconn *c, const char *room_id, const json_t *v, rooms_err *e)
+ * server's and new (current, the room's current content, does not name it), pointing to
+ * room_id. The spec leaves aliases already in the event unchecked, so an alias deleted
+ * while its deleter could not update the event does not block the next update. */
+static int check_one_alias(PGconn *c, const char *room_id, const json_t *current,
+                           const json_t *v, rooms_err *e)
 {
     const char *alias = json_string_value(v);
     const char *colon = alias ? strchr(alias, ':') : NULL;
@@ -258,6 +277,7 @@ static int check_one_alias(PGconn *c, const char *room_id, const json_t *v, room
         return rooms_set_err(e, ROOMS_E_INVALID, "%.255s is not a room alias",
                              alias ? alias : "(not a string)");
     if (strcmp(colon + 1, rooms_server_name()) != 0) return ROOMS_OK; /* see the header */
+    if (current && canonical_names(current, alias)) return ROOMS_OK;
     const atrium_directory *d = rooms_directory();
     if (!d)
         return rooms_set_err(e, ROOMS_E_BAD_ALIAS, "Room alias %.255s cannot be checked: the "
@@ -276,12 +296,19 @@ int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *co
 {
     const json_t *alias = json_object_get(content, "alias");
     const json_t *alt = json_object_get(content, "alt_aliases");
-    if (alias && !json_is_null(alias) && check_one_alias(c, room_id, alias, e) < 0) return e->code;
-    if (!alt || json_is_null(alt)) return ROOMS_OK;
-    if (!json_is_array(alt))
+    if (alt && !json_is_null(alt) && !json_is_array(alt))
         return rooms_set_err(e, ROOMS_E_INVALID, "alt_aliases must be a list of room aliases");
+    json_t *current = NULL;
+    if (canonical_content(c, room_id, &current) != ROOMS_OK)
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    int rc = ROOMS_OK;
+    if (alias && !json_is_null(alias)) rc = check_one_alias(c, room_id, current, alias, e);
     size_t i;
     const json_t *v;
-    json_array_foreach(alt, i, v) if (check_one_alias(c, room_id, v, e) < 0) return e->code;
-    return ROOMS_OK;
+    json_array_foreach(json_is_array(alt) ? alt : NULL, i, v) {
+        if (rc != ROOMS_OK) break;
+        rc = check_one_alias(c, room_id, current, v, e);
+    }
+    json_decref(current);
+    return rc;
 }
