@@ -245,6 +245,8 @@ struct atrium_req {
     int run_reason;
     int runs;
     void *plugin_state;
+    void *core_state; /* a core handler's own progress across its runs (after a park or a
+                       * handoff), in request memory; plugins use plugin_state */
     bool in_dispatch_done; /* the response was queued */
 
     /* the response under construction, owned by the owning thread */

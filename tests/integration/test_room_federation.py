@@ -517,6 +517,32 @@ class TwoServersTest(FederationTestCase):
         later = self.bob.sync(since=first["next_batch"])
         self.assertNotIn(room, later["rooms"]["invite"])
 
+    def test_create_room_invites_a_user_of_another_server_through_their_server(self):
+        status, body = self.alice.call("POST", "/_matrix/client/v3/createRoom",
+                                       {"preset": "trusted_private_chat", "is_direct": True,
+                                        "name": "Direct", "invite": [self.bob.user_id]},
+                                       timeout=30)
+        self.assertEqual(status, 200, body)
+        room = body["room_id"]
+        # B signed the invite; bob sees it with the room's stripped state and accepts it.
+        [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
+                        f" AND state_key = '{self.bob.user_id}'", database=self.a.database)
+        invite = json.loads(pdu)
+        self.assertEqual(set(invite["signatures"]), {self.a.server_name, self.b.server_name})
+        self.assertEqual(invite["content"], {"membership": "invite", "is_direct": True})
+        sync = self.bob.sync()
+        stripped = sync["rooms"]["invite"][room]["invite_state"]["events"]
+        self.assertIn("Direct", [e["content"].get("name") for e in stripped])
+        self.assertEqual(self.bob.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join", {},
+                                       timeout=30), (200, {"room_id": room}))
+        # The preset made the invitee an admin of the room, as for a local invitee.
+        levels = self.alice.state(room, "m.room.power_levels")
+        self.assertEqual(levels["users"][self.bob.user_id], 100)
+        # A user the other server does not have: its refusal is the answer.
+        status, body = self.alice.call("POST", "/_matrix/client/v3/createRoom",
+                                       {"invite": [f"@nobody:{self.b.server_name}"]}, timeout=30)
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
+
     def test_inviting_a_user_the_other_server_does_not_have_is_its_404(self):
         room = self.alice.create_room(preset="private_chat")
         status, body = self.invite(room, f"@nobody:{self.b.server_name}")

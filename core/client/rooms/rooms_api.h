@@ -245,6 +245,10 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
  * other servers. content is the invite's (borrowed). Answers r; returns ATRIUM_DONE. */
 int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
                         const char *target, json_t *content);
+/* The same without the success answer, for a caller inviting several (createRoom): true
+ * when target is invited (r not answered), false after answering r with the failure. */
+bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *room_id,
+                              const char *target, json_t *content);
 /* Decline an invite to a room this server is not in (on the remote pool's thread):
  * make_leave / send_leave through the vias, then the leave kept as the user's newest
  * membership. Answers r; returns ATRIUM_DONE. */

@@ -11,6 +11,10 @@
  * (403 first when the directory's publication rule does not let the user).
  * So a room and its alias exist together or neither does. Without an enabled directory,
  * room_alias_name is 400 M_UNRECOGNIZED and visibility "public" creates an unlisted room.
+ * Users of other servers in `invite` are invited once the room exists, each through their
+ * server (its signature is needed), on the rooms module's remote pool: the request is
+ * handed off with the room's ID in its core_state, so the run there invites and answers
+ * (a refusal is the answer; the room stays, as with an invite sent afterwards).
  * Third-party invites (invite_3pid) are refused with 400 M_INVALID_PARAM.
  */
 #include <sodium.h>
@@ -196,6 +200,37 @@ static bool put_state(room_tx *tx, const char *sender, const char *type, const c
     return rc == ROOMS_OK;
 }
 
+static bool invitee_is_local(const char *user_id)
+{
+    return strcmp(room_auth_domain(user_id), rooms_server_name()) == 0;
+}
+
+/* Does the request invite users of other servers? */
+static bool has_remote_invitees(const create_req *q)
+{
+    for (size_t i = 0; i < json_array_size(q->invites); i++)
+        if (!invitee_is_local(json_string_value(json_array_get(q->invites, i)))) return true;
+    return false;
+}
+
+/* The room exists: invite the users of other servers, each through their server, on the
+ * remote pool (this run); the first refusal is the answer, as when inviting afterwards
+ * (the room and the invites before it stay). */
+static int invite_remote_invitees(atrium_req *r, const char *creator, const char *room_id,
+                                  const create_req *q)
+{
+    for (size_t i = 0; i < json_array_size(q->invites); i++) {
+        const char *invitee = json_string_value(json_array_get(q->invites, i));
+        if (invitee_is_local(invitee)) continue;
+        json_t *content = json_pack("{s:s}", "membership", "invite");
+        if (q->is_direct) json_object_set_new(content, "is_direct", json_true());
+        bool ok = rooms_remote_invite_send(r, creator, room_id, invitee, content);
+        json_decref(content);
+        if (!ok) return ATRIUM_DONE;
+    }
+    return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
+}
+
 static bool write_room(atrium_req *r, room_tx *tx, const create_req *q, const char *creator,
                        rooms_err *e)
 {
@@ -247,13 +282,9 @@ static bool write_room(atrium_req *r, room_tx *tx, const create_req *q, const ch
     }
     for (size_t i = 0; i < json_array_size(q->invites); i++) {
         const char *invitee = json_string_value(json_array_get(q->invites, i));
-        if (strcmp(room_auth_domain(invitee), rooms_server_name()) != 0) {
-            /* Their server must sign the invite: a request to a peer, which createRoom's
-             * one transaction does not wait for. */
-            rooms_set_err(e, ROOMS_E_FORBIDDEN, "%.64s is on another server: invite them once "
-                          "the room exists (/rooms/{roomId}/invite)", invitee);
-            return false;
-        }
+        /* Their server must sign the invite: a request to a peer, which createRoom's one
+         * transaction does not wait for; they are invited once the room exists. */
+        if (!invitee_is_local(invitee)) continue;
         if (rooms_check_invitee(tx->c, invitee, e) < 0) return false;
         json_t *content = rooms_member_content(tx->c, invitee, "invite");
         if (q->is_direct) json_object_set_new(content, "is_direct", json_true());
@@ -276,6 +307,9 @@ static int post_create_room(atrium_req *r)
     if (!body) return ATRIUM_DONE;
     create_req q;
     if (!parse_create(r, body, &q)) return ATRIUM_DONE;
+    /* The run on the remote pool after the room was made: its remote invites. */
+    if (r->run_reason == ATRIUM_RUN_HANDOFF && r->core_state)
+        return invite_remote_invitees(r, user, r->core_state, &q);
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
     const atrium_directory *dir = rooms_directory();
     if (q.publish && dir && dir->may_publish(user, auth_is_admin(r) == 1) != 1)
@@ -302,6 +336,10 @@ static int post_create_room(atrium_req *r)
             return ATRIUM_DONE;
         }
         return rooms_fail(r, &e);
+    }
+    if (has_remote_invitees(&q)) {
+        r->core_state = rt_arena_strdup(r->arena, room_id);
+        if (r->core_state) return rooms_to_remote_pool(r);
     }
     return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
 }

@@ -481,11 +481,11 @@ static json_t *invite_room_state(const json_t *map, const char *sender)
     return out;
 }
 
-int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
-                        const char *target, json_t *content)
+bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *room_id,
+                              const char *target, json_t *content)
 {
     PGconn *c = rooms_db(r);
-    if (!c) return ATRIUM_DONE;
+    if (!c) return false;
     /* The invite, built and sealed under the room's lock, which is let go while the
      * invitee's server answers. */
     room_tx tx;
@@ -508,7 +508,8 @@ int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
         rooms_db_release(c);
         json_decref(pdu);
         json_decref(map);
-        return rooms_fail(r, &e);
+        rooms_fail(r, &e);
+        return false;
     }
     char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
     fed_uri_encode(room_id, room_enc, sizeof(room_enc));
@@ -534,12 +535,13 @@ int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
     if (!signed_ok) {
         rooms_db_release(c);
         json_decref(pdu);
-        int out = fed_call_ok(&res)
-                      ? http_respond_error(r, 502, "M_UNKNOWN", "The invitee's server answered an "
-                                           "invite it did not sign: %s", why)
-                      : answer_peer_failure(r, &res, "The invitee's server refused the invite");
+        if (fed_call_ok(&res))
+            http_respond_error(r, 502, "M_UNKNOWN", "The invitee's server answered an invite it "
+                               "did not sign: %s", why);
+        else
+            answer_peer_failure(r, &res, "The invitee's server refused the invite");
         fed_call_result_clear(&res);
-        return out;
+        return false;
     }
     json_decref(pdu);
     pdu = json_incref(signed_ev);
@@ -561,8 +563,19 @@ int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
     json_decref(ids);
     json_decref(pdu);
     rooms_db_release(c);
-    if (rc != ROOMS_OK) return rooms_fail(r, &e);
-    return http_respond_json(r, 200, json_object());
+    if (rc != ROOMS_OK) {
+        rooms_fail(r, &e);
+        return false;
+    }
+    return true;
+}
+
+int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
+                        const char *target, json_t *content)
+{
+    return rooms_remote_invite_send(r, sender, room_id, target, content)
+               ? http_respond_json(r, 200, json_object())
+               : ATRIUM_DONE;
 }
 
 /* ---- declining an invite to a room this server is not in ------------------------------ */
