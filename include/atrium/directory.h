@@ -79,6 +79,10 @@ typedef struct atrium_directory {
                                 char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1], json_t **servers);
     /* Is room_id listed in the public room list? 1, 0, ATRIUM_E_DB. */
     int (*room_listed)(PGconn *c, const char *room_id);
+    /* Delete every alias of room_id (a server admin shuts the room down): *deleted gets a
+     * new JSON array of the aliases deleted (the caller decrefs it). 0 or ATRIUM_E_DB
+     * (*deleted NULL). */
+    int (*room_aliases_delete)(PGconn *c, const char *room_id, json_t **deleted);
 } atrium_directory;
 
 /* The size of version 0 (every provider has at least these members). */

@@ -70,6 +70,21 @@ int dir_alias_resolve(PGconn *c, const char *alias, char room_id[ATRIUM_ROOM_ID_
     return rc;
 }
 
+int dir_room_aliases_delete(PGconn *c, const char *room_id, json_t **deleted)
+{
+    *deleted = NULL;
+    const char *p[1] = {room_id};
+    PGresult *res = dir_q(c, "DELETE FROM directory_aliases WHERE room_id = $1 RETURNING alias",
+                          1, p, NULL);
+    if (!res) return ATRIUM_E_DB;
+    json_t *out = json_array();
+    for (int i = 0; i < PQntuples(res); i++)
+        json_array_append_new(out, json_string(PQgetvalue(res, i, 0)));
+    PQclear(res);
+    *deleted = out;
+    return out ? 0 : ATRIUM_E_NOMEM;
+}
+
 /* The {roomAlias} parameter when it is a well-formed alias; NULL after answering 400. */
 static const char *param_alias(atrium_req *req)
 {

@@ -70,6 +70,7 @@ static const atrium_directory DIRECTORY_IFACE = {
     .may_publish = dir_may_publish,
     .alias_resolve_remote = dir_remote_alias_resolve,
     .room_listed = dir_room_listed,
+    .room_aliases_delete = dir_room_aliases_delete,
 };
 
 PGresult *dir_q(PGconn *c, const char *sql, int n, const char *const *params, bool *unique)

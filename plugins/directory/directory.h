@@ -49,6 +49,8 @@ PGconn *dir_db(atrium_req *req);
 bool dir_alias_ok(const char *alias, const char **server);
 int dir_alias_create(PGconn *c, const char *alias, const char *room_id, const char *creator);
 int dir_alias_resolve(PGconn *c, const char *alias, char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1]);
+/* directory/1 room_aliases_delete: every alias of room_id goes. */
+int dir_room_aliases_delete(PGconn *c, const char *room_id, json_t **deleted);
 int dir_alias_routes(void);
 
 /* remote.c: look-ups on other servers under the outbound budget (ADR-0079). */

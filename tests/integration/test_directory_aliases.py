@@ -258,6 +258,42 @@ class AdminsOnlyPublishingTest(SharedServerTest):
         status, body = self.root.call("GET", "/_synapse/admin/v1/rooms/" + quote("!nope:localhost"))
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
 
+    def test_an_admin_shuts_a_room_down_its_users_leave_it_is_unlisted_and_its_aliases_go(self):
+        room = self.ed.create_room(room_alias_name="doomed", preset="public_chat", name="Doomed")
+        self.ed.ok("PUT", alias_path("#doomed-too:localhost"), {"room_id": room})
+        self.root.ok("PUT", f"{V3}/directory/list/room/{quote(room)}", {"visibility": "public"})
+        self.assertEqual(self.ed.member_action(room, "invite", self.root.user_id)[0], 200)
+        path = f"/_synapse/admin/v1/rooms/{quote(room)}"
+        status, body = self.ed.call("DELETE", path, {"purge": False})
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        # What this server does not do is refused, not skipped: purging is Synapse's default.
+        for refused in ({}, {"purge": True}, {"purge": False, "block": True},
+                        {"purge": False, "new_room_user_id": self.root.user_id}):
+            status, body = self.root.call("DELETE", path, refused)
+            self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"), refused)
+        status, body = self.root.call("DELETE", path, {"purge": "no"})
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"))
+        self.assertEqual(self.root.ok("GET", path)["joined_members"], 1)  # nothing happened yet
+        answer = self.root.ok("DELETE", path, {"purge": False})
+        answer["local_aliases"].sort()
+        self.assertEqual(answer, {"kicked_users": sorted([self.ed.user_id, self.root.user_id]),
+                                  "failed_to_kick_users": [],
+                                  "local_aliases": ["#doomed-too:localhost", "#doomed:localhost"],
+                                  "new_room_id": None})
+        # Each left with their own leave event (root declined the invite); the room stays.
+        members = self.root.ok("GET", path)
+        self.assertEqual((members["joined_members"], members["public"]), (0, False))
+        [(sender, membership)] = psql(
+            f"SELECT sender, membership FROM memberships WHERE room_id = '{room}' AND user_id = "
+            f"'{self.ed.user_id}' ORDER BY stream_pos DESC LIMIT 1", database=self.srv.database)
+        self.assertEqual((sender, membership), (self.ed.user_id, "leave"))
+        self.assertNotIn(room, listed(self.srv))
+        for alias in ("#doomed:localhost", "#doomed-too:localhost"):
+            self.assertEqual(self.srv.json("GET", alias_path(alias))[0], 404, alias)
+        status, body = self.root.call("DELETE", "/_synapse/admin/v1/rooms/" + quote("!no:localhost"),
+                                      {"purge": False})
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+
     def test_an_unknown_publication_rule_stops_start_up(self):
         srv = Server(plugins={"directory": {"enabled": True, "publish": "nobody"}}, start=False)
         try:

@@ -53,9 +53,10 @@ _Static_assert(offsetof(atrium_directory, alias_create) == 8, "directory/1 layou
 _Static_assert(offsetof(atrium_directory, may_publish) == 8 + 4 * PTR, "directory/1 layout");
 _Static_assert(ATRIUM_DIRECTORY_V0_SIZE == 8 + 5 * PTR, "directory/1 version 0 is frozen");
 _Static_assert(offsetof(atrium_directory, alias_resolve_remote) == 8 + 5 * PTR &&
-                   offsetof(atrium_directory, room_listed) == 8 + 6 * PTR,
+                   offsetof(atrium_directory, room_listed) == 8 + 6 * PTR &&
+                   offsetof(atrium_directory, room_aliases_delete) == 8 + 7 * PTR,
                "directory/1 version 1 layout");
-_Static_assert(sizeof(atrium_directory) == 8 + 7 * PTR, "directory/1 members are appended");
+_Static_assert(sizeof(atrium_directory) == 8 + 8 * PTR, "directory/1 members are appended");
 _Static_assert(offsetof(atrium_rooms, room_summary) == 8, "rooms/1 layout changed");
 _Static_assert(ATRIUM_ROOMS_V0_SIZE == 8 + 3 * PTR, "rooms/1 version 0 is frozen");
 _Static_assert(offsetof(atrium_rooms, canonical_alias_drop) == 8 + 3 * PTR, "rooms/1 version 1");

@@ -1,6 +1,6 @@
 /*
  * core/client/rooms/rooms_admin.c - the Synapse-shaped room admin API, for server admins:
- * GET /_synapse/admin/v1/rooms/{roomId}, a room's details as Synapse's admin API gives them
+ * GET and DELETE /_synapse/admin/v1/rooms/{roomId}. GET gives a room's details as Synapse's admin API gives them
  * (so existing admin tools read them): name, topic, avatar, canonical alias, members (all,
  * this server's, this server's devices), version, creator, encryption, federatable,
  * whether it is listed in the public room list, join rule, guest access, history
@@ -10,7 +10,8 @@
  * is the room directory's (directory/1 room_listed; false when no directory is enabled
  * or it cannot say). Changing a room's listing and deleting its aliases as an admin go
  * through the client endpoints of the directory, as on Synapse (a server admin may list,
- * unlist and delete any room's). Not here: deleting (shutting down or purging) a room.
+ * unlist and delete any room's). DELETE on the same path shuts a room down (delete_room
+ * says what that is here, and what of Synapse's it refuses: purging, blocking, a new room).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -120,7 +121,108 @@ static int get_room(atrium_req *r)
     return http_respond_json(r, 200, d);
 }
 
+/* A boolean field of the DELETE body: its value, def when absent. false after 400. */
+static bool body_flag(atrium_req *r, const json_t *body, const char *key, bool def, bool *out)
+{
+    const json_t *v = json_object_get(body, key);
+    *out = v ? json_is_true(v) : def;
+    if (!v || json_is_boolean(v)) return true;
+    http_respond_error(r, 400, "M_BAD_JSON", "Param '%s' must be a boolean, if given", key);
+    return false;
+}
+
+/* This server's users the room still counts (joined or invited: not banned, not gone). A
+ * result or NULL. */
+static PGresult *local_members(PGconn *c, const char *room_id)
+{
+    const char *p[2] = {room_id, rooms_server_name()};
+    return rooms_q(c,
+                   "SELECT state_key FROM current_state WHERE room_id = $1"
+                   " AND type = 'm.room.member' AND membership IN ('join', 'invite')"
+                   " AND substr(state_key, strpos(state_key, ':') + 1) = $2 ORDER BY state_key",
+                   2, p, NULL);
+}
+
+/* DELETE /_synapse/admin/v1/rooms/{roomId} {purge, block, new_room_user_id, ...}: shut the
+ * room down on this server. Every local user in it (joined or invited) leaves, with their
+ * own leave event; it leaves the public room list; its local aliases are deleted. The
+ * answer is Synapse's: {kicked_users, failed_to_kick_users, local_aliases, new_room_id}.
+ * What Synapse does beyond that is refused with 400 rather than skipped: purging the room
+ * from the database (Synapse's default, so `"purge": false` must be sent), blocking it,
+ * and moving its users into a new room. */
+static int delete_room(atrium_req *r)
+{
+    if (!auth_request(r)) return ATRIUM_DONE;
+    int admin = auth_is_admin(r);
+    if (admin < 0) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    if (!admin) return http_respond_error(r, 403, "M_FORBIDDEN", "You are not a server admin");
+    const char *room_id = rooms_param_room(r);
+    if (!room_id) return ATRIUM_DONE;
+    json_t *body = r->body_len ? http_req_json(r) : NULL;
+    if (r->body_len && !body) return ATRIUM_DONE;
+    bool purge, block, force_purge;
+    if (!body_flag(r, body, "purge", true, &purge) || !body_flag(r, body, "block", false, &block) ||
+        !body_flag(r, body, "force_purge", false, &force_purge))
+        return ATRIUM_DONE;
+    const json_t *new_owner = json_object_get(body, "new_room_user_id");
+    if (purge || force_purge)
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "This server does not purge rooms "
+                                  "from its database; send \"purge\": false to shut the room "
+                                  "down (its local users leave, it is unlisted, its aliases "
+                                  "deleted)");
+    if (block)
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "This server does not block rooms");
+    if (new_owner && !json_is_null(new_owner))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "This server does not move a "
+                                  "room's users into a new room (new_room_user_id)");
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    bool failed = false;
+    if (!rooms_version_of(c, room_id, &failed)) {
+        rooms_db_release(c);
+        return failed ? http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry")
+                      : http_respond_error(r, 404, "M_NOT_FOUND", "Room not found");
+    }
+    PGresult *members = local_members(c, room_id);
+    json_t *kicked = json_array(), *not_kicked = json_array(), *aliases = NULL;
+    for (int i = 0; members && i < PQntuples(members); i++) {
+        const char *user = PQgetvalue(members, i, 0);
+        char id[EVENT_ID_LEN];
+        rooms_err e = {0};
+        if (rooms_member_leave(c, r->arena, room_id, user, id, &e) == ROOMS_OK) {
+            if (id[0]) json_array_append_new(kicked, json_string(user));
+        } else {
+            rt_log(ATRIUM_LOG_WARN, "core", "shutting down %s: %s could not leave: %s", room_id,
+                   user, e.why);
+            json_array_append_new(not_kicked, json_string(user));
+        }
+    }
+    int rc = members ? 0 : ATRIUM_E_DB;
+    PQclear(members);
+    const atrium_directory *dir = rooms_directory();
+    if (rc == 0 && dir) rc = dir->room_publish(c, room_id, false);
+    if (rc == 0 && dir && ATRIUM_DIRECTORY_HAS(dir, room_aliases_delete))
+        rc = dir->room_aliases_delete(c, room_id, &aliases);
+    rooms_db_release(c);
+    if (rc < 0) {
+        json_decref(kicked);
+        json_decref(not_kicked);
+        json_decref(aliases);
+        return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    }
+    rt_log(ATRIUM_LOG_INFO, "core", "%s shut down room %s: %zu local users left", r->user,
+           room_id, json_array_size(kicked));
+    return http_respond_json(r, 200, json_pack("{s:o, s:o, s:o, s:n}", "kicked_users", kicked,
+                                               "failed_to_kick_users", not_kicked,
+                                               "local_aliases", aliases ? aliases : json_array(),
+                                               "new_room_id"));
+}
+
 int rooms_admin_routes(http_server *s)
 {
-    return client_route(s, "GET", "/_synapse/admin/v1/rooms/{roomId}", get_room, 0);
+    return client_route(s, "GET", "/_synapse/admin/v1/rooms/{roomId}", get_room, 0) < 0 ||
+                   client_route(s, "DELETE", "/_synapse/admin/v1/rooms/{roomId}", delete_room,
+                                ROOMS_MAX_BODY_BYTES) < 0
+               ? -1
+               : 0;
 }

@@ -223,7 +223,7 @@ int rooms_send_routes(http_server *s);
 int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
-int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET /_synapse/admin/v1/rooms/{roomId} */
+int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse/admin/v1/rooms/{roomId} */
 /* [req] Hand r off to the rooms module's bulk pool (one thread, a short queue), where
  * writes into many rooms run without holding a request-pool or auth thread; the handler
  * runs again there with run_reason ATRIUM_RUN_HANDOFF. ATRIUM_HANDED_OFF, or ATRIUM_DONE
