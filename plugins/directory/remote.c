@@ -8,7 +8,9 @@
  * (host->outbound_acquire: half the request pool in all, one per client key), and over
  * either cap it is answered 429 at once with retry_after_ms and Retry-After, never queued.
  * While the peer thinks, the request waits parked (req_wait), holding no request-pool
- * thread but still its slot, until the federation client's on_done wakes it.
+ * thread but still its slot, until the federation client's on_done wakes it. A request
+ * that needs several (the new aliases of other servers an m.room.canonical_alias event
+ * names) makes them one after another under its one slot.
  *
  * Look-ups are shared: one entry per key (kind, server, limit, since, filter) holds the
  * outcome. Requests arriving while one is in flight join its waiters instead of asking
@@ -33,6 +35,7 @@
 #define DIR_WAKE_SLACK_MS 2000         /* a parked request's deadline past its look-up's */
 #define DIR_CACHE_MAX_ENTRIES 1024     /* entries kept at most (in flight and answered) */
 #define DIR_MAX_ANSWER_BYTES (4 << 20) /* a peer's answer at most */
+#define DIR_MAX_LOOKUPS_PER_REQ 8      /* look-ups one request makes at most */
 
 dir_remote_settings dir_remote = {.timeout_ms = 20000, .cache_ms = 30000};
 
@@ -248,6 +251,15 @@ static const char *url_encode(atrium_req *req, const char *s)
     return out;
 }
 
+/* What a request keeps across its runs (req_state): its look-ups in the order it made
+ * them (a caller may resolve several aliases, one after another), and whether it holds
+ * its outbound slot. In request memory. */
+typedef struct req_lookups {
+    lookup *l[DIR_MAX_LOOKUPS_PER_REQ];
+    int n;
+    bool slot;
+} req_lookups;
+
 /* What to ask the peer for one look-up. */
 typedef struct ask {
     int kind;
@@ -275,12 +287,15 @@ static int deliver(atrium_req *req, lookup *l, const ask *a)
 /* The whole look-up; runs on every run of the handler (the first, and after parking). */
 static int look_up(atrium_req *req, const ask *a)
 {
-    lookup *mine = h->req_state(req);
-    if (mine) { /* woken, or its deadline passed, or the server is stopping */
+    req_lookups *mine = h->req_state(req);
+    for (int i = 0; mine && i < mine->n; i++) {
+        lookup *l = mine->l[i];
+        if (strcmp(l->key, a->key) != 0) continue; /* keys never change: no lock needed */
         pthread_mutex_lock(&lock);
-        bool done = mine->done;
+        bool done = l->done;
         pthread_mutex_unlock(&lock);
-        if (done) return deliver(req, mine, a);
+        if (done) return deliver(req, l, a);
+        /* not answered: its deadline passed, or the server is stopping */
         if (h->req_run_reason(req) == ATRIUM_RUN_SHUTDOWN)
             return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
         return h->respond_error(req, 504, "M_UNKNOWN", "%s did not answer in time", a->server);
@@ -297,11 +312,21 @@ static int look_up(atrium_req *req, const ask *a)
         release_hold(l);
         return rc;
     }
-    if (h->outbound_acquire(req) < 0) {
+    if (!mine) {
+        mine = h->req_alloc(req, sizeof(*mine));
+        if (!mine) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+        h->req_set_state(req, mine);
+    }
+    if (mine->n == DIR_MAX_LOOKUPS_PER_REQ)
+        return h->respond_error(req, 400, "M_INVALID_PARAM", "More than %d look-ups on other "
+                                "servers in one request", DIR_MAX_LOOKUPS_PER_REQ);
+    /* One slot per request (its look-ups run one after another), held until it ends. */
+    if (!mine->slot && h->outbound_acquire(req) < 0) {
         h->metric_add(m_limited, 1);
         return h->respond_limited(req, DIR_RETRY_AFTER_MS,
                                   "Too many look-ups on other servers at once; retry");
     }
+    mine->slot = true;
     waiter *w = calloc(1, sizeof(*w));
     if (!w) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
     w->req = req;
@@ -350,7 +375,7 @@ static int look_up(atrium_req *req, const ask *a)
     l->waiters = w;
     l->refs += start ? 2 : 1; /* the request's hold; the federation request's until done */
     pthread_mutex_unlock(&lock);
-    h->req_set_state(req, l);
+    mine->l[mine->n++] = l;
     h->req_hold(req, release_hold, l);
     if (!start) {
         h->metric_add(m_shared, 1);

@@ -163,6 +163,38 @@ class TwoServersTest(FederationTestCase):
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
 
 
+    def test_a_canonical_alias_naming_an_alias_of_another_server_is_checked_with_that_server(self):
+        a = self.start_fed(A_IP, plugins=DIRECTORY)
+        b = self.start_fed(B_IP, plugins=DIRECTORY)
+        amy = Client(a, register(a, "amy"))
+        bea = Client(b, register(b, "bea"))
+        room = amy.create_room(room_alias_name="home", preset="public_chat")
+        elsewhere = bea.create_room(room_alias_name="elsewhere")
+        # bea joins amy's room through A, and gives it an alias on B.
+        status, body = bea.call("POST", f"{V3}/join/{quote('#home:' + a.server_name)}", {},
+                                timeout=30)
+        self.assertEqual((status, body), (200, {"room_id": room}), body)
+        bea.ok("PUT", alias_path(f"#visiting:{b.server_name}"), {"room_id": room})
+        path = f"{V3}/rooms/{quote(room)}/state/m.room.canonical_alias"
+        home = f"#home:{a.server_name}"
+        # B's alias of this room is accepted; B's alias of another room is not; one B does
+        # not have is B's 404.
+        amy.ok("PUT", path, {"alias": home, "alt_aliases": [f"#visiting:{b.server_name}"]},
+               timeout=30)
+        status, body = amy.call("PUT", path, {"alias": home, "alt_aliases": [
+            f"#visiting:{b.server_name}", f"#elsewhere:{b.server_name}"]}, timeout=30)
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_ALIAS"), body)
+        self.assertIn(f"#elsewhere:{b.server_name}", body["error"])
+        status, body = amy.call("PUT", path, {"alias": f"#nothing:{b.server_name}"}, timeout=30)
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
+        self.assertEqual(amy.state(room, "m.room.canonical_alias"),
+                         {"alias": home, "alt_aliases": [f"#visiting:{b.server_name}"]})
+        self.assertNotEqual(elsewhere, room)
+        # Only new aliases are asked of B: #visiting once (the event names it after), then
+        # #elsewhere; #nothing was B's refusal.
+        self.assertEqual(a.metric("atrium_directory_remote_lookups_total", {"outcome": "ok"}), 2)
+
+
 class OutboundBudgetTest(FederationTestCase):
     """ADR-0079: 4 request threads, so 2 remote look-ups at most, 1 per client."""
 

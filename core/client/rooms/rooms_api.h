@@ -141,11 +141,20 @@ int rooms_resolve_alias(PGconn *c, const char *alias,
 
 /* The rule for m.room.canonical_alias content: `alias` and each of `alt_aliases` must be
  * room aliases, and each of this server's that the room's current event does not name
- * already must point to room_id in the directory (another server's aliases are not asked
- * about: that needs a remote look-up per event). ROOMS_OK, ROOMS_E_INVALID,
- * ROOMS_E_BAD_ALIAS, ROOMS_E_DB (e set). */
+ * already must point to room_id in the directory (another server's: the next function).
+ * ROOMS_OK, ROOMS_E_INVALID, ROOMS_E_BAD_ALIAS, ROOMS_E_DB (e set). */
 int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *content,
                                 rooms_err *e);
+/* [req] The same rule for the aliases of other servers in content (after
+ * rooms_check_canonical_alias passed): each that the room's current event does not name
+ * must point to room_id, asked of its server through the directory (directory/1
+ * alias_resolve_remote: parked under the outbound budget, one after another; the handler
+ * runs again and asks again, answered from the request's state). true when they do (or
+ * the directory cannot ask: not checked); false with *out the handler's return:
+ * ATRIUM_PARKED, or ATRIUM_DONE after answering (400 M_BAD_ALIAS, or the look-up's
+ * failure: 404 no such alias, 429, 502, 504). c stays the caller's. */
+bool rooms_check_remote_canonical(atrium_req *r, PGconn *c, const char *room_id,
+                                  const json_t *content, int *out);
 
 /* ---- membership (rooms_membership.c) ------------------------------------------------ */
 

@@ -312,3 +312,49 @@ int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *co
     json_decref(current);
     return rc;
 }
+
+/* One alias of another server the new content names: asked of its server when the room's
+ * current event does not name it already. */
+static bool remote_alias_ok(atrium_req *r, const atrium_directory *d, const char *room_id,
+                            const json_t *current, const json_t *v, int *out)
+{
+    const char *alias = json_string_value(v);
+    const char *colon = alias ? strchr(alias, ':') : NULL;
+    if (!colon || strcmp(colon + 1, rooms_server_name()) == 0) return true; /* local: checked */
+    if (current && canonical_names(current, alias)) return true;
+    char target[ATRIUM_ROOM_ID_MAX_BYTES + 1];
+    json_t *servers = NULL;
+    int rc = d->alias_resolve_remote(r, alias, target, &servers);
+    json_decref(servers);
+    if (rc != ATRIUM_DIRECTORY_RESOLVED) {
+        *out = rc;
+        return false;
+    }
+    if (strcmp(target, room_id) == 0) return true;
+    *out = http_respond_error(r, 400, "M_BAD_ALIAS", "Room alias %.255s does not point to this room",
+                              alias);
+    return false;
+}
+
+bool rooms_check_remote_canonical(atrium_req *r, PGconn *c, const char *room_id,
+                                  const json_t *content, int *out)
+{
+    const atrium_directory *d = rooms_directory();
+    if (!d || !ATRIUM_DIRECTORY_HAS(d, alias_resolve_remote)) return true; /* not checked */
+    json_t *current = NULL;
+    if (canonical_content(c, room_id, &current) != ROOMS_OK) {
+        *out = http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+        return false;
+    }
+    bool ok = true;
+    const json_t *alias = json_object_get(content, "alias");
+    if (json_is_string(alias)) ok = remote_alias_ok(r, d, room_id, current, alias, out);
+    size_t i;
+    const json_t *v;
+    json_array_foreach(json_object_get(content, "alt_aliases"), i, v) {
+        if (!ok) break;
+        ok = remote_alias_ok(r, d, room_id, current, v, out);
+    }
+    json_decref(current);
+    return ok;
+}

@@ -11,7 +11,8 @@
  * (reaction) with the same key from the same sender to the same event is refused with 400
  * M_DUPLICATE_ANNOTATION, as the spec says; redacting the first allows it again. An
  * m.room.canonical_alias state event must name aliases that point to the room
- * (rooms_check_canonical_alias, 400 M_BAD_ALIAS). Everything
+ * (rooms_check_canonical_alias, 400 M_BAD_ALIAS; other servers' new aliases are asked of
+ * them, the request parked meanwhile: rooms_check_remote_canonical). Everything
  * else - auth rules, size limits, canonical JSON - is the write path's (rooms_write.c).
  */
 #include <stdio.h>
@@ -151,6 +152,11 @@ static int put_state(atrium_req *r)
         if (rooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
             rooms_db_release(c);
             return rooms_fail(r, &e);
+        }
+        int out;
+        if (!rooms_check_remote_canonical(r, c, room, content, &out)) {
+            rooms_db_release(c);
+            return out;
         }
     }
     char id[EVENT_ID_LEN];
