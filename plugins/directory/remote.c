@@ -284,6 +284,23 @@ static int deliver(atrium_req *req, lookup *l, const ask *a)
     return answer_from(req, l);
 }
 
+/* Deliver finished entry l (the caller holds a reference) and keep it in the request's
+ * state, so a later run of the handler (after a handoff, when a caller goes on: a join)
+ * gets the same answer even once the cache dropped it; the reference goes with the
+ * request. When the state cannot take it, the reference is dropped now. */
+static int deliver_kept(atrium_req *req, req_lookups **mine, lookup *l, const ask *a)
+{
+    int rc = deliver(req, l, a);
+    if (!*mine && (*mine = h->req_alloc(req, sizeof(**mine)))) h->req_set_state(req, *mine);
+    if (*mine && (*mine)->n < DIR_MAX_LOOKUPS_PER_REQ) {
+        (*mine)->l[(*mine)->n++] = l;
+        h->req_hold(req, release_hold, l);
+    } else {
+        release_hold(l);
+    }
+    return rc;
+}
+
 /* The whole look-up; runs on every run of the handler (the first, and after parking). */
 static int look_up(atrium_req *req, const ask *a)
 {
@@ -308,9 +325,7 @@ static int look_up(atrium_req *req, const ask *a)
     pthread_mutex_unlock(&lock);
     if (fresh) { /* cached: no peer is asked, so no slot is needed */
         h->metric_add(m_hits, 1);
-        int rc = deliver(req, l, a);
-        release_hold(l);
-        return rc;
+        return deliver_kept(req, &mine, l, a);
     }
     if (!mine) {
         mine = h->req_alloc(req, sizeof(*mine));
@@ -337,9 +352,7 @@ static int look_up(atrium_req *req, const ask *a)
         l->refs++;
         pthread_mutex_unlock(&lock);
         free(w);
-        int rc = deliver(req, l, a);
-        release_hold(l);
-        return rc;
+        return deliver_kept(req, &mine, l, a);
     }
     if (!l) {
         l = calloc(1, sizeof(*l));
