@@ -274,8 +274,10 @@ static int deliver(atrium_req *req, lookup *l, const ask *a)
 {
     if (a->result) {
         pthread_mutex_lock(&lock);
-        json_t *copy = l->status == 200 ? json_deep_copy(l->answer) : NULL;
+        bool ok = l->status == 200;
+        json_t *copy = ok ? json_deep_copy(l->answer) : NULL;
         pthread_mutex_unlock(&lock);
+        if (ok && !copy) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
         if (copy) {
             *a->result = copy;
             return ATRIUM_DIRECTORY_RESOLVED;

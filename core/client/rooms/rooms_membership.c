@@ -255,7 +255,7 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
             rooms_db_release(c);
             return rooms_to_remote_pool(r);
         }
-        json_t *vias = json_deep_copy(alias_vias ? alias_vias : json_array());
+        json_t *vias = alias_vias ? json_deep_copy(alias_vias) : json_array();
         json_t *more = rooms_remote_vias(r, c, room_id);
         rooms_db_release(c);
         json_array_extend(vias, more);
