@@ -3,10 +3,11 @@
  *
  * Owns the log line format every component shares (core and plugins, through the host
  * table):
- *     2026-11-29T14:05:12.123Z INFO  media [req 7f3a] message
- * UTC timestamp with milliseconds, the level padded to five columns, the origin (omitted
- * when NULL), and the request id when the calling thread's scope publishes
- * ATRIUM_SCOPE_REQUEST_ID. A line is assembled in a stack buffer and written with a single
+ *     2026-11-29T14:05:12.123Z atrium-a INFO  media [req 7f3a] message
+ * UTC timestamp with milliseconds, the process's instance name once start-up set it
+ * (server.instance_name: which of several processes sharing one database wrote the line),
+ * the level padded to five columns, the origin (omitted when NULL), and the request id
+ * when the calling thread's scope publishes ATRIUM_SCOPE_REQUEST_ID. A line is assembled in a stack buffer and written with a single
  * write(2), so lines from concurrent threads never interleave (stderr is unbuffered and
  * stdio would split a line into several writes). Line breaks inside a message become spaces
  * so one call is always one line; a line longer than RT_LOG_LINE_MAX_BYTES is cut and ends
@@ -38,6 +39,7 @@
 #define RT_LOG_MS_PER_S 1000
 #define RT_LOG_REPEAT_INTERVAL_MS 10000 /* one copy of a repeated ERROR/WARN line per this */
 #define RT_LOG_REPEAT_SLOTS 128         /* distinct repeated lines tracked at once */
+#define RT_LOG_INSTANCE_MAX_BYTES 65    /* an instance name and its terminator */
 
 static const char *const rt_log_level_names[] = {
     [ATRIUM_LOG_ERROR] = "ERROR",
@@ -48,6 +50,10 @@ static const char *const rt_log_level_names[] = {
 
 /* The one process-wide log setting: read on every call, set at start-up or on reload. */
 static atomic_int rt_log_current_level = RT_LOG_DEFAULT_LEVEL;
+
+/* The instance name, set once by the main thread before any other thread starts (so
+ * reads need no lock); "" until then, and in unit tests, which then see no name column. */
+static char rt_log_instance[RT_LOG_INSTANCE_MAX_BYTES];
 
 /* Set once a thread is reporting a failed assertion, so a failure inside the report (a
  * broken clock) aborts at once instead of recursing. */
@@ -110,6 +116,16 @@ void rt_log_set_level(int level)
 {
     RT_ASSERT(level_valid(level), "log level %d out of range", level);
     atomic_store(&rt_log_current_level, level);
+}
+
+void rt_log_set_instance(const char *name)
+{
+    snprintf(rt_log_instance, sizeof(rt_log_instance), "%s", name ? name : "");
+}
+
+const char *rt_log_instance_name(void)
+{
+    return rt_log_instance;
 }
 
 int rt_log_level(void)
@@ -190,6 +206,8 @@ void rt_vlog(int level, const char *origin, const char *fmt, va_list ap)
     const size_t cap = sizeof(line) - sizeof(RT_LOG_TRUNCATED_MARK);
     size_t pos = 0;
     append_timestamp(line, cap, &pos);
+    if (rt_log_instance[0] != '\0')
+        append(line, cap, &pos, " %s", rt_log_instance);
     append(line, cap, &pos, " %-5s ", rt_log_level_names[level]);
     size_t body = pos;
     if (origin != NULL)

@@ -25,11 +25,16 @@ int64_t rt_wall_ms(void); /* CLOCK_REALTIME in milliseconds: for timestamps */
 
 /* ---- log ------------------------------------------------------------------------------ */
 /* One line per call on stderr, written with a single write(2) so lines never interleave:
- *   2026-11-29T14:05:12.123Z INFO  [req 7f3a] message
+ *   2026-11-29T14:05:12.123Z atrium-a INFO  [req 7f3a] message
  * The request id comes from the scope (ATRIUM_SCOPE_REQUEST_ID) when one is published.
  * `origin` names the writer ("core", a plugin name); may be NULL. Any thread. */
 void rt_log_set_level(int level); /* enum atrium_log_level */
 int rt_log_level(void);
+/* The instance name every later line carries after its timestamp (server.instance_name;
+ * at most 64 bytes kept). Main thread, at start-up before other threads exist. */
+void rt_log_set_instance(const char *name);
+/* That name ("" before it is set). Any thread. */
+const char *rt_log_instance_name(void);
 int rt_log_level_parse(const char *name); /* "error|warn|info|debug" -> level, or -1 */
 void rt_log(int level, const char *origin, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -67,6 +67,18 @@ static void test_log_line_has_utc_timestamp_level_origin_and_message(void **stat
     assert_matches(out, "^" TIMESTAMP " INFO  media stored 42 bytes\n$");
 }
 
+static void test_log_line_carries_the_instance_name_once_set(void **state)
+{
+    (void)state;
+    rt_log_set_instance("atrium-b");
+    capture_begin();
+    rt_log(ATRIUM_LOG_WARN, "core", "lease lost");
+    const char *out = capture_end();
+    rt_log_set_instance(""); /* the other tests expect no name column */
+    assert_matches(out, "^" TIMESTAMP " atrium-b WARN  core lease lost\n$");
+    assert_string_equal(rt_log_instance_name(), "");
+}
+
 static void test_log_line_without_origin_omits_it(void **state)
 {
     (void)state;
@@ -228,6 +240,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_log_line_has_utc_timestamp_level_origin_and_message),
         cmocka_unit_test(test_log_line_without_origin_omits_it),
+        cmocka_unit_test(test_log_line_carries_the_instance_name_once_set),
         cmocka_unit_test(test_log_line_carries_the_request_id_published_in_the_scope),
         cmocka_unit_test(test_log_drops_lines_above_the_configured_level),
         cmocka_unit_test(test_log_message_with_line_breaks_stays_one_line),
