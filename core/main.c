@@ -1,20 +1,22 @@
 /*
  * core/main.c - the atrium executable: command line, start-up order, signals, shutdown.
  *
- * Start-up order: config (file, then environment) -> log level -> descriptors, SIGPIPE,
- * libcurl, stop signals blocked -> metrics -> HTTP server object and the core's own routes
- * (routes are registered before listening) -> PostgreSQL (bounded retry) -> core
- * migrations -> the auth pool -> each client module in turn (init, its migrations, start)
- * -> federation (signing key, routes, the listener's certificate; its migrations; its
- * threads) -> plugins (init) -> plugin migrations -> plugins (pools, start) -> listen
- * (federation, then client). Any failure stops start-up with the line that says why.
+ * Start-up order: config (file, then environment) -> instance name and log level ->
+ * descriptors, SIGPIPE, libcurl, stop signals blocked -> metrics -> HTTP server object and
+ * the core's own routes (routes are registered before listening) -> PostgreSQL (bounded
+ * retry) -> core migrations -> the lease service (core/store/lease.h) -> the auth pool ->
+ * each client module in turn (init, its migrations, start) -> federation (signing key,
+ * routes, the listener's certificate; its migrations; its threads) -> plugins (init) ->
+ * plugin migrations -> plugins (pools, start) -> listen (federation, then client). Any
+ * failure stops start-up with the line that says why.
  * SIGHUP reloads the federation listener's certificate and changes nothing else.
  * Shutdown (SIGINT/SIGTERM): refuse new requests (503, Connection: close) -> answer every
  * parked and handed-off request -> let running requests finish within
  * server.shutdown_grace_ms -> stop plugins (their pools drain) -> stop client modules and
  * the auth pool -> a short drain for their answers -> stop libmicrohttpd -> stop
- * federation (outbound requests end) -> fini plugins -> free federation -> close
- * PostgreSQL. Why no MHD_quiesce_daemon: docs/adr/0004-shutdown-without-quiesce.md.
+ * federation (outbound requests end) -> give up the leases (other processes take the
+ * once-only jobs) -> fini plugins -> free federation -> close PostgreSQL. Why no
+ * MHD_quiesce_daemon: docs/adr/0004-shutdown-without-quiesce.md.
  * Signals are blocked in every thread and taken here with sigwait, so no handler runs
  * inside library code.
  */
@@ -39,6 +41,7 @@
 #include "core/plugins/plugins.h"
 #include "core/runtime/runtime.h"
 #include "core/store/db.h"
+#include "core/store/lease.h"
 
 #ifndef ATRIUM_VERSION
 #define ATRIUM_VERSION "dev"
@@ -154,6 +157,8 @@ static int serve(const char *config_path)
         cfg_free(root);
         return 1;
     }
+    char instance[CORE_INSTANCE_NAME_MAX_BYTES + 1];
+    rt_log_set_instance(core_instance_name(&cfg, instance, sizeof(instance)));
     rt_log_set_level(rt_log_level_parse(cfg.log_level));
     raise_nofile_limit();
     signal(SIGPIPE, SIG_IGN);
@@ -172,6 +177,12 @@ static int serve(const char *config_path)
     core_runtime rt = {.cfg = &cfg, .root = root};
     core_runtime_bind(&rt); /* before any module's init; unbound below, after every thread */
     rt.metrics = rt_metrics_new();
+    char instance_label[RT_METRIC_LABELS_MAX_BYTES];
+    if (rt.metrics && rt_metric_label(instance_label, sizeof(instance_label), "instance",
+                                      instance) > 0)
+        rt_metric_set(rt_metric_gauge(rt.metrics, "atrium_instance_info", instance_label,
+                                      "This process's instance name (server.instance_name)"),
+                      1);
     rt.http = rt.metrics ? http_server_new(&cfg, rt.metrics) : NULL;
     rt.notifier = notifier_new();
     if (!rt.notifier || !rt.http || http_builtin_routes(rt.http) < 0) goto out;
@@ -183,6 +194,8 @@ static int serve(const char *config_path)
         db_pool_tune(rt.db, cfg.database.unresponsive_ms, cfg.database.statement_timeout_ms);
     if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
     if (db_core_migrate(rt.db) < 0) goto out;
+    rt.leases = lease_service_new(rt.db, instance, rt.metrics);
+    if (!rt.leases || lease_service_start(rt.leases) < 0) goto out;
     auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);
     if (!auth_pool_obj || rt_pool_start(auth_pool_obj) < 0) goto stop_plugins;
     rt.auth_pool = auth_pool_obj;
@@ -226,6 +239,7 @@ stop_plugins:
     if (rt.http) http_server_drain(rt.http, 1000); /* answers from stopped pools go out */
     if (rt.http) http_server_stop(rt.http);
     federation_stop(); /* after the listeners: outbound callbacks may still resume requests */
+    lease_service_stop(rt.leases); /* every job it guards stopped: others may take them */
     plugins_fini_all(&rt);
     federation_free();
     rt.auth_pool = NULL;
@@ -236,6 +250,7 @@ out:
     auth_cache_free(rt.auth_cache);
     ratelimits_free(&rt);
     core_runtime_bind(NULL);
+    lease_service_free(rt.leases);
     db_pool_free(rt.db);
     rt_metrics_free(rt.metrics);
     core_config_release(&cfg);

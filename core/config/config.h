@@ -205,6 +205,8 @@ struct core_config {
         int request_threads;               /* server.federation.request_threads (default 2) */
     } fed_listener;
     int shutdown_grace_ms; /* server.shutdown_grace_ms (default 10000) */
+    const char *instance_name; /* server.instance_name ("" = <hostname>-<pid>) */
+    int lease_ttl_ms;          /* server.lease_ttl_ms (default 30000, 1000..600000) */
     struct {
         const char *conninfo;     /* database.conninfo (libpq string; required) */
         int pool_size;            /* database.pool_size (default 8, 1..512) */
@@ -271,6 +273,12 @@ struct core_config {
  * with core_config_release. */
 int core_config_load(const cfg_node *root, struct core_config *out, char *err, size_t errlen);
 void core_config_release(struct core_config *c);
+/* The longest instance name (server.instance_name), in bytes. */
+#define CORE_INSTANCE_NAME_MAX_BYTES 64
+/* This process's instance name: server.instance_name, or "<hostname>-<pid>" (the host's
+ * first label, reduced to the allowed characters) when that is "". Written into buf (at
+ * least CORE_INSTANCE_NAME_MAX_BYTES + 1 bytes), which it returns. Any thread. */
+const char *core_instance_name(const struct core_config *c, char *buf, size_t len);
 
 /* The core's table: every key of struct core_config, one row each. */
 extern const struct cfg_setting CORE_SETTINGS[];

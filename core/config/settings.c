@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef ATRIUM_DEFAULT_PLUGIN_DIR
 #define CORE_DEFAULT_PLUGIN_DIR ATRIUM_DEFAULT_PLUGIN_DIR
@@ -54,6 +55,43 @@ static int check_base_url(const cfg_node *n, const void *field, char *err, size_
         return cfg_error(n, err, errlen, "expected a URL starting with https:// (or \"\" for "
                          "none)");
     return 0;
+}
+
+/* An instance name goes into log lines, a metric label and the lease table's holder
+ * column: letters, digits, '.', '_' and '-' only, so none of those needs escaping. */
+static bool instance_char_ok(char c)
+{
+    return isalnum((unsigned char)c) || c == '.' || c == '_' || c == '-';
+}
+
+static int check_instance_name(const cfg_node *n, const void *field, char *err, size_t errlen)
+{
+    const char *name = *(const char *const *)field;
+    size_t len = strlen(name);
+    bool ok = len <= CORE_INSTANCE_NAME_MAX_BYTES;
+    for (const char *c = name; ok && *c != '\0'; c++) ok = instance_char_ok(*c);
+    if (!ok)
+        return cfg_error(n, err, errlen, "\"%.64s\" is not an instance name; give at most %d "
+                         "letters, digits, '.', '_' or '-', like atrium-1 (or \"\" for "
+                         "<hostname>-<pid>)", name, CORE_INSTANCE_NAME_MAX_BYTES);
+    return 0;
+}
+
+const char *core_instance_name(const struct core_config *c, char *buf, size_t len)
+{
+    if (c->instance_name && c->instance_name[0] != '\0') {
+        snprintf(buf, len, "%s", c->instance_name);
+        return buf;
+    }
+    char host[CORE_INSTANCE_NAME_MAX_BYTES + 1] = "";
+    if (gethostname(host, sizeof(host)) != 0) host[0] = '\0';
+    host[sizeof(host) - 1] = '\0';
+    size_t w = 0;
+    for (size_t i = 0; host[i] != '\0' && host[i] != '.' && w + 1 < sizeof(host); i++)
+        if (instance_char_ok(host[i])) host[w++] = host[i];
+    host[w] = '\0';
+    snprintf(buf, len, "%s-%ld", w ? host : "atrium", (long)getpid());
+    return buf;
 }
 
 /* ---- the rows ------------------------------------------------------------------------------ */
@@ -151,6 +189,15 @@ const struct cfg_setting CORE_SETTINGS[] = {
     INT_ROW("server.shutdown_grace_ms", shutdown_grace_ms, 10000, 0, 600000, "ms",
             "Running requests get this long after SIGTERM; new requests meanwhile get 503 "
             "with Connection: close."),
+    {.path = "server.instance_name", .type = CFG_T_STRING, .offset = FIELD(instance_name),
+     .def_string = "", .default_doc = "`<hostname>-<pid>`", .check = check_instance_name,
+     .help = "This process's name among several sharing one database: in every log line, "
+             "in /metrics (atrium_instance_info) and as the holder of its leases; letters, "
+             "digits, '.', '_', '-'. Give each process its own."},
+    INT_ROW("server.lease_ttl_ms", lease_ttl_ms, 30000, 1000, 600000, "ms",
+            "Once-only background jobs (the federation sender, the typing reaper) run in one "
+            "process at a time under a lease renewed every quarter of this; when its holder "
+            "dies another process takes the job over within this long."),
 
     {.path = "database.conninfo", .type = CFG_T_STRING, .flags = CFG_F_REQUIRED,
      .offset = FIELD(database.conninfo),

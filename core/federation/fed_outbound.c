@@ -28,19 +28,28 @@
  * without anything to collapse. EDUs are kept (to-device messages must all arrive), but
  * for typing notices older than FED_OUTBOUND_TYPING_STALE_MS, which ran out long ago.
  *
+ * Several processes sharing one database: the sender runs in the one holding the lease
+ * core.federation.outbound (core/store/lease.h); the others' senders stay idle, forget
+ * the transactions they knew (the rows keep their IDs, so the holder resends them under
+ * the same ones) and a kick there reaches the holder only through its poll. When the
+ * holder dies another process takes the lease within server.lease_ttl_ms and its sender
+ * starts at once (on_gain). An answer that arrives after the lease moved is still
+ * settled when this process holds the lease again; the receiver's idempotency absorbs a
+ * transaction sent by both.
+ *
  * Not here: what a PDU means (the room model decides which events to queue) and the
- * inbound half (fed_inbound.c). Several processes sharing one database would each send
- * the same rows (the receiver's idempotency keeps that harmless, not efficient); a
- * per-destination advisory lock is the way to one sender per destination then.
+ * inbound half (fed_inbound.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config/config.h"
 #include "core/federation/fed_internal.h"
 #include "core/federation/fed_txn.h"
 #include "core/runtime/core_runtime.h"
 #include "core/runtime/keytab.h"
+#include "core/store/lease.h"
 
 #define FED_OUTBOUND_POLL_MS 5000      /* the queue is read this often even when not kicked */
 #define FED_OUTBOUND_DB_WAIT_MS 5000   /* the sender waits this long for a connection */
@@ -56,6 +65,7 @@
 #define FED_OUTBOUND_TYPING_STALE_MS 30000
 #define FED_OUTBOUND_TXN_ID_BYTES 48
 #define FED_OUTBOUND_URI_BYTES 128
+#define FED_OUTBOUND_LEASE "core.federation.outbound"
 
 enum { KIND_PDU = 0, KIND_EDU = 1 };
 
@@ -86,6 +96,7 @@ struct fed_outbound {
     int n_gauges;
     rt_metrics *metrics;
     rt_metric *m_sent, *m_failed, *m_catchup, *m_dropped;
+    lease *lease; /* NULL without a lease service: always held */
 };
 
 /* ---- queueing (inside the caller's transaction) --------------------------------------- */
@@ -483,9 +494,27 @@ static bool settle(fed_outbound *o, PGconn *c)
     return ok;
 }
 
+/* While another process holds the lease: forget the transactions this one made, so
+ * that when the lease comes back they are read again from the rows (another holder may
+ * have sent and deleted them meanwhile). One in flight keeps its ID until its answer. */
+static void forget_txns(fed_outbound *o)
+{
+    for (out_dest *d = o->dests; d; d = d->next) {
+        pthread_mutex_lock(&o->mu);
+        bool busy = d->in_flight || d->answered;
+        pthread_mutex_unlock(&o->mu);
+        if (!busy) d->txn_id[0] = '\0';
+        d->catch_up = true; /* nothing known of what the other sender did */
+    }
+}
+
 /* One pass over the queue: the milliseconds until the next one is due. */
 static int64_t pass(fed_outbound *o)
 {
+    if (!lease_held(o->lease)) {
+        forget_txns(o);
+        return FED_OUTBOUND_POLL_MS; /* on_gain kicks the sender when the lease comes */
+    }
     PGconn *c = db_acquire(o->db, FED_OUTBOUND_DB_WAIT_MS);
     if (!c) return FED_OUTBOUND_DB_RETRY_MS;
     int64_t wait = FED_OUTBOUND_POLL_MS;
@@ -587,9 +616,29 @@ fed_outbound *fed_outbound_new(db_pool *db, fed_backoff *backoff, const char *se
     return o;
 }
 
+/* The lease came to this process (on the lease thread): start sending at once. */
+static void outbound_lease_gained(void *arg)
+{
+    fed_outbound *o = arg;
+    pthread_mutex_lock(&o->mu);
+    o->kicked = true;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
 int fed_outbound_start(fed_outbound *o)
 {
     if (!o->db) return 0; /* no database: nothing to send */
+    core_runtime *rt = core_runtime_get();
+    if (rt && rt->leases) {
+        o->lease = lease_create(rt->leases, FED_OUTBOUND_LEASE, rt->cfg->lease_ttl_ms,
+                                outbound_lease_gained, o);
+        if (!o->lease) {
+            rt_log(ATRIUM_LOG_ERROR, "federation", "cannot create the lease %s",
+                   FED_OUTBOUND_LEASE);
+            return ATRIUM_E_NOMEM;
+        }
+    }
     if (pthread_create(&o->thread, NULL, sender_main, o) != 0) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "cannot start the outbound sender thread");
         return ATRIUM_E_IO;

@@ -15,6 +15,7 @@
 #include "core/federation/fed_request.h"
 #include "core/federation/federation.h"
 #include "core/plugins/plugins.h"
+#include "core/store/lease.h"
 
 #define HOST_ERR_LEN 512
 #define RATELIMIT_MAX_KEYS 100000 /* client keys tracked per action */
@@ -486,6 +487,35 @@ static int h_iface_provide(atrium_plugin *self, const char *name, const void *if
     return plugins_iface_add(self->name, self->desc->provides, iface);
 }
 
+/* ---- several processes (1.3) -------------------------------------------------------- */
+
+static const char *h_instance_name(void) { return rt_log_instance_name(); }
+
+#define HOST_LEASE_NAME_MAX 40 /* the plugin's part of a lease name (host.h) */
+
+static atrium_lease *h_lease_create(atrium_plugin *self, const char *name, int64_t ttl_ms)
+{
+    if (require_init(self, "lease_create") < 0) return NULL;
+    core_runtime *rt = core_runtime_get();
+    size_t n = name ? strlen(name) : 0;
+    char full[LEASE_NAME_MAX_BYTES];
+    if (!rt || !rt->leases || n == 0 || n > HOST_LEASE_NAME_MAX ||
+        snprintf(full, sizeof(full), "plugin.%s.%s", self->name, name) >= (int)sizeof(full)) {
+        rt_log(ATRIUM_LOG_ERROR, self->name, "lease_create(\"%s\"): %s", name ? name : "(null)",
+               rt && rt->leases ? "a name is 1-40 characters of [a-z0-9_.]"
+                                : "this process has no lease service");
+        return NULL;
+    }
+    lease *l = lease_create(rt->leases, full, ttl_ms, NULL, NULL);
+    if (!l)
+        rt_log(ATRIUM_LOG_ERROR, self->name, "lease_create(\"%s\", %lld ms): a name is 1-40 "
+               "characters of [a-z0-9_.], created once; a ttl is 1 s to 10 min", name,
+               (long long)ttl_ms);
+    return (atrium_lease *)l;
+}
+
+static int h_lease_held(atrium_lease *l) { return l && lease_held((const lease *)l) ? 1 : 0; }
+
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
     .abi_major = ATRIUM_ABI_MAJOR,
@@ -561,6 +591,9 @@ static const atrium_host HOST = {
     .fed_verify_json = federation_verify_json,
     .iface_provide = h_iface_provide,
     .iface_get = plugins_iface_get,
+    .instance_name = h_instance_name,
+    .lease_create = h_lease_create,
+    .lease_held = h_lease_held,
 };
 
 const atrium_host *host_table(core_runtime *rt)

@@ -28,6 +28,7 @@ struct cfg_node;
 struct core_config;
 struct db_pool;
 struct http_server;
+struct lease_service;
 struct notifier;
 
 /* The client API's rate limiters (core/client/ratelimits.c creates them). */
@@ -42,6 +43,7 @@ typedef struct core_runtime {
     rt_metrics *metrics;             /* every metric of the process */
     struct http_server *http;        /* the listener, its request pool, router, budgets */
     struct db_pool *db;              /* the PostgreSQL pool of the core and plugins */
+    struct lease_service *leases;    /* once-only jobs' leases (core/store/lease.h) */
     struct notifier *notifier;       /* users' wake-up events (core/client/sync/notifier.h) */
     rt_pool *auth_pool;              /* core.auth: Argon2id hashing and checks */
     struct auth_cache *auth_cache;   /* token -> user (core/client/auth/auth.h) */

@@ -569,12 +569,16 @@ struct atrium_host {
     int (*notify_live)(void);
     /* [init] A lease named `name` (1-40 characters of [a-z0-9_.], scoped to the plugin):
      * at most one process sharing the database holds it at a time. The host takes and
-     * renews it in the background (every ttl_ms / 3); when its holder dies or loses the
-     * database, another process takes it over within ttl_ms. NULL on a bad name or ttl
-     * (1 s to 10 min). */
+     * renews it in the background (every ttl_ms / 4, on a core thread, with one statement
+     * on a pooled connection borrowed for that statement only); when its holder dies or
+     * loses the database, another process takes it over within ttl_ms; a process that
+     * stops gives its leases up first. The lease belongs to the host (never freed by the
+     * plugin; valid until the plugin's fini). NULL on a bad name or ttl (1 s to 10 min),
+     * a name this plugin already used, or outside init (logged). */
     atrium_lease *(*lease_create)(atrium_plugin *self, const char *name, int64_t ttl_ms);
-    /* [any] 1 when this process holds the lease now: check it before each run of the job
-     * it guards. */
+    /* [any] 1 when this process holds the lease now, 0 otherwise (and for NULL). Never
+     * waits. Check it before each run of the job it guards, and keep a run well under
+     * ttl_ms / 2: a run already going when the lease moves is not stopped. */
     int (*lease_held)(atrium_lease *lease);
 };
 

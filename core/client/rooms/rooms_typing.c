@@ -12,8 +12,14 @@
  * comes from PUT /typing in this process (rooms_typing_expires_at) and, after each
  * pass, from the table itself, so rows written by another process sharing the database,
  * or before a restart, are reaped too. A pass that cannot reach PostgreSQL is tried again
- * TYPING_REAP_RETRY_MS later. What this file does not do: store typing notices or report
- * them (rooms_ephemeral.c, sync_rooms.c).
+ * TYPING_REAP_RETRY_MS later.
+ *
+ * Several processes sharing one database reap in one of them: the holder of the lease
+ * core.typing_reaper (core/store/lease.h). The others' reapers sleep until their process
+ * takes the lease (on_gain runs a pass at once: a dead holder's expiries are reported by
+ * the next one); the holder, which does not hear of the expiries other processes' PUT
+ * /typing set, looks at the table at least every TYPING_REAP_POLL_MS. What this file
+ * does not do: store typing notices or report them (rooms_ephemeral.c, sync_rooms.c).
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -23,15 +29,21 @@
 
 #include "core/client/sync/notifier.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/config/config.h"
+#include "core/runtime/core_runtime.h"
+#include "core/store/lease.h"
 
 #define TYPING_REAP_RETRY_MS 5000 /* after a pass that failed */
 #define TYPING_REAP_DB_WAIT_MS 2000 /* background work: its own wait, not a request's */
+#define TYPING_REAP_POLL_MS 2000 /* the lease holder reads other processes' expiries */
+#define TYPING_REAP_LEASE "core.typing_reaper"
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER; /* CLOCK_REALTIME, like the expiries */
 static pthread_t reaper;
 static bool running, quit;
 static int64_t next_ms; /* wall-clock ms of the earliest known expiry; 0 = none known */
+static lease *reap_lease; /* NULL without a lease service (always held) */
 
 void rooms_typing_expires_at(int64_t wall_ms)
 {
@@ -47,6 +59,7 @@ void rooms_typing_expires_at(int64_t wall_ms)
  * for (0: none), or a retry time after a failure. */
 static int64_t reap(int64_t now_ms)
 {
+    if (!lease_held(reap_lease)) return 0; /* another process reaps; on_gain wakes this one */
     PGconn *c = db_acquire(db_global(), TYPING_REAP_DB_WAIT_MS);
     if (!c) return now_ms + TYPING_REAP_RETRY_MS;
     char now_s[24];
@@ -65,6 +78,8 @@ static int64_t reap(int64_t now_ms)
                       0, NULL, NULL);
     }
     int64_t next = res ? atoll(PQgetvalue(res, 0, 0)) : now_ms + TYPING_REAP_RETRY_MS;
+    if (reap_lease && (next == 0 || next > now_ms + TYPING_REAP_POLL_MS))
+        next = now_ms + TYPING_REAP_POLL_MS; /* expiries set by other processes */
     if (!res)
         rt_log(ATRIUM_LOG_WARN, "core", "typing notices that ran out could not be reported; "
                "trying again in %d s", TYPING_REAP_RETRY_MS / 1000);
@@ -99,8 +114,22 @@ static void *reaper_main(void *arg)
     return NULL;
 }
 
+/* This process took the reaper's lease (on the lease thread): a pass at once. */
+static void typing_lease_gained(void *arg)
+{
+    (void)arg;
+    rooms_typing_expires_at(1);
+}
+
 int rooms_typing_start(void)
 {
+    core_runtime *rt = core_runtime_get();
+    if (rt && rt->leases && !reap_lease &&
+        !(reap_lease = lease_create(rt->leases, TYPING_REAP_LEASE, rt->cfg->lease_ttl_ms,
+                                    typing_lease_gained, NULL))) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "cannot create the lease %s", TYPING_REAP_LEASE);
+        return -1;
+    }
     pthread_mutex_lock(&mu);
     quit = false;
     next_ms = 1; /* a first pass at once: rows left by an earlier run or another process */
@@ -122,4 +151,5 @@ void rooms_typing_stop(void)
     pthread_mutex_unlock(&mu);
     pthread_join(reaper, NULL);
     running = false;
+    reap_lease = NULL; /* the service frees it; a next start (tests) creates its own */
 }
