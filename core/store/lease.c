@@ -202,9 +202,9 @@ static void *lease_main(void *arg)
     lease_service *s = arg;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
-        int64_t now = rt_now_ms(), next = 0;
+        int64_t now = rt_now_ms(), next = INT64_MAX;
         for (lease *l = s->leases; l; l = l->next)
-            if (next == 0 || l->next_try_ms < next) next = l->next_try_ms;
+            if (l->next_try_ms < next) next = l->next_try_ms; /* 0: a new lease, due now */
         if (!s->leases || next > now) {
             rt_scope_wait(&s->cv, &s->mu, s->leases ? next : 0); /* 0: until a lease */
             continue;

@@ -147,6 +147,20 @@ static void test_bad_names_and_ttls_are_refused(void **state)
     end_proc(&a);
 }
 
+static void test_a_lease_created_later_is_tried_at_once(void **state)
+{
+    (void)state;
+    NEED_PG();
+    proc a = start_proc("a");
+    const int64_t long_ttl_ms = 8000; /* the first lease's next renewal is 2 s away */
+    lease *first = lease_create(a.s, "test.first", long_ttl_ms, NULL, NULL);
+    assert_true(wait_held(first, true, TTL_MS) >= 0);
+    lease *second = lease_create(a.s, "test.second", long_ttl_ms, NULL, NULL);
+    int64_t took = wait_held(second, true, long_ttl_ms / 4 - 500);
+    assert_true(took >= 0); /* not at the first one's renewal */
+    end_proc(&a);
+}
+
 static void test_one_process_holds_a_lease_and_a_stop_hands_it_over(void **state)
 {
     (void)state;
@@ -234,6 +248,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_names_and_ttls_are_refused),
+        cmocka_unit_test(test_a_lease_created_later_is_tried_at_once),
         cmocka_unit_test(test_one_process_holds_a_lease_and_a_stop_hands_it_over),
         cmocka_unit_test(test_a_dead_holders_lease_moves_within_its_ttl),
         cmocka_unit_test(test_a_holder_whose_renewal_hangs_stops_believing_before_its_row_expires),
