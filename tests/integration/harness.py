@@ -134,10 +134,10 @@ def drop_database(name):
     psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+def free_port(host="127.0.0.1"):
+    """A TCP port on host (127.0.0.1) that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -313,12 +313,15 @@ class Server:
     database     use this existing database (not dropped on close) instead of a fresh one;
                  two servers sharing one database model a multi-process deployment
     port         listen on this port instead of a free one
+    host         the client listener's address (default 127.0.0.1; several processes of
+                 one deployment each take their own, 127.0.0.41, ...)
     start        start in __enter__ (default); otherwise call start() yourself
     """
 
     def __init__(self, server_name="localhost", settings=None, plugins=None, env=None,
-                 nofile=None, database=None, port=None, start=True):
+                 nofile=None, database=None, port=None, start=True, host="127.0.0.1"):
         self.server_name = server_name
+        self.host = host
         self.env = dict(env or {})
         self.nofile = nofile
         self.auto_start = start
@@ -342,7 +345,7 @@ class Server:
             raise
         self.conninfo = conninfo_for(self.database)
         self.fixed_port = port is not None
-        self.port = port or free_port()
+        self.port = port or free_port(host)
         try:
             if callable(settings):
                 settings = settings(self.dir)
@@ -360,7 +363,7 @@ class Server:
         """The config as a dict (what write_config writes)."""
         base = {
             "server_name": self.server_name,
-            "server": {"http": {"bind_address": "127.0.0.1", "port": self.port}},
+            "server": {"http": {"bind_address": self.host, "port": self.port}},
             "database": {"conninfo": self.conninfo},
             "plugin_dir": plugin_dir(),
             "ratelimit": {"enabled": False},
@@ -379,7 +382,7 @@ class Server:
 
     @property
     def base(self):
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     # -- process --------------------------------------------------------------------------
 
@@ -410,7 +413,7 @@ class Server:
                 taken = "address already in use" in self.log_tail(5).lower()
                 if self.fixed_port or self.running() or not taken or attempt == 2:
                     raise
-                self.port = free_port()
+                self.port = free_port(self.host)
                 self.write_config()
 
     def _start_once(self, timeout):
@@ -543,7 +546,7 @@ class Server:
             body = body.encode()
         if token is not None:
             hdrs["Authorization"] = f"Bearer {token}"
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             conn.request(method, path, body=body, headers=hdrs)
             resp = conn.getresponse()

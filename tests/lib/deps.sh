@@ -35,6 +35,7 @@ ATRIUM_TEST_PACKAGES=(
     libvips-tools  # media tests: `vips`/`vipsheader` make JPEGs and decode WebP answers
     python3-matrix-nio  # test_matrix_nio: the Python SDK that speaks only the r0 prefixes
     clang          # the fuzzing suite (tests/fuzz, build-fuzz/): libFuzzer ships with it
+    haproxy        # test_scaleout, bench/scaleout.sh: the balancer in front of several processes
     # The E2E tests (matrix-js-sdk) need Node.js >= 20, which the machines bring;
     # tests/run.sh installs Debian's nodejs and npm only where node is missing.
 )
