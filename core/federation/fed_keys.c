@@ -5,10 +5,11 @@
  * The key file is parsed by hand rather than with sscanf so every way it can be wrong gets
  * its own sentence: an operator who copied a Synapse key with the wrong tool should learn
  * what is wrong with it, not that "the key is invalid". A new file is made crash-safe by
- * the usual write-temporary, fsync, rename, fsync-directory sequence; two processes
- * creating a key at the same instant is not guarded against (the later rename wins and the
- * other process signs with a key nobody publishes until its restart), since first start is
- * a one-process affair.
+ * the usual write-temporary, fsync, publish, fsync-directory sequence, where publishing is
+ * link(2), which refuses to replace a file: several processes sharing one data directory
+ * (replicas starting at once) may each make a key, but only the first is published and
+ * the others load that one, so they all sign with the key the document publishes. Where
+ * the file system has no hard links, rename(2) publishes instead (and the race is back).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -267,9 +268,38 @@ static int create_key_file(const char *path, fed_signing_key *key, char *err, si
         saved = errno;
     }
     sodium_memzero(line, sizeof(line));
-    if (ok && (step = "rename", rename(tmp, path) < 0)) {
-        ok = false;
-        saved = errno;
+    bool lost_race = false;
+    if (ok && (step = "link", link(tmp, path) < 0)) {
+        if (errno == EEXIST) { /* another process published its key first: use that one */
+            lost_race = true;
+        } else if ((errno == EPERM || errno == ENOTSUP || errno == EXDEV) &&
+                   (step = "rename", rename(tmp, path) == 0)) {
+            tmp[0] = '\0'; /* renamed: nothing left to remove */
+        } else {
+            ok = false;
+            saved = errno;
+        }
+    }
+    if (ok && tmp[0]) unlink(tmp);
+    if (lost_race) {
+        free(tmp);
+        fed_signing_key_wipe(key);
+        memset(key, 0, sizeof(*key));
+        int fd2 = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd2 < 0) {
+            snprintf(err, err_len, "signing key file %s: open: %s", path, strerror(errno));
+            return ATRIUM_E_IO;
+        }
+        int rc2 = read_key_file(fd2, path, key, err, err_len);
+        close(fd2);
+        if (rc2 < 0) {
+            fed_signing_key_wipe(key);
+            memset(key, 0, sizeof(*key));
+        } else {
+            rt_log(ATRIUM_LOG_INFO, "federation", "another process created the signing key "
+                   "%s first: using it", path);
+        }
+        return rc2;
     }
     if (!ok) {
         snprintf(err, err_len,

@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <sodium.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "atrium/abi.h"
@@ -181,6 +182,54 @@ static void test_missing_key_file_is_created_private_and_reloads_the_same_key(vo
     assert_string_equal(a.key_id, b.key_id);
     assert_memory_equal(a.public_key, b.public_key, FED_PUBLIC_KEY_BYTES);
     assert_memory_equal(a.secret_key, b.secret_key, FED_SECRET_KEY_BYTES);
+}
+
+/* Replicas sharing one data directory start at once: every process must end up with the
+ * one key the file holds (the one its document publishes), whichever created it. */
+static void test_processes_creating_the_key_at_once_all_use_the_published_one(void **state)
+{
+    (void)state;
+    enum { PROCESSES = 8, ROUNDS = 5 };
+    for (int round = 0; round < ROUNDS; round++) {
+        char path[128];
+        snprintf(path, sizeof(path), "%s/race%d.key", tmpdir, round);
+        int go[2], out[2];
+        assert_int_equal(pipe(go), 0);
+        assert_int_equal(pipe(out), 0);
+        for (int i = 0; i < PROCESSES; i++) {
+            pid_t pid = fork();
+            assert_true(pid >= 0);
+            if (pid == 0) {
+                char b, err[512];
+                close(go[1]);
+                if (read(go[0], &b, 1) != 0) _exit(2); /* released by the close below */
+                fed_signing_key k;
+                if (fed_signing_key_load_or_create(path, &k, err, sizeof(err)) != 0) _exit(3);
+                char line[FED_KEY_ID_MAX_BYTES + 1];
+                snprintf(line, sizeof(line), "%-*s", FED_KEY_ID_MAX_BYTES - 1, k.key_id);
+                line[FED_KEY_ID_MAX_BYTES - 1] = '\n';
+                _exit(write(out[1], line, FED_KEY_ID_MAX_BYTES) == FED_KEY_ID_MAX_BYTES ? 0 : 4);
+            }
+        }
+        close(go[0]);
+        close(go[1]); /* every child's read returns now */
+        close(out[1]);
+        for (int i = 0; i < PROCESSES; i++) {
+            int status = 0;
+            wait(&status);
+            assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+        char ids[PROCESSES][FED_KEY_ID_MAX_BYTES];
+        for (int i = 0; i < PROCESSES; i++)
+            assert_int_equal(read(out[0], ids[i], FED_KEY_ID_MAX_BYTES), FED_KEY_ID_MAX_BYTES);
+        close(out[0]);
+        fed_signing_key published;
+        char err[512];
+        assert_int_equal(fed_signing_key_load_or_create(path, &published, err, sizeof(err)), 0);
+        for (int i = 0; i < PROCESSES; i++)
+            assert_memory_equal(ids[i], published.key_id, strlen(published.key_id));
+    }
+    assert_int_equal(count_dir_entries(), ROUNDS); /* no temporary file left behind */
 }
 
 static void test_synapse_key_file_loads_with_or_without_trailing_newline(void **state)
@@ -412,6 +461,9 @@ int main(void)
         cmocka_unit_test(test_b64_refuses_what_no_encoder_writes),
         cmocka_unit_test_setup_teardown(
             test_missing_key_file_is_created_private_and_reloads_the_same_key, make_dir,
+            remove_dir),
+        cmocka_unit_test_setup_teardown(
+            test_processes_creating_the_key_at_once_all_use_the_published_one, make_dir,
             remove_dir),
         cmocka_unit_test_setup_teardown(
             test_synapse_key_file_loads_with_or_without_trailing_newline, make_dir, remove_dir),
