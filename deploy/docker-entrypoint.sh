@@ -12,6 +12,10 @@
 # and receives SIGTERM from `docker stop` directly. Arguments that do not start with "-"
 # run instead of the server (`docker run IMAGE bash`).
 #
+# Several replicas may share one data volume (deploy/docker-compose.scale.yml): the first
+# start is serialized by a lock file there, so one config is generated and the others use
+# it (and the server itself makes sure they sign with one key).
+#
 # Paths can be moved with ATRIUM_BIN, ATRIUM_DATA_DIR and ATRIUM_PLUGIN_DIR, which is how
 # tests/integration/test_entrypoint.sh runs this outside a container.
 set -euo pipefail
@@ -38,6 +42,14 @@ generate_config() {
     if ! { [ -d "$ATRIUM_DATA_DIR" ] && [ -w "$ATRIUM_DATA_DIR" ]; }; then
         die "$ATRIUM_DATA_DIR is not a writable directory for user $(id -un) (uid $(id -u)); mount a volume there that this user may write"
     fi
+    # Replicas sharing the volume start at once: one generates, the others wait for it
+    # and use its config (the lock is released when this shell execs the server).
+    exec 9>>"$ATRIUM_DATA_DIR/.atrium-init.lock" || die "cannot open $ATRIUM_DATA_DIR/.atrium-init.lock"
+    flock 9 || die "cannot lock $ATRIUM_DATA_DIR/.atrium-init.lock"
+    if [ -f "$config" ]; then
+        say "another replica generated $config meanwhile; using it"
+        return 0
+    fi
 
     local tmp=$config.new.$$
     rm -f "$tmp"
@@ -60,4 +72,5 @@ generate_config() {
 
 # Relative paths in the config (a media store, say) land in the data directory.
 cd "$ATRIUM_DATA_DIR"
+exec 9>&- # the first-start lock, if taken, is not the server's to hold
 exec "$ATRIUM_BIN" --config "$config" "$@"

@@ -5,7 +5,9 @@
 #   - with them it generates a config (given server_name and database, bound to 0.0.0.0,
 #     private to its owner), becomes the server (exec: same PID), /health answers, and
 #     SIGTERM stops it with status 0;
-#   - a second start uses the existing config as it is, without ATRIUM_SERVER_NAME.
+#   - a second start uses the existing config as it is, without ATRIUM_SERVER_NAME;
+#   - two replicas starting at once on one empty data directory (the scaled Compose
+#     file) generate one config between them and sign with one key.
 # Environment (from ctest): ATRIUM_BIN, ATRIUM_PLUGIN_DIR, ATRIUM_TEST_PG_CONNINFO, and
 # ATRIUM_TEST_TMPDIR (where the temporary directory goes; /tmp if unset).
 set -euo pipefail
@@ -152,6 +154,40 @@ grep -q 'generated' "$log" && fail "the second start generated a config again"
 stop_server
 no_sanitizer_report
 pass "second start uses the existing config without ATRIUM_SERVER_NAME"
+
+# 4. Two replicas at once on a fresh data directory: one config, one signing key.
+data2=$tmp/data2
+mkdir -p "$data2"
+port_b=$(free_port)
+logs=()
+pids=()
+for p in "$port" "$port_b"; do
+    env -u ATRIUM_SERVER_NAME -u ATRIUM_DATABASE_CONNINFO \
+        ATRIUM_BIN="$ATRIUM_BIN" ATRIUM_DATA_DIR="$data2" ATRIUM_PLUGIN_DIR="${ATRIUM_PLUGIN_DIR:-}" \
+        ATRIUM__SERVER__HTTP__PORT="$p" ATRIUM__SERVER__FEDERATION__PORT=0 \
+        ATRIUM_SERVER_NAME=replicas.test ATRIUM_DATABASE_CONNINFO="$ATRIUM_TEST_PG_CONNINFO dbname=$db" \
+        bash "$entrypoint" </dev/null >"$tmp/replica-$p.log" 2>&1 &
+    pids+=($!)
+    logs+=("$tmp/replica-$p.log")
+done
+for i in 0 1; do
+    server_pid=${pids[$i]}
+    log=${logs[$i]}
+    p=$port
+    [ "$i" = 1 ] && p=$port_b
+    port=$p wait_healthy
+done
+generated=$(cat "${logs[@]}" | grep -c 'docker-entrypoint: generated' || true)
+[ "$generated" = 1 ] || fail "two replicas starting at once generated $generated configs (expected 1)"
+keys=$(cat "${logs[@]}" | grep -o 'signing key ed25519:[A-Za-z0-9_]* from' | sort -u | wc -l)
+[ "$keys" = 1 ] || fail "two replicas starting at once sign with $keys different keys"
+for i in 0 1; do
+    server_pid=${pids[$i]}
+    log=${logs[$i]}
+    stop_server
+    no_sanitizer_report
+done
+pass "two replicas starting at once on one data directory share one config and one signing key"
 
 ok=1
 echo "all entrypoint checks passed"
