@@ -39,6 +39,7 @@
 #include "core/plugins/plugins.h"
 #include "core/runtime/runtime.h"
 #include "core/store/db.h"
+#include "core/store/notify.h"
 
 #ifndef ATRIUM_VERSION
 #define ATRIUM_VERSION "dev"
@@ -183,6 +184,9 @@ static int serve(const char *config_path)
         db_pool_tune(rt.db, cfg.database.unresponsive_ms, cfg.database.statement_timeout_ms);
     if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
     if (db_core_migrate(rt.db) < 0) goto out;
+    /* The notification service exists before any module's init (they subscribe there) and
+     * listens once the plugins' inits are done (the subscriber set is fixed then). */
+    if (!(rt.notify = notify_new(db_pool_conninfo(rt.db), rt.metrics))) goto out;
     auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);
     if (!auth_pool_obj || rt_pool_start(auth_pool_obj) < 0) goto stop_plugins;
     rt.auth_pool = auth_pool_obj;
@@ -200,7 +204,8 @@ static int serve(const char *config_path)
         db_migrate(rt.db, "federation", fed_migrations, n_fed_migrations) < 0 ||
         federation_start() < 0)
         goto stop_plugins;
-    if (plugins_load_all(&rt) < 0 || plugins_migrate_all(&rt) < 0 || plugins_start_all(&rt) < 0)
+    if (plugins_load_all(&rt) < 0 || notify_start(rt.notify) < 0 ||
+        plugins_migrate_all(&rt) < 0 || plugins_start_all(&rt) < 0)
         goto stop_plugins;
     if (http_server_start(rt.http) < 0) goto stop_plugins;
     rt_log(ATRIUM_LOG_INFO, "core", "ready");
@@ -215,6 +220,7 @@ static int serve(const char *config_path)
     exit_code = 0;
 
 stop_plugins:
+    notify_stop(rt.notify); /* no subscriber callback runs past here */
     plugins_stop_all(&rt);
     federation_stop_inbound();
     for (size_t i = 0; CLIENT_MODULES[i]; i++)
@@ -233,6 +239,7 @@ stop_plugins:
 out:
     http_server_free(rt.http);
     notifier_free(rt.notifier);
+    notify_free(rt.notify);
     auth_cache_free(rt.auth_cache);
     ratelimits_free(&rt);
     core_runtime_bind(NULL);

@@ -15,6 +15,7 @@
 #include "core/federation/fed_request.h"
 #include "core/federation/federation.h"
 #include "core/plugins/plugins.h"
+#include "core/store/notify.h"
 
 #define HOST_ERR_LEN 512
 #define RATELIMIT_MAX_KEYS 100000 /* client keys tracked per action */
@@ -486,6 +487,71 @@ static int h_iface_provide(atrium_plugin *self, const char *name, const void *if
     return plugins_iface_add(self->name, self->desc->provides, iface);
 }
 
+/* ---- several processes (1.3) ----------------------------------------------------------- */
+
+#define PLUGIN_CHANNEL_MAX 40 /* the ABI's channel names: 1-40 characters of [a-z0-9_.] */
+
+/* The PostgreSQL channel of a plugin's `channel`: "p.<plugin>.<channel>", or, when that
+ * passes PostgreSQL's identifier limit, "p.<hash of the plugin name>.<channel>" (so two
+ * plugins never share a channel). false (logged) on a bad name. */
+static bool plugin_channel(atrium_plugin *self, const char *channel, char *out, size_t len)
+{
+    size_t n = channel ? strlen(channel) : 0;
+    bool ok = n > 0 && n <= PLUGIN_CHANNEL_MAX;
+    for (size_t i = 0; ok && i < n; i++) {
+        char ch = channel[i];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.';
+    }
+    if (!ok) {
+        rt_log(ATRIUM_LOG_ERROR, self->name, "notification channel \"%s\" must be 1 to %d "
+               "characters of a-z, 0-9, _ and .", channel ? channel : "(null)",
+               PLUGIN_CHANNEL_MAX);
+        return false;
+    }
+    int w = snprintf(out, len, "p.%s.%s", self->name, channel);
+    if (w < 0 || (size_t)w >= len || !notify_channel_ok(out)) {
+        uint32_t h = 2166136261u; /* FNV-1a of the plugin's name */
+        for (const char *c = self->name; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
+        snprintf(out, len, "p.%08x.%s", (unsigned)h, channel);
+    }
+    return true;
+}
+
+static int h_notify_subscribe(atrium_plugin *self, const char *channel,
+                              void (*cb)(void *arg, const char *payload), void *arg)
+{
+    int rc = require_init(self, "notify_subscribe");
+    if (rc < 0) return rc;
+    char pg[NOTIFY_MAX_CHANNEL_BYTES + 1];
+    if (!cb || !plugin_channel(self, channel, pg, sizeof(pg))) return ATRIUM_E_INVAL;
+    notify_service *s = core_runtime_get()->notify;
+    if (!s) return ATRIUM_E_STATE;
+    /* The plugin's init runs before the service starts (core/main.c), so this cannot fail
+     * for "started"; a full table is the one refusal left. */
+    return notify_subscribe(s, pg, 0, cb, arg) < 0 ? ATRIUM_E_LIMIT : 0;
+}
+
+static int h_notify_publish(atrium_plugin *self, PGconn *conn, const char *channel,
+                            const char *payload)
+{
+    char pg[NOTIFY_MAX_CHANNEL_BYTES + 1];
+    if (!self || !plugin_channel(self, channel, pg, sizeof(pg))) return ATRIUM_E_INVAL;
+    if (!payload || strlen(payload) > ATRIUM_NOTIFY_MAX_PAYLOAD) {
+        rt_log(ATRIUM_LOG_ERROR, self->name, "notify_publish on \"%s\": the payload must be "
+               "text of at most %d bytes", channel, ATRIUM_NOTIFY_MAX_PAYLOAD);
+        return ATRIUM_E_INVAL;
+    }
+    if (conn) return notify_publish_in(conn, pg, payload) < 0 ? ATRIUM_E_DB : 0;
+    core_runtime *rt = core_runtime_get();
+    PGconn *c = db_acquire(rt->db, db_request_wait_ms(rt->db));
+    if (!c) return ATRIUM_E_DB;
+    int rc = notify_publish_in(c, pg, payload) < 0 ? ATRIUM_E_DB : 0;
+    db_release(rt->db, c);
+    return rc;
+}
+
+static int h_notify_live(void) { return notify_live(core_runtime_get()->notify) ? 1 : 0; }
+
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
     .abi_major = ATRIUM_ABI_MAJOR,
@@ -561,6 +627,9 @@ static const atrium_host HOST = {
     .fed_verify_json = federation_verify_json,
     .iface_provide = h_iface_provide,
     .iface_get = plugins_iface_get,
+    .notify_subscribe = h_notify_subscribe,
+    .notify_publish = h_notify_publish,
+    .notify_live = h_notify_live,
 };
 
 const atrium_host *host_table(core_runtime *rt)
