@@ -313,12 +313,15 @@ class Server:
     database     use this existing database (not dropped on close) instead of a fresh one;
                  two servers sharing one database model a multi-process deployment
     port         listen on this port instead of a free one
+    host         the loopback address the client listener binds and requests go to
+                 (default 127.0.0.1; processes of one deployment use 127.0.0.31, .32, ...)
     start        start in __enter__ (default); otherwise call start() yourself
     """
 
     def __init__(self, server_name="localhost", settings=None, plugins=None, env=None,
-                 nofile=None, database=None, port=None, start=True):
+                 nofile=None, database=None, port=None, start=True, host="127.0.0.1"):
         self.server_name = server_name
+        self.host = host
         self.env = dict(env or {})
         self.nofile = nofile
         self.auto_start = start
@@ -360,7 +363,7 @@ class Server:
         """The config as a dict (what write_config writes)."""
         base = {
             "server_name": self.server_name,
-            "server": {"http": {"bind_address": "127.0.0.1", "port": self.port}},
+            "server": {"http": {"bind_address": self.host, "port": self.port}},
             "database": {"conninfo": self.conninfo},
             "plugin_dir": plugin_dir(),
             "ratelimit": {"enabled": False},
@@ -379,7 +382,7 @@ class Server:
 
     @property
     def base(self):
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     # -- process --------------------------------------------------------------------------
 
@@ -543,7 +546,7 @@ class Server:
             body = body.encode()
         if token is not None:
             hdrs["Authorization"] = f"Bearer {token}"
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             conn.request(method, path, body=body, headers=hdrs)
             resp = conn.getresponse()

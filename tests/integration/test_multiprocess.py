@@ -1,0 +1,190 @@
+"""Several Atrium processes on one PostgreSQL, as behind a load balancer: a /sync parked on
+one process wakes within WAKE_BUDGET_S of a write made through another (a message,
+typing, a receipt, a to-device message, a device-list change, each asserted on its own);
+a token revoked through one process is refused by the other within a second; and with a
+process's listening connection cut (pg_terminate_backend on it, found by its
+application_name, with the database refusing new connections so it stays down), that
+process serves no cached token, then comes back by itself and delivers what it missed.
+
+The processes listen on distinct loopback addresses (127.0.0.31, .32), as distinct
+machines would."""
+
+import time
+import unittest
+
+from accounts import REGISTRATION_ON, register
+from common import Background, wait_until
+from harness import Server, create_database, drop_database, psql
+from rooms_client import V3, Client, quote
+
+WAKE_BUDGET_S = 0.100   # a parked sync answers this soon after the write's answer
+REVOKE_BUDGET_S = 1.0   # a revocation through one process applies on the other this soon
+PARK_TIMEOUT_MS = 20000  # a parked sync's own timeout: far beyond every budget above
+WHOAMI = f"{V3}/account/whoami"
+
+
+class MultiProcessTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.db = create_database()
+        cls.a = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.31")
+        cls.b = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.32")
+        try:
+            for s in (cls.a, cls.b):
+                s.start()
+        except BaseException:
+            cls._close()
+            raise
+
+    @classmethod
+    def _close(cls):
+        try:
+            psql(f'ALTER DATABASE "{cls.db}" WITH ALLOW_CONNECTIONS true')
+        finally:
+            for s in (cls.a, cls.b):
+                s.close()
+            drop_database(cls.db)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._close()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def pair(self, name):
+        """Two users in one room: the writer talks to A, the reader syncs on B."""
+        writer = Client(self.a, register(self.a, f"{name}_w"))
+        reader = Client(self.b, register(self.a, f"{name}_r"))
+        room = writer.create_room(preset="public_chat")
+        reader.join(room)
+        return writer, reader, room
+
+    def park_on_b(self, reader):
+        """A /sync of reader parked on B (it found nothing new): (Background, since)."""
+        since = reader.sync(timeout_ms=0)["next_batch"]
+        parked_before = self.b.metric("atrium_http_parked") or 0
+        bg = Background(reader.sync, since=since, timeout_ms=PARK_TIMEOUT_MS, http_timeout=60)
+        wait_until(lambda: (self.b.metric("atrium_http_parked") or 0) > parked_before,
+                   what="the sync parked on B")
+        return bg, since
+
+    def assert_woken_by(self, bg, write):
+        """Run write() (through A); the parked sync must answer within the budget."""
+        write()
+        written = time.monotonic()
+        answer = bg.result(timeout=PARK_TIMEOUT_MS / 1000 + 10)
+        latency = bg.finished_at - written
+        self.assertLess(latency, WAKE_BUDGET_S,
+                        f"the sync on B answered {latency * 1000:.0f} ms after the write on A")
+        return answer
+
+    # -- a parked sync on B wakes for a write through A, per kind --------------------------
+
+    def test_a_message_sent_through_a_wakes_a_sync_parked_on_b(self):
+        writer, reader, room = self.pair("msg")
+        bg, _ = self.park_on_b(reader)
+        answer = self.assert_woken_by(bg, lambda: writer.send(room, {"msgtype": "m.text",
+                                                                      "body": "across"}))
+        bodies = [e["content"].get("body") for e in answer["rooms"]["join"][room]["timeline"]["events"]]
+        self.assertIn("across", bodies)
+
+    def test_typing_through_a_wakes_a_sync_parked_on_b(self):
+        writer, reader, room = self.pair("typ")
+        bg, _ = self.park_on_b(reader)
+        answer = self.assert_woken_by(bg, lambda: writer.ok(
+            "PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(writer.user_id)}",
+            {"typing": True, "timeout": 30000}))
+        ephemeral = answer["rooms"]["join"][room]["ephemeral"]["events"]
+        self.assertIn({"type": "m.typing", "content": {"user_ids": [writer.user_id]}}, ephemeral)
+
+    def test_a_receipt_through_a_wakes_a_sync_parked_on_b(self):
+        writer, reader, room = self.pair("rcp")
+        event = writer.send(room, {"msgtype": "m.text", "body": "read me"})
+        bg, _ = self.park_on_b(reader)
+        answer = self.assert_woken_by(bg, lambda: writer.ok(
+            "POST", f"{V3}/rooms/{quote(room)}/receipt/m.read/{quote(event)}", {}))
+        receipts = [e for e in answer["rooms"]["join"][room]["ephemeral"]["events"]
+                    if e["type"] == "m.receipt"]
+        self.assertTrue(receipts, answer["rooms"]["join"][room])
+        self.assertIn(writer.user_id, receipts[0]["content"][event]["m.read"])
+
+    def test_a_to_device_message_through_a_wakes_a_sync_parked_on_b(self):
+        writer, reader, _ = self.pair("tod")
+        bg, _ = self.park_on_b(reader)
+        answer = self.assert_woken_by(bg, lambda: writer.ok(
+            "PUT", f"{V3}/sendToDevice/m.test/tod1",
+            {"messages": {reader.user_id: {reader.device_id: {"hello": "across"}}}}))
+        events = answer["to_device"]["events"]
+        self.assertEqual([(e["type"], e["sender"], e["content"]) for e in events],
+                         [("m.test", writer.user_id, {"hello": "across"})])
+
+    def test_a_device_list_change_through_a_wakes_a_sync_parked_on_b(self):
+        writer, reader, _ = self.pair("dev")
+        bg, _ = self.park_on_b(reader)
+        answer = self.assert_woken_by(bg, lambda: writer.ok(
+            "PUT", f"{V3}/devices/{quote(writer.device_id)}", {"display_name": "renamed on A"}))
+        self.assertIn(writer.user_id, answer["device_lists"]["changed"])
+
+    # -- caches ---------------------------------------------------------------------------
+
+    def cached_on_b(self, acct):
+        def cached():
+            self.assertEqual(self.b.json("GET", WHOAMI, token=acct.token)[0], 200)
+            hits = self.b.metric("atrium_auth_cache_hits_total")
+            self.assertEqual(self.b.json("GET", WHOAMI, token=acct.token)[0], 200)
+            return self.b.metric("atrium_auth_cache_hits_total") > hits
+        wait_until(cached, what="the token served from B's cache")
+
+    def test_a_token_revoked_through_a_is_refused_by_b_within_a_second(self):
+        carol = register(self.a, "carol")
+        self.cached_on_b(carol)
+        self.assertEqual(self.a.json("POST", f"{V3}/logout", {}, token=carol.token)[0], 200)
+        revoked = time.monotonic()
+        wait_until(lambda: self.b.json("GET", WHOAMI, token=carol.token)[0] == 401,
+                   timeout=5, interval=0.01, what="B refuses the revoked token")
+        self.assertLess(time.monotonic() - revoked, REVOKE_BUDGET_S)
+
+    def test_with_its_listening_connection_cut_b_serves_nothing_stale_then_recovers(self):
+        dora = register(self.a, "dora")
+        self.cached_on_b(dora)
+        writer, reader, room = self.pair("cut")
+        bg, _ = self.park_on_b(reader)
+        reconnects = self.b.metric("atrium_notify_reconnects_total")
+        # Cut B's listening connection and keep it down: new connections to the database
+        # are refused (the pools' open connections go on working).
+        psql(f'ALTER DATABASE "{self.db}" WITH ALLOW_CONNECTIONS false')
+        try:
+            rows = psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        f" WHERE application_name = 'atrium-notify-{self.b.pid}'")
+            self.assertEqual(rows, [["t"]], "B's one listening connection, by its application_name")
+            wait_until(lambda: self.b.metric("atrium_notify_listener_up") == 0,
+                       what="B knows its listener is down")
+            # B's cache is bypassed: a valid token is read from the database, not memory.
+            hits = self.b.metric("atrium_auth_cache_hits_total")
+            self.assertEqual(self.b.json("GET", WHOAMI, token=reader.token)[0], 200)
+            self.assertEqual(self.b.metric("atrium_auth_cache_hits_total"), hits)
+            # Revoked through A while B hears nothing: B must not answer from its cache.
+            self.assertEqual(self.a.json("POST", f"{V3}/logout", {}, token=dora.token)[0], 200)
+            status, body = self.b.json("GET", WHOAMI, token=dora.token)
+            self.assertEqual((status, body["errcode"]), (401, "M_UNKNOWN_TOKEN"))
+            # A message through A meanwhile: B's parked sync cannot hear of it yet.
+            writer.send(room, {"msgtype": "m.text", "body": "while B was deaf"})
+            time.sleep(0.5)
+            self.assertFalse(bg.done(), "no wake-up reached B without its listener")
+        finally:
+            psql(f'ALTER DATABASE "{self.db}" WITH ALLOW_CONNECTIONS true')
+        # B reconnects by itself and wakes every parked sync: the missed message arrives.
+        answer = bg.result(timeout=15)
+        bodies = [e["content"].get("body") for e in answer["rooms"]["join"][room]["timeline"]["events"]]
+        self.assertIn("while B was deaf", bodies)
+        wait_until(lambda: self.b.metric("atrium_notify_listener_up") == 1, what="B listens again")
+        self.assertGreater(self.b.metric("atrium_notify_reconnects_total"), reconnects)
+        # Its cache is in use again, and wake-ups from A reach it again.
+        erin = register(self.a, "erin_cut")
+        self.cached_on_b(erin)
+        bg, _ = self.park_on_b(reader)
+        self.assert_woken_by(bg, lambda: writer.send(room, {"msgtype": "m.text", "body": "back"}))
+
+
+if __name__ == "__main__":
+    unittest.main()
