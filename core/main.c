@@ -4,14 +4,17 @@
  * Start-up order: config (file, then environment) -> log level -> descriptors, SIGPIPE,
  * libcurl, stop signals blocked -> metrics -> HTTP server object and the core's own routes
  * (routes are registered before listening) -> PostgreSQL (bounded retry) -> core
- * migrations -> the auth pool -> each client module in turn (init, its migrations, start)
- * -> federation (signing key, routes, the listener's certificate; its migrations; its
- * threads) -> plugins (init) -> plugin migrations -> plugins (pools, start) -> listen
- * (federation, then client). Any failure stops start-up with the line that says why.
+ * migrations -> the notification service (made, not started) -> the auth pool -> each
+ * client module in turn (init, its migrations, start) -> federation (signing key, routes,
+ * the listener's certificate; its migrations; its threads) -> plugins (init) -> the
+ * notification service starts listening (every subscription made by now) -> plugin
+ * migrations -> plugins (pools, start) -> listen (federation, then client). Any failure
+ * stops start-up with the line that says why.
  * SIGHUP reloads the federation listener's certificate and changes nothing else.
  * Shutdown (SIGINT/SIGTERM): refuse new requests (503, Connection: close) -> answer every
  * parked and handed-off request -> let running requests finish within
- * server.shutdown_grace_ms -> stop plugins (their pools drain) -> stop client modules and
+ * server.shutdown_grace_ms -> stop the notification service (no callback after it) -> stop
+ * plugins (their pools drain) -> stop client modules and
  * the auth pool -> a short drain for their answers -> stop libmicrohttpd -> stop
  * federation (outbound requests end) -> fini plugins -> free federation -> close
  * PostgreSQL. Why no MHD_quiesce_daemon: docs/adr/0004-shutdown-without-quiesce.md.

@@ -1,7 +1,9 @@
 """Several Atrium processes on one PostgreSQL, as behind a load balancer: a /sync parked on
 one process wakes within WAKE_BUDGET_S of a write made through another (a message,
 typing, a receipt, a to-device message, a device-list change, each asserted on its own);
-a token revoked through one process is refused by the other within a second; and with a
+a token revoked through one process is refused by the other within a second; a
+plugin's notification (ABI 1.3, through tests/plugins/testplug.c) published in one process
+reaches the other, at commit when published inside a transaction; and with a
 process's listening connection cut (pg_terminate_backend on it, found by its
 application_name, with the database refusing new connections so it stays down), that
 process serves no cached token, then comes back by itself and delivers what it missed.
@@ -13,7 +15,7 @@ import time
 import unittest
 
 from accounts import REGISTRATION_ON, register
-from common import Background, wait_until
+from common import Background, testplug, wait_until
 from harness import Server, create_database, drop_database, psql
 from rooms_client import V3, Client, quote
 
@@ -27,8 +29,10 @@ class MultiProcessTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.db = create_database()
-        cls.a = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.31")
-        cls.b = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.32")
+        cls.a = Server(database=cls.db, settings=REGISTRATION_ON, plugins=testplug(),
+                       start=False, host="127.0.0.31")
+        cls.b = Server(database=cls.db, settings=REGISTRATION_ON, plugins=testplug(),
+                       start=False, host="127.0.0.32")
         try:
             for s in (cls.a, cls.b):
                 s.start()
@@ -125,6 +129,29 @@ class MultiProcessTest(unittest.TestCase):
             "PUT", f"{V3}/devices/{quote(writer.device_id)}", {"display_name": "renamed on A"}))
         self.assertIn(writer.user_id, answer["device_lists"]["changed"])
 
+    # -- the plugin ABI ---------------------------------------------------------------------
+
+    def seen_on(self, srv):
+        status, body = srv.json("GET", "/_test/notify/seen")
+        self.assertEqual(status, 200, body)
+        return body
+
+    def test_a_plugins_notification_published_on_a_reaches_b_and_a(self):
+        self.assertEqual(self.seen_on(self.b)["live"], 1)
+        self.assertGreaterEqual(self.seen_on(self.b)["missed"], 1, "told once when it came up")
+        for tx in ("0", "1"):  # on a pooled connection, then inside a committed transaction
+            payload = f"ping-{tx}"
+            status, body = self.a.json("POST", f"/_test/notify?payload={payload}&tx={tx}")
+            self.assertEqual(status, 200, body)
+            for srv in (self.b, self.a):  # the publisher hears its own too
+                wait_until(lambda: payload in self.seen_on(srv)["seen"], timeout=2,
+                           what=f"{payload} heard")
+        # A channel outside the contract, or a payload past the limit, is refused.
+        for query in ("payload=x&channel=Bad-Name", "payload=" + "x" * 1001):
+            status, body = self.a.json("POST", f"/_test/notify?{query}")
+            self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"), query)
+            self.assertIn("ATRIUM_E_INVAL", body["error"])
+
     # -- caches ---------------------------------------------------------------------------
 
     def cached_on_b(self, acct):
@@ -179,6 +206,9 @@ class MultiProcessTest(unittest.TestCase):
         self.assertIn("while B was deaf", bodies)
         wait_until(lambda: self.b.metric("atrium_notify_listener_up") == 1, what="B listens again")
         self.assertGreater(self.b.metric("atrium_notify_reconnects_total"), reconnects)
+        # A plugin was told too, and says live again.
+        self.assertGreaterEqual(self.seen_on(self.b)["missed"], 2)
+        self.assertEqual(self.seen_on(self.b)["live"], 1)
         # Its cache is in use again, and wake-ups from A reach it again.
         erin = register(self.a, "erin_cut")
         self.cached_on_b(erin)
