@@ -10,8 +10,11 @@
  * a room's typers whenever a typing row of the room has a position in its window, so the
  * expiry reaches every parked and later sync like any other change. The earliest expiry
  * comes from PUT /typing in this process (rooms_typing_expires_at) and, after each
- * pass, from the table itself, so rows written by another process sharing the database,
- * or before a restart, are reaped too. A pass that cannot reach PostgreSQL is tried again
+ * pass, from the table itself, so rows written before a restart are reaped too; and
+ * from other processes sharing the database, whose PUT /typing publishes its expiry on
+ * TYPING_CHANNEL (core/store/notify.h), so a notice whose writer died still runs out on
+ * time (every process may reap the same row: the UPDATE reports it once). After the
+ * notification service reconnects, a pass runs at once. A pass that cannot reach PostgreSQL is tried again
  * TYPING_REAP_RETRY_MS later. What this file does not do: store typing notices or report
  * them (rooms_ephemeral.c, sync_rooms.c).
  */
@@ -22,10 +25,12 @@
 #include <time.h>
 
 #include "core/client/sync/notifier.h"
+#include "core/store/notify.h"
 #include "core/client/rooms/rooms_api.h"
 
 #define TYPING_REAP_RETRY_MS 5000 /* after a pass that failed */
 #define TYPING_REAP_DB_WAIT_MS 2000 /* background work: its own wait, not a request's */
+#define TYPING_CHANNEL "atrium.typing" /* payload: an expiry, wall-clock ms */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER; /* CLOCK_REALTIME, like the expiries */
@@ -33,7 +38,8 @@ static pthread_t reaper;
 static bool running, quit;
 static int64_t next_ms; /* wall-clock ms of the earliest known expiry; 0 = none known */
 
-void rooms_typing_expires_at(int64_t wall_ms)
+/* Reap at wall_ms at the latest, in this process. */
+static void expires_at_local(int64_t wall_ms)
 {
     pthread_mutex_lock(&mu);
     if (next_ms == 0 || wall_ms < next_ms) {
@@ -41,6 +47,24 @@ void rooms_typing_expires_at(int64_t wall_ms)
         pthread_cond_signal(&cond);
     }
     pthread_mutex_unlock(&mu);
+}
+
+void rooms_typing_expires_at(PGconn *c, int64_t wall_ms)
+{
+    expires_at_local(wall_ms);
+    char v[24];
+    snprintf(v, sizeof(v), "%lld", (long long)wall_ms);
+    if (notify_publish_in(c, TYPING_CHANNEL, v) < 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "other processes were not told of a typing notice's "
+               "expiry; their reapers find it at their next pass");
+}
+
+/* Another process's expiry, or NULL (notifications missed: a pass at once finds them). */
+static void on_typing_notify(void *arg, const char *payload)
+{
+    (void)arg;
+    int64_t at = payload ? atoll(payload) : 1;
+    if (at > 0) expires_at_local(at);
 }
 
 /* One pass at now_ms: report every expired row and wake its room. The next expiry to wait
@@ -101,6 +125,9 @@ static void *reaper_main(void *arg)
 
 int rooms_typing_start(void)
 {
+    notify_service *ns = notify_global();
+    if (ns && notify_subscribe(ns, TYPING_CHANNEL, 0, on_typing_notify, NULL) < 0)
+        return -1;
     pthread_mutex_lock(&mu);
     quit = false;
     next_ms = 1; /* a first pass at once: rows left by an earlier run or another process */
