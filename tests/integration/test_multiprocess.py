@@ -18,6 +18,7 @@ from accounts import REGISTRATION_ON, register
 from common import Background, testplug, wait_until
 from harness import Server, create_database, drop_database, psql
 from rooms_client import V3, Client, quote
+from test_e2ee_keys import device_keys
 
 WAKE_BUDGET_S = 0.100   # a parked sync answers this soon after the write's answer
 REVOKE_BUDGET_S = 1.0   # a revocation through one process applies on the other this soon
@@ -174,6 +175,35 @@ class MultiProcessTest(unittest.TestCase):
             status, body = self.a.json("POST", f"/_test/notify?{query}")
             self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"), query)
             self.assertIn("ATRIUM_E_INVAL", body["error"])
+
+    def test_a_key_upload_through_a_wakes_a_sync_parked_on_b(self):
+        writer, reader, _ = self.pair("key")
+        bg, _ = self.park_on_b(reader)
+        answer = self.assert_woken_by(bg, lambda: writer.ok(
+            "POST", f"{V3}/keys/upload", {"device_keys": device_keys(writer)}))
+        self.assertIn(writer.user_id, answer["device_lists"]["changed"])
+
+    def test_account_data_set_through_a_wakes_the_same_users_sync_parked_on_b(self):
+        _, reader, _ = self.pair("acd")
+        reader_on_a = Client(self.a, reader)  # the same account, another process
+        bg, _ = self.park_on_b(reader)
+        answer = self.assert_woken_by(bg, lambda: reader_on_a.ok(
+            "PUT", f"{V3}/user/{quote(reader.user_id)}/account_data/org.example.mp", {"n": 1}))
+        self.assertIn({"type": "org.example.mp", "content": {"n": 1}},
+                      answer["account_data"]["events"])
+
+    def test_a_message_through_a_wakes_a_legacy_events_poll_parked_on_b(self):
+        writer, reader, room = self.pair("evt")
+        start = reader.ok("GET", f"{V3}/events?timeout=0")["end"]
+        parked_before = self.b.metric("atrium_http_parked") or 0
+        bg = Background(reader.call, "GET", f"{V3}/events?from={start}&timeout={PARK_TIMEOUT_MS}",
+                        None, 60)
+        wait_until(lambda: (self.b.metric("atrium_http_parked") or 0) > parked_before,
+                   what="the /events poll parked on B")
+        status, answer = self.assert_woken_by(bg, lambda: writer.send(
+            room, {"msgtype": "m.text", "body": "legacy"}))
+        self.assertEqual(status, 200, answer)
+        self.assertIn("legacy", [e["content"].get("body") for e in answer["chunk"]])
 
     # -- caches ---------------------------------------------------------------------------
 
