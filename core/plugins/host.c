@@ -491,9 +491,10 @@ static int h_iface_provide(atrium_plugin *self, const char *name, const void *if
 
 #define PLUGIN_CHANNEL_MAX 40 /* the ABI's channel names: 1-40 characters of [a-z0-9_.] */
 
-/* The PostgreSQL channel of a plugin's `channel`: "p.<plugin>.<channel>", or, when that
- * passes PostgreSQL's identifier limit, "p.<hash of the plugin name>.<channel>" (so two
- * plugins never share a channel). false (logged) on a bad name. */
+/* The PostgreSQL channel of a plugin's `channel`: "<plugin>:<channel>", or, when that
+ * passes PostgreSQL's identifier limit, "#<hash of the plugin name>:<channel>". Channels
+ * cannot hold ':' and the core's own have none, so two plugins, or a plugin and the core,
+ * never share one. false (logged) on a bad name. */
 static bool plugin_channel(atrium_plugin *self, const char *channel, char *out, size_t len)
 {
     size_t n = channel ? strlen(channel) : 0;
@@ -508,11 +509,11 @@ static bool plugin_channel(atrium_plugin *self, const char *channel, char *out, 
                PLUGIN_CHANNEL_MAX);
         return false;
     }
-    int w = snprintf(out, len, "p.%s.%s", self->name, channel);
+    int w = snprintf(out, len, "%s:%s", self->name, channel);
     if (w < 0 || (size_t)w >= len || !notify_channel_ok(out)) {
         uint32_t h = 2166136261u; /* FNV-1a of the plugin's name */
         for (const char *c = self->name; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
-        snprintf(out, len, "p.%08x.%s", (unsigned)h, channel);
+        snprintf(out, len, "#%08x:%s", (unsigned)h, channel);
     }
     return true;
 }

@@ -215,16 +215,32 @@ static void free_list(queued *q)
 
 /* ---- the thread ------------------------------------------------------------------------ */
 
+/* Has this NOTIFY_BATCH (channel, payload) been taken into this drain already? Marks it. */
+static bool batch_seen(json_t *seen, const queued *q)
+{
+    char key[NOTIFY_MAX_CHANNEL_BYTES + NOTIFY_MAX_PAYLOAD_BYTES + 8];
+    snprintf(key, sizeof(key), "%zu:%s%s", strlen(q->channel), q->channel, q->payload);
+    if (json_object_get(seen, key)) return true;
+    json_object_set_new(seen, key, json_true());
+    return false;
+}
+
 /* A JSON array of [channel, payload] pairs for one drain: NOTIFY_BATCH payloads of the
- * same channel joined by '\n'. NULL on OOM. */
+ * same channel joined by '\n', each once (a burst of writes wakes a user once). NULL on
+ * OOM. */
 static json_t *drain_json(const queued *list)
 {
-    json_t *arr = json_array();
+    json_t *arr = json_array(), *seen = json_object();
     char buf[NOTIFY_MAX_PAYLOAD_BYTES + 1];
     const queued *open = NULL; /* the batch being filled in buf */
     size_t used = 0;
+    if (!seen) {
+        json_decref(arr);
+        return NULL;
+    }
     for (const queued *q = list; arr && q; q = q->next) {
         size_t n = strlen(q->payload);
+        if ((q->flags & NOTIFY_BATCH) && batch_seen(seen, q)) continue;
         if (open && (q->flags & NOTIFY_BATCH) && strcmp(open->channel, q->channel) == 0 &&
             used + 1 + n <= NOTIFY_MAX_PAYLOAD_BYTES) {
             buf[used++] = '\n';
@@ -243,6 +259,7 @@ static json_t *drain_json(const queued *list)
         }
     }
     if (arr && open) json_array_append_new(arr, json_pack("[ss]", open->channel, buf));
+    json_decref(seen);
     return arr;
 }
 

@@ -42,7 +42,8 @@
 
 /* Flags of notify_publish_queued. */
 #define NOTIFY_BATCH 0x1u /* payloads of this channel may be joined by '\n' into one
-                             notification (each line then is one payload) */
+                             notification (each line then is one payload), and one queued
+                             twice before it is sent is sent once */
 
 typedef struct notify_service notify_service;
 

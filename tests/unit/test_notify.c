@@ -185,10 +185,12 @@ static void test_queued_notifications_are_batched_and_skipped_by_their_own_publi
     assert_int_equal(notify_start(s), 0);
     assert_true(wait_live(s, true));
 
-    /* Queued back to back: one drain, one notification with a line per payload (or a few
-     * if the thread drained between them; every line arrives once, in order). */
-    static const char *const users[] = {"@a:x", "@b:x", "@c:x"};
-    for (int i = 0; i < 3; i++)
+    /* Queued back to back: usually one drain, so one notification with a line per payload
+     * and the repeat sent once. The thread may drain between two publishes; then every
+     * line still arrives, in order, and a repeat that fell into a later drain is sent
+     * again (dedup is per drain), so the exact text is asserted only for one drain. */
+    static const char *const users[] = {"@a:x", "@b:x", "@a:x", "@c:x"};
+    for (int i = 0; i < 4; i++)
         assert_int_equal(notify_publish_queued(s, channel, users[i], NOTIFY_BATCH), 0);
     for (int64_t end = rt_now_ms() + WAIT_MS; rt_now_ms() < end; usleep(2000)) {
         pthread_mutex_lock(&all.mu);
@@ -197,12 +199,17 @@ static void test_queued_notifications_are_batched_and_skipped_by_their_own_publi
         pthread_mutex_unlock(&all.mu);
         if (len >= strlen("@a:x\n@b:x\n@c:x") + 1) break;
     }
+    usleep(QUIET_MS * 1000); /* a later drain's notification, if any, is in too */
     char joined[256] = "";
     for (int i = 0; i < all.n; i++) {
         if (i) strcat(joined, "\n");
         strcat(joined, all.seen[i]);
     }
-    assert_string_equal(joined, "@a:x\n@b:x\n@c:x");
+    if (all.n == 1)
+        assert_string_equal(joined, "@a:x\n@b:x\n@c:x");
+    else
+        assert_true(strcmp(joined, "@a:x\n@b:x\n@c:x") == 0 ||
+                    strcmp(joined, "@a:x\n@b:x\n@a:x\n@c:x") == 0);
     /* The publisher's own copy is skipped by NOTIFY_SKIP_OWN; another process's is not. */
     PGconn *c = other_conn();
     assert_int_equal(notify_publish_in(c, channel, "from elsewhere"), 0);
