@@ -1,6 +1,8 @@
 """Several Atrium processes on one PostgreSQL, as behind a load balancer: a /sync parked on
 one process wakes within WAKE_BUDGET_S of a write made through another (a message,
-typing, a receipt, a to-device message, a device-list change, each asserted on its own);
+typing, a receipt, a to-device message, a device-list change, a key upload, account data,
+presence, each asserted on its own; and the legacy /events poll); a typing notice runs
+out on time when the process that took it was killed;
 a token revoked through one process is refused by the other within a second; a
 plugin's notification (ABI 1.3, through tests/plugins/testplug.c) published in one process
 reaches the other, at commit when published inside a transaction; and with a
@@ -269,6 +271,49 @@ class MultiProcessTest(unittest.TestCase):
         # (Woken at all, not timed: B's pool may still be healing from the cut.)
         self.assert_woken_by(bg, lambda: writer.send(room, {"msgtype": "m.text", "body": "back"}),
                              budget_s=REVOKE_BUDGET_S)
+
+
+class MultiProcessPresenceTest(unittest.TestCase):
+    """Presence is off in the harness's base config (its changes wake contacts' syncs, which
+    the tests above would see as early answers): two processes of its own, with it on."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.db = create_database()
+        on = {**REGISTRATION_ON, "presence": {"enabled": True}}
+        cls.a = Server(database=cls.db, settings=on, start=False, host="127.0.0.31")
+        cls.b = Server(database=cls.db, settings=on, start=False, host="127.0.0.32")
+        try:
+            for s in (cls.a, cls.b):
+                s.start()
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        for s in (cls.a, cls.b):
+            s.close()
+        drop_database(cls.db)
+
+    def test_a_presence_change_through_a_wakes_a_contacts_sync_parked_on_b(self):
+        writer = Client(self.a, register(self.a, "pres_w"))
+        reader = Client(self.b, register(self.a, "pres_r"))
+        room = writer.create_room(preset="public_chat")
+        reader.join(room)
+        since = reader.sync(timeout_ms=0)["next_batch"]
+        since = reader.sync(since=since, timeout_ms=0)["next_batch"]  # past its own marks
+        parked_before = self.b.metric("atrium_http_parked") or 0
+        bg = Background(reader.sync, since=since, timeout_ms=PARK_TIMEOUT_MS, http_timeout=60)
+        wait_until(lambda: (self.b.metric("atrium_http_parked") or 0) > parked_before,
+                   what="the sync parked on B")
+        writer.ok("PUT", f"{V3}/presence/{quote(writer.user_id)}/status",
+                  {"presence": "unavailable", "status_msg": "across"})
+        written = time.monotonic()
+        answer = bg.result(timeout=PARK_TIMEOUT_MS / 1000 + 10)
+        self.assertLess(bg.finished_at - written, WAKE_BUDGET_S)
+        got = {e["sender"]: e["content"] for e in answer["presence"]["events"]}
+        self.assertEqual(got.get(writer.user_id, {}).get("status_msg"), "across", answer["presence"])
 
 
 if __name__ == "__main__":
