@@ -189,7 +189,8 @@ static int serve(const char *config_path)
     if (db_core_migrate(rt.db) < 0) goto out;
     /* The notification service exists before any module's init (they subscribe there) and
      * listens once the plugins' inits are done (the subscriber set is fixed then). */
-    if (!(rt.notify = notify_new(db_pool_conninfo(rt.db), rt.metrics))) goto out;
+    if (!(rt.notify = notify_new(db_pool_conninfo(rt.db), cfg.database.unresponsive_ms,
+                                       rt.metrics))) goto out;
     auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);
     if (!auth_pool_obj || rt_pool_start(auth_pool_obj) < 0) goto stop_plugins;
     rt.auth_pool = auth_pool_obj;

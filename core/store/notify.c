@@ -19,6 +19,10 @@
  *     says 0 at once, before the thread sleeps.
  *   - Reconnects back off from NOTIFY_RETRY_MIN_MS, doubling to NOTIFY_RETRY_MAX_MS; a
  *     connection that comes up resets it.
+ *   - A connection is lost when PostgreSQL closes it, and also when it stops answering:
+ *     every statement the thread sends waits at most database.unresponsive_ms, and a
+ *     connection silent for NOTIFY_PROBE_IDLE_MS is probed, so a frozen backend or a
+ *     partition costs at most those two (then the NULL call), not TCP's minutes.
  * What it does not do: decide what a payload means (the subscribers do), or keep what it
  * could not send past NOTIFY_QUEUE_MAX_ENTRIES.
  */
@@ -40,6 +44,7 @@
 #define NOTIFY_RETRY_MIN_MS 50       /* first wait after a lost or refused connection */
 #define NOTIFY_RETRY_MAX_MS 5000     /* the back-off stops doubling here */
 #define NOTIFY_POLL_MS 1000          /* the thread looks at its stop flag this often at least */
+#define NOTIFY_PROBE_IDLE_MS 5000    /* a connection silent this long is probed (SELECT 1) */
 #define NOTIFY_QUEUE_MAX_ENTRIES 20000 /* queued, not yet sent (a lost connection's backlog) */
 #define NOTIFY_APP_NAME_BYTES 64
 
@@ -58,6 +63,7 @@ typedef struct queued {
 
 struct notify_service {
     char *conninfo;
+    int unresponsive_ms; /* a statement (a send, a probe) unanswered this long: connection lost */
     char app_name[NOTIFY_APP_NAME_BYTES];
     notify_sub subs[NOTIFY_MAX_SUBSCRIPTIONS];
     size_t n_subs; /* fixed once started */
@@ -89,10 +95,11 @@ static bool payload_ok(const char *payload)
     return payload && strlen(payload) <= NOTIFY_MAX_PAYLOAD_BYTES;
 }
 
-notify_service *notify_new(const char *conninfo, rt_metrics *metrics)
+notify_service *notify_new(const char *conninfo, int unresponsive_ms, rt_metrics *metrics)
 {
     notify_service *s = calloc(1, sizeof(*s));
     if (!s) return NULL;
+    s->unresponsive_ms = unresponsive_ms > 0 ? unresponsive_ms : 1;
     s->conninfo = strdup(conninfo);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!s->conninfo || s->wake_fd < 0) {
@@ -263,6 +270,29 @@ static json_t *drain_json(const queued *list)
     return arr;
 }
 
+/* Run sql on c and wait at most s->unresponsive_ms for its result, so a PostgreSQL that
+ * stops answering (a partition, a frozen backend) is noticed that soon rather than when
+ * TCP gives up. Notifications arriving meanwhile stay queued in libpq for dispatch. The
+ * result (the caller clears it), or NULL when c failed or did not answer in time (then c
+ * must be dropped: a statement is still in flight on it). */
+static PGresult *exec_bounded(notify_service *s, PGconn *c, const char *sql, int n,
+                              const char *const *params)
+{
+    if (!PQsendQueryParams(c, sql, n, NULL, params, NULL, NULL, 0)) return NULL;
+    int64_t deadline = rt_now_ms() + s->unresponsive_ms;
+    while (PQisBusy(c)) {
+        int64_t left = deadline - rt_now_ms();
+        if (left <= 0) return NULL;
+        struct pollfd p = {.fd = PQsocket(c), .events = POLLIN};
+        int r = poll(&p, 1, (int)left);
+        if (r < 0 && errno != EINTR) return NULL;
+        if (r > 0 && !PQconsumeInput(c)) return NULL;
+    }
+    PGresult *res = PQgetResult(c), *extra;
+    while ((extra = PQgetResult(c)) != NULL) PQclear(extra); /* ready for the next one */
+    return res;
+}
+
 /* Send everything queued on c. false when c failed (what was taken goes back to the front
  * of the queue, as far as it fits). */
 static bool flush_queue(notify_service *s, PGconn *c)
@@ -279,17 +309,18 @@ static bool flush_queue(notify_service *s, PGconn *c)
     char *text = arr ? json_dumps(arr, JSON_COMPACT) : NULL;
     size_t n_notes = arr ? json_array_size(arr) : 0;
     json_decref(arr);
-    bool ok = false, sent = text != NULL;
+    bool ok = false, broken = false;
     if (text) {
         const char *p[1] = {text};
-        PGresult *res = PQexecParams(c,
+        PGresult *res = exec_bounded(s, c,
                                      "SELECT count(pg_notify(e->>0, e->>1))"
                                      " FROM json_array_elements($1::json) e",
-                                     1, NULL, p, NULL, NULL, 0);
+                                     1, p);
         ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+        broken = !res || PQstatus(c) != CONNECTION_OK;
         if (!ok)
             rt_log(ATRIUM_LOG_WARN, "core", "notify: sending %zu notifications failed: %s",
-                   n_notes, PQresultErrorMessage(res));
+                   n_notes, res ? PQresultErrorMessage(res) : "no answer in time");
         PQclear(res);
         free(text);
     }
@@ -301,7 +332,6 @@ static bool flush_queue(notify_service *s, PGconn *c)
     /* A broken connection: back to the front, ahead of what was queued meanwhile, if it
      * still fits, for the next connection. A statement that failed on a healthy connection
      * (out of memory) would fail again: dropped. */
-    bool broken = sent && PQstatus(c) != CONNECTION_OK;
     pthread_mutex_lock(&s->mu);
     if (broken && s->n_queued + n <= NOTIFY_QUEUE_MAX_ENTRIES) {
         queued *last = list;
@@ -395,8 +425,12 @@ static void went_down(notify_service *s, PGconn **c, const char *why)
 {
     atomic_store(&s->live, false);
     rt_metric_set(s->m_up, 0);
+    char reason[256];
+    snprintf(reason, sizeof(reason), "%s", why && *why ? why : "connection closed");
+    for (size_t n = strlen(reason); n && (reason[n - 1] == '\n' || reason[n - 1] == ' ');)
+        reason[--n] = '\0';
     rt_log(ATRIUM_LOG_WARN, "core", "notify: listening connection lost (%s); caches that "
-           "depend on it are bypassed until it is back", why);
+           "depend on it are bypassed until it is back", reason);
     PQfinish(*c);
     *c = NULL;
 }
@@ -406,6 +440,7 @@ static void *listen_main(void *arg)
     notify_service *s = arg;
     PGconn *c = NULL;
     int own_pid = 0, retry_ms = NOTIFY_RETRY_MIN_MS;
+    int64_t heard_ms = 0; /* when c last showed it is alive (connected, data, an answer) */
     bool ever = false;
     while (!atomic_load(&s->stop)) {
         if (!c) {
@@ -424,6 +459,7 @@ static void *listen_main(void *arg)
                        "to revalidate");
             }
             ever = true;
+            heard_ms = rt_now_ms();
             atomic_store(&s->live, true);
             rt_metric_set(s->m_up, 1);
         }
@@ -431,18 +467,35 @@ static void *listen_main(void *arg)
             went_down(s, &c, PQerrorMessage(c));
             continue;
         }
-        dispatch(s, c, own_pid); /* what arrived while the statement ran */
+        if (rt_now_ms() - heard_ms >= NOTIFY_PROBE_IDLE_MS) {
+            /* Silence is not proof of life: a frozen or partitioned server says nothing. */
+            PGresult *res = exec_bounded(s, c, "SELECT 1", 0, NULL);
+            bool answered = res != NULL, alive = PQresultStatus(res) == PGRES_TUPLES_OK;
+            PQclear(res);
+            if (!alive) {
+                went_down(s, &c, answered ? PQerrorMessage(c) : "no answer to a probe in time");
+                continue;
+            }
+            heard_ms = rt_now_ms();
+        }
+        dispatch(s, c, own_pid); /* what arrived while a statement ran */
         struct pollfd p[2] = {{.fd = PQsocket(c), .events = POLLIN},
                               {.fd = s->wake_fd, .events = POLLIN}};
-        int n = poll(p, 2, NOTIFY_POLL_MS);
+        int64_t until_probe = heard_ms + NOTIFY_PROBE_IDLE_MS - rt_now_ms();
+        int wait_ms = until_probe < NOTIFY_POLL_MS ? (int)(until_probe > 0 ? until_probe : 0)
+                                                   : NOTIFY_POLL_MS;
+        int n = poll(p, 2, wait_ms);
         if (n > 0 && (p[1].revents & POLLIN)) {
             uint64_t v;
             if (read(s->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
                 rt_log(ATRIUM_LOG_WARN, "core", "notify: eventfd read: %s", strerror(errno));
         }
-        if (n > 0 && p[0].revents && !PQconsumeInput(c)) {
-            went_down(s, &c, PQerrorMessage(c));
-            continue;
+        if (n > 0 && p[0].revents) {
+            if (!PQconsumeInput(c)) {
+                went_down(s, &c, PQerrorMessage(c));
+                continue;
+            }
+            heard_ms = rt_now_ms();
         }
         dispatch(s, c, own_pid);
         if (PQstatus(c) != CONNECTION_OK) went_down(s, &c, "connection closed");

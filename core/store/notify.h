@@ -52,8 +52,10 @@ typedef struct notify_service notify_service;
 typedef void (*notify_cb)(void *arg, const char *payload);
 
 /* A service for the database at conninfo (a libpq connection string, copied), not yet
- * started; metrics (may be NULL) receives its metrics. NULL on out of memory. Main thread. */
-notify_service *notify_new(const char *conninfo, rt_metrics *metrics);
+ * started; a statement of its own unanswered for unresponsive_ms (the operator's
+ * database.unresponsive_ms) counts as a lost connection; metrics (may be NULL) receives its
+ * metrics. NULL on out of memory. Main thread. */
+notify_service *notify_new(const char *conninfo, int unresponsive_ms, rt_metrics *metrics);
 /* Call cb(arg, payload) for every notification on `channel` (1..NOTIFY_MAX_CHANNEL_BYTES
  * bytes, used exactly as given: case and dots are kept). Before notify_start only (the
  * set is fixed when listening begins). 0, or -1 (logged): bad channel, too many, started,

@@ -5,7 +5,8 @@
  * notifications are batched onto one line each and skipped by NOTIFY_SKIP_OWN
  * subscribers; a listening connection cut by PostgreSQL (pg_terminate_backend, found by
  * its application_name) comes back by itself, tells every subscriber it may have missed
- * notifications (payload NULL) before it says live again, and delivers again.
+ * notifications (payload NULL) before it says live again, and delivers again; and one
+ * whose backend is frozen (SIGSTOP: the socket stays open) is found lost by the probe.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,7 +14,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,7 @@
 #define WAIT_MS 5000       /* the longest any expected delivery may take here */
 #define QUIET_MS 300       /* how long "nothing arrives" is watched */
 #define RECORD_MAX 64
+#define UNRESPONSIVE_MS 1000 /* the service's statement deadline here */
 
 /* What one subscriber saw: payloads (NULL recorded as "(missed)") in order. */
 typedef struct record {
@@ -132,7 +136,7 @@ static void test_a_notification_in_a_transaction_arrives_at_commit_never_after_r
     (void)st;
     SKIP_WITHOUT_PG();
     rt_metrics *m = rt_metrics_new();
-    notify_service *s = notify_new(conninfo, m);
+    notify_service *s = notify_new(conninfo, UNRESPONSIVE_MS, m);
     record r;
     record_init(&r, s);
     assert_int_equal(notify_subscribe(s, channel, 0, on_note, &r), 0);
@@ -176,7 +180,7 @@ static void test_queued_notifications_are_batched_and_skipped_by_their_own_publi
     (void)st;
     SKIP_WITHOUT_PG();
     rt_metrics *m = rt_metrics_new();
-    notify_service *s = notify_new(conninfo, m);
+    notify_service *s = notify_new(conninfo, UNRESPONSIVE_MS, m);
     record all, others;
     record_init(&all, s);
     record_init(&others, s);
@@ -232,7 +236,7 @@ static void test_a_cut_listening_connection_comes_back_and_says_what_may_be_miss
     (void)st;
     SKIP_WITHOUT_PG();
     rt_metrics *m = rt_metrics_new();
-    notify_service *s = notify_new(conninfo, m);
+    notify_service *s = notify_new(conninfo, UNRESPONSIVE_MS, m);
     record r;
     record_init(&r, s);
     assert_int_equal(notify_subscribe(s, channel, 0, on_note, &r), 0);
@@ -286,12 +290,69 @@ static void test_a_cut_listening_connection_comes_back_and_says_what_may_be_miss
     rt_metrics_free(m);
 }
 
+/* The pid of this process's listening backend, or 0. */
+static long listener_backend_pid(PGconn *c)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "SELECT pid FROM pg_stat_activity"
+             " WHERE application_name = 'atrium-notify-%ld'", (long)getpid());
+    PGresult *res = PQexec(c, sql);
+    long pid = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1
+                   ? atol(PQgetvalue(res, 0, 0)) : 0;
+    PQclear(res);
+    return pid;
+}
+
+static void test_a_listening_backend_that_stops_answering_counts_as_lost(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_PG();
+    rt_metrics *m = rt_metrics_new();
+    notify_service *s = notify_new(conninfo, UNRESPONSIVE_MS, m);
+    record r;
+    record_init(&r, s);
+    assert_int_equal(notify_subscribe(s, channel, 0, on_note, &r), 0);
+    assert_int_equal(notify_start(s), 0);
+    assert_true(wait_live(s, true));
+    PGconn *c = other_conn();
+    long pid = 0;
+    for (int64_t end = rt_now_ms() + WAIT_MS; rt_now_ms() < end && !pid; usleep(10000))
+        pid = listener_backend_pid(c);
+    assert_true(pid > 0);
+    /* Frozen, not closed: the socket stays open and TCP sees nothing wrong. */
+    if (kill((pid_t)pid, SIGSTOP) != 0) {
+        printf("cannot stop PostgreSQL's backend %ld (%s): skipped\n", pid, strerror(errno));
+        PQfinish(c);
+        notify_free(s);
+        record_free(&r);
+        rt_metrics_free(m);
+        skip();
+    }
+    rt_metric *reconnects = rt_metric_counter(m, "atrium_notify_reconnects_total", NULL, "");
+    int64_t frozen = rt_now_ms();
+    /* Lost within the probe's idle time and its deadline, then back on a new backend. */
+    int64_t budget = 5000 + UNRESPONSIVE_MS + WAIT_MS;
+    while (rt_now_ms() - frozen < budget && rt_metric_value(reconnects) < 1) usleep(10000);
+    kill((pid_t)pid, SIGCONT);
+    assert_int_equal(rt_metric_value(reconnects), 1);
+    assert_true(wait_live(s, true));
+    assert_int_equal(missed(&r), 2);
+    assert_int_equal(notify_publish_in(c, channel, "after the freeze"), 0);
+    assert_true(wait_count(&r, 1));
+    assert_string_equal(r.seen[0], "after the freeze");
+    PQfinish(c);
+    notify_free(s);
+    record_free(&r);
+    rt_metrics_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_notification_in_a_transaction_arrives_at_commit_never_after_rollback),
         cmocka_unit_test(test_queued_notifications_are_batched_and_skipped_by_their_own_publisher),
         cmocka_unit_test(test_a_cut_listening_connection_comes_back_and_says_what_may_be_missed),
+        cmocka_unit_test(test_a_listening_backend_that_stops_answering_counts_as_lost),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
