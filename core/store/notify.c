@@ -45,7 +45,6 @@
 #define NOTIFY_RETRY_MAX_MS 5000     /* the back-off stops doubling here */
 #define NOTIFY_POLL_MS 1000          /* the thread looks at its stop flag this often at least */
 #define NOTIFY_PROBE_IDLE_MS 5000    /* a connection silent this long is probed (SELECT 1) */
-#define NOTIFY_QUEUE_MAX_ENTRIES 20000 /* queued, not yet sent (a lost connection's backlog) */
 #define NOTIFY_APP_NAME_BYTES 64
 
 typedef struct notify_sub {

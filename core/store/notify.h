@@ -35,6 +35,8 @@
 #define NOTIFY_MAX_CHANNEL_BYTES 63
 /* Subscriptions in one process (core and plugins together). */
 #define NOTIFY_MAX_SUBSCRIPTIONS 64
+/* Queued notifications not yet sent (what a lost connection's outage may pile up). */
+#define NOTIFY_QUEUE_MAX_ENTRIES 20000
 
 /* Flags of notify_subscribe. */
 #define NOTIFY_SKIP_OWN 0x1u /* do not deliver what this process queued itself
