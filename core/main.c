@@ -4,15 +4,18 @@
  * Start-up order: config (file, then environment) -> instance name and log level ->
  * descriptors, SIGPIPE, libcurl, stop signals blocked -> metrics -> HTTP server object and
  * the core's own routes (routes are registered before listening) -> PostgreSQL (bounded
- * retry) -> core migrations -> the lease service (core/store/lease.h) -> the auth pool ->
- * each client module in turn (init, its migrations, start) -> federation (signing key,
- * routes, the listener's certificate; its migrations; its threads) -> plugins (init) ->
- * plugin migrations -> plugins (pools, start) -> listen (federation, then client). Any
- * failure stops start-up with the line that says why.
+ * retry) -> core migrations -> the lease service (core/store/lease.h) -> the notification
+ * service (made, not started) -> the auth pool -> each client module in turn (init, its
+ * migrations, start) -> federation (signing key, routes, the listener's certificate; its
+ * migrations; its threads) -> plugins (init) -> the notification service starts listening
+ * (every subscription made by now) -> plugin migrations -> plugins (pools, start) ->
+ * listen (federation, then client). Any failure stops start-up with the line that says
+ * why.
  * SIGHUP reloads the federation listener's certificate and changes nothing else.
  * Shutdown (SIGINT/SIGTERM): refuse new requests (503, Connection: close) -> answer every
  * parked and handed-off request -> let running requests finish within
- * server.shutdown_grace_ms -> stop plugins (their pools drain) -> stop client modules and
+ * server.shutdown_grace_ms -> stop the notification service (no callback after it) -> stop
+ * plugins (their pools drain) -> stop client modules and
  * the auth pool -> a short drain for their answers -> stop libmicrohttpd -> stop
  * federation (outbound requests end) -> give up the leases (other processes take the
  * once-only jobs) -> fini plugins -> free federation -> close PostgreSQL. Why no
@@ -42,6 +45,7 @@
 #include "core/runtime/runtime.h"
 #include "core/store/db.h"
 #include "core/store/lease.h"
+#include "core/store/notify.h"
 
 #ifndef ATRIUM_VERSION
 #define ATRIUM_VERSION "dev"
@@ -196,6 +200,10 @@ static int serve(const char *config_path)
     if (db_core_migrate(rt.db) < 0) goto out;
     rt.leases = lease_service_new(rt.db, instance, rt.metrics);
     if (!rt.leases || lease_service_start(rt.leases) < 0) goto out;
+    /* The notification service exists before any module's init (they subscribe there) and
+     * listens once the plugins' inits are done (the subscriber set is fixed then). */
+    if (!(rt.notify = notify_new(db_pool_conninfo(rt.db), cfg.database.unresponsive_ms,
+                                       rt.metrics))) goto out;
     auth_pool_obj = rt_pool_new("core.auth", AUTH_POOL_THREADS, AUTH_POOL_QUEUE, rt.metrics);
     if (!auth_pool_obj || rt_pool_start(auth_pool_obj) < 0) goto stop_plugins;
     rt.auth_pool = auth_pool_obj;
@@ -213,7 +221,8 @@ static int serve(const char *config_path)
         db_migrate(rt.db, "federation", fed_migrations, n_fed_migrations) < 0 ||
         federation_start() < 0)
         goto stop_plugins;
-    if (plugins_load_all(&rt) < 0 || plugins_migrate_all(&rt) < 0 || plugins_start_all(&rt) < 0)
+    if (plugins_load_all(&rt) < 0 || notify_start(rt.notify) < 0 ||
+        plugins_migrate_all(&rt) < 0 || plugins_start_all(&rt) < 0)
         goto stop_plugins;
     if (http_server_start(rt.http) < 0) goto stop_plugins;
     rt_log(ATRIUM_LOG_INFO, "core", "ready");
@@ -228,6 +237,7 @@ static int serve(const char *config_path)
     exit_code = 0;
 
 stop_plugins:
+    notify_stop(rt.notify); /* no subscriber callback runs past here */
     plugins_stop_all(&rt);
     federation_stop_inbound();
     for (size_t i = 0; CLIENT_MODULES[i]; i++)
@@ -247,6 +257,7 @@ stop_plugins:
 out:
     http_server_free(rt.http);
     notifier_free(rt.notifier);
+    notify_free(rt.notify);
     auth_cache_free(rt.auth_cache);
     ratelimits_free(&rt);
     core_runtime_bind(NULL);

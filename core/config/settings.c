@@ -212,7 +212,8 @@ const struct cfg_setting CORE_SETTINGS[] = {
     INT_ROW("database.unresponsive_ms", database.unresponsive_ms, 1000, 100, 60000, "ms",
             "A PostgreSQL that does not answer a probe within this long counts as unavailable: "
             "queries waiting on it are cut and requests needing it get 503 at once until it "
-            "answers again."),
+            "answers again; the listening connection (notifications from other processes) "
+            "counts as lost."),
     INT_ROW("database.statement_timeout_ms", database.statement_timeout_ms, 30000, 0, 3600000,
             "ms", "PostgreSQL cancels a statement running longer than this (its "
                   "statement_timeout; migrations excepted); 0 = no limit."),

@@ -31,7 +31,8 @@
  * Several processes sharing one database: the sender runs in the one holding the lease
  * core.federation.outbound (core/store/lease.h); the others' senders stay idle, forget
  * the transactions they knew (the rows keep their IDs, so the holder resends them under
- * the same ones) and a kick there reaches the holder only through its poll. When the
+ * the same ones) and a kick there reaches the holder's sender as a notification on
+ * FED_OUTBOUND_CHANNEL (core/store/notify.h; the poll covers one missed). When the
  * holder dies another process takes the lease within server.lease_ttl_ms and its sender
  * starts at once (on_gain). An answer that arrives after the lease moved is still
  * settled when this process holds the lease again; the receiver's idempotency absorbs a
@@ -50,6 +51,7 @@
 #include "core/runtime/core_runtime.h"
 #include "core/runtime/keytab.h"
 #include "core/store/lease.h"
+#include "core/store/notify.h"
 
 #define FED_OUTBOUND_POLL_MS 5000      /* the queue is read this often even when not kicked */
 #define FED_OUTBOUND_DB_WAIT_MS 5000   /* the sender waits this long for a connection */
@@ -66,6 +68,7 @@
 #define FED_OUTBOUND_TXN_ID_BYTES 48
 #define FED_OUTBOUND_URI_BYTES 128
 #define FED_OUTBOUND_LEASE "core.federation.outbound"
+#define FED_OUTBOUND_CHANNEL "atrium.fed_outbound" /* a kick for the lease holder's sender */
 
 enum { KIND_PDU = 0, KIND_EDU = 1 };
 
@@ -217,15 +220,31 @@ int fed_txn_server_in_room(PGconn *c, const char *room_id, const char *server_na
     return in;
 }
 
+static void kick_local(fed_outbound *o)
+{
+    pthread_mutex_lock(&o->mu);
+    o->kicked = true;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
 void fed_outbound_kick(void)
 {
     fed_module *m = fed_state();
     fed_outbound *o = m ? m->outbound : NULL;
     if (!o) return;
-    pthread_mutex_lock(&o->mu);
-    o->kicked = true;
-    pthread_cond_signal(&o->cv);
-    pthread_mutex_unlock(&o->mu);
+    kick_local(o);
+    /* The sender that runs may be another process's: tell it (after the caller's commit). */
+    notify_service *ns = notify_global();
+    if (o->lease && !lease_held(o->lease) && ns)
+        notify_publish_queued(ns, FED_OUTBOUND_CHANNEL, "kick", NOTIFY_BATCH);
+}
+
+/* Another process queued rows (or notifications were missed): a pass, if this one sends. */
+static void outbound_kicked_elsewhere(void *arg, const char *payload)
+{
+    (void)payload;
+    kick_local(arg);
 }
 
 /* ---- destinations --------------------------------------------------------------------- */
@@ -639,6 +658,10 @@ int fed_outbound_start(fed_outbound *o)
             return ATRIUM_E_NOMEM;
         }
     }
+    notify_service *ns = notify_global();
+    if (ns && notify_subscribe(ns, FED_OUTBOUND_CHANNEL, NOTIFY_SKIP_OWN,
+                               outbound_kicked_elsewhere, o) < 0)
+        return ATRIUM_E_LIMIT;
     if (pthread_create(&o->thread, NULL, sender_main, o) != 0) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "cannot start the outbound sender thread");
         return ATRIUM_E_IO;

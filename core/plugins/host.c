@@ -16,6 +16,7 @@
 #include "core/federation/federation.h"
 #include "core/plugins/plugins.h"
 #include "core/store/lease.h"
+#include "core/store/notify.h"
 
 #define HOST_ERR_LEN 512
 #define RATELIMIT_MAX_KEYS 100000 /* client keys tracked per action */
@@ -516,6 +517,71 @@ static atrium_lease *h_lease_create(atrium_plugin *self, const char *name, int64
 
 static int h_lease_held(atrium_lease *l) { return l && lease_held((const lease *)l) ? 1 : 0; }
 
+
+#define PLUGIN_CHANNEL_MAX 40 /* the ABI's channel names: 1-40 characters of [a-z0-9_.] */
+
+/* The PostgreSQL channel of a plugin's `channel`: "<plugin>:<channel>", or, when that
+ * passes PostgreSQL's identifier limit, "#<hash of the plugin name>:<channel>". Channels
+ * cannot hold ':' and the core's own have none, so two plugins, or a plugin and the core,
+ * never share one. false (logged) on a bad name. */
+static bool plugin_channel(atrium_plugin *self, const char *channel, char *out, size_t len)
+{
+    size_t n = channel ? strlen(channel) : 0;
+    bool ok = n > 0 && n <= PLUGIN_CHANNEL_MAX;
+    for (size_t i = 0; ok && i < n; i++) {
+        char ch = channel[i];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.';
+    }
+    if (!ok) {
+        rt_log(ATRIUM_LOG_ERROR, self->name, "notification channel \"%s\" must be 1 to %d "
+               "characters of a-z, 0-9, _ and .", channel ? channel : "(null)",
+               PLUGIN_CHANNEL_MAX);
+        return false;
+    }
+    int w = snprintf(out, len, "%s:%s", self->name, channel);
+    if (w < 0 || (size_t)w >= len || !notify_channel_ok(out)) {
+        uint32_t h = 2166136261u; /* FNV-1a of the plugin's name */
+        for (const char *c = self->name; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
+        snprintf(out, len, "#%08x:%s", (unsigned)h, channel);
+    }
+    return true;
+}
+
+static int h_notify_subscribe(atrium_plugin *self, const char *channel,
+                              void (*cb)(void *arg, const char *payload), void *arg)
+{
+    int rc = require_init(self, "notify_subscribe");
+    if (rc < 0) return rc;
+    char pg[NOTIFY_MAX_CHANNEL_BYTES + 1];
+    if (!cb || !plugin_channel(self, channel, pg, sizeof(pg))) return ATRIUM_E_INVAL;
+    notify_service *s = core_runtime_get()->notify;
+    if (!s) return ATRIUM_E_STATE;
+    /* The plugin's init runs before the service starts (core/main.c), so this cannot fail
+     * for "started"; a full table is the one refusal left. */
+    return notify_subscribe(s, pg, 0, cb, arg) < 0 ? ATRIUM_E_LIMIT : 0;
+}
+
+static int h_notify_publish(atrium_plugin *self, PGconn *conn, const char *channel,
+                            const char *payload)
+{
+    char pg[NOTIFY_MAX_CHANNEL_BYTES + 1];
+    if (!self || !plugin_channel(self, channel, pg, sizeof(pg))) return ATRIUM_E_INVAL;
+    if (!payload || strlen(payload) > ATRIUM_NOTIFY_MAX_PAYLOAD) {
+        rt_log(ATRIUM_LOG_ERROR, self->name, "notify_publish on \"%s\": the payload must be "
+               "text of at most %d bytes", channel, ATRIUM_NOTIFY_MAX_PAYLOAD);
+        return ATRIUM_E_INVAL;
+    }
+    if (conn) return notify_publish_in(conn, pg, payload) < 0 ? ATRIUM_E_DB : 0;
+    core_runtime *rt = core_runtime_get();
+    PGconn *c = db_acquire(rt->db, db_request_wait_ms(rt->db));
+    if (!c) return ATRIUM_E_DB;
+    int rc = notify_publish_in(c, pg, payload) < 0 ? ATRIUM_E_DB : 0;
+    db_release(rt->db, c);
+    return rc;
+}
+
+static int h_notify_live(void) { return notify_live(core_runtime_get()->notify) ? 1 : 0; }
+
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
     .abi_major = ATRIUM_ABI_MAJOR,
@@ -592,6 +658,9 @@ static const atrium_host HOST = {
     .iface_provide = h_iface_provide,
     .iface_get = plugins_iface_get,
     .instance_name = h_instance_name,
+    .notify_subscribe = h_notify_subscribe,
+    .notify_publish = h_notify_publish,
+    .notify_live = h_notify_live,
     .lease_create = h_lease_create,
     .lease_held = h_lease_held,
 };

@@ -30,6 +30,7 @@ struct db_pool;
 struct http_server;
 struct lease_service;
 struct notifier;
+struct notify_service;
 
 /* The client API's rate limiters (core/client/ratelimits.c creates them). */
 typedef struct core_limits {
@@ -45,6 +46,7 @@ typedef struct core_runtime {
     struct db_pool *db;              /* the PostgreSQL pool of the core and plugins */
     struct lease_service *leases;    /* once-only jobs' leases (core/store/lease.h) */
     struct notifier *notifier;       /* users' wake-up events (core/client/sync/notifier.h) */
+    struct notify_service *notify;   /* LISTEN/NOTIFY between processes (core/store/notify.h) */
     rt_pool *auth_pool;              /* core.auth: Argon2id hashing and checks */
     struct auth_cache *auth_cache;   /* token -> user (core/client/auth/auth.h) */
     rt_pool *rooms_bulk_pool;        /* core.rooms_bulk: writes into many rooms at once */

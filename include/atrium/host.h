@@ -551,17 +551,22 @@ struct atrium_host {
      * process sharing the database, this one included. `channel` is 1-40 characters of
      * [a-z0-9_.]; the host scopes it to the plugin (two plugins cannot collide). cb runs on
      * the core's notification thread and must not block: signal an atrium_event, wake a
-     * request, queue work. After the listening connection was lost and came back, every
-     * subscriber's cb is called once with payload NULL: notifications may have been missed,
-     * so revalidate whatever they keep fresh. ATRIUM_E_INVAL (bad channel), ATRIUM_E_STATE
-     * (not in init), ATRIUM_E_LIMIT (too many subscriptions). */
+     * request, queue work. Each time the listening connection comes up (the first time,
+     * and again after it was lost), every subscriber's cb is called once with payload NULL
+     * before notify_live says 1: notifications may have been missed (nobody listened), so
+     * revalidate whatever they keep fresh. cb is never called after the plugin's stop
+     * begins. ATRIUM_E_INVAL (bad channel or NULL cb), ATRIUM_E_STATE (not in init),
+     * ATRIUM_E_LIMIT (too many subscriptions in the process). */
     int (*notify_subscribe)(atrium_plugin *self, const char *channel,
                             void (*cb)(void *arg, const char *payload), void *arg);
     /* [any] Publish `payload` (text, at most ATRIUM_NOTIFY_MAX_PAYLOAD bytes; IDs and
      * positions, never the data itself) on `channel`. With `conn` (from db_acquire, inside
      * a transaction the caller opened) it is delivered when that transaction commits and
-     * never if it rolls back; with conn NULL it is sent at once on a pooled connection
-     * (call it after your own commit). ATRIUM_E_INVAL, ATRIUM_E_DB. */
+     * never if it rolls back (a failure aborts that transaction); with conn NULL it is sent
+     * at once on a pooled connection, waiting at most db_wait_ms() for one (call it after
+     * your own commit). Delivery is at most once: a process whose listening connection is
+     * down misses it and learns so from the NULL call above. ATRIUM_E_INVAL (bad channel or
+     * payload), ATRIUM_E_DB (no connection, or the statement failed). */
     int (*notify_publish)(atrium_plugin *self, PGconn *conn, const char *channel,
                           const char *payload);
     /* [any] 1 while this process's listening connection is up, 0 while it is down (then

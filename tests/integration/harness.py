@@ -313,8 +313,8 @@ class Server:
     database     use this existing database (not dropped on close) instead of a fresh one;
                  two servers sharing one database model a multi-process deployment
     port         listen on this port instead of a free one
-    host         the client listener's address (default 127.0.0.1; several processes of
-                 one deployment each take their own, 127.0.0.41, ...)
+    host         the loopback address the client listener binds and requests go to
+                 (default 127.0.0.1; processes of one deployment use 127.0.0.31, .32, ...)
     start        start in __enter__ (default); otherwise call start() yourself
     """
 

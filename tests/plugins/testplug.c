@@ -5,7 +5,8 @@
  * outbound budget against a peer the test controls, a rate limit, PostgreSQL with its
  * own migration, and what a media plugin needs most: a streamed body (with the
  * headers-first call), respond_file and req_authenticate
- * (tests/integration/test_plugin_streams.py).
+ * (tests/integration/test_plugin_streams.py), and notifications between processes
+ * (ABI 1.3: /_test/notify, tests/integration/test_multiprocess.py).
  *
  * Compiled several times with different TESTPLUG_NAME / TESTPLUG_PROVIDES to test the
  * loader's duplicate checks. Not shipped.
@@ -14,6 +15,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -393,6 +395,69 @@ static int post_echo(atrium_req *req)
     return h->respond_json(req, 200, json_incref(body));
 }
 
+/* ---- notifications (ABI 1.3) ------------------------------------------------------- */
+
+#define NOTE_CHANNEL "test.ping"
+#define NOTES_KEPT 16 /* the newest payloads /_test/notify/seen reports */
+
+static struct {
+    pthread_mutex_t mu;
+    char *seen[NOTES_KEPT]; /* oldest first */
+    int n_seen, n_missed;
+} notes = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* On the core's notification thread: keep the payload (NULL: count "may have missed"). */
+static void on_note(void *arg, const char *payload)
+{
+    (void)arg;
+    pthread_mutex_lock(&notes.mu);
+    if (!payload) {
+        notes.n_missed++;
+    } else {
+        if (notes.n_seen == NOTES_KEPT) {
+            free(notes.seen[0]);
+            memmove(notes.seen, notes.seen + 1, (NOTES_KEPT - 1) * sizeof(notes.seen[0]));
+            notes.n_seen--;
+        }
+        notes.seen[notes.n_seen++] = strdup(payload);
+    }
+    pthread_mutex_unlock(&notes.mu);
+}
+
+/* POST /_test/notify?payload=P[&tx=1][&channel=C]: publish P, inside a committed
+ * transaction with tx=1, else on a pooled connection. 200, or 400 with the error's name. */
+static int post_notify(atrium_req *req)
+{
+    const char *payload = h->req_query(req, "payload");
+    const char *channel = h->req_query(req, "channel");
+    const char *tx = h->req_query(req, "tx");
+    int rc;
+    if (tx && strcmp(tx, "1") == 0) {
+        PGconn *c = h->db_acquire(DB_WAIT_MS);
+        if (!c) return h->respond_error(req, 503, "M_UNKNOWN", "No database connection");
+        PQclear(PQexec(c, "BEGIN"));
+        rc = h->notify_publish(me, c, channel ? channel : NOTE_CHANNEL, payload ? payload : "");
+        PQclear(PQexec(c, rc == 0 ? "COMMIT" : "ROLLBACK"));
+        h->db_release(c);
+    } else {
+        rc = h->notify_publish(me, NULL, channel ? channel : NOTE_CHANNEL, payload ? payload : "");
+    }
+    if (rc < 0) return h->respond_error(req, 400, "M_INVALID_PARAM", "%s", atrium_err_name(rc));
+    return h->respond_json(req, 200, json_pack("{s:b}", "published", 1));
+}
+
+/* GET /_test/notify/seen: {seen: [payloads, oldest first], missed: n, live: 0|1}. */
+static int get_notify_seen(atrium_req *req)
+{
+    json_t *seen = json_array();
+    pthread_mutex_lock(&notes.mu);
+    for (int i = 0; i < notes.n_seen; i++) json_array_append_new(seen, json_string(notes.seen[i]));
+    int missed = notes.n_missed;
+    pthread_mutex_unlock(&notes.mu);
+    return h->respond_json(req, 200, json_pack("{s:o, s:i, s:i}", "seen", seen, "missed", missed,
+                                               "live", h->notify_live()));
+}
+
 /* ---- lifecycle -------------------------------------------------------------------- */
 
 static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
@@ -427,6 +492,8 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
         !tp.stream_holds || !tp.released_under_handler)
         return ATRIUM_E_NOMEM;
     int rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
+    if (rc == 0 && ATRIUM_HOST_HAS(host, notify_subscribe))
+        rc = host->notify_subscribe(self, NOTE_CHANNEL, on_note, NULL);
     const atrium_route routes[] = {
         {.method = "GET", .path = TESTPLUG_PREFIX "/handoff", .handler = get_handoff},
         {.method = "POST", .path = TESTPLUG_PREFIX "/pool/stop", .handler = post_pool_stop},
@@ -448,6 +515,8 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
         {.method = "GET", .path = TESTPLUG_PREFIX "/file", .handler = get_file},
         {.method = "GET", .path = TESTPLUG_PREFIX "/whoami", .handler = get_whoami},
         {.method = "GET", .path = TESTPLUG_PREFIX "/handoff_hold", .handler = get_handoff_hold},
+        {.method = "POST", .path = TESTPLUG_PREFIX "/notify", .handler = post_notify},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/notify/seen", .handler = get_notify_seen},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(routes) / sizeof(routes[0]); i++)
         rc = host->route_add(self, &routes[i]);

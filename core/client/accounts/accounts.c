@@ -132,7 +132,7 @@ static int accounts_init(core_runtime *rt)
         return -1;
     }
     if (ratelimits_init(rt) < 0 || !(rt->auth_cache = auth_cache_new(rt->metrics)) ||
-        auth_seen_init(rt->metrics) < 0)
+        auth_cache_listen(rt->auth_cache, rt->notify) < 0 || auth_seen_init(rt->metrics) < 0)
         return -1;
     if (acc_register_routes(s) < 0 || acc_admin_register_routes(s) < 0 ||
         acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||
@@ -153,7 +153,6 @@ static void prepare_dummy_hash(void *arg, bool cancelled)
 /* After migrations: the auth pool makes the unknown-user hash before the first login. */
 static int accounts_start(core_runtime *rt)
 {
-    if (auth_cache_start(rt->auth_cache, db_pool_conninfo(rt->db)) < 0) return -1;
     rt_pool *pool = rt->auth_pool;
     if (pool && rt_pool_submit(pool, prepare_dummy_hash, NULL) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "could not queue the dummy password hash; the first "

@@ -62,9 +62,12 @@ typedef struct auth_cache auth_cache;
 /* An empty cache with its metrics registered, or NULL on out of memory. At start-up, before
  * requests (the accounts module's init). */
 auth_cache *auth_cache_new(rt_metrics *metrics);
-/* Start / stop the listener of revocations from other processes (NOTIFY atrium_auth). The
- * cache answers nothing while the listener is not connected, nor once stopped. */
-int auth_cache_start(auth_cache *c, const char *conninfo);
+/* Hear revocations from other processes (NOTIFY atrium_auth) through the notification
+ * service s (core/store/notify.h), before it starts. The cache answers nothing while s is
+ * not live, nor once stopped. 0 or -1 (logged). Start-up. */
+struct notify_service;
+int auth_cache_listen(auth_cache *c, struct notify_service *s);
+/* Empty the cache for good (look-ups miss from here on). Shutdown. */
 void auth_cache_stop(auth_cache *c);
 /* Stop (if running) and free c; NULL is fine. After every thread that could use it stopped. */
 void auth_cache_free(auth_cache *c);

@@ -9,28 +9,26 @@
  *     read the database before that commit from caching what it read.
  *   - Revocation in another process sharing the database arrives through PostgreSQL:
  *     a trigger on access_tokens (and on users' admin and deactivation flags) sends
- *     NOTIFY atrium_auth with the user ID; a listener thread here forgets that user.
- *     While the listener has no connection the cache is off (and emptied when it comes
- *     back), so a missed notification can never leave a stale entry (docs/architecture.md,
- *     'More than one process').
+ *     NOTIFY atrium_auth with the user ID; the process's notification service
+ *     (core/store/notify.h) hands it here and this user is forgotten. While the service's
+ *     listening connection is down the cache is off (notify_live), and it is emptied each
+ *     time listening (re)starts, before the cache is back on, so a missed notification can
+ *     never leave a stale entry (docs/architecture.md, 'More than one process').
  *   - Entries also expire after AUTH_CACHE_TTL_MS, as a last line.
  * The table is direct-mapped by the token hash (uniform: it is SHA-256), bounded, and
  * holds only hashes, user IDs and device IDs. It does not decide who may do what. It is
  * the runtime object's (rt->auth_cache: made by the accounts module's init, freed by
  * core/main.c at the very end, so a request still running at shutdown finds it).
  */
-#include <poll.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client/auth/auth.h"
 #include "core/runtime/core_runtime.h"
+#include "core/store/notify.h"
 
 #define AUTH_CACHE_SLOTS 16384          /* tokens remembered at once */
 #define AUTH_CACHE_TTL_MS (60 * 1000)   /* an entry is trusted this long at most */
-#define AUTH_LISTEN_POLL_MS 500         /* how often the listener checks for stop */
-#define AUTH_LISTEN_RETRY_MS 1000       /* reconnect pace while PostgreSQL is away */
 #define AUTH_NOTIFY_CHANNEL "atrium_auth"
 
 typedef struct cache_entry {
@@ -44,14 +42,11 @@ struct auth_cache {
     pthread_mutex_t mu;
     cache_entry *slots; /* NULL once stopped */
     uint64_t epoch;     /* bumped by every forget: see auth_cache_store */
-    bool listening;     /* the listener is connected: caching is allowed */
     rt_metric *m_hits, *m_misses, *m_forgets;
-
-    pthread_t listener;
-    bool listener_started;
-    atomic_bool listener_stop;
-    char *listen_conninfo;
 };
+
+/* Caching is allowed: the notification service hears revocations from other processes. */
+static bool listening(void) { return notify_live(notify_global()); }
 
 /* The bound runtime object's cache, or NULL. */
 static auth_cache *the_cache(void)
@@ -106,7 +101,7 @@ bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out)
     pthread_mutex_lock(&c->mu);
     *epoch_out = c->epoch;
     cache_entry *e = c->slots ? &c->slots[slot_of(hash)] : NULL;
-    if (c->listening && e && e->user && strcmp(e->hash, hash) == 0 &&
+    if (e && e->user && listening() && strcmp(e->hash, hash) == 0 &&
         e->expires_ms > rt_now_ms()) {
         r->user = rt_arena_strdup(r->arena, e->user);
         r->device = rt_arena_strdup(r->arena, e->device);
@@ -126,7 +121,7 @@ void auth_cache_store(const char *hash, const char *user, const char *device, in
     if (!c) return;
     pthread_mutex_lock(&c->mu);
     /* A forget since the look-up began may have revoked what the database said. */
-    if (c->slots && c->listening && c->epoch == read_epoch) {
+    if (c->slots && c->epoch == read_epoch && listening()) {
         cache_entry *e = &c->slots[slot_of(hash)];
         clear_entry(e);
         e->user = strdup(user);
@@ -166,104 +161,33 @@ void auth_cache_forget_user(const char *user_id)
     if (c) forget_user(c, user_id);
 }
 
-static void set_listening(auth_cache *c, bool on)
+/* The service's callback: a user whose tokens changed, or NULL (listening (re)started:
+ * whatever was missed meanwhile is unknown, so everyone is forgotten). */
+static void on_auth_notify(void *arg, const char *payload)
 {
+    auth_cache *c = arg;
+    if (payload) {
+        forget_user(c, payload);
+        return;
+    }
     pthread_mutex_lock(&c->mu);
-    forget_locked(c, NULL); /* whatever was missed while away, or is no longer watched */
-    c->listening = on;
+    forget_locked(c, NULL);
     pthread_mutex_unlock(&c->mu);
 }
 
-static void sleep_ms(int ms)
+int auth_cache_listen(auth_cache *c, notify_service *s)
 {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static PGconn *listen_connect(const char *conninfo)
-{
-    PGconn *c = PQconnectdb(conninfo);
-    if (!c || PQstatus(c) != CONNECTION_OK) {
-        if (c) PQfinish(c);
-        return NULL;
-    }
-    PGresult *res = PQexec(c, "LISTEN " AUTH_NOTIFY_CHANNEL);
-    bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-    PQclear(res);
-    if (!ok) {
-        PQfinish(c);
-        return NULL;
-    }
-    return c;
-}
-
-static void *listen_main(void *arg)
-{
-    auth_cache *cache = arg;
-    PGconn *c = NULL;
-    while (!atomic_load(&cache->listener_stop)) {
-        if (!c) {
-            c = listen_connect(cache->listen_conninfo);
-            if (!c) {
-                sleep_ms(AUTH_LISTEN_RETRY_MS);
-                continue;
-            }
-            set_listening(cache, true);
-        }
-        struct pollfd p = {.fd = PQsocket(c), .events = POLLIN};
-        int n = poll(&p, 1, AUTH_LISTEN_POLL_MS);
-        if (n > 0 && !PQconsumeInput(c)) {
-            rt_log(ATRIUM_LOG_WARN, "core", "token cache off: lost its PostgreSQL connection (%s)",
-                   PQerrorMessage(c));
-            set_listening(cache, false);
-            PQfinish(c);
-            c = NULL;
-            continue;
-        }
-        PGnotify *note;
-        while ((note = PQnotifies(c)) != NULL) {
-            forget_user(cache, note->extra);
-            PQfreemem(note);
-        }
-        if (PQstatus(c) != CONNECTION_OK) {
-            set_listening(cache, false);
-            PQfinish(c);
-            c = NULL;
-        }
-    }
-    set_listening(cache, false);
-    if (c) PQfinish(c);
-    return NULL;
-}
-
-int auth_cache_start(auth_cache *c, const char *conninfo)
-{
-    c->listen_conninfo = strdup(conninfo);
-    if (!c->listen_conninfo) return -1;
-    atomic_store(&c->listener_stop, false);
-    if (pthread_create(&c->listener, NULL, listen_main, c) != 0) {
-        rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the token cache's listener thread");
-        return -1;
-    }
-    c->listener_started = true;
-    return 0;
+    return notify_subscribe(s, AUTH_NOTIFY_CHANNEL, 0, on_auth_notify, c);
 }
 
 void auth_cache_stop(auth_cache *c)
 {
     if (!c) return;
-    if (c->listener_started) {
-        atomic_store(&c->listener_stop, true);
-        pthread_join(c->listener, NULL);
-        c->listener_started = false;
-    }
     pthread_mutex_lock(&c->mu);
     forget_locked(c, NULL);
     free(c->slots);
     c->slots = NULL;
     pthread_mutex_unlock(&c->mu);
-    free(c->listen_conninfo);
-    c->listen_conninfo = NULL;
 }
 
 void auth_cache_free(auth_cache *c)

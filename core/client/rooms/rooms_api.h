@@ -275,8 +275,11 @@ json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id);
 /* The typing reaper (rooms_typing.c), started and stopped with the rooms module. */
 int rooms_typing_start(void);
 void rooms_typing_stop(void);
-/* A typing notice of this process runs out at wall_ms: the reaper wakes then. Any thread. */
-void rooms_typing_expires_at(int64_t wall_ms);
+/* A typing notice stored on c (a connection the caller holds, outside a transaction, after
+ * the notice's commit) runs out at wall_ms: this process's reaper wakes then, and so do
+ * those of the other processes sharing the database (a notification sent on c at once,
+ * so the writer dying right after its answer cannot lose it). Any thread. */
+void rooms_typing_expires_at(PGconn *c, int64_t wall_ms);
 /* Typing and receipts across servers (rooms_edus.c): queue a local user's notice for the
  * room's other servers (after it was stored on c; failures are logged, the local notice
  * stands), and register the handlers of other servers' notices (at init; 0 or -1). */

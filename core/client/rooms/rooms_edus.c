@@ -85,8 +85,8 @@ static void on_typing(void *ctx, const char *origin, const json_t *content)
                          " stream_pos = EXCLUDED.stream_pos",
                          3, p);
     if (ok) notifier_wake_room(c, room);
+    if (ok && expires) rooms_typing_expires_at(c, expires);
     db_release(db_global(), c);
-    if (ok && expires) rooms_typing_expires_at(expires);
 }
 
 /* One room's receipts: {receipt type: {user: {event_ids, data}}}; true when one was stored. */

@@ -194,9 +194,9 @@ static int put_typing(atrium_req *r)
                          3, p);
     if (ok) notifier_wake_room(c, room);
     if (ok) rooms_edu_typing(c, room, user, json_is_true(typing));
+    if (ok && json_is_true(typing)) rooms_typing_expires_at(c, atoll(p[2]));
     rooms_db_release(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
-    if (json_is_true(typing)) rooms_typing_expires_at(atoll(p[2]));
     return http_respond_json(r, 200, json_object());
 }
 

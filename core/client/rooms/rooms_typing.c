@@ -10,16 +10,20 @@
  * a room's typers whenever a typing row of the room has a position in its window, so the
  * expiry reaches every parked and later sync like any other change. The earliest expiry
  * comes from PUT /typing in this process (rooms_typing_expires_at) and, after each
- * pass, from the table itself, so rows written by another process sharing the database,
- * or before a restart, are reaped too. A pass that cannot reach PostgreSQL is tried again
- * TYPING_REAP_RETRY_MS later.
+ * pass, from the table itself, so rows written before a restart are reaped too; and
+ * from other processes sharing the database, whose PUT /typing publishes its expiry on
+ * TYPING_CHANNEL (core/store/notify.h), so a notice whose writer died still runs out on
+ * time. After the notification service reconnects, a pass runs at once. A pass that
+ * cannot reach PostgreSQL is tried again TYPING_REAP_RETRY_MS later.
  *
  * Several processes sharing one database reap in one of them: the holder of the lease
- * core.typing_reaper (core/store/lease.h). The others' reapers sleep until their process
- * takes the lease (on_gain runs a pass at once: a dead holder's expiries are reported by
- * the next one); the holder, which does not hear of the expiries other processes' PUT
- * /typing set, looks at the table at least every TYPING_REAP_POLL_MS. What this file
- * does not do: store typing notices or report them (rooms_ephemeral.c, sync_rooms.c).
+ * core.typing_reaper (core/store/lease.h). Every reaper hears every expiry, but only the
+ * holder's pass touches the table; the others' passes return at once, and when their
+ * process takes the lease over (on_gain) a pass runs at once, so a dead holder's
+ * expiries are reported by the next one within server.lease_ttl_ms. While the
+ * notification service is down (expiries from other processes go unheard) the holder
+ * also looks at the table every TYPING_REAP_POLL_MS. What this file does not do: store
+ * typing notices or report them (rooms_ephemeral.c, sync_rooms.c).
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -28,6 +32,7 @@
 #include <time.h>
 
 #include "core/client/sync/notifier.h"
+#include "core/store/notify.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/config/config.h"
 #include "core/runtime/core_runtime.h"
@@ -35,8 +40,9 @@
 
 #define TYPING_REAP_RETRY_MS 5000 /* after a pass that failed */
 #define TYPING_REAP_DB_WAIT_MS 2000 /* background work: its own wait, not a request's */
-#define TYPING_REAP_POLL_MS 2000 /* the lease holder reads other processes' expiries */
+#define TYPING_REAP_POLL_MS 2000 /* the holder's look at the table while notify is down */
 #define TYPING_REAP_LEASE "core.typing_reaper"
+#define TYPING_CHANNEL "atrium.typing" /* payload: an expiry, wall-clock ms */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER; /* CLOCK_REALTIME, like the expiries */
@@ -45,7 +51,8 @@ static bool running, quit;
 static int64_t next_ms; /* wall-clock ms of the earliest known expiry; 0 = none known */
 static lease *reap_lease; /* NULL without a lease service (always held) */
 
-void rooms_typing_expires_at(int64_t wall_ms)
+/* Reap at wall_ms at the latest, in this process. */
+static void expires_at_local(int64_t wall_ms)
 {
     pthread_mutex_lock(&mu);
     if (next_ms == 0 || wall_ms < next_ms) {
@@ -53,6 +60,24 @@ void rooms_typing_expires_at(int64_t wall_ms)
         pthread_cond_signal(&cond);
     }
     pthread_mutex_unlock(&mu);
+}
+
+void rooms_typing_expires_at(PGconn *c, int64_t wall_ms)
+{
+    expires_at_local(wall_ms);
+    char v[24];
+    snprintf(v, sizeof(v), "%lld", (long long)wall_ms);
+    if (notify_publish_in(c, TYPING_CHANNEL, v) < 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "other processes were not told of a typing notice's "
+               "expiry; their reapers find it at their next pass");
+}
+
+/* Another process's expiry, or NULL (notifications missed: a pass at once finds them). */
+static void on_typing_notify(void *arg, const char *payload)
+{
+    (void)arg;
+    int64_t at = payload ? atoll(payload) : 1;
+    if (at > 0) expires_at_local(at);
 }
 
 /* One pass at now_ms: report every expired row and wake its room. The next expiry to wait
@@ -78,8 +103,9 @@ static int64_t reap(int64_t now_ms)
                       0, NULL, NULL);
     }
     int64_t next = res ? atoll(PQgetvalue(res, 0, 0)) : now_ms + TYPING_REAP_RETRY_MS;
-    if (reap_lease && (next == 0 || next > now_ms + TYPING_REAP_POLL_MS))
-        next = now_ms + TYPING_REAP_POLL_MS; /* expiries set by other processes */
+    if (reap_lease && !notify_live(notify_global()) &&
+        (next == 0 || next > now_ms + TYPING_REAP_POLL_MS))
+        next = now_ms + TYPING_REAP_POLL_MS; /* other processes' expiries go unheard */
     if (!res)
         rt_log(ATRIUM_LOG_WARN, "core", "typing notices that ran out could not be reported; "
                "trying again in %d s", TYPING_REAP_RETRY_MS / 1000);
@@ -118,7 +144,7 @@ static void *reaper_main(void *arg)
 static void typing_lease_gained(void *arg)
 {
     (void)arg;
-    rooms_typing_expires_at(1);
+    expires_at_local(1);
 }
 
 int rooms_typing_start(void)
@@ -130,6 +156,9 @@ int rooms_typing_start(void)
         rt_log(ATRIUM_LOG_ERROR, "core", "cannot create the lease %s", TYPING_REAP_LEASE);
         return -1;
     }
+    notify_service *ns = notify_global();
+    if (ns && notify_subscribe(ns, TYPING_CHANNEL, 0, on_typing_notify, NULL) < 0)
+        return -1;
     pthread_mutex_lock(&mu);
     quit = false;
     next_ms = 1; /* a first pass at once: rows left by an earlier run or another process */

@@ -5,14 +5,25 @@
  * the number of distinct users that long-polled since start-up; each entry is a user ID
  * and an event (a few dozen bytes). The table is the runtime object's (rt->notifier,
  * made and freed by core/main.c); without one bound nothing is parked or woken.
+ *
+ * Across processes: every wake-up is also queued on the notification service
+ * (core/store/notify.h) as the user ID on channel NOTIFIER_CHANNEL, batched (one user per
+ * line, many per notification). Every other process sharing the database receives it on
+ * its notification thread and signals its own entry for that user, if any: a sync parked
+ * anywhere wakes within a round trip of the write (the publisher's own copy is skipped:
+ * it already woke its users). When the listening connection comes back after a loss,
+ * every user is woken: whatever was missed is found by the syncs themselves, which re-read
+ * the tables from their token.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client/sync/notifier.h"
 #include "core/runtime/core_runtime.h"
+#include "core/store/notify.h"
 
 #define NOTIFIER_INITIAL_BUCKETS 256
+#define NOTIFIER_CHANNEL "atrium.wake" /* payload: user IDs, one a line */
 
 typedef struct user_event {
     char *user_id;
@@ -103,7 +114,7 @@ struct atrium_event *notifier_event_for(http_server *s, const char *user_id)
     return ev;
 }
 
-void notifier_wake_user(const char *user_id)
+void notifier_wake_local(const char *user_id)
 {
     notifier *n = the_notifier();
     if (!n) return;
@@ -113,6 +124,60 @@ void notifier_wake_user(const char *user_id)
     if (e) e->wakes++;
     pthread_mutex_unlock(&n->mu);
     if (ev) susp_event_signal(ev);
+}
+
+void notifier_wake_user(const char *user_id)
+{
+    notifier_wake_local(user_id);
+    notify_service *s = notify_global();
+    if (s) notify_publish_queued(s, NOTIFIER_CHANNEL, user_id, NOTIFY_BATCH);
+}
+
+/* Wake every user with an entry (after a reconnect of the notification service). */
+static void wake_all_local(notifier *n)
+{
+    pthread_mutex_lock(&n->mu);
+    size_t total = n->n_entries;
+    struct atrium_event **evs = total ? calloc(total, sizeof(*evs)) : NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n->n_buckets; i++)
+        for (user_event *e = n->buckets[i]; e; e = e->next) {
+            e->wakes++;
+            if (evs && k < total) evs[k++] = e->ev;
+        }
+    pthread_mutex_unlock(&n->mu);
+    if (total && !evs)
+        rt_log(ATRIUM_LOG_WARN, "core", "out of memory waking every sync; they answer at "
+               "their timeout");
+    for (size_t i = 0; i < k; i++) susp_event_signal(evs[i]);
+    free(evs);
+}
+
+/* The notification service's callback: user IDs woken in another process, one a line, or
+ * NULL (listening (re)started: wake everyone, the syncs re-read from their tokens). */
+static void on_wake_notify(void *arg, const char *payload)
+{
+    notifier *n = arg;
+    if (!payload) {
+        wake_all_local(n);
+        return;
+    }
+    char user[NOTIFY_MAX_PAYLOAD_BYTES + 1];
+    for (const char *p = payload; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        if (len > 0 && len < sizeof(user)) {
+            memcpy(user, p, len);
+            user[len] = '\0';
+            notifier_wake_local(user);
+        }
+        p += len + (nl ? 1 : 0);
+    }
+}
+
+int notifier_listen(notifier *n, notify_service *s)
+{
+    return notify_subscribe(s, NOTIFIER_CHANNEL, NOTIFY_SKIP_OWN, on_wake_notify, n);
 }
 
 uint64_t notifier_wake_count(const char *user_id)

@@ -13,9 +13,10 @@
  * (docs/adr/0003-stream-positions-from-one-sequence.md).
  *
  * Wake-ups: a parked /sync parks on its user's event (notifier_event_for); a writer calls
- * notifier_wake_user / notifier_wake_room after its transaction committed. Wake-ups are
- * in-process for now; a second process learns of them through LISTEN/NOTIFY later.
- * Internal prefix: notifier_.
+ * notifier_wake_user / notifier_wake_room after its transaction committed. Wake-ups reach
+ * every process sharing the database: each is also published through the notification
+ * service (core/store/notify.h), and each process wakes its own parked syncs of that user
+ * (notifier.c). Internal prefix: notifier_.
  */
 #ifndef ATRIUM_CORE_NOTIFIER_H
 #define ATRIUM_CORE_NOTIFIER_H
@@ -29,6 +30,10 @@
 typedef struct notifier notifier;
 /* An empty table, or NULL on out of memory. Start-up. */
 notifier *notifier_new(void);
+struct notify_service;
+/* Hear wake-ups made by other processes through s (before s starts). 0 or -1 (logged).
+ * Start-up (the sync module's init). */
+int notifier_listen(notifier *n, struct notify_service *s);
 /* Free n (NULL is fine); the events themselves go with the HTTP server. After every thread
  * that could wake or park stopped. */
 void notifier_free(notifier *n);
@@ -39,8 +44,13 @@ void notifier_free(notifier *n);
 /* The event a user's parked syncs wait on (created on first use; lives until shutdown).
  * NULL on out-of-memory. Any thread. */
 struct atrium_event *notifier_event_for(http_server *s, const char *user_id);
-/* Wake every parked request of user_id. Any thread; cheap when nobody waits. */
+/* Wake every parked request of user_id, in this process and (through the notification
+ * service) in every other process sharing the database. Any thread; cheap when nobody
+ * waits (the cross-process part is queued, not sent by the caller). */
 void notifier_wake_user(const char *user_id);
+/* Wake user_id's parked requests in this process only (a long-poll re-signalling itself,
+ * or a wake-up that came from another process). Any thread. */
+void notifier_wake_local(const char *user_id);
 /* How many wake-ups user_id has had (counted once notifier_event_for created its entry).
  * A long-poll reads it before looking for news and again right after parking: a change
  * means a wake-up fell between the two, and it signals the event itself so the news is

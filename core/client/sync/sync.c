@@ -360,7 +360,7 @@ static int sync_serve(atrium_req *r, int mode)
         snprintf(who, sizeof(who), "%s", user); /* r may be gone once parked */
         if (susp_park(r, ev, st->deadline_ms) == 0) {
             json_decref(resp);
-            if (notifier_wake_count(who) != wakes_before) notifier_wake_user(who);
+            if (notifier_wake_count(who) != wakes_before) notifier_wake_local(who);
             return ATRIUM_PARKED;
         }
     }
@@ -380,6 +380,8 @@ static int sync_init(core_runtime *rt)
     rt->limits.sync = rt_ratelimit_new("sync", rate->per_minute / SECONDS_PER_MINUTE,
                                        rate->burst, SYNC_RATE_MAX_KEYS, rt->metrics);
     if (!rt->limits.sync) return -1;
+    /* Wake-ups made by other processes sharing the database. */
+    if (notifier_listen(rt->notifier, rt->notify) < 0) return -1;
     if (client_route(rt->http, "GET", "/_matrix/client/v3/sync", sync_get, 0) < 0 ||
         client_route(rt->http, "GET", "/_matrix/client/v3/initialSync", initial_sync_get, 0) < 0 ||
         client_route(rt->http, "GET", "/_matrix/client/v3/rooms/{roomId}/initialSync",
