@@ -8,7 +8,8 @@
     while it stops (its 503s are retried elsewhere, its health check fails);
   - the process running the once-only jobs is killed (SIGKILL): another takes their
     leases within server.lease_ttl_ms, and the typing reaper's job (a typing notice that
-    runs out) is done by it.
+    runs out) is done by it; a plugin's lease (ABI 1.3 lease_create, lease_held, through
+    tests/plugins/testplug.c) behaves the same.
 """
 
 import os
@@ -21,7 +22,7 @@ import urllib.parse
 
 from accounts import register
 from cluster_support import Cluster
-from common import wait_until
+from common import testplug, wait_until
 from harness import REPO_ROOT, Server
 from media_support import png
 
@@ -172,6 +173,33 @@ class ScaleOutTest(unittest.TestCase):
         wait_until(stopped_typing, timeout=LEASE_TTL_MS / 1000 + 5, interval=0.1,
                    what="the typing notice reported as run out")
         self.assertLessEqual(time.monotonic() - killed_at, LEASE_TTL_MS / 1000 + 2 + TAKEOVER_SLACK_S)
+
+    def test_a_plugins_lease_is_held_by_one_process_and_moves_when_it_dies(self):
+        c = self.start_cluster(n=3, plugins=testplug(lease_ttl_ms=LEASE_TTL_MS))
+
+        def holders():
+            out = []
+            for s in c.servers:
+                if s.running():
+                    status, body = s.json("GET", "/_test/lease")
+                    self.assertEqual(status, 200)
+                    self.assertEqual(body["instance"], f"atrium-{c.servers.index(s) + 1}")
+                    if body["held"] == 1:
+                        out.append(s)
+            return out
+
+        first = wait_until(holders, timeout=10, what="a holder of the plugin's lease")
+        self.assertEqual(len(first), 1)
+        self.assertEqual(first[0].metric("atrium_lease_held", {"lease": "plugin.testplug.test.job"}), 1)
+        killed_at = time.monotonic()
+        first[0].kill()
+        second = wait_until(holders, timeout=LEASE_TTL_MS / 1000 + 5, interval=0.05,
+                            what="another holder of the plugin's lease")
+        took = time.monotonic() - killed_at
+        self.assertEqual(len(second), 1)
+        self.assertIsNot(second[0], first[0])
+        self.assertLessEqual(took, LEASE_TTL_MS / 1000 + TAKEOVER_SLACK_S,
+                             f"taken over {took:.2f} s after the kill")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
  * outbound budget against a peer the test controls, a rate limit, PostgreSQL with its
  * own migration, and what a media plugin needs most: a streamed body (with the
  * headers-first call), respond_file and req_authenticate
- * (tests/integration/test_plugin_streams.py), and notifications between processes
- * (ABI 1.3: /_test/notify, tests/integration/test_multiprocess.py).
+ * (tests/integration/test_plugin_streams.py), notifications between processes
+ * (ABI 1.3: /_test/notify, tests/integration/test_multiprocess.py) and a once-only job's
+ * lease with the instance name (ABI 1.3: /_test/lease, tests/integration/test_scaleout.py).
  *
  * Compiled several times with different TESTPLUG_NAME / TESTPLUG_PROVIDES to test the
  * loader's duplicate checks. Not shipped.
@@ -458,6 +459,18 @@ static int get_notify_seen(atrium_req *req)
                                                "live", h->notify_live()));
 }
 
+/* ---- a once-only job's lease (ABI 1.3) ---------------------------------------------- */
+
+static atrium_lease *job_lease; /* NULL on a host without leases */
+
+/* GET /_test/lease: {held: 0|1, instance: name} of this process. */
+static int get_lease(atrium_req *req)
+{
+    return h->respond_json(req, 200, json_pack("{s:i, s:s}", "held",
+                                               job_lease ? h->lease_held(job_lease) : 0,
+                                               "instance", h->instance_name()));
+}
+
 /* ---- lifecycle -------------------------------------------------------------------- */
 
 static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
@@ -466,14 +479,15 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
     h = host;
     me = self;
     static const char *const keys[] = {"threads", "queue", "line_slots", "line_waiting",
-                                       "line_wait_ms", NULL};
+                                       "line_wait_ms", "lease_ttl_ms", NULL};
     if (host->config_check_keys(self, cfg, keys) < 0) return ATRIUM_E_INVAL;
-    int64_t threads, queue, slots, waiting, wait_ms;
+    int64_t threads, queue, slots, waiting, wait_ms, lease_ttl_ms;
     if (host->config_int(self, cfg, "threads", 2, 1, 64, &threads) < 0 ||
         host->config_int(self, cfg, "queue", 8, 1, 1024, &queue) < 0 ||
         host->config_int(self, cfg, "line_slots", 1, 1, 64, &slots) < 0 ||
         host->config_int(self, cfg, "line_waiting", 4, 0, 1024, &waiting) < 0 ||
-        host->config_int(self, cfg, "line_wait_ms", 5000, 1, 600000, &wait_ms) < 0)
+        host->config_int(self, cfg, "line_wait_ms", 5000, 1, 600000, &wait_ms) < 0 ||
+        host->config_int(self, cfg, "lease_ttl_ms", 3000, 1000, 600000, &lease_ttl_ms) < 0)
         return ATRIUM_E_INVAL;
     tp.work = host->pool_create(self, "work", (int)threads, (int)queue);
     tp.bell = host->event_create(self);
@@ -494,6 +508,9 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
     int rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
     if (rc == 0 && ATRIUM_HOST_HAS(host, notify_subscribe))
         rc = host->notify_subscribe(self, NOTE_CHANNEL, on_note, NULL);
+    if (rc == 0 && ATRIUM_HOST_HAS(host, lease_create) &&
+        !(job_lease = host->lease_create(self, "test.job", lease_ttl_ms)))
+        rc = ATRIUM_E_INVAL;
     const atrium_route routes[] = {
         {.method = "GET", .path = TESTPLUG_PREFIX "/handoff", .handler = get_handoff},
         {.method = "POST", .path = TESTPLUG_PREFIX "/pool/stop", .handler = post_pool_stop},
@@ -517,6 +534,7 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
         {.method = "GET", .path = TESTPLUG_PREFIX "/handoff_hold", .handler = get_handoff_hold},
         {.method = "POST", .path = TESTPLUG_PREFIX "/notify", .handler = post_notify},
         {.method = "GET", .path = TESTPLUG_PREFIX "/notify/seen", .handler = get_notify_seen},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/lease", .handler = get_lease},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(routes) / sizeof(routes[0]); i++)
         rc = host->route_add(self, &routes[i]);
