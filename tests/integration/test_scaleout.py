@@ -9,10 +9,14 @@
   - the process running the once-only jobs is killed (SIGKILL): another takes their
     leases within server.lease_ttl_ms, and the typing reaper's job (a typing notice that
     runs out) is done by it; a plugin's lease (ABI 1.3 lease_create, lease_held, through
-    tests/plugins/testplug.c) behaves the same.
+    tests/plugins/testplug.c) behaves the same;
+  - an event sent through a process that does not hold the federation sender's lease
+    reaches the peer promptly: the kick travels to the holder's sender as a notification
+    (not at its 5 s poll).
 """
 
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -20,11 +24,15 @@ import time
 import unittest
 import urllib.parse
 
+import harness
 from accounts import register
 from cluster_support import Cluster
 from common import testplug, wait_until
+from federation_support import FakeReceivingPeer
 from harness import REPO_ROOT, Server
 from media_support import png
+from rooms_client import Client
+from test_federation import FederationTestCase
 
 E2E_DIR = os.path.join(REPO_ROOT, "tests", "e2e")
 V3 = "/_matrix/client/v3"
@@ -200,6 +208,52 @@ class ScaleOutTest(unittest.TestCase):
         self.assertIsNot(second[0], first[0])
         self.assertLessEqual(took, LEASE_TTL_MS / 1000 + TAKEOVER_SLACK_S,
                              f"taken over {took:.2f} s after the kill")
+
+
+FED_IPS = ("127.0.0.44", "127.0.0.45")  # the two processes' federation listeners
+PEER_IP = "127.0.0.46"
+PROMPT_DELIVERY_S = 1.5  # well under the sender's 5 s poll
+
+
+class CrossProcessSenderTest(FederationTestCase):
+    def test_an_event_sent_through_a_process_without_the_senders_lease_reaches_the_peer_promptly(self):
+        peer = FakeReceivingPeer(self.ca, PEER_IP)
+        self.addCleanup(peer.close)
+        db = harness.create_database()
+        self.addCleanup(harness.drop_database, db)
+        shared = tempfile.mkdtemp(prefix="atrium-shared-key-")
+        self.addCleanup(shutil.rmtree, shared, True)
+        extra = {"federation": {"signing_key_path": os.path.join(shared, "cluster.signing.key")}}
+        procs = [self.start_fed(ip, extra=extra, name="cluster.test", database=db, start=False)
+                 for ip in FED_IPS]
+        for p in procs:
+            p.start()
+        holder = wait_until(lambda: lease_holders_of(procs, "core.federation.outbound"),
+                            timeout=10, what="a holder of the sender's lease")[0]
+        other = next(p for p in procs if p is not holder)
+        alice = Client(other, register(other, "alice"))
+        room = alice.create_room(name="shared")
+        # Fixture: a user of the peer joined, as if a federated join had landed.
+        harness.psql("INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
+                     f" VALUES ('{room}', 'm.room.member', '@bob:{peer.server_name}',"
+                     " '$fixture1', 'join')", database=db)
+        for i in range(3):
+            body = f"through the other process {i}"
+            sent = time.monotonic()
+            alice.send(room, {"msgtype": "m.text", "body": body})
+            wait_until(lambda: body in [p.get("content", {}).get("body") for p in peer.delivered_pdus()],
+                       timeout=10, interval=0.02, what=f"message {i} at the peer")
+            took = time.monotonic() - sent
+            self.assertLess(took, PROMPT_DELIVERY_S, f"message {i} took {took:.2f} s")
+        self.assertEqual({origin for _, origin, _ in peer.transactions}, {"cluster.test"})
+        self.assertGreaterEqual(holder.metric("atrium_federation_outbound_transactions_total",
+                                              {"outcome": "sent"}), 3)
+        self.assertEqual(other.metric("atrium_federation_outbound_transactions_total",
+                                      {"outcome": "sent"}), 0, "only the lease holder sends")
+
+
+def lease_holders_of(servers, lease):
+    return [s for s in servers if s.running() and s.metric("atrium_lease_held", {"lease": lease}) == 1]
 
 
 if __name__ == "__main__":
