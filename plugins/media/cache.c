@@ -17,6 +17,11 @@
  *     opened the file yet sees it missing and fetches it again;
  *   - the purge removes every copy (and origin thumbnail) last accessed before before_ts,
  *     like Synapse's, answering {"deleted": n}; it runs on the io pool.
+ *   - with several processes on one database and store (cluster.c), eviction runs in one
+ *     of them at a time, the holder of the lease "remote_cache.evict": it recounts the
+ *     total from PostgreSQL before each pass (the others' copies count), and the others,
+ *     instead of evicting, announce each copy they store on "cache.stored" so the holder
+ *     looks. A host without leases evicts in every process, each on its own count.
  * Thumbnails rendered here from remote originals live with local thumbnails, keyed by
  * content hash, and are not counted.
  */
@@ -44,6 +49,7 @@ typedef struct access_batch {
 
 struct remote_cache {
     pthread_mutex_t mu;
+    atomic_bool evict_queued; /* an eviction check asked by another process is queued */
     access_batch *pending; /* touches not yet written */
     int64_t pending_since_ms;
     int64_t bytes;         /* of media_remote, as counted */
@@ -89,6 +95,7 @@ int cache_start(media *m)
                PQresultErrorMessage(res));
     }
     PQclear(res);
+    media_db_claims_prune(h, m->self, c); /* lapsed claims (cluster.c): housekeeping only */
     h->db_release(c);
     publish(m);
     return rc;
@@ -223,30 +230,50 @@ static int64_t remove_returned(media *m, PGconn *c, const char *sql, int n, cons
     " SELECT file_name, size_bytes, true FROM gone"                                                \
     " UNION ALL SELECT file_name, 0, false FROM thumbs"
 
-void cache_stored(media *m, int64_t bytes)
+/* The total of media_remote, every process's copies, into rc->bytes. */
+static int recount(media *m, PGconn *c)
+{
+    PGresult *res = PQexec(c, "SELECT coalesce(sum(size_bytes), 0) FROM media_remote");
+    int rc = ATRIUM_E_DB;
+    if (PQresultStatus(res) == PGRES_TUPLES_OK) {
+        pthread_mutex_lock(&m->cache->mu);
+        m->cache->bytes = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        pthread_mutex_unlock(&m->cache->mu);
+        publish(m);
+        rc = 0;
+    } else {
+        m->h->log(m->self, ATRIUM_LOG_WARN, "cannot count the remote cache: %s",
+                  PQresultErrorMessage(res));
+    }
+    PQclear(res);
+    return rc;
+}
+
+/* Past remote_cache_max_bytes: remove the least recently used copies until the cache fits.
+ * With `shared` (several processes share the cache, and this one holds the eviction
+ * lease) the total is recounted from PostgreSQL first, since the others' copies count
+ * too. Blocks on PostgreSQL and the disk. */
+static void evict_over_bound(media *m, bool shared)
 {
     remote_cache *rc = m->cache;
-    pthread_mutex_lock(&rc->mu);
-    rc->bytes += bytes;
-    bool over = m->cfg.remote_cache_max_bytes > 0 && rc->bytes > m->cfg.remote_cache_max_bytes;
-    access_batch *b = over ? take_pending(rc) : NULL;
-    pthread_mutex_unlock(&rc->mu);
-    publish(m);
-    if (!over) return;
     const atrium_host *h = m->h;
     pthread_mutex_lock(&rc->evict_mu);
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
-    if (!c) {
+    if (!c || (shared && recount(m, c) < 0)) {
+        if (c) h->db_release(c);
         pthread_mutex_unlock(&rc->evict_mu);
-        free(b);
         return; /* the next store tries again */
     }
+    pthread_mutex_lock(&rc->mu);
+    bool over = rc->bytes > m->cfg.remote_cache_max_bytes;
+    access_batch *b = over ? take_pending(rc) : NULL;
+    pthread_mutex_unlock(&rc->mu);
     if (b) write_batch(m, c, b); /* recent accesses count before victims are chosen */
     free(b);
     pthread_mutex_lock(&rc->mu);
     int64_t excess = rc->bytes - m->cfg.remote_cache_max_bytes;
     pthread_mutex_unlock(&rc->mu);
-    if (excess > 0) {
+    if (over && excess > 0) {
         char excess_s[I64_CHARS];
         snprintf(excess_s, sizeof(excess_s), "%" PRId64, excess);
         const char *p[] = {excess_s};
@@ -268,6 +295,44 @@ void cache_stored(media *m, int64_t bytes)
     }
     h->db_release(c);
     pthread_mutex_unlock(&rc->evict_mu);
+}
+
+void cache_stored(media *m, int64_t bytes)
+{
+    remote_cache *rc = m->cache;
+    pthread_mutex_lock(&rc->mu);
+    rc->bytes += bytes;
+    bool over = m->cfg.remote_cache_max_bytes > 0 && rc->bytes > m->cfg.remote_cache_max_bytes;
+    pthread_mutex_unlock(&rc->mu);
+    publish(m);
+    if (m->cfg.remote_cache_max_bytes <= 0) return;
+    if (!cluster_shared_eviction(m)) { /* one process: its own count is the total */
+        if (over) evict_over_bound(m, false);
+        return;
+    }
+    /* Several processes: eviction runs once, in the lease holder, on the real total. */
+    if (cluster_evicts_here(m)) {
+        evict_over_bound(m, true);
+        return;
+    }
+    char b[I64_CHARS];
+    snprintf(b, sizeof(b), "%" PRId64, bytes);
+    cluster_publish(m, MEDIA_CH_STORED, b);
+}
+
+static void evict_task(void *arg, bool cancelled)
+{
+    media *m = arg;
+    atomic_store(&m->cache->evict_queued, false);
+    if (!cancelled && cluster_evicts_here(m)) evict_over_bound(m, true);
+}
+
+void cache_stored_elsewhere(media *m)
+{
+    if (m->cfg.remote_cache_max_bytes <= 0 || !cluster_evicts_here(m)) return;
+    if (atomic_exchange(&m->cache->evict_queued, true)) return; /* one check covers both */
+    if (m->h->pool_submit(m->io_pool, evict_task, m) < 0)
+        atomic_store(&m->cache->evict_queued, false);
 }
 
 int cache_purge(media *m, int64_t before_ts, int64_t *deleted)

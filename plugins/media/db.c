@@ -11,7 +11,9 @@
  * and durable on disk (file_name, under the store), written only after the file was
  * committed, so a row always names a whole file; hash quarantine applies to it too.
  * media_remote_thumbnails holds the thumbnails origins made of their media, per
- * configured size, written the same way.
+ * configured size, written the same way. media_claims says which process renders a
+ * thumbnail or fetches a remote file for all of them (cluster.c), and keeps a failure's
+ * result for a while.
  *
  * Every function takes a connection the caller borrowed (db_acquire) and gives back
  * MEDIA_DB_OK / MEDIA_DB_NOTFOUND or ATRIUM_E_DB after logging PostgreSQL's message.
@@ -78,6 +80,14 @@ const atrium_migration MEDIA_MIGRATIONS[] = {
      " sha256 text NOT NULL,"
      " fetched_ts bigint NOT NULL,"
      " PRIMARY KEY (origin, media_id, width, height, method, animated));"},
+    {4, "media_claims",
+     /* Which process does a piece of work shared by all (cluster.c): a thumbnail's
+      * render, a remote file's fetch. expires_ts is the database's clock (ms). */
+     "CREATE TABLE media_claims ("
+     " claim_key text PRIMARY KEY,"
+     " owner text NOT NULL,"
+     " expires_ts bigint NOT NULL,"
+     " result integer);"},
 };
 const size_t MEDIA_N_MIGRATIONS = sizeof(MEDIA_MIGRATIONS) / sizeof(MEDIA_MIGRATIONS[0]);
 
@@ -517,4 +527,72 @@ int media_db_remote_set_quarantine(const atrium_host *h, atrium_plugin *self, PG
     int n = atoi(PQcmdTuples(res));
     PQclear(res);
     return n == 1 ? MEDIA_DB_OK : MEDIA_DB_NOTFOUND;
+}
+
+/* ---- claims (cluster.c) ------------------------------------------------------------------ */
+
+#define DB_NOW_MS "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+int media_db_claim(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *key,
+                   const char *owner, int64_t ttl_ms, int *result, int64_t *left_ms)
+{
+    char ttl[I64_CHARS];
+    snprintf(ttl, sizeof(ttl), "%" PRId64, ttl_ms);
+    const char *p[] = {key, owner, ttl};
+    /* Taken when the row is new or lapsed (EXCLUDED.expires_ts - ttl is now). Otherwise
+     * the holder's row as this statement's snapshot saw it: absent when it was taken by
+     * a transaction that committed after that (then: held, expiry unknown). */
+    PGresult *res = run(h, self, c,
+                        "WITH ins AS (INSERT INTO media_claims AS c (claim_key, owner, expires_ts)"
+                        " VALUES ($1, $2, " DB_NOW_MS " + $3::bigint)"
+                        " ON CONFLICT (claim_key) DO UPDATE SET owner = EXCLUDED.owner,"
+                        " expires_ts = EXCLUDED.expires_ts, result = NULL"
+                        " WHERE c.expires_ts <= EXCLUDED.expires_ts - $3::bigint RETURNING 1)"
+                        " SELECT (SELECT count(*) FROM ins),"
+                        " (SELECT result FROM media_claims WHERE claim_key = $1),"
+                        " (SELECT expires_ts - " DB_NOW_MS " FROM media_claims WHERE claim_key = $1)",
+                        3, p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    int rc = CLAIM_MINE;
+    *left_ms = -1;
+    if (PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "0") == 0) {
+        rc = CLAIM_HELD;
+        if (!PQgetisnull(res, 0, 2)) *left_ms = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
+        if (!PQgetisnull(res, 0, 1)) {
+            *result = atoi(PQgetvalue(res, 0, 1));
+            rc = CLAIM_RESULT;
+        }
+    }
+    PQclear(res);
+    return rc;
+}
+
+int media_db_claim_end(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *key,
+                       const char *owner, int result, int64_t remember_ms)
+{
+    char r[I64_CHARS], ttl[I64_CHARS];
+    snprintf(r, sizeof(r), "%d", result);
+    snprintf(ttl, sizeof(ttl), "%" PRId64, remember_ms);
+    const char *p[] = {key, owner, r, ttl};
+    /* Only our own row: a claim that lapsed and was taken by another is theirs. */
+    PGresult *res = remember_ms > 0
+                        ? run(h, self, c,
+                              "UPDATE media_claims SET result = $3::integer,"
+                              " expires_ts = " DB_NOW_MS " + $4::bigint"
+                              " WHERE claim_key = $1 AND owner = $2",
+                              4, p, PGRES_COMMAND_OK)
+                        : run(h, self, c, "DELETE FROM media_claims WHERE claim_key = $1 AND owner = $2",
+                              2, p, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    PQclear(res);
+    return MEDIA_DB_OK;
+}
+
+int media_db_claims_prune(const atrium_host *h, atrium_plugin *self, PGconn *c)
+{
+    PGresult *res = run(h, self, c, "DELETE FROM media_claims WHERE expires_ts < " DB_NOW_MS, 0,
+                        NULL, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    PQclear(res);
+    return MEDIA_DB_OK;
 }

@@ -13,8 +13,9 @@
  *   - quarantined media (by ID or by content hash) is 404 M_NOT_FOUND, exactly like
  *     media that does not exist;
  *   - a download of created-but-empty media waits parked (no thread) up to timeout_ms,
- *     re-reading its row when the upload lands here or every UPLOAD_RECHECK_MS (the
- *     upload may land in another process), then 504 M_NOT_YET_UPLOADED;
+ *     re-reading its row when the upload lands, here or in another process (its
+ *     notification, cluster.c), and every UPLOAD_RECHECK_MS besides (every
+ *     UPLOAD_RECHECK_LIVE_MS while notifications arrive), then 504 M_NOT_YET_UPLOADED;
  *   - successful media responses carry the sandboxing CSP, CORP cross-origin,
  *     `Cache-Control: private, max-age=86400`, nosniff and the ETag; failures carry
  *     no-store (host->respond_error adds it).
@@ -35,7 +36,11 @@
 #include "media.h"
 #include "atrium/parse.h"
 
+/* A waiter for an asynchronous upload re-reads its row this often: rarely while the other
+ * processes' notifications arrive (they wake it when the upload lands anywhere), often
+ * while they may be missed. */
 #define UPLOAD_RECHECK_MS 2000
+#define UPLOAD_RECHECK_LIVE_MS 10000
 #define LOCATE_AGAIN (MEDIA_GO + 1) /* await_upload: the row changed, read it again */
 
 media_req *media_req_state(media *m, atrium_req *req)
@@ -231,6 +236,11 @@ static bool upload_waiter_enter(media *m, atrium_req *req)
     return m->h->req_hold(req, upload_waiter_release, m) == 0;
 }
 
+static int64_t upload_recheck_ms(const media *m)
+{
+    return cluster_live(m) ? UPLOAD_RECHECK_LIVE_MS : UPLOAD_RECHECK_MS;
+}
+
 /* The row says "created, not uploaded": wait parked, or answer. */
 static int await_upload(media *m, atrium_req *req, media_req *st, uint64_t gen)
 {
@@ -260,19 +270,13 @@ static int await_upload(media *m, atrium_req *req, media_req *st, uint64_t gen)
                          "The media has not been uploaded yet; retry later");
         return ATRIUM_DONE;
     }
-    size_t b = media_bucket(row->media_id);
-    int64_t until = st->upload_deadline_ms;
-    if (until > now + UPLOAD_RECHECK_MS) until = now + UPLOAD_RECHECK_MS;
-    /* Park under upload_mu: an upload that landed after our read bumped the generation
-     * (re-read now); one that lands later finds us linked to the event. */
-    pthread_mutex_lock(&m->upload_mu);
-    if (m->upload_gen[b] != gen) {
-        pthread_mutex_unlock(&m->upload_mu);
+    int64_t until = st->upload_deadline_ms, recheck = upload_recheck_ms(m);
+    if (until > now + recheck) until = now + recheck;
+    int rc = media_park_unless_woken(m, req, row->media_id, gen, until);
+    if (rc == 1) { /* the upload landed after our read: read again now */
         st->have_row = false;
         return LOCATE_AGAIN;
     }
-    int rc = h->park(req, m->events[b], until);
-    pthread_mutex_unlock(&m->upload_mu);
     if (rc != 0) {
         h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
         return ATRIUM_DONE;
@@ -308,9 +312,7 @@ int delivery_locate(media *m, atrium_req *req, media_req *st, bool legacy)
     for (;;) {
         uint64_t gen = 0;
         if (!st->have_row) {
-            pthread_mutex_lock(&m->upload_mu);
-            gen = m->upload_gen[media_bucket(media_id)];
-            pthread_mutex_unlock(&m->upload_mu);
+            gen = media_wake_gen(m, media_id);
             int rc = read_row(m, req, st, media_id);
             if (rc != MEDIA_GO) return rc;
         }
@@ -334,11 +336,7 @@ int delivery_locate(media *m, atrium_req *req, media_req *st, bool legacy)
 
 void delivery_upload_landed(media *m, const char *media_id)
 {
-    size_t b = media_bucket(media_id);
-    pthread_mutex_lock(&m->upload_mu);
-    m->upload_gen[b]++;
-    pthread_mutex_unlock(&m->upload_mu);
-    m->h->event_signal(m->events[b]);
+    media_wake(m, media_id);
 }
 
 /* ---- what responses say ---------------------------------------------------------------- */

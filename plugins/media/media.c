@@ -423,7 +423,7 @@ static void media_free(media *m)
     fetch_budget_fini(m);
     cache_fini(m);
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
-    pthread_mutex_destroy(&m->upload_mu);
+    pthread_mutex_destroy(&m->wake_mu);
     free(m);
 }
 
@@ -434,7 +434,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (!m) return ATRIUM_E_NOMEM;
     m->h = host;
     m->self = self;
-    pthread_mutex_init(&m->upload_mu, NULL);
+    pthread_mutex_init(&m->wake_mu, NULL);
     media_host = host;
     snprintf(m->server_name, sizeof(m->server_name), "%s", host->server_name());
     int rc = read_settings(m, cfg);
@@ -447,6 +447,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
         rc = ATRIUM_E_STATE;
     }
     if (rc == 0) rc = create_mechanisms(m);
+    if (rc == 0) rc = cluster_init(m);
     if (rc == 0) rc = host->db_migrations(self, MEDIA_MIGRATIONS, MEDIA_N_MIGRATIONS);
     if (rc == 0) rc = register_routes(m);
     if (rc < 0) {

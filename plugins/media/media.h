@@ -25,6 +25,9 @@
  *   fetch_budget.c the fetch budget and its fair parked line
  *   multipart.c reading a multipart/mixed answer as it arrives (pure)
  *   cache.c     the remote cache's bound: batched last access, eviction, the purge
+ *   cluster.c   several processes on one database: wake-ups by notification, claims of
+ *               shared work, the eviction lease
+ *   remote_claim.c one fetch per remote file across processes (a claim per file)
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -55,6 +58,7 @@
 #define MEDIA_PATH_MAX 1024
 #define MEDIA_FILE_NAME_MAX 640 /* a remote copy's path under store_path */
 #define MEDIA_MAX_BLOCKED_ORIGINS 64
+#define MEDIA_CLAIM_OWNER_MAX 96 /* "<instance>.<pid>.<random>" */
 
 /* ---- settings ---------------------------------------------------------------------------- */
 
@@ -121,10 +125,13 @@ typedef struct media {
     atrium_event *events[MEDIA_EVENT_BUCKETS];
     atrium_ratelimit *rl_upload;
 
-    /* Asynchronous uploads: a generation per event bucket, bumped when an upload lands,
-     * so a download that read "not yet uploaded" cannot miss the wake-up. */
-    pthread_mutex_t upload_mu;
-    uint64_t upload_gen[MEDIA_EVENT_BUCKETS];
+    /* Wake-ups (cluster.c): a generation per event bucket, bumped when what parked
+     * requests wait for happens here or in another process (an upload lands, a render or
+     * a fetch ends), so a request that read "not yet" cannot miss the wake-up. */
+    pthread_mutex_t wake_mu;
+    uint64_t wake_gen[MEDIA_EVENT_BUCKETS];
+    char claim_owner[MEDIA_CLAIM_OWNER_MAX]; /* this process, in media_claims rows */
+    atrium_lease *evict_lease; /* NULL: the host has no leases (eviction runs here) */
 
     render_table *renders;
     bool vips_started;
@@ -194,6 +201,7 @@ typedef struct media_req {
     int fetch_rounds; /* fetches this request waited for (a bound against loops) */
     uint64_t landed_seen; /* remote.c: the table's count of landed fetches at our last miss */
     int look_again;       /* remote.c: cache look-ups repeated because a fetch landed */
+    uint64_t wake_gen;    /* remote.c: the wake generation of the file's key at the look-up */
     /* a thumbnail request (set by thumbnail.c before delivery_locate): the configured
      * size chosen; for remote media the origin's thumbnail of that size is fetched first */
     bool thumb_wanted;
@@ -335,6 +343,13 @@ int media_db_remote_thumb_put(const atrium_host *h, atrium_plugin *self, PGconn 
 int media_db_remote_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
                                    const char *origin, const char *media_id, const char *by);
 /* A user's media for the admin API: a JSON array of Synapse-shaped objects. */
+/* Claims (cluster.c): media_db_claim answers enum cluster_claim or ATRIUM_E_DB. */
+int media_db_claim(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *key,
+                   const char *owner, int64_t ttl_ms, int *result, int64_t *left_ms);
+int media_db_claim_end(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *key,
+                       const char *owner, int result, int64_t remember_ms);
+/* Remove lapsed claims. */
+int media_db_claims_prune(const atrium_host *h, atrium_plugin *self, PGconn *c);
 int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *user_id,
                        int64_t from, int64_t limit, bool newest_first, json_t **out,
                        int64_t *total);
@@ -409,6 +424,65 @@ void remote_fini(media *m);
 int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
                   const char *media_id);
 
+/* ---- cluster.c: several processes on one database ------------------------------------- */
+
+/* Notification channels (the host scopes them to the plugin); each payload is a key. */
+#define MEDIA_CH_UPLOAD "upload" /* a media ID whose asynchronous upload landed */
+#define MEDIA_CH_RENDER "render" /* a thumbnail key whose render ended */
+#define MEDIA_CH_FETCH "fetch"   /* a remote file's key whose fetch ended */
+#define MEDIA_CH_STORED "cache.stored" /* a remote copy was stored: bytes (informative) */
+
+/* [init] Subscribe to the channels, create the eviction lease (where the host offers
+ * them), name this process for claims. 0 or the host's error. */
+int cluster_init(media *m);
+/* [any] The wake generation of key's bucket: read it before looking at what may change. */
+uint64_t media_wake_gen(media *m, const char *key);
+/* [any] Wake requests waiting for key (bump its bucket's generation, signal its event). */
+void media_wake(media *m, const char *key);
+/* [req] Park on key's event until until_ms, unless woken since gen was read: 0 parked
+ * (return ATRIUM_PARKED), 1 woken meanwhile (look again now), ATRIUM_E_STOPPED. */
+int media_park_unless_woken(media *m, atrium_req *req, const char *key, uint64_t gen,
+                            int64_t until_ms);
+/* [any] Are notifications from the other processes arriving now (the host offers them
+ * and its listening connection is up)? While not, waiters re-check more often. */
+bool cluster_live(const media *m);
+/* [any] Publish payload on channel to every process (this one too), at once: call it
+ * after the commit that made the change visible. Failures are logged, never fatal. */
+void cluster_publish(media *m, const char *channel, const char *payload);
+
+enum cluster_claim { CLAIM_MINE = 0, CLAIM_HELD = 1, CLAIM_RESULT = 2 };
+/* [any, blocks on PostgreSQL] Claim the work named key for ttl_ms: CLAIM_MINE (do it,
+ * then cluster_claim_end), CLAIM_HELD (another process does it; *left_ms until its claim
+ * lapses, -1 unknown) or CLAIM_RESULT (it ended elsewhere with *result, still
+ * remembered). A database failure answers CLAIM_MINE. */
+int cluster_claim(media *m, const char *key, int64_t ttl_ms, int *result, int64_t *left_ms);
+/* [any, blocks on PostgreSQL] The claimed work ended: forget the claim, or keep result
+ * for remember_ms (> 0) for the other processes; then publish payload on channel. */
+void cluster_claim_end(media *m, const char *channel, const char *key, const char *payload,
+                       int result, int64_t remember_ms);
+/* [any] May this process evict from the remote cache now (it holds the eviction lease,
+ * or the host has no leases)? */
+bool cluster_evicts_here(const media *m);
+/* [any] Is eviction shared through a lease (so the holder must hear of stores)? */
+bool cluster_shared_eviction(const media *m);
+
+/* ---- remote_claim.c: one fetch per remote file across processes ---------------------- */
+
+#define REMOTE_CLAIM_LANDED 3 /* remote_claim_take: the copy is cached already */
+/* [fetch pool, blocks on PostgreSQL] Claim the fetch of key (remote.c's key of origin/
+ * media_id, thumb = the origin's thumbnail of that size or NULL): CLAIM_MINE (fetch it,
+ * then remote_claim_end), CLAIM_HELD (another process fetches it), CLAIM_RESULT (*result:
+ * it ended elsewhere so, and is remembered) or REMOTE_CLAIM_LANDED (cached meanwhile). */
+int remote_claim_take(media *m, const char *key, const char *origin, const char *media_id,
+                      const media_size *thumb, int *result);
+/* [fetch pool, blocks on PostgreSQL] The claimed fetch ended with result: remembered for
+ * remember_ms (> 0) for the others, else forgotten; the key is published. */
+void remote_claim_end(media *m, const char *key, int result, int64_t remember_ms);
+/* [req] Another process fetches key: park until its notification or the next re-check
+ * (within the request's deadline). ATRIUM_PARKED, MEDIA_GO (it ended since st->wake_gen
+ * was read: look at the cache now), or ATRIUM_DONE (503, stopping). */
+int remote_claim_wait(media *m, atrium_req *req, media_req *st, const char *key);
+
 /* ---- cache.c --------------------------------------------------------------------------- */
 
 int cache_init(media *m);
@@ -424,6 +498,9 @@ void cache_stored(media *m, int64_t bytes);
 /* [io pool] Remove every copy last accessed before before_ts (ms since the epoch);
  * *deleted = how many originals. 0 or ATRIUM_E_DB. */
 int cache_purge(media *m, int64_t before_ts, int64_t *deleted);
+/* [any, quick] Another process stored a remote copy: if this one holds the eviction
+ * lease, look at the cache's total on the io pool. */
+void cache_stored_elsewhere(media *m);
 
 /* ---- fetch_budget.c ------------------------------------------------------------------- */
 
@@ -501,6 +578,9 @@ int admin_register(media *m);
 
 int thumbnails_init(media *m);
 void thumbnails_fini(media *m);
+/* [any, quick] The render of thumbnail key (NULL: any) ended in another process: requests
+ * here waiting for it look again (the notification callback). */
+void thumbnails_ended_elsewhere(media *m, const char *key);
 
 enum render_result {
     RENDER_OK = 0,

@@ -80,8 +80,13 @@
  * address blacklist applying at connect; its body is the file, capped the same way.
  * Anything but a 200 there is 502.
  *
+ * Across processes sharing the database and the store, a fetch is claimed before it
+ * starts (job_begin; remote_claim.c): a process that finds the claim held ends its job
+ * with REMOTE_ELSEWHERE and its requests wait for the other's notification, then read
+ * the copy it stored from the shared store.
+ *
  * Not done here (yet): HTTP redirects (3xx) of the legacy endpoint, streaming to waiters
- * as bytes arrive, coalescing across processes.
+ * as bytes arrive.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -112,7 +117,9 @@ enum remote_result {
     REMOTE_STOPPING,
     REMOTE_ABANDONED, /* nobody waited for it any more: never started */
     REMOTE_NO_THUMBNAIL, /* the origin has no thumbnail for it: fetch the original */
+    REMOTE_ELSEWHERE,    /* another process fetches it: wait for it (remote_claim.c) */
 };
+#define REMOTE_STARTED (-1) /* job_begin: the transfer is under way */
 #define REMOTE_MAX_ROUNDS 3 /* fetches one request may wait for (thumbnail, original, ...) */
 #define REMOTE_MAX_LOOK_AGAIN 3 /* cache look-ups one request repeats before fetching anyway */
 #define REMOTE_LOOK_AGAIN (MEDIA_GO + 2) /* join_fetch: a fetch landed since our miss: look again */
@@ -156,6 +163,8 @@ typedef struct remote_job {
     struct remote_job *pending_next; /* in its origin's pending list */
     bool running;                    /* counted in its origin's running fetches */
     bool counted;                    /* counted in atrium_media_remote_fetches_running */
+    bool claimed;                    /* under this process's claim (remote_claim.c) */
+    bool elsewhere;                  /* answered by another process's fetch: not counted */
 
     /* the transfer: written on the outbound client's thread, read after on_done */
     int phase;
@@ -437,6 +446,10 @@ static void job_complete(remote_job *j, int result)
     const atrium_host *h = m->h;
     remote_table *t = m->remote;
     remote_job *start = NULL;
+    /* Before the waiters here: the other processes learn the end as soon (stopping: the
+     * claim lapses, this thread may not reach PostgreSQL). */
+    if (j->claimed && result != REMOTE_STOPPING)
+        remote_claim_end(m, j->key, result, negative_ttl_ms(m, result));
     pthread_mutex_lock(&t->mu);
     remote_job **pp = job_slot(t, j->key);
     if (*pp == j) *pp = j->next;
@@ -471,7 +484,7 @@ static void job_complete(remote_job *j, int result)
                              : result == REMOTE_NOT_FOUND ? m->m_fetches_not_found
                              : result == REMOTE_TOO_LARGE ? m->m_fetches_too_large
                                                           : m->m_fetches_failed;
-    h->metric_add(outcome, 1);
+    if (!j->elsewhere) h->metric_add(outcome, 1);
     if (j->counted) h->metric_add(m->m_fetches_running, -1);
     job_free(j);
     if (start && h->pool_submit(m->fetch_pool, job_start_task, start) < 0)
@@ -598,6 +611,27 @@ static int job_start(remote_job *j)
     return rc < 0 ? REMOTE_UNREACHABLE : REMOTE_OK;
 }
 
+/* The first start of a fetch (the fetch pool): claimed across processes first. Returns
+ * REMOTE_STARTED, or the result to complete the job with: REMOTE_OK when another process
+ * stored the file meanwhile, REMOTE_ELSEWHERE while another fetches it, the result it
+ * ended with there, or job_start's failure. */
+static int job_begin(remote_job *j)
+{
+    media *m = j->m;
+    int result = REMOTE_INTERNAL;
+    int who = remote_claim_take(m, j->key, j->origin, j->media_id, j->thumb ? &j->size : NULL,
+                                &result);
+    if (who != CLAIM_MINE) {
+        j->elsewhere = true;
+        return who == CLAIM_HELD ? REMOTE_ELSEWHERE : who == REMOTE_CLAIM_LANDED ? REMOTE_OK : result;
+    }
+    j->claimed = true;
+    m->h->metric_add(m->m_fetches_running, 1);
+    j->counted = true;
+    int rc = job_start(j);
+    return rc == REMOTE_OK ? REMOTE_STARTED : rc;
+}
+
 /* A fetch that waited for its origin's cap: start it, unless every request that wanted it
  * has been answered already (then it ends without asking the origin). */
 static void job_start_task(void *arg, bool cancelled)
@@ -617,10 +651,8 @@ static void job_start_task(void *arg, bool cancelled)
         job_complete(j, REMOTE_ABANDONED);
         return;
     }
-    m->h->metric_add(m->m_fetches_running, 1);
-    j->counted = true;
-    int rc = job_start(j);
-    if (rc != REMOTE_OK) job_complete(j, rc);
+    int rc = job_begin(j);
+    if (rc != REMOTE_STARTED) job_complete(j, rc);
 }
 
 /* Does an error answer say "this endpoint is unknown here" (so: try the legacy path)? */
@@ -853,10 +885,8 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     }
     pthread_mutex_unlock(&t->mu);
     if (start_now) {
-        h->metric_add(m->m_fetches_running, 1);
-        fresh->counted = true;
-        int rc = job_start(fresh);
-        if (rc != REMOTE_OK) job_complete(fresh, rc);
+        int rc = job_begin(fresh);
+        if (rc != REMOTE_STARTED) job_complete(fresh, rc);
     }
     return ATRIUM_PARKED;
 }
@@ -922,7 +952,14 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
          * sends our one wake-up (the request stays valid until then). */
         if (!done) return respond_timeout(m, req);
         st->rw = NULL;
-        if (result == REMOTE_NO_THUMBNAIL) st->thumb_fallback = true;
+        if (result == REMOTE_ELSEWHERE) { /* wait for the other process's fetch */
+            st->fetch_rounds--;
+            char key[REMOTE_KEY_MAX];
+            remote_key(origin, media_id, st->thumb_wanted && !st->thumb_fallback ? &st->thumb_size : NULL,
+                       key, sizeof(key));
+            rc = remote_claim_wait(m, req, st, key);
+            if (rc != MEDIA_GO) return rc;
+        } else if (result == REMOTE_NO_THUMBNAIL) st->thumb_fallback = true;
         else if (result != REMOTE_OK) return remote_respond_failure(m, req, result, origin);
         if (st->fetch_rounds >= REMOTE_MAX_ROUNDS)
             return remote_respond_failure(m, req, REMOTE_INTERNAL, origin);
@@ -943,6 +980,12 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
         st->remote_deadline_ms = st->arrival_ms + timeout;
     }
 look:
+    { /* before the look-up: a fetch ending anywhere after it wakes us (remote_claim_wait) */
+        char key[REMOTE_KEY_MAX];
+        remote_key(origin, media_id, st->thumb_wanted && !st->thumb_fallback ? &st->thumb_size : NULL,
+                   key, sizeof(key));
+        st->wake_gen = media_wake_gen(m, key);
+    }
     if (fetch_mode(m) == ATRIUM_FETCH_ADMITTED) { /* before the look-up: see join_fetch */
         pthread_mutex_lock(&m->remote->mu);
         st->landed_seen = m->remote->landed;

@@ -11,8 +11,16 @@
  *     SHA-256, size, method): the first request submits one render job to the render pool
  *     (render_threads workers, so concurrent renders and their memory are bounded); every
  *     request for the same key parks - no thread - on the job's event bucket and is served
- *     the file when the job signals. The table of jobs is the one place that knows a
- *     render is under way;
+ *     the file when the job signals. The table of jobs is the one place in a process that
+ *     knows a render is under way;
+ *   - once across processes sharing the database and the store: before rendering, the
+ *     job claims its key (cluster.c, a media_claims row with an expiry; no connection is
+ *     held while rendering). When another process holds the claim, requests here wait on
+ *     the job (ELSEWHERE) for that process's notification that the render ended, looking
+ *     at the file and the claim themselves every RENDER_RECHECK_LIVE_MS (every
+ *     RENDER_RECHECK_MS while notifications may be missed), so a renderer that died is
+ *     replaced once its claim lapses. A failure is kept in the claim for as long as it is
+ *     remembered here, so the other processes answer it without decoding the file;
  *   - a render that cannot start (pool queue full) or finish within render_wait_ms: the
  *     nearest thumbnail that already exists, else 503 with Retry-After; never the
  *     original in its place;
@@ -45,7 +53,20 @@
 #define THUMB_NAME "thumbnail"
 #define FALLBACK_OTHER_METHOD_PENALTY (1L << 40) /* prefer any size of the asked method */
 
-enum job_state { JOB_PENDING = 0, JOB_FAILED };
+/* A render's life in one process: CLAIMING while its claim is being asked of the
+ * database, PENDING while it renders here, ELSEWHERE while another process's claim holds
+ * it (requests here wait for that process's notification, re-checking now and then),
+ * FAILED once remembered as failed. */
+enum job_state { JOB_PENDING = 0, JOB_FAILED, JOB_CLAIMING, JOB_ELSEWHERE };
+/* A claim lapses this long after it was taken (its process died, or the render took
+ * longer: then another process may render the same key, and the second finds the
+ * first's file). */
+#define RENDER_CLAIM_TTL_MS 15000
+/* How often requests waiting for another process's render look for its file (and at
+ * its claim) themselves: seldom while notifications arrive, often while not. */
+#define RENDER_RECHECK_LIVE_MS 1000
+#define RENDER_RECHECK_MS 200
+#define RENDER_CLAIM_PREFIX "render:"
 
 typedef struct render_job {
     char key[THUMB_KEY_MAX]; /* "<sha256>/<W>x<H>-<method>" */
@@ -55,13 +76,16 @@ typedef struct render_job {
     int state;  /* enum job_state, under the table's lock */
     int result; /* enum render_result once failed */
     int64_t failed_at_ms;
+    bool claimed;            /* PENDING under this process's claim (released at the end) */
+    bool ended_elsewhere;    /* CLAIMING: the notification came meanwhile */
+    int64_t recheck_at_ms;   /* ELSEWHERE: look at the file and the claim again then */
     struct render_job *next;
 } render_job;
 
 struct render_table {
     pthread_mutex_t mu;
     render_job *buckets[RENDER_TABLE_BUCKETS];
-    size_t n_failed;
+    size_t n_failed; /* FAILED and ELSEWHERE entries: only a cache, pruned */
 };
 
 int thumbnails_init(media *m)
@@ -102,15 +126,19 @@ static void unlink_job(render_table *t, render_job *j)
 {
     render_job **pp = slot_of(t, j->key);
     if (*pp == j) *pp = j->next;
-    if (j->state == JOB_FAILED) t->n_failed--;
+    if (j->state == JOB_FAILED || j->state == JOB_ELSEWHERE) t->n_failed--;
+}
+
+/* How long a failed render is remembered (here, and in its claim for the others). */
+static int64_t failure_ttl_ms(int result)
+{
+    return result == RENDER_E_NOMEM || result == RENDER_E_IO ? RENDER_FAILED_TRANSIENT_TTL_MS
+                                                             : RENDER_FAILED_CONTENT_TTL_MS;
 }
 
 static bool failure_expired(const render_job *j, int64_t now)
 {
-    int64_t ttl = j->result == RENDER_E_NOMEM || j->result == RENDER_E_IO
-                      ? RENDER_FAILED_TRANSIENT_TTL_MS
-                      : RENDER_FAILED_CONTENT_TTL_MS;
-    return now - j->failed_at_ms >= ttl;
+    return now - j->failed_at_ms >= failure_ttl_ms(j->result);
 }
 
 /* Drop expired failures; when still full, all of them (they are only a cache). */
@@ -121,7 +149,9 @@ static void prune_failures(render_table *t, int64_t now)
             render_job **pp = &t->buckets[i];
             while (*pp) {
                 render_job *j = *pp;
-                if (j->state == JOB_FAILED && (pass == 1 || failure_expired(j, now))) {
+                bool stale = j->state == JOB_ELSEWHERE && j->recheck_at_ms <= now;
+                bool drop = j->state == JOB_FAILED && (pass == 1 || failure_expired(j, now));
+                if (stale || drop) {
                     *pp = j->next;
                     t->n_failed--;
                     free(j);
@@ -170,6 +200,14 @@ static void render_task(void *arg, bool cancelled)
             h->log(m->self,
                    rc == RENDER_E_IO || rc == RENDER_E_NOMEM ? ATRIUM_LOG_ERROR : ATRIUM_LOG_INFO,
                    "thumbnail %s: %s", j->key, render_strerror(rc));
+    }
+    /* The file is committed (or the failure known) before the claim ends: a process
+     * that takes the claim after this finds the file. */
+    if (j->claimed && !cancelled) {
+        char claim[THUMB_KEY_MAX + sizeof(RENDER_CLAIM_PREFIX)];
+        snprintf(claim, sizeof(claim), RENDER_CLAIM_PREFIX "%s", j->key);
+        cluster_claim_end(m, MEDIA_CH_RENDER, claim, j->key, rc,
+                          rc == RENDER_OK ? 0 : failure_ttl_ms(rc));
     }
     size_t bucket = media_bucket(j->key);
     render_table *t = m->renders;
@@ -326,71 +364,172 @@ static int fallback(media *m, atrium_req *req, const media_row *row, const media
     return ATRIUM_DONE;
 }
 
-/* The thumbnail file does not exist: join the render for it (starting one if none runs)
- * and park until it ends. Returns MEDIA_GO when the file exists now. */
+/* A new job for key, in the table (caller holds the table's lock); NULL on OOM. */
+static render_job *job_new(media *m, render_table *t, const media_row *row, const media_size *s,
+                           const char *key, const char *dst)
+{
+    render_job *j = calloc(1, sizeof(*j));
+    if (!j || store_row_path(m, row, j->src, sizeof(j->src)) < 0) {
+        free(j);
+        return NULL;
+    }
+    snprintf(j->key, sizeof(j->key), "%s", key);
+    snprintf(j->dst, sizeof(j->dst), "%s", dst);
+    j->m = m;
+    j->size = *s;
+    j->state = JOB_CLAIMING;
+    j->next = NULL;
+    *slot_of(t, key) = j;
+    return j;
+}
+
+/* Ask the database which process renders job j (CLAIMING, in the table; the caller holds
+ * no lock), then make j what the answer says: PENDING and submitted (ours), ELSEWHERE,
+ * FAILED (remembered elsewhere), or gone (the file exists now). Requests that parked on
+ * it while it was CLAIMING are woken. Returns MEDIA_GO, or ATRIUM_E_LIMIT when the render
+ * pool refused it (the job is gone: answer with the fallback). */
+static int claim_job(media *m, render_job *j)
+{
+    const atrium_host *h = m->h;
+    render_table *t = m->renders;
+    char claim[THUMB_KEY_MAX + sizeof(RENDER_CLAIM_PREFIX)];
+    snprintf(claim, sizeof(claim), RENDER_CLAIM_PREFIX "%s", j->key);
+    int result = 0;
+    int64_t left_ms = -1;
+    int who = cluster_claim(m, claim, RENDER_CLAIM_TTL_MS, &result, &left_ms);
+    /* Claimed just after another process ended the same render: its file is there. */
+    bool exists = access(j->dst, F_OK) == 0;
+    if (who == CLAIM_MINE && exists) cluster_claim_end(m, MEDIA_CH_RENDER, claim, j->key, 0, 0);
+    size_t bucket = media_bucket(j->key);
+    int rc = MEDIA_GO;
+    pthread_mutex_lock(&t->mu);
+    int64_t now = h->now_ms();
+    if (exists || (who == CLAIM_HELD && j->ended_elsewhere)) {
+        unlink_job(t, j); /* requests look at the file again */
+        free(j);
+    } else if (who == CLAIM_MINE) {
+        j->state = JOB_PENDING;
+        j->claimed = true;
+        if (h->pool_submit(m->render_pool, render_task, j) < 0) {
+            unlink_job(t, j);
+            pthread_mutex_unlock(&t->mu);
+            cluster_claim_end(m, MEDIA_CH_RENDER, claim, j->key, 0, 0);
+            free(j);
+            h->event_signal(m->events[bucket]);
+            return ATRIUM_E_LIMIT;
+        }
+    } else if (who == CLAIM_RESULT) {
+        prune_failures(t, now);
+        j->state = JOB_FAILED;
+        j->result = result;
+        j->failed_at_ms = now;
+        t->n_failed++;
+    } else {
+        int64_t recheck = cluster_live(m) ? RENDER_RECHECK_LIVE_MS : RENDER_RECHECK_MS;
+        prune_failures(t, now);
+        j->state = JOB_ELSEWHERE;
+        j->recheck_at_ms = now + recheck;
+        t->n_failed++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    h->event_signal(m->events[bucket]);
+    return rc;
+}
+
+/* What another process's notification does to one job (caller holds the table's lock):
+ * an ELSEWHERE job is forgotten (its waiters, woken by the caller, look at the file);
+ * a CLAIMING one is marked so its claim's answer is not believed. True when j was freed. */
+static bool job_ended_elsewhere(render_table *t, render_job *j)
+{
+    if (j->state == JOB_CLAIMING) j->ended_elsewhere = true;
+    if (j->state != JOB_ELSEWHERE) return false;
+    unlink_job(t, j);
+    free(j);
+    return true;
+}
+
+void thumbnails_ended_elsewhere(media *m, const char *key)
+{
+    render_table *t = m->renders;
+    pthread_mutex_lock(&t->mu);
+    if (key) {
+        render_job *j = *slot_of(t, key);
+        if (j) job_ended_elsewhere(t, j);
+    } else { /* notifications may have been missed: every job */
+        for (size_t i = 0; i < RENDER_TABLE_BUCKETS; i++) {
+            render_job *j = t->buckets[i];
+            while (j) {
+                render_job *next = j->next;
+                job_ended_elsewhere(t, j);
+                j = next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* The thumbnail file does not exist: join the render for it (claiming it for this
+ * process when no process renders it) and park until it ends. Returns MEDIA_GO when the
+ * file exists now. */
 static int await_render(media *m, atrium_req *req, media_req *st, const media_row *row,
                         const media_size *s, const char *dst)
 {
     const atrium_host *h = m->h;
     char key[THUMB_KEY_MAX];
     thumb_key(row->sha256, s, key, sizeof(key));
-    int64_t now = h->now_ms();
     render_table *t = m->renders;
-    pthread_mutex_lock(&t->mu);
-    render_job **pp = slot_of(t, key), *j = *pp;
-    if (j && j->state == JOB_FAILED && failure_expired(j, now)) {
-        unlink_job(t, j);
-        free(j);
-        j = NULL;
-    }
-    if (j && j->state == JOB_FAILED) {
-        int result = j->result;
-        pthread_mutex_unlock(&t->mu);
-        return respond_render_failure(m, req, result);
-    }
-    if (!j) {
-        /* A job leaves the table only after its file was committed: check under the lock. */
-        if (access(dst, F_OK) == 0) {
-            pthread_mutex_unlock(&t->mu);
-            return MEDIA_GO;
-        }
-        j = calloc(1, sizeof(*j));
-        if (!j || store_row_path(m, row, j->src, sizeof(j->src)) < 0) {
-            pthread_mutex_unlock(&t->mu);
+    bool created = false; /* this run started the job: it did not join one */
+    for (;;) {
+        int64_t now = h->now_ms();
+        pthread_mutex_lock(&t->mu);
+        render_job **pp = slot_of(t, key), *j = *pp;
+        bool stale = j && ((j->state == JOB_FAILED && failure_expired(j, now)) ||
+                           (j->state == JOB_ELSEWHERE && now >= j->recheck_at_ms));
+        if (stale) { /* a failure forgotten, or time to look at another process's render */
+            unlink_job(t, j);
             free(j);
-            return ATRIUM_E_NOMEM;
+            j = NULL;
         }
-        snprintf(j->key, sizeof(j->key), "%s", key);
-        snprintf(j->dst, sizeof(j->dst), "%s", dst);
-        j->m = m;
-        j->size = *s;
-        j->state = JOB_PENDING;
-        if (h->pool_submit(m->render_pool, render_task, j) < 0) {
+        if (j && j->state == JOB_FAILED) {
+            int result = j->result;
             pthread_mutex_unlock(&t->mu);
-            free(j);
+            return respond_render_failure(m, req, result);
+        }
+        if (!j) {
+            /* A job leaves the table only after its file was committed: check under the
+             * lock. */
+            if (access(dst, F_OK) == 0) {
+                pthread_mutex_unlock(&t->mu);
+                return MEDIA_GO;
+            }
+            j = job_new(m, t, row, s, key, dst);
+            pthread_mutex_unlock(&t->mu);
+            if (!j) return ATRIUM_E_NOMEM;
+            created = true;
+            if (claim_job(m, j) < 0) return fallback(m, req, row, s);
+            continue; /* see what the claim made of it */
+        }
+        if (!st->waiting_render) {
+            if (!created) h->metric_add(m->m_render_coalesced, 1);
+            st->waiting_render = true;
+            st->render_deadline_ms = now + m->cfg.render_wait_ms;
+        } else if (now >= st->render_deadline_ms) {
+            pthread_mutex_unlock(&t->mu);
             return fallback(m, req, row, s);
         }
-        j->next = NULL;
-        *slot_of(t, key) = j;
-    } else if (!st->waiting_render) {
-        h->metric_add(m->m_render_coalesced, 1);
-    }
-    if (!st->waiting_render) {
-        st->waiting_render = true;
-        st->render_deadline_ms = now + m->cfg.render_wait_ms;
-    } else if (now >= st->render_deadline_ms) {
+        int64_t until = st->render_deadline_ms;
+        if (j->state == JOB_ELSEWHERE && j->recheck_at_ms < until) until = j->recheck_at_ms;
+        /* Parked under the table's lock, so the job's signal (sent after it updates the
+         * table under the same lock, here or on another process's notification) cannot
+         * pass us by. */
+        int rc = h->park(req, m->events[media_bucket(key)], until);
         pthread_mutex_unlock(&t->mu);
-        return fallback(m, req, row, s);
+        if (rc != 0) {
+            h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+            return ATRIUM_DONE;
+        }
+        return ATRIUM_PARKED;
     }
-    /* Parked under the table's lock, so the job's signal (sent after it updates the
-     * table under the same lock) cannot pass us by. */
-    int rc = h->park(req, m->events[media_bucket(key)], st->render_deadline_ms);
-    pthread_mutex_unlock(&t->mu);
-    if (rc != 0) {
-        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
-        return ATRIUM_DONE;
-    }
-    return ATRIUM_PARKED;
 }
 
 /* ---- the request ------------------------------------------------------------------------ */

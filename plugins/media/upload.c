@@ -340,6 +340,7 @@ static int commit_put(media *m, atrium_req *req, upload_state *up, const char *s
     h->db_release(c);
     if (outcome != MEDIA_GO) return outcome;
     delivery_upload_landed(m, up->media_id);
+    cluster_publish(m, MEDIA_CH_UPLOAD, up->media_id); /* downloads waiting in other processes */
     return media_reply(m, req, json_object());
 }
 
