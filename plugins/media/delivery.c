@@ -272,16 +272,17 @@ static int await_upload(media *m, atrium_req *req, media_req *st, uint64_t gen)
     }
     int64_t until = st->upload_deadline_ms, recheck = upload_recheck_ms(m);
     if (until > now + recheck) until = now + recheck;
-    int rc = media_park_unless_woken(m, req, row->media_id, gen, until);
-    if (rc == 1) { /* the upload landed after our read: read again now */
-        st->have_row = false;
-        return LOCATE_AGAIN;
-    }
+    /* Re-read when woken, or now when the upload landed after our read (set before
+     * parking: once parked, another thread may own the request). row points into st. */
+    char media_id[MEDIA_ID_MAX_CHARS + 1];
+    snprintf(media_id, sizeof(media_id), "%s", row->media_id);
+    st->have_row = false;
+    int rc = media_park_unless_woken(m, req, media_id, gen, until);
+    if (rc == 1) return LOCATE_AGAIN;
     if (rc != 0) {
         h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
         return ATRIUM_DONE;
     }
-    st->have_row = false; /* re-read when woken */
     return ATRIUM_PARKED;
 }
 

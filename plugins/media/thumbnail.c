@@ -522,6 +522,9 @@ static int await_render(media *m, atrium_req *req, media_req *st, const media_ro
         /* Parked under the table's lock, so the job's signal (sent after it updates the
          * table under the same lock, here or on another process's notification) cannot
          * pass us by. */
+        /* Read the row again when woken, so a quarantine meanwhile applies (set before
+         * parking: once parked, another thread may own the request). */
+        st->have_row = false;
         int rc = h->park(req, m->events[media_bucket(key)], until);
         pthread_mutex_unlock(&t->mu);
         if (rc != 0) {
