@@ -1,0 +1,201 @@
+"""The media plugin across several Atrium processes that share one PostgreSQL and one media
+store, as behind a load balancer (docs/architecture.md, "More than one process"): an
+asynchronous upload through one process answers a download waiting on another; a new
+thumbnail asked of three processes at once is rendered once; an uncached remote file
+asked of two processes at once is fetched once, the other reading the copy from the
+shared store; a quarantine made through one process applies on the others at once.
+
+The processes share a server name, a database, a signing key and a media store; each has
+its own federation listener on 127.0.0.51-53 (its client listener on 127.0.0.1, as the
+harness talks to it). Where a peer must count the requests reaching it, the fake origin
+of test_media_remote.py plays it, on 127.0.0.54.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import harness
+import test_media_remote as remote
+from common import Background, wait_until
+from federation_support import FederatedServer
+from media_support import download_path, register, solid_png, thumbnail_path, upload, webp_size
+
+PROCESS_IPS = ("127.0.0.51", "127.0.0.52", "127.0.0.53")
+ORIGIN_IP = "127.0.0.54"
+# A download parked on one process is answered this soon after the upload lands on
+# another (the re-check without notifications comes every two seconds).
+UPLOAD_WAKE_S = 0.5
+QUARANTINE_REACH_S = 1.0
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+class MultiProcessCase(remote.RemoteMediaCase):
+    def start_cluster(self, count, media=None):
+        """`count` processes on one new database and one media store, started one after
+        the other (the first writes the signing key the others read)."""
+        db = harness.create_database()
+        self.addCleanup(harness.drop_database, db)
+        tmp_root = os.environ.get("ATRIUM_TEST_TMPDIR") or None
+        if tmp_root:
+            os.makedirs(tmp_root, exist_ok=True)
+        shared = tempfile.mkdtemp(prefix="atrium-media-multi-", dir=tmp_root)
+        self.addCleanup(shutil.rmtree, shared, True)
+        store = os.path.join(shared, "media_store")
+        conf = {"enabled": True, "store_path": store}
+        conf.update(media or {})
+        extra = {"registration": {"enabled": True}, "plugins": {"media": conf},
+                 "federation": {"signing_key_path": os.path.join(shared, "signing.key")}}
+        servers = []
+        for ip in PROCESS_IPS[:count]:
+            name = servers[0].server_name if servers else None
+            srv = FederatedServer(self.ca, ip, name=name, database=db, start=False)
+            srv._settings = harness.deep_merge(srv._settings, extra)
+            srv.store = store
+            srv.write_config()
+
+            def close(srv=srv):
+                outcome = getattr(self, "_outcome", None)
+                if outcome is not None and not getattr(outcome, "success", True):
+                    srv._failed = True
+                srv.close()
+            self.addCleanup(close)
+            srv.start()
+            servers.append(srv)
+        return servers
+
+    def total(self, servers, name, labels=None):
+        return sum(srv.metric(name, labels) or 0 for srv in servers)
+
+
+class AsyncUploadAcrossProcessesTest(MultiProcessCase):
+    def test_downloads_parked_on_b_are_answered_when_the_upload_lands_through_a(self):
+        a, b = self.start_cluster(2)
+        _, token = register(a)
+        ids = []
+        for _ in range(3):
+            status, created = a.json("POST", "/_matrix/media/v1/create", {}, token=token)
+            self.assertEqual(status, 200, created)
+            ids.append(created["content_uri"].rsplit("/", 1)[1])
+        waiting = [Background(b.request, "GET", download_path(b, media_id) + "?timeout_ms=20000",
+                              token=token, timeout=30) for media_id in ids]
+        wait_until(lambda: b.metric("atrium_media_upload_waiters") == 3, what="three downloads parked on b")
+        # Uploads land a while apart, so a periodic re-check cannot answer all three in time.
+        for i, media_id in enumerate(ids):
+            time.sleep(0.7)
+            data = f"bytes of upload {i}".encode() * 100
+            status, _, body = a.request("PUT", f"/_matrix/media/v3/upload/{a.server_name}/{media_id}",
+                                        body=data, token=token,
+                                        headers={"Content-Type": "application/octet-stream"})
+            self.assertEqual((status, json.loads(body)), (200, {}))
+            landed = time.monotonic()
+            status, _, got = waiting[i].result()
+            self.assertEqual((status, got), (200, data))
+            self.assertLess(waiting[i].finished_at - landed, UPLOAD_WAKE_S,
+                            f"download {i} on b woken by the upload through a, not by a re-check")
+        self.assertEqual(b.metric("atrium_media_not_yet_uploaded_total"), 0)
+
+
+class ThumbnailAcrossProcessesTest(MultiProcessCase):
+    def test_fifty_requests_for_a_new_thumbnail_over_three_processes_render_it_once(self):
+        servers = self.start_cluster(3)
+        _, token = register(servers[0])
+        # Large enough that its render takes a while: the requests overlap it.
+        image = solid_png(4000, 3000, 7)
+        media_id = upload(servers[0], token, image, "image/png")
+        path = thumbnail_path(servers[0], media_id, 320, 240)
+        results = [None] * 50
+        start = threading.Barrier(50)
+
+        def ask(i):
+            start.wait()
+            results[i] = servers[i % 3].request("GET", path, token=token, timeout=60)
+        threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        statuses = [r[0] if r else None for r in results]
+        self.assertEqual(statuses, [200] * 50, [r[2][:200] for r in results if r and r[0] != 200][:3])
+        self.assertEqual(len({sha(r[2]) for r in results}), 1, "every process serves the same file")
+        self.assertEqual(webp_size(results[0][2]), (320, 240))
+        self.assertEqual(self.total(servers, "atrium_media_renders_total", {"result": "ok"}), 1,
+                         [srv.metric("atrium_media_renders_total", {"result": "ok"}) for srv in servers])
+        self.assertEqual(self.total(servers, "atrium_media_renders_total", {"result": "failed"}), 0)
+
+
+class RemoteFetchAcrossProcessesTest(MultiProcessCase):
+    def test_one_uncached_remote_file_asked_of_two_processes_at_once_is_fetched_once(self):
+        o = self.origin(ORIGIN_IP)
+        data = os.urandom(300000)
+        o.files["shared1"] = ("ok", data, "application/octet-stream")
+        o.delay_s = 0.5  # the first fetch is still running when the other process asks
+        a, b = self.start_cluster(2)
+        _, token = register(a)
+        path = self.remote_path(o.server_name, "shared1")
+        results = [None] * 10
+        start = threading.Barrier(10)
+
+        def ask(i):
+            start.wait()
+            results[i] = (a, b)[i % 2].request("GET", path, token=token, timeout=30)
+        threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual([r[0] if r else None for r in results], [200] * 10,
+                         [r[2][:200] for r in results if r and r[0] != 200][:3])
+        self.assertEqual({sha(r[2]) for r in results}, {sha(data)})
+        self.assertEqual(o.media_hits("shared1"), 1, o.hits)
+        fetched = [srv.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}) for srv in (a, b)]
+        self.assertEqual(sorted(fetched), [0, 1], "one process fetched, the other read its copy")
+        # Later requests, on either process, come from the shared cache.
+        for srv in (a, b):
+            status, _, body = srv.request("GET", path, token=token)
+            self.assertEqual((status, sha(body)), (200, sha(data)))
+        self.assertEqual(o.media_hits("shared1"), 1)
+
+    def test_a_missing_remote_file_is_asked_of_the_origin_once_for_both_processes(self):
+        o = self.origin(ORIGIN_IP)
+        o.delay_s = 0.5
+        a, b = self.start_cluster(2)
+        _, token = register(a)
+        path = self.remote_path(o.server_name, "absent1")
+        first = Background(a.request, "GET", path, token=token, timeout=30)
+        time.sleep(0.2)  # a's fetch is under way
+        self.assert_failure(b.request("GET", path, token=token, timeout=30), 404, "M_NOT_FOUND")
+        self.assert_failure(first.result(), 404, "M_NOT_FOUND")
+        self.assertEqual(o.media_hits("absent1"), 1, "b learnt the 404 from a's claim")
+
+
+class QuarantineAcrossProcessesTest(MultiProcessCase):
+    def test_a_quarantine_through_a_applies_on_b_and_c_within_a_second(self):
+        servers = self.start_cluster(3)
+        a = servers[0]
+        _, admin = register(a, admin=True)
+        data = os.urandom(5000)
+        media_id = upload(a, admin, data)
+        for srv in servers:  # served everywhere first
+            status, _, body = srv.request("GET", download_path(srv, media_id), token=admin)
+            self.assertEqual((status, body), (200, data))
+        status, _, body = a.request("POST", f"/_synapse/admin/v1/media/quarantine/{a.server_name}/{media_id}",
+                                    body={}, token=admin)
+        self.assertEqual(status, 200, body)
+        quarantined = time.monotonic()
+        for srv in servers[1:]:
+            wait_until(lambda srv=srv: srv.request("GET", download_path(srv, media_id), token=admin)[0] == 404,
+                       timeout=5, what="the other process refuses the quarantined media")
+            self.assertLess(time.monotonic() - quarantined, QUARANTINE_REACH_S)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
