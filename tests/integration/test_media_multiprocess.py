@@ -31,6 +31,7 @@ ORIGIN_IP = "127.0.0.54"
 # another (the re-check without notifications comes every two seconds).
 UPLOAD_WAKE_S = 0.5
 QUARANTINE_REACH_S = 1.0
+EVICT_LEASE = "plugin.media.remote_cache.evict"
 
 
 def sha(data):
@@ -174,6 +175,38 @@ class RemoteFetchAcrossProcessesTest(MultiProcessCase):
         self.assert_failure(b.request("GET", path, token=token, timeout=30), 404, "M_NOT_FOUND")
         self.assert_failure(first.result(), 404, "M_NOT_FOUND")
         self.assertEqual(o.media_hits("absent1"), 1, "b learnt the 404 from a's claim")
+
+
+class EvictionAcrossProcessesTest(MultiProcessCase):
+    def test_remote_cache_eviction_runs_in_the_lease_holder_alone_and_bounds_the_shared_cache(self):
+        o = self.origin(ORIGIN_IP)
+        size, bound = 100000, 350000
+        files = {f"ev{i}": os.urandom(size) for i in range(8)}
+        for media_id, data in files.items():
+            o.files[media_id] = ("ok", data, "application/octet-stream")
+        a, b = self.start_cluster(2, media={"remote_cache_max_bytes": bound})
+        holders = wait_until(lambda: [s for s in (a, b) if s.metric("atrium_lease_held", {"lease": EVICT_LEASE}) == 1],
+                             what="one process holds the eviction lease")
+        self.assertEqual(len(holders), 1)
+        holder = holders[0]
+        other = b if holder is a else a
+        _, token = register(a)
+        # Most copies are stored by the process that may not evict: on its own count it is
+        # far past the bound, yet only the holder removes anything.
+        for i, media_id in enumerate(files):
+            srv = holder if i % 4 == 3 else other
+            status, _, body = srv.request("GET", self.remote_path(o.server_name, media_id), token=token, timeout=30)
+            self.assertEqual((status, sha(body)), (200, sha(files[media_id])))
+
+        def cached_bytes():
+            return int(harness.psql("SELECT coalesce(sum(size_bytes), 0) FROM media_remote", a.database)[0][0])
+        wait_until(lambda: cached_bytes() <= bound, what="the shared remote cache back within its bound")
+        self.assertEqual(other.metric("atrium_media_remote_cache_evictions_total"), 0)
+        self.assertGreaterEqual(holder.metric("atrium_media_remote_cache_evictions_total"), 5)
+        # The newest copy survived: least recently used first.
+        status, _, body = other.request("GET", self.remote_path(o.server_name, "ev7"), token=token)
+        self.assertEqual((status, sha(body)), (200, sha(files["ev7"])))
+        self.assertEqual(o.media_hits("ev7"), 1)
 
 
 class QuarantineAcrossProcessesTest(MultiProcessCase):
