@@ -30,6 +30,8 @@ ORIGIN_IP = "127.0.0.54"
 # A download parked on one process is answered this soon after the upload lands on
 # another (the re-check without notifications comes every two seconds).
 UPLOAD_WAKE_S = 0.5
+# Without notifications (b's listener cut) a parked download re-reads its row every 2 s.
+UPLOAD_RECHECK_S = 2.0
 QUARANTINE_REACH_S = 1.0
 EVICT_LEASE = "plugin.media.remote_cache.evict"
 
@@ -102,6 +104,41 @@ class AsyncUploadAcrossProcessesTest(MultiProcessCase):
             self.assertLess(waiting[i].finished_at - landed, UPLOAD_WAKE_S,
                             f"download {i} on b woken by the upload through a, not by a re-check")
         self.assertEqual(b.metric("atrium_media_not_yet_uploaded_total"), 0)
+
+    def test_with_bs_listener_cut_a_download_is_answered_by_its_re_check_and_a_quarantine_applies(self):
+        a, b = self.start_cluster(2)
+        _, token = register(a, admin=True)
+        status, created = a.json("POST", "/_matrix/media/v1/create", {}, token=token)
+        media_id = created["content_uri"].rsplit("/", 1)[1]
+        # Keep b deaf: its listening connection cut, new connections refused (the pools'
+        # open connections go on working).
+        harness.psql(f'ALTER DATABASE "{a.database}" WITH ALLOW_CONNECTIONS false')
+        try:
+            rows = harness.psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                f" WHERE application_name = 'atrium-notify-{b.pid}'")
+            self.assertEqual(rows, [["t"]])
+            wait_until(lambda: b.metric("atrium_notify_listener_up") == 0, what="b knows it is deaf")
+            waiting = Background(b.request, "GET", download_path(b, media_id) + "?timeout_ms=20000",
+                                 token=token, timeout=30)
+            wait_until(lambda: b.metric("atrium_media_upload_waiters") == 1, what="download parked on b")
+            data = b"landed while b was deaf" * 50
+            status, _, _ = a.request("PUT", f"/_matrix/media/v3/upload/{a.server_name}/{media_id}",
+                                     body=data, token=token,
+                                     headers={"Content-Type": "application/octet-stream"})
+            self.assertEqual(status, 200)
+            landed = time.monotonic()
+            status, _, got = waiting.result()
+            self.assertEqual((status, got), (200, data))
+            self.assertLess(waiting.finished_at - landed, UPLOAD_RECHECK_S + 0.5,
+                            "re-checked at the short interval while notifications are missed")
+            # Quarantined through a while b hears nothing: b serves nothing stale.
+            status, _, body = a.request("POST", f"/_synapse/admin/v1/media/quarantine/{a.server_name}/{media_id}",
+                                        body={}, token=token)
+            self.assertEqual(status, 200, body)
+            self.assertEqual(b.request("GET", download_path(b, media_id), token=token)[0], 404)
+            self.assertEqual(b.metric("atrium_notify_listener_up"), 0, "answered while still deaf")
+        finally:
+            harness.psql(f'ALTER DATABASE "{a.database}" WITH ALLOW_CONNECTIONS true')
 
 
 class ThumbnailAcrossProcessesTest(MultiProcessCase):
