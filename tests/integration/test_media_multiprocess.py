@@ -214,6 +214,47 @@ class RemoteFetchAcrossProcessesTest(MultiProcessCase):
         self.assertEqual(o.media_hits("absent1"), 1, "b learnt the 404 from a's claim")
 
 
+class DeadClaimantTest(MultiProcessCase):
+    """A process that claimed a render or a fetch and died leaves its claim row behind:
+    the others wait for it no longer than its expiry, then do the work themselves."""
+
+    def dead_claim(self, srv, key, lapse_ms):
+        harness.psql("INSERT INTO media_claims (claim_key, owner, expires_ts) VALUES"
+                     f" ('{key}', 'dead.1.000000',"
+                     f" (extract(epoch FROM clock_timestamp()) * 1000)::bigint + {lapse_ms})",
+                     srv.database)
+
+    def test_a_render_claimed_by_a_dead_process_is_taken_over_when_its_claim_lapses(self):
+        a, b = self.start_cluster(2)
+        _, token = register(a)
+        image = solid_png(800, 600, 3)
+        media_id = upload(a, token, image, "image/png")
+        self.dead_claim(a, f"render:{sha(image)}/320x240-scale", 2000)
+        started = time.monotonic()
+        status, _, body = b.request("GET", thumbnail_path(b, media_id, 320, 240), token=token, timeout=30)
+        waited = time.monotonic() - started
+        self.assertEqual(status, 200, body[:300])
+        self.assertEqual(webp_size(body), (320, 240))
+        self.assertGreater(waited, 1.5, "it waited for the other claimant first")
+        self.assertLess(waited, 6.0)
+        self.assertEqual(self.total((a, b), "atrium_media_renders_total", {"result": "ok"}), 1)
+
+    def test_a_fetch_claimed_by_a_dead_process_is_taken_over_when_its_claim_lapses(self):
+        o = self.origin(ORIGIN_IP)
+        data = os.urandom(50000)
+        o.files["orphan1"] = ("ok", data, "application/octet-stream")
+        a, b = self.start_cluster(2)
+        _, token = register(a)
+        self.dead_claim(a, f"fetch:{o.server_name}/orphan1", 2000)
+        started = time.monotonic()
+        status, _, body = b.request("GET", self.remote_path(o.server_name, "orphan1"), token=token, timeout=30)
+        waited = time.monotonic() - started
+        self.assertEqual((status, sha(body)), (200, sha(data)))
+        self.assertGreater(waited, 1.5, "it waited for the other claimant first")
+        self.assertLess(waited, 8.0)
+        self.assertEqual(o.media_hits("orphan1"), 1)
+
+
 class EvictionAcrossProcessesTest(MultiProcessCase):
     def test_remote_cache_eviction_runs_in_the_lease_holder_alone_and_bounds_the_shared_cache(self):
         o = self.origin(ORIGIN_IP)
