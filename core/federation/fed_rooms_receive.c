@@ -14,9 +14,10 @@
  *   4. the auth rules against the event's own auth events, every one of which must be
  *      known and not rejected (missing ones are fetched with /event, checked the same way
  *      and kept as outliers);
- *   5. missing prev_events: asked for with /get_missing_events (at most
- *      RECV_MISSING_LIMIT, one level deep) and processed first, oldest first; a gap still
- *      open is bridged with /state_ids at the event and /event for what is not known;
+ *   5. missing prev_events: asked for with /get_missing_events, round after round back to
+ *      the events known here (RECV_MISSING_LIMIT a round, RECV_GAP_MAX_EVENTS in all),
+ *      and processed first, oldest first; a gap still open is bridged with /state_ids at
+ *      the event and /event for what is not known;
  *   6. the auth rules against the state before the event: the state after its one prev
  *      event, or the resolution (state_res.h) of the states after each of several;
  *   7. the auth rules against the room's current state: a refusal there is a soft
@@ -49,6 +50,8 @@
 #include "core/rooms/state_res.h"
 
 #define RECV_MISSING_LIMIT 10       /* events asked for with one get_missing_events */
+#define RECV_GAP_MAX_EVENTS 500     /* events one gap walk collects at most */
+#define RECV_GAP_MAX_ROUNDS 60      /* get_missing_events one gap walk makes at most */
 #define RECV_MAX_NESTING 1          /* missing events' own gaps are not chased further */
 #define RECV_FETCH_MAX 200          /* events one PDU may fetch with /event (auth, gap) */
 #define RECV_REQUEST_TIMEOUT_MS 10000
@@ -358,44 +361,103 @@ static json_t *missing_prevs(pdu_job *rx, const json_t *pdu)
     return out;
 }
 
-/* Ask the origin for what lies between our forward extremities and the event, and
- * process what it gives, oldest first. */
-static void fill_gap(pdu_job *rx, const json_t *pdu, const char *event_id)
+/* Is id known in the room's stream, or among the events a gap walk collected? */
+static bool gap_known(pdu_job *rx, const json_t *collected, const char *id)
 {
-    rooms_graph_tips tips;
-    if (rooms_graph_tips_load(rx->c, rx->room_id, &tips) < 0) return;
-    json_t *earliest = json_array();
-    for (int i = 0; i < tips.n; i++) json_array_append_new(earliest, json_string(tips.ids[i]));
-    json_int_t depth = json_integer_value(json_object_get(pdu, "depth"));
-    json_t *body = json_pack("{s:o, s:[s], s:i, s:I}", "earliest_events", earliest,
-                             "latest_events", event_id, "limit", RECV_MISSING_LIMIT, "min_depth",
-                             (json_int_t)(depth > RECV_MISSING_LIMIT * 10 ? depth - RECV_MISSING_LIMIT * 10 : 0));
+    return json_object_get(collected, id) || fed_rooms_event_pos(rx->c, rx->room_id, id) > 0;
+}
+
+static int by_depth(const void *x, const void *y)
+{
+    json_int_t a = json_integer_value(json_object_get(*(json_t *const *)x, "depth")),
+               b = json_integer_value(json_object_get(*(json_t *const *)y, "depth"));
+    return a < b ? -1 : a > b;
+}
+
+/* One /get_missing_events: what lies between our forward extremities (earliest) and the
+ * frontier (latest); the answer's events (new array) or NULL. */
+static json_t *ask_missing(pdu_job *rx, json_t *earliest, json_t *frontier, json_int_t min_depth)
+{
+    json_t *body = json_pack("{s:O, s:O, s:i, s:I}", "earliest_events", earliest,
+                             "latest_events", frontier, "limit", RECV_MISSING_LIMIT,
+                             "min_depth", min_depth);
     char room[RECV_URI_BYTES / 2], uri[RECV_URI_BYTES];
     uri_part(rx->room_id, room, sizeof(room));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/get_missing_events/%s", room);
     json_t *answer = ask_origin(rx, "POST", uri, body);
     json_decref(body);
-    json_t *events = json_object_get(answer, "events");
-    size_t n = json_array_size(events);
-    json_t **sorted = calloc(n ? n : 1, sizeof(*sorted));
-    for (size_t i = 0; sorted && i < n; i++) sorted[i] = json_array_get(events, i);
-    for (size_t i = 1; sorted && i < n; i++) /* by depth, oldest first (n is small) */
-        for (size_t j = i; j > 0 && json_integer_value(json_object_get(sorted[j - 1], "depth")) >
-                                        json_integer_value(json_object_get(sorted[j], "depth"));
-             j--) {
-            json_t *t = sorted[j];
-            sorted[j] = sorted[j - 1];
-            sorted[j - 1] = t;
+    json_t *events = json_incref(json_object_get(answer, "events"));
+    json_decref(answer);
+    if (events && !json_is_array(events)) {
+        json_decref(events);
+        return NULL;
+    }
+    return events;
+}
+
+/* Ask the origin for what lies between our forward extremities and the event, round
+ * after round (each /get_missing_events walks back from the oldest events the last one
+ * gave whose prev events are still unknown), until the gap closes, a round brings
+ * nothing new, or RECV_GAP_MAX_EVENTS are collected; then process them oldest first, so
+ * each finds its prev events in the stream (a server back after a long absence gets the
+ * newest event from catch-up and everything before it this way). What the bound leaves
+ * open is bridged by the state from the origin (receive, step 6). */
+static void fill_gap(pdu_job *rx, const char *event_id)
+{
+    rooms_graph_tips tips;
+    if (rooms_graph_tips_load(rx->c, rx->room_id, &tips) < 0) return;
+    json_t *earliest = json_array(), *frontier = json_array(), *collected = json_object();
+    for (int i = 0; i < tips.n; i++) json_array_append_new(earliest, json_string(tips.ids[i]));
+    json_array_append_new(frontier, json_string(event_id));
+    json_int_t min_depth = tips.max_depth > RECV_GAP_MAX_EVENTS ? tips.max_depth - RECV_GAP_MAX_EVENTS : 0;
+    for (int round = 0; round < RECV_GAP_MAX_ROUNDS && json_array_size(frontier) > 0 &&
+                        json_object_size(collected) < RECV_GAP_MAX_EVENTS;
+         round++) {
+        json_t *events = ask_missing(rx, earliest, frontier, min_depth);
+        json_array_clear(frontier);
+        size_t fresh = 0;
+        for (size_t i = 0; i < json_array_size(events); i++) {
+            json_t *ev = json_array_get(events, i);
+            char id[EVENT_ID_LEN];
+            if (!json_is_object(ev) || event_compute_id(rx->v, ev, id) < 0 ||
+                gap_known(rx, collected, id) || json_object_size(collected) >= RECV_GAP_MAX_EVENTS)
+                continue;
+            json_object_set(collected, id, ev);
+            fresh++;
         }
+        /* The next round starts from the collected events whose prev events are unknown. */
+        for (size_t i = 0; fresh && i < json_array_size(events); i++) {
+            json_t *ev = json_array_get(events, i), *refs = json_object_get(ev, "prev_events");
+            char id[EVENT_ID_LEN];
+            if (!json_is_object(ev) || event_compute_id(rx->v, ev, id) < 0) continue;
+            bool open = false;
+            for (size_t j = 0; j < json_array_size(refs) && !open; j++) {
+                const char *prev = ref_id(json_array_get(refs, j));
+                open = prev && !gap_known(rx, collected, prev);
+            }
+            if (open) json_array_append_new(frontier, json_string(id));
+        }
+        json_decref(events);
+        if (!fresh) break;
+    }
+    size_t n = json_object_size(collected);
+    json_t **sorted = calloc(n ? n : 1, sizeof(*sorted));
+    size_t k = 0;
+    const char *key;
+    json_t *ev;
+    json_object_foreach(collected, key, ev) if (sorted) sorted[k++] = ev;
+    if (sorted) qsort(sorted, k, sizeof(*sorted), by_depth);
     pdu_job inner = *rx;
     inner.nesting++;
-    for (size_t i = 0; sorted && i < n && i < RECV_MISSING_LIMIT; i++) {
+    for (size_t i = 0; sorted && i < k; i++) {
         char e2[FED_PDU_ERR_LEN];
         (void)receive(&inner, sorted[i], e2);
     }
     rx->fetched = inner.fetched;
     free(sorted);
-    json_decref(answer);
+    json_decref(collected);
+    json_decref(frontier);
+    json_decref(earliest);
 }
 
 /* ---- one PDU -------------------------------------------------------------------------- */
@@ -560,7 +622,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     /* 5. prev events */
     json_t *missing = missing_prevs(rx, pdu);
     if (json_array_size(missing) > 0 && rx->nesting < RECV_MAX_NESTING) {
-        fill_gap(rx, pdu, id);
+        fill_gap(rx, id);
         json_decref(missing);
         missing = missing_prevs(rx, pdu);
     }

