@@ -57,8 +57,22 @@ int fed_rooms_server_involved(PGconn *c, const char *room_id, const char *server
 PGconn *fed_rooms_open(atrium_req *r, const char *room_id);
 void fed_rooms_close(PGconn *c);
 
-/* The stream position of an event of room_id, or 0 (not in the stream), -1 database. */
-int64_t fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id);
+/* Is event_id an event of room_id's stream? 1 with *pos its position (<= 0 for history
+ * backfilled from other servers), 0 not in the stream, -1 database. pos may be NULL. */
+int fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id, int64_t *pos);
+/* The events just beyond what this server has of room_id's history (prev events of
+ * stored events that are neither stored nor rejected), the deepest first, at most max,
+ * into *out (a new array of IDs). Their count, or -1 database. */
+int fed_rooms_backward_extremities(PGconn *c, const char *room_id, int max, json_t **out);
+/* fed_rooms_receive.c: read up to limit events of room_id's history older than what is
+ * stored from a server in the room (/backfill at the backward extremities, the room's
+ * creating server first), check each as a received PDU is checked (format, ID,
+ * signatures, content hash, the auth rules against its auth events, fetched when
+ * missing) and store those that pass at positions below the stream
+ * (ROOMS_PDU_BACKFILLED), those that fail as rejected. Waits for the peers (each request
+ * with its deadline): call it off the request pool. c is held, outside any transaction.
+ * The count stored, or -1 (database; logged). */
+int fed_rooms_backfill(PGconn *c, const char *room_id, int limit);
 
 /* Route registration: every route of these files (fed_rooms_access.c calls the others'),
  * fed_rooms_serve.c's, fed_rooms_join.c's. 0 or -1 (logged). */

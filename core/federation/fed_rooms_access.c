@@ -151,15 +151,38 @@ int fed_rooms_server_involved(PGconn *c, const char *room_id, const char *server
     return n > 0;
 }
 
-int64_t fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id)
+int fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id, int64_t *pos)
 {
     const char *p[2] = {event_id, room_id};
     PGresult *res = rooms_q(c, "SELECT stream_pos FROM events WHERE event_id = $1 AND room_id = $2",
                             2, p, NULL);
     if (!res) return -1;
-    int64_t pos = PQntuples(res) == 1 ? atoll(PQgetvalue(res, 0, 0)) : 0;
+    int found = PQntuples(res) == 1;
+    if (found && pos) *pos = atoll(PQgetvalue(res, 0, 0));
     PQclear(res);
-    return pos;
+    return found;
+}
+
+int fed_rooms_backward_extremities(PGconn *c, const char *room_id, int max, json_t **out)
+{
+    char max_s[24];
+    snprintf(max_s, sizeof(max_s), "%d", max);
+    const char *p[2] = {room_id, max_s};
+    PGresult *res = rooms_q(c,
+                            "SELECT g.prev_id FROM event_edges g"
+                            " JOIN events e ON e.event_id = g.event_id"
+                            " WHERE g.room_id = $1"
+                            " AND NOT EXISTS (SELECT 1 FROM events x WHERE x.event_id = g.prev_id)"
+                            " AND NOT EXISTS (SELECT 1 FROM event_outliers o"
+                            "  WHERE o.event_id = g.prev_id AND o.status = 'rejected')"
+                            " GROUP BY g.prev_id ORDER BY max(e.depth) DESC LIMIT $2::int",
+                            2, p, NULL);
+    if (!res) return -1;
+    *out = json_array();
+    for (int i = 0; i < PQntuples(res); i++) json_array_append_new(*out, json_string(PQgetvalue(res, i, 0)));
+    int n = PQntuples(res);
+    PQclear(res);
+    return n;
 }
 
 PGconn *fed_rooms_open(atrium_req *r, const char *room_id)

@@ -214,9 +214,9 @@ static int send_member_finish(atrium_req *r, const member_route *mr, const char 
         /* Already stored (a retried send_join): answer again without storing twice. */
         bool dup = false;
         if (rc == ROOMS_OK) {
-            int64_t pos = fed_rooms_event_pos(c, room_id, st->event_id);
-            if (pos < 0) rc = rooms_set_err(&e, ROOMS_E_DB, "database");
-            dup = pos > 0;
+            int in = fed_rooms_event_pos(c, room_id, st->event_id, NULL);
+            if (in < 0) rc = rooms_set_err(&e, ROOMS_E_DB, "database");
+            dup = in > 0;
         }
         if (rc == ROOMS_OK && !dup)
             rc = rooms_tx_append_pdu(&tx, pdu, st->event_id, r->origin, ids, 0, &e);

@@ -32,8 +32,13 @@
  * state becomes their resolution (resolve_current): current_state and, for memberships, a
  * new row of memberships; the stream keeps its events in arrival order.
  *
+ * History older than what the stream holds (a room joined over federation starts at the
+ * join) is read on demand with /backfill (fed_rooms_backfill, for /messages): each event
+ * checked as above up to its auth events (the state before it is not computed: it never
+ * becomes current state) and stored below the stream (ROOMS_PDU_BACKFILLED).
+ *
  * Metrics: atrium_rooms_inbound_pdus_total{outcome, check}, state resolutions by outcome
- * and their duration. What it does not do: backfill history older than the gap it needs.
+ * and their duration.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -52,6 +57,8 @@
 #define RECV_MISSING_LIMIT 10       /* events asked for with one get_missing_events */
 #define RECV_GAP_MAX_EVENTS 500     /* events one gap walk collects at most */
 #define RECV_GAP_MAX_ROUNDS 60      /* get_missing_events one gap walk makes at most */
+#define RECV_BACKFILL_FROM_MAX 5    /* backward extremities one /backfill starts from */
+#define RECV_BACKFILL_SERVERS_MAX 3 /* servers asked in turn for one backfill */
 #define RECV_MAX_NESTING 1          /* missing events' own gaps are not chased further */
 #define RECV_FETCH_MAX 200          /* events one PDU may fetch with /event (auth, gap) */
 #define RECV_REQUEST_TIMEOUT_MS 10000
@@ -355,7 +362,7 @@ static json_t *missing_prevs(pdu_job *rx, const json_t *pdu)
     json_t *refs = json_object_get(pdu, "prev_events"), *out = json_array();
     for (size_t i = 0; i < json_array_size(refs); i++) {
         const char *id = ref_id(json_array_get(refs, i));
-        if (id && fed_rooms_event_pos(rx->c, rx->room_id, id) <= 0)
+        if (id && fed_rooms_event_pos(rx->c, rx->room_id, id, NULL) <= 0)
             json_array_append_new(out, json_string(id));
     }
     return out;
@@ -364,7 +371,7 @@ static json_t *missing_prevs(pdu_job *rx, const json_t *pdu)
 /* Is id known in the room's stream, or among the events a gap walk collected? */
 static bool gap_known(pdu_job *rx, const json_t *collected, const char *id)
 {
-    return json_object_get(collected, id) || fed_rooms_event_pos(rx->c, rx->room_id, id) > 0;
+    return json_object_get(collected, id) || fed_rooms_event_pos(rx->c, rx->room_id, id, NULL) > 0;
 }
 
 static int by_depth(const void *x, const void *y)
@@ -567,13 +574,13 @@ static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *st
     if (!a) return retry(err);
     int rc = rooms_tx_begin(&tx, rx->c, a, rx->room_id, &e);
     if (rc == ROOMS_OK) {
-        int64_t pos = fed_rooms_event_pos(rx->c, rx->room_id, id);
+        int in = fed_rooms_event_pos(rx->c, rx->room_id, id, NULL);
         const char *p[1] = {id};
-        if (pos < 0 || !rooms_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
+        if (in < 0 || !rooms_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
-        else if (pos == 0)
+        else if (in == 0)
             rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, state_ids, 0, &e);
-        if (rc == ROOMS_OK && pos == 0 && resolve_current(rx) < 0)
+        if (rc == ROOMS_OK && in == 0 && resolve_current(rx) < 0)
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
         else rooms_tx_rollback(&tx);
@@ -663,6 +670,152 @@ out:
     json_decref(state_ids);
     json_decref(pdu);
     return rc;
+}
+
+/* ---- history older than the stream: /backfill ---------------------------------------- */
+
+static int by_depth_desc(const void *x, const void *y)
+{
+    return by_depth(y, x);
+}
+
+/* The servers to ask for room_id's history: the room's creating server first, then those
+ * with a user joined now; ours never. A new array. */
+static json_t *backfill_servers(PGconn *c, const char *room_id)
+{
+    const char *own = fed_state()->server_name;
+    json_t *out = json_array();
+    const char *creator = room_auth_domain(room_id);
+    if (strcmp(creator, own) != 0) json_array_append_new(out, json_string(creator));
+    const char *p[2] = {room_id, own};
+    PGresult *res = rooms_q(c,
+                            "SELECT DISTINCT substr(state_key, strpos(state_key, ':') + 1)"
+                            " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
+                            " AND membership = 'join'"
+                            " AND substr(state_key, strpos(state_key, ':') + 1) <> $2 LIMIT 8",
+                            2, p, NULL);
+    for (int i = 0; res && i < PQntuples(res); i++) {
+        const char *s = PQgetvalue(res, i, 0);
+        bool seen = false;
+        for (size_t j = 0; j < json_array_size(out) && !seen; j++)
+            seen = strcmp(json_string_value(json_array_get(out, j)), s) == 0;
+        if (!seen) json_array_append_new(out, json_string(s));
+    }
+    PQclear(res);
+    return out;
+}
+
+/* One event of a /backfill answer: checked and stored (at a position below the stream)
+ * or kept as rejected. 1 stored, 0 not, -1 database. */
+static int backfill_one(pdu_job *rx, const json_t *pdu_in)
+{
+    char why[EVENT_WHY_LEN], id[EVENT_ID_LEN], sig[FED_CALL_ERROR_BYTES];
+    if (!json_is_object(pdu_in) ||
+        strcmp(json_string_value(json_object_get(pdu_in, "room_id")) ?: "", rx->room_id) != 0 ||
+        event_check_format(rx->v, pdu_in, why) != EVENT_FORMAT_OK ||
+        event_compute_id(rx->v, pdu_in, id) < 0)
+        return 0;
+    rooms_graph_where w;
+    bool failed;
+    json_t *have = rooms_graph_load(rx->c, id, NULL, &w, &failed);
+    json_decref(have);
+    if (failed) return -1;
+    if (w == ROOMS_GRAPH_STREAM || w == ROOMS_GRAPH_REJECTED || w == ROOMS_GRAPH_SOFT_FAILED)
+        return 0;
+    if (fed_call_verify_event(rx->v, pdu_in, sig) < 0) {
+        rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s refused: %s", id, rx->origin, sig);
+        return 0;
+    }
+    json_t *pdu = event_content_hash_ok(pdu_in) ? json_incref((json_t *)pdu_in)
+                                                : event_redact(rx->v, pdu_in);
+    json_t *auth = NULL;
+    char awhy[ROOM_AUTH_WHY_LEN] = "its auth events are not known or were rejected";
+    int rc;
+    if (!auth_events_ready(rx, pdu, 1, &auth) ||
+        !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, awhy)) {
+        rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s rejected: %s", id, rx->origin, awhy);
+        rc = store_rejected(rx, id, pdu, awhy) < 0 ? -1 : 0;
+    } else {
+        room_tx tx;
+        rooms_err e = {0};
+        rt_arena *a = rt_arena_new(1024);
+        rc = a ? rooms_tx_begin(&tx, rx->c, a, rx->room_id, &e) : ROOMS_E_DB;
+        if (rc == ROOMS_OK) {
+            const char *p[1] = {id};
+            if (!rooms_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
+                rc = rooms_set_err(&e, ROOMS_E_DB, "database");
+            else
+                rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, NULL, ROOMS_PDU_BACKFILLED, &e);
+            if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
+            else rooms_tx_rollback(&tx);
+        }
+        rt_arena_free(a);
+        rc = rc == ROOMS_OK ? 1 : rc == ROOMS_E_DB ? -1 : 0;
+    }
+    json_decref(auth);
+    json_decref(pdu);
+    return rc;
+}
+
+/* One /backfill of room_id from the backward extremity `from` at the first server of
+ * servers that answers; the events stored (checked by backfill_one), or -1 database. */
+static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, int limit)
+{
+    char room[RECV_URI_BYTES / 4], ev[RECV_URI_BYTES / 4], uri[RECV_URI_BYTES];
+    uri_part(rx->room_id, room, sizeof(room));
+    uri_part(from, ev, sizeof(ev));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v1/backfill/%s?limit=%d&v=%s", room, limit, ev);
+    json_t *answer = NULL;
+    for (size_t i = 0; i < json_array_size(servers) && i < RECV_BACKFILL_SERVERS_MAX && !answer; i++) {
+        rx->origin = json_string_value(json_array_get(servers, i));
+        answer = ask_origin(rx, "GET", uri, NULL);
+        if (answer && !json_is_array(json_object_get(answer, "pdus"))) {
+            json_decref(answer);
+            answer = NULL;
+        }
+    }
+    if (!answer) return 0;
+    /* Newest first: each takes a position below the one before. */
+    json_t *pdus = json_object_get(answer, "pdus");
+    size_t k = json_array_size(pdus) < (size_t)limit ? json_array_size(pdus) : (size_t)limit;
+    json_t **sorted = calloc(k ? k : 1, sizeof(*sorted));
+    for (size_t i = 0; sorted && i < k; i++) sorted[i] = json_array_get(pdus, i);
+    if (sorted) qsort(sorted, k, sizeof(*sorted), by_depth_desc);
+    int stored = 0;
+    for (size_t i = 0; sorted && i < k && stored >= 0; i++) {
+        int one = backfill_one(rx, sorted[i]);
+        stored = one < 0 ? -1 : stored + one;
+    }
+    free(sorted);
+    json_decref(answer);
+    rt_log(ATRIUM_LOG_INFO, "federation", "backfill of %s from %s at %s: %zu event(s) received, "
+           "%d stored", rx->room_id, rx->origin, from, k, stored);
+    return stored;
+}
+
+int fed_rooms_backfill(PGconn *c, const char *room_id, int limit)
+{
+    if (limit > FED_ROOMS_BACKFILL_MAX) limit = FED_ROOMS_BACKFILL_MAX;
+    bool failed = false;
+    pdu_job rx = {.c = c, .room_id = room_id, .v = rooms_version_of(c, room_id, &failed)};
+    if (failed) return -1;
+    if (!rx.v || limit <= 0) return 0;
+    json_t *from = NULL;
+    int n = fed_rooms_backward_extremities(c, room_id, RECV_BACKFILL_FROM_MAX, &from);
+    if (n <= 0) {
+        json_decref(from);
+        return n;
+    }
+    /* The deepest extremity first; the next only when one gave nothing new (its server
+     * does not have it, or what it served did not pass), so one event that never passes
+     * does not stop the history behind the others. */
+    json_t *servers = backfill_servers(c, room_id);
+    int stored = 0;
+    for (size_t i = 0; i < json_array_size(from) && stored == 0; i++)
+        stored = backfill_from(&rx, servers, json_string_value(json_array_get(from, i)), limit);
+    json_decref(servers);
+    json_decref(from);
+    return stored;
 }
 
 static int on_pdu(void *ctx, const char *origin, const json_t *pdu, char err[FED_PDU_ERR_LEN])

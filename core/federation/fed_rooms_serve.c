@@ -43,8 +43,9 @@ static int get_event(atrium_req *r)
         json_decref(pdu);
         return ATRIUM_DONE;
     }
-    int64_t pos = w == ROOMS_GRAPH_STREAM ? fed_rooms_event_pos(c, room, event_id) : INT64_MAX;
-    int see = pos < 0 ? -1 : fed_rooms_server_may_see(c, room, r->origin, pos);
+    int64_t pos = INT64_MAX;
+    int in = w == ROOMS_GRAPH_STREAM ? fed_rooms_event_pos(c, room, event_id, &pos) : 0;
+    int see = in < 0 ? -1 : fed_rooms_server_may_see(c, room, r->origin, pos);
     fed_rooms_close(c);
     if (see < 0) {
         json_decref(pdu);
@@ -69,8 +70,9 @@ static bool state_ids_at(atrium_req *r, json_t **state, json_t **chain)
     }
     PGconn *c = fed_rooms_open(r, room_id);
     if (!c) return false;
-    int64_t pos = fed_rooms_event_pos(c, room_id, event_id);
-    int see = pos < 0 ? -1 : fed_rooms_server_may_see(c, room_id, r->origin, pos ? pos : INT64_MAX);
+    int64_t pos = INT64_MAX;
+    int in = fed_rooms_event_pos(c, room_id, event_id, &pos);
+    int see = in < 0 ? -1 : fed_rooms_server_may_see(c, room_id, r->origin, pos);
     int found = see == 1 ? rooms_graph_state_before(c, room_id, event_id, state) : see;
     int ch = found == 1 ? rooms_graph_auth_chain(c, *state, chain) : 0;
     fed_rooms_close(c);

@@ -186,6 +186,14 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      " ON CONFLICT DO NOTHING;"
      "INSERT INTO room_extremities SELECT room_id, last_event_id FROM rooms"
      " WHERE last_event_id <> '';"},
+    {5, "rooms_backfill_positions",
+     /* History backfilled from other servers is older than anything in the stream: it
+      * takes positions <= 0, each batch below the last (-nextval), so /messages pages
+      * into it backwards and /sync, which reads forwards from its tokens, never sees it. */
+     "CREATE SEQUENCE rooms_backfill_seq;"
+     /* The backward extremities of a room (fed_rooms_backward_extremities) are read by
+      * room. */
+     "CREATE INDEX event_edges_room ON event_edges (room_id);"},
 };
 
 

@@ -51,7 +51,7 @@
 #include "core/store/db.h"
 
 /* The migrations of owner "rooms" (rooms.c), applied by the rooms module (core/client/rooms/). */
-#define ROOMS_N_MIGRATIONS 4
+#define ROOMS_N_MIGRATIONS 5
 extern const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS];
 
 /* ---- failures ----------------------------------------------------------------------- */
@@ -186,6 +186,9 @@ typedef struct rooms_vis {
     bool world_readable; /* the room's history_visibility now is world_readable: anyone
                           * may read it (what the rule lets them see) */
     int dropped;       /* ranges hidden by ROOMS_VIS_MAX_RANGES */
+    bool backfilled;   /* events at positions <= 0 (history backfilled from other servers,
+                        * older than anything this server saw live) are visible: not in
+                        * lo/hi, added by rooms_vis_window */
     const char *user_id; /* borrowed: own membership events are always visible */
 } rooms_vis;
 

@@ -106,6 +106,15 @@ void rooms_vis_compute(const rooms_vis_history *h, const char *user_id, rooms_vi
     v->world_readable = hv == ROOMS_HV_WORLD_READABLE;
     v->floor = v->n > 0 ? v->lo[0] : INT64_MAX;
     if (h->n_mem > 0 && h->mem[0].pos - 1 < v->floor) v->floor = h->mem[0].pos - 1;
+    /* Backfilled history (positions <= 0) predates every membership this server saw, and
+     * the room's history_visibility then was the oldest value known here: the state this
+     * server joined with, unless backfilled changes (positions <= 0) come first, which
+     * the walk above cannot order against that older history, so they count as strictest. */
+    rooms_hv back = h->hv_truncated || (h->n_hv > 0 && h->hv[0].pos <= 0)
+                        ? ROOMS_HV_JOINED
+                        : h->n_hv > 0 ? (rooms_hv)h->hv[0].value : ROOMS_HV_SHARED;
+    v->backfilled = hv_allows(back, ROOMS_MEM_NONE, joined_now) && v->upto == INT64_MAX;
+    if (v->backfilled) v->floor = INT64_MIN;
 }
 
 /* One query: per kind ('h' history_visibility of the room, 'm' the user's membership), the
@@ -208,8 +217,19 @@ bool rooms_vis_window(rt_arena *a, const rooms_vis *v, int64_t lo, int64_t hi, b
     p[1] = rt_arena_printf(a, "%lld", (long long)hi);
     p[2] = rt_arena_printf(a, "%lld", (long long)v->floor);
     p[3] = rt_arena_printf(a, "%lld", (long long)v->upto);
-    p[4] = pos_array(a, v->lo, v->n);
-    p[5] = pos_array(a, v->hi, v->n);
+    /* The backfilled region, (INT64_MIN, 0], as one more range when visible. */
+    int64_t lo_all[ROOMS_VIS_MAX_RANGES + 1], hi_all[ROOMS_VIS_MAX_RANGES + 1];
+    int n_all = 0;
+    if (v->backfilled) {
+        lo_all[n_all] = INT64_MIN;
+        hi_all[n_all++] = 0;
+    }
+    for (int i = 0; i < v->n; i++) {
+        lo_all[n_all] = v->lo[i];
+        hi_all[n_all++] = v->hi[i];
+    }
+    p[4] = pos_array(a, lo_all, n_all);
+    p[5] = pos_array(a, hi_all, n_all);
     p[6] = v->user_id;
     *sql = rt_arena_printf(a,
                            " AND e.stream_pos > $%d AND e.stream_pos <= $%d AND %s("

@@ -8,9 +8,11 @@ Everything is observed through the client API of each server (/messages, /sync, 
 what a user on either side would see.
 """
 
+import json
 import time
 
 from accounts import quote
+from harness import psql
 from test_room_federation import TwoServersCase
 
 
@@ -86,6 +88,59 @@ class CatchUpTest(PartitionCase):
                         timeout=60)
         self.assertEqual(self.all_bodies(self.bob, room), said)  # in order, each once
         self.wait_same_state(room)
+
+
+class BackfillTest(PartitionCase):
+    """Alice on A joins a room of B's that already has a history: A has only the state and
+    the join, and /messages backwards reads the rest from B (/backfill)."""
+
+    def bobs_room(self, n, **extra):
+        room = self.bob.create_room(preset="public_chat", **extra)
+        said = [f"h{i}" for i in range(1, n + 1)]
+        for body in said:
+            self.bob.send(room, {"msgtype": "m.text", "body": body})
+        return room, said
+
+    def alice_joins(self, room):
+        status, body = self.alice.call("POST", f"/_matrix/client/v3/join/{quote(room)}"
+                                       f"?server_name={quote(self.b.server_name)}", {}, timeout=30)
+        self.assertEqual((status, body), (200, {"room_id": room}))
+
+    def test_paging_back_past_the_join_reads_the_rooms_history_from_the_other_server(self):
+        room, said = self.bobs_room(200)
+        # One event B serves is altered after B signed it: A refuses it (its signature no
+        # longer verifies) and never shows it.
+        [(pdu_text,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}'"
+                             " AND pdu LIKE '%\"body\":\"h100\"%'", database=self.b.database)
+        tampered = json.loads(pdu_text)
+        tampered["origin_server_ts"] += 1
+        psql(f"UPDATE events SET pdu = $${json.dumps(tampered, separators=(',', ':'), sort_keys=True)}$$"
+             f" WHERE room_id = '{room}' AND pdu LIKE '%\"body\":\"h100\"%'", database=self.b.database)
+        self.alice_joins(room)
+        before = self.b.metric("atrium_federation_inbound_verified_total") or 0
+        expected = [b for b in said if b != "h100"]
+        self.assertEqual(self.all_bodies(self.alice, room), expected)
+        self.assertGreater(self.b.metric("atrium_federation_inbound_verified_total"), before)
+        self.a.wait_for_log(r"backfilled \S+ from \S+ refused")
+        # Read once, kept: paging again asks B for nothing new and shows the same.
+        self.assertEqual(self.all_bodies(self.alice, room), expected)
+        self.assertEqual(psql(f"SELECT count(*) FROM events WHERE room_id = '{room}'"
+                              " AND pdu LIKE '%\"body\":\"h1\"%' AND stream_pos <= 0",
+                              database=self.a.database), [["1"]])
+        # Nothing of it is news: alice's sync after the join shows none of it.
+        sync = self.alice.sync()
+        timeline = sync["rooms"]["join"][room]["timeline"]["events"]
+        self.assertNotIn("h1", [e["content"].get("body") for e in timeline])
+
+    def test_history_the_user_may_not_see_is_neither_read_nor_shown(self):
+        room, _ = self.bobs_room(5, initial_state=[{
+            "type": "m.room.history_visibility", "state_key": "",
+            "content": {"history_visibility": "joined"}}])
+        self.alice_joins(room)
+        self.assertEqual(self.all_bodies(self.alice, room), [])
+        self.assertNotIn(f"backfill of {room}", self.a.log_text())
+        self.bob.send(room, {"msgtype": "m.text", "body": "after alice"})
+        self.wait_until("bob's message at A", lambda: self.all_bodies(self.alice, room) == ["after alice"])
 
 
 if __name__ == "__main__":

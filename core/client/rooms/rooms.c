@@ -123,16 +123,17 @@ const room_version *rooms_default_version(void)
 
 bool rooms_parse_token(const char *tok, int64_t *pos)
 {
-    if (!tok || tok[0] != 's' || tok[1] < '0' || tok[1] > '9') return false;
+    if (!tok || (tok[0] != 's' && tok[0] != 'b') || tok[1] < '0' || tok[1] > '9') return false;
     int64_t v;
     if (atrium_parse_int64(tok + 1, 0, INT64_MAX, &v) != 0) return false;
-    *pos = v;
+    *pos = tok[0] == 'b' ? -v : v;
     return true;
 }
 
 const char *rooms_token(atrium_req *r, int64_t pos)
 {
-    return rt_arena_printf(r->arena, "s%lld", (long long)(pos < 0 ? 0 : pos));
+    if (pos < 0) return rt_arena_printf(r->arena, "b%lld", (long long)(pos == INT64_MIN ? INT64_MAX : -pos));
+    return rt_arena_printf(r->arena, "s%lld", (long long)pos);
 }
 
 /* ---- the bulk pool ------------------------------------------------------------------ */

@@ -100,6 +100,9 @@ enum {
                                * extremity, queued for nobody */
     ROOMS_PDU_NO_QUEUE = 2,   /* created here but delivered by another server (our
                                * send_join's join): queued for nobody */
+    ROOMS_PDU_BACKFILLED = 4, /* history older than the stream (/backfill): at a position
+                               * below every other (rooms_backfill_seq), no current state,
+                               * membership row or forward extremity, queued for nobody */
 };
 int rooms_tx_append_pdu(room_tx *tx, json_t *pdu, const char *event_id, const char *origin,
                         const json_t *state_before, unsigned flags, rooms_err *e);
@@ -220,7 +223,8 @@ void rooms_new_room_id(char *out, size_t len);
 const char *rooms_server_name(void);
 /* The configured default room version (rooms.default_version). */
 const room_version *rooms_default_version(void);
-/* Pagination tokens: "s<pos>". false when tok is not one. */
+/* Pagination tokens: "s<pos>", and "b<n>" for position -n (history backfilled from other
+ * servers sits at positions <= 0). false when tok is not one. */
 bool rooms_parse_token(const char *tok, int64_t *pos);
 const char *rooms_token(atrium_req *r, int64_t pos);
 

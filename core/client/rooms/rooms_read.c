@@ -18,6 +18,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
+#include "core/federation/fed_rooms.h"
 #include "atrium/parse.h"
 
 #define MESSAGES_DEFAULT_LIMIT 10
@@ -61,7 +62,7 @@ static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t ma
 static int fetch_one(atrium_req *r, rooms_reader *rd, const char *event_id, json_t *out, int64_t *pos)
 {
     const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
-    if (!rooms_vis_window(r->arena, &rd->vis, 0, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
+    if (!rooms_vis_window(r->arena, &rd->vis, INT64_MIN, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
     const char *sql = rt_arena_printf(r->arena, EVENTS_SELECT "WHERE e.event_id = $1"
                                                               " AND e.room_id = $2%s", vis_sql);
     return events_fetch(rd->c, &rd->view, sql, 2 + ROOMS_VIS_PARAMS, p, out, pos, NULL);
@@ -248,7 +249,22 @@ static int window_page(atrium_req *r, rooms_reader *rd, const room_filter *f, in
     return events_fetch(rd->c, &rd->view, sql, 6 + ROOMS_VIS_PARAMS, p, out, first, last);
 }
 
-/* GET /_matrix/client/v3/rooms/{roomId}/messages?dir=&from=&to=&limit=&filter= */
+/* Does the room's history go on beyond what is stored here (backward extremities)? 1, 0,
+ * -1 database. */
+static int backfill_wanted(rooms_reader *rd)
+{
+    json_t *ids = NULL;
+    int n = fed_rooms_backward_extremities(rd->c, rd->room, 1, &ids);
+    json_decref(ids);
+    return n < 0 ? -1 : n > 0;
+}
+
+/* GET /_matrix/client/v3/rooms/{roomId}/messages?dir=&from=&to=&limit=&filter=
+ * Backwards, when the page comes up short and the room's history goes on beyond what is
+ * stored here (a room joined over federation starts at the join), the request is handed
+ * to the remote pool, which reads up to a page of older events from the room's other
+ * servers (fed_rooms_backfill) before it pages: no request-pool thread waits on a peer,
+ * and each page asks at most once. */
 static int get_messages(atrium_req *r)
 {
     const char *dir = http_req_query(r, "dir"), *from = http_req_query(r, "from");
@@ -256,7 +272,7 @@ static int get_messages(atrium_req *r)
     if (!dir || (strcmp(dir, "b") != 0 && strcmp(dir, "f") != 0))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'dir' must be \"b\" or \"f\"");
     bool back = dir[0] == 'b';
-    int64_t from_pos = back ? INT64_MAX : 0, to_pos = back ? 0 : INT64_MAX, limit;
+    int64_t from_pos = back ? INT64_MAX : INT64_MIN, to_pos = back ? INT64_MIN : INT64_MAX, limit;
     if ((from && !rooms_parse_token(from, &from_pos)) || (to && !rooms_parse_token(to, &to_pos)))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a pagination token of this server");
     room_filter f;
@@ -270,9 +286,22 @@ static int get_messages(atrium_req *r)
     /* Back: after `to`, up to `from`, newest first. Forward: after `from`, up to `to`,
      * oldest first. Both only what the user may see. */
     int64_t lo = back ? to_pos : from_pos, hi = back ? from_pos : to_pos;
+    bool may_backfill = back && !to && rd.vis.backfilled;
+    if (may_backfill && r->run_reason == ATRIUM_RUN_HANDOFF &&
+        fed_rooms_backfill(rd.c, rd.room, (int)limit) < 0)
+        return db_failed(r, &rd, NULL);
     json_t *chunk = json_array();
     int64_t first = 0, last = 0;
     int n = window_page(r, &rd, &f, lo, hi, limit, back, chunk, &first, &last);
+    if (n >= 0 && n < limit && may_backfill && r->run_reason != ATRIUM_RUN_HANDOFF) {
+        int wanted = backfill_wanted(&rd);
+        if (wanted < 0) return db_failed(r, &rd, chunk);
+        if (wanted) { /* history ran out here: read more from the room's other servers */
+            json_decref(chunk);
+            rooms_db_release(rd.c);
+            return rooms_to_remote_pool(r);
+        }
+    }
     if (n < 0 || rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
     /* Without `from`, a backward page starts at its newest event, a forward one at 0. */
@@ -310,7 +339,7 @@ static int get_context(atrium_req *r)
     int64_t before_n = limit / 2, after_n = limit - before_n;
     json_t *before = json_array(), *after = json_array();
     int64_t b_last = pos, a_last = pos, dummy;
-    int nb = window_page(r, &rd, &f, 0, pos - 1, before_n, true, before, &dummy, &b_last);
+    int nb = window_page(r, &rd, &f, INT64_MIN, pos - 1, before_n, true, before, &dummy, &b_last);
     int na = nb < 0 ? nb
                     : window_page(r, &rd, &f, pos, INT64_MAX, after_n, false, after, &dummy,
                                   &a_last);

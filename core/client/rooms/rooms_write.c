@@ -288,9 +288,12 @@ static int replaced_state(room_tx *tx, const room_new_event *ev, char out[ROOMS_
 static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char *event_id,
                  const char *origin, unsigned flags, rooms_err *e)
 {
-    char replaces[ROOMS_GRAPH_ID_BYTES];
-    if (replaced_state(tx, ev, replaces) < 0) return rooms_set_err(e, ROOMS_E_DB, "database");
-    PGresult *res = rooms_q(tx->c, "SELECT stream_next()", 0, NULL, NULL);
+    bool backfilled = flags & ROOMS_PDU_BACKFILLED;
+    char replaces[ROOMS_GRAPH_ID_BYTES] = "";
+    if (!backfilled && replaced_state(tx, ev, replaces) < 0)
+        return rooms_set_err(e, ROOMS_E_DB, "database");
+    PGresult *res = rooms_q(tx->c, backfilled ? "SELECT -nextval('rooms_backfill_seq')"
+                                              : "SELECT stream_next()", 0, NULL, NULL);
     if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
     char pos[24], depth[24], ts[24];
     snprintf(pos, sizeof(pos), "%s", PQgetvalue(res, 0, 0));
@@ -314,10 +317,10 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     /* relations, redactions */
     /* Our own events go to the room's other servers (theirs came from them): those in the
      * room before the event, so a kicked or banned user's server learns of it too. */
-    if (ok && !origin && !(flags & (ROOMS_PDU_HISTORICAL | ROOMS_PDU_NO_QUEUE)))
+    if (ok && !origin && !(flags & (ROOMS_PDU_HISTORICAL | ROOMS_PDU_NO_QUEUE | ROOMS_PDU_BACKFILLED)))
         ok = fed_rooms_queue_pdu(tx->c, tx->room_id, event_id, NULL) == 0;
     if (ok) ok = rooms_bundle_index(tx->c, pos, event_id, tx->room_id, ev);
-    if (ok && ev->state_key) {
+    if (ok && ev->state_key && !backfilled) {
         const char *q[5] = {tx->room_id, ev->type, ev->state_key, event_id, membership};
         ok = rooms_exec(tx->c,
                         "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
@@ -325,7 +328,7 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
                         " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
                         5, q);
     }
-    if (ok && membership) {
+    if (ok && membership && !backfilled) {
         const char *q[6] = {pos, tx->room_id, ev->state_key, membership, event_id, ev->sender};
         ok = rooms_exec(tx->c,
                         "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
@@ -338,7 +341,7 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
                         "UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL",
                         2, q);
     }
-    if (ok) {
+    if (ok && !backfilled) {
         const char *q[3] = {tx->room_id, event_id, depth};
         ok = rooms_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth ="
                         " GREATEST(last_depth, $3::bigint) WHERE room_id = $1",
@@ -346,7 +349,7 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     }
     /* The graph: its edges, and it is the one forward extremity now (it names them all). */
     if (ok) ok = rooms_graph_record_edges(tx->c, tx->room_id, event_id, pdu) == 0;
-    if (ok && !(flags & ROOMS_PDU_HISTORICAL))
+    if (ok && !(flags & (ROOMS_PDU_HISTORICAL | ROOMS_PDU_BACKFILLED)))
         ok = rooms_graph_advance(tx->c, tx->room_id, event_id, pdu) == 0;
 
     if (!ok) return rooms_set_err(e, ROOMS_E_DB, "database");

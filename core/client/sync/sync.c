@@ -174,7 +174,7 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
         }
         s->timeline_limit = n;
     }
-    if (since && !rooms_parse_token(since, &s->since)) {
+    if (since && (!rooms_parse_token(since, &s->since) || s->since < 0)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
         return false;
     }
