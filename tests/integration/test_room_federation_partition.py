@@ -143,6 +143,36 @@ class BackfillTest(PartitionCase):
         self.wait_until("bob's message at A", lambda: self.all_bodies(self.alice, room) == ["after alice"])
 
 
+class ForkTest(PartitionCase):
+    def test_state_changed_on_both_sides_of_a_partition_resolves_the_same_on_both(self):
+        room = self.public_room_with_bob()
+        pl = self.alice.state(room, "m.room.power_levels")
+        pl["users"][self.bob.user_id] = 50
+        self.alice.put_state(room, "m.room.power_levels", pl)
+        self.wait_until("bob's power at B", lambda: self.bob.state(
+            room, "m.room.power_levels")["users"].get(self.bob.user_id) == 50)
+        # Cut off: A takes bob's power away and sets a topic while B is down...
+        self.b.stop()
+        pl["users"][self.bob.user_id] = 0
+        self.alice.put_state(room, "m.room.power_levels", pl)
+        self.alice.put_state(room, "m.room.topic", {"topic": "from A"})
+        # ... and B, while A is down, lets bob (still at 50 there) set a topic and a name.
+        self.a.stop()
+        self.b.start()
+        self.bob.put_state(room, "m.room.topic", {"topic": "from B"})
+        self.bob.put_state(room, "m.room.name", {"name": "named at B"})
+        self.a.start()
+        # Healed: each gets the other's events and resolves the fork. The power levels
+        # change is applied first; bob's changes, made with power he no longer has in the
+        # resolved state, do not hold. Both servers agree.
+        self.wait_same_state(room, timeout=60)
+        for client in (self.alice, self.bob):
+            state = self.current_state(client, room)
+            self.assertEqual(state[("m.room.topic", "")][1], {"topic": "from A"})
+            self.assertEqual(state[("m.room.name", "")][1], {"name": "Talk"})
+            self.assertEqual(state[("m.room.power_levels", "")][1]["users"].get(self.bob.user_id), 0)
+
+
 if __name__ == "__main__":
     import unittest
     unittest.main()
