@@ -202,6 +202,72 @@ class DeviceListsAcrossServersTest(TwoServerTest):
         self.assertEqual(json.loads(rows[0][0]), master)
 
 
+class PresenceAcrossServersTest(TwoServerTest):
+    """presence.enabled on both (the harness turns it off by default): m.presence EDUs."""
+
+    PRESENCE_ON = {"presence": {"enabled": True}}
+
+    def setUp(self):
+        self.a = self.start_fed(A_IP, self.PRESENCE_ON)
+        self.b = self.start_fed(B_IP, self.PRESENCE_ON)
+        self.alice = register(self.a, "alice", display_name="alice's phone")
+        self.bob = register(self.b, "bob", display_name="bob's laptop")
+
+    @staticmethod
+    def presence_of(viewer, user_id):
+        status, body = viewer.json("GET", f"{V3}/presence/{quote(user_id)}/status")
+        return body if status == 200 else None
+
+    @staticmethod
+    def synced_presence(acc, since, user_id):
+        answer = sync(acc, since, timeout_ms=1000)
+        return [e["content"] for e in answer.get("presence", {}).get("events", [])
+                if e["sender"] == user_id]
+
+    def test_presence_changes_cross_both_ways(self):
+        room = self.shared_room()
+        since_b = sync(self.bob)["next_batch"]
+        status, _ = self.alice.json("PUT", f"{V3}/presence/{quote(self.alice.user_id)}/status",
+                                    {"presence": "online", "status_msg": "at A"})
+        self.assertEqual(status, 200)
+        seen = wait_until(lambda: (self.presence_of(self.bob, self.alice.user_id) or {})
+                          .get("status_msg") == "at A" and self.presence_of(self.bob, self.alice.user_id),
+                          what="alice's presence at B")
+        self.assertEqual(seen["presence"], "online")
+        [content] = wait_until(lambda: self.synced_presence(self.bob, since_b, self.alice.user_id),
+                               what="alice's presence in bob's sync")
+        self.assertEqual((content["presence"], content["status_msg"]), ("online", "at A"))
+        # B -> A.
+        status, _ = self.bob.json("PUT", f"{V3}/presence/{quote(self.bob.user_id)}/status",
+                                  {"presence": "unavailable"})
+        self.assertEqual(status, 200)
+        wait_until(lambda: (self.presence_of(self.alice, self.bob.user_id) or {})
+                   .get("presence") == "unavailable", what="bob's presence at A")
+        # Someone who shares no room with alice's user learns nothing of it.
+        carol = register(self.b, "carol")
+        status, body = carol.json("GET", f"{V3}/presence/{quote(self.alice.user_id)}/status")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertTrue(room)
+
+    def test_a_server_with_presence_off_stores_nothing_it_is_sent(self):
+        self.b.stop()
+        self.b._settings = harness.deep_merge(self.b._settings, {"presence": {"enabled": False}})
+        self.b.write_config()
+        self.b.start()
+        self.shared_room()
+        wait_until(lambda: harness.psql("SELECT count(*) FROM federation_outbound",
+                                        database=self.a.database) == [["0"]],
+                   what="A's queue to empty")
+        handled = lambda: self.b.metric("atrium_federation_inbound_edus_total",  # noqa: E731
+                                        {"outcome": "handled"}) or 0
+        before = handled()
+        self.alice.json("PUT", f"{V3}/presence/{quote(self.alice.user_id)}/status",
+                        {"presence": "online", "status_msg": "anyone?"})
+        wait_until(lambda: handled() > before, what="alice's m.presence at B")
+        self.assertEqual(self.b_rows("SELECT count(*) FROM presence"), [["0"]])
+        self.assertEqual(self.presence_of(self.bob, self.alice.user_id), {"presence": "offline"})
+
+
 class TypingAndReceiptsAcrossServersTest(TwoServerTest):
     def test_typing_and_read_receipts_cross_both_ways(self):
         room = self.shared_room()

@@ -22,8 +22,14 @@
  *     against the user's rooms by index, so a user with many contacts costs what changed,
  *     not how many they know; an initial sync reads the contacts' rows by primary key.
  *   - presence.enabled: false stores nothing, answers every GET with "offline" and adds no
- *     presence to /sync; PUT is accepted and ignored (as Synapse does).
- * What it does not do: presence over federation (no federated rooms yet).
+ *     presence to /sync; PUT is accepted and ignored (as Synapse does), and nothing
+ *     crosses servers either way.
+ *   - Across servers (m.presence EDUs): a change of a local user's state is queued for
+ *     every other server with a user joined to one of the user's rooms (at most
+ *     PRESENCE_MAX_SERVERS); another server's EDU counts only for its own users who are
+ *     joined to a room here, and is stored in the same table (rows of remote users, at
+ *     a stream position, their contacts woken), so /sync and GET /presence read them
+ *     like a local user's.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +40,7 @@
 #include "core/client/presence/presence.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
+#include "core/federation/fed_txn.h"
 #include "core/rooms/rooms.h"
 
 #define PRESENCE_ACTIVE_REFRESH_MS (60 * 1000)      /* last_active_ts rewritten at most this often */
@@ -44,6 +51,9 @@
 #define PRESENCE_MAX_SYNC_EVENTS 100                /* presence events in one sync */
 #define PRESENCE_STATUS_MSG_MAX_BYTES 1024
 #define PRESENCE_BODY_MAX_BYTES 4096
+#define PRESENCE_MAX_SERVERS 1000     /* servers one change is sent to at most */
+#define PRESENCE_MAX_EDU_PUSH 100     /* users of one inbound m.presence EDU read at most */
+#define PRESENCE_EDU_DB_WAIT_MS 5000  /* the EDU handler waits this long for a connection */
 #define I64_CHARS 24
 
 static const atrium_migration MIGRATIONS[] = {
@@ -55,6 +65,9 @@ static const atrium_migration MIGRATIONS[] = {
      " last_active_ts bigint NOT NULL,"
      " stream_pos bigint NOT NULL);"
      "CREATE INDEX presence_stream ON presence (stream_pos);"},
+    {2, "presence_remote_users",
+     /* Rows of other servers' users too (m.presence EDUs): not in users. */
+     "ALTER TABLE presence DROP CONSTRAINT IF EXISTS presence_user_id_fkey;"},
 };
 
 /* Joined members of the user's joined rooms (the user among them). $1 user, $2 limit. */
@@ -115,8 +128,58 @@ static void wake_contacts(PGconn *c, const char *user_id)
     PQclear(res);
 }
 
-/* Store a state others should hear of: a new stream position. keep_msg leaves the
- * status message as it is. 0 or ATRIUM_E_DB. */
+static const char *own_server(void)
+{
+    return core_runtime_get()->cfg->server_name;
+}
+
+static bool is_local(const char *user_id)
+{
+    const char *colon = strchr(user_id, ':');
+    return colon && strcmp(colon + 1, own_server()) == 0;
+}
+
+/* Queue the stored presence of local user user_id for the other servers sharing a room
+ * with them (an m.presence EDU each). Best effort: a failure is logged. */
+static void share_change(PGconn *c, const char *user_id, int64_t now)
+{
+    const char *p[1] = {user_id};
+    PGresult *row = rooms_q(c, "SELECT state, status_msg, last_active_ts FROM presence"
+                               " WHERE user_id = $1", 1, p, NULL);
+    if (!row || PQntuples(row) != 1) {
+        PQclear(row);
+        return;
+    }
+    json_t *item = presence_content(PQgetvalue(row, 0, 0),
+                                    PQgetisnull(row, 0, 1) ? NULL : PQgetvalue(row, 0, 1),
+                                    strtoll(PQgetvalue(row, 0, 2), NULL, 10), now);
+    PQclear(row);
+    json_object_set_new(item, "user_id", json_string(user_id));
+    json_t *content = json_pack("{s:[o]}", "push", item);
+    char limit_s[I64_CHARS];
+    snprintf(limit_s, sizeof(limit_s), "%d", PRESENCE_MAX_SERVERS);
+    const char *q[3] = {user_id, own_server(), limit_s};
+    PGresult *res = rooms_q(c,
+                            "SELECT DISTINCT substr(b.state_key, strpos(b.state_key, ':') + 1)"
+                            " FROM current_state a JOIN current_state b ON b.room_id = a.room_id"
+                            " AND b.type = 'm.room.member' AND b.membership = 'join'"
+                            " WHERE a.type = 'm.room.member' AND a.state_key = $1"
+                            " AND a.membership = 'join'"
+                            " AND substr(b.state_key, strpos(b.state_key, ':') + 1) <> $2"
+                            " LIMIT $3::bigint",
+                            3, q, NULL);
+    int queued = 0;
+    for (int i = 0; res && i < PQntuples(res); i++)
+        if (fed_outbound_enqueue_edu(c, PQgetvalue(res, i, 0), "m.presence", content) == 0) queued++;
+    if (!res) rt_log(ATRIUM_LOG_WARN, "core", "presence of %s not sent to other servers: database", user_id);
+    PQclear(res);
+    json_decref(content);
+    if (queued) fed_outbound_kick();
+}
+
+/* Store a state others should hear of: a new stream position (and, for a local user, an
+ * m.presence EDU for the servers sharing a room with them). keep_msg leaves the status
+ * message as it is. 0 or ATRIUM_E_DB. */
 static int store_change(PGconn *c, const char *user_id, const char *state, const char *msg,
                         bool keep_msg, int64_t now)
 {
@@ -136,6 +199,7 @@ static int store_change(PGconn *c, const char *user_id, const char *state, const
     PQclear(res);
     wake_contacts(c, user_id);
     notifier_wake_user(user_id); /* the user's other devices */
+    if (is_local(user_id)) share_change(c, user_id, now);
     return 0;
 }
 
@@ -197,7 +261,7 @@ static int get_status(atrium_req *r)
     if (!rooms_user_id_ok(user)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a user ID");
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
-    int exists = acc_user_exists(c, user);
+    int exists = is_local(user) ? acc_user_exists(c, user) : 1; /* another server's: if seen */
     int seen = exists == 1 ? may_see(c, r->user, user) : 0;
     PGresult *res = NULL;
     if (seen == 1 && enabled()) {
@@ -292,6 +356,48 @@ static int sync_presence(PGconn *c, const char *user_id, const char *device_id, 
     return news;
 }
 
+/* ---- other servers' users ------------------------------------------------------------ */
+
+/* One user of an inbound m.presence EDU: origin's own user, joined to a room here, with a
+ * valid state. true when stored. */
+static bool store_remote(PGconn *c, const char *origin, const json_t *item, int64_t now)
+{
+    const char *user = json_string_value(json_object_get(item, "user_id"));
+    const char *state = json_string_value(json_object_get(item, "presence"));
+    const char *msg = json_string_value(json_object_get(item, "status_msg"));
+    json_t *ago = json_object_get(item, "last_active_ago");
+    const char *colon = user ? strchr(user, ':') : NULL;
+    if (!colon || !rooms_user_id_ok(user) || strcmp(colon + 1, origin) != 0 || !state_ok(state) ||
+        (msg && strlen(msg) > PRESENCE_STATUS_MSG_MAX_BYTES))
+        return false;
+    const char *p[1] = {user};
+    PGresult *res = rooms_q(c, "SELECT 1 FROM current_state WHERE type = 'm.room.member'"
+                               " AND state_key = $1 AND membership = 'join' LIMIT 1", 1, p, NULL);
+    bool known = res && PQntuples(res) == 1;
+    PQclear(res);
+    if (!known) return false;
+    int64_t last = now - (json_is_integer(ago) && json_integer_value(ago) > 0 ? json_integer_value(ago) : 0);
+    return store_change(c, user, state, msg, false, last) == 0;
+}
+
+static void on_presence(void *ctx, const char *origin, const json_t *content)
+{
+    (void)ctx;
+    if (!enabled()) return;
+    json_t *push = json_object_get(content, "push");
+    if (!json_is_array(push)) return;
+    PGconn *c = db_acquire(db_global(), PRESENCE_EDU_DB_WAIT_MS);
+    if (!c) return;
+    int64_t now = rooms_wall_ms();
+    size_t ignored = 0;
+    for (size_t i = 0; i < json_array_size(push) && i < PRESENCE_MAX_EDU_PUSH; i++)
+        if (!store_remote(c, origin, json_array_get(push, i), now)) ignored++;
+    db_release(db_global(), c);
+    if (ignored)
+        rt_log(ATRIUM_LOG_INFO, "core", "m.presence from %s: %zu user(s) ignored (not its users "
+               "joined to a room here, or not a valid state)", origin, ignored);
+}
+
 static int presence_init(core_runtime *rt)
 {
     http_server *s = rt->http;
@@ -299,6 +405,10 @@ static int presence_init(core_runtime *rt)
         client_route(s, "PUT", "/_matrix/client/v3/presence/{userId}/status", put_status,
                      PRESENCE_BODY_MAX_BYTES) < 0)
         return -1;
+    if (fed_txn_on_edu("m.presence", on_presence, NULL) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "cannot register the m.presence EDU handler");
+        return -1;
+    }
     return sync_add_section(sync_presence) < 0 ? -1 : 0;
 }
 
