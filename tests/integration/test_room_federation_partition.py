@@ -11,8 +11,9 @@ what a user on either side would see.
 import json
 import time
 
-from accounts import quote
+from accounts import quote, register
 from harness import psql
+from rooms_client import Client
 from test_room_federation import TwoServersCase
 
 
@@ -144,34 +145,77 @@ class BackfillTest(PartitionCase):
 
 
 class ForkTest(PartitionCase):
-    def test_state_changed_on_both_sides_of_a_partition_resolves_the_same_on_both(self):
+    """While the servers cannot reach each other, each lets its user change the room's
+    state; healed, both resolve the fork the same way. "Cut off" is one server down while
+    the other's user acts, then the other way round (first says which side acts first)."""
+
+    def room_with_bob_at_50(self):
         room = self.public_room_with_bob()
+        self.carol = Client(self.a, register(self.a, "carol"))
+        self.carol.join(room)
         pl = self.alice.state(room, "m.room.power_levels")
         pl["users"][self.bob.user_id] = 50
         self.alice.put_state(room, "m.room.power_levels", pl)
-        self.wait_until("bob's power at B", lambda: self.bob.state(
-            room, "m.room.power_levels")["users"].get(self.bob.user_id) == 50)
-        # Cut off: A takes bob's power away and sets a topic while B is down...
-        self.b.stop()
-        pl["users"][self.bob.user_id] = 0
+        self.wait_until("bob's power and carol at B", lambda: self.bob.state(
+            room, "m.room.power_levels")["users"].get(self.bob.user_id) == 50 and
+            self.membership(self.bob, room, self.carol.user_id) == "join")
+        return room, pl
+
+    def partition(self, first, on_a, on_b):
+        sides = [("A", self.b, on_a), ("B", self.a, on_b)]
+        if first == "B":
+            sides.reverse()
+        (_, down1, act1), (_, down2, act2) = sides
+        down1.stop()
+        act1()
+        down2.stop()
+        down1.start()
+        act2()
+        down2.start()
+
+    def demote_bob(self, room, pl):
+        pl = dict(pl, users=dict(pl["users"], **{self.bob.user_id: 0}))
         self.alice.put_state(room, "m.room.power_levels", pl)
-        self.alice.put_state(room, "m.room.topic", {"topic": "from A"})
-        # ... and B, while A is down, lets bob (still at 50 there) set a topic and a name.
-        self.a.stop()
-        self.b.start()
-        self.bob.put_state(room, "m.room.topic", {"topic": "from B"})
-        self.bob.put_state(room, "m.room.name", {"name": "named at B"})
-        self.a.start()
-        # Healed: each gets the other's events and resolves the fork. The power levels
-        # change is applied first; bob's changes, made with power he no longer has in the
-        # resolved state, do not hold. Both servers agree.
+
+    def assert_resolved(self, room, **expect):
         self.wait_same_state(room, timeout=60)
         for client in (self.alice, self.bob):
             state = self.current_state(client, room)
-            self.assertEqual(state[("m.room.topic", "")][1], {"topic": "from A"})
-            self.assertEqual(state[("m.room.name", "")][1], {"name": "Talk"})
             self.assertEqual(state[("m.room.power_levels", "")][1]["users"].get(self.bob.user_id), 0)
+            for event_type, content in expect.items():
+                self.assertEqual(state[(event_type, "")][1], content, (client.user_id, event_type))
 
+    def test_state_changed_on_both_sides_of_a_partition_resolves_the_same_on_both(self):
+        room, pl = self.room_with_bob_at_50()
+        # A takes bob's power away and sets a topic; B lets bob (still at 50 there) set a
+        # topic and a name. The power levels change is applied first; bob's changes, made
+        # with power he no longer has in the resolved state, do not hold.
+        def on_a():
+            self.demote_bob(room, pl)
+            self.alice.put_state(room, "m.room.topic", {"topic": "from A"})
+
+        def on_b():
+            self.bob.put_state(room, "m.room.topic", {"topic": "from B"})
+            self.bob.put_state(room, "m.room.name", {"name": "named at B"})
+        self.partition("A", on_a, on_b)
+        self.assert_resolved(room, **{"m.room.topic": {"topic": "from A"},
+                                      "m.room.name": {"name": "Talk"}})
+
+    def ban_against_demotion(self, first):
+        room, pl = self.room_with_bob_at_50()
+        def on_b():  # bob, still at 50 at B, bans carol there
+            self.assertEqual(self.bob.member_action(room, "ban", self.carol.user_id)[0], 200)
+            self.assertEqual(self.membership(self.bob, room, self.carol.user_id), "ban")
+        self.partition(first, lambda: self.demote_bob(room, pl), on_b)
+        self.assert_resolved(room)
+        for client in (self.alice, self.bob):
+            self.assertEqual(self.membership(client, room, self.carol.user_id), "join")
+
+    def test_a_ban_against_a_demotion_of_its_sender_loses_when_the_ban_comes_first(self):
+        self.ban_against_demotion("B")
+
+    def test_a_ban_against_a_demotion_of_its_sender_loses_when_the_demotion_comes_first(self):
+        self.ban_against_demotion("A")
 
 if __name__ == "__main__":
     import unittest
