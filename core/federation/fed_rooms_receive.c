@@ -758,8 +758,10 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
 }
 
 /* One /backfill of room_id from the backward extremity `from` at the first server of
- * servers that answers; the events stored (checked by backfill_one), or -1 database. */
-static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, int limit)
+ * servers that answers (*answered false when none did); the events stored (checked by
+ * backfill_one), or -1 database. */
+static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, int limit,
+                         bool *answered)
 {
     char room[RECV_URI_BYTES / 4], ev[RECV_URI_BYTES / 4], uri[RECV_URI_BYTES];
     uri_part(rx->room_id, room, sizeof(room));
@@ -774,6 +776,7 @@ static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, i
             answer = NULL;
         }
     }
+    *answered = answer != NULL;
     if (!answer) return 0;
     /* Newest first: each takes a position below the one before. */
     json_t *pdus = json_object_get(answer, "pdus");
@@ -806,13 +809,16 @@ int fed_rooms_backfill(PGconn *c, const char *room_id, int limit)
         json_decref(from);
         return n;
     }
-    /* The deepest extremity first; the next only when one gave nothing new (its server
-     * does not have it, or what it served did not pass), so one event that never passes
-     * does not stop the history behind the others. */
+    /* The deepest extremity first; the next only when one gave nothing new (what its
+     * server served did not pass), so one event that never passes does not stop the
+     * history behind the others. No server answering ends it: the client's request is
+     * waiting. */
     json_t *servers = backfill_servers(c, room_id);
     int stored = 0;
-    for (size_t i = 0; i < json_array_size(from) && stored == 0; i++)
-        stored = backfill_from(&rx, servers, json_string_value(json_array_get(from, i)), limit);
+    bool answered = true;
+    for (size_t i = 0; i < json_array_size(from) && stored == 0 && answered; i++)
+        stored = backfill_from(&rx, servers, json_string_value(json_array_get(from, i)), limit,
+                               &answered);
     json_decref(servers);
     json_decref(from);
     return stored;

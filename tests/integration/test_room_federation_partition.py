@@ -133,6 +133,18 @@ class BackfillTest(PartitionCase):
         timeline = sync["rooms"]["join"][room]["timeline"]["events"]
         self.assertNotIn("h1", [e["content"].get("body") for e in timeline])
 
+    def test_with_the_other_server_down_paging_back_answers_with_what_is_here(self):
+        room, said = self.bobs_room(5)
+        self.alice_joins(room)
+        self.b.stop()
+        started = time.monotonic()
+        self.assertEqual(self.all_bodies(self.alice, room), [])
+        self.assertLess(time.monotonic() - started, 30)
+        self.assertEqual(self.a.request("GET", "/health")[0], 200)
+        self.b.start()
+        self.wait_until("the history once B is back",
+                        lambda: self.all_bodies(self.alice, room) == said, timeout=60)
+
     def test_history_the_user_may_not_see_is_neither_read_nor_shown(self):
         room, _ = self.bobs_room(5, initial_state=[{
             "type": "m.room.history_visibility", "state_key": "",
