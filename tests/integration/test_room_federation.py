@@ -10,6 +10,7 @@ lie; two Atrium processes play both sides where the real thing can run.
 
 import hashlib
 import json
+import re
 import time
 
 from accounts import quote, register
@@ -688,3 +689,36 @@ class SynapseRoomsTest(SynapseInteropTest):
         self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s3",
                       {"msgtype": "m.text", "body": "hello atrium"})
         self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
+
+    def test_atrium_pages_back_through_a_synapse_rooms_history_it_joined_late(self):
+        syd = json.loads(__import__("test_federation_synapse").peer(
+            "register", self.syn["dir"], "syd", "syd-password-1", "--admin"))
+        token = syd["access_token"]
+        status, body = self.synapse_json(
+            self.syn, "POST", f"/_synapse/admin/v1/users/{quote(syd['user_id'])}/override_ratelimit",
+            token=token, body={"messages_per_second": 0, "burst_count": 0})
+        self.assertEqual(status, 200, body)
+        status, body = self.synapse_json(self.syn, "POST", "/_matrix/client/v3/createRoom",
+                                         token=token, body={"preset": "public_chat"})
+        self.assertEqual(status, 200, body)
+        room = body["room_id"]
+        said = [f"s{i}" for i in range(1, 61)]
+        for i, text in enumerate(said):
+            status, body = self.synapse_json(
+                self.syn, "PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/t{i}",
+                token=token, body={"msgtype": "m.text", "body": text})
+            self.assertEqual(status, 200, body)
+        status, body = self.alice.call("POST", f"/_matrix/client/v3/join/{quote(room)}"
+                                       f"?server_name={quote(self.syn['name'])}", {}, timeout=60)
+        self.assertEqual((status, body), (200, {"room_id": room}), body)
+        # Pages of 25 backwards: past the join, read from Synapse with /backfill.
+        bodies, since = [], ""
+        for _ in range(20):
+            page = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages"
+                                        f"?dir=b&limit=25{since}", timeout=60)
+            bodies += [e["content"].get("body") for e in page["chunk"] if e["type"] == "m.room.message"]
+            if "end" not in page:
+                break
+            since = f"&from={quote(page['end'])}"
+        self.assertEqual(list(reversed(bodies)), said)
+        self.a.wait_for_log(rf"backfill of {re.escape(room)} from {re.escape(self.syn['name'])}")
