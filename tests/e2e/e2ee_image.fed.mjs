@@ -5,7 +5,8 @@
 // SHA-256 of the ciphertext), uploads the ciphertext and sends m.image with `file`; Bob's
 // client decrypts the event, downloads the file through his own server (a remote fetch
 // from A over federation media), checks its hash, decrypts it and compares it with the
-// original. Run by tests/integration/test_e2ee_image_jssdk.py, which starts both servers.
+// original. Run by tests/integration/test_e2ee_image_jssdk.py, which starts both servers
+// (B is Atrium or, in the interop test, Synapse).
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
@@ -113,7 +114,8 @@ async function decryptAttachment(cipher, file) {
 test("an encrypted image sent on A is decrypted by a user of B, fetched through B", async () => {
     assert.ok(A && B, "ATRIUM_A_URL and ATRIUM_B_URL are required");
     const alice = await cryptoClient(A, await login(A, "alice"));
-    const bobCreds = await login(B, "bob");
+    // B_CREDS: bob's login on a server whose /register is closed (a Synapse peer).
+    const bobCreds = process.env.B_CREDS ? JSON.parse(process.env.B_CREDS) : await login(B, "bob");
     const bob = await cryptoClient(B, bobCreds);
     try {
         const { room_id: roomId } = await alice.createRoom({
