@@ -216,6 +216,33 @@ static void test_the_window_narrows_to_what_can_be_visible(void **state)
     rt_arena_free(a);
 }
 
+static void test_backfilled_history_shows_under_the_oldest_value_known(void **state)
+{
+    (void)state;
+    rooms_vis v;
+    /* A room joined over federation: its state (shared) at 5, bob's join at 20; history
+     * read from other servers sits at positions <= 0. */
+    const rooms_vis_change shared[] = {{5, ROOMS_HV_SHARED}};
+    const rooms_vis_change joined_hv[] = {{5, ROOMS_HV_JOINED}};
+    const rooms_vis_change world[] = {{5, ROOMS_HV_WORLD_READABLE}};
+    const rooms_vis_change joined[] = {{20, ROOMS_MEM_JOIN}};
+    const rooms_vis_change left[] = {{20, ROOMS_MEM_JOIN}, {30, ROOMS_MEM_NONE}};
+    compute(shared, 1, joined, 1, &v);
+    assert_true(v.backfilled);
+    assert_true(v.floor == INT64_MIN);
+    compute(joined_hv, 1, joined, 1, &v); /* "joined": bob was in none of it */
+    assert_false(v.backfilled);
+    compute(shared, 1, left, 2, &v);      /* shared needs joined now */
+    assert_false(v.backfilled);
+    compute(world, 1, NULL, 0, &v);
+    assert_true(v.backfilled);
+    /* A backfilled change (at <= 0) comes before history it cannot be ordered against:
+     * the strictest value for that region. */
+    const rooms_vis_change old_change[] = {{-3, ROOMS_HV_SHARED}, {5, ROOMS_HV_SHARED}};
+    compute(old_change, 2, joined, 1, &v);
+    assert_false(v.backfilled);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_past_the_range_cap_the_oldest_ranges_are_hidden),
         cmocka_unit_test(test_a_truncated_history_starts_from_the_strictest_value),
         cmocka_unit_test(test_the_window_narrows_to_what_can_be_visible),
+        cmocka_unit_test(test_backfilled_history_shows_under_the_oldest_value_known),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
