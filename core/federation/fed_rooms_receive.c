@@ -38,7 +38,7 @@
  * becomes current state) and stored below the stream (ROOMS_PDU_BACKFILLED).
  *
  * Metrics: atrium_rooms_inbound_pdus_total{outcome, check}, state resolutions by outcome
- * and their duration.
+ * and their duration, atrium_rooms_backfilled_events_total{outcome}.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,6 +75,7 @@ static const char *const CHECK_NAMES[RC__N] = {"format", "room", "acl", "origin"
 static struct {
     rt_metric *rejected[RC__N], *accepted, *soft_failed, *redacted;
     rt_metric *resolutions_ok, *resolutions_failed, *resolution_seconds;
+    rt_metric *backfill_stored, *backfill_refused, *backfill_rejected;
 } recv_metrics;
 
 /* What one PDU's processing carries. */
@@ -723,6 +724,7 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
     if (w == ROOMS_GRAPH_STREAM || w == ROOMS_GRAPH_REJECTED || w == ROOMS_GRAPH_SOFT_FAILED)
         return 0;
     if (fed_call_verify_event(rx->v, pdu_in, sig) < 0) {
+        rt_metric_add(recv_metrics.backfill_refused, 1);
         rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s refused: %s", id, rx->origin, sig);
         return 0;
     }
@@ -733,6 +735,7 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
     int rc;
     if (!auth_events_ready(rx, pdu, 1, &auth) ||
         !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, awhy)) {
+        rt_metric_add(recv_metrics.backfill_rejected, 1);
         rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s rejected: %s", id, rx->origin, awhy);
         rc = store_rejected(rx, id, pdu, awhy) < 0 ? -1 : 0;
     } else {
@@ -751,6 +754,7 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
         }
         rt_arena_free(a);
         rc = rc == ROOMS_OK ? 1 : rc == ROOMS_E_DB ? -1 : 0;
+        if (rc == 1) rt_metric_add(recv_metrics.backfill_stored, 1);
     }
     json_decref(auth);
     json_decref(pdu);
@@ -861,6 +865,14 @@ int fed_rooms_receive_init(fed_module *m)
     recv_metrics.resolution_seconds =
         rt_metric_histogram(m->metrics, "atrium_rooms_state_resolution_seconds", NULL,
                             "Time state resolutions took", buckets, sizeof(buckets) / sizeof(buckets[0]));
+#define BACKFILL_HELP "Events read from other servers with /backfill, by outcome: stored, " \
+                      "refused (format, ID, signatures) or rejected (auth rules)"
+    recv_metrics.backfill_stored = rt_metric_counter(m->metrics, "atrium_rooms_backfilled_events_total",
+                                                     "outcome=\"stored\"", BACKFILL_HELP);
+    recv_metrics.backfill_refused = rt_metric_counter(m->metrics, "atrium_rooms_backfilled_events_total",
+                                                      "outcome=\"refused\"", BACKFILL_HELP);
+    recv_metrics.backfill_rejected = rt_metric_counter(m->metrics, "atrium_rooms_backfilled_events_total",
+                                                       "outcome=\"rejected\"", BACKFILL_HELP);
     fed_txn_set_pdu_handler(on_pdu, NULL);
     return 0;
 }

@@ -123,6 +123,12 @@ class BackfillTest(PartitionCase):
         self.assertEqual(self.all_bodies(self.alice, room), expected)
         self.assertGreater(self.b.metric("atrium_federation_inbound_verified_total"), before)
         self.a.wait_for_log(r"backfilled \S+ from \S+ refused")
+        # (Refused at each page that reaches it: nothing remembers an event that never
+        # passes, so it is asked for again.)
+        self.assertGreaterEqual(self.a.metric("atrium_rooms_backfilled_events_total",
+                                              {"outcome": "refused"}), 1)
+        self.assertGreaterEqual(self.a.metric("atrium_rooms_backfilled_events_total",
+                                              {"outcome": "stored"}), 199)
         # Read once, kept: paging again asks B for nothing new and shows the same.
         self.assertEqual(self.all_bodies(self.alice, room), expected)
         self.assertEqual(psql(f"SELECT count(*) FROM events WHERE room_id = '{room}'"
