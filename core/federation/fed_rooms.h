@@ -61,8 +61,9 @@ void fed_rooms_close(PGconn *c);
  * backfilled from other servers), 0 not in the stream, -1 database. pos may be NULL. */
 int fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id, int64_t *pos);
 /* The events just beyond what this server has of room_id's history (prev events of
- * stored events that are neither stored nor rejected), the deepest first, at most max,
- * into *out (a new array of IDs). Their count, or -1 database. */
+ * stored events that are neither stored nor rejected, nor dead ends of an earlier
+ * backfill still resting), the deepest first, at most max, into *out (a new array of
+ * IDs). Their count, or -1 database. */
 int fed_rooms_backward_extremities(PGconn *c, const char *room_id, int max, json_t **out);
 /* fed_rooms_receive.c: read up to limit events of room_id's history older than what is
  * stored from a server in the room (/backfill at the backward extremities, the room's

@@ -165,9 +165,10 @@ int fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id, in
 
 int fed_rooms_backward_extremities(PGconn *c, const char *room_id, int max, json_t **out)
 {
-    char max_s[24];
+    char max_s[24], now_s[24];
     snprintf(max_s, sizeof(max_s), "%d", max);
-    const char *p[2] = {room_id, max_s};
+    snprintf(now_s, sizeof(now_s), "%lld", (long long)rt_wall_ms());
+    const char *p[3] = {room_id, max_s, now_s};
     PGresult *res = rooms_q(c,
                             "SELECT g.prev_id FROM event_edges g"
                             " JOIN events e ON e.event_id = g.event_id"
@@ -175,8 +176,10 @@ int fed_rooms_backward_extremities(PGconn *c, const char *room_id, int max, json
                             " AND NOT EXISTS (SELECT 1 FROM events x WHERE x.event_id = g.prev_id)"
                             " AND NOT EXISTS (SELECT 1 FROM event_outliers o"
                             "  WHERE o.event_id = g.prev_id AND o.status = 'rejected')"
+                            " AND NOT EXISTS (SELECT 1 FROM backfill_dead_ends d"
+                            "  WHERE d.event_id = g.prev_id AND d.until_ts > $3::bigint)"
                             " GROUP BY g.prev_id ORDER BY max(e.depth) DESC LIMIT $2::int",
-                            2, p, NULL);
+                            3, p, NULL);
     if (!res) return -1;
     *out = json_array();
     for (int i = 0; i < PQntuples(res); i++) json_array_append_new(*out, json_string(PQgetvalue(res, i, 0)));

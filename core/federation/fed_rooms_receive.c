@@ -59,6 +59,7 @@
 #define RECV_GAP_MAX_ROUNDS 60      /* get_missing_events one gap walk makes at most */
 #define RECV_BACKFILL_FROM_MAX 5    /* backward extremities one /backfill starts from */
 #define RECV_BACKFILL_SERVERS_MAX 3 /* servers asked in turn for one backfill */
+#define RECV_BACKFILL_DEAD_END_MS (60 * 60 * 1000) /* an extremity that gave nothing rests */
 #define RECV_MAX_NESTING 1          /* missing events' own gaps are not chased further */
 #define RECV_FETCH_MAX 200          /* events one PDU may fetch with /event (auth, gap) */
 #define RECV_REQUEST_TIMEOUT_MS 10000
@@ -797,6 +798,15 @@ static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, i
     json_decref(answer);
     rt_log(ATRIUM_LOG_INFO, "federation", "backfill of %s from %s at %s: %zu event(s) received, "
            "%d stored", rx->room_id, rx->origin, from, k, stored);
+    if (stored == 0) { /* nothing new behind `from` at this server: rest it a while */
+        char until[24];
+        snprintf(until, sizeof(until), "%lld", (long long)(rt_wall_ms() + RECV_BACKFILL_DEAD_END_MS));
+        const char *p[3] = {from, rx->room_id, until};
+        if (!rooms_exec(rx->c, "INSERT INTO backfill_dead_ends (event_id, room_id, until_ts)"
+                               " VALUES ($1, $2, $3::bigint) ON CONFLICT (event_id)"
+                               " DO UPDATE SET until_ts = EXCLUDED.until_ts", 3, p))
+            stored = -1;
+    }
     return stored;
 }
 

@@ -193,7 +193,14 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      "CREATE SEQUENCE rooms_backfill_seq;"
      /* The backward extremities of a room (fed_rooms_backward_extremities) are read by
       * room. */
-     "CREATE INDEX event_edges_room ON event_edges (room_id);"},
+     "CREATE INDEX event_edges_room ON event_edges (room_id);"
+     /* Backward extremities no server gave anything new for: not asked again until
+      * until_ts (fed_rooms_receive.c), so one event that never passes costs one request
+      * per while, not one per page. */
+     "CREATE TABLE backfill_dead_ends ("
+     " event_id text PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " until_ts bigint NOT NULL);"},
 };
 
 
