@@ -32,13 +32,11 @@
  * state becomes their resolution (resolve_current): current_state and, for memberships, a
  * new row of memberships; the stream keeps its events in arrival order.
  *
- * History older than what the stream holds (a room joined over federation starts at the
- * join) is read on demand with /backfill (fed_rooms_backfill, for /messages): each event
- * checked as above up to its auth events (the state before it is not computed: it never
- * becomes current state) and stored below the stream (ROOMS_PDU_BACKFILLED).
+ * History older than what the stream holds is read with /backfill: fed_rooms_backfill.c,
+ * which shares this file's checks through fed_rooms_recv.h.
  *
  * Metrics: atrium_rooms_inbound_pdus_total{outcome, check}, state resolutions by outcome
- * and their duration, atrium_rooms_backfilled_events_total{outcome}.
+ * and their duration.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -48,6 +46,7 @@
 #include "core/client/rooms/rooms_api.h"
 #include "core/federation/fed_call.h"
 #include "core/federation/fed_rooms.h"
+#include "core/federation/fed_rooms_recv.h"
 #include "core/federation/fed_txn.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/state_map.h"
@@ -57,13 +56,10 @@
 #define RECV_MISSING_LIMIT 10       /* events asked for with one get_missing_events */
 #define RECV_GAP_MAX_EVENTS 500     /* events one gap walk collects at most */
 #define RECV_GAP_MAX_ROUNDS 60      /* get_missing_events one gap walk makes at most */
-#define RECV_BACKFILL_FROM_MAX 5    /* backward extremities one /backfill starts from */
-#define RECV_BACKFILL_SERVERS_MAX 3 /* servers asked in turn for one backfill */
-#define RECV_BACKFILL_DEAD_END_MS (60 * 60 * 1000) /* an extremity that gave nothing rests */
 #define RECV_MAX_NESTING 1          /* missing events' own gaps are not chased further */
 #define RECV_FETCH_MAX 200          /* events one PDU may fetch with /event (auth, gap) */
 #define RECV_REQUEST_TIMEOUT_MS 10000
-#define RECV_URI_BYTES 2048
+#define RECV_URI_BYTES FED_RECV_URI_BYTES
 #define RECV_MAX_BODY_BYTES (16 * 1024 * 1024)
 
 enum recv_check {
@@ -76,18 +72,7 @@ static const char *const CHECK_NAMES[RC__N] = {"format", "room", "acl", "origin"
 static struct {
     rt_metric *rejected[RC__N], *accepted, *soft_failed, *redacted;
     rt_metric *resolutions_ok, *resolutions_failed, *resolution_seconds;
-    rt_metric *backfill_stored, *backfill_refused, *backfill_rejected;
 } recv_metrics;
-
-/* What one PDU's processing carries. */
-typedef struct pdu_job {
-    const char *origin;
-    const char *room_id;
-    const room_version *v;
-    PGconn *c;
-    int nesting;
-    int fetched; /* /event requests made, against RECV_FETCH_MAX */
-} pdu_job;
 
 static int reject(pdu_job *rx, int check, char err[FED_PDU_ERR_LEN], const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -116,7 +101,7 @@ static const char *ref_id(const json_t *ref)
     return json_is_array(ref) ? json_string_value(json_array_get(ref, 0)) : json_string_value(ref);
 }
 
-static void uri_part(const char *s, char *out, size_t len)
+void fed_recv_uri_part(const char *s, char *out, size_t len)
 {
     static const char hex[] = "0123456789ABCDEF";
     size_t o = 0;
@@ -135,7 +120,7 @@ static void uri_part(const char *s, char *out, size_t len)
 }
 
 /* A request to the origin, waited for; the JSON answer (new) or NULL. */
-static json_t *ask_origin(pdu_job *rx, const char *method, const char *uri, const json_t *body)
+json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const json_t *body)
 {
     fed_request_opts o = {.method = method, .destination = rx->origin, .uri = uri, .body = body,
                           .deadline_ms = rt_now_ms() + RECV_REQUEST_TIMEOUT_MS,
@@ -152,7 +137,7 @@ static json_t *ask_origin(pdu_job *rx, const char *method, const char *uri, cons
 
 /* ---- one event outside the stream: an auth event or a state event fetched ------------ */
 
-static int store_rejected(pdu_job *rx, const char *id, const json_t *pdu, const char *why)
+int fed_recv_store_rejected(pdu_job *rx, const char *id, const json_t *pdu, const char *why)
 {
     return rooms_graph_store_outlier(rx->c, rx->room_id, id, pdu, "rejected", why, rx->origin);
 }
@@ -164,7 +149,7 @@ static bool fetch_outlier(pdu_job *rx, const char *event_id, int depth);
 
 /* Are every auth event of pdu stored and not rejected (fetching the missing ones while
  * depth allows)? The map of them into *auth (new). */
-static bool auth_events_ready(pdu_job *rx, const json_t *pdu, int depth, json_t **auth)
+bool fed_recv_auth_events_ready(pdu_job *rx, const json_t *pdu, int depth, json_t **auth)
 {
     *auth = NULL;
     json_t *refs = json_object_get(pdu, "auth_events"), *ids = json_array();
@@ -193,9 +178,9 @@ static bool fetch_outlier(pdu_job *rx, const char *event_id, int depth)
     if (rx->fetched >= RECV_FETCH_MAX) return false;
     rx->fetched++;
     char enc[RECV_URI_BYTES / 2], uri[RECV_URI_BYTES];
-    uri_part(event_id, enc, sizeof(enc));
+    fed_recv_uri_part(event_id, enc, sizeof(enc));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/event/%s", enc);
-    json_t *answer = ask_origin(rx, "GET", uri, NULL);
+    json_t *answer = fed_recv_ask(rx, "GET", uri, NULL);
     json_t *pdu = json_array_get(json_object_get(answer, "pdus"), 0);
     char why[EVENT_WHY_LEN], id[EVENT_ID_LEN], sig[FED_CALL_ERROR_BYTES];
     bool ok = json_is_object(pdu) &&
@@ -211,10 +196,10 @@ static bool fetch_outlier(pdu_job *rx, const char *event_id, int depth)
     json_decref(answer);
     json_t *auth = NULL;
     char awhy[ROOM_AUTH_WHY_LEN] = "its auth events are not known";
-    ok = auth_events_ready(rx, ev, depth, &auth) &&
+    ok = fed_recv_auth_events_ready(rx, ev, depth, &auth) &&
          room_auth_check_event(rx->v, ev, rooms_pdus_get, auth, awhy);
     int rc = ok ? rooms_graph_store_outlier(rx->c, rx->room_id, id, ev, "outlier", NULL, rx->origin)
-                : store_rejected(rx, id, ev, awhy);
+                : fed_recv_store_rejected(rx, id, ev, awhy);
     json_decref(auth);
     json_decref(ev);
     return ok && rc == 0;
@@ -333,10 +318,10 @@ static json_t *state_before_from_prevs(pdu_job *rx, const json_t *pdu)
 static json_t *state_before_from_origin(pdu_job *rx, const char *event_id)
 {
     char room[RECV_URI_BYTES / 4], ev[RECV_URI_BYTES / 4], uri[RECV_URI_BYTES];
-    uri_part(rx->room_id, room, sizeof(room));
-    uri_part(event_id, ev, sizeof(ev));
+    fed_recv_uri_part(rx->room_id, room, sizeof(room));
+    fed_recv_uri_part(event_id, ev, sizeof(ev));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/state_ids/%s?event_id=%s", room, ev);
-    json_t *answer = ask_origin(rx, "GET", uri, NULL);
+    json_t *answer = fed_recv_ask(rx, "GET", uri, NULL);
     json_t *ids = json_object_get(answer, "pdu_ids");
     bool ok = json_is_array(ids);
     for (size_t i = 0; ok && i < json_array_size(ids); i++) {
@@ -376,7 +361,7 @@ static bool gap_known(pdu_job *rx, const json_t *collected, const char *id)
     return json_object_get(collected, id) || fed_rooms_event_pos(rx->c, rx->room_id, id, NULL) > 0;
 }
 
-static int by_depth(const void *x, const void *y)
+int fed_recv_by_depth(const void *x, const void *y)
 {
     json_int_t a = json_integer_value(json_object_get(*(json_t *const *)x, "depth")),
                b = json_integer_value(json_object_get(*(json_t *const *)y, "depth"));
@@ -391,9 +376,9 @@ static json_t *ask_missing(pdu_job *rx, json_t *earliest, json_t *frontier, json
                              "latest_events", frontier, "limit", RECV_MISSING_LIMIT,
                              "min_depth", min_depth);
     char room[RECV_URI_BYTES / 2], uri[RECV_URI_BYTES];
-    uri_part(rx->room_id, room, sizeof(room));
+    fed_recv_uri_part(rx->room_id, room, sizeof(room));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/get_missing_events/%s", room);
-    json_t *answer = ask_origin(rx, "POST", uri, body);
+    json_t *answer = fed_recv_ask(rx, "POST", uri, body);
     json_decref(body);
     json_t *events = json_incref(json_object_get(answer, "events"));
     json_decref(answer);
@@ -455,7 +440,7 @@ static void fill_gap(pdu_job *rx, const char *event_id)
     const char *key;
     json_t *ev;
     json_object_foreach(collected, key, ev) if (sorted) sorted[k++] = ev;
-    if (sorted) qsort(sorted, k, sizeof(*sorted), by_depth);
+    if (sorted) qsort(sorted, k, sizeof(*sorted), fed_recv_by_depth);
     pdu_job inner = *rx;
     inner.nesting++;
     for (size_t i = 0; sorted && i < k; i++) {
@@ -622,9 +607,9 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     /* 4. its auth events */
     json_t *auth = NULL, *before = NULL, *current = NULL, *state_ids = NULL;
     char why[ROOM_AUTH_WHY_LEN] = "its auth events are not known or were rejected";
-    if (!auth_events_ready(rx, pdu, 1, &auth) ||
+    if (!fed_recv_auth_events_ready(rx, pdu, 1, &auth) ||
         !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, why)) {
-        if (store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
+        if (fed_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
         else rc = reject(rx, RC_AUTH_EVENTS, err, "%s", why);
         goto out;
     }
@@ -644,7 +629,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
         goto out;
     }
     if (!room_auth_check_event(rx->v, pdu, rooms_pdus_get, before, why)) {
-        if (store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
+        if (fed_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
         else rc = reject(rx, RC_STATE_BEFORE, err, "%s", why);
         goto out;
     }
@@ -672,170 +657,6 @@ out:
     json_decref(state_ids);
     json_decref(pdu);
     return rc;
-}
-
-/* ---- history older than the stream: /backfill ---------------------------------------- */
-
-static int by_depth_desc(const void *x, const void *y)
-{
-    return by_depth(y, x);
-}
-
-/* The servers to ask for room_id's history: the room's creating server first, then those
- * with a user joined now; ours never. A new array. */
-static json_t *backfill_servers(PGconn *c, const char *room_id)
-{
-    const char *own = fed_state()->server_name;
-    json_t *out = json_array();
-    const char *creator = room_auth_domain(room_id);
-    if (strcmp(creator, own) != 0) json_array_append_new(out, json_string(creator));
-    const char *p[2] = {room_id, own};
-    PGresult *res = rooms_q(c,
-                            "SELECT DISTINCT substr(state_key, strpos(state_key, ':') + 1)"
-                            " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
-                            " AND membership = 'join'"
-                            " AND substr(state_key, strpos(state_key, ':') + 1) <> $2 LIMIT 8",
-                            2, p, NULL);
-    for (int i = 0; res && i < PQntuples(res); i++) {
-        const char *s = PQgetvalue(res, i, 0);
-        bool seen = false;
-        for (size_t j = 0; j < json_array_size(out) && !seen; j++)
-            seen = strcmp(json_string_value(json_array_get(out, j)), s) == 0;
-        if (!seen) json_array_append_new(out, json_string(s));
-    }
-    PQclear(res);
-    return out;
-}
-
-/* One event of a /backfill answer: checked and stored (at a position below the stream)
- * or kept as rejected. 1 stored, 0 not, -1 database. */
-static int backfill_one(pdu_job *rx, const json_t *pdu_in)
-{
-    char why[EVENT_WHY_LEN], id[EVENT_ID_LEN], sig[FED_CALL_ERROR_BYTES];
-    if (!json_is_object(pdu_in) ||
-        strcmp(json_string_value(json_object_get(pdu_in, "room_id")) ?: "", rx->room_id) != 0 ||
-        event_check_format(rx->v, pdu_in, why) != EVENT_FORMAT_OK ||
-        event_compute_id(rx->v, pdu_in, id) < 0)
-        return 0;
-    rooms_graph_where w;
-    bool failed;
-    json_t *have = rooms_graph_load(rx->c, id, NULL, &w, &failed);
-    json_decref(have);
-    if (failed) return -1;
-    if (w == ROOMS_GRAPH_STREAM || w == ROOMS_GRAPH_REJECTED || w == ROOMS_GRAPH_SOFT_FAILED)
-        return 0;
-    if (fed_call_verify_event(rx->v, pdu_in, sig) < 0) {
-        rt_metric_add(recv_metrics.backfill_refused, 1);
-        rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s refused: %s", id, rx->origin, sig);
-        return 0;
-    }
-    json_t *pdu = event_content_hash_ok(pdu_in) ? json_incref((json_t *)pdu_in)
-                                                : event_redact(rx->v, pdu_in);
-    json_t *auth = NULL;
-    char awhy[ROOM_AUTH_WHY_LEN] = "its auth events are not known or were rejected";
-    int rc;
-    if (!auth_events_ready(rx, pdu, 1, &auth) ||
-        !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, awhy)) {
-        rt_metric_add(recv_metrics.backfill_rejected, 1);
-        rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s rejected: %s", id, rx->origin, awhy);
-        rc = store_rejected(rx, id, pdu, awhy) < 0 ? -1 : 0;
-    } else {
-        room_tx tx;
-        rooms_err e = {0};
-        rt_arena *a = rt_arena_new(1024);
-        rc = a ? rooms_tx_begin(&tx, rx->c, a, rx->room_id, &e) : ROOMS_E_DB;
-        if (rc == ROOMS_OK) {
-            const char *p[1] = {id};
-            if (!rooms_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
-                rc = rooms_set_err(&e, ROOMS_E_DB, "database");
-            else
-                rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, NULL, ROOMS_PDU_BACKFILLED, &e);
-            if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
-            else rooms_tx_rollback(&tx);
-        }
-        rt_arena_free(a);
-        rc = rc == ROOMS_OK ? 1 : rc == ROOMS_E_DB ? -1 : 0;
-        if (rc == 1) rt_metric_add(recv_metrics.backfill_stored, 1);
-    }
-    json_decref(auth);
-    json_decref(pdu);
-    return rc;
-}
-
-/* One /backfill of room_id from the backward extremity `from` at the first server of
- * servers that answers (*answered false when none did); the events stored (checked by
- * backfill_one), or -1 database. */
-static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, int limit,
-                         bool *answered)
-{
-    char room[RECV_URI_BYTES / 4], ev[RECV_URI_BYTES / 4], uri[RECV_URI_BYTES];
-    uri_part(rx->room_id, room, sizeof(room));
-    uri_part(from, ev, sizeof(ev));
-    snprintf(uri, sizeof(uri), "/_matrix/federation/v1/backfill/%s?limit=%d&v=%s", room, limit, ev);
-    json_t *answer = NULL;
-    for (size_t i = 0; i < json_array_size(servers) && i < RECV_BACKFILL_SERVERS_MAX && !answer; i++) {
-        rx->origin = json_string_value(json_array_get(servers, i));
-        answer = ask_origin(rx, "GET", uri, NULL);
-        if (answer && !json_is_array(json_object_get(answer, "pdus"))) {
-            json_decref(answer);
-            answer = NULL;
-        }
-    }
-    *answered = answer != NULL;
-    if (!answer) return 0;
-    /* Newest first: each takes a position below the one before. */
-    json_t *pdus = json_object_get(answer, "pdus");
-    size_t k = json_array_size(pdus) < (size_t)limit ? json_array_size(pdus) : (size_t)limit;
-    json_t **sorted = calloc(k ? k : 1, sizeof(*sorted));
-    for (size_t i = 0; sorted && i < k; i++) sorted[i] = json_array_get(pdus, i);
-    if (sorted) qsort(sorted, k, sizeof(*sorted), by_depth_desc);
-    int stored = 0;
-    for (size_t i = 0; sorted && i < k && stored >= 0; i++) {
-        int one = backfill_one(rx, sorted[i]);
-        stored = one < 0 ? -1 : stored + one;
-    }
-    free(sorted);
-    json_decref(answer);
-    rt_log(ATRIUM_LOG_INFO, "federation", "backfill of %s from %s at %s: %zu event(s) received, "
-           "%d stored", rx->room_id, rx->origin, from, k, stored);
-    if (stored == 0) { /* nothing new behind `from` at this server: rest it a while */
-        char until[24];
-        snprintf(until, sizeof(until), "%lld", (long long)(rt_wall_ms() + RECV_BACKFILL_DEAD_END_MS));
-        const char *p[3] = {from, rx->room_id, until};
-        if (!rooms_exec(rx->c, "INSERT INTO backfill_dead_ends (event_id, room_id, until_ts)"
-                               " VALUES ($1, $2, $3::bigint) ON CONFLICT (event_id)"
-                               " DO UPDATE SET until_ts = EXCLUDED.until_ts", 3, p))
-            stored = -1;
-    }
-    return stored;
-}
-
-int fed_rooms_backfill(PGconn *c, const char *room_id, int limit)
-{
-    if (limit > FED_ROOMS_BACKFILL_MAX) limit = FED_ROOMS_BACKFILL_MAX;
-    bool failed = false;
-    pdu_job rx = {.c = c, .room_id = room_id, .v = rooms_version_of(c, room_id, &failed)};
-    if (failed) return -1;
-    if (!rx.v || limit <= 0) return 0;
-    json_t *from = NULL;
-    int n = fed_rooms_backward_extremities(c, room_id, RECV_BACKFILL_FROM_MAX, &from);
-    if (n <= 0) {
-        json_decref(from);
-        return n;
-    }
-    /* The deepest extremity first; the next only when one gave nothing new (what its
-     * server served did not pass), so one event that never passes does not stop the
-     * history behind the others. No server answering ends it: the client's request is
-     * waiting. */
-    json_t *servers = backfill_servers(c, room_id);
-    int stored = 0;
-    bool answered = true;
-    for (size_t i = 0; i < json_array_size(from) && stored == 0 && answered; i++)
-        stored = backfill_from(&rx, servers, json_string_value(json_array_get(from, i)), limit,
-                               &answered);
-    json_decref(servers);
-    json_decref(from);
-    return stored;
 }
 
 static int on_pdu(void *ctx, const char *origin, const json_t *pdu, char err[FED_PDU_ERR_LEN])
@@ -875,14 +696,6 @@ int fed_rooms_receive_init(fed_module *m)
     recv_metrics.resolution_seconds =
         rt_metric_histogram(m->metrics, "atrium_rooms_state_resolution_seconds", NULL,
                             "Time state resolutions took", buckets, sizeof(buckets) / sizeof(buckets[0]));
-#define BACKFILL_HELP "Events read from other servers with /backfill, by outcome: stored, " \
-                      "refused (format, ID, signatures) or rejected (auth rules)"
-    recv_metrics.backfill_stored = rt_metric_counter(m->metrics, "atrium_rooms_backfilled_events_total",
-                                                     "outcome=\"stored\"", BACKFILL_HELP);
-    recv_metrics.backfill_refused = rt_metric_counter(m->metrics, "atrium_rooms_backfilled_events_total",
-                                                      "outcome=\"refused\"", BACKFILL_HELP);
-    recv_metrics.backfill_rejected = rt_metric_counter(m->metrics, "atrium_rooms_backfilled_events_total",
-                                                       "outcome=\"rejected\"", BACKFILL_HELP);
     fed_txn_set_pdu_handler(on_pdu, NULL);
-    return 0;
+    return fed_rooms_backfill_init(m);
 }

@@ -304,7 +304,8 @@ static int get_messages(atrium_req *r)
     }
     if (n < 0 || rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
-    /* Without `from`, a backward page starts at its newest event, a forward one at 0. */
+    /* Without `from`, a backward page starts at its newest event, a forward one at the
+     * room's start (below any backfilled history). */
     const char *start = from ? from : rooms_token(r, back ? (n > 0 ? first : 0) : lo);
     json_t *body = json_pack("{s:o, s:s}", "chunk", chunk, "start", start);
     if (n > 0 && n == limit) json_object_set_new(body, "end", json_string(rooms_token(r, back ? last - 1 : last)));

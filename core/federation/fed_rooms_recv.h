@@ -1,0 +1,50 @@
+/*
+ * core/federation/fed_rooms_recv.h - what the two readers of other servers' events share:
+ * fed_rooms_receive.c (PDUs of transactions, and the gaps before them) and
+ * fed_rooms_backfill.c (history older than the stream). One event's journey in, with its
+ * checks, lives in fed_rooms_receive.c; these are the pieces the backfill reuses, so each
+ * check stays in one function. Internal prefix: fed_recv_.
+ */
+#ifndef ATRIUM_CORE_FED_ROOMS_RECV_H
+#define ATRIUM_CORE_FED_ROOMS_RECV_H
+
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/federation/fed_internal.h"
+#include "core/rooms/events.h"
+
+#define FED_RECV_URI_BYTES 2048 /* a request URI to another server */
+
+/* What one event's processing carries. */
+typedef struct pdu_job {
+    const char *origin;       /* the server that delivered it, and that missing events are
+                               * asked of */
+    const char *room_id;
+    const room_version *v;
+    PGconn *c;                /* held by the caller, outside any transaction */
+    int nesting;
+    int fetched;              /* /event requests made, against the receiver's bound */
+} pdu_job;
+
+/* s percent-encoded for a URI path or query part, into out (len bytes, truncated). */
+void fed_recv_uri_part(const char *s, char *out, size_t len);
+/* A request to rx->origin, waited for (this thread waits: never the request pool's); the
+ * JSON answer (new) or NULL (logged). */
+json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const json_t *body);
+/* Keep pdu (id) as rejected, with why, so it is not fetched again and never served. 0 or
+ * -1 database. */
+int fed_recv_store_rejected(pdu_job *rx, const char *id, const json_t *pdu, const char *why);
+/* Are every auth event of pdu stored and not rejected (fetching missing ones with /event
+ * while depth allows, each checked and kept as an outlier)? Their PDU map into *auth
+ * (new, or NULL). */
+bool fed_recv_auth_events_ready(pdu_job *rx, const json_t *pdu, int depth, json_t **auth);
+/* qsort comparator of PDUs (json_t *) by depth, ascending. */
+int fed_recv_by_depth(const void *x, const void *y);
+
+/* fed_rooms_backfill.c: its metrics (from fed_rooms_receive_init). 0. */
+int fed_rooms_backfill_init(fed_module *m);
+
+#endif
