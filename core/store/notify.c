@@ -149,6 +149,8 @@ int notify_subscribe(notify_service *s, const char *channel, unsigned flags, not
 
 bool notify_live(const notify_service *s) { return s && atomic_load(&s->live); }
 
+const char *notify_app_name(const notify_service *s) { return s ? s->app_name : ""; }
+
 static void poke(notify_service *s)
 {
     uint64_t one = 1;

@@ -76,6 +76,9 @@ void notify_free(notify_service *s);
 /* 1 while the listening connection is up and listens on every subscribed channel, 0
  * otherwise (also NULL s). Any thread. */
 bool notify_live(const notify_service *s);
+/* The listening connection's application_name ("atrium-notify-<pid>"): how other
+ * processes find this one in pg_stat_activity. "" for NULL s. Any thread. */
+const char *notify_app_name(const notify_service *s);
 
 /* Publish on conn (a connection the caller holds): inside a transaction the caller opened,
  * delivered when it commits; outside one, at once. 0, or -1 (bad channel or payload, or

@@ -132,7 +132,8 @@ static int accounts_init(core_runtime *rt)
         return -1;
     }
     if (ratelimits_init(rt) < 0 || !(rt->auth_cache = auth_cache_new(rt->metrics)) ||
-        auth_cache_listen(rt->auth_cache, rt->notify) < 0 || auth_seen_init(rt->metrics) < 0)
+        auth_cache_listen(rt->auth_cache, rt->notify) < 0 ||
+        auth_revoke_listen(rt->notify, rt->metrics) < 0 || auth_seen_init(rt->metrics) < 0)
         return -1;
     if (acc_register_routes(s) < 0 || acc_admin_register_routes(s) < 0 ||
         acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||

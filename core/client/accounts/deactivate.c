@@ -108,6 +108,17 @@ static void leave_rooms(atrium_req *r, const char *user_id)
     json_decref(rooms);
 }
 
+/* The answer, once every live process dropped the user's tokens (auth_revoke.c). */
+static int answer_deactivated(atrium_req *r)
+{
+    json_t *body = json_pack("{s:s}", "id_server_unbind_result", "no-support");
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
+    if (!c) return http_respond_json(r, 200, body); /* busy: the rooms are left, say so */
+    int rc = auth_revoke_answer(r, c, r->user, 200, body);
+    db_release(db_global(), c);
+    return rc;
+}
+
 /* [auth pool] After the password passed: deactivate, then hand off to the rooms module's
  * bulk pool, so leaving many rooms holds no auth thread. [bulk pool] Leave the rooms and
  * answer. */
@@ -115,8 +126,7 @@ static int finish_deactivate(atrium_req *r, deactivate_state *st)
 {
     if (st->deactivated) {
         leave_rooms(r, r->user);
-        return http_respond_json(r, 200,
-                                 json_pack("{s:s}", "id_server_unbind_result", "no-support"));
+        return answer_deactivated(r);
     }
     if (!uia_password_verify(r, &st->auth, DEACTIVATE_PURPOSE)) return ATRIUM_DONE;
     PGconn *c = acc_db(r);
@@ -130,12 +140,14 @@ static int finish_deactivate(atrium_req *r, deactivate_state *st)
     if (rc == ATRIUM_HANDED_OFF) return rc;
     /* No room for it there: the account is closed all the same; say so, and leave here. */
     leave_rooms(r, r->user);
-    return http_respond_json(r, 200, json_pack("{s:s}", "id_server_unbind_result", "no-support"));
+    return answer_deactivated(r);
 }
 
 /* POST /_matrix/client/v3/account/deactivate {auth, erase, id_server} */
 static int post_deactivate(atrium_req *r)
 {
+    int rerun_rc;
+    if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_deactivate(r, r->plugin_state);
     /* An empty body asks for the challenge. */

@@ -110,9 +110,10 @@ static int finish_delete(atrium_req *r, const delete_state *st)
     ok = ok && acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
     else acc_tokens_revoked(c, r->user);
+    int rc = ok ? auth_revoke_answer(r, c, r->user, 200, json_object()) : ATRIUM_DONE;
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
-    return http_respond_json(r, 200, json_object());
+    return rc;
 }
 
 /* The shared first half of both delete endpoints. */
@@ -129,6 +130,8 @@ static int begin_delete(atrium_req *r, json_t *body, const char **ids, size_t n)
 /* DELETE /_matrix/client/v3/devices/{deviceId} (UIA; the body may be empty at first) */
 static int delete_device(atrium_req *r)
 {
+    int rerun_rc;
+    if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
     json_t *body = uia_body(r);
@@ -142,6 +145,8 @@ static int delete_device(atrium_req *r)
 /* POST /_matrix/client/v3/delete_devices {devices: [...], auth} */
 static int post_delete_devices(atrium_req *r)
 {
+    int rerun_rc;
+    if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
     json_t *body = uia_body(r);
@@ -188,15 +193,21 @@ static int finish_password(atrium_req *r, const password_state *st)
     ok = ok && acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
     else acc_tokens_revoked(c, r->user);
+    /* Only other devices' tokens went (logout_devices); without it nothing to wait for. */
+    int rc = !ok ? ATRIUM_DONE
+             : st->logout_devices ? auth_revoke_answer(r, c, r->user, 200, json_object())
+                                  : http_respond_json(r, 200, json_object());
     acc_db_release(c);
     sodium_memzero(hash, sizeof(hash));
     if (!ok) return acc_db_failed(r);
-    return http_respond_json(r, 200, json_object());
+    return rc;
 }
 
 /* POST /_matrix/client/v3/account/password {new_password, logout_devices, auth} */
 static int post_password(atrium_req *r)
 {
+    int rerun_rc;
+    if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_password(r, r->plugin_state);
     json_t *body = uia_body(r);

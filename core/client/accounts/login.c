@@ -71,12 +71,18 @@ static int finish_login(atrium_req *r, const login_state *st)
     ok = ok && acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
     else auth_cache_forget_user(st->user_id); /* a re-used device ID lost its old tokens */
+    int rc = ATRIUM_DONE;
+    if (ok) {
+        json_t *body = json_pack("{s:s, s:s, s:s, s:s}", "user_id", st->user_id,
+                                 "access_token", token, "device_id", device_id, "home_server",
+                                 r->srv->cfg->server_name);
+        /* A re-used device's old tokens are gone everywhere before the answer. */
+        rc = st->device_id ? auth_revoke_answer(r, c, st->user_id, 200, body)
+                           : http_respond_json(r, 200, body);
+    }
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
-    json_t *body = json_pack("{s:s, s:s, s:s, s:s}", "user_id", st->user_id, "access_token",
-                             token, "device_id", device_id, "home_server",
-                             r->srv->cfg->server_name);
-    return http_respond_json(r, 200, body);
+    return rc;
 }
 
 /* Who is logging in (acc_user_identifier); third-party identifiers are refused. *user is
@@ -97,6 +103,8 @@ static bool login_user(atrium_req *r, json_t *body, const char **user)
 /* POST /_matrix/client/v3/login */
 static int post_login(atrium_req *r)
 {
+    int rerun_rc;
+    if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_login(r, r->plugin_state);
     if (ratelimit_refused(r, ratelimit_login())) return ATRIUM_DONE;
     json_t *body = http_req_json(r);
@@ -123,6 +131,8 @@ static int post_login(atrium_req *r)
 /* Deletes this device (all: every device of the user) with its tokens in one transaction. */
 static int logout_devices(atrium_req *r, bool all)
 {
+    int rerun_rc;
+    if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
     PGconn *c = acc_db(r);
     if (!c) return ATRIUM_DONE;
@@ -132,9 +142,10 @@ static int logout_devices(atrium_req *r, bool all)
               acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
     else acc_tokens_revoked(c, r->user);
+    int rc = ok ? auth_revoke_answer(r, c, r->user, 200, json_object()) : ATRIUM_DONE;
     acc_db_release(c);
     if (!ok) return acc_db_failed(r);
-    return http_respond_json(r, 200, json_object());
+    return rc;
 }
 
 /* POST /_matrix/client/v3/logout: this device and its tokens. The body may be empty. */

@@ -83,6 +83,23 @@ void auth_cache_store(const char *hash, const char *user, const char *device, in
  * learn it from the trigger's NOTIFY. */
 void auth_cache_forget_user(const char *user_id);
 
+/* ---- revocations confirmed by every process (auth_revoke.c) ------------------------- */
+/* Hear other processes' acknowledgements (NOTIFY atrium_auth_ack) through s, and register
+ * the metrics. Before s starts. 0 or -1 (logged). Start-up. */
+int auth_revoke_listen(struct notify_service *s, rt_metrics *metrics);
+/* [notification thread] Acknowledge revocation_id: this process dropped its tokens. */
+void auth_revoke_ack(const char *revocation_id);
+/* [req] After committing a transaction that deleted user_id's tokens (and forgetting them
+ * here: acc_tokens_revoked), with c held outside a transaction: answer (status, body:
+ * consumed) once every other live process acknowledged dropping them, or after the
+ * bound. Parks r (no thread waits) and returns ATRIUM_PARKED, or answers at once and
+ * returns ATRIUM_DONE. The handler must call auth_revoke_rerun first thing when it runs
+ * again (before it authenticates: the token is gone). c may be released on return. */
+int auth_revoke_answer(atrium_req *r, PGconn *c, const char *user_id, int status,
+                       json_t *body);
+/* [req] If r runs again after auth_revoke_answer parked it: answer, set *rc, true. */
+bool auth_revoke_rerun(atrium_req *r, int *rc);
+
 /* ---- when devices were last seen (auth_seen.c) ---------------------------------------- */
 #define AUTH_SEEN_REFRESH_MS (5 * 60 * 1000) /* a device's row is rewritten at most this often */
 #define AUTH_SEEN_RETRY_MS (30 * 1000)       /* after a refresh that could not be written */

@@ -14,12 +14,15 @@
  *     listening connection is down the cache is off (notify_live), and it is emptied each
  *     time listening (re)starts, before the cache is back on, so a missed notification can
  *     never leave a stale entry (docs/architecture.md, 'More than one process').
+ *   - A revoking request waits until every live process forgot the user (auth_revoke.c):
+ *     its notification "<user> <revocation ID>" is acknowledged here after the forget.
  *   - Entries also expire after AUTH_CACHE_TTL_MS, as a last line.
  * The table is direct-mapped by the token hash (uniform: it is SHA-256), bounded, and
  * holds only hashes, user IDs and device IDs. It does not decide who may do what. It is
  * the runtime object's (rt->auth_cache: made by the accounts module's init, freed by
  * core/main.c at the very end, so a request still running at shutdown finds it).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,7 +170,14 @@ static void on_auth_notify(void *arg, const char *payload)
 {
     auth_cache *c = arg;
     if (payload) {
-        forget_user(c, payload);
+        /* "<user>" (the trigger) or "<user> <revocation ID>" (auth_revoke.c: ack it once
+         * the user is forgotten). */
+        const char *sp = strchr(payload, ' ');
+        char user[NOTIFY_MAX_PAYLOAD_BYTES + 1];
+        snprintf(user, sizeof(user), "%.*s", sp ? (int)(sp - payload) : (int)strlen(payload),
+                 payload);
+        forget_user(c, user);
+        if (sp) auth_revoke_ack(sp + 1);
         return;
     }
     pthread_mutex_lock(&c->mu);
