@@ -3,7 +3,10 @@ one process wakes within WAKE_BUDGET_S of a write made through another (a messag
 typing, a receipt, a to-device message, a device-list change, a key upload, account data,
 presence, each asserted on its own; and the legacy /events poll); a typing notice runs
 out on time when the process that took it was killed;
-a token revoked through one process is refused by the other within a second; a
+a token revoked through one process is refused by the other within a second, and a
+logout through A is answered only once B dropped the token (a whoami through B straight
+after is refused, every time), yet within about a second when a listening session that
+never acknowledges is present; a
 plugin's notification (ABI 1.3, through tests/plugins/testplug.c) published in one process
 reaches the other, at commit when published inside a transaction; and with a
 process's listening connection cut (pg_terminate_backend on it, found by its
@@ -13,18 +16,22 @@ process serves no cached token, then comes back by itself and delivers what it m
 The processes listen on distinct loopback addresses (127.0.0.31, .32), as distinct
 machines would."""
 
+import os
+import subprocess
 import time
 import unittest
 
-from accounts import REGISTRATION_ON, register
+from accounts import REGISTRATION_ON, login, register
 from common import Background, testplug, wait_until
-from harness import Server, create_database, drop_database, psql
+from harness import Server, conninfo_for, create_database, drop_database, psql, psql_bin
 from rooms_client import V3, Client, quote
 from test_e2ee_keys import device_keys
 
 WAKE_BUDGET_S = 0.100   # a parked sync answers this soon after the write's answer
 WAKE_ATTEMPTS = 3       # fresh runs of a wake-up scenario, the best of which must meet it
 REVOKE_BUDGET_S = 1.0   # a revocation through one process applies on the other this soon
+LOGOUT_ROUNDS = 30      # logouts through A each followed at once by a whoami through B
+REVOKE_WAIT_S = 1.0     # how long a logout waits for a process that never acknowledges
 PARK_TIMEOUT_MS = 20000  # a parked sync's own timeout: far beyond every budget above
 WHOAMI = f"{V3}/account/whoami"
 
@@ -275,6 +282,49 @@ class MultiProcessTest(WakeChecks, unittest.TestCase):
         wait_until(lambda: self.b.json("GET", WHOAMI, token=carol.token)[0] == 401,
                    timeout=5, interval=0.01, what="B refuses the revoked token")
         self.assertLess(time.monotonic() - revoked, REVOKE_BUDGET_S)
+
+    def test_a_logout_through_a_is_answered_only_once_b_dropped_the_token(self):
+        register(self.a, "lena")
+        confirmed = self.a.metric("atrium_auth_revoke_confirmed_total") or 0
+        stale = []
+        for i in range(LOGOUT_ROUNDS):
+            acct = login(self.a, "lena")
+            self.assertEqual(self.b.json("GET", WHOAMI, token=acct.token)[0], 200)  # cached on B
+            self.assertEqual(self.a.json("POST", f"{V3}/logout", {}, token=acct.token)[0], 200)
+            status = self.b.json("GET", WHOAMI, token=acct.token)[0]
+            if status != 401:
+                stale.append((i, status))
+        self.assertEqual(stale, [], "B answered a token already logged out through A")
+        self.assertGreaterEqual(self.a.metric("atrium_auth_revoke_confirmed_total"),
+                                confirmed + LOGOUT_ROUNDS)
+
+    def test_a_logout_answers_within_the_bound_when_a_listener_never_acknowledges(self):
+        mute = register(self.a, "mute")
+        self.cached_on_b(mute)
+        # A listening session named like a process's, which never acknowledges anything.
+        fake = subprocess.Popen([psql_bin(), "-X", "-q", "-d", conninfo_for(self.db)],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                env={**os.environ, "PGAPPNAME": "atrium-notify-mute"},
+                                text=True)
+        try:
+            fake.stdin.write("LISTEN atrium_auth;\n")
+            fake.stdin.flush()
+            wait_until(lambda: psql("SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE application_name = 'atrium-notify-mute'") == [["1"]],
+                       what="the mute listening session")
+            unconfirmed = self.a.metric("atrium_auth_revoke_unconfirmed_total") or 0
+            started = time.monotonic()
+            self.assertEqual(self.a.json("POST", f"{V3}/logout", {}, token=mute.token)[0], 200)
+            took = time.monotonic() - started
+            self.assertGreater(took, REVOKE_WAIT_S * 0.9, "the logout waited for the mute one")
+            self.assertLess(took, REVOKE_WAIT_S + 1.0, "the logout answered within its bound")
+            self.assertEqual(self.a.metric("atrium_auth_revoke_unconfirmed_total"),
+                             unconfirmed + 1)
+            # B acknowledged in time, so it refuses the token.
+            self.assertEqual(self.b.json("GET", WHOAMI, token=mute.token)[0], 401)
+        finally:
+            fake.stdin.close()
+            fake.wait(timeout=10)
 
     def test_with_its_listening_connection_cut_b_serves_nothing_stale_then_recovers(self):
         dora = register(self.a, "dora")
