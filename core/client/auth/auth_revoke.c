@@ -9,7 +9,8 @@
  *   - the revoker registers a waiter under a revocation ID "<pid>.<seq>", parks the
  *     request (susp_wait: no request-pool thread waits), and in one statement on its held
  *     connection reads the live processes, the application_names "atrium-notify-<pid>"
- *     of the listening connections in pg_stat_activity (its own excluded), and sends
+ *     of the listening connections to this database in pg_stat_activity (its own
+ *     excluded; other databases of the cluster are other deployments), and sends
  *     NOTIFY atrium_auth "<user> <revocation ID>";
  *   - every process, on that notification, forgets the user (auth_cache.c) and then
  *     queues NOTIFY atrium_auth_ack "<revocation ID> <its application_name>";
@@ -166,7 +167,8 @@ static int read_and_send(PGconn *c, revoke_wait *w, const char *user_id, const c
     PGresult *res = PQexecParams(
         c,
         "SELECT pg_notify($1, $2)::text, (SELECT string_agg(DISTINCT application_name, ' ')"
-        " FROM pg_stat_activity WHERE application_name LIKE 'atrium-notify-%'"
+        " FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'atrium-notify-%'"
         " AND application_name <> $3)",
         3, NULL, p, NULL, NULL, 0);
     int rc = res && PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 ? 0 : -1;
