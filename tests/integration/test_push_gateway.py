@@ -43,6 +43,11 @@ class FakeGateway(FakeKeyServer):
         with self.lock:
             self.notified.append(body)
             status, answer = self.answers.pop(0) if self.answers else (200, {"rejected": []})
+        if answer is None:  # an empty body
+            handler.send_response(status)
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return
         self.reply(handler, status, answer)
 
     def wait_for(self, n, timeout=15):
@@ -162,6 +167,15 @@ class PushGatewayTest(unittest.TestCase):
             self.assertNotIn("sender", n)
         time.sleep(1.5)
         self.assertEqual(len(self.gw.notified), 2)  # delivered once it got its 200
+
+    def test_a_2xx_without_a_json_body_is_a_delivery(self):
+        self.set_pusher(self.bob, "bob-key")
+        self.gw.answers = [(200, None)]
+        self.ann.send(self.room, {"msgtype": "m.text", "body": "once"})
+        self.assertEqual(len(self.gw.wait_for(1)), 1)
+        time.sleep(2.0)  # past the first retry's back-off: none comes
+        self.assertEqual(len(self.gw.notified), 1)
+        self.assertEqual(len(self.pushers(self.bob)), 1)
 
     def test_a_rejected_pushkey_removes_the_pusher(self):
         self.set_pusher(self.bob, "stale-key")

@@ -251,8 +251,10 @@ static bool decide(PGconn *c, bool *more)
 static void answered(void *arg, const fed_response *res)
 {
     push_flight *f = arg;
-    bool ok = res->outcome == FED_HTTP_OK && res->status >= 200 && res->status < 300;
-    bool retry = res->outcome != FED_HTTP_OK || res->status >= 500 || res->status == 429;
+    /* A 2xx is a delivery even when its body is not the JSON object the spec describes. */
+    bool answered_2xx = res->outcome == FED_HTTP_OK || res->outcome == FED_REQ_E_NOT_JSON;
+    bool ok = answered_2xx && res->status >= 200 && res->status < 300;
+    bool retry = !answered_2xx || res->status >= 500 || res->status == 429;
     bool rejected = false;
     pthread_mutex_lock(&S.mu);
     if (ok && res->json) {
@@ -264,7 +266,7 @@ static void answered(void *arg, const fed_response *res)
     }
     if (!ok)
         rt_log(ATRIUM_LOG_INFO, "core", "push to a gateway of %s: %s", f->user_id,
-               res->outcome == FED_HTTP_OK ? "refused" : res->error ? res->error : "failed");
+               answered_2xx ? "refused" : res->error ? res->error : "failed");
     f->ok = ok;
     f->retry = !ok && retry;
     f->rejected = rejected;
