@@ -200,8 +200,9 @@ int fed_request_submit(const fed_request_opts *o)
     if (!m || !m->http || !m->resolver) return ATRIUM_E_STOPPED;
     if (o && o->url) {
         char dest[FED_RESOLVE_NAME_BYTES + 16], path[1024];
-        if (!o->method || strcmp(o->method, "GET") != 0 || o->body ||
-            url_target(o->url, dest, sizeof(dest), path, sizeof(path)) < 0)
+        bool get = o->method && strcmp(o->method, "GET") == 0 && !o->body;
+        bool post = o->method && strcmp(o->method, "POST") == 0 && o->body;
+        if (!(get || post) || url_target(o->url, dest, sizeof(dest), path, sizeof(path)) < 0)
             return ATRIUM_E_INVAL;
         fed_request_opts copy = *o;
         copy.url = NULL;

@@ -51,8 +51,9 @@ typedef struct fed_request_opts {
     int (*on_chunk)(void *arg, fed_http_handle *h, const char *data, size_t len);
     void (*on_done)(void *arg, const fed_response *res); /* exactly once iff submit == 0 */
     void *arg;
-    /* Instead of destination + uri: an absolute https URL (a Location another server gave),
-     * fetched unsigned, without backoff or the domain whitelist; its host[:port] (443 by
+    /* Instead of destination + uri: an absolute https URL (a Location another server gave,
+     * or a push gateway's notify URL), fetched with GET and no body or POSTed a JSON body,
+     * unsigned, without backoff or the domain whitelist; its host[:port] (443 by
      * default) is discovered like a server name with an explicit port, so it resolves
      * A/AAAA only, and the address blacklist applies at connect as always. */
     const char *url;

@@ -446,6 +446,8 @@ static int h_fed_request(const atrium_fed_request *q)
     if (!q || q->size < offsetof(atrium_fed_request, arg) + sizeof(q->arg) || !q->on_done)
         return ATRIUM_E_INVAL;
     const char *url = ATRIUM_FED_REQUEST_HAS(q, url) ? q->url : NULL;
+    if (url && (!q->method || strcmp(q->method, "GET") != 0 || q->body))
+        return ATRIUM_E_INVAL; /* the ABI's URL request is a GET (include/atrium/host.h) */
     plugin_fed_req *p = malloc(sizeof(*p));
     if (!p) return ATRIUM_E_NOMEM;
     *p = (plugin_fed_req){.on_chunk = q->on_chunk, .on_done = q->on_done, .arg = q->arg};

@@ -232,6 +232,9 @@ class FakeKeyServer:
     def do_put(self, handler):
         handler.send_error(404)
 
+    def do_post(self, handler):
+        handler.send_error(404)
+
     def start(self):
         outer = self
 
@@ -243,6 +246,10 @@ class FakeKeyServer:
             def do_PUT(self):
                 outer.requests.append(self.path)
                 outer.do_put(self)
+
+            def do_POST(self):
+                outer.requests.append(self.path)
+                outer.do_post(self)
 
             def log_message(self, *args):
                 pass

@@ -1,5 +1,5 @@
 """The small account endpoints Element calls: room tags (stored as the m.tag room account
-data event, so they reach /sync), pushers (stored and listed; nothing is pushed yet) and
+data event, so they reach /sync), pushers (stored and listed; delivery is test_push_gateway.py) and
 the empty answers for third-party IDs, bridge protocols and the TURN server."""
 
 import time

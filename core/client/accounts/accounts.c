@@ -19,6 +19,7 @@
 
 #include "core/client/accounts/accounts.h"
 #include "core/client/push/push_rules.h"
+#include "core/client/push/push_send.h"
 #include "core/client/push/pushers.h"
 #include "core/client/ratelimits.h"
 
@@ -122,6 +123,35 @@ static const atrium_migration MIGRATIONS[] = {
      " ADD COLUMN params jsonb;"},
     /* Guests (register.c, auth.c): accounts without a password and with a guest's rights. */
     {6, "guests", "ALTER TABLE users ADD COLUMN is_guest boolean NOT NULL DEFAULT false;"},
+    /* push_send.c: the stream cursor of the push sender, the events that notified whom
+     * (GET /notifications) and the deliveries due to http pushers. */
+    {7, "push_notifications",
+     "CREATE TABLE push_cursor (id int PRIMARY KEY CHECK (id = 1), stream_pos bigint NOT NULL);"
+     /* from the stream's end when this is applied: history is never pushed */
+     "INSERT INTO push_cursor SELECT 1, CASE WHEN is_called THEN last_value ELSE 0 END"
+     " FROM stream_seq;"
+     "CREATE TABLE push_notifications ("
+     " id bigserial PRIMARY KEY,"
+     " user_id text NOT NULL,"
+     " room_id text NOT NULL,"
+     " event_id text NOT NULL,"
+     " stream_pos bigint NOT NULL,"
+     " highlight boolean NOT NULL,"
+     " actions jsonb NOT NULL,"
+     " ts bigint NOT NULL,"
+     " UNIQUE (user_id, event_id));"
+     "CREATE INDEX push_notifications_user ON push_notifications (user_id, stream_pos);"
+     "CREATE TABLE push_queue ("
+     " id bigserial PRIMARY KEY,"
+     " notification_id bigint NOT NULL REFERENCES push_notifications (id) ON DELETE CASCADE,"
+     " user_id text NOT NULL,"
+     " app_id text NOT NULL,"
+     " pushkey text NOT NULL,"
+     " attempts int NOT NULL DEFAULT 0,"
+     " next_try_ts bigint NOT NULL DEFAULT 0,"
+     " FOREIGN KEY (user_id, app_id, pushkey) REFERENCES pushers (user_id, app_id, pushkey)"
+     "  ON DELETE CASCADE ON UPDATE CASCADE);"
+     "CREATE INDEX push_queue_pusher ON push_queue (user_id, app_id, pushkey, id);"},
 };
 
 static int accounts_init(core_runtime *rt)
@@ -154,6 +184,7 @@ static void prepare_dummy_hash(void *arg, bool cancelled)
 /* After migrations: the auth pool makes the unknown-user hash before the first login. */
 static int accounts_start(core_runtime *rt)
 {
+    if (push_send_start(rt->db) < 0) return -1;
     rt_pool *pool = rt->auth_pool;
     if (pool && rt_pool_submit(pool, prepare_dummy_hash, NULL) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "could not queue the dummy password hash; the first "
@@ -163,6 +194,7 @@ static int accounts_start(core_runtime *rt)
 
 static void accounts_stop(core_runtime *rt)
 {
+    push_send_stop();
     auth_cache_stop(rt->auth_cache); /* freed by core/main.c at the very end */
 }
 

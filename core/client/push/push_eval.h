@@ -6,7 +6,7 @@
  * The evaluator is pure: no database, no request, no globals. The caller gives it the
  * user's composed global rule set (push_rules.c, push_rules_for), the event in the
  * federation (PDU) format as stored, and what the conditions read about the room. It
- * pushes nothing anywhere; pushers and push gateways are not implemented.
+ * pushes nothing anywhere: the push sender (push_send.c) does.
  * Internal prefix: push_.
  */
 #ifndef ATRIUM_CORE_PUSH_EVAL_H

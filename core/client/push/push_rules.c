@@ -114,13 +114,19 @@ static void patch_placeholders(json_t *v, const char *user_id, const char *local
 }
 
 /* The defaults for one user: {override: [...], content: [...], ...}. NULL on OOM. */
-static json_t *default_rules(atrium_req *r)
+static json_t *default_rules(const char *user)
 {
     json_error_t jerr;
     json_t *rules = json_loads(DEFAULT_RULES, 0, &jerr);
     RT_ASSERT(rules, "default push rules do not parse: %s at %d", jerr.text, jerr.position);
-    const char *lp = acc_localpart_of(r, r->user);
-    patch_placeholders(rules, r->user, lp ? lp : r->user);
+    char lp[256];
+    const char *colon = strchr(user, ':');
+    size_t n = user[0] == '@' && colon ? (size_t)(colon - user - 1) : 0;
+    if (n > 0 && n < sizeof(lp)) {
+        memcpy(lp, user + 1, n);
+        lp[n] = '\0';
+    }
+    patch_placeholders(rules, user, n > 0 && n < sizeof(lp) ? lp : user);
     return rules;
 }
 
@@ -159,9 +165,9 @@ static void apply_default_settings(json_t *rule, PGresult *settings)
 
 /* The composition rule (see the file comment). user_rules and settings may be NULL (none,
  * or the database could not be read). Returns the global rule set, or NULL on OOM. */
-static json_t *compose_ruleset(atrium_req *r, PGresult *user_rules, PGresult *settings)
+static json_t *compose_ruleset(const char *user, PGresult *user_rules, PGresult *settings)
 {
-    json_t *defaults = default_rules(r);
+    json_t *defaults = default_rules(user);
     json_t *global = json_object();
     if (!defaults || !global) {
         json_decref(defaults);
@@ -192,9 +198,9 @@ static json_t *compose_ruleset(atrium_req *r, PGresult *user_rules, PGresult *se
 
 /* The user's global rule set read with c. *db_ok false when the stored part could not be
  * read (the defaults are still there). NULL only on OOM. */
-static json_t *load_ruleset(atrium_req *r, PGconn *c, bool *db_ok)
+static json_t *load_ruleset(const char *user, PGconn *c, bool *db_ok)
 {
-    const char *p[1] = {r->user};
+    const char *p[1] = {user};
     PGresult *rules = c ? acc_q(c, "SELECT kind, rule_id, conditions, pattern, actions, enabled"
                                    " FROM push_rules WHERE user_id = $1"
                                    " ORDER BY kind, position, rule_id", 1, p)
@@ -203,7 +209,7 @@ static json_t *load_ruleset(atrium_req *r, PGconn *c, bool *db_ok)
                                       " WHERE user_id = $1", 1, p)
                            : NULL;
     *db_ok = rules && settings;
-    json_t *global = compose_ruleset(r, *db_ok ? rules : NULL, *db_ok ? settings : NULL);
+    json_t *global = compose_ruleset(user, *db_ok ? rules : NULL, *db_ok ? settings : NULL);
     PQclear(rules);
     PQclear(settings);
     return global;
@@ -211,11 +217,16 @@ static json_t *load_ruleset(atrium_req *r, PGconn *c, bool *db_ok)
 
 json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok)
 {
-    json_t *global = load_ruleset(r, c, db_ok);
+    json_t *global = load_ruleset(r->user, c, db_ok);
     if (!*db_ok)
         rt_log(ATRIUM_LOG_WARN, "core", "push rules of %s evaluated without stored changes "
                "(database unavailable)", r->user);
     return global;
+}
+
+json_t *push_rules_for_user(const char *user_id, PGconn *c, bool *db_ok)
+{
+    return load_ruleset(user_id, c, db_ok);
 }
 
 /* The rule set for a read, degraded to the defaults when PostgreSQL is unavailable. */
@@ -223,7 +234,7 @@ static json_t *ruleset_for_read(atrium_req *r)
 {
     PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     bool db_ok = false;
-    json_t *global = load_ruleset(r, c, &db_ok);
+    json_t *global = load_ruleset(r->user, c, &db_ok);
     if (c) acc_db_release(c);
     if (!db_ok)
         rt_log(ATRIUM_LOG_WARN, "core", "push rules of %s served without stored changes "
@@ -404,7 +415,7 @@ static bool conditions_ok(atrium_req *r, json_t *conditions)
 static bool mirror_to_account_data(atrium_req *r, PGconn *c)
 {
     bool db_ok;
-    json_t *global = load_ruleset(r, c, &db_ok);
+    json_t *global = load_ruleset(r->user, c, &db_ok);
     json_t *content = global ? json_pack("{s:o}", "global", global) : NULL;
     char *text = content ? json_dumps(content, JSON_COMPACT) : NULL;
     json_decref(content);
@@ -571,7 +582,7 @@ static bool set_attr_tx(atrium_req *r, PGconn *c, void *arg)
     const char *kind = http_req_param(r, "kind"), *rule_id = http_req_param(r, "ruleId");
     bool is_default = rule_id[0] == '.';
     if (is_default) {
-        json_t *defaults = default_rules(r);
+        json_t *defaults = default_rules(r->user);
         bool exists = defaults && find_rule(defaults, kind, rule_id);
         json_decref(defaults);
         if (!exists) {

@@ -19,6 +19,10 @@
  * the defaults come back. A new reference; NULL only on out of memory. */
 json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok);
 
+/* The same for any user_id (the push sender, core/client/push/push_send.c), without the
+ * log line. Any thread. */
+json_t *push_rules_for_user(const char *user_id, PGconn *c, bool *db_ok);
+
 /* Register GET/PUT/DELETE /pushrules/... 0 or -1 (logged). */
 int push_rules_routes(http_server *s);
 

@@ -2,8 +2,8 @@
  * core/client/push/pushers.c - a user's pushers: GET /pushers lists them, POST /pushers/set
  * creates, updates or (kind null) deletes one.
  *
- * Pushers are stored and listed only: nothing is sent to push gateways or by email yet,
- * so a phone learns of new messages only while its app syncs. This file owns the rules of
+ * http pushers are delivered to by the push sender (push_send.c); email pushers are
+ * stored and listed only. This file owns the rules of
  * pushers/set: which fields the spec requires and how long they may be, that an "http"
  * pusher's data.url is an http(s) URL whose path is /_matrix/push/v1/notify
  * (pusher_url_ok), that a pusher is keyed by (user, app_id, pushkey) so setting it again
@@ -251,7 +251,8 @@ int pushers_routes(http_server *s)
 {
     if (client_route(s, "GET", "/_matrix/client/v3/pushers", get_pushers, 0) < 0 ||
         client_route(s, "POST", "/_matrix/client/v3/pushers/set", post_pusher_set,
-                     PUSHER_BODY_MAX_BYTES) < 0)
+                     PUSHER_BODY_MAX_BYTES) < 0 ||
+        notifications_routes(s) < 0)
         return -1;
     return 0;
 }

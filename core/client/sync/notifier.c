@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client/push/push_send.h"
 #include "core/client/sync/notifier.h"
 #include "core/runtime/core_runtime.h"
 #include "core/store/notify.h"
@@ -193,6 +194,7 @@ uint64_t notifier_wake_count(const char *user_id)
 
 void notifier_wake_room(PGconn *conn, const char *room_id)
 {
+    push_send_kick(); /* the event may notify someone's phone (push_send.c) */
     const char *params[1] = {room_id};
     PGresult *res = PQexecParams(conn,
                                  "SELECT state_key FROM current_state"

@@ -1,0 +1,21 @@
+/*
+ * core/client/push/push_send.h - the push sender (push_send.c): which events notify whom
+ * (the push_notifications rows GET /notifications serves) and delivery of them to the push
+ * gateways of http pushers. Started and stopped by the accounts module
+ * (core/client/accounts/accounts.c), whose migrations hold its tables.
+ * Internal prefix: push_send_.
+ */
+#ifndef ATRIUM_CORE_PUSH_SEND_H
+#define ATRIUM_CORE_PUSH_SEND_H
+
+#include "core/store/db.h"
+
+/* Start the sender thread on db. 0 or ATRIUM_E_IO (logged). Start-up. */
+int push_send_start(db_pool *db);
+/* Stop and join it; requests in flight end on the outbound client's thread later (their
+ * answers are then forgotten and the rows sent again by the next run). */
+void push_send_stop(void);
+/* Something was committed that may notify: run a pass soon. Any thread; cheap. */
+void push_send_kick(void);
+
+#endif
