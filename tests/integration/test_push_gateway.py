@@ -2,7 +2,9 @@
 receives POST /_matrix/push/v1/notify for each event the user's push rules make notify,
 with the event's fields and the user's unread count; a 5xx is retried after a back-off,
 an answer listing the pushkey in "rejected" removes the pusher, and a restart does not
-lose a pending push (core/client/push/push_send.c)."""
+lose a pending push; with two processes on one database, each event is pushed once, by
+the holder of the push sender's lease, whichever process it was sent through
+(core/client/push/push_send.c)."""
 
 import json
 import shutil
@@ -13,10 +15,13 @@ import unittest
 
 import harness
 from accounts import REGISTRATION_ON, register
+from common import wait_until
+from harness import create_database, drop_database
 from federation_support import FakeKeyServer, TestCA
 from rooms_client import V3, Client
 
 GATEWAY_IP = "127.0.0.71"
+PROCESS_IPS = ("127.0.0.72", "127.0.0.73")  # two processes on one database
 NOTIFY = "/_matrix/push/v1/notify"
 
 
@@ -241,3 +246,49 @@ class PushGatewayTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TwoProcessPushTest(unittest.TestCase):
+    """Two processes on one database: only the lease holder decides and sends, so an event
+    sent through either reaches the gateway once."""
+
+    def setUp(self):
+        tmp = tempfile.mkdtemp(prefix="atrium-push-ca-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        ca = TestCA(tmp)
+        self.gw = FakeGateway(ca, GATEWAY_IP)
+        self.addCleanup(self.gw.close)
+        db = create_database()
+        self.addCleanup(drop_database, db)
+        settings = harness.deep_merge(REGISTRATION_ON, {
+            "federation": {"custom_ca_list": [ca.cert], "ip_range_whitelist": ["127.0.0.0/8"]}})
+        self.servers = []
+        for ip in PROCESS_IPS:
+            srv = harness.Server(database=db, settings=settings, start=False, host=ip)
+            self.addCleanup(srv.close)
+            srv.start()
+            self.servers.append(srv)
+
+    def test_each_event_is_pushed_once_whichever_process_it_went_through(self):
+        a, b = self.servers
+        ann = register(a, "ann")
+        ann_a, ann_b = Client(a, ann), Client(b, ann)
+        bob = Client(b, register(b, "bob"))
+        room = ann_a.create_room(name="Two processes", invite=[bob.user_id])
+        bob.join(room)
+        wait_until(lambda: len(self.holders()) == 1, what="one holder of core.push_sender")
+        body = {"pushkey": "bob-key", "kind": "http", "app_id": "org.example.app",
+                "app_display_name": "Example", "device_display_name": "Phone",
+                "lang": "en", "data": {"url": self.gw.url}}
+        bob.ok("POST", f"{V3}/pushers/set", body)
+        sent = [ann_a.send(room, {"msgtype": "m.text", "body": "through a"}),
+                ann_b.send(room, {"msgtype": "m.text", "body": "through b"})]
+        got = self.gw.wait_for(2)
+        time.sleep(2.5)  # past a poll in either process: a second sender would have sent
+        pushed = [n["notification"]["event_id"] for n in self.gw.notified]
+        self.assertEqual(sorted(pushed), sorted(sent), got)
+        self.assertEqual(len(self.holders()), 1)
+
+    def holders(self):
+        return [s for s in self.servers
+                if s.metric("atrium_lease_held", {"lease": "core.push_sender"}) == 1]

@@ -184,7 +184,7 @@ static void prepare_dummy_hash(void *arg, bool cancelled)
 /* After migrations: the auth pool makes the unknown-user hash before the first login. */
 static int accounts_start(core_runtime *rt)
 {
-    if (push_send_start(rt->db) < 0) return -1;
+    if (push_send_start(rt->db, rt->leases, rt->cfg->lease_ttl_ms) < 0) return -1;
     rt_pool *pool = rt->auth_pool;
     if (pool && rt_pool_submit(pool, prepare_dummy_hash, NULL) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "could not queue the dummy password hash; the first "

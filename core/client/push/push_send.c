@@ -31,8 +31,12 @@
  * receipt in each room (as the badge of a phone's app shows). data.format
  * "event_id_only" sends only the IDs, counts and devices, as the spec describes.
  *
- * Several processes sharing one database would each decide and send the same events;
- * an advisory lock around a pass is the way to one sender then.
+ * Several processes sharing one database: deciding and sending run only in the process
+ * holding the lease core.push_sender (core/store/lease.h), so an event is pushed once. The
+ * others only settle the answers of requests they sent before the lease moved. Another
+ * process's events reach the holder as a sync wake-up (notifier.c kicks this sender for
+ * them) or, at the latest, at the next PUSH_POLL_MS pass; when the holder dies another
+ * process takes the lease within server.lease_ttl_ms and carries on from the cursor.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -45,6 +49,7 @@
 #include "core/client/push/push_send.h"
 #include "core/federation/fed_request.h"
 #include "core/rooms/canonical_json.h"
+#include "core/store/lease.h"
 
 #define PUSH_POLL_MS 2000              /* a pass runs this often even when not kicked */
 #define PUSH_DB_WAIT_MS 5000           /* the sender waits this long for a connection */
@@ -59,6 +64,7 @@
 #define PUSH_MAX_ATTEMPTS 12           /* a row is dropped after this many failures */
 #define PUSH_MAX_ANSWER_BYTES 65536    /* a gateway's answer */
 #define PUSH_PUSHKEY_BYTES 513         /* pushers.c: PUSHER_PUSHKEY_MAX_BYTES + NUL */
+#define PUSH_LEASE "core.push_sender"  /* the one process that decides and sends */
 
 /* One pusher's request in flight. The sender fills it before submitting; the callback sets
  * answered, ok, retry and rejected under mu. */
@@ -78,6 +84,7 @@ static struct {
     bool inited, started, stopping, kicked;
     pthread_t thread;
     db_pool *db;
+    lease *lease; /* NULL without a lease service: always held */
     push_flight flights[PUSH_MAX_IN_FLIGHT];
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -480,6 +487,11 @@ static int64_t pass(void)
 {
     PGconn *c = db_acquire(S.db, PUSH_DB_WAIT_MS);
     if (!c) return PUSH_DB_RETRY_MS;
+    if (!lease_held(S.lease)) { /* another process sends: only settle what this one sent */
+        bool settled = settle(c);
+        db_release(S.db, c);
+        return settled ? PUSH_POLL_MS : PUSH_DB_RETRY_MS;
+    }
     bool more = false;
     bool ok = settle(c) && decide(c, &more);
     int64_t wait = ok ? deliver(c) : -1;
@@ -507,9 +519,23 @@ static void *sender_main(void *arg)
     return NULL;
 }
 
-int push_send_start(db_pool *db)
+/* The lease came to this process (on the lease thread): run a pass at once. */
+static void lease_gained(void *arg)
+{
+    (void)arg;
+    push_send_kick();
+}
+
+int push_send_start(db_pool *db, lease_service *leases, int64_t lease_ttl_ms)
 {
     if (!db) return 0;
+    if (leases && !S.lease) {
+        S.lease = lease_create(leases, PUSH_LEASE, lease_ttl_ms, lease_gained, NULL);
+        if (!S.lease) {
+            rt_log(ATRIUM_LOG_ERROR, "core", "cannot create the lease %s", PUSH_LEASE);
+            return ATRIUM_E_IO;
+        }
+    }
     pthread_mutex_lock(&S.mu);
     if (!S.inited) {
         rt_cond_init(&S.cv);

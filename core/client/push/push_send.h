@@ -9,9 +9,12 @@
 #define ATRIUM_CORE_PUSH_SEND_H
 
 #include "core/store/db.h"
+#include "core/store/lease.h"
 
-/* Start the sender thread on db. 0 or ATRIUM_E_IO (logged). Start-up. */
-int push_send_start(db_pool *db);
+/* Start the sender thread on db. With leases (NULL: a lone process), it decides and sends
+ * only while this process holds the lease core.push_sender (ttl lease_ttl_ms). 0 or
+ * ATRIUM_E_IO (logged). Start-up, after the lease service started. */
+int push_send_start(db_pool *db, lease_service *leases, int64_t lease_ttl_ms);
 /* Stop and join it; requests in flight end on the outbound client's thread later (their
  * answers are then forgotten and the rows sent again by the next run). */
 void push_send_stop(void);

@@ -163,6 +163,7 @@ static void on_wake_notify(void *arg, const char *payload)
         wake_all_local(n);
         return;
     }
+    push_send_kick(); /* another process's event may notify: the lease holder decides */
     char user[NOTIFY_MAX_PAYLOAD_BYTES + 1];
     for (const char *p = payload; *p;) {
         const char *nl = strchr(p, '\n');
