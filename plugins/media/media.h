@@ -119,6 +119,10 @@ typedef struct media {
     atrium_line *delivery;
     atrium_pool *render_pool, *io_pool;
     atrium_event *events[MEDIA_EVENT_BUCKETS];
+    /* Streams following a remote file being fetched wait on these (remote.c), apart from
+     * the upload waiters of `events`, which re-read the database when woken. */
+    atrium_event *stream_events[MEDIA_EVENT_BUCKETS];
+    bool can_stream; /* the host offers respond_stream_wait (ABI 1.3) */
     atrium_ratelimit *rl_upload;
 
     /* Asynchronous uploads: a generation per event bucket, bumped when an upload lands,
@@ -139,6 +143,7 @@ typedef struct media {
     atrium_metric *m_fetch_in_flight, *m_fetch_in_flight_client_max, *m_fetch_line_waiting;
     atrium_metric *m_fetch_line_waits;
     atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served, *m_negative_hits;
+    atrium_metric *m_fetch_streamed;
 
     atomic_int authorizing, authorizing_peak;
     atomic_int upload_waiters; /* requests waiting (with their slot) for an upload */
@@ -173,6 +178,8 @@ typedef struct media_row {
 typedef struct upload_state upload_state;
 typedef struct fetch_waiter fetch_waiter;
 typedef struct remote_waiter remote_waiter;
+typedef struct remote_landing remote_landing;
+typedef struct fetch_hold fetch_hold;
 
 typedef struct media_req {
     bool admitted;     /* holds a delivery slot (a hold, released after the body) */
@@ -188,6 +195,11 @@ typedef struct media_req {
     bool federation;      /* a federation route: answer multipart/mixed */
     /* remote media (remote.c): the fetch budget slot, the parked line, the fetch */
     bool fetch_slot;      /* holds a fetch budget slot (a hold) */
+    fetch_hold *fetch_hold; /* that hold, to give the slot back early (fetch_budget_leave) */
+    /* set by download.c: a plain GET of the whole original, which may follow a remote
+     * file while it is being fetched (remote.c) */
+    bool stream_ok;
+    remote_landing *landing; /* remote.c: the file being fetched this request follows */
     fetch_waiter *fw;     /* waiting in the fetch line */
     remote_waiter *rw;    /* waiting for a fetch of the file */
     int64_t remote_deadline_ms;
@@ -260,7 +272,8 @@ bool media_fits_within(int ow, int oh, int w, int h);
 /* ---- store.c ---------------------------------------------------------------------------- */
 
 /* A file being written: unnamed (O_TMPFILE) until committed, or a ".tmp-" name in the
- * same folder where the file system cannot do unnamed files. */
+ * same folder where the file system cannot do unnamed files. Open for reading too: a
+ * remote file's followers read it while it is written (remote.c). */
 typedef struct store_tmp {
     int fd;
     char dir[MEDIA_PATH_MAX];
@@ -408,6 +421,12 @@ void remote_fini(media *m);
  * it lands). MEDIA_GO with st->row filled from the remote cache, or the outcome. */
 int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
                   const char *media_id);
+/* [req] After remote_locate returned MEDIA_GO with st->landing set (a request with
+ * st->stream_ok whose file is still being fetched): answer 200 with the bytes as they
+ * arrive (host->respond_stream_wait, chunked), cut before its end if the fetch fails.
+ * `disposition` is the Content-Disposition download.c chose. ATRIUM_DONE or an error. */
+int remote_respond_stream(media *m, atrium_req *req, media_req *st, const char *type,
+                          const char *disposition);
 
 /* ---- cache.c --------------------------------------------------------------------------- */
 
@@ -434,6 +453,9 @@ void fetch_budget_fini(media *m);
  * calls this again), or ATRIUM_DONE with the answer set (429 past the line, 504 at the
  * request's deadline, 503 while stopping). */
 int fetch_budget_enter(media *m, atrium_req *req, media_req *st);
+/* [req] Give the request's fetch budget slot back now (it no longer needs a fetch: it
+ * follows one that is streaming); the hold then releases nothing. Idempotent. */
+void fetch_budget_leave(media *m, media_req *st);
 
 /* ---- multipart.c ---------------------------------------------------------------------- */
 

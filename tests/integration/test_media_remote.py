@@ -10,6 +10,7 @@ says.
 """
 
 import hashlib
+import http.client
 import http.server
 import json
 import os
@@ -44,8 +45,11 @@ class FakeOrigin:
     ("ok", bytes, content_type) multipart; ("not_found",); ("garbage",); ("hang",);
     ("unrecognized", bytes, content_type): the federation endpoint is unknown (404
     M_UNRECOGNIZED), the legacy one serves the bytes; ("truncated", bytes): a Content-Length
-    promising more than is sent. `delay_s` delays every media answer. `hits` counts media
-    requests by path."""
+    promising more than is sent; ("drip", bytes, step, pause_s, cut_at): the multipart
+    answer written `step` bytes at a time with a pause between, cut off (connection closed
+    before its Content-Length) after `cut_at` bytes unless None. `delay_s` delays every
+    media answer. `hits` counts media requests by path; `finished[media_id]` is when the
+    last byte of a drip was written (time.monotonic())."""
 
     def __init__(self, ca, ip):
         self.ip = ip
@@ -55,6 +59,7 @@ class FakeOrigin:
         self.files = {}
         self.delay_s = 0
         self.hits = {}
+        self.finished = {}
         self.lock = threading.Lock()
         self.release = threading.Event()
         cert, keyfile = ca.issue(f"origin-{ip}", ip)
@@ -124,6 +129,25 @@ class FakeOrigin:
                         self.wfile.write(body[len(body) // 2:])
                     except OSError:
                         pass
+                    return
+                if kind == "drip":
+                    _, data, step, pause, cut_at = spec
+                    body = multipart(data)
+                    self.send_response(200)
+                    self.send_header("Content-Type", f"multipart/mixed; boundary={BOUNDARY}")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    end = len(body) if cut_at is None else cut_at
+                    try:
+                        for at in range(0, end, step):
+                            self.wfile.write(body[at:min(at + step, end)])
+                            self.wfile.flush()
+                            time.sleep(pause)
+                    except OSError:
+                        pass
+                    with outer.lock:
+                        outer.finished[media_id] = time.monotonic()
+                    self.close_connection = True
                     return
                 if kind == "location":
                     body = (f"--{BOUNDARY}\r\nContent-Type: application/json\r\n\r\n{{}}\r\n"
@@ -666,8 +690,8 @@ class FakeOriginTest(RemoteMediaCase):
     def _quiet_get(self, a, o, name, token):
         try:
             a.request("GET", self.remote_path(o.server_name, name), token=token, timeout=60)
-        except OSError:
-            pass
+        except (OSError, http.client.HTTPException):
+            pass  # the server was killed under it
 
     def test_quarantined_remote_media_is_404_by_id_and_by_hash(self):
         o = self.origin()
@@ -705,6 +729,114 @@ class FakeOriginTest(RemoteMediaCase):
         status, _, body = a.request("GET", self.remote_path(o2.server_name, "y"), token=token,
                                     timeout=30)
         self.assertEqual((status, body), (200, b"hello"))
+
+
+def follow(srv, path, token, timeout=60):
+    """GET path on a fresh connection, reading the body as it comes: (status, headers,
+    monotonic time of the first body byte or None, the body, whether it ended properly)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        resp = conn.getresponse()
+        first, chunks, complete = None, [], True
+        try:
+            while True:
+                piece = resp.read1(1 << 16)
+                if not piece:
+                    break
+                if first is None:
+                    first = time.monotonic()
+                chunks.append(piece)
+        except http.client.IncompleteRead as e:
+            chunks.append(e.partial)
+            complete = False
+        except (OSError, http.client.HTTPException):
+            complete = False
+        return resp.status, resp.headers, first, b"".join(chunks), complete
+    finally:
+        conn.close()
+
+
+class StreamingToWaitersTest(RemoteMediaCase):
+    """Waiters of a remote original follow its bytes as they arrive (respond_stream_wait)."""
+
+    def test_ten_waiters_of_a_slow_20_mb_file_get_bytes_before_it_lands_and_identical_bodies(self):
+        o = self.origin()
+        data = os.urandom(20 * 1024 * 1024)
+        o.files["big"] = ("drip", data, 256 * 1024, 0.05, None)
+        a = self.start_fed(A_IP, media={"remote_fetch_timeout_ms": 120000})
+        _, token = register(a)
+        path = self.remote_path(o.server_name, "big", extra="?timeout_ms=60000")
+        results = [None] * 10
+
+        def get(i):
+            results[i] = follow(a, path, token, timeout=120)
+        threads = [threading.Thread(target=get, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+        landed = o.finished["big"]
+        for status, headers, first, body, complete in results:
+            self.assertEqual(status, 200, body[:200])
+            self.assertTrue(complete, "the body ended properly")
+            self.assertIsNotNone(first)
+            self.assertLess(first, landed, "the first bytes came while the fetch ran")
+            self.assertEqual(headers.get("Transfer-Encoding"), "chunked")
+            self.assertEqual(headers["Content-Type"], "application/octet-stream")
+            self.assertEqual(len(body), len(data))
+            self.assertEqual(sha(body), sha(data))
+        self.assertEqual(o.media_hits("big"), 1)
+        self.assertEqual(a.metric("atrium_media_remote_streamed_total"), 10)
+        self.assertEqual(self.settled(a, "atrium_http_streams_waiting"), 0)
+        self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
+        # Stored whole: the next request is a cache hit with its ETag, no second fetch.
+        status, headers, again = a.request("GET", path, token=token, timeout=60)
+        self.assertEqual((status, sha(again)), (200, sha(data)))
+        self.assertEqual(headers["ETag"], f'"{sha(data)}"')
+        self.assertEqual(o.media_hits("big"), 1)
+
+    def test_a_fetch_cut_off_midway_truncates_every_follower_and_caches_nothing(self):
+        o = self.origin()
+        data = os.urandom(4 * 1024 * 1024)
+        o.files["cut"] = ("drip", data, 128 * 1024, 0.05, 2 * 1024 * 1024)
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        path = self.remote_path(o.server_name, "cut")
+        results = [None] * 4
+
+        def get(i):
+            results[i] = follow(a, path, token)
+        threads = [threading.Thread(target=get, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        for status, headers, first, body, complete in results:
+            self.assertEqual(status, 200)
+            self.assertIsNotNone(first)
+            self.assertFalse(complete, "a client can tell the body is truncated")
+            self.assertLess(len(body), len(data))
+            self.assertEqual(body, data[:len(body)])
+        remote_files = [f for root, _, fs in os.walk(os.path.join(a.store, "remote")) for f in fs]
+        self.assertEqual(remote_files, [])
+        self.assertEqual(harness.psql("SELECT count(*) FROM media_remote", a.database), [["0"]])
+        # Remembered as a failure of the origin: answered with its exact code now.
+        self.assert_failure(a.request("GET", path, token=token, timeout=30), 502, "M_UNKNOWN")
+        self.assertEqual(o.media_hits("cut"), 1)
+        self.assertEqual(self.settled(a, "atrium_http_streams_waiting"), 0)
+
+    def test_a_range_request_waits_for_the_whole_file_and_gets_its_range(self):
+        o = self.origin()
+        data = os.urandom(1024 * 1024)
+        o.files["r"] = ("drip", data, 128 * 1024, 0.05, None)
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        status, headers, body = a.request("GET", self.remote_path(o.server_name, "r"),
+                                          headers={"Range": "bytes=100-199"}, token=token,
+                                          timeout=60)
+        self.assertEqual((status, body), (206, data[100:200]))
+        self.assertEqual(a.metric("atrium_media_remote_streamed_total"), 0)
 
 
 if __name__ == "__main__":
