@@ -478,6 +478,7 @@ typedef struct mp_parser {
     char content_type[MP_HEADER_VALUE_MAX], disposition[MP_HEADER_VALUE_MAX],
         location[MP_HEADER_VALUE_MAX];
     int64_t body_bytes;
+    int stopped; /* what on_body returned when it stopped the parse */
     /* each piece of the file part as it is found; non-zero stops the parse */
     int (*on_body)(void *arg, const char *data, size_t len);
     void *arg;
