@@ -374,6 +374,15 @@ static int create_metrics(media *m)
     m->m_fetch_streamed =
         h->metric_counter(s, "atrium_media_remote_streamed_total", NULL,
                           "Requests served a remote file while it was being fetched");
+    static const char *const via[MEDIA_FETCH_VIA_KINDS] = {"via=\"federation\"", "via=\"legacy\"",
+                                      "via=\"location\""};
+    for (size_t i = 0; i < MEDIA_FETCH_VIA_KINDS; i++) {
+        m->m_fetched_via[i] = h->metric_counter(
+            s, "atrium_media_remote_fetched_total", via[i],
+            "Remote files stored, by the answer that delivered them (the authenticated "
+            "federation endpoint, the legacy one, or a Location / redirect followed)");
+        if (!m->m_fetched_via[i]) return ATRIUM_E_INVAL;
+    }
     m->m_remote_cache_bytes = h->metric_gauge(s, "atrium_media_remote_cache_bytes", NULL,
                                               "Bytes of remote media in the cache");
     m->m_remote_evictions = h->metric_counter(s, "atrium_media_remote_cache_evictions_total", NULL,

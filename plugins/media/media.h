@@ -55,6 +55,7 @@
 #define MEDIA_PATH_MAX 1024
 #define MEDIA_FILE_NAME_MAX 640 /* a remote copy's path under store_path */
 #define MEDIA_MAX_BLOCKED_ORIGINS 64
+#define MEDIA_FETCH_VIA_KINDS 3 /* remote.c's fetch phases: federation, legacy, location */
 
 /* ---- settings ---------------------------------------------------------------------------- */
 
@@ -144,6 +145,8 @@ typedef struct media {
     atrium_metric *m_fetch_line_waits;
     atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served, *m_negative_hits;
     atrium_metric *m_fetch_streamed;
+    atrium_metric *m_fetched_via[MEDIA_FETCH_VIA_KINDS]; /* stored fetches by remote.c's phase: federation,
+                                        legacy, location */
 
     atomic_int authorizing, authorizing_peak;
     atomic_int upload_waiters; /* requests waiting (with their slot) for an upload */

@@ -75,16 +75,18 @@
  *
  * The cache's bound, last access and the purge live in cache.c.
  *
- * A Location part (the file lives elsewhere, e.g. a CDN) is followed once: an unsigned
- * GET of that https URL through the same outbound client (host->fed_request's url), the
- * address blacklist applying at connect; its body is the file, capped the same way.
- * Anything but a 200 there is 502.
+ * A Location part (the file lives elsewhere, e.g. a CDN), or a redirect (301, 302, 303,
+ * 307, 308) of the legacy endpoint, is followed once: an unsigned GET of that https URL
+ * through the same outbound client (host->fed_request's url), the address blacklist
+ * applying at connect; its body is the file, capped the same way. Anything but a 200
+ * there (another redirect included) is 502. Stored fetches are counted by the kind of
+ * answer that delivered the file (atrium_media_remote_fetched_total{via=federation,
+ * legacy, location}).
  *
  * Streaming: a plain download waiting for an original follows its bytes as they are
  * written (see "following a file as it arrives" below).
  *
- * Not done here (yet): HTTP redirects (3xx) of the legacy endpoint, coalescing across
- * processes.
+ * Not done here (yet): coalescing across processes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -203,6 +205,7 @@ typedef struct remote_job {
     size_t err_len;
     char file_rel[MEDIA_FILE_NAME_MAX], file_abs[MEDIA_PATH_MAX];
     char location[MP_HEADER_VALUE_MAX]; /* PHASE_LOCATION's URL */
+    char redirect[MP_HEADER_VALUE_MAX]; /* a 3xx answer's Location header */
     int64_t transfer_deadline_ms;       /* the current transfer's */
     remote_landing *landing; /* once file bytes flow (an original): set under the lock */
     bool quarantined;        /* job_commit: the stored copy's hash is quarantined */
@@ -512,6 +515,7 @@ static void job_complete(remote_job *j, int result)
                              : result == REMOTE_TOO_LARGE ? m->m_fetches_too_large
                                                           : m->m_fetches_failed;
     h->metric_add(outcome, 1);
+    if (result == REMOTE_OK) h->metric_add(m->m_fetched_via[j->phase], 1);
     if (j->counted) h->metric_add(m->m_fetches_running, -1);
     job_free(j);
     if (start && h->pool_submit(m->fetch_pool, job_start_task, start) < 0)
@@ -580,6 +584,11 @@ static void job_done(void *arg, const atrium_fed_response *res)
     remote_job *j = arg;
     j->outcome = res->outcome;
     if (res->outcome == ATRIUM_FED_OK) j->status = res->status;
+    j->redirect[0] = '\0';
+    if (res->outcome == ATRIUM_FED_OK && res->status / 100 == 3) {
+        const char *loc = j->m->h->fed_response_header(res, "Location");
+        snprintf(j->redirect, sizeof(j->redirect), "%s", loc ? loc : "");
+    }
     if (res->outcome != ATRIUM_FED_OK && res->error)
         j->m->h->log(j->m->self, ATRIUM_LOG_INFO, "remote media %s: %s", j->key, res->error);
     /* The rest touches the disk and the database: on the fetch pool. */
@@ -951,6 +960,13 @@ static int job_commit(remote_job *j)
     return REMOTE_OK;
 }
 
+/* A redirect the legacy endpoint may answer (its allow_redirect=true): 301, 302, 303, 307,
+ * 308. */
+static bool is_redirect(int status)
+{
+    return status == 301 || status == 302 || status == 303 || status == 307 || status == 308;
+}
+
 /* What the transfer's end means: a result, or -1 when the legacy fetch was started. */
 static int job_judge(remote_job *j)
 {
@@ -977,6 +993,21 @@ static int job_judge(remote_job *j)
             }
         }
         return job_commit(j);
+    }
+    if (j->phase == PHASE_LEGACY && is_redirect(j->status)) { /* followed once, like a part */
+        if (strncmp(j->redirect, "https://", strlen("https://")) != 0) {
+            m->h->log(m->self, ATRIUM_LOG_INFO,
+                      "remote media %s: the legacy endpoint answered %d to \"%.200s\", not "
+                      "an https URL", j->key, j->status, j->redirect);
+            return REMOTE_UNREACHABLE;
+        }
+        snprintf(j->location, sizeof(j->location), "%s", j->redirect);
+        j->phase = PHASE_LOCATION;
+        int rc = job_start(j);
+        if (rc == REMOTE_OK) return -1;
+        m->h->log(m->self, ATRIUM_LOG_INFO, "remote media %s: cannot follow its redirect to %s",
+                  j->key, j->location);
+        return rc == REMOTE_INTERNAL ? rc : REMOTE_UNREACHABLE;
     }
     if (j->phase == PHASE_FEDERATION && endpoint_unknown(j)) {
         j->phase = PHASE_LEGACY;

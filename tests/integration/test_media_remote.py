@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import ssl
+import subprocess
 import tempfile
 import threading
 import time
@@ -47,7 +48,11 @@ class FakeOrigin:
     M_UNRECOGNIZED), the legacy one serves the bytes; ("truncated", bytes): a Content-Length
     promising more than is sent; ("drip", bytes, step, pause_s, cut_at): the multipart
     answer written `step` bytes at a time with a pause between, cut off (connection closed
-    before its Content-Length) after `cut_at` bytes unless None. `delay_s` delays every
+    before its Content-Length) after `cut_at` bytes unless None; ("chunked", bytes,
+    content_type): the multipart answer in chunked transfer coding, no Content-Length;
+    ("short_length", bytes): a Content-Length of half the body, the whole body written;
+    ("redirect", url): the federation endpoint is unknown, the legacy one answers 302 to
+    url. `delay_s` delays every
     media answer. `hits` counts media requests by path; `finished[media_id]` is when the
     last byte of a drip was written (time.monotonic())."""
 
@@ -148,6 +153,35 @@ class FakeOrigin:
                     with outer.lock:
                         outer.finished[media_id] = time.monotonic()
                     self.close_connection = True
+                    return
+                if kind == "chunked":
+                    body = multipart(spec[1], spec[2])
+                    self.send_response(200)
+                    self.send_header("Content-Type", f"multipart/mixed; boundary={BOUNDARY}")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    try:
+                        for at in range(0, len(body), 16384):
+                            piece = body[at:at + 16384]
+                            self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                        self.wfile.write(b"0\r\n\r\n")
+                    except OSError:
+                        pass
+                    self.close_connection = True
+                    return
+                if kind == "short_length":
+                    body = multipart(spec[1])
+                    self.send(200, body, f"multipart/mixed; boundary={BOUNDARY}",
+                              length=len(body) // 2)
+                    self.close_connection = True
+                    return
+                if kind == "redirect":
+                    if is_fed:
+                        return self.send(404, b'{"errcode":"M_UNRECOGNIZED","error":"unknown"}')
+                    self.send_response(302)
+                    self.send_header("Location", spec[1])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 if kind == "location":
                     body = (f"--{BOUNDARY}\r\nContent-Type: application/json\r\n\r\n{{}}\r\n"
@@ -731,6 +765,23 @@ class FakeOriginTest(RemoteMediaCase):
         self.assertEqual((status, body), (200, b"hello"))
 
 
+class TableLock:
+    """A PostgreSQL session holding `LOCK TABLE <table> IN SHARE MODE` until release():
+    readers go on, writers wait - so a fetch-pool worker storing a fetch blocks on it."""
+
+    def __init__(self, database, table):
+        self.proc = subprocess.Popen(
+            [harness.psql_bin(), "-X", "-q", "-At", "-d", harness.conninfo_for(database)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc.stdin.write(f"BEGIN;\nLOCK TABLE {table} IN SHARE MODE;\n\\echo locked\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "locked"
+
+    def release(self):
+        if self.proc.poll() is None:
+            self.proc.communicate("COMMIT;\n", timeout=30)
+
+
 def follow(srv, path, token, timeout=60):
     """GET path on a fresh connection, reading the body as it comes: (status, headers,
     monotonic time of the first body byte or None, the body, whether it ended properly)."""
@@ -837,6 +888,179 @@ class StreamingToWaitersTest(RemoteMediaCase):
                                           timeout=60)
         self.assertEqual((status, body), (206, data[100:200]))
         self.assertEqual(a.metric("atrium_media_remote_streamed_total"), 0)
+
+
+class OriginsThatMisbehaveTest(RemoteMediaCase):
+    def test_a_slow_drip_ends_at_the_deadline_with_504_and_gives_its_slots_back(self):
+        o = self.origin()
+        o.files["drip"] = ("drip", os.urandom(10000), 1, 1.0, None)  # one byte a second
+        a = self.start_fed(A_IP, media={"remote_fetch_timeout_ms": 4000})
+        _, token = register(a)
+        started = time.monotonic()
+        r = a.request("GET", self.remote_path(o.server_name, "drip", extra="?timeout_ms=2000"),
+                      token=token, timeout=30)
+        self.assert_failure(r, 504, "M_UNKNOWN")
+        self.assertLess(time.monotonic() - started, 3.5)
+        self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
+        self.assertEqual(a.metric("atrium_media_delivering"), 0)
+        # The transfer itself ends at remote_fetch_timeout_ms: nothing is left running.
+        self.assertEqual(self.settled(a, "atrium_media_remote_fetches_running", timeout=6), 0)
+        self.assertEqual(harness.psql("SELECT count(*) FROM media_remote", a.database), [["0"]])
+
+    def test_an_oversize_chunked_body_gives_502_too_large_and_caches_nothing(self):
+        o = self.origin()
+        o.files["big"] = ("chunked", os.urandom(200000), "application/octet-stream")
+        a = self.start_fed(A_IP, media={"max_upload_size": 50000})
+        _, token = register(a)
+        path = self.remote_path(o.server_name, "big")
+        self.assert_failure(a.request("GET", path, token=token, timeout=30), 502, "M_TOO_LARGE")
+        self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "too_large"}), 1)
+        remote_files = [f for root, _, fs in os.walk(os.path.join(a.store, "remote")) for f in fs]
+        self.assertEqual(remote_files, [])
+        self.assertEqual(harness.psql("SELECT count(*) FROM media_remote", a.database), [["0"]])
+        # Remembered: the same answer without asking the origin again.
+        self.assert_failure(a.request("GET", path, token=token, timeout=30), 502, "M_TOO_LARGE")
+        self.assertEqual(o.media_hits("big"), 1)
+        # Within the limit, the same chunked answer is stored.
+        o.files["small"] = ("chunked", os.urandom(40000), "application/octet-stream")
+        status, _, body = a.request("GET", self.remote_path(o.server_name, "small"),
+                                    token=token, timeout=30)
+        self.assertEqual((status, sha(body)), (200, sha(o.files["small"][1])))
+
+    def test_a_content_length_that_lies_either_way_gives_502_and_caches_nothing(self):
+        o = self.origin()
+        o.files["more"] = ("truncated", os.urandom(30000))   # promises more than it sends
+        o.files["less"] = ("short_length", os.urandom(30000))  # sends more than it promised
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        for name in ("more", "less"):
+            self.assert_failure(a.request("GET", self.remote_path(o.server_name, name),
+                                          token=token, timeout=30), 502, "M_UNKNOWN")
+        remote_files = [f for root, _, fs in os.walk(os.path.join(a.store, "remote")) for f in fs]
+        self.assertEqual(remote_files, [])
+        self.assertEqual(harness.psql("SELECT count(*) FROM media_remote", a.database), [["0"]])
+
+    def test_a_legacy_redirect_is_followed_once_and_one_to_a_blacklisted_address_refused(self):
+        o = self.origin()
+        cdn = self.origin(ORIGIN2_IP)
+        data = os.urandom(30000)
+        cdn.files["blob"] = ("raw", data, "image/png")
+        o.files["moved"] = ("redirect", f"https://{cdn.server_name}/cdn/blob")
+        o.files["evil"] = ("redirect", "https://10.255.255.1:8443/cdn/x")
+        o.files["again"] = ("redirect", f"https://{o.server_name}/_matrix/media/v3/download/"
+                                        f"{o.server_name}/again")
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        status, headers, body = a.request("GET", self.remote_path(o.server_name, "moved"),
+                                          token=token, timeout=30)
+        self.assertEqual((status, sha(body)), (200, sha(data)))
+        self.assertEqual(headers["Content-Type"], "image/png")
+        self.assertEqual(cdn.hits.get("/cdn/blob"), 1)
+        self.assert_failure(a.request("GET", self.remote_path(o.server_name, "evil"), token=token,
+                                      timeout=30), 502, "M_UNKNOWN")
+        self.assertIn("10.255.255.1", a.log_text())
+        # Once only: a redirect answering another redirect is a failure, not a loop.
+        self.assert_failure(a.request("GET", self.remote_path(o.server_name, "again"),
+                                      token=token, timeout=30), 502, "M_UNKNOWN")
+        self.assertEqual(o.hits.get(f"/_matrix/media/v3/download/{o.server_name}/again"), 2)
+
+    def test_stored_fetches_are_counted_by_the_answer_that_delivered_them(self):
+        o = self.origin()
+        cdn = self.origin(ORIGIN2_IP)
+        cdn.files["blob"] = ("raw", b"from the cdn", "text/plain")
+        o.files["fed"] = ("ok", b"federation bytes", "text/plain")
+        o.files["old"] = ("unrecognized", b"legacy bytes", "text/plain")
+        o.files["moved"] = ("redirect", f"https://{cdn.server_name}/cdn/blob")
+        o.files["part"] = ("location", f"https://{cdn.server_name}/cdn/blob")
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        for name in ("fed", "old", "moved", "part"):
+            self.assertEqual(a.request("GET", self.remote_path(o.server_name, name), token=token,
+                                       timeout=30)[0], 200, name)
+        via = {k: a.metric("atrium_media_remote_fetched_total", {"via": k})
+               for k in ("federation", "legacy", "location")}
+        self.assertEqual(via, {"federation": 1, "legacy": 1, "location": 2})
+        self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}), 4)
+
+
+class FetchPoolHandoffTest(RemoteMediaCase):
+    """A handoff queued on the fetch pool (its one worker held: storing another fetch waits
+    on a table lock) whose client left, or that the server's stop overtakes, never fetches."""
+
+    def start_held(self):
+        o = self.origin()
+        o.files["first"] = ("ok", os.urandom(5000), "application/octet-stream")
+        o.files["second"] = ("ok", os.urandom(5000), "application/octet-stream")
+        a = self.start_fed(A_IP, media={"media_fetch_threads": 1})
+        _, token = register(a)
+        lock = TableLock(a.database, "media_remote")
+        self.addCleanup(lock.release)
+        first = [None]
+
+        def get_first():
+            try:
+                first[0] = a.request("GET", self.remote_path(o.server_name, "first"),
+                                     token=token, timeout=60)
+            except (OSError, http.client.HTTPException) as e:
+                first[0] = (None, None, repr(e).encode())
+        t = threading.Thread(target=get_first, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                o.media_hits("first") == 1 and
+                a.metric("atrium_pool_busy", {"pool": "media.fetch"}) == 1):
+            time.sleep(0.05)
+        self.assertEqual(a.metric("atrium_pool_busy", {"pool": "media.fetch"}), 1,
+                         "the one fetch worker is storing the first file")
+        return o, a, token, lock, t, first
+
+    def wait_queued(self, a):
+        deadline = time.monotonic() + 10
+        while (a.metric("atrium_pool_queued", {"pool": "media.fetch"}) != 1 and
+               time.monotonic() < deadline):
+            time.sleep(0.05)
+        self.assertEqual(a.metric("atrium_pool_queued", {"pool": "media.fetch"}), 1)
+
+    def test_a_handoff_whose_client_left_is_dropped_without_fetching(self):
+        o, a, token, lock, t, first = self.start_held()
+        sock = harness.raw_connect(a.port)
+        sock.sendall((f"GET {self.remote_path(o.server_name, 'second')} HTTP/1.1\r\nHost: x\r\n"
+                      f"Authorization: Bearer {token}\r\n\r\n").encode())
+        self.wait_queued(a)
+        sock.close()  # gone while its handoff waits for the worker
+        lock.release()
+        t.join(30)
+        self.assertEqual(first[0][0], 200, first[0][2][:200])
+        deadline = time.monotonic() + 10
+        while (a.metric("atrium_http_handoff_client_gone_total") != 1 and
+               time.monotonic() < deadline):
+            time.sleep(0.05)
+        self.assertEqual(a.metric("atrium_http_handoff_client_gone_total"), 1)
+        self.assertEqual(o.media_hits("second"), 0, "checked before fetching")
+        self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
+        self.assertEqual(self.settled(a, "atrium_media_delivering"), 0)
+
+    def test_a_handoff_the_stop_overtakes_answers_503_without_fetching(self):
+        o, a, token, lock, t, first = self.start_held()
+        second = [None]
+
+        def get_second():
+            second[0] = a.request("GET", self.remote_path(o.server_name, "second"),
+                                  token=token, timeout=60)
+        t2 = threading.Thread(target=get_second, daemon=True)
+        t2.start()
+        self.wait_queued(a)
+        stopper = threading.Thread(target=a.stop, daemon=True)
+        stopper.start()
+        t2.join(30)
+        status, headers, body = second[0]
+        self.assertEqual(status, 503, body[:200])
+        self.assertEqual(json.loads(body)["errcode"], "M_UNKNOWN")
+        self.assertEqual(headers.get("Cache-Control"), "no-store")
+        lock.release()  # the worker may finish now, and the server exit
+        stopper.join(60)
+        self.assertEqual(a.returncode, 0)
+        self.assertEqual(o.media_hits("second"), 0, "never fetched")
 
 
 if __name__ == "__main__":
