@@ -371,6 +371,9 @@ static int create_metrics(media *m)
                                         "Media answers sent to other servers");
     m->m_negative_hits = h->metric_counter(s, "atrium_media_remote_negative_hits_total", NULL,
                                            "Remote media answered from a remembered failure");
+    m->m_fetch_retried =
+        h->metric_counter(s, "atrium_media_remote_fetch_retried_total", NULL,
+                          "Fetches asked again after the origin answered 429");
     m->m_fetch_streamed =
         h->metric_counter(s, "atrium_media_remote_streamed_total", NULL,
                           "Requests served a remote file while it was being fetched");
@@ -393,7 +396,7 @@ static int create_metrics(media *m)
         m->m_fetch_bytes,     m->m_remote_hits,       m->m_fetch_legacy,
         m->m_fetch_in_flight, m->m_fetch_line_waiting, m->m_fetch_line_refused,
         m->m_fetch_in_flight_client_max, m->m_fetch_line_waits,
-        m->m_fed_served, m->m_fetch_streamed};
+        m->m_fed_served, m->m_fetch_streamed, m->m_fetch_retried};
     for (size_t i = 0; i < sizeof(remote_all) / sizeof(remote_all[0]); i++)
         if (!remote_all[i]) return ATRIUM_E_INVAL;
     atrium_metric *all[] = {m->m_uploads,          m->m_upload_bytes,         m->m_downloads,

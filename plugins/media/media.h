@@ -25,6 +25,7 @@
  *   fetch_budget.c the fetch budget and its fair parked line
  *   multipart.c reading a multipart/mixed answer as it arrives (pure)
  *   cache.c     the remote cache's bound: batched last access, eviction, the purge
+ *   timer.c     one timer thread: work due later (a fetch retried after a 429)
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -110,6 +111,7 @@ typedef struct render_table render_table;
 typedef struct remote_table remote_table;
 typedef struct fetch_budget fetch_budget;
 typedef struct remote_cache remote_cache;
+typedef struct media_timer media_timer;
 
 typedef struct media {
     const atrium_host *h;
@@ -136,6 +138,7 @@ typedef struct media {
 
     atrium_pool *fetch_pool; /* media_fetch_threads workers: start fetches, store them */
     remote_table *remote;    /* fetches under way, one per remote file */
+    media_timer *timer;      /* fetches waiting to be asked again (429) */
     fetch_budget *budget;    /* the fetch budget and its parked line */
     remote_cache *cache;     /* the remote cache's bound and last-access batches */
     atrium_metric *m_remote_cache_bytes, *m_remote_evictions;
@@ -144,7 +147,7 @@ typedef struct media {
     atrium_metric *m_fetch_in_flight, *m_fetch_in_flight_client_max, *m_fetch_line_waiting;
     atrium_metric *m_fetch_line_waits;
     atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served, *m_negative_hits;
-    atrium_metric *m_fetch_streamed;
+    atrium_metric *m_fetch_streamed, *m_fetch_retried;
     atrium_metric *m_fetched_via[MEDIA_FETCH_VIA_KINDS]; /* stored fetches by remote.c's phase: federation,
                                         legacy, location */
 
@@ -430,6 +433,17 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
  * `disposition` is the Content-Disposition download.c chose. ATRIUM_DONE or an error. */
 int remote_respond_stream(media *m, atrium_req *req, media_req *st, const char *type,
                           const char *disposition);
+
+/* ---- timer.c --------------------------------------------------------------------------- */
+
+/* [init] Start the timer thread; NULL when it cannot be had. */
+media_timer *media_timer_start(const atrium_host *h);
+/* [any] Call fn(arg) on the timer thread once due_ms (monotonic, host->now_ms) has come:
+ * fn must be quick (submit real work to a pool). 0, ATRIUM_E_NOMEM or ATRIUM_E_STOPPED
+ * (then fn is never called). */
+int media_timer_add(media_timer *t, int64_t due_ms, void (*fn)(void *arg), void *arg);
+/* Stop and join the thread; entries not yet due are dropped uncalled. NULL is fine. */
+void media_timer_stop(media_timer *t);
 
 /* ---- cache.c --------------------------------------------------------------------------- */
 

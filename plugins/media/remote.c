@@ -65,6 +65,9 @@
  * in memory, at most REMOTE_NEGATIVE_MAX entries); meanwhile the same answer is given at
  * once, without a budget slot and without asking the origin again.
  *
+ * An origin's 429 is absorbed: the fetch is asked again after the delay the origin names
+ * (timer.c), within the transfer's deadline; see RETRY_429_BASE_MS.
+ *
  * Remote thumbnails: while the original is not cached, a thumbnail request asks the
  * origin's GET /_matrix/federation/v1/media/thumbnail/{mediaId} for the configured size
  * thumbnail.c chose (one fetch per origin, media ID and size, like originals), stores it
@@ -118,11 +121,20 @@ enum remote_result {
     REMOTE_STOPPING,
     REMOTE_ABANDONED, /* nobody waited for it any more: never started */
     REMOTE_NO_THUMBNAIL, /* the origin has no thumbnail for it: fetch the original */
+    REMOTE_ORIGIN_BUSY,  /* it kept answering 429 until the deadline (never remembered) */
 };
 #define REMOTE_MAX_ROUNDS 3 /* fetches one request may wait for (thumbnail, original, ...) */
 #define REMOTE_MAX_LOOK_AGAIN 3 /* cache look-ups one request repeats before fetching anyway */
 #define REMOTE_LOOK_AGAIN (MEDIA_GO + 2) /* join_fetch: a fetch landed since our miss: look again */
-#define REMOTE_STREAMING (REMOTE_NO_THUMBNAIL + 1) /* a waiter's result: follow the landing */
+#define REMOTE_STREAMING (REMOTE_ORIGIN_BUSY + 1) /* a waiter's result: follow the landing */
+/* An origin answering 429 (its own rate limiter: Synapse's federation limiter answers part
+ * of a burst so) is asked again after the delay it names (retry_after_ms), else after
+ * RETRY_429_BASE_MS doubling per try, at most RETRY_429_MAX_DELAY_MS, as long as the
+ * transfer's deadline allows; the fetch keeps its per-origin slot meanwhile, which paces
+ * that origin. Its 429 is never passed on to a client. */
+#define RETRY_429_BASE_MS 200
+#define RETRY_429_MAX_DELAY_MS 2000
+#define RETRY_429_MAX_TRIES 20
 /* Streams to waiters: the last bytes are held back until the file is stored and its hash
  * checked against the quarantine, so no client gets a whole file that fails either; and a
  * wake-up is sent per this many new bytes (and at the end), not per write. */
@@ -209,6 +221,7 @@ typedef struct remote_job {
     int64_t transfer_deadline_ms;       /* the current transfer's */
     remote_landing *landing; /* once file bytes flow (an original): set under the lock */
     bool quarantined;        /* job_commit: the stored copy's hash is quarantined */
+    int tries_429;           /* answers of 429 so far */
 } remote_job;
 
 struct remote_table {
@@ -225,14 +238,17 @@ int remote_init(media *m)
     m->remote = calloc(1, sizeof(*m->remote));
     if (!m->remote) return ATRIUM_E_NOMEM;
     pthread_mutex_init(&m->remote->mu, NULL);
-    return 0;
+    m->timer = media_timer_start(m->h);
+    return m->timer ? 0 : ATRIUM_E_NOMEM;
 }
 
 void remote_fini(media *m)
 {
+    media_timer_stop(m->timer);
+    m->timer = NULL;
     if (!m->remote) return;
-    /* Jobs still listed belong to transfers the core cancelled at shutdown; their memory
-     * goes with the process. */
+    /* Jobs still listed belong to transfers the core cancelled at shutdown (or to retries
+     * the timer dropped); their memory goes with the process. */
     remote_table *t = m->remote;
     for (size_t i = 0; i < REMOTE_ORIGIN_BUCKETS; i++)
         for (remote_origin *o = t->origins[i], *next; o; o = next) {
@@ -269,6 +285,10 @@ static int remote_respond_failure(media *m, atrium_req *req, int result, const c
         h->respond_error(req, 503, "M_UNKNOWN", "The media could not be stored; retry shortly");
         break;
     case REMOTE_STOPPING: h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping"); break;
+    case REMOTE_ORIGIN_BUSY:
+        h->respond_error(req, 502, "M_UNKNOWN", "%s kept refusing the fetch as too many",
+                         origin);
+        break;
     default:
         h->respond_error(req, 502, "M_UNKNOWN", "Could not fetch the media from %s", origin);
         break;
@@ -960,6 +980,57 @@ static int job_commit(remote_job *j)
     return REMOTE_OK;
 }
 
+/* A fetch asked again after its origin's 429 (the fetch pool, from the timer): unless
+ * every request that wanted it has been answered meanwhile. */
+static void job_retry_task(void *arg, bool cancelled)
+{
+    remote_job *j = arg;
+    if (cancelled) {
+        job_complete(j, REMOTE_STOPPING);
+        return;
+    }
+    pthread_mutex_lock(&j->m->remote->mu);
+    bool wanted = false;
+    for (remote_waiter *w = j->waiters; w; w = w->next)
+        if (!w->abandoned) wanted = true;
+    pthread_mutex_unlock(&j->m->remote->mu);
+    if (!wanted) {
+        job_complete(j, REMOTE_ABANDONED);
+        return;
+    }
+    int rc = job_start(j);
+    if (rc != REMOTE_OK) job_complete(j, rc);
+}
+
+/* The timer thread: the retry is due; the work goes to the fetch pool. */
+static void job_retry_due(void *arg)
+{
+    remote_job *j = arg;
+    if (j->m->h->pool_submit(j->m->fetch_pool, job_retry_task, j) < 0)
+        job_complete(j, REMOTE_STOPPING);
+}
+
+/* The origin answered 429: schedule the same request again (true), or give up (false:
+ * too many tries, or the delay would pass the transfer's deadline). */
+static bool retry_later(remote_job *j)
+{
+    media *m = j->m;
+    if (++j->tries_429 > RETRY_429_MAX_TRIES) return false;
+    int64_t delay = RETRY_429_BASE_MS << (j->tries_429 < 4 ? j->tries_429 - 1 : 3);
+    json_error_t err;
+    json_t *body = json_loadb(j->err_body, j->err_len, 0, &err);
+    json_t *named = json_object_get(body, "retry_after_ms");
+    if (json_is_integer(named) && json_integer_value(named) > 0)
+        delay = json_integer_value(named);
+    json_decref(body);
+    if (delay > RETRY_429_MAX_DELAY_MS) delay = RETRY_429_MAX_DELAY_MS;
+    int64_t due = m->h->now_ms() + delay;
+    if (due >= j->transfer_deadline_ms) return false;
+    if (media_timer_add(m->timer, due, job_retry_due, j) < 0) return false;
+    m->h->metric_add(m->m_fetch_retried, 1);
+    return true;
+}
+
 /* A redirect the legacy endpoint may answer (its allow_redirect=true): 301, 302, 303, 307,
  * 308. */
 static bool is_redirect(int status)
@@ -994,6 +1065,7 @@ static int job_judge(remote_job *j)
         }
         return job_commit(j);
     }
+    if (j->status == 429) return retry_later(j) ? -1 : REMOTE_ORIGIN_BUSY;
     if (j->phase == PHASE_LEGACY && is_redirect(j->status)) { /* followed once, like a part */
         if (strncmp(j->redirect, "https://", strlen("https://")) != 0) {
             m->h->log(m->self, ATRIUM_LOG_INFO,

@@ -52,7 +52,8 @@ class FakeOrigin:
     content_type): the multipart answer in chunked transfer coding, no Content-Length;
     ("short_length", bytes): a Content-Length of half the body, the whole body written;
     ("redirect", url): the federation endpoint is unknown, the legacy one answers 302 to
-    url. `delay_s` delays every
+    url; ("busy", n, bytes): 429 M_LIMIT_EXCEEDED (retry_after_ms 100) to the first n
+    asks, then the file. `delay_s` delays every
     media answer. `hits` counts media requests by path; `finished[media_id]` is when the
     last byte of a drip was written (time.monotonic())."""
 
@@ -154,6 +155,13 @@ class FakeOrigin:
                         outer.finished[media_id] = time.monotonic()
                     self.close_connection = True
                     return
+                if kind == "busy":
+                    with outer.lock:
+                        asked = outer.hits[path]
+                    if asked <= spec[1]:
+                        return self.send(429, b'{"errcode":"M_LIMIT_EXCEEDED","error":"slow down",'
+                                              b'"retry_after_ms":100}')
+                    return self.send(200, multipart(spec[2]), f"multipart/mixed; boundary={BOUNDARY}")
                 if kind == "chunked":
                     body = multipart(spec[1], spec[2])
                     self.send_response(200)
@@ -981,6 +989,29 @@ class OriginsThatMisbehaveTest(RemoteMediaCase):
                for k in ("federation", "legacy", "location")}
         self.assertEqual(via, {"federation": 1, "legacy": 1, "location": 2})
         self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}), 4)
+
+
+class OriginRateLimitTest(RemoteMediaCase):
+    def test_an_origin_answering_429_is_asked_again_and_the_client_never_sees_the_429(self):
+        o = self.origin()
+        o.files["soon"] = ("busy", 3, b"worth the wait")
+        o.files["never"] = ("busy", 10 ** 6, b"never sent")
+        a = self.start_fed(A_IP, media={"remote_fetch_timeout_ms": 2500})
+        _, token = register(a)
+        status, _, body = a.request("GET", self.remote_path(o.server_name, "soon"), token=token,
+                                    timeout=30)
+        self.assertEqual((status, body), (200, b"worth the wait"))
+        self.assertEqual(o.media_hits("soon"), 4)
+        self.assertEqual(a.metric("atrium_media_remote_fetch_retried_total"), 3)
+        # One that stays busy past the fetch's deadline: 502, never 429, and not remembered.
+        r = a.request("GET", self.remote_path(o.server_name, "never"), token=token, timeout=30)
+        self.assert_failure(r, 502, "M_UNKNOWN")
+        self.assertGreater(o.media_hits("never"), 3)
+        asked = o.media_hits("never")
+        r = a.request("GET", self.remote_path(o.server_name, "never", extra="?timeout_ms=300"),
+                      token=token, timeout=30)
+        self.assertNotEqual(r[0], 429)
+        self.assertGreater(o.media_hits("never"), asked, "a busy origin is not negatively cached")
 
 
 class FetchPoolHandoffTest(RemoteMediaCase):
