@@ -483,12 +483,18 @@ class FakeOriginTest(RemoteMediaCase):
     def test_a_peer_that_never_answers_gives_504_by_the_deadline_and_the_server_stays_responsive(self):
         o = self.origin()
         o.files["black"] = ("hang",)
+        other = self.origin(ORIGIN2_IP)
+        other.files["fine"] = ("ok", b"another origin's bytes", "text/plain")
         a = self.start_fed(A_IP, media={"media_fetch_threads": 2})
         _, token = register(a)
+        _, token2 = register(a)
+        local = os.urandom(50000)
+        local_id = upload(a, token, local, "application/octet-stream")
+        local_path = f"/_matrix/client/v1/media/download/{a.server_name}/{local_id}"
         results = [None] * 16
         started = time.monotonic()
 
-        path = self.remote_path(o.server_name, "black", extra="?timeout_ms=2000")
+        path = self.remote_path(o.server_name, "black", extra="?timeout_ms=4000")
 
         def get(i):
             results[i] = a.request("GET", path, token=token, timeout=30)
@@ -501,12 +507,33 @@ class FakeOriginTest(RemoteMediaCase):
         status, _ = a.json("GET", "/_matrix/client/versions")
         self.assertEqual(status, 200)
         self.assertLess(time.monotonic() - t0, 1.0)
+        # ... and so do, for another user on another address, /sync, a local download and
+        # another origin's media (the first client's own shares of the fetch budget and
+        # of the delivery line are full of black-hole requests).
+        def other_client(path):
+            conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=5,
+                                              source_address=("127.0.0.2", 0))
+            try:
+                conn.request("GET", path, headers={"Authorization": f"Bearer {token2}"})
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            finally:
+                conn.close()
+        t0 = time.monotonic()
+        self.assertEqual(other_client("/_matrix/client/v3/sync?timeout=0")[0], 200)
+        status, body = other_client(local_path)
+        self.assertEqual((status, sha(body)), (200, sha(local)))
+        status, body = other_client(self.remote_path(other.server_name, "fine"))
+        self.assertEqual((status, body), (200, b"another origin's bytes"))
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertEqual(sum(1 for r in results if r is not None), 0,
+                         f"still waiting on the peer {time.monotonic() - started:.1f} s in")
         for t in threads:
             t.join(30)
         elapsed = time.monotonic() - started
         for r in results:
             self.assert_failure(r, 504, "M_UNKNOWN")
-        self.assertLess(elapsed, 6.0)
+        self.assertLess(elapsed, 8.0)
         # Slots come back (released just after each answer's last byte); the fetch pool's
         # threads were never held.
         self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
@@ -989,6 +1016,70 @@ class OriginsThatMisbehaveTest(RemoteMediaCase):
                for k in ("federation", "legacy", "location")}
         self.assertEqual(via, {"federation": 1, "legacy": 1, "location": 2})
         self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}), 4)
+
+
+class ClientsAndCacheTest(RemoteMediaCase):
+    def test_a_waiter_that_leaves_does_not_stop_the_fetch_others_wait_for_and_gauges_return_to_0(self):
+        o = self.origin()
+        data = os.urandom(30000)
+        o.files["shared"] = ("ok", data, "application/octet-stream")
+        o.delay_s = 1.0
+        a = self.start_fed(A_IP)
+        _, token = register(a)
+        path = self.remote_path(o.server_name, "shared")
+        socks = [harness.raw_connect(a.port) for _ in range(3)]
+        for sock in socks:
+            sock.sendall((f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
+                          "\r\n\r\n").encode())
+        stays = [None]
+        t = threading.Thread(target=lambda: stays.__setitem__(
+            0, a.request("GET", path, token=token, timeout=30)))
+        t.start()
+        time.sleep(0.5)  # all four joined the one fetch
+        for sock in socks:
+            sock.close()
+        t.join(30)
+        status, _, body = stays[0]
+        self.assertEqual((status, sha(body)), (200, sha(data)))
+        self.assertEqual(o.media_hits("shared"), 1)
+        for gauge in ("atrium_media_fetch_budget_in_flight", "atrium_media_delivering",
+                      "atrium_media_remote_fetches_running", "atrium_media_fetch_line_waiting",
+                      "atrium_http_parked", "atrium_http_handed_off", "atrium_http_streams_waiting"):
+            self.assertEqual(self.settled(a, gauge), 0, gauge)
+
+    def test_a_copy_evicted_while_a_slow_client_reads_it_is_not_torn(self):
+        o = self.origin()
+        size = 8 * 1024 * 1024
+        for name in ("e1", "e2", "e3"):
+            o.files[name] = ("ok", os.urandom(size), "application/octet-stream")
+        a = self.start_fed(A_IP, media={"remote_cache_max_bytes": 2 * size + size // 2})
+        _, token = register(a)
+
+        def get(name):
+            status, _, body = a.request("GET", self.remote_path(o.server_name, name),
+                                        token=token, timeout=60)
+            self.assertEqual((status, sha(body)), (200, sha(o.files[name][1])))
+        get("e1")
+        # A slow reader of e1 (small window): most of the copy is still to be sent.
+        sock = harness.raw_connect(a.port, rcvbuf=4096, timeout=30)
+        sock.sendall((f"GET {self.remote_path(o.server_name, 'e1')} HTTP/1.1\r\nHost: x\r\n"
+                      f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n").encode())
+        status, _, first = harness.read_head(sock)
+        self.assertEqual(status, 200)
+        time.sleep(0.2)
+        get("e2")
+        get("e3")  # past the bound: e1, the least recently used, is evicted under the reader
+        self.assertGreaterEqual(a.metric("atrium_media_remote_cache_evictions_total"), 1)
+        rows = [r[0] for r in harness.psql("SELECT media_id FROM media_remote", a.database)]
+        self.assertNotIn("e1", rows)
+        chunks = [first]
+        while True:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            chunks.append(piece)
+        sock.close()
+        self.assertEqual(sha(b"".join(chunks)), sha(o.files["e1"][1]), "the reader saw the whole copy")
 
 
 class OriginRateLimitTest(RemoteMediaCase):
