@@ -36,7 +36,8 @@ import harness  # noqa: E402
 from federation_support import FederatedServer, TestCA  # noqa: E402
 from media_support import get_many, png, register  # noqa: E402
 from sync_longpoll import ensure_pg  # noqa: E402
-from test_media_remote import FakeOrigin, follow  # noqa: E402
+from test_media_remote import FakeOrigin  # noqa: E402
+from test_media_remote_streams import follow  # noqa: E402
 
 DELAY_S = 0.2
 PROBES = 300
