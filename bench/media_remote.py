@@ -6,9 +6,9 @@ asserts nothing.
      origin, and wall time; baseline: the same 100 once the file is cached.
   2. 150 distinct remote images requested at once by one client: valid answers and wall
      time; baseline: the same 150 from the cache.
-  3. p50/p99 of /versions and of a cached remote download while a black-hole origin holds
-     its per-origin cap of fetches (and more requests wait behind it); baseline: the same
-     with none outstanding.
+  3. p50/p99 of /versions and of a cached remote download (asked by another client, from
+     another address) while a black-hole origin holds its per-origin cap of fetches (and
+     more requests wait behind it); baseline: the same with none outstanding.
   4. Time to first byte of a 20 MiB remote file the origin sends slowly (STREAM_STEP bytes
      every STREAM_PAUSE_S), for 10 simultaneous waiters; beside the time the whole fetch
      takes (first request to the origin's last byte) and each waiter's last byte.
@@ -20,6 +20,7 @@ HTTPS from a CA made for the run, a per-answer delay of DELAY_S) on 127.0.0.3x.
 """
 
 import hashlib
+import http.client
 import os
 import shutil
 import statistics
@@ -64,11 +65,18 @@ def timed_many(srv, paths, token):
     return results, time.monotonic() - started
 
 
-def latencies(srv, path, token, n=PROBES):
+def latencies(srv, path, token, n=PROBES, source="127.0.0.2"):
+    """p50 and p99 (ms) of n GETs from another client address than the load's (each client
+    address has its own share of the delivery line)."""
     out = []
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     for _ in range(n):
         t0 = time.monotonic()
-        srv.request("GET", path, token=token, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30,
+                                          source_address=(source, 0))
+        conn.request("GET", path, headers=headers)
+        conn.getresponse().read()
+        conn.close()
         out.append((time.monotonic() - t0) * 1000)
     out.sort()
     return statistics.median(out), out[int(len(out) * 0.99) - 1]
@@ -139,7 +147,7 @@ def main():
         versions = "/_matrix/client/versions"
         cached = path
         quiet_v = latencies(a, versions, None)
-        quiet_c = latencies(a, cached, token)
+        quiet_c = latencies(a, cached, token)  # the probes' client, another address
         hole = FakeOrigin(ca, "127.0.0.35")
         closers.insert(0, hole.close)
         for i in range(24):
@@ -152,10 +160,11 @@ def main():
         for t in waiting:
             t.start()
         time.sleep(1.0)
-        busy_v = latencies(a, versions, None)
-        busy_c = latencies(a, cached, token)
         running = a.metric("atrium_media_remote_fetches_running")
         busy_threads = a.metric("atrium_pool_busy", {"pool": "media.fetch"})
+        _, token2 = register(a)  # another user on another address probes
+        busy_v = latencies(a, versions, None)
+        busy_c = latencies(a, cached, token2)
         print(f"black-hole origin: 24 requests, {running:.0f} fetches running (per-origin cap), "
               f"{busy_threads:.0f} fetch-pool threads busy:")
         print(f"  /versions          none (baseline) p50 {quiet_v[0]:.2f} ms p99 {quiet_v[1]:.2f} ms;"
