@@ -7,8 +7,8 @@
  * headers-first call), respond_file, req_authenticate and a response that waits for
  * its bytes (respond_stream_wait; tests/integration/test_plugin_streams.py), notifications
  * between processes (ABI 1.3: /_test/notify, tests/integration/test_multiprocess.py) and a
- * once-only job's
- * lease with the instance name (ABI 1.3: /_test/lease, tests/integration/test_scaleout.py).
+ * once-only job's lease with the instance name (ABI 1.3: /_test/lease,
+ * tests/integration/test_scaleout.py).
  *
  * Compiled several times with different TESTPLUG_NAME / TESTPLUG_PROVIDES to test the
  * loader's duplicate checks. Not shipped.
