@@ -442,7 +442,8 @@ media_timer *media_timer_start(const atrium_host *h);
  * fn must be quick (submit real work to a pool). 0, ATRIUM_E_NOMEM or ATRIUM_E_STOPPED
  * (then fn is never called). */
 int media_timer_add(media_timer *t, int64_t due_ms, void (*fn)(void *arg), void *arg);
-/* Stop and join the thread; entries not yet due are dropped uncalled. NULL is fine. */
+/* Stop and join the thread; entries not yet due are then called at once, on the calling
+ * thread (their work must cope with stopped pools). NULL is fine. */
 void media_timer_stop(media_timer *t);
 
 /* ---- cache.c --------------------------------------------------------------------------- */

@@ -247,8 +247,9 @@ void remote_fini(media *m)
     media_timer_stop(m->timer);
     m->timer = NULL;
     if (!m->remote) return;
-    /* Jobs still listed belong to transfers the core cancelled at shutdown (or to retries
-     * the timer dropped); their memory goes with the process. */
+    /* Retries not yet due ended with the timer (job_retry_due finds the pool stopped).
+     * Jobs still listed belong to transfers the core cancelled at shutdown; their memory
+     * goes with the process. */
     remote_table *t = m->remote;
     for (size_t i = 0; i < REMOTE_ORIGIN_BUCKETS; i++)
         for (remote_origin *o = t->origins[i], *next; o; o = next) {

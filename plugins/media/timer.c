@@ -7,8 +7,8 @@
  * its function on the timer thread, outside the lock; the function must be quick (submit
  * the real work to a pool). Entries are kept in a list sorted by due time: there are few
  * (at most one per fetch that waits to be retried). At stop, entries not yet due are
- * dropped without being called: their owners belong to requests the core already
- * answered at shutdown.
+ * called at once on the stopping thread, so their owners are cleaned up (a retried fetch
+ * then finds its pool stopped, and ends and frees itself).
  *
  * What this file does not do: know what its entries are, or run anything slow.
  */
@@ -112,6 +112,7 @@ void media_timer_stop(media_timer *t)
     pthread_join(t->thread, NULL);
     for (timer_entry *e = t->head, *next; e; e = next) {
         next = e->next;
+        e->fn(e->arg);
         free(e);
     }
     pthread_cond_destroy(&t->cv);
