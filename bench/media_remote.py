@@ -6,9 +6,12 @@ asserts nothing.
      origin, and wall time; baseline: the same 100 once the file is cached.
   2. 150 distinct remote images requested at once by one client: valid answers and wall
      time; baseline: the same 150 from the cache.
-  3. p50/p99 of /versions and of a cached remote download while a black-hole origin holds
-     its per-origin cap of fetches (and more requests wait behind it); baseline: the same
-     with none outstanding.
+  3. p50/p99 of /versions and of a cached remote download (asked by another client, from
+     another address) while a black-hole origin holds its per-origin cap of fetches (and
+     more requests wait behind it); baseline: the same with none outstanding.
+  4. Time to first byte of a 20 MiB remote file the origin sends slowly (STREAM_STEP bytes
+     every STREAM_PAUSE_S), for 10 simultaneous waiters; beside the time the whole fetch
+     takes (first request to the origin's last byte) and each waiter's last byte.
 
     bench/media_remote.py        (ATRIUM_BIN etc. as for the integration tests)
 
@@ -17,6 +20,7 @@ HTTPS from a CA made for the run, a per-answer delay of DELAY_S) on 127.0.0.3x.
 """
 
 import hashlib
+import http.client
 import os
 import shutil
 import statistics
@@ -34,9 +38,14 @@ from federation_support import FederatedServer, TestCA  # noqa: E402
 from media_support import get_many, png, register  # noqa: E402
 from sync_longpoll import ensure_pg  # noqa: E402
 from test_media_remote import FakeOrigin  # noqa: E402
+from test_media_remote_streams import follow  # noqa: E402
 
 DELAY_S = 0.2
 PROBES = 300
+STREAM_BYTES = 20 * 1024 * 1024
+STREAM_STEP = 256 * 1024
+STREAM_PAUSE_S = 0.05
+STREAM_WAITERS = 10
 
 
 def start_atrium(ca):
@@ -56,11 +65,18 @@ def timed_many(srv, paths, token):
     return results, time.monotonic() - started
 
 
-def latencies(srv, path, token, n=PROBES):
+def latencies(srv, path, token, n=PROBES, source="127.0.0.2"):
+    """p50 and p99 (ms) of n GETs from another client address than the load's (each client
+    address has its own share of the delivery line)."""
     out = []
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     for _ in range(n):
         t0 = time.monotonic()
-        srv.request("GET", path, token=token, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30,
+                                          source_address=(source, 0))
+        conn.request("GET", path, headers=headers)
+        conn.getresponse().read()
+        conn.close()
         out.append((time.monotonic() - t0) * 1000)
     out.sort()
     return statistics.median(out), out[int(len(out) * 0.99) - 1]
@@ -100,10 +116,38 @@ def main():
         print(f"  uncached: {sum(1 for r in cold if r[0] == 200)}/150 valid, {cold_s:.2f} s")
         print(f"  cached (baseline): {sum(1 for r in warm if r[0] == 200)}/150 valid, {warm_s:.2f} s")
 
+        big = os.urandom(STREAM_BYTES)
+        origin.files["big"] = ("drip", big, STREAM_STEP, STREAM_PAUSE_S, None)
+        origin.delay_s = 0
+        big_path = f"/_matrix/client/v1/media/download/{origin.server_name}/big?timeout_ms=60000"
+        followed = [None] * STREAM_WAITERS
+        started = time.monotonic()
+
+        def follow_one(i):
+            followed[i] = follow(a, big_path, token, timeout=120) + (time.monotonic(),)
+        threads = [threading.Thread(target=follow_one, args=(i,)) for i in range(STREAM_WAITERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        fetch_s = origin.finished["big"] - started
+        digest = hashlib.sha256(big).digest()
+        valid = sum(1 for f in followed if f and f[0] == 200 and f[4] and
+                    hashlib.sha256(f[3]).digest() == digest)
+        ttfb = sorted((f[2] - started) for f in followed if f and f[2] is not None)
+        last = sorted((f[5] - started) for f in followed if f)
+        print(f"{STREAM_WAITERS} simultaneous waiters of one 20 MiB remote file "
+              f"({STREAM_STEP // 1024} KiB every {STREAM_PAUSE_S} s from the origin):")
+        print(f"  {valid}/{STREAM_WAITERS} byte-identical, {origin.media_hits('big')} request(s) "
+              f"reached the origin")
+        print(f"  time to first byte: min {ttfb[0]:.2f} s, median {statistics.median(ttfb):.2f} s, "
+              f"max {ttfb[-1]:.2f} s; the whole fetch (baseline): {fetch_s:.2f} s; "
+              f"last byte at waiters: max {last[-1]:.2f} s")
+
         versions = "/_matrix/client/versions"
         cached = path
         quiet_v = latencies(a, versions, None)
-        quiet_c = latencies(a, cached, token)
+        quiet_c = latencies(a, cached, token)  # the probes' client, another address
         hole = FakeOrigin(ca, "127.0.0.35")
         closers.insert(0, hole.close)
         for i in range(24):
@@ -116,18 +160,17 @@ def main():
         for t in waiting:
             t.start()
         time.sleep(1.0)
-        busy_v = latencies(a, versions, None)
-        busy_c = latencies(a, cached, token)
         running = a.metric("atrium_media_remote_fetches_running")
         busy_threads = a.metric("atrium_pool_busy", {"pool": "media.fetch"})
+        _, token2 = register(a)  # another user on another address probes
+        busy_v = latencies(a, versions, None)
+        busy_c = latencies(a, cached, token2)
         print(f"black-hole origin: 24 requests, {running:.0f} fetches running (per-origin cap), "
               f"{busy_threads:.0f} fetch-pool threads busy:")
         print(f"  /versions          none (baseline) p50 {quiet_v[0]:.2f} ms p99 {quiet_v[1]:.2f} ms;"
               f" with black hole p50 {busy_v[0]:.2f} ms p99 {busy_v[1]:.2f} ms")
         print(f"  cached download    none (baseline) p50 {quiet_c[0]:.2f} ms p99 {quiet_c[1]:.2f} ms;"
               f" with black hole p50 {busy_c[0]:.2f} ms p99 {busy_c[1]:.2f} ms")
-        print("time to first byte of a large remote file for waiters: not measured (waiters are "
-              "served once the fetch completes; streaming to waiters is not built)")
     finally:
         for close in closers:
             try:

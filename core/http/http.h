@@ -137,6 +137,7 @@ struct http_server {
     struct atrium_event *events; /* every event, for shutdown */
     rt_metric *m_requests, *m_connections, *m_parked, *m_handed_off, *m_holds;
     rt_metric *m_handoff_expired, *m_handoff_client_gone, *m_handoff_cancelled;
+    rt_metric *m_streams_waiting, *m_streams_cut;
     rt_metric *m_responses[6]; /* by status class 1xx..5xx, [0] unused */
     bool ratelimit_enabled;
 
@@ -185,7 +186,10 @@ void *http_tls_cert_callback(void); /* for MHD_OPTION_HTTPS_CERT_CALLBACK */
 /* ---- request ------------------------------------------------------------------------ */
 
 enum susp_state { SUSP_ACTIVE = 0, SUSP_SUSPENDED, SUSP_RESUMING };
-enum susp_kind { SUSP_NONE = 0, SUSP_PARK, SUSP_LINE, SUSP_HANDOFF, SUSP_WAIT };
+/* SUSP_STREAM: a response being sent whose reader said ATRIUM_STREAM_WAIT (1.3): the
+ * connection waits, linked on an event like a park, until the event is signalled (its
+ * reader runs again) or the stream's deadline passes (the response is cut). */
+enum susp_kind { SUSP_NONE = 0, SUSP_PARK, SUSP_LINE, SUSP_HANDOFF, SUSP_WAIT, SUSP_STREAM };
 enum susp_action { ACT_NONE = 0, ACT_RESPOND, ACT_REDISPATCH };
 
 typedef struct http_kv {
@@ -277,6 +281,9 @@ struct atrium_req {
 
     /* parked with susp_wait until susp_wake (guarded by mu) */
     bool wait_linked;
+
+    /* a waiting stream's deadline passed, or shutdown: its next read ends it (mu) */
+    bool stream_cut;
 
     /* admission line */
     rt_line *line;
@@ -395,6 +402,11 @@ int http_respond_file(atrium_req *r, int status, const char *content_type, int f
                       uint64_t offset, uint64_t len);
 int http_respond_stream(atrium_req *r, int status, const char *content_type, int64_t size,
                         atrium_stream_read read, void *arg, void (*free_arg)(void *));
+/* host->respond_stream_wait (atrium/host.h): a stream whose reader may answer
+ * ATRIUM_STREAM_WAIT; the connection then waits on ev (susp_stream_wait). */
+int http_respond_stream_wait(atrium_req *r, int status, const char *content_type, int64_t size,
+                             atrium_stream_read read, void *arg, void (*free_arg)(void *),
+                             struct atrium_event *ev, int64_t deadline_ms);
 
 /* ---- suspension (suspend.c) --------------------------------------------------------- */
 
@@ -409,6 +421,15 @@ bool susp_resume(atrium_req *r, int action, int reason, int status, struct MHD_R
 int susp_handoff(atrium_req *r, rt_pool *pool, const atrium_scope_value *vals, size_t n);
 int susp_park(atrium_req *r, struct atrium_event *ev, int64_t deadline_ms);
 int susp_event_signal(struct atrium_event *ev);
+/* How often ev was signalled so far: read before asking a stream's reader, handed to
+ * susp_stream_wait so a signal in between is never lost. Any thread. */
+uint64_t susp_event_gen(struct atrium_event *ev);
+/* On the connection's thread, inside the content reader of a response being sent: suspend
+ * the connection on ev until it is signalled or deadline_ms passes. false (nothing done)
+ * when ev was signalled since `gen`: read again. */
+bool susp_stream_wait(atrium_req *r, struct atrium_event *ev, uint64_t gen, int64_t deadline_ms);
+/* Was a waiting stream of r cut (its deadline, shutdown)? Clears nothing. Any thread. */
+bool susp_stream_cut(atrium_req *r);
 /* [req] Park r until one susp_wake(r) or its deadline (capped like a park): no thread
  * waits, and the handler runs again with reason _WOKEN, _DEADLINE or _SHUTDOWN. For waits
  * on a callback of one's own (an outbound request's completion). Takes a reference on r

@@ -295,6 +295,74 @@ int http_respond_stream(atrium_req *r, int status, const char *content_type, int
     return store(r, status, resp);
 }
 
+/* A stream whose reader may wait (respond_stream_wait). Lives as long as the response;
+ * r is used only from the content reader, which libmicrohttpd calls only while r's
+ * request is being answered, so no reference is taken (the response may be destroyed
+ * after r: the free callback never touches it). */
+typedef struct wait_stream {
+    atrium_req *r;
+    atrium_stream_read read;
+    void *arg;
+    void (*free_arg)(void *);
+    struct atrium_event *ev;
+    int64_t deadline_ms;
+} wait_stream;
+
+#define STREAM_WAIT_RETRIES 8 /* reads in a row interrupted by a signal before giving up once */
+
+static ssize_t wait_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    wait_stream *w = cls;
+    for (int i = 0; i < STREAM_WAIT_RETRIES; i++) {
+        if (susp_stream_cut(w->r)) {
+            rt_log(ATRIUM_LOG_DEBUG, "core", "[req %s] stream cut at byte %llu (deadline)",
+                   w->r->id, (unsigned long long)pos);
+            return MHD_CONTENT_READER_END_WITH_ERROR; /* closed before the end: truncated */
+        }
+        uint64_t gen = susp_event_gen(w->ev);
+        int64_t n = w->read(w->arg, pos, buf, max);
+        if (n > 0 || n == ATRIUM_STREAM_END) return (ssize_t)n;
+        if (n != ATRIUM_STREAM_WAIT) return MHD_CONTENT_READER_END_WITH_ERROR; /* 0 too */
+        if (rt_now_ms() >= w->deadline_ms) {
+            rt_metric_add(w->r->srv->m_streams_cut, 1);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (susp_stream_wait(w->r, w->ev, gen, w->deadline_ms)) return 0; /* suspended */
+    }
+    /* Signalled again at every try (others' bytes on a shared event): let libmicrohttpd
+     * call again once rather than loop here. */
+    return 0;
+}
+
+static void wait_stream_free(void *cls)
+{
+    wait_stream *w = cls;
+    if (w->free_arg) w->free_arg(w->arg);
+    free(w);
+}
+
+int http_respond_stream_wait(atrium_req *r, int status, const char *content_type, int64_t size,
+                             atrium_stream_read read, void *arg, void (*free_arg)(void *),
+                             struct atrium_event *ev, int64_t deadline_ms)
+{
+    wait_stream *w = read && ev ? calloc(1, sizeof(*w)) : NULL;
+    if (!w) {
+        if (free_arg) free_arg(arg);
+        return read && ev ? ATRIUM_E_NOMEM : ATRIUM_E_INVAL;
+    }
+    *w = (wait_stream){.r = r, .read = read, .arg = arg, .free_arg = free_arg, .ev = ev,
+                       .deadline_ms = deadline_ms};
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        size < 0 ? MHD_SIZE_UNKNOWN : (uint64_t)size, STREAM_BLOCK_BYTES, wait_stream_read, w,
+        wait_stream_free);
+    if (!resp) {
+        wait_stream_free(w);
+        return ATRIUM_E_NOMEM;
+    }
+    if (content_type) MHD_add_response_header(resp, "Content-Type", content_type);
+    return store(r, status, resp);
+}
+
 void http_count_status(http_server *s, int status)
 {
     int cls = status / 100;

@@ -481,6 +481,12 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
         "Handed-off requests dropped because the client had gone");
     s->m_handoff_cancelled = rt_metric_counter(metrics, "atrium_http_handoff_cancelled_total",
                                                NULL, "Handed-off requests whose pool stopped");
+    s->m_streams_waiting = rt_metric_gauge(
+        metrics, "atrium_http_streams_waiting", NULL,
+        "Responses being sent that wait, suspended, for their next bytes (respond_stream_wait)");
+    s->m_streams_cut = rt_metric_counter(
+        metrics, "atrium_http_streams_cut_total", NULL,
+        "Waiting responses cut before their end by their deadline or shutdown");
     static const char *const classes[] = {NULL, "1xx", "2xx", "3xx", "4xx", "5xx"};
     for (int i = 1; i <= 5; i++) {
         char labels[32];

@@ -20,6 +20,9 @@
  *     temporary file) be released beneath the work: the client told "failed" about work
  *     that was done, and a descriptor closed twice. Such work bounds its own waits (the
  *     database pool cuts a wait on a silent PostgreSQL: core/store/db.h).
+ *   - a response that waits for its bytes (SUSP_STREAM, host->respond_stream_wait) is
+ *     linked on its event like a park, and resumed without running anything again: the
+ *     content reader is simply called again; its deadline cuts the response instead.
  * Lifetimes: a suspended request cannot complete (libmicrohttpd only completes it after a
  * resume), so whoever finds it linked may take a reference before unlocking.
  * Lock order: request mu -> event mu / line lock / timer mu. Never the reverse.
@@ -41,6 +44,7 @@ struct atrium_event {
     http_server *srv;
     pthread_mutex_t mu;
     atrium_req *head;
+    uint64_t gen; /* signals so far (mu): a waiting stream compares it (susp_stream_wait) */
     struct atrium_event *next_all;
 };
 
@@ -243,9 +247,86 @@ int susp_park(atrium_req *r, struct atrium_event *ev, int64_t deadline_ms)
     return 0;
 }
 
+/* ---- streams that wait for their bytes ---------------------------------------------- */
+/* A response being sent whose reader has no bytes yet (ATRIUM_STREAM_WAIT) waits like a
+ * park: linked on an event, the connection suspended (libmicrohttpd allows that from
+ * inside a content reader), its deadline in the heap. Unlike a park nothing runs again:
+ * resuming only lets libmicrohttpd call the reader again; a cut one (deadline, shutdown)
+ * finds stream_cut set and ends the response before its end. The detach rule holds as
+ * for parks: whoever unlinks it from the event resumes it. */
+
+uint64_t susp_event_gen(struct atrium_event *ev)
+{
+    pthread_mutex_lock(&ev->mu);
+    uint64_t gen = ev->gen;
+    pthread_mutex_unlock(&ev->mu);
+    return gen;
+}
+
+bool susp_stream_wait(atrium_req *r, struct atrium_event *ev, uint64_t gen, int64_t deadline_ms)
+{
+    int64_t cap = rt_now_ms() + PARK_MAX_MS;
+    if (deadline_ms > cap) deadline_ms = cap;
+    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&ev->mu);
+    if (ev->gen != gen) { /* bytes may have landed since the read: read again */
+        pthread_mutex_unlock(&ev->mu);
+        pthread_mutex_unlock(&r->mu);
+        return false;
+    }
+    r->ev = ev;
+    r->ev_prev = NULL;
+    r->ev_next = ev->head;
+    if (ev->head) ev->head->ev_prev = r;
+    ev->head = r;
+    r->ev_linked = true;
+    pthread_mutex_unlock(&ev->mu);
+    /* Still under r->mu: a waker that unlinked us meanwhile waits here, then resumes. */
+    MHD_suspend_connection(r->conn);
+    r->susp = SUSP_SUSPENDED;
+    r->susp_kind = SUSP_STREAM;
+    r->susp_deadline = deadline_ms;
+    rt_metric_add(r->srv->m_streams_waiting, 1);
+    heap_insert(r->srv->timer, r, deadline_ms);
+    pthread_mutex_unlock(&r->mu);
+    return true;
+}
+
+/* Resume a waiting stream (cut: its deadline or shutdown). false when r is not one. */
+static bool stream_resume(atrium_req *r, bool cut)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->susp != SUSP_SUSPENDED || r->susp_kind != SUSP_STREAM) {
+        pthread_mutex_unlock(&r->mu);
+        return false;
+    }
+    /* Straight back to ACTIVE: no handler runs, so nobody else would. Nobody can resume
+     * it twice: the reader runs (and may wait again) only after the resume below. */
+    r->susp = SUSP_ACTIVE;
+    r->susp_kind = SUSP_NONE;
+    if (cut) {
+        r->stream_cut = true;
+        rt_metric_add(r->srv->m_streams_cut, 1);
+    }
+    rt_metric_add(r->srv->m_streams_waiting, -1);
+    heap_remove(r->srv->timer, r);
+    pthread_mutex_unlock(&r->mu);
+    MHD_resume_connection(r->conn);
+    return true;
+}
+
+bool susp_stream_cut(atrium_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    bool cut = r->stream_cut;
+    pthread_mutex_unlock(&r->mu);
+    return cut;
+}
+
 int susp_event_signal(struct atrium_event *ev)
 {
     pthread_mutex_lock(&ev->mu);
+    ev->gen++;
     atrium_req *list = ev->head;
     ev->head = NULL;
     for (atrium_req *r = list; r; r = r->ev_next) {
@@ -258,7 +339,8 @@ int susp_event_signal(struct atrium_event *ev)
         atrium_req *r = list;
         list = r->ev_next;
         r->ev_next = r->ev_prev = NULL;
-        if (susp_resume(r, ACT_REDISPATCH, ATRIUM_RUN_WOKEN, 0, NULL)) woken++;
+        if (stream_resume(r, false) || susp_resume(r, ACT_REDISPATCH, ATRIUM_RUN_WOKEN, 0, NULL))
+            woken++;
         http_req_unref(r);
     }
     return woken;
@@ -468,7 +550,7 @@ static void expire(http_server *s, atrium_req *r, bool stopping)
         return;
     }
     bool mine = false;
-    if (kind == SUSP_PARK) {
+    if (kind == SUSP_PARK || kind == SUSP_STREAM) {
         struct atrium_event *ev = r->ev;
         pthread_mutex_lock(&ev->mu);
         if (r->ev_linked) {
@@ -490,6 +572,8 @@ static void expire(http_server *s, atrium_req *r, bool stopping)
             stopping ? unavailable("The server is stopping")
                      : http_error_response(504, "M_UNKNOWN", "The request timed out", 0);
         susp_resume(r, ACT_RESPOND, 0, stopping ? 503 : 504, resp);
+    } else if (mine && kind == SUSP_STREAM) {
+        stream_resume(r, true);
     } else if (mine) {
         susp_resume(r, ACT_REDISPATCH, reason, 0, NULL);
     }

@@ -584,6 +584,14 @@ static int h_notify_publish(atrium_plugin *self, PGconn *conn, const char *chann
 
 static int h_notify_live(void) { return notify_live(core_runtime_get()->notify) ? 1 : 0; }
 
+static int h_respond_stream_wait(atrium_req *r, int status, const char *content_type,
+                                 int64_t size, atrium_stream_read read, void *arg,
+                                 void (*free_arg)(void *), atrium_event *ev, int64_t deadline_ms)
+{
+    return http_respond_stream_wait(r, status, content_type, size, read, arg, free_arg,
+                                    (struct atrium_event *)ev, deadline_ms);
+}
+
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
     .abi_major = ATRIUM_ABI_MAJOR,
@@ -665,6 +673,7 @@ static const atrium_host HOST = {
     .notify_live = h_notify_live,
     .lease_create = h_lease_create,
     .lease_held = h_lease_held,
+    .respond_stream_wait = h_respond_stream_wait,
 };
 
 const atrium_host *host_table(core_runtime *rt)

@@ -34,7 +34,8 @@
                               1.2: ATRIUM_ROUTE_HEADERS_FIRST (refuse a streamed body
                               before it is read); the media/1 contract (atrium/media.h).
                               1.3: several processes (instance_name, notify_subscribe,
-                              notify_publish, notify_live, lease_create, lease_held) */
+                              notify_publish, notify_live, lease_create, lease_held);
+                              respond_stream_wait (a stream that waits for its bytes) */
 
 #define ATRIUM_PLUGIN_MAGIC 0x41545250u /* "ATRP" */
 

@@ -147,6 +147,8 @@ typedef struct atrium_migration {
  * the connection. Returning 0 is not allowed (it would spin). */
 #define ATRIUM_STREAM_END (-1)
 #define ATRIUM_STREAM_ERROR (-2)
+/* (1.3) Only from the reader of respond_stream_wait: no bytes yet, not finished. */
+#define ATRIUM_STREAM_WAIT (-3)
 typedef int64_t (*atrium_stream_read)(void *arg, uint64_t pos, char *buf, size_t max);
 
 /* ---- federation (1.1) ---------------------------------------------------------------- */
@@ -585,6 +587,29 @@ struct atrium_host {
      * waits. Check it before each run of the job it guards, and keep a run well under
      * ttl_ms / 2: a run already going when the lease moves is not stopped. */
     int (*lease_held)(atrium_lease *lease);
+
+    /* == 1.3: a streamed response that waits for its bytes ============================== */
+
+    /* [req] Like respond_stream, and `read` may also return ATRIUM_STREAM_WAIT: no bytes
+     * at pos yet, not finished (a file still being written). The connection is then
+     * suspended - no thread waits, nothing polls - until `ev` (event_create) is signalled,
+     * when read is called again at the same pos; so signal ev after every write a reader
+     * may be waiting for (a signal that comes between read's WAIT and the suspension is
+     * not lost: the host compares ev's signal count). Several streams (and parked
+     * requests) may share one event: a reader woken for another's bytes just answers WAIT
+     * again. A stream still waiting at deadline_ms (monotonic, capped at 10 minutes from
+     * now), or one whose read answers WAIT after it, or ATRIUM_STREAM_ERROR, ends the
+     * response before its end: with a size, the connection closes before size bytes;
+     * with size -1 (chunked), without the last chunk - either way a client can tell the
+     * body is truncated. Shutdown cuts waiting streams the same way. read runs on the
+     * connection's request-pool thread (quick, never blocking); free_arg(arg) is called
+     * once when the response is destroyed (also on error, and when this returns an error:
+     * ATRIUM_E_INVAL without read or ev, ATRIUM_E_NOMEM). Metrics
+     * atrium_http_streams_waiting and atrium_http_streams_cut_total. */
+    int (*respond_stream_wait)(atrium_req *req, int status, const char *content_type,
+                               int64_t size, atrium_stream_read read, void *arg,
+                               void (*free_arg)(void *arg), atrium_event *ev,
+                               int64_t deadline_ms);
 };
 
 /* The longest payload notify_publish accepts, in bytes. */

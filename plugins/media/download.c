@@ -8,7 +8,8 @@
  * so a 304 never confirms media to someone not allowed to see it), 206 for one satisfiable
  * byte range (If-Range must name the same hash), 416 for a range past the end, else 200.
  * The bytes go out with sendfile (host->respond_file); the delivery slot stays held until
- * the last one is sent. Content-Type is the type declared at upload; Content-Disposition
+ * the last one is sent. A plain GET of a remote original still being fetched is answered
+ * at once with its bytes as they arrive (chunked, no ETag yet: remote.c). Content-Type is the type declared at upload; Content-Disposition
  * follows headers.c (the path's fileName wins over the upload's name).
  */
 #include <inttypes.h>
@@ -38,6 +39,28 @@ static bool if_range_allows(const char *if_range, const char *etag)
     return n == strlen(etag) && memcmp(if_range, etag, n) == 0;
 }
 
+/* The type and Content-Disposition of an original (the path's fileName wins). */
+static const char *answer_type(const media_row *row, const char *file_name, char *disposition,
+                               size_t cap)
+{
+    const char *type = row->content_type[0] ? row->content_type : DEFAULT_CONTENT_TYPE;
+    const char *name = file_name ? file_name : row->upload_name;
+    if (media_content_disposition(disposition, cap, media_type_inline(type), name) < 0)
+        media_content_disposition(disposition, cap, false, NULL);
+    return type;
+}
+
+/* A remote original still being fetched: its bytes as they arrive (remote.c). */
+static int serve_streaming(media *m, atrium_req *req, media_req *st, const char *file_name)
+{
+    char disposition[DISPOSITION_MAX_BYTES];
+    const char *type = answer_type(&st->row, file_name, disposition, sizeof(disposition));
+    int rc = remote_respond_stream(m, req, st, type, disposition);
+    if (rc < 0) return rc;
+    m->h->metric_add(m->m_downloads, 1);
+    return ATRIUM_DONE;
+}
+
 static int serve(media *m, atrium_req *req, bool legacy)
 {
     const atrium_host *h = m->h;
@@ -49,9 +72,13 @@ static int serve(media *m, atrium_req *req, bool legacy)
         h->respond_error(req, 400, "M_INVALID_PARAM", "Invalid file name");
         return ATRIUM_DONE;
     }
+    /* A plain GET of the whole file may follow a remote original while it is fetched. */
+    st->stream_ok = !st->federation && strcmp(h->req_method(req), "GET") == 0 &&
+                    !h->req_header(req, "Range");
     rc = delivery_locate(m, req, st, legacy);
     if (rc != MEDIA_GO) return rc;
     const media_row *row = &st->row;
+    if (st->landing) return serve_streaming(m, req, st, file_name);
 
     char etag[SHA256_HEX_CHARS + 3];
     original_etag(row, etag, sizeof(etag));
@@ -82,12 +109,8 @@ static int serve(media *m, atrium_req *req, bool legacy)
         h->respond_header(req, "Content-Range", content_range);
         return ATRIUM_DONE;
     }
-    const char *type = row->content_type[0] ? row->content_type : DEFAULT_CONTENT_TYPE;
     char disposition[DISPOSITION_MAX_BYTES];
-    const char *name = file_name ? file_name : row->upload_name;
-    if (media_content_disposition(disposition, sizeof(disposition), media_type_inline(type), name) <
-        0)
-        media_content_disposition(disposition, sizeof(disposition), false, NULL);
+    const char *type = answer_type(row, file_name, disposition, sizeof(disposition));
     int status = 200;
     if (ranged == MEDIA_RANGE_OK) {
         status = 206;

@@ -54,10 +54,11 @@ struct fetch_budget {
     fetch_client *ring; /* the client served next */
 };
 
-typedef struct fetch_hold {
+struct fetch_hold {
     media *m;
     fetch_client *client;
-} fetch_hold;
+    atomic_bool released; /* given back early (fetch_budget_leave) or by the host */
+};
 
 int fetch_budget_init(media *m)
 {
@@ -214,6 +215,7 @@ static void wake_all(media *m, fetch_waiter *w)
 static void fetch_hold_release(void *arg)
 {
     fetch_hold *hd = arg;
+    if (atomic_exchange(&hd->released, true)) return;
     media *m = hd->m;
     fetch_budget *b = m->budget;
     pthread_mutex_lock(&b->mu);
@@ -230,14 +232,17 @@ static void fetch_hold_release(void *arg)
 static int take_hold(media *m, atrium_req *req, media_req *st, fetch_client *c)
 {
     fetch_hold *hd = m->h->req_alloc(req, sizeof(*hd));
-    fetch_hold stack = {.m = m, .client = c};
     if (!hd) {
+        fetch_hold stack = {.m = m, .client = c};
         fetch_hold_release(&stack);
         m->h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
         return ATRIUM_DONE;
     }
-    *hd = stack;
+    hd->m = m;
+    hd->client = c;
+    atomic_init(&hd->released, false);
     st->fetch_slot = true;
+    st->fetch_hold = hd;
     /* On failure the host released the hold at once: answer from here. */
     if (m->h->req_hold(req, fetch_hold_release, hd) < 0) {
         m->h->respond_error(req, 503, "M_UNKNOWN", "The request ended");
@@ -325,4 +330,10 @@ int fetch_budget_enter(media *m, atrium_req *req, media_req *st)
     pthread_mutex_unlock(&b->mu);
     h->metric_add(m->m_fetch_line_waits, 1);
     return ATRIUM_PARKED;
+}
+
+void fetch_budget_leave(media *m, media_req *st)
+{
+    (void)m;
+    if (st->fetch_hold) fetch_hold_release(st->fetch_hold);
 }

@@ -371,6 +371,21 @@ static int create_metrics(media *m)
                                         "Media answers sent to other servers");
     m->m_negative_hits = h->metric_counter(s, "atrium_media_remote_negative_hits_total", NULL,
                                            "Remote media answered from a remembered failure");
+    m->m_fetch_retried =
+        h->metric_counter(s, "atrium_media_remote_fetch_retried_total", NULL,
+                          "Fetches asked again after the origin answered 429");
+    m->m_fetch_streamed =
+        h->metric_counter(s, "atrium_media_remote_streamed_total", NULL,
+                          "Requests served a remote file while it was being fetched");
+    static const char *const via[MEDIA_FETCH_VIA_KINDS] = {"via=\"federation\"", "via=\"legacy\"",
+                                      "via=\"location\""};
+    for (size_t i = 0; i < MEDIA_FETCH_VIA_KINDS; i++) {
+        m->m_fetched_via[i] = h->metric_counter(
+            s, "atrium_media_remote_fetched_total", via[i],
+            "Remote files stored, by the answer that delivered them (the authenticated "
+            "federation endpoint, the legacy one, or a Location / redirect followed)");
+        if (!m->m_fetched_via[i]) return ATRIUM_E_INVAL;
+    }
     m->m_remote_cache_bytes = h->metric_gauge(s, "atrium_media_remote_cache_bytes", NULL,
                                               "Bytes of remote media in the cache");
     m->m_remote_evictions = h->metric_counter(s, "atrium_media_remote_cache_evictions_total", NULL,
@@ -381,7 +396,7 @@ static int create_metrics(media *m)
         m->m_fetch_bytes,     m->m_remote_hits,       m->m_fetch_legacy,
         m->m_fetch_in_flight, m->m_fetch_line_waiting, m->m_fetch_line_refused,
         m->m_fetch_in_flight_client_max, m->m_fetch_line_waits,
-        m->m_fed_served};
+        m->m_fed_served, m->m_fetch_streamed, m->m_fetch_retried};
     for (size_t i = 0; i < sizeof(remote_all) / sizeof(remote_all[0]); i++)
         if (!remote_all[i]) return ATRIUM_E_INVAL;
     atrium_metric *all[] = {m->m_uploads,          m->m_upload_bytes,         m->m_downloads,
@@ -412,7 +427,10 @@ static int create_mechanisms(media *m)
     if (!m->delivery || !m->render_pool || !m->io_pool || !m->fetch_pool || !m->rl_upload)
         return ATRIUM_E_NOMEM;
     for (size_t i = 0; i < MEDIA_EVENT_BUCKETS; i++)
-        if (!(m->events[i] = h->event_create(m->self))) return ATRIUM_E_NOMEM;
+        if (!(m->events[i] = h->event_create(m->self)) ||
+            !(m->stream_events[i] = h->event_create(m->self)))
+            return ATRIUM_E_NOMEM;
+    m->can_stream = ATRIUM_HOST_HAS(h, respond_stream_wait);
     return create_metrics(m);
 }
 

@@ -28,6 +28,7 @@
  *   cluster.c   several processes on one database: wake-ups by notification, claims of
  *               shared work, the eviction lease
  *   remote_claim.c one fetch per remote file across processes (a claim per file)
+ *   timer.c     one timer thread: work due later (a fetch retried after a 429)
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -59,6 +60,7 @@
 #define MEDIA_FILE_NAME_MAX 640 /* a remote copy's path under store_path */
 #define MEDIA_MAX_BLOCKED_ORIGINS 64
 #define MEDIA_CLAIM_OWNER_MAX 96 /* "<instance>.<pid>.<random>" */
+#define MEDIA_FETCH_VIA_KINDS 3 /* remote.c's fetch phases: federation, legacy, location */
 
 /* ---- settings ---------------------------------------------------------------------------- */
 
@@ -113,6 +115,7 @@ typedef struct render_table render_table;
 typedef struct remote_table remote_table;
 typedef struct fetch_budget fetch_budget;
 typedef struct remote_cache remote_cache;
+typedef struct media_timer media_timer;
 
 typedef struct media {
     const atrium_host *h;
@@ -123,6 +126,10 @@ typedef struct media {
     atrium_line *delivery;
     atrium_pool *render_pool, *io_pool;
     atrium_event *events[MEDIA_EVENT_BUCKETS];
+    /* Streams following a remote file being fetched wait on these (remote.c), apart from
+     * the upload waiters of `events`, which re-read the database when woken. */
+    atrium_event *stream_events[MEDIA_EVENT_BUCKETS];
+    bool can_stream; /* the host offers respond_stream_wait (ABI 1.3) */
     atrium_ratelimit *rl_upload;
 
     /* Wake-ups (cluster.c): a generation per event bucket, bumped when what parked
@@ -138,6 +145,7 @@ typedef struct media {
 
     atrium_pool *fetch_pool; /* media_fetch_threads workers: start fetches, store them */
     remote_table *remote;    /* fetches under way, one per remote file */
+    media_timer *timer;      /* fetches waiting to be asked again (429) */
     fetch_budget *budget;    /* the fetch budget and its parked line */
     remote_cache *cache;     /* the remote cache's bound and last-access batches */
     atrium_metric *m_remote_cache_bytes, *m_remote_evictions;
@@ -146,6 +154,9 @@ typedef struct media {
     atrium_metric *m_fetch_in_flight, *m_fetch_in_flight_client_max, *m_fetch_line_waiting;
     atrium_metric *m_fetch_line_waits;
     atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served, *m_negative_hits;
+    atrium_metric *m_fetch_streamed, *m_fetch_retried;
+    atrium_metric *m_fetched_via[MEDIA_FETCH_VIA_KINDS]; /* stored fetches by remote.c's phase: federation,
+                                        legacy, location */
 
     atomic_int authorizing, authorizing_peak;
     atomic_int upload_waiters; /* requests waiting (with their slot) for an upload */
@@ -180,6 +191,8 @@ typedef struct media_row {
 typedef struct upload_state upload_state;
 typedef struct fetch_waiter fetch_waiter;
 typedef struct remote_waiter remote_waiter;
+typedef struct remote_landing remote_landing;
+typedef struct fetch_hold fetch_hold;
 
 typedef struct media_req {
     bool admitted;     /* holds a delivery slot (a hold, released after the body) */
@@ -195,6 +208,11 @@ typedef struct media_req {
     bool federation;      /* a federation route: answer multipart/mixed */
     /* remote media (remote.c): the fetch budget slot, the parked line, the fetch */
     bool fetch_slot;      /* holds a fetch budget slot (a hold) */
+    fetch_hold *fetch_hold; /* that hold, to give the slot back early (fetch_budget_leave) */
+    /* set by download.c: a plain GET of the whole original, which may follow a remote
+     * file while it is being fetched (remote.c) */
+    bool stream_ok;
+    remote_landing *landing; /* remote.c: the file being fetched this request follows */
     fetch_waiter *fw;     /* waiting in the fetch line */
     remote_waiter *rw;    /* waiting for a fetch of the file */
     int64_t remote_deadline_ms;
@@ -268,7 +286,8 @@ bool media_fits_within(int ow, int oh, int w, int h);
 /* ---- store.c ---------------------------------------------------------------------------- */
 
 /* A file being written: unnamed (O_TMPFILE) until committed, or a ".tmp-" name in the
- * same folder where the file system cannot do unnamed files. */
+ * same folder where the file system cannot do unnamed files. Open for reading too: a
+ * remote file's followers read it while it is written (remote.c). */
 typedef struct store_tmp {
     int fd;
     char dir[MEDIA_PATH_MAX];
@@ -423,6 +442,24 @@ void remote_fini(media *m);
  * it lands). MEDIA_GO with st->row filled from the remote cache, or the outcome. */
 int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
                   const char *media_id);
+/* [req] After remote_locate returned MEDIA_GO with st->landing set (a request with
+ * st->stream_ok whose file is still being fetched): answer 200 with the bytes as they
+ * arrive (host->respond_stream_wait, chunked), cut before its end if the fetch fails.
+ * `disposition` is the Content-Disposition download.c chose. ATRIUM_DONE or an error. */
+int remote_respond_stream(media *m, atrium_req *req, media_req *st, const char *type,
+                          const char *disposition);
+
+/* ---- timer.c --------------------------------------------------------------------------- */
+
+/* [init] Start the timer thread; NULL when it cannot be had. */
+media_timer *media_timer_start(const atrium_host *h);
+/* [any] Call fn(arg) on the timer thread once due_ms (monotonic, host->now_ms) has come:
+ * fn must be quick (submit real work to a pool). 0, ATRIUM_E_NOMEM or ATRIUM_E_STOPPED
+ * (then fn is never called). */
+int media_timer_add(media_timer *t, int64_t due_ms, void (*fn)(void *arg), void *arg);
+/* Stop and join the thread; entries not yet due are then called at once, on the calling
+ * thread (their work must cope with stopped pools). NULL is fine. */
+void media_timer_stop(media_timer *t);
 
 /* ---- cluster.c: several processes on one database ------------------------------------- */
 
@@ -511,6 +548,9 @@ void fetch_budget_fini(media *m);
  * calls this again), or ATRIUM_DONE with the answer set (429 past the line, 504 at the
  * request's deadline, 503 while stopping). */
 int fetch_budget_enter(media *m, atrium_req *req, media_req *st);
+/* [req] Give the request's fetch budget slot back now (it no longer needs a fetch: it
+ * follows one that is streaming); the hold then releases nothing. Idempotent. */
+void fetch_budget_leave(media *m, media_req *st);
 
 /* ---- multipart.c ---------------------------------------------------------------------- */
 
@@ -533,6 +573,7 @@ typedef struct mp_parser {
     char content_type[MP_HEADER_VALUE_MAX], disposition[MP_HEADER_VALUE_MAX],
         location[MP_HEADER_VALUE_MAX];
     int64_t body_bytes;
+    int stopped; /* what on_body returned when it stopped the parse */
     /* each piece of the file part as it is found; non-zero stops the parse */
     int (*on_body)(void *arg, const char *data, size_t len);
     void *arg;

@@ -133,6 +133,17 @@ static int emit(mp_parser *p, const char *data, size_t len)
     return 0;
 }
 
+#define STEP_STOPPED (-2) /* on_body refused: its value is in p->stopped */
+
+/* emit's non-zero answer as a step result: -1 (malformed) stays, anything else from
+ * on_body is kept for mp_feed to return. */
+static int stopped(mp_parser *p, int rc)
+{
+    if (rc == -1) return -1;
+    p->stopped = rc;
+    return STEP_STOPPED;
+}
+
 static bool metadata_is_object(const mp_parser *p)
 {
     json_error_t err;
@@ -142,8 +153,9 @@ static bool metadata_is_object(const mp_parser *p)
     return ok;
 }
 
-/* Advance as far as the buffer allows: 1 = progress made, 0 = needs more bytes, else an
- * error (-1, or on_body's value). */
+/* Advance as far as the buffer allows: 1 = progress made, 0 = needs more bytes, -1 for a
+ * malformed body, STEP_STOPPED when on_body refused (never on_body's value itself: a
+ * refusal of 1 would read as progress and the same bytes be handed on forever). */
 static int step(mp_parser *p)
 {
     switch (p->state) {
@@ -159,7 +171,7 @@ static int step(mp_parser *p)
                 p->body_bytes += (int64_t)out;
             } else {
                 int rc = emit(p, p->buf, out);
-                if (rc) return rc;
+                if (rc) return stopped(p, rc);
             }
             consume(p, out);
             return 0;
@@ -167,7 +179,7 @@ static int step(mp_parser *p)
         size_t at = (size_t)(hit - p->buf);
         if (p->state == MP_PART) {
             int rc = emit(p, p->buf, at);
-            if (rc) return rc;
+            if (rc) return stopped(p, rc);
             if (p->part == 1 && !metadata_is_object(p)) return -1;
         } else {
             p->body_bytes = 0;
@@ -224,7 +236,7 @@ int mp_feed(mp_parser *p, const char *data, size_t len)
         }
         if (rc != 0) {
             p->state = MP_ERROR;
-            return rc;
+            return rc == STEP_STOPPED ? p->stopped : rc;
         }
         if (p->state == MP_DONE) return 0;
         if (len == 0) break;

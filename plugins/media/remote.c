@@ -65,6 +65,9 @@
  * in memory, at most REMOTE_NEGATIVE_MAX entries); meanwhile the same answer is given at
  * once, without a budget slot and without asking the origin again.
  *
+ * An origin's 429 is absorbed: the fetch is asked again after the delay the origin names
+ * (timer.c), within the transfer's deadline; see RETRY_429_BASE_MS.
+ *
  * Remote thumbnails: while the original is not cached, a thumbnail request asks the
  * origin's GET /_matrix/federation/v1/media/thumbnail/{mediaId} for the configured size
  * thumbnail.c chose (one fetch per origin, media ID and size, like originals), stores it
@@ -75,20 +78,25 @@
  *
  * The cache's bound, last access and the purge live in cache.c.
  *
- * A Location part (the file lives elsewhere, e.g. a CDN) is followed once: an unsigned
- * GET of that https URL through the same outbound client (host->fed_request's url), the
- * address blacklist applying at connect; its body is the file, capped the same way.
- * Anything but a 200 there is 502.
+ * A Location part (the file lives elsewhere, e.g. a CDN), or a redirect (301, 302, 303,
+ * 307, 308) of the legacy endpoint, is followed once: an unsigned GET of that https URL
+ * through the same outbound client (host->fed_request's url), the address blacklist
+ * applying at connect; its body is the file, capped the same way. Anything but a 200
+ * there (another redirect included) is 502. Stored fetches are counted by the kind of
+ * answer that delivered the file (atrium_media_remote_fetched_total{via=federation,
+ * legacy, location}).
  *
  * Across processes sharing the database and the store, a fetch is claimed before it
  * starts (job_begin; remote_claim.c): a process that finds the claim held ends its job
  * with REMOTE_ELSEWHERE and its requests wait for the other's notification, then read
  * the copy it stored from the shared store.
  *
- * Not done here (yet): HTTP redirects (3xx) of the legacy endpoint, streaming to waiters
- * as bytes arrive.
+ * Streaming: a plain download waiting for an original follows its bytes as they are
+ * written (see "following a file as it arrives" below). Requests waiting in another
+ * process read the stored copy once it lands: they do not follow the bytes.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,11 +126,28 @@ enum remote_result {
     REMOTE_ABANDONED, /* nobody waited for it any more: never started */
     REMOTE_NO_THUMBNAIL, /* the origin has no thumbnail for it: fetch the original */
     REMOTE_ELSEWHERE,    /* another process fetches it: wait for it (remote_claim.c) */
+    REMOTE_ORIGIN_BUSY,  /* it kept answering 429 until the deadline (never remembered) */
 };
 #define REMOTE_STARTED (-1) /* job_begin: the transfer is under way */
 #define REMOTE_MAX_ROUNDS 3 /* fetches one request may wait for (thumbnail, original, ...) */
 #define REMOTE_MAX_LOOK_AGAIN 3 /* cache look-ups one request repeats before fetching anyway */
 #define REMOTE_LOOK_AGAIN (MEDIA_GO + 2) /* join_fetch: a fetch landed since our miss: look again */
+#define REMOTE_STREAMING (REMOTE_ORIGIN_BUSY + 1) /* a waiter's result: follow the landing */
+/* An origin answering 429 (its own rate limiter: Synapse's federation limiter answers part
+ * of a burst so) is asked again after the delay it names (retry_after_ms), else after
+ * RETRY_429_BASE_MS doubling per try, at most RETRY_429_MAX_DELAY_MS, as long as the
+ * transfer's deadline allows; the fetch keeps its per-origin slot meanwhile, which paces
+ * that origin. Its 429 is never passed on to a client. */
+#define RETRY_429_BASE_MS 200
+#define RETRY_429_MAX_DELAY_MS 2000
+#define RETRY_429_MAX_TRIES 20
+/* Streams to waiters: the last bytes are held back until the file is stored and its hash
+ * checked against the quarantine, so no client gets a whole file that fails either; and a
+ * wake-up is sent per this many new bytes (and at the end), not per write. */
+#define STREAM_TAIL_HOLD_BYTES (64 * 1024)
+#define STREAM_SIGNAL_STEP_BYTES (64 * 1024)
+/* A stream may wait this long past its fetch's own deadline (the commit's fsync and row). */
+#define STREAM_COMMIT_SLACK_MS 10000
 
 /* PHASE_LOCATION: the URL a multipart answer's Location part named (followed once). */
 enum fetch_phase { PHASE_FEDERATION = 0, PHASE_LEGACY, PHASE_LOCATION };
@@ -132,7 +157,27 @@ struct remote_waiter {
     int result; /* enum remote_result, set (under the table's lock) before the wake */
     bool done;
     bool abandoned; /* its deadline answered it: the fetch need not start for it */
+    bool stream;    /* it may follow the file as it arrives (REMOTE_STREAMING) */
+    remote_landing *landing; /* with REMOTE_STREAMING: a reference for it */
     remote_waiter *next;
+};
+
+/* A remote file being fetched, as its followers see it: the bytes written so far (a
+ * descriptor of the temporary file, read with pread) and how the fetch ended. Shared by
+ * the fetch and every stream following it (refs); freed by the last. The writer (the
+ * outbound client's thread) raises `readable` and signals `ev`; readers (request-pool
+ * threads) never block. */
+enum landing_state { LANDING_RUNNING = 0, LANDING_DONE, LANDING_FAILED };
+struct remote_landing {
+    atomic_int refs;
+    int fd;
+    atomic_int_least64_t readable; /* bytes followers may read now */
+    atomic_int state;              /* enum landing_state; readable is final once DONE */
+    int64_t signalled;             /* readable at the last signal (the writer's only) */
+    atrium_event *ev;
+    int64_t deadline_ms; /* when a follower stops waiting for bytes */
+    char content_type[MEDIA_TYPE_MAX_BYTES + 1];
+    char upload_name[MEDIA_NAME_MAX_BYTES + 1];
 };
 
 /* Fetches of one origin: how many run, and those waiting for the per-origin cap. */
@@ -180,6 +225,11 @@ typedef struct remote_job {
     size_t err_len;
     char file_rel[MEDIA_FILE_NAME_MAX], file_abs[MEDIA_PATH_MAX];
     char location[MP_HEADER_VALUE_MAX]; /* PHASE_LOCATION's URL */
+    char redirect[MP_HEADER_VALUE_MAX]; /* a 3xx answer's Location header */
+    int64_t transfer_deadline_ms;       /* the current transfer's */
+    remote_landing *landing; /* once file bytes flow (an original): set under the lock */
+    bool quarantined;        /* job_commit: the stored copy's hash is quarantined */
+    int tries_429;           /* answers of 429 so far */
 } remote_job;
 
 struct remote_table {
@@ -196,13 +246,17 @@ int remote_init(media *m)
     m->remote = calloc(1, sizeof(*m->remote));
     if (!m->remote) return ATRIUM_E_NOMEM;
     pthread_mutex_init(&m->remote->mu, NULL);
-    return 0;
+    m->timer = media_timer_start(m->h);
+    return m->timer ? 0 : ATRIUM_E_NOMEM;
 }
 
 void remote_fini(media *m)
 {
+    media_timer_stop(m->timer);
+    m->timer = NULL;
     if (!m->remote) return;
-    /* Jobs still listed belong to transfers the core cancelled at shutdown; their memory
+    /* Retries not yet due ended with the timer (job_retry_due finds the pool stopped).
+     * Jobs still listed belong to transfers the core cancelled at shutdown; their memory
      * goes with the process. */
     remote_table *t = m->remote;
     for (size_t i = 0; i < REMOTE_ORIGIN_BUCKETS; i++)
@@ -240,6 +294,10 @@ static int remote_respond_failure(media *m, atrium_req *req, int result, const c
         h->respond_error(req, 503, "M_UNKNOWN", "The media could not be stored; retry shortly");
         break;
     case REMOTE_STOPPING: h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping"); break;
+    case REMOTE_ORIGIN_BUSY:
+        h->respond_error(req, 502, "M_UNKNOWN", "%s kept refusing the fetch as too many",
+                         origin);
+        break;
     default:
         h->respond_error(req, 502, "M_UNKNOWN", "Could not fetch the media from %s", origin);
         break;
@@ -437,6 +495,10 @@ static void job_free(remote_job *j)
 }
 
 static void job_start_task(void *arg, bool cancelled);
+static void landing_open(remote_job *j);
+static void landing_advance(remote_job *j);
+static void landing_end(remote_job *j, bool stored);
+
 
 /* The fetch ended: remember a failure, tell every waiter, wake them (after the lock),
  * forget the job, and let the origin's next pending fetch start. */
@@ -450,6 +512,7 @@ static void job_complete(remote_job *j, int result)
      * claim lapses, this thread may not reach PostgreSQL). */
     if (j->claimed && result != REMOTE_STOPPING)
         remote_claim_end(m, j->key, result, negative_ttl_ms(m, result));
+    landing_end(j, result == REMOTE_OK && !j->quarantined); /* its followers end too */
     pthread_mutex_lock(&t->mu);
     remote_job **pp = job_slot(t, j->key);
     if (*pp == j) *pp = j->next;
@@ -484,7 +547,10 @@ static void job_complete(remote_job *j, int result)
                              : result == REMOTE_NOT_FOUND ? m->m_fetches_not_found
                              : result == REMOTE_TOO_LARGE ? m->m_fetches_too_large
                                                           : m->m_fetches_failed;
-    if (!j->elsewhere) h->metric_add(outcome, 1);
+    if (!j->elsewhere) {
+        h->metric_add(outcome, 1);
+        if (result == REMOTE_OK) h->metric_add(m->m_fetched_via[j->phase], 1);
+    }
     if (j->counted) h->metric_add(m->m_fetches_running, -1);
     job_free(j);
     if (start && h->pool_submit(m->fetch_pool, job_start_task, start) < 0)
@@ -507,6 +573,7 @@ static int job_write(void *arg, const char *data, size_t len)
         j->io_error = true;
         return 1;
     }
+    landing_advance(j);
     return 0;
 }
 
@@ -552,6 +619,11 @@ static void job_done(void *arg, const atrium_fed_response *res)
     remote_job *j = arg;
     j->outcome = res->outcome;
     if (res->outcome == ATRIUM_FED_OK) j->status = res->status;
+    j->redirect[0] = '\0';
+    if (res->outcome == ATRIUM_FED_OK && res->status / 100 == 3) {
+        const char *loc = j->m->h->fed_response_header(res, "Location");
+        snprintf(j->redirect, sizeof(j->redirect), "%s", loc ? loc : "");
+    }
     if (res->outcome != ATRIUM_FED_OK && res->error)
         j->m->h->log(j->m->self, ATRIUM_LOG_INFO, "remote media %s: %s", j->key, res->error);
     /* The rest touches the disk and the database: on the fetch pool. */
@@ -564,6 +636,7 @@ static int job_start(remote_job *j)
 {
     media *m = j->m;
     const atrium_host *h = m->h;
+    landing_end(j, false); /* bytes of an earlier answer (never expected): cut them */
     if (j->tmp_open) store_tmp_discard(&j->tmp);
     j->tmp_open = false;
     j->started = j->bad = j->too_large = j->io_error = false;
@@ -595,7 +668,7 @@ static int job_start(remote_job *j)
         .method = "GET",
         .destination = j->origin,
         .uri = uri,
-        .deadline_ms = h->now_ms() + m->cfg.remote_fetch_timeout_ms,
+        .deadline_ms = j->transfer_deadline_ms = h->now_ms() + m->cfg.remote_fetch_timeout_ms,
         .max_body_bytes = m->cfg.max_upload_bytes + REMOTE_FRAMING_BYTES,
         .on_chunk = job_chunk,
         .on_done = job_done,
@@ -703,6 +776,192 @@ static void disposition_name(const char *cd, char *out, size_t cap)
     out[n] = '\0';
 }
 
+/* The type and file name the answer declared for the file (the part's, or the response's
+ * headers), made safe to store and serve. */
+static void job_meta(const remote_job *j, char *type, size_t type_cap, char *name,
+                     size_t name_cap)
+{
+    const char *ct = j->phase == PHASE_FEDERATION ? j->mp->content_type : j->content_type;
+    const char *cd = j->phase == PHASE_FEDERATION ? j->mp->disposition : j->disposition;
+    if (j->phase == PHASE_LOCATION && !cd[0]) cd = j->mp->disposition; /* the part's name */
+    snprintf(type, type_cap, "%.*s", MEDIA_TYPE_MAX_BYTES,
+             media_type_acceptable(ct) ? ct : DEFAULT_CONTENT_TYPE);
+    disposition_name(cd, name, name_cap);
+    if (!media_name_acceptable(name)) name[0] = '\0';
+}
+
+/* ---- following a file as it arrives ------------------------------------------------- */
+/* Waiters of an original that may stream (a plain GET of the whole file) are woken with
+ * REMOTE_STREAMING as soon as it has bytes to release, and answer 200 at once with a
+ * chunked body that follows the temporary file (host->respond_stream_wait): each read
+ * returns what has been written, or WAIT; the writer signals the landing's event per
+ * STREAM_SIGNAL_STEP_BYTES. The last STREAM_TAIL_HOLD_BYTES are released only once the
+ * file is stored and its hash is not quarantined; a fetch that fails (cut off, too large,
+ * garbage) or a quarantined hash ends every follower's body without its last chunk, so a
+ * client can tell, and the cache keeps nothing. Requests that come while it streams follow
+ * it too, without a fetch budget slot; a follower gives its slot back when it starts. */
+
+static remote_landing *landing_ref(remote_landing *l)
+{
+    atomic_fetch_add(&l->refs, 1);
+    return l;
+}
+
+static void landing_unref(remote_landing *l)
+{
+    if (!l || atomic_fetch_sub(&l->refs, 1) != 1) return;
+    close(l->fd);
+    free(l);
+}
+
+static void landing_free_arg(void *arg)
+{
+    landing_unref(arg);
+}
+
+/* [outbound thread] An original has bytes to release (more than the held tail landed):
+ * its landing, and the waiters that may follow it woken (after the lock). So a small file,
+ * or a fetch that fails early, is answered with its exact code as before; once a follower
+ * got its 200, a failure can only cut its body. Without memory or a descriptor there is
+ * no landing: everyone waits for the end. */
+static void landing_open(remote_job *j)
+{
+    media *m = j->m;
+    if (!m->can_stream || j->thumb) return;
+    remote_landing *l = calloc(1, sizeof(*l));
+    if (!l) return;
+    l->fd = fcntl(j->tmp.fd, F_DUPFD_CLOEXEC, 0);
+    if (l->fd < 0) {
+        free(l);
+        return;
+    }
+    atomic_init(&l->refs, 1);
+    atomic_init(&l->readable, 0);
+    atomic_init(&l->state, LANDING_RUNNING);
+    l->ev = m->stream_events[media_bucket(j->key)];
+    l->deadline_ms = j->transfer_deadline_ms + STREAM_COMMIT_SLACK_MS;
+    job_meta(j, l->content_type, sizeof(l->content_type), l->upload_name, sizeof(l->upload_name));
+    remote_table *t = m->remote;
+    remote_waiter *wake = NULL;
+    pthread_mutex_lock(&t->mu);
+    j->landing = l;
+    for (remote_waiter **pp = &j->waiters; *pp;) {
+        remote_waiter *w = *pp;
+        if (!w->stream || w->abandoned) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        w->result = REMOTE_STREAMING;
+        w->done = true;
+        w->landing = landing_ref(l);
+        w->next = wake;
+        wake = w;
+    }
+    pthread_mutex_unlock(&t->mu);
+    while (wake) {
+        remote_waiter *next = wake->next; /* wake may be freed once its request runs */
+        m->h->req_wake(wake->req);
+        wake = next;
+    }
+}
+
+/* [outbound thread] Bytes were written: release them to the followers (all but the held
+ * tail), signalling per step. */
+static void landing_advance(remote_job *j)
+{
+    int64_t readable = j->bytes - STREAM_TAIL_HOLD_BYTES;
+    if (readable <= 0) return;
+    if (!j->landing) landing_open(j); /* the first bytes to release: waiters may follow */
+    remote_landing *l = j->landing;
+    if (!l) return;
+    atomic_store(&l->readable, readable);
+    if (l->signalled == 0 || readable - l->signalled >= STREAM_SIGNAL_STEP_BYTES) {
+        l->signalled = readable;
+        j->m->h->event_signal(l->ev);
+    }
+}
+
+/* The fetch ended (or starts over): the followers get the rest (stored) or are cut. */
+static void landing_end(remote_job *j, bool stored)
+{
+    remote_table *t = j->m->remote;
+    pthread_mutex_lock(&t->mu);
+    remote_landing *l = j->landing;
+    j->landing = NULL; /* no new followers */
+    pthread_mutex_unlock(&t->mu);
+    if (!l) return;
+    if (stored) atomic_store(&l->readable, j->bytes);
+    atomic_store(&l->state, stored ? LANDING_DONE : LANDING_FAILED);
+    j->m->h->event_signal(l->ev);
+    landing_unref(l);
+}
+
+/* A follower's read (atrium_stream_read, on its request-pool thread): never blocks. */
+static int64_t landing_read(void *arg, uint64_t pos, char *buf, size_t max)
+{
+    remote_landing *l = arg;
+    int state = atomic_load(&l->state);
+    if (state == LANDING_FAILED) return ATRIUM_STREAM_ERROR;
+    int64_t readable = atomic_load(&l->readable);
+    if ((int64_t)pos >= readable)
+        return state == LANDING_DONE ? ATRIUM_STREAM_END : ATRIUM_STREAM_WAIT;
+    size_t n = (size_t)(readable - (int64_t)pos) < max ? (size_t)(readable - (int64_t)pos) : max;
+    ssize_t got;
+    do {
+        got = pread(l->fd, buf, n, (off_t)pos);
+    } while (got < 0 && errno == EINTR);
+    return got > 0 ? (int64_t)got : ATRIUM_STREAM_ERROR;
+}
+
+/* The running fetch of key, when it streams: a reference to its landing, or NULL (under
+ * the table's lock). */
+static remote_landing *landing_find(remote_table *t, const char *key)
+{
+    remote_job *j = *job_slot(t, key);
+    return j && j->landing ? landing_ref(j->landing) : NULL;
+}
+
+static void landing_hold_release(void *arg)
+{
+    media_req *st = arg;
+    landing_unref(st->landing);
+    st->landing = NULL;
+}
+
+/* The request follows l (a reference it now owns): MEDIA_GO with st->row describing the
+ * file as far as it is known, for download.c to answer with remote_respond_stream. */
+static int follow_landing(media *m, atrium_req *req, media_req *st, remote_landing *l)
+{
+    st->landing = l;
+    /* A hold, so the reference goes with the request whatever it answers. */
+    if (m->h->req_hold(req, landing_hold_release, st) < 0 || !st->landing) {
+        m->h->respond_error(req, 503, "M_UNKNOWN", "The request ended");
+        return ATRIUM_DONE;
+    }
+    memset(&st->row, 0, sizeof(st->row));
+    snprintf(st->row.content_type, sizeof(st->row.content_type), "%s", l->content_type);
+    snprintf(st->row.upload_name, sizeof(st->row.upload_name), "%s", l->upload_name);
+    st->have_row = true;
+    return MEDIA_GO;
+}
+
+int remote_respond_stream(media *m, atrium_req *req, media_req *st, const char *type,
+                          const char *disposition)
+{
+    const atrium_host *h = m->h;
+    remote_landing *l = st->landing;
+    st->landing = NULL; /* the response owns the reference from here */
+    fetch_budget_leave(m, st); /* no fetch of its own: the slot is for others */
+    int rc = h->respond_stream_wait(req, 200, type, -1, landing_read, l, landing_free_arg, l->ev,
+                                    l->deadline_ms);
+    if (rc < 0) return rc;
+    delivery_success_headers(m, req, NULL); /* no ETag: the hash is not known yet */
+    h->respond_header(req, "Content-Disposition", disposition);
+    h->metric_add(m->m_fetch_streamed, 1);
+    return ATRIUM_DONE;
+}
+
 /* The bytes are all here: make them durable, probe them, record the row. */
 static int job_commit(remote_job *j)
 {
@@ -711,13 +970,8 @@ static int job_commit(remote_job *j)
     media_row row;
     memset(&row, 0, sizeof(row));
     snprintf(row.media_id, sizeof(row.media_id), "%s", j->media_id);
-    const char *ct = j->phase == PHASE_FEDERATION ? j->mp->content_type : j->content_type;
-    const char *cd = j->phase == PHASE_FEDERATION ? j->mp->disposition : j->disposition;
-    if (j->phase == PHASE_LOCATION && !cd[0]) cd = j->mp->disposition; /* the part's name */
-    snprintf(row.content_type, sizeof(row.content_type), "%.*s", MEDIA_TYPE_MAX_BYTES,
-             media_type_acceptable(ct) ? ct : DEFAULT_CONTENT_TYPE);
-    disposition_name(cd, row.upload_name, sizeof(row.upload_name));
-    if (!media_name_acceptable(row.upload_name)) row.upload_name[0] = '\0';
+    job_meta(j, row.content_type, sizeof(row.content_type), row.upload_name,
+             sizeof(row.upload_name));
     sha256_final_hex(&j->sha, row.sha256);
     row.size_bytes = j->bytes;
     snprintf(row.file_name, sizeof(row.file_name), "%s", j->file_rel);
@@ -740,6 +994,13 @@ static int job_commit(remote_job *j)
         unlink(j->file_abs);
         return REMOTE_INTERNAL;
     }
+    if (!j->thumb && j->landing) { /* followers get the tail only for a file one may see */
+        media_row stored;
+        c = h->db_acquire(MEDIA_DB_WAIT_MS);
+        rc = c ? media_db_remote_get(h, m->self, c, j->origin, j->media_id, &stored) : ATRIUM_E_DB;
+        if (c) h->db_release(c);
+        j->quarantined = rc != MEDIA_DB_OK || stored.quarantined;
+    }
     if (old[0] && strcmp(old, row.file_name) != 0) {
         /* The row names the new copy now; readers of the old one keep their descriptor. */
         char path[MEDIA_PATH_MAX];
@@ -751,6 +1012,64 @@ static int job_commit(remote_job *j)
     h->log(m->self, ATRIUM_LOG_INFO, "remote media %s stored: %" PRId64 " bytes, sha256 %s%s",
            j->key, j->bytes, row.sha256, j->phase == PHASE_LEGACY ? " (legacy endpoint)" : "");
     return REMOTE_OK;
+}
+
+/* A fetch asked again after its origin's 429 (the fetch pool, from the timer): unless
+ * every request that wanted it has been answered meanwhile. */
+static void job_retry_task(void *arg, bool cancelled)
+{
+    remote_job *j = arg;
+    if (cancelled) {
+        job_complete(j, REMOTE_STOPPING);
+        return;
+    }
+    pthread_mutex_lock(&j->m->remote->mu);
+    bool wanted = false;
+    for (remote_waiter *w = j->waiters; w; w = w->next)
+        if (!w->abandoned) wanted = true;
+    pthread_mutex_unlock(&j->m->remote->mu);
+    if (!wanted) {
+        job_complete(j, REMOTE_ABANDONED);
+        return;
+    }
+    int rc = job_start(j);
+    if (rc != REMOTE_OK) job_complete(j, rc);
+}
+
+/* The timer thread: the retry is due; the work goes to the fetch pool. */
+static void job_retry_due(void *arg)
+{
+    remote_job *j = arg;
+    if (j->m->h->pool_submit(j->m->fetch_pool, job_retry_task, j) < 0)
+        job_complete(j, REMOTE_STOPPING);
+}
+
+/* The origin answered 429: schedule the same request again (true), or give up (false:
+ * too many tries, or the delay would pass the transfer's deadline). */
+static bool retry_later(remote_job *j)
+{
+    media *m = j->m;
+    if (++j->tries_429 > RETRY_429_MAX_TRIES) return false;
+    int64_t delay = RETRY_429_BASE_MS << (j->tries_429 < 4 ? j->tries_429 - 1 : 3);
+    json_error_t err;
+    json_t *body = json_loadb(j->err_body, j->err_len, 0, &err);
+    json_t *named = json_object_get(body, "retry_after_ms");
+    if (json_is_integer(named) && json_integer_value(named) > 0)
+        delay = json_integer_value(named);
+    json_decref(body);
+    if (delay > RETRY_429_MAX_DELAY_MS) delay = RETRY_429_MAX_DELAY_MS;
+    int64_t due = m->h->now_ms() + delay;
+    if (due >= j->transfer_deadline_ms) return false;
+    if (media_timer_add(m->timer, due, job_retry_due, j) < 0) return false;
+    m->h->metric_add(m->m_fetch_retried, 1);
+    return true;
+}
+
+/* A redirect the legacy endpoint may answer (its allow_redirect=true): 301, 302, 303, 307,
+ * 308. */
+static bool is_redirect(int status)
+{
+    return status == 301 || status == 302 || status == 303 || status == 307 || status == 308;
 }
 
 /* What the transfer's end means: a result, or -1 when the legacy fetch was started. */
@@ -779,6 +1098,22 @@ static int job_judge(remote_job *j)
             }
         }
         return job_commit(j);
+    }
+    if (j->status == 429) return retry_later(j) ? -1 : REMOTE_ORIGIN_BUSY;
+    if (j->phase == PHASE_LEGACY && is_redirect(j->status)) { /* followed once, like a part */
+        if (strncmp(j->redirect, "https://", strlen("https://")) != 0) {
+            m->h->log(m->self, ATRIUM_LOG_INFO,
+                      "remote media %s: the legacy endpoint answered %d to \"%.200s\", not "
+                      "an https URL", j->key, j->status, j->redirect);
+            return REMOTE_UNREACHABLE;
+        }
+        snprintf(j->location, sizeof(j->location), "%s", j->redirect);
+        j->phase = PHASE_LOCATION;
+        int rc = job_start(j);
+        if (rc == REMOTE_OK) return -1;
+        m->h->log(m->self, ATRIUM_LOG_INFO, "remote media %s: cannot follow its redirect to %s",
+                  j->key, j->location);
+        return rc == REMOTE_INTERNAL ? rc : REMOTE_UNREACHABLE;
     }
     if (j->phase == PHASE_FEDERATION && endpoint_unknown(j)) {
         j->phase = PHASE_LEGACY;
@@ -816,8 +1151,15 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     if (!w) return ATRIUM_E_NOMEM;
     memset(w, 0, sizeof(*w));
     w->req = req;
+    w->stream = st->stream_ok && !thumb && m->can_stream;
     remote_table *t = m->remote;
     pthread_mutex_lock(&t->mu);
+    remote_landing *l = w->stream ? landing_find(t, key) : NULL;
+    if (l) { /* it streams already: follow it */
+        pthread_mutex_unlock(&t->mu);
+        h->metric_add(m->m_fetch_coalesced, 1);
+        return follow_landing(m, req, st, l);
+    }
     int remembered = negative_lookup(m, t, key);
     if (remembered >= 0) {
         pthread_mutex_unlock(&t->mu);
@@ -951,6 +1293,7 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
         /* Not done: the deadline ran us; the fetch goes on for the others and still
          * sends our one wake-up (the request stays valid until then). */
         if (!done) return respond_timeout(m, req);
+        remote_landing *l = st->rw->landing;
         st->rw = NULL;
         if (result == REMOTE_ELSEWHERE) { /* wait for the other process's fetch */
             st->fetch_rounds--;
@@ -959,7 +1302,8 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
                        key, sizeof(key));
             rc = remote_claim_wait(m, req, st, key);
             if (rc != MEDIA_GO) return rc;
-        } else if (result == REMOTE_NO_THUMBNAIL) st->thumb_fallback = true;
+        } else if (result == REMOTE_STREAMING) return follow_landing(m, req, st, l);
+        else if (result == REMOTE_NO_THUMBNAIL) st->thumb_fallback = true;
         else if (result != REMOTE_OK) return remote_respond_failure(m, req, result, origin);
         if (st->fetch_rounds >= REMOTE_MAX_ROUNDS)
             return remote_respond_failure(m, req, REMOTE_INTERNAL, origin);
@@ -1015,7 +1359,17 @@ look:
         return rc;
     }
 
-    /* Defer mode: a slot of the fetch budget, then the fetch pool. */
+    /* Defer mode: follow a fetch of it that streams already (no slot needed), else a slot
+     * of the fetch budget, then the fetch pool. */
+    if (st->stream_ok && m->can_stream && !want_thumb) {
+        pthread_mutex_lock(&m->remote->mu);
+        remote_landing *l = landing_find(m->remote, key);
+        pthread_mutex_unlock(&m->remote->mu);
+        if (l) {
+            h->metric_add(m->m_fetch_coalesced, 1);
+            return follow_landing(m, req, st, l);
+        }
+    }
     rc = fetch_budget_enter(m, req, st);
     if (rc != MEDIA_GO) return rc;
     const atrium_scope_value vals[] = {

@@ -224,7 +224,7 @@ int store_tmp_open(media *m, const char *final_path, store_tmp *t)
     dir_of(final_path, t->dir, sizeof(t->dir));
     int rc = mkdir_durable(m, t->dir);
     if (rc < 0) return rc;
-    t->fd = open(t->dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, STORE_FILE_MODE);
+    t->fd = open(t->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, STORE_FILE_MODE);
     if (t->fd >= 0) return 0;
     if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
         int err = errno;
@@ -235,7 +235,7 @@ int store_tmp_open(media *m, const char *final_path, store_tmp *t)
     for (int attempt = 0; attempt < 3; attempt++) {
         rc = tmp_name(t->dir, t->named, sizeof(t->named));
         if (rc < 0) return rc;
-        t->fd = open(t->named, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, STORE_FILE_MODE);
+        t->fd = open(t->named, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, STORE_FILE_MODE);
         if (t->fd >= 0) return 0;
         if (errno != EEXIST) break;
     }

@@ -31,9 +31,13 @@ def peer(*args, timeout=120):
                           timeout=timeout).stdout
 
 
-@unittest.skipUnless(os.path.exists(PEER_SH),
-                     f"SKIPPED: no Synapse peer at {PEER_SH}; the Synapse interop tests did not run")
-class SynapseInteropTest(FederationTestCase):
+SKIP_MESSAGE = f"SKIPPED: no Synapse peer at {PEER_SH}; the Synapse interop tests did not run"
+
+
+class SynapseCase(FederationTestCase):
+    """Starting a Synapse peer beside Atrium, and talking to it (test_media_synapse.py
+    uses it too). Skipped with SKIP_MESSAGE where the peer is absent (see the subclasses)."""
+
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
@@ -71,6 +75,9 @@ class SynapseInteropTest(FederationTestCase):
         conn.close()
         return resp.status, body
 
+
+@unittest.skipUnless(os.path.exists(PEER_SH), SKIP_MESSAGE)
+class SynapseInteropTest(SynapseCase):
     def test_keys_and_signed_requests_both_ways(self):
         a = self.start_fed(ATRIUM_IP, start=False)
         syn = self.start_synapse([a.server_name])

@@ -10,6 +10,7 @@ says.
 """
 
 import hashlib
+import http.client
 import http.server
 import json
 import os
@@ -44,8 +45,16 @@ class FakeOrigin:
     ("ok", bytes, content_type) multipart; ("not_found",); ("garbage",); ("hang",);
     ("unrecognized", bytes, content_type): the federation endpoint is unknown (404
     M_UNRECOGNIZED), the legacy one serves the bytes; ("truncated", bytes): a Content-Length
-    promising more than is sent. `delay_s` delays every media answer. `hits` counts media
-    requests by path."""
+    promising more than is sent; ("drip", bytes, step, pause_s, cut_at): the multipart
+    answer written `step` bytes at a time with a pause between, cut off (connection closed
+    before its Content-Length) after `cut_at` bytes unless None; ("chunked", bytes,
+    content_type): the multipart answer in chunked transfer coding, no Content-Length;
+    ("short_length", bytes): a Content-Length of half the body, the whole body written;
+    ("redirect", url): the federation endpoint is unknown, the legacy one answers 302 to
+    url; ("busy", n, bytes): 429 M_LIMIT_EXCEEDED (retry_after_ms 100) to the first n
+    asks, then the file. `delay_s` delays every
+    media answer. `hits` counts media requests by path; `finished[media_id]` is when the
+    last byte of a drip was written (time.monotonic())."""
 
     def __init__(self, ca, ip):
         self.ip = ip
@@ -55,6 +64,7 @@ class FakeOrigin:
         self.files = {}
         self.delay_s = 0
         self.hits = {}
+        self.finished = {}
         self.lock = threading.Lock()
         self.release = threading.Event()
         cert, keyfile = ca.issue(f"origin-{ip}", ip)
@@ -124,6 +134,61 @@ class FakeOrigin:
                         self.wfile.write(body[len(body) // 2:])
                     except OSError:
                         pass
+                    return
+                if kind == "drip":
+                    _, data, step, pause, cut_at = spec
+                    body = multipart(data)
+                    self.send_response(200)
+                    self.send_header("Content-Type", f"multipart/mixed; boundary={BOUNDARY}")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    end = len(body) if cut_at is None else cut_at
+                    try:
+                        for at in range(0, end, step):
+                            self.wfile.write(body[at:min(at + step, end)])
+                            self.wfile.flush()
+                            time.sleep(pause)
+                    except OSError:
+                        pass
+                    with outer.lock:
+                        outer.finished[media_id] = time.monotonic()
+                    self.close_connection = True
+                    return
+                if kind == "busy":
+                    with outer.lock:
+                        asked = outer.hits[path]
+                    if asked <= spec[1]:
+                        return self.send(429, b'{"errcode":"M_LIMIT_EXCEEDED","error":"slow down",'
+                                              b'"retry_after_ms":100}')
+                    return self.send(200, multipart(spec[2]), f"multipart/mixed; boundary={BOUNDARY}")
+                if kind == "chunked":
+                    body = multipart(spec[1], spec[2])
+                    self.send_response(200)
+                    self.send_header("Content-Type", f"multipart/mixed; boundary={BOUNDARY}")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    try:
+                        for at in range(0, len(body), 16384):
+                            piece = body[at:at + 16384]
+                            self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                        self.wfile.write(b"0\r\n\r\n")
+                    except OSError:
+                        pass
+                    self.close_connection = True
+                    return
+                if kind == "short_length":
+                    body = multipart(spec[1])
+                    self.send(200, body, f"multipart/mixed; boundary={BOUNDARY}",
+                              length=len(body) // 2)
+                    self.close_connection = True
+                    return
+                if kind == "redirect":
+                    if is_fed:
+                        return self.send(404, b'{"errcode":"M_UNRECOGNIZED","error":"unknown"}')
+                    self.send_response(302)
+                    self.send_header("Location", spec[1])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 if kind == "location":
                     body = (f"--{BOUNDARY}\r\nContent-Type: application/json\r\n\r\n{{}}\r\n"
@@ -417,12 +482,18 @@ class FakeOriginTest(RemoteMediaCase):
     def test_a_peer_that_never_answers_gives_504_by_the_deadline_and_the_server_stays_responsive(self):
         o = self.origin()
         o.files["black"] = ("hang",)
+        other = self.origin(ORIGIN2_IP)
+        other.files["fine"] = ("ok", b"another origin's bytes", "text/plain")
         a = self.start_fed(A_IP, media={"media_fetch_threads": 2})
         _, token = register(a)
+        _, token2 = register(a)
+        local = os.urandom(50000)
+        local_id = upload(a, token, local, "application/octet-stream")
+        local_path = f"/_matrix/client/v1/media/download/{a.server_name}/{local_id}"
         results = [None] * 16
         started = time.monotonic()
 
-        path = self.remote_path(o.server_name, "black", extra="?timeout_ms=2000")
+        path = self.remote_path(o.server_name, "black", extra="?timeout_ms=4000")
 
         def get(i):
             results[i] = a.request("GET", path, token=token, timeout=30)
@@ -435,12 +506,33 @@ class FakeOriginTest(RemoteMediaCase):
         status, _ = a.json("GET", "/_matrix/client/versions")
         self.assertEqual(status, 200)
         self.assertLess(time.monotonic() - t0, 1.0)
+        # ... and so do, for another user on another address, /sync, a local download and
+        # another origin's media (the first client's own shares of the fetch budget and
+        # of the delivery line are full of black-hole requests).
+        def other_client(path):
+            conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=5,
+                                              source_address=("127.0.0.2", 0))
+            try:
+                conn.request("GET", path, headers={"Authorization": f"Bearer {token2}"})
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            finally:
+                conn.close()
+        t0 = time.monotonic()
+        self.assertEqual(other_client("/_matrix/client/v3/sync?timeout=0")[0], 200)
+        status, body = other_client(local_path)
+        self.assertEqual((status, sha(body)), (200, sha(local)))
+        status, body = other_client(self.remote_path(other.server_name, "fine"))
+        self.assertEqual((status, body), (200, b"another origin's bytes"))
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertEqual(sum(1 for r in results if r is not None), 0,
+                         f"still waiting on the peer {time.monotonic() - started:.1f} s in")
         for t in threads:
             t.join(30)
         elapsed = time.monotonic() - started
         for r in results:
             self.assert_failure(r, 504, "M_UNKNOWN")
-        self.assertLess(elapsed, 6.0)
+        self.assertLess(elapsed, 8.0)
         # Slots come back (released just after each answer's last byte); the fetch pool's
         # threads were never held.
         self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
@@ -666,8 +758,8 @@ class FakeOriginTest(RemoteMediaCase):
     def _quiet_get(self, a, o, name, token):
         try:
             a.request("GET", self.remote_path(o.server_name, name), token=token, timeout=60)
-        except OSError:
-            pass
+        except (OSError, http.client.HTTPException):
+            pass  # the server was killed under it
 
     def test_quarantined_remote_media_is_404_by_id_and_by_hash(self):
         o = self.origin()

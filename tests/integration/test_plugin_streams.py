@@ -1,11 +1,13 @@
 """What a media plugin needs most from the ABI, through tests/plugins/testplug.c: a
 streamed body (ATRIUM_ROUTE_STREAM_BODY) with the headers-first call
 (ATRIUM_ROUTE_HEADERS_FIRST), max_body_bytes on a streamed route, respond_file and
-req_authenticate; holds never released under a running handed-off handler; init errors
+req_authenticate, a response that waits for its bytes (respond_stream_wait); holds never
+released under a running handed-off handler; init errors
 named; a media/1 plugin without the contract's routes refused (include/atrium/host.h,
 include/atrium/media.h)."""
 
 import hashlib
+import http.client
 import json
 import os
 import time
@@ -118,6 +120,72 @@ class StreamedBodyTest(StreamTestCase):
         self.assertEqual((status, json.loads(body)["bytes"]), (200, STREAM_MAX_BODY_BYTES))
         wait_until(lambda: srv.metric("atrium_testplug_stream_holds") == 0,
                    what="the hold of the upload the core refused released")
+
+
+def tap_bytes(start, n):
+    return bytes(ord("a") + (start + i) % 26 for i in range(n))
+
+
+class WaitingStreamTest(StreamTestCase):
+    """respond_stream_wait (1.3): a body that waits, suspended, for bytes being produced."""
+
+    def open_tap(self, srv, query=""):
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=15)
+        conn.request("GET", "/_test/tap" + query)
+        return conn, conn.getresponse()
+
+    def test_a_waiting_stream_holds_no_thread_and_sends_each_byte_once_it_is_fed(self):
+        srv = self.server(server={"http": {"request_threads": 1}})
+        conn, resp = self.open_tap(srv)
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(resp.headers["Transfer-Encoding"], "chunked")
+        wait_until(lambda: srv.metric("atrium_http_streams_waiting") == 1, what="the stream waits")
+        # The one request thread is free meanwhile: other requests are answered.
+        self.assertEqual(srv.json("GET", "/_matrix/client/versions")[0], 200)
+        got = b""
+        for step in (1000, 70000, 5):
+            status, body = srv.json("POST", f"/_test/tap/feed?bytes={step}")
+            self.assertEqual((status, body), (200, {"woken": 1}))
+            want = len(got) + step
+            while len(got) < want:
+                got += resp.read1(65536)
+            self.assertEqual(got, tap_bytes(0, want))
+            wait_until(lambda: srv.metric("atrium_http_streams_waiting") == 1,
+                       what="waiting again")
+        srv.json("POST", "/_test/tap/end")
+        self.assertEqual(resp.read(), b"")  # the last chunk: a complete body
+        self.assertTrue(resp.isclosed() or resp.length in (None, 0))
+        conn.close()
+        self.assertEqual(srv.metric("atrium_http_streams_waiting"), 0)
+        self.assertEqual(srv.metric("atrium_http_streams_cut_total"), 0)
+
+    def test_a_stream_still_waiting_at_its_deadline_is_cut_short_of_its_size(self):
+        srv = self.server()
+        srv.json("POST", "/_test/tap/feed?bytes=3000")
+        started = time.monotonic()
+        conn, resp = self.open_tap(srv, "?size=10000&deadline_ms=700")
+        self.assertEqual((resp.status, resp.headers["Content-Length"]), (200, "10000"))
+        with self.assertRaises(http.client.IncompleteRead) as cut:
+            resp.read()
+        self.assertEqual(cut.exception.partial, tap_bytes(0, 3000))
+        self.assertLess(time.monotonic() - started, 5)
+        conn.close()
+        wait_until(lambda: srv.metric("atrium_http_streams_cut_total") == 1, what="counted")
+        self.assertEqual(srv.metric("atrium_http_streams_waiting"), 0)
+        # Chunked: cut without the last chunk.
+        conn, resp = self.open_tap(srv, "?deadline_ms=500")
+        with self.assertRaises(http.client.IncompleteRead):
+            resp.read()
+        conn.close()
+
+    def test_shutdown_cuts_a_waiting_stream_and_the_server_exits_cleanly(self):
+        srv = self.server()
+        conn, resp = self.open_tap(srv)
+        wait_until(lambda: srv.metric("atrium_http_streams_waiting") == 1, what="the stream waits")
+        self.assertEqual(srv.stop(), 0)
+        with self.assertRaises((http.client.IncompleteRead, OSError)):
+            resp.read()
+        conn.close()
 
 
 class FileAndAuthTest(StreamTestCase):

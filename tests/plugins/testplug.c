@@ -4,10 +4,11 @@
  * own pool, parking on an event, holds on a slow response, an admission line, the
  * outbound budget against a peer the test controls, a rate limit, PostgreSQL with its
  * own migration, and what a media plugin needs most: a streamed body (with the
- * headers-first call), respond_file and req_authenticate
- * (tests/integration/test_plugin_streams.py), notifications between processes
- * (ABI 1.3: /_test/notify, tests/integration/test_multiprocess.py) and a once-only job's
- * lease with the instance name (ABI 1.3: /_test/lease, tests/integration/test_scaleout.py).
+ * headers-first call), respond_file, req_authenticate and a response that waits for
+ * its bytes (respond_stream_wait; tests/integration/test_plugin_streams.py), notifications
+ * between processes (ABI 1.3: /_test/notify, tests/integration/test_multiprocess.py) and a
+ * once-only job's lease with the instance name (ABI 1.3: /_test/lease,
+ * tests/integration/test_scaleout.py).
  *
  * Compiled several times with different TESTPLUG_NAME / TESTPLUG_PROVIDES to test the
  * loader's duplicate checks. Not shipped.
@@ -56,6 +57,7 @@ typedef struct testplug {
     atrium_metric *runs_on_pool;
     atrium_metric *stream_holds;          /* holds of /_test/stream not yet released */
     atrium_metric *released_under_handler; /* a hold released while its handler ran */
+    atrium_event *tap_ev;                  /* the tap was fed */
 } testplug;
 
 static testplug tp;
@@ -150,6 +152,49 @@ static int64_t pattern_read(void *arg, uint64_t pos, char *buf, size_t max)
     size_t n = (size_t)(p->size - pos < max ? p->size - pos : max);
     for (size_t i = 0; i < n; i++) buf[i] = (char)('a' + (pos + i) % 26);
     return (int64_t)n;
+}
+
+/* The tap: bytes the test feeds (POST /_test/tap/feed?bytes=N, then /_test/tap/end),
+ * which GET /_test/tap streams with respond_stream_wait as they come (1.3). One tap for
+ * the plugin; POST /_test/tap/reset empties it. */
+static struct {
+    pthread_mutex_t mu;
+    uint64_t fed;
+    bool ended;
+} tap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int64_t tap_read(void *arg, uint64_t pos, char *buf, size_t max)
+{
+    (void)arg;
+    pthread_mutex_lock(&tap.mu);
+    uint64_t fed = tap.fed;
+    bool ended = tap.ended;
+    pthread_mutex_unlock(&tap.mu);
+    if (pos >= fed) return ended ? ATRIUM_STREAM_END : ATRIUM_STREAM_WAIT;
+    size_t n = (size_t)(fed - pos < max ? fed - pos : max);
+    for (size_t i = 0; i < n; i++) buf[i] = (char)('a' + (pos + i) % 26);
+    return (int64_t)n;
+}
+
+/* GET /_test/tap?size=N&deadline_ms=D: the tap's bytes as they are fed (size -1: chunked). */
+static int get_tap(atrium_req *req)
+{
+    long size = query_long(req, "size", -1);
+    long deadline = query_long(req, "deadline_ms", 30000);
+    return h->respond_stream_wait(req, 200, "application/octet-stream", size, tap_read, NULL,
+                                  NULL, tp.tap_ev, h->now_ms() + deadline);
+}
+
+static int post_tap(atrium_req *req)
+{
+    const char *what = h->req_param(req, "what");
+    pthread_mutex_lock(&tap.mu);
+    if (strcmp(what, "feed") == 0) tap.fed += (uint64_t)query_long(req, "bytes", 0);
+    else if (strcmp(what, "end") == 0) tap.ended = true;
+    else tap.fed = 0, tap.ended = false;
+    pthread_mutex_unlock(&tap.mu);
+    int woken = h->event_signal(tp.tap_ev);
+    return h->respond_json(req, 200, json_pack("{s:i}", "woken", woken));
 }
 
 static void hold_release(void *arg)
@@ -491,6 +536,7 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
         return ATRIUM_E_INVAL;
     tp.work = host->pool_create(self, "work", (int)threads, (int)queue);
     tp.bell = host->event_create(self);
+    tp.tap_ev = host->event_create(self);
     tp.line = host->line_create(self, "line", (int)slots, (int)waiting, 0, wait_ms);
     tp.limit = host->ratelimit_create(self, "limited", 0.5, 2);
     tp.holds = host->metric_gauge(self, "atrium_" TESTPLUG_NAME "_holds", NULL,
@@ -502,7 +548,7 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
     tp.released_under_handler =
         host->metric_counter(self, "atrium_" TESTPLUG_NAME "_released_under_handler_total", NULL,
                              "Holds released while their handed-off handler still ran");
-    if (!tp.work || !tp.bell || !tp.line || !tp.limit || !tp.holds || !tp.runs_on_pool ||
+    if (!tp.work || !tp.bell || !tp.tap_ev || !tp.line || !tp.limit || !tp.holds || !tp.runs_on_pool ||
         !tp.stream_holds || !tp.released_under_handler)
         return ATRIUM_E_NOMEM;
     int rc = host->db_migrations(self, MIGRATIONS, sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]));
@@ -535,6 +581,8 @@ static int tp_init(const atrium_host *host, atrium_plugin *self, const atrium_co
         {.method = "POST", .path = TESTPLUG_PREFIX "/notify", .handler = post_notify},
         {.method = "GET", .path = TESTPLUG_PREFIX "/notify/seen", .handler = get_notify_seen},
         {.method = "GET", .path = TESTPLUG_PREFIX "/lease", .handler = get_lease},
+        {.method = "GET", .path = TESTPLUG_PREFIX "/tap", .handler = get_tap},
+        {.method = "POST", .path = TESTPLUG_PREFIX "/tap/{what}", .handler = post_tap},
     };
     for (size_t i = 0; rc == 0 && i < sizeof(routes) / sizeof(routes[0]); i++)
         rc = host->route_add(self, &routes[i]);

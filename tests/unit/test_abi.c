@@ -38,7 +38,11 @@ _Static_assert(offsetof(struct atrium_host, iface_get) == 8 + 70 * PTR, "host 1.
 /* 1.3, appended after iface_get: several processes on one database. */
 _Static_assert(offsetof(struct atrium_host, instance_name) == 8 + 71 * PTR, "host 1.3 layout");
 _Static_assert(offsetof(struct atrium_host, lease_held) == 8 + 76 * PTR, "host 1.3 layout");
-_Static_assert(sizeof(struct atrium_host) == 8 + 77 * PTR, "members are appended only at a minor");
+_Static_assert(offsetof(struct atrium_host, respond_stream_wait) == 8 + 77 * PTR,
+               "host 1.3 layout");
+_Static_assert(sizeof(struct atrium_host) == 8 + 78 * PTR, "members are appended only at a minor");
+_Static_assert(ATRIUM_STREAM_END == -1 && ATRIUM_STREAM_ERROR == -2 && ATRIUM_STREAM_WAIT == -3,
+               "stream reader answers keep their values");
 /* Route flags and the route struct are frozen too: the host copies sizeof(atrium_route). */
 _Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x2u &&
                    ATRIUM_ROUTE_HEADERS_FIRST == 0x4u,

@@ -43,6 +43,22 @@ static mp_parser *parse(const char *ct, const char *body, size_t len, size_t ste
     return p;
 }
 
+typedef struct capped {
+    size_t len, cap;
+    int calls;
+} capped;
+
+/* Takes bytes up to cap, then refuses with 1 (as the fetch does past max_upload_size). */
+static int take_up_to_cap(void *arg, const char *data, size_t len)
+{
+    (void)data;
+    capped *c = arg;
+    c->calls++;
+    if (c->len + len > c->cap) return 1;
+    c->len += len;
+    return 0;
+}
+
 static char *make_body(const char *boundary, const char *file, size_t file_len, size_t *len)
 {
     char head[512], tail[128];
@@ -58,6 +74,37 @@ static char *make_body(const char *boundary, const char *file, size_t file_len, 
     memcpy(b + hn + file_len, tail, (size_t)tn);
     *len = (size_t)hn + file_len + (size_t)tn;
     return b;
+}
+
+/* on_body answering 1 must end the parse with 1 at once (a step's "progress" is also 1:
+ * the two once looped forever on the outbound client's thread). */
+static void a_refusal_of_1_from_on_body_stops_the_parse_and_is_returned(void **state)
+{
+    (void)state;
+    size_t file_len = 200000;
+    char *file = calloc(1, file_len);
+    size_t len;
+    char *body = make_body("bnd", file, file_len, &len);
+    size_t steps[] = {16384, len};
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        mp_parser *p = malloc(sizeof(*p));
+        assert_int_equal(mp_init(p, "multipart/mixed; boundary=bnd"), 0);
+        capped c = {.cap = 50000};
+        p->on_body = take_up_to_cap;
+        p->arg = &c;
+        int rc = 0;
+        size_t off = 0;
+        for (; off < len && rc == 0; off += steps[i])
+            rc = mp_feed(p, body + off, len - off < steps[i] ? len - off : steps[i]);
+        assert_int_equal(rc, 1);
+        assert_true(c.len <= c.cap);
+        assert_true(c.calls < 20); /* refused once, not again and again */
+        assert_false(mp_complete(p));
+        assert_int_equal(mp_feed(p, "x", 1), -1); /* stays failed */
+        free(p);
+    }
+    free(body);
+    free(file);
 }
 
 static void the_file_part_comes_out_exactly_however_the_body_is_split(void **state)
@@ -150,6 +197,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(the_file_part_comes_out_exactly_however_the_body_is_split),
+        cmocka_unit_test(a_refusal_of_1_from_on_body_stops_the_parse_and_is_returned),
         cmocka_unit_test(a_quoted_boundary_and_a_location_part_are_understood),
         cmocka_unit_test(truncated_or_malformed_bodies_are_never_complete),
     };
