@@ -88,6 +88,10 @@ void http_listener_count(http_listener *l, int d);
 
 /* ---- the gate (gate.c): the client listener's front door ----------------------------- */
 typedef struct http_gate http_gate;
+/* Descriptors the gate holds past the connection limit (server.c leaves them out of it):
+ * its triage room, where connections past its own room are judged, and one spare kept for
+ * accepting at EMFILE. */
+#define HTTP_GATE_EXTRA_FDS 17
 /* Listen on addr and hand every new connection whose request headers are complete and
  * well-framed to one of s->workers (libmicrohttpd daemons started with
  * MHD_USE_NO_LISTEN_SOCKET): the least busy one with room. Others get a Matrix error

@@ -503,7 +503,7 @@ static int connection_limit(const struct core_config *cfg)
     struct rlimit rl;
     long nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : 1024;
     long reserve = (long)cfg->database.pool_size + OUTBOUND_SOCKET_RESERVE + cfg->http.fd_reserve +
-                   4L * cfg->http.request_threads + 16;
+                   4L * cfg->http.request_threads + 16 + HTTP_GATE_EXTRA_FDS;
     long limit = nofile - reserve;
     if (limit < 8) limit = 8;
     if (cfg->http.max_connections > 0 && cfg->http.max_connections < limit)
