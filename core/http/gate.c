@@ -40,8 +40,10 @@
  * connections that have not finished their headers or by cheap ones waiting for a slot.
  *
  * What it does not do: look at the second and later requests of a keep-alive connection
- * (those bytes go to libmicrohttpd directly; the route-level framing checks in server.c
- * still apply to them), nor the federation listener (TLS: its bytes cannot be peeked).
+ * (those bytes go to libmicrohttpd directly), nor the federation listener (TLS: its bytes
+ * cannot be peeked). Those are judged by the same rules (framing.c) once libmicrohttpd
+ * parsed them (server.c, refuse_framing), and what libmicrohttpd refuses by itself is
+ * answered with a Matrix error all the same (mhd_answers.c).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -60,9 +62,6 @@
 #include "atrium/parse.h"
 #include "core/http/http.h"
 
-#define GATE_MAX_HEAD_BYTES (32 * 1024) /* request line and headers; fits MHD's pool */
-#define GATE_MAX_HEADERS 100            /* header lines */
-#define GATE_MAX_QUERY_ARGS 256         /* query parameters */
 #define GATE_MAX_METHOD_BYTES 32
 #define GATE_LISTEN_BACKLOG 1024
 #define GATE_EPOLL_BATCH 64
@@ -98,7 +97,7 @@ struct http_gate {
     int n_pending;
     int max_pending;
     int64_t header_timeout_ms;
-    char peek[GATE_MAX_HEAD_BYTES];
+    char peek[HTTP_MAX_HEAD_BYTES]; /* a head that does not fit is refused (431, 414) */
     rt_metric *m_pending, *m_timeouts, *m_refused, *m_full, *m_shed;
 };
 
@@ -167,11 +166,6 @@ int http_gate_check_head(const char *buf, size_t len, const char **errcode, char
         if (c == '?' && !in_query) in_query = true, args = 1;
         else if (in_query && c == '&') args++;
     }
-    if (args > GATE_MAX_QUERY_ARGS) {
-        snprintf(msg, msglen, "More than %d query parameters", GATE_MAX_QUERY_ARGS);
-        *errcode = "M_INVALID_PARAM";
-        return 400;
-    }
     const char *version = sp2 + 1;
     size_t version_len = n - (size_t)(version - line);
     if (version_len != 8 || strncmp(version, "HTTP/", 5) != 0 || version[6] != '.' ||
@@ -183,15 +177,17 @@ int http_gate_check_head(const char *buf, size_t len, const char **errcode, char
 
     /* header lines, up to the empty one */
     int headers = 0;
-    bool have_cl = false, have_te = false;
-    int64_t cl = 0;
+    http_framing framing = {0};
+    const char *limit_code, *limit_msg;
+    int over = http_head_limits(len, 0, args, &limit_code, &limit_msg);
+    if (over) return refuse(errcode, msg, msglen, over, limit_code, limit_msg);
     for (size_t at = next; at < len;) {
         n = line_at(buf, len, at, &next);
         line = buf + at;
         at = next;
         if (n == 0) break; /* the end of the head */
-        if (++headers > GATE_MAX_HEADERS)
-            return refuse(errcode, msg, msglen, 431, "M_UNKNOWN", "Too many request headers");
+        over = http_head_limits(len, (size_t)++headers, args, &limit_code, &limit_msg);
+        if (over) return refuse(errcode, msg, msglen, over, limit_code, limit_msg);
         if (line[0] == ' ' || line[0] == '\t')
             return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
                           "Folded header lines are not accepted");
@@ -201,43 +197,12 @@ int http_gate_check_head(const char *buf, size_t len, const char **errcode, char
         for (const char *p = line; p < colon; p++)
             if (!is_tchar((unsigned char)*p))
                 return refuse(errcode, msg, msglen, 400, "M_UNKNOWN", "Malformed header name");
-        size_t name_len = (size_t)(colon - line);
-        const char *v = colon + 1;
-        const char *vend = line + n;
-        while (v < vend && (*v == ' ' || *v == '\t')) v++;
-        while (vend > v && (vend[-1] == ' ' || vend[-1] == '\t')) vend--;
-        if (name_len == 14 && strncasecmp(line, "Content-Length", 14) == 0) {
-            char num[32];
-            size_t vl = (size_t)(vend - v);
-            int64_t x = 0;
-            int rc = ATRIUM_E_INVAL;
-            if (vl < sizeof(num)) {
-                memcpy(num, v, vl);
-                num[vl] = '\0';
-                rc = num[0] == '-' ? ATRIUM_E_INVAL : atrium_parse_int64(num, 0, INT64_MAX, &x);
-            } else {
-                size_t digits = 0; /* the head is not NUL-terminated: a bounded scan */
-                while (digits < vl && v[digits] >= '0' && v[digits] <= '9') digits++;
-                if (digits == vl) rc = ATRIUM_E_LIMIT; /* all digits, just very many */
-            }
-            if (rc == ATRIUM_E_INVAL)
-                return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
-                              "Content-Length is not a decimal number");
-            if (rc == ATRIUM_E_LIMIT)
-                return refuse(errcode, msg, msglen, 413, "M_TOO_LARGE",
-                              "The request body is too large");
-            if (have_cl && x != cl)
-                return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
-                              "Conflicting Content-Length headers");
-            have_cl = true;
-            cl = x;
-        } else if (name_len == 17 && strncasecmp(line, "Transfer-Encoding", 17) == 0) {
-            have_te = true;
-        }
+        int status = http_framing_header(&framing, line, (size_t)(colon - line), colon + 1,
+                                         (size_t)(line + n - (colon + 1)));
+        if (status) return refuse(errcode, msg, msglen, status, framing.errcode, framing.msg);
     }
-    if (have_cl && have_te) /* RFC 9112 6.1: a message framed two ways is refused */
-        return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
-                      "Both Content-Length and Transfer-Encoding were sent");
+    int status = http_framing_end(&framing);
+    if (status) return refuse(errcode, msg, msglen, status, framing.errcode, framing.msg);
     return 0;
 }
 
