@@ -53,13 +53,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "atrium/parse.h"
 #include "core/http/http.h"
 
 #define GATE_MAX_METHOD_BYTES 32

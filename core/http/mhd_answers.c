@@ -4,8 +4,8 @@
  *
  * libmicrohttpd 0.9.75 answers some requests without calling the access handler: framing
  * it cannot parse (a Content-Length that is no number, a malformed chunk, a chunk line
- * longer than the connection's buffer), headers too large for that buffer, a version it
- * does not speak, HTTP/1.1 without Host. The gate (gate.c) judges the first request of a
+ * longer than the connection's buffer), a head too large for its memory, a version it
+ * does not speak. The gate (gate.c) judges the first request of a
  * client connection before libmicrohttpd sees it, but not later requests on a kept-alive
  * connection, not request bodies, and not the federation listener (no gate; with TLS
  * there is nothing to peek at). libmicrohttpd's answers are HTML pages, and it has no
@@ -27,7 +27,8 @@
  *
  * What it relies on: libmicrohttpd calling its exported function through its PLT, as
  * Debian's build does. A build linked with -Bsymbolic would send its HTML again;
- * test_bad_input.py's keep-alive and chunk cases would fail and say so.
+ * test_bad_input.py's later-request, chunk and federation cases and test_cors.py would
+ * fail and say so.
  */
 #include <dlfcn.h>
 #include <gnutls/gnutls.h>
@@ -122,8 +123,8 @@ static bool head_complete(struct MHD_Connection *c)
 
 /* Reached only by libmicrohttpd itself (see the top of the file). The Matrix error is
  * written at once (http_answer_now), which leaves the connection shut both ways. Queueing
- * it in place of libmicrohttpd's page would not do: after a bad Content-Length or a
- * missing Host it builds the header block of whatever is queued twice, and after the
+ * it in place of libmicrohttpd's page would not do: after a bad Content-Length it builds
+ * the header block of whatever is queued twice, and after the
  * query parameters filled its memory it goes on reading the head and never sends it.
  * Then, once the head is complete, MHD_NO makes libmicrohttpd close the connection (its
  * callers there expect that); while it is still being read, its state machine carries on

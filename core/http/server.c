@@ -22,7 +22,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
