@@ -18,33 +18,48 @@
  * consumed - until the header block ends; http_gate_check_head judges it, and a good
  * connection is handed with MHD_add_connection to one of the request pool's daemons (one
  * thread each) - one whose thread is not inside a handler, with the fewest connections -
- * which reads the same bytes again. At the connection limit the gate stops accepting:
- * new connections wait in the kernel's backlog, costing nothing, until a slot frees; one
- * whose headers are complete meanwhile waits in the gate within its header deadline.
+ * which reads the same bytes again. One whose headers are complete while every worker is
+ * full waits in the gate ("ready") until a slot frees.
+ *
+ * Room for cheap requests, past the connection limit too. The kernel's backlog is blind:
+ * a /health behind a few hundred thumbnail requests waits for all of them. So the gate
+ * never leaves connections there because waiting requests hold the room:
+ *   - served connections: the last server.cheap_reserve of them are for cheap requests
+ *     only (pick_worker), so requests that wait (parked media, long-polls) never hold all;
+ *   - the gate's own room (gate_max_pending) holds connections still sending headers and
+ *     ready ones waiting for a slot; when it is full of slow senders, the slowest goes;
+ *   - past that room, GATE_TRIAGE_ROOM more connections are accepted, each only to be
+ *     judged: a cheap one is served from the reserve (or waits ready), any other that
+ *     finds no slot free is refused at once with 503 and Retry-After ("the server is
+ *     busy") rather than waiting unseen in the backlog - the newest expensive request
+ *     is the one shed, those already waiting keep their place;
+ *   - a spare descriptor is held from start-up, so even when the process runs out of
+ *     descriptors (EMFILE) a connection is accepted on it and refused with 503 instead of
+ *     staying in the backlog (and the listening socket staying readable forever).
+ * The gate stops accepting only when its room and the triage room are both taken by
+ * connections that have not finished their headers or by cheap ones waiting for a slot.
  *
  * What it does not do: look at the second and later requests of a keep-alive connection
- * (those bytes go to libmicrohttpd directly; the route-level framing checks in server.c
- * still apply to them), nor the federation listener (TLS: its bytes cannot be peeked).
+ * (those bytes go to libmicrohttpd directly), nor the federation listener (TLS: its bytes
+ * cannot be peeked). Those are judged by the same rules (framing.c) once libmicrohttpd
+ * parsed them (server.c, refuse_framing), and what libmicrohttpd refuses by itself is
+ * answered with a Matrix error all the same (mhd_answers.c).
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "atrium/parse.h"
 #include "core/http/http.h"
 
-#define GATE_MAX_HEAD_BYTES (32 * 1024) /* request line and headers; fits MHD's pool */
-#define GATE_MAX_HEADERS 100            /* header lines */
-#define GATE_MAX_QUERY_ARGS 256         /* query parameters */
 #define GATE_MAX_METHOD_BYTES 32
 #define GATE_LISTEN_BACKLOG 1024
 #define GATE_EPOLL_BATCH 64
@@ -52,6 +67,7 @@
 #define GATE_DRAIN_BYTES (64 * 1024) /* read before closing a refused one (FIN, not RST) */
 #define GATE_FULL_RETRY_MS 20 /* at the connection limit: how often room is looked for */
 #define GATE_EVICT_MIN_AGE_MS 1000 /* one that sent nothing yet is evicted from this age */
+#define GATE_TRIAGE_ROOM (HTTP_GATE_EXTRA_FDS - 1) /* past the room: accepted to be judged */
 
 typedef struct gate_conn {
     int fd;
@@ -68,6 +84,7 @@ typedef struct gate_conn {
 struct http_gate {
     http_server *srv;
     int listen_fd, epfd, wake_fd;
+    int spare_fd; /* held so a connection can be accepted and refused at EMFILE */
     bool accepting; /* the listening socket is in the epoll set */
     int n_ready;
     pthread_t thread;
@@ -78,8 +95,8 @@ struct http_gate {
     int n_pending;
     int max_pending;
     int64_t header_timeout_ms;
-    char peek[GATE_MAX_HEAD_BYTES];
-    rt_metric *m_pending, *m_timeouts, *m_refused, *m_full;
+    char peek[HTTP_MAX_HEAD_BYTES]; /* a head that does not fit is refused (431, 414) */
+    rt_metric *m_pending, *m_timeouts, *m_refused, *m_full, *m_shed;
 };
 
 /* ---- judging a request head (pure) --------------------------------------------------- */
@@ -147,11 +164,6 @@ int http_gate_check_head(const char *buf, size_t len, const char **errcode, char
         if (c == '?' && !in_query) in_query = true, args = 1;
         else if (in_query && c == '&') args++;
     }
-    if (args > GATE_MAX_QUERY_ARGS) {
-        snprintf(msg, msglen, "More than %d query parameters", GATE_MAX_QUERY_ARGS);
-        *errcode = "M_INVALID_PARAM";
-        return 400;
-    }
     const char *version = sp2 + 1;
     size_t version_len = n - (size_t)(version - line);
     if (version_len != 8 || strncmp(version, "HTTP/", 5) != 0 || version[6] != '.' ||
@@ -163,15 +175,17 @@ int http_gate_check_head(const char *buf, size_t len, const char **errcode, char
 
     /* header lines, up to the empty one */
     int headers = 0;
-    bool have_cl = false, have_te = false;
-    int64_t cl = 0;
+    http_framing framing = {0};
+    const char *limit_code, *limit_msg;
+    int over = http_head_limits(len, 0, args, &limit_code, &limit_msg);
+    if (over) return refuse(errcode, msg, msglen, over, limit_code, limit_msg);
     for (size_t at = next; at < len;) {
         n = line_at(buf, len, at, &next);
         line = buf + at;
         at = next;
         if (n == 0) break; /* the end of the head */
-        if (++headers > GATE_MAX_HEADERS)
-            return refuse(errcode, msg, msglen, 431, "M_UNKNOWN", "Too many request headers");
+        over = http_head_limits(len, (size_t)++headers, args, &limit_code, &limit_msg);
+        if (over) return refuse(errcode, msg, msglen, over, limit_code, limit_msg);
         if (line[0] == ' ' || line[0] == '\t')
             return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
                           "Folded header lines are not accepted");
@@ -181,43 +195,12 @@ int http_gate_check_head(const char *buf, size_t len, const char **errcode, char
         for (const char *p = line; p < colon; p++)
             if (!is_tchar((unsigned char)*p))
                 return refuse(errcode, msg, msglen, 400, "M_UNKNOWN", "Malformed header name");
-        size_t name_len = (size_t)(colon - line);
-        const char *v = colon + 1;
-        const char *vend = line + n;
-        while (v < vend && (*v == ' ' || *v == '\t')) v++;
-        while (vend > v && (vend[-1] == ' ' || vend[-1] == '\t')) vend--;
-        if (name_len == 14 && strncasecmp(line, "Content-Length", 14) == 0) {
-            char num[32];
-            size_t vl = (size_t)(vend - v);
-            int64_t x = 0;
-            int rc = ATRIUM_E_INVAL;
-            if (vl < sizeof(num)) {
-                memcpy(num, v, vl);
-                num[vl] = '\0';
-                rc = num[0] == '-' ? ATRIUM_E_INVAL : atrium_parse_int64(num, 0, INT64_MAX, &x);
-            } else {
-                size_t digits = 0; /* the head is not NUL-terminated: a bounded scan */
-                while (digits < vl && v[digits] >= '0' && v[digits] <= '9') digits++;
-                if (digits == vl) rc = ATRIUM_E_LIMIT; /* all digits, just very many */
-            }
-            if (rc == ATRIUM_E_INVAL)
-                return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
-                              "Content-Length is not a decimal number");
-            if (rc == ATRIUM_E_LIMIT)
-                return refuse(errcode, msg, msglen, 413, "M_TOO_LARGE",
-                              "The request body is too large");
-            if (have_cl && x != cl)
-                return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
-                              "Conflicting Content-Length headers");
-            have_cl = true;
-            cl = x;
-        } else if (name_len == 17 && strncasecmp(line, "Transfer-Encoding", 17) == 0) {
-            have_te = true;
-        }
+        int status = http_framing_header(&framing, line, (size_t)(colon - line), colon + 1,
+                                         (size_t)(line + n - (colon + 1)));
+        if (status) return refuse(errcode, msg, msglen, status, framing.errcode, framing.msg);
     }
-    if (have_cl && have_te) /* RFC 9112 6.1: a message framed two ways is refused */
-        return refuse(errcode, msg, msglen, 400, "M_UNKNOWN",
-                      "Both Content-Length and Transfer-Encoding were sent");
+    int status = http_framing_end(&framing);
+    if (status) return refuse(errcode, msg, msglen, status, framing.errcode, framing.msg);
     return 0;
 }
 
@@ -381,6 +364,14 @@ static void admit_ready(http_gate *g)
     }
 }
 
+/* The one shedding rule: a request that is not cheap, judged while the connection is in
+ * the triage room (the gate's own room is full), and finding no slot free, is refused -
+ * waiting there it would keep the gate from seeing the connections behind it. */
+static bool shed_past_room(http_gate *g, const gate_conn *c)
+{
+    return !c->cheap && g->n_pending > g->max_pending && !pick_worker(g, false);
+}
+
 /* Look at what the connection sent so far (without consuming it). */
 static void inspect(http_gate *g, gate_conn *c, uint32_t events)
 {
@@ -416,7 +407,37 @@ static void inspect(http_gate *g, gate_conn *c, uint32_t events)
         drop(g, c, status, errcode, msg);
         return;
     }
+    if (shed_past_room(g, c)) {
+        rt_metric_add(g->m_shed, 1);
+        drop(g, c, 503, "M_UNKNOWN", "The server is busy; retry shortly");
+        return;
+    }
     admit(g, c);
+}
+
+/* Out of descriptors: the spare one is given up to accept the next connection and refuse
+ * it with 503, then taken again, so the backlog keeps moving (and the listening socket,
+ * which stays readable, does not spin the loop). Without a spare (it could not be taken
+ * back), accepting pauses until a connection of the gate's closes. */
+static void refuse_on_spare(http_gate *g, int err)
+{
+    rt_log(ATRIUM_LOG_ERROR, "http",
+           "out of file descriptors (%s): refusing new connections with 503; raise the "
+           "descriptor limit or server.http.fd_reserve",
+           strerror(err));
+    if (g->spare_fd < 0) {
+        set_accepting(g, false);
+        return;
+    }
+    close(g->spare_fd);
+    int fd = accept4(g->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+        rt_metric_add(g->m_shed, 1);
+        answer_and_close(fd, 503, "M_UNKNOWN", "The server is busy; retry shortly");
+        http_count_status(g->srv, 503);
+    }
+    g->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || g->spare_fd < 0) set_accepting(g, false);
 }
 
 static void accept_all(http_gate *g)
@@ -435,13 +456,14 @@ static void accept_all(http_gate *g)
             gate_conn *slow = g->head;
             while (slow && (slow->ready || (!slow->partial && slow->deadline_ms > young)))
                 slow = slow->next;
-            if (!slow) {
+            if (slow) {
+                rt_metric_add(g->m_timeouts, 1);
+                drop(g, slow, 408, "M_UNKNOWN", "The request headers did not arrive in time");
+            } else if (g->n_pending >= g->max_pending + GATE_TRIAGE_ROOM) {
                 rt_metric_add(g->m_full, 1);
                 set_accepting(g, false);
                 return;
-            }
-            rt_metric_add(g->m_timeouts, 1);
-            drop(g, slow, 408, "M_UNKNOWN", "The request headers did not arrive in time");
+            } /* else: into the triage room (shed_past_room) */
         }
         gate_conn *c = calloc(1, sizeof(*c));
         if (!c) return;
@@ -451,11 +473,11 @@ static void accept_all(http_gate *g)
         if (c->fd < 0) {
             int e = errno;
             free(c);
-            if (e == EMFILE || e == ENFILE)
-                rt_log(ATRIUM_LOG_ERROR, "http",
-                       "cannot accept connections: out of file descriptors (%s); raise the "
-                       "descriptor limit or lower server.http.max_connections",
-                       strerror(e));
+            if (e == EMFILE || e == ENFILE) {
+                refuse_on_spare(g, e);
+                if (!g->accepting) return;
+                continue;
+            }
             return; /* EAGAIN: all taken; other errors: try at the next event */
         }
         c->deadline_ms = rt_now_ms() + g->header_timeout_ms;
@@ -503,7 +525,8 @@ static void *gate_main(void *arg)
             else if (evs[i].data.ptr) inspect(g, evs[i].data.ptr, evs[i].events);
         }
         admit_ready(g);
-        if (!g->accepting && g->n_pending < g->max_pending) {
+        if (!g->accepting && g->n_pending < g->max_pending + GATE_TRIAGE_ROOM) {
+            if (g->spare_fd < 0) g->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
             set_accepting(g, true);
             accept_all(g);
         }
@@ -523,7 +546,7 @@ http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_
     g->srv = s;
     g->header_timeout_ms = s->cfg->http.header_timeout_ms;
     g->max_pending = s->gate_max_pending;
-    g->listen_fd = g->epfd = g->wake_fd = -1;
+    g->listen_fd = g->epfd = g->wake_fd = g->spare_fd = -1;
     g->m_pending = rt_metric_gauge(s->metrics, "atrium_http_connections_awaiting_headers", NULL,
                                    "New client connections whose headers are not complete yet");
     g->m_timeouts = rt_metric_counter(s->metrics, "atrium_http_header_timeouts_total", NULL,
@@ -532,6 +555,11 @@ http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_
                                      "Requests refused for their framing before routing");
     g->m_full = rt_metric_counter(s->metrics, "atrium_http_gate_full_total", NULL,
                                   "Times the gate stopped accepting: every slot waiting for room");
+    g->m_shed = rt_metric_counter(s->metrics, "atrium_http_gate_shed_total", NULL,
+                                  "Requests refused with 503 past the connection limit, so "
+                                  "the gate keeps seeing new connections");
+    g->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (g->spare_fd < 0) goto fail;
     int one = 1;
     g->listen_fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (g->listen_fd < 0 ||
@@ -574,5 +602,6 @@ void http_gate_stop(http_gate *g)
     if (g->listen_fd >= 0) close(g->listen_fd);
     if (g->epfd >= 0) close(g->epfd);
     if (g->wake_fd >= 0) close(g->wake_fd);
+    if (g->spare_fd >= 0) close(g->spare_fd);
     free(g);
 }

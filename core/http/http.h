@@ -86,8 +86,57 @@ typedef struct http_listener {
 /* Count d connections opened (+1) or closed (-1) on l and its parent. */
 void http_listener_count(http_listener *l, int d);
 
+/* ---- libmicrohttpd's own answers (mhd_answers.c) ----------------------------------- */
+/* Queue resp on c: libmicrohttpd's MHD_queue_response, for every response of Atrium's
+ * own (the name MHD_queue_response is taken over to turn libmicrohttpd's made-up HTML
+ * error pages into Matrix errors). Same contract and thread as MHD_queue_response. */
+enum MHD_Result http_mhd_queue_response(struct MHD_Connection *c, unsigned int status,
+                                        struct MHD_Response *resp);
+/* Write wire (a whole HTTP message, Connection: close) on c's socket at once, beside
+ * libmicrohttpd - through c's TLS session when it has one - and read a little of what
+ * the client still sends, so the close that must follow (the caller returns MHD_NO) does
+ * not reset the answer away. For a connection with nothing of a response written yet, on
+ * its own thread. false when it could not be written whole. */
+bool http_answer_now(struct MHD_Connection *c, const char *wire, size_t len);
+
+/* ---- framing (framing.c): where a request's body ends -------------------------------- */
+/* A request head's Content-Length and Transfer-Encoding headers, judged as they are fed
+ * one by one (zero-initialise it). */
+typedef struct http_framing {
+    bool have_length, have_coding, chunked_last, other_coding;
+    int chunked_count;
+    int64_t length;
+    int status;                /* the first refusal, or 0 */
+    const char *errcode, *msg; /* static strings, set with status */
+} http_framing;
+/* Feed one header (slices, need not be NUL-terminated; the value is trimmed here): 0, or
+ * the status of the refusal (400 a Content-Length that is no decimal number or disagrees
+ * with an earlier one, 413 one at or past 2^63), with f->errcode and f->msg set. Once
+ * refused, f keeps its first refusal. Pure. */
+int http_framing_header(http_framing *f, const char *name, size_t name_len, const char *value,
+                        size_t value_len);
+/* After the last header: 0, or the refusal (as above, and: 400 for Content-Length with
+ * Transfer-Encoding or a last coding other than chunked, 501 for a coding other than
+ * chunked before it). */
+int http_framing_end(http_framing *f);
+/* The size of a request head, the same for every request (the gate's first ones and
+ * libmicrohttpd's later ones): request line and headers, header lines, query
+ * parameters. */
+#define HTTP_MAX_HEAD_BYTES (32 * 1024)
+#define HTTP_MAX_HEADERS 100
+#define HTTP_MAX_QUERY_ARGS 256
+/* 0 when a head of head_bytes with that many header lines and query parameters is within
+ * the limits above, else the status (431 too large or too many headers, 400
+ * M_INVALID_PARAM too many query parameters) with *errcode and *msg (static) set. Pure. */
+int http_head_limits(size_t head_bytes, size_t headers, size_t query_args, const char **errcode,
+                     const char **msg);
+
 /* ---- the gate (gate.c): the client listener's front door ----------------------------- */
 typedef struct http_gate http_gate;
+/* Descriptors the gate holds past the connection limit (server.c leaves them out of it):
+ * its triage room, where connections past its own room are judged, and one spare kept for
+ * accepting at EMFILE. */
+#define HTTP_GATE_EXTRA_FDS 17
 /* Listen on addr and hand every new connection whose request headers are complete and
  * well-framed to one of s->workers (libmicrohttpd daemons started with
  * MHD_USE_NO_LISTEN_SOCKET): the least busy one with room. Others get a Matrix error
@@ -109,8 +158,7 @@ bool http_gate_cheap_request(const char *head, size_t len);
  * when libmicrohttpd may have it, else the status to answer, with *errcode and msg set.
  * Checks the request line (method token, target without blanks or controls, at most 256
  * query parameters, HTTP/1.0 or 1.1 else 505), header lines (at most 100, no folding,
- * token names), and Content-Length (decimal, below 2^63 else 413, duplicates agreeing,
- * never together with Transfer-Encoding). Pure; any thread. */
+ * token names), and the body's framing (http_framing_header). Pure; any thread. */
 int http_gate_check_head(const char *buf, size_t len, const char **errcode, char *msg,
                          size_t msglen);
 

@@ -22,7 +22,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +92,7 @@ static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *res
     if (!resp) resp = http_error_response(500, "M_UNKNOWN", "Internal server error", 0);
     if (!resp) return MHD_NO;
     http_add_cors(resp); /* the one place every response gets its CORS headers */
-    enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
+    enum MHD_Result rc = http_mhd_queue_response(r->conn, (unsigned)status, resp);
     if (rc == MHD_YES) set_phase(r->srv, r->conn, PHASE_SENDING);
     MHD_destroy_response(resp);
     http_count_status(r->srv, status);
@@ -154,34 +153,29 @@ static bool announces_body(atrium_req *r)
     return http_req_header(r, "Transfer-Encoding") || (cl && strcmp(cl, "0") != 0);
 }
 
-/* The framing rules libmicrohttpd leaves to us, checked on the headers alone: a
- * Transfer-Encoding other than plain "chunked" (libmicrohttpd would read such a body to
- * the end of the connection), and a Content-Length past int64. Returns true after
- * answering. */
+/* The head limits and framing rules (framing.c) for every request libmicrohttpd parsed:
+ * later requests on a kept-alive connection and the federation listener never passed the
+ * gate. (The raw path leaves out the query string, so the byte count is a little low.) What
+ * libmicrohttpd refuses itself (a Content-Length that is no number, say) never gets here:
+ * its answer is made a Matrix error in mhd_answers.c. Returns true after answering. */
 static bool refuse_framing(atrium_req *r)
 {
-    const char *te = http_req_header(r, "Transfer-Encoding");
-    if (te) {
-        size_t n = strlen(te);
-        while (n && (te[n - 1] == ' ' || te[n - 1] == '\t')) n--;
-        while (n && (*te == ' ' || *te == '\t')) te++, n--;
-        if (!(n == 7 && strncasecmp(te, "chunked", 7) == 0)) {
-            /* RFC 9112: chunked must be the final coding (else the body has no end: 400);
-             * any other coding is one this server does not implement (501). */
-            const char *last = te + n;
-            while (last > te && last[-1] != ',') last--;
-            while (*last == ' ' || *last == '\t') last++;
-            bool chunked_last = (size_t)(te + n - last) == 7 && strncasecmp(last, "chunked", 7) == 0;
-            if (!chunked_last)
-                http_respond_error(r, 400, "M_UNKNOWN",
-                                   "Transfer-Encoding must end with chunked");
-            else
-                http_respond_error(r, 501, "M_UNRECOGNIZED",
-                                   "Only the chunked transfer coding is supported");
-            return true;
-        }
+    size_t head_bytes = strlen(r->method) + strlen(r->raw_path) + 12; /* "M P HTTP/1.1\r\n" */
+    for (size_t i = 0; i < r->n_headers; i++)
+        head_bytes += strlen(r->headers[i].name) + strlen(r->headers[i].value) + 4;
+    const char *errcode, *msg;
+    int over = http_head_limits(head_bytes, r->n_headers, r->n_args, &errcode, &msg);
+    if (over) {
+        http_respond_error(r, over, errcode, "%s", msg);
+        return true;
     }
-    return false;
+    http_framing f = {0};
+    for (size_t i = 0; i < r->n_headers && !f.status; i++)
+        http_framing_header(&f, r->headers[i].name, strlen(r->headers[i].name),
+                            r->headers[i].value, strlen(r->headers[i].value));
+    int status = http_framing_end(&f);
+    if (status) http_respond_error(r, status, f.errcode, "%s", f.msg);
+    return status != 0;
 }
 
 /* First call for a request: route it and decide whether it is answered before its body
@@ -283,27 +277,19 @@ static int call_body_chunk(atrium_req *r, const char *data, size_t size)
 /* An answer decided while the body is still arriving (413 past the limit, a body_chunk
  * refusal): libmicrohttpd queues responses only before the body or after all of it, and
  * reading the rest (hundreds of megabytes, maybe) just to refuse it is what a client must
- * not be able to make us do. So the error goes straight to the socket - the connection's
- * own thread is the only writer, and nothing of a response was written yet - and
- * returning MHD_NO closes the connection. On a TLS listener the bytes cannot be written
- * beside the TLS session: the connection is closed without an answer. */
+ * not be able to make us do. So the error goes straight to the connection
+ * (http_answer_now: the socket, or its TLS session) - the connection's own thread is the
+ * only writer, and nothing of a response was written yet - and returning MHD_NO closes
+ * the connection. */
 static enum MHD_Result answer_mid_body(atrium_req *r)
 {
-    http_server *s = r->srv;
-    bool tls = r->listener == HTTP_LISTENER_FEDERATION && s->cfg->fed_listener.tls;
     char wire[WIRE_ERROR_MAX_BYTES];
-    size_t n = tls ? 0 : http_error_wire(r, 0, NULL, NULL, wire, sizeof(wire));
-    if (!tls && n == 0) /* an error response without recorded JSON: say what it was */
+    size_t n = http_error_wire(r, 0, NULL, NULL, wire, sizeof(wire));
+    if (n == 0) /* an error response without recorded JSON: say what it was */
         n = http_error_wire(r, r->status >= 400 ? r->status : 400, "M_UNKNOWN",
                             http_reason_phrase(r->status >= 400 ? r->status : 400), wire,
                             sizeof(wire));
-    if (n > 0 && r->sock_fd >= 0) {
-        ssize_t w = send(r->sock_fd, wire, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w == (ssize_t)n) {
-            http_count_status(s, r->status);
-            shutdown(r->sock_fd, SHUT_WR); /* the client sees the end of the answer */
-        }
-    }
+    if (n > 0 && http_answer_now(r->conn, wire, n)) http_count_status(r->srv, r->status);
     rt_log(ATRIUM_LOG_DEBUG, "core", "[req %s] answered %d before the end of its body; closing",
            r->id, r->status);
     r->in_dispatch_done = true;
@@ -509,7 +495,7 @@ static int connection_limit(const struct core_config *cfg)
     struct rlimit rl;
     long nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : 1024;
     long reserve = (long)cfg->database.pool_size + OUTBOUND_SOCKET_RESERVE + cfg->http.fd_reserve +
-                   4L * cfg->http.request_threads + 16;
+                   4L * cfg->http.request_threads + 16 + HTTP_GATE_EXTRA_FDS;
     long limit = nofile - reserve;
     if (limit < 8) limit = 8;
     if (cfg->http.max_connections > 0 && cfg->http.max_connections < limit)

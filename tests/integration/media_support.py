@@ -15,6 +15,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import time
 import uuid
 import zlib
 
@@ -273,13 +274,28 @@ def raw_get(srv, path, token=None, headers=None, rcvbuf=None):
     return sock
 
 
-def get_many(srv, paths, token, concurrency, timeout=60):
+def get_many(srv, paths, token, concurrency, timeout=60, busy=None):
     """GETs every path with `concurrency` client threads (a fresh connection each);
-    returns [(status, headers, body)] in order."""
+    returns [(status, headers, body)] in order.
+
+    busy: a list to act as a client that honours "the server is busy": a 503 with a
+    Retry-After header is appended there as (status, headers, body) and the request is
+    sent again after Retry-After seconds (with jitter, so refused clients do not return
+    all at once); None: a 503 is a result like any other."""
+    import random
     import threading
     results = [None] * len(paths)
     next_index = [0]
     lock = threading.Lock()
+
+    def get(path):
+        while True:
+            out = srv.request("GET", path, token=token, timeout=timeout)
+            if busy is None or out[0] != 503 or out[1].get("Retry-After") is None:
+                return out
+            with lock:
+                busy.append(out)
+            time.sleep(float(out[1]["Retry-After"]) * random.uniform(0.5, 1.5))
 
     def worker():
         while True:
@@ -289,7 +305,7 @@ def get_many(srv, paths, token, concurrency, timeout=60):
             if i >= len(paths):
                 return
             try:
-                results[i] = srv.request("GET", paths[i], token=token, timeout=timeout)
+                results[i] = get(paths[i])
             except (OSError, http.client.HTTPException) as e:
                 results[i] = (None, None, repr(e).encode())
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
