@@ -538,11 +538,7 @@ static void job_complete(remote_job *j, int result)
         }
     }
     pthread_mutex_unlock(&t->mu);
-    while (w) {
-        remote_waiter *next = w->next; /* w may be freed once its request is woken */
-        h->req_wake(w->req);
-        w = next;
-    }
+    /* Counted before the waiters wake: whoever reads the metrics after an answer sees it. */
     atrium_metric *outcome = result == REMOTE_OK          ? m->m_fetches_ok
                              : result == REMOTE_NOT_FOUND ? m->m_fetches_not_found
                              : result == REMOTE_TOO_LARGE ? m->m_fetches_too_large
@@ -550,6 +546,11 @@ static void job_complete(remote_job *j, int result)
     if (!j->elsewhere) {
         h->metric_add(outcome, 1);
         if (result == REMOTE_OK) h->metric_add(m->m_fetched_via[j->phase], 1);
+    }
+    while (w) {
+        remote_waiter *next = w->next; /* w may be freed once its request is woken */
+        h->req_wake(w->req);
+        w = next;
     }
     if (j->counted) h->metric_add(m->m_fetches_running, -1);
     job_free(j);

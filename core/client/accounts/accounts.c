@@ -184,7 +184,6 @@ static void prepare_dummy_hash(void *arg, bool cancelled)
 /* After migrations: the auth pool makes the unknown-user hash before the first login. */
 static int accounts_start(core_runtime *rt)
 {
-    if (push_send_start(rt->db, rt->leases, rt->cfg->lease_ttl_ms) < 0) return -1;
     rt_pool *pool = rt->auth_pool;
     if (pool && rt_pool_submit(pool, prepare_dummy_hash, NULL) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "could not queue the dummy password hash; the first "
@@ -194,7 +193,6 @@ static int accounts_start(core_runtime *rt)
 
 static void accounts_stop(core_runtime *rt)
 {
-    push_send_stop();
     auth_cache_stop(rt->auth_cache); /* freed by core/main.c at the very end */
 }
 

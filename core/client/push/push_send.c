@@ -503,9 +503,7 @@ static int64_t pass(void)
 static void *sender_main(void *arg)
 {
     (void)arg;
-    /* The first pass waits: the accounts module starts before the rooms module's migrations
-     * made the tables a pass reads. */
-    int64_t wait = PUSH_POLL_MS;
+    int64_t wait = 0; /* started by the rooms module: every table a pass reads exists */
     pthread_mutex_lock(&S.mu);
     while (!S.stopping) {
         if (!S.kicked && wait > 0) rt_scope_wait(&S.cv, &S.mu, rt_now_ms() + wait);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
+#include "core/client/push/push_send.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
 #include "atrium/parse.h"
@@ -173,11 +174,14 @@ static int rooms_start(core_runtime *rt)
         rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the rooms pools' threads");
         return -1;
     }
+    /* The push sender reads events and members: it starts once the rooms tables exist. */
+    if (push_send_start(rt->db, rt->leases, rt->cfg->lease_ttl_ms) < 0) return -1;
     return rooms_typing_start();
 }
 
 static void rooms_stop(core_runtime *rt)
 {
+    push_send_stop();
     rooms_typing_stop();
     if (rt->rooms_remote_pool) {
         rt_pool_stop(rt->rooms_remote_pool); /* queued handoffs are answered 503 */
