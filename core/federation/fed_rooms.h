@@ -71,9 +71,11 @@ int fed_rooms_backward_extremities(PGconn *c, const char *room_id, int max, json
  * signatures, content hash, the auth rules against its auth events, fetched when
  * missing) and store those that pass at positions below the stream
  * (ROOMS_PDU_BACKFILLED), those that fail as rejected. Waits for the peers (each request
- * with its deadline): call it off the request pool. c is held, outside any transaction.
- * The count stored, or -1 (database; logged). */
-int fed_rooms_backfill(PGconn *c, const char *room_id, int limit);
+ * with its deadline): call it off the request pool. *c is borrowed, outside any
+ * transaction; it goes back to the pool while a peer is waited for, and *c is then the
+ * connection borrowed again after (DB_WAIT_CONFIGURED), the caller's to release (NULL,
+ * with -1, when none was free in time). The count stored, or -1 (database; logged). */
+int fed_rooms_backfill(PGconn **c, const char *room_id, int limit);
 
 /* Route registration: every route of these files (fed_rooms_access.c calls the others'),
  * fed_rooms_serve.c's, fed_rooms_join.c's. 0 or -1 (logged). */

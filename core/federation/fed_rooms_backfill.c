@@ -13,7 +13,8 @@
  * below the last, so /messages pages into them and /sync never sees them), those refused
  * by the auth rules kept as rejected. An extremity that gave nothing new rests
  * RECV_BACKFILL_DEAD_END_MS (backfill_dead_ends), so one event that never passes costs a
- * request per while, not per page.
+ * request per while, not per page. The connection goes back to the pool while a peer is
+ * waited for (fed_recv_ask), so a slow server pins none.
  *
  * Metrics: atrium_rooms_backfilled_events_total{outcome} (stored, refused, rejected).
  */
@@ -170,10 +171,11 @@ static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, i
     return stored;
 }
 
-int fed_rooms_backfill(PGconn *c, const char *room_id, int limit)
+int fed_rooms_backfill(PGconn **cp, const char *room_id, int limit)
 {
     if (limit > FED_ROOMS_BACKFILL_MAX) limit = FED_ROOMS_BACKFILL_MAX;
     bool failed = false;
+    PGconn *c = *cp; /* only before the first request to a peer (fed_recv_ask) */
     pdu_job rx = {.c = c, .room_id = room_id, .v = rooms_version_of(c, room_id, &failed)};
     if (failed) return -1;
     if (!rx.v || limit <= 0) return 0;
@@ -195,7 +197,8 @@ int fed_rooms_backfill(PGconn *c, const char *room_id, int limit)
                                &answered);
     json_decref(servers);
     json_decref(from);
-    return stored;
+    *cp = rx.c; /* borrowed again after each request to a peer; NULL when none was free */
+    return rx.c ? stored : -1;
 }
 
 #define BACKFILL_HELP "Events read from other servers with /backfill, by outcome: stored, " \

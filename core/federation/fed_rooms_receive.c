@@ -119,9 +119,16 @@ void fed_recv_uri_part(const char *s, char *out, size_t len)
     out[o] = '\0';
 }
 
-/* A request to the origin, waited for; the JSON answer (new) or NULL. */
+/* A request to the origin, waited for; the JSON answer (new) or NULL. rx->c goes back to
+ * the pool for the wait (a slow peer must not pin a connection the whole server needs)
+ * and is borrowed again after it, with the configured wait; when none is free in time,
+ * rx->c stays NULL and the answer is dropped: the caller's next query fails as a
+ * database error. */
 json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const json_t *body)
 {
+    if (!rx->c) return NULL;
+    db_release(db_global(), rx->c);
+    rx->c = NULL;
     fed_request_opts o = {.method = method, .destination = rx->origin, .uri = uri, .body = body,
                           .deadline_ms = rt_now_ms() + RECV_REQUEST_TIMEOUT_MS,
                           .max_body_bytes = RECV_MAX_BODY_BYTES};
@@ -132,6 +139,12 @@ json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const jso
         rt_log(ATRIUM_LOG_INFO, "federation", "%s %s at %s failed: %s (status %d)", method, uri,
                rx->origin, res.error, res.status);
     fed_call_result_clear(&res);
+    if (!(rx->c = db_acquire(db_global(), DB_WAIT_CONFIGURED))) {
+        rt_log(ATRIUM_LOG_WARN, "federation", "%s %s at %s: no database connection free after "
+               "the answer; dropped", method, uri, rx->origin);
+        json_decref(out);
+        out = NULL;
+    }
     return out;
 }
 
@@ -666,7 +679,8 @@ static int on_pdu(void *ctx, const char *origin, const json_t *pdu, char err[FED
     if (!c) return retry(err);
     pdu_job rx = {.origin = origin, .c = c};
     int rc = receive(&rx, pdu, err);
-    db_release(db_global(), c);
+    if (!rx.c) return retry(err); /* not borrowed again after a request to a peer */
+    db_release(db_global(), rx.c); /* maybe another connection than c (fed_recv_ask) */
     return rc;
 }
 

@@ -24,7 +24,10 @@ typedef struct pdu_job {
                                * asked of */
     const char *room_id;
     const room_version *v;
-    PGconn *c;                /* held by the caller, outside any transaction */
+    PGconn *c;                /* borrowed, outside any transaction; fed_recv_ask gives
+                               * it back for its wait and borrows another (NULL when
+                               * none was free): the caller releases rx->c, not what
+                               * it put here */
     int nesting;
     int fetched;              /* /event requests made, against the receiver's bound */
 } pdu_job;
@@ -32,7 +35,9 @@ typedef struct pdu_job {
 /* s percent-encoded for a URI path or query part, into out (len bytes, truncated). */
 void fed_recv_uri_part(const char *s, char *out, size_t len);
 /* A request to rx->origin, waited for (this thread waits: never the request pool's); the
- * JSON answer (new) or NULL (logged). */
+ * JSON answer (new) or NULL (logged). rx->c is back in the pool while it waits and is
+ * borrowed again after (DB_WAIT_CONFIGURED): NULL, with a NULL answer, when none was
+ * free. No transaction may be open on rx->c. */
 json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const json_t *body);
 /* Keep pdu (id) as rejected, with why, so it is not fetched again and never served. 0 or
  * -1 database. */

@@ -9,12 +9,15 @@ what a user on either side would see.
 """
 
 import json
+import os
+import signal
+import threading
 import time
 
 from accounts import quote, register
 from harness import psql
 from rooms_client import Client
-from test_room_federation import TwoServersCase
+from test_room_federation import A_IP, B_IP, TwoServersCase
 
 
 class PartitionCase(TwoServersCase):
@@ -161,6 +164,44 @@ class BackfillTest(PartitionCase):
         self.assertNotIn(f"backfill of {room}", self.a.log_text())
         self.bob.send(room, {"msgtype": "m.text", "body": "after alice"})
         self.wait_until("bob's message at A", lambda: self.all_bodies(self.alice, room) == ["after alice"])
+
+
+class BackfillPoolTest(PartitionCase):
+    """A with two database connections: backfills waiting on a hung B pin none of them."""
+
+    def setUp(self):
+        self.a = self.start_fed(A_IP, extra={"database": {"pool_size": 2}})
+        self.b = self.start_fed(B_IP)
+        self.alice = Client(self.a, register(self.a, "alice"))
+        self.bob = Client(self.b, register(self.b, "bob"))
+
+    def test_backfills_waiting_on_a_hung_server_leave_the_database_to_other_requests(self):
+        rooms = [BackfillTest.bobs_room(self, 5)[0] for _ in range(2)]
+        for room in rooms:
+            BackfillTest.alice_joins(self, room)
+        here = self.alice.create_room(preset="private_chat")
+        self.alice.send(here, {"msgtype": "m.text", "body": "here"})
+        os.kill(self.b.proc.pid, signal.SIGSTOP)  # B takes connections, never answers
+        self.addCleanup(lambda: self.b.running() and os.kill(self.b.proc.pid, signal.SIGCONT))
+        pages = []
+
+        def page_back(room):
+            pages.append(self.alice.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}"
+                                         "/messages?dir=b&limit=50", timeout=60))
+        # As many backfills as the rooms' remote pool has threads, and connections.
+        waiting = [threading.Thread(target=page_back, args=(room,)) for room in rooms]
+        for t in waiting:
+            t.start()
+        time.sleep(1)  # both on the remote pool, waiting for B
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            self.assertEqual(self.bodies(self.alice, here), ["here"])
+            self.assertEqual(self.alice.call("GET", "/_matrix/client/v3/joined_rooms")[0], 200)
+        self.assertEqual(pages, [])  # they were still waiting for B meanwhile
+        os.kill(self.b.proc.pid, signal.SIGCONT)
+        for t in waiting:
+            t.join(60)
+        self.assertEqual([status for status, _ in pages], [200, 200], pages)
 
 
 class ForkTest(PartitionCase):

@@ -288,7 +288,7 @@ static int get_messages(atrium_req *r)
     int64_t lo = back ? to_pos : from_pos, hi = back ? from_pos : to_pos;
     bool may_backfill = back && !to && rd.vis.backfilled;
     if (may_backfill && r->run_reason == ATRIUM_RUN_HANDOFF &&
-        fed_rooms_backfill(rd.c, rd.room, (int)limit) < 0)
+        fed_rooms_backfill(&rd.c, rd.room, (int)limit) < 0)
         return db_failed(r, &rd, NULL);
     json_t *chunk = json_array();
     int64_t first = 0, last = 0;
