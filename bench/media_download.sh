@@ -7,7 +7,8 @@
 #   bench/media_download.sh
 #
 # Each Atrium request passes the delivery line, checks its token (in the token cache, else
-# in PostgreSQL), reads the media row and sends the file with sendfile; nginx only sends
+# in PostgreSQL), reads the media row (in the row cache, plugins/media/rowcache.c, else in
+# PostgreSQL) and sends the file with sendfile; nginx only sends
 # the file. See
 # bench/lib.sh for ATRIUM_BIN and the database. WRK_CONNECTIONS, WRK_THREADS and
 # WRK_DURATION change the load.

@@ -125,6 +125,7 @@ static int media_delete(atrium_req *req)
     h->db_release(c);
     if (rc == ATRIUM_E_DB) return db_failed(m, req);
     if (rc == MEDIA_DB_NOTFOUND) return not_found(m, req);
+    rowcache_changed(m, id);
     store_remove_original(m, id);
     if (!shared) store_remove_thumbs(m, sha);
     h->log(m->self, ATRIUM_LOG_INFO, "media %s deleted by %s", id, h->req_authenticate(req));
@@ -174,6 +175,7 @@ static int set_quarantine(atrium_req *req, bool on)
         /* Unknown, or protected with safe_from_quarantine. */
         return not_found(m, req);
     }
+    rowcache_changed(m, id);
     h->log(m->self, ATRIUM_LOG_INFO, "media %s %s by %s", id, on ? "quarantined" : "released",
            admin);
     return media_reply(m, req, json_object());
@@ -213,6 +215,7 @@ static int set_hash_quarantine(atrium_req *req, bool on)
     int rc = media_db_set_hash_quarantine(h, m->self, c, sha, on ? admin : NULL);
     h->db_release(c);
     if (rc != MEDIA_DB_OK) return db_failed(m, req);
+    rowcache_changed_hash(m, sha);
     h->log(m->self, ATRIUM_LOG_INFO, "content %s %s by %s", sha, on ? "quarantined" : "released",
            admin);
     return media_reply(m, req, json_object());

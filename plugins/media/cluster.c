@@ -206,6 +206,7 @@ int cluster_init(media *m)
             {MEDIA_CH_RENDER, on_render},
             {MEDIA_CH_FETCH, on_fetch},
             {MEDIA_CH_STORED, on_stored},
+            {MEDIA_CH_ROW, rowcache_on_row},
         };
         for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
             int rc = h->notify_subscribe(m->self, subs[i].channel, subs[i].cb, m);

@@ -187,6 +187,11 @@ int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate)
 static int read_row(media *m, atrium_req *req, media_req *st, const char *media_id)
 {
     const atrium_host *h = m->h;
+    if (rowcache_get(m, m->server_name, media_id, &st->row)) {
+        st->have_row = true;
+        return MEDIA_GO;
+    }
+    uint64_t cache_gen = rowcache_gen(m);
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
     if (!c) {
         h->respond_error(req, 503, "M_UNKNOWN", "The database is busy or unreachable; retry");
@@ -203,6 +208,7 @@ static int read_row(media *m, atrium_req *req, media_req *st, const char *media_
         return ATRIUM_DONE;
     }
     st->have_row = true;
+    rowcache_put(m, m->server_name, &st->row, cache_gen);
     return MEDIA_GO;
 }
 

@@ -332,6 +332,10 @@ static int create_metrics(media *m)
     m->m_upload_waiters =
         h->metric_gauge(s, "atrium_media_upload_waiters", NULL,
                         "Downloads waiting (with their delivery slot) for an asynchronous upload");
+    m->m_row_hits = h->metric_counter(s, "atrium_media_row_cache_total", "result=\"hit\"",
+                                      "Local media rows looked up in the row cache");
+    m->m_row_misses = h->metric_counter(s, "atrium_media_row_cache_total", "result=\"miss\"",
+                                        "Local media rows looked up in the row cache");
     m->m_refused_policy = h->metric_counter(s, "atrium_media_refused_quarantined_total", NULL,
                                             "Requests refused because the media is quarantined");
     m->m_fetches_ok = h->metric_counter(s, "atrium_media_remote_fetches_total", "outcome=\"ok\"",
@@ -404,7 +408,8 @@ static int create_metrics(media *m)
                             m->m_renders_running,  m->m_render_coalesced,     m->m_authorizing,
                             m->m_authorizing_peak, m->m_authorizations,       m->m_delivering,
                             m->m_fallback_nearest, m->m_fallback_unavailable, m->m_not_yet_uploaded,
-                            m->m_refused_policy,   m->m_upload_waiters};
+                            m->m_refused_policy,   m->m_upload_waiters,
+                            m->m_row_hits,         m->m_row_misses};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         if (!all[i]) return ATRIUM_E_INVAL;
     return 0;
@@ -440,6 +445,7 @@ static void media_free(media *m)
     remote_fini(m);
     fetch_budget_fini(m);
     cache_fini(m);
+    rowcache_fini(m);
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->wake_mu);
     free(m);
@@ -460,6 +466,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = remote_init(m);
     if (rc == 0) rc = fetch_budget_init(m);
     if (rc == 0) rc = cache_init(m);
+    if (rc == 0) rc = rowcache_init(m);
     if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
         host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");
         rc = ATRIUM_E_STATE;

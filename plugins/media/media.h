@@ -116,6 +116,7 @@ typedef struct remote_table remote_table;
 typedef struct fetch_budget fetch_budget;
 typedef struct remote_cache remote_cache;
 typedef struct media_timer media_timer;
+typedef struct rowcache rowcache;
 
 typedef struct media {
     const atrium_host *h;
@@ -139,6 +140,9 @@ typedef struct media {
     uint64_t wake_gen[MEDIA_EVENT_BUCKETS];
     char claim_owner[MEDIA_CLAIM_OWNER_MAX]; /* this process, in media_claims rows */
     atrium_lease *evict_lease; /* NULL: the host has no leases (eviction runs here) */
+
+    rowcache *rows; /* local media rows for delivery (rowcache.c) */
+    atrium_metric *m_row_hits, *m_row_misses;
 
     render_table *renders;
     bool vips_started;
@@ -468,6 +472,7 @@ void media_timer_stop(media_timer *t);
 #define MEDIA_CH_RENDER "render" /* a thumbnail key whose render ended */
 #define MEDIA_CH_FETCH "fetch"   /* a remote file's key whose fetch ended */
 #define MEDIA_CH_STORED "cache.stored" /* a remote copy was stored: bytes (informative) */
+#define MEDIA_CH_ROW "row" /* a local media ID, or "#" and a hash, whose rows changed */
 
 /* [init] Subscribe to the channels, create the eviction lease (where the host offers
  * them), name this process for claims. 0 or the host's error. */
@@ -651,5 +656,25 @@ int render_thumbnail(const char *path, const media_size *s, int64_t max_pixels, 
                      size_t *len);
 void render_free(uint8_t *buf);
 const char *render_strerror(int rc);
+
+/* ---- the media row cache (rowcache.c) -------------------------------------------- */
+
+/* Allocate / free the cache (empty at first). */
+int rowcache_init(media *m);
+void rowcache_fini(media *m);
+/* Fill *row from a fresh entry for (server, media_id) and count a hit; false (a miss) when
+ * there is none or notifications are not live. Any thread. */
+bool rowcache_get(media *m, const char *server, const char *media_id, media_row *row);
+/* The generation to pass to rowcache_put: read it before the database read. */
+uint64_t rowcache_gen(media *m);
+/* Keep a row just read (only an uploaded, unquarantined local row, and only when no drop
+ * happened since gen was read and notifications are live). */
+void rowcache_put(media *m, const char *server, const media_row *row, uint64_t gen);
+/* After the commit that changed a local media row (quarantine, release, deletion) or the
+ * quarantine of a content hash: drop it here at once, then tell every process. */
+void rowcache_changed(media *m, const char *media_id);
+void rowcache_changed_hash(media *m, const char *sha256);
+/* The MEDIA_CH_ROW subscriber (cluster.c subscribes it; arg is the media). */
+void rowcache_on_row(void *arg, const char *payload);
 
 #endif

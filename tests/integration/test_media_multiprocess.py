@@ -307,6 +307,83 @@ class QuarantineAcrossProcessesTest(MultiProcessCase):
             self.assertLess(time.monotonic() - quarantined, QUARANTINE_REACH_S)
 
 
+class RowCacheAcrossProcessesTest(MultiProcessCase):
+    """Each process keeps the local media rows it served (rowcache.c); a quarantine by ID or
+    by hash, or a deletion, through one process drops them there at once and in the
+    others within a second (their notifications on the "row" channel)."""
+
+    def hits(self, srv):
+        return srv.metric("atrium_media_row_cache_total", {"result": "hit"}) or 0
+
+    def misses(self, srv):
+        return srv.metric("atrium_media_row_cache_total", {"result": "miss"}) or 0
+
+    def cached_everywhere(self, servers, token, media_id, data):
+        """Download from each process until one is served from its row cache (the first
+        read fills it, once the process's notifications are live), then once more: a hit."""
+        for srv in servers:
+            def served_from_cache(srv=srv):
+                before = self.hits(srv)
+                status, _, body = srv.request("GET", download_path(srv, media_id), token=token)
+                self.assertEqual((status, body), (200, data))
+                return self.hits(srv) == before + 1
+            wait_until(served_from_cache, timeout=5, what="each process serves from its row cache")
+
+    def assert_refused_everywhere(self, a, b, token, media_id, changed):
+        b_misses = self.misses(b)
+        status, _, _ = a.request("GET", download_path(a, media_id), token=token)
+        self.assertEqual(status, 404, "refused at once by the process that made the change")
+
+        # Refused after reading the row again: b's entry was dropped. (After a deletion b
+        # may answer 404 from its entry for a moment, the file being gone already.)
+        def refused_after_a_fresh_read():
+            status = b.request("GET", download_path(b, media_id), token=token)[0]
+            return status == 404 and self.misses(b) > b_misses
+        wait_until(refused_after_a_fresh_read, timeout=5,
+                   what="b refuses the media it had in its row cache, read again")
+        self.assertLess(time.monotonic() - changed, QUARANTINE_REACH_S)
+
+    def test_a_quarantine_by_id_through_a_drops_the_cached_row_on_b(self):
+        a, b = self.start_cluster(2)
+        _, admin = register(a, admin=True)
+        data = os.urandom(5000)
+        media_id = upload(a, admin, data)
+        self.cached_everywhere((a, b), admin, media_id, data)
+        status, _, body = a.request("POST", f"/_synapse/admin/v1/media/quarantine/{a.server_name}/{media_id}",
+                                    body={}, token=admin)
+        self.assertEqual(status, 200, body)
+        self.assert_refused_everywhere(a, b, admin, media_id, time.monotonic())
+        # Released: served again (a refused row is never cached, so nothing stale remains).
+        status, _, body = a.request("POST", f"/_synapse/admin/v1/media/unquarantine/{a.server_name}/{media_id}",
+                                    body={}, token=admin)
+        self.assertEqual(status, 200, body)
+        for srv in (a, b):
+            status, _, body = srv.request("GET", download_path(srv, media_id), token=admin)
+            self.assertEqual((status, body), (200, data))
+
+    def test_a_quarantine_by_hash_through_a_drops_the_cached_row_on_b(self):
+        a, b = self.start_cluster(2)
+        _, admin = register(a, admin=True)
+        data = os.urandom(5000)
+        media_id = upload(a, admin, data)
+        self.cached_everywhere((a, b), admin, media_id, data)
+        status, _, body = a.request("POST", f"/_atrium/admin/v1/media/quarantine_hash/{sha(data)}",
+                                    body={}, token=admin)
+        self.assertEqual(status, 200, body)
+        self.assert_refused_everywhere(a, b, admin, media_id, time.monotonic())
+
+    def test_a_deletion_through_a_drops_the_cached_row_on_b(self):
+        a, b = self.start_cluster(2)
+        _, admin = register(a, admin=True)
+        data = os.urandom(5000)
+        media_id = upload(a, admin, data)
+        self.cached_everywhere((a, b), admin, media_id, data)
+        status, _, body = a.request("DELETE", f"/_synapse/admin/v1/media/{a.server_name}/{media_id}",
+                                    token=admin)
+        self.assertEqual(status, 200, body)
+        self.assert_refused_everywhere(a, b, admin, media_id, time.monotonic())
+
+
 if __name__ == "__main__":
     import unittest
     unittest.main()
