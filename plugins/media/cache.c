@@ -75,9 +75,13 @@ void cache_fini(media *m)
     m->cache = NULL;
 }
 
+/* The gauge from the count; called without mu held (an eviction may run meanwhile). */
 static void publish(media *m)
 {
-    m->h->metric_set(m->m_remote_cache_bytes, m->cache->bytes);
+    pthread_mutex_lock(&m->cache->mu);
+    int64_t bytes = m->cache->bytes;
+    pthread_mutex_unlock(&m->cache->mu);
+    m->h->metric_set(m->m_remote_cache_bytes, bytes);
 }
 
 int cache_start(media *m)
@@ -88,7 +92,10 @@ int cache_start(media *m)
     PGresult *res = PQexec(c, "SELECT coalesce(sum(size_bytes), 0) FROM media_remote");
     int rc = ATRIUM_E_DB;
     if (PQresultStatus(res) == PGRES_TUPLES_OK) {
-        m->cache->bytes = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        int64_t bytes = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        pthread_mutex_lock(&m->cache->mu);
+        m->cache->bytes = bytes;
+        pthread_mutex_unlock(&m->cache->mu);
         rc = 0;
     } else {
         h->log(m->self, ATRIUM_LOG_ERROR, "cannot read the remote cache's size: %s",
