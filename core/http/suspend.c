@@ -227,6 +227,18 @@ static void event_unlink_locked(struct atrium_event *ev, atrium_req *r)
     r->ev_linked = false;
 }
 
+/* Put r at the head of ev's waiters (the twin of the unlink above). Both r->mu and ev->mu
+ * held. */
+static void event_link_locked(struct atrium_event *ev, atrium_req *r)
+{
+    r->ev = ev;
+    r->ev_prev = NULL;
+    r->ev_next = ev->head;
+    if (ev->head) ev->head->ev_prev = r;
+    ev->head = r;
+    r->ev_linked = true;
+}
+
 int susp_park(atrium_req *r, struct atrium_event *ev, int64_t deadline_ms)
 {
     if (!ev) return ATRIUM_E_INVAL;
@@ -235,12 +247,7 @@ int susp_park(atrium_req *r, struct atrium_event *ev, int64_t deadline_ms)
     if (deadline_ms > cap) deadline_ms = cap;
     pthread_mutex_lock(&r->mu);
     pthread_mutex_lock(&ev->mu);
-    r->ev = ev;
-    r->ev_prev = NULL;
-    r->ev_next = ev->head;
-    if (ev->head) ev->head->ev_prev = r;
-    ev->head = r;
-    r->ev_linked = true;
+    event_link_locked(ev, r);
     pthread_mutex_unlock(&ev->mu);
     susp_suspend(r, SUSP_PARK, deadline_ms);
     pthread_mutex_unlock(&r->mu);
@@ -274,12 +281,7 @@ bool susp_stream_wait(atrium_req *r, struct atrium_event *ev, uint64_t gen, int6
         pthread_mutex_unlock(&r->mu);
         return false;
     }
-    r->ev = ev;
-    r->ev_prev = NULL;
-    r->ev_next = ev->head;
-    if (ev->head) ev->head->ev_prev = r;
-    ev->head = r;
-    r->ev_linked = true;
+    event_link_locked(ev, r);
     pthread_mutex_unlock(&ev->mu);
     /* Still under r->mu: a waker that unlinked us meanwhile waits here, then resumes. */
     MHD_suspend_connection(r->conn);
