@@ -94,14 +94,27 @@ static int room_details(PGconn *c, const char *room_id, json_t **out)
     return ROOMS_OK;
 }
 
+/* The room of an admin route, once the caller is known to be a server admin; NULL when
+ * the request was answered (no token, not an admin, database failure, bad room ID). */
+static const char *admin_room(atrium_req *r)
+{
+    if (!auth_request(r)) return NULL;
+    int admin = auth_is_admin(r);
+    if (admin < 0) {
+        http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+        return NULL;
+    }
+    if (!admin) {
+        http_respond_error(r, 403, "M_FORBIDDEN", "You are not a server admin");
+        return NULL;
+    }
+    return rooms_param_room(r);
+}
+
 /* GET /_synapse/admin/v1/rooms/{roomId} */
 static int get_room(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
-    int admin = auth_is_admin(r);
-    if (admin < 0) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
-    if (!admin) return http_respond_error(r, 403, "M_FORBIDDEN", "You are not a server admin");
-    const char *room_id = rooms_param_room(r);
+    const char *room_id = admin_room(r);
     if (!room_id) return ATRIUM_DONE;
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
@@ -152,11 +165,7 @@ static PGresult *local_members(PGconn *c, const char *room_id)
  * and moving its users into a new room. */
 static int delete_room(atrium_req *r)
 {
-    if (!auth_request(r)) return ATRIUM_DONE;
-    int admin = auth_is_admin(r);
-    if (admin < 0) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
-    if (!admin) return http_respond_error(r, 403, "M_FORBIDDEN", "You are not a server admin");
-    const char *room_id = rooms_param_room(r);
+    const char *room_id = admin_room(r);
     if (!room_id) return ATRIUM_DONE;
     json_t *body = r->body_len ? http_req_json(r) : NULL;
     if (r->body_len && !body) return ATRIUM_DONE;
