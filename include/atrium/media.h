@@ -63,7 +63,7 @@
  *                 is told which behaviour a plugin declares (--thumbnails yes|no)
  *   legacy        unauthenticated v3 download/thumbnail, for old clients (optional)
  *   federation    this server's media to other servers (multipart/mixed; optional)
- *   preview_url   URL previews (optional; the stock plugin has none)
+ *   preview_url   URL previews (optional; the stock plugin's is off unless configured)
  *   admin         quarantine, deletion, listing (optional; the stock plugin's are in
  *                 plugins/media/README.md) */
 #define ATRIUM_MEDIA_PATH_CONFIG "/_matrix/client/v1/media/config"

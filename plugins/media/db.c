@@ -13,7 +13,7 @@
  * media_remote_thumbnails holds the thumbnails origins made of their media, per
  * configured size, written the same way. media_claims says which process renders a
  * thumbnail or fetches a remote file for all of them (cluster.c), and keeps a failure's
- * result for a while.
+ * result for a while. media_url_previews keeps URL preview answers for their TTL.
  *
  * Every function takes a connection the caller borrowed (db_acquire) and gives back
  * MEDIA_DB_OK / MEDIA_DB_NOTFOUND or ATRIUM_E_DB after logging PostgreSQL's message.
@@ -88,6 +88,17 @@ const atrium_migration MEDIA_MIGRATIONS[] = {
      " owner text NOT NULL,"
      " expires_ts bigint NOT NULL,"
      " result integer);"},
+    {5, "media_url_previews",
+     /* URL preview answers (preview.c): one per URL and rounded ts, kept until
+      * expires_ts (ms since the epoch); og is the JSON text answered. */
+     "CREATE TABLE media_url_previews ("
+     " url text NOT NULL,"
+     " ts_bucket bigint NOT NULL,"
+     " og text NOT NULL,"
+     " fetched_ts bigint NOT NULL,"
+     " expires_ts bigint NOT NULL,"
+     " PRIMARY KEY (url, ts_bucket));"
+     "CREATE INDEX media_url_previews_expires ON media_url_previews (expires_ts);"},
 };
 const size_t MEDIA_N_MIGRATIONS = sizeof(MEDIA_MIGRATIONS) / sizeof(MEDIA_MIGRATIONS[0]);
 
@@ -592,6 +603,51 @@ int media_db_claims_prune(const atrium_host *h, atrium_plugin *self, PGconn *c)
 {
     PGresult *res = run(h, self, c, "DELETE FROM media_claims WHERE expires_ts < " DB_NOW_MS, 0,
                         NULL, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    PQclear(res);
+    return MEDIA_DB_OK;
+}
+
+int media_db_preview_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *url,
+                         int64_t ts_bucket, int64_t now_ms, char **og)
+{
+    char bucket[I64_CHARS], now[I64_CHARS];
+    snprintf(bucket, sizeof(bucket), "%" PRId64, ts_bucket);
+    snprintf(now, sizeof(now), "%" PRId64, now_ms);
+    const char *p[] = {url, bucket, now};
+    PGresult *res = run(h, self, c,
+                        "SELECT og FROM media_url_previews WHERE url = $1 AND ts_bucket = $2"
+                        " AND expires_ts > $3",
+                        3, p, PGRES_TUPLES_OK);
+    if (!res) return ATRIUM_E_DB;
+    int rc = MEDIA_DB_NOTFOUND;
+    if (PQntuples(res) == 1) {
+        *og = strdup(PQgetvalue(res, 0, 0));
+        rc = *og ? MEDIA_DB_OK : ATRIUM_E_DB;
+    }
+    PQclear(res);
+    return rc;
+}
+
+int media_db_preview_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *url,
+                         int64_t ts_bucket, const char *og, int64_t now_ms, int64_t expires_ms)
+{
+    char bucket[I64_CHARS], now[I64_CHARS], expires[I64_CHARS];
+    snprintf(bucket, sizeof(bucket), "%" PRId64, ts_bucket);
+    snprintf(now, sizeof(now), "%" PRId64, now_ms);
+    snprintf(expires, sizeof(expires), "%" PRId64, expires_ms);
+    const char *p[] = {url, bucket, og, now, expires};
+    PGresult *res = run(h, self, c,
+                        "INSERT INTO media_url_previews (url, ts_bucket, og, fetched_ts, expires_ts)"
+                        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (url, ts_bucket) DO UPDATE"
+                        " SET og = EXCLUDED.og, fetched_ts = EXCLUDED.fetched_ts,"
+                        " expires_ts = EXCLUDED.expires_ts",
+                        5, p, PGRES_COMMAND_OK);
+    if (!res) return ATRIUM_E_DB;
+    PQclear(res);
+    const char *q[] = {now};
+    res = run(h, self, c, "DELETE FROM media_url_previews WHERE expires_ts <= $1", 1, q,
+              PGRES_COMMAND_OK);
     if (!res) return ATRIUM_E_DB;
     PQclear(res);
     return MEDIA_DB_OK;

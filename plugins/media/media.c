@@ -55,6 +55,15 @@
 #define DEFAULT_REMOTE_NOT_FOUND_CACHE_MS 60000
 #define DEFAULT_REMOTE_FAILURE_CACHE_MS 10000
 #define DEFAULT_REMOTE_CACHE_MAX_BYTES (10LL * 1024 * 1024 * 1024)
+#define DEFAULT_URL_PREVIEW_MAX_BYTES (1024LL * 1024)
+#define URL_PREVIEW_MAX_BYTES_LIMIT (64LL * 1024 * 1024)
+#define DEFAULT_URL_PREVIEW_TIMEOUT_MS 10000
+/* A preview waits parked within the server's handoff deadline (60 s by default). */
+#define URL_PREVIEW_TIMEOUT_LIMIT_MS 50000
+#define DEFAULT_URL_PREVIEW_MAX_REDIRECTS 5
+#define DEFAULT_URL_PREVIEW_MAX_IN_FLIGHT 16
+#define DEFAULT_URL_PREVIEW_MAX_PER_USER 4
+#define DEFAULT_URL_PREVIEW_CACHE_TTL_MS (3600LL * 1000) /* Synapse keeps answers an hour */
 #define FETCH_POOL_SPARE_TASKS 64 /* beyond the budget: the end of fetches whose requests left */
 
 const atrium_host *media_host;
@@ -179,6 +188,31 @@ static const atrium_setting MEDIA_SETTINGS[] = {
     {.key = "prevent_media_downloads_from", .type = ATRIUM_SETTING_STRING,
      .offset = FIELD(blocked_origins_text), .def_string = "",
      .help = "Origins (server names, separated by commas) whose media is never fetched."},
+    {.key = "url_preview_enabled", .type = ATRIUM_SETTING_BOOL,
+     .offset = FIELD(url_preview_enabled), .def = 0, .min = 0, .max = 1,
+     .help = "Serve URL previews (GET /_matrix/client/v1/media/preview_url and "
+             "/_matrix/media/v3/preview_url): this server then fetches https pages users name, "
+             "under the federation address blacklist (off: 404 M_UNRECOGNIZED)."},
+    INT64_SETTING("url_preview_max_bytes", url_preview_max_bytes, DEFAULT_URL_PREVIEW_MAX_BYTES,
+                  1024, URL_PREVIEW_MAX_BYTES_LIMIT, "bytes",
+                  "Largest page, and largest og:image, a preview reads (a larger page is 502 "
+                  "M_TOO_LARGE; a larger image is left out)."),
+    INT64_SETTING("url_preview_timeout_ms", url_preview_timeout_ms, DEFAULT_URL_PREVIEW_TIMEOUT_MS,
+                  100, URL_PREVIEW_TIMEOUT_LIMIT_MS, "ms",
+                  "Longest a whole preview (page, redirects, image) may take (then 504)."),
+    INT_SETTING("url_preview_max_redirects", url_preview_max_redirects,
+                DEFAULT_URL_PREVIEW_MAX_REDIRECTS, 0, 20, "redirects",
+                "Redirects followed for a page, and for its image (past them 502)."),
+    INT_SETTING("url_preview_max_in_flight", url_preview_max_in_flight,
+                DEFAULT_URL_PREVIEW_MAX_IN_FLIGHT, 1, 100000, "previews",
+                "Previews fetching at once, all users (past it 429)."),
+    INT_SETTING("url_preview_max_per_user", url_preview_max_per_user,
+                DEFAULT_URL_PREVIEW_MAX_PER_USER, 1, 100000, "previews",
+                "Of which one user's (past it 429)."),
+    INT64_SETTING("url_preview_cache_ttl_ms", url_preview_cache_ttl_ms,
+                  DEFAULT_URL_PREVIEW_CACHE_TTL_MS, 1000, 30LL * 24 * 3600 * 1000, "ms",
+                  "How long a preview is kept and answered again without asking the site; a "
+                  "request's ts is rounded down to a multiple of it."),
 };
 #define MEDIA_N_SETTINGS (sizeof(MEDIA_SETTINGS) / sizeof(MEDIA_SETTINGS[0]))
 
@@ -290,7 +324,8 @@ static int register_routes(media *m)
         int rc = m->h->route_add(m->self, &r);
         if (rc < 0) return rc;
     }
-    return admin_register(m);
+    int rc = preview_init(m);
+    return rc < 0 ? rc : admin_register(m);
 }
 
 static int create_metrics(media *m)

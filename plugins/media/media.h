@@ -29,6 +29,9 @@
  *               shared work, the eviction lease
  *   remote_claim.c one fetch per remote file across processes (a claim per file)
  *   timer.c     one timer thread: work due later (a fetch retried after a 429)
+ *   preview.c   URL previews: the endpoint, the bounded fetch of a page and its image,
+ *               the cache of answers
+ *   preview_html.c reading OpenGraph out of a page, and the URL rules (pure)
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -107,6 +110,14 @@ typedef struct media_config {
     const char *blocked_origins_text; /* prevent_media_downloads_from, as configured */
     const char *blocked_origins[MEDIA_MAX_BLOCKED_ORIGINS]; /* ... split (the plugin's copies) */
     size_t n_blocked_origins;
+    /* URL previews (preview.c) */
+    bool url_preview_enabled;
+    int64_t url_preview_max_bytes;    /* a page or its image, each */
+    int64_t url_preview_timeout_ms;   /* a whole preview: page, redirects, image */
+    int url_preview_max_redirects;    /* followed per fetch */
+    int url_preview_max_in_flight;    /* previews fetching at once, all users */
+    int url_preview_max_per_user;     /* of which one user's */
+    int64_t url_preview_cache_ttl_ms; /* an answer is kept; ts is rounded down to it */
 } media_config;
 
 /* ---- the plugin object -------------------------------------------------------------- */
@@ -169,6 +180,12 @@ typedef struct media {
     atrium_metric *m_authorizing, *m_authorizing_peak, *m_authorizations;
     atrium_metric *m_delivering, *m_fallback_nearest, *m_fallback_unavailable;
     atrium_metric *m_not_yet_uploaded, *m_refused_policy, *m_upload_waiters;
+
+    /* URL previews (preview.c; NULL while url_preview_enabled is off) */
+    atrium_pool *preview_pool;     /* judges answers, stores images, writes the cache */
+    atrium_budget *preview_budget; /* previews fetching at once */
+    atrium_metric *m_preview_cached, *m_preview_fetched, *m_preview_failed,
+        *m_preview_refused, *m_preview_requests_out;
 } media;
 
 /* ---- a media row ------------------------------------------------------------------- */
@@ -373,6 +390,14 @@ int media_db_claim_end(const atrium_host *h, atrium_plugin *self, PGconn *c, con
                        const char *owner, int result, int64_t remember_ms);
 /* Remove lapsed claims. */
 int media_db_claims_prune(const atrium_host *h, atrium_plugin *self, PGconn *c);
+/* URL previews: the cached answer of (url, ts_bucket) not expired at now_ms into *og
+ * (malloc'd JSON text, the caller frees): MEDIA_DB_OK, MEDIA_DB_NOTFOUND or ATRIUM_E_DB. */
+int media_db_preview_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *url,
+                         int64_t ts_bucket, int64_t now_ms, char **og);
+/* Keep og (JSON text) for (url, ts_bucket) until expires_ms, replacing an older answer,
+ * and drop answers expired before now_ms. */
+int media_db_preview_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *url,
+                         int64_t ts_bucket, const char *og, int64_t now_ms, int64_t expires_ms);
 int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *user_id,
                        int64_t from, int64_t limit, bool newest_first, json_t **out,
                        int64_t *total);
@@ -452,6 +477,25 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
  * `disposition` is the Content-Disposition download.c chose. ATRIUM_DONE or an error. */
 int remote_respond_stream(media *m, atrium_req *req, media_req *st, const char *type,
                           const char *disposition);
+
+/* ---- preview.c / preview_html.c: URL previews ---------------------------------------- */
+
+#define PREVIEW_URL_MAX 1024          /* longest URL previewed (the host's request-line bound) */
+#define PREVIEW_FIELD_MAX_BYTES 2048  /* a title, description or other value, at most */
+#define PREVIEW_OG_MAX_KEYS 50        /* og:* values kept from one page */
+#define PREVIEW_URL_PLAIN_HTTP 1      /* preview_url_normalize: an http:// URL */
+
+/* [init] The pool, budget and metrics, and the routes (only when url_preview_enabled). */
+int preview_init(media *m);
+/* The OpenGraph of an HTML document (len bytes; ISO-8859-1 when latin1, else UTF-8):
+ * a new JSON object (empty when the page declares nothing), NULL on OOM. [any], pure. */
+json_t *preview_html_og(const char *html, size_t len, bool latin1);
+/* A requested URL made fetchable into out: 0 for https, PREVIEW_URL_PLAIN_HTTP for
+ * http, -1 for anything else (another scheme, no host, user information, too long). */
+int preview_url_normalize(const char *url, char *out, size_t cap);
+/* ref (an og:image, a Location) resolved against the absolute URL base, then
+ * normalised: preview_url_normalize's answers. */
+int preview_url_join(const char *base, const char *ref, char *out, size_t cap);
 
 /* ---- timer.c --------------------------------------------------------------------------- */
 
@@ -619,6 +663,8 @@ int create_handler(atrium_req *req);
 int upload_put_handler(atrium_req *req);
 int upload_put_body_chunk(atrium_req *req, const char *data, size_t len);
 int admin_register(media *m);
+/* A fresh local media ID (MEDIA_ID_GENERATED_CHARS letters and digits): 0 or ATRIUM_E_IO. */
+int media_generate_id(char out[MEDIA_ID_GENERATED_CHARS + 1]);
 
 /* ---- thumbnail.c / render.c ----------------------------------------------------------- */
 

@@ -61,7 +61,7 @@ struct upload_state {
 };
 
 /* A fresh media ID: MEDIA_ID_GENERATED_CHARS letters and digits from getrandom. */
-static int generate_id(char out[MEDIA_ID_GENERATED_CHARS + 1])
+int media_generate_id(char out[MEDIA_ID_GENERATED_CHARS + 1])
 {
     size_t n = 0;
     unsigned char rnd[64];
@@ -208,7 +208,7 @@ static int upload_begin(media *m, atrium_req *req, media_req *st, bool is_put)
     int rc = upload_quota_allows(m, req, user, &up->quota_left);
     if (rc != MEDIA_GO) return rc;
     rc = is_put ? check_put_target(m, req, up)
-                    : (generate_id(up->media_id) < 0 ? ATRIUM_E_IO : MEDIA_GO);
+                    : (media_generate_id(up->media_id) < 0 ? ATRIUM_E_IO : MEDIA_GO);
     if (rc != MEDIA_GO) return rc;
     if (store_original_path(m, up->media_id, up->final_path, sizeof(up->final_path)) < 0)
         return ATRIUM_E_INVAL;
@@ -395,7 +395,7 @@ int create_handler(atrium_req *req)
     const char *user = uploader(m, req);
     if (!user) return ATRIUM_DONE;
     char id[MEDIA_ID_GENERATED_CHARS + 1];
-    if (generate_id(id) < 0) return ATRIUM_E_IO;
+    if (media_generate_id(id) < 0) return ATRIUM_E_IO;
     int64_t now = media_wall_ms(), expires = now + m->cfg.unused_expiry_ms;
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
     if (!c) return busy(m, req);

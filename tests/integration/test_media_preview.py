@@ -1,0 +1,341 @@
+"""URL previews (plugins/media/preview.c): GET /_matrix/client/v1/media/preview_url and the
+older /_matrix/media/v3 (and r0) path, off by default.
+
+A fake site written here serves HTTPS from the test CA on its own loopback address
+(Atrium's outbound client speaks https only) and counts what it is asked; the server under
+test trusts the CA (federation.custom_ca_list) and allows loopback past the address
+blacklist (federation.ip_range_whitelist), except where a test wants the blacklist to bite.
+"""
+
+import http.server
+import json
+import os
+import shutil
+import ssl
+import tempfile
+import threading
+import time
+import unittest
+from urllib.parse import quote
+
+import harness
+from federation_support import TestCA, free_port
+from media_support import media_server, png, register
+
+SITE_IP = "127.0.0.51"
+PREVIEW = "/_matrix/client/v1/media/preview_url"
+LEGACY = "/_matrix/media/v3/preview_url"
+CAP_BYTES = 65536
+TIMEOUT_MS = 1500
+
+
+class FakeSite:
+    """An HTTPS site. `pages[path]` is (status, content_type, body bytes, extra headers) or
+    ("hang",): the answer is held until the test ends. `hits[path]` counts requests (the
+    query is not part of the path)."""
+
+    def __init__(self, ca, ip=SITE_IP):
+        self.ip = ip
+        self.port = free_port(ip)
+        self.base = f"https://{ip}:{self.port}"
+        self.pages = {}
+        self.hits = {}
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        cert, key = ca.issue(f"site-{ip}", ip)
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                path = self.path.split("?", 1)[0]
+                with outer.lock:
+                    outer.hits[path] = outer.hits.get(path, 0) + 1
+                spec = outer.pages.get(path, (404, "text/plain", b"no such page", {}))
+                if spec[0] == "hang":
+                    outer.release.wait(30)
+                    return
+                status, ctype, body, extra = spec
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    for k, v in extra.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer((ip, self.port), Handler)
+        self.httpd.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def page(self, path, body, ctype="text/html; charset=utf-8", status=200, headers=None):
+        self.pages[path] = (status, ctype, body if isinstance(body, bytes) else body.encode(),
+                            headers or {})
+
+    def count(self, path):
+        with self.lock:
+            return self.hits.get(path, 0)
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+OG_PAGE = """<!DOCTYPE html>
+<html><head>
+<title>Not this title</title>
+<!-- <meta property="og:title" content="commented out"> -->
+<meta property="og:title" content="Atrium &amp; the &quot;preview&quot; test">
+<meta property="og:description" content="  A page   with
+  OpenGraph tags  ">
+<meta property='og:site_name' content='Fake Site'>
+<meta property="og:image" content="/img/pic.png">
+<meta property="og:image:width" content="999">
+<script>var s = '<meta property="og:type" content="script">';</script>
+</head><body><p>Hello</p></body></html>
+"""
+
+
+class PreviewCase(harness.AtriumTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="atrium-media-preview-")
+        cls.ca = TestCA(cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def site(self):
+        s = FakeSite(self.ca)
+        self.addCleanup(s.close)
+        return s
+
+    def server(self, enabled=True, whitelist=("127.0.0.0/8",), media=None):
+        conf = {"url_preview_max_bytes": CAP_BYTES, "url_preview_timeout_ms": TIMEOUT_MS,
+                "url_preview_max_in_flight": 2, "url_preview_max_per_user": 2}
+        if enabled:
+            conf["url_preview_enabled"] = True
+        conf.update(media or {})
+        fed = {"custom_ca_list": [self.ca.cert], "ip_range_whitelist": list(whitelist),
+               "client": {"request_timeout_ms": 5000}}
+        return media_server(self, media=conf, settings={"federation": fed})
+
+    def preview(self, srv, token, url, ts=None, path=PREVIEW, timeout=20):
+        q = f"{path}?url={quote(url, safe='')}" + (f"&ts={ts}" if ts is not None else "")
+        status, headers, body = srv.request("GET", q, token=token, timeout=timeout)
+        return status, json.loads(body) if body else None
+
+    def assert_error(self, result, status, errcode):
+        got, body = result
+        self.assertEqual((got, body and body.get("errcode")), (status, errcode), body)
+
+
+class PreviewContentTest(PreviewCase):
+    def test_a_page_previews_its_opengraph_and_its_image_is_stored_as_local_media(self):
+        site = self.site()
+        image = png(20, 10)
+        site.page("/article", OG_PAGE)
+        site.page("/img/pic.png", image, "image/png")
+        srv = self.server()
+        _, token = register(srv)
+        status, og = self.preview(srv, token, site.base + "/article#section")
+        self.assertEqual(status, 200, og)
+        self.assertEqual(og["og:title"], 'Atrium & the "preview" test')
+        self.assertEqual(og["og:description"], "A page with OpenGraph tags")
+        self.assertEqual(og["og:site_name"], "Fake Site")
+        self.assertNotIn("og:type", og)  # inside <script>: not a tag
+        self.assertEqual(og["og:image:type"], "image/png")
+        self.assertEqual(og["matrix:image:size"], len(image))
+        # the stored image's header, not what the page claimed
+        self.assertEqual((og["og:image:width"], og["og:image:height"]), (20, 10))
+        prefix = f"mxc://{srv.server_name}/"
+        self.assertTrue(og["og:image"].startswith(prefix), og["og:image"])
+        media_id = og["og:image"][len(prefix):]
+        status, headers, body = srv.request(
+            "GET", f"/_matrix/client/v1/media/download/{srv.server_name}/{media_id}", token=token)
+        self.assertEqual((status, body), (200, image))
+        self.assertEqual(headers["Content-Type"], "image/png")
+        self.assertEqual((site.count("/article"), site.count("/img/pic.png")), (1, 1))
+
+    def test_a_repeat_within_the_ttl_is_answered_from_the_cache_without_asking_the_site(self):
+        site = self.site()
+        site.page("/article", OG_PAGE)
+        site.page("/img/pic.png", png(8, 8), "image/png")
+        srv = self.server()
+        _, token = register(srv)
+        first = self.preview(srv, token, site.base + "/article")
+        self.assertEqual(first[0], 200, first[1])
+        asked = srv.metric("atrium_media_url_preview_requests_total")
+        self.assertEqual(asked, 2)  # the page and its image
+        _, other = register(srv)
+        again = self.preview(srv, other, site.base + "/article")
+        self.assertEqual(again, first)
+        self.assertEqual((site.count("/article"), site.count("/img/pic.png")), (1, 1))
+        self.assertEqual(srv.metric("atrium_media_url_preview_requests_total"), asked)
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "cached"}), 1)
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "fetched"}), 1)
+        # a ts in another TTL window is another preview: the site is asked again
+        old = self.preview(srv, token, site.base + "/article", ts=1000)
+        self.assertEqual(old[0], 200)
+        self.assertEqual(site.count("/article"), 2)
+
+    def test_title_and_meta_description_stand_in_when_the_page_declares_no_opengraph(self):
+        site = self.site()
+        site.page("/plain", "<html><head><TITLE>\n  Plain  page &#8212; caf\xe9\n</TITLE>"
+                  '<meta name="Description" content="Said by meta">'
+                  '<meta property="og:image" content="ftp://elsewhere/x.png"></head></html>'
+                  .encode("latin-1"), "text/html; charset=ISO-8859-1")
+        srv = self.server()
+        _, token = register(srv)
+        status, og = self.preview(srv, token, site.base + "/plain")
+        self.assertEqual(status, 200, og)
+        self.assertEqual(og, {"og:title": "Plain page \u2014 caf\u00e9", "og:description": "Said by meta"})
+
+    def test_an_image_url_previews_as_itself_and_other_types_as_nothing(self):
+        site = self.site()
+        image = png(30, 40)
+        site.page("/photo.png", image, "image/png")
+        site.page("/data.json", b'{"a": 1}', "application/json")
+        srv = self.server()
+        _, token = register(srv)
+        status, og = self.preview(srv, token, site.base + "/photo.png")
+        self.assertEqual(status, 200, og)
+        self.assertEqual((og["og:image:width"], og["og:image:height"], og["matrix:image:size"]),
+                         (30, 40, len(image)))
+        media_id = og["og:image"].rsplit("/", 1)[1]
+        got = srv.request("GET", f"/_matrix/client/v1/media/download/{srv.server_name}/{media_id}",
+                          token=token)
+        self.assertEqual((got[0], got[2]), (200, image))
+        self.assertEqual(self.preview(srv, token, site.base + "/data.json"), (200, {}))
+
+    def test_redirects_are_followed_up_to_the_bound_and_a_site_error_is_502(self):
+        site = self.site()
+        site.page("/moved", b"", status=302, headers={"Location": "/article"})
+        site.page("/article", "<title>Arrived</title>")
+        site.page("/loop", b"", status=301, headers={"Location": f"{site.base}/loop"})
+        srv = self.server(media={"url_preview_max_redirects": 3})
+        _, token = register(srv)
+        self.assertEqual(self.preview(srv, token, site.base + "/moved"), (200, {"og:title": "Arrived"}))
+        self.assert_error(self.preview(srv, token, site.base + "/loop"), 502, "M_UNKNOWN")
+        self.assertEqual(site.count("/loop"), 4)  # the first ask and three redirects
+        self.assert_error(self.preview(srv, token, site.base + "/nothing-here"), 502, "M_UNKNOWN")
+
+
+class PreviewBoundsTest(PreviewCase):
+    def test_a_page_over_the_size_cap_is_502_too_large(self):
+        site = self.site()
+        site.page("/huge", "<title>big</title>" + "x" * (CAP_BYTES * 3))
+        srv = self.server()
+        _, token = register(srv)
+        self.assert_error(self.preview(srv, token, site.base + "/huge"), 502, "M_TOO_LARGE")
+
+    def test_an_image_over_the_size_cap_is_left_out_and_the_page_still_previews(self):
+        site = self.site()
+        site.page("/article", '<title>T</title><meta property="og:image" content="big.png">')
+        site.page("/big.png", os.urandom(CAP_BYTES * 2), "image/png")
+        srv = self.server()
+        _, token = register(srv)
+        self.assertEqual(self.preview(srv, token, site.base + "/article"), (200, {"og:title": "T"}))
+        self.assertEqual(site.count("/big.png"), 1)
+
+    def test_a_site_that_never_answers_is_504_by_the_deadline_and_full_budget_is_429(self):
+        site = self.site()
+        site.pages["/slow"] = ("hang",)
+        srv = self.server()
+        _, token = register(srv)
+        results = []
+
+        def slow(i):
+            t0 = time.monotonic()
+            results.append((self.preview(srv, token, f"{site.base}/slow?{i}"), time.monotonic() - t0))
+
+        threads = [threading.Thread(target=slow, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while srv.metric("atrium_budget_in_use", {"budget": "media.url_preview"}) != 2:
+            self.assertLess(time.monotonic(), deadline, "the two slow previews never held the budget")
+            time.sleep(0.02)
+        # the budget is full: a third preview is refused at once, by any user
+        t0 = time.monotonic()
+        self.assert_error(self.preview(srv, token, f"{site.base}/slow?third"), 429, "M_LIMIT_EXCEEDED")
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "refused"}), 1)
+        # meanwhile the server answers other requests: no request thread waits on the site
+        self.assertEqual(srv.request("GET", "/health")[0], 200)
+        for t in threads:
+            t.join(20)
+        self.assertEqual(len(results), 2)
+        for result, took in results:
+            self.assert_error(result, 504, "M_UNKNOWN")
+            self.assertLess(took, TIMEOUT_MS / 1000 + 3)
+        self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview"}), 0)
+
+
+class PreviewRefusalTest(PreviewCase):
+    def test_bad_input_is_refused_at_once_without_a_fetch(self):
+        site = self.site()
+        srv = self.server()
+        _, token = register(srv)
+        status, body = srv.json("GET", PREVIEW, token=token)
+        self.assertEqual((status, body["errcode"]), (400, "M_MISSING_PARAM"))
+        for url in ("ftp://example.org/x", "not a url", "https:///nohost", "javascript:alert(1)",
+                    f"https://user@{SITE_IP}:{site.port}/", f"http://{SITE_IP}:{site.port}/"):
+            self.assert_error(self.preview(srv, token, url), 400, "M_INVALID_PARAM")
+        self.assert_error(self.preview(srv, token, site.base + "/", ts="soon"), 400, "M_INVALID_PARAM")
+        status, body = srv.json("GET", f"{PREVIEW}?url={quote(site.base)}")
+        self.assertEqual((status, body["errcode"]), (401, "M_MISSING_TOKEN"))
+        self.assertEqual(site.hits, {})
+        self.assertEqual(srv.metric("atrium_media_url_preview_requests_total"), 0)
+
+    def test_a_blacklisted_address_is_refused_with_403_and_never_reached(self):
+        site = self.site()
+        site.page("/article", OG_PAGE)
+        srv = self.server(whitelist=())  # loopback is in the default blacklist
+        _, token = register(srv)
+        self.assert_error(self.preview(srv, token, site.base + "/article"), 403, "M_UNKNOWN")
+        self.assertEqual(site.count("/article"), 0)
+
+    def test_a_redirect_to_a_blacklisted_address_is_refused_at_connect(self):
+        site = self.site()
+        site.page("/go", b"", status=302, headers={"Location": "https://10.255.255.1:8443/x"})
+        srv = self.server(whitelist=(f"{SITE_IP}/32",))
+        _, token = register(srv)
+        self.assert_error(self.preview(srv, token, site.base + "/go"), 403, "M_UNKNOWN")
+        self.assertEqual(site.count("/go"), 1)
+        self.assertIn("10.255.255.1", srv.log_text())
+
+    def test_previews_are_off_by_default_and_then_unrecognized_on_every_path(self):
+        site = self.site()
+        site.page("/article", OG_PAGE)
+        srv = self.server(enabled=False)
+        _, token = register(srv)
+        for path in (PREVIEW, LEGACY, "/_matrix/media/r0/preview_url"):
+            self.assert_error(self.preview(srv, token, site.base + "/article", path=path),
+                              404, "M_UNRECOGNIZED")
+        self.assertEqual(site.hits, {})
+
+    def test_the_legacy_v3_and_r0_paths_preview_too_when_enabled(self):
+        site = self.site()
+        site.page("/t", "<title>Legacy</title>")
+        srv = self.server()
+        _, token = register(srv)
+        for path in (LEGACY, "/_matrix/media/r0/preview_url"):
+            self.assertEqual(self.preview(srv, token, site.base + "/t", path=path),
+                             (200, {"og:title": "Legacy"}))
+
+
+if __name__ == "__main__":
+    unittest.main()
