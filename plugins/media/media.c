@@ -61,8 +61,10 @@
 /* A preview waits parked within the server's handoff deadline (60 s by default). */
 #define URL_PREVIEW_TIMEOUT_LIMIT_MS 50000
 #define DEFAULT_URL_PREVIEW_MAX_REDIRECTS 5
-#define DEFAULT_URL_PREVIEW_MAX_IN_FLIGHT 16
-#define DEFAULT_URL_PREVIEW_MAX_PER_USER 4
+/* Each preview fetching holds one of the outbound client's connections, which federation
+ * shares (federation.client.max_connections, 16 by default): previews take a few. */
+#define DEFAULT_URL_PREVIEW_MAX_IN_FLIGHT 4
+#define DEFAULT_URL_PREVIEW_MAX_PER_USER 2
 #define DEFAULT_URL_PREVIEW_CACHE_TTL_MS (3600LL * 1000) /* Synapse keeps answers an hour */
 #define FETCH_POOL_SPARE_TASKS 64 /* beyond the budget: the end of fetches whose requests left */
 
@@ -205,7 +207,8 @@ static const atrium_setting MEDIA_SETTINGS[] = {
                 "Redirects followed for a page, and for its image (past them 502)."),
     INT_SETTING("url_preview_max_in_flight", url_preview_max_in_flight,
                 DEFAULT_URL_PREVIEW_MAX_IN_FLIGHT, 1, 100000, "previews",
-                "Previews fetching at once, all users (past it 429)."),
+                "Previews fetching at once, all users (past it 429); each holds one of the "
+                "outbound connections federation uses (federation.client.max_connections)."),
     INT_SETTING("url_preview_max_per_user", url_preview_max_per_user,
                 DEFAULT_URL_PREVIEW_MAX_PER_USER, 1, 100000, "previews",
                 "Of which one user's (past it 429)."),
