@@ -250,38 +250,52 @@ class PreviewBoundsTest(PreviewCase):
         self.assertEqual(self.preview(srv, token, site.base + "/article"), (200, {"og:title": "T"}))
         self.assertEqual(site.count("/big.png"), 1)
 
-    def test_a_site_that_never_answers_is_504_by_the_deadline_and_full_budget_is_429(self):
+    def test_a_site_that_never_answers_is_504_by_the_deadline_and_a_full_budget_is_429(self):
         site = self.site()
         site.pages["/slow"] = ("hang",)
-        srv = self.server()
-        _, token = register(srv)
+        site.page("/fast", "<title>Fast</title>")
+        srv = self.server(media={"url_preview_max_in_flight": 3, "url_preview_max_per_user": 2})
+        _, alice = register(srv)
+        _, bob = register(srv)
+        _, carol = register(srv)
         results = []
 
-        def slow(i):
+        def slow(token, i):
             t0 = time.monotonic()
             results.append((self.preview(srv, token, f"{site.base}/slow?{i}"), time.monotonic() - t0))
 
-        threads = [threading.Thread(target=slow, args=(i,)) for i in range(2)]
-        for t in threads:
+        def hold(token, i, want):
+            t = threading.Thread(target=slow, args=(token, i))
             t.start()
-        deadline = time.monotonic() + 5
-        while srv.metric("atrium_budget_in_use", {"budget": "media.url_preview"}) != 2:
-            self.assertLess(time.monotonic(), deadline, "the two slow previews never held the budget")
-            time.sleep(0.02)
-        # the budget is full: a third preview is refused at once, by any user
+            deadline = time.monotonic() + 5
+            while srv.metric("atrium_budget_in_use", {"budget": "media.url_preview"}) != want:
+                self.assertLess(time.monotonic(), deadline, f"the budget never reached {want}")
+                time.sleep(0.02)
+            return t
+
+        threads = [hold(alice, 1, 1), hold(alice, 2, 2)]
+        # alice holds her share: her third is refused at once, bob is served meanwhile
         t0 = time.monotonic()
-        self.assert_error(self.preview(srv, token, f"{site.base}/slow?third"), 429, "M_LIMIT_EXCEEDED")
+        self.assert_error(self.preview(srv, alice, f"{site.base}/slow?3"), 429, "M_LIMIT_EXCEEDED")
         self.assertLess(time.monotonic() - t0, 1.0)
-        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "refused"}), 1)
-        # meanwhile the server answers other requests: no request thread waits on the site
+        self.assertEqual(self.preview(srv, bob, site.base + "/fast"), (200, {"og:title": "Fast"}))
+        # bob's slow one fills the budget: anyone's next is refused at once
+        threads.append(hold(bob, 4, 3))
+        t0 = time.monotonic()
+        self.assert_error(self.preview(srv, carol, site.base + "/fast?again"), 429, "M_LIMIT_EXCEEDED")
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "refused"}), 2)
+        # no request thread waits on the site: the server answers everything else
         self.assertEqual(srv.request("GET", "/health")[0], 200)
         for t in threads:
             t.join(20)
-        self.assertEqual(len(results), 2)
+        self.assertEqual(len(results), 3)
         for result, took in results:
             self.assert_error(result, 504, "M_UNKNOWN")
             self.assertLess(took, TIMEOUT_MS / 1000 + 3)
         self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview"}), 0)
+        # the budget is whole again
+        self.assertEqual(self.preview(srv, carol, site.base + "/fast?later"), (200, {"og:title": "Fast"}))
 
 
 class PreviewRefusalTest(PreviewCase):
