@@ -6,8 +6,10 @@
  * `unsigned`: age, the transaction ID for the sender's own device, the content of the
  * state event this one replaced (prev_content, replaces_state, prev_sender), and the
  * redaction that redacted it (redacted_because). A redacted event is always served
- * redacted, with the algorithm of its room's version. It does not decide who may see
- * which events (rooms_vis.c, core/client/sync/sync.c).
+ * redacted, with the algorithm of its room's version, and so is one that erasure hides
+ * from the reader (rooms_erasure_hides: an erased sender, a reader not joined at it),
+ * whether it is the event itself, the state it replaced (prev_content) or its redaction.
+ * It does not decide who may see which events (rooms_vis.c, core/client/sync/sync.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,20 +21,34 @@
 enum {
     COL_POS = 0, COL_ID, COL_PDU, COL_REDACTED_BY, COL_TXN_DEVICE, COL_TXN_ID, COL_VERSION,
     COL_PREV_PDU, COL_PREV_REDACTED_BY, COL_REDACTION_PDU, COL_REDACTION_ID, COL_REPLACES,
+    COL_ERASED, COL_PREV_POS, COL_PREV_ERASED, COL_REDACTION_POS, COL_REDACTION_ERASED,
 };
+
+/* Does erasure hide the event `pdu` (its sender erased: the boolean column erased_col; at
+ * the position in pos_col) from v's reader? */
+static bool erased_for(const events_view *v, PGresult *res, int row, int erased_col,
+                       int pos_col, const json_t *pdu)
+{
+    if (PQgetvalue(res, row, erased_col)[0] != 't') return false;
+    return rooms_erasure_hides(v, true, json_string_value(json_object_get(pdu, "type")),
+                               json_object_get(pdu, "state_key") != NULL,
+                               atoll(PQgetvalue(res, row, pos_col)));
+}
 
 int64_t events_pos(PGresult *res, int row)
 {
     return atoll(PQgetvalue(res, row, COL_POS));
 }
 
-static void add_prev_state(json_t *uns, const room_version *ver, PGresult *res, int row)
+static void add_prev_state(json_t *uns, const events_view *v, const room_version *ver,
+                           PGresult *res, int row)
 {
     json_t *prev = json_loads(PQgetvalue(res, row, COL_PREV_PDU), 0, NULL);
     if (!prev) return;
     const char *type = json_string_value(json_object_get(prev, "type"));
     json_t *content = json_object_get(prev, "content");
-    if (!PQgetisnull(res, row, COL_PREV_REDACTED_BY))
+    if (!PQgetisnull(res, row, COL_PREV_REDACTED_BY) ||
+        erased_for(v, res, row, COL_PREV_ERASED, COL_PREV_POS, prev))
         json_object_set_new(uns, "prev_content", event_redact_content(ver, type, content));
     else if (content)
         json_object_set(uns, "prev_content", content);
@@ -52,7 +68,8 @@ json_t *events_render(const events_view *v, PGresult *res, int row)
         return NULL;
     }
     bool redacted = !PQgetisnull(res, row, COL_REDACTED_BY);
-    json_t *out = event_client_format(ver, pdu, event_id, redacted, v->with_room_id);
+    bool erased = !redacted && erased_for(v, res, row, COL_ERASED, COL_POS, pdu);
+    json_t *out = event_client_format(ver, pdu, event_id, redacted || erased, v->with_room_id);
     json_t *uns = json_object();
     int64_t ts = json_integer_value(json_object_get(pdu, "origin_server_ts"));
     json_object_set_new(uns, "age", json_integer(v->now_ms > ts ? v->now_ms - ts : 0));
@@ -61,13 +78,14 @@ json_t *events_render(const events_view *v, PGresult *res, int row)
         strcmp(sender, v->user_id) == 0 &&
         strcmp(PQgetvalue(res, row, COL_TXN_DEVICE), v->device_id) == 0)
         json_object_set_new(uns, "transaction_id", json_string(PQgetvalue(res, row, COL_TXN_ID)));
-    if (!PQgetisnull(res, row, COL_PREV_PDU)) add_prev_state(uns, ver, res, row);
+    if (!PQgetisnull(res, row, COL_PREV_PDU)) add_prev_state(uns, v, ver, res, row);
     if (redacted && !PQgetisnull(res, row, COL_REDACTION_PDU)) {
         json_t *rpdu = json_loads(PQgetvalue(res, row, COL_REDACTION_PDU), 0, NULL);
+        bool r_erased = rpdu && erased_for(v, res, row, COL_REDACTION_ERASED, COL_REDACTION_POS, rpdu);
         if (rpdu)
             json_object_set_new(uns, "redacted_because",
                                 event_client_format(ver, rpdu, PQgetvalue(res, row, COL_REDACTION_ID),
-                                                    false, v->with_room_id));
+                                                    r_erased, v->with_room_id));
         json_decref(rpdu);
     }
     json_object_set_new(out, "unsigned", uns);

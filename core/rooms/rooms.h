@@ -93,25 +93,44 @@ int64_t rooms_wall_ms(void);
 
 /* ---- reading (events_store.c) ------------------------------------------------------- */
 
+typedef struct rooms_vis rooms_vis; /* below: what one user may see of one room */
+
 /* The column list every event read selects, FROM events e with the joins the client
- * format needs; append "WHERE ..." (qualify columns with e.). */
+ * format needs; append "WHERE ..." (qualify columns with e.). Besides the event: the state
+ * event it replaced (p), the redaction that redacted it (rd), and for each of the three
+ * whether its sender was erased (erased_users, a small table: one hash join each). */
 #define EVENTS_SELECT                                                                       \
     "SELECT e.stream_pos, e.event_id, e.pdu, e.redacted_by, e.txn_device, e.txn_id,"       \
-    " rm.room_version, p.pdu, p.redacted_by, rd.pdu, rd.event_id, e.replaces_state"         \
+    " rm.room_version, p.pdu, p.redacted_by, rd.pdu, rd.event_id, e.replaces_state,"        \
+    " eu.user_id IS NOT NULL, p.stream_pos, pu.user_id IS NOT NULL, rd.stream_pos,"         \
+    " ru.user_id IS NOT NULL"                                                               \
     " FROM events e JOIN rooms rm ON rm.room_id = e.room_id"                                \
     " LEFT JOIN events p ON p.event_id = e.replaces_state"                                  \
-    " LEFT JOIN events rd ON rd.event_id = e.redacted_by "
+    " LEFT JOIN events rd ON rd.event_id = e.redacted_by"                                   \
+    " LEFT JOIN erased_users eu ON eu.user_id = e.sender"                                   \
+    " LEFT JOIN erased_users pu ON pu.user_id = p.sender"                                   \
+    " LEFT JOIN erased_users ru ON ru.user_id = rd.sender "
 #define EVENTS_COL_POS 0
 
+/* Who reads: rendering depends on it (transaction_id, and erasure: rooms_erasure_hides). */
 typedef struct events_view {
     const char *user_id, *device_id; /* the viewer: transaction_id for its own device */
     bool with_room_id;                /* /sync leaves room_id out */
     int64_t now_ms;                   /* wall clock, for unsigned.age */
+    /* The reader's visibility in the room the events come from (borrowed; its joined
+     * ranges decide erasure), or NULL: a reader never joined, for whom every event an
+     * erased user sent is hidden. One room per view: a reader of several rooms (sync,
+     * search) sets it per room. */
+    const rooms_vis *reader;
+    /* The reader was joined at every event it reads (GET /notifications: only members are
+     * notified): erasure hides nothing from it. */
+    bool reader_joined;
 } events_view;
 
 /* Row `row` of an EVENTS_SELECT result in the client format (with unsigned: age,
- * transaction_id, prev_content, replaces_state, redacted_because). NULL on a corrupt row
- * (logged). */
+ * transaction_id, prev_content, replaces_state, redacted_because). An event, replaced
+ * state or redaction that erasure hides from v's reader (rooms_erasure_hides) is rendered
+ * redacted. NULL on a corrupt row (logged). */
 json_t *events_render(const events_view *v, PGresult *res, int row);
 /* The stream position of row `row`. */
 int64_t events_pos(PGresult *res, int row);
@@ -175,10 +194,17 @@ typedef enum rooms_mem {
 } rooms_mem;
 
 /* What one user may see of one room's events. */
-typedef struct rooms_vis {
+struct rooms_vis {
     int64_t lo[ROOMS_VIS_MAX_RANGES], hi[ROOMS_VIS_MAX_RANGES]; /* (lo, hi], ascending,
                                                                   * disjoint, not adjacent */
     int n;
+    /* Where the user was joined: an event at pos with jlo < pos <= jhi saw the user's
+     * membership "join" just before it (from the join after it to the change that ended
+     * it, included). Ascending, disjoint; past ROOMS_VIS_MAX_RANGES the oldest go (not
+     * joined there: erasure then hides more, never less). Backfilled history (pos <= 0)
+     * is never joined. */
+    int64_t jlo[ROOMS_VIS_MAX_RANGES], jhi[ROOMS_VIS_MAX_RANGES];
+    int n_joined;
     int64_t upto;      /* nothing after: INT64_MAX unless the user left after their last join */
     int64_t floor;     /* nothing at or before (own membership events included); INT64_MAX:
                         * nothing at all */
@@ -190,7 +216,7 @@ typedef struct rooms_vis {
                         * older than anything this server saw live) are visible: not in
                         * lo/hi, added by rooms_vis_window */
     const char *user_id; /* borrowed: own membership events are always visible */
-} rooms_vis;
+};
 
 
 /* One change at a stream position: value is a rooms_hv or a rooms_mem. */
@@ -233,6 +259,43 @@ bool rooms_vis_window(rt_arena *a, const rooms_vis *v, int64_t lo, int64_t hi, b
 /* Does v show every event with lo < pos <= hi (nothing hidden in the window)? A window
  * past v->upto is not covered. */
 bool rooms_vis_covers(const rooms_vis *v, int64_t lo, int64_t hi);
+/* Was v's user joined to the room at the event at position pos (its membership just
+ * before the event "join")? */
+bool rooms_vis_joined_at(const rooms_vis *v, int64_t pos);
+
+/* Erasure. A user deactivated with erase: true is a row of erased_users (accounts
+ * migration 8, core/client/accounts/deactivate.c). Their events are then served redacted,
+ * with the room version's redaction algorithm, to every reader who was not joined to the
+ * room at the event (who joined later, or never), and to every other server; a reader
+ * who was joined then saw them and still does. What it covers: the user's events that
+ * are not state, and their m.room.member events (their profile: display name, avatar).
+ * Their other state events (a room's name, topic, encryption, power levels, join rules)
+ * are the room's configuration, which every member's client relies on (an m.room.encryption
+ * event redacted would read as "not encrypted"): they are served as they are. The rule
+ * lives in rooms_erasure_hides; rooms_erasure_sql is its twin for a query that must not
+ * match what it hides (search). */
+/* Does erasure cover an event of this type (is_state: it has a state_key)? */
+bool rooms_erasure_covers(const char *type, bool is_state);
+/* Does erasure hide the content of the event at pos, of this type, from v's reader, when
+ * its sender is erased (sender_erased)? */
+bool rooms_erasure_hides(const events_view *v, bool sender_erased, const char *type,
+                         bool is_state, int64_t pos);
+/* Does erasure hide the content of an event of this type from other servers, when its
+ * sender is erased? They are all served the redacted event (they may pass it on to
+ * users who join later; a server that had it keeps what it has). */
+bool rooms_erasure_hides_from_servers(bool sender_erased, const char *type, bool is_state);
+/* Is user_id erased? 1, 0, or ROOMS_E_DB. */
+int rooms_user_erased(PGconn *c, const char *user_id);
+/* The SQL condition (" AND ...") on events e that leaves out what erasure hides from a
+ * reader joined only where the boolean expression `joined` holds (SQL text, about e; e.g.
+ * a column of the ranges a query joins). In arena a; NULL on out-of-memory. */
+const char *rooms_erasure_sql(rt_arena *a, const char *joined);
+/* Split (lo, hi] at the edges of v's joined ranges: up to max pieces (plo, phi], in
+ * order, covering it, each with pj whether the user was joined there. The number of
+ * pieces (at most 2 * v->n_joined + 1). */
+int rooms_vis_joined_pieces(const rooms_vis *v, int64_t lo, int64_t hi, int64_t *plo,
+                            int64_t *phi, bool *pj, int max);
+
 /* The room's version, or NULL when the room does not exist (*db_failed on error). */
 const room_version *rooms_version_of(PGconn *c, const char *room_id, bool *db_failed);
 

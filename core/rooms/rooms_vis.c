@@ -11,6 +11,10 @@
  * (rooms_visibility): then anyone reads what the rule shows a non-member.
  * State (/state, /members, sync's state block) is current room state, not history: it
  * does not go through this rule.
+ * Erasure (rooms.h states it) lives here too, as it turns on the same history: whether the
+ * reader was joined at an event (the joined ranges rooms_vis_compute keeps beside the
+ * visible ones). Readers apply it when they render (events_render, core/rooms/events_store.c)
+ * and search when it matches (rooms_erasure_sql).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +71,24 @@ static void add_range(rooms_vis *v, int64_t lo, int64_t hi)
     v->n++;
 }
 
+/* The joined ranges of a membership history: from each join (exclusive) to the change
+ * after it (inclusive), or on. The changes are distinct in a row, so a join is followed by
+ * something else; past ROOMS_VIS_MAX_RANGES the oldest go. */
+static void joined_ranges(const rooms_vis_history *h, rooms_vis *v)
+{
+    for (int i = 0; i < h->n_mem; i++) {
+        if (h->mem[i].value != ROOMS_MEM_JOIN || h->mem[i].pos <= 0) continue;
+        if (v->n_joined == ROOMS_VIS_MAX_RANGES) {
+            memmove(v->jlo, v->jlo + 1, (ROOMS_VIS_MAX_RANGES - 1) * sizeof(v->jlo[0]));
+            memmove(v->jhi, v->jhi + 1, (ROOMS_VIS_MAX_RANGES - 1) * sizeof(v->jhi[0]));
+            v->n_joined--;
+        }
+        v->jlo[v->n_joined] = h->mem[i].pos;
+        v->jhi[v->n_joined] = i + 1 < h->n_mem ? h->mem[i + 1].pos : INT64_MAX;
+        v->n_joined++;
+    }
+}
+
 void rooms_vis_compute(const rooms_vis_history *h, const char *user_id, rooms_vis *v)
 {
     memset(v, 0, sizeof(*v));
@@ -115,6 +137,70 @@ void rooms_vis_compute(const rooms_vis_history *h, const char *user_id, rooms_vi
                         : h->n_hv > 0 ? (rooms_hv)h->hv[0].value : ROOMS_HV_SHARED;
     v->backfilled = hv_allows(back, ROOMS_MEM_NONE, joined_now) && v->upto == INT64_MAX;
     if (v->backfilled) v->floor = INT64_MIN;
+    joined_ranges(h, v);
+}
+
+bool rooms_vis_joined_at(const rooms_vis *v, int64_t pos)
+{
+    for (int i = 0; i < v->n_joined; i++)
+        if (pos > v->jlo[i] && pos <= v->jhi[i]) return true;
+    return false;
+}
+
+int rooms_vis_joined_pieces(const rooms_vis *v, int64_t lo, int64_t hi, int64_t *plo,
+                            int64_t *phi, bool *pj, int max)
+{
+    int n = 0;
+    for (int i = 0; i < v->n_joined && lo < hi && n < max; i++) {
+        int64_t jl = v->jlo[i] > lo ? v->jlo[i] : lo, jh = v->jhi[i] < hi ? v->jhi[i] : hi;
+        if (jl >= jh) continue; /* this joined range misses what is left of (lo, hi] */
+        if (jl > lo) {
+            plo[n] = lo, phi[n] = jl, pj[n++] = false;
+            if (n == max) return n;
+        }
+        plo[n] = jl, phi[n] = jh, pj[n++] = true;
+        lo = jh;
+    }
+    if (lo < hi && n < max) plo[n] = lo, phi[n] = hi, pj[n++] = false;
+    return n;
+}
+
+/* ---- erasure -------------------------------------------------------------------------- */
+
+bool rooms_erasure_covers(const char *type, bool is_state)
+{
+    return !is_state || (type && strcmp(type, "m.room.member") == 0);
+}
+
+bool rooms_erasure_hides(const events_view *v, bool sender_erased, const char *type,
+                         bool is_state, int64_t pos)
+{
+    if (!sender_erased || v->reader_joined || !rooms_erasure_covers(type, is_state)) return false;
+    return !v->reader || !rooms_vis_joined_at(v->reader, pos);
+}
+
+bool rooms_erasure_hides_from_servers(bool sender_erased, const char *type, bool is_state)
+{
+    return sender_erased && rooms_erasure_covers(type, is_state);
+}
+
+int rooms_user_erased(PGconn *c, const char *user_id)
+{
+    const char *p[1] = {user_id};
+    PGresult *res = rooms_q(c, "SELECT 1 FROM erased_users WHERE user_id = $1", 1, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    int n = PQntuples(res);
+    PQclear(res);
+    return n > 0;
+}
+
+const char *rooms_erasure_sql(rt_arena *a, const char *joined)
+{
+    /* The twin of rooms_erasure_hides and rooms_erasure_covers, in SQL. */
+    return rt_arena_printf(a,
+                           " AND ((%s) OR (e.state_key IS NOT NULL AND e.type <> 'm.room.member')"
+                           " OR NOT EXISTS (SELECT 1 FROM erased_users x WHERE x.user_id = e.sender))",
+                           joined);
 }
 
 /* One query: per kind ('h' history_visibility of the room, 'm' the user's membership), the

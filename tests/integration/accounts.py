@@ -6,6 +6,7 @@ users and log them in through the real endpoints (the UIA dance included).
     srv = self.start_server(settings=REGISTRATION_ON)
     alice = register(srv, "alice")          # Account(user_id, token, device_id, password)
     again = login(srv, "alice", alice.password, device_id="PHONE")
+    status, body = deactivate(srv, alice, erase=True)
 
 Argon2id hashing costs some tens of milliseconds per account (more under ASan): register
 the few users a test needs, not hundreds.
@@ -46,6 +47,20 @@ def login(srv, user, password=DEFAULT_PASSWORD, device_id=None):
     if status != 200:
         raise AssertionError(f"login {user}: {status} {answer}")
     return Account(answer["user_id"], answer["access_token"], answer["device_id"], password)
+
+
+def deactivate(srv, account, **body):
+    """POST /account/deactivate through its UIA: the 401 challenge, then the account's
+    password with the session. Returns (status, body) of the second step."""
+    path = "/_matrix/client/v3/account/deactivate"
+    status, challenge = srv.json("POST", path, body, token=account.token)
+    if status != 401 or "session" not in (challenge or {}):
+        raise AssertionError(f"deactivate {account.user_id}: expected the 401 challenge, got "
+                             f"{status} {challenge}")
+    body["auth"] = {"type": "m.login.password", "session": challenge["session"],
+                    "identifier": {"type": "m.id.user", "user": account.user_id},
+                    "password": account.password}
+    return srv.json("POST", path, body, token=account.token, timeout=60)
 
 
 def quote(value):

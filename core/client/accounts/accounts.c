@@ -14,6 +14,8 @@
  *   filters (user_id, filter_id bigint, filter jsonb): filter IDs are decimal text of
  *     filter_id, unique per server.
  *   profiles (user_id, displayname, avatar_url): NULL = not set.
+ *   erased_users (user_id, erased_ts): users deactivated with erase: true; the rooms
+ *     module serves their events redacted to readers who were not joined at them.
  */
 #include <sodium.h>
 
@@ -152,6 +154,10 @@ static const atrium_migration MIGRATIONS[] = {
      " FOREIGN KEY (user_id, app_id, pushkey) REFERENCES pushers (user_id, app_id, pushkey)"
      "  ON DELETE CASCADE ON UPDATE CASCADE);"
      "CREATE INDEX push_queue_pusher ON push_queue (user_id, app_id, pushkey, id);"},
+    /* deactivate.c: the users who asked for erasure; every reader of events joins it
+     * (EVENTS_SELECT in core/rooms/rooms.h) to serve their events redacted to new readers. */
+    {8, "erased_users",
+     "CREATE TABLE erased_users (user_id text PRIMARY KEY, erased_ts bigint NOT NULL);"},
 };
 
 static int accounts_init(core_runtime *rt)

@@ -9,7 +9,10 @@
  *      account can never log in again; its name stays taken, so registration answers
  *      M_USER_IN_USE), every device and access token deleted (their E2EE keys and pushers
  *      go with the devices), the user's UIA sessions dropped, and with erase: true the
- *      profile's display name and avatar cleared;
+ *      profile's display name and avatar cleared and the user listed in erased_users:
+ *      from then on every reader of events serves the user's events redacted to whoever
+ *      was not joined to the room at them, and to other servers (the rule is
+ *      rooms_erasure_hides in core/rooms/rooms_vis.c; docs/architecture.md, "The room model");
  *   2. once committed, the token cache forgets the user (other processes hear the
  *      triggers' NOTIFY) and room-mates learn the device list changed;
  *   3. one leave event per room the user is joined to or invited to, at most
@@ -24,6 +27,7 @@
  * users (login.c and auth.c read the flag), hide them from the user directory
  * (user_directory.c), or build membership events (rooms_membership.c).
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
@@ -51,9 +55,15 @@ static bool deactivate_account(PGconn *c, const char *user_id, bool erase)
                           " WHERE user_id = $1", 1, p) &&
               acc_delete_devices(c, user_id, NULL, 0, NULL) &&
               acc_exec(c, "DELETE FROM uia_sessions WHERE user_id = $1", 1, p);
-    if (ok && erase)
+    if (ok && erase) {
+        char now[24];
+        snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
+        const char *pe[2] = {user_id, now};
         ok = acc_exec(c, "UPDATE profiles SET displayname = NULL, avatar_url = NULL"
-                         " WHERE user_id = $1", 1, p);
+                         " WHERE user_id = $1", 1, p) &&
+             acc_exec(c, "INSERT INTO erased_users (user_id, erased_ts) VALUES ($1, $2)"
+                         " ON CONFLICT (user_id) DO NOTHING", 2, pe);
+    }
     ok = ok && acc_exec(c, "COMMIT", 0, NULL);
     if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
     return ok;

@@ -27,8 +27,9 @@ static json_t *notified_event(atrium_req *r, PGconn *c, const char *event_id)
     const char *p[1] = {event_id};
     PGresult *res = acc_q(c, EVENTS_SELECT "WHERE e.event_id = $1", 1, p);
     if (!res) return NULL;
+    /* Only members of the room at an event are notified of it: erasure hides nothing. */
     events_view v = {.user_id = r->user, .device_id = r->device, .with_room_id = true,
-                     .now_ms = rt_wall_ms()};
+                     .now_ms = rt_wall_ms(), .reader_joined = true};
     json_t *ev = PQntuples(res) == 1 ? events_render(&v, res, 0) : NULL;
     PQclear(res);
     return ev;

@@ -68,7 +68,7 @@ bool rooms_reader_open(atrium_req *r, rooms_reader *rd)
         return false;
     }
     rd->view = (events_view){.user_id = rd->user, .device_id = r->device, .with_room_id = true,
-                             .now_ms = rooms_wall_ms()};
+                             .now_ms = rooms_wall_ms(), .reader = &rd->vis};
     return true;
 }
 

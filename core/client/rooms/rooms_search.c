@@ -16,7 +16,8 @@
  * joins the events against those (lo, hi] ranges, one row per range. The rule's other
  * clause (a user's own m.room.member events are always visible) cannot matter here, since
  * member events are never indexed; context events around a result go through
- * rooms_vis_window itself.
+ * rooms_vis_window itself. Erasure (rooms.h) splits those ranges where the user was
+ * joined: an erased user's messages match only there (rooms_erasure_sql).
  *
  * Work per request is bounded: a page holds at most SEARCH_MAX_LIMIT results, the term is
  * at most SEARCH_TERM_MAX_BYTES, at most SEARCH_MAX_ROOMS rooms are searched (those with
@@ -86,12 +87,22 @@ typedef struct search_run {
     atrium_req *r;
     PGconn *c;
     const search_req *q;
-    events_view view;
+    events_view view;  /* reader NULL: view_of sets it per room */
     char **room_ids;   /* the rooms searched (arena) */
     rooms_vis *vis;    /* their visibility (malloc'd, n_rooms) */
     int n_rooms;
-    const char *ranges; /* JSON [{r, l, h, i}]: room, visible (l, h], index into vis */
+    const char *ranges; /* JSON [{r, l, h, i, j}]: room, visible (l, h], index into vis,
+                         * whether the user was joined there (erasure) */
 } search_run;
+
+/* The view to render the events of searched room idx with: its reader's visibility, for
+ * erasure. */
+static events_view view_of(const search_run *s, int idx)
+{
+    events_view v = s->view;
+    v.reader = &s->vis[idx];
+    return v;
+}
 
 /* ---- the request -------------------------------------------------------------------- */
 
@@ -309,10 +320,19 @@ static int load_rooms(search_run *s, int *fail)
         rc = s->room_ids[i] ? rooms_vis_load(s->c, s->room_ids[i], s->r->user, &s->vis[i])
                             : ROOMS_E_DB;
         s->n_rooms = i + 1;
-        for (int k = 0; rc == ROOMS_OK && k < s->vis[i].n; k++)
-            json_array_append_new(ranges, json_pack("{s:s, s:I, s:I, s:i}", "r", s->room_ids[i],
-                                                    "l", (json_int_t)s->vis[i].lo[k], "h",
-                                                    (json_int_t)s->vis[i].hi[k], "i", i));
+        for (int k = 0; rc == ROOMS_OK && k < s->vis[i].n; k++) {
+            /* Each visible range in pieces, joined or not, so the match leaves out what
+             * erasure hides (match_sql). */
+            int64_t plo[2 * ROOMS_VIS_MAX_RANGES + 1], phi[2 * ROOMS_VIS_MAX_RANGES + 1];
+            bool pj[2 * ROOMS_VIS_MAX_RANGES + 1];
+            int np = rooms_vis_joined_pieces(&s->vis[i], s->vis[i].lo[k], s->vis[i].hi[k], plo,
+                                             phi, pj, 2 * ROOMS_VIS_MAX_RANGES + 1);
+            for (int m = 0; m < np; m++)
+                json_array_append_new(ranges, json_pack("{s:s, s:I, s:I, s:i, s:b}", "r",
+                                                        s->room_ids[i], "l", (json_int_t)plo[m],
+                                                        "h", (json_int_t)phi[m], "i", i, "j",
+                                                        pj[m]));
+        }
     }
     PQclear(res);
     char *text = rc == ROOMS_OK ? json_dumps(ranges, JSON_COMPACT) : NULL;
@@ -324,17 +344,19 @@ static int load_rooms(search_run *s, int *fail)
     return rc;
 }
 
-/* The matches: events of the searched rooms inside their visible ranges. Parameters $1
- * term, $2 ranges, $3 key types, $4..$7 the filter's lists. */
+/* The matches: events of the searched rooms inside their visible ranges, less what
+ * erasure hides (an erased sender's events where the user was not joined: a new reader
+ * cannot find them by their words). Parameters $1 term, $2 ranges, $3 key types, $4..$7
+ * the filter's lists. */
 static const char *match_sql(search_run *s)
 {
     return rt_arena_printf(
         s->r->arena,
-        " FROM json_to_recordset($2::json) AS v(r text, l bigint, h bigint, i int)"
+        " FROM json_to_recordset($2::json) AS v(r text, l bigint, h bigint, i int, j boolean)"
         " JOIN events e ON e.room_id = v.r AND e.stream_pos > v.l AND e.stream_pos <= v.h"
         " WHERE e.search_tsv @@ " SEARCH_TSQUERY
-        " AND e.redacted_by IS NULL AND e.type = ANY($3::text[])%s",
-        rooms_filter_sql(s->r->arena, 4));
+        " AND e.redacted_by IS NULL AND e.type = ANY($3::text[])%s%s",
+        rooms_filter_sql(s->r->arena, 4), rooms_erasure_sql(s->r->arena, "v.j"));
 }
 
 /* How many events match, up to SEARCH_COUNT_MAX; or a failure. */
@@ -374,8 +396,10 @@ static PGresult *page_matches(search_run *s, int *fail)
 
 /* The profile of every sender of events (their m.room.member content at upto), for
  * include_profile: {user_id: {displayname, avatar_url}}. */
-static json_t *profiles(search_run *s, const char *room, int64_t upto, json_t *events)
+static json_t *profiles(search_run *s, int idx, int64_t upto, json_t *events)
 {
+    const char *room = s->room_ids[idx];
+    events_view view = view_of(s, idx);
     json_t *senders = json_array(), *members = json_array(), *out = json_object();
     for (size_t i = 0; i < json_array_size(events); i++) {
         json_t *who = json_object_get(json_array_get(events, i), "sender");
@@ -387,7 +411,7 @@ static json_t *profiles(search_run *s, const char *room, int64_t upto, json_t *e
     json_t *type = json_pack("[s]", "m.room.member");
     const char *types = rooms_pg_array(s->r->arena, type);
     json_decref(type);
-    int rc = types ? events_state_at(s->c, &s->view, room, upto, senders, types, members)
+    int rc = types ? events_state_at(s->c, &view, room, upto, senders, types, members)
                    : ROOMS_E_DB;
     for (size_t i = 0; rc >= 0 && i < json_array_size(members); i++) {
         json_t *ev = json_array_get(members, i), *content = json_object_get(ev, "content");
@@ -419,7 +443,8 @@ static int context_side(search_run *s, int idx, int64_t pos, int64_t limit, bool
                                       " ORDER BY e.stream_pos %s LIMIT $2::bigint",
                                       vis, back ? "DESC" : "ASC");
     int64_t first;
-    return events_fetch(s->c, &s->view, sql, 2 + ROOMS_VIS_PARAMS, p, out, &first, last);
+    events_view view = view_of(s, idx);
+    return events_fetch(s->c, &view, sql, 2 + ROOMS_VIS_PARAMS, p, out, &first, last);
 }
 
 /* The `context` of a result: the events around it, their pagination tokens, profiles. */
@@ -441,7 +466,7 @@ static json_t *context_of(search_run *s, int idx, int64_t pos, json_t *result)
         json_array_append(all, result);
         json_array_extend(all, before);
         json_array_extend(all, after);
-        json_t *info = profiles(s, s->room_ids[idx], a_last, all);
+        json_t *info = profiles(s, idx, a_last, all);
         json_decref(all);
         if (!info) {
             json_decref(ctx);
@@ -469,12 +494,13 @@ static int render_page(search_run *s, PGresult *page, int rows, json_t *results,
     for (int i = 0; rc == ROOMS_OK && i < rows; i++) {
         int64_t pos = atoll(PQgetvalue(page, i, 0));
         int idx = atoi(PQgetvalue(page, i, 2));
+        events_view view = view_of(s, idx);
         json_t *ev = NULL;
         for (int j = 0; !ev && j < PQntuples(res); j++)
-            if (events_pos(res, j) == pos) ev = events_render(&s->view, res, j);
+            if (events_pos(res, j) == pos) ev = events_render(&view, res, j);
         if (!ev) continue; /* a corrupt row (logged) */
         json_t *one = json_pack("[O]", ev); /* bundled aggregations, as other readers */
-        if (!one || rooms_bundle_add(s->c, s->r->arena, &s->view, s->room_ids[idx], &s->vis[idx],
+        if (!one || rooms_bundle_add(s->c, s->r->arena, &view, s->room_ids[idx], &s->vis[idx],
                                      one) < 0)
             rc = ROOMS_E_DB;
         json_decref(one);
@@ -488,7 +514,7 @@ static int render_page(search_run *s, PGresult *page, int rows, json_t *results,
         if (rc == ROOMS_OK && state && !json_object_get(state, room)) {
             json_t *events = json_array();
             json_object_set_new(state, room, events);
-            if (events_state_at(s->c, &s->view, room, INT64_MAX, NULL, NULL, events) < 0)
+            if (events_state_at(s->c, &view, room, INT64_MAX, NULL, NULL, events) < 0)
                 rc = ROOMS_E_DB;
         }
     }

@@ -17,6 +17,9 @@
  *     after the newest one (limited), so the state block before it carries what that
  *     event set and the client's room state stays current; state changes hidden in the
  *     window of an unlimited incremental timeline are sent as state too.
+ *   - Erasure: while a room is read, s->view.reader is the user's visibility in it, so
+ *     events_render serves an erased user's events redacted where the user was not joined
+ *     (rooms_erasure_hides), in the timeline and in the state alike.
  *   - Invites carry stripped state (type, state_key, content, sender) of the room's
  *     descriptive events and the invite itself.
  *   - The filter's room.state (types, not_types, senders, not_senders; '*' a wildcard in
@@ -512,19 +515,16 @@ static int joined_at_since(sync_ctx *s, const char *room_id, bool *joined)
     return rc;
 }
 
-static int joined_room(sync_ctx *s, const char *room_id, json_t *acct, json_t *join, bool *has_new)
+/* A room the user is joined to, read with vis (s->view.reader, set by joined_room). */
+static int joined_room_read(sync_ctx *s, const char *room_id, const rooms_vis *vis,
+                            bool was_joined, json_t *acct, json_t *join, bool *has_new)
 {
-    bool was_joined;
-    rooms_vis vis;
-    if (joined_at_since(s, room_id, &was_joined) < 0 ||
-        rooms_vis_load(s->c, room_id, s->user, &vis) < 0)
-        return ROOMS_E_DB;
     bool full = s->since == 0 || s->full_state || !was_joined;
     int64_t from = full ? 0 : s->since;
     timeline t;
-    if (fetch_timeline(s, room_id, &vis, from, s->upto, &t) < 0) return ROOMS_E_DB;
+    if (fetch_timeline(s, room_id, vis, from, s->upto, &t) < 0) return ROOMS_E_DB;
     json_t *state = json_array(), *eph = json_array();
-    bool gappy = !rooms_vis_covers(&vis, from, s->upto);
+    bool gappy = !rooms_vis_covers(vis, from, s->upto);
     int rc = timeline_state(s, room_id, &t, full, gappy, s->upto, state);
     if (rc >= 0) rc = ephemeral(s, room_id, s->since == 0, eph);
     json_t *acct_events = json_object_get(acct, room_id);
@@ -547,6 +547,19 @@ static int joined_room(sync_ctx *s, const char *room_id, json_t *acct, json_t *j
     json_object_set_new(join, room_id, room);
     *has_new = true;
     return rc < 0 ? rc : ROOMS_OK;
+}
+
+static int joined_room(sync_ctx *s, const char *room_id, json_t *acct, json_t *join, bool *has_new)
+{
+    bool was_joined;
+    rooms_vis vis;
+    if (joined_at_since(s, room_id, &was_joined) < 0 ||
+        rooms_vis_load(s->c, room_id, s->user, &vis) < 0)
+        return ROOMS_E_DB;
+    s->view.reader = &vis; /* this room's reader, for erasure, while it is read */
+    int rc = joined_room_read(s, room_id, &vis, was_joined, acct, join, has_new);
+    s->view.reader = NULL;
+    return rc;
 }
 
 /* An invite to a room this server is not in: the stripped state the inviting server sent
@@ -610,10 +623,12 @@ static int left_room(sync_ctx *s, const membership_row *m, json_t *leave, bool *
     if (was_joined || s->since == 0) {
         rooms_vis vis;
         rc = rooms_vis_load(s->c, m->room_id, s->user, &vis);
+        s->view.reader = &vis; /* this room's reader, for erasure, while it is read */
         if (rc >= 0) rc = fetch_timeline(s, m->room_id, &vis, s->since, m->pos, &t);
         if (rc >= 0)
             rc = timeline_state(s, m->room_id, &t, s->since == 0,
                                 !rooms_vis_covers(&vis, s->since, m->pos), m->pos, state);
+        s->view.reader = NULL;
     } else {
         /* Not joined at since (an invite withdrawn or refused, or a join and leave within
          * the window): only the user's own membership events of the window. */
