@@ -8,7 +8,11 @@
  * the origin may see (fed_rooms_server_may_see): an event it may not see is "not found"
  * for /event, a refusal (403) for the state of the room at it, and silently left out of
  * backfill and missing events. PDUs go out as stored, with their signatures (redacted when
- * they were). State "at" an event is the state before it, as the graph keeps it
+ * they were, and when their sender was erased: served_pdu, the rule in rooms.h; the
+ * receiving server finds the content hash off and keeps the redacted form). The room's
+ * state and auth chains (/state, send_join's answer) go out as stored: servers build and
+ * authorize the room with them (Synapse serves them so too; an erased user's membership
+ * there is the leave their deactivation sent, which carries no profile). State "at" an event is the state before it, as the graph keeps it
  * (events_graph.h): the spec's Server-Server API ("GET /_matrix/federation/v1/state_ids/
  * {roomId}", "Retrieve the state of a room at a given event") does not say whether the
  * event itself is included; Synapse answers the state before it and, asking another
@@ -21,6 +25,20 @@
 #include <string.h>
 
 #include "core/federation/fed_rooms.h"
+
+/* The PDU as other servers are served it: redacted (v's algorithm) when its sender is
+ * erased and erasure covers it (rooms_erasure_hides_from_servers), else as it is. Takes
+ * pdu; NULL on out-of-memory. */
+static json_t *served_pdu(const room_version *v, json_t *pdu, bool sender_erased)
+{
+    if (!pdu || !rooms_erasure_hides_from_servers(
+                    sender_erased, json_string_value(json_object_get(pdu, "type")),
+                    json_object_get(pdu, "state_key") != NULL))
+        return pdu;
+    json_t *red = event_redact(v, pdu);
+    json_decref(pdu);
+    return red;
+}
 
 /* GET /_matrix/federation/v1/event/{eventId} */
 static int get_event(atrium_req *r)
@@ -46,8 +64,12 @@ static int get_event(atrium_req *r)
     int64_t pos = INT64_MAX;
     int in = w == ROOMS_GRAPH_STREAM ? fed_rooms_event_pos(c, room, event_id, &pos) : 0;
     int see = in < 0 ? -1 : fed_rooms_server_may_see(c, room, r->origin, pos);
+    const char *sender = json_string_value(json_object_get(pdu, "sender"));
+    int erased = see == 1 && sender ? rooms_user_erased(c, sender) : 0;
+    bool failed_v = false;
+    const room_version *v = erased == 1 ? rooms_version_of(c, room, &failed_v) : NULL;
     fed_rooms_close(c);
-    if (see < 0) {
+    if (see < 0 || erased < 0 || (erased == 1 && !v)) {
         json_decref(pdu);
         return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     }
@@ -55,6 +77,8 @@ static int get_event(atrium_req *r)
         json_decref(pdu);
         return http_respond_error(r, 404, "M_NOT_FOUND", "No such event");
     }
+    pdu = erased == 1 ? served_pdu(v, pdu, true) : pdu;
+    if (!pdu) return http_respond_error(r, 503, "M_UNKNOWN", "Out of memory; retry");
     return fed_rooms_respond_pdus(r, json_pack("[o]", pdu));
 }
 
@@ -120,13 +144,15 @@ static int get_state(atrium_req *r)
     return http_respond_json(r, 200, json_pack("{s:o, s:o}", "auth_chain", auth, "pdus", pdus));
 }
 
-/* Append pdu at stream position pos to out when origin may see it. -1 database. */
+/* Append pdu at stream position pos to out, as served (served_pdu), when origin may see
+ * it. -1 database. */
 static int add_if_visible(PGconn *c, const char *room_id, const char *origin, int64_t pos,
-                          const char *text, json_t *out)
+                          const room_version *v, const char *text, bool sender_erased,
+                          json_t *out)
 {
     int see = fed_rooms_server_may_see(c, room_id, origin, pos);
     if (see != 1) return see;
-    json_t *pdu = json_loads(text, 0, NULL);
+    json_t *pdu = served_pdu(v, json_loads(text, 0, NULL), sender_erased);
     if (pdu) json_array_append_new(out, pdu);
     return 1;
 }
@@ -158,13 +184,18 @@ static int get_backfill(atrium_req *r)
     snprintf(lim, sizeof(lim), "%ld", limit);
     const char *p[3] = {room_id, rooms_pg_array(a, vs), lim};
     json_decref(vs);
-    PGresult *res = rooms_q(c,
-                            "SELECT e.stream_pos, CASE WHEN e.redacted_by IS NULL THEN e.pdu END,"
-                            " e.event_id FROM events e WHERE e.room_id = $1 AND e.stream_pos <="
-                            " (SELECT max(stream_pos) FROM events WHERE room_id = $1"
-                            "  AND event_id = ANY($2::text[]))"
-                            " ORDER BY e.stream_pos DESC LIMIT $3::int",
-                            3, p, NULL);
+    bool failed_v = false;
+    const room_version *v = rooms_version_of(c, room_id, &failed_v);
+    PGresult *res = !v ? NULL
+                       : rooms_q(c,
+                                 "SELECT e.stream_pos, CASE WHEN e.redacted_by IS NULL THEN e.pdu END,"
+                                 " e.event_id, EXISTS (SELECT 1 FROM erased_users x"
+                                 "  WHERE x.user_id = e.sender)"
+                                 " FROM events e WHERE e.room_id = $1 AND e.stream_pos <="
+                                 " (SELECT max(stream_pos) FROM events WHERE room_id = $1"
+                                 "  AND event_id = ANY($2::text[]))"
+                                 " ORDER BY e.stream_pos DESC LIMIT $3::int",
+                                 3, p, NULL);
     json_t *out = json_array();
     int rc = res ? 0 : -1;
     for (int i = 0; res && i < PQntuples(res) && rc >= 0; i++) {
@@ -178,8 +209,8 @@ static int get_backfill(atrium_req *r)
             json_decref(pdu);
             continue;
         }
-        rc = add_if_visible(c, room_id, r->origin, atoll(PQgetvalue(res, i, 0)),
-                            PQgetvalue(res, i, 1), out);
+        rc = add_if_visible(c, room_id, r->origin, atoll(PQgetvalue(res, i, 0)), v,
+                            PQgetvalue(res, i, 1), PQgetvalue(res, i, 3)[0] == 't', out);
     }
     PQclear(res);
     fed_rooms_close(c);
@@ -218,6 +249,8 @@ static int post_missing(atrium_req *r)
     if (limit > FED_ROOMS_MISSING_MAX) limit = FED_ROOMS_MISSING_MAX;
     PGconn *c = fed_rooms_open(r, room_id);
     if (!c) return ATRIUM_DONE;
+    bool failed_v = false;
+    const room_version *ver = rooms_version_of(c, room_id, &failed_v);
     json_t *queue = json_array(), *seen = json_array(), *found = json_array();
     for (size_t i = 0; i < json_array_size(latest); i++) {
         json_t *v = json_array_get(latest, i);
@@ -226,14 +259,16 @@ static int post_missing(atrium_req *r)
             json_array_append(seen, v);
         }
     }
-    int rc = 0;
+    int rc = ver ? 0 : -1;
     size_t visited = 0;
     while (json_array_size(queue) > 0 && (json_int_t)json_array_size(found) < limit &&
            visited < FED_ROOMS_MISSING_VISIT_MAX && rc >= 0) {
         const char *id = json_string_value(json_array_get(queue, 0));
         const char *p[2] = {id, room_id};
         PGresult *res = rooms_q(c,
-                                "SELECT g.prev_id, e.stream_pos, e.depth FROM event_edges g"
+                                "SELECT g.prev_id, e.stream_pos, e.depth, EXISTS (SELECT 1"
+                                "  FROM erased_users x WHERE x.user_id = e.sender)"
+                                " FROM event_edges g"
                                 " JOIN events e ON e.event_id = g.prev_id AND e.room_id = $2"
                                 " WHERE g.event_id = $1",
                                 2, p, NULL);
@@ -257,6 +292,7 @@ static int post_missing(atrium_req *r)
             rooms_graph_where w;
             bool failed;
             json_t *pdu = rooms_graph_load(c, prev, NULL, &w, &failed);
+            pdu = served_pdu(ver, pdu, PQgetvalue(res, i, 3)[0] == 't');
             if (failed) rc = -1;
             else if (pdu) json_array_insert_new(found, 0, pdu);
         }

@@ -13,7 +13,7 @@ import json
 import re
 import time
 
-from accounts import quote, register
+from accounts import deactivate, quote, register
 from federation_support import canonical, sign_json, verify_json
 from rooms_client import (Client, content_hash, redact, reference_event_id, stored_pdus,
                           unpadded_b64)
@@ -127,6 +127,44 @@ class ServedEventsTest(FederationTestCase):
         self.assertEqual(status, 200, body)
         self.assertEqual([reference_event_id(p, "10") for p in body["events"]],
                          [sent[1], sent[2], sent[3]])
+
+    def test_an_erased_users_events_are_served_redacted_to_other_servers(self):
+        room = self.world_readable_room(preset="public_chat")
+        account = register(self.a, "mal")
+        mal = Client(self.a, account)
+        mal.join(room)
+        erased = mal.send(room, {"msgtype": "m.text", "body": "erase me"})
+        kept = self.alice.send(room, {"msgtype": "m.text", "body": "stays"})
+        self.assertEqual(deactivate(self.a, account, erase=True)[0], 200)
+        key_id, public = a_key(self.a)
+
+        # /event: the same event (same ID, A's signature verifies), its content gone; the
+        # content hash is the original's, so a receiving server keeps it redacted.
+        status, body = self.view.get(f"{FED}/v1/event/{quote(erased)}")
+        self.assertEqual(status, 200, body)
+        [pdu] = body["pdus"]
+        self.assertEqual((pdu["content"], pdu["sender"]), ({}, mal.user_id))
+        self.assertEqual(reference_event_id(pdu, "10"), erased)
+        self.assertTrue(verify_json(redact(pdu, "10"), self.a.server_name, key_id, public))
+        self.assertNotEqual(pdu["hashes"]["sha256"], content_hash(pdu))
+        # /backfill and /get_missing_events alike; alice's message and mal's membership
+        # (without its profile) go out as they must.
+        status, body = self.view.get(f"{FED}/v1/backfill/{quote(room)}?v={quote(kept)}&limit=50")
+        self.assertEqual(status, 200, body)
+        served = {reference_event_id(p, "10"): p for p in body["pdus"]}
+        self.assertEqual(served[erased]["content"], {})
+        self.assertEqual(served[kept]["content"]["body"], "stays")
+        joins = [p for p in served.values()
+                 if p["type"] == "m.room.member" and p["state_key"] == mal.user_id]
+        self.assertEqual([p["content"] for p in joins], [{"membership": "join"}])
+        status, body = self.view.send("POST", f"{FED}/v1/get_missing_events/{quote(room)}",
+                                      {"earliest_events": [], "latest_events": [kept],
+                                       "limit": 10, "min_depth": 0})
+        self.assertEqual(status, 200, body)
+        missing = {reference_event_id(p, "10"): p for p in body["events"]}
+        self.assertEqual(missing[erased]["content"], {})
+        # Before the erasure nothing was hidden: alice's own view of the stored event.
+        self.assertEqual(dict(stored_pdus(self.a, room))[erased]["content"]["body"], "erase me")
 
     def test_a_server_with_no_member_sees_nothing_of_a_room_that_is_not_world_readable(self):
         room = self.alice.create_room()
