@@ -12,7 +12,8 @@
  *      profile's display name and avatar cleared and the user listed in erased_users:
  *      from then on every reader of events serves the user's events redacted to whoever
  *      was not joined to the room at them, and to other servers (the rule is
- *      rooms_erasure_hides in core/rooms/rooms_vis.c; docs/architecture.md, "The room model");
+ *      rooms_erasure_hides in core/rooms/rooms_vis.c; docs/architecture.md, "The room model",
+ *      "Erasure");
  *   2. once committed, the token cache forgets the user (other processes hear the
  *      triggers' NOTIFY) and room-mates learn the device list changed;
  *   3. one leave event per room the user is joined to or invited to, at most
