@@ -14,7 +14,10 @@
  * by the auth rules kept as rejected. An extremity that gave nothing new rests
  * RECV_BACKFILL_DEAD_END_MS (backfill_dead_ends), so one event that never passes costs a
  * request per while, not per page. The connection goes back to the pool while a peer is
- * waited for (fed_recv_ask), so a slow server pins none.
+ * waited for (fed_recv_ask), so a slow server pins none. Backfills of one room may run at
+ * once (two clients' pages, two processes) and read the same events: each is looked up
+ * again under the room's lock before it is stored, so the later one finds it there and
+ * stores nothing twice.
  *
  * Metrics: atrium_rooms_backfilled_events_total{outcome} (stored, refused, rejected).
  */
@@ -105,17 +108,23 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
         rooms_err e = {0};
         rt_arena *a = rt_arena_new(1024);
         rc = a ? rooms_tx_begin(&tx, rx->c, a, rx->room_id, &e) : ROOMS_E_DB;
+        int in = 0;
         if (rc == ROOMS_OK) {
+            /* Asked again under the room's lock: another backfill of the room (another
+             * client's page, another process) may have stored it since it was looked up
+             * above, while this one waited for the peer or the signing keys. */
             const char *p[1] = {id};
-            if (!rooms_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
+            in = fed_rooms_event_pos(rx->c, rx->room_id, id, NULL);
+            if (in < 0 || (in == 0 && !rooms_exec(rx->c, "DELETE FROM event_outliers"
+                                                         " WHERE event_id = $1", 1, p)))
                 rc = rooms_set_err(&e, ROOMS_E_DB, "database");
-            else
+            else if (in == 0)
                 rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, NULL, ROOMS_PDU_BACKFILLED, &e);
-            if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
+            if (rc == ROOMS_OK && in == 0) rc = rooms_tx_commit(&tx, &e);
             else rooms_tx_rollback(&tx);
         }
         rt_arena_free(a);
-        rc = rc == ROOMS_OK ? 1 : rc == ROOMS_E_DB ? -1 : 0;
+        rc = rc != ROOMS_OK ? (rc == ROOMS_E_DB ? -1 : 0) : in == 0;
         if (rc == 1) rt_metric_add(bf_metrics.stored, 1);
     }
     json_decref(auth);

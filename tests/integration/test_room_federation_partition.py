@@ -155,6 +155,31 @@ class BackfillTest(PartitionCase):
         self.wait_until("the history once B is back",
                         lambda: self.all_bodies(self.alice, room) == said, timeout=60)
 
+    def test_two_pages_back_at_once_both_read_the_history_and_store_each_event_once(self):
+        # Both requests find the history missing and read the same events from B at the
+        # same time; each round is a fresh room, so both backfill.
+        for _ in range(3):
+            room, said = self.bobs_room(60)
+            self.alice_joins(room)
+            pages = [None, None]
+
+            def page_back(i):
+                pages[i] = self.alice.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}"
+                                           "/messages?dir=b&limit=50", timeout=60)
+            both = [threading.Thread(target=page_back, args=(i,)) for i in range(2)]
+            for t in both:
+                t.start()
+            for t in both:
+                t.join(60)
+            self.assertEqual([page[0] for page in pages], [200, 200], pages)
+            ids = [[e["event_id"] for e in page[1]["chunk"]] for page in pages]
+            self.assertEqual(len(ids[0]), 50)
+            self.assertEqual(ids[0], ids[1])
+            self.assertEqual(self.all_bodies(self.alice, room), said)
+            self.assertEqual(psql(f"SELECT count(*) FROM events WHERE room_id = '{room}'"
+                                  " AND type = 'm.room.message'", database=self.a.database),
+                             [[str(len(said))]])
+
     def test_history_the_user_may_not_see_is_neither_read_nor_shown(self):
         room, _ = self.bobs_room(5, initial_state=[{
             "type": "m.room.history_visibility", "state_key": "",
