@@ -461,6 +461,7 @@ static void fill_gap(pdu_job *rx, const char *event_id)
         (void)receive(&inner, sorted[i], e2);
     }
     rx->fetched = inner.fetched;
+    rx->c = inner.c; /* the events' own waits may have given it back and borrowed another */
     free(sorted);
     json_decref(collected);
     json_decref(frontier);
