@@ -2,7 +2,9 @@
  * core/federation/fed_call.c - a federation request or signature check, waited for on a
  * pool thread (fed_call.h says which threads may): submit, then sleep on a condition
  * variable until the callback. The callback only copies the answer and signals, as the
- * outbound client's callbacks must be quick.
+ * outbound client's callbacks must be quick. Every wait goes through waiter_wait, the one
+ * place where the caller's pooled connection is given back for the wait and borrowed
+ * again after it.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 #include "core/federation/fed_call.h"
 #include "core/federation/federation.h"
 #include "core/rooms/room_auth.h"
+#include "core/store/db.h"
 
 typedef struct waiter {
     pthread_mutex_t mu;
@@ -36,13 +39,31 @@ static void waiter_signal(waiter *w)
     pthread_mutex_unlock(&w->mu);
 }
 
-static void waiter_wait(waiter *w)
+/* Wait for w's callback. Unless it came already (a key in memory, a refusal at submit),
+ * the caller's connection (hold) is not pinned meanwhile: it goes back to the pool before
+ * the wait and is borrowed again after it. */
+static void waiter_wait(waiter *w, fed_call_hold *hold)
 {
+    pthread_mutex_lock(&w->mu);
+    bool give_back = !w->done && hold && hold->c && *hold->c;
+    pthread_mutex_unlock(&w->mu);
+    if (give_back) {
+        PGTransactionStatusType ts = PQtransactionStatus(*hold->c);
+        RT_ASSERT(ts == PQTRANS_IDLE || ts == PQTRANS_UNKNOWN,
+                  "fed_call: a connection inside a transaction (libpq status %d) would go back "
+                  "to the pool while another server is waited for", (int)ts);
+        db_release(db_global(), *hold->c);
+        *hold->c = NULL;
+        hold->given_back = true;
+    }
     pthread_mutex_lock(&w->mu);
     while (!w->done) pthread_cond_wait(&w->cv, &w->mu);
     pthread_mutex_unlock(&w->mu);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
+    if (give_back && !(*hold->c = db_acquire(db_global(), DB_WAIT_CONFIGURED)))
+        rt_log(ATRIUM_LOG_WARN, "federation", "no database connection was free again after "
+               "waiting for another server; what needed it is retried later");
 }
 
 static void call_done(void *arg, const fed_response *res)
@@ -55,7 +76,7 @@ static void call_done(void *arg, const fed_response *res)
     waiter_signal(w);
 }
 
-bool fed_call(const fed_request_opts *o, fed_call_result *out)
+bool fed_call(const fed_request_opts *o, fed_call_hold *hold, fed_call_result *out)
 {
     memset(out, 0, sizeof(*out));
     waiter w;
@@ -69,10 +90,10 @@ bool fed_call(const fed_request_opts *o, fed_call_result *out)
         snprintf(out->error, sizeof(out->error), "the outbound client refused the request (%d)", rc);
         out->outcome = FED_HTTP_E_INTERNAL;
         w.done = true;
-        waiter_wait(&w);
+        waiter_wait(&w, NULL);
         return false;
     }
-    waiter_wait(&w);
+    waiter_wait(&w, hold);
     return true;
 }
 
@@ -96,7 +117,7 @@ static void verify_done(void *arg, int result, const char *why)
 }
 
 int fed_call_verify(const json_t *obj, const char *server_name, int64_t valid_at_ms,
-                    char why[FED_CALL_ERROR_BYTES])
+                    fed_call_hold *hold, char why[FED_CALL_ERROR_BYTES])
 {
     fed_call_result out = {0};
     waiter w;
@@ -105,16 +126,16 @@ int fed_call_verify(const json_t *obj, const char *server_name, int64_t valid_at
     int rc = federation_verify_json(obj, server_name, valid_at_ms, verify_done, &w);
     if (rc < 0) {
         w.done = true;
-        waiter_wait(&w);
+        waiter_wait(&w, NULL);
         snprintf(why, FED_CALL_ERROR_BYTES, "the signature could not be checked (%d)", rc);
         return rc;
     }
-    waiter_wait(&w);
+    waiter_wait(&w, hold);
     snprintf(why, FED_CALL_ERROR_BYTES, "%s", out.error);
     return w.verify_rc;
 }
 
-int fed_call_verify_event(const room_version *v, const json_t *pdu,
+int fed_call_verify_event(const room_version *v, const json_t *pdu, fed_call_hold *hold,
                           char why[FED_CALL_ERROR_BYTES])
 {
     json_t *signers = event_required_signers(v, pdu);
@@ -134,7 +155,7 @@ int fed_call_verify_event(const room_version *v, const json_t *pdu,
     for (size_t i = 0; rc == 0 && i < json_array_size(signers); i++) {
         const char *server = json_string_value(json_array_get(signers, i));
         char inner[FED_CALL_ERROR_BYTES];
-        rc = fed_call_verify(red, server, valid_at, inner);
+        rc = fed_call_verify(red, server, valid_at, hold, inner);
         if (rc < 0) snprintf(why, FED_CALL_ERROR_BYTES, "not signed by %.100s: %.120s", server, inner);
     }
     json_decref(red);

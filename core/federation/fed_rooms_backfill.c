@@ -88,7 +88,10 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
     if (failed) return -1;
     if (w == ROOMS_GRAPH_STREAM || w == ROOMS_GRAPH_REJECTED || w == ROOMS_GRAPH_SOFT_FAILED)
         return 0;
-    if (fed_call_verify_event(rx->v, pdu_in, sig) < 0) {
+    int vrc = fed_recv_verify(rx, pdu_in, NULL, sig); /* the look-up above is made again
+                                                        * under the room's lock below */
+    if (!rx->c) return -1;
+    if (vrc < 0) {
         rt_metric_add(bf_metrics.refused, 1);
         rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s refused: %s", id, rx->origin, sig);
         return 0;

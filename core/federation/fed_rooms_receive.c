@@ -26,7 +26,8 @@
  * a soft-failed one as 'soft_failed'. An accepted one is appended to the stream with the
  * state it was authorized against (rooms_tx_append_pdu), where /sync, /messages and
  * /members find it. Runs on the inbound pool's threads (fed_inbound.c): it may wait for
- * other servers, each request with a deadline (fed_call.h).
+ * other servers, each request and key fetch with a deadline (fed_call.h), and never with
+ * a database connection held: fed_recv_ask and fed_recv_verify give it back for the wait.
  *
  * When the room then has several forward extremities whose states differ, the current
  * state becomes their resolution (resolve_current): current_state and, for memberships, a
@@ -120,32 +121,36 @@ void fed_recv_uri_part(const char *s, char *out, size_t len)
 }
 
 /* A request to the origin, waited for; the JSON answer (new) or NULL. rx->c goes back to
- * the pool for the wait (a slow peer must not pin a connection the whole server needs)
- * and is borrowed again after it, with the configured wait; when none is free in time,
- * rx->c stays NULL and the answer is dropped: the caller's next query fails as a
- * database error. */
+ * the pool for the wait (fed_call_hold: a slow peer must not pin a connection the whole
+ * server needs) and is borrowed again after it; when none is free in time, rx->c stays
+ * NULL and the answer is dropped: the caller's next query fails as a database error. */
 json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const json_t *body)
 {
     if (!rx->c) return NULL;
-    db_release(db_global(), rx->c);
-    rx->c = NULL;
     fed_request_opts o = {.method = method, .destination = rx->origin, .uri = uri, .body = body,
                           .deadline_ms = rt_now_ms() + RECV_REQUEST_TIMEOUT_MS,
                           .max_body_bytes = RECV_MAX_BODY_BYTES};
     fed_call_result res;
-    fed_call(&o, &res);
+    fed_call(&o, &(fed_call_hold){.c = &rx->c}, &res);
     json_t *out = fed_call_ok(&res) ? json_incref(res.json) : NULL;
     if (!out)
         rt_log(ATRIUM_LOG_INFO, "federation", "%s %s at %s failed: %s (status %d)", method, uri,
                rx->origin, res.error, res.status);
     fed_call_result_clear(&res);
-    if (!(rx->c = db_acquire(db_global(), DB_WAIT_CONFIGURED))) {
-        rt_log(ATRIUM_LOG_WARN, "federation", "%s %s at %s: no database connection free after "
-               "the answer; dropped", method, uri, rx->origin);
+    if (!rx->c) {
         json_decref(out);
         out = NULL;
     }
     return out;
+}
+
+int fed_recv_verify(pdu_job *rx, const json_t *pdu, bool *given_back,
+                    char why[FED_CALL_ERROR_BYTES])
+{
+    fed_call_hold hold = {.c = &rx->c};
+    int rc = fed_call_verify_event(rx->v, pdu, &hold, why);
+    if (given_back) *given_back = hold.given_back;
+    return rc;
 }
 
 /* ---- one event outside the stream: an auth event or a state event fetched ------------ */
@@ -200,7 +205,7 @@ static bool fetch_outlier(pdu_job *rx, const char *event_id, int depth)
               strcmp(json_string_value(json_object_get(pdu, "room_id")) ?: "", rx->room_id) == 0 &&
               event_check_format(rx->v, pdu, why) == EVENT_FORMAT_OK &&
               event_compute_id(rx->v, pdu, id) == 0 && strcmp(id, event_id) == 0 &&
-              fed_call_verify_event(rx->v, pdu, sig) == 0;
+              fed_recv_verify(rx, pdu, NULL, sig) == 0 && rx->c;
     if (!ok) {
         json_decref(answer);
         return false;
@@ -593,11 +598,13 @@ static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *st
     return FED_PDU_ACCEPTED;
 }
 
-static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
+/* Steps 1 and the look-up before the signatures: precheck, the event's ID (into id), and
+ * what is known of it already. ROOMS_OK to go on, else the outcome. */
+static int admit(pdu_job *rx, const json_t *pdu_in, char id[EVENT_ID_LEN],
+                 char err[FED_PDU_ERR_LEN])
 {
     int rc = precheck(rx, pdu_in, err);
     if (rc != ROOMS_OK) return rc;
-    char id[EVENT_ID_LEN];
     if (event_compute_id(rx->v, pdu_in, id) < 0)
         return reject(rx, RC_FORMAT, err, "The event ID cannot be computed");
     rooms_graph_where w;
@@ -608,9 +615,23 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     if (w == ROOMS_GRAPH_STREAM) return FED_PDU_ACCEPTED; /* seen before */
     if (w == ROOMS_GRAPH_SOFT_FAILED) return FED_PDU_SOFT_FAILED;
     if (w == ROOMS_GRAPH_REJECTED) return reject(rx, RC_AUTH_EVENTS, err, "Rejected before");
+    return ROOMS_OK;
+}
+
+static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
+{
+    char id[EVENT_ID_LEN];
+    int rc = admit(rx, pdu_in, id, err);
+    if (rc != ROOMS_OK) return rc;
+    /* 2. The signatures. A key to fetch is waited for with rx->c back in the pool; what
+     * admit read under it (the room, its ACL, whether the event is known) is read again
+     * after such a wait. */
     char sig[FED_CALL_ERROR_BYTES];
-    if (fed_call_verify_event(rx->v, pdu_in, sig) < 0)
-        return reject(rx, RC_SIGNATURE, err, "%s", sig);
+    bool given_back = false;
+    rc = fed_recv_verify(rx, pdu_in, &given_back, sig);
+    if (!rx->c) return retry(err);
+    if (rc < 0) return reject(rx, RC_SIGNATURE, err, "%s", sig);
+    if (given_back && (rc = admit(rx, pdu_in, id, err)) != ROOMS_OK) return rc;
     json_t *pdu = event_content_hash_ok(pdu_in) ? json_incref((json_t *)pdu_in)
                                                 : event_redact(rx->v, pdu_in);
     if (!event_content_hash_ok(pdu_in)) {

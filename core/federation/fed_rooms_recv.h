@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/federation/fed_call.h"
 #include "core/federation/fed_internal.h"
 #include "core/rooms/events.h"
 
@@ -24,10 +25,10 @@ typedef struct pdu_job {
                                * asked of */
     const char *room_id;
     const room_version *v;
-    PGconn *c;                /* borrowed, outside any transaction; fed_recv_ask gives
-                               * it back for its wait and borrows another (NULL when
-                               * none was free): the caller releases rx->c, not what
-                               * it put here */
+    PGconn *c;                /* borrowed, outside any transaction; fed_recv_ask and
+                               * fed_recv_verify give it back for their waits and
+                               * borrow another (NULL when none was free): the caller
+                               * releases rx->c, not what it put here */
     int nesting;
     int fetched;              /* /event requests made, against the receiver's bound */
 } pdu_job;
@@ -39,6 +40,12 @@ void fed_recv_uri_part(const char *s, char *out, size_t len);
  * borrowed again after (DB_WAIT_CONFIGURED): NULL, with a NULL answer, when none was
  * free. No transaction may be open on rx->c. */
 json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const json_t *body);
+/* The signatures pdu needs under rx->v (fed_call_verify_event), with rx->c back in the pool
+ * while a key is fetched and borrowed again after (NULL when none was free: check rx->c
+ * before the result); *given_back (may be NULL) says whether it was, so what was read
+ * under it before may have changed. 0, or a negative error with why. */
+int fed_recv_verify(pdu_job *rx, const json_t *pdu, bool *given_back,
+                    char why[FED_CALL_ERROR_BYTES]);
 /* Keep pdu (id) as rejected, with why, so it is not fetched again and never served. 0 or
  * -1 database. */
 int fed_recv_store_rejected(pdu_job *rx, const char *id, const json_t *pdu, const char *why);

@@ -229,8 +229,10 @@ static void on_direct_to_device(void *ctx, const char *origin, const json_t *con
     db_release(db_global(), c);
 }
 
-/* Ask user_id's server for the whole device list and store it. 0, or -1 (logged). */
-static int resync(PGconn *c, const char *origin, const char *user_id)
+/* Ask user_id's server for the whole device list and store it. *cp (outside any
+ * transaction) goes back to the pool while the server is waited for and is borrowed again
+ * after: NULL when none was free (fed_call_hold). 0, or -1 (logged). */
+static int resync(PGconn **cp, const char *origin, const char *user_id)
 {
     char enc[E2EE_FED_URI_BYTES / 2], uri[E2EE_FED_URI_BYTES];
     if (!fed_uri_encode(user_id, enc, sizeof(enc))) return -1;
@@ -239,11 +241,16 @@ static int resync(PGconn *c, const char *origin, const char *user_id)
                           .deadline_ms = rt_now_ms() + E2EE_FED_RESYNC_TIMEOUT_MS,
                           .max_body_bytes = E2EE_FED_RESYNC_MAX_BYTES};
     fed_call_result res;
-    bool ran = fed_call(&o, &res);
+    bool ran = fed_call(&o, &(fed_call_hold){.c = cp}, &res);
+    PGconn *c = *cp;
     json_t *j = res.json;
     const char *answered_for = json_string_value(json_object_get(j, "user_id"));
     json_t *list = json_object_get(j, "devices");
     json_t *sid = json_object_get(j, "stream_id");
+    if (!c) {
+        fed_call_result_clear(&res);
+        return -1; /* logged by fed_call */
+    }
     if (!ran || !fed_call_ok(&res) || !answered_for || strcmp(answered_for, user_id) != 0 ||
         !json_is_array(list) || !json_is_integer(sid)) {
         rt_log(ATRIUM_LOG_INFO, "e2ee", "device list of %s not resynced from %s: %s (%d)",
@@ -360,10 +367,11 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
                                4, q);
         free(text);
     } else {
-        /* A gap (or nothing known): the whole list, without holding the row meanwhile. */
+        /* A gap (or nothing known): the whole list, holding neither the row nor the
+         * connection while the user's server answers. */
         e2ee_rollback(c);
-        resync(c, origin, user); /* a failure still counts as a change: clients re-query */
-        ok = e2ee_begin(c);
+        resync(&c, origin, user); /* a failure still counts as a change: clients re-query */
+        ok = c && e2ee_begin(c);
     }
     json_decref(devices);
     if (ok && changed) ok = e2ee_record_key_change(c, user) == 0;

@@ -6,11 +6,16 @@
  *
  * It runs on the rooms module's remote pool (rooms_to_remote_pool): the client's request
  * is handed off, so no request-pool thread waits while peers answer; the pool thread waits
- * on each request and signature check with its deadline (fed_call.h). The checks of each
- * received event are the spec's, in its order: the room it claims, its ID (the reference
- * hash under the room's version), its content hash (a mismatch keeps the redacted event),
- * the signatures the version requires (fed_call_verify_event), and the auth rules against
- * its own auth events, which must themselves have passed: an event whose auth event was
+ * on each request and signature check with its deadline (fed_call.h), and holds no
+ * database connection while it does: one is borrowed for each step that needs the
+ * database (the member event's profile, storing the answer, the invite under the room's
+ * lock) and given back before the next peer is asked, so a hung peer pins a pool thread,
+ * never a connection. (When none is free for the storing, the client is answered 503
+ * though the resident has the join; its retry joins again.) The checks of each received
+ * event are the spec's, in its order: the room it claims, its ID (the reference hash
+ * under the room's version), its content hash (a mismatch keeps the redacted event), the
+ * signatures the version requires (fed_call_verify_event), and the auth rules against its
+ * own auth events, which must themselves have passed: an event whose auth event was
  * refused is refused. The state is stored in depth order as historical events of the
  * stream (so current state is the resident's state, and /sync shows the room), the rest
  * of the auth chain as outliers, then the join with the state it was authorized against.
@@ -85,7 +90,7 @@ static json_t *check_received(const room_version *v, const char *room_id, json_t
         snprintf(why, FED_CALL_ERROR_BYTES, "not canonical JSON");
         return NULL;
     }
-    if (fed_call_verify_event(v, pdu, why) < 0) return NULL;
+    if (fed_call_verify_event(v, pdu, NULL, why) < 0) return NULL; /* no connection held */
     if (!event_content_hash_ok(pdu)) {
         rt_log(ATRIUM_LOG_INFO, "core", "event %s of %s: content hash mismatch, kept redacted",
                id, room_id);
@@ -184,7 +189,7 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
         fed_request_opts o2 = {.method = "GET", .destination = via, .uri = uri,
                                .deadline_ms = r->deadline_ms, .ignore_backoff = true,
                                .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
-        fed_call(&o2, last);
+        fed_call(&o2, NULL, last);
         json_t *ev = fed_call_ok(last) ? json_object_get(last->json, "event") : NULL;
         const char *ver = json_string_value(json_object_get(last->json, "room_version"));
         if (json_is_object(ev) && room_version_find(ver ? ver : "1")) {
@@ -321,11 +326,11 @@ static int store_join(atrium_req *r, PGconn *c, const room_version *v, const cha
 
 /* A membership change through other servers, its remote half: make_<kind> at the vias
  * in turn, the event completed and signed here, then send_<kind> (v2) to the server that
- * made it. On success the caller owns what remote_member holds (remote_member_clear); on
- * failure the request has been answered and *out says what to return. */
+ * made it. No database connection is held on return, nor while either peer is asked. On
+ * success the caller owns what remote_member holds (remote_member_clear); on failure the
+ * request has been answered and *out says what to return. */
 typedef struct remote_member {
     const room_version *v;
-    PGconn *c;                /* borrowed for the request (rooms_db_release) */
     const char *via;          /* the server that made the event */
     json_t *event;            /* our signed member event */
     char id[EVENT_ID_LEN];
@@ -334,7 +339,6 @@ typedef struct remote_member {
 
 static void remote_member_clear(remote_member *m)
 {
-    if (m->c) rooms_db_release(m->c);
     json_decref(m->event);
     fed_call_result_clear(&m->sent);
 }
@@ -356,13 +360,15 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     fed_call_result_clear(&mk);
     const char *ver_id = json_string_value(json_object_get(made, "room_version"));
     m->v = room_version_find(ver_id ? ver_id : "1");
-    if (!(m->c = rooms_db(r))) {
+    PGconn *c = rooms_db(r); /* for the member event's profile only */
+    if (!c) {
         json_decref(made);
         *out = ATRIUM_DONE;
         return false;
     }
     rooms_err e = {0};
-    m->event = complete_member(r, m->c, m->v, json_object_get(made, "event"), user, kind, m->id, &e);
+    m->event = complete_member(r, c, m->v, json_object_get(made, "event"), user, kind, m->id, &e);
+    rooms_db_release(c);
     json_decref(made);
     if (!m->event) {
         remote_member_clear(m);
@@ -376,7 +382,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     fed_request_opts o = {.method = "PUT", .destination = m->via, .uri = uri, .body = m->event,
                           .deadline_ms = r->deadline_ms, .ignore_backoff = true,
                           .max_body_bytes = max_body};
-    fed_call(&o, &m->sent);
+    fed_call(&o, NULL, &m->sent);
     if (!fed_call_ok(&m->sent)) {
         snprintf(why, sizeof(why), "The resident server refused the %s", kind);
         *out = answer_peer_failure(r, &m->sent, why);
@@ -393,7 +399,6 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
     if (!make_and_send(r, "join", user, room_id, vias, REMOTE_JOIN_MAX_BODY_BYTES, &m, &out))
         return out;
     const room_version *v = m.v;
-    PGconn *c = m.c;
     const char *via = m.via;
     json_t *join = m.event;
     const char *join_id = m.id;
@@ -407,15 +412,20 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
         json_decref(join);
         join = json_incref(theirs);
     }
+    /* The answer checked with no connection held (the signers' keys may be fetched), then
+     * stored with one. */
     json_t *accepted = json_object();
     check_all(v, room_id, json_object_get(sj.json, "state"), json_object_get(sj.json, "auth_chain"),
               accepted);
-    int rc = store_join(r, c, v, room_id, via, accepted, json_object_get(sj.json, "state"), join,
-                        join_id, &e);
+    PGconn *c = rooms_db(r);
+    int rc = c ? store_join(r, c, v, room_id, via, accepted, json_object_get(sj.json, "state"),
+                            join, join_id, &e)
+               : ROOMS_OK;
     rooms_db_release(c);
     json_decref(accepted);
     json_decref(join);
     fed_call_result_clear(&sj);
+    if (!c) return ATRIUM_DONE; /* answered 503 by rooms_db */
     if (rc != ROOMS_OK) return rooms_fail(r, &e);
     rt_log(ATRIUM_LOG_INFO, "core", "%s joined %s through %s", user, room_id, via);
     return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
@@ -486,8 +496,8 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
 {
     PGconn *c = rooms_db(r);
     if (!c) return false;
-    /* The invite, built and sealed under the room's lock, which is let go while the
-     * invitee's server answers. */
+    /* The invite, built and sealed under the room's lock, which is let go, with the
+     * connection, while the invitee's server answers. */
     room_tx tx;
     rooms_err e = {0};
     json_t *pdu = NULL, *map = NULL;
@@ -503,9 +513,9 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         rooms_tx_rollback(&tx);
     }
+    rooms_db_release(c);
     if (rc == ROOMS_OK) rc = rooms_event_seal(v, pdu, id, &e);
     if (rc != ROOMS_OK) {
-        rooms_db_release(c);
         json_decref(pdu);
         json_decref(map);
         rooms_fail(r, &e);
@@ -523,17 +533,16 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
                           .deadline_ms = r->deadline_ms, .ignore_backoff = true,
                           .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
     fed_call_result res;
-    fed_call(&o, &res);
+    fed_call(&o, NULL, &res);
     json_decref(body);
     json_t *signed_ev = fed_call_ok(&res) ? json_object_get(res.json, "event") : NULL;
     char sid[EVENT_ID_LEN], why[FED_CALL_ERROR_BYTES] = "";
     bool same = json_is_object(signed_ev) && event_compute_id(v, signed_ev, sid) == 0 &&
                 strcmp(sid, id) == 0;
     json_t *red = same ? event_redact(v, signed_ev) : NULL;
-    bool signed_ok = red && fed_call_verify(red, server, rooms_wall_ms(), why) == 0;
+    bool signed_ok = red && fed_call_verify(red, server, rooms_wall_ms(), NULL, why) == 0;
     json_decref(red);
     if (!signed_ok) {
-        rooms_db_release(c);
         json_decref(pdu);
         if (fed_call_ok(&res))
             http_respond_error(r, 502, "M_UNKNOWN", "The invitee's server answered an invite it "
@@ -547,6 +556,10 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
     pdu = json_incref(signed_ev);
     fed_call_result_clear(&res);
     /* Stored under the lock again, checked against the state as it is now. */
+    if (!(c = rooms_db(r))) {
+        json_decref(pdu);
+        return false; /* answered 503 */
+    }
     rc = rooms_tx_begin(&tx, c, r->arena, room_id, &e);
     json_t *ids = NULL;
     if (rc == ROOMS_OK) {
@@ -586,12 +599,16 @@ int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, con
     int out;
     if (!make_and_send(r, "leave", user, room_id, vias, REMOTE_MAKE_MAX_BODY_BYTES, &m, &out))
         return out;
-    PGconn *c = m.c;
     const char *via = m.via;
     json_t *leave = m.event;
     const char *id = m.id;
     fed_call_result sl = m.sent;
     fed_call_result_clear(&sl);
+    PGconn *c = rooms_db(r);
+    if (!c) {
+        json_decref(leave);
+        return ATRIUM_DONE;
+    }
     /* This server is not in the room: the leave is kept like the invite was, an outlier and
      * the user's newest membership. */
     const char *p[3] = {id, room_id, user};
