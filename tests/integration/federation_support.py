@@ -1,7 +1,8 @@
 """Federation test support: a throwaway CA and certificates, Ed25519 through libsodium
 (ctypes, the library Atrium itself links), canonical JSON, X-Matrix signing, two Atrium
-servers that federate over loopback TLS, and a fake peer (a key server the test controls)
-for the misbehaviour a real server would never show.
+servers that federate over loopback TLS, and fake peers for the misbehaviour a real server
+would never show: a key server the test controls, a receiver of transactions, a resident
+that helps with a join and then hangs, and a server that never answers at all.
 
 Server names are IP literals with a port (127.0.0.2x:PORT): discovery's first step, so no
 DNS is involved; every address is on 127.0.0.0/8, which each server whitelists.
@@ -19,6 +20,7 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.parse
 
 import harness
 
@@ -185,9 +187,10 @@ class FederatedServer(harness.Server):
             parsed = raw
         return resp.status, dict(resp.getheaders()), parsed
 
-    def signed_request(self, method, path, origin, key, content=None, destination=None):
+    def signed_request(self, method, path, origin, key, content=None, destination=None,
+                       timeout=15):
         auth = xmatrix(method, path, origin, destination or self.server_name, key, content)
-        return self.fed_request(method, path, {"Authorization": auth}, content)
+        return self.fed_request(method, path, {"Authorization": auth}, content, timeout)
 
 
 class FakeKeyServer:
@@ -324,6 +327,80 @@ class FakeReceivingPeer(FakeKeyServer):
                 seen.add(txn_id)
                 out.extend(body.get("edus", []))
         return out
+
+
+class HoldingPeer(FakeKeyServer):
+    """A fake resident server that helps with a join and then hangs: it answers every
+    make_join with a template of the user's join (for any room it is asked about) and holds
+    every PUT (send_join, invite) unanswered until release(), which answers each 403
+    M_FORBIDDEN. `held` counts the PUTs that were held."""
+
+    MAKE_JOIN = "/_matrix/federation/v1/make_join/"
+
+    def __init__(self, ca, ip):
+        self.released = threading.Event()
+        self.held = 0
+        self.lock = threading.Lock()
+        super().__init__(ca, ip)
+
+    def do_get(self, handler):
+        if not handler.path.startswith(self.MAKE_JOIN):
+            super().do_get(handler)
+            return
+        room, user = (urllib.parse.unquote(p) for p in
+                      handler.path[len(self.MAKE_JOIN):].split("?", 1)[0].split("/", 1))
+        self.reply(handler, 200, {"room_version": "10", "event": {
+            "type": "m.room.member", "room_id": room, "sender": user, "state_key": user,
+            "content": {"membership": "join"}, "auth_events": [], "prev_events": [],
+            "depth": 2, "origin_server_ts": int(time.time() * 1000)}})
+
+    def do_put(self, handler):
+        length = int(handler.headers.get("Content-Length") or 0)
+        if length:
+            handler.rfile.read(length)
+        with self.lock:
+            self.held += 1
+        self.released.wait()
+        self.reply(handler, 403, {"errcode": "M_FORBIDDEN", "error": "released by the test"})
+
+    def release(self):
+        self.released.set()
+
+    def close(self):
+        self.release()
+        super().close()
+
+
+class HungServer:
+    """A server that is there and never answers: it takes TCP connections and sends not a
+    byte (not even its side of TLS). server_name is its ip:port; `accepted` the
+    connections taken so far."""
+
+    def __init__(self, ip):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((ip, 0))
+        self.sock.listen(64)
+        self.server_name = f"{ip}:{self.sock.getsockname()[1]}"
+        self.accepted = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)  # never answered
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
 
 
 # ---- a DNS server for discovery tests ---------------------------------------------------
