@@ -6,14 +6,13 @@ error; a user on A joining a room of B through B's alias."""
 
 import http.server
 import json
-import socket
 import ssl
 import threading
 import time
 
 from accounts import quote, register
 from common import Background, wait_until
-from federation_support import free_port
+from federation_support import HungServer, free_port
 from rooms_client import V3, Client
 from test_federation import A_IP, B_IP, FederationTestCase
 
@@ -199,24 +198,9 @@ class OutboundBudgetTest(FederationTestCase):
     """ADR-0079: 4 request threads, so 2 remote look-ups at most, 1 per client."""
 
     def hung_peer(self):
-        hung = socket.socket()
-        hung.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        hung.bind((HUNG_IP, 0))
-        hung.listen(16)
+        hung = HungServer(HUNG_IP)
         self.addCleanup(hung.close)
-        accepted = []
-
-        def accept():
-            while True:
-                try:
-                    conn, _ = hung.accept()
-                except OSError:
-                    return
-                accepted.append(conn)  # never answered
-
-        threading.Thread(target=accept, daemon=True).start()
-        self.addCleanup(lambda: [c.close() for c in accepted])
-        return f"{HUNG_IP}:{hung.getsockname()[1]}", accepted
+        return hung.server_name, hung.accepted
 
     def test_look_ups_on_a_hung_peer_park_take_the_budget_and_return_their_slots(self):
         name, accepted = self.hung_peer()

@@ -20,8 +20,8 @@ import shutil
 
 import harness
 from accounts import REGISTRATION_ON, quote, register
-from federation_support import (FakeKeyServer, FederatedServer, SigningKey, TestCA, sign_json,
-                                verify_json, xmatrix)
+from federation_support import (FakeKeyServer, FederatedServer, HungServer, SigningKey, TestCA,
+                                sign_json, verify_json, xmatrix)
 
 A_IP, B_IP, FAKE_IP, HUNG_IP = "127.0.0.21", "127.0.0.22", "127.0.0.31", "127.0.0.41"
 PROFILE = "/_matrix/federation/v1/query/profile?user_id="
@@ -230,24 +230,9 @@ class OutboundTest(FederationTestCase):
         self.assertEqual(b.metric("atrium_http_requests_total"), before + 1)
 
     def test_a_peer_that_never_answers_ends_at_the_deadline_and_is_then_backed_off(self):
-        hung = socket.socket()
-        hung.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        hung.bind((HUNG_IP, 0))
-        hung.listen(16)
+        hung = HungServer(HUNG_IP)
         self.addCleanup(hung.close)
-        name = f"{HUNG_IP}:{hung.getsockname()[1]}"
-        accepted = []
-
-        def accept():
-            while True:
-                try:
-                    conn, _ = hung.accept()
-                except OSError:
-                    return
-                accepted.append(conn)  # never answered
-
-        threading.Thread(target=accept, daemon=True).start()
-        self.addCleanup(lambda: [c.close() for c in accepted])
+        name, accepted = hung.server_name, hung.accepted
         a = self.start_fed(A_IP, {"federation": {
             "client": {"request_timeout_ms": 1500},
             "destination_min_retry_interval_ms": 60000}})
