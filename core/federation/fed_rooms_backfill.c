@@ -14,7 +14,8 @@
  * by the auth rules kept as rejected. An extremity that gave nothing new rests
  * RECV_BACKFILL_DEAD_END_MS (backfill_dead_ends), so one event that never passes costs a
  * request per while, not per page. The connection goes back to the pool while a peer is
- * waited for (fed_recv_ask), so a slow server pins none. Backfills of one room may run at
+ * waited for (fed_recv_ask, and fed_recv_verify while a signer's key is fetched), so a
+ * slow server pins none. Backfills of one room may run at
  * once (two clients' pages, two processes) and read the same events: each is looked up
  * again under the room's lock before it is stored, so the later one finds it there and
  * stores nothing twice.
