@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/federation/fed_internal.h"
 
@@ -187,8 +188,8 @@ static int url_target(const char *url, bool allow_http, char *dest, size_t dest_
                       char *path, size_t path_cap, bool *plain_http)
 {
     fed_url base = {.scheme = "https", .host = "invalid", .port = 443, .path = "/"}, u;
-    bool https = strncmp(url, "https://", 8) == 0;
-    bool http = allow_http && strncmp(url, "http://", 7) == 0;
+    bool https = strncasecmp(url, "https://", 8) == 0; /* as fed_url_resolve reads it */
+    bool http = allow_http && strncasecmp(url, "http://", 7) == 0;
     if (!(https || http) || fed_url_resolve(&base, url, &u) < 0) return -1;
     if (strcmp(u.scheme, https ? "https" : "http") != 0) return -1;
     *plain_http = http;

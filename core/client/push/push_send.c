@@ -19,9 +19,10 @@
  * a user's notifications in order; up to PUSH_MAX_IN_FLIGHT pushers are in flight at
  * once. A request goes through the server's one outbound client (fed_request_submit with
  * a URL, http or https: unsigned, the address blacklist applied at connect, within
- * PUSH_REQUEST_TIMEOUT_MS and PUSH_MAX_ANSWER_BYTES); its callback,
- * on the outbound client's thread, only records the answer and wakes the sender, which
- * does the database work. A 2xx deletes the row, and a pushkey the gateway lists in
+ * PUSH_REQUEST_TIMEOUT_MS and PUSH_MAX_ANSWER_BYTES; a gateway on a blacklisted address,
+ * such as Sygnal on localhost, needs that address in federation.ip_range_whitelist); its
+ * callback, on the outbound client's thread, only records the answer and wakes the
+ * sender, which does the database work. A 2xx deletes the row, and a pushkey the gateway lists in
  * "rejected" deletes the pusher (the spec's rule); no answer, a 5xx or a 429 is retried
  * after PUSH_RETRY_MIN_MS doubled per attempt up to PUSH_RETRY_MAX_MS, and dropped after
  * PUSH_MAX_ATTEMPTS; any other answer drops the row (the gateway refuses it for good). A
