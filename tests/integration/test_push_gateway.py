@@ -344,9 +344,15 @@ class PushPruneTest(PushCase):
         self.assertEqual([g["event"]["event_id"] for g in got["notifications"]],
                          sent[::-1][:self.KEEP])
         self.assertNotIn("next_token", got)
-        # 13 notified bob (the invite and 12 messages): all but the newest KEEP are gone.
+        # 13 notified bob (the invite and 12 messages): all but the newest KEEP are gone,
+        # from the table itself, and the count kept beside it agrees.
         self.assertEqual(self.srv.metric("atrium_push_notifications_pruned_total"),
                          13 - self.KEEP)
+        self.assertEqual(harness.psql(
+            "SELECT (SELECT count(*) FROM push_notifications WHERE user_id = u),"
+            " (SELECT n FROM push_notification_counts WHERE user_id = u)"
+            f" FROM (SELECT '{self.bob.user_id}'::text AS u) x", database=self.srv.database),
+            [[str(self.KEEP), str(self.KEEP)]])
         # Paging walks the kept ones.
         walked, token = [], None
         while True:
