@@ -235,6 +235,9 @@ struct core_config {
     struct {
         bool enabled; /* presence.enabled (default true) */
     } presence;
+    struct {
+        int notifications_per_user_max; /* push.notifications_per_user_max (default 1000) */
+    } push;
     struct core_federation {
         /* federation.signing_key_path: "" = "<server_name>.signing.key" beside the config
          * file; relative paths are relative to the config file's directory. */

@@ -243,6 +243,12 @@ const struct cfg_setting CORE_SETTINGS[] = {
              "Track and share presence (online, unavailable, offline): /presence and /sync's "
              "presence; off, every user reads as offline and nothing is stored."),
 
+    INT_ROW("push.notifications_per_user_max", push.notifications_per_user_max, 1000, 1,
+            1000000, NULL,
+            "Notifications kept per user (GET /notifications, the unread count sent to push "
+            "gateways): older ones are deleted, with their pushes not yet delivered, once a "
+            "user has a tenth more than this."),
+
     {.path = "rooms.default_version", .type = CFG_T_STRING, .flags = CFG_F_NONEMPTY,
      .offset = FIELD(rooms.default_version), .def_string = "10",
      .help = "Room version of new rooms when createRoom names none (\"1\" to \"11\"; "
@@ -343,6 +349,7 @@ static const struct cfg_section CORE_SECTIONS[] = {
     {"ratelimit", "Per-client rate limits: a token bucket per client (address before login, "
                   "user after) and action."},
     {"presence", "Presence: whether users are online, shared with those they share a room with."},
+    {"push", "Push notifications: what notified whom, and delivery to push gateways."},
     {"rooms", "Rooms."},
     {"server.federation", "The federation listener: other servers and key look-ups (TLS)."},
     {"federation", "Federation: talking to other Matrix servers (README.md, Federation)."},

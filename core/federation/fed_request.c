@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/federation/fed_internal.h"
 
@@ -25,6 +26,7 @@ typedef struct fed_req_state {
     char auth[FED_AUTH_HEADER_BYTES];
     char host_hdr[FED_RESOLVE_NAME_BYTES + 8];
     int64_t deadline_ms;
+    bool plain_http; /* a URL request to an http:// URL (url_allow_http) */
 } fed_req_state;
 
 static void state_free(fed_req_state *st)
@@ -140,8 +142,8 @@ static void resolved(void *arg, int rc, const fed_target *t, const char *error)
     }
     char url[FED_RESOLVE_NAME_BYTES + 64 + 4096];
     bool v6 = strchr(t->tls_name, ':') != NULL;
-    int n = snprintf(url, sizeof(url), "https://%s%s%s:%d%s", v6 ? "[" : "", t->tls_name,
-                     v6 ? "]" : "", t->port, st->uri);
+    int n = snprintf(url, sizeof(url), "%s://%s%s%s:%d%s", st->plain_http ? "http" : "https",
+                     v6 ? "[" : "", t->tls_name, v6 ? "]" : "", t->port, st->uri);
     if (n < 0 || (size_t)n >= sizeof(url)) {
         finish_error(st, FED_HTTP_E_INTERNAL, "the request URI is too long");
         return;
@@ -178,17 +180,22 @@ static void resolved(void *arg, int rc, const fed_target *t, const char *error)
                      src == ATRIUM_E_LIMIT ? "the outbound queue is full" : "stopping");
 }
 
-static int fed_request_submit_to(const fed_request_opts *o, bool server);
+static int fed_request_submit_to(const fed_request_opts *o, bool server, bool plain_http);
 
-/* A URL request (o->url): the host[:port] to discover and the path to ask. */
-static int url_target(const char *url, char *dest, size_t dest_cap, char *path, size_t path_cap)
+/* A URL request (o->url): the host[:port] to discover and the path to ask; *plain_http
+ * when it is an http:// URL, which only allow_http accepts. */
+static int url_target(const char *url, bool allow_http, char *dest, size_t dest_cap,
+                      char *path, size_t path_cap, bool *plain_http)
 {
     fed_url base = {.scheme = "https", .host = "invalid", .port = 443, .path = "/"}, u;
-    if (strncmp(url, "https://", 8) != 0 || fed_url_resolve(&base, url, &u) < 0) return -1;
-    if (strcmp(u.scheme, "https") != 0) return -1;
+    bool https = strncasecmp(url, "https://", 8) == 0; /* as fed_url_resolve reads it */
+    bool http = allow_http && strncasecmp(url, "http://", 7) == 0;
+    if (!(https || http) || fed_url_resolve(&base, url, &u) < 0) return -1;
+    if (strcmp(u.scheme, https ? "https" : "http") != 0) return -1;
+    *plain_http = http;
     bool v6 = strchr(u.host, ':') != NULL;
     int n = snprintf(dest, dest_cap, "%s%s%s:%d", v6 ? "[" : "", u.host, v6 ? "]" : "",
-                     u.port > 0 ? u.port : 443);
+                     u.port > 0 ? u.port : https ? 443 : 80);
     if (n < 0 || (size_t)n >= dest_cap) return -1;
     n = snprintf(path, path_cap, "%s", u.path[0] ? u.path : "/");
     return n < 0 || (size_t)n >= path_cap ? -1 : 0;
@@ -202,7 +209,9 @@ int fed_request_submit(const fed_request_opts *o)
         char dest[FED_RESOLVE_NAME_BYTES + 16], path[1024];
         bool get = o->method && strcmp(o->method, "GET") == 0 && !o->body;
         bool post = o->method && strcmp(o->method, "POST") == 0 && o->body;
-        if (!(get || post) || url_target(o->url, dest, sizeof(dest), path, sizeof(path)) < 0)
+        bool plain_http = false;
+        if (!(get || post) || url_target(o->url, o->url_allow_http, dest, sizeof(dest), path,
+                                         sizeof(path), &plain_http) < 0)
             return ATRIUM_E_INVAL;
         fed_request_opts copy = *o;
         copy.url = NULL;
@@ -210,13 +219,14 @@ int fed_request_submit(const fed_request_opts *o)
         copy.uri = path;
         copy.unsigned_request = true;
         copy.ignore_backoff = true;
-        return fed_request_submit_to(&copy, false);
+        return fed_request_submit_to(&copy, false, plain_http);
     }
-    return fed_request_submit_to(o, true);
+    return fed_request_submit_to(o, true, false);
 }
 
-/* Submit to a server (checked: not this server, in the whitelist) or to a URL's host. */
-static int fed_request_submit_to(const fed_request_opts *o, bool server)
+/* Submit to a server (checked: not this server, in the whitelist) or to a URL's host
+ * (over http when plain_http). */
+static int fed_request_submit_to(const fed_request_opts *o, bool server, bool plain_http)
 {
     fed_module *m = fed_state();
     if (!o || !o->method || !o->destination || !o->uri || o->uri[0] != '/' || !o->on_done)
@@ -224,6 +234,7 @@ static int fed_request_submit_to(const fed_request_opts *o, bool server)
     fed_req_state *st = calloc(1, sizeof(*st));
     if (!st) return ATRIUM_E_NOMEM;
     st->o = *o;
+    st->plain_http = plain_http;
     st->destination = strdup(o->destination);
     st->uri = strdup(o->uri);
     st->method = strdup(o->method);

@@ -57,6 +57,10 @@ typedef struct fed_request_opts {
      * default) is discovered like a server name with an explicit port, so it resolves
      * A/AAAA only, and the address blacklist applies at connect as always. */
     const char *url;
+    /* With url: an http:// URL is accepted too (port 80 by default), sent in the clear,
+     * under the same blacklist, deadline and size bound. For push gateways only (Sygnal
+     * is often reached over http on an internal address); federation is always https. */
+    bool url_allow_http;
 } fed_request_opts;
 
 #define FED_REQUEST_DEFAULT_MAX_BODY_BYTES (16 * 1024 * 1024)

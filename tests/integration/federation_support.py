@@ -197,7 +197,8 @@ class FakeKeyServer:
     """A fake peer: serves /_matrix/key/v2/server over TLS for its name and keys, counting
     requests. The test decides what it publishes (valid_until_ts, extra keys), so it can
     lie or expire in ways a real server would not. stop() and start() take it off the
-    network and bring it back on the same address (its server name stays)."""
+    network and bring it back on the same address (its server name stays). With ca None it
+    serves plain HTTP (a push gateway reached over http)."""
 
     def __init__(self, ca, ip):
         self.ip = ip
@@ -206,7 +207,7 @@ class FakeKeyServer:
         self.key = SigningKey("fake1")
         self.valid_for_ms = 3600 * 1000
         self.requests = []
-        self.cert, self.keyfile = ca.issue(f"fake-{ip}", ip)
+        self.cert, self.keyfile = ca.issue(f"fake-{ip}", ip) if ca else (None, None)
         self.httpd = None
         self.start()
 
@@ -260,9 +261,10 @@ class FakeKeyServer:
         http.server.ThreadingHTTPServer.allow_reuse_address = True
         self.httpd = http.server.ThreadingHTTPServer((self.ip, self.port), Handler)
         self.httpd.daemon_threads = True
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(self.cert, self.keyfile)
-        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        if self.cert:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(self.cert, self.keyfile)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 

@@ -2,7 +2,8 @@
 TLS from a CA made for the test, each fetching the other's key and verifying the other's
 signed requests; the refusals of the X-Matrix check, each named in the log; key rotation;
 the certificate reloaded on SIGHUP; address blacklisting at connect; a peer that never
-answers; and backoff that survives a restart.
+answers, and the rooms' remote pool held full by joins through one; and backoff that
+survives a restart.
 
 A fake key server (federation_support.FakeKeyServer) plays the peer where the test needs
 one that misbehaves: expired keys, signatures by keys it never published.
@@ -20,6 +21,8 @@ import shutil
 
 import harness
 from accounts import REGISTRATION_ON, quote, register
+from common import Background, wait_until
+from rooms_client import Client
 from federation_support import (FakeKeyServer, FederatedServer, HungServer, SigningKey, TestCA,
                                 sign_json, verify_json, xmatrix)
 
@@ -332,6 +335,62 @@ class CertificateReloadTest(FederationTestCase):
         self.assertEqual(self.peer_cert(a), renewed)
         status, _ = a.json("GET", "/_matrix/client/versions")
         self.assertEqual(status, 200)
+
+
+REMOTE = {"pool": "core.rooms_remote"}
+REMOTE_THREADS, REMOTE_QUEUE = 2, 16  # core/client/rooms/rooms_api.h
+SILENT_PEER_IP = "127.0.0.47"
+
+
+class RemotePoolTest(FederationTestCase):
+    """The remote pool (core.rooms_remote) held full by joins through a peer that accepts
+    connections and never answers."""
+
+    def silent_peer(self):
+        """A server name whose listener takes connections and says nothing."""
+        hung = HungServer(SILENT_PEER_IP)
+        self.addCleanup(hung.close)
+        return hung.server_name, hung.accepted, hung.close
+
+    def test_joins_waiting_on_a_silent_peer_fill_the_pool_and_the_next_is_refused_at_once(self):
+        """Two joins wait on the peer, REMOTE_QUEUE wait for a thread; the next join is
+        answered 429 at once while local requests are served; when the peer goes away
+        every waiting join is answered."""
+        a = self.start_fed(A_IP, {"federation": {"client": {"request_timeout_ms": 30000}}})
+        alice = Client(a, register(a, "alice"))
+        name, accepted, close = self.silent_peer()
+
+        def join(i, timeout=90):
+            room = f"!r{i}:{name}"
+            return alice.call("POST", f"/_matrix/client/v3/join/{quote(room)}"
+                                      f"?server_name={quote(name)}", {}, timeout=timeout)
+
+        held = REMOTE_THREADS + REMOTE_QUEUE
+        waiting = [Background(join, i) for i in range(held)]
+        wait_until(lambda: a.metric("atrium_pool_busy", REMOTE) == REMOTE_THREADS
+                   and a.metric("atrium_pool_queued", REMOTE) == REMOTE_QUEUE,
+                   timeout=20, what="the remote pool's threads busy and its queue full")
+        # (The second waits behind the first's connection: the outbound client waits to
+        # learn whether it can share it, HTTP/2.)
+        wait_until(lambda: accepted, what="the peer holding a join")
+        self.assertEqual(a.metric("atrium_pool_queue_limit", REMOTE), REMOTE_QUEUE)
+        refused = a.metric("atrium_pool_refused_total", REMOTE) or 0
+        started = time.monotonic()
+        status, body = join(held, timeout=10)
+        self.assertLess(time.monotonic() - started, 2.0)  # at once, not queued
+        self.assertEqual((status, body.get("errcode")), (429, "M_LIMIT_EXCEEDED"), body)
+        self.assertGreater(body["retry_after_ms"], 0)
+        self.assertEqual(a.metric("atrium_pool_refused_total", REMOTE), refused + 1)
+        # Requests that stay on this server are served meanwhile, the database included.
+        room = alice.create_room(name="Local while the peer is silent")
+        alice.send(room, {"msgtype": "m.text", "body": "still here"})
+        self.assertEqual(alice.call("GET", "/_matrix/client/v3/joined_rooms")[0], 200)
+        self.assertTrue(all(not w.done() for w in waiting))
+        close()  # the peer goes away: every join ends, none hangs
+        results = [w.result(90) for w in waiting]
+        self.assertTrue(all(status >= 400 for status, _ in results), results[:3])
+        wait_until(lambda: a.metric("atrium_pool_queued", REMOTE) == 0
+                   and a.metric("atrium_pool_busy", REMOTE) == 0, what="the pool idle")
 
 
 if __name__ == "__main__":

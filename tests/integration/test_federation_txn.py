@@ -11,16 +11,20 @@ outbound queue reads the room's servers from there).
 """
 
 import json
+import subprocess
 import time
 import uuid
 
 import harness
 from accounts import register
+from common import Background
 from federation_support import FakeReceivingPeer, xmatrix
 from rooms_client import Client
 from test_federation import A_IP, FAKE_IP, FederationTestCase
 
 SEND = "/_matrix/federation/v1/send/"
+INBOUND = {"pool": "core.federation_inbound"}
+INBOUND_THREADS, INBOUND_QUEUE = 2, 64  # core/federation/fed_inbound.c
 
 
 def wait_until(predicate, timeout=30, what="the condition"):
@@ -39,13 +43,13 @@ class InboundTransactionTest(FederationTestCase):
         self.peer = self.fake_peer()
         self.a = self.start_fed(A_IP)
 
-    def send(self, txn_id, pdus=(), edus=(), origin=None, signer=None):
+    def send(self, txn_id, pdus=(), edus=(), origin=None, signer=None, timeout=15):
         body = {"origin": origin or self.peer.server_name, "origin_server_ts": 1,
                 "pdus": list(pdus), "edus": list(edus)}
         uri = SEND + txn_id
         auth = xmatrix("PUT", uri, signer or self.peer.server_name, self.a.server_name,
                        self.peer.key, body)
-        return self.a.fed_request("PUT", uri, {"Authorization": auth}, body)
+        return self.a.fed_request("PUT", uri, {"Authorization": auth}, body, timeout=timeout)
 
     def pdu(self, n):
         return {"event_id": f"$test{n}:{self.peer.server_name}", "room_id": "!nowhere:x",
@@ -93,6 +97,50 @@ class InboundTransactionTest(FederationTestCase):
         status, _, other = self.send("twice", pdus=pdus)
         self.assertEqual(status, 200, other)
         self.assertEqual(self.pdus_counted(), 4)
+
+    def test_the_inbound_pool_held_full_refuses_the_next_transaction_at_once_with_429(self):
+        """Two transactions stuck on the database (their record table locked by another
+        session) and INBOUND_QUEUE waiting: the next is answered 429 M_LIMIT_EXCEEDED at
+        once, the metrics show the pool full, the listener still serves; once the lock goes,
+        every waiting transaction is processed."""
+        status, _, body = self.send("warm-up", pdus=[self.pdu(0)])  # the peer's key cached
+        self.assertEqual(status, 200, body)
+        holder = subprocess.Popen(
+            [harness.psql_bin(), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+             "-d", harness.conninfo_for(self.a.database)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        waiting = []
+        try:
+            holder.stdin.write("BEGIN;\nLOCK TABLE federation_inbound_txns IN ACCESS EXCLUSIVE "
+                               "MODE;\nSELECT 'locked';\n")
+            holder.stdin.flush()
+            self.assertEqual(holder.stdout.readline().strip(), "locked")
+            held = INBOUND_THREADS + INBOUND_QUEUE
+            waiting = [Background(self.send, f"held-{i}", [self.pdu(i + 1)], timeout=90)
+                       for i in range(held)]
+            wait_until(lambda: self.a.metric("atrium_pool_busy", INBOUND) == INBOUND_THREADS
+                       and self.a.metric("atrium_pool_queued", INBOUND) == INBOUND_QUEUE,
+                       what="the inbound pool's threads busy and its queue full")
+            self.assertEqual(self.a.metric("atrium_pool_queue_limit", INBOUND), INBOUND_QUEUE)
+            refused = self.a.metric("atrium_pool_refused_total", INBOUND) or 0
+            started = time.monotonic()
+            status, headers, body = self.send("one-too-many", [self.pdu(999)])
+            self.assertLess(time.monotonic() - started, 2.0)  # at once, not after a wait
+            self.assertEqual((status, body["errcode"]), (429, "M_LIMIT_EXCEEDED"), body)
+            self.assertGreater(body["retry_after_ms"], 0)
+            self.assertEqual(self.a.metric("atrium_pool_refused_total", INBOUND), refused + 1)
+            self.assertEqual(self.a.fed_request("GET", "/_matrix/key/v2/server")[0], 200)
+            self.assertTrue(all(not w.done() for w in waiting))
+        finally:
+            holder.communicate("ROLLBACK;\n", timeout=30)
+        results = [w.result(60) for w in waiting]
+        self.assertEqual([r[0] for r in results], [200] * len(waiting),
+                         [r for r in results if r[0] != 200][:3])
+        wait_until(lambda: self.a.metric("atrium_pool_queued", INBOUND) == 0,
+                   what="the queue empty")
+        # The refused one was never taken: a retry of it now is processed.
+        status, _, body = self.send("one-too-many", [self.pdu(999)])
+        self.assertEqual(status, 200, body)
 
     def test_an_unsigned_transaction_is_refused_with_401(self):
         body = {"origin": self.peer.server_name, "origin_server_ts": 1, "pdus": [self.pdu(1)]}

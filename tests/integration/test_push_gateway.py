@@ -1,10 +1,13 @@
-"""Push gateway delivery: an http pusher's gateway (a fake one here, on a real TLS socket)
-receives POST /_matrix/push/v1/notify for each event the user's push rules make notify,
-with the event's fields and the user's unread count; a 5xx is retried after a back-off,
-an answer listing the pushkey in "rejected" removes the pusher, and a restart does not
-lose a pending push; with two processes on one database, each event is pushed once, by
-the holder of the push sender's lease, whichever process it was sent through
-(core/client/push/push_send.c)."""
+"""Push gateway delivery: an http pusher's gateway (a fake one here, on a real TLS socket, or
+plain HTTP as Sygnal is often reached) receives POST /_matrix/push/v1/notify for each event
+the user's push rules make notify, with the event's fields and the user's unread count; a
+5xx is retried after a back-off, an answer listing the pushkey in "rejected" removes the
+pusher, and a restart does not lose a pending push; an http:// gateway on a blacklisted
+address is never reached; at most PUSH_MAX_IN_FLIGHT (16) pushers have a request in flight
+and the rest wait, losing nothing; a user's notifications are pruned to
+push.notifications_per_user_max and still page; with two processes on one database, each
+event is pushed once, by the holder of the push sender's lease, whichever process it was
+sent through (core/client/push/push_send.c)."""
 
 import json
 import shutil
@@ -22,22 +25,36 @@ from rooms_client import V3, Client
 
 GATEWAY_IP = "127.0.0.71"
 PROCESS_IPS = ("127.0.0.72", "127.0.0.73")  # two processes on one database
+HTTP_GATEWAY_IP = "127.0.0.74"  # a plain-HTTP gateway, whitelisted
+BLOCKED_GATEWAY_IP = "127.0.0.75"  # a plain-HTTP gateway left on the blacklist
 NOTIFY = "/_matrix/push/v1/notify"
+PUSH_MAX_IN_FLIGHT = 16  # core/client/push/push_send.c
 
 
 class FakeGateway(FakeKeyServer):
-    """A push gateway: records every notify body; answers with `answers` in turn (status,
-    body), then 200 {"rejected": []}."""
+    """A push gateway (over TLS with a CA, plain HTTP with ca None): records every notify
+    body; answers with `answers` in turn (status, body), then 200 {"rejected": []}. While
+    `held` it answers nothing (each request waits until release()); `waiting` counts the
+    requests waiting so."""
 
     def __init__(self, ca, ip):
         self.notified = []
         self.answers = []
         self.lock = threading.Lock()
+        self.released = threading.Event()
+        self.released.set()
+        self.waiting = 0
         super().__init__(ca, ip)
 
     @property
     def url(self):
-        return f"https://{self.ip}:{self.port}{NOTIFY}"
+        return f"{'https' if self.cert else 'http'}://{self.ip}:{self.port}{NOTIFY}"
+
+    def hold(self):
+        self.released.clear()
+
+    def release(self):
+        self.released.set()
 
     def do_post(self, handler):
         length = int(handler.headers.get("Content-Length") or 0)
@@ -47,6 +64,10 @@ class FakeGateway(FakeKeyServer):
             return
         with self.lock:
             self.notified.append(body)
+            self.waiting += 1
+        self.released.wait(60)
+        with self.lock:
+            self.waiting -= 1
             status, answer = self.answers.pop(0) if self.answers else (200, {"rejected": []})
         if answer is None:  # an empty body
             handler.send_response(status)
@@ -66,7 +87,10 @@ class FakeGateway(FakeKeyServer):
             return list(self.notified)
 
 
-class PushGatewayTest(unittest.TestCase):
+class PushCase(unittest.TestCase):
+    """A server whose outbound client may reach the test gateways, ann and bob in a room;
+    helpers. Its subclasses hold the tests."""
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="atrium-push-ca-")
@@ -77,9 +101,14 @@ class PushGatewayTest(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def settings(self):
+        # Only the gateways' own addresses are whitelisted: the rest of loopback stays on
+        # the blacklist. Connections are raised past PUSH_MAX_IN_FLIGHT so the sender's
+        # bound, not the outbound client's per-host cap, is what a full test meets.
+        allowed = [f"{GATEWAY_IP}/32", f"{HTTP_GATEWAY_IP}/32"]
         return harness.deep_merge(REGISTRATION_ON, {
-            "federation": {"custom_ca_list": [self.ca.cert],
-                           "ip_range_whitelist": ["127.0.0.0/8"]}})
+            "federation": {"custom_ca_list": [self.ca.cert], "ip_range_whitelist": allowed,
+                           "client": {"max_connections": 2 * PUSH_MAX_IN_FLIGHT,
+                                      "max_connections_per_host": 2 * PUSH_MAX_IN_FLIGHT}}})
 
     def setUp(self):
         self.gw = FakeGateway(self.ca, GATEWAY_IP)
@@ -114,14 +143,17 @@ class PushGatewayTest(unittest.TestCase):
                 return got
             time.sleep(0.05)
 
-    def set_pusher(self, client, pushkey, **data):
+    def set_pusher(self, client, pushkey, gateway=None, **data):
         body = {"pushkey": pushkey, "kind": "http", "app_id": "org.example.app",
-                "app_display_name": "Example", "device_display_name": "Phone",
-                "lang": "en", "data": dict({"url": self.gw.url}, **data)}
+                "app_display_name": "Example", "device_display_name": "Phone", "lang": "en",
+                "append": True, "data": dict({"url": (gateway or self.gw).url}, **data)}
         client.ok("POST", f"{V3}/pushers/set", body)
 
     def pushers(self, client):
         return client.ok("GET", f"{V3}/pushers")["pushers"]
+
+
+class PushGatewayTest(PushCase):
 
     def test_a_notifying_event_reaches_the_gateway_with_its_fields_and_counts(self):
         self.set_pusher(self.bob, "bob-key", extra="kept")
@@ -243,9 +275,101 @@ class PushGatewayTest(unittest.TestCase):
         got = self.gw.wait_for(1, timeout=30)
         self.assertEqual([b["notification"]["event_id"] for b in got], [event_id])
 
+    def test_an_http_gateway_is_delivered_to_and_a_blacklisted_one_is_never_reached(self):
+        plain = FakeGateway(None, HTTP_GATEWAY_IP)
+        self.addCleanup(plain.close)
+        blocked = FakeGateway(None, BLOCKED_GATEWAY_IP)
+        self.addCleanup(blocked.close)
+        self.assertTrue(plain.url.startswith("http://"))
+        self.set_pusher(self.bob, "plain-key", gateway=plain)
+        self.set_pusher(self.bob, "blocked-key", gateway=blocked)
+        event_id = self.ann.send(self.room, {"msgtype": "m.text", "body": "in the clear"})
+        got = plain.wait_for(1)
+        self.assertEqual([b["notification"]["event_id"] for b in got], [event_id])
+        self.assertEqual(got[0]["notification"]["devices"][0]["pushkey"], "plain-key")
+        self.assertEqual(got[0]["notification"]["content"]["body"], "in the clear")
+        wait_until(lambda: f"connecting to {BLOCKED_GATEWAY_IP} was refused"
+                   in self.srv.log_text(), what="the blacklisted gateway refused at connect")
+        self.assertEqual(blocked.requests, [])
+        self.assertEqual(len(plain.notified), 1)
 
-if __name__ == "__main__":
-    unittest.main()
+    def test_at_most_16_pushers_are_in_flight_and_the_rest_wait_losing_nothing(self):
+        """The sender's flights held full by a gateway that does not answer: 16 requests
+        reach it, the metric shows 16, the other pushers wait; once it answers every
+        pusher gets the notification once."""
+        keys = [f"key-{i:02d}" for i in range(PUSH_MAX_IN_FLIGHT + 4)]
+        for key in keys:
+            self.set_pusher(self.bob, key)
+        self.assertEqual(self.srv.metric("atrium_push_in_flight_limit"), PUSH_MAX_IN_FLIGHT)
+        self.gw.hold()
+        self.addCleanup(self.gw.release)
+        event_id = self.ann.send(self.room, {"msgtype": "m.text", "body": "to every phone"})
+        wait_until(lambda: self.gw.waiting == PUSH_MAX_IN_FLIGHT,
+                   what=f"{PUSH_MAX_IN_FLIGHT} requests waiting at the gateway")
+        self.assertEqual(self.srv.metric("atrium_push_in_flight"), PUSH_MAX_IN_FLIGHT)
+        time.sleep(1.5)  # past a poll: still no more than the bound
+        self.assertEqual(self.gw.waiting, PUSH_MAX_IN_FLIGHT)
+        self.assertEqual(len(self.gw.notified), PUSH_MAX_IN_FLIGHT)
+        self.assertEqual(self.srv.metric("atrium_push_in_flight"), PUSH_MAX_IN_FLIGHT)
+        # The client API is served meanwhile.
+        self.assertEqual(len(self.pushers(self.bob)), len(keys))
+        self.gw.release()
+        got = self.gw.wait_for(len(keys))
+        pushed = sorted(b["notification"]["devices"][0]["pushkey"] for b in got)
+        self.assertEqual(pushed, keys)
+        self.assertTrue(all(b["notification"]["event_id"] == event_id for b in got))
+        wait_until(lambda: self.srv.metric("atrium_push_in_flight") == 0,
+                   what="no request in flight")
+        time.sleep(1.5)
+        self.assertEqual(len(self.gw.notified), len(keys))  # each once
+
+
+class PushPruneTest(PushCase):
+    """A user's notifications are pruned to push.notifications_per_user_max (KEEP here),
+    newest kept, counted by a metric; GET /notifications pages over what is kept."""
+
+    KEEP = 5
+
+    def settings(self):
+        return harness.deep_merge(super().settings(),
+                                  {"push": {"notifications_per_user_max": self.KEEP}})
+
+    def test_the_table_stays_bounded_newest_kept_and_paging_still_works(self):
+        sent = [self.ann.send(self.room, {"msgtype": "m.text", "body": f"m{i}"})
+                for i in range(12)]
+        wait_until(lambda: self.notifications(self.bob, limit=1)["notifications"]
+                   and self.notifications(self.bob, limit=1)["notifications"][0]["event"]
+                   ["event_id"] == sent[-1], what="the last message decided")
+        got = self.notifications(self.bob, limit=50)
+        self.assertEqual([g["event"]["event_id"] for g in got["notifications"]],
+                         sent[::-1][:self.KEEP])
+        self.assertNotIn("next_token", got)
+        # 13 notified bob (the invite and 12 messages): all but the newest KEEP are gone,
+        # from the table itself, and the count kept beside it agrees.
+        self.assertEqual(self.srv.metric("atrium_push_notifications_pruned_total"),
+                         13 - self.KEEP)
+        self.assertEqual(harness.psql(
+            "SELECT (SELECT count(*) FROM push_notifications WHERE user_id = u),"
+            " (SELECT n FROM push_notification_counts WHERE user_id = u)"
+            f" FROM (SELECT '{self.bob.user_id}'::text AS u) x", database=self.srv.database),
+            [[str(self.KEEP), str(self.KEEP)]])
+        # Paging walks the kept ones.
+        walked, token = [], None
+        while True:
+            params = {"limit": 2}
+            if token:
+                params["from"] = token
+            page = self.notifications(self.bob, **params)
+            walked += [g["event"]["event_id"] for g in page["notifications"]]
+            token = page.get("next_token")
+            if not token:
+                break
+        self.assertEqual(walked, sent[::-1][:self.KEEP])
+        # A pusher's unread count counts only what is kept.
+        self.set_pusher(self.bob, "bob-key")
+        self.ann.send(self.room, {"msgtype": "m.text", "body": "one more"})
+        [body] = self.gw.wait_for(1)
+        self.assertEqual(body["notification"]["counts"], {"unread": self.KEEP})
 
 
 class TwoProcessPushTest(unittest.TestCase):
@@ -277,6 +401,10 @@ class TwoProcessPushTest(unittest.TestCase):
         room = ann_a.create_room(name="Two processes", invite=[bob.user_id])
         bob.join(room)
         wait_until(lambda: len(self.holders()) == 1, what="one holder of core.push_sender")
+        # The holder has decided the invite (it notified bob) before the pusher is set, so
+        # the gateway sees only what is sent below.
+        wait_until(lambda: bob.ok("GET", f"{V3}/notifications")["notifications"],
+                   what="the invite decided")
         body = {"pushkey": "bob-key", "kind": "http", "app_id": "org.example.app",
                 "app_display_name": "Example", "device_display_name": "Phone",
                 "lang": "en", "data": {"url": self.gw.url}}
@@ -292,3 +420,7 @@ class TwoProcessPushTest(unittest.TestCase):
     def holders(self):
         return [s for s in self.servers
                 if s.metric("atrium_lease_held", {"lease": "core.push_sender"}) == 1]
+
+
+if __name__ == "__main__":
+    unittest.main()

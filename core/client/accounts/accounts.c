@@ -158,6 +158,14 @@ static const atrium_migration MIGRATIONS[] = {
      * (EVENTS_SELECT in core/rooms/rooms.h) to serve their events redacted to new readers. */
     {8, "erased_users",
      "CREATE TABLE erased_users (user_id text PRIMARY KEY, erased_ts bigint NOT NULL);"},
+    /* push_send.c: how many push_notifications rows each user has, kept with the rows, so
+     * the sender prunes a user past push.notifications_per_user_max without counting. */
+    {9, "push_notification_counts",
+     "CREATE TABLE push_notification_counts ("
+     " user_id text PRIMARY KEY,"
+     " n bigint NOT NULL);"
+     "INSERT INTO push_notification_counts"
+     " SELECT user_id, count(*) FROM push_notifications GROUP BY user_id;"},
 };
 
 static int accounts_init(core_runtime *rt)

@@ -18,14 +18,24 @@
  * Delivering. Per pusher the oldest queued row is sent, one at a time, so a gateway sees
  * a user's notifications in order; up to PUSH_MAX_IN_FLIGHT pushers are in flight at
  * once. A request goes through the server's one outbound client (fed_request_submit with
- * a URL: https only, unsigned, the address blacklist applied at connect); its callback,
- * on the outbound client's thread, only records the answer and wakes the sender, which
- * does the database work. A 2xx deletes the row, and a pushkey the gateway lists in
+ * a URL, http or https: unsigned, the address blacklist applied at connect, within
+ * PUSH_REQUEST_TIMEOUT_MS and PUSH_MAX_ANSWER_BYTES; a gateway on a blacklisted address,
+ * such as Sygnal on localhost, needs that address in federation.ip_range_whitelist); its
+ * callback, on the outbound client's thread, only records the answer and wakes the
+ * sender, which does the database work. A 2xx deletes the row, and a pushkey the gateway lists in
  * "rejected" deletes the pusher (the spec's rule); no answer, a 5xx or a 429 is retried
  * after PUSH_RETRY_MIN_MS doubled per attempt up to PUSH_RETRY_MAX_MS, and dropped after
  * PUSH_MAX_ATTEMPTS; any other answer drops the row (the gateway refuses it for good). A
- * pusher whose URL is not https cannot be reached through the outbound client: its rows
- * are dropped with a warning.
+ * pusher whose URL the outbound client cannot parse (pushers.c checks it when the pusher
+ * is set) has its rows dropped with a warning.
+ *
+ * Pruning: a user keeps their newest push.notifications_per_user_max notifications. Their
+ * number is kept beside the rows (push_notification_counts, moved in the same statement as
+ * each insert), and once it passes the kept number by a tenth, decide deletes the older
+ * rows in the same transaction (so under the lease, counted by
+ * atrium_push_notifications_pruned_total); pushes still queued for them go too (the
+ * gateway has not taken the newer ones either). The table thus holds at most 1.1 times
+ * the kept number of rows per user, and the unread count below never counts more.
  *
  * Counts: notification.counts.unread is the user's notifications newer than their read
  * receipt in each room (as the badge of a phone's app shows). data.format
@@ -65,6 +75,7 @@
 #define PUSH_MAX_ANSWER_BYTES 65536    /* a gateway's answer */
 #define PUSH_PUSHKEY_BYTES 513         /* pushers.c: PUSHER_PUSHKEY_MAX_BYTES + NUL */
 #define PUSH_LEASE "core.push_sender"  /* the one process that decides and sends */
+#define PUSH_KEEP_PER_USER_DEFAULT 1000 /* push.notifications_per_user_max's default */
 
 /* One pusher's request in flight. The sender fills it before submitting; the callback sets
  * answered, ok, retry and rejected under mu. */
@@ -85,8 +96,18 @@ static struct {
     pthread_t thread;
     db_pool *db;
     lease *lease; /* NULL without a lease service: always held */
+    int64_t keep_per_user; /* push.notifications_per_user_max */
     push_flight flights[PUSH_MAX_IN_FLIGHT];
+    rt_metric *m_in_flight, *m_in_flight_limit, *m_pruned;
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Under S.mu: the in-flight gauge follows the busy flights. */
+static void flights_changed_locked(void)
+{
+    int busy = 0;
+    for (int i = 0; i < PUSH_MAX_IN_FLIGHT; i++) busy += S.flights[i].busy;
+    rt_metric_set(S.m_in_flight, busy);
+}
 
 void push_send_kick(void)
 {
@@ -155,8 +176,43 @@ static json_t *rule_actions(const json_t *global, const char *rule_id)
     return json_array();
 }
 
-/* Decide one event for its room's local members. false on a database failure. */
-static bool decide_event(PGconn *c, PGresult *ev, int row)
+/* ---- pruning ---------------------------------------------------------------------------- */
+
+/* Does a user with n notification rows get pruned now? Past the kept number by a tenth
+ * (at least one row), so the pruning walk over a user's newest rows runs once per tenth
+ * of them rather than at every notification. */
+static bool push_over_keep(int64_t n)
+{
+    int64_t keep = S.keep_per_user;
+    return n > keep + keep / 10;
+}
+
+/* Delete user's notifications older than their newest keep_per_user (their queued pushes
+ * go with them: ON DELETE CASCADE) and set their count to what is left; *pruned grows by
+ * the rows deleted. Inside decide's transaction. false on a database failure. */
+static bool prune_user(PGconn *c, const char *user, int64_t *pruned)
+{
+    char keep[24];
+    const char *p[2] = {user, i64(keep, sizeof(keep), S.keep_per_user)};
+    PGresult *res = acc_q(c,
+                          "WITH cut AS (SELECT stream_pos FROM push_notifications"
+                          "  WHERE user_id = $1 ORDER BY stream_pos DESC OFFSET $2::int LIMIT 1),"
+                          " d AS (DELETE FROM push_notifications n USING cut"
+                          "  WHERE n.user_id = $1 AND n.stream_pos <= cut.stream_pos RETURNING 1)"
+                          " UPDATE push_notification_counts SET n ="
+                          "  (SELECT count(*) FROM push_notifications WHERE user_id = $1)"
+                          "  - (SELECT count(*) FROM d)"
+                          " WHERE user_id = $1 RETURNING (SELECT count(*) FROM d)",
+                          2, p);
+    if (!res) return false;
+    if (PQntuples(res) == 1) *pruned += atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return true;
+}
+
+/* Decide one event for its room's local members; *pruned grows by the notifications
+ * pruned to make room. false on a database failure. */
+static bool decide_event(PGconn *c, PGresult *ev, int row, int64_t *pruned)
 {
     const char *pos = PQgetvalue(ev, row, 0), *event_id = PQgetvalue(ev, row, 1);
     const char *room_id = PQgetvalue(ev, row, 2), *sender = PQgetvalue(ev, row, 3);
@@ -193,15 +249,22 @@ static bool decide_event(PGconn *c, PGresult *ev, int row)
             char ts[24];
             const char *q[7] = {user, room_id, event_id, pos, o.highlight ? "t" : "f",
                                 acts ? acts : "[]", i64(ts, sizeof(ts), rt_wall_ms())};
-            ok = acc_exec(c,
-                          "WITH n AS (INSERT INTO push_notifications (user_id, room_id,"
-                          "  event_id, stream_pos, highlight, actions, ts)"
-                          "  VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"
-                          "  ON CONFLICT (user_id, event_id) DO NOTHING RETURNING id)"
-                          " INSERT INTO push_queue (notification_id, user_id, app_id, pushkey)"
-                          " SELECT n.id, p.user_id, p.app_id, p.pushkey FROM n, pushers p"
-                          " WHERE p.user_id = $1 AND p.kind = 'http'",
-                          7, q);
+            PGresult *kept = acc_q(c,
+                "WITH n AS (INSERT INTO push_notifications (user_id, room_id,"
+                "  event_id, stream_pos, highlight, actions, ts)"
+                "  VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"
+                "  ON CONFLICT (user_id, event_id) DO NOTHING RETURNING id),"
+                " q AS (INSERT INTO push_queue (notification_id, user_id, app_id, pushkey)"
+                "  SELECT n.id, p.user_id, p.app_id, p.pushkey FROM n, pushers p"
+                "  WHERE p.user_id = $1 AND p.kind = 'http')"
+                " INSERT INTO push_notification_counts (user_id, n) SELECT $1, 1 FROM n"
+                " ON CONFLICT (user_id) DO UPDATE SET n = push_notification_counts.n + 1"
+                " RETURNING n",
+                7, q);
+            ok = kept != NULL;
+            if (ok && PQntuples(kept) == 1 && push_over_keep(atoll(PQgetvalue(kept, 0, 0))))
+                ok = prune_user(c, user, pruned);
+            PQclear(kept);
             free(acts);
             json_decref(actions);
         }
@@ -238,7 +301,8 @@ static bool decide(PGconn *c, bool *more)
                          2, p);
     bool ok = ev != NULL;
     int n = ev ? PQntuples(ev) : 0;
-    for (int i = 0; ok && i < n; i++) ok = decide_event(c, ev, i);
+    int64_t pruned = 0;
+    for (int i = 0; ok && i < n; i++) ok = decide_event(c, ev, i, &pruned);
     if (ok && n > 0) {
         /* A full batch ends at its last event; a short one at upto (nothing between). */
         const char *q[1] = {n == PUSH_SCAN_BATCH ? PQgetvalue(ev, n - 1, 0) : upto};
@@ -250,6 +314,7 @@ static bool decide(PGconn *c, bool *more)
     *more = ok && n == PUSH_SCAN_BATCH;
     PQclear(ev);
     if (!acc_exec(c, ok ? "COMMIT" : "ROLLBACK", 0, NULL)) ok = false;
+    if (ok) rt_metric_add(S.m_pruned, pruned);
     return ok;
 }
 
@@ -326,6 +391,7 @@ static bool settle(PGconn *c)
         }
         pthread_mutex_lock(&S.mu);
         f->busy = f->answered = false;
+        flights_changed_locked();
         pthread_mutex_unlock(&S.mu);
     }
     return all;
@@ -454,19 +520,21 @@ static int64_t deliver(PGconn *c)
         snprintf(f->user_id, sizeof(f->user_id), "%s", PQgetvalue(res, i, 2));
         snprintf(f->app_id, sizeof(f->app_id), "%s", PQgetvalue(res, i, 3));
         snprintf(f->pushkey, sizeof(f->pushkey), "%s", PQgetvalue(res, i, 4));
-        fed_request_opts o = {.method = "POST", .url = url, .body = body, .want_json = true,
+        fed_request_opts o = {.method = "POST", .url = url, .url_allow_http = true,
+                              .body = body, .want_json = true,
                               .deadline_ms = rt_now_ms() + PUSH_REQUEST_TIMEOUT_MS,
                               .max_body_bytes = PUSH_MAX_ANSWER_BYTES,
                               .on_done = answered, .arg = f};
         pthread_mutex_lock(&S.mu);
         f->busy = true;
+        flights_changed_locked();
         pthread_mutex_unlock(&S.mu);
         int rc = body ? fed_request_submit(&o) : ATRIUM_E_INVAL;
         json_decref(body);
         json_decref(data);
         if (rc == ATRIUM_E_INVAL) { /* a URL the outbound client cannot reach: dropped */
             rt_log(ATRIUM_LOG_WARN, "core", "a push notification for %s (%s) was dropped: "
-                   "the pusher's URL is not an https URL the server can reach",
+                   "the pusher's URL is not an http(s) URL the server can reach",
                    f->user_id, f->app_id);
             const char *q[1] = {PQgetvalue(res, i, 0)};
             acc_exec(c, "DELETE FROM push_queue WHERE id = $1", 1, q);
@@ -474,6 +542,7 @@ static int64_t deliver(PGconn *c)
         if (rc < 0) {
             pthread_mutex_lock(&S.mu);
             f->busy = false;
+            flights_changed_locked();
             pthread_mutex_unlock(&S.mu);
             if (rc != ATRIUM_E_INVAL && wait > PUSH_DB_RETRY_MS) wait = PUSH_DB_RETRY_MS;
         }
@@ -524,11 +593,24 @@ static void lease_gained(void *arg)
     push_send_kick();
 }
 
-int push_send_start(db_pool *db, lease_service *leases, int64_t lease_ttl_ms)
+int push_send_start(const push_send_settings *set)
 {
+    db_pool *db = set->db;
     if (!db) return 0;
-    if (leases && !S.lease) {
-        S.lease = lease_create(leases, PUSH_LEASE, lease_ttl_ms, lease_gained, NULL);
+    if (set->metrics && !S.m_in_flight) {
+        S.m_in_flight = rt_metric_gauge(set->metrics, "atrium_push_in_flight", NULL,
+                                        "Pushers with a notify request in flight");
+        S.m_in_flight_limit = rt_metric_gauge(set->metrics, "atrium_push_in_flight_limit", NULL,
+                                              "Pushers with a request in flight at most");
+        S.m_pruned = rt_metric_counter(set->metrics, "atrium_push_notifications_pruned_total",
+                                       NULL, "Notifications deleted past "
+                                       "push.notifications_per_user_max");
+        rt_metric_set(S.m_in_flight_limit, PUSH_MAX_IN_FLIGHT);
+    }
+    S.keep_per_user = set->notifications_per_user_max > 0 ? set->notifications_per_user_max
+                                                          : PUSH_KEEP_PER_USER_DEFAULT;
+    if (set->leases && !S.lease) {
+        S.lease = lease_create(set->leases, PUSH_LEASE, set->lease_ttl_ms, lease_gained, NULL);
         if (!S.lease) {
             rt_log(ATRIUM_LOG_ERROR, "core", "cannot create the lease %s", PUSH_LEASE);
             return ATRIUM_E_IO;

@@ -12,10 +12,19 @@
 #include "core/store/db.h"
 #include "core/store/lease.h"
 
-/* Start the sender thread on db. With leases (NULL: a lone process), it decides and sends
- * only while this process holds the lease core.push_sender (ttl lease_ttl_ms). 0 or
- * ATRIUM_E_IO (logged). Start-up, after the lease service started. */
-int push_send_start(db_pool *db, lease_service *leases, int64_t lease_ttl_ms);
+typedef struct push_send_settings {
+    db_pool *db;                    /* NULL: no sender (start returns 0) */
+    lease_service *leases;          /* NULL: a lone process, always the sender */
+    int64_t lease_ttl_ms;           /* server.lease_ttl_ms */
+    rt_metrics *metrics;            /* atrium_push_in_flight{,_limit}, ..._pruned_total */
+    int notifications_per_user_max; /* push.notifications_per_user_max; <= 0: 1000 */
+} push_send_settings;
+
+/* Start the sender thread on set->db. With leases, it decides and sends only while this
+ * process holds the lease core.push_sender (ttl lease_ttl_ms). Nothing of set is kept but
+ * the pointers (which must outlive the sender). 0 or ATRIUM_E_IO (logged). Start-up,
+ * after the lease service started. */
+int push_send_start(const push_send_settings *set);
 /* Stop and join it; requests in flight end on the outbound client's thread later (their
  * answers are then forgotten and the rows sent again by the next run). */
 void push_send_stop(void);

@@ -175,7 +175,11 @@ static int rooms_start(core_runtime *rt)
         return -1;
     }
     /* The push sender reads events and members: it starts once the rooms tables exist. */
-    if (push_send_start(rt->db, rt->leases, rt->cfg->lease_ttl_ms) < 0) return -1;
+    push_send_settings push = {.db = rt->db, .leases = rt->leases,
+                               .lease_ttl_ms = rt->cfg->lease_ttl_ms, .metrics = rt->metrics,
+                               .notifications_per_user_max =
+                                   rt->cfg->push.notifications_per_user_max};
+    if (push_send_start(&push) < 0) return -1;
     return rooms_typing_start();
 }
 
