@@ -16,8 +16,8 @@
  * /sync's knock (or invite) section to leave.
  *
  * Synapse (1.132) as the resident sends its events only to the servers in the room before
- * them, so a knock it rejects is not heard of here; the user's leave (through make_leave)
- * is then refused by it, and a new knock is what the user can do.
+ * them, so a knock it rejects is not heard of here: the room stays in the user's knocks
+ * until they knock again or leave.
  *
  * Everything else for a room we are not in is fed_rooms_receive.c's to refuse.
  */
