@@ -86,8 +86,10 @@ class KnockTest(SharedServerTest):
         self.assertIn(room, rejected["rooms"]["leave"])
         self.assertNotIn(room, rejected["rooms"]["knock"])
         self.assertNotIn(room, self.bob.sync()["rooms"]["knock"])
-        # A knock again, withdrawn by the knocker.
+        # A knock again, withdrawn by the knocker (a standing knock is not forgotten).
         self.assertEqual(self.knock(self.carol, room)[0], 200)
+        status, body = self.carol.call("POST", f"{V3}/rooms/{quote(room)}/forget", {})
+        self.assertEqual(status, 400, body)
         self.carol.leave(room)
         self.assertEqual(self.member(room, self.carol.user_id)["membership"], "leave")
         self.assertNotIn(room, self.carol.sync()["rooms"]["knock"])

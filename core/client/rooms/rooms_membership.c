@@ -491,15 +491,17 @@ static int post_forget(atrium_req *r)
     int64_t pos = 0;
     int rc = rooms_membership_at(c, room, user, INT64_MAX, membership, &pos);
     bool ok = rc == ROOMS_OK;
-    if (ok && pos > 0 && strcmp(membership, "join") != 0 && strcmp(membership, "invite") != 0) {
+    /* A standing membership (joined, invited, knocking) is not forgotten: it is left first. */
+    bool standing = strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0 ||
+                    strcmp(membership, "knock") == 0;
+    if (ok && pos > 0 && !standing) {
         const char *p[1] = {rooms_i64(r, pos)};
         ok = rooms_exec(c, "UPDATE memberships SET forgotten = true WHERE stream_pos = $1", 1, p);
     }
     rooms_db_release(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (pos == 0) return http_respond_error(r, 404, "M_NOT_FOUND", "You were never in this room");
-    if (strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0)
-        return http_respond_error(r, 400, "M_UNKNOWN", "Leave the room before forgetting it");
+    if (standing) return http_respond_error(r, 400, "M_UNKNOWN", "Leave the room before forgetting it");
     return http_respond_json(r, 200, json_object());
 }
 
