@@ -3,7 +3,8 @@
 stripped state A answered, and A's answer reaches B the way every room's does: alice's
 invite (PUT /v2/invite) moves the room to B's invites and bob joins; alice's kick (a PDU
 for bob's server, which is not in the room) moves it to B's leave; bob's leave withdraws
-the knock through A. Rooms that take no knocks refuse them at A, and B keeps nothing.
+the knock through A (or, when A cannot take the leave, at B alone). Rooms that take no
+knocks refuse them at A, and B keeps nothing.
 A fake peer checks A's make_knock / send_knock answers where it must be able to lie.
 """
 
@@ -88,6 +89,22 @@ class KnockFederationTest(TwoServersCase):
         self.assertEqual((status, body), (200, {}))
         self.assertEqual(self.membership(self.alice, room, self.bob.user_id), "leave")
         self.assertFalse(self.bob_sync_has("knock", room))
+
+    def test_a_knock_is_withdrawn_here_when_the_resident_cannot_take_the_leave(self):
+        room = self.knock_room()
+        self.assertEqual(self.knock(room)[0], 200)
+        self.a.stop()
+        status, body = self.bob.call("POST", f"{V3}/rooms/{quote(room)}/leave", {}, timeout=60)
+        self.assertEqual((status, body), (200, {}))
+        self.assertFalse(self.bob_sync_has("knock", room))
+        [(membership, sender)] = psql(
+            f"SELECT membership, sender FROM memberships WHERE room_id = '{room}'"
+            f" AND user_id = '{self.bob.user_id}' ORDER BY stream_pos DESC LIMIT 1",
+            database=self.b.database)
+        self.assertEqual((membership, sender), ("leave", self.bob.user_id))
+        # Nothing left to withdraw.
+        status, body = self.bob.call("POST", f"{V3}/rooms/{quote(room)}/leave", {}, timeout=60)
+        self.assertNotEqual(status, 200, body)
 
     def test_rooms_that_take_no_knocks_refuse_them_at_the_resident(self):
         for version, rule in (("10", "invite"), ("10", "public"), ("6", "knock")):

@@ -4,10 +4,10 @@ and the Atrium user, whose /sync moved the room from knock to invite, joins; a S
 user knocks on an Atrium room, Atrium's admin sees the knock and invites, and the Synapse
 user joins.
 
-Not tested here: a kick at Synapse rejecting an Atrium user's knock. Synapse 1.132 sends
-its events only to the servers in the room before them, so the knocker's server never
-hears of the rejection (Atrium, as the resident, also sends such a kick to the knocker's
-server: test_knock_federation.py).
+A kick at Synapse rejecting an Atrium user's knock never reaches Atrium: Synapse 1.132
+sends its events only to the servers in the room before them (Atrium, as the resident, also
+sends such a kick to the knocker's server: test_knock_federation.py). The knock then stays
+at Atrium until the user leaves, which Synapse refuses and Atrium does by itself.
 
 Synapse is a test peer, not part of Atrium (test_federation_synapse.py says where it comes
 from); without it these tests are skipped with a message saying so.
@@ -84,6 +84,28 @@ class SynapseKnockTest(SynapseCase):
         self.assertEqual((status, body), (200, {"room_id": room}))
         status, member = self.sam_call("GET", path)
         self.assertEqual((status, member.get("membership")), (200, "join"), member)
+
+    def test_a_knock_synapse_rejected_is_withdrawn_at_atrium_by_leaving(self):
+        status, body = self.sam_call("POST", f"{V3}/createRoom",
+                                     {"room_version": "10", "initial_state": KNOCK_RULES})
+        self.assertEqual(status, 200, body)
+        room = body["room_id"]
+        status, body = self.alice.call(
+            "POST", f"{V3}/knock/{quote(room)}?server_name={quote(self.syn['name'])}", {}, timeout=60)
+        self.assertEqual(status, 200, body)
+        status, body = self.sam_call("POST", f"{V3}/rooms/{quote(room)}/kick",
+                                     {"user_id": self.alice.user_id, "reason": "no"})
+        self.assertEqual(status, 200, body)
+        # Synapse tells only the servers in the room: the knock still shows at Atrium, and
+        # Synapse refuses the leave, so Atrium withdraws the knock by itself.
+        status, body = self.alice.call("POST", f"{V3}/rooms/{quote(room)}/leave", {}, timeout=60)
+        self.assertEqual((status, body), (200, {}))
+        self.assertNotIn(room, self.alice.sync()["rooms"]["knock"])
+        # A new knock is taken again.
+        status, body = self.alice.call(
+            "POST", f"{V3}/knock/{quote(room)}?server_name={quote(self.syn['name'])}", {}, timeout=60)
+        self.assertEqual(status, 200, body)
+        self.assertIn(room, self.alice.sync()["rooms"]["knock"])
 
     def test_a_synapse_user_knocks_on_an_atrium_room_is_invited_and_joins(self):
         room = self.alice.create_room(room_version="10", name="Atrium lobby",

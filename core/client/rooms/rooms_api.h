@@ -286,6 +286,13 @@ json_t *rooms_stripped_state(const json_t *map, const char *member);
 /* [req] The servers to withdraw user's knock on room_id through (a leave, on the remote
  * pool): the server that took the knock first, then rooms_remote_vias. A new array. */
 json_t *rooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const char *user);
+/* [req] Withdraw user's knock on room_id, a room this server is not in (on the remote
+ * pool's thread): make_leave / send_leave through the server that took the knock, then
+ * the others (rooms_knock_vias); when none takes it, a leave of this server's own that
+ * follows the knock. Either is kept as an outlier and the user's newest membership.
+ * Answers r ({}, 403 when the user has no standing knock kept here, 503); returns
+ * ATRIUM_DONE. */
+int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id);
 #define ROOMS_REMOTE_THREADS 2
 #define ROOMS_REMOTE_QUEUE 16
 /* The typing reaper (rooms_typing.c), started and stopped with the rooms module. */

@@ -18,7 +18,11 @@
  * knock_state; the knock itself is an outlier and the user's newest membership, as an
  * invite from another server is (core/federation/fed_rooms_invite.c). The resident server
  * then reaches us through the paths every room uses: its invite is PUT /v2/invite, its
- * kick a PDU for our user.
+ * kick a PDU for our user (fed_rooms_outsider.c). The user withdraws the knock by leaving
+ * (rooms_knock_withdraw): make_leave / send_leave through the server that took the knock;
+ * when no resident takes the leave (unreachable, or the knock already over there: Synapse
+ * does not send its rejections to servers outside the room) it is withdrawn here all the
+ * same, with a leave of our own that only this server keeps, so no knock stays stuck.
  *
  * It also owns the stripped state of a room for those who are not in it
  * (rooms_stripped_state): which events, and which fields of each.
@@ -91,20 +95,22 @@ static int answer_refusal(atrium_req *r, const fed_call_result *res, const char 
                               msg ? msg : "refused");
 }
 
-/* make_knock at each via in turn: the answer ({"event", "room_version"} of a version that
- * knows knocks) and the via that gave it; NULL with *last the last failure. */
-static json_t *ask_make_knock(atrium_req *r, const char *user, const char *room_id,
-                              const json_t *vias, const char **via_out, fed_call_result *last)
+/* make_<membership> ("knock", "leave") at each via in turn: the answer ({"event",
+ * "room_version"} of a version that knows knocks) and the via that gave it; NULL with
+ * *last the last failure. */
+static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
+                        const char *room_id, const json_t *vias, const char **via_out,
+                        fed_call_result *last)
 {
     char room_enc[KNOCK_URI_BYTES / 4], user_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
     memset(last, 0, sizeof(*last));
     last->outcome = FED_REQ_E_RESOLVE;
-    snprintf(last->error, sizeof(last->error), "no server to knock through");
+    snprintf(last->error, sizeof(last->error), "no server to ask");
     if (!fed_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
         !fed_uri_encode(user, user_enc, sizeof(user_enc)))
         return NULL;
-    size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_knock/%s/%s",
-                                room_enc, user_enc);
+    size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_%s/%s/%s",
+                                membership, room_enc, user_enc);
     for (size_t i = 0; ROOM_VERSIONS_SUPPORTED[i] && o < sizeof(uri); i++)
         o += (size_t)snprintf(uri + o, sizeof(uri) - o, "%sver=%s", i ? "&" : "?",
                               ROOM_VERSIONS_SUPPORTED[i]);
@@ -125,17 +131,17 @@ static json_t *ask_make_knock(atrium_req *r, const char *user, const char *room_
             *via_out = via;
             return json_incref(last->json);
         }
-        rt_log(ATRIUM_LOG_INFO, "core", "make_knock for %s at %s failed: %s (status %d)", room_id,
-               via, last->error, last->status);
+        rt_log(ATRIUM_LOG_INFO, "core", "make_%s for %s at %s failed: %s (status %d)", membership,
+               room_id, via, last->error, last->status);
     }
     return NULL;
 }
 
-/* The knock from the resident's template: origin, time and content are ours, then it is
- * sealed. A new event with its ID, or NULL with e set. */
-static json_t *complete_knock(PGconn *c, const room_version *v, const json_t *tmpl,
-                              const char *user, const char *reason, char id[EVENT_ID_LEN],
-                              rooms_err *e)
+/* The knock (or its withdrawal, a leave) from the resident's template: origin, time and
+ * content are ours, then it is sealed. A new event with its ID, or NULL with e set. */
+static json_t *complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
+                               const char *user, const char *membership, const char *reason,
+                               char id[EVENT_ID_LEN], rooms_err *e)
 {
     json_t *pdu = json_deep_copy(tmpl);
     if (!pdu) {
@@ -149,7 +155,9 @@ static json_t *complete_knock(PGconn *c, const room_version *v, const json_t *tm
     if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
     else json_object_del(pdu, "origin");
     json_object_set_new(pdu, "origin_server_ts", json_integer(rooms_wall_ms()));
-    json_t *content = rooms_member_content(c, user, "knock");
+    json_t *content = strcmp(membership, "knock") == 0
+                          ? rooms_member_content(c, user, "knock")
+                          : json_pack("{s:s}", "membership", membership);
     if (reason) json_object_set_new(content, "reason", json_string(reason));
     json_object_set_new(pdu, "content", content);
     char why[ROOM_AUTH_WHY_LEN];
@@ -162,7 +170,8 @@ static json_t *complete_knock(PGconn *c, const room_version *v, const json_t *tm
         strcmp(event_state_key(pdu) ?: "", user) != 0 ||
         strcmp(json_string_value(json_object_get(pdu, "type")) ?: "", "m.room.member") != 0) {
         json_decref(pdu);
-        rooms_set_err(e, ROOMS_E_FORBIDDEN, "The resident server's template is not this knock");
+        rooms_set_err(e, ROOMS_E_FORBIDDEN, "The resident server's template is not this %s",
+                      membership);
         return NULL;
     }
     if (rooms_event_seal(v, pdu, id, e) != ROOMS_OK) {
@@ -217,7 +226,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
 {
     fed_call_result mk;
     const char *via = NULL;
-    json_t *made = ask_make_knock(r, user, room_id, vias, &via, &mk);
+    json_t *made = ask_make(r, "knock", user, room_id, vias, &via, &mk);
     if (!made) {
         int out = answer_refusal(r, &mk, "No server could take the knock");
         fed_call_result_clear(&mk);
@@ -232,7 +241,8 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     }
     rooms_err e = {0};
     char id[EVENT_ID_LEN];
-    json_t *knock = complete_knock(c, v, json_object_get(made, "event"), user, reason, id, &e);
+    json_t *knock = complete_member(c, v, json_object_get(made, "event"), user, "knock", reason,
+                                    id, &e);
     json_decref(made);
     if (!knock) {
         rooms_db_release(c);
@@ -266,6 +276,153 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     notifier_wake_user(user);
     rt_log(ATRIUM_LOG_INFO, "core", "%s knocked on %s through %s", user, room_id, via);
     return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
+}
+
+/* ---- withdrawing a knock on a room this server is not in ------------------------------- */
+
+/* The user's standing knock on room_id as this server kept it: the event and its room
+ * version. NULL when there is none (or on failure). */
+static json_t *kept_knock(PGconn *c, const char *room_id, const char *user, const room_version **v)
+{
+    const char *p[2] = {room_id, user};
+    PGresult *res = rooms_q(c,
+                            "SELECT k.room_version, g.pdu FROM (SELECT event_id, membership"
+                            "  FROM memberships WHERE room_id = $1 AND user_id = $2"
+                            "  ORDER BY stream_pos DESC LIMIT 1) m"
+                            " JOIN remote_knocks k ON k.event_id = m.event_id"
+                            " JOIN event_outliers g ON g.event_id = m.event_id"
+                            " WHERE m.membership = 'knock'",
+                            2, p, NULL);
+    json_t *knock = res && PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 1), 0, NULL) : NULL;
+    *v = knock ? room_version_find(PQgetvalue(res, 0, 0)) : NULL;
+    PQclear(res);
+    if (!*v) {
+        json_decref(knock);
+        return NULL;
+    }
+    return knock;
+}
+
+/* A leave of this server's own making that follows the knock (its one prev and auth
+ * event), for when no resident server made one: it is kept here only. A new event with
+ * its ID, or NULL with e set. */
+static json_t *local_leave(const room_version *v, const json_t *knock, const char *user,
+                           char id[EVENT_ID_LEN], rooms_err *e)
+{
+    char knock_id[EVENT_ID_LEN];
+    if (event_compute_id(v, knock, knock_id) < 0) {
+        rooms_set_err(e, ROOMS_E_DB, "The kept knock is not canonical JSON");
+        return NULL;
+    }
+    json_t *pdu = json_pack("{s:O, s:s, s:s, s:s, s:{s:s}, s:I, s:I}", "room_id",
+                            json_object_get(knock, "room_id"), "type", "m.room.member", "sender",
+                            user, "state_key", user, "content", "membership", "leave", "depth",
+                            json_integer_value(json_object_get(knock, "depth")) + 1,
+                            "origin_server_ts", (json_int_t)rooms_wall_ms());
+    if (!pdu) {
+        rooms_set_err(e, ROOMS_E_DB, "out of memory");
+        return NULL;
+    }
+    if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
+    json_t *ref = json_string(knock_id);
+    json_object_set_new(pdu, "prev_events", json_pack("[O]", ref));
+    json_object_set_new(pdu, "auth_events", json_pack("[O]", ref));
+    json_decref(ref);
+    if (rooms_event_seal(v, pdu, id, e) != ROOMS_OK) {
+        json_decref(pdu);
+        return NULL;
+    }
+    return pdu;
+}
+
+/* Keep a leave that ends the knock: an outlier and the user's newest membership. */
+static bool keep_leave(PGconn *c, const char *room_id, const char *user, const char *id,
+                       const json_t *leave, const char *via)
+{
+    const char *p[3] = {id, room_id, user};
+    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+              rooms_graph_store_outlier(c, room_id, id, leave, "outlier", NULL, via) == 0 &&
+              rooms_exec(c,
+                         "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                         " event_id, sender) VALUES (stream_next(), $2, $3, 'leave', $1, $3)",
+                         3, p) &&
+              rooms_exec(c, "COMMIT", 0, NULL);
+    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    return ok;
+}
+
+/* make_leave / send_leave through the vias: the sent leave and the via that took it, or
+ * NULL (any failure: logged). */
+static json_t *send_leave(atrium_req *r, PGconn *c, const char *user, const char *room_id,
+                          const json_t *vias, char id[EVENT_ID_LEN], const char **via_out)
+{
+    fed_call_result mk;
+    json_t *made = ask_make(r, "leave", user, room_id, vias, via_out, &mk);
+    fed_call_result_clear(&mk);
+    if (!made) return NULL;
+    const room_version *v = room_version_find(json_string_value(json_object_get(made, "room_version")));
+    rooms_err e = {0};
+    const char *reason = json_string_value(json_object_get(r->json, "reason"));
+    json_t *leave = complete_member(c, v, json_object_get(made, "event"), user, "leave", reason, id,
+                                    &e);
+    json_decref(made);
+    if (!leave) {
+        rt_log(ATRIUM_LOG_INFO, "core", "withdrawing %s's knock on %s: %s", user, room_id, e.why);
+        return NULL;
+    }
+    char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
+    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
+    fed_uri_encode(id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_leave/%s/%s", room_enc, id_enc);
+    fed_request_opts req = {.method = "PUT", .destination = *via_out, .uri = uri, .body = leave,
+                            .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                            .max_body_bytes = KNOCK_MAKE_MAX_BODY_BYTES};
+    fed_call_result sent;
+    fed_call(&req, &sent);
+    bool ok = fed_call_ok(&sent);
+    if (!ok)
+        rt_log(ATRIUM_LOG_INFO, "core", "send_leave of %s's knock on %s at %s failed: %s (status %d)",
+               user, room_id, *via_out, sent.error, sent.status);
+    fed_call_result_clear(&sent);
+    if (!ok) {
+        json_decref(leave);
+        return NULL;
+    }
+    return leave;
+}
+
+int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
+{
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    const room_version *v = NULL;
+    json_t *knock = kept_knock(c, room_id, user, &v);
+    if (!knock) {
+        rooms_db_release(c);
+        return http_respond_error(r, 403, "M_FORBIDDEN", "You are not knocking on this room");
+    }
+    json_t *vias = rooms_knock_vias(r, c, room_id, user);
+    char id[EVENT_ID_LEN];
+    const char *via = NULL;
+    json_t *leave = send_leave(r, c, user, room_id, vias, id, &via);
+    if (via) via = rt_arena_strdup(r->arena, via); /* it lives in vias */
+    json_decref(vias);
+    rooms_err e = {0};
+    if (!leave) {
+        /* No resident server took the leave (unreachable, or the knock is over there: a
+         * rejection it never sent us). The knock is withdrawn here all the same. */
+        via = NULL;
+        leave = local_leave(v, knock, user, id, &e);
+    }
+    json_decref(knock);
+    bool ok = leave && keep_leave(c, room_id, user, id, leave, via);
+    rooms_db_release(c);
+    json_decref(leave);
+    if (!ok) return e.code ? rooms_fail(r, &e) : http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    notifier_wake_user(user);
+    rt_log(ATRIUM_LOG_INFO, "core", "%s withdrew the knock on %s%s%s", user, room_id,
+           via ? " through " : " (here only)", via ? via : "");
+    return http_respond_json(r, 200, json_object());
 }
 
 json_t *rooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const char *user)

@@ -9,7 +9,7 @@
  * room / banned, membership events carry the user's profile, and invites reach only local
  * users that exist; other servers' users are invited through their server
  * (rooms_remote.c). A kick of a knocking user rejects the knock; a knock withdrawn on a room
- * this server is not in goes through the server that took it. /join/#alias resolves the alias through the room directory, another
+ * this server is not in is rooms_knock.c's (rooms_knock_withdraw). /join/#alias resolves the alias through the room directory, another
  * server's by asking it (join_alias), and joins through the servers the answer names.
  *
  * It also owns which profile fields a membership event carries (add_profile: displayname
@@ -375,8 +375,8 @@ static int post_leave(atrium_req *r)
     const char *room = rooms_param_room(r);
     json_t *body = room ? optional_body(r) : NULL;
     if (!body) return ATRIUM_DONE;
-    /* Declining an invite to a room this server is not in, or withdrawing a knock on one:
-     * through the servers that are (rooms_remote.c). */
+    /* Declining an invite to a room this server is not in (rooms_remote.c), or withdrawing
+     * a knock on one (rooms_knock.c): through the servers that are. */
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     char membership[16] = "";
@@ -389,7 +389,11 @@ static int post_leave(atrium_req *r)
             rooms_db_release(c);
             return rooms_to_remote_pool(r);
         }
-        json_t *vias = knocked ? rooms_knock_vias(r, c, room, user) : rooms_remote_vias(r, c, room);
+        if (knocked) {
+            rooms_db_release(c);
+            return rooms_knock_withdraw(r, user, room);
+        }
+        json_t *vias = rooms_remote_vias(r, c, room);
         rooms_db_release(c);
         int out = rooms_remote_leave(r, user, room, vias);
         json_decref(vias);
