@@ -138,7 +138,8 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
 }
 
 /* The knock (or its withdrawal, a leave) from the resident's template: origin, time and
- * content are ours, then it is sealed. A new event with its ID, or NULL with e set. */
+ * content are ours, then it is sealed. c (for the knock's profile; NULL for a leave) is
+ * borrowed. A new event with its ID, or NULL with e set. */
 static json_t *complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
                                const char *user, const char *membership, const char *reason,
                                char id[EVENT_ID_LEN], rooms_err *e)
@@ -244,10 +245,8 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     json_t *knock = complete_member(c, v, json_object_get(made, "event"), user, "knock", reason,
                                     id, &e);
     json_decref(made);
-    if (!knock) {
-        rooms_db_release(c);
-        return rooms_fail(r, &e);
-    }
+    rooms_db_release(c); /* no connection is held while a peer answers */
+    if (!knock) return rooms_fail(r, &e);
     char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
     fed_uri_encode(room_id, room_enc, sizeof(room_enc));
     fed_uri_encode(id, id_enc, sizeof(id_enc));
@@ -257,10 +256,10 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
                             .max_body_bytes = KNOCK_SEND_MAX_BODY_BYTES};
     fed_call_result sent;
     fed_call(&req, &sent);
-    if (!fed_call_ok(&sent)) {
-        rooms_db_release(c);
+    if (!fed_call_ok(&sent) || !(c = rooms_db(r))) {
         json_decref(knock);
-        int out = answer_refusal(r, &sent, "The resident server refused the knock");
+        int out = fed_call_ok(&sent) ? ATRIUM_DONE
+                                     : answer_refusal(r, &sent, "The resident server refused the knock");
         fed_call_result_clear(&sent);
         return out;
     }
@@ -352,8 +351,8 @@ static bool keep_leave(PGconn *c, const char *room_id, const char *user, const c
 }
 
 /* make_leave / send_leave through the vias: the sent leave and the via that took it, or
- * NULL (any failure: logged). */
-static json_t *send_leave(atrium_req *r, PGconn *c, const char *user, const char *room_id,
+ * NULL (any failure: logged). Holds no database connection. */
+static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
                           const json_t *vias, char id[EVENT_ID_LEN], const char **via_out)
 {
     fed_call_result mk;
@@ -363,8 +362,8 @@ static json_t *send_leave(atrium_req *r, PGconn *c, const char *user, const char
     const room_version *v = room_version_find(json_string_value(json_object_get(made, "room_version")));
     rooms_err e = {0};
     const char *reason = json_string_value(json_object_get(r->json, "reason"));
-    json_t *leave = complete_member(c, v, json_object_get(made, "event"), user, "leave", reason, id,
-                                    &e);
+    json_t *leave = complete_member(NULL, v, json_object_get(made, "event"), user, "leave", reason,
+                                    id, &e);
     json_decref(made);
     if (!leave) {
         rt_log(ATRIUM_LOG_INFO, "core", "withdrawing %s's knock on %s: %s", user, room_id, e.why);
@@ -402,9 +401,10 @@ int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
         return http_respond_error(r, 403, "M_FORBIDDEN", "You are not knocking on this room");
     }
     json_t *vias = rooms_knock_vias(r, c, room_id, user);
+    rooms_db_release(c); /* no connection is held while a peer answers */
     char id[EVENT_ID_LEN];
     const char *via = NULL;
-    json_t *leave = send_leave(r, c, user, room_id, vias, id, &via);
+    json_t *leave = send_leave(r, user, room_id, vias, id, &via);
     if (via) via = rt_arena_strdup(r->arena, via); /* it lives in vias */
     json_decref(vias);
     rooms_err e = {0};
@@ -415,8 +415,12 @@ int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
         leave = local_leave(v, knock, user, id, &e);
     }
     json_decref(knock);
+    if (leave && !(c = rooms_db(r))) {
+        json_decref(leave);
+        return ATRIUM_DONE;
+    }
     bool ok = leave && keep_leave(c, room_id, user, id, leave, via);
-    rooms_db_release(c);
+    if (leave) rooms_db_release(c);
     json_decref(leave);
     if (!ok) return e.code ? rooms_fail(r, &e) : http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     notifier_wake_user(user);
