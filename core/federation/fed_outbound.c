@@ -142,26 +142,35 @@ static PGresult *room_servers(PGconn *c, const char *room_id)
     return NULL;
 }
 
+int fed_outbound_enqueue_pdu_to(PGconn *c, const char *destination, const char *room_id,
+                                const char *event_id)
+{
+    if (!c || !destination || !room_id || !event_id) return -1;
+    if (!*destination || strcmp(destination, own_server_name()) == 0) return 0;
+    if (fed_state() && !fed_domain_allowed(destination)) return 0; /* never sendable */
+    char now[24];
+    snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
+    const char *q[4] = {destination, room_id, event_id, now};
+    return exec_ok(c,
+                   "INSERT INTO federation_outbound (destination, kind, room_id, event_id,"
+                   " queued_ts) VALUES ($1, 0, $2, $3, $4)"
+                   " ON CONFLICT (destination, event_id) WHERE kind = 0 DO NOTHING",
+                   4, q, NULL)
+               ? 0
+               : -1;
+}
+
 int fed_outbound_enqueue_pdu(PGconn *c, const char *room_id, const char *event_id,
                              const char *except_server)
 {
     if (!c || !room_id || !event_id) return -1;
-    char now[24];
-    snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
     PGresult *res = room_servers(c, room_id);
     if (!res) return -1;
     int rc = 0;
     for (int i = 0; i < PQntuples(res) && rc == 0; i++) {
         const char *dest = PQgetvalue(res, i, 0);
-        if (!*dest || (except_server && strcmp(dest, except_server) == 0)) continue;
-        if (fed_state() && !fed_domain_allowed(dest)) continue; /* never sendable */
-        const char *q[4] = {dest, room_id, event_id, now};
-        if (!exec_ok(c,
-                     "INSERT INTO federation_outbound (destination, kind, room_id, event_id,"
-                     " queued_ts) VALUES ($1, 0, $2, $3, $4)"
-                     " ON CONFLICT (destination, event_id) WHERE kind = 0 DO NOTHING",
-                     4, q, NULL))
-            rc = -1;
+        if (except_server && strcmp(dest, except_server) == 0) continue;
+        rc = fed_outbound_enqueue_pdu_to(c, dest, room_id, event_id);
     }
     PQclear(res);
     return rc;

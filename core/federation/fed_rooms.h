@@ -3,9 +3,11 @@
  * what a server may read of a room (history visibility for servers) and whether its
  * traffic is accepted at all (m.room.server_acl), and the routes built on them:
  * fed_rooms_serve.c (event, state, state_ids, backfill, get_missing_events) and
- * fed_rooms_join.c (make_join/send_join, make_leave/send_leave as the resident server),
- * fed_rooms_invite.c (invites of our users by other servers) and fed_rooms_receive.c
- * (PDUs received in transactions).
+ * fed_rooms_join.c (make_join/send_join, make_leave/send_leave, make_knock/send_knock as
+ * the resident server),
+ * fed_rooms_invite.c (invites of our users by other servers), fed_rooms_receive.c
+ * (PDUs received in transactions) and fed_rooms_outsider.c (the end of our users' knocks
+ * and invites on rooms this server is not in).
  *
  * The room model itself (tables, the graph, auth rules) is core/rooms/; these files only
  * read it and answer. Internal prefix: fed_rooms_.
@@ -19,6 +21,7 @@
 #include <stdint.h>
 
 #include "core/federation/fed_internal.h"
+#include "core/federation/fed_txn.h"
 #include "core/rooms/events_graph.h"
 #include "core/rooms/rooms.h"
 
@@ -85,6 +88,18 @@ int fed_rooms_join_routes(fed_module *m);
 int fed_rooms_invite_routes(fed_module *m); /* fed_rooms_invite.c: PUT /v2/invite */
 /* fed_rooms_receive.c: register the handler of received PDUs and its metrics. 0. */
 int fed_rooms_receive_init(fed_module *m);
+/* fed_rooms_outsider.c: a received PDU that ends one of our users' knocks or invites on a
+ * room this server is not in (the resident's kick): checked as far as no room state is
+ * needed (format, the knock or invite among its auth events, content hash, signatures)
+ * and kept as an outlier and the user's newest membership. A FED_PDU_* outcome, or
+ * FED_ROOMS_NOT_OUTSIDER when pdu is no such event (fed_rooms_receive.c's then). Waits
+ * for key look-ups: inbound pool threads only. *c is borrowed, outside any transaction;
+ * it goes back to the pool while a key is fetched and is borrowed again after, maybe
+ * another connection, NULL when none was free (then FED_PDU_RETRY): the caller releases
+ * *c, not what it passed. */
+#define FED_ROOMS_NOT_OUTSIDER (-1)
+int fed_rooms_outsider_pdu(PGconn **c, const char *origin, const json_t *pdu,
+                           char err[FED_PDU_ERR_LEN]);
 /* [req] The fed_rooms routes' common answer envelope: {"origin", "origin_server_ts",
  * "pdus": pdus (stolen)}. */
 int fed_rooms_respond_pdus(atrium_req *r, json_t *pdus);

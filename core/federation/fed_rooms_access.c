@@ -239,10 +239,47 @@ int fed_rooms_routes(fed_module *m)
 
 /* ---- the outbound queue (fed_rooms_queue.h) ------------------------------------------ */
 
+/* The server of a user whose knock or invite event_id ends (a kick rejecting a knock, an
+ * invite withdrawn), when that server is not in the room: it would otherwise never learn
+ * that its user's knock or invite is over. Read while the ended membership is still the
+ * current state (the queue runs before the event becomes it: rooms_write.c). into out
+ * ("" when none); 0 or -1. */
+static int ended_outsider(PGconn *c, const char *room_id, const char *event_id, char *out,
+                          size_t len)
+{
+    out[0] = '\0';
+    const char *p[2] = {room_id, event_id};
+    PGresult *res = PQexecParams(
+        c,
+        "SELECT substr(e.state_key, strpos(e.state_key, ':') + 1) FROM events e"
+        " JOIN current_state cs ON cs.room_id = e.room_id AND cs.type = 'm.room.member'"
+        " AND cs.state_key = e.state_key"
+        " WHERE e.room_id = $1 AND e.event_id = $2 AND e.type = 'm.room.member'"
+        " AND e.sender <> e.state_key AND cs.membership IN ('knock', 'invite')"
+        " AND (e.pdu::jsonb) -> 'content' ->> 'membership' IN ('leave', 'ban')",
+        2, NULL, p, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        rt_log(ATRIUM_LOG_ERROR, "federation", "outbound queue: %s", PQerrorMessage(c));
+        PQclear(res);
+        return -1;
+    }
+    if (PQntuples(res) == 1) snprintf(out, len, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    if (!out[0]) return 0;
+    int in = fed_rooms_server_joined(c, room_id, out);
+    if (in < 0) return -1;
+    if (in) out[0] = '\0';
+    return 0;
+}
+
 int fed_rooms_queue_pdu(PGconn *c, const char *room_id, const char *event_id,
                         const char *except_server)
 {
-    return fed_outbound_enqueue_pdu(c, room_id, event_id, except_server);
+    if (fed_outbound_enqueue_pdu(c, room_id, event_id, except_server) < 0) return -1;
+    char outsider[ROOMS_GRAPH_ID_BYTES];
+    if (ended_outsider(c, room_id, event_id, outsider, sizeof(outsider)) < 0) return -1;
+    if (!outsider[0] || (except_server && strcmp(outsider, except_server) == 0)) return 0;
+    return fed_outbound_enqueue_pdu_to(c, outsider, room_id, event_id);
 }
 
 void fed_rooms_kick(void)

@@ -1,8 +1,9 @@
 /*
  * core/federation/fed_rooms_join.c - this server as the resident server of a room another
- * server's user joins or leaves: GET /v1/make_join/{roomId}/{userId}?ver=..., PUT
- * /v2/send_join/{roomId}/{eventId}, GET /v1/make_leave/{roomId}/{userId} and PUT
- * /v2/send_leave/{roomId}/{eventId}.
+ * server's user joins, leaves or knocks on: GET /v1/make_join/{roomId}/{userId}?ver=..., PUT
+ * /v2/send_join/{roomId}/{eventId}, GET /v1/make_leave/{roomId}/{userId}, PUT
+ * /v2/send_leave/{roomId}/{eventId}, GET /v1/make_knock/{roomId}/{userId}?ver=... and PUT
+ * /v1/send_knock/{roomId}/{eventId}.
  *
  * make_* answers a template built by the write path (rooms_tx_template: the auth rules
  * against the current state, prev_events from the forward extremities, the spec's auth
@@ -13,7 +14,11 @@
  * then the auth rules against the event's own auth events and against the current state;
  * only then is it appended to the stream (rooms_tx_append_pdu) with the state it was
  * authorized against, and queued for the room's other servers. send_join answers the
- * state before the join and its auth chain (full state: no partial joins).
+ * state before the join and its auth chain (full state: no partial joins); send_knock the
+ * room's stripped state (knock_room_state, rooms_stripped_state), which the knocking server
+ * shows its user. A knock on a room whose version has no knocks is 403 before any
+ * template (as Synapse answers; the spec's make_knock lists 403 for a room that does not
+ * take knocks), a join rule that takes none is the auth rules' 403.
  */
 #include <stdio.h>
 #include <string.h>
@@ -33,14 +38,23 @@ typedef struct send_state {
     char event_id[ROOMS_GRAPH_ID_BYTES];
 } send_state;
 
+/* What send_* answers besides the acceptance. */
+enum member_answer {
+    ANSWER_NOTHING,      /* send_leave: {} */
+    ANSWER_STATE,        /* send_join: the state and auth chain */
+    ANSWER_STRIPPED,     /* send_knock: knock_room_state */
+};
+
 /* The membership a make_/send_ route is about. */
 typedef struct member_route {
     const char *membership;
-    bool answer_state; /* send_join: the state and auth chain in the answer */
+    enum member_answer answer;
+    bool versioned; /* make_*: ?ver= must name the room's version */
 } member_route;
 
-static const member_route JOIN = {"join", true};
-static const member_route LEAVE = {"leave", false};
+static const member_route JOIN = {"join", ANSWER_STATE, true};
+static const member_route LEAVE = {"leave", ANSWER_NOTHING, false};
+static const member_route KNOCK = {"knock", ANSWER_STRIPPED, true};
 
 /* Is user_id a user of the requesting server? */
 static bool users_server(atrium_req *r, const char *user_id)
@@ -72,7 +86,7 @@ static int make_member(atrium_req *r, const member_route *mr)
     json_t *pdu = NULL;
     int rc = rooms_tx_begin(&tx, c, r->arena, room_id, &e);
     if (rc == ROOMS_OK) {
-        if (mr == &JOIN && !version_offered(r, tx.ver)) {
+        if (mr->versioned && !version_offered(r, tx.ver)) {
             const char *ver = tx.ver->id;
             rooms_tx_rollback(&tx);
             fed_rooms_close(c);
@@ -80,6 +94,13 @@ static int make_member(atrium_req *r, const member_route *mr)
                                                        "M_INCOMPATIBLE_ROOM_VERSION", "error",
                                                        "Your server does not support the room's "
                                                        "version", "room_version", ver));
+        }
+        if (mr == &KNOCK && !tx.ver->knock) {
+            const char *ver = tx.ver->id;
+            rooms_tx_rollback(&tx);
+            fed_rooms_close(c);
+            return http_respond_error(r, 403, "M_FORBIDDEN", "Room version %s does not support "
+                                      "knocking", ver);
         }
         json_t *content = json_pack("{s:s}", "membership", mr->membership);
         room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = user,
@@ -222,8 +243,10 @@ static int send_member_finish(atrium_req *r, const member_route *mr, const char 
             rc = rooms_tx_append_pdu(&tx, pdu, st->event_id, r->origin, ids, 0, &e);
         if (rc == ROOMS_OK && !dup && fed_rooms_queue_pdu(c, room_id, st->event_id, r->origin) < 0)
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
-        if (rc == ROOMS_OK && mr->answer_state && !(answer = join_answer(c, state, ids, pdu)))
+        if (rc == ROOMS_OK && mr->answer == ANSWER_STATE && !(answer = join_answer(c, state, ids, pdu)))
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
+        if (rc == ROOMS_OK && mr->answer == ANSWER_STRIPPED)
+            answer = json_pack("{s:o}", "knock_room_state", rooms_stripped_state(state, NULL));
         if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
         else rooms_tx_rollback(&tx);
     }
@@ -258,6 +281,8 @@ static int get_make_join(atrium_req *r) { return make_member(r, &JOIN); }
 static int get_make_leave(atrium_req *r) { return make_member(r, &LEAVE); }
 static int put_send_join(atrium_req *r) { return send_member(r, &JOIN); }
 static int put_send_leave(atrium_req *r) { return send_member(r, &LEAVE); }
+static int get_make_knock(atrium_req *r) { return make_member(r, &KNOCK); }
+static int put_send_knock(atrium_req *r) { return send_member(r, &KNOCK); }
 
 int fed_rooms_join_routes(fed_module *m)
 {
@@ -270,6 +295,10 @@ int fed_rooms_join_routes(fed_module *m)
          .handler = get_make_leave, .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "PUT", .path = "/_matrix/federation/v2/send_leave/{roomId}/{eventId}",
          .handler = put_send_leave, .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "GET", .path = "/_matrix/federation/v1/make_knock/{roomId}/{userId}",
+         .handler = get_make_knock, .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "PUT", .path = "/_matrix/federation/v1/send_knock/{roomId}/{eventId}",
+         .handler = put_send_knock, .flags = ATRIUM_ROUTE_FEDERATION},
     };
     char err[256];
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {

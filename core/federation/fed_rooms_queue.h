@@ -13,7 +13,9 @@
 #include <libpq-fe.h>
 
 /* Queue event_id for every server joined to room_id but this one and except_server (may
- * be NULL). Inside the caller's transaction. 0, or -1 (the caller rolls back). */
+ * be NULL), and for the server of a user whose knock or invite it ends (a kick, a
+ * withdrawn invite) when that server is not in the room. Inside the caller's transaction,
+ * before the event becomes current state. 0, or -1 (the caller rolls back). */
 int fed_rooms_queue_pdu(PGconn *c, const char *room_id, const char *event_id,
                         const char *except_server);
 /* After the commit that queued: wake the sender. Any thread, never blocks. */

@@ -699,6 +699,12 @@ static int on_pdu(void *ctx, const char *origin, const json_t *pdu, char err[FED
     (void)ctx;
     PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     if (!c) return retry(err);
+    /* A room we are not in: only the end of a user's knock or invite is taken. */
+    int out = fed_rooms_outsider_pdu(&c, origin, pdu, err);
+    if (out != FED_ROOMS_NOT_OUTSIDER) {
+        if (c) db_release(db_global(), c); /* maybe another connection (a key fetched) */
+        return out;
+    }
     pdu_job rx = {.origin = origin, .c = c};
     int rc = receive(&rx, pdu, err);
     if (!rx.c) return retry(err); /* not borrowed again after a request to a peer */

@@ -33,6 +33,10 @@
  * 0, or -1 on a database failure (the caller rolls back). */
 int fed_outbound_enqueue_pdu(PGconn *c, const char *room_id, const char *event_id,
                              const char *except_server);
+/* Queue event_id for one destination (not this server, nor one the domain whitelist
+ * excludes: then nothing, 0), inside the caller's open transaction. 0 or -1. */
+int fed_outbound_enqueue_pdu_to(PGconn *c, const char *destination, const char *room_id,
+                                const char *event_id);
 /* Queue one EDU for one destination, inside the caller's open transaction. 0 or -1. */
 int fed_outbound_enqueue_edu(PGconn *c, const char *destination, const char *edu_type,
                              const json_t *content);

@@ -201,6 +201,21 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      " event_id text PRIMARY KEY,"
      " room_id text NOT NULL,"
      " until_ts bigint NOT NULL);"},
+    {6, "rooms_remote_knocks",
+     /* Knocks of local users on rooms this server is not in (core/client/rooms/
+      * rooms_knock.c): the stripped state the resident server answered, the knock itself
+      * last, for /sync's knock_state, and the server that took the knock (the first to
+      * ask when the knock is withdrawn). The knock is an outlier, its membership a row of
+      * memberships, as for remote_invites. */
+     "CREATE TABLE remote_knocks ("
+     " event_id text PRIMARY KEY,"
+     " room_id text NOT NULL,"
+     " user_id text NOT NULL,"
+     " via text NOT NULL,"
+     " room_version text NOT NULL,"
+     " knock_state text NOT NULL,"
+     " sent_ts bigint NOT NULL);"
+     "CREATE INDEX remote_knocks_user ON remote_knocks (user_id, room_id);"},
 };
 
 

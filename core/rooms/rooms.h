@@ -13,7 +13,8 @@
  * 2 adds event_relations, the index of m.relates_to filled at write time; 3 adds
  * events.search_tsv, the full-text column of POST /search; 4 the event graph of federated
  * rooms, events_graph.h: prev/auth edges, forward extremities, outliers, soft-failed and
- * rejected events, state snapshots):
+ * rejected events, state snapshots; 5 positions for backfilled history; 6 remote_knocks,
+ * the stripped state of rooms of other servers a local user knocked on):
  *   rooms         one row per room: version, creator, the newest event and the greatest
  *                 depth. Its row lock serializes writes to one room, whoever created the
  *                 event (the forward extremities, several after concurrent sends, are
@@ -51,7 +52,7 @@
 #include "core/store/db.h"
 
 /* The migrations of owner "rooms" (rooms.c), applied by the rooms module (core/client/rooms/). */
-#define ROOMS_N_MIGRATIONS 5
+#define ROOMS_N_MIGRATIONS 6
 extern const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS];
 
 /* ---- failures ----------------------------------------------------------------------- */

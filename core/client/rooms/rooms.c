@@ -218,7 +218,8 @@ static int rooms_init(core_runtime *rt)
         return -1;
     }
     if (rooms_create_routes(s) < 0 || rooms_membership_routes(s) < 0 || rooms_send_routes(s) < 0 ||
-        rooms_read_routes(s) < 0 || rooms_ephemeral_routes(s) < 0 || rooms_relations_routes(s) < 0)
+        rooms_read_routes(s) < 0 || rooms_ephemeral_routes(s) < 0 || rooms_relations_routes(s) < 0 ||
+        rooms_knock_routes(s) < 0)
         return -1;
     if (rooms_search_routes(s) < 0 || rooms_upgrade_routes(s) < 0 || rooms_admin_routes(s) < 0 ||
         rooms_iface_provide() < 0 ||

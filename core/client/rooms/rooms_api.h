@@ -12,7 +12,7 @@
  * rooms_relations.c + rooms_bundle.c (relations, threads, bundled aggregations: see
  * rooms_relations.h), rooms_search.c (POST /search), rooms_typing.c (typing notices that
  * run out), rooms_remote.c (joining, inviting and declining through other servers, on the
- * remote pool). /sync is its own module (sync.c). Internal prefix: rooms_.
+ * remote pool), rooms_knock.c (knocking, here and through other servers). /sync is its own module (sync.c). Internal prefix: rooms_.
  */
 #ifndef ATRIUM_CORE_CLIENT_ROOMS_API_H
 #define ATRIUM_CORE_CLIENT_ROOMS_API_H
@@ -182,7 +182,7 @@ int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id
                                  const char *user_id, char id_out[EVENT_ID_LEN], rooms_err *e);
 /* user_id leaves room_id, or declines its invite: one m.room.member "leave" event sent by
  * user_id, as one transaction of the write path. Writes nothing when, under the room's
- * lock, the user is neither joined nor invited: ROOMS_OK with id_out "". Otherwise
+ * lock, the user is neither joined, invited nor knocking: ROOMS_OK with id_out "". Otherwise
  * ROOMS_OK with the new event's ID, or a failure (e set, rolled back; id_out ""). conn
  * held, outside any transaction. For account deactivation
  * (core/client/accounts/deactivate.c). */
@@ -237,6 +237,7 @@ int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
 int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse/admin/v1/rooms/{roomId} */
+int rooms_knock_routes(http_server *s);  /* rooms_knock.c: POST /knock/{roomIdOrAlias} */
 /* [req] Hand r off to the rooms module's bulk pool (one thread, a short queue), where
  * writes into many rooms run without holding a request-pool or auth thread; the handler
  * runs again there with run_reason ATRIUM_RUN_HANDOFF. ATRIUM_HANDED_OFF, or ATRIUM_DONE
@@ -274,6 +275,24 @@ int rooms_join_needs_remote(PGconn *c, const char *room_id);
  * server_name (and via) arguments, the room ID's server, then the servers of the members
  * this server last knew joined. A new array. */
 json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id);
+/* ---- knocking (rooms_knock.c) -------------------------------------------------------- */
+
+/* The stripped state of a room for someone outside it (an invite's invite_room_state, a
+ * knock's knock_room_state): its descriptive events found in map (a state map of
+ * state_pdus.h: create, join rules, name, avatar, canonical alias, encryption, topic) and,
+ * when member is not NULL, that user's member event, each as {type, state_key, sender,
+ * content}. A new array (never NULL). */
+json_t *rooms_stripped_state(const json_t *map, const char *member);
+/* [req] The servers to withdraw user's knock on room_id through (a leave, on the remote
+ * pool): the server that took the knock first, then rooms_remote_vias. A new array. */
+json_t *rooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const char *user);
+/* [req] Withdraw user's knock on room_id, a room this server is not in (on the remote
+ * pool's thread): make_leave / send_leave through the server that took the knock, then
+ * the others (rooms_knock_vias); when none takes it, a leave of this server's own that
+ * follows the knock. Either is kept as an outlier and the user's newest membership.
+ * Answers r ({}, 403 when the user has no standing knock kept here, 503); returns
+ * ATRIUM_DONE. */
+int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id);
 #define ROOMS_REMOTE_THREADS 2
 #define ROOMS_REMOTE_QUEUE 16
 /* The typing reaper (rooms_typing.c), started and stopped with the rooms module. */

@@ -8,7 +8,8 @@
  * of a user already joined writes nothing, kick and unban need a target that is in the
  * room / banned, membership events carry the user's profile, and invites reach only local
  * users that exist; other servers' users are invited through their server
- * (rooms_remote.c). /join/#alias resolves the alias through the room directory, another
+ * (rooms_remote.c). A kick of a knocking user rejects the knock; a knock withdrawn on a room
+ * this server is not in is rooms_knock.c's (rooms_knock_withdraw). /join/#alias resolves the alias through the room directory, another
  * server's by asking it (join_alias), and joins through the servers the answer names.
  *
  * It also owns which profile fields a membership event carries (add_profile: displayname
@@ -201,7 +202,8 @@ int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const ch
     char membership[16] = "";
     rc = rooms_membership_at(c, room_id, user_id, INT64_MAX, membership, NULL);
     if (rc != ROOMS_OK) rooms_set_err(e, rc, "database");
-    bool member = strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0;
+    bool member = strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0 ||
+                  strcmp(membership, "knock") == 0;
     json_t *content = rc == ROOMS_OK && member ? json_pack("{s:s}", "membership", "leave") : NULL;
     if (content) {
         room_new_event ev = {.sender = user_id, .type = "m.room.member", .state_key = user_id,
@@ -373,17 +375,23 @@ static int post_leave(atrium_req *r)
     const char *room = rooms_param_room(r);
     json_t *body = room ? optional_body(r) : NULL;
     if (!body) return ATRIUM_DONE;
-    /* Declining an invite to a room this server is not in: through the inviting server. */
+    /* Declining an invite to a room this server is not in (rooms_remote.c), or withdrawing
+     * a knock on one (rooms_knock.c): through the servers that are. */
     PGconn *c = rooms_db(r);
     if (!c) return ATRIUM_DONE;
     char membership[16] = "";
     int remote = rooms_join_needs_remote(c, room);
     if (remote == 1 && rooms_membership_at(c, room, user, INT64_MAX, membership, NULL) < 0)
         remote = ROOMS_E_DB;
-    if (remote == 1 && strcmp(membership, "invite") == 0) {
+    bool knocked = strcmp(membership, "knock") == 0;
+    if (remote == 1 && (strcmp(membership, "invite") == 0 || knocked)) {
         if (r->run_reason != ATRIUM_RUN_HANDOFF) {
             rooms_db_release(c);
             return rooms_to_remote_pool(r);
+        }
+        if (knocked) {
+            rooms_db_release(c);
+            return rooms_knock_withdraw(r, user, room);
         }
         json_t *vias = rooms_remote_vias(r, c, room);
         rooms_db_release(c);
@@ -412,7 +420,7 @@ typedef struct target_action {
 } target_action;
 
 static const target_action INVITE = {"invite", NULL, NULL};
-static const target_action KICK = {"leave", NULL, "The user is not in this room"};
+static const target_action KICK = {"leave", NULL, "The user is not in this room"}; /* nor knocking */
 static const target_action BAN = {"ban", NULL, NULL};
 static const target_action UNBAN = {"leave", "ban", "The user is not banned"};
 
@@ -451,7 +459,9 @@ static int act_on_user(atrium_req *r, const target_action *act)
         json_object_del(content, "displayname");
         json_object_del(content, "avatar_url");
     }
-    bool kick_ok = act != &KICK || strcmp(current, "join") == 0 || strcmp(current, "invite") == 0;
+    /* Kicking a knocking user rejects the knock. */
+    bool kick_ok = act != &KICK || strcmp(current, "join") == 0 || strcmp(current, "invite") == 0 ||
+                   strcmp(current, "knock") == 0;
     bool unban_ok = !act->target_must_be || strcmp(current, act->target_must_be) == 0;
     if (!kick_ok || !unban_ok) {
         json_decref(content);
@@ -485,15 +495,17 @@ static int post_forget(atrium_req *r)
     int64_t pos = 0;
     int rc = rooms_membership_at(c, room, user, INT64_MAX, membership, &pos);
     bool ok = rc == ROOMS_OK;
-    if (ok && pos > 0 && strcmp(membership, "join") != 0 && strcmp(membership, "invite") != 0) {
+    /* A standing membership (joined, invited, knocking) is not forgotten: it is left first. */
+    bool standing = strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0 ||
+                    strcmp(membership, "knock") == 0;
+    if (ok && pos > 0 && !standing) {
         const char *p[1] = {rooms_i64(r, pos)};
         ok = rooms_exec(c, "UPDATE memberships SET forgotten = true WHERE stream_pos = $1", 1, p);
     }
     rooms_db_release(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (pos == 0) return http_respond_error(r, 404, "M_NOT_FOUND", "You were never in this room");
-    if (strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0)
-        return http_respond_error(r, 400, "M_UNKNOWN", "Leave the room before forgetting it");
+    if (standing) return http_respond_error(r, 400, "M_UNKNOWN", "Leave the room before forgetting it");
     return http_respond_json(r, 200, json_object());
 }
 

@@ -21,7 +21,8 @@
  *     events_render serves an erased user's events redacted where the user was not joined
  *     (rooms_erasure_hides), in the timeline and in the state alike.
  *   - Invites carry stripped state (type, state_key, content, sender) of the room's
- *     descriptive events and the invite itself.
+ *     descriptive events and the invite itself; knocks likewise (knock_state), with the
+ *     knock itself, in rooms.knock while the knock is the user's newest membership.
  *   - The filter's room.state (types, not_types, senders, not_senders; '*' a wildcard in
  *     types) shapes every state block, whoever computed it (state_event_wanted): an empty
  *     `types` list sends no state at all.
@@ -562,13 +563,26 @@ static int joined_room(sync_ctx *s, const char *room_id, json_t *acct, json_t *j
     return rc;
 }
 
-/* An invite to a room this server is not in: the stripped state the inviting server sent
- * (fed_rooms_invite.c keeps it, the invite last). 1 found (set in invite), 0, or -1. */
-static int remote_invite(sync_ctx *s, const membership_row *m, json_t *invite)
+/* What an invite or a knock is shown with: its section's key for the stripped state, and
+ * where a room this server is not in keeps the state the other server gave. */
+typedef struct stripped_kind {
+    const char *key;      /* "invite_state", "knock_state" */
+    const char *kept_sql; /* the kept stripped state of a membership event ($1) */
+} stripped_kind;
+
+static const stripped_kind INVITED = {
+    "invite_state", "SELECT invite_state FROM remote_invites WHERE event_id = $1"};
+static const stripped_kind KNOCKED = {
+    "knock_state", "SELECT knock_state FROM remote_knocks WHERE event_id = $1"};
+
+/* An invite to (a knock on) a room this server is not in: the stripped state the other
+ * server sent (fed_rooms_invite.c, rooms_knock.c keep it, the membership event last). 1
+ * found (set in out), 0, or -1. */
+static int remote_stripped(sync_ctx *s, const stripped_kind *k, const membership_row *m,
+                           json_t *out)
 {
     const char *p[1] = {m->event_id};
-    PGresult *res = rooms_q(s->c, "SELECT invite_state FROM remote_invites WHERE event_id = $1", 1,
-                            p, NULL);
+    PGresult *res = rooms_q(s->c, k->kept_sql, 1, p, NULL);
     if (!res) return ROOMS_E_DB;
     json_t *state = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
     PQclear(res);
@@ -576,13 +590,16 @@ static int remote_invite(sync_ctx *s, const membership_row *m, json_t *invite)
         json_decref(state);
         return 0;
     }
-    json_object_set_new(invite, m->room_id, json_pack("{s:{s:o}}", "invite_state", "events", state));
+    json_object_set_new(out, m->room_id, json_pack("{s:{s:o}}", k->key, "events", state));
     return 1;
 }
 
-static int invited_room(sync_ctx *s, const membership_row *m, json_t *invite, bool *has_new)
+/* An invited or knocked room: its stripped state as of the membership (the user's and
+ * the membership event's sender's member events among it) into out. */
+static int stripped_room(sync_ctx *s, const stripped_kind *k, const membership_row *m,
+                         json_t *out, bool *has_new)
 {
-    int remote = remote_invite(s, m, invite);
+    int remote = remote_stripped(s, k, m, out);
     if (remote != 0) {
         if (remote > 0) *has_new = true;
         return remote < 0 ? remote : ROOMS_OK;
@@ -608,7 +625,7 @@ static int invited_room(sync_ctx *s, const membership_row *m, json_t *invite, bo
                                                   "sender", json_object_get(ev, "sender")));
     }
     json_decref(full);
-    json_object_set_new(invite, m->room_id, json_pack("{s:{s:o}}", "invite_state", "events", stripped));
+    json_object_set_new(out, m->room_id, json_pack("{s:{s:o}}", k->key, "events", stripped));
     *has_new = true;
     return ROOMS_OK;
 }
@@ -691,7 +708,8 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     json_object_set_new(rooms, "join", join);
     json_object_set_new(rooms, "invite", invite);
     json_object_set_new(rooms, "leave", leave);
-    json_object_set_new(rooms, "knock", json_object());
+    json_t *knock = json_object();
+    json_object_set_new(rooms, "knock", knock);
     /* A device syncing from nothing has no member events: forget what it was sent. */
     if (s->lazy_members && (s->since == 0 || s->full_state))
         sync_lazy_forget_device(s->user, s->device);
@@ -721,7 +739,9 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
                 rc = joined_room(s, m.room_id, acct, join, has_new);
         }
         else if (strcmp(m.membership, "invite") == 0 && (in_window || s->since == 0))
-            rc = invited_room(s, &m, invite, has_new);
+            rc = stripped_room(s, &INVITED, &m, invite, has_new);
+        else if (strcmp(m.membership, "knock") == 0 && (in_window || s->since == 0))
+            rc = stripped_room(s, &KNOCKED, &m, knock, has_new);
         else if ((strcmp(m.membership, "leave") == 0 || strcmp(m.membership, "ban") == 0) &&
                  ((s->since > 0 && in_window) || (s->since == 0 && s->include_leave)))
             rc = left_room(s, &m, leave, has_new);

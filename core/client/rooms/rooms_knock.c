@@ -1,0 +1,543 @@
+/*
+ * core/client/rooms/rooms_knock.c - knocking: POST /_matrix/client/v3/knock/{roomIdOrAlias}
+ * (server_name / via query parameters, an optional reason), and the knocking server's half
+ * of a knock on a room of other servers (make_knock, send_knock).
+ *
+ * A knock is an m.room.member event "knock" of the user about themselves. Whether it is
+ * allowed is the auth rules' decision (room_auth.c: room version 7+, join rule knock, or
+ * knock_restricted from version 10; not while banned, invited or joined), so a knock on a
+ * room this server is in is one event of the write path, like a join. The room's members
+ * answer a knock with the actions they already have: an invite accepts it (the auth rules
+ * let an invite follow a knock), a kick rejects it; the knocker withdraws it by leaving.
+ *
+ * A room this server is not in is knocked on through the servers that are, on the remote
+ * pool (no request-pool thread waits on a peer): GET /v1/make_knock at each via in turn
+ * (offering every room version we support), the template completed, sealed and sent with
+ * PUT /v1/send_knock to the server that made it. That server's answer, the stripped state
+ * of the room (knock_room_state), is kept with the knock (remote_knocks) for /sync's
+ * knock_state; the knock itself is an outlier and the user's newest membership, as an
+ * invite from another server is (core/federation/fed_rooms_invite.c). The resident server
+ * then reaches us through the paths every room uses: its invite is PUT /v2/invite, its
+ * kick a PDU for our user (fed_rooms_outsider.c). The user withdraws the knock by leaving
+ * (rooms_knock_withdraw): make_leave / send_leave through the server that took the knock;
+ * when no resident takes the leave (unreachable, or the knock already over there: Synapse
+ * does not send its rejections to servers outside the room) it is withdrawn here all the
+ * same, with a leave of our own that only this server keeps, so no knock stays stuck.
+ *
+ * It also owns the stripped state of a room for those who are not in it
+ * (rooms_stripped_state): which events, and which fields of each.
+ *
+ * Not here: the resident server's side (core/federation/fed_rooms_join.c), /sync's knock
+ * section (core/client/sync/sync_rooms.c), leaving (rooms_membership.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/auth/auth.h"
+#include "core/client/rooms/rooms_api.h"
+#include "core/client/sync/notifier.h"
+#include "core/federation/fed_call.h"
+#include "core/rooms/canonical_json.h"
+#include "core/rooms/state_pdus.h"
+
+#define KNOCK_URI_BYTES 2048
+#define KNOCK_MAKE_MAX_BODY_BYTES (256 * 1024)  /* a make_knock answer: one template */
+#define KNOCK_SEND_MAX_BODY_BYTES (1024 * 1024) /* a send_knock answer: stripped state */
+#define KNOCK_MAX_VIAS 8                        /* via servers tried at most */
+#define KNOCK_MAX_STATE 64                      /* stripped state events kept with a knock */
+
+/* ---- stripped state ------------------------------------------------------------------ */
+
+/* The events that describe a room to someone outside it, besides a member event. */
+static const char *const STRIPPED_TYPES[] = {"m.room.create", "m.room.join_rules", "m.room.name",
+                                             "m.room.avatar", "m.room.canonical_alias",
+                                             "m.room.encryption", "m.room.topic", NULL};
+
+/* ev reduced to the fields of a stripped state event. A new object, NULL when ev lacks one. */
+static json_t *stripped_event(const json_t *ev)
+{
+    json_t *t = json_object_get(ev, "type"), *sk = json_object_get(ev, "state_key"),
+           *s = json_object_get(ev, "sender"), *c = json_object_get(ev, "content");
+    if (!json_is_string(t) || !json_is_string(sk) || !json_is_string(s) || !json_is_object(c))
+        return NULL;
+    return json_pack("{s:O, s:O, s:O, s:O}", "type", t, "state_key", sk, "sender", s, "content", c);
+}
+
+json_t *rooms_stripped_state(const json_t *map, const char *member)
+{
+    json_t *out = json_array();
+    for (size_t i = 0; STRIPPED_TYPES[i]; i++) {
+        json_t *one = stripped_event(rooms_pdus_get((void *)map, STRIPPED_TYPES[i], ""));
+        if (one) json_array_append_new(out, one);
+    }
+    json_t *me = member ? stripped_event(rooms_pdus_get((void *)map, "m.room.member", member)) : NULL;
+    if (me) json_array_append_new(out, me);
+    return out;
+}
+
+/* ---- knocking through other servers -------------------------------------------------- */
+
+/* The answer to the client for a peer's refusal (its status and errcode kept for 4xx). */
+static int answer_refusal(atrium_req *r, const fed_call_result *res, const char *what)
+{
+    if (res->outcome == FED_HTTP_E_TIMEOUT)
+        return http_respond_error(r, 504, "M_UNKNOWN", "%s: the server did not answer in time", what);
+    if (res->outcome == FED_REQ_E_NOT_ALLOWED)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "%s: federation with that server is not "
+                                  "allowed", what);
+    if (res->outcome != FED_HTTP_OK)
+        return http_respond_error(r, 502, "M_UNKNOWN", "%s: %s", what, res->error);
+    const char *code = json_string_value(json_object_get(res->json, "errcode"));
+    const char *msg = json_string_value(json_object_get(res->json, "error"));
+    int status = res->status >= 400 && res->status < 500 ? res->status : 502;
+    return http_respond_error(r, status, code ? code : "M_UNKNOWN", "%s: %s", what,
+                              msg ? msg : "refused");
+}
+
+/* make_<membership> ("knock", "leave") at each via in turn: the answer ({"event",
+ * "room_version"} of a version that knows knocks) and the via that gave it; NULL with
+ * *last the last failure. */
+static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
+                        const char *room_id, const json_t *vias, const char **via_out,
+                        fed_call_result *last)
+{
+    char room_enc[KNOCK_URI_BYTES / 4], user_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
+    memset(last, 0, sizeof(*last));
+    last->outcome = FED_REQ_E_RESOLVE;
+    snprintf(last->error, sizeof(last->error), "no server to ask");
+    if (!fed_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
+        !fed_uri_encode(user, user_enc, sizeof(user_enc)))
+        return NULL;
+    size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_%s/%s/%s",
+                                membership, room_enc, user_enc);
+    for (size_t i = 0; ROOM_VERSIONS_SUPPORTED[i] && o < sizeof(uri); i++)
+        o += (size_t)snprintf(uri + o, sizeof(uri) - o, "%sver=%s", i ? "&" : "?",
+                              ROOM_VERSIONS_SUPPORTED[i]);
+    size_t tried = 0;
+    for (size_t i = 0; i < json_array_size(vias) && tried < KNOCK_MAX_VIAS; i++) {
+        const char *via = json_string_value(json_array_get(vias, i));
+        if (!via || !*via || strcmp(via, rooms_server_name()) == 0) continue;
+        tried++;
+        fed_call_result_clear(last);
+        fed_request_opts req = {.method = "GET", .destination = via, .uri = uri,
+                                .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                                .max_body_bytes = KNOCK_MAKE_MAX_BODY_BYTES};
+        fed_call(&req, NULL, last);
+        json_t *ev = fed_call_ok(last) ? json_object_get(last->json, "event") : NULL;
+        const char *ver = json_string_value(json_object_get(last->json, "room_version"));
+        const room_version *v = ver ? room_version_find(ver) : NULL;
+        if (json_is_object(ev) && v && v->knock) {
+            *via_out = via;
+            return json_incref(last->json);
+        }
+        rt_log(ATRIUM_LOG_INFO, "core", "make_%s for %s at %s failed: %s (status %d)", membership,
+               room_id, via, last->error, last->status);
+    }
+    return NULL;
+}
+
+/* The knock (or its withdrawal, a leave) from the resident's template: origin, time and
+ * content are ours, then it is sealed. c (for the knock's profile; NULL for a leave) is
+ * borrowed. A new event with its ID, or NULL with e set. */
+static json_t *complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
+                               const char *user, const char *membership, const char *reason,
+                               char id[EVENT_ID_LEN], rooms_err *e)
+{
+    json_t *pdu = json_deep_copy(tmpl);
+    if (!pdu) {
+        rooms_set_err(e, ROOMS_E_DB, "out of memory");
+        return NULL;
+    }
+    json_object_del(pdu, "event_id");
+    json_object_del(pdu, "hashes");
+    json_object_del(pdu, "signatures");
+    json_object_del(pdu, "unsigned");
+    if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
+    else json_object_del(pdu, "origin");
+    json_object_set_new(pdu, "origin_server_ts", json_integer(rooms_wall_ms()));
+    json_t *content = strcmp(membership, "knock") == 0
+                          ? rooms_member_content(c, user, "knock")
+                          : json_pack("{s:s}", "membership", membership);
+    if (reason) json_object_set_new(content, "reason", json_string(reason));
+    json_object_set_new(pdu, "content", content);
+    char why[ROOM_AUTH_WHY_LEN];
+    if (cjson_normalize(pdu, why, sizeof(why)) < 0) {
+        json_decref(pdu);
+        rooms_set_err(e, ROOMS_E_BAD_JSON, "%s", why);
+        return NULL;
+    }
+    if (strcmp(json_string_value(json_object_get(pdu, "sender")) ?: "", user) != 0 ||
+        strcmp(event_state_key(pdu) ?: "", user) != 0 ||
+        strcmp(json_string_value(json_object_get(pdu, "type")) ?: "", "m.room.member") != 0) {
+        json_decref(pdu);
+        rooms_set_err(e, ROOMS_E_FORBIDDEN, "The resident server's template is not this %s",
+                      membership);
+        return NULL;
+    }
+    if (rooms_event_seal(v, pdu, id, e) != ROOMS_OK) {
+        json_decref(pdu);
+        return NULL;
+    }
+    return pdu;
+}
+
+/* Keep the sent knock: outlier, the stripped state the resident answered (the knock
+ * last), the user's newest membership. true, or false (database; rolled back). */
+static bool keep_knock(PGconn *c, const room_version *v, const char *room_id, const char *user,
+                       const char *via, const char *id, const json_t *knock, const json_t *given)
+{
+    json_t *state = json_array();
+    for (size_t i = 0; i < json_array_size(given) && json_array_size(state) < KNOCK_MAX_STATE; i++) {
+        json_t *one = stripped_event(json_array_get(given, i));
+        const char *type = json_string_value(json_object_get(one, "type"));
+        /* The knock ends the list: an older member event of ours in the answer is not kept. */
+        if (one && strcmp(type, "m.room.member") == 0 &&
+            strcmp(json_string_value(json_object_get(one, "state_key")), user) == 0)
+            json_decref(one);
+        else if (one)
+            json_array_append_new(state, one);
+    }
+    json_t *mine = stripped_event(knock);
+    if (mine) json_array_append_new(state, mine);
+    char *text = json_dumps(state, JSON_COMPACT);
+    json_decref(state);
+    if (!text) return false;
+    char now[24];
+    snprintf(now, sizeof(now), "%lld", (long long)rooms_wall_ms());
+    const char *p[7] = {id, room_id, user, via, v->id, text, now};
+    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+              rooms_graph_store_outlier(c, room_id, id, knock, "outlier", NULL, via) == 0 &&
+              rooms_exec(c,
+                         "WITH ins AS (INSERT INTO remote_knocks (event_id, room_id, user_id, via,"
+                         " room_version, knock_state, sent_ts) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                         " ON CONFLICT (event_id) DO NOTHING RETURNING event_id)"
+                         " INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                         " event_id, sender) SELECT stream_next(), $2, $3, 'knock', $1, $3 FROM ins",
+                         7, p) &&
+              rooms_exec(c, "COMMIT", 0, NULL);
+    free(text);
+    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    return ok;
+}
+
+/* Knock on room_id through the vias (on the remote pool's thread). Answers r. */
+static int remote_knock(atrium_req *r, const char *user, const char *room_id, const json_t *vias,
+                        const char *reason)
+{
+    fed_call_result mk;
+    const char *via = NULL;
+    json_t *made = ask_make(r, "knock", user, room_id, vias, &via, &mk);
+    if (!made) {
+        int out = answer_refusal(r, &mk, "No server could take the knock");
+        fed_call_result_clear(&mk);
+        return out;
+    }
+    fed_call_result_clear(&mk);
+    const room_version *v = room_version_find(json_string_value(json_object_get(made, "room_version")));
+    PGconn *c = rooms_db(r);
+    if (!c) {
+        json_decref(made);
+        return ATRIUM_DONE;
+    }
+    rooms_err e = {0};
+    char id[EVENT_ID_LEN];
+    json_t *knock = complete_member(c, v, json_object_get(made, "event"), user, "knock", reason,
+                                    id, &e);
+    json_decref(made);
+    rooms_db_release(c); /* no connection is held while a peer answers */
+    if (!knock) return rooms_fail(r, &e);
+    char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
+    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
+    fed_uri_encode(id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v1/send_knock/%s/%s", room_enc, id_enc);
+    fed_request_opts req = {.method = "PUT", .destination = via, .uri = uri, .body = knock,
+                            .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                            .max_body_bytes = KNOCK_SEND_MAX_BODY_BYTES};
+    fed_call_result sent;
+    fed_call(&req, NULL, &sent);
+    if (!fed_call_ok(&sent) || !(c = rooms_db(r))) {
+        json_decref(knock);
+        int out = fed_call_ok(&sent) ? ATRIUM_DONE
+                                     : answer_refusal(r, &sent, "The resident server refused the knock");
+        fed_call_result_clear(&sent);
+        return out;
+    }
+    /* knock_room_state is the spec's name; knock_state_events the proposal's, which older
+     * servers answer with. */
+    json_t *given = json_object_get(sent.json, "knock_room_state");
+    if (!json_is_array(given)) given = json_object_get(sent.json, "knock_state_events");
+    bool ok = keep_knock(c, v, room_id, user, via, id, knock, given);
+    rooms_db_release(c);
+    json_decref(knock);
+    fed_call_result_clear(&sent);
+    if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    notifier_wake_user(user);
+    rt_log(ATRIUM_LOG_INFO, "core", "%s knocked on %s through %s", user, room_id, via);
+    return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
+}
+
+/* ---- withdrawing a knock on a room this server is not in ------------------------------- */
+
+/* The user's standing knock on room_id as this server kept it: the event and its room
+ * version. NULL when there is none (or on failure). */
+static json_t *kept_knock(PGconn *c, const char *room_id, const char *user, const room_version **v)
+{
+    const char *p[2] = {room_id, user};
+    PGresult *res = rooms_q(c,
+                            "SELECT k.room_version, g.pdu FROM (SELECT event_id, membership"
+                            "  FROM memberships WHERE room_id = $1 AND user_id = $2"
+                            "  ORDER BY stream_pos DESC LIMIT 1) m"
+                            " JOIN remote_knocks k ON k.event_id = m.event_id"
+                            " JOIN event_outliers g ON g.event_id = m.event_id"
+                            " WHERE m.membership = 'knock'",
+                            2, p, NULL);
+    json_t *knock = res && PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 1), 0, NULL) : NULL;
+    *v = knock ? room_version_find(PQgetvalue(res, 0, 0)) : NULL;
+    PQclear(res);
+    if (!*v) {
+        json_decref(knock);
+        return NULL;
+    }
+    return knock;
+}
+
+/* A leave of this server's own making that follows the knock (its one prev and auth
+ * event), for when no resident server made one: it is kept here only. A new event with
+ * its ID, or NULL with e set. */
+static json_t *local_leave(const room_version *v, const json_t *knock, const char *user,
+                           char id[EVENT_ID_LEN], rooms_err *e)
+{
+    char knock_id[EVENT_ID_LEN];
+    if (event_compute_id(v, knock, knock_id) < 0) {
+        rooms_set_err(e, ROOMS_E_DB, "The kept knock is not canonical JSON");
+        return NULL;
+    }
+    json_t *pdu = json_pack("{s:O, s:s, s:s, s:s, s:{s:s}, s:I, s:I}", "room_id",
+                            json_object_get(knock, "room_id"), "type", "m.room.member", "sender",
+                            user, "state_key", user, "content", "membership", "leave", "depth",
+                            json_integer_value(json_object_get(knock, "depth")) + 1,
+                            "origin_server_ts", (json_int_t)rooms_wall_ms());
+    if (!pdu) {
+        rooms_set_err(e, ROOMS_E_DB, "out of memory");
+        return NULL;
+    }
+    if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
+    json_t *ref = json_string(knock_id);
+    json_object_set_new(pdu, "prev_events", json_pack("[O]", ref));
+    json_object_set_new(pdu, "auth_events", json_pack("[O]", ref));
+    json_decref(ref);
+    if (rooms_event_seal(v, pdu, id, e) != ROOMS_OK) {
+        json_decref(pdu);
+        return NULL;
+    }
+    return pdu;
+}
+
+/* Keep a leave that ends the knock: an outlier and the user's newest membership. */
+static bool keep_leave(PGconn *c, const char *room_id, const char *user, const char *id,
+                       const json_t *leave, const char *via)
+{
+    const char *p[3] = {id, room_id, user};
+    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+              rooms_graph_store_outlier(c, room_id, id, leave, "outlier", NULL, via) == 0 &&
+              rooms_exec(c,
+                         "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                         " event_id, sender) VALUES (stream_next(), $2, $3, 'leave', $1, $3)",
+                         3, p) &&
+              rooms_exec(c, "COMMIT", 0, NULL);
+    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    return ok;
+}
+
+/* make_leave / send_leave through the vias: the sent leave and the via that took it, or
+ * NULL (any failure: logged). Holds no database connection. */
+static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
+                          const json_t *vias, char id[EVENT_ID_LEN], const char **via_out)
+{
+    fed_call_result mk;
+    json_t *made = ask_make(r, "leave", user, room_id, vias, via_out, &mk);
+    fed_call_result_clear(&mk);
+    if (!made) return NULL;
+    const room_version *v = room_version_find(json_string_value(json_object_get(made, "room_version")));
+    rooms_err e = {0};
+    const char *reason = json_string_value(json_object_get(r->json, "reason"));
+    json_t *leave = complete_member(NULL, v, json_object_get(made, "event"), user, "leave", reason,
+                                    id, &e);
+    json_decref(made);
+    if (!leave) {
+        rt_log(ATRIUM_LOG_INFO, "core", "withdrawing %s's knock on %s: %s", user, room_id, e.why);
+        return NULL;
+    }
+    char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
+    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
+    fed_uri_encode(id, id_enc, sizeof(id_enc));
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_leave/%s/%s", room_enc, id_enc);
+    fed_request_opts req = {.method = "PUT", .destination = *via_out, .uri = uri, .body = leave,
+                            .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                            .max_body_bytes = KNOCK_MAKE_MAX_BODY_BYTES};
+    fed_call_result sent;
+    fed_call(&req, NULL, &sent);
+    bool ok = fed_call_ok(&sent);
+    if (!ok)
+        rt_log(ATRIUM_LOG_INFO, "core", "send_leave of %s's knock on %s at %s failed: %s (status %d)",
+               user, room_id, *via_out, sent.error, sent.status);
+    fed_call_result_clear(&sent);
+    if (!ok) {
+        json_decref(leave);
+        return NULL;
+    }
+    return leave;
+}
+
+int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
+{
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    const room_version *v = NULL;
+    json_t *knock = kept_knock(c, room_id, user, &v);
+    if (!knock) {
+        rooms_db_release(c);
+        return http_respond_error(r, 403, "M_FORBIDDEN", "You are not knocking on this room");
+    }
+    json_t *vias = rooms_knock_vias(r, c, room_id, user);
+    rooms_db_release(c); /* no connection is held while a peer answers */
+    char id[EVENT_ID_LEN];
+    const char *via = NULL;
+    json_t *leave = send_leave(r, user, room_id, vias, id, &via);
+    if (via) via = rt_arena_strdup(r->arena, via); /* it lives in vias */
+    json_decref(vias);
+    rooms_err e = {0};
+    if (!leave) {
+        /* No resident server took the leave (unreachable, or the knock is over there: a
+         * rejection it never sent us). The knock is withdrawn here all the same. */
+        via = NULL;
+        leave = local_leave(v, knock, user, id, &e);
+    }
+    json_decref(knock);
+    if (leave && !(c = rooms_db(r))) {
+        json_decref(leave);
+        return ATRIUM_DONE;
+    }
+    bool ok = leave && keep_leave(c, room_id, user, id, leave, via);
+    if (leave) rooms_db_release(c);
+    json_decref(leave);
+    if (!ok) return e.code ? rooms_fail(r, &e) : http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    notifier_wake_user(user);
+    rt_log(ATRIUM_LOG_INFO, "core", "%s withdrew the knock on %s%s%s", user, room_id,
+           via ? " through " : " (here only)", via ? via : "");
+    return http_respond_json(r, 200, json_object());
+}
+
+json_t *rooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const char *user)
+{
+    json_t *vias = json_array();
+    const char *p[2] = {room_id, user};
+    PGresult *res = rooms_q(c,
+                            "SELECT via FROM remote_knocks WHERE room_id = $1 AND user_id = $2"
+                            " ORDER BY sent_ts DESC LIMIT 1",
+                            2, p, NULL);
+    if (res && PQntuples(res) == 1) json_array_append_new(vias, json_string(PQgetvalue(res, 0, 0)));
+    PQclear(res);
+    json_t *more = rooms_remote_vias(r, c, room_id);
+    json_array_extend(vias, more);
+    json_decref(more);
+    return vias;
+}
+
+/* ---- the request --------------------------------------------------------------------- */
+
+/* Knock on room_id; alias_vias (may be NULL): the servers a remote alias's answer named. */
+static int knock_room(atrium_req *r, const char *user, const char *room_id,
+                      const json_t *alias_vias)
+{
+    json_t *body = r->body_len == 0 ? (r->json ? r->json : (r->json = json_object()))
+                                    : http_req_json(r);
+    if (!body) return ATRIUM_DONE;
+    const char *reason;
+    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason))
+        return ATRIUM_DONE;
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    int remote = rooms_join_needs_remote(c, room_id);
+    if (remote == 1) {
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) {
+            rooms_db_release(c);
+            return rooms_to_remote_pool(r);
+        }
+        json_t *vias = alias_vias ? json_deep_copy(alias_vias) : json_array();
+        json_t *more = rooms_remote_vias(r, c, room_id);
+        rooms_db_release(c);
+        json_array_extend(vias, more);
+        json_decref(more);
+        int out = remote_knock(r, user, room_id, vias, reason);
+        json_decref(vias);
+        return out;
+    }
+    bool failed = remote < 0;
+    bool exists = !failed && rooms_version_of(c, room_id, &failed) != NULL;
+    json_t *content = exists && !failed ? rooms_member_content(c, user, "knock") : NULL;
+    rooms_db_release(c);
+    if (failed) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    if (!exists) return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room");
+    if (reason) json_object_set_new(content, "reason", json_string(reason));
+    /* Whether the room takes knocks from this user (its version, join rule, the user's
+     * membership) is the auth rules' decision: a refusal is 403 M_FORBIDDEN. */
+    room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = user,
+                         .content = content};
+    int out = rooms_write_one(r, room_id, &ev, json_pack("{s:s}", "room_id", room_id));
+    json_decref(content);
+    return out;
+}
+
+/* Knock on the room an alias names: a local alias from the directory's table, another
+ * server's by asking that server (directory/1 alias_resolve_remote, parked while it
+ * answers), whose answer's servers are tried first. */
+static int knock_alias(atrium_req *r, const char *user, const char *alias)
+{
+    const atrium_directory *d = rooms_directory();
+    if (!d) return rooms_directory_disabled(r);
+    const char *colon = strchr(alias, ':');
+    if (colon && colon[1] && strcmp(colon + 1, rooms_server_name()) != 0) {
+        if (!ATRIUM_DIRECTORY_HAS(d, alias_resolve_remote))
+            return http_respond_error(r, 404, "M_NOT_FOUND", "Room alias %.255s is on another "
+                                      "server, and this server's room directory does not ask "
+                                      "other servers", alias);
+        char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
+        json_t *servers = NULL;
+        int rc = d->alias_resolve_remote(r, alias, room_id, &servers);
+        if (rc != ATRIUM_DIRECTORY_RESOLVED) return rc;
+        int out = rooms_room_id_ok(room_id)
+                      ? knock_room(r, user, rt_arena_strdup(r->arena, room_id), servers)
+                      : http_respond_error(r, 502, "M_UNKNOWN", "The server of %.255s answered "
+                                           "with something that is not a room ID", alias);
+        json_decref(servers);
+        return out;
+    }
+    PGconn *c = rooms_db(r);
+    if (!c) return ATRIUM_DONE;
+    char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
+    rooms_err e = {0};
+    int rc = rooms_resolve_alias(c, alias, room_id, &e);
+    rooms_db_release(c);
+    if (rc != ROOMS_OK) return rooms_fail(r, &e);
+    return knock_room(r, user, rt_arena_strdup(r->arena, room_id), NULL);
+}
+
+/* POST /_matrix/client/v3/knock/{roomIdOrAlias} */
+static int post_knock(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    const char *target = http_req_param(r, "roomIdOrAlias");
+    if (target && target[0] == '#') return knock_alias(r, user, target);
+    if (!rooms_room_id_ok(target))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID or alias");
+    return knock_room(r, user, target, NULL);
+}
+
+int rooms_knock_routes(http_server *s)
+{
+    return client_route(s, "POST", "/_matrix/client/v3/knock/{roomIdOrAlias}", post_knock,
+                        ROOMS_MAX_BODY_BYTES);
+}
