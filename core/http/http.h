@@ -29,6 +29,7 @@ typedef struct route_entry {
     size_t n_segs;
     const char **segs;  /* literal text, or NULL for a {param} segment */
     const char **names; /* param name per segment, or NULL */
+    uint64_t *seg_hash; /* the hash of each literal segment (0 for a parameter) */
     int literals;       /* how many literal segments: more literals win */
 } route_entry;
 
