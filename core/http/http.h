@@ -310,6 +310,8 @@ struct atrium_req {
     const char *error_json;
     int64_t error_retry_after_s;
     http_out_header *out_headers;
+    bool response_file; /* that response sends a file (http_respond_file): corked */
+    bool corked;        /* TCP_CORK set on sock_fd for it, until the request completes */
 
     /* suspension: guarded by mu */
     int susp;        /* enum susp_state */
