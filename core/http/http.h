@@ -29,6 +29,7 @@ typedef struct route_entry {
     size_t n_segs;
     const char **segs;  /* literal text, or NULL for a {param} segment */
     const char **names; /* param name per segment, or NULL */
+    uint64_t *seg_hash; /* the hash of each literal segment (0 for a parameter) */
     int literals;       /* how many literal segments: more literals win */
 } route_entry;
 
@@ -309,6 +310,8 @@ struct atrium_req {
     const char *error_json;
     int64_t error_retry_after_s;
     http_out_header *out_headers;
+    bool response_file; /* that response sends a file (http_respond_file): corked */
+    bool corked;        /* TCP_CORK set on sock_fd for it, until the request completes */
 
     /* suspension: guarded by mu */
     int susp;        /* enum susp_state */

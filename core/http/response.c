@@ -161,6 +161,7 @@ void http_set_response(atrium_req *r, int status, struct MHD_Response *resp)
     if (r->response) MHD_destroy_response(r->response);
     r->response = resp;
     r->status = status;
+    r->response_file = false; /* http_respond_file says so after storing its own */
 }
 
 void http_finalize_response(atrium_req *r)
@@ -275,7 +276,9 @@ int http_respond_file(atrium_req *r, int status, const char *content_type, int f
         return ATRIUM_E_NOMEM;
     }
     if (content_type) MHD_add_response_header(resp, "Content-Type", content_type);
-    return store(r, status, resp);
+    int rc = store(r, status, resp);
+    if (rc == 0) r->response_file = true;
+    return rc;
 }
 
 int http_respond_stream(atrium_req *r, int status, const char *content_type, int64_t size,

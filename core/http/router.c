@@ -9,6 +9,11 @@
  * literal segments wins (/rooms/{id}/members beats /rooms/{id}/{type}). The router
  * knows nothing of 404/405 answers: it reports "no match" and "wrong method".
  *
+ * Matching runs on every request, so it looks only at the templates with as many segments
+ * as the path (an index by segment count, kept in registration order) and compares a hash
+ * of each literal segment before its text: a request costs one hash per path segment and
+ * a few integer comparisons per candidate, not a string comparison per template.
+ *
  * Legacy prefixes are one rule here, router_r0_twin: a route registered under
  * /_matrix/client/v3/ or /_matrix/media/v3/ is also served, by the same handler, under the
  * r0 prefix its endpoint had in spec r0.6.1 (clients such as matrix-nio still use it), unless
@@ -45,7 +50,32 @@ static const char *const R0_ABSENT[] = {
 struct router {
     route_entry *entries;
     size_t n, cap;
+    /* by_segs[k]: indices into entries of the templates with k segments, oldest first */
+    size_t *by_segs[ROUTER_MAX_SEGMENTS + 1];
+    size_t n_by_segs[ROUTER_MAX_SEGMENTS + 1], cap_by_segs[ROUTER_MAX_SEGMENTS + 1];
 };
+
+/* FNV-1a of one decoded segment; equal text gives equal hashes (the text still decides). */
+static uint64_t seg_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        h ^= *p;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static void entry_free_parts(route_entry *e)
+{
+    for (size_t j = 0; j < e->n_segs; j++) {
+        free((void *)e->segs[j]);
+        free((void *)e->names[j]);
+    }
+    free(e->segs);
+    free(e->names);
+    free(e->seg_hash);
+}
 
 router *router_new(void)
 {
@@ -57,15 +87,11 @@ void router_free(router *rt)
     if (!rt) return;
     for (size_t i = 0; i < rt->n; i++) {
         route_entry *e = &rt->entries[i];
-        for (size_t j = 0; j < e->n_segs; j++) {
-            free((void *)e->segs[j]);
-            free((void *)e->names[j]);
-        }
-        free(e->segs);
-        free(e->names);
+        entry_free_parts(e);
         free((void *)e->owner);
         free((void *)e->path);
     }
+    for (size_t k = 0; k <= ROUTER_MAX_SEGMENTS; k++) free(rt->by_segs[k]);
     free(rt->entries);
     free(rt);
 }
@@ -84,7 +110,8 @@ static bool parse_template(route_entry *e, const char *path, char *err, size_t e
     const char *p = path + 1;
     e->segs = calloc(ROUTER_MAX_SEGMENTS, sizeof(char *));
     e->names = calloc(ROUTER_MAX_SEGMENTS, sizeof(char *));
-    if (!e->segs || !e->names) return false;
+    e->seg_hash = calloc(ROUTER_MAX_SEGMENTS, sizeof(uint64_t));
+    if (!e->segs || !e->names || !e->seg_hash) return false;
     for (;;) { /* split exactly as router_match splits: "/a/" is "a" and "" */
         const char *slash = strchr(p, '/');
         size_t len = slash ? (size_t)(slash - p) : strlen(p);
@@ -100,6 +127,8 @@ static bool parse_template(route_entry *e, const char *path, char *err, size_t e
             return false;
         } else {
             e->segs[e->n_segs] = strndup(p, len);
+            if (!e->segs[e->n_segs]) return false;
+            e->seg_hash[e->n_segs] = seg_hash(e->segs[e->n_segs]);
             e->literals++;
         }
         e->n_segs++;
@@ -156,12 +185,7 @@ static int add_one(router *rt, const atrium_route *route, const char *owner, cha
     }
     route_entry e = {.route = *route};
     if (!parse_template(&e, route->path, err, errlen)) {
-        for (size_t j = 0; j < e.n_segs; j++) {
-            free((void *)e.segs[j]);
-            free((void *)e.names[j]);
-        }
-        free(e.segs);
-        free(e.names);
+        entry_free_parts(&e);
         return ATRIUM_E_INVAL;
     }
     for (size_t i = 0; i < rt->n; i++) {
@@ -170,26 +194,46 @@ static int add_one(router *rt, const atrium_route *route, const char *owner, cha
             snprintf(err, errlen, "route %s %s from \"%s\" is already registered by \"%s\" (%s)",
                      route->method, route->path, owner, rt->entries[i].owner,
                      rt->entries[i].route.path);
-            for (size_t j = 0; j < e.n_segs; j++) {
-                free((void *)e.segs[j]);
-                free((void *)e.names[j]);
-            }
-            free(e.segs);
-            free(e.names);
+            entry_free_parts(&e);
             return ATRIUM_E_EXISTS;
         }
     }
-    if (rt->n == rt->cap) {
-        size_t cap = rt->cap ? rt->cap * 2 : 32;
-        route_entry *n = realloc(rt->entries, cap * sizeof(*n));
-        if (!n) return ATRIUM_E_NOMEM;
-        rt->entries = n;
-        rt->cap = cap;
+    size_t k = e.n_segs;
+    if (rt->n == rt->cap || rt->n_by_segs[k] == rt->cap_by_segs[k]) {
+        bool ok = true;
+        if (rt->n == rt->cap) {
+            size_t cap = rt->cap ? rt->cap * 2 : 32;
+            route_entry *n = realloc(rt->entries, cap * sizeof(*n));
+            if (n) {
+                rt->entries = n;
+                rt->cap = cap;
+            }
+            ok = n != NULL;
+        }
+        if (ok && rt->n_by_segs[k] == rt->cap_by_segs[k]) {
+            size_t cap = rt->cap_by_segs[k] ? rt->cap_by_segs[k] * 2 : 16;
+            size_t *n = realloc(rt->by_segs[k], cap * sizeof(*n));
+            if (n) {
+                rt->by_segs[k] = n;
+                rt->cap_by_segs[k] = cap;
+            }
+            ok = n != NULL;
+        }
+        if (!ok) {
+            entry_free_parts(&e);
+            return ATRIUM_E_NOMEM;
+        }
     }
     e.owner = strdup(owner);
     e.path = strdup(route->path);
-    if (!e.owner || !e.path) return ATRIUM_E_NOMEM;
+    if (!e.owner || !e.path) {
+        free((void *)e.owner);
+        free((void *)e.path);
+        entry_free_parts(&e);
+        return ATRIUM_E_NOMEM;
+    }
     e.route.path = e.path;
+    rt->by_segs[k][rt->n_by_segs[k]++] = rt->n;
     rt->entries[rt->n++] = e;
     return 0;
 }
@@ -205,12 +249,7 @@ const char *router_owner(const router *rt, const char *method, const char *path)
                 same_shape(&rt->entries[i], &probe))
                 owner = rt->entries[i].owner;
     }
-    for (size_t j = 0; j < probe.n_segs; j++) {
-        free((void *)probe.segs[j]);
-        free((void *)probe.names[j]);
-    }
-    free(probe.segs);
-    free(probe.names);
+    entry_free_parts(&probe);
     return owner;
 }
 
@@ -297,19 +336,21 @@ const route_entry *router_match(const router *rt, const char *method, const char
      * with 400 rather than 404. */
     char *seg[ROUTER_MAX_SEGMENTS];
     bool text[ROUTER_MAX_SEGMENTS];
+    uint64_t hash[ROUTER_MAX_SEGMENTS];
     for (size_t i = 0; i < n_raw; i++) {
         seg[i] = rt_arena_strndup(arena, raw_segs[i], raw_lens[i]);
         if (!seg[i]) return NULL;
         text[i] = http_decode_text(seg[i]);
+        hash[i] = text[i] ? seg_hash(seg[i]) : 0;
     }
     bool is_head = strcmp(method, "HEAD") == 0;
     const route_entry *best = NULL;
-    for (size_t i = 0; i < rt->n; i++) {
-        const route_entry *e = &rt->entries[i];
-        if (e->n_segs != n_raw) continue;
+    for (size_t i = 0; i < rt->n_by_segs[n_raw]; i++) {
+        const route_entry *e = &rt->entries[rt->by_segs[n_raw][i]];
         bool ok = true;
         for (size_t j = 0; j < n_raw && ok; j++) {
-            if (e->segs[j]) ok = text[j] && strcmp(e->segs[j], seg[j]) == 0;
+            if (e->segs[j])
+                ok = text[j] && e->seg_hash[j] == hash[j] && strcmp(e->segs[j], seg[j]) == 0;
             else ok = !text[j] || seg[j][0] != '\0';
         }
         if (!ok) continue;

@@ -18,10 +18,13 @@
  * a client that stops sending its body, or stops reading its response, is cut well before
  * the idle timeout, one that is slow but steady is not; and a request's handoff deadline
  * counts from the end of its body, so a long upload is never refused for the time its
- * bytes took to arrive.
+ * bytes took to arrive. A file response goes out corked (cork_file_response), so its
+ * headers share the first packet with its bytes.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +90,34 @@ static void set_phase(http_server *s, struct MHD_Connection *c, enum conn_phase 
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)secs);
 }
 
+/* A file response (sendfile) on the client listener is sent with TCP_CORK set from before
+ * its headers until the request completes (uncork_response, from on_completed), as nginx's
+ * tcp_nopush does: libmicrohttpd 0.9.75 pushes the headers of a file response as a packet
+ * of their own (it pushes only the last piece of a response it holds in memory), which
+ * costs the client a wake-up and a read, and both sides a packet, per request. Corked, the
+ * headers leave in the first full segment of the file and the tail when the cork is
+ * removed. Where libmicrohttpd sets TCP_NODELAY or uncorks itself (the first response on
+ * a connection, the last chunk of a large file), it merely pushes early: never later than
+ * without the cork. A HEAD or any other response is sent as before. */
+static void cork_file_response(atrium_req *r)
+{
+    if (!r->response_file || r->sock_fd < 0 || r->listener != HTTP_LISTENER_CLIENT ||
+        strcmp(r->method, "GET") != 0)
+        return;
+    int on = 1;
+    r->corked = setsockopt(r->sock_fd, IPPROTO_TCP, TCP_CORK, &on, sizeof(on)) == 0;
+}
+
+/* The end of a corked response (sent, or the connection is closing: libmicrohttpd closes
+ * the socket only after this callback, so sock_fd is still this connection's). */
+static void uncork_response(atrium_req *r)
+{
+    if (!r->corked) return;
+    r->corked = false;
+    int off = 0; /* fails only on a connection already gone: nothing is left to push */
+    (void)setsockopt(r->sock_fd, IPPROTO_TCP, TCP_CORK, &off, sizeof(off));
+}
+
 static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *resp)
 {
     if (!resp) resp = http_error_response(500, "M_UNKNOWN", "Internal server error", 0);
@@ -103,6 +134,7 @@ static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *res
 static enum MHD_Result queue_own(atrium_req *r)
 {
     http_finalize_response(r);
+    cork_file_response(r);
     struct MHD_Response *resp = r->response;
     r->response = NULL;
     return queue(r, r->status, resp);
@@ -404,6 +436,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (!r) return;
     *con_cls = NULL;
     set_phase(r->srv, c, PHASE_IDLE); /* kept alive: waiting for the next request */
+    uncork_response(r);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         rt_log(ATRIUM_LOG_DEBUG, "core", "[req %s] ended early (%d)", r->id, (int)toe);
     susp_request_done(r);

@@ -5,7 +5,9 @@
  * never freed piecemeal, so a handler cannot leak it on an early return and cannot free it
  * twice. Memory is taken from chunks of chunk_bytes; an allocation larger than a chunk gets a
  * chunk of its own so a big body never wastes the rest of a normal chunk. Every pointer is
- * RT_ARENA_ALIGN_BYTES aligned and zeroed. Not thread-safe by design (one owner at a time);
+ * RT_ARENA_ALIGN_BYTES aligned and zeroed: each allocation is cleared as it is handed out,
+ * not the whole chunk up front (a request's arena is created for every request and most
+ * of its chunk is never used). Not thread-safe by design (one owner at a time);
  * no realloc, no per-allocation free: resources that need releasing are holds, not arena
  * memory.
  */
@@ -42,11 +44,13 @@ static rt_chunk *chunk_new(size_t size)
 {
     if (size > SIZE_MAX - sizeof(rt_chunk))
         return NULL;
-    /* calloc: memory handed out is zeroed without a memset per allocation. */
-    rt_chunk *c = calloc(1, sizeof(rt_chunk) + size);
+    /* Not zeroed here: rt_arena_alloc clears what it hands out. */
+    rt_chunk *c = malloc(sizeof(rt_chunk) + size);
     if (c == NULL)
         return NULL;
+    c->next = NULL;
     c->size = size;
+    c->used = 0;
     return c;
 }
 
@@ -87,6 +91,7 @@ void *rt_arena_alloc(rt_arena *a, size_t size)
             big->next = c->next;
             c->next = big;
             a->used += need;
+            memset(big->data, 0, need);
             return big->data;
         }
         c = chunk_new(a->chunk_bytes);
@@ -98,6 +103,7 @@ void *rt_arena_alloc(rt_arena *a, size_t size)
     void *p = c->data + c->used;
     c->used += need;
     a->used += need;
+    memset(p, 0, need);
     RT_ASSERT(((uintptr_t)p & (RT_ARENA_ALIGN_BYTES - 1)) == 0, "arena pointer %p misaligned",
               p);
     return p;

@@ -110,6 +110,16 @@ static int media_info(atrium_req *req)
     return media_reply(m, req, json_pack("{s:o}", "media_info", info));
 }
 
+/* Close what the open-file cache holds of deleted media: its original and, when no other
+ * media shares its content, its thumbnails. */
+static void forget_files(media *m, const char *id, const char *sha)
+{
+    char path[MEDIA_PATH_MAX];
+    if (store_original_path(m, id, path, sizeof(path)) == 0) fdcache_forget(m, path);
+    if (sha && sha[0] && store_thumb_dir(m, sha, path, sizeof(path)) == 0)
+        fdcache_forget_under(m, path);
+}
+
 static int media_delete(atrium_req *req)
 {
     media *m = media_of(req);
@@ -128,6 +138,7 @@ static int media_delete(atrium_req *req)
     rowcache_changed(m, id);
     store_remove_original(m, id);
     if (!shared) store_remove_thumbs(m, sha);
+    forget_files(m, id, shared ? NULL : sha);
     h->log(m->self, ATRIUM_LOG_INFO, "media %s deleted by %s", id, h->req_authenticate(req));
     return media_reply(m, req, json_pack("{s:[s], s:i}", "deleted_media", id, "total", 1));
 }

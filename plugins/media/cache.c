@@ -216,6 +216,7 @@ static int64_t remove_returned(media *m, PGconn *c, const char *sql, int n, cons
     for (int i = 0; i < PQntuples(res); i++) {
         snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, PQgetvalue(res, i, 0));
         unlink(path); /* a reader's open descriptor stays valid */
+        fdcache_forget(m, path);
         if (PQgetvalue(res, i, 2)[0] == 't') {
             originals++;
             bytes += strtoll(PQgetvalue(res, i, 1), NULL, 10);
@@ -370,6 +371,7 @@ int cache_purge(media *m, int64_t before_ts, int64_t *deleted)
         for (int i = 0; i < PQntuples(res); i++) {
             snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, PQgetvalue(res, i, 0));
             unlink(path);
+            fdcache_forget(m, path);
         }
     }
     PQclear(res);

@@ -369,7 +369,12 @@ int delivery_not_modified(media *m, atrium_req *req, const char *etag)
 int delivery_open(media *m, atrium_req *req, const char *path, uint64_t *size)
 {
     const atrium_host *h = m->h;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = fdcache_open(m, path, size);
+    if (fd == -2) {
+        h->log(m->self, ATRIUM_LOG_ERROR, "cannot stat %s: %s", path, strerror(errno));
+        h->respond_error(req, 500, "M_UNKNOWN", "The media file could not be read");
+        return -1;
+    }
     if (fd < 0) {
         int err = errno;
         if (err == EMFILE || err == ENFILE) {
@@ -390,13 +395,5 @@ int delivery_open(media *m, atrium_req *req, const char *path, uint64_t *size)
         }
         return -1;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) < 0) {
-        h->log(m->self, ATRIUM_LOG_ERROR, "cannot stat %s: %s", path, strerror(errno));
-        close(fd);
-        h->respond_error(req, 500, "M_UNKNOWN", "The media file could not be read");
-        return -1;
-    }
-    *size = (uint64_t)sb.st_size;
     return fd;
 }

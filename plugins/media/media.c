@@ -484,6 +484,7 @@ static void media_free(media *m)
     fetch_budget_fini(m);
     cache_fini(m);
     rowcache_fini(m);
+    fdcache_fini(m); /* after remote_fini: the timer (and the sweep) has stopped */
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->wake_mu);
     free(m);
@@ -505,6 +506,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = fetch_budget_init(m);
     if (rc == 0) rc = cache_init(m);
     if (rc == 0) rc = rowcache_init(m);
+    if (rc == 0) rc = fdcache_init(m);
     if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
         host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");
         rc = ATRIUM_E_STATE;
@@ -527,10 +529,11 @@ static void check_descriptor_budget(media *m)
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) < 0) return;
     long need = (long)m->cfg.delivery_slots + (long)m->cfg.render_threads * FDS_PER_RENDER +
-                2L * m->cfg.io_threads;
+                2L * m->cfg.io_threads + FDCACHE_SLOTS;
     if (need > (long)rl.rlim_cur / 2)
         m->h->log(m->self, ATRIUM_LOG_WARN,
-                  "media may hold %ld file descriptors at once (delivery_slots + renders + io) "
+                  "media may hold %ld file descriptors at once (delivery_slots + renders + io + "
+                  "open-file cache) "
                   "of the %ld this process may open: lower plugins.media.delivery_slots or "
                   "raise the limit (ulimit -n), and keep server.http.fd_reserve above %ld",
                   need, (long)rl.rlim_cur, need);
@@ -546,6 +549,8 @@ static int media_start(void *state)
     if (rc < 0) return rc;
     int removed = store_sweep(m);
     rc = cache_start(m);
+    if (rc < 0) return rc;
+    rc = fdcache_start(m);
     if (rc < 0) return rc;
     m->h->log(m->self, ATRIUM_LOG_INFO,
               "media store %s ready (%d temp leftover(s) removed); %d delivery slots, %d "

@@ -32,6 +32,8 @@
  *   preview.c   URL previews: the endpoint, the bounded fetch of a page and its image,
  *               the cache of answers
  *   preview_html.c reading OpenGraph out of a page, and the URL rules (pure)
+ *   rowcache.c  the media row cache: local rows for delivery, dropped across processes
+ *   fdcache.c   the open-file cache: descriptors of the files served most recently
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -61,6 +63,7 @@
 #define MEDIA_DB_WAIT_MS (media_host->db_wait_ms())
 #define MEDIA_PATH_MAX 1024
 #define MEDIA_FILE_NAME_MAX 640 /* a remote copy's path under store_path */
+#define FDCACHE_SLOTS 32        /* descriptors the open-file cache keeps (fdcache.c) */
 #define MEDIA_MAX_BLOCKED_ORIGINS 64
 #define MEDIA_CLAIM_OWNER_MAX 96 /* "<instance>.<pid>.<random>" */
 #define MEDIA_FETCH_VIA_KINDS 3 /* remote.c's fetch phases: federation, legacy, location */
@@ -128,6 +131,7 @@ typedef struct fetch_budget fetch_budget;
 typedef struct remote_cache remote_cache;
 typedef struct media_timer media_timer;
 typedef struct rowcache rowcache;
+typedef struct fdcache fdcache;
 
 typedef struct media {
     const atrium_host *h;
@@ -153,6 +157,7 @@ typedef struct media {
     atrium_lease *evict_lease; /* NULL: the host has no leases (eviction runs here) */
 
     rowcache *rows; /* local media rows for delivery (rowcache.c) */
+    fdcache *fds;   /* open descriptors of hot files (fdcache.c) */
     atrium_metric *m_row_hits, *m_row_misses;
 
     render_table *renders;
@@ -722,5 +727,22 @@ void rowcache_changed(media *m, const char *media_id);
 void rowcache_changed_hash(media *m, const char *sha256);
 /* The MEDIA_CH_ROW subscriber (cluster.c subscribes it; arg is the media). */
 void rowcache_on_row(void *arg, const char *payload);
+
+/* ---- the open-file cache (fdcache.c) ------------------------------------------------- */
+
+/* Allocate / free the cache (fini closes what it holds; after the timer stopped). */
+int fdcache_init(media *m);
+void fdcache_fini(media *m);
+/* [start] Schedule the sweep that closes idle descriptors on m->timer. */
+int fdcache_start(media *m);
+/* [any] A descriptor of the file at path, the caller's own (close it, or hand it to a
+ * response), from the cache when it holds the path and the file is still linked, else
+ * opened now (and kept for the next request). *size is the file's size. -1 when open(2)
+ * failed, -2 when fstat(2) did; errno says why. */
+int fdcache_open(media *m, const char *path, uint64_t *size);
+/* [any] Close the cached descriptor of path, if any: call after unlinking it. */
+void fdcache_forget(media *m, const char *path);
+/* [any] The same for every cached path inside the folder dir (no trailing '/'). */
+void fdcache_forget_under(media *m, const char *dir);
 
 #endif

@@ -130,6 +130,55 @@ class HeadersTest(MediaTestCase):
         self.assertEqual(headers.get("Content-Type"), "image/png")
 
 
+class HotFileTest(MediaTestCase):
+    """The fast path of a file downloaded again and again: corked responses on a kept-alive
+    connection, and the open-file cache (plugins/media/fdcache.c)."""
+
+    def test_kept_alive_downloads_follow_each_other_without_a_stall(self):
+        srv = media_server(self)
+        _, token = register(srv)
+        data = os.urandom(100_000)
+        media_id = upload(srv, token, data)
+        auth = {"Authorization": f"Bearer {token}"}
+        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
+        self.addCleanup(conn.close)
+        started = time.monotonic()
+        for i in range(30):
+            # A corked response whose cork stayed on would hold its last partial packet
+            # for 200 ms: 30 of them at least 6 s. HEAD and ranges between them must not
+            # inherit anything from the response before.
+            conn.request("GET", download_path(srv, media_id), headers=auth)
+            resp = conn.getresponse()
+            self.assertEqual((resp.status, resp.read()), (200, data), f"download {i}")
+            self.assertEqual(resp.headers.get("Content-Length"), "100000")
+            conn.request("HEAD", download_path(srv, media_id), headers=auth)
+            resp = conn.getresponse()
+            self.assertEqual((resp.status, resp.read()), (200, b""))
+            conn.request("GET", download_path(srv, media_id), headers={**auth, "Range": "bytes=10-19"})
+            resp = conn.getresponse()
+            self.assertEqual((resp.status, resp.read()), (206, data[10:20]))
+        self.assertLess(time.monotonic() - started, 3.0, "90 answers on one connection")
+
+    def test_a_file_deleted_or_replaced_on_disk_is_never_served_from_an_open_descriptor(self):
+        srv = media_server(self)
+        _, token = register(srv)
+        first, second = os.urandom(5000), os.urandom(5000)
+        media_id = upload(srv, token, first)
+        path = original_file(srv, media_id)
+        for _ in range(3):  # served, and its descriptor kept for the next request
+            self.assertEqual(srv.request("GET", download_path(srv, media_id), token=token)[2], first)
+        os.unlink(path)
+        self.assert_error(srv.request("GET", download_path(srv, media_id), token=token), 404,
+                          "M_NOT_FOUND")
+        with open(path, "wb") as f:  # back under its name, other bytes
+            f.write(second)
+        self.assertEqual(srv.request("GET", download_path(srv, media_id), token=token)[2], second)
+        with open(path + ".new", "wb") as f:
+            f.write(first)
+        os.replace(path + ".new", path)  # renamed over the file a descriptor may still hold
+        self.assertEqual(srv.request("GET", download_path(srv, media_id), token=token)[2], first)
+
+
 class RangeAndConditionalTest(MediaTestCase):
     def test_ranges_give_206_416_or_the_whole_body(self):
         srv = media_server(self)
