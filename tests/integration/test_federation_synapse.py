@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import types
@@ -46,6 +47,10 @@ class SynapsePeer(dict):
         super().__init__(**fields)
         self.start_args = start_args
 
+    @property
+    def server_name(self):
+        return self["name"]
+
     def start(self):
         peer("start", self["dir"], *self.start_args)
 
@@ -75,6 +80,20 @@ class SynapsePeer(dict):
         finally:
             conn.close()
         return resp.status, json.loads(raw) if raw else None
+
+    def held(self, event_ids):
+        """The IDs of event_ids Synapse stored, whatever became of them (accepted,
+        soft-failed, rejected: its client API shows only the first), read from its
+        database (SQLite, DIR/homeserver.db) as the tests read Atrium's."""
+        db = sqlite3.connect(f"file:{os.path.join(self['dir'], 'homeserver.db')}?mode=ro",
+                             uri=True, timeout=30)
+        try:
+            marks = ",".join("?" * len(event_ids))
+            rows = db.execute(f"SELECT event_id FROM events WHERE event_id IN ({marks})",
+                              list(event_ids)).fetchall()
+        finally:
+            db.close()
+        return {r[0] for r in rows}
 
     def unlimit(self, admin):
         """Lifts Synapse's message rate limit (burst 10, then 0.2/s) for an admin user."""
@@ -130,18 +149,40 @@ class SynapseAsB:
     """setUp for the two-server tests of test_room_federation*.py with Synapse in B's
     place: alice on Atrium (self.a, on atrium_ip), bob on Synapse (self.b, on synapse_ip:
     a SynapsePeer, so stop() and start() as an Atrium server has them), bob an admin
-    (self.bob_account) without Synapse's message rate limit."""
+    without Synapse's message rate limit. self.atrium and self.synapse name the servers,
+    self.atrium_user and self.synapse_user their users, whichever side each is on."""
 
     atrium_ip = synapse_ip = None  # each test class its own addresses
 
     def setUp(self):
-        self.a = self.start_fed(self.atrium_ip, start=False)
-        self.b = self.start_synapse([self.a.server_name], ip=self.synapse_ip)
+        self.atrium = self.a = self.start_fed(self.atrium_ip, start=False)
+        self.synapse = self.b = self.start_synapse([self.a.server_name], ip=self.synapse_ip)
         self.a.start()
-        self.alice = Client(self.a, register(self.a, "alice"))
-        self.bob_account = self.b.register("bob", "bob-password-1", admin=True)
-        self.b.unlimit(self.bob_account)
-        self.bob = Client(self.b, self.bob_account)
+        self.atrium_user = self.alice = Client(self.a, register(self.a, "alice"))
+        self.synapse_user = self.bob = self.synapse_admin("bob")
+
+    def synapse_admin(self, name):
+        """A client of a new admin account on Synapse, exempt from its message rate limit."""
+        account = self.synapse.register(name, f"{name}-password-1", admin=True)
+        self.synapse.unlimit(account)
+        return Client(self.synapse, account)
+
+    def new_user(self, srv, name):
+        if srv is self.synapse:
+            return Client(srv, srv.register(name, f"{name}-password-1"))
+        return Client(srv, register(srv, name))
+
+
+class SynapseAsA(SynapseAsB):
+    """SynapseAsB the other way round: alice (an admin) on Synapse (self.a), bob on
+    Atrium (self.b): the rooms alice creates live on Synapse and Atrium joins them."""
+
+    def setUp(self):
+        self.atrium = self.b = self.start_fed(self.atrium_ip, start=False)
+        self.synapse = self.a = self.start_synapse([self.b.server_name], ip=self.synapse_ip)
+        self.b.start()
+        self.atrium_user = self.bob = Client(self.b, register(self.b, "bob"))
+        self.synapse_user = self.alice = self.synapse_admin("alice")
 
 
 @unittest.skipUnless(os.path.exists(PEER_SH), SKIP_MESSAGE)

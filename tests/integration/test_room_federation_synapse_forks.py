@@ -1,6 +1,7 @@
 """Forks with a real Synapse (1.132) as the other server: the fork tests of
 test_room_federation_partition.py (power levels against a topic and a name; a ban against
-the demotion of its sender, both orders) with Synapse in B's place. While the two cannot
+the demotion of its sender, both orders) with Synapse as the other server, in a room of
+Atrium's (test_room_federation_synapse_room_forks.py: in a room of Synapse's). While the two cannot
 reach each other (one of them stopped while the other's user acts, then the other way
 round), each lets its user change the room's state; once both run again, both give the
 same resolved state through their client APIs.
@@ -24,22 +25,19 @@ from harness import psql
 from test_federation_synapse import PEER_SH, SKIP_MESSAGE, SynapseAsB, SynapseCase
 
 
-@unittest.skipUnless(os.path.exists(PEER_SH), SKIP_MESSAGE)
-class SynapseForkTest(SynapseAsB, partition.ForkTest, SynapseCase):
-    """ForkTest's three tests, B being Synapse; and what each side's user did while cut off
-    reached the other server (neither resolved with half the fork unseen)."""
-
-    synapse_ip, atrium_ip = "127.0.0.55", "127.0.0.56"
+class BothSidesSeen:
+    """ForkTest's checks, and what each side's user did while cut off reached the other
+    server: neither resolved with half the fork unseen."""
 
     def room_with_bob_at_50(self):
-        # Bob speaks before the partition. Synapse catches a destination up (its newest
-        # event per room, once the destination is reachable again) only from the last PDU
-        # it delivered there: a server it never delivered a PDU to gets nothing of what it
-        # missed until Synapse's next event in the room.
+        # The Synapse user speaks before the partition. Synapse catches a destination up
+        # (its newest event per room, once the destination is reachable again) only from
+        # the last PDU it delivered there: a server it never delivered a PDU to gets
+        # nothing of what it missed until Synapse's next event in the room.
         room, pl = super().room_with_bob_at_50()
-        self.bob.send(room, {"msgtype": "m.text", "body": "before the partition"})
-        self.wait_until("bob's message at A",
-                        lambda: "before the partition" in self.bodies(self.alice, room))
+        self.synapse_user.send(room, {"msgtype": "m.text", "body": "before the partition"})
+        self.wait_until("the Synapse user's message at Atrium",
+                        lambda: "before the partition" in self.bodies(self.atrium_user, room))
         return room, pl
 
     def state_events(self, client, room):
@@ -55,25 +53,29 @@ class SynapseForkTest(SynapseAsB, partition.ForkTest, SynapseCase):
         listed = ",".join(f"'{e}'" for e in event_ids)
         rows = psql(f"SELECT event_id FROM events WHERE event_id IN ({listed}) UNION"
                     f" SELECT event_id FROM event_outliers WHERE event_id IN ({listed})",
-                    database=self.a.database)
+                    database=self.atrium.database)
         return {r[0] for r in rows}
 
     def assert_resolved(self, room, **expect):
         # Synapse holds a transaction to a server it cannot reach and retries it (after 4 s,
         # 16 s, then every minute, for about 8 minutes) before it counts that server as
-        # down: what bob did while Atrium was away arrives at Atrium's next retry after it
-        # is back (or, when Synapse itself was restarted, with its catch-up at start).
-        bobs = [e["event_id"] for e in self.state_events(self.bob, room)
-                if e["sender"] == self.bob.user_id]
-        self.wait_until("bob's events of the partition at Atrium",
-                        lambda: self.held_at_atrium(bobs) == set(bobs), timeout=120)
+        # down: what its user did while Atrium was away arrives at Atrium's next retry
+        # after it is back (or, when Synapse itself was restarted, with its catch-up).
+        theirs = [e["event_id"] for e in self.state_events(self.synapse_user, room)
+                  if e["sender"] == self.synapse_user.user_id]
+        self.wait_until("the Synapse user's events of the partition at Atrium",
+                        lambda: self.held_at_atrium(theirs) == set(theirs), timeout=120)
         super().assert_resolved(room, **expect)
-        alices = [e["event_id"] for e in self.state_events(self.alice, room)
-                  if e["sender"] == self.alice.user_id]
-        for event_id in alices:
-            status, body = self.bob.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}"
-                                         f"/event/{quote(event_id)}")
-            self.assertEqual(status, 200, (event_id, body))
+        ours = [e["event_id"] for e in self.state_events(self.atrium_user, room)
+                if e["sender"] == self.atrium_user.user_id]
+        self.assertEqual(self.synapse.held(ours), set(ours))
+
+
+@unittest.skipUnless(os.path.exists(PEER_SH), SKIP_MESSAGE)
+class SynapseForkTest(BothSidesSeen, SynapseAsB, partition.ForkTest, SynapseCase):
+    """ForkTest's three tests in a room of Atrium's, B (bob, at 50) being Synapse."""
+
+    synapse_ip, atrium_ip = "127.0.0.55", "127.0.0.56"
 
 
 if __name__ == "__main__":
