@@ -15,12 +15,19 @@
  * the waiting requests run again from the top, now finding the key in the cache (or its
  * failure, remembered briefly). Only then does a handler see the request, with
  * r->origin set to the verified server.
+ *
+ * A verified request also says its origin is up: a backoff this server keeps for it is
+ * forgotten and the sender woken (server_up), so what is queued for it goes now and a
+ * request the handler makes back to it (an auth event the origin's PDU names) is not
+ * refused by our own backoff. Synapse does the same; a server coming back from an
+ * outage is otherwise left alone for its whole backoff, with its events for us failing.
  */
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "core/federation/fed_internal.h"
+#include "core/federation/fed_txn.h"
 
 enum fed_auth_reason {
     FED_AUTH_MISSING = 0,
@@ -97,6 +104,17 @@ static void ignore_result(void *arg, const fed_key_result *res)
 
 /* After a refusal: does the ring hold the key with any validity at all? Then it is known
  * but past its validity, which the log should say. Answered from memory. */
+/* origin just proved it answers: forget its backoff and, when it had one, wake the
+ * sender (its queue waited for that backoff). */
+static void server_up(fed_module *m, const char *origin)
+{
+    if (m->backoff && fed_backoff_success(m->backoff, origin)) {
+        rt_log(ATRIUM_LOG_INFO, "federation", "%s sent a signed request: its backoff is "
+               "cleared", origin);
+        fed_outbound_kick();
+    }
+}
+
 static bool key_known_but_expired(fed_module *m, const fed_xmatrix *x)
 {
     fed_key_result res;
@@ -202,6 +220,7 @@ int fed_auth_check(atrium_req *r)
      * plugin's req_state must start out NULL). The memory is the request's arena's. */
     r->plugin_state = NULL;
     rt_metric_add(m->m_auth_ok, 1);
+    server_up(m, r->origin);
     return 0;
 }
 

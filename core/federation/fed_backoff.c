@@ -312,7 +312,7 @@ void fed_backoff_failure(fed_backoff *b, const char *dest)
     pthread_mutex_unlock(&b->mu);
 }
 
-void fed_backoff_success(fed_backoff *b, const char *dest)
+bool fed_backoff_success(fed_backoff *b, const char *dest)
 {
     pthread_mutex_lock(&b->mu);
     dest_ent *e = find_locked(b, dest);
@@ -321,6 +321,7 @@ void fed_backoff_success(fed_backoff *b, const char *dest)
         queue_write_locked(b, dest, NULL, true);
     }
     pthread_mutex_unlock(&b->mu);
+    return e != NULL;
 }
 
 int fed_backoff_count(fed_backoff *b)

@@ -18,6 +18,7 @@
 #ifndef ATRIUM_CORE_FED_BACKOFF_H
 #define ATRIUM_CORE_FED_BACKOFF_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/runtime/runtime.h"
@@ -68,8 +69,9 @@ int64_t fed_backoff_retry_in_ms(fed_backoff *b, const char *dest, int64_t now_wa
  * the database write is queued. */
 void fed_backoff_failure(fed_backoff *b, const char *dest);
 /* Record a success: dest's backoff is forgotten (in memory and, if it had any, in the
- * database). Nothing is written when dest was not in backoff. Any thread. */
-void fed_backoff_success(fed_backoff *b, const char *dest);
+ * database). Nothing is written when dest was not in backoff. true when it was. Any
+ * thread. */
+bool fed_backoff_success(fed_backoff *b, const char *dest);
 /* Destinations in backoff now (in the table). */
 int fed_backoff_count(fed_backoff *b);
 

@@ -102,8 +102,13 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
     json_t *auth = NULL;
     char awhy[ROOM_AUTH_WHY_LEN] = "its auth events are not known or were rejected";
     int rc;
-    if (!fed_recv_auth_events_ready(rx, pdu, 1, &auth) ||
-        !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, awhy)) {
+    fed_recv_auth ar = fed_recv_auth_events(rx, pdu, 1, &auth);
+    if (ar == FED_RECV_AUTH_UNAVAILABLE) { /* not decided: a later backfill may have it */
+        rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s skipped: an auth event "
+               "of it could not be fetched now", id, rx->origin);
+        rc = 0;
+    } else if (ar != FED_RECV_AUTH_READY ||
+               !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, awhy)) {
         rt_metric_add(bf_metrics.rejected, 1);
         rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s rejected: %s", id, rx->origin, awhy);
         rc = fed_recv_store_rejected(rx, id, pdu, awhy) < 0 ? -1 : 0;

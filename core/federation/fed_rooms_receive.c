@@ -13,7 +13,9 @@
  *   3. the content hash: a mismatch goes on with the redacted event, stored redacted;
  *   4. the auth rules against the event's own auth events, every one of which must be
  *      known and not rejected (missing ones are fetched with /event, checked the same way
- *      and kept as outliers);
+ *      and kept as outliers); one that cannot be fetched now (the origin does not answer)
+ *      decides nothing: the PDU is not kept and is answered with an error, so the event
+ *      can still be accepted when it comes again or is fetched later;
  *   5. missing prev_events: asked for with /get_missing_events, round after round back to
  *      the events known here (RECV_MISSING_LIMIT a round, RECV_GAP_MAX_EVENTS in all),
  *      and processed first, oldest first; a gap still open is bridged with /state_ids at
@@ -161,44 +163,51 @@ int fed_recv_store_rejected(pdu_job *rx, const char *id, const json_t *pdu, cons
 }
 
 /* Fetch event_id with /event, check it (format, signatures, hash, its auth events known
- * and accepted, the auth rules against them) and keep it as an outlier (or rejected).
- * true when it is usable now. */
-static bool fetch_outlier(pdu_job *rx, const char *event_id, int depth);
+ * and accepted, the auth rules against them) and keep it as an outlier (READY) or as
+ * rejected (REFUSED); an answer that is not the event asked for, or not signed by its
+ * sender's server, is REFUSED and not kept; no answer, or its own auth events not to be
+ * had now, is UNAVAILABLE and nothing is kept. */
+static fed_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth);
 
-/* Are every auth event of pdu stored and not rejected (fetching the missing ones while
- * depth allows)? The map of them into *auth (new). */
-bool fed_recv_auth_events_ready(pdu_job *rx, const json_t *pdu, int depth, json_t **auth)
+fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, json_t **auth)
 {
     *auth = NULL;
     json_t *refs = json_object_get(pdu, "auth_events"), *ids = json_array();
-    bool ok = true;
-    for (size_t i = 0; i < json_array_size(refs) && ok; i++) {
+    fed_recv_auth out = FED_RECV_AUTH_READY;
+    for (size_t i = 0; i < json_array_size(refs) && out == FED_RECV_AUTH_READY; i++) {
         const char *aid = ref_id(json_array_get(refs, i));
         if (!aid) {
-            ok = false;
+            out = FED_RECV_AUTH_REFUSED;
             break;
         }
         rooms_graph_where w;
         bool failed;
         json_t *have = rooms_graph_load(rx->c, aid, NULL, &w, &failed);
         json_decref(have);
-        if (failed || w == ROOMS_GRAPH_REJECTED) ok = false;
-        else if (w == ROOMS_GRAPH_ABSENT) ok = depth > 0 && fetch_outlier(rx, aid, depth - 1);
+        if (failed) out = FED_RECV_AUTH_UNAVAILABLE;
+        else if (w == ROOMS_GRAPH_REJECTED) out = FED_RECV_AUTH_REFUSED;
+        else if (w == ROOMS_GRAPH_ABSENT)
+            out = depth > 0 ? fetch_outlier(rx, aid, depth - 1) : FED_RECV_AUTH_UNAVAILABLE;
         json_array_append_new(ids, json_string(aid));
     }
-    if (ok && rooms_pdus_of_ids(rx->c, ids, auth) < 0) ok = false;
+    if (out == FED_RECV_AUTH_READY && rooms_pdus_of_ids(rx->c, ids, auth) < 0) {
+        json_decref(*auth);
+        *auth = NULL;
+        out = FED_RECV_AUTH_UNAVAILABLE;
+    }
     json_decref(ids);
-    return ok;
+    return out;
 }
 
-static bool fetch_outlier(pdu_job *rx, const char *event_id, int depth)
+static fed_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth)
 {
-    if (rx->fetched >= RECV_FETCH_MAX) return false;
+    if (rx->fetched >= RECV_FETCH_MAX) return FED_RECV_AUTH_UNAVAILABLE;
     rx->fetched++;
     char enc[RECV_URI_BYTES / 2], uri[RECV_URI_BYTES];
     fed_recv_uri_part(event_id, enc, sizeof(enc));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/event/%s", enc);
     json_t *answer = fed_recv_ask(rx, "GET", uri, NULL);
+    if (!answer) return FED_RECV_AUTH_UNAVAILABLE;
     json_t *pdu = json_array_get(json_object_get(answer, "pdus"), 0);
     char why[EVENT_WHY_LEN], id[EVENT_ID_LEN], sig[FED_CALL_ERROR_BYTES];
     bool ok = json_is_object(pdu) &&
@@ -208,19 +217,24 @@ static bool fetch_outlier(pdu_job *rx, const char *event_id, int depth)
               fed_recv_verify(rx, pdu, NULL, sig) == 0 && rx->c;
     if (!ok) {
         json_decref(answer);
-        return false;
+        return FED_RECV_AUTH_REFUSED;
     }
     json_t *ev = event_content_hash_ok(pdu) ? json_incref(pdu) : event_redact(rx->v, pdu);
     json_decref(answer);
     json_t *auth = NULL;
     char awhy[ROOM_AUTH_WHY_LEN] = "its auth events are not known";
-    ok = fed_recv_auth_events_ready(rx, ev, depth, &auth) &&
-         room_auth_check_event(rx->v, ev, rooms_pdus_get, auth, awhy);
-    int rc = ok ? rooms_graph_store_outlier(rx->c, rx->room_id, id, ev, "outlier", NULL, rx->origin)
-                : fed_recv_store_rejected(rx, id, ev, awhy);
+    fed_recv_auth out = fed_recv_auth_events(rx, ev, depth, &auth);
+    if (out == FED_RECV_AUTH_READY && !room_auth_check_event(rx->v, ev, rooms_pdus_get, auth, awhy))
+        out = FED_RECV_AUTH_REFUSED;
+    int rc = 0;
+    if (out == FED_RECV_AUTH_READY)
+        rc = rooms_graph_store_outlier(rx->c, rx->room_id, id, ev, "outlier", NULL, rx->origin);
+    else if (out == FED_RECV_AUTH_REFUSED)
+        rc = fed_recv_store_rejected(rx, id, ev, awhy);
     json_decref(auth);
     json_decref(ev);
-    return ok && rc == 0;
+    if (rc != 0) return FED_RECV_AUTH_UNAVAILABLE;
+    return out;
 }
 
 /* ---- the state before an event -------------------------------------------------------- */
@@ -642,8 +656,17 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     /* 4. its auth events */
     json_t *auth = NULL, *before = NULL, *current = NULL, *state_ids = NULL;
     char why[ROOM_AUTH_WHY_LEN] = "its auth events are not known or were rejected";
-    if (!fed_recv_auth_events_ready(rx, pdu, 1, &auth) ||
-        !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, why)) {
+    fed_recv_auth ar = fed_recv_auth_events(rx, pdu, 1, &auth);
+    if (ar == FED_RECV_AUTH_UNAVAILABLE) {
+        /* Nothing decided: kept as rejected, it could never be accepted later, when the
+         * origin (a server just back from an outage, say) answers. */
+        rt_log(ATRIUM_LOG_INFO, "federation", "%s from %s not processed: an auth event of "
+               "it could not be fetched now", id, rx->origin);
+        snprintf(err, FED_PDU_ERR_LEN, "An auth event of it could not be fetched; not kept");
+        rc = FED_PDU_RETRY;
+        goto out;
+    }
+    if (ar != FED_RECV_AUTH_READY || !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, why)) {
         if (fed_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
         else rc = reject(rx, RC_AUTH_EVENTS, err, "%s", why);
         goto out;

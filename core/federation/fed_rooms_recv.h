@@ -49,10 +49,19 @@ int fed_recv_verify(pdu_job *rx, const json_t *pdu, bool *given_back,
 /* Keep pdu (id) as rejected, with why, so it is not fetched again and never served. 0 or
  * -1 database. */
 int fed_recv_store_rejected(pdu_job *rx, const char *id, const json_t *pdu, const char *why);
-/* Are every auth event of pdu stored and not rejected (fetching missing ones with /event
- * while depth allows, each checked and kept as an outlier)? Their PDU map into *auth
- * (new, or NULL). */
-bool fed_recv_auth_events_ready(pdu_job *rx, const json_t *pdu, int depth, json_t **auth);
+/* Whether pdu's auth events can be checked against. */
+typedef enum fed_recv_auth {
+    FED_RECV_AUTH_READY = 0,   /* every one stored and not rejected: *auth holds them */
+    FED_RECV_AUTH_REFUSED,     /* one is malformed, rejected here, or was fetched and failed
+                                * its checks: pdu is to be rejected */
+    FED_RECV_AUTH_UNAVAILABLE, /* one could not be had now (no answer from the origin, the
+                                * fetch bound or depth reached, the database): nothing is
+                                * decided, pdu is not to be kept as rejected for it */
+} fed_recv_auth;
+/* Are every auth event of pdu stored and not rejected, fetching missing ones with /event
+ * while depth allows (each checked and kept as an outlier, or as rejected when it fails
+ * the auth rules)? Their PDU map into *auth (new) when READY, else *auth is NULL. */
+fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, json_t **auth);
 /* qsort comparator of PDUs (json_t *) by depth, ascending. */
 int fed_recv_by_depth(const void *x, const void *y);
 

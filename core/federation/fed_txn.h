@@ -56,7 +56,8 @@ enum fed_pdu_outcome {
     FED_PDU_ACCEPTED = 0,
     FED_PDU_SOFT_FAILED = 1, /* stored, not part of the room's current state or timeline */
     FED_PDU_REJECTED = 2,    /* err says which check failed; reported in the answer */
-    FED_PDU_RETRY = 3,       /* transient (database): reported as an error for this PDU */
+    FED_PDU_RETRY = 3,       /* transient (the database, or an event it needs that could not
+                              * be fetched now): not kept; reported as an error for it */
 };
 
 /* Process one PDU of a transaction from origin (its signature on the request verified).

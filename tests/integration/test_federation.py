@@ -10,6 +10,7 @@ one that misbehaves: expired keys, signatures by keys it never published.
 """
 
 import os
+import re
 import signal
 import socket
 import ssl
@@ -274,6 +275,30 @@ class OutboundTest(FederationTestCase):
         self.assertEqual(status, 502)
         time.sleep(0.2)
         self.assertEqual(len(accepted), n)
+
+
+    def test_a_signed_request_from_a_server_in_backoff_ends_its_backoff(self):
+        peer = self.fake_peer()
+        a = self.start_fed(A_IP, {"federation": {"destination_min_retry_interval_ms": 60000}})
+        alice = register(a, "alice")
+        profile = f"/_matrix/client/v3/profile/{quote('@x:' + peer.server_name)}"
+        ask_a = f"/_matrix/federation/v1/query/profile?user_id={quote(alice.user_id)}"
+        # A knows the peer's key (a first signed request), then fails to reach it.
+        self.assertEqual(a.signed_request("GET", ask_a, peer.server_name, peer.key)[0], 200)
+        peer.stop()
+        self.assertEqual(a.json("GET", profile, token=alice.token)[0], 502)
+        self.assertEqual(a.metric("atrium_federation_backoff_destinations"), 1)
+        peer.start()
+        n = len(peer.requests)
+        self.assertEqual(a.json("GET", profile, token=alice.token)[0], 502)  # backed off
+        self.assertEqual(len(peer.requests), n)
+        # The peer's signed request says it is up: the backoff ends at once.
+        self.assertEqual(a.signed_request("GET", ask_a, peer.server_name, peer.key)[0], 200)
+        a.wait_for_log(rf"{re.escape(peer.server_name)} sent a signed request: its backoff is cleared")
+        self.assertEqual(a.metric("atrium_federation_backoff_destinations"), 0)
+        a.json("GET", profile, token=alice.token)  # reaches the peer now
+        self.assertTrue(any(p.startswith("/_matrix/federation/v1/query/profile")
+                            for p in peer.requests[n:]), peer.requests[n:])
 
 
 FEDPLUG = {"fedplug": {"enabled": True,

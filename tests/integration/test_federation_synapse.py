@@ -6,16 +6,20 @@ Synapse is a test peer, not part of Atrium: it comes from shared/peers/synapse/ 
 repository (peer.sh). When that is absent the tests are skipped with a message saying so.
 """
 
+import http.client
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
+import types
 import unittest
 
 import harness
 from accounts import quote, register
 from federation_support import TestCA, free_port, verify_json
+from rooms_client import Client
 from test_federation import FederationTestCase
 
 # shared/ sits beside the repository (CI lays it there); ATRIUM_SYNAPSE_PEER_SH names
@@ -34,6 +38,71 @@ def peer(*args, timeout=120):
 SKIP_MESSAGE = f"SKIPPED: no Synapse peer at {PEER_SH}; the Synapse interop tests did not run"
 
 
+class SynapsePeer(dict):
+    """One Synapse started with peer.sh: its dir, name, url, ip, fed_port and client_port
+    as keys (what the tests read), and the client API, registration, stop and start again
+    (same DIR, ports and database: the same server back after an outage)."""
+
+    def __init__(self, start_args, **fields):
+        super().__init__(**fields)
+        self.start_args = start_args
+
+    @property
+    def server_name(self):
+        return self["name"]
+
+    def start(self):
+        peer("start", self["dir"], *self.start_args)
+
+    def stop(self):
+        peer("stop", self["dir"])
+
+    def register(self, user, password, admin=False):
+        """A new user (the shared-secret admin API): an Account-like object Client takes."""
+        answer = json.loads(peer("register", self["dir"], user, password,
+                                 *(["--admin"] if admin else [])))
+        return types.SimpleNamespace(user_id=answer["user_id"], token=answer["access_token"],
+                                     device_id=answer["device_id"], password=password)
+
+    def json(self, method, path, body=None, headers=None, timeout=30, token=None):
+        """Its client API, as harness.Server.json: (status, parsed body or None)."""
+        conn = http.client.HTTPConnection(self["ip"], self["client_port"], timeout=timeout)
+        hdrs = dict(headers or {})
+        if token:
+            hdrs["Authorization"] = f"Bearer {token}"
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None:
+            hdrs["Content-Type"] = "application/json"
+        try:
+            conn.request(method, path, body=data, headers=hdrs)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        return resp.status, json.loads(raw) if raw else None
+
+    def held(self, event_ids):
+        """The IDs of event_ids Synapse stored, whatever became of them (accepted,
+        soft-failed, rejected: its client API shows only the first), read from its
+        database (SQLite, DIR/homeserver.db) as the tests read Atrium's."""
+        db = sqlite3.connect(f"file:{os.path.join(self['dir'], 'homeserver.db')}?mode=ro",
+                             uri=True, timeout=30)
+        try:
+            marks = ",".join("?" * len(event_ids))
+            rows = db.execute(f"SELECT event_id FROM events WHERE event_id IN ({marks})",
+                              list(event_ids)).fetchall()
+        finally:
+            db.close()
+        return {r[0] for r in rows}
+
+    def unlimit(self, admin):
+        """Lifts Synapse's message rate limit (burst 10, then 0.2/s) for an admin user."""
+        status, body = self.json("POST", f"/_synapse/admin/v1/users/{quote(admin.user_id)}"
+                                 "/override_ratelimit", token=admin.token,
+                                 body={"messages_per_second": 0, "burst_count": 0})
+        assert status == 200, body
+
+
 class SynapseCase(FederationTestCase):
     """Starting a Synapse peer beside Atrium, and talking to it (test_media_synapse.py
     uses it too). Skipped with SKIP_MESSAGE where the peer is absent (see the subclasses)."""
@@ -43,23 +112,23 @@ class SynapseCase(FederationTestCase):
         super().setUpClass()
         peer("install", timeout=INSTALL_TIMEOUT_S)
 
-    def start_synapse(self, whitelist):
+    def start_synapse(self, whitelist, ip=SYNAPSE_IP):
+        """A Synapse on ip (a free port each for federation and clients) federating with the
+        server names in whitelist; stopped at the test's end. A SynapsePeer."""
         d = tempfile.mkdtemp(prefix="synapse-peer-")
         self.addCleanup(shutil.rmtree, d, True)
-        cert, key = self.ca.issue("synapse", SYNAPSE_IP)
-        fed_port, client_port = free_port(SYNAPSE_IP), free_port(SYNAPSE_IP)
-        name = f"{SYNAPSE_IP}:{fed_port}"
-        url = peer("start", os.path.join(d, "hs"), "--server-name", name,
-                   "--client-listen", f"{SYNAPSE_IP}:{client_port}",
-                   "--federation-listen", f"{SYNAPSE_IP}:{fed_port}", "--tls-cert", cert,
-                   "--tls-key", key, "--ca", self.ca.cert, "--federation-whitelist",
-                   *whitelist).strip()
+        cert, key = self.ca.issue(f"synapse-{ip}", ip)
+        fed_port, client_port = free_port(ip), free_port(ip)
+        name = f"{ip}:{fed_port}"
+        args = ["--server-name", name, "--client-listen", f"{ip}:{client_port}",
+                "--federation-listen", f"{ip}:{fed_port}", "--tls-cert", cert,
+                "--tls-key", key, "--ca", self.ca.cert, "--federation-whitelist", *whitelist]
+        url = peer("start", os.path.join(d, "hs"), *args).strip()
         self.addCleanup(peer, "stop", os.path.join(d, "hs"))
-        return {"dir": os.path.join(d, "hs"), "name": name, "url": url, "ip": SYNAPSE_IP,
-                "fed_port": fed_port, "client_port": client_port}
+        return SynapsePeer(args, dir=os.path.join(d, "hs"), name=name, url=url, ip=ip,
+                           fed_port=fed_port, client_port=client_port)
 
     def synapse_json(self, syn, method, path, token=None, tls=False, body=None):
-        import http.client
         if tls:
             conn = http.client.HTTPSConnection(syn["ip"], syn["fed_port"], timeout=30,
                                                context=self.ca.client_context())
@@ -74,6 +143,46 @@ class SynapseCase(FederationTestCase):
         body = json.loads(resp.read() or b"null")
         conn.close()
         return resp.status, body
+
+
+class SynapseAsB:
+    """setUp for the two-server tests of test_room_federation*.py with Synapse in B's
+    place: alice on Atrium (self.a, on atrium_ip), bob on Synapse (self.b, on synapse_ip:
+    a SynapsePeer, so stop() and start() as an Atrium server has them), bob an admin
+    without Synapse's message rate limit. self.atrium and self.synapse name the servers,
+    self.atrium_user and self.synapse_user their users, whichever side each is on."""
+
+    atrium_ip = synapse_ip = None  # each test class its own addresses
+
+    def setUp(self):
+        self.atrium = self.a = self.start_fed(self.atrium_ip, start=False)
+        self.synapse = self.b = self.start_synapse([self.a.server_name], ip=self.synapse_ip)
+        self.a.start()
+        self.atrium_user = self.alice = Client(self.a, register(self.a, "alice"))
+        self.synapse_user = self.bob = self.synapse_admin("bob")
+
+    def synapse_admin(self, name):
+        """A client of a new admin account on Synapse, exempt from its message rate limit."""
+        account = self.synapse.register(name, f"{name}-password-1", admin=True)
+        self.synapse.unlimit(account)
+        return Client(self.synapse, account)
+
+    def new_user(self, srv, name):
+        if srv is self.synapse:
+            return Client(srv, srv.register(name, f"{name}-password-1"))
+        return Client(srv, register(srv, name))
+
+
+class SynapseAsA(SynapseAsB):
+    """SynapseAsB the other way round: alice (an admin) on Synapse (self.a), bob on
+    Atrium (self.b): the rooms alice creates live on Synapse and Atrium joins them."""
+
+    def setUp(self):
+        self.atrium = self.b = self.start_fed(self.atrium_ip, start=False)
+        self.synapse = self.a = self.start_synapse([self.b.server_name], ip=self.synapse_ip)
+        self.b.start()
+        self.atrium_user = self.bob = Client(self.b, register(self.b, "bob"))
+        self.synapse_user = self.alice = self.synapse_admin("alice")
 
 
 @unittest.skipUnless(os.path.exists(PEER_SH), SKIP_MESSAGE)

@@ -329,7 +329,7 @@ class FakePeerTest(FederationTestCase):
         return psql(sql, database=self.a.database)
 
     def event(self, content, event_type="m.room.message", state_key=None, key=None, prev=None,
-              room=None, sender=None, member=None, **changes):
+              room=None, sender=None, member=None, more_auth=(), **changes):
         room = room or self.room
         [(pl,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
                          " AND type = 'm.room.power_levels'")
@@ -342,7 +342,8 @@ class FakePeerTest(FederationTestCase):
         prev = prev or [r[0] for r in self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{room}'")]
         [(depth,)] = self.q(f"SELECT max(depth) FROM events WHERE room_id = '{room}'")
         ev = {"type": event_type, "room_id": room, "sender": sender, "content": content,
-              "auth_events": [create, pl] + [m[0] for m in member], "prev_events": prev,
+              "auth_events": [create, pl] + [m[0] for m in member] + list(more_auth),
+              "prev_events": prev,
               "depth": int(depth) + 1}
         if state_key is not None:
             ev["state_key"] = state_key
@@ -406,6 +407,32 @@ class FakePeerTest(FederationTestCase):
         # Never served to anyone.
         status, _ = self.view.get(f"{FED}/v1/event/{quote(event_id)}")
         self.assertEqual(status, 404)
+
+    def test_an_auth_event_the_origin_cannot_serve_now_leaves_the_pdu_undecided(self):
+        # Pat's new member event (a display name) is never sent; a message names it among
+        # its auth events. A asks the peer for it, which cannot answer yet (404).
+        [(rules,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
+                            " AND type = 'm.room.join_rules'")
+        member, member_id = self.event({"membership": "join", "displayname": "Pat"},
+                                       "m.room.member", self.user, more_auth=[rules])
+        ev, event_id = self.event({"msgtype": "m.text", "body": "as Pat"}, member=member_id)
+        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.stored(event_id), [])  # not decided: not kept as rejected
+        self.assertEqual(self.stored(member_id), [])
+        # Once the peer serves it, the same PDU sent again is accepted.
+        keys = self.peer.do_get
+
+        def serve(handler):
+            if handler.path == f"{FED}/v1/event/{quote(member_id)}":
+                return self.peer.reply(handler, 200, {
+                    "origin": self.peer.server_name, "pdus": [member],
+                    "origin_server_ts": int(time.time() * 1000)})
+            return keys(handler)
+        self.peer.do_get = serve
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["stream"])
+        self.assertEqual(self.stored(member_id), ["outlier"])
+        self.assertEqual(self.timeline()[event_id]["content"]["body"], "as Pat")
 
     def test_an_event_for_a_room_the_peer_is_not_in_is_rejected(self):
         other = self.alice.create_room(preset="public_chat")

@@ -234,9 +234,13 @@ class ForkTest(PartitionCase):
     state; healed, both resolve the fork the same way. "Cut off" is one server down while
     the other's user acts, then the other way round (first says which side acts first)."""
 
+    def new_user(self, srv, name):
+        """A client of a new account on srv (a subclass may put another server there)."""
+        return Client(srv, register(srv, name))
+
     def room_with_bob_at_50(self):
         room = self.public_room_with_bob()
-        self.carol = Client(self.a, register(self.a, "carol"))
+        self.carol = self.new_user(self.a, "carol")
         self.carol.join(room)
         pl = self.alice.state(room, "m.room.power_levels")
         pl["users"][self.bob.user_id] = 50
