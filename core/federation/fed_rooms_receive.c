@@ -214,10 +214,10 @@ static fed_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth)
               strcmp(json_string_value(json_object_get(pdu, "room_id")) ?: "", rx->room_id) == 0 &&
               event_check_format(rx->v, pdu, why) == EVENT_FORMAT_OK &&
               event_compute_id(rx->v, pdu, id) == 0 && strcmp(id, event_id) == 0 &&
-              fed_recv_verify(rx, pdu, NULL, sig) == 0 && rx->c;
-    if (!ok) {
+              fed_recv_verify(rx, pdu, NULL, sig) == 0;
+    if (!ok || !rx->c) { /* no connection back after a key fetch: decided later */
         json_decref(answer);
-        return FED_RECV_AUTH_REFUSED;
+        return ok ? FED_RECV_AUTH_UNAVAILABLE : FED_RECV_AUTH_REFUSED;
     }
     json_t *ev = event_content_hash_ok(pdu) ? json_incref(pdu) : event_redact(rx->v, pdu);
     json_decref(answer);
