@@ -237,6 +237,12 @@ int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
 int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse/admin/v1/rooms/{roomId} */
+/* [req] Join or knock: act(r, user, room_id, the alias's servers or NULL) answers. */
+typedef int (*rooms_alias_act)(atrium_req *r, const char *user, const char *room_id,
+                               const json_t *alias_vias);
+/* [req] Resolve alias (a local one from the directory's table, another server's by asking
+ * it: the request parks meanwhile) and run act on its room (rooms_membership.c). */
+int rooms_act_on_alias(atrium_req *r, const char *user, const char *alias, rooms_alias_act act);
 int rooms_knock_routes(http_server *s);  /* rooms_knock.c: POST /knock/{roomIdOrAlias} */
 /* [req] Hand r off to the rooms module's bulk pool (one thread, a short queue), where
  * writes into many rooms run without holding a request-pool or auth thread; the handler

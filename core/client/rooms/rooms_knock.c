@@ -490,47 +490,13 @@ static int knock_room(atrium_req *r, const char *user, const char *room_id,
     return out;
 }
 
-/* Knock on the room an alias names: a local alias from the directory's table, another
- * server's by asking that server (directory/1 alias_resolve_remote, parked while it
- * answers), whose answer's servers are tried first. */
-static int knock_alias(atrium_req *r, const char *user, const char *alias)
-{
-    const atrium_directory *d = rooms_directory();
-    if (!d) return rooms_directory_disabled(r);
-    const char *colon = strchr(alias, ':');
-    if (colon && colon[1] && strcmp(colon + 1, rooms_server_name()) != 0) {
-        if (!ATRIUM_DIRECTORY_HAS(d, alias_resolve_remote))
-            return http_respond_error(r, 404, "M_NOT_FOUND", "Room alias %.255s is on another "
-                                      "server, and this server's room directory does not ask "
-                                      "other servers", alias);
-        char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
-        json_t *servers = NULL;
-        int rc = d->alias_resolve_remote(r, alias, room_id, &servers);
-        if (rc != ATRIUM_DIRECTORY_RESOLVED) return rc;
-        int out = rooms_room_id_ok(room_id)
-                      ? knock_room(r, user, rt_arena_strdup(r->arena, room_id), servers)
-                      : http_respond_error(r, 502, "M_UNKNOWN", "The server of %.255s answered "
-                                           "with something that is not a room ID", alias);
-        json_decref(servers);
-        return out;
-    }
-    PGconn *c = rooms_db(r);
-    if (!c) return ATRIUM_DONE;
-    char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
-    rooms_err e = {0};
-    int rc = rooms_resolve_alias(c, alias, room_id, &e);
-    rooms_db_release(c);
-    if (rc != ROOMS_OK) return rooms_fail(r, &e);
-    return knock_room(r, user, rt_arena_strdup(r->arena, room_id), NULL);
-}
-
 /* POST /_matrix/client/v3/knock/{roomIdOrAlias} */
 static int post_knock(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
-    if (target && target[0] == '#') return knock_alias(r, user, target);
+    if (target && target[0] == '#') return rooms_act_on_alias(r, user, target, knock_room);
     if (!rooms_room_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID or alias");
     return knock_room(r, user, target, NULL);

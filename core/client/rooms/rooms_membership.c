@@ -318,13 +318,14 @@ static int post_room_join(atrium_req *r)
     return room ? join_room(r, user, room, NULL) : ATRIUM_DONE;
 }
 
-/* Join the room an alias names. The directory resolves it: a local alias from its table;
- * another server's by asking that server (directory/1 alias_resolve_remote: the request
- * parks under the outbound budget while it answers, and this handler runs again), then
- * the join goes through the servers the answer lists (on the remote pool, like any join
- * of a room this server is not in). Every run resolves again: the directory keeps the
- * answer in the request, so the run on the remote pool gets it without asking. */
-static int join_alias(atrium_req *r, const char *user, const char *alias)
+/* Join (or knock on) the room an alias names. The directory resolves it: a local alias
+ * from its table; another server's by asking that server (directory/1
+ * alias_resolve_remote: the request parks under the outbound budget while it answers, and
+ * this handler runs again), then `act` goes through the servers the answer lists (on the
+ * remote pool, like any join of a room this server is not in). Every run resolves again:
+ * the directory keeps the answer in the request, so the run on the remote pool gets it
+ * without asking. */
+int rooms_act_on_alias(atrium_req *r, const char *user, const char *alias, rooms_alias_act act)
 {
     const atrium_directory *d = rooms_directory();
     if (!d) return rooms_directory_disabled(r);
@@ -339,7 +340,7 @@ static int join_alias(atrium_req *r, const char *user, const char *alias)
         int rc = d->alias_resolve_remote(r, alias, room_id, &servers);
         if (rc != ATRIUM_DIRECTORY_RESOLVED) return rc;
         int out = rooms_room_id_ok(room_id)
-                      ? join_room(r, user, rt_arena_strdup(r->arena, room_id), servers)
+                      ? act(r, user, rt_arena_strdup(r->arena, room_id), servers)
                       : http_respond_error(r, 502, "M_UNKNOWN", "The server of %.255s answered "
                                            "with something that is not a room ID", alias);
         json_decref(servers);
@@ -352,7 +353,7 @@ static int join_alias(atrium_req *r, const char *user, const char *alias)
     int rc = rooms_resolve_alias(c, alias, room_id, &e);
     rooms_db_release(c);
     if (rc != ROOMS_OK) return rooms_fail(r, &e);
-    return join_room(r, user, rt_arena_strdup(r->arena, room_id), NULL);
+    return act(r, user, rt_arena_strdup(r->arena, room_id), NULL);
 }
 
 /* POST /_matrix/client/v3/join/{roomIdOrAlias} */
@@ -361,7 +362,7 @@ static int post_join(atrium_req *r)
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
-    if (target && target[0] == '#') return join_alias(r, user, target);
+    if (target && target[0] == '#') return rooms_act_on_alias(r, user, target, join_room);
     if (!rooms_room_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID or alias");
     return join_room(r, user, target, NULL);
