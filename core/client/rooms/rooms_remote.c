@@ -463,34 +463,6 @@ json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id)
 
 /* ---- inviting a user of another server ------------------------------------------------ */
 
-/* The stripped state an invite carries: the room's descriptive events and the inviter's
- * member event (type, state_key, sender, content). A new array. */
-static json_t *invite_room_state(const json_t *map, const char *sender)
-{
-    static const char *const TYPES[] = {"m.room.create", "m.room.join_rules", "m.room.name",
-                                        "m.room.avatar", "m.room.canonical_alias",
-                                        "m.room.encryption", "m.room.topic", NULL};
-    json_t *out = json_array();
-    for (size_t i = 0; TYPES[i] || i == 0; i++) {
-        const json_t *ev = TYPES[i] ? rooms_pdus_get((void *)map, TYPES[i], "")
-                                    : NULL;
-        if (ev)
-            json_array_append_new(out, json_pack("{s:O, s:O, s:O, s:O}", "type",
-                                                 json_object_get(ev, "type"), "state_key",
-                                                 json_object_get(ev, "state_key"), "sender",
-                                                 json_object_get(ev, "sender"), "content",
-                                                 json_object_get(ev, "content")));
-        if (!TYPES[i]) break;
-    }
-    const json_t *me = rooms_pdus_get((void *)map, "m.room.member", sender);
-    if (me)
-        json_array_append_new(out, json_pack("{s:O, s:O, s:O, s:O}", "type", json_object_get(me, "type"),
-                                             "state_key", json_object_get(me, "state_key"), "sender",
-                                             json_object_get(me, "sender"), "content",
-                                             json_object_get(me, "content")));
-    return out;
-}
-
 bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *room_id,
                               const char *target, json_t *content)
 {
@@ -526,7 +498,7 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
     fed_uri_encode(id, id_enc, sizeof(id_enc));
     snprintf(uri, sizeof(uri), "/_matrix/federation/v2/invite/%s/%s", room_enc, id_enc);
     json_t *body = json_pack("{s:O, s:s, s:o}", "event", pdu, "room_version", v->id,
-                             "invite_room_state", invite_room_state(map, sender));
+                             "invite_room_state", rooms_stripped_state(map, sender));
     json_decref(map);
     const char *server = room_auth_domain(target);
     fed_request_opts o = {.method = "PUT", .destination = server, .uri = uri, .body = body,
