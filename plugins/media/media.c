@@ -65,6 +65,8 @@
  * shares (federation.client.max_connections, 16 by default): previews take a few. */
 #define DEFAULT_URL_PREVIEW_MAX_IN_FLIGHT 4
 #define DEFAULT_URL_PREVIEW_MAX_PER_USER 2
+/* A waiting request costs no thread and no connection, only its parked request. */
+#define DEFAULT_URL_PREVIEW_MAX_WAITING 64
 #define DEFAULT_URL_PREVIEW_CACHE_TTL_MS (3600LL * 1000) /* Synapse keeps answers an hour */
 #define FETCH_POOL_SPARE_TASKS 64 /* beyond the budget: the end of fetches whose requests left */
 
@@ -212,6 +214,10 @@ static const atrium_setting MEDIA_SETTINGS[] = {
     INT_SETTING("url_preview_max_per_user", url_preview_max_per_user,
                 DEFAULT_URL_PREVIEW_MAX_PER_USER, 1, 100000, "previews",
                 "Of which one user's (past it 429)."),
+    INT_SETTING("url_preview_max_waiting", url_preview_max_waiting,
+                DEFAULT_URL_PREVIEW_MAX_WAITING, 1, 100000, "requests",
+                "Requests waiting, parked, for the fetch another request started for the same "
+                "URL and ts bucket, all users (past it 429); they are answered from its result."),
     INT64_SETTING("url_preview_cache_ttl_ms", url_preview_cache_ttl_ms,
                   DEFAULT_URL_PREVIEW_CACHE_TTL_MS, 1000, 30LL * 24 * 3600 * 1000, "ms",
                   "How long a preview is kept and answered again without asking the site; a "
@@ -487,6 +493,7 @@ static void media_free(media *m)
     fdcache_fini(m); /* after remote_fini: the timer (and the sweep) has stopped */
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->wake_mu);
+    pthread_mutex_destroy(&m->preview_mu);
     free(m);
 }
 
@@ -498,6 +505,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     m->h = host;
     m->self = self;
     pthread_mutex_init(&m->wake_mu, NULL);
+    pthread_mutex_init(&m->preview_mu, NULL);
     media_host = host;
     snprintf(m->server_name, sizeof(m->server_name), "%s", host->server_name());
     int rc = read_settings(m, cfg);

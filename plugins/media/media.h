@@ -120,6 +120,7 @@ typedef struct media_config {
     int url_preview_max_redirects;    /* followed per fetch */
     int url_preview_max_in_flight;    /* previews fetching at once, all users */
     int url_preview_max_per_user;     /* of which one user's */
+    int url_preview_max_waiting;      /* requests waiting for another's fetch of their URL */
     int64_t url_preview_cache_ttl_ms; /* an answer is kept; ts is rounded down to it */
 } media_config;
 
@@ -189,8 +190,12 @@ typedef struct media {
     /* URL previews (preview.c; NULL while url_preview_enabled is off) */
     atrium_pool *preview_pool;     /* judges answers, stores images, writes the cache */
     atrium_budget *preview_budget; /* previews fetching at once */
+    atrium_budget *preview_waiting; /* requests waiting for a fetch another one started */
+    /* The previews fetching, by (url, ts bucket): a second request for one joins it. */
+    pthread_mutex_t preview_mu;
+    struct preview_job *preview_fetching;
     atrium_metric *m_preview_cached, *m_preview_fetched, *m_preview_failed,
-        *m_preview_refused, *m_preview_requests_out;
+        *m_preview_refused, *m_preview_coalesced, *m_preview_requests_out;
 } media;
 
 /* ---- a media row ------------------------------------------------------------------- */

@@ -11,9 +11,13 @@
  *   2. the cache: an answer kept in media_url_previews for (url, ts rounded down to
  *      url_preview_cache_ttl_ms) that has not expired is answered as it is, without
  *      asking the site (atrium_media_url_previews_total{result="cached"});
- *   3. a slot of the preview budget (url_preview_max_in_flight in all, ..._per_user of
- *      one user; 429 past either, at once), held by the fetch until it ends;
- *   4. the request parks (host->req_wait) and the fetch starts (host->fed_request's url:
+ *   3. one fetch per (url, bucket): when another request's fetch of them is under way,
+ *      the request takes a slot of url_preview_max_waiting (429 past it, at once), parks
+ *      and is answered from that fetch's result - its answer or its error - when it ends
+ *      (result="coalesced"); past its deadline it answers 504 itself, as the first does;
+ *   4. else a slot of the preview budget (url_preview_max_in_flight in all, ..._per_user
+ *      of one user; 429 past either, at once), held by the fetch until it ends;
+ *   5. the request parks (host->req_wait) and the fetch starts (host->fed_request's url:
  *      asynchronous, so no thread waits on the site).
  *
  * The fetch goes through the host's one outbound client, so its address blacklist
@@ -66,14 +70,28 @@
 
 enum preview_phase { PHASE_PAGE = 0, PHASE_IMAGE };
 
-/* One preview being fetched: shared by the parked request (its hold) and the fetch; the
- * last of the two to let go frees it. The fetch's fields are written by one thread at a
- * time (the outbound client's, then the pool's, in turn); `done` publishes the result to
- * the request, which reads it only after the wake. */
+/* A request parked on a preview: woken exactly once, when the fetch ends, and never
+ * touched after. `waiting`: it joined a fetch another request started, holding a slot
+ * of m->preview_waiting (given back at that wake). */
+typedef struct preview_waiter {
+    struct preview_waiter *next;
+    atrium_req *req;
+    bool waiting;
+    char user_id[MEDIA_USER_ID_MAX_BYTES + 1];
+} preview_waiter;
+
+/* One preview being fetched: shared by the parked requests (a hold each) and the fetch;
+ * the last to let go frees it. The fetch's fields are written by one thread at a time
+ * (the outbound client's, then the pool's, in turn); `done` publishes the result to the
+ * requests, which read it only after their wake. While `listed` (under m->preview_mu)
+ * it is in m->preview_fetching, where a request for the same (url, ts_bucket) finds it
+ * and adds itself to `waiters` instead of asking the site again. */
 typedef struct preview_job {
     atomic_int refs;
     media *m;
-    atrium_req *req; /* woken exactly once, at the end; never touched after */
+    struct preview_job *next; /* in m->preview_fetching, under m->preview_mu */
+    bool listed;              /* under m->preview_mu */
+    preview_waiter *waiters;  /* under m->preview_mu */
     char user_id[MEDIA_USER_ID_MAX_BYTES + 1];
     char url[PREVIEW_URL_MAX]; /* as normalised: the cache key */
     int64_t ts_bucket;
@@ -117,16 +135,49 @@ static void hold_release(void *arg)
 
 /* ---- the end of a preview --------------------------------------------------------------- */
 
-/* The fetch is over: give the budget slot back, publish, wake the request, let go. */
+/* [any] The fetch of (url, bucket) a request can join, or NULL. Under m->preview_mu. */
+static preview_job *fetching_find(media *m, const char *url, int64_t bucket)
+{
+    for (preview_job *j = m->preview_fetching; j; j = j->next)
+        if (j->ts_bucket == bucket && strcmp(j->url, url) == 0) return j;
+    return NULL;
+}
+
+/* Under m->preview_mu. */
+static void fetching_remove(media *m, preview_job *j)
+{
+    for (preview_job **p = &m->preview_fetching; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            break;
+        }
+    j->listed = false;
+}
+
+/* The fetch is over: give the budget slot back, publish, take the job out of the list
+ * (a request arriving from now on finds the cache, or fetches anew after a failure),
+ * wake every request that waits for it, let go. */
 static void job_end(preview_job *j)
 {
     media *m = j->m;
-    m->h->budget_release(m->preview_budget, j->user_id);
-    m->h->metric_add(j->answer ? m->m_preview_fetched : m->m_preview_failed, 1);
+    const atrium_host *h = m->h;
+    h->budget_release(m->preview_budget, j->user_id);
+    h->metric_add(j->answer ? m->m_preview_fetched : m->m_preview_failed, 1);
     free(j->body);
     j->body = NULL;
     atomic_store(&j->done, true);
-    m->h->req_wake(j->req);
+    pthread_mutex_lock(&m->preview_mu);
+    fetching_remove(m, j);
+    preview_waiter *w = j->waiters;
+    j->waiters = NULL;
+    pthread_mutex_unlock(&m->preview_mu);
+    while (w) {
+        preview_waiter *next = w->next;
+        if (w->waiting) h->budget_release(m->preview_waiting, w->user_id);
+        h->req_wake(w->req);
+        free(w);
+        w = next;
+    }
     job_unref(j);
 }
 
@@ -497,6 +548,67 @@ static int from_cache(media *m, atrium_req *req, const char *url, int64_t bucket
     return rc < 0 ? ATRIUM_E_NOMEM : ATRIUM_DONE;
 }
 
+/* A new job for (url, bucket) fetched for user: refs for the fetch and the request. */
+static preview_job *job_new(media *m, const char *user, const char *url, int64_t bucket)
+{
+    preview_job *j = calloc(1, sizeof(*j));
+    if (!j) return NULL;
+    atomic_init(&j->refs, 2);
+    atomic_init(&j->done, false);
+    j->m = m;
+    snprintf(j->user_id, sizeof(j->user_id), "%s", user);
+    snprintf(j->url, sizeof(j->url), "%s", url);
+    snprintf(j->cur, sizeof(j->cur), "%s", url);
+    j->ts_bucket = bucket;
+    j->deadline_ms = m->h->now_ms() + m->cfg.url_preview_timeout_ms;
+    j->phase = PHASE_PAGE;
+    return j;
+}
+
+/* [req] Park req until j ends, answered then from its result (answer()). Takes over the
+ * request's reference to j. `waiting`: req holds a slot of m->preview_waiting (given
+ * back here on failure, else when j ends). ATRIUM_PARKED; or the request is answered
+ * (503 when the server is stopping) or ATRIUM_E_NOMEM, and j will not wake it. */
+static int job_join(media *m, preview_job *j, atrium_req *req, const char *user, bool waiting)
+{
+    const atrium_host *h = m->h;
+    preview_waiter *w = calloc(1, sizeof(*w));
+    preview_req *pr = h->req_alloc(req, sizeof(*pr));
+    int rc = ATRIUM_PARKED;
+    if (!w || !pr) {
+        job_unref(j);
+        rc = ATRIUM_E_NOMEM;
+    } else if (h->req_hold(req, hold_release, j) < 0) { /* released already */
+        rc = ATRIUM_E_NOMEM;
+    } else if (h->req_wait(req, j->deadline_ms + PREVIEW_COMMIT_SLACK_MS) < 0) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        rc = ATRIUM_DONE;
+    }
+    if (rc != ATRIUM_PARKED) {
+        free(w);
+        if (waiting) h->budget_release(m->preview_waiting, user);
+        return rc;
+    }
+    pr->job = j;
+    h->req_set_state(req, pr);
+    w->req = req;
+    w->waiting = waiting;
+    snprintf(w->user_id, sizeof(w->user_id), "%s", user);
+    pthread_mutex_lock(&m->preview_mu);
+    if (j->listed) {
+        w->next = j->waiters;
+        j->waiters = w;
+        w = NULL;
+    }
+    pthread_mutex_unlock(&m->preview_mu);
+    if (w) { /* j ended meanwhile: its result is published (done) */
+        if (waiting) h->budget_release(m->preview_waiting, user);
+        free(w);
+        h->req_wake(req);
+    }
+    return ATRIUM_PARKED;
+}
+
 static int preview_handler(atrium_req *req)
 {
     media *m = media_of(req);
@@ -533,41 +645,40 @@ static int preview_handler(atrium_req *req)
     int64_t bucket = ts / m->cfg.url_preview_cache_ttl_ms;
     int rc = from_cache(m, req, norm, bucket);
     if (rc != MEDIA_GO) return rc;
-    if (h->budget_try_acquire(m->preview_budget, user) < 0) {
+    /* One fetch per (url, bucket): a request finding one under way waits for it. */
+    pthread_mutex_lock(&m->preview_mu);
+    preview_job *j = fetching_find(m, norm, bucket);
+    bool waiting = j != NULL;
+    atrium_budget *budget = waiting ? m->preview_waiting : m->preview_budget;
+    if (h->budget_try_acquire(budget, user) < 0) {
+        pthread_mutex_unlock(&m->preview_mu);
         h->metric_add(m->m_preview_refused, 1);
         h->respond_limited(req, PREVIEW_RETRY_AFTER_MS, "Too many URL previews at once");
         return ATRIUM_DONE;
     }
-    preview_job *j = calloc(1, sizeof(*j));
-    pr = h->req_alloc(req, sizeof(*pr));
-    if (!j || !pr) {
-        free(j);
-        h->budget_release(m->preview_budget, user);
-        return ATRIUM_E_NOMEM;
+    if (waiting) {
+        atomic_fetch_add(&j->refs, 1); /* the request's: j is alive while listed */
+    } else {
+        j = job_new(m, user, norm, bucket);
+        if (!j) {
+            pthread_mutex_unlock(&m->preview_mu);
+            h->budget_release(budget, user);
+            return ATRIUM_E_NOMEM;
+        }
+        j->next = m->preview_fetching;
+        m->preview_fetching = j;
+        j->listed = true;
     }
-    atomic_init(&j->refs, 2); /* the request's hold, and the fetch */
-    atomic_init(&j->done, false);
-    j->m = m;
-    j->req = req;
-    snprintf(j->user_id, sizeof(j->user_id), "%s", user);
-    snprintf(j->url, sizeof(j->url), "%s", norm);
-    snprintf(j->cur, sizeof(j->cur), "%s", norm);
-    j->ts_bucket = bucket;
-    j->deadline_ms = h->now_ms() + m->cfg.url_preview_timeout_ms;
-    j->phase = PHASE_PAGE;
-    if (h->req_hold(req, hold_release, j) < 0) { /* released already: the fetch's ref is left */
-        h->budget_release(m->preview_budget, user);
-        job_unref(j);
-        return ATRIUM_E_NOMEM;
+    pthread_mutex_unlock(&m->preview_mu);
+    rc = job_join(m, j, req, user, waiting);
+    if (waiting) {
+        if (rc == ATRIUM_PARKED) h->metric_add(m->m_preview_coalesced, 1);
+        return rc;
     }
-    if (h->req_wait(req, j->deadline_ms + PREVIEW_COMMIT_SLACK_MS) < 0) {
-        h->budget_release(m->preview_budget, user);
-        job_unref(j);
-        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
-        return ATRIUM_DONE;
+    if (rc != ATRIUM_PARKED) { /* this request is answered; any that joined get this */
+        job_failed(j, 503, "M_UNKNOWN", "The server is stopping");
+        return rc;
     }
-    pr->job = j;
-    h->req_set_state(req, pr);
     job_fetch_or_fail(j); /* from here on j may end (and wake us) on another thread */
     return ATRIUM_PARKED;
 }
@@ -582,6 +693,7 @@ int preview_init(media *m)
                                      c->url_preview_max_in_flight + PREVIEW_POOL_SPARE_TASKS);
     m->preview_budget = h->budget_create(s, "url_preview", c->url_preview_max_in_flight,
                                          c->url_preview_max_per_user);
+    m->preview_waiting = h->budget_create(s, "url_preview_waiting", c->url_preview_max_waiting, 0);
     static const char *const help = "URL preview requests, by how they were answered";
     m->m_preview_cached = h->metric_counter(s, "atrium_media_url_previews_total",
                                             "result=\"cached\"", help);
@@ -591,11 +703,14 @@ int preview_init(media *m)
                                             "result=\"failed\"", help);
     m->m_preview_refused = h->metric_counter(s, "atrium_media_url_previews_total",
                                              "result=\"refused\"", help);
+    m->m_preview_coalesced = h->metric_counter(s, "atrium_media_url_previews_total",
+                                               "result=\"coalesced\"", help);
     m->m_preview_requests_out =
         h->metric_counter(s, "atrium_media_url_preview_requests_total", NULL,
                           "Requests made to sites for URL previews (pages, redirects, images)");
-    if (!m->preview_pool || !m->preview_budget || !m->m_preview_cached || !m->m_preview_fetched ||
-        !m->m_preview_failed || !m->m_preview_refused || !m->m_preview_requests_out)
+    if (!m->preview_pool || !m->preview_budget || !m->preview_waiting || !m->m_preview_cached ||
+        !m->m_preview_fetched || !m->m_preview_failed || !m->m_preview_refused ||
+        !m->m_preview_coalesced || !m->m_preview_requests_out)
         return ATRIUM_E_NOMEM;
     const char *const paths[] = {ATRIUM_MEDIA_PATH_PREVIEW_URL, PREVIEW_PATH_V3};
     for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {

@@ -30,9 +30,10 @@ TIMEOUT_MS = 1500
 
 
 class FakeSite:
-    """An HTTPS site. `pages[path]` is (status, content_type, body bytes, extra headers) or
-    ("hang",): the answer is held until the test ends. `hits[path]` counts requests (the
-    query is not part of the path)."""
+    """An HTTPS site. `pages[path]` is (status, content_type, body bytes, extra headers),
+    ("hang",): the answer is held until the test ends, or ("gate", event, status,
+    content_type, body, headers): answered once the test sets the event. `hits[path]` counts
+    requests (the query is not part of the path)."""
 
     def __init__(self, ca, ip=SITE_IP):
         self.ip = ip
@@ -56,6 +57,9 @@ class FakeSite:
                 if spec[0] == "hang":
                     outer.release.wait(30)
                     return
+                if spec[0] == "gate":
+                    spec[1].wait(30)
+                    spec = spec[2:]
                 status, ctype, body, extra = spec
                 try:
                     self.send_response(status)
@@ -296,6 +300,100 @@ class PreviewBoundsTest(PreviewCase):
         self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview"}), 0)
         # the budget is whole again
         self.assertEqual(self.preview(srv, carol, site.base + "/fast?later"), (200, {"og:title": "Fast"}))
+
+
+class PreviewCoalescingTest(PreviewCase):
+    """Requests for the same URL and ts bucket while its fetch is under way wait for it:
+    the site is asked once, whatever the number of requests."""
+
+    def concurrently(self, srv, tokens, url, ts):
+        results = [None] * len(tokens)
+
+        def one(i):
+            results[i] = self.preview(srv, tokens[i], url, ts=ts)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(tokens))]
+        for t in threads:
+            t.start()
+        return threads, results
+
+    def wait_metric(self, srv, name, labels, want):
+        deadline = time.monotonic() + 5
+        while srv.metric(name, labels) != want:
+            self.assertLess(time.monotonic(), deadline, f"{name}{labels} never reached {want}")
+            time.sleep(0.02)
+
+    def test_simultaneous_requests_for_one_url_make_one_fetch_and_get_the_same_answer(self):
+        site = self.site()
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        site.pages["/gated"] = ("gate", gate, 200, "text/html",
+                                b'<title>Once</title><meta property="og:image" content="/p.png">',
+                                {})
+        site.page("/p.png", png(12, 6), "image/png")
+        srv = self.server()
+        _, alice = register(srv)
+        _, bob = register(srv)
+        _, carol = register(srv)
+        # alice's share of the fetch budget is 2: waiting requests do not count against it
+        tokens = [alice, alice, alice, bob, carol, bob]
+        threads, results = self.concurrently(srv, tokens, site.base + "/gated", 5000)
+        self.wait_metric(srv, "atrium_media_url_previews_total", {"result": "coalesced"},
+                         len(tokens) - 1)
+        self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview_waiting"}),
+                         len(tokens) - 1)
+        self.assertEqual(site.count("/gated"), 1)
+        gate.set()
+        for t in threads:
+            t.join(20)
+        self.assertEqual(results[0][0], 200, results[0][1])
+        self.assertEqual(results[0][1]["og:title"], "Once")
+        self.assertTrue(results[0][1]["og:image"].startswith("mxc://"), results[0][1])
+        self.assertEqual(results, [results[0]] * len(tokens))
+        self.assertEqual((site.count("/gated"), site.count("/p.png")), (1, 1))
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "fetched"}), 1)
+        self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview_waiting"}), 0)
+        # an error is shared the same way (and not cached: a later request asks again)
+        gate2 = threading.Event()
+        self.addCleanup(gate2.set)
+        site.pages["/failing"] = ("gate", gate2, 410, "text/plain", b"gone", {})
+        threads, results = self.concurrently(srv, [alice, bob, carol], site.base + "/failing", 5000)
+        self.wait_metric(srv, "atrium_media_url_previews_total", {"result": "coalesced"},
+                         len(tokens) - 1 + 2)
+        gate2.set()
+        for t in threads:
+            t.join(20)
+        for result in results:
+            self.assert_error(result, 502, "M_UNKNOWN")
+        self.assertEqual(results, [results[0]] * 3)
+        self.assertEqual(site.count("/failing"), 1)
+        self.assert_error(self.preview(srv, alice, site.base + "/failing", ts=5000), 502, "M_UNKNOWN")
+        self.assertEqual(site.count("/failing"), 2)
+
+    def test_waiting_requests_are_bounded_and_get_504_with_the_fetch_past_its_deadline(self):
+        site = self.site()
+        site.pages["/slow"] = ("hang",)
+        srv = self.server(media={"url_preview_max_waiting": 2})
+        _, alice = register(srv)
+        _, bob = register(srv)
+        t0 = time.monotonic()
+        threads, results = self.concurrently(srv, [alice], site.base + "/slow", 7000)
+        self.wait_metric(srv, "atrium_budget_in_use", {"budget": "media.url_preview"}, 1)
+        more, waited = self.concurrently(srv, [bob, bob], site.base + "/slow", 7000)
+        self.wait_metric(srv, "atrium_budget_in_use", {"budget": "media.url_preview_waiting"}, 2)
+        # the waiting line is full: the next is refused at once
+        t1 = time.monotonic()
+        self.assert_error(self.preview(srv, alice, site.base + "/slow", ts=7000), 429,
+                          "M_LIMIT_EXCEEDED")
+        self.assertLess(time.monotonic() - t1, 1.0)
+        for t in threads + more:
+            t.join(20)
+        for result in results + waited:
+            self.assert_error(result, 504, "M_UNKNOWN")
+        self.assertLess(time.monotonic() - t0, TIMEOUT_MS / 1000 + 3)
+        self.assertEqual(site.count("/slow"), 1)
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "coalesced"}), 2)
+        self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview_waiting"}), 0)
 
 
 class PreviewRefusalTest(PreviewCase):
