@@ -58,8 +58,9 @@ typedef struct fed_request_opts {
      * A/AAAA only, and the address blacklist applies at connect as always. */
     const char *url;
     /* With url: an http:// URL is accepted too (port 80 by default), sent in the clear,
-     * under the same blacklist, deadline and size bound. For push gateways only (Sygnal
-     * is often reached over http on an internal address); federation is always https. */
+     * under the same blacklist, deadline and size bound. Set by the push sender (Sygnal is
+     * often reached over http on an internal address) and for a plugin's URL request with
+     * ATRIUM_FED_ALLOW_HTTP (the media plugin's URL previews); federation is always https. */
     bool url_allow_http;
 } fed_request_opts;
 

@@ -458,7 +458,8 @@ static int h_fed_request(const atrium_fed_request *q)
                           .ignore_backoff = (q->flags & ATRIUM_FED_IGNORE_BACKOFF) != 0,
                           .want_json = (q->flags & ATRIUM_FED_JSON) != 0,
                           .on_chunk = q->on_chunk ? h_fed_chunk : NULL,
-                          .on_done = h_fed_done, .arg = p, .url = url};
+                          .on_done = h_fed_done, .arg = p, .url = url,
+                          .url_allow_http = url && (q->flags & ATRIUM_FED_ALLOW_HTTP) != 0};
     int rc = fed_request_submit(&o);
     if (rc < 0) free(p);
     return rc;

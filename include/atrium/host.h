@@ -175,6 +175,9 @@ enum atrium_fed_outcome {
 #define ATRIUM_FED_UNSIGNED 0x1u       /* send no X-Matrix signature */
 #define ATRIUM_FED_IGNORE_BACKOFF 0x2u /* a user's explicit action: ask even when backed off */
 #define ATRIUM_FED_JSON 0x4u           /* parse the answer as a JSON object (into .json) */
+/* URL requests only: also accept http:// URLs (default port 80); the blacklist applies as
+ * always. A host older than this flag ignores it and refuses http with ATRIUM_E_INVAL. */
+#define ATRIUM_FED_ALLOW_HTTP 0x8u
 
 typedef struct atrium_fed_response {
     int outcome;            /* enum atrium_fed_outcome */
@@ -208,7 +211,9 @@ typedef struct atrium_fed_request {
      * backoff or the domain whitelist (it need not be a Matrix server); the host is looked
      * up like a server name with an explicit port (default 443) and the address blacklist
      * applies at connect as for every outbound request. destination and uri are ignored
-     * (may be NULL). http:// URLs, user info and relative URLs are ATRIUM_E_INVAL. */
+     * (may be NULL). User info and relative URLs are ATRIUM_E_INVAL, and so are http://
+     * URLs unless flags has ATRIUM_FED_ALLOW_HTTP (then sent in the clear, port 80 by
+     * default, under the same blacklist, deadline and size bound). */
     const char *url;
 } atrium_fed_request;
 

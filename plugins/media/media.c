@@ -195,7 +195,7 @@ static const atrium_setting MEDIA_SETTINGS[] = {
     {.key = "url_preview_enabled", .type = ATRIUM_SETTING_BOOL,
      .offset = FIELD(url_preview_enabled), .def = 0, .min = 0, .max = 1,
      .help = "Serve URL previews (GET /_matrix/client/v1/media/preview_url and "
-             "/_matrix/media/v3/preview_url): this server then fetches https pages users name, "
+             "/_matrix/media/v3/preview_url): this server then fetches the http(s) pages users name, "
              "under the federation address blacklist (off: 404 M_UNRECOGNIZED)."},
     INT64_SETTING("url_preview_max_bytes", url_preview_max_bytes, DEFAULT_URL_PREVIEW_MAX_BYTES,
                   1024, URL_PREVIEW_MAX_BYTES_LIMIT, "bytes",

@@ -41,9 +41,10 @@
  * Other types answer {}. The site's non-2xx answer is 502 M_UNKNOWN. Only successes
  * are cached.
  *
- * What the host's outbound client cannot do bounds what this does: it speaks https
- * only, so a plain http:// URL is refused (400 M_INVALID_PARAM) and a redirect or
- * og:image to http:// is treated as one that cannot be followed.
+ * Plain http:// URLs are fetched too (ATRIUM_FED_ALLOW_HTTP: the page, its redirects,
+ * which may go from https to http, and its og:image), under the same blacklist and
+ * bounds. A host older than that flag refuses them: the URL is then 400 M_INVALID_PARAM,
+ * and a redirect or og:image to http:// one that cannot be followed.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -277,6 +278,7 @@ static int job_fetch(preview_job *j)
         .url = j->cur,
         .deadline_ms = j->deadline_ms,
         .max_body_bytes = m->cfg.url_preview_max_bytes,
+        .flags = ATRIUM_FED_ALLOW_HTTP, /* pages, redirects and images may be plain http */
         .on_done = job_done,
         .arg = j,
     };
@@ -285,7 +287,8 @@ static int job_fetch(preview_job *j)
     return rc;
 }
 
-/* Start the fetch of j->cur, or fail the preview with the host's refusal. */
+/* Start the fetch of j->cur, or fail the preview with the host's refusal (an http://
+ * URL, on a host older than ATRIUM_FED_ALLOW_HTTP: 400). */
 static void job_fetch_or_fail(preview_job *j)
 {
     int rc = job_fetch(j);
@@ -333,7 +336,7 @@ static void follow_redirect(preview_job *j)
         return;
     }
     char next[PREVIEW_URL_MAX];
-    if (preview_url_join(j->cur, j->location, next, sizeof(next)) != 0) {
+    if (preview_url_join(j->cur, j->location, next, sizeof(next)) < 0) {
         job_failed(j, 502, "M_UNKNOWN", "Redirected to a URL this server cannot fetch");
         return;
     }
@@ -451,10 +454,10 @@ static void page_arrived(preview_job *j)
     }
     const char *image = json_string_value(json_object_get(j->og, "og:image"));
     char next[PREVIEW_URL_MAX];
-    if (!image || preview_url_join(j->cur, image, next, sizeof(next)) != 0) {
+    if (!image || preview_url_join(j->cur, image, next, sizeof(next)) < 0) {
         if (image)
             j->m->h->log(j->m->self, ATRIUM_LOG_INFO,
-                         "URL preview of %s: its og:image is not an https URL: left out", j->url);
+                         "URL preview of %s: its og:image is not an http(s) URL: left out", j->url);
         image_dropped(j);
         return;
     }
@@ -632,14 +635,8 @@ static int preview_handler(atrium_req *req)
     int kind = preview_url_normalize(url, norm, sizeof(norm));
     if (kind < 0) {
         h->respond_error(req, 400, "M_INVALID_PARAM",
-                         "url must be an absolute https URL of at most %d bytes, without user "
+                         "url must be an absolute http(s) URL of at most %d bytes, without user "
                          "information", PREVIEW_URL_MAX - 1);
-        return ATRIUM_DONE;
-    }
-    if (kind == PREVIEW_URL_PLAIN_HTTP) {
-        h->respond_error(req, 400, "M_INVALID_PARAM",
-                         "This server previews https URLs only (its outbound client speaks no "
-                         "plain http)");
         return ATRIUM_DONE;
     }
     int64_t bucket = ts / m->cfg.url_preview_cache_ttl_ms;

@@ -676,7 +676,7 @@ static int job_start(remote_job *j)
         .arg = j,
     };
     if (j->phase == PHASE_LEGACY) h->metric_add(m->m_fetch_legacy, 1);
-    if (j->phase == PHASE_LOCATION) {
+    if (j->phase == PHASE_LOCATION) { /* https only: no ATRIUM_FED_ALLOW_HTTP */
         q.url = j->location;
         q.destination = q.uri = NULL;
     }

@@ -1,8 +1,8 @@
 """URL previews (plugins/media/preview.c): GET /_matrix/client/v1/media/preview_url and the
 older /_matrix/media/v3 (and r0) path, off by default.
 
-A fake site written here serves HTTPS from the test CA on its own loopback address
-(Atrium's outbound client speaks https only) and counts what it is asked; the server under
+A fake site written here serves HTTPS from the test CA (or plain HTTP) on its own loopback
+address and counts what it is asked; the server under
 test trusts the CA (federation.custom_ca_list) and allows loopback past the address
 blacklist (federation.ip_range_whitelist), except where a test wants the blacklist to bite.
 """
@@ -23,6 +23,7 @@ from federation_support import TestCA, free_port
 from media_support import media_server, png, register
 
 SITE_IP = "127.0.0.51"
+PLAIN_SITE_IP = "127.0.0.52"  # a plain-http site
 PREVIEW = "/_matrix/client/v1/media/preview_url"
 LEGACY = "/_matrix/media/v3/preview_url"
 CAP_BYTES = 65536
@@ -30,15 +31,15 @@ TIMEOUT_MS = 1500
 
 
 class FakeSite:
-    """An HTTPS site. `pages[path]` is (status, content_type, body bytes, extra headers),
+    """An HTTPS site (plain HTTP with tls=False). `pages[path]` is (status, content_type, body bytes, extra headers),
     ("hang",): the answer is held until the test ends, or ("gate", event, status,
     content_type, body, headers): answered once the test sets the event. `hits[path]` counts
     requests (the query is not part of the path)."""
 
-    def __init__(self, ca, ip=SITE_IP):
+    def __init__(self, ca, ip=SITE_IP, tls=True):
         self.ip = ip
         self.port = free_port(ip)
-        self.base = f"https://{ip}:{self.port}"
+        self.base = f"{'https' if tls else 'http'}://{ip}:{self.port}"
         self.pages = {}
         self.hits = {}
         self.lock = threading.Lock()
@@ -77,9 +78,10 @@ class FakeSite:
 
         self.httpd = http.server.ThreadingHTTPServer((ip, self.port), Handler)
         self.httpd.daemon_threads = True
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(cert, key)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def page(self, path, body, ctype="text/html; charset=utf-8", status=200, headers=None):
@@ -121,8 +123,8 @@ class PreviewCase(harness.AtriumTestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def site(self):
-        s = FakeSite(self.ca)
+    def site(self, tls=True):
+        s = FakeSite(self.ca, SITE_IP if tls else PLAIN_SITE_IP, tls)
         self.addCleanup(s.close)
         return s
 
@@ -396,6 +398,41 @@ class PreviewCoalescingTest(PreviewCase):
         self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview_waiting"}), 0)
 
 
+class PreviewPlainHttpTest(PreviewCase):
+    def test_a_plain_http_site_previews_with_its_image_fetched_over_http_too(self):
+        site = self.site(tls=False)
+        image = png(16, 9)
+        site.page("/article", OG_PAGE)
+        site.page("/img/pic.png", image, "image/png")
+        srv = self.server()
+        _, token = register(srv)
+        status, og = self.preview(srv, token, site.base + "/article")
+        self.assertEqual(status, 200, og)
+        self.assertEqual(og["og:title"], 'Atrium & the "preview" test')
+        self.assertEqual((og["og:image:width"], og["og:image:height"], og["matrix:image:size"]),
+                         (16, 9, len(image)))
+        self.assertEqual((site.count("/article"), site.count("/img/pic.png")), (1, 1))
+
+    def test_a_redirect_from_https_to_http_is_followed(self):
+        site = self.site()
+        plain = self.site(tls=False)
+        site.page("/moved", b"", status=301, headers={"Location": plain.base + "/landing"})
+        plain.page("/landing", "<title>Over plain http</title>")
+        srv = self.server()
+        _, token = register(srv)
+        self.assertEqual(self.preview(srv, token, site.base + "/moved"),
+                         (200, {"og:title": "Over plain http"}))
+        self.assertEqual((site.count("/moved"), plain.count("/landing")), (1, 1))
+
+    def test_an_http_url_to_a_blacklisted_address_is_refused_with_403_and_never_reached(self):
+        plain = self.site(tls=False)
+        plain.page("/article", OG_PAGE)
+        srv = self.server(whitelist=(f"{SITE_IP}/32",))  # PLAIN_SITE_IP stays blacklisted
+        _, token = register(srv)
+        self.assert_error(self.preview(srv, token, plain.base + "/article"), 403, "M_UNKNOWN")
+        self.assertEqual(plain.count("/article"), 0)
+
+
 class PreviewRefusalTest(PreviewCase):
     def test_bad_input_is_refused_at_once_without_a_fetch(self):
         site = self.site()
@@ -404,7 +441,7 @@ class PreviewRefusalTest(PreviewCase):
         status, body = srv.json("GET", PREVIEW, token=token)
         self.assertEqual((status, body["errcode"]), (400, "M_MISSING_PARAM"))
         for url in ("ftp://example.org/x", "not a url", "https:///nohost", "javascript:alert(1)",
-                    f"https://user@{SITE_IP}:{site.port}/", f"http://{SITE_IP}:{site.port}/"):
+                    f"https://user@{SITE_IP}:{site.port}/", f"http://user@{SITE_IP}:{site.port}/"):
             self.assert_error(self.preview(srv, token, url), 400, "M_INVALID_PARAM")
         self.assert_error(self.preview(srv, token, site.base + "/", ts="soon"), 400, "M_INVALID_PARAM")
         status, body = srv.json("GET", f"{PREVIEW}?url={quote(site.base)}")
