@@ -237,6 +237,13 @@ int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
 int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse/admin/v1/rooms/{roomId} */
+/* A membership event (join, knock, leave) completed from a resident's make_* template:
+ * origin, time and content (the user's profile from c for a join or knock; c may be NULL,
+ * then none), reason if not NULL, then checked to be user's own m.room.member and sealed
+ * (rooms_remote.c). A new event with its ID, or NULL with e set. */
+json_t *rooms_remote_complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
+                                     const char *user, const char *membership,
+                                     const char *reason, char id[EVENT_ID_LEN], rooms_err *e);
 /* [req] Join or knock: act(r, user, room_id, the alias's servers or NULL) answers. */
 typedef int (*rooms_alias_act)(atrium_req *r, const char *user, const char *room_id,
                                const json_t *alias_vias);

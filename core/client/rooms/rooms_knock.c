@@ -137,51 +137,6 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
     return NULL;
 }
 
-/* The knock (or its withdrawal, a leave) from the resident's template: origin, time and
- * content are ours, then it is sealed. c (for the knock's profile; NULL for a leave) is
- * borrowed. A new event with its ID, or NULL with e set. */
-static json_t *complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
-                               const char *user, const char *membership, const char *reason,
-                               char id[EVENT_ID_LEN], rooms_err *e)
-{
-    json_t *pdu = json_deep_copy(tmpl);
-    if (!pdu) {
-        rooms_set_err(e, ROOMS_E_DB, "out of memory");
-        return NULL;
-    }
-    json_object_del(pdu, "event_id");
-    json_object_del(pdu, "hashes");
-    json_object_del(pdu, "signatures");
-    json_object_del(pdu, "unsigned");
-    if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
-    else json_object_del(pdu, "origin");
-    json_object_set_new(pdu, "origin_server_ts", json_integer(rooms_wall_ms()));
-    json_t *content = strcmp(membership, "knock") == 0
-                          ? rooms_member_content(c, user, "knock")
-                          : json_pack("{s:s}", "membership", membership);
-    if (reason) json_object_set_new(content, "reason", json_string(reason));
-    json_object_set_new(pdu, "content", content);
-    char why[ROOM_AUTH_WHY_LEN];
-    if (cjson_normalize(pdu, why, sizeof(why)) < 0) {
-        json_decref(pdu);
-        rooms_set_err(e, ROOMS_E_BAD_JSON, "%s", why);
-        return NULL;
-    }
-    if (strcmp(json_string_value(json_object_get(pdu, "sender")) ?: "", user) != 0 ||
-        strcmp(event_state_key(pdu) ?: "", user) != 0 ||
-        strcmp(json_string_value(json_object_get(pdu, "type")) ?: "", "m.room.member") != 0) {
-        json_decref(pdu);
-        rooms_set_err(e, ROOMS_E_FORBIDDEN, "The resident server's template is not this %s",
-                      membership);
-        return NULL;
-    }
-    if (rooms_event_seal(v, pdu, id, e) != ROOMS_OK) {
-        json_decref(pdu);
-        return NULL;
-    }
-    return pdu;
-}
-
 /* Keep the sent knock: outlier, the stripped state the resident answered (the knock
  * last), the user's newest membership. true, or false (database; rolled back). */
 static bool keep_knock(PGconn *c, const room_version *v, const char *room_id, const char *user,
@@ -242,8 +197,8 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     }
     rooms_err e = {0};
     char id[EVENT_ID_LEN];
-    json_t *knock = complete_member(c, v, json_object_get(made, "event"), user, "knock", reason,
-                                    id, &e);
+    json_t *knock = rooms_remote_complete_member(c, v, json_object_get(made, "event"), user,
+                                                 "knock", reason, id, &e);
     json_decref(made);
     rooms_db_release(c); /* no connection is held while a peer answers */
     if (!knock) return rooms_fail(r, &e);
@@ -362,8 +317,8 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
     const room_version *v = room_version_find(json_string_value(json_object_get(made, "room_version")));
     rooms_err e = {0};
     const char *reason = json_string_value(json_object_get(r->json, "reason"));
-    json_t *leave = complete_member(NULL, v, json_object_get(made, "event"), user, "leave", reason,
-                                    id, &e);
+    json_t *leave = rooms_remote_complete_member(NULL, v, json_object_get(made, "event"), user,
+                                                 "leave", reason, id, &e);
     json_decref(made);
     if (!leave) {
         rt_log(ATRIUM_LOG_INFO, "core", "withdrawing %s's knock on %s: %s", user, room_id, e.why);

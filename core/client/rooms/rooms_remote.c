@@ -202,13 +202,15 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
     return NULL;
 }
 
-/* The membership event from the template: ours to complete (origin, time, content), then
- * sealed. */
-static json_t *complete_member(atrium_req *r, PGconn *c, const room_version *v, const json_t *tmpl,
-                               const char *user, const char *membership, char id[EVENT_ID_LEN],
-                               rooms_err *e)
+json_t *rooms_remote_complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
+                                     const char *user, const char *membership,
+                                     const char *reason, char id[EVENT_ID_LEN], rooms_err *e)
 {
     json_t *pdu = json_deep_copy(tmpl);
+    if (!pdu) {
+        rooms_set_err(e, ROOMS_E_DB, "out of memory");
+        return NULL;
+    }
     json_object_del(pdu, "event_id");
     json_object_del(pdu, "hashes");
     json_object_del(pdu, "signatures");
@@ -216,9 +218,9 @@ static json_t *complete_member(atrium_req *r, PGconn *c, const room_version *v, 
     if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
     else json_object_del(pdu, "origin");
     json_object_set_new(pdu, "origin_server_ts", json_integer(rooms_wall_ms()));
-    json_t *content = strcmp(membership, "join") == 0 ? rooms_member_content(c, user, "join")
-                                                      : json_pack("{s:s}", "membership", membership);
-    const char *reason = json_string_value(json_object_get(r->json, "reason"));
+    bool profile = c && (strcmp(membership, "join") == 0 || strcmp(membership, "knock") == 0);
+    json_t *content = profile ? rooms_member_content(c, user, membership)
+                              : json_pack("{s:s}", "membership", membership);
     if (reason) json_object_set_new(content, "reason", json_string(reason));
     json_object_set_new(pdu, "content", content);
     char why[ROOM_AUTH_WHY_LEN];
@@ -367,7 +369,9 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
         return false;
     }
     rooms_err e = {0};
-    m->event = complete_member(r, c, m->v, json_object_get(made, "event"), user, kind, m->id, &e);
+    m->event = rooms_remote_complete_member(
+        c, m->v, json_object_get(made, "event"), user, kind,
+        json_string_value(json_object_get(r->json, "reason")), m->id, &e);
     rooms_db_release(c);
     json_decref(made);
     if (!m->event) {
