@@ -237,6 +237,13 @@ int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
 int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse/admin/v1/rooms/{roomId} */
+/* [req] The answer to the client for a peer's failure or refusal in a remote membership
+ * step (what: the step, for the message): 504 on a timeout, 403 when federation with it
+ * is not allowed, 502 otherwise; a 4xx refusal keeps its status and errcode
+ * (rooms_remote.c). ATRIUM_DONE. */
+struct fed_call_result; /* core/federation/fed_call.h */
+int rooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res,
+                                const char *what);
 /* A membership event (join, knock, leave) completed from a resident's make_* template:
  * origin, time and content (the user's profile from c for a join or knock; c may be NULL,
  * then none), reason if not NULL, then checked to be user's own m.room.member and sealed

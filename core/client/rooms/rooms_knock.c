@@ -78,23 +78,6 @@ json_t *rooms_stripped_state(const json_t *map, const char *member)
 
 /* ---- knocking through other servers -------------------------------------------------- */
 
-/* The answer to the client for a peer's refusal (its status and errcode kept for 4xx). */
-static int answer_refusal(atrium_req *r, const fed_call_result *res, const char *what)
-{
-    if (res->outcome == FED_HTTP_E_TIMEOUT)
-        return http_respond_error(r, 504, "M_UNKNOWN", "%s: the server did not answer in time", what);
-    if (res->outcome == FED_REQ_E_NOT_ALLOWED)
-        return http_respond_error(r, 403, "M_FORBIDDEN", "%s: federation with that server is not "
-                                  "allowed", what);
-    if (res->outcome != FED_HTTP_OK)
-        return http_respond_error(r, 502, "M_UNKNOWN", "%s: %s", what, res->error);
-    const char *code = json_string_value(json_object_get(res->json, "errcode"));
-    const char *msg = json_string_value(json_object_get(res->json, "error"));
-    int status = res->status >= 400 && res->status < 500 ? res->status : 502;
-    return http_respond_error(r, status, code ? code : "M_UNKNOWN", "%s: %s", what,
-                              msg ? msg : "refused");
-}
-
 /* make_<membership> ("knock", "leave") at each via in turn: the answer ({"event",
  * "room_version"} of a version that knows knocks) and the via that gave it; NULL with
  * *last the last failure. */
@@ -184,7 +167,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     const char *via = NULL;
     json_t *made = ask_make(r, "knock", user, room_id, vias, &via, &mk);
     if (!made) {
-        int out = answer_refusal(r, &mk, "No server could take the knock");
+        int out = rooms_remote_answer_failure(r, &mk, "No server could take the knock");
         fed_call_result_clear(&mk);
         return out;
     }
@@ -214,7 +197,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     if (!fed_call_ok(&sent) || !(c = rooms_db(r))) {
         json_decref(knock);
         int out = fed_call_ok(&sent) ? ATRIUM_DONE
-                                     : answer_refusal(r, &sent, "The resident server refused the knock");
+                                     : rooms_remote_answer_failure(r, &sent, "The resident server refused the knock");
         fed_call_result_clear(&sent);
         return out;
     }

@@ -59,8 +59,8 @@ int rooms_join_needs_remote(PGconn *c, const char *room_id)
     return !ours && theirs;
 }
 
-/* The answer to the client for a peer's refusal (its status and errcode kept for 4xx). */
-static int answer_peer_failure(atrium_req *r, const fed_call_result *res, const char *what)
+int rooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res,
+                                const char *what)
 {
     if (res->outcome == FED_HTTP_E_TIMEOUT)
         return http_respond_error(r, 504, "M_UNKNOWN", "%s: the server did not answer in time", what);
@@ -355,7 +355,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     if (!made) {
         snprintf(why, sizeof(why), "No server could help %s the room",
                  strcmp(kind, "join") == 0 ? "joining" : "leaving");
-        *out = answer_peer_failure(r, &mk, why);
+        *out = rooms_remote_answer_failure(r, &mk, why);
         fed_call_result_clear(&mk);
         return false;
     }
@@ -389,7 +389,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     fed_call(&o, NULL, &m->sent);
     if (!fed_call_ok(&m->sent)) {
         snprintf(why, sizeof(why), "The resident server refused the %s", kind);
-        *out = answer_peer_failure(r, &m->sent, why);
+        *out = rooms_remote_answer_failure(r, &m->sent, why);
         remote_member_clear(m);
         return false;
     }
@@ -524,7 +524,7 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
             http_respond_error(r, 502, "M_UNKNOWN", "The invitee's server answered an invite it "
                                "did not sign: %s", why);
         else
-            answer_peer_failure(r, &res, "The invitee's server refused the invite");
+            rooms_remote_answer_failure(r, &res, "The invitee's server refused the invite");
         fed_call_result_clear(&res);
         return false;
     }
