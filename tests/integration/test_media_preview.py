@@ -19,6 +19,7 @@ import unittest
 from urllib.parse import quote
 
 import harness
+from common import wait_until
 from federation_support import TestCA, free_port
 from media_support import media_server, png, register
 
@@ -320,17 +321,8 @@ class PreviewCoalescingTest(PreviewCase):
         return threads, results
 
     def wait_metric(self, srv, name, labels, want):
-        deadline = time.monotonic() + 5
-        while srv.metric(name, labels) != want:
-            self.assertLess(time.monotonic(), deadline, f"{name}{labels} never reached {want}")
-            time.sleep(0.02)
-
-    def wait_hits(self, site, path, want):
-        deadline = time.monotonic() + 5
-        while site.count(path) < want:
-            self.assertLess(time.monotonic(), deadline, f"{path} never asked {want} times")
-            time.sleep(0.02)
-        self.assertEqual(site.count(path), want)
+        wait_until(lambda: srv.metric(name, labels) == want, timeout=5, interval=0.02,
+                   what=f"{name}{labels} == {want}")
 
     def test_simultaneous_requests_for_one_url_make_one_fetch_and_get_the_same_answer(self):
         site = self.site()
@@ -352,7 +344,9 @@ class PreviewCoalescingTest(PreviewCase):
         self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview_waiting"}),
                          len(tokens) - 1)
         # the waiters can all be counted before the one fetch has reached the site
-        self.wait_hits(site, "/gated", 1)
+        wait_until(lambda: site.count("/gated") >= 1, timeout=5, interval=0.02,
+                   what="the fetch reaching the site")
+        self.assertEqual(site.count("/gated"), 1)
         gate.set()
         for t in threads:
             t.join(20)
