@@ -11,10 +11,12 @@ DNS is involved; every address is on 127.0.0.0/8, which each server whitelists.
 import base64
 import ctypes
 import ctypes.util
+import fcntl
 import http.client
 import http.server
 import json
 import os
+import shutil
 import socket
 import ssl
 import subprocess
@@ -97,34 +99,79 @@ def xmatrix(method, uri, origin, destination, key, content=None):
 
 
 class TestCA:
-    """A CA made for one test run, and certificates with IP SANs signed by it."""
+    """A CA made for one test run, and certificates with IP SANs signed by it.
+
+    Under tests/run.sh ($ATRIUM_TEST_TMPDIR, emptied at each run) the CA and each
+    certificate are made once per run in ATRIUM_TEST_TMPDIR/test-ca/DAY and shared by every
+    test process of the tree (openssl's RSA key generation is most of a federation test's
+    start-up otherwise); without it each TestCA makes its own. Either way a TestCA hands
+    out copies in its own directory: a test may overwrite its files (the certificate
+    reload test does) without touching another's."""
 
     def __init__(self, directory):
         self.dir = directory
-        self.cert = os.path.join(directory, "ca.crt")
-        self.key = os.path.join(directory, "ca.key")
-        self._run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                  "/CN=Atrium test CA", "-keyout", self.key, "-out", self.cert,
-                  "-addext", "basicConstraints=critical,CA:TRUE",
-                  "-addext", "keyUsage=critical,keyCertSign")
+        run_dir = os.environ.get("ATRIUM_TEST_TMPDIR")
+        # By UTC day as well: certificates last two days, a kept ATRIUM_TEST_TMPDIR longer.
+        day = time.strftime("%Y%m%d", time.gmtime())
+        self._cache = (os.path.join(run_dir, "test-ca", day) if run_dir
+                       else os.path.join(directory, ".made"))
+        os.makedirs(self._cache, exist_ok=True)
+        with self._locked():
+            made_cert = os.path.join(self._cache, "ca.crt")
+            made_key = os.path.join(self._cache, "ca.key")
+            if not os.path.exists(made_cert):
+                self._run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                          "-subj", "/CN=Atrium test CA", "-keyout", made_key + ".tmp",
+                          "-out", made_cert + ".tmp",
+                          "-addext", "basicConstraints=critical,CA:TRUE",
+                          "-addext", "keyUsage=critical,keyCertSign")
+                os.replace(made_key + ".tmp", made_key)
+                os.replace(made_cert + ".tmp", made_cert)
+        self._made_key = made_key
+        self.cert = self._copy(made_cert, "ca.crt")
+        self.key = self._copy(made_key, "ca.key")
+
+    def _locked(self):
+        """The cache's lock (flock: test processes of one ctest -j run share the cache)."""
+        ca = self
+
+        class Lock:
+            def __enter__(self):
+                self.f = open(os.path.join(ca._cache, ".lock"), "w")
+                fcntl.flock(self.f, fcntl.LOCK_EX)
+
+            def __exit__(self, *exc):
+                self.f.close()  # releases the lock
+                return False
+        return Lock()
+
+    def _copy(self, made, name):
+        """made copied to this TestCA's directory as name (written aside, then renamed in)."""
+        path = os.path.join(self.dir, name)
+        shutil.copy(made, path + ".tmp")  # with its mode: keys stay 0600
+        os.replace(path + ".tmp", path)
+        return path
 
     def _run(self, *args):
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
     def issue(self, name, ip=None, dns=None):
-        """(cert, key) paths for a server certificate with IP SAN `ip` or DNS SAN `dns`."""
-        key = os.path.join(self.dir, f"{name}.key")
-        csr = os.path.join(self.dir, f"{name}.csr")
-        cert = os.path.join(self.dir, f"{name}.crt")
-        ext = os.path.join(self.dir, f"{name}.ext")
-        with open(ext, "w") as f:
-            san = f"IP:{ip}" if ip else f"DNS:{dns}"
-            f.write(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
-        self._run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={ip or dns}", "-keyout",
-                  key, "-out", csr)
-        self._run("x509", "-req", "-in", csr, "-CA", self.cert, "-CAkey", self.key,
-                  "-CAcreateserial", "-days", "2", "-out", cert, "-extfile", ext)
-        return cert, key
+        """(cert, key) paths for a server certificate with IP SAN `ip` or DNS SAN `dns`:
+        one per (name, SAN) and run, so issuing the same twice gives the same pair."""
+        san = f"IP:{ip}" if ip else f"DNS:{dns}"
+        made = os.path.join(self._cache, f"{name}--{ip or dns}")
+        with self._locked():
+            if not os.path.exists(made + ".crt"):
+                with open(made + ".ext", "w") as f:
+                    f.write(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
+                self._run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={ip or dns}",
+                          "-keyout", made + ".key", "-out", made + ".csr")
+                self._run("x509", "-req", "-in", made + ".csr", "-CA",
+                          os.path.join(self._cache, "ca.crt"), "-CAkey", self._made_key,
+                          "-CAcreateserial", "-days", "2", "-out", made + ".crt.tmp",
+                          "-extfile", made + ".ext")
+                os.replace(made + ".crt.tmp", made + ".crt")
+        return self._copy(made + ".crt", f"{name}.crt"), self._copy(made + ".key", f"{name}.key")
 
     def client_context(self):
         ctx = ssl.create_default_context(cafile=self.cert)
