@@ -7,6 +7,7 @@ repository (peer.sh). When that is absent the tests are skipped with a message s
 """
 
 import http.client
+import itertools
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ PEER_SH = os.environ.get("ATRIUM_SYNAPSE_PEER_SH") or os.path.join(
     os.path.dirname(harness.REPO_ROOT), "shared", "peers", "synapse", "peer.sh")
 SYNAPSE_IP, ATRIUM_IP = "127.0.0.51", "127.0.0.52"
 INSTALL_TIMEOUT_S = 900
+_PEER_USERS = itertools.count(1)  # SynapseCase.peer_user
 
 
 def peer(*args, timeout=120):
@@ -115,18 +117,37 @@ class SynapseCase(FederationTestCase):
     def start_synapse(self, whitelist, ip=SYNAPSE_IP):
         """A Synapse on ip (a free port each for federation and clients) federating with the
         server names in whitelist; stopped at the test's end. A SynapsePeer."""
+        return self._launch_synapse(self.ca, whitelist, ip, self.addCleanup)
+
+    @classmethod
+    def start_class_synapse(cls, ip=SYNAPSE_IP):
+        """A Synapse for all the tests of the class (from setUpClass), stopped after the
+        last: a start costs seconds. It federates with any server name, as each test's
+        Atrium is a new one (its own port) that no whitelist made before could name; the
+        tests register users of their own on it (peer_user)."""
+        return cls._launch_synapse(cls.ca, None, ip, cls.addClassCleanup)
+
+    @staticmethod
+    def _launch_synapse(ca, whitelist, ip, cleanup):
         d = tempfile.mkdtemp(prefix="synapse-peer-")
-        self.addCleanup(shutil.rmtree, d, True)
-        cert, key = self.ca.issue(f"synapse-{ip}", ip)
+        cleanup(shutil.rmtree, d, True)
+        cert, key = ca.issue(f"synapse-{ip}", ip)
         fed_port, client_port = free_port(ip), free_port(ip)
         name = f"{ip}:{fed_port}"
         args = ["--server-name", name, "--client-listen", f"{ip}:{client_port}",
                 "--federation-listen", f"{ip}:{fed_port}", "--tls-cert", cert,
-                "--tls-key", key, "--ca", self.ca.cert, "--federation-whitelist", *whitelist]
+                "--tls-key", key, "--ca", ca.cert]
+        if whitelist is not None:
+            args += ["--federation-whitelist", *whitelist]
         url = peer("start", os.path.join(d, "hs"), *args).strip()
-        self.addCleanup(peer, "stop", os.path.join(d, "hs"))
+        cleanup(peer, "stop", os.path.join(d, "hs"))
         return SynapsePeer(args, dir=os.path.join(d, "hs"), name=name, url=url, ip=ip,
                            fed_port=fed_port, client_port=client_port)
+
+    def peer_user(self, name):
+        """A localpart for a user on a class's Synapse: name and a number no other test of
+        the process got (a Synapse that outlives a test keeps its users)."""
+        return f"{name}-{next(_PEER_USERS)}"
 
     def synapse_json(self, syn, method, path, token=None, tls=False, body=None):
         if tls:

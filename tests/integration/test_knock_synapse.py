@@ -29,12 +29,17 @@ WAIT_S = 30
 
 @unittest.skipUnless(os.path.exists(PEER_SH), SKIP_MESSAGE)
 class SynapseKnockTest(SynapseCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.class_syn = cls.start_class_synapse()
+
     def setUp(self):
-        self.a = self.start_fed(ATRIUM_IP, start=False)
-        self.syn = self.start_synapse([self.a.server_name])
-        self.a.start()
+        self.a = self.start_fed(ATRIUM_IP)
+        self.syn = self.class_syn
         self.alice = Client(self.a, register(self.a, "alice"))
-        self.sam = json.loads(peer("register", self.syn["dir"], "sam", "sam-password-1", "--admin"))
+        self.sam = json.loads(peer("register", self.syn["dir"], self.peer_user("sam"),
+                                   "sam-password-1", "--admin"))
 
     def sam_call(self, method, path, body=None):
         return self.synapse_json(self.syn, method, path, token=self.sam["access_token"], body=body)

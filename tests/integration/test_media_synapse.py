@@ -73,14 +73,18 @@ def decoded_size(data):
 
 @unittest.skipUnless(os.path.exists(PEER_SH), SKIP_MESSAGE)
 class MediaWithSynapseTest(SynapseCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.class_syn = cls.start_class_synapse()
+
     def start_pair(self, media=None):
         store = tempfile.mkdtemp(prefix="atrium-media-synapse-")
         self.addCleanup(shutil.rmtree, store, True)
         conf = {"enabled": True, "store_path": store, **(media or {})}
-        a = self.start_fed(ATRIUM_IP, start=False, extra={"plugins": {"media": conf}})
-        syn = self.start_synapse([a.server_name])
-        a.start()
-        sam = json.loads(peer("register", syn["dir"], "sam", "sam-password-1"))
+        a = self.start_fed(ATRIUM_IP, extra={"plugins": {"media": conf}})
+        syn = self.class_syn
+        sam = json.loads(peer("register", syn["dir"], self.peer_user("sam"), "sam-password-1"))
         return a, syn, sam
 
     def synapse_upload(self, syn, token, data, content_type, filename):

@@ -186,13 +186,17 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
 
     test_keys_and_signed_requests_both_ways = None  # SynapseInteropTest's own test runs there
 
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.class_syn = cls.start_class_synapse()
+
     def setUp(self):
-        self.a = self.start_fed(SYNAPSE_ATRIUM_IP, start=False)
-        self.syn = self.start_synapse([self.a.server_name])
-        self.a.start()
+        self.a = self.start_fed(SYNAPSE_ATRIUM_IP)
+        self.syn = self.class_syn
         self.alice = Client(self.a, register(self.a, "alice"))
         self.sam = json.loads(__import__("test_federation_synapse").peer(
-            "register", self.syn["dir"], "sam", "sam-password-1"))
+            "register", self.syn["dir"], self.peer_user("sam"), "sam-password-1"))
 
     def sam_call(self, method, path, body=None):
         return self.synapse_json(self.syn, method, path, token=self.sam["access_token"], body=body)
