@@ -23,7 +23,8 @@ A test starts a server, talks HTTP to it and lets the harness check the aftermat
     with Server(plugins={"media": {"enabled": False}}) as srv:
         status, headers, body = srv.request("GET", "/health")
 
-Each Server gets a fresh database (random name, dropped on close), a temporary directory
+Each Server gets a fresh database (random name, dropped on close; under tests/run.sh a copy
+of one holding the core's migrations, see migrated_template), a temporary directory
 with its YAML config and log, and a free port on 127.0.0.1. Closing it stops the server
 with SIGTERM and fails the test when the server did not exit with 0 (unless the test
 stopped or killed it itself) or when its log holds a sanitizer report; on any failure the
@@ -35,6 +36,7 @@ run) or the system's temporary directory. ATRIUM_TEST_KEEP=1 keeps every one.
 """
 
 import ctypes
+import fcntl
 import http.client
 import json as jsonlib
 import os
@@ -122,10 +124,50 @@ def psql(sql, database="postgres", timeout=60):
     return [line.split("\t") for line in proc.stdout.splitlines() if line]
 
 
-def create_database(prefix="atrium_test"):
-    """Creates a database with a fresh random name and returns the name."""
+def create_database(prefix="atrium_test", template=None):
+    """Creates a database with a fresh random name and returns the name; a copy of the
+    database `template` when given (else empty)."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    psql(f'CREATE DATABASE "{name}"')
+    psql(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ''))
+    return name
+
+
+_MADE_TEMPLATES = set()  # migrated_template's, known to exist
+
+
+def migrated_template():
+    """A database holding the schema of the core's migrations, made once per run and
+    atrium executable under tests/run.sh ($ATRIUM_TEST_TMPDIR set; else None): a Server's own
+    database is a copy of it, so each start does not apply the core's migrations again
+    (most of a start-up). It is the database of an atrium without plugins after its
+    first start and a clean stop (nothing else in it: no client ever reached it). Tests
+    of the migrations themselves give their servers a create_database() of their own
+    (test_startup.py); plugins' migrations still run at each server's start."""
+    tmp_root = os.environ.get("ATRIUM_TEST_TMPDIR")
+    if not tmp_root:
+        return None
+    binary = atrium_bin()
+    st = os.stat(binary)
+    # The prefix makes tests/run.sh drop it with the other leftovers at the next run.
+    name = "atrium_test_tpl_" + uuid.uuid5(uuid.NAMESPACE_URL,
+                                           f"{binary}:{st.st_mtime_ns}:{st.st_size}").hex[:12]
+    if name in _MADE_TEMPLATES:
+        return name
+    os.makedirs(tmp_root, exist_ok=True)
+    with open(os.path.join(tmp_root, ".migrated-template.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the tree's test processes make it once
+        if psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'"):
+            _MADE_TEMPLATES.add(name)
+            return name
+        made = create_database()
+        try:
+            with Server(database=made, plugins={}):
+                pass  # started (migrations applied), then stopped with exit 0
+            psql(f'ALTER DATABASE "{made}" RENAME TO "{name}"')  # complete, or absent
+        except BaseException:
+            drop_database(made)
+            raise
+    _MADE_TEMPLATES.add(name)
     return name
 
 
@@ -339,7 +381,7 @@ class Server:
         self.log_path = os.path.join(self.dir, "server.log")
         self.owns_database = database is None
         try:
-            self.database = database or create_database()
+            self.database = database or create_database(template=migrated_template())
         except Exception:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
