@@ -103,14 +103,27 @@ static enum MHD_Result collect_raw_query(void *cls, enum MHD_ValueKind kind, con
     return MHD_YES;
 }
 
+/* Dotted-quad text of 4 address bytes, as inet_ntop writes it (it formats with sprintf,
+ * which showed in the profile of every request). */
+static void ipv4_text(const unsigned char *b, char *out)
+{
+    for (int i = 0; i < 4; i++) {
+        unsigned v = b[i];
+        if (v >= 100) *out++ = (char)('0' + v / 100);
+        if (v >= 10) *out++ = (char)('0' + v / 10 % 10);
+        *out++ = (char)('0' + v % 10);
+        *out++ = i < 3 ? '.' : '\0';
+    }
+}
+
 static const char *addr_to_string(rt_arena *a, const struct sockaddr *sa)
 {
     char buf[INET6_ADDRSTRLEN] = "unknown";
     if (sa && sa->sa_family == AF_INET) {
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, sizeof(buf));
+        ipv4_text((const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr, buf);
     } else if (sa && sa->sa_family == AF_INET6) {
         const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-        if (IN6_IS_ADDR_V4MAPPED(a6)) inet_ntop(AF_INET, &a6->s6_addr[12], buf, sizeof(buf));
+        if (IN6_IS_ADDR_V4MAPPED(a6)) ipv4_text(&a6->s6_addr[12], buf);
         else inet_ntop(AF_INET6, a6, buf, sizeof(buf));
     }
     return rt_arena_strdup(a, buf);
@@ -153,6 +166,21 @@ static const char *client_address(atrium_req *r, const char *peer)
     return chosen;
 }
 
+/* A request's ID as lowercase hex of at least 6 digits (printf's "%06lx", without
+ * printf: this runs for every request). out holds 17 bytes. */
+static void request_id_text(unsigned long n, char *out)
+{
+    char digits[16];
+    int len = 0;
+    do {
+        digits[len++] = "0123456789abcdef"[n & 0xf];
+        n >>= 4;
+    } while (n && len < 16);
+    while (len < 6) digits[len++] = '0';
+    for (int i = 0; i < len; i++) out[i] = digits[len - 1 - i];
+    out[len] = '\0';
+}
+
 atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *method,
                          const char *raw_url, int listener)
 {
@@ -170,8 +198,7 @@ atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *m
     atomic_init(&r->refs, 1);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->holds_mu, NULL);
-    snprintf(r->id, sizeof(r->id), "%06lx",
-             (unsigned long)atomic_fetch_add(&next_request_id, 1));
+    request_id_text((unsigned long)atomic_fetch_add(&next_request_id, 1), r->id);
     r->method = rt_arena_strdup(arena, method);
     r->raw_path = rt_arena_strdup(arena, raw_url);
     char *path = rt_arena_strdup(arena, raw_url);
