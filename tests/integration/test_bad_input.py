@@ -224,8 +224,9 @@ class BadInputTest(unittest.TestCase):
         # 16 KiB of head (core/http/http.h, HTTP_MAX_HEAD_BYTES), counted from the request
         # line to the blank line. libmicrohttpd's memory per connection is sized to hold
         # it (server.c), on a kept-alive connection's later requests too.
-        def head(total):
-            start = b"GET /_matrix/client/versions HTTP/1.1\r\nHost: x\r\nX-Big: "
+        def head(total):  # the most header lines the limit allows, one of them long
+            start = (b"GET /_matrix/client/versions HTTP/1.1\r\nHost: x\r\n" +
+                     b"".join(b"X-%d: v\r\n" % i for i in range(97)) + b"X-Big: ")
             return start + b"a" * (total - len(start) - 4) + b"\r\n\r\n"
         limit = 16 * 1024
         self.assertEqual(len(head(limit)), limit)
