@@ -5,12 +5,14 @@
  *
  * Decisions owned here:
  *   - bounded: FDCACHE_SLOTS descriptors at most, in a table allocated once and looked up
- *     by path under one read-write lock; a new file takes an empty slot or the least
- *     recently used one. Hits only read the table (the duplicate is made under the read
- *     lock, so a slot's descriptor cannot be closed and its number reused meanwhile) and
- *     run side by side; the lock prefers writers, so a steady stream of hits never keeps
- *     a new file or the sweep out. A hit's use time is a relaxed atomic store. The caller always gets a descriptor of its own (a duplicate of the cached one),
- *     which the response closes as before, so nothing that uses it changes;
+ *     by path; a new file takes an empty slot or the least recently used one. The caller
+ *     always gets a descriptor of its own (a duplicate of the cached one), which the
+ *     response closes as before, so nothing that uses it changes;
+ *   - hits run side by side: they only read the table, under the read side of a
+ *     read-write lock (the duplicate is made under it, so a slot's descriptor cannot be
+ *     closed and its number reused meanwhile), and store their use time atomically. The
+ *     lock prefers writers, so a steady stream of hits never keeps a new file or the
+ *     sweep out. (Under one mutex, the request threads queued here);
  *   - never stale: every hit is checked with fstat on the duplicate, and a file no longer
  *     linked anywhere (st_nlink 0: deleted, or replaced by a rename or a new link under
  *     its name, here or in another process) is dropped and its path opened afresh. Files
