@@ -347,10 +347,11 @@ const route_entry *router_match(const router *rt, const char *method, const char
     const route_entry *best = NULL;
     for (size_t i = 0; i < rt->n_by_segs[n_raw]; i++) {
         const route_entry *e = &rt->entries[rt->by_segs[n_raw][i]];
-        /* By the segments' hashes first, and the literals' text only for a route whose
-         * hashes all match: most routes differ from the path in a hash. */
+        /* By the segments' hashes first, last segment first (routes of one length share
+         * their prefix, /_matrix/client/v3/..., and differ towards the end), and the
+         * literals' text only for a route whose hashes all match. */
         bool ok = true;
-        for (size_t j = 0; j < n_raw && ok; j++) {
+        for (size_t j = n_raw; j-- > 0 && ok;) {
             if (e->segs[j]) ok = text[j] && e->seg_hash[j] == hash[j];
             else ok = !text[j] || seg[j][0] != '\0';
         }
