@@ -122,8 +122,10 @@ int http_framing_header(http_framing *f, const char *name, size_t name_len, cons
 int http_framing_end(http_framing *f);
 /* The size of a request head, the same for every request (the gate's first ones and
  * libmicrohttpd's later ones): request line and headers, header lines, query
- * parameters. */
-#define HTTP_MAX_HEAD_BYTES (32 * 1024)
+ * parameters. 16 KiB, the total Synapse's HTTP layer (Twisted) admits too: a bigger
+ * limit needs a bigger libmicrohttpd pool per connection (server.c,
+ * CONNECTION_MEMORY_LIMIT_BYTES), which it zeroes again before every request. */
+#define HTTP_MAX_HEAD_BYTES (16 * 1024)
 #define HTTP_MAX_HEADERS 100
 #define HTTP_MAX_QUERY_ARGS 256
 /* 0 when a head of head_bytes with that many header lines and query parameters is within

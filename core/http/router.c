@@ -347,12 +347,16 @@ const route_entry *router_match(const router *rt, const char *method, const char
     const route_entry *best = NULL;
     for (size_t i = 0; i < rt->n_by_segs[n_raw]; i++) {
         const route_entry *e = &rt->entries[rt->by_segs[n_raw][i]];
+        /* By the segments' hashes first, last segment first (routes of one length share
+         * their prefix, /_matrix/client/v3/..., and differ towards the end), and the
+         * literals' text only for a route whose hashes all match. */
         bool ok = true;
-        for (size_t j = 0; j < n_raw && ok; j++) {
-            if (e->segs[j])
-                ok = text[j] && e->seg_hash[j] == hash[j] && strcmp(e->segs[j], seg[j]) == 0;
+        for (size_t j = n_raw; j-- > 0 && ok;) {
+            if (e->segs[j]) ok = text[j] && e->seg_hash[j] == hash[j];
             else ok = !text[j] || seg[j][0] != '\0';
         }
+        for (size_t j = 0; j < n_raw && ok; j++)
+            if (e->segs[j]) ok = strcmp(e->segs[j], seg[j]) == 0;
         if (!ok) continue;
         bool method_ok = strcmp(e->route.method, method) == 0 ||
                          (is_head && strcmp(e->route.method, "GET") == 0);

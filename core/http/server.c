@@ -34,7 +34,13 @@
 #include "atrium/parse.h"
 #include "core/http/http.h"
 
-#define CONNECTION_MEMORY_LIMIT_BYTES (64 * 1024)
+/* libmicrohttpd's memory per connection: the request's head (in a read buffer of half of
+ * it at first, grown within it), its parsed headers and the response's head. Twice
+ * HTTP_MAX_HEAD_BYTES holds a head at that limit, kept-alive requests included
+ * (test_bad_input). Kept small on purpose: libmicrohttpd 0.9.75 zeroes the whole pool
+ * before each request of a connection, and at 64 KiB that was the largest single cost of
+ * serving a cached 100 KB file (docs/performance.md). */
+#define CONNECTION_MEMORY_LIMIT_BYTES (2 * HTTP_MAX_HEAD_BYTES)
 #define OUTBOUND_SOCKET_RESERVE 16 /* the coming federation client's connection cap */
 #define DRAIN_POLL_MS 20
 #define FED_CONNECTION_SHARE 4 /* the federation listener gets 1/4 of the connections */

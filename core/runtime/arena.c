@@ -148,6 +148,30 @@ size_t rt_arena_used(const rt_arena *a)
     return a->used;
 }
 
+void rt_arena_reset(rt_arena *a)
+{
+    rt_chunk *keep = NULL, *c = a->head;
+    while (c != NULL) {
+        rt_chunk *next = c->next;
+        if (keep == NULL && c->size == a->chunk_bytes) keep = c;
+        else free(c);
+        c = next;
+    }
+    if (keep == NULL)
+        keep = chunk_new(a->chunk_bytes);
+    if (keep != NULL) {
+        keep->next = NULL;
+        keep->used = 0;
+    }
+    a->head = keep;
+    a->used = 0;
+}
+
+bool rt_arena_usable(const rt_arena *a)
+{
+    return a->head != NULL;
+}
+
 void rt_arena_free(rt_arena *a)
 {
     if (a == NULL)

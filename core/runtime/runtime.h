@@ -64,6 +64,12 @@ char *rt_arena_strndup(rt_arena *a, const char *s, size_t n);
 char *rt_arena_printf(rt_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 size_t rt_arena_used(const rt_arena *a);
 void rt_arena_free(rt_arena *a);
+/* Take back everything a handed out, keeping one chunk, for the next owner to reuse
+ * (request.c keeps a few reset arenas instead of freeing them). Afterwards check
+ * rt_arena_usable: false when no chunk could be kept (out of memory), and the arena is
+ * then only for rt_arena_free. */
+void rt_arena_reset(rt_arena *a);
+bool rt_arena_usable(const rt_arena *a);
 
 /* ---- metrics -------------------------------------------------------------------------- */
 /* A registry of counters, gauges and histograms rendered in Prometheus text format.

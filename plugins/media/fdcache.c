@@ -5,9 +5,14 @@
  *
  * Decisions owned here:
  *   - bounded: FDCACHE_SLOTS descriptors at most, in a table allocated once and looked up
- *     by path under one mutex; a new file takes an empty slot or the least recently used
- *     one. The caller always gets a descriptor of its own (a duplicate of the cached one),
- *     which the response closes as before, so nothing that uses it changes;
+ *     by path; a new file takes an empty slot or the least recently used one. The caller
+ *     always gets a descriptor of its own (a duplicate of the cached one), which the
+ *     response closes as before, so nothing that uses it changes;
+ *   - hits run side by side: they only read the table, under the read side of a
+ *     read-write lock (the duplicate is made under it, so a slot's descriptor cannot be
+ *     closed and its number reused meanwhile), and store their use time atomically. The
+ *     lock prefers writers, so a steady stream of hits never keeps a new file or the
+ *     sweep out. (Under one mutex, the request threads queued here);
  *   - never stale: every hit is checked with fstat on the duplicate, and a file no longer
  *     linked anywhere (st_nlink 0: deleted, or replaced by a rename or a new link under
  *     its name, here or in another process) is dropped and its path opened afresh. Files
@@ -36,12 +41,12 @@
 typedef struct fd_slot {
     int fd; /* -1: empty */
     uint64_t hash;
-    int64_t used_ms; /* monotonic */
+    int64_t used_ms; /* monotonic; stored atomically by hits under the read lock */
     char path[MEDIA_PATH_MAX];
 } fd_slot;
 
 struct fdcache {
-    pthread_mutex_t mu;
+    pthread_rwlock_t mu;
     fd_slot slots[FDCACHE_SLOTS];
 };
 
@@ -59,7 +64,16 @@ int fdcache_init(media *m)
 {
     m->fds = calloc(1, sizeof(*m->fds));
     if (!m->fds) return ATRIUM_E_NOMEM;
-    pthread_mutex_init(&m->fds->mu, NULL);
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    int rc = pthread_rwlock_init(&m->fds->mu, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    if (rc != 0) {
+        free(m->fds);
+        m->fds = NULL;
+        return ATRIUM_E_NOMEM;
+    }
     for (size_t i = 0; i < FDCACHE_SLOTS; i++) m->fds->slots[i].fd = -1;
     return 0;
 }
@@ -69,7 +83,7 @@ void fdcache_fini(media *m)
     if (!m->fds) return;
     for (size_t i = 0; i < FDCACHE_SLOTS; i++)
         if (m->fds->slots[i].fd >= 0) close(m->fds->slots[i].fd);
-    pthread_mutex_destroy(&m->fds->mu);
+    pthread_rwlock_destroy(&m->fds->mu);
     free(m->fds);
     m->fds = NULL;
 }
@@ -99,13 +113,13 @@ static int dup_cached(media *m, const char *path, uint64_t hash)
 {
     fdcache *c = m->fds;
     int fd = -1;
-    pthread_mutex_lock(&c->mu);
+    pthread_rwlock_rdlock(&c->mu);
     fd_slot *s = find(c, path, hash);
     if (s) {
         fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 0);
-        s->used_ms = m->h->now_ms();
+        __atomic_store_n(&s->used_ms, m->h->now_ms(), __ATOMIC_RELAXED);
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_rwlock_unlock(&c->mu);
     return fd;
 }
 
@@ -118,7 +132,7 @@ static void keep(media *m, const char *path, uint64_t hash, int fd)
     if (mine < 0) return; /* short of descriptors: serve without caching */
     int old = -1;
     int64_t now = m->h->now_ms();
-    pthread_mutex_lock(&c->mu);
+    pthread_rwlock_wrlock(&c->mu);
     if (find(c, path, hash)) {
         old = mine; /* another request cached it meanwhile */
     } else {
@@ -137,7 +151,7 @@ static void keep(media *m, const char *path, uint64_t hash, int fd)
         victim->used_ms = now;
         memcpy(victim->path, path, strlen(path) + 1);
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_rwlock_unlock(&c->mu);
     if (old >= 0) close(old);
 }
 
@@ -145,10 +159,10 @@ void fdcache_forget(media *m, const char *path)
 {
     fdcache *c = m->fds;
     if (!c) return;
-    pthread_mutex_lock(&c->mu);
+    pthread_rwlock_wrlock(&c->mu);
     fd_slot *s = find(c, path, path_hash(path));
     int fd = s ? take(s) : -1;
-    pthread_mutex_unlock(&c->mu);
+    pthread_rwlock_unlock(&c->mu);
     if (fd >= 0) close(fd);
 }
 
@@ -159,12 +173,12 @@ void fdcache_forget_under(media *m, const char *dir)
     size_t n = strlen(dir);
     int gone[FDCACHE_SLOTS];
     size_t k = 0;
-    pthread_mutex_lock(&c->mu);
+    pthread_rwlock_wrlock(&c->mu);
     for (size_t i = 0; i < FDCACHE_SLOTS; i++) {
         fd_slot *s = &c->slots[i];
         if (s->fd >= 0 && strncmp(s->path, dir, n) == 0 && s->path[n] == '/') gone[k++] = take(s);
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_rwlock_unlock(&c->mu);
     for (size_t i = 0; i < k; i++) close(gone[i]);
 }
 
@@ -203,12 +217,12 @@ static void sweep(void *arg)
     int idle[FDCACHE_SLOTS];
     size_t n = 0;
     int64_t now = m->h->now_ms();
-    pthread_mutex_lock(&c->mu);
+    pthread_rwlock_wrlock(&c->mu);
     for (size_t i = 0; i < FDCACHE_SLOTS; i++) {
         fd_slot *s = &c->slots[i];
         if (s->fd >= 0 && now - s->used_ms >= FDCACHE_IDLE_MS) idle[n++] = take(s);
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_rwlock_unlock(&c->mu);
     for (size_t i = 0; i < n; i++) close(idle[i]);
     media_timer_add(m->timer, now + FDCACHE_SWEEP_MS, sweep, m);
 }

@@ -2,6 +2,8 @@
 token is refused at once in the process that revoked it and, through PostgreSQL's NOTIFY,
 promptly in another process sharing the database."""
 
+import http.client
+import json
 import time
 import unittest
 
@@ -35,6 +37,28 @@ class TokenCacheTest(AtriumTestCase):
             self.assertEqual(srv.json("GET", WHOAMI, token=alice.token)[1]["user_id"], alice.user_id)
         self.assertEqual(srv.metric("atrium_auth_cache_hits_total"), hits + 5)
         self.assertEqual(srv.metric("atrium_auth_cache_misses_total"), misses)
+
+    def test_tokens_taking_turns_on_one_kept_alive_connection_each_name_their_own_user(self):
+        # One connection is served by one request thread, which remembers the hash of the
+        # last token it saw (core/client/auth/auth.c): every token must still be its own.
+        srv = self.start_server(settings=REGISTRATION_ON)
+        alice, bob = register(srv, "alice"), register(srv, "bob")
+        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
+        self.addCleanup(conn.close)
+
+        def whoami(token):
+            conn.request("GET", WHOAMI, headers={"Authorization": f"Bearer {token}"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+
+        for acct in (alice, alice, bob, alice, bob, bob):
+            status, body = whoami(acct.token)
+            self.assertEqual((status, body.get("user_id"), body.get("device_id")),
+                             (200, acct.user_id, acct.device_id))
+        for bogus in (alice.token + "x", alice.token[:-1], "syt_not_a_token"):
+            status, body = whoami(bogus)
+            self.assertEqual((status, body.get("errcode")), (401, "M_UNKNOWN_TOKEN"), bogus)
+            self.assertEqual(whoami(alice.token)[1].get("user_id"), alice.user_id)
 
     def test_logout_refuses_a_cached_token_at_once_in_the_same_process(self):
         srv = self.start_server(settings=REGISTRATION_ON)

@@ -132,6 +132,28 @@ static void test_arena_used_counts_bytes_handed_out(void **state)
     rt_arena_free(NULL); /* like free(3) */
 }
 
+/* A reset arena counts from zero again and hands out zeroed memory from the chunk it
+ * kept (request.c reuses arenas so). */
+static void test_arena_reset_reuses_one_chunk_and_zeroes_again(void **state)
+{
+    (void)state;
+    rt_arena *a = rt_arena_new(1024);
+    assert_non_null(a);
+    unsigned char *first = rt_arena_alloc(a, 100);
+    assert_non_null(first);
+    memset(first, 0xAB, 100);
+    for (int i = 0; i < 20; i++) assert_non_null(rt_arena_alloc(a, 300)); /* more chunks */
+    assert_non_null(rt_arena_alloc(a, 5000)); /* an oversize one */
+    rt_arena_reset(a);
+    assert_true(rt_arena_usable(a));
+    assert_int_equal(rt_arena_used(a), 0);
+    unsigned char *again = rt_arena_alloc(a, 100);
+    assert_non_null(again);
+    for (int i = 0; i < 100; i++) assert_int_equal(again[i], 0);
+    assert_int_equal(rt_arena_used(a), 112);
+    rt_arena_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -143,6 +165,7 @@ int main(void)
         cmocka_unit_test(test_arena_strdup_and_strndup_copy_and_terminate),
         cmocka_unit_test(test_arena_printf_formats_into_the_arena),
         cmocka_unit_test(test_arena_used_counts_bytes_handed_out),
+        cmocka_unit_test(test_arena_reset_reuses_one_chunk_and_zeroes_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
