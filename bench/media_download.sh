@@ -25,7 +25,13 @@ wrk_threads=${WRK_THREADS:-2}
 wrk_duration=${WRK_DURATION:-10s}
 rounds=${BENCH_ROUNDS:-1}
 
-media_bench_start ATRIUM__PLUGINS__MEDIA__DELIVERY_SLOTS="$wrk_connections"
+# Both servers are set to the machine alike: nginx gets a worker per CPU and Atrium a
+# request thread per CPU (its request threads never wait on anything slow, so more
+# threads than CPUs only add switches; the default of 4 on 2 CPUs cost about 20% more CPU
+# per 100 KB request: docs/performance.md). BENCH_REQUEST_THREADS overrides it.
+request_threads=${BENCH_REQUEST_THREADS:-$(nproc)}
+media_bench_start ATRIUM__PLUGINS__MEDIA__DELIVERY_SLOTS="$wrk_connections" \
+    ATRIUM__SERVER__HTTP__REQUEST_THREADS="$request_threads"
 token=$(media_bench_token)
 
 www=$work/www
@@ -96,7 +102,7 @@ run_wrk() {
 }
 
 echo "media download: Atrium (authenticated, delivery line, sendfile) vs nginx (static file)"
-echo "load: wrk -c$wrk_connections -t$wrk_threads -d$wrk_duration on loopback ($(nproc) CPUs), $rounds round(s)"
+echo "load: wrk -c$wrk_connections -t$wrk_threads -d$wrk_duration on loopback ($(nproc) CPUs), $rounds round(s); Atrium $request_threads request threads, nginx $(nproc) workers"
 printf '%-8s %14s %14s %10s %14s %14s %10s %8s\n' size "atrium req/s" "atrium MB/s" "atrium us" \
     "nginx req/s" "nginx MB/s" "nginx us" ratio
 for pair in "100KB:small.bin:$small_id" "5MB:large.bin:$large_id"; do
