@@ -315,6 +315,8 @@ class PluginAbiTest(FederationTestCase):
         self.assertEqual(status, 200, body)
         self.assertEqual((body["outcome"], body["status"]), (0, 200), body)
         self.assertEqual(body["body"]["server"]["name"], "Atrium")
+        # read in on_done with fed_response_header, by a name in another case than sent
+        self.assertEqual(body["content_type"], "application/json", body)
         self.assertEqual(a.metric("atrium_http_parked"), 0)
 
         status, signed = a.json("POST", "/_fedplug/sign", {"hello": "world", "n": 1})

@@ -2,7 +2,8 @@
  * tests/plugins/fedplug.c - a plugin built only from include/atrium/ that uses the
  * federation members of the host table (1.1), as the media and directory plugins will:
  * a federation route that reads the verified origin, an outbound federation request
- * awaited parked (req_wait / req_wake), and signing and verifying JSON as this server.
+ * awaited parked (req_wait / req_wake) with a header of its answer read in the callback
+ * (fed_response_header), and signing and verifying JSON as this server.
  * Driven by tests/integration/test_federation.py. Not shipped.
  */
 #include <stdio.h>
@@ -22,6 +23,7 @@ typedef struct fedplug_wait {
     int outcome, status;
     char body[FEDPLUG_MAX_BODY_BYTES];
     char error[256];
+    char content_type[128]; /* the answer's Content-Type, "" when it had none */
     atrium_req *req;
 } fedplug_wait;
 
@@ -39,6 +41,8 @@ static void version_done(void *arg, const atrium_fed_response *res)
     snprintf(w->body, sizeof(w->body), "%.*s", (int)(res->body ? res->body_len : 0),
              res->body ? res->body : "");
     snprintf(w->error, sizeof(w->error), "%s", res->error ? res->error : "");
+    const char *type = h->fed_response_header(res, "content-type"); /* any case matches */
+    snprintf(w->content_type, sizeof(w->content_type), "%s", type ? type : "");
     w->done = 1;
     h->req_wake(w->req);
 }
@@ -52,9 +56,10 @@ static int get_version(atrium_req *req)
         if (!w->done) return h->respond_error(req, 504, "M_UNKNOWN", "no answer in time");
         json_error_t jerr;
         json_t *body = json_loads(w->body, 0, &jerr);
-        return h->respond_json(req, 200, json_pack("{s:i, s:i, s:o?, s:s}", "outcome", w->outcome,
-                                                   "status", w->status, "body", body, "error",
-                                                   w->error));
+        return h->respond_json(req, 200, json_pack("{s:i, s:i, s:o?, s:s, s:s}", "outcome",
+                                                   w->outcome, "status", w->status, "body", body,
+                                                   "error", w->error, "content_type",
+                                                   w->content_type));
     }
     const char *server = h->req_query(req, "server");
     if (!server) return h->respond_error(req, 400, "M_MISSING_PARAM", "server is required");
