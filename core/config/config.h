@@ -225,6 +225,10 @@ struct core_config {
         bool guest_access;         /* registration.guest_access (default false): guests */
     } registration;
     struct {
+        int memory_kib; /* password_hashing.memory_kib (default 65536): Argon2id memory */
+        int passes;     /* password_hashing.passes (default 2): Argon2id passes */
+    } password_hashing;
+    struct {
         bool enabled;         /* ratelimit.enabled (default true) */
         /* Token buckets per client: ratelimit.<action>.per_minute and .burst. */
         struct core_rate {

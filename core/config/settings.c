@@ -229,6 +229,14 @@ const struct cfg_setting CORE_SETTINGS[] = {
      .help = "Secret for admin registration (/_synapse/admin/v1/register and `atrium "
              "register-user`); \"\" turns it off. Keep it private."},
 
+    INT_ROW("password_hashing.memory_kib", password_hashing.memory_kib, 65536, 8, 1048576,
+            "KiB", "Memory of one Argon2id password hash. At most two hashes run at once (the "
+                   "core.auth pool), so this bounds their memory. Lower values make stored "
+                   "passwords cheaper to guess offline: lower it only for tests or a very small "
+                   "machine. A stored hash keeps the cost it was made with."),
+    INT_ROW("password_hashing.passes", password_hashing.passes, 2, 1, 16, NULL,
+            "Argon2id passes over that memory per password hash (time cost)."),
+
     BOOL_ROW("ratelimit.enabled", ratelimit.enabled, true,
              "Refuse clients over their rate with 429 (token buckets per client key and "
              "action)."),

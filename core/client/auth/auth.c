@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
+#include "core/config/config.h"
 #include "core/runtime/core_runtime.h"
 
 rt_pool *auth_pool(void)
@@ -166,8 +167,16 @@ int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id, c
 
 int auth_hash_password(const char *password, char *hash_out)
 {
-    if (crypto_pwhash_str(hash_out, password, strlen(password), crypto_pwhash_OPSLIMIT_INTERACTIVE,
-                          crypto_pwhash_MEMLIMIT_INTERACTIVE) != 0)
+    /* The cost the operator set (password_hashing.*); libsodium's interactive cost (the
+     * settings' defaults) when no runtime object is bound (unit tests, CLI subcommands). */
+    unsigned long long passes = crypto_pwhash_OPSLIMIT_INTERACTIVE;
+    size_t memory_bytes = crypto_pwhash_MEMLIMIT_INTERACTIVE;
+    core_runtime *rt = core_runtime_get();
+    if (rt && rt->cfg) {
+        passes = (unsigned long long)rt->cfg->password_hashing.passes;
+        memory_bytes = (size_t)rt->cfg->password_hashing.memory_kib * 1024;
+    }
+    if (crypto_pwhash_str(hash_out, password, strlen(password), passes, memory_bytes) != 0)
         return ATRIUM_E_NOMEM;
     return 0;
 }
