@@ -291,21 +291,9 @@ static const char *ext_of(const char *content_type)
     return "webp";
 }
 
+/* A stored image served as it is, under its own type: an original that is its own
+ * thumbnail, or the origin's thumbnail of remote media (a safe image type). */
 static int serve_original(media *m, atrium_req *req, const media_row *row)
-{
-    char etag[SHA256_HEX_CHARS + 3], path[MEDIA_PATH_MAX];
-    snprintf(etag, sizeof(etag), "\"%s\"", row->sha256);
-    if (media_etag_matches(m->h->req_header(req, "If-None-Match"), etag))
-        return delivery_not_modified(m, req, etag);
-    if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
-    uint64_t size;
-    int fd = delivery_open(m, req, path, &size);
-    if (fd < 0) return ATRIUM_DONE;
-    return serve_file(m, req, fd, size, row->content_type, ext_of(row->content_type), etag);
-}
-
-/* The origin's thumbnail of remote media, as stored (its type is a safe image type). */
-static int serve_remote_thumb(media *m, atrium_req *req, const media_row *row)
 {
     char etag[SHA256_HEX_CHARS + 3], path[MEDIA_PATH_MAX];
     snprintf(etag, sizeof(etag), "\"%s\"", row->sha256);
@@ -605,7 +593,7 @@ static int serve(media *m, atrium_req *req, bool legacy)
     rc = delivery_locate(m, req, st, legacy);
     if (rc != MEDIA_GO) return rc;
     const media_row *row = &st->row;
-    if (st->row_is_thumbnail) return serve_remote_thumb(m, req, row);
+    if (st->row_is_thumbnail) return serve_original(m, req, row);
 
     if (row->width <= 0 || row->height <= 0)
         return respond_render_failure(m, req, RENDER_E_NOT_IMAGE);
