@@ -15,13 +15,19 @@
  *   sizes.c     thumbnail sizes: parsing the setting and choosing one for a request
  *   thumbnail.c thumbnail requests: one render per key, parked waiters, fallbacks
  *   render.c    decoding (libvips, untrusted loaders blocked) and WebP encoding (libwebp)
+ *   canvas.c    the canvas an image container's header declares (pure; render_probe's)
  *   store.c     the files on disk: layout, durable atomic writes, the start-up sweep
  *   db.c        the SQL: migrations and every query
  *   upload.c    upload, create and the asynchronous upload PUT
  *   admin.c     the Synapse-shaped admin API
  *   verify.c    checking every original against its recorded SHA-256 (admin and CLI)
+ *   verify_cli.c atrium-media-verify, the command line around verify.c
  *   fed_serve.c serving this server's media to other servers (multipart/mixed)
- *   remote.c    remote media: defer/admitted modes, the coalesced fetch, the remote cache
+ *   remote.c    remote media on the request path: defer/admitted modes, the remote cache
+ *               look-up, the negative cache, the join of the one fetch per file
+ *   remote_fetch.c a fetch job: the transfer, the 429 retry, the commit, the per-origin cap
+ *   remote_stream.c requests following a remote file as it is written
+ *   remote.h    what those three share (no other file includes it)
  *   fetch_budget.c the fetch budget and its fair parked line
  *   multipart.c reading a multipart/mixed answer as it arrives (pure)
  *   cache.c     the remote cache's bound: batched last access, eviction, the purge
@@ -48,6 +54,30 @@
 #include "atrium/media.h" /* the media/1 contract this plugin implements */
 #include "sha256.h"
 
+/* ---- what a step of a request returns ------------------------------------------------ */
+
+/* The rule. A handler returns an enum atrium_outcome - ATRIUM_DONE (0) means "answered" -
+ * or a negative atrium_err. A helper the handler calls on its way (delivery_enter,
+ * remote_locate, fetch_budget_enter, ...) returns int: either what the handler must return
+ * as it is (an atrium_outcome or an error: the helper answered, parked or handed off), or
+ * a code of one of the enums below, saying how the caller goes on. So no helper uses 0
+ * for "go on" (0 is ATRIUM_DONE), `rc != MEDIA_GO` always reads "return rc", and each code
+ * is written out here, apart from the others and from every outcome and error: none is
+ * made by arithmetic on another. A code of one enum is never returned where another
+ * enum's is expected; the function's comment names which. */
+enum media_step {
+    MEDIA_GO = 100, /* nothing answered: the caller goes on */
+};
+/* delivery.c, waiting for an asynchronous upload: the row changed, read it again. */
+enum delivery_step { LOCATE_AGAIN = 110 };
+/* media_park_unless_woken: woken since the generation was read (it did not park). */
+enum park_step { PARK_WOKEN = 120 };
+/* remote.c, a look-up in the remote cache (original or the origin's thumbnail). */
+enum lookup_step { LOOKUP_HIT = 130, LOOKUP_MISS = 131 };
+/* remote.c, one look before a fetch: a fetch landed since the miss (look again), or a
+ * miss in defer mode (take a fetch budget slot and hand the request off). */
+enum look_step { LOOK_AGAIN = 140, LOOK_FETCH = 141 };
+
 /* ---- limits ---------------------------------------------------------------------------- */
 
 #define MEDIA_ID_GENERATED_CHARS 24 /* length of the IDs this server mints */
@@ -66,7 +96,7 @@
 #define FDCACHE_SLOTS 32        /* descriptors the open-file cache keeps (fdcache.c) */
 #define MEDIA_MAX_BLOCKED_ORIGINS 64
 #define MEDIA_CLAIM_OWNER_MAX 96 /* "<instance>.<pid>.<random>" */
-#define MEDIA_FETCH_VIA_KINDS 3 /* remote.c's fetch phases: federation, legacy, location */
+#define MEDIA_FETCH_VIA_KINDS 3 /* remote_fetch.c's phases: federation, legacy, location */
 
 /* ---- settings ---------------------------------------------------------------------------- */
 
@@ -99,7 +129,7 @@ typedef struct media_config {
     int64_t upload_wait_default_ms, upload_wait_max_ms; /* timeout_ms on downloads */
     bool legacy_media;        /* serve the unauthenticated /_matrix/media/v3 paths */
     int64_t legacy_freeze_ts; /* media created at or after this (ms) is frozen there; 0 = none */
-    /* remote media (remote.c, fetch_budget.c) */
+    /* remote media (remote.c, remote_fetch.c, fetch_budget.c) */
     bool remote_fetch_enabled;
     int fetch_threads;           /* media_fetch_threads */
     int fetch_max_in_flight;     /* media_fetch_max_in_flight: running or queued, all clients */
@@ -143,7 +173,7 @@ typedef struct media {
     atrium_line *delivery;
     atrium_pool *render_pool, *io_pool;
     atrium_event *events[MEDIA_EVENT_BUCKETS];
-    /* Streams following a remote file being fetched wait on these (remote.c), apart from
+    /* Streams following a remote file being fetched wait on these (remote_stream.c), apart from
      * the upload waiters of `events`, which re-read the database when woken. */
     atrium_event *stream_events[MEDIA_EVENT_BUCKETS];
     bool can_stream; /* the host offers respond_stream_wait (ABI 1.3) */
@@ -176,8 +206,7 @@ typedef struct media {
     atrium_metric *m_fetch_line_waits;
     atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served, *m_negative_hits;
     atrium_metric *m_fetch_streamed, *m_fetch_retried;
-    atrium_metric *m_fetched_via[MEDIA_FETCH_VIA_KINDS]; /* stored fetches by remote.c's phase: federation,
-                                        legacy, location */
+    atrium_metric *m_fetched_via[MEDIA_FETCH_VIA_KINDS]; /* stored fetches by phase */
 
     atomic_int authorizing, authorizing_peak;
     atomic_int upload_waiters; /* requests waiting (with their slot) for an upload */
@@ -241,9 +270,9 @@ typedef struct media_req {
     bool fetch_slot;      /* holds a fetch budget slot (a hold) */
     fetch_hold *fetch_hold; /* that hold, to give the slot back early (fetch_budget_leave) */
     /* set by download.c: a plain GET of the whole original, which may follow a remote
-     * file while it is being fetched (remote.c) */
+     * file while it is being fetched (remote_stream.c) */
     bool stream_ok;
-    remote_landing *landing; /* remote.c: the file being fetched this request follows */
+    remote_landing *landing; /* remote_stream.c: the file being fetched this request follows */
     fetch_waiter *fw;     /* waiting in the fetch line */
     remote_waiter *rw;    /* waiting for a fetch of the file */
     int64_t remote_deadline_ms;
@@ -318,7 +347,7 @@ bool media_fits_within(int ow, int oh, int w, int h);
 
 /* A file being written: unnamed (O_TMPFILE) until committed, or a ".tmp-" name in the
  * same folder where the file system cannot do unnamed files. Open for reading too: a
- * remote file's followers read it while it is written (remote.c). */
+ * remote file's followers read it while it is written (remote_stream.c). */
 typedef struct store_tmp {
     int fd;
     char dir[MEDIA_PATH_MAX];
@@ -421,7 +450,6 @@ int media_reply(media *m, atrium_req *req, json_t *body);
  * (return ATRIUM_DONE). */
 const char *media_authenticate(media *m, atrium_req *req);
 
-#define MEDIA_GO 100 /* not an outcome: the handler goes on */
 /* [req] The steps every GET/HEAD of media content starts with, in order: a delivery slot
  * (waiting parked in the line; 429 past it), then - when `authenticate` - the access
  * token (only after admission, so a token revoked while waiting is refused). Returns
@@ -472,7 +500,7 @@ int fed_respond_multipart(media *m, atrium_req *req, const char *type, const cha
 int delivery_respond_file(media *m, atrium_req *req, int status, const char *type,
                           const char *disposition, int fd, uint64_t offset, uint64_t len);
 
-/* ---- remote.c ------------------------------------------------------------------------ */
+/* ---- remote.c, remote_fetch.c, remote_stream.c ------------------------------------------ */
 
 int remote_init(media *m);
 void remote_fini(media *m);
@@ -535,8 +563,8 @@ int cluster_init(media *m);
 uint64_t media_wake_gen(media *m, const char *key);
 /* [any] Wake requests waiting for key (bump its bucket's generation, signal its event). */
 void media_wake(media *m, const char *key);
-/* [req] Park on key's event until until_ms, unless woken since gen was read: 0 parked
- * (return ATRIUM_PARKED), 1 woken meanwhile (look again now), ATRIUM_E_STOPPED. */
+/* [req] Park on key's event until until_ms, unless woken since gen was read: ATRIUM_PARKED
+ * (return it), PARK_WOKEN (woken meanwhile: look again now) or ATRIUM_E_STOPPED. */
 int media_park_unless_woken(media *m, atrium_req *req, const char *key, uint64_t gen,
                             int64_t until_ms);
 /* [any] Are notifications from the other processes arriving now (the host offers them
@@ -564,11 +592,14 @@ bool cluster_shared_eviction(const media *m);
 
 /* ---- remote_claim.c: one fetch per remote file across processes ---------------------- */
 
-#define REMOTE_CLAIM_LANDED 3 /* remote_claim_take: the copy is cached already */
+enum remote_claim {
+    REMOTE_CLAIM_MINE = 0,   /* fetch it, then remote_claim_end */
+    REMOTE_CLAIM_HELD = 1,   /* another process fetches it */
+    REMOTE_CLAIM_RESULT = 2, /* it ended elsewhere with *result, still remembered */
+    REMOTE_CLAIM_LANDED = 3, /* the copy is cached already */
+};
 /* [fetch pool, blocks on PostgreSQL] Claim the fetch of key (remote.c's key of origin/
- * media_id, thumb = the origin's thumbnail of that size or NULL): CLAIM_MINE (fetch it,
- * then remote_claim_end), CLAIM_HELD (another process fetches it), CLAIM_RESULT (*result:
- * it ended elsewhere so, and is remembered) or REMOTE_CLAIM_LANDED (cached meanwhile). */
+ * media_id, thumb = the origin's thumbnail of that size or NULL): an enum remote_claim. */
 int remote_claim_take(media *m, const char *key, const char *origin, const char *media_id,
                       const media_size *thumb, int *result);
 /* [fetch pool, blocks on PostgreSQL] The claimed fetch ended with result: remembered for
