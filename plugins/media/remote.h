@@ -152,7 +152,7 @@ void remote_job_free(remote_job *j);
 bool remote_origin_admit(media *m, remote_table *t, remote_job *j);
 /* [fetch pool] The first start of a fetch, claimed across processes first. REMOTE_STARTED,
  * or the result to complete the job with. */
-int remote_job_begin(remote_job *j);
+int remote_job_begin(remote_job *j) MEDIA_MUST_CHECK;
 /* The fetch ended with result: every waiter is told and woken, the job freed. */
 void remote_job_complete(remote_job *j, int result);
 /* The type and file name the answer declared for the file, made safe to store and serve. */
@@ -172,6 +172,6 @@ remote_landing *remote_landing_find(remote_table *t, const char *key);
 /* [req] The request follows l (a reference it now owns): MEDIA_GO with st->row describing
  * the file as far as it is known, or ATRIUM_DONE with 503. */
 int remote_follow_landing(media *m, atrium_req *req, media_req *st, remote_landing *l)
-   ;
+    MEDIA_MUST_CHECK;
 
 #endif
