@@ -338,7 +338,8 @@ int media_parse_range(const char *range, uint64_t size, uint64_t *start, uint64_
 #define MEDIA_DEFAULT_SIZES "32x32 crop, 96x96 crop, 320x240 scale, 640x480 scale, 800x600 scale"
 /* Parse "WxH method, ..." into out (at most MEDIA_MAX_SIZES). Returns the count, or -1
  * with err describing the first problem. */
-int media_sizes_parse(const char *text, media_size *out, size_t cap, char *err, size_t errlen) MEDIA_MUST_CHECK;
+int media_sizes_parse(const char *text, media_size *out, size_t cap, char *err, size_t errlen)
+    MEDIA_MUST_CHECK;
 /* The configured size for a request of w x h with this method: the smallest of that
  * method at least as large on both sides, else the largest of that method, else the
  * same among the other method. NULL only when none are configured. */
@@ -388,17 +389,20 @@ enum { MEDIA_DB_OK = 0, MEDIA_DB_NOTFOUND = 1 };
 /* Each returns MEDIA_DB_OK, MEDIA_DB_NOTFOUND where stated, or ATRIUM_E_DB (logged). */
 int media_db_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
                  media_row *out) MEDIA_MUST_CHECK;
-int media_db_insert(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r) MEDIA_MUST_CHECK;
+int media_db_insert(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r)
+    MEDIA_MUST_CHECK;
 /* Bytes `user_id` uploaded (local media, uploaded_ts at or after since_ms) into *out.
  * MEDIA_DB_OK or ATRIUM_E_DB. */
 int media_db_uploaded_since(const atrium_host *h, atrium_plugin *self, PGconn *c,
                             const char *user_id, int64_t since_ms, int64_t *out) MEDIA_MUST_CHECK;
 int media_db_create(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
-                    const char *user_id, int64_t now, int64_t expires, int max_pending) MEDIA_MUST_CHECK;
+                    const char *user_id, int64_t now, int64_t expires, int max_pending)
+    MEDIA_MUST_CHECK;
 /* Locks the row of an asynchronous upload (inside a transaction the caller began). */
 int media_db_lock_pending(const atrium_host *h, atrium_plugin *self, PGconn *c,
                           const char *media_id, media_row *out) MEDIA_MUST_CHECK;
-int media_db_complete(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r) MEDIA_MUST_CHECK;
+int media_db_complete(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r)
+    MEDIA_MUST_CHECK;
 int media_db_exec(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *sql);
 int media_db_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
                             const char *media_id, const char *by);
@@ -420,7 +424,8 @@ int media_db_remote_thumb_get(const atrium_host *h, atrium_plugin *self, PGconn 
                               const char *origin, const char *media_id, const media_size *s,
                               media_row *out) MEDIA_MUST_CHECK;
 int media_db_remote_thumb_put(const atrium_host *h, atrium_plugin *self, PGconn *c,
-                              const char *origin, const media_size *s, const media_row *r) MEDIA_MUST_CHECK;
+                              const char *origin, const media_size *s, const media_row *r)
+    MEDIA_MUST_CHECK;
 /* Quarantine (by = the admin) or release (by = NULL) a cached remote copy. */
 int media_db_remote_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
                                    const char *origin, const char *media_id, const char *by);
@@ -582,7 +587,8 @@ enum cluster_claim { CLAIM_MINE = 0, CLAIM_HELD = 1, CLAIM_RESULT = 2 };
  * then cluster_claim_end), CLAIM_HELD (another process does it; *left_ms until its claim
  * lapses, -1 unknown) or CLAIM_RESULT (it ended elsewhere with *result, still
  * remembered). A database failure answers CLAIM_MINE. */
-int cluster_claim(media *m, const char *key, int64_t ttl_ms, int *result, int64_t *left_ms) MEDIA_MUST_CHECK;
+int cluster_claim(media *m, const char *key, int64_t ttl_ms, int *result, int64_t *left_ms)
+    MEDIA_MUST_CHECK;
 /* [any, blocks on PostgreSQL] The claimed work ended: forget the claim, or keep result
  * for remember_ms (> 0) for the other processes; then publish payload on channel. */
 void cluster_claim_end(media *m, const char *channel, const char *key, const char *payload,

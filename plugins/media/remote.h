@@ -19,7 +19,7 @@
 /* How a fetch ended. The values are kept in media_claims rows for the other processes
  * (remote_claim.c), so each is written out and none may change. */
 enum remote_result {
-    REMOTE_STARTED = -1, /* not an end: a transfer is under way (remote_job_begin, the judge) */
+    REMOTE_STARTED = -1, /* not an end: a transfer is under way (remote_job_begin, job_judge) */
     REMOTE_OK = 0,
     REMOTE_NOT_FOUND = 1,    /* the origin says it does not exist */
     REMOTE_UNREACHABLE = 2,  /* no answer, or an answer other than the file */
@@ -113,7 +113,7 @@ typedef struct remote_job {
     char redirect[MP_HEADER_VALUE_MAX]; /* a 3xx answer's Location header */
     int64_t transfer_deadline_ms;       /* the current transfer's */
     remote_landing *landing; /* once file bytes flow (an original): set under the lock */
-    bool quarantined;        /* job_commit: the stored copy's hash is quarantined */
+    bool quarantined;        /* job_commit (remote_fetch.c): its hash is quarantined */
     int tries_429;           /* answers of 429 so far */
 } remote_job;
 

@@ -248,7 +248,8 @@ static void job_done(void *arg, const atrium_fed_response *res)
     if (res->outcome != ATRIUM_FED_OK && res->error)
         j->m->h->log(j->m->self, ATRIUM_LOG_INFO, "remote media %s: %s", j->key, res->error);
     /* The rest touches the disk and the database: on the fetch pool. */
-    if (j->m->h->pool_submit(j->m->fetch_pool, job_after_transfer, j) < 0) remote_job_complete(j, REMOTE_STOPPING);
+    if (j->m->h->pool_submit(j->m->fetch_pool, job_after_transfer, j) < 0)
+        remote_job_complete(j, REMOTE_STOPPING);
 }
 
 /* ---- starting a fetch (the fetch pool) ------------------------------------------------ */

@@ -70,7 +70,8 @@ static void landing_open(remote_job *j)
     atomic_init(&l->state, LANDING_RUNNING);
     l->ev = m->stream_events[media_bucket(j->key)];
     l->deadline_ms = j->transfer_deadline_ms + STREAM_COMMIT_SLACK_MS;
-    remote_job_meta(j, l->content_type, sizeof(l->content_type), l->upload_name, sizeof(l->upload_name));
+    remote_job_meta(j, l->content_type, sizeof(l->content_type), l->upload_name,
+                    sizeof(l->upload_name));
     remote_table *t = m->remote;
     remote_waiter *wake = NULL;
     pthread_mutex_lock(&t->mu);
