@@ -82,11 +82,11 @@ int media_park_unless_woken(media *m, atrium_req *req, const char *key, uint64_t
     pthread_mutex_lock(&m->wake_mu);
     if (m->wake_gen[b] != gen) {
         pthread_mutex_unlock(&m->wake_mu);
-        return 1;
+        return PARK_WOKEN;
     }
     int rc = m->h->park(req, m->events[b], until_ms);
     pthread_mutex_unlock(&m->wake_mu);
-    return rc == 0 ? 0 : ATRIUM_E_STOPPED;
+    return rc == 0 ? ATRIUM_PARKED : ATRIUM_E_STOPPED;
 }
 
 /* ---- notifications ------------------------------------------------------------------- */

@@ -41,7 +41,6 @@
  * while they may be missed. */
 #define UPLOAD_RECHECK_MS 2000
 #define UPLOAD_RECHECK_LIVE_MS 10000
-#define LOCATE_AGAIN (MEDIA_GO + 1) /* await_upload: the row changed, read it again */
 
 media_req *media_req_state(media *m, atrium_req *req)
 {
@@ -284,8 +283,8 @@ static int await_upload(media *m, atrium_req *req, media_req *st, uint64_t gen)
     snprintf(media_id, sizeof(media_id), "%s", row->media_id);
     st->have_row = false;
     int rc = media_park_unless_woken(m, req, media_id, gen, until);
-    if (rc == 1) return LOCATE_AGAIN;
-    if (rc != 0) {
+    if (rc == PARK_WOKEN) return LOCATE_AGAIN;
+    if (rc != ATRIUM_PARKED) {
         h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
         return ATRIUM_DONE;
     }

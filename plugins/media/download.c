@@ -9,8 +9,9 @@
  * byte range (If-Range must name the same hash), 416 for a range past the end, else 200.
  * The bytes go out with sendfile (host->respond_file); the delivery slot stays held until
  * the last one is sent. A plain GET of a remote original still being fetched is answered
- * at once with its bytes as they arrive (chunked, no ETag yet: remote.c). Content-Type is the type declared at upload; Content-Disposition
- * follows headers.c (the path's fileName wins over the upload's name).
+ * at once with its bytes as they arrive (chunked, no ETag yet: remote_stream.c).
+ * Content-Type is the type declared at upload; Content-Disposition follows headers.c (the
+ * path's fileName wins over the upload's name).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -50,7 +51,7 @@ static const char *answer_type(const media_row *row, const char *file_name, char
     return type;
 }
 
-/* A remote original still being fetched: its bytes as they arrive (remote.c). */
+/* A remote original still being fetched: its bytes as they arrive (remote_stream.c). */
 static int serve_streaming(media *m, atrium_req *req, media_req *st, const char *file_name)
 {
     char disposition[DISPOSITION_MAX_BYTES];

@@ -261,59 +261,63 @@ static int deadline_answer(media *m, atrium_req *req, int reason)
     return ATRIUM_DONE;
 }
 
+/* A run after waiting in the line: the slot it was granted (MEDIA_GO, when woken for it),
+ * or the answer to its deadline or the shutdown. */
+static int leave_line(media *m, atrium_req *req, media_req *st)
+{
+    fetch_budget *b = m->budget;
+    int reason = m->h->req_run_reason(req);
+    fetch_waiter *w = st->fw;
+    pthread_mutex_lock(&b->mu);
+    bool granted = w->granted, queued = w->queued;
+    if (queued) {
+        unlink_waiter(w->client, w);
+        b->waiting--;
+        client_maybe_free(b, w->client);
+        publish(m, b);
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (queued) m->h->req_wake(req); /* our req_wait's one wake: nobody else will send it */
+    st->fw = NULL;
+    if (granted) {
+        int rc = take_hold(m, req, st, w->client);
+        if (rc != MEDIA_GO || reason == ATRIUM_RUN_WOKEN) return rc;
+    }
+    return deadline_answer(m, req, reason);
+}
+
 int fetch_budget_enter(media *m, atrium_req *req, media_req *st)
 {
     const atrium_host *h = m->h;
     fetch_budget *b = m->budget;
     if (st->fetch_slot) return MEDIA_GO;
-    int reason = h->req_run_reason(req);
-    if (st->fw) { /* a run after waiting in the line */
-        fetch_waiter *w = st->fw;
-        pthread_mutex_lock(&b->mu);
-        bool granted = w->granted, queued = w->queued;
-        if (queued) {
-            unlink_waiter(w->client, w);
-            b->waiting--;
-            client_maybe_free(b, w->client);
-            publish(m, b);
-        }
-        pthread_mutex_unlock(&b->mu);
-        if (queued) h->req_wake(req); /* our req_wait's one wake: nobody else will send it */
-        st->fw = NULL;
-        if (granted) {
-            int rc = take_hold(m, req, st, w->client);
-            if (rc != MEDIA_GO || reason == ATRIUM_RUN_WOKEN) return rc;
-        }
-        return deadline_answer(m, req, reason);
-    }
+    if (st->fw) return leave_line(m, req, st);
     const char *key = h->req_client_key(req);
+    enum { LINE_PARKED, LINE_SLOT, LINE_NOMEM, LINE_FULL, LINE_STOPPING } got = LINE_PARKED;
+    fetch_waiter *w = NULL;
     pthread_mutex_lock(&b->mu);
     fetch_client *c = client_get(b, key ? key : "");
     if (!c) {
-        pthread_mutex_unlock(&b->mu);
-        return ATRIUM_E_NOMEM;
+        got = LINE_NOMEM;
+        goto out;
     }
     if (fetch_budget_allows(m, b, c) && !c->head) {
         c->in_flight++;
         b->in_flight++;
         publish(m, b);
-        pthread_mutex_unlock(&b->mu);
-        return take_hold(m, req, st, c);
+        got = LINE_SLOT;
+        goto out;
     }
     if (c->waiting >= m->cfg.fetch_line_per_client) {
         client_maybe_free(b, c);
-        pthread_mutex_unlock(&b->mu);
-        h->metric_add(m->m_fetch_line_refused, 1);
-        h->respond_limited(req, FETCH_RETRY_AFTER_MS,
-                           "Too many remote media fetches in flight; retry shortly");
-        return ATRIUM_DONE;
+        got = LINE_FULL;
+        goto out;
     }
-    fetch_waiter *w = h->req_alloc(req, sizeof(*w));
+    w = h->req_alloc(req, sizeof(*w));
     if (!w || h->req_wait(req, st->remote_deadline_ms) < 0) {
         client_maybe_free(b, c);
-        pthread_mutex_unlock(&b->mu);
-        h->respond_error(req, 503, "M_UNKNOWN", w ? "The server is stopping" : "Out of memory");
-        return ATRIUM_DONE;
+        got = LINE_STOPPING;
+        goto out;
     }
     memset(w, 0, sizeof(*w));
     w->req = req;
@@ -327,7 +331,21 @@ int fetch_budget_enter(media *m, atrium_req *req, media_req *st)
     ring_add(b, c);
     st->fw = w;
     publish(m, b);
+out:
     pthread_mutex_unlock(&b->mu);
+    switch (got) {
+    case LINE_SLOT: return take_hold(m, req, st, c);
+    case LINE_NOMEM: return ATRIUM_E_NOMEM;
+    case LINE_FULL:
+        h->metric_add(m->m_fetch_line_refused, 1);
+        h->respond_limited(req, FETCH_RETRY_AFTER_MS,
+                           "Too many remote media fetches in flight; retry shortly");
+        return ATRIUM_DONE;
+    case LINE_STOPPING:
+        h->respond_error(req, 503, "M_UNKNOWN", w ? "The server is stopping" : "Out of memory");
+        return ATRIUM_DONE;
+    case LINE_PARKED: break;
+    }
     h->metric_add(m->m_fetch_line_waits, 1);
     return ATRIUM_PARKED;
 }

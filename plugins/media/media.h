@@ -15,13 +15,19 @@
  *   sizes.c     thumbnail sizes: parsing the setting and choosing one for a request
  *   thumbnail.c thumbnail requests: one render per key, parked waiters, fallbacks
  *   render.c    decoding (libvips, untrusted loaders blocked) and WebP encoding (libwebp)
+ *   canvas.c    the canvas an image container's header declares (pure; render_probe's)
  *   store.c     the files on disk: layout, durable atomic writes, the start-up sweep
  *   db.c        the SQL: migrations and every query
  *   upload.c    upload, create and the asynchronous upload PUT
  *   admin.c     the Synapse-shaped admin API
  *   verify.c    checking every original against its recorded SHA-256 (admin and CLI)
+ *   verify_cli.c atrium-media-verify, the command line around verify.c
  *   fed_serve.c serving this server's media to other servers (multipart/mixed)
- *   remote.c    remote media: defer/admitted modes, the coalesced fetch, the remote cache
+ *   remote.c    remote media on the request path: defer/admitted modes, the remote cache
+ *               look-up, the negative cache, the join of the one fetch per file
+ *   remote_fetch.c a fetch job: the transfer, the 429 retry, the commit, the per-origin cap
+ *   remote_stream.c requests following a remote file as it is written
+ *   remote.h    what those three share (no other file includes it)
  *   fetch_budget.c the fetch budget and its fair parked line
  *   multipart.c reading a multipart/mixed answer as it arrives (pure)
  *   cache.c     the remote cache's bound: batched last access, eviction, the purge
@@ -48,6 +54,33 @@
 #include "atrium/media.h" /* the media/1 contract this plugin implements */
 #include "sha256.h"
 
+/* A function whose result must be looked at: ignoring it loses an answer or a resource. */
+#define MEDIA_MUST_CHECK __attribute__((warn_unused_result))
+
+/* ---- what a step of a request returns ------------------------------------------------ */
+
+/* The rule. A handler returns an enum atrium_outcome - ATRIUM_DONE (0) means "answered" -
+ * or a negative atrium_err. A helper the handler calls on its way (delivery_enter,
+ * remote_locate, fetch_budget_enter, ...) returns int: either what the handler must return
+ * as it is (an atrium_outcome or an error: the helper answered, parked or handed off), or
+ * a code of one of the enums below, saying how the caller goes on. So no helper uses 0
+ * for "go on" (0 is ATRIUM_DONE), `rc != MEDIA_GO` always reads "return rc", and each code
+ * is written out here, apart from the others and from every outcome and error: none is
+ * made by arithmetic on another. A code of one enum is never returned where another
+ * enum's is expected; the function's comment names which. */
+enum media_step {
+    MEDIA_GO = 100, /* nothing answered: the caller goes on */
+};
+/* delivery.c, waiting for an asynchronous upload: the row changed, read it again. */
+enum delivery_step { LOCATE_AGAIN = 110 };
+/* media_park_unless_woken: woken since the generation was read (it did not park). */
+enum park_step { PARK_WOKEN = 120 };
+/* remote.c, a look-up in the remote cache (original or the origin's thumbnail). */
+enum lookup_step { LOOKUP_HIT = 130, LOOKUP_MISS = 131 };
+/* remote.c, one look before a fetch: a fetch landed since the miss (look again), or a
+ * miss in defer mode (take a fetch budget slot and hand the request off). */
+enum look_step { LOOK_AGAIN = 140, LOOK_FETCH = 141 };
+
 /* ---- limits ---------------------------------------------------------------------------- */
 
 #define MEDIA_ID_GENERATED_CHARS 24 /* length of the IDs this server mints */
@@ -66,7 +99,7 @@
 #define FDCACHE_SLOTS 32        /* descriptors the open-file cache keeps (fdcache.c) */
 #define MEDIA_MAX_BLOCKED_ORIGINS 64
 #define MEDIA_CLAIM_OWNER_MAX 96 /* "<instance>.<pid>.<random>" */
-#define MEDIA_FETCH_VIA_KINDS 3 /* remote.c's fetch phases: federation, legacy, location */
+#define MEDIA_FETCH_VIA_KINDS 3 /* remote_fetch.c's phases: federation, legacy, location */
 
 /* ---- settings ---------------------------------------------------------------------------- */
 
@@ -99,7 +132,7 @@ typedef struct media_config {
     int64_t upload_wait_default_ms, upload_wait_max_ms; /* timeout_ms on downloads */
     bool legacy_media;        /* serve the unauthenticated /_matrix/media/v3 paths */
     int64_t legacy_freeze_ts; /* media created at or after this (ms) is frozen there; 0 = none */
-    /* remote media (remote.c, fetch_budget.c) */
+    /* remote media (remote.c, remote_fetch.c, fetch_budget.c) */
     bool remote_fetch_enabled;
     int fetch_threads;           /* media_fetch_threads */
     int fetch_max_in_flight;     /* media_fetch_max_in_flight: running or queued, all clients */
@@ -143,7 +176,7 @@ typedef struct media {
     atrium_line *delivery;
     atrium_pool *render_pool, *io_pool;
     atrium_event *events[MEDIA_EVENT_BUCKETS];
-    /* Streams following a remote file being fetched wait on these (remote.c), apart from
+    /* Streams following a remote file being fetched wait on these (remote_stream.c), apart from
      * the upload waiters of `events`, which re-read the database when woken. */
     atrium_event *stream_events[MEDIA_EVENT_BUCKETS];
     bool can_stream; /* the host offers respond_stream_wait (ABI 1.3) */
@@ -176,8 +209,7 @@ typedef struct media {
     atrium_metric *m_fetch_line_waits;
     atrium_metric *m_fetch_line_refused, *m_fetch_legacy, *m_fed_served, *m_negative_hits;
     atrium_metric *m_fetch_streamed, *m_fetch_retried;
-    atrium_metric *m_fetched_via[MEDIA_FETCH_VIA_KINDS]; /* stored fetches by remote.c's phase: federation,
-                                        legacy, location */
+    atrium_metric *m_fetched_via[MEDIA_FETCH_VIA_KINDS]; /* stored fetches by phase */
 
     atomic_int authorizing, authorizing_peak;
     atomic_int upload_waiters; /* requests waiting (with their slot) for an upload */
@@ -241,9 +273,9 @@ typedef struct media_req {
     bool fetch_slot;      /* holds a fetch budget slot (a hold) */
     fetch_hold *fetch_hold; /* that hold, to give the slot back early (fetch_budget_leave) */
     /* set by download.c: a plain GET of the whole original, which may follow a remote
-     * file while it is being fetched (remote.c) */
+     * file while it is being fetched (remote_stream.c) */
     bool stream_ok;
-    remote_landing *landing; /* remote.c: the file being fetched this request follows */
+    remote_landing *landing; /* remote_stream.c: the file being fetched this request follows */
     fetch_waiter *fw;     /* waiting in the fetch line */
     remote_waiter *rw;    /* waiting for a fetch of the file */
     int64_t remote_deadline_ms;
@@ -260,7 +292,7 @@ typedef struct media_req {
 } media_req;
 
 /* [req] The request's state, created on first use; NULL on OOM (a 500 is set). */
-media_req *media_req_state(media *m, atrium_req *req);
+media_req *media_req_state(media *m, atrium_req *req) MEDIA_MUST_CHECK;
 /* The host table, set once in init before any route can run and never changed: the one
  * way a handler reaches its plugin object. */
 extern const atrium_host *media_host;
@@ -306,7 +338,8 @@ int media_parse_range(const char *range, uint64_t size, uint64_t *start, uint64_
 #define MEDIA_DEFAULT_SIZES "32x32 crop, 96x96 crop, 320x240 scale, 640x480 scale, 800x600 scale"
 /* Parse "WxH method, ..." into out (at most MEDIA_MAX_SIZES). Returns the count, or -1
  * with err describing the first problem. */
-int media_sizes_parse(const char *text, media_size *out, size_t cap, char *err, size_t errlen);
+int media_sizes_parse(const char *text, media_size *out, size_t cap, char *err, size_t errlen)
+    MEDIA_MUST_CHECK;
 /* The configured size for a request of w x h with this method: the smallest of that
  * method at least as large on both sides, else the largest of that method, else the
  * same among the other method. NULL only when none are configured. */
@@ -318,7 +351,7 @@ bool media_fits_within(int ow, int oh, int w, int h);
 
 /* A file being written: unnamed (O_TMPFILE) until committed, or a ".tmp-" name in the
  * same folder where the file system cannot do unnamed files. Open for reading too: a
- * remote file's followers read it while it is written (remote.c). */
+ * remote file's followers read it while it is written (remote_stream.c). */
 typedef struct store_tmp {
     int fd;
     char dir[MEDIA_PATH_MAX];
@@ -334,15 +367,15 @@ int store_thumb_path(const media *m, const char *sha256, const media_size *s, ch
                      size_t cap);
 /* Open a temp file in the folder of final_path (created durably when missing). 0, or a
  * negative errno (logged). */
-int store_tmp_open(media *m, const char *final_path, store_tmp *t);
+int store_tmp_open(media *m, const char *final_path, store_tmp *t) MEDIA_MUST_CHECK;
 /* Make the temp file final_path: fsync the data, link it under its name (replacing an
  * existing file when `replace`), fsync the folder. Consumes t (the fd is closed). 0, or
  * a negative errno: -EEXIST when final_path exists and !replace. */
-int store_tmp_commit(media *m, store_tmp *t, const char *final_path, bool replace);
+int store_tmp_commit(media *m, store_tmp *t, const char *final_path, bool replace) MEDIA_MUST_CHECK;
 /* Drop a temp file (close; unlink a named one). Idempotent. */
 void store_tmp_discard(store_tmp *t);
 /* Write all of buf; 0 or a negative errno. */
-int store_write_all(int fd, const void *buf, size_t len);
+int store_write_all(int fd, const void *buf, size_t len) MEDIA_MUST_CHECK;
 /* Remove an original; remove a SHA-256's thumbnails folder. */
 int store_remove_original(media *m, const char *media_id);
 void store_remove_thumbs(media *m, const char *sha256);
@@ -355,18 +388,21 @@ extern const size_t MEDIA_N_MIGRATIONS;
 enum { MEDIA_DB_OK = 0, MEDIA_DB_NOTFOUND = 1 };
 /* Each returns MEDIA_DB_OK, MEDIA_DB_NOTFOUND where stated, or ATRIUM_E_DB (logged). */
 int media_db_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
-                 media_row *out);
-int media_db_insert(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r);
+                 media_row *out) MEDIA_MUST_CHECK;
+int media_db_insert(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r)
+    MEDIA_MUST_CHECK;
 /* Bytes `user_id` uploaded (local media, uploaded_ts at or after since_ms) into *out.
  * MEDIA_DB_OK or ATRIUM_E_DB. */
 int media_db_uploaded_since(const atrium_host *h, atrium_plugin *self, PGconn *c,
-                            const char *user_id, int64_t since_ms, int64_t *out);
+                            const char *user_id, int64_t since_ms, int64_t *out) MEDIA_MUST_CHECK;
 int media_db_create(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *media_id,
-                    const char *user_id, int64_t now, int64_t expires, int max_pending);
+                    const char *user_id, int64_t now, int64_t expires, int max_pending)
+    MEDIA_MUST_CHECK;
 /* Locks the row of an asynchronous upload (inside a transaction the caller began). */
 int media_db_lock_pending(const atrium_host *h, atrium_plugin *self, PGconn *c,
-                          const char *media_id, media_row *out);
-int media_db_complete(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r);
+                          const char *media_id, media_row *out) MEDIA_MUST_CHECK;
+int media_db_complete(const atrium_host *h, atrium_plugin *self, PGconn *c, const media_row *r)
+    MEDIA_MUST_CHECK;
 int media_db_exec(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *sql);
 int media_db_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
                             const char *media_id, const char *by);
@@ -376,19 +412,20 @@ int media_db_delete(const atrium_host *h, atrium_plugin *self, PGconn *c, const 
                     bool *sha_still_used, char sha_out[SHA256_HEX_CHARS + 1]);
 /* The remote cache row of origin/media_id (file_name set; quarantine by hash joined). */
 int media_db_remote_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
-                        const char *media_id, media_row *out);
+                        const char *media_id, media_row *out) MEDIA_MUST_CHECK;
 /* Record a committed remote copy (r->file_name names it); old_file gets the name of the
  * copy it replaced ("" when none). */
 int media_db_remote_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *origin,
                         const media_row *r, char old_file[MEDIA_FILE_NAME_MAX],
-                        int64_t *old_bytes);
+                        int64_t *old_bytes) MEDIA_MUST_CHECK;
 /* The origin's thumbnail of origin/media_id at a configured size, as a row (file_name,
  * content_type, sha256, size_bytes). */
 int media_db_remote_thumb_get(const atrium_host *h, atrium_plugin *self, PGconn *c,
                               const char *origin, const char *media_id, const media_size *s,
-                              media_row *out);
+                              media_row *out) MEDIA_MUST_CHECK;
 int media_db_remote_thumb_put(const atrium_host *h, atrium_plugin *self, PGconn *c,
-                              const char *origin, const media_size *s, const media_row *r);
+                              const char *origin, const media_size *s, const media_row *r)
+    MEDIA_MUST_CHECK;
 /* Quarantine (by = the admin) or release (by = NULL) a cached remote copy. */
 int media_db_remote_set_quarantine(const atrium_host *h, atrium_plugin *self, PGconn *c,
                                    const char *origin, const char *media_id, const char *by);
@@ -403,7 +440,7 @@ int media_db_claims_prune(const atrium_host *h, atrium_plugin *self, PGconn *c);
 /* URL previews: the cached answer of (url, ts_bucket) not expired at now_ms into *og
  * (malloc'd JSON text, the caller frees): MEDIA_DB_OK, MEDIA_DB_NOTFOUND or ATRIUM_E_DB. */
 int media_db_preview_get(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *url,
-                         int64_t ts_bucket, int64_t now_ms, char **og);
+                         int64_t ts_bucket, int64_t now_ms, char **og) MEDIA_MUST_CHECK;
 /* Keep og (JSON text) for (url, ts_bucket) until expires_ms, replacing an older answer,
  * and drop answers expired before now_ms. */
 int media_db_preview_put(const atrium_host *h, atrium_plugin *self, PGconn *c, const char *url,
@@ -416,26 +453,25 @@ int media_db_list_user(const atrium_host *h, atrium_plugin *self, PGconn *c, con
 
 /* [req] Answer 200 with a JSON body (stolen; NULL = out of memory): ATRIUM_DONE, or
  * ATRIUM_E_NOMEM for the host to answer 500. */
-int media_reply(media *m, atrium_req *req, json_t *body);
+int media_reply(media *m, atrium_req *req, json_t *body) MEDIA_MUST_CHECK;
 /* [req] host->req_authenticate: the user ID, or NULL with the response (no-store) set
  * (return ATRIUM_DONE). */
 const char *media_authenticate(media *m, atrium_req *req);
 
-#define MEDIA_GO 100 /* not an outcome: the handler goes on */
 /* [req] The steps every GET/HEAD of media content starts with, in order: a delivery slot
  * (waiting parked in the line; 429 past it), then - when `authenticate` - the access
  * token (only after admission, so a token revoked while waiting is refused). Returns
  * MEDIA_GO or the outcome to return. */
-int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate);
+int delivery_enter(media *m, atrium_req *req, media_req *st, bool authenticate) MEDIA_MUST_CHECK;
 /* The start shared by every content handler (download, thumbnail): the legacy paths'
  * switch (404 unless legacy_media), the request's state, then delivery_enter. MEDIA_GO
  * with *st set, or the outcome the handler returns as it is. */
-int delivery_begin(media *m, atrium_req *req, bool legacy, media_req **st);
+int delivery_begin(media *m, atrium_req *req, bool legacy, media_req **st) MEDIA_MUST_CHECK;
 /* [req] Validate serverName/mediaId, read the row (cached in st), apply the
  * trust-and-safety policy and wait (parked, up to timeout_ms) for an asynchronous upload.
  * Returns MEDIA_GO with st->row filled, or the outcome to return. `legacy` applies the
  * freeze of the unauthenticated paths. */
-int delivery_locate(media *m, atrium_req *req, media_req *st, bool legacy);
+int delivery_locate(media *m, atrium_req *req, media_req *st, bool legacy) MEDIA_MUST_CHECK;
 /* [any] Wake downloads waiting for media_id's upload. */
 void delivery_upload_landed(media *m, const char *media_id);
 /* [req] The headers every successful media response carries (CSP, CORP, Cache-Control,
@@ -445,19 +481,19 @@ void delivery_success_headers(media *m, atrium_req *req, const char *etag);
 int delivery_not_modified(media *m, atrium_req *req, const char *etag);
 /* [req] Open an original or thumbnail for serving: the fd, or -1 with the response set
  * (404 when missing - logged as a store inconsistency -, 503 when out of descriptors). */
-int delivery_open(media *m, atrium_req *req, const char *path, uint64_t *size);
+int delivery_open(media *m, atrium_req *req, const char *path, uint64_t *size) MEDIA_MUST_CHECK;
 
 /* [req] The request's timeout_ms (default upload_wait_default_ms, capped at
  * upload_wait_max_ms); -1 when it is not a non-negative integer. */
 int64_t delivery_timeout_ms(media *m, atrium_req *req);
 /* The path of a row's bytes: the remote copy's when file_name is set, else the local
  * original's. 0 or ATRIUM_E_INVAL (too long). */
-int store_row_path(const media *m, const media_row *row, char *out, size_t cap);
+int store_row_path(const media *m, const media_row *row, char *out, size_t cap) MEDIA_MUST_CHECK;
 /* A new, unused path for a remote copy of origin/media_id (a random suffix, so a later
  * copy never replaces a file a reader may have open): relative (under store_path) into
  * rel, and absolute into abs. */
 int store_remote_name(const media *m, const char *origin, const char *media_id, char *rel,
-                      size_t rel_cap, char *abs, size_t abs_cap);
+                      size_t rel_cap, char *abs, size_t abs_cap) MEDIA_MUST_CHECK;
 
 /* ---- fed_serve.c: this server's media for other servers ---------------------------- */
 
@@ -472,7 +508,7 @@ int fed_respond_multipart(media *m, atrium_req *req, const char *type, const cha
 int delivery_respond_file(media *m, atrium_req *req, int status, const char *type,
                           const char *disposition, int fd, uint64_t offset, uint64_t len);
 
-/* ---- remote.c ------------------------------------------------------------------------ */
+/* ---- remote.c, remote_fetch.c, remote_stream.c ------------------------------------------ */
 
 int remote_init(media *m);
 void remote_fini(media *m);
@@ -480,13 +516,13 @@ void remote_fini(media *m);
  * the fetch (fetch budget, handoff to the fetch pool, one coalesced fetch, parked until
  * it lands). MEDIA_GO with st->row filled from the remote cache, or the outcome. */
 int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
-                  const char *media_id);
+                  const char *media_id) MEDIA_MUST_CHECK;
 /* [req] After remote_locate returned MEDIA_GO with st->landing set (a request with
  * st->stream_ok whose file is still being fetched): answer 200 with the bytes as they
  * arrive (host->respond_stream_wait, chunked), cut before its end if the fetch fails.
  * `disposition` is the Content-Disposition download.c chose. ATRIUM_DONE or an error. */
 int remote_respond_stream(media *m, atrium_req *req, media_req *st, const char *type,
-                          const char *disposition);
+                          const char *disposition) MEDIA_MUST_CHECK;
 
 /* ---- preview.c / preview_html.c: URL previews ---------------------------------------- */
 
@@ -535,10 +571,10 @@ int cluster_init(media *m);
 uint64_t media_wake_gen(media *m, const char *key);
 /* [any] Wake requests waiting for key (bump its bucket's generation, signal its event). */
 void media_wake(media *m, const char *key);
-/* [req] Park on key's event until until_ms, unless woken since gen was read: 0 parked
- * (return ATRIUM_PARKED), 1 woken meanwhile (look again now), ATRIUM_E_STOPPED. */
+/* [req] Park on key's event until until_ms, unless woken since gen was read: ATRIUM_PARKED
+ * (return it), PARK_WOKEN (woken meanwhile: look again now) or ATRIUM_E_STOPPED. */
 int media_park_unless_woken(media *m, atrium_req *req, const char *key, uint64_t gen,
-                            int64_t until_ms);
+                            int64_t until_ms) MEDIA_MUST_CHECK;
 /* [any] Are notifications from the other processes arriving now (the host offers them
  * and its listening connection is up)? While not, waiters re-check more often. */
 bool cluster_live(const media *m);
@@ -551,7 +587,8 @@ enum cluster_claim { CLAIM_MINE = 0, CLAIM_HELD = 1, CLAIM_RESULT = 2 };
  * then cluster_claim_end), CLAIM_HELD (another process does it; *left_ms until its claim
  * lapses, -1 unknown) or CLAIM_RESULT (it ended elsewhere with *result, still
  * remembered). A database failure answers CLAIM_MINE. */
-int cluster_claim(media *m, const char *key, int64_t ttl_ms, int *result, int64_t *left_ms);
+int cluster_claim(media *m, const char *key, int64_t ttl_ms, int *result, int64_t *left_ms)
+    MEDIA_MUST_CHECK;
 /* [any, blocks on PostgreSQL] The claimed work ended: forget the claim, or keep result
  * for remember_ms (> 0) for the other processes; then publish payload on channel. */
 void cluster_claim_end(media *m, const char *channel, const char *key, const char *payload,
@@ -564,20 +601,23 @@ bool cluster_shared_eviction(const media *m);
 
 /* ---- remote_claim.c: one fetch per remote file across processes ---------------------- */
 
-#define REMOTE_CLAIM_LANDED 3 /* remote_claim_take: the copy is cached already */
+enum remote_claim {
+    REMOTE_CLAIM_MINE = 0,   /* fetch it, then remote_claim_end */
+    REMOTE_CLAIM_HELD = 1,   /* another process fetches it */
+    REMOTE_CLAIM_RESULT = 2, /* it ended elsewhere with *result, still remembered */
+    REMOTE_CLAIM_LANDED = 3, /* the copy is cached already */
+};
 /* [fetch pool, blocks on PostgreSQL] Claim the fetch of key (remote.c's key of origin/
- * media_id, thumb = the origin's thumbnail of that size or NULL): CLAIM_MINE (fetch it,
- * then remote_claim_end), CLAIM_HELD (another process fetches it), CLAIM_RESULT (*result:
- * it ended elsewhere so, and is remembered) or REMOTE_CLAIM_LANDED (cached meanwhile). */
+ * media_id, thumb = the origin's thumbnail of that size or NULL): an enum remote_claim. */
 int remote_claim_take(media *m, const char *key, const char *origin, const char *media_id,
-                      const media_size *thumb, int *result);
+                      const media_size *thumb, int *result) MEDIA_MUST_CHECK;
 /* [fetch pool, blocks on PostgreSQL] The claimed fetch ended with result: remembered for
  * remember_ms (> 0) for the others, else forgotten; the key is published. */
 void remote_claim_end(media *m, const char *key, int result, int64_t remember_ms);
 /* [req] Another process fetches key: park until its notification or the next re-check
  * (within the request's deadline). ATRIUM_PARKED, MEDIA_GO (it ended since st->wake_gen
  * was read: look at the cache now), or ATRIUM_DONE (503, stopping). */
-int remote_claim_wait(media *m, atrium_req *req, media_req *st, const char *key);
+int remote_claim_wait(media *m, atrium_req *req, media_req *st, const char *key) MEDIA_MUST_CHECK;
 
 /* ---- cache.c --------------------------------------------------------------------------- */
 
@@ -606,7 +646,7 @@ void fetch_budget_fini(media *m);
  * request ends), ATRIUM_PARKED while waiting in the fair line (the handler runs again and
  * calls this again), or ATRIUM_DONE with the answer set (429 past the line, 504 at the
  * request's deadline, 503 while stopping). */
-int fetch_budget_enter(media *m, atrium_req *req, media_req *st);
+int fetch_budget_enter(media *m, atrium_req *req, media_req *st) MEDIA_MUST_CHECK;
 /* [req] Give the request's fetch budget slot back now (it no longer needs a fetch: it
  * follows one that is streaming); the hold then releases nothing. Idempotent. */
 void fetch_budget_leave(media *m, media_req *st);
@@ -639,9 +679,9 @@ typedef struct mp_parser {
 } mp_parser;
 /* Start a parser for a Content-Type header ("multipart/mixed; boundary=..."): 0, or -1
  * when it is not multipart/mixed with a valid boundary. */
-int mp_init(mp_parser *p, const char *content_type);
+int mp_init(mp_parser *p, const char *content_type) MEDIA_MUST_CHECK;
 /* Feed bytes: 0, -1 for a malformed body, or what on_body returned (non-zero). */
-int mp_feed(mp_parser *p, const char *data, size_t len);
+int mp_feed(mp_parser *p, const char *data, size_t len) MEDIA_MUST_CHECK;
 /* Did the body end properly: the metadata and the file part, then the close delimiter? */
 bool mp_complete(const mp_parser *p);
 
@@ -659,7 +699,7 @@ typedef void (*verify_release_fn)(void *ctx, PGconn *c);
  * borrowed per page of rows and given back before the files of the page are read. 0, or
  * ATRIUM_E_DB / ATRIUM_E_NOMEM with err set. rep->details is the caller's to decref. */
 int media_verify(const media *m, verify_acquire_fn acquire, verify_release_fn release, void *ctx,
-                 verify_report *rep, char *err, size_t errlen);
+                 verify_report *rep, char *err, size_t errlen) MEDIA_MUST_CHECK;
 
 /* ---- handlers ------------------------------------------------------------------------ */
 
@@ -674,7 +714,7 @@ int upload_put_handler(atrium_req *req);
 int upload_put_body_chunk(atrium_req *req, const char *data, size_t len);
 int admin_register(media *m);
 /* A fresh local media ID (MEDIA_ID_GENERATED_CHARS letters and digits): 0 or ATRIUM_E_IO. */
-int media_generate_id(char out[MEDIA_ID_GENERATED_CHARS + 1]);
+int media_generate_id(char out[MEDIA_ID_GENERATED_CHARS + 1]) MEDIA_MUST_CHECK;
 
 /* ---- thumbnail.c / render.c ----------------------------------------------------------- */
 
@@ -697,19 +737,19 @@ int render_global_init(media *m);
 void render_global_fini(void);
 /* [any] Read an image header: dimensions (of one frame, or the container's declared
  * canvas where that is larger: canvas.c) and frame count. RENDER_OK or RENDER_E_NOT_IMAGE. */
-int render_probe(const char *path, int *width, int *height, int *frames);
+int render_probe(const char *path, int *width, int *height, int *frames) MEDIA_MUST_CHECK;
 /* canvas.c [any]: the canvas the container header in b[0..n) declares (GIF, PNG, WebP,
  * JPEG), 0 x 0 when it declares none. */
 void canvas_of_buffer(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h);
 /* The same for the start of a file. 0, or ATRIUM_E_IO / ATRIUM_E_NOMEM (then 0 x 0). */
-int canvas_of_file(const char *path, uint32_t *w, uint32_t *h);
+int canvas_of_file(const char *path, uint32_t *w, uint32_t *h) MEDIA_MUST_CHECK;
 /* [any] Render path to a WebP thumbnail of at most s->width x s->height (crop: exactly the
  * box's aspect) honouring EXIF orientation, never upscaled; the first frame only, unless
  * s->animated (then every frame, as an animated WebP, when the frames fit
  * RENDER_MAX_ANIMATED_PIXELS; else the first). On RENDER_OK *out / *len hold the WebP
  * bytes (free with render_free). */
 int render_thumbnail(const char *path, const media_size *s, int64_t max_pixels, uint8_t **out,
-                     size_t *len);
+                     size_t *len) MEDIA_MUST_CHECK;
 void render_free(uint8_t *buf);
 const char *render_strerror(int rc);
 
@@ -744,7 +784,7 @@ int fdcache_start(media *m);
  * response), from the cache when it holds the path and the file is still linked, else
  * opened now (and kept for the next request). *size is the file's size. -1 when open(2)
  * failed, -2 when fstat(2) did; errno says why. */
-int fdcache_open(media *m, const char *path, uint64_t *size);
+int fdcache_open(media *m, const char *path, uint64_t *size) MEDIA_MUST_CHECK;
 /* [any] Close the cached descriptor of path, if any: call after unlinking it. */
 void fdcache_forget(media *m, const char *path);
 /* [any] The same for every cached path inside the folder dir (no trailing '/'). */

@@ -643,30 +643,30 @@ static int preview_handler(atrium_req *req)
     int rc = from_cache(m, req, norm, bucket);
     if (rc != MEDIA_GO) return rc;
     /* One fetch per (url, bucket): a request finding one under way waits for it. */
+    bool refused = false;
     pthread_mutex_lock(&m->preview_mu);
     preview_job *j = fetching_find(m, norm, bucket);
     bool waiting = j != NULL;
     atrium_budget *budget = waiting ? m->preview_waiting : m->preview_budget;
-    if (h->budget_try_acquire(budget, user) < 0) {
-        pthread_mutex_unlock(&m->preview_mu);
-        h->metric_add(m->m_preview_refused, 1);
-        h->respond_limited(req, PREVIEW_RETRY_AFTER_MS, "Too many URL previews at once");
-        return ATRIUM_DONE;
-    }
+    if ((refused = h->budget_try_acquire(budget, user) < 0)) goto out;
     if (waiting) {
         atomic_fetch_add(&j->refs, 1); /* the request's: j is alive while listed */
-    } else {
-        j = job_new(m, user, norm, bucket);
-        if (!j) {
-            pthread_mutex_unlock(&m->preview_mu);
-            h->budget_release(budget, user);
-            return ATRIUM_E_NOMEM;
-        }
+    } else if ((j = job_new(m, user, norm, bucket))) {
         j->next = m->preview_fetching;
         m->preview_fetching = j;
         j->listed = true;
     }
+out:
     pthread_mutex_unlock(&m->preview_mu);
+    if (refused) {
+        h->metric_add(m->m_preview_refused, 1);
+        h->respond_limited(req, PREVIEW_RETRY_AFTER_MS, "Too many URL previews at once");
+        return ATRIUM_DONE;
+    }
+    if (!j) {
+        h->budget_release(budget, user);
+        return ATRIUM_E_NOMEM;
+    }
     rc = job_join(m, j, req, user, waiting);
     if (waiting) {
         if (rc == ATRIUM_PARKED) h->metric_add(m->m_preview_coalesced, 1);

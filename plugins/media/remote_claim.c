@@ -59,8 +59,9 @@ int remote_claim_take(media *m, const char *key, const char *origin, const char 
     int64_t left_ms = -1;
     int who = cluster_claim(m, claim, m->cfg.remote_fetch_timeout_ms + REMOTE_CLAIM_MARGIN_MS,
                             result, &left_ms);
-    if (who != CLAIM_MINE) return who;
-    if (!copy_exists(m, origin, media_id, thumb)) return CLAIM_MINE;
+    if (who == CLAIM_HELD) return REMOTE_CLAIM_HELD;
+    if (who == CLAIM_RESULT) return REMOTE_CLAIM_RESULT;
+    if (!copy_exists(m, origin, media_id, thumb)) return REMOTE_CLAIM_MINE;
     cluster_claim_end(m, MEDIA_CH_FETCH, claim, key, 0, 0);
     return REMOTE_CLAIM_LANDED;
 }
@@ -79,8 +80,8 @@ int remote_claim_wait(media *m, atrium_req *req, media_req *st, const char *key)
     int64_t until = now + (cluster_live(m) ? REMOTE_RECHECK_LIVE_MS : REMOTE_RECHECK_MS);
     if (until > st->remote_deadline_ms) until = st->remote_deadline_ms;
     int rc = media_park_unless_woken(m, req, key, st->wake_gen, until);
-    if (rc == 0) return ATRIUM_PARKED;
-    if (rc == 1) return MEDIA_GO; /* it ended meanwhile: look at the cache now */
+    if (rc == ATRIUM_PARKED) return ATRIUM_PARKED;
+    if (rc == PARK_WOKEN) return MEDIA_GO; /* it ended meanwhile: look at the cache now */
     h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
     return ATRIUM_DONE;
 }

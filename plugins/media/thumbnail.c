@@ -291,21 +291,9 @@ static const char *ext_of(const char *content_type)
     return "webp";
 }
 
+/* A stored image served as it is, under its own type: an original that is its own
+ * thumbnail, or the origin's thumbnail of remote media (a safe image type). */
 static int serve_original(media *m, atrium_req *req, const media_row *row)
-{
-    char etag[SHA256_HEX_CHARS + 3], path[MEDIA_PATH_MAX];
-    snprintf(etag, sizeof(etag), "\"%s\"", row->sha256);
-    if (media_etag_matches(m->h->req_header(req, "If-None-Match"), etag))
-        return delivery_not_modified(m, req, etag);
-    if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
-    uint64_t size;
-    int fd = delivery_open(m, req, path, &size);
-    if (fd < 0) return ATRIUM_DONE;
-    return serve_file(m, req, fd, size, row->content_type, ext_of(row->content_type), etag);
-}
-
-/* The origin's thumbnail of remote media, as stored (its type is a safe image type). */
-static int serve_remote_thumb(media *m, atrium_req *req, const media_row *row)
 {
     char etag[SHA256_HEX_CHARS + 3], path[MEDIA_PATH_MAX];
     snprintf(etag, sizeof(etag), "\"%s\"", row->sha256);
@@ -480,6 +468,8 @@ static int await_render(media *m, atrium_req *req, media_req *st, const media_ro
     render_table *t = m->renders;
     bool created = false; /* this run started the job: it did not join one */
     for (;;) {
+        enum { AWAIT_FAILED, AWAIT_EXISTS, AWAIT_CREATED, AWAIT_LATE, AWAIT_PARKED } next;
+        int result = 0;
         int64_t now = h->now_ms();
         pthread_mutex_lock(&t->mu);
         render_job **pp = slot_of(t, key), *j = *pp;
@@ -491,31 +481,24 @@ static int await_render(media *m, atrium_req *req, media_req *st, const media_ro
             j = NULL;
         }
         if (j && j->state == JOB_FAILED) {
-            int result = j->result;
-            pthread_mutex_unlock(&t->mu);
-            return respond_render_failure(m, req, result);
+            result = j->result;
+            next = AWAIT_FAILED;
+            goto out;
         }
         if (!j) {
             /* A job leaves the table only after its file was committed: check under the
              * lock. */
-            if (access(dst, F_OK) == 0) {
-                pthread_mutex_unlock(&t->mu);
-                return MEDIA_GO;
-            }
-            j = job_new(m, t, row, s, key, dst);
-            pthread_mutex_unlock(&t->mu);
-            if (!j) return ATRIUM_E_NOMEM;
-            created = true;
-            if (claim_job(m, j) < 0) return fallback(m, req, row, s);
-            continue; /* see what the claim made of it */
+            next = access(dst, F_OK) == 0 ? AWAIT_EXISTS : AWAIT_CREATED;
+            if (next == AWAIT_CREATED) j = job_new(m, t, row, s, key, dst);
+            goto out;
         }
         if (!st->waiting_render) {
             if (!created) h->metric_add(m->m_render_coalesced, 1);
             st->waiting_render = true;
             st->render_deadline_ms = now + m->cfg.render_wait_ms;
         } else if (now >= st->render_deadline_ms) {
-            pthread_mutex_unlock(&t->mu);
-            return fallback(m, req, row, s);
+            next = AWAIT_LATE;
+            goto out;
         }
         int64_t until = st->render_deadline_ms;
         if (j->state == JOB_ELSEWHERE && j->recheck_at_ms < until) until = j->recheck_at_ms;
@@ -525,13 +508,24 @@ static int await_render(media *m, atrium_req *req, media_req *st, const media_ro
         /* Read the row again when woken, so a quarantine meanwhile applies (set before
          * parking: once parked, another thread may own the request). */
         st->have_row = false;
-        int rc = h->park(req, m->events[media_bucket(key)], until);
+        result = h->park(req, m->events[media_bucket(key)], until);
+        next = AWAIT_PARKED;
+    out:
         pthread_mutex_unlock(&t->mu);
-        if (rc != 0) {
+        switch (next) {
+        case AWAIT_FAILED: return respond_render_failure(m, req, result);
+        case AWAIT_EXISTS: return MEDIA_GO;
+        case AWAIT_LATE: return fallback(m, req, row, s);
+        case AWAIT_PARKED:
+            if (result == 0) return ATRIUM_PARKED;
             h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
             return ATRIUM_DONE;
+        case AWAIT_CREATED:
+            if (!j) return ATRIUM_E_NOMEM;
+            created = true;
+            if (claim_job(m, j) < 0) return fallback(m, req, row, s);
+            break; /* see what the claim made of it */
         }
-        return ATRIUM_PARKED;
     }
 }
 
@@ -605,7 +599,7 @@ static int serve(media *m, atrium_req *req, bool legacy)
     rc = delivery_locate(m, req, st, legacy);
     if (rc != MEDIA_GO) return rc;
     const media_row *row = &st->row;
-    if (st->row_is_thumbnail) return serve_remote_thumb(m, req, row);
+    if (st->row_is_thumbnail) return serve_original(m, req, row);
 
     if (row->width <= 0 || row->height <= 0)
         return respond_render_failure(m, req, RENDER_E_NOT_IMAGE);

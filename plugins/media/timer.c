@@ -1,7 +1,7 @@
 /*
  * plugins/media/timer.c - "call this at that time": the media plugin's one timer thread,
  * for work that must wait a while without holding a pool thread (a fetch the origin
- * answered 429 is asked again after its Retry-After: remote.c).
+ * answered 429 is asked again after its Retry-After: remote_fetch.c).
  *
  * One thread sleeps on a condition variable until the earliest entry is due, then calls
  * its function on the timer thread, outside the lock; the function must be quick (submit
