@@ -13,7 +13,7 @@
  * functions. No global mutable state; any thread.
  */
 #include "core/config/config.h"
-#include "core/federation/fed_iprange.h"
+#include "core/runtime/iprange.h"
 
 #include <ctype.h>
 #include <sodium.h>

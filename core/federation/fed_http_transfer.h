@@ -14,7 +14,7 @@
 #include <curl/curl.h>
 
 #include "core/federation/fed_http.h"
-#include "core/federation/fed_iprange.h"
+#include "core/runtime/iprange.h"
 
 #define FED_HTTP_ERROR_BYTES 512
 #define FED_HTTP_MAX_HEADER_BYTES (64 * 1024) /* of one response's header block */

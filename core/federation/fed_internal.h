@@ -12,7 +12,7 @@
 
 #include "core/federation/fed_backoff.h"
 #include "core/federation/fed_http.h"
-#include "core/federation/fed_iprange.h"
+#include "core/runtime/iprange.h"
 #include "core/federation/fed_keyring.h"
 #include "core/federation/fed_keys.h"
 #include "core/federation/fed_migrations.h"

@@ -26,7 +26,7 @@
 #include <time.h>
 
 #include "core/rooms/canonical_json.h"
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 #include "core/federation/fed_keyring.h"
 
 #define LOG_ORIGIN "federation"

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "core/rooms/canonical_json.h"
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 #include "core/federation/fed_keys.h"
 #include "core/runtime/runtime.h"
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 #include "core/federation/fed_keyring.h"
 
 #define KEY_ID_PREFIX "ed25519:"

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/room_auth.h"
 

@@ -16,13 +16,13 @@
  * version 1 rooms: the keys of one pass are each resolved against R as it was before the
  * pass (R takes the pass's results at its end), and when the rules refuse every event of
  * a normal key, the last in that order (least depth) is taken. SHA-1 comes from
- * core/client/accounts/hmac_sha1.h; this algorithm is its only other use, because the spec
+ * core/runtime/hmac_sha1.h; this algorithm is its only other use, because the spec
  * names it.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/hmac_sha1.h"
+#include "core/runtime/hmac_sha1.h"
 #include "core/rooms/state_res_internal.h"
 
 typedef struct v1_key {

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "core/federation/fed_http.h"
-#include "core/federation/fed_iprange.h"
+#include "core/runtime/iprange.h"
 
 #define WAIT_MS 3000          /* the most any wait in this file may take */
 #define SLACK_MS 400          /* how late a deadline may fire on a loaded machine */

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "atrium/abi.h"
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 #include "core/federation/fed_keys.h"
 
 /* The seed of the spec's "Cryptographic Test Vectors" appendix (server "domain", key

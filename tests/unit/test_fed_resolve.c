@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #include "core/federation/fed_http.h"
-#include "core/federation/fed_iprange.h"
+#include "core/runtime/iprange.h"
 #include "core/federation/fed_resolve.h"
 
 #define T_A 1

@@ -14,7 +14,7 @@
 #include <cmocka.h>
 #include <sodium.h>
 
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 #include "core/federation/fed_xmatrix.h"
 
 #define ORIGIN "origin.example"

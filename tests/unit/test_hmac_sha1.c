@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "core/client/accounts/admin_register.h"
-#include "core/client/accounts/hmac_sha1.h"
+#include "core/runtime/hmac_sha1.h"
 
 static void hex(const unsigned char *d, size_t n, char *out)
 {

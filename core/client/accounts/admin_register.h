@@ -8,7 +8,7 @@
 
 #include <stdbool.h>
 
-#include "core/client/accounts/hmac_sha1.h"
+#include "core/runtime/hmac_sha1.h"
 
 #define ADMIN_MAC_HEX_CHARS (2 * SHA1_DIGEST_BYTES)
 

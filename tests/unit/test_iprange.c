@@ -1,5 +1,5 @@
 /*
- * tests/unit/test_fed_iprange.c - the address rule of the outbound client: CIDR parsing
+ * tests/unit/test_iprange.c - the address rule of the outbound client: CIDR parsing
  * (and its refusals), IPv4 and IPv6 range boundaries, ::ffff: mapped addresses judged as
  * the IPv4 address they map, the default blacklist, and the whitelist exception.
  */
@@ -13,7 +13,7 @@
 #include <netinet/in.h>
 #include <string.h>
 
-#include "core/federation/fed_iprange.h"
+#include "core/runtime/iprange.h"
 
 static fed_iprange_list *parse(const char *const *cidrs, size_t n)
 {

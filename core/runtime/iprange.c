@@ -1,5 +1,5 @@
 /*
- * core/federation/fed_iprange.c - CIDR lists and the connect-time address rule (see
+ * core/runtime/iprange.c - CIDR lists and the connect-time address rule (see
  * fed_iprange.h for the contract).
  *
  * A list is a flat array of (family, prefix length, network bytes): the lists are short
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_iprange.h"
+#include "core/runtime/iprange.h"
 
 #define FED_IPRANGE_V4_BITS 32
 #define FED_IPRANGE_V6_BITS 128

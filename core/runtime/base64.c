@@ -1,5 +1,5 @@
 /*
- * core/federation/fed_base64.c - the tolerant-about-form, strict-about-content base64
+ * core/runtime/base64.c - the tolerant-about-form, strict-about-content base64
  * decoder (see fed_base64.h for which forms are accepted and why).
  *
  * Trailing bits that a canonical encoder would have left zero are not checked: Python's
@@ -8,7 +8,7 @@
  */
 #include <string.h>
 
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 
 /* Longer strings are refused by fed_b64_decode_exact unread: the longest thing it decodes
  * is a 64-byte signature (88 characters padded). */

@@ -1,5 +1,5 @@
 /*
- * core/client/accounts/hmac_sha1.h - SHA-1 and HMAC-SHA1 (FIPS 180-4, RFC 2104), for the two
+ * core/runtime/hmac_sha1.h - SHA-1 and HMAC-SHA1 (FIPS 180-4, RFC 2104), for the two
  * places that need them: the MAC of Synapse-style shared-secret admin registration, which
  * tools already speak, and the tie-break of room version 1's state resolution, which the
  * spec defines by SHA-1 (core/rooms/state_res_v1.c). libsodium has no SHA-1, and nothing

@@ -1,10 +1,10 @@
 /*
- * core/client/accounts/hmac_sha1.c - SHA-1 and HMAC-SHA1 (see hmac_sha1.h). Written from the
+ * core/runtime/hmac_sha1.c - SHA-1 and HMAC-SHA1 (see hmac_sha1.h). Written from the
  * standard: 80 rounds over 512-bit blocks, big-endian words, length-padded final block.
  */
 #include <string.h>
 
-#include "core/client/accounts/hmac_sha1.h"
+#include "core/runtime/hmac_sha1.h"
 
 static uint32_t rol(uint32_t x, int n)
 {

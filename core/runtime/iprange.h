@@ -1,5 +1,5 @@
 /*
- * core/federation/fed_iprange.h - lists of IP ranges (CIDR) and the one question asked of
+ * core/runtime/iprange.h - lists of IP ranges (CIDR) and the one question asked of
  * them: may the server open a connection to this address?
  *
  * The outbound client asks it for every socket it opens (fed_http.h), so the answer is

@@ -1,5 +1,5 @@
 /*
- * core/federation/fed_base64.h - the one base64 decoder of federation: keys, seeds and
+ * core/runtime/base64.h - the one base64 decoder of federation: keys, seeds and
  * signatures that other servers (and operators migrating a key file) hand us.
  *
  * Matrix writes unpadded standard base64, but the appendix asks decoders to accept padding
