@@ -15,7 +15,7 @@
  * location itself, so the address check below applies to every hop).
  *
  * No SSRF: every socket the client opens is checked against the address blacklist and
- * whitelist (fed_iprange.h) at connect time, on the address actually being connected to
+ * whitelist (core/runtime/iprange.h) at connect time, on the address actually being connected to
  * (CURLOPT_OPENSOCKETFUNCTION), so a DNS answer that changed since it was checked cannot
  * bypass it. A refused address fails the request with FED_HTTP_E_BLOCKED.
  *
@@ -34,7 +34,7 @@
 typedef struct fed_http fed_http;               /* the client: one per process */
 typedef struct fed_http_handle fed_http_handle; /* one submitted request */
 typedef struct fed_http_result fed_http_result; /* how one request ended (below) */
-typedef struct fed_iprange_list fed_iprange_list;
+typedef struct rt_iprange_list rt_iprange_list;
 
 /* How a request ended (fed_http_result.outcome). */
 enum fed_http_outcome {
@@ -58,8 +58,8 @@ typedef struct fed_http_settings {
     /* PEM files of the CAs trusted for TLS, instead of the system's; NULL/0 = system. */
     const char *const *ca_files;
     size_t n_ca_files;
-    const fed_iprange_list *blacklist; /* refused at connect... */
-    const fed_iprange_list *whitelist; /* ...unless listed here (may be NULL) */
+    const rt_iprange_list *blacklist; /* refused at connect... */
+    const rt_iprange_list *whitelist; /* ...unless listed here (may be NULL) */
 } fed_http_settings;
 
 typedef struct fed_http_req {

@@ -13,7 +13,7 @@
  * CURLOPT_RESOLVE, an IP-literal URL needs none, and no proxy is used (CURLOPT_PROXY ""
  * overrides the http_proxy environment, which would otherwise let a proxy connect where
  * the address rule does not look). Every socket is opened by open_socket, which asks
- * fed_iprange_allowed about the address being connected to and refuses with
+ * rt_iprange_allowed about the address being connected to and refuses with
  * CURL_SOCKET_BAD; the refusal is remembered, so the request ends FED_HTTP_E_BLOCKED
  * with the address named rather than as a generic connect error. Redirects are never
  * followed.
@@ -387,7 +387,7 @@ static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_soc
 {
     fed_http_handle *h = ud;
     (void)purpose;
-    if (!fed_iprange_allowed(h->rules->blacklist, h->rules->whitelist, &a->addr)) {
+    if (!rt_iprange_allowed(h->rules->blacklist, h->rules->whitelist, &a->addr)) {
         char ip[FED_HTTP_IP_BYTES];
         sockaddr_text(&a->addr, ip, sizeof(ip));
         h->blocked = true;

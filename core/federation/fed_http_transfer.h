@@ -22,7 +22,7 @@
 
 /* What every connection of the client obeys; lives as long as the client. */
 typedef struct fed_http_rules {
-    const fed_iprange_list *blacklist, *whitelist;
+    const rt_iprange_list *blacklist, *whitelist;
     const struct curl_blob *ca_blob; /* NULL: the system's store */
 } fed_http_rules;
 

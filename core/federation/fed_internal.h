@@ -35,7 +35,7 @@ typedef struct fed_module {
     size_t n_old_keys;
     char key_path[4096];
     bool listener; /* the federation listener is served */
-    fed_iprange_list *blacklist, *whitelist;
+    rt_iprange_list *blacklist, *whitelist;
     fed_http *http;
     fed_resolver *resolver;
     fed_backoff *backoff;

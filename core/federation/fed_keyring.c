@@ -303,7 +303,7 @@ static fed_key_set *db_read(fed_keyring *r, const char *server)
             fed_verify_key k = {0};
             snprintf(k.key_id, sizeof(k.key_id), "%s", PQgetvalue(res, i, 0));
             const char *text = PQgetvalue(res, i, 4);
-            if (fed_b64_decode_exact(PQgetvalue(res, i, 1), k.public_key, sizeof(k.public_key)) <
+            if (rt_b64_decode_exact(PQgetvalue(res, i, 1), k.public_key, sizeof(k.public_key)) <
                 0) {
                 rt_log(ATRIUM_LOG_WARN, LOG_ORIGIN, "keys of %s: stored key %s is not base64",
                        server, k.key_id);

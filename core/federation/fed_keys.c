@@ -129,7 +129,7 @@ static int parse_key_file(char *text, const char *path, fed_signing_key *key, ch
             return ATRIUM_E_INVAL;
         }
         unsigned char seed[FED_SEED_BYTES];
-        if (fed_b64_decode_exact(w[2], seed, sizeof(seed)) < 0) {
+        if (rt_b64_decode_exact(w[2], seed, sizeof(seed)) < 0) {
             snprintf(err, err_len,
                      "signing key file %s: the seed is not base64 of %d bytes",
                      path, FED_SEED_BYTES);
@@ -362,7 +362,7 @@ int fed_public_key_parse(const char *key_id, const char *key_b64, fed_public_key
                  key_id ? key_id : "");
         return ATRIUM_E_INVAL;
     }
-    if (!key_b64 || fed_b64_decode_exact(key_b64, out->public_key, FED_PUBLIC_KEY_BYTES) < 0) {
+    if (!key_b64 || rt_b64_decode_exact(key_b64, out->public_key, FED_PUBLIC_KEY_BYTES) < 0) {
         snprintf(err, err_len, "key %s: the key must be base64 of a %d-byte public key", key_id,
                  FED_PUBLIC_KEY_BYTES);
         memset(out, 0, sizeof(*out));
@@ -456,7 +456,7 @@ int fed_verify_json(const json_t *obj, const char *server_name, const char *key_
         return FED_SIG_E_UNSIGNED;
     }
     unsigned char raw[FED_SIGNATURE_BYTES];
-    if (fed_b64_decode_exact(json_string_value(sig), raw, sizeof(raw)) < 0) {
+    if (rt_b64_decode_exact(json_string_value(sig), raw, sizeof(raw)) < 0) {
         WHY("the signature by %.255s with key %.64s is not base64 of %d bytes", server_name,
             key_id, FED_SIGNATURE_BYTES);
         return FED_SIG_E_BASE64;

@@ -110,7 +110,7 @@ static bool entry_key(const json_t *entry, unsigned char pub[FED_PUBLIC_KEY_BYTE
 {
     const json_t *key = json_object_get(entry, "key");
     return json_is_string(key) &&
-           fed_b64_decode_exact(json_string_value(key), pub, FED_PUBLIC_KEY_BYTES) == 0;
+           rt_b64_decode_exact(json_string_value(key), pub, FED_PUBLIC_KEY_BYTES) == 0;
 }
 
 /* Check one document of `server` and append its keys to s (whose n may be > 0). */

@@ -211,13 +211,13 @@ static int build_ranges(fed_module *m)
 {
     const struct core_federation *f = &m->cfg->federation;
     char err[256];
-    m->blacklist = fed_iprange_parse(f->ip_range_blacklist, f->n_ip_range_blacklist, err,
+    m->blacklist = rt_iprange_parse(f->ip_range_blacklist, f->n_ip_range_blacklist, err,
                                      sizeof(err));
     if (!m->blacklist) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "federation.ip_range_blacklist: %s", err);
         return -1;
     }
-    m->whitelist = fed_iprange_parse(f->ip_range_whitelist, f->n_ip_range_whitelist, err,
+    m->whitelist = rt_iprange_parse(f->ip_range_whitelist, f->n_ip_range_whitelist, err,
                                      sizeof(err));
     if (!m->whitelist) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "federation.ip_range_whitelist: %s", err);
@@ -395,8 +395,8 @@ void federation_free(void)
     if (m->backoff) fed_backoff_free(m->backoff);
     if (m->resolver) fed_resolve_free(m->resolver);
     if (m->http) fed_http_free(m->http);
-    fed_iprange_free(m->blacklist);
-    fed_iprange_free(m->whitelist);
+    rt_iprange_free(m->blacklist);
+    rt_iprange_free(m->whitelist);
     fed_signing_key_wipe(&m->key);
     http_tls_free_all();
     fed = NULL;

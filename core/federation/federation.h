@@ -6,7 +6,7 @@
  *
  * The pieces, one file each: fed_keys (our key, signed JSON, the key document),
  * fed_xmatrix (request signatures), fed_keyring (other servers' keys), fed_http (the one
- * outbound client), fed_iprange (which addresses may be connected to), fed_resolve
+ * outbound client; which addresses it may connect to is core/runtime/iprange.h), fed_resolve
  * (discovery), fed_backoff (destinations that failed), fed_request (one outbound
  * federation request end to end), fed_auth (the inbound check), fed_routes (the key
  * server, version and the first federation endpoints). This file's module, federation.c,

@@ -1,6 +1,6 @@
 /*
  * core/runtime/base64.c - the tolerant-about-form, strict-about-content base64
- * decoder (see fed_base64.h for which forms are accepted and why).
+ * decoder (see base64.h for which forms are accepted and why).
  *
  * Trailing bits that a canonical encoder would have left zero are not checked: Python's
  * decoder (and so Synapse) ignores them, and what is decoded here is compared as bytes
@@ -10,9 +10,9 @@
 
 #include "core/runtime/base64.h"
 
-/* Longer strings are refused by fed_b64_decode_exact unread: the longest thing it decodes
+/* Longer strings are refused by rt_b64_decode_exact unread: the longest thing it decodes
  * is a 64-byte signature (88 characters padded). */
-#define FED_B64_EXACT_MAX_CHARS 128
+#define RT_B64_EXACT_MAX_CHARS 128
 
 /* The 6-bit value of c in either alphabet, or -1. */
 static int sextet(unsigned char c)
@@ -25,7 +25,7 @@ static int sextet(unsigned char c)
     return -1;
 }
 
-long fed_b64_decode(const char *in, size_t in_len, unsigned char *out, size_t out_cap)
+long rt_b64_decode(const char *in, size_t in_len, unsigned char *out, size_t out_cap)
 {
     /* Padding: only at the end, and only to complete the last group of four. */
     size_t data = in_len;
@@ -53,12 +53,12 @@ long fed_b64_decode(const char *in, size_t in_len, unsigned char *out, size_t ou
     return (long)n;
 }
 
-int fed_b64_decode_exact(const char *in, unsigned char *out, size_t want)
+int rt_b64_decode_exact(const char *in, unsigned char *out, size_t want)
 {
-    unsigned char tmp[FED_B64_DECODED_MAX(FED_B64_EXACT_MAX_CHARS)];
-    size_t len = strnlen(in, FED_B64_EXACT_MAX_CHARS + 1);
-    if (len > FED_B64_EXACT_MAX_CHARS || want > sizeof(tmp)) return -1;
-    long n = fed_b64_decode(in, len, tmp, sizeof(tmp));
+    unsigned char tmp[RT_B64_DECODED_MAX(RT_B64_EXACT_MAX_CHARS)];
+    size_t len = strnlen(in, RT_B64_EXACT_MAX_CHARS + 1);
+    if (len > RT_B64_EXACT_MAX_CHARS || want > sizeof(tmp)) return -1;
+    long n = rt_b64_decode(in, len, tmp, sizeof(tmp));
     if (n < 0 || (size_t)n != want) return -1;
     memcpy(out, tmp, want);
     return 0;

@@ -48,7 +48,7 @@ static void compress(uint32_t h[5], const unsigned char *block)
     h[4] += e;
 }
 
-void sha1_init(sha1_ctx *c)
+void rt_sha1_init(rt_sha1_ctx *c)
 {
     static const uint32_t initial[5] = {0x67452301u, 0xEFCDAB89u, 0x98BADCFEu, 0x10325476u,
                                         0xC3D2E1F0u};
@@ -57,33 +57,33 @@ void sha1_init(sha1_ctx *c)
     c->used = 0;
 }
 
-void sha1_update(sha1_ctx *c, const void *data, size_t len)
+void rt_sha1_update(rt_sha1_ctx *c, const void *data, size_t len)
 {
     const unsigned char *p = data;
     c->total_bytes += len;
     while (len) {
-        size_t take = SHA1_BLOCK_BYTES - c->used;
+        size_t take = RT_SHA1_BLOCK_BYTES - c->used;
         if (take > len) take = len;
         memcpy(c->block + c->used, p, take);
         c->used += take;
         p += take;
         len -= take;
-        if (c->used == SHA1_BLOCK_BYTES) {
+        if (c->used == RT_SHA1_BLOCK_BYTES) {
             compress(c->h, c->block);
             c->used = 0;
         }
     }
 }
 
-void sha1_final(sha1_ctx *c, unsigned char out[SHA1_DIGEST_BYTES])
+void rt_sha1_final(rt_sha1_ctx *c, unsigned char out[RT_SHA1_DIGEST_BYTES])
 {
     uint64_t bits = c->total_bytes * 8;
-    static const unsigned char pad[SHA1_BLOCK_BYTES] = {0x80};
+    static const unsigned char pad[RT_SHA1_BLOCK_BYTES] = {0x80};
     size_t pad_len = c->used < 56 ? 56 - c->used : 120 - c->used;
-    sha1_update(c, pad, pad_len);
+    rt_sha1_update(c, pad, pad_len);
     unsigned char len_be[8];
     for (int i = 0; i < 8; i++) len_be[i] = (unsigned char)(bits >> (56 - 8 * i));
-    sha1_update(c, len_be, sizeof(len_be));
+    rt_sha1_update(c, len_be, sizeof(len_be));
     for (int i = 0; i < 5; i++) {
         out[4 * i] = (unsigned char)(c->h[i] >> 24);
         out[4 * i + 1] = (unsigned char)(c->h[i] >> 16);
@@ -92,27 +92,27 @@ void sha1_final(sha1_ctx *c, unsigned char out[SHA1_DIGEST_BYTES])
     }
 }
 
-void hmac_sha1(const void *key, size_t key_len, const void *msg, size_t msg_len,
-               unsigned char out[SHA1_DIGEST_BYTES])
+void rt_hmac_sha1(const void *key, size_t key_len, const void *msg, size_t msg_len,
+               unsigned char out[RT_SHA1_DIGEST_BYTES])
 {
-    unsigned char k[SHA1_BLOCK_BYTES] = {0};
-    sha1_ctx c;
-    if (key_len > SHA1_BLOCK_BYTES) {
-        sha1_init(&c);
-        sha1_update(&c, key, key_len);
-        sha1_final(&c, k);
+    unsigned char k[RT_SHA1_BLOCK_BYTES] = {0};
+    rt_sha1_ctx c;
+    if (key_len > RT_SHA1_BLOCK_BYTES) {
+        rt_sha1_init(&c);
+        rt_sha1_update(&c, key, key_len);
+        rt_sha1_final(&c, k);
     } else {
         memcpy(k, key, key_len);
     }
-    unsigned char pad[SHA1_BLOCK_BYTES], inner[SHA1_DIGEST_BYTES];
-    for (int i = 0; i < SHA1_BLOCK_BYTES; i++) pad[i] = k[i] ^ 0x36;
-    sha1_init(&c);
-    sha1_update(&c, pad, sizeof(pad));
-    sha1_update(&c, msg, msg_len);
-    sha1_final(&c, inner);
-    for (int i = 0; i < SHA1_BLOCK_BYTES; i++) pad[i] = k[i] ^ 0x5c;
-    sha1_init(&c);
-    sha1_update(&c, pad, sizeof(pad));
-    sha1_update(&c, inner, sizeof(inner));
-    sha1_final(&c, out);
+    unsigned char pad[RT_SHA1_BLOCK_BYTES], inner[RT_SHA1_DIGEST_BYTES];
+    for (int i = 0; i < RT_SHA1_BLOCK_BYTES; i++) pad[i] = k[i] ^ 0x36;
+    rt_sha1_init(&c);
+    rt_sha1_update(&c, pad, sizeof(pad));
+    rt_sha1_update(&c, msg, msg_len);
+    rt_sha1_final(&c, inner);
+    for (int i = 0; i < RT_SHA1_BLOCK_BYTES; i++) pad[i] = k[i] ^ 0x5c;
+    rt_sha1_init(&c);
+    rt_sha1_update(&c, pad, sizeof(pad));
+    rt_sha1_update(&c, inner, sizeof(inner));
+    rt_sha1_final(&c, out);
 }

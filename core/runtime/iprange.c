@@ -1,6 +1,6 @@
 /*
  * core/runtime/iprange.c - CIDR lists and the connect-time address rule (see
- * fed_iprange.h for the contract).
+ * rt_iprange_range.h for the contract).
  *
  * A list is a flat array of (family, prefix length, network bytes): the lists are short
  * (tens of entries) and asked once per socket the outbound client opens, so a linear scan
@@ -23,10 +23,10 @@
 
 #include "core/runtime/iprange.h"
 
-#define FED_IPRANGE_V4_BITS 32
-#define FED_IPRANGE_V6_BITS 128
-#define FED_IPRANGE_ENTRY_MAX_BYTES 64 /* longest "address/prefix" text accepted */
-#define FED_IPRANGE_MAX_ENTRIES 4096   /* a longer list is a configuration mistake */
+#define RT_IPRANGE_V4_BITS 32
+#define RT_IPRANGE_V6_BITS 128
+#define RT_IPRANGE_ENTRY_MAX_BYTES 64 /* longest "address/prefix" text accepted */
+#define RT_IPRANGE_MAX_ENTRIES 4096   /* a longer list is a configuration mistake */
 
 /* Beyond what the header lists by name: benchmarking (198.18/15), documentation
  * (192.0.2/24, 198.51.100/24, 203.0.113/24, 2001:db8::/32), IETF protocol assignments
@@ -35,7 +35,7 @@
  * (64:ff9b::/96, local-use 64:ff9b:1::/48), IPv4-compatible (::/96), IPv4-translated
  * (::ffff:0:0:0/96), 6to4 (2002::/16) and Teredo (2001::/32); plus discard-only
  * (100::/64) and the deprecated site-local (fec0::/10). */
-const char *const FED_IPRANGE_DEFAULT_BLACKLIST[] = {
+const char *const RT_IPRANGE_DEFAULT_BLACKLIST[] = {
     "127.0.0.0/8",     "10.0.0.0/8",       "172.16.0.0/12",    "192.168.0.0/16",
     "100.64.0.0/10",   "169.254.0.0/16",   "0.0.0.0/8",        "192.0.0.0/24",
     "192.0.2.0/24",    "192.88.99.0/24",   "198.18.0.0/15",    "198.51.100.0/24",
@@ -46,15 +46,15 @@ const char *const FED_IPRANGE_DEFAULT_BLACKLIST[] = {
     "fec0::/10",       "ff00::/8",         NULL,
 };
 
-typedef struct fed_iprange {
+typedef struct rt_iprange_range {
     int family;        /* AF_INET or AF_INET6 */
     int prefix;        /* bits */
     uint8_t net[16];   /* network bytes (4 used for AF_INET), host bits cleared */
-} fed_iprange;
+} rt_iprange_range;
 
-struct fed_iprange_list {
+struct rt_iprange_list {
     size_t n;
-    fed_iprange r[];
+    rt_iprange_range r[];
 };
 
 /* Clear every bit of addr past `prefix` (addr has `bytes` bytes). */
@@ -77,15 +77,15 @@ static bool prefix_matches(const uint8_t *net, const uint8_t *addr, int prefix)
 }
 
 /* One entry of a list: "addr" or "addr/prefix". false with err set when malformed. */
-static bool parse_one(const char *text, fed_iprange *out, char *err, size_t errlen)
+static bool parse_one(const char *text, rt_iprange_range *out, char *err, size_t errlen)
 {
     size_t len = strlen(text);
-    if (len == 0 || len >= FED_IPRANGE_ENTRY_MAX_BYTES) {
+    if (len == 0 || len >= RT_IPRANGE_ENTRY_MAX_BYTES) {
         snprintf(err, errlen, "\"%.*s\" is not an IP range (expected e.g. 10.0.0.0/8 or fc00::/7)",
-                 FED_IPRANGE_ENTRY_MAX_BYTES, text);
+                 RT_IPRANGE_ENTRY_MAX_BYTES, text);
         return false;
     }
-    char addr[FED_IPRANGE_ENTRY_MAX_BYTES];
+    char addr[RT_IPRANGE_ENTRY_MAX_BYTES];
     memcpy(addr, text, len + 1);
     char *slash = strchr(addr, '/');
     int prefix = -1;
@@ -103,18 +103,18 @@ static bool parse_one(const char *text, fed_iprange *out, char *err, size_t errl
     memset(out, 0, sizeof(*out));
     if (inet_pton(AF_INET, addr, out->net) == 1) {
         out->family = AF_INET;
-        if (prefix < 0) prefix = FED_IPRANGE_V4_BITS;
-        if (prefix > FED_IPRANGE_V4_BITS) {
+        if (prefix < 0) prefix = RT_IPRANGE_V4_BITS;
+        if (prefix > RT_IPRANGE_V4_BITS) {
             snprintf(err, errlen, "\"%s\": an IPv4 prefix is at most /%d", text,
-                     FED_IPRANGE_V4_BITS);
+                     RT_IPRANGE_V4_BITS);
             return false;
         }
     } else if (inet_pton(AF_INET6, addr, out->net) == 1) {
         out->family = AF_INET6;
-        if (prefix < 0) prefix = FED_IPRANGE_V6_BITS;
-        if (prefix > FED_IPRANGE_V6_BITS) {
+        if (prefix < 0) prefix = RT_IPRANGE_V6_BITS;
+        if (prefix > RT_IPRANGE_V6_BITS) {
             snprintf(err, errlen, "\"%s\": an IPv6 prefix is at most /%d", text,
-                     FED_IPRANGE_V6_BITS);
+                     RT_IPRANGE_V6_BITS);
             return false;
         }
     } else {
@@ -127,15 +127,15 @@ static bool parse_one(const char *text, fed_iprange *out, char *err, size_t errl
     return true;
 }
 
-fed_iprange_list *fed_iprange_parse(const char *const *cidrs, size_t n, char *err,
+rt_iprange_list *rt_iprange_parse(const char *const *cidrs, size_t n, char *err,
                                     size_t errlen)
 {
-    if (n > FED_IPRANGE_MAX_ENTRIES) {
+    if (n > RT_IPRANGE_MAX_ENTRIES) {
         snprintf(err, errlen, "%zu IP ranges: at most %d are accepted", n,
-                 FED_IPRANGE_MAX_ENTRIES);
+                 RT_IPRANGE_MAX_ENTRIES);
         return NULL;
     }
-    fed_iprange_list *l = calloc(1, sizeof(*l) + n * sizeof(fed_iprange));
+    rt_iprange_list *l = calloc(1, sizeof(*l) + n * sizeof(rt_iprange_range));
     if (!l) {
         snprintf(err, errlen, "out of memory");
         return NULL;
@@ -151,7 +151,7 @@ fed_iprange_list *fed_iprange_parse(const char *const *cidrs, size_t n, char *er
     return l;
 }
 
-void fed_iprange_free(fed_iprange_list *l)
+void rt_iprange_free(rt_iprange_list *l)
 {
     free(l);
 }
@@ -192,11 +192,11 @@ static bool normalise(const struct sockaddr *sa, norm_addr *out)
     return true;
 }
 
-static bool list_contains(const fed_iprange_list *l, const norm_addr *a)
+static bool list_contains(const rt_iprange_list *l, const norm_addr *a)
 {
     if (!l) return false;
     for (size_t i = 0; i < l->n; i++) {
-        const fed_iprange *r = &l->r[i];
+        const rt_iprange_range *r = &l->r[i];
         if (r->family == AF_INET ? a->is_v4 && prefix_matches(r->net, a->v4, r->prefix)
                                  : prefix_matches(r->net, a->v6, r->prefix))
             return true;
@@ -204,13 +204,13 @@ static bool list_contains(const fed_iprange_list *l, const norm_addr *a)
     return false;
 }
 
-bool fed_iprange_contains(const fed_iprange_list *l, const struct sockaddr *sa)
+bool rt_iprange_contains(const rt_iprange_list *l, const struct sockaddr *sa)
 {
     norm_addr a;
     return normalise(sa, &a) && list_contains(l, &a);
 }
 
-bool fed_iprange_contains_str(const fed_iprange_list *l, const char *ip)
+bool rt_iprange_contains_str(const rt_iprange_list *l, const char *ip)
 {
     union {
         struct sockaddr sa;
@@ -221,11 +221,11 @@ bool fed_iprange_contains_str(const fed_iprange_list *l, const char *ip)
     if (ip && inet_pton(AF_INET, ip, &u.in.sin_addr) == 1) u.in.sin_family = AF_INET;
     else if (ip && inet_pton(AF_INET6, ip, &u.in6.sin6_addr) == 1) u.in6.sin6_family = AF_INET6;
     else return false;
-    return fed_iprange_contains(l, &u.sa);
+    return rt_iprange_contains(l, &u.sa);
 }
 
 /* A socket of any family other than IP is refused: the client has no business with it. */
-bool fed_iprange_allowed(const fed_iprange_list *black, const fed_iprange_list *white,
+bool rt_iprange_allowed(const rt_iprange_list *black, const rt_iprange_list *white,
                          const struct sockaddr *sa)
 {
     norm_addr a;

@@ -7,7 +7,7 @@
  * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over files by
  * concern, each file X.c holding the functions acc_X_* (the file name is the prefix): register.c,
  * admin_register.c, login.c, devices.c, profile.c, filters.c, account_data.c, tags.c, misc.c,
- * user_directory.c, deactivate.c; uia.c is uia_, hmac_sha1.c hmac_sha1_, and account_util.c the
+ * user_directory.c, deactivate.c; uia.c is uia_, and account_util.c the
  * acc_ helpers every file shares. The module also registers the push endpoints
  * (core/client/push/: their tables are this module's, and they use its database helpers).
  * Each file registers its own routes from an *_routes function called by the module's init.
