@@ -242,7 +242,7 @@ int fed_rooms_routes(fed_module *m)
 /* The server of a user whose knock or invite event_id ends (a kick rejecting a knock, an
  * invite withdrawn), when that server is not in the room: it would otherwise never learn
  * that its user's knock or invite is over. Read while the ended membership is still the
- * current state (the queue runs before the event becomes it: rooms_write.c). into out
+ * current state (the queue runs before the event becomes it: core/rooms/rooms_tx.c). into out
  * ("" when none); 0 or -1. */
 static int ended_outsider(PGconn *c, const char *room_id, const char *event_id, char *out,
                           size_t len)

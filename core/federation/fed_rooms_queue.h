@@ -5,7 +5,7 @@
  * transaction that stored it, and the sender is kicked after the commit.
  * They are fed_outbound_enqueue_pdu and fed_outbound_kick (fed_outbound.c), named for
  * the room model's use so the rule "which events are queued" reads in one place:
- * rooms_write.c's store() for events created here, send_join for the event it accepted.
+ * core/rooms/rooms_tx.c's store() for events created here, send_join for the event it accepted.
  */
 #ifndef ATRIUM_CORE_FED_ROOMS_QUEUE_H
 #define ATRIUM_CORE_FED_ROOMS_QUEUE_H

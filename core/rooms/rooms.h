@@ -7,7 +7,7 @@
  * The model's other parts have their own headers: canonical_json.h (canonical JSON,
  * hashes, base64), events.h (room versions, event IDs, building and redacting events,
  * the client format) and room_auth.h (the authorization rules). The write path that turns
- * a client's intent into a stored event is the client's (core/client/rooms/rooms_write.c).
+ * a client's intent into a stored event is the client's (core/rooms/rooms_tx.c).
  *
  * The data model (migrations of owner "rooms", ROOMS_MIGRATIONS in rooms.c: 1 the tables;
  * 2 adds event_relations, the index of m.relates_to filled at write time; 3 adds

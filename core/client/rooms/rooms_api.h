@@ -5,7 +5,8 @@
  * events, auth rules, visibility) is core/rooms/rooms.h.
  *
  * The room family is one client module (ROOMS_MODULE in rooms.c, owner "rooms") spread over
- * files by concern: rooms_write.c (the one write path: lock, authorize, build, store),
+ * files by concern (the one write path they all go through, lock, authorize, build,
+ * store, is the room model's: core/rooms/rooms_tx.c),
  * rooms_create.c (createRoom), rooms_upgrade.c (room upgrades), rooms_membership.c (join, leave, invite, kick, ban, unban,
  * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
  * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
@@ -49,7 +50,7 @@ void rooms_db_release(PGconn *c);
 /* Decimal text of x in the arena / into buf. */
 const char *rooms_i64(atrium_req *r, int64_t x);
 
-/* ---- the write path (rooms_write.c) ------------------------------------------------- */
+/* ---- the write path (core/rooms/rooms_tx.c) -------------------------------------------- */
 
 /* One transaction writing events into one room, holding the room's row lock. */
 typedef struct room_tx {

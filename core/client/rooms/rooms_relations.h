@@ -39,7 +39,7 @@ typedef struct rooms_relation {
  * any thread. */
 bool rooms_bundle_parse(const json_t *content, rooms_relation *out);
 
-/* Inside the write path's transaction (rooms_write.c), after the event's row is stored:
+/* Inside the write path's transaction (core/rooms/rooms_tx.c), after the event's row is stored:
  * record ev in event_relations when it is a relation, and when it is a redaction forget
  * the relation it redacts. pos is the event's stream position (decimal text). false after
  * a logged database failure (the caller rolls back). */

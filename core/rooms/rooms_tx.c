@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_write.c - the one write path of room events: a transaction that locks
+ * core/rooms/rooms_tx.c - the one write path of room events: a transaction that locks
  * the room's row, reads the state the auth rules need, authorizes the event, builds its
  * PDU (auth_events, prev_events, depth, hashes, event ID), and stores it with everything
  * that follows from it (current state, membership history, a redaction's target, the
