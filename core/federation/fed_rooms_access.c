@@ -16,6 +16,7 @@
 #include "core/federation/fed_rooms.h"
 #include "core/federation/fed_rooms_queue.h"
 #include "core/federation/fed_txn.h"
+#include "core/rooms/rooms_tx.h"
 
 void fed_rooms_host_of_server(const char *server_name, char *out, size_t len)
 {
@@ -230,10 +231,13 @@ int fed_rooms_respond_pdus(atrium_req *r, json_t *pdus)
                                                "pdus", pdus));
 }
 
+static int queue_own_pdu(PGconn *c, const char *room_id, const char *event_id);
+
 int fed_rooms_routes(fed_module *m)
 {
     if (fed_rooms_serve_routes(m) < 0 || fed_rooms_join_routes(m) < 0) return -1;
     if (fed_rooms_invite_routes(m) < 0) return -1;
+    rooms_tx_set_outbound(queue_own_pdu, fed_rooms_kick);
     return fed_rooms_receive_init(m);
 }
 
@@ -285,4 +289,11 @@ int fed_rooms_queue_pdu(PGconn *c, const char *room_id, const char *event_id,
 void fed_rooms_kick(void)
 {
     fed_outbound_kick();
+}
+
+/* The write path's outbound hook (rooms_tx.h): an event created here goes to every other
+ * server of the room. */
+static int queue_own_pdu(PGconn *c, const char *room_id, const char *event_id)
+{
+    return fed_rooms_queue_pdu(c, room_id, event_id, NULL);
 }

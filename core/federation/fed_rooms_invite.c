@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/sync/notifier.h"
+#include "core/rooms/rooms_tx.h"
 #include "core/federation/fed_rooms.h"
 #include "core/rooms/state_pdus.h"
 
@@ -209,7 +209,7 @@ static int put_invite(atrium_req *r)
         json_decref(pdu);
         return http_respond_error(r, 403, "M_FORBIDDEN", "Server ACLs of the room deny your server");
     }
-    notifier_wake_user(event_state_key(pdu));
+    rooms_tx_wake_user(event_state_key(pdu));
     rt_log(ATRIUM_LOG_INFO, "federation", "%s invited %s to %s (%s)",
            json_string_value(json_object_get(pdu, "sender")), event_state_key(pdu), room_id,
            event_id);

@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_api.h"
+#include "core/rooms/rooms_tx.h"
 #include "core/federation/fed_rooms.h"
 #include "core/federation/fed_rooms_queue.h"
 #include "core/rooms/state_pdus.h"

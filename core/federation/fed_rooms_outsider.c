@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/sync/notifier.h"
+#include "core/rooms/rooms_tx.h"
 #include "core/federation/fed_call.h"
 #include "core/federation/fed_rooms.h"
 
@@ -128,7 +128,7 @@ int fed_rooms_outsider_pdu(PGconn **cp, const char *origin, const json_t *pdu,
         snprintf(err, FED_PDU_ERR_LEN, "The database failed; retry");
         return FED_PDU_RETRY;
     }
-    notifier_wake_user(target);
+    rooms_tx_wake_user(target);
     rt_log(ATRIUM_LOG_INFO, "federation", "%s ended %s's knock or invite on %s (%s)", sender, target,
            room_id, id);
     return FED_PDU_ACCEPTED;

@@ -46,7 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_api.h"
+#include "core/rooms/rooms_tx.h"
 #include "core/federation/fed_call.h"
 #include "core/federation/fed_rooms.h"
 #include "core/federation/fed_rooms_recv.h"

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "core/federation/fed_internal.h"
+#include "core/rooms/rooms_tx.h"
 #include "core/store/db.h"
 
 #define FED_HTTP_QUEUE_DEPTH 4096       /* outbound requests submitted, not yet started */
@@ -232,6 +233,7 @@ int federation_init(const struct core_config *cfg, const char *config_path, http
     fed_module *m = calloc(1, sizeof(*m));
     if (!m) return -1;
     fed = m;
+    rooms_tx_set_signer(federation_sign_json); /* the write path signs our events */
     m->cfg = cfg;
     m->server_name = cfg->server_name;
     m->srv = srv;

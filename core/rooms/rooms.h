@@ -87,6 +87,9 @@ PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
 bool rooms_exec(PGconn *c, const char *sql, int n, const char *const *params);
 /* Milliseconds since the Unix epoch (origin_server_ts). */
 int64_t rooms_wall_ms(void);
+/* This server's name (server_name), for `origin` and new room IDs; "localhost" when no
+ * runtime object is bound (unit tests). Any thread. */
+const char *rooms_server_name(void);
 
 /* The stream is what clients read; events_graph.h keeps the graph beside it. An event
  * from another server joins the stream once accepted, at the end (its position is when

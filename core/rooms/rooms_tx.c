@@ -9,23 +9,91 @@
  * through rooms_tx_append, so the rules are applied in one place. Lock order inside a
  * transaction: the room's row first, then the stream lock (stream_next()); nothing takes a
  * row lock after taking a stream position, which keeps /sync's stream_upto() free of
- * deadlocks. Not here: HTTP (the endpoint files), reading events back (events_store.c).
+ * deadlocks. Not here: HTTP (the endpoint files), reading events back (events_store.c),
+ * and what the layers above do with a stored event (signing, other servers, wake-ups, the
+ * room directory): each is a hook they register (rooms_tx.h), called from one place here.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_rooms_queue.h"
-#include "core/federation/federation.h"
-#include "core/federation/fed_txn.h"
 #include "core/rooms/canonical_json.h"
-#include "core/client/sync/notifier.h"
-#include "core/client/rooms/rooms_api.h"
-#include "core/client/rooms/rooms_relations.h"
+#include "core/rooms/rooms_tx.h"
 
 static bool is(const char *a, const char *b)
 {
     return a && b && strcmp(a, b) == 0;
+}
+
+/* ---- hooks -------------------------------------------------------------------------- */
+
+/* Set during start-up, before any request (rooms_tx.h); read without a lock after. */
+static struct {
+    rooms_tx_sign_fn sign;
+    rooms_tx_queue_fn queue;
+    rooms_tx_kick_fn kick;
+    rooms_tx_listing_fn listing_changed;
+    rooms_tx_wake_room_fn wake_room;
+    rooms_tx_wake_user_fn wake_user;
+} hooks;
+
+void rooms_tx_set_signer(rooms_tx_sign_fn sign)
+{
+    hooks.sign = sign;
+}
+
+void rooms_tx_set_outbound(rooms_tx_queue_fn queue, rooms_tx_kick_fn kick)
+{
+    hooks.queue = queue;
+    hooks.kick = kick;
+}
+
+void rooms_tx_set_listing_hook(rooms_tx_listing_fn changed)
+{
+    hooks.listing_changed = changed;
+}
+
+void rooms_tx_set_wake(rooms_tx_wake_room_fn room, rooms_tx_wake_user_fn user)
+{
+    hooks.wake_room = room;
+    hooks.wake_user = user;
+}
+
+void rooms_tx_wake_user(const char *user_id)
+{
+    if (hooks.wake_user) hooks.wake_user(user_id);
+}
+
+/* ---- failures as Matrix errors ------------------------------------------------------ */
+
+int rooms_fail(atrium_req *r, const rooms_err *e)
+{
+    switch (e->code) {
+    case ROOMS_E_FORBIDDEN: return http_respond_error(r, 403, "M_FORBIDDEN", "%s", e->why);
+    case ROOMS_E_NOT_FOUND: return http_respond_error(r, 404, "M_NOT_FOUND", "%s", e->why);
+    case ROOMS_E_TOO_LARGE: return http_respond_error(r, 413, "M_TOO_LARGE", "%s", e->why);
+    case ROOMS_E_BAD_JSON: return http_respond_error(r, 400, "M_BAD_JSON", "%s", e->why);
+    case ROOMS_E_NO_DIRECTORY:
+        return http_respond_error(r, 400, "M_UNRECOGNIZED",
+                                  "Room aliases need the room directory, which this server has "
+                                  "disabled (plugins.directory.enabled)");
+    case ROOMS_E_BAD_ALIAS: return http_respond_error(r, 400, "M_BAD_ALIAS", "%s", e->why);
+    case ROOMS_E_ALIAS_IN_USE: return http_respond_error(r, 400, "M_ROOM_IN_USE", "%s", e->why);
+    case ROOMS_E_INVALID: return http_respond_error(r, 400, "M_INVALID_PARAM", "%s", e->why);
+    default: return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    }
+}
+
+bool rooms_listing_type(const char *type)
+{
+    static const char *const TYPES[] = {
+        "m.room.member", "m.room.create", "m.room.name", "m.room.topic", "m.room.avatar",
+        "m.room.canonical_alias", "m.room.join_rules", "m.room.guest_access",
+        "m.room.history_visibility",
+    };
+    for (size_t i = 0; i < sizeof(TYPES) / sizeof(TYPES[0]); i++)
+        if (strcmp(type, TYPES[i]) == 0) return true;
+    return false;
 }
 
 /* ---- transactions ------------------------------------------------------------------- */
@@ -95,8 +163,8 @@ void rooms_tx_rollback(room_tx *tx)
 
 int rooms_tx_commit(room_tx *tx, rooms_err *e)
 {
-    const atrium_directory *dir = tx->listing_changed ? rooms_directory() : NULL;
-    if (dir && dir->room_changed(tx->c, tx->room_id) < 0) {
+    if (tx->listing_changed && hooks.listing_changed &&
+        hooks.listing_changed(tx->c, tx->room_id) < 0) {
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
@@ -104,10 +172,53 @@ int rooms_tx_commit(room_tx *tx, rooms_err *e)
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
-    fed_rooms_kick();
-    notifier_wake_room(tx->c, tx->room_id);
-    for (int i = 0; i < tx->n_wake; i++) notifier_wake_user(tx->wake_users[i]);
+    if (hooks.kick) hooks.kick();
+    if (hooks.wake_room) hooks.wake_room(tx->c, tx->room_id);
+    for (int i = 0; hooks.wake_user && i < tx->n_wake; i++) hooks.wake_user(tx->wake_users[i]);
     return ROOMS_OK;
+}
+
+/* ---- relations at write time --------------------------------------------------------- */
+
+static const char *relates_str(const json_t *rel, const char *key)
+{
+    const char *s = json_string_value(json_object_get(rel, key));
+    return s && *s && strlen(s) <= EVENT_MAX_ID_BYTES ? s : NULL;
+}
+
+bool rooms_bundle_parse(const json_t *content, rooms_relation *out)
+{
+    memset(out, 0, sizeof(*out));
+    const json_t *rel = json_object_get(content, "m.relates_to");
+    if (!json_is_object(rel)) return false;
+    out->rel_type = relates_str(rel, "rel_type");
+    out->event_id = relates_str(rel, "event_id");
+    if (!out->rel_type || !out->event_id) {
+        memset(out, 0, sizeof(*out));
+        return false;
+    }
+    if (strcmp(out->rel_type, REL_ANNOTATION) == 0)
+        out->key = json_string_value(json_object_get(rel, "key"));
+    return true;
+}
+
+bool rooms_bundle_index(PGconn *c, const char *pos, const char *event_id, const char *room_id,
+                        const room_new_event *ev)
+{
+    if (ev->redacts) { /* a redaction is never a relation itself; it ends the one it hits */
+        const char *p[2] = {ev->redacts, room_id};
+        return rooms_exec(c, "DELETE FROM event_relations WHERE event_id = $1 AND room_id = $2",
+                          2, p);
+    }
+    rooms_relation rel;
+    if (!rooms_bundle_parse(ev->content, &rel)) return true;
+    const char *p[8] = {event_id, room_id, rel.event_id, rel.rel_type, ev->sender, ev->type,
+                        pos, rel.key};
+    return rooms_exec(c,
+                      "INSERT INTO event_relations (event_id, room_id, relates_to, rel_type,"
+                      " sender, type, stream_pos, aggregation_key)"
+                      " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                      8, p);
 }
 
 /* ---- the auth state ----------------------------------------------------------------- */
@@ -236,7 +347,7 @@ int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LE
      * checked on the signed event: that is what other servers receive. */
     json_t *red = event_redact(v, pdu);
     if (!red) return rooms_set_err(e, ROOMS_E_DB, "out of memory");
-    int rc = federation_sign_json(red);
+    int rc = hooks.sign ? hooks.sign(red) : ATRIUM_E_STOPPED;
     if (rc == 0) json_object_set(pdu, "signatures", json_object_get(red, "signatures"));
     json_decref(red);
     if (rc < 0 && rc != ATRIUM_E_STOPPED)
@@ -318,7 +429,7 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     /* Our own events go to the room's other servers (theirs came from them): those in the
      * room before the event, so a kicked or banned user's server learns of it too. */
     if (ok && !origin && !(flags & (ROOMS_PDU_HISTORICAL | ROOMS_PDU_NO_QUEUE | ROOMS_PDU_BACKFILLED)))
-        ok = fed_rooms_queue_pdu(tx->c, tx->room_id, event_id, NULL) == 0;
+        ok = !hooks.queue || hooks.queue(tx->c, tx->room_id, event_id) == 0;
     if (ok) ok = rooms_bundle_index(tx->c, pos, event_id, tx->room_id, ev);
     if (ok && ev->state_key && !backfilled) {
         const char *q[5] = {tx->room_id, ev->type, ev->state_key, event_id, membership};
