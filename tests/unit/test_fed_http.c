@@ -27,7 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/federation/fed_http.h"
+#include "core/federation/transport/fed_http.h"
 #include "core/runtime/iprange.h"
 
 #define WAIT_MS 3000          /* the most any wait in this file may take */

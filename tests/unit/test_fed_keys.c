@@ -20,7 +20,7 @@
 
 #include "atrium/abi.h"
 #include "core/runtime/base64.h"
-#include "core/federation/fed_keys.h"
+#include "core/federation/transport/fed_keys.h"
 
 /* The seed of the spec's "Cryptographic Test Vectors" appendix (server "domain", key
  * "ed25519:1"); note its last character carries non-zero trailing bits. */

@@ -30,9 +30,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/federation/fed_http.h"
+#include "core/federation/transport/fed_http.h"
 #include "core/runtime/iprange.h"
-#include "core/federation/fed_resolve.h"
+#include "core/federation/transport/fed_resolve.h"
 
 #define T_A 1
 #define T_AAAA 28

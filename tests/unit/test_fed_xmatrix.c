@@ -15,7 +15,7 @@
 #include <sodium.h>
 
 #include "core/runtime/base64.h"
-#include "core/federation/fed_xmatrix.h"
+#include "core/federation/transport/fed_xmatrix.h"
 
 #define ORIGIN "origin.example"
 #define DEST "dest.example"

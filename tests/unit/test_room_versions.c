@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "core/runtime/base64.h"
-#include "core/federation/fed_keys.h"
+#include "core/federation/transport/fed_keys.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/events.h"
 

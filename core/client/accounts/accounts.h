@@ -62,6 +62,9 @@ bool acc_is_local_user(atrium_req *r, const char *user_id);
  * answering (404 M_NOT_FOUND for an unknown user, 503 when the database fails). Shared by
  * GET /profile and the federation profile query. */
 json_t *acc_profile_load(atrium_req *r, const char *user_id);
+/* profile_remote.c: GET /_matrix/federation/v1/query/profile, other servers asking for
+ * our users' profiles (registered at init; 0 or -1). */
+int acc_profile_remote_routes(http_server *s);
 /* [req] GET /profile for a user of another server, asked over federation while the request
  * waits parked (profile_remote.c); field NULL = the whole profile. */
 int acc_profile_remote(atrium_req *r, const char *user_id, const char *field);

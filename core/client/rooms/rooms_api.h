@@ -158,7 +158,7 @@ int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse
  * step (what: the step, for the message): 504 on a timeout, 403 when federation with it
  * is not allowed, 502 otherwise; a 4xx refusal keeps its status and errcode
  * (rooms_remote.c). ATRIUM_DONE. */
-struct fed_call_result; /* core/federation/fed_call.h */
+struct fed_call_result; /* core/federation/transport/fed_call.h */
 int rooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res,
                                 const char *what);
 /* A membership event (join, knock, leave) completed from a resident's make_* template:

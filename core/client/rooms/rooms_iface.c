@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "core/client/rooms/rooms_api.h"
-#include "core/plugins/plugins.h"
+#include "core/runtime/iface.h"
 #include "core/rooms/canonical_json.h"
 
 static int canonical_content(PGconn *c, const char *room_id, json_t **out);
@@ -219,12 +219,12 @@ static int listing_changed(PGconn *c, const char *room_id)
 int rooms_iface_provide(void)
 {
     rooms_tx_set_listing_hook(listing_changed);
-    return plugins_iface_add("core", ATRIUM_ROOMS_IFACE, &ROOMS_IFACE);
+    return rt_iface_add("core", ATRIUM_ROOMS_IFACE, &ROOMS_IFACE);
 }
 
 const atrium_directory *rooms_directory(void)
 {
-    return plugins_iface_get(ATRIUM_DIRECTORY_IFACE, ATRIUM_DIRECTORY_V0_SIZE);
+    return rt_iface_get(ATRIUM_DIRECTORY_IFACE, ATRIUM_DIRECTORY_V0_SIZE);
 }
 
 int rooms_directory_disabled(atrium_req *r)

@@ -16,7 +16,7 @@
  * PUT /v1/send_knock to the server that made it. That server's answer, the stripped state
  * of the room (knock_room_state), is kept with the knock (remote_knocks) for /sync's
  * knock_state; the knock itself is an outlier and the user's newest membership, as an
- * invite from another server is (core/federation/fed_rooms_invite.c). The resident server
+ * invite from another server is (core/federation/rooms/fed_rooms_invite.c). The resident server
  * then reaches us through the paths every room uses: its invite is PUT /v2/invite, its
  * kick a PDU for our user (fed_rooms_outsider.c). The user withdraws the knock by leaving
  * (rooms_knock_withdraw): make_leave / send_leave through the server that took the knock;
@@ -27,7 +27,7 @@
  * The stripped state of a room for those who are not in it (rooms_stripped_state: which
  * events, and which fields of each) is the room model's (core/rooms/state_pdus.c).
  *
- * Not here: the resident server's side (core/federation/fed_rooms_join.c), /sync's knock
+ * Not here: the resident server's side (core/federation/rooms/fed_rooms_join.c), /sync's knock
  * section (core/client/sync/sync_rooms.c), leaving (rooms_membership.c).
  */
 #include <stdio.h>
@@ -37,7 +37,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/sync/notifier.h"
-#include "core/federation/fed_call.h"
+#include "core/federation/transport/fed_call.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/state_pdus.h"
 
