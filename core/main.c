@@ -39,7 +39,8 @@
 #include "core/client/ratelimits.h"
 #include "core/client/sync/notifier.h"
 #include "core/config/config.h"
-#include "core/federation/federation.h"
+#include "core/federation/rooms/fed_rooms.h"
+#include "core/federation/transport/federation.h"
 #include "core/http/http.h"
 #include "core/plugins/plugins.h"
 #include "core/runtime/runtime.h"
@@ -216,7 +217,7 @@ static int serve(const char *config_path)
     }
     size_t n_fed_migrations = 0;
     const atrium_migration *fed_migrations = NULL;
-    if (federation_init(&cfg, config_path, rt.http, rt.metrics) < 0 ||
+    if (federation_init(&cfg, config_path, rt.http, rt.metrics) < 0 || fed_rooms_init() < 0 ||
         !(fed_migrations = federation_migrations(&n_fed_migrations)) ||
         db_migrate(rt.db, "federation", fed_migrations, n_fed_migrations) < 0 ||
         federation_start() < 0)

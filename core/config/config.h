@@ -254,7 +254,7 @@ struct core_config {
         const char **certificate_verification_whitelist; /* server names, development only */
         size_t n_certificate_verification_whitelist;
         const char **ip_range_blacklist; /* federation.ip_range_blacklist (default: the list
-                                            of fed_iprange.h) */
+                                            of core/runtime/iprange.h) */
         size_t n_ip_range_blacklist;
         const char **ip_range_whitelist; /* federation.ip_range_whitelist (default []) */
         size_t n_ip_range_whitelist;

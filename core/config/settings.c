@@ -13,7 +13,7 @@
  * functions. No global mutable state; any thread.
  */
 #include "core/config/config.h"
-#include "core/federation/fed_iprange.h"
+#include "core/runtime/iprange.h"
 
 #include <ctype.h>
 #include <sodium.h>
@@ -287,7 +287,7 @@ const struct cfg_setting CORE_SETTINGS[] = {
     {.path = "federation.ip_range_blacklist", .type = CFG_T_STRING_LIST,
      .offset = FIELD(federation.ip_range_blacklist),
      .count_offset = FIELD(federation.n_ip_range_blacklist),
-     .values = FED_IPRANGE_DEFAULT_BLACKLIST,
+     .values = RT_IPRANGE_DEFAULT_BLACKLIST,
      .default_doc = "loopback, RFC 1918, link-local, CGNAT, `0.0.0.0/8`, multicast, reserved "
                     "and their IPv6 and `::ffff:` forms",
      .help = "Addresses outbound connections never reach (CIDR list), checked at connect."},

@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/federation/fed_request.h"
-#include "core/federation/federation.h"
+#include "core/federation/transport/fed_request.h"
+#include "core/federation/transport/federation.h"
 #include "core/plugins/plugins.h"
 #include "core/store/lease.h"
 #include "core/store/notify.h"
@@ -488,7 +488,7 @@ static int h_iface_provide(atrium_plugin *self, const char *name, const void *if
                self->desc->provides ? self->desc->provides : "none");
         return ATRIUM_E_INVAL;
     }
-    return plugins_iface_add(self->name, self->desc->provides, iface);
+    return rt_iface_add(self->name, self->desc->provides, iface);
 }
 
 /* ---- several processes (1.3) -------------------------------------------------------- */
@@ -667,7 +667,7 @@ static const atrium_host HOST = {
     .fed_sign_json = h_fed_sign_json,
     .fed_verify_json = federation_verify_json,
     .iface_provide = h_iface_provide,
-    .iface_get = plugins_iface_get,
+    .iface_get = rt_iface_get,
     .instance_name = h_instance_name,
     .notify_subscribe = h_notify_subscribe,
     .notify_publish = h_notify_publish,

@@ -16,6 +16,7 @@
 #include "core/config/config.h"
 #include "core/http/http.h"
 #include "core/runtime/core_runtime.h"
+#include "core/runtime/iface.h"
 #include "core/runtime/runtime.h"
 #include "core/store/db.h"
 
@@ -70,14 +71,7 @@ int plugins_describe(const char *plugin_dir, const char *name, const char *path,
 /* Free the rows plugins_describe made (their strings stay: they are the plugin's). */
 void plugins_describe_release(struct cfg_plugin_doc *doc);
 
-/* The interface registry (iface.c). Register iface (its first field its size, >= 8) under
- * name for owner ("core" or a plugin's name): 0, ATRIUM_E_INVAL, ATRIUM_E_EXISTS (logged
- * with both owners), ATRIUM_E_LIMIT. Main thread, before the listener opens. */
-int plugins_iface_add(const char *owner, const char *name, const void *iface);
-/* The interface registered under name whose size is >= min_size, or NULL. Any thread. */
-const void *plugins_iface_get(const char *name, uint32_t min_size);
-/* Forget every interface (after the plugins' fini; for tests that start twice). */
-void plugins_iface_reset(void);
+/* The interface registry is core/runtime/iface.h (rt_iface_*). */
 
 /* Load and init every enabled plugin (plugins.<name>.enabled). 0 or -1 (logged). */
 int plugins_load_all(core_runtime *rt);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/events.h"
 
@@ -210,7 +210,7 @@ bool event_content_hash_ok(const json_t *pdu)
 {
     const char *claimed = json_string_value(json_object_get(json_object_get(pdu, "hashes"), "sha256"));
     unsigned char want[CJSON_SHA256_BYTES], got[CJSON_SHA256_BYTES];
-    if (!claimed || fed_b64_decode_exact(claimed, want, sizeof(want)) < 0) return false;
+    if (!claimed || rt_b64_decode_exact(claimed, want, sizeof(want)) < 0) return false;
     if (content_hash(pdu, got) < 0) return false;
     return sodium_memcmp(want, got, sizeof(got)) == 0;
 }

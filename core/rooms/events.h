@@ -13,7 +13,7 @@
  * ("$opaque:domain", chosen by the server that created the event), which is checked here,
  * not computed (event_finalize picks one for the events this server writes). Everything
  * here is pure (no database, no request; only that pick draws random letters): the write
- * path lives in rooms_write.c, the rules of who may send what in room_auth.c. Internal
+ * path lives in rooms_tx.c, the rules of who may send what in room_auth.c. Internal
  * prefixes: room_version_, event_.
  *
  * Signatures are made and checked in core/federation (fed_sign_json, fed_verify_json):

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_base64.h"
+#include "core/runtime/base64.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/room_auth.h"
 
@@ -211,11 +211,11 @@ static bool third_party_signature_ok(const json_t *signed_obj, const json_t *tpi
     unsigned char keys[TPI_MAX_PUBLIC_KEYS][ED25519_PUBLIC_KEY_BYTES];
     size_t nkeys = 0;
     const char *one = json_string_value(json_object_get(tpi_content, "public_key"));
-    if (one && fed_b64_decode_exact(one, keys[nkeys], ED25519_PUBLIC_KEY_BYTES) == 0) nkeys++;
+    if (one && rt_b64_decode_exact(one, keys[nkeys], ED25519_PUBLIC_KEY_BYTES) == 0) nkeys++;
     const json_t *list = json_object_get(tpi_content, "public_keys");
     for (size_t i = 0; i < json_array_size(list) && nkeys < TPI_MAX_PUBLIC_KEYS; i++) {
         const char *k = json_string_value(json_object_get(json_array_get(list, i), "public_key"));
-        if (k && fed_b64_decode_exact(k, keys[nkeys], ED25519_PUBLIC_KEY_BYTES) == 0) nkeys++;
+        if (k && rt_b64_decode_exact(k, keys[nkeys], ED25519_PUBLIC_KEY_BYTES) == 0) nkeys++;
     }
     const json_t *sigs = json_object_get(signed_obj, "signatures");
     if (!nkeys || !json_is_object(sigs)) return false;
@@ -235,7 +235,7 @@ static bool third_party_signature_ok(const json_t *signed_obj, const json_t *tpi
         json_object_foreach(by_server, key_id, sig) {
             unsigned char raw[ED25519_SIGNATURE_BYTES];
             if (ok || strncmp(key_id, "ed25519:", 8) != 0 || !json_is_string(sig) ||
-                fed_b64_decode_exact(json_string_value(sig), raw, sizeof(raw)) < 0)
+                rt_b64_decode_exact(json_string_value(sig), raw, sizeof(raw)) < 0)
                 continue;
             for (size_t k = 0; k < nkeys && !ok; k++)
                 ok = crypto_sign_verify_detached(raw, (const unsigned char *)canon, len, keys[k]) == 0;

@@ -10,7 +10,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/config/config.h"
 #include "core/rooms/rooms.h"
+#include "core/runtime/core_runtime.h"
 
 const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
     {1, "rooms_events_state",
@@ -263,6 +265,12 @@ int64_t rooms_wall_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+const char *rooms_server_name(void)
+{
+    const core_runtime *rt = core_runtime_get();
+    return rt && rt->cfg ? rt->cfg->server_name : "localhost";
 }
 
 /* ---- membership and visibility ------------------------------------------------------ */

@@ -7,7 +7,7 @@
  * The model's other parts have their own headers: canonical_json.h (canonical JSON,
  * hashes, base64), events.h (room versions, event IDs, building and redacting events,
  * the client format) and room_auth.h (the authorization rules). The write path that turns
- * a client's intent into a stored event is the client's (core/client/rooms/rooms_write.c).
+ * a client's intent into a stored event is the client's (core/rooms/rooms_tx.c).
  *
  * The data model (migrations of owner "rooms", ROOMS_MIGRATIONS in rooms.c: 1 the tables;
  * 2 adds event_relations, the index of m.relates_to filled at write time; 3 adds
@@ -32,7 +32,7 @@
  *   receipts, typing: ephemeral data with stream positions.
  * State at a position P of a room is, per (type, state_key), the newest state event with
  * stream_pos <= P: what client readers use. Where federated forks meet, current_state is
- * their resolution (core/federation/fed_rooms_receive.c) and the state each federated
+ * their resolution (core/federation/rooms/fed_rooms_receive.c) and the state each federated
  * event was authorized against is a snapshot (events_graph.h).
  *
  * Stream positions: rows take them with the SQL function stream_next() (a shared advisory
@@ -87,6 +87,9 @@ PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
 bool rooms_exec(PGconn *c, const char *sql, int n, const char *const *params);
 /* Milliseconds since the Unix epoch (origin_server_ts). */
 int64_t rooms_wall_ms(void);
+/* This server's name (server_name), for `origin` and new room IDs; "localhost" when no
+ * runtime object is bound (unit tests). Any thread. */
+const char *rooms_server_name(void);
 
 /* The stream is what clients read; events_graph.h keeps the graph beside it. An event
  * from another server joins the stream once accepted, at the end (its position is when

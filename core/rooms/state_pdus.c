@@ -1,7 +1,8 @@
 /*
  * core/rooms/state_pdus.c - room states in memory as PDUs (state_pdus.h): one JSON object
  * keyed by the length-prefixed pair "<len(type)>:<type><state_key>", so no type or state
- * key can make two keys collide.
+ * key can make two keys collide. Also the stripped state shown to those outside a room
+ * (rooms_stripped_state, rooms_tx.h), which is read from such a state.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/events_graph.h"
 #include "core/rooms/rooms.h"
+#include "core/rooms/rooms_tx.h"
 #include "core/rooms/state_pdus.h"
 
 #define STATE_KEY_BYTES (2 * EVENT_MAX_ID_BYTES + 16)
@@ -112,4 +114,33 @@ int rooms_pdus_of_ids(PGconn *c, const json_t *ids, json_t **map_out)
     put_rows(*map_out, NULL, res);
     PQclear(res);
     return 0;
+}
+
+/* ---- stripped state ------------------------------------------------------------------ */
+
+/* The events that describe a room to someone outside it, besides a member event. */
+static const char *const STRIPPED_TYPES[] = {"m.room.create", "m.room.join_rules", "m.room.name",
+                                             "m.room.avatar", "m.room.canonical_alias",
+                                             "m.room.encryption", "m.room.topic", NULL};
+
+/* (rooms_tx.h) */
+json_t *rooms_stripped_event(const json_t *ev)
+{
+    json_t *t = json_object_get(ev, "type"), *sk = json_object_get(ev, "state_key"),
+           *s = json_object_get(ev, "sender"), *c = json_object_get(ev, "content");
+    if (!json_is_string(t) || !json_is_string(sk) || !json_is_string(s) || !json_is_object(c))
+        return NULL;
+    return json_pack("{s:O, s:O, s:O, s:O}", "type", t, "state_key", sk, "sender", s, "content", c);
+}
+
+json_t *rooms_stripped_state(const json_t *map, const char *member)
+{
+    json_t *out = json_array();
+    for (size_t i = 0; STRIPPED_TYPES[i]; i++) {
+        json_t *one = rooms_stripped_event(rooms_pdus_get((void *)map, STRIPPED_TYPES[i], ""));
+        if (one) json_array_append_new(out, one);
+    }
+    json_t *me = member ? rooms_stripped_event(rooms_pdus_get((void *)map, "m.room.member", member)) : NULL;
+    if (me) json_array_append_new(out, me);
+    return out;
 }

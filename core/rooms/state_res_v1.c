@@ -16,18 +16,18 @@
  * version 1 rooms: the keys of one pass are each resolved against R as it was before the
  * pass (R takes the pass's results at its end), and when the rules refuse every event of
  * a normal key, the last in that order (least depth) is taken. SHA-1 comes from
- * core/client/accounts/hmac_sha1.h; this algorithm is its only other use, because the spec
+ * core/runtime/hmac_sha1.h; this algorithm is its only other use, because the spec
  * names it.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/accounts/hmac_sha1.h"
+#include "core/runtime/hmac_sha1.h"
 #include "core/rooms/state_res_internal.h"
 
 typedef struct v1_key {
     int64_t depth;
-    unsigned char sha1[SHA1_DIGEST_BYTES];
+    unsigned char sha1[RT_SHA1_DIGEST_BYTES];
     uint32_t e;
 } v1_key;
 
@@ -36,7 +36,7 @@ static int auth_order(const void *a, const void *b)
 {
     const v1_key *x = a, *y = b;
     if (x->depth != y->depth) return x->depth < y->depth ? -1 : 1;
-    return -memcmp(x->sha1, y->sha1, SHA1_DIGEST_BYTES);
+    return -memcmp(x->sha1, y->sha1, RT_SHA1_DIGEST_BYTES);
 }
 
 /* Descending depth, then ascending SHA-1: the order of the normal keys. */
@@ -57,10 +57,10 @@ static int sorted_events(sr_ctx *c, const sr_conflict *k, int (*cmp)(const void 
             return sr_fail(c, STATE_RES_E_BAD_EVENT, ev->id, "Event %.80s is not the state event "
                            "at (%.64s, %.64s)", ev->id, k->type, k->state_key);
         keys[i].depth = ev->depth;
-        sha1_ctx h;
-        sha1_init(&h);
-        sha1_update(&h, ev->id, strlen(ev->id));
-        sha1_final(&h, keys[i].sha1);
+        rt_sha1_ctx h;
+        rt_sha1_init(&h);
+        rt_sha1_update(&h, ev->id, strlen(ev->id));
+        rt_sha1_final(&h, keys[i].sha1);
     }
     qsort(keys, k->n, sizeof(*keys), cmp);
     return STATE_RES_OK;

@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_xmatrix.c - libFuzzer target: the X-Matrix Authorization header parser
- * (core/federation/fed_xmatrix.c), which reads what any server on the internet sends.
+ * (core/federation/transport/fed_xmatrix.c), which reads what any server on the internet sends.
  *
  * Checked: a parsed header has an origin and a key, NUL-terminated within their buffers;
  * a refusal says why.
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_xmatrix.h"
+#include "core/federation/transport/fed_xmatrix.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size); /* libFuzzer's entry */
 

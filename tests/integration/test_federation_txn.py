@@ -24,7 +24,7 @@ from test_federation import A_IP, FAKE_IP, FederationTestCase
 
 SEND = "/_matrix/federation/v1/send/"
 INBOUND = {"pool": "core.federation_inbound"}
-INBOUND_THREADS, INBOUND_QUEUE = 2, 64  # core/federation/fed_inbound.c
+INBOUND_THREADS, INBOUND_QUEUE = 2, 64  # core/federation/transport/fed_inbound.c
 
 
 def wait_until(predicate, timeout=30, what="the condition"):

@@ -17,8 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/federation/fed_backoff.h"
-#include "core/federation/fed_migrations.h"
+#include "core/federation/transport/fed_backoff.h"
+#include "core/federation/transport/fed_migrations.h"
 
 #define MIN_MS (10 * 60 * 1000LL)
 #define MAX_MS (24 * 60 * 60 * 1000LL)

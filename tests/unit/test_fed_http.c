@@ -27,8 +27,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/federation/fed_http.h"
-#include "core/federation/fed_iprange.h"
+#include "core/federation/transport/fed_http.h"
+#include "core/runtime/iprange.h"
 
 #define WAIT_MS 3000          /* the most any wait in this file may take */
 #define SLACK_MS 400          /* how late a deadline may fire on a loaded machine */
@@ -353,7 +353,7 @@ static int rec_calls(rec *r)
 typedef struct env {
     rt_metrics *metrics;
     fed_http *c;
-    fed_iprange_list *black, *white;
+    rt_iprange_list *black, *white;
 } env;
 
 static void env_open(env *e, int per_host, int queue_depth, const char *black,
@@ -361,8 +361,8 @@ static void env_open(env *e, int per_host, int queue_depth, const char *black,
 {
     memset(e, 0, sizeof(*e));
     char err[128];
-    if (black) e->black = fed_iprange_parse(&black, 1, err, sizeof(err));
-    if (white) e->white = fed_iprange_parse(&white, 1, err, sizeof(err));
+    if (black) e->black = rt_iprange_parse(&black, 1, err, sizeof(err));
+    if (white) e->white = rt_iprange_parse(&white, 1, err, sizeof(err));
     e->metrics = rt_metrics_new();
     fed_http_settings s = {.max_connections = 16, .max_connections_per_host = per_host,
                            .queue_depth = queue_depth, .blacklist = e->black,
@@ -376,8 +376,8 @@ static void env_close(env *e)
 {
     fed_http_stop(e->c);
     fed_http_free(e->c);
-    fed_iprange_free(e->black);
-    fed_iprange_free(e->white);
+    rt_iprange_free(e->black);
+    rt_iprange_free(e->white);
     rt_metrics_free(e->metrics);
 }
 

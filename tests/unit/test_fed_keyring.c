@@ -23,8 +23,8 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-#include "core/federation/fed_keyring.h"
-#include "core/federation/fed_migrations.h"
+#include "core/federation/transport/fed_keyring.h"
+#include "core/federation/transport/fed_migrations.h"
 
 #define T0 1700000000000LL
 #define HOUR_MS (3600LL * 1000)

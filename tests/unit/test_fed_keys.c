@@ -19,8 +19,8 @@
 #include <unistd.h>
 
 #include "atrium/abi.h"
-#include "core/federation/fed_base64.h"
-#include "core/federation/fed_keys.h"
+#include "core/runtime/base64.h"
+#include "core/federation/transport/fed_keys.h"
 
 /* The seed of the spec's "Cryptographic Test Vectors" appendix (server "domain", key
  * "ed25519:1"); note its last character carries non-zero trailing bits. */
@@ -37,14 +37,14 @@
 static void spec_key(fed_signing_key *k)
 {
     unsigned char seed[FED_SEED_BYTES];
-    assert_int_equal(fed_b64_decode_exact(SPEC_SEED_B64, seed, sizeof(seed)), 0);
+    assert_int_equal(rt_b64_decode_exact(SPEC_SEED_B64, seed, sizeof(seed)), 0);
     assert_int_equal(fed_signing_key_from_seed(seed, "1", k), 0);
     assert_string_equal(k->key_id, "ed25519:1");
 }
 
 static long dec(const char *s, unsigned char *out, size_t cap)
 {
-    return fed_b64_decode(s, strlen(s), out, cap);
+    return rt_b64_decode(s, strlen(s), out, cap);
 }
 
 /* ---- base64 ----------------------------------------------------------------------------- */
@@ -98,8 +98,8 @@ static void test_b64_refuses_what_no_encoder_writes(void **state)
     /* A correct string that does not fit the output. */
     assert_int_equal(dec("Zm9vYmFy", out, 5), -1);
     unsigned char key[FED_PUBLIC_KEY_BYTES];
-    assert_int_equal(fed_b64_decode_exact(SEQ_PUBLIC_B64, key, sizeof(key)), 0);
-    assert_int_equal(fed_b64_decode_exact("Zm9v", key, sizeof(key)), -1); /* 3 bytes, not 32 */
+    assert_int_equal(rt_b64_decode_exact(SEQ_PUBLIC_B64, key, sizeof(key)), 0);
+    assert_int_equal(rt_b64_decode_exact("Zm9v", key, sizeof(key)), -1); /* 3 bytes, not 32 */
 }
 
 /* ---- the key file ----------------------------------------------------------------------- */
@@ -238,7 +238,7 @@ static void test_synapse_key_file_loads_with_or_without_trailing_newline(void **
     char path[128], err[512] = "";
     snprintf(path, sizeof(path), "%s/synapse.key", tmpdir);
     unsigned char want_pub[FED_PUBLIC_KEY_BYTES];
-    assert_int_equal(fed_b64_decode_exact(SEQ_PUBLIC_B64, want_pub, sizeof(want_pub)), 0);
+    assert_int_equal(rt_b64_decode_exact(SEQ_PUBLIC_B64, want_pub, sizeof(want_pub)), 0);
     static const char *const forms[] = {
         "ed25519 a_AbC1 " SEQ_SEED_B64 "\n",
         "ed25519 a_AbC1 " SEQ_SEED_B64,
@@ -393,7 +393,7 @@ static void test_verification_names_each_failure(void **state)
                      FED_SIG_E_ALGORITHM);
     /* Another key's public half. */
     unsigned char other[FED_PUBLIC_KEY_BYTES];
-    assert_int_equal(fed_b64_decode_exact(SEQ_PUBLIC_B64, other, sizeof(other)), 0);
+    assert_int_equal(rt_b64_decode_exact(SEQ_PUBLIC_B64, other, sizeof(other)), 0);
     assert_int_equal(fed_verify_json(o, "domain", "ed25519:1", other, why, sizeof(why)),
                      FED_SIG_E_BAD);
     json_t *mine = json_object_get(json_object_get(o, "signatures"), "domain");

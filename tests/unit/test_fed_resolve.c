@@ -30,9 +30,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/federation/fed_http.h"
-#include "core/federation/fed_iprange.h"
-#include "core/federation/fed_resolve.h"
+#include "core/federation/transport/fed_http.h"
+#include "core/runtime/iprange.h"
+#include "core/federation/transport/fed_resolve.h"
 
 #define T_A 1
 #define T_AAAA 28
@@ -472,7 +472,7 @@ static void dead_start(int port)
 
 static struct {
     rt_metrics *metrics;
-    fed_iprange_list *black, *white;
+    rt_iprange_list *black, *white;
     fed_http *http;
     fed_resolver *r;
     char dns_server[64];
@@ -564,11 +564,11 @@ static int group_setup(void **state)
     g.metrics = rt_metrics_new();
     char err[256];
     size_t nb = 0;
-    while (FED_IPRANGE_DEFAULT_BLACKLIST[nb])
+    while (RT_IPRANGE_DEFAULT_BLACKLIST[nb])
         nb++;
-    g.black = fed_iprange_parse(FED_IPRANGE_DEFAULT_BLACKLIST, nb, err, sizeof err);
+    g.black = rt_iprange_parse(RT_IPRANGE_DEFAULT_BLACKLIST, nb, err, sizeof err);
     const char *const white[] = {"127.0.0.0/8"};
-    g.white = fed_iprange_parse(white, 1, err, sizeof err);
+    g.white = rt_iprange_parse(white, 1, err, sizeof err);
     assert_non_null(g.black);
     assert_non_null(g.white);
     fed_http_settings hs = {.max_connections = 16,
@@ -604,8 +604,8 @@ static int group_teardown(void **state)
     fed_http_stop(g.http);
     fed_resolve_free(g.r);
     fed_http_free(g.http);
-    fed_iprange_free(g.black);
-    fed_iprange_free(g.white);
+    rt_iprange_free(g.black);
+    rt_iprange_free(g.white);
     rt_metrics_free(g.metrics);
     dns.stop = 1;
     web.stop = 1;

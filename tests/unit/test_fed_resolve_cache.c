@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_resolve_internal.h"
+#include "core/federation/transport/fed_resolve_internal.h"
 
 static int *boxed(int v)
 {

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/federation/fed_resolve.h"
+#include "core/federation/transport/fed_resolve.h"
 
 static bool split(const char *name, char *host, int *port)
 {

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "core/federation/fed_rooms.h"
+#include "core/federation/rooms/fed_rooms.h"
 
 static bool allows(const char *acl_text, const char *server)
 {

@@ -14,8 +14,8 @@
 #include <cmocka.h>
 #include <sodium.h>
 
-#include "core/federation/fed_base64.h"
-#include "core/federation/fed_xmatrix.h"
+#include "core/runtime/base64.h"
+#include "core/federation/transport/fed_xmatrix.h"
 
 #define ORIGIN "origin.example"
 #define DEST "dest.example"

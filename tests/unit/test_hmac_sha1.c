@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "core/client/accounts/admin_register.h"
-#include "core/client/accounts/hmac_sha1.h"
+#include "core/runtime/hmac_sha1.h"
 
 static void hex(const unsigned char *d, size_t n, char *out)
 {
@@ -28,11 +28,11 @@ static void hex(const unsigned char *d, size_t n, char *out)
 
 static void sha1_hex(const void *data, size_t len, char out[41])
 {
-    sha1_ctx c;
-    unsigned char d[SHA1_DIGEST_BYTES];
-    sha1_init(&c);
-    sha1_update(&c, data, len);
-    sha1_final(&c, d);
+    rt_sha1_ctx c;
+    unsigned char d[RT_SHA1_DIGEST_BYTES];
+    rt_sha1_init(&c);
+    rt_sha1_update(&c, data, len);
+    rt_sha1_final(&c, d);
     hex(d, sizeof(d), out);
 }
 
@@ -56,12 +56,12 @@ static void test_sha1_of_a_million_bytes_fed_in_odd_pieces(void **state)
     char *a = malloc(TOTAL);
     assert_non_null(a);
     memset(a, 'a', TOTAL);
-    sha1_ctx c;
-    sha1_init(&c);
+    rt_sha1_ctx c;
+    rt_sha1_init(&c);
     for (size_t off = 0; off < TOTAL; off += PIECE)
-        sha1_update(&c, a + off, off + PIECE <= TOTAL ? PIECE : TOTAL - off);
-    unsigned char d[SHA1_DIGEST_BYTES];
-    sha1_final(&c, d);
+        rt_sha1_update(&c, a + off, off + PIECE <= TOTAL ? PIECE : TOTAL - off);
+    unsigned char d[RT_SHA1_DIGEST_BYTES];
+    rt_sha1_final(&c, d);
     char out[41];
     hex(d, sizeof(d), out);
     assert_string_equal(out, "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
@@ -71,14 +71,14 @@ static void test_sha1_of_a_million_bytes_fed_in_odd_pieces(void **state)
 static void test_hmac_sha1_matches_rfc_2202(void **state)
 {
     (void)state;
-    unsigned char key[20], mac[SHA1_DIGEST_BYTES];
+    unsigned char key[20], mac[RT_SHA1_DIGEST_BYTES];
     char out[41];
     memset(key, 0x0b, sizeof(key));
-    hmac_sha1(key, sizeof(key), "Hi There", 8, mac);
+    rt_hmac_sha1(key, sizeof(key), "Hi There", 8, mac);
     hex(mac, sizeof(mac), out);
     assert_string_equal(out, "b617318655057264e28bc0b6fb378c8ef146be00");
     const char *what = "what do ya want for nothing?";
-    hmac_sha1("Jefe", 4, what, strlen(what), mac);
+    rt_hmac_sha1("Jefe", 4, what, strlen(what), mac);
     hex(mac, sizeof(mac), out);
     assert_string_equal(out, "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79");
 }
@@ -88,9 +88,9 @@ static void test_hmac_sha1_hashes_a_key_longer_than_a_block(void **state)
     (void)state;
     char key[100];
     memset(key, 'k', sizeof(key));
-    unsigned char mac[SHA1_DIGEST_BYTES];
+    unsigned char mac[RT_SHA1_DIGEST_BYTES];
     char out[41];
-    hmac_sha1(key, sizeof(key), "msg", 3, mac);
+    rt_hmac_sha1(key, sizeof(key), "msg", 3, mac);
     hex(mac, sizeof(mac), out);
     assert_string_equal(out, "a3f6e90d792b6ca5ed3bfc556a4aa73d62d7cae4");
 }

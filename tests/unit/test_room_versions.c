@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/federation/fed_base64.h"
-#include "core/federation/fed_keys.h"
+#include "core/runtime/base64.h"
+#include "core/federation/transport/fed_keys.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/events.h"
 
@@ -60,7 +60,7 @@ static const char SPEC_REDACTABLE[] =
 static char *sign_as_the_spec_does(const room_version *v, json_t *pdu)
 {
     unsigned char seed[FED_SEED_BYTES];
-    assert_int_equal(fed_b64_decode_exact(SPEC_SEED_B64, seed, sizeof(seed)), 0);
+    assert_int_equal(rt_b64_decode_exact(SPEC_SEED_B64, seed, sizeof(seed)), 0);
     fed_signing_key key;
     assert_int_equal(fed_signing_key_from_seed(seed, "1", &key), 0);
     assert_int_equal(event_add_content_hash(pdu), 0);

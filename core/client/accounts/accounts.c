@@ -181,6 +181,7 @@ static int accounts_init(core_runtime *rt)
         return -1;
     if (acc_register_routes(s) < 0 || acc_admin_register_routes(s) < 0 ||
         acc_login_routes(s) < 0 || acc_devices_routes(s) < 0 || acc_profile_routes(s) < 0 ||
+        acc_profile_remote_routes(s) < 0 ||
         push_rules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
         acc_tags_routes(s) < 0 || pushers_routes(s) < 0 || acc_misc_routes(s) < 0 || acc_whois_routes(s) < 0 ||
         acc_account_data_routes(s) < 0 || acc_user_directory_routes(s) < 0 ||

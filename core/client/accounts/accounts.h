@@ -7,7 +7,7 @@
  * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over files by
  * concern, each file X.c holding the functions acc_X_* (the file name is the prefix): register.c,
  * admin_register.c, login.c, devices.c, profile.c, filters.c, account_data.c, tags.c, misc.c,
- * user_directory.c, deactivate.c; uia.c is uia_, hmac_sha1.c hmac_sha1_, and account_util.c the
+ * user_directory.c, deactivate.c; uia.c is uia_, and account_util.c the
  * acc_ helpers every file shares. The module also registers the push endpoints
  * (core/client/push/: their tables are this module's, and they use its database helpers).
  * Each file registers its own routes from an *_routes function called by the module's init.
@@ -62,6 +62,9 @@ bool acc_is_local_user(atrium_req *r, const char *user_id);
  * answering (404 M_NOT_FOUND for an unknown user, 503 when the database fails). Shared by
  * GET /profile and the federation profile query. */
 json_t *acc_profile_load(atrium_req *r, const char *user_id);
+/* profile_remote.c: GET /_matrix/federation/v1/query/profile, other servers asking for
+ * our users' profiles (registered at init; 0 or -1). */
+int acc_profile_remote_routes(http_server *s);
 /* [req] GET /profile for a user of another server, asked over federation while the request
  * waits parked (profile_remote.c); field NULL = the whole profile. */
 int acc_profile_remote(atrium_req *r, const char *user_id, const char *field);

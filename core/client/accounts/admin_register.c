@@ -31,7 +31,7 @@ void admin_register_mac(const char *secret, const char *nonce, const char *usern
     size_t ln = strlen(nonce), lu = strlen(username), lp = strlen(password), lr = strlen(role);
     size_t len = ln + lu + lp + lr + 3;
     unsigned char *msg = malloc(len);
-    unsigned char mac[SHA1_DIGEST_BYTES];
+    unsigned char mac[RT_SHA1_DIGEST_BYTES];
     if (!msg) { /* out of memory: never match rather than crash */
         hex_out[0] = '\0';
         return;
@@ -41,7 +41,7 @@ void admin_register_mac(const char *secret, const char *nonce, const char *usern
     memcpy(p, username, lu), p += lu, *p++ = '\0';
     memcpy(p, password, lp), p += lp, *p++ = '\0';
     memcpy(p, role, lr);
-    hmac_sha1(secret, strlen(secret), msg, len, mac);
+    rt_hmac_sha1(secret, strlen(secret), msg, len, mac);
     sodium_memzero(msg, len);
     free(msg);
     sodium_bin2hex(hex_out, ADMIN_MAC_HEX_CHARS + 1, mac, sizeof(mac));

@@ -8,9 +8,9 @@
 
 #include <stdbool.h>
 
-#include "core/client/accounts/hmac_sha1.h"
+#include "core/runtime/hmac_sha1.h"
 
-#define ADMIN_MAC_HEX_CHARS (2 * SHA1_DIGEST_BYTES)
+#define ADMIN_MAC_HEX_CHARS (2 * RT_SHA1_DIGEST_BYTES)
 
 /* hex_out (ADMIN_MAC_HEX_CHARS + 1 bytes) = lower-case hex of HMAC-SHA1 under secret of
  * nonce NUL username NUL password NUL ("admin" | "notadmin"), as Synapse defines it. */

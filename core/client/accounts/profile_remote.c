@@ -7,13 +7,15 @@
  * federation client's callback stores the answer in the request's state and wakes it, and
  * the handler runs again to answer. The peer's refusals keep their status and errcode (a
  * 404 M_NOT_FOUND stays one); a peer that cannot be reached, or answers garbage, is 502; no
- * answer within the deadline is 504. What this file does not do: cache remote profiles.
+ * answer within the deadline is 504. It also answers other servers asking for our users'
+ * profiles (GET /_matrix/federation/v1/query/profile). What this file does not do: cache
+ * remote profiles.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
-#include "core/federation/fed_request.h"
+#include "core/federation/transport/fed_request.h"
 
 #define REMOTE_PROFILE_MAX_BYTES 4096 /* a larger profile answer is refused as garbage */
 #define REMOTE_PROFILE_URI_BYTES 1024
@@ -121,4 +123,45 @@ int acc_profile_remote(atrium_req *r, const char *user_id, const char *field)
         susp_wake(r);
     }
     return ATRIUM_PARKED;
+}
+
+/* ---- other servers asking for our users' profiles ------------------------------------ */
+
+/* GET /_matrix/federation/v1/query/profile?user_id=...&field=... (signed) */
+static int get_profile(atrium_req *r)
+{
+    const char *user = http_req_query(r, "user_id"), *field = http_req_query(r, "field");
+    if (!user || !*user)
+        return http_respond_error(r, 400, "M_MISSING_PARAM", "user_id is required");
+    if (field && strcmp(field, "displayname") != 0 && strcmp(field, "avatar_url") != 0)
+        return http_respond_error(r, 400, "M_INVALID_PARAM",
+                                  "field must be displayname or avatar_url");
+    const char *colon = strchr(user, ':');
+    if (user[0] != '@' || !colon || strcmp(colon + 1, r->srv->cfg->server_name) != 0)
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "%s is not a user of this server",
+                                  user);
+    json_t *body = acc_profile_load(r, user);
+    if (!body) return ATRIUM_DONE;
+    if (field) { /* only the field asked for */
+        json_t *v = json_incref(json_object_get(body, field));
+        json_object_clear(body);
+        if (v) json_object_set_new(body, field, v);
+    }
+    return http_respond_json(r, 200, body);
+}
+
+int acc_profile_remote_routes(http_server *s)
+{
+    /* An ATRIUM_ROUTE_FEDERATION route: the X-Matrix signature is checked before it runs
+     * (core/federation/transport/fed_auth.c). */
+    static const atrium_route route = {.method = "GET",
+                                       .path = "/_matrix/federation/v1/query/profile",
+                                       .handler = get_profile,
+                                       .flags = ATRIUM_ROUTE_FEDERATION};
+    char err[256];
+    if (router_add(s->router, &route, "core", err, sizeof(err)) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "accounts", "%s", err);
+        return -1;
+    }
+    return 0;
 }

@@ -20,7 +20,7 @@
 #include "core/client/client.h"
 #include "core/client/e2ee/e2ee.h"
 #include "core/client/sync/notifier.h"
-#include "core/federation/fed_txn.h"
+#include "core/federation/transport/fed_txn.h"
 
 static const atrium_migration MIGRATIONS[] = {
     {1, "e2ee_keys_to_device_backup",

@@ -9,7 +9,7 @@
  * .../user/keys/claim (the client endpoints' rules, e2ee_query_local and e2ee_claim_local,
  * as seen by another server: no user-signing key, only the user's own signatures).
  *
- * Received, on the inbound transaction pool (core/federation/fed_txn.h), each EDU only
+ * Received, on the inbound transaction pool (core/federation/transport/fed_txn.h), each EDU only
  * from the server of the user it is about (sender / user_id), and device-list news only
  * for users who share a room with a user of this server:
  *   m.direct_to_device    stored for the local recipients' devices (to_device_store)
@@ -28,8 +28,8 @@
 #include "core/client/client.h"
 #include "core/client/e2ee/e2ee.h"
 #include "core/client/sync/notifier.h"
-#include "core/federation/fed_call.h"
-#include "core/federation/fed_txn.h"
+#include "core/federation/transport/fed_call.h"
+#include "core/federation/transport/fed_txn.h"
 
 #define E2EE_FED_DB_WAIT_MS 5000            /* EDU handlers: background work */
 #define E2EE_FED_RESYNC_TIMEOUT_MS 10000    /* a /user/devices resync */

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "core/client/e2ee/e2ee.h"
-#include "core/federation/fed_request.h"
+#include "core/federation/transport/fed_request.h"
 
 #define E2EE_REMOTE_DEFAULT_TIMEOUT_MS 10000 /* the spec's default for keys/query, claim */
 #define E2EE_REMOTE_MAX_TIMEOUT_MS 60000

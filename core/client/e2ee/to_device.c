@@ -27,7 +27,7 @@
 #include "core/client/e2ee/e2ee.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
-#include "core/federation/fed_txn.h"
+#include "core/federation/transport/fed_txn.h"
 
 #define TO_DEVICE_MAX_MESSAGES 10000 /* (user, device) entries per sendToDevice request */
 #define TO_DEVICE_SYNC_LIMIT 100     /* messages per sync response */
@@ -126,7 +126,7 @@ static int put_send_to_device(atrium_req *r)
         }
     }
     /* Users of other servers: one m.direct_to_device EDU per server, queued in this
-     * transaction (the outbound queue delivers it, core/federation/fed_txn.h). */
+     * transaction (the outbound queue delivers it, core/federation/transport/fed_txn.h). */
     const char *server;
     json_t *m;
     json_object_foreach(remote, server, m) {

@@ -40,7 +40,7 @@
 #include "core/client/presence/presence.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
-#include "core/federation/fed_txn.h"
+#include "core/federation/transport/fed_txn.h"
 #include "core/rooms/rooms.h"
 
 #define PRESENCE_ACTIVE_REFRESH_MS (60 * 1000)      /* last_active_ts rewritten at most this often */

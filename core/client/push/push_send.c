@@ -57,7 +57,7 @@
 #include "core/client/push/push_eval.h"
 #include "core/client/push/push_rules.h"
 #include "core/client/push/push_send.h"
-#include "core/federation/fed_request.h"
+#include "core/federation/transport/fed_request.h"
 #include "core/rooms/canonical_json.h"
 #include "core/store/lease.h"
 

@@ -20,22 +20,7 @@ static const struct core_config *settings(void)
     return rt ? rt->cfg : NULL;
 }
 
-/* ---- failures ----------------------------------------------------------------------- */
-
-int rooms_fail(atrium_req *r, const rooms_err *e)
-{
-    switch (e->code) {
-    case ROOMS_E_FORBIDDEN: return http_respond_error(r, 403, "M_FORBIDDEN", "%s", e->why);
-    case ROOMS_E_NOT_FOUND: return http_respond_error(r, 404, "M_NOT_FOUND", "%s", e->why);
-    case ROOMS_E_TOO_LARGE: return http_respond_error(r, 413, "M_TOO_LARGE", "%s", e->why);
-    case ROOMS_E_BAD_JSON: return http_respond_error(r, 400, "M_BAD_JSON", "%s", e->why);
-    case ROOMS_E_NO_DIRECTORY: return rooms_directory_disabled(r);
-    case ROOMS_E_BAD_ALIAS: return http_respond_error(r, 400, "M_BAD_ALIAS", "%s", e->why);
-    case ROOMS_E_ALIAS_IN_USE: return http_respond_error(r, 400, "M_ROOM_IN_USE", "%s", e->why);
-    case ROOMS_E_INVALID: return http_respond_error(r, 400, "M_INVALID_PARAM", "%s", e->why);
-    default: return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
-    }
-}
+/* Failures as Matrix errors (rooms_fail) are the room model's: core/rooms/rooms_tx.c. */
 
 /* ---- database ----------------------------------------------------------------------- */
 
@@ -107,12 +92,6 @@ const char *rooms_param_room(atrium_req *r)
         return NULL;
     }
     return room;
-}
-
-const char *rooms_server_name(void)
-{
-    const struct core_config *cfg = settings();
-    return cfg ? cfg->server_name : "localhost";
 }
 
 const room_version *rooms_default_version(void)

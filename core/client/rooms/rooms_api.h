@@ -5,7 +5,8 @@
  * events, auth rules, visibility) is core/rooms/rooms.h.
  *
  * The room family is one client module (ROOMS_MODULE in rooms.c, owner "rooms") spread over
- * files by concern: rooms_write.c (the one write path: lock, authorize, build, store),
+ * files by concern (the one write path they all go through, lock, authorize, build,
+ * store, is the room model's: core/rooms/rooms_tx.c),
  * rooms_create.c (createRoom), rooms_upgrade.c (room upgrades), rooms_membership.c (join, leave, invite, kick, ban, unban,
  * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
  * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
@@ -26,20 +27,15 @@
 #include "core/client/client.h"
 #include "core/rooms/events_graph.h"
 #include "core/rooms/rooms.h"
+#include "core/rooms/rooms_tx.h"
 
 #define ROOMS_MAX_BODY_BYTES (EVENT_MAX_PDU_BYTES) /* no larger body can become an event */
 #define ROOMS_CREATE_MAX_BODY_BYTES (1024 * 1024)  /* createRoom: initial_state, invites */
 #define ROOMS_MAX_TXN_ID_BYTES 255
 #define ROOMS_MAX_REASON_BYTES 1024
-#define ROOMS_MAX_INVITES 100                  /* createRoom invite list */
 #define ROOMS_MAX_INITIAL_STATE 100            /* createRoom initial_state entries */
 #define ROOMS_ID_RANDOM_CHARS 18               /* "!<18 letters>:server" */
 #define ROOMS_DEFAULT_VERSION "10"
-
-/* ---- failures ----------------------------------------------------------------------- */
-
-/* [req] Answer the failure (status and errcode by code, error = why). Returns ATRIUM_DONE. */
-int rooms_fail(atrium_req *r, const rooms_err *e);
 
 /* ---- database ----------------------------------------------------------------------- */
 
@@ -49,82 +45,7 @@ void rooms_db_release(PGconn *c);
 /* Decimal text of x in the arena / into buf. */
 const char *rooms_i64(atrium_req *r, int64_t x);
 
-/* ---- the write path (rooms_write.c) ------------------------------------------------- */
-
-/* One transaction writing events into one room, holding the room's row lock. */
-typedef struct room_tx {
-    PGconn *c;
-    const char *room_id;
-    const room_version *ver;
-    char last_event_id[EVENT_ID_LEN]; /* "" before the create event */
-    int64_t depth;                    /* of the deepest extremity, 0 before the create event */
-    rooms_graph_tips tips;            /* the forward extremities: the next prev_events */
-    const char *wake_users[ROOMS_MAX_INVITES + 2]; /* users to wake beside the members */
-    bool listing_changed; /* an event changed what a public room list shows of the room */
-    int n_wake;
-    rt_arena *arena;
-} room_tx;
-
-typedef struct room_new_event {
-    const char *sender;
-    const char *type;
-    const char *state_key; /* NULL: not a state event */
-    json_t *content;       /* borrowed; must be canonical-ready (cjson_normalize'd) */
-    const char *redacts;   /* m.room.redaction: the target */
-    const char *txn_device, *txn_id; /* send idempotency, or NULL */
-    const char *txn_key;             /* the idempotency key when not txn_id ("redact|<txn>") */
-} room_new_event;
-
-/* BEGIN and lock an existing room. ROOMS_OK, ROOMS_E_NOT_FOUND, ROOMS_E_DB (e set; the
- * transaction is rolled back on failure). */
-int rooms_tx_begin(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id, rooms_err *e);
-/* BEGIN and insert a new room row. */
-int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id,
-                       const room_version *ver, const char *creator, rooms_err *e);
-/* Authorize, build and store one event (current state, memberships, redaction, the
- * transaction ID updated). id_out gets its event ID. On failure the caller rolls back. */
-int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_LEN],
-                    rooms_err *e);
-/* Authorize an event against the current state and build its PDU (prev_events, auth
- * events, depth) without hash, ID or signature: the template other servers complete
- * (make_join, make_leave). *pdu_out is new. ROOMS_OK, ROOMS_E_FORBIDDEN, ROOMS_E_DB. */
-int rooms_tx_template(room_tx *tx, const room_new_event *ev, json_t **pdu_out, rooms_err *e);
-/* Append an event another server created (already checked: format, signatures, hashes,
- * auth) to the stream, with everything that follows (current state, memberships, graph,
- * the state it was authorized against when state_before, a JSON array of event IDs, is
- * given); origin is the server that delivered it (NULL: created here, queued for the
- * room's other servers unless flags say otherwise). A redaction takes effect only when
- * its sender may redact the target. On failure the caller rolls back. */
-enum {
-    ROOMS_PDU_HISTORICAL = 1, /* state of a room joined over federation: no forward
-                               * extremity, queued for nobody */
-    ROOMS_PDU_NO_QUEUE = 2,   /* created here but delivered by another server (our
-                               * send_join's join): queued for nobody */
-    ROOMS_PDU_BACKFILLED = 4, /* history older than the stream (/backfill): at a position
-                               * below every other (rooms_backfill_seq), no current state,
-                               * membership row or forward extremity, queued for nobody */
-};
-int rooms_tx_append_pdu(room_tx *tx, json_t *pdu, const char *event_id, const char *origin,
-                        const json_t *state_before, unsigned flags, rooms_err *e);
-/* Seal a built event as this server: content hash, event ID (into id_out), this server's
- * signature over the redacted event (none without a federation module: unit tests), and
- * the size limit checked on the signed event. ROOMS_OK, ROOMS_E_TOO_LARGE ("The event is
- * N bytes; ..."), ROOMS_E_BAD_JSON (e set). */
-int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN], rooms_err *e);
-/* COMMIT and wake the room's members and the users named by the events. */
-int rooms_tx_commit(room_tx *tx, rooms_err *e);
-void rooms_tx_rollback(room_tx *tx);
-
-/* The room's state the auth rules read for a sender and a target (target may be NULL);
- * JSON objects are owned by *holder (json_decref it). ROOMS_OK or ROOMS_E_DB. Also gives
- * the event IDs for auth_events. */
-typedef struct room_auth_load {
-    room_auth_state st;
-    json_t *holder;
-    const char *create_id, *pl_id, *jr_id, *sender_member_id, *target_member_id;
-} room_auth_load;
-int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
-                    const char *sender, const char *target, room_auth_load *out);
+/* ---- the write path (core/rooms/rooms_tx.c) -------------------------------------------- */
 
 /* ---- the directory seam (rooms_iface.c) -------------------------------------------- */
 
@@ -135,8 +56,6 @@ int rooms_iface_provide(void);
 const atrium_directory *rooms_directory(void);
 /* [req] Answer 400 M_UNRECOGNIZED: the directory is disabled. Returns ATRIUM_DONE. */
 int rooms_directory_disabled(atrium_req *r);
-/* Does a state event of this type change what a public room list shows of its room? */
-bool rooms_listing_type(const char *type);
 /* The room a local alias points to: ROOMS_OK, ROOMS_E_NOT_FOUND (unknown or not local),
  * ROOMS_E_NO_DIRECTORY, ROOMS_E_DB (e set). */
 int rooms_resolve_alias(PGconn *c, const char *alias,
@@ -219,8 +138,6 @@ bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out);
 const char *rooms_param_room(atrium_req *r);
 /* A new room ID, "!" + ROOMS_ID_RANDOM_CHARS random letters + ":" + the server's name. */
 void rooms_new_room_id(char *out, size_t len);
-/* The server's name (server_name), for `origin` and new room IDs. */
-const char *rooms_server_name(void);
 /* The configured default room version (rooms.default_version). */
 const room_version *rooms_default_version(void);
 /* Pagination tokens: "s<pos>", and "b<n>" for position -n (history backfilled from other
@@ -241,7 +158,7 @@ int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse
  * step (what: the step, for the message): 504 on a timeout, 403 when federation with it
  * is not allowed, 502 otherwise; a 4xx refusal keeps its status and errcode
  * (rooms_remote.c). ATRIUM_DONE. */
-struct fed_call_result; /* core/federation/fed_call.h */
+struct fed_call_result; /* core/federation/transport/fed_call.h */
 int rooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res,
                                 const char *what);
 /* A membership event (join, knock, leave) completed from a resident's make_* template:
@@ -297,12 +214,6 @@ int rooms_join_needs_remote(PGconn *c, const char *room_id);
 json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id);
 /* ---- knocking (rooms_knock.c) -------------------------------------------------------- */
 
-/* The stripped state of a room for someone outside it (an invite's invite_room_state, a
- * knock's knock_room_state): its descriptive events found in map (a state map of
- * state_pdus.h: create, join rules, name, avatar, canonical alias, encryption, topic) and,
- * when member is not NULL, that user's member event, each as {type, state_key, sender,
- * content}. A new array (never NULL). */
-json_t *rooms_stripped_state(const json_t *map, const char *member);
 /* [req] The servers to withdraw user's knock on room_id through (a leave, on the remote
  * pool): the server that took the knock first, then rooms_remote_vias. A new array. */
 json_t *rooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const char *user);

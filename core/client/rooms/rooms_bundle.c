@@ -2,7 +2,7 @@
  * core/client/rooms/rooms_bundle.c - relations at write time and bundled aggregations at read
  * time.
  *
- * Write time: rooms_bundle_index, called by the write path for every stored event, records a
+ * Write time (the room model's write path, core/rooms/rooms_tx.c): rooms_bundle_index records a
  * relation (its parent, rel_type, sender, type, stream position, annotation key) in
  * event_relations and deletes the row of a relation that a redaction removes, so the
  * readers never parse event JSON to find relations and a redacted relation stops counting.
@@ -26,47 +26,6 @@
 #include "core/client/rooms/rooms_relations.h"
 
 #define BUNDLE_MAX_NESTING 1 /* latest_event of a thread gets a bundle; its own do not */
-
-static const char *relates_str(const json_t *rel, const char *key)
-{
-    const char *s = json_string_value(json_object_get(rel, key));
-    return s && *s && strlen(s) <= EVENT_MAX_ID_BYTES ? s : NULL;
-}
-
-bool rooms_bundle_parse(const json_t *content, rooms_relation *out)
-{
-    memset(out, 0, sizeof(*out));
-    const json_t *rel = json_object_get(content, "m.relates_to");
-    if (!json_is_object(rel)) return false;
-    out->rel_type = relates_str(rel, "rel_type");
-    out->event_id = relates_str(rel, "event_id");
-    if (!out->rel_type || !out->event_id) {
-        memset(out, 0, sizeof(*out));
-        return false;
-    }
-    if (strcmp(out->rel_type, REL_ANNOTATION) == 0)
-        out->key = json_string_value(json_object_get(rel, "key"));
-    return true;
-}
-
-bool rooms_bundle_index(PGconn *c, const char *pos, const char *event_id, const char *room_id,
-                        const room_new_event *ev)
-{
-    if (ev->redacts) { /* a redaction is never a relation itself; it ends the one it hits */
-        const char *p[2] = {ev->redacts, room_id};
-        return rooms_exec(c, "DELETE FROM event_relations WHERE event_id = $1 AND room_id = $2",
-                          2, p);
-    }
-    rooms_relation rel;
-    if (!rooms_bundle_parse(ev->content, &rel)) return true;
-    const char *p[8] = {event_id, room_id, rel.event_id, rel.rel_type, ev->sender, ev->type,
-                        pos, rel.key};
-    return rooms_exec(c,
-                      "INSERT INTO event_relations (event_id, room_id, relates_to, rel_type,"
-                      " sender, type, stream_pos, aggregation_key)"
-                      " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                      8, p);
-}
 
 /* ---- bundled aggregations ----------------------------------------------------------- */
 

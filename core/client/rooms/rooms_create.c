@@ -4,7 +4,7 @@
  * Owns the spec's order of a new room's events (create, the creator's join, power levels,
  * the preset's join rules / history visibility / guest access, initial_state, name,
  * topic, invites) and the presets' meaning. Every event goes through the one write path
- * (rooms_write.c) inside one transaction, so a room is created whole or not at all.
+ * (core/rooms/rooms_tx.c) inside one transaction, so a room is created whole or not at all.
  * room_alias_name becomes the alias #<name>:<server>, created through the room directory
  * (include/atrium/directory.h) in the same transaction, followed by an
  * m.room.canonical_alias event; visibility "public" lists the room, in that transaction too

@@ -1,7 +1,7 @@
 /*
  * core/client/rooms/rooms_edus.c - typing notices and read receipts across servers: what
  * this server's users say is queued for the room's other servers (m.typing, m.receipt
- * through the outbound queue, core/federation/fed_txn.h), and what other servers' users say
+ * through the outbound queue, core/federation/transport/fed_txn.h), and what other servers' users say
  * is stored like a local user's notice, so /sync reports it the same way.
  *
  * An inbound notice counts only from the server of the user it is about, for a room that
@@ -17,7 +17,7 @@
 
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/sync/notifier.h"
-#include "core/federation/fed_txn.h"
+#include "core/federation/transport/fed_txn.h"
 
 #define ROOMS_FED_TYPING_TIMEOUT_MS 30000 /* a remote user's typing lasts this long */
 #define ROOMS_FED_DB_WAIT_MS 5000          /* EDU handlers: background work */

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "core/client/rooms/rooms_api.h"
-#include "core/plugins/plugins.h"
+#include "core/runtime/iface.h"
 #include "core/rooms/canonical_json.h"
 
 static int canonical_content(PGconn *c, const char *room_id, json_t **out);
@@ -208,33 +208,29 @@ static const atrium_rooms ROOMS_IFACE = {
     .canonical_alias_drop = canonical_alias_drop,
 };
 
+/* The write path's listing hook (core/rooms/rooms_tx.h): the directory plugin, when one
+ * is enabled, refreshes its public list inside the transaction that changed the room. */
+static int listing_changed(PGconn *c, const char *room_id)
+{
+    const atrium_directory *dir = rooms_directory();
+    return dir ? dir->room_changed(c, room_id) : 0;
+}
+
 int rooms_iface_provide(void)
 {
-    return plugins_iface_add("core", ATRIUM_ROOMS_IFACE, &ROOMS_IFACE);
+    rooms_tx_set_listing_hook(listing_changed);
+    return rt_iface_add("core", ATRIUM_ROOMS_IFACE, &ROOMS_IFACE);
 }
 
 const atrium_directory *rooms_directory(void)
 {
-    return plugins_iface_get(ATRIUM_DIRECTORY_IFACE, ATRIUM_DIRECTORY_V0_SIZE);
+    return rt_iface_get(ATRIUM_DIRECTORY_IFACE, ATRIUM_DIRECTORY_V0_SIZE);
 }
 
 int rooms_directory_disabled(atrium_req *r)
 {
-    return http_respond_error(r, 400, "M_UNRECOGNIZED",
-                              "Room aliases need the room directory, which this server has "
-                              "disabled (plugins.directory.enabled)");
-}
-
-bool rooms_listing_type(const char *type)
-{
-    static const char *const TYPES[] = {
-        "m.room.member", "m.room.create", "m.room.name", "m.room.topic", "m.room.avatar",
-        "m.room.canonical_alias", "m.room.join_rules", "m.room.guest_access",
-        "m.room.history_visibility",
-    };
-    for (size_t i = 0; i < sizeof(TYPES) / sizeof(TYPES[0]); i++)
-        if (strcmp(type, TYPES[i]) == 0) return true;
-    return false;
+    rooms_err e = {.code = ROOMS_E_NO_DIRECTORY};
+    return rooms_fail(r, &e); /* the answer is written once, there */
 }
 
 int rooms_resolve_alias(PGconn *c, const char *alias, char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1],

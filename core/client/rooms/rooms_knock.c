@@ -16,7 +16,7 @@
  * PUT /v1/send_knock to the server that made it. That server's answer, the stripped state
  * of the room (knock_room_state), is kept with the knock (remote_knocks) for /sync's
  * knock_state; the knock itself is an outlier and the user's newest membership, as an
- * invite from another server is (core/federation/fed_rooms_invite.c). The resident server
+ * invite from another server is (core/federation/rooms/fed_rooms_invite.c). The resident server
  * then reaches us through the paths every room uses: its invite is PUT /v2/invite, its
  * kick a PDU for our user (fed_rooms_outsider.c). The user withdraws the knock by leaving
  * (rooms_knock_withdraw): make_leave / send_leave through the server that took the knock;
@@ -24,10 +24,10 @@
  * does not send its rejections to servers outside the room) it is withdrawn here all the
  * same, with a leave of our own that only this server keeps, so no knock stays stuck.
  *
- * It also owns the stripped state of a room for those who are not in it
- * (rooms_stripped_state): which events, and which fields of each.
+ * The stripped state of a room for those who are not in it (rooms_stripped_state: which
+ * events, and which fields of each) is the room model's (core/rooms/state_pdus.c).
  *
- * Not here: the resident server's side (core/federation/fed_rooms_join.c), /sync's knock
+ * Not here: the resident server's side (core/federation/rooms/fed_rooms_join.c), /sync's knock
  * section (core/client/sync/sync_rooms.c), leaving (rooms_membership.c).
  */
 #include <stdio.h>
@@ -37,7 +37,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/sync/notifier.h"
-#include "core/federation/fed_call.h"
+#include "core/federation/transport/fed_call.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/state_pdus.h"
 
@@ -46,35 +46,6 @@
 #define KNOCK_SEND_MAX_BODY_BYTES (1024 * 1024) /* a send_knock answer: stripped state */
 #define KNOCK_MAX_VIAS 8                        /* via servers tried at most */
 #define KNOCK_MAX_STATE 64                      /* stripped state events kept with a knock */
-
-/* ---- stripped state ------------------------------------------------------------------ */
-
-/* The events that describe a room to someone outside it, besides a member event. */
-static const char *const STRIPPED_TYPES[] = {"m.room.create", "m.room.join_rules", "m.room.name",
-                                             "m.room.avatar", "m.room.canonical_alias",
-                                             "m.room.encryption", "m.room.topic", NULL};
-
-/* ev reduced to the fields of a stripped state event. A new object, NULL when ev lacks one. */
-static json_t *stripped_event(const json_t *ev)
-{
-    json_t *t = json_object_get(ev, "type"), *sk = json_object_get(ev, "state_key"),
-           *s = json_object_get(ev, "sender"), *c = json_object_get(ev, "content");
-    if (!json_is_string(t) || !json_is_string(sk) || !json_is_string(s) || !json_is_object(c))
-        return NULL;
-    return json_pack("{s:O, s:O, s:O, s:O}", "type", t, "state_key", sk, "sender", s, "content", c);
-}
-
-json_t *rooms_stripped_state(const json_t *map, const char *member)
-{
-    json_t *out = json_array();
-    for (size_t i = 0; STRIPPED_TYPES[i]; i++) {
-        json_t *one = stripped_event(rooms_pdus_get((void *)map, STRIPPED_TYPES[i], ""));
-        if (one) json_array_append_new(out, one);
-    }
-    json_t *me = member ? stripped_event(rooms_pdus_get((void *)map, "m.room.member", member)) : NULL;
-    if (me) json_array_append_new(out, me);
-    return out;
-}
 
 /* ---- knocking through other servers -------------------------------------------------- */
 
@@ -127,7 +98,7 @@ static bool keep_knock(PGconn *c, const room_version *v, const char *room_id, co
 {
     json_t *state = json_array();
     for (size_t i = 0; i < json_array_size(given) && json_array_size(state) < KNOCK_MAX_STATE; i++) {
-        json_t *one = stripped_event(json_array_get(given, i));
+        json_t *one = rooms_stripped_event(json_array_get(given, i));
         const char *type = json_string_value(json_object_get(one, "type"));
         /* The knock ends the list: an older member event of ours in the answer is not kept. */
         if (one && strcmp(type, "m.room.member") == 0 &&
@@ -136,7 +107,7 @@ static bool keep_knock(PGconn *c, const room_version *v, const char *room_id, co
         else if (one)
             json_array_append_new(state, one);
     }
-    json_t *mine = stripped_event(knock);
+    json_t *mine = rooms_stripped_event(knock);
     if (mine) json_array_append_new(state, mine);
     char *text = json_dumps(state, JSON_COMPACT);
     json_decref(state);

@@ -4,7 +4,7 @@
  * rooms_write_one, the "write one event and answer" step the single-event endpoints share.
  *
  * Each endpoint only says which membership event it wants; whether it is allowed is the
- * auth rules' decision (room_auth.c through rooms_write.c). What this file adds: a join
+ * auth rules' decision (room_auth.c through core/rooms/rooms_tx.c). What this file adds: a join
  * of a user already joined writes nothing, kick and unban need a target that is in the
  * room / banned, membership events carry the user's profile, and invites reach only local
  * users that exist; other servers' users are invited through their server

@@ -18,7 +18,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/rooms/rooms_relations.h"
-#include "core/federation/fed_rooms.h"
+#include "core/federation/rooms/fed_rooms.h"
 #include "atrium/parse.h"
 
 #define MESSAGES_DEFAULT_LIMIT 10

@@ -21,30 +21,10 @@
 
 #include "core/client/rooms/rooms_api.h"
 
-#define REL_THREAD "m.thread"
-#define REL_REPLACE "m.replace"
-#define REL_REFERENCE "m.reference"
-#define REL_ANNOTATION "m.annotation"
 #define REL_BUNDLE_MAX_REFERENCES 50 /* event IDs in one event's m.reference chunk */
 
-/* What m.relates_to says. Pointers borrow from the content passed to rooms_bundle_parse. */
-typedef struct rooms_relation {
-    const char *rel_type, *event_id;
-    const char *key; /* m.annotation's aggregation key, or NULL */
-} rooms_relation;
-
-/* Is content (an event's content object, may be NULL) a relation? true with *out filled
- * when m.relates_to is an object with a non-empty string rel_type and event_id, each at
- * most EVENT_MAX_ID_BYTES long; key is set only for m.annotation with a string key. Pure;
- * any thread. */
-bool rooms_bundle_parse(const json_t *content, rooms_relation *out);
-
-/* Inside the write path's transaction (rooms_write.c), after the event's row is stored:
- * record ev in event_relations when it is a relation, and when it is a redaction forget
- * the relation it redacts. pos is the event's stream position (decimal text). false after
- * a logged database failure (the caller rolls back). */
-bool rooms_bundle_index(PGconn *c, const char *pos, const char *event_id, const char *room_id,
-                        const room_new_event *ev);
+/* rooms_relation, rooms_bundle_parse and rooms_bundle_index (the write path's side) are
+ * the room model's: core/rooms/rooms_tx.h. */
 
 /* Add unsigned."m.relations" to the rendered events of array `events` (all of room_id,
  * rendered with v): m.thread {latest_event, count, current_user_participated},

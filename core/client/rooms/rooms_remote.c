@@ -30,7 +30,7 @@
 
 #include "core/client/rooms/rooms_api.h"
 #include "core/client/sync/notifier.h"
-#include "core/federation/fed_call.h"
+#include "core/federation/transport/fed_call.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/state_pdus.h"
 

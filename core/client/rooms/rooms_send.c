@@ -13,7 +13,7 @@
  * m.room.canonical_alias state event must name aliases that point to the room
  * (rooms_check_canonical_alias, 400 M_BAD_ALIAS; other servers' new aliases are asked of
  * them, the request parked meanwhile: rooms_check_remote_canonical). Everything
- * else - auth rules, size limits, canonical JSON - is the write path's (rooms_write.c).
+ * else - auth rules, size limits, canonical JSON - is the write path's (core/rooms/rooms_tx.c).
  */
 #include <stdio.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  * levels), then a tombstone in the old room pointing at the new one and the old room's
  * power levels raised so that ordinary members can no longer talk or invite there.
  *
- * Two transactions of the one write path (rooms_write.c), new room first: the tombstone
+ * Two transactions of the one write path (core/rooms/rooms_tx.c), new room first: the tombstone
  * names the new room, and the new room must exist when a client follows it. Whether the
  * user may send the tombstone is asked before anything is written, so the second
  * transaction fails only on a database failure (the new room then stays, unreferenced).

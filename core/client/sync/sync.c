@@ -28,6 +28,7 @@
 #include "core/client/sync/sync.h"
 #include "core/client/sync/sync_legacy.h"
 #include "core/client/sync/sync_rooms.h"
+#include "core/rooms/rooms_tx.h"
 #include "atrium/parse.h"
 
 #define SYNC_MAX_TIMEOUT_MS (5 * 60 * 1000)
@@ -382,6 +383,8 @@ static int sync_init(core_runtime *rt)
     if (!rt->limits.sync) return -1;
     /* Wake-ups made by other processes sharing the database. */
     if (notifier_listen(rt->notifier, rt->notify) < 0) return -1;
+    /* Wake-ups made by this process's room writes (core/rooms/rooms_tx.h). */
+    rooms_tx_set_wake(notifier_wake_room, notifier_wake_user);
     if (client_route(rt->http, "GET", "/_matrix/client/v3/sync", sync_get, 0) < 0 ||
         client_route(rt->http, "GET", "/_matrix/client/v3/initialSync", initial_sync_get, 0) < 0 ||
         client_route(rt->http, "GET", "/_matrix/client/v3/rooms/{roomId}/initialSync",
