@@ -9,18 +9,21 @@
 # 3. starts one private PostgreSQL cluster for the whole run in build/test-pg on a free
 #    port (tests/lib/pg.sh) and exports ATRIUM_TEST_PG_CONNINFO (no dbname: every test
 #    creates its own database) and ATRIUM_TEST_PG_DIR;
-# 4. runs ctest in build/, then in build-asan/ with leak detection on and any sanitizer
-#    report fatal, then the tests labelled "tsan" (the runtime mechanisms, plugins, media
-#    delivery: tests/CMakeLists.txt) in build-tsan/ with any data race fatal (library
-#    internals suppressed by tests/tsan.supp), passing CTEST ARGS to all three; then
-#    the libFuzzer targets (tests/fuzz, label "fuzz") in build-fuzz/ (clang), each for
+# 4. runs the unit tests and the tests labelled "plain" (those whose bounds a sanitizer
+#    would distort: tests/integration/CMakeLists.txt) in build/; every other test (unit,
+#    integration, conformance, end-to-end) once, in build-asan/, with leak detection on and
+#    any sanitizer report fatal; then the tests labelled "tsan" (the runtime mechanisms,
+#    plugins, media delivery: tests/CMakeLists.txt) in build-tsan/ with any data race fatal
+#    (library internals suppressed by tests/tsan.supp), passing CTEST ARGS to all three;
+#    then the libFuzzer targets (tests/fuzz, label "fuzz") in build-fuzz/ (clang), each for
 #    ATRIUM_FUZZ_SECONDS seconds (default 4) from its seed corpus;
-# 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary, and exits non-zero
-#    if anything failed.
+# 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary with each tree's time
+#    and the ten slowest tests, and exits non-zero if anything failed.
+# Why the integration tests run once, under the sanitizers: docs/adr/0007-tests-run-once-under-asan.md.
 # CI (.ci/run) runs exactly this. A second run reuses both builds and the cluster.
 #
-# Developer knobs (CI sets none): ATRIUM_TEST_SKIP_ASAN=1 skips both sanitizer trees,
-# ATRIUM_TEST_SKIP_TSAN=1 only the ThreadSanitizer one, ATRIUM_TEST_SKIP_FUZZ=1 the
+# Developer knobs (CI sets none): ATRIUM_TEST_SKIP_ASAN=1 skips both sanitizer trees and
+# runs every test in build/ instead, ATRIUM_TEST_SKIP_TSAN=1 only the ThreadSanitizer one, ATRIUM_TEST_SKIP_FUZZ=1 the
 # fuzzing tree, ATRIUM_FUZZ_SECONDS=N runs each fuzz target N seconds (default 4),
 # ATRIUM_JOBS=N sets build parallelism (default: number of CPUs).
 set -euo pipefail
@@ -40,6 +43,8 @@ started=$(date +%s)
 stage="setup"
 pg_started=0
 summary=()
+ctest_logs=()
+build_times=()
 failed=0
 total_passed=0
 total_failed=0
@@ -66,6 +71,8 @@ on_exit() {
         "$bold" $((elapsed / 60)) $((elapsed % 60)) "$plain"
     local line
     for line in "${summary[@]}"; do printf '%s\n' "$line"; done
+    [ ${#build_times[@]} -eq 0 ] || printf 'builds: %s\n' "${build_times[*]}"
+    slowest_tests
     if [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]; then
         printf '%sRESULT: PASSED%s\n' "$green" "$plain"
     else
@@ -83,6 +90,25 @@ trap on_exit EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# slowest_tests: the ten longest tests of the trees run so far, from ctest's own lines
+# ("  3/90 Test  #12: integration.test_x ......   Passed   41.20 sec").
+slowest_tests() {
+    [ ${#ctest_logs[@]} -gt 0 ] || return 0
+    printf 'slowest tests:\n'
+    local log
+    for log in "${ctest_logs[@]}"; do
+        sed -nE "s|^ *[0-9]+/[0-9]+ Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$|\2 \1 ${log%%/*}|p" "$log"
+    done | sort -rn | head -n 10 | awk '{printf "    %7.1f s  %s (%s)\n", $1, $2, $3}'
+}
+
+# timed_build DIR [ARGS...]: builds a tree and notes how long that took for the summary.
+timed_build() {
+    local dir=$1 t0
+    t0=$(date +%s)
+    cmake --build "$@"
+    build_times+=("$dir/ $(($(date +%s) - t0))s")
+}
+
 # run_ctest DIR LABEL [ENV=VALUE...] -- CTEST ARGS: runs the suite of one tree and adds
 # its verdict to the summary.
 run_ctest() {
@@ -91,7 +117,8 @@ run_ctest() {
     local env=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do env+=("$1"); shift; done
     shift
-    local log=$dir/Testing/atrium-run.log rc
+    local log=$dir/Testing/atrium-run.log rc tree_started
+    tree_started=$(date +%s)
     mkdir -p "$dir/Testing"
     # Where the harness puts each server's config and log (kept there when a test fails).
     rm -rf "$dir/test-tmp"
@@ -104,6 +131,8 @@ run_ctest() {
     set -e
     local verdict
     verdict=$(grep -E '^[0-9]+% tests passed' "$log" | tail -n 1 || true)
+    label="$label $(($(date +%s) - tree_started))s"
+    ctest_logs+=("$log")
     if [[ $verdict =~ ([0-9]+)\ tests?\ failed\ out\ of\ ([0-9]+) ]]; then
         total_failed=$((total_failed + BASH_REMATCH[1]))
         total_passed=$((total_passed + BASH_REMATCH[2] - BASH_REMATCH[1]))
@@ -158,24 +187,24 @@ fi
 
 step "build/ (RelWithDebInfo)"
 atrium_configure_tree "$root" build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=OFF
-cmake --build build -j"$build_jobs"
+timed_build build -j"$build_jobs"
 
 if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
     step "build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer)"
     atrium_configure_tree "$root" build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=address
-    cmake --build build-asan -j"$build_jobs"
+    timed_build build-asan -j"$build_jobs"
 fi
 if tsan_enabled; then
     step "build-tsan/ (ThreadSanitizer)"
     atrium_configure_tree "$root" build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=thread
-    cmake --build build-tsan -j"$build_jobs"
+    timed_build build-tsan -j"$build_jobs"
 fi
 
 if fuzz_enabled "$@"; then
     step "build-fuzz/ (libFuzzer targets, clang)"
     atrium_configure_tree "$root" build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DCMAKE_C_COMPILER=clang -DATRIUM_FUZZ=ON
-    cmake --build build-fuzz -j"$build_jobs" --target fuzz_all
+    timed_build build-fuzz -j"$build_jobs" --target fuzz_all
 fi
 
 step "PostgreSQL for the tests (build/test-pg)"
@@ -195,14 +224,32 @@ done
 # Keep Python from writing __pycache__ into the source tree.
 export PYTHONDONTWRITEBYTECODE=1
 
+# selected DIR CTEST ARGS: how many tests those arguments select in DIR.
+selected() {
+    local dir=$1
+    shift
+    ctest --test-dir "$dir" -N "$@" | grep -cE '^ *Test +#' || true
+}
+
+if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
+    # The sanitizer tree runs every other test; this one, the product's own build, runs
+    # the unit tests and what a sanitizer's slowdown would distort.
+    plain_args=(-L 'unit|plain' "$@")
+else
+    plain_args=("$@")
+fi
 step "ctest in build/"
-run_ctest build "build (RelWithDebInfo)" -- "$@"
+if [ "$(selected build "${plain_args[@]}")" -gt 0 ]; then
+    run_ctest build "build (RelWithDebInfo)" -- "${plain_args[@]}"
+else
+    summary+=("$(printf '%-28s none selected' "build (RelWithDebInfo)")")
+fi
 
 if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
     step "ctest in build-asan/"
     run_ctest build-asan "build-asan (ASan+UBSan)" \
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 -- "$@"
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 -- -LE plain "$@"
 else
     summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_ASAN=1)' "build-asan (ASan+UBSan)")")
 fi
