@@ -413,6 +413,10 @@ class Server:
             # Presence changes wake contacts' syncs; tests that count wake-ups turn it on.
             "presence": {"enabled": False},
             "log": {"level": os.environ.get("ATRIUM_TEST_LOG_LEVEL", "info")},
+            # Argon2id at its least cost: at the default (64 MiB, 2 passes) every account
+            # and every server start costs a second or two of CPU on a loaded 2-core
+            # machine. test_accounts.PasswordHashingTest checks the setting is obeyed.
+            "password_hashing": {"memory_kib": 8, "passes": 1},
         }
         if self._plugins is not None:
             base["plugins"] = self._plugins

@@ -6,6 +6,7 @@ import unittest
 
 from accounts import REGISTRATION_ON, login, quote, register
 from common import AtriumTestCase
+from harness import psql
 
 REGISTER = "/_matrix/client/v3/register"
 LOGIN = "/_matrix/client/v3/login"
@@ -123,6 +124,21 @@ class RegistrationDisabledTest(AtriumTestCase):
         srv = self.start_server()
         status, body = srv.json("POST", REGISTER, {"username": "eve", "password": "pw"})
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+
+
+class PasswordHashingTest(AtriumTestCase):
+    def test_a_password_is_stored_as_argon2id_at_the_configured_cost_and_still_logs_in(self):
+        settings = dict(REGISTRATION_ON, password_hashing={"memory_kib": 1024, "passes": 3})
+        srv = self.start_server(settings=settings)
+        alice = register(srv, "alice", "alice's secret")
+        [[stored]] = psql("SELECT password_hash FROM users WHERE user_id = '@alice:localhost'",
+                          database=srv.database)
+        self.assertRegex(stored, r"^\$argon2id\$v=19\$m=1024,t=3,p=1\$")
+        again = login(srv, "alice", "alice's secret")
+        self.assertEqual(again.user_id, alice.user_id)
+        status, body = srv.json("POST", LOGIN, {"type": "m.login.password", "password": "wrong",
+                                                "identifier": {"type": "m.id.user", "user": "alice"}})
+        self.assertEqual((status, body.get("errcode")), (403, "M_FORBIDDEN"))
 
 
 class LoginTest(AtriumTestCase):
