@@ -4,27 +4,29 @@
 #   tests/run.sh [CTEST ARGS...]      e.g. tests/run.sh -L unit, tests/run.sh -R media
 #
 # 1. installs the missing build, runtime and test packages (tests/lib/deps.sh);
-# 2. configures and builds build/ (RelWithDebInfo), build-asan/ (ASan + UBSan) and
-#    build-tsan/ (ThreadSanitizer);
+# 2. configures and builds build-asan/ (ASan + UBSan), then build/ (RelWithDebInfo),
+#    build-tsan/ (ThreadSanitizer) and build-fuzz/ (clang) in the background, at the
+#    lowest priority, while the ASan tree's tests run;
 # 3. starts one private PostgreSQL cluster for the whole run in build/test-pg on a free
 #    port (tests/lib/pg.sh) and exports ATRIUM_TEST_PG_CONNINFO (no dbname: every test
 #    creates its own database) and ATRIUM_TEST_PG_DIR;
-# 4. runs the unit tests and the tests labelled "plain" (those whose bounds a sanitizer
-#    would distort: tests/integration/CMakeLists.txt) in build/; every other test (unit,
-#    integration, conformance, end-to-end) once, in build-asan/, with leak detection on and
-#    any sanitizer report fatal; then the tests labelled "tsan" (the runtime mechanisms,
-#    plugins, media delivery: tests/CMakeLists.txt) in build-tsan/ with any data race fatal
-#    (library internals suppressed by tests/tsan.supp), passing CTEST ARGS to all three;
-#    then the libFuzzer targets (tests/fuzz, label "fuzz") in build-fuzz/ (clang), each for
-#    ATRIUM_FUZZ_SECONDS seconds (default 4) from its seed corpus;
+# 4. runs every test not labelled "plain" (unit, integration, conformance, end-to-end)
+#    once, in build-asan/, with leak detection on and any sanitizer report fatal; then, in
+#    build/, the unit tests again and the tests labelled "plain" (those whose bounds a
+#    sanitizer would distort: tests/integration/CMakeLists.txt); then the tests labelled
+#    "tsan" (the runtime mechanisms, plugins, media delivery: tests/CMakeLists.txt) in
+#    build-tsan/ with any data race fatal (library internals suppressed by
+#    tests/tsan.supp), passing CTEST ARGS to all three; then the libFuzzer targets
+#    (tests/fuzz, label "fuzz") in build-fuzz/ (clang), each for ATRIUM_FUZZ_SECONDS
+#    seconds (default 4) from its seed corpus;
 # 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary with each tree's time
 #    and the ten slowest tests, and exits non-zero if anything failed.
 # Why the integration tests run once, under the sanitizers: docs/adr/0007-tests-run-once-under-asan.md.
 # CI (.ci/run) runs exactly this. A second run reuses both builds and the cluster.
 #
 # Developer knobs (CI sets none): ATRIUM_TEST_SKIP_ASAN=1 skips both sanitizer trees and
-# runs every test in build/ instead, ATRIUM_TEST_SKIP_TSAN=1 only the ThreadSanitizer one, ATRIUM_TEST_SKIP_FUZZ=1 the
-# fuzzing tree, ATRIUM_FUZZ_SECONDS=N runs each fuzz target N seconds (default 4),
+# runs every test in build/ instead, ATRIUM_TEST_SKIP_TSAN=1 only the ThreadSanitizer
+# one, ATRIUM_TEST_SKIP_FUZZ=1 the fuzzing tree, ATRIUM_FUZZ_SECONDS=N runs each fuzz target N seconds (default 4),
 # ATRIUM_JOBS=N sets build parallelism (default: number of CPUs).
 set -euo pipefail
 
@@ -44,7 +46,8 @@ stage="setup"
 pg_started=0
 summary=()
 ctest_logs=()
-build_times=()
+build_times_file=$(mktemp)
+others_pid=
 failed=0
 total_passed=0
 total_failed=0
@@ -63,6 +66,10 @@ step() {
 
 on_exit() {
     local rc=$?
+    if [ -n "$others_pid" ]; then
+        kill_tree "$others_pid"
+        wait "$others_pid" 2>/dev/null || true
+    fi
     if [ "$pg_started" = 1 ]; then
         "$PG_SH" stop "$PG_DIR" >&2 || atrium_say "could not stop the test PostgreSQL in $PG_DIR"
     fi
@@ -71,7 +78,8 @@ on_exit() {
         "$bold" $((elapsed / 60)) $((elapsed % 60)) "$plain"
     local line
     for line in "${summary[@]}"; do printf '%s\n' "$line"; done
-    [ ${#build_times[@]} -eq 0 ] || printf 'builds: %s\n' "${build_times[*]}"
+    [ ! -s "$build_times_file" ] || printf 'builds: %s\n' "$(paste -sd ' ' "$build_times_file")"
+    rm -f "$build_times_file"
     slowest_tests
     if [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]; then
         printf '%sRESULT: PASSED%s\n' "$green" "$plain"
@@ -90,6 +98,13 @@ trap on_exit EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# kill_tree PID: SIGTERM to PID and everything under it (an interrupted background build).
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
+
 # slowest_tests: the ten longest tests of the trees run so far, from ctest's own lines
 # ("  3/90 Test  #12: integration.test_x ......   Passed   41.20 sec").
 slowest_tests() {
@@ -106,7 +121,7 @@ timed_build() {
     local dir=$1 t0
     t0=$(date +%s)
     cmake --build "$@"
-    build_times+=("$dir/ $(($(date +%s) - t0))s")
+    echo "$dir/ $(($(date +%s) - t0))s" >>"$build_times_file"
 }
 
 # run_ctest DIR LABEL [ENV=VALUE...] -- CTEST ARGS: runs the suite of one tree and adds
@@ -185,26 +200,45 @@ if ! cmp -s tests/e2e/package-lock.json "$e2e_stamp" 2>/dev/null; then
     cp tests/e2e/package-lock.json "$e2e_stamp"
 fi
 
-step "build/ (RelWithDebInfo)"
-atrium_configure_tree "$root" build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=OFF
-timed_build build -j"$build_jobs"
+build_plain() {
+    atrium_configure_tree "$root" build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=OFF
+    timed_build build -j"$build_jobs"
+}
+build_tsan() {
+    atrium_configure_tree "$root" build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=thread
+    timed_build build-tsan -j"$build_jobs"
+}
+build_fuzz() {
+    atrium_configure_tree "$root" build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_C_COMPILER=clang -DATRIUM_FUZZ=ON
+    timed_build build-fuzz -j"$build_jobs" --target fuzz_all
+}
 
 if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
     step "build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer)"
     atrium_configure_tree "$root" build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=address
     timed_build build-asan -j"$build_jobs"
-fi
-if tsan_enabled; then
-    step "build-tsan/ (ThreadSanitizer)"
-    atrium_configure_tree "$root" build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATRIUM_SANITIZE=thread
-    timed_build build-tsan -j"$build_jobs"
-fi
-
-if fuzz_enabled "$@"; then
-    step "build-fuzz/ (libFuzzer targets, clang)"
-    atrium_configure_tree "$root" build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        -DCMAKE_C_COMPILER=clang -DATRIUM_FUZZ=ON
-    timed_build build-fuzz -j"$build_jobs" --target fuzz_all
+    # The other trees build while the ASan tree's tests run: those tests spend most of
+    # their time waiting on sockets and timers, and the compilers, at the lowest priority,
+    # take the CPU they leave idle. -Werror holds in every tree, so a warning still fails
+    # the run (below, when the build is waited for).
+    others_log=$root/build-asan/other-trees-build.log
+    step "build/, build-tsan/, build-fuzz/ in the background (log: ${others_log#"$root"/})"
+    (
+        set -e
+        renice -n 19 -p "$BASHPID" >/dev/null
+        build_plain
+        if tsan_enabled; then build_tsan; fi
+        if fuzz_enabled "$@"; then build_fuzz; fi
+    ) >"$others_log" 2>&1 &
+    others_pid=$!
+else
+    step "build/ (RelWithDebInfo)"
+    build_plain
+    if fuzz_enabled "$@"; then
+        step "build-fuzz/ (libFuzzer targets, clang)"
+        build_fuzz
+    fi
 fi
 
 step "PostgreSQL for the tests (build/test-pg)"
@@ -232,6 +266,28 @@ selected() {
 }
 
 if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
+    step "ctest in build-asan/"
+    run_ctest build-asan "build-asan (ASan+UBSan)" \
+        ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 -- -LE plain "$@"
+else
+    summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_ASAN=1)' "build-asan (ASan+UBSan)")")
+fi
+
+if [ -n "$others_pid" ]; then
+    step "waiting for the background builds"
+    if ! wait "$others_pid"; then
+        others_pid=
+        tail -n 60 "$others_log"
+        atrium_say "building build/, build-tsan/ or build-fuzz/ failed (whole log: $others_log)"
+        failed=1
+        summary+=("$(printf '%-28s FAILED (see %s)' "build/, build-tsan/, build-fuzz/" "$others_log")")
+        exit 1
+    fi
+    others_pid=
+fi
+
+if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
     # The sanitizer tree runs every other test; this one, the product's own build, runs
     # the unit tests and what a sanitizer's slowdown would distort.
     plain_args=(-L 'unit|plain' "$@")
@@ -243,15 +299,6 @@ if [ "$(selected build "${plain_args[@]}")" -gt 0 ]; then
     run_ctest build "build (RelWithDebInfo)" -- "${plain_args[@]}"
 else
     summary+=("$(printf '%-28s none selected' "build (RelWithDebInfo)")")
-fi
-
-if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
-    step "ctest in build-asan/"
-    run_ctest build-asan "build-asan (ASan+UBSan)" \
-        ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 -- -LE plain "$@"
-else
-    summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_ASAN=1)' "build-asan (ASan+UBSan)")")
 fi
 
 if tsan_enabled; then
