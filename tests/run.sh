@@ -124,6 +124,13 @@ timed_build() {
     echo "$dir/ $(($(date +%s) - t0))s" >>"$build_times_file"
 }
 
+# selected DIR CTEST ARGS: how many tests those arguments select in DIR.
+selected() {
+    local dir=$1
+    shift
+    ctest --test-dir "$dir" -N "$@" | grep -cE '^ *Test +#' || true
+}
+
 # run_ctest DIR LABEL [ENV=VALUE...] -- CTEST ARGS: runs the suite of one tree and adds
 # its verdict to the summary.
 run_ctest() {
@@ -132,6 +139,10 @@ run_ctest() {
     local env=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do env+=("$1"); shift; done
     shift
+    if [ "$(selected "$dir" "$@")" -eq 0 ]; then # a filter that picks none of this tree's tests
+        summary+=("$(printf '%-28s none selected' "$label")")
+        return 0
+    fi
     local log=$dir/Testing/atrium-run.log rc tree_started
     tree_started=$(date +%s)
     mkdir -p "$dir/Testing"
@@ -258,13 +269,6 @@ done
 # Keep Python from writing __pycache__ into the source tree.
 export PYTHONDONTWRITEBYTECODE=1
 
-# selected DIR CTEST ARGS: how many tests those arguments select in DIR.
-selected() {
-    local dir=$1
-    shift
-    ctest --test-dir "$dir" -N "$@" | grep -cE '^ *Test +#' || true
-}
-
 if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
     step "ctest in build-asan/"
     run_ctest build-asan "build-asan (ASan+UBSan)" \
@@ -295,11 +299,7 @@ else
     plain_args=("$@")
 fi
 step "ctest in build/"
-if [ "$(selected build "${plain_args[@]}")" -gt 0 ]; then
-    run_ctest build "build (RelWithDebInfo)" -- "${plain_args[@]}"
-else
-    summary+=("$(printf '%-28s none selected' "build (RelWithDebInfo)")")
-fi
+run_ctest build "build (RelWithDebInfo)" -- "${plain_args[@]}"
 
 if tsan_enabled; then
     step "ctest -L tsan in build-tsan/"

@@ -405,9 +405,9 @@ static int negative_answer(media *m, atrium_req *req, media_req *st, const char 
 }
 
 /* A run after waiting for a fetch (st->rw): MEDIA_GO to look at the cache again (the fetch
- * stored the file, or the origin has no thumbnail, or another process's fetch ended), or
- * the outcome: the fetch's failure, the deadline's 504, a stream to follow, a wait for
- * another process. */
+ * stored the file, or the origin has no thumbnail, or another process's fetch ended),
+ * MEDIA_GO with st->landing set (a stream to follow: look no further), or the outcome: the
+ * fetch's failure, the deadline's 504, a wait for another process. */
 static int after_fetch(media *m, atrium_req *req, media_req *st, const char *origin,
                        const char *media_id)
 {
@@ -514,7 +514,11 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
                   const char *media_id)
 {
     int rc;
-    if (st->rw && (rc = after_fetch(m, req, st, origin, media_id)) != MEDIA_GO) return rc;
+    if (st->rw) { /* a run after waiting for a fetch */
+        rc = after_fetch(m, req, st, origin, media_id);
+        /* MEDIA_GO with st->landing set: it follows the fetch's landing, nothing to look up. */
+        if (rc != MEDIA_GO || st->landing) return rc;
+    }
     /* A run after waiting in the fetch line: settle that first. */
     if (st->fw && (rc = fetch_budget_enter(m, req, st)) != MEDIA_GO) return rc;
     if ((rc = remote_refusal(m, req, origin)) != MEDIA_GO) return rc;
