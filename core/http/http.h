@@ -18,6 +18,7 @@
 #include "atrium/host.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
+#include "core/store/db.h"
 
 /* ---- router ------------------------------------------------------------------------- */
 
@@ -460,6 +461,16 @@ int http_respond_stream(atrium_req *r, int status, const char *content_type, int
 int http_respond_stream_wait(atrium_req *r, int status, const char *content_type, int64_t size,
                              atrium_stream_read read, void *arg, void (*free_arg)(void *),
                              struct atrium_event *ev, int64_t deadline_ms);
+
+/* ---- a request's database connection (request_db.c) --------------------------------- */
+
+/* [req] Borrow a connection from the shared pool (db_global) for r, waiting the configured
+ * request wait (DB_WAIT_CONFIGURED). NULL after answering 503 M_UNKNOWN "busy; retry": the
+ * handler then returns ATRIUM_DONE. A connection is given back with http_db_checkin on the
+ * same thread, before the handler parks, hands off or returns. */
+PGconn *http_db_checkout(atrium_req *r) RT_MUST_CHECK;
+/* Give back a connection from http_db_checkout (NULL: nothing). */
+void http_db_checkin(PGconn *c);
 
 /* ---- suspension (suspend.c) --------------------------------------------------------- */
 

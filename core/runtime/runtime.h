@@ -19,6 +19,13 @@
 
 #include "atrium/abi.h"
 
+/* A function whose result must be looked at: its failure (a database statement or commit,
+ * a token issued, a hash, memory returned) has to be handled, so the compiler refuses a
+ * call that drops the result. A caller that may rightly ignore one says why in a comment
+ * and writes RT_IGNORE(call): with GCC a cast to void alone does not quiet the warning. */
+#define RT_MUST_CHECK __attribute__((warn_unused_result))
+#define RT_IGNORE(call) ((void)!(call))
+
 /* ---- clock ---------------------------------------------------------------------------- */
 int64_t rt_now_ms(void);  /* CLOCK_MONOTONIC in milliseconds: for deadlines */
 int64_t rt_wall_ms(void); /* CLOCK_REALTIME in milliseconds: for timestamps */

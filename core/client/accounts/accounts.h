@@ -77,15 +77,12 @@ void acc_random_device_id(char out[ACC_RANDOM_ID_CHARS + 1]);
 
 /* ---- database ---------------------------------------------------------------------------- */
 
-/* [req] A pooled connection, or NULL after answering 503 (the caller returns ATRIUM_DONE).
- * Hold it only for queries: release it before any handoff or password work. */
-PGconn *acc_db(atrium_req *r);
-void acc_db_release(PGconn *c);
+/* A request's pooled connection: http_db_checkout / http_db_checkin (core/http/http.h).
+ * Hold it only for queries: give it back before any handoff or password work. */
 /* One parameterized statement (text parameters). The result (tuples or command OK), or
  * NULL after logging the failure. The caller PQclears a non-NULL result. */
 PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params);
-/* acc_q for statements whose result is not needed: true when it succeeded. */
-bool acc_exec(PGconn *c, const char *sql, int n, const char *const *params);
+/* A statement whose result is not needed: db_exec (core/store/db.h). */
 /* [req] Answer 503 for a failed query (M_UNKNOWN, retry). Returns ATRIUM_DONE. */
 int acc_db_failed(atrium_req *r);
 /* Does user_id exist (deactivated or not)? 1, 0, or ATRIUM_E_DB. */

@@ -57,20 +57,13 @@ const char *e2ee_check_device_map(const json_t *map, const char *what, size_t ma
 
 /* ---- database ----------------------------------------------------------------------------- */
 
-/* [req] A pooled connection, or NULL after answering 503 (busy database). */
-PGconn *e2ee_db(atrium_req *r);
-void e2ee_db_done(PGconn *c);
+/* A request's pooled connection: http_db_checkout / http_db_checkin (core/http/http.h). */
 /* Run a parameterized statement; NULL (logged, result cleared) unless it returned `want`
  * (PGRES_TUPLES_OK or PGRES_COMMAND_OK). */
 PGresult *e2ee_sql(PGconn *c, ExecStatusType want, const char *sql, int n,
                    const char *const *params);
-/* A statement whose result is not needed (a command, or a SELECT ... FOR UPDATE that only
- * locks): true when it succeeded (failures logged). */
-bool e2ee_exec(PGconn *c, const char *sql, int n, const char *const *params);
-/* BEGIN / COMMIT / ROLLBACK: true on success (failures logged). */
-bool e2ee_begin(PGconn *c);
-bool e2ee_commit(PGconn *c);
-void e2ee_rollback(PGconn *c);
+/* A statement whose result is not needed, and BEGIN / COMMIT / ROLLBACK: db_exec,
+ * db_begin, db_commit and db_rollback (core/store/db.h). */
 /* [req] Answer 503 M_UNKNOWN for a failed database step (rolls back when in_txn). */
 int e2ee_db_failed(atrium_req *r, PGconn *c, bool in_txn);
 /* [req] A pooled connection inside a new transaction, or NULL after answering 503 (nothing

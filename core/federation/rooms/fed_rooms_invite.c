@@ -142,19 +142,19 @@ static int keep_invite(PGconn *c, const char *room_id, const char *event_id, jso
     const char *target = event_state_key(pdu);
     const char *sender = json_string_value(json_object_get(pdu, "sender"));
     const char *p[7] = {event_id, room_id, target, sender, v->id, text, now};
-    bool ok = rooms_exec(c, "BEGIN", 0, NULL);
+    bool ok = db_begin(c);
     if (ok) ok = rooms_graph_store_outlier(c, room_id, event_id, pdu, "outlier", NULL, origin) == 0;
     if (ok)
-        ok = rooms_exec(c,
-                        "WITH ins AS (INSERT INTO remote_invites (event_id, room_id, user_id, sender,"
-                        " room_version, invite_state, received_ts) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-                        " ON CONFLICT (event_id) DO NOTHING RETURNING event_id)"
-                        " INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
-                        " sender) SELECT stream_next(), $2, $3, 'invite', $1, $4 FROM ins",
-                        7, p);
+        ok = db_exec(c,
+                     "WITH ins AS (INSERT INTO remote_invites (event_id, room_id, user_id, sender,"
+                     " room_version, invite_state, received_ts) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                     " ON CONFLICT (event_id) DO NOTHING RETURNING event_id)"
+                     " INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
+                     " sender) SELECT stream_next(), $2, $3, 'invite', $1, $4 FROM ins",
+                     7, p);
     free(text);
-    if (ok) ok = rooms_exec(c, "COMMIT", 0, NULL);
-    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    if (ok) ok = db_commit(c);
+    if (!ok) db_rollback(c);
     return ok ? 0 : -1;
 }
 

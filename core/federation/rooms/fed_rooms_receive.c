@@ -528,19 +528,19 @@ static int set_current(pdu_job *rx, const json_t *pdu, const char *id)
     bool member = type && strcmp(type, "m.room.member") == 0;
     const char *membership = member ? event_content_str(pdu, "membership") : NULL;
     const char *p[5] = {rx->room_id, type, sk, id, membership};
-    if (!rooms_exec(rx->c,
-                    "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
-                    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (room_id, type, state_key)"
-                    " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
-                    5, p))
+    if (!db_exec(rx->c,
+                 "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
+                 " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (room_id, type, state_key)"
+                 " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
+                 5, p))
         return -1;
     if (!membership) return 0;
     const char *q[5] = {rx->room_id, sk, membership, id,
                         json_string_value(json_object_get(pdu, "sender"))};
-    return rooms_exec(rx->c,
-                      "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
-                      " sender) VALUES (stream_next(), $1, $2, $3, $4, $5)",
-                      5, q)
+    return db_exec(rx->c,
+                   "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
+                   " sender) VALUES (stream_next(), $1, $2, $3, $4, $5)",
+                   5, q)
                ? 0
                : -1;
 }
@@ -596,7 +596,7 @@ static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *st
     if (rc == ROOMS_OK) {
         int in = fed_rooms_event_pos(rx->c, rx->room_id, id, NULL);
         const char *p[1] = {id};
-        if (in < 0 || !rooms_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
+        if (in < 0 || !db_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         else if (in == 0)
             rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, state_ids, 0, &e);
