@@ -300,9 +300,11 @@ struct atrium_req {
     /* running */
     int run_reason;
     int runs;
-    void *plugin_state;
+    void *plugin_state; /* a plugin handler's own (host->req_state, req_set_state); the
+                         * core never reads or writes it */
     void *core_state; /* a core handler's own progress across its runs (after a park or a
-                       * handoff), in request memory; plugins use plugin_state */
+                       * handoff), and the federation check's while it waits for a key, in
+                       * request memory; plugins use plugin_state */
     bool in_dispatch_done; /* the response was queued */
 
     /* the response under construction, owned by the owning thread */

@@ -249,7 +249,7 @@ int acc_to_auth_pool(atrium_req *r, void *state)
         http_respond_error(r, 503, "M_UNKNOWN", "Password checks are not available");
         return ATRIUM_DONE;
     }
-    r->plugin_state = state;
+    r->core_state = state;
     int rc = susp_handoff(r, pool, NULL, 0);
     if (rc == 0) return ATRIUM_HANDED_OFF;
     if (rc == ATRIUM_E_LIMIT) {

@@ -14,7 +14,7 @@
  * Password work (Argon2id hashing and checking) always runs on the auth pool: a handler validates
  * on the request pool, hands the request off with susp_handoff(r, auth_pool(), ...), and finishes
  * when it runs again with run_reason ATRIUM_RUN_HANDOFF, reading what the first run decided from
- * r->plugin_state. This header does not hold the rate limiters (ratelimits.h) or token handling
+ * r->core_state. This header does not hold the rate limiters (ratelimits.h) or token handling
  * (auth.h). Internal prefix: acc_ (and uia_ for user-interactive auth).
  */
 #ifndef ATRIUM_CORE_ACCOUNTS_H
@@ -123,7 +123,7 @@ int acc_open_session(PGconn *c, const char *user_id, const char *device_id, cons
 bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *device_ids,
                         size_t n, const char *keep_device);
 
-/* [req] Hand r to the auth pool with state in r->plugin_state; answers 429/503 itself
+/* [req] Hand r to the auth pool with state in r->core_state; answers 429/503 itself
  * when the pool refuses. Returns what the handler returns. */
 int acc_to_auth_pool(atrium_req *r, void *state);
 

@@ -100,7 +100,7 @@ static int consume_nonce(atrium_req *r, const char *nonce)
 /* POST /_synapse/admin/v1/register */
 static int post_register(atrium_req *r)
 {
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return acc_create_account(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return acc_create_account(r, r->core_state);
     if (!enabled(r) || ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;

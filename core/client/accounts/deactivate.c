@@ -160,7 +160,7 @@ static int post_deactivate(atrium_req *r)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_deactivate(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_deactivate(r, r->core_state);
     /* An empty body asks for the challenge. */
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;

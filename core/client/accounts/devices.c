@@ -133,7 +133,7 @@ static int delete_device(atrium_req *r)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->core_state);
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     const char **ids = rt_arena_alloc(r->arena, sizeof(char *));
@@ -148,7 +148,7 @@ static int post_delete_devices(atrium_req *r)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->core_state);
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     json_t *list = json_object_get(body, "devices");
@@ -209,7 +209,7 @@ static int post_password(atrium_req *r)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_password(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_password(r, r->core_state);
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     password_state *st = rt_arena_alloc(r->arena, sizeof(*st));

@@ -105,7 +105,7 @@ static int post_login(atrium_req *r)
 {
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_login(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_login(r, r->core_state);
     if (ratelimit_refused(r, ratelimit_login())) return ATRIUM_DONE;
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;

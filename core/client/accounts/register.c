@@ -86,7 +86,7 @@ static int register_guest(atrium_req *r)
 static int post_register(atrium_req *r)
 {
     if (r->run_reason == ATRIUM_RUN_HANDOFF) {
-        register_state *st = r->plugin_state;
+        register_state *st = r->core_state;
         return acc_create_account(r, &st->account);
     }
     if (ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;

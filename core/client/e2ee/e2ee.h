@@ -103,7 +103,7 @@ const char *e2ee_check_cross_signing_key(const json_t *key, const char *user_id,
 /* [req] Ask each server of `bodies` ({server: JSON body}) POST uri at once and park r until
  * all answered or the timeout (a JSON integer of ms, or NULL: 10 s) passed; the handler then
  * runs again and calls e2ee_fanout_finish. 0 (return ATRIUM_PARKED), ATRIUM_E_NOMEM, or
- * ATRIUM_E_STOPPED (answer 503). The fan-out lives in r->plugin_state. */
+ * ATRIUM_E_STOPPED (answer 503). The fan-out lives in r->core_state. */
 typedef struct e2ee_fanout e2ee_fanout;
 int e2ee_fanout_start(atrium_req *r, const char *uri, json_t *bodies, const json_t *timeout);
 /* [req] Has this request a fan-out (the run after e2ee_fanout_start)? */

@@ -131,7 +131,7 @@ static int post_device_signing_upload(atrium_req *r)
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
 
     /* Set only when this run is the one on the auth pool, after the first run's hand-off. */
-    uia_password *pw = r->run_reason == ATRIUM_RUN_HANDOFF ? r->plugin_state : NULL;
+    uia_password *pw = r->run_reason == ATRIUM_RUN_HANDOFF ? r->core_state : NULL;
     if (pw && !uia_password_verify(r, pw, XSIGN_UIA_PURPOSE)) return ATRIUM_DONE;
     PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;

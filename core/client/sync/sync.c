@@ -307,11 +307,11 @@ static int sync_serve(atrium_req *r, int mode)
                                                     rooms_token(r, s.since), "rooms", "join", "invite",
                                                     "leave", "knock"));
     }
-    sync_run_state *st = r->plugin_state;
+    sync_run_state *st = r->core_state;
     if (!st) {
         if (!(st = rt_arena_alloc(r->arena, sizeof(*st)))) return ATRIUM_E_NOMEM;
         st->deadline_ms = timeout_ms ? rt_now_ms() + timeout_ms : 0;
-        r->plugin_state = st;
+        r->core_state = st;
     }
     if (mode == SYNC_MODE_EVENTS && !http_req_query(r, "from")) {
         /* No `from`: events from now on (the first run's position, kept for re-runs). */

@@ -32,7 +32,7 @@ typedef struct invite_wait {
 static void checked(void *arg, int result, const char *why)
 {
     atrium_req *r = arg;
-    invite_wait *st = r->plugin_state;
+    invite_wait *st = r->core_state;
     st->result = result;
     snprintf(st->why, sizeof(st->why), "%s", why ? why : "");
     st->done = true;
@@ -93,7 +93,7 @@ static int invite_begin(atrium_req *r, const char *room_id, const char *event_id
     invite_wait *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return ATRIUM_E_NOMEM;
     st->ver = v;
-    r->plugin_state = st;
+    r->core_state = st;
     json_t *red = event_redact(v, pdu);
     if (!red) return ATRIUM_E_NOMEM;
     if (susp_wait(r, r->deadline_ms) < 0) {
@@ -165,7 +165,7 @@ static int put_invite(atrium_req *r)
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     if (!rooms_room_id_ok(room_id)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID");
-    invite_wait *st = r->plugin_state;
+    invite_wait *st = r->core_state;
     if (!st) return invite_begin(r, room_id, event_id, body);
     if (!st->done)
         return http_respond_error(r, r->run_reason == ATRIUM_RUN_SHUTDOWN ? 503 : 504, "M_UNKNOWN",
