@@ -20,6 +20,22 @@
 #include "core/runtime/runtime.h"
 #include "core/store/db.h"
 
+/* ---- outcomes: what handlers and their helpers return ---------------------------------- */
+
+/* The rule, the core's and the plugins' alike (plugins/media/media.h states the media
+ * plugin's). A handler returns an enum atrium_outcome (include/atrium/host.h) - ATRIUM_DONE
+ * (0) means "answered" - or a negative atrium_err. A helper on a handler's way that may
+ * answer returns int: either what the handler must return as it is (an outcome or an
+ * error: it answered, parked or handed off), or a code of a named step enum of its own
+ * module saying how the caller goes on (like enum pdu_step in
+ * core/federation/rooms/fed_rooms_receive.c). So no helper uses 0 for "go on" (0 is
+ * ATRIUM_DONE, and ROOMS_OK, and FED_PDU_ACCEPTED), `rc != X_GO` always reads "return rc",
+ * and each step code is written out, from 200 up, apart from every outcome, error and the
+ * media plugin's codes (100 up): none is made by arithmetic on another. A code of one enum
+ * is never returned where another enum's is expected; the function's comment names which.
+ * Helpers that cannot answer return their module's own result enum (enum rooms_failure,
+ * ...) or bool, never an outcome. */
+
 /* ---- router ------------------------------------------------------------------------- */
 
 typedef struct router router;

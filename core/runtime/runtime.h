@@ -193,7 +193,7 @@ typedef struct rt_line_waiter {
     struct rt_line_key *lkey;
     int state;
 } rt_line_waiter;
-enum { RT_LINE_ADMITTED = 1, RT_LINE_QUEUED = 2 };
+enum rt_line_outcome { RT_LINE_ADMITTED = 1, RT_LINE_QUEUED = 2 };
 /* max_waiting: total waiters (0 = no waiting: refuse at once when no slot);
  * max_waiting_per_key: per client key (0 = only the total applies). */
 rt_line *rt_line_new(const char *name, int slots, int max_waiting, int max_waiting_per_key,
