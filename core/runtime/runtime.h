@@ -65,10 +65,12 @@ _Noreturn void rt_assert_fail(const char *file, int line, const char *cond, cons
  * a time (the thread that owns the request). Freed whole, never piecemeal. */
 typedef struct rt_arena rt_arena;
 rt_arena *rt_arena_new(size_t chunk_bytes);
-void *rt_arena_alloc(rt_arena *a, size_t size);  /* 16-byte aligned, zeroed; NULL on OOM */
-char *rt_arena_strdup(rt_arena *a, const char *s);
-char *rt_arena_strndup(rt_arena *a, const char *s, size_t n);
-char *rt_arena_printf(rt_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 16-byte aligned, zeroed; NULL on OOM. */
+void *rt_arena_alloc(rt_arena *a, size_t size) RT_MUST_CHECK;
+char *rt_arena_strdup(rt_arena *a, const char *s) RT_MUST_CHECK;
+char *rt_arena_strndup(rt_arena *a, const char *s, size_t n) RT_MUST_CHECK;
+char *rt_arena_printf(rt_arena *a, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3))) RT_MUST_CHECK;
 size_t rt_arena_used(const rt_arena *a);
 void rt_arena_free(rt_arena *a);
 /* Take back everything a handed out, keeping one chunk, for the next owner to reuse

@@ -58,7 +58,7 @@ int db_pool_connect(db_pool *p, int retry_s);
  * unavailable (db_available; logged once per outage by the monitor, not per call). The
  * connection may be cut under the caller when PostgreSQL stops answering: its libpq calls
  * then fail as on a lost connection (answer 503). Any thread. */
-PGconn *db_acquire(db_pool *p, int64_t timeout_ms);
+PGconn *db_acquire(db_pool *p, int64_t timeout_ms) RT_MUST_CHECK;
 void db_release(db_pool *p, PGconn *c);
 void db_pool_free(db_pool *p);
 /* The connection string for dedicated connections (LISTEN): the configured one with the
@@ -67,11 +67,11 @@ void db_pool_free(db_pool *p);
 const char *db_pool_conninfo(const db_pool *p);
 
 /* Apply owner's pending migrations (versions ascending, each recorded). 0 or -1 (logged). */
-int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n);
+int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n) RT_MUST_CHECK;
 
 /* Apply the core's own migrations (db_core.c: core_server_info, the stream positions),
  * before any module's or plugin's. 0 or -1 (logged). */
-int db_core_migrate(db_pool *p);
+int db_core_migrate(db_pool *p) RT_MUST_CHECK;
 
 /* ---- statements on a borrowed connection (db_exec.c) ------------------------------------ */
 

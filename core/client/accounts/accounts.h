@@ -81,7 +81,7 @@ void acc_random_device_id(char out[ACC_RANDOM_ID_CHARS + 1]);
  * Hold it only for queries: give it back before any handoff or password work. */
 /* One parameterized statement (text parameters). The result (tuples or command OK), or
  * NULL after logging the failure. The caller PQclears a non-NULL result. */
-PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params);
+PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params) RT_MUST_CHECK;
 /* A statement whose result is not needed: db_exec (core/store/db.h). */
 /* [req] Answer 503 for a failed query (M_UNKNOWN, retry). Returns ATRIUM_DONE. */
 int acc_db_failed(atrium_req *r);
@@ -117,11 +117,11 @@ int acc_create_account(atrium_req *r, const acc_new_account *a);
  * creates the device (or renames it when name is given), revokes the device's old tokens,
  * and mints a token into token_out (AUTH_TOKEN_CHARS + 1). 0 or ATRIUM_E_DB. */
 int acc_open_session(PGconn *c, const char *user_id, const char *device_id, const char *name,
-                     const char *ip, char *token_out);
+                     const char *ip, char *token_out) RT_MUST_CHECK;
 /* Delete devices of user_id (all when device_ids is NULL, else the n listed; keep_device,
  * if not NULL, survives) and every token of theirs. conn held. true on success. */
 bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *device_ids,
-                        size_t n, const char *keep_device);
+                        size_t n, const char *keep_device) RT_MUST_CHECK;
 
 /* [req] Hand r to the auth pool with state in r->core_state; answers 429/503 itself
  * when the pool refuses. Returns what the handler returns. */

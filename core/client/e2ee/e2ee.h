@@ -61,14 +61,14 @@ const char *e2ee_check_device_map(const json_t *map, const char *what, size_t ma
 /* Run a parameterized statement; NULL (logged, result cleared) unless it returned `want`
  * (PGRES_TUPLES_OK or PGRES_COMMAND_OK). */
 PGresult *e2ee_sql(PGconn *c, ExecStatusType want, const char *sql, int n,
-                   const char *const *params);
+                   const char *const *params) RT_MUST_CHECK;
 /* A statement whose result is not needed, and BEGIN / COMMIT / ROLLBACK: db_exec,
  * db_begin, db_commit and db_rollback (core/store/db.h). */
 /* [req] Answer 503 M_UNKNOWN for a failed database step (rolls back when in_txn). */
 int e2ee_db_failed(atrium_req *r, PGconn *c, bool in_txn);
 /* [req] A pooled connection inside a new transaction, or NULL after answering 503 (nothing
  * held). */
-PGconn *e2ee_db_begin(atrium_req *r);
+PGconn *e2ee_db_begin(atrium_req *r) RT_MUST_CHECK;
 
 /* ---- key changes ------------------------------------------------------------------------- */
 
