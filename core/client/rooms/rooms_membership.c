@@ -385,22 +385,20 @@ static int post_leave(atrium_req *r)
     if (remote == 1 && rooms_membership_at(c, room, user, INT64_MAX, membership, NULL) < 0)
         remote = ROOMS_E_DB;
     bool knocked = strcmp(membership, "knock") == 0;
-    if (remote == 1 && (strcmp(membership, "invite") == 0 || knocked)) {
-        if (r->run_reason != ATRIUM_RUN_HANDOFF) {
-            http_db_checkin(c);
-            return rooms_to_remote_pool(r);
-        }
-        if (knocked) {
-            http_db_checkin(c);
-            return rooms_knock_withdraw(r, user, room);
-        }
-        json_t *vias = rooms_remote_vias(r, c, room);
-        http_db_checkin(c);
+    bool through_remote = remote == 1 && (strcmp(membership, "invite") == 0 || knocked);
+    /* An invite declined on the remote pool: the servers to decline through, read while
+     * the connection is held (given back at this one place). */
+    json_t *vias = through_remote && r->run_reason == ATRIUM_RUN_HANDOFF && !knocked
+                       ? rooms_remote_vias(r, c, room)
+                       : NULL;
+    http_db_checkin(c);
+    if (through_remote) {
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) return rooms_to_remote_pool(r);
+        if (knocked) return rooms_knock_withdraw(r, user, room);
         int out = rooms_remote_leave(r, user, room, vias);
         json_decref(vias);
         return out;
     }
-    http_db_checkin(c);
     if (remote < 0) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     json_t *content = json_pack("{s:s}", "membership", "leave");
     if (!take_reason(r, body, content)) {

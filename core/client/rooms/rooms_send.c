@@ -134,6 +134,21 @@ static bool same_state(PGconn *c, const char *room, const char *type, const char
     return same;
 }
 
+/* The checks an m.room.canonical_alias event gets before it is written: its aliases point
+ * at the room, here and on their servers. true to go on; false with *out what the handler
+ * returns (ATRIUM_DONE after answering, or ATRIUM_PARKED). c stays the caller's. */
+static bool canonical_alias_ok(atrium_req *r, PGconn *c, const char *room, const char *type,
+                               const char *key, json_t *content, int *out)
+{
+    if (strcmp(type, "m.room.canonical_alias") != 0 || key[0] != '\0') return true;
+    rooms_err e = {0};
+    if (rooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
+        *out = rooms_fail(r, &e);
+        return false;
+    }
+    return rooms_check_remote_canonical(r, c, room, content, out);
+}
+
 /* PUT /_matrix/client/v3/rooms/{roomId}/state/{eventType}[/{stateKey}] */
 static int put_state(atrium_req *r)
 {
@@ -147,21 +162,12 @@ static int put_state(atrium_req *r)
     if (!content) return ATRIUM_DONE;
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
-    if (strcmp(type, "m.room.canonical_alias") == 0 && key[0] == '\0') {
-        rooms_err e = {0};
-        if (rooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
-            http_db_checkin(c);
-            return rooms_fail(r, &e);
-        }
-        int out;
-        if (!rooms_check_remote_canonical(r, c, room, content, &out)) {
-            http_db_checkin(c);
-            return out;
-        }
-    }
+    int out = ATRIUM_DONE;
+    bool go = canonical_alias_ok(r, c, room, type, key, content, &out);
     char id[EVENT_ID_LEN];
-    bool same = same_state(c, room, type, key, content, id);
+    bool same = go && same_state(c, room, type, key, content, id);
     http_db_checkin(c);
+    if (!go) return out;
     if (same) {
         /* Still only for members who may send it: a non-member learns nothing. */
         char m[16];
