@@ -136,17 +136,11 @@ static int post_read_markers(atrium_req *r)
         return ATRIUM_DONE;
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
+    int out = ATRIUM_DONE; /* may_mark answered */
     const char *ids[3] = {fully, read, priv};
-    for (int i = 0; i < 3; i++) {
-        if (ids[i] && !may_mark(r, c, room, user, ids[i])) {
-            http_db_checkin(c);
-            return ATRIUM_DONE;
-        }
-    }
-    if (!fully && !read && !priv && !may_mark(r, c, room, user, NULL)) {
-        http_db_checkin(c);
-        return ATRIUM_DONE;
-    }
+    for (int i = 0; i < 3; i++)
+        if (ids[i] && !may_mark(r, c, room, user, ids[i])) goto out;
+    if (!fully && !read && !priv && !may_mark(r, c, room, user, NULL)) goto out;
     const char *ts = rooms_i64(r, rooms_wall_ms());
     bool ok = db_begin(c);
     if (ok && fully) ok = store_fully_read(c, room, user, fully);
@@ -157,9 +151,11 @@ static int post_read_markers(atrium_req *r)
     if (ok && read) notifier_wake_room(c, room);
     else if (ok) notifier_wake_user(user);
     if (ok && read) rooms_edu_receipt(c, room, user, read, ts, "");
+    out = ok ? http_respond_json(r, 200, json_object())
+             : http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+out:
     http_db_checkin(c);
-    if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
-    return http_respond_json(r, 200, json_object());
+    return out;
 }
 
 /* PUT /_matrix/client/v3/rooms/{roomId}/typing/{userId} */
