@@ -18,6 +18,23 @@
 #include "atrium/host.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
+#include "core/store/db.h"
+
+/* ---- outcomes: what handlers and their helpers return ---------------------------------- */
+
+/* The rule, the core's and the plugins' alike (plugins/media/media.h states the media
+ * plugin's). A handler returns an enum atrium_outcome (include/atrium/host.h) - ATRIUM_DONE
+ * (0) means "answered" - or a negative atrium_err. A helper on a handler's way that may
+ * answer returns int: either what the handler must return as it is (an outcome or an
+ * error: it answered, parked or handed off), or a code of a named step enum of its own
+ * module saying how the caller goes on (like enum pdu_step in
+ * core/federation/rooms/fed_rooms_receive.c). So no helper uses 0 for "go on" (0 is
+ * ATRIUM_DONE, and ROOMS_OK, and FED_PDU_ACCEPTED), `rc != X_GO` always reads "return rc",
+ * and each step code is written out, from 200 up, apart from every outcome, error and the
+ * media plugin's codes (100 up): none is made by arithmetic on another. A code of one enum
+ * is never returned where another enum's is expected; the function's comment names which.
+ * Helpers that cannot answer return their module's own result enum (enum rooms_failure,
+ * ...) or bool, never an outcome. */
 
 /* ---- router ------------------------------------------------------------------------- */
 
@@ -299,9 +316,11 @@ struct atrium_req {
     /* running */
     int run_reason;
     int runs;
-    void *plugin_state;
+    void *plugin_state; /* a plugin handler's own (host->req_state, req_set_state); the
+                         * core never reads or writes it */
     void *core_state; /* a core handler's own progress across its runs (after a park or a
-                       * handoff), in request memory; plugins use plugin_state */
+                       * handoff), and the federation check's while it waits for a key, in
+                       * request memory; plugins use plugin_state */
     bool in_dispatch_done; /* the response was queued */
 
     /* the response under construction, owned by the owning thread */
@@ -460,6 +479,16 @@ int http_respond_stream(atrium_req *r, int status, const char *content_type, int
 int http_respond_stream_wait(atrium_req *r, int status, const char *content_type, int64_t size,
                              atrium_stream_read read, void *arg, void (*free_arg)(void *),
                              struct atrium_event *ev, int64_t deadline_ms);
+
+/* ---- a request's database connection (request_db.c) --------------------------------- */
+
+/* [req] Borrow a connection from the shared pool (db_global) for r, waiting the configured
+ * request wait (DB_WAIT_CONFIGURED). NULL after answering 503 M_UNKNOWN "busy; retry": the
+ * handler then returns ATRIUM_DONE. A connection is given back with http_db_checkin on the
+ * same thread, before the handler parks, hands off or returns. */
+PGconn *http_db_checkout(atrium_req *r) RT_MUST_CHECK;
+/* Give back a connection from http_db_checkout (NULL: nothing). */
+void http_db_checkin(PGconn *c);
 
 /* ---- suspension (suspend.c) --------------------------------------------------------- */
 

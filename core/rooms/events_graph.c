@@ -62,12 +62,12 @@ int rooms_graph_record_edges(PGconn *c, const char *room_id, const char *event_i
     int rc = -1;
     if (prev && auth) {
         const char *p[4] = {event_id, room_id, prev, auth};
-        rc = rooms_exec(c,
-                        "WITH pe AS (INSERT INTO event_edges (event_id, prev_id, room_id)"
-                        " SELECT $1, unnest($3::text[]), $2 ON CONFLICT DO NOTHING)"
-                        " INSERT INTO event_auth_edges (event_id, auth_id)"
-                        " SELECT $1, unnest($4::text[]) ON CONFLICT DO NOTHING",
-                        4, p)
+        rc = db_exec(c,
+                     "WITH pe AS (INSERT INTO event_edges (event_id, prev_id, room_id)"
+                     " SELECT $1, unnest($3::text[]), $2 ON CONFLICT DO NOTHING)"
+                     " INSERT INTO event_auth_edges (event_id, auth_id)"
+                     " SELECT $1, unnest($4::text[]) ON CONFLICT DO NOTHING",
+                     4, p)
                  ? 0
                  : -1;
     }
@@ -84,14 +84,14 @@ int rooms_graph_advance(PGconn *c, const char *room_id, const char *event_id,
     int rc = -1;
     if (prev) {
         const char *p[3] = {room_id, event_id, prev};
-        rc = rooms_exec(c,
-                        "WITH gone AS (DELETE FROM room_extremities WHERE room_id = $1"
-                        " AND event_id = ANY($3::text[]))"
-                        " INSERT INTO room_extremities (room_id, event_id)"
-                        " SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM event_edges g"
-                        "  JOIN events e ON e.event_id = g.event_id WHERE g.prev_id = $2)"
-                        " ON CONFLICT DO NOTHING",
-                        3, p)
+        rc = db_exec(c,
+                     "WITH gone AS (DELETE FROM room_extremities WHERE room_id = $1"
+                     " AND event_id = ANY($3::text[]))"
+                     " INSERT INTO room_extremities (room_id, event_id)"
+                     " SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM event_edges g"
+                     "  JOIN events e ON e.event_id = g.event_id WHERE g.prev_id = $2)"
+                     " ON CONFLICT DO NOTHING",
+                     3, p)
                  ? 0
                  : -1;
     }
@@ -109,21 +109,21 @@ int rooms_graph_set_state_before(PGconn *c, const char *room_id, const char *eve
     if (ids) {
         /* The digest of the sorted set names the snapshot; the same set is shared. */
         const char *p[3] = {room_id, ids, event_id};
-        rc = rooms_exec(c,
-                        "WITH s AS (SELECT array_agg(x ORDER BY x) AS ids FROM"
-                        "  unnest($2::text[]) x),"
-                        " d AS (SELECT md5(array_to_string(coalesce(s.ids, '{}'), ',')) AS digest,"
-                        "  coalesce(s.ids, '{}') AS ids FROM s),"
-                        " ins AS (INSERT INTO state_snapshots (room_id, digest, event_ids)"
-                        "  SELECT $1, d.digest, d.ids FROM d ON CONFLICT (room_id, digest)"
-                        "  DO NOTHING RETURNING snapshot_id),"
-                        " sid AS (SELECT snapshot_id FROM ins UNION ALL SELECT ss.snapshot_id"
-                        "  FROM state_snapshots ss, d WHERE ss.room_id = $1 AND ss.digest ="
-                        "  d.digest)"
-                        " INSERT INTO event_state_before (event_id, snapshot_id)"
-                        " SELECT $3, snapshot_id FROM sid LIMIT 1"
-                        " ON CONFLICT (event_id) DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id",
-                        3, p)
+        rc = db_exec(c,
+                     "WITH s AS (SELECT array_agg(x ORDER BY x) AS ids FROM"
+                     "  unnest($2::text[]) x),"
+                     " d AS (SELECT md5(array_to_string(coalesce(s.ids, '{}'), ',')) AS digest,"
+                     "  coalesce(s.ids, '{}') AS ids FROM s),"
+                     " ins AS (INSERT INTO state_snapshots (room_id, digest, event_ids)"
+                     "  SELECT $1, d.digest, d.ids FROM d ON CONFLICT (room_id, digest)"
+                     "  DO NOTHING RETURNING snapshot_id),"
+                     " sid AS (SELECT snapshot_id FROM ins UNION ALL SELECT ss.snapshot_id"
+                     "  FROM state_snapshots ss, d WHERE ss.room_id = $1 AND ss.digest ="
+                     "  d.digest)"
+                     " INSERT INTO event_state_before (event_id, snapshot_id)"
+                     " SELECT $3, snapshot_id FROM sid LIMIT 1"
+                     " ON CONFLICT (event_id) DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id",
+                     3, p)
                  ? 0
                  : -1;
     }
@@ -244,12 +244,12 @@ int rooms_graph_store_outlier(PGconn *c, const char *room_id, const char *event_
     snprintf(depth, sizeof(depth), "%lld", (long long)json_integer_value(json_object_get(pdu, "depth")));
     snprintf(now, sizeof(now), "%lld", (long long)rooms_wall_ms());
     const char *p[8] = {event_id, room_id, status, why, origin, depth, text, now};
-    bool ok = rooms_exec(c,
-                         "INSERT INTO event_outliers (event_id, room_id, status, reason, origin,"
-                         " depth, pdu, received_ts) SELECT $1, $2, $3, $4, $5, $6, $7, $8"
-                         " WHERE NOT EXISTS (SELECT 1 FROM events WHERE event_id = $1)"
-                         " ON CONFLICT (event_id) DO NOTHING",
-                         8, p);
+    bool ok = db_exec(c,
+                      "INSERT INTO event_outliers (event_id, room_id, status, reason, origin,"
+                      " depth, pdu, received_ts) SELECT $1, $2, $3, $4, $5, $6, $7, $8"
+                      " WHERE NOT EXISTS (SELECT 1 FROM events WHERE event_id = $1)"
+                      " ON CONFLICT (event_id) DO NOTHING",
+                      8, p);
     free(text);
     if (!ok) return -1;
     return rooms_graph_record_edges(c, room_id, event_id, pdu);

@@ -253,13 +253,6 @@ PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
     return NULL;
 }
 
-bool rooms_exec(PGconn *c, const char *sql, int n, const char *const *params)
-{
-    PGresult *res = rooms_q(c, sql, n, params, NULL);
-    PQclear(res);
-    return res != NULL;
-}
-
 int64_t rooms_wall_ms(void)
 {
     struct timespec ts;

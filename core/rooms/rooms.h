@@ -83,8 +83,8 @@ int rooms_set_err(rooms_err *e, int code, const char *fmt, ...) __attribute__((f
 /* One parameterized statement: the result (tuples or command OK), or NULL after logging.
  * *unique_violation (may be NULL) is set when it failed on a unique constraint. */
 PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
-                  bool *unique_violation);
-bool rooms_exec(PGconn *c, const char *sql, int n, const char *const *params);
+                  bool *unique_violation) RT_MUST_CHECK;
+/* A statement whose result is not needed: db_exec (core/store/db.h). */
 /* Milliseconds since the Unix epoch (origin_server_ts). */
 int64_t rooms_wall_ms(void);
 /* This server's name (server_name), for `origin` and new room IDs; "localhost" when no

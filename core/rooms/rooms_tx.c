@@ -104,7 +104,7 @@ int rooms_tx_begin(room_tx *tx, PGconn *c, rt_arena *arena, const char *room_id,
     tx->c = c;
     tx->arena = arena;
     tx->room_id = room_id;
-    if (!rooms_exec(c, "BEGIN", 0, NULL)) return rooms_set_err(e, ROOMS_E_DB, "database");
+    if (!db_begin(c)) return rooms_set_err(e, ROOMS_E_DB, "database");
     const char *p[1] = {room_id};
     PGresult *res = rooms_q(c,
                             "SELECT room_version, last_event_id, last_depth FROM rooms"
@@ -145,11 +145,11 @@ int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room
     char ts[24];
     snprintf(ts, sizeof(ts), "%lld", (long long)rooms_wall_ms());
     const char *p[4] = {room_id, ver->id, creator, ts};
-    if (!rooms_exec(c, "BEGIN", 0, NULL)) return rooms_set_err(e, ROOMS_E_DB, "database");
-    if (!rooms_exec(c,
-                    "INSERT INTO rooms (room_id, room_version, creator, created_ts)"
-                    " VALUES ($1, $2, $3, $4)",
-                    4, p)) {
+    if (!db_begin(c)) return rooms_set_err(e, ROOMS_E_DB, "database");
+    if (!db_exec(c,
+                 "INSERT INTO rooms (room_id, room_version, creator, created_ts)"
+                 " VALUES ($1, $2, $3, $4)",
+                 4, p)) {
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
@@ -158,7 +158,7 @@ int rooms_tx_begin_new(room_tx *tx, PGconn *c, rt_arena *arena, const char *room
 
 void rooms_tx_rollback(room_tx *tx)
 {
-    PQclear(PQexec(tx->c, "ROLLBACK"));
+    db_rollback(tx->c);
 }
 
 int rooms_tx_commit(room_tx *tx, rooms_err *e)
@@ -168,7 +168,7 @@ int rooms_tx_commit(room_tx *tx, rooms_err *e)
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
-    if (!rooms_exec(tx->c, "COMMIT", 0, NULL)) {
+    if (!db_commit(tx->c)) {
         rooms_tx_rollback(tx);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
@@ -207,18 +207,18 @@ bool rooms_bundle_index(PGconn *c, const char *pos, const char *event_id, const 
 {
     if (ev->redacts) { /* a redaction is never a relation itself; it ends the one it hits */
         const char *p[2] = {ev->redacts, room_id};
-        return rooms_exec(c, "DELETE FROM event_relations WHERE event_id = $1 AND room_id = $2",
-                          2, p);
+        return db_exec(c, "DELETE FROM event_relations WHERE event_id = $1 AND room_id = $2",
+                       2, p);
     }
     rooms_relation rel;
     if (!rooms_bundle_parse(ev->content, &rel)) return true;
     const char *p[8] = {event_id, room_id, rel.event_id, rel.rel_type, ev->sender, ev->type,
                         pos, rel.key};
-    return rooms_exec(c,
-                      "INSERT INTO event_relations (event_id, room_id, relates_to, rel_type,"
-                      " sender, type, stream_pos, aggregation_key)"
-                      " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                      8, p);
+    return db_exec(c,
+                   "INSERT INTO event_relations (event_id, room_id, relates_to, rel_type,"
+                   " sender, type, stream_pos, aggregation_key)"
+                   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                   8, p);
 }
 
 /* ---- the auth state ----------------------------------------------------------------- */
@@ -419,11 +419,11 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     const char *p[13] = {pos, event_id, tx->room_id, ev->type, ev->state_key, ev->sender, ts,
                          depth, text, replaces[0] ? replaces : NULL, ev->txn_device, ev->txn_id,
                          origin};
-    bool ok = rooms_exec(tx->c,
-                         "INSERT INTO events (stream_pos, event_id, room_id, type, state_key,"
-                         " sender, origin_server_ts, depth, pdu, replaces_state, txn_device, txn_id,"
-                         " origin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-                         13, p);
+    bool ok = db_exec(tx->c,
+                      "INSERT INTO events (stream_pos, event_id, room_id, type, state_key,"
+                      " sender, origin_server_ts, depth, pdu, replaces_state, txn_device, txn_id,"
+                      " origin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                      13, p);
     free(text);
     /* relations, redactions */
     /* Our own events go to the room's other servers (theirs came from them): those in the
@@ -433,30 +433,30 @@ static int store(room_tx *tx, const room_new_event *ev, json_t *pdu, const char 
     if (ok) ok = rooms_bundle_index(tx->c, pos, event_id, tx->room_id, ev);
     if (ok && ev->state_key && !backfilled) {
         const char *q[5] = {tx->room_id, ev->type, ev->state_key, event_id, membership};
-        ok = rooms_exec(tx->c,
-                        "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
-                        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (room_id, type, state_key)"
-                        " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
-                        5, q);
+        ok = db_exec(tx->c,
+                     "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
+                     " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (room_id, type, state_key)"
+                     " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
+                     5, q);
     }
     if (ok && membership && !backfilled) {
         const char *q[6] = {pos, tx->room_id, ev->state_key, membership, event_id, ev->sender};
-        ok = rooms_exec(tx->c,
-                        "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
-                        " sender) VALUES ($1, $2, $3, $4, $5, $6)",
-                        6, q);
+        ok = db_exec(tx->c,
+                     "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
+                     " sender) VALUES ($1, $2, $3, $4, $5, $6)",
+                     6, q);
     }
     if (ok && ev->redacts) {
         const char *q[2] = {event_id, ev->redacts};
-        ok = rooms_exec(tx->c,
-                        "UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL",
-                        2, q);
+        ok = db_exec(tx->c,
+                     "UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL",
+                     2, q);
     }
     if (ok && !backfilled) {
         const char *q[3] = {tx->room_id, event_id, depth};
-        ok = rooms_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth ="
-                        " GREATEST(last_depth, $3::bigint) WHERE room_id = $1",
-                        3, q);
+        ok = db_exec(tx->c, "UPDATE rooms SET last_event_id = $2, last_depth ="
+                     " GREATEST(last_depth, $3::bigint) WHERE room_id = $1",
+                     3, q);
     }
     /* The graph: its edges, and it is the one forward extremity now (it names them all). */
     if (ok) ok = rooms_graph_record_edges(tx->c, tx->room_id, event_id, pdu) == 0;

@@ -19,6 +19,13 @@
 
 #include "atrium/abi.h"
 
+/* A function whose result must be looked at: its failure (a database statement or commit,
+ * a token issued, a hash, memory returned) has to be handled, so the compiler refuses a
+ * call that drops the result. A caller that may rightly ignore one says why in a comment
+ * and writes RT_IGNORE(call): with GCC a cast to void alone does not quiet the warning. */
+#define RT_MUST_CHECK __attribute__((warn_unused_result))
+#define RT_IGNORE(call) ((void)!(call))
+
 /* ---- clock ---------------------------------------------------------------------------- */
 int64_t rt_now_ms(void);  /* CLOCK_MONOTONIC in milliseconds: for deadlines */
 int64_t rt_wall_ms(void); /* CLOCK_REALTIME in milliseconds: for timestamps */
@@ -58,10 +65,12 @@ _Noreturn void rt_assert_fail(const char *file, int line, const char *cond, cons
  * a time (the thread that owns the request). Freed whole, never piecemeal. */
 typedef struct rt_arena rt_arena;
 rt_arena *rt_arena_new(size_t chunk_bytes);
-void *rt_arena_alloc(rt_arena *a, size_t size);  /* 16-byte aligned, zeroed; NULL on OOM */
-char *rt_arena_strdup(rt_arena *a, const char *s);
-char *rt_arena_strndup(rt_arena *a, const char *s, size_t n);
-char *rt_arena_printf(rt_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 16-byte aligned, zeroed; NULL on OOM. */
+void *rt_arena_alloc(rt_arena *a, size_t size) RT_MUST_CHECK;
+char *rt_arena_strdup(rt_arena *a, const char *s) RT_MUST_CHECK;
+char *rt_arena_strndup(rt_arena *a, const char *s, size_t n) RT_MUST_CHECK;
+char *rt_arena_printf(rt_arena *a, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3))) RT_MUST_CHECK;
 size_t rt_arena_used(const rt_arena *a);
 void rt_arena_free(rt_arena *a);
 /* Take back everything a handed out, keeping one chunk, for the next owner to reuse
@@ -186,7 +195,7 @@ typedef struct rt_line_waiter {
     struct rt_line_key *lkey;
     int state;
 } rt_line_waiter;
-enum { RT_LINE_ADMITTED = 1, RT_LINE_QUEUED = 2 };
+enum rt_line_outcome { RT_LINE_ADMITTED = 1, RT_LINE_QUEUED = 2 };
 /* max_waiting: total waiters (0 = no waiting: refuse at once when no slot);
  * max_waiting_per_key: per client key (0 = only the total applies). */
 rt_line *rt_line_new(const char *name, int slots, int max_waiting, int max_waiting_per_key,

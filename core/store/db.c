@@ -617,7 +617,9 @@ void db_pool_free(db_pool *p)
 
 /* ---- migrations --------------------------------------------------------------------- */
 
-static bool exec_ok(PGconn *c, const char *sql, char *err, size_t errlen)
+/* A migration's SQL, which may hold several statements (so PQexec, not db_exec's
+ * parameterized call). True, or false with PostgreSQL's message in err. */
+static bool run_script(PGconn *c, const char *sql, char *err, size_t errlen)
 {
     PGresult *res = PQexec(c, sql);
     ExecStatusType st = PQresultStatus(res);
@@ -636,18 +638,18 @@ int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size
     }
     char err[1024] = "";
     int applied = 0;
-    bool ok = exec_ok(c, "BEGIN", err, sizeof(err)) &&
+    bool ok = db_exec_quiet(c, "BEGIN", 0, NULL, err, sizeof(err)) &&
               /* A migration may take long (an index on a big table): no statement limit. */
-              exec_ok(c, "SET LOCAL statement_timeout = 0", err, sizeof(err)) &&
+              db_exec_quiet(c, "SET LOCAL statement_timeout = 0", 0, NULL, err, sizeof(err)) &&
               /* One lock for every owner and process: migrations never race. */
-              exec_ok(c, "SELECT pg_advisory_xact_lock(" DB_LOCK_MIGRATIONS ")", err,
-                      sizeof(err)) &&
-              exec_ok(c,
-                      "CREATE TABLE IF NOT EXISTS atrium_migrations ("
-                      " owner text NOT NULL, version integer NOT NULL, name text NOT NULL,"
-                      " applied_at timestamptz NOT NULL DEFAULT now(),"
-                      " PRIMARY KEY (owner, version))",
-                      err, sizeof(err));
+              db_exec_quiet(c, "SELECT pg_advisory_xact_lock(" DB_LOCK_MIGRATIONS ")", 0, NULL, err,
+                            sizeof(err)) &&
+              db_exec_quiet(c,
+                            "CREATE TABLE IF NOT EXISTS atrium_migrations ("
+                            " owner text NOT NULL, version integer NOT NULL, name text NOT NULL,"
+                            " applied_at timestamptz NOT NULL DEFAULT now(),"
+                            " PRIMARY KEY (owner, version))",
+                            0, NULL, err, sizeof(err));
     int current = 0;
     if (ok) {
         const char *params[1] = {owner};
@@ -669,7 +671,7 @@ int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size
             break;
         }
         if (m->version <= current) continue;
-        if (!exec_ok(c, m->sql, err, sizeof(err))) {
+        if (!run_script(c, m->sql, err, sizeof(err))) {
             ok = false;
             char tmp[1024];
             snprintf(tmp, sizeof(tmp), "migration %d (%s) failed: %s", m->version, m->name, err);
@@ -688,9 +690,9 @@ int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size
         last = m->version;
         applied++;
     }
-    if (ok) ok = exec_ok(c, "COMMIT", err, sizeof(err));
+    if (ok) ok = db_exec_quiet(c, "COMMIT", 0, NULL, err, sizeof(err));
     if (!ok) {
-        PQclear(PQexec(c, "ROLLBACK"));
+        db_rollback(c);
         size_t len = strlen(err);
         while (len && err[len - 1] == '\n') err[--len] = '\0';
         rt_log(ATRIUM_LOG_ERROR, "core", "migrations for \"%s\" failed; nothing applied: %s",

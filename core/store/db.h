@@ -58,7 +58,7 @@ int db_pool_connect(db_pool *p, int retry_s);
  * unavailable (db_available; logged once per outage by the monitor, not per call). The
  * connection may be cut under the caller when PostgreSQL stops answering: its libpq calls
  * then fail as on a lost connection (answer 503). Any thread. */
-PGconn *db_acquire(db_pool *p, int64_t timeout_ms);
+PGconn *db_acquire(db_pool *p, int64_t timeout_ms) RT_MUST_CHECK;
 void db_release(db_pool *p, PGconn *c);
 void db_pool_free(db_pool *p);
 /* The connection string for dedicated connections (LISTEN): the configured one with the
@@ -67,11 +67,35 @@ void db_pool_free(db_pool *p);
 const char *db_pool_conninfo(const db_pool *p);
 
 /* Apply owner's pending migrations (versions ascending, each recorded). 0 or -1 (logged). */
-int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n);
+int db_migrate(db_pool *p, const char *owner, const atrium_migration *list, size_t n) RT_MUST_CHECK;
 
 /* Apply the core's own migrations (db_core.c: core_server_info, the stream positions),
  * before any module's or plugin's. 0 or -1 (logged). */
-int db_core_migrate(db_pool *p);
+int db_core_migrate(db_pool *p) RT_MUST_CHECK;
+
+/* ---- statements on a borrowed connection (db_exec.c) ------------------------------------ */
+
+/* Run one statement with text parameters. True when PostgreSQL accepted it (a command, or
+ * rows, which are dropped); false after logging PostgreSQL's message (as an error, origin
+ * "core"). The caller answers the failure (503, or a failed job) and, in a transaction,
+ * calls db_rollback. The calling thread must hold c (db_acquire). */
+bool db_exec(PGconn *c, const char *sql, int nparams, const char *const *params) RT_MUST_CHECK;
+/* db_exec, and the number of rows the statement touched in *affected when it succeeded. */
+bool db_exec_rows(PGconn *c, const char *sql, int nparams, const char *const *params,
+                  int64_t *affected) RT_MUST_CHECK;
+/* db_exec without its log line: on failure PostgreSQL's message is copied to err (err_len
+ * bytes), for a caller that writes one line about a whole sequence of statements. */
+bool db_exec_quiet(PGconn *c, const char *sql, int nparams, const char *const *params,
+                   char *err, size_t err_len) RT_MUST_CHECK;
+/* Start and commit a transaction: db_exec of BEGIN and of COMMIT (logged on failure). A
+ * failed COMMIT leaves nothing applied; the caller still calls db_rollback, which is
+ * harmless there and makes every failed transaction end the same way. */
+bool db_begin(PGconn *c) RT_MUST_CHECK;
+bool db_commit(PGconn *c) RT_MUST_CHECK;
+/* End the transaction on c without applying it. Never fails in a way the caller must
+ * handle: the failure that led here was logged where it happened, and a ROLLBACK fails only
+ * on a lost connection, which db_release hands to the pool's monitor. */
+void db_rollback(PGconn *c);
 
 /* ---- what every user of the database shares ------------------------------------------ */
 

@@ -122,11 +122,11 @@ static void test_arena_used_counts_bytes_handed_out(void **state)
     (void)state;
     rt_arena *a = rt_arena_new(SMALL_CHUNK);
     assert_int_equal(rt_arena_used(a), 0);
-    rt_arena_alloc(a, 1);
+    assert_non_null(rt_arena_alloc(a, 1));
     assert_int_equal(rt_arena_used(a), ALIGN);
-    rt_arena_alloc(a, ALIGN + 1);
+    assert_non_null(rt_arena_alloc(a, ALIGN + 1));
     assert_int_equal(rt_arena_used(a), 3 * ALIGN);
-    rt_arena_alloc(a, 4 * SMALL_CHUNK);
+    assert_non_null(rt_arena_alloc(a, 4 * SMALL_CHUNK));
     assert_int_equal(rt_arena_used(a), 3 * ALIGN + 4 * SMALL_CHUNK);
     rt_arena_free(a);
     rt_arena_free(NULL); /* like free(3) */

@@ -25,11 +25,11 @@ bool acc_account_data_store(PGconn *c, const char *user_id, const char *room_id,
                             const char *type, const char *content)
 {
     const char *p[4] = {user_id, room_id, type, content};
-    return acc_exec(c, "INSERT INTO account_data (user_id, room_id, type, content, stream_pos)"
-                       " VALUES ($1, $2, $3, $4::jsonb, stream_next())"
-                       " ON CONFLICT (user_id, room_id, type) DO UPDATE SET"
-                       " content = EXCLUDED.content, stream_pos = EXCLUDED.stream_pos",
-                    4, p);
+    return db_exec(c, "INSERT INTO account_data (user_id, room_id, type, content, stream_pos)"
+                      " VALUES ($1, $2, $3, $4::jsonb, stream_next())"
+                      " ON CONFLICT (user_id, room_id, type) DO UPDATE SET"
+                      " content = EXCLUDED.content, stream_pos = EXCLUDED.stream_pos",
+                   4, p);
 }
 
 /* Check the path: the caller's own user, a sane type and room. room_id NULL for global.
@@ -64,13 +64,13 @@ static int put_data(atrium_req *r, const char *room_id, const char *type)
     if (!content) return ATRIUM_DONE;
     char *text = json_dumps(content, JSON_COMPACT);
     if (!text) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         free(text);
         return ATRIUM_DONE;
     }
     bool ok = acc_account_data_store(c, r->user, room_id ? room_id : "", type, text);
-    acc_db_release(c);
+    http_db_checkin(c);
     free(text);
     if (!ok) return acc_db_failed(r);
     notifier_wake_user(r->user);
@@ -80,12 +80,12 @@ static int put_data(atrium_req *r, const char *room_id, const char *type)
 static int get_data(atrium_req *r, const char *room_id, const char *type)
 {
     if (!auth_request(r) || !path_ok(r, room_id, type)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[3] = {r->user, room_id ? room_id : "", type};
     PGresult *res = acc_q(c, "SELECT content FROM account_data WHERE user_id = $1"
                              " AND room_id = $2 AND type = $3", 3, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) return acc_db_failed(r);
     json_t *content = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
     PQclear(res);

@@ -95,18 +95,6 @@ void acc_random_device_id(char out[ACC_RANDOM_ID_CHARS + 1])
 
 /* ---- database ---------------------------------------------------------------------------- */
 
-PGconn *acc_db(atrium_req *r)
-{
-    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
-    if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
-    return c;
-}
-
-void acc_db_release(PGconn *c)
-{
-    db_release(db_global(), c);
-}
-
 PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params)
 {
     PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
@@ -115,13 +103,6 @@ PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params)
     rt_log(ATRIUM_LOG_ERROR, "core", "accounts query failed: %s", PQresultErrorMessage(res));
     PQclear(res);
     return NULL;
-}
-
-bool acc_exec(PGconn *c, const char *sql, int n, const char *const *params)
-{
-    PGresult *res = acc_q(c, sql, n, params);
-    PQclear(res);
-    return res != NULL;
 }
 
 int acc_db_failed(atrium_req *r)
@@ -147,14 +128,14 @@ int acc_open_session(PGconn *c, const char *user_id, const char *device_id, cons
 {
     const char *p[4] = {user_id, device_id, name, ip};
     /* A re-used device ID keeps the device (and its keys) but not its old tokens. */
-    if (!acc_exec(c,
-                  "INSERT INTO devices (user_id, device_id, display_name, last_seen_ts,"
-                  " last_seen_ip) VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint,"
-                  " $4) ON CONFLICT (user_id, device_id) DO UPDATE SET"
-                  " display_name = COALESCE($3, devices.display_name),"
-                  " last_seen_ts = EXCLUDED.last_seen_ts, last_seen_ip = $4",
-                  4, p) ||
-        !acc_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2, p))
+    if (!db_exec(c,
+                 "INSERT INTO devices (user_id, device_id, display_name, last_seen_ts,"
+                 " last_seen_ip) VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint,"
+                 " $4) ON CONFLICT (user_id, device_id) DO UPDATE SET"
+                 " display_name = COALESCE($3, devices.display_name),"
+                 " last_seen_ts = EXCLUDED.last_seen_ts, last_seen_ip = $4",
+                 4, p) ||
+        !db_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2, p))
         return ATRIUM_E_DB;
     /* A new device is a device-list change (recorded by a trigger, e2ee.c): a woken sync
      * reads the stream only once this transaction committed. */
@@ -174,23 +155,20 @@ bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *devic
     const char *keep = keep_device ? keep_device : "";
     if (!device_ids) {
         const char *p[2] = {user_id, keep};
-        return acc_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id <> $2",
-                        2, p) &&
-               acc_exec(c, "DELETE FROM devices WHERE user_id = $1 AND device_id <> $2", 2, p);
+        return db_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id <> $2",
+                       2, p) &&
+               db_exec(c, "DELETE FROM devices WHERE user_id = $1 AND device_id <> $2", 2, p);
     }
     for (size_t i = 0; i < n; i++) {
         if (strcmp(device_ids[i], keep) == 0) continue;
         const char *p[2] = {user_id, device_ids[i]};
-        if (!acc_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2,
-                      p) ||
-            !acc_exec(c, "DELETE FROM devices WHERE user_id = $1 AND device_id = $2", 2, p))
+        if (!db_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2,
+                     p) ||
+            !db_exec(c, "DELETE FROM devices WHERE user_id = $1 AND device_id = $2", 2, p))
             return false;
     }
     return true;
 }
-
-static bool begin(PGconn *c) { return acc_exec(c, "BEGIN", 0, NULL); }
-static void rollback(PGconn *c) { acc_exec(c, "ROLLBACK", 0, NULL); }
 
 /* Insert the user and its profile; 1 created, 0 taken, ATRIUM_E_DB. Inside a transaction. */
 static int insert_user(PGconn *c, const acc_new_account *a, const char *hash,
@@ -208,7 +186,7 @@ static int insert_user(PGconn *c, const acc_new_account *a, const char *hash,
     PQclear(res);
     if (!created) return 0;
     const char *pp[2] = {a->user_id, displayname};
-    return acc_exec(c, "INSERT INTO profiles (user_id, displayname) VALUES ($1, $2)", 2, pp)
+    return db_exec(c, "INSERT INTO profiles (user_id, displayname) VALUES ($1, $2)", 2, pp)
                ? 1
                : ATRIUM_E_DB;
 }
@@ -230,19 +208,19 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
     }
     const char *displayname = a->displayname ? a->displayname : acc_localpart_of(r, a->user_id);
     char token[AUTH_TOKEN_CHARS + 1] = "";
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     int created = ATRIUM_E_DB;
-    if (begin(c)) {
+    if (db_begin(c)) {
         created = insert_user(c, a, a->password ? hash : NULL, displayname);
         if (created == 1 && !a->inhibit_login &&
             acc_open_session(c, a->user_id, device_id, a->device_name, r->client_addr, token) < 0)
             created = ATRIUM_E_DB;
         if (created == 1) uia_forget(c, a->uia_session);
-        if (created == 1 && !acc_exec(c, "COMMIT", 0, NULL)) created = ATRIUM_E_DB;
-        if (created != 1) rollback(c);
+        if (created == 1 && !db_commit(c)) created = ATRIUM_E_DB;
+        if (created != 1) db_rollback(c);
     }
-    acc_db_release(c);
+    http_db_checkin(c);
     sodium_memzero(hash, sizeof(hash));
     if (created == 0) {
         http_respond_error(r, 400, "M_USER_IN_USE", "That user ID is already taken");
@@ -271,7 +249,7 @@ int acc_to_auth_pool(atrium_req *r, void *state)
         http_respond_error(r, 503, "M_UNKNOWN", "Password checks are not available");
         return ATRIUM_DONE;
     }
-    r->plugin_state = state;
+    r->core_state = state;
     int rc = susp_handoff(r, pool, NULL, 0);
     if (rc == 0) return ATRIUM_HANDED_OFF;
     if (rc == ATRIUM_E_LIMIT) {

@@ -14,7 +14,7 @@
  * Password work (Argon2id hashing and checking) always runs on the auth pool: a handler validates
  * on the request pool, hands the request off with susp_handoff(r, auth_pool(), ...), and finishes
  * when it runs again with run_reason ATRIUM_RUN_HANDOFF, reading what the first run decided from
- * r->plugin_state. This header does not hold the rate limiters (ratelimits.h) or token handling
+ * r->core_state. This header does not hold the rate limiters (ratelimits.h) or token handling
  * (auth.h). Internal prefix: acc_ (and uia_ for user-interactive auth).
  */
 #ifndef ATRIUM_CORE_ACCOUNTS_H
@@ -77,15 +77,12 @@ void acc_random_device_id(char out[ACC_RANDOM_ID_CHARS + 1]);
 
 /* ---- database ---------------------------------------------------------------------------- */
 
-/* [req] A pooled connection, or NULL after answering 503 (the caller returns ATRIUM_DONE).
- * Hold it only for queries: release it before any handoff or password work. */
-PGconn *acc_db(atrium_req *r);
-void acc_db_release(PGconn *c);
+/* A request's pooled connection: http_db_checkout / http_db_checkin (core/http/http.h).
+ * Hold it only for queries: give it back before any handoff or password work. */
 /* One parameterized statement (text parameters). The result (tuples or command OK), or
  * NULL after logging the failure. The caller PQclears a non-NULL result. */
-PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params);
-/* acc_q for statements whose result is not needed: true when it succeeded. */
-bool acc_exec(PGconn *c, const char *sql, int n, const char *const *params);
+PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params) RT_MUST_CHECK;
+/* A statement whose result is not needed: db_exec (core/store/db.h). */
 /* [req] Answer 503 for a failed query (M_UNKNOWN, retry). Returns ATRIUM_DONE. */
 int acc_db_failed(atrium_req *r);
 /* Does user_id exist (deactivated or not)? 1, 0, or ATRIUM_E_DB. */
@@ -120,13 +117,13 @@ int acc_create_account(atrium_req *r, const acc_new_account *a);
  * creates the device (or renames it when name is given), revokes the device's old tokens,
  * and mints a token into token_out (AUTH_TOKEN_CHARS + 1). 0 or ATRIUM_E_DB. */
 int acc_open_session(PGconn *c, const char *user_id, const char *device_id, const char *name,
-                     const char *ip, char *token_out);
+                     const char *ip, char *token_out) RT_MUST_CHECK;
 /* Delete devices of user_id (all when device_ids is NULL, else the n listed; keep_device,
  * if not NULL, survives) and every token of theirs. conn held. true on success. */
 bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *device_ids,
-                        size_t n, const char *keep_device);
+                        size_t n, const char *keep_device) RT_MUST_CHECK;
 
-/* [req] Hand r to the auth pool with state in r->plugin_state; answers 429/503 itself
+/* [req] Hand r to the auth pool with state in r->core_state; answers 429/503 itself
  * when the pool refuses. Returns what the handler returns. */
 int acc_to_auth_pool(atrium_req *r, void *state);
 

@@ -64,16 +64,16 @@ static int get_nonce(atrium_req *r)
     randombytes_buf(raw, sizeof(raw));
     sodium_bin2hex(nonce, sizeof(nonce), raw, sizeof(raw));
     snprintf(ttl, sizeof(ttl), "%d", ADMIN_NONCE_TTL_MS);
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[2] = {nonce, ttl};
-    bool ok = acc_exec(c, "DELETE FROM admin_register_nonces"
-                          " WHERE expires_ts < (extract(epoch from now()) * 1000)::bigint",
-                       0, NULL) &&
-              acc_exec(c, "INSERT INTO admin_register_nonces (nonce, expires_ts) VALUES"
-                          " ($1, (extract(epoch from now()) * 1000)::bigint + $2::bigint)",
-                       2, p);
-    acc_db_release(c);
+    bool ok = db_exec(c, "DELETE FROM admin_register_nonces"
+                         " WHERE expires_ts < (extract(epoch from now()) * 1000)::bigint",
+                      0, NULL) &&
+              db_exec(c, "INSERT INTO admin_register_nonces (nonce, expires_ts) VALUES"
+                         " ($1, (extract(epoch from now()) * 1000)::bigint + $2::bigint)",
+                      2, p);
+    http_db_checkin(c);
     if (!ok) return acc_db_failed(r);
     return http_respond_json(r, 200, json_pack("{s:s}", "nonce", nonce));
 }
@@ -81,13 +81,13 @@ static int get_nonce(atrium_req *r)
 /* Take the nonce out of the table: 1 it was live, 0 unknown or expired, ATRIUM_E_DB. */
 static int consume_nonce(atrium_req *r, const char *nonce)
 {
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_E_DB;
     const char *p[1] = {nonce};
     PGresult *res = acc_q(c, "DELETE FROM admin_register_nonces WHERE nonce = $1"
                              " RETURNING expires_ts >= (extract(epoch from now()) * 1000)::bigint",
                           1, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) {
         acc_db_failed(r);
         return ATRIUM_E_DB;
@@ -100,7 +100,7 @@ static int consume_nonce(atrium_req *r, const char *nonce)
 /* POST /_synapse/admin/v1/register */
 static int post_register(atrium_req *r)
 {
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return acc_create_account(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return acc_create_account(r, r->core_state);
     if (!enabled(r) || ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;

@@ -51,22 +51,22 @@ typedef struct deactivate_state {
 static bool deactivate_account(PGconn *c, const char *user_id, bool erase)
 {
     const char *p[1] = {user_id};
-    bool ok = acc_exec(c, "BEGIN", 0, NULL) &&
-              acc_exec(c, "UPDATE users SET deactivated = true, password_hash = NULL"
-                          " WHERE user_id = $1", 1, p) &&
+    bool ok = db_begin(c) &&
+              db_exec(c, "UPDATE users SET deactivated = true, password_hash = NULL"
+                         " WHERE user_id = $1", 1, p) &&
               acc_delete_devices(c, user_id, NULL, 0, NULL) &&
-              acc_exec(c, "DELETE FROM uia_sessions WHERE user_id = $1", 1, p);
+              db_exec(c, "DELETE FROM uia_sessions WHERE user_id = $1", 1, p);
     if (ok && erase) {
         char now[24];
         snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
         const char *pe[2] = {user_id, now};
-        ok = acc_exec(c, "UPDATE profiles SET displayname = NULL, avatar_url = NULL"
-                         " WHERE user_id = $1", 1, p) &&
-             acc_exec(c, "INSERT INTO erased_users (user_id, erased_ts) VALUES ($1, $2)"
-                         " ON CONFLICT (user_id) DO NOTHING", 2, pe);
+        ok = db_exec(c, "UPDATE profiles SET displayname = NULL, avatar_url = NULL"
+                        " WHERE user_id = $1", 1, p) &&
+             db_exec(c, "INSERT INTO erased_users (user_id, erased_ts) VALUES ($1, $2)"
+                        " ON CONFLICT (user_id) DO NOTHING", 2, pe);
     }
-    ok = ok && acc_exec(c, "COMMIT", 0, NULL);
-    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    ok = ok && db_commit(c);
+    if (!ok) db_rollback(c);
     return ok;
 }
 
@@ -140,11 +140,11 @@ static int finish_deactivate(atrium_req *r, deactivate_state *st)
         return answer_deactivated(r);
     }
     if (!uia_password_verify(r, &st->auth, DEACTIVATE_PURPOSE)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     bool ok = deactivate_account(c, r->user, st->erase);
     if (ok) acc_tokens_revoked(c, r->user); /* the tokens stop working before the rooms */
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!ok) return acc_db_failed(r);
     st->deactivated = true;
     int rc = rooms_to_bulk_pool(r);
@@ -160,7 +160,7 @@ static int post_deactivate(atrium_req *r)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_deactivate(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_deactivate(r, r->core_state);
     /* An empty body asks for the challenge. */
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;

@@ -40,12 +40,12 @@ static json_t *device_json(PGresult *res, int row)
 static int get_devices(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[1] = {r->user};
     PGresult *res = acc_q(c, "SELECT " DEVICE_COLUMNS " FROM devices WHERE user_id = $1"
                              " ORDER BY device_id", 1, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) return acc_db_failed(r);
     json_t *list = json_array();
     for (int i = 0; list && i < PQntuples(res); i++) json_array_append_new(list, device_json(res, i));
@@ -57,12 +57,12 @@ static int get_devices(atrium_req *r)
 static int get_device(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[2] = {r->user, http_req_param(r, "deviceId")};
     PGresult *res = acc_q(c, "SELECT " DEVICE_COLUMNS " FROM devices WHERE user_id = $1"
                              " AND device_id = $2", 2, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) return acc_db_failed(r);
     json_t *d = PQntuples(res) == 1 ? device_json(res, 0) : NULL;
     int found = PQntuples(res);
@@ -79,14 +79,14 @@ static int put_device(atrium_req *r)
     const char *name;
     if (!body || !http_field_string(r, body, "display_name", false, ACC_DEVICE_NAME_MAX_BYTES, &name))
         return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[3] = {r->user, http_req_param(r, "deviceId"), name};
     PGresult *res = acc_q(c, "UPDATE devices SET display_name = COALESCE($3, display_name)"
                              " WHERE user_id = $1 AND device_id = $2", 3, p);
     bool found = res && strcmp(PQcmdTuples(res), "1") == 0;
     if (found && name) e2ee_wake_key_change(c, r->user); /* a rename is a device-list change */
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) return acc_db_failed(r);
     PQclear(res);
     if (!found) return http_respond_error(r, 404, "M_NOT_FOUND", "No such device");
@@ -103,15 +103,15 @@ typedef struct delete_state {
 static int finish_delete(atrium_req *r, const delete_state *st)
 {
     if (!uia_password_verify(r, &st->auth, DEVICES_DELETE_PURPOSE)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
-    bool ok = acc_exec(c, "BEGIN", 0, NULL) && acc_delete_devices(c, r->user, st->ids, st->n, NULL);
+    bool ok = db_begin(c) && acc_delete_devices(c, r->user, st->ids, st->n, NULL);
     if (ok) uia_forget(c, st->auth.session);
-    ok = ok && acc_exec(c, "COMMIT", 0, NULL);
-    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    ok = ok && db_commit(c);
+    if (!ok) db_rollback(c);
     else acc_tokens_revoked(c, r->user);
     int rc = ok ? auth_revoke_answer(r, c, r->user, 200, json_object()) : ATRIUM_DONE;
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!ok) return acc_db_failed(r);
     return rc;
 }
@@ -133,7 +133,7 @@ static int delete_device(atrium_req *r)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->core_state);
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     const char **ids = rt_arena_alloc(r->arena, sizeof(char *));
@@ -148,7 +148,7 @@ static int post_delete_devices(atrium_req *r)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_delete(r, r->core_state);
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     json_t *list = json_object_get(body, "devices");
@@ -183,21 +183,21 @@ static int finish_password(atrium_req *r, const password_state *st)
     char hash[crypto_pwhash_STRBYTES];
     if (auth_hash_password(st->new_password, hash) < 0)
         return http_respond_error(r, 503, "M_UNKNOWN", "The server is busy; retry");
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[2] = {r->user, hash};
-    bool ok = acc_exec(c, "BEGIN", 0, NULL) &&
-              acc_exec(c, "UPDATE users SET password_hash = $2 WHERE user_id = $1", 2, p);
+    bool ok = db_begin(c) &&
+              db_exec(c, "UPDATE users SET password_hash = $2 WHERE user_id = $1", 2, p);
     if (ok && st->logout_devices) ok = acc_delete_devices(c, r->user, NULL, 0, r->device);
     if (ok) uia_forget(c, st->auth.session);
-    ok = ok && acc_exec(c, "COMMIT", 0, NULL);
-    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    ok = ok && db_commit(c);
+    if (!ok) db_rollback(c);
     else acc_tokens_revoked(c, r->user);
     /* Only other devices' tokens went (logout_devices); without it nothing to wait for. */
     int rc = !ok ? ATRIUM_DONE
              : st->logout_devices ? auth_revoke_answer(r, c, r->user, 200, json_object())
                                   : http_respond_json(r, 200, json_object());
-    acc_db_release(c);
+    http_db_checkin(c);
     sodium_memzero(hash, sizeof(hash));
     if (!ok) return acc_db_failed(r);
     return rc;
@@ -209,7 +209,7 @@ static int post_password(atrium_req *r)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_password(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_password(r, r->core_state);
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     password_state *st = rt_arena_alloc(r->arena, sizeof(*st));

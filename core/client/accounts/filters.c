@@ -75,7 +75,7 @@ static int post_filter(atrium_req *r)
     if (!filter || !filter_shape_ok(r, filter)) return ATRIUM_DONE;
     char *text = json_dumps(filter, JSON_COMPACT);
     if (!text) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         free(text);
         return ATRIUM_DONE;
@@ -89,7 +89,7 @@ static int post_filter(atrium_req *r)
                              "  WHERE NOT EXISTS (SELECT 1 FROM found) RETURNING filter_id)"
                              " SELECT filter_id FROM found UNION ALL SELECT filter_id FROM added",
                           2, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     free(text);
     if (!res || PQntuples(res) < 1) {
         PQclear(res);
@@ -119,11 +119,11 @@ int acc_filter_load(PGconn *c, const char *user_id, const char *filter_id, json_
 static int get_filter(atrium_req *r)
 {
     if (!auth_request(r) || !own_path(r)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     json_t *filter;
     int found = acc_filter_load(c, r->user, http_req_param(r, "filterId"), &filter);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (found < 0) return acc_db_failed(r);
     if (!found) return http_respond_error(r, 404, "M_NOT_FOUND", "No such filter");
     return http_respond_json(r, 200, filter);

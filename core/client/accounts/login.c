@@ -35,7 +35,7 @@ static int finish_login(atrium_req *r, const login_state *st)
     char *hash = NULL;
     bool deactivated = false;
     if (st->user_id) {
-        PGconn *c = acc_db(r);
+        PGconn *c = http_db_checkout(r);
         if (!c) return ATRIUM_DONE;
         const char *p[1] = {st->user_id};
         PGresult *res = acc_q(c, "SELECT password_hash, deactivated FROM users WHERE user_id = $1",
@@ -45,7 +45,7 @@ static int finish_login(atrium_req *r, const login_state *st)
             deactivated = PQgetvalue(res, 0, 1)[0] == 't';
         }
         PQclear(res);
-        acc_db_release(c); /* never held across the slow check */
+        http_db_checkin(c); /* never held across the slow check */
         if (!res) return acc_db_failed(r);
     }
     bool password_ok = auth_verify_password(hash, st->password);
@@ -63,13 +63,13 @@ static int finish_login(atrium_req *r, const login_state *st)
         device_id = device;
     }
     char token[AUTH_TOKEN_CHARS + 1];
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
-    bool ok = acc_exec(c, "BEGIN", 0, NULL);
+    bool ok = db_begin(c);
     ok = ok && acc_open_session(c, st->user_id, device_id, st->device_name, r->client_addr,
                                 token) == 0;
-    ok = ok && acc_exec(c, "COMMIT", 0, NULL);
-    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+    ok = ok && db_commit(c);
+    if (!ok) db_rollback(c);
     else auth_cache_forget_user(st->user_id); /* a re-used device ID lost its old tokens */
     int rc = ATRIUM_DONE;
     if (ok) {
@@ -80,7 +80,7 @@ static int finish_login(atrium_req *r, const login_state *st)
         rc = st->device_id ? auth_revoke_answer(r, c, st->user_id, 200, body)
                            : http_respond_json(r, 200, body);
     }
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!ok) return acc_db_failed(r);
     return rc;
 }
@@ -105,7 +105,7 @@ static int post_login(atrium_req *r)
 {
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
-    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_login(r, r->plugin_state);
+    if (r->run_reason == ATRIUM_RUN_HANDOFF) return finish_login(r, r->core_state);
     if (ratelimit_refused(r, ratelimit_login())) return ATRIUM_DONE;
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
@@ -134,16 +134,16 @@ static int logout_devices(atrium_req *r, bool all)
     int rerun_rc;
     if (auth_revoke_rerun(r, &rerun_rc)) return rerun_rc; /* after a revocation's wait */
     if (!auth_request(r)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *ids[1] = {r->device};
-    bool ok = acc_exec(c, "BEGIN", 0, NULL) &&
+    bool ok = db_begin(c) &&
               acc_delete_devices(c, r->user, all ? NULL : ids, all ? 0 : 1, NULL) &&
-              acc_exec(c, "COMMIT", 0, NULL);
-    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
+              db_commit(c);
+    if (!ok) db_rollback(c);
     else acc_tokens_revoked(c, r->user);
     int rc = ok ? auth_revoke_answer(r, c, r->user, 200, json_object()) : ATRIUM_DONE;
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!ok) return acc_db_failed(r);
     return rc;
 }

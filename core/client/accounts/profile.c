@@ -45,13 +45,13 @@ static const profile_field FIELDS[] = {
 
 json_t *acc_profile_load(atrium_req *r, const char *user_id)
 {
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return NULL;
     const char *p[1] = {user_id};
     PGresult *res = acc_q(c, "SELECT p.displayname, p.avatar_url FROM users u"
                              " LEFT JOIN profiles p ON p.user_id = u.user_id"
                              " WHERE u.user_id = $1", 1, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) {
         acc_db_failed(r);
         return NULL;
@@ -167,15 +167,15 @@ static int put_field(atrium_req *r)
         if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
         return rooms_to_bulk_pool(r);
     }
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[2] = {r->user, value};
     char *sql = rt_arena_printf(r->arena,
                                 "INSERT INTO profiles (user_id, %s) VALUES ($1, NULLIF($2, ''))"
                                 " ON CONFLICT (user_id) DO UPDATE SET %s = EXCLUDED.%s",
                                 f->column, f->column, f->column);
-    bool ok = sql && acc_exec(c, sql, 2, p);
-    acc_db_release(c);
+    bool ok = sql && db_exec(c, sql, 2, p);
+    http_db_checkin(c);
     if (!ok) return acc_db_failed(r);
     update_joined_rooms(r, r->user);
     return http_respond_json(r, 200, json_object());

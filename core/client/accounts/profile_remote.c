@@ -31,7 +31,7 @@ typedef struct remote_profile {
 static void remote_done(void *arg, const fed_response *res)
 {
     atrium_req *r = arg;
-    remote_profile *rp = r->plugin_state;
+    remote_profile *rp = r->core_state;
     rp->outcome = res->outcome;
     rp->status = res->status;
     snprintf(rp->error, sizeof(rp->error), "%s", res->error ? res->error : "");
@@ -91,7 +91,7 @@ bool acc_is_local_user(atrium_req *r, const char *user_id)
 
 int acc_profile_remote(atrium_req *r, const char *user_id, const char *field)
 {
-    remote_profile *rp = r->plugin_state;
+    remote_profile *rp = r->core_state;
     if (rp && rp->done) return answer(r, rp, field);
     if (rp) /* woken without an answer: the deadline or shutdown */
         return r->run_reason == ATRIUM_RUN_SHUTDOWN
@@ -108,7 +108,7 @@ int acc_profile_remote(atrium_req *r, const char *user_id, const char *field)
              field ? "&field=" : "", field ? field : "");
     rp = rt_arena_alloc(r->arena, sizeof(*rp));
     if (!rp) return ATRIUM_E_NOMEM;
-    r->plugin_state = rp;
+    r->core_state = rp;
     if (susp_wait(r, r->deadline_ms) < 0)
         return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
     fed_request_opts o = {.method = "GET", .destination = server + 1, .uri = uri,

@@ -38,10 +38,10 @@ static const char *wanted_user_id(atrium_req *r, const char *username)
 /* 400 M_USER_IN_USE when taken. true: free (or answered on trouble: check r->response). */
 static bool user_free(atrium_req *r, const char *user_id)
 {
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return false;
     int exists = acc_user_exists(c, user_id);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (exists < 0) {
         acc_db_failed(r);
         return false;
@@ -86,7 +86,7 @@ static int register_guest(atrium_req *r)
 static int post_register(atrium_req *r)
 {
     if (r->run_reason == ATRIUM_RUN_HANDOFF) {
-        register_state *st = r->plugin_state;
+        register_state *st = r->core_state;
         return acc_create_account(r, &st->account);
     }
     if (ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;

@@ -114,7 +114,7 @@ static tag_edit_result edit_in_tx(PGconn *c, const char *user_id, const char *ro
 {
     const char *pu[1] = {user_id};
     /* One user's tag edits queue here, so read-change-write never loses a concurrent edit. */
-    if (!acc_exec(c, "SELECT FROM users WHERE user_id = $1 FOR NO KEY UPDATE", 1, pu))
+    if (!db_exec(c, "SELECT FROM users WHERE user_id = $1 FOR NO KEY UPDATE", 1, pu))
         return TAG_EDIT_DB;
     json_t *content = load_tag_event(c, user_id, room_id);
     if (!content) return TAG_EDIT_DB;
@@ -144,15 +144,15 @@ static tag_edit_result edit_in_tx(PGconn *c, const char *user_id, const char *ro
 static int edit_tag(atrium_req *r, const char *tag, json_t *info)
 {
     const char *room_id = http_req_param(r, "roomId");
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     tag_edit_result rc = TAG_EDIT_DB;
-    if (acc_exec(c, "BEGIN", 0, NULL)) {
+    if (db_begin(c)) {
         rc = edit_in_tx(c, r->user, room_id, tag, info);
-        if (rc == TAG_EDIT_OK && !acc_exec(c, "COMMIT", 0, NULL)) rc = TAG_EDIT_DB;
-        if (rc != TAG_EDIT_OK) acc_exec(c, "ROLLBACK", 0, NULL);
+        if (rc == TAG_EDIT_OK && !db_commit(c)) rc = TAG_EDIT_DB;
+        if (rc != TAG_EDIT_OK) db_rollback(c);
     }
-    acc_db_release(c);
+    http_db_checkin(c);
     switch (rc) {
     case TAG_EDIT_OK:
         notifier_wake_user(r->user);
@@ -175,10 +175,10 @@ static int edit_tag(atrium_req *r, const char *tag, json_t *info)
 static int get_tags(atrium_req *r)
 {
     if (!auth_request(r) || !tag_path_ok(r, NULL)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     json_t *content = load_tag_event(c, r->user, http_req_param(r, "roomId"));
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!content) return acc_db_failed(r);
     json_t *tags = tags_of(content);
     json_t *body = tags ? json_pack("{s:O}", "tags", tags) : NULL;

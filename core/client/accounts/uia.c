@@ -64,14 +64,14 @@ static bool store_session(atrium_req *r, PGconn *c, const char *session, const c
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%d", UIA_SESSION_TTL_MS);
     const char *p[6] = {session, purpose, user, ttl, operation_of(r), params_of(r)};
-    return acc_exec(c, "DELETE FROM uia_sessions"
-                       " WHERE expires_ts < (extract(epoch from now()) * 1000)::bigint",
-                    0, NULL) &&
-           acc_exec(c,
-                    "INSERT INTO uia_sessions (session_id, purpose, user_id, expires_ts,"
-                    " operation, params) VALUES ($1, $2, $3,"
-                    " (extract(epoch from now()) * 1000)::bigint + $4::bigint, $5, $6::jsonb)",
-                    6, p);
+    return db_exec(c, "DELETE FROM uia_sessions"
+                      " WHERE expires_ts < (extract(epoch from now()) * 1000)::bigint",
+                   0, NULL) &&
+           db_exec(c,
+                   "INSERT INTO uia_sessions (session_id, purpose, user_id, expires_ts,"
+                   " operation, params) VALUES ($1, $2, $3,"
+                   " (extract(epoch from now()) * 1000)::bigint + $4::bigint, $5, $6::jsonb)",
+                   6, p);
 }
 
 json_t *uia_body(atrium_req *r)
@@ -83,12 +83,12 @@ json_t *uia_body(atrium_req *r)
     }
     json_t *session = json_object_get(json_object_get(body, "auth"), "session");
     if (json_object_size(body) != 1 || !json_is_string(session)) return body;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return NULL;
     const char *p[2] = {json_string_value(session), operation_of(r)};
     PGresult *res = acc_q(c, "SELECT params::text FROM uia_sessions WHERE session_id = $1"
                              " AND operation = $2 AND params IS NOT NULL", 2, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) {
         acc_db_failed(r);
         return NULL;
@@ -105,10 +105,10 @@ int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const c
 {
     if (!session) {
         session = new_session_id(r);
-        PGconn *c = acc_db(r);
+        PGconn *c = http_db_checkout(r);
         if (!c) return ATRIUM_DONE;
         bool ok = session && store_session(r, c, session, purpose, user_id);
-        acc_db_release(c);
+        http_db_checkin(c);
         if (!ok) return acc_db_failed(r);
     }
     json_t *body = json_pack("{s:[{s:[s]}], s:{}, s:s}", "flows", "stages", stage, "params",
@@ -157,10 +157,10 @@ bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpo
         return false;
     }
     if (session) {
-        PGconn *c = acc_db(r);
+        PGconn *c = http_db_checkout(r);
         if (!c) return false;
         int live = session_live(r, c, session, purpose, user_id);
-        acc_db_release(c);
+        http_db_checkin(c);
         if (live < 0) {
             acc_db_failed(r);
             return false;
@@ -193,7 +193,8 @@ void uia_forget(PGconn *c, const char *session)
 {
     if (!session) return;
     const char *p[1] = {session};
-    acc_exec(c, "DELETE FROM uia_sessions WHERE session_id = $1", 1, p);
+    /* Best effort (logged): a session left behind expires at its expires_ts. */
+    RT_IGNORE(db_exec(c, "DELETE FROM uia_sessions WHERE session_id = $1", 1, p));
 }
 
 /* ---- the password stage ------------------------------------------------------------------- */
@@ -222,7 +223,7 @@ bool uia_password_begin(atrium_req *r, json_t *body, const char *purpose, uia_pa
 bool uia_password_verify(atrium_req *r, const uia_password *p, const char *purpose)
 {
     RT_ASSERT(rt_pool_on_worker(auth_pool()), "%s", "password check off the auth pool");
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return false;
     const char *params[1] = {r->user};
     PGresult *res = acc_q(c, "SELECT password_hash FROM users WHERE user_id = $1", 1, params);
@@ -230,7 +231,7 @@ bool uia_password_verify(atrium_req *r, const uia_password *p, const char *purpo
     if (res && PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
         hash = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
     PQclear(res);
-    acc_db_release(c); /* never held across the slow check */
+    http_db_checkin(c); /* never held across the slow check */
     if (!res) {
         acc_db_failed(r);
         return false;

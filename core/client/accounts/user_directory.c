@@ -211,11 +211,11 @@ static int search(atrium_req *r)
     /* One row past the limit tells whether there were more. */
     const char *rows = rt_arena_printf(r->arena, "%lld", (long long)(limit + 1));
     if (!rows) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[5] = {r->user, t.whole, t.with_sep, t.without_sep, rows};
     PGresult *res = acc_q(c, SEARCH_SQL, 5, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) return acc_db_failed(r);
     int n = PQntuples(res);
     json_t *results = json_array();

@@ -28,7 +28,7 @@ static int get_whois(atrium_req *r)
         if (!admin)
             return http_respond_error(r, 403, "M_FORBIDDEN", "You are not a server admin");
     }
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     int exists = acc_user_exists(c, who);
     const char *p[1] = {who};
@@ -36,7 +36,7 @@ static int get_whois(atrium_req *r)
                                            " FROM devices WHERE user_id = $1 ORDER BY device_id",
                                         1, p)
                                 : NULL;
-    acc_db_release(c);
+    http_db_checkin(c);
     if (exists == 0) return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown user");
     if (!res) return acc_db_failed(r);
     json_t *devices = json_object();

@@ -37,16 +37,17 @@ int auth_is_admin(atrium_req *r);
 
 /* Mint a token for (user, device), store its hash. token_out gets the token text
  * (AUTH_TOKEN_CHARS + 1 bytes). 0 or ATRIUM_E_DB. conn: a connection the caller holds. */
-int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id, char *token_out);
+int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id,
+                     char *token_out) RT_MUST_CHECK;
 
 /* Argon2id. hash_out must hold crypto_pwhash_STRBYTES (128). 0 or ATRIUM_E_NOMEM. Slow
  * and memory-hungry by design: call on the auth pool (auth_pool()). */
-int auth_hash_password(const char *password, char *hash_out);
-bool auth_check_password(const char *hash, const char *password);
+int auth_hash_password(const char *password, char *hash_out) RT_MUST_CHECK;
+bool auth_check_password(const char *hash, const char *password) RT_MUST_CHECK;
 /* The login rule: true only when hash (a stored Argon2id string) matches password. A NULL
  * hash (no such user, or no password set) costs the same time as a real check and returns
  * false, so an answer's timing does not tell whether a user exists. Auth pool only. */
-bool auth_verify_password(const char *hash, const char *password);
+bool auth_verify_password(const char *hash, const char *password) RT_MUST_CHECK;
 /* Make the hash auth_verify_password checks unknown users against now, not at the first
  * failed login (which would then take longer and tell). Auth pool only; idempotent. */
 void auth_prepare_dummy_hash(void);

@@ -48,7 +48,10 @@
 #define REVOKE_ID_BYTES 48              /* "<pid>.<seq>" */
 #define REVOKE_NOTIFY_CHANNEL "atrium_auth"
 #define REVOKE_ACK_CHANNEL "atrium_auth_ack"
-#define REVOKE_MAGIC 0x7265766bu        /* tags r->core_state as a waiter */
+/* Tags r->core_state as a waiter. The handlers that revoke keep their handoff state in the
+ * same slot before (login, devices, deactivate); each such state begins with a pointer,
+ * which is never this odd value. */
+#define REVOKE_MAGIC 0x7265766bu
 
 typedef struct revoke_wait {
     unsigned magic;

@@ -267,24 +267,12 @@ const char *e2ee_check_device_map(const json_t *map, const char *what, size_t ma
 
 /* ---- database ----------------------------------------------------------------------------- */
 
-PGconn *e2ee_db(atrium_req *r)
-{
-    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
-    if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
-    return c;
-}
-
-void e2ee_db_done(PGconn *c)
-{
-    db_release(db_global(), c);
-}
-
 PGconn *e2ee_db_begin(atrium_req *r)
 {
-    PGconn *c = e2ee_db(r);
-    if (c && !e2ee_begin(c)) {
+    PGconn *c = http_db_checkout(r);
+    if (c && !db_begin(c)) {
         e2ee_db_failed(r, c, false);
-        e2ee_db_done(c);
+        http_db_checkin(c);
         return NULL;
     }
     return c;
@@ -301,36 +289,9 @@ PGresult *e2ee_sql(PGconn *c, ExecStatusType want, const char *sql, int n,
     return NULL;
 }
 
-bool e2ee_exec(PGconn *c, const char *sql, int n, const char *const *params)
-{
-    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
-    ExecStatusType st = PQresultStatus(res);
-    bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-    if (!ok)
-        rt_log(ATRIUM_LOG_ERROR, "e2ee", "query failed: %s (%.80s...)",
-               PQresultErrorMessage(res), sql);
-    PQclear(res);
-    return ok;
-}
-
-bool e2ee_begin(PGconn *c)
-{
-    return e2ee_exec(c, "BEGIN", 0, NULL);
-}
-
-bool e2ee_commit(PGconn *c)
-{
-    return e2ee_exec(c, "COMMIT", 0, NULL);
-}
-
-void e2ee_rollback(PGconn *c)
-{
-    PQclear(PQexec(c, "ROLLBACK"));
-}
-
 int e2ee_db_failed(atrium_req *r, PGconn *c, bool in_txn)
 {
-    if (in_txn) e2ee_rollback(c);
+    if (in_txn) db_rollback(c);
     return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
 }
 
@@ -347,9 +308,9 @@ const char E2EE_SHARED_USERS_SQL[] =
 int e2ee_record_key_change(PGconn *c, const char *user_id)
 {
     const char *p[1] = {user_id};
-    return e2ee_exec(c, "INSERT INTO device_lists_changes (stream_pos, user_id)"
-                        " VALUES (stream_next(), $1)",
-                     1, p)
+    return db_exec(c, "INSERT INTO device_lists_changes (stream_pos, user_id)"
+                      " VALUES (stream_next(), $1)",
+                   1, p)
                ? 0
                : ATRIUM_E_DB;
 }

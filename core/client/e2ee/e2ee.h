@@ -57,25 +57,18 @@ const char *e2ee_check_device_map(const json_t *map, const char *what, size_t ma
 
 /* ---- database ----------------------------------------------------------------------------- */
 
-/* [req] A pooled connection, or NULL after answering 503 (busy database). */
-PGconn *e2ee_db(atrium_req *r);
-void e2ee_db_done(PGconn *c);
+/* A request's pooled connection: http_db_checkout / http_db_checkin (core/http/http.h). */
 /* Run a parameterized statement; NULL (logged, result cleared) unless it returned `want`
  * (PGRES_TUPLES_OK or PGRES_COMMAND_OK). */
 PGresult *e2ee_sql(PGconn *c, ExecStatusType want, const char *sql, int n,
-                   const char *const *params);
-/* A statement whose result is not needed (a command, or a SELECT ... FOR UPDATE that only
- * locks): true when it succeeded (failures logged). */
-bool e2ee_exec(PGconn *c, const char *sql, int n, const char *const *params);
-/* BEGIN / COMMIT / ROLLBACK: true on success (failures logged). */
-bool e2ee_begin(PGconn *c);
-bool e2ee_commit(PGconn *c);
-void e2ee_rollback(PGconn *c);
+                   const char *const *params) RT_MUST_CHECK;
+/* A statement whose result is not needed, and BEGIN / COMMIT / ROLLBACK: db_exec,
+ * db_begin, db_commit and db_rollback (core/store/db.h). */
 /* [req] Answer 503 M_UNKNOWN for a failed database step (rolls back when in_txn). */
 int e2ee_db_failed(atrium_req *r, PGconn *c, bool in_txn);
 /* [req] A pooled connection inside a new transaction, or NULL after answering 503 (nothing
  * held). */
-PGconn *e2ee_db_begin(atrium_req *r);
+PGconn *e2ee_db_begin(atrium_req *r) RT_MUST_CHECK;
 
 /* ---- key changes ------------------------------------------------------------------------- */
 
@@ -110,7 +103,7 @@ const char *e2ee_check_cross_signing_key(const json_t *key, const char *user_id,
 /* [req] Ask each server of `bodies` ({server: JSON body}) POST uri at once and park r until
  * all answered or the timeout (a JSON integer of ms, or NULL: 10 s) passed; the handler then
  * runs again and calls e2ee_fanout_finish. 0 (return ATRIUM_PARKED), ATRIUM_E_NOMEM, or
- * ATRIUM_E_STOPPED (answer 503). The fan-out lives in r->plugin_state. */
+ * ATRIUM_E_STOPPED (answer 503). The fan-out lives in r->core_state. */
 typedef struct e2ee_fanout e2ee_fanout;
 int e2ee_fanout_start(atrium_req *r, const char *uri, json_t *bodies, const json_t *timeout);
 /* [req] Has this request a fan-out (the run after e2ee_fanout_start)? */

@@ -45,21 +45,21 @@ static bool parse_version(const char *s, int64_t *out)
 /* Finish: commit and answer `body` (consumed), or answer 503. Releases c. */
 static int finish(atrium_req *r, PGconn *c, json_t *body)
 {
-    if (!body || !e2ee_commit(c)) {
+    if (!body || !db_commit(c)) {
         json_decref(body);
         e2ee_db_failed(r, c, true);
     } else {
         http_respond_json(r, 200, body);
     }
-    e2ee_db_done(c);
+    http_db_checkin(c);
     return ATRIUM_DONE;
 }
 
 /* Answer an error and roll back. Releases c. */
 static int fail(atrium_req *r, PGconn *c, int status, const char *errcode, const char *msg)
 {
-    e2ee_rollback(c);
-    e2ee_db_done(c);
+    db_rollback(c);
+    http_db_checkin(c);
     return http_respond_error(r, status, errcode, "%s", msg);
 }
 
@@ -195,7 +195,7 @@ static int post_version(atrium_req *r)
     const char *p[3] = {r->user, json_string_value(json_object_get(body, "algorithm")), auth_data};
     /* The users row lock serializes a user's creations, so two never take one number. */
     PGresult *res = NULL;
-    if (e2ee_exec(c, "SELECT FROM users WHERE user_id = $1 FOR UPDATE", 1, p))
+    if (db_exec(c, "SELECT FROM users WHERE user_id = $1 FOR UPDATE", 1, p))
         res = e2ee_sql(c, PGRES_TUPLES_OK,
                        "INSERT INTO e2ee_backup_versions (user_id, version, algorithm, auth_data)"
                        " SELECT $1, coalesce(max(version), 0) + 1, $2, $3"
@@ -239,10 +239,10 @@ static int put_version(atrium_req *r)
     char v[VERSION_TEXT_BYTES];
     version_text(version, v);
     const char *p[3] = {r->user, v, auth_data};
-    bool ok = auth_data && e2ee_exec(c,
-                                     "UPDATE e2ee_backup_versions SET auth_data = $3"
-                                     " WHERE user_id = $1 AND version = $2::bigint",
-                                     3, p);
+    bool ok = auth_data && db_exec(c,
+                                   "UPDATE e2ee_backup_versions SET auth_data = $3"
+                                   " WHERE user_id = $1 AND version = $2::bigint",
+                                   3, p);
     free(auth_data);
     return finish(r, c, ok ? json_object() : NULL);
 }
@@ -262,14 +262,14 @@ static int delete_version(atrium_req *r)
     char v[VERSION_TEXT_BYTES];
     version_text(version, v);
     const char *p[2] = {r->user, v};
-    bool ok = e2ee_exec(c,
-                        "DELETE FROM e2ee_backup_keys"
-                        " WHERE user_id = $1 AND version = $2::bigint",
-                        2, p) &&
-              e2ee_exec(c,
-                        "UPDATE e2ee_backup_versions SET deleted = true"
-                        " WHERE user_id = $1 AND version = $2::bigint",
-                        2, p);
+    bool ok = db_exec(c,
+                      "DELETE FROM e2ee_backup_keys"
+                      " WHERE user_id = $1 AND version = $2::bigint",
+                      2, p) &&
+              db_exec(c,
+                      "UPDATE e2ee_backup_versions SET deleted = true"
+                      " WHERE user_id = $1 AND version = $2::bigint",
+                      2, p);
     return finish(r, c, ok ? json_object() : NULL);
 }
 
@@ -327,16 +327,16 @@ static int put_one(PGconn *c, const char *user, const char *v, const char *room,
     p[5] = fs;
     p[6] = nv ? "true" : "false";
     p[7] = text;
-    bool ok = text && e2ee_exec(c,
-                                "INSERT INTO e2ee_backup_keys (user_id, version, room_id,"
-                                " session_id, first_message_index, forwarded_count, is_verified,"
-                                " key_json) VALUES ($1, $2::bigint, $3, $4, $5::bigint,"
-                                " $6::bigint, $7::boolean, $8)"
-                                " ON CONFLICT (user_id, version, room_id, session_id) DO UPDATE"
-                                " SET first_message_index = EXCLUDED.first_message_index,"
-                                " forwarded_count = EXCLUDED.forwarded_count,"
-                                " is_verified = EXCLUDED.is_verified, key_json = EXCLUDED.key_json",
-                                8, p);
+    bool ok = text && db_exec(c,
+                              "INSERT INTO e2ee_backup_keys (user_id, version, room_id,"
+                              " session_id, first_message_index, forwarded_count, is_verified,"
+                              " key_json) VALUES ($1, $2::bigint, $3, $4, $5::bigint,"
+                              " $6::bigint, $7::boolean, $8)"
+                              " ON CONFLICT (user_id, version, room_id, session_id) DO UPDATE"
+                              " SET first_message_index = EXCLUDED.first_message_index,"
+                              " forwarded_count = EXCLUDED.forwarded_count,"
+                              " is_verified = EXCLUDED.is_verified, key_json = EXCLUDED.key_json",
+                              8, p);
     free(text);
     return ok ? 1 : ATRIUM_E_DB;
 }
@@ -407,8 +407,8 @@ static int put_keys(atrium_req *r)
     }
     if (current != version) {
         json_decref(keys);
-        e2ee_rollback(c);
-        e2ee_db_done(c);
+        db_rollback(c);
+        http_db_checkin(c);
         char cv[VERSION_TEXT_BYTES];
         version_text(current, cv);
         json_t *err = json_pack("{s:s, s:s, s:s}", "errcode", "M_WRONG_ROOM_KEYS_VERSION",

@@ -106,7 +106,7 @@ static bool store_upload(PGconn *c, const char *user, const xsign_upload *up)
         char *text = json_dumps(up->key[t], JSON_COMPACT);
         if (!text) return false;
         const char *p[4] = {user, XSIGN_TYPES[t], up->public[t], text};
-        bool ok = e2ee_exec(
+        bool ok = db_exec(
             c,
             "INSERT INTO e2ee_cross_signing_keys (user_id, key_type, public_key, key_json)"
             " VALUES ($1, $2, $3, $4)"
@@ -131,17 +131,17 @@ static int post_device_signing_upload(atrium_req *r)
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
 
     /* Set only when this run is the one on the auth pool, after the first run's hand-off. */
-    uia_password *pw = r->run_reason == ATRIUM_RUN_HANDOFF ? r->plugin_state : NULL;
+    uia_password *pw = r->run_reason == ATRIUM_RUN_HANDOFF ? r->core_state : NULL;
     if (pw && !uia_password_verify(r, pw, XSIGN_UIA_PURPOSE)) return ATRIUM_DONE;
     PGconn *c = e2ee_db_begin(r);
     if (!c) return ATRIUM_DONE;
     /* Serialize a user's uploads: the decision below must see the keys it replaces. */
     const char *p[1] = {r->user};
     xsign_keys stored;
-    if (!e2ee_exec(c, "SELECT FROM users WHERE user_id = $1 FOR UPDATE", 1, p) ||
+    if (!db_exec(c, "SELECT FROM users WHERE user_id = $1 FOR UPDATE", 1, p) ||
         !load_keys(r, c, r->user, &stored)) {
         e2ee_db_failed(r, c, true);
-        e2ee_db_done(c);
+        http_db_checkin(c);
         return ATRIUM_DONE;
     }
     int outcome = 0; /* 0 store, 1 answered, 2 needs the password */
@@ -152,18 +152,18 @@ static int post_device_signing_upload(atrium_req *r)
         outcome = 2;
     }
     xsign_keys_free(&stored);
-    if (outcome == 0 && (!store_upload(c, r->user, &up) || !e2ee_commit(c))) {
+    if (outcome == 0 && (!store_upload(c, r->user, &up) || !db_commit(c))) {
         e2ee_db_failed(r, c, true);
         outcome = 1;
     } else if (outcome != 0) {
-        e2ee_rollback(c);
+        db_rollback(c);
     }
     if (outcome == 0) {
         if (pw) uia_forget(c, pw->session);
         e2ee_wake_key_change(c, r->user);
         http_respond_json(r, 200, json_object());
     }
-    e2ee_db_done(c);
+    http_db_checkin(c);
     if (outcome != 2) return ATRIUM_DONE;
     /* A password is needed: challenge, or check it on the auth pool and run again. */
     uia_password *state = rt_arena_alloc(r->arena, sizeof(*state));
@@ -300,12 +300,12 @@ static void store_signatures(sig_ctx *x, const char *user, const char *key_id,
     }
     json_object_foreach((json_t *)mine, signer_key, sig) {
         const char *p[5] = {user, key_id, me, signer_key, json_string_value(sig)};
-        if (!e2ee_exec(x->c,
-                       "INSERT INTO e2ee_signatures (target_user_id, target_key_id,"
-                       " signer_user_id, signer_key_id, signature) VALUES ($1, $2, $3, $4, $5)"
-                       " ON CONFLICT (target_user_id, target_key_id, signer_user_id, signer_key_id)"
-                       " DO UPDATE SET signature = EXCLUDED.signature",
-                       5, p)) {
+        if (!db_exec(x->c,
+                     "INSERT INTO e2ee_signatures (target_user_id, target_key_id,"
+                     " signer_user_id, signer_key_id, signature) VALUES ($1, $2, $3, $4, $5)"
+                     " ON CONFLICT (target_user_id, target_key_id, signer_user_id, signer_key_id)"
+                     " DO UPDATE SET signature = EXCLUDED.signature",
+                     5, p)) {
             x->db_ok = false;
             return;
         }
@@ -344,7 +344,7 @@ static int post_signatures_upload(atrium_req *r)
     xsign_keys mine;
     if (!load_keys(r, c, r->user, &mine)) {
         e2ee_db_failed(r, c, true);
-        e2ee_db_done(c);
+        http_db_checkin(c);
         return ATRIUM_DONE;
     }
     sig_ctx x = {.r = r, .c = c, .mine = &mine, .failures = json_object(),
@@ -370,7 +370,7 @@ static int post_signatures_upload(atrium_req *r)
         json_object_foreach(x.changed, changed, unused) if (e2ee_record_key_change(c, changed) < 0)
             x.db_ok = false;
     xsign_keys_free(&mine);
-    if (!x.db_ok || !e2ee_commit(c)) {
+    if (!x.db_ok || !db_commit(c)) {
         e2ee_db_failed(r, c, true);
         json_decref(x.failures);
     } else {
@@ -378,7 +378,7 @@ static int post_signatures_upload(atrium_req *r)
         http_respond_json(r, 200, json_pack("{s:o}", "failures", x.failures));
     }
     json_decref(x.changed);
-    e2ee_db_done(c);
+    http_db_checkin(c);
     return ATRIUM_DONE;
 }
 

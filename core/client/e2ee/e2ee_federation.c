@@ -56,7 +56,7 @@ static int get_user_devices(atrium_req *r)
     const char *user = http_req_param(r, "userId");
     if (!is_local(user))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a user of this server");
-    PGconn *c = e2ee_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[1] = {user};
     PGresult *sid = e2ee_sql(c, PGRES_TUPLES_OK,
@@ -74,7 +74,7 @@ static int get_user_devices(atrium_req *r)
                                    " WHERE user_id = $1 AND key_type IN ('master', 'self_signing')",
                                    1, p)
                         : NULL;
-    e2ee_db_done(c);
+    http_db_checkin(c);
     if (!xs) {
         PQclear(sid);
         PQclear(devs);
@@ -125,13 +125,13 @@ static int post_user_keys_query(atrium_req *r)
     }
     json_t *resp = json_pack("{s:{}, s:{}, s:{}, s:{}}", "device_keys", "master_keys",
                              "self_signing_keys", "user_signing_keys");
-    PGconn *c = e2ee_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         json_decref(resp);
         return ATRIUM_DONE;
     }
     bool ok = e2ee_query_local(c, server_name(), req, NULL, resp);
-    e2ee_db_done(c);
+    http_db_checkin(c);
     if (!ok) {
         json_decref(resp);
         return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -154,11 +154,11 @@ static int post_user_keys_claim(atrium_req *r)
     const char *msg = e2ee_check_device_map(req, "one_time_keys", E2EE_FED_CLAIM_MAX_DEVICES,
                                             is_algorithm, "an algorithm name");
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
-    PGconn *c = e2ee_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     json_t *keys = json_object();
     bool ok = e2ee_claim_local(c, server_name(), req, keys);
-    e2ee_db_done(c);
+    http_db_checkin(c);
     if (!ok) {
         json_decref(keys);
         return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -210,7 +210,7 @@ static void on_direct_to_device(void *ctx, const char *origin, const json_t *con
         return;
     }
     json_t *woken = json_object();
-    bool ok = e2ee_begin(c);
+    bool ok = db_begin(c);
     const char *user;
     json_t *devices;
     json_object_foreach(messages, user, devices) {
@@ -218,11 +218,11 @@ static void on_direct_to_device(void *ctx, const char *origin, const json_t *con
         if (!is_local(user) || !json_is_object(devices)) continue;
         ok = to_device_store(c, sender, type, user, devices, woken);
     }
-    if (ok && e2ee_commit(c)) {
+    if (ok && db_commit(c)) {
         json_t *unused;
         json_object_foreach(woken, user, unused) notifier_wake_user(user);
     } else {
-        e2ee_rollback(c);
+        db_rollback(c);
         rt_log(ATRIUM_LOG_WARN, "e2ee", "to-device messages from %s not stored", origin);
     }
     json_decref(woken);
@@ -279,13 +279,13 @@ static int resync(PGconn **cp, const char *origin, const char *user_id)
     snprintf(sid_s, sizeof(sid_s), "%lld", (long long)json_integer_value(sid));
     snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
     const char *p[6] = {user_id, sid_s, text, mk, sk, now};
-    bool ok = text && e2ee_exec(c,
-                                "INSERT INTO e2ee_remote_device_lists (user_id, stream_id,"
-                                " devices, master_key, self_signing_key, updated_ts)"
-                                " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (user_id) DO UPDATE"
-                                " SET stream_id = $2, devices = $3, master_key = $4,"
-                                " self_signing_key = $5, updated_ts = $6",
-                                6, p);
+    bool ok = text && db_exec(c,
+                              "INSERT INTO e2ee_remote_device_lists (user_id, stream_id,"
+                              " devices, master_key, self_signing_key, updated_ts)"
+                              " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (user_id) DO UPDATE"
+                              " SET stream_id = $2, devices = $3, master_key = $4,"
+                              " self_signing_key = $5, updated_ts = $6",
+                              6, p);
     free(text);
     free(mk);
     free(sk);
@@ -325,14 +325,14 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
         return; /* nobody here tracks them (or the database failed: logged) */
     }
     const char *p[2] = {user, NULL};
-    bool ok = e2ee_begin(c);
+    bool ok = db_begin(c);
     PGresult *res = ok ? e2ee_sql(c, PGRES_TUPLES_OK,
                                   "SELECT stream_id, devices FROM e2ee_remote_device_lists"
                                   " WHERE user_id = $1 FOR UPDATE",
                                   1, p)
                        : NULL;
     if (!res) {
-        if (ok) e2ee_rollback(c);
+        if (ok) db_rollback(c);
         db_release(db_global(), c);
         return;
     }
@@ -361,24 +361,24 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
         snprintf(sid_s, sizeof(sid_s), "%lld", (long long)stream_id);
         snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
         const char *q[4] = {user, sid_s, text, now};
-        ok = text && e2ee_exec(c,
-                               "UPDATE e2ee_remote_device_lists SET stream_id = $2,"
-                               " devices = $3, updated_ts = $4 WHERE user_id = $1",
-                               4, q);
+        ok = text && db_exec(c,
+                             "UPDATE e2ee_remote_device_lists SET stream_id = $2,"
+                             " devices = $3, updated_ts = $4 WHERE user_id = $1",
+                             4, q);
         free(text);
     } else {
         /* A gap (or nothing known): the whole list, holding neither the row nor the
          * connection while the user's server answers. */
-        e2ee_rollback(c);
+        db_rollback(c);
         resync(&c, origin, user); /* a failure still counts as a change: clients re-query */
-        ok = c && e2ee_begin(c);
+        ok = c && db_begin(c);
     }
     json_decref(devices);
     if (ok && changed) ok = e2ee_record_key_change(c, user) == 0;
-    if (ok && e2ee_commit(c)) {
+    if (ok && db_commit(c)) {
         if (changed) e2ee_wake_key_change(c, user);
     } else {
-        e2ee_rollback(c);
+        db_rollback(c);
         rt_log(ATRIUM_LOG_WARN, "e2ee", "device list update of %s not stored", user);
     }
     db_release(db_global(), c);
@@ -403,23 +403,23 @@ static void on_signing_key_update(void *ctx, const char *origin, const json_t *c
     char now[24];
     snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
     const char *p[4] = {user, mk_s, sk_s, now};
-    bool ok = e2ee_begin(c) &&
-              e2ee_exec(c,
-                        "INSERT INTO e2ee_remote_device_lists (user_id, stream_id, master_key,"
-                        " self_signing_key, updated_ts) VALUES ($1, 0, $2, $3, $4)"
-                        " ON CONFLICT (user_id) DO UPDATE SET"
-                        " master_key = COALESCE($2, e2ee_remote_device_lists.master_key),"
-                        " self_signing_key ="
-                        "  COALESCE($3, e2ee_remote_device_lists.self_signing_key),"
-                        " updated_ts = $4",
-                        4, p) &&
-              e2ee_record_key_change(c, user) == 0 && e2ee_commit(c);
+    bool ok = db_begin(c) &&
+              db_exec(c,
+                      "INSERT INTO e2ee_remote_device_lists (user_id, stream_id, master_key,"
+                      " self_signing_key, updated_ts) VALUES ($1, 0, $2, $3, $4)"
+                      " ON CONFLICT (user_id) DO UPDATE SET"
+                      " master_key = COALESCE($2, e2ee_remote_device_lists.master_key),"
+                      " self_signing_key ="
+                      "  COALESCE($3, e2ee_remote_device_lists.self_signing_key),"
+                      " updated_ts = $4",
+                      4, p) &&
+              e2ee_record_key_change(c, user) == 0 && db_commit(c);
     free(mk_s);
     free(sk_s);
     if (ok)
         e2ee_wake_key_change(c, user);
     else
-        e2ee_rollback(c);
+        db_rollback(c);
     db_release(db_global(), c);
 }
 

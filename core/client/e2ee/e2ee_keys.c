@@ -71,12 +71,12 @@ static int store_device_keys(PGconn *c, const char *user, const char *device,
     char *text = json_dumps(keys, JSON_COMPACT);
     if (!text) return ATRIUM_E_NOMEM;
     p[2] = text;
-    bool ok = e2ee_exec(c,
-                        "INSERT INTO e2ee_device_keys (user_id, device_id, key_json)"
-                        " VALUES ($1, $2, $3)"
-                        " ON CONFLICT (user_id, device_id)"
-                        " DO UPDATE SET key_json = EXCLUDED.key_json",
-                        3, p);
+    bool ok = db_exec(c,
+                      "INSERT INTO e2ee_device_keys (user_id, device_id, key_json)"
+                      " VALUES ($1, $2, $3)"
+                      " ON CONFLICT (user_id, device_id)"
+                      " DO UPDATE SET key_json = EXCLUDED.key_json",
+                      3, p);
     free(text);
     if (!ok || e2ee_record_key_change(c, user) < 0) return ATRIUM_E_DB;
     return 1;
@@ -130,7 +130,7 @@ static int store_fallback_keys(atrium_req *r, PGconn *c, const json_t *keys)
             return ATRIUM_E_NOMEM;
         }
         const char *p[5] = {r->user, r->device, alg, key_id + alen + 1, text};
-        bool ok = e2ee_exec(
+        bool ok = db_exec(
             c,
             "INSERT INTO e2ee_fallback_keys (user_id, device_id, algorithm, key_id, key_json)"
             " VALUES ($1, $2, $3, $4, $5)"
@@ -199,17 +199,17 @@ static int post_keys_upload(atrium_req *r)
     if (rc >= 0 && dk) rc = changed = store_device_keys(c, r->user, r->device, dk);
     json_t *counts = rc >= 0 ? one_time_key_counts(c, r->user, r->device) : NULL;
     if (rc == ATRIUM_E_EXISTS) {
-        e2ee_rollback(c);
+        db_rollback(c);
         http_respond_error(r, 400, "M_INVALID_PARAM",
                            "One-time key %s already exists with other content", clash);
-    } else if (!counts || !e2ee_commit(c)) {
+    } else if (!counts || !db_commit(c)) {
         e2ee_db_failed(r, c, true);
     } else {
         if (changed > 0) e2ee_wake_key_change(c, r->user);
         http_respond_json(r, 200, json_pack("{s:O}", "one_time_key_counts", counts));
     }
     json_decref(counts);
-    e2ee_db_done(c);
+    http_db_checkin(c);
     return ATRIUM_DONE;
 }
 
@@ -338,7 +338,7 @@ static int post_keys_claim(atrium_req *r)
         }
         json_decref(answers);
     }
-    PGconn *c = e2ee_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         json_decref(keys);
         json_decref(failures);
@@ -353,7 +353,7 @@ static int post_keys_claim(atrium_req *r)
         json_decref(failures);
         e2ee_db_failed(r, c, false);
     }
-    e2ee_db_done(c);
+    http_db_checkin(c);
     return ATRIUM_DONE;
 }
 

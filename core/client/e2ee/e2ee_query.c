@@ -270,13 +270,13 @@ static int post_keys_query(atrium_req *r)
         merge_remote(resp, answers);
         json_decref(answers);
     }
-    PGconn *c = e2ee_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         json_decref(resp);
         return ATRIUM_DONE;
     }
     bool ok = e2ee_query_local(c, r->srv->cfg->server_name, req, r->user, resp);
-    e2ee_db_done(c);
+    http_db_checkin(c);
     if (!ok) {
         json_decref(resp);
         return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -392,10 +392,10 @@ static int get_keys_changes(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "from is not a sync token");
     if (to_s && !rooms_parse_token(to_s, &to))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "to is not a sync token");
-    PGconn *c = e2ee_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     json_t *out = device_list_changes(c, r->user, from, to);
-    e2ee_db_done(c);
+    http_db_checkin(c);
     if (!out) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     return http_respond_json(r, 200, out);
 }

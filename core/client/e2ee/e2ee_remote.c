@@ -4,7 +4,7 @@
  * (/_matrix/federation/v1/user/keys/query, .../claim), and the request waits parked
  * (susp_wait) until every server answered or its timeout passed, holding no thread.
  *
- * One fan-out per request, in r->plugin_state: a callback per server (on the federation
+ * One fan-out per request, in r->core_state: a callback per server (on the federation
  * client's thread) stores that server's answer under the fan-out's lock; the last one to
  * come wakes the request (the wake is owed exactly once, even after the deadline already
  * resumed it). The handler's next run closes the fan-out, so a later answer is dropped,
@@ -118,7 +118,7 @@ int e2ee_fanout_start(atrium_req *r, const char *uri, json_t *bodies, const json
         }
     }
     f->pending = (int)f->n + 1; /* + this function, until every request is submitted */
-    r->plugin_state = f;
+    r->core_state = f;
     http_req_on_free(r, fanout_free, f);
     if (susp_wait(r, deadline) < 0) {
         f->closed = true;
@@ -149,12 +149,12 @@ int e2ee_fanout_start(atrium_req *r, const char *uri, json_t *bodies, const json
 
 bool e2ee_fanout_pending(atrium_req *r)
 {
-    return r->plugin_state != NULL;
+    return r->core_state != NULL;
 }
 
 void e2ee_fanout_finish(atrium_req *r, json_t *answers, json_t *failures)
 {
-    e2ee_fanout *f = r->plugin_state;
+    e2ee_fanout *f = r->core_state;
     if (!f) return;
     pthread_mutex_lock(&f->mu);
     f->closed = true;

@@ -89,11 +89,11 @@ static int put_send_to_device(atrium_req *r)
     char retention[24];
     snprintf(retention, sizeof(retention), "%d", TO_DEVICE_TXN_RETENTION_MS);
     const char *p[4] = {r->user, r->device, retention, NULL};
-    bool ok = e2ee_exec(c,
-                        "DELETE FROM to_device_txns WHERE user_id = $1 AND device_id = $2"
-                        " AND created_ts < (extract(epoch from now()) * 1000)::bigint"
-                        "  - $3::bigint",
-                        3, p);
+    bool ok = db_exec(c,
+                      "DELETE FROM to_device_txns WHERE user_id = $1 AND device_id = $2"
+                      " AND created_ts < (extract(epoch from now()) * 1000)::bigint"
+                      "  - $3::bigint",
+                      3, p);
     bool first = false;
     if (ok) {
         p[2] = type;
@@ -139,7 +139,7 @@ static int put_send_to_device(atrium_req *r)
     }
     bool queued = json_object_size(remote) > 0;
     json_decref(remote);
-    if (!ok || !e2ee_commit(c)) {
+    if (!ok || !db_commit(c)) {
         e2ee_db_failed(r, c, true);
     } else {
         json_t *unused;
@@ -148,7 +148,7 @@ static int put_send_to_device(atrium_req *r)
         http_respond_json(r, 200, json_object());
     }
     json_decref(woken);
-    e2ee_db_done(c);
+    http_db_checkin(c);
     return ATRIUM_DONE;
 }
 
@@ -162,11 +162,11 @@ static json_t *deliver_to_device(PGconn *c, const char *user, const char *device
     snprintf(upto_s, sizeof(upto_s), "%lld", (long long)upto);
     snprintf(limit_s, sizeof(limit_s), "%d", TO_DEVICE_SYNC_LIMIT);
     const char *p[4] = {user, device, since_s, upto_s};
-    if (since > 0 && !e2ee_exec(c,
-                                "DELETE FROM to_device_messages"
-                                " WHERE user_id = $1 AND device_id = $2"
-                                " AND delivered_upto <= $3::bigint",
-                                3, p))
+    if (since > 0 && !db_exec(c,
+                              "DELETE FROM to_device_messages"
+                              " WHERE user_id = $1 AND device_id = $2"
+                              " AND delivered_upto <= $3::bigint",
+                              3, p))
         return NULL;
     p[2] = limit_s;
     PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,

@@ -259,7 +259,7 @@ static int get_status(atrium_req *r)
     if (!auth_request(r)) return ATRIUM_DONE;
     const char *user = http_req_param(r, "userId");
     if (!rooms_user_id_ok(user)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a user ID");
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     int exists = is_local(user) ? acc_user_exists(c, user) : 1; /* another server's: if seen */
     int seen = exists == 1 ? may_see(c, r->user, user) : 0;
@@ -269,7 +269,7 @@ static int get_status(atrium_req *r)
         res = rooms_q(c, "SELECT state, status_msg, last_active_ts FROM presence"
                          " WHERE user_id = $1", 1, p, NULL);
     }
-    acc_db_release(c);
+    http_db_checkin(c);
     if (exists < 0 || seen < 0 || (seen == 1 && enabled() && !res)) return acc_db_failed(r);
     if (exists == 0) return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown user");
     if (!seen)
@@ -301,10 +301,10 @@ static int put_status(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM",
                                   "presence must be online, unavailable or offline");
     if (!enabled()) return http_respond_json(r, 200, json_object());
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     int rc = store_change(c, r->user, state, msg, false, rooms_wall_ms());
-    acc_db_release(c);
+    http_db_checkin(c);
     if (rc < 0) return acc_db_failed(r);
     return http_respond_json(r, 200, json_object());
 }

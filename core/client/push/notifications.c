@@ -52,7 +52,7 @@ static int get_notifications(atrium_req *r)
                                       "'limit' must be a non-negative integer");
     }
     bool highlight_only = only && strcmp(only, "highlight") == 0;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[4] = {r->user, rt_arena_printf(r->arena, "%lld", (long long)from),
                         rt_arena_printf(r->arena, "%lld", (long long)limit),
@@ -78,7 +78,7 @@ static int get_notifications(atrium_req *r)
                                               (json_int_t)atoll(PQgetvalue(res, i, 4)), "read",
                                               PQgetvalue(res, i, 5)[0] == 't'));
     }
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) return acc_db_failed(r);
     json_t *body = list ? json_pack("{s:o}", "notifications", list) : NULL;
     int n = PQntuples(res);

@@ -235,7 +235,7 @@ static json_t *ruleset_for_read(atrium_req *r)
     PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     bool db_ok = false;
     json_t *global = load_ruleset(r->user, c, &db_ok);
-    if (c) acc_db_release(c);
+    if (c) http_db_checkin(c);
     if (!db_ok)
         rt_log(ATRIUM_LOG_WARN, "core", "push rules of %s served without stored changes "
                "(database unavailable)", r->user);
@@ -429,18 +429,18 @@ typedef bool (*change_fn)(atrium_req *r, PGconn *c, void *arg);
 
 static int apply_change(atrium_req *r, change_fn fn, void *arg)
 {
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
-    bool ok = acc_exec(c, "BEGIN", 0, NULL);
+    bool ok = db_begin(c);
     ok = ok && fn(r, c, arg);
     if (ok && r->response) { /* fn answered (404 ...) */
-        acc_exec(c, "ROLLBACK", 0, NULL);
-        acc_db_release(c);
+        db_rollback(c);
+        http_db_checkin(c);
         return ATRIUM_DONE;
     }
-    ok = ok && mirror_to_account_data(r, c) && acc_exec(c, "COMMIT", 0, NULL);
-    if (!ok) acc_exec(c, "ROLLBACK", 0, NULL);
-    acc_db_release(c);
+    ok = ok && mirror_to_account_data(r, c) && db_commit(c);
+    if (!ok) db_rollback(c);
+    http_db_checkin(c);
     if (!ok) return acc_db_failed(r);
     notifier_wake_user(r->user);
     return http_respond_json(r, 200, json_object());
@@ -493,19 +493,19 @@ static bool put_rule_tx(atrium_req *r, PGconn *c, void *arg)
     order[place] = a->rule_id;
     m++;
     const char *ins[6] = {r->user, a->kind, a->rule_id, a->conditions, a->pattern, a->actions};
-    if (!acc_exec(c, "INSERT INTO push_rules (user_id, kind, rule_id, position, conditions,"
-                     " pattern, actions) VALUES ($1, $2, $3, 0, $4::jsonb, $5, $6::jsonb)"
-                     " ON CONFLICT (user_id, kind, rule_id) DO UPDATE SET"
-                     " conditions = EXCLUDED.conditions, pattern = EXCLUDED.pattern,"
-                     " actions = EXCLUDED.actions",
-                  6, ins))
+    if (!db_exec(c, "INSERT INTO push_rules (user_id, kind, rule_id, position, conditions,"
+                    " pattern, actions) VALUES ($1, $2, $3, 0, $4::jsonb, $5, $6::jsonb)"
+                    " ON CONFLICT (user_id, kind, rule_id) DO UPDATE SET"
+                    " conditions = EXCLUDED.conditions, pattern = EXCLUDED.pattern,"
+                    " actions = EXCLUDED.actions",
+                 6, ins))
         return false;
     for (int i = 0; i < m; i++) {
         char pos[16];
         snprintf(pos, sizeof(pos), "%d", i);
         const char *up[4] = {r->user, a->kind, order[i], pos};
-        if (!acc_exec(c, "UPDATE push_rules SET position = $4::integer"
-                         " WHERE user_id = $1 AND kind = $2 AND rule_id = $3", 4, up))
+        if (!db_exec(c, "UPDATE push_rules SET position = $4::integer"
+                        " WHERE user_id = $1 AND kind = $2 AND rule_id = $3", 4, up))
             return false;
     }
     return true;
@@ -595,7 +595,7 @@ static bool set_attr_tx(atrium_req *r, PGconn *c, void *arg)
                                     " VALUES ($1, $2, $3) ON CONFLICT (user_id, rule_id)"
                                     " DO UPDATE SET %s = EXCLUDED.%s",
                                     a->column, a->column, a->column);
-        return sql && acc_exec(c, sql, 3, p);
+        return sql && db_exec(c, sql, 3, p);
     }
     const char *p[4] = {r->user, kind, rule_id, a->value};
     char *sql = rt_arena_printf(r->arena, "UPDATE push_rules SET %s = $4 WHERE user_id = $1"

@@ -287,9 +287,9 @@ static bool decide(PGconn *c, bool *more)
     snprintf(upto, sizeof(upto), "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
     const char *p0[1] = {upto};
-    if (!acc_exec(c, "INSERT INTO push_cursor (id, stream_pos) VALUES (1, $1)"
-                     " ON CONFLICT (id) DO NOTHING", 1, p0) ||
-        !acc_exec(c, "BEGIN", 0, NULL))
+    if (!db_exec(c, "INSERT INTO push_cursor (id, stream_pos) VALUES (1, $1)"
+                    " ON CONFLICT (id) DO NOTHING", 1, p0) ||
+        !db_begin(c))
         return false;
     char lim[24];
     const char *p[2] = {upto, i64(lim, sizeof(lim), PUSH_SCAN_BATCH)};
@@ -306,14 +306,15 @@ static bool decide(PGconn *c, bool *more)
     if (ok && n > 0) {
         /* A full batch ends at its last event; a short one at upto (nothing between). */
         const char *q[1] = {n == PUSH_SCAN_BATCH ? PQgetvalue(ev, n - 1, 0) : upto};
-        ok = acc_exec(c, "UPDATE push_cursor SET stream_pos = $1 WHERE id = 1", 1, q);
+        ok = db_exec(c, "UPDATE push_cursor SET stream_pos = $1 WHERE id = 1", 1, q);
     } else if (ok) {
-        ok = acc_exec(c, "UPDATE push_cursor SET stream_pos = greatest(stream_pos, $1)"
-                         " WHERE id = 1", 1, p0);
+        ok = db_exec(c, "UPDATE push_cursor SET stream_pos = greatest(stream_pos, $1)"
+                        " WHERE id = 1", 1, p0);
     }
     *more = ok && n == PUSH_SCAN_BATCH;
     PQclear(ev);
-    if (!acc_exec(c, ok ? "COMMIT" : "ROLLBACK", 0, NULL)) ok = false;
+    ok = ok && db_commit(c);
+    if (!ok) db_rollback(c);
     if (ok) rt_metric_add(S.m_pruned, pruned);
     return ok;
 }
@@ -369,21 +370,21 @@ static bool settle(PGconn *c)
                        "the gateway answered %d%s", f->user_id, f->app_id, f->status,
                        f->retry ? " after every retry" : "");
             const char *p[1] = {id};
-            ok = acc_exec(c, "DELETE FROM push_queue WHERE id = $1", 1, p);
+            ok = db_exec(c, "DELETE FROM push_queue WHERE id = $1", 1, p);
             if (ok && f->rejected) {
                 const char *q[3] = {f->user_id, f->app_id, f->pushkey};
                 rt_log(ATRIUM_LOG_INFO, "core", "the push gateway rejected a pushkey of %s "
                        "(%s): the pusher is removed", f->user_id, f->app_id);
-                ok = acc_exec(c, "DELETE FROM pushers WHERE user_id = $1 AND app_id = $2"
-                                 " AND pushkey = $3", 3, q);
+                ok = db_exec(c, "DELETE FROM pushers WHERE user_id = $1 AND app_id = $2"
+                                " AND pushkey = $3", 3, q);
             }
         } else {
             int64_t delay = PUSH_RETRY_MIN_MS;
             for (int a = 0; a < f->attempts && delay < PUSH_RETRY_MAX_MS; a++) delay *= 2;
             if (delay > PUSH_RETRY_MAX_MS) delay = PUSH_RETRY_MAX_MS;
             const char *p[2] = {id, i64(next, sizeof(next), rt_wall_ms() + delay)};
-            ok = acc_exec(c, "UPDATE push_queue SET attempts = attempts + 1, next_try_ts = $2"
-                             " WHERE id = $1", 2, p);
+            ok = db_exec(c, "UPDATE push_queue SET attempts = attempts + 1, next_try_ts = $2"
+                            " WHERE id = $1", 2, p);
         }
         if (!ok) {
             all = false;
@@ -537,7 +538,8 @@ static int64_t deliver(PGconn *c)
                    "the pusher's URL is not an http(s) URL the server can reach",
                    f->user_id, f->app_id);
             const char *q[1] = {PQgetvalue(res, i, 0)};
-            acc_exec(c, "DELETE FROM push_queue WHERE id = $1", 1, q);
+            /* Best effort (logged): a row left behind is dropped again on its next try. */
+            RT_IGNORE(db_exec(c, "DELETE FROM push_queue WHERE id = $1", 1, q));
         }
         if (rc < 0) {
             pthread_mutex_lock(&S.mu);

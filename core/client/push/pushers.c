@@ -143,15 +143,15 @@ static pusher_set_result set_in_tx(PGconn *c, atrium_req *r, const pusher_req *p
     const char *key[3] = {r->user, p->app_id, p->pushkey};
     const char *const *app_key = key + 1; /* (app_id, pushkey) */
     if (!p->kind)
-        return acc_exec(c, "DELETE FROM pushers WHERE user_id = $1 AND app_id = $2"
-                           " AND pushkey = $3", 3, key)
+        return db_exec(c, "DELETE FROM pushers WHERE user_id = $1 AND app_id = $2"
+                          " AND pushkey = $3", 3, key)
                    ? PUSHER_SET_OK
                    : PUSHER_SET_DB;
     /* The user's row queues their own calls (the cap); the advisory lock queues calls of
      * any user for this (app_id, pushkey) (the append rule). Always in this order. */
-    if (!acc_exec(c, "SELECT FROM users WHERE user_id = $1 FOR NO KEY UPDATE", 1, key) ||
-        !acc_exec(c, "SELECT pg_advisory_xact_lock(" DB_LOCK_CLASS_PUSHERS ","
-                     " hashtext($1 || chr(10) || $2))", 2, app_key))
+    if (!db_exec(c, "SELECT FROM users WHERE user_id = $1 FOR NO KEY UPDATE", 1, key) ||
+        !db_exec(c, "SELECT pg_advisory_xact_lock(" DB_LOCK_CLASS_PUSHERS ","
+                    " hashtext($1 || chr(10) || $2))", 2, app_key))
         return PUSHER_SET_DB;
     PGresult *res = acc_q(c, "SELECT count(*) FILTER (WHERE NOT (app_id = $2 AND pushkey = $3))"
                              " FROM pushers WHERE user_id = $1", 3, key);
@@ -159,20 +159,20 @@ static pusher_set_result set_in_tx(PGconn *c, atrium_req *r, const pusher_req *p
     long others = strtol(PQgetvalue(res, 0, 0), NULL, 10);
     PQclear(res);
     if (others >= PUSHERS_PER_USER_MAX) return PUSHER_SET_FULL;
-    if (!p->append && !acc_exec(c, "DELETE FROM pushers WHERE app_id = $2 AND pushkey = $3"
-                                   " AND user_id <> $1", 3, key))
+    if (!p->append && !db_exec(c, "DELETE FROM pushers WHERE app_id = $2 AND pushkey = $3"
+                                  " AND user_id <> $1", 3, key))
         return PUSHER_SET_DB;
     const char *v[10] = {r->user, p->app_id, p->pushkey, r->device, p->kind,
                          p->app_display_name, p->device_display_name, p->profile_tag, p->lang,
                          data_text};
-    return acc_exec(c, "INSERT INTO pushers (user_id, app_id, pushkey, device_id, kind,"
-                       " app_display_name, device_display_name, profile_tag, lang, data,"
-                       " created_ts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb,"
-                       " (extract(epoch from now()) * 1000)::bigint)"
-                       " ON CONFLICT (user_id, app_id, pushkey) DO UPDATE SET"
-                       " device_id = $4, kind = $5, app_display_name = $6,"
-                       " device_display_name = $7, profile_tag = $8, lang = $9, data = $10::jsonb",
-                    10, v)
+    return db_exec(c, "INSERT INTO pushers (user_id, app_id, pushkey, device_id, kind,"
+                      " app_display_name, device_display_name, profile_tag, lang, data,"
+                      " created_ts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb,"
+                      " (extract(epoch from now()) * 1000)::bigint)"
+                      " ON CONFLICT (user_id, app_id, pushkey) DO UPDATE SET"
+                      " device_id = $4, kind = $5, app_display_name = $6,"
+                      " device_display_name = $7, profile_tag = $8, lang = $9, data = $10::jsonb",
+                   10, v)
                ? PUSHER_SET_OK
                : PUSHER_SET_DB;
 }
@@ -186,18 +186,18 @@ static int post_pusher_set(atrium_req *r)
     if (!body || !read_pusher(r, body, &p)) return ATRIUM_DONE;
     char *data_text = p.data ? json_dumps(p.data, JSON_COMPACT) : NULL;
     if (p.data && !data_text) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         free(data_text);
         return ATRIUM_DONE;
     }
     pusher_set_result rc = PUSHER_SET_DB;
-    if (acc_exec(c, "BEGIN", 0, NULL)) {
+    if (db_begin(c)) {
         rc = set_in_tx(c, r, &p, data_text);
-        if (rc == PUSHER_SET_OK && !acc_exec(c, "COMMIT", 0, NULL)) rc = PUSHER_SET_DB;
-        if (rc != PUSHER_SET_OK) acc_exec(c, "ROLLBACK", 0, NULL);
+        if (rc == PUSHER_SET_OK && !db_commit(c)) rc = PUSHER_SET_DB;
+        if (rc != PUSHER_SET_OK) db_rollback(c);
     }
-    acc_db_release(c);
+    http_db_checkin(c);
     free(data_text);
     if (rc == PUSHER_SET_FULL)
         return http_respond_error(r, 400, "M_LIMIT_EXCEEDED",
@@ -225,7 +225,7 @@ static json_t *pusher_json(PGresult *res, int row)
 static int get_pushers(atrium_req *r)
 {
     if (!auth_request(r)) return ATRIUM_DONE;
-    PGconn *c = acc_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const char *p[1] = {r->user};
     PGresult *res = acc_q(c, "SELECT pushkey, kind, app_id, app_display_name,"
@@ -233,7 +233,7 @@ static int get_pushers(atrium_req *r)
                              " FROM pushers WHERE user_id = $1"
                              " ORDER BY created_ts, app_id, pushkey",
                           1, p);
-    acc_db_release(c);
+    http_db_checkin(c);
     if (!res) return acc_db_failed(r);
     json_t *list = json_array();
     for (int i = 0; list && i < PQntuples(res); i++)

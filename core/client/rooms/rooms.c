@@ -24,18 +24,6 @@ static const struct core_config *settings(void)
 
 /* ---- database ----------------------------------------------------------------------- */
 
-PGconn *rooms_db(atrium_req *r)
-{
-    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
-    if (!c) http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
-    return c;
-}
-
-void rooms_db_release(PGconn *c)
-{
-    db_release(db_global(), c);
-}
-
 const char *rooms_i64(atrium_req *r, int64_t x)
 {
     return rt_arena_printf(r->arena, "%lld", (long long)x);
@@ -45,10 +33,10 @@ const char *rooms_i64(atrium_req *r, int64_t x)
 
 bool rooms_reader_open(atrium_req *r, rooms_reader *rd)
 {
-    if (!(rd->c = rooms_db(r))) return false;
+    if (!(rd->c = http_db_checkout(r))) return false;
     rooms_err e = {0};
     if (rooms_visibility(rd->c, rd->room, rd->user, &rd->vis, &e) < 0) {
-        rooms_db_release(rd->c);
+        http_db_checkin(rd->c);
         rooms_fail(r, &e);
         return false;
     }
@@ -59,7 +47,7 @@ bool rooms_reader_open(atrium_req *r, rooms_reader *rd)
 
 int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body)
 {
-    rooms_db_release(rd->c);
+    http_db_checkin(rd->c);
     if (!body) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     return http_respond_json(r, status, body);
 }

@@ -116,7 +116,7 @@ static int get_room(atrium_req *r)
 {
     const char *room_id = admin_room(r);
     if (!room_id) return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     json_t *d = NULL;
     int rc = room_details(c, room_id, &d);
@@ -124,7 +124,7 @@ static int get_room(atrium_req *r)
     int listed = rc == ROOMS_OK && dir && ATRIUM_DIRECTORY_HAS(dir, room_listed)
                      ? dir->room_listed(c, room_id)
                      : 0;
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (rc == ROOMS_E_NOT_FOUND) return http_respond_error(r, 404, "M_NOT_FOUND", "Room not found");
     if (rc != ROOMS_OK || listed < 0) {
         json_decref(d);
@@ -184,11 +184,11 @@ static int delete_room(atrium_req *r)
     if (new_owner && !json_is_null(new_owner))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "This server does not move a "
                                   "room's users into a new room (new_room_user_id)");
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     bool failed = false;
     if (!rooms_version_of(c, room_id, &failed)) {
-        rooms_db_release(c);
+        http_db_checkin(c);
         return failed ? http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry")
                       : http_respond_error(r, 404, "M_NOT_FOUND", "Room not found");
     }
@@ -212,7 +212,7 @@ static int delete_room(atrium_req *r)
     if (rc == 0 && dir) rc = dir->room_publish(c, room_id, false);
     if (rc == 0 && dir && ATRIUM_DIRECTORY_HAS(dir, room_aliases_delete))
         rc = dir->room_aliases_delete(c, room_id, &aliases);
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (rc < 0) {
         json_decref(kicked);
         json_decref(not_kicked);

@@ -39,9 +39,7 @@
 
 /* ---- database ----------------------------------------------------------------------- */
 
-/* [req] A pooled connection, or NULL after answering 503. */
-PGconn *rooms_db(atrium_req *r);
-void rooms_db_release(PGconn *c);
+/* A request's pooled connection: http_db_checkout / http_db_checkin (core/http/http.h). */
 /* Decimal text of x in the arena / into buf. */
 const char *rooms_i64(atrium_req *r, int64_t x);
 

@@ -315,7 +315,7 @@ static int post_create_room(atrium_req *r)
     if (q.publish && dir && dir->may_publish(user, auth_is_admin(r) == 1) != 1)
         return http_respond_error(r, 403, "M_FORBIDDEN", "You may not publish rooms to this "
                                   "server's room directory; create it with visibility private");
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     char room_id[EVENT_MAX_ID_BYTES + 1];
     rooms_new_room_id(room_id, sizeof(room_id));
@@ -327,7 +327,7 @@ static int post_create_room(atrium_req *r)
         ok = false;
     }
     if (ok) ok = rooms_tx_commit(&tx, &e) == ROOMS_OK;
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (!ok) {
         /* An event of the request that the rules refuse makes the request bad, not the
          * user unauthorized: the spec answers 400 for invalid initial state. */

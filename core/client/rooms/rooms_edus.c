@@ -78,12 +78,12 @@ static void on_typing(void *ctx, const char *origin, const json_t *content)
     char exp_s[24];
     snprintf(exp_s, sizeof(exp_s), "%lld", (long long)expires);
     const char *p[3] = {room, user, exp_s};
-    bool ok = rooms_exec(c,
-                         "INSERT INTO typing (room_id, user_id, expires_ts, stream_pos)"
-                         " VALUES ($1, $2, $3, stream_next()) ON CONFLICT (room_id, user_id)"
-                         " DO UPDATE SET expires_ts = EXCLUDED.expires_ts,"
-                         " stream_pos = EXCLUDED.stream_pos",
-                         3, p);
+    bool ok = db_exec(c,
+                      "INSERT INTO typing (room_id, user_id, expires_ts, stream_pos)"
+                      " VALUES ($1, $2, $3, stream_next()) ON CONFLICT (room_id, user_id)"
+                      " DO UPDATE SET expires_ts = EXCLUDED.expires_ts,"
+                      " stream_pos = EXCLUDED.stream_pos",
+                      3, p);
     if (ok) notifier_wake_room(c, room);
     if (ok && expires) rooms_typing_expires_at(c, expires);
     db_release(db_global(), c);
@@ -110,13 +110,13 @@ static bool store_room_receipts(PGconn *c, const char *origin, const char *room,
         snprintf(ts_s, sizeof(ts_s), "%lld",
                  (long long)(json_is_integer(ts) ? json_integer_value(ts) : rt_wall_ms()));
         const char *p[5] = {room, user, thread ? thread : "", event_id, ts_s};
-        if (rooms_exec(c,
-                       "INSERT INTO receipts (room_id, user_id, receipt_type, thread_id, event_id,"
-                       " ts, stream_pos) VALUES ($1, $2, 'm.read', $3, $4, $5, stream_next())"
-                       " ON CONFLICT (room_id, user_id, receipt_type, thread_id) DO UPDATE"
-                       " SET event_id = EXCLUDED.event_id, ts = EXCLUDED.ts,"
-                       " stream_pos = EXCLUDED.stream_pos",
-                       5, p))
+        if (db_exec(c,
+                    "INSERT INTO receipts (room_id, user_id, receipt_type, thread_id, event_id,"
+                    " ts, stream_pos) VALUES ($1, $2, 'm.read', $3, $4, $5, stream_next())"
+                    " ON CONFLICT (room_id, user_id, receipt_type, thread_id) DO UPDATE"
+                    " SET event_id = EXCLUDED.event_id, ts = EXCLUDED.ts,"
+                    " stream_pos = EXCLUDED.stream_pos",
+                    5, p))
             stored = true;
     }
     return stored;

@@ -55,13 +55,13 @@ static bool store_receipt(PGconn *c, const char *room, const char *user, const c
                           const char *thread, const char *event_id, const char *ts)
 {
     const char *p[6] = {room, user, type, thread, event_id, ts};
-    return rooms_exec(c,
-                      "INSERT INTO receipts (room_id, user_id, receipt_type, thread_id, event_id, ts,"
-                      " stream_pos) VALUES ($1, $2, $3, $4, $5, $6, stream_next())"
-                      " ON CONFLICT (room_id, user_id, receipt_type, thread_id) DO UPDATE"
-                      " SET event_id = EXCLUDED.event_id, ts = EXCLUDED.ts,"
-                      " stream_pos = EXCLUDED.stream_pos",
-                      6, p);
+    return db_exec(c,
+                   "INSERT INTO receipts (room_id, user_id, receipt_type, thread_id, event_id, ts,"
+                   " stream_pos) VALUES ($1, $2, $3, $4, $5, $6, stream_next())"
+                   " ON CONFLICT (room_id, user_id, receipt_type, thread_id) DO UPDATE"
+                   " SET event_id = EXCLUDED.event_id, ts = EXCLUDED.ts,"
+                   " stream_pos = EXCLUDED.stream_pos",
+                   6, p);
 }
 
 /* m.fully_read is room account data (the accounts module's table and contract). */
@@ -71,12 +71,12 @@ static bool store_fully_read(PGconn *c, const char *room, const char *user, cons
     char *text = json_dumps(content, JSON_COMPACT);
     json_decref(content);
     const char *p[3] = {user, room, text};
-    bool ok = text && rooms_exec(c,
-                                 "INSERT INTO account_data (user_id, room_id, type, content, stream_pos)"
-                                 " VALUES ($1, $2, 'm.fully_read', $3::jsonb, stream_next())"
-                                 " ON CONFLICT (user_id, room_id, type) DO UPDATE"
-                                 " SET content = EXCLUDED.content, stream_pos = EXCLUDED.stream_pos",
-                                 3, p);
+    bool ok = text && db_exec(c,
+                              "INSERT INTO account_data (user_id, room_id, type, content, stream_pos)"
+                              " VALUES ($1, $2, 'm.fully_read', $3::jsonb, stream_next())"
+                              " ON CONFLICT (user_id, room_id, type) DO UPDATE"
+                              " SET content = EXCLUDED.content, stream_pos = EXCLUDED.stream_pos",
+                              3, p);
     free(text);
     return ok;
 }
@@ -99,10 +99,10 @@ static int post_receipt(atrium_req *r)
     json_t *body = r->body_len ? http_req_json(r) : (r->json = json_object());
     const char *thread;
     if (!body || !http_field_string(r, body, "thread_id", false, EVENT_MAX_ID_BYTES, &thread)) return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     if (!may_mark(r, c, room, user, event_id)) {
-        rooms_db_release(c);
+        http_db_checkin(c);
         return ATRIUM_DONE;
     }
     bool ok = strcmp(type, "m.fully_read") == 0
@@ -116,7 +116,7 @@ static int post_receipt(atrium_req *r)
             rooms_edu_receipt(c, room, user, event_id, rooms_i64(r, rooms_wall_ms()),
                               thread ? thread : "");
     }
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     return http_respond_json(r, 200, json_object());
 }
@@ -134,32 +134,28 @@ static int post_read_markers(atrium_req *r)
         !http_field_string(r, body, "m.read", false, EVENT_MAX_ID_BYTES, &read) ||
         !http_field_string(r, body, "m.read.private", false, EVENT_MAX_ID_BYTES, &priv))
         return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
+    int out = ATRIUM_DONE; /* may_mark answered */
     const char *ids[3] = {fully, read, priv};
-    for (int i = 0; i < 3; i++) {
-        if (ids[i] && !may_mark(r, c, room, user, ids[i])) {
-            rooms_db_release(c);
-            return ATRIUM_DONE;
-        }
-    }
-    if (!fully && !read && !priv && !may_mark(r, c, room, user, NULL)) {
-        rooms_db_release(c);
-        return ATRIUM_DONE;
-    }
+    for (int i = 0; i < 3; i++)
+        if (ids[i] && !may_mark(r, c, room, user, ids[i])) goto out;
+    if (!fully && !read && !priv && !may_mark(r, c, room, user, NULL)) goto out;
     const char *ts = rooms_i64(r, rooms_wall_ms());
-    bool ok = rooms_exec(c, "BEGIN", 0, NULL);
+    bool ok = db_begin(c);
     if (ok && fully) ok = store_fully_read(c, room, user, fully);
     if (ok && read) ok = store_receipt(c, room, user, "m.read", "", read, ts);
     if (ok && priv) ok = store_receipt(c, room, user, "m.read.private", "", priv, ts);
-    ok = ok && rooms_exec(c, "COMMIT", 0, NULL);
-    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    ok = ok && db_commit(c);
+    if (!ok) db_rollback(c);
     if (ok && read) notifier_wake_room(c, room);
     else if (ok) notifier_wake_user(user);
     if (ok && read) rooms_edu_receipt(c, room, user, read, ts, "");
-    rooms_db_release(c);
-    if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
-    return http_respond_json(r, 200, json_object());
+    out = ok ? http_respond_json(r, 200, json_object())
+             : http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+out:
+    http_db_checkin(c);
+    return out;
 }
 
 /* PUT /_matrix/client/v3/rooms/{roomId}/typing/{userId} */
@@ -180,22 +176,22 @@ static int put_typing(atrium_req *r)
     int64_t ms = timeout ? json_integer_value(timeout) : TYPING_DEFAULT_TIMEOUT_MS;
     if (ms < 0) ms = 0;
     if (ms > TYPING_MAX_TIMEOUT_MS) ms = TYPING_MAX_TIMEOUT_MS;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     if (!may_mark(r, c, room, user, NULL)) {
-        rooms_db_release(c);
+        http_db_checkin(c);
         return ATRIUM_DONE;
     }
     const char *p[3] = {room, user, rooms_i64(r, json_is_true(typing) ? rooms_wall_ms() + ms : 0)};
-    bool ok = rooms_exec(c,
-                         "INSERT INTO typing (room_id, user_id, expires_ts, stream_pos)"
-                         " VALUES ($1, $2, $3, stream_next()) ON CONFLICT (room_id, user_id)"
-                         " DO UPDATE SET expires_ts = EXCLUDED.expires_ts, stream_pos = EXCLUDED.stream_pos",
-                         3, p);
+    bool ok = db_exec(c,
+                      "INSERT INTO typing (room_id, user_id, expires_ts, stream_pos)"
+                      " VALUES ($1, $2, $3, stream_next()) ON CONFLICT (room_id, user_id)"
+                      " DO UPDATE SET expires_ts = EXCLUDED.expires_ts, stream_pos = EXCLUDED.stream_pos",
+                      3, p);
     if (ok) notifier_wake_room(c, room);
     if (ok) rooms_edu_typing(c, room, user, json_is_true(typing));
     if (ok && json_is_true(typing)) rooms_typing_expires_at(c, atoll(p[2]));
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     return http_respond_json(r, 200, json_object());
 }

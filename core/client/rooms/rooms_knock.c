@@ -115,18 +115,18 @@ static bool keep_knock(PGconn *c, const room_version *v, const char *room_id, co
     char now[24];
     snprintf(now, sizeof(now), "%lld", (long long)rooms_wall_ms());
     const char *p[7] = {id, room_id, user, via, v->id, text, now};
-    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+    bool ok = db_begin(c) &&
               rooms_graph_store_outlier(c, room_id, id, knock, "outlier", NULL, via) == 0 &&
-              rooms_exec(c,
-                         "WITH ins AS (INSERT INTO remote_knocks (event_id, room_id, user_id, via,"
-                         " room_version, knock_state, sent_ts) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-                         " ON CONFLICT (event_id) DO NOTHING RETURNING event_id)"
-                         " INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
-                         " event_id, sender) SELECT stream_next(), $2, $3, 'knock', $1, $3 FROM ins",
-                         7, p) &&
-              rooms_exec(c, "COMMIT", 0, NULL);
+              db_exec(c,
+                      "WITH ins AS (INSERT INTO remote_knocks (event_id, room_id, user_id, via,"
+                      " room_version, knock_state, sent_ts) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                      " ON CONFLICT (event_id) DO NOTHING RETURNING event_id)"
+                      " INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                      " event_id, sender) SELECT stream_next(), $2, $3, 'knock', $1, $3 FROM ins",
+                      7, p) &&
+              db_commit(c);
     free(text);
-    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    if (!ok) db_rollback(c);
     return ok;
 }
 
@@ -144,7 +144,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     }
     fed_call_result_clear(&mk);
     const room_version *v = room_version_find(json_string_value(json_object_get(made, "room_version")));
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         json_decref(made);
         return ATRIUM_DONE;
@@ -154,7 +154,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     json_t *knock = rooms_remote_complete_member(c, v, json_object_get(made, "event"), user,
                                                  "knock", reason, id, &e);
     json_decref(made);
-    rooms_db_release(c); /* no connection is held while a peer answers */
+    http_db_checkin(c); /* no connection is held while a peer answers */
     if (!knock) return rooms_fail(r, &e);
     char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
     fed_uri_encode(room_id, room_enc, sizeof(room_enc));
@@ -165,7 +165,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
                             .max_body_bytes = KNOCK_SEND_MAX_BODY_BYTES};
     fed_call_result sent;
     fed_call(&req, NULL, &sent);
-    if (!fed_call_ok(&sent) || !(c = rooms_db(r))) {
+    if (!fed_call_ok(&sent) || !(c = http_db_checkout(r))) {
         json_decref(knock);
         int out = fed_call_ok(&sent) ? ATRIUM_DONE
                                      : rooms_remote_answer_failure(r, &sent, "The resident server refused the knock");
@@ -177,7 +177,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     json_t *given = json_object_get(sent.json, "knock_room_state");
     if (!json_is_array(given)) given = json_object_get(sent.json, "knock_state_events");
     bool ok = keep_knock(c, v, room_id, user, via, id, knock, given);
-    rooms_db_release(c);
+    http_db_checkin(c);
     json_decref(knock);
     fed_call_result_clear(&sent);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -248,14 +248,14 @@ static bool keep_leave(PGconn *c, const char *room_id, const char *user, const c
                        const json_t *leave, const char *via)
 {
     const char *p[3] = {id, room_id, user};
-    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+    bool ok = db_begin(c) &&
               rooms_graph_store_outlier(c, room_id, id, leave, "outlier", NULL, via) == 0 &&
-              rooms_exec(c,
-                         "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
-                         " event_id, sender) VALUES (stream_next(), $2, $3, 'leave', $1, $3)",
-                         3, p) &&
-              rooms_exec(c, "COMMIT", 0, NULL);
-    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+              db_exec(c,
+                      "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                      " event_id, sender) VALUES (stream_next(), $2, $3, 'leave', $1, $3)",
+                      3, p) &&
+              db_commit(c);
+    if (!ok) db_rollback(c);
     return ok;
 }
 
@@ -301,16 +301,16 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
 
 int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
 {
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     const room_version *v = NULL;
     json_t *knock = kept_knock(c, room_id, user, &v);
     if (!knock) {
-        rooms_db_release(c);
+        http_db_checkin(c);
         return http_respond_error(r, 403, "M_FORBIDDEN", "You are not knocking on this room");
     }
     json_t *vias = rooms_knock_vias(r, c, room_id, user);
-    rooms_db_release(c); /* no connection is held while a peer answers */
+    http_db_checkin(c); /* no connection is held while a peer answers */
     char id[EVENT_ID_LEN];
     const char *via = NULL;
     json_t *leave = send_leave(r, user, room_id, vias, id, &via);
@@ -324,12 +324,12 @@ int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
         leave = local_leave(v, knock, user, id, &e);
     }
     json_decref(knock);
-    if (leave && !(c = rooms_db(r))) {
+    if (leave && !(c = http_db_checkout(r))) {
         json_decref(leave);
         return ATRIUM_DONE;
     }
     bool ok = leave && keep_leave(c, room_id, user, id, leave, via);
-    if (leave) rooms_db_release(c);
+    if (leave) http_db_checkin(c);
     json_decref(leave);
     if (!ok) return e.code ? rooms_fail(r, &e) : http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     notifier_wake_user(user);
@@ -366,17 +366,17 @@ static int knock_room(atrium_req *r, const char *user, const char *room_id,
     const char *reason;
     if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason))
         return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     int remote = rooms_join_needs_remote(c, room_id);
     if (remote == 1) {
         if (r->run_reason != ATRIUM_RUN_HANDOFF) {
-            rooms_db_release(c);
+            http_db_checkin(c);
             return rooms_to_remote_pool(r);
         }
         json_t *vias = alias_vias ? json_deep_copy(alias_vias) : json_array();
         json_t *more = rooms_remote_vias(r, c, room_id);
-        rooms_db_release(c);
+        http_db_checkin(c);
         json_array_extend(vias, more);
         json_decref(more);
         int out = remote_knock(r, user, room_id, vias, reason);
@@ -386,7 +386,7 @@ static int knock_room(atrium_req *r, const char *user, const char *room_id,
     bool failed = remote < 0;
     bool exists = !failed && rooms_version_of(c, room_id, &failed) != NULL;
     json_t *content = exists && !failed ? rooms_member_content(c, user, "knock") : NULL;
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (failed) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (!exists) return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room");
     if (reason) json_object_set_new(content, "reason", json_string(reason));

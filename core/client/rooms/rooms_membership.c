@@ -87,7 +87,7 @@ int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, cons
 
 int rooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev, json_t *answer)
 {
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         json_decref(answer);
         return ATRIUM_DONE;
@@ -108,7 +108,7 @@ int rooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev
                                      ev->txn_key ? ev->txn_key : ev->txn_id, id);
         rc = found == 1 ? ROOMS_OK : rooms_set_err(&e, ROOMS_E_DB, "database");
     }
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (rc != ROOMS_OK) {
         json_decref(answer);
         return rooms_fail(r, &e);
@@ -248,18 +248,18 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
 {
     json_t *body = optional_body(r);
     if (!body) return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     /* A room this server is not in: through the servers that are, on the remote pool. */
     int remote = rooms_join_needs_remote(c, room_id);
     if (remote == 1) {
         if (r->run_reason != ATRIUM_RUN_HANDOFF) {
-            rooms_db_release(c);
+            http_db_checkin(c);
             return rooms_to_remote_pool(r);
         }
         json_t *vias = alias_vias ? json_deep_copy(alias_vias) : json_array();
         json_t *more = rooms_remote_vias(r, c, room_id);
-        rooms_db_release(c);
+        http_db_checkin(c);
         json_array_extend(vias, more);
         json_decref(more);
         int out = rooms_remote_join(r, user, room_id, vias);
@@ -285,7 +285,7 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
         else guest_refused = PQntuples(res) == 0;
         PQclear(res);
     }
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (guest_refused) {
         json_decref(content);
         return http_respond_error(r, 403, "M_FORBIDDEN", "Guests may not join this room");
@@ -346,12 +346,12 @@ int rooms_act_on_alias(atrium_req *r, const char *user, const char *alias, rooms
         json_decref(servers);
         return out;
     }
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
     rooms_err e = {0};
     int rc = rooms_resolve_alias(c, alias, room_id, &e);
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (rc != ROOMS_OK) return rooms_fail(r, &e);
     return act(r, user, rt_arena_strdup(r->arena, room_id), NULL);
 }
@@ -378,29 +378,27 @@ static int post_leave(atrium_req *r)
     if (!body) return ATRIUM_DONE;
     /* Declining an invite to a room this server is not in (rooms_remote.c), or withdrawing
      * a knock on one (rooms_knock.c): through the servers that are. */
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     char membership[16] = "";
     int remote = rooms_join_needs_remote(c, room);
     if (remote == 1 && rooms_membership_at(c, room, user, INT64_MAX, membership, NULL) < 0)
         remote = ROOMS_E_DB;
     bool knocked = strcmp(membership, "knock") == 0;
-    if (remote == 1 && (strcmp(membership, "invite") == 0 || knocked)) {
-        if (r->run_reason != ATRIUM_RUN_HANDOFF) {
-            rooms_db_release(c);
-            return rooms_to_remote_pool(r);
-        }
-        if (knocked) {
-            rooms_db_release(c);
-            return rooms_knock_withdraw(r, user, room);
-        }
-        json_t *vias = rooms_remote_vias(r, c, room);
-        rooms_db_release(c);
+    bool through_remote = remote == 1 && (strcmp(membership, "invite") == 0 || knocked);
+    /* An invite declined on the remote pool: the servers to decline through, read while
+     * the connection is held (given back at this one place). */
+    json_t *vias = through_remote && r->run_reason == ATRIUM_RUN_HANDOFF && !knocked
+                       ? rooms_remote_vias(r, c, room)
+                       : NULL;
+    http_db_checkin(c);
+    if (through_remote) {
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) return rooms_to_remote_pool(r);
+        if (knocked) return rooms_knock_withdraw(r, user, room);
         int out = rooms_remote_leave(r, user, room, vias);
         json_decref(vias);
         return out;
     }
-    rooms_db_release(c);
     if (remote < 0) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     json_t *content = json_pack("{s:s}", "membership", "leave");
     if (!take_reason(r, body, content)) {
@@ -445,7 +443,7 @@ static int act_on_user(atrium_req *r, const target_action *act)
         json_decref(content);
         return out;
     }
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     rooms_err e = {0};
     char current[16] = "";
@@ -453,7 +451,7 @@ static int act_on_user(atrium_req *r, const target_action *act)
     if (rc < 0) rooms_set_err(&e, rc, "database");
     if (rc == ROOMS_OK && act == &INVITE) rc = rooms_check_invitee(c, target, &e);
     json_t *content = rc == ROOMS_OK ? rooms_member_content(c, target, act->membership) : NULL;
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (rc != ROOMS_OK) return rooms_fail(r, &e);
     if (act != &INVITE) {
         /* Kick and ban carry no profile of the target. */
@@ -490,7 +488,7 @@ static int post_forget(atrium_req *r)
     if (!user) return ATRIUM_DONE;
     const char *room = rooms_param_room(r);
     if (!room || !optional_body(r)) return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     char membership[16];
     int64_t pos = 0;
@@ -501,9 +499,9 @@ static int post_forget(atrium_req *r)
                     strcmp(membership, "knock") == 0;
     if (ok && pos > 0 && !standing) {
         const char *p[1] = {rooms_i64(r, pos)};
-        ok = rooms_exec(c, "UPDATE memberships SET forgotten = true WHERE stream_pos = $1", 1, p);
+        ok = db_exec(c, "UPDATE memberships SET forgotten = true WHERE stream_pos = $1", 1, p);
     }
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (pos == 0) return http_respond_error(r, 404, "M_NOT_FOUND", "You were never in this room");
     if (standing) return http_respond_error(r, 400, "M_UNKNOWN", "Leave the room before forgetting it");

@@ -102,7 +102,7 @@ static int get_state_one(atrium_req *r)
     }
     if (!found) {
         json_decref(all);
-        rooms_db_release(rd.c);
+        http_db_checkin(rd.c);
         return http_respond_error(r, 404, "M_NOT_FOUND", "No such state event");
     }
     json_t *answer = format && strcmp(format, "event") == 0 ? found : json_object_get(found, "content");
@@ -123,7 +123,7 @@ static int get_event(atrium_req *r)
         return db_failed(r, &rd, out);
     if (json_array_size(out) == 0) {
         json_decref(out);
-        rooms_db_release(rd.c);
+        http_db_checkin(rd.c);
         return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
     }
     json_t *ev = json_incref(json_array_get(out, 0));
@@ -196,11 +196,11 @@ static int get_joined_rooms(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     json_t *rooms = json_array();
     int n = rooms_user_room_ids(c, user, false, -1, rooms);
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (n < 0) {
         json_decref(rooms);
         return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -298,7 +298,7 @@ static int get_messages(atrium_req *r)
         if (wanted < 0) return db_failed(r, &rd, chunk);
         if (wanted) { /* history ran out here: read more from the room's other servers */
             json_decref(chunk);
-            rooms_db_release(rd.c);
+            http_db_checkin(rd.c);
             return rooms_to_remote_pool(r);
         }
     }
@@ -334,7 +334,7 @@ static int get_context(atrium_req *r)
     if (n < 0) return db_failed(r, &rd, one);
     if (n == 0) {
         json_decref(one);
-        rooms_db_release(rd.c);
+        http_db_checkin(rd.c);
         return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
     }
     int64_t before_n = limit / 2, after_n = limit - before_n;

@@ -121,7 +121,7 @@ static int get_relations(atrium_req *r)
     int seen = parent_visible(r, &rd, parent);
     if (seen < 0) return db_failed(r, &rd, NULL);
     if (seen == 0) {
-        rooms_db_release(rd.c);
+        http_db_checkin(rd.c);
         return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
     }
     /* Backwards: after `to`, up to `from`, newest first; forwards the other way round. */

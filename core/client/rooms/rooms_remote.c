@@ -313,8 +313,8 @@ static int store_join(atrium_req *r, PGconn *c, const room_version *v, const cha
              * before (a rejoin) is behind it. */
             const char *q[2] = {room_id, join_id};
             if (rc == ROOMS_OK &&
-                !rooms_exec(c, "DELETE FROM room_extremities WHERE room_id = $1 AND event_id <> $2",
-                            2, q))
+                !db_exec(c, "DELETE FROM room_extremities WHERE room_id = $1 AND event_id <> $2",
+                         2, q))
                 rc = rooms_set_err(e, ROOMS_E_DB, "database");
             if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, e);
             else rooms_tx_rollback(&tx);
@@ -362,7 +362,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     fed_call_result_clear(&mk);
     const char *ver_id = json_string_value(json_object_get(made, "room_version"));
     m->v = room_version_find(ver_id ? ver_id : "1");
-    PGconn *c = rooms_db(r); /* for the member event's profile only */
+    PGconn *c = http_db_checkout(r); /* for the member event's profile only */
     if (!c) {
         json_decref(made);
         *out = ATRIUM_DONE;
@@ -372,7 +372,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     m->event = rooms_remote_complete_member(
         c, m->v, json_object_get(made, "event"), user, kind,
         json_string_value(json_object_get(r->json, "reason")), m->id, &e);
-    rooms_db_release(c);
+    http_db_checkin(c);
     json_decref(made);
     if (!m->event) {
         remote_member_clear(m);
@@ -421,11 +421,11 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
     json_t *accepted = json_object();
     check_all(v, room_id, json_object_get(sj.json, "state"), json_object_get(sj.json, "auth_chain"),
               accepted);
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     int rc = c ? store_join(r, c, v, room_id, via, accepted, json_object_get(sj.json, "state"),
                             join, join_id, &e)
                : ROOMS_OK;
-    rooms_db_release(c);
+    http_db_checkin(c);
     json_decref(accepted);
     json_decref(join);
     fed_call_result_clear(&sj);
@@ -470,7 +470,7 @@ json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id)
 bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *room_id,
                               const char *target, json_t *content)
 {
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return false;
     /* The invite, built and sealed under the room's lock, which is let go, with the
      * connection, while the invitee's server answers. */
@@ -489,7 +489,7 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         rooms_tx_rollback(&tx);
     }
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (rc == ROOMS_OK) rc = rooms_event_seal(v, pdu, id, &e);
     if (rc != ROOMS_OK) {
         json_decref(pdu);
@@ -532,7 +532,7 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
     pdu = json_incref(signed_ev);
     fed_call_result_clear(&res);
     /* Stored under the lock again, checked against the state as it is now. */
-    if (!(c = rooms_db(r))) {
+    if (!(c = http_db_checkout(r))) {
         json_decref(pdu);
         return false; /* answered 503 */
     }
@@ -551,7 +551,7 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
     json_decref(map);
     json_decref(ids);
     json_decref(pdu);
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (rc != ROOMS_OK) {
         rooms_fail(r, &e);
         return false;
@@ -580,7 +580,7 @@ int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, con
     const char *id = m.id;
     fed_call_result sl = m.sent;
     fed_call_result_clear(&sl);
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) {
         json_decref(leave);
         return ATRIUM_DONE;
@@ -588,15 +588,15 @@ int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, con
     /* This server is not in the room: the leave is kept like the invite was, an outlier and
      * the user's newest membership. */
     const char *p[3] = {id, room_id, user};
-    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+    bool ok = db_begin(c) &&
               rooms_graph_store_outlier(c, room_id, id, leave, "outlier", NULL, via) == 0 &&
-              rooms_exec(c,
-                         "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
-                         " event_id, sender) VALUES (stream_next(), $2, $3, 'leave', $1, $3)",
-                         3, p) &&
-              rooms_exec(c, "COMMIT", 0, NULL);
-    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
-    rooms_db_release(c);
+              db_exec(c,
+                      "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                      " event_id, sender) VALUES (stream_next(), $2, $3, 'leave', $1, $3)",
+                      3, p) &&
+              db_commit(c);
+    if (!ok) db_rollback(c);
+    http_db_checkin(c);
     json_decref(leave);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     notifier_wake_user(user);

@@ -598,12 +598,14 @@ static int post_search(atrium_req *r)
     search_run s = {.r = r, .q = &q,
                     .view = {.user_id = user, .device_id = r->device, .with_room_id = true,
                              .now_ms = rooms_wall_ms()}};
-    if (!(s.c = rooms_db(r))) return ATRIUM_DONE;
+    if (!(s.c = http_db_checkout(r))) return ATRIUM_DONE;
     json_t *answer = NULL;
     int rc = begin_bounded(s.c);
     if (rc == ROOMS_OK) rc = run_search(&s, &answer);
-    PQclear(PQexec(s.c, rc == ROOMS_OK ? "COMMIT" : "ROLLBACK"));
-    rooms_db_release(s.c);
+    /* The transaction only read: a failed COMMIT changes nothing the answer says. */
+    if (rc == ROOMS_OK) RT_IGNORE(db_commit(s.c));
+    else db_rollback(s.c);
+    http_db_checkin(s.c);
     free(s.vis);
     if (rc == SEARCH_E_TIMEOUT)
         return http_respond_error(r, 503, "M_UNKNOWN",

@@ -40,11 +40,11 @@ static json_t *content_body(atrium_req *r)
 /* Answer from an earlier request with the same transaction ID: 1 = answered, 0 = new. */
 static int replay_txn(atrium_req *r, const char *user, const char *key)
 {
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return 1;
     char id[EVENT_ID_LEN];
     int found = rooms_txn_lookup(c, user, r->device, key, id);
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (found < 0) {
         http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
         return 1;
@@ -72,7 +72,7 @@ static int duplicate_annotation(atrium_req *r, const char *room, const char *use
     rooms_relation rel;
     if (!rooms_bundle_parse(content, &rel) || !rel.key || strcmp(rel.rel_type, "m.annotation") != 0)
         return 0;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return -1;
     const char *p[5] = {rel.event_id, user, type, rel.key, room};
     PGresult *res = rooms_q(c,
@@ -80,7 +80,7 @@ static int duplicate_annotation(atrium_req *r, const char *room, const char *use
                             " AND rel_type = 'm.annotation' AND sender = $2 AND type = $3"
                             " AND aggregation_key = $4 AND room_id = $5 LIMIT 1",
                             5, p, NULL);
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (!res) {
         http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
         return -1;
@@ -134,6 +134,21 @@ static bool same_state(PGconn *c, const char *room, const char *type, const char
     return same;
 }
 
+/* The checks an m.room.canonical_alias event gets before it is written: its aliases point
+ * at the room, here and on their servers. true to go on; false with *out what the handler
+ * returns (ATRIUM_DONE after answering, or ATRIUM_PARKED). c stays the caller's. */
+static bool canonical_alias_ok(atrium_req *r, PGconn *c, const char *room, const char *type,
+                               const char *key, json_t *content, int *out)
+{
+    if (strcmp(type, "m.room.canonical_alias") != 0 || key[0] != '\0') return true;
+    rooms_err e = {0};
+    if (rooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
+        *out = rooms_fail(r, &e);
+        return false;
+    }
+    return rooms_check_remote_canonical(r, c, room, content, out);
+}
+
 /* PUT /_matrix/client/v3/rooms/{roomId}/state/{eventType}[/{stateKey}] */
 static int put_state(atrium_req *r)
 {
@@ -145,30 +160,21 @@ static int put_state(atrium_req *r)
     if (!key) key = "";
     json_t *content = content_body(r);
     if (!content) return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
-    if (strcmp(type, "m.room.canonical_alias") == 0 && key[0] == '\0') {
-        rooms_err e = {0};
-        if (rooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
-            rooms_db_release(c);
-            return rooms_fail(r, &e);
-        }
-        int out;
-        if (!rooms_check_remote_canonical(r, c, room, content, &out)) {
-            rooms_db_release(c);
-            return out;
-        }
-    }
+    int out = ATRIUM_DONE;
+    bool go = canonical_alias_ok(r, c, room, type, key, content, &out);
     char id[EVENT_ID_LEN];
-    bool same = same_state(c, room, type, key, content, id);
-    rooms_db_release(c);
+    bool same = go && same_state(c, room, type, key, content, id);
+    http_db_checkin(c);
+    if (!go) return out;
     if (same) {
         /* Still only for members who may send it: a non-member learns nothing. */
         char m[16];
-        PGconn *c2 = rooms_db(r);
+        PGconn *c2 = http_db_checkout(r);
         if (!c2) return ATRIUM_DONE;
         int rc = rooms_membership_at(c2, room, user, INT64_MAX, m, NULL);
-        rooms_db_release(c2);
+        http_db_checkin(c2);
         if (rc == ROOMS_OK && strcmp(m, "join") == 0)
             return http_respond_json(r, 200, json_pack("{s:s}", "event_id", id));
     }

@@ -268,7 +268,7 @@ static int post_upgrade(atrium_req *r)
         return http_respond_error(r, 400, "M_UNSUPPORTED_ROOM_VERSION", "Room version %.16s is "
                                   "not one this server creates", version);
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
-    PGconn *c = rooms_db(r);
+    PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     rooms_err e = {0};
     old_room o;
@@ -303,7 +303,7 @@ static int post_upgrade(atrium_req *r)
     if (rc == ROOMS_OK && !close_old_room(c, r->arena, old_id, new_id, user, &e))
         rc = e.code ? e.code : ROOMS_E_DB;
     old_room_free(&o);
-    rooms_db_release(c);
+    http_db_checkin(c);
     if (rc != ROOMS_OK) {
         if (!e.code) rooms_set_err(&e, rc, "database");
         return rooms_fail(r, &e);

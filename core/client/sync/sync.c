@@ -307,19 +307,19 @@ static int sync_serve(atrium_req *r, int mode)
                                                     rooms_token(r, s.since), "rooms", "join", "invite",
                                                     "leave", "knock"));
     }
-    sync_run_state *st = r->plugin_state;
+    sync_run_state *st = r->core_state;
     if (!st) {
         if (!(st = rt_arena_alloc(r->arena, sizeof(*st)))) return ATRIUM_E_NOMEM;
         st->deadline_ms = timeout_ms ? rt_now_ms() + timeout_ms : 0;
-        r->plugin_state = st;
+        r->core_state = st;
     }
     if (mode == SYNC_MODE_EVENTS && !http_req_query(r, "from")) {
         /* No `from`: events from now on (the first run's position, kept for re-runs). */
         if (!st->since_now) {
-            PGconn *c = rooms_db(r);
+            PGconn *c = http_db_checkout(r);
             if (!c) return ATRIUM_DONE;
             st->since_now = stream_upto(c);
-            rooms_db_release(c);
+            http_db_checkin(c);
             if (st->since_now < 0)
                 return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
         }
@@ -329,7 +329,7 @@ static int sync_serve(atrium_req *r, int mode)
     struct atrium_event *ev = notifier_event_for(r->srv, user);
     uint64_t wakes_before = notifier_wake_count(user);
 
-    if (!(s.c = rooms_db(r))) return ATRIUM_DONE;
+    if (!(s.c = http_db_checkout(r))) return ATRIUM_DONE;
     json_t *filter_holder = NULL, *only_room = NULL;
     if (mode != SYNC_MODE_SYNC) {
         if (mode == SYNC_MODE_ROOM_INITIAL) {
@@ -337,7 +337,7 @@ static int sync_serve(atrium_req *r, int mode)
             s.only_rooms = only_room;
         }
     } else if (!load_filter(r, &s, &filter_holder)) {
-        rooms_db_release(s.c);
+        http_db_checkin(s.c);
         return ATRIUM_DONE;
     }
     /* The mark the sync leaves on the user's presence: once per request, before `upto` is
@@ -349,7 +349,7 @@ static int sync_serve(atrium_req *r, int mode)
     if (s.since > s.upto) s.since = s.upto; /* a token from a newer database: start there */
     bool has_new = false;
     json_t *resp = s.upto < 0 ? NULL : build_response(&s, &has_new);
-    rooms_db_release(s.c);
+    http_db_checkin(s.c);
     json_decref(filter_holder);
     json_decref(only_room);
     if (!resp) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");

@@ -195,11 +195,8 @@ PGconn *fed_rooms_open(atrium_req *r, const char *room_id)
         http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID");
         return NULL;
     }
-    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
-    if (!c) {
-        http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
-        return NULL;
-    }
+    PGconn *c = http_db_checkout(r);
+    if (!c) return NULL;
     bool failed = false;
     const room_version *v = rooms_version_of(c, room_id, &failed);
     int acl = v ? fed_rooms_acl_allows(c, room_id, r->origin) : 0;
@@ -214,13 +211,13 @@ PGconn *fed_rooms_open(atrium_req *r, const char *room_id)
     } else {
         return c;
     }
-    db_release(db_global(), c);
+    http_db_checkin(c);
     return NULL;
 }
 
 void fed_rooms_close(PGconn *c)
 {
-    if (c) db_release(db_global(), c);
+    http_db_checkin(c);
 }
 
 int fed_rooms_respond_pdus(atrium_req *r, json_t *pdus)

@@ -124,8 +124,8 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
              * above, while this one waited for the peer or the signing keys. */
             const char *p[1] = {id};
             in = fed_rooms_event_pos(rx->c, rx->room_id, id, NULL);
-            if (in < 0 || (in == 0 && !rooms_exec(rx->c, "DELETE FROM event_outliers"
-                                                         " WHERE event_id = $1", 1, p)))
+            if (in < 0 || (in == 0 && !db_exec(rx->c, "DELETE FROM event_outliers"
+                                                      " WHERE event_id = $1", 1, p)))
                 rc = rooms_set_err(&e, ROOMS_E_DB, "database");
             else if (in == 0)
                 rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, NULL, ROOMS_PDU_BACKFILLED, &e);
@@ -181,9 +181,9 @@ static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, i
         char until[24];
         snprintf(until, sizeof(until), "%lld", (long long)(rt_wall_ms() + RECV_BACKFILL_DEAD_END_MS));
         const char *p[3] = {from, rx->room_id, until};
-        if (!rooms_exec(rx->c, "INSERT INTO backfill_dead_ends (event_id, room_id, until_ts)"
-                               " VALUES ($1, $2, $3::bigint) ON CONFLICT (event_id)"
-                               " DO UPDATE SET until_ts = EXCLUDED.until_ts", 3, p))
+        if (!db_exec(rx->c, "INSERT INTO backfill_dead_ends (event_id, room_id, until_ts)"
+                            " VALUES ($1, $2, $3::bigint) ON CONFLICT (event_id)"
+                            " DO UPDATE SET until_ts = EXCLUDED.until_ts", 3, p))
             stored = -1;
     }
     return stored;

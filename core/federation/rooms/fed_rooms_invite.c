@@ -32,7 +32,7 @@ typedef struct invite_wait {
 static void checked(void *arg, int result, const char *why)
 {
     atrium_req *r = arg;
-    invite_wait *st = r->plugin_state;
+    invite_wait *st = r->core_state;
     st->result = result;
     snprintf(st->why, sizeof(st->why), "%s", why ? why : "");
     st->done = true;
@@ -93,7 +93,7 @@ static int invite_begin(atrium_req *r, const char *room_id, const char *event_id
     invite_wait *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return ATRIUM_E_NOMEM;
     st->ver = v;
-    r->plugin_state = st;
+    r->core_state = st;
     json_t *red = event_redact(v, pdu);
     if (!red) return ATRIUM_E_NOMEM;
     if (susp_wait(r, r->deadline_ms) < 0) {
@@ -142,19 +142,19 @@ static int keep_invite(PGconn *c, const char *room_id, const char *event_id, jso
     const char *target = event_state_key(pdu);
     const char *sender = json_string_value(json_object_get(pdu, "sender"));
     const char *p[7] = {event_id, room_id, target, sender, v->id, text, now};
-    bool ok = rooms_exec(c, "BEGIN", 0, NULL);
+    bool ok = db_begin(c);
     if (ok) ok = rooms_graph_store_outlier(c, room_id, event_id, pdu, "outlier", NULL, origin) == 0;
     if (ok)
-        ok = rooms_exec(c,
-                        "WITH ins AS (INSERT INTO remote_invites (event_id, room_id, user_id, sender,"
-                        " room_version, invite_state, received_ts) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-                        " ON CONFLICT (event_id) DO NOTHING RETURNING event_id)"
-                        " INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
-                        " sender) SELECT stream_next(), $2, $3, 'invite', $1, $4 FROM ins",
-                        7, p);
+        ok = db_exec(c,
+                     "WITH ins AS (INSERT INTO remote_invites (event_id, room_id, user_id, sender,"
+                     " room_version, invite_state, received_ts) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                     " ON CONFLICT (event_id) DO NOTHING RETURNING event_id)"
+                     " INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
+                     " sender) SELECT stream_next(), $2, $3, 'invite', $1, $4 FROM ins",
+                     7, p);
     free(text);
-    if (ok) ok = rooms_exec(c, "COMMIT", 0, NULL);
-    if (!ok) PQclear(PQexec(c, "ROLLBACK"));
+    if (ok) ok = db_commit(c);
+    if (!ok) db_rollback(c);
     return ok ? 0 : -1;
 }
 
@@ -165,7 +165,7 @@ static int put_invite(atrium_req *r)
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
     if (!rooms_room_id_ok(room_id)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID");
-    invite_wait *st = r->plugin_state;
+    invite_wait *st = r->core_state;
     if (!st) return invite_begin(r, room_id, event_id, body);
     if (!st->done)
         return http_respond_error(r, r->run_reason == ATRIUM_RUN_SHUTDOWN ? 503 : 504, "M_UNKNOWN",

@@ -118,7 +118,7 @@ static int make_member(atrium_req *r, const member_route *mr)
 static void signature_checked(void *arg, int result, const char *why)
 {
     atrium_req *r = arg;
-    send_state *st = r->plugin_state;
+    send_state *st = r->core_state;
     st->result = result;
     snprintf(st->why, sizeof(st->why), "%s", why ? why : "");
     st->done = true;
@@ -158,7 +158,7 @@ static int send_member_begin(atrium_req *r, const member_route *mr, const char *
     if (!st) return ATRIUM_E_NOMEM;
     st->ver = v;
     snprintf(st->event_id, sizeof(st->event_id), "%s", id);
-    r->plugin_state = st;
+    r->core_state = st;
     json_t *red = event_redact(v, pdu);
     if (!red) return ATRIUM_E_NOMEM;
     if (susp_wait(r, r->deadline_ms) < 0) {
@@ -272,7 +272,7 @@ static int send_member(atrium_req *r, const member_route *mr)
     const char *room_id = http_req_param(r, "roomId"), *event_id = http_req_param(r, "eventId");
     json_t *pdu = http_req_json(r);
     if (!pdu) return ATRIUM_DONE;
-    send_state *st = r->plugin_state;
+    send_state *st = r->core_state;
     if (!st) return send_member_begin(r, mr, room_id, event_id, pdu);
     return send_member_finish(r, mr, room_id, pdu, st);
 }

@@ -115,16 +115,16 @@ int fed_rooms_outsider_pdu(PGconn **cp, const char *origin, const json_t *pdu,
     char id[EVENT_ID_LEN];
     if (event_compute_id(v, pdu, id) < 0) return refuse(err, origin, room_id, "Not canonical JSON");
     const char *p[5] = {id, room_id, target, membership, sender};
-    bool ok = rooms_exec(c, "BEGIN", 0, NULL) &&
+    bool ok = db_begin(c) &&
               rooms_graph_store_outlier(c, room_id, id, pdu, "outlier", NULL, origin) == 0 &&
-              rooms_exec(c,
-                         "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
-                         " event_id, sender) SELECT stream_next(), $2, $3, $4, $1, $5"
-                         " WHERE NOT EXISTS (SELECT 1 FROM memberships WHERE event_id = $1)",
-                         5, p) &&
-              rooms_exec(c, "COMMIT", 0, NULL);
+              db_exec(c,
+                      "INSERT INTO memberships (stream_pos, room_id, user_id, membership,"
+                      " event_id, sender) SELECT stream_next(), $2, $3, $4, $1, $5"
+                      " WHERE NOT EXISTS (SELECT 1 FROM memberships WHERE event_id = $1)",
+                      5, p) &&
+              db_commit(c);
     if (!ok) {
-        PQclear(PQexec(c, "ROLLBACK"));
+        db_rollback(c);
         snprintf(err, FED_PDU_ERR_LEN, "The database failed; retry");
         return FED_PDU_RETRY;
     }

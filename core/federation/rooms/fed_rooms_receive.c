@@ -489,8 +489,12 @@ static void fill_gap(pdu_job *rx, const char *event_id)
 
 /* ---- one PDU -------------------------------------------------------------------------- */
 
-/* The checks before the graph: format, room, ACL, origin in the room. ROOMS_OK to go on,
- * else the outcome. */
+/* How a step of receiving one PDU tells its caller to go on; any other return is the enum
+ * fed_pdu_outcome to return as it is (the rule: core/http/http.h, "outcomes"). */
+enum pdu_step { PDU_GO = 200 };
+
+/* The checks before the graph: format, room, ACL, origin in the room. PDU_GO, else the
+ * outcome. */
 static int precheck(pdu_job *rx, const json_t *pdu, char err[FED_PDU_ERR_LEN])
 {
     const char *room_id = json_string_value(json_object_get(pdu, "room_id"));
@@ -516,7 +520,7 @@ static int precheck(pdu_job *rx, const json_t *pdu, char err[FED_PDU_ERR_LEN])
                       strcmp(room_auth_domain(sk), rx->origin) == 0;
     if (!origin_in && !own_member)
         return reject(rx, RC_ORIGIN, err, "%s is not in the room", rx->origin);
-    return ROOMS_OK;
+    return PDU_GO;
 }
 
 /* Make (type, state_key) of the current state the stored event pdu (id): the row of
@@ -528,19 +532,19 @@ static int set_current(pdu_job *rx, const json_t *pdu, const char *id)
     bool member = type && strcmp(type, "m.room.member") == 0;
     const char *membership = member ? event_content_str(pdu, "membership") : NULL;
     const char *p[5] = {rx->room_id, type, sk, id, membership};
-    if (!rooms_exec(rx->c,
-                    "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
-                    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (room_id, type, state_key)"
-                    " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
-                    5, p))
+    if (!db_exec(rx->c,
+                 "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
+                 " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (room_id, type, state_key)"
+                 " DO UPDATE SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
+                 5, p))
         return -1;
     if (!membership) return 0;
     const char *q[5] = {rx->room_id, sk, membership, id,
                         json_string_value(json_object_get(pdu, "sender"))};
-    return rooms_exec(rx->c,
-                      "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
-                      " sender) VALUES (stream_next(), $1, $2, $3, $4, $5)",
-                      5, q)
+    return db_exec(rx->c,
+                   "INSERT INTO memberships (stream_pos, room_id, user_id, membership, event_id,"
+                   " sender) VALUES (stream_next(), $1, $2, $3, $4, $5)",
+                   5, q)
                ? 0
                : -1;
 }
@@ -596,7 +600,7 @@ static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *st
     if (rc == ROOMS_OK) {
         int in = fed_rooms_event_pos(rx->c, rx->room_id, id, NULL);
         const char *p[1] = {id};
-        if (in < 0 || !rooms_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
+        if (in < 0 || !db_exec(rx->c, "DELETE FROM event_outliers WHERE event_id = $1", 1, p))
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         else if (in == 0)
             rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, state_ids, 0, &e);
@@ -613,12 +617,14 @@ static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *st
 }
 
 /* Steps 1 and the look-up before the signatures: precheck, the event's ID (into id), and
- * what is known of it already. ROOMS_OK to go on, else the outcome. */
+ * what is known of it already. PDU_GO, else the outcome. An event already in the stream
+ * goes on too: when "go on" and FED_PDU_ACCEPTED were both 0 its ACCEPTED read as "go
+ * on", and receiving it again is what the server has always done. */
 static int admit(pdu_job *rx, const json_t *pdu_in, char id[EVENT_ID_LEN],
                  char err[FED_PDU_ERR_LEN])
 {
     int rc = precheck(rx, pdu_in, err);
-    if (rc != ROOMS_OK) return rc;
+    if (rc != PDU_GO) return rc;
     if (event_compute_id(rx->v, pdu_in, id) < 0)
         return reject(rx, RC_FORMAT, err, "The event ID cannot be computed");
     rooms_graph_where w;
@@ -626,17 +632,17 @@ static int admit(pdu_job *rx, const json_t *pdu_in, char id[EVENT_ID_LEN],
     json_t *have = rooms_graph_load(rx->c, id, NULL, &w, &failed);
     json_decref(have);
     if (failed) return retry(err);
-    if (w == ROOMS_GRAPH_STREAM) return FED_PDU_ACCEPTED; /* seen before */
+    if (w == ROOMS_GRAPH_STREAM) return PDU_GO; /* seen before: received again (above) */
     if (w == ROOMS_GRAPH_SOFT_FAILED) return FED_PDU_SOFT_FAILED;
     if (w == ROOMS_GRAPH_REJECTED) return reject(rx, RC_AUTH_EVENTS, err, "Rejected before");
-    return ROOMS_OK;
+    return PDU_GO;
 }
 
 static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
 {
     char id[EVENT_ID_LEN];
     int rc = admit(rx, pdu_in, id, err);
-    if (rc != ROOMS_OK) return rc;
+    if (rc != PDU_GO) return rc;
     /* 2. The signatures. A key to fetch is waited for with rx->c back in the pool; what
      * admit read under it (the room, its ACL, whether the event is known) is read again
      * after such a wait. */
@@ -645,7 +651,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     rc = fed_recv_verify(rx, pdu_in, &given_back, sig);
     if (!rx->c) return retry(err);
     if (rc < 0) return reject(rx, RC_SIGNATURE, err, "%s", sig);
-    if (given_back && (rc = admit(rx, pdu_in, id, err)) != ROOMS_OK) return rc;
+    if (given_back && (rc = admit(rx, pdu_in, id, err)) != PDU_GO) return rc;
     json_t *pdu = event_content_hash_ok(pdu_in) ? json_incref((json_t *)pdu_in)
                                                 : event_redact(rx->v, pdu_in);
     if (!event_content_hash_ok(pdu_in)) {

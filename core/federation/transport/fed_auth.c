@@ -177,11 +177,11 @@ int fed_auth_check(atrium_req *r)
 
     /* The origin's key: from the ring's memory at once, or fetched while the request
      * waits parked (no thread). A re-run after the wait finds the answer in its state. */
-    fed_auth_state *st = r->plugin_state;
+    fed_auth_state *st = r->core_state;
     if (!st) {
         st = rt_arena_alloc(r->arena, sizeof(*st));
         if (!st) return ATRIUM_E_NOMEM;
-        r->plugin_state = st;
+        r->core_state = st;
         http_req_ref(r); /* the look-up callback's */
         st->w.r = r;
         int lr = fed_keyring_lookup(m->keyring, x.origin, x.key, rt_wall_ms(), &st->res,
@@ -216,9 +216,9 @@ int fed_auth_check(atrium_req *r)
     if (vr < 0) return refuse(r, FED_AUTH_BAD_SIGNATURE, x.origin, why);
     r->origin = rt_arena_strdup(r->arena, x.origin);
     if (!r->origin) return ATRIUM_E_NOMEM;
-    /* The state slot was only borrowed for the key wait: the handler's from now on (a
-     * plugin's req_state must start out NULL). The memory is the request's arena's. */
-    r->plugin_state = NULL;
+    /* The core's slot was only borrowed for the key wait: the handler's from now on (a
+     * core handler's core_state starts out NULL). The memory is the request's arena's. */
+    r->core_state = NULL;
     rt_metric_add(m->m_auth_ok, 1);
     server_up(m, r->origin);
     return 0;

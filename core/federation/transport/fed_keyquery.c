@@ -46,7 +46,7 @@ static int answer(atrium_req *r, notary_state *st)
 static int query(atrium_req *r, const fed_notary_criterion *criteria, size_t n)
 {
     fed_module *m = fed_state();
-    notary_state *st = r->plugin_state;
+    notary_state *st = r->core_state;
     if (st) {
         if (atomic_load(&st->w.state) == FED_WAITER_DONE) return answer(r, st);
         if (r->run_reason == ATRIUM_RUN_SHUTDOWN)
@@ -55,7 +55,7 @@ static int query(atrium_req *r, const fed_notary_criterion *criteria, size_t n)
     }
     st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return ATRIUM_E_NOMEM;
-    r->plugin_state = st;
+    r->core_state = st;
     st->w.r = r;
     http_req_on_free(r, notary_state_free, st);
     json_t *own = fed_own_key_document(m);

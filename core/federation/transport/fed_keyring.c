@@ -378,16 +378,6 @@ static write_task *write_task_new(fed_keyring *r, const fed_key_set *s)
     return t;
 }
 
-static bool exec_ok(PGconn *c, const char *sql, int n, const char *const *params, char *err,
-                    size_t err_len)
-{
-    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
-    bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-    if (!ok) snprintf(err, err_len, "%s", PQresultErrorMessage(res));
-    PQclear(res);
-    return ok;
-}
-
 static void db_write(fed_keyring *r, const write_task *t)
 {
     PGconn *c = db_acquire(r->db, r->s.db_timeout_ms);
@@ -399,18 +389,18 @@ static void db_write(fed_keyring *r, const write_task *t)
         return;
     }
     char err[512] = "";
-    bool ok = exec_ok(c, "BEGIN", 0, NULL, err, sizeof(err));
+    bool ok = db_exec_quiet(c, "BEGIN", 0, NULL, err, sizeof(err));
     for (size_t i = 0; ok && i < t->n; i++) {
         const write_row *w = &t->rows[i];
         const char *params[6] = {t->server, w->key_id,  w->public_key,
                                  w->valid_until, w->fetched, w->key_json};
-        ok = exec_ok(c, UPSERT_KEY, 6, params, err, sizeof(err));
+        ok = db_exec_quiet(c, UPSERT_KEY, 6, params, err, sizeof(err));
     }
-    ok = ok && exec_ok(c, "COMMIT", 0, NULL, err, sizeof(err));
+    ok = ok && db_exec_quiet(c, "COMMIT", 0, NULL, err, sizeof(err));
     if (!ok) {
         rt_log(ATRIUM_LOG_WARN, LOG_ORIGIN, "keys of %s: storing in federation_server_keys: %s",
                t->server, err);
-        PQclear(PQexec(c, "ROLLBACK"));
+        db_rollback(c);
     }
     db_release(r->db, c);
 }

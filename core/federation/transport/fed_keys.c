@@ -220,12 +220,13 @@ static int write_all(int fd, const char *s, size_t n)
     return 0;
 }
 
-static int create_key_file(const char *path, fed_signing_key *key, char *err, size_t err_len)
+/* The longest line of a key file this server writes: algorithm, version, seed. */
+#define KEY_LINE_BYTES 128
+
+/* A new key with a random version: into key, and as the key file's line (its length). The
+ * caller wipes line once written. */
+static int new_key_line(fed_signing_key *key, char line[KEY_LINE_BYTES])
 {
-    if (sodium_init() < 0) { /* idempotent; the random generator needs it */
-        snprintf(err, err_len, "signing key file %s: libsodium could not initialise", path);
-        return ATRIUM_E_IO;
-    }
     static const char ALNUM[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     char version[sizeof(NEW_KEY_VERSION_PREFIX) + NEW_KEY_VERSION_RANDOM_CHARS];
@@ -243,9 +244,62 @@ static int create_key_file(const char *path, fed_signing_key *key, char *err, si
     sodium_memzero(seed, sizeof(seed));
     RT_ASSERT(rc == 0, "generated key version %s refused", version);
 
-    char line[128];
-    int line_len = snprintf(line, sizeof(line), KEY_ALGORITHM " %s %s\n", version, seed_b64);
+    int line_len = snprintf(line, KEY_LINE_BYTES, KEY_ALGORITHM " %s %s\n", version, seed_b64);
     sodium_memzero(seed_b64, sizeof(seed_b64));
+    return line_len;
+}
+
+/* Another process published its key first: drop ours and load that one. 0, or an error
+ * (err set; key zeroed). */
+static int use_published_key(const char *path, fed_signing_key *key, char *err,
+                             size_t err_len)
+{
+    fed_signing_key_wipe(key);
+    memset(key, 0, sizeof(*key));
+    int fd2 = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd2 < 0) {
+        snprintf(err, err_len, "signing key file %s: open: %s", path, strerror(errno));
+        return ATRIUM_E_IO;
+    }
+    int rc2 = read_key_file(fd2, path, key, err, err_len);
+    close(fd2);
+    if (rc2 < 0) {
+        fed_signing_key_wipe(key);
+        memset(key, 0, sizeof(*key));
+    } else {
+        rt_log(ATRIUM_LOG_INFO, "federation", "another process created the signing key "
+               "%s first: using it", path);
+    }
+    return rc2;
+}
+
+/* The new file's directory entry made durable (a rename is durable only once it is). 0, or
+ * -1 with err set and key wiped. */
+static int sync_key_dir(const char *path, fed_signing_key *key, char *err, size_t err_len)
+{
+    char dir[4096];
+    dir_of(path, dir, sizeof(dir));
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) < 0) {
+        snprintf(err, err_len, "signing key file %s: fsync of directory %s: %s", path, dir,
+                 strerror(errno));
+        if (dfd >= 0) close(dfd);
+        fed_signing_key_wipe(key);
+        memset(key, 0, sizeof(*key));
+        return -1;
+    }
+    close(dfd);
+    return 0;
+}
+
+static int create_key_file(const char *path, fed_signing_key *key, char *err, size_t err_len)
+{
+    if (sodium_init() < 0) { /* idempotent; the random generator needs it */
+        snprintf(err, err_len, "signing key file %s: libsodium could not initialise", path);
+        return ATRIUM_E_IO;
+    }
+    char line[KEY_LINE_BYTES];
+    int line_len = new_key_line(key, line);
 
     size_t tmp_len = strlen(path) + 32;
     char *tmp = malloc(tmp_len);
@@ -283,23 +337,7 @@ static int create_key_file(const char *path, fed_signing_key *key, char *err, si
     if (ok && tmp[0]) unlink(tmp);
     if (lost_race) {
         free(tmp);
-        fed_signing_key_wipe(key);
-        memset(key, 0, sizeof(*key));
-        int fd2 = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd2 < 0) {
-            snprintf(err, err_len, "signing key file %s: open: %s", path, strerror(errno));
-            return ATRIUM_E_IO;
-        }
-        int rc2 = read_key_file(fd2, path, key, err, err_len);
-        close(fd2);
-        if (rc2 < 0) {
-            fed_signing_key_wipe(key);
-            memset(key, 0, sizeof(*key));
-        } else {
-            rt_log(ATRIUM_LOG_INFO, "federation", "another process created the signing key "
-                   "%s first: using it", path);
-        }
-        return rc2;
+        return use_published_key(path, key, err, err_len);
     }
     if (!ok) {
         snprintf(err, err_len,
@@ -314,19 +352,7 @@ static int create_key_file(const char *path, fed_signing_key *key, char *err, si
     }
     free(tmp);
 
-    /* The rename is durable only once the directory entry is. */
-    char dir[4096];
-    dir_of(path, dir, sizeof(dir));
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || fsync(dfd) < 0) {
-        snprintf(err, err_len, "signing key file %s: fsync of directory %s: %s", path, dir,
-                 strerror(errno));
-        if (dfd >= 0) close(dfd);
-        fed_signing_key_wipe(key);
-        memset(key, 0, sizeof(*key));
-        return ATRIUM_E_IO;
-    }
-    close(dfd);
+    if (sync_key_dir(path, key, err, err_len) < 0) return ATRIUM_E_IO;
     rt_log(ATRIUM_LOG_INFO, "federation", "created a new signing key %s in %s", key->key_id,
            path);
     return 0;

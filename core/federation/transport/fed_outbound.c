@@ -112,20 +112,6 @@ static const char *own_server_name(void)
     return rt ? rt->cfg->server_name : "";
 }
 
-static bool exec_ok(PGconn *c, const char *sql, int n, const char *const *params,
-                    int64_t *affected)
-{
-    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
-    ExecStatusType st = PQresultStatus(res);
-    bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-    if (!ok)
-        rt_log(ATRIUM_LOG_ERROR, "federation", "outbound queue: %s", PQerrorMessage(c));
-    else if (affected)
-        *affected = atoll(PQcmdTuples(res));
-    PQclear(res);
-    return ok;
-}
-
 /* The servers of room_id's joined members, minus this server: rows of one text column. */
 static PGresult *room_servers(PGconn *c, const char *room_id)
 {
@@ -151,11 +137,11 @@ int fed_outbound_enqueue_pdu_to(PGconn *c, const char *destination, const char *
     char now[24];
     snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
     const char *q[4] = {destination, room_id, event_id, now};
-    return exec_ok(c,
+    return db_exec(c,
                    "INSERT INTO federation_outbound (destination, kind, room_id, event_id,"
                    " queued_ts) VALUES ($1, 0, $2, $3, $4)"
                    " ON CONFLICT (destination, event_id) WHERE kind = 0 DO NOTHING",
-                   4, q, NULL)
+                   4, q)
                ? 0
                : -1;
 }
@@ -186,10 +172,10 @@ int fed_outbound_enqueue_edu(PGconn *c, const char *destination, const char *edu
     char now[24];
     snprintf(now, sizeof(now), "%lld", (long long)rt_wall_ms());
     const char *q[4] = {destination, edu_type, text, now};
-    bool ok = exec_ok(c,
+    bool ok = db_exec(c,
                       "INSERT INTO federation_outbound (destination, kind, edu_type, content,"
                       " queued_ts) VALUES ($1, 1, $2, $3, $4)",
-                      4, q, NULL);
+                      4, q);
     free(text);
     return ok ? 0 : -1;
 }
@@ -333,20 +319,20 @@ static int64_t collapse(PGconn *c, const char *dest)
     snprintf(stale, sizeof(stale), "%lld",
              (long long)(rt_wall_ms() - FED_OUTBOUND_TYPING_STALE_MS));
     const char *q[2] = {dest, stale};
-    if (!exec_ok(c,
+    if (!db_exec(c,
                  "DELETE FROM federation_outbound WHERE destination = $1 AND kind = 1"
                  " AND edu_type = 'm.typing' AND txn_id IS NULL AND queued_ts < $2::bigint",
-                 2, q, NULL))
+                 2, q))
         return -1;
     const char *p[3] = {dest, threshold, keep};
     int64_t n = 0;
-    if (!exec_ok(c,
-                 "DELETE FROM federation_outbound o USING ("
-                 " SELECT id, row_number() OVER (PARTITION BY room_id ORDER BY id DESC) AS rn,"
-                 " count(*) OVER (PARTITION BY room_id) AS n FROM federation_outbound"
-                 " WHERE destination = $1 AND kind = 0 AND txn_id IS NULL) x"
-                 " WHERE o.id = x.id AND x.n > $2::int AND x.rn > $3::int",
-                 3, p, &n))
+    if (!db_exec_rows(c,
+                      "DELETE FROM federation_outbound o USING ("
+                      " SELECT id, row_number() OVER (PARTITION BY room_id ORDER BY id DESC) AS rn,"
+                      " count(*) OVER (PARTITION BY room_id) AS n FROM federation_outbound"
+                      " WHERE destination = $1 AND kind = 0 AND txn_id IS NULL) x"
+                      " WHERE o.id = x.id AND x.n > $2::int AND x.rn > $3::int",
+                      3, p, &n))
         return -1;
     return n;
 }
@@ -391,13 +377,13 @@ static bool pick_txn(fed_outbound *o, PGconn *c, out_dest *d, bool *db_failed)
     snprintf(maxe, sizeof(maxe), "%d", FED_TXN_MAX_EDUS);
     const char *q[4] = {d->name, txn, maxp, maxe};
     int64_t n = 0;
-    if (!exec_ok(c,
-                 "UPDATE federation_outbound SET txn_id = $2 WHERE id IN ("
-                 " (SELECT id FROM federation_outbound WHERE destination = $1 AND kind = 0"
-                 "  AND txn_id IS NULL ORDER BY id LIMIT $3::int) UNION ALL"
-                 " (SELECT id FROM federation_outbound WHERE destination = $1 AND kind = 1"
-                 "  AND txn_id IS NULL ORDER BY id LIMIT $4::int))",
-                 4, q, &n))
+    if (!db_exec_rows(c,
+                      "UPDATE federation_outbound SET txn_id = $2 WHERE id IN ("
+                      " (SELECT id FROM federation_outbound WHERE destination = $1 AND kind = 0"
+                      "  AND txn_id IS NULL ORDER BY id LIMIT $3::int) UNION ALL"
+                      " (SELECT id FROM federation_outbound WHERE destination = $1 AND kind = 1"
+                      "  AND txn_id IS NULL ORDER BY id LIMIT $4::int))",
+                      4, q, &n))
         return !(*db_failed = true);
     if (n == 0) return false;
     snprintf(d->txn_id, sizeof(d->txn_id), "%s", txn);
@@ -442,8 +428,8 @@ static json_t *txn_body(fed_outbound *o, PGconn *c, out_dest *d)
 static bool delete_txn(PGconn *c, out_dest *d)
 {
     const char *p[2] = {d->name, d->txn_id};
-    return exec_ok(c, "DELETE FROM federation_outbound WHERE destination = $1 AND txn_id = $2",
-                   2, p, NULL);
+    return db_exec(c, "DELETE FROM federation_outbound WHERE destination = $1 AND txn_id = $2",
+                   2, p);
 }
 
 /* Make (or take up again) d's transaction and submit it. Returns the milliseconds after

@@ -66,6 +66,51 @@ static int malformed(fed_xmatrix *out)
     return FED_XMATRIX_E_MALFORMED;
 }
 
+/* Read one parameter's value at *pp, quoted or bare, unescaped into dst (cap bytes; NULL
+ * for an unknown parameter, whose value is only skipped), and move *pp past it. Adds its
+ * length to *n_io and sets *too_long when it does not fit dst. false (why set, naming the
+ * parameter) for a value that is not well formed. */
+static bool read_value(const unsigned char **pp, char *dst, size_t cap, size_t *n_io,
+                       bool *too_long, const unsigned char *name, size_t name_len, char *why,
+                       size_t why_len)
+{
+    const unsigned char *p = *pp;
+    size_t n = *n_io;
+    if (*p == '"') {
+        p++;
+        for (;;) {
+            unsigned char c = *p;
+            if (c == '"') break;
+            if (c == '\\') c = *++p;
+            if (c == '\0') {
+                WHY("the X-Matrix parameter \"%.*s\" has an unterminated quoted value",
+                    NAME_SHOWN(name_len), (const char *)name);
+                return false;
+            }
+            if (!quotable(c)) {
+                WHY("the X-Matrix parameter \"%.*s\" holds a control character",
+                    NAME_SHOWN(name_len), (const char *)name);
+                return false;
+            }
+            if (dst && n + 1 < cap) dst[n] = (char)c;
+            else if (dst) *too_long = true;
+            n++;
+            p++;
+        }
+        p++; /* the closing quote */
+    } else {
+        while (bare_value_char(*p)) {
+            if (dst && n + 1 < cap) dst[n] = (char)*p;
+            else if (dst) *too_long = true;
+            n++;
+            p++;
+        }
+    }
+    *pp = p;
+    *n_io = n;
+    return true;
+}
+
 int fed_xmatrix_parse(const char *header, fed_xmatrix *out, char *why, size_t why_len)
 {
     memset(out, 0, sizeof(*out));
@@ -129,36 +174,8 @@ int fed_xmatrix_parse(const char *header, fed_xmatrix *out, char *why, size_t wh
         char *dst = which == P_UNKNOWN ? NULL : fields[which];
         size_t cap = which == P_UNKNOWN ? 0 : caps[which], n = 0;
         bool too_long = false;
-        if (*p == '"') {
-            p++;
-            for (;;) {
-                unsigned char c = *p;
-                if (c == '"') break;
-                if (c == '\\') c = *++p;
-                if (c == '\0') {
-                    WHY("the X-Matrix parameter \"%.*s\" has an unterminated quoted value",
-                        NAME_SHOWN(name_len), (const char *)name);
-                    return malformed(out);
-                }
-                if (!quotable(c)) {
-                    WHY("the X-Matrix parameter \"%.*s\" holds a control character",
-                        NAME_SHOWN(name_len), (const char *)name);
-                    return malformed(out);
-                }
-                if (dst && n + 1 < cap) dst[n] = (char)c;
-                else if (dst) too_long = true;
-                n++;
-                p++;
-            }
-            p++; /* the closing quote */
-        } else {
-            while (bare_value_char(*p)) {
-                if (dst && n + 1 < cap) dst[n] = (char)*p;
-                else if (dst) too_long = true;
-                n++;
-                p++;
-            }
-        }
+        if (!read_value(&p, dst, cap, &n, &too_long, name, name_len, why, why_len))
+            return malformed(out);
         if (which != P_UNKNOWN) {
             if (too_long) {
                 WHY("the X-Matrix parameter \"%s\" is longer than %zu bytes", PARAM_NAMES[which],
