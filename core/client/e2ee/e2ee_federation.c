@@ -435,13 +435,7 @@ int e2ee_federation_init(http_server *s)
         {.method = "POST", .path = "/_matrix/federation/v1/user/keys/claim",
          .handler = post_user_keys_claim, .flags = ATRIUM_ROUTE_FEDERATION},
     };
-    char err[256];
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
-        if (router_add(s->router, &routes[i], "core", err, sizeof(err)) < 0) {
-            rt_log(ATRIUM_LOG_ERROR, "e2ee", "%s", err);
-            return -1;
-        }
-    }
+    if (HTTP_ROUTES_ADD(s, routes, "e2ee") < 0) return -1;
     if (fed_txn_on_edu("m.direct_to_device", on_direct_to_device, NULL) < 0 ||
         fed_txn_on_edu("m.device_list_update", on_device_list_update, NULL) < 0 ||
         fed_txn_on_edu("m.signing_key_update", on_signing_key_update, NULL) < 0) {
