@@ -24,8 +24,5 @@ int client_route(http_server *s, const char *method, const char *path, atrium_ha
 {
     atrium_route r = {.method = method, .path = path, .handler = handler,
                       .max_body_bytes = max_body_bytes};
-    char err[256];
-    int rc = router_add(s->router, &r, "core", err, sizeof(err));
-    if (rc < 0) rt_log(ATRIUM_LOG_ERROR, "core", "%s", err);
-    return rc;
+    return http_routes_add(s, &r, 1, "core");
 }

@@ -154,6 +154,10 @@ void cfg_settings_release(const struct cfg_setting *rows, size_t n_rows, void *b
  * keys allowed directly in n, which the caller checks itself ("plugins"). */
 int cfg_settings_check_keys(const cfg_node *n, const struct cfg_setting *rows, size_t n_rows,
                             const char *const *extra, char *err, size_t errlen);
+/* Write s as a YAML double-quoted string ('"' and '\\' escaped, control bytes as \xNN), so
+ * any server name, conninfo or path reads back unchanged. The one quoter of the generated
+ * configuration (schema.c); errors show in ferror(f). */
+void cfg_yaml_quote(FILE *f, const char *s);
 /* Write the rows as commented YAML at `indent` spaces: each map opened once, with its
  * section comment; each key with its help, allowed values and default (or its entry in
  * `values`). Rows of one map must be contiguous. */

@@ -464,8 +464,7 @@ int cfg_settings_check_keys(const cfg_node *n, const struct cfg_setting *rows, s
 
 /* ---- settings tables: --generate-config ---------------------------------------------------- */
 
-/* A YAML double-quoted string, so any server name or conninfo reads back unchanged. */
-static void put_quoted(FILE *f, const char *s)
+void cfg_yaml_quote(FILE *f, const char *s)
 {
     fputc('"', f);
     for (; *s != '\0'; s++) {
@@ -507,12 +506,12 @@ static void put_default(FILE *f, const struct cfg_setting *r)
     case CFG_T_INT64: fprintf(f, "%" PRId64, r->def); break;
     case CFG_T_BOOL: fputs(r->def ? "true" : "false", f); break;
     case CFG_T_ENUM: fputs(r->def_string, f); break;
-    case CFG_T_STRING: put_quoted(f, r->def_string ? r->def_string : ""); break;
+    case CFG_T_STRING: cfg_yaml_quote(f, r->def_string ? r->def_string : ""); break;
     case CFG_T_STRING_LIST:
         fputc('[', f);
         for (size_t i = 0; r->values != NULL && r->values[i] != NULL; i++) {
             fputs(i ? ", " : "", f);
-            put_quoted(f, r->values[i]);
+            cfg_yaml_quote(f, r->values[i]);
         }
         fputc(']', f);
         break;

@@ -426,17 +426,7 @@ static const char *quote(const char *s, char *buf, size_t len)
     FILE *f = fmemopen(buf, len, "w");
     if (f == NULL)
         return NULL;
-    fputc('"', f);
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(f, "\\x%02x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
+    cfg_yaml_quote(f, s);
     bool ok = fflush(f) == 0 && ftell(f) < (long)len;
     fclose(f);
     return ok ? buf : NULL;

@@ -75,12 +75,6 @@ int http_builtin_routes(http_server *s)
         {.method = "GET", .path = "/.well-known/matrix/client", .handler = get_wellknown_client},
         {.method = "GET", .path = "/metrics", .handler = get_metrics},
     };
-    char err[256];
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
-        if (router_add(s->router, &routes[i], "core", err, sizeof(err)) < 0) {
-            rt_log(ATRIUM_LOG_ERROR, "core", "%s", err);
-            return -1;
-        }
-    }
+    if (HTTP_ROUTES_ADD(s, routes, "core") < 0) return -1;
     return 0;
 }

@@ -233,6 +233,17 @@ void http_server_expire_suspended(http_server *s);
 void http_server_drain(http_server *s, int grace_ms);
 void http_server_stop(http_server *s); /* MHD_stop_daemon; after expire */
 void http_server_free(http_server *s);
+/* Register a table of the core's routes (owner "core", each as router_add does), in
+ * order. The first refusal is logged under `component` (the log's component name) and
+ * ends the table: 0, or that refusal's error, the routes before it staying registered
+ * (start-up fails anyway). Main thread, at start-up. HTTP_ROUTES_ADD takes a static array
+ * and counts it. */
+int http_routes_add(http_server *s, const atrium_route *routes, size_t n, const char *component);
+/* One entry of such a table, for the tables that name only these four. */
+#define HTTP_ROUTE(m, p, h, max_body)                                                       \
+    {.method = (m), .path = (p), .handler = (h), .max_body_bytes = (max_body)}
+#define HTTP_ROUTES_ADD(s, table, component)                                                \
+    http_routes_add((s), (table), sizeof(table) / sizeof((table)[0]), (component))
 /* Register the core's own routes (/health, /versions, /metrics, ...). */
 int http_builtin_routes(http_server *s);
 /* Serve federation: a second listener (server.federation.*) for federation and key paths,

@@ -176,6 +176,20 @@ int router_add(router *rt, const atrium_route *route, const char *owner, char *e
     return add_one(rt, &legacy, owner, err, errlen);
 }
 
+int http_routes_add(http_server *s, const atrium_route *routes, size_t n, const char *component)
+{
+    for (size_t i = 0; i < n; i++) {
+        char err[256] = "";
+        int rc = router_add(s->router, &routes[i], "core", err, sizeof(err));
+        if (rc < 0) {
+            rt_log(ATRIUM_LOG_ERROR, component, "%s",
+                   err[0] ? err : "out of memory registering a route");
+            return rc;
+        }
+    }
+    return 0;
+}
+
 static int add_one(router *rt, const atrium_route *route, const char *owner, char *err,
                    size_t errlen)
 {

@@ -691,6 +691,27 @@ static void test_a_table_is_printed_as_markdown_one_row_per_key(void **state)
 
 /* ---- --generate-config ------------------------------------------------------------------- */
 
+/* The one quoter of --generate-config: escapes exactly what a double-quoted YAML scalar
+ * needs, and what it writes loads back as the original text. */
+static void test_a_yaml_quoted_value_reads_back_unchanged(void **state)
+{
+    (void)state;
+    const char *raw = "a \"b\" c\\d # e: f\tg\x7f";
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    fputs("k: ", f);
+    cfg_yaml_quote(f, raw);
+    fputc('\n', f);
+    assert_int_equal(fclose(f), 0);
+    assert_string_equal(text, "k: \"a \\\"b\\\" c\\\\d # e: f\\x09g\\x7f\"\n");
+    cfg_node *root = load(text);
+    assert_string_equal(cfg_get(root, "k")->value, raw);
+    cfg_free(root);
+    free(text);
+}
+
 /* quotes and spaces, so the generator must quote it for it to read back unchanged */
 #define GENERATED_CONNINFO "host=/run/postgresql dbname=\"at rium\" # not a comment"
 
@@ -828,6 +849,7 @@ int main(void)
         cmocka_unit_test(test_a_table_reads_every_row_into_its_field_with_defaults),
         cmocka_unit_test(test_a_table_refuses_keys_it_does_not_declare_at_every_level),
         cmocka_unit_test(test_a_table_is_printed_as_markdown_one_row_per_key),
+        cmocka_unit_test(test_a_yaml_quoted_value_reads_back_unchanged),
         cmocka_unit_test(test_generated_config_loads_back_with_every_default),
         cmocka_unit_test(test_generated_config_writes_a_plugins_declared_settings_that_read_back),
         cmocka_unit_test(test_generated_config_without_plugin_dir_uses_the_default),

@@ -16,6 +16,7 @@
 
 #include "core/client/accounts/accounts.h"
 #include "core/federation/transport/fed_request.h"
+#include "core/runtime/uri.h"
 
 #define REMOTE_PROFILE_MAX_BYTES 4096 /* a larger profile answer is refused as garbage */
 #define REMOTE_PROFILE_URI_BYTES 1024
@@ -102,7 +103,7 @@ int acc_profile_remote(atrium_req *r, const char *user_id, const char *field)
     if (user_id[0] != '@' || !server || !server[1])
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a user ID");
     char enc[REMOTE_PROFILE_URI_BYTES / 2], uri[REMOTE_PROFILE_URI_BYTES];
-    if (!fed_uri_encode(user_id, enc, sizeof(enc)))
+    if (!rt_uri_encode(user_id, enc, sizeof(enc)))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "The user ID is too long");
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/query/profile?user_id=%s%s%s", enc,
              field ? "&field=" : "", field ? field : "");

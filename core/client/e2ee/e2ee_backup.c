@@ -537,24 +537,25 @@ static int delete_keys(atrium_req *r)
 
 int e2ee_backup_init(http_server *s)
 {
-    static const char *const key_paths[] = {
-        "/_matrix/client/v3/room_keys/keys",
-        "/_matrix/client/v3/room_keys/keys/{roomId}",
-        "/_matrix/client/v3/room_keys/keys/{roomId}/{sessionId}",
+#define VERSION_ "/_matrix/client/v3/room_keys/version"
+#define KEYS_ "/_matrix/client/v3/room_keys/keys"
+    static const atrium_route routes[] = {
+        HTTP_ROUTE("GET", VERSION_, get_version, 0),
+        HTTP_ROUTE("POST", VERSION_, post_version, 0),
+        HTTP_ROUTE("GET", VERSION_ "/{version}", get_version, 0),
+        HTTP_ROUTE("PUT", VERSION_ "/{version}", put_version, 0),
+        HTTP_ROUTE("DELETE", VERSION_ "/{version}", delete_version, 0),
+        HTTP_ROUTE("PUT", KEYS_, put_keys, 0),
+        HTTP_ROUTE("GET", KEYS_, get_keys, 0),
+        HTTP_ROUTE("DELETE", KEYS_, delete_keys, 0),
+        HTTP_ROUTE("PUT", KEYS_ "/{roomId}", put_keys, 0),
+        HTTP_ROUTE("GET", KEYS_ "/{roomId}", get_keys, 0),
+        HTTP_ROUTE("DELETE", KEYS_ "/{roomId}", delete_keys, 0),
+        HTTP_ROUTE("PUT", KEYS_ "/{roomId}/{sessionId}", put_keys, 0),
+        HTTP_ROUTE("GET", KEYS_ "/{roomId}/{sessionId}", get_keys, 0),
+        HTTP_ROUTE("DELETE", KEYS_ "/{roomId}/{sessionId}", delete_keys, 0),
     };
-    if (client_route(s, "GET", "/_matrix/client/v3/room_keys/version", get_version, 0) < 0 ||
-        client_route(s, "POST", "/_matrix/client/v3/room_keys/version", post_version, 0) < 0 ||
-        client_route(s, "GET", "/_matrix/client/v3/room_keys/version/{version}", get_version,
-                     0) < 0 ||
-        client_route(s, "PUT", "/_matrix/client/v3/room_keys/version/{version}", put_version,
-                     0) < 0 ||
-        client_route(s, "DELETE", "/_matrix/client/v3/room_keys/version/{version}",
-                     delete_version, 0) < 0)
-        return -1;
-    for (size_t i = 0; i < sizeof(key_paths) / sizeof(key_paths[0]); i++)
-        if (client_route(s, "PUT", key_paths[i], put_keys, 0) < 0 ||
-            client_route(s, "GET", key_paths[i], get_keys, 0) < 0 ||
-            client_route(s, "DELETE", key_paths[i], delete_keys, 0) < 0)
-            return -1;
-    return 0;
+#undef KEYS_
+#undef VERSION_
+    return HTTP_ROUTES_ADD(s, routes, "core");
 }

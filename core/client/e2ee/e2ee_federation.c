@@ -30,6 +30,7 @@
 #include "core/client/sync/notifier.h"
 #include "core/federation/transport/fed_call.h"
 #include "core/federation/transport/fed_txn.h"
+#include "core/runtime/uri.h"
 
 #define E2EE_FED_DB_WAIT_MS 5000            /* EDU handlers: background work */
 #define E2EE_FED_RESYNC_TIMEOUT_MS 10000    /* a /user/devices resync */
@@ -235,7 +236,11 @@ static void on_direct_to_device(void *ctx, const char *origin, const json_t *con
 static int resync(PGconn **cp, const char *origin, const char *user_id)
 {
     char enc[E2EE_FED_URI_BYTES / 2], uri[E2EE_FED_URI_BYTES];
-    if (!fed_uri_encode(user_id, enc, sizeof(enc))) return -1;
+    if (!rt_uri_encode(user_id, enc, sizeof(enc))) {
+        rt_log(ATRIUM_LOG_WARN, "e2ee", "device list of %s not fetched from %s: the user ID is "
+               "too long to send", user_id, origin);
+        return -1;
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/user/devices/%s", enc);
     fed_request_opts o = {.method = "GET", .destination = origin, .uri = uri,
                           .deadline_ms = rt_now_ms() + E2EE_FED_RESYNC_TIMEOUT_MS,
@@ -435,13 +440,7 @@ int e2ee_federation_init(http_server *s)
         {.method = "POST", .path = "/_matrix/federation/v1/user/keys/claim",
          .handler = post_user_keys_claim, .flags = ATRIUM_ROUTE_FEDERATION},
     };
-    char err[256];
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
-        if (router_add(s->router, &routes[i], "core", err, sizeof(err)) < 0) {
-            rt_log(ATRIUM_LOG_ERROR, "e2ee", "%s", err);
-            return -1;
-        }
-    }
+    if (HTTP_ROUTES_ADD(s, routes, "e2ee") < 0) return -1;
     if (fed_txn_on_edu("m.direct_to_device", on_direct_to_device, NULL) < 0 ||
         fed_txn_on_edu("m.device_list_update", on_device_list_update, NULL) < 0 ||
         fed_txn_on_edu("m.signing_key_update", on_signing_key_update, NULL) < 0) {

@@ -644,40 +644,33 @@ int push_rules_routes(http_server *s)
 {
 #define PR "/_matrix/client/v3/pushrules"
 #define RULE_PATH PR "/{scope}/{kind}/{ruleId}"
-    static const struct {
-        const char *method, *path;
-        atrium_handler handler;
-    } routes[] = {
-        {"GET", PR, get_all},
-        {"GET", PR "/", get_all},
-        {"GET", PR "/{scope}", get_global},
-        {"GET", PR "/{scope}/", get_global},
-        {"GET", PR "/{scope}/{kind}", get_kind},
-        {"GET", PR "/{scope}/{kind}/", get_kind},
-        {"GET", RULE_PATH, get_rule},
-        {"PUT", RULE_PATH, put_rule},
-        {"DELETE", RULE_PATH, delete_rule},
-        {"GET", RULE_PATH "/enabled", get_enabled},
-        {"PUT", RULE_PATH "/enabled", put_enabled},
-        {"GET", RULE_PATH "/actions", get_actions},
-        {"PUT", RULE_PATH "/actions", put_actions},
+    static const atrium_route routes[] = {
+        HTTP_ROUTE("GET", PR, get_all, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", PR "/", get_all, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", PR "/{scope}", get_global, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", PR "/{scope}/", get_global, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", PR "/{scope}/{kind}", get_kind, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", PR "/{scope}/{kind}/", get_kind, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", RULE_PATH, get_rule, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("PUT", RULE_PATH, put_rule, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("DELETE", RULE_PATH, delete_rule, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", RULE_PATH "/enabled", get_enabled, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("PUT", RULE_PATH "/enabled", put_enabled, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", RULE_PATH "/actions", get_actions, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("PUT", RULE_PATH "/actions", put_actions, ACC_MAX_BODY_BYTES),
         /* Empty parts: a literal "" segment matches only an empty one. */
-        {"PUT", PR "//{kind}/{ruleId}", bad_rule_path},
-        {"DELETE", PR "//{kind}/{ruleId}", bad_rule_path},
-        {"GET", PR "//{kind}/{ruleId}", bad_rule_path},
-        {"PUT", PR "/{scope}//{ruleId}", bad_rule_path},
-        {"DELETE", PR "/{scope}//{ruleId}", bad_rule_path},
-        {"GET", PR "/{scope}//{ruleId}", bad_rule_path},
-        {"PUT", PR "/{scope}/{kind}/", bad_rule_path},
-        {"DELETE", PR "/{scope}/{kind}/", bad_rule_path},
-        {"PUT", PR "/{scope}/{kind}", bad_rule_path},
-        {"DELETE", PR "/{scope}/{kind}", bad_rule_path},
+        HTTP_ROUTE("PUT", PR "//{kind}/{ruleId}", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("DELETE", PR "//{kind}/{ruleId}", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", PR "//{kind}/{ruleId}", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("PUT", PR "/{scope}//{ruleId}", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("DELETE", PR "/{scope}//{ruleId}", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", PR "/{scope}//{ruleId}", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("PUT", PR "/{scope}/{kind}/", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("DELETE", PR "/{scope}/{kind}/", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("PUT", PR "/{scope}/{kind}", bad_rule_path, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("DELETE", PR "/{scope}/{kind}", bad_rule_path, ACC_MAX_BODY_BYTES),
     };
 #undef RULE_PATH
 #undef PR
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-        if (client_route(s, routes[i].method, routes[i].path, routes[i].handler,
-                         ACC_MAX_BODY_BYTES) < 0)
-            return -1;
-    return 0;
+    return HTTP_ROUTES_ADD(s, routes, "core");
 }

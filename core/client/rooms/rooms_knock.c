@@ -40,6 +40,7 @@
 #include "core/federation/transport/fed_call.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/state_pdus.h"
+#include "core/runtime/uri.h"
 
 #define KNOCK_URI_BYTES 2048
 #define KNOCK_MAKE_MAX_BODY_BYTES (256 * 1024)  /* a make_knock answer: one template */
@@ -60,9 +61,12 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
     memset(last, 0, sizeof(*last));
     last->outcome = FED_REQ_E_RESOLVE;
     snprintf(last->error, sizeof(last->error), "no server to ask");
-    if (!fed_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
-        !fed_uri_encode(user, user_enc, sizeof(user_enc)))
+    if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
+        !rt_uri_encode(user, user_enc, sizeof(user_enc))) {
+        last->outcome = FED_REQ_E_URI_TOO_LONG;
+        snprintf(last->error, sizeof(last->error), "the room or user ID is too long to send");
         return NULL;
+    }
     size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_%s/%s/%s",
                                 membership, room_enc, user_enc);
     for (size_t i = 0; ROOM_VERSIONS_SUPPORTED[i] && o < sizeof(uri); i++)
@@ -157,8 +161,12 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     http_db_checkin(c); /* no connection is held while a peer answers */
     if (!knock) return rooms_fail(r, &e);
     char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
-    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
-    fed_uri_encode(id, id_enc, sizeof(id_enc));
+    if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
+        !rt_uri_encode(id, id_enc, sizeof(id_enc))) {
+        json_decref(knock);
+        return http_respond_error(r, 400, "M_INVALID_PARAM",
+                                  "The room ID is too long to send to another server");
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/send_knock/%s/%s", room_enc, id_enc);
     fed_request_opts req = {.method = "PUT", .destination = via, .uri = uri, .body = knock,
                             .deadline_ms = r->deadline_ms, .ignore_backoff = true,
@@ -279,8 +287,13 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
         return NULL;
     }
     char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
-    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
-    fed_uri_encode(id, id_enc, sizeof(id_enc));
+    if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
+        !rt_uri_encode(id, id_enc, sizeof(id_enc))) {
+        rt_log(ATRIUM_LOG_INFO, "core", "withdrawing %s's knock on %s: the room ID is too long "
+               "to send", user, room_id);
+        json_decref(leave);
+        return NULL;
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_leave/%s/%s", room_enc, id_enc);
     fed_request_opts req = {.method = "PUT", .destination = *via_out, .uri = uri, .body = leave,
                             .deadline_ms = r->deadline_ms, .ignore_backoff = true,

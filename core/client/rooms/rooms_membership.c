@@ -510,20 +510,17 @@ static int post_forget(atrium_req *r)
 
 int rooms_membership_routes(http_server *s)
 {
-    static const struct {
-        const char *path;
-        atrium_handler h;
-    } routes[] = {
-        {"/_matrix/client/v3/rooms/{roomId}/join", post_room_join},
-        {"/_matrix/client/v3/join/{roomIdOrAlias}", post_join},
-        {"/_matrix/client/v3/rooms/{roomId}/leave", post_leave},
-        {"/_matrix/client/v3/rooms/{roomId}/invite", post_invite},
-        {"/_matrix/client/v3/rooms/{roomId}/kick", post_kick},
-        {"/_matrix/client/v3/rooms/{roomId}/ban", post_ban},
-        {"/_matrix/client/v3/rooms/{roomId}/unban", post_unban},
-        {"/_matrix/client/v3/rooms/{roomId}/forget", post_forget},
+#define POST_(p, h) HTTP_ROUTE("POST", p, h, ROOMS_MAX_BODY_BYTES)
+    static const atrium_route routes[] = {
+        POST_("/_matrix/client/v3/rooms/{roomId}/join", post_room_join),
+        POST_("/_matrix/client/v3/join/{roomIdOrAlias}", post_join),
+        POST_("/_matrix/client/v3/rooms/{roomId}/leave", post_leave),
+        POST_("/_matrix/client/v3/rooms/{roomId}/invite", post_invite),
+        POST_("/_matrix/client/v3/rooms/{roomId}/kick", post_kick),
+        POST_("/_matrix/client/v3/rooms/{roomId}/ban", post_ban),
+        POST_("/_matrix/client/v3/rooms/{roomId}/unban", post_unban),
+        POST_("/_matrix/client/v3/rooms/{roomId}/forget", post_forget),
     };
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-        if (client_route(s, "POST", routes[i].path, routes[i].h, ROOMS_MAX_BODY_BYTES) < 0) return -1;
-    return 0;
+#undef POST_
+    return HTTP_ROUTES_ADD(s, routes, "core");
 }

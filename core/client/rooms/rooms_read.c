@@ -371,22 +371,19 @@ static int get_context(atrium_req *r)
 
 int rooms_read_routes(http_server *s)
 {
-    static const struct {
-        const char *path;
-        atrium_handler h;
-    } routes[] = {
-        {"/_matrix/client/v3/rooms/{roomId}/state", get_state_all},
-        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}", get_state_one},
-        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}/", get_state_one},
-        {"/_matrix/client/v3/rooms/{roomId}/state/{eventType}/{stateKey}", get_state_one},
-        {"/_matrix/client/v3/rooms/{roomId}/event/{eventId}", get_event},
-        {"/_matrix/client/v3/rooms/{roomId}/members", get_members},
-        {"/_matrix/client/v3/rooms/{roomId}/joined_members", get_joined_members},
-        {"/_matrix/client/v3/rooms/{roomId}/messages", get_messages},
-        {"/_matrix/client/v3/rooms/{roomId}/context/{eventId}", get_context},
-        {"/_matrix/client/v3/joined_rooms", get_joined_rooms},
+#define GET_(p, h) HTTP_ROUTE("GET", "/_matrix/client/v3" p, h, 0)
+    static const atrium_route routes[] = {
+        GET_("/rooms/{roomId}/state", get_state_all),
+        GET_("/rooms/{roomId}/state/{eventType}", get_state_one),
+        GET_("/rooms/{roomId}/state/{eventType}/", get_state_one),
+        GET_("/rooms/{roomId}/state/{eventType}/{stateKey}", get_state_one),
+        GET_("/rooms/{roomId}/event/{eventId}", get_event),
+        GET_("/rooms/{roomId}/members", get_members),
+        GET_("/rooms/{roomId}/joined_members", get_joined_members),
+        GET_("/rooms/{roomId}/messages", get_messages),
+        GET_("/rooms/{roomId}/context/{eventId}", get_context),
+        GET_("/joined_rooms", get_joined_rooms),
     };
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-        if (client_route(s, "GET", routes[i].path, routes[i].h, 0) < 0) return -1;
-    return 0;
+#undef GET_
+    return HTTP_ROUTES_ADD(s, routes, "core");
 }

@@ -237,17 +237,13 @@ static int get_threads(atrium_req *r)
 
 int rooms_relations_routes(http_server *s)
 {
-    static const struct {
-        const char *path;
-        atrium_handler h;
-    } routes[] = {
-        {"/_matrix/client/v1/rooms/{roomId}/relations/{eventId}", get_relations},
-        {"/_matrix/client/v1/rooms/{roomId}/relations/{eventId}/{relType}", get_relations},
-        {"/_matrix/client/v1/rooms/{roomId}/relations/{eventId}/{relType}/{eventType}",
-         get_relations},
-        {"/_matrix/client/v1/rooms/{roomId}/threads", get_threads},
+#define GET_(p, h) HTTP_ROUTE("GET", "/_matrix/client/v1/rooms/{roomId}" p, h, 0)
+    static const atrium_route routes[] = {
+        GET_("/relations/{eventId}", get_relations),
+        GET_("/relations/{eventId}/{relType}", get_relations),
+        GET_("/relations/{eventId}/{relType}/{eventType}", get_relations),
+        GET_("/threads", get_threads),
     };
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-        if (client_route(s, "GET", routes[i].path, routes[i].h, 0) < 0) return -1;
-    return 0;
+#undef GET_
+    return HTTP_ROUTES_ADD(s, routes, "core");
 }

@@ -33,6 +33,7 @@
 #include "core/federation/transport/fed_call.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/state_pdus.h"
+#include "core/runtime/uri.h"
 
 #define REMOTE_URI_BYTES 2048
 #define REMOTE_JOIN_MAX_BODY_BYTES (64 * 1024 * 1024) /* a send_join answer: the full state */
@@ -62,6 +63,8 @@ int rooms_join_needs_remote(PGconn *c, const char *room_id)
 int rooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res,
                                 const char *what)
 {
+    if (res->outcome == FED_REQ_E_URI_TOO_LONG)
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "%s: %s", what, res->error);
     if (res->outcome == FED_HTTP_E_TIMEOUT)
         return http_respond_error(r, 504, "M_UNKNOWN", "%s: the server did not answer in time", what);
     if (res->outcome == FED_REQ_E_NOT_ALLOWED)
@@ -171,8 +174,13 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
                         fed_call_result *last)
 {
     char room_enc[REMOTE_URI_BYTES / 4], user_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
-    if (!fed_uri_encode(room_id, room_enc, sizeof(room_enc)) || !fed_uri_encode(user, user_enc, sizeof(user_enc)))
+    if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
+        !rt_uri_encode(user, user_enc, sizeof(user_enc))) {
+        memset(last, 0, sizeof(*last));
+        last->outcome = FED_REQ_E_URI_TOO_LONG;
+        snprintf(last->error, sizeof(last->error), "the room or user ID is too long to send");
         return NULL;
+    }
     size_t o = (size_t)snprintf(uri, sizeof(uri), "/_matrix/federation/v1/make_%s/%s/%s",
                                 membership, room_enc, user_enc);
     for (size_t i = 0; strcmp(membership, "join") == 0 && ROOM_VERSIONS_SUPPORTED[i] &&
@@ -380,8 +388,13 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
         return false;
     }
     char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
-    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
-    fed_uri_encode(m->id, id_enc, sizeof(id_enc));
+    if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
+        !rt_uri_encode(m->id, id_enc, sizeof(id_enc))) {
+        *out = http_respond_error(r, 400, "M_INVALID_PARAM",
+                                  "The room ID is too long to send to another server");
+        remote_member_clear(m);
+        return false;
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_%s/%s/%s", kind, room_enc, id_enc);
     fed_request_opts o = {.method = "PUT", .destination = m->via, .uri = uri, .body = m->event,
                           .deadline_ms = r->deadline_ms, .ignore_backoff = true,
@@ -498,8 +511,14 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
         return false;
     }
     char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
-    fed_uri_encode(room_id, room_enc, sizeof(room_enc));
-    fed_uri_encode(id, id_enc, sizeof(id_enc));
+    if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
+        !rt_uri_encode(id, id_enc, sizeof(id_enc))) {
+        json_decref(pdu);
+        json_decref(map);
+        http_respond_error(r, 400, "M_INVALID_PARAM",
+                           "The room ID is too long to send to another server");
+        return false;
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v2/invite/%s/%s", room_enc, id_enc);
     json_t *body = json_pack("{s:O, s:s, s:o}", "event", pdu, "room_version", v->id,
                              "invite_room_state", rooms_stripped_state(map, sender));

@@ -31,6 +31,7 @@
 #include "core/federation/rooms/fed_rooms.h"
 #include "core/federation/rooms/fed_rooms_recv.h"
 #include "core/rooms/state_pdus.h"
+#include "core/runtime/uri.h"
 
 #define RECV_BACKFILL_FROM_MAX 5    /* backward extremities one backfill tries */
 #define RECV_BACKFILL_SERVERS_MAX 3 /* servers asked in turn for one extremity */
@@ -148,8 +149,12 @@ static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, i
                          bool *answered)
 {
     char room[RECV_URI_BYTES / 4], ev[RECV_URI_BYTES / 4], uri[RECV_URI_BYTES];
-    fed_recv_uri_part(rx->room_id, room, sizeof(room));
-    fed_recv_uri_part(from, ev, sizeof(ev));
+    *answered = false;
+    if (!rt_uri_encode(rx->room_id, room, sizeof(room)) || !rt_uri_encode(from, ev, sizeof(ev))) {
+        rt_log(ATRIUM_LOG_INFO, "federation", "no backfill of %s from %s: an ID is too long to "
+               "send", rx->room_id, from);
+        return 0;
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/backfill/%s?limit=%d&v=%s", room, limit, ev);
     json_t *answer = NULL;
     for (size_t i = 0; i < json_array_size(servers) && i < RECV_BACKFILL_SERVERS_MAX && !answer; i++) {

@@ -55,6 +55,7 @@
 #include "core/rooms/state_map.h"
 #include "core/rooms/state_pdus.h"
 #include "core/rooms/state_res.h"
+#include "core/runtime/uri.h"
 
 #define RECV_MISSING_LIMIT 10       /* events asked for with one get_missing_events */
 #define RECV_GAP_MAX_EVENTS 500     /* events one gap walk collects at most */
@@ -102,24 +103,6 @@ static int retry(char err[FED_PDU_ERR_LEN])
 static const char *ref_id(const json_t *ref)
 {
     return json_is_array(ref) ? json_string_value(json_array_get(ref, 0)) : json_string_value(ref);
-}
-
-void fed_recv_uri_part(const char *s, char *out, size_t len)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && o + 4 < len; p++) {
-        bool keep = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
-                    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' || *p == '_' || *p == '~';
-        if (keep) {
-            out[o++] = (char)*p;
-        } else {
-            out[o++] = '%';
-            out[o++] = hex[*p >> 4];
-            out[o++] = hex[*p & 15];
-        }
-    }
-    out[o] = '\0';
 }
 
 /* A request to the origin, waited for; the JSON answer (new) or NULL. rx->c goes back to
@@ -204,7 +187,11 @@ static fed_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth)
     if (rx->fetched >= RECV_FETCH_MAX) return FED_RECV_AUTH_UNAVAILABLE;
     rx->fetched++;
     char enc[RECV_URI_BYTES / 2], uri[RECV_URI_BYTES];
-    fed_recv_uri_part(event_id, enc, sizeof(enc));
+    if (!rt_uri_encode(event_id, enc, sizeof(enc))) {
+        rt_log(ATRIUM_LOG_INFO, "federation", "event %s not fetched from %s: the ID is too long "
+               "to send", event_id, rx->origin);
+        return FED_RECV_AUTH_UNAVAILABLE;
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/event/%s", enc);
     json_t *answer = fed_recv_ask(rx, "GET", uri, NULL);
     if (!answer) return FED_RECV_AUTH_UNAVAILABLE;
@@ -350,8 +337,12 @@ static json_t *state_before_from_prevs(pdu_job *rx, const json_t *pdu)
 static json_t *state_before_from_origin(pdu_job *rx, const char *event_id)
 {
     char room[RECV_URI_BYTES / 4], ev[RECV_URI_BYTES / 4], uri[RECV_URI_BYTES];
-    fed_recv_uri_part(rx->room_id, room, sizeof(room));
-    fed_recv_uri_part(event_id, ev, sizeof(ev));
+    if (!rt_uri_encode(rx->room_id, room, sizeof(room)) ||
+        !rt_uri_encode(event_id, ev, sizeof(ev))) {
+        rt_log(ATRIUM_LOG_INFO, "federation", "state at %s in %s not asked of %s: an ID is too "
+               "long to send", event_id, rx->room_id, rx->origin);
+        return NULL;
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/state_ids/%s?event_id=%s", room, ev);
     json_t *answer = fed_recv_ask(rx, "GET", uri, NULL);
     json_t *ids = json_object_get(answer, "pdu_ids");
@@ -408,7 +399,12 @@ static json_t *ask_missing(pdu_job *rx, json_t *earliest, json_t *frontier, json
                              "latest_events", frontier, "limit", RECV_MISSING_LIMIT,
                              "min_depth", min_depth);
     char room[RECV_URI_BYTES / 2], uri[RECV_URI_BYTES];
-    fed_recv_uri_part(rx->room_id, room, sizeof(room));
+    if (!rt_uri_encode(rx->room_id, room, sizeof(room))) {
+        rt_log(ATRIUM_LOG_INFO, "federation", "missing events of %s not asked of %s: the room "
+               "ID is too long to send", rx->room_id, rx->origin);
+        json_decref(body);
+        return NULL;
+    }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/get_missing_events/%s", room);
     json_t *answer = fed_recv_ask(rx, "POST", uri, body);
     json_decref(body);

@@ -33,8 +33,6 @@ typedef struct pdu_job {
     int fetched;              /* /event requests made, against the receiver's bound */
 } pdu_job;
 
-/* s percent-encoded for a URI path or query part, into out (len bytes, truncated). */
-void fed_recv_uri_part(const char *s, char *out, size_t len);
 /* A request to rx->origin, waited for (this thread waits: never the request pool's); the
  * JSON answer (new) or NULL (logged). rx->c is back in the pool while it waits and is
  * borrowed again after (DB_WAIT_CONFIGURED): NULL, with a NULL answer, when none was

@@ -324,12 +324,6 @@ int fed_rooms_serve_routes(fed_module *m)
         {.method = "POST", .path = "/_matrix/federation/v1/get_missing_events/{roomId}",
          .handler = post_missing, .flags = ATRIUM_ROUTE_FEDERATION},
     };
-    char err[256];
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
-        if (router_add(m->srv->router, &routes[i], "core", err, sizeof(err)) < 0) {
-            rt_log(ATRIUM_LOG_ERROR, "federation", "%s", err);
-            return -1;
-        }
-    }
+    if (HTTP_ROUTES_ADD(m->srv, routes, "federation") < 0) return -1;
     return 0;
 }

@@ -282,23 +282,3 @@ static int fed_request_submit_to(const fed_request_opts *o, bool server, bool pl
     return 0;
 }
 
-bool fed_uri_encode(const char *s, char *out, size_t len)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        bool keep = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
-                    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' || *p == '_' || *p == '~';
-        if (o + 4 >= len) return false;
-        if (keep) {
-            out[o++] = (char)*p;
-        } else {
-            out[o++] = '%';
-            out[o++] = hex[*p >> 4];
-            out[o++] = hex[*p & 15];
-        }
-    }
-    out[o] = '\0';
-    return true;
-}
-

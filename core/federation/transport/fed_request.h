@@ -25,6 +25,7 @@ enum fed_request_outcome {
     FED_REQ_E_NOT_ALLOWED = -21, /* not in federation.domain_whitelist, or ourselves */
     FED_REQ_E_RESOLVE = -22,     /* discovery found nowhere to connect */
     FED_REQ_E_NOT_JSON = -23,    /* want_json: the body is not a JSON object */
+    FED_REQ_E_URI_TOO_LONG = -24, /* an ID did not fit in the request URI: not sent */
 };
 
 typedef struct fed_response {
@@ -70,10 +71,6 @@ typedef struct fed_request_opts {
  * A negative atrium_err (ATRIUM_E_LIMIT, _STOPPED, _INVAL, _NOMEM): on_done is never
  * called. Any thread, once federation is started (federation.h). */
 int fed_request_submit(const fed_request_opts *o);
-
-/* Percent-encode s for a path segment or query value of a federation URI (RFC 3986
- * unreserved characters kept) into out: false when it does not fit in len. */
-bool fed_uri_encode(const char *s, char *out, size_t len);
 
 /* Is origin allowed by federation.domain_whitelist (empty = every server)? Any thread. */
 bool fed_domain_allowed(const char *server_name);

@@ -45,13 +45,7 @@ int fed_routes_register(fed_module *m)
         {.method = "GET", .path = "/_matrix/key/v2/server", .handler = get_server_keys},
         {.method = "GET", .path = "/_matrix/key/v2/server/{keyId}", .handler = get_server_keys},
     };
-    char err[256];
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
-        if (router_add(m->srv->router, &routes[i], "core", err, sizeof(err)) < 0) {
-            rt_log(ATRIUM_LOG_ERROR, "federation", "%s", err);
-            return -1;
-        }
-    }
+    if (HTTP_ROUTES_ADD(m->srv, routes, "federation") < 0) return -1;
     /* The room endpoints (core/federation/rooms/) and the profile query
      * (core/client/accounts/profile_remote.c) are registered by their own layers. */
     return fed_keyquery_routes(m);
