@@ -163,6 +163,20 @@ void susp_suspend(atrium_req *r, int kind, int64_t deadline_ms)
     heap_insert(r->srv->timer, r, deadline_ms);
 }
 
+/* Under r->mu, r suspended: SUSPENDED -> RESUMING with what to do. The caller unlocks,
+ * then calls MHD_resume_connection. */
+static void resume_locked(atrium_req *r, int action, int reason, int status,
+                          struct MHD_Response *resp)
+{
+    rt_metric_add(r->susp_kind == SUSP_HANDOFF ? r->srv->m_handed_off : r->srv->m_parked, -1);
+    r->susp = SUSP_RESUMING;
+    r->action = action;
+    r->resume_reason = reason;
+    r->resume_status = status;
+    r->resume_response = resp;
+    heap_remove(r->srv->timer, r);
+}
+
 bool susp_resume(atrium_req *r, int action, int reason, int status, struct MHD_Response *resp)
 {
     pthread_mutex_lock(&r->mu);
@@ -171,13 +185,7 @@ bool susp_resume(atrium_req *r, int action, int reason, int status, struct MHD_R
         if (resp) MHD_destroy_response(resp);
         return false;
     }
-    rt_metric_add(r->susp_kind == SUSP_HANDOFF ? r->srv->m_handed_off : r->srv->m_parked, -1);
-    r->susp = SUSP_RESUMING;
-    r->action = action;
-    r->resume_reason = reason;
-    r->resume_status = status;
-    r->resume_response = resp;
-    heap_remove(r->srv->timer, r);
+    resume_locked(r, action, reason, status, resp);
     pthread_mutex_unlock(&r->mu);
     MHD_resume_connection(r->conn);
     return true;
@@ -547,8 +555,22 @@ static void expire(http_server *s, atrium_req *r, bool stopping)
         return;
     }
     int kind = r->susp_kind;
-    if (kind == SUSP_HANDOFF && r->worker_running) {
-        pthread_mutex_unlock(&r->mu); /* the running work answers (see the top) */
+    if (kind == SUSP_HANDOFF) {
+        if (r->worker_running) {
+            pthread_mutex_unlock(&r->mu); /* the running work answers (see the top) */
+            return;
+        }
+        /* Answered under the same lock that saw no worker: a task that finds the request
+         * after this sees it resuming and never starts the work. Deciding here and
+         * resuming after an unlock let a task start an upload's commit in between, and the
+         * client got 504 for an upload that was stored. */
+        struct MHD_Response *resp =
+            stopping ? unavailable("The server is stopping")
+                     : http_error_response(504, "M_UNKNOWN", "The request timed out", 0);
+        resume_locked(r, ACT_RESPOND, 0, stopping ? 503 : 504, resp);
+        pthread_mutex_unlock(&r->mu);
+        rt_metric_add(s->m_handoff_expired, 1);
+        MHD_resume_connection(r->conn);
         return;
     }
     bool mine = false;
@@ -568,13 +590,7 @@ static void expire(http_server *s, atrium_req *r, bool stopping)
         r->wait_linked = false;
     }
     pthread_mutex_unlock(&r->mu);
-    if (kind == SUSP_HANDOFF) {
-        rt_metric_add(s->m_handoff_expired, 1);
-        struct MHD_Response *resp =
-            stopping ? unavailable("The server is stopping")
-                     : http_error_response(504, "M_UNKNOWN", "The request timed out", 0);
-        susp_resume(r, ACT_RESPOND, 0, stopping ? 503 : 504, resp);
-    } else if (mine && kind == SUSP_STREAM) {
+    if (mine && kind == SUSP_STREAM) {
         stream_resume(r, true);
     } else if (mine) {
         susp_resume(r, ACT_REDISPATCH, reason, 0, NULL);
