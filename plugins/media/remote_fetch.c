@@ -329,19 +329,27 @@ int remote_job_begin(remote_job *j)
     return rc == REMOTE_OK ? REMOTE_STARTED : rc;
 }
 
+/* A queued fetch about to start (or start again): false, the job ended, when the pool
+ * stopped or every request that wanted it has been answered meanwhile. */
+static bool job_goes_on(remote_job *j, bool cancelled)
+{
+    if (cancelled) {
+        remote_job_complete(j, REMOTE_STOPPING);
+        return false;
+    }
+    if (!job_wanted(j)) {
+        remote_job_complete(j, REMOTE_ABANDONED);
+        return false;
+    }
+    return true;
+}
+
 /* A fetch that waited for its origin's cap: start it, unless every request that wanted it
  * has been answered already (then it ends without asking the origin). */
 static void job_start_task(void *arg, bool cancelled)
 {
     remote_job *j = arg;
-    if (cancelled) {
-        remote_job_complete(j, REMOTE_STOPPING);
-        return;
-    }
-    if (!job_wanted(j)) {
-        remote_job_complete(j, REMOTE_ABANDONED);
-        return;
-    }
+    if (!job_goes_on(j, cancelled)) return;
     int rc = remote_job_begin(j);
     if (rc != REMOTE_STARTED) remote_job_complete(j, rc);
 }
@@ -465,14 +473,7 @@ static int job_commit(remote_job *j)
 static void job_retry_task(void *arg, bool cancelled)
 {
     remote_job *j = arg;
-    if (cancelled) {
-        remote_job_complete(j, REMOTE_STOPPING);
-        return;
-    }
-    if (!job_wanted(j)) {
-        remote_job_complete(j, REMOTE_ABANDONED);
-        return;
-    }
+    if (!job_goes_on(j, cancelled)) return;
     int rc = job_start(j);
     if (rc != REMOTE_OK) remote_job_complete(j, rc);
 }
