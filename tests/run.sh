@@ -113,7 +113,7 @@ slowest_tests() {
     local log
     for log in "${ctest_logs[@]}"; do
         sed -nE "s|^ *[0-9]+/[0-9]+ Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$|\2 \1 ${log%%/*}|p" "$log"
-    done | sort -rn | head -n 10 | awk '{printf "    %7.1f s  %s (%s)\n", $1, $2, $3}'
+    done | sort -rn | awk 'NR <= 10 {printf "    %7.1f s  %s (%s)\n", $1, $2, $3}'
 }
 
 # timed_build DIR [ARGS...]: builds a tree and notes how long that took for the summary.
