@@ -37,7 +37,12 @@ cd "$root"
 
 readonly PG_SH=$root/tests/lib/pg.sh
 readonly PG_DIR=$root/build/test-pg
-readonly CTEST_JOBS=2
+# Tests run side by side: the integration tests spend most of their time waiting on
+# sockets, timers and other servers (a test keeps about a third of one CPU busy under
+# ASan), so four at a time fill the 2 CPUs (docs/adr/0007-tests-run-once-under-asan.md).
+readonly CTEST_JOBS=2         # build/: the plain tests bound latencies
+readonly CTEST_JOBS_ASAN=4
+readonly CTEST_JOBS_TSAN=3
 readonly CTEST_DEFAULT_TIMEOUT_S=600   # for tests that set no TIMEOUT of their own
 build_jobs=${ATRIUM_JOBS:-$(nproc)}
 
@@ -134,8 +139,12 @@ selected() {
 # run_ctest DIR LABEL [ENV=VALUE...] -- CTEST ARGS: runs the suite of one tree and adds
 # its verdict to the summary.
 run_ctest() {
-    local dir=$1 label=$2
+    local dir=$1 label=$2 jobs=$CTEST_JOBS
     shift 2
+    case $dir in
+        build-asan) jobs=$CTEST_JOBS_ASAN ;;
+        build-tsan) jobs=$CTEST_JOBS_TSAN ;;
+    esac
     local env=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do env+=("$1"); shift; done
     shift
@@ -150,7 +159,7 @@ run_ctest() {
     rm -rf "$dir/test-tmp"
     env+=("ATRIUM_TEST_TMPDIR=$root/$dir/test-tmp")
     set +e
-    env "${env[@]}" ctest --test-dir "$dir" --output-on-failure -j"$CTEST_JOBS" \
+    env "${env[@]}" ctest --test-dir "$dir" --output-on-failure -j"$jobs" \
         --timeout "$CTEST_DEFAULT_TIMEOUT_S" --no-tests=error \
         --output-junit "$root/$dir/Testing/junit.xml" "$@" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}

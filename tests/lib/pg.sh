@@ -179,7 +179,7 @@ write_settings() {
         echo "listen_addresses = '127.0.0.1'"
         echo "port = $port"
         echo "unix_socket_directories = '${sockdir//\'/\'\'}'"
-        echo "max_connections = 200"
+        echo "max_connections = 300"
         echo "password_encryption = 'scram-sha-256'"
         if [ "${ATRIUM_PG_FAST:-0}" = 1 ]; then
             echo "# ATRIUM_PG_FAST=1: a throwaway cluster, durability traded for speed."
