@@ -219,6 +219,32 @@ class SlidingSyncTest(SharedServerTest):
         self.assertNotIn(space, picked({"not_room_types": ["m.space"]}))
         self.assertIn(child, picked({"room_types": [None]}))
         self.assertEqual(picked({"spaces": [space]}), {child})
+        self.carol.ok("PUT", f"{V3}/user/{quote(self.carol.user_id)}/rooms/{quote(enc)}/tags/m.favourite",
+                      {"order": 0.5})
+        self.carol.ok("PUT", f"{V3}/user/{quote(self.carol.user_id)}/rooms/{quote(child)}/tags/m.favourite", {})
+        self.carol.ok("PUT", f"{V3}/user/{quote(self.carol.user_id)}/rooms/{quote(child)}/tags/m.lowpriority", {})
+        self.assertEqual(picked({"tags": ["m.favourite"]}), {enc, child})
+        self.assertEqual(picked({"tags": ["m.favourite"], "not_tags": ["m.lowpriority"]}), {enc})
+
+    def test_a_kicked_user_learns_of_it_once(self):
+        room = self.alice.create_room(name="Kick", invite=[self.carol.user_id])
+        self.carol.join(room)
+        body = {"conn_id": "kick", "room_subscriptions": {room: {"timeline_limit": 5, "required_state": []}},
+                **one_list()}
+        first = ss(self.carol, body)
+        self.assertIn(room, first["rooms"])
+        count = first["lists"]["all"]["count"]
+        self.alice.member_action(room, "kick", self.carol.user_id)
+        self.alice.send(room, {"msgtype": "m.text", "body": "after the kick"})
+        nxt = ss(self.carol, body, pos=first["pos"], timeout=0)
+        left = nxt["rooms"][room]
+        self.assertEqual(left["membership"], "leave")
+        self.assertEqual([e["content"].get("membership") for e in left["timeline"]
+                          if e["type"] == "m.room.member"], ["leave"])
+        self.assertNotIn("after the kick", bodies(left))  # not visible after the kick
+        later = ss(self.carol, body, pos=nxt["pos"], timeout=0)
+        self.assertNotIn(room, later["rooms"])
+        self.assertEqual(later["lists"]["all"]["count"], count - 1)
 
     # -- connection state and bad input ---------------------------------------------------
 

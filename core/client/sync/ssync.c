@@ -175,7 +175,9 @@ static int ssync_post(atrium_req *r)
     if (!ssync_request_parse(r, &q)) return ATRIUM_DONE;
     ssync_run_state *st = run_state(r, &q);
     if (!st) return ATRIUM_DONE;
-    if (r->run_reason == ATRIUM_RUN_SHUTDOWN) /* parked, so it has a pos: nothing new */
+    if (r->run_reason == ATRIUM_RUN_SHUTDOWN && !q.pos) /* only a parked request has this reason */
+        return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping; retry");
+    if (r->run_reason == ATRIUM_RUN_SHUTDOWN) /* parked, with a pos: nothing new */
         return http_respond_json(r, 200, json_pack("{s:s, s:{}, s:{}, s:{}}", "pos", q.pos, "lists", "rooms",
                                                     "extensions"));
     struct atrium_event *ev = notifier_event_for(r->srv, user);

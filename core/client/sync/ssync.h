@@ -52,7 +52,7 @@ typedef struct ssync_config {
 /* A list's filters; -1 = unset for the three-valued flags. */
 typedef struct ssync_filters {
     int is_dm, is_encrypted, is_invite;
-    const json_t *room_types, *not_room_types, *spaces; /* arrays or NULL */
+    const json_t *room_types, *not_room_types, *spaces, *tags, *not_tags; /* arrays or NULL */
 } ssync_filters;
 
 typedef struct ssync_list {
@@ -130,12 +130,14 @@ typedef struct ssync_room_row {
     int64_t membership_pos, bump_stamp;
     bool encrypted, is_dm;
     const char *room_type; /* NULL: no type */
+    const json_t *tags;    /* the room's m.tag `tags` object, or NULL (owned by ssync_rooms) */
 } ssync_room_row;
 
 typedef struct ssync_rooms {
     PGresult *res;            /* owns the strings of rows */
     ssync_room_row *rows;     /* activity order, newest first */
     int n;
+    json_t *tags;             /* {room_id: tags object} */
 } ssync_rooms;
 
 /* The rooms lists may hold, as of upto: joined, invited, knocked, and those left or

@@ -58,8 +58,8 @@ static int to_device(sync_ctx *s, const ssync_request *q, json_t *ext, bool *has
     int rc = sync_sections_run("to_device", s->c, s->user, s->device, since, s->upto, scratch);
     if (rc > 0) *has_new = true;
     json_t *events = json_object_get(json_object_get(scratch, "to_device"), "events");
-    json_object_set_new(ext, "to_device", json_pack("{s:s, s:O}", "next_batch", rooms_i64(s->r, s->upto),
-                                                    "events", events ? events : json_array()));
+    json_object_set_new(ext, "to_device", json_pack("{s:s, s:o}", "next_batch", rooms_i64(s->r, s->upto),
+                                                    "events", events ? json_incref(events) : json_array()));
     json_decref(scratch);
     return rc < 0 ? ROOMS_E_DB : ROOMS_OK;
 }

@@ -14,7 +14,8 @@
  *     m.room.encryption; is_invite the membership; room_types / not_room_types the
  *     m.room.create `type` (null names rooms without one; not_room_types wins); spaces the
  *     current m.space.child events (with a non-empty `via`) of the named spaces the user
- *     is joined to, one level, never sub-spaces.
+ *     is joined to, one level, never sub-spaces; tags / not_tags the m.tag account data
+ *     (not_tags wins).
  *   - A room in several lists (or a list and a subscription) gets the largest
  *     timeline_limit and the union of their required_state.
  * What it does not do: build a room's result (ssync_room.c).
@@ -26,6 +27,24 @@
 
 static const char *const BUMP_TYPES = "{m.room.create,m.room.message,m.room.encrypted,m.sticker,"
                                       "m.call.invite,m.poll.start,m.beacon_info}";
+
+/* The user's room tags, as {room_id: {tag: {...}}}. */
+static int room_tags(sync_ctx *s, json_t **out)
+{
+    *out = json_object();
+    const char *p[1] = {s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT room_id, (content -> 'tags')::text FROM account_data WHERE user_id = $1"
+                            " AND room_id <> '' AND type = 'm.tag' AND jsonb_typeof(content -> 'tags') = 'object'",
+                            1, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; i < PQntuples(res); i++) {
+        json_t *tags = json_loads(PQgetvalue(res, i, 1), 0, NULL);
+        if (tags) json_object_set_new(*out, PQgetvalue(res, i, 0), tags);
+    }
+    PQclear(res);
+    return ROOMS_OK;
+}
 
 /* The rooms named in the user's m.direct account data, as {room_id: true}. */
 static int direct_rooms(sync_ctx *s, json_t **out)
@@ -59,6 +78,10 @@ int ssync_rooms_load(sync_ctx *s, int64_t prev, ssync_rooms *out)
     *out = (ssync_rooms){0};
     json_t *dms;
     if (direct_rooms(s, &dms) < 0) return ROOMS_E_DB;
+    if (room_tags(s, &out->tags) < 0) {
+        json_decref(dms);
+        return ROOMS_E_DB;
+    }
     const char *p[4] = {s->user, rooms_i64(s->r, s->upto), BUMP_TYPES, rooms_i64(s->r, prev)};
     PGresult *res = rooms_q(
         s->c,
@@ -101,6 +124,7 @@ int ssync_rooms_load(sync_ctx *s, int64_t prev, ssync_rooms *out)
         row->encrypted = PQgetvalue(res, i, 6)[0] == 't';
         row->room_type = PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7);
         row->is_dm = json_object_get(dms, row->room_id) != NULL;
+        row->tags = json_object_get(out->tags, row->room_id);
     }
     json_decref(dms);
     return ROOMS_OK;
@@ -110,6 +134,7 @@ void ssync_rooms_free(ssync_rooms *rs)
 {
     PQclear(rs->res);
     free(rs->rows);
+    json_decref(rs->tags);
     *rs = (ssync_rooms){0};
 }
 
@@ -145,6 +170,18 @@ static bool type_listed(const json_t *list, const char *type)
     return false;
 }
 
+/* Does the room carry one of the tags of the list? */
+static bool tagged(const json_t *list, const json_t *tags)
+{
+    size_t i;
+    const json_t *t;
+    json_array_foreach(list, i, t)
+    {
+        if (json_object_get(tags, json_string_value(t))) return true;
+    }
+    return false;
+}
+
 /* The rule of a list's filters for one room. children: the spaces' children, or NULL. */
 static bool filters_match(const ssync_filters *f, const ssync_room_row *row, const json_t *children)
 {
@@ -155,6 +192,8 @@ static bool filters_match(const ssync_filters *f, const ssync_room_row *row, con
     if (f->room_types && !type_listed(f->room_types, row->room_type)) return false;
     if (f->not_room_types && type_listed(f->not_room_types, row->room_type)) return false;
     if (children && !json_object_get(children, row->room_id)) return false;
+    if (f->not_tags && tagged(f->not_tags, row->tags)) return false; /* wins over tags */
+    if (f->tags && !tagged(f->tags, row->tags)) return false;
     return true;
 }
 

@@ -103,16 +103,17 @@ static bool parse_flag(const json_t *f, const char *key, int *out, perr *e)
 
 static bool parse_filters(const json_t *f, ssync_filters *out, perr *e)
 {
-    *out = (ssync_filters){-1, -1, -1, NULL, NULL, NULL};
+    *out = (ssync_filters){-1, -1, -1, NULL, NULL, NULL, NULL, NULL};
     if (!f || json_is_null(f)) return true;
     if (!json_is_object(f)) return fail(e, "M_BAD_JSON", "%s", "'filters' must be an object");
     if (!parse_flag(f, "is_dm", &out->is_dm, e) || !parse_flag(f, "is_encrypted", &out->is_encrypted, e) ||
         !parse_flag(f, "is_invite", &out->is_invite, e))
         return false;
     if (out->is_invite < 0 && !parse_flag(f, "is_invited", &out->is_invite, e)) return false;
-    static const char *const LISTS[] = {"room_types", "not_room_types", "spaces"};
-    const json_t **slots[] = {&out->room_types, &out->not_room_types, &out->spaces};
-    for (size_t i = 0; i < 3; i++) {
+    static const char *const LISTS[] = {"room_types", "not_room_types", "spaces", "tags", "not_tags"};
+    const json_t **slots[] = {&out->room_types, &out->not_room_types, &out->spaces, &out->tags,
+                              &out->not_tags};
+    for (size_t i = 0; i < sizeof(LISTS) / sizeof(LISTS[0]); i++) {
         json_t *v = json_object_get(f, LISTS[i]);
         if (!v || json_is_null(v)) continue;
         if (!string_list(v, SSYNC_MAX_FILTER_ITEMS, i < 2, LISTS[i], e)) return false;

@@ -285,7 +285,7 @@ int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick
         json_t *st = json_object_get(json_object_get(json_object_get(holder, row->room_id),
                                                      knocked ? "knock_state" : "invite_state"),
                                      "events");
-        json_object_set(room, knocked ? "knock_state" : "invite_state", st ? st : json_array());
+        json_object_set_new(room, knocked ? "knock_state" : "invite_state", st ? json_incref(st) : json_array());
         json_decref(holder);
         json_object_set_new(room, "initial", json_true());
     } else if (strcmp(row->membership, "join") == 0 || (sent_m && strcmp(sent_m, "join") == 0)) {
