@@ -68,22 +68,79 @@ static json_t *carried_map(const json_t *prev_rooms, const ssync_rooms *rs)
     return map;
 }
 
-/* The picked rooms' results, and the map updated for what they send. */
-static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev,
-                      ssync_answer *a)
+/* The picked rooms the connection already sent, as the same membership, with no event
+ * after they were sent: nothing of theirs can have changed, so they are not read (one
+ * query instead of a room's worth of reads each, which is what keeps a wake-up cheap on
+ * a large account). {room_id: true} into *quiet. */
+static int quiet_rooms(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev,
+                       json_t **quiet)
 {
+    *quiet = json_object();
+    json_t *ids = json_array();
+    char *since = rt_arena_alloc(s->r->arena, json_object_size(picked) * 21 + 3);
+    if (!since) {
+        json_decref(ids);
+        return ROOMS_E_DB;
+    }
+    size_t used = 0;
+    since[used++] = '{';
     const char *room_id;
     json_t *pick;
     json_object_foreach((json_t *)picked, room_id, pick)
     {
         const ssync_room_row *row = &rs->rows[json_integer_value(json_object_get(pick, "i"))];
+        json_t *sent = json_object_get(prev->rooms, room_id);
+        const char *sent_m = json_string_value(json_array_get(sent, 1));
+        if (!sent_m || strcmp(sent_m, row->membership) != 0) continue;
+        used += (size_t)sprintf(since + used, "%s%lld", json_array_size(ids) ? "," : "",
+                                (long long)json_integer_value(json_array_get(sent, 0)));
+        json_array_append_new(ids, json_string(room_id));
+        json_object_set_new(*quiet, room_id, json_true());
+    }
+    since[used++] = '}';
+    since[used] = '\0';
+    if (json_array_size(ids) == 0) {
+        json_decref(ids);
+        return ROOMS_OK;
+    }
+    const char *p[3] = {rooms_pg_array(s->r->arena, ids), since, rooms_i64(s->r, s->upto)};
+    json_decref(ids);
+    PGresult *res = rooms_q(s->c,
+                            "SELECT r.id FROM unnest($1::text[], $2::bigint[]) AS r(id, since)"
+                            " WHERE EXISTS (SELECT 1 FROM events e WHERE e.room_id = r.id"
+                            "  AND e.stream_pos > r.since AND e.stream_pos <= $3::bigint)",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; i < PQntuples(res); i++) json_object_del(*quiet, PQgetvalue(res, i, 0));
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* The picked rooms' results, and the map updated for what they send. */
+static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev,
+                      ssync_answer *a)
+{
+    json_t *quiet;
+    if (quiet_rooms(s, rs, picked, prev, &quiet) < 0) {
+        json_decref(quiet);
+        return ROOMS_E_DB;
+    }
+    const char *room_id;
+    json_t *pick;
+    json_object_foreach((json_t *)picked, room_id, pick)
+    {
+        if (json_object_get(quiet, room_id)) continue;
+        const ssync_room_row *row = &rs->rows[json_integer_value(json_object_get(pick, "i"))];
         json_t *out;
-        if (ssync_room_result(s, row, pick, json_object_get(prev->rooms, room_id), prev->stream_pos, &out) < 0)
+        if (ssync_room_result(s, row, pick, json_object_get(prev->rooms, room_id), prev->stream_pos, &out) < 0) {
+            json_decref(quiet);
             return ROOMS_E_DB;
+        }
         if (!out) continue;
         json_object_set_new(a->rooms, room_id, out);
         json_object_set_new(a->sent, room_id, json_pack("[I, s]", (json_int_t)s->upto, row->membership));
     }
+    json_decref(quiet);
     return ROOMS_OK;
 }
 
@@ -92,7 +149,7 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
 {
     *a = (ssync_answer){json_object(), json_object(), json_object(), NULL, json_object(), false};
     ssync_rooms rs;
-    if (ssync_rooms_load(s, prev->stream_pos, &rs) < 0) return ROOMS_E_DB;
+    if (ssync_rooms_load(s, q, prev->stream_pos, &rs) < 0) return ROOMS_E_DB;
     json_t *picked = json_object();
     a->sent = carried_map(prev->rooms, &rs);
     int rc = ssync_lists_apply(s, q, &rs, a->counts, picked);

@@ -141,8 +141,9 @@ typedef struct ssync_rooms {
 } ssync_rooms;
 
 /* The rooms lists may hold, as of upto: joined, invited, knocked, and those left or
- * banned after `prev` (0: none), newest activity first. ROOMS_OK or ROOMS_E_DB. */
-int ssync_rooms_load(sync_ctx *s, int64_t prev, ssync_rooms *out);
+ * banned after `prev` (0: none), newest activity first; encryption and room type only when
+ * one of q's lists filters on them. ROOMS_OK or ROOMS_E_DB. */
+int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_rooms *out);
 void ssync_rooms_free(ssync_rooms *rs);
 /* Apply every list to rs: counts into `counts` ({list: count}), and for each room in a
  * list's window its combined config and list names into `picked`

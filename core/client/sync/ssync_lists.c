@@ -73,7 +73,7 @@ static int direct_rooms(sync_ctx *s, json_t **out)
     return ROOMS_OK;
 }
 
-int ssync_rooms_load(sync_ctx *s, int64_t prev, ssync_rooms *out)
+int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_rooms *out)
 {
     *out = (ssync_rooms){0};
     json_t *dms;
@@ -82,25 +82,32 @@ int ssync_rooms_load(sync_ctx *s, int64_t prev, ssync_rooms *out)
         json_decref(dms);
         return ROOMS_E_DB;
     }
-    const char *p[4] = {s->user, rooms_i64(s->r, s->upto), BUMP_TYPES, rooms_i64(s->r, prev)};
+    /* The encryption and the room type are read only when a list filters on them. */
+    bool need_enc = false, need_type = false;
+    for (size_t i = 0; i < q->n_lists; i++) {
+        need_enc = need_enc || q->lists[i].f.is_encrypted >= 0;
+        need_type = need_type || q->lists[i].f.room_types || q->lists[i].f.not_room_types;
+    }
+    const char *p[6] = {s->user, rooms_i64(s->r, s->upto), BUMP_TYPES, rooms_i64(s->r, prev),
+                        need_enc ? "t" : "f", need_type ? "t" : "f"};
     PGresult *res = rooms_q(
         s->c,
         "WITH m AS (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id, sender,"
         "  forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2::bigint"
         "  ORDER BY room_id, stream_pos DESC)"
         " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos,"
-        "  CASE WHEN m.membership = 'join' THEN coalesce((SELECT max(e.stream_pos) FROM events e"
-        "   WHERE e.room_id = m.room_id AND e.type = ANY($3::text[]) AND e.stream_pos <= $2::bigint),"
-        "   m.stream_pos) ELSE m.stream_pos END AS bump,"
-        "  EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = m.room_id"
-        "   AND cs.type = 'm.room.encryption' AND cs.state_key = ''),"
-        "  (SELECT e.pdu::jsonb -> 'content' ->> 'type' FROM current_state cs JOIN events e"
-        "   ON e.event_id = cs.event_id WHERE cs.room_id = m.room_id AND cs.type = 'm.room.create'"
-        "   AND cs.state_key = '')"
+        "  CASE WHEN m.membership = 'join' THEN coalesce((SELECT e.stream_pos FROM events e"
+        "   WHERE e.room_id = m.room_id AND e.stream_pos <= $2::bigint AND e.type = ANY($3::text[])"
+        "   ORDER BY e.stream_pos DESC LIMIT 1), m.stream_pos) ELSE m.stream_pos END AS bump,"
+        "  CASE WHEN $5::boolean THEN EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = m.room_id"
+        "   AND cs.type = 'm.room.encryption' AND cs.state_key = '') ELSE false END,"
+        "  CASE WHEN $6::boolean THEN (SELECT e.pdu::json -> 'content' ->> 'type' FROM current_state cs"
+        "   JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = m.room_id"
+        "   AND cs.type = 'm.room.create' AND cs.state_key = '') END"
         " FROM m WHERE NOT m.forgotten AND (m.membership IN ('join', 'invite', 'knock')"
         "  OR (m.membership IN ('leave', 'ban') AND $4::bigint > 0 AND m.stream_pos > $4::bigint))"
         " ORDER BY bump DESC, m.room_id",
-        4, p, NULL);
+        6, p, NULL);
     if (!res) {
         json_decref(dms);
         return ROOMS_E_DB;
