@@ -5,8 +5,9 @@ required_state with '*', $LAZY and $ME, timeline_limit and limited, invites movi
 lists, filters, the pos tokens of a connection (400 M_UNKNOWN_POS for one that is unknown),
 bad input refused at once, the extensions (to_device, e2ee, account_data, receipts,
 typing), and the long-poll: a message, a to-device message and a typing notice each wake a
-parked request, a message in a room outside the request does not, and a request parked on
-one process wakes for a write made through another process sharing the database."""
+parked request, a message in a room outside the request does not, a request parked on one
+process wakes for a write made through another process sharing the database, and a
+connection survives a restart."""
 
 import time
 import unittest
@@ -448,6 +449,19 @@ class SlidingSyncTwoProcessesTest(unittest.TestCase):
         self.assertLess(bg.finished_at - written, 2.0)
         # B's pos is good on A.
         self.assertEqual(ss(on_a, body, pos=answer["pos"], timeout=0)["rooms"], {})
+
+    def test_a_connection_survives_a_restart(self):
+        account = register(self.a, "restart_r")
+        user = Client(self.b, account)
+        room = user.create_room(name="Before the restart")
+        body = {"conn_id": "restart", **one_list()}
+        pos = ss(user, body)["pos"]
+        self.assertEqual(self.b.stop(), 0)
+        self.b.start()
+        user.send(room, {"msgtype": "m.text", "body": "after"})
+        answer = ss(user, body, pos=pos, timeout=0)
+        self.assertNotIn("initial", answer["rooms"][room])  # the connection remembered the room
+        self.assertEqual(bodies(answer["rooms"][room]), ["after"])
 
 
 if __name__ == "__main__":
