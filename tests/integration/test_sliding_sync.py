@@ -155,6 +155,19 @@ class SlidingSyncTest(SharedServerTest):
         self.assertEqual([e["state_key"] for e in inc["required_state"]], [self.alice.user_id])
         self.assertTrue(pos)
 
+    def test_an_unnamed_room_has_heroes_and_unread_counts(self):
+        self.alice.ok("PUT", f"{V3}/profile/{quote(self.alice.user_id)}/displayname", {"displayname": "Alice A."})
+        room = self.alice.create_room(invite=[self.carol.user_id])
+        self.carol.join(room)
+        self.alice.send(room, {"msgtype": "m.text", "body": "hello there"})
+        self.alice.send(room, {"msgtype": "m.text", "body": "carol: look"})
+        r = ss(self.carol, {"conn_id": "heroes", "room_subscriptions": {
+            room: {"timeline_limit": 1, "required_state": []}}})["rooms"][room]
+        self.assertNotIn("name", r)
+        self.assertEqual(r["heroes"], [{"user_id": self.alice.user_id, "displayname": "Alice A."}])
+        self.assertEqual(r["notification_count"], 2)  # the default rules notify in a 2-person room
+        self.assertEqual(r["highlight_count"], 1)  # the one naming her
+
     def test_timeline_limit_and_limited(self):
         room = self.alice.create_room(name="Limits")
         for i in range(5):
@@ -350,6 +363,14 @@ class SlidingSyncTest(SharedServerTest):
         self.assertIn(self.bob.user_id, ext["receipts"]["rooms"][room]["content"][event]["m.read"])
         self.assertEqual(ext["typing"]["rooms"][room]["content"]["user_ids"], [self.alice.user_id])
         self.alice.ok("PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(self.alice.user_id)}", {"typing": False})
+        # An extension limited to another list leaves this room out.
+        scoped = {"conn_id": "scoped", **one_list(),
+                  "extensions": {"receipts": {"enabled": True, "lists": ["elsewhere"]},
+                                 "account_data": {"enabled": True, "lists": ["elsewhere"]}}}
+        ext = ss(self.bob, scoped)["extensions"]
+        self.assertEqual(ext["receipts"]["rooms"], {})
+        self.assertNotIn(room, ext["account_data"]["rooms"])
+        self.assertIn({"type": "org.example.g", "content": {"g": 1}}, ext["account_data"]["global"])
 
     # -- the long-poll --------------------------------------------------------------------
 
