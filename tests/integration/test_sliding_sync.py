@@ -178,9 +178,18 @@ class SlidingSyncTest(SharedServerTest):
         self.assertEqual(bodies(r), ["m2", "m3", "m4"])
         self.assertTrue(r["limited"])
         self.alice.send(room, {"msgtype": "m.text", "body": "m5"})
-        inc = ss(self.alice, body, pos=first["pos"], timeout=0)["rooms"][room]
+        inc_answer = ss(self.alice, body, pos=first["pos"], timeout=0)
+        inc, inc_pos = inc_answer["rooms"][room], inc_answer["pos"]
         self.assertEqual(bodies(inc), ["m5"])
         self.assertFalse(inc["limited"])
+        # A larger timeline_limit sends the room at once with its newest events (expanded).
+        body["room_subscriptions"][room]["timeline_limit"] = 5
+        expanded = ss(self.alice, body, pos=inc_pos, timeout=0)
+        r = expanded["rooms"][room]
+        self.assertNotIn("initial", r)
+        self.assertTrue(r["unstable_expanded_timeline"])
+        self.assertEqual(bodies(r), ["m1", "m2", "m3", "m4", "m5"])
+        self.assertEqual(ss(self.alice, body, pos=expanded["pos"], timeout=0)["rooms"], {})
         zero = {"conn_id": "tl0", "room_subscriptions": {room: {"timeline_limit": 0, "required_state": []}}}
         self.assertEqual(ss(self.alice, zero)["rooms"][room]["timeline"], [])
 

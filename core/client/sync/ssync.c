@@ -16,8 +16,8 @@
  * runs it again from the top. A wake-up for something outside the request (a room in no
  * list) finds nothing and parks again, so the request answers at its timeout. The wake
  * counter read before the queries and after parking closes the lost-wake-up gap.
- * What it does not do: presence, the lists' `ops`, rooms expanded without news when a
- * timeline_limit or required_state grows (they come with the room's next change).
+ * What it does not do: presence, the lists' `ops`, a room sent again at once when its
+ * required_state grows (it comes with the room's next change).
  */
 #include <stdio.h>
 #include <string.h>
@@ -91,7 +91,7 @@ static int quiet_rooms(sync_ctx *s, const ssync_rooms *rs, const json_t *picked,
         const ssync_room_row *row = &rs->rows[json_integer_value(json_object_get(pick, "i"))];
         json_t *sent = json_object_get(prev->rooms, room_id);
         const char *sent_m = json_string_value(json_array_get(sent, 1));
-        if (!sent_m || strcmp(sent_m, row->membership) != 0) continue;
+        if (!sent_m || strcmp(sent_m, row->membership) != 0 || ssync_room_expanded(pick, sent)) continue;
         used += (size_t)sprintf(since + used, "%s%lld", json_array_size(ids) ? "," : "",
                                 (long long)json_integer_value(json_array_get(sent, 0)));
         json_array_append_new(ids, json_string(room_id));
@@ -137,8 +137,9 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
             return ROOMS_E_DB;
         }
         if (!out) continue;
+        json_int_t limit = ssync_room_sent_limit(pick, json_object_get(prev->rooms, room_id), out);
         json_object_set_new(a->rooms, room_id, out);
-        json_object_set_new(a->sent, room_id, json_pack("[I, s]", (json_int_t)s->upto, row->membership));
+        json_object_set_new(a->sent, room_id, json_pack("[I, s, I]", (json_int_t)s->upto, row->membership, limit));
     }
     json_decref(quiet);
     return ROOMS_OK;

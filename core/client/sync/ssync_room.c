@@ -15,6 +15,9 @@
  *   - Invited and knocked rooms carry only their stripped state (invite_state), once per
  *     membership.
  *   - num_live: the timeline's events after the connection's previous position.
+ *   - A timeline_limit larger than the one the room was last sent with (the connection
+ *     keeps it) sends the room at once with its newest timeline_limit events and
+ *     unstable_expanded_timeline (Synapse's name for the MSC's expanded_timeline).
  * What it does not do: pick rooms (ssync_lists.c), remember what was sent (ssync_conn.c).
  */
 #include <stdlib.h>
@@ -234,7 +237,7 @@ static int num_live(sync_ctx *s, const char *room_id, const sync_timeline *t, in
 
 /* A joined room, or one left or banned from after the connection saw it joined. */
 static int member_room(sync_ctx *s, const ssync_room_row *row, const json_t *pick, bool initial,
-                       int64_t sent_upto, int64_t prev, json_t *room)
+                       bool expand, int64_t sent_upto, int64_t prev, json_t *room)
 {
     rooms_vis vis;
     if (rooms_vis_load(s->c, row->room_id, s->user, &vis) < 0) return ROOMS_E_DB;
@@ -242,7 +245,9 @@ static int member_room(sync_ctx *s, const ssync_room_row *row, const json_t *pic
     s->timeline_limit = json_integer_value(json_object_get(pick, "tl"));
     int64_t after = initial ? 0 : sent_upto;
     sync_timeline t;
-    int rc = sync_room_timeline(s, row->room_id, &vis, after, s->upto, &t);
+    /* An expanded timeline: the newest timeline_limit events, sent before or not. */
+    int rc = sync_room_timeline(s, row->room_id, &vis, expand ? 0 : after, s->upto, &t);
+    if (expand) json_object_set_new(room, "unstable_expanded_timeline", json_true());
     json_t *state = json_array();
     if (rc >= 0) rc = required_state(s, row->room_id, json_object_get(pick, "rs"), after, t.events, state);
     if (rc >= 0) rc = names(s, row->room_id, after, room);
@@ -254,7 +259,7 @@ static int member_room(sync_ctx *s, const ssync_room_row *row, const json_t *pic
     json_object_set(room, "notification_count", json_object_get(counts, "notification_count"));
     json_object_set(room, "highlight_count", json_object_get(counts, "highlight_count"));
     json_decref(unread);
-    bool changed = json_array_size(t.events) > 0 || json_array_size(state) > 0 ||
+    bool changed = expand || json_array_size(t.events) > 0 || json_array_size(state) > 0 ||
                    json_object_get(room, "name") || json_object_get(room, "avatar");
     json_object_set_new(room, "timeline", t.events ? t.events : json_array());
     json_object_set_new(room, "required_state", state);
@@ -262,6 +267,20 @@ static int member_room(sync_ctx *s, const ssync_room_row *row, const json_t *pic
     json_object_set_new(room, "prev_batch", json_string(rooms_token(s->r, t.first_pos ? t.first_pos - 1 : s->upto)));
     if (rc < 0) return rc;
     return changed ? 1 : 0;
+}
+
+bool ssync_room_expanded(const json_t *pick, const json_t *sent)
+{
+    return json_integer_value(json_object_get(pick, "tl")) > json_integer_value(json_array_get(sent, 2));
+}
+
+int64_t ssync_room_sent_limit(const json_t *pick, const json_t *sent, const json_t *result)
+{
+    int64_t now = json_integer_value(json_object_get(pick, "tl"));
+    int64_t before = json_integer_value(json_array_get(sent, 2));
+    if (json_is_true(json_object_get(result, "limited")) || json_is_true(json_object_get(result, "initial")))
+        return now; /* what the client holds without a gap starts at this timeline */
+    return before > now ? before : now;
 }
 
 int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick,
@@ -291,7 +310,8 @@ int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick
     } else if (strcmp(row->membership, "join") == 0 || (sent_m && strcmp(sent_m, "join") == 0)) {
         bool initial = !sent_m || strcmp(sent_m, "join") != 0;
         if (initial) json_object_set_new(room, "initial", json_true());
-        rc = member_room(s, row, pick, initial, sent_upto, prev, room);
+        rc = member_room(s, row, pick, initial, !initial && ssync_room_expanded(pick, sent), sent_upto,
+                         prev, room);
         send = send || rc > 0;
     }
     if (rc < 0 || !send) {
