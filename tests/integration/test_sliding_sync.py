@@ -151,8 +151,17 @@ class SlidingSyncTest(SharedServerTest):
         lazy_body = {"conn_id": "rs3", **sub([["m.room.member", "$LAZY"]])}
         start = ss(self.carol, lazy_body)
         self.alice.send(room, {"msgtype": "m.text", "body": "from alice"})
-        inc = ss(self.carol, lazy_body, pos=start["pos"], timeout=0)["rooms"][room]
+        inc_answer = ss(self.carol, lazy_body, pos=start["pos"], timeout=0)
+        inc = inc_answer["rooms"][room]
         self.assertEqual([e["state_key"] for e in inc["required_state"]], [self.alice.user_id])
+        # More required_state on the same connection: the room at once with the new state.
+        wider = {"conn_id": "rs3", **sub([["m.room.member", "$LAZY"], ["m.room.topic", ""]])}
+        grown = ss(self.carol, wider, pos=inc_answer["pos"], timeout=0)
+        r = grown["rooms"][room]
+        self.assertNotIn("initial", r)
+        self.assertEqual(r["timeline"], [])
+        self.assertIn(("m.room.topic", ""), {(e["type"], e["state_key"]) for e in r["required_state"]})
+        self.assertEqual(ss(self.carol, wider, pos=grown["pos"], timeout=0)["rooms"], {})
         self.assertTrue(pos)
 
     def test_an_unnamed_room_has_heroes_and_unread_counts(self):

@@ -16,8 +16,7 @@
  * runs it again from the top. A wake-up for something outside the request (a room in no
  * list) finds nothing and parks again, so the request answers at its timeout. The wake
  * counter read before the queries and after parking closes the lost-wake-up gap.
- * What it does not do: presence, the lists' `ops`, a room sent again at once when its
- * required_state grows (it comes with the room's next change).
+ * What it does not do: presence, the lists' `ops`.
  */
 #include <stdio.h>
 #include <string.h>
@@ -91,7 +90,9 @@ static int quiet_rooms(sync_ctx *s, const ssync_rooms *rs, const json_t *picked,
         const ssync_room_row *row = &rs->rows[json_integer_value(json_object_get(pick, "i"))];
         json_t *sent = json_object_get(prev->rooms, room_id);
         const char *sent_m = json_string_value(json_array_get(sent, 1));
-        if (!sent_m || strcmp(sent_m, row->membership) != 0 || ssync_room_expanded(pick, sent)) continue;
+        if (!sent_m || strcmp(sent_m, row->membership) != 0 || ssync_room_expanded(pick, sent) ||
+            ssync_room_state_changed(pick, sent))
+            continue;
         used += (size_t)sprintf(since + used, "%s%lld", json_array_size(ids) ? "," : "",
                                 (long long)json_integer_value(json_array_get(sent, 0)));
         json_array_append_new(ids, json_string(room_id));
@@ -139,7 +140,8 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
         if (!out) continue;
         json_int_t limit = ssync_room_sent_limit(pick, json_object_get(prev->rooms, room_id), out);
         json_object_set_new(a->rooms, room_id, out);
-        json_object_set_new(a->sent, room_id, json_pack("[I, s, I]", (json_int_t)s->upto, row->membership, limit));
+        json_object_set_new(a->sent, room_id, json_pack("[I, s, I, O]", (json_int_t)s->upto, row->membership,
+                                                        limit, json_object_get(pick, "rsk")));
     }
     json_decref(quiet);
     return ROOMS_OK;
@@ -155,17 +157,23 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
     a->sent = carried_map(prev->rooms, &rs);
     int rc = ssync_lists_apply(s, q, &rs, a->counts, picked);
     ssync_subs_apply(q, &rs, picked);
+    const char *room_id;
+    json_t *pick;
+    json_object_foreach(picked, room_id, pick)
+    {
+        json_object_set_new(pick, "rsk", json_string(ssync_required_state_key(s->r, json_object_get(pick, "rs"))));
+    }
     if (rc >= 0) rc = rooms_part(s, &rs, picked, prev, a);
     json_decref(s->push_rules);
     s->push_rules = NULL;
     if (rc >= 0) rc = ssync_extensions(s, q, picked, prev->stream_pos, a->extensions, &a->has_new);
     json_decref(picked);
     ssync_rooms_free(&rs);
-    const char *name;
+    const char *list_name;
     json_t *count;
-    json_object_foreach(a->counts, name, count)
+    json_object_foreach(a->counts, list_name, count)
     {
-        json_object_set_new(a->lists, name, json_pack("{s:O}", "count", count));
+        json_object_set_new(a->lists, list_name, json_pack("{s:O}", "count", count));
     }
     if (json_object_size(a->rooms) > 0 || !prev->counts || !json_equal(a->counts, prev->counts))
         a->has_new = true;

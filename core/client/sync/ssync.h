@@ -96,8 +96,8 @@ bool ssync_request_parse(atrium_req *r, ssync_request *q);
 /* ---- connection state (ssync_conn.c) ---------------------------------------------- */
 
 /* What a pos token stands for: the stream position it was computed up to, and per room
- * what the connection sent: {room_id: [sent_upto, membership, timeline_limit]}; the
- * lists' counts. */
+ * what the connection sent: {room_id: [sent_upto, membership, timeline_limit,
+ * required_state key]}; the lists' counts. */
 typedef struct ssync_pos {
     int64_t conn_key;  /* 0: a new connection (no pos) */
     int64_t stream_pos;
@@ -165,6 +165,10 @@ int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick
 /* Does the room's pick ask for more timeline than the connection sent it with (sent:
  * [sent_upto, membership, timeline_limit])? */
 bool ssync_room_expanded(const json_t *pick, const json_t *sent);
+/* A key of a set of [type, state_key] pairs (order and repeats do not matter), in r's
+ * arena; and does the room's pick ("rsk") differ from the one it was sent with? */
+const char *ssync_required_state_key(atrium_req *r, const json_t *pairs);
+bool ssync_room_state_changed(const json_t *pick, const json_t *sent);
 /* The timeline_limit to remember for a room sent as `result`: the new one after a gap
  * (limited) or a fresh start, else the larger of the two. */
 int64_t ssync_room_sent_limit(const json_t *pick, const json_t *sent, const json_t *result);

@@ -17,7 +17,9 @@
  *   - num_live: the timeline's events after the connection's previous position.
  *   - A timeline_limit larger than the one the room was last sent with (the connection
  *     keeps it) sends the room at once with its newest timeline_limit events and
- *     unstable_expanded_timeline (Synapse's name for the MSC's expanded_timeline).
+ *     unstable_expanded_timeline (Synapse's name for the MSC's expanded_timeline). Other
+ *     required_state than the room was sent with (the connection keeps a key of it) sends
+ *     the room at once with its whole current state for the new pairs.
  * What it does not do: pick rooms (ssync_lists.c), remember what was sent (ssync_conn.c).
  */
 #include <stdlib.h>
@@ -237,7 +239,7 @@ static int num_live(sync_ctx *s, const char *room_id, const sync_timeline *t, in
 
 /* A joined room, or one left or banned from after the connection saw it joined. */
 static int member_room(sync_ctx *s, const ssync_room_row *row, const json_t *pick, bool initial,
-                       bool expand, int64_t sent_upto, int64_t prev, json_t *room)
+                       bool expand, bool new_state, int64_t sent_upto, int64_t prev, json_t *room)
 {
     rooms_vis vis;
     if (rooms_vis_load(s->c, row->room_id, s->user, &vis) < 0) return ROOMS_E_DB;
@@ -249,7 +251,9 @@ static int member_room(sync_ctx *s, const ssync_room_row *row, const json_t *pic
     int rc = sync_room_timeline(s, row->room_id, &vis, expand ? 0 : after, s->upto, &t);
     if (expand) json_object_set_new(room, "unstable_expanded_timeline", json_true());
     json_t *state = json_array();
-    if (rc >= 0) rc = required_state(s, row->room_id, json_object_get(pick, "rs"), after, t.events, state);
+    /* Other required_state than the room was sent with: its whole current state again. */
+    if (rc >= 0)
+        rc = required_state(s, row->room_id, json_object_get(pick, "rs"), new_state ? 0 : after, t.events, state);
     if (rc >= 0) rc = names(s, row->room_id, after, room);
     if (rc >= 0) rc = num_live(s, row->room_id, &t, prev, room);
     json_t *unread = json_object();
@@ -269,9 +273,43 @@ static int member_room(sync_ctx *s, const ssync_room_row *row, const json_t *pic
     return changed ? 1 : 0;
 }
 
+/* FNV-1a of a string, continuing from h. */
+static uint64_t fnv(uint64_t h, const char *str)
+{
+    for (; *str; str++) h = (h ^ (unsigned char)*str) * 1099511628211ULL;
+    return (h ^ 0xff) * 1099511628211ULL; /* a separator, so ("ab","c") differs from ("a","bc") */
+}
+
+const char *ssync_required_state_key(atrium_req *r, const json_t *pairs)
+{
+    uint64_t sum = 0;
+    size_t i, j;
+    const json_t *p, *q;
+    json_array_foreach(pairs, i, p)
+    {
+        bool seen = false; /* the same pair from two lists counts once */
+        json_array_foreach(pairs, j, q)
+        {
+            if (j >= i) break;
+            if (json_equal(p, q)) seen = true;
+        }
+        if (!seen)
+            sum += fnv(fnv(14695981039346656037ULL, json_string_value(json_array_get(p, 0))),
+                       json_string_value(json_array_get(p, 1)));
+    }
+    return rt_arena_printf(r->arena, "%016llx", (unsigned long long)sum);
+}
+
 bool ssync_room_expanded(const json_t *pick, const json_t *sent)
 {
     return json_integer_value(json_object_get(pick, "tl")) > json_integer_value(json_array_get(sent, 2));
+}
+
+bool ssync_room_state_changed(const json_t *pick, const json_t *sent)
+{
+    const char *now = json_string_value(json_object_get(pick, "rsk"));
+    const char *before = json_string_value(json_array_get(sent, 3));
+    return now && (!before || strcmp(now, before) != 0);
 }
 
 int64_t ssync_room_sent_limit(const json_t *pick, const json_t *sent, const json_t *result)
@@ -310,8 +348,8 @@ int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick
     } else if (strcmp(row->membership, "join") == 0 || (sent_m && strcmp(sent_m, "join") == 0)) {
         bool initial = !sent_m || strcmp(sent_m, "join") != 0;
         if (initial) json_object_set_new(room, "initial", json_true());
-        rc = member_room(s, row, pick, initial, !initial && ssync_room_expanded(pick, sent), sent_upto,
-                         prev, room);
+        rc = member_room(s, row, pick, initial, !initial && ssync_room_expanded(pick, sent),
+                         !initial && ssync_room_state_changed(pick, sent), sent_upto, prev, room);
         send = send || rc > 0;
     }
     if (rc < 0 || !send) {
