@@ -268,7 +268,7 @@ static int ssync_post(atrium_req *r)
     int rc = s.upto < 0 ? ROOMS_E_DB : build_answer(&s, &q, &prev, &a);
     bool may_wait = r->run_reason != ATRIUM_RUN_DEADLINE && st->deadline_ms > rt_now_ms();
     char token[SSYNC_TOKEN_MAX];
-    snprintf(token, sizeof(token), "%s", q.pos ? q.pos : "");
+    snprintf(token, sizeof(token), "%lld", (long long)prev.pos); /* the client's, when nothing is new */
     if (rc >= 0 && !a.has_new && q.pos && may_wait && ev) {
         http_db_checkin(s.c);
         ssync_pos_clear(&prev);

@@ -100,6 +100,7 @@ bool ssync_request_parse(atrium_req *r, ssync_request *q);
  * required_state key]}; the lists' counts. */
 typedef struct ssync_pos {
     int64_t conn_key;  /* 0: a new connection (no pos) */
+    int64_t pos;       /* the position's number (its token, written canonically) */
     int64_t stream_pos;
     json_t *rooms;     /* owned */
     json_t *counts;    /* owned: {list: count} */

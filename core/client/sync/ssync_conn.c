@@ -72,6 +72,7 @@ int ssync_conn_load(PGconn *c, const char *user, const char *device, const char 
         PQclear(res);
         return 0;
     }
+    out->pos = p;
     out->conn_key = atoll(PQgetvalue(res, 0, 0));
     out->stream_pos = atoll(PQgetvalue(res, 0, 1));
     out->rooms = json_loads(PQgetvalue(res, 0, 2), 0, NULL);
