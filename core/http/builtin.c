@@ -25,12 +25,33 @@ static int get_health(atrium_req *r)
     return http_respond_json(r, 200, json_pack("{s:s, s:s}", "status", "ok", "database", db));
 }
 
+/* Unstable features the client modules serve (http_unstable_feature_add), beside the
+ * ones this file knows. Filled at start-up only, read by any request thread after. */
+#define MAX_UNSTABLE_FEATURES 16
+static const char *unstable_features[MAX_UNSTABLE_FEATURES];
+static size_t n_unstable_features;
+
+int http_unstable_feature_add(const char *name)
+{
+    for (size_t i = 0; i < n_unstable_features; i++)
+        if (strcmp(unstable_features[i], name) == 0) return 0; /* a second server in one process */
+    if (n_unstable_features == MAX_UNSTABLE_FEATURES) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "too many unstable features (at most %d)", MAX_UNSTABLE_FEATURES);
+        return -1;
+    }
+    unstable_features[n_unstable_features++] = name;
+    return 0;
+}
+
 static int get_versions(atrium_req *r)
 {
     json_t *versions = json_array();
     for (size_t i = 0; SPEC_VERSIONS[i]; i++) json_array_append_new(versions, json_string(SPEC_VERSIONS[i]));
     json_t *body = json_pack("{s:o, s:{s:b}}", "versions", versions, "unstable_features",
                              "org.matrix.msc3916.stable", 1);
+    json_t *features = json_object_get(body, "unstable_features");
+    for (size_t i = 0; i < n_unstable_features; i++)
+        json_object_set_new(features, unstable_features[i], json_true());
     return http_respond_json(r, 200, body);
 }
 

@@ -246,6 +246,10 @@ int http_routes_add(http_server *s, const atrium_route *routes, size_t n, const 
     http_routes_add((s), (table), sizeof(table) / sizeof((table)[0]), (component))
 /* Register the core's own routes (/health, /versions, /metrics, ...). */
 int http_builtin_routes(http_server *s);
+/* Advertise `name` (a static string) as true in /versions' unstable_features. [init]
+ * only: from a module's init, before the listener opens. 0, or -1 past the table's bound
+ * (logged). */
+int http_unstable_feature_add(const char *name);
 /* Serve federation: a second listener (server.federation.*) for federation and key paths,
  * TLS unless server.federation.tls is false (the certificate must be loaded with
  * http_tls_load first). `auth` runs before every ATRIUM_ROUTE_FEDERATION handler;

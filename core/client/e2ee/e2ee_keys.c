@@ -389,5 +389,5 @@ int e2ee_keys_init(http_server *s)
     if (client_route(s, "POST", "/_matrix/client/v3/keys/upload", post_keys_upload, 0) < 0 ||
         client_route(s, "POST", "/_matrix/client/v3/keys/claim", post_keys_claim, 0) < 0)
         return -1;
-    return sync_add_section(sync_key_counts) < 0 ? -1 : 0;
+    return sync_add_section("e2ee", sync_key_counts) < 0 ? -1 : 0;
 }

@@ -420,5 +420,5 @@ int e2ee_query_init(http_server *s)
     if (client_route(s, "POST", "/_matrix/client/v3/keys/query", post_keys_query, 0) < 0 ||
         client_route(s, "GET", "/_matrix/client/v3/keys/changes", get_keys_changes, 0) < 0)
         return -1;
-    return sync_add_section(sync_device_lists) < 0 ? -1 : 0;
+    return sync_add_section("e2ee", sync_device_lists) < 0 ? -1 : 0;
 }

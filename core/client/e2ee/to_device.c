@@ -212,5 +212,5 @@ int to_device_init(http_server *s)
     if (client_route(s, "PUT", "/_matrix/client/v3/sendToDevice/{eventType}/{txnId}",
                      put_send_to_device, 0) < 0)
         return -1;
-    return sync_add_section(sync_to_device) < 0 ? -1 : 0;
+    return sync_add_section("to_device", sync_to_device) < 0 ? -1 : 0;
 }

@@ -409,7 +409,7 @@ static int presence_init(core_runtime *rt)
         rt_log(ATRIUM_LOG_ERROR, "core", "cannot register the m.presence EDU handler");
         return -1;
     }
-    return sync_add_section(sync_presence) < 0 ? -1 : 0;
+    return sync_add_section("presence", sync_presence) < 0 ? -1 : 0;
 }
 
 const client_module PRESENCE_MODULE = {

@@ -25,6 +25,7 @@
 #include "core/client/presence/presence.h"
 #include "core/client/ratelimits.h"
 #include "core/client/sync/notifier.h"
+#include "core/client/sync/ssync.h"
 #include "core/client/sync/sync.h"
 #include "core/client/sync/sync_legacy.h"
 #include "core/client/sync/sync_rooms.h"
@@ -37,16 +38,31 @@
 #define SYNC_USER_ID_MAX 256
 
 static sync_section_fn sections[SYNC_MAX_SECTIONS];
+static const char *section_names[SYNC_MAX_SECTIONS];
 static int n_sections;
 
-int sync_add_section(sync_section_fn fn)
+int sync_add_section(const char *name, sync_section_fn fn)
 {
     if (n_sections == SYNC_MAX_SECTIONS) {
         rt_log(ATRIUM_LOG_ERROR, "core", "too many sync sections (at most %d)", SYNC_MAX_SECTIONS);
         return ATRIUM_E_LIMIT;
     }
+    section_names[n_sections] = name;
     sections[n_sections++] = fn;
     return 0;
+}
+
+int sync_sections_run(const char *name, PGconn *c, const char *user_id, const char *device_id,
+                      int64_t since, int64_t upto, json_t *response)
+{
+    int news = 0;
+    for (int i = 0; i < n_sections; i++) {
+        if (strcmp(section_names[i], name) != 0) continue;
+        int rc = sections[i](c, user_id, device_id, since, upto, response);
+        if (rc < 0) return rc;
+        if (rc > 0) news = 1;
+    }
+    return news;
 }
 
 /* The endpoints this handler serves: /sync, and the deprecated APIs computed the same way
@@ -226,7 +242,7 @@ static int global_account_data(sync_ctx *s, json_t *resp, bool *has_new)
 }
 
 /* The newest position whose writers have all committed (see core/rooms/rooms.h). */
-static int64_t stream_upto(PGconn *c)
+int64_t sync_stream_upto(PGconn *c)
 {
     PGresult *res = rooms_q(c, "SELECT stream_upto()", 0, NULL, NULL);
     if (!res) return -1;
@@ -318,7 +334,7 @@ static int sync_serve(atrium_req *r, int mode)
         if (!st->since_now) {
             PGconn *c = http_db_checkout(r);
             if (!c) return ATRIUM_DONE;
-            st->since_now = stream_upto(c);
+            st->since_now = sync_stream_upto(c);
             http_db_checkin(c);
             if (st->since_now < 0)
                 return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -345,7 +361,7 @@ static int sync_serve(atrium_req *r, int mode)
     if (r->run_reason == ATRIUM_RUN_FIRST &&
         presence_sync_mark(s.c, user, http_req_query(r, "set_presence")) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "[req %s] could not record %s's presence", r->id, user);
-    s.upto = stream_upto(s.c);
+    s.upto = sync_stream_upto(s.c);
     if (s.since > s.upto) s.since = s.upto; /* a token from a newer database: start there */
     bool has_new = false;
     json_t *resp = s.upto < 0 ? NULL : build_response(&s, &has_new);
@@ -391,10 +407,12 @@ static int sync_init(core_runtime *rt)
                      room_initial_sync_get, 0) < 0 ||
         client_route(rt->http, "GET", "/_matrix/client/v3/events", events_get, 0) < 0)
         return -1;
-    return 0;
+    return ssync_init(rt); /* Simplified Sliding Sync, beside /sync (ssync.c) */
 }
 
 const client_module SYNC_MODULE = {
     .owner = "sync",
+    .migrations = SSYNC_MIGRATIONS, /* sliding sync's connection state */
+    .n_migrations = SSYNC_N_MIGRATIONS,
     .init = sync_init, /* the limiter is freed with the others (ratelimits_free) */
 };

@@ -54,9 +54,16 @@
 typedef int (*sync_section_fn)(PGconn *c, const char *user_id, const char *device_id,
                                int64_t since, int64_t upto, json_t *response);
 
-/* Register a section. [init] only: call it from a client module's init() (main thread,
- * before the listener opens). Sections run in registration order. 0, or ATRIUM_E_LIMIT
- * past SYNC_MAX_SECTIONS (logged). */
-int sync_add_section(sync_section_fn fn);
+/* Register a section under a name (Simplified Sliding Sync runs it as the extension of
+ * that name: "to_device", "e2ee"). [init] only: call it from a client module's init()
+ * (main thread, before the listener opens). Sections run in registration order. 0, or
+ * ATRIUM_E_LIMIT past SYNC_MAX_SECTIONS (logged). */
+int sync_add_section(const char *name, sync_section_fn fn);
+/* Run the sections registered under `name` for the window (since, upto] into response:
+ * 1 when one of them had news, 0, or a negative atrium_err. Any request thread. */
+int sync_sections_run(const char *name, PGconn *c, const char *user_id, const char *device_id,
+                      int64_t since, int64_t upto, json_t *response);
+/* The newest position whose writers have all committed (stream_upto()), or -1. */
+int64_t sync_stream_upto(PGconn *c);
 
 #endif

@@ -753,3 +753,37 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     s->push_rules = NULL;
     return rc;
 }
+
+/* ---- the readers Simplified Sliding Sync shares (sync_rooms.h) ----------------------- */
+
+int sync_room_timeline(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
+                       int64_t hi, sync_timeline *t)
+{
+    timeline tl = {0};
+    int rc = fetch_timeline(s, room_id, vis, lo, hi, &tl);
+    *t = (sync_timeline){tl.events, tl.limited, tl.first_pos};
+    return rc;
+}
+
+int sync_room_ephemeral(sync_ctx *s, const char *room_id, bool initial, json_t *out)
+{
+    return ephemeral(s, room_id, initial, out);
+}
+
+int sync_room_unread(sync_ctx *s, const char *room_id, json_t *room)
+{
+    return unread_counts(s, room_id, room);
+}
+
+int sync_room_summary(sync_ctx *s, const char *room_id, json_t *room)
+{
+    return summary(s, room_id, room);
+}
+
+int sync_room_stripped(sync_ctx *s, bool knock, const char *room_id, const char *membership,
+                       const char *event_id, const char *sender, int64_t pos, json_t *out)
+{
+    membership_row m = {room_id, membership, event_id, sender, pos};
+    bool has_new = false;
+    return stripped_room(s, knock ? &KNOCKED : &INVITED, &m, out, &has_new);
+}

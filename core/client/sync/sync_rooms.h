@@ -37,4 +37,28 @@ typedef struct sync_ctx {
  * s->push_rules is NULL again when it returns. */
 int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new);
 
+/* The readers of one room that Simplified Sliding Sync (ssync_room.c) shares with /sync.
+ * Each reads with s's connection, window and view; ROOMS_OK or ROOMS_E_DB. */
+typedef struct sync_timeline {
+    json_t *events;     /* ascending; owned by the caller (NULL after a failure) */
+    bool limited;
+    int64_t first_pos;  /* position of the first event, 0 if none */
+} sync_timeline;
+/* The newest s->timeline_limit events of lo < pos <= hi that vis lets the user see, with
+ * /sync's rule for hidden state (sync_rooms.c, fetch_timeline). */
+int sync_room_timeline(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
+                       int64_t hi, sync_timeline *t);
+/* The m.receipt and m.typing events of (s->since, s->upto] (initial: every receipt, the
+ * current typers) appended to out. */
+int sync_room_ephemeral(sync_ctx *s, const char *room_id, bool initial, json_t *out);
+/* unread_notifications {notification_count, highlight_count} into room. The caller
+ * releases s->push_rules when done with the response. */
+int sync_room_unread(sync_ctx *s, const char *room_id, json_t *room);
+/* summary {m.heroes, m.joined_member_count, m.invited_member_count} into room. */
+int sync_room_summary(sync_ctx *s, const char *room_id, json_t *room);
+/* The stripped state of an invite (knock false) or knock: out[room_id] =
+ * {"invite_state"|"knock_state": {"events": [...]}}. */
+int sync_room_stripped(sync_ctx *s, bool knock, const char *room_id, const char *membership,
+                       const char *event_id, const char *sender, int64_t pos, json_t *out);
+
 #endif

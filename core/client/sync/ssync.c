@@ -1,0 +1,323 @@
+/*
+ * core/client/sync/ssync.c - POST /_matrix/client/unstable/org.matrix.simplified_msc3575/sync,
+ * Simplified Sliding Sync (MSC4186, in the shape Synapse serves and Element X sends).
+ *
+ * One run: read the request (ssync_request.c), load the connection's position
+ * (ssync_conn.c), read `upto` once (stream_upto(), as /sync does, so every part of the
+ * answer describes the window (previous position, upto]), order and filter the user's
+ * rooms (ssync_lists.c), build the result of each picked room that is new to the
+ * connection or changed since it was sent (ssync_room.c), then the extensions
+ * (ssync_ext.c). An answer with news is stored as a new position before it is sent
+ * (nothing acknowledged before durable); an answer with none keeps the client's pos.
+ *
+ * The long-poll is /sync's (sync.c): when a request with a pos finds nothing new and its
+ * timeout has not passed, it releases its database connection and parks on its user's
+ * notifier event (no thread held); a wake-up from any process (notifier.h) or the deadline
+ * runs it again from the top. A wake-up for something outside the request (a room in no
+ * list) finds nothing and parks again, so the request answers at its timeout. The wake
+ * counter read before the queries and after parking closes the lost-wake-up gap.
+ * What it does not do: presence, the lists' `ops`.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/client/auth/auth.h"
+#include "core/client/client.h"
+#include "core/client/presence/presence.h"
+#include "core/client/ratelimits.h"
+#include "core/client/sync/notifier.h"
+#include "core/client/sync/ssync.h"
+#include "core/client/sync/sync.h"
+
+#define SSYNC_PATH "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
+#define SSYNC_FEATURE "org.matrix.simplified_msc3575"
+#define SSYNC_USER_ID_MAX 256
+#define SSYNC_TOKEN_MAX 24
+
+typedef struct ssync_run_state {
+    int64_t deadline_ms; /* monotonic; 0 = answer at once */
+} ssync_run_state;
+
+/* What one run computed. */
+typedef struct ssync_answer {
+    json_t *lists, *rooms, *extensions; /* the response's parts */
+    json_t *sent;   /* the connection's room map after this answer */
+    json_t *counts; /* {list: count} */
+    bool has_new;
+} ssync_answer;
+
+static void answer_free(ssync_answer *a)
+{
+    json_decref(a->lists);
+    json_decref(a->rooms);
+    json_decref(a->extensions);
+    json_decref(a->sent);
+    json_decref(a->counts);
+}
+
+/* The rooms map carried forward: only rooms the lists may still hold (others were left
+ * before the previous position and are of no further use). */
+static json_t *carried_map(const json_t *prev_rooms, const ssync_rooms *rs)
+{
+    json_t *map = json_object();
+    for (int i = 0; i < rs->n; i++) {
+        json_t *sent = json_object_get(prev_rooms, rs->rows[i].room_id);
+        if (sent) json_object_set(map, rs->rows[i].room_id, sent);
+    }
+    return map;
+}
+
+/* The picked rooms the connection already sent, as the same membership, with no event
+ * after they were sent: nothing of theirs can have changed, so they are not read (one
+ * query instead of a room's worth of reads each, which is what keeps a wake-up cheap on
+ * a large account). {room_id: true} into *quiet. */
+static int quiet_rooms(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev,
+                       json_t **quiet)
+{
+    *quiet = json_object();
+    json_t *ids = json_array();
+    char *since = rt_arena_alloc(s->r->arena, json_object_size(picked) * 21 + 3);
+    if (!since) {
+        json_decref(ids);
+        return ROOMS_E_DB;
+    }
+    size_t used = 0;
+    since[used++] = '{';
+    const char *room_id;
+    json_t *pick;
+    json_object_foreach((json_t *)picked, room_id, pick)
+    {
+        const ssync_room_row *row = &rs->rows[json_integer_value(json_object_get(pick, "i"))];
+        json_t *sent = json_object_get(prev->rooms, room_id);
+        const char *sent_m = json_string_value(json_array_get(sent, 1));
+        if (!sent_m || strcmp(sent_m, row->membership) != 0 || ssync_room_expanded(pick, sent) ||
+            ssync_room_state_changed(pick, sent))
+            continue;
+        used += (size_t)sprintf(since + used, "%s%lld", json_array_size(ids) ? "," : "",
+                                (long long)json_integer_value(json_array_get(sent, 0)));
+        json_array_append_new(ids, json_string(room_id));
+        json_object_set_new(*quiet, room_id, json_true());
+    }
+    since[used++] = '}';
+    since[used] = '\0';
+    if (json_array_size(ids) == 0) {
+        json_decref(ids);
+        return ROOMS_OK;
+    }
+    const char *p[3] = {rooms_pg_array(s->r->arena, ids), since, rooms_i64(s->r, s->upto)};
+    json_decref(ids);
+    PGresult *res = rooms_q(s->c,
+                            "SELECT r.id FROM unnest($1::text[], $2::bigint[]) AS r(id, since)"
+                            " WHERE EXISTS (SELECT 1 FROM events e WHERE e.room_id = r.id"
+                            "  AND e.stream_pos > r.since AND e.stream_pos <= $3::bigint)",
+                            3, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; i < PQntuples(res); i++) json_object_del(*quiet, PQgetvalue(res, i, 0));
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* The picked rooms' results, and the map updated for what they send. */
+static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev,
+                      ssync_answer *a)
+{
+    json_t *quiet;
+    if (quiet_rooms(s, rs, picked, prev, &quiet) < 0) {
+        json_decref(quiet);
+        return ROOMS_E_DB;
+    }
+    const char *room_id;
+    json_t *pick;
+    json_object_foreach((json_t *)picked, room_id, pick)
+    {
+        if (json_object_get(quiet, room_id)) continue;
+        const ssync_room_row *row = &rs->rows[json_integer_value(json_object_get(pick, "i"))];
+        json_t *out;
+        if (ssync_room_result(s, row, pick, json_object_get(prev->rooms, room_id), prev->stream_pos, &out) < 0) {
+            json_decref(quiet);
+            return ROOMS_E_DB;
+        }
+        if (!out) continue;
+        json_int_t limit = ssync_room_sent_limit(pick, json_object_get(prev->rooms, room_id), out);
+        json_object_set_new(a->rooms, room_id, out);
+        json_object_set_new(a->sent, room_id, json_pack("[I, s, I, O]", (json_int_t)s->upto, row->membership,
+                                                        limit, json_object_get(pick, "rsk")));
+    }
+    json_decref(quiet);
+    return ROOMS_OK;
+}
+
+/* Build the whole answer for (prev, upto]. ROOMS_OK or ROOMS_E_DB. */
+static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *prev, ssync_answer *a)
+{
+    *a = (ssync_answer){json_object(), json_object(), json_object(), NULL, json_object(), false};
+    ssync_rooms rs;
+    if (ssync_rooms_load(s, q, prev->stream_pos, &rs) < 0) return ROOMS_E_DB;
+    json_t *picked = json_object();
+    a->sent = carried_map(prev->rooms, &rs);
+    int rc = ssync_lists_apply(s, q, &rs, a->counts, picked);
+    ssync_subs_apply(q, &rs, picked);
+    const char *room_id;
+    json_t *pick;
+    json_object_foreach(picked, room_id, pick)
+    {
+        json_object_set_new(pick, "rsk", json_string(ssync_required_state_key(s->r, json_object_get(pick, "rs"))));
+    }
+    if (rc >= 0) rc = rooms_part(s, &rs, picked, prev, a);
+    json_decref(s->push_rules);
+    s->push_rules = NULL;
+    if (rc >= 0) rc = ssync_extensions(s, q, picked, prev->stream_pos, a->extensions, &a->has_new);
+    json_decref(picked);
+    ssync_rooms_free(&rs);
+    const char *list_name;
+    json_t *count;
+    json_object_foreach(a->counts, list_name, count)
+    {
+        json_object_set_new(a->lists, list_name, json_pack("{s:O}", "count", count));
+    }
+    if (json_object_size(a->rooms) > 0 || !prev->counts || !json_equal(a->counts, prev->counts))
+        a->has_new = true;
+    return rc;
+}
+
+/* Store the answer as the connection's next position (a new connection without pos).
+ * 1 stored (token set), 0 the connection is gone, -1 database. */
+static int store_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *prev, const ssync_answer *a,
+                        char *token, size_t len)
+{
+    int64_t key = prev->conn_key;
+    if (!q->pos && ssync_conn_start(s->c, s->user, s->device, q->conn_id, &key) < 0) return -1;
+    if (ssync_conn_save(s->c, key, s->upto, a->sent, a->counts, token, len) < 0) return q->pos ? 0 : -1;
+    return 1;
+}
+
+static int respond(atrium_req *r, const ssync_request *q, const char *token, ssync_answer *a)
+{
+    json_t *body = json_pack("{s:s, s:O, s:O, s:O}", "pos", token, "lists", a->lists, "rooms", a->rooms,
+                             "extensions", a->extensions);
+    if (q->txn_id) json_object_set(body, "txn_id", (json_t *)q->txn_id);
+    answer_free(a);
+    return http_respond_json(r, 200, body);
+}
+
+/* The first part of a run: parameters, and the state kept across its re-runs. NULL
+ * after answering. */
+static ssync_run_state *run_state(atrium_req *r, const ssync_request *q)
+{
+    if (!presence_sync_value_ok(http_req_query(r, "set_presence"))) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "'set_presence' must be online, unavailable or offline");
+        return NULL;
+    }
+    ssync_run_state *st = r->core_state;
+    if (!st) {
+        if (!(st = rt_arena_alloc(r->arena, sizeof(*st)))) {
+            http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+            return NULL;
+        }
+        st->deadline_ms = q->pos && q->timeout_ms ? rt_now_ms() + q->timeout_ms : 0;
+        r->core_state = st;
+    }
+    return st;
+}
+
+/* The connection's previous position into prev. false after answering (400
+ * M_UNKNOWN_POS, 503). */
+static bool load_pos(atrium_req *r, sync_ctx *s, const ssync_request *q, ssync_pos *prev)
+{
+    *prev = (ssync_pos){0};
+    if (!q->pos) return true;
+    int rc = ssync_conn_load(s->c, s->user, s->device, q->conn_id, q->pos, prev);
+    if (rc < 0) http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    else if (rc == 0) http_respond_error(r, 400, "M_UNKNOWN_POS", "Unknown or expired pos: start a new connection");
+    return rc > 0;
+}
+
+static int ssync_post(atrium_req *r)
+{
+    const char *user = auth_request(r);
+    if (!user) return ATRIUM_DONE;
+    if (ratelimit_refused(r, ratelimit_sync())) return ATRIUM_DONE; /* counted once per request */
+    ssync_request q;
+    if (!ssync_request_parse(r, &q)) return ATRIUM_DONE;
+    ssync_run_state *st = run_state(r, &q);
+    if (!st) return ATRIUM_DONE;
+    if (r->run_reason == ATRIUM_RUN_SHUTDOWN && !q.pos) /* only a parked request has this reason */
+        return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping; retry");
+    if (r->run_reason == ATRIUM_RUN_SHUTDOWN) /* parked, with a pos: nothing new */
+        return http_respond_json(r, 200, json_pack("{s:s, s:{}, s:{}, s:{}}", "pos", q.pos, "lists", "rooms",
+                                                    "extensions"));
+    struct atrium_event *ev = notifier_event_for(r->srv, user);
+    uint64_t wakes_before = notifier_wake_count(user);
+    sync_ctx s = {.r = r, .user = user, .device = r->device};
+    s.view = (events_view){.user_id = user, .device_id = r->device, .now_ms = rooms_wall_ms()};
+    char why[64];
+    if (!rooms_filter_parse(r->arena, NULL, &s.timeline, why, sizeof(why)))
+        return http_respond_error(r, 500, "M_UNKNOWN", "%s", why);
+    if (!(s.c = http_db_checkout(r))) return ATRIUM_DONE;
+    if (r->run_reason == ATRIUM_RUN_FIRST &&
+        presence_sync_mark(s.c, user, http_req_query(r, "set_presence")) < 0)
+        rt_log(ATRIUM_LOG_WARN, "core", "[req %s] could not record %s's presence", r->id, user);
+    ssync_pos prev;
+    if (!load_pos(r, &s, &q, &prev)) {
+        http_db_checkin(s.c);
+        return ATRIUM_DONE;
+    }
+    s.upto = sync_stream_upto(s.c);
+    if (s.upto < prev.stream_pos) s.upto = prev.stream_pos;
+    ssync_answer a = {0};
+    int rc = s.upto < 0 ? ROOMS_E_DB : build_answer(&s, &q, &prev, &a);
+    bool may_wait = r->run_reason != ATRIUM_RUN_DEADLINE && st->deadline_ms > rt_now_ms();
+    char token[SSYNC_TOKEN_MAX];
+    snprintf(token, sizeof(token), "%lld", (long long)prev.pos); /* the client's, when nothing is new */
+    if (rc >= 0 && !a.has_new && q.pos && may_wait && ev) {
+        http_db_checkin(s.c);
+        ssync_pos_clear(&prev);
+        answer_free(&a);
+        char who[SSYNC_USER_ID_MAX];
+        snprintf(who, sizeof(who), "%s", user); /* r may be gone once parked */
+        if (susp_park(r, ev, st->deadline_ms) == 0) {
+            if (notifier_wake_count(who) != wakes_before) notifier_wake_local(who);
+            return ATRIUM_PARKED;
+        }
+        return http_respond_error(r, 503, "M_UNKNOWN", "Could not wait; retry");
+    }
+    int stored = rc < 0 || (!a.has_new && q.pos) ? 1 : store_answer(&s, &q, &prev, &a, token, sizeof(token));
+    http_db_checkin(s.c);
+    ssync_pos_clear(&prev);
+    if (rc < 0 || stored < 0) {
+        answer_free(&a);
+        return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    }
+    if (stored == 0) {
+        answer_free(&a);
+        return http_respond_error(r, 400, "M_UNKNOWN_POS", "The connection was replaced or expired");
+    }
+    return respond(r, &q, token, &a);
+}
+
+const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
+    {1, "sliding_sync_connections",
+     /* docs/adr/0010-sliding-sync-connection-state.md */
+     "CREATE TABLE sliding_sync_connections ("
+     " conn_key bigserial PRIMARY KEY,"
+     " user_id text NOT NULL,"
+     " device_id text NOT NULL,"
+     " conn_id text NOT NULL,"
+     " last_used_ms bigint NOT NULL,"
+     " UNIQUE (user_id, device_id, conn_id),"
+     " FOREIGN KEY (user_id, device_id) REFERENCES devices (user_id, device_id) ON DELETE CASCADE);"
+     "CREATE TABLE sliding_sync_positions ("
+     " pos bigserial PRIMARY KEY,"
+     " conn_key bigint NOT NULL REFERENCES sliding_sync_connections ON DELETE CASCADE,"
+     " stream_pos bigint NOT NULL,"
+     " rooms jsonb NOT NULL,"
+     " counts jsonb NOT NULL);"
+     "CREATE INDEX sliding_sync_positions_conn ON sliding_sync_positions (conn_key, pos);"},
+};
+
+int ssync_init(core_runtime *rt)
+{
+    ssync_conn_metrics(rt->metrics);
+    if (client_route(rt->http, "POST", SSYNC_PATH, ssync_post, 0) < 0) return -1;
+    return http_unstable_feature_add(SSYNC_FEATURE);
+}

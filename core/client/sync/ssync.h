@@ -1,0 +1,186 @@
+/*
+ * core/client/sync/ssync.h - Simplified Sliding Sync (MSC4186, unstable prefix
+ * org.matrix.simplified_msc3575): what its files share.
+ *
+ *   ssync.c          the endpoint: one run, parking like /sync, the response's top level
+ *   ssync_request.c  the request body, checked and bounded (400 at once for bad input)
+ *   ssync_conn.c     the connection state in PostgreSQL: pos tokens and what each
+ *                    connection has sent (docs/adr/0010-sliding-sync-connection-state.md)
+ *   ssync_lists.c    the user's rooms: filters, activity order (bump_stamp), windows
+ *   ssync_room.c     one room's result, built from /sync's readers (sync_rooms.h)
+ *   ssync_ext.c      the extensions: to_device, e2ee, account_data, receipts, typing
+ *
+ * Internal prefix: ssync_.
+ */
+#ifndef ATRIUM_CORE_SSYNC_H
+#define ATRIUM_CORE_SSYNC_H
+
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/client/sync/sync_rooms.h"
+#include "core/runtime/core_runtime.h"
+
+/* The endpoint's route, metrics and /versions flag (called by the sync module's init),
+ * and its tables (migrations of the sync module). */
+int ssync_init(core_runtime *rt);
+#define SSYNC_N_MIGRATIONS 1
+extern const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS];
+
+/* Documented limits of a request (README.md, "Simplified Sliding Sync"). Past a MAX_*
+ * count the request is refused 400; values past a CLAMP are lowered to it. */
+#define SSYNC_MAX_LISTS 100            /* lists per request */
+#define SSYNC_MAX_RANGES 10            /* ranges per list */
+#define SSYNC_MAX_SUBSCRIPTIONS 100    /* room_subscriptions per request */
+#define SSYNC_MAX_REQUIRED_STATE 100   /* [type, state_key] pairs per list or subscription */
+#define SSYNC_MAX_FILTER_ITEMS 100     /* entries of spaces / room_types / not_room_types */
+#define SSYNC_MAX_EXT_NAMES 100        /* lists / rooms an extension is limited to */
+#define SSYNC_CLAMP_TIMELINE_LIMIT 100 /* timeline events per room */
+#define SSYNC_CLAMP_RANGE_END 100000   /* a range's last index */
+#define SSYNC_MAX_TIMEOUT_MS (5 * 60 * 1000)
+#define SSYNC_MAX_CONN_ID_BYTES 255
+#define SSYNC_MAX_KEY_BYTES 255        /* list names, room IDs, types */
+
+/* What one list or subscription asks for each of its rooms. */
+typedef struct ssync_config {
+    int64_t timeline_limit;
+    const json_t *required_state; /* the request's array of [type, state_key] (checked) */
+} ssync_config;
+
+/* A list's filters; -1 = unset for the three-valued flags. */
+typedef struct ssync_filters {
+    int is_dm, is_encrypted, is_invite;
+    const json_t *room_types, *not_room_types, *spaces, *tags, *not_tags; /* arrays or NULL */
+} ssync_filters;
+
+typedef struct ssync_list {
+    const char *name;
+    ssync_config cfg;
+    ssync_filters f;
+    int n_ranges; /* -1: no ranges, the whole list */
+    int64_t ranges[SSYNC_MAX_RANGES][2];
+} ssync_list;
+
+typedef struct ssync_sub {
+    const char *room_id;
+    ssync_config cfg;
+} ssync_sub;
+
+/* An extension that applies to some lists and rooms ("*" or absent: all of them). */
+typedef struct ssync_ext_scope {
+    bool enabled;
+    const json_t *lists, *rooms; /* arrays of strings, or NULL for all */
+} ssync_ext_scope;
+
+typedef struct ssync_request {
+    const char *conn_id;      /* "" when absent */
+    const json_t *txn_id;     /* echoed, or NULL */
+    const char *pos;          /* the query's pos, or NULL */
+    int64_t timeout_ms;
+    ssync_list *lists;
+    size_t n_lists;
+    ssync_sub *subs;
+    size_t n_subs;
+    bool to_device;
+    const char *to_device_since; /* NULL: from the start */
+    bool e2ee;
+    ssync_ext_scope account_data, receipts, typing;
+} ssync_request;
+
+/* Parse and check the request of r (body and query) into q, in r's arena; the body's
+ * JSON stays r's. false after answering 400. [req] */
+bool ssync_request_parse(atrium_req *r, ssync_request *q);
+
+/* ---- connection state (ssync_conn.c) ---------------------------------------------- */
+
+/* What a pos token stands for: the stream position it was computed up to, and per room
+ * what the connection sent: {room_id: [sent_upto, membership, timeline_limit,
+ * required_state key]}; the lists' counts. */
+typedef struct ssync_pos {
+    int64_t conn_key;  /* 0: a new connection (no pos) */
+    int64_t pos;       /* the position's number (its token, written canonically) */
+    int64_t stream_pos;
+    json_t *rooms;     /* owned */
+    json_t *counts;    /* owned: {list: count} */
+} ssync_pos;
+
+/* Load the state of pos for (user, device, conn_id) and drop the connection's positions
+ * older than it (the client has seen pos). 1 found, 0 unknown or expired, -1 database. */
+int ssync_conn_load(PGconn *c, const char *user, const char *device, const char *conn_id,
+                    const char *pos, ssync_pos *out);
+/* Start the connection (user, device, conn_id) afresh (replacing one of that name),
+ * dropping the device's least recently used connections past SSYNC_MAX_CONNECTIONS (counted
+ * in atrium_sliding_sync_connections_dropped_total). *conn_key set. 0 or -1. */
+int ssync_conn_start(PGconn *c, const char *user, const char *device, const char *conn_id,
+                     int64_t *conn_key);
+/* Store a new position of conn_key (committed before it returns): its token into
+ * `token` (at least 24 bytes). 0, or -1 (the connection was dropped meanwhile, or the
+ * database failed). */
+int ssync_conn_save(PGconn *c, int64_t conn_key, int64_t stream_pos, const json_t *rooms,
+                    const json_t *counts, char *token, size_t len);
+void ssync_pos_clear(ssync_pos *p);
+/* The metric, registered once at start-up. */
+void ssync_conn_metrics(rt_metrics *metrics);
+
+/* ---- the user's rooms (ssync_lists.c) --------------------------------------------- */
+
+/* A room of the user, as lists see it. */
+typedef struct ssync_room_row {
+    const char *room_id, *membership, *event_id, *sender;
+    int64_t membership_pos, bump_stamp;
+    bool encrypted, is_dm;
+    const char *room_type; /* NULL: no type */
+    const json_t *tags;    /* the room's m.tag `tags` object, or NULL (owned by ssync_rooms) */
+} ssync_room_row;
+
+typedef struct ssync_rooms {
+    PGresult *res;            /* owns the strings of rows */
+    ssync_room_row *rows;     /* activity order, newest first */
+    int n;
+    json_t *tags;             /* {room_id: tags object} */
+} ssync_rooms;
+
+/* The rooms lists may hold, as of upto: joined, invited, knocked, and those left or
+ * banned after `prev` (0: none), newest activity first; encryption and room type only when
+ * one of q's lists filters on them. ROOMS_OK or ROOMS_E_DB. */
+int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_rooms *out);
+void ssync_rooms_free(ssync_rooms *rs);
+/* Apply every list to rs: counts into `counts` ({list: count}), and for each room in a
+ * list's window its combined config and list names into `picked`
+ * ({room_id: {"i": row index, "tl": limit, "rs": [pairs...], "lists": [...]}}). */
+int ssync_lists_apply(sync_ctx *s, const ssync_request *q, const ssync_rooms *rs,
+                      json_t *counts, json_t *picked);
+/* Add the subscriptions to picked (rooms the user has a membership in only). */
+void ssync_subs_apply(const ssync_request *q, const ssync_rooms *rs, json_t *picked);
+
+/* ---- one room (ssync_room.c) ------------------------------------------------------ */
+
+/* The result of one picked room into *out (NULL when nothing changed since it was last
+ * sent). sent: the connection's [sent_upto, membership] for the room, or NULL; prev: the
+ * previous pos's stream position (0 first). ROOMS_OK or ROOMS_E_DB. */
+int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick,
+                      const json_t *sent, int64_t prev, json_t **out);
+
+/* Does the room's pick ask for more timeline than the connection sent it with (sent:
+ * [sent_upto, membership, timeline_limit])? */
+bool ssync_room_expanded(const json_t *pick, const json_t *sent);
+/* A key of a set of [type, state_key] pairs (order and repeats do not matter), in r's
+ * arena; and does the room's pick ("rsk") differ from the one it was sent with? */
+const char *ssync_required_state_key(atrium_req *r, const json_t *pairs);
+bool ssync_room_state_changed(const json_t *pick, const json_t *sent);
+/* The timeline_limit to remember for a room sent as `result`: the new one after a gap
+ * (limited) or a fresh start, else the larger of the two. */
+int64_t ssync_room_sent_limit(const json_t *pick, const json_t *sent, const json_t *result);
+
+/* ---- extensions (ssync_ext.c) ----------------------------------------------------- */
+
+/* The enabled extensions into `ext` for the window (prev, upto]; `picked` names the rooms
+ * of the lists and subscriptions (receipts, typing and room account data are limited to
+ * those the extension's scope names). *has_new set when one has news. ROOMS_OK or
+ * ROOMS_E_DB. */
+int ssync_extensions(sync_ctx *s, const ssync_request *q, const json_t *picked, int64_t prev,
+                     json_t *ext, bool *has_new);
+
+#endif

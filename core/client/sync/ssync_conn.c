@@ -1,0 +1,169 @@
+/*
+ * core/client/sync/ssync_conn.c - the connection state of Simplified Sliding Sync in
+ * PostgreSQL (docs/adr/0010-sliding-sync-connection-state.md).
+ *
+ * A connection is (user, device, conn_id); each response that says something new stores
+ * a position: the stream position it was computed up to, what the connection has sent of
+ * each room ({room_id: [sent_upto, membership]}) and the lists' counts. Its token (`pos`)
+ * is the position's row number, meaningful only with the connection it belongs to. So any
+ * process sharing the database answers the next request of a connection, and a restart
+ * loses nothing.
+ *
+ * Bounds: a device keeps at most SSYNC_MAX_CONNECTIONS connections (the least recently
+ * used go first; atrium_sliding_sync_connections_dropped_total counts them), one unused for
+ * SSYNC_CONNECTION_IDLE_MS is dropped when its device starts another, and a connection
+ * keeps at most SSYNC_MAX_POSITIONS positions: a request with pos P drops those before P
+ * (the client has seen P); later ones stay, as a retried request may still use P. A pos
+ * that is gone answers 400 M_UNKNOWN_POS (ssync.c), and the client starts again.
+ * Connections go with their device (a foreign key).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/sync/ssync.h"
+#include "atrium/parse.h"
+
+#define SSYNC_MAX_CONNECTIONS 10 /* per device */
+#define SSYNC_MAX_POSITIONS 8    /* per connection */
+#define SSYNC_CONNECTION_IDLE_MS (7LL * 24 * 60 * 60 * 1000)
+
+static rt_metric *m_dropped, *m_started;
+
+void ssync_conn_metrics(rt_metrics *metrics)
+{
+    m_dropped = rt_metric_counter(metrics, "atrium_sliding_sync_connections_dropped_total", NULL,
+                                  "Sliding sync connections dropped: past the per-device bound or unused");
+    m_started = rt_metric_counter(metrics, "atrium_sliding_sync_connections_started_total", NULL,
+                                  "Sliding sync connections started (requests without pos)");
+}
+
+void ssync_pos_clear(ssync_pos *p)
+{
+    json_decref(p->rooms);
+    json_decref(p->counts);
+    *p = (ssync_pos){0};
+}
+
+static const char *num(char *buf, size_t len, int64_t v)
+{
+    snprintf(buf, len, "%lld", (long long)v);
+    return buf;
+}
+
+int ssync_conn_load(PGconn *c, const char *user, const char *device, const char *conn_id,
+                    const char *pos, ssync_pos *out)
+{
+    *out = (ssync_pos){0};
+    int64_t p;
+    if (atrium_parse_int64(pos, 1, INT64_MAX, &p) != 0) return 0;
+    char now[24], ps[24];
+    const char *params[5] = {user, device, conn_id, num(ps, sizeof(ps), p),
+                             num(now, sizeof(now), rooms_wall_ms())};
+    PGresult *res = rooms_q(c,
+                            "WITH conn AS (UPDATE sliding_sync_connections SET last_used_ms = $5::bigint"
+                            "  WHERE user_id = $1 AND device_id = $2 AND conn_id = $3 RETURNING conn_key)"
+                            " SELECT p.conn_key, p.stream_pos, p.rooms::text, p.counts::text"
+                            " FROM sliding_sync_positions p JOIN conn ON conn.conn_key = p.conn_key"
+                            " WHERE p.pos = $4::bigint",
+                            5, params, NULL);
+    if (!res) return -1;
+    if (PQntuples(res) != 1) {
+        PQclear(res);
+        return 0;
+    }
+    out->pos = p;
+    out->conn_key = atoll(PQgetvalue(res, 0, 0));
+    out->stream_pos = atoll(PQgetvalue(res, 0, 1));
+    out->rooms = json_loads(PQgetvalue(res, 0, 2), 0, NULL);
+    out->counts = json_loads(PQgetvalue(res, 0, 3), 0, NULL);
+    PQclear(res);
+    if (!json_is_object(out->rooms) || !json_is_object(out->counts)) {
+        ssync_pos_clear(out);
+        return -1;
+    }
+    char key[24];
+    const char *q[2] = {num(key, sizeof(key), out->conn_key), ps};
+    if (!db_exec(c, "DELETE FROM sliding_sync_positions WHERE conn_key = $1::bigint AND pos < $2::bigint",
+                 2, q)) {
+        ssync_pos_clear(out);
+        return -1;
+    }
+    return 1;
+}
+
+/* Inside a transaction: replace the connection of that name, and drop the device's
+ * connections past the bound or unused too long. */
+static int conn_start(PGconn *c, const char *user, const char *device, const char *conn_id,
+                      int64_t *conn_key)
+{
+    char now[24], idle[24], max[24];
+    const char *p[6] = {user, device, conn_id, num(now, sizeof(now), rooms_wall_ms()),
+                        num(idle, sizeof(idle), rooms_wall_ms() - SSYNC_CONNECTION_IDLE_MS),
+                        num(max, sizeof(max), SSYNC_MAX_CONNECTIONS)};
+    if (!db_exec(c, "DELETE FROM sliding_sync_connections WHERE user_id = $1 AND device_id = $2"
+                    " AND conn_id = $3", 3, p))
+        return -1;
+    PGresult *res = rooms_q(c,
+                            "INSERT INTO sliding_sync_connections (user_id, device_id, conn_id, last_used_ms)"
+                            " VALUES ($1, $2, $3, $4::bigint) RETURNING conn_key",
+                            4, p, NULL);
+    if (!res) return -1;
+    *conn_key = atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    const char *q[4] = {user, device, p[4], p[5]};
+    res = rooms_q(c,
+                  "DELETE FROM sliding_sync_connections WHERE conn_key IN ("
+                  " SELECT conn_key FROM sliding_sync_connections WHERE user_id = $1 AND device_id = $2"
+                  " ORDER BY last_used_ms DESC, conn_key DESC OFFSET $4::bigint)"
+                  " OR (user_id = $1 AND device_id = $2 AND last_used_ms < $3::bigint)",
+                  4, q, NULL);
+    if (!res) return -1;
+    int64_t dropped = atoll(PQcmdTuples(res));
+    PQclear(res);
+    rt_metric_add(m_started, 1);
+    rt_metric_add(m_dropped, dropped);
+    return 0;
+}
+
+int ssync_conn_start(PGconn *c, const char *user, const char *device, const char *conn_id,
+                     int64_t *conn_key)
+{
+    if (!db_begin(c)) return -1;
+    if (conn_start(c, user, device, conn_id, conn_key) < 0) {
+        db_rollback(c);
+        return -1;
+    }
+    return db_commit(c) ? 0 : -1;
+}
+
+int ssync_conn_save(PGconn *c, int64_t conn_key, int64_t stream_pos, const json_t *rooms,
+                    const json_t *counts, char *token, size_t len)
+{
+    char *rooms_text = json_dumps(rooms, JSON_COMPACT), *counts_text = json_dumps(counts, JSON_COMPACT);
+    char key[24], sp[24], max[24];
+    const char *p[5] = {num(key, sizeof(key), conn_key), num(sp, sizeof(sp), stream_pos), rooms_text,
+                        counts_text, num(max, sizeof(max), SSYNC_MAX_POSITIONS)};
+    PGresult *res = NULL;
+    if (rooms_text && counts_text)
+        res = rooms_q(c,
+                      "INSERT INTO sliding_sync_positions (conn_key, stream_pos, rooms, counts)"
+                      " SELECT conn_key, $2::bigint, $3::jsonb, $4::jsonb FROM sliding_sync_connections"
+                      " WHERE conn_key = $1::bigint RETURNING pos",
+                      4, p, NULL);
+    free(rooms_text);
+    free(counts_text);
+    if (!res) return -1;
+    int found = PQntuples(res);
+    if (found == 1) snprintf(token, len, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    if (found != 1) return -1;
+    const char *q[2] = {p[0], p[4]};
+    /* The newest SSYNC_MAX_POSITIONS stay; the rest cannot be the client's latest. */
+    if (!db_exec(c, "DELETE FROM sliding_sync_positions WHERE conn_key = $1::bigint AND pos IN ("
+                    " SELECT pos FROM sliding_sync_positions WHERE conn_key = $1::bigint"
+                    " ORDER BY pos DESC OFFSET $2::bigint)",
+                 2, q))
+        rt_log(ATRIUM_LOG_WARN, "core", "could not trim the positions of sliding sync connection %s", p[0]);
+    return 0;
+}

@@ -1,0 +1,261 @@
+/*
+ * core/client/sync/ssync_lists.c - the rooms a sliding sync's lists and subscriptions pick:
+ * the user's rooms in activity order, each list's filters, counts and windows.
+ *
+ * Decisions owned here:
+ *   - Activity order is bump_stamp, newest first (room ID breaks ties): for a joined room
+ *     the stream position of its newest event of a bump type (BUMP_TYPES, Synapse's
+ *     list: create, message, encrypted, sticker, call invite, poll start, beacon info) up
+ *     to the response's position; for other memberships the position of the membership.
+ *   - The rooms lists hold: joined, invited and knocked ones, and those left or banned
+ *     after the connection's previous position (so the client learns of it once). A
+ *     forgotten room is never listed.
+ *   - Filters: is_dm reads the m.direct account data; is_encrypted the current
+ *     m.room.encryption; is_invite the membership; room_types / not_room_types the
+ *     m.room.create `type` (null names rooms without one; not_room_types wins); spaces the
+ *     current m.space.child events (with a non-empty `via`) of the named spaces the user
+ *     is joined to, one level, never sub-spaces; tags / not_tags the m.tag account data
+ *     (not_tags wins).
+ *   - A room in several lists (or a list and a subscription) gets the largest
+ *     timeline_limit and the union of their required_state.
+ * What it does not do: build a room's result (ssync_room.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client/sync/ssync.h"
+
+static const char *const BUMP_TYPES = "{m.room.create,m.room.message,m.room.encrypted,m.sticker,"
+                                      "m.call.invite,m.poll.start,m.beacon_info}";
+
+/* The user's room tags, as {room_id: {tag: {...}}}. */
+static int room_tags(sync_ctx *s, json_t **out)
+{
+    *out = json_object();
+    const char *p[1] = {s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT room_id, (content -> 'tags')::text FROM account_data WHERE user_id = $1"
+                            " AND room_id <> '' AND type = 'm.tag' AND jsonb_typeof(content -> 'tags') = 'object'",
+                            1, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; i < PQntuples(res); i++) {
+        json_t *tags = json_loads(PQgetvalue(res, i, 1), 0, NULL);
+        if (tags) json_object_set_new(*out, PQgetvalue(res, i, 0), tags);
+    }
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* The rooms named in the user's m.direct account data, as {room_id: true}. */
+static int direct_rooms(sync_ctx *s, json_t **out)
+{
+    *out = json_object();
+    const char *p[1] = {s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT content::text FROM account_data WHERE user_id = $1 AND room_id = ''"
+                            " AND type = 'm.direct'",
+                            1, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    json_t *content = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
+    PQclear(res);
+    const char *who;
+    json_t *rooms;
+    json_object_foreach(content, who, rooms)
+    {
+        size_t i;
+        json_t *room;
+        json_array_foreach(rooms, i, room)
+        {
+            if (json_is_string(room)) json_object_set_new(*out, json_string_value(room), json_true());
+        }
+    }
+    json_decref(content);
+    return ROOMS_OK;
+}
+
+int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_rooms *out)
+{
+    *out = (ssync_rooms){0};
+    json_t *dms;
+    if (direct_rooms(s, &dms) < 0) return ROOMS_E_DB;
+    if (room_tags(s, &out->tags) < 0) {
+        json_decref(dms);
+        return ROOMS_E_DB;
+    }
+    /* The encryption and the room type are read only when a list filters on them. */
+    bool need_enc = false, need_type = false;
+    for (size_t i = 0; i < q->n_lists; i++) {
+        need_enc = need_enc || q->lists[i].f.is_encrypted >= 0;
+        need_type = need_type || q->lists[i].f.room_types || q->lists[i].f.not_room_types;
+    }
+    const char *p[6] = {s->user, rooms_i64(s->r, s->upto), BUMP_TYPES, rooms_i64(s->r, prev),
+                        need_enc ? "t" : "f", need_type ? "t" : "f"};
+    PGresult *res = rooms_q(
+        s->c,
+        "WITH m AS (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id, sender,"
+        "  forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2::bigint"
+        "  ORDER BY room_id, stream_pos DESC)"
+        " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos,"
+        "  CASE WHEN m.membership = 'join' THEN coalesce((SELECT e.stream_pos FROM events e"
+        "   WHERE e.room_id = m.room_id AND e.stream_pos <= $2::bigint AND e.type = ANY($3::text[])"
+        "   ORDER BY e.stream_pos DESC LIMIT 1), m.stream_pos) ELSE m.stream_pos END AS bump,"
+        "  CASE WHEN $5::boolean THEN EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = m.room_id"
+        "   AND cs.type = 'm.room.encryption' AND cs.state_key = '') ELSE false END,"
+        "  CASE WHEN $6::boolean THEN (SELECT e.pdu::json -> 'content' ->> 'type' FROM current_state cs"
+        "   JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = m.room_id"
+        "   AND cs.type = 'm.room.create' AND cs.state_key = '') END"
+        " FROM m WHERE NOT m.forgotten AND (m.membership IN ('join', 'invite', 'knock')"
+        "  OR (m.membership IN ('leave', 'ban') AND $4::bigint > 0 AND m.stream_pos > $4::bigint))"
+        " ORDER BY bump DESC, m.room_id",
+        6, p, NULL);
+    if (!res) {
+        json_decref(dms);
+        return ROOMS_E_DB;
+    }
+    out->res = res;
+    out->n = PQntuples(res);
+    out->rows = calloc((size_t)out->n + 1, sizeof(ssync_room_row));
+    if (!out->rows) {
+        json_decref(dms);
+        ssync_rooms_free(out);
+        return ROOMS_E_DB;
+    }
+    for (int i = 0; i < out->n; i++) {
+        ssync_room_row *row = &out->rows[i];
+        row->room_id = PQgetvalue(res, i, 0);
+        row->membership = PQgetvalue(res, i, 1);
+        row->event_id = PQgetvalue(res, i, 2);
+        row->sender = PQgetvalue(res, i, 3);
+        row->membership_pos = atoll(PQgetvalue(res, i, 4));
+        row->bump_stamp = atoll(PQgetvalue(res, i, 5));
+        row->encrypted = PQgetvalue(res, i, 6)[0] == 't';
+        row->room_type = PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7);
+        row->is_dm = json_object_get(dms, row->room_id) != NULL;
+        row->tags = json_object_get(out->tags, row->room_id);
+    }
+    json_decref(dms);
+    return ROOMS_OK;
+}
+
+void ssync_rooms_free(ssync_rooms *rs)
+{
+    PQclear(rs->res);
+    free(rs->rows);
+    json_decref(rs->tags);
+    *rs = (ssync_rooms){0};
+}
+
+/* The children of the spaces the user is joined to among `spaces`, as {room_id: true}. */
+static int space_children(sync_ctx *s, const json_t *spaces, json_t **out)
+{
+    *out = json_object();
+    const char *p[2] = {rooms_pg_array(s->r->arena, spaces), s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT DISTINCT cs.state_key FROM current_state cs"
+                            " JOIN events e ON e.event_id = cs.event_id"
+                            " WHERE cs.room_id = ANY($1::text[]) AND cs.type = 'm.space.child'"
+                            " AND jsonb_typeof(e.pdu::jsonb -> 'content' -> 'via') = 'array'"
+                            " AND e.pdu::jsonb -> 'content' -> 'via' <> '[]'::jsonb"
+                            " AND EXISTS (SELECT 1 FROM current_state mm WHERE mm.room_id = cs.room_id"
+                            "  AND mm.type = 'm.room.member' AND mm.state_key = $2 AND mm.membership = 'join')",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    for (int i = 0; i < PQntuples(res); i++) json_object_set_new(*out, PQgetvalue(res, i, 0), json_true());
+    PQclear(res);
+    return ROOMS_OK;
+}
+
+/* Does a room type (NULL: none) appear in a room_types list (null: none)? */
+static bool type_listed(const json_t *list, const char *type)
+{
+    size_t i;
+    const json_t *t;
+    json_array_foreach(list, i, t)
+    {
+        if (json_is_null(t) ? type == NULL : (type && strcmp(json_string_value(t), type) == 0)) return true;
+    }
+    return false;
+}
+
+/* Does the room carry one of the tags of the list? */
+static bool tagged(const json_t *list, const json_t *tags)
+{
+    size_t i;
+    const json_t *t;
+    json_array_foreach(list, i, t)
+    {
+        if (json_object_get(tags, json_string_value(t))) return true;
+    }
+    return false;
+}
+
+/* The rule of a list's filters for one room. children: the spaces' children, or NULL. */
+static bool filters_match(const ssync_filters *f, const ssync_room_row *row, const json_t *children)
+{
+    bool invited = strcmp(row->membership, "invite") == 0;
+    if (f->is_dm >= 0 && row->is_dm != (f->is_dm == 1)) return false;
+    if (f->is_encrypted >= 0 && row->encrypted != (f->is_encrypted == 1)) return false;
+    if (f->is_invite >= 0 && invited != (f->is_invite == 1)) return false;
+    if (f->room_types && !type_listed(f->room_types, row->room_type)) return false;
+    if (f->not_room_types && type_listed(f->not_room_types, row->room_type)) return false;
+    if (children && !json_object_get(children, row->room_id)) return false;
+    if (f->not_tags && tagged(f->not_tags, row->tags)) return false; /* wins over tags */
+    if (f->tags && !tagged(f->tags, row->tags)) return false;
+    return true;
+}
+
+static bool in_ranges(const ssync_list *l, int64_t index)
+{
+    if (l->n_ranges < 0) return true;
+    for (int i = 0; i < l->n_ranges; i++)
+        if (index >= l->ranges[i][0] && index <= l->ranges[i][1]) return true;
+    return false;
+}
+
+/* Merge a config into a room's pick (created with row index i when absent). */
+static json_t *pick_merge(json_t *picked, const char *room_id, int i, const ssync_config *cfg)
+{
+    json_t *pk = json_object_get(picked, room_id);
+    if (!pk) {
+        pk = json_pack("{s:i, s:I, s:[], s:[]}", "i", i, "tl", (json_int_t)cfg->timeline_limit, "rs", "lists");
+        json_object_set_new(picked, room_id, pk);
+    } else if (json_integer_value(json_object_get(pk, "tl")) < cfg->timeline_limit) {
+        json_object_set_new(pk, "tl", json_integer(cfg->timeline_limit));
+    }
+    if (cfg->required_state) json_array_extend(json_object_get(pk, "rs"), (json_t *)cfg->required_state);
+    return pk;
+}
+
+int ssync_lists_apply(sync_ctx *s, const ssync_request *q, const ssync_rooms *rs,
+                      json_t *counts, json_t *picked)
+{
+    for (size_t li = 0; li < q->n_lists; li++) {
+        const ssync_list *l = &q->lists[li];
+        json_t *children = NULL;
+        if (l->f.spaces && space_children(s, l->f.spaces, &children) < 0) return ROOMS_E_DB;
+        int64_t count = 0;
+        for (int i = 0; i < rs->n; i++) {
+            if (!filters_match(&l->f, &rs->rows[i], children)) continue;
+            if (in_ranges(l, count)) {
+                json_t *pk = pick_merge(picked, rs->rows[i].room_id, i, &l->cfg);
+                json_array_append_new(json_object_get(pk, "lists"), json_string(l->name));
+            }
+            count++;
+        }
+        json_decref(children);
+        json_object_set_new(counts, l->name, json_integer(count));
+    }
+    return ROOMS_OK;
+}
+
+void ssync_subs_apply(const ssync_request *q, const ssync_rooms *rs, json_t *picked)
+{
+    for (size_t si = 0; si < q->n_subs; si++) {
+        for (int i = 0; i < rs->n; i++) {
+            if (strcmp(rs->rows[i].room_id, q->subs[si].room_id) != 0) continue;
+            json_t *pk = pick_merge(picked, rs->rows[i].room_id, i, &q->subs[si].cfg);
+            json_object_set_new(pk, "sub", json_true());
+            break;
+        }
+    }
+}

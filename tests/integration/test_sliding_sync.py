@@ -1,0 +1,507 @@
+"""Simplified Sliding Sync (MSC4186), POST /_matrix/client/unstable/org.matrix.simplified_msc3575/sync,
+in the shape Synapse serves and Element X sends: a connection's first and incremental answers,
+lists windowed over the user's rooms in activity order (bump_stamp) with their counts,
+required_state with '*', $LAZY and $ME, timeline_limit and limited, invites moving between
+lists, filters, the pos tokens of a connection (400 M_UNKNOWN_POS for one that is unknown),
+bad input refused at once, the extensions (to_device, e2ee, account_data, receipts,
+typing), and the long-poll: a message, a to-device message and a typing notice each wake a
+parked request, a message in a room outside the request does not, a request parked on one
+process wakes for a write made through another process sharing the database, and a
+connection survives a restart."""
+
+import time
+import unittest
+
+from accounts import REGISTRATION_ON, register
+from common import Background, wait_until
+from harness import Server, create_database, drop_database, psql
+from rooms_client import V3, Client, SharedServerTest, quote
+
+SS = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
+PARK_TIMEOUT_MS = 20000   # a parked request's own timeout: far beyond any wake-up
+QUIET_TIMEOUT_MS = 1500   # a request that must time out empty
+ALL = [[0, 99]]
+
+
+def ss(client, body, pos=None, timeout=None, http_timeout=30, expect=200):
+    """One sliding sync request of client: its answer (status checked)."""
+    params = []
+    if pos is not None:
+        params.append(f"pos={quote(pos)}")
+    if timeout is not None:
+        params.append(f"timeout={timeout}")
+    path = SS + ("?" + "&".join(params) if params else "")
+    status, answer = client.srv.json("POST", path, body, token=client.token, timeout=http_timeout)
+    if status != expect:
+        raise AssertionError(f"sliding sync: {status} {answer}")
+    return answer
+
+
+def one_list(ranges=ALL, timeline_limit=1, required_state=(), filters=None, name="all"):
+    lst = {"ranges": ranges, "timeline_limit": timeline_limit, "required_state": list(required_state)}
+    if filters is not None:
+        lst["filters"] = filters
+    return {"lists": {name: lst}}
+
+
+def bodies(room):
+    return [e["content"].get("body") for e in room.get("timeline", []) if e["type"] == "m.room.message"]
+
+
+class SlidingSyncTest(SharedServerTest):
+    USERS = ("alice", "bob", "many", "carol")
+
+    def parked(self, client, body, pos):
+        """A request of client parked on the server: its Background."""
+        before = self.srv.metric("atrium_http_parked") or 0
+        bg = Background(ss, client, body, pos=pos, timeout=PARK_TIMEOUT_MS, http_timeout=60)
+        wait_until(lambda: (self.srv.metric("atrium_http_parked") or 0) > before, what="the request parked")
+        return bg
+
+    # -- the endpoint and the first / incremental answers ---------------------------------
+
+    def test_versions_advertises_the_feature(self):
+        status, body = self.srv.json("GET", "/_matrix/client/versions")
+        self.assertEqual(status, 200)
+        self.assertIs(body["unstable_features"].get("org.matrix.simplified_msc3575"), True)
+
+    def test_first_answer_then_only_what_changed(self):
+        room = self.alice.create_room(name="First", invite=[self.bob.user_id])
+        self.bob.join(room)
+        self.alice.send(room, {"msgtype": "m.text", "body": "one"})
+        body = {"conn_id": "first", "txn_id": "x1", **one_list(timeline_limit=5, required_state=[["m.room.create", ""]])}
+        first = ss(self.bob, body)
+        self.assertEqual(first["txn_id"], "x1")
+        r = first["rooms"][room]
+        self.assertTrue(r["initial"])
+        self.assertEqual(r["name"], "First")
+        self.assertEqual(r["membership"], "join")
+        self.assertEqual(r["joined_count"], 2)
+        self.assertEqual(r["invited_count"], 0)
+        self.assertEqual([e["type"] for e in r["required_state"]], ["m.room.create"])
+        self.assertEqual(bodies(r), ["one"])
+        self.assertIn("prev_batch", r)
+        self.assertEqual(r["num_live"], 0)
+        self.assertIsInstance(r["bump_stamp"], int)
+        self.assertGreaterEqual(first["lists"]["all"]["count"], 1)
+        # Nothing new: the same pos comes back, with no rooms.
+        again = ss(self.bob, body, pos=first["pos"], timeout=0)
+        self.assertEqual(again["rooms"], {})
+        self.assertEqual(again["pos"], first["pos"])
+        # A new message: the room again, without `initial`, with only the new event.
+        self.alice.send(room, {"msgtype": "m.text", "body": "two"})
+        nxt = ss(self.bob, body, pos=again["pos"], timeout=0)
+        self.assertEqual(list(nxt["rooms"]), [room])
+        r2 = nxt["rooms"][room]
+        self.assertNotIn("initial", r2)
+        self.assertNotIn("name", r2)  # unchanged
+        self.assertEqual(bodies(r2), ["two"])
+        self.assertEqual(r2["num_live"], 1)
+        self.assertFalse(r2["limited"])
+        self.assertNotEqual(nxt["pos"], first["pos"])
+        # The previous answer's pos still works (a retried request), and gives the same.
+        retry = ss(self.bob, body, pos=again["pos"], timeout=0)
+        self.assertEqual(bodies(retry["rooms"][room]), ["two"])
+
+    def test_ranges_order_by_activity_and_a_message_moves_a_room_to_the_top(self):
+        rooms = [self.many.create_room(name=f"r{i}") for i in range(50)]
+        body = {"conn_id": "window", **one_list(ranges=[[0, 9]], timeline_limit=1)}
+        first = ss(self.many, body)
+        self.assertEqual(first["lists"]["all"]["count"], 50)
+        self.assertEqual(set(first["rooms"]), set(rooms[40:]))  # the 10 newest
+        stamps = {rid: r["bump_stamp"] for rid, r in first["rooms"].items()}
+        newest_first = sorted(stamps, key=lambda rid: -stamps[rid])
+        self.assertEqual(newest_first, list(reversed(rooms[40:])))
+        # The oldest room gets a message: it enters the window at the top, initial (never sent).
+        self.many.send(rooms[0], {"msgtype": "m.text", "body": "bump"})
+        nxt = ss(self.many, body, pos=first["pos"], timeout=0)
+        self.assertEqual(list(nxt["rooms"]), [rooms[0]])
+        moved = nxt["rooms"][rooms[0]]
+        self.assertTrue(moved["initial"])
+        self.assertEqual(bodies(moved), ["bump"])
+        self.assertGreater(moved["bump_stamp"], max(stamps.values()))
+        self.assertEqual(nxt["lists"]["all"]["count"], 50)
+        # Growing the range sends only the rooms not sent yet.
+        wider = {"conn_id": "window", **one_list(ranges=[[0, 19]], timeline_limit=1)}
+        grown = ss(self.many, wider, pos=nxt["pos"], timeout=0)
+        self.assertEqual(set(grown["rooms"]), set(rooms[31:40]))
+
+    def test_required_state_wildcards_lazy_and_me(self):
+        room = self.alice.create_room(name="State", invite=[self.bob.user_id, self.carol.user_id])
+        self.bob.join(room)
+        self.carol.join(room)
+        self.alice.put_state(room, "m.room.topic", {"topic": "t"})
+        self.bob.send(room, {"msgtype": "m.text", "body": "from bob"})
+        sub = lambda rs, limit=1: {"room_subscriptions": {room: {"timeline_limit": limit, "required_state": rs}}}
+        everything = ss(self.carol, {"conn_id": "rs1", **sub([["*", "*"]])})["rooms"][room]
+        types = {(e["type"], e["state_key"]) for e in everything["required_state"]}
+        self.assertIn(("m.room.topic", ""), types)
+        self.assertIn(("m.room.member", self.alice.user_id), types)
+        self.assertIn(("m.room.member", self.carol.user_id), types)
+        members = ss(self.carol, {"conn_id": "rs2", **sub([["m.room.member", "*"]])})["rooms"][room]
+        self.assertEqual({e["state_key"] for e in members["required_state"]},
+                         {self.alice.user_id, self.bob.user_id, self.carol.user_id})
+        lazy = ss(self.carol, {"conn_id": "rs3", **sub([["m.room.member", "$LAZY"]])})["rooms"][room]
+        self.assertEqual([e["state_key"] for e in lazy["required_state"]], [self.bob.user_id])
+        me = ss(self.carol, {"conn_id": "rs4", **sub([["m.room.member", "$ME"], ["m.room.topic", "*"]])})
+        got = {(e["type"], e["state_key"]) for e in me["rooms"][room]["required_state"]}
+        self.assertEqual(got, {("m.room.member", self.carol.user_id), ("m.room.topic", "")})
+        # Incremental: a new sender's member event comes with its message ($LAZY).
+        pos = me["pos"]
+        lazy_body = {"conn_id": "rs3", **sub([["m.room.member", "$LAZY"]])}
+        start = ss(self.carol, lazy_body)
+        self.alice.send(room, {"msgtype": "m.text", "body": "from alice"})
+        inc_answer = ss(self.carol, lazy_body, pos=start["pos"], timeout=0)
+        inc = inc_answer["rooms"][room]
+        self.assertEqual([e["state_key"] for e in inc["required_state"]], [self.alice.user_id])
+        # More required_state on the same connection: the room at once with the new state.
+        wider = {"conn_id": "rs3", **sub([["m.room.member", "$LAZY"], ["m.room.topic", ""]])}
+        grown = ss(self.carol, wider, pos=inc_answer["pos"], timeout=0)
+        r = grown["rooms"][room]
+        self.assertNotIn("initial", r)
+        self.assertEqual(r["timeline"], [])
+        self.assertIn(("m.room.topic", ""), {(e["type"], e["state_key"]) for e in r["required_state"]})
+        self.assertEqual(ss(self.carol, wider, pos=grown["pos"], timeout=0)["rooms"], {})
+        self.assertTrue(pos)
+
+    def test_an_unnamed_room_has_heroes_and_unread_counts(self):
+        self.alice.ok("PUT", f"{V3}/profile/{quote(self.alice.user_id)}/displayname", {"displayname": "Alice A."})
+        room = self.alice.create_room(invite=[self.carol.user_id])
+        self.carol.join(room)
+        self.alice.send(room, {"msgtype": "m.text", "body": "hello there"})
+        self.alice.send(room, {"msgtype": "m.text", "body": "carol: look"})
+        r = ss(self.carol, {"conn_id": "heroes", "room_subscriptions": {
+            room: {"timeline_limit": 1, "required_state": []}}})["rooms"][room]
+        self.assertNotIn("name", r)
+        self.assertEqual(r["heroes"], [{"user_id": self.alice.user_id, "displayname": "Alice A."}])
+        self.assertEqual(r["notification_count"], 2)  # the default rules notify in a 2-person room
+        self.assertEqual(r["highlight_count"], 1)  # the one naming her
+
+    def test_timeline_limit_and_limited(self):
+        room = self.alice.create_room(name="Limits")
+        for i in range(5):
+            self.alice.send(room, {"msgtype": "m.text", "body": f"m{i}"})
+        body = {"conn_id": "tl", "room_subscriptions": {room: {"timeline_limit": 3, "required_state": []}}}
+        first = ss(self.alice, body)
+        r = first["rooms"][room]
+        self.assertEqual(bodies(r), ["m2", "m3", "m4"])
+        self.assertTrue(r["limited"])
+        self.alice.send(room, {"msgtype": "m.text", "body": "m5"})
+        inc_answer = ss(self.alice, body, pos=first["pos"], timeout=0)
+        inc, inc_pos = inc_answer["rooms"][room], inc_answer["pos"]
+        self.assertEqual(bodies(inc), ["m5"])
+        self.assertFalse(inc["limited"])
+        # A larger timeline_limit sends the room at once with its newest events (expanded).
+        body["room_subscriptions"][room]["timeline_limit"] = 5
+        expanded = ss(self.alice, body, pos=inc_pos, timeout=0)
+        r = expanded["rooms"][room]
+        self.assertNotIn("initial", r)
+        self.assertTrue(r["unstable_expanded_timeline"])
+        self.assertEqual(bodies(r), ["m1", "m2", "m3", "m4", "m5"])
+        self.assertEqual(ss(self.alice, body, pos=expanded["pos"], timeout=0)["rooms"], {})
+        zero = {"conn_id": "tl0", "room_subscriptions": {room: {"timeline_limit": 0, "required_state": []}}}
+        self.assertEqual(ss(self.alice, zero)["rooms"][room]["timeline"], [])
+
+    def test_an_invite_moves_between_the_invite_list_and_the_room_list(self):
+        inviter = self.alice
+        room = inviter.create_room(name="Invite me")
+        inviter.member_action(room, "invite", self.carol.user_id)
+        body = {"conn_id": "inv", "lists": {
+            "invites": {"ranges": ALL, "timeline_limit": 1, "required_state": [], "filters": {"is_invite": True}},
+            "rooms": {"ranges": ALL, "timeline_limit": 1, "required_state": [], "filters": {"is_invite": False}}}}
+        first = ss(self.carol, body)
+        r = first["rooms"][room]
+        self.assertEqual(r["membership"], "invite")
+        self.assertEqual(r["lists"], ["invites"])
+        self.assertIn(("m.room.name", ""), {(e["type"], e["state_key"]) for e in r["invite_state"]})
+        invites_before = first["lists"]["invites"]["count"]
+        rooms_before = first["lists"]["rooms"]["count"]
+        self.carol.join(room)
+        nxt = ss(self.carol, body, pos=first["pos"], timeout=0)
+        joined = nxt["rooms"][room]
+        self.assertEqual(joined["membership"], "join")
+        self.assertTrue(joined["initial"])
+        self.assertEqual(joined["lists"], ["rooms"])
+        self.assertEqual(nxt["lists"]["invites"]["count"], invites_before - 1)
+        self.assertEqual(nxt["lists"]["rooms"]["count"], rooms_before + 1)
+
+    def test_filters_dm_encrypted_room_types_and_spaces(self):
+        dm = self.bob.create_room(invite=[self.carol.user_id], is_direct=True)
+        self.carol.join(dm)
+        self.carol.ok("PUT", f"{V3}/user/{quote(self.carol.user_id)}/account_data/m.direct",
+                      {self.bob.user_id: [dm]})
+        enc = self.bob.create_room(invite=[self.carol.user_id],
+                                   initial_state=[{"type": "m.room.encryption", "state_key": "",
+                                                   "content": {"algorithm": "m.megolm.v1.aes-sha2"}}])
+        self.carol.join(enc)
+        space = self.bob.create_room(creation_content={"type": "m.space"}, invite=[self.carol.user_id])
+        self.carol.join(space)
+        child = self.bob.create_room(invite=[self.carol.user_id])
+        self.carol.join(child)
+        self.bob.put_state(space, "m.space.child", {"via": ["localhost"]}, state_key=child)
+
+        def picked(filters):
+            answer = ss(self.carol, {"conn_id": "f", **one_list(filters=filters)})
+            return set(answer["rooms"])
+
+        self.assertEqual(picked({"is_dm": True}), {dm})
+        self.assertNotIn(dm, picked({"is_dm": False}))
+        self.assertEqual(picked({"is_encrypted": True}), {enc})
+        self.assertEqual(picked({"room_types": ["m.space"]}), {space})
+        self.assertNotIn(space, picked({"not_room_types": ["m.space"]}))
+        self.assertIn(child, picked({"room_types": [None]}))
+        self.assertEqual(picked({"spaces": [space]}), {child})
+        self.carol.ok("PUT", f"{V3}/user/{quote(self.carol.user_id)}/rooms/{quote(enc)}/tags/m.favourite",
+                      {"order": 0.5})
+        self.carol.ok("PUT", f"{V3}/user/{quote(self.carol.user_id)}/rooms/{quote(child)}/tags/m.favourite", {})
+        self.carol.ok("PUT", f"{V3}/user/{quote(self.carol.user_id)}/rooms/{quote(child)}/tags/m.lowpriority", {})
+        self.assertEqual(picked({"tags": ["m.favourite"]}), {enc, child})
+        self.assertEqual(picked({"tags": ["m.favourite"], "not_tags": ["m.lowpriority"]}), {enc})
+
+    def test_a_kicked_user_learns_of_it_once(self):
+        room = self.alice.create_room(name="Kick", invite=[self.carol.user_id])
+        self.carol.join(room)
+        body = {"conn_id": "kick", "room_subscriptions": {room: {"timeline_limit": 5, "required_state": []}},
+                **one_list()}
+        first = ss(self.carol, body)
+        self.assertIn(room, first["rooms"])
+        count = first["lists"]["all"]["count"]
+        self.alice.member_action(room, "kick", self.carol.user_id)
+        self.alice.send(room, {"msgtype": "m.text", "body": "after the kick"})
+        nxt = ss(self.carol, body, pos=first["pos"], timeout=0)
+        left = nxt["rooms"][room]
+        self.assertEqual(left["membership"], "leave")
+        self.assertEqual([e["content"].get("membership") for e in left["timeline"]
+                          if e["type"] == "m.room.member"], ["leave"])
+        self.assertNotIn("after the kick", bodies(left))  # not visible after the kick
+        later = ss(self.carol, body, pos=nxt["pos"], timeout=0)
+        self.assertNotIn(room, later["rooms"])
+        self.assertEqual(later["lists"]["all"]["count"], count - 1)
+
+    # -- connection state and bad input ---------------------------------------------------
+
+    def test_unknown_pos_is_refused(self):
+        for pos in ("999999999", "junk"):
+            answer = ss(self.alice, {"conn_id": "nope"}, pos=pos, expect=400)
+            self.assertEqual(answer["errcode"], "M_UNKNOWN_POS")
+        # A pos of one connection is unknown to another.
+        a = ss(self.alice, {"conn_id": "a"})
+        self.assertEqual(ss(self.alice, {"conn_id": "b"}, pos=a["pos"], expect=400)["errcode"], "M_UNKNOWN_POS")
+        # Starting a connection afresh drops its old positions.
+        ss(self.alice, {"conn_id": "a"})
+        self.assertEqual(ss(self.alice, {"conn_id": "a"}, pos=a["pos"], expect=400)["errcode"], "M_UNKNOWN_POS")
+
+    def test_connections_per_device_are_bounded(self):
+        before = self.srv.metric("atrium_sliding_sync_connections_dropped_total") or 0
+        for i in range(12):
+            ss(self.bob, {"conn_id": f"bound{i}"})
+        rows = psql(f"SELECT count(*) FROM sliding_sync_connections WHERE user_id = '{self.bob.user_id}'",
+                    database=self.srv.database)
+        self.assertLessEqual(int(rows[0][0]), 10)
+        self.assertGreaterEqual(self.srv.metric("atrium_sliding_sync_connections_dropped_total"), before + 2)
+
+    def test_bad_input_is_refused_at_once(self):
+        cases = [
+            ({"lists": []}, "M_BAD_JSON"),
+            ({"lists": {"a": {"ranges": [[5, 1]], "timeline_limit": 1}}}, "M_INVALID_PARAM"),
+            ({"lists": {"a": {"ranges": [[-1, 3]], "timeline_limit": 1}}}, "M_INVALID_PARAM"),
+            ({"lists": {"a": {"ranges": [[0, "x"]], "timeline_limit": 1}}}, "M_BAD_JSON"),
+            ({"lists": {"a": {"ranges": ALL, "timeline_limit": -1}}}, "M_INVALID_PARAM"),
+            ({"lists": {"a": {"ranges": ALL, "timeline_limit": "5"}}}, "M_BAD_JSON"),
+            ({"lists": {"a": {"ranges": ALL, "required_state": [["only-one"]]}}}, "M_BAD_JSON"),
+            ({"lists": {"a": {"ranges": [[0, 1]] * 11}}}, "M_INVALID_PARAM"),
+            ({"lists": {"a": {"ranges": ALL, "filters": {"is_dm": "yes"}}}}, "M_BAD_JSON"),
+            ({"room_subscriptions": {"!x:y": []}}, "M_BAD_JSON"),
+            ({"conn_id": 5}, "M_BAD_JSON"),
+            ({"extensions": {"to_device": {"enabled": "yes"}}}, "M_BAD_JSON"),
+        ]
+        for body, code in cases:
+            answer = ss(self.alice, body, expect=400)
+            self.assertEqual(answer["errcode"], code, body)
+        status, answer = self.srv.json("POST", SS + "?timeout=soon", {}, token=self.alice.token)
+        self.assertEqual((status, answer["errcode"]), (400, "M_INVALID_PARAM"))
+        # Huge values are clamped, not refused.
+        huge = ss(self.alice, {"lists": {"a": {"ranges": [[0, 10 ** 15]], "timeline_limit": 10 ** 9}}})
+        self.assertIn("a", huge["lists"])
+
+    # -- extensions -----------------------------------------------------------------------
+
+    def test_to_device_extension_delivers_then_deletes_once_acknowledged(self):
+        body = {"conn_id": "td", "extensions": {"to_device": {"enabled": True}}}
+        first = ss(self.bob, body)
+        since = first["extensions"]["to_device"]["next_batch"]
+        self.alice.ok("PUT", f"{V3}/sendToDevice/m.test/td1",
+                      {"messages": {self.bob.user_id: {self.bob.device_id: {"n": 1}}}})
+        body["extensions"]["to_device"]["since"] = since
+        got = ss(self.bob, body, pos=first["pos"], timeout=0)
+        self.assertEqual(got["extensions"]["to_device"]["events"],
+                         [{"sender": self.alice.user_id, "type": "m.test", "content": {"n": 1}}])
+        body["extensions"]["to_device"]["since"] = got["extensions"]["to_device"]["next_batch"]
+        after = ss(self.bob, body, pos=got["pos"], timeout=0)
+        self.assertEqual(after["extensions"]["to_device"]["events"], [])
+        rows = psql(f"SELECT count(*) FROM to_device_messages WHERE user_id = '{self.bob.user_id}'",
+                    database=self.srv.database)
+        self.assertEqual(int(rows[0][0]), 0)
+
+    def test_e2ee_extension_reports_key_counts_and_device_list_changes(self):
+        room = self.alice.create_room(invite=[self.bob.user_id])
+        self.bob.join(room)
+        body = {"conn_id": "e2ee", "extensions": {"e2ee": {"enabled": True}}}
+        first = ss(self.alice, body)
+        self.assertIn("device_one_time_keys_count", first["extensions"]["e2ee"])
+        self.alice.ok("POST", f"{V3}/keys/upload",
+                      {"one_time_keys": {"signed_curve25519:AAAAAQ": {"key": "k1"}},
+                       "fallback_keys": {"signed_curve25519:AAAAAg": {"key": "k2", "fallback": True}}})
+        dev = self.bob.device_id
+        self.bob.ok("POST", f"{V3}/keys/upload", {"device_keys": {
+            "user_id": self.bob.user_id, "device_id": dev, "algorithms": ["m.megolm.v1.aes-sha2"],
+            "keys": {f"ed25519:{dev}": "ed"}, "signatures": {}}})
+        nxt = ss(self.alice, body, pos=first["pos"], timeout=0)["extensions"]["e2ee"]
+        self.assertEqual(nxt["device_one_time_keys_count"].get("signed_curve25519"), 1)
+        self.assertEqual(nxt["device_unused_fallback_key_types"], ["signed_curve25519"])
+        self.assertIn(self.bob.user_id, nxt["device_lists"]["changed"])
+
+    def test_account_data_receipts_and_typing_extensions(self):
+        room = self.alice.create_room(invite=[self.bob.user_id])
+        self.bob.join(room)
+        body = {"conn_id": "adrt", **one_list(),
+                "extensions": {"account_data": {"enabled": True}, "receipts": {"enabled": True},
+                               "typing": {"enabled": True}}}
+        first = ss(self.bob, body)
+        event = self.alice.send(room, {"msgtype": "m.text", "body": "read me"})
+        self.bob.ok("PUT", f"{V3}/user/{quote(self.bob.user_id)}/account_data/org.example.g", {"g": 1})
+        self.bob.ok("PUT", f"{V3}/user/{quote(self.bob.user_id)}/rooms/{quote(room)}/account_data/org.example.r",
+                    {"r": 1})
+        self.bob.ok("POST", f"{V3}/rooms/{quote(room)}/receipt/m.read/{quote(event)}", {})
+        self.alice.ok("PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(self.alice.user_id)}",
+                      {"typing": True, "timeout": 30000})
+        ext = ss(self.bob, body, pos=first["pos"], timeout=0)["extensions"]
+        self.assertIn({"type": "org.example.g", "content": {"g": 1}}, ext["account_data"]["global"])
+        self.assertEqual(ext["account_data"]["rooms"][room], [{"type": "org.example.r", "content": {"r": 1}}])
+        self.assertIn(self.bob.user_id, ext["receipts"]["rooms"][room]["content"][event]["m.read"])
+        self.assertEqual(ext["typing"]["rooms"][room]["content"]["user_ids"], [self.alice.user_id])
+        self.alice.ok("PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(self.alice.user_id)}", {"typing": False})
+        # An extension limited to another list leaves this room out.
+        scoped = {"conn_id": "scoped", **one_list(),
+                  "extensions": {"receipts": {"enabled": True, "lists": ["elsewhere"]},
+                                 "account_data": {"enabled": True, "lists": ["elsewhere"]}}}
+        ext = ss(self.bob, scoped)["extensions"]
+        self.assertEqual(ext["receipts"]["rooms"], {})
+        self.assertNotIn(room, ext["account_data"]["rooms"])
+        self.assertIn({"type": "org.example.g", "content": {"g": 1}}, ext["account_data"]["global"])
+
+    # -- the long-poll --------------------------------------------------------------------
+
+    def test_a_message_wakes_a_parked_request(self):
+        room = self.alice.create_room(invite=[self.bob.user_id])
+        self.bob.join(room)
+        body = {"conn_id": "park_msg", **one_list()}
+        pos = ss(self.bob, body)["pos"]
+        bg = self.parked(self.bob, body, pos)
+        self.alice.send(room, {"msgtype": "m.text", "body": "wake"})
+        answer = bg.result(timeout=10)
+        self.assertEqual(bodies(answer["rooms"][room]), ["wake"])
+        self.assertLess(bg.finished_at - bg.started_at, PARK_TIMEOUT_MS / 1000 / 2)
+
+    def test_a_to_device_message_wakes_a_parked_request(self):
+        body = {"conn_id": "park_td", "extensions": {"to_device": {"enabled": True}}}
+        first = ss(self.bob, body)
+        body["extensions"]["to_device"]["since"] = first["extensions"]["to_device"]["next_batch"]
+        bg = self.parked(self.bob, body, first["pos"])
+        self.alice.ok("PUT", f"{V3}/sendToDevice/m.test/park1",
+                      {"messages": {self.bob.user_id: {self.bob.device_id: {"wake": True}}}})
+        answer = bg.result(timeout=10)
+        self.assertEqual([e["content"] for e in answer["extensions"]["to_device"]["events"]], [{"wake": True}])
+
+    def test_a_typing_notice_wakes_a_parked_request(self):
+        room = self.alice.create_room(invite=[self.bob.user_id])
+        self.bob.join(room)
+        body = {"conn_id": "park_typing", **one_list(), "extensions": {"typing": {"enabled": True}}}
+        pos = ss(self.bob, body)["pos"]
+        bg = self.parked(self.bob, body, pos)
+        self.alice.ok("PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(self.alice.user_id)}",
+                      {"typing": True, "timeout": 30000})
+        answer = bg.result(timeout=10)
+        self.assertEqual(answer["extensions"]["typing"]["rooms"][room]["content"]["user_ids"],
+                         [self.alice.user_id])
+        self.alice.ok("PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(self.alice.user_id)}", {"typing": False})
+
+    def test_a_message_outside_the_request_does_not_answer_it(self):
+        watched = self.alice.create_room(invite=[self.bob.user_id])
+        other = self.alice.create_room(invite=[self.bob.user_id])
+        self.bob.join(watched)
+        self.bob.join(other)
+        body = {"conn_id": "park_outside",
+                "room_subscriptions": {watched: {"timeline_limit": 1, "required_state": []}}}
+        pos = ss(self.bob, body)["pos"]
+        started = time.monotonic()
+        bg = Background(ss, self.bob, body, pos=pos, timeout=QUIET_TIMEOUT_MS, http_timeout=30)
+        wait_until(lambda: (self.srv.metric("atrium_http_parked") or 0) > 0, what="the request parked")
+        self.alice.send(other, {"msgtype": "m.text", "body": "elsewhere"})
+        answer = bg.result(timeout=15)
+        self.assertGreaterEqual(bg.finished_at - started, QUIET_TIMEOUT_MS / 1000 - 0.05)
+        self.assertEqual(answer["rooms"], {})
+        self.assertEqual(answer["pos"], pos)
+
+
+class SlidingSyncTwoProcessesTest(unittest.TestCase):
+    """A connection served by two processes on one database: a pos from one is good on the
+    other, and a request parked on B wakes for a message sent through A."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.db = create_database()
+        cls.a = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.31")
+        cls.b = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.32")
+        try:
+            cls.a.start()
+            cls.b.start()
+        except BaseException:
+            cls._close()
+            raise
+
+    @classmethod
+    def _close(cls):
+        for s in (cls.a, cls.b):
+            s.close()
+        drop_database(cls.db)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._close()
+
+    def test_a_request_parked_on_b_wakes_for_a_message_through_a(self):
+        writer = Client(self.a, register(self.a, "mp_w"))
+        account = register(self.a, "mp_r")
+        on_a, on_b = Client(self.a, account), Client(self.b, account)
+        room = writer.create_room(invite=[account.user_id])
+        on_a.join(room)
+        body = {"conn_id": "mp", **one_list()}
+        pos = ss(on_a, body)["pos"]  # the connection starts on A, goes on on B
+        before = self.b.metric("atrium_http_parked") or 0
+        bg = Background(ss, on_b, body, pos=pos, timeout=PARK_TIMEOUT_MS, http_timeout=60)
+        wait_until(lambda: (self.b.metric("atrium_http_parked") or 0) > before, what="the request parked on B")
+        writer.send(room, {"msgtype": "m.text", "body": "across"})
+        written = time.monotonic()
+        answer = bg.result(timeout=30)
+        self.assertEqual(bodies(answer["rooms"][room]), ["across"])
+        self.assertLess(bg.finished_at - written, 2.0)
+        # B's pos is good on A.
+        self.assertEqual(ss(on_a, body, pos=answer["pos"], timeout=0)["rooms"], {})
+
+    def test_a_connection_survives_a_restart(self):
+        account = register(self.a, "restart_r")
+        user = Client(self.b, account)
+        room = user.create_room(name="Before the restart")
+        body = {"conn_id": "restart", **one_list()}
+        pos = ss(user, body)["pos"]
+        self.assertEqual(self.b.stop(), 0)
+        self.b.start()
+        user.send(room, {"msgtype": "m.text", "body": "after"})
+        answer = ss(user, body, pos=pos, timeout=0)
+        self.assertNotIn("initial", answer["rooms"][room])  # the connection remembered the room
+        self.assertEqual(bodies(answer["rooms"][room]), ["after"])
+
+
+if __name__ == "__main__":
+    unittest.main()
