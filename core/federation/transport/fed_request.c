@@ -17,6 +17,7 @@
 #include <strings.h>
 
 #include "core/federation/transport/fed_internal.h"
+#include "core/runtime/server_name.h"
 
 typedef struct fed_req_state {
     fed_request_opts o;
@@ -250,6 +251,12 @@ static int fed_request_submit_to(const fed_request_opts *o, bool server, bool pl
             state_free(st);
             return ATRIUM_E_INVAL;
         }
+    }
+    if (server && !rt_server_name_valid(o->destination)) {
+        /* The endpoints refuse such names with a 400 first; this keeps any path that does
+         * not from a discovery and a backoff entry for a name that is not one. */
+        finish_error(st, FED_REQ_E_NOT_ALLOWED, "the destination is not a server name");
+        return 0;
     }
     if (server &&
         (strcmp(o->destination, m->server_name) == 0 || !fed_domain_allowed(o->destination))) {

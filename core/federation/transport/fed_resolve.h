@@ -101,9 +101,8 @@ void fed_resolve_free(fed_resolver *r); /* after fed_resolve_stop and fed_http_s
 /* ---- pure helpers (fed_resolve_parse.c), exposed for unit tests and fed_request.c ---- */
 
 /* Split a server name into host and port (0 when absent); false when it is not a valid
- * server name (the spec's grammar: a DNS name of non-empty labels of letters, digits and
- * '-', an IPv4 literal or an [IPv6] literal, optional :port 1-65535). An IPv6 host is
- * written without its brackets. */
+ * server name (rt_server_name_valid, core/runtime/server_name.h: the one grammar). An
+ * IPv6 host is written without its brackets. */
 bool fed_server_name_split(const char *server_name, char *host, size_t host_len, int *port);
 /* Is host (as fed_server_name_split writes it) an IPv4 or IPv6 literal? */
 bool fed_host_is_ip_literal(const char *host);
