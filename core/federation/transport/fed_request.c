@@ -135,7 +135,10 @@ static void resolved(void *arg, int rc, const fed_target *t, const char *error)
 {
     fed_req_state *st = arg;
     if (rc < 0) {
-        record_outcome(st, FED_REQ_E_RESOLVE, 0);
+        /* Only the name's own failures back it off: not a full table of discoveries, a
+         * stopping resolver or our memory. */
+        if (rc != ATRIUM_E_LIMIT && rc != ATRIUM_E_STOPPED && rc != ATRIUM_E_NOMEM)
+            record_outcome(st, FED_REQ_E_RESOLVE, 0);
         char why[320];
         snprintf(why, sizeof(why), "cannot find %s: %s", st->destination, error ? error : "");
         finish_error(st, FED_REQ_E_RESOLVE, why);

@@ -69,21 +69,27 @@ typedef struct fed_resolve_settings {
     /* Bounds of the caches (entries); 0 = 4096 DNS answers, 1024 .well-known answers. */
     int dns_cache_entries;
     int well_known_cache_entries;
+    /* Discoveries of different names running at once (the table of them is keyed by names
+     * others choose); past it a look-up fails at once with ATRIUM_E_LIMIT. 0 = 1024. */
+    int max_in_flight;
 } fed_resolve_settings;
 
 /* 0 = found (target filled), or a negative enum atrium_err with a sentence in `error`:
  * ATRIUM_E_NOTFOUND (the name does not resolve, or its SRV record says "no service"),
  * ATRIUM_E_TIMEOUT (lookup_timeout_ms passed), ATRIUM_E_INVAL (not a valid server name),
  * ATRIUM_E_IO (the DNS servers failed and nothing was cached), ATRIUM_E_STOPPED (the
- * resolver stopped first). `target` is valid only during the call. */
+ * resolver stopped first), ATRIUM_E_LIMIT (max_in_flight discoveries were running: not
+ * the name's fault). `target` is valid only during the call. */
 typedef void (*fed_resolve_cb)(void *arg, int rc, const fed_target *target,
                                const char *error);
 
 /* A resolver, its thread not yet started. Copies the settings. Metrics:
  * atrium_federation_discovery_total{step}, atrium_federation_discovery_failed_total,
  * atrium_federation_discovery_cache_{hits,misses}_total{cache="dns"|"well_known"} and
- * the gauge atrium_federation_discovery_cached_names{cache}. NULL on failure (logged:
- * c-ares could not start, a bad dns_servers entry). `http` must outlive the resolver. */
+ * the gauges atrium_federation_discovery_cached_names{cache} and
+ * atrium_federation_discoveries_in_flight, the counter
+ * atrium_federation_discoveries_refused_total (max_in_flight reached). NULL on failure
+ * (logged: c-ares could not start, a bad dns_servers entry). `http` must outlive the resolver. */
 fed_resolver *fed_resolve_new(const fed_resolve_settings *s, fed_http *http,
                               rt_metrics *metrics);
 int fed_resolve_start(fed_resolver *r); /* start the resolver's thread: 0 or ATRIUM_E_IO */
