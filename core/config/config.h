@@ -179,6 +179,12 @@ struct core_config {
     const char *plugin_dir;     /* plugin_dir: where <name>.so are looked for */
     const char *log_level;      /* log.level: error|warn|info|debug */
     struct {
+        const char *server;             /* well_known.server: "" = 404 */
+        const char *support_page;       /* well_known.support_page: "" = none */
+        const char *admin_matrix_id;    /* well_known.support_admin_matrix_id: "" = none */
+        const char *admin_email;        /* well_known.support_admin_email: "" = none */
+    } well_known;
+    struct {
         const char *bind_address;     /* server.http.bind_address (default 127.0.0.1) */
         int port;                     /* server.http.port (default 8008) */
         int request_threads;          /* server.http.request_threads (default 4, 1..256) */

@@ -14,6 +14,7 @@
  */
 #include "core/config/config.h"
 #include "core/runtime/iprange.h"
+#include "core/runtime/server_name.h"
 
 #include <ctype.h>
 #include <sodium.h>
@@ -41,10 +42,9 @@ const char *const CFG_GENERATED_PLUGINS[] = {"media", "directory", NULL};
 static int check_server_name(const cfg_node *n, const void *field, char *err, size_t errlen)
 {
     const char *name = *(const char *const *)field;
-    for (const char *c = name; *c != '\0'; c++)
-        if (isspace((unsigned char)*c) || *c == '/' || *c == '@')
-            return cfg_error(n, err, errlen, "\"%.64s\" is not a server name; give a host with "
-                             "an optional port, like example.org or example.org:8448", name);
+    if (!rt_server_name_valid(name)) /* the one grammar: core/runtime/server_name.h */
+        return cfg_error(n, err, errlen, "\"%.64s\" is not a server name; give a host with "
+                         "an optional port, like example.org or example.org:8448", name);
     return 0;
 }
 
@@ -54,6 +54,38 @@ static int check_base_url(const cfg_node *n, const void *field, char *err, size_
     if (url[0] != '\0' && strncmp(url, "https://", 8) != 0 && strncmp(url, "http://", 7) != 0)
         return cfg_error(n, err, errlen, "expected a URL starting with https:// (or \"\" for "
                          "none)");
+    return 0;
+}
+
+/* "" or a server name (the delegation /.well-known/matrix/server answers with). */
+static int check_delegated_name(const cfg_node *n, const void *field, char *err, size_t errlen)
+{
+    const char *name = *(const char *const *)field;
+    if (name[0] != '\0' && !rt_server_name_valid(name))
+        return cfg_error(n, err, errlen, "\"%.64s\" is not a server name; give a host with an "
+                         "optional port, like matrix.example.org:443 (or \"\" for none)", name);
+    return 0;
+}
+
+/* "" or a user ID ("@admin:example.org"). */
+static int check_user_id(const cfg_node *n, const void *field, char *err, size_t errlen)
+{
+    const char *id = *(const char *const *)field;
+    if (id[0] != '\0' && (id[0] != '@' || !rt_server_name_of_id_valid(id)))
+        return cfg_error(n, err, errlen, "\"%.64s\" is not a user ID like @admin:example.org "
+                         "(or \"\" for none)", id);
+    return 0;
+}
+
+/* "" or something shaped like an e-mail address (one '@' with text either side). */
+static int check_email(const cfg_node *n, const void *field, char *err, size_t errlen)
+{
+    const char *addr = *(const char *const *)field;
+    const char *at = strchr(addr, '@');
+    if (addr[0] != '\0' && (!at || at == addr || !at[1] || strchr(at + 1, '@') ||
+                            strpbrk(addr, " \t\r\n")))
+        return cfg_error(n, err, errlen, "\"%.64s\" is not an e-mail address (or \"\" for "
+                         "none)", addr);
     return 0;
 }
 
@@ -125,6 +157,22 @@ const struct cfg_setting CORE_SETTINGS[] = {
     {.path = "log.level", .type = CFG_T_ENUM, .offset = FIELD(log_level), .def_string = "info",
      .values = LOG_LEVELS, .unit = "log level",
      .help = "Least severe messages written."},
+    {.path = "well_known.server", .type = CFG_T_STRING, .offset = FIELD(well_known.server),
+     .def_string = "", .check = check_delegated_name,
+     .help = "Where other servers reach this one, served at /.well-known/matrix/server as "
+             "m.server (like matrix.example.org:443); \"\" serves none (404)."},
+    {.path = "well_known.support_page", .type = CFG_T_STRING,
+     .offset = FIELD(well_known.support_page), .def_string = "", .check = check_base_url,
+     .help = "URL of a page about getting help, served at /.well-known/matrix/support; \"\" = "
+             "none."},
+    {.path = "well_known.support_admin_matrix_id", .type = CFG_T_STRING,
+     .offset = FIELD(well_known.admin_matrix_id), .def_string = "", .check = check_user_id,
+     .help = "The administrator's Matrix ID, served at /.well-known/matrix/support as a "
+             "contact with role m.role.admin; \"\" = none."},
+    {.path = "well_known.support_admin_email", .type = CFG_T_STRING,
+     .offset = FIELD(well_known.admin_email), .def_string = "", .check = check_email,
+     .help = "The administrator's e-mail address, in the same contact; \"\" = none. With "
+             "no contact and no support page, /.well-known/matrix/support is 404."},
 
     {.path = "server.http.bind_address", .type = CFG_T_STRING, .flags = CFG_F_NONEMPTY,
      .offset = FIELD(http.bind_address), .def_string = "127.0.0.1",

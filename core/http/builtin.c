@@ -1,6 +1,7 @@
 /*
- * core/http/builtin.c - the core's own endpoints: /health, the client versions, the client
- * discovery file, and /metrics. They register through the same router as plugins.
+ * core/http/builtin.c - the core's own endpoints: /health, the client versions, the
+ * .well-known files (client discovery, server delegation, support contacts: from the
+ * config, 404 M_NOT_FOUND when unset), and /metrics. They register through the same router as plugins.
  *
  * None of these touch the database or wait on anything: /health answers as long as the
  * request pool runs, which is what a load balancer should learn from it; its body also
@@ -19,6 +20,20 @@ static const char *const SPEC_VERSIONS[] = {"r0.6.1", "v1.1", "v1.2", "v1.3", "v
                                             "v1.6", "v1.7", "v1.8", "v1.9", "v1.10", "v1.11",
                                             "v1.12", NULL};
 
+/* The unstable features advertised, each one this server serves (clients such as Element
+ * Web decide from them whether to use it; tests/integration/test_versions_features.py
+ * exercises each). Left out on purpose: org.matrix.msc3881 (pushers' `enabled`), which
+ * the pushers do not implement. */
+static const char *const UNSTABLE_FEATURES[] = {
+    "org.matrix.msc3916.stable", /* authenticated media (plugins/media) */
+    "org.matrix.e2e_cross_signing", /* keys/device_signing/upload, keys/signatures/upload */
+    "org.matrix.msc2285.stable", /* private read receipts, m.read.private */
+    "org.matrix.msc3440.stable", /* threads: m.thread relations, thread receipts, bundles */
+    "org.matrix.msc3856",        /* GET /_matrix/client/v1/rooms/{roomId}/threads */
+    "org.matrix.msc3715",        /* /relations?dir= */
+    "org.matrix.msc3827.stable", /* publicRooms filter.room_types (the directory plugin) */
+    NULL};
+
 static int get_health(atrium_req *r)
 {
     const char *db = db_available(db_global()) ? "ok" : "unavailable";
@@ -26,7 +41,7 @@ static int get_health(atrium_req *r)
 }
 
 /* Unstable features the client modules serve (http_unstable_feature_add), beside the
- * ones this file knows. Filled at start-up only, read by any request thread after. */
+ * ones in UNSTABLE_FEATURES. Filled at start-up only, read by any request thread after. */
 #define MAX_UNSTABLE_FEATURES 16
 static const char *unstable_features[MAX_UNSTABLE_FEATURES];
 static size_t n_unstable_features;
@@ -47,11 +62,12 @@ static int get_versions(atrium_req *r)
 {
     json_t *versions = json_array();
     for (size_t i = 0; SPEC_VERSIONS[i]; i++) json_array_append_new(versions, json_string(SPEC_VERSIONS[i]));
-    json_t *body = json_pack("{s:o, s:{s:b}}", "versions", versions, "unstable_features",
-                             "org.matrix.msc3916.stable", 1);
-    json_t *features = json_object_get(body, "unstable_features");
+    json_t *features = json_object();
+    for (size_t i = 0; UNSTABLE_FEATURES[i]; i++)
+        json_object_set_new(features, UNSTABLE_FEATURES[i], json_true());
     for (size_t i = 0; i < n_unstable_features; i++)
         json_object_set_new(features, unstable_features[i], json_true());
+    json_t *body = json_pack("{s:o, s:o}", "versions", versions, "unstable_features", features);
     return http_respond_json(r, 200, body);
 }
 
@@ -61,6 +77,37 @@ static int get_wellknown_client(atrium_req *r)
     if (!base || !*base)
         return http_respond_error(r, 404, "M_NOT_FOUND", "No client discovery is configured");
     return http_respond_json(r, 200, json_pack("{s:{s:s}}", "m.homeserver", "base_url", base));
+}
+
+/* GET /.well-known/matrix/server: the delegation other servers follow (well_known.server).
+ * Unset is 404 M_NOT_FOUND, as Synapse answers, so discovery goes on to SRV and port 8448. */
+static int get_wellknown_server(atrium_req *r)
+{
+    const char *server = r->srv->cfg->well_known.server;
+    if (!server || !*server)
+        return http_respond_error(r, 404, "M_NOT_FOUND", "No server delegation is configured");
+    return http_respond_json(r, 200, json_pack("{s:s}", "m.server", server));
+}
+
+/* GET /.well-known/matrix/support (spec v1.10): the administrator's contact and a support
+ * page (well_known.support_*); 404 M_NOT_FOUND when none is configured. */
+static int get_wellknown_support(atrium_req *r)
+{
+    const struct core_config *cfg = r->srv->cfg;
+    const char *id = cfg->well_known.admin_matrix_id, *email = cfg->well_known.admin_email;
+    const char *page = cfg->well_known.support_page;
+    bool has_id = id && *id, has_email = email && *email, has_page = page && *page;
+    if (!has_id && !has_email && !has_page)
+        return http_respond_error(r, 404, "M_NOT_FOUND", "No support information is configured");
+    json_t *body = json_object();
+    if (has_id || has_email) {
+        json_t *contact = json_pack("{s:s}", "role", "m.role.admin");
+        if (has_id) json_object_set_new(contact, "matrix_id", json_string(id));
+        if (has_email) json_object_set_new(contact, "email_address", json_string(email));
+        json_object_set_new(body, "contacts", json_pack("[o]", contact));
+    }
+    if (has_page) json_object_set_new(body, "support_page", json_string(page));
+    return http_respond_json(r, 200, body);
 }
 
 static int get_metrics(atrium_req *r)
@@ -94,6 +141,8 @@ int http_builtin_routes(http_server *s)
         {.method = "GET", .path = "/health", .handler = get_health},
         {.method = "GET", .path = "/_matrix/client/versions", .handler = get_versions},
         {.method = "GET", .path = "/.well-known/matrix/client", .handler = get_wellknown_client},
+        {.method = "GET", .path = "/.well-known/matrix/server", .handler = get_wellknown_server},
+        {.method = "GET", .path = "/.well-known/matrix/support", .handler = get_wellknown_support},
         {.method = "GET", .path = "/metrics", .handler = get_metrics},
     };
     if (HTTP_ROUTES_ADD(s, routes, "core") < 0) return -1;

@@ -273,7 +273,8 @@ static void drop(http_gate *g, gate_conn *c, int status, const char *errcode, co
  * endpoints and the client's first calls. They may use the reserved connections. */
 static const char *const CHEAP_PATHS[] = {
     "/health", "/metrics", "/_matrix/client/versions", "/.well-known/matrix/client",
-    "/.well-known/matrix/server", "/_matrix/client/v3/account/whoami",
+    "/.well-known/matrix/server", "/.well-known/matrix/support",
+    "/_matrix/client/v3/account/whoami",
     "/_matrix/client/r0/account/whoami",
 };
 

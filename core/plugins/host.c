@@ -15,6 +15,7 @@
 #include "core/federation/transport/fed_request.h"
 #include "core/federation/transport/federation.h"
 #include "core/plugins/plugins.h"
+#include "core/runtime/server_name.h"
 #include "core/store/lease.h"
 #include "core/store/notify.h"
 
@@ -585,6 +586,11 @@ static int h_notify_publish(atrium_plugin *self, PGconn *conn, const char *chann
 
 static int h_notify_live(void) { return notify_live(core_runtime_get()->notify) ? 1 : 0; }
 
+static int h_server_name_valid(const char *name)
+{
+    return rt_server_name_valid(name) ? 1 : 0;
+}
+
 static int h_respond_stream_wait(atrium_req *r, int status, const char *content_type,
                                  int64_t size, atrium_stream_read read, void *arg,
                                  void (*free_arg)(void *), atrium_event *ev, int64_t deadline_ms)
@@ -675,6 +681,7 @@ static const atrium_host HOST = {
     .lease_create = h_lease_create,
     .lease_held = h_lease_held,
     .respond_stream_wait = h_respond_stream_wait,
+    .server_name_valid = h_server_name_valid,
 };
 
 const atrium_host *host_table(core_runtime *rt)

@@ -13,6 +13,7 @@
 #include "core/config/config.h"
 #include "core/rooms/rooms.h"
 #include "core/runtime/core_runtime.h"
+#include "core/runtime/server_name.h"
 
 const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
     {1, "rooms_events_state",
@@ -325,12 +326,12 @@ const room_version *rooms_version_of(PGconn *c, const char *room_id, bool *db_fa
 
 /* ---- identifiers -------------------------------------------------------------------- */
 
-/* "<sigil>localpart:server" within the spec's length limit. */
+/* "<sigil>localpart:server" within the spec's length limit, the server a server name
+ * (core/runtime/server_name.h): an ID names the server it is asked of. */
 static bool sigil_id_ok(const char *id, char sigil)
 {
     if (!id || id[0] != sigil || strlen(id) > EVENT_MAX_ID_BYTES) return false;
-    const char *colon = strchr(id, ':');
-    return colon && colon > id + 1 && colon[1] != '\0';
+    return rt_server_name_of_id_valid(id);
 }
 
 bool rooms_user_id_ok(const char *id)

@@ -324,7 +324,8 @@ bool rooms_filter_parse(rt_arena *a, const json_t *f, room_filter *out, char *wh
 
 /* ---- identifiers -------------------------------------------------------------------- */
 
-/* Is id a syntactically valid user ID ("@local:server", <= 255 bytes)? Room ID ("!...")? */
+/* Is id a syntactically valid user ID ("@local:server", <= 255 bytes, the server a server
+ * name by rt_server_name_valid)? Room ID ("!local:server", the same)? */
 bool rooms_user_id_ok(const char *id);
 bool rooms_room_id_ok(const char *id);
 

@@ -28,14 +28,15 @@
 #error "ATRIUM_ABI_MAJOR/MINOR belong to atrium/abi.h: define ATRIUM_TARGET_ABI_MAJOR/MINOR"
 #endif
 #define ATRIUM_ABI_MAJOR 1
-#define ATRIUM_ABI_MINOR 3 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
+#define ATRIUM_ABI_MINOR 4 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
                               federation (req_origin, fed_request, req_wait, ...);
                               interfaces (iface_provide, iface_get).
                               1.2: ATRIUM_ROUTE_HEADERS_FIRST (refuse a streamed body
                               before it is read); the media/1 contract (atrium/media.h).
                               1.3: several processes (instance_name, notify_subscribe,
                               notify_publish, notify_live, lease_create, lease_held);
-                              respond_stream_wait (a stream that waits for its bytes) */
+                              respond_stream_wait (a stream that waits for its bytes).
+                              1.4: server_name_valid (the core's server-name grammar) */
 
 #define ATRIUM_PLUGIN_MAGIC 0x41545250u /* "ATRP" */
 

@@ -615,6 +615,17 @@ struct atrium_host {
                                int64_t size, atrium_stream_read read, void *arg,
                                void (*free_arg)(void *arg), atrium_event *ev,
                                int64_t deadline_ms);
+
+    /* == 1.4: the server-name grammar ================================================ */
+
+    /* [any] 1 when `name` is a server name by the spec's grammar (Appendices, "Server
+     * Name": a host name of non-empty labels of letters, digits and '-', an IPv4 address
+     * or an [IPv6] address, with an optional :port 1-65535; 1-255 characters), 0 otherwise
+     * (NULL, "..", "a..b", "host/path"). The core's own check, the one its endpoints and
+     * server discovery use: a plugin that refuses with it a name taken from a request
+     * (answer 400 M_INVALID_PARAM) refuses exactly what the core would, before asking
+     * that server anything. Never waits, no state. */
+    int (*server_name_valid)(const char *name);
 };
 
 /* The longest payload notify_publish accepts, in bytes. */

@@ -28,8 +28,8 @@ bool dir_alias_ok(const char *alias, const char **server)
     if (!colon || colon == alias + 1 || !colon[1]) return false;
     for (const char *p = alias + 1; p < colon; p++)
         if (isspace((unsigned char)*p) || iscntrl((unsigned char)*p) || *p == '#') return false;
-    for (const char *p = colon + 1; *p; p++)
-        if (isspace((unsigned char)*p) || iscntrl((unsigned char)*p) || *p == '/') return false;
+    /* The core's server-name grammar (ABI 1.4): a name that is not one is never asked. */
+    if (h->server_name_valid(colon + 1) != 1) return false;
     if (server) *server = colon + 1;
     return true;
 }

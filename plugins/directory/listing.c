@@ -193,6 +193,15 @@ static const char *remote_server(atrium_req *req)
     return server && server[0] && strcmp(server, h->server_name()) != 0 ? server : NULL;
 }
 
+/* Is `server` (from remote_server) a server name (the core's grammar, ABI 1.4)? false after
+ * answering 400: a name that is not one is never asked. */
+static bool server_ok(atrium_req *req, const char *server)
+{
+    if (!server || h->server_name_valid(server) == 1) return true;
+    h->respond_error(req, 400, "M_INVALID_PARAM", "'server' is not a server name: %.64s", server);
+    return false;
+}
+
 /* Runs the page query and answers with chunk, next_batch/prev_batch and the estimate. */
 static int answer_page(atrium_req *req, const page_query *q)
 {
@@ -291,6 +300,7 @@ static int get_local_page(atrium_req *req)
 static int get_public_rooms(atrium_req *req)
 {
     const char *server = remote_server(req);
+    if (!server_ok(req, server)) return ATRIUM_DONE;
     if (!server) return get_local_page(req);
     long limit = -1;
     if (!query_limit(req, &limit)) return ATRIUM_DONE;
@@ -386,6 +396,7 @@ static int post_public_rooms(atrium_req *req)
     json_t *body = h->req_json(req);
     if (!body) return ATRIUM_DONE;
     const char *server = remote_server(req);
+    if (!server_ok(req, server)) return ATRIUM_DONE;
     page_query q = {.limit = server ? -1 : DIRECTORY_DEFAULT_LIMIT};
     if (!parse_post(req, body, &q, server != NULL)) return ATRIUM_DONE;
     if (!server) return answer_page(req, &q);

@@ -22,8 +22,6 @@
 
 #include "media.h"
 
-#define MEDIA_PORT_MAX_DIGITS 5
-
 /* The spec's "Serving inline content" list. */
 static const char *const INLINE_TYPES[] = {
     "text/css",     "text/plain", "text/csv",    "application/json", "application/ld+json",
@@ -46,48 +44,6 @@ bool media_id_valid(const char *id)
         if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-') return false;
     }
     return n > 0;
-}
-
-static bool hostname_valid(const char *s, size_t len)
-{
-    if (len == 0) return false;
-    for (size_t i = 0; i < len; i++)
-        if (!isalnum((unsigned char)s[i]) && s[i] != '-' && s[i] != '.') return false;
-    return true;
-}
-
-static bool ipv6_literal_valid(const char *s, size_t len)
-{
-    if (len < 2 || len > 47) return false; /* "[" + 45 + "]" */
-    for (size_t i = 0; i < len; i++)
-        if (!isxdigit((unsigned char)s[i]) && s[i] != ':' && s[i] != '.') return false;
-    return true;
-}
-
-bool media_server_name_valid(const char *name)
-{
-    size_t len = strlen(name);
-    if (len == 0 || len > MEDIA_SERVER_NAME_MAX_CHARS) return false;
-    const char *host_end = name + len;
-    bool ok;
-    if (name[0] == '[') {
-        const char *close = strchr(name, ']');
-        if (!close) return false;
-        ok = ipv6_literal_valid(name + 1, (size_t)(close - name - 1));
-        host_end = close + 1;
-    } else {
-        const char *colon = strchr(name, ':');
-        if (colon) host_end = colon;
-        ok = hostname_valid(name, (size_t)(host_end - name));
-    }
-    if (!ok) return false;
-    if (*host_end == '\0') return true;
-    if (*host_end != ':') return false;
-    size_t digits = strlen(host_end + 1);
-    if (digits == 0 || digits > MEDIA_PORT_MAX_DIGITS) return false;
-    for (const char *p = host_end + 1; *p; p++)
-        if (!isdigit((unsigned char)*p)) return false;
-    return true;
 }
 
 /* The media type without parameters or surrounding space, lowercased, into buf. */

@@ -497,6 +497,11 @@ static void media_free(media *m)
     free(m);
 }
 
+bool media_server_name_valid(const char *name)
+{
+    return name && media_host->server_name_valid(name) == 1;
+}
+
 static int media_init(const atrium_host *host, atrium_plugin *self, const atrium_config *cfg,
                       void **state)
 {

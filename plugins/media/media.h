@@ -309,6 +309,8 @@ int64_t media_wall_ms(void);
 /* ---- headers.c: the header rules (pure) --------------------------------------------- */
 
 bool media_id_valid(const char *id);
+/* Is name a server name? The core's grammar (host->server_name_valid, ABI 1.4), so a media
+ * path's {serverName} is refused exactly when the core would refuse it (media.c). */
 bool media_server_name_valid(const char *name);
 /* Is the content type on the spec's inline allow-list (case-insensitive, parameters
  * ignored)? */

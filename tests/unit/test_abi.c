@@ -40,7 +40,10 @@ _Static_assert(offsetof(struct atrium_host, instance_name) == 8 + 71 * PTR, "hos
 _Static_assert(offsetof(struct atrium_host, lease_held) == 8 + 76 * PTR, "host 1.3 layout");
 _Static_assert(offsetof(struct atrium_host, respond_stream_wait) == 8 + 77 * PTR,
                "host 1.3 layout");
-_Static_assert(sizeof(struct atrium_host) == 8 + 78 * PTR, "members are appended only at a minor");
+/* 1.4, appended after respond_stream_wait: the server-name grammar. */
+_Static_assert(offsetof(struct atrium_host, server_name_valid) == 8 + 78 * PTR,
+               "host 1.4 layout");
+_Static_assert(sizeof(struct atrium_host) == 8 + 79 * PTR, "members are appended only at a minor");
 _Static_assert(ATRIUM_STREAM_END == -1 && ATRIUM_STREAM_ERROR == -2 && ATRIUM_STREAM_WAIT == -3,
                "stream reader answers keep their values");
 /* Route flags and the route struct are frozen too: the host copies sizeof(atrium_route). */
@@ -49,7 +52,7 @@ _Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x
                "route flags keep their bits");
 _Static_assert(offsetof(atrium_route, body_chunk) == 5 * PTR && sizeof(atrium_route) == 7 * PTR,
                "atrium_route layout changed");
-_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 3, "this file pins ABI 1.3");
+_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 4, "this file pins ABI 1.4");
 /* Interfaces start with their size and version, then function pointers, appended only. */
 _Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
                "directory/1 header changed");

@@ -590,6 +590,36 @@ static void test_missing_server_name_is_an_error(void **state)
     assert_contains(err, "test.yaml:1: server_name: \"https://example.org\" is not a server name");
 }
 
+static void test_server_names_follow_the_one_grammar_and_well_known_values_are_checked(void **state)
+{
+    (void)state;
+    char err[ERR_BYTES];
+    expect_core_error("server_name: a..b\ndatabase:\n  conninfo: x\n", err);
+    assert_contains(err, "server_name: \"a..b\" is not a server name");
+    expect_core_error("server_name: example.org\nwell_known:\n  server: ../x\n"
+                      "database:\n  conninfo: x\n", err);
+    assert_contains(err, "well_known.server: \"../x\" is not a server name");
+    expect_core_error("server_name: example.org\nwell_known:\n  support_admin_matrix_id: "
+                      "admin\ndatabase:\n  conninfo: x\n", err);
+    assert_contains(err, "well_known.support_admin_matrix_id: \"admin\" is not a user ID");
+    expect_core_error("server_name: example.org\nwell_known:\n  support_admin_email: nobody\n"
+                      "database:\n  conninfo: x\n", err);
+    assert_contains(err, "well_known.support_admin_email: \"nobody\" is not an e-mail");
+    expect_core_error("server_name: example.org\nwell_known:\n  support_page: ftp://x\n"
+                      "database:\n  conninfo: x\n", err);
+    assert_contains(err, "well_known.support_page");
+    cfg_node *root = load("server_name: example.org\nwell_known:\n  server: m.example.org:443\n"
+                          "  support_admin_email: admin@example.org\n"
+                          "database:\n  conninfo: x\n");
+    struct core_config c;
+    assert_int_equal(core_config_load(root, &c, err, sizeof err), 0);
+    assert_string_equal(c.well_known.server, "m.example.org:443");
+    assert_string_equal(c.well_known.admin_email, "admin@example.org");
+    assert_string_equal(c.well_known.support_page, "");
+    core_config_release(&c);
+    cfg_free(root);
+}
+
 static void test_missing_database_conninfo_is_an_error_at_its_map(void **state)
 {
     (void)state;
@@ -844,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_given_values_replace_the_defaults),
         cmocka_unit_test(test_wrong_type_in_a_core_key_names_the_key_and_line),
         cmocka_unit_test(test_missing_server_name_is_an_error),
+        cmocka_unit_test(test_server_names_follow_the_one_grammar_and_well_known_values_are_checked),
         cmocka_unit_test(test_missing_database_conninfo_is_an_error_at_its_map),
         cmocka_unit_test(test_log_level_outside_the_allowed_set_is_rejected),
         cmocka_unit_test(test_a_table_reads_every_row_into_its_field_with_defaults),

@@ -122,6 +122,38 @@ static void test_a_failed_destination_waits_and_a_success_resets_it(void **state
     rt_metrics_free(m);
 }
 
+/* Destinations are names others choose (any user ID, alias or media path names one): the
+ * table holds at most max_destinations, its gauge says how many, and a failing destination
+ * past the bound is simply not delayed (never an error, never memory). */
+static void test_the_table_stops_growing_at_its_bound(void **state)
+{
+    (void)state;
+    rt_metrics *m = rt_metrics_new();
+    fed_backoff_settings s = {.min_interval_ms = 60000, .max_destinations = 8};
+    fed_backoff *b = fed_backoff_new(&s, NULL, m);
+    assert_non_null(b);
+    assert_int_equal(fed_backoff_start(b), 0);
+    rt_metric *g = rt_metric_gauge(m, "atrium_federation_backoff_destinations", NULL, NULL);
+    char name[64];
+    for (int i = 0; i < 100; i++) {
+        snprintf(name, sizeof(name), "d%d.example", i);
+        fed_backoff_failure(b, name);
+    }
+    assert_int_equal(fed_backoff_count(b), 8);
+    assert_int_equal(rt_metric_value(g), 8);
+    int64_t now = rt_wall_ms();
+    assert_true(fed_backoff_retry_in_ms(b, "d0.example", now) > 0);   /* within the bound */
+    assert_int_equal(fed_backoff_retry_in_ms(b, "d99.example", now), 0); /* past it */
+    /* A success frees a place for the next failing destination. */
+    fed_backoff_success(b, "d0.example");
+    fed_backoff_failure(b, "d99.example");
+    assert_true(fed_backoff_retry_in_ms(b, "d99.example", rt_wall_ms()) > 0);
+    assert_int_equal(rt_metric_value(g), 8);
+    fed_backoff_stop(b, 1000);
+    fed_backoff_free(b);
+    rt_metrics_free(m);
+}
+
 /* The writer is not started, so queued writes stay visible in its pool's queued gauge. */
 static void test_writes_are_queued_only_for_changes_and_dropped_when_full(void **state)
 {
@@ -262,6 +294,7 @@ int main(void)
         cmocka_unit_test(test_the_interval_starts_at_the_minimum_and_grows),
         cmocka_unit_test(test_jitter_lengthens_by_at_most_its_fraction),
         cmocka_unit_test(test_a_failed_destination_waits_and_a_success_resets_it),
+        cmocka_unit_test(test_the_table_stops_growing_at_its_bound),
         cmocka_unit_test(test_writes_are_queued_only_for_changes_and_dropped_when_full),
         cmocka_unit_test(test_the_state_is_saved_and_survives_a_restart),
     };

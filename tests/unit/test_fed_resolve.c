@@ -217,7 +217,9 @@ static size_t dns_answer(const unsigned char *q, size_t qlen, unsigned char *out
     size_t qend = off + 4;
     pthread_mutex_lock(&dns.mu);
     count_query(name, type);
-    if (dns.blackhole[0] && strcasecmp(name, dns.blackhole) == 0) {
+    size_t name_len = strlen(name), bl = strlen(dns.blackhole);
+    if (bl && name_len >= bl && strcasecmp(name + name_len - bl, dns.blackhole) == 0) {
+        /* the name and the names below it are never answered */
         pthread_mutex_unlock(&dns.mu);
         *drop = true;
         return 0;
@@ -918,10 +920,51 @@ static void test_unanswered_dns_ends_at_the_lookup_deadline(void **state)
     assert_int_equal(b.rc, 0);
 }
 
+/* The table of running discoveries is keyed by names others choose: at most max_in_flight
+ * names at once, shown by a gauge; one more fails at once (ATRIUM_E_LIMIT, counted), and
+ * the table empties as they end. A resolver of its own, so the cap is small. */
+static void test_discoveries_in_flight_are_bounded(void **state)
+{
+    (void)state;
+    pthread_mutex_lock(&dns.mu);
+    snprintf(dns.blackhole, sizeof dns.blackhole, "blackhole.test");
+    pthread_mutex_unlock(&dns.mu);
+    rt_metrics *m = rt_metrics_new();
+    const char *servers[] = {g.dns_server};
+    fed_resolve_settings rs = {.dns_servers = servers, .n_dns_servers = 1,
+                               .lookup_timeout_ms = 500, .max_in_flight = 2};
+    fed_resolver *r = fed_resolve_new(&rs, g.http, m);
+    assert_non_null(r);
+    assert_int_equal(fed_resolve_start(r), 0);
+    rt_metric *running = rt_metric_gauge(m, "atrium_federation_discoveries_in_flight", "", NULL);
+    rt_metric *refused =
+        rt_metric_counter(m, "atrium_federation_discoveries_refused_total", "", NULL);
+    result a, b, c;
+    result_init(&a);
+    result_init(&b);
+    result_init(&c);
+    assert_int_equal(fed_resolve_lookup(r, "a.blackhole.test:1", on_resolved, &a), 0);
+    assert_int_equal(fed_resolve_lookup(r, "b.blackhole.test:1", on_resolved, &b), 0);
+    assert_int_equal(fed_resolve_lookup(r, "c.blackhole.test:1", on_resolved, &c), 0);
+    result_wait(&c);
+    assert_int_equal(c.rc, ATRIUM_E_LIMIT);
+    assert_int_equal(rt_metric_value(running), 2);
+    assert_int_equal(rt_metric_value(refused), 1);
+    result_wait(&a);
+    result_wait(&b);
+    assert_int_equal(a.rc, ATRIUM_E_TIMEOUT);
+    assert_int_equal(b.rc, ATRIUM_E_TIMEOUT);
+    assert_int_equal(rt_metric_value(running), 0);
+    fed_resolve_stop(r);
+    fed_resolve_free(r);
+    rt_metrics_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ip_literal_is_used_as_is_without_any_lookup),
+        cmocka_unit_test(test_discoveries_in_flight_are_bounded),
         cmocka_unit_test(test_invalid_server_name_is_refused),
         cmocka_unit_test(test_explicit_port_resolves_the_hostname_and_skips_well_known),
         cmocka_unit_test(test_well_known_with_delegated_port),

@@ -1,6 +1,7 @@
 /*
- * tests/unit/test_media_rules.c - the media plugin's pure rules: which media IDs and
- * server names reach the store, what Content-Disposition says, how If-None-Match and Range
+ * tests/unit/test_media_rules.c - the media plugin's pure rules: which media IDs reach the
+ * store (server names are the core's grammar, asked through the host:
+ * tests/unit/test_server_name.c), what Content-Disposition says, how If-None-Match and Range
  * are read, which configured thumbnail size a request gets, and SHA-256 itself.
  *
  * The plugin is a shared object built only from include/atrium/, so its pure files are
@@ -34,21 +35,6 @@ static void media_ids_are_whitelisted(void **state)
     assert_false(media_id_valid(long_id));
     long_id[MEDIA_ID_MAX_CHARS] = '\0';
     assert_true(media_id_valid(long_id));
-}
-
-static void server_names_follow_the_grammar(void **state)
-{
-    (void)state;
-    assert_true(media_server_name_valid("example.org"));
-    assert_true(media_server_name_valid("localhost:8448"));
-    assert_true(media_server_name_valid("1.2.3.4"));
-    assert_true(media_server_name_valid("[::1]:8448"));
-    assert_false(media_server_name_valid(""));
-    assert_false(media_server_name_valid("bad server"));
-    assert_false(media_server_name_valid("a/b"));
-    assert_false(media_server_name_valid("host:"));
-    assert_false(media_server_name_valid("host:123456"));
-    assert_false(media_server_name_valid("[::1"));
 }
 
 static void inline_only_for_the_safe_list(void **state)
@@ -201,7 +187,6 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(media_ids_are_whitelisted),
-        cmocka_unit_test(server_names_follow_the_grammar),
         cmocka_unit_test(inline_only_for_the_safe_list),
         cmocka_unit_test(file_names_must_be_clean_utf8),
         cmocka_unit_test(disposition_quotes_ascii_and_encodes_the_rest),

@@ -16,6 +16,7 @@
 
 #include "core/client/accounts/accounts.h"
 #include "core/federation/transport/fed_request.h"
+#include "core/rooms/rooms.h"
 #include "core/runtime/uri.h"
 
 #define REMOTE_PROFILE_MAX_BYTES 4096 /* a larger profile answer is refused as garbage */
@@ -99,9 +100,12 @@ int acc_profile_remote(atrium_req *r, const char *user_id, const char *field)
                    ? http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping")
                    : http_respond_error(r, 504, "M_UNKNOWN",
                                         "The user's server did not answer in time");
+    /* Checked before anything asks the server (no discovery, no backoff entry). */
+    if (!rooms_user_id_ok(user_id))
+        return http_respond_error(r, 400, "M_INVALID_PARAM",
+                                  "Not a user ID: expected @localpart:server, the server a "
+                                  "host name, IPv4 or [IPv6] address with an optional port");
     const char *server = strchr(user_id, ':');
-    if (user_id[0] != '@' || !server || !server[1])
-        return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a user ID");
     char enc[REMOTE_PROFILE_URI_BYTES / 2], uri[REMOTE_PROFILE_URI_BYTES];
     if (!rt_uri_encode(user_id, enc, sizeof(enc)))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "The user ID is too long");

@@ -210,6 +210,10 @@ int rooms_join_needs_remote(PGconn *c, const char *room_id);
  * server_name (and via) arguments, the room ID's server, then the servers of the members
  * this server last knew joined. A new array. */
 json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id);
+/* Are the request's `server_name` and `via` query parameters all server names
+ * (core/runtime/server_name.h)? false after answering 400 M_INVALID_PARAM naming the first
+ * that is not: checked before any of them is asked (or backed off). */
+bool rooms_vias_ok(atrium_req *r);
 /* ---- knocking (rooms_knock.c) -------------------------------------------------------- */
 
 /* [req] The servers to withdraw user's knock on room_id through (a leave, on the remote

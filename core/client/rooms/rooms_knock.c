@@ -417,6 +417,7 @@ static int post_knock(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
+    if (!rooms_vias_ok(r)) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
     if (target && target[0] == '#') return rooms_act_on_alias(r, user, target, knock_room);
     if (!rooms_room_id_ok(target))

@@ -25,6 +25,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/rooms/canonical_json.h"
+#include "core/runtime/server_name.h"
 
 /* ---- shared helpers ----------------------------------------------------------------- */
 
@@ -329,6 +330,10 @@ int rooms_act_on_alias(atrium_req *r, const char *user, const char *alias, rooms
 {
     const atrium_directory *d = rooms_directory();
     if (!d) return rooms_directory_disabled(r);
+    if (!rt_server_name_of_id_valid(alias)) /* before the directory asks its server */
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room alias: expected "
+                                  "#localpart:server, the server a host name, IPv4 or [IPv6] "
+                                  "address with an optional port");
     const char *colon = strchr(alias, ':');
     if (colon && colon[1] && strcmp(colon + 1, rooms_server_name()) != 0) {
         if (!ATRIUM_DIRECTORY_HAS(d, alias_resolve_remote))
@@ -361,6 +366,7 @@ static int post_join(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
+    if (!rooms_vias_ok(r)) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
     if (target && target[0] == '#') return rooms_act_on_alias(r, user, target, join_room);
     if (!rooms_room_id_ok(target))

@@ -33,6 +33,7 @@
 #include "core/federation/transport/fed_call.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/state_pdus.h"
+#include "core/runtime/server_name.h"
 #include "core/runtime/uri.h"
 
 #define REMOTE_URI_BYTES 2048
@@ -446,6 +447,20 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
     if (rc != ROOMS_OK) return rooms_fail(r, &e);
     rt_log(ATRIUM_LOG_INFO, "core", "%s joined %s through %s", user, room_id, via);
     return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
+}
+
+bool rooms_vias_ok(atrium_req *r)
+{
+    for (size_t i = 0; i < r->n_args; i++) {
+        const char *name = r->args[i].name, *value = r->args[i].value;
+        if ((strcmp(name, "server_name") == 0 || strcmp(name, "via") == 0) && value && *value &&
+            !rt_server_name_valid(value)) {
+            http_respond_error(r, 400, "M_INVALID_PARAM",
+                               "'%s' is not a server name: %.64s", name, value);
+            return false;
+        }
+    }
+    return true;
 }
 
 json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id)

@@ -79,7 +79,22 @@ typedef struct sync_run_state {
 
 /* ---- parameters --------------------------------------------------------------------- */
 
-/* A filter's `room` part into s. false with why. */
+/* An EventFilter of the filter (filter_part[key]) into *out: NULL when absent, else the
+ * object, its lists and limit checked. false with why. */
+static bool event_filter(sync_ctx *s, const json_t *part, const char *key, const json_t **out,
+                         char *why, size_t len)
+{
+    const json_t *f = json_object_get(part, key);
+    room_filter checked;
+    *out = NULL;
+    if (!f || json_is_null(f)) return true;
+    if (!rooms_filter_parse(s->r->arena, f, &checked, why, len)) return false;
+    *out = f;
+    return true;
+}
+
+/* The filter's parts into s: `room` (timeline, state, ephemeral, account_data, the room
+ * lists) and the top-level `presence` and `account_data`. false with why. */
 static bool apply_filter(sync_ctx *s, const json_t *filter, char *why, size_t len)
 {
     json_t *room = json_object_get(filter, "room");
@@ -87,6 +102,11 @@ static bool apply_filter(sync_ctx *s, const json_t *filter, char *why, size_t le
         snprintf(why, len, "'room' must be an object");
         return false;
     }
+    if (!event_filter(s, filter, "presence", &s->presence_filter, why, len) ||
+        !event_filter(s, filter, "account_data", &s->account_data_filter, why, len) ||
+        !event_filter(s, room, "ephemeral", &s->ephemeral_filter, why, len) ||
+        !event_filter(s, room, "account_data", &s->room_account_data_filter, why, len))
+        return false;
     json_t *tl = json_object_get(room, "timeline"), *state = json_object_get(room, "state");
     if (!rooms_filter_parse(s->r->arena, tl, &s->timeline, why, len)) return false;
     room_filter st;
@@ -236,6 +256,7 @@ static int global_account_data(sync_ctx *s, json_t *resp, bool *has_new)
                                                 content ? content : json_object()));
     }
     PQclear(res);
+    sync_filter_events(s->account_data_filter, events);
     if (json_array_size(events) > 0) *has_new = true;
     json_object_set_new(resp, "account_data", json_pack("{s:o}", "events", events));
     return ROOMS_OK;
@@ -251,6 +272,16 @@ int64_t sync_stream_upto(PGconn *c)
     return v;
 }
 
+/* After the presence filter emptied what the presence section reported: do the other
+ * sections' parts still hold news (to-device messages, device list changes)? */
+static bool sections_still_news(const json_t *resp)
+{
+    const json_t *lists = json_object_get(resp, "device_lists");
+    return json_array_size(json_object_get(json_object_get(resp, "to_device"), "events")) > 0 ||
+           json_array_size(json_object_get(lists, "changed")) > 0 ||
+           json_array_size(json_object_get(lists, "left")) > 0;
+}
+
 /* Build the whole answer for (since, upto]. NULL on database failure. */
 static json_t *build_response(sync_ctx *s, bool *has_new)
 {
@@ -261,6 +292,7 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
         json_decref(resp);
         return NULL;
     }
+    bool section_news = false;
     for (int i = 0; i < n_sections; i++) {
         int rc = sections[i](s->c, s->user, s->device, s->since, s->upto, resp);
         if (rc < 0) {
@@ -268,8 +300,14 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
             json_decref(resp);
             return NULL;
         }
-        if (rc > 0) *has_new = true;
+        if (rc > 0) section_news = true;
     }
+    /* The presence filter, and the rule it brings to waking: news the filter dropped are
+     * no news, so a woken long-poll that finds only those parks again. */
+    json_t *presence = json_object_get(json_object_get(resp, "presence"), "events");
+    if (sync_filter_events(s->presence_filter, presence) > 0 && json_array_size(presence) == 0)
+        section_news = sections_still_news(resp);
+    if (section_news) *has_new = true;
     /* Keys every client expects, when no section filled them. */
     if (!json_object_get(resp, "to_device"))
         json_object_set_new(resp, "to_device", json_pack("{s:[]}", "events"));

@@ -42,6 +42,9 @@
  * Return 1 when the section added something new that the client must see now (a to-device
  * message, a device-list change): a sync with a timeout then answers at once instead of
  * parking. Return 0 when it added only steady-state data (e.g. key counts) or nothing.
+ * The filter's `presence` part is applied by sync.c to "presence".events after the
+ * sections ran; when it leaves none, a 1 counts only if "to_device".events or
+ * "device_lists" still hold something (a filtered-out change wakes nobody for good).
  * Return a negative atrium_err (ATRIUM_E_DB) on failure: the sync answers 503 and logs it.
  *
  * Called on the thread that runs the sync handler, for every sync response (initial and

@@ -24,7 +24,7 @@
  *     descriptive events and the invite itself; knocks likewise (knock_state), with the
  *     knock itself, in rooms.knock while the knock is the user's newest membership.
  *   - The filter's room.state (types, not_types, senders, not_senders; '*' a wildcard in
- *     types) shapes every state block, whoever computed it (state_event_wanted): an empty
+ *     types) shapes every state block, whoever computed it (event_wanted): an empty
  *     `types` list sends no state at all.
  *   - Lazy loading: state carries only the member events of the timeline's senders (and,
  *     when the room is sent whole, the user's own), each sent to a device once unless the
@@ -217,16 +217,18 @@ static bool listed(const json_t *list, const char *value, bool patterns)
     return false;
 }
 
-/* The room.state filter's rule for one state event: in `types` (when given), not in
- * `not_types`, sent by one of `senders` (when given), not by one of `not_senders`. The
- * filter's lists were checked by rooms_filter_parse. */
-static bool state_event_wanted(const json_t *f, const json_t *ev)
+/* An EventFilter's rule for one event: in `types` (when given), not in `not_types`, sent
+ * by one of `senders` (when given), not by one of `not_senders`; an event without a sender
+ * (typing, receipts, account data) is sent by nobody. The filter's lists were checked by
+ * rooms_filter_parse. */
+static bool event_wanted(const json_t *f, const json_t *ev)
 {
     if (!f) return true;
     const char *type = json_string_value(json_object_get(ev, "type"));
     const char *sender = json_string_value(json_object_get(ev, "sender"));
     const json_t *types = json_object_get(f, "types"), *senders = json_object_get(f, "senders");
-    if (!type || !sender) return false;
+    if (!type) return false;
+    if (!sender) sender = "";
     if (types && !listed(types, type, true)) return false;
     if (listed(json_object_get(f, "not_types"), type, true)) return false;
     if (senders && !listed(senders, sender, false)) return false;
@@ -238,8 +240,21 @@ static void filter_state(const sync_ctx *s, json_t *state)
 {
     if (!s->state_filter) return;
     for (size_t i = json_array_size(state); i-- > 0;)
-        if (!state_event_wanted(s->state_filter, json_array_get(state, i)))
+        if (!event_wanted(s->state_filter, json_array_get(state, i)))
             json_array_remove(state, i);
+}
+
+size_t sync_filter_events(const json_t *f, json_t *events)
+{
+    if (!f || !json_is_array(events)) return 0;
+    size_t before = json_array_size(events);
+    for (size_t i = before; i-- > 0;)
+        if (!event_wanted(f, json_array_get(events, i))) json_array_remove(events, i);
+    json_t *limit = json_object_get(f, "limit");
+    if (json_is_integer(limit) && json_integer_value(limit) >= 0)
+        while (json_array_size(events) > (size_t)json_integer_value(limit))
+            json_array_remove(events, json_array_size(events) - 1);
+    return before - json_array_size(events);
 }
 
 /* State before the timeline: the whole state (full) or the window's changes (also when
@@ -528,7 +543,9 @@ static int joined_room_read(sync_ctx *s, const char *room_id, const rooms_vis *v
     bool gappy = !rooms_vis_covers(vis, from, s->upto);
     int rc = timeline_state(s, room_id, &t, full, gappy, s->upto, state);
     if (rc >= 0) rc = ephemeral(s, room_id, s->since == 0, eph);
+    sync_filter_events(s->ephemeral_filter, eph); /* so what it drops is no news either */
     json_t *acct_events = json_object_get(acct, room_id);
+    sync_filter_events(s->room_account_data_filter, acct_events);
     bool news = full || json_array_size(t.events) > 0 || json_array_size(state) > 0 ||
                 json_array_size(eph) > 0 || json_array_size(acct_events) > 0;
     if (rc < 0 || !news) {

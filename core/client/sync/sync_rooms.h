@@ -27,6 +27,10 @@ typedef struct sync_ctx {
     const json_t *state_filter; /* room.state (types, senders...), or NULL; owned by sync.c */
     bool include_leave;   /* room.include_leave */
     const json_t *only_rooms, *not_rooms; /* room.rooms / room.not_rooms, or NULL */
+    /* The EventFilters of the other sections, or NULL (checked by rooms_filter_parse;
+     * owned by sync.c): presence, account_data, room.ephemeral, room.account_data. */
+    const json_t *presence_filter, *account_data_filter;
+    const json_t *ephemeral_filter, *room_account_data_filter;
     events_view view;     /* room_id left out */
     json_t *push_rules;   /* the user's rule set: loaded by the first room with unread
                            * events, released when sync_rooms returns (NULL before) */
@@ -60,5 +64,12 @@ int sync_room_summary(sync_ctx *s, const char *room_id, json_t *room);
  * {"invite_state"|"knock_state": {"events": [...]}}. */
 int sync_room_stripped(sync_ctx *s, bool knock, const char *room_id, const char *membership,
                        const char *event_id, const char *sender, int64_t pos, json_t *out);
+
+/* Keep in the array `events` only what the EventFilter f (NULL = everything) lets
+ * through - in `types` when given, not in `not_types` (both with the spec's '*'), sent by
+ * one of `senders` when given, not by one of `not_senders` (an event without a sender,
+ * like m.typing or account data, counts as sent by nobody) - and at most its `limit`
+ * (oldest first). Returns how many events it removed. */
+size_t sync_filter_events(const json_t *f, json_t *events);
 
 #endif

@@ -17,6 +17,7 @@
 #include <strings.h>
 
 #include "core/federation/transport/fed_internal.h"
+#include "core/runtime/server_name.h"
 
 typedef struct fed_req_state {
     fed_request_opts o;
@@ -134,7 +135,10 @@ static void resolved(void *arg, int rc, const fed_target *t, const char *error)
 {
     fed_req_state *st = arg;
     if (rc < 0) {
-        record_outcome(st, FED_REQ_E_RESOLVE, 0);
+        /* Only the name's own failures back it off: not a full table of discoveries, a
+         * stopping resolver or our memory. */
+        if (rc != ATRIUM_E_LIMIT && rc != ATRIUM_E_STOPPED && rc != ATRIUM_E_NOMEM)
+            record_outcome(st, FED_REQ_E_RESOLVE, 0);
         char why[320];
         snprintf(why, sizeof(why), "cannot find %s: %s", st->destination, error ? error : "");
         finish_error(st, FED_REQ_E_RESOLVE, why);
@@ -250,6 +254,12 @@ static int fed_request_submit_to(const fed_request_opts *o, bool server, bool pl
             state_free(st);
             return ATRIUM_E_INVAL;
         }
+    }
+    if (server && !rt_server_name_valid(o->destination)) {
+        /* The endpoints refuse such names with a 400 first; this keeps any path that does
+         * not from a discovery and a backoff entry for a name that is not one. */
+        finish_error(st, FED_REQ_E_NOT_ALLOWED, "the destination is not a server name");
+        return 0;
     }
     if (server &&
         (strcmp(o->destination, m->server_name) == 0 || !fed_domain_allowed(o->destination))) {

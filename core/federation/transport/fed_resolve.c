@@ -53,6 +53,7 @@ void fed_disc_answer(fed_disc *d, int rc, const fed_target *t, const char *err)
     d->done = true;
     fed_resolver *r = d->r;
     rt_keytab_remove(&r->inflight, &d->ent);
+    rt_metric_set(r->m_in_flight, (int64_t)r->inflight.count);
     if (rc == 0) {
         for (size_t i = 0; i < FED_RESOLVE_N_STEPS; i++)
             if (strcmp(FED_RESOLVE_STEPS[i], t->step) == 0)
@@ -162,6 +163,12 @@ static void lookup_start(fed_resolver *r, fed_resolve_msg *m)
         d->waiters = w;
         return;
     }
+    if (r->inflight.count >= r->max_in_flight) { /* names others choose: bounded */
+        free(w);
+        rt_metric_add(r->m_refused, 1);
+        m->cb(m->arg, ATRIUM_E_LIMIT, NULL, "too many server discoveries are running");
+        return;
+    }
     fed_disc *d = calloc(1, sizeof *d);
     if (!d) {
         free(w);
@@ -173,6 +180,7 @@ static void lookup_start(fed_resolver *r, fed_resolve_msg *m)
     d->ent.key = d->name;
     d->ent.hash = rt_keytab_hash(&r->inflight, d->name);
     rt_keytab_insert(&r->inflight, &d->ent);
+    rt_metric_set(r->m_in_flight, (int64_t)r->inflight.count);
     d->next = r->discs;
     if (r->discs)
         r->discs->prev = d;
@@ -335,6 +343,12 @@ fed_resolver *fed_resolve_new(const fed_resolve_settings *s, fed_http *http,
     }
     r->m_failed = rt_metric_counter(metrics, "atrium_federation_discovery_failed_total", "",
                                     "Server discoveries that found nothing");
+    r->m_in_flight = rt_metric_gauge(metrics, "atrium_federation_discoveries_in_flight", "",
+                                     "Server discoveries of different names running now");
+    r->m_refused = rt_metric_counter(metrics, "atrium_federation_discoveries_refused_total", "",
+                                     "Look-ups refused because max_in_flight discoveries ran");
+    r->max_in_flight = s->max_in_flight > 0 ? (size_t)s->max_in_flight
+                                            : FED_RESOLVE_DEFAULT_MAX_IN_FLIGHT;
     size_t dns_cap = s->dns_cache_entries > 0 ? (size_t)s->dns_cache_entries
                                               : FED_RESOLVE_DEFAULT_DNS_ENTRIES;
     size_t wk_cap = s->well_known_cache_entries > 0 ? (size_t)s->well_known_cache_entries

@@ -69,21 +69,27 @@ typedef struct fed_resolve_settings {
     /* Bounds of the caches (entries); 0 = 4096 DNS answers, 1024 .well-known answers. */
     int dns_cache_entries;
     int well_known_cache_entries;
+    /* Discoveries of different names running at once (the table of them is keyed by names
+     * others choose); past it a look-up fails at once with ATRIUM_E_LIMIT. 0 = 1024. */
+    int max_in_flight;
 } fed_resolve_settings;
 
 /* 0 = found (target filled), or a negative enum atrium_err with a sentence in `error`:
  * ATRIUM_E_NOTFOUND (the name does not resolve, or its SRV record says "no service"),
  * ATRIUM_E_TIMEOUT (lookup_timeout_ms passed), ATRIUM_E_INVAL (not a valid server name),
  * ATRIUM_E_IO (the DNS servers failed and nothing was cached), ATRIUM_E_STOPPED (the
- * resolver stopped first). `target` is valid only during the call. */
+ * resolver stopped first), ATRIUM_E_LIMIT (max_in_flight discoveries were running: not
+ * the name's fault). `target` is valid only during the call. */
 typedef void (*fed_resolve_cb)(void *arg, int rc, const fed_target *target,
                                const char *error);
 
 /* A resolver, its thread not yet started. Copies the settings. Metrics:
  * atrium_federation_discovery_total{step}, atrium_federation_discovery_failed_total,
  * atrium_federation_discovery_cache_{hits,misses}_total{cache="dns"|"well_known"} and
- * the gauge atrium_federation_discovery_cached_names{cache}. NULL on failure (logged:
- * c-ares could not start, a bad dns_servers entry). `http` must outlive the resolver. */
+ * the gauges atrium_federation_discovery_cached_names{cache} and
+ * atrium_federation_discoveries_in_flight, the counter
+ * atrium_federation_discoveries_refused_total (max_in_flight reached). NULL on failure
+ * (logged: c-ares could not start, a bad dns_servers entry). `http` must outlive the resolver. */
 fed_resolver *fed_resolve_new(const fed_resolve_settings *s, fed_http *http,
                               rt_metrics *metrics);
 int fed_resolve_start(fed_resolver *r); /* start the resolver's thread: 0 or ATRIUM_E_IO */
@@ -101,9 +107,8 @@ void fed_resolve_free(fed_resolver *r); /* after fed_resolve_stop and fed_http_s
 /* ---- pure helpers (fed_resolve_parse.c), exposed for unit tests and fed_request.c ---- */
 
 /* Split a server name into host and port (0 when absent); false when it is not a valid
- * server name (the spec's grammar: a DNS name of non-empty labels of letters, digits and
- * '-', an IPv4 literal or an [IPv6] literal, optional :port 1-65535). An IPv6 host is
- * written without its brackets. */
+ * server name (rt_server_name_valid, core/runtime/server_name.h: the one grammar). An
+ * IPv6 host is written without its brackets. */
 bool fed_server_name_split(const char *server_name, char *host, size_t host_len, int *port);
 /* Is host (as fed_server_name_split writes it) an IPv4 or IPv6 literal? */
 bool fed_host_is_ip_literal(const char *host);

@@ -20,6 +20,7 @@
 #define FED_RESOLVE_DEFAULT_WK_MAX_BYTES (50 * 1024)
 #define FED_RESOLVE_DEFAULT_DNS_ENTRIES 4096
 #define FED_RESOLVE_DEFAULT_WK_ENTRIES 1024
+#define FED_RESOLVE_DEFAULT_MAX_IN_FLIGHT 1024 /* discoveries of different names at once */
 #define FED_RESOLVE_DNS_TRY_TIMEOUT_MS 2000 /* one try at one DNS server */
 #define FED_RESOLVE_DNS_TRIES 3
 #define FED_RESOLVE_DNS_NEGATIVE_MS (60 * 1000)
@@ -166,9 +167,10 @@ struct fed_resolver {
     ares_channel ch;
     bool ch_ok;
     fed_resolve_cache dns, wk;
-    rt_keytab inflight;
+    rt_keytab inflight; /* at most max_in_flight entries */
+    size_t max_in_flight;
     fed_disc *discs;
-    rt_metric *m_step[FED_RESOLVE_N_STEPS], *m_failed;
+    rt_metric *m_step[FED_RESOLVE_N_STEPS], *m_failed, *m_in_flight, *m_refused;
 };
 
 /* ---- fed_resolve.c: a discovery's life ------------------------------------------------------- */

@@ -20,56 +20,13 @@
 #include <jansson.h>
 
 #include "core/federation/transport/fed_resolve.h"
+#include "core/runtime/server_name.h"
 #include "atrium/parse.h"
 
-#define FED_NAME_MAX_BYTES 255 /* the spec's bound on a DNS name */
-#define FED_LABEL_MAX_BYTES 63 /* RFC 1035 */
-#define FED_PORT_MAX_DIGITS 5
-#define FED_PORT_MAX 65535
 #define FED_MS_PER_S 1000
 #define FED_DNS_HEADER_BYTES 12
 #define FED_DNS_RR_FIXED_BYTES 10 /* type, class, ttl, rdlength */
 #define FED_DNS_MAX_POINTER_HOPS 64
-
-/* dns-name = 1*255dns-char, where labels are non-empty runs of letters, digits and '-'
- * separated by single dots (no empty label, no trailing dot). */
-static bool dns_name_valid(const char *s, size_t len)
-{
-    if (len == 0 || len > FED_NAME_MAX_BYTES)
-        return false;
-    size_t label = 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '.') {
-            if (label == 0)
-                return false;
-            label = 0;
-        } else if (isalnum(c) || c == '-') {
-            if (++label > FED_LABEL_MAX_BYTES)
-                return false;
-        } else {
-            return false;
-        }
-    }
-    return label > 0;
-}
-
-static bool port_parse(const char *s, int *port)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > FED_PORT_MAX_DIGITS)
-        return false;
-    int v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isdigit((unsigned char)s[i]))
-            return false;
-        v = v * 10 + (s[i] - '0');
-    }
-    if (v < 1 || v > FED_PORT_MAX)
-        return false;
-    *port = v;
-    return true;
-}
 
 bool fed_server_name_split(const char *server_name, char *host, size_t host_len, int *port)
 {
@@ -77,41 +34,18 @@ bool fed_server_name_split(const char *server_name, char *host, size_t host_len,
         return false;
     host[0] = '\0';
     *port = 0;
-    const char *s = server_name;
-    size_t len = strlen(s);
-    if (len == 0 || len > FED_NAME_MAX_BYTES + 1 + FED_PORT_MAX_DIGITS)
+    if (!rt_server_name_valid(server_name)) /* the one grammar: core/runtime/server_name.h */
         return false;
-    const char *host_start, *host_end, *rest;
+    const char *s = server_name, *host_start = s, *host_end, *rest;
     if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close)
-            return false;
         host_start = s + 1;
-        host_end = close;
-        rest = close + 1;
-        char v6[INET6_ADDRSTRLEN + 1];
-        size_t n = (size_t)(host_end - host_start);
-        if (n == 0 || n >= sizeof v6)
-            return false;
-        memcpy(v6, host_start, n);
-        v6[n] = '\0';
-        unsigned char bin[sizeof(struct in6_addr)];
-        if (inet_pton(AF_INET6, v6, bin) != 1)
-            return false;
+        host_end = strchr(s, ']');
+        rest = host_end + 1;
     } else {
-        host_start = s;
-        const char *colon = strchr(s, ':');
-        host_end = colon ? colon : s + len;
-        rest = host_end;
-        if (!dns_name_valid(host_start, (size_t)(host_end - host_start)))
-            return false;
+        rest = host_end = s + strcspn(s, ":");
     }
-    if (*rest == ':') {
-        if (!port_parse(rest + 1, port))
-            return false;
-    } else if (*rest != '\0') {
-        return false;
-    }
+    if (*rest == ':')
+        *port = atoi(rest + 1); /* 1-65535 digits: checked above */
     size_t n = (size_t)(host_end - host_start);
     if (n >= host_len)
         return false;
