@@ -1,7 +1,8 @@
 """/versions advertises in unstable_features exactly the features this server serves that
 Element Web looks for, and each advertised flag is exercised here against its feature:
 cross-signing keys, private read receipts, threads (relations, bundles, thread
-receipts), the threads list, relations `dir`, publicRooms `room_types`. A flag for
+receipts), the threads list, relations `dir`, publicRooms `room_types`, simplified sliding
+sync. A flag for
 something not served (org.matrix.msc3881, pushers' `enabled`) is not advertised.
 
 One server (directory plugin on) for the class."""
@@ -14,7 +15,7 @@ from rooms_client import SharedServerTest, V3, quote
 V1 = "/_matrix/client/v1"
 ADVERTISED = {"org.matrix.msc3916.stable", "org.matrix.e2e_cross_signing",
               "org.matrix.msc2285.stable", "org.matrix.msc3440.stable", "org.matrix.msc3856",
-              "org.matrix.msc3715", "org.matrix.msc3827.stable"}
+              "org.matrix.msc3715", "org.matrix.msc3827.stable", "org.matrix.simplified_msc3575"}
 NOT_SERVED = {"org.matrix.msc3881"}
 
 
@@ -118,6 +119,14 @@ class VersionsFeaturesTest(SharedServerTest):
         self.assertNotIn(plain, listed(["m.space"]))
         self.assertIn(plain, listed([None]))
         self.assertNotIn(space, listed([None]))
+
+    def test_simplified_msc3575_sliding_sync_lists_the_room(self):
+        self.assertTrue(self.features["org.matrix.simplified_msc3575"])
+        body = self.alice.ok("POST", "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync",
+                             {"lists": {"all": {"ranges": [[0, 99]], "timeline_limit": 1}}})
+        self.assertTrue(body["pos"])
+        self.assertIn(self.room, body["rooms"])
+        self.assertGreaterEqual(body["lists"]["all"]["count"], 1)
 
 
 if __name__ == "__main__":
