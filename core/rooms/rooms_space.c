@@ -12,6 +12,7 @@
 
 #include "core/rooms/rooms.h"
 #include "core/rooms/rooms_space.h"
+#include "core/rooms/rooms_tx.h"
 
 /* The room's version, joined count and the contents of the state a summary shows. */
 static int summary_state(PGconn *c, const char *room_id, json_t **state, json_int_t *members,
@@ -256,4 +257,89 @@ int rooms_space_may_see(PGconn *c, const json_t *summary, const char *user_id,
         if (rc != 0) return rc;
     }
     return 0;
+}
+
+/* ---- restricted joins --------------------------------------------------------------- */
+
+/* The local joined member of room_id with the highest power level at or above the invite
+ * level, into out ("" when none). 0 or -1 database. */
+static int pick_authoriser(PGconn *c, const room_auth_state *st, const char *room_id,
+                           char out[ROOMS_USER_ID_BYTES])
+{
+    out[0] = '\0';
+    const char *p[2] = {room_id, rooms_server_name()};
+    PGresult *res = rooms_q(c,
+                            "SELECT state_key FROM current_state WHERE room_id = $1"
+                            " AND type = 'm.room.member' AND membership = 'join'"
+                            " AND substr(state_key, strpos(state_key, ':') + 1) = $2"
+                            " ORDER BY state_key LIMIT 1000",
+                            2, p, NULL);
+    if (!res) return -1;
+    int64_t need = room_auth_action_level(st, "invite"), best = INT64_MIN;
+    for (int i = 0; i < PQntuples(res); i++) {
+        const char *u = PQgetvalue(res, i, 0);
+        int64_t level = room_auth_user_level(st, u);
+        if (level >= need && level > best && strlen(u) < ROOMS_USER_ID_BYTES) {
+            best = level;
+            snprintf(out, ROOMS_USER_ID_BYTES, "%s", u);
+        }
+    }
+    PQclear(res);
+    return 0;
+}
+
+/* Is user_id joined to one of allowed (room IDs) as this server sees them? 1, 0 (and
+ * *known: this server is in at least one of them), -1 database. */
+static int joined_to_allowed(PGconn *c, const json_t *allowed, const char *user_id, bool *known)
+{
+    *known = false;
+    size_t i;
+    json_t *a;
+    json_array_foreach(allowed, i, a) {
+        int res = rooms_space_resident(c, json_string_value(a));
+        if (res < 0) return -1;
+        if (res == 0) continue;
+        *known = true;
+        int rc = member_of(c, json_string_value(a), user_id, NULL, false);
+        if (rc != 0) return rc;
+    }
+    return 0;
+}
+
+int rooms_restricted_authoriser(PGconn *c, const char *room_id, const char *user_id,
+                                char out[ROOMS_USER_ID_BYTES], rooms_err *e)
+{
+    out[0] = '\0';
+    bool failed = false;
+    const room_version *ver = rooms_version_of(c, room_id, &failed);
+    if (!ver) return rooms_set_err(e, failed ? ROOMS_E_DB : ROOMS_E_NOT_FOUND, "Unknown room");
+    room_auth_load a;
+    if (rooms_load_auth(c, room_id, ver, user_id, user_id, &a) < 0) {
+        json_decref(a.holder);
+        return rooms_set_err(e, ROOMS_E_DB, "The database failed");
+    }
+    const char *rule = json_string_value(json_object_get(a.st.join_rules, "join_rule"));
+    const char *mem = a.st.target_membership;
+    bool restricted = rule && ((ver->restricted_join && strcmp(rule, "restricted") == 0) ||
+                               (ver->knock_restricted && strcmp(rule, "knock_restricted") == 0));
+    int rc = ROOMS_OK;
+    if (restricted && !(mem && (strcmp(mem, "join") == 0 || strcmp(mem, "invite") == 0))) {
+        json_t *allowed = allowed_rooms(a.st.join_rules);
+        bool known = false;
+        int joined = allowed ? joined_to_allowed(c, allowed, user_id, &known) : -1;
+        json_decref(allowed);
+        if (joined < 0 || (joined == 1 && pick_authoriser(c, &a.st, room_id, out) < 0))
+            rc = rooms_set_err(e, ROOMS_E_DB, "The database failed");
+        else if (joined == 0 && !known)
+            rc = rooms_set_err(e, ROOMS_E_UNABLE_TO_AUTHORISE,
+                               "This server is in none of the rooms the join rule allows");
+        else if (joined == 0)
+            rc = rooms_set_err(e, ROOMS_E_FORBIDDEN,
+                               "You are not a member of any room this room's join rule allows");
+        else if (!out[0])
+            rc = rooms_set_err(e, ROOMS_E_UNABLE_TO_GRANT,
+                               "No user of this server in the room may invite");
+    }
+    json_decref(a.holder);
+    return rc;
 }

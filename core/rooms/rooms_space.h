@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 
+#include "core/rooms/rooms.h"
 #include "core/store/db.h"
 
 #define ROOMS_SPACE_MAX_CHILDREN 100  /* m.space.child events read of one space */
@@ -56,5 +57,21 @@ int rooms_space_resident(PGconn *c, const char *room_id);
  * database. */
 int rooms_space_may_see(PGconn *c, const json_t *summary, const char *user_id,
                         const char *server);
+
+/* ---- restricted joins (room versions 8+; knock_restricted 10+) ---------------------- */
+
+/* Who vouches for user_id's join of room_id, a room this server is resident in, when its
+ * join rule is restricted (or knock_restricted): a user of this server joined to the room
+ * whose power level reaches the invite level (the highest such, then the first by ID).
+ * ROOMS_OK with out "" when the join needs nobody (another join rule, a version without
+ * restricted joins, or the user already invited or joined); ROOMS_OK with out the
+ * authoriser when user_id is joined to one of the rule's m.room_membership rooms as this
+ * server sees them; ROOMS_E_FORBIDDEN when it is joined to none of those this server is in;
+ * ROOMS_E_UNABLE_TO_AUTHORISE when this server is in none of them (it cannot tell);
+ * ROOMS_E_UNABLE_TO_GRANT when none of our users may invite; ROOMS_E_NOT_FOUND (unknown
+ * room), ROOMS_E_DB. e set on failures. */
+#define ROOMS_USER_ID_BYTES 256
+int rooms_restricted_authoriser(PGconn *c, const char *room_id, const char *user_id,
+                                char out[ROOMS_USER_ID_BYTES], rooms_err *e);
 
 #endif
