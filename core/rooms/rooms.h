@@ -69,6 +69,8 @@ enum rooms_failure {
     ROOMS_E_BAD_ALIAS = -107,    /* 400 M_BAD_ALIAS (m.room.canonical_alias) */
     ROOMS_E_ALIAS_IN_USE = -108, /* 400 M_ROOM_IN_USE */
     ROOMS_E_INVALID = -109,      /* 400 M_INVALID_PARAM */
+    ROOMS_E_UNABLE_TO_AUTHORISE = -110, /* 400 M_UNABLE_TO_AUTHORISE_JOIN (restricted join) */
+    ROOMS_E_UNABLE_TO_GRANT = -111,     /* 400 M_UNABLE_TO_GRANT_JOIN: try another server */
 };
 
 typedef struct rooms_err {

@@ -80,6 +80,10 @@ int rooms_fail(atrium_req *r, const rooms_err *e)
     case ROOMS_E_BAD_ALIAS: return http_respond_error(r, 400, "M_BAD_ALIAS", "%s", e->why);
     case ROOMS_E_ALIAS_IN_USE: return http_respond_error(r, 400, "M_ROOM_IN_USE", "%s", e->why);
     case ROOMS_E_INVALID: return http_respond_error(r, 400, "M_INVALID_PARAM", "%s", e->why);
+    case ROOMS_E_UNABLE_TO_AUTHORISE:
+        return http_respond_error(r, 400, "M_UNABLE_TO_AUTHORISE_JOIN", "%s", e->why);
+    case ROOMS_E_UNABLE_TO_GRANT:
+        return http_respond_error(r, 400, "M_UNABLE_TO_GRANT_JOIN", "%s", e->why);
     default: return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     }
 }
@@ -285,6 +289,51 @@ int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
     return ROOMS_OK;
 }
 
+/* The state the auth rules read of a restricted join (v8+): the member event of the user
+ * content.join_authorised_via_users_server names, kept in a->holder, reached through
+ * a->st.get, and among the join's auth events (the spec's auth events selection). */
+static const json_t *holder_get(void *holder, const char *type, const char *state_key)
+{
+    char key[EVENT_MAX_ID_BYTES * 2 + 8];
+    snprintf(key, sizeof(key), "%s|%s", type, state_key);
+    return json_object_get(holder, key);
+}
+
+static int load_authoriser(PGconn *c, const char *room_id, const room_new_event *ev,
+                           room_auth_load *a)
+{
+    const char *via = json_string_value(json_object_get(ev->content, "join_authorised_via_users_server"));
+    if (!a->st.version->restricted_join || strcmp(ev->type, "m.room.member") != 0 || !via ||
+        strlen(via) > EVENT_MAX_ID_BYTES)
+        return ROOMS_OK;
+    a->st.get = holder_get;
+    a->st.get_ctx = a->holder;
+    const char *p[2] = {room_id, via};
+    PGresult *res = rooms_q(c,
+                            "SELECT cs.event_id, e.pdu, e.redacted_by IS NOT NULL"
+                            " FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
+                            " WHERE cs.room_id = $1 AND cs.type = 'm.room.member'"
+                            " AND cs.state_key = $2",
+                            2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    json_t *pdu = PQntuples(res) ? json_loads(PQgetvalue(res, 0, 1), 0, NULL) : NULL;
+    if (pdu && PQgetvalue(res, 0, 2)[0] == 't') {
+        json_t *red = event_redact(a->st.version, pdu);
+        json_decref(pdu);
+        pdu = red;
+    }
+    if (pdu) {
+        char key[EVENT_MAX_ID_BYTES * 2 + 8];
+        snprintf(key, sizeof(key), "m.room.member|%s", via);
+        json_object_set_new(a->holder, key, pdu);
+        snprintf(key, sizeof(key), "id|m.room.member|%s", via);
+        json_object_set_new(a->holder, key, json_string(PQgetvalue(res, 0, 0)));
+        a->authoriser_member_id = json_string_value(json_object_get(a->holder, key));
+    }
+    PQclear(res);
+    return ROOMS_OK;
+}
+
 /* ---- building and storing an event -------------------------------------------------- */
 
 static void add_auth_id(json_t *arr, const char *id)
@@ -305,6 +354,7 @@ static json_t *select_auth_events(const room_auth_load *a, const room_new_event 
     add_auth_id(arr, a->sender_member_id);
     if (strcmp(ev->type, "m.room.member") == 0) {
         add_auth_id(arr, a->target_member_id);
+        add_auth_id(arr, a->authoriser_member_id);
         const char *m = json_string_value(json_object_get(ev->content, "membership"));
         if (is(m, "join") || is(m, "invite") || is(m, "knock")) add_auth_id(arr, a->jr_id);
     }
@@ -501,7 +551,8 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
                              EVENT_MAX_ID_BYTES);
     const char *target = strcmp(ev->type, "m.room.member") == 0 ? ev->state_key : NULL;
     room_auth_load a;
-    if (rooms_load_auth(tx->c, tx->room_id, tx->ver, ev->sender, target, &a) < 0) {
+    if (rooms_load_auth(tx->c, tx->room_id, tx->ver, ev->sender, target, &a) < 0 ||
+        load_authoriser(tx->c, tx->room_id, ev, &a) < 0) {
         json_decref(a.holder);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
@@ -545,7 +596,8 @@ int rooms_tx_template(room_tx *tx, const room_new_event *ev, json_t **pdu_out, r
     *pdu_out = NULL;
     const char *target = strcmp(ev->type, "m.room.member") == 0 ? ev->state_key : NULL;
     room_auth_load a;
-    if (rooms_load_auth(tx->c, tx->room_id, tx->ver, ev->sender, target, &a) < 0) {
+    if (rooms_load_auth(tx->c, tx->room_id, tx->ver, ev->sender, target, &a) < 0 ||
+        load_authoriser(tx->c, tx->room_id, ev, &a) < 0) {
         json_decref(a.holder);
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }

@@ -109,6 +109,7 @@ typedef struct room_auth_load {
     room_auth_state st;
     json_t *holder;
     const char *create_id, *pl_id, *jr_id, *sender_member_id, *target_member_id;
+    const char *authoriser_member_id; /* a restricted join's authorising user's (v8+) */
 } room_auth_load;
 int rooms_load_auth(PGconn *c, const char *room_id, const room_version *ver,
                     const char *sender, const char *target, room_auth_load *out);

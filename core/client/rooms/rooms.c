@@ -10,6 +10,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/push/push_send.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/rooms_hierarchy.h"
 #include "core/client/rooms/rooms_relations.h"
 #include "atrium/parse.h"
 
@@ -154,6 +155,7 @@ static void rooms_stop(core_runtime *rt)
 {
     push_send_stop();
     rooms_typing_stop();
+    rooms_hierarchy_stop();
     if (rt->rooms_remote_pool) {
         rt_pool_stop(rt->rooms_remote_pool); /* queued handoffs are answered 503 */
         rt_pool_join(rt->rooms_remote_pool);
@@ -189,6 +191,7 @@ static int rooms_init(core_runtime *rt)
         rooms_knock_routes(s) < 0)
         return -1;
     if (rooms_search_routes(s) < 0 || rooms_upgrade_routes(s) < 0 || rooms_admin_routes(s) < 0 ||
+        rooms_hierarchy_routes(s) < 0 || rooms_hierarchy_init(rt->metrics) < 0 ||
         rooms_iface_provide() < 0 ||
         rooms_edus_init() < 0)
         return -1;

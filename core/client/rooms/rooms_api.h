@@ -151,6 +151,7 @@ int rooms_send_routes(http_server *s);
 int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
+int rooms_hierarchy_routes(http_server *s); /* rooms_hierarchy.c: GET /v1/rooms/{roomId}/hierarchy */
 int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse/admin/v1/rooms/{roomId} */
 /* [req] The answer to the client for a peer's failure or refusal in a remote membership
  * step (what: the step, for the message): 504 on a timeout, 403 when federation with it

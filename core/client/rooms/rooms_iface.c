@@ -4,9 +4,8 @@
  * (include/atrium/rooms.h: a room's summary, a user's membership, whether a user may send
  * a state event), and the core's one way to reach "directory/1" (include/atrium/directory.h).
  *
- * The summary is computed from current_state, the contract other modules read, with one
- * query: the latest non-redacted content of the state events a public room list shows
- * and the joined member count. A redacted state event counts as unset. It also owns what
+ * The summary is the room model's (rooms_summary, core/rooms/rooms_space.c: computed from
+ * current_state with one query, as the space hierarchy shows it too). It also owns what
  * the room's m.room.canonical_alias may name (every alias of this server must point to the
  * room) and, when the directory deletes an alias, sending that event again without it (as
  * the user who deleted it, when the auth rules let them: the spec's recommendation and
@@ -20,62 +19,13 @@
 #include "core/client/rooms/rooms_api.h"
 #include "core/runtime/iface.h"
 #include "core/rooms/canonical_json.h"
+#include "core/rooms/rooms_space.h"
 
 static int canonical_content(PGconn *c, const char *room_id, json_t **out);
 
 static int summary(PGconn *c, const char *room_id, json_t **out)
 {
-    *out = NULL;
-    const char *p[1] = {room_id};
-    PGresult *res = rooms_q(
-        c,
-        "SELECT (SELECT count(*) FROM current_state m WHERE m.room_id = r.room_id"
-        "  AND m.type = 'm.room.member' AND m.membership = 'join'),"
-        " coalesce(jsonb_object_agg(cs.type, e.pdu::jsonb -> 'content')"
-        "  FILTER (WHERE cs.type IS NOT NULL AND e.redacted_by IS NULL), '{}')::text"
-        " FROM rooms r LEFT JOIN current_state cs ON cs.room_id = r.room_id"
-        "  AND cs.state_key = '' AND cs.type IN ('m.room.create', 'm.room.name',"
-        "  'm.room.topic', 'm.room.avatar', 'm.room.canonical_alias', 'm.room.join_rules',"
-        "  'm.room.guest_access', 'm.room.history_visibility')"
-        " LEFT JOIN events e ON e.event_id = cs.event_id"
-        " WHERE r.room_id = $1 GROUP BY r.room_id",
-        1, p, NULL);
-    if (!res) return ATRIUM_E_DB;
-    if (PQntuples(res) == 0) {
-        PQclear(res);
-        return ATRIUM_E_NOTFOUND;
-    }
-    json_t *state = json_loads(PQgetvalue(res, 0, 1), 0, NULL);
-    json_int_t members = (json_int_t)strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-    PQclear(res);
-    if (!state) return ATRIUM_E_DB;
-#define FIELD(type, key) json_object_get(json_object_get(state, type), key)
-    const char *jr = json_string_value(FIELD("m.room.join_rules", "join_rule"));
-    const char *ga = json_string_value(FIELD("m.room.guest_access", "guest_access"));
-    const char *hv = json_string_value(FIELD("m.room.history_visibility", "history_visibility"));
-    json_t *s = json_pack("{s:s, s:I, s:s, s:b, s:b}", "room_id", room_id,
-                          "num_joined_members", members, "join_rule", jr ? jr : "invite",
-                          "guest_can_join", ga && strcmp(ga, "can_join") == 0,
-                          "world_readable", hv && strcmp(hv, "world_readable") == 0);
-    static const struct {
-        const char *type, *key, *as;
-    } OPTIONAL[] = {
-        {"m.room.name", "name", "name"},
-        {"m.room.topic", "topic", "topic"},
-        {"m.room.avatar", "url", "avatar_url"},
-        {"m.room.canonical_alias", "alias", "canonical_alias"},
-        {"m.room.create", "type", "room_type"},
-    };
-    for (size_t i = 0; s && i < sizeof(OPTIONAL) / sizeof(OPTIONAL[0]); i++) {
-        json_t *v = FIELD(OPTIONAL[i].type, OPTIONAL[i].key);
-        if (json_is_string(v) && json_string_length(v) > 0)
-            json_object_set(s, OPTIONAL[i].as, v);
-    }
-#undef FIELD
-    json_decref(state);
-    if (!s) return ATRIUM_E_NOMEM;
-    *out = s;
-    return 0;
+    return rooms_summary(c, room_id, false, out);
 }
 
 static int membership(PGconn *c, const char *room_id, const char *user_id,

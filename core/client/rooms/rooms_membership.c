@@ -24,6 +24,7 @@
 
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
+#include "core/rooms/rooms_space.h"
 #include "core/rooms/canonical_json.h"
 #include "core/runtime/server_name.h"
 
@@ -242,6 +243,30 @@ static json_t *optional_body(atrium_req *r)
     return http_req_json(r);
 }
 
+/* [req] A restricted room (v8+): name in the join's content the user of this server who
+ * vouches for user, a member of a room the join rule allows (rooms_restricted_authoriser,
+ * core/rooms/rooms_space.c). Nothing when the room is not restricted or user is invited.
+ * false after answering: 403 not a member of an allowed room, 400 M_UNABLE_TO_GRANT_JOIN
+ * when none of our users may invite. */
+static bool vouch_for(atrium_req *r, const char *room_id, const char *user, json_t *content)
+{
+    PGconn *c = http_db_checkout(r);
+    if (!c) return false;
+    char via[ROOMS_USER_ID_BYTES];
+    rooms_err e = {0};
+    int rc = rooms_restricted_authoriser(c, room_id, user, via, &e);
+    http_db_checkin(c);
+    if (rc == ROOMS_E_UNABLE_TO_AUTHORISE) /* our user is in none of the rooms we are not in */
+        rc = rooms_set_err(&e, ROOMS_E_FORBIDDEN,
+                           "You are not a member of any room this room's join rule allows");
+    if (rc != ROOMS_OK) {
+        rooms_fail(r, &e);
+        return false;
+    }
+    if (via[0]) json_object_set_new(content, "join_authorised_via_users_server", json_string(via));
+    return true;
+}
+
 /* Join room_id; alias_vias (may be NULL): the servers a remote alias's answer named, tried
  * first when the join goes through other servers. */
 static int join_room(atrium_req *r, const char *user, const char *room_id,
@@ -299,7 +324,7 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
         json_decref(content);
         return http_respond_json(r, 200, answer);
     }
-    if (!take_reason(r, body, content)) {
+    if (!take_reason(r, body, content) || !vouch_for(r, room_id, user, content)) {
         json_decref(content);
         json_decref(answer);
         return ATRIUM_DONE;

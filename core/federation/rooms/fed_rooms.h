@@ -3,6 +3,7 @@
  * what a server may read of a room (history visibility for servers) and whether its
  * traffic is accepted at all (m.room.server_acl), and the routes built on them:
  * fed_rooms_serve.c (event, state, state_ids, backfill, get_missing_events) and
+ * fed_rooms_hierarchy.c (a space and its children for another server),
  * fed_rooms_join.c (make_join/send_join, make_leave/send_leave, make_knock/send_knock as
  * the resident server),
  * fed_rooms_invite.c (invites of our users by other servers), fed_rooms_receive.c
@@ -88,6 +89,8 @@ int fed_rooms_backfill(PGconn **c, const char *room_id, int limit);
 int fed_rooms_init(void);
 int fed_rooms_routes(fed_module *m);
 int fed_rooms_serve_routes(fed_module *m);
+/* fed_rooms_hierarchy.c: GET /_matrix/federation/v1/hierarchy/{roomId} (spaces). */
+int fed_rooms_hierarchy_routes(fed_module *m);
 int fed_rooms_join_routes(fed_module *m);
 int fed_rooms_invite_routes(fed_module *m); /* fed_rooms_invite.c: PUT /v2/invite */
 /* fed_rooms_receive.c: register the handler of received PDUs and its metrics. 0. */

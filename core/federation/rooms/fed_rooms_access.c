@@ -238,7 +238,9 @@ int fed_rooms_init(void)
 
 int fed_rooms_routes(fed_module *m)
 {
-    if (fed_rooms_serve_routes(m) < 0 || fed_rooms_join_routes(m) < 0) return -1;
+    if (fed_rooms_serve_routes(m) < 0 || fed_rooms_join_routes(m) < 0 ||
+        fed_rooms_hierarchy_routes(m) < 0)
+        return -1;
     if (fed_rooms_invite_routes(m) < 0) return -1;
     rooms_tx_set_outbound(queue_own_pdu, fed_rooms_kick);
     return fed_rooms_receive_init(m);
