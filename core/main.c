@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "core/cli/cli.h"
+#include "core/client/appservice/appservice.h"
 #include "core/client/auth/auth.h"
 #include "core/client/client.h"
 #include "core/client/ratelimits.h"
@@ -261,6 +262,7 @@ out:
     notify_free(rt.notify);
     auth_cache_free(rt.auth_cache);
     ratelimits_free(&rt);
+    as_registry_free();
     core_runtime_bind(NULL);
     lease_service_free(rt.leases);
     db_pool_free(rt.db);
