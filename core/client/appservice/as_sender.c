@@ -227,7 +227,7 @@ static bool store_txn(PGconn *c, const as_service *svc, json_t *events, const ch
     const char *p[4] = {svc->id, upto, text, i64(n, sizeof(n), (int64_t)json_array_size(events))};
     bool ok = db_begin(c) &&
               db_exec(c, "INSERT INTO appservice_txns (as_id, txn_id, upto_pos, body, n_events)"
-                         " SELECT as_id, next_txn_id, $2, $3, $4 FROM appservice_state"
+                         " SELECT as_id, next_txn_id, $2::bigint, $3, $4::int FROM appservice_state"
                          " WHERE as_id = $1", 4, p) &&
               db_exec(c, "UPDATE appservice_state SET next_txn_id = next_txn_id + 1"
                          " WHERE as_id = $1", 1, p) &&
@@ -293,8 +293,8 @@ static bool build(PGconn *c, size_t idx, const as_service *svc, bool *more)
         ok = events && store_txn(c, svc, events, end);
     } else if (ok) {
         const char *q[2] = {svc->id, end};
-        ok = db_exec(c, "UPDATE appservice_state SET stream_pos = greatest(stream_pos, $2)"
-                        " WHERE as_id = $1", 2, q);
+        ok = db_exec(c, "UPDATE appservice_state SET stream_pos = greatest(stream_pos,"
+                        " $2::bigint) WHERE as_id = $1", 2, q);
         *more = ok && n == AS_SCAN_BATCH;
     }
     json_decref(ids);
@@ -342,9 +342,9 @@ static bool settle_one(PGconn *c, size_t idx)
              (res = acc_q(c, "DELETE FROM appservice_txns WHERE as_id = $1 AND txn_id = $2"
                              " RETURNING upto_pos, n_events", 2, p)) != NULL;
         if (ok && PQntuples(res) == 1) {
-            p[2] = PQgetvalue(res, 0, 0);
-            ok = db_exec(c, "UPDATE appservice_state SET stream_pos = greatest(stream_pos, $3)"
-                            " WHERE as_id = $1", 3, p);
+            const char *q[2] = {svc->id, PQgetvalue(res, 0, 0)};
+            ok = db_exec(c, "UPDATE appservice_state SET stream_pos = greatest(stream_pos,"
+                            " $2::bigint) WHERE as_id = $1", 2, q);
             if (ok) rt_metric_add(slot->m_events, atoll(PQgetvalue(res, 0, 1)));
         }
         PQclear(res);
@@ -356,7 +356,7 @@ static bool settle_one(PGconn *c, size_t idx)
                "%lld: %s%s", svc->id, (long long)f->txn_id, f->error[0] ? f->error : "answered ",
                f->error[0] ? "" : i64(next, sizeof(next), f->status));
         PGresult *res = acc_q(c, "SELECT attempts FROM appservice_txns WHERE as_id = $1"
-                                 " AND txn_id = $2", 2, p);
+                                 " AND txn_id = $2::bigint", 2, p);
         ok = res != NULL;
         if (ok && PQntuples(res) == 1) {
             int64_t due = rt_wall_ms() + retry_delay_ms(atoi(PQgetvalue(res, 0, 0)));
