@@ -170,6 +170,38 @@ static int ping_send(atrium_req *r, const as_service *svc, const char *txn_id)
     return ATRIUM_PARKED;
 }
 
+/* The outbound budget's slot, held to the answer's last byte (ADR-0079: a request that
+ * waits on another server). false after answering 429. */
+typedef struct outbound_slot {
+    rt_budget *b;
+    const char *key;
+} outbound_slot;
+
+static void outbound_release(void *arg)
+{
+    outbound_slot *h = arg;
+    rt_budget_release(h->b, h->key);
+}
+
+static bool outbound_hold(atrium_req *r)
+{
+    rt_budget *b = r->srv->outbound;
+    if (!b) return true;
+    const char *key = http_req_client_key(r);
+    outbound_slot *h = rt_arena_alloc(r->arena, sizeof(*h));
+    if (!h || rt_budget_try_acquire(b, key, NULL) < 0) {
+        http_respond_limited(r, 1000, "Too many requests to other servers in progress; retry");
+        return false;
+    }
+    *h = (outbound_slot){.b = b, .key = key};
+    if (http_req_add_hold(r, outbound_release, h) < 0) {
+        rt_budget_release(b, key);
+        http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+        return false;
+    }
+    return true;
+}
+
 static int post_ping(atrium_req *r)
 {
     as_ping *p = r->core_state;
@@ -179,12 +211,11 @@ static int post_ping(atrium_req *r)
                    ? http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping")
                    : http_respond_error(r, 504, "M_CONNECTION_TIMEOUT",
                                         "The application service did not answer in time");
+    if (!auth_request(r)) return ATRIUM_DONE; /* for a service: its sender, the client key */
     const as_service *svc = as_of_request(r);
-    if (!svc) {
-        if (!auth_request(r)) return ATRIUM_DONE;
+    if (!svc)
         return http_respond_error(r, 403, "M_FORBIDDEN", "Only an application service may "
                                   "ping itself");
-    }
     if (strcmp(svc->id, http_req_param(r, "appserviceId")) != 0)
         return http_respond_error(r, 403, "M_FORBIDDEN", "This is not the application "
                                   "service the access token belongs to");
@@ -198,6 +229,7 @@ static int post_ping(atrium_req *r)
     if (!svc->url)
         return http_respond_error(r, 400, "M_URL_NOT_SET", "The application service has no "
                                   "url in its registration");
+    if (!outbound_hold(r)) return ATRIUM_DONE;
     return ping_send(r, svc, txn_id);
 }
 
