@@ -393,6 +393,11 @@ class RestartTest(AppserviceCase):
                 if any(s == 503 for _, s in self.svc.attempts):
                     break
             time.sleep(0.05)
+        backlog = {"service": "bridge"}
+        deadline = time.time() + 10
+        while time.time() < deadline and not self.srv.metric("atrium_appservice_backlog", backlog):
+            time.sleep(0.05)
+        self.assertGreater(self.srv.metric("atrium_appservice_backlog", backlog), 0)
         self.srv.stop()
         self.assertEqual(self.svc.bodies(room), [])
         self.srv.start()

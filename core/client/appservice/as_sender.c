@@ -443,10 +443,13 @@ static int64_t serve(PGconn *c, size_t idx)
     if (busy) return AS_POLL_MS; /* its answer kicks the sender */
     const char *p[1] = {svc->id};
     for (int round = 0; round < 2; round++) {
-        PGresult *res = acc_q(c, "SELECT txn_id, body, next_try_ts FROM appservice_txns"
-                                 " WHERE as_id = $1", 1, p);
+        PGresult *res = acc_q(c, "SELECT t.txn_id, t.body, t.next_try_ts,"
+                                 " (SELECT last_value FROM stream_seq) - s.stream_pos"
+                                 " FROM appservice_txns t JOIN appservice_state s USING (as_id)"
+                                 " WHERE t.as_id = $1", 1, p);
         if (!res) return -1;
         if (PQntuples(res) == 1) {
+            rt_metric_set(S.slots[idx].m_backlog, atoll(PQgetvalue(res, 0, 3)));
             int64_t due = atoll(PQgetvalue(res, 0, 2)) - rt_wall_ms();
             bool sent = due <= 0 && submit(idx, svc, atoll(PQgetvalue(res, 0, 0)),
                                            PQgetvalue(res, 0, 1));
