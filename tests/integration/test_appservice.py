@@ -109,6 +109,17 @@ class FakeService:
         with self.lock:
             return [e for t in self.order for e in self.taken[t]["events"]]
 
+    def ephemeral(self, room):
+        """Every ephemeral event of room taken, in order; each transaction's stable and
+        MSC2409 lists must agree."""
+        with self.lock:
+            bodies = [self.taken[t] for t in self.order]
+        out = []
+        for b in bodies:
+            assert b.get("ephemeral") == b.get("de.sorunome.msc2409.ephemeral"), b
+            out += [e for e in b.get("ephemeral", []) if e.get("room_id") == room]
+        return out
+
     def bodies(self, room):
         return [e["content"].get("body") for e in self.events()
                 if e["room_id"] == room and e["type"] == "m.room.message"]
@@ -328,6 +339,24 @@ class DeliveryTest(AppserviceCase):
                                       user_id=answer["user_id"])[0], 200)
         outsider.send(room2, {"msgtype": "m.text", "body": "to the bridged user"})
         self.assertEqual(self.svc.wait_bodies(room2, 1), ["to the bridged user"])
+
+    def test_receipts_and_typing_reach_a_service_with_receive_ephemeral(self):
+        room = self.bot.create_room()
+        event_id = self.bot.send(room, {"msgtype": "m.text", "body": "seen"})
+        self.bot.ok("POST", f"{V3}/rooms/{quote(room)}/receipt/m.read/{quote(event_id)}", {})
+        self.bot.ok("PUT", f"{V3}/rooms/{quote(room)}/typing/{quote(self.bot.user_id)}",
+                    {"typing": True, "timeout": 30000})
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            types = {e["type"] for e in self.svc.ephemeral(room)}
+            if {"m.receipt", "m.typing"} <= types:
+                break
+            time.sleep(0.05)
+        eph = self.svc.ephemeral(room)
+        receipts = [e["content"] for e in eph if e["type"] == "m.receipt"]
+        self.assertIn(self.bot.user_id, receipts[0][event_id]["m.read"])
+        typing = [e["content"]["user_ids"] for e in eph if e["type"] == "m.typing"]
+        self.assertEqual(typing[-1], [self.bot.user_id])
 
     def test_a_failing_service_gets_everything_in_order_with_the_same_txn_id(self):
         room = self.bot.create_room()

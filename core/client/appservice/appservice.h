@@ -42,7 +42,7 @@ typedef struct as_service {
     const char **protocols; /* third-party protocols it bridges (malloc'd array) */
     size_t n_protocols;
     bool rate_limited;      /* default true; false exempts its requests from rate limits */
-    bool receive_ephemeral; /* read and kept; ephemeral events are not pushed yet */
+    bool receive_ephemeral; /* receipts and typing go in its transactions too */
 } as_service;
 
 /* Read every file of cfg->app_service_config_files into the registry. 0, or -1 with err

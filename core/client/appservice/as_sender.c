@@ -34,8 +34,14 @@
  * through the wake-up notifications (core/client/sync/notifier.c kicks this sender) or at
  * the next AS_POLL_MS pass.
  *
- * Not here (yet): ephemeral events (typing, receipts, presence) and to-device messages
- * (receive_ephemeral is read and kept, nothing more).
+ * Ephemeral events, for a service with receive_ephemeral (or MSC2409's
+ * de.sorunome.msc2409.push_ephemeral): receipts and typing take positions from the same
+ * stream, so a transaction also carries, as "ephemeral" (and MSC2409's
+ * "de.sorunome.msc2409.ephemeral"), an m.receipt EDU for each receipt stored in its range
+ * and an m.typing EDU (who types at build time) for each room whose typing changed there,
+ * in rooms of interest or from its users; at most AS_TXN_MAX_EPHEMERAL of each, the rest of
+ * the range's ephemeral data is dropped (ephemeral data is not worth a backlog). Not here:
+ * presence and to-device messages.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -54,6 +60,7 @@
 #define AS_DB_RETRY_MS 1000        /* a pass that failed on the database runs again */
 #define AS_SCAN_BATCH 500          /* events looked at per service per pass */
 #define AS_TXN_MAX_EVENTS 100      /* events in one transaction */
+#define AS_TXN_MAX_EPHEMERAL 100   /* receipts (and rooms' typing) in one transaction */
 #define AS_MAX_ANSWER_BYTES 65536  /* a service's answer */
 #define AS_URL_BYTES 1024          /* a transaction's URL */
 #define AS_LEASE "core.appservice_sender"
@@ -217,9 +224,14 @@ static json_t *render_events(PGconn *c, const as_service *svc, json_t *ids)
 
 /* Store the transaction of `events` (ending at upto) as svc's pending one, with the next
  * txnId, in one database transaction. false on a database failure. */
-static bool store_txn(PGconn *c, const as_service *svc, json_t *events, const char *upto)
+static bool store_txn(PGconn *c, const as_service *svc, json_t *events, json_t *ephemeral,
+                      const char *upto)
 {
     json_t *body = json_pack("{s:o}", "events", events);
+    if (body && ephemeral) { /* the stable name, and MSC2409's that bridges still read */
+        json_object_set(body, "ephemeral", ephemeral);
+        json_object_set(body, "de.sorunome.msc2409.ephemeral", ephemeral);
+    }
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     if (!text) return false;
@@ -234,6 +246,63 @@ static bool store_txn(PGconn *c, const as_service *svc, json_t *events, const ch
               db_commit(c);
     if (!ok) db_rollback(c);
     free(text);
+    return ok;
+}
+
+/* The m.receipt EDUs of receipts stored in (after, upto] in rooms of interest, appended to
+ * out (one EDU per receipt). false on a database failure. */
+static bool receipts_between(PGconn *c, const as_service *svc, room_memos *m,
+                             const char *after, const char *upto, json_t *out)
+{
+    char lim[24];
+    const char *p[3] = {after, upto, i64(lim, sizeof(lim), AS_TXN_MAX_EPHEMERAL)};
+    PGresult *res = acc_q(c, "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts"
+                             " FROM receipts WHERE stream_pos > $1 AND stream_pos <= $2"
+                             " ORDER BY stream_pos LIMIT $3::int", 3, p);
+    if (!res) return false;
+    bool ok = true;
+    for (int i = 0; ok && i < PQntuples(res); i++) {
+        const char *room = PQgetvalue(res, i, 0), *thread = PQgetvalue(res, i, 3);
+        int yes = as_user_in(svc, PQgetvalue(res, i, 1)) ? 1 : room_interests_memo(c, svc, m, room);
+        if (yes < 0) ok = false;
+        if (yes <= 0) continue;
+        json_t *who = json_pack("{s:I}", "ts", (json_int_t)atoll(PQgetvalue(res, i, 5)));
+        if (who && thread[0]) json_object_set_new(who, "thread_id", json_string(thread));
+        json_t *edu = json_pack("{s:s, s:s, s:{s:{s:{s:o}}}}", "type", "m.receipt", "room_id",
+                                room, "content", PQgetvalue(res, i, 4), PQgetvalue(res, i, 2),
+                                PQgetvalue(res, i, 1), who);
+        if (edu) json_array_append_new(out, edu);
+    }
+    PQclear(res);
+    return ok;
+}
+
+/* An m.typing EDU (who types now) for each room of interest whose typing changed in
+ * (after, upto], appended to out. false on a database failure. */
+static bool typing_between(PGconn *c, const as_service *svc, room_memos *m, const char *after,
+                           const char *upto, json_t *out)
+{
+    char lim[24], now[24];
+    const char *p[4] = {after, upto, i64(lim, sizeof(lim), AS_TXN_MAX_EPHEMERAL),
+                        i64(now, sizeof(now), rt_wall_ms())};
+    PGresult *res = acc_q(c, "SELECT r.room_id, coalesce((SELECT json_agg(t.user_id ORDER BY"
+                             " t.user_id) FROM typing t WHERE t.room_id = r.room_id"
+                             " AND t.expires_ts > $4::bigint), '[]')::text FROM (SELECT DISTINCT"
+                             " room_id FROM typing WHERE stream_pos > $1 AND stream_pos <= $2"
+                             " LIMIT $3::int) r", 4, p);
+    if (!res) return false;
+    bool ok = true;
+    for (int i = 0; ok && i < PQntuples(res); i++) {
+        int yes = room_interests_memo(c, svc, m, PQgetvalue(res, i, 0));
+        if (yes < 0) ok = false;
+        if (yes <= 0) continue;
+        json_t *ids = json_loads(PQgetvalue(res, i, 1), 0, NULL);
+        json_t *edu = json_pack("{s:s, s:s, s:{s:o}}", "type", "m.typing", "room_id",
+                                PQgetvalue(res, i, 0), "content", "user_ids",
+                                ids ? ids : json_array());
+        if (edu) json_array_append_new(out, edu);
+    }
+    PQclear(res);
     return ok;
 }
 
@@ -287,10 +356,14 @@ static bool build(PGconn *c, size_t idx, const as_service *svc, bool *more)
             break;
         }
     }
+    json_t *eph = ok && svc->receive_ephemeral ? json_array() : NULL;
+    if (eph)
+        ok = receipts_between(c, svc, &memos, cursor, end, eph) &&
+             typing_between(c, svc, &memos, cursor, end, eph);
     memos_free(&memos);
-    if (ok && json_array_size(ids) > 0) {
-        json_t *events = render_events(c, svc, ids);
-        ok = events && store_txn(c, svc, events, end);
+    if (ok && (json_array_size(ids) > 0 || json_array_size(eph) > 0)) {
+        json_t *events = json_array_size(ids) ? render_events(c, svc, ids) : json_array();
+        ok = events && store_txn(c, svc, events, json_array_size(eph) ? eph : NULL, end);
     } else if (ok) {
         const char *q[2] = {svc->id, end};
         ok = db_exec(c, "UPDATE appservice_state SET stream_pos = greatest(stream_pos,"
@@ -298,6 +371,7 @@ static bool build(PGconn *c, size_t idx, const as_service *svc, bool *more)
         *more = ok && n == AS_SCAN_BATCH;
     }
     json_decref(ids);
+    json_decref(eph);
     PQclear(ev);
     return ok;
 }
