@@ -163,6 +163,15 @@ static int serve(const char *config_path)
         cfg_free(root);
         return 1;
     }
+    /* The application services' registration files are configuration too: checked before
+     * anything starts (core/client/appservice/as_registry.c). */
+    if (as_registry_load(&cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "atrium: %s\n", err);
+        as_registry_free();
+        core_config_release(&cfg);
+        cfg_free(root);
+        return 1;
+    }
     char instance[CORE_INSTANCE_NAME_MAX_BYTES + 1];
     rt_log_set_instance(core_instance_name(&cfg, instance, sizeof(instance)));
     rt_log_set_level(rt_log_level_parse(cfg.log_level));

@@ -408,8 +408,6 @@ class DeliveryTest(AppserviceCase):
         labels = {"service": "bridge", "outcome": "failed"}
         self.assertGreaterEqual(self.srv.metric("atrium_appservice_transactions_total", labels), 1)
 
-
-class RestartTest(AppserviceCase):
     def test_a_backlog_survives_a_restart(self):
         room = self.bot.create_room()
         with self.svc.lock:

@@ -48,7 +48,8 @@ typedef struct as_service {
 /* Read every file of cfg->app_service_config_files into the registry. 0, or -1 with err
  * holding one line naming the file (and line) and the key at fault: a file that cannot be
  * read, a missing or mistyped key, a regex regcomp refuses, an id, as_token or hs_token
- * already used by another service. Main thread, at start-up, once. */
+ * already used by another service. Main thread, at start-up, once, right after the
+ * configuration was read (core/main.c), before any module's init. */
 int as_registry_load(const struct core_config *cfg, char *err, size_t errlen);
 /* Free the registry. Main thread, after every thread that reads it stopped. */
 void as_registry_free(void);

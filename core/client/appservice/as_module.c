@@ -6,6 +6,7 @@
  * POST /_matrix/client/v1/appservice/{appserviceId}/ping and GET /thirdparty/protocols
  * (with /thirdparty/protocol/{protocol}).
  *
+ * The registry is loaded by core/main.c with the configuration, before this module's init.
  * The ping waits for the service parked (susp_wait), holding no request-pool thread: the
  * outbound client's callback stores the answer and wakes the request, which then answers
  * as the spec says (200 {duration_ms}, 502 M_BAD_STATUS or M_CONNECTION_FAILED, 504
@@ -274,12 +275,7 @@ static int get_protocol(atrium_req *r)
 
 static int as_init(core_runtime *rt)
 {
-    char err[1024];
-    if (as_registry_load(rt->cfg, err, sizeof(err)) < 0) {
-        rt_log(ATRIUM_LOG_ERROR, "core", "%s", err);
-        return -1;
-    }
-    http_server *s = rt->http;
+    http_server *s = rt->http; /* the registry was loaded with the configuration (main.c) */
     if (client_route(s, "POST", "/_matrix/client/v1/appservice/{appserviceId}/ping", post_ping,
                      ACC_MAX_BODY_BYTES) < 0 ||
         client_route(s, "GET", "/_matrix/client/v3/thirdparty/protocols", get_protocols, 0) < 0 ||
