@@ -277,6 +277,8 @@ class ActingAsServiceTest(AppserviceCase):
                                     {"room_alias_name": "alice_r"})[0], 200)
 
     def test_application_service_login(self):
+        flows = self.srv.json("GET", f"{V3}/login")[1]["flows"]
+        self.assertIn({"type": "m.login.application_service"}, flows)
         self.assertEqual(self.as_register("bridge_login", inhibit_login=True)[0], 200)
         body = {"type": "m.login.application_service",
                 "identifier": {"type": "m.id.user", "user": "bridge_login"}}

@@ -26,11 +26,14 @@ typedef struct login_state {
     const char *device_name;
 } login_state;
 
-/* GET /_matrix/client/v3/login */
+/* GET /_matrix/client/v3/login: the password flow, and m.login.application_service when
+ * application services are registered. */
 static int get_login(atrium_req *r)
 {
-    return http_respond_json(r, 200, json_pack("{s:[{s:s}, {s:s}]}", "flows", "type",
-                                               "m.login.password", "type", AS_LOGIN_TYPE));
+    json_t *flows = json_pack("[{s:s}]", "type", "m.login.password");
+    if (flows && as_count()) /* only where a service may use it */
+        json_array_append_new(flows, json_pack("{s:s}", "type", AS_LOGIN_TYPE));
+    return http_respond_json(r, 200, json_pack("{s:o}", "flows", flows));
 }
 
 static int open_login_session(atrium_req *r, const login_state *st);
