@@ -42,6 +42,7 @@ class FakeService:
         self.order = []     # txn_ids in the order taken
         self.auth = []
         self.pings = []
+        self.lookups = []
         self.status = 200
         self.hang = threading.Event()
         self.hung = 0
@@ -83,6 +84,19 @@ class FakeService:
                         outer.taken[m.group(1)] = body
                         outer.order.append(m.group(1))
                 self.reply(status, {} if status == 200 else {"errcode": "M_UNKNOWN"})
+
+            def do_GET(self):
+                with outer.lock:
+                    outer.lookups.append((self.path, self.headers.get("Authorization")))
+                if self.path == "/_matrix/app/v1/thirdparty/protocol/irc":
+                    return self.reply(200, {"user_fields": ["nick"], "location_fields": [],
+                                            "icon": "mxc://x/irc", "field_types": {},
+                                            "instances": []})
+                if self.path.startswith("/_matrix/app/v1/thirdparty/user/irc?"):
+                    nick = urllib.parse.parse_qs(self.path.split("?", 1)[1])["nick"][0]
+                    return self.reply(200, [{"userid": f"@bridge_{nick}:{SERVER}",
+                                             "protocol": "irc", "fields": {"nick": nick}}])
+                self.reply(404, {"errcode": "M_NOT_FOUND", "error": "no"})
 
             def do_POST(self):
                 body = self.body()
@@ -306,7 +320,16 @@ class ActingAsServiceTest(AppserviceCase):
         alice = Client(self.srv, register(self.srv, "alice_protocols"))
         protocols = alice.ok("GET", f"{V3}/thirdparty/protocols")
         self.assertEqual(sorted(protocols), ["irc", "xmpp"])
-        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/irc")["instances"], [])
+        # Look-ups are the bridge's answers, asked with its hs_token, the query passed on.
+        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/irc")["icon"], "mxc://x/irc")
+        users = alice.ok("GET", f"{V3}/thirdparty/user/irc?nick=bob&access_token={alice.token}")
+        self.assertEqual(users, [{"userid": f"@bridge_bob:{SERVER}", "protocol": "irc",
+                                  "fields": {"nick": "bob"}}])
+        self.assertIn(("/_matrix/app/v1/thirdparty/user/irc?nick=bob", "Bearer hs-secret"),
+                      self.svc.lookups)
+        self.assertEqual(alice.call("GET", f"{V3}/thirdparty/location/irc")[0], 404)
+        # A bridge without a url: its protocol's description from the registration alone.
+        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/xmpp")["instances"], [])
         self.assertEqual(alice.call("GET", f"{V3}/thirdparty/protocol/nope")[0], 404)
 
     def test_ping(self):

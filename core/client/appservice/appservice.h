@@ -69,6 +69,12 @@ const as_service *as_of_request(atrium_req *r);
  * ID, or answers and returns NULL (as_module.c). */
 const char *as_authenticate(atrium_req *r, const as_service *svc);
 
+/* [req] Take a slot of the outbound budget (ADR-0079) for a request that waits on a
+ * service, held to its last byte; false after answering 429 (as_module.c). */
+bool as_outbound_hold(atrium_req *r);
+/* Register the third-party routes (as_thirdparty.c). 0 or -1. */
+int as_thirdparty_routes(http_server *s);
+
 /* Is user_id the service's (its sender, or in its user namespaces)? */
 bool as_user_in(const as_service *s, const char *user_id);
 bool as_alias_in(const as_service *s, const char *alias);

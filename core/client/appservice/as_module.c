@@ -3,17 +3,15 @@
  * registry loaded at start-up (as_registry.c), each service's sender user made if missing,
  * the transaction sender (as_sender.c), acting as a service (as_authenticate, called by
  * auth_request for an as_token), and the client routes that belong to services:
- * POST /_matrix/client/v1/appservice/{appserviceId}/ping and GET /thirdparty/protocols
- * (with /thirdparty/protocol/{protocol}).
+ * POST /_matrix/client/v1/appservice/{appserviceId}/ping (the third-party endpoints are
+ * as_thirdparty.c's).
  *
  * The registry is loaded by core/main.c with the configuration, before this module's init.
  * The ping waits for the service parked (susp_wait), holding no request-pool thread: the
  * outbound client's callback stores the answer and wakes the request, which then answers
  * as the spec says (200 {duration_ms}, 502 M_BAD_STATUS or M_CONNECTION_FAILED, 504
- * M_CONNECTION_TIMEOUT). Protocols are answered from what the registrations declare, with
- * empty field lists: the services are not asked for their metadata. What this file does
- * not do: forward third-party look-ups (/thirdparty/user, /thirdparty/location) or query
- * services for unknown users and aliases (/_matrix/app/v1/users, /rooms).
+ * M_CONNECTION_TIMEOUT). What this file does not do: query services for unknown users and
+ * aliases (/_matrix/app/v1/users, /rooms).
  */
 #include <stdio.h>
 #include <string.h>
@@ -184,7 +182,7 @@ static void outbound_release(void *arg)
     rt_budget_release(h->b, h->key);
 }
 
-static bool outbound_hold(atrium_req *r)
+bool as_outbound_hold(atrium_req *r)
 {
     rt_budget *b = r->srv->outbound;
     if (!b) return true;
@@ -230,45 +228,8 @@ static int post_ping(atrium_req *r)
     if (!svc->url)
         return http_respond_error(r, 400, "M_URL_NOT_SET", "The application service has no "
                                   "url in its registration");
-    if (!outbound_hold(r)) return ATRIUM_DONE;
+    if (!as_outbound_hold(r)) return ATRIUM_DONE;
     return ping_send(r, svc, txn_id);
-}
-
-/* ---- GET /thirdparty/protocols, /thirdparty/protocol/{protocol} ----------------------- */
-
-/* A protocol's description: the registrations name protocols only, so the fields are
- * empty and the instances none. */
-static json_t *protocol_object(void)
-{
-    return json_pack("{s:[], s:[], s:s, s:{}, s:[]}", "user_fields", "location_fields",
-                     "icon", "", "field_types", "instances");
-}
-
-static int get_protocols(atrium_req *r)
-{
-    if (!auth_request(r)) return ATRIUM_DONE;
-    json_t *out = json_object();
-    for (size_t i = 0; i < as_count(); i++) {
-        const as_service *s = as_at(i);
-        for (size_t j = 0; j < s->n_protocols; j++)
-            if (!json_object_get(out, s->protocols[j]))
-                json_object_set_new(out, s->protocols[j], protocol_object());
-    }
-    return http_respond_json(r, 200, out);
-}
-
-static int get_protocol(atrium_req *r)
-{
-    if (!auth_request(r)) return ATRIUM_DONE;
-    const char *name = http_req_param(r, "protocol");
-    for (size_t i = 0; i < as_count(); i++) {
-        const as_service *s = as_at(i);
-        for (size_t j = 0; j < s->n_protocols; j++)
-            if (strcmp(s->protocols[j], name) == 0)
-                return http_respond_json(r, 200, protocol_object());
-    }
-    return http_respond_error(r, 404, "M_NOT_FOUND", "No application service bridges %s",
-                              name);
 }
 
 /* ---- the module ------------------------------------------------------------------------- */
@@ -278,9 +239,7 @@ static int as_init(core_runtime *rt)
     http_server *s = rt->http; /* the registry was loaded with the configuration (main.c) */
     if (client_route(s, "POST", "/_matrix/client/v1/appservice/{appserviceId}/ping", post_ping,
                      ACC_MAX_BODY_BYTES) < 0 ||
-        client_route(s, "GET", "/_matrix/client/v3/thirdparty/protocols", get_protocols, 0) < 0 ||
-        client_route(s, "GET", "/_matrix/client/v3/thirdparty/protocol/{protocol}",
-                     get_protocol, 0) < 0)
+        as_thirdparty_routes(s) < 0)
         return -1;
     if (as_count())
         rt_log(ATRIUM_LOG_INFO, "core", "%zu application service(s) registered", as_count());
