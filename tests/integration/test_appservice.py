@@ -6,7 +6,8 @@ m.login.application_service registers and logs in namespace users without a pass
 and an exclusive namespace is 400 M_EXCLUSIVE to everyone else; events of interest reach
 the service as PUT /_matrix/app/v1/transactions/{txnId} with the hs_token, in order, one
 transaction at a time, the same txnId on every retry, nothing lost across a restart, and a
-service that never answers holds no request thread; the ping and /thirdparty/protocols.
+service that never answers holds no request thread; two processes on one database send
+each event once; the ping and the third-party endpoints.
 
 The service is a real HTTP server on loopback (FakeService), started by the test."""
 
@@ -458,6 +459,35 @@ class DeliveryTest(AppserviceCase):
         with self.svc.lock:
             self.svc.status = 200
         self.assertEqual(self.svc.wait_bodies(room, 25), [f"k{i}" for i in range(25)])
+
+
+class TwoProcessesTest(unittest.TestCase):
+    """Two processes on one database: only the holder of core.appservice_sender builds and
+    sends, so an event sent through either reaches the service once, in order."""
+
+    def test_each_event_is_sent_once_whichever_process_it_went_through(self):
+        svc = FakeService()
+        self.addCleanup(svc.close)
+        db = harness.create_database(template=harness.migrated_template())
+        self.addCleanup(harness.drop_database, db)
+        servers = []
+        for ip in ("127.0.0.81", "127.0.0.82"):
+            srv = harness.Server(database=db, settings=settings_with([registration(svc.url)]),
+                                 start=False, host=ip)
+            self.addCleanup(srv.close)
+            srv.start()
+            servers.append(srv)
+        a, b = (Client(s, Account(f"@bridgebot:{SERVER}", "as-secret", None, None))
+                for s in servers)
+        room = a.create_room()
+        for i in range(10):
+            (a if i % 2 == 0 else b).send(room, {"msgtype": "m.text", "body": f"p{i}"})
+        self.assertEqual(svc.wait_bodies(room, 10), [f"p{i}" for i in range(10)])
+        time.sleep(2.5)  # past a poll in either process: a second sender would have sent
+        self.assertEqual(svc.bodies(room), [f"p{i}" for i in range(10)])
+        held = [s.metric("atrium_lease_held", {"lease": "core.appservice_sender"})
+                for s in servers]
+        self.assertEqual(sorted(held), [0, 1])
 
 
 if __name__ == "__main__":
