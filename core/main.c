@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "core/cli/cli.h"
+#include "core/client/appservice/appservice.h"
 #include "core/client/auth/auth.h"
 #include "core/client/client.h"
 #include "core/client/ratelimits.h"
@@ -162,6 +163,15 @@ static int serve(const char *config_path)
         cfg_free(root);
         return 1;
     }
+    /* The application services' registration files are configuration too: checked before
+     * anything starts (core/client/appservice/as_registry.c). */
+    if (as_registry_load(&cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "atrium: %s\n", err);
+        as_registry_free();
+        core_config_release(&cfg);
+        cfg_free(root);
+        return 1;
+    }
     char instance[CORE_INSTANCE_NAME_MAX_BYTES + 1];
     rt_log_set_instance(core_instance_name(&cfg, instance, sizeof(instance)));
     rt_log_set_level(rt_log_level_parse(cfg.log_level));
@@ -261,6 +271,7 @@ out:
     notify_free(rt.notify);
     auth_cache_free(rt.auth_cache);
     ratelimits_free(&rt);
+    as_registry_free();
     core_runtime_bind(NULL);
     lease_service_free(rt.leases);
     db_pool_free(rt.db);

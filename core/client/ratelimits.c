@@ -4,6 +4,7 @@
  * Rates are configured per minute (ratelimit.<action>.per_minute, an integer an operator
  * reads at a glance) and converted to the token bucket's per-second refill here.
  */
+#include "core/client/appservice/appservice.h"
 #include "core/client/ratelimits.h"
 
 #define SECONDS_PER_MINUTE 60.0
@@ -52,6 +53,8 @@ rt_ratelimit *ratelimit_sync(void) { return limits() ? limits()->sync : NULL; }
 bool ratelimit_refused(atrium_req *r, rt_ratelimit *rl)
 {
     if (!rl) return false;
+    const as_service *svc = as_of_request(r); /* rate_limited: false exempts a service */
+    if (svc && !svc->rate_limited) return false;
     int64_t wait_ms = http_req_ratelimit(r, rl);
     if (wait_ms <= 0) return false;
     http_respond_limited(r, wait_ms, "Too many requests; retry later");

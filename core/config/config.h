@@ -252,6 +252,13 @@ struct core_config {
     struct {
         int notifications_per_user_max; /* push.notifications_per_user_max (default 1000) */
     } push;
+    const char **app_service_config_files; /* app_service_config_files: registration files */
+    size_t n_app_service_config_files;
+    struct {
+        int retry_min_ms;       /* appservice.retry_min_ms (default 1000) */
+        int retry_max_ms;       /* appservice.retry_max_ms (default 300000) */
+        int request_timeout_ms; /* appservice.request_timeout_ms (default 30000) */
+    } appservice;
     struct core_federation {
         /* federation.signing_key_path: "" = "<server_name>.signing.key" beside the config
          * file; relative paths are relative to the config file's directory. */

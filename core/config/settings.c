@@ -154,6 +154,11 @@ const struct cfg_setting CORE_SETTINGS[] = {
      .offset = FIELD(plugin_dir), .def_string = CORE_DEFAULT_PLUGIN_DIR,
      .default_doc = "the build's `plugins/`",
      .help = "Folder where plugins are found as `<name>.so`."},
+    {.path = "app_service_config_files", .type = CFG_T_STRING_LIST,
+     .offset = FIELD(app_service_config_files),
+     .count_offset = FIELD(n_app_service_config_files),
+     .help = "Registration files (YAML) of the application services (bridges) this server "
+             "serves, checked at start (README.md, Bridges)."},
     {.path = "log.level", .type = CFG_T_ENUM, .offset = FIELD(log_level), .def_string = "info",
      .values = LOG_LEVELS, .unit = "log level",
      .help = "Least severe messages written."},
@@ -305,6 +310,14 @@ const struct cfg_setting CORE_SETTINGS[] = {
             "gateways): older ones are deleted, with their pushes not yet delivered, once a "
             "user has a tenth more than this."),
 
+    INT_ROW("appservice.retry_min_ms", appservice.retry_min_ms, 1000, 10, 600000, "ms",
+            "A transaction an application service did not take is sent again after this "
+            "long, doubled per failure."),
+    INT_ROW("appservice.retry_max_ms", appservice.retry_max_ms, 300000, 10, 3600000, "ms",
+            "The longest wait between two tries of a transaction."),
+    INT_ROW("appservice.request_timeout_ms", appservice.request_timeout_ms, 30000, 100,
+            600000, "ms", "A request to an application service fails after this long."),
+
     {.path = "rooms.default_version", .type = CFG_T_STRING, .flags = CFG_F_NONEMPTY,
      .offset = FIELD(rooms.default_version), .def_string = "10",
      .help = "Room version of new rooms when createRoom names none (\"1\" to \"11\"; "
@@ -406,6 +419,7 @@ static const struct cfg_section CORE_SECTIONS[] = {
                   "user after) and action."},
     {"presence", "Presence: whether users are online, shared with those they share a room with."},
     {"push", "Push notifications: what notified whom, and delivery to push gateways."},
+    {"appservice", "Application services (bridges): delivery of their transactions."},
     {"rooms", "Rooms."},
     {"server.federation", "The federation listener: other servers and key look-ups (TLS)."},
     {"federation", "Federation: talking to other Matrix servers (README.md, Federation)."},

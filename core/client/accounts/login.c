@@ -8,12 +8,15 @@
  * stays taken anyway) gets 403 M_USER_DEACTIVATED whatever the password. A login names
  * its device or gets a new one; re-using a device ID revokes that device's older tokens.
  * Logout deletes the device and its tokens in PostgreSQL, so the token stops working at
- * once in every process (auth_request reads the table on every request). What this file
+ * once in every process (auth_request reads the table on every request). An application
+ * service logs in a user of its namespaces with m.login.application_service and its
+ * as_token, without a password (core/client/appservice/appservice.h). What this file
  * does not do: tokens' format and look-up (auth.c), device management (devices.c).
  */
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/client/appservice/appservice.h"
 #include "core/client/ratelimits.h"
 
 typedef struct login_state {
@@ -23,11 +26,17 @@ typedef struct login_state {
     const char *device_name;
 } login_state;
 
-/* GET /_matrix/client/v3/login */
+/* GET /_matrix/client/v3/login: the password flow, and m.login.application_service when
+ * application services are registered. */
 static int get_login(atrium_req *r)
 {
-    return http_respond_json(r, 200, json_pack("{s:[{s:s}]}", "flows", "type", "m.login.password"));
+    json_t *flows = json_pack("[{s:s}]", "type", "m.login.password");
+    if (flows && as_count()) /* only where a service may use it */
+        json_array_append_new(flows, json_pack("{s:s}", "type", AS_LOGIN_TYPE));
+    return http_respond_json(r, 200, json_pack("{s:o}", "flows", flows));
 }
+
+static int open_login_session(atrium_req *r, const login_state *st);
 
 /* [auth pool] The second half: check the password, then open the session. */
 static int finish_login(atrium_req *r, const login_state *st)
@@ -55,7 +64,13 @@ static int finish_login(atrium_req *r, const login_state *st)
         return http_respond_error(r, 403, "M_USER_DEACTIVATED", "This account is deactivated");
     if (!password_ok)
         return http_respond_error(r, 403, "M_FORBIDDEN", "Invalid username or password");
+    return open_login_session(r, st);
+}
 
+/* The login was accepted: a device (st->device_id, or a new one) and a token for
+ * st->user_id. */
+static int open_login_session(atrium_req *r, const login_state *st)
+{
     char device[ACC_RANDOM_ID_CHARS + 1];
     const char *device_id = st->device_id;
     if (!device_id) {
@@ -100,6 +115,39 @@ static bool login_user(atrium_req *r, json_t *body, const char **user)
     return false;
 }
 
+/* POST /login {type: m.login.application_service, identifier} with an as_token: a user of
+ * the service's namespaces that exists, logged in without a password. */
+static int login_appservice(atrium_req *r, json_t *body)
+{
+    const as_service *svc = as_of_request(r);
+    if (!svc)
+        return http_respond_error(r, 401, auth_token_of(r) ? "M_UNKNOWN_TOKEN" : "M_MISSING_TOKEN",
+                                  "m.login.application_service needs an application "
+                                  "service's as_token");
+    const char *user, *device_id, *device_name;
+    if (!login_user(r, body, &user) ||
+        !http_field_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
+        !http_field_string(r, body, "initial_device_display_name", false,
+                           ACC_DEVICE_NAME_MAX_BYTES, &device_name))
+        return ATRIUM_DONE;
+    if (device_id && !device_id[0])
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "device_id must not be empty");
+    const char *user_id = acc_local_user(r, user);
+    if (!user_id || !as_user_in(svc, user_id))
+        return http_respond_error(r, 403, "M_FORBIDDEN", "The user is not in the application "
+                                  "service's namespaces");
+    PGconn *c = http_db_checkout(r);
+    if (!c) return ATRIUM_DONE;
+    int exists = acc_user_exists(c, user_id);
+    http_db_checkin(c);
+    if (exists < 0) return acc_db_failed(r);
+    if (!exists) return http_respond_error(r, 403, "M_FORBIDDEN", "No such user");
+    login_state *st = rt_arena_alloc(r->arena, sizeof(*st));
+    if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    *st = (login_state){.user_id = user_id, .device_id = device_id, .device_name = device_name};
+    return open_login_session(r, st);
+}
+
 /* POST /_matrix/client/v3/login */
 static int post_login(atrium_req *r)
 {
@@ -111,6 +159,7 @@ static int post_login(atrium_req *r)
     if (!body) return ATRIUM_DONE;
     const char *type, *user, *password, *device_id, *device_name;
     if (!http_field_string(r, body, "type", true, 0, &type)) return ATRIUM_DONE;
+    if (strcmp(type, AS_LOGIN_TYPE) == 0) return login_appservice(r, body);
     if (strcmp(type, "m.login.password") != 0)
         return http_respond_error(r, 400, "M_UNKNOWN", "Unknown login type; use m.login.password");
     if (!login_user(r, body, &user) ||

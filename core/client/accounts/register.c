@@ -9,13 +9,18 @@
  * flows). Once auth passed, the request goes to the auth pool, where the password is
  * hashed and the account created (acc_create_account). A guest (kind=guest, only with
  * registration.guest_access) needs no auth and no password: a random user ID, a device
- * and a token, and the rights auth_guest.c gives guests. What this file
+ * and a token, and the rights auth_guest.c gives guests. An application service registers
+ * users of its namespaces with its as_token and type m.login.application_service: no
+ * user-interactive auth, no password, no rate limit, even with registration disabled; a
+ * name in a namespace a service holds exclusively is 400 M_EXCLUSIVE to everyone else
+ * (core/client/appservice/appservice.h). What this file
  * does not do: admin registration (admin_register.c) or log anyone in afterwards beyond
  * the token the answer carries.
  */
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/client/appservice/appservice.h"
 #include "core/client/ratelimits.h"
 
 #define REGISTER_PURPOSE "register"
@@ -33,6 +38,16 @@ static const char *wanted_user_id(atrium_req *r, const char *username)
                            "A username may only hold a-z, 0-9 and . _ = - / +, and the user ID "
                            "must fit %d bytes", ACC_USER_ID_MAX_BYTES);
     return user_id;
+}
+
+/* 400 M_EXCLUSIVE when an application service other than svc (NULL: any) holds user_id's
+ * namespace exclusively. true: free of them. */
+static bool not_exclusive(atrium_req *r, const char *user_id, const as_service *svc)
+{
+    if (!as_user_exclusive_elsewhere(user_id, svc)) return true;
+    http_respond_error(r, 400, "M_EXCLUSIVE", "This user ID is reserved by an application "
+                       "service");
+    return false;
 }
 
 /* 400 M_USER_IN_USE when taken. true: free (or answered on trouble: check r->response). */
@@ -82,6 +97,41 @@ static int register_guest(atrium_req *r)
     return acc_to_auth_pool(r, st);
 }
 
+/* POST /register {type: m.login.application_service, username} with an as_token. */
+static int register_appservice(atrium_req *r, json_t *body)
+{
+    const as_service *svc = as_of_request(r);
+    if (!svc)
+        return http_respond_error(r, 401, auth_token_of(r) ? "M_UNKNOWN_TOKEN" : "M_MISSING_TOKEN",
+                                  "m.login.application_service needs an application "
+                                  "service's as_token");
+    const char *type = json_string_value(json_object_get(body, "type"));
+    if (!body || !type || strcmp(type, AS_LOGIN_TYPE) != 0)
+        return http_respond_error(r, 400, "M_MISSING_PARAM", "An application service "
+                                  "registers with type m.login.application_service");
+    const char *username, *device_id, *device_name;
+    bool inhibit_login;
+    if (!http_field_string(r, body, "username", true, ACC_USER_ID_MAX_BYTES, &username) ||
+        !http_field_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
+        !http_field_string(r, body, "initial_device_display_name", false,
+                           ACC_DEVICE_NAME_MAX_BYTES, &device_name) ||
+        !http_field_bool(r, body, "inhibit_login", false, &inhibit_login))
+        return ATRIUM_DONE;
+    if (device_id && !device_id[0])
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "device_id must not be empty");
+    const char *user_id = wanted_user_id(r, username);
+    if (!user_id) return ATRIUM_DONE;
+    if (!as_user_in(svc, user_id))
+        return http_respond_error(r, 400, "M_EXCLUSIVE", "This user ID is not in the "
+                                  "application service's namespaces");
+    if (!not_exclusive(r, user_id, svc) || !user_free(r, user_id)) return ATRIUM_DONE;
+    register_state *st = rt_arena_alloc(r->arena, sizeof(*st));
+    if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    st->account = (acc_new_account){.user_id = user_id, .device_id = device_id,
+                                    .device_name = device_name, .inhibit_login = inhibit_login};
+    return acc_to_auth_pool(r, st);
+}
+
 /* POST /_matrix/client/v3/register */
 static int post_register(atrium_req *r)
 {
@@ -89,7 +139,13 @@ static int post_register(atrium_req *r)
         register_state *st = r->core_state;
         return acc_create_account(r, &st->account);
     }
-    if (ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
+    bool by_service = as_of_request(r) != NULL;
+    if (!by_service && ratelimit_refused(r, ratelimit_register())) return ATRIUM_DONE;
+    json_t *early = r->body_len ? http_req_json(r) : NULL;
+    if (r->body_len && !early) return ATRIUM_DONE;
+    const char *type = json_string_value(json_object_get(early, "type"));
+    if (by_service || (type && strcmp(type, AS_LOGIN_TYPE) == 0))
+        return register_appservice(r, early);
     const char *kind = http_req_query(r, "kind");
     if (kind && strcmp(kind, "guest") == 0) return register_guest(r);
     if (kind && strcmp(kind, "user") != 0)
@@ -113,7 +169,8 @@ static int post_register(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "device_id must not be empty");
     const char *user_id = username ? wanted_user_id(r, username) : NULL;
     if (username && !user_id) return ATRIUM_DONE;
-    if (user_id && !user_free(r, user_id)) return ATRIUM_DONE;
+    if (user_id && (!not_exclusive(r, user_id, NULL) || !user_free(r, user_id)))
+        return ATRIUM_DONE;
     if (!auth)
         return uia_challenge(r, UIA_STAGE_DUMMY, REGISTER_PURPOSE, "", NULL, NULL, NULL);
     const char *session;
@@ -143,7 +200,8 @@ static int get_available(atrium_req *r)
     if (!username)
         return http_respond_error(r, 400, "M_MISSING_PARAM", "Missing 'username'");
     const char *user_id = wanted_user_id(r, username);
-    if (!user_id || !user_free(r, user_id)) return ATRIUM_DONE;
+    if (!user_id || !not_exclusive(r, user_id, NULL) || !user_free(r, user_id))
+        return ATRIUM_DONE;
     return http_respond_json(r, 200, json_pack("{s:b}", "available", 1));
 }
 

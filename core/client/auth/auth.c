@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client/appservice/appservice.h"
 #include "core/client/auth/auth.h"
 #include "core/config/config.h"
 #include "core/runtime/core_runtime.h"
@@ -87,6 +88,8 @@ const char *auth_request(atrium_req *r)
         http_respond_error(r, 401, "M_MISSING_TOKEN", "Missing access token");
         return NULL;
     }
+    const as_service *svc = as_by_token(token); /* an application service (as_module.c) */
+    if (svc) return as_authenticate(r, svc);
     char hex[65];
     token_hash_hex(token, hex);
     uint64_t epoch;

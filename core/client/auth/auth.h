@@ -26,7 +26,8 @@
 
 /* [req] Authenticate r from "Authorization: Bearer <token>" or ?access_token=. On success
  * sets r->user and r->device (arena strings; the client key becomes the user) and returns
- * the user ID. On failure sets the response (401 M_MISSING_TOKEN or M_UNKNOWN_TOKEN, or
+ * the user ID. An application service's as_token is that service's sender, or the user
+ * ?user_id= names (as_authenticate, core/client/appservice/appservice.h). On failure sets the response (401 M_MISSING_TOKEN or M_UNKNOWN_TOKEN, or
  * 503 when the database cannot be reached) and returns NULL: the handler returns
  * ATRIUM_DONE. Idempotent: a second call returns the cached user. */
 const char *auth_request(atrium_req *r);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/client/appservice/appservice.h"
 #include "core/client/auth/auth.h"
 #include "core/rooms/canonical_json.h"
 #include "core/client/ratelimits.h"
@@ -169,6 +170,8 @@ static bool parse_create(atrium_req *r, json_t *body, create_req *q)
                        "no ':', '#' or whitespace");
         q->alias = rt_arena_printf(r->arena, "#%s:%s", alias, rooms_server_name());
         if (!q->alias) return bad(r, "M_UNKNOWN", "Out of memory");
+        if (as_alias_exclusive_elsewhere(q->alias, as_of_request(r)))
+            return bad(r, "M_EXCLUSIVE", "This alias is reserved by an application service");
     }
     json_t *tp = json_object_get(body, "invite_3pid");
     if (json_is_array(tp) && json_array_size(tp) > 0)

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client/appservice/appservice.h"
 #include "core/client/push/push_send.h"
 #include "core/client/sync/notifier.h"
 #include "core/runtime/core_runtime.h"
@@ -164,6 +165,7 @@ static void on_wake_notify(void *arg, const char *payload)
         return;
     }
     push_send_kick(); /* another process's event may notify: the lease holder decides */
+    as_sender_kick(); /* ... or interest an application service */
     char user[NOTIFY_MAX_PAYLOAD_BYTES + 1];
     for (const char *p = payload; *p;) {
         const char *nl = strchr(p, '\n');
@@ -196,6 +198,7 @@ uint64_t notifier_wake_count(const char *user_id)
 void notifier_wake_room(PGconn *conn, const char *room_id)
 {
     push_send_kick(); /* the event may notify someone's phone (push_send.c) */
+    as_sender_kick(); /* or interest an application service (as_sender.c) */
     const char *params[1] = {room_id};
     PGresult *res = PQexecParams(conn,
                                  "SELECT state_key FROM current_state"

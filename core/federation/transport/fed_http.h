@@ -82,6 +82,9 @@ typedef struct fed_http_req {
     int64_t max_body_bytes;        /* the response body is cut off (E_TOO_LARGE) past this;
                                       >= 0 */
     bool verify_tls;               /* false only for development destinations (logged) */
+    /* The address blacklist does not apply: a destination the operator configured (an
+     * application service's URL), never one a user or another server named. */
+    bool operator_destination;
     /* Per-host accounting key for the per-host cap and metrics (the destination server
      * name); NULL = the URL's host. Copied. */
     const char *host_key;

@@ -214,6 +214,7 @@ fed_http_handle *fed_http_handle_new(const fed_http_req *req, int *rc)
     h->deadline_ms = req->deadline_ms;
     h->max_body_bytes = req->max_body_bytes;
     h->verify_tls = req->verify_tls;
+    h->operator_destination = req->operator_destination;
     h->on_chunk = req->on_chunk;
     h->on_done = req->on_done;
     h->arg = req->arg;
@@ -387,7 +388,8 @@ static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_soc
 {
     fed_http_handle *h = ud;
     (void)purpose;
-    if (!rt_iprange_allowed(h->rules->blacklist, h->rules->whitelist, &a->addr)) {
+    if (!h->operator_destination &&
+        !rt_iprange_allowed(h->rules->blacklist, h->rules->whitelist, &a->addr)) {
         char ip[FED_HTTP_IP_BYTES];
         sockaddr_text(&a->addr, ip, sizeof(ip));
         h->blocked = true;

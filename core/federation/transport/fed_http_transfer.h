@@ -41,6 +41,7 @@ struct fed_http_handle {
     bool https;
     int64_t deadline_ms, max_body_bytes;
     bool verify_tls;
+    bool operator_destination; /* fed_http_req's: no address blacklist */
     int (*on_chunk)(void *arg, fed_http_handle *h, const char *data, size_t len);
     void (*on_done)(void *arg, const fed_http_result *res);
     void *arg;

@@ -28,6 +28,7 @@ typedef struct fed_req_state {
     char host_hdr[FED_RESOLVE_NAME_BYTES + 8];
     int64_t deadline_ms;
     bool plain_http; /* a URL request to an http:// URL (url_allow_http) */
+    char *url_header; /* o->url_header, copied */
 } fed_req_state;
 
 static void state_free(fed_req_state *st)
@@ -36,6 +37,7 @@ static void state_free(fed_req_state *st)
     free(st->uri);
     free(st->method);
     free(st->body);
+    free(st->url_header);
     free(st);
 }
 
@@ -159,6 +161,7 @@ static void resolved(void *arg, int rc, const fed_target *t, const char *error)
     const char *headers[3];
     int nh = 0;
     if (st->auth[0]) headers[nh++] = st->auth;
+    if (st->url_header) headers[nh++] = st->url_header;
     headers[nh] = NULL;
     fed_http_req hq = {
         .method = st->method,
@@ -173,6 +176,7 @@ static void resolved(void *arg, int rc, const fed_target *t, const char *error)
         .max_body_bytes = st->o.max_body_bytes > 0 ? st->o.max_body_bytes
                                                    : FED_REQUEST_DEFAULT_MAX_BODY_BYTES,
         .verify_tls = verify_tls_for(st->destination),
+        .operator_destination = st->o.operator_destination,
         .host_key = st->destination,
         .on_chunk = st->o.on_chunk ? http_chunk : NULL,
         .on_done = http_done,
@@ -213,8 +217,9 @@ int fed_request_submit(const fed_request_opts *o)
         char dest[FED_RESOLVE_NAME_BYTES + 16], path[1024];
         bool get = o->method && strcmp(o->method, "GET") == 0 && !o->body;
         bool post = o->method && strcmp(o->method, "POST") == 0 && o->body;
+        bool put = o->method && strcmp(o->method, "PUT") == 0 && o->body && o->url_header;
         bool plain_http = false;
-        if (!(get || post) || url_target(o->url, o->url_allow_http, dest, sizeof(dest), path,
+        if (!(get || post || put) || url_target(o->url, o->url_allow_http, dest, sizeof(dest), path,
                                          sizeof(path), &plain_http) < 0)
             return ATRIUM_E_INVAL;
         fed_request_opts copy = *o;
@@ -242,7 +247,9 @@ static int fed_request_submit_to(const fed_request_opts *o, bool server, bool pl
     st->destination = strdup(o->destination);
     st->uri = strdup(o->uri);
     st->method = strdup(o->method);
-    if (!st->destination || !st->uri || !st->method) {
+    st->url_header = o->url_header && !server ? strdup(o->url_header) : NULL;
+    if (!st->destination || !st->uri || !st->method ||
+        (o->url_header && !server && !st->url_header)) {
         state_free(st);
         return ATRIUM_E_NOMEM;
     }

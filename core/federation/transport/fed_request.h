@@ -63,6 +63,13 @@ typedef struct fed_request_opts {
      * often reached over http on an internal address) and for a plugin's URL request with
      * ATRIUM_FED_ALLOW_HTTP (the media plugin's URL previews); federation is always https. */
     bool url_allow_http;
+    /* With url: PUT with a JSON body is accepted too, and this is one more header line
+     * ("Authorization: Bearer ..."; no CR or LF), or NULL. The application service sender
+     * (core/client/appservice/as_sender.c) sets both. */
+    const char *url_header;
+    /* With url: the operator configured it (an application service), so the address
+     * blacklist does not apply (fed_http_req.operator_destination). */
+    bool operator_destination;
 } fed_request_opts;
 
 #define FED_REQUEST_DEFAULT_MAX_BODY_BYTES (16 * 1024 * 1024)
