@@ -180,10 +180,7 @@ class TestCA:
         return ctx
 
 
-def free_port(host):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+free_port = harness.free_port
 
 
 def federation_settings(ca, ip, port, cert, key, extra=None):

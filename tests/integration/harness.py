@@ -179,9 +179,20 @@ def drop_database(name):
 
 def free_port(host="127.0.0.1"):
     """A TCP port on host (127.0.0.1) that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host="127.0.0.1", count=2):
+    """count distinct TCP ports on host that were free a moment ago: each socket stays bound
+    until all are chosen (two free_port calls in a row may name the same port)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def raw_connect(port, host="127.0.0.1", timeout=10, rcvbuf=None):

@@ -19,7 +19,7 @@ import unittest
 
 import harness
 from accounts import quote, register
-from federation_support import TestCA, free_port, verify_json
+from federation_support import TestCA, verify_json
 from rooms_client import Client
 from test_federation import FederationTestCase
 
@@ -33,8 +33,12 @@ _PEER_USERS = itertools.count(1)  # SynapseCase.peer_user
 
 
 def peer(*args, timeout=120):
-    return subprocess.run(["bash", PEER_SH, *args], check=True, capture_output=True, text=True,
-                          timeout=timeout).stdout
+    done = subprocess.run(["bash", PEER_SH, *args], capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"peer.sh {args[0]} exited with {done.returncode}: "
+                             f"{done.stderr.strip()[-2000:]}")
+    return done.stdout
 
 
 SKIP_MESSAGE = f"SKIPPED: no Synapse peer at {PEER_SH}; the Synapse interop tests did not run"
@@ -132,7 +136,7 @@ class SynapseCase(FederationTestCase):
         d = tempfile.mkdtemp(prefix="synapse-peer-")
         cleanup(shutil.rmtree, d, True)
         cert, key = ca.issue(f"synapse-{ip}", ip)
-        fed_port, client_port = free_port(ip), free_port(ip)
+        fed_port, client_port = harness.free_ports(ip, 2)
         name = f"{ip}:{fed_port}"
         args = ["--server-name", name, "--client-listen", f"{ip}:{client_port}",
                 "--federation-listen", f"{ip}:{fed_port}", "--tls-cert", cert,
