@@ -3,11 +3,18 @@ the dependency graph written once, in the "Layers" section of docs/architecture.
 table is what this test reads), a plugin includes nothing of the repository but
 include/atrium/ and its own folder, and include/atrium/ includes only itself.
 
-A failure names the file and line of each include that breaks a rule. No server is
-started; this reads source files only."""
+No tracked file is over MAX_LINES (900) lines either: a text file that long is split along a
+seam (tests/unit/test_fed_http.c and test_fed_http_refusals.c, sharing
+tests/unit/fed_http_fixture.h), not left to grow. package-lock.json, node_modules/ and
+binary files are not counted.
+
+A failure names the file and line of each include that breaks a rule, and each file over
+the length bound. No server is started; this reads source files (and git ls-files) only."""
 
 import os
 import re
+import shutil
+import subprocess
 import unittest
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -16,6 +23,8 @@ SOURCE_ROOTS = ("core", "plugins", "include")
 PUBLIC = "include/atrium/"
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 CODE = re.compile(r"`([^`]+)`")
+MAX_LINES = 900
+NOT_COUNTED = ("package-lock.json", "node_modules")  # generated, not written by hand
 
 
 def read(path):
@@ -124,6 +133,47 @@ def violations(layers):
     return out
 
 
+def tracked_files():
+    """The files git tracks, relative to the repository root. None when there is no git or
+    no .git (a source tarball): the caller skips. safe.directory: a clone owned by another
+    user (a CI container) is still listed."""
+    if not shutil.which("git") or not os.path.exists(os.path.join(REPO_ROOT, ".git")):
+        return None
+    out = subprocess.run(["git", "-c", f"safe.directory={REPO_ROOT}", "ls-files", "-z"],
+                         cwd=REPO_ROOT, capture_output=True)
+    if out.returncode != 0:
+        raise AssertionError(f"git ls-files exited with {out.returncode}: "
+                             f"{out.stderr.decode('utf-8', 'replace').strip()}")
+    return [p for p in out.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def line_count(path):
+    """The newline count of a tracked text file; None for what is not counted: a binary file
+    (not UTF-8, or with a NUL byte), a symbolic link, a file missing from the work tree."""
+    full = os.path.join(REPO_ROOT, path)
+    if os.path.islink(full) or not os.path.isfile(full):
+        return None
+    with open(full, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if b"\0" in data else data.count(b"\n")
+
+
+def too_long(paths):
+    """Every counted file over MAX_LINES lines, as "file: N lines" lines."""
+    out = []
+    for path in sorted(paths):
+        if any(part in NOT_COUNTED for part in path.split("/")):
+            continue
+        n = line_count(path)
+        if n is not None and n > MAX_LINES:
+            out.append(f"{path}: {n} lines")
+    return out
+
+
 class LayersTest(unittest.TestCase):
     def setUp(self):
         self.layers = Layers(layers_table(read(ARCHITECTURE)))
@@ -153,6 +203,18 @@ class LayersTest(unittest.TestCase):
     def test_every_include_points_down_the_layers(self):
         found = violations(self.layers)
         self.assertEqual(found, [], "includes against the layers:\n" + "\n".join(found))
+
+
+class FileLengthTest(unittest.TestCase):
+    def test_no_tracked_file_is_over_the_line_bound(self):
+        paths = tracked_files()
+        if paths is None:
+            self.skipTest("git or the repository's .git is not available: the tracked files "
+                          "cannot be listed (a clone has both)")
+        self.assertGreater(len(paths), 0, "git ls-files listed nothing")
+        found = too_long(paths)
+        self.assertEqual(found, [], f"files over {MAX_LINES} lines (split each along a seam, "
+                         f"as tests/unit/test_fed_http.c was):\n" + "\n".join(found))
 
 
 if __name__ == "__main__":
