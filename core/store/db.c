@@ -20,8 +20,8 @@
  * count of checkouts refused meanwhile.
  *
  * The pool opens its connections as they are needed, up to database.pool_size: one at
- * start (with the probe's), another when a checkout finds none idle and no connection
- * already being opened will serve it. The monitor opens it, with a deadline, exactly as it
+ * start (with the probe's), another when a checkout has found none idle for DB_GROW_GRACE_MS
+ * and no connection already being opened will serve it. The monitor opens it, with a deadline, exactly as it
  * re-establishes a broken one; the checkout only waits its own timeout. A failure to open
  * one more (PostgreSQL at max_connections, say) is not an outage while others work: the
  * slot stays unopened and growth is retried after DB_GROW_RETRY_MS. Connections, once
@@ -55,6 +55,9 @@
 #define DB_PROBE_INTERVAL_MS 2000
 /* While unavailable, and while suspicious, probes are this far apart at least. */
 #define DB_REPROBE_INTERVAL_MS 250
+/* A checkout that finds no idle connection waits this long for one to be given back
+ * before the pool grows (a burst of short queries, as at start, shares what is open). */
+#define DB_GROW_GRACE_MS 5
 /* After a failure to open one more connection, no other attempt for this long. */
 #define DB_GROW_RETRY_MS 1000
 /* Defaults written into the conninfo where it sets none: a connection attempt gives up
@@ -608,6 +611,7 @@ PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
     if (!p) return NULL;
     if (timeout_ms == DB_WAIT_CONFIGURED) timeout_ms = p->request_wait_ms;
     int64_t until = rt_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int64_t grow_at = rt_now_ms() + (timeout_ms > 0 ? DB_GROW_GRACE_MS : 0);
     pthread_mutex_lock(&p->mu);
     db_conn *dc = NULL;
     while (!dc) {
@@ -629,15 +633,17 @@ PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
             pthread_cond_signal(&p->mon_cv);
         }
         if (dc) break;
-        /* None idle: the monitor opens one more when the pool may grow (this thread never
-         * connects: it waits its timeout, no longer). */
-        grow_for_locked(p, p->waiting + 1);
-        struct timespec ts = {.tv_sec = until / 1000, .tv_nsec = (until % 1000) * 1000000L};
-        bool expired = rt_now_ms() >= until;
+        /* None idle: past DB_GROW_GRACE_MS the monitor opens one more when the pool may
+         * grow (this thread never connects: it waits its timeout, no longer). */
+        int64_t now = rt_now_ms();
+        if (now >= grow_at) grow_for_locked(p, p->waiting + 1);
+        bool expired = now >= until;
         if (!expired) {
+            int64_t wake = grow_at > now && grow_at < until ? grow_at : until;
+            struct timespec ts = {.tv_sec = wake / 1000, .tv_nsec = (wake % 1000) * 1000000L};
             p->waiting++;
-            expired = pthread_cond_timedwait(&p->cv, &p->mu, &ts) != 0 && p->idle == 0 &&
-                      !atomic_load(&p->down);
+            expired = pthread_cond_timedwait(&p->cv, &p->mu, &ts) != 0 && wake == until &&
+                      p->idle == 0 && !atomic_load(&p->down);
             p->waiting--;
         }
         if (expired) {
