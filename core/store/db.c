@@ -20,9 +20,10 @@
  * count of checkouts refused meanwhile.
  *
  * The pool opens its connections as they are needed, up to database.pool_size: one at
- * start (with the probe's), another when a checkout has found none idle for DB_GROW_GRACE_MS
- * and no connection already being opened will serve it. The monitor opens it, with a deadline, exactly as it
- * re-establishes a broken one; the checkout only waits its own timeout. A failure to open
+ * start (with the probe's), another when a checkout has found none idle for
+ * DB_GROW_GRACE_MS and no connection already being opened will serve it. The monitor
+ * opens it, with a deadline, exactly as it re-establishes a broken one; the checkout only
+ * waits its own timeout. A failure to open
  * one more (PostgreSQL at max_connections, say) is not an outage while others work: the
  * slot stays unopened and growth is retried after DB_GROW_RETRY_MS. Connections, once
  * open, stay open (an idle pool holds what its busiest moment needed).
