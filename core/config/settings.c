@@ -256,7 +256,8 @@ const struct cfg_setting CORE_SETTINGS[] = {
      .offset = FIELD(database.conninfo),
      .help = "A libpq connection string, like \"dbname=atrium\"."},
     INT_ROW("database.pool_size", database.pool_size, 8, 1, 512, NULL,
-            "PostgreSQL connections, shared by the core and the plugins."),
+            "The most PostgreSQL connections the pool opens, shared by the core and the "
+            "plugins: one at start, more as concurrent requests need them."),
     INT_ROW("database.checkout_timeout_ms", database.checkout_timeout_ms, 2000, 1, 600000,
             "ms", "How long a client request waits for a free database connection before it "
                   "is answered 503."),

@@ -19,6 +19,15 @@
  * is answered. The outage is logged once when it starts and once when it ends, with the
  * count of checkouts refused meanwhile.
  *
+ * The pool opens its connections as they are needed, up to database.pool_size: one at
+ * start (with the probe's), another when a checkout has found none idle for
+ * DB_GROW_GRACE_MS and no connection already being opened will serve it. The monitor
+ * opens it, with a deadline, exactly as it re-establishes a broken one; the checkout only
+ * waits its own timeout. A failure to open
+ * one more (PostgreSQL at max_connections, say) is not an outage while others work: the
+ * slot stays unopened and growth is retried after DB_GROW_RETRY_MS. Connections, once
+ * open, stay open (an idle pool holds what its busiest moment needed).
+ *
  * Broken connections (cut, found closed by the server, or failed under their caller) are
  * re-established by the monitor with a deadline, never on a request thread. A checkout
  * skips an idle connection whose socket became readable (the server closed it, as after a
@@ -47,6 +56,11 @@
 #define DB_PROBE_INTERVAL_MS 2000
 /* While unavailable, and while suspicious, probes are this far apart at least. */
 #define DB_REPROBE_INTERVAL_MS 250
+/* A checkout that finds no idle connection waits this long for one to be given back
+ * before the pool grows (a burst of short queries, as at start, shares what is open). */
+#define DB_GROW_GRACE_MS 5
+/* After a failure to open one more connection, no other attempt for this long. */
+#define DB_GROW_RETRY_MS 1000
 /* Defaults written into the conninfo where it sets none: a connection attempt gives up
  * after connect_timeout; a silent peer is detected by TCP keepalives (idle, interval,
  * count) and unacknowledged data by tcp_user_timeout. */
@@ -57,10 +71,12 @@
 #define DB_TCP_USER_TIMEOUT_MS "20000"
 
 typedef enum {
+    DB_CONN_CLOSED,  /* never opened (no libpq connection): opened when the pool must grow */
     DB_CONN_IDLE,    /* healthy, free */
     DB_CONN_BUSY,    /* borrowed */
     DB_CONN_BROKEN,  /* to be re-established by the monitor */
-    DB_CONN_HEALING, /* the monitor is re-establishing it (outside the lock) */
+    DB_CONN_OPENING, /* was CLOSED: a checkout asked the monitor to open it */
+    DB_CONN_HEALING, /* the monitor is (re-)establishing it (outside the lock) */
 } db_conn_state;
 
 typedef struct db_conn {
@@ -80,6 +96,7 @@ struct db_pool {
     pthread_cond_t cv;     /* a connection became idle, or the database unavailable */
     pthread_cond_t mon_cv; /* the monitor has work (a broken connection), or must stop */
     int idle;
+    int waiting; /* checkouts waiting on cv now */
     int64_t request_wait_ms; /* database.checkout_timeout_ms: what DB_WAIT_CONFIGURED means */
     int unresponsive_ms;
     int statement_timeout_ms;
@@ -92,6 +109,8 @@ struct db_pool {
     PGconn *probe;   /* the monitor's own connection (monitor thread only) */
     int64_t last_probe_ms;
     int64_t heal_after_ms; /* no reconnect before (after one failed) */
+    int64_t grow_after_ms; /* no new connection before (after opening one failed) */
+    bool grow_failing;     /* the last attempt to open one more failed (logged once) */
     rt_metric *m_in_use, *m_size, *m_timeouts, *m_resets, *m_available, *m_refused, *m_cuts;
 };
 
@@ -136,7 +155,8 @@ db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,
     p->m_in_use = rt_metric_gauge(metrics, "atrium_db_connections_in_use", NULL,
                                   "PostgreSQL connections checked out");
     p->m_size = rt_metric_gauge(metrics, "atrium_db_connections", NULL,
-                                "PostgreSQL connections in the pool");
+                                "PostgreSQL connections the pool holds open (it opens them "
+                                "as needed, up to database.pool_size)");
     p->m_timeouts = rt_metric_counter(metrics, "atrium_db_acquire_timeouts_total", NULL,
                                       "Checkouts that found no connection in time");
     p->m_resets = rt_metric_counter(metrics, "atrium_db_resets_total", NULL,
@@ -147,7 +167,6 @@ db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,
                                      "Checkouts refused at once because PostgreSQL was unavailable");
     p->m_cuts = rt_metric_counter(metrics, "atrium_db_cuts_total", NULL,
                                   "Borrowed connections cut because PostgreSQL stopped answering");
-    rt_metric_set(p->m_size, size);
     rt_metric_set(p->m_available, 1);
     return p;
 }
@@ -360,6 +379,9 @@ static void declare_down_locked(db_pool *p, const char *why)
     p->refused = 0;
     rt_metric_set(p->m_available, 0);
     cut_borrowed_locked(p);
+    /* Checkouts fail at once now: nobody waits for the connections they asked for. */
+    for (int i = 0; i < p->size; i++)
+        if (p->conns[i].state == DB_CONN_OPENING) p->conns[i].state = DB_CONN_CLOSED;
     pthread_cond_broadcast(&p->cv); /* waiting checkouts fail now */
     rt_log(ATRIUM_LOG_ERROR, "core",
            "PostgreSQL unavailable (%s); requests needing it get 503 until it answers again - "
@@ -373,6 +395,7 @@ static void declare_up_locked(db_pool *p)
     if (!atomic_load(&p->down)) return;
     atomic_store(&p->down, false);
     p->heal_after_ms = 0; /* re-establish the pool's connections now */
+    p->grow_after_ms = 0;
     rt_metric_set(p->m_available, 1);
     rt_log(ATRIUM_LOG_INFO, "core",
            "PostgreSQL answers again after %lld ms unavailable; %lld database request(s) were "
@@ -409,25 +432,79 @@ static int usable_locked(const db_pool *p)
     return n;
 }
 
-/* Re-establish one broken connection (the monitor owns it: HEALING). A failure makes the
- * database unavailable only when no other connection works (PostgreSQL refusing one more
- * connection, say, is not an outage: the rest are still served); otherwise it is retried
- * after DB_REPROBE_INTERVAL_MS. mu held on entry and exit, released meanwhile. */
+/* Connections being opened or re-established: each will be idle soon. mu. */
+static int coming_locked(const db_pool *p)
+{
+    int n = 0;
+    for (int i = 0; i < p->size; i++) {
+        db_conn_state st = p->conns[i].state;
+        if (st == DB_CONN_BROKEN || st == DB_CONN_OPENING || st == DB_CONN_HEALING) n++;
+    }
+    return n;
+}
+
+/* atrium_db_connections: the libpq connections the pool holds. Only the monitor (and
+ * db_pool_connect before it starts) sets a slot's connection, so only they count. mu. */
+static void count_open_locked(db_pool *p)
+{
+    int n = 0;
+    for (int i = 0; i < p->size; i++)
+        if (p->conns[i].conn) n++;
+    rt_metric_set(p->m_size, n);
+}
+
+/* A checkout found no idle connection: when the checkouts in want of one (waiting ones,
+ * plus the caller) outnumber the connections on their way and a slot was never opened,
+ * ask the monitor to open it. Never past database.pool_size (the slots are the bound);
+ * not again within DB_GROW_RETRY_MS of a failed attempt. mu. */
+static void grow_for_locked(db_pool *p, int wanting)
+{
+    if (rt_now_ms() < p->grow_after_ms || wanting <= coming_locked(p)) return;
+    for (int i = 0; i < p->size; i++) {
+        if (p->conns[i].state != DB_CONN_CLOSED) continue;
+        p->conns[i].state = DB_CONN_OPENING;
+        pthread_cond_signal(&p->mon_cv);
+        return;
+    }
+}
+
+/* Open one connection the monitor owns (HEALING): a broken one again, or one a checkout
+ * asked for (OPENING). A failure makes the database unavailable only when no other
+ * connection works (PostgreSQL refusing one more connection, say, is not an outage: the
+ * rest are still served); otherwise a broken one is retried after DB_REPROBE_INTERVAL_MS,
+ * and an asked-for one goes back to CLOSED until a checkout asks again, not within
+ * DB_GROW_RETRY_MS. mu held on entry and exit, released meanwhile. */
 static void heal_locked(db_pool *p, db_conn *dc)
 {
+    bool growing = dc->state == DB_CONN_OPENING;
     dc->state = DB_CONN_HEALING;
     pthread_mutex_unlock(&p->mu);
     char err[512] = "";
     PGconn *fresh = connect_by(p->effective, rt_now_ms() + p->unresponsive_ms, err, sizeof(err));
     conn_set(dc, fresh);
     pthread_mutex_lock(&p->mu);
+    count_open_locked(p);
     if (!fresh) {
-        dc->state = DB_CONN_BROKEN;
-        p->heal_after_ms = rt_now_ms() + DB_REPROBE_INTERVAL_MS;
-        if (usable_locked(p) == 0) declare_down_locked(p, err);
+        int usable = usable_locked(p);
+        if (growing) {
+            dc->state = DB_CONN_CLOSED;
+            p->grow_after_ms = rt_now_ms() + DB_GROW_RETRY_MS;
+            if (usable > 0 && !p->grow_failing)
+                rt_log(ATRIUM_LOG_WARN, "core",
+                       "cannot open another PostgreSQL connection (%s); the pool goes on with "
+                       "%d of database.pool_size %d - raise PostgreSQL's max_connections or "
+                       "lower database.pool_size",
+                       err, usable, p->size);
+            p->grow_failing = true;
+        } else {
+            dc->state = DB_CONN_BROKEN;
+            p->heal_after_ms = rt_now_ms() + DB_REPROBE_INTERVAL_MS;
+        }
+        if (usable == 0) declare_down_locked(p, err);
         return;
     }
-    rt_metric_add(p->m_resets, 1);
+    if (growing) p->grow_failing = false;
+    else rt_metric_add(p->m_resets, 1);
     dc->state = DB_CONN_IDLE;
     p->idle++;
     pthread_cond_signal(&p->cv);
@@ -462,10 +539,14 @@ static void *monitor_main(void *arg)
             if (ok) declare_up_locked(p);
             else declare_down_locked(p, err);
         }
-        for (int i = 0; i < p->size && !atomic_load(&p->down) && !p->stopping &&
-                        rt_now_ms() >= p->heal_after_ms;
-             i++)
-            if (p->conns[i].state == DB_CONN_BROKEN) heal_locked(p, &p->conns[i]);
+        /* Broken ones not within DB_REPROBE_INTERVAL_MS of a failed attempt; asked-for ones
+         * at once (grow_for_locked keeps their own interval). */
+        for (int i = 0; i < p->size && !atomic_load(&p->down) && !p->stopping; i++) {
+            db_conn_state st = p->conns[i].state;
+            if (st == DB_CONN_OPENING ||
+                (st == DB_CONN_BROKEN && rt_now_ms() >= p->heal_after_ms))
+                heal_locked(p, &p->conns[i]);
+        }
         int64_t until = rt_now_ms() + DB_MONITOR_TICK_MS;
         struct timespec ts = {.tv_sec = until / 1000, .tv_nsec = (until % 1000) * 1000000L};
         pthread_cond_timedwait(&p->mon_cv, &p->mu, &ts);
@@ -486,37 +567,37 @@ int db_pool_connect(db_pool *p, int retry_s)
                err);
         return -1;
     }
+    /* One pool connection: the others are opened as checkouts need them. */
     int64_t until = rt_now_ms() + (int64_t)retry_s * 1000;
-    for (int i = 0; i < p->size; i++) {
-        for (;;) {
-            int64_t now = rt_now_ms();
-            int64_t deadline = now + (until > now ? until - now : 0) + p->unresponsive_ms;
-            PGconn *c = connect_by(p->effective, deadline, err, sizeof(err));
-            if (c) {
-                conn_set(&p->conns[i], c);
-                break;
-            }
-            if (rt_now_ms() >= until) {
-                rt_log(ATRIUM_LOG_ERROR, "core",
-                       "cannot connect to PostgreSQL after %d s: %s - check database.conninfo "
-                       "and that the server is running",
-                       retry_s, err);
-                return -1;
-            }
-            if (i == 0)
-                rt_log(ATRIUM_LOG_WARN, "core", "PostgreSQL not reachable yet (%s); retrying", err);
-            struct timespec ts = {.tv_sec = DB_RETRY_INTERVAL_MS / 1000,
-                                  .tv_nsec = (DB_RETRY_INTERVAL_MS % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
+    for (;;) {
+        int64_t now = rt_now_ms();
+        int64_t deadline = now + (until > now ? until - now : 0) + p->unresponsive_ms;
+        PGconn *c = connect_by(p->effective, deadline, err, sizeof(err));
+        if (c) {
+            conn_set(&p->conns[0], c);
+            break;
         }
+        if (rt_now_ms() >= until) {
+            rt_log(ATRIUM_LOG_ERROR, "core",
+                   "cannot connect to PostgreSQL after %d s: %s - check database.conninfo "
+                   "and that the server is running",
+                   retry_s, err);
+            return -1;
+        }
+        rt_log(ATRIUM_LOG_WARN, "core", "PostgreSQL not reachable yet (%s); retrying", err);
+        struct timespec ts = {.tv_sec = DB_RETRY_INTERVAL_MS / 1000,
+                              .tv_nsec = (DB_RETRY_INTERVAL_MS % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
     }
-    /* The probe's own connection now, so the process's descriptors are what they will
-     * stay (the monitor re-opens it when it is lost). */
+    /* The probe's own connection now, so it is there before the first checkout (the
+     * monitor re-opens it when it is lost). */
     p->probe = connect_by(p->effective, rt_now_ms() + p->unresponsive_ms, err, sizeof(err));
     pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->size; i++) p->conns[i].state = DB_CONN_IDLE;
-    p->idle = p->size;
+    p->conns[0].state = DB_CONN_IDLE;
+    for (int i = 1; i < p->size; i++) p->conns[i].state = DB_CONN_CLOSED;
+    p->idle = 1;
     p->last_probe_ms = rt_now_ms();
+    count_open_locked(p);
     pthread_mutex_unlock(&p->mu);
     if (pthread_create(&p->monitor, NULL, monitor_main, p) != 0) {
         rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the database pool's monitor thread");
@@ -531,6 +612,7 @@ PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
     if (!p) return NULL;
     if (timeout_ms == DB_WAIT_CONFIGURED) timeout_ms = p->request_wait_ms;
     int64_t until = rt_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int64_t grow_at = rt_now_ms() + (timeout_ms > 0 ? DB_GROW_GRACE_MS : 0);
     pthread_mutex_lock(&p->mu);
     db_conn *dc = NULL;
     while (!dc) {
@@ -552,9 +634,20 @@ PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
             pthread_cond_signal(&p->mon_cv);
         }
         if (dc) break;
-        struct timespec ts = {.tv_sec = until / 1000, .tv_nsec = (until % 1000) * 1000000L};
-        if (rt_now_ms() >= until || (pthread_cond_timedwait(&p->cv, &p->mu, &ts) != 0 &&
-                                     p->idle == 0 && !atomic_load(&p->down))) {
+        /* None idle: past DB_GROW_GRACE_MS the monitor opens one more when the pool may
+         * grow (this thread never connects: it waits its timeout, no longer). */
+        int64_t now = rt_now_ms();
+        if (now >= grow_at) grow_for_locked(p, p->waiting + 1);
+        bool expired = now >= until;
+        if (!expired) {
+            int64_t wake = grow_at > now && grow_at < until ? grow_at : until;
+            struct timespec ts = {.tv_sec = wake / 1000, .tv_nsec = (wake % 1000) * 1000000L};
+            p->waiting++;
+            expired = pthread_cond_timedwait(&p->cv, &p->mu, &ts) != 0 && wake == until &&
+                      p->idle == 0 && !atomic_load(&p->down);
+            p->waiting--;
+        }
+        if (expired) {
             pthread_mutex_unlock(&p->mu);
             rt_metric_add(p->m_timeouts, 1);
             return NULL;

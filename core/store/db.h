@@ -1,7 +1,9 @@
 /*
  * core/store/db.h - the PostgreSQL pool shared by the core and plugins, and migrations.
  *
- * One fixed pool of libpq connections (database.pool_size). A connection belongs to one
+ * One pool of libpq connections, opened as they are needed up to database.pool_size (one
+ * at start; the monitor opens another when a checkout finds none idle, and keeps what it
+ * opened). A connection belongs to one
  * thread between db_acquire and db_release; acquire waits at most the caller's timeout
  * (no request ever hangs on an exhausted pool). No caller ever waits on PostgreSQL without
  * a bound, whatever libpq call it makes on its connection: the pool's monitor thread
@@ -49,12 +51,14 @@ void db_pool_tune(db_pool *p, int unresponsive_ms, int statement_timeout_ms);
 bool db_available(const db_pool *p);
 /* The wait DB_WAIT_CONFIGURED stands for (0 for no pool). Any thread. */
 int64_t db_request_wait_ms(const db_pool *p);
-/* Open every connection, retrying for up to retry_s seconds when PostgreSQL is not
- * reachable yet, then start the monitor thread. 0, or -1 after logging what failed and
+/* Open the first pool connection, retrying for up to retry_s seconds when PostgreSQL is not
+ * reachable yet, and the probe's, then start the monitor thread (which opens the others
+ * as checkouts need them). 0, or -1 after logging what failed and
  * what to check. */
 int db_pool_connect(db_pool *p, int retry_s);
 /* Borrow a connection, waiting at most timeout_ms (DB_WAIT_CONFIGURED: the configured
- * request wait) for a free one. NULL on timeout, and at once while the database is
+ * request wait) for a free one (none idle: the monitor opens one more if the pool may
+ * grow; the caller never connects itself). NULL on timeout, and at once while the database is
  * unavailable (db_available; logged once per outage by the monitor, not per call). The
  * connection may be cut under the caller when PostgreSQL stops answering: its libpq calls
  * then fail as on a lost connection (answer 503). Any thread. */

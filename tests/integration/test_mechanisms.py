@@ -360,6 +360,31 @@ class DatabaseTest(AtriumTestCase):
             self.assertEqual(h.result()[0], 200)
         self.assertEqual(srv.json("GET", "/_test/db"), (200, {"items": 3}))
 
+    def test_the_pool_opens_connections_as_needed_and_never_more_than_its_size(self):
+        srv = self.start_server(plugins=with_testplug(threads=9), settings={
+            "database": {"pool_size": 8}, "server": {"http": {"request_threads": 4}}})
+        backends = lambda: int(psql(  # noqa: E731
+            f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{srv.database}'")[0][0])
+        # Idle after start: the pool connections start-up needed (one, and a few more for
+        # background jobs that waited while migrations held it), the monitor's probe and
+        # the notification listener; not the pool's 8 and those 2.
+        self.assertLessEqual(srv.metric("atrium_db_connections"), 4)
+        self.assertLessEqual(backends(), 4 + 2)
+        # Nine holders at once: the pool grows to its size and the ninth waits its bound.
+        holders = [Background(srv.json, "GET", "/_test/db/hold?ms=4000", timeout=30)
+                   for _ in range(9)]
+        wait_until(lambda: srv.metric("atrium_db_connections_in_use") == 8, what="pool grown full")
+        self.assertEqual(srv.metric("atrium_db_connections"), 8)
+        self.assertLessEqual(backends(), 8 + 2)
+        results = [h.result()[0] for h in holders]
+        # No ninth connection: one holder at least found none within its wait (a background
+        # job borrowing one meanwhile may make it two).
+        self.assertIn(results.count(503), (1, 2), results)
+        self.assertEqual(results.count(200) + results.count(503), 9, results)
+        self.assertEqual(srv.metric("atrium_db_connections"), 8)
+        self.assertLessEqual(backends(), 8 + 2)
+        self.assertEqual(srv.json("GET", "/_test/db"), (200, {"items": 3}))
+
     def test_plugin_migrations_ran_and_the_pool_heals_after_connections_are_killed(self):
         srv = self.start_server(plugins=with_testplug())
         self.assertEqual(srv.json("GET", "/_test/db"), (200, {"items": 3}))
