@@ -122,10 +122,12 @@ static int get_reports(atrium_req *r)
     int64_t total = strtoll(PQgetvalue(count, 0, 0), NULL, 10);
     PQclear(count);
     json_t *list = json_array();
-    for (int i = 0; i < PQntuples(res); i++) json_array_append_new(list, report_json(res, i, false));
+    for (int i = 0; i < PQntuples(res); i++)
+        json_array_append_new(list, report_json(res, i, false));
     json_t *body = json_pack("{s:o, s:I}", "event_reports", list, "total", (json_int_t)total);
     int64_t next = from + PQntuples(res);
-    if (PQntuples(res) > 0 && next < total) json_object_set_new(body, "next_token", json_integer(next));
+    if (PQntuples(res) > 0 && next < total)
+        json_object_set_new(body, "next_token", json_integer(next));
     PQclear(res);
     return http_respond_json(r, 200, body);
 }
@@ -136,7 +138,8 @@ static int get_report(atrium_req *r)
     if (!admin_only(r)) return ATRIUM_DONE;
     int64_t id;
     if (atrium_parse_int64(http_req_param(r, "reportId"), 1, INT64_MAX, &id) != 0)
-        return http_respond_error(r, 400, "M_INVALID_PARAM", "The report ID must be a positive integer");
+        return http_respond_error(r, 400, "M_INVALID_PARAM",
+                                  "The report ID must be a positive integer");
     const char *p[1] = {rooms_i64(r, id)};
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
