@@ -10,6 +10,7 @@ extern const client_module SYNC_MODULE;
 extern const client_module E2EE_MODULE;
 extern const client_module PRESENCE_MODULE;
 extern const client_module APPSERVICE_MODULE;
+extern const client_module REPORTS_MODULE;
 
 const client_module *const CLIENT_MODULES[] = {
     &ACCOUNTS_MODULE,
@@ -18,6 +19,7 @@ const client_module *const CLIENT_MODULES[] = {
     &E2EE_MODULE, /* after accounts: its tables reference users and devices */
     &PRESENCE_MODULE, /* after accounts and rooms: reads users and room members */
     &APPSERVICE_MODULE, /* after accounts and rooms: makes users, reads events */
+    &REPORTS_MODULE,    /* after accounts and rooms: reads users, rooms and events */
     NULL,
 };
 

@@ -219,6 +219,10 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      " knock_state text NOT NULL,"
      " sent_ts bigint NOT NULL);"
      "CREATE INDEX remote_knocks_user ON remote_knocks (user_id, room_id);"},
+    {7, "rooms_event_timestamps",
+     /* timestamp_to_event (rooms_jump.c): the nearest event to a time in a room is one
+      * index range scan from that time, whichever the direction. */
+     "CREATE INDEX events_room_ts ON events (room_id, origin_server_ts, stream_pos);"},
 };
 
 

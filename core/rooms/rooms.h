@@ -14,7 +14,8 @@
  * events.search_tsv, the full-text column of POST /search; 4 the event graph of federated
  * rooms, events_graph.h: prev/auth edges, forward extremities, outliers, soft-failed and
  * rejected events, state snapshots; 5 positions for backfilled history; 6 remote_knocks,
- * the stripped state of rooms of other servers a local user knocked on):
+ * the stripped state of rooms of other servers a local user knocked on; 7 the index
+ * timestamp_to_event reads, rooms_jump.c):
  *   rooms         one row per room: version, creator, the newest event and the greatest
  *                 depth. Its row lock serializes writes to one room, whoever created the
  *                 event (the forward extremities, several after concurrent sends, are
@@ -52,7 +53,7 @@
 #include "core/store/db.h"
 
 /* The migrations of owner "rooms" (rooms.c), applied by the rooms module (core/client/rooms/). */
-#define ROOMS_N_MIGRATIONS 6
+#define ROOMS_N_MIGRATIONS 7
 extern const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS];
 
 /* ---- failures ----------------------------------------------------------------------- */
@@ -304,6 +305,22 @@ int rooms_vis_joined_pieces(const rooms_vis *v, int64_t lo, int64_t hi, int64_t 
 
 /* The room's version, or NULL when the room does not exist (*db_failed on error). */
 const room_version *rooms_version_of(PGconn *c, const char *room_id, bool *db_failed);
+
+/* ---- jumping to a date (rooms_jump.c) ---------------------------------------------- */
+
+#define ROOMS_JUMP_MAX_COND_PARAMS ROOMS_VIS_PARAMS /* parameters a caller's condition uses */
+
+/* The query of timestamp_to_event: ts a non-negative integer (ms), dir "f" or "b". false
+ * when either is missing or malformed (the caller answers 400 M_INVALID_PARAM). */
+bool rooms_jump_parse(const char *ts_s, const char *dir_s, int64_t *ts, bool *forward);
+/* The rule of timestamp_to_event (rooms_jump.c says it): the timeline events of room_id
+ * nearest to ts in one direction, nearest first, at most limit, restricted by cond (NULL
+ * or " AND ..." on events e, with parameters $4 .. $3+n_cp whose values are cp[0 ..
+ * n_cp-1], n_cp <= ROOMS_JUMP_MAX_COND_PARAMS). Rows (event_id, origin_server_ts,
+ * stream_pos), or NULL (logged; the caller answers 503). SQL text in arena a. */
+PGresult *rooms_jump_candidates(PGconn *c, rt_arena *a, const char *room_id, int64_t ts,
+                                bool forward, const char *cond, int n_cp,
+                                const char *const *cp, int limit) RT_MUST_CHECK;
 
 /* ---- event filters (events_store.c) ------------------------------------------------- */
 

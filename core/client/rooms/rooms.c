@@ -191,7 +191,8 @@ static int rooms_init(core_runtime *rt)
         rooms_knock_routes(s) < 0)
         return -1;
     if (rooms_search_routes(s) < 0 || rooms_upgrade_routes(s) < 0 || rooms_admin_routes(s) < 0 ||
-        rooms_hierarchy_routes(s) < 0 || rooms_hierarchy_init(rt->metrics) < 0 ||
+        rooms_hierarchy_routes(s) < 0 || rooms_jump_routes(s) < 0 ||
+        rooms_hierarchy_init(rt->metrics) < 0 ||
         rooms_iface_provide() < 0 ||
         rooms_edus_init() < 0)
         return -1;

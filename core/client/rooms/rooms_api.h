@@ -11,7 +11,8 @@
  * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
  * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
  * rooms_relations.c + rooms_bundle.c (relations, threads, bundled aggregations: see
- * rooms_relations.h), rooms_search.c (POST /search), rooms_typing.c (typing notices that
+ * rooms_relations.h), rooms_search.c (POST /search), rooms_jump.c (timestamp_to_event),
+ * rooms_typing.c (typing notices that
  * run out), rooms_remote.c (joining, inviting and declining through other servers, on the
  * remote pool), rooms_knock.c (knocking, here and through other servers). /sync is its own module (sync.c). Internal prefix: rooms_.
  */
@@ -152,6 +153,7 @@ int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
 int rooms_hierarchy_routes(http_server *s); /* rooms_hierarchy.c: GET /v1/rooms/{roomId}/hierarchy */
+int rooms_jump_routes(http_server *s); /* rooms_jump.c: GET /v1/rooms/{roomId}/timestamp_to_event */
 int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse/admin/v1/rooms/{roomId} */
 /* [req] The answer to the client for a peer's failure or refusal in a remote membership
  * step (what: the step, for the message): 504 on a timeout, 403 when federation with it

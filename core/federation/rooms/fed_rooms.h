@@ -2,7 +2,8 @@
  * core/federation/rooms/fed_rooms.h - rooms as other servers see them: the rules that decide
  * what a server may read of a room (history visibility for servers) and whether its
  * traffic is accepted at all (m.room.server_acl), and the routes built on them:
- * fed_rooms_serve.c (event, state, state_ids, backfill, get_missing_events) and
+ * fed_rooms_serve.c (event, state, state_ids, backfill, get_missing_events,
+ * timestamp_to_event) and
  * fed_rooms_hierarchy.c (a space and its children for another server),
  * fed_rooms_join.c (make_join/send_join, make_leave/send_leave, make_knock/send_knock as
  * the resident server),
@@ -30,6 +31,7 @@
 #define FED_ROOMS_MISSING_DEFAULT 10    /* get_missing_events without a limit */
 #define FED_ROOMS_MISSING_MAX 50        /* get_missing_events: the largest limit honoured */
 #define FED_ROOMS_MISSING_VISIT_MAX 500 /* events walked to answer one get_missing_events */
+#define FED_ROOMS_JUMP_SCAN_MAX 100     /* timestamp_to_event: candidates checked for visibility */
 
 /* The server part of an ID without a port, for ACLs ("@a:h.org:8448" -> "h.org"). */
 void fed_rooms_host_of_server(const char *server_name, char *out, size_t len);

@@ -1,7 +1,7 @@
 /*
  * core/federation/rooms/fed_rooms_serve.c - reading rooms over federation: GET /v1/event/{id},
- * /v1/state/{roomId}, /v1/state_ids/{roomId}, /v1/backfill/{roomId} and POST
- * /v1/get_missing_events/{roomId}.
+ * /v1/state/{roomId}, /v1/state_ids/{roomId}, /v1/backfill/{roomId},
+ * /v1/timestamp_to_event/{roomId} and POST /v1/get_missing_events/{roomId}.
  *
  * Every route is ATRIUM_ROUTE_FEDERATION (fed_auth.c verified r->origin), opens with
  * fed_rooms_open (the room known, its server ACL allowing the origin) and serves only what
@@ -310,6 +310,49 @@ static int post_missing(atrium_req *r)
     return http_respond_json(r, 200, json_pack("{s:o}", "events", found));
 }
 
+/* GET /_matrix/federation/v1/timestamp_to_event/{roomId}?ts=&dir= (spec v1.6): the event
+ * nearest to ts in direction dir (the rule: core/rooms/rooms_jump.c) among those the
+ * origin may see, {"event_id", "origin_server_ts"}; 404 M_NOT_FOUND when none. Server
+ * visibility is a check per event (fed_rooms_server_may_see), so the nearest
+ * FED_ROOMS_JUMP_SCAN_MAX candidates are looked at, nearest first: past them the answer
+ * is 404, as if none was visible. Synapse checks only the ACL here; this server also
+ * holds the origin to what it may see, as /event does. */
+static int get_timestamp_to_event(atrium_req *r)
+{
+    const char *room_id = http_req_param(r, "roomId");
+    int64_t ts;
+    bool forward;
+    if (!rooms_jump_parse(http_req_query(r, "ts"), http_req_query(r, "dir"), &ts, &forward))
+        return http_respond_error(r, 400, "M_INVALID_PARAM",
+                                  "'ts' must be a timestamp in ms and 'dir' \"f\" or \"b\"");
+    PGconn *c = fed_rooms_open(r, room_id);
+    if (!c) return ATRIUM_DONE;
+    PGresult *res = rooms_jump_candidates(c, r->arena, room_id, ts, forward, NULL, 0, NULL,
+                                          FED_ROOMS_JUMP_SCAN_MAX);
+    int found = res ? -1 : -2; /* the row answered; -1 none; -2 database */
+    for (int i = 0; res && i < PQntuples(res) && found == -1; i++) {
+        int see = fed_rooms_server_may_see(c, room_id, r->origin,
+                                           strtoll(PQgetvalue(res, i, 2), NULL, 10));
+        if (see < 0) found = -2;
+        else if (see) found = i;
+    }
+    fed_rooms_close(c);
+    if (found == -2) {
+        PQclear(res);
+        return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    }
+    if (found < 0) {
+        PQclear(res);
+        return http_respond_error(r, 404, "M_NOT_FOUND", "No event your server may see %s that time",
+                                  forward ? "at or after" : "at or before");
+    }
+    json_t *body = json_pack("{s:s, s:I}", "event_id", PQgetvalue(res, found, 0),
+                             "origin_server_ts",
+                             (json_int_t)strtoll(PQgetvalue(res, found, 1), NULL, 10));
+    PQclear(res);
+    return http_respond_json(r, 200, body);
+}
+
 int fed_rooms_serve_routes(fed_module *m)
 {
     static const atrium_route routes[] = {
@@ -323,6 +366,8 @@ int fed_rooms_serve_routes(fed_module *m)
          .handler = get_backfill, .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "POST", .path = "/_matrix/federation/v1/get_missing_events/{roomId}",
          .handler = post_missing, .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "GET", .path = "/_matrix/federation/v1/timestamp_to_event/{roomId}",
+         .handler = get_timestamp_to_event, .flags = ATRIUM_ROUTE_FEDERATION},
     };
     if (HTTP_ROUTES_ADD(m->srv, routes, "federation") < 0) return -1;
     return 0;
