@@ -89,3 +89,82 @@ class ClientAnswersTest(SharedServerTest):
                 self.assertRefused(self.alice.call(method, pr + path, body), 400, "M_INVALID_PARAM")
         # The known attributes still answer.
         self.assertIn("enabled", self.alice.ok("GET", f"{pr}/global/override/.m.rule.master/enabled"))
+
+    # -- item 10: answers clients read ------------------------------------------------
+
+    def test_joined_members_always_carry_display_name_and_avatar_url(self):
+        room = self.alice.create_room(preset="public_chat")
+        self.bob.join(room)
+        self.bob.ok("PUT", f"{V3}/profile/{quote(self.bob.user_id)}/avatar_url",
+                    {"avatar_url": "mxc://localhost/bob"})
+        # A member event with neither field: alice rewrites her own.
+        self.alice.put_state(room, "m.room.member", {"membership": "join"}, self.alice.user_id)
+        joined = self.alice.ok("GET", f"{V3}/rooms/{quote(room)}/joined_members")["joined"]
+        self.assertEqual(joined[self.alice.user_id], {"display_name": None, "avatar_url": None})
+        self.assertEqual(joined[self.bob.user_id],
+                         {"display_name": "bob", "avatar_url": "mxc://localhost/bob"})
+
+    def test_keys_query_names_own_and_other_devices(self):
+        self.bob.ok("PUT", f"{V3}/devices/{quote(self.bob.device_id)}",
+                    {"display_name": "Bob's phone"})
+        dev = self.bob.device_id
+        keys = {"user_id": self.bob.user_id, "device_id": dev,
+                "algorithms": ["m.olm.v1.curve25519-aes-sha2"],
+                "keys": {f"curve25519:{dev}": "c", f"ed25519:{dev}": "e"},
+                "signatures": {self.bob.user_id: {f"ed25519:{dev}": "s"}}}
+        self.bob.ok("POST", f"{V3}/keys/upload", {"device_keys": keys})
+        for who in (self.alice, self.bob):
+            with self.subTest(asker=who.user_id):
+                got = who.ok("POST", f"{V3}/keys/query",
+                             {"device_keys": {self.bob.user_id: []}})["device_keys"]
+                self.assertEqual(got[self.bob.user_id][dev]["unsigned"],
+                                 {"device_display_name": "Bob's phone"})
+
+    def test_search_pages_with_next_batch_and_gives_context(self):
+        room = self.alice.create_room(preset="public_chat")
+        ids = [self.alice.send(room, {"msgtype": "m.text", "body": f"zebracorn {i}"})
+               for i in range(3)]
+        body = {"search_categories": {"room_events": {
+            "search_term": "zebracorn", "order_by": "recent", "filter": {"limit": 2},
+            "event_context": {"before_limit": 1, "after_limit": 1, "include_profile": True}}}}
+        first = self.alice.ok("POST", f"{V3}/search", body)["search_categories"]["room_events"]
+        self.assertEqual([r["result"]["event_id"] for r in first["results"]], ids[:0:-1])
+        ctx = first["results"][1]["context"]
+        self.assertEqual([e["event_id"] for e in ctx["events_before"]], [ids[0]])
+        self.assertEqual([e["event_id"] for e in ctx["events_after"]], [ids[2]])
+        self.assertIsInstance(ctx["start"], str)
+        self.assertIsInstance(ctx["end"], str)
+        self.assertIn(self.alice.user_id, ctx["profile_info"])
+        nxt = f"{V3}/search?next_batch={quote(first['next_batch'])}"
+        second = self.alice.ok("POST", nxt, body)["search_categories"]["room_events"]
+        self.assertEqual([r["result"]["event_id"] for r in second["results"]], [ids[0]])
+        self.assertNotIn("next_batch", second)
+
+    def test_join_by_id_or_alias_keeps_the_extra_keys_of_the_body(self):
+        room = self.alice.create_room(preset="public_chat")
+        body = {"reason": "saying hi", "com.example.extra": {"a": [1, 2]},
+                "membership": "leave", "displayname": "Bobby"}
+        self.bob.ok("POST", f"{V3}/join/{quote(room)}", body)
+        content = self.alice.state(room, "m.room.member", self.bob.user_id)
+        self.assertEqual(content, {"membership": "join", "reason": "saying hi",
+                                   "com.example.extra": {"a": [1, 2]}, "displayname": "Bobby"})
+
+    def test_join_through_rooms_join_keeps_the_reason_as_synapse_does(self):
+        room = self.alice.create_room(preset="public_chat")
+        self.bob.ok("POST", f"{V3}/rooms/{quote(room)}/join",
+                    {"reason": "hello", "com.example.extra": 1})
+        content = self.alice.state(room, "m.room.member", self.bob.user_id)
+        self.assertEqual((content["membership"], content["reason"]), ("join", "hello"))
+        self.assertNotIn("com.example.extra", content)
+
+    def test_a_redaction_naming_an_event_of_another_room_is_400(self):
+        here = self.alice.create_room()
+        there = self.alice.create_room()
+        target = self.alice.send(there, {"msgtype": "m.text", "body": "stay"})
+        self.assertRefused(self.alice.call(
+            "PUT", f"{V3}/rooms/{quote(here)}/redact/{quote(target)}/redact-other-room", {}),
+            400, "M_INVALID_PARAM")
+        event = self.alice.ok("GET", f"{V3}/rooms/{quote(there)}/event/{quote(target)}")
+        self.assertEqual(event["content"]["body"], "stay")
+        # The same redaction in its own room is accepted.
+        self.alice.ok("PUT", f"{V3}/rooms/{quote(there)}/redact/{quote(target)}/redact-own-room", {})
