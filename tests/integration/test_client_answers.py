@@ -140,6 +140,31 @@ class ClientAnswersTest(SharedServerTest):
         self.assertEqual([r["result"]["event_id"] for r in second["results"]], [ids[0]])
         self.assertNotIn("next_batch", second)
 
+    def test_whois_records_the_user_agent_of_login_and_later_requests(self):
+        status, answer = self.srv.json(
+            "POST", f"{V3}/login",
+            {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": "bob"},
+             "password": "correct horse battery staple", "device_id": "UA_LOGIN"},
+            headers={"User-Agent": "Element/1.11 (login)"})
+        self.assertEqual(status, 200, answer)
+        seen = self.root.ok("GET", f"{V3}/admin/whois/{quote(self.bob.user_id)}")["devices"]
+        conn = seen["UA_LOGIN"]["sessions"][0]["connections"][0]
+        self.assertEqual(conn["user_agent"], "Element/1.11 (login)")
+        # A later request past the refresh interval records its own agent.
+        psql("UPDATE devices SET last_seen_ts = 1 WHERE device_id = 'UA_LOGIN'", self.srv.database)
+        self.srv.json("GET", f"{V3}/account/whoami", token=answer["access_token"],
+                      headers={"User-Agent": "Element/1.12"})
+        seen = self.root.ok("GET", f"{V3}/admin/whois/{quote(self.bob.user_id)}")["devices"]
+        conn = seen["UA_LOGIN"]["sessions"][0]["connections"][0]
+        self.assertEqual(sorted(conn), ["ip", "last_seen", "user_agent"], conn)
+        self.assertEqual(conn["user_agent"], "Element/1.12")
+        self.assertGreater(conn["last_seen"], 1)
+        self.assertIsInstance(conn["ip"], str)
+        # A device whose requests named no agent lists the key as null.
+        plain = login_account(self.srv, "bob", device_id="UA_NONE")
+        seen = self.root.ok("GET", f"{V3}/admin/whois/{quote(self.bob.user_id)}")["devices"]
+        self.assertIsNone(seen[plain.device_id]["sessions"][0]["connections"][0]["user_agent"])
+
     def test_join_by_id_or_alias_keeps_the_extra_keys_of_the_body(self):
         room = self.alice.create_room(preset="public_chat")
         body = {"reason": "saying hi", "com.example.extra": {"a": [1, 2]},
