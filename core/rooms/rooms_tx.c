@@ -411,17 +411,21 @@ int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LE
     return ROOMS_OK;
 }
 
-/* A redaction's target must be an event of this room the sender may redact. */
+/* A redaction's target must be an event of this room the sender may redact: an event of
+ * another room is a malformed request (400, as Synapse answers), one this server does not
+ * have 404. */
 static int check_redaction(room_tx *tx, const room_auth_load *a, const room_new_event *ev,
                            rooms_err *e)
 {
-    const char *p[2] = {ev->redacts, tx->room_id};
-    PGresult *res = rooms_q(tx->c, "SELECT sender FROM events WHERE event_id = $1 AND room_id = $2",
-                            2, p, NULL);
+    const char *p[1] = {ev->redacts};
+    PGresult *res = rooms_q(tx->c, "SELECT sender, room_id FROM events WHERE event_id = $1", 1, p,
+                            NULL);
     if (!res) return rooms_set_err(e, ROOMS_E_DB, "database");
     int rc = ROOMS_OK;
     if (PQntuples(res) != 1)
         rc = rooms_set_err(e, ROOMS_E_NOT_FOUND, "No such event in this room");
+    else if (strcmp(PQgetvalue(res, 0, 1), tx->room_id) != 0)
+        rc = rooms_set_err(e, ROOMS_E_INVALID, "The event to redact belongs to another room");
     else if (!room_auth_may_redact(&a->st, ev->sender, PQgetvalue(res, 0, 0)))
         rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "You do not have permission to redact this event");
     PQclear(res);

@@ -106,7 +106,7 @@ class ProfileRoomsTest(SharedServerTest):
             self.assertEqual(self.bob.state(room, MEMBER, self.alice.user_id),
                              {"membership": "join", "displayname": "Alice A."})
             self.assertEqual(self.joined_member(self.bob, room, self.alice.user_id),
-                             {"display_name": "Alice A."})
+                             {"display_name": "Alice A.", "avatar_url": None})
         status, body = self.alice.call("GET", self.profile_path(self.alice, "avatar_url"))
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
 
@@ -125,7 +125,7 @@ class ProfileRoomsTest(SharedServerTest):
             self.assertEqual(events[0]["content"]["membership"], "join")
             self.assertNotIn("displayname", self.bob.state(room, MEMBER, self.alice.user_id))
             member = self.joined_member(self.bob, room, self.alice.user_id)
-            self.assertNotIn("display_name", member)
+            self.assertIsNone(member["display_name"])  # the key stays, null
         status, body = self.alice.call("GET", self.profile_path(self.alice, "displayname"))
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
         self.set_profile(self.alice, "displayname", "alice")  # back to the registration's name

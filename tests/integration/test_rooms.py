@@ -473,8 +473,8 @@ class RoomsTest(SharedServerTest):
         only = self.bob.ok("GET", self.room_path(room, "/members?membership=invite"))["chunk"]
         self.assertEqual([e["state_key"] for e in only], [self.carol.user_id])
         joined = self.bob.ok("GET", self.room_path(room, "/joined_members"))["joined"]
-        self.assertEqual(joined, {self.alice.user_id: {"display_name": "alice"},
-                                  self.bob.user_id: {"display_name": "bob"}})
+        self.assertEqual(joined, {self.alice.user_id: {"display_name": "alice", "avatar_url": None},
+                                  self.bob.user_id: {"display_name": "bob", "avatar_url": None}})
         self.assertIn(room, self.bob.ok("GET", f"{V3}/joined_rooms")["joined_rooms"])
         self.assertNotIn(room, self.carol.ok("GET", f"{V3}/joined_rooms")["joined_rooms"])
         self.assertError(self.carol.call("GET", self.room_path(room, "/members")), 403, "M_FORBIDDEN")

@@ -124,17 +124,19 @@ int acc_user_exists(PGconn *c, const char *user_id)
 /* ---- accounts and login sessions -------------------------------------------------------- */
 
 int acc_open_session(PGconn *c, const char *user_id, const char *device_id, const char *name,
-                     const char *ip, char *token_out)
+                     const char *ip, const char *user_agent, char *token_out)
 {
-    const char *p[4] = {user_id, device_id, name, ip};
+    const char *p[5] = {user_id, device_id, name, ip, user_agent};
     /* A re-used device ID keeps the device (and its keys) but not its old tokens. */
     if (!db_exec(c,
                  "INSERT INTO devices (user_id, device_id, display_name, last_seen_ts,"
-                 " last_seen_ip) VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint,"
-                 " $4) ON CONFLICT (user_id, device_id) DO UPDATE SET"
+                 " last_seen_ip, last_seen_user_agent)"
+                 " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint, $4, $5)"
+                 " ON CONFLICT (user_id, device_id) DO UPDATE SET"
                  " display_name = COALESCE($3, devices.display_name),"
-                 " last_seen_ts = EXCLUDED.last_seen_ts, last_seen_ip = $4",
-                 4, p) ||
+                 " last_seen_ts = EXCLUDED.last_seen_ts, last_seen_ip = $4,"
+                 " last_seen_user_agent = $5",
+                 5, p) ||
         !db_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2, p))
         return ATRIUM_E_DB;
     /* A new device is a device-list change (recorded by a trigger, e2ee.c): a woken sync
@@ -214,7 +216,8 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
     if (db_begin(c)) {
         created = insert_user(c, a, a->password ? hash : NULL, displayname);
         if (created == 1 && !a->inhibit_login &&
-            acc_open_session(c, a->user_id, device_id, a->device_name, r->client_addr, token) < 0)
+            acc_open_session(c, a->user_id, device_id, a->device_name, r->client_addr,
+                             auth_user_agent(r), token) < 0)
             created = ATRIUM_E_DB;
         if (created == 1) uia_forget(c, a->uia_session);
         if (created == 1 && !db_commit(c)) created = ATRIUM_E_DB;

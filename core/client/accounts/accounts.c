@@ -166,6 +166,8 @@ static const atrium_migration MIGRATIONS[] = {
      " n bigint NOT NULL);"
      "INSERT INTO push_notification_counts"
      " SELECT user_id, count(*) FROM push_notifications GROUP BY user_id;"},
+    /* whois.c lists it with each device's last connection (auth_seen.c keeps it). */
+    {10, "device_user_agents", "ALTER TABLE devices ADD COLUMN last_seen_user_agent text;"},
 };
 
 static int accounts_init(core_runtime *rt)

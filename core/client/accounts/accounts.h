@@ -114,10 +114,11 @@ void acc_tokens_revoked(PGconn *c, const char *user_id);
  * ATRIUM_DONE. */
 int acc_create_account(atrium_req *r, const acc_new_account *a);
 /* A login session for (user, device) with conn held inside a transaction the caller owns:
- * creates the device (or renames it when name is given), revokes the device's old tokens,
- * and mints a token into token_out (AUTH_TOKEN_CHARS + 1). 0 or ATRIUM_E_DB. */
+ * creates the device (or renames it when name is given), records where it was seen (ip,
+ * user_agent: auth_user_agent's text or NULL), revokes the device's old tokens, and mints
+ * a token into token_out (AUTH_TOKEN_CHARS + 1). 0 or ATRIUM_E_DB. */
 int acc_open_session(PGconn *c, const char *user_id, const char *device_id, const char *name,
-                     const char *ip, char *token_out) RT_MUST_CHECK;
+                     const char *ip, const char *user_agent, char *token_out) RT_MUST_CHECK;
 /* Delete devices of user_id (all when device_ids is NULL, else the n listed; keep_device,
  * if not NULL, survives) and every token of theirs. conn held. true on success. */
 bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *device_ids,

@@ -6,10 +6,13 @@
  * its own copy, so a filter is stored exactly as sent (jsonb keeps every key). The same
  * filter posted again by the same user gets the same ID, so a client that re-creates its
  * filter at every start does not grow the table. IDs are decimal numbers (never starting
- * with "{", which /sync reads as an inline filter). Only the top-level shape is checked
- * here, plus the event filters of `room` (rooms_filter_parse, the rule /sync applies: a
- * non-boolean lazy_load_members or a types list of non-strings is 400 here, not a
- * surprise at the next sync); what each field means is /sync's business.
+ * with "{", which /sync reads as an inline filter). Only the types of the fields are
+ * checked here, as Synapse's filter schema does: the event filters (room.state, timeline,
+ * ephemeral, account_data, and the top-level presence and account_data) by the rule /sync
+ * applies (rooms_filter_parse: a limit that is no integer, a non-boolean
+ * lazy_load_members or a types list of non-strings is 400 here, not a surprise at the
+ * next sync), the room lists, include_leave, event_fields and event_format. Every refusal
+ * is 400 M_BAD_JSON (Synapse answers M_UNKNOWN). What each field means is /sync's business.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +30,43 @@ static bool own_path(atrium_req *r)
     return false;
 }
 
+/* v, when present, is a list of strings. */
+static bool string_list_or_absent(const json_t *v)
+{
+    if (!v) return true;
+    if (!json_is_array(v)) return false;
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s) if (!json_is_string(s)) return false;
+    return true;
+}
+
+/* v, when present, is true or false. */
+static bool boolean_or_absent(const json_t *v) { return !v || json_is_boolean(v); }
+
+/* The event filters of a filter: room.{state,timeline,ephemeral,account_data} and the
+ * top-level presence and account_data, each as /sync reads it (rooms_filter_parse). false
+ * after answering 400. */
+static bool event_filters_ok(atrium_req *r, json_t *filter)
+{
+    static const struct {
+        const char *part, *key;
+    } EVENT_FILTERS[] = {{"room", "state"},       {"room", "timeline"}, {"room", "ephemeral"},
+                         {"room", "account_data"}, {NULL, "presence"},  {NULL, "account_data"}};
+    for (size_t i = 0; i < sizeof(EVENT_FILTERS) / sizeof(EVENT_FILTERS[0]); i++) {
+        const char *part = EVENT_FILTERS[i].part, *key = EVENT_FILTERS[i].key;
+        json_t *holder = part ? json_object_get(filter, part) : filter;
+        room_filter parsed;
+        char why[128];
+        if (!rooms_filter_parse(r->arena, json_object_get(holder, key), &parsed, why, sizeof(why))) {
+            http_respond_error(r, 400, "M_BAD_JSON", "%s%s%s: %s", part ? part : "", part ? "." : "",
+                               key, why);
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool filter_shape_ok(atrium_req *r, json_t *filter)
 {
     static const char *const object_keys[] = {"room", "presence", "account_data", NULL};
@@ -37,24 +77,22 @@ static bool filter_shape_ok(atrium_req *r, json_t *filter)
             return false;
         }
     }
-    static const char *const room_filters[] = {"state", "timeline", "ephemeral", "account_data",
-                                               NULL};
+    if (!event_filters_ok(r, filter)) return false;
     json_t *room = json_object_get(filter, "room");
-    for (size_t i = 0; room_filters[i]; i++) {
-        room_filter parsed;
-        char why[128];
-        if (!rooms_filter_parse(r->arena, json_object_get(room, room_filters[i]), &parsed, why,
-                                sizeof(why))) {
-            http_respond_error(r, 400, "M_BAD_JSON", "room.%s: %s", room_filters[i], why);
-            return false;
-        }
+    if (!string_list_or_absent(json_object_get(room, "rooms")) ||
+        !string_list_or_absent(json_object_get(room, "not_rooms"))) {
+        http_respond_error(r, 400, "M_BAD_JSON", "room.rooms and room.not_rooms must be lists of "
+                           "room IDs");
+        return false;
     }
-    json_t *fields = json_object_get(filter, "event_fields");
-    size_t i;
-    json_t *f;
-    bool fields_ok = !fields || json_is_array(fields);
-    json_array_foreach(fields, i, f) if (!json_is_string(f)) fields_ok = false;
-    if (!fields_ok) {
+    if (!boolean_or_absent(json_object_get(room, "include_leave")) ||
+        !boolean_or_absent(json_object_get(json_object_get(room, "state"),
+                                           "include_redundant_members"))) {
+        http_respond_error(r, 400, "M_BAD_JSON", "room.include_leave and "
+                           "room.state.include_redundant_members must be true or false");
+        return false;
+    }
+    if (!string_list_or_absent(json_object_get(filter, "event_fields"))) {
         http_respond_error(r, 400, "M_BAD_JSON", "'event_fields' must be a list of strings");
         return false;
     }

@@ -82,7 +82,7 @@ static int open_login_session(atrium_req *r, const login_state *st)
     if (!c) return ATRIUM_DONE;
     bool ok = db_begin(c);
     ok = ok && acc_open_session(c, st->user_id, device_id, st->device_name, r->client_addr,
-                                token) == 0;
+                                auth_user_agent(r), token) == 0;
     ok = ok && db_commit(c);
     if (!ok) db_rollback(c);
     else auth_cache_forget_user(st->user_id); /* a re-used device ID lost its old tokens */

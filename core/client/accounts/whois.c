@@ -5,8 +5,9 @@
  *
  * The answer has the spec's shape, {user_id, devices: {id: {sessions: [{connections:
  * [...]}]}}}, with one session per device and at most one connection: the device's last
- * seen address and time (core/client/auth/auth_seen.c keeps them, written in batches, so
- * they can lag a few seconds behind). No user agents are recorded, so none are listed.
+ * seen address, time and user agent (core/client/auth/auth_seen.c keeps them, refreshed
+ * at most every AUTH_SEEN_REFRESH_MS, so they can lag behind). The connection always
+ * carries user_agent, as Synapse's does: null when the device's requests named none.
  * A user of another server is 404 here: this server knows nothing of its sessions.
  */
 #include <stdlib.h>
@@ -32,8 +33,9 @@ static int get_whois(atrium_req *r)
     if (!c) return ATRIUM_DONE;
     int exists = acc_user_exists(c, who);
     const char *p[1] = {who};
-    PGresult *res = exists == 1 ? acc_q(c, "SELECT device_id, last_seen_ts, last_seen_ip"
-                                           " FROM devices WHERE user_id = $1 ORDER BY device_id",
+    PGresult *res = exists == 1 ? acc_q(c, "SELECT device_id, last_seen_ts, last_seen_ip,"
+                                           " last_seen_user_agent FROM devices"
+                                           " WHERE user_id = $1 ORDER BY device_id",
                                         1, p)
                                 : NULL;
     http_db_checkin(c);
@@ -43,9 +45,11 @@ static int get_whois(atrium_req *r)
     for (int i = 0; i < PQntuples(res); i++) {
         json_t *connections = json_array();
         if (!PQgetisnull(res, i, 1) && !PQgetisnull(res, i, 2))
-            json_array_append_new(connections,
-                                  json_pack("{s:s, s:I}", "ip", PQgetvalue(res, i, 2), "last_seen",
-                                            (json_int_t)strtoll(PQgetvalue(res, i, 1), NULL, 10)));
+            json_array_append_new(
+                connections,
+                json_pack("{s:s, s:I, s:o}", "ip", PQgetvalue(res, i, 2), "last_seen",
+                          (json_int_t)strtoll(PQgetvalue(res, i, 1), NULL, 10), "user_agent",
+                          PQgetisnull(res, i, 3) ? json_null() : json_string(PQgetvalue(res, i, 3))));
         json_object_set_new(devices, PQgetvalue(res, i, 0),
                             json_pack("{s:[{s:o}]}", "sessions", "connections", connections));
     }

@@ -106,12 +106,18 @@ bool auth_revoke_rerun(atrium_req *r, int *rc);
 #define AUTH_SEEN_REFRESH_MS (5 * 60 * 1000) /* a device's row is rewritten at most this often */
 #define AUTH_SEEN_RETRY_MS (30 * 1000)       /* after a refresh that could not be written */
 #define AUTH_SEEN_UNKNOWN (-1)               /* no stored last_seen_ts at hand */
+#define AUTH_USER_AGENT_MAX_BYTES 512        /* a stored User-Agent is cut here */
 
 /* Key the table, register its metrics; 0. At start-up, before requests (the accounts
  * module's init). */
 int auth_seen_init(rt_metrics *metrics);
+/* [req] The request's User-Agent as the devices table keeps it (last_seen_user_agent):
+ * printable ASCII only (other bytes become '?', so PostgreSQL always takes it as text), at
+ * most AUTH_USER_AGENT_MAX_BYTES, in r's arena; NULL when the request names none. */
+const char *auth_user_agent(atrium_req *r);
 /* [req] r has just authenticated (r->user, r->device set): refresh the device's
- * last_seen_ts and last_seen_ip (r->client_addr) in PostgreSQL when auth_seen_due says so.
+ * last_seen_ts, last_seen_ip (r->client_addr) and last_seen_user_agent (auth_user_agent)
+ * in PostgreSQL when auth_seen_due says so.
  * stored_ts: the devices row's last_seen_ts that the token look-up read (0 for NULL), or
  * AUTH_SEEN_UNKNOWN (a token from the cache). Never fails r and never sets a response; it
  * waits for a pooled connection only briefly and never for a locked row. */

@@ -1,6 +1,7 @@
 /*
  * core/client/auth/auth_seen.c - when a device was last used: devices.last_seen_ts and
- * last_seen_ip follow the requests a device makes, not only its logins, at a bounded cost.
+ * last_seen_ip (and last_seen_user_agent, for GET /admin/whois) follow the requests a device
+ * makes, not only its logins, at a bounded cost.
  *
  * Decisions owned here:
  *   - The rule (auth_seen_due): a device's row is refreshed when the newest last-seen time
@@ -24,7 +25,8 @@
  *     devices endpoints could answer before the write.)
  *   - The UPDATE never moves last_seen_ts backwards (a login's newer time stays).
  * last_seen_ip is the request's client address after trusted-proxy handling
- * (r->client_addr), as for rate limits. The table holds keyed hashes of (user, device)
+ * (r->client_addr), as for rate limits; last_seen_user_agent its User-Agent header, made
+ * safe to store (auth_user_agent). The table holds keyed hashes of (user, device)
  * and times only. What this file does not do: decide whether a token is valid (auth.c,
  * auth_cache.c), or write the row at login (account_util.c).
  */
@@ -104,22 +106,36 @@ void auth_seen_retry_later(const char *user, const char *device, int64_t due_ms)
     pthread_mutex_unlock(&mu);
 }
 
-/* Write (now_ms, ip) into the device's row unless it holds a newer time or another
- * transaction has it locked. 1 written, 0 left as it was, -1 failed. */
-static int write_seen(const char *user, const char *device, const char *ip, int64_t now_ms)
+const char *auth_user_agent(atrium_req *r)
+{
+    const char *ua = http_req_header(r, "User-Agent");
+    if (!ua) return NULL;
+    size_t n = strnlen(ua, AUTH_USER_AGENT_MAX_BYTES);
+    char *out = rt_arena_strndup(r->arena, ua, n);
+    if (!out) return NULL; /* out of memory: the agent is merely not recorded */
+    for (char *p = out; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) *p = '?';
+    return out;
+}
+
+/* Write (now_ms, ip, user_agent) into the device's row unless it holds a newer time or
+ * another transaction has it locked. 1 written, 0 left as it was, -1 failed. */
+static int write_seen(const char *user, const char *device, const char *ip, const char *user_agent,
+                      int64_t now_ms)
 {
     PGconn *c = db_acquire(db_global(), AUTH_SEEN_DB_WAIT_MS);
     if (!c) return -1; /* the pool is busy now: not worth holding the request for */
     char ts[24];
     snprintf(ts, sizeof(ts), "%lld", (long long)now_ms);
-    const char *params[4] = {user, device, ts, ip};
+    const char *params[5] = {user, device, ts, ip, user_agent};
     PGresult *res = PQexecParams(c,
-                                 "UPDATE devices SET last_seen_ts = $3, last_seen_ip = $4"
+                                 "UPDATE devices SET last_seen_ts = $3, last_seen_ip = $4,"
+                                 " last_seen_user_agent = $5"
                                  " WHERE user_id = $1 AND device_id = $2 AND EXISTS ("
                                  "SELECT 1 FROM devices WHERE user_id = $1 AND device_id = $2"
                                  " AND (last_seen_ts IS NULL OR last_seen_ts < $3)"
                                  " FOR UPDATE SKIP LOCKED)",
-                                 4, NULL, params, NULL, NULL, 0);
+                                 5, NULL, params, NULL, NULL, 0);
     int rc = -1;
     if (PQresultStatus(res) == PGRES_COMMAND_OK)
         rc = strcmp(PQcmdTuples(res), "1") == 0 ? 1 : 0;
@@ -138,7 +154,7 @@ void auth_seen_note(atrium_req *r, int64_t stored_ts)
     int64_t now_ms = rt_wall_ms();
     if (!auth_seen_due(r->user, r->device, stored_ts, now_ms)) return;
     const char *ip = r->client_addr ? r->client_addr : "unknown";
-    int rc = write_seen(r->user, r->device, ip, now_ms);
+    int rc = write_seen(r->user, r->device, ip, auth_user_agent(r), now_ms);
     if (rc > 0) {
         rt_metric_add(m_writes, 1);
     } else if (rc < 0) {

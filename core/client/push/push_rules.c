@@ -284,6 +284,16 @@ static int bad_rule_path(atrium_req *r)
                               "A push rule path needs a scope, a kind and a rule ID");
 }
 
+/* …/{scope}/{kind}/{ruleId}/{attr} with an attribute other than enabled and actions (those
+ * have routes of their own, which win): 400, as Synapse answers an attribute it does not
+ * know, after the path's other parts are checked. */
+static int bad_rule_attr(atrium_req *r)
+{
+    if (!auth_request(r) || !rule_path_ok(r)) return ATRIUM_DONE;
+    return http_respond_error(r, 400, "M_INVALID_PARAM",
+                              "Unknown push rule attribute (enabled or actions)");
+}
+
 /* GET /pushrules/, /pushrules: {global: {...}}; GET /pushrules/global/: the global set. */
 static int get_all(atrium_req *r)
 {
@@ -658,6 +668,8 @@ int push_rules_routes(http_server *s)
         HTTP_ROUTE("PUT", RULE_PATH "/enabled", put_enabled, ACC_MAX_BODY_BYTES),
         HTTP_ROUTE("GET", RULE_PATH "/actions", get_actions, ACC_MAX_BODY_BYTES),
         HTTP_ROUTE("PUT", RULE_PATH "/actions", put_actions, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("GET", RULE_PATH "/{attr}", bad_rule_attr, ACC_MAX_BODY_BYTES),
+        HTTP_ROUTE("PUT", RULE_PATH "/{attr}", bad_rule_attr, ACC_MAX_BODY_BYTES),
         /* Empty parts: a literal "" segment matches only an empty one. */
         HTTP_ROUTE("PUT", PR "//{kind}/{ruleId}", bad_rule_path, ACC_MAX_BODY_BYTES),
         HTTP_ROUTE("DELETE", PR "//{kind}/{ruleId}", bad_rule_path, ACC_MAX_BODY_BYTES),

@@ -6,7 +6,8 @@
  * Each endpoint only says which membership event it wants; whether it is allowed is the
  * auth rules' decision (room_auth.c through core/rooms/rooms_tx.c). What this file adds: a join
  * of a user already joined writes nothing, kick and unban need a target that is in the
- * room / banned, membership events carry the user's profile, and invites reach only local
+ * room / banned, membership events carry the user's profile (and a /join/{roomIdOrAlias}
+ * body's other keys, take_join_extras), and invites reach only local
  * users that exist; other servers' users are invited through their server
  * (rooms_remote.c). A kick of a knocking user rejects the knock; a knock withdrawn on a room
  * this server is not in is rooms_knock.c's (rooms_knock_withdraw). /join/#alias resolves the alias through the room directory, another
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/client/accounts/accounts.h"
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/rooms/rooms_space.h"
@@ -233,6 +235,32 @@ static bool take_reason(atrium_req *r, json_t *body, json_t *content)
     return true;
 }
 
+/* POST /join/{roomIdOrAlias}: the body's other keys go into the membership event as they
+ * are, as Synapse's does (its /rooms/{roomId}/join keeps only the reason, and so does
+ * ours). A displayname or avatar_url of the body is a per-room profile and wins over the
+ * global one, held to the profile's types and sizes; membership and
+ * join_authorised_via_users_server stay the server's. false after answering 400. */
+static bool take_join_extras(atrium_req *r, json_t *body, json_t *content)
+{
+    static const struct {
+        const char *key;
+        size_t max_bytes;
+    } PROFILE[] = {{"displayname", ACC_DISPLAYNAME_MAX_BYTES}, {"avatar_url", ACC_AVATAR_URL_MAX_BYTES}};
+    for (size_t i = 0; i < sizeof(PROFILE) / sizeof(PROFILE[0]); i++) {
+        const char *v;
+        if (!http_field_string(r, body, PROFILE[i].key, false, PROFILE[i].max_bytes, &v)) return false;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(body, key, v)
+    {
+        if (strcmp(key, "membership") == 0 || strcmp(key, "join_authorised_via_users_server") == 0)
+            continue;
+        json_object_set(content, key, v);
+    }
+    return true;
+}
+
 /* A body that may be empty (some clients send none for join/leave/forget). */
 static json_t *optional_body(atrium_req *r)
 {
@@ -324,7 +352,9 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
         json_decref(content);
         return http_respond_json(r, 200, answer);
     }
-    if (!take_reason(r, body, content) || !vouch_for(r, room_id, user, content)) {
+    bool by_join_path = http_req_param(r, "roomIdOrAlias") != NULL; /* POST /join/{...} */
+    if (!take_reason(r, body, content) || (by_join_path && !take_join_extras(r, body, content)) ||
+        !vouch_for(r, room_id, user, content)) {
         json_decref(content);
         json_decref(answer);
         return ATRIUM_DONE;

@@ -181,10 +181,11 @@ static int get_joined_members(atrium_req *r)
     for (size_t i = 0; i < json_array_size(all); i++) {
         json_t *ev = json_array_get(all, i), *content = json_object_get(ev, "content");
         if (!in_list(json_string_value(json_object_get(content, "membership")), "join")) continue;
-        json_t *who = json_object();
+        /* Both keys always, null when unset: clients (and Synapse) read them so. */
         json_t *dn = json_object_get(content, "displayname"), *av = json_object_get(content, "avatar_url");
-        if (json_is_string(dn)) json_object_set(who, "display_name", dn);
-        if (json_is_string(av)) json_object_set(who, "avatar_url", av);
+        json_t *who = json_pack("{s:o, s:o}",
+                                "display_name", json_is_string(dn) ? json_incref(dn) : json_null(),
+                                "avatar_url", json_is_string(av) ? json_incref(av) : json_null());
         json_object_set_new(joined, json_string_value(json_object_get(ev, "state_key")), who);
     }
     json_decref(all);

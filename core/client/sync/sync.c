@@ -193,15 +193,17 @@ static bool load_filter(atrium_req *r, sync_ctx *s, json_t **holder)
     return true;
 }
 
-/* since (/events: from), timeout, full_state (initialSync: limit). false after answering
- * 400. */
+/* since (/events: from), timeout, full_state (initialSync and /events: limit). false after
+ * answering 400. */
 static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mode)
 {
     const char *since = http_req_query(r, mode == SYNC_MODE_EVENTS ? "from" : "since");
     const char *timeout = http_req_query(r, "timeout");
     const char *full = http_req_query(r, "full_state");
-    if (mode == SYNC_MODE_INITIAL || mode == SYNC_MODE_ROOM_INITIAL) {
-        since = timeout = full = NULL; /* always from nothing, never waiting */
+    if (mode != SYNC_MODE_SYNC) {
+        /* The legacy modes' `limit`: a non-negative integer (clamped), else 400, as Synapse
+         * answers. /events checks it only: its chunk is every new event up to the sync
+         * timeline bound, since a per-room limit would drop events behind its `end`. */
         const char *limit = http_req_query(r, "limit");
         int64_t n = LEGACY_DEFAULT_LIMIT;
         int rc = limit ? atrium_parse_int64(limit, 0, SYNC_MAX_TIMELINE_LIMIT, &n) : 0; /* clamped */
@@ -209,7 +211,10 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
             http_respond_error(r, 400, "M_INVALID_PARAM", "'limit' must be a non-negative integer");
             return false;
         }
-        s->timeline_limit = n;
+        if (mode != SYNC_MODE_EVENTS) {
+            since = timeout = full = NULL; /* always from nothing, never waiting */
+            s->timeline_limit = n;
+        }
     }
     if (since && (!rooms_parse_token(since, &s->since) || s->since < 0)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
