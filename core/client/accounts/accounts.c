@@ -1,7 +1,7 @@
 /*
  * core/client/accounts/accounts.c - the accounts module: the tables behind users, devices, tokens,
- * profiles, user-interactive auth, push rules, filters and account data, and the module's
- * start-up (rate limiters, every account route).
+ * profiles, user-interactive auth, push rules, filters, account data and OpenID tokens, and
+ * the module's start-up (rate limiters, every account route).
  *
  * The endpoints live one concern per file (see accounts.h); this file only ties them into
  * one client module so their migrations are recorded under one owner, "accounts".
@@ -168,6 +168,16 @@ static const atrium_migration MIGRATIONS[] = {
      " SELECT user_id, count(*) FROM push_notifications GROUP BY user_id;"},
     /* whois.c lists it with each device's last connection (auth_seen.c keeps it). */
     {10, "device_user_agents", "ALTER TABLE devices ADD COLUMN last_seen_user_agent text;"},
+    /* openid.c: OpenID tokens for widgets and calls, as SHA-256 hex; at most a few per user
+     * (OPENID_TOKENS_PER_USER_MAX), the newest kept. */
+    {11, "openid_tokens",
+     "CREATE TABLE openid_tokens ("
+     " token_hash text PRIMARY KEY,"
+     " id bigserial NOT NULL," /* minting order, for keeping the newest */
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " created_ts bigint NOT NULL,"
+     " expires_ts bigint NOT NULL);"
+     "CREATE INDEX openid_tokens_user ON openid_tokens (user_id, id);"},
 };
 
 static int accounts_init(core_runtime *rt)
@@ -187,7 +197,7 @@ static int accounts_init(core_runtime *rt)
         push_rules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
         acc_tags_routes(s) < 0 || pushers_routes(s) < 0 || acc_misc_routes(s) < 0 || acc_whois_routes(s) < 0 ||
         acc_account_data_routes(s) < 0 || acc_user_directory_routes(s) < 0 ||
-        acc_deactivate_routes(s) < 0)
+        acc_deactivate_routes(s) < 0 || acc_openid_routes(s) < 0)
         return -1;
     return 0;
 }

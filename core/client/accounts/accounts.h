@@ -7,7 +7,7 @@
  * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over files by
  * concern, each file X.c holding the functions acc_X_* (the file name is the prefix): register.c,
  * admin_register.c, login.c, devices.c, profile.c, filters.c, account_data.c, tags.c, misc.c,
- * user_directory.c, deactivate.c; uia.c is uia_, and account_util.c the
+ * user_directory.c, deactivate.c, openid.c; uia.c is uia_, and account_util.c the
  * acc_ helpers every file shares. The module also registers the push endpoints
  * (core/client/push/: their tables are this module's, and they use its database helpers).
  * Each file registers its own routes from an *_routes function called by the module's init.
@@ -196,5 +196,7 @@ int acc_misc_routes(http_server *s);
 int acc_whois_routes(http_server *s);
 int acc_user_directory_routes(http_server *s);
 int acc_deactivate_routes(http_server *s);
+/* openid.c: the OpenID token endpoints, the client's and the federation userinfo. */
+int acc_openid_routes(http_server *s);
 
 #endif
