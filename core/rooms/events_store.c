@@ -9,7 +9,10 @@
  * redacted, with the algorithm of its room's version, and so is one that erasure hides
  * from the reader (rooms_erasure_hides: an erased sender, a reader not joined at it),
  * whether it is the event itself, the state it replaced (prev_content) or its redaction.
- * It does not decide who may see which events (rooms_vis.c, core/client/sync/sync.c).
+ * It also keeps the SQL of the readers' event filters, the client's (room_filter) and the
+ * user's own ignore list (rooms_ignored_users: ignored users' message events leave
+ * timelines, their state events stay). It does not decide who may see which events
+ * (rooms_vis.c, core/client/sync/sync.c).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 """Ignoring users (the spec's m.ignored_user_list account data): the message events of the
 users a user ignores are left out of that user's timelines - /sync, initial and
 incremental, /messages and the deprecated /initialSync - while their state events are still
-delivered; invites they send are left out of rooms.invite; removing a user from the list
+delivered; invites they send are left out of rooms.invite (and of sliding sync's lists); removing a user from the list
 brings their new messages back on the next sync. Other users still see everything.
 
 One server and three registered users serve the whole class; each test sets alice's list
@@ -13,6 +13,7 @@ import unittest
 from rooms_client import SharedServerTest, V3, quote, timeline_bodies
 
 WIDE = {"room": {"timeline": {"limit": 50}}}
+SLIDING = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
 
 
 class IgnoredUsersTest(SharedServerTest):
@@ -107,6 +108,22 @@ class IgnoredUsersTest(SharedServerTest):
         later = self.alice.sync(since=before["next_batch"], filter=WIDE)
         self.assertEqual(timeline_bodies(later, room), ["after unignoring"])
         self.assertIn("while ignored", self.message_bodies(self.alice, room))
+
+    def test_sliding_sync_leaves_out_an_ignored_users_messages_and_invites(self):
+        self.ignore(self.bob)
+        room = self.shared_room()
+        self.say(self.bob, room, "bob says")
+        self.say(self.carol, room, "carol says")
+        from_bob = self.bob.create_room(preset="private_chat", invite=[self.alice.user_id])
+        from_carol = self.carol.create_room(preset="private_chat", invite=[self.alice.user_id])
+
+        body = {"lists": {"all": {"ranges": [[0, 99]], "timeline_limit": 50, "required_state": []}}}
+        answer = self.alice.ok("POST", SLIDING, body)
+        rooms = answer["rooms"]
+        self.assertEqual([e["content"].get("body") for e in rooms[room]["timeline"]
+                          if e["type"] == "m.room.message"], ["carol says"])
+        self.assertIn(from_carol, rooms)
+        self.assertNotIn(from_bob, rooms)
 
 
 if __name__ == "__main__":
