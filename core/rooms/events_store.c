@@ -9,7 +9,10 @@
  * redacted, with the algorithm of its room's version, and so is one that erasure hides
  * from the reader (rooms_erasure_hides: an erased sender, a reader not joined at it),
  * whether it is the event itself, the state it replaced (prev_content) or its redaction.
- * It does not decide who may see which events (rooms_vis.c, core/client/sync/sync.c).
+ * It also keeps the SQL of the readers' event filters, the client's (room_filter) and the
+ * user's own ignore list (rooms_ignored_users: ignored users' message events leave
+ * timelines, their state events stay). It does not decide who may see which events
+ * (rooms_vis.c, core/client/sync/sync.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,4 +277,33 @@ bool rooms_filter_parse(rt_arena *a, const json_t *f, room_filter *out, char *wh
            filter_list(a, f, "not_types", true, &out->not_types, why, len) &&
            filter_list(a, f, "senders", false, &out->senders, why, len) &&
            filter_list(a, f, "not_senders", false, &out->not_senders, why, len);
+}
+
+/* ---- ignored users ------------------------------------------------------------------ */
+
+int rooms_ignored_users(PGconn *c, rt_arena *a, const char *user_id, const char **out)
+{
+    *out = NULL;
+    const char *p[1] = {user_id};
+    /* A list that is not an object of users ignores nobody (as Synapse reads it). */
+    PGresult *res = rooms_q(c,
+                            "SELECT array_agg(k)::text FROM account_data,"
+                            " jsonb_object_keys(CASE WHEN jsonb_typeof(content->'ignored_users')"
+                            " = 'object' THEN content->'ignored_users' ELSE '{}' END) k"
+                            " WHERE user_id = $1 AND room_id = '' AND type = 'm.ignored_user_list'",
+                            1, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    int rc = ROOMS_OK;
+    if (!PQgetisnull(res, 0, 0) && !(*out = rt_arena_strdup(a, PQgetvalue(res, 0, 0))))
+        rc = ROOMS_E_DB; /* out of memory: no reading without the list */
+    PQclear(res);
+    return rc;
+}
+
+const char *rooms_ignored_sql(rt_arena *a, int n)
+{
+    return rt_arena_printf(a,
+                           " AND ($%d::text[] IS NULL OR e.state_key IS NOT NULL"
+                           " OR NOT (e.sender = ANY($%d::text[])))",
+                           n, n);
 }

@@ -331,6 +331,9 @@ typedef struct room_filter {
     int64_t limit; /* -1 when not given */
     const char *types, *not_types, *senders, *not_senders;
     bool lazy_load_members;
+    /* Not the client's: the reader's m.ignored_user_list as a text[] literal (NULL: nobody),
+     * set by the endpoint (rooms_ignored_users) and used with rooms_ignored_sql. */
+    const char *ignored;
 } room_filter;
 
 /* The SQL condition of a room_filter on events e, with its four arrays as parameters
@@ -339,6 +342,14 @@ const char *rooms_filter_sql(rt_arena *a, int n);
 /* Parse f (a RoomEventFilter object; NULL = no filter) into out. false with why (for 400
  * M_BAD_JSON) on wrong types. */
 bool rooms_filter_parse(rt_arena *a, const json_t *f, room_filter *out, char *why, size_t len);
+/* The users user_id ignores (the `ignored_users` keys of its global m.ignored_user_list
+ * account data) as a text[] literal in arena a, or *out NULL when nobody is. Read once per
+ * request by the readers of timelines. ROOMS_OK or ROOMS_E_DB (logged). */
+int rooms_ignored_users(PGconn *c, rt_arena *a, const char *user_id, const char **out);
+/* The SQL condition that leaves out of a timeline the events e of ignored users ($n, a
+ * text[] or NULL): their message events go, their state events stay (the spec's rule:
+ * ignoring does not hide the room's state). Lives in the arena. */
+const char *rooms_ignored_sql(rt_arena *a, int n);
 
 
 /* ---- identifiers -------------------------------------------------------------------- */

@@ -238,16 +238,19 @@ static int lazy_members(rooms_reader *rd, int64_t upto, json_t *events, json_t *
 static int window_page(atrium_req *r, rooms_reader *rd, const room_filter *f, int64_t lo, int64_t hi,
                        int64_t limit, bool back, json_t *out, int64_t *first, int64_t *last)
 {
-    const char *p[6 + ROOMS_VIS_PARAMS] = {rd->room, rooms_i64(r, limit), f->types,
-                                           f->not_types, f->senders, f->not_senders};
+    enum { N_PARAMS = 7 + ROOMS_VIS_PARAMS, IGNORED = N_PARAMS - 1 };
+    const char *p[N_PARAMS] = {rd->room, rooms_i64(r, limit), f->types,
+                               f->not_types, f->senders, f->not_senders};
+    p[IGNORED] = f->ignored;
     const char *vis_sql;
     if (!rooms_vis_window(r->arena, &rd->vis, lo, hi, false, 7, &vis_sql, p + 6)) return 0;
     const char *sql = rt_arena_printf(r->arena,
-                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s"
+                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s%s"
                                                     " ORDER BY e.stream_pos %s LIMIT $2",
                                       vis_sql, rooms_filter_sql(r->arena, 3),
+                                      rooms_ignored_sql(r->arena, IGNORED + 1),
                                       back ? "DESC" : "ASC");
-    return events_fetch(rd->c, &rd->view, sql, 6 + ROOMS_VIS_PARAMS, p, out, first, last);
+    return events_fetch(rd->c, &rd->view, sql, N_PARAMS, p, out, first, last);
 }
 
 /* Does the room's history go on beyond what is stored here (backward extremities)? 1, 0,
@@ -265,7 +268,8 @@ static int backfill_wanted(rooms_reader *rd)
  * stored here (a room joined over federation starts at the join), the request is handed
  * to the remote pool, which reads up to a page of older events from the room's other
  * servers (fed_rooms_backfill) before it pages: no request-pool thread waits on a peer,
- * and each page asks at most once. */
+ * and each page asks at most once. Message events of users the reader ignores are left
+ * out (window_page, with the list read once per run). */
 static int get_messages(atrium_req *r)
 {
     const char *dir = http_req_query(r, "dir"), *from = http_req_query(r, "from");
@@ -291,6 +295,7 @@ static int get_messages(atrium_req *r)
     if (may_backfill && r->run_reason == ATRIUM_RUN_HANDOFF &&
         fed_rooms_backfill(&rd.c, rd.room, (int)limit) < 0)
         return db_failed(r, &rd, NULL);
+    if (rooms_ignored_users(rd.c, r->arena, rd.user, &f.ignored) < 0) return db_failed(r, &rd, NULL);
     json_t *chunk = json_array();
     int64_t first = 0, last = 0;
     int n = window_page(r, &rd, &f, lo, hi, limit, back, chunk, &first, &last);
@@ -338,6 +343,7 @@ static int get_context(atrium_req *r)
         http_db_checkin(rd.c);
         return http_respond_error(r, 404, "M_NOT_FOUND", "Event not found");
     }
+    if (rooms_ignored_users(rd.c, r->arena, rd.user, &f.ignored) < 0) return db_failed(r, &rd, one);
     int64_t before_n = limit / 2, after_n = limit - before_n;
     json_t *before = json_array(), *after = json_array();
     int64_t b_last = pos, a_last = pos, dummy;

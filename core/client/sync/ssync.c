@@ -152,7 +152,10 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
 {
     *a = (ssync_answer){json_object(), json_object(), json_object(), NULL, json_object(), false};
     ssync_rooms rs;
-    if (ssync_rooms_load(s, q, prev->stream_pos, &rs) < 0) return ROOMS_E_DB;
+    /* Timelines leave out what ignored users sent, as /sync's do (sync_rooms.c). */
+    if (rooms_ignored_users(s->c, s->r->arena, s->user, &s->timeline.ignored) < 0 ||
+        ssync_rooms_load(s, q, prev->stream_pos, &rs) < 0)
+        return ROOMS_E_DB;
     json_t *picked = json_object();
     a->sent = carried_map(prev->rooms, &rs);
     int rc = ssync_lists_apply(s, q, &rs, a->counts, picked);

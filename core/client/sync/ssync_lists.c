@@ -7,7 +7,8 @@
  *     the stream position of its newest event of a bump type (BUMP_TYPES, Synapse's
  *     list: create, message, encrypted, sticker, call invite, poll start, beacon info) up
  *     to the response's position; for other memberships the position of the membership.
- *   - The rooms lists hold: joined, invited and knocked ones, and those left or banned
+ *   - The rooms lists hold: joined, invited (not by a user the user ignores: the
+ *     m.ignored_user_list, as /sync's rooms.invite) and knocked ones, and those left or banned
  *     after the connection's previous position (so the client learns of it once). A
  *     forgotten room is never listed.
  *   - Filters: is_dm reads the m.direct account data; is_encrypted the current
@@ -88,8 +89,8 @@ int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_ro
         need_enc = need_enc || q->lists[i].f.is_encrypted >= 0;
         need_type = need_type || q->lists[i].f.room_types || q->lists[i].f.not_room_types;
     }
-    const char *p[6] = {s->user, rooms_i64(s->r, s->upto), BUMP_TYPES, rooms_i64(s->r, prev),
-                        need_enc ? "t" : "f", need_type ? "t" : "f"};
+    const char *p[7] = {s->user, rooms_i64(s->r, s->upto), BUMP_TYPES, rooms_i64(s->r, prev),
+                        need_enc ? "t" : "f", need_type ? "t" : "f", s->timeline.ignored};
     PGresult *res = rooms_q(
         s->c,
         "WITH m AS (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id, sender,"
@@ -104,10 +105,11 @@ int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_ro
         "  CASE WHEN $6::boolean THEN (SELECT e.pdu::json -> 'content' ->> 'type' FROM current_state cs"
         "   JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = m.room_id"
         "   AND cs.type = 'm.room.create' AND cs.state_key = '') END"
-        " FROM m WHERE NOT m.forgotten AND (m.membership IN ('join', 'invite', 'knock')"
+        " FROM m WHERE NOT m.forgotten AND (m.membership IN ('join', 'knock')"
+        "  OR (m.membership = 'invite' AND (m.sender = ANY($7::text[])) IS NOT TRUE)"
         "  OR (m.membership IN ('leave', 'ban') AND $4::bigint > 0 AND m.stream_pos > $4::bigint))"
         " ORDER BY bump DESC, m.room_id",
-        6, p, NULL);
+        7, p, NULL);
     if (!res) {
         json_decref(dms);
         return ROOMS_E_DB;

@@ -293,7 +293,9 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
     *has_new = false;
     json_t *resp = json_object(), *rooms = json_object();
     json_object_set_new(resp, "rooms", rooms);
-    if (sync_rooms(s, rooms, has_new) < 0 || global_account_data(s, resp, has_new) < 0) {
+    /* Once per run, so a change to the list shows in the next sync. */
+    if (rooms_ignored_users(s->c, s->r->arena, s->user, &s->timeline.ignored) < 0 ||
+        sync_rooms(s, rooms, has_new) < 0 || global_account_data(s, resp, has_new) < 0) {
         json_decref(resp);
         return NULL;
     }

@@ -109,16 +109,19 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
     t->events = json_array();
     t->limited = false;
     t->first_pos = 0;
-    const char *p[6 + ROOMS_VIS_PARAMS] = {room_id, i64s(s, s->timeline_limit + 1),
-                                           s->timeline.types, s->timeline.not_types,
-                                           s->timeline.senders, s->timeline.not_senders};
+    enum { N_PARAMS = 7 + ROOMS_VIS_PARAMS, IGNORED = N_PARAMS - 1 };
+    const char *p[N_PARAMS] = {room_id, i64s(s, s->timeline_limit + 1),
+                               s->timeline.types, s->timeline.not_types,
+                               s->timeline.senders, s->timeline.not_senders};
+    p[IGNORED] = s->timeline.ignored;
     const char *vis_sql;
     if (!rooms_vis_window(s->r->arena, vis, lo, hi, false, 7, &vis_sql, p + 6)) return ROOMS_OK;
     const char *sql = rt_arena_printf(s->r->arena,
-                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s"
+                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s%s"
                                                     " ORDER BY e.stream_pos DESC LIMIT $2",
-                                      vis_sql, rooms_filter_sql(s->r->arena, 3));
-    PGresult *res = rooms_q(s->c, sql, 6 + ROOMS_VIS_PARAMS, p, NULL);
+                                      vis_sql, rooms_filter_sql(s->r->arena, 3),
+                                      rooms_ignored_sql(s->r->arena, IGNORED + 1));
+    PGresult *res = rooms_q(s->c, sql, N_PARAMS, p, NULL);
     if (!res) {
         json_decref(t->events);
         t->events = NULL;
@@ -733,12 +736,13 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     json_t *acct;
     if (room_account_data(s, &acct) < 0) return ROOMS_E_DB;
     /* Every room's newest membership of the user as of upto. */
-    const char *p[2] = {s->user, i64s(s, s->upto)};
+    const char *p[3] = {s->user, i64s(s, s->upto), s->timeline.ignored};
     PGresult *res = rooms_q(s->c,
                             "SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id,"
-                            " sender, forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2"
+                            " sender, forgotten, (sender = ANY($3::text[])) IS TRUE"
+                            " FROM memberships WHERE user_id = $1 AND stream_pos <= $2"
                             " ORDER BY room_id, stream_pos DESC",
-                            2, p, NULL);
+                            3, p, NULL);
     if (!res) {
         json_decref(acct);
         return ROOMS_E_DB;
@@ -755,7 +759,9 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
             if (!active || json_object_get(active, m.room_id) || json_object_get(acct, m.room_id))
                 rc = joined_room(s, m.room_id, acct, join, has_new);
         }
-        else if (strcmp(m.membership, "invite") == 0 && (in_window || s->since == 0))
+        /* An invite from a user it ignores is not shown (the spec; Synapse drops it too). */
+        else if (strcmp(m.membership, "invite") == 0 && (in_window || s->since == 0) &&
+                 PQgetvalue(res, i, 6)[0] != 't')
             rc = stripped_room(s, &INVITED, &m, invite, has_new);
         else if (strcmp(m.membership, "knock") == 0 && (in_window || s->since == 0))
             rc = stripped_room(s, &KNOCKED, &m, knock, has_new);

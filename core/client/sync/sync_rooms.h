@@ -20,7 +20,9 @@ typedef struct sync_ctx {
     int64_t since; /* 0: initial sync */
     int64_t upto;  /* next_batch */
     bool full_state;
-    room_filter timeline; /* room.timeline */
+    room_filter timeline; /* room.timeline; .ignored: the user's ignore list (message
+                           * events of these users are left out of timelines, invites
+                           * from them out of rooms.invite) */
     int64_t timeline_limit;
     bool lazy_members;    /* room.state.lazy_load_members (or room.timeline's) */
     bool redundant_members; /* room.state.include_redundant_members: resend member events */
