@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "core/client/auth/auth.h"
 #include "core/federation/transport/fed_request.h"
 #include "core/federation/transport/federation.h"
@@ -591,6 +593,36 @@ static int h_server_name_valid(const char *name)
     return rt_server_name_valid(name) ? 1 : 0;
 }
 
+static int64_t h_wall_ms(void) { return rt_wall_ms(); }
+
+/* The plugin's atrium_sha256 holds libsodium's state: the public struct is sized and
+ * aligned for it (checked here, pinned in tests/unit/test_abi.c). */
+_Static_assert(sizeof(crypto_hash_sha256_state) <= sizeof(atrium_sha256) &&
+                   _Alignof(crypto_hash_sha256_state) <= _Alignof(atrium_sha256),
+               "atrium_sha256 holds crypto_hash_sha256_state");
+
+static int h_sha256_init(atrium_sha256 *ctx)
+{
+    if (!ctx) return ATRIUM_E_INVAL;
+    crypto_hash_sha256_init((crypto_hash_sha256_state *)(void *)ctx);
+    return 0;
+}
+
+static int h_sha256_update(atrium_sha256 *ctx, const void *data, size_t len)
+{
+    if (!ctx || (!data && len)) return ATRIUM_E_INVAL;
+    if (len) crypto_hash_sha256_update((crypto_hash_sha256_state *)(void *)ctx, data, len);
+    return 0;
+}
+
+static int h_sha256_final(atrium_sha256 *ctx, unsigned char out[ATRIUM_SHA256_BYTES])
+{
+    if (!ctx || !out) return ATRIUM_E_INVAL;
+    crypto_hash_sha256_final((crypto_hash_sha256_state *)(void *)ctx, out);
+    crypto_hash_sha256_init((crypto_hash_sha256_state *)(void *)ctx);
+    return 0;
+}
+
 static int h_respond_stream_wait(atrium_req *r, int status, const char *content_type,
                                  int64_t size, atrium_stream_read read, void *arg,
                                  void (*free_arg)(void *), atrium_event *ev, int64_t deadline_ms)
@@ -682,6 +714,10 @@ static const atrium_host HOST = {
     .lease_held = h_lease_held,
     .respond_stream_wait = h_respond_stream_wait,
     .server_name_valid = h_server_name_valid,
+    .wall_ms = h_wall_ms,
+    .sha256_init = h_sha256_init,
+    .sha256_update = h_sha256_update,
+    .sha256_final = h_sha256_final,
 };
 
 const atrium_host *host_table(core_runtime *rt)

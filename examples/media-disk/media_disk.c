@@ -17,9 +17,18 @@
  *     last byte, so a slow reader keeps its slot and the line bounds open files;
  *   - responses carry the headers of atrium/media.h; ETag (the media ID: content never
  *     changes), If-None-Match -> 304, one Range -> 206, a range past the end -> 416.
+ * Every handler has the same shape (docs/plugins.md, "The re-run model"): it runs again
+ * from the top after a park or a handoff, so it branches on req_run_reason and repeats
+ * line_admit on every run; its steps return ATRIUM_CONTINUE or the outcome to return.
+ * A store that cannot be written answers 503 (507 when the disk is full), as media.h says.
  * What it deliberately leaves out (optional in media/1): create + PUT, thumbnails (the
  * route answers 404), legacy paths, federation, remote media, admin endpoints.
+ *
+ * Built with the one line of docs/plugins.md (strict -std=c17: the POSIX names it uses,
+ * O_CLOEXEC, O_DIRECTORY, dirfd, come from the feature macro below, not from the build).
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -47,7 +56,6 @@
 #define IO_QUEUE 64                 /* commits waiting for an io thread */
 #define DEFAULT_MAX_UPLOAD_BYTES (50LL * 1024 * 1024)
 #define BODY_SLACK_BYTES 1          /* the core's cap sits just above ours: we answer 413 */
-#define GO 100 /* not a handler outcome: the step passed, the handler goes on */
 
 typedef struct settings {
     const char *store_path;
@@ -194,9 +202,13 @@ static int parse_range(const char *h, uint64_t size, uint64_t *start, uint64_t *
     return 1;
 }
 
-static int busy(atrium_req *req)
+/* Storage or database unavailable: 503 (media.h), or 507 when the disk is full. */
+static int unavailable(atrium_req *req, int err)
 {
-    P.h->respond_error(req, 503, "M_UNKNOWN", "Storage is unavailable; retry");
+    if (err == ENOSPC)
+        P.h->respond_error(req, 507, "M_UNKNOWN", "The server's storage is full");
+    else
+        P.h->respond_error(req, 503, "M_UNKNOWN", "Storage is unavailable; retry");
     return ATRIUM_DONE;
 }
 
@@ -239,8 +251,9 @@ static int upload_begin(atrium_req *req)
     snprintf(up->final_path, sizeof(up->final_path), "%s/%s", P.cfg.store_path, up->id);
     up->fd = open(up->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
     if (up->fd < 0) {
-        h->log(P.self, ATRIUM_LOG_ERROR, "cannot create %s: %s", up->tmp_path, strerror(errno));
-        h->respond_error(req, 500, "M_UNKNOWN", "The server could not store the upload");
+        int err = errno;
+        h->log(P.self, ATRIUM_LOG_ERROR, "cannot create %s: %s", up->tmp_path, strerror(err));
+        unavailable(req, err);
         return ATRIUM_E_IO;
     }
     h->req_set_state(req, up);
@@ -261,8 +274,7 @@ static int upload_chunk(atrium_req *req, const char *data, size_t len)
         ssize_t n = write(up->fd, data + done, len - done);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
-            P.h->respond_error(req, errno == ENOSPC ? 507 : 500, "M_UNKNOWN",
-                               "The server could not store the upload");
+            unavailable(req, n < 0 ? errno : ENOSPC); /* a write of 0: no room */
             return ATRIUM_E_IO;
         }
         done += (size_t)n;
@@ -271,13 +283,16 @@ static int upload_chunk(atrium_req *req, const char *data, size_t len)
     return 0;
 }
 
-/* io pool: the file durable and named, then the row, then the answer. */
+/* io pool: the file durable and named, then the row, then the answer. The route has
+ * ATRIUM_ROUTE_COMMITS, so once this runs it alone answers: the request's deadline cannot
+ * tell the client "failed" about an upload this then records. */
 static int upload_commit(atrium_req *req, upload *up)
 {
     const atrium_host *h = P.h;
     if (fsync(up->fd) < 0 || rename(up->tmp_path, up->final_path) < 0) {
-        h->log(P.self, ATRIUM_LOG_ERROR, "cannot store %s: %s", up->id, strerror(errno));
-        return busy(req);
+        int err = errno;
+        h->log(P.self, ATRIUM_LOG_ERROR, "cannot store %s: %s", up->id, strerror(err));
+        return unavailable(req, err);
     }
     int dir = open(P.cfg.store_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir >= 0) {
@@ -289,7 +304,7 @@ static int upload_commit(atrium_req *req, upload *up)
     if (c) {
         char size[24], now[24];
         snprintf(size, sizeof(size), "%" PRId64, up->size);
-        snprintf(now, sizeof(now), "%" PRId64, h->now_ms());
+        snprintf(now, sizeof(now), "%" PRId64, h->wall_ms()); /* a date: not now_ms */
         const char *vals[] = {up->id, up->user, up->content_type, up->name, size, now};
         res = PQexecParams(c,
                            "INSERT INTO media_disk_files (media_id, user_id, content_type, "
@@ -303,7 +318,7 @@ static int upload_commit(atrium_req *req, upload *up)
     if (c) h->db_release(c);
     if (!ok) {
         unlink(up->final_path); /* never acknowledged: leave nothing */
-        return busy(req);
+        return unavailable(req, 0);
     }
     up->committed = true;
     h->metric_add(P.m_uploads, 1);
@@ -313,29 +328,36 @@ static int upload_commit(atrium_req *req, upload *up)
     return ATRIUM_DONE;
 }
 
+/* Runs twice: FIRST on the request pool (the body is in: hand the commit off), then
+ * HANDOFF on the io pool (commit and answer). The upload's state survives in req_state. */
 static int upload_handler(atrium_req *req)
 {
     const atrium_host *h = P.h;
     upload *up = h->req_state(req);
     if (!up) return ATRIUM_E_STATE; /* the headers-first call always sets it */
-    int reason = h->req_run_reason(req);
-    if (reason == ATRIUM_RUN_HANDOFF) return upload_commit(req, up);
+    switch (h->req_run_reason(req)) {
+    case ATRIUM_RUN_FIRST: break;
+    case ATRIUM_RUN_HANDOFF: return upload_commit(req, up);
+    default: return ATRIUM_E_STATE; /* it never parks */
+    }
     int rc = h->handoff(req, P.io, NULL, 0);
-    if (rc == 0) return ATRIUM_HANDED_OFF;
-    if (rc != ATRIUM_E_LIMIT) return busy(req);
+    if (rc == 0) return ATRIUM_HANDED_OFF; /* runs again on io; touch nothing now */
+    if (rc == ATRIUM_E_STOPPED) return rc;  /* the core answers 503 */
+    if (rc != ATRIUM_E_LIMIT) return unavailable(req, 0);
     h->respond_limited(req, RETRY_AFTER_MS, "Too many uploads are being stored; retry");
     return ATRIUM_DONE;
 }
 
 /* ---- download ------------------------------------------------------------------------- */
 
-/* Admission before authorization: the line first, on every run. GO with a slot held,
- * else the handler's outcome (ATRIUM_PARKED, or ATRIUM_DONE after answering). */
+/* Admission before authorization: the line first, on every run (FIRST, then GRANTED or
+ * DEADLINE after a park: line_admit itself tells which). ATRIUM_CONTINUE with a slot
+ * held, else the handler's outcome (ATRIUM_PARKED, or ATRIUM_DONE after answering). */
 static int admit(atrium_req *req)
 {
     const atrium_host *h = P.h;
     int rc = h->line_admit(req, P.delivery);
-    if (rc == ATRIUM_OK) return GO;
+    if (rc == ATRIUM_OK) return ATRIUM_CONTINUE;
     if (rc == ATRIUM_PARKED) return ATRIUM_PARKED;
     if (rc == ATRIUM_E_STOPPED) {
         h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
@@ -374,7 +396,8 @@ static int lookup(const char *id, row *out)
     return rc;
 }
 
-/* After the line and the token: GO with the media's row, or ATRIUM_DONE after answering. */
+/* After the line and the token: ATRIUM_CONTINUE with the media's row, or ATRIUM_DONE
+ * after answering. */
 static int locate(atrium_req *req, row *r)
 {
     const atrium_host *h = P.h;
@@ -389,26 +412,30 @@ static int locate(atrium_req *req, row *r)
         h->respond_error(req, 404, "M_NOT_FOUND", "Not found");
         return ATRIUM_DONE;
     }
-    return rc < 0 ? busy(req) : GO;
+    return rc < 0 ? unavailable(req, 0) : ATRIUM_CONTINUE;
 }
 
+/* Runs FIRST; after a park in the line, again from the top (GRANTED, or DEADLINE and
+ * SHUTDOWN which line_admit answers): nothing before admit may have effects. */
 static int download_handler(atrium_req *req)
 {
     const atrium_host *h = P.h;
     int rc = admit(req);
-    if (rc != GO) return rc;
+    if (rc != ATRIUM_CONTINUE) return rc;
     if (!h->req_authenticate(req)) return ATRIUM_DONE;
     row r;
-    if ((rc = locate(req, &r)) != GO) return rc;
+    if ((rc = locate(req, &r)) != ATRIUM_CONTINUE) return rc;
     const char *id = h->req_param(req, "mediaId");
     char path[PATH_MAX_BYTES], etag[ID_MAX_CHARS + 3], disp[DISPOSITION_MAX_BYTES];
     snprintf(path, sizeof(path), "%s/%s", P.cfg.store_path, id);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0) {
+        int err = errno;
         if (fd >= 0) close(fd);
-        h->log(P.self, ATRIUM_LOG_ERROR, "media %s has a row but no file %s", id, path);
-        return busy(req);
+        h->log(P.self, ATRIUM_LOG_ERROR, "media %s has a row but no file %s: %s", id, path,
+               strerror(err));
+        return unavailable(req, 0);
     }
     snprintf(etag, sizeof(etag), "\"%s\"", id); /* content never changes under an ID */
     const char *file_name = h->req_param(req, "fileName");
@@ -451,7 +478,7 @@ static int download_handler(atrium_req *req)
 static int thumbnail_handler(atrium_req *req)
 {
     int rc = admit(req);
-    if (rc != GO) return rc;
+    if (rc != ATRIUM_CONTINUE) return rc;
     if (!P.h->req_authenticate(req)) return ATRIUM_DONE;
     P.h->respond_error(req, 404, "M_NOT_FOUND", "This server makes no thumbnails");
     return ATRIUM_DONE;
@@ -479,7 +506,7 @@ static int media_init(const atrium_host *h, atrium_plugin *self, const atrium_co
         {.method = "GET", .path = ATRIUM_MEDIA_PATH_CONFIG, .handler = config_handler},
         {.method = "POST", .path = ATRIUM_MEDIA_PATH_UPLOAD, .handler = upload_handler,
          .max_body_bytes = P.cfg.max_upload_bytes + BODY_SLACK_BYTES,
-         .flags = ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_HEADERS_FIRST,
+         .flags = ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_HEADERS_FIRST | ATRIUM_ROUTE_COMMITS,
          .body_chunk = upload_chunk},
         {.method = "GET", .path = ATRIUM_MEDIA_PATH_DOWNLOAD, .handler = download_handler},
         {.method = "GET", .path = ATRIUM_MEDIA_PATH_DOWNLOAD_NAMED, .handler = download_handler},

@@ -46,6 +46,14 @@ typedef struct atrium_metric atrium_metric;   /* a Prometheus counter or gauge *
 typedef struct atrium_ratelimit atrium_ratelimit;
 typedef struct atrium_lease atrium_lease;     /* a once-only job's lease (1.3) */
 
+/* A SHA-256 computation in progress (1.5, host->sha256_*): opaque, the caller's memory.
+ * Its size and alignment are part of the ABI (tests/unit/test_abi.c). */
+typedef struct atrium_sha256 {
+    uint64_t opaque[16];
+} atrium_sha256;
+#define ATRIUM_SHA256_BYTES 32      /* a digest */
+#define ATRIUM_SHA256_HEX_BYTES 65  /* its hex, with the NUL */
+
 /* ---- routes ------------------------------------------------------------------------- */
 
 /* What a handler returns: one of these outcomes, or a negative atrium_err (the core then
@@ -54,6 +62,14 @@ enum atrium_outcome {
     ATRIUM_DONE = 0,       /* a respond_* call set the response */
     ATRIUM_PARKED = 1,     /* park() or line_admit() parked the request: it will run again */
     ATRIUM_HANDED_OFF = 2, /* handoff() moved the request to a pool: it will run there */
+    /* (1.5) Never returned by a handler: what a step of one answers when the handler goes
+     * on. ATRIUM_DONE is 0, so a helper that returns 0 for "go on" and ATRIUM_DONE after
+     * answering cannot be told apart; the convention is that a step (admit, authenticate,
+     * look up) returns ATRIUM_CONTINUE, or the outcome the handler returns at once:
+     *     if ((rc = step(req)) != ATRIUM_CONTINUE) return rc;
+     * A handler that returns it anyway is treated like ATRIUM_DONE (its response is sent,
+     * else 500). A value, not a host member: it works on every 1.x host. */
+    ATRIUM_CONTINUE = 3,
 };
 
 /* Why a handler runs (req_run_reason). A handler runs again from the top every time a
@@ -235,7 +251,7 @@ struct atrium_host {
      * thread works for a request. level: enum atrium_log_level. */
     void (*log)(atrium_plugin *self, int level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
-    /* [any] Monotonic milliseconds (for deadlines). */
+    /* [any] Monotonic milliseconds (for deadlines and durations; not a date: wall_ms). */
     int64_t (*now_ms)(void);
 
     /* [init] Read plugins.<name>.<key> from the subtree given to init. When absent, *out
@@ -626,7 +642,36 @@ struct atrium_host {
      * (answer 400 M_INVALID_PARAM) refuses exactly what the core would, before asking
      * that server anything. Never waits, no state. */
     int (*server_name_valid)(const char *name);
+
+    /* == 1.5: the wall clock, SHA-256 ================================================= */
+
+    /* [any] Wall-clock milliseconds since the Unix epoch (CLOCK_REALTIME): for dates that
+     * are stored or shown (a row's created_ts, an event's origin_server_ts). It may jump
+     * when the system clock is set: never for deadlines or durations (now_ms). */
+    int64_t (*wall_ms)(void);
+    /* [any] SHA-256 of a stream, chunk by chunk, in a context the caller provides (on its
+     * stack, in req_alloc memory, in its own struct; no allocation, no state in the host):
+     * sha256_init once, sha256_update for each chunk in order (len 0 is fine), then
+     * sha256_final writes the ATRIUM_SHA256_BYTES digest (atrium_sha256_hex spells it
+     * as the lower-case hex media/1 plugins and verify-media use) and leaves the context
+     * to be initialized again. One context is one stream: used by one thread at a time.
+     * Return 0, or ATRIUM_E_INVAL for a NULL pointer (data may be NULL when len is 0). */
+    int (*sha256_init)(atrium_sha256 *ctx);
+    int (*sha256_update)(atrium_sha256 *ctx, const void *data, size_t len);
+    int (*sha256_final)(atrium_sha256 *ctx, unsigned char out[ATRIUM_SHA256_BYTES]);
 };
+
+/* The lower-case hex of a SHA-256 digest, NUL-terminated, into `out` (1.5; no host call). */
+static inline void atrium_sha256_hex(const unsigned char digest[ATRIUM_SHA256_BYTES],
+                                     char out[ATRIUM_SHA256_HEX_BYTES])
+{
+    static const char DIGITS[] = "0123456789abcdef";
+    for (int i = 0; i < ATRIUM_SHA256_BYTES; i++) {
+        out[2 * i] = DIGITS[digest[i] >> 4];
+        out[2 * i + 1] = DIGITS[digest[i] & 0xf];
+    }
+    out[2 * ATRIUM_SHA256_BYTES] = '\0';
+}
 
 /* The longest payload notify_publish accepts, in bytes. */
 #define ATRIUM_NOTIFY_MAX_PAYLOAD 1000

@@ -212,8 +212,8 @@ static int upload_begin(media *m, atrium_req *req, media_req *st, bool is_put)
     if (rc != MEDIA_GO) return rc;
     if (store_original_path(m, up->media_id, up->final_path, sizeof(up->final_path)) < 0)
         return ATRIUM_E_INVAL;
-    if (store_tmp_open(m, up->final_path, &up->tmp) < 0) {
-        h->respond_error(req, 500, "M_UNKNOWN", "The server could not store the upload");
+    if (store_tmp_open(m, up->final_path, &up->tmp) < 0) { /* media/1: unavailable = 503 */
+        h->respond_error(req, 503, "M_UNKNOWN", "The server could not store the upload; retry");
         return ATRIUM_DONE;
     }
     sha256_init(&up->sha);
@@ -251,7 +251,7 @@ static int body_chunk(atrium_req *req, const char *data, size_t len, bool is_put
         h->log(m->self, ATRIUM_LOG_ERROR, "cannot write upload %s: %s", up->media_id,
                strerror(-rc));
         store_tmp_discard(&up->tmp);
-        h->respond_error(req, rc == -ENOSPC ? 507 : 500, "M_UNKNOWN",
+        h->respond_error(req, rc == -ENOSPC ? 507 : 503, "M_UNKNOWN",
                          "The server could not store the upload");
         return ATRIUM_E_IO;
     }
@@ -287,7 +287,7 @@ static void fill_row(const upload_state *up, const char *sha, media_row *row)
 
 static int store_failed(media *m, atrium_req *req)
 {
-    m->h->respond_error(req, 500, "M_UNKNOWN", "The server could not store the upload");
+    m->h->respond_error(req, 503, "M_UNKNOWN", "The server could not store the upload; retry");
     return ATRIUM_DONE;
 }
 

@@ -86,6 +86,21 @@ class StreamedBodyTest(StreamTestCase):
                                  "body_chunk may not park: the request is not a handler's yet")
         wait_until(lambda: srv.metric("atrium_testplug_stream_holds") == 0, what="holds released")
 
+    def test_the_hosts_sha256_of_a_streamed_body_and_its_wall_clock_are_right(self):
+        # ABI 1.5: sha256_init/update/final over the body's chunks as they come, and
+        # wall_ms a date (the Unix epoch), not the monotonic now_ms.
+        srv = self.server()
+        for data in (os.urandom(200 * 1024 + 3), b""):
+            with self.subTest(size=len(data)):
+                before_ms = time.time() * 1000
+                status, _, body = post_raw(srv, "/_test/stream", data, chunked=True)
+                after_ms = time.time() * 1000
+                self.assertEqual(status, 200, body)
+                got = json.loads(body)
+                self.assertEqual(got["sha256"], hashlib.sha256(data).hexdigest())
+                self.assertGreater(got["chunks"], 1 if data else -1)
+                self.assertTrue(before_ms - 1000 <= got["wall_ms"] <= after_ms + 1000, got)
+
     def test_an_empty_body_never_reaches_body_chunk_with_data(self):
         srv = self.server()
         status, _, body = post_raw(srv, "/_test/stream", b"")

@@ -6,7 +6,8 @@
  * own migration, and what a media plugin needs most: a streamed body (with the
  * headers-first call), respond_file, req_authenticate and a response that waits for
  * its bytes (respond_stream_wait; tests/integration/test_plugin_streams.py), notifications
- * between processes (ABI 1.3: /_test/notify, tests/integration/test_multiprocess.py) and a
+ * between processes (ABI 1.3: /_test/notify, tests/integration/test_multiprocess.py), the
+ * SHA-256 and wall clock of ABI 1.5 (on /_test/stream) and a
  * once-only job's lease with the instance name (ABI 1.3: /_test/lease,
  * tests/integration/test_scaleout.py).
  *
@@ -313,6 +314,7 @@ typedef struct stream_state {
     int park_in_chunk;   /* what park returned when called from body_chunk */
     int64_t bytes, chunks;
     uint64_t fnv;        /* FNV-1a of the body, to check every byte arrived in order */
+    atrium_sha256 sha;   /* (1.5) the host's SHA-256 of the body, chunk by chunk */
 } stream_state;
 
 static void stream_release(void *arg)
@@ -338,6 +340,7 @@ static int stream_chunk(atrium_req *req, const char *data, size_t len)
         memset(st, 0, sizeof(*st));
         st->headers_seen = true;
         st->fnv = FNV_OFFSET;
+        if (h->sha256_init(&st->sha) < 0) return ATRIUM_E_STATE;
         h->req_set_state(req, st);
         h->metric_add(tp.stream_holds, 1);
         return h->req_hold(req, stream_release, NULL); /* released even if this fails */
@@ -345,6 +348,7 @@ static int stream_chunk(atrium_req *req, const char *data, size_t len)
     if (!st) return ATRIUM_E_STATE;
     if (st->chunks == 0) st->park_in_chunk = h->park(req, tp.bell, h->now_ms() + 1000);
     for (size_t i = 0; i < len; i++) st->fnv = (st->fnv ^ (unsigned char)data[i]) * FNV_PRIME;
+    if (h->sha256_update(&st->sha, data, len) < 0) return ATRIUM_E_STATE;
     st->bytes += (int64_t)len;
     st->chunks++;
     return 0;
@@ -355,15 +359,18 @@ static int post_stream(atrium_req *req)
     stream_state *st = h->req_state(req);
     size_t buffered = 0;
     h->req_body(req, &buffered);
-    char fnv[17];
+    char fnv[17], sha_hex[ATRIUM_SHA256_HEX_BYTES] = "";
     snprintf(fnv, sizeof(fnv), "%016llx", (unsigned long long)(st ? st->fnv : FNV_OFFSET));
+    unsigned char digest[ATRIUM_SHA256_BYTES];
+    if (st && h->sha256_final(&st->sha, digest) == 0) atrium_sha256_hex(digest, sha_hex);
     return h->respond_json(req, 200,
-                           json_pack("{s:b, s:I, s:I, s:s, s:i, s:I}", "headers_first",
+                           json_pack("{s:b, s:I, s:I, s:s, s:i, s:I, s:s, s:I}", "headers_first",
                                      st && st->headers_seen, "bytes",
                                      (json_int_t)(st ? st->bytes : 0), "chunks",
                                      (json_int_t)(st ? st->chunks : 0), "fnv", fnv,
                                      "park_in_chunk", st ? st->park_in_chunk : 0, "buffered",
-                                     (json_int_t)buffered));
+                                     (json_int_t)buffered, "sha256", sha_hex, "wall_ms",
+                                     (json_int_t)h->wall_ms()));
 }
 
 /* GET /_test/file?offset=N&len=M: bytes i % 251 of a 64 KiB file, through respond_file

@@ -43,7 +43,20 @@ _Static_assert(offsetof(struct atrium_host, respond_stream_wait) == 8 + 77 * PTR
 /* 1.4, appended after respond_stream_wait: the server-name grammar. */
 _Static_assert(offsetof(struct atrium_host, server_name_valid) == 8 + 78 * PTR,
                "host 1.4 layout");
-_Static_assert(sizeof(struct atrium_host) == 8 + 79 * PTR, "members are appended only at a minor");
+/* 1.5, appended after server_name_valid: the wall clock, then SHA-256 chunk by chunk. */
+_Static_assert(offsetof(struct atrium_host, wall_ms) == 8 + 79 * PTR, "host 1.5 layout");
+_Static_assert(offsetof(struct atrium_host, sha256_init) == 8 + 80 * PTR, "host 1.5 layout");
+_Static_assert(offsetof(struct atrium_host, sha256_update) == 8 + 81 * PTR, "host 1.5 layout");
+_Static_assert(offsetof(struct atrium_host, sha256_final) == 8 + 82 * PTR, "host 1.5 layout");
+_Static_assert(sizeof(struct atrium_host) == 8 + 83 * PTR, "members are appended only at a minor");
+/* The caller's SHA-256 context: plugins allocate it, so its size and alignment are ABI. */
+_Static_assert(sizeof(atrium_sha256) == 128 && _Alignof(atrium_sha256) == 8,
+               "atrium_sha256 layout changed");
+_Static_assert(ATRIUM_SHA256_BYTES == 32 && ATRIUM_SHA256_HEX_BYTES == 65, "digest sizes");
+/* Handler outcomes keep their values; ATRIUM_CONTINUE (1.5) is none of them. */
+_Static_assert(ATRIUM_DONE == 0 && ATRIUM_PARKED == 1 && ATRIUM_HANDED_OFF == 2 &&
+                   ATRIUM_CONTINUE == 3,
+               "handler outcomes keep their values");
 _Static_assert(ATRIUM_STREAM_END == -1 && ATRIUM_STREAM_ERROR == -2 && ATRIUM_STREAM_WAIT == -3,
                "stream reader answers keep their values");
 /* Route flags and the route struct are frozen too: the host copies sizeof(atrium_route). */
@@ -52,7 +65,7 @@ _Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x
                "route flags keep their bits");
 _Static_assert(offsetof(atrium_route, body_chunk) == 5 * PTR && sizeof(atrium_route) == 7 * PTR,
                "atrium_route layout changed");
-_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 4, "this file pins ABI 1.4");
+_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 5, "this file pins ABI 1.5");
 /* Interfaces start with their size and version, then function pointers, appended only. */
 _Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
                "directory/1 header changed");

@@ -317,6 +317,30 @@ class MainTest(Case):
         wait_until(lambda: not open_store_files(self.srv, before), "no open files after the 413s")
         self.assertEqual(store_files(self.srv), before, "a refused upload leaves nothing behind")
 
+    def test_an_upload_to_a_store_that_cannot_be_written_is_503_and_served_again_after(self):
+        # media.h: storage unavailable -> 503 M_UNKNOWN (507 only for a full disk), never
+        # a 500. The store folder is replaced by a plain file for the upload (a read-only
+        # folder would do for an unprivileged server, but root writes into one anyway).
+        away = self.srv.store + ".away"
+        os.rename(self.srv.store, away)
+        try:
+            with open(self.srv.store, "wb"):
+                pass
+            for chunked in (False, True):
+                with self.subTest(chunked=chunked):
+                    answer = raw_request(self.srv, "POST", "/_matrix/media/v3/upload",
+                                         {"Content-Type": "text/plain"}, b"kept nowhere",
+                                         chunked=chunked, token=self.token)
+                    self.assert_error(answer, 503, "M_UNKNOWN")
+        finally:
+            os.unlink(self.srv.store)
+            os.rename(away, self.srv.store)
+        data = os.urandom(1000)
+        media_id = upload(self.srv, self.token, data)
+        status, _, body = self.request(self.srv, "GET", download_path(self.srv, media_id),
+                                       self.token)
+        self.assertEqual((status, sha(body)), (200, sha(data)), "the store serves again")
+
     def test_an_unauthenticated_upload_is_refused_before_its_body_is_sent(self):
         before = store_files(self.srv)
         for token in (None, "not-a-token"):
