@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -149,17 +150,16 @@ static int new_id(char out[ID_CHARS + 1])
     return 0;
 }
 
-/* `inline` only for types a browser cannot run as a page of ours; the file name quoted
- * when it is plain ASCII, else as RFC 8187 filename*. */
+/* `inline` only for the types of ATRIUM_MEDIA_INLINE_TYPES (type/subtype compared without
+ * parameters, ignoring case); the file name quoted when it is plain ASCII, else as RFC 8187
+ * filename*. */
 static void disposition(char *out, size_t cap, const char *type, const char *name)
 {
-    static const char *const INLINE[] = {"image/jpeg", "image/gif", "image/png", "image/webp",
-                                         "video/mp4", "video/webm", "audio/mpeg", "audio/ogg",
-                                         "text/plain", NULL};
+    static const char *const INLINE[] = {ATRIUM_MEDIA_INLINE_TYPES, NULL};
+    size_t base = strcspn(type, "; \t");
     bool is_inline = false;
     for (size_t i = 0; INLINE[i]; i++)
-        if (strncmp(type, INLINE[i], strlen(INLINE[i])) == 0 &&
-            (type[strlen(INLINE[i])] == '\0' || type[strlen(INLINE[i])] == ';'))
+        if (strlen(INLINE[i]) == base && strncasecmp(type, INLINE[i], base) == 0)
             is_inline = true;
     size_t n = (size_t)snprintf(out, cap, "%s", is_inline ? "inline" : "attachment");
     if (!*name) return;

@@ -126,6 +126,11 @@ enum atrium_media_route_id {
  * 413, a 401 or a client that went away none of its own remain. Files without the prefix
  * are complete: a file is fsynced and named before the upload is acknowledged. */
 #define ATRIUM_MEDIA_TMP_PREFIX ".tmp-"
+/* A plugin that shares one file between media IDs (content addressed) keeps "a failed
+ * upload leaves nothing" for the upload, not for the file: when the row of a new ID fails,
+ * the ID is never answered (503), and the file is removed only if this upload created it
+ * and no row names it, decided in the same transaction as the insert; when unsure it stays
+ * (an orphan for a sweeper, never a named file gone). docs/plugins.md, section 8. */
 
 /* ---- delivery ----------------------------------------------------------------------- */
 
@@ -151,13 +156,24 @@ enum atrium_media_route_id {
 /* Headers of every successful content response (download, thumbnail): the body is never
  * run as a page of this origin, may be embedded by clients of other origins, and is
  * never sniffed into another type. Plus Content-Type (the upload's, else
- * application/octet-stream), Content-Disposition (`inline` only for the specification's
- * inline list, else `attachment`; a file name quoted, or as RFC 8187 filename*), an ETag
- * (for If-None-Match -> 304) and Accept-Ranges: bytes (a single Range -> 206, a range past
- * the end -> 416). */
+ * application/octet-stream), Content-Disposition (`inline` only for the media types of
+ * ATRIUM_MEDIA_INLINE_TYPES, else `attachment`; a file name quoted, or as RFC 8187
+ * filename*), an ETag (for If-None-Match -> 304) and Accept-Ranges: bytes (a single
+ * Range -> 206, a range past the end -> 416). */
 #define ATRIUM_MEDIA_CSP                                                                    \
     "sandbox; default-src 'none'; script-src 'none'; plugin-types application/pdf; "        \
     "style-src 'unsafe-inline'; object-src 'self';"
+/* The media types served `inline` (the Matrix specification's "Serving inline content"
+ * list, as the stock plugin uses it): compared with the Content-Type's type/subtype,
+ * lower-cased, without parameters ("Text/Plain; charset=utf-8" is text/plain). Every
+ * other type is an `attachment`. A list of string literals for an initializer:
+ *     static const char *const INLINE[] = {ATRIUM_MEDIA_INLINE_TYPES, NULL}; */
+#define ATRIUM_MEDIA_INLINE_TYPES                                                           \
+    "text/css", "text/plain", "text/csv", "application/json", "application/ld+json",        \
+        "image/jpeg", "image/gif", "image/png", "image/apng", "image/webp", "image/avif",   \
+        "video/mp4", "video/webm", "video/ogg", "video/quicktime", "audio/mp4",             \
+        "audio/webm", "audio/aac", "audio/mpeg", "audio/ogg", "audio/wave", "audio/wav",    \
+        "audio/x-wav", "audio/x-pn-wav", "audio/flac", "audio/x-flac"
 #define ATRIUM_MEDIA_CORP "cross-origin"           /* Cross-Origin-Resource-Policy */
 #define ATRIUM_MEDIA_NOSNIFF "nosniff"             /* X-Content-Type-Options */
 #define ATRIUM_MEDIA_CACHE_OK "private, max-age=86400" /* Cache-Control of a success */

@@ -3,16 +3,21 @@
 real PostgreSQL and checks what include/atrium/media.h promises.
 
     tests/conformance/media/conform.py PLUGIN.so [--name NAME] [--thumbnails yes|no]
-                                       [--set KEY=VALUE ...] [-v] [-k PATTERN]
+                                       [--set KEY=VALUE ...] [--include DIR] [-v] [-k PATTERN]
 
 NAME is the plugin's descriptor name (default: the file name without .so). --thumbnails
 says which thumbnail behaviour the plugin declares: "yes" (a thumbnail of a PNG is an
 image) or "no" (404 M_NOT_FOUND for every media). --set adds plugins.NAME settings (a
 value is read as YAML: 12, true, text), for a plugin that needs them to behave as the
 contract says (the stock plugin: remote_fetch_enabled=false, so another server's media is
-404 here rather than fetched). The server is $ATRIUM_BIN, else build/core/atrium; the
-database is the cluster $ATRIUM_TEST_PG_CONNINFO names (tests/run.sh sets it), else a
-private cluster this command starts in build/conformance-pg and stops afterwards.
+404 here rather than fetched). --include names the folder holding atrium/media.h, whose
+required routes are checked (default: $ATRIUM_INCLUDE_DIR, else the source tree's include/
+when the suite runs from it, else /usr/local/include, /usr/include).
+
+Self-contained: it needs only tests/conformance/ (this folder and conformance_harness.py
+beside it), Python 3.9+, an atrium executable ($ATRIUM_BIN, else atrium on PATH) and a
+PostgreSQL role that may create databases ($ATRIUM_TEST_PG_CONNINFO, a libpq conninfo
+without dbname; tests/run.sh sets it). docs/plugins.md shows a plugin's CI running it.
 
 What is checked (each test's name says it): the interface and the required routes;
 uploads (SHA-256 round trip with Content-Length, chunked and empty bodies; streamed: bytes
@@ -28,27 +33,26 @@ Exit status 0 when every check passed.
 
 import argparse
 import hashlib
-import http.client
 import json
 import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 import unittest
 from urllib.parse import quote
 
+import struct
+import zlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/conformance/: the suites' own harness
 
-import harness  # noqa: E402
-from harness import AtriumTestCase, psql, raw_connect, read_head  # noqa: E402
-from media_support import register, solid_png  # noqa: E402
+from conformance_harness import (Background, ConformanceCase, deep_merge, raw_connect,  # noqa: E402
+                                 read_head, register, sql)
 
-OPTS = argparse.Namespace(plugin=None, name=None, thumbnails="yes", set=[])
+OPTS = argparse.Namespace(plugin=None, name=None, thumbnails="yes", set=[], include=None)
 
 LIMIT_BYTES = 4 * 1024 * 1024        # max_upload_size of the main server
 STREAM_LIMIT_BYTES = 16 * 1024 * 1024  # of the delivery server (the streaming upload)
@@ -82,7 +86,7 @@ def start(case, media=None, settings=None):
     def build(tmp):
         out = {"registration": {"enabled": True},
                "plugins": {OPTS.name: plugin_conf(tmp, **(media or {}))}}
-        return harness.deep_merge(out, settings or {})
+        return deep_merge(out, settings or {})
     srv = case.start_server(settings=build)
     srv.store = os.path.join(srv.dir, "store")
     return srv
@@ -90,6 +94,32 @@ def start(case, media=None, settings=None):
 
 def sha(data):
     return hashlib.sha256(data).hexdigest()
+
+
+def solid_png(width, height, index):
+    """A PNG of one colour picked by index."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I",
+                                                                        zlib.crc32(kind + data))
+    colour = bytes([(index * 37) % 256, (index * 91 + 13) % 256, (index // 7 * 53 + 101) % 256])
+    rows = (b"\x00" + colour * width) * height
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))
+
+
+def media_header():
+    """The text of atrium/media.h: from --include, $ATRIUM_INCLUDE_DIR, the source tree
+    this suite sits in, or the usual install folders."""
+    tree = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "include")
+    for folder in (OPTS.include, os.environ.get("ATRIUM_INCLUDE_DIR"), tree,
+                   "/usr/local/include", "/usr/include"):
+        path = os.path.join(folder or "", "atrium", "media.h")
+        if folder and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+    raise AssertionError("atrium/media.h not found: pass --include DIR (the folder holding "
+                         "atrium/) or set ATRIUM_INCLUDE_DIR")
 
 
 def line_labels():
@@ -244,7 +274,7 @@ def raw_get(srv, path, token, rcvbuf=None):
     return sock
 
 
-class Case(AtriumTestCase):
+class Case(ConformanceCase):
     def assert_error(self, answer, status, errcode):
         got_status, headers, body = answer
         self.assertEqual(got_status, status, body[:300])
@@ -274,7 +304,7 @@ class MainTest(Case):
 
     def test_the_plugin_provides_media_1_and_serves_every_required_route(self):
         self.assertRegex(self.srv.log_text(), rf'plugin "{OPTS.name}" .*provides media/1')
-        header = open(os.path.join(REPO, "include", "atrium", "media.h")).read()
+        header = media_header()
         required = re.findall(r'X\(\w+, "(\w+)", (ATRIUM_MEDIA_PATH_\w+), ATRIUM_MEDIA_REQUIRED\)',
                               header)
         self.assertGreaterEqual(len(required), 5, "media.h lists the required routes")
@@ -500,7 +530,6 @@ class DeliveryTest(Case):
                    self.gauge("atrium_line_waiting") == 0, "the delivery gauges back to 0")
 
     def test_the_slot_is_held_to_the_last_byte_and_the_waiter_is_admitted_promptly(self):
-        from common import Background
         sock, got = self.hold_slot()
         waiter = Background(self.request, self.srv, "GET", download_path(self.srv, self.small),
                             self.token)
@@ -533,7 +562,6 @@ class DeliveryTest(Case):
         self.assertEqual((status, body), (200, b"small"))
 
     def test_admission_comes_before_authorization(self):
-        from common import Background
         sock, _ = self.hold_slot()
         stranger = Background(self.request, self.srv, "GET", download_path(self.srv, self.small),
                               "bogus-token")
@@ -587,13 +615,12 @@ class LifecycleTest(Case):
         status, _, body = self.request(srv, "GET", download_path(srv, media_id), token)
         self.assertEqual((status, sha(body)), (200, sha(data)))
         self.assertFalse(os.path.exists(leftover), "leftovers are removed at start")
-        rows = psql(f"SELECT version, count(*) FROM atrium_migrations WHERE owner = "
+        rows = sql(f"SELECT version, count(*) FROM atrium_migrations WHERE owner = "
                     f"'{OPTS.name}' GROUP BY version", srv.database)
         self.assertTrue(rows, "the plugin's migrations are recorded")
         self.assertTrue(all(count == "1" for _, count in rows), rows)
 
     def test_a_parked_waiter_gets_503_at_shutdown(self):
-        from common import Background
         srv = start(self, media={"max_upload_size": STREAM_LIMIT_BYTES, "delivery_slots": 1,
                                  "delivery_queue": 4, "delivery_wait_ms": 20000},
                     settings={"server": {"shutdown_grace_ms": 1000}})
@@ -611,23 +638,13 @@ class LifecycleTest(Case):
         self.assertEqual(stopper.result(timeout=40), 0, "a clean exit")
 
 
-def ensure_database():
-    """Use the test run's cluster, or start a private one; returns a stop function."""
-    if os.environ.get("ATRIUM_TEST_PG_CONNINFO"):
-        return lambda: None
-    pg = os.path.join(REPO, "tests", "lib", "pg.sh")
-    where = os.path.join(REPO, "build", "conformance-pg")
-    out = subprocess.run([pg, "start", where], check=True, capture_output=True, text=True)
-    os.environ["ATRIUM_TEST_PG_CONNINFO"] = out.stdout.strip().splitlines()[-1]
-    return lambda: subprocess.run([pg, "stop", where], check=False, capture_output=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("plugin", help="the plugin's shared object")
     ap.add_argument("--name", help="its descriptor name (default: the file name without .so)")
     ap.add_argument("--thumbnails", choices=("yes", "no"), default="yes")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--include", help="the folder holding atrium/media.h")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("-k", dest="pattern", help="run only tests whose name contains this")
     args = ap.parse_args()
@@ -635,22 +652,24 @@ def main():
     OPTS.name = args.name or os.path.basename(args.plugin).rsplit(".so", 1)[0]
     OPTS.thumbnails = args.thumbnails
     OPTS.set = args.set
+    OPTS.include = args.include
     if os.environ.get("ATRIUM_BIN"):  # the server runs in its own folder: no relative path
         os.environ["ATRIUM_BIN"] = os.path.abspath(os.environ["ATRIUM_BIN"])
     if not os.path.exists(OPTS.plugin):
         sys.exit(f"conform.py: no such plugin file: {OPTS.plugin}")
-    stop_db = ensure_database()
     try:
-        loader = unittest.TestLoader()
-        if args.pattern:
-            loader.testNamePatterns = [f"*{args.pattern}*"]
-        suite = unittest.TestSuite(loader.loadTestsFromTestCase(c)
-                                   for c in (MainTest, DeliveryTest, LifecycleTest))
-        print(f"media/1 conformance: {OPTS.plugin} (plugins.{OPTS.name}, thumbnails: "
-              f"{OPTS.thumbnails})", flush=True)
-        result = unittest.TextTestRunner(verbosity=2 if args.verbose else 1).run(suite)
-    finally:
-        stop_db()
+        media_header()
+        sql("SELECT 1")
+    except (AssertionError, RuntimeError, OSError) as e:
+        sys.exit(f"conform.py: {e}")
+    loader = unittest.TestLoader()
+    if args.pattern:
+        loader.testNamePatterns = [f"*{args.pattern}*"]
+    suite = unittest.TestSuite(loader.loadTestsFromTestCase(c)
+                               for c in (MainTest, DeliveryTest, LifecycleTest))
+    print(f"media/1 conformance: {OPTS.plugin} (plugins.{OPTS.name}, thumbnails: "
+          f"{OPTS.thumbnails})", flush=True)
+    result = unittest.TextTestRunner(verbosity=2 if args.verbose else 1).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
 
 
