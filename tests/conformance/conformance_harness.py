@@ -353,6 +353,8 @@ class Background:
     def __init__(self, fn, *args, **kwargs):
         self._value = self._error = None
         self._thread = threading.Thread(target=self._run, args=(fn, args, kwargs), daemon=True)
+        self.started_at = time.monotonic()
+        self.finished_at = None
         self._thread.start()
 
     def _run(self, fn, args, kwargs):
@@ -360,6 +362,8 @@ class Background:
             self._value = fn(*args, **kwargs)
         except BaseException as e:  # handed to result()
             self._error = e
+        finally:
+            self.finished_at = time.monotonic()
 
     def done(self):
         return not self._thread.is_alive()
