@@ -192,8 +192,10 @@ class Server:
         self.host = "127.0.0.1"
         self.proc = None
         self.failed = False
-        self.dir = tempfile.mkdtemp(prefix="atrium-conformance-",
-                                    dir=os.environ.get("ATRIUM_TEST_TMPDIR") or None)
+        tmp_root = os.environ.get("ATRIUM_TEST_TMPDIR") or None
+        if tmp_root:
+            os.makedirs(tmp_root, exist_ok=True)
+        self.dir = tempfile.mkdtemp(prefix="atrium-conformance-", dir=tmp_root)
         self.log_path = os.path.join(self.dir, "server.log")
         self.config_path = os.path.join(self.dir, "homeserver.yaml")
         self.database = f"atrium_conformance_{uuid.uuid4().hex[:12]}"
