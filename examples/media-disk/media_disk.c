@@ -8,10 +8,12 @@
  * walks through it):
  *   - an upload (ATRIUM_ROUTE_STREAM_BODY | ATRIUM_ROUTE_HEADERS_FIRST) is authenticated
  *     when its headers arrive, so a stranger is refused before sending the body; the body
- *     is streamed into "<store>/.tmp-<id>" chunk by chunk (never buffered); a hold removes
- *     that file whatever ends the request (413, client gone, failure) unless it was
- *     committed; the commit (fsync, rename, folder fsync, row) is slow disk work, so it is
- *     handed off to the plugin's "io" pool and the request thread is free meanwhile;
+ *     is streamed into "<store>/.tmp-<id>" chunk by chunk (never buffered) and hashed as it
+ *     goes (the host's SHA-256, ABI 1.5); a hold removes that file whatever ends the
+ *     request (413, client gone, failure) unless it was committed; the commit (fsync,
+ *     rename, folder fsync, row with the hash and a wall-clock created_ts) is slow disk
+ *     work, so it is handed off to the plugin's "io" pool (ATRIUM_ROUTE_COMMITS: once
+ *     started, only it answers) and the request thread is free meanwhile;
  *   - a download enters the "delivery" admission line first, before the token is checked
  *     (admission before authorization); the slot is a hold the core releases after the
  *     last byte, so a slow reader keeps its slot and the line bounds open files;
@@ -80,6 +82,7 @@ typedef struct upload {
     int fd;
     bool committed;
     int64_t size;
+    atrium_sha256 sha; /* of the bytes as they arrive (host->sha256_*): kept in the row */
     char id[ID_CHARS + 1];
     char tmp_path[PATH_MAX_BYTES];
     char final_path[PATH_MAX_BYTES];
@@ -118,6 +121,8 @@ static const atrium_migration MIGRATIONS[] = {
      "CREATE TABLE media_disk_files (media_id text PRIMARY KEY, user_id text NOT NULL, "
      "content_type text NOT NULL, upload_name text NOT NULL, size_bytes bigint NOT NULL, "
      "created_ts bigint NOT NULL)"},
+    /* The content's SHA-256 (lower-case hex), for a checker comparing files with rows. */
+    {2, "sha256", "ALTER TABLE media_disk_files ADD COLUMN sha256 text"},
 };
 
 /* ---- small rules ---------------------------------------------------------------------- */
@@ -242,7 +247,7 @@ static int upload_begin(atrium_req *req)
     memset(up, 0, sizeof(*up));
     up->p = &P;
     up->fd = -1;
-    if (new_id(up->id) < 0) return ATRIUM_E_IO;
+    if (new_id(up->id) < 0 || h->sha256_init(&up->sha) < 0) return ATRIUM_E_IO;
     snprintf(up->user, sizeof(up->user), "%s", user);
     snprintf(up->content_type, sizeof(up->content_type), "%s", type);
     snprintf(up->name, sizeof(up->name), "%s", name ? name : "");
@@ -280,7 +285,7 @@ static int upload_chunk(atrium_req *req, const char *data, size_t len)
         done += (size_t)n;
     }
     up->size += (int64_t)len;
-    return 0;
+    return P.h->sha256_update(&up->sha, data, len);
 }
 
 /* io pool: the file durable and named, then the row, then the answer. The route has
@@ -299,17 +304,22 @@ static int upload_commit(atrium_req *req, upload *up)
         fsync(dir);
         close(dir);
     }
+    unsigned char digest[ATRIUM_SHA256_BYTES];
+    char sha[ATRIUM_SHA256_HEX_BYTES];
+    if (h->sha256_final(&up->sha, digest) < 0) return unavailable(req, 0);
+    atrium_sha256_hex(digest, sha);
     PGconn *c = h->db_acquire(h->db_wait_ms());
     PGresult *res = NULL;
     if (c) {
         char size[24], now[24];
         snprintf(size, sizeof(size), "%" PRId64, up->size);
         snprintf(now, sizeof(now), "%" PRId64, h->wall_ms()); /* a date: not now_ms */
-        const char *vals[] = {up->id, up->user, up->content_type, up->name, size, now};
+        const char *vals[] = {up->id, up->user, up->content_type, up->name, size, now, sha};
         res = PQexecParams(c,
                            "INSERT INTO media_disk_files (media_id, user_id, content_type, "
-                           "upload_name, size_bytes, created_ts) VALUES ($1,$2,$3,$4,$5,$6)",
-                           6, NULL, vals, NULL, NULL, 0);
+                           "upload_name, size_bytes, created_ts, sha256) "
+                           "VALUES ($1,$2,$3,$4,$5,$6,$7)",
+                           7, NULL, vals, NULL, NULL, 0);
     }
     bool ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
     if (!ok && c)
