@@ -769,3 +769,35 @@ class AtriumTestCase(unittest.TestCase):
             srv._failed = True
             raise
         return srv
+
+    def start_class_server(self, **kwargs):
+        """A server that this class's tests share, on Server(**kwargs) of the first test
+        that asks: stopped and checked (exit code, sanitizer reports) once the class's last
+        test ran, where a problem fails the class; a failed test marks it, so its log is
+        kept. A start and stop costs about a CPU-second under ASan: a class whose tests
+        each use their own users and rooms, assert no absolute counter and stop no server
+        needs one server, not one per test. Every call of a class must pass the same
+        arguments."""
+        cls = type(self)
+        srv = cls.__dict__.get("_class_server")
+        if srv is None:
+            srv = Server(start=False, **kwargs)
+            try:
+                srv.start()
+            except BaseException:
+                srv._failed = True
+                srv.close(raise_errors=False)
+                raise
+            cls._class_server = srv
+
+            def close():
+                del cls._class_server
+                srv.close()
+            cls.addClassCleanup(close)
+
+        def mark():
+            outcome = getattr(self, "_outcome", None)
+            if outcome is not None and not getattr(outcome, "success", True):
+                srv._failed = True
+        self.addCleanup(mark)
+        return srv
