@@ -23,6 +23,9 @@ A test starts a server, talks HTTP to it and lets the harness check the aftermat
     with Server(plugins={"media": {"enabled": False}}) as srv:
         status, headers, body = srv.request("GET", "/health")
 
+Tests of one class that only need a server to talk to share one: self.start_class_server()
+(each test with users of its own; see docs/adr/0007-tests-run-once-under-asan.md).
+
 Each Server gets a fresh database (random name, dropped on close; under tests/run.sh a copy
 of one holding the core's migrations, see migrated_template), a temporary directory
 with its YAML config and log, and a free port on 127.0.0.1. Closing it stops the server
