@@ -23,6 +23,9 @@ A test starts a server, talks HTTP to it and lets the harness check the aftermat
     with Server(plugins={"media": {"enabled": False}}) as srv:
         status, headers, body = srv.request("GET", "/health")
 
+Tests of one class that only need a server to talk to share one: self.start_class_server()
+(each test with users of its own; see docs/adr/0007-tests-run-once-under-asan.md).
+
 Each Server gets a fresh database (random name, dropped on close; under tests/run.sh a copy
 of one holding the core's migrations, see migrated_template), a temporary directory
 with its YAML config and log, and a free port on 127.0.0.1. Closing it stops the server
@@ -42,12 +45,14 @@ import json as jsonlib
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import uuid
@@ -125,11 +130,80 @@ def psql(sql, database="postgres", timeout=60):
     return [line.split("\t") for line in proc.stdout.splitlines() if line]
 
 
+class _AdminSession:
+    """One psql kept open on the cluster's "postgres" database for the harness's own
+    statements (CREATE and DROP DATABASE, the template check). Through psql() each server's
+    create and drop cost a psql process and a PostgreSQL backend (with its authentication)
+    apiece, hundreds of both per run on CPUs the tests share. Only SQL the harness writes
+    itself goes through it: psql reads it as a script (variables, backslash commands),
+    where -c sends a test's SQL untouched. A session is its process's own (a forked child
+    opens another) and ends when the process does (psql sees its input close)."""
+
+    def __init__(self):
+        self.proc = None
+        self.owner = None
+        self.lock = threading.Lock()
+
+    def _spawn(self):
+        self.proc = subprocess.Popen(
+            [psql_bin(), "-X", "-q", "-At", "-F", "\t", "-d", conninfo_for("postgres")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PGCONNECT_TIMEOUT": "10"})
+        self.owner = os.getpid()
+
+    def _discard(self):
+        if self.proc is not None and self.owner == os.getpid():
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def run(self, sql, timeout=60):
+        """Runs one statement; returns its rows as lists of strings, raises RuntimeError
+        with PostgreSQL's message when it fails."""
+        marker = f"--atrium-harness-{uuid.uuid4().hex}--"
+        script = (f"{sql};\n\\if :ERROR\n\\echo {marker} :LAST_ERROR_MESSAGE\n"
+                  f"\\else\n\\echo {marker}\n\\endif\n").encode()
+        with self.lock:
+            if self.proc is None or self.owner != os.getpid() or self.proc.poll() is not None:
+                self._spawn()
+            try:
+                self.proc.stdin.write(script)
+                self.proc.stdin.flush()
+                out = self._read_until(marker.encode(), time.monotonic() + timeout)
+            except BaseException:
+                self._discard()
+                raise
+        lines = out.decode().splitlines()
+        if lines[-1] != marker:
+            raise RuntimeError(f"psql failed on {sql!r}: {lines[-1][len(marker):].strip()}")
+        return [line.split("\t") for line in lines[:-1] if line]
+
+    def _read_until(self, marker, deadline):
+        fd = self.proc.stdout.fileno()
+        out = b""
+        while True:
+            end = out.find(marker)
+            if end >= 0 and out.find(b"\n", end) >= 0:
+                return out[:out.find(b"\n", end)]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError("psql (the harness's session) did not answer in time")
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise RuntimeError(f"psql (the harness's session) exited with "
+                                       f"{self.proc.wait()}: is the test cluster running?")
+                out += chunk
+
+
+_ADMIN = _AdminSession()
+
+
 def create_database(prefix="atrium_test", template=None):
     """Creates a database with a fresh random name and returns the name; a copy of the
     database `template` when given (else empty)."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    psql(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ''))
+    _ADMIN.run(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ''))
     return name
 
 
@@ -157,14 +231,14 @@ def migrated_template():
     os.makedirs(tmp_root, exist_ok=True)
     with open(os.path.join(tmp_root, ".migrated-template.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the tree's test processes make it once
-        if psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'"):
+        if _ADMIN.run(f"SELECT 1 FROM pg_database WHERE datname = '{name}'"):
             _MADE_TEMPLATES.add(name)
             return name
         made = create_database()
         try:
             with Server(database=made, plugins={}):
                 pass  # started (migrations applied), then stopped with exit 0
-            psql(f'ALTER DATABASE "{made}" RENAME TO "{name}"')  # complete, or absent
+            _ADMIN.run(f'ALTER DATABASE "{made}" RENAME TO "{name}"')  # complete, or absent
         except BaseException:
             drop_database(made)
             raise
@@ -174,7 +248,7 @@ def migrated_template():
 
 def drop_database(name):
     """Drops the database, disconnecting anyone still connected (a killed server's pool)."""
-    psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    _ADMIN.run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def free_port(host="127.0.0.1"):
@@ -697,4 +771,36 @@ class AtriumTestCase(unittest.TestCase):
         except BaseException:
             srv._failed = True
             raise
+        return srv
+
+    def start_class_server(self, **kwargs):
+        """A server that this class's tests share, on Server(**kwargs) of the first test
+        that asks: stopped and checked (exit code, sanitizer reports) once the class's last
+        test ran, where a problem fails the class; a failed test marks it, so its log is
+        kept. A start and stop costs about a CPU-second under ASan: a class whose tests
+        each use their own users and rooms, assert no absolute counter and stop no server
+        needs one server, not one per test. Every call of a class must pass the same
+        arguments."""
+        cls = type(self)
+        srv = cls.__dict__.get("_class_server")
+        if srv is None:
+            srv = Server(start=False, **kwargs)
+            try:
+                srv.start()
+            except BaseException:
+                srv._failed = True
+                srv.close(raise_errors=False)
+                raise
+            cls._class_server = srv
+
+            def close():
+                del cls._class_server
+                srv.close()
+            cls.addClassCleanup(close)
+
+        def mark():
+            outcome = getattr(self, "_outcome", None)
+            if outcome is not None and not getattr(outcome, "success", True):
+                srv._failed = True
+        self.addCleanup(mark)
         return srv

@@ -24,15 +24,18 @@ from harness import deep_merge, psql, raw_connect
 PASSWORD = "correct horse battery staple"
 
 
-def media_server(case, media=None, settings=None, **kwargs):
+def media_server(case, media=None, settings=None, shared=False, **kwargs):
     """Starts a server (AtriumTestCase.start_server) with registration open and the media
-    plugin storing in <server dir>/media_store; `media` adds plugins.media settings."""
+    plugin storing in <server dir>/media_store; `media` adds plugins.media settings.
+    shared=True: the one server of the test's class (AtriumTestCase.start_class_server),
+    for tests that use their own users and media and count nothing from zero."""
     def build(tmp):
         conf = {"enabled": True, "store_path": os.path.join(tmp, "media_store")}
         conf.update(media or {})
         out = {"registration": {"enabled": True}, "plugins": {"media": conf}}
         return deep_merge(out, settings or {})
-    srv = case.start_server(settings=build, **kwargs)
+    start = case.start_class_server if shared else case.start_server
+    srv = start(settings=build, **kwargs)
     srv.store = os.path.join(srv.dir, "media_store")
     return srv
 

@@ -1,6 +1,7 @@
 """Per-user settings: profile, capabilities, push rules, filters and account data."""
 
 import unittest
+import uuid
 
 from accounts import REGISTRATION_ON, quote, register
 from common import AtriumTestCase
@@ -8,15 +9,23 @@ from common import AtriumTestCase
 V3 = "/_matrix/client/v3"
 
 
+def unique(name):
+    """name with a suffix of its own: the tests of a class share one server."""
+    return f"{name}{uuid.uuid4().hex[:8]}"
+
+
 class ProfileTest(AtriumTestCase):
+    """The tests share one server (start_class_server), each with a kim and lee of its own."""
+
     def setUp(self):
-        self.srv = self.start_server(settings=REGISTRATION_ON)
-        self.kim = register(self.srv, "kim")
-        self.lee = register(self.srv, "lee")
+        self.srv = self.start_class_server(settings=REGISTRATION_ON)
+        self.kim_name = unique("kim")
+        self.kim = register(self.srv, self.kim_name)
+        self.lee = register(self.srv, unique("lee"))
         self.path = f"{V3}/profile/{quote(self.kim.user_id)}"
 
     def test_a_new_user_has_the_localpart_as_display_name_and_no_avatar(self):
-        self.assertEqual(self.srv.json("GET", self.path), (200, {"displayname": "kim"}))
+        self.assertEqual(self.srv.json("GET", self.path), (200, {"displayname": self.kim_name}))
         status, body = self.srv.json("GET", self.path + "/avatar_url")
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
 
@@ -35,7 +44,7 @@ class ProfileTest(AtriumTestCase):
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
         status, body = self.srv.json("PUT", self.path + "/displayname", {"displayname": "x"})
         self.assertEqual((status, body["errcode"]), (401, "M_MISSING_TOKEN"))
-        self.assertEqual(self.srv.json("GET", self.path + "/displayname"), (200, {"displayname": "kim"}))
+        self.assertEqual(self.srv.json("GET", self.path + "/displayname"), (200, {"displayname": self.kim_name}))
 
     def test_unknown_users_are_404(self):
         for path in (f"{V3}/profile/{quote('@ghost:localhost')}", f"{V3}/profile/{quote('@ghost:localhost')}/displayname"):
@@ -83,9 +92,12 @@ class CapabilitiesConfigTest(AtriumTestCase):
 
 
 class PushRulesTest(AtriumTestCase):
+    """The tests share one server (start_class_server), each with a mia of its own."""
+
     def setUp(self):
-        self.srv = self.start_server(settings=REGISTRATION_ON)
-        self.mia = register(self.srv, "mia")
+        self.srv = self.start_class_server(settings=REGISTRATION_ON)
+        self.mia_name = unique("mia")
+        self.mia = register(self.srv, self.mia_name)
 
     def rules(self):
         status, body = self.srv.json("GET", V3 + "/pushrules/", token=self.mia.token)
@@ -106,12 +118,12 @@ class PushRulesTest(AtriumTestCase):
         master = rules["override"][0]
         self.assertEqual((master["enabled"], master["default"], master["actions"]), (False, True, []))
         invite = rules["override"][2]
-        self.assertIn({"kind": "event_match", "key": "state_key", "pattern": "@mia:localhost"}, invite["conditions"])
+        self.assertIn({"kind": "event_match", "key": "state_key", "pattern": f"@{self.mia_name}:localhost"}, invite["conditions"])
         mention = rules["override"][4]
         self.assertEqual(mention["conditions"], [{"kind": "event_property_contains",
-                                                  "key": "content.m\\.mentions.user_ids", "value": "@mia:localhost"}])
+                                                  "key": "content.m\\.mentions.user_ids", "value": f"@{self.mia_name}:localhost"}])
         self.assertEqual(rules["content"], [{
-            "rule_id": ".m.rule.contains_user_name", "default": True, "enabled": True, "pattern": "mia",
+            "rule_id": ".m.rule.contains_user_name", "default": True, "enabled": True, "pattern": self.mia_name,
             "actions": ["notify", {"set_tweak": "sound", "value": "default"}, {"set_tweak": "highlight"}]}])
         self.assertEqual([r["rule_id"] for r in rules["underride"]], [
             ".m.rule.call", ".m.rule.encrypted_room_one_to_one", ".m.rule.room_one_to_one", ".m.rule.message",
@@ -204,10 +216,12 @@ class PushRulesTest(AtriumTestCase):
 
 
 class FiltersTest(AtriumTestCase):
+    """The tests share one server (start_class_server), each with a ned and oli of its own."""
+
     def setUp(self):
-        self.srv = self.start_server(settings=REGISTRATION_ON)
-        self.ned = register(self.srv, "ned")
-        self.oli = register(self.srv, "oli")
+        self.srv = self.start_class_server(settings=REGISTRATION_ON)
+        self.ned = register(self.srv, unique("ned"))
+        self.oli = register(self.srv, unique("oli"))
         self.base = f"{V3}/user/{quote(self.ned.user_id)}/filter"
 
     def test_a_filter_comes_back_as_stored_and_the_same_filter_gets_the_same_id(self):

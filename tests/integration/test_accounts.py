@@ -14,11 +14,14 @@ WHOAMI = "/_matrix/client/v3/account/whoami"
 
 
 class RegistrationTest(AtriumTestCase):
+    """The tests share one server (start_class_server): a name one test registers (alice,
+    quiet, carol) is no other test's."""
+
     def setUp(self):
-        self.srv = self.start_server(settings=REGISTRATION_ON)
+        self.srv = self.start_class_server(settings=REGISTRATION_ON)
 
     def test_register_without_auth_is_a_401_challenge_with_the_dummy_flow(self):
-        status, body = self.srv.json("POST", REGISTER, {"username": "alice", "password": "pw"})
+        status, body = self.srv.json("POST", REGISTER, {"username": "amy", "password": "pw"})
         self.assertEqual(status, 401)
         self.assertEqual(body["flows"], [{"stages": ["m.login.dummy"]}])
         self.assertEqual(body["params"], {})

@@ -2,6 +2,7 @@
 (user-interactive auth), and changing the password."""
 
 import unittest
+import uuid
 
 from accounts import REGISTRATION_ON, login, register
 from common import AtriumTestCase
@@ -20,10 +21,13 @@ def password_auth(account, session=None, user=None, password=None):
 
 
 class DevicesTest(AtriumTestCase):
+    """The tests share one server (start_class_server), each with a henry of its own."""
+
     def setUp(self):
-        self.srv = self.start_server(settings=REGISTRATION_ON)
-        self.phone = register(self.srv, "henry", device_id="PHONE", initial_device_display_name="Henry's phone")
-        self.laptop = login(self.srv, "henry", self.phone.password, device_id="LAPTOP")
+        self.srv = self.start_class_server(settings=REGISTRATION_ON)
+        self.henry = f"henry{uuid.uuid4().hex[:8]}"
+        self.phone = register(self.srv, self.henry, device_id="PHONE", initial_device_display_name="Henry's phone")
+        self.laptop = login(self.srv, self.henry, self.phone.password, device_id="LAPTOP")
 
     def test_devices_are_listed_read_and_renamed(self):
         status, body = self.srv.json("GET", DEVICES, token=self.phone.token)
@@ -46,7 +50,7 @@ class DevicesTest(AtriumTestCase):
         self.assertEqual((status, body["errcode"]), (400, "M_NOT_JSON"))
 
     def test_another_users_devices_are_invisible(self):
-        other = register(self.srv, "ivy")
+        other = register(self.srv, f"ivy{uuid.uuid4().hex[:8]}")
         status, body = self.srv.json("GET", DEVICES + "/PHONE", token=other.token)
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
         self.assertEqual([d["device_id"] for d in self.srv.json("GET", DEVICES, token=other.token)[1]["devices"]],
@@ -75,7 +79,7 @@ class DevicesTest(AtriumTestCase):
                          ["PHONE"])
 
     def test_a_session_of_another_user_is_refused(self):
-        other = register(self.srv, "jack")
+        other = register(self.srv, f"jack{uuid.uuid4().hex[:8]}")
         _, theirs = self.srv.json("DELETE", DEVICES + "/X", token=other.token)
         status, body = self.srv.json("DELETE", DEVICES + "/LAPTOP", {
             "auth": password_auth(self.phone, theirs["session"])}, token=self.phone.token)
@@ -84,7 +88,7 @@ class DevicesTest(AtriumTestCase):
         self.assertEqual(self.srv.json("GET", WHOAMI, token=self.laptop.token)[0], 200)
 
     def test_a_session_is_bound_to_the_request_that_began_it(self):
-        tablet = login(self.srv, "henry", self.phone.password, device_id="TABLET")
+        tablet = login(self.srv, self.henry, self.phone.password, device_id="TABLET")
         status, challenge = self.srv.json("DELETE", DEVICES + "/LAPTOP", token=self.phone.token)
         self.assertEqual(status, 401)
         # The session began deleting LAPTOP: it cannot delete TABLET.
@@ -94,7 +98,7 @@ class DevicesTest(AtriumTestCase):
         self.assertEqual(self.srv.json("GET", WHOAMI, token=tablet.token)[0], 200)
 
     def test_a_resubmission_with_only_auth_completes_the_first_request(self):
-        tablet = login(self.srv, "henry", self.phone.password, device_id="TABLET")
+        tablet = login(self.srv, self.henry, self.phone.password, device_id="TABLET")
         status, challenge = self.srv.json("POST", "/_matrix/client/v3/delete_devices",
                                           {"devices": ["LAPTOP", "TABLET"]}, token=self.phone.token)
         self.assertEqual(status, 401)
@@ -106,7 +110,7 @@ class DevicesTest(AtriumTestCase):
         self.assertEqual(self.srv.json("GET", WHOAMI, token=self.phone.token)[0], 200)
 
     def test_delete_devices_removes_several_at_once(self):
-        tablet = login(self.srv, "henry", self.phone.password, device_id="TABLET")
+        tablet = login(self.srv, self.henry, self.phone.password, device_id="TABLET")
         status, challenge = self.srv.json("POST", "/_matrix/client/v3/delete_devices",
                                           {"devices": ["LAPTOP", "TABLET"]}, token=self.phone.token)
         self.assertEqual(status, 401)
@@ -141,9 +145,9 @@ class DevicesTest(AtriumTestCase):
         self.assertEqual(self.srv.json("GET", WHOAMI, token=self.phone.token)[0], 200)
         self.assertEqual(self.srv.json("GET", WHOAMI, token=self.laptop.token)[0], 401)
         status, body = self.srv.json("POST", "/_matrix/client/v3/login", {
-            "type": "m.login.password", "user": "henry", "password": self.phone.password}, timeout=60)
+            "type": "m.login.password", "user": self.henry, "password": self.phone.password}, timeout=60)
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
-        self.assertEqual(login(self.srv, "henry", "new one").user_id, "@henry:localhost")
+        self.assertEqual(login(self.srv, self.henry, "new one").user_id, f"@{self.henry}:localhost")
 
     def test_password_change_can_keep_other_devices(self):
         status, body = self.srv.json("POST", PASSWORD, {

@@ -36,10 +36,46 @@ class FederationTestCase(harness.AtriumTestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="atrium-fed-ca-")
         cls.ca = TestCA(cls.tmp)
+        cls.class_servers = {}  # start_class_fed's, by address
 
     @classmethod
     def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        try:
+            problems = []
+            for srv in cls.class_servers.values():
+                try:
+                    srv.close()
+                except harness.ServerError as e:
+                    problems.append(str(e))
+            if problems:  # an unclean exit or a sanitizer report fails the class
+                raise harness.ServerError("; ".join(problems))
+        finally:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def start_class_fed(self, ip):
+        """The server on ip that this class's tests share (start_fed's settings): started
+        by the first test that asks, stopped and checked (exit code, sanitizer reports) in
+        tearDownClass. A server start costs about a CPU-second under ASan; a class whose
+        tests each make their own users and rooms, and stop no server, needs one, not one
+        per test. A failed test marks it, so its log is kept."""
+        servers = type(self).class_servers
+        srv = servers.get(ip)
+        if srv is None:
+            srv = FederatedServer(self.ca, ip, extra=REGISTRATION_ON, start=False)
+            try:
+                srv.start()
+            except BaseException:
+                srv._failed = True
+                srv.close(raise_errors=False)
+                raise
+            servers[ip] = srv
+
+        def mark():
+            outcome = getattr(self, "_outcome", None)
+            if outcome is not None and not getattr(outcome, "success", True):
+                srv._failed = True
+        self.addCleanup(mark)
+        return srv
 
     def start_fed(self, ip, extra=None, start=True, **kwargs):
         srv = FederatedServer(self.ca, ip, extra=harness.deep_merge(REGISTRATION_ON, extra or {}),

@@ -8,8 +8,10 @@ from common import AtriumTestCase, with_testplug
 
 
 class HttpTest(AtriumTestCase):
+    """Requests that change nothing on the server: the tests share one (start_class_server)."""
+
     def setUp(self):
-        self.srv = self.start_server(plugins=with_testplug())
+        self.srv = self.start_class_server(plugins=with_testplug())
 
     def test_versions_advertise_v1_11_and_stable_authenticated_media(self):
         status, body = self.srv.json("GET", "/_matrix/client/versions")

@@ -83,8 +83,10 @@ class RoundTripTest(MediaTestCase):
 
 
 class HeadersTest(MediaTestCase):
+    """Its tests share one server (media_server(shared=True))."""
+
     def test_success_headers_and_the_disposition_rules(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         image = upload(srv, token, png(8, 8), "image/png", "cat photo.png")
         html = upload(srv, token, b"<script>alert(1)</script>", "text/html")
@@ -114,7 +116,7 @@ class HeadersTest(MediaTestCase):
                 self.assertEqual(headers.get("Access-Control-Allow-Origin"), "*")
 
     def test_unknown_media_is_404_not_found_and_not_cached(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         response = srv.request("GET", download_path(srv, "NoSuchMediaHere"), token=token)
         self.assert_error(response, 404, "M_NOT_FOUND")
@@ -122,7 +124,7 @@ class HeadersTest(MediaTestCase):
         self.assertIsNone(response[1].get("Content-Disposition"))
 
     def test_head_answers_the_headers_without_a_body(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         data = os.urandom(12345)
         media_id = upload(srv, token, data, "image/png")
@@ -135,10 +137,11 @@ class HeadersTest(MediaTestCase):
 
 class HotFileTest(MediaTestCase):
     """The fast path of a file downloaded again and again: corked responses on a kept-alive
-    connection, and the open-file cache (plugins/media/fdcache.c)."""
+    connection, and the open-file cache (plugins/media/fdcache.c). Its tests share one
+    server (media_server(shared=True)): each uploads media of its own."""
 
     def test_kept_alive_downloads_follow_each_other_without_a_stall(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         data = os.urandom(100_000)
         media_id = upload(srv, token, data)
@@ -163,7 +166,7 @@ class HotFileTest(MediaTestCase):
         self.assertLess(time.monotonic() - started, 3.0, "90 answers on one connection")
 
     def test_a_file_deleted_or_replaced_on_disk_is_never_served_from_an_open_descriptor(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         first, second = os.urandom(5000), os.urandom(5000)
         media_id = upload(srv, token, first)
@@ -183,8 +186,10 @@ class HotFileTest(MediaTestCase):
 
 
 class RangeAndConditionalTest(MediaTestCase):
+    """Its tests share one server (media_server(shared=True))."""
+
     def test_ranges_give_206_416_or_the_whole_body(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         data = bytes(range(256)) * 40  # 10240 bytes
         media_id = upload(srv, token, data, "video/mp4")
@@ -214,7 +219,7 @@ class RangeAndConditionalTest(MediaTestCase):
         self.assertEqual(response[1].get("Content-Range"), "bytes */10240")
 
     def test_if_none_match_gives_304_only_to_an_authorized_request(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         data = os.urandom(5000)
         media_id = upload(srv, token, data, "image/jpeg")

@@ -8,16 +8,26 @@ inside ctest's time budget under the sanitizers.
 import json
 import re
 import time
+import uuid
 
 from accounts import quote, register
 from federation_support import verify_json
 from rooms_client import Client, redact
 from harness import psql
+from test_federation import A_IP, B_IP
 import test_federation_synapse
 from test_room_federation import TwoServersCase
 
 class TwoServersTest(TwoServersCase):
-    """A's users create rooms, B's users join them."""
+    """A's users create rooms, B's users join them. The tests share one A and one B (each
+    test its own alice, bob and rooms; none stops a server): start_class_fed."""
+
+    def setUp(self):
+        self.a = self.start_class_fed(A_IP)
+        self.b = self.start_class_fed(B_IP)
+        tag = uuid.uuid4().hex[:8]
+        self.alice = Client(self.a, register(self.a, f"alice{tag}"))
+        self.bob = Client(self.b, register(self.b, f"bob{tag}"))
 
     def test_a_user_joins_a_room_on_another_server_and_sees_it_in_sync(self):
         room = self.alice.create_room(preset="public_chat", name="Lobby")
