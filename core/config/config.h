@@ -239,6 +239,12 @@ struct core_config {
         int passes;     /* password_hashing.passes (default 2): Argon2id passes */
     } password_hashing;
     struct {
+        int refreshable_access_token_lifetime_ms; /* auth.refreshable_access_token_lifetime_ms
+                                                      (default 300000) */
+        bool login_via_existing_session; /* auth.login_via_existing_session (default false) */
+        int login_token_lifetime_ms;     /* auth.login_token_lifetime_ms (default 300000) */
+    } auth;
+    struct {
         bool enabled;         /* ratelimit.enabled (default true) */
         /* Token buckets per client: ratelimit.<action>.per_minute and .burst. */
         struct core_rate {

@@ -7,7 +7,7 @@
  * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over files by
  * concern, each file X.c holding the functions acc_X_* (the file name is the prefix): register.c,
  * admin_register.c, login.c, devices.c, profile.c, filters.c, account_data.c, tags.c, misc.c,
- * user_directory.c, deactivate.c, openid.c; uia.c is uia_, and account_util.c the
+ * user_directory.c, deactivate.c, openid.c, refresh.c, login_token.c; uia.c is uia_, and account_util.c the
  * acc_ helpers every file shares. The module also registers the push endpoints
  * (core/client/push/: their tables are this module's, and they use its database helpers).
  * Each file registers its own routes from an *_routes function called by the module's init.
@@ -100,6 +100,7 @@ typedef struct acc_new_account {
     bool guest;                 /* a guest account: password NULL, a guest's rights */
     bool inhibit_login;         /* create no device and no token */
     bool with_home_server;      /* add home_server to the answer */
+    bool refresh;               /* the client asked for a refresh token (refresh.c) */
     const char *uia_session;    /* forgotten when the account exists; may be NULL */
 } acc_new_account;
 
@@ -119,6 +120,19 @@ int acc_create_account(atrium_req *r, const acc_new_account *a);
  * a token into token_out (AUTH_TOKEN_CHARS + 1). 0 or ATRIUM_E_DB. */
 int acc_open_session(PGconn *c, const char *user_id, const char *device_id, const char *name,
                      const char *ip, const char *user_agent, char *token_out) RT_MUST_CHECK;
+/* refresh.c: make the session just opened (acc_open_session's token access_token)
+ * refreshable, inside the caller's transaction: the access token expires lifetime_ms from
+ * now, and a refresh token paired with it goes into refresh_out (AUTH_TOKEN_CHARS + 1).
+ * 0 or ATRIUM_E_DB. */
+int acc_session_refreshable(PGconn *c, const char *user_id, const char *device_id,
+                            int64_t lifetime_ms, const char *access_token,
+                            char *refresh_out) RT_MUST_CHECK;
+/* login_token.c: consume the m.login.token `token` (single use) inside or outside a
+ * transaction: 1 and *user_id (r's arena) for a live token of an active user, 0 for an
+ * unknown, used or expired one, ATRIUM_E_DB. conn held. */
+int acc_login_token_take(atrium_req *r, PGconn *c, const char *token, const char **user_id);
+/* [req] Is m.login.token served (auth.login_via_existing_session)? */
+bool acc_login_token_enabled(atrium_req *r);
 /* Delete devices of user_id (all when device_ids is NULL, else the n listed; keep_device,
  * if not NULL, survives) and every token of theirs. conn held. true on success. */
 bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *device_ids,
@@ -198,5 +212,8 @@ int acc_user_directory_routes(http_server *s);
 int acc_deactivate_routes(http_server *s);
 /* openid.c: the OpenID token endpoints, the client's and the federation userinfo. */
 int acc_openid_routes(http_server *s);
+/* refresh.c: POST /refresh. login_token.c: POST /login/get_token. */
+int acc_refresh_routes(http_server *s);
+int acc_login_token_routes(http_server *s);
 
 #endif

@@ -155,7 +155,7 @@ static int post_register(atrium_req *r)
     json_t *body = uia_body(r);
     if (!body) return ATRIUM_DONE;
     const char *username, *password, *device_id, *device_name;
-    bool inhibit_login;
+    bool inhibit_login, refresh;
     json_t *auth;
     if (!http_field_string(r, body, "username", false, ACC_USER_ID_MAX_BYTES, &username) ||
         !http_field_string(r, body, "password", false, ACC_PASSWORD_MAX_BYTES, &password) ||
@@ -163,6 +163,7 @@ static int post_register(atrium_req *r)
         !http_field_string(r, body, "initial_device_display_name", false, ACC_DEVICE_NAME_MAX_BYTES,
                     &device_name) ||
         !http_field_bool(r, body, "inhibit_login", false, &inhibit_login) ||
+        !http_field_bool(r, body, "refresh_token", false, &refresh) ||
         !http_field_object(r, body, "auth", false, &auth))
         return ATRIUM_DONE;
     if (device_id && !device_id[0])
@@ -187,6 +188,7 @@ static int post_register(atrium_req *r)
         .device_id = device_id,
         .device_name = device_name,
         .inhibit_login = inhibit_login,
+        .refresh = refresh,
         .uia_session = session,
     };
     return acc_to_auth_pool(r, st);
