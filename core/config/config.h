@@ -233,6 +233,7 @@ struct core_config {
         bool enabled;              /* registration.enabled (default false): POST /register */
         const char *shared_secret; /* registration.shared_secret ("" = admin registration off) */
         bool guest_access;         /* registration.guest_access (default false): guests */
+        bool requires_token;       /* registration.requires_token (default false) */
     } registration;
     struct {
         int memory_kib; /* password_hashing.memory_kib (default 65536): Argon2id memory */

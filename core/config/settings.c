@@ -278,6 +278,9 @@ const struct cfg_setting CORE_SETTINGS[] = {
              "Let anyone make a guest account (POST /register?kind=guest): no password, and "
              "only the endpoints the spec opens to guests (403 M_GUEST_ACCESS_FORBIDDEN "
              "elsewhere); guests join only rooms whose m.room.guest_access is can_join."),
+    BOOL_ROW("registration.requires_token", registration.requires_token, false,
+             "POST /register also asks for a registration token (the m.login.registration_token "
+             "stage); server admins make tokens with /_synapse/admin/v1/registration_tokens."),
     {.path = "registration.shared_secret", .type = CFG_T_STRING,
      .offset = FIELD(registration.shared_secret), .def_string = "",
      .help = "Secret for admin registration (/_synapse/admin/v1/register and `atrium "

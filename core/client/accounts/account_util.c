@@ -198,7 +198,8 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
 {
     RT_ASSERT(rt_pool_on_worker(auth_pool()), "%s", "password hashing off the auth pool");
     char hash[crypto_pwhash_STRBYTES] = "";
-    if (a->password && auth_hash_password(a->password, hash) < 0) {
+    if (a->password_hash) snprintf(hash, sizeof(hash), "%s", a->password_hash);
+    else if (a->password && auth_hash_password(a->password, hash) < 0) {
         rt_log(ATRIUM_LOG_ERROR, "core", "hashing a password failed (out of memory?)");
         http_respond_error(r, 503, "M_UNKNOWN", "The server is busy; retry");
         return ATRIUM_DONE;
@@ -217,7 +218,7 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
     if (!c) return ATRIUM_DONE;
     int created = ATRIUM_E_DB;
     if (db_begin(c)) {
-        created = insert_user(c, a, a->password ? hash : NULL, displayname);
+        created = insert_user(c, a, hash[0] ? hash : NULL, displayname);
         if (created == 1 && !a->inhibit_login &&
             acc_open_session(c, a->user_id, device_id, a->device_name, r->client_addr,
                              auth_user_agent(r), token) < 0)
@@ -225,7 +226,10 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
         if (created == 1 && refreshable &&
             acc_session_refreshable(c, a->user_id, device_id, lifetime_ms, token, refresh) < 0)
             created = ATRIUM_E_DB;
-        if (created == 1) uia_forget(c, a->uia_session);
+        if (created == 1 && (!uia_registered(c, a->uia_session, a->user_id) ||
+                             (a->registration_token &&
+                              !acc_registration_tokens_complete(c, a->registration_token))))
+            created = ATRIUM_E_DB;
         if (created == 1 && !db_commit(c)) created = ATRIUM_E_DB;
         if (created != 1) db_rollback(c);
     }

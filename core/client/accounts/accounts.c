@@ -204,6 +204,20 @@ static const atrium_migration MIGRATIONS[] = {
      " user_id text NOT NULL REFERENCES users(user_id),"
      " expires_ts bigint NOT NULL);"
      "CREATE INDEX login_tokens_user ON login_tokens (user_id, id);"},
+    /* registration_tokens.c: tokens that open registration (Synapse's admin API shape);
+     * uia.c: the stages a session completed, the registration token it reserved, the user
+     * it registered (a retry of a finished registration logs in again) and the hash of the
+     * password its first request gave. */
+    {14, "registration_tokens",
+     "CREATE TABLE registration_tokens ("
+     " token text PRIMARY KEY,"
+     " uses_allowed integer,"
+     " pending integer NOT NULL DEFAULT 0,"
+     " completed integer NOT NULL DEFAULT 0,"
+     " expiry_time bigint);"
+     "ALTER TABLE uia_sessions ADD COLUMN completed text[] NOT NULL DEFAULT '{}',"
+     " ADD COLUMN registration_token text, ADD COLUMN registered_user text,"
+     " ADD COLUMN password_hash text;"},
 };
 
 static int accounts_init(core_runtime *rt)
@@ -224,7 +238,8 @@ static int accounts_init(core_runtime *rt)
         acc_tags_routes(s) < 0 || pushers_routes(s) < 0 || acc_misc_routes(s) < 0 || acc_whois_routes(s) < 0 ||
         acc_account_data_routes(s) < 0 || acc_user_directory_routes(s) < 0 ||
         acc_deactivate_routes(s) < 0 || acc_openid_routes(s) < 0 ||
-        acc_refresh_routes(s) < 0 || acc_login_token_routes(s) < 0)
+        acc_refresh_routes(s) < 0 || acc_login_token_routes(s) < 0 ||
+        acc_registration_tokens_routes(s) < 0)
         return -1;
     return 0;
 }
