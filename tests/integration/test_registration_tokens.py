@@ -87,6 +87,13 @@ class RegistrationTokensTest(unittest.TestCase):
         status, body = register_with_token(self.srv, "wrongtoken", "no-such-token")
         self.assertEqual((status, body["errcode"]), (401, "M_UNAUTHORIZED"), body)
         self.assertEqual(body["completed"], [])
+        # The session lives on: a valid token completes the stage in it.
+        made = self.new_token()
+        status, body = self.srv.json("POST", V3 + "/register", {
+            "username": "wrongtoken", "password": "pw-secret",
+            "auth": {"type": "m.login.registration_token", "token": made["token"],
+                     "session": body["session"]}})
+        self.assertEqual((status, body["completed"]), (401, ["m.login.registration_token"]), body)
 
     def test_a_token_with_one_use_registers_one_user(self):
         made = self.new_token(uses_allowed=1)

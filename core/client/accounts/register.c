@@ -135,24 +135,21 @@ static int token_flow_stage(atrium_req *r, json_t *auth, const char *type, const
     if (!session_kept_load(r, *session, &k)) return ATRIUM_DONE;
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
-    int all = ATRIUM_E_DB, reserved = 1;
-    if (db_begin(c)) {
-        if (!*session) *session = uia_session_open(r, c, REGISTER_PURPOSE, "");
+    int all = 0, reserved = 1;
+    bool fresh_token = token_stage && !k.registration_token; /* a use once per session */
+    bool ok = db_begin(c);
+    if (ok && !*session) ok = (*session = uia_session_open(r, c, REGISTER_PURPOSE, "")) != NULL;
+    if (ok && fresh_token) ok = (reserved = acc_registration_tokens_reserve(c, token)) >= 0;
+    if (ok && fresh_token && reserved == 1) {
         const char *p[2] = {*session, token};
-        if (token_stage && !k.registration_token) /* a use once per session */
-            reserved = acc_registration_tokens_reserve(c, token);
-        if (*session && reserved == 1 && token_stage && !k.registration_token &&
-            !db_exec(c, "UPDATE uia_sessions SET registration_token = $2 WHERE session_id = $1",
-                     2, p))
-            reserved = ATRIUM_E_DB;
-        if (*session && reserved == 1) all = uia_complete_stage(c, *session, type, FLOW_TOKEN);
-        if (reserved < 0 || all < 0 || !db_commit(c)) {
-            db_rollback(c);
-            if (reserved >= 0) all = ATRIUM_E_DB;
-        }
+        ok = db_exec(c, "UPDATE uia_sessions SET registration_token = $2 WHERE session_id = $1",
+                     2, p);
     }
+    if (ok && reserved == 1) ok = (all = uia_complete_stage(c, *session, type, FLOW_TOKEN)) >= 0;
+    ok = ok && db_commit(c); /* a new session is kept even when the token was refused */
+    if (!ok) db_rollback(c);
     http_db_checkin(c);
-    if (reserved < 0 || (reserved == 1 && all < 0) || !*session) return acc_db_failed(r);
+    if (!ok) return acc_db_failed(r);
     if (reserved == 0)
         return uia_challenge_flow(r, FLOW_TOKEN, REGISTER_PURPOSE, "", *session, "M_UNAUTHORIZED",
                                   "Invalid registration token");
