@@ -1,7 +1,9 @@
 /*
  * core/client/accounts/uia.c - user-interactive authentication: the 401 challenge, sessions, and
- * the one-stage flows Atrium offers (m.login.dummy for registration, m.login.password for
- * an authenticated user's sensitive operations).
+ * the flows Atrium offers (m.login.dummy for registration, after m.login.registration_token
+ * when registration needs a token; m.login.password for an authenticated user's sensitive
+ * operations). Every 401 lists the session's `completed` stages (uia_sessions.completed,
+ * filled by uia_complete_stage for the flows of several stages).
  *
  * Sessions live in PostgreSQL (uia_sessions) with an expiry, so any process sharing the
  * database accepts a session another process issued (docs/architecture.md, 'More than one
@@ -9,8 +11,8 @@
  * purpose ("register", "delete_devices", "password") and to its user ("" before login),
  * so a session issued to one user or for one operation is refused for another. Expired
  * sessions are deleted whenever a new one is created, which bounds the table. A request
- * that names no session is still accepted when its stage passes: with single-stage flows
- * the session carries no progress worth insisting on. What this file does not do: check
+ * that names no session is still accepted when a one-stage flow's stage passes: the
+ * session carries no progress worth insisting on (a flow of several stages opens one). What this file does not do: check
  * the operation's own parameters, or hash anything (the password stage's check runs on
  * the auth pool through uia_password_verify).
  */
