@@ -233,11 +233,18 @@ struct core_config {
         bool enabled;              /* registration.enabled (default false): POST /register */
         const char *shared_secret; /* registration.shared_secret ("" = admin registration off) */
         bool guest_access;         /* registration.guest_access (default false): guests */
+        bool requires_token;       /* registration.requires_token (default false) */
     } registration;
     struct {
         int memory_kib; /* password_hashing.memory_kib (default 65536): Argon2id memory */
         int passes;     /* password_hashing.passes (default 2): Argon2id passes */
     } password_hashing;
+    struct {
+        int refreshable_access_token_lifetime_ms; /* auth.refreshable_access_token_lifetime_ms
+                                                      (default 300000) */
+        bool login_via_existing_session; /* auth.login_via_existing_session (default false) */
+        int login_token_lifetime_ms;     /* auth.login_token_lifetime_ms (default 300000) */
+    } auth;
     struct {
         bool enabled;         /* ratelimit.enabled (default true) */
         /* Token buckets per client: ratelimit.<action>.per_minute and .burst. */

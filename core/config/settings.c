@@ -278,6 +278,9 @@ const struct cfg_setting CORE_SETTINGS[] = {
              "Let anyone make a guest account (POST /register?kind=guest): no password, and "
              "only the endpoints the spec opens to guests (403 M_GUEST_ACCESS_FORBIDDEN "
              "elsewhere); guests join only rooms whose m.room.guest_access is can_join."),
+    BOOL_ROW("registration.requires_token", registration.requires_token, false,
+             "POST /register also asks for a registration token (the m.login.registration_token "
+             "stage); server admins make tokens with /_synapse/admin/v1/registration_tokens."),
     {.path = "registration.shared_secret", .type = CFG_T_STRING,
      .offset = FIELD(registration.shared_secret), .def_string = "",
      .help = "Secret for admin registration (/_synapse/admin/v1/register and `atrium "
@@ -290,6 +293,18 @@ const struct cfg_setting CORE_SETTINGS[] = {
                    "machine. A stored hash keeps the cost it was made with."),
     INT_ROW("password_hashing.passes", password_hashing.passes, 2, 1, 16, NULL,
             "Argon2id passes over that memory per password hash (time cost)."),
+
+    INT_ROW("auth.refreshable_access_token_lifetime_ms", auth.refreshable_access_token_lifetime_ms,
+            300000, 1000, 86400000, "ms",
+            "Lifetime of an access token issued with a refresh token (a client that sends "
+            "refresh_token: true to /login or /register); past it the token answers 401 "
+            "M_UNKNOWN_TOKEN with soft_logout: true and the client calls POST /refresh. "
+            "Other access tokens never expire."),
+    BOOL_ROW("auth.login_via_existing_session", auth.login_via_existing_session, false,
+             "Let a signed-in user get a single-use login token (POST /login/get_token, after "
+             "re-entering their password) to sign in another device with m.login.token."),
+    INT_ROW("auth.login_token_lifetime_ms", auth.login_token_lifetime_ms, 300000, 1000,
+            3600000, "ms", "How long a token from POST /login/get_token may be used."),
 
     BOOL_ROW("ratelimit.enabled", ratelimit.enabled, true,
              "Refuse clients over their rate with 429 (token buckets per client key and "

@@ -16,7 +16,8 @@ class JsSdkTest(AtriumTestCase):
     def test_matrix_js_sdk_clients_register_talk_resume_and_log_out(self):
         if not os.path.isdir(os.path.join(E2E_DIR, "node_modules", "matrix-js-sdk")):
             self.fail("tests/e2e/node_modules is missing: run tests/run.sh (it runs npm ci)")
-        srv = self.start_server(settings={"registration": {"enabled": True}},
+        srv = self.start_server(settings={"registration": {"enabled": True},
+                                          "auth": {"login_via_existing_session": True}},
                                 plugins={"directory": {"enabled": True}})
         tests = sorted(f for f in os.listdir(E2E_DIR) if f.endswith(".test.mjs"))
         proc = subprocess.run(["node", "--test", "--test-force-exit", "--test-reporter=spec", *tests], cwd=E2E_DIR,

@@ -137,7 +137,8 @@ int acc_open_session(PGconn *c, const char *user_id, const char *device_id, cons
                  " last_seen_ts = EXCLUDED.last_seen_ts, last_seen_ip = $4,"
                  " last_seen_user_agent = $5",
                  5, p) ||
-        !db_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2, p))
+        !db_exec(c, "DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2", 2, p) ||
+        !db_exec(c, "DELETE FROM refresh_tokens WHERE user_id = $1 AND device_id = $2", 2, p))
         return ATRIUM_E_DB;
     /* A new device is a device-list change (recorded by a trigger, e2ee.c): a woken sync
      * reads the stream only once this transaction committed. */
@@ -197,7 +198,8 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
 {
     RT_ASSERT(rt_pool_on_worker(auth_pool()), "%s", "password hashing off the auth pool");
     char hash[crypto_pwhash_STRBYTES] = "";
-    if (a->password && auth_hash_password(a->password, hash) < 0) {
+    if (a->password_hash) snprintf(hash, sizeof(hash), "%s", a->password_hash);
+    else if (a->password && auth_hash_password(a->password, hash) < 0) {
         rt_log(ATRIUM_LOG_ERROR, "core", "hashing a password failed (out of memory?)");
         http_respond_error(r, 503, "M_UNKNOWN", "The server is busy; retry");
         return ATRIUM_DONE;
@@ -209,17 +211,25 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
         device_id = device;
     }
     const char *displayname = a->displayname ? a->displayname : acc_localpart_of(r, a->user_id);
-    char token[AUTH_TOKEN_CHARS + 1] = "";
+    char token[AUTH_TOKEN_CHARS + 1] = "", refresh[AUTH_TOKEN_CHARS + 1] = "";
+    int64_t lifetime_ms = r->srv->cfg->auth.refreshable_access_token_lifetime_ms;
+    bool refreshable = a->refresh && !a->inhibit_login;
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     int created = ATRIUM_E_DB;
     if (db_begin(c)) {
-        created = insert_user(c, a, a->password ? hash : NULL, displayname);
+        created = insert_user(c, a, hash[0] ? hash : NULL, displayname);
         if (created == 1 && !a->inhibit_login &&
             acc_open_session(c, a->user_id, device_id, a->device_name, r->client_addr,
                              auth_user_agent(r), token) < 0)
             created = ATRIUM_E_DB;
-        if (created == 1) uia_forget(c, a->uia_session);
+        if (created == 1 && refreshable &&
+            acc_session_refreshable(c, a->user_id, device_id, lifetime_ms, token, refresh) < 0)
+            created = ATRIUM_E_DB;
+        if (created == 1 && (!uia_registered(c, a->uia_session, a->user_id) ||
+                             (a->registration_token &&
+                              !acc_registration_tokens_complete(c, a->registration_token))))
+            created = ATRIUM_E_DB;
         if (created == 1 && !db_commit(c)) created = ATRIUM_E_DB;
         if (created != 1) db_rollback(c);
     }
@@ -237,9 +247,14 @@ int acc_create_account(atrium_req *r, const acc_new_account *a)
         json_object_set_new(body, "access_token", json_string(token));
         json_object_set_new(body, "device_id", json_string(device_id));
     }
+    if (body && refreshable) {
+        json_object_set_new(body, "refresh_token", json_string(refresh));
+        json_object_set_new(body, "expires_in_ms", json_integer(lifetime_ms));
+    }
     if (body && a->with_home_server)
         json_object_set_new(body, "home_server", json_string(r->srv->cfg->server_name));
     sodium_memzero(token, sizeof(token));
+    sodium_memzero(refresh, sizeof(refresh));
     if (!body) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     http_respond_json(r, 200, body);
     return ATRIUM_DONE;

@@ -1,6 +1,7 @@
 /*
  * core/client/accounts/accounts.c - the accounts module: the tables behind users, devices, tokens,
- * profiles, user-interactive auth, push rules, filters, account data and OpenID tokens, and
+ * profiles, user-interactive auth, push rules, filters, account data, OpenID, refresh and login
+ * tokens, and
  * the module's start-up (rate limiters, every account route).
  *
  * The endpoints live one concern per file (see accounts.h); this file only ties them into
@@ -178,6 +179,45 @@ static const atrium_migration MIGRATIONS[] = {
      " created_ts bigint NOT NULL,"
      " expires_ts bigint NOT NULL);"
      "CREATE INDEX openid_tokens_user ON openid_tokens (user_id, id);"},
+    /* refresh.c: an access token minted with a refresh token expires (NULL: never) and, until
+     * its first use, names the refresh token it replaces (retires); a refresh token is paired
+     * with the access token minted beside it and goes with its device. */
+    {12, "refresh_tokens",
+     "ALTER TABLE access_tokens ADD COLUMN expires_ts bigint, ADD COLUMN retires text;"
+     "CREATE TABLE refresh_tokens ("
+     " token_hash text PRIMARY KEY,"
+     " user_id text NOT NULL,"
+     " device_id text NOT NULL,"
+     " access_hash text NOT NULL,"
+     " retires text,"
+     " created_ts bigint NOT NULL,"
+     " FOREIGN KEY (user_id, device_id) REFERENCES devices (user_id, device_id)"
+     "  ON DELETE CASCADE);"
+     "CREATE INDEX refresh_tokens_retires ON refresh_tokens (retires);"
+     "CREATE INDEX access_tokens_retires ON access_tokens (retires) WHERE retires IS NOT NULL;"},
+    /* login_token.c: single-use m.login.token tokens from POST /login/get_token, as SHA-256
+     * hex; expired ones are deleted whenever one is minted, at most a few live per user. */
+    {13, "login_tokens",
+     "CREATE TABLE login_tokens ("
+     " token_hash text PRIMARY KEY,"
+     " id bigserial NOT NULL,"
+     " user_id text NOT NULL REFERENCES users(user_id),"
+     " expires_ts bigint NOT NULL);"
+     "CREATE INDEX login_tokens_user ON login_tokens (user_id, id);"},
+    /* registration_tokens.c: tokens that open registration (Synapse's admin API shape);
+     * uia.c: the stages a session completed, the registration token it reserved, the user
+     * it registered (a retry of a finished registration logs in again) and the hash of the
+     * password its first request gave. */
+    {14, "registration_tokens",
+     "CREATE TABLE registration_tokens ("
+     " token text PRIMARY KEY,"
+     " uses_allowed integer,"
+     " pending integer NOT NULL DEFAULT 0,"
+     " completed integer NOT NULL DEFAULT 0,"
+     " expiry_time bigint);"
+     "ALTER TABLE uia_sessions ADD COLUMN completed text[] NOT NULL DEFAULT '{}',"
+     " ADD COLUMN registration_token text, ADD COLUMN registered_user text,"
+     " ADD COLUMN password_hash text;"},
 };
 
 static int accounts_init(core_runtime *rt)
@@ -197,7 +237,9 @@ static int accounts_init(core_runtime *rt)
         push_rules_routes(s) < 0 || acc_filters_routes(s) < 0 ||
         acc_tags_routes(s) < 0 || pushers_routes(s) < 0 || acc_misc_routes(s) < 0 || acc_whois_routes(s) < 0 ||
         acc_account_data_routes(s) < 0 || acc_user_directory_routes(s) < 0 ||
-        acc_deactivate_routes(s) < 0 || acc_openid_routes(s) < 0)
+        acc_deactivate_routes(s) < 0 || acc_openid_routes(s) < 0 ||
+        acc_refresh_routes(s) < 0 || acc_login_token_routes(s) < 0 ||
+        acc_registration_tokens_routes(s) < 0)
         return -1;
     return 0;
 }

@@ -7,7 +7,8 @@
  * The account family is one client module (ACCOUNTS_MODULE in accounts.c) spread over files by
  * concern, each file X.c holding the functions acc_X_* (the file name is the prefix): register.c,
  * admin_register.c, login.c, devices.c, profile.c, filters.c, account_data.c, tags.c, misc.c,
- * user_directory.c, deactivate.c, openid.c; uia.c is uia_, and account_util.c the
+ * user_directory.c, deactivate.c, openid.c, refresh.c, login_token.c,
+ * registration_tokens.c; uia.c is uia_, and account_util.c the
  * acc_ helpers every file shares. The module also registers the push endpoints
  * (core/client/push/: their tables are this module's, and they use its database helpers).
  * Each file registers its own routes from an *_routes function called by the module's init.
@@ -100,7 +101,10 @@ typedef struct acc_new_account {
     bool guest;                 /* a guest account: password NULL, a guest's rights */
     bool inhibit_login;         /* create no device and no token */
     bool with_home_server;      /* add home_server to the answer */
-    const char *uia_session;    /* forgotten when the account exists; may be NULL */
+    bool refresh;               /* the client asked for a refresh token (refresh.c) */
+    const char *uia_session;    /* marked as having registered the user; may be NULL */
+    const char *password_hash;  /* instead of password: the hash the UIA session kept */
+    const char *registration_token; /* its reserved use becomes a completed one */
 } acc_new_account;
 
 /* After committing anything that deleted user_id's devices or tokens: this process's token
@@ -119,6 +123,19 @@ int acc_create_account(atrium_req *r, const acc_new_account *a);
  * a token into token_out (AUTH_TOKEN_CHARS + 1). 0 or ATRIUM_E_DB. */
 int acc_open_session(PGconn *c, const char *user_id, const char *device_id, const char *name,
                      const char *ip, const char *user_agent, char *token_out) RT_MUST_CHECK;
+/* refresh.c: make the session just opened (acc_open_session's token access_token)
+ * refreshable, inside the caller's transaction: the access token expires lifetime_ms from
+ * now, and a refresh token paired with it goes into refresh_out (AUTH_TOKEN_CHARS + 1).
+ * 0 or ATRIUM_E_DB. */
+int acc_session_refreshable(PGconn *c, const char *user_id, const char *device_id,
+                            int64_t lifetime_ms, const char *access_token,
+                            char *refresh_out) RT_MUST_CHECK;
+/* login_token.c: consume the m.login.token `token` (single use) inside or outside a
+ * transaction: 1 and *user_id (r's arena) for a live token of an active user, 0 for an
+ * unknown, used or expired one, ATRIUM_E_DB. conn held. */
+int acc_login_token_take(atrium_req *r, PGconn *c, const char *token, const char **user_id);
+/* [req] Is m.login.token served (auth.login_via_existing_session)? */
+bool acc_login_token_enabled(atrium_req *r);
 /* Delete devices of user_id (all when device_ids is NULL, else the n listed; keep_device,
  * if not NULL, survives) and every token of theirs. conn held. true on success. */
 bool acc_delete_devices(PGconn *c, const char *user_id, const char *const *device_ids,
@@ -132,6 +149,7 @@ int acc_to_auth_pool(atrium_req *r, void *state);
 
 #define UIA_STAGE_DUMMY "m.login.dummy"
 #define UIA_STAGE_PASSWORD "m.login.password"
+#define UIA_STAGE_REGISTRATION_TOKEN "m.login.registration_token"
 #define UIA_SESSION_TTL_MS (30 * 60 * 1000)
 
 /* [req] Answer 401 with the UIA body for the one-stage flow `stage`: a session (an existing
@@ -146,12 +164,31 @@ int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const c
  * operation, or 503). */
 bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpose,
                const char *user_id, const char **session_out);
+/* The same for a flow of several stages (flow: NULL-terminated), with the session's
+ * `completed` stages in the answer; uia_challenge is the one-stage flow. */
+int uia_challenge_flow(atrium_req *r, const char *const *flow, const char *purpose,
+                       const char *user_id, const char *session, const char *errcode,
+                       const char *error);
+/* uia_check for a flow of several stages: auth.type must be one of them (*type_out). */
+bool uia_check_flow(atrium_req *r, json_t *auth, const char *const *flow, const char *purpose,
+                    const char *user_id, const char **session_out, const char **type_out);
+/* A new session stored for purpose and user_id (conn held): its ID in r's arena, or NULL on
+ * database trouble. */
+const char *uia_session_open(atrium_req *r, PGconn *c, const char *purpose, const char *user_id);
+/* Record that session completed stage (conn held, in the caller's transaction or not): 1
+ * when every stage of flow is now completed, 0 when some are left, ATRIUM_E_DB. */
+int uia_complete_stage(PGconn *c, const char *session, const char *stage,
+                       const char *const *flow);
 /* [req] The body of a request that may carry UIA (the handlers call it instead of
  * http_req_json): the parsed body ({} for an empty one). When it holds only `auth` with a
  * session this server issued, the parameters the session's first request gave (secrets
  * left out) are filled in, so a client may resubmit with auth alone. NULL after answering
  * 400. */
 json_t *uia_body(atrium_req *r);
+/* The registration session `session` created user_id (conn held, in the caller's
+ * transaction): kept, so a retry of the finished registration is answered again
+ * (register.c). true on success. */
+bool uia_registered(PGconn *c, const char *session, const char *user_id);
 /* Forget a session once its operation succeeded (conn held; NULL session is a no-op). */
 void uia_forget(PGconn *c, const char *session);
 
@@ -166,6 +203,15 @@ typedef struct uia_password {
 } uia_password;
 bool uia_password_begin(atrium_req *r, json_t *body, const char *purpose, uia_password *p);
 bool uia_password_verify(atrium_req *r, const uia_password *p, const char *purpose);
+
+/* ---- registration tokens (registration_tokens.c) --------------------------------------- */
+
+/* Reserve a use of a valid registration token (pending + 1): 1 done, 0 not valid,
+ * ATRIUM_E_DB. conn held. */
+int acc_registration_tokens_reserve(PGconn *c, const char *token);
+/* A registration that reserved a use of token succeeded: pending - 1, completed + 1. conn
+ * held, in the registration's transaction. */
+bool acc_registration_tokens_complete(PGconn *c, const char *token) RT_MUST_CHECK;
 
 /* ---- account data (account_data.c) -------------------------------------------------------- */
 
@@ -198,5 +244,10 @@ int acc_user_directory_routes(http_server *s);
 int acc_deactivate_routes(http_server *s);
 /* openid.c: the OpenID token endpoints, the client's and the federation userinfo. */
 int acc_openid_routes(http_server *s);
+/* refresh.c: POST /refresh. login_token.c: POST /login/get_token. */
+int acc_refresh_routes(http_server *s);
+int acc_login_token_routes(http_server *s);
+/* registration_tokens.c: the validity check and the admin API. */
+int acc_registration_tokens_routes(http_server *s);
 
 #endif

@@ -1,6 +1,8 @@
 /*
  * core/client/accounts/login.c - logging in and out: GET/POST /_matrix/client/v3/login (password
- * login), POST /logout and /logout/all, and GET /account/whoami.
+ * login, m.login.token with a token from login_token.c), POST /logout and /logout/all, and
+ * GET /account/whoami. A login that sends refresh_token: true gets an expiring access token
+ * and a refresh token (refresh.c).
  *
  * Login checks the password on the auth pool and answers a wrong password and an unknown
  * user identically (403 M_FORBIDDEN, same work done: auth_verify_password), so a login
@@ -19,18 +21,25 @@
 #include "core/client/appservice/appservice.h"
 #include "core/client/ratelimits.h"
 
+#define LOGIN_TOKEN_TYPE "m.login.token"
+
 typedef struct login_state {
     const char *user_id; /* NULL: cannot be a local user (checked against a dummy hash) */
     const char *password;
     const char *device_id;
     const char *device_name;
+    bool refresh; /* refresh_token: true (refresh.c) */
 } login_state;
 
-/* GET /_matrix/client/v3/login: the password flow, and m.login.application_service when
- * application services are registered. */
+/* GET /_matrix/client/v3/login: the password flow, m.login.token with get_login_token
+ * when signing in from an existing session is on (login_token.c), and
+ * m.login.application_service when application services are registered. */
 static int get_login(atrium_req *r)
 {
     json_t *flows = json_pack("[{s:s}]", "type", "m.login.password");
+    if (flows && acc_login_token_enabled(r))
+        json_array_append_new(flows, json_pack("{s:s, s:b}", "type", LOGIN_TOKEN_TYPE,
+                                               "get_login_token", 1));
     if (flows && as_count()) /* only where a service may use it */
         json_array_append_new(flows, json_pack("{s:s}", "type", AS_LOGIN_TYPE));
     return http_respond_json(r, 200, json_pack("{s:o}", "flows", flows));
@@ -83,6 +92,10 @@ static int open_login_session(atrium_req *r, const login_state *st)
     bool ok = db_begin(c);
     ok = ok && acc_open_session(c, st->user_id, device_id, st->device_name, r->client_addr,
                                 auth_user_agent(r), token) == 0;
+    char refresh[AUTH_TOKEN_CHARS + 1];
+    int64_t lifetime_ms = r->srv->cfg->auth.refreshable_access_token_lifetime_ms;
+    ok = ok && (!st->refresh || acc_session_refreshable(c, st->user_id, device_id, lifetime_ms,
+                                                        token, refresh) == 0);
     ok = ok && db_commit(c);
     if (!ok) db_rollback(c);
     else auth_cache_forget_user(st->user_id); /* a re-used device ID lost its old tokens */
@@ -91,6 +104,10 @@ static int open_login_session(atrium_req *r, const login_state *st)
         json_t *body = json_pack("{s:s, s:s, s:s, s:s}", "user_id", st->user_id,
                                  "access_token", token, "device_id", device_id, "home_server",
                                  r->srv->cfg->server_name);
+        if (body && st->refresh) {
+            json_object_set_new(body, "refresh_token", json_string(refresh));
+            json_object_set_new(body, "expires_in_ms", json_integer(lifetime_ms));
+        }
         /* A re-used device's old tokens are gone everywhere before the answer. */
         rc = st->device_id ? auth_revoke_answer(r, c, st->user_id, 200, body)
                            : http_respond_json(r, 200, body);
@@ -148,6 +165,44 @@ static int login_appservice(atrium_req *r, json_t *body)
     return open_login_session(r, st);
 }
 
+/* The fields every login type shares: device_id, initial_device_display_name and
+ * refresh_token, into st. false after answering 400. */
+static bool login_device(atrium_req *r, json_t *body, login_state *st)
+{
+    if (!http_field_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &st->device_id) ||
+        !http_field_string(r, body, "initial_device_display_name", false,
+                           ACC_DEVICE_NAME_MAX_BYTES, &st->device_name) ||
+        !http_field_bool(r, body, "refresh_token", false, &st->refresh))
+        return false;
+    if (st->device_id && !st->device_id[0]) {
+        http_respond_error(r, 400, "M_INVALID_PARAM", "device_id must not be empty");
+        return false;
+    }
+    return true;
+}
+
+/* POST /login {type: m.login.token, token}: a token from POST /login/get_token, used once. */
+static int login_with_token(atrium_req *r, json_t *body)
+{
+    if (!acc_login_token_enabled(r))
+        return http_respond_error(r, 400, "M_UNKNOWN", "m.login.token is not offered here");
+    login_state *st = rt_arena_alloc(r->arena, sizeof(*st));
+    if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    *st = (login_state){0};
+    const char *token;
+    if (!http_field_string(r, body, "token", true, ACC_PASSWORD_MAX_BYTES, &token) ||
+        !login_device(r, body, st))
+        return ATRIUM_DONE;
+    PGconn *c = http_db_checkout(r);
+    if (!c) return ATRIUM_DONE;
+    int taken = acc_login_token_take(r, c, token, &st->user_id);
+    http_db_checkin(c);
+    if (taken < 0) return acc_db_failed(r);
+    if (!taken)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "Invalid, used or expired login token");
+    return open_login_session(r, st);
+}
+
 /* POST /_matrix/client/v3/login */
 static int post_login(atrium_req *r)
 {
@@ -157,23 +212,21 @@ static int post_login(atrium_req *r)
     if (ratelimit_refused(r, ratelimit_login())) return ATRIUM_DONE;
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
-    const char *type, *user, *password, *device_id, *device_name;
+    const char *type, *user, *password;
     if (!http_field_string(r, body, "type", true, 0, &type)) return ATRIUM_DONE;
     if (strcmp(type, AS_LOGIN_TYPE) == 0) return login_appservice(r, body);
+    if (strcmp(type, LOGIN_TOKEN_TYPE) == 0) return login_with_token(r, body);
     if (strcmp(type, "m.login.password") != 0)
         return http_respond_error(r, 400, "M_UNKNOWN", "Unknown login type; use m.login.password");
-    if (!login_user(r, body, &user) ||
-        !http_field_string(r, body, "password", true, ACC_PASSWORD_MAX_BYTES, &password) ||
-        !http_field_string(r, body, "device_id", false, ACC_DEVICE_ID_MAX_BYTES, &device_id) ||
-        !http_field_string(r, body, "initial_device_display_name", false, ACC_DEVICE_NAME_MAX_BYTES,
-                    &device_name))
-        return ATRIUM_DONE;
-    if (device_id && !device_id[0])
-        return http_respond_error(r, 400, "M_INVALID_PARAM", "device_id must not be empty");
     login_state *st = rt_arena_alloc(r->arena, sizeof(*st));
     if (!st) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
-    *st = (login_state){.user_id = acc_local_user(r, user), .password = password,
-                        .device_id = device_id, .device_name = device_name};
+    *st = (login_state){0};
+    if (!login_user(r, body, &user) ||
+        !http_field_string(r, body, "password", true, ACC_PASSWORD_MAX_BYTES, &password) ||
+        !login_device(r, body, st))
+        return ATRIUM_DONE;
+    st->user_id = acc_local_user(r, user);
+    st->password = password;
     return acc_to_auth_pool(r, st);
 }
 

@@ -188,14 +188,16 @@ static int get_capabilities(atrium_req *r)
     json_t *available = json_object();
     for (size_t i = 0; available && ROOM_VERSIONS_SUPPORTED[i]; i++)
         json_object_set_new(available, ROOM_VERSIONS_SUPPORTED[i], json_string("stable"));
-    json_t *body = json_pack("{s:{s:{s:b}, s:{s:s, s:o}, s:{s:b}, s:{s:b}, s:{s:b}}}",
+    json_t *body = json_pack("{s:{s:{s:b}, s:{s:s, s:o}, s:{s:b}, s:{s:b}, s:{s:b}, s:{s:b}}}",
                              "capabilities",
                              "m.change_password", "enabled", 1,
                              "m.room_versions", "default", r->srv->cfg->rooms.default_version,
                              "available", available,
                              "m.set_displayname", "enabled", 1,
                              "m.set_avatar_url", "enabled", 1,
-                             "m.3pid_changes", "enabled", 0);
+                             "m.3pid_changes", "enabled", 0,
+                             "m.get_login_token", "enabled",
+                             acc_login_token_enabled(r) && !r->is_guest);
     return http_respond_json(r, 200, body);
 }
 

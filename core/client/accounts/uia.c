@@ -1,7 +1,9 @@
 /*
  * core/client/accounts/uia.c - user-interactive authentication: the 401 challenge, sessions, and
- * the one-stage flows Atrium offers (m.login.dummy for registration, m.login.password for
- * an authenticated user's sensitive operations).
+ * the flows Atrium offers (m.login.dummy for registration, after m.login.registration_token
+ * when registration needs a token; m.login.password for an authenticated user's sensitive
+ * operations). Every 401 lists the session's `completed` stages (uia_sessions.completed,
+ * filled by uia_complete_stage for the flows of several stages).
  *
  * Sessions live in PostgreSQL (uia_sessions) with an expiry, so any process sharing the
  * database accepts a session another process issued (docs/architecture.md, 'More than one
@@ -9,8 +11,8 @@
  * purpose ("register", "delete_devices", "password") and to its user ("" before login),
  * so a session issued to one user or for one operation is refused for another. Expired
  * sessions are deleted whenever a new one is created, which bounds the table. A request
- * that names no session is still accepted when its stage passes: with single-stage flows
- * the session carries no progress worth insisting on. What this file does not do: check
+ * that names no session is still accepted when a one-stage flow's stage passes: the
+ * session carries no progress worth insisting on (a flow of several stages opens one). What this file does not do: check
  * the operation's own parameters, or hash anything (the password stage's check runs on
  * the auth pool through uia_password_verify).
  */
@@ -64,8 +66,16 @@ static bool store_session(atrium_req *r, PGconn *c, const char *session, const c
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%d", UIA_SESSION_TTL_MS);
     const char *p[6] = {session, purpose, user, ttl, operation_of(r), params_of(r)};
-    return db_exec(c, "DELETE FROM uia_sessions"
-                      " WHERE expires_ts < (extract(epoch from now()) * 1000)::bigint",
+    /* An expired session that reserved a registration token and registered no one gives
+     * the use back (registration_tokens.c). */
+    return db_exec(c, "WITH gone AS (DELETE FROM uia_sessions"
+                      "  WHERE expires_ts < (extract(epoch from now()) * 1000)::bigint"
+                      "  RETURNING registration_token, registered_user),"
+                      " back AS (SELECT registration_token, count(*) AS n FROM gone"
+                      "  WHERE registration_token IS NOT NULL AND registered_user IS NULL"
+                      "  GROUP BY registration_token)"
+                      " UPDATE registration_tokens t SET pending = greatest(0, t.pending - back.n)"
+                      " FROM back WHERE t.token = back.registration_token",
                    0, NULL) &&
            db_exec(c,
                    "INSERT INTO uia_sessions (session_id, purpose, user_id, expires_ts,"
@@ -100,19 +110,41 @@ json_t *uia_body(atrium_req *r)
     return body;
 }
 
-int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const char *user_id,
-                  const char *session, const char *errcode, const char *error)
+/* The stages session has completed, as a new JSON array ([] when none or unknown); NULL
+ * on database trouble. */
+static json_t *completed_of(PGconn *c, const char *session)
 {
+    const char *p[1] = {session};
+    PGresult *res = acc_q(c, "SELECT array_to_json(completed)::text FROM uia_sessions"
+                             " WHERE session_id = $1", 1, p);
+    if (!res) return NULL;
+    json_t *done = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
+    PQclear(res);
+    return json_is_array(done) ? done : (json_decref(done), json_array());
+}
+
+int uia_challenge_flow(atrium_req *r, const char *const *flow, const char *purpose,
+                       const char *user_id, const char *session, const char *errcode,
+                       const char *error)
+{
+    json_t *completed = NULL;
+    PGconn *c = http_db_checkout(r);
+    if (!c) return ATRIUM_DONE;
     if (!session) {
         session = new_session_id(r);
-        PGconn *c = http_db_checkout(r);
-        if (!c) return ATRIUM_DONE;
         bool ok = session && store_session(r, c, session, purpose, user_id);
         http_db_checkin(c);
         if (!ok) return acc_db_failed(r);
+        completed = json_array();
+    } else {
+        completed = completed_of(c, session);
+        http_db_checkin(c);
+        if (!completed) return acc_db_failed(r);
     }
-    json_t *body = json_pack("{s:[{s:[s]}], s:{}, s:s}", "flows", "stages", stage, "params",
-                             "session", session);
+    json_t *stages = json_array();
+    for (size_t i = 0; stages && flow[i]; i++) json_array_append_new(stages, json_string(flow[i]));
+    json_t *body = json_pack("{s:[{s:o}], s:{}, s:s, s:o}", "flows", "stages", stages, "params",
+                             "session", session, "completed", completed);
     if (body && errcode) {
         json_object_set_new(body, "errcode", json_string(errcode));
         json_object_set_new(body, "error", json_string(error ? error : ""));
@@ -120,6 +152,13 @@ int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const c
     if (!body) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     http_respond_json(r, 401, body);
     return ATRIUM_DONE;
+}
+
+int uia_challenge(atrium_req *r, const char *stage, const char *purpose, const char *user_id,
+                  const char *session, const char *errcode, const char *error)
+{
+    const char *flow[2] = {stage, NULL};
+    return uia_challenge_flow(r, flow, purpose, user_id, session, errcode, error);
 }
 
 enum { SESSION_UNKNOWN = 0, SESSION_LIVE = 1, SESSION_OTHER_OPERATION = 2 };
@@ -144,10 +183,18 @@ static int session_live(atrium_req *r, PGconn *c, const char *session, const cha
     return rc;
 }
 
-bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpose,
-               const char *user_id, const char **session_out)
+static bool in_flow(const char *const *flow, const char *type)
+{
+    for (size_t i = 0; flow[i]; i++)
+        if (strcmp(flow[i], type) == 0) return true;
+    return false;
+}
+
+bool uia_check_flow(atrium_req *r, json_t *auth, const char *const *flow, const char *purpose,
+                    const char *user_id, const char **session_out, const char **type_out)
 {
     *session_out = NULL;
+    *type_out = NULL;
     const char *type = NULL, *session = NULL;
     json_t *t = json_object_get(auth, "type"), *s = json_object_get(auth, "session");
     if (json_is_string(t)) type = json_string_value(t);
@@ -171,22 +218,64 @@ bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpo
             return false;
         }
         if (live == SESSION_UNKNOWN) {
-            uia_challenge(r, stage, purpose, user_id, NULL, "M_UNKNOWN",
-                          "Unknown or expired session; start again with the new one");
+            uia_challenge_flow(r, flow, purpose, user_id, NULL, "M_UNKNOWN",
+                               "Unknown or expired session; start again with the new one");
             return false;
         }
     }
     if (!type) { /* only the session: the client asks where it stands */
-        uia_challenge(r, stage, purpose, user_id, session, NULL, NULL);
+        uia_challenge_flow(r, flow, purpose, user_id, session, NULL, NULL);
         return false;
     }
-    if (strcmp(type, stage) != 0) {
-        uia_challenge(r, stage, purpose, user_id, session, "M_UNKNOWN",
-                      "That authentication type is not offered here");
+    if (!in_flow(flow, type)) {
+        uia_challenge_flow(r, flow, purpose, user_id, session, "M_UNKNOWN",
+                           "That authentication type is not offered here");
         return false;
     }
     *session_out = session;
+    *type_out = type;
     return true;
+}
+
+bool uia_check(atrium_req *r, json_t *auth, const char *stage, const char *purpose,
+               const char *user_id, const char **session_out)
+{
+    const char *flow[2] = {stage, NULL}, *type;
+    return uia_check_flow(r, auth, flow, purpose, user_id, session_out, &type);
+}
+
+const char *uia_session_open(atrium_req *r, PGconn *c, const char *purpose, const char *user_id)
+{
+    const char *session = new_session_id(r);
+    return session && store_session(r, c, session, purpose, user_id) ? session : NULL;
+}
+
+int uia_complete_stage(PGconn *c, const char *session, const char *stage,
+                       const char *const *flow)
+{
+    /* The flow as an array literal: stage names are this server's constants, without
+     * commas, braces or quotes. */
+    char stages[256] = "{";
+    for (size_t i = 0; flow[i]; i++) {
+        size_t used = strlen(stages);
+        snprintf(stages + used, sizeof(stages) - used, "%s%s", i ? "," : "", flow[i]);
+    }
+    strncat(stages, "}", sizeof(stages) - strlen(stages) - 1);
+    const char *p[3] = {session, stage, stages};
+    PGresult *res = acc_q(c, "UPDATE uia_sessions SET completed = CASE WHEN $2 = ANY(completed)"
+                             " THEN completed ELSE array_append(completed, $2) END"
+                             " WHERE session_id = $1 RETURNING $3::text[] <@ completed", 3, p);
+    if (!res) return ATRIUM_E_DB;
+    int all = PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    return all;
+}
+
+bool uia_registered(PGconn *c, const char *session, const char *user_id)
+{
+    if (!session) return true;
+    const char *p[2] = {session, user_id};
+    return db_exec(c, "UPDATE uia_sessions SET registered_user = $2 WHERE session_id = $1", 2, p);
 }
 
 void uia_forget(PGconn *c, const char *session)

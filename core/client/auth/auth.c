@@ -102,7 +102,9 @@ const char *auth_request(atrium_req *r)
     const char *params[1] = {hex};
     PGresult *res = PQexecParams(c,
                                  "SELECT t.user_id, t.device_id, u.is_admin, d.last_seen_ts,"
-                                 " u.is_guest"
+                                 " u.is_guest,"
+                                 " t.expires_ts - (extract(epoch from now()) * 1000)::bigint,"
+                                 " t.retires"
                                  " FROM access_tokens t JOIN users u ON u.user_id = t.user_id"
                                  " LEFT JOIN devices d ON d.user_id = t.user_id"
                                  " AND d.device_id = t.device_id"
@@ -111,13 +113,25 @@ const char *auth_request(atrium_req *r)
     bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
     if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "token look-up failed: %s", PQresultErrorMessage(res));
     int64_t seen_ts = 0; /* NULL (never seen, or no device row): due */
+    bool expired = false;
     if (ok && PQntuples(res) == 1) {
-        r->user = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
-        r->device = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 1));
-        r->is_admin = PQgetvalue(res, 0, 2)[0] == 't' ? 1 : 0;
-        r->is_guest = PQgetvalue(res, 0, 4)[0] == 't' ? 1 : 0;
+        int64_t valid_ms = PQgetisnull(res, 0, 5) ? INT64_MAX
+                                                  : strtoll(PQgetvalue(res, 0, 5), NULL, 10);
+        expired = valid_ms <= 0;
+        if (!expired) {
+            r->user = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 0));
+            r->device = rt_arena_strdup(r->arena, PQgetvalue(res, 0, 1));
+            r->is_admin = PQgetvalue(res, 0, 2)[0] == 't' ? 1 : 0;
+            r->is_guest = PQgetvalue(res, 0, 4)[0] == 't' ? 1 : 0;
+        }
         int flags = (r->is_admin ? AUTH_FLAG_ADMIN : 0) | (r->is_guest ? AUTH_FLAG_GUEST : 0);
-        if (r->user && r->device) auth_cache_store(hex, r->user, r->device, flags, epoch);
+        if (r->user && r->device && !PQgetisnull(res, 0, 6)) {
+            /* The first use of a refreshed token: its predecessors stop working now. */
+            if (auth_retire_refresh(c, PQgetvalue(res, 0, 6), hex))
+                auth_cache_forget_user(r->user); /* the old access token may be cached */
+        } else if (r->user && r->device) {
+            auth_cache_store(hex, r->user, r->device, flags, epoch, valid_ms);
+        }
         if (!PQgetisnull(res, 0, 3)) seen_ts = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
         if (seen_ts < 0) seen_ts = 0;
     }
@@ -129,8 +143,11 @@ const char *auth_request(atrium_req *r)
         return NULL;
     }
     if (!r->user) {
+        /* An expired token's client refreshes it (POST /refresh) without losing its data. */
         json_t *body = json_pack("{s:s, s:s, s:b}", "errcode", "M_UNKNOWN_TOKEN", "error",
-                                 "Unknown or revoked access token", "soft_logout", 0);
+                                 expired ? "The access token has expired; refresh it"
+                                         : "Unknown or revoked access token",
+                                 "soft_logout", expired);
         r->out_headers = NULL;
         if (http_respond_json(r, 401, body) == 0 && r->response)
             MHD_add_response_header(r->response, "Cache-Control", "no-store"); /* a failure */
@@ -145,24 +162,72 @@ int auth_is_admin(atrium_req *r)
     return r->is_admin;
 }
 
-int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id, char *token_out)
+void auth_token_hash(const char *token, char out[65])
+{
+    token_hash_hex(token, out);
+}
+
+/* AUTH_TOKEN_PREFIX (or prefix) and base64url of 32 random bytes into token_out. */
+static void mint(const char *prefix, char *token_out)
 {
     unsigned char raw[32];
     randombytes_buf(raw, sizeof(raw));
     char b64[sodium_base64_ENCODED_LEN(32, sodium_base64_VARIANT_URLSAFE_NO_PADDING)];
     sodium_bin2base64(b64, sizeof(b64), raw, sizeof(raw), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
-    snprintf(token_out, AUTH_TOKEN_CHARS + 1, "%s%s", AUTH_TOKEN_PREFIX, b64);
-    char hex[65];
+    snprintf(token_out, AUTH_TOKEN_CHARS + 1, "%s%s", prefix, b64);
+}
+
+int auth_issue_token_ex(PGconn *conn, const char *user_id, const char *device_id,
+                        int64_t lifetime_ms, const char *retires, char *token_out)
+{
+    mint(AUTH_TOKEN_PREFIX, token_out);
+    char hex[65], lifetime[24];
     token_hash_hex(token_out, hex);
-    const char *params[3] = {hex, user_id, device_id};
+    snprintf(lifetime, sizeof(lifetime), "%lld", (long long)lifetime_ms);
+    const char *params[5] = {hex, user_id, device_id, lifetime_ms > 0 ? lifetime : NULL, retires};
     PGresult *res = PQexecParams(conn,
-                                 "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
-                                 " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint)",
-                                 3, NULL, params, NULL, NULL, 0);
+                                 "INSERT INTO access_tokens (token_hash, user_id, device_id,"
+                                 " created_ts, expires_ts, retires)"
+                                 " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint,"
+                                 " (extract(epoch from now()) * 1000)::bigint + $4::bigint, $5)",
+                                 5, NULL, params, NULL, NULL, 0);
     bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
     if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "storing a token failed: %s", PQresultErrorMessage(res));
     PQclear(res);
     return ok ? 0 : ATRIUM_E_DB;
+}
+
+int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id, char *token_out)
+{
+    return auth_issue_token_ex(conn, user_id, device_id, 0, NULL, token_out);
+}
+
+void auth_mint_refresh_token(char *token_out)
+{
+    mint(AUTH_REFRESH_PREFIX, token_out);
+}
+
+bool auth_retire_refresh(PGconn *conn, const char *retired, const char *successor)
+{
+    /* One statement, so a retirement is whole or not at all: the refresh token that was
+     * replaced goes with the access token minted beside it, and its successors (the access
+     * token and the refresh token that replaced it) forget it. */
+    const char *params[2] = {retired, successor};
+    PGresult *res = PQexecParams(conn,
+                                 "WITH old AS (DELETE FROM refresh_tokens WHERE token_hash = $1"
+                                 "  RETURNING access_hash),"
+                                 " gone AS (DELETE FROM access_tokens WHERE token_hash IN"
+                                 "  (SELECT access_hash FROM old)),"
+                                 " kept AS (UPDATE refresh_tokens SET retires = NULL"
+                                 "  WHERE retires = $1)"
+                                 " UPDATE access_tokens SET retires = NULL WHERE retires = $1"
+                                 " OR token_hash = $2",
+                                 2, NULL, params, NULL, NULL, 0);
+    bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+    if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "retiring a refresh token failed: %s",
+                    PQresultErrorMessage(res));
+    PQclear(res);
+    return ok;
 }
 
 int auth_hash_password(const char *password, char *hash_out)

@@ -23,6 +23,7 @@
 
 #define AUTH_TOKEN_PREFIX "atr_"
 #define AUTH_TOKEN_CHARS 48 /* prefix + base64url of 32 random bytes */
+#define AUTH_REFRESH_PREFIX "atrr_" /* refresh tokens: the same length */
 
 /* [req] Authenticate r from "Authorization: Bearer <token>" or ?access_token=. On success
  * sets r->user and r->device (arena strings; the client key becomes the user) and returns
@@ -40,6 +41,22 @@ int auth_is_admin(atrium_req *r);
  * (AUTH_TOKEN_CHARS + 1 bytes). 0 or ATRIUM_E_DB. conn: a connection the caller holds. */
 int auth_issue_token(PGconn *conn, const char *user_id, const char *device_id,
                      char *token_out) RT_MUST_CHECK;
+/* auth_issue_token for a refreshable session (core/client/accounts/refresh.c): the token
+ * expires lifetime_ms from now (<= 0: never; past it auth_request answers 401
+ * M_UNKNOWN_TOKEN with soft_logout: true), and at its first use retires the refresh token
+ * whose hash is `retires` (NULL: none) with auth_retire_refresh. 0 or ATRIUM_E_DB. */
+int auth_issue_token_ex(PGconn *conn, const char *user_id, const char *device_id,
+                        int64_t lifetime_ms, const char *retires, char *token_out) RT_MUST_CHECK;
+/* A new refresh token's text (AUTH_TOKEN_CHARS + 1 bytes; stored by the caller, hashed). */
+void auth_mint_refresh_token(char *token_out);
+/* The stored form of a token (access or refresh): lower-case hex of its SHA-256. */
+void auth_token_hash(const char *token, char out[65]);
+/* The refresh token whose hash is `retired` was replaced and its successor (the access
+ * token whose hash is `successor`, or a refresh token naming it) used: delete it and the
+ * access token minted with it, and clear the mark on its successors. conn held (outside a
+ * transaction or inside the caller's). false on database trouble (logged). The caller
+ * forgets the user's cached tokens after its commit. */
+bool auth_retire_refresh(PGconn *conn, const char *retired, const char *successor) RT_MUST_CHECK;
 
 /* Argon2id. hash_out must hold crypto_pwhash_STRBYTES (128). 0 or ATRIUM_E_NOMEM. Slow
  * and memory-hungry by design: call on the auth pool (auth_pool()). */
@@ -78,8 +95,10 @@ void auth_cache_free(auth_cache *c);
 bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out);
 #define AUTH_FLAG_ADMIN 0x1
 #define AUTH_FLAG_GUEST 0x2
+/* valid_ms: how long the token stays valid (INT64_MAX: no expiry); the entry is trusted
+ * no longer than that. */
 void auth_cache_store(const char *hash, const char *user, const char *device, int flags,
-                      uint64_t read_epoch);
+                      uint64_t read_epoch, int64_t valid_ms);
 /* Any thread: forget every cached token of user_id. Call after committing anything that
  * deletes a user's tokens or changes their admin or deactivated flag; other processes
  * learn it from the trigger's NOTIFY. */

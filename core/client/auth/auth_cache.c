@@ -118,7 +118,7 @@ bool auth_cache_lookup(atrium_req *r, const char *hash, uint64_t *epoch_out)
 }
 
 void auth_cache_store(const char *hash, const char *user, const char *device, int flags,
-                      uint64_t read_epoch)
+                      uint64_t read_epoch, int64_t valid_ms)
 {
     auth_cache *c = the_cache();
     if (!c) return;
@@ -132,7 +132,8 @@ void auth_cache_store(const char *hash, const char *user, const char *device, in
         if (e->user && e->device) {
             memcpy(e->hash, hash, sizeof(e->hash));
             e->flags = flags;
-            e->expires_ms = rt_now_ms() + AUTH_CACHE_TTL_MS;
+            e->expires_ms = rt_now_ms() + (valid_ms < AUTH_CACHE_TTL_MS ? valid_ms
+                                                                        : AUTH_CACHE_TTL_MS);
         } else {
             clear_entry(e);
         }
