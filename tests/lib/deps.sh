@@ -40,6 +40,13 @@ ATRIUM_TEST_PACKAGES=(
     # tests/run.sh installs Debian's nodejs and npm only where node is missing.
 )
 
+# The S3 tests (tests/integration/test_media_s3.py, tests/lib/rgw.sh): a throwaway one-node
+# Ceph cluster with the RADOS Gateway. About 350 MB installed; a test run installs them
+# only when the S3 tests run and skips those tests with the reason when it cannot.
+ATRIUM_S3_TEST_PACKAGES=(
+    ceph-mon ceph-osd radosgw ceph-common
+)
+
 # Load figures (bench/).
 ATRIUM_BENCH_PACKAGES=(
     wrk
