@@ -4,7 +4,9 @@ whole file. docs/adr/0011-media-on-an-object-store.md says what is built so far:
 stored in the bucket before it is acknowledged; an original missing from the local folder
 is read through from the bucket on a store pool worker, then served as any other (ETag,
 Range, 304); thumbnails render from originals read through the same way; the bucket is
-checked at start and a wrong one refuses the start with one clear line.
+checked at start and a wrong one refuses the start with one clear line; with the gateway
+frozen (SIGSTOP) an upload gets 503 within s3_timeout_ms and leaves no row and no file,
+while media in the local folder is served as ever.
 
 Two processes with different local folders (standing for two machines) share one database
 and the bucket: what one uploads, the other downloads and thumbnails.
@@ -15,6 +17,7 @@ tests are skipped, saying why, only where they cannot be installed.
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -157,6 +160,36 @@ class RoundTripTest(S3Case):
         status, body = a.json("GET", download_path(a, media_id), token=token)
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
         a.wait_for_log(f"original {media_id} has a row but no object")
+
+
+class FrozenStoreTest(S3Case):
+    def test_with_the_gateway_frozen_an_upload_gets_503_and_leaves_nothing_and_cached_media_is_served(self):
+        a = self.s3_server(media={"s3_timeout_ms": 1000})
+        _, token = register(a)
+        cached = upload(a, token, b"uploaded while the store answered")
+        with open(os.path.join(self.gateway.dir, "run", "client.rgw.a.pid"), encoding="utf-8") as f:
+            rgw_pid = int(f.read())
+        os.kill(rgw_pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, headers, body = a.request("POST", "/_matrix/media/v3/upload", body=b"lost?",
+                                              token=token, timeout=20,
+                                              headers={"Content-Type": "text/plain"})
+            self.assertEqual(status, 503, body)
+            self.assertLess(time.monotonic() - started, 5)
+            self.assertEqual(headers["Cache-Control"], "no-store")
+            # Nothing half-kept: no row, no local file beside the cached one.
+            rows = harness.psql("SELECT count(*) FROM media_local", database=a.database)
+            self.assertEqual(rows, [["1"]])
+            local = [f for _, _, files in os.walk(os.path.join(a.store, "local")) for f in files]
+            self.assertEqual(local, [cached])
+            # What the local folder holds is served as ever.
+            status, _, body = a.request("GET", download_path(a, cached), token=token)
+            self.assertEqual((status, body), (200, b"uploaded while the store answered"))
+            self.assertEqual(a.metric("atrium_media_store_requests_total",
+                                      {"kind": "put", "outcome": "failed"}), 1)
+        finally:
+            os.kill(rgw_pid, signal.SIGCONT)
 
 
 class TwoMachinesTest(S3Case):
