@@ -146,6 +146,7 @@ start() {
     conf=$dir/ceph.conf
     say "monitor on 127.0.0.1:$base, gateway on 127.0.0.1:$((base + 19)), data in $dir"
     # Anything failing from here stops what started and frees the ports.
+    # shellcheck disable=SC2064 # expanded now on purpose: $dir is local to this function
     trap "stop '$dir'" ERR EXIT
     ceph-authtool "$dir/keyring" --create-keyring --gen-key -n mon. --cap mon 'allow *' >/dev/null
     ceph-authtool "$dir/keyring" --gen-key -n client.admin --cap mon 'allow *' \
