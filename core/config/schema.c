@@ -29,7 +29,10 @@ enum {
     SCHEMA_QUOTE_BYTES = 64,          /* a bad value is quoted up to this many bytes */
     SCHEMA_SUGGEST_MAX_DISTANCE = 2,  /* edits at most for a "did you mean" */
     SCHEMA_SUGGEST_MAX_KEY_BYTES = 64, /* longer keys get no suggestion */
-    SCHEMA_MAX_KEYS_PER_MAP = 64,     /* distinct keys one map of a table may declare */
+    /* Distinct keys one map of a table may declare, and the bytes of their names: a key
+     * past either bound would be refused as unknown (the media plugin has about 60). */
+    SCHEMA_MAX_KEYS_PER_MAP = 128,
+    SCHEMA_KEY_NAMES_BYTES = 4096,
     SCHEMA_MAX_DEPTH = 8,             /* map levels in one setting's path */
     SCHEMA_WRAP_COLUMN = 92,          /* generated comments are wrapped before this */
 };
@@ -436,7 +439,7 @@ static int check_map(const cfg_node *n, const struct cfg_setting *rows, size_t n
                      const char *prefix, const char *const *extra, int depth, char *err,
                      size_t errlen)
 {
-    char buf[SCHEMA_TEXT_BYTES * 2];
+    char buf[SCHEMA_KEY_NAMES_BYTES];
     const char *keys[SCHEMA_MAX_KEYS_PER_MAP];
     map_keys(rows, n_rows, prefix, extra, buf, sizeof buf, keys);
     if (cfg_check_keys(n, keys, err, errlen) < 0)

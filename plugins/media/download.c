@@ -19,9 +19,11 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 
 #define DEFAULT_CONTENT_TYPE "application/octet-stream"
 #define DISPOSITION_MAX_BYTES (3 * MEDIA_NAME_MAX_BYTES + 64)
+#define READ_THROUGH_RETRY_MS 1000
 
 /* The strong ETag of an original: its SHA-256, quoted. */
 static void original_etag(const media_row *row, char *out, size_t cap)
@@ -62,6 +64,36 @@ static int serve_streaming(media *m, atrium_req *req, media_req *st, const char 
     return ATRIUM_DONE;
 }
 
+/* storage: s3 - an original not in the local folder: the request is handed off to a store
+ * pool worker (no request-pool thread waits for the store), which fetches the object into
+ * the local folder (durably, under a temp name until complete, so no reader ever sees it
+ * torn); the handler then goes on there and serves the file as any other. Returns
+ * MEDIA_GO, or what the handler returns. */
+int download_read_through(media *m, atrium_req *req, const media_row *row, const char *path)
+{
+    const atrium_host *h = m->h;
+    if (!s3_enabled(m) || row->file_name[0]) return MEDIA_GO; /* remote copies stay local */
+    if (h->req_run_reason(req) != ATRIUM_RUN_HANDOFF) {
+        if (s3_original_cached(m, path)) return MEDIA_GO;
+        int rc = h->handoff(req, m->store_pool, NULL, 0);
+        if (rc == 0) return ATRIUM_HANDED_OFF;
+        if (rc == ATRIUM_E_LIMIT) {
+            h->respond_limited(req, READ_THROUGH_RETRY_MS,
+                               "Too many downloads are waiting for the media store; retry");
+            return ATRIUM_DONE;
+        }
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    int rc = s3_fetch_original(m, row->media_id, path);
+    if (rc == S3_OK) return MEDIA_GO;
+    if (rc == S3_NOT_FOUND)
+        h->respond_error(req, 404, "M_NOT_FOUND", "Media not found");
+    else
+        h->respond_error(req, 503, "M_UNKNOWN", "The media store is unreachable; retry later");
+    return ATRIUM_DONE;
+}
+
 static int serve(media *m, atrium_req *req, bool legacy)
 {
     const atrium_host *h = m->h;
@@ -88,6 +120,8 @@ static int serve(media *m, atrium_req *req, bool legacy)
 
     char path[MEDIA_PATH_MAX];
     if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
+    rc = download_read_through(m, req, row, path);
+    if (rc != MEDIA_GO) return rc;
     uint64_t size = 0;
     int fd = delivery_open(m, req, path, &size);
     if (fd < 0) return ATRIUM_DONE;

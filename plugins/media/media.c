@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 
 #define DEFAULT_MAX_UPLOAD_BYTES (50LL * 1024 * 1024)
 #define MAX_UPLOAD_BYTES_LIMIT (4LL * 1024 * 1024 * 1024)
@@ -222,6 +223,42 @@ static const atrium_setting MEDIA_SETTINGS[] = {
                   DEFAULT_URL_PREVIEW_CACHE_TTL_MS, 1000, 30LL * 24 * 3600 * 1000, "ms",
                   "How long a preview is kept and answered again without asking the site; a "
                   "request's ts is rounded down to a multiple of it."),
+    /* The object store (s3.c; docs/adr/0011-media-on-an-object-store.md). */
+    {.key = "storage", .type = ATRIUM_SETTING_STRING, .offset = FIELD(storage),
+     .def_string = "local",
+     .help = "Where originals live: `local` (store_path) or `s3` (the bucket below; "
+             "store_path is then a cache of it)."},
+    {.key = "s3_endpoint", .type = ATRIUM_SETTING_STRING, .offset = FIELD(s3_endpoint),
+     .def_string = "", .help = "s3: the store's URL, e.g. `https://s3.example.org`."},
+    {.key = "s3_region", .type = ATRIUM_SETTING_STRING, .offset = FIELD(s3_region),
+     .def_string = "us-east-1", .help = "s3: the region requests are signed for (AWS Signature V4)."},
+    {.key = "s3_bucket", .type = ATRIUM_SETTING_STRING, .offset = FIELD(s3_bucket),
+     .def_string = "", .help = "s3: the bucket (it must exist; checked at start)."},
+    {.key = "s3_access_key_id", .type = ATRIUM_SETTING_STRING, .offset = FIELD(s3_access_key_id),
+     .def_string = "", .help = "s3: the access key."},
+    {.key = "s3_secret_access_key", .type = ATRIUM_SETTING_STRING,
+     .offset = FIELD(s3_secret_access_key), .def_string = "",
+     .help = "s3: the secret key (never logged); or use s3_secret_access_key_file."},
+    {.key = "s3_secret_access_key_file", .type = ATRIUM_SETTING_STRING,
+     .offset = FIELD(s3_secret_access_key_file), .def_string = "",
+     .help = "s3: a file whose first line is the secret key."},
+    {.key = "s3_path_style", .type = ATRIUM_SETTING_BOOL, .offset = FIELD(s3_path_style),
+     .def = 1, .min = 0, .max = 1,
+     .help = "s3: address objects as `<endpoint>/<bucket>/<key>` (true) or "
+             "`<bucket>.<endpoint host>/<key>` (false)."},
+    {.key = "s3_ca_file", .type = ATRIUM_SETTING_STRING, .offset = FIELD(s3_ca_file),
+     .def_string = "", .help = "s3: CA certificates to trust for an https endpoint (empty: the system's)."},
+    INT64_SETTING("s3_part_size_bytes", s3_part_size_bytes, 8LL * 1024 * 1024, 5LL * 1024 * 1024,
+                  5LL * 1024 * 1024 * 1024, "bytes",
+                  "s3: part size of multipart uploads (not built yet: every original is one PUT)."),
+    INT_SETTING("s3_max_concurrent", s3_max_concurrent, 8, 1, 256, "requests",
+                "s3: requests to the store at once (the store pool's workers)."),
+    INT64_SETTING("s3_timeout_ms", s3_timeout_ms, 30000, 100, 600000, "ms",
+                  "s3: longest one store request may take, and longest wait for a free request "
+                  "slot (then the upload or download gets 503)."),
+    INT64_SETTING("local_cache_max_bytes", local_cache_max_bytes, 0, 0, INT64_MAX, "bytes",
+                  "s3: bound of the local folder as a cache of the bucket (0 = none; not "
+                  "enforced yet)."),
 };
 #define MEDIA_N_SETTINGS (sizeof(MEDIA_SETTINGS) / sizeof(MEDIA_SETTINGS[0]))
 
@@ -270,6 +307,7 @@ static int read_settings(media *m, const atrium_config *cfg)
         return ATRIUM_E_INVAL;
     }
     c->n_sizes = (size_t)n;
+    if (s3_settings_check(m) < 0) return ATRIUM_E_INVAL;
     if (!*c->store_path || strchr(c->store_path, '[') ||
         strlen(c->store_path) > MEDIA_PATH_MAX / 2) {
         h->log(self, ATRIUM_LOG_ERROR,
@@ -491,6 +529,7 @@ static void media_free(media *m)
     cache_fini(m);
     rowcache_fini(m);
     fdcache_fini(m); /* after remote_fini: the timer (and the sweep) has stopped */
+    s3_fini(m);
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->wake_mu);
     pthread_mutex_destroy(&m->preview_mu);
@@ -520,6 +559,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = cache_init(m);
     if (rc == 0) rc = rowcache_init(m);
     if (rc == 0) rc = fdcache_init(m);
+    if (rc == 0) rc = s3_init(m);
     if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
         host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");
         rc = ATRIUM_E_STATE;
@@ -561,6 +601,8 @@ static int media_start(void *state)
     rc = store_init(m);
     if (rc < 0) return rc;
     int removed = store_sweep(m);
+    rc = s3_start(m);
+    if (rc < 0) return rc;
     rc = cache_start(m);
     if (rc < 0) return rc;
     rc = fdcache_start(m);

@@ -40,6 +40,8 @@
  *   preview_html.c reading OpenGraph out of a page, and the URL rules (pure)
  *   rowcache.c  the media row cache: local rows for delivery, dropped across processes
  *   fdcache.c   the open-file cache: descriptors of the files served most recently
+ *   s3.c        storage: s3 - the bucket checked at start, originals written to it and
+ *               read through from it into the local folder (s3.h)
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -155,6 +157,14 @@ typedef struct media_config {
     int url_preview_max_per_user;     /* of which one user's */
     int url_preview_max_waiting;      /* requests waiting for another's fetch of their URL */
     int64_t url_preview_cache_ttl_ms; /* an answer is kept; ts is rounded down to it */
+    /* the object store (s3.c; docs/adr/0011-media-on-an-object-store.md) */
+    const char *storage; /* "local" or "s3" */
+    const char *s3_endpoint, *s3_region, *s3_bucket, *s3_access_key_id;
+    const char *s3_secret_access_key, *s3_secret_access_key_file, *s3_ca_file;
+    bool s3_path_style;
+    int64_t s3_part_size_bytes, s3_timeout_ms;
+    int s3_max_concurrent;
+    int64_t local_cache_max_bytes; /* the local folder's bound with s3 (0 = none) */
 } media_config;
 
 /* ---- the plugin object -------------------------------------------------------------- */
@@ -166,6 +176,7 @@ typedef struct remote_cache remote_cache;
 typedef struct media_timer media_timer;
 typedef struct rowcache rowcache;
 typedef struct fdcache fdcache;
+typedef struct media_s3 media_s3;
 
 typedef struct media {
     const atrium_host *h;
@@ -189,6 +200,9 @@ typedef struct media {
     uint64_t wake_gen[MEDIA_EVENT_BUCKETS];
     char claim_owner[MEDIA_CLAIM_OWNER_MAX]; /* this process, in media_claims rows */
     atrium_lease *evict_lease; /* NULL: the host has no leases (eviction runs here) */
+
+    media_s3 *s3;             /* NULL with storage: local (s3.c) */
+    atrium_pool *store_pool;  /* s3: downloads that read an original through from the store */
 
     rowcache *rows; /* local media rows for delivery (rowcache.c) */
     fdcache *fds;   /* open descriptors of hot files (fdcache.c) */

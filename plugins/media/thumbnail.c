@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 #include "atrium/parse.h"
 
 #define RENDER_TABLE_BUCKETS 256
@@ -72,6 +73,8 @@ typedef struct render_job {
     char key[THUMB_KEY_MAX]; /* "<sha256>/<W>x<H>-<method>" */
     media *m;
     char src[MEDIA_PATH_MAX], dst[MEDIA_PATH_MAX];
+    /* storage: s3, local media: the original is read through from the bucket first */
+    char media_id[MEDIA_ID_MAX_CHARS + 1];
     media_size size;
     int state;  /* enum job_state, under the table's lock */
     int result; /* enum render_result once failed */
@@ -189,7 +192,11 @@ static void render_task(void *arg, bool cancelled)
         h->metric_add(m->m_renders_running, 1);
         uint8_t *buf = NULL;
         size_t len = 0;
-        rc = render_thumbnail(j->src, &j->size, m->cfg.max_image_pixels, &buf, &len);
+        rc = RENDER_OK;
+        if (j->media_id[0] && s3_fetch_original(m, j->media_id, j->src) != S3_OK)
+            rc = RENDER_E_IO; /* logged; the request falls back or gets 503 */
+        if (rc == RENDER_OK)
+            rc = render_thumbnail(j->src, &j->size, m->cfg.max_image_pixels, &buf, &len);
         if (rc == RENDER_OK) {
             rc = write_thumbnail(m, j->dst, buf, len);
             render_free(buf);
@@ -300,6 +307,8 @@ static int serve_original(media *m, atrium_req *req, const media_row *row)
     if (media_etag_matches(m->h->req_header(req, "If-None-Match"), etag))
         return delivery_not_modified(m, req, etag);
     if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
+    int rc = download_read_through(m, req, row, path);
+    if (rc != MEDIA_GO) return rc;
     uint64_t size;
     int fd = delivery_open(m, req, path, &size);
     if (fd < 0) return ATRIUM_DONE;
@@ -363,6 +372,8 @@ static render_job *job_new(media *m, render_table *t, const media_row *row, cons
     }
     snprintf(j->key, sizeof(j->key), "%s", key);
     snprintf(j->dst, sizeof(j->dst), "%s", dst);
+    if (s3_enabled(m) && !row->file_name[0])
+        snprintf(j->media_id, sizeof(j->media_id), "%s", row->media_id);
     j->m = m;
     j->size = *s;
     j->state = JOB_CLAIMING;

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 #include "atrium/parse.h"
 
 #define DEFAULT_CONTENT_TYPE "application/octet-stream"
@@ -291,11 +292,31 @@ static int store_failed(media *m, atrium_req *req)
     return ATRIUM_DONE;
 }
 
-/* io pool: POST upload. File durable, then the row, then the answer. */
+/* io pool, storage: s3: the committed local file becomes its object (the local file stays,
+ * as the first entry of the cache). 0, or -1 with the local file removed. */
+static int put_object(media *m, const upload_state *up)
+{
+    char key[MEDIA_ID_MAX_CHARS + 16];
+    if (s3_original_key(up->media_id, key, sizeof(key)) == 0 &&
+        s3_put_file(m, key, up->final_path, up->size) == 0)
+        return 0;
+    unlink(up->final_path); /* never acknowledged: leave nothing behind */
+    return -1;
+}
+
+static int store_unreachable(media *m, atrium_req *req)
+{
+    m->h->respond_error(req, 503, "M_UNKNOWN", "The media store is unreachable; retry later");
+    return ATRIUM_DONE;
+}
+
+/* io pool: POST upload. File durable (in the bucket too, with storage: s3), then the row,
+ * then the answer. */
 static int commit_new(media *m, atrium_req *req, upload_state *up, const char *sha)
 {
     const atrium_host *h = m->h;
     if (store_tmp_commit(m, &up->tmp, up->final_path, false) < 0) return store_failed(m, req);
+    if (s3_enabled(m) && put_object(m, up) < 0) return store_unreachable(m, req);
     media_row row;
     fill_row(up, sha, &row);
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
@@ -330,6 +351,8 @@ static int commit_put(media *m, atrium_req *req, upload_state *up, const char *s
     }
     if (outcome == MEDIA_GO && store_tmp_commit(m, &up->tmp, up->final_path, true) < 0)
         outcome = store_failed(m, req);
+    if (outcome == MEDIA_GO && s3_enabled(m) && put_object(m, up) < 0)
+        outcome = store_unreachable(m, req);
     if (outcome == MEDIA_GO) {
         fill_row(up, sha, &row);
         rc = media_db_complete(h, m->self, c, &row);

@@ -40,6 +40,13 @@ ATRIUM_TEST_PACKAGES=(
     # tests/run.sh installs Debian's nodejs and npm only where node is missing.
 )
 
+# The S3 tests (tests/integration/test_media_s3.py, tests/lib/rgw.sh): a throwaway one-node
+# Ceph cluster with the RADOS Gateway (about 350 MB installed, 2 minutes). tests/run.sh
+# installs them and goes on when it cannot; the S3 tests then skip, saying why.
+ATRIUM_S3_TEST_PACKAGES=(
+    ceph-mon ceph-osd radosgw ceph-common
+)
+
 # Load figures (bench/).
 ATRIUM_BENCH_PACKAGES=(
     wrk

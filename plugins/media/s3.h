@@ -1,0 +1,62 @@
+/*
+ * plugins/media/s3.h - media on an S3-compatible object store (plugins.media.storage: s3):
+ * the settings check, the start-up look at the bucket, and the three requests the plugin
+ * makes (HEAD bucket, PUT object, GET object into the local folder). Decisions:
+ * docs/adr/0011-media-on-an-object-store.md; key layout: plugins/media/README.md.
+ *
+ * Every function that talks to the store blocks for at most s3_timeout_ms (plus the wait
+ * for one of s3_max_concurrent request slots, bounded the same way): call them only on the
+ * plugin's own pools (io, render, store) or in start(), never on a request-pool thread.
+ */
+#ifndef MEDIA_S3_H
+#define MEDIA_S3_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct media media;
+typedef struct media_s3 media_s3;
+
+/* What s3_get_file answers. */
+enum s3_result {
+    S3_OK = 0,
+    S3_NOT_FOUND = 1, /* the store has no such object */
+    S3_FAILED = 2,    /* unreachable, timed out, refused, or a local write failed (logged) */
+};
+
+/* [init] Check the s3 settings (after config_load) and read the secret file; logs one line
+ * naming the setting and returns ATRIUM_E_INVAL when they do not make sense. With
+ * storage: local, only checks that storage is "local" or "s3". */
+int s3_settings_check(media *m);
+/* [init] The secret, the metrics and the store pool (storage: s3 only). */
+int s3_init(media *m);
+/* [start] HEAD the bucket: 0, or one line saying what is wrong (no such bucket, refused
+ * credentials, unreachable) and ATRIUM_E_INVAL, so the server refuses to start. */
+int s3_start(media *m);
+void s3_fini(media *m);
+/* Is storage: s3 configured? */
+bool s3_enabled(const media *m);
+
+/* The object key of a local original (plugins/media/README.md): "originals/<media ID>". */
+int s3_original_key(const char *media_id, char *out, size_t cap);
+/* [pool] PUT the file at path (size bytes) as key. 0, or -1 (logged, counted). */
+int s3_put_file(media *m, const char *key, const char *path, int64_t size);
+/* [pool] GET key into the local folder at final_path, durably and atomically (a reader
+ * never sees a torn file). enum s3_result. */
+int s3_get_file(media *m, const char *key, const char *final_path);
+/* [any] Is the original at path in the local folder? Counted as a cache hit or miss. */
+bool s3_original_cached(media *m, const char *path);
+/* [pool] Fetch the original of media_id from the store to path in the local folder
+ * (unless it is there now). enum s3_result; S3_NOT_FOUND is logged (a row without its
+ * object). */
+int s3_fetch_original(media *m, const char *media_id, const char *path);
+
+/* download.c: storage: s3 - fetch an original missing from the local folder on a store
+ * pool worker (the request is handed off), then go on. MEDIA_GO or what to return. Also
+ * used by thumbnail.c for an original served as its own thumbnail. */
+typedef struct atrium_req atrium_req;
+typedef struct media_row media_row;
+int download_read_through(media *m, atrium_req *req, const media_row *row, const char *path);
+
+#endif

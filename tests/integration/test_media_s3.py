@@ -1,0 +1,258 @@
+"""The media plugin with plugins.media.storage: s3, against a real S3 server: a throwaway
+one-node Ceph cluster with the RADOS Gateway on loopback (tests/lib/rgw.sh), one for the
+whole file. docs/adr/0011-media-on-an-object-store.md says what is built so far: an upload is
+stored in the bucket before it is acknowledged; an original missing from the local folder
+is read through from the bucket on a store pool worker, then served as any other (ETag,
+Range, 304); thumbnails render from originals read through the same way; the bucket is
+checked at start and a wrong one refuses the start with one clear line; with the gateway
+frozen (SIGSTOP) an upload gets 503 within s3_timeout_ms and leaves no row and no file,
+while media in the local folder is served as ever.
+
+Two processes with different local folders (standing for two machines) share one database
+and the bucket: what one uploads, the other downloads and thumbnails.
+
+The Ceph packages are installed on first use (tests/lib/rgw.sh packages, apt-get); the
+tests are skipped, saying why, only where they cannot be installed.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import harness
+from media_support import (download_path, media_server, original_file, register, solid_png,
+                           thumbnail_path, upload)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RGW = os.path.join(HERE, "..", "lib", "rgw.sh")
+# A refused start exits this soon: one HEAD of the bucket, bounded by s3_timeout_ms.
+REFUSED_START_S = 20
+STORE_TIMEOUT_MS = 5000
+
+
+def ceph_available():
+    """None when radosgw can run here, else why not (after trying to install it)."""
+    if shutil.which("radosgw"):
+        return None
+    run = subprocess.run(["bash", RGW, "packages"], capture_output=True, text=True, timeout=900)
+    if run.returncode == 0 and shutil.which("radosgw"):
+        return None
+    tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+    return f"the Ceph packages (radosgw) cannot be installed here: {tail[0]}"
+
+
+class Gateway:
+    """One rgw.sh cluster in a short temporary folder (its admin sockets live there)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="rgw-", dir="/tmp")
+        started = time.monotonic()
+        run = subprocess.run(["bash", RGW, "start", self.dir], capture_output=True, text=True,
+                             timeout=180)
+        self.start_s = time.monotonic() - started
+        if run.returncode != 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise AssertionError(f"rgw.sh start failed:\n{run.stderr}")
+        self.env = dict(line.split("=", 1) for line in run.stdout.split() if "=" in line)
+
+    def close(self):
+        subprocess.run(["bash", RGW, "stop", self.dir], capture_output=True, timeout=60)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def media_settings(self, **over):
+        conf = {"storage": "s3", "s3_endpoint": self.env["endpoint"],
+                "s3_region": self.env["region"], "s3_bucket": self.env["bucket"],
+                "s3_access_key_id": self.env["access_key"],
+                "s3_secret_access_key": self.env["secret_key"], "s3_path_style": True,
+                "s3_timeout_ms": STORE_TIMEOUT_MS}
+        conf.update(over)
+        return conf
+
+    def curl(self, *args):
+        """An independent S3 client: curl's own SigV4 signing."""
+        return subprocess.run(
+            ["curl", "-sS", "--max-time", "10", "--aws-sigv4", f"aws:amz:{self.env['region']}:s3",
+             "--user", f"{self.env['access_key']}:{self.env['secret_key']}",
+             "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", *args],
+            capture_output=True, timeout=20)
+
+    def get_object(self, key):
+        """(HTTP status, body) of a GET of key, straight from the gateway."""
+        url = f"{self.env['endpoint']}/{self.env['bucket']}/{key}"
+        run = self.curl("-w", "\n%{http_code}", url)
+        body, _, status = run.stdout.rpartition(b"\n")
+        return int(status), body
+
+
+GATEWAY = None
+
+
+def setUpModule():
+    """One cluster for the whole file (its start is most of the file's time)."""
+    global GATEWAY
+    why = ceph_available()
+    if why:
+        raise unittest.SkipTest(why)
+    GATEWAY = Gateway()
+    print(f"\n[test_media_s3] gateway ready in {GATEWAY.start_s:.1f}s", flush=True)
+
+
+def tearDownModule():
+    if GATEWAY:
+        GATEWAY.close()
+
+
+class S3Case(harness.AtriumTestCase):
+    @property
+    def gateway(self):
+        return GATEWAY
+
+    def s3_server(self, **kwargs):
+        media = self.gateway.media_settings(**kwargs.pop("media", {}))
+        return media_server(self, media=media, **kwargs)
+
+
+class RoundTripTest(S3Case):
+    def test_an_upload_is_in_the_bucket_and_a_download_reads_through_when_the_local_copy_is_gone(self):
+        a = self.s3_server()
+        _, token = register(a)
+        data = os.urandom(200_000)
+        media_id = upload(a, token, data, content_type="application/octet-stream")
+        # Acknowledged means in the bucket, under the documented key.
+        self.assertEqual(self.gateway.get_object(f"originals/{media_id}"), (200, data))
+        self.assertEqual(a.metric("atrium_media_store_requests_total",
+                                  {"kind": "put", "outcome": "ok"}), 1)
+
+        # The local folder is a cache: with its copy gone the download reads through.
+        os.unlink(original_file(a, media_id))
+        status, headers, body = a.request("GET", download_path(a, media_id), token=token)
+        self.assertEqual((status, body == data), (200, True))
+        etag = headers["ETag"]
+        self.assertEqual(a.metric("atrium_media_store_cache_misses_total"), 1)
+        self.assertEqual(a.metric("atrium_media_store_requests_total",
+                                  {"kind": "get", "outcome": "ok"}), 1)
+        self.assertTrue(os.path.exists(original_file(a, media_id)), "the read-through is cached")
+
+        # Served as today: Range and 304 from the cached copy, no second GET.
+        status, headers, body = a.request("GET", download_path(a, media_id), token=token,
+                                          headers={"Range": "bytes=100-199"})
+        self.assertEqual((status, body), (206, data[100:200]))
+        self.assertEqual(headers["Content-Range"], f"bytes 100-199/{len(data)}")
+        status, _, _ = a.request("GET", download_path(a, media_id), token=token,
+                                 headers={"If-None-Match": etag})
+        self.assertEqual(status, 304)
+        self.assertEqual(a.metric("atrium_media_store_requests_total",
+                                  {"kind": "get", "outcome": "ok"}), 1)
+        # The 304 is answered from the row's hash before the file is looked at.
+        self.assertEqual(a.metric("atrium_media_store_cache_hits_total"), 1)
+
+    def test_a_row_whose_object_is_gone_is_404_and_logged(self):
+        a = self.s3_server()
+        _, token = register(a)
+        media_id = upload(a, token, b"soon gone")
+        url = f"{self.gateway.env['endpoint']}/{self.gateway.env['bucket']}/originals/{media_id}"
+        self.assertEqual(self.gateway.curl("-X", "DELETE", "-o", "/dev/null", url).returncode, 0)
+        os.unlink(original_file(a, media_id))
+        status, body = a.json("GET", download_path(a, media_id), token=token)
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
+        a.wait_for_log(f"original {media_id} has a row but no object")
+
+
+class FrozenStoreTest(S3Case):
+    def test_with_the_gateway_frozen_an_upload_gets_503_and_leaves_nothing_and_cached_media_is_served(self):
+        a = self.s3_server(media={"s3_timeout_ms": 1000})
+        _, token = register(a)
+        cached = upload(a, token, b"uploaded while the store answered")
+        with open(os.path.join(self.gateway.dir, "run", "client.rgw.a.pid"), encoding="utf-8") as f:
+            rgw_pid = int(f.read())
+        os.kill(rgw_pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, headers, body = a.request("POST", "/_matrix/media/v3/upload", body=b"lost?",
+                                              token=token, timeout=20,
+                                              headers={"Content-Type": "text/plain"})
+            self.assertEqual(status, 503, body)
+            self.assertLess(time.monotonic() - started, 5)
+            self.assertEqual(headers["Cache-Control"], "no-store")
+            # Nothing half-kept: no row, no local file beside the cached one.
+            rows = harness.psql("SELECT count(*) FROM media_local", database=a.database)
+            self.assertEqual(rows, [["1"]])
+            local = [f for _, _, files in os.walk(os.path.join(a.store, "local")) for f in files]
+            self.assertEqual(local, [cached])
+            # What the local folder holds is served as ever.
+            status, _, body = a.request("GET", download_path(a, cached), token=token)
+            self.assertEqual((status, body), (200, b"uploaded while the store answered"))
+            self.assertEqual(a.metric("atrium_media_store_requests_total",
+                                      {"kind": "put", "outcome": "failed"}), 1)
+        finally:
+            os.kill(rgw_pid, signal.SIGCONT)
+
+
+class TwoMachinesTest(S3Case):
+    def test_what_one_process_uploads_the_other_downloads_and_thumbnails_from_the_bucket(self):
+        secret_file = os.path.join(tempfile.mkdtemp(prefix="atrium-s3-secret-"), "secret")
+        self.addCleanup(shutil.rmtree, os.path.dirname(secret_file), True)
+        with open(secret_file, "w", encoding="utf-8") as f:
+            f.write(self.gateway.env["secret_key"] + "\n")
+        a = self.s3_server()
+        # b: its own local folder (its own server directory), the secret from a file.
+        b = self.s3_server(database=a.database, media={
+            "s3_secret_access_key": "", "s3_secret_access_key_file": secret_file})
+        self.assertNotEqual(a.store, b.store)
+        _, token = register(a)
+        image = solid_png(640, 480, 7)
+        media_id = upload(a, token, image, content_type="image/png")
+
+        status, headers, body = b.request("GET", download_path(b, media_id), token=token)
+        self.assertEqual((status, body == image), (200, True))
+        self.assertEqual(headers["Content-Type"], "image/png")
+        self.assertEqual(b.metric("atrium_media_store_cache_misses_total"), 1)
+
+        # A thumbnail through b of an original b has not got: read through, then rendered.
+        os.unlink(original_file(b, media_id))
+        status, headers, body = b.request("GET", thumbnail_path(b, media_id, 96, 96), token=token,
+                                          timeout=30)
+        self.assertEqual(status, 200, body[:200])
+        self.assertEqual(headers["Content-Type"], "image/webp")
+        self.assertEqual(body[:4] + body[8:12], b"RIFFWEBP")
+        self.assertEqual(b.metric("atrium_media_store_requests_total",
+                                  {"kind": "get", "outcome": "ok"}), 2)
+        self.assertNotIn(self.gateway.env["secret_key"], b.log_text())
+
+
+class RefusedStartTest(S3Case):
+    def refused(self, **media):
+        srv = harness.Server(settings=lambda tmp: {"plugins": {"media": {
+            "enabled": True, "store_path": os.path.join(tmp, "media_store"),
+            **self.gateway.media_settings(**media)}}}, start=False)
+        self.addCleanup(srv.close, False)
+        started = time.monotonic()
+        srv.launch()
+        code = srv.proc.wait(timeout=REFUSED_START_S + 10)
+        srv.returncode = code
+        self.assertLess(time.monotonic() - started, REFUSED_START_S)
+        self.assertNotEqual(code, 0)
+        lines = [line for line in srv.log_text().splitlines() if "object store: bucket" in line]
+        self.assertEqual(len(lines), 1, srv.log_tail())
+        self.assertNotIn(self.gateway.env["secret_key"], srv.log_text())
+        return lines[0]
+
+    def test_bad_credentials_refuse_the_start_with_one_clear_line(self):
+        line = self.refused(s3_secret_access_key="not-the-secret")
+        self.assertIn("the credentials were refused", line)
+        self.assertNotIn("not-the-secret", line)
+
+    def test_a_missing_bucket_refuses_the_start(self):
+        self.assertIn("no such bucket", self.refused(s3_bucket="no-such-bucket"))
+
+    def test_an_unreachable_store_refuses_the_start(self):
+        port = harness.free_port()
+        self.assertIn("unreachable", self.refused(s3_endpoint=f"http://127.0.0.1:{port}"))
+
+
+if __name__ == "__main__":
+    unittest.main()
