@@ -278,3 +278,50 @@ class FallbackToV1Test(FederationTestCase):
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"), body)
         self.assertIn("closed here", body["error"])
 
+
+class BadInputAndNotaryTest(FederationTestCase):
+    """Bad input from a server is 400 (signature problems stay 401); the key notary
+    refetches a key whose cached validity ends before what the asker needs."""
+
+    def setUp(self):
+        self.peer = self.fake_peer()
+        self.a = self.start_fed(A_IP)
+        self.uri = "/_matrix/federation/v1/query/profile?user_id=" + quote("@x:" + self.a.server_name)
+
+    def test_an_origin_that_is_not_a_server_name_or_a_body_not_json_is_400(self):
+        auth = xmatrix("GET", self.uri, "example.com:notaport", self.a.server_name, self.peer.key)
+        status, _, body = self.a.fed_request("GET", self.uri, {"Authorization": auth})
+        self.assertEqual((status, body["errcode"]), (400, "M_UNAUTHORIZED"), body)
+        put = "/_matrix/federation/v1/send/t1"
+        auth = xmatrix("PUT", put, self.peer.server_name, self.a.server_name, self.peer.key)
+        status, _, body = self.a.fed_request("PUT", put, {"Authorization": auth}, b"{not json")
+        self.assertEqual((status, body["errcode"]), (400, "M_NOT_JSON"), body)
+        auth = xmatrix("PUT", put, self.peer.server_name, self.a.server_name, self.peer.key, [1])
+        status, _, body = self.a.fed_request("PUT", put, {"Authorization": auth}, b"[1]")
+        self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"), body)
+        # A signature over other content is still 401.
+        auth = xmatrix("PUT", put, self.peer.server_name, self.a.server_name, self.peer.key,
+                       {"pdus": []})
+        status, _, body = self.a.fed_request("PUT", put, {"Authorization": auth},
+                                             {"pdus": [], "edus": []})
+        self.assertEqual((status, body["errcode"]), (401, "M_UNAUTHORIZED"), body)
+
+    def test_the_notary_refetches_a_key_cached_for_less_than_asked(self):
+        def query(minimum):
+            crit = {} if minimum is None else {"minimum_valid_until_ts": minimum}
+            status, _, body = self.a.fed_request("POST", "/_matrix/key/v2/query", body={
+                "server_keys": {self.peer.server_name: {self.peer.key.key_id: crit}}})
+            self.assertEqual(status, 200, body)
+            [doc] = [d for d in body["server_keys"] if d["server_name"] == self.peer.server_name]
+            return doc
+
+        fetches = lambda: self.peer.requests.count("/_matrix/key/v2/server")
+        first = query(None)
+        self.assertEqual(fetches(), 1)
+        query(first["valid_until_ts"] - 1000)  # within what is cached: no fetch
+        self.assertEqual(fetches(), 1)
+        self.peer.valid_for_ms = 3 * 3600 * 1000
+        time.sleep(1.1)  # a notary asks one origin again at most once a second
+        later = query(first["valid_until_ts"] + 3600 * 1000)
+        self.assertEqual(fetches(), 2)
+        self.assertGreater(later["valid_until_ts"], first["valid_until_ts"] + 3600 * 1000)
