@@ -257,6 +257,11 @@ int http_unstable_feature_add(const char *name);
 void http_server_set_federation(http_server *s, http_fed_auth_fn auth, atrium_handler fallback);
 /* Is this raw path one the federation listener serves (/_matrix/federation/, /_matrix/key/)? */
 bool http_path_is_federation(const char *raw_path);
+/* Is this raw path served on both listeners? The legacy unauthenticated media download
+ * (/_matrix/media/v3/download/...), which servers that do not know the federation media
+ * endpoints fall back to; the media plugin answers it, under plugins.media.legacy_media,
+ * the same on either. */
+bool http_path_on_both_listeners(const char *raw_path);
 
 /* ---- TLS (tls.c) -------------------------------------------------------------------- */
 /* Load a PEM certificate (or chain) and key as the federation listener's certificate; new

@@ -247,7 +247,8 @@ static bool prepare_route(atrium_req *r)
     /* Each listener serves its own paths only (a client probing federation paths on the
      * client port, or anything but federation on the federation port, learns nothing). */
     bool federation_path = http_path_is_federation(r->raw_path);
-    if (federation_path != (r->listener == HTTP_LISTENER_FEDERATION)) {
+    if (federation_path != (r->listener == HTTP_LISTENER_FEDERATION) &&
+        !http_path_on_both_listeners(r->raw_path)) {
         http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
         return false;
     }
@@ -551,6 +552,11 @@ bool http_path_is_federation(const char *raw_path)
     return strncmp(raw_path, "/_matrix/federation/", 20) == 0 ||
            strcmp(raw_path, "/_matrix/federation") == 0 ||
            strncmp(raw_path, "/_matrix/key/", 13) == 0;
+}
+
+bool http_path_on_both_listeners(const char *raw_path)
+{
+    return strncmp(raw_path, "/_matrix/media/v3/download/", 27) == 0;
 }
 
 void http_server_set_federation(http_server *s, http_fed_auth_fn auth, atrium_handler fallback)

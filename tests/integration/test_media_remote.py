@@ -281,6 +281,23 @@ class RemoteMediaCase(harness.AtriumTestCase):
 
 
 class ServingOtherServersTest(RemoteMediaCase):
+    def test_the_legacy_download_is_served_on_the_federation_listener_too(self):
+        # Servers without the federation media endpoints fall back to the legacy path; on
+        # the federation listener it is served as on the client one (legacy_media on).
+        b = self.start_fed(B_IP, media={"legacy_media": True})
+        _, token = register(b)
+        data = b"legacy bytes " + os.urandom(2000)
+        media_id = upload(b, token, data, "application/octet-stream")
+        path = f"/_matrix/media/v3/download/{b.server_name}/{media_id}"
+        status, _, body = b.fed_request("GET", path + "?allow_remote=false")
+        self.assertEqual((status, body), (200, data))
+        status, _, body = b.fed_request("GET", path + "/named.bin")
+        self.assertEqual((status, body), (200, data))
+        # Only that path: other client paths stay off the federation listener.
+        status, _, body = b.fed_request("GET", f"/_matrix/media/v3/thumbnail/{b.server_name}/"
+                                        f"{media_id}?width=32&height=32")
+        self.assertEqual((status, body["errcode"]), (404, "M_UNRECOGNIZED"), body)
+
     def test_federation_download_is_multipart_with_metadata_then_the_bytes(self):
         b = self.start_fed(B_IP)
         _, token = register(b)

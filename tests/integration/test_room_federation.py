@@ -396,14 +396,23 @@ class FakePeerTest(FederationTestCase):
         [(before,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
                              " AND type = 'm.room.power_levels'")
         ev, event_id = self.event({"users": {self.user: 100}}, "m.room.power_levels", "")
-        self.assertIn("error", self.send_txn(ev)[event_id])
+        # Processed (rejected is a verdict): {}, as Synapse answers (issue 30 item 4).
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
         self.assertEqual(self.stored(event_id), ["rejected"])
         self.assertNotIn(event_id, self.timeline())
         self.assertEqual(self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
                                 " AND type = 'm.room.power_levels'"), [[before]])
-        # Never served to anyone.
+        # Never served to anyone, nor the state at it.
         status, _ = self.view.get(f"{FED}/v1/event/{quote(event_id)}")
         self.assertEqual(status, 404)
+        for path in ("state", "state_ids"):
+            status, body = self.view.get(f"{FED}/v1/{path}/{quote(self.room)}?event_id={quote(event_id)}")
+            self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
+        status, body = self.view.get(f"{FED}/v1/event_auth/{quote(self.room)}/{quote(event_id)}")
+        self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
+        # Sent again: the same verdict, nothing stored twice.
+        self.assertEqual(self.send_txn(ev), {event_id: {}})
+        self.assertEqual(self.stored(event_id), ["rejected"])
 
     def test_an_auth_event_the_origin_cannot_serve_now_leaves_the_pdu_undecided(self):
         # Pat's new member event (a display name) is never sent; a message names it among
@@ -446,7 +455,7 @@ class FakePeerTest(FederationTestCase):
         self.assertEqual(self.alice.member_action(self.room, "ban", self.user)[0], 200)
         # On top of the ban: refused by the state before it.
         ev, event_id = self.event({"msgtype": "m.text", "body": "still here"})
-        self.assertIn("error", self.send_txn(ev)[event_id])
+        self.assertEqual(self.send_txn(ev), {event_id: {}})  # rejected: processed
         self.assertEqual(self.stored(event_id), ["rejected"])
         # Beside it (prev_events from before the ban): valid then, refused by the current
         # state: soft-failed, kept, not in the timeline.

@@ -162,6 +162,14 @@ int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse
 struct fed_call_result; /* core/federation/transport/fed_call.h */
 int rooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res,
                                 const char *what);
+/* PUT one membership step to dest: /_matrix/federation/v2/<step>/<room_enc>/<id_enc> with
+ * v2_body, and when dest does not know that route (404 or 405 without a Matrix error or
+ * with M_UNRECOGNIZED, or 400 M_UNRECOGNIZED as older servers answer), once more with the
+ * v1 form, v1_body, whose [200, answer] envelope is unwrapped: *res is either's answer,
+ * the caller's to clear. step: "send_join", "send_leave", "invite" (rooms_remote.c). */
+void rooms_remote_put_step(atrium_req *r, const char *dest, const char *step,
+                           const char *room_enc, const char *id_enc, const json_t *v2_body,
+                           const json_t *v1_body, int64_t max_body, struct fed_call_result *res);
 /* A membership event (join, knock, leave) completed from a resident's make_* template:
  * origin, time and content (the user's profile from c for a join or knock; c may be NULL,
  * then none), reason if not NULL, then checked to be user's own m.room.member and sealed

@@ -286,7 +286,7 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
         rt_log(ATRIUM_LOG_INFO, "core", "withdrawing %s's knock on %s: %s", user, room_id, e.why);
         return NULL;
     }
-    char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4], uri[KNOCK_URI_BYTES];
+    char room_enc[KNOCK_URI_BYTES / 4], id_enc[KNOCK_URI_BYTES / 4];
     if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
         !rt_uri_encode(id, id_enc, sizeof(id_enc))) {
         rt_log(ATRIUM_LOG_INFO, "core", "withdrawing %s's knock on %s: the room ID is too long "
@@ -294,12 +294,9 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
         json_decref(leave);
         return NULL;
     }
-    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_leave/%s/%s", room_enc, id_enc);
-    fed_request_opts req = {.method = "PUT", .destination = *via_out, .uri = uri, .body = leave,
-                            .deadline_ms = r->deadline_ms, .ignore_backoff = true,
-                            .max_body_bytes = KNOCK_MAKE_MAX_BODY_BYTES};
     fed_call_result sent;
-    fed_call(&req, NULL, &sent);
+    rooms_remote_put_step(r, *via_out, "send_leave", room_enc, id_enc, leave, leave,
+                          KNOCK_MAKE_MAX_BODY_BYTES, &sent);
     bool ok = fed_call_ok(&sent);
     if (!ok)
         rt_log(ATRIUM_LOG_INFO, "core", "send_leave of %s's knock on %s at %s failed: %s (status %d)",

@@ -80,6 +80,39 @@ int rooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res
                               msg ? msg : "refused");
 }
 
+/* Did the answer say the route is unknown there? (What servers answer for a route they do
+ * not have: Atrium and Synapse 404 or 405 M_UNRECOGNIZED, older Synapses 400
+ * M_UNRECOGNIZED, others a 404 with no Matrix error at all.) A 404 with another errcode
+ * (M_NOT_FOUND: no such user) is the route's own answer. */
+static bool route_unknown(const fed_call_result *res)
+{
+    if (res->outcome != FED_HTTP_OK && res->outcome != FED_REQ_E_NOT_JSON) return false;
+    const char *code = json_string_value(json_object_get(res->json, "errcode"));
+    if (res->status == 400) return code && strcmp(code, "M_UNRECOGNIZED") == 0;
+    return (res->status == 404 || res->status == 405) &&
+           (!code || strcmp(code, "M_UNRECOGNIZED") == 0);
+}
+
+void rooms_remote_put_step(atrium_req *r, const char *dest, const char *step,
+                           const char *room_enc, const char *id_enc, const json_t *v2_body,
+                           const json_t *v1_body, int64_t max_body, fed_call_result *res)
+{
+    char uri[REMOTE_URI_BYTES];
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/%s/%s/%s", step, room_enc, id_enc);
+    fed_request_opts o = {.method = "PUT", .destination = dest, .uri = uri, .body = v2_body,
+                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
+                          .max_body_bytes = max_body};
+    fed_call(&o, NULL, res);
+    if (!route_unknown(res)) return;
+    rt_log(ATRIUM_LOG_INFO, "core", "%s does not know /v2/%s (status %d): trying /v1/%s", dest,
+           step, res->status, step);
+    fed_call_result_clear(res);
+    snprintf(uri, sizeof(uri), "/_matrix/federation/v1/%s/%s/%s", step, room_enc, id_enc);
+    o.body = v1_body;
+    o.v1_envelope = true;
+    fed_call(&o, NULL, res);
+}
+
 /* One received event checked: room, ID, hash (redacted on mismatch), signatures. The
  * event to keep (a new reference, possibly redacted) with its ID, or NULL with why. */
 static json_t *check_received(const room_version *v, const char *room_id, json_t *pdu,
@@ -191,6 +224,10 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
     memset(last, 0, sizeof(*last));
     snprintf(last->error, sizeof(last->error), "no server to join through");
     last->outcome = FED_REQ_E_RESOLVE;
+    /* The refusal the client is answered with when no via makes the event: a server's own
+     * Matrix refusal (a 4xx with an errcode), one that is not 404 (this via does not know
+     * the room) before a 404, rather than whatever the last via failed with. */
+    fed_call_result refusal = {0};
     for (size_t i = 0; i < json_array_size(vias) && i < REMOTE_MAX_VIAS; i++) {
         const char *via = json_string_value(json_array_get(vias, i));
         if (!via || strcmp(via, rooms_server_name()) == 0) continue;
@@ -203,10 +240,22 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
         const char *ver = json_string_value(json_object_get(last->json, "room_version"));
         if (json_is_object(ev) && room_version_find(ver ? ver : "1")) {
             *via_out = via;
+            fed_call_result_clear(&refusal);
             return json_incref(last->json);
         }
         rt_log(ATRIUM_LOG_INFO, "core", "make_%s for %s at %s failed: %s (status %d)", membership,
                room_id, via, last->error, last->status);
+        bool refused = last->outcome == FED_HTTP_OK && last->status >= 400 && last->status < 500 &&
+                       json_is_string(json_object_get(last->json, "errcode"));
+        if (refused && (!refusal.json || (refusal.status == 404 && last->status != 404))) {
+            fed_call_result_clear(&refusal);
+            refusal = *last;
+            last->json = json_incref(refusal.json);
+        }
+    }
+    if (refusal.json) {
+        fed_call_result_clear(last);
+        *last = refusal;
     }
     return NULL;
 }
@@ -388,7 +437,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
         *out = rooms_fail(r, &e);
         return false;
     }
-    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
+    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], step[16];
     if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
         !rt_uri_encode(m->id, id_enc, sizeof(id_enc))) {
         *out = http_respond_error(r, 400, "M_INVALID_PARAM",
@@ -396,11 +445,9 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
         remote_member_clear(m);
         return false;
     }
-    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/send_%s/%s/%s", kind, room_enc, id_enc);
-    fed_request_opts o = {.method = "PUT", .destination = m->via, .uri = uri, .body = m->event,
-                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
-                          .max_body_bytes = max_body};
-    fed_call(&o, NULL, &m->sent);
+    snprintf(step, sizeof(step), "send_%s", kind);
+    rooms_remote_put_step(r, m->via, step, room_enc, id_enc, m->event, m->event, max_body,
+                          &m->sent);
     if (!fed_call_ok(&m->sent)) {
         snprintf(why, sizeof(why), "The resident server refused the %s", kind);
         *out = rooms_remote_answer_failure(r, &m->sent, why);
@@ -525,7 +572,7 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
         rooms_fail(r, &e);
         return false;
     }
-    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4], uri[REMOTE_URI_BYTES];
+    char room_enc[REMOTE_URI_BYTES / 4], id_enc[REMOTE_URI_BYTES / 4];
     if (!rt_uri_encode(room_id, room_enc, sizeof(room_enc)) ||
         !rt_uri_encode(id, id_enc, sizeof(id_enc))) {
         json_decref(pdu);
@@ -534,17 +581,19 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
                            "The room ID is too long to send to another server");
         return false;
     }
-    snprintf(uri, sizeof(uri), "/_matrix/federation/v2/invite/%s/%s", room_enc, id_enc);
-    json_t *body = json_pack("{s:O, s:s, s:o}", "event", pdu, "room_version", v->id,
-                             "invite_room_state", rooms_stripped_state(map, sender));
+    json_t *stripped = rooms_stripped_state(map, sender);
+    json_t *body = json_pack("{s:O, s:s, s:O}", "event", pdu, "room_version", v->id,
+                             "invite_room_state", stripped);
+    /* The v1 form: the event itself, the stripped state in its unsigned. */
+    json_t *v1_body = json_deep_copy(pdu);
+    json_object_set_new(v1_body, "unsigned", json_pack("{s:o}", "invite_room_state", stripped));
     json_decref(map);
     const char *server = room_auth_domain(target);
-    fed_request_opts o = {.method = "PUT", .destination = server, .uri = uri, .body = body,
-                          .deadline_ms = r->deadline_ms, .ignore_backoff = true,
-                          .max_body_bytes = REMOTE_MAKE_MAX_BODY_BYTES};
     fed_call_result res;
-    fed_call(&o, NULL, &res);
+    rooms_remote_put_step(r, server, "invite", room_enc, id_enc, body, v1_body,
+                          REMOTE_MAKE_MAX_BODY_BYTES, &res);
     json_decref(body);
+    json_decref(v1_body);
     json_t *signed_ev = fed_call_ok(&res) ? json_object_get(res.json, "event") : NULL;
     char sid[EVENT_ID_LEN], why[FED_CALL_ERROR_BYTES] = "";
     bool same = json_is_object(signed_ev) && event_compute_id(v, signed_ev, sid) == 0 &&

@@ -1,6 +1,12 @@
 /*
  * core/federation/rooms/fed_rooms_invite.c - an invite of one of our users by another server:
- * PUT /_matrix/federation/v2/invite/{roomId}/{eventId}.
+ * PUT /_matrix/federation/v2/invite/{roomId}/{eventId}, and its older form PUT
+ * /v1/invite/{roomId}/{eventId}, which other servers still call (and fall back to when v2
+ * is unrecognized): its body is the event itself with the stripped state in
+ * unsigned.invite_room_state and no room version, its answer [200, {"event": ...}]. The
+ * version a v1 invite is read under is the room's when the room is known here, else the
+ * one its m.room.create in the stripped state names (the spec's default, "1", when it
+ * names none): an unknown one is 400 M_INCOMPATIBLE_ROOM_VERSION, as for v2.
  *
  * The invite is checked in the spec's order (a version we support, an m.room.member
  * invite of an existing local user sent by one of the origin's users, for this room, its
@@ -158,13 +164,37 @@ static int keep_invite(PGconn *c, const char *room_id, const char *event_id, jso
     return ok ? 0 : -1;
 }
 
-/* PUT /_matrix/federation/v2/invite/{roomId}/{eventId} */
-static int put_invite(atrium_req *r)
+/* The room version a v1 invite names: the room's when known here, else its stripped
+ * m.room.create's (default "1"). NULL with the request answered (database). */
+static const char *v1_version(atrium_req *r, const char *room_id, const json_t *pdu)
+{
+    PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
+    if (!c) {
+        http_respond_error(r, 503, "M_UNKNOWN", "The database is busy; retry");
+        return NULL;
+    }
+    bool failed = false;
+    const room_version *known = rooms_version_of(c, room_id, &failed);
+    fed_rooms_close(c);
+    if (failed) {
+        http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+        return NULL;
+    }
+    if (known) return known->id;
+    json_t *stripped = json_object_get(json_object_get(pdu, "unsigned"), "invite_room_state");
+    for (size_t i = 0; i < json_array_size(stripped); i++) {
+        json_t *e = json_array_get(stripped, i);
+        if (strcmp(json_string_value(json_object_get(e, "type")) ?: "", "m.room.create") == 0)
+            return json_string_value(json_object_get(json_object_get(e, "content"),
+                                                     "room_version")) ?: "1";
+    }
+    return "1";
+}
+
+/* Both forms: body is the v2 body (the v1 one rewritten so). */
+static int invite(atrium_req *r, json_t *body, bool v1)
 {
     const char *room_id = http_req_param(r, "roomId"), *event_id = http_req_param(r, "eventId");
-    json_t *body = http_req_json(r);
-    if (!body) return ATRIUM_DONE;
-    if (!rooms_room_id_ok(room_id)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID");
     invite_wait *st = r->core_state;
     if (!st) return invite_begin(r, room_id, event_id, body);
     if (!st->done)
@@ -213,18 +243,48 @@ static int put_invite(atrium_req *r)
     rt_log(ATRIUM_LOG_INFO, "federation", "%s invited %s to %s (%s)",
            json_string_value(json_object_get(pdu, "sender")), event_state_key(pdu), room_id,
            event_id);
-    return http_respond_json(r, 200, json_pack("{s:o}", "event", pdu));
+    json_t *answer = json_pack("{s:o}", "event", pdu);
+    return http_respond_json(r, 200, v1 ? json_pack("[i, o]", 200, answer) : answer);
+}
+
+/* PUT /_matrix/federation/v2/invite/{roomId}/{eventId} */
+static int put_invite(atrium_req *r)
+{
+    json_t *body = http_req_json(r);
+    if (!body) return ATRIUM_DONE;
+    if (!rooms_room_id_ok(http_req_param(r, "roomId")))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID");
+    return invite(r, body, false);
+}
+
+/* PUT /_matrix/federation/v1/invite/{roomId}/{eventId} */
+static int put_invite_v1(atrium_req *r)
+{
+    const char *room_id = http_req_param(r, "roomId");
+    json_t *pdu = http_req_json(r);
+    if (!pdu) return ATRIUM_DONE;
+    if (!rooms_room_id_ok(room_id)) return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID");
+    if (!json_is_object(pdu)) return http_respond_error(r, 400, "M_BAD_JSON", "Not an event");
+    invite_wait *st = r->core_state;
+    const char *ver = st ? st->ver->id : v1_version(r, room_id, pdu);
+    if (!ver) return ATRIUM_DONE;
+    json_t *stripped = json_object_get(json_object_get(pdu, "unsigned"), "invite_room_state");
+    json_t *body = json_pack("{s:O, s:s, s:O}", "event", pdu, "room_version", ver,
+                             "invite_room_state", json_is_array(stripped) ? stripped : json_null());
+    if (!body) return ATRIUM_E_NOMEM;
+    int rc = invite(r, body, true);
+    json_decref(body);
+    return rc;
 }
 
 int fed_rooms_invite_routes(fed_module *m)
 {
-    static const atrium_route route = {.method = "PUT",
-                                       .path = "/_matrix/federation/v2/invite/{roomId}/{eventId}",
-                                       .handler = put_invite, .flags = ATRIUM_ROUTE_FEDERATION};
-    char err[256];
-    if (router_add(m->srv->router, &route, "core", err, sizeof(err)) < 0) {
-        rt_log(ATRIUM_LOG_ERROR, "federation", "%s", err);
-        return -1;
-    }
+    static const atrium_route routes[] = {
+        {.method = "PUT", .path = "/_matrix/federation/v2/invite/{roomId}/{eventId}",
+         .handler = put_invite, .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "PUT", .path = "/_matrix/federation/v1/invite/{roomId}/{eventId}",
+         .handler = put_invite_v1, .flags = ATRIUM_ROUTE_FEDERATION},
+    };
+    if (HTTP_ROUTES_ADD(m->srv, routes, "federation") < 0) return -1;
     return 0;
 }

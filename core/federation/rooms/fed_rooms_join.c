@@ -3,7 +3,9 @@
  * server's user joins, leaves or knocks on: GET /v1/make_join/{roomId}/{userId}?ver=..., PUT
  * /v2/send_join/{roomId}/{eventId}, GET /v1/make_leave/{roomId}/{userId}, PUT
  * /v2/send_leave/{roomId}/{eventId}, GET /v1/make_knock/{roomId}/{userId}?ver=... and PUT
- * /v1/send_knock/{roomId}/{eventId}.
+ * /v1/send_knock/{roomId}/{eventId}. The older PUT /v1/send_join and /v1/send_leave, which
+ * other servers still call (and fall back to when a v2 is unrecognized), are the same
+ * checks with the answer in the v1 envelope the spec gives them: [200, answer].
  *
  * make_* answers a template built by the write path (rooms_tx_template: the auth rules
  * against the current state, prev_events from the forward extremities, the spec's auth
@@ -50,11 +52,14 @@ typedef struct member_route {
     const char *membership;
     enum member_answer answer;
     bool versioned; /* make_*: ?ver= must name the room's version */
+    bool v1_envelope; /* send_*: the v1 form, answered [200, answer] */
 } member_route;
 
-static const member_route JOIN = {"join", ANSWER_STATE, true};
-static const member_route LEAVE = {"leave", ANSWER_NOTHING, false};
-static const member_route KNOCK = {"knock", ANSWER_STRIPPED, true};
+static const member_route JOIN = {"join", ANSWER_STATE, true, false};
+static const member_route LEAVE = {"leave", ANSWER_NOTHING, false, false};
+static const member_route KNOCK = {"knock", ANSWER_STRIPPED, true, false};
+static const member_route JOIN_V1 = {"join", ANSWER_STATE, true, true};
+static const member_route LEAVE_V1 = {"leave", ANSWER_NOTHING, false, true};
 
 /* Is user_id a user of the requesting server? */
 static bool users_server(atrium_req *r, const char *user_id)
@@ -264,7 +269,9 @@ static int send_member_finish(atrium_req *r, const member_route *mr, const char 
     fed_rooms_kick();
     rt_log(ATRIUM_LOG_INFO, "federation", "%s's %s of %s accepted (%s)", r->origin, mr->membership,
            room_id, st->event_id);
-    return http_respond_json(r, 200, answer ? answer : json_object());
+    if (!answer) answer = json_object();
+    if (mr->v1_envelope) answer = json_pack("[i, o]", 200, answer);
+    return http_respond_json(r, 200, answer);
 }
 
 static int send_member(atrium_req *r, const member_route *mr)
@@ -281,6 +288,8 @@ static int get_make_join(atrium_req *r) { return make_member(r, &JOIN); }
 static int get_make_leave(atrium_req *r) { return make_member(r, &LEAVE); }
 static int put_send_join(atrium_req *r) { return send_member(r, &JOIN); }
 static int put_send_leave(atrium_req *r) { return send_member(r, &LEAVE); }
+static int put_send_join_v1(atrium_req *r) { return send_member(r, &JOIN_V1); }
+static int put_send_leave_v1(atrium_req *r) { return send_member(r, &LEAVE_V1); }
 static int get_make_knock(atrium_req *r) { return make_member(r, &KNOCK); }
 static int put_send_knock(atrium_req *r) { return send_member(r, &KNOCK); }
 
@@ -295,6 +304,10 @@ int fed_rooms_join_routes(fed_module *m)
          .handler = get_make_leave, .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "PUT", .path = "/_matrix/federation/v2/send_leave/{roomId}/{eventId}",
          .handler = put_send_leave, .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "PUT", .path = "/_matrix/federation/v1/send_join/{roomId}/{eventId}",
+         .handler = put_send_join_v1, .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "PUT", .path = "/_matrix/federation/v1/send_leave/{roomId}/{eventId}",
+         .handler = put_send_leave_v1, .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "GET", .path = "/_matrix/federation/v1/make_knock/{roomId}/{userId}",
          .handler = get_make_knock, .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "PUT", .path = "/_matrix/federation/v1/send_knock/{roomId}/{eventId}",

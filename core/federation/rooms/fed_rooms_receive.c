@@ -93,6 +93,9 @@ static int reject(pdu_job *rx, int check, char err[FED_PDU_ERR_LEN], const char 
     return FED_PDU_REJECTED;
 }
 
+/* A rejection decided by the auth rules and kept (fed_recv_store_rejected): processed. */
+static int kept_rejected(int rc) { return rc == FED_PDU_REJECTED ? FED_PDU_REJECTED_KEPT : rc; }
+
 static int retry(char err[FED_PDU_ERR_LEN])
 {
     snprintf(err, FED_PDU_ERR_LEN, "The database failed; retry");
@@ -630,7 +633,8 @@ static int admit(pdu_job *rx, const json_t *pdu_in, char id[EVENT_ID_LEN],
     if (failed) return retry(err);
     if (w == ROOMS_GRAPH_STREAM) return PDU_GO; /* seen before: received again (above) */
     if (w == ROOMS_GRAPH_SOFT_FAILED) return FED_PDU_SOFT_FAILED;
-    if (w == ROOMS_GRAPH_REJECTED) return reject(rx, RC_AUTH_EVENTS, err, "Rejected before");
+    if (w == ROOMS_GRAPH_REJECTED)
+        return kept_rejected(reject(rx, RC_AUTH_EVENTS, err, "Rejected before"));
     return PDU_GO;
 }
 
@@ -670,7 +674,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     }
     if (ar != FED_RECV_AUTH_READY || !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, why)) {
         if (fed_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
-        else rc = reject(rx, RC_AUTH_EVENTS, err, "%s", why);
+        else rc = kept_rejected(reject(rx, RC_AUTH_EVENTS, err, "%s", why));
         goto out;
     }
     /* 5. prev events */
@@ -690,7 +694,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     }
     if (!room_auth_check_event(rx->v, pdu, rooms_pdus_get, before, why)) {
         if (fed_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
-        else rc = reject(rx, RC_STATE_BEFORE, err, "%s", why);
+        else rc = kept_rejected(reject(rx, RC_STATE_BEFORE, err, "%s", why));
         goto out;
     }
     /* 7. the current state: soft failure */

@@ -1,6 +1,7 @@
 /*
  * core/federation/rooms/fed_rooms_serve.c - reading rooms over federation: GET /v1/event/{id},
- * /v1/state/{roomId}, /v1/state_ids/{roomId}, /v1/backfill/{roomId},
+ * /v1/state/{roomId}, /v1/state_ids/{roomId}, /v1/event_auth/{roomId}/{eventId},
+ * /v1/backfill/{roomId},
  * /v1/timestamp_to_event/{roomId} and POST /v1/get_missing_events/{roomId}.
  *
  * Every route is ATRIUM_ROUTE_FEDERATION (fed_auth.c verified r->origin), opens with
@@ -122,6 +123,34 @@ static int get_state_ids(atrium_req *r)
     if (!state_ids_at(r, &state, &chain)) return ATRIUM_DONE;
     return http_respond_json(r, 200, json_pack("{s:o, s:o}", "auth_chain_ids", chain, "pdu_ids",
                                                state));
+}
+
+/* GET /_matrix/federation/v1/event_auth/{roomId}/{eventId}: the event's auth chain, as
+ * PDUs, under the checks of /state_ids (the room's ACL, the origin may see the room at the
+ * event). An event not in the room's stream (unknown, an outlier, rejected) is not found. */
+static int get_event_auth(atrium_req *r)
+{
+    const char *room_id = http_req_param(r, "roomId"), *event_id = http_req_param(r, "eventId");
+    PGconn *c = fed_rooms_open(r, room_id);
+    if (!c) return ATRIUM_DONE;
+    int64_t pos = INT64_MAX;
+    int in = fed_rooms_event_pos(c, room_id, event_id, &pos);
+    int see = in == 1 ? fed_rooms_server_may_see(c, room_id, r->origin, pos) : in;
+    json_t *roots = json_pack("[s]", event_id), *chain = NULL, *pdus = NULL;
+    int rc = see == 1 ? rooms_graph_auth_chain(c, roots, &chain) : 0;
+    if (rc == 0 && see == 1) rc = rooms_graph_load_many(c, chain, &pdus);
+    fed_rooms_close(c);
+    json_decref(roots);
+    json_decref(chain);
+    if (see < 0 || rc < 0) {
+        json_decref(pdus);
+        return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+    }
+    if (in == 0) return http_respond_error(r, 404, "M_NOT_FOUND", "No such event in the room");
+    if (see == 0)
+        return http_respond_error(r, 403, "M_FORBIDDEN", "Your server may not see the room at "
+                                  "that event");
+    return http_respond_json(r, 200, json_pack("{s:o}", "auth_chain", pdus));
 }
 
 /* GET /_matrix/federation/v1/state/{roomId}?event_id= */
@@ -362,6 +391,8 @@ int fed_rooms_serve_routes(fed_module *m)
          .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "GET", .path = "/_matrix/federation/v1/state_ids/{roomId}",
          .handler = get_state_ids, .flags = ATRIUM_ROUTE_FEDERATION},
+        {.method = "GET", .path = "/_matrix/federation/v1/event_auth/{roomId}/{eventId}",
+         .handler = get_event_auth, .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "GET", .path = "/_matrix/federation/v1/backfill/{roomId}",
          .handler = get_backfill, .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "POST", .path = "/_matrix/federation/v1/get_missing_events/{roomId}",

@@ -8,7 +8,10 @@
  * an origin that is a server name, is not this server and is allowed by
  * federation.domain_whitelist (403 M_FORBIDDEN otherwise); a JSON body when there is a
  * body; the origin's key, valid now; the signature over method, URI (path and query as
- * sent), origin, destination and content. Refusals are 401 M_UNAUTHORIZED.
+ * sent), origin, destination and content. Refusals are 401 M_UNAUTHORIZED, except bad
+ * input rather than bad credentials, which is 400 as Synapse answers it: an origin that
+ * is not a server name (M_UNAUTHORIZED, Synapse's "Malformed Authorization header"), a
+ * body that is not JSON (M_NOT_JSON) or not a JSON object (M_BAD_JSON).
  *
  * A key not yet known is fetched (fed_keyring.h) while the request waits parked on the
  * module's key event, holding no thread; every end of a look-up signals that event and
@@ -68,6 +71,18 @@ static int refuse(atrium_req *r, int reason, const char *origin, const char *det
         return http_respond_error(r, 403, "M_FORBIDDEN", "Federation with %s is not allowed",
                                   origin ? origin : "this server");
     return http_respond_error(r, 401, "M_UNAUTHORIZED", "%s", detail);
+}
+
+/* A refusal for bad input rather than bad credentials: 400 with errcode (counted and
+ * logged as refuse does). */
+static int refuse_bad_input(atrium_req *r, int reason, const char *origin, const char *errcode,
+                            const char *detail)
+{
+    fed_module *m = fed_state();
+    rt_metric_add(m->m_auth_refused[reason], 1);
+    rt_log(ATRIUM_LOG_WARN, "federation", "%s %s from %s refused (check %s): %s", r->method,
+           r->raw_path, origin ? origin : r->client_addr, REASON_NAMES[reason], detail);
+    return http_respond_error(r, 400, errcode, "%s", detail);
 }
 
 /* The first X-Matrix credential among the Authorization headers. */
@@ -161,7 +176,8 @@ int fed_auth_check(atrium_req *r)
     char host[FED_RESOLVE_NAME_BYTES];
     int port;
     if (!fed_server_name_split(x.origin, host, sizeof(host), &port))
-        return refuse(r, FED_AUTH_MALFORMED, NULL, "The origin is not a server name");
+        return refuse_bad_input(r, FED_AUTH_MALFORMED, NULL, "M_UNAUTHORIZED",
+                                "The origin is not a server name");
     if (strcmp(x.origin, m->server_name) == 0)
         return refuse(r, FED_AUTH_NOT_ALLOWED, x.origin, "A request claiming to be from us");
     if (!fed_domain_allowed(x.origin))
@@ -170,8 +186,12 @@ int fed_auth_check(atrium_req *r)
     if (r->body_len > 0) {
         json_error_t jerr;
         if (!r->json) r->json = json_loadb(r->body, r->body_len, 0, &jerr);
-        if (!r->json || !json_is_object(r->json))
-            return refuse(r, FED_AUTH_BODY, x.origin, "The body is not a JSON object");
+        if (!r->json)
+            return refuse_bad_input(r, FED_AUTH_BODY, x.origin, "M_NOT_JSON",
+                                    "The body is not JSON");
+        if (!json_is_object(r->json))
+            return refuse_bad_input(r, FED_AUTH_BODY, x.origin, "M_BAD_JSON",
+                                    "The body is not a JSON object");
         content = r->json;
     }
 

@@ -16,7 +16,10 @@
  * answer, processed no second time; one of the same origin and ID still running gets 429.
  * Otherwise each PDU goes, in order, to the room model's handler and each EDU to its
  * type's handler (unknown types are ignored, as the spec says), then the answer
- * {"pdus": {event_id: {} | {"error": why}}} is stored and sent. A PDU's key is its event
+ * {"pdus": {event_id: {} | {"error": why}}} is stored and sent: {} for a PDU processed
+ * (accepted, soft-failed, or rejected by the auth rules and kept so, as Synapse answers),
+ * an error for one refused before any verdict on it (format, signature, origin) or not
+ * processed now (the database, an auth event that could not be fetched). A PDU's key is its event
  * ID, computed for the room's version when this server knows the room, else the PDU's own
  * event_id (room versions 1 and 2); a PDU with neither (a room this server has never seen,
  * in a version where IDs are hashes) is still handed to the handler but has no entry in
@@ -236,7 +239,8 @@ static int outcome_metric(int outcome)
     switch (outcome) {
     case FED_PDU_ACCEPTED: return PDU_ACCEPTED;
     case FED_PDU_SOFT_FAILED: return PDU_SOFT_FAILED;
-    case FED_PDU_REJECTED: return PDU_REJECTED;
+    case FED_PDU_REJECTED:
+    case FED_PDU_REJECTED_KEPT: return PDU_REJECTED;
     default: return PDU_ERROR;
     }
 }
@@ -261,12 +265,13 @@ static json_t *run_transaction(const char *origin, json_t *pdus, json_t *edus,
             snprintf(err, sizeof(err), "This server does not accept events over federation");
         else
             outcome = fn(ctx, origin, pdu, err);
-        if (outcome != FED_PDU_ACCEPTED && outcome != FED_PDU_SOFT_FAILED && !err[0])
+        bool ok = outcome == FED_PDU_ACCEPTED || outcome == FED_PDU_SOFT_FAILED ||
+                  outcome == FED_PDU_REJECTED_KEPT;
+        if (!ok && !err[0])
             snprintf(err, sizeof(err), "%s", outcome == FED_PDU_REJECTED ? "Rejected"
                                                                          : "Not processed");
         rt_metric_add(fed_txn_registry.pdus[outcome_metric(outcome)], 1);
         if (!keys[i]) continue;
-        bool ok = outcome == FED_PDU_ACCEPTED || outcome == FED_PDU_SOFT_FAILED;
         json_object_set_new(results, keys[i],
                             ok ? json_object() : json_pack("{s:s}", "error", err));
     }

@@ -491,6 +491,20 @@ static void load_run(void *arg, bool cancelled)
     free(t);
 }
 
+void fed_keyring_notary_refetch(fed_keyring *r, const char *server_name, const char *key_id,
+                                int64_t minimum_valid_until_ms)
+{
+    fed_key_result unused;
+    pthread_mutex_lock(&r->mu);
+    entry *e = find_locked(r, server_name);
+    int64_t now = now_ms(r);
+    if (e && e->loaded && e->keys && !e->last_fetch_failed &&
+        now >= e->no_fetch_since_ms + FED_KEYRING_NOTARY_REFETCH_MIN_MS &&
+        !answer_of(e, key_id == NULL, key_id, minimum_valid_until_ms, &unused))
+        e->no_fetch_until_ms = now;
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* Fill an immediate refusal (busy, stopped): "<why> (keys of <name>)", like answer_status. */
 static void answer_now(fed_key_result *out, int status, const char *why, const char *name)
 {

@@ -243,8 +243,19 @@ int fed_notary_query_parse(const json_t *body, int64_t now_wall_ms,
  * reference the callee owns (never NULL: on out-of-memory or stop, an empty list). */
 typedef void (*fed_notary_cb)(void *arg, json_t *response);
 
+/* A notary query needs server_name's key (key_id, NULL any) valid until minimum_valid_until_ms
+ * and what is cached ends before: lift the refetch interval (refetch_min_interval_ms) so the
+ * look-up that follows asks the origin again, as the spec has a notary do, unless the
+ * server was fetched less than FED_KEYRING_NOTARY_REFETCH_MIN_MS ago or its last fetch
+ * failed (then negative_ttl_ms stands). An unauthenticated querier can so make us ask one
+ * origin at most once a second. */
+#define FED_KEYRING_NOTARY_REFETCH_MIN_MS 1000
+void fed_keyring_notary_refetch(fed_keyring *ring, const char *server_name, const char *key_id,
+                                int64_t minimum_valid_until_ms);
+
 /* Answer a notary query: for each criterion, look the server up (fetching from its origin
- * when nothing cached is valid until the criterion's minimum), then answer with every
+ * when nothing cached is valid until the criterion's minimum: fed_keyring_notary_refetch),
+ * then answer with every
  * cached document holding a requested key (all keys when key_id is NULL), whether or not
  * the fetch succeeded (the spec asks notaries to keep serving the last answer of a server
  * that is down), each stripped of signatures other than its origin's and signed by us

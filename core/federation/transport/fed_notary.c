@@ -206,6 +206,9 @@ int fed_keyring_notary_query(fed_keyring *ring, const fed_notary_criterion *crit
     for (size_t i = 0; i < n; i++) {
         const fed_notary_criterion *c = &q->criteria[i];
         fed_key_result res;
+        if (strcmp(c->server_name, own_name) != 0)
+            fed_keyring_notary_refetch(ring, c->server_name, c->key_id,
+                                       c->minimum_valid_until_ms);
         if (strcmp(c->server_name, own_name) == 0 ||
             fed_keyring_lookup(ring, c->server_name, c->key_id, c->minimum_valid_until_ms, &res,
                                looked_up, q) == FED_KEYRING_ANSWERED)

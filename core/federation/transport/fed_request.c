@@ -115,6 +115,14 @@ static void http_done(void *arg, const fed_http_result *hr)
     if (hr->outcome == FED_HTTP_OK && st->o.want_json && hr->body) {
         json_error_t jerr;
         j = json_loadb(hr->body, hr->body_len, 0, &jerr);
+        if (j && st->o.v1_envelope && hr->status / 100 == 2) {
+            json_t *inner = json_is_array(j) && json_array_size(j) == 2 &&
+                                    json_is_integer(json_array_get(j, 0))
+                                ? json_incref(json_array_get(j, 1))
+                                : NULL;
+            json_decref(j);
+            j = inner;
+        }
         if (!j || !json_is_object(j)) {
             snprintf(why, sizeof(why), "%s answered %d with a body that is not a JSON object",
                      st->destination, hr->status);

@@ -49,6 +49,8 @@ typedef struct fed_request_opts {
     bool unsigned_request;   /* no X-Matrix (key fetches: /_matrix/key/v2/server) */
     bool ignore_backoff;     /* a user's explicit action: contact it even while backed off */
     bool want_json;          /* parse the body as a JSON object (outcome NOT_JSON if not) */
+    bool v1_envelope;        /* want_json: a 2xx body is the v1 form's [status, object] and
+                              * res->json is its object (outcome NOT_JSON if it is not) */
     int (*on_chunk)(void *arg, fed_http_handle *h, const char *data, size_t len);
     void (*on_done)(void *arg, const fed_response *res); /* exactly once iff submit == 0 */
     void *arg;

@@ -58,6 +58,9 @@ enum fed_pdu_outcome {
     FED_PDU_REJECTED = 2,    /* err says which check failed; reported in the answer */
     FED_PDU_RETRY = 3,       /* transient (the database, or an event it needs that could not
                               * be fetched now): not kept; reported as an error for it */
+    FED_PDU_REJECTED_KEPT = 4, /* refused by the auth rules and kept as rejected: processed,
+                                * so answered {} as Synapse does (a rejected event is never
+                                * served nor current state); counted as rejected */
 };
 
 /* Process one PDU of a transaction from origin (its signature on the request verified).
