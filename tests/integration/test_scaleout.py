@@ -85,7 +85,9 @@ class ScaleOutTest(unittest.TestCase):
     def test_matrix_js_sdk_end_to_end_tests_pass_through_the_balancer(self):
         if not os.path.isdir(os.path.join(E2E_DIR, "node_modules", "matrix-js-sdk")):
             self.fail("tests/e2e/node_modules is missing: run tests/run.sh (it runs npm ci)")
-        c = self.start_cluster(n=3, settings={"registration": {"enabled": True}},
+        # tokens.test.mjs signs a second device in with a login token: off by default
+        c = self.start_cluster(n=3, settings={"registration": {"enabled": True},
+                                              "auth": {"login_via_existing_session": True}},
                                plugins={"directory": {"enabled": True}}, media=True)
         tests = sorted(f for f in os.listdir(E2E_DIR) if f.endswith(".test.mjs"))
         with tempfile.NamedTemporaryFile(suffix=".png") as image:
