@@ -69,6 +69,14 @@
 /* A waiting request costs no thread and no connection, only its parked request. */
 #define DEFAULT_URL_PREVIEW_MAX_WAITING 64
 #define DEFAULT_URL_PREVIEW_CACHE_TTL_MS (3600LL * 1000) /* Synapse keeps answers an hour */
+/* An upload leaves its file unchanged at most server.http.body_idle_timeout_s (15 s) while
+ * its body arrives, and its row follows its last byte within handoff_deadline_ms (60 s)
+ * plus its bounded waits (s3_timeout_ms, the database wait): about 2 minutes by default.
+ * An hour is the margin (plugins/media/README.md, "Storage and crash safety"). */
+#define DEFAULT_ORPHAN_MIN_AGE_MS (3600LL * 1000)
+#define ORPHAN_MIN_AGE_FLOOR_MS 10000LL
+#define DEFAULT_ORPHAN_SWEEP_PERIOD_MS (3600LL * 1000)
+#define ORPHAN_LIMIT_MS (7LL * 24 * 3600 * 1000)
 #define FETCH_POOL_SPARE_TASKS 64 /* beyond the budget: the end of fetches whose requests left */
 
 const atrium_host *media_host;
@@ -259,6 +267,16 @@ static const atrium_setting MEDIA_SETTINGS[] = {
     INT64_SETTING("local_cache_max_bytes", local_cache_max_bytes, 0, 0, INT64_MAX, "bytes",
                   "s3: bound of the local folder as a cache of the bucket (0 = none; not "
                   "enforced yet)."),
+    INT64_SETTING("orphan_min_age_ms", orphan_min_age_ms, DEFAULT_ORPHAN_MIN_AGE_MS,
+                  ORPHAN_MIN_AGE_FLOOR_MS, ORPHAN_LIMIT_MS, "ms",
+                  "Files in the store that no row names (originals, thumbnails, .tmp- files) "
+                  "are removed once unchanged this long; keep it above "
+                  "server.http.body_idle_timeout_s + server.http.handoff_deadline_ms + "
+                  "s3_timeout_ms, the longest a running upload leaves its file unchanged."),
+    INT64_SETTING("orphan_sweep_period_ms", orphan_sweep_period_ms,
+                  DEFAULT_ORPHAN_SWEEP_PERIOD_MS, 1000, ORPHAN_LIMIT_MS, "ms",
+                  "How often the store is swept for such files (once at start in every "
+                  "process, then in the one holding the lease store.orphans)."),
 };
 #define MEDIA_N_SETTINGS (sizeof(MEDIA_SETTINGS) / sizeof(MEDIA_SETTINGS[0]))
 
@@ -566,6 +584,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     }
     if (rc == 0) rc = create_mechanisms(m);
     if (rc == 0) rc = cluster_init(m);
+    if (rc == 0) rc = orphans_init(m);
     if (rc == 0) rc = host->db_migrations(self, MEDIA_MIGRATIONS, MEDIA_N_MIGRATIONS);
     if (rc == 0) rc = register_routes(m);
     if (rc < 0) {
@@ -606,6 +625,8 @@ static int media_start(void *state)
     rc = cache_start(m);
     if (rc < 0) return rc;
     rc = fdcache_start(m);
+    if (rc < 0) return rc;
+    rc = orphans_start(m);
     if (rc < 0) return rc;
     m->h->log(m->self, ATRIUM_LOG_INFO,
               "media store %s ready (%d temp leftover(s) removed); %d delivery slots, %d "

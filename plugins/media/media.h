@@ -35,6 +35,7 @@
  *               shared work, the eviction lease
  *   remote_claim.c one fetch per remote file across processes (a claim per file)
  *   timer.c     one timer thread: work due later (a fetch retried after a 429)
+ *   orphans.c   the sweep of files no row names (originals, thumbnails, temp files)
  *   preview.c   URL previews: the endpoint, the bounded fetch of a page and its image,
  *               the cache of answers
  *   preview_html.c reading OpenGraph out of a page, and the URL rules (pure)
@@ -165,6 +166,9 @@ typedef struct media_config {
     int64_t s3_part_size_bytes, s3_timeout_ms;
     int s3_max_concurrent;
     int64_t local_cache_max_bytes; /* the local folder's bound with s3 (0 = none) */
+    /* the orphan sweep (orphans.c) */
+    int64_t orphan_min_age_ms;      /* a file unchanged this long has no running upload */
+    int64_t orphan_sweep_period_ms; /* between sweeps, in the lease holder */
 } media_config;
 
 /* ---- the plugin object -------------------------------------------------------------- */
@@ -200,6 +204,12 @@ typedef struct media {
     uint64_t wake_gen[MEDIA_EVENT_BUCKETS];
     char claim_owner[MEDIA_CLAIM_OWNER_MAX]; /* this process, in media_claims rows */
     atrium_lease *evict_lease; /* NULL: the host has no leases (eviction runs here) */
+    /* The orphan sweep (orphans.c): its pool, its lease (NULL: every process sweeps). */
+    atrium_pool *orphan_pool;
+    atrium_lease *orphan_lease;
+    atomic_bool orphans_sweeping, orphans_swept_once;
+    atrium_metric *m_orphans_removed[3]; /* kind: original, thumbnail, temp */
+    atrium_metric *m_orphan_sweeps;
 
     media_s3 *s3;             /* NULL with storage: local (s3.c) */
     atrium_pool *store_pool;  /* s3: downloads that read an original through from the store */
@@ -570,6 +580,14 @@ int media_timer_add(media_timer *t, int64_t due_ms, void (*fn)(void *arg), void 
 /* Stop and join the thread; entries not yet due are then called at once, on the calling
  * thread (their work must cope with stopped pools). NULL is fine. */
 void media_timer_stop(media_timer *t);
+
+/* ---- orphans.c ------------------------------------------------------------------------- */
+
+/* [init] The sweep's pool (one thread), metrics and lease "store.orphans". 0 or an error. */
+int orphans_init(media *m);
+/* [start] Sweep once now (in the background), then every orphan_sweep_period_ms while this
+ * process holds the lease. 0 or the timer's error. */
+int orphans_start(media *m);
 
 /* ---- cluster.c: several processes on one database ------------------------------------- */
 

@@ -20,7 +20,8 @@
  * one step (linkat of the unnamed file, or rename), fsync the folder. New folders are
  * fsynced into their parents. The caller commits the database row only after this, and
  * answers only after the row. A crash leaves at most ".tmp-" files, which store_sweep()
- * removes before the server listens.
+ * removes before the server listens, and named files whose row was never committed,
+ * which the orphan sweep removes once they are old enough (orphans.c).
  *
  * What this file does not do: decide names (upload.c, thumbnail.c), or touch the database.
  */
