@@ -1,6 +1,7 @@
 """The deprecated sync APIs older clients and bridges still use: GET /initialSync (every
 room with its newest messages, state, account data, and presence), GET
-/rooms/{roomId}/initialSync (one room; 403 for a room the user is not in) and GET /events
+/rooms/{roomId}/initialSync (one room; for a room the user is not in, what anyone may read
+of it while it is world_readable, else 403) and GET /events
 (the events after `from`, parking until there are some), on the v3 and r0 prefixes."""
 
 import time
@@ -46,6 +47,35 @@ class LegacySyncTest(SharedServerTest):
         self.assertEqual((room["room_id"], room["membership"]), (self.room, "join"))
         self.assertEqual(self.bodies(room["messages"]["chunk"]), ["m3"])
         status, body = self.cy.call("GET", f"{V3}/rooms/{quote(self.room)}/initialSync")
+        self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
+
+    def test_room_initial_sync_of_a_world_readable_room_shows_a_non_member_its_open_part(self):
+        room = self.amy.create_room(preset="private_chat", name="Reading room")
+        hv = "m.room.history_visibility"
+        self.amy.send(room, {"msgtype": "m.text", "body": "while shared"})
+        self.amy.put_state(room, hv, {"history_visibility": "world_readable"})
+        for body in ("open1", "open2", "open3"):
+            self.amy.send(room, {"msgtype": "m.text", "body": body})
+        path = f"{V3}/rooms/{quote(room)}/initialSync"
+        peek = self.cy.ok("GET", f"{path}?limit=50")
+        self.assertEqual(peek["room_id"], room)
+        self.assertNotIn("membership", peek)
+        # Only what came after the room became world_readable (and the change itself).
+        self.assertEqual(self.bodies(peek["messages"]["chunk"]), ["open1", "open2", "open3"])
+        self.assertIn(hv, [e["type"] for e in peek["messages"]["chunk"]])
+        self.assertEqual({e["room_id"] for e in peek["messages"]["chunk"]}, {room})
+        names = [e["content"]["name"] for e in peek["state"] if e["type"] == "m.room.name"]
+        self.assertEqual(names, ["Reading room"])
+        self.assertEqual((peek["presence"], peek["receipts"], peek["account_data"]), ([], [], []))
+        # limit keeps the newest; `start` pages back from there with /messages.
+        peek = self.cy.ok("GET", f"{path}?limit=2")
+        self.assertEqual(self.bodies(peek["messages"]["chunk"]), ["open2", "open3"])
+        older = self.cy.ok("GET", f"{V3}/rooms/{quote(room)}/messages?dir=b&limit=50"
+                                  f"&from={peek['messages']['start']}")
+        self.assertEqual(self.bodies(older["chunk"]), ["open1"])
+        # Once the room is no longer world_readable, a non-member is refused again.
+        self.amy.put_state(room, hv, {"history_visibility": "shared"})
+        status, body = self.cy.call("GET", path)
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
 
     def test_events_returns_what_came_after_from_and_parks_until_something_does(self):

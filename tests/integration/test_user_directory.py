@@ -1,6 +1,8 @@
 """The user directory: POST /user_directory/search finds local users who share a room with
-the searcher now or are joined to a room whose join rule is public (never deactivated
-users, never invited-only or departed ones); every word of the term must start a word of
+the searcher now or are joined to a public room, one whose current join rule is public or
+whose current history visibility is world_readable (never deactivated users, never
+invited-only or departed ones; the searcher themselves only through a public room, as
+Synapse); a room's change of either rule shows in the next search; every word of the term must start a word of
 the user's localpart or display name, case-insensitively, LIKE wildcards being plain
 characters; a whole user ID finds that user; exact matches come first; `limit` (default 10,
 at most 50) with `limited`; bad input gets the spec's 400s, no token a 401.
@@ -95,8 +97,12 @@ class UserDirectoryTest(SharedServerTest):
         self.assertEqual(self.found(self.alice, "dave"), [])
         self.assertEqual(self.found(self.alice, self.dave.user_id), [])
 
-    def test_the_searcher_finds_themselves_only_while_joined_to_some_room(self):
-        self.assertEqual(self.found(self.alice, "alice"), [self.alice.user_id])
+    def test_the_searcher_finds_themselves_only_through_a_public_room(self):
+        # alice's only room is private (shared with bob): it lists bob to her, not herself.
+        self.assertEqual(self.found(self.alice, "alice"), [])
+        self.assertEqual(self.found(self.alice, self.alice.user_id), [])
+        self.assertEqual(self.found(self.bob, "bob"), [])
+        self.assertEqual(self.found(self.carol, self.carol.user_id), [self.carol.user_id])
         self.assertEqual(self.found(self.dave, "dave"), [])
 
     def test_an_invited_user_is_not_found_until_joined_and_not_after_leaving(self):
@@ -108,22 +114,65 @@ class UserDirectoryTest(SharedServerTest):
         guest.leave(room)
         self.assertEqual(self.found(self.alice, "guest"), [])
 
-    def test_a_room_that_stops_being_public_stops_showing_its_members(self):
-        (host,) = [Client(self.srv, m) for m in crowd(self.srv, 1, prefix="host")]
-        room = host.create_room(preset="public_chat")
-        self.assertEqual(self.found(self.alice, "host"), [host.user_id])
-        host.put_state(room, "m.room.join_rules", {"join_rule": "invite"})
-        self.assertEqual(self.found(self.alice, "host"), [])
+    # -- a room's join rule and history visibility, as they are now ----------------------
 
-    def test_a_world_readable_room_shows_its_members_while_it_is_world_readable(self):
-        (reader,) = [Client(self.srv, m) for m in crowd(self.srv, 1, prefix="reader")]
-        room = reader.create_room(preset="private_chat")
-        self.assertEqual(self.found(self.alice, "reader"), [])
+    def private_pair(self, prefix):
+        """host and member joined to a new invite-only room of host's, whose history
+        visibility is shared; neither is in any other room."""
+        host, member = [Client(self.srv, m) for m in crowd(self.srv, 2, prefix=prefix)]
+        room = host.create_room(preset="private_chat", invite=[member.user_id],
+                                room_version="10")  # a version with knocking
+        member.join(room)
+        return host, member, room
+
+    def finders(self, host, member):
+        """Who finds member by their user ID: dave (sharing nothing with them), member
+        themselves, and host (sharing the room)."""
+        return {name: self.found(who, member.user_id) == [member.user_id]
+                for name, who in (("outsider", self.dave), ("themselves", member),
+                                  ("roommate", host))}
+
+    LISTED = {"outsider": True, "themselves": True, "roommate": True}
+    UNLISTED = {"outsider": False, "themselves": False, "roommate": True}
+
+    def test_members_are_listed_while_their_room_is_public_and_no_longer_after(self):
+        host, member, room = self.private_pair("jrule")
+        self.assertEqual(self.finders(host, member), self.UNLISTED)
+        host.put_state(room, "m.room.join_rules", {"join_rule": "public"})
+        self.assertEqual(self.finders(host, member), self.LISTED)
+        host.put_state(room, "m.room.join_rules", {"join_rule": "invite"})
+        self.assertEqual(self.finders(host, member), self.UNLISTED)
+        host.put_state(room, "m.room.join_rules", {"join_rule": "knock"})
+        self.assertEqual(self.finders(host, member), self.UNLISTED)
+
+    def test_members_are_listed_while_their_room_is_world_readable_and_no_longer_after(self):
+        host, member, room = self.private_pair("hvis")
         hv = "m.room.history_visibility"
-        reader.put_state(room, hv, {"history_visibility": "world_readable"})
-        self.assertEqual(self.found(self.alice, "reader"), [reader.user_id])
-        reader.put_state(room, hv, {"history_visibility": "shared"})
-        self.assertEqual(self.found(self.alice, "reader"), [])
+        host.put_state(room, hv, {"history_visibility": "world_readable"})
+        self.assertEqual(self.finders(host, member), self.LISTED)
+        host.put_state(room, hv, {"history_visibility": "shared"})
+        self.assertEqual(self.finders(host, member), self.UNLISTED)
+
+    def test_members_stay_listed_while_an_invite_only_room_is_still_world_readable(self):
+        host, member, room = self.private_pair("stay")
+        hv = "m.room.history_visibility"
+        host.put_state(room, "m.room.join_rules", {"join_rule": "public"})
+        host.put_state(room, hv, {"history_visibility": "world_readable"})
+        self.assertEqual(self.finders(host, member), self.LISTED)
+        host.put_state(room, "m.room.join_rules", {"join_rule": "invite"})
+        self.assertEqual(self.finders(host, member), self.LISTED)
+        host.put_state(room, hv, {"history_visibility": "joined"})
+        self.assertEqual(self.finders(host, member), self.UNLISTED)
+
+    def test_members_stay_listed_while_another_of_their_rooms_is_public(self):
+        host, member, room = self.private_pair("other")
+        lobby = host.create_room(preset="public_chat")
+        member.join(lobby)
+        host.put_state(room, "m.room.join_rules", {"join_rule": "public"})
+        host.put_state(room, "m.room.join_rules", {"join_rule": "invite"})
+        self.assertEqual(self.finders(host, member), self.LISTED)
+        host.put_state(lobby, "m.room.join_rules", {"join_rule": "invite"})
+        self.assertEqual(self.finders(host, member), self.UNLISTED)
 
     def test_a_deactivated_user_is_not_found(self):
         (erin,) = [Client(self.srv, m) for m in crowd(self.srv, 1, prefix="erin")]

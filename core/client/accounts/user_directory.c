@@ -7,8 +7,11 @@
  * is joined to now, or to a public room: one whose current join rule is "public" or whose
  * current history visibility is "world_readable" (anyone may read it, members included).
  * Both are read from the current state at each search, so a change of either applies at
- * once. The searcher finds
- * themselves by the same rule, so only while they are joined to some room. And what
+ * once: a member whose only such room turns invite-only and not world-readable drops out of
+ * the next search. A room shared with the searcher counts only for the others in it: the
+ * searcher finds themselves only while joined to a public room (as Synapse, whose shared-room
+ * pairs never pair a user with themselves), so a user alone in private rooms is not listed
+ * even to themselves. And what
  * matches: the term is split at whitespace into words, and every word must be, case
  * folded, the start of a word of the user's "@localpart" or display name. Words there are
  * delimited by whitespace and, for a term word without ASCII punctuation, by ASCII
@@ -55,9 +58,10 @@ static bool is_separator(char c)
  * such a word includes the first case); every word must first occur in raw at all, a
  * cheap test that spares most users the regular expressions. The candidates are sorted
  * first (one pass over users and profiles); then, in that order, each is checked for a
- * shared or public room until enough are found, so a broad term does not probe the rooms
- * of every user it matches. OFFSET 0 keeps the room check out of the sorted subquery,
- * whose order the outer ORDER BY then reuses without sorting again. */
+ * room shared with the searcher (for others) or a public room until enough are found, so a
+ * broad term does not probe the rooms of every user it matches. OFFSET 0 keeps the room
+ * check out of the sorted subquery, whose order the outer ORDER BY then reuses without
+ * sorting again. */
 static const char SEARCH_SQL[] =
     "WITH mine AS MATERIALIZED ("
     "  SELECT room_id FROM current_state"
@@ -87,7 +91,7 @@ static const char SEARCH_SQL[] =
     "   ORDER BY exact DESC, sort_key, u.user_id OFFSET 0) m"
     "  WHERE EXISTS (SELECT 1 FROM current_state a"
     "   WHERE a.type = 'm.room.member' AND a.state_key = m.user_id AND a.membership = 'join'"
-    "     AND (a.room_id IN (SELECT room_id FROM mine)"
+    "     AND ((m.user_id <> $1 AND a.room_id IN (SELECT room_id FROM mine))"
     "          OR EXISTS (SELECT 1 FROM current_state jr"
     "                      JOIN events e ON e.event_id = jr.event_id"
     "                     WHERE jr.room_id = a.room_id AND jr.type = 'm.room.join_rules'"

@@ -128,6 +128,15 @@ bool rooms_reader_open(atrium_req *r, rooms_reader *rd);
  * when body is NULL (a database failure). Returns ATRIUM_DONE. */
 int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body);
 
+/* [req] GET /rooms/{roomId}/initialSync for user, who is neither joined to nor invited to
+ * the room (core/client/sync/sync.c answers those): when the room's history visibility is
+ * world_readable now, the room as anyone may read it (as Synapse answers a peeker): its
+ * newest `limit` events up to stream position upto that the rule shows user, oldest
+ * first, in messages {chunk, start, end}; its current state; empty presence, receipts
+ * and account_data; no membership. Otherwise 403 M_FORBIDDEN (404 for an unknown room).
+ * Takes its own connection; returns ATRIUM_DONE. */
+int rooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int64_t limit);
+
 /* [req] The filter in query parameter `name` (JSON text). false after answering 400. */
 bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out);
 

@@ -10,6 +10,8 @@
  * as of the user's leave, or now: state is not history. Pagination tokens are stream
  * positions ("s<N>": after event N), the same as /sync's, so a sync's prev_batch feeds
  * /messages directly; a page before what the user may see is empty, never an error.
+ * It also answers GET /rooms/{roomId}/initialSync for a user not in the room
+ * (rooms_peek_initial_sync), which core/client/sync/sync.c serves to members.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -373,6 +375,48 @@ static int get_context(atrium_req *r)
     }
     json_object_set_new(body, "state", state);
     if (rc < 0) return db_failed(r, &rd, body);
+    return rooms_reader_close(r, &rd, 200, body);
+}
+
+/* ---- peeking ------------------------------------------------------------------------ */
+
+int rooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int64_t limit)
+{
+    rooms_reader rd = {.user = user};
+    if (!(rd.room = rooms_param_room(r)) || !rooms_reader_open(r, &rd)) return ATRIUM_DONE;
+    if (!rd.vis.world_readable) {
+        http_db_checkin(rd.c);
+        return http_respond_error(r, 403, "M_FORBIDDEN", "You are not a member of this room");
+    }
+    room_filter f; /* none, but the reader's ignore list, as in every timeline */
+    char why[128];
+    if (!rooms_filter_parse(r->arena, NULL, &f, why, sizeof(why)) ||
+        rooms_ignored_users(rd.c, r->arena, rd.user, &f.ignored) < 0)
+        return db_failed(r, &rd, NULL);
+    json_t *newest_first = json_array(), *chunk = json_array(), *state = json_array();
+    int64_t first = 0, last = 0;
+    int n = !newest_first || !chunk || !state ? -1
+            : limit > 0 ? window_page(r, &rd, &f, INT64_MIN, upto, limit, true, newest_first,
+                                      &first, &last)
+                        : 0;
+    for (size_t i = json_array_size(newest_first); n > 0 && i > 0; i--)
+        json_array_append(chunk, json_array_get(newest_first, i - 1));
+    json_decref(newest_first);
+    if (n < 0 || events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, NULL, state) < 0) {
+        json_decref(chunk);
+        return db_failed(r, &rd, state);
+    }
+    /* `start` pages back with /messages from the oldest event shown; `end` is the stream
+     * position the answer was read at. */
+    const char *end = rooms_token(r, upto);
+    json_t *body = json_pack("{s:s, s:{s:o, s:s, s:s}, s:o, s:[], s:[], s:[]}", "room_id", rd.room,
+                             "messages", "chunk", chunk, "start",
+                             n > 0 ? rooms_token(r, last - 1) : end, "end", end, "state", state,
+                             "presence", "receipts", "account_data");
+    if (!body) {
+        http_db_checkin(rd.c);
+        return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    }
     return rooms_reader_close(r, &rd, 200, body);
 }
 

@@ -328,9 +328,12 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
     return resp;
 }
 
-/* The answer of a mode other than /sync, built from the sync response (consumed). */
-static int respond_legacy(atrium_req *r, int mode, json_t *resp, int64_t since)
+/* The answer of a mode other than /sync, built from the sync response (consumed). A room
+ * initialSync for a room the user is not in is a peek (rooms_peek_initial_sync: 403
+ * unless the room is world_readable). */
+static int respond_legacy(atrium_req *r, int mode, json_t *resp, const sync_ctx *s)
 {
+    int64_t since = s->since;
     json_t *out;
     if (mode == SYNC_MODE_INITIAL) {
         out = sync_legacy_initial(resp);
@@ -340,7 +343,7 @@ static int respond_legacy(atrium_req *r, int mode, json_t *resp, int64_t since)
         out = sync_legacy_room(resp, http_req_param(r, "roomId"));
         if (!out) {
             json_decref(resp);
-            return http_respond_error(r, 403, "M_FORBIDDEN", "You are not a member of this room");
+            return rooms_peek_initial_sync(r, s->user, s->upto, s->timeline_limit);
         }
     }
     json_decref(resp);
@@ -426,7 +429,7 @@ static int sync_serve(atrium_req *r, int mode)
             return ATRIUM_PARKED;
         }
     }
-    if (mode != SYNC_MODE_SYNC) return respond_legacy(r, mode, resp, s.since);
+    if (mode != SYNC_MODE_SYNC) return respond_legacy(r, mode, resp, &s);
     return http_respond_json(r, 200, resp);
 }
 
