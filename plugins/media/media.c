@@ -265,8 +265,8 @@ static const atrium_setting MEDIA_SETTINGS[] = {
                   "s3: longest one store request may take, and longest wait for a free request "
                   "slot (then the upload or download gets 503)."),
     INT64_SETTING("local_cache_max_bytes", local_cache_max_bytes, 0, 0, INT64_MAX, "bytes",
-                  "s3: bound of the local folder as a cache of the bucket (0 = none; not "
-                  "enforced yet)."),
+                  "s3: bound of the local folder's originals as a cache of the bucket (0 = "
+                  "none); past it the least recently used originals in the bucket are evicted."),
     INT64_SETTING("orphan_min_age_ms", orphan_min_age_ms, DEFAULT_ORPHAN_MIN_AGE_MS,
                   ORPHAN_MIN_AGE_FLOOR_MS, ORPHAN_LIMIT_MS, "ms",
                   "Files in the store that no row names (originals, thumbnails, .tmp- files) "
@@ -547,6 +547,7 @@ static void media_free(media *m)
     cache_fini(m);
     rowcache_fini(m);
     fdcache_fini(m); /* after remote_fini: the timer (and the sweep) has stopped */
+    s3_cache_fini(m); /* after remote_fini: the timer (and its check) has stopped */
     s3_fini(m);
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->wake_mu);
@@ -578,6 +579,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = rowcache_init(m);
     if (rc == 0) rc = fdcache_init(m);
     if (rc == 0) rc = s3_init(m);
+    if (rc == 0) rc = s3_cache_init(m);
     if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
         host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");
         rc = ATRIUM_E_STATE;
@@ -627,6 +629,8 @@ static int media_start(void *state)
     rc = fdcache_start(m);
     if (rc < 0) return rc;
     rc = orphans_start(m);
+    if (rc < 0) return rc;
+    rc = s3_cache_start(m);
     if (rc < 0) return rc;
     m->h->log(m->self, ATRIUM_LOG_INFO,
               "media store %s ready (%d temp leftover(s) removed); %d delivery slots, %d "

@@ -43,6 +43,7 @@
  *   fdcache.c   the open-file cache: descriptors of the files served most recently
  *   s3.c        storage: s3 - the bucket checked at start, originals written to it and
  *               read through from it into the local folder (s3.h)
+ *   s3_cache.c  storage: s3 - the local folder's bound: recency, eviction of originals
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -181,6 +182,7 @@ typedef struct media_timer media_timer;
 typedef struct rowcache rowcache;
 typedef struct fdcache fdcache;
 typedef struct media_s3 media_s3;
+typedef struct s3_cache s3_cache;
 
 typedef struct media {
     const atrium_host *h;
@@ -213,6 +215,7 @@ typedef struct media {
 
     media_s3 *s3;             /* NULL with storage: local (s3.c) */
     atrium_pool *store_pool;  /* s3: downloads that read an original through from the store */
+    s3_cache *lcache;         /* s3: the local folder's byte bound (s3_cache.c) */
 
     rowcache *rows; /* local media rows for delivery (rowcache.c) */
     fdcache *fds;   /* open descriptors of hot files (fdcache.c) */

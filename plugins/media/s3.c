@@ -15,7 +15,7 @@
  * Metrics: atrium_media_store_requests_total{kind,outcome}, atrium_media_store_bytes_total
  * {direction}, atrium_media_store_in_flight, atrium_media_store_request_ms_total{kind},
  * atrium_media_store_cache_hits_total and _misses_total (originals asked of the local
- * folder). The secret is never logged.
+ * folder; the folder's bound and its metrics are s3_cache.c's). The secret is never logged.
  */
 #include <ctype.h>
 #include <curl/curl.h>
@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -65,6 +66,7 @@ typedef struct s3_call {
     long status;
     CURLcode cc;
     int64_t bytes;
+    int64_t length; /* HEAD: the object's Content-Length (-1 unknown) */
     char curl_err[CURL_ERROR_SIZE];
     char err_body[S3_ERROR_BODY_MAX];
     size_t err_len;
@@ -364,6 +366,10 @@ static int perform(media *m, s3_call *call)
         }
         call->cc = curl_easy_perform(e);
         curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &call->status);
+        curl_off_t length = -1;
+        if (curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) != CURLE_OK)
+            length = -1;
+        call->length = (int64_t)length;
         if (call->cc != CURLE_OK && !call->curl_err[0])
             snprintf(call->curl_err, sizeof(call->curl_err), "%s", curl_easy_strerror(call->cc));
     }
@@ -478,14 +484,27 @@ int s3_get_file(media *m, const char *key, const char *final_path)
 
 bool s3_original_cached(media *m, const char *path)
 {
-    bool hit = access(path, F_OK) == 0;
+    bool hit = s3_cache_touch(m, path);
     m->h->metric_add(hit ? m->s3->m_hits : m->s3->m_misses, 1);
     return hit;
 }
 
+int s3_head_object(media *m, const char *key, int64_t *size)
+{
+    s3_call call = {.kind = KIND_HEAD, .key = key, .out_fd = -1};
+    int out = perform(m, &call);
+    if (out == OUT_OK) {
+        *size = call.length;
+        return S3_OK;
+    }
+    if (out == OUT_NOT_FOUND) return S3_NOT_FOUND;
+    log_failure(m, &call, "HEAD");
+    return S3_FAILED;
+}
+
 int s3_fetch_original(media *m, const char *media_id, const char *path)
 {
-    if (access(path, F_OK) == 0) return S3_OK; /* another fetch landed it meanwhile */
+    if (s3_cache_touch(m, path)) return S3_OK; /* another fetch landed it meanwhile */
     char key[S3_KEY_MAX];
     if (s3_original_key(media_id, key, sizeof(key)) < 0) return S3_FAILED;
     int rc = s3_get_file(m, key, path);
@@ -494,5 +513,7 @@ int s3_fetch_original(media *m, const char *media_id, const char *path)
                   "object store: original %s has a row but no object %s: run "
                   "atrium-media-verify",
                   media_id, key);
+    struct stat st;
+    if (rc == S3_OK && stat(path, &st) == 0) s3_cache_added(m, (int64_t)st.st_size);
     return rc;
 }

@@ -1,7 +1,8 @@
 /*
  * plugins/media/s3.h - media on an S3-compatible object store (plugins.media.storage: s3):
- * the settings check, the start-up look at the bucket, and the three requests the plugin
- * makes (HEAD bucket, PUT object, GET object into the local folder). Decisions:
+ * the settings check, the start-up look at the bucket, the requests the plugin makes
+ * (HEAD bucket or object, PUT object, GET object into the local folder), and the local
+ * folder's byte bound (s3_cache.c). Decisions:
  * docs/adr/0011-media-on-an-object-store.md; key layout: plugins/media/README.md.
  *
  * Every function that talks to the store blocks for at most s3_timeout_ms (plus the wait
@@ -45,12 +46,33 @@ int s3_put_file(media *m, const char *key, const char *path, int64_t size);
 /* [pool] GET key into the local folder at final_path, durably and atomically (a reader
  * never sees a torn file). enum s3_result. */
 int s3_get_file(media *m, const char *key, const char *final_path);
-/* [any] Is the original at path in the local folder? Counted as a cache hit or miss. */
+/* [any] Is the original at path in the local folder? Counted as a cache hit or miss; a hit
+ * is recorded as a use (s3_cache_touch). */
 bool s3_original_cached(media *m, const char *path);
+/* [pool] HEAD key: S3_OK with *size its Content-Length (-1 unknown), S3_NOT_FOUND, or
+ * S3_FAILED (logged). */
+int s3_head_object(media *m, const char *key, int64_t *size);
 /* [pool] Fetch the original of media_id from the store to path in the local folder
  * (unless it is there now). enum s3_result; S3_NOT_FOUND is logged (a row without its
  * object). */
 int s3_fetch_original(media *m, const char *media_id, const char *path);
+
+/* ---- s3_cache.c: the local folder as a byte-bounded cache of the bucket ---------------- */
+
+/* [init] Its metrics and its one-worker pool (storage: s3 only). */
+int s3_cache_init(media *m);
+/* [start] Count the folder (and evict, past local_cache_max_bytes) on the cache pool;
+ * schedule the check on the plugin's timer. */
+int s3_cache_start(media *m);
+void s3_cache_fini(media *m);
+/* [any] The original at path is used now: true when it is in the local folder (its mtime
+ * then says "used within S3_CACHE_TOUCH_EVERY_MS" and eviction leaves it for at least
+ * S3_CACHE_MIN_AGE_MS), false when it is not (read it through). Cheap: a stat, and a
+ * utimensat at most once per S3_CACHE_TOUCH_EVERY_MS per file. */
+bool s3_cache_touch(media *m, const char *path);
+/* [any] An original of `bytes` landed in the local folder (an upload in the bucket, or a
+ * read-through): counted; past the bound, an eviction pass is queued (never run here). */
+void s3_cache_added(media *m, int64_t bytes);
 
 /* download.c: storage: s3 - fetch an original missing from the local folder on a store
  * pool worker (the request is handed off), then go on. MEDIA_GO or what to return. Also

@@ -298,8 +298,10 @@ static int put_object(media *m, const upload_state *up)
 {
     char key[MEDIA_ID_MAX_CHARS + 16];
     if (s3_original_key(up->media_id, key, sizeof(key)) == 0 &&
-        s3_put_file(m, key, up->final_path, up->size) == 0)
+        s3_put_file(m, key, up->final_path, up->size) == 0) {
+        s3_cache_added(m, up->size); /* from now on it may be evicted (s3_cache.c) */
         return 0;
+    }
     unlink(up->final_path); /* never acknowledged: leave nothing behind */
     return -1;
 }
@@ -316,9 +318,9 @@ static int commit_new(media *m, atrium_req *req, upload_state *up, const char *s
 {
     const atrium_host *h = m->h;
     if (store_tmp_commit(m, &up->tmp, up->final_path, false) < 0) return store_failed(m, req);
-    if (s3_enabled(m) && put_object(m, up) < 0) return store_unreachable(m, req);
     media_row row;
-    fill_row(up, sha, &row);
+    fill_row(up, sha, &row); /* reads the file: before the PUT, after which it may be evicted */
+    if (s3_enabled(m) && put_object(m, up) < 0) return store_unreachable(m, req);
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
     int rc = c ? media_db_insert(h, m->self, c, &row) : ATRIUM_E_DB;
     if (c) h->db_release(c);
@@ -351,10 +353,10 @@ static int commit_put(media *m, atrium_req *req, upload_state *up, const char *s
     }
     if (outcome == MEDIA_GO && store_tmp_commit(m, &up->tmp, up->final_path, true) < 0)
         outcome = store_failed(m, req);
+    if (outcome == MEDIA_GO) fill_row(up, sha, &row); /* before the PUT (commit_new) */
     if (outcome == MEDIA_GO && s3_enabled(m) && put_object(m, up) < 0)
         outcome = store_unreachable(m, req);
     if (outcome == MEDIA_GO) {
-        fill_row(up, sha, &row);
         rc = media_db_complete(h, m->self, c, &row);
         if (rc == MEDIA_DB_OK) rc = media_db_exec(h, m->self, c, "COMMIT");
         if (rc != MEDIA_DB_OK) outcome = busy(m, req);

@@ -8,6 +8,11 @@ checked at start and a wrong one refuses the start with one clear line; with the
 frozen (SIGSTOP) an upload gets 503 within s3_timeout_ms and leaves no row and no file,
 while media in the local folder is served as ever.
 
+With local_cache_max_bytes the local folder is a bounded cache: past the bound the least
+recently used originals (older than 5 s, and found in the bucket) are evicted by a pass on
+the plugin's cache pool down to 90 % of the bound, and read through again when asked for;
+a download that had its file open when it was evicted completes intact.
+
 Two processes with different local folders (standing for two machines) share one database
 and the bucket: what one uploads, the other downloads and thumbnails.
 
@@ -15,6 +20,7 @@ The Ceph packages are installed on first use (tests/lib/rgw.sh packages, apt-get
 tests are skipped, saying why, only where they cannot be installed.
 """
 
+import hashlib
 import os
 import shutil
 import signal
@@ -24,8 +30,9 @@ import time
 import unittest
 
 import harness
-from media_support import (download_path, media_server, original_file, register, solid_png,
-                           thumbnail_path, upload)
+from common import wait_until
+from media_support import (download_path, media_server, original_file, raw_get, register,
+                           solid_png, thumbnail_path, upload)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RGW = os.path.join(HERE, "..", "lib", "rgw.sh")
@@ -222,6 +229,127 @@ class TwoMachinesTest(S3Case):
         self.assertEqual(b.metric("atrium_media_store_requests_total",
                                   {"kind": "get", "outcome": "ok"}), 2)
         self.assertNotIn(self.gateway.env["secret_key"], b.log_text())
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+class LocalCacheBoundTest(S3Case):
+    """plugins.media.local_cache_max_bytes (s3_cache.c): the rule is that a settled folder
+    holds at most the bound (a pass brings it to 90 % of it); files used in the last 5 s
+    are never evicted, so it may stand above the bound until they are older."""
+
+    def local_bytes(self, srv):
+        """{media ID: size} of the originals in srv's local folder."""
+        out = {}
+        for root, _, files in os.walk(os.path.join(srv.store, "local")):
+            for name in files:
+                if not name.startswith("."):
+                    try:
+                        out[name] = os.path.getsize(os.path.join(root, name))
+                    except FileNotFoundError:
+                        pass
+        return out
+
+    def settled_under(self, srv, bound):
+        """Waits until the folder holds at most bound bytes and the cache bytes gauge says
+        what it holds; returns the folder's {media ID: size}."""
+        wait_until(lambda: sum(self.local_bytes(srv).values()) <= bound, timeout=60,
+                   what="the local folder under local_cache_max_bytes")
+        wait_until(lambda: srv.metric("atrium_media_store_cache_bytes")
+                   == sum(self.local_bytes(srv).values()), timeout=20,
+                   what="the cache bytes gauge equal to the folder")
+        return self.local_bytes(srv)
+
+    def test_past_the_bound_the_least_recently_used_go_and_read_through_again_intact(self):
+        bound = 1_000_000
+        a = self.s3_server(media={"local_cache_max_bytes": bound})
+        _, token = register(a)
+        started = time.monotonic()
+        blobs = {}
+        order = []
+        for _ in range(6):  # 1.8 MB into a 1 MB bound
+            data = os.urandom(300_000)
+            media_id = upload(a, token, data)
+            blobs[media_id] = data
+            order.append(media_id)
+        # The first upload is used again (a download) before anything is old enough to go.
+        time.sleep(1.5)
+        status, _, body = a.request("GET", download_path(a, order[0]), token=token)
+        self.assertEqual((status, body == blobs[order[0]]), (200, True))
+        touched_in_time = time.monotonic() - started < 4.5
+
+        kept = self.settled_under(a, bound)
+        self.assertLessEqual(sum(kept.values()), bound * 9 // 10)
+        evicted = [media_id for media_id in order if media_id not in kept]
+        if touched_in_time:
+            # Nothing was 5 s old before the download: exactly the three least recently
+            # used go, the download having kept the first one.
+            self.assertEqual(evicted, order[1:4], kept)
+            wait_until(lambda: a.metric("atrium_media_store_cache_evictions_total") == 3,
+                       what="three evictions counted")
+            self.assertEqual(a.metric("atrium_media_store_cache_evicted_bytes_total"),
+                             900_000)
+        else:
+            # A slow machine: the first upload may have aged out and been read through by
+            # the download, which puts the folder over the bound once more.
+            self.assertGreaterEqual(len(evicted), 3, kept)
+            wait_until(lambda: a.metric("atrium_media_store_cache_evictions_total")
+                       >= len(evicted), what="the evictions counted")
+        # Evicted means from the folder only: the bucket keeps every one.
+        for media_id in evicted:
+            self.assertEqual(self.gateway.get_object(f"originals/{media_id}"),
+                             (200, blobs[media_id]))
+
+        # Each evicted original reads through again, byte for byte, and is cached again.
+        misses = a.metric("atrium_media_store_cache_misses_total")
+        for media_id in evicted:
+            status, headers, body = a.request("GET", download_path(a, media_id), token=token)
+            self.assertEqual((status, sha256(body)), (200, sha256(blobs[media_id])))
+            self.assertEqual(headers["ETag"], f'"{sha256(blobs[media_id])}"')
+            self.assertTrue(os.path.exists(original_file(a, media_id)))
+        self.assertEqual(a.metric("atrium_media_store_cache_misses_total"),
+                         misses + len(evicted))
+        # Over the bound again with what was read through: it settles again.
+        evictions = a.metric("atrium_media_store_cache_evictions_total")
+        self.settled_under(a, bound)
+        wait_until(lambda: a.metric("atrium_media_store_cache_evictions_total") > evictions,
+                   what="evictions after the read-throughs")
+        self.assertEqual(a.metric("atrium_media_store_cache_local_only"), 0)
+
+    def test_a_download_started_before_its_file_is_evicted_completes_intact(self):
+        # The reader stalls while the file ages (5 s): more than the default send stall.
+        a = self.s3_server(media={"local_cache_max_bytes": 4_000_000, "s3_timeout_ms": 60000},
+                           settings={"server": {"http": {"send_stall_timeout_s": 60}}})
+        _, token = register(a)
+        data = os.urandom(24 << 20)  # far more than the socket buffers hold
+        media_id = upload(a, token, data, timeout=120)
+        sock = raw_get(a, download_path(a, media_id), token=token, rcvbuf=16384)
+        self.addCleanup(sock.close)
+        sock.settimeout(60)
+        status, head, first = harness.read_head(sock)
+        self.assertEqual(status, 200, head)
+        # Alone over the bound, it goes once it was not used for 5 s (while being read).
+        wait_until(lambda: not os.path.exists(original_file(a, media_id)), timeout=60,
+                   what="the file evicted under its reader")
+        wait_until(lambda: a.metric("atrium_media_store_cache_evictions_total") == 1,
+                   what="the eviction counted")
+        chunks = [first]
+        received = len(first)
+        while received < len(data):
+            piece = sock.recv(1 << 20)
+            if not piece:
+                break
+            chunks.append(piece)
+            received += len(piece)
+        self.assertEqual(sha256(b"".join(chunks)), sha256(data))
+
+        # The next download reads it through again (no descriptor of the evicted file).
+        misses = a.metric("atrium_media_store_cache_misses_total")
+        status, _, body = a.request("GET", download_path(a, media_id), token=token, timeout=120)
+        self.assertEqual((status, sha256(body)), (200, sha256(data)))
+        self.assertEqual(a.metric("atrium_media_store_cache_misses_total"), misses + 1)
 
 
 class RefusedStartTest(S3Case):
