@@ -22,8 +22,7 @@ static const char *const SPEC_VERSIONS[] = {"r0.6.1", "v1.1", "v1.2", "v1.3", "v
 
 /* The unstable features advertised, each one this server serves (clients such as Element
  * Web decide from them whether to use it; tests/integration/test_versions_features.py
- * exercises each). Left out on purpose: org.matrix.msc3881 (pushers' `enabled`), which
- * the pushers do not implement. */
+ * exercises each). */
 static const char *const UNSTABLE_FEATURES[] = {
     "org.matrix.msc3916.stable", /* authenticated media (plugins/media) */
     "org.matrix.e2e_cross_signing", /* keys/device_signing/upload, keys/signatures/upload */
@@ -32,6 +31,7 @@ static const char *const UNSTABLE_FEATURES[] = {
     "org.matrix.msc3856",        /* GET /_matrix/client/v1/rooms/{roomId}/threads */
     "org.matrix.msc3715",        /* /relations?dir= */
     "org.matrix.msc3827.stable", /* publicRooms filter.room_types (the directory plugin) */
+    "org.matrix.msc3881",        /* pushers' enabled switch (core/client/push/pushers.c) */
     NULL};
 
 static int get_health(atrium_req *r)

@@ -227,6 +227,34 @@ class PushGatewayTest(PushCase):
         time.sleep(1.5)
         self.assertEqual(len(self.gw.notified), 1)
 
+    def test_a_switched_off_pusher_is_pushed_nothing_until_switched_on(self):
+        # MSC3881: the switch keeps the pusher (listed as off) and stops its pushes; what
+        # notified while it was off is not pushed when it comes back on.
+        self.gw.hold()  # the first push waits at the gateway, a second one queues behind it
+        self.set_pusher(self.bob, "bob-key")
+        self.ann.send(self.room, {"msgtype": "m.text", "body": "one"})
+        self.assertEqual(len(self.gw.wait_for(1)), 1)
+        self.ann.send(self.room, {"msgtype": "m.text", "body": "queued, then dropped"})
+        self.wait_notifications(self.bob, 3)  # the invite, one, the queued one
+        body = {"pushkey": "bob-key", "kind": "http", "app_id": "org.example.app",
+                "app_display_name": "Example", "device_display_name": "Phone", "lang": "en",
+                "append": True, "data": {"url": self.gw.url},
+                "org.matrix.msc3881.enabled": False}
+        self.bob.ok("POST", f"{V3}/pushers/set", body)
+        self.gw.release()
+        self.ann.send(self.room, {"msgtype": "m.text", "body": "while off"})
+        self.wait_notifications(self.bob, 4)
+        time.sleep(1.5)
+        self.assertEqual([n["notification"]["content"]["body"] for n in self.gw.notified], ["one"])
+        [p] = self.pushers(self.bob)
+        self.assertIs(p["org.matrix.msc3881.enabled"], False)
+        self.set_pusher(self.bob, "bob-key")  # on again
+        event_id = self.ann.send(self.room, {"msgtype": "m.text", "body": "on again"})
+        got = self.gw.wait_for(2)
+        self.assertEqual([n["notification"].get("event_id") for n in got[1:]], [event_id])
+        time.sleep(1.0)
+        self.assertEqual(len(self.gw.notified), 2)
+
     def test_notifications_lists_what_notified_newest_first_with_paging(self):
         first = self.ann.send(self.room, {"msgtype": "m.text", "body": "one"})
         mention = self.ann.send(self.room, {"msgtype": "m.text", "body": "two",

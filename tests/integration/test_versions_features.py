@@ -2,8 +2,7 @@
 Element Web looks for, and each advertised flag is exercised here against its feature:
 cross-signing keys, private read receipts, threads (relations, bundles, thread
 receipts), the threads list, relations `dir`, publicRooms `room_types`, simplified sliding
-sync. A flag for
-something not served (org.matrix.msc3881, pushers' `enabled`) is not advertised.
+sync, pushers' `enabled` switch (its effect on delivery: test_push_gateway.py).
 
 One server (directory plugin on) for the class."""
 
@@ -15,8 +14,8 @@ from rooms_client import SharedServerTest, V3, quote
 V1 = "/_matrix/client/v1"
 ADVERTISED = {"org.matrix.msc3916.stable", "org.matrix.e2e_cross_signing",
               "org.matrix.msc2285.stable", "org.matrix.msc3440.stable", "org.matrix.msc3856",
-              "org.matrix.msc3715", "org.matrix.msc3827.stable", "org.matrix.simplified_msc3575"}
-NOT_SERVED = {"org.matrix.msc3881"}
+              "org.matrix.msc3715", "org.matrix.msc3827.stable", "org.matrix.simplified_msc3575",
+              "org.matrix.msc3881"}
 
 
 def thread(root):
@@ -45,8 +44,24 @@ class VersionsFeaturesTest(SharedServerTest):
 
     def test_exactly_the_served_features_are_advertised(self):
         self.assertEqual({k for k, v in self.features.items() if v}, ADVERTISED)
-        for flag in NOT_SERVED:
-            self.assertNotIn(flag, self.features)
+
+    def test_msc3881_pushers_carry_their_enabled_switch_and_device(self):
+        self.assertTrue(self.features["org.matrix.msc3881"])
+        enabled, device = "org.matrix.msc3881.enabled", "org.matrix.msc3881.device_id"
+        body = {"pushkey": "alice-phone", "kind": "http", "app_id": "org.example.app",
+                "app_display_name": "Example", "device_display_name": "Phone", "lang": "en",
+                "data": {"url": "https://push.example.org/_matrix/push/v1/notify"}}
+        self.alice.ok("POST", f"{V3}/pushers/set", dict(body, **{enabled: False}))
+        [p] = self.alice.ok("GET", f"{V3}/pushers")["pushers"]
+        self.assertIs(p[enabled], False)
+        self.assertEqual(p[device], self.alice.device_id)
+        self.alice.ok("POST", f"{V3}/pushers/set", body)  # absent: switched on again
+        [p] = self.alice.ok("GET", f"{V3}/pushers")["pushers"]
+        self.assertIs(p[enabled], True)
+        status, err = self.alice.call("POST", f"{V3}/pushers/set", dict(body, **{enabled: "no"}))
+        self.assertEqual((status, err["errcode"]), (400, "M_BAD_JSON"))
+        self.alice.ok("POST", f"{V3}/pushers/set", dict(body, kind=None))
+        self.assertEqual(self.alice.ok("GET", f"{V3}/pushers")["pushers"], [])
 
     def test_e2e_cross_signing_keys_upload_and_query(self):
         self.assertTrue(self.features["org.matrix.e2e_cross_signing"])

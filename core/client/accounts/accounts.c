@@ -218,6 +218,8 @@ static const atrium_migration MIGRATIONS[] = {
      "ALTER TABLE uia_sessions ADD COLUMN completed text[] NOT NULL DEFAULT '{}',"
      " ADD COLUMN registration_token text, ADD COLUMN registered_user text,"
      " ADD COLUMN password_hash text;"},
+    /* pushers.c: MSC3881, a pusher its device switched off (kept, listed, not pushed to). */
+    {15, "pushers_enabled", "ALTER TABLE pushers ADD COLUMN enabled boolean NOT NULL DEFAULT true;"},
 };
 
 static int accounts_init(core_runtime *rt)

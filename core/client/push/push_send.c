@@ -256,7 +256,7 @@ static bool decide_event(PGconn *c, PGresult *ev, int row, int64_t *pruned)
                 "  ON CONFLICT (user_id, event_id) DO NOTHING RETURNING id),"
                 " q AS (INSERT INTO push_queue (notification_id, user_id, app_id, pushkey)"
                 "  SELECT n.id, p.user_id, p.app_id, p.pushkey FROM n, pushers p"
-                "  WHERE p.user_id = $1 AND p.kind = 'http')"
+                "  WHERE p.user_id = $1 AND p.kind = 'http' AND p.enabled)"
                 " INSERT INTO push_notification_counts (user_id, n) SELECT $1, 1 FROM n"
                 " ON CONFLICT (user_id) DO UPDATE SET n = push_notification_counts.n + 1"
                 " RETURNING n",

@@ -11,6 +11,13 @@
  * same app_id and pushkey (the device changed hands), and that a user has at most
  * PUSHERS_PER_USER_MAX pushers (400 M_LIMIT_EXCEEDED beyond, as for push rules).
  *
+ * MSC3881 (advertised as org.matrix.msc3881): pushers/set takes
+ * `org.matrix.msc3881.enabled` (a boolean, true when absent) and GET /pushers lists it with
+ * `org.matrix.msc3881.device_id`, the device the pusher belongs to, as Synapse names them. A
+ * switched-off pusher is kept and listed but pushed nothing (push_send.c queues only for
+ * enabled ones); switching it off drops what was queued for it, so switching it on again
+ * pushes only what notifies from then on.
+ *
  * Table (accounts migration 4): pushers (user_id, device_id, app_id, pushkey, kind,
  * app_display_name, device_display_name, profile_tag, lang, data jsonb, created_ts). A
  * pusher belongs to the device whose token set it; a foreign key on devices removes it
@@ -33,6 +40,8 @@
 #define PUSHER_LANG_MAX_BYTES 64
 #define PUSHER_URL_MAX_BYTES 2048
 #define PUSHER_NOTIFY_PATH "/_matrix/push/v1/notify"
+#define PUSHER_ENABLED_KEY "org.matrix.msc3881.enabled"
+#define PUSHER_DEVICE_ID_KEY "org.matrix.msc3881.device_id"
 
 /* One pushers/set request, its strings pointing into the body. */
 typedef struct pusher_req {
@@ -40,6 +49,7 @@ typedef struct pusher_req {
     const char *app_display_name, *device_display_name, *profile_tag, *lang;
     json_t *data;
     bool append;
+    bool enabled; /* MSC3881 */
 } pusher_req;
 
 /* Characters (code points) of a UTF-8 string: the spec counts app_id and profile_tag in
@@ -101,6 +111,20 @@ static bool pusher_data_ok(atrium_req *r, pusher_req *p, json_t *body)
     return true;
 }
 
+/* MSC3881's switch: a boolean when present, true when absent. false after answering. */
+static bool pusher_enabled(atrium_req *r, pusher_req *p, json_t *body)
+{
+    json_t *v = json_object_get(body, PUSHER_ENABLED_KEY);
+    p->enabled = true;
+    if (!v) return true;
+    if (!json_is_boolean(v)) {
+        http_respond_error(r, 400, "M_BAD_JSON", "'" PUSHER_ENABLED_KEY "' must be a boolean");
+        return false;
+    }
+    p->enabled = json_is_true(v);
+    return true;
+}
+
 /* Read and check a pushers/set body into p. false after answering. */
 static bool read_pusher(atrium_req *r, json_t *body, pusher_req *p)
 {
@@ -130,7 +154,8 @@ static bool read_pusher(atrium_req *r, json_t *body, pusher_req *p)
            chars_field(r, body, "profile_tag", false, PUSHER_PROFILE_TAG_MAX_CHARS,
                        &p->profile_tag) &&
            http_field_string(r, body, "lang", true, PUSHER_LANG_MAX_BYTES, &p->lang) &&
-           http_field_bool(r, body, "append", false, &p->append) && pusher_data_ok(r, p, body);
+           http_field_bool(r, body, "append", false, &p->append) && pusher_enabled(r, p, body) &&
+           pusher_data_ok(r, p, body);
 }
 
 typedef enum { PUSHER_SET_OK, PUSHER_SET_FULL, PUSHER_SET_DB } pusher_set_result;
@@ -162,17 +187,23 @@ static pusher_set_result set_in_tx(PGconn *c, atrium_req *r, const pusher_req *p
     if (!p->append && !db_exec(c, "DELETE FROM pushers WHERE app_id = $2 AND pushkey = $3"
                                   " AND user_id <> $1", 3, key))
         return PUSHER_SET_DB;
-    const char *v[10] = {r->user, p->app_id, p->pushkey, r->device, p->kind,
+    /* A pusher switched off loses what was queued for it (MSC3881: it is pushed only what
+     * notifies while it is on). */
+    if (!p->enabled && !db_exec(c, "DELETE FROM push_queue WHERE user_id = $1 AND app_id = $2"
+                                   " AND pushkey = $3", 3, key))
+        return PUSHER_SET_DB;
+    const char *v[11] = {r->user, p->app_id, p->pushkey, r->device, p->kind,
                          p->app_display_name, p->device_display_name, p->profile_tag, p->lang,
-                         data_text};
+                         data_text, p->enabled ? "t" : "f"};
     return db_exec(c, "INSERT INTO pushers (user_id, app_id, pushkey, device_id, kind,"
                       " app_display_name, device_display_name, profile_tag, lang, data,"
-                      " created_ts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb,"
-                      " (extract(epoch from now()) * 1000)::bigint)"
+                      " enabled, created_ts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,"
+                      " $10::jsonb, $11, (extract(epoch from now()) * 1000)::bigint)"
                       " ON CONFLICT (user_id, app_id, pushkey) DO UPDATE SET"
                       " device_id = $4, kind = $5, app_display_name = $6,"
-                      " device_display_name = $7, profile_tag = $8, lang = $9, data = $10::jsonb",
-                   10, v)
+                      " device_display_name = $7, profile_tag = $8, lang = $9, data = $10::jsonb,"
+                      " enabled = $11",
+                   11, v)
                ? PUSHER_SET_OK
                : PUSHER_SET_DB;
 }
@@ -218,6 +249,12 @@ static json_t *pusher_json(PGresult *res, int row)
                           PQgetvalue(res, row, 6), "data", data ? data : json_object());
     if (p && !PQgetisnull(res, row, 5))
         json_object_set_new(p, "profile_tag", json_string(PQgetvalue(res, row, 5)));
+    if (p) {
+        json_object_set_new(p, PUSHER_ENABLED_KEY, json_boolean(PQgetvalue(res, row, 8)[0] == 't'));
+        json_object_set_new(p, PUSHER_DEVICE_ID_KEY,
+                            PQgetisnull(res, row, 9) ? json_null()
+                                                     : json_string(PQgetvalue(res, row, 9)));
+    }
     return p;
 }
 
@@ -229,7 +266,8 @@ static int get_pushers(atrium_req *r)
     if (!c) return ATRIUM_DONE;
     const char *p[1] = {r->user};
     PGresult *res = acc_q(c, "SELECT pushkey, kind, app_id, app_display_name,"
-                             " device_display_name, profile_tag, lang, data::text"
+                             " device_display_name, profile_tag, lang, data::text,"
+                             " enabled, device_id"
                              " FROM pushers WHERE user_id = $1"
                              " ORDER BY created_ts, app_id, pushkey",
                           1, p);
