@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "atrium/directory.h"
 #include "core/http/http.h"
+#include "core/runtime/iface.h"
 #include "core/store/db.h"
 
 /* The spec versions advertised to clients (v1.11 brings authenticated media). */
@@ -30,9 +32,18 @@ static const char *const UNSTABLE_FEATURES[] = {
     "org.matrix.msc3440.stable", /* threads: m.thread relations, thread receipts, bundles */
     "org.matrix.msc3856",        /* GET /_matrix/client/v1/rooms/{roomId}/threads */
     "org.matrix.msc3715",        /* /relations?dir= */
-    "org.matrix.msc3827.stable", /* publicRooms filter.room_types (the directory plugin) */
     "org.matrix.msc3881",        /* pushers' enabled switch (core/client/push/pushers.c) */
     NULL};
+
+/* Features a plugin serves: advertised only while a plugin provides the interface, so a
+ * server with the directory plugin switched off does not promise publicRooms' filter. */
+static const struct {
+    const char *feature, *iface;
+    uint32_t iface_size;
+} PLUGIN_FEATURES[] = {
+    /* publicRooms filter.room_types (plugins/directory/listing.c) */
+    {"org.matrix.msc3827.stable", ATRIUM_DIRECTORY_IFACE, ATRIUM_DIRECTORY_V0_SIZE},
+};
 
 static int get_health(atrium_req *r)
 {
@@ -67,6 +78,9 @@ static int get_versions(atrium_req *r)
         json_object_set_new(features, UNSTABLE_FEATURES[i], json_true());
     for (size_t i = 0; i < n_unstable_features; i++)
         json_object_set_new(features, unstable_features[i], json_true());
+    for (size_t i = 0; i < sizeof(PLUGIN_FEATURES) / sizeof(PLUGIN_FEATURES[0]); i++)
+        if (rt_iface_get(PLUGIN_FEATURES[i].iface, PLUGIN_FEATURES[i].iface_size))
+            json_object_set_new(features, PLUGIN_FEATURES[i].feature, json_true());
     json_t *body = json_pack("{s:o, s:o}", "versions", versions, "unstable_features", features);
     return http_respond_json(r, 200, body);
 }

@@ -82,6 +82,15 @@ class ProfileTest(AtriumTestCase):
         self.assertEqual(caps["m.3pid_changes"], {"enabled": False})
         self.assertEqual(self.srv.json("GET", V3 + "/capabilities")[0], 401)
 
+    def test_versions_promises_no_plugin_feature_of_a_plugin_switched_off(self):
+        # The directory plugin is off here: publicRooms is not served, so its room-type
+        # filter (MSC3827) is not advertised (with the plugin on: test_versions_features).
+        status, body = self.srv.json("GET", "/_matrix/client/versions")
+        self.assertEqual(status, 200)
+        self.assertNotIn("org.matrix.msc3827.stable", body["unstable_features"])
+        self.assertEqual(self.srv.json("GET", V3 + "/publicRooms")[0], 404)
+        self.assertTrue(body["unstable_features"]["org.matrix.msc3881"])
+
 
 class CapabilitiesConfigTest(AtriumTestCase):
     def test_the_default_room_version_follows_the_config(self):
