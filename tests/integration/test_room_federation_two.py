@@ -63,6 +63,29 @@ class TwoServersTest(TwoServersCase):
         status, body = self.bob.call("GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.name")
         self.assertEqual((status, body), (200, {"name": "Lobby"}))
 
+    def test_a_join_through_another_server_keeps_the_bodys_extra_keys(self):
+        # POST /join/{roomIdOrAlias} puts the body's other keys in the membership event, as
+        # for a local room (and as Synapse does); membership stays the server's.
+        room = self.alice.create_room(preset="public_chat")
+        body = {"reason": "saying hi", "org.example.flag": {"kept": True},
+                "displayname": "Bob of B", "membership": "leave"}
+        status, answer = self.bob.call(
+            "POST", f"/_matrix/client/v3/join/{quote(room)}?server_name={quote(self.a.server_name)}",
+            body, timeout=30)
+        self.assertEqual((status, answer), (200, {"room_id": room}))
+        content = self.alice.ok(
+            "GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.member/{quote(self.bob.user_id)}")
+        self.assertEqual(content["membership"], "join")
+        self.assertEqual(content["reason"], "saying hi")
+        self.assertEqual(content["org.example.flag"], {"kept": True})
+        self.assertEqual(content["displayname"], "Bob of B")
+        # A per-room profile of the wrong type is refused, as for a local room.
+        other = self.alice.create_room(preset="public_chat")
+        status, answer = self.bob.call(
+            "POST", f"/_matrix/client/v3/join/{quote(other)}?server_name={quote(self.a.server_name)}",
+            {"displayname": 5}, timeout=30)
+        self.assertEqual((status, answer.get("errcode")), (400, "M_BAD_JSON"))
+
     def test_joining_an_invite_only_room_is_refused_with_the_residents_answer(self):
         room = self.alice.create_room(preset="private_chat")
         status, body = self.join(room)

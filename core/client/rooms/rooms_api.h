@@ -181,11 +181,16 @@ void rooms_remote_put_step(atrium_req *r, const char *dest, const char *step,
                            const json_t *v1_body, int64_t max_body, struct fed_call_result *res);
 /* A membership event (join, knock, leave) completed from a resident's make_* template:
  * origin, time and content (the user's profile from c for a join or knock; c may be NULL,
- * then none), reason if not NULL, then checked to be user's own m.room.member and sealed
- * (rooms_remote.c). A new event with its ID, or NULL with e set. */
+ * then none), reason if not NULL, the keys of extra if not NULL (rooms_join_extras), then
+ * checked to be user's own m.room.member and sealed (rooms_remote.c). A new event with its
+ * ID, or NULL with e set. */
 json_t *rooms_remote_complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
                                      const char *user, const char *membership,
-                                     const char *reason, char id[EVENT_ID_LEN], rooms_err *e);
+                                     const char *reason, const json_t *extra,
+                                     char id[EVENT_ID_LEN], rooms_err *e);
+/* [req] POST /join/{roomIdOrAlias}: the body's keys that go into the join's content, put
+ * into content (rooms_membership.c). false after answering 400. */
+bool rooms_join_extras(atrium_req *r, json_t *body, json_t *content);
 /* [req] Join or knock: act(r, user, room_id, the alias's servers or NULL) answers. */
 typedef int (*rooms_alias_act)(atrium_req *r, const char *user, const char *room_id,
                                const json_t *alias_vias);

@@ -156,7 +156,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     rooms_err e = {0};
     char id[EVENT_ID_LEN];
     json_t *knock = rooms_remote_complete_member(c, v, json_object_get(made, "event"), user,
-                                                 "knock", reason, id, &e);
+                                                 "knock", reason, NULL, id, &e);
     json_decref(made);
     http_db_checkin(c); /* no connection is held while a peer answers */
     if (!knock) return rooms_fail(r, &e);
@@ -280,7 +280,7 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
     rooms_err e = {0};
     const char *reason = json_string_value(json_object_get(r->json, "reason"));
     json_t *leave = rooms_remote_complete_member(NULL, v, json_object_get(made, "event"), user,
-                                                 "leave", reason, id, &e);
+                                                 "leave", reason, NULL, id, &e);
     json_decref(made);
     if (!leave) {
         rt_log(ATRIUM_LOG_INFO, "core", "withdrawing %s's knock on %s: %s", user, room_id, e.why);

@@ -7,7 +7,7 @@
  * auth rules' decision (room_auth.c through core/rooms/rooms_tx.c). What this file adds: a join
  * of a user already joined writes nothing, kick and unban need a target that is in the
  * room / banned, membership events carry the user's profile (and a /join/{roomIdOrAlias}
- * body's other keys, take_join_extras), and invites reach only local
+ * body's other keys, rooms_join_extras, also for a join through another server), and invites reach only local
  * users that exist; other servers' users are invited through their server
  * (rooms_remote.c). A kick of a knocking user rejects the knock; a knock withdrawn on a room
  * this server is not in is rooms_knock.c's (rooms_knock_withdraw). /join/#alias resolves the alias through the room directory, another
@@ -240,7 +240,7 @@ static bool take_reason(atrium_req *r, json_t *body, json_t *content)
  * ours). A displayname or avatar_url of the body is a per-room profile and wins over the
  * global one, held to the profile's types and sizes; membership and
  * join_authorised_via_users_server stay the server's. false after answering 400. */
-static bool take_join_extras(atrium_req *r, json_t *body, json_t *content)
+bool rooms_join_extras(atrium_req *r, json_t *body, json_t *content)
 {
     static const struct {
         const char *key;
@@ -353,7 +353,7 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
         return http_respond_json(r, 200, answer);
     }
     bool by_join_path = http_req_param(r, "roomIdOrAlias") != NULL; /* POST /join/{...} */
-    if (!take_reason(r, body, content) || (by_join_path && !take_join_extras(r, body, content)) ||
+    if (!take_reason(r, body, content) || (by_join_path && !rooms_join_extras(r, body, content)) ||
         !vouch_for(r, room_id, user, content)) {
         json_decref(content);
         json_decref(answer);

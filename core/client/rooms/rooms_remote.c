@@ -262,7 +262,8 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
 
 json_t *rooms_remote_complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
                                      const char *user, const char *membership,
-                                     const char *reason, char id[EVENT_ID_LEN], rooms_err *e)
+                                     const char *reason, const json_t *extra,
+                                     char id[EVENT_ID_LEN], rooms_err *e)
 {
     json_t *pdu = json_deep_copy(tmpl);
     if (!pdu) {
@@ -280,6 +281,9 @@ json_t *rooms_remote_complete_member(PGconn *c, const room_version *v, const jso
     json_t *content = profile ? rooms_member_content(c, user, membership)
                               : json_pack("{s:s}", "membership", membership);
     if (reason) json_object_set_new(content, "reason", json_string(reason));
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)extra, key, value) json_object_set(content, key, value);
     json_object_set_new(pdu, "content", content);
     char why[ROOM_AUTH_WHY_LEN];
     if (cjson_normalize(pdu, why, sizeof(why)) < 0) {
@@ -420,8 +424,20 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     fed_call_result_clear(&mk);
     const char *ver_id = json_string_value(json_object_get(made, "room_version"));
     m->v = room_version_find(ver_id ? ver_id : "1");
+    /* POST /join/{roomIdOrAlias} keeps the body's other keys, as for a local room. */
+    json_t *extra = NULL;
+    if (strcmp(kind, "join") == 0 && http_req_param(r, "roomIdOrAlias") && r->json) {
+        extra = json_object();
+        if (!extra || !rooms_join_extras(r, r->json, extra)) {
+            json_decref(extra);
+            json_decref(made);
+            *out = extra ? ATRIUM_DONE : http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+            return false;
+        }
+    }
     PGconn *c = http_db_checkout(r); /* for the member event's profile only */
     if (!c) {
+        json_decref(extra);
         json_decref(made);
         *out = ATRIUM_DONE;
         return false;
@@ -429,8 +445,9 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     rooms_err e = {0};
     m->event = rooms_remote_complete_member(
         c, m->v, json_object_get(made, "event"), user, kind,
-        json_string_value(json_object_get(r->json, "reason")), m->id, &e);
+        json_string_value(json_object_get(r->json, "reason")), extra, m->id, &e);
     http_db_checkin(c);
+    json_decref(extra);
     json_decref(made);
     if (!m->event) {
         remote_member_clear(m);
