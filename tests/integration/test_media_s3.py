@@ -294,6 +294,18 @@ class TwoMachinesTest(S3Case):
                                   {"kind": "get", "outcome": "ok"}), 2)
         self.assertNotIn(self.gateway.env["secret_key"], b.log_text())
 
+        # The thumbnail went to the bucket under its documented key, and a reads it through
+        # instead of rendering it again: the same bytes.
+        sha = sha256(image)
+        thumb_key = f"thumbnails/{sha}/320x240-scale.webp"
+        self.assertEqual(self.gateway.keys(f"thumbnails/{sha}/"), [thumb_key])
+        self.assertEqual(b.metric("atrium_media_store_thumbnails_total", {"source": "render"}), 1)
+        status, _, from_a = a.request("GET", thumbnail_path(a, media_id, 96, 96), token=token,
+                                      timeout=30)
+        self.assertEqual((status, from_a), (200, body))
+        self.assertEqual(a.metric("atrium_media_store_thumbnails_total", {"source": "bucket"}), 1)
+        self.assertEqual(a.metric("atrium_media_renders_total", {"result": "ok"}), 0)
+
 
 def sha256(data):
     return hashlib.sha256(data).hexdigest()
