@@ -306,6 +306,23 @@ class TwoMachinesTest(S3Case):
         self.assertEqual(a.metric("atrium_media_store_thumbnails_total", {"source": "bucket"}), 1)
         self.assertEqual(a.metric("atrium_media_renders_total", {"result": "ok"}), 0)
 
+        # Quarantine leaves the objects; an admin's delete removes the original and its
+        # thumbnails from the bucket.
+        _, admin = register(a, admin=True)
+        admin_path = f"/_synapse/admin/v1/media/{a.server_name}/{media_id}"
+        status, _, reply = a.request("POST", f"/_synapse/admin/v1/media/quarantine/"
+                                     f"{a.server_name}/{media_id}", body={}, token=admin)
+        self.assertEqual(status, 200, reply)
+        self.assertEqual(self.gateway.keys(f"originals/{media_id}"), [f"originals/{media_id}"])
+        self.assertEqual(self.gateway.keys(f"thumbnails/{sha}/"), [thumb_key])
+        status, _, reply = a.request("DELETE", admin_path, token=admin, timeout=30)
+        self.assertEqual(status, 200, reply)
+        self.assertEqual(self.gateway.keys(f"originals/{media_id}"), [])
+        self.assertEqual(self.gateway.keys(f"thumbnails/{sha}/"), [])
+        self.assertEqual(a.metric("atrium_media_store_requests_total",
+                                  {"kind": "delete", "outcome": "ok"}), 2)
+        self.assertEqual(b.request("GET", download_path(b, media_id), token=token)[0], 404)
+
 
 def sha256(data):
     return hashlib.sha256(data).hexdigest()
