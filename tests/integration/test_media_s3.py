@@ -14,7 +14,13 @@ the plugin's cache pool down to 90 % of the bound, and read through again when a
 a download that had its file open when it was evicted completes intact.
 
 Two processes with different local folders (standing for two machines) share one database
-and the bucket: what one uploads, the other downloads and thumbnails.
+and the bucket: what one uploads, the other downloads and thumbnails; a thumbnail one
+renders goes to the bucket and the other reads it through; an admin delete removes the
+objects, quarantine keeps them.
+
+An original above s3_part_size_bytes goes as a multipart upload (the store's ETag says how
+many parts); a multipart upload a crash left open is aborted by the orphan sweep; a part
+size under S3's 5 MiB refuses the start.
 
 The Ceph packages are installed on first use (tests/lib/rgw.sh packages, apt-get); the
 tests are skipped, saying why, only where they cannot be installed.
