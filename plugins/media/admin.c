@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "media.h"
+#include "s3.h"
 #include "atrium/parse.h"
 
 #define ADMIN_LIST_DEFAULT 100
@@ -120,11 +121,35 @@ static void forget_files(media *m, const char *id, const char *sha)
         fdcache_forget_under(m, path);
 }
 
+/* storage: s3 - the deleted media's objects: its original and, when no other media shares
+ * its content, its thumbnails. A failure is logged: the objects stay (no row names them). */
+static void delete_objects(media *m, const char *id, const char *sha)
+{
+    char key[MEDIA_PATH_MAX];
+    int rc = s3_original_key(id, key, sizeof(key));
+    if (rc == 0) rc = s3_delete_object(m, key);
+    if (rc == 0 && sha && sha[0]) {
+        snprintf(key, sizeof(key), "thumbnails/%s/", sha);
+        if (s3_delete_prefix(m, key) < 0) rc = -1;
+    }
+    if (rc < 0)
+        m->h->log(m->self, ATRIUM_LOG_ERROR,
+                  "media %s deleted, but objects of it stay in the bucket (see above)", id);
+}
+
 static int media_delete(atrium_req *req)
 {
     media *m = media_of(req);
     const atrium_host *h = m->h;
-    if (!require_admin(m, req)) return ATRIUM_DONE;
+    if (h->req_run_reason(req) != ATRIUM_RUN_HANDOFF) {
+        if (!require_admin(m, req) || !local_media_id(m, req)) return ATRIUM_DONE;
+        if (s3_enabled(m)) { /* the bucket's DELETEs run on a store worker, never here */
+            int rc = h->handoff(req, m->store_pool, NULL, 0);
+            if (rc == 0) return ATRIUM_HANDED_OFF;
+            h->respond_limited(req, 1000, "The media store is busy; retry");
+            return ATRIUM_DONE;
+        }
+    }
     const char *id = local_media_id(m, req);
     if (!id) return ATRIUM_DONE;
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
@@ -139,6 +164,7 @@ static int media_delete(atrium_req *req)
     store_remove_original(m, id);
     if (!shared) store_remove_thumbs(m, sha);
     forget_files(m, id, shared ? NULL : sha);
+    if (s3_enabled(m)) delete_objects(m, id, shared ? NULL : sha);
     h->log(m->self, ATRIUM_LOG_INFO, "media %s deleted by %s", id, h->req_authenticate(req));
     return media_reply(m, req, json_pack("{s:[s], s:i}", "deleted_media", id, "total", 1));
 }

@@ -256,9 +256,11 @@ static const atrium_setting MEDIA_SETTINGS[] = {
              "`<bucket>.<endpoint host>/<key>` (false)."},
     {.key = "s3_ca_file", .type = ATRIUM_SETTING_STRING, .offset = FIELD(s3_ca_file),
      .def_string = "", .help = "s3: CA certificates to trust for an https endpoint (empty: the system's)."},
-    INT64_SETTING("s3_part_size_bytes", s3_part_size_bytes, 8LL * 1024 * 1024, 5LL * 1024 * 1024,
+    INT64_SETTING("s3_part_size_bytes", s3_part_size_bytes, 8LL * 1024 * 1024, 1,
                   5LL * 1024 * 1024 * 1024, "bytes",
-                  "s3: part size of multipart uploads (not built yet: every original is one PUT)."),
+                  "s3: originals larger than this go to the bucket as a multipart upload of "
+                  "parts this large; at least 5242880 (5 MiB, the smallest part S3 takes), "
+                  "else the start is refused."),
     INT_SETTING("s3_max_concurrent", s3_max_concurrent, 8, 1, 256, "requests",
                 "s3: requests to the store at once (the store pool's workers)."),
     INT64_SETTING("s3_timeout_ms", s3_timeout_ms, 30000, 100, 600000, "ms",

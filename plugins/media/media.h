@@ -210,7 +210,7 @@ typedef struct media {
     atrium_pool *orphan_pool;
     atrium_lease *orphan_lease;
     atomic_bool orphans_sweeping, orphans_swept_once;
-    atrium_metric *m_orphans_removed[3]; /* kind: original, thumbnail, temp */
+    atrium_metric *m_orphans_removed[4]; /* kind: original, thumbnail, temp, multipart */
     atrium_metric *m_orphan_sweeps;
 
     media_s3 *s3;             /* NULL with storage: local (s3.c) */

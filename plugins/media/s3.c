@@ -24,24 +24,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "media.h"
 #include "s3.h"
+#include "s3_call.h"
 
 #define S3_URL_MAX 2048
 #define S3_SECRET_MAX 256
-#define S3_ERROR_BODY_MAX 512
 #define S3_CONNECT_TIMEOUT_MS 5000
 #define S3_KEY_MAX 320
+#define S3_PART_MIN_BYTES (5LL * 1024 * 1024) /* S3's smallest part (but the last) */
 #define S3_POOL_QUEUE 1024 /* downloads waiting for a store worker (then 503) */
+#define S3_DELETE_PREFIX_MAX 1000 /* objects under one prefix deleted at once (a hash's thumbnails) */
+#define S3_LIST_BODY_MAX (512 * 1024) /* the answer to one ListObjectsV2 */
 
-enum s3_kind { KIND_HEAD = 0, KIND_PUT, KIND_GET, N_KINDS };
-enum s3_outcome { OUT_OK = 0, OUT_NOT_FOUND, OUT_REFUSED, OUT_FAILED, N_OUTCOMES };
-static const char *const KIND_NAMES[N_KINDS] = {"head", "put", "get"};
-static const char *const OUTCOME_NAMES[N_OUTCOMES] = {"ok", "not_found", "refused", "failed"};
+static const char *const KIND_NAMES[S3_N_KINDS] = {
+    "head", "put", "get", "delete", "list", "create", "part", "complete", "abort"};
+static const char *const OUTCOME_NAMES[S3_N_OUTCOMES] = {"ok", "not_found", "refused", "failed"};
 
 struct media_s3 {
     char secret[S3_SECRET_MAX];
@@ -49,28 +52,11 @@ struct media_s3 {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* CLOCK_MONOTONIC (host->cond_init) */
     int in_flight;
-    atrium_metric *m_requests[N_KINDS][N_OUTCOMES];
-    atrium_metric *m_ms[N_KINDS];
+    atrium_metric *m_requests[S3_N_KINDS][S3_N_OUTCOMES];
+    atrium_metric *m_ms[S3_N_KINDS];
     atrium_metric *m_bytes_up, *m_bytes_down, *m_in_flight, *m_hits, *m_misses;
+    atrium_metric *m_thumbs_render, *m_thumbs_bucket;
 };
-
-/* One request and what came back. */
-typedef struct s3_call {
-    int kind;
-    const char *key; /* NULL: the bucket itself */
-    FILE *upload;
-    int64_t upload_size;
-    int out_fd; /* GET: the body goes here when the status is 200 */
-    bool write_failed;
-    CURL *easy;
-    long status;
-    CURLcode cc;
-    int64_t bytes;
-    int64_t length; /* HEAD: the object's Content-Length (-1 unknown) */
-    char curl_err[CURL_ERROR_SIZE];
-    char err_body[S3_ERROR_BODY_MAX];
-    size_t err_len;
-} s3_call;
 
 bool s3_enabled(const media *m)
 {
@@ -124,6 +110,10 @@ int s3_settings_check(media *m)
     if (empty(c->s3_secret_access_key) == empty(c->s3_secret_access_key_file))
         return refuse(m, "s3_secret_access_key",
                       "set exactly one of s3_secret_access_key and s3_secret_access_key_file");
+    if (c->s3_part_size_bytes < S3_PART_MIN_BYTES)
+        return refuse(m, "s3_part_size_bytes",
+                      "must be at least 5242880 (5 MiB): S3 refuses smaller parts of a "
+                      "multipart upload");
     return 0;
 }
 
@@ -151,8 +141,8 @@ static int create_metrics(media *m, media_s3 *s)
 {
     const atrium_host *h = m->h;
     char labels[64];
-    for (int k = 0; k < N_KINDS; k++) {
-        for (int o = 0; o < N_OUTCOMES; o++) {
+    for (int k = 0; k < S3_N_KINDS; k++) {
+        for (int o = 0; o < S3_N_OUTCOMES; o++) {
             snprintf(labels, sizeof(labels), "kind=\"%s\",outcome=\"%s\"", KIND_NAMES[k],
                      OUTCOME_NAMES[o]);
             s->m_requests[k][o] = h->metric_counter(
@@ -174,7 +164,17 @@ static int create_metrics(media *m, media_s3 *s)
                                   "Originals found in the local folder");
     s->m_misses = h->metric_counter(m->self, "atrium_media_store_cache_misses_total", NULL,
                                     "Originals read through from the object store");
-    return s->m_in_flight && s->m_hits && s->m_misses ? 0 : ATRIUM_E_NOMEM;
+    s->m_thumbs_render = h->metric_counter(
+        m->self, "atrium_media_store_thumbnails_total", "source=\"render\"",
+        "Thumbnails a render needed, by where they came from (render: rendered here and put in "
+        "the bucket; bucket: read through, rendered before)");
+    s->m_thumbs_bucket = h->metric_counter(
+        m->self, "atrium_media_store_thumbnails_total", "source=\"bucket\"",
+        "Thumbnails a render needed, by where they came from (render: rendered here and put in "
+        "the bucket; bucket: read through, rendered before)");
+    return s->m_in_flight && s->m_hits && s->m_misses && s->m_thumbs_render && s->m_thumbs_bucket
+               ? 0
+               : ATRIUM_E_NOMEM;
 }
 
 int s3_init(media *m)
@@ -225,12 +225,14 @@ int s3_original_key(const char *media_id, char *out, size_t cap)
     return n < 0 || (size_t)n >= cap ? ATRIUM_E_INVAL : 0;
 }
 
-/* The URL of key (NULL: the bucket), path style or virtual-host style. Keys are built
- * here from validated media IDs ([A-Za-z0-9_-]) and '/', so they need no encoding. */
-static int object_url(const media *m, const char *key, char *out, size_t cap)
+/* The URL of call's key (NULL: the bucket) and query, path style or virtual-host style.
+ * Keys are built here from validated media IDs ([A-Za-z0-9_-]), hashes and '/', so they
+ * need no encoding; query values come escaped (s3_query_escape). */
+static int object_url(const media *m, const s3_call *call, char *out, size_t cap)
 {
     const media_config *c = &m->cfg;
     const char *e = c->s3_endpoint;
+    const char *key = call->key;
     size_t elen = strlen(e);
     while (elen && e[elen - 1] == '/') elen--;
     int n;
@@ -242,7 +244,55 @@ static int object_url(const media *m, const char *key, char *out, size_t cap)
         n = snprintf(out, cap, "%.*s%s.%.*s/%s", (int)(host - e), e, c->s3_bucket,
                      (int)(elen - (size_t)(host - e)), host, key ? key : "");
     }
+    if (n >= 0 && (size_t)n < cap && call->query)
+        n += snprintf(out + n, cap - (size_t)n, "?%s", call->query);
     return n < 0 || (size_t)n >= cap ? ATRIUM_E_INVAL : 0;
+}
+
+int s3_query_escape(const char *s, char *out, size_t cap)
+{
+    static const char HEX[] = "0123456789ABCDEF";
+    size_t o = 0;
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        bool plain = isalnum(ch) || ch == '-' || ch == '_' || ch == '.' || ch == '~';
+        if (o + (plain ? 1 : 3) >= cap) return ATRIUM_E_INVAL;
+        if (plain) {
+            out[o++] = (char)ch;
+        } else {
+            out[o++] = '%';
+            out[o++] = HEX[ch >> 4];
+            out[o++] = HEX[ch & 15];
+        }
+    }
+    if (o >= cap) return ATRIUM_E_INVAL;
+    out[o] = '\0';
+    return 0;
+}
+
+bool s3_xml_text(const char *from, const char *end, const char *tag, char *out, size_t cap)
+{
+    char open[64];
+    snprintf(open, sizeof(open), "<%s>", tag);
+    const char *p = strstr(from, open);
+    if (!p || (end && p >= end)) return false;
+    p += strlen(open);
+    const char *q = strchr(p, '<');
+    if (!q || (end && q > end) || (size_t)(q - p) >= cap) return false;
+    memcpy(out, p, (size_t)(q - p));
+    out[q - p] = '\0';
+    return true;
+}
+
+static void keep_text(char *buf, size_t cap, size_t *len, const char *data, size_t n,
+                      bool *truncated)
+{
+    size_t room = cap - 1 - *len;
+    size_t take = n < room ? n : room;
+    if (take < n && truncated) *truncated = true;
+    memcpy(buf + *len, data, take);
+    *len += take;
+    buf[*len] = '\0';
 }
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
@@ -258,12 +308,47 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
         call->bytes += (int64_t)len;
         return len;
     }
-    size_t room = sizeof(call->err_body) - 1 - call->err_len;
-    size_t take = len < room ? len : room;
-    memcpy(call->err_body + call->err_len, data, take);
-    call->err_len += take;
-    call->err_body[call->err_len] = '\0';
+    if (call->resp && call->resp_cap > 0)
+        keep_text(call->resp, call->resp_cap, &call->resp_len, data, len, &call->resp_truncated);
+    else
+        keep_text(call->err_body, sizeof(call->err_body), &call->err_len, data, len, NULL);
     return len;
+}
+
+/* The answer's ETag header, for UploadPart. */
+static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
+{
+    s3_call *call = arg;
+    size_t len = size * nmemb;
+    if (len > 5 && strncasecmp(data, "etag:", 5) == 0) {
+        const char *v = data + 5;
+        size_t n = len - 5;
+        while (n && (*v == ' ' || *v == '\t')) v++, n--;
+        while (n && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' ')) n--;
+        if (n < sizeof(call->etag)) {
+            memcpy(call->etag, v, n);
+            call->etag[n] = '\0';
+        }
+    }
+    return len;
+}
+
+/* A PUT's body: upload_size bytes of upload_fd from upload_offset (pread: the descriptor's
+ * offset is not used, so a part needs no seek and no FILE). */
+static size_t on_read(char *buf, size_t size, size_t nmemb, void *arg)
+{
+    s3_call *call = arg;
+    int64_t left = call->upload_size - call->bytes_sent;
+    size_t want = size * nmemb;
+    if (left <= 0) return 0;
+    if ((int64_t)want > left) want = (size_t)left;
+    ssize_t n;
+    do
+        n = pread(call->upload_fd, buf, want, (off_t)(call->upload_offset + call->bytes_sent));
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return CURL_READFUNC_ABORT; /* a short file: never send a torn object */
+    call->bytes_sent += n;
+    return (size_t)n;
 }
 
 static void deadline_after(struct timespec *ts, int64_t ms)
@@ -308,21 +393,50 @@ static void slot_release(media *m)
 
 static int outcome_of(const s3_call *call)
 {
-    if (call->cc != CURLE_OK) return OUT_FAILED;
-    if (call->status == 200) return OUT_OK;
-    return call->status == 404 ? OUT_NOT_FOUND : OUT_REFUSED;
+    if (call->cc != CURLE_OK) return S3_OUT_FAILED;
+    if (call->status >= 200 && call->status < 300) return S3_OUT_OK;
+    return call->status == 404 ? S3_OUT_NOT_FOUND : S3_OUT_REFUSED;
 }
 
-/* Run call. Returns its enum s3_outcome (counted). */
-static int perform(media *m, s3_call *call)
+/* The method and body of call's kind. */
+static void set_method(CURL *e, s3_call *call)
+{
+    switch (call->kind) {
+    case S3_KIND_HEAD:
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+        break;
+    case S3_KIND_PUT:
+    case S3_KIND_PART:
+        curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+        curl_easy_setopt(e, CURLOPT_READDATA, call);
+        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)call->upload_size);
+        break;
+    case S3_KIND_CREATE:
+    case S3_KIND_COMPLETE:
+        curl_easy_setopt(e, CURLOPT_POST, 1L);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)call->post_len);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, call->post_body ? call->post_body : "");
+        break;
+    case S3_KIND_DELETE:
+    case S3_KIND_ABORT:
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "DELETE");
+        break;
+    default: /* GET, LIST */
+        break;
+    }
+}
+
+int s3_perform(media *m, s3_call *call)
 {
     media_s3 *s = m->s3;
     const media_config *c = &m->cfg;
     char url[S3_URL_MAX];
-    if (object_url(m, call->key, url, sizeof(url)) < 0) {
+    if (call->resp && call->resp_cap) call->resp[0] = '\0';
+    if (object_url(m, call, url, sizeof(url)) < 0) {
         snprintf(call->curl_err, sizeof(call->curl_err), "the object's URL is too long");
         call->cc = CURLE_URL_MALFORMAT;
-        return OUT_FAILED;
+        return S3_OUT_FAILED;
     }
     int64_t started = m->h->now_ms();
     if (!slot_acquire(m)) {
@@ -330,8 +444,8 @@ static int perform(media *m, s3_call *call)
                  "no free request slot (s3_max_concurrent %d) within %lld ms",
                  c->s3_max_concurrent, (long long)c->s3_timeout_ms);
         call->cc = CURLE_OPERATION_TIMEDOUT;
-        m->h->metric_add(s->m_requests[call->kind][OUT_FAILED], 1);
-        return OUT_FAILED;
+        m->h->metric_add(s->m_requests[call->kind][S3_OUT_FAILED], 1);
+        return S3_OUT_FAILED;
     }
     CURL *e = curl_easy_init();
     /* Only this header: libcurl 7.88 signs every header the caller sets, even one that
@@ -357,13 +471,9 @@ static int perform(media *m, s3_call *call)
         if (!empty(c->s3_ca_file)) curl_easy_setopt(e, CURLOPT_CAINFO, c->s3_ca_file);
         curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
         curl_easy_setopt(e, CURLOPT_WRITEDATA, call);
-        if (call->kind == KIND_HEAD) {
-            curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
-        } else if (call->kind == KIND_PUT) {
-            curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
-            curl_easy_setopt(e, CURLOPT_READDATA, call->upload);
-            curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)call->upload_size);
-        }
+        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+        curl_easy_setopt(e, CURLOPT_HEADERDATA, call);
+        set_method(e, call);
         call->cc = curl_easy_perform(e);
         curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &call->status);
         curl_off_t length = -1;
@@ -380,6 +490,8 @@ static int perform(media *m, s3_call *call)
     int out = outcome_of(call);
     m->h->metric_add(s->m_requests[call->kind][out], 1);
     m->h->metric_add(s->m_ms[call->kind], m->h->now_ms() - started);
+    if (out == S3_OUT_OK && (call->kind == S3_KIND_PUT || call->kind == S3_KIND_PART))
+        m->h->metric_add(s->m_bytes_up, call->upload_size);
     return out;
 }
 
@@ -387,14 +499,15 @@ static int perform(media *m, s3_call *call)
 static void error_code(const s3_call *call, char *out, size_t cap)
 {
     out[0] = '\0';
-    const char *p = strstr(call->err_body, "<Code>");
+    const char *text = call->err_len ? call->err_body : call->resp ? call->resp : "";
+    const char *p = strstr(text, "<Code>");
     if (!p) return;
     p += 6;
     size_t n = strcspn(p, "<");
     snprintf(out, cap, "%.*s", (int)(n < 64 ? n : 64), p);
 }
 
-static void log_failure(media *m, const s3_call *call, const char *what)
+void s3_log_failure(media *m, const s3_call *call, const char *what)
 {
     char code[72];
     error_code(call, code, sizeof(code));
@@ -412,11 +525,11 @@ int s3_start(media *m)
 {
     if (!m->s3) return 0;
     const media_config *c = &m->cfg;
-    s3_call call = {.kind = KIND_HEAD, .out_fd = -1};
-    int out = perform(m, &call);
+    s3_call call = {.kind = S3_KIND_HEAD, .out_fd = -1};
+    int out = s3_perform(m, &call);
     const char *why = NULL;
     char buf[CURL_ERROR_SIZE + 96];
-    if (out == OUT_FAILED) {
+    if (out == S3_OUT_FAILED) {
         snprintf(buf, sizeof(buf), "unreachable (%s)", call.curl_err);
         why = buf;
     } else if (call.status == 404) {
@@ -429,7 +542,7 @@ int s3_start(media *m)
                  "answered HTTP %ld (a wrong s3_region, or s3_path_style, for this store?)",
                  call.status);
         why = buf;
-    } else if (out != OUT_OK) {
+    } else if (out != S3_OUT_OK) {
         snprintf(buf, sizeof(buf), "answered HTTP %ld", call.status);
         why = buf;
     }
@@ -447,33 +560,37 @@ int s3_start(media *m)
 
 int s3_put_file(media *m, const char *key, const char *path, int64_t size)
 {
-    FILE *f = fopen(path, "rbe");
-    if (!f) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
         m->h->log(m->self, ATRIUM_LOG_ERROR, "object store: cannot read %s: %s", path,
                   strerror(errno));
         return -1;
     }
-    s3_call call = {.kind = KIND_PUT, .key = key, .upload = f, .upload_size = size, .out_fd = -1};
-    int out = perform(m, &call);
-    fclose(f);
-    if (out != OUT_OK) {
-        log_failure(m, &call, "PUT");
-        return -1;
+    int rc = 0;
+    if (size > m->cfg.s3_part_size_bytes) {
+        rc = s3_multipart_put(m, key, fd, size); /* logged there */
+    } else {
+        s3_call call = {.kind = S3_KIND_PUT, .key = key, .upload_fd = fd, .upload_size = size,
+                        .out_fd = -1};
+        if (s3_perform(m, &call) != S3_OUT_OK) {
+            s3_log_failure(m, &call, "PUT");
+            rc = -1;
+        }
     }
-    m->h->metric_add(m->s3->m_bytes_up, size);
-    return 0;
+    close(fd);
+    return rc;
 }
 
 int s3_get_file(media *m, const char *key, const char *final_path)
 {
     store_tmp tmp;
     if (store_tmp_open(m, final_path, &tmp) < 0) return S3_FAILED;
-    s3_call call = {.kind = KIND_GET, .key = key, .out_fd = tmp.fd};
-    int out = perform(m, &call);
-    if (out != OUT_OK || call.write_failed) {
+    s3_call call = {.kind = S3_KIND_GET, .key = key, .out_fd = tmp.fd};
+    int out = s3_perform(m, &call);
+    if (out != S3_OUT_OK || call.write_failed) {
         store_tmp_discard(&tmp);
-        if (out == OUT_NOT_FOUND) return S3_NOT_FOUND;
-        log_failure(m, &call, "GET");
+        if (out == S3_OUT_NOT_FOUND) return S3_NOT_FOUND;
+        s3_log_failure(m, &call, "GET");
         return S3_FAILED;
     }
     m->h->metric_add(m->s3->m_bytes_down, call.bytes);
@@ -491,14 +608,14 @@ bool s3_original_cached(media *m, const char *path)
 
 int s3_head_object(media *m, const char *key, int64_t *size)
 {
-    s3_call call = {.kind = KIND_HEAD, .key = key, .out_fd = -1};
-    int out = perform(m, &call);
-    if (out == OUT_OK) {
+    s3_call call = {.kind = S3_KIND_HEAD, .key = key, .out_fd = -1};
+    int out = s3_perform(m, &call);
+    if (out == S3_OUT_OK) {
         *size = call.length;
         return S3_OK;
     }
-    if (out == OUT_NOT_FOUND) return S3_NOT_FOUND;
-    log_failure(m, &call, "HEAD");
+    if (out == S3_OUT_NOT_FOUND) return S3_NOT_FOUND;
+    s3_log_failure(m, &call, "HEAD");
     return S3_FAILED;
 }
 
@@ -516,4 +633,79 @@ int s3_fetch_original(media *m, const char *media_id, const char *path)
     struct stat st;
     if (rc == S3_OK && stat(path, &st) == 0) s3_cache_added(m, (int64_t)st.st_size);
     return rc;
+}
+
+/* ---- thumbnails, deletes --------------------------------------------------------------- */
+
+int s3_thumbnail_key(const char *path, char *out, size_t cap)
+{
+    /* .../thumbnails/<a>/<b>/<sha256>/<file>: the last two names. */
+    const char *file = strrchr(path, '/');
+    if (!file || file == path) return ATRIUM_E_INVAL;
+    const char *sha = file - 1;
+    while (sha > path && *sha != '/') sha--;
+    if (*sha != '/' || file - sha - 1 != SHA256_HEX_CHARS) return ATRIUM_E_INVAL;
+    int n = snprintf(out, cap, "thumbnails/%s", sha + 1);
+    return n < 0 || (size_t)n >= cap ? ATRIUM_E_INVAL : 0;
+}
+
+int s3_thumbnail_fetch(media *m, const char *path)
+{
+    char key[S3_KEY_MAX];
+    if (s3_thumbnail_key(path, key, sizeof(key)) < 0) return S3_FAILED;
+    int rc = s3_get_file(m, key, path);
+    if (rc == S3_OK) m->h->metric_add(m->s3->m_thumbs_bucket, 1);
+    return rc;
+}
+
+void s3_thumbnail_store(media *m, const char *path)
+{
+    m->h->metric_add(m->s3->m_thumbs_render, 1);
+    char key[S3_KEY_MAX];
+    struct stat st;
+    if (s3_thumbnail_key(path, key, sizeof(key)) < 0 || stat(path, &st) < 0) return;
+    if (s3_put_file(m, key, path, (int64_t)st.st_size) < 0)
+        m->h->log(m->self, ATRIUM_LOG_WARN,
+                  "object store: thumbnail %s stays in this local folder only", key);
+}
+
+int s3_delete_object(media *m, const char *key)
+{
+    s3_call call = {.kind = S3_KIND_DELETE, .key = key, .out_fd = -1};
+    int out = s3_perform(m, &call);
+    if (out == S3_OUT_OK || out == S3_OUT_NOT_FOUND) return 0;
+    s3_log_failure(m, &call, "DELETE");
+    return -1;
+}
+
+long s3_delete_prefix(media *m, const char *prefix)
+{
+    char esc[S3_KEY_MAX * 3], query[S3_KEY_MAX * 3 + 64];
+    if (s3_query_escape(prefix, esc, sizeof(esc)) < 0) return -1;
+    snprintf(query, sizeof(query), "list-type=2&max-keys=%d&prefix=%s", S3_DELETE_PREFIX_MAX,
+             esc);
+    char *body = malloc(S3_LIST_BODY_MAX);
+    if (!body) return -1;
+    s3_call call = {.kind = S3_KIND_LIST, .query = query, .out_fd = -1, .resp = body,
+                    .resp_cap = S3_LIST_BODY_MAX};
+    if (s3_perform(m, &call) != S3_OUT_OK) {
+        s3_log_failure(m, &call, "ListObjectsV2");
+        free(body);
+        return -1;
+    }
+    long deleted = 0;
+    char key[S3_KEY_MAX];
+    for (const char *p = body; (p = strstr(p, "<Contents>")) != NULL; p += 10) {
+        const char *end = strstr(p, "</Contents>");
+        if (!s3_xml_text(p, end, "Key", key, sizeof(key)) ||
+            strncmp(key, prefix, strlen(prefix)) != 0)
+            continue;
+        if (s3_delete_object(m, key) < 0) {
+            deleted = -1;
+            break;
+        }
+        deleted++;
+    }
+    free(body);
+    return deleted;
 }

@@ -46,6 +46,21 @@ int s3_put_file(media *m, const char *key, const char *path, int64_t size);
 /* [pool] GET key into the local folder at final_path, durably and atomically (a reader
  * never sees a torn file). enum s3_result. */
 int s3_get_file(media *m, const char *key, const char *final_path);
+/* The object key of the thumbnail whose local file is path (store_thumb_path):
+ * "thumbnails/<sha256>/<W>x<H>-<method>[-anim].webp". 0, or ATRIUM_E_INVAL. */
+int s3_thumbnail_key(const char *path, char *out, size_t cap);
+/* [pool] The thumbnail whose local file is path, read through from the bucket into it
+ * (durably, never torn). S3_OK (counted: source="bucket"), S3_NOT_FOUND, S3_FAILED. */
+int s3_thumbnail_fetch(media *m, const char *path);
+/* [pool] A thumbnail just rendered to path: counted (source="render") and PUT to the
+ * bucket. A failed PUT is logged only: the local file serves, others render again. */
+void s3_thumbnail_store(media *m, const char *path);
+/* [pool] DELETE key (a missing object is no failure). 0, or -1 (logged). */
+int s3_delete_object(media *m, const char *key);
+/* [pool] Delete every object whose key starts with prefix (ListObjectsV2, then a DELETE
+ * each; at most S3_DELETE_PREFIX_MAX). Returns how many went, or -1 (logged). */
+long s3_delete_prefix(media *m, const char *prefix);
+
 /* [any] Is the original at path in the local folder? Counted as a cache hit or miss; a hit
  * is recorded as a use (s3_cache_touch). */
 bool s3_original_cached(media *m, const char *path);
@@ -56,6 +71,16 @@ int s3_head_object(media *m, const char *key, int64_t *size);
  * (unless it is there now). enum s3_result; S3_NOT_FOUND is logged (a row without its
  * object). */
 int s3_fetch_original(media *m, const char *media_id, const char *path);
+
+/* ---- s3_multipart.c: originals above s3_part_size_bytes, and leftover uploads ---------- */
+
+/* [pool] PUT size bytes of fd (read with pread) as key in parts: Create, UploadPart each,
+ * Complete; on any failure the upload is aborted. 0, or -1 (logged, counted). */
+int s3_multipart_put(media *m, const char *key, int fd, int64_t size);
+/* [pool] Abort the multipart uploads under originals/ initiated before cutoff_ms (wall
+ * clock, ms since the epoch): what a crash or a failed abort left. Returns how many were
+ * aborted, or -1 when the store could not be listed (logged). */
+long s3_multipart_sweep(media *m, int64_t cutoff_ms);
 
 /* ---- s3_cache.c: the local folder as a byte-bounded cache of the bucket ---------------- */
 

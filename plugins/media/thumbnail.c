@@ -193,16 +193,20 @@ static void render_task(void *arg, bool cancelled)
         uint8_t *buf = NULL;
         size_t len = 0;
         rc = RENDER_OK;
-        if (j->media_id[0] && s3_fetch_original(m, j->media_id, j->src) != S3_OK)
+        /* storage: s3 - rendered before (here, or by another process): read through. */
+        bool from_bucket = s3_enabled(m) && s3_thumbnail_fetch(m, j->dst) == S3_OK;
+        if (!from_bucket && j->media_id[0] && s3_fetch_original(m, j->media_id, j->src) != S3_OK)
             rc = RENDER_E_IO; /* logged; the request falls back or gets 503 */
-        if (rc == RENDER_OK)
+        if (!from_bucket && rc == RENDER_OK)
             rc = render_thumbnail(j->src, &j->size, m->cfg.max_image_pixels, &buf, &len);
-        if (rc == RENDER_OK) {
+        if (!from_bucket && rc == RENDER_OK) {
             rc = write_thumbnail(m, j->dst, buf, len);
             render_free(buf);
+            /* In the bucket before the claim ends: the next process reads it through. */
+            if (rc == RENDER_OK && s3_enabled(m)) s3_thumbnail_store(m, j->dst);
         }
         h->metric_add(m->m_renders_running, -1);
-        h->metric_add(rc == RENDER_OK ? m->m_renders_ok : m->m_renders_failed, 1);
+        if (!from_bucket) h->metric_add(rc == RENDER_OK ? m->m_renders_ok : m->m_renders_failed, 1);
         if (rc != RENDER_OK)
             h->log(m->self,
                    rc == RENDER_E_IO || rc == RENDER_E_NOMEM ? ATRIUM_LOG_ERROR : ATRIUM_LOG_INFO,

@@ -14,7 +14,13 @@ the plugin's cache pool down to 90 % of the bound, and read through again when a
 a download that had its file open when it was evicted completes intact.
 
 Two processes with different local folders (standing for two machines) share one database
-and the bucket: what one uploads, the other downloads and thumbnails.
+and the bucket: what one uploads, the other downloads and thumbnails; a thumbnail one
+renders goes to the bucket and the other reads it through; an admin delete removes the
+objects, quarantine keeps them.
+
+An original above s3_part_size_bytes goes as a multipart upload (the store's ETag says how
+many parts); a multipart upload a crash left open is aborted by the orphan sweep; a part
+size under S3's 5 MiB refuses the start.
 
 The Ceph packages are installed on first use (tests/lib/rgw.sh packages, apt-get); the
 tests are skipped, saying why, only where they cannot be installed.
@@ -22,12 +28,14 @@ tests are skipped, saying why, only where they cannot be installed.
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
 import unittest
+import urllib.parse
 
 import harness
 from common import wait_until
@@ -93,6 +101,33 @@ class Gateway:
         run = self.curl("-w", "\n%{http_code}", url)
         body, _, status = run.stdout.rpartition(b"\n")
         return int(status), body
+
+    def url(self, key="", query=""):
+        return f"{self.env['endpoint']}/{self.env['bucket']}/{key}" + (f"?{query}" if query else "")
+
+    def etag(self, key):
+        """The object's ETag as the gateway gives it (a multipart object's ends in -<parts>),
+        or None when there is no such object."""
+        run = self.curl("-I", self.url(key))
+        for line in run.stdout.decode("latin-1").splitlines():
+            if line.lower().startswith("etag:"):
+                return line.split(":", 1)[1].strip()
+        return None
+
+    def keys(self, prefix):
+        """The keys under prefix (ListObjectsV2)."""
+        run = self.curl(self.url(query=f"list-type=2&prefix={urllib.parse.quote(prefix, safe='')}"))
+        return re.findall(r"<Key>([^<]*)</Key>", run.stdout.decode())
+
+    def start_multipart(self, key):
+        """A multipart upload begun and left (as a crash leaves one); its UploadId."""
+        run = self.curl("-X", "POST", self.url(key, "uploads="))
+        return re.search(r"<UploadId>([^<]*)</UploadId>", run.stdout.decode()).group(1)
+
+    def multipart_uploads(self):
+        """[(key, UploadId)] of the multipart uploads open in the bucket."""
+        run = self.curl(self.url(query="uploads="))
+        return re.findall(r"<Key>([^<]*)</Key><UploadId>([^<]*)</UploadId>", run.stdout.decode())
 
 
 GATEWAY = None
@@ -169,6 +204,41 @@ class RoundTripTest(S3Case):
         a.wait_for_log(f"original {media_id} has a row but no object")
 
 
+class MultipartTest(S3Case):
+    PART = 5 << 20  # S3's smallest part
+
+    def test_an_upload_above_the_part_size_goes_in_parts_round_trips_and_leftovers_are_aborted(self):
+        # What a crash leaves: a multipart upload begun and never completed nor aborted.
+        leftover = self.gateway.start_multipart("originals/left-by-a-crash")
+        # The sweep aborts uploads begun orphan_min_age_ms ago (its smallest, 10 s).
+        a = self.s3_server(media={"s3_part_size_bytes": self.PART, "orphan_min_age_ms": 10000,
+                                  "orphan_sweep_period_ms": 1000})
+        _, token = register(a)
+        data = os.urandom(12 << 20)  # three parts: 5 + 5 + 2 MiB
+        media_id = upload(a, token, data, timeout=120)
+
+        # In parts, and the store agrees: a multipart object's ETag ends in -<parts>.
+        for kind, count in (("create", 1), ("part", 3), ("complete", 1), ("put", 0),
+                            ("abort", 0)):
+            self.assertEqual(a.metric("atrium_media_store_requests_total",
+                                      {"kind": kind, "outcome": "ok"}), count, kind)
+        self.assertRegex(self.gateway.etag(f"originals/{media_id}") or "", r'-3"$')
+        status, body = self.gateway.get_object(f"originals/{media_id}")
+        self.assertEqual((status, sha256(body)), (200, sha256(data)))
+        # Read through byte for byte once the local copy is gone.
+        os.unlink(original_file(a, media_id))
+        status, headers, body = a.request("GET", download_path(a, media_id), token=token,
+                                          timeout=120)
+        self.assertEqual((status, sha256(body)), (200, sha256(data)))
+        self.assertEqual(headers["ETag"], f'"{sha256(data)}"')
+
+        # The leftover is aborted by the orphan sweep once old enough; ours left none open.
+        wait_until(lambda: self.gateway.multipart_uploads() == [], timeout=40,
+                   what="no multipart upload left open in the bucket")
+        self.assertNotIn(leftover, [u for _, u in self.gateway.multipart_uploads()])
+        self.assertEqual(a.metric("atrium_media_orphans_removed_total", {"kind": "multipart"}), 1)
+
+
 class FrozenStoreTest(S3Case):
     def test_with_the_gateway_frozen_an_upload_gets_503_and_leaves_nothing_and_cached_media_is_served(self):
         a = self.s3_server(media={"s3_timeout_ms": 1000})
@@ -229,6 +299,35 @@ class TwoMachinesTest(S3Case):
         self.assertEqual(b.metric("atrium_media_store_requests_total",
                                   {"kind": "get", "outcome": "ok"}), 2)
         self.assertNotIn(self.gateway.env["secret_key"], b.log_text())
+
+        # The thumbnail went to the bucket under its documented key, and a reads it through
+        # instead of rendering it again: the same bytes.
+        sha = sha256(image)
+        thumb_key = f"thumbnails/{sha}/320x240-scale.webp"
+        self.assertEqual(self.gateway.keys(f"thumbnails/{sha}/"), [thumb_key])
+        self.assertEqual(b.metric("atrium_media_store_thumbnails_total", {"source": "render"}), 1)
+        status, _, from_a = a.request("GET", thumbnail_path(a, media_id, 96, 96), token=token,
+                                      timeout=30)
+        self.assertEqual((status, from_a), (200, body))
+        self.assertEqual(a.metric("atrium_media_store_thumbnails_total", {"source": "bucket"}), 1)
+        self.assertEqual(a.metric("atrium_media_renders_total", {"result": "ok"}), 0)
+
+        # Quarantine leaves the objects; an admin's delete removes the original and its
+        # thumbnails from the bucket.
+        _, admin = register(a, admin=True)
+        admin_path = f"/_synapse/admin/v1/media/{a.server_name}/{media_id}"
+        status, _, reply = a.request("POST", f"/_synapse/admin/v1/media/quarantine/"
+                                     f"{a.server_name}/{media_id}", body={}, token=admin)
+        self.assertEqual(status, 200, reply)
+        self.assertEqual(self.gateway.keys(f"originals/{media_id}"), [f"originals/{media_id}"])
+        self.assertEqual(self.gateway.keys(f"thumbnails/{sha}/"), [thumb_key])
+        status, _, reply = a.request("DELETE", admin_path, token=admin, timeout=30)
+        self.assertEqual(status, 200, reply)
+        self.assertEqual(self.gateway.keys(f"originals/{media_id}"), [])
+        self.assertEqual(self.gateway.keys(f"thumbnails/{sha}/"), [])
+        self.assertEqual(a.metric("atrium_media_store_requests_total",
+                                  {"kind": "delete", "outcome": "ok"}), 2)
+        self.assertEqual(b.request("GET", download_path(b, media_id), token=token)[0], 404)
 
 
 def sha256(data):
@@ -373,6 +472,18 @@ class RefusedStartTest(S3Case):
         line = self.refused(s3_secret_access_key="not-the-secret")
         self.assertIn("the credentials were refused", line)
         self.assertNotIn("not-the-secret", line)
+
+    def test_a_part_size_under_s3s_5_mib_refuses_the_start_with_one_line(self):
+        srv = harness.Server(settings=lambda tmp: {"plugins": {"media": {
+            "enabled": True, "store_path": os.path.join(tmp, "media_store"),
+            **self.gateway.media_settings(s3_part_size_bytes=1 << 20)}}}, start=False)
+        self.addCleanup(srv.close, False)
+        srv.launch()
+        srv.returncode = srv.proc.wait(timeout=REFUSED_START_S + 10)
+        self.assertNotEqual(srv.returncode, 0)
+        lines = [line for line in srv.log_text().splitlines() if "s3_part_size_bytes" in line]
+        self.assertEqual(len(lines), 1, srv.log_tail())
+        self.assertIn("at least 5242880 (5 MiB)", lines[0])
 
     def test_a_missing_bucket_refuses_the_start(self):
         self.assertIn("no such bucket", self.refused(s3_bucket="no-such-bucket"))
