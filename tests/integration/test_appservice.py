@@ -27,6 +27,7 @@ from rooms_client import V3, Client, quote
 SERVER = "localhost"
 TXN_PATH = re.compile(r"^/_matrix/app/v1/transactions/([^/?]+)$")
 PING_PATH = "/_matrix/app/v1/ping"
+QUERY_PREFIXES = ("/_matrix/app/v1/users/", "/_matrix/app/v1/rooms/")
 # Short back-off, so retries within a test take tens of milliseconds (appservice.*).
 FAST = {"appservice": {"retry_min_ms": 50, "retry_max_ms": 200, "request_timeout_ms": 1500}}
 
@@ -47,6 +48,8 @@ class FakeService:
         self.status = 200
         self.hang = threading.Event()
         self.hung = 0
+        # The user and alias queries: path -> (status, body bytes), or (None, _) to hang up.
+        self.on_query = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -89,6 +92,17 @@ class FakeService:
             def do_GET(self):
                 with outer.lock:
                     outer.lookups.append((self.path, self.headers.get("Authorization")))
+                if outer.on_query and self.path.startswith(QUERY_PREFIXES):
+                    status, data = outer.on_query(urllib.parse.unquote(self.path))
+                    if status is None:
+                        return  # the connection closes unanswered
+                    try:
+                        self.send_response(status)
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        return self.wfile.write(data)
+                    except BrokenPipeError:
+                        return  # a slow answer the server stopped waiting for
                 if self.path == "/_matrix/app/v1/thirdparty/protocol/irc":
                     return self.reply(200, {"user_fields": ["nick"], "location_fields": [],
                                             "icon": "mxc://x/irc", "field_types": {},
@@ -346,7 +360,77 @@ class ActingAsServiceTest(AppserviceCase):
         self.assertEqual((status, answer.get("errcode")), (400, "M_URL_NOT_SET"))
 
 
-class DeliveryTest(AppserviceCase):
+class QueryChecks:
+    """(Run in DeliveryTest's server.) GET /_matrix/app/v1/users/{userId} and /rooms/{alias}: asked when a client looks up
+    an unknown user or alias of a namespace; the service makes it, and the server looks
+    again. Whatever else the service answers, the caller gets 404 at once."""
+
+    def answer(self, path):
+        kind, ident = path[len("/_matrix/app/v1/"):].split("/", 1)
+        local = ident[1:].split(":")[0]
+        if local.endswith("_made") and kind == "users":
+            self.assertEqual(self.as_register(local)[0], 200)
+        elif local.endswith("_made"):
+            self.bot.ok("POST", f"{V3}/createRoom", {"room_alias_name": local,
+                                                     "preset": "public_chat"})
+        elif local.endswith("_garbage"):
+            return 200, b"{not json"
+        elif local.endswith("_slow"):
+            time.sleep(3)  # past appservice.request_timeout_ms
+            return 200, b"{}"
+        elif local.endswith("_hangup"):
+            return None, b""
+        else:
+            return 404, b'{"errcode": "M_NOT_FOUND"}'
+        return 200, b"{}"
+
+    def setUp(self):
+        self.svc.on_query = self.answer
+        self.alice = Client(self.srv, register(self.srv, f"alice_q{int(time.time() * 1e6)}"))
+
+    def test_an_unknown_namespace_user_is_asked_for_and_then_found(self):
+        user = f"@bridge_u{int(time.time() * 1000)}_made:{SERVER}"
+        self.assertEqual(self.alice.call("GET", f"{V3}/profile/{quote(user)}")[0], 200)
+        self.assertIn((f"/_matrix/app/v1/users/{user}", "Bearer hs-secret"),
+                      [(urllib.parse.unquote(p), a) for p, a in self.svc.lookups])
+        room = self.alice.create_room()
+        self.assertEqual(self.alice.call("POST", f"{V3}/rooms/{quote(room)}/invite",
+                                         {"user_id": f"@bridge_i{int(time.time() * 1000)}_made:"
+                                                     f"{SERVER}"})[0], 200)
+        # Outside every namespace, or known already: nobody is asked.
+        before = len(self.svc.lookups)
+        self.assertEqual(self.alice.call("GET", f"{V3}/profile/@nobody:{SERVER}")[0], 404)
+        self.assertEqual(self.alice.call("GET", f"{V3}/profile/{quote(user)}")[0], 200)
+        self.assertEqual(len(self.svc.lookups), before)
+
+    def test_joining_an_unknown_namespace_alias_creates_the_room(self):
+        alias = f"#bridge_r{int(time.time() * 1000)}_made:{SERVER}"
+        status, answer = self.alice.call("POST", f"{V3}/join/{quote(alias)}", {})
+        self.assertEqual(status, 200, answer)
+        self.assertTrue(answer["room_id"].startswith("!"))
+
+    def test_a_service_that_misbehaves_leaves_the_thing_unknown_at_once(self):
+        for how in ("none", "garbage", "hangup"):
+            status, answer = self.alice.call("GET", f"{V3}/profile/@bridge_x_{how}:{SERVER}")
+            self.assertEqual((status, answer.get("errcode")), (404, "M_NOT_FOUND"), how)
+            status, answer = self.alice.call("POST", f"{V3}/join/#bridge_x_{how}:{SERVER}", {})
+            self.assertEqual((status, answer.get("errcode")), (404, "M_NOT_FOUND"), how)
+        # A slow service: the request waits parked, /versions answers at once meanwhile.
+        result = {}
+        t = threading.Thread(target=lambda: result.update(
+            a=self.alice.call("GET", f"{V3}/profile/@bridge_y_slow:{SERVER}")))
+        started = time.monotonic()
+        t.start()
+        time.sleep(0.3)
+        v0 = time.monotonic()
+        self.assertEqual(self.srv.json("GET", "/_matrix/client/versions")[0], 200)
+        self.assertLess(time.monotonic() - v0, 1.0)
+        t.join(10)
+        self.assertEqual(result["a"][0], 404)
+        self.assertLess(time.monotonic() - started, 3.0)  # the 1.5 s deadline, not the 3 s
+
+
+class DeliveryTest(QueryChecks, AppserviceCase):
     def test_events_of_interest_arrive_in_order_with_the_hs_token(self):
         outsider = Client(self.srv, register(self.srv, "outsider"))
         private = outsider.create_room()
