@@ -149,6 +149,11 @@ class FakeService:
             out += [e for e in b.get("ephemeral", []) if e.get("room_id") == room]
         return out
 
+    def taken_key(self, key):
+        """Every item of the transactions' `key` list taken, in order."""
+        with self.lock:
+            return [e for t in self.order for e in self.taken[t].get(key, [])]
+
     def bodies(self, room):
         return [e["content"].get("body") for e in self.events()
                 if e["room_id"] == room and e["type"] == "m.room.message"]
@@ -230,15 +235,19 @@ class AppserviceCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.svc = FakeService()
+        cls.plain = FakeService()  # a service that did not ask for ephemeral data
         regs = [registration(cls.svc.url),
                 registration(None, "quiet", as_token="quiet-as", hs_token="quiet-hs",
-                             rate_limited=True, protocols=["xmpp"])]
+                             rate_limited=True, protocols=["xmpp"]),
+                registration(cls.plain.url, "plain", as_token="plain-as", hs_token="plain-hs",
+                             protocols=[], receive_ephemeral=False)]
         cls.srv = harness.Server(settings=settings_with(regs, cls.extra_settings),
                                  plugins={"directory": {"enabled": True}})
         try:
             cls.srv.__enter__()
         except BaseException:
             cls.svc.close()
+            cls.plain.close()
             raise
         cls.bot = Client(cls.srv, Account(f"@bridgebot:{SERVER}", "as-secret", None, None))
 
@@ -246,6 +255,7 @@ class AppserviceCase(unittest.TestCase):
     def tearDownClass(cls):
         cls.srv.close()
         cls.svc.close()
+        cls.plain.close()
 
     def as_call(self, method, path, body=None, user_id=None, token="as-secret"):
         if user_id:
@@ -431,6 +441,36 @@ class QueryChecks:
 
 
 class DeliveryTest(QueryChecks, AppserviceCase):
+    extra_settings = {"presence": {"enabled": True}}
+
+    def test_presence_and_to_device_reach_only_a_service_that_asked(self):
+        alice = Client(self.srv, register(self.srv, "alice_eph"))
+        bridged = self.as_register("bridge_eph")[1]
+        plain = self.as_register("plain_eph", token="plain-as")[1]
+        room = alice.create_room(invite=[bridged["user_id"], plain["user_id"]])
+        for who, token in ((bridged, "as-secret"), (plain, "plain-as")):
+            self.assertEqual(self.as_call("POST", f"{V3}/rooms/{quote(room)}/join", {},
+                                          user_id=who["user_id"], token=token)[0], 200)
+        messages = {who["user_id"]: {who["device_id"]: {"secret": who["user_id"]}}
+                    for who in (bridged, plain)}
+        alice.ok("PUT", f"{V3}/sendToDevice/m.test/eph1", {"messages": messages})
+        alice.ok("PUT", f"{V3}/presence/{quote(alice.user_id)}/status",
+                 {"presence": "online", "status_msg": "bridging"})
+        alice.send(room, {"msgtype": "m.text", "body": "after"})
+        self.assertEqual(self.svc.wait_bodies(room, 1), ["after"])
+        self.assertEqual(self.plain.wait_bodies(room, 1), ["after"])
+        to_device = self.svc.taken_key("de.sorunome.msc2409.to_device")
+        self.assertEqual(to_device, [{"type": "m.test", "sender": alice.user_id,
+                                      "content": {"secret": bridged["user_id"]},
+                                      "to_user_id": bridged["user_id"],
+                                      "to_device_id": bridged["device_id"]}])
+        presence = [e for e in self.svc.taken_key("ephemeral") if e["type"] == "m.presence"
+                    and e["sender"] == alice.user_id]
+        self.assertEqual(presence[-1]["content"]["status_msg"], "bridging")
+        self.assertEqual(presence[-1]["content"]["presence"], "online")
+        self.assertEqual(self.plain.taken_key("de.sorunome.msc2409.to_device"), [])
+        self.assertEqual(self.plain.taken_key("ephemeral"), [])
+
     def test_events_of_interest_arrive_in_order_with_the_hs_token(self):
         outsider = Client(self.srv, register(self.srv, "outsider"))
         private = outsider.create_room()
