@@ -111,6 +111,12 @@ class FakeService:
                     nick = urllib.parse.parse_qs(self.path.split("?", 1)[1])["nick"][0]
                     return self.reply(200, [{"userid": f"@bridge_{nick}:{SERVER}",
                                              "protocol": "irc", "fields": {"nick": nick}}])
+                if self.path.startswith("/_matrix/app/v1/thirdparty/user?userid="):
+                    user = urllib.parse.unquote(self.path.split("=", 1)[1])
+                    return self.reply(200, [{"userid": user, "protocol": "irc",
+                                             "fields": {"nick": user[1:].split(":")[0]}}])
+                if self.path.startswith("/_matrix/app/v1/thirdparty/location?"):
+                    return self.reply(200, {"not": "an array"})
                 self.reply(404, {"errcode": "M_NOT_FOUND", "error": "no"})
 
             def do_POST(self):
@@ -353,6 +359,14 @@ class ActingAsServiceTest(AppserviceCase):
         self.assertIn(("/_matrix/app/v1/thirdparty/user/irc?nick=bob", "Bearer hs-secret"),
                       self.svc.lookups)
         self.assertEqual(alice.call("GET", f"{V3}/thirdparty/location/irc")[0], 404)
+        # Reverse look-ups (no protocol): every bridge asked, the arrays joined; a bridge
+        # answering something else is left out (here the only one: 502).
+        bob = f"@bridge_bob:{SERVER}"
+        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/user?userid={quote(bob)}"),
+                         [{"userid": bob, "protocol": "irc", "fields": {"nick": "bridge_bob"}}])
+        status, answer = alice.call("GET", f"{V3}/thirdparty/location?alias=%23x:{SERVER}")
+        self.assertEqual((status, answer.get("errcode")), (502, "M_UNKNOWN"))
+        self.assertEqual(alice.call("GET", f"{V3}/thirdparty/user")[0], 400)
         # A bridge without a url: its protocol's description from the registration alone.
         self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/xmpp")["instances"], [])
         self.assertEqual(alice.call("GET", f"{V3}/thirdparty/protocol/nope")[0], 404)
