@@ -320,6 +320,40 @@ class ActingAsServiceTest(AppserviceCase):
         self.assertEqual((status, answer.get("errcode")), (400, "M_EXCLUSIVE"))
         self.assertEqual(alice.call("POST", f"{V3}/createRoom",
                                     {"room_alias_name": "alice_r"})[0], 200)
+        # The directory plugin asks the core (ABI 1.6, alias_exclusive).
+        room = alice.create_room()
+        status, answer = alice.call("PUT", f"{V3}/directory/room/{quote('#bridge_d:' + SERVER)}",
+                                    {"room_id": room})
+        self.assertEqual((status, answer.get("errcode")), (400, "M_EXCLUSIVE"))
+        self.assertEqual(alice.call("PUT", f"{V3}/directory/room/{quote('#alice_d:' + SERVER)}",
+                                    {"room_id": room})[0], 200)
+        alice.ok("POST", f"{V3}/rooms/{quote(room)}/invite", {"user_id": self.bot.user_id})
+        self.bot.ok("POST", f"{V3}/rooms/{quote(room)}/join", {})
+        self.assertEqual(self.bot.call("PUT", f"{V3}/directory/room/{quote('#bridge_d:' + SERVER)}",
+                                       {"room_id": room})[0], 200)
+
+    def test_a_service_lists_rooms_for_its_networks(self):
+        alice = Client(self.srv, register(self.srv, "alice_networks"))
+        room = alice.create_room(name="irc channel")
+        path = f"{V3}/directory/list/appservice/libera/{quote(room)}"
+        status, answer = alice.call("PUT", path, {"visibility": "public"})
+        self.assertEqual((status, answer.get("errcode")), (403, "M_FORBIDDEN"))
+        self.assertEqual(self.as_call("PUT", path, {"visibility": "nope"})[0], 400)
+        self.assertEqual(self.as_call("PUT", path, {"visibility": "public"})[0], 200)
+
+        def listed(body):
+            rooms = alice.ok("POST", f"{V3}/publicRooms", body)["chunk"]
+            return room in [r["room_id"] for r in rooms]
+
+        self.assertFalse(listed({}))
+        self.assertTrue(listed({"third_party_instance_id": "bridge|libera"}))
+        self.assertFalse(listed({"third_party_instance_id": "bridge|oftc"}))
+        self.assertTrue(listed({"include_all_networks": True}))
+        for bad in ({"third_party_instance_id": "nobar"}, {"include_all_networks": "yes"},
+                    {"include_all_networks": True, "third_party_instance_id": "bridge|libera"}):
+            self.assertEqual(alice.call("POST", f"{V3}/publicRooms", bad)[0], 400, bad)
+        self.assertEqual(self.as_call("PUT", path, {"visibility": "private"})[0], 200)
+        self.assertFalse(listed({"include_all_networks": True}))
 
     def test_application_service_login(self):
         flows = self.srv.json("GET", f"{V3}/login")[1]["flows"]
@@ -432,6 +466,12 @@ class QueryChecks:
         status, answer = self.alice.call("POST", f"{V3}/join/{quote(alias)}", {})
         self.assertEqual(status, 200, answer)
         self.assertTrue(answer["room_id"].startswith("!"))
+        # The directory plugin's look-up asks too (ABI 1.6, alias_query).
+        alias = f"#bridge_g{int(time.time() * 1000)}_made:{SERVER}"
+        status, answer = self.alice.call("GET", f"{V3}/directory/room/{quote(alias)}")
+        self.assertEqual(status, 200, answer)
+        status, answer = self.alice.call("GET", f"{V3}/directory/room/#bridge_g_garbage:{SERVER}")
+        self.assertEqual((status, answer.get("errcode")), (404, "M_NOT_FOUND"))
 
     def test_a_service_that_misbehaves_leaves_the_thing_unknown_at_once(self):
         for how in ("none", "garbage", "hangup"):
