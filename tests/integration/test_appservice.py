@@ -7,13 +7,19 @@ and an exclusive namespace is 400 M_EXCLUSIVE to everyone else; events of intere
 the service as PUT /_matrix/app/v1/transactions/{txnId} with the hs_token, in order, one
 transaction at a time, the same txnId on every retry, nothing lost across a restart, and a
 service that never answers holds no request thread; two processes on one database send
-each event once; the ping and the third-party endpoints.
+each event once; the ping and the third-party endpoints (the reverse look-ups asked of
+every bridge); an unknown user or alias of a namespace asked of its service
+(/_matrix/app/v1/users, /rooms) and looked up again, a misbehaving service leaving it
+unknown at once; presence and to-device messages for a service with receive_ephemeral
+only; the directory plugin's M_EXCLUSIVE and networks (ABI 1.6); services built on the npm
+libraries matrix-appservice-bridge and matrix-bot-sdk (tests/e2e/appservice.as.mjs).
 
 The service is a real HTTP server on loopback (FakeService), started by the test."""
 
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 import unittest
@@ -246,7 +252,7 @@ class AppserviceCase(unittest.TestCase):
                 registration(None, "quiet", as_token="quiet-as", hs_token="quiet-hs",
                              rate_limited=True, protocols=["xmpp"]),
                 registration(cls.plain.url, "plain", as_token="plain-as", hs_token="plain-hs",
-                             protocols=[], receive_ephemeral=False)]
+                             protocols=[], receive_ephemeral=False)] + cls.more_registrations()
         cls.srv = harness.Server(settings=settings_with(regs, cls.extra_settings),
                                  plugins={"directory": {"enabled": True}})
         try:
@@ -256,6 +262,10 @@ class AppserviceCase(unittest.TestCase):
             cls.plain.close()
             raise
         cls.bot = Client(cls.srv, Account(f"@bridgebot:{SERVER}", "as-secret", None, None))
+
+    @classmethod
+    def more_registrations(cls):
+        return []
 
     @classmethod
     def tearDownClass(cls):
@@ -496,6 +506,31 @@ class QueryChecks:
 
 class DeliveryTest(QueryChecks, AppserviceCase):
     extra_settings = {"presence": {"enabled": True}}
+
+    @classmethod
+    def more_registrations(cls):
+        """The services tests/e2e/appservice.as.mjs runs on these ports."""
+        cls.mab_port, cls.sdk_port = harness.free_ports(count=2)
+        return [registration(f"http://127.0.0.1:{port}", ident, as_token=f"{ident}-as",
+                             hs_token=f"{ident}-hs", protocols=[], receive_ephemeral=False)
+                for ident, port in (("mab", cls.mab_port), ("sdk", cls.sdk_port))]
+
+    def test_services_built_on_the_npm_bridge_libraries(self):
+        """matrix-appservice-bridge 11.2's Bridge and matrix-bot-sdk 0.8's Appservice
+        (tests/e2e/appservice.as.mjs): a transaction taken, a user query answered by making
+        the user, messages both ways."""
+        e2e = os.path.join(harness.REPO_ROOT, "tests", "e2e")
+        if not os.path.isdir(os.path.join(e2e, "node_modules", "matrix-appservice-bridge")):
+            self.fail("tests/e2e/node_modules is missing: run tests/run.sh (it runs npm ci)")
+        alice = register(self.srv, "alice_npm")
+        proc = subprocess.run(
+            ["node", "--test", "--test-force-exit", "--test-reporter=spec", "appservice.as.mjs"],
+            cwd=e2e, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "ATRIUM_URL": self.srv.base, "ATRIUM_DOMAIN": SERVER,
+                 "ALICE_TOKEN": alice.token, "MAB_PORT": str(self.mab_port),
+                 "SDK_PORT": str(self.sdk_port)})
+        self.assertEqual(proc.returncode, 0,
+                         f"node --test failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}")
 
     def test_presence_and_to_device_reach_only_a_service_that_asked(self):
         alice = Client(self.srv, register(self.srv, "alice_eph"))
