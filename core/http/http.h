@@ -341,6 +341,8 @@ struct atrium_req {
     void *core_state; /* a core handler's own progress across its runs (after a park or a
                        * handoff), and the federation check's while it waits for a key, in
                        * request memory; plugins use plugin_state */
+    void *as_query;   /* an application service asked about a user or alias in an earlier
+                       * run (core/client/appservice/as_query.c), in request memory */
     bool in_dispatch_done; /* the response was queued */
 
     /* the response under construction, owned by the owning thread */

@@ -13,6 +13,7 @@
 
 #include <sodium.h>
 
+#include "core/client/appservice/appservice.h"
 #include "core/client/auth/auth.h"
 #include "core/federation/transport/fed_request.h"
 #include "core/federation/transport/federation.h"
@@ -631,6 +632,17 @@ static int h_respond_stream_wait(atrium_req *r, int status, const char *content_
                                     (struct atrium_event *)ev, deadline_ms);
 }
 
+static const char *h_req_appservice(atrium_req *r)
+{
+    const as_service *svc = as_of_request(r);
+    return svc ? svc->id : NULL;
+}
+
+static int h_alias_exclusive(atrium_req *r, const char *alias)
+{
+    return alias && as_alias_exclusive_elsewhere(alias, as_of_request(r)) ? 1 : 0;
+}
+
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
     .abi_major = ATRIUM_ABI_MAJOR,
@@ -718,6 +730,9 @@ static const atrium_host HOST = {
     .sha256_init = h_sha256_init,
     .sha256_update = h_sha256_update,
     .sha256_final = h_sha256_final,
+    .req_appservice = h_req_appservice,
+    .alias_exclusive = h_alias_exclusive,
+    .alias_query = as_query_alias,
 };
 
 const atrium_host *host_table(core_runtime *rt)

@@ -659,6 +659,27 @@ struct atrium_host {
     int (*sha256_init)(atrium_sha256 *ctx);
     int (*sha256_update)(atrium_sha256 *ctx, const void *data, size_t len);
     int (*sha256_final)(atrium_sha256 *ctx, unsigned char out[ATRIUM_SHA256_BYTES]);
+
+    /* == 1.6: application services ==================================================== */
+
+    /* [req] The id of the application service req authenticates as (its access token is
+     * the as_token of a registration listed under app_service_config_files), or NULL (a
+     * user's token, no token, a server). The string lives as long as the server. Call it
+     * after req_authenticate. */
+    const char *(*req_appservice)(atrium_req *req);
+    /* [req] 1 when `alias` lies in an exclusive alias namespace of an application service
+     * other than the one req authenticates as (req_appservice), 0 otherwise. A plugin
+     * that creates aliases answers 1 with 400 M_EXCLUSIVE: only that service may take it. */
+    int (*alias_exclusive)(atrium_req *req, const char *alias);
+    /* [req] An alias of this server the plugin does not know: when an application service
+     * claims it in its namespaces and req has not asked in an earlier run, ask the service
+     * (GET /_matrix/app/v1/rooms/{roomAlias}: a bridge creates the room there and then) and
+     * return ATRIUM_PARKED, which the handler returns: it runs again once the service
+     * answered or the deadline passed, and looks the alias up again. ATRIUM_CONTINUE:
+     * nobody to ask, or asked already (the alias stays unknown: answer 404). ATRIUM_DONE
+     * after answering (429: too many requests to other servers; 503). No request thread
+     * waits. */
+    int (*alias_query)(atrium_req *req, const char *alias);
 };
 
 /* The lower-case hex of a SHA-256 digest, NUL-terminated, into `out` (1.5; no host call). */

@@ -11,7 +11,9 @@
  * room's m.room.canonical_alias stops naming it (rooms/1 canonical_alias_drop: sent as the
  * deleting user when the room lets them). It also answers other servers' look-ups
  * (GET /_matrix/federation/v1/query/directory). Aliases of other servers are looked up
- * by remote.c.
+ * by remote.c. Application services (ABI 1.6): an alias in a service's exclusive namespace
+ * is 400 M_EXCLUSIVE to everyone else (alias_exclusive), and an unknown local alias a
+ * service claims is asked of it before GET answers 404 (alias_query).
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -107,6 +109,9 @@ static int put_alias(atrium_req *req)
         return h->respond_error(req, 400, "M_INVALID_PARAM",
                                 "Aliases can only be created on this server (:%s)",
                                 h->server_name());
+    if (h->alias_exclusive(req, alias) == 1) /* ABI 1.6 */
+        return h->respond_error(req, 400, "M_EXCLUSIVE", "Room alias %s is reserved by an "
+                                "application service", alias);
     json_t *body = h->req_json(req);
     if (!body) return ATRIUM_DONE;
     const char *room_id = json_string_value(json_object_get(body, "room_id"));
@@ -142,8 +147,11 @@ static int get_alias(atrium_req *req)
     char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
     int rc = dir_alias_resolve(c, alias, room_id);
     h->db_release(c);
-    if (rc == ATRIUM_E_NOTFOUND)
+    if (rc == ATRIUM_E_NOTFOUND) { /* a bridge may make it (ABI 1.6): ask, then look again */
+        int asked = h->alias_query(req, alias);
+        if (asked != ATRIUM_CONTINUE) return asked;
         return h->respond_error(req, 404, "M_NOT_FOUND", "Room alias %s not found", alias);
+    }
     if (rc < 0) return h->respond_error(req, 503, "M_UNKNOWN", "The database failed; retry");
     return h->respond_json(req, 200, json_pack("{s:s, s:[s]}", "room_id", room_id, "servers",
                                                h->server_name()));
@@ -161,8 +169,11 @@ static int fed_query_directory(atrium_req *req)
     char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
     int rc = dir_alias_resolve(c, alias, room_id);
     h->db_release(c);
-    if (rc == ATRIUM_E_NOTFOUND)
+    if (rc == ATRIUM_E_NOTFOUND) { /* a bridge may make it (ABI 1.6): ask, then look again */
+        int asked = h->alias_query(req, alias);
+        if (asked != ATRIUM_CONTINUE) return asked;
         return h->respond_error(req, 404, "M_NOT_FOUND", "Room alias %s not found", alias);
+    }
     if (rc < 0) return h->respond_error(req, 503, "M_UNKNOWN", "The database failed; retry");
     return h->respond_json(req, 200, json_pack("{s:s, s:[s]}", "room_id", room_id, "servers",
                                                h->server_name()));

@@ -40,6 +40,12 @@ static const atrium_migration MIGRATIONS[] = {
      " creator text NOT NULL,"
      " created_at timestamptz NOT NULL DEFAULT now());"
      "CREATE INDEX directory_aliases_room ON directory_aliases (room_id)"},
+    {4, "appservice_networks",
+     /* A room an application service listed for one of its networks
+      * (PUT /directory/list/appservice/{networkId}/{roomId}): shown only to a search of
+      * that network (third_party_instance_id "<service id>|<network id>") or of all. */
+     "ALTER TABLE directory_public_rooms ADD COLUMN appservice_id text,"
+     " ADD COLUMN network_id text"},
 };
 
 static dir_settings settings;
@@ -131,6 +137,6 @@ static int directory_start(void *state)
     return 0;
 }
 
-ATRIUM_PLUGIN(.name = "directory", .version = "0.3.0", .provides = ATRIUM_DIRECTORY_IFACE,
+ATRIUM_PLUGIN(.name = "directory", .version = "0.4.0", .provides = ATRIUM_DIRECTORY_IFACE,
               .init = directory_init, .start = directory_start, .settings = SETTINGS,
               .n_settings = sizeof(SETTINGS) / sizeof(SETTINGS[0]))

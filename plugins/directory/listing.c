@@ -14,6 +14,12 @@
  * first), then room ID; a page token is the offset into that order ("o<N>"). A room that
  * joins or leaves the list between two pages can shift one entry, which the spec allows
  * (the count is an estimate). Who may list a room: plugins.directory.publish.
+ *
+ * Application services' networks (ABI 1.6, req_appservice): a service lists a room for one
+ * of its networks with PUT /directory/list/appservice/{networkId}/{roomId}; the row then
+ * carries its id and the network, and shows only in a POST publicRooms for that network
+ * (third_party_instance_id "<service id>|<network id>") or for all (include_all_networks),
+ * never in the main list. One row per room: listing it in the main list moves it back.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -32,6 +38,7 @@
 #define DIRECTORY_MAX_SEARCH_BYTES 256     /* generic_search_term */
 #define DIRECTORY_MAX_ROOM_TYPES 16        /* entries of filter.room_types */
 #define DIRECTORY_MAX_ROOM_TYPE_BYTES 255  /* one room type */
+#define DIRECTORY_MAX_NETWORK_BYTES 255    /* an application service's networkId */
 
 /* Write summary s (rooms/1 room_summary) as the room's row of the list. */
 static int store_summary(PGconn *c, const json_t *s)
@@ -71,9 +78,23 @@ static int refresh(PGconn *c, const char *room_id)
     return rc;
 }
 
+/* List room_id (refreshed) in the main list (as_id and network NULL) or in a service's
+ * network's. */
+static int publish_in(PGconn *c, const char *room_id, const char *as_id, const char *network)
+{
+    int rc = refresh(c, room_id);
+    if (rc < 0) return rc;
+    const char *p[3] = {room_id, as_id, network};
+    PGresult *res = dir_q(c, "UPDATE directory_public_rooms SET appservice_id = $2,"
+                             " network_id = $3 WHERE room_id = $1", 3, p, NULL);
+    if (!res) return ATRIUM_E_DB;
+    PQclear(res);
+    return 0;
+}
+
 int dir_room_publish(PGconn *c, const char *room_id, bool visible)
 {
-    if (visible) return refresh(c, room_id);
+    if (visible) return publish_in(c, room_id, NULL, NULL);
     const char *p[1] = {room_id};
     PGresult *res = dir_q(c, "DELETE FROM directory_public_rooms WHERE room_id = $1", 1, p, NULL);
     if (!res) return ATRIUM_E_DB;
@@ -161,12 +182,60 @@ static int put_visibility(atrium_req *req)
     return h->respond_error(req, 503, "M_UNKNOWN", "The database failed; retry");
 }
 
+/* PUT /_matrix/client/v3/directory/list/appservice/{networkId}/{roomId} {"visibility"}:
+ * an application service lists a room for one of its networks (or takes it off). */
+static int put_network_visibility(atrium_req *req)
+{
+    if (!h->req_authenticate(req)) return ATRIUM_DONE;
+    const char *as_id = h->req_appservice(req); /* ABI 1.6 */
+    if (!as_id)
+        return h->respond_error(req, 403, "M_FORBIDDEN", "Only an application service may list "
+                                "rooms for a network");
+    const char *network = h->req_param(req, "networkId"), *room_id = h->req_param(req, "roomId");
+    if (!network || !network[0] || strlen(network) > DIRECTORY_MAX_NETWORK_BYTES ||
+        strchr(network, '|'))
+        return h->respond_error(req, 400, "M_INVALID_PARAM", "networkId must be 1 to %d bytes "
+                                "without '|'", DIRECTORY_MAX_NETWORK_BYTES);
+    if (!room_id || room_id[0] != '!' || strlen(room_id) > ATRIUM_ROOM_ID_MAX_BYTES)
+        return h->respond_error(req, 400, "M_INVALID_PARAM", "Not a room ID");
+    json_t *body = h->req_json(req);
+    if (!body) return ATRIUM_DONE;
+    const char *v = json_string_value(json_object_get(body, "visibility"));
+    if (!v || (strcmp(v, "public") != 0 && strcmp(v, "private") != 0))
+        return h->respond_error(req, 400, "M_INVALID_PARAM",
+                                "visibility must be \"public\" or \"private\"");
+    PGconn *c = dir_db(req);
+    if (!c) return ATRIUM_DONE;
+    int rc;
+    if (strcmp(v, "public") == 0) {
+        PGresult *res = dir_q(c, "BEGIN", 0, NULL, NULL);
+        rc = res ? publish_in(c, room_id, as_id, network) : ATRIUM_E_DB;
+        PQclear(res);
+        res = dir_q(c, rc == 0 ? "COMMIT" : "ROLLBACK", 0, NULL, NULL);
+        if (!res && rc == 0) rc = ATRIUM_E_DB;
+        PQclear(res);
+    } else {
+        const char *p[3] = {room_id, as_id, network};
+        PGresult *res = dir_q(c, "DELETE FROM directory_public_rooms WHERE room_id = $1"
+                                 " AND appservice_id = $2 AND network_id = $3", 3, p, NULL);
+        rc = res ? 0 : ATRIUM_E_DB;
+        PQclear(res);
+    }
+    h->db_release(c);
+    if (rc == 0) return h->respond_json(req, 200, json_object());
+    if (rc == ATRIUM_E_NOTFOUND) return h->respond_error(req, 404, "M_NOT_FOUND", "Unknown room");
+    return h->respond_error(req, 503, "M_UNKNOWN", "The database failed; retry");
+}
+
 /* One page request, from the query string (GET) or the body (POST). */
 typedef struct page_query {
     long limit;
     long offset;
     const char *search;     /* generic_search_term, or NULL */
     char *types_json;       /* filter.room_types as a JSON array (null = no type), or NULL */
+    bool all_networks;      /* include_all_networks: every room, whichever network */
+    const char *as_id;      /* third_party_instance_id's service, or NULL: the main list */
+    const char *network;    /* and its network */
 } page_query;
 
 
@@ -208,7 +277,8 @@ static int answer_page(atrium_req *req, const page_query *q)
     char lim[24], off[24];
     snprintf(lim, sizeof(lim), "%ld", q->limit);
     snprintf(off, sizeof(off), "%ld", q->offset);
-    const char *params[4] = {lim, off, q->search, q->types_json};
+    const char *params[7] = {lim, off, q->search, q->types_json, q->all_networks ? "t" : "f",
+                             q->as_id, q->network};
     PGconn *c = h->db_acquire(h->db_wait_ms());
     if (!c) return h->respond_error(req, 503, "M_UNKNOWN", "The database is busy; retry");
     /* $3: case-insensitive substring of name, topic or alias (LIKE wildcards escaped);
@@ -221,13 +291,15 @@ static int answer_page(atrium_req *req, const page_query *q)
         "  '%' || replace(replace(replace($3, '\\', '\\\\'), '%', '\\%'), '_', '\\_') || '%')"
         " AND ($4::jsonb IS NULL OR EXISTS (SELECT 1 FROM jsonb_array_elements($4::jsonb) t"
         "  WHERE (jsonb_typeof(t) = 'null' AND r.room_type IS NULL)"
-        "  OR (jsonb_typeof(t) = 'string' AND r.room_type = t #>> '{}'))))"
+        "  OR (jsonb_typeof(t) = 'string' AND r.room_type = t #>> '{}')))"
+        " AND ($5::boolean OR (r.appservice_id IS NOT DISTINCT FROM $6::text"
+        "  AND r.network_id IS NOT DISTINCT FROM $7::text)))"
         " SELECT room_id, name, topic, canonical_alias, avatar_url, num_joined_members,"
         " world_readable, guest_can_join, join_rule, room_type,"
         " (SELECT count(*) FROM matching)"
         " FROM matching ORDER BY num_joined_members DESC, room_id"
         " LIMIT $1::bigint + 1 OFFSET $2::bigint",
-        4, NULL, params, NULL, NULL, 0);
+        7, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         h->log(dir_self, ATRIUM_LOG_ERROR, "public room query failed: %s",
                PQresultErrorMessage(res));
@@ -339,6 +411,41 @@ static bool read_room_types(atrium_req *req, json_t *filter, page_query *q)
     return true;
 }
 
+/* include_all_networks and third_party_instance_id ("<service id>|<network id>", as
+ * Synapse spells it) into q. false after answering 400. */
+static bool parse_networks(atrium_req *req, json_t *body, page_query *q)
+{
+    json_t *all = json_object_get(body, "include_all_networks");
+    if (all && !json_is_null(all) && !json_is_boolean(all)) {
+        h->respond_error(req, 400, "M_BAD_JSON", "include_all_networks must be a boolean");
+        return false;
+    }
+    q->all_networks = json_is_true(all);
+    json_t *tp = json_object_get(body, "third_party_instance_id");
+    if (!tp || json_is_null(tp)) return true;
+    const char *v = json_string_value(tp);
+    const char *bar = v ? strchr(v, '|') : NULL;
+    if (!v || json_string_length(tp) > 2 * DIRECTORY_MAX_NETWORK_BYTES || !bar || bar == v) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "third_party_instance_id must be "
+                         "\"<application service id>|<network id>\"");
+        return false;
+    }
+    if (q->all_networks) {
+        h->respond_error(req, 400, "M_INVALID_PARAM", "third_party_instance_id cannot be used "
+                         "with include_all_networks");
+        return false;
+    }
+    char *as_id = h->req_strdup(req, v);
+    if (!as_id) {
+        h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+        return false;
+    }
+    as_id[bar - v] = '\0';
+    q->as_id = as_id;
+    q->network = as_id + (bar - v) + 1;
+    return true;
+}
+
 /* A POST publicRooms body {limit, since, filter{generic_search_term, room_types},
  * include_all_networks, third_party_instance_id} into q; with remote, since is another
  * server's token and is not read. false after answering 400. */
@@ -381,12 +488,7 @@ static bool parse_post(atrium_req *req, json_t *body, page_query *q, bool remote
         }
         if (!read_room_types(req, filter, q)) return false;
     }
-    json_t *tp = json_object_get(body, "third_party_instance_id");
-    if (tp && !json_is_null(tp)) {
-        h->respond_error(req, 400, "M_INVALID_PARAM", "This server bridges no third-party networks");
-        return false;
-    }
-    return true;
+    return parse_networks(req, body, q);
 }
 
 /* POST /_matrix/client/v3/publicRooms?server=: a token is needed. */
@@ -425,6 +527,9 @@ int dir_listing_routes(void)
          .handler = get_visibility},
         {.method = "PUT", .path = "/_matrix/client/v3/directory/list/room/{roomId}",
          .handler = put_visibility},
+        {.method = "PUT",
+         .path = "/_matrix/client/v3/directory/list/appservice/{networkId}/{roomId}",
+         .handler = put_network_visibility},
         {.method = "GET", .path = "/_matrix/federation/v1/publicRooms",
          .handler = get_local_page, .flags = ATRIUM_ROUTE_FEDERATION},
         {.method = "POST", .path = "/_matrix/federation/v1/publicRooms",

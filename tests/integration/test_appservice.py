@@ -7,13 +7,19 @@ and an exclusive namespace is 400 M_EXCLUSIVE to everyone else; events of intere
 the service as PUT /_matrix/app/v1/transactions/{txnId} with the hs_token, in order, one
 transaction at a time, the same txnId on every retry, nothing lost across a restart, and a
 service that never answers holds no request thread; two processes on one database send
-each event once; the ping and the third-party endpoints.
+each event once; the ping and the third-party endpoints (the reverse look-ups asked of
+every bridge); an unknown user or alias of a namespace asked of its service
+(/_matrix/app/v1/users, /rooms) and looked up again, a misbehaving service leaving it
+unknown at once; presence and to-device messages for a service with receive_ephemeral
+only; the directory plugin's M_EXCLUSIVE and networks (ABI 1.6); services built on the npm
+libraries matrix-appservice-bridge and matrix-bot-sdk (tests/e2e/appservice.as.mjs).
 
 The service is a real HTTP server on loopback (FakeService), started by the test."""
 
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 import unittest
@@ -27,6 +33,7 @@ from rooms_client import V3, Client, quote
 SERVER = "localhost"
 TXN_PATH = re.compile(r"^/_matrix/app/v1/transactions/([^/?]+)$")
 PING_PATH = "/_matrix/app/v1/ping"
+QUERY_PREFIXES = ("/_matrix/app/v1/users/", "/_matrix/app/v1/rooms/")
 # Short back-off, so retries within a test take tens of milliseconds (appservice.*).
 FAST = {"appservice": {"retry_min_ms": 50, "retry_max_ms": 200, "request_timeout_ms": 1500}}
 
@@ -47,6 +54,8 @@ class FakeService:
         self.status = 200
         self.hang = threading.Event()
         self.hung = 0
+        # The user and alias queries: path -> (status, body bytes), or (None, _) to hang up.
+        self.on_query = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -89,6 +98,17 @@ class FakeService:
             def do_GET(self):
                 with outer.lock:
                     outer.lookups.append((self.path, self.headers.get("Authorization")))
+                if outer.on_query and self.path.startswith(QUERY_PREFIXES):
+                    status, data = outer.on_query(urllib.parse.unquote(self.path))
+                    if status is None:
+                        return  # the connection closes unanswered
+                    try:
+                        self.send_response(status)
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        return self.wfile.write(data)
+                    except BrokenPipeError:
+                        return  # a slow answer the server stopped waiting for
                 if self.path == "/_matrix/app/v1/thirdparty/protocol/irc":
                     return self.reply(200, {"user_fields": ["nick"], "location_fields": [],
                                             "icon": "mxc://x/irc", "field_types": {},
@@ -97,6 +117,12 @@ class FakeService:
                     nick = urllib.parse.parse_qs(self.path.split("?", 1)[1])["nick"][0]
                     return self.reply(200, [{"userid": f"@bridge_{nick}:{SERVER}",
                                              "protocol": "irc", "fields": {"nick": nick}}])
+                if self.path.startswith("/_matrix/app/v1/thirdparty/user?userid="):
+                    user = urllib.parse.unquote(self.path.split("=", 1)[1])
+                    return self.reply(200, [{"userid": user, "protocol": "irc",
+                                             "fields": {"nick": user[1:].split(":")[0]}}])
+                if self.path.startswith("/_matrix/app/v1/thirdparty/location?"):
+                    return self.reply(200, {"not": "an array"})
                 self.reply(404, {"errcode": "M_NOT_FOUND", "error": "no"})
 
             def do_POST(self):
@@ -134,6 +160,11 @@ class FakeService:
             assert b.get("ephemeral") == b.get("de.sorunome.msc2409.ephemeral"), b
             out += [e for e in b.get("ephemeral", []) if e.get("room_id") == room]
         return out
+
+    def taken_key(self, key):
+        """Every item of the transactions' `key` list taken, in order."""
+        with self.lock:
+            return [e for t in self.order for e in self.taken[t].get(key, [])]
 
     def bodies(self, room):
         return [e["content"].get("body") for e in self.events()
@@ -216,22 +247,31 @@ class AppserviceCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.svc = FakeService()
+        cls.plain = FakeService()  # a service that did not ask for ephemeral data
         regs = [registration(cls.svc.url),
                 registration(None, "quiet", as_token="quiet-as", hs_token="quiet-hs",
-                             rate_limited=True, protocols=["xmpp"])]
+                             rate_limited=True, protocols=["xmpp"]),
+                registration(cls.plain.url, "plain", as_token="plain-as", hs_token="plain-hs",
+                             protocols=[], receive_ephemeral=False)] + cls.more_registrations()
         cls.srv = harness.Server(settings=settings_with(regs, cls.extra_settings),
                                  plugins={"directory": {"enabled": True}})
         try:
             cls.srv.__enter__()
         except BaseException:
             cls.svc.close()
+            cls.plain.close()
             raise
         cls.bot = Client(cls.srv, Account(f"@bridgebot:{SERVER}", "as-secret", None, None))
+
+    @classmethod
+    def more_registrations(cls):
+        return []
 
     @classmethod
     def tearDownClass(cls):
         cls.srv.close()
         cls.svc.close()
+        cls.plain.close()
 
     def as_call(self, method, path, body=None, user_id=None, token="as-secret"):
         if user_id:
@@ -290,6 +330,40 @@ class ActingAsServiceTest(AppserviceCase):
         self.assertEqual((status, answer.get("errcode")), (400, "M_EXCLUSIVE"))
         self.assertEqual(alice.call("POST", f"{V3}/createRoom",
                                     {"room_alias_name": "alice_r"})[0], 200)
+        # The directory plugin asks the core (ABI 1.6, alias_exclusive).
+        room = alice.create_room()
+        status, answer = alice.call("PUT", f"{V3}/directory/room/{quote('#bridge_d:' + SERVER)}",
+                                    {"room_id": room})
+        self.assertEqual((status, answer.get("errcode")), (400, "M_EXCLUSIVE"))
+        self.assertEqual(alice.call("PUT", f"{V3}/directory/room/{quote('#alice_d:' + SERVER)}",
+                                    {"room_id": room})[0], 200)
+        alice.ok("POST", f"{V3}/rooms/{quote(room)}/invite", {"user_id": self.bot.user_id})
+        self.bot.ok("POST", f"{V3}/rooms/{quote(room)}/join", {})
+        self.assertEqual(self.bot.call("PUT", f"{V3}/directory/room/{quote('#bridge_d:' + SERVER)}",
+                                       {"room_id": room})[0], 200)
+
+    def test_a_service_lists_rooms_for_its_networks(self):
+        alice = Client(self.srv, register(self.srv, "alice_networks"))
+        room = alice.create_room(name="irc channel")
+        path = f"{V3}/directory/list/appservice/libera/{quote(room)}"
+        status, answer = alice.call("PUT", path, {"visibility": "public"})
+        self.assertEqual((status, answer.get("errcode")), (403, "M_FORBIDDEN"))
+        self.assertEqual(self.as_call("PUT", path, {"visibility": "nope"})[0], 400)
+        self.assertEqual(self.as_call("PUT", path, {"visibility": "public"})[0], 200)
+
+        def listed(body):
+            rooms = alice.ok("POST", f"{V3}/publicRooms", body)["chunk"]
+            return room in [r["room_id"] for r in rooms]
+
+        self.assertFalse(listed({}))
+        self.assertTrue(listed({"third_party_instance_id": "bridge|libera"}))
+        self.assertFalse(listed({"third_party_instance_id": "bridge|oftc"}))
+        self.assertTrue(listed({"include_all_networks": True}))
+        for bad in ({"third_party_instance_id": "nobar"}, {"include_all_networks": "yes"},
+                    {"include_all_networks": True, "third_party_instance_id": "bridge|libera"}):
+            self.assertEqual(alice.call("POST", f"{V3}/publicRooms", bad)[0], 400, bad)
+        self.assertEqual(self.as_call("PUT", path, {"visibility": "private"})[0], 200)
+        self.assertFalse(listed({"include_all_networks": True}))
 
     def test_application_service_login(self):
         flows = self.srv.json("GET", f"{V3}/login")[1]["flows"]
@@ -329,6 +403,14 @@ class ActingAsServiceTest(AppserviceCase):
         self.assertIn(("/_matrix/app/v1/thirdparty/user/irc?nick=bob", "Bearer hs-secret"),
                       self.svc.lookups)
         self.assertEqual(alice.call("GET", f"{V3}/thirdparty/location/irc")[0], 404)
+        # Reverse look-ups (no protocol): every bridge asked, the arrays joined; a bridge
+        # answering something else is left out (here the only one: 502).
+        bob = f"@bridge_bob:{SERVER}"
+        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/user?userid={quote(bob)}"),
+                         [{"userid": bob, "protocol": "irc", "fields": {"nick": "bridge_bob"}}])
+        status, answer = alice.call("GET", f"{V3}/thirdparty/location?alias=%23x:{SERVER}")
+        self.assertEqual((status, answer.get("errcode")), (502, "M_UNKNOWN"))
+        self.assertEqual(alice.call("GET", f"{V3}/thirdparty/user")[0], 400)
         # A bridge without a url: its protocol's description from the registration alone.
         self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/xmpp")["instances"], [])
         self.assertEqual(alice.call("GET", f"{V3}/thirdparty/protocol/nope")[0], 404)
@@ -346,7 +428,138 @@ class ActingAsServiceTest(AppserviceCase):
         self.assertEqual((status, answer.get("errcode")), (400, "M_URL_NOT_SET"))
 
 
-class DeliveryTest(AppserviceCase):
+class QueryChecks:
+    """(Run in DeliveryTest's server.) GET /_matrix/app/v1/users/{userId} and /rooms/{alias}: asked when a client looks up
+    an unknown user or alias of a namespace; the service makes it, and the server looks
+    again. Whatever else the service answers, the caller gets 404 at once."""
+
+    def answer(self, path):
+        kind, ident = path[len("/_matrix/app/v1/"):].split("/", 1)
+        local = ident[1:].split(":")[0]
+        if local.endswith("_made") and kind == "users":
+            self.assertEqual(self.as_register(local)[0], 200)
+        elif local.endswith("_made"):
+            self.bot.ok("POST", f"{V3}/createRoom", {"room_alias_name": local,
+                                                     "preset": "public_chat"})
+        elif local.endswith("_garbage"):
+            return 200, b"{not json"
+        elif local.endswith("_slow"):
+            time.sleep(3)  # past appservice.request_timeout_ms
+            return 200, b"{}"
+        elif local.endswith("_hangup"):
+            return None, b""
+        else:
+            return 404, b'{"errcode": "M_NOT_FOUND"}'
+        return 200, b"{}"
+
+    def setUp(self):
+        self.svc.on_query = self.answer
+        self.alice = Client(self.srv, register(self.srv, f"alice_q{int(time.time() * 1e6)}"))
+
+    def test_an_unknown_namespace_user_is_asked_for_and_then_found(self):
+        user = f"@bridge_u{int(time.time() * 1000)}_made:{SERVER}"
+        self.assertEqual(self.alice.call("GET", f"{V3}/profile/{quote(user)}")[0], 200)
+        self.assertIn((f"/_matrix/app/v1/users/{user}", "Bearer hs-secret"),
+                      [(urllib.parse.unquote(p), a) for p, a in self.svc.lookups])
+        room = self.alice.create_room()
+        self.assertEqual(self.alice.call("POST", f"{V3}/rooms/{quote(room)}/invite",
+                                         {"user_id": f"@bridge_i{int(time.time() * 1000)}_made:"
+                                                     f"{SERVER}"})[0], 200)
+        # Outside every namespace, or known already: nobody is asked.
+        before = len(self.svc.lookups)
+        self.assertEqual(self.alice.call("GET", f"{V3}/profile/@nobody:{SERVER}")[0], 404)
+        self.assertEqual(self.alice.call("GET", f"{V3}/profile/{quote(user)}")[0], 200)
+        self.assertEqual(len(self.svc.lookups), before)
+
+    def test_joining_an_unknown_namespace_alias_creates_the_room(self):
+        alias = f"#bridge_r{int(time.time() * 1000)}_made:{SERVER}"
+        status, answer = self.alice.call("POST", f"{V3}/join/{quote(alias)}", {})
+        self.assertEqual(status, 200, answer)
+        self.assertTrue(answer["room_id"].startswith("!"))
+        # The directory plugin's look-up asks too (ABI 1.6, alias_query).
+        alias = f"#bridge_g{int(time.time() * 1000)}_made:{SERVER}"
+        status, answer = self.alice.call("GET", f"{V3}/directory/room/{quote(alias)}")
+        self.assertEqual(status, 200, answer)
+        status, answer = self.alice.call("GET", f"{V3}/directory/room/#bridge_g_garbage:{SERVER}")
+        self.assertEqual((status, answer.get("errcode")), (404, "M_NOT_FOUND"))
+
+    def test_a_service_that_misbehaves_leaves_the_thing_unknown_at_once(self):
+        for how in ("none", "garbage", "hangup"):
+            status, answer = self.alice.call("GET", f"{V3}/profile/@bridge_x_{how}:{SERVER}")
+            self.assertEqual((status, answer.get("errcode")), (404, "M_NOT_FOUND"), how)
+            status, answer = self.alice.call("POST", f"{V3}/join/#bridge_x_{how}:{SERVER}", {})
+            self.assertEqual((status, answer.get("errcode")), (404, "M_NOT_FOUND"), how)
+        # A slow service: the request waits parked, /versions answers at once meanwhile.
+        result = {}
+        t = threading.Thread(target=lambda: result.update(
+            a=self.alice.call("GET", f"{V3}/profile/@bridge_y_slow:{SERVER}")))
+        started = time.monotonic()
+        t.start()
+        time.sleep(0.3)
+        v0 = time.monotonic()
+        self.assertEqual(self.srv.json("GET", "/_matrix/client/versions")[0], 200)
+        self.assertLess(time.monotonic() - v0, 1.0)
+        t.join(10)
+        self.assertEqual(result["a"][0], 404)
+        self.assertLess(time.monotonic() - started, 3.0)  # the 1.5 s deadline, not the 3 s
+
+
+class DeliveryTest(QueryChecks, AppserviceCase):
+    extra_settings = {"presence": {"enabled": True}}
+
+    @classmethod
+    def more_registrations(cls):
+        """The services tests/e2e/appservice.as.mjs runs on these ports."""
+        cls.mab_port, cls.sdk_port = harness.free_ports(count=2)
+        return [registration(f"http://127.0.0.1:{port}", ident, as_token=f"{ident}-as",
+                             hs_token=f"{ident}-hs", protocols=[], receive_ephemeral=False)
+                for ident, port in (("mab", cls.mab_port), ("sdk", cls.sdk_port))]
+
+    def test_services_built_on_the_npm_bridge_libraries(self):
+        """matrix-appservice-bridge 11.2's Bridge and matrix-bot-sdk 0.8's Appservice
+        (tests/e2e/appservice.as.mjs): a transaction taken, a user query answered by making
+        the user, messages both ways."""
+        e2e = os.path.join(harness.REPO_ROOT, "tests", "e2e")
+        if not os.path.isdir(os.path.join(e2e, "node_modules", "matrix-appservice-bridge")):
+            self.fail("tests/e2e/node_modules is missing: run tests/run.sh (it runs npm ci)")
+        alice = register(self.srv, "alice_npm")
+        proc = subprocess.run(
+            ["node", "--test", "--test-force-exit", "--test-reporter=spec", "appservice.as.mjs"],
+            cwd=e2e, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "ATRIUM_URL": self.srv.base, "ATRIUM_DOMAIN": SERVER,
+                 "ALICE_TOKEN": alice.token, "MAB_PORT": str(self.mab_port),
+                 "SDK_PORT": str(self.sdk_port)})
+        self.assertEqual(proc.returncode, 0,
+                         f"node --test failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}")
+
+    def test_presence_and_to_device_reach_only_a_service_that_asked(self):
+        alice = Client(self.srv, register(self.srv, "alice_eph"))
+        bridged = self.as_register("bridge_eph")[1]
+        plain = self.as_register("plain_eph", token="plain-as")[1]
+        room = alice.create_room(invite=[bridged["user_id"], plain["user_id"]])
+        for who, token in ((bridged, "as-secret"), (plain, "plain-as")):
+            self.assertEqual(self.as_call("POST", f"{V3}/rooms/{quote(room)}/join", {},
+                                          user_id=who["user_id"], token=token)[0], 200)
+        messages = {who["user_id"]: {who["device_id"]: {"secret": who["user_id"]}}
+                    for who in (bridged, plain)}
+        alice.ok("PUT", f"{V3}/sendToDevice/m.test/eph1", {"messages": messages})
+        alice.ok("PUT", f"{V3}/presence/{quote(alice.user_id)}/status",
+                 {"presence": "online", "status_msg": "bridging"})
+        alice.send(room, {"msgtype": "m.text", "body": "after"})
+        self.assertEqual(self.svc.wait_bodies(room, 1), ["after"])
+        self.assertEqual(self.plain.wait_bodies(room, 1), ["after"])
+        to_device = self.svc.taken_key("de.sorunome.msc2409.to_device")
+        self.assertEqual(to_device, [{"type": "m.test", "sender": alice.user_id,
+                                      "content": {"secret": bridged["user_id"]},
+                                      "to_user_id": bridged["user_id"],
+                                      "to_device_id": bridged["device_id"]}])
+        presence = [e for e in self.svc.taken_key("ephemeral") if e["type"] == "m.presence"
+                    and e["sender"] == alice.user_id]
+        self.assertEqual(presence[-1]["content"]["status_msg"], "bridging")
+        self.assertEqual(presence[-1]["content"]["presence"], "online")
+        self.assertEqual(self.plain.taken_key("de.sorunome.msc2409.to_device"), [])
+        self.assertEqual(self.plain.taken_key("ephemeral"), [])
+
     def test_events_of_interest_arrive_in_order_with_the_hs_token(self):
         outsider = Client(self.srv, register(self.srv, "outsider"))
         private = outsider.create_room()

@@ -48,7 +48,11 @@ _Static_assert(offsetof(struct atrium_host, wall_ms) == 8 + 79 * PTR, "host 1.5 
 _Static_assert(offsetof(struct atrium_host, sha256_init) == 8 + 80 * PTR, "host 1.5 layout");
 _Static_assert(offsetof(struct atrium_host, sha256_update) == 8 + 81 * PTR, "host 1.5 layout");
 _Static_assert(offsetof(struct atrium_host, sha256_final) == 8 + 82 * PTR, "host 1.5 layout");
-_Static_assert(sizeof(struct atrium_host) == 8 + 83 * PTR, "members are appended only at a minor");
+/* 1.6, appended after sha256_final: application services. */
+_Static_assert(offsetof(struct atrium_host, req_appservice) == 8 + 83 * PTR, "host 1.6 layout");
+_Static_assert(offsetof(struct atrium_host, alias_exclusive) == 8 + 84 * PTR, "host 1.6 layout");
+_Static_assert(offsetof(struct atrium_host, alias_query) == 8 + 85 * PTR, "host 1.6 layout");
+_Static_assert(sizeof(struct atrium_host) == 8 + 86 * PTR, "members are appended only at a minor");
 /* The caller's SHA-256 context: plugins allocate it, so its size and alignment are ABI. */
 _Static_assert(sizeof(atrium_sha256) == 128 && _Alignof(atrium_sha256) == 8,
                "atrium_sha256 layout changed");
@@ -65,7 +69,7 @@ _Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x
                "route flags keep their bits");
 _Static_assert(offsetof(atrium_route, body_chunk) == 5 * PTR && sizeof(atrium_route) == 7 * PTR,
                "atrium_route layout changed");
-_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 5, "this file pins ABI 1.5");
+_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 6, "this file pins ABI 1.6");
 /* Interfaces start with their size and version, then function pointers, appended only. */
 _Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
                "directory/1 header changed");

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/client/appservice/appservice.h"
 #include "core/client/ratelimits.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/rooms/events.h"
@@ -82,6 +83,8 @@ static int get_profile(atrium_req *r)
 {
     if (!acc_is_local_user(r, http_req_param(r, "userId")))
         return acc_profile_remote(r, http_req_param(r, "userId"), NULL);
+    int asked = as_query_user(r, http_req_param(r, "userId")); /* a bridge's user */
+    if (asked != ATRIUM_CONTINUE) return asked;
     json_t *profile = acc_profile_load(r, http_req_param(r, "userId"));
     if (!profile) return ATRIUM_DONE;
     return http_respond_json(r, 200, profile);
@@ -94,6 +97,8 @@ static int get_field(atrium_req *r)
     if (!f) return http_respond_error(r, 404, "M_NOT_FOUND", "No such profile field");
     if (!acc_is_local_user(r, http_req_param(r, "userId")))
         return acc_profile_remote(r, http_req_param(r, "userId"), f->name);
+    int asked = as_query_user(r, http_req_param(r, "userId")); /* a bridge's user */
+    if (asked != ATRIUM_CONTINUE) return asked;
     json_t *profile = acc_profile_load(r, http_req_param(r, "userId"));
     if (!profile) return ATRIUM_DONE;
     json_t *value = json_object_get(profile, f->name);

@@ -8,7 +8,8 @@
  * afterwards, so any thread reads it without a lock. A service's namespaces are POSIX
  * extended regular expressions (regcomp with REG_EXTENDED), anchored at the start only, the
  * way Synapse's Python re.match reads them: "@irc_.*" covers "@irc_bob:example.org".
- * The transaction sender is as_sender.c, the routes and the module as_module.c.
+ * The transaction sender is as_sender.c, the routes and the module as_module.c, the
+ * queries about unknown users and aliases as_query.c.
  * Internal prefix: as_.
  */
 #ifndef ATRIUM_CORE_APPSERVICE_H
@@ -42,7 +43,7 @@ typedef struct as_service {
     const char **protocols; /* third-party protocols it bridges (malloc'd array) */
     size_t n_protocols;
     bool rate_limited;      /* default true; false exempts its requests from rate limits */
-    bool receive_ephemeral; /* receipts and typing go in its transactions too */
+    bool receive_ephemeral; /* receipts, typing, presence, to-device in its transactions */
 } as_service;
 
 /* Read every file of cfg->app_service_config_files into the registry. 0, or -1 with err
@@ -72,6 +73,17 @@ const char *as_authenticate(atrium_req *r, const as_service *svc);
 /* [req] Take a slot of the outbound budget (ADR-0079) for a request that waits on a
  * service, held to its last byte; false after answering 429 (as_module.c). */
 bool as_outbound_hold(atrium_req *r);
+/* [req] Ask a service about a local user (alias) this server may not know (as_query.c):
+ * when a service with a url claims it in its namespaces, the user is not registered (for
+ * aliases the caller found none) and r has not asked in an earlier run, GET
+ * {url}/_matrix/app/v1/users/{userId} (rooms/{roomAlias}) and return ATRIUM_PARKED: the
+ * handler runs again when the service answered or the deadline passed, and looks again.
+ * Otherwise ATRIUM_CONTINUE: look no further (unknown stays unknown). ATRIUM_DONE after
+ * answering (429 with the outbound budget full, 503 when the database fails or the server
+ * stops). */
+int as_query_user(atrium_req *r, const char *user_id);
+int as_query_alias(atrium_req *r, const char *alias);
+
 /* Register the third-party routes (as_thirdparty.c). 0 or -1. */
 int as_thirdparty_routes(http_server *s);
 

@@ -10,8 +10,8 @@
  * The ping waits for the service parked (susp_wait), holding no request-pool thread: the
  * outbound client's callback stores the answer and wakes the request, which then answers
  * as the spec says (200 {duration_ms}, 502 M_BAD_STATUS or M_CONNECTION_FAILED, 504
- * M_CONNECTION_TIMEOUT). What this file does not do: query services for unknown users and
- * aliases (/_matrix/app/v1/users, /rooms).
+ * M_CONNECTION_TIMEOUT). The queries for unknown users and aliases (/_matrix/app/v1/users,
+ * /rooms) are as_query.c's.
  */
 #include <stdio.h>
 #include <string.h>

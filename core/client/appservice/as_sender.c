@@ -39,9 +39,13 @@
  * stream, so a transaction also carries, as "ephemeral" (and MSC2409's
  * "de.sorunome.msc2409.ephemeral"), an m.receipt EDU for each receipt stored in its range
  * and an m.typing EDU (who types at build time) for each room whose typing changed there,
- * in rooms of interest or from its users; at most AS_TXN_MAX_EPHEMERAL of each, the rest of
- * the range's ephemeral data is dropped (ephemeral data is not worth a backlog). Not here:
- * presence and to-device messages.
+ * in rooms of interest or from its users, and an m.presence EDU for each user whose
+ * presence changed there who is one of its users or joined to a room of interest; and, as
+ * MSC2409's "de.sorunome.msc2409.to_device" (the name Synapse sends and the bridge
+ * libraries read), each to-device message stored there for a device of one of its users
+ * ({type, sender, content, to_user_id, to_device_id}). At most AS_TXN_MAX_EPHEMERAL of
+ * each kind; the rest of the range's ephemeral data is dropped (ephemeral data is not worth
+ * a backlog).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -50,6 +54,7 @@
 
 #include "core/client/accounts/accounts.h"
 #include "core/client/appservice/appservice.h"
+#include "core/client/presence/presence.h"
 #include "core/config/config.h"
 #include "core/federation/transport/fed_request.h"
 #include "core/rooms/rooms.h"
@@ -222,16 +227,18 @@ static json_t *render_events(PGconn *c, const as_service *svc, json_t *ids)
     return out;
 }
 
-/* Store the transaction of `events` (ending at upto) as svc's pending one, with the next
+/* Store the transaction of `events`, `ephemeral` and `to_device` (either NULL: none; ending
+ * at upto) as svc's pending one, with the next
  * txnId, in one database transaction. false on a database failure. */
 static bool store_txn(PGconn *c, const as_service *svc, json_t *events, json_t *ephemeral,
-                      const char *upto)
+                      json_t *to_device, const char *upto)
 {
     json_t *body = json_pack("{s:o}", "events", events);
     if (body && ephemeral) { /* the stable name, and MSC2409's that bridges still read */
         json_object_set(body, "ephemeral", ephemeral);
         json_object_set(body, "de.sorunome.msc2409.ephemeral", ephemeral);
     }
+    if (body && to_device) json_object_set(body, "de.sorunome.msc2409.to_device", to_device);
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     if (!text) return false;
@@ -306,6 +313,70 @@ static bool typing_between(PGconn *c, const as_service *svc, room_memos *m, cons
     return ok;
 }
 
+/* An m.presence EDU for each user whose presence changed in (after, upto] who is one of
+ * svc's users or is joined to a room of interest, appended to out. false on a database
+ * failure. */
+static bool presence_between(PGconn *c, const as_service *svc, room_memos *m,
+                             const char *after, const char *upto, json_t *out)
+{
+    char lim[24];
+    const char *p[3] = {after, upto, i64(lim, sizeof(lim), AS_TXN_MAX_EPHEMERAL)};
+    PGresult *res = acc_q(c, "SELECT p.user_id, p.state, p.status_msg, p.last_active_ts,"
+                             " coalesce((SELECT json_agg(cs.room_id) FROM current_state cs"
+                             "  WHERE cs.type = 'm.room.member' AND cs.state_key = p.user_id"
+                             "  AND cs.membership = 'join'), '[]')::text FROM presence p"
+                             " WHERE p.stream_pos > $1 AND p.stream_pos <= $2"
+                             " ORDER BY p.stream_pos LIMIT $3::int", 3, p);
+    if (!res) return false;
+    bool ok = true;
+    int64_t now = rt_wall_ms();
+    for (int i = 0; ok && i < PQntuples(res); i++) {
+        const char *user = PQgetvalue(res, i, 0);
+        int yes = as_user_in(svc, user);
+        json_t *rooms = yes ? NULL : json_loads(PQgetvalue(res, i, 4), 0, NULL);
+        for (size_t j = 0; yes == 0 && j < json_array_size(rooms); j++)
+            yes = room_interests_memo(c, svc, m, json_string_value(json_array_get(rooms, j)));
+        json_decref(rooms);
+        if (yes < 0) ok = false;
+        if (yes <= 0) continue;
+        json_t *content = presence_content(PQgetvalue(res, i, 1),
+                                           PQgetisnull(res, i, 2) ? NULL : PQgetvalue(res, i, 2),
+                                           atoll(PQgetvalue(res, i, 3)), now);
+        if (content) json_object_set_new(content, "user_id", json_string(user));
+        json_t *edu = content ? json_pack("{s:s, s:s, s:o}", "type", "m.presence", "sender", user,
+                                          "content", content)
+                              : NULL;
+        if (edu) json_array_append_new(out, edu);
+    }
+    PQclear(res);
+    return ok;
+}
+
+/* The to-device messages stored in (after, upto] for the devices of svc's users, appended
+ * to out as MSC2409 sends them ({type, sender, content, to_user_id, to_device_id}). false
+ * on a database failure. */
+static bool to_device_between(PGconn *c, const as_service *svc, const char *after,
+                              const char *upto, json_t *out)
+{
+    char lim[24];
+    const char *p[3] = {after, upto, i64(lim, sizeof(lim), AS_TXN_MAX_EPHEMERAL)};
+    PGresult *res = acc_q(c, "SELECT user_id, device_id, sender, event_type, content"
+                             " FROM to_device_messages WHERE stream_pos > $1"
+                             " AND stream_pos <= $2 ORDER BY stream_pos LIMIT $3::int", 3, p);
+    if (!res) return false;
+    for (int i = 0; i < PQntuples(res); i++) {
+        if (!as_user_in(svc, PQgetvalue(res, i, 0))) continue;
+        json_t *content = json_loads(PQgetvalue(res, i, 4), 0, NULL);
+        json_t *msg = json_pack("{s:s, s:s, s:o, s:s, s:s}", "type", PQgetvalue(res, i, 3),
+                                "sender", PQgetvalue(res, i, 2), "content",
+                                content ? content : json_object(), "to_user_id",
+                                PQgetvalue(res, i, 0), "to_device_id", PQgetvalue(res, i, 1));
+        if (msg) json_array_append_new(out, msg);
+    }
+    PQclear(res);
+    return true;
+}
+
 /* The cursor of svc (made at the stream's end if missing), and the newest safe position.
  * false on a database failure. */
 static bool cursor_of(PGconn *c, const as_service *svc, char *cursor, char *upto, size_t len)
@@ -357,13 +428,18 @@ static bool build(PGconn *c, size_t idx, const as_service *svc, bool *more)
         }
     }
     json_t *eph = ok && svc->receive_ephemeral ? json_array() : NULL;
+    json_t *tod = eph ? json_array() : NULL;
     if (eph)
-        ok = receipts_between(c, svc, &memos, cursor, end, eph) &&
-             typing_between(c, svc, &memos, cursor, end, eph);
+        ok = tod && receipts_between(c, svc, &memos, cursor, end, eph) &&
+             typing_between(c, svc, &memos, cursor, end, eph) &&
+             presence_between(c, svc, &memos, cursor, end, eph) &&
+             to_device_between(c, svc, cursor, end, tod);
     memos_free(&memos);
-    if (ok && (json_array_size(ids) > 0 || json_array_size(eph) > 0)) {
+    if (ok && (json_array_size(ids) > 0 || json_array_size(eph) > 0 ||
+               json_array_size(tod) > 0)) {
         json_t *events = json_array_size(ids) ? render_events(c, svc, ids) : json_array();
-        ok = events && store_txn(c, svc, events, json_array_size(eph) ? eph : NULL, end);
+        ok = events && store_txn(c, svc, events, json_array_size(eph) ? eph : NULL,
+                                 json_array_size(tod) ? tod : NULL, end);
     } else if (ok) {
         const char *q[2] = {svc->id, end};
         ok = db_exec(c, "UPDATE appservice_state SET stream_pos = greatest(stream_pos,"
@@ -372,6 +448,7 @@ static bool build(PGconn *c, size_t idx, const as_service *svc, bool *more)
     }
     json_decref(ids);
     json_decref(eph);
+    json_decref(tod);
     PQclear(ev);
     return ok;
 }

@@ -11,9 +11,12 @@
  * ping does (as_module.c); a service that cannot be reached or answers no JSON is 502, no
  * answer in time 504, its own refusal (4xx) passed on. The protocol list is not forwarded:
  * it names the protocols with empty field lists, which is enough for a client to offer
- * them. The reverse look-ups (/thirdparty/user?userid=, /thirdparty/location?alias=) are
- * not served.
+ * them. The reverse look-ups (GET /thirdparty/user?userid=, /thirdparty/location?alias=,
+ * no protocol) go to every service with a url that declares a protocol, all at once: each
+ * answer that is a JSON array is appended (in file order), the others (errors, garbage,
+ * silence past the deadline) are left out; 502 when none answered with an array.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +183,125 @@ static int forward(atrium_req *r, const char *kind)
     return ATRIUM_PARKED;
 }
 
+/* ---- the reverse look-ups: every bridge asked at once ---------------------------------- */
+
+typedef struct rev_state rev_state;
+typedef struct rev_one {
+    rev_state *st;
+    json_t *answer; /* a JSON array the service answered, or NULL */
+} rev_one;
+
+struct rev_state {
+    atrium_req *r;
+    atomic_int pending; /* the last callback wakes the request */
+    size_t n;
+    rev_one *one;
+};
+
+static void rev_done(void *arg, const fed_response *res)
+{
+    rev_one *o = arg;
+    if (res->outcome == FED_HTTP_OK && res->status >= 200 && res->status < 300 && res->body) {
+        json_t *j = json_loadb(res->body, res->body_len, 0, NULL);
+        if (json_is_array(j)) o->answer = j;
+        else json_decref(j);
+    }
+    if (atomic_fetch_sub(&o->st->pending, 1) == 1) susp_wake(o->st->r);
+}
+
+static int rev_answer(atrium_req *r, rev_state *st)
+{
+    json_t *out = json_array();
+    bool any = false;
+    for (size_t i = 0; i < st->n; i++) {
+        if (!st->one[i].answer) continue;
+        any = true;
+        json_array_extend(out, st->one[i].answer);
+        json_decref(st->one[i].answer);
+        st->one[i].answer = NULL;
+    }
+    if (!any && st->n > 0) {
+        json_decref(out);
+        return http_respond_error(r, 502, "M_UNKNOWN", "No bridge answered the look-up");
+    }
+    return http_respond_json(r, 200, out);
+}
+
+/* When r is freed: the answers no response took (it ran out of time before they came). */
+static void rev_free(void *arg)
+{
+    rev_state *st = arg;
+    for (size_t i = 0; i < st->n; i++) json_decref(st->one[i].answer);
+}
+
+/* Does svc take reverse look-ups (a url and a protocol)? */
+static bool reverse_bridge(const as_service *svc)
+{
+    return svc->url && svc->n_protocols > 0;
+}
+
+/* GET /thirdparty/{kind}?{key}=...: ask every bridge. */
+static int reverse(atrium_req *r, const char *kind, const char *key)
+{
+    rev_state *st = r->core_state;
+    if (st) {
+        if (atomic_load(&st->pending) == 0) return rev_answer(r, st);
+        /* the deadline or shutdown ran it: the callbacks still come, into request memory */
+        return r->run_reason == ATRIUM_RUN_SHUTDOWN
+                   ? http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping")
+                   : http_respond_error(r, 504, "M_UNKNOWN", "The bridges did not answer in time");
+    }
+    if (!auth_request(r)) return ATRIUM_DONE;
+    const char *v = http_req_query(r, key);
+    if (!v || !v[0])
+        return http_respond_error(r, 400, "M_MISSING_PARAM", "The query parameter %s is missing",
+                                  key);
+    char enc[1024];
+    if (!rt_uri_encode(v, enc, sizeof(enc)))
+        return http_respond_error(r, 400, "M_INVALID_PARAM", "The look-up is too long");
+    size_t n = 0;
+    for (size_t i = 0; i < as_count(); i++) n += reverse_bridge(as_at(i));
+    if (n == 0) return http_respond_json(r, 200, json_array());
+    st = rt_arena_alloc(r->arena, sizeof(*st));
+    rev_one *one = rt_arena_alloc(r->arena, n * sizeof(*one));
+    if (!st || !one) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
+    if (!as_outbound_hold(r)) return ATRIUM_DONE;
+    *st = (rev_state){.r = r, .n = n, .one = one};
+    atomic_init(&st->pending, (int)n + 1); /* + this thread's own, given up below */
+    r->core_state = st;
+    http_req_on_free(r, rev_free, st);
+    int64_t deadline = rt_now_ms() + r->srv->cfg->appservice.request_timeout_ms;
+    if (r->deadline_ms > 0 && r->deadline_ms < deadline) deadline = r->deadline_ms;
+    if (susp_wait(r, deadline + 1000) < 0)
+        return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
+    size_t k = 0;
+    for (size_t i = 0; i < as_count(); i++) {
+        const as_service *svc = as_at(i);
+        if (!reverse_bridge(svc)) continue;
+        one[k] = (rev_one){.st = st};
+        char url[AS_THIRDPARTY_URL_BYTES], auth[512];
+        size_t ulen = strlen(svc->url);
+        while (ulen > 0 && svc->url[ulen - 1] == '/') ulen--;
+        int un = snprintf(url, sizeof(url), "%.*s/_matrix/app/v1/thirdparty/%s?%s=%s",
+                          (int)ulen, svc->url, kind, key, enc);
+        int m = snprintf(auth, sizeof(auth), "Authorization: Bearer %s", svc->hs_token);
+        fed_request_opts o = {.method = "GET", .url = url, .url_allow_http = true,
+                              .url_header = auth, .operator_destination = true,
+                              .deadline_ms = deadline,
+                              .max_body_bytes = AS_THIRDPARTY_MAX_ANSWER_BYTES,
+                              .on_done = rev_done, .arg = &one[k]};
+        bool ok = un > 0 && (size_t)un < sizeof(url) && m > 0 && (size_t)m < sizeof(auth);
+        if (!ok || fed_request_submit(&o) < 0) /* left out, as a service that failed */
+            atomic_fetch_sub(&st->pending, 1);
+        k++;
+    }
+    if (atomic_fetch_sub(&st->pending, 1) == 1) susp_wake(r); /* every one done already */
+    return ATRIUM_PARKED;
+}
+
+static int get_user_reverse(atrium_req *r) { return reverse(r, "user", "userid"); }
+static int get_location_reverse(atrium_req *r) { return reverse(r, "location", "alias"); }
+
 static int get_protocol(atrium_req *r) { return forward(r, "protocol"); }
 static int get_user(atrium_req *r) { return forward(r, "user"); }
 static int get_location(atrium_req *r) { return forward(r, "location"); }
@@ -191,6 +313,9 @@ int as_thirdparty_routes(http_server *s)
                      get_protocol, 0) < 0 ||
         client_route(s, "GET", "/_matrix/client/v3/thirdparty/user/{protocol}", get_user, 0) < 0 ||
         client_route(s, "GET", "/_matrix/client/v3/thirdparty/location/{protocol}", get_location,
+                     0) < 0 ||
+        client_route(s, "GET", "/_matrix/client/v3/thirdparty/user", get_user_reverse, 0) < 0 ||
+        client_route(s, "GET", "/_matrix/client/v3/thirdparty/location", get_location_reverse,
                      0) < 0)
         return -1;
     return 0;

@@ -102,8 +102,7 @@ static const char *effective_state(const char *state, int64_t last_active_ts, in
     return "online";
 }
 
-/* The content of an m.presence event (and of GET /presence) for one row. */
-static json_t *presence_content(const char *state, const char *status_msg,
+json_t *presence_content(const char *state, const char *status_msg,
                                 int64_t last_active_ts, int64_t now)
 {
     const char *shown = effective_state(state, last_active_ts, now);

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
+#include "core/client/appservice/appservice.h"
 #include "core/client/auth/auth.h"
 #include "core/client/rooms/rooms_api.h"
 #include "core/rooms/rooms_space.h"
@@ -412,6 +413,10 @@ int rooms_act_on_alias(atrium_req *r, const char *user, const char *alias, rooms
     rooms_err e = {0};
     int rc = rooms_resolve_alias(c, alias, room_id, &e);
     http_db_checkin(c);
+    if (rc == ROOMS_E_NOT_FOUND) { /* a bridge may make it: ask, then look again */
+        int asked = as_query_alias(r, alias);
+        if (asked != ATRIUM_CONTINUE) return asked;
+    }
     if (rc != ROOMS_OK) return rooms_fail(r, &e);
     return act(r, user, rt_arena_strdup(r->arena, room_id), NULL);
 }
@@ -503,6 +508,10 @@ static int act_on_user(atrium_req *r, const target_action *act)
                                                 : ATRIUM_DONE;
         json_decref(content);
         return out;
+    }
+    if (act == &INVITE) { /* a bridge's user not made yet: ask its service first */
+        int asked = as_query_user(r, target);
+        if (asked != ATRIUM_CONTINUE) return asked;
     }
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
