@@ -145,8 +145,10 @@ class LegacySyncTest(SharedServerTest):
         other = self.amy.create_room(preset="public_chat")
         self.bo.join(room)
         self.bo.join(other)
-        self.amy.put_state(room, "m.room.history_visibility", {"history_visibility": "world_readable"})
         path = f"{V3}/events?room_id={quote(room)}"
+        before_open = self.bo.ok("GET", f"{path}&timeout=0")["end"]
+        self.amy.send(room, {"msgtype": "m.text", "body": "members only"})
+        self.amy.put_state(room, "m.room.history_visibility", {"history_visibility": "world_readable"})
         # A member asking for one room gets that room's events only.
         start = self.bo.ok("GET", f"{path}&timeout=0")["end"]
         self.amy.send(other, {"msgtype": "m.text", "body": "elsewhere"})
@@ -162,6 +164,10 @@ class LegacySyncTest(SharedServerTest):
         self.assertEqual(self.bodies(peek["chunk"]), ["peeked"])
         self.assertEqual({e["room_id"] for e in peek["chunk"]}, {room})
         self.assertEqual({e["type"] for e in peek["chunk"]}, {"m.room.message"})
+        # From before the room became world_readable: only what came after (the change on).
+        since_then = self.cy.ok("GET", f"{path}&from={before_open}&timeout=0")["chunk"]
+        self.assertEqual(self.bodies(since_then), ["here", "peeked"])
+        self.assertEqual(since_then[0]["type"], "m.room.history_visibility")
         # Nothing new: the peek parks on the room until the next event.
         before = self.srv.metric("atrium_http_parked") or 0
         waiting = Background(self.cy.ok, "GET", f"{path}&from={peek['end']}&timeout=20000", None, 30)
