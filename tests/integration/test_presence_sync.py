@@ -5,14 +5,15 @@ the incremental sync that carries the join, however old the last change was (als
 matrix-nio's own AsyncClient.sync); a room initialSync carrying its joined members'
 presence only; set_presence through nio changing what others read.
 
-One server for the class (start_class_server); each test registers users of its own."""
+One server for the class (start_class_server); each test has users of its own, inserted
+into the accounts tables (rooms_client.crowd) rather than registered."""
 
 import asyncio
 import sys
 
-from accounts import REGISTRATION_ON, register
+from accounts import REGISTRATION_ON
 from harness import AtriumTestCase
-from rooms_client import V3, Client, quote
+from rooms_client import V3, Client, crowd, quote
 
 PRESENCE_ON = {**REGISTRATION_ON, "presence": {"enabled": True}}
 
@@ -39,8 +40,9 @@ class PresenceSyncTest(AtriumTestCase):
         self.srv = self.start_class_server(settings=PRESENCE_ON)
 
     def users(self, *names):
-        tag = self._testMethodName[-12:].replace("_", "")
-        return [Client(self.srv, register(self.srv, f"{n}{tag}")) for n in names]
+        """Accounts of this test's own (inserted, not registered: no Argon2 hash each)."""
+        tag = self._testMethodName[5:17].replace("_", "")
+        return [Client(self.srv, m) for m in crowd(self.srv, len(names), prefix=f"{names[0]}{tag}")]
 
     def test_own_presence_in_sync_and_initial_sync_without_any_room(self):
         (solo,) = self.users("solo")
@@ -81,7 +83,7 @@ class PresenceSyncTest(AtriumTestCase):
         # Someone who shares no room with the newcomer is not told.
         (stranger,) = self.users("stranger")
         s0 = stranger.ok("GET", f"{V3}/sync?set_presence=offline")["next_batch"]
-        (late,) = self.users("late")
+        (late,) = self.users("late")  # prefixes differ: names do not collide
         late.ok("PUT", status_path(late.user_id), {"presence": "online"})
         late.join(room)
         s1 = stranger.ok("GET", f"{V3}/sync?set_presence=offline&since={s0}&timeout=0")
