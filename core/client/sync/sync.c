@@ -14,7 +14,8 @@
  * The deprecated /initialSync, /rooms/{roomId}/initialSync and /events are modes of the same
  * handler (sync_serve): the first two a sync from nothing with `limit` messages per room,
  * /events a sync from its `from` (or from now) that parks the same way; sync_legacy.c
- * gives each its shape. What it does not do: assemble rooms (sync_rooms.c), render events
+ * gives each its shape. /events?room_id= reads that room only, and a user not joined to it
+ * peeks (sync_peek.c, docs/adr/0020-legacy-sync-follows-synapse.md). What it does not do: assemble rooms (sync_rooms.c), render events
  * (events_store.c).
  */
 #include <stdio.h>
