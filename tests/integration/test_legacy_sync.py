@@ -2,11 +2,15 @@
 room with its newest messages, state, account data, and presence), GET
 /rooms/{roomId}/initialSync (one room; for a room the user is not in, what anyone may read
 of it while it is world_readable, else 403) and GET /events
-(the events after `from`, parking until there are some), on the v3 and r0 prefixes."""
+(the events after `from`, parking until there are some), on the v3 and r0 prefixes. As
+Synapse (docs/adr/0020-legacy-sync-follows-synapse.md): each room's `visibility` (listed in
+the directory or not), the inviter of an invite, receipts, left rooms with archived=true and
+a room initialSync of a left room up to the leave, and /events?room_id= for one room, which
+a non-member may poll (and park on) while the room is world_readable."""
 
 import time
 
-from common import Background
+from common import Background, wait_until
 from rooms_client import SharedServerTest, V3, quote
 
 R0 = "/_matrix/client/r0"
@@ -14,6 +18,7 @@ R0 = "/_matrix/client/r0"
 
 class LegacySyncTest(SharedServerTest):
     USERS = ("amy", "bo", "cy")
+    PLUGINS = {"directory": {"enabled": True}}  # `visibility` reads the room directory
 
     @classmethod
     def setUpClass(cls):
@@ -94,3 +99,85 @@ class LegacySyncTest(SharedServerTest):
         self.amy.send(room, {"msgtype": "m.text", "body": "woken"})
         woken = waiting.result(timeout=15)
         self.assertEqual(self.bodies(woken["chunk"]), ["woken"])
+
+    def test_initial_sync_visibility_inviter_and_receipts(self):
+        listed = self.amy.create_room(preset="public_chat", visibility="public")
+        self.bo.join(listed)
+        unlisted = self.amy.create_room(preset="private_chat")
+        self.assertEqual(self.amy.member_action(unlisted, "invite", self.cy.user_id)[0], 200)
+        event_id = self.amy.send(listed, {"msgtype": "m.text", "body": "read me"})
+        self.bo.ok("POST", f"{V3}/rooms/{quote(listed)}/receipt/m.read/{quote(event_id)}", {})
+        answer = self.amy.ok("GET", f"{V3}/initialSync?limit=1")
+        rooms = {r["room_id"]: r for r in answer["rooms"]}
+        self.assertEqual(rooms[listed]["visibility"], "public")
+        self.assertEqual(rooms[unlisted]["visibility"], "private")
+        reads = [r for r in answer["receipts"] if r["room_id"] == listed]
+        self.assertEqual([r["type"] for r in reads], ["m.receipt"])
+        self.assertIn(self.bo.user_id, reads[0]["content"][event_id]["m.read"])
+        invited = {r["room_id"]: r for r in self.cy.ok("GET", f"{V3}/initialSync")["rooms"]}
+        self.assertEqual((invited[unlisted]["membership"], invited[unlisted]["inviter"],
+                          invited[unlisted]["visibility"]), ("invite", self.amy.user_id, "private"))
+        one = self.amy.ok("GET", f"{V3}/rooms/{quote(listed)}/initialSync")
+        self.assertEqual((one["membership"], one["visibility"]), ("join", "public"))
+        self.assertIn(self.bo.user_id, one["receipts"][0]["content"][event_id]["m.read"])
+
+    def test_archived_lists_left_rooms_and_a_left_room_reads_up_to_the_leave(self):
+        room = self.amy.create_room(preset="public_chat")
+        self.cy.join(room)
+        self.amy.send(room, {"msgtype": "m.text", "body": "before leave"})
+        self.cy.leave(room)
+        self.amy.send(room, {"msgtype": "m.text", "body": "after leave"})
+        plain = self.cy.ok("GET", f"{V3}/initialSync?limit=5")
+        self.assertNotIn(room, [r["room_id"] for r in plain["rooms"]])
+        for prefix in (V3, R0):
+            archived = self.cy.ok("GET", f"{prefix}/initialSync?limit=5&archived=true")
+            (left,) = [r for r in archived["rooms"] if r["room_id"] == room]
+            self.assertEqual(left["membership"], "leave")
+            self.assertEqual(self.bodies(left["messages"]["chunk"]), ["before leave"])
+        one = self.cy.ok("GET", f"{V3}/rooms/{quote(room)}/initialSync?limit=5")
+        self.assertEqual(one["membership"], "leave")
+        self.assertEqual(self.bodies(one["messages"]["chunk"]), ["before leave"])
+        status, body = self.cy.call("GET", f"{V3}/initialSync?archived=maybe")
+        self.assertEqual((status, body["errcode"]), (400, "M_INVALID_PARAM"))
+
+    def test_events_for_one_room_and_a_non_member_peeking_into_a_world_readable_one(self):
+        room = self.amy.create_room(preset="public_chat")
+        other = self.amy.create_room(preset="public_chat")
+        self.bo.join(room)
+        self.bo.join(other)
+        path = f"{V3}/events?room_id={quote(room)}"
+        before_open = self.bo.ok("GET", f"{path}&timeout=0")["end"]
+        self.amy.send(room, {"msgtype": "m.text", "body": "members only"})
+        self.amy.put_state(room, "m.room.history_visibility", {"history_visibility": "world_readable"})
+        # A member asking for one room gets that room's events only.
+        start = self.bo.ok("GET", f"{path}&timeout=0")["end"]
+        self.amy.send(other, {"msgtype": "m.text", "body": "elsewhere"})
+        self.amy.send(room, {"msgtype": "m.text", "body": "here"})
+        got = self.bo.ok("GET", f"{path}&from={start}&timeout=0")
+        self.assertEqual(self.bodies(got["chunk"]), ["here"])
+        # cy was never in the room: it peeks, from now when no `from` is given.
+        first = self.cy.ok("GET", f"{path}&timeout=0")
+        self.assertEqual(first["chunk"], [])
+        self.amy.send(room, {"msgtype": "m.text", "body": "peeked"})
+        peek = self.cy.ok("GET", f"{R0}/events?room_id={quote(room)}&from={first['end']}&timeout=0")
+        self.assertEqual(peek["start"], first["end"])
+        self.assertEqual(self.bodies(peek["chunk"]), ["peeked"])
+        self.assertEqual({e["room_id"] for e in peek["chunk"]}, {room})
+        self.assertEqual({e["type"] for e in peek["chunk"]}, {"m.room.message"})
+        # From before the room became world_readable: only what came after (the change on).
+        since_then = self.cy.ok("GET", f"{path}&from={before_open}&timeout=0")["chunk"]
+        self.assertEqual(self.bodies(since_then), ["here", "peeked"])
+        self.assertEqual(since_then[0]["type"], "m.room.history_visibility")
+        # Nothing new: the peek parks on the room until the next event.
+        before = self.srv.metric("atrium_http_parked") or 0
+        waiting = Background(self.cy.ok, "GET", f"{path}&from={peek['end']}&timeout=20000", None, 30)
+        wait_until(lambda: (self.srv.metric("atrium_http_parked") or 0) > before or waiting.done(),
+                   what="the peek parked")
+        self.assertFalse(waiting.done(), "nothing new yet: it waits")
+        self.amy.send(room, {"msgtype": "m.text", "body": "woken"})
+        self.assertEqual(self.bodies(waiting.result(timeout=15)["chunk"]), ["woken"])
+        # Not world_readable, unknown, malformed.
+        for room_id, want in ((other, (403, "M_FORBIDDEN")), ("!nope:localhost", (404, "M_NOT_FOUND")),
+                              ("not-a-room", (400, "M_INVALID_PARAM"))):
+            status, body = self.cy.call("GET", f"{V3}/events?room_id={quote(room_id)}&timeout=0")
+            self.assertEqual((status, body.get("errcode")), want, room_id)

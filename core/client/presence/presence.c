@@ -15,7 +15,9 @@
  *     stream position: contacts learn them from GET /presence or last_active_ago, and the
  *     next real change.
  *   - Who sees whom: a user sees their own presence and that of everyone they share a
- *     joined room with (GET /presence of anyone else is 403).
+ *     joined room with (GET /presence of anyone else is 403). A sync carries the user's
+ *     own presence, and a join brings the presence of those it made contacts in the sync
+ *     that carries it, however old their last change (docs/adr/0020-legacy-sync-follows-synapse.md).
  *   - Bounded: a change wakes at most PRESENCE_MAX_WAKE_USERS contacts; a sync carries at
  *     most PRESENCE_MAX_SYNC_EVENTS presence events, newest first. An incremental sync
  *     reads only the changes of its window (an index on stream_pos), each checked
@@ -310,9 +312,12 @@ static int put_status(atrium_req *r)
 
 /* ---- sync --------------------------------------------------------------------------- */
 
-/* presence.events of a sync: the changes of (since, upto] of the user and their contacts
- * (an initial sync: every contact's row), newest first, at most PRESENCE_MAX_SYNC_EVENTS.
- * 1 when an incremental sync has some. */
+/* presence.events of a sync: the user's own presence and their contacts' - on an initial
+ * sync every such row; on an incremental one the changes of (since, upto], plus the
+ * current presence of whoever the window's joins made a contact (the members of a room
+ * the user joined, a user who joined one of the user's rooms: Synapse does the same, so a
+ * client learns a newcomer's presence in the sync that carries the join) - newest first,
+ * at most PRESENCE_MAX_SYNC_EVENTS. 1 when an incremental sync has some. */
 static int sync_presence(PGconn *c, const char *user_id, const char *device_id, int64_t since,
                          int64_t upto, json_t *response)
 {
@@ -324,20 +329,33 @@ static int sync_presence(PGconn *c, const char *user_id, const char *device_id, 
     snprintf(limit_s, sizeof(limit_s), "%d", PRESENCE_MAX_SYNC_EVENTS);
     snprintf(wake_s, sizeof(wake_s), "%d", PRESENCE_MAX_WAKE_USERS);
     const char *p[5] = {user_id, since_s, upto_s, limit_s, wake_s};
-    /* Initial: from the contacts (primary key look-ups). Incremental: from the window's
-     * changes (stream index), each checked against the user's rooms. */
+    /* Initial: the user and the contacts (primary key look-ups). Incremental: the window's
+     * changes (stream index), each checked against the user's rooms, and the window's joins
+     * (memberships by user and by room, both indexed on position). */
     const char *sql =
         since == 0
             ? "SELECT p.user_id, p.state, p.status_msg, p.last_active_ts FROM presence p"
-              " WHERE p.user_id IN (" CONTACTS_SQL " LIMIT $5::bigint) AND p.stream_pos > $2::bigint"
-              " AND p.stream_pos <= $3::bigint ORDER BY p.stream_pos DESC LIMIT $4::bigint"
-            : "SELECT p.user_id, p.state, p.status_msg, p.last_active_ts FROM presence p"
-              " WHERE p.stream_pos > $2::bigint AND p.stream_pos <= $3::bigint"
+              " WHERE (p.user_id = $1 OR p.user_id IN (" CONTACTS_SQL " LIMIT $5::bigint))"
+              " AND p.stream_pos > $2::bigint AND p.stream_pos <= $3::bigint"
+              " ORDER BY p.stream_pos DESC LIMIT $4::bigint"
+            : "SELECT p.user_id, p.state, p.status_msg, p.last_active_ts, p.stream_pos"
+              " FROM presence p WHERE p.stream_pos > $2::bigint AND p.stream_pos <= $3::bigint"
               " AND (p.user_id = $1 OR EXISTS (SELECT 1 FROM current_state a"
               "  JOIN current_state b ON b.room_id = a.room_id AND b.type = 'm.room.member'"
               "  AND b.state_key = p.user_id AND b.membership = 'join'"
               "  WHERE a.type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join'))"
-              " ORDER BY p.stream_pos DESC LIMIT $4::bigint";
+              " UNION SELECT p.user_id, p.state, p.status_msg, p.last_active_ts, p.stream_pos"
+              " FROM presence p WHERE p.stream_pos <= $3::bigint AND p.user_id <> $1"
+              " AND p.user_id IN ("
+              "  SELECT b.state_key FROM memberships m JOIN current_state b"
+              "  ON b.room_id = m.room_id AND b.type = 'm.room.member' AND b.membership = 'join'"
+              "  WHERE m.user_id = $1 AND m.membership = 'join'"
+              "  AND m.stream_pos > $2::bigint AND m.stream_pos <= $3::bigint"
+              "  UNION SELECT m.user_id FROM current_state a JOIN memberships m"
+              "  ON m.room_id = a.room_id AND m.membership = 'join'"
+              "  AND m.stream_pos > $2::bigint AND m.stream_pos <= $3::bigint"
+              "  WHERE a.type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join')"
+              " ORDER BY 5 DESC LIMIT $4::bigint";
     PGresult *res = rooms_q(c, sql, since == 0 ? 5 : 4, p, NULL); /* every $N used */
     if (!res) return ATRIUM_E_DB;
     int64_t now = rooms_wall_ms();

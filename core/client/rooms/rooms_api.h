@@ -137,6 +137,12 @@ int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body
  * Takes its own connection; returns ATRIUM_DONE. */
 int rooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int64_t limit);
 
+/* [req] The events lo < pos <= hi of a reader's room (rooms_reader_open) that it may see,
+ * oldest first, at most limit, message events of users rd->user ignores left out: appended
+ * to out, *last the position of the last one (0 when none). The count or ROOMS_E_DB. */
+int rooms_reader_events(atrium_req *r, rooms_reader *rd, int64_t lo, int64_t hi, int64_t limit,
+                        json_t *out, int64_t *last);
+
 /* [req] The filter in query parameter `name` (JSON text). false after answering 400. */
 bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out);
 

@@ -420,6 +420,19 @@ int rooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int64
     return rooms_reader_close(r, &rd, 200, body);
 }
 
+int rooms_reader_events(atrium_req *r, rooms_reader *rd, int64_t lo, int64_t hi, int64_t limit,
+                        json_t *out, int64_t *last)
+{
+    room_filter f; /* none, but the reader's ignore list, as in every timeline */
+    char why[128];
+    *last = 0;
+    if (!rooms_filter_parse(r->arena, NULL, &f, why, sizeof(why)) ||
+        rooms_ignored_users(rd->c, r->arena, rd->user, &f.ignored) < 0)
+        return ROOMS_E_DB;
+    int64_t first = 0;
+    return limit > 0 ? window_page(r, rd, &f, lo, hi, limit, false, out, &first, last) : 0;
+}
+
 int rooms_read_routes(http_server *s)
 {
 #define GET_(p, h) HTTP_ROUTE("GET", "/_matrix/client/v3" p, h, 0)

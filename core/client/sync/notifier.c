@@ -2,8 +2,9 @@
  * core/client/sync/notifier.c - per-user wake-up events for parked long-polls (see notifier.h).
  *
  * A small open hash table from user ID to atrium_event, under one mutex. It only grows with
- * the number of distinct users that long-polled since start-up; each entry is a user ID
- * and an event (a few dozen bytes). The table is the runtime object's (rt->notifier,
+ * the number of distinct users that long-polled since start-up, and of world_readable
+ * rooms peeked through /events (keyed by room ID, sync_peek.c); each entry is an ID and an
+ * event (a few dozen bytes). The table is the runtime object's (rt->notifier,
  * made and freed by core/main.c); without one bound nothing is parked or woken.
  *
  * Across processes: every wake-up is also queued on the notification service
@@ -211,6 +212,9 @@ void notifier_wake_room(PGconn *conn, const char *room_id)
         rt_log(ATRIUM_LOG_ERROR, "core", "waking room %s failed: %s", room_id,
                PQresultErrorMessage(res));
     PQclear(res);
+    /* Peekers of the room (GET /events?room_id= by a non-member, sync_peek.c) park on the
+     * room's own entry: room IDs and user IDs never collide ('!' against '@'). */
+    notifier_wake_user(room_id);
 }
 
 int64_t notifier_stream_position(PGconn *conn)

@@ -57,7 +57,8 @@ void notifier_wake_local(const char *user_id);
  * not left waiting for the timeout. Any thread. */
 uint64_t notifier_wake_count(const char *user_id);
 /* Wake every user whose membership in room_id is join or invite (reads the room's
- * members with conn, a connection the caller holds). */
+ * members with conn, a connection the caller holds), and the room's own entry, the key
+ * room_id, on which peekers of a world_readable room park (sync_peek.c). */
 void notifier_wake_room(PGconn *conn, const char *room_id);
 /* The newest stream position (max of stream_seq handed out so far), or -1 on error. */
 int64_t notifier_stream_position(PGconn *conn);

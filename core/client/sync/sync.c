@@ -14,7 +14,8 @@
  * The deprecated /initialSync, /rooms/{roomId}/initialSync and /events are modes of the same
  * handler (sync_serve): the first two a sync from nothing with `limit` messages per room,
  * /events a sync from its `from` (or from now) that parks the same way; sync_legacy.c
- * gives each its shape. What it does not do: assemble rooms (sync_rooms.c), render events
+ * gives each its shape. /events?room_id= reads that room only, and a user not joined to it
+ * peeks (sync_peek.c, docs/adr/0020-legacy-sync-follows-synapse.md). What it does not do: assemble rooms (sync_rooms.c), render events
  * (events_store.c).
  */
 #include <stdio.h>
@@ -215,6 +216,14 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
             since = timeout = full = NULL; /* always from nothing, never waiting */
             s->timeline_limit = n;
         }
+        /* Left rooms: /initialSync lists them when asked (archived=true); a room
+         * initialSync answers a former member with the room up to the leave. */
+        const char *archived = mode == SYNC_MODE_INITIAL ? http_req_query(r, "archived") : NULL;
+        if (archived && strcmp(archived, "true") != 0 && strcmp(archived, "false") != 0) {
+            http_respond_error(r, 400, "M_INVALID_PARAM", "'archived' must be true or false");
+            return false;
+        }
+        s->include_leave = mode == SYNC_MODE_ROOM_INITIAL || (archived && strcmp(archived, "true") == 0);
     }
     if (since && (!rooms_parse_token(since, &s->since) || s->since < 0)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
@@ -328,27 +337,67 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
     return resp;
 }
 
+/* {room_id: true} for the rooms of resp listed in the room directory (none when no
+ * directory is enabled): initialSync's `visibility`. NULL on database failure. */
+static json_t *listed_rooms(PGconn *c, const json_t *resp)
+{
+    json_t *out = json_object();
+    const atrium_directory *dir = rooms_directory();
+    if (!dir || !ATRIUM_DIRECTORY_HAS(dir, room_listed)) return out;
+    static const char *const kinds[] = {"join", "invite", "leave"};
+    for (int k = 0; k < 3; k++) {
+        const char *room_id;
+        json_t *room;
+        json_object_foreach(json_object_get(json_object_get(resp, "rooms"), kinds[k]), room_id, room)
+        {
+            int rc = dir->room_listed(c, room_id);
+            if (rc < 0) {
+                json_decref(out);
+                return NULL;
+            }
+            if (rc == 1) json_object_set_new(out, room_id, json_true());
+        }
+    }
+    return out;
+}
+
 /* The answer of a mode other than /sync, built from the sync response (consumed). A room
  * initialSync for a room the user is not in is a peek (rooms_peek_initial_sync: 403
- * unless the room is world_readable). */
-static int respond_legacy(atrium_req *r, int mode, json_t *resp, const sync_ctx *s)
+ * unless the room is world_readable). listed: listed_rooms (consumed; NULL for /events). */
+static int respond_legacy(atrium_req *r, int mode, json_t *resp, const sync_ctx *s, json_t *listed)
 {
     int64_t since = s->since;
+    legacy_view v = {.user = s->user, .listed = listed};
     json_t *out;
     if (mode == SYNC_MODE_INITIAL) {
-        out = sync_legacy_initial(resp);
+        out = sync_legacy_initial(resp, &v);
     } else if (mode == SYNC_MODE_EVENTS) {
         out = sync_legacy_events(resp, rooms_token(r, since));
     } else {
-        out = sync_legacy_room(resp, http_req_param(r, "roomId"));
+        out = sync_legacy_room(resp, http_req_param(r, "roomId"), &v);
         if (!out) {
             json_decref(resp);
+            json_decref(listed);
             return rooms_peek_initial_sync(r, s->user, s->upto, s->timeline_limit);
         }
     }
     json_decref(resp);
+    json_decref(listed);
     if (!out) return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     return http_respond_json(r, 200, out);
+}
+
+/* Is s->user joined to room_id now? 1, 0, or ROOMS_E_DB. */
+static int joined_to(sync_ctx *s, const char *room_id)
+{
+    const char *p[2] = {room_id, s->user};
+    PGresult *res = rooms_q(s->c, "SELECT 1 FROM current_state WHERE room_id = $1"
+                                  " AND type = 'm.room.member' AND state_key = $2"
+                                  " AND membership = 'join'", 2, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    int n = PQntuples(res);
+    PQclear(res);
+    return n > 0;
 }
 
 /* GET /_matrix/client/v3/sync, and the deprecated /initialSync,
@@ -395,10 +444,23 @@ static int sync_serve(atrium_req *r, int mode)
 
     if (!(s.c = http_db_checkout(r))) return ATRIUM_DONE;
     json_t *filter_holder = NULL, *only_room = NULL;
+    const char *room_param = mode == SYNC_MODE_ROOM_INITIAL ? http_req_param(r, "roomId")
+                             : mode == SYNC_MODE_EVENTS     ? http_req_query(r, "room_id")
+                                                            : NULL;
     if (mode != SYNC_MODE_SYNC) {
-        if (mode == SYNC_MODE_ROOM_INITIAL) {
-            only_room = json_pack("[s]", http_req_param(r, "roomId"));
+        if (room_param) {
+            only_room = json_pack("[s]", room_param);
             s.only_rooms = only_room;
+        }
+        if (mode == SYNC_MODE_EVENTS && room_param) {
+            /* /events?room_id=: that room's events only; a user not joined to it peeks. */
+            int joined = joined_to(&s, room_param);
+            if (joined != 1) {
+                http_db_checkin(s.c);
+                json_decref(only_room);
+                if (joined < 0) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
+                return sync_events_peek(r, user, room_param, s.since, st->deadline_ms);
+            }
         }
     } else if (!load_filter(r, &s, &filter_holder)) {
         http_db_checkin(s.c);
@@ -413,6 +475,12 @@ static int sync_serve(atrium_req *r, int mode)
     if (s.since > s.upto) s.since = s.upto; /* a token from a newer database: start there */
     bool has_new = false;
     json_t *resp = s.upto < 0 ? NULL : build_response(&s, &has_new);
+    json_t *listed = NULL;
+    if (resp && (mode == SYNC_MODE_INITIAL || mode == SYNC_MODE_ROOM_INITIAL) &&
+        !(listed = listed_rooms(s.c, resp))) {
+        json_decref(resp);
+        resp = NULL;
+    }
     http_db_checkin(s.c);
     json_decref(filter_holder);
     json_decref(only_room);
@@ -425,11 +493,12 @@ static int sync_serve(atrium_req *r, int mode)
         snprintf(who, sizeof(who), "%s", user); /* r may be gone once parked */
         if (susp_park(r, ev, st->deadline_ms) == 0) {
             json_decref(resp);
+            json_decref(listed);
             if (notifier_wake_count(who) != wakes_before) notifier_wake_local(who);
             return ATRIUM_PARKED;
         }
     }
-    if (mode != SYNC_MODE_SYNC) return respond_legacy(r, mode, resp, &s);
+    if (mode != SYNC_MODE_SYNC) return respond_legacy(r, mode, resp, &s, listed);
     return http_respond_json(r, 200, resp);
 }
 
