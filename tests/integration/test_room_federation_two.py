@@ -186,6 +186,47 @@ class TwoServersTest(TwoServersCase):
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
         self.assertNotIn("let me in", self.bodies(self.alice, room))
 
+    def test_rooms_of_every_version_1_to_11_are_joined_and_talked_in_across_servers(self):
+        for version in [str(n) for n in range(1, 12)]:
+            with self.subTest(room_version=version):
+                room = self.alice.create_room(preset="public_chat", room_version=version)
+                self.alice.send(room, {"msgtype": "m.text", "body": f"a{version}"})
+                self.assertEqual(self.join(room), (200, {"room_id": room}))
+                self.bob.send(room, {"msgtype": "m.text", "body": f"b{version}"})
+                self.wait_until(f"bob's message at A (v{version})",
+                                lambda: self.bodies(self.alice, room) == [f"a{version}", f"b{version}"])
+                self.alice.put_state(room, "m.room.topic", {"topic": f"t{version}"})
+                self.wait_until(f"the topic at B (v{version})", lambda: self.bob.call(
+                    "GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.topic")
+                    == (200, {"topic": f"t{version}"}))
+                self.assertEqual(self.bodies(self.bob, room), [f"a{version}", f"b{version}"])
+                def state_ids(srv):
+                    return sorted(r[0] for r in psql(
+                        f"SELECT event_id FROM current_state WHERE room_id = '{room}'", database=srv.database))
+                self.assertEqual(state_ids(self.a), state_ids(self.b))
+                # v1-2: the PDU each server stored as signed names its references as
+                # [event ID, {"sha256": reference hash}] pairs; v3+ as plain IDs.
+                [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
+                                f" AND state_key = '{self.bob.user_id}'", database=self.a.database)
+                pdu = json.loads(pdu)
+                refs = pdu["prev_events"] + pdu["auth_events"]
+                if version in ("1", "2"):
+                    self.assertTrue(pdu["event_id"].endswith(":" + self.b.server_name), pdu)
+                    self.assertTrue(all(isinstance(r, list) and set(r[1]) == {"sha256"} for r in refs), pdu)
+                else:
+                    self.assertNotIn("event_id", pdu)
+                    self.assertTrue(all(isinstance(r, str) for r in refs), pdu)
+
+    def test_an_invite_to_a_version_1_or_2_room_crosses_servers_and_is_accepted(self):
+        for version in ("1", "2"):
+            with self.subTest(room_version=version):
+                room = self.alice.create_room(preset="private_chat", room_version=version)
+                self.assertEqual(self.invite(room, self.bob.user_id), (200, {}))
+                self.assertIn(room, self.bob.sync()["rooms"]["invite"])
+                self.assertEqual(self.bob.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join", {},
+                                               timeout=30), (200, {"room_id": room}))
+                self.assertEqual(self.membership(self.alice, room, self.bob.user_id), "join")
+
 
 SYNAPSE_ATRIUM_IP = "127.0.0.53"
 
