@@ -73,9 +73,8 @@ static int refs_as_pairs(PGconn *c, const room_version *v, json_t *pdu, const ch
 int rooms_graph_refs_as_pairs(PGconn *c, const room_version *v, json_t *pdu)
 {
     if (v->event_id_format != ROOM_EVENT_ID_OPAQUE) return 0;
-    return refs_as_pairs(c, v, pdu, "prev_events") < 0 || refs_as_pairs(c, v, pdu, "auth_events") < 0
-               ? -1
-               : 0;
+    if (refs_as_pairs(c, v, pdu, "prev_events") < 0) return -1;
+    return refs_as_pairs(c, v, pdu, "auth_events");
 }
 
 int rooms_graph_record_edges(PGconn *c, const char *room_id, const char *event_id,

@@ -391,7 +391,8 @@ int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LE
     json_object_del(pdu, "unsigned");
     size_t len = 0;
     /* v1-2: the ID names this server, whoever's template the event was built from. */
-    if (v->event_id_format == ROOM_EVENT_ID_OPAQUE && event_id_of_server(pdu, rooms_server_name()) < 0)
+    if (v->event_id_format == ROOM_EVENT_ID_OPAQUE &&
+        event_id_of_server(pdu, rooms_server_name()) < 0)
         return rooms_set_err(e, ROOMS_E_BAD_JSON, "No event ID fits this server's name");
     int fin = event_finalize(v, pdu, id_out, &len); /* hash, ID (v1-2: picked), size */
     if (fin == EVENT_NOT_CANONICAL)

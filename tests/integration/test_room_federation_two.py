@@ -269,9 +269,9 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
             time.sleep(0.2)
         self.fail(f"timed out waiting for {what}")
 
-    def test_atrium_joins_a_synapse_room_and_both_talk(self):
+    def atrium_joins_a_synapse_room_and_both_talk(self, **create):
         status, body = self.sam_call("POST", "/_matrix/client/v3/createRoom",
-                                     {"preset": "public_chat", "name": "At Synapse"})
+                                     {"preset": "public_chat", "name": "At Synapse", **create})
         self.assertEqual(status, 200, body)
         room = body["room_id"]
         self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s1",
@@ -286,9 +286,13 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
         self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s2",
                       {"msgtype": "m.text", "body": "hello atrium"})
         self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
+        return room
 
-    def test_synapse_joins_an_atrium_room_and_both_talk(self):
-        room = self.alice.create_room(preset="public_chat", name="At Atrium")
+    def test_atrium_joins_a_synapse_room_and_both_talk(self):
+        self.atrium_joins_a_synapse_room_and_both_talk()
+
+    def synapse_joins_an_atrium_room_and_both_talk(self, **create):
+        room = self.alice.create_room(preset="public_chat", name="At Atrium", **create)
         self.alice.send(room, {"msgtype": "m.text", "body": "before sam"})
         status, body = self.sam_call("POST", f"/_matrix/client/v3/join/{quote(room)}"
                                      f"?server_name={quote(self.a.server_name)}", {})
@@ -301,6 +305,24 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
         self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s3",
                       {"msgtype": "m.text", "body": "hello atrium"})
         self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
+        return room
+
+    def test_synapse_joins_an_atrium_room_and_both_talk(self):
+        self.synapse_joins_an_atrium_room_and_both_talk()
+
+    def test_rooms_of_versions_1_and_2_are_joined_and_talked_in_both_ways(self):
+        for version in ("1", "2"):
+            with self.subTest(room_version=version, resident="synapse"):
+                room = self.atrium_joins_a_synapse_room_and_both_talk(room_version=version)
+                # Synapse's events kept as Synapse signed them: its own IDs, pairs.
+                [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.message'"
+                                f" AND sender = '{self.sam['user_id']}' ORDER BY stream_pos DESC LIMIT 1",
+                                database=self.a.database)
+                pdu = json.loads(pdu)
+                self.assertTrue(pdu["event_id"].endswith(":" + self.syn["name"]), pdu)
+                self.assertTrue(all(isinstance(r, list) for r in pdu["prev_events"]), pdu)
+            with self.subTest(room_version=version, resident="atrium"):
+                self.synapse_joins_an_atrium_room_and_both_talk(room_version=version)
 
     def test_atrium_pages_back_through_a_synapse_rooms_history_it_joined_late(self):
         syd = json.loads(__import__("test_federation_synapse").peer(
