@@ -323,6 +323,25 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
                 self.assertTrue(all(isinstance(r, list) for r in pdu["prev_events"]), pdu)
             with self.subTest(room_version=version, resident="atrium"):
                 self.synapse_joins_an_atrium_room_and_both_talk(room_version=version)
+            with self.subTest(room_version=version, invite="synapse to atrium"):
+                status, body = self.sam_call("POST", "/_matrix/client/v3/createRoom",
+                                             {"preset": "private_chat", "room_version": version,
+                                              "invite": [self.alice.user_id]})
+                self.assertEqual(status, 200, body)
+                room = body["room_id"]
+                self.wait_until("the invite at Atrium", lambda: room in self.alice.sync()["rooms"]["invite"])
+                self.assertEqual(self.alice.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join",
+                                                 {}, timeout=60), (200, {"room_id": room}))
+            with self.subTest(room_version=version, invite="atrium to synapse"):
+                room = self.alice.create_room(preset="private_chat", room_version=version)
+                self.assertEqual(self.alice.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/invite",
+                                                 {"user_id": self.sam["user_id"]}, timeout=30), (200, {}))
+                status, body = self.sam_call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join", {})
+                self.assertEqual(status, 200, body)
+                self.wait_until("sam's join at Atrium", lambda: self.sam["user_id"] in {
+                    e["state_key"] for e in self.alice.ok(
+                        "GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")["chunk"]
+                    if e["content"]["membership"] == "join"})
 
     def test_atrium_pages_back_through_a_synapse_rooms_history_it_joined_late(self):
         syd = json.loads(__import__("test_federation_synapse").peer(
