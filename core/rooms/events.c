@@ -277,7 +277,8 @@ int event_compute_id(const room_version *v, const json_t *pdu, char out[EVENT_ID
 #define EVENT_OPAQUE_ID_LETTERS 18
 
 /* Turn string entries of pdu[key] into the [event ID, {hashes}] pairs of v1-2, with an
- * empty hashes object as Synapse writes them (receivers read only the IDs). */
+ * empty hashes object: the fallback for references the write path did not pair
+ * (rooms_graph_refs_as_pairs gives them the sha256 the spec's format lists). */
 static void refs_as_pairs(json_t *pdu, const char *key)
 {
     json_t *arr = json_object_get(pdu, key);
@@ -287,24 +288,64 @@ static void refs_as_pairs(json_t *pdu, const char *key)
     }
 }
 
-static int give_opaque_id(json_t *pdu)
+int event_id_of_server(json_t *pdu, const char *server_name)
 {
     if (json_object_get(pdu, "event_id")) return 0;
-    const char *sender = json_string_value(json_object_get(pdu, "sender"));
-    const char *colon = sender ? strchr(sender, ':') : NULL;
-    if (!colon || !colon[1]) return -1;
+    if (!server_name || !server_name[0]) return -1;
     static const char LETTERS[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
     char local[EVENT_OPAQUE_ID_LETTERS + 1];
     for (size_t i = 0; i < EVENT_OPAQUE_ID_LETTERS; i++)
         local[i] = LETTERS[randombytes_uniform(sizeof(LETTERS) - 1)];
     local[EVENT_OPAQUE_ID_LETTERS] = '\0';
     char id[EVENT_ID_LEN];
-    int n = snprintf(id, sizeof(id), "$%s:%s", local, colon + 1);
+    int n = snprintf(id, sizeof(id), "$%s:%s", local, server_name);
     if (n < 0 || n > EVENT_MAX_ID_BYTES) return -1;
     json_object_set_new(pdu, "event_id", json_string(id));
+    return 0;
+}
+
+static int give_opaque_id(json_t *pdu)
+{
+    const char *sender = json_string_value(json_object_get(pdu, "sender"));
+    const char *colon = sender ? strchr(sender, ':') : NULL;
+    if (!json_object_get(pdu, "event_id") && (!colon || event_id_of_server(pdu, colon + 1) < 0))
+        return -1;
     refs_as_pairs(pdu, "prev_events");
     refs_as_pairs(pdu, "auth_events");
     return 0;
+}
+
+const char *event_ref_id(const json_t *ref)
+{
+    if (json_is_array(ref)) ref = json_array_get(ref, 0);
+    return json_string_value(ref);
+}
+
+json_t *event_ref_ids(const json_t *pdu, const char *key)
+{
+    json_t *arr = json_object_get(pdu, key), *ids = json_array();
+    if (!ids) return NULL;
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        const char *id = event_ref_id(json_array_get(arr, i));
+        if (id && json_array_append_new(ids, json_string(id)) < 0) {
+            json_decref(ids);
+            return NULL;
+        }
+    }
+    return ids;
+}
+
+json_t *event_ref_pair(const room_version *v, const char *id, const json_t *target)
+{
+    char hash[CJSON_SHA256_B64_LEN];
+    if (!id || event_reference_hash(v, target, hash) < 0) return NULL;
+    return json_pack("[s,{s:s}]", id, "sha256", hash);
+}
+
+bool event_id_names_origin(const room_version *v, const char *id, const char *origin)
+{
+    return v->event_id_format != ROOM_EVENT_ID_OPAQUE ||
+           (origin && strcmp(event_id_domain(id), origin) == 0);
 }
 
 int event_finalize(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN],
@@ -346,7 +387,7 @@ static bool sigil_id_ok(const char *id, char sigil)
 }
 
 /* One entry of prev_events or auth_events: v1-2 [event ID, {hashes}], v3+ an event ID. */
-static bool event_ref_ok(const room_version *v, const json_t *ref)
+static bool event_ref_shape_ok(const room_version *v, const json_t *ref)
 {
     if (v->event_id_format == ROOM_EVENT_ID_OPAQUE) {
         return json_is_array(ref) && json_array_size(ref) == 2 &&
@@ -365,7 +406,7 @@ static int check_refs(const room_version *v, const json_t *pdu, const char *key,
     if (json_array_size(arr) > max)
         return bad_format(why, EVENT_FORMAT_TOO_LARGE, "\"%s\" has more than %zu entries", key, max);
     for (size_t i = 0; i < json_array_size(arr); i++)
-        if (!event_ref_ok(v, json_array_get(arr, i)))
+        if (!event_ref_shape_ok(v, json_array_get(arr, i)))
             return bad_format(why, EVENT_FORMAT_BAD, "\"%s\"[%zu] is not an event reference of "
                               "room version %s", key, i, v->id);
     return EVENT_FORMAT_OK;

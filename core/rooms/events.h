@@ -110,6 +110,33 @@ bool event_opaque_id_valid(const char *id);
 /* The server name of a v1-2 event ID ("$abc:example.org" -> "example.org"), or "". */
 const char *event_id_domain(const char *event_id);
 
+/* ---- references between events ----------------------------------------------------
+ * prev_events and auth_events name other events: room versions 3+ by plain event IDs, 1
+ * and 2 by [event ID, {"sha256": reference hash}] pairs. A PDU is stored and served exactly
+ * as signed, pairs included (docs/adr/0019-v1-event-references-stored-as-sent.md); every
+ * reader of a reference goes through event_ref_id, so the rest of the server (auth rules,
+ * state resolution, the graph, the client API) sees plain IDs only. */
+
+/* The event ID of one prev_events/auth_events entry: the string itself, or the first
+ * element of a [event ID, hashes] pair; NULL when it is neither. Borrowed from ref. */
+const char *event_ref_id(const json_t *ref);
+/* The IDs of pdu[key] ("prev_events", "auth_events") as a new array of strings, entries
+ * that are no reference left out; an empty array when pdu has no such array. NULL on
+ * out-of-memory. The caller owns the array. */
+json_t *event_ref_ids(const json_t *pdu, const char *key);
+/* The v1-2 reference to target (an event of room version v named id): a new
+ * [id, {"sha256": target's reference hash}] pair, or NULL when target is not canonical. */
+json_t *event_ref_pair(const room_version *v, const char *id, const json_t *target);
+/* Give pdu (of a v1-2 room) the event ID of an event this server creates: "$" + random
+ * letters + ":" + server_name, unless it has one already. 0, or -1 when server_name
+ * makes the ID too long. */
+int event_id_of_server(json_t *pdu, const char *server_name);
+
+/* May an event of room version v named id come from origin, the server that made it
+ * (an invite's, a send_join's)? v1-2: the ID's server must be origin's (the ID names the
+ * server that created the event); v3+: always true (the ID is a hash). */
+bool event_id_names_origin(const room_version *v, const char *id, const char *origin);
+
 /* The outcome of event_finalize. */
 enum event_check {
     EVENT_OK = 0,
@@ -117,9 +144,11 @@ enum event_check {
     EVENT_TOO_LARGE = -2,     /* over EVENT_MAX_PDU_BYTES */
 };
 /* Add the content hash, check the size, compute the ID. *size_out (may be NULL) gets the
- * canonical size in bytes. For v1-2 an event without an event_id first gets one, "$" +
- * random letters + ":" + the sender's server, and the string entries of its prev_events
- * and auth_events become [event ID, {}] pairs (the v1-2 format). */
+ * canonical size in bytes. For v1-2 an event without an event_id first gets one
+ * (event_id_of_server with the sender's server: the write path gives one of this server
+ * first), and string entries left in its prev_events and auth_events become [event ID, {}]
+ * pairs (the write path makes them [event ID, {"sha256": ...}] first, with
+ * rooms_graph_refs_as_pairs). */
 int event_finalize(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN],
                    size_t *size_out);
 

@@ -36,21 +36,45 @@ int rooms_graph_tips_load(PGconn *c, const char *room_id, rooms_graph_tips *out)
     return 0;
 }
 
-/* The strings of pdu[key] as a PostgreSQL text[] literal in a, or NULL (none / OOM). */
+/* The event IDs pdu[key] references (event_ref_ids) as a PostgreSQL text[] literal in a,
+ * or NULL (out-of-memory). */
 static const char *id_array(rt_arena *a, const json_t *pdu, const char *key)
 {
-    json_t *arr = json_object_get(pdu, key);
-    if (!json_is_array(arr)) return "{}";
-    /* Room versions 1 and 2 list [id, {hashes}] pairs: the ID is the first element. */
-    json_t *ids = json_array();
-    for (size_t i = 0; i < json_array_size(arr); i++) {
-        json_t *v = json_array_get(arr, i);
-        if (json_is_array(v)) v = json_array_get(v, 0);
-        if (json_is_string(v)) json_array_append(ids, v);
-    }
-    const char *lit = rooms_pg_array(a, ids);
+    json_t *ids = event_ref_ids(pdu, key);
+    const char *lit = ids ? rooms_pg_array(a, ids) : NULL;
     json_decref(ids);
     return lit;
+}
+
+/* pdu[key]'s string entries as v1-2 pairs, each with its stored event's reference hash. */
+static int refs_as_pairs(PGconn *c, const room_version *v, json_t *pdu, const char *key)
+{
+    json_t *arr = json_object_get(pdu, key);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        const char *id = json_string_value(json_array_get(arr, i));
+        if (!id) continue;
+        rooms_graph_where w;
+        bool failed = false;
+        json_t *target = rooms_graph_load(c, id, NULL, &w, &failed);
+        json_t *pair = target ? event_ref_pair(v, id, target) : NULL;
+        json_decref(target);
+        if (failed || !pair) {
+            if (!failed)
+                rt_log(ATRIUM_LOG_ERROR, "rooms", "event %s, referenced by a new event, is not "
+                       "stored or not canonical", id);
+            json_decref(pair);
+            return -1;
+        }
+        json_array_set_new(arr, i, pair);
+    }
+    return 0;
+}
+
+int rooms_graph_refs_as_pairs(PGconn *c, const room_version *v, json_t *pdu)
+{
+    if (v->event_id_format != ROOM_EVENT_ID_OPAQUE) return 0;
+    if (refs_as_pairs(c, v, pdu, "prev_events") < 0) return -1;
+    return refs_as_pairs(c, v, pdu, "auth_events");
 }
 
 int rooms_graph_record_edges(PGconn *c, const char *room_id, const char *event_id,

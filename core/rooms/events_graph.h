@@ -52,6 +52,12 @@ int rooms_graph_tips_load(PGconn *c, const char *room_id, rooms_graph_tips *out)
 int rooms_graph_record_edges(PGconn *c, const char *room_id, const char *event_id,
                              const json_t *pdu);
 
+/* Room versions 1 and 2: make the plain event IDs of a new event's prev_events and
+ * auth_events the [event ID, {"sha256": reference hash}] pairs the format asks for, each
+ * hash of the stored event it names (rooms_graph_load). Other versions: nothing. 0, or -1
+ * when a named event is not stored, not canonical, or the database failed (logged). */
+int rooms_graph_refs_as_pairs(PGconn *c, const room_version *v, json_t *pdu);
+
 /* A new event of the stream became a forward extremity: its prev_events no longer are.
  * An event some stored event already names as a prev_event does not become one. 0 or -1. */
 int rooms_graph_advance(PGconn *c, const char *room_id, const char *event_id,

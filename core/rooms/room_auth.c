@@ -533,13 +533,6 @@ bool room_auth_may_redact(const room_auth_state *st, const char *sender,
 
 /* ---- a whole event against a state ---------------------------------------------------- */
 
-/* The ID of the first prev_event: v1-2 [id, hashes] pairs, v3+ strings. */
-static const char *first_prev_id(const json_t *prev)
-{
-    const json_t *p0 = json_array_get(prev, 0);
-    return json_is_string(p0) ? json_string_value(p0) : json_string_value(json_array_get(p0, 0));
-}
-
 bool room_auth_check_event(const room_version *v, const json_t *pdu, room_state_get_fn get,
                            void *ctx, char why[ROOM_AUTH_WHY_LEN])
 {
@@ -562,7 +555,7 @@ bool room_auth_check_event(const room_version *v, const json_t *pdu, room_state_
     const json_t *prev = json_object_get(pdu, "prev_events");
     if (st.create && json_is_array(prev) && json_array_size(prev) == 1) {
         char create_id[EVENT_ID_LEN];
-        const char *prev_id = first_prev_id(prev);
+        const char *prev_id = event_ref_id(json_array_get(prev, 0));
         st.only_create = prev_id && event_compute_id(v, st.create, create_id) == 0 &&
                          strcmp(prev_id, create_id) == 0;
     }

@@ -390,6 +390,10 @@ int rooms_event_seal(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LE
     json_object_del(pdu, "signatures");
     json_object_del(pdu, "unsigned");
     size_t len = 0;
+    /* v1-2: the ID names this server, whoever's template the event was built from. */
+    if (v->event_id_format == ROOM_EVENT_ID_OPAQUE &&
+        event_id_of_server(pdu, rooms_server_name()) < 0)
+        return rooms_set_err(e, ROOMS_E_BAD_JSON, "No event ID fits this server's name");
     int fin = event_finalize(v, pdu, id_out, &len); /* hash, ID (v1-2: picked), size */
     if (fin == EVENT_NOT_CANONICAL)
         return rooms_set_err(e, ROOMS_E_BAD_JSON, "The event holds values canonical JSON cannot carry");
@@ -568,6 +572,8 @@ int rooms_tx_append(room_tx *tx, const room_new_event *ev, char id_out[EVENT_ID_
         rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "%s", why);
     if (rc == ROOMS_OK && ev->redacts) rc = check_redaction(tx, &a, ev, e);
     if (rc == ROOMS_OK && !(pdu = build_pdu(tx, &a, ev))) rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
+    if (rc == ROOMS_OK && rooms_graph_refs_as_pairs(tx->c, tx->ver, pdu) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
     if (rc == ROOMS_OK) rc = rooms_event_seal(tx->ver, pdu, id_out, e);
     /* After a fork the line is not the state this event was authorized against (the
      * current state, which state resolution may have set): record it. */
@@ -612,6 +618,8 @@ int rooms_tx_template(room_tx *tx, const room_new_event *ev, json_t **pdu_out, r
         rc = rooms_set_err(e, ROOMS_E_FORBIDDEN, "%s", why);
     if (rc == ROOMS_OK && !(*pdu_out = build_pdu(tx, &a, ev)))
         rc = rooms_set_err(e, ROOMS_E_DB, "out of memory");
+    if (rc == ROOMS_OK && rooms_graph_refs_as_pairs(tx->c, tx->ver, *pdu_out) < 0)
+        rc = rooms_set_err(e, ROOMS_E_DB, "database");
     json_decref(a.holder);
     return rc;
 }

@@ -114,13 +114,6 @@ int sr_load(sr_ctx *c, const char *event_id, uint32_t *at)
     return rc;
 }
 
-/* An auth_events entry: an event ID (room versions 3+) or [event ID, hashes] (1 and 2). */
-static const char *auth_entry_id(const json_t *entry)
-{
-    if (json_is_string(entry)) return json_string_value(entry);
-    return json_is_array(entry) ? json_string_value(json_array_get(entry, 0)) : NULL;
-}
-
 int sr_load_auth(sr_ctx *c, uint32_t e)
 {
     if (c->ev[e].auth_done) return STATE_RES_OK;
@@ -133,7 +126,7 @@ int sr_load_auth(sr_ctx *c, uint32_t e)
     if (k && !list) return sr_fail(c, STATE_RES_E_NOMEM, NULL, "Out of memory");
     uint32_t mark = ++c->mark, m = 0;
     for (size_t i = 0; i < k; i++) {
-        const char *id = auth_entry_id(json_array_get(arr, i));
+        const char *id = event_ref_id(json_array_get(arr, i));
         uint32_t a;
         int rc = id ? sr_load(c, id, &a)
                     : sr_fail(c, STATE_RES_E_BAD_EVENT, c->ev[e].id, "Event %.80s has "

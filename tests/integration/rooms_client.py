@@ -191,6 +191,17 @@ def reference_event_id(pdu, version):
     return "$" + unpadded_b64(digest, url_safe=int(version) >= 4)
 
 
+def reference_hash(pdu, version):
+    """The reference hash of pdu, standard unpadded base64: what a v1-2 reference to it
+    carries as {"sha256": ...} (a v1-2 event's own event_id is hashed with it)."""
+    red = redact(pdu, version)
+    red.pop("signatures", None)
+    red.pop("unsigned", None)
+    if int(version) > 2:
+        red.pop("event_id", None)
+    return unpadded_b64(hashlib.sha256(canonical_json(red)).digest())
+
+
 def stored_pdus(srv, room):
     """(event_id, pdu) of every event of a room, in stream order, read from the database."""
     rows = psql(f"SELECT event_id, pdu FROM events WHERE room_id = '{room}' ORDER BY stream_pos",

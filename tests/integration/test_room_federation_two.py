@@ -209,6 +209,47 @@ class TwoServersTest(TwoServersCase):
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"))
         self.assertNotIn("let me in", self.bodies(self.alice, room))
 
+    def test_rooms_of_every_version_1_to_11_are_joined_and_talked_in_across_servers(self):
+        for version in [str(n) for n in range(1, 12)]:
+            with self.subTest(room_version=version):
+                room = self.alice.create_room(preset="public_chat", room_version=version)
+                self.alice.send(room, {"msgtype": "m.text", "body": f"a{version}"})
+                self.assertEqual(self.join(room), (200, {"room_id": room}))
+                self.bob.send(room, {"msgtype": "m.text", "body": f"b{version}"})
+                self.wait_until(f"bob's message at A (v{version})",
+                                lambda: self.bodies(self.alice, room) == [f"a{version}", f"b{version}"])
+                self.alice.put_state(room, "m.room.topic", {"topic": f"t{version}"})
+                self.wait_until(f"the topic at B (v{version})", lambda: self.bob.call(
+                    "GET", f"/_matrix/client/v3/rooms/{quote(room)}/state/m.room.topic")
+                    == (200, {"topic": f"t{version}"}))
+                self.assertEqual(self.bodies(self.bob, room), [f"a{version}", f"b{version}"])
+                def state_ids(srv):
+                    return sorted(r[0] for r in psql(
+                        f"SELECT event_id FROM current_state WHERE room_id = '{room}'", database=srv.database))
+                self.assertEqual(state_ids(self.a), state_ids(self.b))
+                # v1-2: the PDU each server stored as signed names its references as
+                # [event ID, {"sha256": reference hash}] pairs; v3+ as plain IDs.
+                [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
+                                f" AND state_key = '{self.bob.user_id}'", database=self.a.database)
+                pdu = json.loads(pdu)
+                refs = pdu["prev_events"] + pdu["auth_events"]
+                if version in ("1", "2"):
+                    self.assertTrue(pdu["event_id"].endswith(":" + self.b.server_name), pdu)
+                    self.assertTrue(all(isinstance(r, list) and set(r[1]) == {"sha256"} for r in refs), pdu)
+                else:
+                    self.assertNotIn("event_id", pdu)
+                    self.assertTrue(all(isinstance(r, str) for r in refs), pdu)
+
+    def test_an_invite_to_a_version_1_or_2_room_crosses_servers_and_is_accepted(self):
+        for version in ("1", "2"):
+            with self.subTest(room_version=version):
+                room = self.alice.create_room(preset="private_chat", room_version=version)
+                self.assertEqual(self.invite(room, self.bob.user_id), (200, {}))
+                self.assertIn(room, self.bob.sync()["rooms"]["invite"])
+                self.assertEqual(self.bob.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join", {},
+                                               timeout=30), (200, {"room_id": room}))
+                self.assertEqual(self.membership(self.alice, room, self.bob.user_id), "join")
+
 
 SYNAPSE_ATRIUM_IP = "127.0.0.53"
 
@@ -251,9 +292,9 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
             time.sleep(0.2)
         self.fail(f"timed out waiting for {what}")
 
-    def test_atrium_joins_a_synapse_room_and_both_talk(self):
+    def atrium_joins_a_synapse_room_and_both_talk(self, **create):
         status, body = self.sam_call("POST", "/_matrix/client/v3/createRoom",
-                                     {"preset": "public_chat", "name": "At Synapse"})
+                                     {"preset": "public_chat", "name": "At Synapse", **create})
         self.assertEqual(status, 200, body)
         room = body["room_id"]
         self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s1",
@@ -268,9 +309,13 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
         self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s2",
                       {"msgtype": "m.text", "body": "hello atrium"})
         self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
+        return room
 
-    def test_synapse_joins_an_atrium_room_and_both_talk(self):
-        room = self.alice.create_room(preset="public_chat", name="At Atrium")
+    def test_atrium_joins_a_synapse_room_and_both_talk(self):
+        self.atrium_joins_a_synapse_room_and_both_talk()
+
+    def synapse_joins_an_atrium_room_and_both_talk(self, **create):
+        room = self.alice.create_room(preset="public_chat", name="At Atrium", **create)
         self.alice.send(room, {"msgtype": "m.text", "body": "before sam"})
         status, body = self.sam_call("POST", f"/_matrix/client/v3/join/{quote(room)}"
                                      f"?server_name={quote(self.a.server_name)}", {})
@@ -283,6 +328,43 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
         self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/s3",
                       {"msgtype": "m.text", "body": "hello atrium"})
         self.wait_until("sam's message at Atrium", lambda: "hello atrium" in self.alice_bodies(room))
+        return room
+
+    def test_synapse_joins_an_atrium_room_and_both_talk(self):
+        self.synapse_joins_an_atrium_room_and_both_talk()
+
+    def test_rooms_of_versions_1_and_2_are_joined_and_talked_in_both_ways(self):
+        for version in ("1", "2"):
+            with self.subTest(room_version=version, resident="synapse"):
+                room = self.atrium_joins_a_synapse_room_and_both_talk(room_version=version)
+                # Synapse's events kept as Synapse signed them: its own IDs, pairs.
+                [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.message'"
+                                f" AND sender = '{self.sam['user_id']}' ORDER BY stream_pos DESC LIMIT 1",
+                                database=self.a.database)
+                pdu = json.loads(pdu)
+                self.assertTrue(pdu["event_id"].endswith(":" + self.syn["name"]), pdu)
+                self.assertTrue(all(isinstance(r, list) for r in pdu["prev_events"]), pdu)
+            with self.subTest(room_version=version, resident="atrium"):
+                self.synapse_joins_an_atrium_room_and_both_talk(room_version=version)
+            with self.subTest(room_version=version, invite="synapse to atrium"):
+                status, body = self.sam_call("POST", "/_matrix/client/v3/createRoom",
+                                             {"preset": "private_chat", "room_version": version,
+                                              "invite": [self.alice.user_id]})
+                self.assertEqual(status, 200, body)
+                room = body["room_id"]
+                self.wait_until("the invite at Atrium", lambda: room in self.alice.sync()["rooms"]["invite"])
+                self.assertEqual(self.alice.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join",
+                                                 {}, timeout=60), (200, {"room_id": room}))
+            with self.subTest(room_version=version, invite="atrium to synapse"):
+                room = self.alice.create_room(preset="private_chat", room_version=version)
+                self.assertEqual(self.alice.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/invite",
+                                                 {"user_id": self.sam["user_id"]}, timeout=30), (200, {}))
+                status, body = self.sam_call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/join", {})
+                self.assertEqual(status, 200, body)
+                self.wait_until("sam's join at Atrium", lambda: self.sam["user_id"] in {
+                    e["state_key"] for e in self.alice.ok(
+                        "GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")["chunk"]
+                    if e["content"]["membership"] == "join"})
 
     def test_atrium_pages_back_through_a_synapse_rooms_history_it_joined_late(self):
         syd = json.loads(__import__("test_federation_synapse").peer(

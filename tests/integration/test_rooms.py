@@ -16,7 +16,7 @@ from accounts import REGISTRATION_ON, login, register
 from common import Background
 from harness import Server
 from rooms_client import (SharedServerTest, V3, Client, content_hash, quote,
-                          reference_event_id, stored_pdus)
+                          reference_event_id, reference_hash, stored_pdus)
 
 ALL_ROOM_VERSIONS = [str(n) for n in range(1, 12)]  # every stable version this server creates
 
@@ -321,7 +321,10 @@ class RoomsTest(SharedServerTest):
                     self.assertIn(ids[0], refs(pdu["auth_events"]))  # the create event
                 if int(version) <= 2:
                     self.assertRegex(event_id, r"^\$[A-Za-z]{18}:localhost$")
-                    self.assertTrue(all(r[1] == {} for r in pdu["prev_events"] + pdu["auth_events"]))
+                    # Each pair carries the referenced event's reference hash.
+                    by_id = dict(events)
+                    for ref in pdu["prev_events"] + pdu["auth_events"]:
+                        self.assertEqual(ref[1], {"sha256": reference_hash(by_id[ref[0]], version)})
                 else:
                     self.assertNotIn("event_id", pdu)
             message = events[-1][1]

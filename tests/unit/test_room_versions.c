@@ -215,6 +215,88 @@ static void test_v1_reference_hash_covers_the_event_id(void **state)
     json_decref(pdu);
 }
 
+/* ---- references between events ---------------------------------------------------- */
+
+static void test_references_read_as_plain_ids_whether_pairs_or_strings(void **state)
+{
+    (void)state;
+    json_t *ref = json_string("$a");
+    assert_string_equal(event_ref_id(ref), "$a");
+    json_decref(ref);
+    ref = parse("[\"$b:example.org\",{\"sha256\":\"x\"}]");
+    assert_string_equal(event_ref_id(ref), "$b:example.org");
+    json_decref(ref);
+    const char *bad[] = {"1", "[]", "[1,{}]", "{\"id\":\"$c\"}", "null"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ref = json_loads(bad[i], JSON_DECODE_ANY, NULL);
+        assert_null(event_ref_id(ref));
+        json_decref(ref);
+    }
+    /* A v1 PDU's pairs and a v3 PDU's strings read alike; non-references are left out. */
+    json_t *v1 = parse(VEC_V1), *v3 = parse(VEC_MSG);
+    json_array_append_new(json_object_get(v1, "prev_events"), json_integer(7));
+    json_t *got = event_ref_ids(v1, "prev_events");
+    char *ids = json_dumps(got, JSON_COMPACT);
+    assert_string_equal(ids, "[\"$p:example.org\"]");
+    free(ids);
+    json_decref(got);
+    got = event_ref_ids(v3, "auth_events");
+    ids = json_dumps(got, JSON_COMPACT);
+    assert_string_equal(ids, "[\"$create\",\"$pl\",\"$alice\"]");
+    free(ids);
+    json_decref(got);
+    got = event_ref_ids(v3, "no_such_key");
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    json_decref(v1);
+    json_decref(v3);
+}
+
+static void test_a_v1_reference_pair_carries_the_events_reference_hash(void **state)
+{
+    (void)state;
+    json_t *pdu = parse(VEC_V1);
+    assert_int_equal(event_add_content_hash(pdu), 0);
+    json_object_set_new(pdu, "signatures",
+                        json_pack("{s:{s:s}}", "example.org", "ed25519:1", "sig"));
+    json_t *pair = event_ref_pair(ver(1), "$old1:example.org", pdu);
+    char *text = json_dumps(pair, JSON_COMPACT);
+    /* The hash test_v1_reference_hash_covers_the_event_id computes: signatures are not hashed. */
+    assert_string_equal(text, "[\"$old1:example.org\",{\"sha256\":"
+                              "\"ZmnIZj60O8NMk0gj77kzuvTCbundZU9elp1ODQ9+YDs\"}]");
+    free(text);
+    json_decref(pair);
+    json_object_set_new(pdu, "depth", json_real(0.5)); /* kept by redaction, not canonical */
+    assert_null(event_ref_pair(ver(1), "$old1:example.org", pdu));
+    json_decref(pdu);
+}
+
+static void test_a_v1_event_this_server_creates_names_this_server(void **state)
+{
+    (void)state;
+    json_t *pdu = parse(VEC_MSG);
+    assert_int_equal(event_id_of_server(pdu, "atrium.example"), 0);
+    const char *id = json_string_value(json_object_get(pdu, "event_id"));
+    assert_true(event_opaque_id_valid(id));
+    assert_string_equal(event_id_domain(id), "atrium.example");
+    char kept[EVENT_ID_LEN];
+    snprintf(kept, sizeof(kept), "%s", id);
+    assert_int_equal(event_id_of_server(pdu, "other.example"), 0); /* an ID is kept */
+    assert_string_equal(json_string_value(json_object_get(pdu, "event_id")), kept);
+    json_object_del(pdu, "event_id");
+    char longest[EVENT_MAX_ID_BYTES];
+    memset(longest, 'a', sizeof(longest) - 1);
+    longest[sizeof(longest) - 1] = '\0';
+    assert_int_equal(event_id_of_server(pdu, longest), -1);
+    assert_int_equal(event_id_of_server(pdu, ""), -1);
+    assert_null(json_object_get(pdu, "event_id"));
+    json_decref(pdu);
+    /* Received: a v1-2 ID must name the server that sent the event; a v3+ ID is a hash. */
+    assert_true(event_id_names_origin(ver(1), "$x:a.example", "a.example"));
+    assert_false(event_id_names_origin(ver(2), "$x:a.example", "b.example"));
+    assert_true(event_id_names_origin(ver(3), "$hash", "b.example"));
+}
+
 /* ---- the version table ------------------------------------------------------------- */
 
 static void test_each_version_has_the_features_its_spec_page_adds(void **state)
@@ -561,6 +643,9 @@ int main(void)
         cmocka_unit_test(test_v1_events_this_server_writes_get_an_id_and_reference_pairs),
         cmocka_unit_test(test_v3_ids_use_standard_base64_and_v4_on_url_safe),
         cmocka_unit_test(test_v1_reference_hash_covers_the_event_id),
+        cmocka_unit_test(test_references_read_as_plain_ids_whether_pairs_or_strings),
+        cmocka_unit_test(test_a_v1_reference_pair_carries_the_events_reference_hash),
+        cmocka_unit_test(test_a_v1_event_this_server_creates_names_this_server),
         cmocka_unit_test(test_each_version_has_the_features_its_spec_page_adds),
         cmocka_unit_test(test_redaction_keeps_what_each_version_keeps),
         cmocka_unit_test(test_format_accepts_a_good_pdu_of_each_version),

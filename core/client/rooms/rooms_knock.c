@@ -240,7 +240,8 @@ static json_t *local_leave(const room_version *v, const json_t *knock, const cha
         return NULL;
     }
     if (!v->v11_redaction) json_object_set_new(pdu, "origin", json_string(rooms_server_name()));
-    json_t *ref = json_string(knock_id);
+    json_t *ref = v->event_id_format == ROOM_EVENT_ID_OPAQUE ? event_ref_pair(v, knock_id, knock)
+                                                             : json_string(knock_id);
     json_object_set_new(pdu, "prev_events", json_pack("[O]", ref));
     json_object_set_new(pdu, "auth_events", json_pack("[O]", ref));
     json_decref(ref);

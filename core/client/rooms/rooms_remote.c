@@ -141,9 +141,7 @@ static bool auth_events_accepted(const json_t *pdu, const json_t *accepted)
 {
     json_t *auth = json_object_get(pdu, "auth_events");
     for (size_t i = 0; i < json_array_size(auth); i++) {
-        json_t *a = json_array_get(auth, i);
-        const char *aid = json_is_array(a) ? json_string_value(json_array_get(a, 0))
-                                           : json_string_value(a);
+        const char *aid = event_ref_id(json_array_get(auth, i));
         if (!aid || !json_object_get(accepted, aid)) return false;
     }
     return true;
@@ -182,9 +180,7 @@ static void check_all(const room_version *v, const char *room_id, const json_t *
         json_t *auth = json_object();
         json_t *ids = json_object_get(ev, "auth_events");
         for (size_t j = 0; j < json_array_size(ids); j++) {
-            json_t *a = json_array_get(ids, j);
-            const char *aid = json_is_array(a) ? json_string_value(json_array_get(a, 0))
-                                               : json_string_value(a);
+            const char *aid = event_ref_id(json_array_get(ids, j));
             json_t *ae = aid ? json_object_get(accepted, aid) : NULL;
             if (ae) rooms_pdus_put(auth, ae);
         }

@@ -87,7 +87,9 @@ static int invite_begin(atrium_req *r, const char *room_id, const char *event_id
         return http_respond_error(r, 400, "M_INVALID_PARAM", "The invitee is not on this server");
     char id[EVENT_ID_LEN];
     if (event_compute_id(v, pdu, id) < 0 || strcmp(id, event_id) != 0)
-        return http_respond_error(r, 400, "M_BAD_JSON", "The event ID is not the event's reference hash");
+        return http_respond_error(r, 400, "M_BAD_JSON", "The event ID is not the event's own");
+    if (!event_id_names_origin(v, id, r->origin))
+        return http_respond_error(r, 400, "M_BAD_JSON", "The event ID is not of your server");
     if (!event_content_hash_ok(pdu))
         return http_respond_error(r, 400, "M_BAD_JSON", "The content hash does not match");
     PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);

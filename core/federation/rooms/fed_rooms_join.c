@@ -155,8 +155,9 @@ static int send_member_begin(atrium_req *r, const member_route *mr, const char *
     if (!v) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     char id[EVENT_ID_LEN];
     if (event_compute_id(v, pdu, id) < 0 || strcmp(id, event_id) != 0)
-        return http_respond_error(r, 400, "M_BAD_JSON", "The event ID is not the event's "
-                                  "reference hash");
+        return http_respond_error(r, 400, "M_BAD_JSON", "The event ID is not the event's own");
+    if (!event_id_names_origin(v, id, r->origin))
+        return http_respond_error(r, 400, "M_BAD_JSON", "The event ID is not of your server");
     if (!event_content_hash_ok(pdu))
         return http_respond_error(r, 400, "M_BAD_JSON", "The content hash does not match");
     send_state *st = rt_arena_alloc(r->arena, sizeof(*st));
@@ -182,8 +183,9 @@ static int send_member_begin(atrium_req *r, const member_route *mr, const char *
 static json_t *join_answer(PGconn *c, const json_t *state_map, const json_t *state_ids,
                            json_t *pdu)
 {
-    json_t *roots = json_deep_copy(state_ids);
-    json_array_extend(roots, json_object_get(pdu, "auth_events"));
+    json_t *roots = json_deep_copy(state_ids), *auth_ids = event_ref_ids(pdu, "auth_events");
+    json_array_extend(roots, auth_ids);
+    json_decref(auth_ids);
     json_t *chain_ids = NULL, *auth = NULL;
     int rc = rooms_graph_auth_chain(c, roots, &chain_ids);
     json_decref(roots);
@@ -229,9 +231,11 @@ static int send_member_finish(atrium_req *r, const member_route *mr, const char 
     int rc = rooms_tx_begin(&tx, c, r->arena, room_id, &e);
     json_t *state = NULL, *ids = NULL, *auth = NULL, *answer = NULL;
     if (rc == ROOMS_OK) {
-        if (rooms_pdus_current(c, room_id, &state, &ids) < 0 ||
-            rooms_pdus_of_ids(c, json_object_get(pdu, "auth_events"), &auth) < 0)
+        json_t *auth_ids = event_ref_ids(pdu, "auth_events");
+        if (!auth_ids || rooms_pdus_current(c, room_id, &state, &ids) < 0 ||
+            rooms_pdus_of_ids(c, auth_ids, &auth) < 0)
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
+        json_decref(auth_ids);
         char why[ROOM_AUTH_WHY_LEN];
         if (rc == ROOMS_OK && !room_auth_check_event(tx.ver, pdu, rooms_pdus_get, auth, why))
             rc = rooms_set_err(&e, ROOMS_E_FORBIDDEN, "Refused by its auth events: %s", why);

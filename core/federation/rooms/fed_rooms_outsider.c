@@ -59,9 +59,7 @@ static bool names_auth_event(const json_t *pdu, const char *event_id)
 {
     json_t *auth = json_object_get(pdu, "auth_events");
     for (size_t i = 0; i < json_array_size(auth); i++) {
-        json_t *a = json_array_get(auth, i);
-        const char *id = json_is_array(a) ? json_string_value(json_array_get(a, 0))
-                                          : json_string_value(a);
+        const char *id = event_ref_id(json_array_get(auth, i));
         if (id && strcmp(id, event_id) == 0) return true;
     }
     return false;

@@ -102,12 +102,6 @@ static int retry(char err[FED_PDU_ERR_LEN])
     return FED_PDU_RETRY;
 }
 
-/* The ID string of one prev_events / auth_events entry (v1-2: a pair). */
-static const char *ref_id(const json_t *ref)
-{
-    return json_is_array(ref) ? json_string_value(json_array_get(ref, 0)) : json_string_value(ref);
-}
-
 /* A request to the origin, waited for; the JSON answer (new) or NULL. rx->c goes back to
  * the pool for the wait (fed_call_hold: a slow peer must not pin a connection the whole
  * server needs) and is borrowed again after it; when none is free in time, rx->c stays
@@ -161,7 +155,7 @@ fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, js
     json_t *refs = json_object_get(pdu, "auth_events"), *ids = json_array();
     fed_recv_auth out = FED_RECV_AUTH_READY;
     for (size_t i = 0; i < json_array_size(refs) && out == FED_RECV_AUTH_READY; i++) {
-        const char *aid = ref_id(json_array_get(refs, i));
+        const char *aid = event_ref_id(json_array_get(refs, i));
         if (!aid) {
             out = FED_RECV_AUTH_REFUSED;
             break;
@@ -316,7 +310,7 @@ static json_t *state_before_from_prevs(pdu_job *rx, const json_t *pdu)
     json_t *maps[EVENT_MAX_PREV_EVENTS];
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        json_t *m = state_after(rx, ref_id(json_array_get(refs, i)));
+        json_t *m = state_after(rx, event_ref_id(json_array_get(refs, i)));
         if (!m) {
             for (size_t j = 0; j < k; j++) json_decref(maps[j]);
             return NULL;
@@ -374,7 +368,7 @@ static json_t *missing_prevs(pdu_job *rx, const json_t *pdu)
 {
     json_t *refs = json_object_get(pdu, "prev_events"), *out = json_array();
     for (size_t i = 0; i < json_array_size(refs); i++) {
-        const char *id = ref_id(json_array_get(refs, i));
+        const char *id = event_ref_id(json_array_get(refs, i));
         if (id && fed_rooms_event_pos(rx->c, rx->room_id, id, NULL) <= 0)
             json_array_append_new(out, json_string(id));
     }
@@ -457,7 +451,7 @@ static void fill_gap(pdu_job *rx, const char *event_id)
             if (!json_is_object(ev) || event_compute_id(rx->v, ev, id) < 0) continue;
             bool open = false;
             for (size_t j = 0; j < json_array_size(refs) && !open; j++) {
-                const char *prev = ref_id(json_array_get(refs, j));
+                const char *prev = event_ref_id(json_array_get(refs, j));
                 open = prev && !gap_known(rx, collected, prev);
             }
             if (open) json_array_append_new(frontier, json_string(id));
