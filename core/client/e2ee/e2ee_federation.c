@@ -371,8 +371,8 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
     const char *p[2] = {user, NULL};
     bool ok = db_begin(c);
     PGresult *res = ok ? e2ee_sql(c, PGRES_TUPLES_OK,
-                                  "SELECT stream_id, devices FROM e2ee_remote_device_lists"
-                                  " WHERE user_id = $1 FOR UPDATE",
+                                  "SELECT stream_id, devices, resync_ts"
+                                  " FROM e2ee_remote_device_lists WHERE user_id = $1 FOR UPDATE",
                                   1, p)
                        : NULL;
     if (!res) {
@@ -383,6 +383,10 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
     bool have = PQntuples(res) == 1;
     int64_t known = have ? atoll(PQgetvalue(res, 0, 0)) : 0;
     json_t *devices = have ? json_loads(PQgetvalue(res, 0, 1), 0, NULL) : NULL;
+    /* Resynced within the interval: a gap now is only counted, in this transaction (the
+     * cheap path a burst takes; resync_slot_claim decides the rest). */
+    bool recent = have && !PQgetisnull(res, 0, 2) &&
+                  atoll(PQgetvalue(res, 0, 2)) > rt_wall_ms() - E2EE_FED_RESYNC_INTERVAL_MS;
     PQclear(res);
     int64_t stream_id = json_integer_value(sid);
     bool changed = true;
@@ -414,6 +418,8 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
                              " devices = $3, updated_ts = $4 WHERE user_id = $1",
                              4, q);
         free(text);
+    } else if (recent) {
+        rt_metric_add(resync_metrics[RESYNC_RATE_LIMITED], 1);
     } else {
         /* A gap (or nothing known): the whole list, holding neither the row nor the
          * connection while the user's server answers. */
