@@ -61,11 +61,13 @@
 #define RECV_GAP_MAX_EVENTS 500     /* events one gap walk collects at most */
 #define RECV_GAP_MAX_ROUNDS 60      /* get_missing_events one gap walk makes at most */
 #define RECV_MAX_NESTING 1          /* missing events' own gaps are not chased further */
-/* Wall time one received PDU may spend walking and filling its gap: a peer that names
- * thousands of missing events gets what fits, the rest bridged by /state_ids, and the
- * transaction answered well within the handoff deadline (server.http.handoff_deadline_ms,
- * 60 s by default) instead of a 504 while the work goes on. */
-#define RECV_GAP_BUDGET_MS 15000
+/* Wall time one received PDU may spend filling its gap (the walk with get_missing_events
+ * at most the first half of it, then processing what came, oldest first): a peer that
+ * names thousands of missing events gets what fits, the rest bridged by /state_ids, and
+ * the transaction answered within the handoff deadline (server.http.handoff_deadline_ms,
+ * 60 s by default) instead of a 504 while the work goes on. A server back after a long
+ * absence (100 events missed: test_room_federation_partition) fits in it. */
+#define RECV_GAP_BUDGET_MS 30000
 #define RECV_FETCH_MAX 200          /* events one PDU may fetch with /event (auth, gap) */
 #define RECV_REQUEST_TIMEOUT_MS 10000
 #define RECV_URI_BYTES FED_RECV_URI_BYTES
@@ -425,10 +427,12 @@ static json_t *ask_missing(pdu_job *rx, json_t *earliest, json_t *frontier, json
     return events;
 }
 
-/* Has rx used its time for gaps (RECV_GAP_BUDGET_MS)? */
-static bool gap_over(const pdu_job *rx)
+/* Has rx used its time for gaps (RECV_GAP_BUDGET_MS), or, when walking, the half of it
+ * that the walk may take? */
+static bool gap_over(const pdu_job *rx, bool walking)
 {
-    return rx->gap_deadline_ms > 0 && rt_now_ms() >= rx->gap_deadline_ms;
+    int64_t left = walking ? RECV_GAP_BUDGET_MS / 2 : 0;
+    return rx->gap_deadline_ms > 0 && rt_now_ms() >= rx->gap_deadline_ms - left;
 }
 
 /* Ask the origin for what lies between our forward extremities and the event, round
@@ -447,7 +451,7 @@ static void fill_gap(pdu_job *rx, const char *event_id)
     json_array_append_new(frontier, json_string(event_id));
     json_int_t min_depth = tips.max_depth > RECV_GAP_MAX_EVENTS ? tips.max_depth - RECV_GAP_MAX_EVENTS : 0;
     for (int round = 0; round < RECV_GAP_MAX_ROUNDS && json_array_size(frontier) > 0 &&
-                        json_object_size(collected) < RECV_GAP_MAX_EVENTS && !gap_over(rx);
+                        json_object_size(collected) < RECV_GAP_MAX_EVENTS && !gap_over(rx, true);
          round++) {
         json_t *events = ask_missing(rx, earliest, frontier, min_depth);
         json_array_clear(frontier);
@@ -486,7 +490,7 @@ static void fill_gap(pdu_job *rx, const char *event_id)
     pdu_job inner = *rx;
     inner.nesting++;
     size_t i = 0;
-    for (; sorted && i < k && !gap_over(rx); i++) {
+    for (; sorted && i < k && !gap_over(rx, false); i++) {
         char e2[FED_PDU_ERR_LEN];
         (void)receive(&inner, sorted[i], e2);
     }
