@@ -49,6 +49,7 @@ class FakeOrigin:
     answer written `step` bytes at a time with a pause between, cut off (connection closed
     before its Content-Length) after `cut_at` bytes unless None; ("chunked", bytes,
     content_type): the multipart answer in chunked transfer coding, no Content-Length;
+    ("chunked_raw", body, piece): `body` as it is, in chunks of `piece` bytes;
     ("short_length", bytes): a Content-Length of half the body, the whole body written;
     ("redirect", url): the federation endpoint is unknown, the legacy one answers 302 to
     url; ("busy", n, bytes): 429 M_LIMIT_EXCEEDED (retry_after_ms 100) to the first n
@@ -170,6 +171,20 @@ class FakeOrigin:
                     try:
                         for at in range(0, len(body), 16384):
                             piece = body[at:at + 16384]
+                            self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                        self.wfile.write(b"0\r\n\r\n")
+                    except OSError:
+                        pass
+                    self.close_connection = True
+                    return
+                if kind == "chunked_raw":  # ("chunked_raw", body, piece): any body, chunked
+                    self.send_response(200)
+                    self.send_header("Content-Type", f"multipart/mixed; boundary={BOUNDARY}")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    try:
+                        for at in range(0, len(spec[1]), spec[2]):
+                            piece = spec[1][at:at + spec[2]]
                             self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
                         self.wfile.write(b"0\r\n\r\n")
                     except OSError:

@@ -205,6 +205,11 @@ static const atrium_migration MIGRATIONS[] = {
      "CREATE TRIGGER e2ee_device_renamed_changes AFTER UPDATE OF display_name ON devices"
      " FOR EACH ROW WHEN (OLD.display_name IS DISTINCT FROM NEW.display_name)"
      " EXECUTE FUNCTION e2ee_device_row_changed();"},
+    /* When this server last asked a remote user's server for the whole device list: at
+     * most one resync per user per E2EE_FED_RESYNC_INTERVAL_MS, however many gaps its
+     * updates show (e2ee_federation.c, docs/adr/0023-device-list-resync-rate.md). */
+    {4, "remote_device_list_resync_ts",
+     "ALTER TABLE e2ee_remote_device_lists ADD COLUMN resync_ts bigint;"},
 };
 
 /* ---- requests ----------------------------------------------------------------------------- */

@@ -14,9 +14,14 @@
  * for users who share a room with a user of this server:
  *   m.direct_to_device    stored for the local recipients' devices (to_device_store)
  *   m.device_list_update  applied when its prev_id names the last stream ID applied, else
- *                         a resync through /user/devices (a gap: updates were missed);
- *                         either way the user gets a device-list change, so local clients
- *                         query the keys again (keys/changes, sync device_lists)
+ *                         a resync through /user/devices (a gap: updates were missed), at
+ *                         most one per user per E2EE_FED_RESYNC_INTERVAL_MS (resync_ts;
+ *                         a burst of gapped updates costs the sender one call, not one
+ *                         each: docs/adr/0023-device-list-resync-rate.md); either way the
+ *                         user gets a device-list change, so local clients query the keys
+ *                         again (keys/changes, sync device_lists), which asks the user's
+ *                         server live (e2ee_remote.c): the stored list is never served.
+ *                         At most E2EE_FED_MAX_REMOTE_DEVICES devices are kept per user.
  *   m.signing_key_update  the user's master and self-signing keys, and a change
  * Sending the local side's news is done where it happens: to-device in to_device.c, device
  * lists and signing keys by the triggers of the "e2ee" migration 2 (e2ee.c).
@@ -38,6 +43,12 @@
 #define E2EE_FED_QUERY_MAX_USERS 1000       /* users per keys/query from a server */
 #define E2EE_FED_CLAIM_MAX_DEVICES 1000     /* devices per keys/claim from a server */
 #define E2EE_FED_URI_BYTES 1024
+#define E2EE_FED_RESYNC_INTERVAL_MS 60000   /* one /user/devices resync per remote user */
+#define E2EE_FED_MAX_REMOTE_DEVICES 1000    /* devices kept per remote user */
+
+enum resync_outcome { RESYNC_OK = 0, RESYNC_FAILED, RESYNC_RATE_LIMITED, RESYNC__N };
+static const char *const RESYNC_OUTCOMES[RESYNC__N] = {"ok", "failed", "rate_limited"};
+static rt_metric *resync_metrics[RESYNC__N]; /* atrium_e2ee_device_list_resyncs_total */
 
 static const char *server_name(void)
 {
@@ -269,6 +280,12 @@ static int resync(PGconn **cp, const char *origin, const char *user_id)
     json_array_foreach(list, i, d) {
         const char *id = json_string_value(json_object_get(d, "device_id"));
         if (!id || !e2ee_id_ok(id)) continue;
+        if (json_object_size(devices) >= E2EE_FED_MAX_REMOTE_DEVICES) {
+            rt_log(ATRIUM_LOG_WARN, "e2ee", "device list of %s from %s has %zu devices; only "
+                   "the first %d are kept", user_id, origin, json_array_size(list),
+                   E2EE_FED_MAX_REMOTE_DEVICES);
+            break;
+        }
         json_t *entry = json_deep_copy(d);
         json_object_del(entry, "device_id");
         json_object_set_new(devices, id, entry);
@@ -297,6 +314,28 @@ static int resync(PGconn **cp, const char *origin, const char *user_id)
     json_decref(devices);
     fed_call_result_clear(&res);
     return ok ? 0 : -1;
+}
+
+/* May user_id's list be resynced now: no resync of it in the last
+ * E2EE_FED_RESYNC_INTERVAL_MS? Claims the slot (resync_ts = now; a row for a user not yet
+ * known, stream ID -1 and no devices, so the first update after it resyncs or applies) in
+ * one statement, so two threads cannot both win it. c is outside any transaction. */
+static bool resync_slot_claim(PGconn *c, const char *user_id)
+{
+    char now[24], since[24];
+    int64_t t = rt_wall_ms();
+    snprintf(now, sizeof(now), "%lld", (long long)t);
+    snprintf(since, sizeof(since), "%lld", (long long)(t - E2EE_FED_RESYNC_INTERVAL_MS));
+    const char *p[3] = {user_id, now, since};
+    PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,
+                             "INSERT INTO e2ee_remote_device_lists AS l (user_id, stream_id,"
+                             " updated_ts, resync_ts) VALUES ($1, -1, $2, $2)"
+                             " ON CONFLICT (user_id) DO UPDATE SET resync_ts = $2"
+                             " WHERE l.resync_ts IS NULL OR l.resync_ts <= $3 RETURNING 1",
+                             3, p);
+    bool won = res && PQntuples(res) == 1;
+    PQclear(res);
+    return won;
 }
 
 /* prev_id names `known` (the last stream ID applied)? An empty or absent prev_id is a
@@ -332,8 +371,8 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
     const char *p[2] = {user, NULL};
     bool ok = db_begin(c);
     PGresult *res = ok ? e2ee_sql(c, PGRES_TUPLES_OK,
-                                  "SELECT stream_id, devices FROM e2ee_remote_device_lists"
-                                  " WHERE user_id = $1 FOR UPDATE",
+                                  "SELECT stream_id, devices, resync_ts"
+                                  " FROM e2ee_remote_device_lists WHERE user_id = $1 FOR UPDATE",
                                   1, p)
                        : NULL;
     if (!res) {
@@ -344,6 +383,10 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
     bool have = PQntuples(res) == 1;
     int64_t known = have ? atoll(PQgetvalue(res, 0, 0)) : 0;
     json_t *devices = have ? json_loads(PQgetvalue(res, 0, 1), 0, NULL) : NULL;
+    /* Resynced within the interval: a gap now is only counted, in this transaction (the
+     * cheap path a burst takes; resync_slot_claim decides the rest). */
+    bool recent = have && !PQgetisnull(res, 0, 2) &&
+                  atoll(PQgetvalue(res, 0, 2)) > rt_wall_ms() - E2EE_FED_RESYNC_INTERVAL_MS;
     PQclear(res);
     int64_t stream_id = json_integer_value(sid);
     bool changed = true;
@@ -353,6 +396,10 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
                json_is_object(devices)) {
         if (json_is_true(json_object_get(content, "deleted"))) {
             json_object_del(devices, device);
+        } else if (!json_object_get(devices, device) &&
+                   json_object_size(devices) >= E2EE_FED_MAX_REMOTE_DEVICES) {
+            rt_log(ATRIUM_LOG_WARN, "e2ee", "device %s of %s not kept: a remote user has at "
+                   "most %d devices here", device, user, E2EE_FED_MAX_REMOTE_DEVICES);
         } else {
             json_t *entry = json_object();
             json_t *keys = json_object_get(content, "keys");
@@ -371,11 +418,16 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
                              " devices = $3, updated_ts = $4 WHERE user_id = $1",
                              4, q);
         free(text);
+    } else if (recent) {
+        rt_metric_add(resync_metrics[RESYNC_RATE_LIMITED], 1);
     } else {
         /* A gap (or nothing known): the whole list, holding neither the row nor the
          * connection while the user's server answers. */
         db_rollback(c);
-        resync(&c, origin, user); /* a failure still counts as a change: clients re-query */
+        enum resync_outcome outcome = RESYNC_RATE_LIMITED;
+        if (resync_slot_claim(c, user)) /* a failure still counts as a change: clients re-query */
+            outcome = resync(&c, origin, user) == 0 ? RESYNC_OK : RESYNC_FAILED;
+        rt_metric_add(resync_metrics[outcome], 1);
         ok = c && db_begin(c);
     }
     json_decref(devices);
@@ -441,6 +493,14 @@ int e2ee_federation_init(http_server *s)
          .handler = post_user_keys_claim, .flags = ATRIUM_ROUTE_FEDERATION},
     };
     if (HTTP_ROUTES_ADD(s, routes, "e2ee") < 0) return -1;
+    for (int i = 0; i < RESYNC__N; i++) {
+        char label[RT_METRIC_LABELS_MAX_BYTES];
+        rt_metric_label(label, sizeof(label), "outcome", RESYNC_OUTCOMES[i]);
+        resync_metrics[i] = rt_metric_counter(
+            core_runtime_get()->metrics, "atrium_e2ee_device_list_resyncs_total", label,
+            "Whole device lists asked of a remote user's server after a gap in its updates, "
+            "by outcome (rate_limited: one was asked in the last minute)");
+    }
     if (fed_txn_on_edu("m.direct_to_device", on_direct_to_device, NULL) < 0 ||
         fed_txn_on_edu("m.device_list_update", on_device_list_update, NULL) < 0 ||
         fed_txn_on_edu("m.signing_key_update", on_signing_key_update, NULL) < 0) {

@@ -17,9 +17,9 @@
  *      decides nothing: the PDU is not kept and is answered with an error, so the event
  *      can still be accepted when it comes again or is fetched later;
  *   5. missing prev_events: asked for with /get_missing_events, round after round back to
- *      the events known here (RECV_MISSING_LIMIT a round, RECV_GAP_MAX_EVENTS in all),
- *      and processed first, oldest first; a gap still open is bridged with /state_ids at
- *      the event and /event for what is not known;
+ *      the events known here (RECV_MISSING_LIMIT a round, RECV_GAP_MAX_EVENTS in all,
+ *      within RECV_GAP_BUDGET_MS), and processed first, oldest first; a gap still open is
+ *      bridged with /state_ids at the event and /event for what is not known;
  *   6. the auth rules against the state before the event: the state after its one prev
  *      event, or the resolution (state_res.h) of the states after each of several;
  *   7. the auth rules against the room's current state: a refusal there is a soft
@@ -61,6 +61,13 @@
 #define RECV_GAP_MAX_EVENTS 500     /* events one gap walk collects at most */
 #define RECV_GAP_MAX_ROUNDS 60      /* get_missing_events one gap walk makes at most */
 #define RECV_MAX_NESTING 1          /* missing events' own gaps are not chased further */
+/* Wall time one received PDU may spend filling its gap (the walk with get_missing_events
+ * at most the first half of it, then processing what came, oldest first): a peer that
+ * names thousands of missing events gets what fits, the rest bridged by /state_ids, and
+ * the transaction answered within the handoff deadline (server.http.handoff_deadline_ms,
+ * 60 s by default) instead of a 504 while the work goes on. A server back after a long
+ * absence (100 events missed: test_room_federation_partition) fits in it. */
+#define RECV_GAP_BUDGET_MS 30000
 #define RECV_FETCH_MAX 200          /* events one PDU may fetch with /event (auth, gap) */
 #define RECV_REQUEST_TIMEOUT_MS 10000
 #define RECV_URI_BYTES FED_RECV_URI_BYTES
@@ -414,6 +421,14 @@ static json_t *ask_missing(pdu_job *rx, json_t *earliest, json_t *frontier, json
     return events;
 }
 
+/* Has rx used its time for gaps (RECV_GAP_BUDGET_MS), or, when walking, the half of it
+ * that the walk may take? */
+static bool gap_over(const pdu_job *rx, bool walking)
+{
+    int64_t left = walking ? RECV_GAP_BUDGET_MS / 2 : 0;
+    return rx->gap_deadline_ms > 0 && rt_now_ms() >= rx->gap_deadline_ms - left;
+}
+
 /* Ask the origin for what lies between our forward extremities and the event, round
  * after round (each /get_missing_events walks back from the oldest events the last one
  * gave whose prev events are still unknown), until the gap closes, a round brings
@@ -430,7 +445,7 @@ static void fill_gap(pdu_job *rx, const char *event_id)
     json_array_append_new(frontier, json_string(event_id));
     json_int_t min_depth = tips.max_depth > RECV_GAP_MAX_EVENTS ? tips.max_depth - RECV_GAP_MAX_EVENTS : 0;
     for (int round = 0; round < RECV_GAP_MAX_ROUNDS && json_array_size(frontier) > 0 &&
-                        json_object_size(collected) < RECV_GAP_MAX_EVENTS;
+                        json_object_size(collected) < RECV_GAP_MAX_EVENTS && !gap_over(rx, true);
          round++) {
         json_t *events = ask_missing(rx, earliest, frontier, min_depth);
         json_array_clear(frontier);
@@ -468,10 +483,15 @@ static void fill_gap(pdu_job *rx, const char *event_id)
     if (sorted) qsort(sorted, k, sizeof(*sorted), fed_recv_by_depth);
     pdu_job inner = *rx;
     inner.nesting++;
-    for (size_t i = 0; sorted && i < k; i++) {
+    size_t i = 0;
+    for (; sorted && i < k && !gap_over(rx, false); i++) {
         char e2[FED_PDU_ERR_LEN];
         (void)receive(&inner, sorted[i], e2);
     }
+    if (i < k)
+        rt_log(ATRIUM_LOG_INFO, "federation", "gap before %s in %s from %s: %zu of %zu missing "
+               "events processed within %d ms; the state from the origin bridges the rest",
+               event_id, rx->room_id, rx->origin, i, k, RECV_GAP_BUDGET_MS);
     rx->fetched = inner.fetched;
     rx->c = inner.c; /* the events' own waits may have given it back and borrowed another */
     free(sorted);
@@ -728,7 +748,7 @@ static int on_pdu(void *ctx, const char *origin, const json_t *pdu, char err[FED
         if (c) db_release(db_global(), c); /* maybe another connection (a key fetched) */
         return out;
     }
-    pdu_job rx = {.origin = origin, .c = c};
+    pdu_job rx = {.origin = origin, .c = c, .gap_deadline_ms = rt_now_ms() + RECV_GAP_BUDGET_MS};
     int rc = receive(&rx, pdu, err);
     if (!rx.c) return retry(err); /* not borrowed again after a request to a peer */
     db_release(db_global(), rx.c); /* maybe another connection than c (fed_recv_ask) */

@@ -31,6 +31,9 @@ typedef struct pdu_job {
                                * releases rx->c, not what it put here */
     int nesting;
     int fetched;              /* /event requests made, against the receiver's bound */
+    int64_t gap_deadline_ms;  /* rt_now_ms() past which a gap is no longer walked nor its
+                               * events processed: the state from the origin bridges the
+                               * rest (0: no bound) */
 } pdu_job;
 
 /* A request to rx->origin, waited for (this thread waits: never the request pool's); the
