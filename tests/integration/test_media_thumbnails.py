@@ -110,13 +110,19 @@ class SizesTest(ThumbnailTestCase):
         media_id = upload(srv, token, jpeg, "image/jpeg")
         expected_colours = {"top left": (0, 255, 0), "top right": (255, 0, 0),
                             "bottom left": (255, 255, 255), "bottom right": (0, 0, 255)}
-        for (w, h), method, size in (((320, 240), "scale", (160, 240)), ((640, 480), "scale", (320, 480)),
-                                     ((800, 600), "scale", (400, 600)), ((96, 96), "crop", (96, 96)),
-                                     ((32, 32), "crop", (32, 32))):
+        # Every size is checked; the pixels of one per DCT scale and method (each decode
+        # of the answer costs a few `vips` processes).
+        for (w, h), method, size, look in (((320, 240), "scale", (160, 240), True),
+                                           ((640, 480), "scale", (320, 480), False),
+                                           ((800, 600), "scale", (400, 600), True),
+                                           ((96, 96), "crop", (96, 96), False),
+                                           ((32, 32), "crop", (32, 32), True)):
             with self.subTest(request=(w, h, method)):
                 status, headers, body = self.thumb(srv, token, media_id, w, h, method)
                 self.assertEqual((status, headers.get("Content-Type")), (200, "image/webp"), body[:200])
                 self.assertEqual(webp_size(body), size)
+                if not look:
+                    continue
                 qx, qy = size[0] // 4, size[1] // 4
                 points = {"top left": (qx, qy), "top right": (3 * qx, qy),
                           "bottom left": (qx, 3 * qy), "bottom right": (3 * qx, 3 * qy)}
