@@ -80,7 +80,7 @@ class SizesTest(ThumbnailTestCase):
         self.assertEqual(srv.metric("atrium_media_renders_total", {"result": "ok"}), 0)
 
     def test_an_exif_rotated_jpeg_gives_an_upright_thumbnail(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         # Stored 400x200, left half red, right half blue; orientation 6 shows it rotated
         # 90 degrees clockwise: 200x400, red on top, blue below.
@@ -105,7 +105,7 @@ class SizesTest(ThumbnailTestCase):
         red, blue, green, white = b"\xff\x00\x00", b"\x00\x00\xff", b"\x00\xff\x00", b"\xff\xff\xff"
         rows = (b"\x00" + red * 1200 + blue * 1200) * 800 + (b"\x00" + green * 1200 + white * 1200) * 800
         jpeg = with_exif_orientation(jpeg_from_png(png(2400, 1600, raw_rows=rows, level=1)), 6)
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         media_id = upload(srv, token, jpeg, "image/jpeg")
         expected_colours = {"top left": (0, 255, 0), "top right": (255, 0, 0),
@@ -135,7 +135,7 @@ class SizesTest(ThumbnailTestCase):
 
 
     def test_animated_true_gives_every_frame_and_otherwise_the_first(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         gif = animated_gif(400, 300, [(255, 0, 0), (0, 255, 0), (0, 0, 255)])
         media_id = upload(srv, token, gif, "image/gif")
