@@ -1,6 +1,12 @@
 """Driver of bench/media_gallery.sh: uploads distinct copies of a 12 MP photo, then asks for
 one thumbnail of each at the same moment (one connection per request, as a gallery page
-opening), and prints wall time, peak RSS and peak open descriptors of the server.
+opening), and prints wall time, the server's CPU time per thumbnail, peak RSS and peak open
+descriptors of the server.
+
+Beside each gallery, in the same run, the decode floor: the same original files (read
+from the store) decoded by `djpeg -scale 1/8` (libjpeg-turbo's own DCT scaling, the
+least work any JPEG thumbnailer must do) to /dev/null, one worker per CPU: its wall time
+and CPU time per image.
 
 Copies differ by a JPEG comment segment after SOI, so each has its own SHA-256 (its own
 render) while decoding exactly like the original. Python standard library only."""
@@ -11,8 +17,10 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 
 def variant(photo, index):
@@ -81,6 +89,34 @@ class Sampler:
         self.thread.join()
 
 
+def cpu_seconds(pid):
+    """User + system CPU time a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def original_path(store, media_id):
+    """Where store.c keeps a local original (plugins/media/store.c, layout)."""
+    a, b = (media_id + "____")[0:2], (media_id + "____")[2:4]
+    return os.path.join(store, "local", a, b, media_id)
+
+
+def decode_floor(paths, scale):
+    """djpeg -scale over the files, one worker per CPU: (wall s, CPU s of the decoders)."""
+    before = os.times()
+    t0 = time.monotonic()
+
+    def one(path):
+        subprocess.run(["djpeg", "-scale", scale, "-outfile", os.devnull, path], check=True)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(one, paths))
+    wall = time.monotonic() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return wall, cpu
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -92,6 +128,7 @@ def main():
     ap.add_argument("--counts", default="150,1000")
     ap.add_argument("--size", default="320x240")
     ap.add_argument("--method", default="scale")
+    ap.add_argument("--floor-scale", default="1/8", help="djpeg -scale of the decode floor")
     args = ap.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     with open(args.photo, "rb") as f:
@@ -109,24 +146,32 @@ def main():
     print(f"uploaded {len(ids)} distinct 12 MP JPEGs ({len(photo)} bytes each) in "
           f"{time.monotonic() - started:.1f} s")
     w, h = args.size.split("x")
-    print(f"{'gallery':>8} {'wall s':>8} {'ok':>6} {'other':>6} {'peak RSS MiB':>13} {'peak fds':>9}")
+    print(f"{'gallery':>8} {'wall s':>7} {'CPU ms/th':>10} {'floor wall s':>13} "
+          f"{'floor CPU ms':>13} {'x wall':>7} {'x CPU':>6} {'ok':>5} {'other':>6} "
+          f"{'peak RSS MiB':>13} {'peak fds':>9}")
     for n in counts:
         shutil.rmtree(os.path.join(args.store, "thumbnails"), ignore_errors=True)
         sampler = Sampler(args.pid)
+        cpu0 = cpu_seconds(args.pid)
         t0 = time.monotonic()
         results = parallel(n, n, lambda i: request(
             args.port, "GET",
             f"/_matrix/client/v1/media/thumbnail/{args.server_name}/{ids[i]}"
             f"?width={w}&height={h}&method={args.method}", args.token))
         wall = time.monotonic() - t0
+        cpu = cpu_seconds(args.pid) - cpu0
         sampler.finish()
+        floor_wall, floor_cpu = decode_floor([original_path(args.store, i) for i in ids[:n]],
+                                             args.floor_scale)
         ok = sum(1 for s, b in results if s == 200 and b[:4] == b"RIFF" and b[8:12] == b"WEBP")
         others = {}
         for s, _ in results:
             if s != 200:
                 others[s] = others.get(s, 0) + 1
-        print(f"{n:>8} {wall:>8.1f} {ok:>6} {n - ok:>6} {sampler.rss_kib / 1024:>13.0f} {sampler.fds:>9}"
-              + (f"   non-200: {others}" if others else ""))
+        print(f"{n:>8} {wall:>7.2f} {cpu * 1000 / n:>10.1f} {floor_wall:>13.2f} "
+              f"{floor_cpu * 1000 / n:>13.1f} {wall / floor_wall:>7.2f} {cpu / floor_cpu:>6.2f} "
+              f"{ok:>5} {n - ok:>6} {sampler.rss_kib / 1024:>13.0f} {sampler.fds:>9}"
+              + (f"   non-200: {others}" if others else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Load figure: a gallery of 150, then 1000, distinct 12-megapixel JPEGs whose thumbnails
 # (320x240 scale) are all requested at the same moment, one connection each. Prints wall
-# time, how many arrived as WebP, and the server's peak RSS and peak open descriptors
-# (sampled every 20 ms); asserts nothing. Renders are bounded by render_threads (default:
+# time, the server's CPU time per thumbnail, how many arrived as WebP, and the server's
+# peak RSS and peak open descriptors (sampled every 20 ms); asserts nothing. Beside each
+# gallery, measured in the same run on the same files: the decode floor, `djpeg -scale 1/8`
+# (libjpeg-turbo-progs) over the originals, one worker per CPU, to /dev/null, and Atrium's
+# ratio to it in wall and in CPU time (docs/performance.md). Renders are bounded by render_threads (default:
 # cores) and delivery by delivery_slots, so memory and descriptors should stay flat while
 # wall time grows with the number of renders.
 #

@@ -385,6 +385,7 @@ typedef struct store_tmp {
     int fd;
     char dir[MEDIA_PATH_MAX];
     char named[MEDIA_PATH_MAX]; /* "" for an unnamed file */
+    bool derived;               /* store_tmp_open_derived: no folder fsyncs */
 } store_tmp;
 
 int store_init(media *m);  /* [init/start] create the folders */
@@ -397,8 +398,13 @@ int store_thumb_path(const media *m, const char *sha256, const media_size *s, ch
 /* Open a temp file in the folder of final_path (created durably when missing). 0, or a
  * negative errno (logged). */
 int store_tmp_open(media *m, const char *final_path, store_tmp *t) MEDIA_MUST_CHECK;
+/* The same for a derived file (a thumbnail: rendered again when it is missing): its
+ * bytes are still fsynced before it is named in one step, so a name never shows a torn
+ * file, but no folder is fsynced, neither new ones nor the one it is named in; after a
+ * crash the name may be gone, never half there. */
+int store_tmp_open_derived(media *m, const char *final_path, store_tmp *t) MEDIA_MUST_CHECK;
 /* Make the temp file final_path: fsync the data, link it under its name (replacing an
- * existing file when `replace`), fsync the folder. Consumes t (the fd is closed). 0, or
+ * existing file when `replace`), fsync the folder (not for a derived file). Consumes t (the fd is closed). 0, or
  * a negative errno: -EEXIST when final_path exists and !replace. */
 int store_tmp_commit(media *m, store_tmp *t, const char *final_path, bool replace) MEDIA_MUST_CHECK;
 /* Drop a temp file (close; unlink a named one). Idempotent. */

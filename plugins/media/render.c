@@ -9,17 +9,29 @@
  *   - the pixel count is read from the header and anything over max_image_pixels is
  *     refused before a single pixel is decoded; the count is the larger of the frame and
  *     the container's declared canvas (canvas.c), which is what browsers allocate;
- *   - vips_thumbnail decodes at reduced scale where the format allows (JPEG DCT scaling,
- *     WebP scaling), streams the rest sequentially, honours EXIF orientation, takes the
- *     first frame of an animation (every frame, as an animated WebP, when asked for one
- *     and the frames stay within bounds), never upscales, and fails on truncated input
- *     rather than inventing grey pixels;
+ *   - a JPEG is decoded by libjpeg's DCT scaling at the largest of 1/2, 1/4, 1/8 that
+ *     leaves it no smaller than the thumbnail (jpeg_shrink_on_load), then reduced by
+ *     vips_thumbnail_image. vips_thumbnail on the file would keep a further factor of two
+ *     above the target (decoding four times the pixels: 1000x750 rather than 500x375 for
+ *     a 12 MP photo to 320x240), which cost a third of a thumbnail's CPU time; the DCT
+ *     scaling already low-passes, so the final reduce loses nothing visible at thumbnail
+ *     size (docs/performance.md, "A gallery of thumbnails");
+ *   - other formats go through vips_thumbnail, which decodes at reduced scale where the
+ *     format allows (WebP scaling); both paths stream sequentially, honour EXIF
+ *     orientation, take the first frame of an animation (every frame, as an animated
+ *     WebP, when asked for one and the frames stay within bounds), never upscale, and fail
+ *     on truncated input rather than inventing grey pixels;
+ *   - WebP is encoded at effort (libwebp "method") RENDER_WEBP_EFFORT, not the default 4:
+ *     a thumbnail is small and rendered once, and the default spent a sixth of its CPU
+ *     time for files a few percent smaller;
  *   - libvips keeps no cache of images or descriptors and uses one worker per render, so
  *     memory and descriptors are bounded by the number of renders (the render pool's
  *     size, thumbnail.c).
  * What this file does not do: decide which size to render, write files, or coordinate
  * who renders (thumbnail.c).
  */
+#include <string.h>
+
 #include <vips/vips.h>
 #include <vips/vector.h> /* vips_vector_set_enabled: not in vips.h in 8.14 */
 #include <webp/encode.h>
@@ -28,6 +40,8 @@
 #include "media.h"
 
 #define RENDER_WEBP_QUALITY 80
+#define RENDER_WEBP_EFFORT 2 /* libwebp's method: 0 (fastest) .. 6; its default is 4 */
+#define RENDER_JPEG_MAX_SHRINK 8 /* libjpeg's DCT scaling: 1/2, 1/4 or 1/8 */
 #define RENDER_MAX_BANDS_WITH_ALPHA 4
 #define RENDER_DEFAULT_DELAY_MS 100 /* a frame without a delay */
 /* Frames x thumbnail pixels of an animated thumbnail, at most (about 64 MiB as RGBA);
@@ -133,18 +147,38 @@ static VipsImage *to_srgb8(VipsImage *in)
     return out;
 }
 
-/* One frame (or the whole still) as WebP. */
+/* The encoder settings every thumbnail uses: quality and effort above. */
+static bool webp_config(WebPConfig *config)
+{
+    if (!WebPConfigInit(config)) return false;
+    config->quality = RENDER_WEBP_QUALITY;
+    config->method = RENDER_WEBP_EFFORT;
+    return WebPValidateConfig(config) != 0;
+}
+
+/* One frame (or the whole still) as WebP; *out is freed with WebPFree (render_free). */
 static int encode_still(const uint8_t *px, int w, int h, int bands, uint8_t **out, size_t *len)
 {
-    uint8_t *webp = NULL;
-    size_t n = bands == 4 ? WebPEncodeRGBA(px, w, h, w * 4, RENDER_WEBP_QUALITY, &webp)
-                          : WebPEncodeRGB(px, w, h, w * 3, RENDER_WEBP_QUALITY, &webp);
-    if (n == 0) {
-        WebPFree(webp);
+    WebPConfig config;
+    WebPPicture pic;
+    if (!webp_config(&config) || !WebPPictureInit(&pic)) return RENDER_E_NOMEM;
+    pic.use_argb = 0; /* YUV straight from RGB, as WebPEncodeRGB does */
+    pic.width = w;
+    pic.height = h;
+    WebPMemoryWriter writer;
+    WebPMemoryWriterInit(&writer);
+    pic.writer = WebPMemoryWrite;
+    pic.custom_ptr = &writer;
+    int ok = bands == 4 ? WebPPictureImportRGBA(&pic, px, w * 4)
+                        : WebPPictureImportRGB(&pic, px, w * 3);
+    if (ok) ok = WebPEncode(&config, &pic);
+    WebPPictureFree(&pic);
+    if (!ok || writer.size == 0) {
+        WebPMemoryWriterClear(&writer);
         return RENDER_E_NOMEM;
     }
-    *out = webp;
-    *len = n;
+    *out = writer.mem;
+    *len = writer.size;
     return RENDER_OK;
 }
 
@@ -163,9 +197,8 @@ static int encode_animation(const strip *st, const int *delays, int n_delays, in
 {
     WebPAnimEncoderOptions opts;
     WebPConfig config;
-    if (!WebPAnimEncoderOptionsInit(&opts) || !WebPConfigInit(&config)) return RENDER_E_NOMEM;
+    if (!WebPAnimEncoderOptionsInit(&opts) || !webp_config(&config)) return RENDER_E_NOMEM;
     opts.anim_params.loop_count = loop;
-    config.quality = RENDER_WEBP_QUALITY;
     WebPAnimEncoder *enc = WebPAnimEncoderNew(st->crop_w, st->crop_h, &opts);
     if (!enc) return RENDER_E_NOMEM;
     int rc = RENDER_OK, timestamp = 0;
@@ -217,6 +250,43 @@ static void animation_target(const media_size *s, int frame_w, int frame_h, int 
     *h = (int)(frame_h * scale + 0.999);
 }
 
+/* The DCT scaling a JPEG of w x h is decoded at for a tw x th thumbnail (crop: covering
+ * the box; scale: fitting it): the largest of 8, 4, 2 that still leaves the decoded image
+ * at least the thumbnail's size, else 1. w and h as the image is shown (after EXIF
+ * orientation): what vips_thumbnail_image measures the box against. */
+static int jpeg_shrink_on_load(int w, int h, int tw, int th, bool crop)
+{
+    double sx = (double)w / tw, sy = (double)h / th;
+    double shrink = crop ? (sx < sy ? sx : sy) : (sx > sy ? sx : sy);
+    for (int k = RENDER_JPEG_MAX_SHRINK; k > 1; k /= 2)
+        if (shrink >= k) return k;
+    return 1;
+}
+
+/* vips_thumbnail for a still JPEG of w x h as shown, with the shrink-on-load chosen
+ * above. 0, or -1 with the libvips error buffer set. */
+static int thumbnail_jpeg(const char *path, int w, int h, int tw, int th, bool crop,
+                          VipsImage **thumb)
+{
+    int shrink = jpeg_shrink_on_load(w, h, tw, th, crop);
+    VipsImage *in = vips_image_new_from_file(path, "shrink", shrink, "access",
+                                             VIPS_ACCESS_SEQUENTIAL, "fail_on",
+                                             VIPS_FAIL_ON_TRUNCATED, NULL);
+    if (!in) return -1;
+    int rc = vips_thumbnail_image(in, thumb, tw, "height", th, "size", VIPS_SIZE_DOWN, "crop",
+                                  crop ? VIPS_INTERESTING_CENTRE : VIPS_INTERESTING_NONE, NULL);
+    g_object_unref(in);
+    return rc;
+}
+
+static bool is_jpeg(VipsImage *head)
+{
+    const char *loader = NULL;
+    return vips_image_get_typeof(head, VIPS_META_LOADER) &&
+           vips_image_get_string(head, VIPS_META_LOADER, &loader) == 0 && loader &&
+           strcmp(loader, "jpegload") == 0;
+}
+
 int render_thumbnail(const char *path, const media_size *s, int64_t max_pixels, uint8_t **out,
                      size_t *len)
 {
@@ -226,11 +296,12 @@ int render_thumbnail(const char *path, const media_size *s, int64_t max_pixels, 
     if (!head) return RENDER_E_NOT_IMAGE;
     int frame_w = vips_image_get_width(head), frame_h = vips_image_get_page_height(head);
     int pages = vips_image_get_n_pages(head);
+    bool jpeg = is_jpeg(head), swap = vips_image_get_orientation_swap(head);
     g_object_unref(head);
     int64_t frame_pixels = (int64_t)frame_w * frame_h;
-    if (frame_pixels > max_pixels) return RENDER_E_TOO_LARGE;
     uint32_t cw, ch; /* the declared canvas counts too (canvas.c) */
-    if (canvas_of_file(path, &cw, &ch) == 0 && (int64_t)cw * ch > max_pixels)
+    if (frame_pixels > max_pixels ||
+        (canvas_of_file(path, &cw, &ch) == 0 && (int64_t)cw * ch > max_pixels))
         return RENDER_E_TOO_LARGE;
     /* Every frame is decoded for an animation: they count together. */
     bool animated = s->animated && pages > 1 && frame_pixels * pages <= max_pixels &&
@@ -243,9 +314,14 @@ int render_thumbnail(const char *path, const media_size *s, int64_t max_pixels, 
     int tw = s->width, th = s->height;
     if (animated) animation_target(s, frame_w, frame_h, &tw, &th);
     VipsImage *thumb = NULL;
-    if (vips_thumbnail(name, &thumb, tw, "height", th, "size", VIPS_SIZE_DOWN, "crop",
-                       s->crop && !animated ? VIPS_INTERESTING_CENTRE : VIPS_INTERESTING_NONE,
-                       "fail_on", VIPS_FAIL_ON_TRUNCATED, NULL) != 0) {
+    int vrc = !animated && jpeg
+                  ? thumbnail_jpeg(path, swap ? frame_h : frame_w, swap ? frame_w : frame_h, tw,
+                                   th, s->crop, &thumb)
+                  : vips_thumbnail(name, &thumb, tw, "height", th, "size", VIPS_SIZE_DOWN, "crop",
+                                   s->crop && !animated ? VIPS_INTERESTING_CENTRE
+                                                        : VIPS_INTERESTING_NONE,
+                                   "fail_on", VIPS_FAIL_ON_TRUNCATED, NULL);
+    if (vrc != 0) {
         vips_error_clear();
         return RENDER_E_DECODE;
     }

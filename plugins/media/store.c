@@ -22,6 +22,10 @@
  * answers only after the row. A crash leaves at most ".tmp-" files, which store_sweep()
  * removes before the server listens, and named files whose row was never committed,
  * which the orphan sweep removes once they are old enough (orphans.c).
+ * A derived file (a thumbnail, store_tmp_open_derived) is committed the same way but
+ * without any folder fsync: its name may be lost in a crash (it is rendered again on the
+ * next request) but, the bytes being fsynced before the name exists, never names a torn
+ * file (docs/performance.md, "A gallery of thumbnails").
  *
  * What this file does not do: decide names (upload.c, thumbnail.c), or touch the database.
  */
@@ -54,9 +58,9 @@ static int fsync_dir(const char *dir)
     return rc;
 }
 
-/* mkdir -p, fsyncing each parent whose entry list changed, so a new folder survives a
- * crash together with the file committed into it. */
-static int mkdir_durable(media *m, const char *path)
+/* mkdir -p; when `durable`, fsyncing each parent whose entry list changed, so a new
+ * folder survives a crash together with the file committed into it. */
+static int mkdir_p(media *m, const char *path, bool durable)
 {
     char buf[MEDIA_PATH_MAX];
     size_t len = strlen(path);
@@ -66,7 +70,13 @@ static int mkdir_durable(media *m, const char *path)
         if (buf[i] != '/' && buf[i] != '\0') continue;
         char saved = buf[i];
         buf[i] = '\0';
-        if (mkdir(buf, STORE_DIR_MODE) == 0) {
+        if (mkdir(buf, STORE_DIR_MODE) < 0) {
+            if (errno != EEXIST) {
+                int err = errno;
+                store_log(m, ATRIUM_LOG_ERROR, "cannot create folder %s: %s", buf, err);
+                return -err;
+            }
+        } else if (durable) {
             char *slash = strrchr(buf, '/');
             if (slash && slash != buf) {
                 *slash = '\0';
@@ -74,10 +84,6 @@ static int mkdir_durable(media *m, const char *path)
                 *slash = '/';
                 if (rc < 0) return rc;
             }
-        } else if (errno != EEXIST) {
-            int err = errno;
-            store_log(m, ATRIUM_LOG_ERROR, "cannot create folder %s: %s", buf, err);
-            return -err;
         }
         buf[i] = saved;
     }
@@ -92,7 +98,7 @@ int store_init(media *m)
         if ((size_t)snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, SUBDIRS[i]) >=
             sizeof(path))
             return ATRIUM_E_INVAL;
-        if (mkdir_durable(m, path) < 0) return ATRIUM_E_IO;
+        if (mkdir_p(m, path, true) < 0) return ATRIUM_E_IO;
         if (access(path, W_OK | X_OK) < 0) {
             store_log(m, ATRIUM_LOG_ERROR,
                       "media store folder %s is not writable (%s): fix its permissions or "
@@ -218,12 +224,13 @@ static int tmp_name(const char *dir, char *out, size_t cap)
     return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
 }
 
-int store_tmp_open(media *m, const char *final_path, store_tmp *t)
+static int tmp_open(media *m, const char *final_path, store_tmp *t, bool derived)
 {
     t->fd = -1;
     t->named[0] = '\0';
+    t->derived = derived;
     dir_of(final_path, t->dir, sizeof(t->dir));
-    int rc = mkdir_durable(m, t->dir);
+    int rc = mkdir_p(m, t->dir, !derived);
     if (rc < 0) return rc;
     t->fd = open(t->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, STORE_FILE_MODE);
     if (t->fd >= 0) return 0;
@@ -244,6 +251,16 @@ int store_tmp_open(media *m, const char *final_path, store_tmp *t)
     store_log(m, ATRIUM_LOG_ERROR, "cannot create a temp file in %s: %s", t->dir, err);
     t->named[0] = '\0';
     return -err;
+}
+
+int store_tmp_open(media *m, const char *final_path, store_tmp *t)
+{
+    return tmp_open(m, final_path, t, false);
+}
+
+int store_tmp_open_derived(media *m, const char *final_path, store_tmp *t)
+{
+    return tmp_open(m, final_path, t, true);
 }
 
 /* Give the written file a name in its folder: the final one, or a temp one to rename. */
@@ -279,7 +296,7 @@ int store_tmp_commit(media *m, store_tmp *t, const char *final_path, bool replac
     }
     if (rc < 0 && rc != -EEXIST)
         store_log(m, ATRIUM_LOG_ERROR, "cannot name the new file %s: %s", final_path, -rc);
-    if (rc == 0) {
+    if (rc == 0 && !t->derived) {
         rc = fsync_dir(t->dir);
         if (rc < 0) store_log(m, ATRIUM_LOG_ERROR, "fsync of folder %s failed: %s", t->dir, -rc);
     }

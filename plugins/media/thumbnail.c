@@ -28,8 +28,10 @@
  *     than max_image_pixels -> 413 M_TOO_LARGE, before any decoding; a render that fails
  *     (truncated, corrupt) gives 400 M_UNKNOWN and is remembered for a while so clients
  *     retrying do not re-decode a bad file (the original still downloads);
- *   - thumbnails are written like originals (store.c: durable, atomic), so whatever file
- *     exists under a thumbnail's name is complete.
+ *   - thumbnails are written atomically as derived files (store.c,
+ *     store_tmp_open_derived: the bytes fsynced before the name exists, no folder fsync),
+ *     so whatever file exists under a thumbnail's name is complete; a crash may lose the
+ *     name, and the next request renders it again.
  * The delivery slot taken in delivery.c is held while a request waits for its render and
  * while its body is sent. Remote media (remote.c): when the original is not cached, the
  * origin's thumbnail of the chosen configured size is fetched and served as it is;
@@ -171,7 +173,7 @@ static void prune_failures(render_table *t, int64_t now)
 static int write_thumbnail(media *m, const char *dst, const uint8_t *buf, size_t len)
 {
     store_tmp t;
-    if (store_tmp_open(m, dst, &t) < 0) return RENDER_E_IO;
+    if (store_tmp_open_derived(m, dst, &t) < 0) return RENDER_E_IO;
     if (store_write_all(t.fd, buf, len) < 0) {
         m->h->log(m->self, ATRIUM_LOG_ERROR, "cannot write thumbnail %s: %s", dst, strerror(errno));
         store_tmp_discard(&t);

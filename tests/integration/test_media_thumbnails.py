@@ -80,7 +80,7 @@ class SizesTest(ThumbnailTestCase):
         self.assertEqual(srv.metric("atrium_media_renders_total", {"result": "ok"}), 0)
 
     def test_an_exif_rotated_jpeg_gives_an_upright_thumbnail(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         # Stored 400x200, left half red, right half blue; orientation 6 shows it rotated
         # 90 degrees clockwise: 200x400, red on top, blue below.
@@ -97,9 +97,45 @@ class SizesTest(ThumbnailTestCase):
         self.assertGreater(bottom[2], 200, f"bottom is blue: {bottom}")
         self.assertLess(bottom[0], 60, f"bottom is blue: {bottom}")
 
+    def test_a_large_exif_rotated_jpeg_gives_upright_thumbnails_of_every_size(self):
+        # JPEGs are decoded at 1/2, 1/4 or 1/8 scale (render.c, jpeg_shrink_on_load), the
+        # scale chosen from the size as shown: a 2400x1600 photo stored sideways must
+        # still give exact, upright sizes. Stored quadrants: red | blue over green | white;
+        # orientation 6 (turn 90 degrees clockwise) shows green | red over white | blue.
+        red, blue, green, white = b"\xff\x00\x00", b"\x00\x00\xff", b"\x00\xff\x00", b"\xff\xff\xff"
+        rows = (b"\x00" + red * 1200 + blue * 1200) * 800 + (b"\x00" + green * 1200 + white * 1200) * 800
+        jpeg = with_exif_orientation(jpeg_from_png(png(2400, 1600, raw_rows=rows, level=1)), 6)
+        srv = media_server(self, shared=True)
+        _, token = register(srv)
+        media_id = upload(srv, token, jpeg, "image/jpeg")
+        expected_colours = {"top left": (0, 255, 0), "top right": (255, 0, 0),
+                            "bottom left": (255, 255, 255), "bottom right": (0, 0, 255)}
+        # Every size is checked; the pixels of one per DCT scale and method (each decode
+        # of the answer costs a few `vips` processes).
+        for (w, h), method, size, look in (((320, 240), "scale", (160, 240), True),
+                                           ((640, 480), "scale", (320, 480), False),
+                                           ((800, 600), "scale", (400, 600), True),
+                                           ((96, 96), "crop", (96, 96), False),
+                                           ((32, 32), "crop", (32, 32), True)):
+            with self.subTest(request=(w, h, method)):
+                status, headers, body = self.thumb(srv, token, media_id, w, h, method)
+                self.assertEqual((status, headers.get("Content-Type")), (200, "image/webp"), body[:200])
+                self.assertEqual(webp_size(body), size)
+                if not look:
+                    continue
+                qx, qy = size[0] // 4, size[1] // 4
+                points = {"top left": (qx, qy), "top right": (3 * qx, qy),
+                          "bottom left": (qx, 3 * qy), "bottom right": (3 * qx, 3 * qy)}
+                got_w, got_h, pixels = vips_decode(body, points=list(points.values()))
+                self.assertEqual((got_w, got_h), size, "decodes fully")
+                for where, point in points.items():
+                    got = pixels[point]
+                    for band, want in zip(got[:3], expected_colours[where]):
+                        self.assertAlmostEqual(band, want, delta=60, msg=f"{where} at {point}: {got}")
+
 
     def test_animated_true_gives_every_frame_and_otherwise_the_first(self):
-        srv = media_server(self)
+        srv = media_server(self, shared=True)
         _, token = register(srv)
         gif = animated_gif(400, 300, [(255, 0, 0), (0, 255, 0), (0, 0, 255)])
         media_id = upload(srv, token, gif, "image/gif")

@@ -51,6 +51,7 @@ ATRIUM_S3_TEST_PACKAGES=(
 ATRIUM_BENCH_PACKAGES=(
     wrk
     nginx-light libvips-tools  # bench/media_*.sh: the baselines beside Atrium
+    libjpeg-turbo-progs        # djpeg: bench/media_gallery.sh's decode floor
 )
 
 # Set once `apt-get update` has run in this process.
