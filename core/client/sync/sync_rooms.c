@@ -28,7 +28,10 @@
  *     `types` list sends no state at all.
  *   - Lazy loading: state carries only the member events of the timeline's senders (and,
  *     when the room is sent whole, the user's own), each sent to a device once unless the
- *     filter asks for redundant ones (sync_lazy.c keeps what each device was sent).
+ *     filter asks for redundant ones (sync_lazy.c keeps what each device was sent). A gap
+ *     (a limited incremental timeline) is the exception: its state carries every change
+ *     of the gap, member events included (joins and leaves of members who did not
+ *     speak), as Synapse does, so the client's member list stays right.
  *   - unread_notifications: the unread events (from others, after the user's newest read
  *     receipt or own event, at most SYNC_MAX_UNREAD_COUNT) judged by the user's push rules
  *     (push_eval.c): notification_count = those that notify, highlight_count = those that
@@ -78,19 +81,32 @@ static bool room_wanted(const sync_ctx *s, const char *room_id)
     return ok;
 }
 
+static bool in_list(const json_t *list, const json_t *value)
+{
+    for (size_t i = 0; i < json_array_size(list); i++)
+        if (json_equal(json_array_get(list, i), value)) return true;
+    return false;
+}
+
 /* The senders of a timeline (plus the user when the room is sent whole, so the client
- * knows it is in it): whose member events lazy loading sends. */
+ * knows it is in it): whose member events lazy loading sends. A sender whose member event
+ * comes earlier in the timeline than their first event is left out: the client learns it
+ * from the timeline (Synapse does the same). */
 static json_t *lazy_member_list(sync_ctx *s, const json_t *timeline, bool full)
 {
-    json_t *users = json_array();
+    json_t *users = json_array(), *in_timeline = json_array();
     if (full) json_array_append_new(users, json_string(s->user));
     for (size_t i = 0; i < json_array_size(timeline); i++) {
-        json_t *sender = json_object_get(json_array_get(timeline, i), "sender");
-        bool seen = false;
-        for (size_t j = 0; j < json_array_size(users) && !seen; j++)
-            seen = json_equal(json_array_get(users, j), sender);
-        if (!seen && json_is_string(sender)) json_array_append(users, sender);
+        const json_t *ev = json_array_get(timeline, i);
+        json_t *sender = json_object_get(ev, "sender");
+        if (json_is_string(sender) && !in_list(users, sender) && !in_list(in_timeline, sender))
+            json_array_append(users, sender);
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        json_t *key = json_object_get(ev, "state_key");
+        if (type && strcmp(type, "m.room.member") == 0 && json_is_string(key))
+            json_array_append(in_timeline, key);
     }
+    json_decref(in_timeline);
     return users;
 }
 
@@ -270,13 +286,13 @@ static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, b
     int rc;
     if (full)
         rc = events_state_between(s->c, &s->view, room_id, 0, before, members, NULL, out);
-    else if (t->limited || gappy)
-        rc = events_state_between(s->c, &s->view, room_id, s->since, before, members, NULL, out);
+    else if (t->limited || gappy) /* every change of the gap, member events too */
+        rc = events_state_between(s->c, &s->view, room_id, s->since, before, NULL, NULL, out);
     else
         rc = ROOMS_OK;
-    if (rc >= 0 && !full && s->lazy_members && json_array_size(t->events) > 0) {
+    if (rc >= 0 && !full && s->lazy_members && json_array_size(members) > 0) {
         /* Lazy loading: members of the senders as of the timeline's start, even when the
-         * client may know them (no per-device record of what was sent). */
+         * client may know them (sync_lazy.c then leaves out what this device has). */
         json_t *types = json_pack("[s]", "m.room.member");
         json_t *extra = json_array();
         rc = events_state_between(s->c, &s->view, room_id, 0, before, members,
