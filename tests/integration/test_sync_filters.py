@@ -162,6 +162,34 @@ class LazyMembersTest(SharedServerTest):
         self.assertTrue(third["rooms"]["join"][room]["timeline"]["limited"])
         self.assertEqual(self.memberships(third, room), {self.dan.user_id: "leave"})
 
+    def test_joining_and_leaving_in_one_batch_sends_the_room_whole(self):
+        room = self.ann.create_room(preset="private_chat", name="in and out")
+        self.ann.put_state(room, "org.example.state", {"my_key": 1})
+        self.ann.member_action(room, "invite", self.ben.user_id)
+        only_state = {"room": {"timeline": {"types": []}, "include_leave": True,
+                               "state": {"types": ["org.example.state"]}}}
+        first = self.ben.sync(filter=only_state)
+        self.assertIn(room, first["rooms"]["invite"])
+        self.ben.join(room)
+        self.ann.send(room, {"msgtype": "m.text", "body": "while ben is in"})
+        self.ben.leave(room)
+        second = self.ben.sync(since=first["next_batch"], filter=only_state)
+        left = second["rooms"]["leave"][room]
+        self.assertEqual([(e["type"], e["content"]) for e in left["state"]["events"]],
+                         [("org.example.state", {"my_key": 1})])
+        self.assertEqual(left["timeline"]["events"], [])
+        # Unfiltered: the timeline ends with the leave, is limited (the room is new to the
+        # client), and its state is the room's before the timeline.
+        plain = self.ben.sync(since=first["next_batch"], filter={"room": {"timeline": {"limit": 2}}})
+        left = plain["rooms"]["leave"][room]
+        self.assertTrue(left["timeline"]["limited"])
+        self.assertEqual([e["type"] for e in left["timeline"]["events"]],
+                         ["m.room.message", "m.room.member"])
+        state = {(e["type"], e["state_key"]) for e in left["state"]["events"]}
+        self.assertIn(("m.room.create", ""), state)
+        self.assertIn(("org.example.state", ""), state)
+        self.assertIn(("m.room.member", self.ben.user_id), state, "ben's join, before the timeline")
+
     def test_a_state_types_filter_shapes_state_and_timeline_alike(self):
         room = self.ann.create_room(preset="private_chat")
         split = {"room": {"timeline": {"types": ["org.example.kept"]},

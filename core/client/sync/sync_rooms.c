@@ -10,8 +10,11 @@
  *     newest `limit` with limited=true and the state changes between since and the
  *     timeline's start.
  *   - A left room is reported once, in the sync whose window holds the leave, with the
- *     events up to the leave (only the user's own membership events when they were not
- *     joined at `since`); initial syncs leave them out unless the filter asks.
+ *     events up to the leave; initial syncs leave them out unless the filter asks. When
+ *     the user was not joined at `since` but joined and left within the window, the room
+ *     is new to the client: sent whole as at the leave, its timeline limited (Synapse
+ *     does the same); without such a join (an invite refused or withdrawn) only the
+ *     user's own membership events.
  *   - Timelines hold only what history visibility lets the user see (rooms_vis_window;
  *     the rule is rooms.c's). A timeline never spans a hidden state event: it then starts
  *     after the newest one (limited), so the state block before it carries what that
@@ -550,6 +553,26 @@ static int joined_at_since(sync_ctx *s, const char *room_id, bool *joined)
     return rc;
 }
 
+/* Did the user's membership in the room change within (since, upto] to "join" (*joined)
+ * and to anything else (*other)? */
+static int window_memberships(sync_ctx *s, const char *room_id, int64_t upto, bool *joined,
+                              bool *other)
+{
+    *joined = *other = false;
+    const char *p[4] = {room_id, s->user, i64s(s, s->since), i64s(s, upto)};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT coalesce(bool_or(membership = 'join'), false),"
+                            " coalesce(bool_or(membership <> 'join'), false) FROM memberships"
+                            " WHERE room_id = $1 AND user_id = $2 AND stream_pos > $3"
+                            " AND stream_pos <= $4",
+                            4, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    *joined = PQgetvalue(res, 0, 0)[0] == 't';
+    *other = PQgetvalue(res, 0, 1)[0] == 't';
+    PQclear(res);
+    return ROOMS_OK;
+}
+
 /* A room the user is joined to, read with vis (s->view.reader, set by joined_room). */
 static int joined_room_read(sync_ctx *s, const char *room_id, const rooms_vis *vis,
                             bool was_joined, json_t *acct, json_t *join, bool *has_new)
@@ -668,18 +691,25 @@ static int stripped_room(sync_ctx *s, const stripped_kind *k, const membership_r
 
 static int left_room(sync_ctx *s, const membership_row *m, json_t *leave, bool *has_new)
 {
-    bool was_joined;
-    if (joined_at_since(s, m->room_id, &was_joined) < 0) return ROOMS_E_DB;
+    bool was_joined, joined_since = false, other;
+    if (joined_at_since(s, m->room_id, &was_joined) < 0 ||
+        (!was_joined && s->since > 0 &&
+         window_memberships(s, m->room_id, m->pos, &joined_since, &other) < 0))
+        return ROOMS_E_DB;
     timeline t = {0};
     json_t *state = json_array();
     int rc;
-    if (was_joined || s->since == 0) {
+    if (was_joined || s->since == 0 || joined_since) {
+        /* Joined and left within the window: the room is new to the client, sent whole
+         * as it was at the leave (the state before a limited timeline). */
+        bool full = s->since == 0 || joined_since;
         rooms_vis vis;
         rc = rooms_vis_load(s->c, m->room_id, s->user, &vis);
         s->view.reader = &vis; /* this room's reader, for erasure, while it is read */
-        if (rc >= 0) rc = fetch_timeline(s, m->room_id, &vis, s->since, m->pos, &t);
+        if (rc >= 0) rc = fetch_timeline(s, m->room_id, &vis, full ? 0 : s->since, m->pos, &t);
+        if (rc >= 0 && joined_since) t.limited = true;
         if (rc >= 0)
-            rc = timeline_state(s, m->room_id, &t, s->since == 0,
+            rc = timeline_state(s, m->room_id, &t, full,
                                 !rooms_vis_covers(&vis, s->since, m->pos), m->pos, state);
         s->view.reader = NULL;
     } else {
