@@ -212,3 +212,21 @@ class LazyMembersTest(SharedServerTest):
                            state_key=self.ann.user_id)
         third = self.ann.sync(since=answer["next_batch"], filter=split)
         self.assertNotIn(room, third["rooms"]["join"])
+
+    def test_current_state_hidden_by_private_history_comes_in_the_timeline(self):
+        room = self.ann.create_room(preset="public_chat")
+        self.ben.join(room)
+        self.ann.put_state(room, "m.room.history_visibility", {"history_visibility": "joined"})
+        self.ann.member_action(room, "invite", self.cat.user_id)
+        first = self.ben.sync(filter={"room": {"timeline": {"limit": 10}}})
+        self.ben.leave(room)
+        self.cat.join(room)
+        for i in range(3):  # hidden from ben too, but not current state
+            self.ann.send(room, {"msgtype": "m.text", "body": f"while ben is out {i}"})
+        self.ben.join(room)
+        second = self.ben.sync(since=first["next_batch"], filter={"room": {"timeline": {"limit": 10}}})
+        timeline = second["rooms"]["join"][room]["timeline"]["events"]
+        self.assertIn((self.cat.user_id, "join"),
+                      [(e.get("state_key"), e["content"].get("membership")) for e in timeline
+                       if e["type"] == "m.room.member"])
+        self.assertNotIn("while ben is out 0", [e["content"].get("body") for e in timeline])

@@ -16,10 +16,13 @@
  *     does the same); without such a join (an invite refused or withdrawn) only the
  *     user's own membership events.
  *   - Timelines hold only what history visibility lets the user see (rooms_vis_window;
- *     the rule is rooms.c's). A timeline never spans a hidden state event: it then starts
- *     after the newest one (limited), so the state block before it carries what that
- *     event set and the client's room state stays current; state changes hidden in the
- *     window of an unlimited incremental timeline are sent as state too.
+ *     the rule is rooms.c's), except state events that are still the room's current
+ *     state: those are shown where they fall (fetch_window; Synapse does the same, and
+ *     docs/adr/0022-current-state-in-sync-timelines.md says why). A timeline never spans
+ *     a hidden, superseded state event: it then starts after the newest one (limited), so
+ *     the state block before it carries what that event set and the client's room state
+ *     stays current; state changes hidden in the window of an unlimited incremental
+ *     timeline are sent as state too.
  *   - Erasure: while a room is read, s->view.reader is the user's visibility in it, so
  *     events_render serves an erased user's events redacted where the user was not joined
  *     (rooms_erasure_hides), in the timeline and in the state alike.
@@ -121,24 +124,38 @@ typedef struct timeline {
     int64_t first_pos; /* position of the first event, 0 if none */
 } timeline;
 
-/* The newest `limit` events with lo < pos <= hi that the user may see (vis), ascending. */
+/* An SQL condition on events e of room $1: e is the room's current state for its key. */
+#define CURRENT_STATE_SQL                                                                  \
+    "EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = $1 AND cs.type = e.type"   \
+    " AND cs.state_key = e.state_key AND cs.event_id = e.event_id)"
+
+/* The newest `limit` events with lo < pos <= hi that the user may see (vis), ascending.
+ * A state event that is still the room's current state is shown even where history
+ * visibility hides it (as Synapse does): the client learns the room as it is from the
+ * timeline, and a timeline never starts after current state it would then lack. */
 static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
                         int64_t hi, timeline *t)
 {
     t->events = json_array();
     t->limited = false;
     t->first_pos = 0;
-    enum { N_PARAMS = 7 + ROOMS_VIS_PARAMS, IGNORED = N_PARAMS - 1 };
+    enum { VIS = 6, LO = VIS + ROOMS_VIS_PARAMS, HI, IGNORED, N_PARAMS };
     const char *p[N_PARAMS] = {room_id, i64s(s, s->timeline_limit + 1),
                                s->timeline.types, s->timeline.not_types,
                                s->timeline.senders, s->timeline.not_senders};
+    p[LO] = i64s(s, lo);
+    p[HI] = i64s(s, hi);
     p[IGNORED] = s->timeline.ignored;
     const char *vis_sql;
-    if (!rooms_vis_window(s->r->arena, vis, lo, hi, false, 7, &vis_sql, p + 6)) return ROOMS_OK;
+    if (!rooms_vis_window(s->r->arena, vis, lo, hi, false, VIS + 1, &vis_sql, p + VIS))
+        return ROOMS_OK;
     const char *sql = rt_arena_printf(s->r->arena,
-                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s%s"
+                                      EVENTS_SELECT "WHERE e.room_id = $1 AND (true%s OR ("
+                                                    "e.stream_pos > $%d AND e.stream_pos <= $%d"
+                                                    " AND e.state_key IS NOT NULL AND "
+                                                    CURRENT_STATE_SQL "))%s%s"
                                                     " ORDER BY e.stream_pos DESC LIMIT $2",
-                                      vis_sql, rooms_filter_sql(s->r->arena, 3),
+                                      vis_sql, LO + 1, HI + 1, rooms_filter_sql(s->r->arena, 3),
                                       rooms_ignored_sql(s->r->arena, IGNORED + 1));
     PGresult *res = rooms_q(s->c, sql, N_PARAMS, p, NULL);
     if (!res) {
@@ -165,7 +182,8 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
     return ROOMS_OK;
 }
 
-/* The position of the newest state event with lo < pos <= hi that vis hides, or 0. */
+/* The position of the newest state event with lo < pos <= hi that vis hides (and that
+ * is not current state, which fetch_window shows), or 0. */
 static int newest_hidden_state(sync_ctx *s, const char *room_id, const rooms_vis *vis,
                                int64_t lo, int64_t hi, int64_t *pos)
 {
@@ -174,7 +192,8 @@ static int newest_hidden_state(sync_ctx *s, const char *room_id, const rooms_vis
     if (!rooms_vis_window(s->r->arena, vis, lo, hi, true, 2, &vis_sql, p + 1)) return ROOMS_OK;
     const char *sql = rt_arena_printf(s->r->arena,
                                       "SELECT max(e.stream_pos) FROM events e WHERE e.room_id = $1"
-                                      " AND e.state_key IS NOT NULL%s", vis_sql);
+                                      " AND e.state_key IS NOT NULL AND NOT " CURRENT_STATE_SQL
+                                      "%s", vis_sql);
     PGresult *res = rooms_q(s->c, sql, 1 + ROOMS_VIS_PARAMS, p, NULL);
     if (!res) return ROOMS_E_DB;
     if (!PQgetisnull(res, 0, 0)) *pos = atoll(PQgetvalue(res, 0, 0));
