@@ -182,7 +182,7 @@ class HistoryVisibilityTest(SharedServerTest):
                          ["shared", "joined", "j1", "invited", "i1", "shared", "s1", "joined", "j2",
                           "i2", "after-join"])
 
-    def test_state_set_by_hidden_events_reaches_sync_before_the_timeline(self):
+    def test_current_state_set_by_hidden_events_reaches_sync_in_the_timeline(self):
         room = self.alice.create_room(preset="private_chat", name="Old name")
         self.alice.put_state(room, HV, {"history_visibility": "joined"})
         self.alice.member_action(room, "invite", self.bob.user_id)
@@ -191,21 +191,24 @@ class HistoryVisibilityTest(SharedServerTest):
         self.say(room, "first")
         answer = self.bob.sync(filter=BIG_TIMELINE)
         joined = answer["rooms"]["join"][room]
-        # The timeline starts after the hidden rename, so no older name in it undoes the
-        # state block's: a client applying state then timeline ends with the current name.
-        self.assertEqual([e["content"]["name"] for e in joined["state"]["events"]
-                          if e["type"] == "m.room.name"], ["Set while bob was invited"])
-        self.assertEqual([e for e in joined["timeline"]["events"] if e["type"] == "m.room.name"],
-                         [])
-        self.assertTrue(joined["timeline"]["limited"])
-        self.assertEqual(own_memberships(joined["timeline"]["events"], self.bob.user_id), ["join"])
+        # The hidden rename is the room's current name: it comes in the timeline (as
+        # Synapse sends current state), after any older name, so a client applying state
+        # then timeline ends with the current name.
+        names = [e["content"]["name"] for e in joined["state"]["events"] + joined["timeline"]["events"]
+                 if e["type"] == "m.room.name"]
+        self.assertEqual(names[-1], "Set while bob was invited")
+        self.assertIn("Set while bob was invited",
+                      [e["content"].get("name") for e in joined["timeline"]["events"]])
+        self.assertEqual(own_memberships(joined["timeline"]["events"], self.bob.user_id),
+                         ["invite", "join"])
         self.assertEqual(bodies(joined["timeline"]["events"]), ["first"])
         names = [e["content"]["name"] for e in self.all_messages(self.bob, room)
                  if e["type"] == "m.room.name"]
         self.assertEqual(names, ["Old name"])  # history: the rename itself stays hidden
 
         # bob leaves and comes back: the away part stays hidden, in /messages and in the
-        # incremental sync, whose state still brings the topic set meanwhile.
+        # incremental sync, whose timeline still brings the topic set meanwhile (current
+        # state).
         since = answer["next_batch"]
         self.bob.leave(room)
         self.say(room, "while away")
@@ -216,9 +219,8 @@ class HistoryVisibilityTest(SharedServerTest):
         again = self.bob.sync(since=since, filter=BIG_TIMELINE)["rooms"]["join"][room]
         self.assertEqual(bodies(again["timeline"]["events"]), ["back"])
         self.assertEqual(own_memberships(again["timeline"]["events"], self.bob.user_id),
-                         ["invite", "join"])
-        self.assertEqual(own_memberships(again["state"]["events"], self.bob.user_id), ["leave"])
-        topics = [e["content"] for e in again["state"]["events"] if e["type"] == "m.room.topic"]
+                         ["leave", "invite", "join"])
+        topics = [e["content"] for e in again["timeline"]["events"] if e["type"] == "m.room.topic"]
         self.assertEqual(topics, [{"topic": "Set while bob was away"}])
         self.assertEqual(bodies(self.all_messages(self.bob, room)), ["first", "back"])
 

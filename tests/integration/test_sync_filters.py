@@ -110,3 +110,123 @@ class LazyMembersTest(SharedServerTest):
         status, body = self.ben.call("GET", f"{V3}/sync?filter=" + quote(json.dumps(
             {"room": {"state": {"lazy_load_members": True, "include_redundant_members": 1}}})))
         self.assertEqual((status, body["errcode"]), (400, "M_BAD_JSON"))
+
+    def state_of(self, answer, room, section="join"):
+        return answer["rooms"][section].get(room, {}).get("state", {}).get("events", [])
+
+    def memberships(self, answer, room):
+        return {e["state_key"]: e["content"]["membership"] for e in self.state_of(answer, room)
+                if e["type"] == "m.room.member"}
+
+    def test_an_incremental_sync_sends_only_the_members_of_the_timelines_senders(self):
+        room = self.ann.create_room(preset="public_chat", name="senders")
+        for who in (self.ben, self.cat):
+            who.join(room)
+        for i in range(3):
+            self.ben.send(room, {"msgtype": "m.text", "body": f"ben {i}"})
+        first = self.ann.sync(filter=LAZY)
+        self.assertEqual(self.members(first, room), sorted([self.ann.user_id, self.ben.user_id]))
+        self.cat.send(room, {"msgtype": "m.text", "body": "cat"})
+        second = self.ann.sync(since=first["next_batch"], filter=LAZY)
+        self.assertFalse(second["rooms"]["join"][room]["timeline"]["limited"])
+        self.assertEqual([(e["type"], e["state_key"]) for e in self.state_of(second, room)],
+                         [("m.room.member", self.cat.user_id)])
+        third = self.ann.sync(since=second["next_batch"], filter=LAZY)
+        self.assertNotIn(room, third["rooms"]["join"], "nothing new, no state again")
+
+    def test_a_gapped_incremental_sync_sends_every_state_change_of_the_gap(self):
+        room = self.ann.create_room(preset="public_chat", name="gaps")
+        for who in (self.ben, self.cat):
+            who.join(room)
+        for i in range(3):
+            self.ben.send(room, {"msgtype": "m.text", "body": f"ben {i}"})
+        first = self.ann.sync(filter=LAZY)
+        self.assertEqual(self.members(first, room), sorted([self.ann.user_id, self.ben.user_id]))
+        # The gap: dan joins (and says nothing), the topic changes; cat speaks after.
+        self.dan.join(room)
+        self.ann.put_state(room, "m.room.topic", {"topic": "in the gap"})
+        for i in range(3):
+            self.cat.send(room, {"msgtype": "m.text", "body": f"cat {i}"})
+        second = self.ann.sync(since=first["next_batch"], filter=LAZY)
+        self.assertTrue(second["rooms"]["join"][room]["timeline"]["limited"])
+        self.assertEqual(self.memberships(second, room),
+                         {self.cat.user_id: "join", self.dan.user_id: "join"},
+                         "the speaker, and the member who joined in the gap")
+        self.assertIn("m.room.topic", [e["type"] for e in self.state_of(second, room)])
+        # An old leave in the next gap: dan's, though dan never speaks; cat's member event
+        # was sent already.
+        self.dan.leave(room)
+        for i in range(3):
+            self.cat.send(room, {"msgtype": "m.text", "body": f"cat again {i}"})
+        third = self.ann.sync(since=second["next_batch"], filter=LAZY)
+        self.assertTrue(third["rooms"]["join"][room]["timeline"]["limited"])
+        self.assertEqual(self.memberships(third, room), {self.dan.user_id: "leave"})
+
+    def test_joining_and_leaving_in_one_batch_sends_the_room_whole(self):
+        room = self.ann.create_room(preset="private_chat", name="in and out")
+        self.ann.put_state(room, "org.example.state", {"my_key": 1})
+        self.ann.member_action(room, "invite", self.ben.user_id)
+        only_state = {"room": {"timeline": {"types": []}, "include_leave": True,
+                               "state": {"types": ["org.example.state"]}}}
+        first = self.ben.sync(filter=only_state)
+        self.assertIn(room, first["rooms"]["invite"])
+        self.ben.join(room)
+        self.ann.send(room, {"msgtype": "m.text", "body": "while ben is in"})
+        self.ben.leave(room)
+        second = self.ben.sync(since=first["next_batch"], filter=only_state)
+        left = second["rooms"]["leave"][room]
+        self.assertEqual([(e["type"], e["content"]) for e in left["state"]["events"]],
+                         [("org.example.state", {"my_key": 1})])
+        self.assertEqual(left["timeline"]["events"], [])
+        # Unfiltered: the timeline ends with the leave, is limited (the room is new to the
+        # client), and its state is the room's before the timeline.
+        plain = self.ben.sync(since=first["next_batch"], filter={"room": {"timeline": {"limit": 2}}})
+        left = plain["rooms"]["leave"][room]
+        self.assertTrue(left["timeline"]["limited"])
+        self.assertEqual([e["type"] for e in left["timeline"]["events"]],
+                         ["m.room.message", "m.room.member"])
+        state = {(e["type"], e["state_key"]) for e in left["state"]["events"]}
+        self.assertIn(("m.room.create", ""), state)
+        self.assertIn(("org.example.state", ""), state)
+        self.assertIn(("m.room.member", self.ben.user_id), state, "ben's join, before the timeline")
+
+    def test_a_state_types_filter_shapes_state_and_timeline_alike(self):
+        room = self.ann.create_room(preset="private_chat")
+        split = {"room": {"timeline": {"types": ["org.example.kept"]},
+                          "state": {"types": ["org.example.kept"]}}}
+        self.ann.put_state(room, "org.example.kept", {"my_key": 1}, state_key="changes")
+        self.ann.put_state(room, "org.example.kept", {"my_key": 1}, state_key="stays")
+        first = self.ann.sync(filter=split)
+        joined = first["rooms"]["join"][room]
+        self.assertEqual(joined["state"]["events"], [], "what the timeline holds is not state")
+        self.assertEqual([e["state_key"] for e in joined["timeline"]["events"]], ["changes", "stays"])
+        self.ann.put_state(room, "org.example.kept", {"my_key": 2}, state_key="changes")
+        self.ann.send(room, {"msgtype": "m.text", "body": "filtered out"})
+        answer = self.ann.sync(since=first["next_batch"], filter=split)
+        second = answer["rooms"]["join"][room]
+        self.assertEqual(second["state"]["events"], [])
+        self.assertEqual([(e["state_key"], e["content"]["my_key"])
+                          for e in second["timeline"]["events"]], [("changes", 2)])
+        # A member's new display name is neither: no room at all.
+        self.ann.put_state(room, "m.room.member", {"membership": "join", "displayname": "Ann"},
+                           state_key=self.ann.user_id)
+        third = self.ann.sync(since=answer["next_batch"], filter=split)
+        self.assertNotIn(room, third["rooms"]["join"])
+
+    def test_current_state_hidden_by_private_history_comes_in_the_timeline(self):
+        room = self.ann.create_room(preset="public_chat")
+        self.ben.join(room)
+        self.ann.put_state(room, "m.room.history_visibility", {"history_visibility": "joined"})
+        self.ann.member_action(room, "invite", self.cat.user_id)
+        first = self.ben.sync(filter={"room": {"timeline": {"limit": 10}}})
+        self.ben.leave(room)
+        self.cat.join(room)
+        for i in range(3):  # hidden from ben too, but not current state
+            self.ann.send(room, {"msgtype": "m.text", "body": f"while ben is out {i}"})
+        self.ben.join(room)
+        second = self.ben.sync(since=first["next_batch"], filter={"room": {"timeline": {"limit": 10}}})
+        timeline = second["rooms"]["join"][room]["timeline"]["events"]
+        self.assertIn((self.cat.user_id, "join"),
+                      [(e.get("state_key"), e["content"].get("membership")) for e in timeline
+                       if e["type"] == "m.room.member"])
+        self.assertNotIn("while ben is out 0", [e["content"].get("body") for e in timeline])

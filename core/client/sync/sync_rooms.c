@@ -10,13 +10,19 @@
  *     newest `limit` with limited=true and the state changes between since and the
  *     timeline's start.
  *   - A left room is reported once, in the sync whose window holds the leave, with the
- *     events up to the leave (only the user's own membership events when they were not
- *     joined at `since`); initial syncs leave them out unless the filter asks.
+ *     events up to the leave; initial syncs leave them out unless the filter asks. When
+ *     the user was not joined at `since` but joined and left within the window, the room
+ *     is new to the client: sent whole as at the leave, its timeline limited (Synapse
+ *     does the same); without such a join (an invite refused or withdrawn) only the
+ *     user's own membership events.
  *   - Timelines hold only what history visibility lets the user see (rooms_vis_window;
- *     the rule is rooms.c's). A timeline never spans a hidden state event: it then starts
- *     after the newest one (limited), so the state block before it carries what that
- *     event set and the client's room state stays current; state changes hidden in the
- *     window of an unlimited incremental timeline are sent as state too.
+ *     the rule is rooms.c's), except state events that are still the room's current
+ *     state: those are shown where they fall (fetch_window; Synapse does the same, and
+ *     docs/adr/0022-current-state-in-sync-timelines.md says why). A timeline never spans
+ *     a hidden, superseded state event: it then starts after the newest one (limited), so
+ *     the state block before it carries what that event set and the client's room state
+ *     stays current; state changes hidden in the window of an unlimited incremental
+ *     timeline are sent as state too.
  *   - Erasure: while a room is read, s->view.reader is the user's visibility in it, so
  *     events_render serves an erased user's events redacted where the user was not joined
  *     (rooms_erasure_hides), in the timeline and in the state alike.
@@ -28,7 +34,10 @@
  *     `types` list sends no state at all.
  *   - Lazy loading: state carries only the member events of the timeline's senders (and,
  *     when the room is sent whole, the user's own), each sent to a device once unless the
- *     filter asks for redundant ones (sync_lazy.c keeps what each device was sent).
+ *     filter asks for redundant ones (sync_lazy.c keeps what each device was sent). A gap
+ *     (a limited incremental timeline) is the exception: its state carries every change
+ *     of the gap, member events included (joins and leaves of members who did not
+ *     speak), as Synapse does, so the client's member list stays right.
  *   - unread_notifications: the unread events (from others, after the user's newest read
  *     receipt or own event, at most SYNC_MAX_UNREAD_COUNT) judged by the user's push rules
  *     (push_eval.c): notification_count = those that notify, highlight_count = those that
@@ -78,19 +87,32 @@ static bool room_wanted(const sync_ctx *s, const char *room_id)
     return ok;
 }
 
+static bool in_list(const json_t *list, const json_t *value)
+{
+    for (size_t i = 0; i < json_array_size(list); i++)
+        if (json_equal(json_array_get(list, i), value)) return true;
+    return false;
+}
+
 /* The senders of a timeline (plus the user when the room is sent whole, so the client
- * knows it is in it): whose member events lazy loading sends. */
+ * knows it is in it): whose member events lazy loading sends. A sender whose member event
+ * comes earlier in the timeline than their first event is left out: the client learns it
+ * from the timeline (Synapse does the same). */
 static json_t *lazy_member_list(sync_ctx *s, const json_t *timeline, bool full)
 {
-    json_t *users = json_array();
+    json_t *users = json_array(), *in_timeline = json_array();
     if (full) json_array_append_new(users, json_string(s->user));
     for (size_t i = 0; i < json_array_size(timeline); i++) {
-        json_t *sender = json_object_get(json_array_get(timeline, i), "sender");
-        bool seen = false;
-        for (size_t j = 0; j < json_array_size(users) && !seen; j++)
-            seen = json_equal(json_array_get(users, j), sender);
-        if (!seen && json_is_string(sender)) json_array_append(users, sender);
+        const json_t *ev = json_array_get(timeline, i);
+        json_t *sender = json_object_get(ev, "sender");
+        if (json_is_string(sender) && !in_list(users, sender) && !in_list(in_timeline, sender))
+            json_array_append(users, sender);
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        json_t *key = json_object_get(ev, "state_key");
+        if (type && strcmp(type, "m.room.member") == 0 && json_is_string(key))
+            json_array_append(in_timeline, key);
     }
+    json_decref(in_timeline);
     return users;
 }
 
@@ -102,24 +124,38 @@ typedef struct timeline {
     int64_t first_pos; /* position of the first event, 0 if none */
 } timeline;
 
-/* The newest `limit` events with lo < pos <= hi that the user may see (vis), ascending. */
+/* An SQL condition on events e of room $1: e is the room's current state for its key. */
+#define CURRENT_STATE_SQL                                                                  \
+    "EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = $1 AND cs.type = e.type"   \
+    " AND cs.state_key = e.state_key AND cs.event_id = e.event_id)"
+
+/* The newest `limit` events with lo < pos <= hi that the user may see (vis), ascending.
+ * A state event that is still the room's current state is shown even where history
+ * visibility hides it (as Synapse does): the client learns the room as it is from the
+ * timeline, and a timeline never starts after current state it would then lack. */
 static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
                         int64_t hi, timeline *t)
 {
     t->events = json_array();
     t->limited = false;
     t->first_pos = 0;
-    enum { N_PARAMS = 7 + ROOMS_VIS_PARAMS, IGNORED = N_PARAMS - 1 };
+    enum { VIS = 6, LO = VIS + ROOMS_VIS_PARAMS, HI, IGNORED, N_PARAMS };
     const char *p[N_PARAMS] = {room_id, i64s(s, s->timeline_limit + 1),
                                s->timeline.types, s->timeline.not_types,
                                s->timeline.senders, s->timeline.not_senders};
+    p[LO] = i64s(s, lo);
+    p[HI] = i64s(s, hi);
     p[IGNORED] = s->timeline.ignored;
     const char *vis_sql;
-    if (!rooms_vis_window(s->r->arena, vis, lo, hi, false, 7, &vis_sql, p + 6)) return ROOMS_OK;
+    if (!rooms_vis_window(s->r->arena, vis, lo, hi, false, VIS + 1, &vis_sql, p + VIS))
+        return ROOMS_OK;
     const char *sql = rt_arena_printf(s->r->arena,
-                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s%s"
+                                      EVENTS_SELECT "WHERE e.room_id = $1 AND (true%s OR ("
+                                                    "e.stream_pos > $%d AND e.stream_pos <= $%d"
+                                                    " AND e.state_key IS NOT NULL AND "
+                                                    CURRENT_STATE_SQL "))%s%s"
                                                     " ORDER BY e.stream_pos DESC LIMIT $2",
-                                      vis_sql, rooms_filter_sql(s->r->arena, 3),
+                                      vis_sql, LO + 1, HI + 1, rooms_filter_sql(s->r->arena, 3),
                                       rooms_ignored_sql(s->r->arena, IGNORED + 1));
     PGresult *res = rooms_q(s->c, sql, N_PARAMS, p, NULL);
     if (!res) {
@@ -146,7 +182,8 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
     return ROOMS_OK;
 }
 
-/* The position of the newest state event with lo < pos <= hi that vis hides, or 0. */
+/* The position of the newest state event with lo < pos <= hi that vis hides (and that
+ * is not current state, which fetch_window shows), or 0. */
 static int newest_hidden_state(sync_ctx *s, const char *room_id, const rooms_vis *vis,
                                int64_t lo, int64_t hi, int64_t *pos)
 {
@@ -155,7 +192,8 @@ static int newest_hidden_state(sync_ctx *s, const char *room_id, const rooms_vis
     if (!rooms_vis_window(s->r->arena, vis, lo, hi, true, 2, &vis_sql, p + 1)) return ROOMS_OK;
     const char *sql = rt_arena_printf(s->r->arena,
                                       "SELECT max(e.stream_pos) FROM events e WHERE e.room_id = $1"
-                                      " AND e.state_key IS NOT NULL%s", vis_sql);
+                                      " AND e.state_key IS NOT NULL AND NOT " CURRENT_STATE_SQL
+                                      "%s", vis_sql);
     PGresult *res = rooms_q(s->c, sql, 1 + ROOMS_VIS_PARAMS, p, NULL);
     if (!res) return ROOMS_E_DB;
     if (!PQgetisnull(res, 0, 0)) *pos = atoll(PQgetvalue(res, 0, 0));
@@ -270,13 +308,13 @@ static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, b
     int rc;
     if (full)
         rc = events_state_between(s->c, &s->view, room_id, 0, before, members, NULL, out);
-    else if (t->limited || gappy)
-        rc = events_state_between(s->c, &s->view, room_id, s->since, before, members, NULL, out);
+    else if (t->limited || gappy) /* every change of the gap, member events too */
+        rc = events_state_between(s->c, &s->view, room_id, s->since, before, NULL, NULL, out);
     else
         rc = ROOMS_OK;
-    if (rc >= 0 && !full && s->lazy_members && json_array_size(t->events) > 0) {
+    if (rc >= 0 && !full && s->lazy_members && json_array_size(members) > 0) {
         /* Lazy loading: members of the senders as of the timeline's start, even when the
-         * client may know them (no per-device record of what was sent). */
+         * client may know them (sync_lazy.c then leaves out what this device has). */
         json_t *types = json_pack("[s]", "m.room.member");
         json_t *extra = json_array();
         rc = events_state_between(s->c, &s->view, room_id, 0, before, members,
@@ -534,6 +572,26 @@ static int joined_at_since(sync_ctx *s, const char *room_id, bool *joined)
     return rc;
 }
 
+/* Did the user's membership in the room change within (since, upto] to "join" (*joined)
+ * and to anything else (*other)? */
+static int window_memberships(sync_ctx *s, const char *room_id, int64_t upto, bool *joined,
+                              bool *other)
+{
+    *joined = *other = false;
+    const char *p[4] = {room_id, s->user, i64s(s, s->since), i64s(s, upto)};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT coalesce(bool_or(membership = 'join'), false),"
+                            " coalesce(bool_or(membership <> 'join'), false) FROM memberships"
+                            " WHERE room_id = $1 AND user_id = $2 AND stream_pos > $3"
+                            " AND stream_pos <= $4",
+                            4, p, NULL);
+    if (!res) return ROOMS_E_DB;
+    *joined = PQgetvalue(res, 0, 0)[0] == 't';
+    *other = PQgetvalue(res, 0, 1)[0] == 't';
+    PQclear(res);
+    return ROOMS_OK;
+}
+
 /* A room the user is joined to, read with vis (s->view.reader, set by joined_room). */
 static int joined_room_read(sync_ctx *s, const char *room_id, const rooms_vis *vis,
                             bool was_joined, json_t *acct, json_t *join, bool *has_new)
@@ -652,18 +710,25 @@ static int stripped_room(sync_ctx *s, const stripped_kind *k, const membership_r
 
 static int left_room(sync_ctx *s, const membership_row *m, json_t *leave, bool *has_new)
 {
-    bool was_joined;
-    if (joined_at_since(s, m->room_id, &was_joined) < 0) return ROOMS_E_DB;
+    bool was_joined, joined_since = false, other;
+    if (joined_at_since(s, m->room_id, &was_joined) < 0 ||
+        (!was_joined && s->since > 0 &&
+         window_memberships(s, m->room_id, m->pos, &joined_since, &other) < 0))
+        return ROOMS_E_DB;
     timeline t = {0};
     json_t *state = json_array();
     int rc;
-    if (was_joined || s->since == 0) {
+    if (was_joined || s->since == 0 || joined_since) {
+        /* Joined and left within the window: the room is new to the client, sent whole
+         * as it was at the leave (the state before a limited timeline). */
+        bool full = s->since == 0 || joined_since;
         rooms_vis vis;
         rc = rooms_vis_load(s->c, m->room_id, s->user, &vis);
         s->view.reader = &vis; /* this room's reader, for erasure, while it is read */
-        if (rc >= 0) rc = fetch_timeline(s, m->room_id, &vis, s->since, m->pos, &t);
+        if (rc >= 0) rc = fetch_timeline(s, m->room_id, &vis, full ? 0 : s->since, m->pos, &t);
+        if (rc >= 0 && joined_since) t.limited = true;
         if (rc >= 0)
-            rc = timeline_state(s, m->room_id, &t, s->since == 0,
+            rc = timeline_state(s, m->room_id, &t, full,
                                 !rooms_vis_covers(&vis, s->since, m->pos), m->pos, state);
         s->view.reader = NULL;
     } else {
