@@ -183,7 +183,9 @@ class PushersTest(SharedServerTest):
         self.assertEqual(self.pushers(self.cat), [{
             "pushkey": "cat-key", "kind": "http", "app_id": "org.example.app",
             "app_display_name": "Example", "device_display_name": "Phone", "profile_tag": "tag1",
-            "lang": "en", "data": {"url": NOTIFY_URL, "format": "event_id_only", "x.extra": [1]}}])
+            "lang": "en", "data": {"url": NOTIFY_URL, "format": "event_id_only", "x.extra": [1]},
+            # MSC3881 (advertised): the switch, on when not given, and the pusher's device.
+            "org.matrix.msc3881.enabled": True, "org.matrix.msc3881.device_id": self.cat.device_id}])
         # Setting it again updates the one pusher.
         again = pusher("cat-key", lang="de", device_display_name="Tablet")
         self.assertEqual(self.set(self.cat, again), (200, {}))
