@@ -1,6 +1,7 @@
 /*
  * core/client/sync/sync_rooms.h - what sync.c (the endpoint: parameters, filter, parking,
- * sections) and sync_rooms.c (the `rooms` part of a response) share: the window of one
+ * sections), sync_rooms.c (the `rooms` part of a response) and sync_counts.c (a room's
+ * unread counts and summary) share: the window of one
  * sync run and the filter that shapes it. Internal prefix: sync_.
  */
 #ifndef ATRIUM_CORE_SYNC_ROOMS_H
@@ -57,10 +58,11 @@ int sync_room_timeline(sync_ctx *s, const char *room_id, const rooms_vis *vis, i
 /* The m.receipt and m.typing events of (s->since, s->upto] (initial: every receipt, the
  * current typers) appended to out. */
 int sync_room_ephemeral(sync_ctx *s, const char *room_id, bool initial, json_t *out);
-/* unread_notifications {notification_count, highlight_count} into room. The caller
- * releases s->push_rules when done with the response. */
+/* unread_notifications {notification_count, highlight_count} into room (sync_counts.c).
+ * The caller releases s->push_rules when done with the response. */
 int sync_room_unread(sync_ctx *s, const char *room_id, json_t *room);
-/* summary {m.heroes, m.joined_member_count, m.invited_member_count} into room. */
+/* summary {m.heroes, m.joined_member_count, m.invited_member_count} into room
+ * (sync_counts.c). */
 int sync_room_summary(sync_ctx *s, const char *room_id, json_t *room);
 /* The stripped state of an invite (knock false) or knock: out[room_id] =
  * {"invite_state"|"knock_state": {"events": [...]}}. */
