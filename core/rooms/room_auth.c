@@ -326,11 +326,12 @@ static bool allows_member(const room_auth_state *st, const char *target, const c
     if (!room_auth_is_user_id(target))
         return refuse(why, "The state key of a membership event must be a user ID");
     if (!st->pdu && st->version->restricted_join) {
-        /* The local write path signs as the sender's server only: an authorising user of
-         * another server could not have signed (rule "validly signed by the homeserver of
-         * the user ID denoted by the key"). */
+        /* The local write path signs as the sender's server only (and, for a template, the
+         * co-signing server): an authorising user of another server could not have signed
+         * (rule "validly signed by the homeserver of the user ID denoted by the key"). */
         const char *via = json_string_value(json_object_get(content, "join_authorised_via_users_server"));
-        if (via && strcmp(room_auth_domain(via), room_auth_domain(sender)) != 0)
+        if (via && strcmp(room_auth_domain(via), room_auth_domain(sender)) != 0 &&
+            !(st->cosigner && strcmp(room_auth_domain(via), st->cosigner) == 0))
             return refuse(why, "The authorising user must be of this server");
     }
     if (strcmp(membership, "join") == 0) return allows_join(st, target, sender, content, why);

@@ -62,6 +62,9 @@ typedef struct room_auth_state {
                                       restricted join, m.room.third_party_invite; NULL: events
                                       needing them are refused */
     void *get_ctx;
+    const char *cosigner;          /* a server that adds its signature beside the sender's
+                                      (a make_join template: this server co-signs the join
+                                      its user authorises), NULL: the sender's server only */
 } room_auth_state;
 
 /* The room's creator: content.creator (v1-10) or the create event's sender (v11). */

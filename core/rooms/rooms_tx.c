@@ -612,6 +612,7 @@ int rooms_tx_template(room_tx *tx, const room_new_event *ev, json_t **pdu_out, r
         return rooms_set_err(e, ROOMS_E_DB, "database");
     }
     a.st.only_create = tx->depth == 1 && a.st.create != NULL;
+    a.st.cosigner = rooms_server_name(); /* send_join adds its signature (fed_rooms_join.c) */
     char why[ROOM_AUTH_WHY_LEN];
     int rc = ROOMS_OK;
     if (!room_auth_allows(&a.st, ev->type, ev->state_key, ev->sender, ev->content, why))

@@ -20,8 +20,11 @@
  * stream (so current state is the resident's state, and /sync shows the room), the rest
  * of the auth chain as outliers, then the join with the state it was authorized against.
  *
- * Not here: partial-state joins (the full state is asked for), restricted joins through a
- * resident's authorising user, and resolving another server's alias (the directory's:
+ * A restricted room's join keeps the authorising user the resident's template names, and
+ * the resident's co-signed copy of the join (send_join's `event`) is the one stored.
+ *
+ * Not here: partial-state joins (the full state is asked for), and resolving another
+ * server's alias (the directory's:
  * rooms_membership.c passes the servers its answer names as the first vias).
  */
 #include <stdio.h>
@@ -277,6 +280,12 @@ json_t *rooms_remote_complete_member(PGconn *c, const room_version *v, const jso
     json_t *content = profile ? rooms_member_content(c, user, membership)
                               : json_pack("{s:s}", "membership", membership);
     if (reason) json_object_set_new(content, "reason", json_string(reason));
+    /* A restricted room: the resident named who vouches for the join (and co-signs it). */
+    const char *vouch = strcmp(membership, "join") == 0
+                            ? json_string_value(json_object_get(json_object_get(tmpl, "content"),
+                                                                "join_authorised_via_users_server"))
+                            : NULL;
+    if (vouch) json_object_set_new(content, "join_authorised_via_users_server", json_string(vouch));
     const char *key;
     json_t *value;
     json_object_foreach((json_t *)extra, key, value) json_object_set(content, key, value);

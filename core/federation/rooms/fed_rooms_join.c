@@ -21,6 +21,14 @@
  * shows its user. A knock on a room whose version has no knocks is 403 before any
  * template (as Synapse answers; the spec's make_knock lists 403 for a room that does not
  * take knocks), a join rule that takes none is the auth rules' 403.
+ *
+ * Restricted rooms (v8+, knock_restricted v10+): make_join names in the template's content
+ * a user of this server who may invite (rooms_restricted_authoriser) when the joiner is a
+ * member of a room the join rule allows, as this server sees it; 403 when it is in none of
+ * those this server is in, 400 M_UNABLE_TO_AUTHORISE_JOIN when this server is in none of
+ * them (the joining server tries another), 400 M_UNABLE_TO_GRANT_JOIN when no user here
+ * may invite. send_join then adds this server's signature to the join (cosign), stores that
+ * copy and answers it as `event`.
  */
 #include <stdio.h>
 #include <string.h>
@@ -28,6 +36,7 @@
 #include "core/rooms/rooms_tx.h"
 #include "core/federation/rooms/fed_rooms.h"
 #include "core/federation/rooms/fed_rooms_queue.h"
+#include "core/rooms/rooms_space.h"
 #include "core/rooms/state_pdus.h"
 
 /* What a send_* request carries from its first run (the checks) to its second (after the
@@ -108,9 +117,15 @@ static int make_member(atrium_req *r, const member_route *mr)
                                       "knocking", ver);
         }
         json_t *content = json_pack("{s:s}", "membership", mr->membership);
+        /* A restricted room: the template names the user of this server who vouches for
+         * the joiner (send_join then adds this server's signature). */
+        char via[ROOMS_USER_ID_BYTES] = "";
+        if (mr == &JOIN) rc = rooms_restricted_authoriser(c, room_id, user, via, &e);
+        if (rc == ROOMS_OK && via[0])
+            json_object_set_new(content, "join_authorised_via_users_server", json_string(via));
         room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = user,
                              .content = content};
-        rc = rooms_tx_template(&tx, &ev, &pdu, &e);
+        if (rc == ROOMS_OK) rc = rooms_tx_template(&tx, &ev, &pdu, &e);
         json_decref(content);
         rooms_tx_rollback(&tx); /* a template writes nothing */
     }
@@ -212,6 +227,22 @@ static json_t *join_answer(PGconn *c, const json_t *state_map, const json_t *sta
                      "servers_in_room", servers);
 }
 
+/* A join whose content names a user of this server as its authoriser (a restricted room,
+ * the template make_join gave) gets this server's signature, which the auth rules of
+ * other servers ask for (v8+); the event ID does not change. 0, or -1 when it could not
+ * be signed. */
+static int cosign(const room_version *v, json_t *pdu)
+{
+    const char *via = v->restricted_join ? event_content_str(pdu, "join_authorised_via_users_server")
+                                         : NULL;
+    if (!via || strcmp(room_auth_domain(via), fed_state()->server_name) != 0) return 0;
+    json_t *red = event_redact(v, pdu);
+    int rc = red ? federation_sign_json(red) : -1;
+    if (rc == 0) json_object_set(pdu, "signatures", json_object_get(red, "signatures"));
+    json_decref(red);
+    return rc == 0 ? 0 : -1;
+}
+
 /* The second run: authorize against the auth events and the current state, store, queue
  * for the other servers and answer. */
 static int send_member_finish(atrium_req *r, const member_route *mr, const char *room_id,
@@ -248,6 +279,8 @@ static int send_member_finish(atrium_req *r, const member_route *mr, const char 
             if (in < 0) rc = rooms_set_err(&e, ROOMS_E_DB, "database");
             dup = in > 0;
         }
+        if (rc == ROOMS_OK && mr->answer == ANSWER_STATE && cosign(tx.ver, pdu) < 0)
+            rc = rooms_set_err(&e, ROOMS_E_DB, "The join could not be signed");
         if (rc == ROOMS_OK && !dup)
             rc = rooms_tx_append_pdu(&tx, pdu, st->event_id, r->origin, ids, 0, &e);
         if (rc == ROOMS_OK && !dup && fed_rooms_queue_pdu(c, room_id, st->event_id, r->origin) < 0)
