@@ -307,6 +307,31 @@ class ActingAsServiceTest(AppserviceCase):
             status, answer = self.as_call("GET", f"{V3}/account/whoami", user_id=user)
             self.assertEqual((status, answer.get("errcode")), (403, "M_FORBIDDEN"), user)
 
+    def test_masquerading_as_a_device_the_user_has(self):
+        alice = Client(self.srv, register(self.srv, "alice_devices"))
+        bridged = self.as_register("bridge_devices")[1]
+        user, device = bridged["user_id"], bridged["device_id"]
+        alice.ok("PUT", f"{V3}/sendToDevice/m.test/dev1",
+                 {"messages": {user: {device: {"for": "the device"}}}})
+        for key in ("device_id", "org.matrix.msc3202.device_id"):  # stable, MSC3202's
+            status, who = self.as_call("GET", f"{V3}/account/whoami?{key}={quote(device)}",
+                                       user_id=user)
+            self.assertEqual((status, who.get("device_id")), (200, device), key)
+        # The device's own to-device messages, through the as_token.
+        status, synced = self.as_call("GET", f"{V3}/sync?timeout=0&device_id={quote(device)}",
+                                      user_id=user)
+        self.assertEqual(status, 200, synced)
+        self.assertEqual([e["content"] for e in synced["to_device"]["events"]],
+                         [{"for": "the device"}])
+        # A device the user does not have (the sender has none of its users' devices).
+        bad = "ORG.MATRIX.MSC4326.M_UNKNOWN_DEVICE"
+        for path, who in ((f"{V3}/account/whoami?device_id=NOPE", user),
+                          (f"{V3}/account/whoami?device_id={quote(device)}", None)):
+            status, answer = self.as_call("GET", path, user_id=who)
+            self.assertEqual((status, answer.get("errcode")), (400, bad), path)
+        status, who = self.as_call("GET", f"{V3}/account/whoami", user_id=user)
+        self.assertEqual((status, who.get("device_id")), (200, "AS_bridge"))
+
     def test_a_service_registers_only_inside_its_namespace(self):
         status, answer = self.as_register("someone_else")
         self.assertEqual((status, answer.get("errcode")), (400, "M_EXCLUSIVE"))

@@ -66,8 +66,11 @@ const as_service *as_of_request(atrium_req *r);
 
 /* [req] Authenticate r as svc (auth_request found its as_token): as the service's sender,
  * or as ?user_id= when that user is in its namespaces and registered (else 403
- * M_FORBIDDEN). Sets r->user and r->device ("AS_<id>": no device row) and returns the user
- * ID, or answers and returns NULL (as_module.c). */
+ * M_FORBIDDEN). Sets r->user and r->device and returns the user ID, or answers and returns
+ * NULL (as_module.c). The device is "AS_<id>" (no device row), or, MSC3202-style, the one
+ * ?device_id= (or org.matrix.msc3202.device_id=) names when the user has it (else 400
+ * ORG.MATRIX.MSC4326.M_UNKNOWN_DEVICE, Synapse's answer): to-device messages, keys and
+ * /sync then are that device's. */
 const char *as_authenticate(atrium_req *r, const as_service *svc);
 
 /* [req] Take a slot of the outbound budget (ADR-0079) for a request that waits on a
