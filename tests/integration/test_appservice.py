@@ -672,6 +672,56 @@ class DeliveryTest(QueryChecks, AppserviceCase):
         labels = {"service": "bridge", "outcome": "failed"}
         self.assertGreaterEqual(self.srv.metric("atrium_appservice_transactions_total", labels), 1)
 
+    def test_the_admin_listing_shows_each_service_its_backlog_and_latency(self):
+        root = register(self.srv, "root_as")
+        harness.psql(f"UPDATE users SET is_admin = true WHERE user_id = '{root.user_id}'",
+                     self.srv.database)
+        path = "/_atrium/admin/v1/appservices"
+        for token in (register(self.srv, "nobody_as").token, "as-secret"):
+            status, answer = self.srv.json("GET", path, token=token)
+            self.assertEqual((status, answer.get("errcode")), (403, "M_FORBIDDEN"))
+
+        def listed():
+            status, answer = self.srv.json("GET", path, token=root.token)
+            self.assertEqual((status, answer["total"]), (200, 5), answer)
+            return {s["id"]: s for s in answer["appservices"]}
+
+        quiet = listed()["quiet"]
+        self.assertEqual((quiet["url"], quiet["backlog"], quiet["sender"], quiet["protocols"]),
+                         (None, None, f"@quietbot:{SERVER}", ["xmpp"]))
+        self.assertEqual(quiet["namespaces"]["users"], [{"regex": "@quiet_.*", "exclusive": True}])
+        latency = {"service": "bridge"}
+        timed = self.srv.metric("atrium_appservice_transaction_seconds_count", latency) or 0
+        room, t0 = self.bot.create_room(), int(time.time() * 1000) - 5
+        with self.svc.lock:
+            self.svc.status = 500
+        try:
+            self.bot.send(room, {"msgtype": "m.text", "body": "listed"})
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                bridge = listed()["bridge"]
+                if (bridge["last_failure_ts"] or 0) >= t0 and bridge["pending_transaction"]:
+                    break
+                time.sleep(0.05)
+            self.assertGreaterEqual(bridge["last_failure_ts"], t0, bridge)
+            self.assertEqual(bridge["last_error"], "answered 500")
+            self.assertGreaterEqual(bridge["pending_transaction"]["events"], 1)
+            self.assertGreater(bridge["backlog"], 0)
+            self.assertIsInstance(bridge["in_flight"], bool)
+        finally:
+            with self.svc.lock:
+                self.svc.status = 200
+        self.assertEqual(self.svc.wait_bodies(room, 1), ["listed"])
+        deadline = time.time() + 10
+        while time.time() < deadline and listed()["bridge"]["pending_transaction"]:
+            time.sleep(0.05)
+        bridge = listed()["bridge"]
+        self.assertIsNone(bridge["pending_transaction"])
+        self.assertGreaterEqual(bridge["last_success_ts"], bridge["last_failure_ts"])
+        # The latency histogram saw the failure and the success.
+        self.assertGreaterEqual(
+            self.srv.metric("atrium_appservice_transaction_seconds_count", latency), timed + 2)
+
     def test_a_backlog_survives_a_restart(self):
         room = self.bot.create_room()
         with self.svc.lock:

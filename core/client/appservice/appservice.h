@@ -28,6 +28,7 @@
 
 typedef struct as_namespace {
     regex_t re;
+    const char *regex; /* as the file wrote it (the configuration tree's) */
     bool exclusive;
 } as_namespace;
 
@@ -109,5 +110,11 @@ int as_sender_start(core_runtime *rt);
 void as_sender_stop(void);
 /* Something was committed that may interest a service: run a pass soon. Any thread. */
 void as_sender_kick(void);
+/* Has this process service i's (the registry's index) transaction in flight now? Any
+ * thread. */
+bool as_sender_in_flight(size_t i);
+
+/* Register GET /_atrium/admin/v1/appservices (as_admin.c). 0 or -1. */
+int as_admin_routes(http_server *s);
 
 #endif

@@ -40,6 +40,9 @@ static const atrium_migration MIGRATIONS[] = {
      " n_events int NOT NULL,"
      " attempts int NOT NULL DEFAULT 0,"
      " next_try_ts bigint NOT NULL DEFAULT 0);"},
+    {2, "appservice_state_outcomes", /* the admin listing's (as_admin.c) */
+     "ALTER TABLE appservice_state ADD COLUMN last_success_ts bigint,"
+     " ADD COLUMN last_failure_ts bigint, ADD COLUMN last_error text;"},
 };
 
 /* ---- acting as a service --------------------------------------------------------------- */
@@ -258,7 +261,7 @@ static int as_init(core_runtime *rt)
     http_server *s = rt->http; /* the registry was loaded with the configuration (main.c) */
     if (client_route(s, "POST", "/_matrix/client/v1/appservice/{appserviceId}/ping", post_ping,
                      ACC_MAX_BODY_BYTES) < 0 ||
-        as_thirdparty_routes(s) < 0)
+        as_thirdparty_routes(s) < 0 || as_admin_routes(s) < 0)
         return -1;
     if (as_count())
         rt_log(ATRIUM_LOG_INFO, "core", "%zu application service(s) registered", as_count());
