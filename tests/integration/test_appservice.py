@@ -34,6 +34,7 @@ SERVER = "localhost"
 TXN_PATH = re.compile(r"^/_matrix/app/v1/transactions/([^/?]+)$")
 PING_PATH = "/_matrix/app/v1/ping"
 QUERY_PREFIXES = ("/_matrix/app/v1/users/", "/_matrix/app/v1/rooms/")
+LIBERA = {"network_id": "libera", "desc": "Libera.Chat", "fields": {"network": "libera"}}
 # Short back-off, so retries within a test take tens of milliseconds (appservice.*).
 FAST = {"appservice": {"retry_min_ms": 50, "retry_max_ms": 200, "request_timeout_ms": 1500}}
 
@@ -112,7 +113,7 @@ class FakeService:
                 if self.path == "/_matrix/app/v1/thirdparty/protocol/irc":
                     return self.reply(200, {"user_fields": ["nick"], "location_fields": [],
                                             "icon": "mxc://x/irc", "field_types": {},
-                                            "instances": []})
+                                            "instances": [LIBERA, "not an instance"]})
                 if self.path.startswith("/_matrix/app/v1/thirdparty/user/irc?"):
                     nick = urllib.parse.parse_qs(self.path.split("?", 1)[1])["nick"][0]
                     return self.reply(200, [{"userid": f"@bridge_{nick}:{SERVER}",
@@ -381,7 +382,8 @@ class ActingAsServiceTest(AppserviceCase):
             return room in [r["room_id"] for r in rooms]
 
         self.assertFalse(listed({}))
-        self.assertTrue(listed({"third_party_instance_id": "bridge|libera"}))
+        instance = alice.ok("GET", f"{V3}/thirdparty/protocol/irc")["instances"][0]
+        self.assertTrue(listed({"third_party_instance_id": instance["instance_id"]}))
         self.assertFalse(listed({"third_party_instance_id": "bridge|oftc"}))
         self.assertTrue(listed({"include_all_networks": True}))
         for bad in ({"third_party_instance_id": "nobar"}, {"include_all_networks": "yes"},
@@ -420,8 +422,16 @@ class ActingAsServiceTest(AppserviceCase):
         alice = Client(self.srv, register(self.srv, "alice_protocols"))
         protocols = alice.ok("GET", f"{V3}/thirdparty/protocols")
         self.assertEqual(sorted(protocols), ["irc", "xmpp"])
-        # Look-ups are the bridge's answers, asked with its hs_token, the query passed on.
-        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/irc")["icon"], "mxc://x/irc")
+        # The bridge's description, asked with its hs_token: each instance gets its
+        # instance_id "<service id>|<network_id>" (publicRooms' third_party_instance_id);
+        # what is not an instance is left out.
+        self.assertEqual(protocols["irc"]["icon"], "mxc://x/irc")
+        self.assertEqual(protocols["irc"]["instances"],
+                         [{**LIBERA, "instance_id": "bridge|libera"}])
+        self.assertIn(("/_matrix/app/v1/thirdparty/protocol/irc", "Bearer hs-secret"),
+                      self.svc.lookups)
+        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/irc"), protocols["irc"])
+        # Look-ups are the bridge's answers, the query passed on.
         users = alice.ok("GET", f"{V3}/thirdparty/user/irc?nick=bob&access_token={alice.token}")
         self.assertEqual(users, [{"userid": f"@bridge_bob:{SERVER}", "protocol": "irc",
                                   "fields": {"nick": "bob"}}])
