@@ -16,7 +16,9 @@
  * appservice.request_timeout_ms, a refused connection, any non-2xx) is tried again after
  * appservice.retry_min_ms doubled per failure, up to appservice.retry_max_ms; a
  * transaction is never dropped. A new service starts at the stream's end: history is not
- * pushed.
+ * pushed. Each try's outcome is kept in appservice_state (last_success_ts, or
+ * last_failure_ts and last_error: the admin listing's, as_admin.c) and its time in the
+ * histogram atrium_appservice_transaction_seconds{service}.
  *
  * Events of interest to a service: sent by one of its users (its sender or its user
  * namespaces), a membership event about one of them, in a room whose ID matches its room
@@ -498,7 +500,6 @@ static bool settle_one(PGconn *c, size_t idx)
     const char *p[3] = {svc->id, i64(txn, sizeof(txn), f->txn_id), NULL};
     const char *t[3] = {svc->id, i64(now, sizeof(now), rt_wall_ms()), f->error};
     bool ok;
-    rt_metric_observe(slot->m_seconds, (double)(f->answered_ms - f->sent_ms) / 1000.0);
     if (f->ok) {
         PGresult *res = NULL;
         ok = db_begin(c) &&
@@ -553,6 +554,7 @@ static bool settle(PGconn *c)
             all = false;
             continue;
         }
+        rt_metric_observe(S.slots[i].m_seconds, (double)(f->answered_ms - f->sent_ms) / 1000.0);
         pthread_mutex_lock(&S.mu);
         f->busy = f->answered = false;
         flights_changed_locked();
