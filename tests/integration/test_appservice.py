@@ -715,7 +715,9 @@ class DeliveryTest(QueryChecks, AppserviceCase):
                 time.sleep(0.05)
             self.assertGreaterEqual(bridge["last_failure_ts"], t0, bridge)
             self.assertEqual(bridge["last_error"], "answered 500")
-            self.assertGreaterEqual(bridge["pending_transaction"]["events"], 1)
+            pending = bridge["pending_transaction"]  # events, or ephemeral data only
+            self.assertEqual(sorted(pending), ["attempts", "events", "next_try_ts", "txn_id"])
+            self.assertIsInstance(pending["txn_id"], int)
             self.assertGreater(bridge["backlog"], 0)
             self.assertIsInstance(bridge["in_flight"], bool)
         finally:
