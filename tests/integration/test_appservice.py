@@ -1,16 +1,18 @@
 """Application services (spec v1.13, Application Service API; core/client/appservice/):
 registration files listed under app_service_config_files are checked at start (a bad regex
 or a shared token is one line naming the file and the key); the as_token acts as the
-service's sender, or as a user of its namespaces with ?user_id= (403 outside them);
+service's sender, or as a user of its namespaces with ?user_id= (403 outside them), and
+as one of its devices with ?device_id= (400 for a device it does not have);
 m.login.application_service registers and logs in namespace users without a password,
 and an exclusive namespace is 400 M_EXCLUSIVE to everyone else; events of interest reach
 the service as PUT /_matrix/app/v1/transactions/{txnId} with the hs_token, in order, one
 transaction at a time, the same txnId on every retry, nothing lost across a restart, and a
 service that never answers holds no request thread; two processes on one database send
 each event once; the ping and the third-party endpoints (the reverse look-ups asked of
-every bridge); an unknown user or alias of a namespace asked of its service
-(/_matrix/app/v1/users, /rooms) and looked up again, a misbehaving service leaving it
-unknown at once; presence and to-device messages for a service with receive_ephemeral
+every bridge; the protocols' instances given their instance_id); the admin listing of
+services and backlogs, and the transaction latency histogram; an unknown user or alias of
+a namespace asked of its service (/_matrix/app/v1/users, /rooms) and looked up again, a
+misbehaving service leaving it unknown at once; presence and to-device messages for a service with receive_ephemeral
 only; the directory plugin's M_EXCLUSIVE and networks (ABI 1.6); services built on the npm
 libraries matrix-appservice-bridge and matrix-bot-sdk (tests/e2e/appservice.as.mjs).
 

@@ -9,7 +9,7 @@
  * extended regular expressions (regcomp with REG_EXTENDED), anchored at the start only, the
  * way Synapse's Python re.match reads them: "@irc_.*" covers "@irc_bob:example.org".
  * The transaction sender is as_sender.c, the routes and the module as_module.c, the
- * queries about unknown users and aliases as_query.c.
+ * queries about unknown users and aliases as_query.c, the admin listing as_admin.c.
  * Internal prefix: as_.
  */
 #ifndef ATRIUM_CORE_APPSERVICE_H
