@@ -1,16 +1,18 @@
 """Application services (spec v1.13, Application Service API; core/client/appservice/):
 registration files listed under app_service_config_files are checked at start (a bad regex
 or a shared token is one line naming the file and the key); the as_token acts as the
-service's sender, or as a user of its namespaces with ?user_id= (403 outside them);
+service's sender, or as a user of its namespaces with ?user_id= (403 outside them), and
+as one of its devices with ?device_id= (400 for a device it does not have);
 m.login.application_service registers and logs in namespace users without a password,
 and an exclusive namespace is 400 M_EXCLUSIVE to everyone else; events of interest reach
 the service as PUT /_matrix/app/v1/transactions/{txnId} with the hs_token, in order, one
 transaction at a time, the same txnId on every retry, nothing lost across a restart, and a
 service that never answers holds no request thread; two processes on one database send
 each event once; the ping and the third-party endpoints (the reverse look-ups asked of
-every bridge); an unknown user or alias of a namespace asked of its service
-(/_matrix/app/v1/users, /rooms) and looked up again, a misbehaving service leaving it
-unknown at once; presence and to-device messages for a service with receive_ephemeral
+every bridge; the protocols' instances given their instance_id); the admin listing of
+services and backlogs, and the transaction latency histogram; an unknown user or alias of
+a namespace asked of its service (/_matrix/app/v1/users, /rooms) and looked up again, a
+misbehaving service leaving it unknown at once; presence and to-device messages for a service with receive_ephemeral
 only; the directory plugin's M_EXCLUSIVE and networks (ABI 1.6); services built on the npm
 libraries matrix-appservice-bridge and matrix-bot-sdk (tests/e2e/appservice.as.mjs).
 
@@ -34,6 +36,7 @@ SERVER = "localhost"
 TXN_PATH = re.compile(r"^/_matrix/app/v1/transactions/([^/?]+)$")
 PING_PATH = "/_matrix/app/v1/ping"
 QUERY_PREFIXES = ("/_matrix/app/v1/users/", "/_matrix/app/v1/rooms/")
+LIBERA = {"network_id": "libera", "desc": "Libera.Chat", "fields": {"network": "libera"}}
 # Short back-off, so retries within a test take tens of milliseconds (appservice.*).
 FAST = {"appservice": {"retry_min_ms": 50, "retry_max_ms": 200, "request_timeout_ms": 1500}}
 
@@ -112,7 +115,7 @@ class FakeService:
                 if self.path == "/_matrix/app/v1/thirdparty/protocol/irc":
                     return self.reply(200, {"user_fields": ["nick"], "location_fields": [],
                                             "icon": "mxc://x/irc", "field_types": {},
-                                            "instances": []})
+                                            "instances": [LIBERA, "not an instance"]})
                 if self.path.startswith("/_matrix/app/v1/thirdparty/user/irc?"):
                     nick = urllib.parse.parse_qs(self.path.split("?", 1)[1])["nick"][0]
                     return self.reply(200, [{"userid": f"@bridge_{nick}:{SERVER}",
@@ -307,6 +310,31 @@ class ActingAsServiceTest(AppserviceCase):
             status, answer = self.as_call("GET", f"{V3}/account/whoami", user_id=user)
             self.assertEqual((status, answer.get("errcode")), (403, "M_FORBIDDEN"), user)
 
+    def test_masquerading_as_a_device_the_user_has(self):
+        alice = Client(self.srv, register(self.srv, "alice_devices"))
+        bridged = self.as_register("bridge_devices")[1]
+        user, device = bridged["user_id"], bridged["device_id"]
+        alice.ok("PUT", f"{V3}/sendToDevice/m.test/dev1",
+                 {"messages": {user: {device: {"for": "the device"}}}})
+        for key in ("device_id", "org.matrix.msc3202.device_id"):  # stable, MSC3202's
+            status, who = self.as_call("GET", f"{V3}/account/whoami?{key}={quote(device)}",
+                                       user_id=user)
+            self.assertEqual((status, who.get("device_id")), (200, device), key)
+        # The device's own to-device messages, through the as_token.
+        status, synced = self.as_call("GET", f"{V3}/sync?timeout=0&device_id={quote(device)}",
+                                      user_id=user)
+        self.assertEqual(status, 200, synced)
+        self.assertEqual([e["content"] for e in synced["to_device"]["events"]],
+                         [{"for": "the device"}])
+        # A device the user does not have (the sender has none of its users' devices).
+        bad = "ORG.MATRIX.MSC4326.M_UNKNOWN_DEVICE"
+        for path, who in ((f"{V3}/account/whoami?device_id=NOPE", user),
+                          (f"{V3}/account/whoami?device_id={quote(device)}", None)):
+            status, answer = self.as_call("GET", path, user_id=who)
+            self.assertEqual((status, answer.get("errcode")), (400, bad), path)
+        status, who = self.as_call("GET", f"{V3}/account/whoami", user_id=user)
+        self.assertEqual((status, who.get("device_id")), (200, "AS_bridge"))
+
     def test_a_service_registers_only_inside_its_namespace(self):
         status, answer = self.as_register("someone_else")
         self.assertEqual((status, answer.get("errcode")), (400, "M_EXCLUSIVE"))
@@ -356,7 +384,8 @@ class ActingAsServiceTest(AppserviceCase):
             return room in [r["room_id"] for r in rooms]
 
         self.assertFalse(listed({}))
-        self.assertTrue(listed({"third_party_instance_id": "bridge|libera"}))
+        instance = alice.ok("GET", f"{V3}/thirdparty/protocol/irc")["instances"][0]
+        self.assertTrue(listed({"third_party_instance_id": instance["instance_id"]}))
         self.assertFalse(listed({"third_party_instance_id": "bridge|oftc"}))
         self.assertTrue(listed({"include_all_networks": True}))
         for bad in ({"third_party_instance_id": "nobar"}, {"include_all_networks": "yes"},
@@ -395,8 +424,16 @@ class ActingAsServiceTest(AppserviceCase):
         alice = Client(self.srv, register(self.srv, "alice_protocols"))
         protocols = alice.ok("GET", f"{V3}/thirdparty/protocols")
         self.assertEqual(sorted(protocols), ["irc", "xmpp"])
-        # Look-ups are the bridge's answers, asked with its hs_token, the query passed on.
-        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/irc")["icon"], "mxc://x/irc")
+        # The bridge's description, asked with its hs_token: each instance gets its
+        # instance_id "<service id>|<network_id>" (publicRooms' third_party_instance_id);
+        # what is not an instance is left out.
+        self.assertEqual(protocols["irc"]["icon"], "mxc://x/irc")
+        self.assertEqual(protocols["irc"]["instances"],
+                         [{**LIBERA, "instance_id": "bridge|libera"}])
+        self.assertIn(("/_matrix/app/v1/thirdparty/protocol/irc", "Bearer hs-secret"),
+                      self.svc.lookups)
+        self.assertEqual(alice.ok("GET", f"{V3}/thirdparty/protocol/irc"), protocols["irc"])
+        # Look-ups are the bridge's answers, the query passed on.
         users = alice.ok("GET", f"{V3}/thirdparty/user/irc?nick=bob&access_token={alice.token}")
         self.assertEqual(users, [{"userid": f"@bridge_bob:{SERVER}", "protocol": "irc",
                                   "fields": {"nick": "bob"}}])
@@ -646,6 +683,58 @@ class DeliveryTest(QueryChecks, AppserviceCase):
         self.assertEqual(self.svc.wait_bodies(room, 2), ["into the void", "still answering"])
         labels = {"service": "bridge", "outcome": "failed"}
         self.assertGreaterEqual(self.srv.metric("atrium_appservice_transactions_total", labels), 1)
+
+    def test_the_admin_listing_shows_each_service_its_backlog_and_latency(self):
+        root = register(self.srv, "root_as")
+        harness.psql(f"UPDATE users SET is_admin = true WHERE user_id = '{root.user_id}'",
+                     self.srv.database)
+        path = "/_atrium/admin/v1/appservices"
+        for token in (register(self.srv, "nobody_as").token, "as-secret"):
+            status, answer = self.srv.json("GET", path, token=token)
+            self.assertEqual((status, answer.get("errcode")), (403, "M_FORBIDDEN"))
+
+        def listed():
+            status, answer = self.srv.json("GET", path, token=root.token)
+            self.assertEqual((status, answer["total"]), (200, 5), answer)
+            return {s["id"]: s for s in answer["appservices"]}
+
+        quiet = listed()["quiet"]
+        self.assertEqual((quiet["url"], quiet["backlog"], quiet["sender"], quiet["protocols"]),
+                         (None, None, f"@quietbot:{SERVER}", ["xmpp"]))
+        self.assertEqual(quiet["namespaces"]["users"], [{"regex": "@quiet_.*", "exclusive": True}])
+        latency = {"service": "bridge"}
+        timed = self.srv.metric("atrium_appservice_transaction_seconds_count", latency) or 0
+        room, t0 = self.bot.create_room(), int(time.time() * 1000) - 5
+        with self.svc.lock:
+            self.svc.status = 500
+        try:
+            self.bot.send(room, {"msgtype": "m.text", "body": "listed"})
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                bridge = listed()["bridge"]
+                if (bridge["last_failure_ts"] or 0) >= t0 and bridge["pending_transaction"]:
+                    break
+                time.sleep(0.05)
+            self.assertGreaterEqual(bridge["last_failure_ts"], t0, bridge)
+            self.assertEqual(bridge["last_error"], "answered 500")
+            pending = bridge["pending_transaction"]  # events, or ephemeral data only
+            self.assertEqual(sorted(pending), ["attempts", "events", "next_try_ts", "txn_id"])
+            self.assertIsInstance(pending["txn_id"], int)
+            self.assertGreater(bridge["backlog"], 0)
+            self.assertIsInstance(bridge["in_flight"], bool)
+        finally:
+            with self.svc.lock:
+                self.svc.status = 200
+        self.assertEqual(self.svc.wait_bodies(room, 1), ["listed"])
+        deadline = time.time() + 10
+        while time.time() < deadline and listed()["bridge"]["pending_transaction"]:
+            time.sleep(0.05)
+        bridge = listed()["bridge"]
+        self.assertIsNone(bridge["pending_transaction"])
+        self.assertGreaterEqual(bridge["last_success_ts"], bridge["last_failure_ts"])
+        # The latency histogram saw the failure and the success.
+        self.assertGreaterEqual(
+            self.srv.metric("atrium_appservice_transaction_seconds_count", latency), timed + 2)
 
     def test_a_backlog_survives_a_restart(self):
         room = self.bot.create_room()

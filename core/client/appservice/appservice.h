@@ -9,7 +9,7 @@
  * extended regular expressions (regcomp with REG_EXTENDED), anchored at the start only, the
  * way Synapse's Python re.match reads them: "@irc_.*" covers "@irc_bob:example.org".
  * The transaction sender is as_sender.c, the routes and the module as_module.c, the
- * queries about unknown users and aliases as_query.c.
+ * queries about unknown users and aliases as_query.c, the admin listing as_admin.c.
  * Internal prefix: as_.
  */
 #ifndef ATRIUM_CORE_APPSERVICE_H
@@ -28,6 +28,7 @@
 
 typedef struct as_namespace {
     regex_t re;
+    const char *regex; /* as the file wrote it (the configuration tree's) */
     bool exclusive;
 } as_namespace;
 
@@ -66,8 +67,11 @@ const as_service *as_of_request(atrium_req *r);
 
 /* [req] Authenticate r as svc (auth_request found its as_token): as the service's sender,
  * or as ?user_id= when that user is in its namespaces and registered (else 403
- * M_FORBIDDEN). Sets r->user and r->device ("AS_<id>": no device row) and returns the user
- * ID, or answers and returns NULL (as_module.c). */
+ * M_FORBIDDEN). Sets r->user and r->device and returns the user ID, or answers and returns
+ * NULL (as_module.c). The device is "AS_<id>" (no device row), or, MSC3202-style, the one
+ * ?device_id= (or org.matrix.msc3202.device_id=) names when the user has it (else 400
+ * ORG.MATRIX.MSC4326.M_UNKNOWN_DEVICE, Synapse's answer): to-device messages, keys and
+ * /sync then are that device's. */
 const char *as_authenticate(atrium_req *r, const as_service *svc);
 
 /* [req] Take a slot of the outbound budget (ADR-0079) for a request that waits on a
@@ -106,5 +110,11 @@ int as_sender_start(core_runtime *rt);
 void as_sender_stop(void);
 /* Something was committed that may interest a service: run a pass soon. Any thread. */
 void as_sender_kick(void);
+/* Has this process service i's (the registry's index) transaction in flight now? Any
+ * thread. */
+bool as_sender_in_flight(size_t i);
+
+/* Register GET /_atrium/admin/v1/appservices (as_admin.c). 0 or -1. */
+int as_admin_routes(http_server *s);
 
 #endif

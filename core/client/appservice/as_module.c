@@ -23,6 +23,8 @@
 
 #define AS_PING_MAX_ANSWER_BYTES 4096
 #define AS_PING_BODY_BYTES 1024 /* the service's refusal, quoted back to the caller */
+#define AS_UNSTABLE_DEVICE_ID "org.matrix.msc3202.device_id"
+#define AS_UNKNOWN_DEVICE "ORG.MATRIX.MSC4326.M_UNKNOWN_DEVICE"
 
 static const atrium_migration MIGRATIONS[] = {
     {1, "appservice_state_txns",
@@ -38,46 +40,66 @@ static const atrium_migration MIGRATIONS[] = {
      " n_events int NOT NULL,"
      " attempts int NOT NULL DEFAULT 0,"
      " next_try_ts bigint NOT NULL DEFAULT 0);"},
+    {2, "appservice_state_outcomes", /* the admin listing's (as_admin.c) */
+     "ALTER TABLE appservice_state ADD COLUMN last_success_ts bigint,"
+     " ADD COLUMN last_failure_ts bigint, ADD COLUMN last_error text;"},
 };
 
 /* ---- acting as a service --------------------------------------------------------------- */
 
-/* [req] Does user_id exist and is it active? 1, 0, or -1 after answering 503. */
-static int user_active(atrium_req *r, const char *user_id)
+/* [req] Is user_id registered and active (*active), and has it the device device_id
+ * (*has_device; device_id NULL: not asked)? false after answering 503. */
+static bool user_check(atrium_req *r, const char *user_id, const char *device_id, bool *active,
+                       bool *has_device)
 {
     PGconn *c = http_db_checkout(r);
-    if (!c) return -1;
-    const char *p[1] = {user_id};
-    PGresult *res = acc_q(c, "SELECT 1 FROM users WHERE user_id = $1 AND NOT deactivated", 1, p);
+    if (!c) return false;
+    const char *p[2] = {user_id, device_id ? device_id : ""};
+    PGresult *res = acc_q(c, "SELECT NOT u.deactivated, EXISTS (SELECT 1 FROM devices d"
+                             " WHERE d.user_id = u.user_id AND d.device_id = $2)"
+                             " FROM users u WHERE u.user_id = $1", 2, p);
     http_db_checkin(c);
     if (!res) {
         acc_db_failed(r);
-        return -1;
+        return false;
     }
-    int yes = PQntuples(res) == 1;
+    *active = PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+    *has_device = PQntuples(res) == 1 && PQgetvalue(res, 0, 1)[0] == 't';
     PQclear(res);
-    return yes;
+    return true;
 }
 
 const char *as_authenticate(atrium_req *r, const as_service *svc)
 {
     const char *user = http_req_query(r, "user_id");
+    /* MSC3202: act as one of the user's devices (the stable name first, as Synapse reads). */
+    const char *device = http_req_query(r, "device_id");
+    if (!device) device = http_req_query(r, AS_UNSTABLE_DEVICE_ID);
+    if (device && !device[0]) device = NULL;
     if (!user || !user[0]) {
         user = svc->sender;
     } else if (!as_user_in(svc, user)) {
         http_respond_error(r, 403, "M_FORBIDDEN", "The application service may only act as "
                            "users in its namespaces");
         return NULL;
-    } else if (strcmp(user, svc->sender) != 0) {
-        int active = user_active(r, user);
-        if (active < 0) return NULL;
+    }
+    bool masquerading = strcmp(user, svc->sender) != 0;
+    if (masquerading || device) {
+        bool active = false, has_device = false;
+        if (!user_check(r, user, device, &active, &has_device)) return NULL;
         if (!active) {
             http_respond_error(r, 403, "M_FORBIDDEN", "The application service has not "
                                "registered this user");
             return NULL;
         }
+        if (device && !has_device) { /* Synapse's answer (MSC4326's code) */
+            http_respond_error(r, 400, AS_UNKNOWN_DEVICE, "The user %s has no device %s", user,
+                               device);
+            return NULL;
+        }
     }
-    r->device = rt_arena_printf(r->arena, "AS_%s", svc->id);
+    r->device = device ? rt_arena_strdup(r->arena, device)
+                       : rt_arena_printf(r->arena, "AS_%s", svc->id);
     r->user = rt_arena_strdup(r->arena, user);
     r->is_admin = 0;
     r->is_guest = 0;
@@ -239,7 +261,7 @@ static int as_init(core_runtime *rt)
     http_server *s = rt->http; /* the registry was loaded with the configuration (main.c) */
     if (client_route(s, "POST", "/_matrix/client/v1/appservice/{appserviceId}/ping", post_ping,
                      ACC_MAX_BODY_BYTES) < 0 ||
-        as_thirdparty_routes(s) < 0)
+        as_thirdparty_routes(s) < 0 || as_admin_routes(s) < 0)
         return -1;
     if (as_count())
         rt_log(ATRIUM_LOG_INFO, "core", "%zu application service(s) registered", as_count());

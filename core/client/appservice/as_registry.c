@@ -94,6 +94,7 @@ static int read_namespaces(const cfg_node *ns, const char *kind, as_namespace **
             return cfg_error(re ? re : c, err, errlen, "regex: expected a non-empty string");
         as_namespace *a = &(*out)[*n_out];
         if (bool_key(c, "exclusive", false, &a->exclusive, err, errlen) < 0) return -1;
+        a->regex = re->value;
         char anchored[AS_REGEX_MAX_BYTES + 8];
         if (strlen(re->value) > AS_REGEX_MAX_BYTES)
             return cfg_error(re, err, errlen, "longer than %d bytes", AS_REGEX_MAX_BYTES);

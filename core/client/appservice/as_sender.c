@@ -16,7 +16,9 @@
  * appservice.request_timeout_ms, a refused connection, any non-2xx) is tried again after
  * appservice.retry_min_ms doubled per failure, up to appservice.retry_max_ms; a
  * transaction is never dropped. A new service starts at the stream's end: history is not
- * pushed.
+ * pushed. Each try's outcome is kept in appservice_state (last_success_ts, or
+ * last_failure_ts and last_error: the admin listing's, as_admin.c) and its time in the
+ * histogram atrium_appservice_transaction_seconds{service}.
  *
  * Events of interest to a service: sent by one of its users (its sender or its user
  * namespaces), a membership event about one of them, in a room whose ID matches its room
@@ -76,13 +78,14 @@ typedef struct as_flight {
     bool busy, answered, ok;
     int status;
     int64_t txn_id;
+    int64_t sent_ms, answered_ms; /* monotonic: the latency histogram's observation */
     char error[160];
 } as_flight;
 
 /* Per service: its flight and metrics (index = the registry's). */
 typedef struct as_slot {
     as_flight flight;
-    rt_metric *m_sent, *m_failed, *m_events, *m_backlog;
+    rt_metric *m_sent, *m_failed, *m_events, *m_backlog, *m_seconds;
 } as_slot;
 
 /* The one sender. Static: a callback that comes after stop still has its memory. */
@@ -107,6 +110,14 @@ void as_sender_kick(void)
         pthread_cond_signal(&S.cv);
     }
     pthread_mutex_unlock(&S.mu);
+}
+
+bool as_sender_in_flight(size_t i)
+{
+    pthread_mutex_lock(&S.mu);
+    bool busy = S.slots && i < S.n && S.slots[i].flight.busy;
+    pthread_mutex_unlock(&S.mu);
+    return busy;
 }
 
 static const char *i64(char *buf, size_t len, int64_t v)
@@ -463,6 +474,7 @@ static void answered(void *arg, const fed_response *res)
     f->ok = got && res->status >= 200 && res->status < 300;
     f->status = got ? res->status : 0;
     snprintf(f->error, sizeof(f->error), "%s", got ? "" : res->error ? res->error : "failed");
+    f->answered_ms = rt_now_ms();
     f->answered = true;
     S.kicked = true;
     pthread_cond_signal(&S.cv);
@@ -484,8 +496,9 @@ static bool settle_one(PGconn *c, size_t idx)
     as_slot *slot = &S.slots[idx];
     as_flight *f = &slot->flight;
     const as_service *svc = as_at(idx);
-    char txn[24], next[24];
+    char txn[24], next[24], now[24];
     const char *p[3] = {svc->id, i64(txn, sizeof(txn), f->txn_id), NULL};
+    const char *t[3] = {svc->id, i64(now, sizeof(now), rt_wall_ms()), f->error};
     bool ok;
     if (f->ok) {
         PGresult *res = NULL;
@@ -499,15 +512,21 @@ static bool settle_one(PGconn *c, size_t idx)
             if (ok) rt_metric_add(slot->m_events, atoll(PQgetvalue(res, 0, 1)));
         }
         PQclear(res);
-        ok = ok && db_commit(c);
+        ok = ok && db_exec(c, "UPDATE appservice_state SET last_success_ts = $2::bigint"
+                              " WHERE as_id = $1", 2, t) &&
+             db_commit(c);
         if (!ok) db_rollback(c);
         if (ok) rt_metric_add(slot->m_sent, 1);
     } else {
         rt_log(ATRIUM_LOG_INFO, "core", "application service %s did not take transaction "
                "%lld: %s%s", svc->id, (long long)f->txn_id, f->error[0] ? f->error : "answered ",
                f->error[0] ? "" : i64(next, sizeof(next), f->status));
-        PGresult *res = acc_q(c, "SELECT attempts FROM appservice_txns WHERE as_id = $1"
-                                 " AND txn_id = $2::bigint", 2, p);
+        if (!f->error[0]) snprintf(f->error, sizeof(f->error), "answered %d", f->status);
+        PGresult *res = db_exec(c, "UPDATE appservice_state SET last_failure_ts = $2::bigint,"
+                                   " last_error = $3 WHERE as_id = $1", 3, t)
+                            ? acc_q(c, "SELECT attempts FROM appservice_txns WHERE as_id = $1"
+                                       " AND txn_id = $2::bigint", 2, p)
+                            : NULL;
         ok = res != NULL;
         if (ok && PQntuples(res) == 1) {
             int64_t due = rt_wall_ms() + retry_delay_ms(atoi(PQgetvalue(res, 0, 0)));
@@ -535,6 +554,7 @@ static bool settle(PGconn *c)
             all = false;
             continue;
         }
+        rt_metric_observe(S.slots[i].m_seconds, (double)(f->answered_ms - f->sent_ms) / 1000.0);
         pthread_mutex_lock(&S.mu);
         f->busy = f->answered = false;
         flights_changed_locked();
@@ -565,6 +585,7 @@ static bool submit(size_t idx, const as_service *svc, int64_t txn_id, const char
     memset(f, 0, sizeof(*f));
     f->busy = true;
     f->txn_id = txn_id;
+    f->sent_ms = rt_now_ms();
     flights_changed_locked();
     pthread_mutex_unlock(&S.mu);
     fed_request_opts o = {.method = "PUT", .url = url, .url_allow_http = true,
@@ -674,6 +695,11 @@ static rt_metric *service_metric(rt_metrics *reg, bool counter, const char *name
                    : rt_metric_gauge(reg, name, labels, help);
 }
 
+/* The transaction latency histogram's buckets, seconds (request_timeout_ms is 30 s by
+ * default: the last bucket). */
+static const double LATENCY_BUCKETS[] = {0.005, 0.02, 0.1, 0.5, 2, 10, 30};
+#define N_LATENCY_BUCKETS (sizeof(LATENCY_BUCKETS) / sizeof(LATENCY_BUCKETS[0]))
+
 static void register_metrics(rt_metrics *reg)
 {
     S.m_in_flight = rt_metric_gauge(reg, "atrium_appservice_in_flight", NULL,
@@ -691,6 +717,12 @@ static void register_metrics(rt_metrics *reg)
         s->m_backlog = service_metric(reg, false, "atrium_appservice_backlog", svc, NULL,
                                       "Stream positions past the service's cursor (events "
                                       "not yet delivered or looked at)");
+        char labels[RT_METRIC_LABELS_MAX_BYTES];
+        if (rt_metric_label(labels, sizeof(labels), "service", svc->id) >= 0)
+            s->m_seconds = rt_metric_histogram(reg, "atrium_appservice_transaction_seconds",
+                                               labels, "Time from sending a transaction to "
+                                               "the service's answer or the failure",
+                                               LATENCY_BUCKETS, N_LATENCY_BUCKETS);
     }
 }
 
