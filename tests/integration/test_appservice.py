@@ -549,13 +549,16 @@ class DeliveryTest(QueryChecks, AppserviceCase):
         """The services tests/e2e/appservice.as.mjs runs on these ports."""
         cls.mab_port, cls.sdk_port = harness.free_ports(count=2)
         return [registration(f"http://127.0.0.1:{port}", ident, as_token=f"{ident}-as",
-                             hs_token=f"{ident}-hs", protocols=[], receive_ephemeral=False)
-                for ident, port in (("mab", cls.mab_port), ("sdk", cls.sdk_port))]
+                             hs_token=f"{ident}-hs", protocols=[], receive_ephemeral=ephemeral)
+                for ident, port, ephemeral in (("mab", cls.mab_port, True),
+                                               ("sdk", cls.sdk_port, False))]
 
     def test_services_built_on_the_npm_bridge_libraries(self):
         """matrix-appservice-bridge 11.2's Bridge and matrix-bot-sdk 0.8's Appservice
-        (tests/e2e/appservice.as.mjs): a transaction taken, a user query answered by making
-        the user, messages both ways."""
+        (tests/e2e/appservice.as.mjs): a transaction taken, messages both ways with a
+        matrix-js-sdk user, the bridge's self-ping, typing to the bridge that asked for
+        ephemeral events and not to the appservice that did not, a room made by the bridge
+        for an unknown alias a client joins, a user query answered by making the user."""
         e2e = os.path.join(harness.REPO_ROOT, "tests", "e2e")
         if not os.path.isdir(os.path.join(e2e, "node_modules", "matrix-appservice-bridge")):
             self.fail("tests/e2e/node_modules is missing: run tests/run.sh (it runs npm ci)")
@@ -564,7 +567,8 @@ class DeliveryTest(QueryChecks, AppserviceCase):
             ["node", "--test", "--test-force-exit", "--test-reporter=spec", "appservice.as.mjs"],
             cwd=e2e, capture_output=True, text=True, timeout=120,
             env={**os.environ, "ATRIUM_URL": self.srv.base, "ATRIUM_DOMAIN": SERVER,
-                 "ALICE_TOKEN": alice.token, "MAB_PORT": str(self.mab_port),
+                 "ALICE_TOKEN": alice.token, "ALICE_ID": alice.user_id,
+                 "MAB_PORT": str(self.mab_port),
                  "SDK_PORT": str(self.sdk_port)})
         self.assertEqual(proc.returncode, 0,
                          f"node --test failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}")
