@@ -3,11 +3,14 @@
 asserts nothing beyond the order of what arrived.
 
   1. Latency: the service's sender sends one message at a time; the time from the send to
-     the service having it (p50, max over ROUNDS).
+     the service having it (p50, p99, max over ROUNDS).
   2. Throughput: BURST messages sent one after another; when the last one reached the
-     service, and in how many transactions.
+     service, events per second delivered, and in how many transactions.
   3. Backlog: BURST messages sent while the service answers 500; the time from its
      recovery until all of them arrived.
+  Baseline, measured in the same run: the same sends by a user of a second server with no
+  service registered (the send's own round trip, p50/p99, and BURST sends' events per
+  second), so what the service path adds shows beside what a send costs anyway.
 
     bench/appservice.py          (ATRIUM_BIN etc. as for the integration tests)
 
@@ -50,6 +53,27 @@ def text(i, prefix):
     return {"msgtype": "m.text", "body": f"{prefix}{i}"}
 
 
+def pct(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def baseline(client):
+    """The same sends with no service registered: their own round trip and rate."""
+    room = client.create_room()
+    lat = []
+    for i in range(ROUNDS):
+        t0 = time.monotonic()
+        client.send(room, text(i, "l"))
+        lat.append((time.monotonic() - t0) * 1000)
+    t0 = time.monotonic()
+    for i in range(BURST):
+        client.send(room, text(i, "b"))
+    took = time.monotonic() - t0
+    print(f"baseline, no service: a send's round trip p50 {statistics.median(lat):.1f} ms, "
+          f"p99 {pct(lat, 99):.1f} ms; {BURST} sends at {BURST / took:.0f} events/s")
+
+
 def run(srv, svc, bot):
     room = bot.create_room()
     lat = []
@@ -60,7 +84,7 @@ def run(srv, svc, bot):
             time.sleep(0.001)
         lat.append((time.monotonic() - t0) * 1000)
     print(f"send to delivery, one message at a time: p50 {statistics.median(lat):.1f} ms, "
-          f"max {max(lat):.1f} ms")
+          f"p99 {pct(lat, 99):.1f} ms, max {max(lat):.1f} ms")
     room = bot.create_room()
     before = len(svc.order)
     t0 = time.monotonic()
@@ -71,7 +95,8 @@ def run(srv, svc, bot):
     done = time.monotonic() - t0
     assert got == [f"b{i}" for i in range(BURST)]
     print(f"{BURST} messages: sent in {sent:.2f} s, the last delivered {done:.2f} s after the "
-          f"first send, in {len(svc.order) - before} transactions")
+          f"first send ({BURST / done:.0f} events/s delivered), in "
+          f"{len(svc.order) - before} transactions")
     with svc.lock:
         svc.status = 500
     room = bot.create_room()
@@ -90,11 +115,13 @@ def run(srv, svc, bot):
 def main():
     pg_work = ensure_pg()
     import harness
-    from accounts import Account
+    from accounts import REGISTRATION_ON, Account, register
     from rooms_client import Client
     from test_appservice import FakeService, registration, settings_with
     svc = FakeService()
     try:
+        with harness.Server(settings=REGISTRATION_ON) as plain:
+            baseline(Client(plain, register(plain, "bench")))
         with harness.Server(settings=settings_with([registration(svc.url)])) as srv:
             run(srv, svc, Client(srv, Account("@bridgebot:localhost", "as-secret", None, None)))
     finally:
