@@ -65,8 +65,6 @@ enum resync_outcome {
 };
 static const char *const RESYNC_OUTCOMES[RESYNC__N] = {"ok", "failed", "rate_limited", "busy"};
 static rt_metric *resync_metrics[RESYNC__N]; /* atrium_e2ee_device_list_resyncs_total */
-static rt_pool *resync_pool;     /* E2EE_FED_RESYNC_POOL */
-static rt_budget *resync_budget; /* resyncs in flight, per server (the origin) */
 
 static const char *server_name(void)
 {
@@ -362,7 +360,7 @@ typedef struct resync_job {
 
 static void resync_job_free(resync_job *j)
 {
-    rt_budget_release(resync_budget, j->origin);
+    rt_budget_release(core_runtime_get()->e2ee_resync_budget, j->origin);
     free(j->origin);
     free(j->user);
     free(j);
@@ -385,7 +383,8 @@ static void resync_task(void *arg, bool cancelled)
  * the next gap after it tries again). c is outside any transaction. */
 static void resync_later(PGconn *c, const char *origin, const char *user_id)
 {
-    if (!resync_pool || rt_budget_try_acquire(resync_budget, origin, NULL) != 0) {
+    core_runtime *rt = core_runtime_get();
+    if (!rt->e2ee_resync_pool || rt_budget_try_acquire(rt->e2ee_resync_budget, origin, NULL) != 0) {
         rt_metric_add(resync_metrics[RESYNC_BUSY], 1);
         return;
     }
@@ -400,14 +399,14 @@ static void resync_later(PGconn *c, const char *origin, const char *user_id)
             free(j->user);
             free(j);
         }
-        rt_budget_release(resync_budget, origin);
+        rt_budget_release(rt->e2ee_resync_budget, origin);
         rt_metric_add(resync_metrics[RESYNC_FAILED], 1);
         return;
     }
     if (!resync_slot_claim(c, user_id)) {
         rt_metric_add(resync_metrics[RESYNC_RATE_LIMITED], 1);
         resync_job_free(j);
-    } else if (rt_pool_submit(resync_pool, resync_task, j) != 0) {
+    } else if (rt_pool_submit(rt->e2ee_resync_pool, resync_task, j) != 0) {
         /* The budget's cap is the pool's threads and queue: only a stopping server. */
         rt_metric_add(resync_metrics[RESYNC_FAILED], 1);
         resync_job_free(j);
@@ -572,14 +571,16 @@ int e2ee_federation_init(http_server *s)
         resync_metrics[i] = rt_metric_counter(
             core_runtime_get()->metrics, "atrium_e2ee_device_list_resyncs_total", label,
             "Whole device lists asked of a remote user's server after a gap in its updates, "
-            "by outcome (rate_limited: one was asked in the last minute)");
+            "by outcome (rate_limited: one was asked in the last minute; busy: one of the "
+            "same server's is queued or running)");
     }
-    resync_pool = rt_pool_new(E2EE_FED_RESYNC_POOL, E2EE_FED_RESYNC_THREADS,
-                              E2EE_FED_RESYNC_QUEUE, core_runtime_get()->metrics);
-    resync_budget = rt_budget_new(E2EE_FED_RESYNC_POOL,
-                                  E2EE_FED_RESYNC_THREADS + E2EE_FED_RESYNC_QUEUE,
-                                  E2EE_FED_RESYNC_PER_SERVER, core_runtime_get()->metrics);
-    if (!resync_pool || !resync_budget) return -1;
+    core_runtime *rt = core_runtime_get();
+    rt->e2ee_resync_pool = rt_pool_new(E2EE_FED_RESYNC_POOL, E2EE_FED_RESYNC_THREADS,
+                                       E2EE_FED_RESYNC_QUEUE, rt->metrics);
+    rt->e2ee_resync_budget = rt_budget_new(E2EE_FED_RESYNC_POOL,
+                                           E2EE_FED_RESYNC_THREADS + E2EE_FED_RESYNC_QUEUE,
+                                           E2EE_FED_RESYNC_PER_SERVER, rt->metrics);
+    if (!rt->e2ee_resync_pool || !rt->e2ee_resync_budget) return -1;
     if (fed_txn_on_edu("m.direct_to_device", on_direct_to_device, NULL) < 0 ||
         fed_txn_on_edu("m.device_list_update", on_device_list_update, NULL) < 0 ||
         fed_txn_on_edu("m.signing_key_update", on_signing_key_update, NULL) < 0) {
@@ -591,18 +592,24 @@ int e2ee_federation_init(http_server *s)
 
 int e2ee_federation_start(void)
 {
-    if (rt_pool_start(resync_pool) < 0) {
+    if (rt_pool_start(core_runtime_get()->e2ee_resync_pool) < 0) {
         rt_log(ATRIUM_LOG_ERROR, "e2ee", "cannot start the device-list resync pool's threads");
         return -1;
     }
     return 0;
 }
 
-/* The pool and budget stay allocated: an EDU handler still running elsewhere may submit,
- * and a stopped pool refuses (counted failed). */
+/* After the inbound transaction pool stopped (core/main.c: federation_stop_inbound), so
+ * no EDU handler submits any more. */
 void e2ee_federation_stop(void)
 {
-    if (!resync_pool) return;
-    rt_pool_stop(resync_pool); /* queued resyncs are dropped: the next gap asks again */
-    rt_pool_join(resync_pool);
+    core_runtime *rt = core_runtime_get();
+    if (rt->e2ee_resync_pool) {
+        rt_pool_stop(rt->e2ee_resync_pool); /* queued resyncs are dropped: the next gap asks */
+        rt_pool_join(rt->e2ee_resync_pool);
+        rt_pool_free(rt->e2ee_resync_pool);
+        rt->e2ee_resync_pool = NULL;
+    }
+    if (rt->e2ee_resync_budget) rt_budget_free(rt->e2ee_resync_budget);
+    rt->e2ee_resync_budget = NULL;
 }
