@@ -133,7 +133,7 @@ class DeviceListsAcrossServersTest(TwoServerTest):
     def b_record(self):
         rows = self.b_rows("SELECT stream_id, devices FROM e2ee_remote_device_lists"
                            f" WHERE user_id = '{self.alice.user_id}'")
-        return (int(rows[0][0]), json.loads(rows[0][1])) if rows else None
+        return (int(rows[0][0]), json.loads(rows[0][1] or "null")) if rows else None
 
     def a_stream_id(self):
         rows = harness.psql("SELECT stream_id FROM e2ee_device_list_streams"
@@ -154,8 +154,9 @@ class DeviceListsAcrossServersTest(TwoServerTest):
         self.assertEqual(upload(phone, device_keys=device_keys(phone))[0], 200)
         wait_until(lambda: self.alice.user_id in self.changes(since),
                    what="alice in bob's keys/changes")
-        record = wait_until(self.b_record, what="B's record of alice's devices")
-        self.assertEqual(record[0], self.a_stream_id())
+        # The resync runs after the change is told (ADR-0024): wait for its record.
+        record = wait_until(lambda: (r := self.b_record()) and r[0] == self.a_stream_id() and r,
+                            what="B's record of alice's devices")
         self.assertEqual(set(record[1]), {self.alice.device_id, phone.device_id})
 
         # An update that follows the last one is applied (no resync needed).

@@ -23,9 +23,10 @@ from rooms_client import Client, quote
 from test_e2ee_keys import KEYS, stream_token
 from test_federation import FederationTestCase
 from test_media_remote import BOUNDARY, FakeOrigin
+from test_federation_txn import wait_until
 from test_room_federation import PeerView, complete_event
 
-HOSTILE_IP, PEER_IP, ORIGIN_IP = "127.0.0.27", "127.0.0.37", "127.0.0.38"
+HOSTILE_IP, PEER_IP, ORIGIN_IP, PEER2_IP = "127.0.0.27", "127.0.0.37", "127.0.0.38", "127.0.0.39"
 FED = "/_matrix/federation"
 V3 = "/_matrix/client/v3"
 SYNC_FAST_S = 2.0  # bob's /sync (timeout=0) while the peer misbehaves, at most
@@ -102,16 +103,24 @@ class HostilePeerTest(FederationTestCase):
         self.bob = register(self.a, f"bob{time.monotonic_ns()}")
         self.user = f"@pat:{self.peer.server_name}"
         self.room = self.alice.create_room(preset="public_chat")
-        _, made = self.view.get(f"{FED}/v1/make_join/{quote(self.room)}/{quote(self.user)}?ver=10")
-        ev, event_id = complete_event(made["event"], self.peer.server_name, self.peer.key)
-        status, _ = self.view.send("PUT", f"{FED}/v2/send_join/{quote(self.room)}/{quote(event_id)}", ev)
-        self.assertEqual(status, 200)
+        self.join(self.room, self.user)
         self.txn = 0
         # bob's baseline: the slowest of five /sync calls before anything hostile happens.
         with SyncWatch(self.a, self.bob) as w:
             while w.count < 5:
                 time.sleep(0.02)
         self.sync_baseline = w.worst
+
+    def join(self, room, user, peer=None):
+        """user (of peer, the test's peer unless given) joins room through make_join and
+        send_join; the join's event ID."""
+        peer = peer or self.peer
+        view = PeerView(self.a, peer)
+        _, made = view.get(f"{FED}/v1/make_join/{quote(room)}/{quote(user)}?ver=10")
+        ev, event_id = complete_event(made["event"], peer.server_name, peer.key)
+        status, _ = view.send("PUT", f"{FED}/v2/send_join/{quote(room)}/{quote(event_id)}", ev)
+        self.assertEqual(status, 200)
+        return event_id
 
     def q(self, sql):
         return psql(sql, database=self.a.database)
@@ -270,6 +279,10 @@ class HostilePeerTest(FederationTestCase):
             answers = [self.send({"pdus": [], "edus": updates[k:k + 100]}) for k in (0, 100, 200)]
         took = time.monotonic() - t0
         self.assertEqual([a[0] for a in answers], [200, 200, 200])
+        # The resync runs on its own pool (ADR-0024), after the transaction's answer.
+        wait_until(lambda: (self.a.metric("atrium_e2ee_device_list_resyncs_total",
+                                          {"outcome": "ok"}) or 0) > before["ok"],
+                   what="the resync")
         after = {o: self.a.metric("atrium_e2ee_device_list_resyncs_total", {"outcome": o}) or 0
                  for o in before}
         delta = {o: after[o] - before[o] for o in before}
@@ -326,3 +339,182 @@ class HostilePeerTest(FederationTestCase):
                 answered=" | ".join(f"{s} {e}" for s, e, _ in results.values()),
                 seconds=" | ".join(f"{t:.2f}" for *_, t in results.values()),
                 bob_sync_worst=f"{w.worst:.3f}", bob_sync_baseline=f"{self.sync_baseline:.3f}")
+
+    # ---- missing history (issue 30 item 5) -------------------------------------------
+
+    def state_ids(self):
+        return [r[0] for r in self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'")]
+
+    def serve(self, events, missing=(), state=None):
+        """The peer serves `events` (id -> event) on /event, `missing` on get_missing_events
+        and, when state is given, that state on /state_ids (404 otherwise); returns the
+        event IDs /state_ids was asked at, in order."""
+        asked, keys = [], self.peer.do_get
+
+        def get(handler):
+            if handler.path.startswith(f"{FED}/v1/state_ids/"):
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(handler.path).query)
+                asked.append(query.get("event_id", [""])[0])
+                if state is None:
+                    return self.peer.reply(handler, 404, {"errcode": "M_NOT_FOUND", "error": "no"})
+                return self.peer.reply(handler, 200, {"pdu_ids": state, "auth_chain_ids": state})
+            if handler.path.startswith(f"{FED}/v1/event/"):
+                eid = urllib.parse.unquote(handler.path.rsplit("/", 1)[1])
+                if eid in events:
+                    return self.peer.reply(handler, 200, {"origin": self.peer.server_name,
+                                                          "origin_server_ts": 0, "pdus": [events[eid]]})
+                return self.peer.reply(handler, 404, {"errcode": "M_NOT_FOUND", "error": "no"})
+            return keys(handler)
+
+        def post(handler):
+            if not handler.path.startswith(f"{FED}/v1/get_missing_events/"):
+                return handler.send_error(404)
+            handler.rfile.read(int(handler.headers["Content-Length"]))
+            return self.peer.reply(handler, 200, {"events": list(missing)})
+        self.peer.do_get, self.peer.do_post = get, post
+        return asked
+
+    def stored_as(self, event_id):
+        return [r[0] for r in self.q(f"SELECT 'stream' FROM events WHERE event_id = '{event_id}'"
+                                     f" UNION ALL SELECT status FROM event_outliers"
+                                     f" WHERE event_id = '{event_id}'")]
+
+    def test_a_gap_get_missing_events_leaves_open_takes_the_state_at_the_missing_prev_event(self):
+        # X (pat's new display name, a state event) is never sent and get_missing_events
+        # does not give it; E, on top of it, is. The state before E is the state at X
+        # (/state_ids at X: the peer answers for nothing else, as Sytest's does) plus X.
+        t0 = time.monotonic()
+        tip = self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")[0][0]
+        [(depth,)] = self.q(f"SELECT max(depth) FROM events WHERE room_id = '{self.room}'")
+        rows = dict(self.q(f"SELECT type || '|' || state_key, event_id FROM current_state"
+                           f" WHERE room_id = '{self.room}'"))
+        x, x_id = complete_event(
+            {"type": "m.room.member", "state_key": self.user, "room_id": self.room,
+             "sender": self.user, "content": {"membership": "join", "displayname": "Pat Two"},
+             "auth_events": [rows["m.room.create|"], rows["m.room.power_levels|"],
+                             rows["m.room.join_rules|"], rows[f"m.room.member|{self.user}"]],
+             "prev_events": [tip], "depth": int(depth) + 1}, self.peer.server_name, self.peer.key)
+        e, e_id = self.message("after the gap", [x_id], int(depth) + 2,
+                               [rows["m.room.create|"], rows["m.room.power_levels|"], x_id])
+        asked = self.serve({x_id: x}, state=self.state_ids())
+        status, answer, took = self.send({"pdus": [e]})
+        self.assertEqual((status, answer["pdus"]), (200, {e_id: {}}), answer)
+        self.assertEqual(asked, [x_id])  # at the missing prev event, not at E
+        self.assertEqual(self.stored_as(e_id), ["stream"])
+        status, body = self.alice.call("GET", f"{V3}/rooms/{quote(self.room)}/event/{quote(e_id)}")
+        self.assertEqual((status, body.get("content", {}).get("body")), (200, "after the gap"), body)
+        # The state E was authorised against holds X (what Atrium now serves as the state
+        # before E).
+        status, body = self.view.get(f"{FED}/v1/state_ids/{quote(self.room)}?event_id={quote(e_id)}")
+        self.assertEqual(status, 200, body)
+        self.assertIn(x_id, body["pdu_ids"])
+        figures("gap_state_at_prev", sent="1 PDU on 1 missing state event",
+                answered=f"accepted; /state_ids at {asked}", seconds=f"{took:.2f}",
+                total=f"{time.monotonic() - t0:.2f}")
+
+    def test_an_outlier_whose_auth_events_sit_in_another_room_is_rejected(self):
+        # As Sytest's: quinn (of the peer) joined another room of alice's (J1). In this room
+        # Q is quinn's join naming J1 as an auth event, R quinn's message on Q, S pat's
+        # message on R. S is sent; get_missing_events gives R; Q is fetched for R's auth.
+        quinn = f"@quinn:{self.peer.server_name}"
+        other = self.alice.create_room(preset="public_chat")
+        j1 = self.join(other, quinn)
+        tip = self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")[0][0]
+        [(depth,)] = self.q(f"SELECT max(depth) FROM events WHERE room_id = '{self.room}'")
+        rows = dict(self.q(f"SELECT type || '|' || state_key, event_id FROM current_state"
+                           f" WHERE room_id = '{self.room}'"))
+        create, pl = rows["m.room.create|"], rows["m.room.power_levels|"]
+        q, q_id = complete_event(
+            {"type": "m.room.member", "state_key": quinn, "room_id": self.room, "sender": quinn,
+             "content": {"membership": "join"},
+             "auth_events": [create, pl, rows["m.room.join_rules|"], j1],
+             "prev_events": [tip], "depth": int(depth) + 1}, self.peer.server_name, self.peer.key)
+        r, r_id = complete_event(
+            {"type": "m.room.message", "room_id": self.room, "sender": quinn,
+             "content": {"msgtype": "m.text", "body": "event R"}, "auth_events": [create, pl, q_id],
+             "prev_events": [q_id], "depth": int(depth) + 2}, self.peer.server_name, self.peer.key)
+        s_ev, s_id = self.message("event S", [r_id], int(depth) + 3,
+                                  [create, pl, rows[f"m.room.member|{self.user}"]])
+        asked = self.serve({q_id: q, r_id: r}, missing=[r])
+        status, answer, took = self.send({"pdus": [s_ev]})
+        self.assertEqual((status, answer["pdus"]), (200, {s_id: {}}), answer)
+        self.assertEqual(self.stored_as(q_id), ["rejected"])
+        self.assertEqual(self.stored_as(r_id), ["rejected"])
+        # S is legit: the state before it is the state before the rejected R and Q, known
+        # here, so nothing is asked of /state_ids.
+        self.assertEqual(self.stored_as(s_id), ["stream"])
+        self.assertEqual(asked, [])
+        self.assertEqual(self.q(f"SELECT 1 FROM current_state WHERE room_id = '{self.room}'"
+                                f" AND state_key = '{quinn}'"), [])
+        figures("auth_in_other_room", sent="S on R on Q (Q's auth event in another room)",
+                answered="Q, R rejected; S accepted", seconds=f"{took:.2f}")
+
+    # ---- device lists from other servers (issue 30 item 6) ---------------------------
+
+    def test_a_device_list_origin_that_never_answers_delays_nobody(self):
+        hang, hung = threading.Event(), []
+        self.addCleanup(hang.set)
+        keys = self.peer.do_get
+
+        def get(handler):
+            if handler.path.startswith(f"{FED}/v1/user/devices/"):
+                hung.append(handler.path)
+                hang.wait(30)  # never, as far as the test goes
+                return handler.send_error(503)
+            return keys(handler)
+        self.peer.do_get = get
+        peer2 = FakeKeyServer(self.ca, PEER2_IP)
+        self.addCleanup(peer2.close)
+        rui, pat2 = f"@rui:{peer2.server_name}", f"@pat2:{self.peer.server_name}"
+        keys2 = peer2.do_get
+
+        def get2(handler):
+            if handler.path.startswith(f"{FED}/v1/user/devices/"):
+                return peer2.reply(handler, 200, {"user_id": rui, "stream_id": 7, "devices": [
+                    {"device_id": "RUI1", "keys": {"user_id": rui, "device_id": "RUI1"}}]})
+            return keys2(handler)
+        peer2.do_get = get2
+        self.join(self.room, rui, peer2)
+        self.join(self.room, pat2)
+
+        def update(user, device, sid):  # a gap: prev_id names nothing applied here
+            return {"edu_type": "m.device_list_update",
+                    "content": {"user_id": user, "device_id": device, "stream_id": sid,
+                                "prev_id": [sid - 1], "keys": {}}}
+
+        def resyncs(outcome):
+            return self.a.metric("atrium_e2ee_device_list_resyncs_total", {"outcome": outcome}) or 0
+        busy0, ok0 = resyncs("busy"), resyncs("ok")
+        since = stream_token(self.a)
+        t0 = time.monotonic()
+        # pat's resync hangs and holds the peer's one resync slot: pat2's is busy.
+        status, _, took = self.send({"pdus": [], "edus": [update(self.user, "P1", 5),
+                                                          update(pat2, "P2", 5)]})
+        self.assertEqual(status, 200)
+        body = {"origin": peer2.server_name, "origin_server_ts": int(time.time() * 1000),
+                "pdus": [], "edus": [update(rui, "RUI1", 7)]}
+        t1 = time.monotonic()
+        status2, _, _ = self.a.signed_request("PUT", f"{FED}/v1/send/r1", peer2.server_name,
+                                              peer2.key, body, timeout=30)
+        took2 = time.monotonic() - t1
+        self.assertEqual(status2, 200)
+        # Neither transaction waited for a resync (one used to take the 10 s timeout).
+        self.assertLess(max(took, took2), 3.0)
+
+        def changed():
+            status, body = self.alice.call("GET", f"{KEYS}/changes?from={since}")
+            return status == 200 and {self.user, pat2, rui} <= set(body["changed"])
+        wait_until(changed, timeout=5, what="pat, pat2 and rui in alice's keys/changes")
+        seen = time.monotonic() - t0
+        # rui's server answered: its list is stored, though pat's server still hangs.
+        wait_until(lambda: self.q(f"SELECT stream_id FROM e2ee_remote_device_lists"
+                                  f" WHERE user_id = '{rui}'") in ([["7"]], [("7",)]),
+                   timeout=10, what="rui's list resynced")
+        self.assertEqual(len(hung), 1)
+        self.assertGreaterEqual(resyncs("busy") - busy0, 1)
+        self.assertGreaterEqual(resyncs("ok") - ok0, 1)
+        self.assertEqual(self.a.metric("atrium_budget_in_use", {"budget": "core.e2ee_resync"}), 1)
+        hang.set()
+        figures("device_list_hung_origin", sent="gapped updates from a server that never "
+                "answers /user/devices, then from another", answered=f"200 in {took:.2f} s | "
+                f"200 in {took2:.2f} s", seconds=f"all three in keys/changes after {seen:.2f}")

@@ -437,9 +437,23 @@ static int e2ee_init(core_runtime *rt)
     return 0;
 }
 
+static int e2ee_start(core_runtime *rt)
+{
+    (void)rt;
+    return e2ee_federation_start();
+}
+
+static void e2ee_stop(core_runtime *rt)
+{
+    (void)rt;
+    e2ee_federation_stop();
+}
+
 const client_module E2EE_MODULE = {
     .owner = "e2ee",
     .migrations = MIGRATIONS,
     .n_migrations = sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]),
     .init = e2ee_init,
+    .start = e2ee_start,
+    .stop = e2ee_stop,
 };

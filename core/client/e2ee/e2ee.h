@@ -130,6 +130,10 @@ bool to_device_store(PGconn *c, const char *sender, const char *type, const char
 /* Register the federation routes (user/devices, user/keys/query, user/keys/claim) and the
  * EDU handlers (m.direct_to_device, m.device_list_update, m.signing_key_update). */
 int e2ee_federation_init(http_server *s);
+/* Start and stop the device-list resync pool (core.e2ee_resync). start: 0 or -1; stop:
+ * after the inbound transaction pool stopped, frees the pool and its budget. */
+int e2ee_federation_start(void);
+void e2ee_federation_stop(void);
 
 /* The backup replacement rule: does a backed-up session key with (verified,
  * first_message_index, forwarded_count) = new_* replace the stored old_* one? A verified key

@@ -17,8 +17,14 @@
  *                         a resync through /user/devices (a gap: updates were missed), at
  *                         most one per user per E2EE_FED_RESYNC_INTERVAL_MS (resync_ts;
  *                         a burst of gapped updates costs the sender one call, not one
- *                         each: docs/adr/0023-device-list-resync-rate.md); either way the
- *                         user gets a device-list change, so local clients query the keys
+ *                         each: docs/adr/0023-device-list-resync-rate.md), run on the
+ *                         pool E2EE_FED_RESYNC_POOL, at most E2EE_FED_RESYNC_PER_SERVER
+ *                         per server at a time (more: counted "busy", the next gap asks
+ *                         again), so a server that answers slowly or never delays no
+ *                         transaction and no other server's news
+ *                         (docs/adr/0024-device-list-resync-off-the-transaction.md);
+ *                         either way the
+ *                         user gets a device-list change at once, so local clients query the keys
  *                         again (keys/changes, sync device_lists), which asks the user's
  *                         server live (e2ee_remote.c): the stored list is never served.
  *                         At most E2EE_FED_MAX_REMOTE_DEVICES devices are kept per user.
@@ -46,8 +52,18 @@
 #define E2EE_FED_RESYNC_INTERVAL_MS 60000   /* one /user/devices resync per remote user */
 #define E2EE_FED_MAX_REMOTE_DEVICES 1000    /* devices kept per remote user */
 
-enum resync_outcome { RESYNC_OK = 0, RESYNC_FAILED, RESYNC_RATE_LIMITED, RESYNC__N };
-static const char *const RESYNC_OUTCOMES[RESYNC__N] = {"ok", "failed", "rate_limited"};
+/* Resyncs run on a pool of their own, never on the inbound transaction's thread: a server
+ * that answers /user/devices slowly or never holds at most E2EE_FED_RESYNC_PER_SERVER of
+ * its slots, and the transaction that brought the gap is answered at once. */
+#define E2EE_FED_RESYNC_POOL "core.e2ee_resync"
+#define E2EE_FED_RESYNC_THREADS 4
+#define E2EE_FED_RESYNC_QUEUE 64
+#define E2EE_FED_RESYNC_PER_SERVER 1        /* resyncs queued or running per server */
+
+enum resync_outcome {
+    RESYNC_OK = 0, RESYNC_FAILED, RESYNC_RATE_LIMITED, RESYNC_BUSY, RESYNC__N
+};
+static const char *const RESYNC_OUTCOMES[RESYNC__N] = {"ok", "failed", "rate_limited", "busy"};
 static rt_metric *resync_metrics[RESYNC__N]; /* atrium_e2ee_device_list_resyncs_total */
 
 static const char *server_name(void)
@@ -338,6 +354,65 @@ static bool resync_slot_claim(PGconn *c, const char *user_id)
     return won;
 }
 
+typedef struct resync_job {
+    char *origin, *user;
+} resync_job;
+
+static void resync_job_free(resync_job *j)
+{
+    rt_budget_release(core_runtime_get()->e2ee_resync_budget, j->origin);
+    free(j->origin);
+    free(j->user);
+    free(j);
+}
+
+static void resync_task(void *arg, bool cancelled)
+{
+    resync_job *j = arg;
+    PGconn *c = cancelled ? NULL : db_acquire(db_global(), E2EE_FED_DB_WAIT_MS);
+    if (!cancelled) {
+        int rc = c ? resync(&c, j->origin, j->user) : -1;
+        rt_metric_add(resync_metrics[rc == 0 ? RESYNC_OK : RESYNC_FAILED], 1);
+    }
+    if (c) db_release(db_global(), c);
+    resync_job_free(j);
+}
+
+/* A resync of user_id from origin, on the resync pool, when the user's interval allows
+ * (resync_slot_claim) and origin has no other one queued or running (else counted busy:
+ * the next gap after it tries again). c is outside any transaction. */
+static void resync_later(PGconn *c, const char *origin, const char *user_id)
+{
+    core_runtime *rt = core_runtime_get();
+    if (!rt->e2ee_resync_pool || rt_budget_try_acquire(rt->e2ee_resync_budget, origin, NULL) != 0) {
+        rt_metric_add(resync_metrics[RESYNC_BUSY], 1);
+        return;
+    }
+    resync_job *j = calloc(1, sizeof(*j));
+    if (j) {
+        j->origin = strdup(origin);
+        j->user = strdup(user_id);
+    }
+    if (!j || !j->origin || !j->user) {
+        if (j) {
+            free(j->origin);
+            free(j->user);
+            free(j);
+        }
+        rt_budget_release(rt->e2ee_resync_budget, origin);
+        rt_metric_add(resync_metrics[RESYNC_FAILED], 1);
+        return;
+    }
+    if (!resync_slot_claim(c, user_id)) {
+        rt_metric_add(resync_metrics[RESYNC_RATE_LIMITED], 1);
+        resync_job_free(j);
+    } else if (rt_pool_submit(rt->e2ee_resync_pool, resync_task, j) != 0) {
+        /* The budget's cap is the pool's threads and queue: only a stopping server. */
+        rt_metric_add(resync_metrics[RESYNC_FAILED], 1);
+        resync_job_free(j);
+    }
+}
+
 /* prev_id names `known` (the last stream ID applied)? An empty or absent prev_id is a
  * first update, fine only when nothing is known yet. */
 static bool follows(const json_t *prev_id, int64_t known, bool have)
@@ -421,14 +496,11 @@ static void on_device_list_update(void *ctx, const char *origin, const json_t *c
     } else if (recent) {
         rt_metric_add(resync_metrics[RESYNC_RATE_LIMITED], 1);
     } else {
-        /* A gap (or nothing known): the whole list, holding neither the row nor the
-         * connection while the user's server answers. */
+        /* A gap (or nothing known): the whole list, asked on the resync pool; the change
+         * is recorded now either way (clients re-query, live). */
         db_rollback(c);
-        enum resync_outcome outcome = RESYNC_RATE_LIMITED;
-        if (resync_slot_claim(c, user)) /* a failure still counts as a change: clients re-query */
-            outcome = resync(&c, origin, user) == 0 ? RESYNC_OK : RESYNC_FAILED;
-        rt_metric_add(resync_metrics[outcome], 1);
-        ok = c && db_begin(c);
+        resync_later(c, origin, user);
+        ok = db_begin(c);
     }
     json_decref(devices);
     if (ok && changed) ok = e2ee_record_key_change(c, user) == 0;
@@ -499,8 +571,16 @@ int e2ee_federation_init(http_server *s)
         resync_metrics[i] = rt_metric_counter(
             core_runtime_get()->metrics, "atrium_e2ee_device_list_resyncs_total", label,
             "Whole device lists asked of a remote user's server after a gap in its updates, "
-            "by outcome (rate_limited: one was asked in the last minute)");
+            "by outcome (rate_limited: one was asked in the last minute; busy: one of the "
+            "same server's is queued or running)");
     }
+    core_runtime *rt = core_runtime_get();
+    rt->e2ee_resync_pool = rt_pool_new(E2EE_FED_RESYNC_POOL, E2EE_FED_RESYNC_THREADS,
+                                       E2EE_FED_RESYNC_QUEUE, rt->metrics);
+    rt->e2ee_resync_budget = rt_budget_new(E2EE_FED_RESYNC_POOL,
+                                           E2EE_FED_RESYNC_THREADS + E2EE_FED_RESYNC_QUEUE,
+                                           E2EE_FED_RESYNC_PER_SERVER, rt->metrics);
+    if (!rt->e2ee_resync_pool || !rt->e2ee_resync_budget) return -1;
     if (fed_txn_on_edu("m.direct_to_device", on_direct_to_device, NULL) < 0 ||
         fed_txn_on_edu("m.device_list_update", on_device_list_update, NULL) < 0 ||
         fed_txn_on_edu("m.signing_key_update", on_signing_key_update, NULL) < 0) {
@@ -508,4 +588,28 @@ int e2ee_federation_init(http_server *s)
         return -1;
     }
     return 0;
+}
+
+int e2ee_federation_start(void)
+{
+    if (rt_pool_start(core_runtime_get()->e2ee_resync_pool) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "e2ee", "cannot start the device-list resync pool's threads");
+        return -1;
+    }
+    return 0;
+}
+
+/* After the inbound transaction pool stopped (core/main.c: federation_stop_inbound), so
+ * no EDU handler submits any more. */
+void e2ee_federation_stop(void)
+{
+    core_runtime *rt = core_runtime_get();
+    if (rt->e2ee_resync_pool) {
+        rt_pool_stop(rt->e2ee_resync_pool); /* queued resyncs are dropped: the next gap asks */
+        rt_pool_join(rt->e2ee_resync_pool);
+        rt_pool_free(rt->e2ee_resync_pool);
+        rt->e2ee_resync_pool = NULL;
+    }
+    if (rt->e2ee_resync_budget) rt_budget_free(rt->e2ee_resync_budget);
+    rt->e2ee_resync_budget = NULL;
 }

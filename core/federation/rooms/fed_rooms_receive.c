@@ -12,16 +12,19 @@
  *   2. the signatures the room version requires (fed_call_verify_event);
  *   3. the content hash: a mismatch goes on with the redacted event, stored redacted;
  *   4. the auth rules against the event's own auth events, every one of which must be
- *      known and not rejected (missing ones are fetched with /event, checked the same way
- *      and kept as outliers); one that cannot be fetched now (the origin does not answer)
+ *      known, of the event's own room and not rejected (missing ones are fetched with
+ *      /event, checked the same way and kept as outliers: an outlier whose auth events sit
+ *      in another room is rejected); one that cannot be fetched now (the origin does not answer)
  *      decides nothing: the PDU is not kept and is answered with an error, so the event
  *      can still be accepted when it comes again or is fetched later;
  *   5. missing prev_events: asked for with /get_missing_events, round after round back to
  *      the events known here (RECV_MISSING_LIMIT a round, RECV_GAP_MAX_EVENTS in all,
- *      within RECV_GAP_BUDGET_MS), and processed first, oldest first; a gap still open is
- *      bridged with /state_ids at the event and /event for what is not known;
+ *      within RECV_GAP_BUDGET_MS), and processed first, oldest first;
  *   6. the auth rules against the state before the event: the state after its one prev
- *      event, or the resolution (state_res.h) of the states after each of several;
+ *      event, or the resolution (state_res.h) of the states after each of several. A prev
+ *      event still missing is bridged with the state at it from the origin (/state_ids at
+ *      that prev event, as Synapse asks, and the event itself with /event), a prev event
+ *      rejected here with the state before it (state_after_prev);
  *   7. the auth rules against the room's current state: a refusal there is a soft
  *      failure (kept, not in the timeline, not current state).
  * A rejected event is kept as 'rejected' (so it is not fetched again) and never served;
@@ -68,6 +71,7 @@
  * 60 s by default) instead of a 504 while the work goes on. A server back after a long
  * absence (100 events missed: test_room_federation_partition) fits in it. */
 #define RECV_GAP_BUDGET_MS 30000
+#define RECV_STATE_HOPS 3           /* rejected prev events looked through for a state */
 #define RECV_FETCH_MAX 200          /* events one PDU may fetch with /event (auth, gap) */
 #define RECV_REQUEST_TIMEOUT_MS 10000
 #define RECV_URI_BYTES FED_RECV_URI_BYTES
@@ -160,6 +164,7 @@ fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, js
 {
     *auth = NULL;
     json_t *refs = json_object_get(pdu, "auth_events"), *ids = json_array();
+    const char *room_id = json_string_value(json_object_get(pdu, "room_id"));
     fed_recv_auth out = FED_RECV_AUTH_READY;
     for (size_t i = 0; i < json_array_size(refs) && out == FED_RECV_AUTH_READY; i++) {
         const char *aid = event_ref_id(json_array_get(refs, i));
@@ -169,10 +174,13 @@ fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, js
         }
         rooms_graph_where w;
         bool failed;
-        json_t *have = rooms_graph_load(rx->c, aid, NULL, &w, &failed);
+        char in_room[ROOMS_GRAPH_ID_BYTES] = "";
+        json_t *have = rooms_graph_load(rx->c, aid, in_room, &w, &failed);
         json_decref(have);
         if (failed) out = FED_RECV_AUTH_UNAVAILABLE;
         else if (w == ROOMS_GRAPH_REJECTED) out = FED_RECV_AUTH_REFUSED;
+        else if (w != ROOMS_GRAPH_ABSENT && strcmp(in_room, room_id ? room_id : "") != 0)
+            out = FED_RECV_AUTH_REFUSED; /* an event of another room authorises nothing here */
         else if (w == ROOMS_GRAPH_ABSENT)
             out = depth > 0 ? fetch_outlier(rx, aid, depth - 1) : FED_RECV_AUTH_UNAVAILABLE;
         json_array_append_new(ids, json_string(aid));
@@ -308,36 +316,9 @@ static json_t *resolve(pdu_job *rx, json_t *const *maps, size_t n)
     return map;
 }
 
-/* The state before pdu from its prev events, all stored in the stream: a PDU map (new). */
-static json_t *state_before_from_prevs(pdu_job *rx, const json_t *pdu)
-{
-    json_t *refs = json_object_get(pdu, "prev_events");
-    size_t n = json_array_size(refs);
-    if (n == 0 || n > EVENT_MAX_PREV_EVENTS) return NULL;
-    json_t *maps[EVENT_MAX_PREV_EVENTS];
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = state_after(rx, event_ref_id(json_array_get(refs, i)));
-        if (!m) {
-            for (size_t j = 0; j < k; j++) json_decref(maps[j]);
-            return NULL;
-        }
-        maps[k++] = m;
-    }
-    bool same = true;
-    for (size_t i = 1; i < k && same; i++) same = json_equal(maps[0], maps[i]);
-    json_t *out;
-    if (same) {
-        out = json_incref(maps[0]);
-    } else {
-        out = resolve(rx, maps, k); /* forks meet here */
-    }
-    for (size_t i = 0; i < k; i++) json_decref(maps[i]);
-    return out;
-}
-
-/* A gap: the state before pdu from the origin (/state_ids at the event, /event for the
- * events not known here, kept as outliers). A PDU map (new) or NULL. */
+/* The state before event_id from the origin: /state_ids at it, /event for the events not
+ * known here (kept as outliers; one refused is left out of the state). Each must be an
+ * event of this room. A PDU map (new) or NULL. */
 static json_t *state_before_from_origin(pdu_job *rx, const char *event_id)
 {
     char room[RECV_URI_BYTES / 4], ev[RECV_URI_BYTES / 4], uri[RECV_URI_BYTES];
@@ -355,15 +336,79 @@ static json_t *state_before_from_origin(pdu_job *rx, const char *event_id)
         const char *id = json_string_value(json_array_get(ids, i));
         rooms_graph_where w;
         bool failed;
-        json_t *have = id ? rooms_graph_load(rx->c, id, NULL, &w, &failed) : NULL;
+        char in_room[ROOMS_GRAPH_ID_BYTES] = "";
+        json_t *have = id ? rooms_graph_load(rx->c, id, in_room, &w, &failed) : NULL;
         json_decref(have);
         if (!id || failed) ok = false;
-        else if (w == ROOMS_GRAPH_ABSENT) ok = fetch_outlier(rx, id, 1);
+        else if (w == ROOMS_GRAPH_ABSENT) ok = fetch_outlier(rx, id, 1) != FED_RECV_AUTH_UNAVAILABLE;
+        else ok = strcmp(in_room, rx->room_id) == 0; /* another room's event: a lie */
     }
     json_t *map = NULL;
     if (ok && rooms_pdus_of_ids(rx->c, ids, &map) < 0) map = NULL;
     json_decref(answer);
     return map;
+}
+
+static json_t *state_before(pdu_job *rx, const json_t *pdu, int hops, bool *bridged);
+
+/* The state after prev event id of an event being received, a PDU map (new) or NULL: as
+ * stored for an event of the stream; for one kept here as rejected (it changes nothing)
+ * or soft-failed (its own state event counts), the state before it from its own prev
+ * events while hops last; otherwise (a gap get_missing_events did not fill) the state
+ * before it from the origin (/state_ids at that missing event, not at the event being
+ * received, which the origin may not answer for) plus the event itself when it is a
+ * state event not rejected here (fetched with /event when unknown); *bridged is then set. */
+static json_t *state_after_prev(pdu_job *rx, const char *id, int hops, bool *bridged)
+{
+    int in = id ? fed_rooms_event_pos(rx->c, rx->room_id, id, NULL) : -1;
+    if (in != 0) return in > 0 ? state_after(rx, id) : NULL;
+    rooms_graph_where w;
+    bool failed;
+    char in_room[ROOMS_GRAPH_ID_BYTES] = "";
+    json_t *prev = rooms_graph_load(rx->c, id, in_room, &w, &failed), *map = NULL;
+    if (failed || (prev && strcmp(in_room, rx->room_id) != 0)) goto out; /* another room's */
+    if (prev && hops > 0 && (w == ROOMS_GRAPH_REJECTED || w == ROOMS_GRAPH_SOFT_FAILED)) {
+        map = state_before(rx, prev, hops - 1, bridged);
+        if (map && w == ROOMS_GRAPH_SOFT_FAILED && event_state_key(prev)) rooms_pdus_put(map, prev);
+        goto out;
+    }
+    *bridged = true;
+    if (!(map = state_before_from_origin(rx, id))) goto out;
+    if (!prev && fetch_outlier(rx, id, 1) != FED_RECV_AUTH_UNAVAILABLE)
+        prev = rooms_graph_load(rx->c, id, NULL, &w, &failed);
+    if (!prev) { /* not to be had: whether it changed the state is unknown */
+        json_decref(map);
+        map = NULL;
+    } else if (w != ROOMS_GRAPH_REJECTED && event_state_key(prev)) {
+        rooms_pdus_put(map, prev);
+    }
+out:
+    json_decref(prev);
+    return map;
+}
+
+/* The state before pdu: the states after its prev events (state_after_prev), resolved
+ * together (state_res.h) when they differ: forks meet here. A PDU map (new) or NULL. */
+static json_t *state_before(pdu_job *rx, const json_t *pdu, int hops, bool *bridged)
+{
+    json_t *refs = json_object_get(pdu, "prev_events");
+    size_t n = json_array_size(refs);
+    if (n == 0 || n > EVENT_MAX_PREV_EVENTS) return NULL;
+    json_t *maps[EVENT_MAX_PREV_EVENTS];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = state_after_prev(rx, event_ref_id(json_array_get(refs, i)), hops, bridged);
+        if (!m) {
+            for (size_t j = 0; j < k; j++) json_decref(maps[j]);
+            return NULL;
+        }
+        maps[k++] = m;
+    }
+    bool same = true;
+    for (size_t i = 1; i < k && same; i++) same = json_equal(maps[0], maps[i]);
+    json_t *out = same ? json_incref(maps[0]) : resolve(rx, maps, k);
+    for (size_t i = 0; i < k; i++) json_decref(maps[i]);
+    return out;
 }
 
 /* ---- missing prev events -------------------------------------------------------------- */
@@ -564,24 +609,33 @@ static int set_current(pdu_job *rx, const json_t *pdu, const char *id)
 
 /* Where forks meet in the room's current state: with several forward extremities whose
  * states differ, the current state becomes their resolution (state_res.h), key by key.
- * Inside the room's transaction, after an accepted event joined the stream. A resolution
- * that cannot run keeps the state as the stream left it (logged). 0 or -1 (database). */
-static int resolve_current(pdu_job *rx)
+ * After an event whose state was bridged from the origin (a gap: state_after_prev), the
+ * current state as it was joins the resolution too, even with one extremity: what the
+ * origin said competes with what this server knew, by the rules of state resolution,
+ * instead of being taken or ignored. Inside the room's transaction, after an accepted
+ * event joined the stream. A resolution that cannot run keeps the state as the stream
+ * left it (logged). 0 or -1 (database). */
+static int resolve_current(pdu_job *rx, bool bridged)
 {
     rooms_graph_tips tips;
     if (rooms_graph_tips_load(rx->c, rx->room_id, &tips) < 0) return -1;
-    if (tips.n < 2) return 0;
-    json_t *maps[ROOMS_GRAPH_MAX_PREV_EVENTS];
+    if (tips.n < 2 && !bridged) return 0;
+    json_t *current = NULL;
+    if (rooms_pdus_current(rx->c, rx->room_id, &current, NULL) < 0) return -1;
+    json_t *maps[ROOMS_GRAPH_MAX_PREV_EVENTS + 1];
     int k = 0;
     for (int i = 0; i < tips.n; i++)
         if ((maps[k] = state_after(rx, tips.ids[i]))) k++;
+    if (bridged) maps[k++] = json_incref(current);
     bool same = true;
     for (int i = 1; i < k && same; i++) same = json_equal(maps[0], maps[i]);
     json_t *resolved = k >= 2 && !same ? resolve(rx, maps, (size_t)k) : NULL;
     for (int i = 0; i < k; i++) json_decref(maps[i]);
-    if (!resolved) return 0;
-    json_t *current = NULL;
-    int rc = rooms_pdus_current(rx->c, rx->room_id, &current, NULL);
+    if (!resolved) {
+        json_decref(current);
+        return 0;
+    }
+    int rc = 0;
     int changed = 0;
     const char *key;
     json_t *pdu;
@@ -603,7 +657,7 @@ static int resolve_current(pdu_job *rx)
 }
 
 static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *state_ids,
-                      char err[FED_PDU_ERR_LEN])
+                      bool bridged, char err[FED_PDU_ERR_LEN])
 {
     room_tx tx;
     rooms_err e = {0};
@@ -617,7 +671,7 @@ static int accept_pdu(pdu_job *rx, json_t *pdu, const char *id, const json_t *st
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         else if (in == 0)
             rc = rooms_tx_append_pdu(&tx, pdu, id, rx->origin, state_ids, 0, &e);
-        if (rc == ROOMS_OK && in == 0 && resolve_current(rx) < 0)
+        if (rc == ROOMS_OK && in == 0 && resolve_current(rx, bridged) < 0)
             rc = rooms_set_err(&e, ROOMS_E_DB, "database");
         if (rc == ROOMS_OK) rc = rooms_tx_commit(&tx, &e);
         else rooms_tx_rollback(&tx);
@@ -675,6 +729,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     }
     /* 4. its auth events */
     json_t *auth = NULL, *before = NULL, *current = NULL, *state_ids = NULL;
+    bool bridged = false; /* the state before it came from the origin (a gap) */
     char why[ROOM_AUTH_WHY_LEN] = "its auth events are not known or were rejected";
     fed_recv_auth ar = fed_recv_auth_events(rx, pdu, 1, &auth);
     if (ar == FED_RECV_AUTH_UNAVAILABLE) {
@@ -699,9 +754,8 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
         missing = missing_prevs(rx, pdu);
     }
     /* 6. the state before it */
-    before = json_array_size(missing) == 0 ? state_before_from_prevs(rx, pdu)
-                                           : state_before_from_origin(rx, id);
     json_decref(missing);
+    before = state_before(rx, pdu, RECV_STATE_HOPS, &bridged);
     if (!before) {
         rc = reject(rx, RC_PREV_EVENTS, err, "The state before the event cannot be known");
         goto out;
@@ -727,7 +781,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
         goto out;
     }
     state_ids = rooms_pdus_ids(rx->v, before);
-    rc = accept_pdu(rx, pdu, id, state_ids, err);
+    rc = accept_pdu(rx, pdu, id, state_ids, bridged, err);
 out:
     json_decref(auth);
     json_decref(before);
