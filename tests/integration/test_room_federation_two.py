@@ -266,6 +266,16 @@ class TwoServersTest(TwoServersCase):
                 else:
                     self.assertNotIn("event_id", pdu)
                     self.assertTrue(all(isinstance(r, str) for r in refs), pdu)
+                # A leave through B, seen at A, then a rejoin and a message after it.
+                self.assertEqual(self.bob.call("POST", f"/_matrix/client/v3/rooms/{quote(room)}/leave",
+                                               {}, timeout=30), (200, {}))
+                self.wait_until(f"bob's leave at A (v{version})",
+                                lambda: self.membership(self.alice, room, self.bob.user_id) == "leave")
+                self.assertEqual(self.join(room), (200, {"room_id": room}))
+                self.bob.send(room, {"msgtype": "m.text", "body": f"back{version}"})
+                self.wait_until(f"bob's message after his rejoin at A (v{version})",
+                                lambda: self.bodies(self.alice, room)[-1:] == [f"back{version}"])
+                self.assertEqual(self.membership(self.alice, room, self.bob.user_id), "join")
 
     def test_an_invite_to_a_version_1_or_2_room_crosses_servers_and_is_accepted(self):
         for version in ("1", "2"):
