@@ -30,8 +30,9 @@
 int cjson_normalize(json_t *v, char *why, size_t why_len);
 
 /* The canonical encoding of v: malloc'd, NUL-terminated, *len_out its length (may be NULL).
- * NULL when v is not canonical (a real, an integer out of range, nesting too deep) or on
- * out-of-memory. The caller frees it. Any thread. */
+ * A real with an integral value in range is written as that integer (the room version
+ * decides whether a real is allowed at all: event_check_format). NULL when v cannot be
+ * encoded (a fraction, an integer out of range, nesting too deep) or on out-of-memory. The caller frees it. Any thread. */
 char *cjson_encode(const json_t *v, size_t *len_out);
 
 /* SHA-256 of the canonical encoding of v. 0, or -1 as for cjson_encode. */

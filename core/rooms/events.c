@@ -439,6 +439,22 @@ static int check_str(const json_t *pdu, const char *key, bool required, char why
     return EVENT_FORMAT_OK;
 }
 
+/* Does v hold a number written as a real ("1.0", "1e3") anywhere? Called only on what
+ * cjson_encode took, so the nesting is at most CJSON_MAX_DEPTH. */
+static bool holds_real(const json_t *v)
+{
+    const char *k;
+    json_t *item;
+    size_t i;
+    if (json_is_real(v)) return true;
+    if (json_is_object(v)) {
+        json_object_foreach((json_t *)v, k, item) if (holds_real(item)) return true;
+    } else if (json_is_array(v)) {
+        json_array_foreach(v, i, item) if (holds_real(item)) return true;
+    }
+    return false;
+}
+
 int event_check_format(const room_version *v, const json_t *pdu, char why[EVENT_WHY_LEN])
 {
     why[0] = '\0';
@@ -447,8 +463,15 @@ int event_check_format(const room_version *v, const json_t *pdu, char why[EVENT_
     char *canon = cjson_encode(pdu, &len);
     if (!canon)
         return bad_format(why, EVENT_FORMAT_NOT_CANONICAL, "The event holds a value canonical "
-                          "JSON cannot carry (a fraction, or an integer beyond 2^53)");
+                          "JSON cannot carry (a fraction, an integer beyond 2^53, or nesting "
+                          "deeper than %d)", CJSON_MAX_DEPTH);
     free(canon);
+    /* Room versions 6 and later: canonical JSON strictly, so no number in the form of a
+     * real even when its value is an integer (the sender hashed "1.0", which the
+     * canonical form would turn into "1"). */
+    if (v->strict_canonical_json && holds_real(pdu))
+        return bad_format(why, EVENT_FORMAT_NOT_CANONICAL, "The event holds a number that is "
+                          "not an integer (room version %s requires canonical JSON)", v->id);
     if (len > EVENT_MAX_PDU_BYTES)
         return bad_format(why, EVENT_FORMAT_TOO_LARGE, "The event is %zu bytes, over the limit "
                           "of %d", len, EVENT_MAX_PDU_BYTES);

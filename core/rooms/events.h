@@ -177,7 +177,9 @@ enum event_format_check {
  * right shape, the limits (canonical JSON at most EVENT_MAX_PDU_BYTES, room_id, sender,
  * type, state_key and event IDs at most EVENT_MAX_ID_BYTES, at most EVENT_MAX_PREV_EVENTS
  * prev_events and EVENT_MAX_AUTH_EVENTS auth_events, depth from 0 to the version's
- * maximum). EVENT_FORMAT_OK, or a negative enum event_format_check with why set (a
+ * maximum), and values canonical JSON can carry (v6+: no real at all, not even "1.0";
+ * every version: no fraction, no integer beyond 2^53, no nesting past CJSON_MAX_DEPTH).
+ * EVENT_FORMAT_OK, or a negative enum event_format_check with why set (a
  * sentence naming the key). Pure; any thread. */
 int event_check_format(const room_version *v, const json_t *pdu, char why[EVENT_WHY_LEN]);
 

@@ -7,6 +7,12 @@ room of alice's through make_join/send_join, so the peer really is in a room her
 test checks the right answer or a clean refusal, what is stored, the time it took, and
 that meanwhile another user's /sync (bob, who has nothing to do with the peer) stays fast.
 Each prints one line of figures (peer sent, Atrium answered, how long) for the report.
+
+The cases: transactions over the PDU and EDU limits; a 3,000-event gap; a device-list
+flood; oversized multipart media; EDUs about users or rooms the peer does not own;
+/backfill answers that lie about the room; PDUs and bodies that are not canonical JSON
+(integers past 2^53, reals, deep nesting, duplicate keys, invalid UTF-8, NULs); send_join
+answers with another room's state, oversized, or with events that fail rule 2.
 """
 
 import json
@@ -17,7 +23,7 @@ import urllib.parse
 
 import harness
 from accounts import register
-from federation_support import FakeKeyServer, FederatedServer
+from federation_support import FakeKeyServer, FederatedServer, canonical, xmatrix
 from harness import psql
 from rooms_client import Client, quote
 from test_e2ee_keys import KEYS, stream_token
@@ -137,14 +143,32 @@ class HostilePeerTest(FederationTestCase):
                                                   timeout=120)
         return status, answer, time.monotonic() - t0
 
-    def message(self, body, prev, depth, auth=None):
+    def message(self, body, prev, depth, auth=None, content=None, room=None):
         """pat's message on prev (signed, hashed): (event, event_id). auth: the auth
         events, read from the room's current state unless given (a long chain reads them
-        once)."""
-        ev = {"type": "m.room.message", "room_id": self.room, "sender": self.user,
-              "content": {"msgtype": "m.text", "body": body},
+        once); content replaces the text body, room the room ID (a lie)."""
+        ev = {"type": "m.room.message", "room_id": room or self.room, "sender": self.user,
+              "content": content or {"msgtype": "m.text", "body": body},
               "auth_events": auth or self.auth_events(), "prev_events": prev, "depth": depth}
         return complete_event(ev, self.peer.server_name, self.peer.key)
+
+    def tip(self):
+        """(the room's forward extremity, the room's greatest depth)."""
+        tip = self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")[0][0]
+        [(depth,)] = self.q(f"SELECT max(depth) FROM events WHERE room_id = '{self.room}'")
+        return tip, int(depth)
+
+    def send_raw(self, raw, signed):
+        """A transaction whose body is the bytes raw, its X-Matrix signature over `signed`
+        (what raw means where a parser can read it): (status, answer, seconds)."""
+        self.txn += 1
+        path = f"{FED}/v1/send/raw{self.txn}"
+        auth = xmatrix("PUT", path, self.peer.server_name, self.a.server_name, self.peer.key,
+                       signed)
+        t0 = time.monotonic()
+        status, _, answer = self.a.fed_request("PUT", path, {"Authorization": auth}, raw,
+                                               timeout=60)
+        return status, answer, time.monotonic() - t0
 
     def auth_events(self):
         rows = dict(self.q(f"SELECT type || '|' || state_key, event_id FROM current_state"
@@ -518,3 +542,303 @@ class HostilePeerTest(FederationTestCase):
         figures("device_list_hung_origin", sent="gapped updates from a server that never "
                 "answers /user/devices, then from another", answered=f"200 in {took:.2f} s | "
                 f"200 in {took2:.2f} s", seconds=f"all three in keys/changes after {seen:.2f}")
+
+    def test_edus_about_users_or_rooms_the_peer_does_not_own_are_dropped(self):
+        other = "@carol:127.0.0.99:1"  # a user of a server that is not the origin
+        eve = f"@eve:{self.peer.server_name}"  # the origin's, but in no room here
+        alice = self.alice.user_id
+        room2 = self.alice.create_room(preset="private_chat")  # no member of the peer's
+        tip, _ = self.tip()
+
+        def typing(room, user):
+            return {"edu_type": "m.typing", "content": {"room_id": room, "user_id": user,
+                                                        "typing": True}}
+
+        def read(room, user):
+            return {room: {"m.read": {user: {"event_ids": [tip], "data": {"ts": 1}}}}}
+
+        def to_device(sender, target, device):
+            return {"edu_type": "m.direct_to_device", "content": {
+                "sender": sender, "type": "m.room_key_request", "message_id": sender,
+                "messages": {target: {device: {"from": sender}}}}}
+        keys = {"user_id": alice, "usage": ["master"], "keys": {"ed25519:X": "X"}}
+        hostile = [
+            typing(self.room, other), typing(self.room, alice), typing(self.room, eve),
+            typing(room2, self.user),
+            {"edu_type": "m.receipt", "content": {**read(self.room, other),
+                                                  **read(room2, self.user)}},
+            {"edu_type": "m.receipt", "content": read(self.room, alice)},
+            {"edu_type": "m.presence", "content": {"push": [
+                {"user_id": alice, "presence": "offline", "status_msg": "hijacked",
+                 "last_active_ago": 0},
+                {"user_id": other, "presence": "online", "last_active_ago": 0},
+                {"user_id": eve, "presence": "online", "last_active_ago": 0}]}},
+            *({"edu_type": "m.device_list_update",
+               "content": {"user_id": u, "device_id": "EVIL", "stream_id": 7, "prev_id": [],
+                           "keys": {}}} for u in (alice, other, eve)),
+            {"edu_type": "m.signing_key_update",
+             "content": {"user_id": alice, "master_key": keys}},
+            to_device(alice, self.bob.user_id, self.bob.device_id),
+            to_device(other, alice, self.alice.device_id),
+        ]
+        # What the peer may say: its own user's typing in its room, its user's to-device.
+        honest = [typing(self.room, self.user), to_device(self.user, alice, self.alice.device_id)]
+        users = "'" + "','".join((alice, other, eve)) + "'"
+        presence_before = self.q(f"SELECT user_id, state, status_msg FROM presence"
+                                 f" WHERE user_id IN ({users}) ORDER BY user_id")
+        changes_before = self.q(f"SELECT count(*) FROM device_lists_changes WHERE user_id IN ({users})")
+        with SyncWatch(self.a, self.bob) as w:
+            status, answer, took = self.send({"pdus": [], "edus": hostile + honest})
+        self.assertEqual((status, answer), (200, {"pdus": {}}))
+        rooms = f"'{self.room}','{room2}'"
+        self.assertEqual(self.q(f"SELECT room_id, user_id FROM typing WHERE room_id IN ({rooms})"),
+                         [[self.room, self.user]])
+        self.assertEqual(self.q(f"SELECT room_id, user_id FROM receipts WHERE room_id IN ({rooms})"), [])
+        self.assertEqual(self.q(f"SELECT user_id, state, status_msg FROM presence"
+                                f" WHERE user_id IN ({users}) ORDER BY user_id"), presence_before)
+        self.assertEqual(self.q(f"SELECT user_id FROM e2ee_remote_device_lists WHERE user_id IN ({users})"), [])
+        self.assertEqual(self.q(f"SELECT count(*) FROM device_lists_changes WHERE user_id IN ({users})"),
+                         changes_before)
+        self.assertEqual(self.q(f"SELECT count(*) FROM e2ee_cross_signing_keys WHERE user_id = '{alice}'"),
+                         [["0"]])
+        self.assertEqual(self.q(f"SELECT user_id, sender FROM to_device_messages"
+                                f" WHERE user_id IN ('{alice}', '{self.bob.user_id}')"),
+                         [[alice, self.user]])
+        # alice's client sees exactly the honest part: pat typing in the shared room, pat's
+        # to-device message; nothing in room2.
+        body = self.alice.ok("GET", f"{V3}/sync?timeout=0")
+        joined = body["rooms"]["join"]
+        typing_now = [e["content"]["user_ids"] for e in joined[self.room]["ephemeral"]["events"]
+                      if e["type"] == "m.typing"]
+        self.assertEqual(typing_now, [[self.user]])
+        self.assertEqual([e["type"] for e in joined.get(room2, {}).get("ephemeral", {}).get("events", [])], [])
+        self.assertEqual([e["sender"] for e in body.get("to_device", {}).get("events", [])], [self.user])
+        self.assertNotIn(alice, [e.get("sender") for e in body.get("presence", {}).get("events", [])
+                                 if e["content"].get("status_msg") == "hijacked"])
+        self.assert_sync_stayed_fast(w)
+        figures("edus_not_owned", sent=f"{len(hostile)} EDUs for others' users or a room without "
+                f"the peer (typing, receipts, presence, device lists, signing keys, to-device) "
+                f"+ {len(honest)} honest", answered=f"{status}; only the {len(honest)} honest applied",
+                seconds=f"{took:.3f}", bob_sync_worst=f"{w.worst:.3f}",
+                bob_sync_baseline=f"{self.sync_baseline:.3f}")
+
+    def test_backfill_answers_that_lie_about_the_room_are_stored_nowhere(self):
+        room2 = self.alice.create_room(preset="private_chat")
+        tip, depth = self.tip()
+        auth = self.auth_events()
+        state = [r[0] for r in self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'")]
+        auth2 = [r[0] for r in self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room2}'"
+                                      " AND type IN ('m.room.create', 'm.room.power_levels')")]
+        # x is missing here: pat's next event names it, so the room gets a backward
+        # extremity and alice's /messages asks the peer for /backfill.
+        x, x_id = self.message("the missing one", [tip], depth + 1, auth)
+        after, after_id = self.message("after the gap", [x_id], depth + 2, auth)
+        liars = {
+            "of another room here": self.message("other room", [tip], depth + 1, auth2, room=room2),
+            "of a room nowhere": self.message("nowhere", [tip], depth + 1, auth,
+                                              room=f"!nowhere:{self.peer.server_name}"),
+            "auth events of another room": self.message("cross", [tip], depth + 1,
+                                                        auth2 + [auth[2]]),
+        }
+        asked = []
+        keys = self.peer.do_get
+
+        def get(handler):
+            if handler.path.startswith(f"{FED}/v1/state_ids/"):
+                return self.peer.reply(handler, 200, {"pdu_ids": state, "auth_chain_ids": state})
+            if handler.path.startswith(f"{FED}/v1/backfill/"):
+                asked.append(handler.path)
+                return self.peer.reply(handler, 200, {
+                    "origin": self.peer.server_name, "origin_server_ts": 0,
+                    "pdus": [ev for ev, _ in liars.values()] + [x]})
+            if handler.path.startswith(f"{FED}/v1/event/"):
+                return self.peer.reply(handler, 404, {"errcode": "M_NOT_FOUND", "error": "no"})
+            return keys(handler)
+
+        def post(handler):
+            if not handler.path.startswith(f"{FED}/v1/get_missing_events/"):
+                return handler.send_error(404)
+            return self.peer.reply(handler, 200, {"events": []})
+        self.peer.do_get, self.peer.do_post = get, post
+        status, answer, _ = self.send({"pdus": [after]})
+        self.assertEqual((status, answer["pdus"]), (200, {after_id: {}}))
+        room2_before = self.q(f"SELECT count(*) FROM events WHERE room_id = '{room2}'")
+        refused0 = self.a.metric("atrium_rooms_backfilled_events_total", {"outcome": "refused"}) or 0
+        rejected0 = self.a.metric("atrium_rooms_backfilled_events_total", {"outcome": "rejected"}) or 0
+        with SyncWatch(self.a, self.bob) as w:
+            t0 = time.monotonic()
+            status, page = self.alice.call("GET", f"{V3}/rooms/{quote(self.room)}/messages"
+                                                  "?dir=b&limit=50", timeout=60)
+            took = time.monotonic() - t0
+        self.assertEqual(status, 200, page)
+        self.assertEqual(len(asked), 1, asked)
+        got = [e["event_id"] for e in page["chunk"]]
+        self.assertIn(x_id, got)  # the honest part of the answer is stored and served
+        liar_ids = "'" + "','".join(eid for _, eid in liars.values()) + "'"
+        self.assertFalse(set(got) & {eid for _, eid in liars.values()})
+        self.assertEqual(self.q(f"SELECT count(*) FROM events WHERE event_id IN ({liar_ids})"), [["0"]])
+        # Only the one that claims this room and fails the auth rules is kept, as rejected.
+        self.assertEqual(self.q(f"SELECT event_id, room_id, status FROM event_outliers"
+                                f" WHERE event_id IN ({liar_ids})"),
+                         [[liars["auth events of another room"][1], self.room, "rejected"]])
+        self.assertEqual(self.q(f"SELECT count(*) FROM events WHERE room_id = '{room2}'"), room2_before)
+        refused = self.a.metric("atrium_rooms_backfilled_events_total", {"outcome": "refused"}) - refused0
+        rejected = self.a.metric("atrium_rooms_backfilled_events_total", {"outcome": "rejected"}) - rejected0
+        self.assertEqual((refused, rejected), (2, 1))
+        self.assert_sync_stayed_fast(w)
+        figures("backfill_lies", sent="/backfill: 1 honest event + 1 of another room here, 1 of "
+                "a room nowhere, 1 with auth events of another room",
+                answered=f"/messages {status}; honest stored, {refused:g} refused, {rejected:g} "
+                         "rejected (kept as rejected), 0 stored in either room",
+                seconds=f"{took:.2f}", bob_sync_worst=f"{w.worst:.3f}",
+                bob_sync_baseline=f"{self.sync_baseline:.3f}")
+
+    def test_pdus_that_are_not_canonical_json_are_refused(self):
+        tip, depth = self.tip()
+        auth = self.auth_events()
+        nested = 1
+        for _ in range(70):  # canonical JSON here: 64 levels at most (CJSON_MAX_DEPTH)
+            nested = [nested]
+        cases = {"2^53": {"n": 2 ** 53}, "-2^53": {"n": -(2 ** 53)}, "1.5": {"n": 1.5},
+                 "2.0": {"n": 2.0}, "70 deep": {"n": nested}}
+        pdus = {name: self.message(None, [tip], depth + 1, auth, content=content)
+                for name, content in cases.items()}
+        big_depth = self.message("deep", [tip], 2 ** 53, auth)  # its ID cannot be computed
+        good, good_id = self.message("fine", [tip], depth + 1, auth)
+        events_before = self.events_in_room()
+        with SyncWatch(self.a, self.bob) as w:
+            status, answer, took = self.send(
+                {"pdus": [ev for ev, _ in pdus.values()] + [big_depth[0], good]})
+            self.assertEqual(status, 200, answer)
+            # Whole bodies a parser must refuse (or would read two ways): 400 M_NOT_JSON,
+            # before anything is looked at. The PDU is pat's good message, spoiled in text.
+            ev, ev_id = self.message("dup", [tip], depth + 1, auth)
+            body = {"origin": self.peer.server_name, "origin_server_ts": 1, "pdus": [ev]}
+            text = canonical(body)
+            spoil = {
+                "duplicate key": b'"body":"x","body":"dup"',  # signed as the last one
+                "invalid UTF-8": b'"body":"\xff\xfe"',
+                "NUL": b'"body":"a\\u0000b"',
+                "lone surrogate": b'"body":"\\ud800"',
+                "integer past 64 bits": b'"body":"dup","n":18446744073709551616',
+                "NaN": b'"body":"dup","n":NaN',
+                "3000 deep": b'"body":"dup","n":' + b"[" * 3000 + b"]" * 3000,
+            }
+            refused = {}
+            for name, what in spoil.items():
+                self.assertIn(b'"body":"dup"', text)
+                refused[name] = self.send_raw(text.replace(b'"body":"dup"', what), body)
+        for name, (code, body, secs) in refused.items():
+            errcode = body.get("errcode") if isinstance(body, dict) else body
+            self.assertEqual((name, code, errcode), (name, 400, "M_NOT_JSON"))
+            self.assertLess(secs, 2.0, name)
+        for name, (_, eid) in pdus.items():
+            self.assertIn("error", answer["pdus"].get(eid, {}), name)
+        self.assertNotEqual(answer["pdus"].get(big_depth[1]), {})  # an error, or no entry
+        self.assertEqual(answer["pdus"][good_id], {})
+        ids = [eid for _, eid in pdus.values()] + [big_depth[1], ev_id]
+        self.assertEqual(self.q("SELECT count(*) FROM events WHERE event_id IN ('"
+                                + "','".join(ids) + "')"), [["0"]])
+        self.assertEqual(self.q("SELECT count(*) FROM event_outliers WHERE event_id IN ('"
+                                + "','".join(ids) + "')"), [["0"]])
+        self.assertEqual(self.events_in_room() - events_before, 1)  # the good one
+        self.assert_sync_stayed_fast(w)
+        figures("canonical_json", sent=f"1 transaction of {len(pdus) + 2} PDUs ("
+                + ", ".join(cases) + ", depth 2^53, 1 good) | bodies: " + ", ".join(spoil),
+                answered=f"{status}, an error for each bad PDU, the good one {{}} | "
+                         + ", ".join(f"{r[0]}" for r in refused.values()),
+                seconds=f"{took:.3f} | " + ", ".join(f"{r[2]:.3f}" for r in refused.values()),
+                bob_sync_worst=f"{w.worst:.3f}", bob_sync_baseline=f"{self.sync_baseline:.3f}")
+
+    def test_send_join_answers_with_bad_state_fail_the_join_cleanly(self):
+        """alice joins rooms that only the peer is in; its send_join answers lie."""
+        peer, pat = self.peer.server_name, self.user
+
+        def ev(room, kind, state_key, content, auth, prev, depth, sender=pat):
+            return complete_event({"type": kind, "room_id": room, "sender": sender,
+                                   "state_key": state_key, "content": content,
+                                   "auth_events": auth, "prev_events": prev, "depth": depth},
+                                  peer, self.peer.key)
+
+        def world(room):
+            """The room's state as the peer made it: [(event, id)] create, pat, PL, JR."""
+            c = ev(room, "m.room.create", "", {"creator": pat, "room_version": "10"}, [], [], 1)
+            j = ev(room, "m.room.member", pat, {"membership": "join"}, [c[1]], [c[1]], 2)
+            p = ev(room, "m.room.power_levels", "", {"users": {pat: 100}}, [c[1], j[1]], [j[1]], 3)
+            r = ev(room, "m.room.join_rules", "", {"join_rule": "public"}, [c[1], j[1], p[1]],
+                   [p[1]], 4)
+            return [c, j, p, r]
+        rooms = {name: f"!{name}{time.monotonic_ns()}:{peer}"
+                 for name in ("foreign", "oversized", "mixed")}
+        worlds = {name: world(room) for name, room in rooms.items()}
+        other = world(f"!other{time.monotonic_ns()}:{peer}")
+        # In "mixed" the state is honest plus events of another room and a topic whose auth
+        # events name one that auth events selection does not pick (the join rules): the
+        # join holds, the lies are stored nowhere.
+        intruder = ev(rooms["mixed"], "m.room.topic", "", {"topic": "forged"},
+                      [e for _, e in worlds["mixed"]], [worlds["mixed"][3][1]], 5)
+        answers = {
+            "foreign": [other[0]] + worlds["foreign"][1:],  # another room's create event
+            "oversized": worlds["oversized"] + [ev(rooms["oversized"], "m.room.topic", "",
+                                                   {"topic": "t" * (65 * 1024 * 1024)},
+                                                   [worlds["oversized"][0][1]], [], 5)],
+            "mixed": worlds["mixed"] + other[1:] + [intruder],
+        }
+        keys = self.peer.do_get
+
+        def get(handler):
+            path = urllib.parse.unquote(handler.path.split("?")[0])
+            for name, room in rooms.items():
+                if path.startswith(f"{FED}/v1/make_join/{room}/"):
+                    user = path.rsplit("/", 1)[1]
+                    tail = worlds[name][3][1]
+                    return self.peer.reply(handler, 200, {"room_version": "10", "event": {
+                        "type": "m.room.member", "room_id": room, "sender": user,
+                        "state_key": user, "content": {"membership": "join"},
+                        "auth_events": [worlds[name][0][1], worlds[name][2][1], tail],
+                        "prev_events": [tail], "depth": 5, "origin": peer,
+                        "origin_server_ts": int(time.time() * 1000)}})
+            return keys(handler)
+
+        def put(handler):
+            handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
+            path = urllib.parse.unquote(handler.path.split("?")[0])
+            for name, room in rooms.items():
+                if path.startswith(f"{FED}/v2/send_join/{room}/"):
+                    state = [e for e, _ in answers[name]]
+                    try:
+                        return self.peer.reply(handler, 200, {"origin": peer, "state": state,
+                                                              "auth_chain": []})
+                    except OSError:  # the oversized answer: Atrium stops reading
+                        return None
+            return handler.send_error(404)
+        self.peer.do_get, self.peer.do_put = get, put
+        results = {}
+        with SyncWatch(self.a, self.bob) as w:
+            for name, room in rooms.items():
+                t0 = time.monotonic()
+                status, body = self.alice.call("POST", f"{V3}/join/{quote(room)}?server_name={peer}",
+                                               {}, timeout=120)
+                results[name] = (status, body.get("errcode"), time.monotonic() - t0)
+        self.assertEqual(results["foreign"][:2], (403, "M_FORBIDDEN"), results)
+        self.assertEqual(results["oversized"][:2], (502, "M_UNKNOWN"), results)
+        self.assertEqual(results["mixed"][:2], (200, None), results)
+        for name in ("foreign", "oversized"):  # nothing half-stored
+            room = rooms[name]
+            for table in ("rooms", "events", "event_outliers", "current_state"):
+                self.assertEqual(self.q(f"SELECT count(*) FROM {table} WHERE room_id = '{room}'"),
+                                 [["0"]], (name, table))
+        lies = [eid for _, eid in other] + [intruder[1]]
+        for table in ("events", "event_outliers"):
+            self.assertEqual(self.q(f"SELECT count(*) FROM {table} WHERE event_id IN ('"
+                                    + "','".join(lies) + "')"), [["0"]], table)
+        state = self.q(f"SELECT type, state_key FROM current_state WHERE room_id = '{rooms['mixed']}'")
+        self.assertEqual(sorted(tuple(r) for r in state), sorted([
+            ("m.room.create", ""), ("m.room.member", pat), ("m.room.member", self.alice.user_id),
+            ("m.room.power_levels", ""), ("m.room.join_rules", "")]))
+        self.assert_sync_stayed_fast(w)
+        figures("send_join", sent="state with another room's create | 65 MiB state | honest "
+                "state + another room's events + a topic with an auth event not selected",
+                answered=" | ".join(f"{s} {e or ''}".strip() for s, e, _ in results.values()),
+                seconds=" | ".join(f"{t:.2f}" for *_, t in results.values()),
+                bob_sync_worst=f"{w.worst:.3f}", bob_sync_baseline=f"{self.sync_baseline:.3f}")

@@ -16,6 +16,7 @@
 
 #include "core/runtime/base64.h"
 #include "core/federation/transport/fed_xmatrix.h"
+#include "core/rooms/canonical_json.h"
 
 #define ORIGIN "origin.example"
 #define DEST "dest.example"
@@ -319,6 +320,47 @@ static void test_header_refuses_unsendable_names_and_small_buffers(void **state)
     assert_string_equal(small, "");
 }
 
+/* fed_xmatrix_verify_raw: the body's bytes as sent, for bodies this server cannot encode
+ * canonically (a real, an integer past 2^53) but the sender signed as sent. */
+static void test_raw_body_verifies_what_was_sent_and_nothing_else(void **state)
+{
+    (void)state;
+    char h[FED_XMATRIX_HEADER_MAX_BYTES], why[256] = "";
+    json_t *content = send_content();
+    assert_int_equal(fed_xmatrix_header("PUT", SEND_URI, ORIGIN, DEST, content, &key, h,
+                                        sizeof(h)), 0);
+    json_decref(content);
+    fed_xmatrix x;
+    assert_int_equal(fed_xmatrix_parse(h, &x, why, sizeof(why)), 0);
+    const char *sent = "{\"edus\":[{\"content\":{\"room_id\":\"!r:" ORIGIN "\",\"typing\":true},"
+                       "\"edu_type\":\"m.typing\"}],\"pdus\":[]}";
+    assert_int_equal(fed_xmatrix_verify_raw("PUT", SEND_URI, DEST, sent, strlen(sent), &x,
+                                            key.public_key, why, sizeof(why)), 0);
+    assert_int_equal(fed_xmatrix_verify_raw("PUT", SEND_URI, DEST, sent, strlen(sent) - 1, &x,
+                                            key.public_key, why, sizeof(why)), FED_SIG_E_BAD);
+    assert_int_equal(fed_xmatrix_verify_raw("POST", SEND_URI, DEST, sent, strlen(sent), &x,
+                                            key.public_key, why, sizeof(why)), FED_SIG_E_BAD);
+    assert_int_equal(fed_xmatrix_verify_raw("PUT", SEND_URI, "me.example", sent, strlen(sent),
+                                            &x, key.public_key, why, sizeof(why)),
+                     FED_XMATRIX_E_DESTINATION);
+    /* A real as its sender wrote it ("2.0"), signed over those bytes: re-encoded here it
+     * would read "2" and fail; as sent it verifies. */
+    const char *body = "{\"pdus\":[{\"n\":2.0}]}";
+    char signed_bytes[512];
+    int n = snprintf(signed_bytes, sizeof(signed_bytes),
+                     "{\"content\":%s,\"destination\":\"" DEST "\",\"method\":\"PUT\","
+                     "\"origin\":\"" ORIGIN "\",\"uri\":\"" SEND_URI "\"}", body);
+    unsigned char sig[FED_SIGNATURE_BYTES];
+    crypto_sign_detached(sig, NULL, (const unsigned char *)signed_bytes, (size_t)n, key.secret_key);
+    cjson_b64(sig, sizeof(sig), false, x.sig, sizeof(x.sig));
+    json_t *parsed = json_loads(body, 0, NULL);
+    assert_int_equal(fed_xmatrix_verify("PUT", SEND_URI, DEST, parsed, &x, key.public_key, why,
+                                        sizeof(why)), FED_SIG_E_BAD);
+    assert_int_equal(fed_xmatrix_verify_raw("PUT", SEND_URI, DEST, body, strlen(body), &x,
+                                            key.public_key, why, sizeof(why)), 0);
+    json_decref(parsed);
+}
+
 int main(void)
 {
     if (sodium_init() < 0) return 1;
@@ -326,6 +368,7 @@ int main(void)
         cmocka_unit_test(test_outbound_header_matches_an_independent_signer),
         cmocka_unit_test(test_round_trip_verifies),
         cmocka_unit_test(test_each_difference_from_what_was_signed_is_refused),
+        cmocka_unit_test(test_raw_body_verifies_what_was_sent_and_nothing_else),
         cmocka_unit_test(test_no_header_or_another_scheme_is_missing),
         cmocka_unit_test(test_parser_accepts_the_spec_grammar),
         cmocka_unit_test(test_parser_refuses_each_malformed_header_with_a_reason),

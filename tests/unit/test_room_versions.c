@@ -550,6 +550,9 @@ static void test_format_limits_pass_at_the_limit_and_fail_one_past(void **state)
         json_object_set_new(pdu, "depth", json_integer(4));
         json_object_set_new(json_object_get(pdu, "content"), "f", json_real(0.5));
         assert_int_equal(format_of(n, pdu), EVENT_FORMAT_NOT_CANONICAL);
+        /* An integral real ("2.0"): v6+ refuse any real, older versions encode it as 2. */
+        json_object_set_new(json_object_get(pdu, "content"), "f", json_pack("[{s:f}]", "x", 2.0));
+        assert_int_equal(format_of(n, pdu), n >= 6 ? EVENT_FORMAT_NOT_CANONICAL : EVENT_FORMAT_OK);
         json_decref(pdu);
     }
 }

@@ -12,10 +12,12 @@
  * lock) and given back before the next peer is asked, so a hung peer pins a pool thread,
  * never a connection. (When none is free for the storing, the client is answered 503
  * though the resident has the join; its retry joins again.) The checks of each received
- * event are the spec's, in its order: the room it claims, its ID (the reference hash
+ * event are the spec's, in its order: the room it claims, its format
+ * (event_check_format: sizes, canonical JSON), its ID (the reference hash
  * under the room's version), its content hash (a mismatch keeps the redacted event), the
  * signatures the version requires (fed_call_verify_event), and the auth rules against its
- * own auth events, which must themselves have passed: an event whose auth event was
+ * own auth events (rule 2 on them first: room_auth_check_auth_events), which must
+ * themselves have passed: an event whose auth event was
  * refused is refused. The state is stored in depth order as historical events of the
  * stream (so current state is the resident's state, and /sync shows the room), the rest
  * of the auth chain as outliers, then the join with the state it was authorized against.
@@ -126,6 +128,11 @@ static json_t *check_received(const room_version *v, const char *room_id, json_t
         snprintf(why, FED_CALL_ERROR_BYTES, "an event of another room");
         return NULL;
     }
+    char fwhy[EVENT_WHY_LEN];
+    if (event_check_format(v, pdu, fwhy) != EVENT_FORMAT_OK) {
+        snprintf(why, FED_CALL_ERROR_BYTES, "%s", fwhy);
+        return NULL;
+    }
     if (event_compute_id(v, pdu, id) < 0) {
         snprintf(why, FED_CALL_ERROR_BYTES, "not canonical JSON");
         return NULL;
@@ -182,13 +189,19 @@ static void check_all(const room_version *v, const char *room_id, const json_t *
         }
         json_t *auth = json_object();
         json_t *ids = json_object_get(ev, "auth_events");
+        const json_t *list[EVENT_MAX_AUTH_EVENTS];
+        size_t n_list = 0;
         for (size_t j = 0; j < json_array_size(ids); j++) {
             const char *aid = event_ref_id(json_array_get(ids, j));
             json_t *ae = aid ? json_object_get(accepted, aid) : NULL;
             if (ae) rooms_pdus_put(auth, ae);
+            if (ae && n_list < EVENT_MAX_AUTH_EVENTS) list[n_list++] = ae;
         }
         char awhy[ROOM_AUTH_WHY_LEN];
+        /* Rule 2 on its own auth events (of this room, no pair twice, only those selection
+         * picks), then the auth rules against them. */
         if (auth_events_accepted(ev, accepted) &&
+            room_auth_check_auth_events(v, ev, list, n_list, awhy) &&
             room_auth_check_event(v, ev, rooms_pdus_get, auth, awhy))
             json_object_set(accepted, id, ev);
         else

@@ -8,7 +8,9 @@
  * a received PDU is (fed_rooms_receive.c, through fed_rooms_recv.h) up to its auth
  * events: format, room, ID, the signatures the version requires, the content hash (a
  * mismatch keeps it redacted), the auth rules against its auth events, fetched when
- * missing. The state before it is not computed: it never becomes current state. Those
+ * missing; an event of another room than the one asked (its room_id says so; an auth
+ * event of another room fails the auth rules) is refused and stored nowhere. The state
+ * before it is not computed: it never becomes current state. Those
  * that pass are stored below the stream (ROOMS_PDU_BACKFILLED: positions <= 0, each batch
  * below the last, so /messages pages into them and /sync never sees them), those refused
  * by the auth rules kept as rejected. An extremity that gave nothing new rests
@@ -77,12 +79,21 @@ static json_t *backfill_servers(PGconn *c, const char *room_id)
  * or kept as rejected. 1 stored, 0 not, -1 database. */
 static int backfill_one(pdu_job *rx, const json_t *pdu_in)
 {
-    char why[EVENT_WHY_LEN], id[EVENT_ID_LEN], sig[FED_CALL_ERROR_BYTES];
-    if (!json_is_object(pdu_in) ||
-        strcmp(json_string_value(json_object_get(pdu_in, "room_id")) ?: "", rx->room_id) != 0 ||
+    char why[EVENT_WHY_LEN] = "", id[EVENT_ID_LEN], sig[FED_CALL_ERROR_BYTES];
+    const char *claimed = json_string_value(json_object_get(pdu_in, "room_id"));
+    if (!json_is_object(pdu_in) || strcmp(claimed ?: "", rx->room_id) != 0 ||
         event_check_format(rx->v, pdu_in, why) != EVENT_FORMAT_OK ||
-        event_compute_id(rx->v, pdu_in, id) < 0)
+        event_compute_id(rx->v, pdu_in, id) < 0) {
+        /* A server that answers for another room than the one asked (or with what is not
+         * an event of this room's version) gets nothing stored, in either room. */
+        rt_metric_add(bf_metrics.refused, 1);
+        rt_log(ATRIUM_LOG_INFO, "federation", "an event backfilled into %s from %s refused: %s",
+               rx->room_id, rx->origin,
+               strcmp(claimed ?: "", rx->room_id) != 0 ? "its room_id is not the room asked for"
+               : why[0]                                ? why
+                                                       : "its event ID cannot be computed");
         return 0;
+    }
     rooms_graph_where w;
     bool failed;
     json_t *have = rooms_graph_load(rx->c, id, NULL, &w, &failed);
@@ -109,7 +120,7 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
                "of it could not be fetched now", id, rx->origin);
         rc = 0;
     } else if (ar != FED_RECV_AUTH_READY ||
-               !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, awhy)) {
+               !fed_recv_auth_passes(rx->v, pdu, auth, awhy)) {
         rt_metric_add(bf_metrics.rejected, 1);
         rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s rejected: %s", id, rx->origin, awhy);
         rc = fed_recv_store_rejected(rx, id, pdu, awhy) < 0 ? -1 : 0;

@@ -11,12 +11,14 @@
  *      refused without being kept;
  *   2. the signatures the room version requires (fed_call_verify_event);
  *   3. the content hash: a mismatch goes on with the redacted event, stored redacted;
- *   4. the auth rules against the event's own auth events, every one of which must be
- *      known, of the event's own room and not rejected (missing ones are fetched with
- *      /event, checked the same way and kept as outliers: an outlier whose auth events sit
- *      in another room is rejected); one that cannot be fetched now (the origin does not answer)
- *      decides nothing: the PDU is not kept and is answered with an error, so the event
- *      can still be accepted when it comes again or is fetched later;
+ *   4. the auth rules against the event's own auth events (first the spec's rule 2 on
+ *      them: of this room, no pair twice, only those selection picks;
+ *      fed_recv_auth_passes), every one of which must be known, of the event's own room
+ *      and not rejected (missing ones are fetched with /event, checked the same way and
+ *      kept as outliers: an outlier whose auth events sit in another room is rejected);
+ *      one that cannot be fetched now (the origin does not answer) decides nothing: the
+ *      PDU is not kept and is answered with an error, so the event can still be accepted
+ *      when it comes again or is fetched later;
  *   5. missing prev_events: asked for with /get_missing_events, round after round back to
  *      the events known here (RECV_MISSING_LIMIT a round, RECV_GAP_MAX_EVENTS in all,
  *      within RECV_GAP_BUDGET_MS), and processed first, oldest first;
@@ -194,6 +196,26 @@ fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, js
     return out;
 }
 
+bool fed_recv_auth_passes(const room_version *v, const json_t *pdu, const json_t *auth,
+                          char *why)
+{
+    /* The map holds one PDU per (type, state_key) and no event that is not state: fewer
+     * than pdu names means a pair twice (or an ID twice) or a non-state event. */
+    size_t named = json_array_size(json_object_get(pdu, "auth_events")), n = json_object_size(auth);
+    if (n != named || n > EVENT_MAX_AUTH_EVENTS) {
+        snprintf(why, ROOM_AUTH_WHY_LEN, "Its auth events name a (type, state_key) twice, or "
+                 "an event that is not a state event");
+        return false;
+    }
+    const json_t *list[EVENT_MAX_AUTH_EVENTS];
+    size_t i = 0;
+    const char *k;
+    json_t *ev;
+    json_object_foreach((json_t *)auth, k, ev) list[i++] = ev;
+    return room_auth_check_auth_events(v, pdu, list, n, why) &&
+           room_auth_check_event(v, pdu, rooms_pdus_get, (void *)auth, why);
+}
+
 static fed_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth)
 {
     if (rx->fetched >= RECV_FETCH_MAX) return FED_RECV_AUTH_UNAVAILABLE;
@@ -223,7 +245,7 @@ static fed_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth)
     json_t *auth = NULL;
     char awhy[ROOM_AUTH_WHY_LEN] = "its auth events are not known";
     fed_recv_auth out = fed_recv_auth_events(rx, ev, depth, &auth);
-    if (out == FED_RECV_AUTH_READY && !room_auth_check_event(rx->v, ev, rooms_pdus_get, auth, awhy))
+    if (out == FED_RECV_AUTH_READY && !fed_recv_auth_passes(rx->v, ev, auth, awhy))
         out = FED_RECV_AUTH_REFUSED;
     int rc = 0;
     if (out == FED_RECV_AUTH_READY)
@@ -741,7 +763,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
         rc = FED_PDU_RETRY;
         goto out;
     }
-    if (ar != FED_RECV_AUTH_READY || !room_auth_check_event(rx->v, pdu, rooms_pdus_get, auth, why)) {
+    if (ar != FED_RECV_AUTH_READY || !fed_recv_auth_passes(rx->v, pdu, auth, why)) {
         if (fed_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
         else rc = kept_rejected(reject(rx, RC_AUTH_EVENTS, err, "%s", why));
         goto out;

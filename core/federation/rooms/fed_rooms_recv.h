@@ -63,6 +63,13 @@ typedef enum fed_recv_auth {
  * while depth allows (each checked and kept as an outlier, or as rejected when it fails
  * the auth rules)? Their PDU map into *auth (new) when READY, else *auth is NULL. */
 fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, json_t **auth);
+/* Does pdu pass against auth, the PDU map fed_recv_auth_events gave for it: first the
+ * spec's rule 2 on its own auth events (room_auth_check_auth_events: each of pdu's room,
+ * no (type, state_key) twice, only those auth events selection picks, the create event
+ * among them; a named event that is not a state event fails it too), then the auth rules
+ * (room_auth_check_event). false with why (ROOM_AUTH_WHY_LEN). Pure. */
+bool fed_recv_auth_passes(const room_version *v, const json_t *pdu, const json_t *auth,
+                          char *why);
 /* qsort comparator of PDUs (json_t *) by depth, ascending. */
 int fed_recv_by_depth(const void *x, const void *y);
 

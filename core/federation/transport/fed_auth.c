@@ -8,10 +8,17 @@
  * an origin that is a server name, is not this server and is allowed by
  * federation.domain_whitelist (403 M_FORBIDDEN otherwise); a JSON body when there is a
  * body; the origin's key, valid now; the signature over method, URI (path and query as
- * sent), origin, destination and content. Refusals are 401 M_UNAUTHORIZED, except bad
+ * sent), origin, destination and content (the content as this server encodes it in
+ * canonical JSON or, failing that, the body's bytes as sent: fed_xmatrix_verify_raw).
+ * Refusals are 401 M_UNAUTHORIZED, except bad
  * input rather than bad credentials, which is 400 as Synapse answers it: an origin that
  * is not a server name (M_UNAUTHORIZED, Synapse's "Malformed Authorization header"), a
- * body that is not JSON (M_NOT_JSON) or not a JSON object (M_BAD_JSON).
+ * body that is not JSON (M_NOT_JSON) or not a JSON object (M_BAD_JSON). "Not JSON"
+ * includes what jansson refuses (invalid UTF-8, a \u0000, a lone surrogate, an integer
+ * beyond 64 bits, NaN, nesting past its depth limit) and an object with a key twice: what
+ * the origin signed (and hashed, for the PDUs inside) would depend on which of the two a
+ * parser keeps, so such a body is refused whole rather than read one way here and another
+ * elsewhere.
  *
  * A key not yet known is fetched (fed_keyring.h) while the request waits parked on the
  * module's key event, holding no thread; every end of a look-up signals that event and
@@ -185,7 +192,7 @@ int fed_auth_check(atrium_req *r)
     json_t *content = NULL;
     if (r->body_len > 0) {
         json_error_t jerr;
-        if (!r->json) r->json = json_loadb(r->body, r->body_len, 0, &jerr);
+        if (!r->json) r->json = json_loadb(r->body, r->body_len, JSON_REJECT_DUPLICATES, &jerr);
         if (!r->json)
             return refuse_bad_input(r, FED_AUTH_BODY, x.origin, "M_NOT_JSON",
                                     "The body is not JSON");
@@ -233,6 +240,13 @@ int fed_auth_check(atrium_req *r)
         return refuse(r, FED_AUTH_MALFORMED, x.origin, "The request URI is too long");
     int vr = fed_xmatrix_verify(r->method, uri, m->server_name, content, &x, pub, why,
                                 sizeof(why));
+    /* A body with no canonical encoding here (an integer past 2^53, a real) is checked
+     * over its bytes as sent, so that its PDUs are judged one by one, not the whole
+     * transaction refused (fed_xmatrix_verify_raw). */
+    if (vr < 0 && vr != FED_XMATRIX_E_DESTINATION && content &&
+        fed_xmatrix_verify_raw(r->method, uri, m->server_name, r->body, r->body_len, &x, pub,
+                               NULL, 0) == 0)
+        vr = 0;
     if (vr < 0) return refuse(r, FED_AUTH_BAD_SIGNATURE, x.origin, why);
     r->origin = rt_arena_strdup(r->arena, x.origin);
     if (!r->origin) return ATRIUM_E_NOMEM;

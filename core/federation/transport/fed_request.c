@@ -114,7 +114,7 @@ static void http_done(void *arg, const fed_http_result *hr)
     char why[160];
     if (hr->outcome == FED_HTTP_OK && st->o.want_json && hr->body) {
         json_error_t jerr;
-        j = json_loadb(hr->body, hr->body_len, 0, &jerr);
+        j = json_loadb(hr->body, hr->body_len, JSON_REJECT_DUPLICATES, &jerr); /* fed_auth.c */
         if (j && st->o.v1_envelope && hr->status / 100 == 2) {
             json_t *inner = json_is_array(j) && json_array_size(j) == 2 &&
                                     json_is_integer(json_array_get(j, 0))

@@ -11,12 +11,16 @@
  * The object that is signed is built in one place, request_object, for both directions:
  * a mismatch between how we sign and how we check is then impossible by construction.
  */
+#include <sodium.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "core/federation/transport/fed_xmatrix.h"
+#include "core/rooms/canonical_json.h"
+#include "core/runtime/base64.h"
 
 #define SCHEME "X-Matrix"
 #define PARAM_NAME_SHOWN_MAX_CHARS 32 /* of an unknown parameter's name, in a refusal */
@@ -276,6 +280,48 @@ int fed_xmatrix_verify(const char *method, const char *uri, const char *destinat
     rc = fed_verify_json(o, x->origin, x->key, pub, why, why_len);
     json_decref(o);
     return rc;
+}
+
+int fed_xmatrix_verify_raw(const char *method, const char *uri, const char *destination,
+                           const char *body, size_t len, const fed_xmatrix *x,
+                           const unsigned char pub[FED_PUBLIC_KEY_BYTES], char *why,
+                           size_t why_len)
+{
+    if (x->destination[0] && strcmp(x->destination, destination) != 0) {
+        WHY("the request from %.255s is addressed to %.255s, not to this server (%.255s)",
+            x->origin, x->destination, destination);
+        return FED_XMATRIX_E_DESTINATION;
+    }
+    unsigned char sig[FED_SIGNATURE_BYTES];
+    if (rt_b64_decode_exact(x->sig, sig, sizeof(sig)) < 0) {
+        WHY("the signature by %.255s is not base64 of %d bytes", x->origin, FED_SIGNATURE_BYTES);
+        return FED_SIG_E_BASE64;
+    }
+    /* "content" sorts before "destination", "method", "origin" and "uri": it comes first. */
+    json_t *o = request_object(method, uri, x->origin, destination, NULL);
+    size_t rest_len = 0;
+    char *rest = o ? cjson_encode(o, &rest_len) : NULL;
+    json_decref(o);
+    static const char HEAD[] = "{\"content\":";
+    size_t n = sizeof(HEAD) - 1 + len + 1 + (rest_len ? rest_len - 1 : 0);
+    char *bytes = rest && rest_len > 2 ? malloc(n) : NULL;
+    if (!bytes) {
+        free(rest);
+        WHY("out of memory checking the request from %.255s", x->origin);
+        return ATRIUM_E_NOMEM;
+    }
+    memcpy(bytes, HEAD, sizeof(HEAD) - 1);
+    memcpy(bytes + sizeof(HEAD) - 1, body, len);
+    bytes[sizeof(HEAD) - 1 + len] = ',';
+    memcpy(bytes + sizeof(HEAD) + len, rest + 1, rest_len - 1); /* after its '{' */
+    free(rest);
+    int rc = crypto_sign_verify_detached(sig, (const unsigned char *)bytes, n, pub);
+    free(bytes);
+    if (rc != 0) {
+        WHY("the signature by %.255s with key %.64s does not match", x->origin, x->key);
+        return FED_SIG_E_BAD;
+    }
+    return 0;
 }
 
 const char *fed_xmatrix_reason(int code)

@@ -79,6 +79,17 @@ int fed_xmatrix_verify(const char *method, const char *uri, const char *destinat
                        const unsigned char pub[FED_PUBLIC_KEY_BYTES], char *why,
                        size_t why_len);
 
+/* The same check over the body's bytes as sent: the signed object's canonical encoding
+ * with `"content":` followed by body[0..len) spliced in, which is what a sender that
+ * sends the canonical JSON it signed (Synapse, this server) signed. For a body that is
+ * JSON but has no canonical encoding here (an integer past 2^53, a real): its PDUs are
+ * then judged one by one (event_check_format) instead of the whole transaction failing
+ * authentication. Returns as fed_xmatrix_verify. */
+int fed_xmatrix_verify_raw(const char *method, const char *uri, const char *destination,
+                           const char *body, size_t len, const fed_xmatrix *x,
+                           const unsigned char pub[FED_PUBLIC_KEY_BYTES], char *why,
+                           size_t why_len);
+
 /* A short label for a refusal code of this file or fed_sig_err, for metrics and logs
  * ("missing", "malformed", "destination", "unsigned", "bad_base64", "bad_signature",
  * "not_canonical", "algorithm"; "other" for any other code). Static. */
