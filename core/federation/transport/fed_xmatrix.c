@@ -255,16 +255,22 @@ int fed_xmatrix_header(const char *method, const char *uri, const char *origin,
     return 0;
 }
 
+/* The header's destination, when it names one, is this server (both checks below). */
+static bool destination_ok(const fed_xmatrix *x, const char *destination, char *why,
+                           size_t why_len)
+{
+    if (!x->destination[0] || strcmp(x->destination, destination) == 0) return true;
+    WHY("the request from %.255s is addressed to %.255s, not to this server (%.255s)",
+        x->origin, x->destination, destination);
+    return false;
+}
+
 int fed_xmatrix_verify(const char *method, const char *uri, const char *destination,
                        const json_t *content, const fed_xmatrix *x,
                        const unsigned char pub[FED_PUBLIC_KEY_BYTES], char *why,
                        size_t why_len)
 {
-    if (x->destination[0] && strcmp(x->destination, destination) != 0) {
-        WHY("the request from %.255s is addressed to %.255s, not to this server (%.255s)",
-            x->origin, x->destination, destination);
-        return FED_XMATRIX_E_DESTINATION;
-    }
+    if (!destination_ok(x, destination, why, why_len)) return FED_XMATRIX_E_DESTINATION;
     json_t *o = request_object(method, uri, x->origin, destination, content);
     if (!o) {
         WHY("out of memory checking the request from %.255s", x->origin);
@@ -287,11 +293,7 @@ int fed_xmatrix_verify_raw(const char *method, const char *uri, const char *dest
                            const unsigned char pub[FED_PUBLIC_KEY_BYTES], char *why,
                            size_t why_len)
 {
-    if (x->destination[0] && strcmp(x->destination, destination) != 0) {
-        WHY("the request from %.255s is addressed to %.255s, not to this server (%.255s)",
-            x->origin, x->destination, destination);
-        return FED_XMATRIX_E_DESTINATION;
-    }
+    if (!destination_ok(x, destination, why, why_len)) return FED_XMATRIX_E_DESTINATION;
     unsigned char sig[FED_SIGNATURE_BYTES];
     if (rt_b64_decode_exact(x->sig, sig, sizeof(sig)) < 0) {
         WHY("the signature by %.255s is not base64 of %d bytes", x->origin, FED_SIGNATURE_BYTES);
