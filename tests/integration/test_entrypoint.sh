@@ -10,6 +10,12 @@
 #     file) generate one config between them and sign with one key.
 # Environment (from ctest): ATRIUM_BIN, ATRIUM_PLUGIN_DIR, ATRIUM_TEST_PG_CONNINFO, and
 # ATRIUM_TEST_TMPDIR (where the temporary directory goes; /tmp if unset).
+#
+# The generated config binds 0.0.0.0, as a container needs; this test overrides the
+# address with ATRIUM__SERVER__HTTP__BIND_ADDRESS so its servers listen on a loopback
+# address of their own (tests stay on 127.0.0.0/8), and /health counts only once this
+# server's log says it listens there: an answer on a port another test took meanwhile
+# is not this server's.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -18,6 +24,7 @@ entrypoint=$here/../../deploy/docker-entrypoint.sh
 : "${ATRIUM_TEST_PG_CONNINFO:?set ATRIUM_TEST_PG_CONNINFO (tests/run.sh does)}"
 readonly HEALTH_TIMEOUT_S=30
 readonly STOP_TIMEOUT_S=30
+readonly BIND=127.0.0.161
 
 mkdir -p "${ATRIUM_TEST_TMPDIR:-/tmp}"
 tmp=$(mktemp -d "${ATRIUM_TEST_TMPDIR:-/tmp}/atrium-entrypoint-test.XXXXXX")
@@ -57,7 +64,7 @@ fail() {
 pass() { echo "ok - $*"; }
 
 free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    python3 -c 'import socket; s = socket.socket(); s.bind(("'"$BIND"'", 0)); print(s.getsockname()[1])'
 }
 
 no_sanitizer_report() {
@@ -73,7 +80,7 @@ start_entrypoint() {
     env -u ATRIUM_SERVER_NAME -u ATRIUM_DATABASE_CONNINFO \
         ATRIUM_BIN="$ATRIUM_BIN" ATRIUM_DATA_DIR="$data" \
         ATRIUM_PLUGIN_DIR="${ATRIUM_PLUGIN_DIR:-}" \
-        ATRIUM__SERVER__HTTP__PORT="$port" \
+        ATRIUM__SERVER__HTTP__PORT="$port" ATRIUM__SERVER__HTTP__BIND_ADDRESS="$BIND" \
         "$@" bash "$entrypoint" </dev/null >"$log" 2>&1 &
     server_pid=$!
 }
@@ -87,7 +94,8 @@ wait_healthy() {
             server_pid=
             fail "the entrypoint exited with status $rc before /health answered"
         fi
-        if body=$(curl -fsS -m 2 "http://127.0.0.1:$port/health" 2>/dev/null); then
+        if grep -Fq "listening on http://$BIND:$port " "$log" &&
+            body=$(curl -fsS -m 2 "http://$BIND:$port/health" 2>/dev/null); then
             [ "$(tr -d ' \n' <<<"$body")" = '{"status":"ok","database":"ok"}' ] || fail "/health answered '$body'"
             return 0
         fi
@@ -164,7 +172,8 @@ pids=()
 for p in "$port" "$port_b"; do
     env -u ATRIUM_SERVER_NAME -u ATRIUM_DATABASE_CONNINFO \
         ATRIUM_BIN="$ATRIUM_BIN" ATRIUM_DATA_DIR="$data2" ATRIUM_PLUGIN_DIR="${ATRIUM_PLUGIN_DIR:-}" \
-        ATRIUM__SERVER__HTTP__PORT="$p" ATRIUM__SERVER__FEDERATION__PORT=0 \
+        ATRIUM__SERVER__HTTP__PORT="$p" ATRIUM__SERVER__HTTP__BIND_ADDRESS="$BIND" \
+        ATRIUM__SERVER__FEDERATION__PORT=0 \
         ATRIUM_SERVER_NAME=replicas.test ATRIUM_DATABASE_CONNINFO="$ATRIUM_TEST_PG_CONNINFO dbname=$db" \
         bash "$entrypoint" </dev/null >"$tmp/replica-$p.log" 2>&1 &
     pids+=($!)
