@@ -89,7 +89,7 @@ int cfg_check_keys(const cfg_node *n, const char *const *allowed, char *err, siz
  * rows drive reading (cfg_settings_read), the unknown-key check (cfg_settings_check_keys),
  * the generated configuration (cfg_settings_write) and the documentation tables
  * (cfg_settings_print_markdown). The core's rows are in settings.c; a plugin's come from its
- * descriptor (core/plugins/settings.c converts them). */
+ * descriptor (core/plugins/plugin_settings.c converts them). */
 
 typedef enum {
     CFG_T_INT = 1,     /* int */

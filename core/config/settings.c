@@ -8,7 +8,7 @@
  * (which README.md must match: tests/integration/test_config_docs.py) follow from the row.
  * Rows are grouped by map in the order the generated file shows them. Under plugins.<name>
  * the core reads only `enabled` and `path` (PLUGIN_COMMON_SETTINGS); every other key there
- * belongs to the plugin, whose rows come from its descriptor (core/plugins/settings.c).
+ * belongs to the plugin, whose rows come from its descriptor (core/plugins/plugin_settings.c).
  * Checks a type and range cannot express (a server name, a URL) are the rows' check
  * functions. No global mutable state; any thread.
  */

@@ -6,7 +6,7 @@
  * symbol, magic / size / ABI major-minor / build signature / name checks, one actionable
  * line per refusal, duplicate interfaces refused, and the lifecycle init -> migrations ->
  * start -> stop -> fini. host.c fills struct atrium_host from the core's mechanisms;
- * settings.c turns a descriptor's settings table into the configuration engine's rows.
+ * plugin_settings.c turns a descriptor's settings table into the configuration engine's rows.
  * Internal prefixes: plugins_, host_.
  */
 #ifndef ATRIUM_CORE_PLUGINS_H
@@ -42,7 +42,8 @@ struct atrium_plugin {
     size_t n_owned;
     const atrium_migration *migrations;
     size_t n_migrations;
-    struct cfg_setting *settings; /* its descriptor's table as the engine's rows (settings.c) */
+    /* its descriptor's table as the engine's rows (plugin_settings.c) */
+    struct cfg_setting *settings;
     size_t n_settings;
     bool in_init, inited, started;
 };
@@ -57,7 +58,7 @@ const atrium_host *host_table(core_runtime *rt);
  * NULL after logging the refusal. *dl_out gets the handle (never closed). */
 const atrium_plugin_desc *plugin_handshake(const char *name, const char *path, void **dl_out);
 
-/* Settings tables (settings.c). Convert p->desc's table into p->settings; -1 with err
+/* Settings tables (plugin_settings.c). Convert p->desc's table into p->settings; -1 with err
  * naming the malformed row. */
 int plugin_settings_adopt(atrium_plugin *p, char *err, size_t len);
 /* Check cfg's keys against p's rows (plus enabled and path) and read them into base. */

@@ -11,7 +11,7 @@
  * room's m.room.canonical_alias stops naming it (rooms/1 canonical_alias_drop: sent as the
  * deleting user when the room lets them). It also answers other servers' look-ups
  * (GET /_matrix/federation/v1/query/directory). Aliases of other servers are looked up
- * by remote.c. Application services (ABI 1.6): an alias in a service's exclusive namespace
+ * by remote_lookup.c. Application services (ABI 1.6): an alias in a service's exclusive namespace
  * is 400 M_EXCLUSIVE to everyone else (alias_exclusive), and an unknown local alias a
  * service claims is asked of it before GET answers 404 (alias_query).
  */

@@ -7,7 +7,7 @@
  * lists rooms without including anything of this plugin. The work lives in aliases.c
  * (room aliases) and listing.c (publishing and the public room list). It is built only
  * against include/atrium/, like any third-party plugin, and reads the core's rooms only
- * through "rooms/1" (include/atrium/rooms.h). remote.c asks other servers
+ * through "rooms/1" (include/atrium/rooms.h). remote_lookup.c asks other servers
  * (publicRooms?server=, their aliases) under the outbound budget of ADR-0079
  * (docs/adr/0079-outbound-budget.md).
  */

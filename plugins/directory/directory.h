@@ -5,7 +5,7 @@
  * Files by concern: directory.c (the descriptor, settings, migrations, routes and the
  * "directory/1" interface table), aliases.c (room aliases: grammar, the client endpoints
  * and the interface's alias functions), listing.c (publishing and the public room list),
- * remote.c (look-ups on other servers under the outbound budget, shared and cached).
+ * remote_lookup.c (look-ups on other servers under the outbound budget, shared and cached).
  * Internal prefix: dir_.
  */
 #ifndef ATRIUM_PLUGIN_DIRECTORY_H
@@ -53,7 +53,7 @@ int dir_alias_resolve(PGconn *c, const char *alias, char room_id[ATRIUM_ROOM_ID_
 int dir_room_aliases_delete(PGconn *c, const char *room_id, json_t **deleted);
 int dir_alias_routes(void);
 
-/* remote.c: look-ups on other servers under the outbound budget (ADR-0079). */
+/* remote_lookup.c: look-ups on other servers under the outbound budget (ADR-0079). */
 typedef struct dir_remote_settings {
     int64_t timeout_ms; /* a look-up's deadline */
     int64_t cache_ms;   /* how long an answer is reused */

@@ -17,7 +17,7 @@
  *   render.c    decoding (libvips, untrusted loaders blocked) and WebP encoding (libwebp)
  *   canvas.c    the canvas an image container's header declares (pure; render_probe's)
  *   store.c     the files on disk: layout, durable atomic writes, the start-up sweep
- *   db.c        the SQL: migrations and every query
+ *   media_db.c  the SQL: migrations and every query
  *   upload.c    upload, create and the asynchronous upload PUT
  *   admin.c     the Synapse-shaped admin API
  *   verify.c    checking every original against its recorded SHA-256 (admin and CLI)
@@ -415,7 +415,7 @@ int store_write_all(int fd, const void *buf, size_t len) MEDIA_MUST_CHECK;
 int store_remove_original(media *m, const char *media_id);
 void store_remove_thumbs(media *m, const char *sha256);
 
-/* ---- db.c ------------------------------------------------------------------------------- */
+/* ---- media_db.c ------------------------------------------------------------------------- */
 
 extern const atrium_migration MEDIA_MIGRATIONS[];
 extern const size_t MEDIA_N_MIGRATIONS;

@@ -8,6 +8,10 @@ seam (tests/unit/test_fed_http.c and test_fed_http_refusals.c, sharing
 tests/unit/fed_http_fixture.h), not left to grow. package-lock.json, node_modules/ and
 binary files are not counted.
 
+No two C source files (`.c`) under core/ and plugins/ share a name, so a file's name alone
+finds it (a plugin's internal header may share the name of the public header it
+implements, as plugins/media/media.h and include/atrium/media.h do).
+
 A failure names the file and line of each include that breaks a rule, and each file over
 the length bound. No server is started; this reads source files (and git ls-files) only."""
 
@@ -215,6 +219,23 @@ class FileLengthTest(unittest.TestCase):
         found = too_long(paths)
         self.assertEqual(found, [], f"files over {MAX_LINES} lines (split each along a seam, "
                          f"as tests/unit/test_fed_http.c was):\n" + "\n".join(found))
+
+
+class FileNameTest(unittest.TestCase):
+    def test_no_two_source_files_share_a_name(self):
+        seen = {}
+        for top in ("core", "plugins"):
+            for dirpath, dirnames, filenames in os.walk(os.path.join(REPO_ROOT, top)):
+                dirnames[:] = [d for d in dirnames if d != "node_modules"]
+                for name in filenames:
+                    if name.endswith(".c"):
+                        rel = os.path.relpath(os.path.join(dirpath, name), REPO_ROOT)
+                        seen.setdefault(name, []).append(rel)
+        self.assertGreater(len(seen), 50, "found too few source files to check")
+        shared = [f"{name}: {', '.join(sorted(paths))}" for name, paths in sorted(seen.items())
+                  if len(paths) > 1]
+        self.assertEqual(shared, [], "source files sharing a name (rename one after what it "
+                         "does):\n" + "\n".join(shared))
 
 
 if __name__ == "__main__":

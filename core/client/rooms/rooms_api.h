@@ -4,14 +4,14 @@
  * readers, the request helpers and the routes. The room model they build on (tables,
  * events, auth rules, visibility) is core/rooms/rooms.h.
  *
- * The room family is one client module (ROOMS_MODULE in rooms.c, owner "rooms") spread over
+ * The room family is one client module (ROOMS_MODULE in rooms_module.c, owner "rooms") spread over
  * files by concern (the one write path they all go through, lock, authorize, build,
  * store, is the room model's: core/rooms/rooms_tx.c),
  * rooms_create.c (createRoom), rooms_upgrade.c (room upgrades), rooms_membership.c (join, leave, invite, kick, ban, unban,
  * forget), rooms_send.c (send, state, redact), rooms_read.c (state, members, messages,
  * context, joined rooms), rooms_ephemeral.c (receipts, read markers, typing),
  * rooms_relations.c + rooms_bundle.c (relations, threads, bundled aggregations: see
- * rooms_relations.h), rooms_search.c (POST /search), rooms_jump.c (timestamp_to_event),
+ * rooms_relations.h), rooms_search.c (POST /search), rooms_timestamp.c (timestamp_to_event),
  * rooms_typing.c (typing notices that
  * run out), rooms_remote.c (joining, inviting and declining through other servers, on the
  * remote pool), rooms_knock.c (knocking, here and through other servers). /sync is its own module (sync.c). Internal prefix: rooms_.
@@ -168,7 +168,8 @@ int rooms_read_routes(http_server *s);
 int rooms_ephemeral_routes(http_server *s);
 int rooms_search_routes(http_server *s); /* rooms_search.c: POST /search */
 int rooms_hierarchy_routes(http_server *s); /* rooms_hierarchy.c: GET /v1/rooms/{roomId}/hierarchy */
-int rooms_jump_routes(http_server *s); /* rooms_jump.c: GET /v1/rooms/{roomId}/timestamp_to_event */
+/* rooms_timestamp.c: GET /v1/rooms/{roomId}/timestamp_to_event */
+int rooms_jump_routes(http_server *s);
 int rooms_admin_routes(http_server *s);  /* rooms_admin.c: GET, DELETE /_synapse/admin/v1/rooms/{roomId} */
 /* [req] The answer to the client for a peer's failure or refusal in a remote membership
  * step (what: the step, for the message): 504 on a timeout, 403 when federation with it

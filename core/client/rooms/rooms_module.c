@@ -1,6 +1,6 @@
 /*
- * core/client/rooms/rooms.c - the rooms module: its start-up (the tables are the room model's,
- * core/rooms/rooms.c), and the helpers every room endpoint shares: failures -> Matrix
+ * core/client/rooms/rooms_module.c - the rooms module: its start-up (the tables are the room
+ * model's, core/rooms/rooms.c), and the helpers every room endpoint shares: failures -> Matrix
  * errors, database connections, readers, path parameters and pagination tokens.
  */
 #include <stdio.h>

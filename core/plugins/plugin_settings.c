@@ -1,7 +1,7 @@
 /*
- * core/plugins/settings.c - a plugin's settings table (atrium_plugin_desc.settings, ABI 1.1)
- * turned into the configuration engine's rows, so a plugin's keys are read, checked for
- * unknown keys, generated and documented by the same code as the core's
+ * core/plugins/plugin_settings.c - a plugin's settings table (atrium_plugin_desc.settings,
+ * ABI 1.1) turned into the configuration engine's rows, so a plugin's keys are read,
+ * checked for unknown keys, generated and documented by the same code as the core's
  * (core/config/schema.c).
  *
  * The table is checked once, when the plugin is loaded or described: a malformed row (no

@@ -1,5 +1,5 @@
 /*
- * plugins/media/db.c - the media plugin's SQL: its migrations (owner "media") and every
+ * plugins/media/media_db.c - the media plugin's SQL: its migrations (owner "media") and every
  * query it runs.
  *
  * Tables: media_local holds one row per local media ID - who created it and when, and,

@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_jump.c - GET /_matrix/client/v1/rooms/{roomId}/timestamp_to_event
+ * core/client/rooms/rooms_timestamp.c - GET /_matrix/client/v1/rooms/{roomId}/timestamp_to_event
  * (spec v1.6, Element's "jump to date"): the event nearest to ?ts= in direction ?dir=
  * among those the user may see, as {"event_id", "origin_server_ts"}.
  *

@@ -1,5 +1,5 @@
 /*
- * plugins/directory/remote.c - look-ups on other servers: publicRooms?server= (GET and
+ * plugins/directory/remote_lookup.c - look-ups on other servers: publicRooms?server= (GET and
  * POST) and aliases of other servers (GET /directory/room/#a:other), asked with
  * /_matrix/federation/v1/publicRooms and /_matrix/federation/v1/query/directory.
  *
