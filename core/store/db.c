@@ -473,8 +473,9 @@ static void grow_for_locked(db_pool *p, int wanting)
  * connection works (PostgreSQL refusing one more connection, say, is not an outage: the
  * rest are still served); otherwise a broken one is retried after DB_REPROBE_INTERVAL_MS,
  * and an asked-for one goes back to CLOSED until a checkout asks again, not within
- * DB_GROW_RETRY_MS. mu held on entry and exit, released meanwhile. */
-static void heal_locked(db_pool *p, db_conn *dc)
+ * DB_GROW_RETRY_MS. False when the connection could not be opened. mu held on entry and
+ * exit, released meanwhile. */
+static bool heal_locked(db_pool *p, db_conn *dc)
 {
     bool growing = dc->state == DB_CONN_OPENING;
     dc->state = DB_CONN_HEALING;
@@ -501,13 +502,14 @@ static void heal_locked(db_pool *p, db_conn *dc)
             p->heal_after_ms = rt_now_ms() + DB_REPROBE_INTERVAL_MS;
         }
         if (usable == 0) declare_down_locked(p, err);
-        return;
+        return false;
     }
     if (growing) p->grow_failing = false;
     else rt_metric_add(p->m_resets, 1);
     dc->state = DB_CONN_IDLE;
     p->idle++;
     pthread_cond_signal(&p->cv);
+    return true;
 }
 
 static void *monitor_main(void *arg)
@@ -540,12 +542,16 @@ static void *monitor_main(void *arg)
             else declare_down_locked(p, err);
         }
         /* Broken ones not within DB_REPROBE_INTERVAL_MS of a failed attempt; asked-for ones
-         * at once (grow_for_locked keeps their own interval). */
+         * at once (grow_for_locked keeps their own interval). The first failure ends the
+         * round: against a frozen server each attempt takes unresponsive_ms, and several
+         * in a row (a burst of checkouts asks for several connections just as it freezes)
+         * would keep the probe, which decides the outage, waiting behind them. */
         for (int i = 0; i < p->size && !atomic_load(&p->down) && !p->stopping; i++) {
             db_conn_state st = p->conns[i].state;
-            if (st == DB_CONN_OPENING ||
-                (st == DB_CONN_BROKEN && rt_now_ms() >= p->heal_after_ms))
-                heal_locked(p, &p->conns[i]);
+            if ((st == DB_CONN_OPENING ||
+                 (st == DB_CONN_BROKEN && rt_now_ms() >= p->heal_after_ms)) &&
+                !heal_locked(p, &p->conns[i]))
+                break;
         }
         int64_t until = rt_now_ms() + DB_MONITOR_TICK_MS;
         struct timespec ts = {.tv_sec = until / 1000, .tv_nsec = (until % 1000) * 1000000L};

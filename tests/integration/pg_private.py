@@ -57,10 +57,10 @@ class PrivatePostgres:
         with open(os.path.join(self.data_dir, "postmaster.pid"), encoding="ascii") as f:
             return int(f.readline())
 
-    def pids(self):
-        """The postmaster and every process it started."""
-        root = self.postmaster_pid()
-        out = [root]
+    @staticmethod
+    def children(root):
+        """Every process the postmaster `root` started."""
+        out = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -75,9 +75,15 @@ class PrivatePostgres:
         return out
 
     def freeze(self):
-        """SIGSTOP the postmaster first (so it starts nothing new), then its children."""
-        pids = self.pids()
-        for pid in pids:
+        """SIGSTOP the postmaster first (so it starts nothing new), then its children.
+
+        The children are listed only once the postmaster is stopped: a backend it forked
+        between a listing and its own stop would otherwise go on serving its connection
+        (a pool connection opened at that instant), and the "frozen" server would answer."""
+        root = self.postmaster_pid()
+        os.kill(root, signal.SIGSTOP)
+        self._frozen.append(root)
+        for pid in self.children(root):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
                 self._frozen.append(pid)

@@ -134,6 +134,13 @@ class FrozenPostgresTest(ChaosCase):
         for t in threads:
             t.join(30)
 
+        if os.environ.get("ATRIUM_CHAOS_REPORT"):  # every request slower than 0.5 s
+            for name, rows in (("cheap", cheap), ("database", needing), ("download", downloads)):
+                for s, t, o in rows:
+                    if t > 0.5:
+                        what = o[0] if isinstance(o, tuple) else type(o).__name__
+                        print(f"slow {name} request at {s - frozen_at:+.3f} s: {t:.3f} s, {what}")
+            print(f"thawed at {thawed_at - frozen_at:+.3f} s")
         self.assertEqual(health_during, (200, {"status": "ok", "database": "unavailable"}))
         for started, took, out in cheap:
             self.assertNotIsInstance(out, Exception, "a cheap request failed")
