@@ -28,7 +28,7 @@
  * answer returns int: either what the handler must return as it is (an outcome or an
  * error: it answered, parked or handed off), or a code of a named step enum of its own
  * module saying how the caller goes on (like enum pdu_step in
- * core/federation/rooms/fed_rooms_receive.c). So no helper uses 0 for "go on" (0 is
+ * core/federation/rooms/fed_rooms_recv.c). So no helper uses 0 for "go on" (0 is
  * ATRIUM_DONE, and ROOMS_OK, and FED_PDU_ACCEPTED), `rc != X_GO` always reads "return rc",
  * and each step code is written out, from 200 up, apart from every outcome, error and the
  * media plugin's codes (100 up): none is made by arithmetic on another. A code of one enum

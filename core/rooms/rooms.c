@@ -198,7 +198,7 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
       * room. */
      "CREATE INDEX event_edges_room ON event_edges (room_id);"
      /* Backward extremities no server gave anything new for: not asked again until
-      * until_ts (fed_rooms_receive.c), so one event that never passes costs one request
+      * until_ts (fed_rooms_recv.c), so one event that never passes costs one request
       * per while, not one per page. */
      "CREATE TABLE backfill_dead_ends ("
      " event_id text PRIMARY KEY,"

@@ -33,7 +33,7 @@
  *   receipts, typing: ephemeral data with stream positions.
  * State at a position P of a room is, per (type, state_key), the newest state event with
  * stream_pos <= P: what client readers use. Where federated forks meet, current_state is
- * their resolution (core/federation/rooms/fed_rooms_receive.c) and the state each federated
+ * their resolution (core/federation/rooms/fed_rooms_recv.c) and the state each federated
  * event was authorized against is a snapshot (events_graph.h).
  *
  * Stream positions: rows take them with the SQL function stream_next() (a shared advisory

@@ -653,7 +653,7 @@ class HostilePeerTest(FederationTestCase):
                     "pdus": [ev for ev, _ in liars.values()] + [x]})
             if handler.path.startswith(f"{FED}/v1/event/"):
                 # The state at the missing x is asked for with /state_ids at x, and x itself
-                # with /event (fed_rooms_receive.c), as Synapse does.
+                # with /event (fed_rooms_recv.c), as Synapse does.
                 if urllib.parse.unquote(handler.path.rsplit("/", 1)[1]) == x_id:
                     return self.peer.reply(handler, 200, {"origin": self.peer.server_name,
                                                           "origin_server_ts": 0, "pdus": [x]})

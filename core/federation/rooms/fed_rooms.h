@@ -7,7 +7,7 @@
  * fed_rooms_hierarchy.c (a space and its children for another server),
  * fed_rooms_join.c (make_join/send_join, make_leave/send_leave, make_knock/send_knock as
  * the resident server),
- * fed_rooms_invite.c (invites of our users by other servers), fed_rooms_receive.c
+ * fed_rooms_invite.c (invites of our users by other servers), fed_rooms_recv.c
  * (PDUs received in transactions) and fed_rooms_outsider.c (the end of our users' knocks
  * and invites on rooms this server is not in).
  *
@@ -71,7 +71,7 @@ int fed_rooms_event_pos(PGconn *c, const char *room_id, const char *event_id, in
  * backfill still resting), the deepest first, at most max, into *out (a new array of
  * IDs). Their count, or -1 database. */
 int fed_rooms_backward_extremities(PGconn *c, const char *room_id, int max, json_t **out);
-/* fed_rooms_receive.c: read up to limit events of room_id's history older than what is
+/* fed_rooms_recv.c: read up to limit events of room_id's history older than what is
  * stored from a server in the room (/backfill at the backward extremities, the room's
  * creating server first), check each as a received PDU is checked (format, ID,
  * signatures, content hash, the auth rules against its auth events, fetched when
@@ -95,13 +95,13 @@ int fed_rooms_serve_routes(fed_module *m);
 int fed_rooms_hierarchy_routes(fed_module *m);
 int fed_rooms_join_routes(fed_module *m);
 int fed_rooms_invite_routes(fed_module *m); /* fed_rooms_invite.c: PUT /v2/invite */
-/* fed_rooms_receive.c: register the handler of received PDUs and its metrics. 0. */
-int fed_rooms_receive_init(fed_module *m);
+/* fed_rooms_recv.c: register the handler of received PDUs and its metrics. 0. */
+int fed_rooms_recv_init(fed_module *m);
 /* fed_rooms_outsider.c: a received PDU that ends one of our users' knocks or invites on a
  * room this server is not in (the resident's kick): checked as far as no room state is
  * needed (format, the knock or invite among its auth events, content hash, signatures)
  * and kept as an outlier and the user's newest membership. A FED_PDU_* outcome, or
- * FED_ROOMS_NOT_OUTSIDER when pdu is no such event (fed_rooms_receive.c's then). Waits
+ * FED_ROOMS_NOT_OUTSIDER when pdu is no such event (fed_rooms_recv.c's then). Waits
  * for key look-ups: inbound pool threads only. *c is borrowed, outside any transaction;
  * it goes back to the pool while a key is fetched and is borrowed again after, maybe
  * another connection, NULL when none was free (then FED_PDU_RETRY): the caller releases

@@ -243,7 +243,7 @@ int fed_rooms_routes(fed_module *m)
         return -1;
     if (fed_rooms_invite_routes(m) < 0) return -1;
     rooms_tx_set_outbound(queue_own_pdu, fed_rooms_kick);
-    return fed_rooms_receive_init(m);
+    return fed_rooms_recv_init(m);
 }
 
 /* ---- the outbound queue (fed_rooms_queue.h) ------------------------------------------ */

@@ -5,7 +5,7 @@
  *
  * From the deepest backward extremity (fed_rooms_backward_extremities), /backfill at the
  * room's creating server, then at its other servers; each event of the answer checked as
- * a received PDU is (fed_rooms_receive.c, through fed_rooms_recv.h) up to its auth
+ * a received PDU is (fed_rooms_recv.c, through fed_rooms_recv.h) up to its auth
  * events: format, room, ID, the signatures the version requires, the content hash (a
  * mismatch keeps it redacted), the auth rules against its auth events, fetched when
  * missing; an event of another room than the one asked (its room_id says so; an auth
@@ -16,7 +16,7 @@
  * by the auth rules kept as rejected. An extremity that gave nothing new rests
  * RECV_BACKFILL_DEAD_END_MS (backfill_dead_ends), so one event that never passes costs a
  * request per while, not per page. The connection goes back to the pool while a peer is
- * waited for (fed_recv_ask, and fed_recv_verify while a signer's key is fetched), so a
+ * waited for (fed_rooms_recv_ask, and fed_rooms_recv_verify while a signer's key is fetched), so a
  * slow server pins none. Backfills of one room may run at
  * once (two clients' pages, two processes) and read the same events: each is looked up
  * again under the room's lock before it is stored, so the later one finds it there and
@@ -38,7 +38,7 @@
 #define RECV_BACKFILL_FROM_MAX 5    /* backward extremities one backfill tries */
 #define RECV_BACKFILL_SERVERS_MAX 3 /* servers asked in turn for one extremity */
 #define RECV_BACKFILL_DEAD_END_MS (60 * 60 * 1000) /* an extremity that gave nothing rests */
-#define RECV_URI_BYTES FED_RECV_URI_BYTES
+#define RECV_URI_BYTES FED_ROOMS_RECV_URI_BYTES
 
 static struct {
     rt_metric *stored, *refused, *rejected;
@@ -46,7 +46,7 @@ static struct {
 
 static int by_depth_desc(const void *x, const void *y)
 {
-    return fed_recv_by_depth(y, x);
+    return fed_rooms_recv_by_depth(y, x);
 }
 
 /* The servers to ask for room_id's history: the room's creating server first, then those
@@ -101,7 +101,7 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
     if (failed) return -1;
     if (w == ROOMS_GRAPH_STREAM || w == ROOMS_GRAPH_REJECTED || w == ROOMS_GRAPH_SOFT_FAILED)
         return 0;
-    int vrc = fed_recv_verify(rx, pdu_in, NULL, sig); /* the look-up above is made again
+    int vrc = fed_rooms_recv_verify(rx, pdu_in, NULL, sig); /* the look-up above is made again
                                                         * under the room's lock below */
     if (!rx->c) return -1;
     if (vrc < 0) {
@@ -114,16 +114,16 @@ static int backfill_one(pdu_job *rx, const json_t *pdu_in)
     json_t *auth = NULL;
     char awhy[ROOM_AUTH_WHY_LEN] = "its auth events are not known or were rejected";
     int rc;
-    fed_recv_auth ar = fed_recv_auth_events(rx, pdu, 1, &auth);
-    if (ar == FED_RECV_AUTH_UNAVAILABLE) { /* not decided: a later backfill may have it */
+    fed_rooms_recv_auth ar = fed_rooms_recv_auth_events(rx, pdu, 1, &auth);
+    if (ar == FED_ROOMS_RECV_AUTH_UNAVAILABLE) { /* not decided: a later backfill may have it */
         rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s skipped: an auth event "
                "of it could not be fetched now", id, rx->origin);
         rc = 0;
-    } else if (ar != FED_RECV_AUTH_READY ||
-               !fed_recv_auth_passes(rx->v, pdu, auth, awhy)) {
+    } else if (ar != FED_ROOMS_RECV_AUTH_READY ||
+               !fed_rooms_recv_auth_passes(rx->v, pdu, auth, awhy)) {
         rt_metric_add(bf_metrics.rejected, 1);
         rt_log(ATRIUM_LOG_INFO, "federation", "backfilled %s from %s rejected: %s", id, rx->origin, awhy);
-        rc = fed_recv_store_rejected(rx, id, pdu, awhy) < 0 ? -1 : 0;
+        rc = fed_rooms_recv_store_rejected(rx, id, pdu, awhy) < 0 ? -1 : 0;
     } else {
         room_tx tx;
         rooms_err e = {0};
@@ -170,7 +170,7 @@ static int backfill_from(pdu_job *rx, const json_t *servers, const char *from, i
     json_t *answer = NULL;
     for (size_t i = 0; i < json_array_size(servers) && i < RECV_BACKFILL_SERVERS_MAX && !answer; i++) {
         rx->origin = json_string_value(json_array_get(servers, i));
-        answer = fed_recv_ask(rx, "GET", uri, NULL);
+        answer = fed_rooms_recv_ask(rx, "GET", uri, NULL);
         if (answer && !json_is_array(json_object_get(answer, "pdus"))) {
             json_decref(answer);
             answer = NULL;
@@ -209,7 +209,7 @@ int fed_rooms_backfill(PGconn **cp, const char *room_id, int limit)
 {
     if (limit > FED_ROOMS_BACKFILL_MAX) limit = FED_ROOMS_BACKFILL_MAX;
     bool failed = false;
-    PGconn *c = *cp; /* only before the first request to a peer (fed_recv_ask) */
+    PGconn *c = *cp; /* only before the first request to a peer (fed_rooms_recv_ask) */
     pdu_job rx = {.c = c, .room_id = room_id, .v = rooms_version_of(c, room_id, &failed)};
     if (failed) return -1;
     if (!rx.v || limit <= 0) return 0;

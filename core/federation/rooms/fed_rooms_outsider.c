@@ -19,7 +19,7 @@
  * them, so a knock it rejects is not heard of here: the room stays in the user's knocks
  * until they knock again or leave.
  *
- * Everything else for a room we are not in is fed_rooms_receive.c's to refuse.
+ * Everything else for a room we are not in is fed_rooms_recv.c's to refuse.
  */
 #include <stdio.h>
 #include <string.h>

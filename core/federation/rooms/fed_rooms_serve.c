@@ -18,7 +18,7 @@
  * {roomId}", "Retrieve the state of a room at a given event") does not say whether the
  * event itself is included; Synapse answers the state before it and, asking another
  * server, adds the event itself when computing the state after a prev event. This server
- * follows Synapse on both sides (fed_rooms_receive.c asks the same way). What this file does not do: answer for rooms this server
+ * follows Synapse on both sides (fed_rooms_recv.c asks the same way). What this file does not do: answer for rooms this server
  * left (the same refusal as for unknown events).
  */
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /*
- * core/federation/rooms/fed_rooms_receive.c - the room model's handler of PDUs received in
+ * core/federation/rooms/fed_rooms_recv.c - the room model's handler of PDUs received in
  * transactions (fed_txn_set_pdu_handler): each PDU checked in the spec's order ("Checks
  * performed on receipt of a PDU") and then accepted into the room's stream, soft-failed
  * or rejected.
@@ -13,7 +13,7 @@
  *   3. the content hash: a mismatch goes on with the redacted event, stored redacted;
  *   4. the auth rules against the event's own auth events (first the spec's rule 2 on
  *      them: of this room, no pair twice, only those selection picks;
- *      fed_recv_auth_passes), every one of which must be known, of the event's own room
+ *      fed_rooms_recv_auth_passes), every one of which must be known, of the event's own room
  *      and not rejected (missing ones are fetched with /event, checked the same way and
  *      kept as outliers: an outlier whose auth events sit in another room is rejected);
  *      one that cannot be fetched now (the origin does not answer) decides nothing: the
@@ -34,7 +34,7 @@
  * state it was authorized against (rooms_tx_append_pdu), where /sync, /messages and
  * /members find it. Runs on the inbound pool's threads (fed_inbound.c): it may wait for
  * other servers, each request and key fetch with a deadline (fed_call.h), and never with
- * a database connection held: fed_recv_ask and fed_recv_verify give it back for the wait.
+ * a database connection held: fed_rooms_recv_ask and fed_rooms_recv_verify give it back for the wait.
  *
  * When the room then has several forward extremities whose states differ, the current
  * state becomes their resolution (resolve_current): current_state and, for memberships, a
@@ -76,7 +76,7 @@
 #define RECV_STATE_HOPS 3           /* rejected prev events looked through for a state */
 #define RECV_FETCH_MAX 200          /* events one PDU may fetch with /event (auth, gap) */
 #define RECV_REQUEST_TIMEOUT_MS 10000
-#define RECV_URI_BYTES FED_RECV_URI_BYTES
+#define RECV_URI_BYTES FED_ROOMS_RECV_URI_BYTES
 #define RECV_MAX_BODY_BYTES (16 * 1024 * 1024)
 
 enum recv_check {
@@ -106,7 +106,7 @@ static int reject(pdu_job *rx, int check, char err[FED_PDU_ERR_LEN], const char 
     return FED_PDU_REJECTED;
 }
 
-/* A rejection decided by the auth rules and kept (fed_recv_store_rejected): processed. */
+/* A rejection decided by the auth rules and kept (fed_rooms_recv_store_rejected): processed. */
 static int kept_rejected(int rc) { return rc == FED_PDU_REJECTED ? FED_PDU_REJECTED_KEPT : rc; }
 
 static int retry(char err[FED_PDU_ERR_LEN])
@@ -119,7 +119,7 @@ static int retry(char err[FED_PDU_ERR_LEN])
  * the pool for the wait (fed_call_hold: a slow peer must not pin a connection the whole
  * server needs) and is borrowed again after it; when none is free in time, rx->c stays
  * NULL and the answer is dropped: the caller's next query fails as a database error. */
-json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const json_t *body)
+json_t *fed_rooms_recv_ask(pdu_job *rx, const char *method, const char *uri, const json_t *body)
 {
     if (!rx->c) return NULL;
     fed_request_opts o = {.method = method, .destination = rx->origin, .uri = uri, .body = body,
@@ -139,7 +139,7 @@ json_t *fed_recv_ask(pdu_job *rx, const char *method, const char *uri, const jso
     return out;
 }
 
-int fed_recv_verify(pdu_job *rx, const json_t *pdu, bool *given_back,
+int fed_rooms_recv_verify(pdu_job *rx, const json_t *pdu, bool *given_back,
                     char why[FED_CALL_ERROR_BYTES])
 {
     fed_call_hold hold = {.c = &rx->c};
@@ -150,7 +150,7 @@ int fed_recv_verify(pdu_job *rx, const json_t *pdu, bool *given_back,
 
 /* ---- one event outside the stream: an auth event or a state event fetched ------------ */
 
-int fed_recv_store_rejected(pdu_job *rx, const char *id, const json_t *pdu, const char *why)
+int fed_rooms_recv_store_rejected(pdu_job *rx, const char *id, const json_t *pdu, const char *why)
 {
     return rooms_graph_store_outlier(rx->c, rx->room_id, id, pdu, "rejected", why, rx->origin);
 }
@@ -160,18 +160,18 @@ int fed_recv_store_rejected(pdu_job *rx, const char *id, const json_t *pdu, cons
  * rejected (REFUSED); an answer that is not the event asked for, or not signed by its
  * sender's server, is REFUSED and not kept; no answer, or its own auth events not to be
  * had now, is UNAVAILABLE and nothing is kept. */
-static fed_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth);
+static fed_rooms_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth);
 
-fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, json_t **auth)
+fed_rooms_recv_auth fed_rooms_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, json_t **auth)
 {
     *auth = NULL;
     json_t *refs = json_object_get(pdu, "auth_events"), *ids = json_array();
     const char *room_id = json_string_value(json_object_get(pdu, "room_id"));
-    fed_recv_auth out = FED_RECV_AUTH_READY;
-    for (size_t i = 0; i < json_array_size(refs) && out == FED_RECV_AUTH_READY; i++) {
+    fed_rooms_recv_auth out = FED_ROOMS_RECV_AUTH_READY;
+    for (size_t i = 0; i < json_array_size(refs) && out == FED_ROOMS_RECV_AUTH_READY; i++) {
         const char *aid = event_ref_id(json_array_get(refs, i));
         if (!aid) {
-            out = FED_RECV_AUTH_REFUSED;
+            out = FED_ROOMS_RECV_AUTH_REFUSED;
             break;
         }
         rooms_graph_where w;
@@ -179,24 +179,24 @@ fed_recv_auth fed_recv_auth_events(pdu_job *rx, const json_t *pdu, int depth, js
         char in_room[ROOMS_GRAPH_ID_BYTES] = "";
         json_t *have = rooms_graph_load(rx->c, aid, in_room, &w, &failed);
         json_decref(have);
-        if (failed) out = FED_RECV_AUTH_UNAVAILABLE;
-        else if (w == ROOMS_GRAPH_REJECTED) out = FED_RECV_AUTH_REFUSED;
+        if (failed) out = FED_ROOMS_RECV_AUTH_UNAVAILABLE;
+        else if (w == ROOMS_GRAPH_REJECTED) out = FED_ROOMS_RECV_AUTH_REFUSED;
         else if (w != ROOMS_GRAPH_ABSENT && strcmp(in_room, room_id ? room_id : "") != 0)
-            out = FED_RECV_AUTH_REFUSED; /* an event of another room authorises nothing here */
+            out = FED_ROOMS_RECV_AUTH_REFUSED; /* an event of another room authorises nothing here */
         else if (w == ROOMS_GRAPH_ABSENT)
-            out = depth > 0 ? fetch_outlier(rx, aid, depth - 1) : FED_RECV_AUTH_UNAVAILABLE;
+            out = depth > 0 ? fetch_outlier(rx, aid, depth - 1) : FED_ROOMS_RECV_AUTH_UNAVAILABLE;
         json_array_append_new(ids, json_string(aid));
     }
-    if (out == FED_RECV_AUTH_READY && rooms_pdus_of_ids(rx->c, ids, auth) < 0) {
+    if (out == FED_ROOMS_RECV_AUTH_READY && rooms_pdus_of_ids(rx->c, ids, auth) < 0) {
         json_decref(*auth);
         *auth = NULL;
-        out = FED_RECV_AUTH_UNAVAILABLE;
+        out = FED_ROOMS_RECV_AUTH_UNAVAILABLE;
     }
     json_decref(ids);
     return out;
 }
 
-bool fed_recv_auth_passes(const room_version *v, const json_t *pdu, const json_t *auth,
+bool fed_rooms_recv_auth_passes(const room_version *v, const json_t *pdu, const json_t *auth,
                           char *why)
 {
     /* The map holds one PDU per (type, state_key) and no event that is not state: fewer
@@ -216,45 +216,45 @@ bool fed_recv_auth_passes(const room_version *v, const json_t *pdu, const json_t
            room_auth_check_event(v, pdu, rooms_pdus_get, (void *)auth, why);
 }
 
-static fed_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth)
+static fed_rooms_recv_auth fetch_outlier(pdu_job *rx, const char *event_id, int depth)
 {
-    if (rx->fetched >= RECV_FETCH_MAX) return FED_RECV_AUTH_UNAVAILABLE;
+    if (rx->fetched >= RECV_FETCH_MAX) return FED_ROOMS_RECV_AUTH_UNAVAILABLE;
     rx->fetched++;
     char enc[RECV_URI_BYTES / 2], uri[RECV_URI_BYTES];
     if (!rt_uri_encode(event_id, enc, sizeof(enc))) {
         rt_log(ATRIUM_LOG_INFO, "federation", "event %s not fetched from %s: the ID is too long "
                "to send", event_id, rx->origin);
-        return FED_RECV_AUTH_UNAVAILABLE;
+        return FED_ROOMS_RECV_AUTH_UNAVAILABLE;
     }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/event/%s", enc);
-    json_t *answer = fed_recv_ask(rx, "GET", uri, NULL);
-    if (!answer) return FED_RECV_AUTH_UNAVAILABLE;
+    json_t *answer = fed_rooms_recv_ask(rx, "GET", uri, NULL);
+    if (!answer) return FED_ROOMS_RECV_AUTH_UNAVAILABLE;
     json_t *pdu = json_array_get(json_object_get(answer, "pdus"), 0);
     char why[EVENT_WHY_LEN], id[EVENT_ID_LEN], sig[FED_CALL_ERROR_BYTES];
     bool ok = json_is_object(pdu) &&
               strcmp(json_string_value(json_object_get(pdu, "room_id")) ?: "", rx->room_id) == 0 &&
               event_check_format(rx->v, pdu, why) == EVENT_FORMAT_OK &&
               event_compute_id(rx->v, pdu, id) == 0 && strcmp(id, event_id) == 0 &&
-              fed_recv_verify(rx, pdu, NULL, sig) == 0;
+              fed_rooms_recv_verify(rx, pdu, NULL, sig) == 0;
     if (!ok || !rx->c) { /* no connection back after a key fetch: decided later */
         json_decref(answer);
-        return ok ? FED_RECV_AUTH_UNAVAILABLE : FED_RECV_AUTH_REFUSED;
+        return ok ? FED_ROOMS_RECV_AUTH_UNAVAILABLE : FED_ROOMS_RECV_AUTH_REFUSED;
     }
     json_t *ev = event_content_hash_ok(pdu) ? json_incref(pdu) : event_redact(rx->v, pdu);
     json_decref(answer);
     json_t *auth = NULL;
     char awhy[ROOM_AUTH_WHY_LEN] = "its auth events are not known";
-    fed_recv_auth out = fed_recv_auth_events(rx, ev, depth, &auth);
-    if (out == FED_RECV_AUTH_READY && !fed_recv_auth_passes(rx->v, ev, auth, awhy))
-        out = FED_RECV_AUTH_REFUSED;
+    fed_rooms_recv_auth out = fed_rooms_recv_auth_events(rx, ev, depth, &auth);
+    if (out == FED_ROOMS_RECV_AUTH_READY && !fed_rooms_recv_auth_passes(rx->v, ev, auth, awhy))
+        out = FED_ROOMS_RECV_AUTH_REFUSED;
     int rc = 0;
-    if (out == FED_RECV_AUTH_READY)
+    if (out == FED_ROOMS_RECV_AUTH_READY)
         rc = rooms_graph_store_outlier(rx->c, rx->room_id, id, ev, "outlier", NULL, rx->origin);
-    else if (out == FED_RECV_AUTH_REFUSED)
-        rc = fed_recv_store_rejected(rx, id, ev, awhy);
+    else if (out == FED_ROOMS_RECV_AUTH_REFUSED)
+        rc = fed_rooms_recv_store_rejected(rx, id, ev, awhy);
     json_decref(auth);
     json_decref(ev);
-    if (rc != 0) return FED_RECV_AUTH_UNAVAILABLE;
+    if (rc != 0) return FED_ROOMS_RECV_AUTH_UNAVAILABLE;
     return out;
 }
 
@@ -351,7 +351,7 @@ static json_t *state_before_from_origin(pdu_job *rx, const char *event_id)
         return NULL;
     }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/state_ids/%s?event_id=%s", room, ev);
-    json_t *answer = fed_recv_ask(rx, "GET", uri, NULL);
+    json_t *answer = fed_rooms_recv_ask(rx, "GET", uri, NULL);
     json_t *ids = json_object_get(answer, "pdu_ids");
     bool ok = json_is_array(ids);
     for (size_t i = 0; ok && i < json_array_size(ids); i++) {
@@ -362,7 +362,7 @@ static json_t *state_before_from_origin(pdu_job *rx, const char *event_id)
         json_t *have = id ? rooms_graph_load(rx->c, id, in_room, &w, &failed) : NULL;
         json_decref(have);
         if (!id || failed) ok = false;
-        else if (w == ROOMS_GRAPH_ABSENT) ok = fetch_outlier(rx, id, 1) != FED_RECV_AUTH_UNAVAILABLE;
+        else if (w == ROOMS_GRAPH_ABSENT) ok = fetch_outlier(rx, id, 1) != FED_ROOMS_RECV_AUTH_UNAVAILABLE;
         else ok = strcmp(in_room, rx->room_id) == 0; /* another room's event: a lie */
     }
     json_t *map = NULL;
@@ -396,7 +396,7 @@ static json_t *state_after_prev(pdu_job *rx, const char *id, int hops, bool *bri
     }
     *bridged = true;
     if (!(map = state_before_from_origin(rx, id))) goto out;
-    if (!prev && fetch_outlier(rx, id, 1) != FED_RECV_AUTH_UNAVAILABLE)
+    if (!prev && fetch_outlier(rx, id, 1) != FED_ROOMS_RECV_AUTH_UNAVAILABLE)
         prev = rooms_graph_load(rx->c, id, NULL, &w, &failed);
     if (!prev) { /* not to be had: whether it changed the state is unknown */
         json_decref(map);
@@ -455,7 +455,7 @@ static bool gap_known(pdu_job *rx, const json_t *collected, const char *id)
     return json_object_get(collected, id) || fed_rooms_event_pos(rx->c, rx->room_id, id, NULL) > 0;
 }
 
-int fed_recv_by_depth(const void *x, const void *y)
+int fed_rooms_recv_by_depth(const void *x, const void *y)
 {
     json_int_t a = json_integer_value(json_object_get(*(json_t *const *)x, "depth")),
                b = json_integer_value(json_object_get(*(json_t *const *)y, "depth"));
@@ -477,7 +477,7 @@ static json_t *ask_missing(pdu_job *rx, json_t *earliest, json_t *frontier, json
         return NULL;
     }
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/get_missing_events/%s", room);
-    json_t *answer = fed_recv_ask(rx, "POST", uri, body);
+    json_t *answer = fed_rooms_recv_ask(rx, "POST", uri, body);
     json_decref(body);
     json_t *events = json_incref(json_object_get(answer, "events"));
     json_decref(answer);
@@ -547,7 +547,7 @@ static void fill_gap(pdu_job *rx, const char *event_id)
     const char *key;
     json_t *ev;
     json_object_foreach(collected, key, ev) if (sorted) sorted[k++] = ev;
-    if (sorted) qsort(sorted, k, sizeof(*sorted), fed_recv_by_depth);
+    if (sorted) qsort(sorted, k, sizeof(*sorted), fed_rooms_recv_by_depth);
     pdu_job inner = *rx;
     inner.nesting++;
     size_t i = 0;
@@ -738,7 +738,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
      * after such a wait. */
     char sig[FED_CALL_ERROR_BYTES];
     bool given_back = false;
-    rc = fed_recv_verify(rx, pdu_in, &given_back, sig);
+    rc = fed_rooms_recv_verify(rx, pdu_in, &given_back, sig);
     if (!rx->c) return retry(err);
     if (rc < 0) return reject(rx, RC_SIGNATURE, err, "%s", sig);
     if (given_back && (rc = admit(rx, pdu_in, id, err)) != PDU_GO) return rc;
@@ -753,8 +753,8 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
     json_t *auth = NULL, *before = NULL, *current = NULL, *state_ids = NULL;
     bool bridged = false; /* the state before it came from the origin (a gap) */
     char why[ROOM_AUTH_WHY_LEN] = "its auth events are not known or were rejected";
-    fed_recv_auth ar = fed_recv_auth_events(rx, pdu, 1, &auth);
-    if (ar == FED_RECV_AUTH_UNAVAILABLE) {
+    fed_rooms_recv_auth ar = fed_rooms_recv_auth_events(rx, pdu, 1, &auth);
+    if (ar == FED_ROOMS_RECV_AUTH_UNAVAILABLE) {
         /* Nothing decided: kept as rejected, it could never be accepted later, when the
          * origin (a server just back from an outage, say) answers. */
         rt_log(ATRIUM_LOG_INFO, "federation", "%s from %s not processed: an auth event of "
@@ -763,8 +763,8 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
         rc = FED_PDU_RETRY;
         goto out;
     }
-    if (ar != FED_RECV_AUTH_READY || !fed_recv_auth_passes(rx->v, pdu, auth, why)) {
-        if (fed_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
+    if (ar != FED_ROOMS_RECV_AUTH_READY || !fed_rooms_recv_auth_passes(rx->v, pdu, auth, why)) {
+        if (fed_rooms_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
         else rc = kept_rejected(reject(rx, RC_AUTH_EVENTS, err, "%s", why));
         goto out;
     }
@@ -783,7 +783,7 @@ static int receive(pdu_job *rx, const json_t *pdu_in, char err[FED_PDU_ERR_LEN])
         goto out;
     }
     if (!room_auth_check_event(rx->v, pdu, rooms_pdus_get, before, why)) {
-        if (fed_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
+        if (fed_rooms_recv_store_rejected(rx, id, pdu, why) < 0) rc = retry(err);
         else rc = kept_rejected(reject(rx, RC_STATE_BEFORE, err, "%s", why));
         goto out;
     }
@@ -827,13 +827,13 @@ static int on_pdu(void *ctx, const char *origin, const json_t *pdu, char err[FED
     pdu_job rx = {.origin = origin, .c = c, .gap_deadline_ms = rt_now_ms() + RECV_GAP_BUDGET_MS};
     int rc = receive(&rx, pdu, err);
     if (!rx.c) return retry(err); /* not borrowed again after a request to a peer */
-    db_release(db_global(), rx.c); /* maybe another connection than c (fed_recv_ask) */
+    db_release(db_global(), rx.c); /* maybe another connection than c (fed_rooms_recv_ask) */
     return rc;
 }
 
 #define PDUS_HELP "PDUs received, by outcome and, for rejections, the check that failed"
 
-int fed_rooms_receive_init(fed_module *m)
+int fed_rooms_recv_init(fed_module *m)
 {
     static const double buckets[] = {0.001, 0.005, 0.02, 0.1, 0.5, 2, 10};
     for (int i = 0; i < RC__N; i++) {
