@@ -26,9 +26,12 @@ import unittest
 import urllib.parse
 
 from accounts import REGISTRATION_ON, register
-from federation_support import FederatedServer, TestCA
+from common import Background, wait_until
+from federation_support import FederatedServer, HungServer, TestCA
 from rooms_client import Client, quote
 from test_federation import A_IP, B_IP
+
+HUNG_IP = "127.0.0.87"  # a peer that takes connections and never answers
 
 
 class RemoteChildrenTest(unittest.TestCase):
@@ -143,6 +146,36 @@ class RemoteChildrenTest(unittest.TestCase):
         self.assertEqual([room["room_id"] for room in body["rooms"]], [root, self.bp])
         # The dead via first (it failed), then B, which answered; bp came with B's answer.
         self.assertEqual((self.asked("ok") - ok, self.asked("failed") - failed), (1, 1))
+
+    def test_at_most_four_servers_are_asked_for_a_root(self):
+        root = self.remote_space("B far", "public_chat", ())
+        dead = [f"127.0.0.99:{port}" for port in (11, 12, 13, 14)]
+        failed = self.asked("failed")
+        # Four dead vias use up the root's servers before B, the room's own, is reached.
+        status, body = self.hierarchy(root, via=dead)
+        self.assertEqual((status, body.get("errcode")), (404, "M_NOT_FOUND"), body)
+        self.assertEqual(self.asked("failed") - failed, 4)
+        # Three leave B its turn.
+        status, body = self.hierarchy(root, via=dead[:3])
+        self.assertEqual((status, [r["room_id"] for r in body.get("rooms", [])]), (200, [root]))
+
+    def test_a_silent_via_parks_the_request_under_the_budget_until_it_gives_way(self):
+        hung = HungServer(HUNG_IP)
+        self.addCleanup(hung.close)
+        root = self.remote_space("B slow", "public_chat", ())
+        first = Background(self.hierarchy, root, via=[hung.server_name, self.b.server_name])
+        wait_until(lambda: len(hung.accepted) == 1, what="A asking the silent via")
+        # Parked on it: alice's one slot of the outbound budget is taken (429 at once), and
+        # carol's hierarchy of a space A is in answers meanwhile.
+        status, body = self.hierarchy(root)
+        self.assertEqual((status, body.get("errcode")), (429, "M_LIMIT_EXCEEDED"), body)
+        status, body = self.hierarchy(self.a_room, client=self.carol)
+        self.assertEqual((status, [r["room_id"] for r in body["rooms"]]), (200, [self.a_room]))
+        self.assertFalse(first.done())
+        # The silent server hangs up: B, next in turn, answers the parked request.
+        hung.close()
+        status, body = first.result(timeout=60)
+        self.assertEqual((status, [r["room_id"] for r in body["rooms"]]), (200, [root]), body)
 
     def test_a_via_that_is_not_a_server_name_is_refused_before_anything_is_asked(self):
         ok, failed = self.asked("ok"), self.asked("failed")
