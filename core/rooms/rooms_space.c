@@ -216,8 +216,9 @@ int rooms_space_resident(PGconn *c, const char *room_id)
     return n > 0;
 }
 
-/* Is user_id (or one of server's users) a member of room_id: joined (with invite, or
- * invited)? 1, 0, -1. */
+/* Is user_id (or one of server's users) a member of room_id: joined (with invite_counts,
+ * or invited)? A user's invite to a room this server is not in is their newest membership
+ * (an outlier kept with remote_invites), not current state. 1, 0, -1. */
 static int member_of(PGconn *c, const char *room_id, const char *user_id, const char *server,
                      bool invite_counts)
 {
@@ -227,6 +228,9 @@ static int member_of(PGconn *c, const char *room_id, const char *user_id, const 
         user_id ? "SELECT 1 FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
                   " AND state_key = $2 AND (membership = 'join'"
                   "  OR ($3::boolean AND membership = 'invite'))"
+                  " UNION ALL SELECT 1 FROM (SELECT membership FROM memberships"
+                  "  WHERE room_id = $1 AND user_id = $2 ORDER BY stream_pos DESC LIMIT 1) m"
+                  " WHERE $3::boolean AND m.membership = 'invite'"
                 : "SELECT 1 FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
                   " AND substr(state_key, strpos(state_key, ':') + 1) = $2"
                   " AND (membership = 'join' OR ($3::boolean AND membership = 'invite')) LIMIT 1",
@@ -247,7 +251,7 @@ int rooms_space_may_see(PGconn *c, const json_t *summary, const char *user_id,
         strcmp(rule, "knock_restricted") == 0 ||
         json_is_true(json_object_get(summary, "world_readable")))
         return 1;
-    int rc = member_of(c, room, user_id, server, user_id != NULL);
+    int rc = member_of(c, room, user_id, server, true);
     if (rc != 0) return rc;
     if (strcmp(rule, "restricted") != 0) return 0;
     size_t i;

@@ -50,7 +50,8 @@ bool rooms_space_order_ok(const json_t *order);
 int rooms_space_resident(PGconn *c, const char *room_id);
 
 /* Who may see a room in a hierarchy (the spec's list for GET /hierarchy, and for a server
- * the same with "one of its users"): a member (join; for a user also invite); anyone when
+ * the same with "one of its users", as Synapse does): a member, joined or invited (for a
+ * user, also a pending invite to a room this server is not in); anyone when
  * the join rule is public, knock or knock_restricted, or history_visibility is
  * world_readable; under restricted, a member of one of allowed_room_ids. summary is the
  * room's extended rooms_summary. Exactly one of user_id and server is given. 1, 0, -1

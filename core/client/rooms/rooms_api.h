@@ -239,13 +239,16 @@ int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, con
  * ROOMS_E_DB. */
 int rooms_join_needs_remote(PGconn *c, const char *room_id);
 /* [req] The servers to join room_id through, in the order tried: the request's
- * server_name (and via) arguments, the room ID's server, then the servers of the members
- * this server last knew joined. A new array. */
-json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id);
-/* Are the request's `server_name` and `via` query parameters all server names
- * (core/runtime/server_name.h)? false after answering 400 M_INVALID_PARAM naming the first
- * that is not: checked before any of them is asked (or backed off). */
-bool rooms_vias_ok(atrium_req *r);
+ * server_name and via arguments (with msc4235 also org.matrix.msc4235.via, the space
+ * hierarchy's), in the order given, the room ID's server, the servers of remote users who
+ * invited ours to it, then the servers of the members this server last knew joined. May
+ * repeat a name or hold this server's. A new array. */
+json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id, bool msc4235);
+/* Are the request's `server_name` and `via` query parameters (with msc4235 also
+ * org.matrix.msc4235.via) all server names (core/runtime/server_name.h)? false after
+ * answering 400 M_INVALID_PARAM naming the first that is not: checked before any of them
+ * is asked (or backed off). */
+bool rooms_vias_ok(atrium_req *r, bool msc4235);
 /* ---- knocking (rooms_knock.c) -------------------------------------------------------- */
 
 /* [req] The servers to withdraw user's knock on room_id through (a leave, on the remote

@@ -6,9 +6,13 @@
  * the spec's order (rooms_space_children, core/rooms/rooms_space.c), a child before its
  * next sibling; a room met twice (a loop, a room in two spaces) is shown once. A room the
  * user may not see (rooms_space_may_see) is left out with everything under it; the root
- * itself must be visible, else 403 (as for an unknown root: the spec's 403 "the room does
- * not exist"). A child this server is not resident in is asked of the servers in its `via`
- * (rooms_hierarchy_remote.c, parked, cached briefly); one that cannot be had is left out.
+ * itself must be visible, else 403 (as for an unknown root no server can be asked about:
+ * the spec's 403 "the room does not exist"). A child this server is not resident in is
+ * asked of the servers in its `via` (rooms_hierarchy_remote.c, parked, cached briefly);
+ * one that cannot be had is left out. A root this server is not in is asked of the servers
+ * of docs/adr/0028-remote-hierarchy-root.md in turn (the request's via, server_name and
+ * org.matrix.msc4235.via, checked against the grammar first, then the servers this server
+ * knows for it); when none of them can show it, 404.
  *
  * Paging holds no state on the server: a `from` token names how many visible rooms the
  * earlier pages showed and a hash of what the walk depends on (root, user, suggested_only,
@@ -121,15 +125,21 @@ static bool read_params(atrium_req *r, hwalk *w)
 
 /* The chunk of a room for w's user (a new object, with children_state) in *entry: 1 shown,
  * 0 left out (unknown, hidden, or still being asked of another server: w->parked), -1
- * database, -2 the outbound budget is full. */
+ * database, -2 the outbound budget is full, -3 a root this server is not in that no server
+ * asked could show. */
 static int room_entry(hwalk *w, const char *room_id, const json_t *vias, json_t **entry)
 {
     *entry = NULL;
     json_t *s = NULL;
     int res = rooms_space_resident(w->c, room_id);
     if (res < 0) return -1;
-    if (res == 0) {
-        if (!vias || strcmp(room_id, w->root) == 0) return 0;
+    if (res == 0 && strcmp(room_id, w->root) == 0) {
+        json_t *servers = rooms_remote_vias(w->r, w->c, room_id, true);
+        int rc = rooms_hierarchy_remote_root(w->r, room_id, servers, w->suggested, &s, &w->parked);
+        json_decref(servers);
+        if (rc <= 0) return rc == -4 ? 0 : rc;
+    } else if (res == 0) {
+        if (!vias) return 0;
         int rc = rooms_hierarchy_remote(w->r, room_id, vias, w->suggested, &s, &w->parked);
         if (rc <= 0) return rc;
     } else {
@@ -170,7 +180,7 @@ static void push_children(json_t *stack, const json_t *entry, int64_t depth)
 }
 
 /* Walk from the root. 0 done (w->page, w->more; or w->parked), 1 the root cannot be seen,
- * 2 the outbound budget is full, -1 database. */
+ * 2 the outbound budget is full, 3 no server could show the root, -1 database. */
 static int walk(hwalk *w)
 {
     json_t *stack = json_pack("[{s:s, s:I}]", "room_id", w->root, "depth", (json_int_t)0);
@@ -188,11 +198,11 @@ static int walk(hwalk *w)
             shown = room_entry(w, room, json_object_get(top, "via"), &entry);
         }
         json_decref(top);
+        if (w->parked) break; /* the page waits for another server's answer */
         if (shown < 0 || (shown == 0 && depth == 0)) {
-            rc = shown == -2 ? 2 : shown < 0 ? -1 : 1;
+            rc = shown == -2 ? 2 : shown == -3 ? 3 : shown < 0 ? -1 : 1;
             break;
         }
-        if (w->parked) break; /* the page waits for another server's answer */
         if (!shown) continue;
         if (w->seen >= w->skip + w->limit) { /* one room past the page: there is more */
             w->more = true;
@@ -213,7 +223,7 @@ static int get_hierarchy(atrium_req *r)
 {
     hwalk w = {.r = r};
     if (!(w.user = auth_request(r)) || !(w.root = rooms_param_room(r))) return ATRIUM_DONE;
-    if (!read_params(r, &w)) return ATRIUM_DONE;
+    if (!read_params(r, &w) || !rooms_vias_ok(r, true)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_SHUTDOWN)
         return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
     rooms_hierarchy_run_begin(r);
@@ -238,6 +248,12 @@ static int get_hierarchy(atrium_req *r)
         json_decref(w.page);
         return http_respond_error(r, 403, "M_FORBIDDEN",
                                   "You may not see this room, or it is unknown here");
+    }
+    if (rc == 3) {
+        json_decref(w.page);
+        return http_respond_error(r, 404, "M_NOT_FOUND",
+                                  "No server asked could show this room; name one that is "
+                                  "in it with via");
     }
     json_t *body = json_pack("{s:o}", "rooms", w.page);
     if (w.more) json_object_set_new(body, "next_batch", json_string(make_token(&w, w.seen)));

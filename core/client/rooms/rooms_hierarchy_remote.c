@@ -10,6 +10,8 @@
  * again from the root and finds the room cached. One server is asked per run and at most
  * ROOMS_HIERARCHY_MAX_FETCHES per request, each within the request's deadline; a child
  * still unknown after that is left out, as the spec leaves out what cannot be had.
+ * A root this server is not in is asked the same way of a list of servers in turn, the
+ * next after one that failed (rooms_hierarchy_remote_root, docs/adr/0028-remote-hierarchy-root.md).
  *
  * The cache (docs/adr/0012-hierarchy-cache.md) is one fixed table per process: an entry
  * per (room, suggested_only), the room's summary as the answer gave it, cleaned to the
@@ -48,8 +50,10 @@ static struct {
 typedef struct hier_state {
     bool started, done, gave_up, slot;
     int fetches;
+    int root_asked; /* servers asked for the root so far (rooms_hierarchy_remote_root) */
     char room[ATRIUM_ROOM_ID_MAX_BYTES + 1];
     bool suggested;
+    bool root; /* the room asked is the walk's root: its failure is not remembered */
 } hier_state;
 
 /* ---- the cache ------------------------------------------------------------------------ */
@@ -185,7 +189,9 @@ static void fetched(void *arg, const fed_response *res)
                res->destination ? res->destination : "?", res->error ? res->error : "unusable answer",
                res->status);
     }
-    store(st->room, st->suggested, room, true, now);
+    /* A root that one server could not show may be had from the next (ADR-0028): only
+     * its success is kept. */
+    if (room || !st->root) store(st->room, st->suggested, room, true, now);
     pthread_mutex_unlock(&hcache.lock);
     rt_metric_add(room ? hcache.ok : hcache.failed, 1);
     st->done = true;
@@ -226,15 +232,16 @@ void rooms_hierarchy_run_begin(atrium_req *r)
     else st->gave_up = true;           /* the deadline or shutdown woke us first */
 }
 
-/* A cached entry for a walk: 1 (*entry set), 0 a remembered failure, -1 not cached. */
-static int cached(const char *room_id, bool suggested, json_t **entry)
+/* A cached entry for a walk: 1 (*entry set), 0 a remembered failure (unless
+ * skip_failures: then -1), -1 not cached. */
+static int cached(const char *room_id, bool suggested, bool skip_failures, json_t **entry)
 {
     int rc = -1;
     pthread_mutex_lock(&hcache.lock);
     cache_entry *e = find(room_id, suggested, rt_now_ms());
     const char *type = e && e->summary ? json_string_value(json_object_get(e->summary, "room_type")) : NULL;
     bool space = type && strcmp(type, "m.space") == 0;
-    if (e && !e->summary) rc = 0;
+    if (e && !e->summary) rc = skip_failures ? -1 : 0;
     else if (e && (e->with_children || !space)) {
         *entry = json_deep_copy(e->summary);
         if (*entry && !json_object_get(*entry, "children_state"))
@@ -268,32 +275,29 @@ static hier_state *state_of(atrium_req *r)
     return r->core_state;
 }
 
-int rooms_hierarchy_remote(atrium_req *r, const char *room_id, const json_t *vias,
-                           bool suggested, json_t **entry, int *parked)
+/* Ask via for room_id's hierarchy, parked until it answers or deadline_ms (this request's
+ * deadline or sooner). 0 asked (*parked set), -1 not asked (no slot, the deadline, an ID too
+ * long), -2 the outbound budget is full. */
+static int ask(atrium_req *r, hier_state *st, const char *room_id, const char *via,
+               bool suggested, bool root, int64_t deadline_ms, int *parked)
 {
-    *entry = NULL;
-    int rc = cached(room_id, suggested, entry);
-    if (rc >= 0) return rc;
-    hier_state *st = state_of(r);
-    const char *via = pick_via(vias);
-    if (*parked || !st || st->gave_up || st->started || st->fetches >= ROOMS_HIERARCHY_MAX_FETCHES ||
-        !via || strlen(room_id) > ATRIUM_ROOM_ID_MAX_BYTES)
-        return 0;
+    if (strlen(room_id) > ATRIUM_ROOM_ID_MAX_BYTES) return -1;
     if (!st->slot) {
         int taken = take_slot(r);
         if (taken == ATRIUM_E_LIMIT) return -2;
-        if (taken < 0) return 0;
+        if (taken < 0) return -1;
         st->slot = true;
     }
     char enc[HIERARCHY_URI_BYTES / 2], uri[HIERARCHY_URI_BYTES];
-    if (!rt_uri_encode(room_id, enc, sizeof(enc))) return 0;
+    if (!rt_uri_encode(room_id, enc, sizeof(enc))) return -1;
     snprintf(uri, sizeof(uri), "/_matrix/federation/v1/hierarchy/%s?suggested_only=%s", enc,
              suggested ? "true" : "false");
     snprintf(st->room, sizeof(st->room), "%s", room_id);
     st->suggested = suggested;
+    st->root = root;
     if (susp_wait(r, r->deadline_ms) < 0) {
         st->gave_up = true;
-        return 0;
+        return -1;
     }
     st->started = true;
     st->done = false;
@@ -301,11 +305,67 @@ int rooms_hierarchy_remote(atrium_req *r, const char *room_id, const json_t *via
     *parked = 1;
     fed_request_opts o = {.method = "GET", .destination = via, .uri = uri, .want_json = true,
                           .max_body_bytes = ROOMS_HIERARCHY_MAX_ANSWER_BYTES,
-                          .deadline_ms = r->deadline_ms, .on_done = fetched, .arg = r};
+                          .deadline_ms = deadline_ms, .on_done = fetched, .arg = r};
     if (fed_request_submit(&o) < 0) {
         fed_response res = {.outcome = FED_HTTP_E_INTERNAL, .error = "the outbound client refused",
                             .destination = via};
         fetched(r, &res);
     }
     return 0;
+}
+
+int rooms_hierarchy_remote(atrium_req *r, const char *room_id, const json_t *vias,
+                           bool suggested, json_t **entry, int *parked)
+{
+    *entry = NULL;
+    int rc = cached(room_id, suggested, false, entry);
+    if (rc >= 0) return rc;
+    hier_state *st = state_of(r);
+    const char *via = pick_via(vias);
+    if (*parked || !st || st->gave_up || st->started || st->fetches >= ROOMS_HIERARCHY_MAX_FETCHES ||
+        !via)
+        return 0;
+    return ask(r, st, room_id, via, suggested, false, r->deadline_ms, parked) == -2 ? -2 : 0;
+}
+
+/* The n-th server of servers (from 0) that is neither this one nor named before it, or
+ * NULL; *count: how many such there are in all. */
+static const char *nth_candidate(const json_t *servers, int n, int *count)
+{
+    const char *pick = NULL;
+    *count = 0;
+    for (size_t i = 0; i < json_array_size(servers); i++) {
+        const char *s = json_string_value(json_array_get(servers, i));
+        bool repeat = !s || !*s || strcmp(s, rooms_server_name()) == 0;
+        for (size_t j = 0; !repeat && j < i; j++)
+            repeat = json_equal(json_array_get(servers, j), json_array_get(servers, i));
+        if (repeat) continue;
+        if (*count == n) pick = s;
+        (*count)++;
+    }
+    return pick;
+}
+
+int rooms_hierarchy_remote_root(atrium_req *r, const char *room_id, const json_t *servers,
+                                bool suggested, json_t **entry, int *parked)
+{
+    *entry = NULL;
+    if (cached(room_id, suggested, true, entry) == 1) return 1;
+    hier_state *st = state_of(r);
+    int count = 0;
+    const char *via = nth_candidate(servers, st ? st->root_asked : 0, &count);
+    if (count == 0) return -4;
+    if (!st || st->gave_up || st->started || st->root_asked >= ROOMS_HIERARCHY_MAX_ROOT_SERVERS ||
+        st->fetches >= ROOMS_HIERARCHY_MAX_FETCHES || !via)
+        return -3;
+    /* Each server gets an even share of the time left, so a silent first one leaves the
+     * others theirs (a refused connection fails at once and gives its share on). */
+    int left = count - st->root_asked;
+    if (left > ROOMS_HIERARCHY_MAX_ROOT_SERVERS - st->root_asked)
+        left = ROOMS_HIERARCHY_MAX_ROOT_SERVERS - st->root_asked;
+    int64_t now = rt_now_ms(), deadline = r->deadline_ms;
+    if (deadline > now) deadline = now + (deadline - now) / left;
+    st->root_asked++;
+    int rc = ask(r, st, room_id, via, suggested, true, deadline, parked);
+    return rc == -2 ? -2 : rc < 0 ? -3 : 0;
 }

@@ -359,7 +359,7 @@ json_t *rooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const ch
                             2, p, NULL);
     if (res && PQntuples(res) == 1) json_array_append_new(vias, json_string(PQgetvalue(res, 0, 0)));
     PQclear(res);
-    json_t *more = rooms_remote_vias(r, c, room_id);
+    json_t *more = rooms_remote_vias(r, c, room_id, false);
     json_array_extend(vias, more);
     json_decref(more);
     return vias;
@@ -386,7 +386,7 @@ static int knock_room(atrium_req *r, const char *user, const char *room_id,
             return rooms_to_remote_pool(r);
         }
         json_t *vias = alias_vias ? json_deep_copy(alias_vias) : json_array();
-        json_t *more = rooms_remote_vias(r, c, room_id);
+        json_t *more = rooms_remote_vias(r, c, room_id, false);
         http_db_checkin(c);
         json_array_extend(vias, more);
         json_decref(more);
@@ -415,7 +415,7 @@ static int post_knock(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    if (!rooms_vias_ok(r)) return ATRIUM_DONE;
+    if (!rooms_vias_ok(r, false)) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
     if (target && target[0] == '#') return rooms_act_on_alias(r, user, target, knock_room);
     if (!rooms_room_id_ok(target))

@@ -313,7 +313,7 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
             return rooms_to_remote_pool(r);
         }
         json_t *vias = alias_vias ? json_deep_copy(alias_vias) : json_array();
-        json_t *more = rooms_remote_vias(r, c, room_id);
+        json_t *more = rooms_remote_vias(r, c, room_id, false);
         http_db_checkin(c);
         json_array_extend(vias, more);
         json_decref(more);
@@ -426,7 +426,7 @@ static int post_join(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    if (!rooms_vias_ok(r)) return ATRIUM_DONE;
+    if (!rooms_vias_ok(r, false)) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
     if (target && target[0] == '#') return rooms_act_on_alias(r, user, target, join_room);
     if (!rooms_room_id_ok(target))
@@ -455,7 +455,7 @@ static int post_leave(atrium_req *r)
     /* An invite declined on the remote pool: the servers to decline through, read while
      * the connection is held (given back at this one place). */
     json_t *vias = through_remote && r->run_reason == ATRIUM_RUN_HANDOFF && !knocked
-                       ? rooms_remote_vias(r, c, room)
+                       ? rooms_remote_vias(r, c, room, false)
                        : NULL;
     http_db_checkin(c);
     if (through_remote) {

@@ -531,12 +531,19 @@ int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, cons
     return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
 }
 
-bool rooms_vias_ok(atrium_req *r)
+/* Does query parameter name name a server to ask? server_name and via (join, knock), and
+ * with msc4235 also org.matrix.msc4235.via (the hierarchy's, MSC4235). */
+static bool via_arg(const char *name, bool msc4235)
+{
+    return strcmp(name, "server_name") == 0 || strcmp(name, "via") == 0 ||
+           (msc4235 && strcmp(name, "org.matrix.msc4235.via") == 0);
+}
+
+bool rooms_vias_ok(atrium_req *r, bool msc4235)
 {
     for (size_t i = 0; i < r->n_args; i++) {
         const char *name = r->args[i].name, *value = r->args[i].value;
-        if ((strcmp(name, "server_name") == 0 || strcmp(name, "via") == 0) && value && *value &&
-            !rt_server_name_valid(value)) {
+        if (via_arg(name, msc4235) && value && *value && !rt_server_name_valid(value)) {
             http_respond_error(r, 400, "M_INVALID_PARAM",
                                "'%s' is not a server name: %.64s", name, value);
             return false;
@@ -545,19 +552,18 @@ bool rooms_vias_ok(atrium_req *r)
     return true;
 }
 
-json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id)
+json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id, bool msc4235)
 {
     json_t *vias = json_array();
     for (size_t i = 0; i < r->n_args; i++)
-        if ((strcmp(r->args[i].name, "server_name") == 0 || strcmp(r->args[i].name, "via") == 0) &&
-            r->args[i].value && *r->args[i].value)
+        if (via_arg(r->args[i].name, msc4235) && r->args[i].value && *r->args[i].value)
             json_array_append_new(vias, json_string(r->args[i].value));
     json_array_append_new(vias, json_string(room_auth_domain(room_id)));
     /* Invited from another server: the inviter's server is in the room. */
     const char *q[1] = {room_id};
     PGresult *inv = rooms_q(c,
                             "SELECT DISTINCT substr(sender, strpos(sender, ':') + 1)"
-                            " FROM remote_invites WHERE room_id = $1 LIMIT 8",
+                            " FROM remote_invites WHERE room_id = $1 ORDER BY 1 LIMIT 8",
                             1, q, NULL);
     for (int i = 0; inv && i < PQntuples(inv); i++)
         json_array_append_new(vias, json_string(PQgetvalue(inv, i, 0)));
@@ -567,7 +573,7 @@ json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id)
     PGresult *res = rooms_q(c,
                             "SELECT DISTINCT substr(state_key, strpos(state_key, ':') + 1)"
                             " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
-                            " AND membership = 'join' LIMIT 8",
+                            " AND membership = 'join' ORDER BY 1 LIMIT 8",
                             1, p, NULL);
     for (int i = 0; res && i < PQntuples(res); i++)
         json_array_append_new(vias, json_string(PQgetvalue(res, i, 0)));

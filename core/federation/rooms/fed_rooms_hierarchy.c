@@ -6,8 +6,8 @@
  * The room must be one this server is resident in (one of our users joined), its server
  * ACL must allow the origin, and the origin must be able to see it by the hierarchy's
  * rule for servers (rooms_space_may_see, core/rooms/rooms_space.c: public, knockable or
- * world_readable, or one of its users joined to it or, when restricted, to an allowed
- * room); else 404, as the spec says ("unable to peek/join"). Each child this server is
+ * world_readable, or one of its users joined to it or invited (so a user invited to a
+ * space can look into it first), or, when restricted, joined to an allowed room); else 404, as the spec says ("unable to peek/join"). Each child this server is
  * resident in is either in `children` (its summary) or, when the origin could not see it
  * or the child's ACL denies the origin, in `inaccessible_children`; a child this server
  * does not hold is left out, since it cannot speak for it.
