@@ -7,7 +7,8 @@
  * plugin; every route carries it as its argument (req_route_arg), and pool tasks carry it
  * in their job, so no file keeps state of its own (media_host, the host table set once in
  * init, is the only global). Which file owns which decision:
- *   media.c     settings, routes, lifecycle, the config endpoint
+ *   media.c     routes, lifecycle, the config endpoint
+ *   media_settings.c every plugins.media setting (the descriptor's table)
  *   delivery.c  the delivery line, authorization after admission, the media look-up and
  *               the wait for asynchronous uploads (every GET/HEAD of content passes here)
  *   download.c  serving an original: conditional requests, ranges, the file
@@ -21,7 +22,10 @@
  *   upload.c    upload, create and the asynchronous upload PUT
  *   admin.c     the Synapse-shaped admin API
  *   verify.c    checking every original against its recorded SHA-256 (admin and CLI)
- *   verify_cli.c atrium-media-verify, the command line around verify.c
+ *   verify_cli.c atrium-media-verify (`atrium verify-media`), the command around verify.c
+ *   migrate.c   atrium media migrate: a library between the local folder and the bucket
+ *   migrate_cli.c atrium-media-migrate, the command around migrate.c
+ *   cli_host.c  what the commands stand on: the settings from stdin, a small host table
  *   fed_serve.c serving this server's media to other servers (multipart/mixed)
  *   remote.c    remote media on the request path: defer/admitted modes, the remote cache
  *               look-up, the negative cache, the join of the one fetch per file
@@ -44,6 +48,7 @@
  *   s3.c        storage: s3 - the bucket checked at start, originals written to it and
  *               read through from it into the local folder (s3.h)
  *   s3_cache.c  storage: s3 - the local folder's bound: recency, eviction of originals
+ *   s3_multipart.c storage: s3 - originals above the part size, and leftover uploads
  */
 #ifndef MEDIA_H
 #define MEDIA_H
