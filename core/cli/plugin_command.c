@@ -58,8 +58,9 @@ static json_t *resolved_settings(const cfg_node *root, const char *name,
     snprintf(path, sizeof(path), "plugins.%s", name);
     const cfg_node *sub = cfg_get(root, path);
     size_t size = 0;
-    for (size_t i = 0; i < doc->n_rows; i++)
-        if (doc->rows[i].offset + sizeof(int64_t) > size) size = doc->rows[i].offset + sizeof(int64_t);
+    for (size_t i = 0; i < doc->n_rows; i++) /* the struct the rows describe, at least */
+        if (doc->rows[i].offset + sizeof(int64_t) > size)
+            size = doc->rows[i].offset + sizeof(int64_t);
     char *base = calloc(1, size ? size : 1);
     json_t *out = json_object();
     if (!base || !out) {

@@ -81,7 +81,8 @@ static int check_copy(migrate_run *r, const char *kind, const char *name, const 
     int rc = s3_object_sha256(r->m, key, got, &got_size);
     if (rc == S3_FAILED) return -1;
     if (rc == S3_NOT_FOUND || got_size != want_size || strcmp(got, want_hex) != 0) {
-        problem(r, kind, name, "the object read back differs from what was sent: deleted, run again");
+        problem(r, kind, name,
+                "the object read back differs from what was sent: deleted, run again");
         s3_delete_object(r->m, key);
         return 0;
     }
@@ -91,7 +92,8 @@ static int check_copy(migrate_run *r, const char *kind, const char *name, const 
 
 static int original_to_s3(migrate_run *r, const media_brief *it)
 {
-    char key[S3_KEY_MAX], path[MEDIA_PATH_MAX], hex[SHA256_HEX_CHARS + 1], detail[MEDIA_PATH_MAX + 200];
+    char key[S3_KEY_MAX], path[MEDIA_PATH_MAX], hex[SHA256_HEX_CHARS + 1];
+    char detail[MEDIA_PATH_MAX + 200];
     if (s3_original_key(it->media_id, key, sizeof(key)) < 0 ||
         store_original_path(r->m, it->media_id, path, sizeof(path)) < 0) {
         problem(r, "original", it->media_id, "its name is too long");
@@ -148,7 +150,8 @@ static int original_to_local(migrate_run *r, const media_brief *it)
     if (rc == S3_FAILED) return -1;
     if (rc == S3_OK) copied(r, "original", it->media_id, it->size);
     else if (rc == S3_MISMATCH)
-        problem(r, "original", it->media_id, "the object does not hash to its row's SHA-256: not copied");
+        problem(r, "original", it->media_id,
+                "the object does not hash to its row's SHA-256: not copied");
     else if (!row_gone(r, it->media_id))
         problem(r, "original", it->media_id, "no object in the bucket");
     return 0;
