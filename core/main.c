@@ -73,6 +73,9 @@ static void usage(FILE *f)
             "              [--url URL]            create an account on the running server\n"
             "       atrium verify-media --config FILE [--json]\n"
             "                                      check every original against its SHA-256\n"
+            "       atrium PLUGIN COMMAND --config FILE [ARGS...]\n"
+            "                                      run a plugin's command, e.g. atrium media\n"
+            "                                      migrate --config FILE --to s3|local\n"
             "       atrium --print-config-table [PLUGIN] [--plugin-dir DIR]\n"
             "                                      print the settings as a Markdown table\n"
             "       atrium --version\n"
@@ -292,6 +295,8 @@ int main(int argc, char **argv)
         return cli_register_user(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "verify-media") == 0)
         return cli_verify_media(argc - 2, argv + 2);
+    if (cli_is_plugin_command(argc, argv))
+        return cli_plugin_command(argv[1], argv[2], argc - 3, argv + 3);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *next = i + 1 < argc ? argv[i + 1] : NULL;

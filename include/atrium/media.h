@@ -12,16 +12,20 @@
  * plugin built from this header alone is examples/media-disk/; docs/plugins.md explains
  * both.
  *
- * What media/1 is not: a table of functions. The core makes no call into a media plugin
- * (ATRIUM_MEDIA_VERSION 0): everything goes through the routes. In particular:
+ * What media/1 is not: a table of functions. The core makes no call into a media plugin:
+ * everything goes through the routes and the plugin's commands. In particular:
  *   - deactivation: the core tells the media plugin nothing; a deactivated user's
  *     uploads stay and are served as before (their tokens are gone, so they upload
  *     nothing more);
- *   - `atrium verify-media --config FILE` runs the program `atrium-media-verify` found
- *     beside the atrium executable with `--conninfo <database.conninfo>` and `--store
- *     <plugins.media.store_path>` (exit 0 all match, 1 mismatches, 2 could not run): it
- *     is the stock plugin's checker, for the plugin configured as plugins.media. A
- *     replacement under another name has no verify-media; it may ship its own checker;
+ *   - `atrium verify-media --config FILE [--json]` is the plugin command `atrium media
+ *     verify` (atrium/plugin.h, "Plugin commands"): the program `atrium-media-verify`
+ *     beside the atrium executable, given `--conninfo` and the settings on stdin
+ *     (`--settings-stdin`; exit 0 all match, 1 mismatches, 2 could not run). Version 1
+ *     adds `atrium media migrate --config FILE --to s3|local` (`atrium-media-migrate`):
+ *     copies every original and thumbnail between store_path and the object store,
+ *     resumable, each object's SHA-256 checked (exit 0 all copied, 1 problems listed, 2
+ *     could not run). They are the stock plugin's programs, for the plugin configured as
+ *     plugins.media; a replacement may ship its own under the same names;
  *   - quarantine and the other admin endpoints are the plugin's own routes (optional);
  *   - federation media: the plugin registers the federation routes below with
  *     ATRIUM_ROUTE_FEDERATION; the core verifies the calling server's X-Matrix signature
@@ -37,7 +41,9 @@
 #include "atrium/abi.h"
 
 #define ATRIUM_MEDIA_IFACE "media/1" /* the descriptor's `provides` */
-#define ATRIUM_MEDIA_VERSION 0       /* minor version of media/1 */
+#define ATRIUM_MEDIA_VERSION 1       /* minor version of media/1: 1 adds `atrium media migrate` */
+#define ATRIUM_MEDIA_COMMAND_VERIFY "verify"   /* atrium media verify (verify-media) */
+#define ATRIUM_MEDIA_COMMAND_MIGRATE "migrate" /* atrium media migrate --to s3|local */
 
 /* ---- routes ------------------------------------------------------------------------- */
 

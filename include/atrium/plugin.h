@@ -95,6 +95,27 @@ typedef struct atrium_plugin_desc {
     size_t n_settings;
 } atrium_plugin_desc;
 
+/* ---- plugin commands (ABI 1.7) -------------------------------------------------------
+ * A plugin may ship commands for operators as programs of its own, installed beside the
+ * atrium executable and named ATRIUM_COMMAND_PREFIX "<plugin>-<command>". The operator runs
+ *     atrium <plugin> <command> --config FILE [ARGS...]
+ * and the core, having read FILE (and the environment's overrides) as the server would,
+ * replaces itself with
+ *     atrium-<plugin>-<command> --conninfo <database.conninfo> --settings-stdin [ARGS...]
+ * whose standard input holds plugins.<plugin>'s settings as one JSON object, then EOF: a
+ * member per row of the descriptor's settings table, defaults filled in, ranges and
+ * unknown keys checked (a bad value stops the command before the program runs, with the
+ * line the server would print); INT and INT64 as integers, BOOL as true or false, STRING
+ * as strings; a row with a default_doc the config leaves unset is absent. Settings travel
+ * on stdin, never on the command line, which any user of the machine can read. No host
+ * table exists in the program: it runs the plugin's code as a program of its own (the
+ * server may be running meanwhile, on the same database and files). Its exit status is
+ * the command's: 0 done, 1 done and problems listed, 2 could not run (stderr says why).
+ * Plugin and command names are [a-z0-9_-]. */
+#define ATRIUM_COMMAND_PREFIX "atrium-"
+#define ATRIUM_COMMAND_ARG_CONNINFO "--conninfo"
+#define ATRIUM_COMMAND_ARG_SETTINGS "--settings-stdin"
+
 /* The one symbol the host looks up. */
 typedef const atrium_plugin_desc *(*atrium_plugin_entry_fn)(void);
 #define ATRIUM_PLUGIN_ENTRY_SYMBOL "atrium_plugin_entry"

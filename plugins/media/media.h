@@ -7,7 +7,8 @@
  * plugin; every route carries it as its argument (req_route_arg), and pool tasks carry it
  * in their job, so no file keeps state of its own (media_host, the host table set once in
  * init, is the only global). Which file owns which decision:
- *   media.c     settings, routes, lifecycle, the config endpoint
+ *   media.c     routes, lifecycle, the config endpoint
+ *   media_settings.c every plugins.media setting (the descriptor's table)
  *   delivery.c  the delivery line, authorization after admission, the media look-up and
  *               the wait for asynchronous uploads (every GET/HEAD of content passes here)
  *   download.c  serving an original: conditional requests, ranges, the file
@@ -21,7 +22,10 @@
  *   upload.c    upload, create and the asynchronous upload PUT
  *   admin.c     the Synapse-shaped admin API
  *   verify.c    checking every original against its recorded SHA-256 (admin and CLI)
- *   verify_cli.c atrium-media-verify, the command line around verify.c
+ *   verify_cli.c atrium-media-verify (`atrium verify-media`), the command around verify.c
+ *   migrate.c   atrium media migrate: a library between the local folder and the bucket
+ *   migrate_cli.c atrium-media-migrate, the command around migrate.c
+ *   cli_host.c  what the commands stand on: the settings from stdin, a small host table
  *   fed_serve.c serving this server's media to other servers (multipart/mixed)
  *   remote.c    remote media on the request path: defer/admitted modes, the remote cache
  *               look-up, the negative cache, the join of the one fetch per file
@@ -44,6 +48,7 @@
  *   s3.c        storage: s3 - the bucket checked at start, originals written to it and
  *               read through from it into the local folder (s3.h)
  *   s3_cache.c  storage: s3 - the local folder's bound: recency, eviction of originals
+ *   s3_multipart.c storage: s3 - originals above the part size, and leftover uploads
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -418,6 +423,13 @@ void store_remove_thumbs(media *m, const char *sha256);
 /* ---- media_db.c ------------------------------------------------------------------------- */
 
 extern const atrium_migration MEDIA_MIGRATIONS[];
+
+/* ---- media_settings.c ------------------------------------------------------------------ */
+
+/* Every plugins.media setting (the descriptor's table). The count is spelled out because
+ * the descriptor needs a constant; media_settings.c fails to build when it is wrong. */
+#define MEDIA_N_SETTINGS 57
+extern const atrium_setting MEDIA_SETTINGS[MEDIA_N_SETTINGS];
 extern const size_t MEDIA_N_MIGRATIONS;
 
 enum { MEDIA_DB_OK = 0, MEDIA_DB_NOTFOUND = 1 };
@@ -730,6 +742,23 @@ bool mp_complete(const mp_parser *p);
 
 /* ---- verify.c ------------------------------------------------------------------------- */
 
+/* An uploaded original as its row describes it. */
+typedef struct media_brief {
+    char media_id[MEDIA_ID_MAX_CHARS + 1];
+    char sha256[SHA256_HEX_CHARS + 1];
+    int64_t size;
+} media_brief;
+#define MEDIA_ROWS_PAGE 256 /* rows read at once */
+/* Up to MEDIA_ROWS_PAGE uploaded originals with media IDs after `after` ("" first) and
+ * uploaded_ts at or after uploaded_since (ms; 0 all), in media ID order, into items (*n
+ * of them). 0, or ATRIUM_E_DB with err set. */
+int media_rows_page(PGconn *c, const char *after, int64_t uploaded_since, media_brief *items,
+                    int *n, char *err, size_t errlen) MEDIA_MUST_CHECK;
+#define MEDIA_HASH_READ_BYTES (256 * 1024) /* the buffer media_hash_file reads with */
+/* Hash the file at path with buf (MEDIA_HASH_READ_BYTES): 0 with hex and *size, or a
+ * negative errno. */
+int media_hash_file(const char *path, char hex[SHA256_HEX_CHARS + 1], int64_t *size, char *buf);
+
 typedef struct verify_report {
     int64_t checked;  /* originals looked at */
     int64_t problems; /* of which missing, of the wrong size, or with another SHA-256 */
@@ -738,10 +767,11 @@ typedef struct verify_report {
 #define VERIFY_MAX_DETAILS 1000
 typedef PGconn *(*verify_acquire_fn)(void *ctx);
 typedef void (*verify_release_fn)(void *ctx, PGconn *c);
-/* [any] Check every uploaded original against its row (size, SHA-256). A connection is
- * borrowed per page of rows and given back before the files of the page are read. 0, or
- * ATRIUM_E_DB / ATRIUM_E_NOMEM with err set. rep->details is the caller's to decref. */
-int media_verify(const media *m, verify_acquire_fn acquire, verify_release_fn release, void *ctx,
+/* [pool] Check every uploaded original against its row (size, SHA-256): its file, or
+ * with storage: s3 its object (read back). A connection is borrowed per page of rows and
+ * given back before the files of the page are read. 0, or ATRIUM_E_DB / ATRIUM_E_NOMEM
+ * with err set. rep->details is the caller's to decref. */
+int media_verify(media *m, verify_acquire_fn acquire, verify_release_fn release, void *ctx,
                  verify_report *rep, char *err, size_t errlen) MEDIA_MUST_CHECK;
 
 /* ---- handlers ------------------------------------------------------------------------ */

@@ -36,7 +36,6 @@
 #define S3_URL_MAX 2048
 #define S3_SECRET_MAX 256
 #define S3_CONNECT_TIMEOUT_MS 5000
-#define S3_KEY_MAX 320
 #define S3_PART_MIN_BYTES (5LL * 1024 * 1024) /* S3's smallest part (but the last) */
 #define S3_POOL_QUEUE 1024 /* downloads waiting for a store worker (then 503) */
 #define S3_DELETE_PREFIX_MAX 1000 /* objects under one prefix deleted at once (a hash's thumbnails) */
@@ -89,11 +88,10 @@ static bool bucket_valid(const char *b)
     return true;
 }
 
-int s3_settings_check(media *m)
+/* The store's own settings (endpoint, bucket, region, key, secret, part size). */
+static int check_store_settings(media *m)
 {
     const media_config *c = &m->cfg;
-    if (strcmp(c->storage, "local") == 0) return 0;
-    if (strcmp(c->storage, "s3") != 0) return refuse(m, "storage", "must be \"local\" or \"s3\"");
     const char *e = c->s3_endpoint;
     if (empty(e) || (strncmp(e, "http://", 7) != 0 && strncmp(e, "https://", 8) != 0) ||
         strpbrk(e, "?#@ ") || strlen(e) > S3_URL_MAX / 2)
@@ -115,6 +113,14 @@ int s3_settings_check(media *m)
                       "must be at least 5242880 (5 MiB): S3 refuses smaller parts of a "
                       "multipart upload");
     return 0;
+}
+
+int s3_settings_check(media *m)
+{
+    const char *storage = m->cfg.storage;
+    if (strcmp(storage, "local") == 0) return 0;
+    if (strcmp(storage, "s3") != 0) return refuse(m, "storage", "must be \"local\" or \"s3\"");
+    return check_store_settings(m);
 }
 
 /* The secret from s3_secret_access_key_file: its first line. */
@@ -177,12 +183,12 @@ static int create_metrics(media *m, media_s3 *s)
                : ATRIUM_E_NOMEM;
 }
 
-int s3_init(media *m)
+int s3_client_init(media *m)
 {
-    if (strcmp(m->cfg.storage, "s3") != 0) return 0;
+    int rc = check_store_settings(m);
+    if (rc < 0) return rc;
     media_s3 *s = calloc(1, sizeof(*s));
     if (!s) return ATRIUM_E_NOMEM;
-    int rc = 0;
     if (!empty(m->cfg.s3_secret_access_key_file))
         rc = read_secret_file(m, s->secret, sizeof(s->secret));
     else if (strlen(m->cfg.s3_secret_access_key) >= sizeof(s->secret))
@@ -191,18 +197,27 @@ int s3_init(media *m)
         snprintf(s->secret, sizeof(s->secret), "%s", m->cfg.s3_secret_access_key);
     snprintf(s->sigv4, sizeof(s->sigv4), "aws:amz:%s:s3", m->cfg.s3_region);
     if (rc == 0) rc = create_metrics(m, s);
-    if (rc == 0) {
-        m->store_pool =
-            m->h->pool_create(m->self, "store", m->cfg.s3_max_concurrent, S3_POOL_QUEUE);
-        if (!m->store_pool) rc = ATRIUM_E_NOMEM;
-    }
     if (rc == 0 && m->h->cond_init(&s->cv) != 0) rc = ATRIUM_E_NOMEM;
     if (rc < 0) {
+        explicit_bzero(s->secret, sizeof(s->secret));
         free(s);
         return rc;
     }
     pthread_mutex_init(&s->mu, NULL);
     m->s3 = s;
+    return 0;
+}
+
+int s3_init(media *m)
+{
+    if (strcmp(m->cfg.storage, "s3") != 0) return 0;
+    int rc = s3_client_init(m);
+    if (rc < 0) return rc;
+    m->store_pool = m->h->pool_create(m->self, "store", m->cfg.s3_max_concurrent, S3_POOL_QUEUE);
+    if (!m->store_pool) {
+        s3_fini(m);
+        return ATRIUM_E_NOMEM;
+    }
     return 0;
 }
 
@@ -300,11 +315,12 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
     s3_call *call = arg;
     size_t len = size * nmemb;
     if (!call->status) curl_easy_getinfo(call->easy, CURLINFO_RESPONSE_CODE, &call->status);
-    if (call->status == 200 && call->out_fd >= 0) {
-        if (store_write_all(call->out_fd, data, len) < 0) {
+    if (call->status == 200 && (call->out_fd >= 0 || call->body_hash)) {
+        if (call->out_fd >= 0 && store_write_all(call->out_fd, data, len) < 0) {
             call->write_failed = true;
             return 0; /* aborts the transfer */
         }
+        if (call->body_hash) sha256_update(call->body_hash, data, len);
         call->bytes += (int64_t)len;
         return len;
     }
@@ -581,11 +597,14 @@ int s3_put_file(media *m, const char *key, const char *path, int64_t size)
     return rc;
 }
 
-int s3_get_file(media *m, const char *key, const char *final_path)
+int s3_get_file_checked(media *m, const char *key, const char *final_path, const char *want_sha256)
 {
     store_tmp tmp;
     if (store_tmp_open(m, final_path, &tmp) < 0) return S3_FAILED;
-    s3_call call = {.kind = S3_KIND_GET, .key = key, .out_fd = tmp.fd};
+    sha256_ctx hash;
+    sha256_init(&hash);
+    s3_call call = {.kind = S3_KIND_GET, .key = key, .out_fd = tmp.fd,
+                    .body_hash = want_sha256 ? &hash : NULL};
     int out = s3_perform(m, &call);
     if (out != S3_OUT_OK || call.write_failed) {
         store_tmp_discard(&tmp);
@@ -594,16 +613,87 @@ int s3_get_file(media *m, const char *key, const char *final_path)
         return S3_FAILED;
     }
     m->h->metric_add(m->s3->m_bytes_down, call.bytes);
+    if (want_sha256) {
+        char hex[SHA256_HEX_CHARS + 1];
+        sha256_final_hex(&hash, hex);
+        if (strcmp(hex, want_sha256) != 0) {
+            store_tmp_discard(&tmp);
+            return S3_MISMATCH;
+        }
+    }
     int rc = store_tmp_commit(m, &tmp, final_path, false);
     /* Another fetch of the same object landed first: its bytes are the same. */
     return rc == 0 || rc == -EEXIST ? S3_OK : S3_FAILED;
 }
 
-bool s3_original_cached(media *m, const char *path)
+int s3_get_file(media *m, const char *key, const char *final_path)
 {
-    bool hit = s3_cache_touch(m, path);
+    return s3_get_file_checked(m, key, final_path, NULL);
+}
+
+int s3_object_sha256(media *m, const char *key, char hex[SHA256_HEX_CHARS + 1], int64_t *size)
+{
+    sha256_ctx hash;
+    sha256_init(&hash);
+    s3_call call = {.kind = S3_KIND_GET, .key = key, .out_fd = -1, .body_hash = &hash};
+    int out = s3_perform(m, &call);
+    if (out == S3_OUT_NOT_FOUND) return S3_NOT_FOUND;
+    if (out != S3_OUT_OK) {
+        s3_log_failure(m, &call, "GET");
+        return S3_FAILED;
+    }
+    m->h->metric_add(m->s3->m_bytes_down, call.bytes);
+    sha256_final_hex(&hash, hex);
+    *size = call.bytes;
+    return S3_OK;
+}
+
+int s3_list(media *m, const char *prefix, s3_list_fn fn, void *arg)
+{
+    char esc[S3_KEY_MAX * 3], token[S3_KEY_MAX * 2] = "", token_esc[S3_KEY_MAX * 6];
+    char query[S3_KEY_MAX * 10], key[S3_KEY_MAX], size_text[32], truncated[8];
+    if (s3_query_escape(prefix, esc, sizeof(esc)) < 0) return -1;
+    char *body = malloc(S3_LIST_BODY_MAX);
+    if (!body) return -1;
+    int rc = 0;
+    do {
+        /* Names in byte order: the signature's canonical query (s3_call.h). */
+        if (token[0] && s3_query_escape(token, token_esc, sizeof(token_esc)) < 0) {
+            rc = -1;
+            break;
+        }
+        if (token[0])
+            snprintf(query, sizeof(query), "continuation-token=%s&list-type=2&prefix=%s",
+                     token_esc, esc);
+        else
+            snprintf(query, sizeof(query), "list-type=2&prefix=%s", esc);
+        s3_call call = {.kind = S3_KIND_LIST, .query = query, .out_fd = -1, .resp = body,
+                        .resp_cap = S3_LIST_BODY_MAX};
+        if (s3_perform(m, &call) != S3_OUT_OK || call.resp_truncated) {
+            s3_log_failure(m, &call, "ListObjectsV2");
+            rc = -1;
+            break;
+        }
+        for (const char *p = body; rc == 0 && (p = strstr(p, "<Contents>")) != NULL; p += 10) {
+            const char *end = strstr(p, "</Contents>");
+            if (!s3_xml_text(p, end, "Key", key, sizeof(key)) ||
+                !s3_xml_text(p, end, "Size", size_text, sizeof(size_text)))
+                continue;
+            rc = fn(arg, key, strtoll(size_text, NULL, 10));
+        }
+        token[0] = '\0';
+        if (rc == 0 && s3_xml_text(body, NULL, "IsTruncated", truncated, sizeof(truncated)) &&
+            strcmp(truncated, "true") == 0 &&
+            !s3_xml_text(body, NULL, "NextContinuationToken", token, sizeof(token)))
+            rc = -1; /* a truncated answer without its token: cannot go on */
+    } while (rc == 0 && token[0]);
+    free(body);
+    return rc;
+}
+
+void s3_count_cache(media *m, bool hit)
+{
     m->h->metric_add(hit ? m->s3->m_hits : m->s3->m_misses, 1);
-    return hit;
 }
 
 int s3_head_object(media *m, const char *key, int64_t *size)
@@ -617,22 +707,6 @@ int s3_head_object(media *m, const char *key, int64_t *size)
     if (out == S3_OUT_NOT_FOUND) return S3_NOT_FOUND;
     s3_log_failure(m, &call, "HEAD");
     return S3_FAILED;
-}
-
-int s3_fetch_original(media *m, const char *media_id, const char *path)
-{
-    if (s3_cache_touch(m, path)) return S3_OK; /* another fetch landed it meanwhile */
-    char key[S3_KEY_MAX];
-    if (s3_original_key(media_id, key, sizeof(key)) < 0) return S3_FAILED;
-    int rc = s3_get_file(m, key, path);
-    if (rc == S3_NOT_FOUND)
-        m->h->log(m->self, ATRIUM_LOG_ERROR,
-                  "object store: original %s has a row but no object %s: run "
-                  "atrium-media-verify",
-                  media_id, key);
-    struct stat st;
-    if (rc == S3_OK && stat(path, &st) == 0) s3_cache_added(m, (int64_t)st.st_size);
-    return rc;
 }
 
 /* ---- thumbnails, deletes --------------------------------------------------------------- */

@@ -24,7 +24,10 @@ enum s3_result {
     S3_OK = 0,
     S3_NOT_FOUND = 1, /* the store has no such object */
     S3_FAILED = 2,    /* unreachable, timed out, refused, or a local write failed (logged) */
+    S3_MISMATCH = 3,  /* s3_get_file_checked: the object's bytes hash to something else */
 };
+
+#define S3_KEY_MAX 320 /* an object key, with its NUL */
 
 /* [init] Check the s3 settings (after config_load) and read the secret file; logs one line
  * naming the setting and returns ATRIUM_E_INVAL when they do not make sense. With
@@ -32,6 +35,10 @@ enum s3_result {
 int s3_settings_check(media *m);
 /* [init] The secret, the metrics and the store pool (storage: s3 only). */
 int s3_init(media *m);
+/* The store client alone, whatever storage says (the plugin's commands, migrate_cli.c):
+ * checks the store's settings, reads the secret, makes the metrics; no pool. 0, or
+ * ATRIUM_E_INVAL / ATRIUM_E_NOMEM after logging why. s3_fini frees it. */
+int s3_client_init(media *m);
 /* [start] HEAD the bucket: 0, or one line saying what is wrong (no such bucket, refused
  * credentials, unreachable) and ATRIUM_E_INVAL, so the server refuses to start. */
 int s3_start(media *m);
@@ -46,6 +53,19 @@ int s3_put_file(media *m, const char *key, const char *path, int64_t size);
 /* [pool] GET key into the local folder at final_path, durably and atomically (a reader
  * never sees a torn file). enum s3_result. */
 int s3_get_file(media *m, const char *key, const char *final_path);
+/* [pool] The same, and the file is named only when the bytes read hash to want_sha256
+ * (hex; NULL: not checked): else S3_MISMATCH and nothing is left. */
+int s3_get_file_checked(media *m, const char *key, const char *final_path,
+                        const char *want_sha256);
+/* [pool] Read key back whole and hash it (nothing is written): S3_OK with hex and *size,
+ * S3_NOT_FOUND, S3_FAILED (logged). */
+int s3_object_sha256(media *m, const char *key, char hex[65], int64_t *size);
+/* Called by s3_list for each object: 0 to go on, anything else stops the listing and is
+ * returned by s3_list. */
+typedef int (*s3_list_fn)(void *arg, const char *key, int64_t size);
+/* [pool] Every object whose key starts with prefix, a page (ListObjectsV2) at a time. 0,
+ * -1 when a page could not be had (logged), or what fn returned to stop. */
+int s3_list(media *m, const char *prefix, s3_list_fn fn, void *arg);
 /* The object key of the thumbnail whose local file is path (store_thumb_path):
  * "thumbnails/<sha256>/<W>x<H>-<method>[-anim].webp". 0, or ATRIUM_E_INVAL. */
 int s3_thumbnail_key(const char *path, char *out, size_t cap);
@@ -62,14 +82,16 @@ int s3_delete_object(media *m, const char *key);
 long s3_delete_prefix(media *m, const char *prefix);
 
 /* [any] Is the original at path in the local folder? Counted as a cache hit or miss; a hit
- * is recorded as a use (s3_cache_touch). */
+ * is recorded as a use (s3_cache_touch). (s3_cache.c) */
 bool s3_original_cached(media *m, const char *path);
+/* [any] Count an original asked of the local folder: found (hit) or read through. */
+void s3_count_cache(media *m, bool hit);
 /* [pool] HEAD key: S3_OK with *size its Content-Length (-1 unknown), S3_NOT_FOUND, or
  * S3_FAILED (logged). */
 int s3_head_object(media *m, const char *key, int64_t *size);
 /* [pool] Fetch the original of media_id from the store to path in the local folder
  * (unless it is there now). enum s3_result; S3_NOT_FOUND is logged (a row without its
- * object). */
+ * object). (s3_cache.c) */
 int s3_fetch_original(media *m, const char *media_id, const char *path);
 
 /* ---- s3_multipart.c: originals above s3_part_size_bytes, and leftover uploads ---------- */

@@ -160,6 +160,29 @@ static void maybe_kick(media *m)
     if (over_bound(m) && m->h->now_ms() >= atomic_load(&m->lcache->next_pass_ms)) kick(m);
 }
 
+bool s3_original_cached(media *m, const char *path)
+{
+    bool hit = s3_cache_touch(m, path);
+    s3_count_cache(m, hit);
+    return hit;
+}
+
+int s3_fetch_original(media *m, const char *media_id, const char *path)
+{
+    if (s3_cache_touch(m, path)) return S3_OK; /* another fetch landed it meanwhile */
+    char key[S3_KEY_MAX];
+    if (s3_original_key(media_id, key, sizeof(key)) < 0) return S3_FAILED;
+    int rc = s3_get_file(m, key, path);
+    if (rc == S3_NOT_FOUND)
+        m->h->log(m->self, ATRIUM_LOG_ERROR,
+                  "object store: original %s has a row but no object %s: run "
+                  "atrium verify-media",
+                  media_id, key);
+    struct stat st;
+    if (rc == S3_OK && stat(path, &st) == 0) s3_cache_added(m, (int64_t)st.st_size);
+    return rc;
+}
+
 void s3_cache_added(media *m, int64_t bytes)
 {
     s3_cache *c = m->lcache;

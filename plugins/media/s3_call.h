@@ -49,6 +49,7 @@ typedef struct s3_call {
     const char *post_body; /* COMPLETE: the request body */
     size_t post_len;
     int out_fd;       /* GET: a 200's body goes here (-1: none) */
+    struct sha256_ctx *body_hash; /* GET: if set, a 200's body is hashed as it arrives */
     char *resp;       /* if set: the answer's body (any status) is kept here, NUL-ended */
     size_t resp_cap;  /* bytes resp holds, with its NUL */
     size_t resp_len;

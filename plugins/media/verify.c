@@ -1,7 +1,9 @@
 /*
- * plugins/media/verify.c - does every original on disk still hold the bytes its row
- * promises? Used by the admin endpoint (on the io pool) and by the atrium-media-verify
- * command (verify_cli.c), so both report the same facts.
+ * plugins/media/verify.c - does every original still hold the bytes its row promises: the
+ * file in the local folder, or with storage: s3 the object in the bucket (read back whole;
+ * the local folder is then only a cache)? Used by the admin endpoint (on the io pool) and
+ * by the atrium-media-verify command (verify_cli.c), so both report the same facts; the
+ * page of rows and the file hash are shared with atrium media migrate (migrate.c).
  *
  * For each uploaded row, in media ID order, a page at a time: the file must exist, have
  * the recorded size, and hash to the recorded SHA-256. The database connection is held
@@ -18,25 +20,20 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 
-#define VERIFY_PAGE_ROWS 256
-#define VERIFY_READ_BYTES (256 * 1024)
-
-typedef struct verify_item {
-    char media_id[MEDIA_ID_MAX_CHARS + 1];
-    char sha256[SHA256_HEX_CHARS + 1];
-    int64_t size;
-} verify_item;
-
-static int fetch_page(PGconn *c, const char *after, verify_item *items, int *n, char *err,
-                      size_t errlen)
+int media_rows_page(PGconn *c, const char *after, int64_t uploaded_since, media_brief *items,
+                    int *n, char *err, size_t errlen)
 {
-    const char *p[] = {after};
+    char since[24];
+    snprintf(since, sizeof(since), "%" PRId64, uploaded_since);
+    const char *p[] = {after, since};
     PGresult *res = PQexecParams(c,
                                  "SELECT media_id, sha256, size_bytes FROM media_local"
                                  " WHERE uploaded_ts IS NOT NULL AND media_id > $1"
-                                 " ORDER BY media_id LIMIT " ATRIUM_STR(VERIFY_PAGE_ROWS),
-                                 1, NULL, p, NULL, NULL, 0);
+                                 " AND uploaded_ts >= $2::bigint"
+                                 " ORDER BY media_id LIMIT " ATRIUM_STR(MEDIA_ROWS_PAGE),
+                                 2, NULL, p, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         snprintf(err, errlen, "reading media rows failed: %s", PQresultErrorMessage(res));
         PQclear(res);
@@ -52,8 +49,7 @@ static int fetch_page(PGconn *c, const char *after, verify_item *items, int *n, 
     return 0;
 }
 
-/* Hash a file: 0 with hex and size, or a negative errno. */
-static int hash_file(const char *path, char hex[SHA256_HEX_CHARS + 1], int64_t *size, char *buf)
+int media_hash_file(const char *path, char hex[SHA256_HEX_CHARS + 1], int64_t *size, char *buf)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -errno;
@@ -61,7 +57,7 @@ static int hash_file(const char *path, char hex[SHA256_HEX_CHARS + 1], int64_t *
     sha256_init(&c);
     *size = 0;
     for (;;) {
-        ssize_t n = read(fd, buf, VERIFY_READ_BYTES);
+        ssize_t n = read(fd, buf, MEDIA_HASH_READ_BYTES);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) {
             int e = errno;
@@ -87,18 +83,33 @@ static void add_problem(verify_report *rep, const char *media_id, const char *pr
     if (o) json_array_append_new(rep->details, o);
 }
 
-static void check_item(const media *m, const verify_item *it, verify_report *rep, char *buf)
+/* With storage: s3 the original is its object: read back whole and hashed. 0 with hex and
+ * size, -ENOENT when there is no object, -EIO when the store failed (logged). */
+static int hash_object(media *m, const char *media_id, char hex[SHA256_HEX_CHARS + 1],
+                       int64_t *size)
+{
+    char key[S3_KEY_MAX];
+    if (s3_original_key(media_id, key, sizeof(key)) < 0) return -ENAMETOOLONG;
+    int rc = s3_object_sha256(m, key, hex, size);
+    return rc == S3_OK ? 0 : rc == S3_NOT_FOUND ? -ENOENT : -EIO;
+}
+
+static void check_item(media *m, const media_brief *it, verify_report *rep, char *buf)
 {
     char path[MEDIA_PATH_MAX], hex[SHA256_HEX_CHARS + 1], detail[160];
     rep->checked++;
-    if (store_original_path(m, it->media_id, path, sizeof(path)) < 0) {
+    int64_t size = 0;
+    int rc;
+    if (s3_enabled(m)) {
+        rc = hash_object(m, it->media_id, hex, &size);
+    } else if (store_original_path(m, it->media_id, path, sizeof(path)) < 0) {
         add_problem(rep, it->media_id, "unreadable", "path too long");
         return;
+    } else {
+        rc = media_hash_file(path, hex, &size, buf);
     }
-    int64_t size = 0;
-    int rc = hash_file(path, hex, &size, buf);
     if (rc == -ENOENT) {
-        add_problem(rep, it->media_id, "missing", NULL);
+        add_problem(rep, it->media_id, "missing", s3_enabled(m) ? "no object in the bucket" : NULL);
     } else if (rc < 0) {
         add_problem(rep, it->media_id, "unreadable", strerror(-rc));
     } else if (size != it->size) {
@@ -111,13 +122,13 @@ static void check_item(const media *m, const verify_item *it, verify_report *rep
     }
 }
 
-int media_verify(const media *m, verify_acquire_fn acquire, verify_release_fn release, void *ctx,
+int media_verify(media *m, verify_acquire_fn acquire, verify_release_fn release, void *ctx,
                  verify_report *rep, char *err, size_t errlen)
 {
     memset(rep, 0, sizeof(*rep));
     rep->details = json_array();
-    verify_item *items = calloc(VERIFY_PAGE_ROWS, sizeof(*items));
-    char *buf = malloc(VERIFY_READ_BYTES);
+    media_brief *items = calloc(MEDIA_ROWS_PAGE, sizeof(*items));
+    char *buf = malloc(MEDIA_HASH_READ_BYTES);
     int rc = 0;
     if (!rep->details || !items || !buf) {
         snprintf(err, errlen, "out of memory");
@@ -133,11 +144,11 @@ int media_verify(const media *m, verify_acquire_fn acquire, verify_release_fn re
             goto out;
         }
         int n = 0;
-        rc = fetch_page(c, after, items, &n, err, errlen);
+        rc = media_rows_page(c, after, 0, items, &n, err, errlen);
         release(ctx, c);
         if (rc < 0) goto out;
         for (int i = 0; i < n; i++) check_item(m, &items[i], rep, buf);
-        if (n < VERIFY_PAGE_ROWS) break;
+        if (n < MEDIA_ROWS_PAGE) break;
         snprintf(after, sizeof(after), "%s", items[n - 1].media_id);
     }
 out:

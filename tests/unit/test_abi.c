@@ -4,7 +4,8 @@
  * host table and the descriptor keep their offsets, the 1.1 members follow them, and the
  * macro fills in the handshake. An accidental insertion into struct atrium_host fails this
  * build. 1.2 added no host member: a route flag (ATRIUM_ROUTE_HEADERS_FIRST) and the
- * media/1 contract (atrium/media.h), whose route list is checked here too.
+ * media/1 contract (atrium/media.h), whose route list is checked here too. 1.7 added none
+ * either: plugin commands, whose program names and arguments are checked here.
  */
 #include "atrium/host.h"
 #include "atrium/plugin.h"
@@ -52,6 +53,7 @@ _Static_assert(offsetof(struct atrium_host, sha256_final) == 8 + 82 * PTR, "host
 _Static_assert(offsetof(struct atrium_host, req_appservice) == 8 + 83 * PTR, "host 1.6 layout");
 _Static_assert(offsetof(struct atrium_host, alias_exclusive) == 8 + 84 * PTR, "host 1.6 layout");
 _Static_assert(offsetof(struct atrium_host, alias_query) == 8 + 85 * PTR, "host 1.6 layout");
+/* 1.7 added no host member: plugin commands (a program and its arguments, plugin.h). */
 _Static_assert(sizeof(struct atrium_host) == 8 + 86 * PTR, "members are appended only at a minor");
 /* The caller's SHA-256 context: plugins allocate it, so its size and alignment are ABI. */
 _Static_assert(sizeof(atrium_sha256) == 128 && _Alignof(atrium_sha256) == 8,
@@ -69,7 +71,7 @@ _Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x
                "route flags keep their bits");
 _Static_assert(offsetof(atrium_route, body_chunk) == 5 * PTR && sizeof(atrium_route) == 7 * PTR,
                "atrium_route layout changed");
-_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 6, "this file pins ABI 1.6");
+_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 7, "this file pins ABI 1.7");
 /* Interfaces start with their size and version, then function pointers, appended only. */
 _Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
                "directory/1 header changed");
@@ -124,6 +126,22 @@ static void test_the_media_contract_lists_its_required_routes(void **state)
     assert_string_equal(routes[ATRIUM_MEDIA_ROUTE_UPLOAD].path, "/_matrix/media/v3/upload");
     assert_string_equal(routes[ATRIUM_MEDIA_ROUTE_UPLOAD].method, "POST");
     assert_int_equal(routes[ATRIUM_MEDIA_ROUTE_CREATE].cls, ATRIUM_MEDIA_OPTIONAL);
+}
+
+/* Plugin commands (1.7): the program's name and arguments are the contract between the
+ * core (core/cli/plugin_command.c) and the programs plugins ship; media/1 version 1 names
+ * its two commands. */
+static void test_plugin_commands_keep_their_program_names_and_arguments(void **state)
+{
+    (void)state;
+    assert_string_equal(ATRIUM_COMMAND_PREFIX, "atrium-");
+    assert_string_equal(ATRIUM_COMMAND_ARG_CONNINFO, "--conninfo");
+    assert_string_equal(ATRIUM_COMMAND_ARG_SETTINGS, "--settings-stdin");
+    assert_int_equal(ATRIUM_MEDIA_VERSION, 1);
+    assert_string_equal(ATRIUM_COMMAND_PREFIX "media-" ATRIUM_MEDIA_COMMAND_VERIFY,
+                        "atrium-media-verify");
+    assert_string_equal(ATRIUM_COMMAND_PREFIX "media-" ATRIUM_MEDIA_COMMAND_MIGRATE,
+                        "atrium-media-migrate");
 }
 
 /* Error names for log lines: every code has one, anything else is "unknown". */
@@ -195,6 +213,7 @@ int main(void)
         cmocka_unit_test(test_host_has_tells_present_members_from_absent_ones),
         cmocka_unit_test(test_the_media_contract_lists_its_required_routes),
         cmocka_unit_test(test_every_error_code_has_a_name),
+        cmocka_unit_test(test_plugin_commands_keep_their_program_names_and_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
