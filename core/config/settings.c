@@ -193,8 +193,9 @@ const struct cfg_setting CORE_SETTINGS[] = {
             "A new connection must send its complete request headers within this long, else "
             "it gets 408 and is closed (slow senders cannot hold connections)."),
     INT_ROW("server.http.max_connections", http.max_connections, 0, 0, 1000000, NULL,
-            "Open client connections at most; 0 = RLIMIT_NOFILE minus fd_reserve, the "
-            "database pool, outbound sockets and server.ops.max_connections."),
+            "Open client connections at most (more wait in the kernel's accept queue, never "
+            "refused); 0 = RLIMIT_NOFILE minus fd_reserve, the database pool, outbound "
+            "sockets and server.ops.max_connections."),
     INT_ROW("server.http.fd_reserve", http.fd_reserve, 128, 0, 65536, NULL,
             "File descriptors kept for files, PostgreSQL and peers."),
     {.path = "server.http.max_json_body_bytes", .type = CFG_T_INT64,

@@ -160,14 +160,14 @@ int http_head_limits(size_t head_bytes, size_t headers, size_t query_args, const
 /* ---- the gate (gate.c): the client listener's front door ----------------------------- */
 typedef struct http_gate http_gate;
 /* Descriptors the gate holds past the connection limit (server.c leaves them out of it):
- * its triage room, where connections past its own room are judged, and one spare kept for
- * accepting at EMFILE. */
-#define HTTP_GATE_EXTRA_FDS 17
+ * one spare kept for accepting at EMFILE. */
+#define HTTP_GATE_EXTRA_FDS 1
 /* Listen on addr and hand every new connection whose request headers are complete and
  * well-framed to one of s->workers (libmicrohttpd daemons started with
  * MHD_USE_NO_LISTEN_SOCKET): the least busy one with room. Others get a Matrix error
- * (400, 408 after server.http.header_timeout_ms, 413, 431, 505, 503 at the connection
- * limit) and are closed. *port_out gets the bound port. NULL with errno set when the
+ * (400, 408 after server.http.header_timeout_ms, 413, 431, 505; 503 only when the process
+ * is out of descriptors) and are closed; past the connection limit new ones wait in the
+ * accept queue. *port_out gets the bound port. NULL with errno set when the
  * socket cannot be bound. Main thread. */
 http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_t addrlen,
                            int *port_out);

@@ -9,9 +9,10 @@
  * owns the client listening socket, enforces the header deadline and answers bad framing;
  * every connection has an inactivity timeout; the connection limit is derived from
  * RLIMIT_NOFILE minus what PostgreSQL, outbound sockets and files need, and shared out
- * between the gate, requests that wait and a reserve for cheap ones; /health and /metrics
- * may also have a listener of their own with its own connections (server.ops,
- * start_ops); paths reach the
+ * between the gate, requests that wait and a reserve for cheap ones - past it connections
+ * wait in the kernel's accept queue, never refused (gate.c,
+ * docs/adr/0025-queue-past-the-connection-limit.md); /health and /metrics may also have a
+ * listener of their own with its own connections (server.ops, start_ops); paths reach the
  * router still percent-encoded; every refusal known from the headers is answered before
  * the body, one decided mid-body is written to the socket at once (answer_mid_body);
  * responses are queued only on the connection's own thread (a pool worker stores its
