@@ -24,6 +24,7 @@ The other chaos cases live beside the mechanisms they test: kill -9 during uploa
 renders in test_media_crash.py.
 """
 
+import collections
 import http.client
 import json
 import multiprocessing
@@ -427,8 +428,9 @@ class GalleryUnderLowDescriptorLimitTest(AtriumTestCase):
         self.assertEqual(len(results), STORM_REQUESTS)
         wrong = [(round(took, 2), status, verdict) for took, status, verdict in results
                  if verdict != "ok" or took > STORM_BOUND_S]
+        by_status = collections.Counter(status for _, status, _ in wrong)
         self.assertEqual(wrong[:10], [], f"{len(wrong)} of {STORM_REQUESTS} thumbnails were "
-                         f"not a valid image within {STORM_BOUND_S} s")
+                         f"not a valid image within {STORM_BOUND_S} s (by status: {by_status})")
         # The storm is far past the limit: most of it waited, and the probes ran meanwhile.
         self.assertLess(limit, STORM_REQUESTS / 4)
         during = [p for p in probes if storm_started <= p[0] <= storm_ended]
