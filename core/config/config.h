@@ -206,6 +206,12 @@ struct core_config {
         const char **allowed_addresses; /* server.metrics.allowed_addresses (loopback) */
         size_t n_allowed_addresses;
     } metrics;
+    struct {
+        bool enabled;             /* server.ops.enabled (default false) */
+        const char *bind_address; /* server.ops.bind_address (default 127.0.0.1) */
+        int port;                 /* server.ops.port (default 8009) */
+        int max_connections;      /* server.ops.max_connections (default 8) */
+    } ops;
     struct core_fed_listener {
         const char *bind_address;          /* server.federation.bind_address (0.0.0.0) */
         int port;                          /* server.federation.port (default 8448) */

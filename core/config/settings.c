@@ -193,8 +193,9 @@ const struct cfg_setting CORE_SETTINGS[] = {
             "A new connection must send its complete request headers within this long, else "
             "it gets 408 and is closed (slow senders cannot hold connections)."),
     INT_ROW("server.http.max_connections", http.max_connections, 0, 0, 1000000, NULL,
-            "Open client connections at most; 0 = RLIMIT_NOFILE minus fd_reserve, the "
-            "database pool and outbound sockets."),
+            "Open client connections at most (more wait in the kernel's accept queue, never "
+            "refused); 0 = RLIMIT_NOFILE minus fd_reserve, the database pool, outbound "
+            "sockets and server.ops.max_connections."),
     INT_ROW("server.http.fd_reserve", http.fd_reserve, 128, 0, 65536, NULL,
             "File descriptors kept for files, PostgreSQL and peers."),
     {.path = "server.http.max_json_body_bytes", .type = CFG_T_INT64,
@@ -223,6 +224,18 @@ const struct cfg_setting CORE_SETTINGS[] = {
      .offset = FIELD(metrics.allowed_addresses),
      .count_offset = FIELD(metrics.n_allowed_addresses), .values = DEFAULT_METRICS_ADDRESSES,
      .help = "Client addresses allowed to read /metrics."},
+    BOOL_ROW("server.ops.enabled", ops.enabled, false,
+             "Serve /health and /metrics on a listener of their own as well, for load "
+             "balancers and monitoring: its connections are never queued behind clients'."),
+    {.path = "server.ops.bind_address", .type = CFG_T_STRING, .flags = CFG_F_NONEMPTY,
+     .offset = FIELD(ops.bind_address), .def_string = "127.0.0.1",
+     .help = "Address the operational listener binds, an IPv4 or IPv6 literal (only the load "
+             "balancer and monitoring should reach it)."},
+    INT_ROW("server.ops.port", ops.port, 8009, 0, 65535, NULL,
+            "TCP port of the operational listener; 0 = any free port."),
+    INT_ROW("server.ops.max_connections", ops.max_connections, 8, 1, 256, NULL,
+            "Connections the operational listener serves at once: descriptors kept for it "
+            "out of the client connections' share."),
     {.path = "server.federation.bind_address", .type = CFG_T_STRING, .flags = CFG_F_NONEMPTY,
      .offset = FIELD(fed_listener.bind_address), .def_string = "0.0.0.0",
      .help = "Address the federation listener binds, an IPv4 or IPv6 literal."},
@@ -437,6 +450,8 @@ static const struct cfg_section CORE_SECTIONS[] = {
     {"push", "Push notifications: what notified whom, and delivery to push gateways."},
     {"appservice", "Application services (bridges): delivery of their transactions."},
     {"rooms", "Rooms."},
+    {"server.ops", "The operational listener: /health and /metrics for load balancers and "
+                   "monitoring (docs/adr/0025-queue-past-the-connection-limit.md)."},
     {"server.federation", "The federation listener: other servers and key look-ups (TLS)."},
     {"federation", "Federation: talking to other Matrix servers (README.md, Federation)."},
     {"federation.client", "The one outbound client every request to another server uses."},

@@ -21,23 +21,29 @@
  * which reads the same bytes again. One whose headers are complete while every worker is
  * full waits in the gate ("ready") until a slot frees.
  *
- * Room for cheap requests, past the connection limit too. The kernel's backlog is blind:
- * a /health behind a few hundred thumbnail requests waits for all of them. So the gate
- * never leaves connections there because waiting requests hold the room:
+ * Past the connection limit, connections wait in the kernel's accept queue, unaccepted
+ * (docs/adr/0025-queue-past-the-connection-limit.md). A connection waiting there costs the
+ * process no descriptor, and a client that is refused rather than kept waiting - an
+ * image in Element, which does not retry one - is a broken picture; so the gate never
+ * refuses a request for want of room:
  *   - served connections: the last server.cheap_reserve of them are for cheap requests
  *     only (pick_worker), so requests that wait (parked media, long-polls) never hold all;
  *   - the gate's own room (gate_max_pending) holds connections still sending headers and
  *     ready ones waiting for a slot; when it is full of slow senders, the slowest goes;
- *   - past that room, GATE_TRIAGE_ROOM more connections are accepted, each only to be
- *     judged: a cheap one is served from the reserve (or waits ready), any other that
- *     finds no slot free is refused at once with 503 and Retry-After ("the server is
- *     busy") rather than waiting unseen in the backlog - the newest expensive request
- *     is the one shed, those already waiting keep their place;
+ *     when it is full otherwise, the gate stops accepting until a slot frees, and new
+ *     connections wait in the accept queue (GATE_LISTEN_BACKLOG, capped by the kernel's
+ *     net.core.somaxconn) in arrival order. Once accepted, one has the header deadline
+ *     like any other. The queue adds no deadline of its own (the kernel does not say how
+ *     long a connection waited): the longest wait is the queue's length over the rate
+ *     connections free, and a client that tires of it closes its connection - its
+ *     request may still be judged, and is dropped where the core notices the client
+ *     gone (before a handoff runs, or at the first write);
+ *   - a /health behind a queue of a thousand thumbnails waits for them: load balancers
+ *     ask the operational listener (server.ops, server.c), whose connections are its own;
  *   - a spare descriptor is held from start-up, so even when the process runs out of
- *     descriptors (EMFILE) a connection is accepted on it and refused with 503 instead of
- *     staying in the backlog (and the listening socket staying readable forever).
- * The gate stops accepting only when its room and the triage room are both taken by
- * connections that have not finished their headers or by cheap ones waiting for a slot.
+ *     descriptors (EMFILE: the connection limit leaves room for everything else, so
+ *     something else overran its share) a connection is accepted on it and refused with
+ *     503 instead of the listening socket staying readable forever.
  *
  * What it does not do: look at the second and later requests of a keep-alive connection
  * (those bytes go to libmicrohttpd directly), nor the federation listener (TLS: its bytes
@@ -61,13 +67,15 @@
 #include "core/http/http.h"
 
 #define GATE_MAX_METHOD_BYTES 32
-#define GATE_LISTEN_BACKLOG 1024
+/* The accept queue's length asked of listen(); Linux caps it at net.core.somaxconn
+ * (4096 by default since 5.4, Debian 12 included). Connections past the limit wait there. */
+#define GATE_LISTEN_BACKLOG 4096
+#define SOMAXCONN_PATH "/proc/sys/net/core/somaxconn"
 #define GATE_EPOLL_BATCH 64
 #define GATE_IDLE_WAIT_MS 1000 /* epoll wait when no deadline is near */
 #define GATE_DRAIN_BYTES (64 * 1024) /* read before closing a refused one (FIN, not RST) */
 #define GATE_FULL_RETRY_MS 20 /* at the connection limit: how often room is looked for */
 #define GATE_EVICT_MIN_AGE_MS 1000 /* one that sent nothing yet is evicted from this age */
-#define GATE_TRIAGE_ROOM (HTTP_GATE_EXTRA_FDS - 1) /* past the room: accepted to be judged */
 
 typedef struct gate_conn {
     int fd;
@@ -346,7 +354,8 @@ static void admit(http_gate *g, gate_conn *c)
     bury(g, c);
 }
 
-/* Stop or resume accepting: at the connection limit new connections stay in the backlog. */
+/* Stop or resume accepting: at the connection limit new connections stay in the accept
+ * queue. */
 static void set_accepting(http_gate *g, bool on)
 {
     if (on == g->accepting) return;
@@ -363,14 +372,6 @@ static void admit_ready(http_gate *g)
         next = c->next;
         if (c->ready) admit(g, c);
     }
-}
-
-/* The one shedding rule: a request that is not cheap, judged while the connection is in
- * the triage room (the gate's own room is full), and finding no slot free, is refused -
- * waiting there it would keep the gate from seeing the connections behind it. */
-static bool shed_past_room(http_gate *g, const gate_conn *c)
-{
-    return !c->cheap && g->n_pending > g->max_pending && !pick_worker(g, false);
 }
 
 /* Look at what the connection sent so far (without consuming it). */
@@ -408,16 +409,11 @@ static void inspect(http_gate *g, gate_conn *c, uint32_t events)
         drop(g, c, status, errcode, msg);
         return;
     }
-    if (shed_past_room(g, c)) {
-        rt_metric_add(g->m_shed, 1);
-        drop(g, c, 503, "M_UNKNOWN", "The server is busy; retry shortly");
-        return;
-    }
     admit(g, c);
 }
 
 /* Out of descriptors: the spare one is given up to accept the next connection and refuse
- * it with 503, then taken again, so the backlog keeps moving (and the listening socket,
+ * it with 503, then taken again, so the accept queue keeps moving (and the listening socket,
  * which stays readable, does not spin the loop). Without a spare (it could not be taken
  * back), accepting pauses until a connection of the gate's closes. */
 static void refuse_on_spare(http_gate *g, int err)
@@ -449,7 +445,7 @@ static void accept_all(http_gate *g)
              * client sends its headers within a round trip and is hardly ever the oldest;
              * a slow sender is, so slow senders cannot lock newcomers out. When none is
              * slow (all ready and waiting for room, or just arrived), new connections wait
-             * in the backlog instead. */
+             * in the accept queue instead. */
             /* Slow: sent part of its headers (a real client's head comes in one piece), or
              * nothing for a while. One that connected a moment ago and sent nothing yet is
              * not slow, only not there yet (a burst of new clients). */
@@ -460,11 +456,11 @@ static void accept_all(http_gate *g)
             if (slow) {
                 rt_metric_add(g->m_timeouts, 1);
                 drop(g, slow, 408, "M_UNKNOWN", "The request headers did not arrive in time");
-            } else if (g->n_pending >= g->max_pending + GATE_TRIAGE_ROOM) {
+            } else {
                 rt_metric_add(g->m_full, 1);
-                set_accepting(g, false);
+                set_accepting(g, false); /* newcomers wait in the accept queue */
                 return;
-            } /* else: into the triage room (shed_past_room) */
+            }
         }
         gate_conn *c = calloc(1, sizeof(*c));
         if (!c) return;
@@ -526,7 +522,7 @@ static void *gate_main(void *arg)
             else if (evs[i].data.ptr) inspect(g, evs[i].data.ptr, evs[i].events);
         }
         admit_ready(g);
-        if (!g->accepting && g->n_pending < g->max_pending + GATE_TRIAGE_ROOM) {
+        if (!g->accepting && g->n_pending < g->max_pending) {
             if (g->spare_fd < 0) g->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
             set_accepting(g, true);
             accept_all(g);
@@ -537,6 +533,26 @@ static void *gate_main(void *arg)
     while (g->head) drop(g, g->head, 0, NULL, NULL);
     free_dead(g);
     return NULL;
+}
+
+/* The accept queue connections past the limit wait in: GATE_LISTEN_BACKLOG, or less when
+ * the kernel caps it (net.core.somaxconn). Past it the kernel drops new connections' SYNs
+ * and their clients send them again a second later, then later still: a short queue turns
+ * a burst into slow connects, so the operator is told. */
+static void check_accept_queue(void)
+{
+    FILE *f = fopen(SOMAXCONN_PATH, "r");
+    int cap = GATE_LISTEN_BACKLOG;
+    if (f) {
+        if (fscanf(f, "%d", &cap) != 1) cap = GATE_LISTEN_BACKLOG;
+        fclose(f);
+    }
+    if (cap < GATE_LISTEN_BACKLOG)
+        rt_log(ATRIUM_LOG_WARN, "http",
+               "the accept queue holds %d connections (net.core.somaxconn), not %d: past the "
+               "connection limit a burst larger than that connects slowly; raise "
+               "net.core.somaxconn (sysctl)",
+               cap, GATE_LISTEN_BACKLOG);
 }
 
 http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_t addrlen,
@@ -557,8 +573,8 @@ http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_
     g->m_full = rt_metric_counter(s->metrics, "atrium_http_gate_full_total", NULL,
                                   "Times the gate stopped accepting: every slot waiting for room");
     g->m_shed = rt_metric_counter(s->metrics, "atrium_http_gate_shed_total", NULL,
-                                  "Requests refused with 503 past the connection limit, so "
-                                  "the gate keeps seeing new connections");
+                                  "Connections refused with 503 because the process ran out "
+                                  "of file descriptors");
     g->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (g->spare_fd < 0) goto fail;
     int one = 1;
@@ -567,6 +583,7 @@ http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_
         setsockopt(g->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
         bind(g->listen_fd, addr, addrlen) < 0 || listen(g->listen_fd, GATE_LISTEN_BACKLOG) < 0)
         goto fail;
+    check_accept_queue();
     struct sockaddr_storage bound;
     socklen_t blen = sizeof(bound);
     if (port_out && getsockname(g->listen_fd, (struct sockaddr *)&bound, &blen) == 0)

@@ -88,8 +88,14 @@ typedef struct http_server http_server;
 typedef struct susp_timer susp_timer;
 
 /* Which listener a request came in on: the client listener serves no federation path, the
- * federation listener serves only those (http_path_is_federation). */
-enum http_listener_kind { HTTP_LISTENER_CLIENT = 0, HTTP_LISTENER_FEDERATION = 1 };
+ * federation listener serves only those (http_path_is_federation), the operational
+ * listener (server.ops) only /health and /metrics (http_path_is_operational). */
+enum http_listener_kind {
+    HTTP_LISTENER_CLIENT = 0,
+    HTTP_LISTENER_FEDERATION = 1,
+    HTTP_LISTENER_OPS = 2,
+    HTTP_LISTENER_KINDS
+};
 typedef struct http_listener {
     http_server *srv;
     int kind; /* enum http_listener_kind */
@@ -154,14 +160,14 @@ int http_head_limits(size_t head_bytes, size_t headers, size_t query_args, const
 /* ---- the gate (gate.c): the client listener's front door ----------------------------- */
 typedef struct http_gate http_gate;
 /* Descriptors the gate holds past the connection limit (server.c leaves them out of it):
- * its triage room, where connections past its own room are judged, and one spare kept for
- * accepting at EMFILE. */
-#define HTTP_GATE_EXTRA_FDS 17
+ * one spare kept for accepting at EMFILE. */
+#define HTTP_GATE_EXTRA_FDS 1
 /* Listen on addr and hand every new connection whose request headers are complete and
  * well-framed to one of s->workers (libmicrohttpd daemons started with
  * MHD_USE_NO_LISTEN_SOCKET): the least busy one with room. Others get a Matrix error
- * (400, 408 after server.http.header_timeout_ms, 413, 431, 505, 503 at the connection
- * limit) and are closed. *port_out gets the bound port. NULL with errno set when the
+ * (400, 408 after server.http.header_timeout_ms, 413, 431, 505; 503 only when the process
+ * is out of descriptors) and are closed; past the connection limit new ones wait in the
+ * accept queue. *port_out gets the bound port. NULL with errno set when the
  * socket cannot be bound. Main thread. */
 http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_t addrlen,
                            int *port_out);
@@ -211,11 +217,14 @@ struct http_server {
 
     /* federation listener (none until http_server_set_federation) */
     struct MHD_Daemon *fed_daemon;
-    http_listener listeners[2]; /* by enum http_listener_kind: the daemons' cls */
+    http_listener listeners[HTTP_LISTENER_KINDS]; /* by enum http_listener_kind: daemons' cls */
     bool fed_enabled;
     http_fed_auth_fn fed_auth;
     route_entry fed_fallback; /* unmatched federation paths: signature check, then 404 */
     int fed_max_connections;
+
+    /* operational listener (server.ops.enabled): /health and /metrics, its own connections */
+    struct MHD_Daemon *ops_daemon;
 };
 
 http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics);
@@ -262,6 +271,8 @@ bool http_path_is_federation(const char *raw_path);
  * endpoints fall back to; the media plugin answers it, under plugins.media.legacy_media,
  * the same on either. */
 bool http_path_on_both_listeners(const char *raw_path);
+/* Is this raw path one the operational listener serves (/health, /metrics)? */
+bool http_path_is_operational(const char *raw_path);
 
 /* ---- TLS (tls.c) -------------------------------------------------------------------- */
 /* Load a PEM certificate (or chain) and key as the federation listener's certificate; new

@@ -9,7 +9,10 @@
  * owns the client listening socket, enforces the header deadline and answers bad framing;
  * every connection has an inactivity timeout; the connection limit is derived from
  * RLIMIT_NOFILE minus what PostgreSQL, outbound sockets and files need, and shared out
- * between the gate, requests that wait and a reserve for cheap ones; paths reach the
+ * between the gate, requests that wait and a reserve for cheap ones - past it connections
+ * wait in the kernel's accept queue, never refused (gate.c,
+ * docs/adr/0025-queue-past-the-connection-limit.md); /health and /metrics may also have a
+ * listener of their own with its own connections (server.ops, start_ops); paths reach the
  * router still percent-encoded; every refusal known from the headers is answered before
  * the body, one decided mid-body is written to the socket at once (answer_mid_body);
  * responses are queued only on the connection's own thread (a pool worker stores its
@@ -51,6 +54,8 @@
 #define GATE_MIN_PENDING 8
 #define CHEAP_RESERVE_SHARE 8     /* 1/8 of the served connections is never held by waiters */
 #define CHEAP_RESERVE_MIN 4
+#define OPS_IDLE_TIMEOUT_S 5      /* the operational listener: a connection idle this long goes */
+#define OPS_OWN_FDS 3             /* its listening socket, epoll set and wake-up descriptor */
 
 static atomic_int open_connections;
 static atomic_int inflight_requests; /* received and not yet completed */
@@ -83,16 +88,19 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
  *   - a request body arriving: server.http.body_idle_timeout_s;
  *   - a response being sent: server.http.send_stall_timeout_s, so a client that stops
  *     reading loses what its request holds (a delivery slot) long before the idle timeout;
- *   - otherwise (between requests): server.http.connection_timeout_s.
+ *   - otherwise (between requests): server.http.connection_timeout_s (on the operational
+ *     listener OPS_IDLE_TIMEOUT_S: its few connections are not held by idle ones).
  * The header deadline is the gate's (gate.c). On the connection's own thread only. */
 enum conn_phase { PHASE_IDLE, PHASE_BODY, PHASE_SENDING };
 
-static void set_phase(http_server *s, struct MHD_Connection *c, enum conn_phase phase)
+static void set_phase(const atrium_req *r, struct MHD_Connection *c, enum conn_phase phase)
 {
-    const struct core_config *cfg = s->cfg;
+    const struct core_config *cfg = r->srv->cfg;
+    int idle_s = r->listener == HTTP_LISTENER_OPS ? OPS_IDLE_TIMEOUT_S
+                                                  : cfg->http.connection_timeout_s;
     int secs = phase == PHASE_BODY      ? cfg->http.body_idle_timeout_s
                : phase == PHASE_SENDING ? cfg->http.send_stall_timeout_s
-                                        : cfg->http.connection_timeout_s;
+                                        : idle_s;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)secs);
 }
 
@@ -130,7 +138,7 @@ static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *res
     if (!resp) return MHD_NO;
     http_add_cors(resp); /* the one place every response gets its CORS headers */
     enum MHD_Result rc = http_mhd_queue_response(r->conn, (unsigned)status, resp);
-    if (rc == MHD_YES) set_phase(r->srv, r->conn, PHASE_SENDING);
+    if (rc == MHD_YES) set_phase(r, r->conn, PHASE_SENDING);
     MHD_destroy_response(resp);
     http_count_status(r->srv, status);
     r->in_dispatch_done = true;
@@ -247,8 +255,10 @@ static bool prepare_route(atrium_req *r)
     /* Each listener serves its own paths only (a client probing federation paths on the
      * client port, or anything but federation on the federation port, learns nothing). */
     bool federation_path = http_path_is_federation(r->raw_path);
-    if (federation_path != (r->listener == HTTP_LISTENER_FEDERATION) &&
-        !http_path_on_both_listeners(r->raw_path)) {
+    if ((r->listener == HTTP_LISTENER_OPS && !http_path_is_operational(r->raw_path)) ||
+        (r->listener != HTTP_LISTENER_OPS &&
+         federation_path != (r->listener == HTTP_LISTENER_FEDERATION) &&
+         !http_path_on_both_listeners(r->raw_path))) {
         http_respond_error(r, 404, "M_UNRECOGNIZED", "Unrecognized request");
         return false;
     }
@@ -391,7 +401,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         atomic_fetch_add(&inflight_requests, 1);
         /* Refused before its body: answer now; MHD closes the connection after. */
         if (prepare(r)) return queue_own(r);
-        if (announces_body(r)) set_phase(s, c, PHASE_BODY);
+        if (announces_body(r)) set_phase(r, c, PHASE_BODY);
         return MHD_YES;
     }
     if (*upload_data_size) {
@@ -429,7 +439,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     }
     /* The whole request is here: the connection is idle-timed as any other again, and the
      * deadline counts from now. */
-    if (announces_body(r)) set_phase(s, c, PHASE_IDLE);
+    if (announces_body(r)) set_phase(r, c, PHASE_IDLE);
     r->deadline_ms = rt_now_ms() + s->cfg->http.handoff_deadline_ms;
     r->run_reason = ATRIUM_RUN_FIRST;
     return dispatch_on(listener, r);
@@ -442,7 +452,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atrium_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
-    set_phase(r->srv, c, PHASE_IDLE); /* kept alive: waiting for the next request */
+    set_phase(r, c, PHASE_IDLE); /* kept alive: waiting for the next request */
     uncork_response(r);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         rt_log(ATRIUM_LOG_DEBUG, "core", "[req %s] ended early (%d)", r->id, (int)toe);
@@ -482,7 +492,7 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
     s->router = router_new();
     pthread_mutex_init(&s->events_mu, NULL);
     s->ratelimit_enabled = cfg->ratelimit.enabled;
-    for (int k = HTTP_LISTENER_CLIENT; k <= HTTP_LISTENER_FEDERATION; k++) {
+    for (int k = HTTP_LISTENER_CLIENT; k < HTTP_LISTENER_KINDS; k++) {
         s->listeners[k].srv = s;
         s->listeners[k].kind = k;
         atomic_init(&s->listeners[k].open_connections, 0);
@@ -529,13 +539,15 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
 }
 
 /* How many client connections the descriptors allow: RLIMIT_NOFILE minus the database
- * pool, outbound sockets, the configured reserve for files, and MHD's own descriptors. */
+ * pool, outbound sockets, the configured reserve for files, MHD's own descriptors and the
+ * operational listener's. */
 static int connection_limit(const struct core_config *cfg)
 {
     struct rlimit rl;
     long nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : 1024;
     long reserve = (long)cfg->database.pool_size + OUTBOUND_SOCKET_RESERVE + cfg->http.fd_reserve +
-                   4L * cfg->http.request_threads + 16 + HTTP_GATE_EXTRA_FDS;
+                   4L * cfg->http.request_threads + 16 + HTTP_GATE_EXTRA_FDS +
+                   (cfg->ops.enabled ? cfg->ops.max_connections + OPS_OWN_FDS : 0);
     long limit = nofile - reserve;
     if (limit < 8) limit = 8;
     if (cfg->http.max_connections > 0 && cfg->http.max_connections < limit)
@@ -557,6 +569,11 @@ bool http_path_is_federation(const char *raw_path)
 bool http_path_on_both_listeners(const char *raw_path)
 {
     return strncmp(raw_path, "/_matrix/media/v3/download/", 27) == 0;
+}
+
+bool http_path_is_operational(const char *raw_path)
+{
+    return strcmp(raw_path, "/health") == 0 || strcmp(raw_path, "/metrics") == 0;
 }
 
 void http_server_set_federation(http_server *s, http_fed_auth_fn auth, atrium_handler fallback)
@@ -629,6 +646,44 @@ static int start_federation(http_server *s)
     return 0;
 }
 
+/* The operational listener (server.ops): /health and /metrics on a port of their own, one
+ * thread, server.ops.max_connections connections kept for it. Load balancers ask it: on
+ * the client listener a probe past the connection limit waits in the accept queue behind
+ * every client connection there (gate.c). Plain HTTP: bind it where only they reach. */
+static int start_ops(http_server *s)
+{
+    const struct core_config *cfg = s->cfg;
+    struct sockaddr_storage ss;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (!bind_sockaddr(cfg->ops.bind_address, cfg->ops.port, &ss, &flags)) {
+        rt_log(ATRIUM_LOG_ERROR, "core",
+               "server.ops.bind_address \"%s\" is not an IPv4 or IPv6 address",
+               cfg->ops.bind_address);
+        return -1;
+    }
+    http_listener *l = &s->listeners[HTTP_LISTENER_OPS];
+    s->ops_daemon = MHD_start_daemon(
+        flags, (uint16_t)cfg->ops.port, NULL, NULL, on_access, l, MHD_OPTION_EXTERNAL_LOGGER,
+        mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)cfg->ops.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)OPS_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)CONNECTION_MEMORY_LIMIT_BYTES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, l,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, l, MHD_OPTION_UNESCAPE_CALLBACK,
+        no_unescape, NULL, MHD_OPTION_END);
+    if (!s->ops_daemon) {
+        rt_log(ATRIUM_LOG_ERROR, "core",
+               "cannot listen for /health and /metrics on %s:%d (%s): is another server using "
+               "the port? Change server.ops.port or server.ops.bind_address",
+               cfg->ops.bind_address, cfg->ops.port, strerror(errno));
+        return -1;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->ops_daemon, MHD_DAEMON_INFO_BIND_PORT);
+    rt_log(ATRIUM_LOG_INFO, "core", "operational endpoints on http://%s:%d (%d connections)",
+           cfg->ops.bind_address, info ? (int)info->port : cfg->ops.port,
+           cfg->ops.max_connections);
+    return 0;
+}
+
 int http_server_start(http_server *s)
 {
     const struct core_config *cfg = s->cfg;
@@ -649,6 +704,8 @@ int http_server_start(http_server *s)
         /* Federation first: once the client listener answers /health, both are up. */
         if (start_federation(s) < 0) return -1;
     }
+    /* The operational listener before the client one, as federation. */
+    if (cfg->ops.enabled && start_ops(s) < 0) return -1;
     /* The client connections are shared out: some for connections still sending their
      * headers (held by the gate), the rest served by libmicrohttpd, of which a reserve is
      * kept for requests answered without waiting (gate.c, pick_worker). */
@@ -745,6 +802,8 @@ void http_server_stop(http_server *s)
     s->gate = NULL;
     if (s->fed_daemon) MHD_stop_daemon(s->fed_daemon);
     s->fed_daemon = NULL;
+    if (s->ops_daemon) MHD_stop_daemon(s->ops_daemon);
+    s->ops_daemon = NULL;
     for (int i = 0; s->workers && i < s->n_workers; i++) {
         if (s->workers[i].daemon) MHD_stop_daemon(s->workers[i].daemon);
         s->workers[i].daemon = NULL;

@@ -535,9 +535,8 @@ class SlowHeadersTest(unittest.TestCase):
         # there are connections: they take what waiters may have (the 36 served
         # connections of 48 less the reserve of 4), the rest wait in the gate with their
         # headers read, and /versions, /health and whoami still get the reserved
-        # connections at once. (Past the gate's room too - 12 here - newcomers are
-        # accepted into its triage room: cheap ones are served, others get 503; see
-        # test_chaos.py's gallery.)
+        # connections at once. (Past the gate's room - 12 here - newcomers wait in the
+        # kernel's accept queue; see test_chaos.py's gallery.)
         wait_until(lambda: self.srv.metric("atrium_http_connections_awaiting_headers") == 0,
                    what="no connection of an earlier test left in the gate")
         parked = []

@@ -531,6 +531,10 @@ static void test_defaults_apply_when_keys_are_absent(void **state)
     assert_int_equal(c.http.max_json_body_bytes, 1024 * 1024);
     assert_int_equal(c.http.handoff_deadline_ms, 60000);
     assert_int_equal(c.http.n_trusted_proxies, 0);
+    assert_false(c.ops.enabled); /* no port opened unasked (ADR-0025) */
+    assert_string_equal(c.ops.bind_address, "127.0.0.1");
+    assert_int_equal(c.ops.port, 8009);
+    assert_int_equal(c.ops.max_connections, 8);
     assert_true(c.metrics.enabled);
     assert_int_equal(c.metrics.n_allowed_addresses, 2);
     assert_string_equal(c.metrics.allowed_addresses[0], "127.0.0.1");
