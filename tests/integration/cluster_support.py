@@ -64,7 +64,7 @@ def port_free_on_all(ips):
 class Balancer:
     """haproxy with deploy/haproxy.cfg on ip, following `SERVICE` through dns."""
 
-    def __init__(self, dns, backend_port, ip=LB_IP):
+    def __init__(self, dns, backend_port, check_port, ip=LB_IP):
         self.ip = ip
         with socket.socket() as s:
             s.bind((ip, 0))
@@ -84,6 +84,7 @@ class Balancer:
                "ATRIUM_LB_SERVICE": SERVICE,
                "ATRIUM_LB_PORT": str(backend_port),
                "ATRIUM_LB_FED_PORT": str(backend_port),  # no federation in these tests
+               "ATRIUM_LB_CHECK_PORT": str(check_port),
                "ATRIUM_LB_DNS": dns.address,
                "ATRIUM_LB_SLOTS": str(HAPROXY_SLOTS),
                "ATRIUM_LB_MAXCONN": str(HAPROXY_MAXCONN)}
@@ -170,6 +171,9 @@ class Cluster:
         try:
             self.ips = PROCESS_IPS[:n]
             self.port = port_free_on_all(self.ips)
+            self.ops_port = port_free_on_all(self.ips)  # server.ops: the balancer's checks
+            while self.ops_port == self.port:
+                self.ops_port = port_free_on_all(self.ips)
             plugins = dict(plugins or {})
             if media:
                 self.media_store = tempfile.mkdtemp(prefix="atrium-shared-media-",
@@ -178,7 +182,9 @@ class Cluster:
                                     **plugins.get("media", {})}
             for i, ip in enumerate(self.ips):
                 own = {"server": {"instance_name": f"atrium-{i + 1}",
-                                  "http": {"trusted_proxies": ["127.0.0.1", LB_IP]}}}
+                                  "http": {"trusted_proxies": ["127.0.0.1", LB_IP]},
+                                  "ops": {"enabled": True, "bind_address": ip,
+                                          "port": self.ops_port}}}
                 self.servers.append(Server(database=self.database, host=ip, port=self.port,
                                            settings=deep_merge(own, settings or {}),
                                            plugins=plugins or None, start=False))
@@ -188,7 +194,7 @@ class Cluster:
                 srv.wait_healthy()
             self.dns = FakeDNS(ip="127.0.0.53", ttl=1)
             self.dns.records[(SERVICE, "A")] = list(self.ips)
-            self.lb = Balancer(self.dns, self.port)
+            self.lb = Balancer(self.dns, self.port, self.ops_port)
             self.lb.wait_up(self.ips)
         except BaseException:
             self.close(raise_errors=False)

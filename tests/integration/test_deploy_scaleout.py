@@ -58,6 +58,8 @@ class DeployScaleOutTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         cfg = read("haproxy.cfg")
         self.assertIn("option httpchk GET /health", cfg)
+        self.assertEqual(cfg.count('check port "${ATRIUM_LB_CHECK_PORT-8009}"'), 2,
+                         "both backends check the operational listener")
         self.assertRegex(cfg, r"server-template atrium .*\$\{ATRIUM_LB_SERVICE-atrium\}")
         self.assertNotRegex(cfg, r"\n\s*(cookie|stick)\b", "no stickiness")
 
@@ -70,7 +72,11 @@ class DeployScaleOutTest(unittest.TestCase):
         self.assertNotIn("ports:", atrium, "a fixed host port stops a second replica")
         self.assertNotIn("container_name", atrium, "a fixed name stops a second replica")
         self.assertIn("8008", atrium)
-        self.assertRegex(atrium, r'"http://127\.0\.0\.1:8008/health"')
+        # /health on the operational listener: client connections past the limit wait in
+        # the accept queue, and a check behind them would take a busy replica for a dead one
+        self.assertRegex(atrium, r'"http://127\.0\.0\.1:8009/health"')
+        self.assertRegex(atrium, r'ATRIUM__SERVER__OPS__ENABLED:\s*"true"')
+        self.assertRegex(atrium, r'ATRIUM__SERVER__OPS__BIND_ADDRESS:\s*"0\.0\.0\.0"')
         grace = re.search(r"stop_grace_period:\s*(\S+)", atrium)
         self.assertIsNotNone(grace)
         self.assertGreater(seconds(grace.group(1)), SHUTDOWN_GRACE_DEFAULT_S,
