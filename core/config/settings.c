@@ -405,6 +405,10 @@ const struct cfg_setting CORE_SETTINGS[] = {
             60000, 0, 3600000, "ms",
             "A failed key look-up is remembered this long, so a dead server is not asked at "
             "every request."),
+    INT_ROW("federation.sender_groups", federation.sender_groups, 16, 1, 1024, NULL,
+            "Destinations are hashed into this many groups, each sent to by the one process "
+            "holding its lease; live processes share the groups out. The same in every "
+            "process."),
 };
 const size_t CORE_N_SETTINGS = sizeof CORE_SETTINGS / sizeof *CORE_SETTINGS;
 
