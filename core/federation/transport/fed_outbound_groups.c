@@ -119,7 +119,7 @@ int fed_groups_start(fed_groups *g, lease_service *s, int64_t ttl_ms, void (*wak
     atomic_store(&g->held, 0);
     rt_metric_set(g->m_held, 0);
     rt_log(ATRIUM_LOG_INFO, "federation", "federation sender %s shares %d destination groups",
-           name, g->n);
+           lease_name(g->announce), g->n);
     return 0;
 }
 
@@ -171,17 +171,24 @@ static void leave_extra(fed_groups *g, int held, int share)
     }
 }
 
-int64_t fed_groups_balance(fed_groups *g, PGconn *c)
+int64_t fed_groups_balance_in(const fed_groups *g)
 {
-    if (!g->announce) return 0;
-    int64_t now = rt_now_ms();
-    if (atomic_exchange(&g->announced, false)) g->next_balance_ms = now;
-    if (now < g->next_balance_ms) return g->next_balance_ms - now;
-    g->next_balance_ms = now + g->period_ms;
+    if (!g->announce) return -1;
+    if (atomic_load(&g->announced)) return 0;
+    if (!lease_held(g->announce)) return -1;
+    int64_t left = g->next_balance_ms - rt_now_ms();
+    return left > 0 ? left : 0;
+}
+
+void fed_groups_balance(fed_groups *g, PGconn *c)
+{
+    if (!g->announce) return;
+    atomic_store(&g->announced, false);
+    g->next_balance_ms = rt_now_ms() + g->period_ms;
     /* Not announced (not yet, or the database refuses the renewal): take nothing. */
-    if (!lease_held(g->announce)) return g->period_ms;
+    if (!lease_held(g->announce)) return;
     int senders = lease_count_live(c, FED_GROUPS_SENDERS_PREFIX);
-    if (senders < 1) return g->period_ms; /* logged; the next round counts again */
+    if (senders < 1) return; /* logged; the next round counts again */
     rt_metric_set(g->m_senders, senders);
     int share = (g->n + senders - 1) / senders;
     int held = 0;
@@ -195,7 +202,6 @@ int64_t fed_groups_balance(fed_groups *g, PGconn *c)
         lease_want(x->lease, want);
         x->wanted = want;
     }
-    return g->period_ms;
 }
 
 void fed_groups_clear_busy(fed_groups *g)

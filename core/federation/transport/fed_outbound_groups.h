@@ -39,11 +39,14 @@ int fed_groups_of(const fed_groups *g, const char *destination);
 bool fed_groups_sendable(const fed_groups *g, int group);
 /* The lease of group, NULL when there are no leases (then every group is held). */
 lease *fed_groups_lease(const fed_groups *g, int group);
-/* Share the groups out, at most every ttl / 4 (at once after this process announced
- * itself): count the live senders on c, give up what is over this process's share (once
- * drained, fed_groups_release_drained) and want the groups no one holds while under it.
- * Returns the ms until it is due again (0: never, no leases). */
-int64_t fed_groups_balance(fed_groups *g, PGconn *c);
+/* When fed_groups_balance is due: 0 now, else in that many ms; -1 not until something
+ * happens (no leases, or this process's announcement is not held: taking it wakes the
+ * sender). A sender with nothing else to do borrows no connection before it is due. */
+int64_t fed_groups_balance_in(const fed_groups *g);
+/* Share the groups out (every ttl / 4, and at once after this process announced itself):
+ * count the live senders on c, give up what is over this process's share (once drained,
+ * fed_groups_release_drained) and want the groups no one holds while under it. */
+void fed_groups_balance(fed_groups *g, PGconn *c);
 /* Count the groups held (the gauge, and fed_groups_all_held's answer); the count. */
 int fed_groups_count_held(fed_groups *g);
 /* Draining: clear the marks, mark each group with a transaction in flight, then give up
