@@ -248,9 +248,9 @@ const struct cfg_setting CORE_SETTINGS[] = {
              "in /metrics (atrium_instance_info) and as the holder of its leases; letters, "
              "digits, '.', '_', '-'. Give each process its own."},
     INT_ROW("server.lease_ttl_ms", lease_ttl_ms, 30000, 1000, 600000, "ms",
-            "Once-only background jobs (the federation sender, the typing reaper) run in one "
-            "process at a time under a lease renewed every quarter of this; when its holder "
-            "dies another process takes the job over within this long."),
+            "Once-only background jobs (the typing reaper, each federation sender group) run "
+            "in one process at a time under a lease renewed every quarter of this; when its "
+            "holder dies another process takes the job over within this long."),
 
     {.path = "database.conninfo", .type = CFG_T_STRING, .flags = CFG_F_REQUIRED,
      .offset = FIELD(database.conninfo),
