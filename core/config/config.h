@@ -300,6 +300,9 @@ struct core_config {
         int retry_multiplier;            /* federation.destination_retry_multiplier */
         int64_t max_retry_interval_ms;   /* federation.destination_max_retry_interval_ms */
         int key_fetch_failure_cache_ms;  /* federation.key_fetch_failure_cache_ms (60000) */
+        int sender_groups;               /* federation.sender_groups (16): destinations are
+                                          * hashed into this many groups, each sent by the
+                                          * process holding its lease */
     } federation;
 };
 

@@ -261,9 +261,9 @@ const struct cfg_setting CORE_SETTINGS[] = {
              "in /metrics (atrium_instance_info) and as the holder of its leases; letters, "
              "digits, '.', '_', '-'. Give each process its own."},
     INT_ROW("server.lease_ttl_ms", lease_ttl_ms, 30000, 1000, 600000, "ms",
-            "Once-only background jobs (the federation sender, the typing reaper) run in one "
-            "process at a time under a lease renewed every quarter of this; when its holder "
-            "dies another process takes the job over within this long."),
+            "Once-only background jobs (the typing reaper, each federation sender group) run "
+            "in one process at a time under a lease renewed every quarter of this; when its "
+            "holder dies another process takes the job over within this long."),
 
     {.path = "database.conninfo", .type = CFG_T_STRING, .flags = CFG_F_REQUIRED,
      .offset = FIELD(database.conninfo),
@@ -418,6 +418,10 @@ const struct cfg_setting CORE_SETTINGS[] = {
             60000, 0, 3600000, "ms",
             "A failed key look-up is remembered this long, so a dead server is not asked at "
             "every request."),
+    INT_ROW("federation.sender_groups", federation.sender_groups, 16, 1, 1024, NULL,
+            "Destinations are hashed into this many groups, each sent to by the one process "
+            "holding its lease; live processes share the groups out. The same in every "
+            "process."),
 };
 const size_t CORE_N_SETTINGS = sizeof CORE_SETTINGS / sizeof *CORE_SETTINGS;
 

@@ -31,6 +31,14 @@
  * changes nothing: the belief runs out by itself, also while a statement hangs. A
  * process that stops gives its leases up (DELETE), so a restart moves jobs within ttl / 4.
  *
+ * A lease may also be shared out by choice rather than taken by whoever is first: one
+ * made with lease_create_idle is tried only while its process wants it (lease_want), and
+ * a process that stops wanting one stops believing at once and deletes its row at the
+ * next round (woken at once), so another takes it within ttl / 4. This is how the
+ * federation sender's destination groups move between live processes
+ * (core/federation/transport/fed_outbound_groups.c); lease_count_live counts the
+ * processes that announce themselves with a lease of their own.
+ *
  * What this file does not do: run or stop the jobs. A job checks lease_held before each
  * run and is woken by on_gain when its process takes the lease over; a job already
  * running when its lease lapses finishes that run (keep runs short against the ttl).
@@ -64,6 +72,8 @@ struct lease {
     void (*on_gain)(void *arg);
     void *arg;
     _Atomic int64_t held_until_ms; /* monotonic; 0 = not held */
+    _Atomic bool wanted;  /* false: not tried, given up (lease_want) */
+    _Atomic bool changed; /* lease_want changed `wanted`: due at the next round */
     /* lease thread only */
     int64_t next_try_ms;
     bool was_held;
@@ -132,12 +142,17 @@ lease_service *lease_service_new(db_pool *db, const char *holder, rt_metrics *me
 bool lease_held(const lease *l)
 {
     if (!l) return true;
-    return rt_now_ms() < atomic_load(&l->held_until_ms);
+    return atomic_load(&l->wanted) && rt_now_ms() < atomic_load(&l->held_until_ms);
 }
 
 const char *lease_name(const lease *l)
 {
     return l ? l->name : "";
+}
+
+const char *lease_holder(const lease *l)
+{
+    return l ? l->s->holder : "";
 }
 
 /* One statement for l on c: take or renew it. Returns false when the statement failed
@@ -151,14 +166,29 @@ static bool take_or_renew(lease_service *s, PGconn *c, lease *l)
     int64_t sent = rt_now_ms();
     PGresult *res = PQexecParams(c, LEASE_TAKE_SQL, 3, NULL, p, NULL, NULL, 0);
     bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
-    if (ok)
+    if (ok) {
         atomic_store(&l->held_until_ms,
                      PQntuples(res) > 0 ? sent + l->ttl_ms / LEASE_BELIEF_DIVISOR : 0);
-    else
+        /* lease_want(l, false) meanwhile: whichever order the two stores ran in, the
+         * belief ends here (its release round follows, `changed` is set). */
+        if (!atomic_load(&l->wanted)) atomic_store(&l->held_until_ms, 0);
+    } else
         rt_log(ATRIUM_LOG_WARN, "core", "lease %s could not be renewed: %s", l->name,
                PQerrorMessage(c));
     PQclear(res);
     return ok;
+}
+
+/* Give l's row up (if this process holds it): one DELETE on c. */
+static void give_up(lease_service *s, PGconn *c, lease *l)
+{
+    const char *p[2] = {l->name, s->holder};
+    PGresult *res = PQexecParams(c, "DELETE FROM core_leases WHERE name = $1 AND holder = $2",
+                                 2, NULL, p, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK)
+        rt_log(ATRIUM_LOG_WARN, "core", "lease %s could not be given up (it expires by itself "
+               "within its ttl): %s", l->name, PQerrorMessage(c));
+    PQclear(res);
 }
 
 /* After a statement (or none, when no connection was had): report a change of hands. */
@@ -172,8 +202,11 @@ static void note_transition(lease_service *s, lease *l)
         l->was_held = true;
         if (l->on_gain) l->on_gain(l->arg);
     } else if (!held && l->was_held) {
-        rt_log(ATRIUM_LOG_WARN, "core", "lease %s lost: another process runs its job now, or "
-               "will once it takes the lease", l->name);
+        if (atomic_load(&l->wanted))
+            rt_log(ATRIUM_LOG_WARN, "core", "lease %s lost: another process runs its job now, "
+                   "or will once it takes the lease", l->name);
+        else
+            rt_log(ATRIUM_LOG_INFO, "core", "lease %s given up for another process", l->name);
         l->was_held = false;
     }
 }
@@ -187,12 +220,18 @@ static void round_due(lease_service *s, lease *head, int64_t now)
             wait = l->ttl_ms / LEASE_RETRY_DIVISOR;
     PGconn *c = db_acquire(s->db, wait);
     for (lease *l = head; l; l = l->next) {
-        if (l->next_try_ms <= now) {
+        bool changed = atomic_exchange(&l->changed, false);
+        if (!changed && l->next_try_ms > now) continue;
+        if (atomic_load(&l->wanted)) {
             bool ok = c && take_or_renew(s, c, l);
             l->next_try_ms = rt_now_ms() + l->ttl_ms / (ok ? LEASE_RENEW_DIVISOR
                                                            : LEASE_RETRY_DIVISOR);
-            note_transition(s, l);
+        } else {
+            /* Not wanted: never tried. Its row goes now; without a connection it expires. */
+            if (changed && c) give_up(s, c, l);
+            l->next_try_ms = INT64_MAX;
         }
+        note_transition(s, l);
     }
     if (c) db_release(s->db, c);
 }
@@ -203,10 +242,13 @@ static void *lease_main(void *arg)
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         int64_t now = rt_now_ms(), next = INT64_MAX;
-        for (lease *l = s->leases; l; l = l->next)
+        for (lease *l = s->leases; l; l = l->next) {
             if (l->next_try_ms < next) next = l->next_try_ms; /* 0: a new lease, due now */
-        if (!s->leases || next > now) {
-            rt_scope_wait(&s->cv, &s->mu, s->leases ? next : 0); /* 0: until a lease */
+            if (atomic_load(&l->changed)) next = now;
+        }
+        if (next > now) {
+            /* 0: until a lease is created or wanted */
+            rt_scope_wait(&s->cv, &s->mu, next == INT64_MAX ? 0 : next);
             continue;
         }
         lease *head = s->leases;
@@ -232,8 +274,8 @@ int lease_service_start(lease_service *s)
     return 0;
 }
 
-lease *lease_create(lease_service *s, const char *name, int64_t ttl_ms,
-                    void (*on_gain)(void *arg), void *arg)
+static lease *create(lease_service *s, const char *name, int64_t ttl_ms,
+                     void (*on_gain)(void *arg), void *arg, bool wanted)
 {
     if (!s || !name_ok(name) || ttl_ms < LEASE_MIN_TTL_MS || ttl_ms > LEASE_MAX_TTL_MS)
         return NULL;
@@ -242,6 +284,9 @@ lease *lease_create(lease_service *s, const char *name, int64_t ttl_ms,
     l->s = s;
     snprintf(l->name, sizeof(l->name), "%s", name);
     l->ttl_ms = ttl_ms;
+    atomic_init(&l->wanted, wanted);
+    atomic_init(&l->changed, false);
+    l->next_try_ms = wanted ? 0 : INT64_MAX;
     l->on_gain = on_gain;
     l->arg = arg;
     char labels[RT_METRIC_LABELS_MAX_BYTES];
@@ -264,6 +309,54 @@ lease *lease_create(lease_service *s, const char *name, int64_t ttl_ms,
     return l;
 }
 
+lease *lease_create(lease_service *s, const char *name, int64_t ttl_ms,
+                    void (*on_gain)(void *arg), void *arg)
+{
+    return create(s, name, ttl_ms, on_gain, arg, true);
+}
+
+lease *lease_create_idle(lease_service *s, const char *name, int64_t ttl_ms,
+                         void (*on_gain)(void *arg), void *arg)
+{
+    return create(s, name, ttl_ms, on_gain, arg, false);
+}
+
+void lease_want(lease *l, bool want)
+{
+    if (!l) return;
+    lease_service *s = l->s;
+    pthread_mutex_lock(&s->mu);
+    if (atomic_load(&l->wanted) != want) {
+        atomic_store(&l->wanted, want);
+        if (!want) atomic_store(&l->held_until_ms, 0); /* lease_held is false from here */
+        atomic_store(&l->changed, true);
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+int lease_count_live(PGconn *c, const char *prefix)
+{
+    char stale[24];
+    snprintf(stale, sizeof(stale), "%lld", (long long)LEASE_MAX_TTL_MS);
+    const char *p[2] = {prefix, stale};
+    PGresult *res = PQexecParams(
+        c,
+        "WITH gone AS (DELETE FROM core_leases WHERE left(name, length($1)) = $1"
+        " AND expires_at < clock_timestamp() - $2::bigint * interval '1 millisecond')"
+        " SELECT count(*) FROM core_leases WHERE left(name, length($1)) = $1"
+        " AND expires_at > clock_timestamp()",
+        2, NULL, p, NULL, NULL, 0);
+    int n = -1;
+    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+        n = atoi(PQgetvalue(res, 0, 0));
+    else
+        rt_log(ATRIUM_LOG_WARN, "core", "leases under %s could not be counted: %s", prefix,
+               PQerrorMessage(c));
+    PQclear(res);
+    return n;
+}
+
 void lease_service_stop(lease_service *s)
 {
     if (!s || !s->started) return;
@@ -279,9 +372,7 @@ void lease_service_stop(lease_service *s)
         atomic_store(&l->held_until_ms, 0);
         rt_metric_set(l->m_held, 0);
         if (!c && !(c = db_acquire(s->db, LEASE_RELEASE_DB_WAIT_MS))) continue; /* expires */
-        const char *p[2] = {l->name, s->holder};
-        PQclear(PQexecParams(c, "DELETE FROM core_leases WHERE name = $1 AND holder = $2", 2,
-                             NULL, p, NULL, NULL, 0));
+        give_up(s, c, l);
         rt_log(ATRIUM_LOG_INFO, "core", "lease %s given up", l->name);
     }
     if (c) db_release(s->db, c);

@@ -37,11 +37,38 @@ int lease_service_start(lease_service *s);
  * on a bad name or ttl, a name already created, or allocation failure. Any thread. */
 lease *lease_create(lease_service *s, const char *name, int64_t ttl_ms,
                     void (*on_gain)(void *arg), void *arg);
-/* Does this process hold l now? Never waits, never touches the database. A NULL lease
- * (no service: unit tests, a single process without one) counts as held. Any thread. */
+/* lease_create's twin for a lease this process takes only when it chooses to (one of a
+ * set of leases shared out between processes): created not wanted, so the lease thread
+ * does not try it until lease_want(l, true). Same arguments and answers. Any thread. */
+lease *lease_create_idle(lease_service *s, const char *name, int64_t ttl_ms,
+                         void (*on_gain)(void *arg), void *arg);
+/* Say whether this process wants l. true: the lease thread tries it at once and then as
+ * lease_create says. false: lease_held(l) reads false from the moment this returns (the
+ * caller's job must have stopped using it: a job that holds one still running keeps
+ * running until it notices), and the lease thread gives the row up at once (one DELETE)
+ * so another process may take it within a quarter of its ttl. Idempotent. Any thread. */
+void lease_want(lease *l, bool want);
+/* How many leases whose name starts with prefix are held by some process now, by the
+ * database's clock: e.g. processes that announce themselves each with a lease of their
+ * own. Rows under prefix expired more than LEASE_MAX_TTL_MS ago are deleted on the way (a
+ * dead process's per-process lease would otherwise stay forever; an expired row means
+ * nothing to the take statement). The count, or -1 after logging a database failure.
+ * On the caller's connection c, outside a transaction. Any thread. */
+int lease_count_live(PGconn *c, const char *prefix);
+/* Does this process hold l now (and want it)? Never waits, never touches the database. A
+ * NULL lease (no service: unit tests, a single process without one) counts as held. Any
+ * thread. */
 bool lease_held(const lease *l);
-/* The lease's name. */
+/* The lease's name, and the holder this process writes into its row ("" for NULL). */
 const char *lease_name(const lease *l);
+const char *lease_holder(const lease *l);
+/* A fence: an SQL condition, true only while the row of the lease named by parameter
+ * `name` ("$5") is this holder's (parameter `holder`, lease_holder) and unexpired by the
+ * database's clock. A write guarded by it cannot land after another process took the
+ * lease over, however long the writer stalled after it last checked lease_held. */
+#define LEASE_FENCE_SQL(name, holder)                                                      \
+    "EXISTS (SELECT 1 FROM core_leases WHERE name = " name "::text AND holder = " holder    \
+    "::text AND expires_at > clock_timestamp())"
 /* Stop the lease thread and give up every lease held (one DELETE each), so another
  * process takes them within a quarter of their ttl instead of a whole one. Call it after
  * the jobs they guard stopped. Idempotent. Main thread. */

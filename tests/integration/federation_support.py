@@ -95,6 +95,16 @@ def xmatrix(method, uri, origin, destination, key, content=None):
             f'key="{key.key_id}",sig="{sig}"')
 
 
+def sender_group(destination, groups=16):
+    """The federation sender's group of a destination (fed_groups_of in
+    core/federation/transport/fed_outbound_groups.c: FNV-1a, 32 bits, of the server name,
+    modulo federation.sender_groups); its lease is core.federation.outbound.<group>."""
+    h = 2166136261
+    for byte in destination.encode():
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+    return h % groups
+
+
 # ---- certificates --------------------------------------------------------------------
 
 

@@ -10,9 +10,10 @@
     leases within server.lease_ttl_ms, and the typing reaper's job (a typing notice that
     runs out) is done by it; a plugin's lease (ABI 1.3 lease_create, lease_held, through
     tests/plugins/testplug.c) behaves the same;
-  - an event sent through a process that does not hold the federation sender's lease
-    reaches the peer promptly: the kick travels to the holder's sender as a notification
-    (not at its 5 s poll).
+  - an event sent through a process that does not hold the lease of the peer's sender
+    group reaches the peer promptly: the kick travels to the holder's sender as a
+    notification (not at its 5 s poll). How the groups are shared out and taken over:
+    tests/integration/test_federation_senders.py.
 """
 
 import os
@@ -28,7 +29,7 @@ import harness
 from accounts import register
 from cluster_support import Cluster
 from common import testplug, wait_until
-from federation_support import FakeReceivingPeer
+from federation_support import FakeReceivingPeer, sender_group
 from harness import REPO_ROOT, Server
 from media_support import png
 from rooms_client import Client
@@ -37,6 +38,7 @@ from test_federation import FederationTestCase
 E2E_DIR = os.path.join(REPO_ROOT, "tests", "e2e")
 V3 = "/_matrix/client/v3"
 LEASE_TTL_MS = 3000
+SENDER_GROUPS = 16  # federation.sender_groups' default
 TAKEOVER_SLACK_S = 1.5  # scheduling and polling on a loaded 2-core machine
 
 
@@ -57,6 +59,11 @@ def q(value):
 def lease_holders(cluster, lease):
     return [s for s in cluster.servers
             if s.running() and s.metric("atrium_lease_held", {"lease": lease}) == 1]
+
+
+def sender_groups_held(servers):
+    """The federation sender's destination groups held by the running processes, in all."""
+    return sum(s.metric("atrium_federation_outbound_groups_held") for s in servers if s.running())
 
 
 class ScaleOutTest(unittest.TestCase):
@@ -138,8 +145,8 @@ class ScaleOutTest(unittest.TestCase):
                             what="a typing reaper lease holder")
         self.assertEqual(len(holder), 1, "one process holds the lease")
         holder = holder[0]
-        wait_until(lambda: len(lease_holders(c, "core.federation.outbound")) == 1, timeout=10,
-                   what="one holder of core.federation.outbound")
+        wait_until(lambda: sender_groups_held(c.servers) == SENDER_GROUPS, timeout=10,
+                   what="every federation sender group held")
         survivor = next(s for s in c.servers if s is not holder)
 
         alice = register(survivor, "alice")
@@ -164,11 +171,11 @@ class ScaleOutTest(unittest.TestCase):
                              f"taken over {took:.2f} s after the kill")
         self.assertEqual(len(took_over), 1)
         self.assertRegex(took_over[0].log_text(), r"lease core\.typing_reaper taken")
-        # Every once-only job has a live holder again (the sender's lease too, had the
-        # killed process held it).
-        wait_until(lambda: len(lease_holders(c, "core.federation.outbound")) == 1,
+        # Every once-only job has a live holder again, and so has every sender group (the
+        # killed process held some).
+        wait_until(lambda: sender_groups_held(c.servers) == SENDER_GROUPS,
                    timeout=LEASE_TTL_MS / 1000 + TAKEOVER_SLACK_S,
-                   what="a live process holding core.federation.outbound")
+                   what="every federation sender group held by a live process")
 
         # The job's effect: the notice that ran out is reported by the new holder.
         since = [first["next_batch"]]
@@ -218,20 +225,26 @@ PROMPT_DELIVERY_S = 1.5  # well under the sender's 5 s poll
 
 
 class CrossProcessSenderTest(FederationTestCase):
-    def test_an_event_sent_through_a_process_without_the_senders_lease_reaches_the_peer_promptly(self):
+    def test_an_event_sent_through_a_process_without_the_peers_sender_group_reaches_it_promptly(self):
         peer = FakeReceivingPeer(self.ca, PEER_IP)
         self.addCleanup(peer.close)
         db = harness.create_database()
         self.addCleanup(harness.drop_database, db)
         shared = tempfile.mkdtemp(prefix="atrium-shared-key-")
         self.addCleanup(shutil.rmtree, shared, True)
-        extra = {"federation": {"signing_key_path": os.path.join(shared, "cluster.signing.key")}}
+        extra = {"federation": {"signing_key_path": os.path.join(shared, "cluster.signing.key")},
+                 "server": {"lease_ttl_ms": LEASE_TTL_MS}}
         procs = [self.start_fed(ip, extra=extra, name="cluster.test", database=db, start=False)
                  for ip in FED_IPS]
         for p in procs:
             p.start()
-        holder = wait_until(lambda: lease_holders_of(procs, "core.federation.outbound"),
-                            timeout=10, what="a holder of the sender's lease")[0]
+        lease = f"core.federation.outbound.{sender_group(peer.server_name)}"
+        # Shared out: each of the two holds 8 groups, the peer's in one of them.
+        wait_until(lambda: [p.metric("atrium_federation_outbound_groups_held") for p in procs]
+                   == [SENDER_GROUPS // 2] * 2, timeout=20, interval=0.1,
+                   what="the sender groups shared out over the two processes")
+        holder = wait_until(lambda: lease_holders_of(procs, lease),
+                            timeout=10, what=f"a holder of {lease}")[0]
         other = next(p for p in procs if p is not holder)
         alice = Client(other, register(other, "alice"))
         room = alice.create_room(name="shared")
@@ -253,7 +266,8 @@ class CrossProcessSenderTest(FederationTestCase):
                                          {"outcome": "sent"}) >= 3,
                    timeout=10, interval=0.02, what="three sent transactions counted by the holder")
         self.assertEqual(other.metric("atrium_federation_outbound_transactions_total",
-                                      {"outcome": "sent"}), 0, "only the lease holder sends")
+                                      {"outcome": "sent"}), 0,
+                         "only the holder of the peer's group sends to it")
 
 
 def lease_holders_of(servers, lease):

@@ -4,8 +4,11 @@
  * services on one database standing for two processes: a lease is held by one of them
  * only; one given up at stop moves within a quarter of its ttl; one whose holder died
  * (its row left to expire) moves within the ttl; a holder whose renewal hangs stops
- * believing before its row expires; bad names and ttls are refused. Runs under TSan
- * (the lease thread against lease_held readers).
+ * believing before its row expires; bad names and ttls are refused; a lease shared out by
+ * choice (lease_create_idle, lease_want) is tried only while wanted and, given up, reads
+ * as not held at once and moves within a quarter of its ttl; lease_count_live counts the
+ * live leases under a prefix and prunes long-expired ones. Runs under TSan (the lease
+ * thread against lease_held readers and lease_want callers).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -253,6 +256,81 @@ static void test_a_holder_whose_renewal_hangs_stops_believing_before_its_row_exp
     end_proc(&a);
 }
 
+static int64_t rows_named(PGconn *c, const char *name)
+{
+    const char *p[1] = {name};
+    PGresult *r = PQexecParams(c, "SELECT count(*) FROM core_leases WHERE name = $1", 1, NULL,
+                               p, NULL, NULL, 0);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    int64_t n = atoll(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return n;
+}
+
+static void test_an_idle_lease_is_taken_only_while_wanted_and_given_up_at_once(void **state)
+{
+    (void)state;
+    NEED_PG();
+    proc a = start_proc("a"), b = start_proc("b");
+    PGconn *c = connect_to(db_name);
+    lease *la = lease_create_idle(a.s, "test.shared", TTL_MS, NULL, NULL);
+    assert_non_null(la);
+    assert_null(lease_create_idle(a.s, "test.shared", TTL_MS, NULL, NULL)); /* one per name */
+    /* Not wanted: never tried, over a round and more. */
+    assert_int_equal(wait_held(la, true, TTL_MS / 2), -1);
+    assert_int_equal(rows_named(c, "test.shared"), 0);
+    lease_want(la, true);
+    assert_true(wait_held(la, true, SLACK_MS) >= 0); /* tried at once, not at a round */
+
+    lease *lb = lease_create_idle(b.s, "test.shared", TTL_MS, NULL, NULL);
+    lease_want(lb, true);
+    assert_int_equal(wait_held(lb, true, TTL_MS / 2), -1); /* a holds it */
+    lease_want(la, false);
+    assert_false(lease_held(la)); /* from the moment lease_want returns */
+    int64_t took = wait_held(lb, true, TTL_MS / 4 + SLACK_MS); /* a's row deleted at once */
+    assert_true(took >= 0);
+    assert_false(lease_held(la));
+    PGresult *r = PQexec(c, "SELECT holder FROM core_leases WHERE name = 'test.shared'");
+    assert_int_equal(PQntuples(r), 1);
+    assert_int_equal(strncmp(PQgetvalue(r, 0, 0), "b/", 2), 0);
+    PQclear(r);
+    lease_want(la, true); /* wanted again: tried, refused while b holds it */
+    assert_int_equal(wait_held(la, true, TTL_MS / 2), -1);
+    assert_true(lease_held(lb));
+    PQfinish(c);
+    end_proc(&a);
+    end_proc(&b);
+}
+
+static void test_live_leases_under_a_prefix_are_counted_and_long_expired_ones_pruned(
+    void **state)
+{
+    (void)state;
+    NEED_PG();
+    proc a = start_proc("a"), b = start_proc("b");
+    PGconn *c = connect_to(db_name);
+    lease *la = lease_create(a.s, "test.senders.a", TTL_MS, NULL, NULL);
+    lease *lb = lease_create(b.s, "test.senders.b", TTL_MS, NULL, NULL);
+    assert_non_null(lease_create(a.s, "test.sendersx", TTL_MS, NULL, NULL)); /* not under it */
+    assert_true(wait_held(la, true, TTL_MS) >= 0);
+    assert_true(wait_held(lb, true, TTL_MS) >= 0);
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO core_leases (name, holder, expires_at, since) VALUES"
+             " ('test.senders.recent', 'dead/1', clock_timestamp() - interval '1 second', now()),"
+             " ('test.senders.old', 'dead/2', clock_timestamp() - interval '%lld milliseconds'"
+             " - interval '1 second', now())",
+             (long long)LEASE_MAX_TTL_MS);
+    exec_on(c, sql);
+    assert_int_equal(lease_count_live(c, "test.senders."), 2);
+    assert_int_equal(rows_named(c, "test.senders.old"), 0);    /* pruned */
+    assert_int_equal(rows_named(c, "test.senders.recent"), 1); /* expired lately: kept */
+    end_proc(&b); /* gives its lease up */
+    assert_int_equal(lease_count_live(c, "test.senders."), 1);
+    PQfinish(c);
+    end_proc(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -261,6 +339,8 @@ int main(void)
         cmocka_unit_test(test_one_process_holds_a_lease_and_a_stop_hands_it_over),
         cmocka_unit_test(test_a_dead_holders_lease_moves_within_its_ttl),
         cmocka_unit_test(test_a_holder_whose_renewal_hangs_stops_believing_before_its_row_expires),
+        cmocka_unit_test(test_an_idle_lease_is_taken_only_while_wanted_and_given_up_at_once),
+        cmocka_unit_test(test_live_leases_under_a_prefix_are_counted_and_long_expired_ones_pruned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -86,7 +86,7 @@ int fed_verify_signed(const json_t *obj, const char *server_name, int64_t valid_
  * free: after the outbound client stopped (its callbacks write into the destinations). */
 typedef struct fed_outbound fed_outbound;
 fed_outbound *fed_outbound_new(db_pool *db, fed_backoff *backoff, const char *server_name,
-                               rt_metrics *metrics);
+                               int sender_groups, rt_metrics *metrics);
 int fed_outbound_start(fed_outbound *o);
 void fed_outbound_stop(fed_outbound *o);
 void fed_outbound_free(fed_outbound *o);

@@ -28,15 +28,21 @@
  * without anything to collapse. EDUs are kept (to-device messages must all arrive), but
  * for typing notices older than FED_OUTBOUND_TYPING_STALE_MS, which ran out long ago.
  *
- * Several processes sharing one database: the sender runs in the one holding the lease
- * core.federation.outbound (core/store/lease.h); the others' senders stay idle, forget
- * the transactions they knew (the rows keep their IDs, so the holder resends them under
- * the same ones) and a kick there reaches the holder's sender as a notification on
- * FED_OUTBOUND_CHANNEL (core/store/notify.h; the poll covers one missed). When the
- * holder dies another process takes the lease within server.lease_ttl_ms and its sender
- * starts at once (on_gain). An answer that arrives after the lease moved is still
- * settled when this process holds the lease again; the receiver's idempotency absorbs a
- * transaction sent by both.
+ * Several processes sharing one database: destinations are hashed into groups, and a
+ * destination is sent to only by the process holding its group's lease
+ * (fed_outbound_groups.c shares the groups out between live processes: ADR-0026). A pass
+ * tracks only the destinations of groups this process holds; one whose group it does not
+ * hold (any more) is forgotten once nothing is in flight to it (the rows keep their
+ * transaction IDs, so the holder resends them under the same ones). Whether the group is
+ * held is asked right before each submit, and a group being given up is first drained
+ * (no new transaction; those in flight answered), so a process that loses or gives up a
+ * group stops sending to it before another can start (a lease's belief ends before its
+ * row expires). A kick in a process that does not hold every group reaches the other
+ * senders as a notification on FED_OUTBOUND_CHANNEL (core/store/notify.h; the poll covers
+ * one missed). When a process dies its groups are taken within server.lease_ttl_ms and
+ * their senders start at once (on_gain). An answer is settled whoever holds the group by
+ * then: a 200 deletes exactly the rows of that transaction, which another sender resending
+ * it would have delivered under the same ID (the receiver's idempotency absorbs both).
  *
  * Not here: what a PDU means (the room model decides which events to queue) and the
  * inbound half (fed_inbound.c).
@@ -47,6 +53,7 @@
 
 #include "core/config/config.h"
 #include "core/federation/transport/fed_internal.h"
+#include "core/federation/transport/fed_outbound_groups.h"
 #include "core/federation/transport/fed_txn.h"
 #include "core/runtime/core_runtime.h"
 #include "core/runtime/keytab.h"
@@ -67,8 +74,7 @@
 #define FED_OUTBOUND_TYPING_STALE_MS 30000
 #define FED_OUTBOUND_TXN_ID_BYTES 48
 #define FED_OUTBOUND_URI_BYTES 128
-#define FED_OUTBOUND_LEASE "core.federation.outbound"
-#define FED_OUTBOUND_CHANNEL "atrium.fed_outbound" /* a kick for the lease holder's sender */
+#define FED_OUTBOUND_CHANNEL "atrium.fed_outbound" /* a kick for the other processes' senders */
 
 enum { KIND_PDU = 0, KIND_EDU = 1 };
 
@@ -76,6 +82,7 @@ typedef struct out_dest {
     rt_keyent ke; /* ke.key is name */
     struct out_dest *next;
     char *name;
+    int group; /* fed_groups_of(name) */
     char txn_id[FED_OUTBOUND_TXN_ID_BYTES]; /* the transaction being sent, or "" */
     bool catch_up;
     bool seen; /* listed by the current pass */
@@ -99,7 +106,7 @@ struct fed_outbound {
     int n_gauges;
     rt_metrics *metrics;
     rt_metric *m_sent, *m_failed, *m_catchup, *m_dropped;
-    lease *lease; /* NULL without a lease service: always held */
+    fed_groups *groups; /* which destinations this process sends to */
 };
 
 /* ---- queueing (inside the caller's transaction) --------------------------------------- */
@@ -231,7 +238,7 @@ void fed_outbound_kick(void)
     kick_local(o);
     /* The sender that runs may be another process's: tell it (after the caller's commit). */
     notify_service *ns = notify_global();
-    if (o->lease && !lease_held(o->lease) && ns)
+    if (!fed_groups_all_held(o->groups) && ns)
         notify_publish_queued(ns, FED_OUTBOUND_CHANNEL, "kick", NOTIFY_BATCH);
 }
 
@@ -244,7 +251,7 @@ static void outbound_kicked_elsewhere(void *arg, const char *payload)
 
 /* ---- destinations --------------------------------------------------------------------- */
 
-static out_dest *dest_get(fed_outbound *o, const char *name)
+static out_dest *dest_get(fed_outbound *o, const char *name, int group)
 {
     uint64_t h = rt_keytab_hash(&o->tab, name);
     out_dest *d = (out_dest *)rt_keytab_find(&o->tab, name, h);
@@ -255,6 +262,7 @@ static out_dest *dest_get(fed_outbound *o, const char *name)
         free(d);
         return NULL;
     }
+    d->group = group;
     d->ke.key = d->name;
     d->ke.hash = h;
     d->catch_up = true; /* nothing known yet: a backlog found at start may be an outage's */
@@ -337,6 +345,14 @@ static int64_t collapse(PGconn *c, const char *dest)
     return n;
 }
 
+/* Rows put in d's new transaction ($2): the oldest PDUs and EDUs not in one yet. */
+#define PICK_ROWS_SQL                                                                        \
+    "UPDATE federation_outbound SET txn_id = $2 WHERE id IN ("                               \
+    " (SELECT id FROM federation_outbound WHERE destination = $1 AND kind = 0"               \
+    "  AND txn_id IS NULL ORDER BY id LIMIT $3::int) UNION ALL"                              \
+    " (SELECT id FROM federation_outbound WHERE destination = $1 AND kind = 1"               \
+    "  AND txn_id IS NULL ORDER BY id LIMIT $4::int))"
+
 /* The transaction to send to d next: one already made (a retry, or left by a previous
  * run), else a new one of the oldest rows. false when there is nothing to send or the
  * database failed (*db_failed). */
@@ -375,15 +391,13 @@ static bool pick_txn(fed_outbound *o, PGconn *c, out_dest *d, bool *db_failed)
     snprintf(txn, sizeof(txn), "%lld.%llu", (long long)rt_wall_ms(), ++o->seq);
     snprintf(maxp, sizeof(maxp), "%d", FED_TXN_MAX_PDUS);
     snprintf(maxe, sizeof(maxe), "%d", FED_TXN_MAX_EDUS);
-    const char *q[4] = {d->name, txn, maxp, maxe};
+    /* Fenced by the group's lease (when there are leases): rows are never put in a
+     * transaction by a process whose group another one took meanwhile. */
+    lease *l = fed_groups_lease(o->groups, d->group);
+    const char *q[6] = {d->name, txn, maxp, maxe, lease_name(l), lease_holder(l)};
     int64_t n = 0;
-    if (!db_exec_rows(c,
-                      "UPDATE federation_outbound SET txn_id = $2 WHERE id IN ("
-                      " (SELECT id FROM federation_outbound WHERE destination = $1 AND kind = 0"
-                      "  AND txn_id IS NULL ORDER BY id LIMIT $3::int) UNION ALL"
-                      " (SELECT id FROM federation_outbound WHERE destination = $1 AND kind = 1"
-                      "  AND txn_id IS NULL ORDER BY id LIMIT $4::int))",
-                      4, q, &n))
+    if (!db_exec_rows(c, l ? PICK_ROWS_SQL " AND " LEASE_FENCE_SQL("$5", "$6") : PICK_ROWS_SQL,
+                      l ? 6 : 4, q, &n))
         return !(*db_failed = true);
     if (n == 0) return false;
     snprintf(d->txn_id, sizeof(d->txn_id), "%s", txn);
@@ -460,6 +474,12 @@ static int64_t send_next(fed_outbound *o, PGconn *c, out_dest *d, bool *db_faile
         .on_done = txn_answered,
         .arg = d,
     };
+    /* Last moment to find the group gone: the transaction stays made, its rows keep its ID
+     * and the group's new holder sends it. */
+    if (!fed_groups_sendable(o->groups, d->group)) {
+        json_decref(body);
+        return 0;
+    }
     pthread_mutex_lock(&o->mu);
     d->in_flight = true;
     pthread_mutex_unlock(&o->mu);
@@ -508,31 +528,28 @@ static bool settle(fed_outbound *o, PGconn *c)
     return ok;
 }
 
-/* While another process holds the lease: forget the transactions this one made, so
- * that when the lease comes back they are read again from the rows (another holder may
- * have sent and deleted them meanwhile). One in flight keeps its ID until its answer. */
-static void forget_txns(fed_outbound *o)
-{
-    for (out_dest *d = o->dests; d; d = d->next) {
-        pthread_mutex_lock(&o->mu);
-        bool busy = d->in_flight || d->answered;
-        pthread_mutex_unlock(&o->mu);
-        if (!busy) d->txn_id[0] = '\0';
-        d->catch_up = true; /* nothing known of what the other sender did */
-    }
-}
-
 /* One pass over the queue: the milliseconds until the next one is due. */
 static int64_t pass(fed_outbound *o)
 {
-    if (!lease_held(o->lease)) {
-        forget_txns(o);
-        return FED_OUTBOUND_POLL_MS; /* on_gain kicks the sender when the lease comes */
-    }
+    int64_t balance_in = fed_groups_balance_in(o->groups);
+    if (!o->dests && fed_groups_count_held(o->groups) == 0 && balance_in != 0)
+        return min_wait(FED_OUTBOUND_POLL_MS, balance_in); /* nothing to do here yet */
     PGconn *c = db_acquire(o->db, FED_OUTBOUND_DB_WAIT_MS);
     if (!c) return FED_OUTBOUND_DB_RETRY_MS;
-    int64_t wait = FED_OUTBOUND_POLL_MS;
     bool db_failed = !settle(o, c);
+    if (balance_in == 0) fed_groups_balance(o->groups, c);
+    int64_t wait = min_wait(FED_OUTBOUND_POLL_MS, fed_groups_balance_in(o->groups));
+    fed_groups_clear_busy(o->groups);
+    for (out_dest *d = o->dests; d; d = d->next) {
+        pthread_mutex_lock(&o->mu);
+        if (d->in_flight) fed_groups_note_busy(o->groups, d->group);
+        pthread_mutex_unlock(&o->mu);
+    }
+    fed_groups_release_drained(o->groups);
+    if (fed_groups_count_held(o->groups) == 0 && !o->dests) {
+        db_release(o->db, c);
+        return wait; /* a group's on_gain kicks the sender */
+    }
 
     char limit[16];
     snprintf(limit, sizeof(limit), "%d", FED_OUTBOUND_MAX_DESTINATIONS);
@@ -549,7 +566,10 @@ static int64_t pass(fed_outbound *o)
     }
     for (out_dest *d = o->dests; d; d = d->next) d->seen = false;
     for (int i = 0; i < PQntuples(res); i++) {
-        out_dest *d = dest_get(o, PQgetvalue(res, i, 0));
+        const char *name = PQgetvalue(res, i, 0);
+        int group = fed_groups_of(o->groups, name);
+        if (!fed_groups_sendable(o->groups, group)) continue; /* another process's */
+        out_dest *d = dest_get(o, name, group);
         if (!d) continue;
         d->seen = true;
         rt_metric_set(d->depth, atoll(PQgetvalue(res, i, 1)));
@@ -573,7 +593,7 @@ static int64_t pass(fed_outbound *o)
         }
         pp = &d->next;
         if (d->catch_up) catching_up++;
-        if (busy || db_failed) continue;
+        if (busy || db_failed || !fed_groups_sendable(o->groups, d->group)) continue;
         int64_t backoff = fed_backoff_retry_in_ms(o->backoff, d->name, rt_wall_ms());
         if (backoff > 0) {
             wait = min_wait(wait, backoff);
@@ -604,11 +624,16 @@ static void *sender_main(void *arg)
 }
 
 fed_outbound *fed_outbound_new(db_pool *db, fed_backoff *backoff, const char *server_name,
-                               rt_metrics *metrics)
+                               int sender_groups, rt_metrics *metrics)
 {
     fed_outbound *o = calloc(1, sizeof(*o));
     if (!o) return NULL;
+    if (!(o->groups = fed_groups_new(sender_groups, metrics))) {
+        free(o);
+        return NULL;
+    }
     if (rt_keytab_init(&o->tab, FED_OUTBOUND_MAX_DESTINATIONS) < 0) {
+        fed_groups_free(o->groups);
         free(o);
         return NULL;
     }
@@ -630,7 +655,7 @@ fed_outbound *fed_outbound_new(db_pool *db, fed_backoff *backoff, const char *se
     return o;
 }
 
-/* The lease came to this process (on the lease thread): start sending at once. */
+/* A group's lease came to this process (on the lease thread): start sending at once. */
 static void outbound_lease_gained(void *arg)
 {
     fed_outbound *o = arg;
@@ -645,13 +670,9 @@ int fed_outbound_start(fed_outbound *o)
     if (!o->db) return 0; /* no database: nothing to send */
     core_runtime *rt = core_runtime_get();
     if (rt && rt->leases) {
-        o->lease = lease_create(rt->leases, FED_OUTBOUND_LEASE, rt->cfg->lease_ttl_ms,
-                                outbound_lease_gained, o);
-        if (!o->lease) {
-            rt_log(ATRIUM_LOG_ERROR, "federation", "cannot create the lease %s",
-                   FED_OUTBOUND_LEASE);
-            return ATRIUM_E_NOMEM;
-        }
+        int rc = fed_groups_start(o->groups, rt->leases, rt->cfg->lease_ttl_ms,
+                                  outbound_lease_gained, o);
+        if (rc < 0) return rc;
     }
     notify_service *ns = notify_global();
     if (ns && notify_subscribe(ns, FED_OUTBOUND_CHANNEL, NOTIFY_SKIP_OWN,
@@ -684,6 +705,7 @@ void fed_outbound_free(fed_outbound *o)
         dest_free(d);
     }
     rt_keytab_destroy(&o->tab);
+    fed_groups_free(o->groups);
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv);
     free(o);

@@ -286,7 +286,8 @@ int federation_init(const struct core_config *cfg, const char *config_path, http
         .fetch_arg = m,
     };
     m->keyring = fed_keyring_new(&ks, db_global(), metrics);
-    m->outbound = fed_outbound_new(db_global(), m->backoff, m->server_name, metrics);
+    m->outbound = fed_outbound_new(db_global(), m->backoff, m->server_name,
+                                   f->sender_groups, metrics);
     if (!m->http || !m->resolver || !m->backoff || !m->keyring || !m->outbound) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "cannot set up the outbound side");
         return -1;
