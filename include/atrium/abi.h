@@ -28,7 +28,7 @@
 #error "ATRIUM_ABI_MAJOR/MINOR belong to atrium/abi.h: define ATRIUM_TARGET_ABI_MAJOR/MINOR"
 #endif
 #define ATRIUM_ABI_MAJOR 1
-#define ATRIUM_ABI_MINOR 6 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
+#define ATRIUM_ABI_MINOR 7 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
                               federation (req_origin, fed_request, req_wait, ...);
                               interfaces (iface_provide, iface_get).
                               1.2: ATRIUM_ROUTE_HEADERS_FIRST (refuse a streamed body
@@ -41,7 +41,9 @@
                               sha256_final (SHA-256 chunk by chunk); ATRIUM_CONTINUE (a
                               handler step's "go on", atrium/host.h).
                               1.6: application services (req_appservice, alias_exclusive,
-                              alias_query) */
+                              alias_query).
+                              1.7: single flight (flights_create, flight_join,
+                              flight_finish, flight_result, flight_wanted) */
 
 #define ATRIUM_PLUGIN_MAGIC 0x41545250u /* "ATRP" */
 
