@@ -248,11 +248,9 @@ typedef struct media {
 
     /* URL previews (preview.c; NULL while url_preview_enabled is off) */
     atrium_pool *preview_pool;     /* judges answers, stores images, writes the cache */
-    atrium_budget *preview_budget; /* previews fetching at once */
-    atrium_budget *preview_waiting; /* requests waiting for a fetch another one started */
+    atrium_budget *preview_budget; /* previews fetching at once, and per user */
     /* The previews fetching, by (url, ts bucket): a second request for one joins it. */
-    pthread_mutex_t preview_mu;
-    struct preview_job *preview_fetching;
+    atrium_flights *preview_flights;
     atrium_metric *m_preview_cached, *m_preview_fetched, *m_preview_failed,
         *m_preview_refused, *m_preview_coalesced, *m_preview_requests_out;
 } media;
