@@ -222,6 +222,7 @@ typedef struct media {
     atrium_metric *m_row_hits, *m_row_misses;
 
     render_table *renders;
+    atrium_flights *render_flights; /* one render per thumbnail key in this process */
     bool vips_started;
 
     atrium_pool *fetch_pool; /* media_fetch_threads workers: start fetches, store them */
@@ -291,6 +292,7 @@ typedef struct media_req {
     int64_t upload_deadline_ms;
     bool waiting_render; /* parked for a thumbnail render */
     int64_t render_deadline_ms;
+    atrium_flight *render_flight; /* the render it waits on (thumbnail.c), until read */
     upload_state *up; /* upload routes only */
     int64_t arrival_ms;   /* monotonic, the handler's first run */
     bool federation;      /* a federation route: answer multipart/mixed */
