@@ -17,6 +17,7 @@
 
 #include "atrium/host.h"
 #include "core/config/config.h"
+#include "core/runtime/flight.h"
 #include "core/runtime/runtime.h"
 #include "core/store/db.h"
 
@@ -386,6 +387,8 @@ struct atrium_req {
 
     /* parked with susp_wait until susp_wake (guarded by mu) */
     bool wait_linked;
+    /* the flights it joined (susp_flight_join), in request memory; owner thread only */
+    struct susp_flight_wait *flight_waits;
 
     /* a waiting stream's deadline passed, or shutdown: its next read ends it (mu) */
     bool stream_cut;
@@ -553,6 +556,18 @@ bool susp_stream_cut(atrium_req *r);
  * stopping (nothing taken). Wake may come before the handler returned: that is fine. */
 int susp_wait(atrium_req *r, int64_t deadline_ms);
 void susp_wake(atrium_req *r); /* [any] */
+/* [req] Join the flight of key (core/runtime/flight.h) and park r on it: susp_wait until the
+ * flight ends or deadline_ms. RT_FLIGHT_LEAD (start the work and rt_flight_finish it) or
+ * RT_FLIGHT_JOINED, *out the flight, referenced until r ends (a hold); either way return
+ * ATRIUM_PARKED. ATRIUM_E_LIMIT, ATRIUM_E_NOTFOUND (flags RT_FLIGHT_JOIN_ONLY),
+ * ATRIUM_E_STOPPED, ATRIUM_E_NOMEM, ATRIUM_E_INVAL: nothing happened. The flight's lock is taken before r's (the park happens under it). */
+int susp_flight_join(atrium_req *r, rt_flights *t, const char *key, int64_t deadline_ms,
+                     unsigned flags, rt_flight **out);
+/* [req] In a run after that park: 0 with the flight's result (and value, valid while r
+ * lives) when it ended; ATRIUM_E_TIMEOUT (the deadline ran r) or ATRIUM_E_STOPPED
+ * (shutdown) when not: r left the flight, which goes on for the others - answer r now.
+ * ATRIUM_E_INVAL when r never joined f. */
+int susp_flight_result(atrium_req *r, rt_flight *f, int *result, void **value);
 struct atrium_event *susp_event_new(http_server *s);
 int susp_line_admit(atrium_req *r, rt_line *line, int64_t max_wait_ms);
 /* Release a line slot and pass it on (used by the line hold). */

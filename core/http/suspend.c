@@ -379,6 +379,75 @@ void susp_wake(atrium_req *r)
     http_req_unref(r);
 }
 
+/* ---- waiting on a flight (core/runtime/flight.h) ---------------------------------------- */
+
+/* A request's wait on one flight, in request memory (valid until susp_wake's unref). */
+typedef struct susp_flight_wait {
+    rt_flight_waiter w;
+    atrium_req *r;
+    rt_flight *f;
+    bool left; /* its deadline or shutdown answered it; the flight goes on */
+    struct susp_flight_wait *next;
+} susp_flight_wait;
+
+/* Under the flight table's lock: park before the flight can end. */
+static int flight_arm(void *arg)
+{
+    susp_flight_wait *fw = arg;
+    return susp_wait(fw->r, fw->w.deadline_ms);
+}
+
+static void flight_done(void *arg)
+{
+    susp_flight_wait *fw = arg;
+    susp_wake(fw->r);
+}
+
+static void flight_hold_release(void *arg)
+{
+    susp_flight_wait *fw = arg;
+    rt_flight_unref(fw->f);
+}
+
+int susp_flight_join(atrium_req *r, rt_flights *t, const char *key, int64_t deadline_ms,
+                     unsigned flags, rt_flight **out)
+{
+    int64_t cap = rt_now_ms() + PARK_MAX_MS;
+    susp_flight_wait *fw = rt_arena_alloc(r->arena, sizeof(*fw));
+    if (!fw) return ATRIUM_E_NOMEM;
+    fw->r = r;
+    fw->w = (rt_flight_waiter){.arm = flight_arm, .done = flight_done, .arg = fw,
+                               .deadline_ms = deadline_ms < cap ? deadline_ms : cap};
+    int rc = rt_flight_join(t, key, flags, &fw->w, &fw->f);
+    if (rc < 0) return rc;
+    fw->next = r->flight_waits;
+    r->flight_waits = fw;
+    /* Out of memory releases the hold at once: keep the reference then (a leak beats a
+     * flight freed under a request that reads its result). */
+    if (http_req_add_hold(r, flight_hold_release, fw) < 0) rt_flight_ref(fw->f);
+    *out = fw->f;
+    return rc;
+}
+
+int susp_flight_result(atrium_req *r, rt_flight *f, int *result, void **value)
+{
+    susp_flight_wait *fw = r->flight_waits;
+    while (fw && fw->f != f) fw = fw->next;
+    if (!fw) return ATRIUM_E_INVAL;
+    int why = r->run_reason == ATRIUM_RUN_SHUTDOWN ? ATRIUM_E_STOPPED : ATRIUM_E_TIMEOUT;
+    if (fw->left) return why;
+    if (rt_flight_leave(&fw->w)) {
+        /* Unlinked before the end: its done will never come, so the wait's one wake (which
+         * finds the request resumed already and only drops its reference) is ours. */
+        fw->left = true;
+        susp_wake(r);
+        return why;
+    }
+    /* The flight ended (its done has run or is running): the result is final. */
+    rt_flight_ended(f, result, value);
+    return 0;
+}
+
 /* ---- admission lines ---------------------------------------------------------------- */
 
 void susp_line_release(rt_line *line, const char *holder)

@@ -643,6 +643,43 @@ static int h_alias_exclusive(atrium_req *r, const char *alias)
     return alias && as_alias_exclusive_elsewhere(alias, as_of_request(r)) ? 1 : 0;
 }
 
+/* ---- single flight (1.8): core/runtime/flight.c, parked by core/http/suspend.c ------------ */
+
+static atrium_flights *h_flights_create(atrium_plugin *self, const char *name, int max_keys,
+                                        int max_waiters)
+{
+    if (require_init(self, "flights_create") < 0) return NULL;
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", self->name, name);
+    rt_flights *t = rt_flights_new(full, max_keys, max_waiters, core_runtime_get()->metrics);
+    if (!t || !plugin_own(self, (void (*)(void *))rt_flights_free, t)) return NULL;
+    return (atrium_flights *)t;
+}
+
+static int h_flight_join(atrium_req *r, atrium_flights *t, const char *key, int64_t deadline_ms,
+                         unsigned flags, atrium_flight **out)
+{
+    _Static_assert(ATRIUM_FLIGHT_JOIN_ONLY == RT_FLIGHT_JOIN_ONLY, "one flag, two names");
+    int rc = refuse_in_body_chunk(r, "flight_join");
+    if (rc < 0) return rc;
+    rt_flight *f = NULL;
+    rc = susp_flight_join(r, (rt_flights *)t, key, deadline_ms, flags, &f);
+    if (rc >= 0) *out = (atrium_flight *)f;
+    return rc;
+}
+
+static void h_flight_finish(atrium_flight *f, int result, void *value, void (*free_value)(void *))
+{
+    rt_flight_finish((rt_flight *)f, result, value, free_value);
+}
+
+static int h_flight_result(atrium_req *r, atrium_flight *f, int *result, void **value)
+{
+    return susp_flight_result(r, (rt_flight *)f, result, value);
+}
+
+static int h_flight_wanted(atrium_flight *f) { return rt_flight_wanted((rt_flight *)f); }
+
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
     .abi_major = ATRIUM_ABI_MAJOR,
@@ -733,6 +770,11 @@ static const atrium_host HOST = {
     .req_appservice = h_req_appservice,
     .alias_exclusive = h_alias_exclusive,
     .alias_query = as_query_alias,
+    .flights_create = h_flights_create,
+    .flight_join = h_flight_join,
+    .flight_finish = h_flight_finish,
+    .flight_result = h_flight_result,
+    .flight_wanted = h_flight_wanted,
 };
 
 const atrium_host *host_table(core_runtime *rt)

@@ -45,6 +45,8 @@ typedef struct atrium_event atrium_event;     /* something parked requests wait 
 typedef struct atrium_metric atrium_metric;   /* a Prometheus counter or gauge */
 typedef struct atrium_ratelimit atrium_ratelimit;
 typedef struct atrium_lease atrium_lease;     /* a once-only job's lease (1.3) */
+typedef struct atrium_flights atrium_flights; /* work in flight by key (1.8) */
+typedef struct atrium_flight atrium_flight;   /* one piece of that work (1.8) */
 
 /* A SHA-256 computation in progress (1.5, host->sha256_*): opaque, the caller's memory.
  * Its size and alignment are part of the ABI (tests/unit/test_abi.c). */
@@ -680,6 +682,56 @@ struct atrium_host {
      * after answering (429: too many requests to other servers; 503). No request thread
      * waits. */
     int (*alias_query)(atrium_req *req, const char *alias);
+
+    /* == 1.8: single flight (docs/adr/0029-single-flight.md) ============================ */
+    /* One piece of work per key (a fetch, a render, a look-up), however many requests need
+     * it: the first request to join a key leads and starts the work; the others park on
+     * it (no thread waits) and every one of them gets its result. Each waits within its
+     * own deadline: past it the request runs again, answers on its own, and the work goes
+     * on for the others. */
+
+    /* [init] A table of at most max_keys pieces of work at once (so as many leaders) and
+     * max_waiters requests parked in all on work others lead (both >= 1); past either,
+     * flight_join refuses at once. NULL on a bad bound (logged). Metrics atrium_flights_{in_flight,limit,
+     * waiters,refused_total,shared_total,left_total}{flights="<plugin>.<name>"}. */
+    atrium_flights *(*flights_create)(atrium_plugin *self, const char *name, int max_keys,
+                                      int max_waiters);
+    /* [req] Join the work of key (1-4095 bytes) and park the request on it until the work
+     * ends or deadline_ms (monotonic, capped at 10 minutes from now). ATRIUM_FLIGHT_LEAD:
+     * there was none, *out is new: start the work now (on any thread) and end it with
+     * flight_finish, exactly once, also when it cannot start; ATRIUM_FLIGHT_JOINED: it was
+     * under way. Either way return ATRIUM_PARKED: the handler runs again (reason _WOKEN,
+     * _DEADLINE or _SHUTDOWN) and calls flight_result. *out stays valid until the request
+     * ends. flags: 0, or ATRIUM_FLIGHT_JOIN_ONLY (never lead: ATRIUM_E_NOTFOUND when
+     * nothing is under way - for leaders that must pass a stricter rule first, a per-user
+     * budget, before joining again without the flag). ATRIUM_E_LIMIT (max_keys or
+     * max_waiters: answer 429 or 503), ATRIUM_E_STOPPED, ATRIUM_E_NOMEM, ATRIUM_E_INVAL (a
+     * bad key or flag): nothing happened. */
+    int (*flight_join)(atrium_req *req, atrium_flights *flights, const char *key,
+                       int64_t deadline_ms, unsigned flags, atrium_flight **out);
+    /* [any] The work of f ended with result (the plugin's own code) and value (NULL, or
+     * memory the flight now owns: free_value(value) runs once no request refers to it any
+     * more): every request parked on f is woken. From now on a join of its key starts new
+     * work (a result to remember is the plugin's cache). Once per flight. */
+    void (*flight_finish)(atrium_flight *f, int result, void *value,
+                          void (*free_value)(void *value));
+    /* [req] In the run after flight_join's park: 0 with *result and *value (either pointer
+     * may be NULL; value shared by every waiter: read it, never change it) once f ended;
+     * ATRIUM_E_TIMEOUT (the request's deadline ran it) or ATRIUM_E_STOPPED (shutdown) when
+     * it has not: the request no longer waits - answer it (504, 503) - and f goes on for the
+     * others. ATRIUM_E_INVAL when req did not join f. */
+    int (*flight_result)(atrium_req *req, atrium_flight *f, int *result, void **value);
+    /* [any] Requests still parked on f whose deadline has not passed: 0 = nobody waits
+     * any more (work not yet begun need not begin; end it with flight_finish anyway). */
+    int (*flight_wanted)(atrium_flight *f);
+};
+
+#define ATRIUM_FLIGHT_JOIN_ONLY 0x1u /* flight_join: only wait for work under way (1.8) */
+
+/* What flight_join made of the request (1.8). */
+enum atrium_flight_role {
+    ATRIUM_FLIGHT_LEAD = 1,   /* start the work, then flight_finish it */
+    ATRIUM_FLIGHT_JOINED = 2, /* the work was under way */
 };
 
 /* The lower-case hex of a SHA-256 digest, NUL-terminated, into `out` (1.5; no host call). */

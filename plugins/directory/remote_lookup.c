@@ -12,13 +12,15 @@
  * that needs several (the new aliases of other servers an m.room.canonical_alias event
  * names) makes them one after another under its one slot.
  *
- * Look-ups are shared: one entry per key (kind, server, limit, since, filter) holds the
- * outcome. Requests arriving while one is in flight join its waiters instead of asking
- * again; a successful answer is reused for `cache_ms` (30 s) by requests that then need
- * no slot at all. A look-up ends by `timeout_ms` (20 s, well under a client's own
+ * Look-ups are shared: one per key (kind, server, limit, since, filter) at a time, the
+ * host's single flight (ABI 1.8, flight_join; docs/adr/0029-single-flight.md). Requests
+ * arriving while one is in flight join it, parked, instead of asking again (each within
+ * its own deadline: past it, 504, and the look-up goes on for the others); a successful
+ * answer is kept in the cache table and reused for `cache_ms` (30 s) by requests that then
+ * need no slot at all. A look-up ends by `timeout_ms` (20 s, well under a client's own
  * timeout): 504, and a peer's refusal or a broken answer is 502, both with no-store; only
- * answers the peer gave with 200 are kept. An entry lives while the table or a waiting
- * request refers to it (refs), so the federation callback never meets a freed entry.
+ * answers the peer gave with 200 are kept. An entry (the outcome) lives while the cache
+ * table, its flight or a request refers to it (refs).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -33,35 +35,34 @@
 
 #define DIR_RETRY_AFTER_MS 1000        /* what a refused look-up is told to wait */
 #define DIR_WAKE_SLACK_MS 2000         /* a parked request's deadline past its look-up's */
-#define DIR_CACHE_MAX_ENTRIES 1024     /* entries kept at most (in flight and answered) */
+#define DIR_CACHE_MAX_ENTRIES 1024     /* answered look-ups kept at most */
 #define DIR_MAX_ANSWER_BYTES (4 << 20) /* a peer's answer at most */
 #define DIR_MAX_LOOKUPS_PER_REQ 8      /* look-ups one request makes at most */
+#define DIR_MAX_IN_FLIGHT 1024         /* distinct look-ups in flight at once */
+#define DIR_MAX_JOINED 4096            /* requests waiting on a look-up another started */
 
 dir_remote_settings dir_remote = {.timeout_ms = 20000, .cache_ms = 30000};
 
 enum lookup_kind { LOOKUP_ROOMS = 0, LOOKUP_ALIAS = 1 };
 
-typedef struct waiter {
-    atrium_req *req;
-    struct waiter *next;
-} waiter;
-
+/* A look-up and, once its flight ends, its outcome. */
 typedef struct lookup {
-    struct lookup *next; /* in the table while `listed` */
+    struct lookup *next; /* in the cache table while `listed` */
     char *key;
     int kind;
-    bool listed, done;
-    int refs;              /* the table's (while listed) + each request's hold */
+    bool listed;
+    int refs;              /* the table's (while listed), its flight's, each request's hold */
+    atrium_flight *flight; /* the one look-up of its key in flight */
     int64_t deadline_ms;   /* of the federation request */
-    int64_t expires_ms;    /* done: reused until then (only 200 answers) */
-    int status;            /* done: the status to answer */
-    json_t *answer;        /* done: the body to answer */
-    waiter *waiters;
+    int64_t expires_ms;    /* reused until then (only 200 answers) */
+    int status;            /* the status to answer */
+    json_t *answer;        /* the body to answer */
 } lookup;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static lookup *table;
+static lookup *table; /* answered look-ups still fresh: the cache */
 static int n_table;
+static atrium_flights *flights;
 
 static atrium_metric *m_ok, *m_refused, *m_timeout, *m_failed, *m_limited, *m_hits, *m_shared,
     *m_in_flight;
@@ -82,8 +83,9 @@ int dir_remote_init(void)
                                  "Look-ups that joined an identical one in flight.");
     m_in_flight = h->metric_gauge(dir_self, "atrium_directory_remote_in_flight", NULL,
                                   "Look-ups waiting for another server now.");
+    flights = h->flights_create(dir_self, "remote_lookups", DIR_MAX_IN_FLIGHT, DIR_MAX_JOINED);
     return m_ok && m_refused && m_timeout && m_failed && m_limited && m_hits && m_shared &&
-                   m_in_flight
+                   m_in_flight && flights
                ? 0
                : ATRIUM_E_NOMEM;
 }
@@ -119,12 +121,12 @@ static void release_hold(void *arg)
     pthread_mutex_unlock(&lock);
 }
 
-/* The entry for key that is in flight or still fresh; expired ones are dropped. */
+/* The cached entry for key that is still fresh; expired ones are dropped. */
 static lookup *find_locked(const char *key, int64_t now)
 {
     for (lookup *l = table, *next; l; l = next) {
         next = l->next;
-        if (l->done && l->expires_ms <= now) {
+        if (l->expires_ms <= now) {
             unlist_locked(l);
             continue;
         }
@@ -133,26 +135,29 @@ static lookup *find_locked(const char *key, int64_t now)
     return NULL;
 }
 
-/* Set the outcome, wake every waiter (once each: the req_wait contract). Any thread. */
+/* Set the outcome, keep a 200 in the cache, and end the flight: every request waiting on
+ * it is woken and reads the outcome; the federation request's reference becomes the
+ * flight's. Any thread. */
 static void finish(lookup *l, int status, json_t *answer, atrium_metric *outcome)
 {
     pthread_mutex_lock(&lock);
-    l->done = true;
     l->status = status;
     l->answer = answer;
-    l->expires_ms = h->now_ms() + dir_remote.cache_ms;
-    if (status != 200 || dir_remote.cache_ms == 0) unlist_locked(l);
-    waiter *w = l->waiters;
-    l->waiters = NULL;
+    int64_t now = h->now_ms();
+    l->expires_ms = now + dir_remote.cache_ms;
+    lookup *old = find_locked(l->key, now); /* a fresher look-up replaces the cached one */
+    if (old) unlist_locked(old);
+    if (status == 200 && dir_remote.cache_ms > 0 && n_table < DIR_CACHE_MAX_ENTRIES) {
+        l->next = table;
+        table = l;
+        l->listed = true;
+        l->refs++;
+        n_table++;
+    }
     pthread_mutex_unlock(&lock);
     h->metric_add(outcome, 1);
     h->metric_add(m_in_flight, -1);
-    while (w) {
-        waiter *next = w->next;
-        h->req_wake(w->req);
-        free(w);
-        w = next;
-    }
+    h->flight_finish(l->flight, 0, l, release_hold);
 }
 
 static json_t *error_body(const char *errcode, const char *fmt, ...)
@@ -209,16 +214,16 @@ static void on_answer(void *arg, const atrium_fed_response *res)
            res->status == 200 ? m_failed : m_refused);
 }
 
-/* The federation request's end: its outcome, then its reference dropped. */
+/* The federation request's end: its outcome (its reference goes to the flight). */
 static void on_done(void *arg, const atrium_fed_response *res)
 {
     on_answer(arg, res);
-    release_hold(arg);
 }
 
 /* Answer from a finished entry (a copy of its answer; the entry may be shared). */
 static int answer_from(atrium_req *req, lookup *l)
 {
+    if (!l) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
     pthread_mutex_lock(&lock);
     int status = l->status;
     json_t *body = json_deep_copy(l->answer);
@@ -251,11 +256,19 @@ static const char *url_encode(atrium_req *req, const char *s)
     return out;
 }
 
+/* One look-up of a request: the entry it was answered from, or the flight it waits on
+ * (whose outcome, once read, stays valid while the request lives: its flight reference). */
+typedef struct req_lookup {
+    const char *key; /* request memory */
+    lookup *l;
+    atrium_flight *f;
+} req_lookup;
+
 /* What a request keeps across its runs (req_state): its look-ups in the order it made
  * them (a caller may resolve several aliases, one after another), and whether it holds
  * its outbound slot. In request memory. */
 typedef struct req_lookups {
-    lookup *l[DIR_MAX_LOOKUPS_PER_REQ];
+    req_lookup e[DIR_MAX_LOOKUPS_PER_REQ];
     int n;
     bool slot;
 } req_lookups;
@@ -272,7 +285,7 @@ typedef struct ask {
  * (a copy in *a->result: ATRIUM_DIRECTORY_RESOLVED), anything else to the client. */
 static int deliver(atrium_req *req, lookup *l, const ask *a)
 {
-    if (a->result) {
+    if (a->result && l) {
         pthread_mutex_lock(&lock);
         bool ok = l->status == 200;
         json_t *copy = ok ? json_deep_copy(l->answer) : NULL;
@@ -295,7 +308,7 @@ static int deliver_kept(atrium_req *req, req_lookups **mine, lookup *l, const as
     int rc = deliver(req, l, a);
     if (!*mine && (*mine = h->req_alloc(req, sizeof(**mine)))) h->req_set_state(req, *mine);
     if (*mine && (*mine)->n < DIR_MAX_LOOKUPS_PER_REQ) {
-        (*mine)->l[(*mine)->n++] = l;
+        (*mine)->e[(*mine)->n++] = (req_lookup){.key = a->key, .l = l};
         h->req_hold(req, release_hold, l);
     } else {
         release_hold(l);
@@ -303,29 +316,63 @@ static int deliver_kept(atrium_req *req, req_lookups **mine, lookup *l, const as
     return rc;
 }
 
+/* A run after waiting on e's flight (or after its outcome was read): the outcome. */
+static int look_up_again(atrium_req *req, req_lookup *e, const ask *a)
+{
+    if (!e->l) {
+        void *value = NULL;
+        int rc = h->flight_result(req, e->f, NULL, &value);
+        if (rc == ATRIUM_E_STOPPED)
+            return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        if (rc < 0) /* its own deadline passed: the look-up goes on for the others */
+            return h->respond_error(req, 504, "M_UNKNOWN", "%s did not answer in time",
+                                    a->server);
+        if (!value) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+        e->l = value;
+    }
+    return deliver(req, e->l, a);
+}
+
+/* This request leads the look-up of flight f: ask the peer. ATRIUM_PARKED. */
+static int ask_peer(const ask *a, atrium_flight *f, int64_t now)
+{
+    lookup *l = calloc(1, sizeof(*l));
+    char *key = strdup(a->key);
+    if (!l || !key) {
+        free(l), free(key);
+        h->flight_finish(f, 0, NULL, NULL); /* everyone who joined answers 500 */
+        return ATRIUM_PARKED;
+    }
+    /* One reference: the federation request's, then its flight's (finish). */
+    *l = (lookup){.key = key, .kind = a->kind, .refs = 1, .flight = f,
+                  .deadline_ms = now + dir_remote.timeout_ms};
+    h->metric_add(m_in_flight, 1);
+    atrium_fed_request fr = {.size = sizeof(fr), .method = a->method, .destination = a->server,
+                             .uri = a->uri, .body = a->body, .deadline_ms = l->deadline_ms,
+                             .max_body_bytes = DIR_MAX_ANSWER_BYTES,
+                             .flags = ATRIUM_FED_JSON | ATRIUM_FED_IGNORE_BACKOFF,
+                             .on_done = on_done, .arg = l};
+    int rc = h->fed_request(&fr);
+    if (rc < 0)
+        finish(l, rc == ATRIUM_E_LIMIT ? 503 : 502,
+               error_body("M_UNKNOWN", "Could not ask %s%s", a->server,
+                          rc == ATRIUM_E_LIMIT ? ": too many outbound requests" : ""),
+               m_failed);
+    return ATRIUM_PARKED;
+}
+
 /* The whole look-up; runs on every run of the handler (the first, and after parking). */
 static int look_up(atrium_req *req, const ask *a)
 {
     req_lookups *mine = h->req_state(req);
-    for (int i = 0; mine && i < mine->n; i++) {
-        lookup *l = mine->l[i];
-        if (strcmp(l->key, a->key) != 0) continue; /* keys never change: no lock needed */
-        pthread_mutex_lock(&lock);
-        bool done = l->done;
-        pthread_mutex_unlock(&lock);
-        if (done) return deliver(req, l, a);
-        /* not answered: its deadline passed, or the server is stopping */
-        if (h->req_run_reason(req) == ATRIUM_RUN_SHUTDOWN)
-            return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
-        return h->respond_error(req, 504, "M_UNKNOWN", "%s did not answer in time", a->server);
-    }
+    for (int i = 0; mine && i < mine->n; i++)
+        if (strcmp(mine->e[i].key, a->key) == 0) return look_up_again(req, &mine->e[i], a);
     int64_t now = h->now_ms();
     pthread_mutex_lock(&lock);
     lookup *l = find_locked(a->key, now);
-    bool fresh = l && l->done;
-    if (fresh) l->refs++;
+    if (l) l->refs++;
     pthread_mutex_unlock(&lock);
-    if (fresh) { /* cached: no peer is asked, so no slot is needed */
+    if (l) { /* cached: no peer is asked, so no slot is needed */
         h->metric_add(m_hits, 1);
         return deliver_kept(req, &mine, l, a);
     }
@@ -344,72 +391,20 @@ static int look_up(atrium_req *req, const ask *a)
                                   "Too many look-ups on other servers at once; retry");
     }
     mine->slot = true;
-    waiter *w = calloc(1, sizeof(*w));
-    if (!w) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
-    w->req = req;
-    bool start = false;
-    pthread_mutex_lock(&lock);
-    l = find_locked(a->key, now);
-    if (l && l->done) { /* answered meanwhile */
-        l->refs++;
-        pthread_mutex_unlock(&lock);
-        free(w);
-        return deliver_kept(req, &mine, l, a);
-    }
-    if (!l) {
-        l = calloc(1, sizeof(*l));
-        char *key = strdup(a->key);
-        if (!l || !key) {
-            pthread_mutex_unlock(&lock);
-            free(l), free(key), free(w);
-            return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
-        }
-        *l = (lookup){.key = key, .kind = a->kind, .refs = 0,
-                      .deadline_ms = now + dir_remote.timeout_ms};
-        if (n_table < DIR_CACHE_MAX_ENTRIES) { /* else asked alone, not shared */
-            l->next = table;
-            table = l;
-            l->listed = true;
-            l->refs++;
-            n_table++;
-        }
-        start = true;
-    }
-    if (h->req_wait(req, l->deadline_ms + DIR_WAKE_SLACK_MS) < 0) {
-        if (start && l->listed) {
-            unlist_locked(l); /* the table's reference was its only one: freed */
-        } else if (start) {
-            free(l->key); /* never listed, never referenced */
-            free(l);
-        }
-        pthread_mutex_unlock(&lock);
-        free(w);
+    atrium_flight *f = NULL;
+    int rc = h->flight_join(req, flights, a->key, now + dir_remote.timeout_ms + DIR_WAKE_SLACK_MS,
+                            0, &f);
+    if (rc == ATRIUM_E_STOPPED)
         return h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+    if (rc == ATRIUM_E_LIMIT) {
+        h->metric_add(m_limited, 1);
+        return h->respond_limited(req, DIR_RETRY_AFTER_MS,
+                                  "Too many look-ups on other servers at once; retry");
     }
-    w->next = l->waiters;
-    l->waiters = w;
-    l->refs += start ? 2 : 1; /* the request's hold; the federation request's until done */
-    pthread_mutex_unlock(&lock);
-    mine->l[mine->n++] = l;
-    h->req_hold(req, release_hold, l);
-    if (!start) {
-        h->metric_add(m_shared, 1);
-        return ATRIUM_PARKED;
-    }
-    h->metric_add(m_in_flight, 1);
-    atrium_fed_request fr = {.size = sizeof(fr), .method = a->method, .destination = a->server,
-                             .uri = a->uri, .body = a->body, .deadline_ms = l->deadline_ms,
-                             .max_body_bytes = DIR_MAX_ANSWER_BYTES,
-                             .flags = ATRIUM_FED_JSON | ATRIUM_FED_IGNORE_BACKOFF,
-                             .on_done = on_done, .arg = l};
-    int rc = h->fed_request(&fr);
-    if (rc < 0) {
-        finish(l, rc == ATRIUM_E_LIMIT ? 503 : 502,
-               error_body("M_UNKNOWN", "Could not ask %s%s", a->server,
-                          rc == ATRIUM_E_LIMIT ? ": too many outbound requests" : ""),
-               m_failed);
-        release_hold(l);
-    }
+    if (rc < 0) return h->respond_error(req, 500, "M_UNKNOWN", "Out of memory");
+    mine->e[mine->n++] = (req_lookup){.key = a->key, .f = f};
+    if (rc == ATRIUM_FLIGHT_LEAD) return ask_peer(a, f, now);
+    h->metric_add(m_shared, 1);
     return ATRIUM_PARKED;
 }
 

@@ -308,7 +308,6 @@ static void media_free(media *m)
     s3_fini(m);
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->wake_mu);
-    pthread_mutex_destroy(&m->preview_mu);
     free(m);
 }
 
@@ -325,7 +324,6 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     m->h = host;
     m->self = self;
     pthread_mutex_init(&m->wake_mu, NULL);
-    pthread_mutex_init(&m->preview_mu, NULL);
     media_host = host;
     snprintf(m->server_name, sizeof(m->server_name), "%s", host->server_name());
     int rc = read_settings(m, cfg);

@@ -227,6 +227,7 @@ typedef struct media {
     atrium_metric *m_row_hits, *m_row_misses;
 
     render_table *renders;
+    atrium_flights *render_flights; /* one render per thumbnail key in this process */
     bool vips_started;
 
     atrium_pool *fetch_pool; /* media_fetch_threads workers: start fetches, store them */
@@ -253,11 +254,9 @@ typedef struct media {
 
     /* URL previews (preview.c; NULL while url_preview_enabled is off) */
     atrium_pool *preview_pool;     /* judges answers, stores images, writes the cache */
-    atrium_budget *preview_budget; /* previews fetching at once */
-    atrium_budget *preview_waiting; /* requests waiting for a fetch another one started */
+    atrium_budget *preview_budget; /* previews fetching at once, and per user */
     /* The previews fetching, by (url, ts bucket): a second request for one joins it. */
-    pthread_mutex_t preview_mu;
-    struct preview_job *preview_fetching;
+    atrium_flights *preview_flights;
     atrium_metric *m_preview_cached, *m_preview_fetched, *m_preview_failed,
         *m_preview_refused, *m_preview_coalesced, *m_preview_requests_out;
 } media;
@@ -298,6 +297,7 @@ typedef struct media_req {
     int64_t upload_deadline_ms;
     bool waiting_render; /* parked for a thumbnail render */
     int64_t render_deadline_ms;
+    atrium_flight *render_flight; /* the render it waits on (thumbnail.c), until read */
     upload_state *up; /* upload routes only */
     int64_t arrival_ms;   /* monotonic, the handler's first run */
     bool federation;      /* a federation route: answer multipart/mixed */

@@ -11,14 +11,16 @@
  *   2. the cache: an answer kept in media_url_previews for (url, ts rounded down to
  *      url_preview_cache_ttl_ms) that has not expired is answered as it is, without
  *      asking the site (atrium_media_url_previews_total{result="cached"});
- *   3. one fetch per (url, bucket): when another request's fetch of them is under way,
- *      the request takes a slot of url_preview_max_waiting (429 past it, at once), parks
- *      and is answered from that fetch's result - its answer or its error - when it ends
- *      (result="coalesced"); past its deadline it answers 504 itself, as the first does;
+ *   3. one fetch per (url, bucket), the host's single flight (ABI 1.8, flight_join;
+ *      docs/adr/0029-single-flight.md): when another request's fetch of them is under
+ *      way, the request joins it - one of url_preview_max_waiting (429 past it, at once) -
+ *      parks and is answered from that fetch's result - its answer or its error - when it
+ *      ends (result="coalesced"); past its own deadline it answers 504 itself, as the
+ *      first does, and the fetch goes on for the others;
  *   4. else a slot of the preview budget (url_preview_max_in_flight in all, ..._per_user
  *      of one user; 429 past either, at once), held by the fetch until it ends;
- *   5. the request parks (host->req_wait) and the fetch starts (host->fed_request's url:
- *      asynchronous, so no thread waits on the site).
+ *   5. the request leads the flight, parked too, and the fetch starts (host->fed_request's
+ *      url: asynchronous, so no thread waits on the site).
  *
  * The fetch goes through the host's one outbound client, so its address blacklist
  * (federation.ip_range_blacklist / _whitelist) is checked at connect time for every
@@ -49,7 +51,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,29 +72,15 @@
 
 enum preview_phase { PHASE_PAGE = 0, PHASE_IMAGE };
 
-/* A request parked on a preview: woken exactly once, when the fetch ends, and never
- * touched after. `waiting`: it joined a fetch another request started, holding a slot
- * of m->preview_waiting (given back at that wake). */
-typedef struct preview_waiter {
-    struct preview_waiter *next;
-    atrium_req *req;
-    bool waiting;
-    char user_id[MEDIA_USER_ID_MAX_BYTES + 1];
-} preview_waiter;
-
-/* One preview being fetched: shared by the parked requests (a hold each) and the fetch;
- * the last to let go frees it. The fetch's fields are written by one thread at a time
- * (the outbound client's, then the pool's, in turn); `done` publishes the result to the
- * requests, which read it only after their wake. While `listed` (under m->preview_mu)
- * it is in m->preview_fetching, where a request for the same (url, ts_bucket) finds it
- * and adds itself to `waiters` instead of asking the site again. */
+/* One preview being fetched, the work of its flight (m->preview_flights, keyed by
+ * "<ts_bucket>|<url>": one fetch per key, however many requests wait for it). The fetch's
+ * fields are written by one thread at a time (the outbound client's, then the pool's, in
+ * turn); at the end the job becomes its flight's value, read by every waiter after its
+ * wake and freed by the flight once the last of them is gone. */
 typedef struct preview_job {
-    atomic_int refs;
     media *m;
-    struct preview_job *next; /* in m->preview_fetching, under m->preview_mu */
-    bool listed;              /* under m->preview_mu */
-    preview_waiter *waiters;  /* under m->preview_mu */
-    char user_id[MEDIA_USER_ID_MAX_BYTES + 1];
+    atrium_flight *flight;
+    char user_id[MEDIA_USER_ID_MAX_BYTES + 1]; /* the leader's: the budget slot, the image */
     char url[PREVIEW_URL_MAX]; /* as normalised: the cache key */
     int64_t ts_bucket;
     int64_t deadline_ms; /* of the whole preview (monotonic) */
@@ -113,51 +100,26 @@ typedef struct preview_job {
     int err_status;
     const char *errcode;
     char message[PREVIEW_ERROR_MAX];
-    atomic_bool done;
 } preview_job;
 
 typedef struct preview_req {
-    preview_job *job;
+    atrium_flight *flight;
 } preview_req;
 
-static void job_unref(preview_job *j)
+static void job_free(void *arg)
 {
-    if (atomic_fetch_sub(&j->refs, 1) != 1) return;
+    preview_job *j = arg;
     free(j->body);
     free(j->answer);
     if (j->og) json_decref(j->og);
     free(j);
 }
 
-static void hold_release(void *arg)
-{
-    job_unref(arg);
-}
-
 /* ---- the end of a preview --------------------------------------------------------------- */
 
-/* [any] The fetch of (url, bucket) a request can join, or NULL. Under m->preview_mu. */
-static preview_job *fetching_find(media *m, const char *url, int64_t bucket)
-{
-    for (preview_job *j = m->preview_fetching; j; j = j->next)
-        if (j->ts_bucket == bucket && strcmp(j->url, url) == 0) return j;
-    return NULL;
-}
-
-/* Under m->preview_mu. */
-static void fetching_remove(media *m, preview_job *j)
-{
-    for (preview_job **p = &m->preview_fetching; *p; p = &(*p)->next)
-        if (*p == j) {
-            *p = j->next;
-            break;
-        }
-    j->listed = false;
-}
-
-/* The fetch is over: give the budget slot back, publish, take the job out of the list
- * (a request arriving from now on finds the cache, or fetches anew after a failure),
- * wake every request that waits for it, let go. */
+/* The fetch is over: give the budget slot back and hand the job to its flight, which
+ * frees the key (a request arriving from now on finds the cache, or fetches anew after a
+ * failure) and wakes every request that waits for it. */
 static void job_end(preview_job *j)
 {
     media *m = j->m;
@@ -166,20 +128,7 @@ static void job_end(preview_job *j)
     h->metric_add(j->answer ? m->m_preview_fetched : m->m_preview_failed, 1);
     free(j->body);
     j->body = NULL;
-    atomic_store(&j->done, true);
-    pthread_mutex_lock(&m->preview_mu);
-    fetching_remove(m, j);
-    preview_waiter *w = j->waiters;
-    j->waiters = NULL;
-    pthread_mutex_unlock(&m->preview_mu);
-    while (w) {
-        preview_waiter *next = w->next;
-        if (w->waiting) h->budget_release(m->preview_waiting, w->user_id);
-        h->req_wake(w->req);
-        free(w);
-        w = next;
-    }
-    job_unref(j);
+    h->flight_finish(j->flight, 0, j, job_free);
 }
 
 /* [preview pool] Answer j->og: kept in the cache for its TTL, then to the request. */
@@ -508,17 +457,22 @@ static void job_step(void *arg, bool cancelled)
 /* ---- the endpoint ------------------------------------------------------------------------ */
 
 /* [req] The handler's run after the park: the fetch's result, or 504 / 503 when it has
- * not ended (the fetch goes on and wakes the request once more; nobody listens). */
-static int answer(media *m, atrium_req *req, preview_job *j)
+ * not ended by the request's deadline (the fetch goes on for the others). */
+static int answer(media *m, atrium_req *req, atrium_flight *f)
 {
     const atrium_host *h = m->h;
-    if (!atomic_load(&j->done)) {
-        if (h->req_run_reason(req) == ATRIUM_RUN_SHUTDOWN)
-            h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
-        else
-            h->respond_error(req, 504, "M_UNKNOWN", "The site did not answer in time");
+    void *value = NULL;
+    int rc = h->flight_result(req, f, NULL, &value);
+    if (rc == ATRIUM_E_STOPPED) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
         return ATRIUM_DONE;
     }
+    if (rc < 0) {
+        h->respond_error(req, 504, "M_UNKNOWN", "The site did not answer in time");
+        return ATRIUM_DONE;
+    }
+    const preview_job *j = value;
+    if (!j) return ATRIUM_E_NOMEM; /* the leader found no memory for the job */
     if (j->answer)
         return h->respond_buffer(req, 200, "application/json", j->answer, strlen(j->answer)) < 0
                    ? ATRIUM_E_NOMEM
@@ -551,14 +505,14 @@ static int from_cache(media *m, atrium_req *req, const char *url, int64_t bucket
     return rc < 0 ? ATRIUM_E_NOMEM : ATRIUM_DONE;
 }
 
-/* A new job for (url, bucket) fetched for user: refs for the fetch and the request. */
-static preview_job *job_new(media *m, const char *user, const char *url, int64_t bucket)
+/* A new job for (url, bucket) fetched for user, the work of flight f. */
+static preview_job *job_new(media *m, atrium_flight *f, const char *user, const char *url,
+                            int64_t bucket)
 {
     preview_job *j = calloc(1, sizeof(*j));
     if (!j) return NULL;
-    atomic_init(&j->refs, 2);
-    atomic_init(&j->done, false);
     j->m = m;
+    j->flight = f;
     snprintf(j->user_id, sizeof(j->user_id), "%s", user);
     snprintf(j->url, sizeof(j->url), "%s", url);
     snprintf(j->cur, sizeof(j->cur), "%s", url);
@@ -568,47 +522,53 @@ static preview_job *job_new(media *m, const char *user, const char *url, int64_t
     return j;
 }
 
-/* [req] Park req until j ends, answered then from its result (answer()). Takes over the
- * request's reference to j. `waiting`: req holds a slot of m->preview_waiting (given
- * back here on failure, else when j ends). ATRIUM_PARKED; or the request is answered
- * (503 when the server is stopping) or ATRIUM_E_NOMEM, and j will not wake it. */
-static int job_join(media *m, preview_job *j, atrium_req *req, const char *user, bool waiting)
+/* [req] Join the fetch of key, parked: the one under way (bounded by url_preview_max_waiting),
+ * else a new one under a slot of the preview budget (url_preview_max_in_flight in all,
+ * _per_user of one user), which the fetch holds until it ends. ATRIUM_PARKED, or the
+ * request is answered (429 past a bound, 503 while stopping). */
+static int join_fetch(media *m, atrium_req *req, const char *user, const char *key,
+                      const char *url, int64_t bucket)
 {
     const atrium_host *h = m->h;
-    preview_waiter *w = calloc(1, sizeof(*w));
-    preview_req *pr = h->req_alloc(req, sizeof(*pr));
-    int rc = ATRIUM_PARKED;
-    if (!w || !pr) {
-        job_unref(j);
-        rc = ATRIUM_E_NOMEM;
-    } else if (h->req_hold(req, hold_release, j) < 0) { /* released already */
-        rc = ATRIUM_E_NOMEM;
-    } else if (h->req_wait(req, j->deadline_ms + PREVIEW_COMMIT_SLACK_MS) < 0) {
+    /* Its own deadline: as long as a fetch of its own would take, and the commit after. */
+    int64_t deadline = h->now_ms() + m->cfg.url_preview_timeout_ms + PREVIEW_COMMIT_SLACK_MS;
+    preview_req *pr = h->req_alloc(req, sizeof(*pr)); /* before the park: its run needs it */
+    if (!pr) return ATRIUM_E_NOMEM;
+    atrium_flight *f = NULL;
+    int rc = h->flight_join(req, m->preview_flights, key, deadline, ATRIUM_FLIGHT_JOIN_ONLY, &f);
+    bool slot = false;
+    if (rc == ATRIUM_E_NOTFOUND) { /* none under way: lead one, within the budget */
+        if (h->budget_try_acquire(m->preview_budget, user) < 0) {
+            rc = ATRIUM_E_LIMIT;
+        } else {
+            slot = true;
+            rc = h->flight_join(req, m->preview_flights, key, deadline, 0, &f);
+        }
+    }
+    if (slot && rc != ATRIUM_FLIGHT_LEAD) h->budget_release(m->preview_budget, user);
+    if (rc == ATRIUM_E_LIMIT) {
+        h->metric_add(m->m_preview_refused, 1);
+        h->respond_limited(req, PREVIEW_RETRY_AFTER_MS, "Too many URL previews at once");
+        return ATRIUM_DONE;
+    }
+    if (rc == ATRIUM_E_STOPPED) {
         h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
-        rc = ATRIUM_DONE;
+        return ATRIUM_DONE;
     }
-    if (rc != ATRIUM_PARKED) {
-        free(w);
-        if (waiting) h->budget_release(m->preview_waiting, user);
-        return rc;
-    }
-    pr->job = j;
+    if (rc < 0) return rc;
+    pr->flight = f;
     h->req_set_state(req, pr);
-    w->req = req;
-    w->waiting = waiting;
-    snprintf(w->user_id, sizeof(w->user_id), "%s", user);
-    pthread_mutex_lock(&m->preview_mu);
-    if (j->listed) {
-        w->next = j->waiters;
-        j->waiters = w;
-        w = NULL;
+    if (rc == ATRIUM_FLIGHT_JOINED) {
+        h->metric_add(m->m_preview_coalesced, 1);
+        return ATRIUM_PARKED;
     }
-    pthread_mutex_unlock(&m->preview_mu);
-    if (w) { /* j ended meanwhile: its result is published (done) */
-        if (waiting) h->budget_release(m->preview_waiting, user);
-        free(w);
-        h->req_wake(req);
+    preview_job *j = job_new(m, f, user, url, bucket);
+    if (!j) {
+        h->budget_release(m->preview_budget, user);
+        h->flight_finish(f, 0, NULL, NULL); /* everyone who joined answers 500 */
+        return ATRIUM_PARKED;
     }
+    job_fetch_or_fail(j); /* from here on j may end (and wake us) on another thread */
     return ATRIUM_PARKED;
 }
 
@@ -617,7 +577,7 @@ static int preview_handler(atrium_req *req)
     media *m = media_of(req);
     const atrium_host *h = m->h;
     preview_req *pr = h->req_state(req);
-    if (pr && pr->job) return answer(m, req, pr->job);
+    if (pr) return answer(m, req, pr->flight);
     const char *user = media_authenticate(m, req);
     if (!user) return ATRIUM_DONE;
     const char *url = h->req_query(req, "url");
@@ -643,41 +603,9 @@ static int preview_handler(atrium_req *req)
     int rc = from_cache(m, req, norm, bucket);
     if (rc != MEDIA_GO) return rc;
     /* One fetch per (url, bucket): a request finding one under way waits for it. */
-    bool refused = false;
-    pthread_mutex_lock(&m->preview_mu);
-    preview_job *j = fetching_find(m, norm, bucket);
-    bool waiting = j != NULL;
-    atrium_budget *budget = waiting ? m->preview_waiting : m->preview_budget;
-    if ((refused = h->budget_try_acquire(budget, user) < 0)) goto out;
-    if (waiting) {
-        atomic_fetch_add(&j->refs, 1); /* the request's: j is alive while listed */
-    } else if ((j = job_new(m, user, norm, bucket))) {
-        j->next = m->preview_fetching;
-        m->preview_fetching = j;
-        j->listed = true;
-    }
-out:
-    pthread_mutex_unlock(&m->preview_mu);
-    if (refused) {
-        h->metric_add(m->m_preview_refused, 1);
-        h->respond_limited(req, PREVIEW_RETRY_AFTER_MS, "Too many URL previews at once");
-        return ATRIUM_DONE;
-    }
-    if (!j) {
-        h->budget_release(budget, user);
-        return ATRIUM_E_NOMEM;
-    }
-    rc = job_join(m, j, req, user, waiting);
-    if (waiting) {
-        if (rc == ATRIUM_PARKED) h->metric_add(m->m_preview_coalesced, 1);
-        return rc;
-    }
-    if (rc != ATRIUM_PARKED) { /* this request is answered; any that joined get this */
-        job_failed(j, 503, "M_UNKNOWN", "The server is stopping");
-        return rc;
-    }
-    job_fetch_or_fail(j); /* from here on j may end (and wake us) on another thread */
-    return ATRIUM_PARKED;
+    char key[PREVIEW_URL_MAX + 24];
+    snprintf(key, sizeof(key), "%" PRId64 "|%s", bucket, norm);
+    return join_fetch(m, req, user, key, norm, bucket);
 }
 
 int preview_init(media *m)
@@ -690,7 +618,8 @@ int preview_init(media *m)
                                      c->url_preview_max_in_flight + PREVIEW_POOL_SPARE_TASKS);
     m->preview_budget = h->budget_create(s, "url_preview", c->url_preview_max_in_flight,
                                          c->url_preview_max_per_user);
-    m->preview_waiting = h->budget_create(s, "url_preview_waiting", c->url_preview_max_waiting, 0);
+    m->preview_flights = h->flights_create(s, "url_preview", c->url_preview_max_in_flight,
+                                           c->url_preview_max_waiting);
     static const char *const help = "URL preview requests, by how they were answered";
     m->m_preview_cached = h->metric_counter(s, "atrium_media_url_previews_total",
                                             "result=\"cached\"", help);
@@ -705,7 +634,7 @@ int preview_init(media *m)
     m->m_preview_requests_out =
         h->metric_counter(s, "atrium_media_url_preview_requests_total", NULL,
                           "Requests made to sites for URL previews (pages, redirects, images)");
-    if (!m->preview_pool || !m->preview_budget || !m->preview_waiting || !m->m_preview_cached ||
+    if (!m->preview_pool || !m->preview_budget || !m->preview_flights || !m->m_preview_cached ||
         !m->m_preview_fetched || !m->m_preview_failed || !m->m_preview_refused ||
         !m->m_preview_coalesced || !m->m_preview_requests_out)
         return ATRIUM_E_NOMEM;

@@ -8,11 +8,13 @@
  *   - an original that already fits inside the request (or inside the chosen configured
  *     size) and is a static JPEG/PNG/GIF/WebP is its own thumbnail: never upscaled;
  *   - otherwise the configured size sizes.c chooses is rendered once per (original's
- *     SHA-256, size, method): the first request submits one render job to the render pool
- *     (render_threads workers, so concurrent renders and their memory are bounded); every
- *     request for the same key parks - no thread - on the job's event bucket and is served
- *     the file when the job signals. The table of jobs is the one place in a process that
- *     knows a render is under way;
+ *     SHA-256, size, method): the host's single flight (ABI 1.8, flight_join;
+ *     docs/adr/0029-single-flight.md) makes the first request the leader, which submits
+ *     one render job to the render pool (render_threads workers, so concurrent renders and
+ *     their memory are bounded); every request for the same key parks - no thread - on
+ *     that flight, each within its own render_wait_ms, and is served the file when the
+ *     render ends. The table here keeps only what the flight does not: the failures
+ *     remembered, and the renders another process claimed;
  *   - once across processes sharing the database and the store: before rendering, the
  *     job claims its key (cluster.c, a media_claims row with an expiry; no connection is
  *     held while rendering). When another process holds the claim, requests here wait on
@@ -56,11 +58,18 @@
 #define THUMB_NAME "thumbnail"
 #define FALLBACK_OTHER_METHOD_PENALTY (1L << 40) /* prefer any size of the asked method */
 
-/* A render's life in one process: CLAIMING while its claim is being asked of the
- * database, PENDING while it renders here, ELSEWHERE while another process's claim holds
- * it (requests here wait for that process's notification, re-checking now and then),
- * FAILED once remembered as failed. */
-enum job_state { JOB_PENDING = 0, JOB_FAILED, JOB_CLAIMING, JOB_ELSEWHERE };
+/* A render as the table knows it: CLAIMING while its leader asks the database for its
+ * claim, ELSEWHERE while another process's claim holds it (requests here wait for that
+ * process's notification, re-checking now and then), FAILED once remembered as failed. A
+ * render running here is its flight's (m->render_flights) and the render job's. */
+enum job_state { JOB_FAILED = 1, JOB_CLAIMING, JOB_ELSEWHERE };
+/* How a render's flight ended besides a render_result: another process renders it, or it
+ * could not be queued here. */
+#define RENDER_ELSEWHERE 1
+#define RENDER_UNQUEUED 2
+/* Requests parked on renders under way in this process, at most (each holds a delivery
+ * slot too); past it a request gets the nearest size or 503. */
+#define RENDER_WAITERS_MAX 4096
 /* A claim lapses this long after it was taken (its process died, or the render took
  * longer: then another process may render the same key, and the second finds the
  * first's file). */
@@ -71,21 +80,27 @@ enum job_state { JOB_PENDING = 0, JOB_FAILED, JOB_CLAIMING, JOB_ELSEWHERE };
 #define RENDER_RECHECK_MS 200
 #define RENDER_CLAIM_PREFIX "render:"
 
+/* An entry of the table (under its lock). */
 typedef struct render_job {
     char key[THUMB_KEY_MAX]; /* "<sha256>/<W>x<H>-<method>" */
-    media *m;
-    char src[MEDIA_PATH_MAX], dst[MEDIA_PATH_MAX];
-    /* storage: s3, local media: the original is read through from the bucket first */
-    char media_id[MEDIA_ID_MAX_CHARS + 1];
-    media_size size;
-    int state;  /* enum job_state, under the table's lock */
+    int state;  /* enum job_state */
     int result; /* enum render_result once failed */
     int64_t failed_at_ms;
-    bool claimed;            /* PENDING under this process's claim (released at the end) */
     bool ended_elsewhere;    /* CLAIMING: the notification came meanwhile */
     int64_t recheck_at_ms;   /* ELSEWHERE: look at the file and the claim again then */
     struct render_job *next;
 } render_job;
+
+/* A render running here: its flight's work, on the render pool. */
+typedef struct render_task_arg {
+    char key[THUMB_KEY_MAX];
+    media *m;
+    atrium_flight *flight;
+    char src[MEDIA_PATH_MAX], dst[MEDIA_PATH_MAX];
+    /* storage: s3, local media: the original is read through from the bucket first */
+    char media_id[MEDIA_ID_MAX_CHARS + 1];
+    media_size size;
+} render_task_arg;
 
 struct render_table {
     pthread_mutex_t mu;
@@ -98,7 +113,10 @@ int thumbnails_init(media *m)
     m->renders = calloc(1, sizeof(*m->renders));
     if (!m->renders) return ATRIUM_E_NOMEM;
     pthread_mutex_init(&m->renders->mu, NULL);
-    return 0;
+    m->render_flights = m->h->flights_create(m->self, "render",
+                                             m->cfg.render_threads + m->cfg.render_queue,
+                                             RENDER_WAITERS_MAX);
+    return m->render_flights ? 0 : ATRIUM_E_NOMEM;
 }
 
 void thumbnails_fini(media *m)
@@ -127,11 +145,29 @@ static render_job **slot_of(render_table *t, const char *key)
     return pp;
 }
 
+static void prune_failures(render_table *t, int64_t now);
+
 static void unlink_job(render_table *t, render_job *j)
 {
     render_job **pp = slot_of(t, j->key);
     if (*pp == j) *pp = j->next;
     if (j->state == JOB_FAILED || j->state == JOB_ELSEWHERE) t->n_failed--;
+}
+
+/* Remember that key's render failed with result (caller holds the lock). */
+static void remember_failure(render_table *t, const char *key, int result, int64_t now)
+{
+    prune_failures(t, now);
+    render_job **pp = slot_of(t, key), *j = *pp;
+    if (j) unlink_job(t, j);
+    else if (!(j = calloc(1, sizeof(*j)))) return; /* only a cache */
+    snprintf(j->key, sizeof(j->key), "%s", key);
+    j->state = JOB_FAILED;
+    j->result = result;
+    j->failed_at_ms = now;
+    j->next = NULL;
+    *slot_of(t, key) = j;
+    t->n_failed++;
 }
 
 /* How long a failed render is remembered (here, and in its claim for the others). */
@@ -186,10 +222,10 @@ static int write_thumbnail(media *m, const char *dst, const uint8_t *buf, size_t
 
 static void render_task(void *arg, bool cancelled)
 {
-    render_job *j = arg;
+    render_task_arg *j = arg;
     media *m = j->m;
     const atrium_host *h = m->h;
-    int rc = RENDER_E_IO;
+    int rc = RENDER_UNQUEUED;
     if (!cancelled) {
         h->metric_add(m->m_renders_running, 1);
         uint8_t *buf = NULL;
@@ -215,33 +251,21 @@ static void render_task(void *arg, bool cancelled)
                    "thumbnail %s: %s", j->key, render_strerror(rc));
     }
     /* The file is committed (or the failure known) before the claim ends: a process
-     * that takes the claim after this finds the file. */
-    if (j->claimed && !cancelled) {
-        char claim[THUMB_KEY_MAX + sizeof(RENDER_CLAIM_PREFIX)];
-        snprintf(claim, sizeof(claim), RENDER_CLAIM_PREFIX "%s", j->key);
+     * that takes the claim after this finds the file. Cancelled (stopping): the claim
+     * lapses. */
+    char claim[THUMB_KEY_MAX + sizeof(RENDER_CLAIM_PREFIX)];
+    snprintf(claim, sizeof(claim), RENDER_CLAIM_PREFIX "%s", j->key);
+    if (!cancelled)
         cluster_claim_end(m, MEDIA_CH_RENDER, claim, j->key, rc,
                           rc == RENDER_OK ? 0 : failure_ttl_ms(rc));
+    if (rc != RENDER_OK && rc != RENDER_UNQUEUED) { /* later requests learn it too, a while */
+        render_table *t = m->renders;
+        pthread_mutex_lock(&t->mu);
+        remember_failure(t, j->key, rc, h->now_ms());
+        pthread_mutex_unlock(&t->mu);
     }
-    size_t bucket = media_bucket(j->key);
-    render_table *t = m->renders;
-    pthread_mutex_lock(&t->mu);
-    unlink_job(t, j);
-    if (rc == RENDER_OK || cancelled) {
-        free(j);
-    } else {
-        /* Waiters learn the failure from the table; later requests too, for a while. */
-        int64_t now = h->now_ms();
-        prune_failures(t, now);
-        j->state = JOB_FAILED;
-        j->result = rc;
-        j->failed_at_ms = now;
-        j->next = NULL;
-        render_job **pp = slot_of(t, j->key);
-        *pp = j;
-        t->n_failed++;
-    }
-    pthread_mutex_unlock(&t->mu);
-    h->event_signal(m->events[bucket]);
+    h->flight_finish(j->flight, rc, NULL, NULL); /* wakes every request waiting for it */
+    free(j);
 }
 
 /* ---- answers ------------------------------------------------------------------------- */
@@ -367,11 +391,11 @@ static int fallback(media *m, atrium_req *req, const media_row *row, const media
     return ATRIUM_DONE;
 }
 
-/* A new job for key, in the table (caller holds the table's lock); NULL on OOM. */
-static render_job *job_new(media *m, render_table *t, const media_row *row, const media_size *s,
-                           const char *key, const char *dst)
+/* The render task for key, the work of flight f; NULL on OOM. */
+static render_task_arg *task_new(media *m, atrium_flight *f, const media_row *row,
+                                 const media_size *s, const char *key, const char *dst)
 {
-    render_job *j = calloc(1, sizeof(*j));
+    render_task_arg *j = calloc(1, sizeof(*j));
     if (!j || store_row_path(m, row, j->src, sizeof(j->src)) < 0) {
         free(j);
         return NULL;
@@ -381,64 +405,91 @@ static render_job *job_new(media *m, render_table *t, const media_row *row, cons
     if (s3_enabled(m) && !row->file_name[0])
         snprintf(j->media_id, sizeof(j->media_id), "%s", row->media_id);
     j->m = m;
+    j->flight = f;
     j->size = *s;
-    j->state = JOB_CLAIMING;
-    j->next = NULL;
-    *slot_of(t, key) = j;
     return j;
 }
 
-/* Ask the database which process renders job j (CLAIMING, in the table; the caller holds
- * no lock), then make j what the answer says: PENDING and submitted (ours), ELSEWHERE,
- * FAILED (remembered elsewhere), or gone (the file exists now). Requests that parked on
- * it while it was CLAIMING are woken. Returns MEDIA_GO, or ATRIUM_E_LIMIT when the render
- * pool refused it (the job is gone: answer with the fallback). */
-static int claim_job(media *m, render_job *j)
+/* What the claim of key makes of the render (caller holds the table's lock; c is its
+ * CLAIMING entry, unlinked, or NULL): RENDER_OK (the file is there now: look again),
+ * RENDER_ELSEWHERE (remembered here until its recheck), a failure remembered elsewhere,
+ * or 0 - render it here. c is reused or freed. */
+static int judge_claim_locked(media *m, render_job *c, const char *key, int who, int result,
+                              bool exists)
+{
+    render_table *t = m->renders;
+    int64_t now = m->h->now_ms();
+    bool ended_elsewhere = c && c->ended_elsewhere;
+    if (exists || (who == CLAIM_HELD && ended_elsewhere) || who == CLAIM_MINE) {
+        free(c);
+        return exists || who != CLAIM_MINE ? RENDER_OK : 0;
+    }
+    if (who == CLAIM_RESULT) {
+        free(c);
+        remember_failure(t, key, result, now);
+        return result;
+    }
+    prune_failures(t, now);
+    if (!c && !(c = calloc(1, sizeof(*c)))) return RENDER_ELSEWHERE; /* not remembered */
+    snprintf(c->key, sizeof(c->key), "%s", key);
+    c->state = JOB_ELSEWHERE;
+    c->recheck_at_ms = now + (cluster_live(m) ? RENDER_RECHECK_LIVE_MS : RENDER_RECHECK_MS);
+    render_job *old = *slot_of(t, key);
+    if (old) { /* none expected: this flight leads */
+        unlink_job(t, old);
+        free(old);
+    }
+    c->next = NULL;
+    *slot_of(t, key) = c;
+    t->n_failed++;
+    return RENDER_ELSEWHERE;
+}
+
+/* The leader of key's flight f: ask the database which process renders it (a CLAIMING
+ * entry in the table meanwhile, so another process's notification of its end is not
+ * missed), then queue the render here, or end the flight with what the claim says. On the
+ * request's thread (one statement; no connection held while rendering). */
+static void lead_render(media *m, atrium_flight *f, const media_row *row, const media_size *s,
+                        const char *key, const char *dst)
 {
     const atrium_host *h = m->h;
     render_table *t = m->renders;
+    render_job *c = calloc(1, sizeof(*c));
+    pthread_mutex_lock(&t->mu);
+    render_job **pp = slot_of(t, key);
+    if (*pp) { /* a stale entry another run left: this flight's claim replaces it */
+        render_job *old = *pp;
+        unlink_job(t, old);
+        free(old);
+    }
+    if (c) {
+        snprintf(c->key, sizeof(c->key), "%s", key);
+        c->state = JOB_CLAIMING;
+        *slot_of(t, key) = c;
+    }
+    pthread_mutex_unlock(&t->mu);
     char claim[THUMB_KEY_MAX + sizeof(RENDER_CLAIM_PREFIX)];
-    snprintf(claim, sizeof(claim), RENDER_CLAIM_PREFIX "%s", j->key);
+    snprintf(claim, sizeof(claim), RENDER_CLAIM_PREFIX "%s", key);
     int result = 0;
     int64_t left_ms = -1;
     int who = cluster_claim(m, claim, RENDER_CLAIM_TTL_MS, &result, &left_ms);
     /* Claimed just after another process ended the same render: its file is there. */
-    bool exists = access(j->dst, F_OK) == 0;
-    if (who == CLAIM_MINE && exists) cluster_claim_end(m, MEDIA_CH_RENDER, claim, j->key, 0, 0);
-    size_t bucket = media_bucket(j->key);
-    int rc = MEDIA_GO;
+    bool exists = access(dst, F_OK) == 0;
+    if (who == CLAIM_MINE && exists) cluster_claim_end(m, MEDIA_CH_RENDER, claim, key, 0, 0);
     pthread_mutex_lock(&t->mu);
-    int64_t now = h->now_ms();
-    if (exists || (who == CLAIM_HELD && j->ended_elsewhere)) {
-        unlink_job(t, j); /* requests look at the file again */
-        free(j);
-    } else if (who == CLAIM_MINE) {
-        j->state = JOB_PENDING;
-        j->claimed = true;
-        if (h->pool_submit(m->render_pool, render_task, j) < 0) {
-            unlink_job(t, j);
-            pthread_mutex_unlock(&t->mu);
-            cluster_claim_end(m, MEDIA_CH_RENDER, claim, j->key, 0, 0);
-            free(j);
-            h->event_signal(m->events[bucket]);
-            return ATRIUM_E_LIMIT;
-        }
-    } else if (who == CLAIM_RESULT) {
-        prune_failures(t, now);
-        j->state = JOB_FAILED;
-        j->result = result;
-        j->failed_at_ms = now;
-        t->n_failed++;
-    } else {
-        int64_t recheck = cluster_live(m) ? RENDER_RECHECK_LIVE_MS : RENDER_RECHECK_MS;
-        prune_failures(t, now);
-        j->state = JOB_ELSEWHERE;
-        j->recheck_at_ms = now + recheck;
-        t->n_failed++;
-    }
+    if (c) unlink_job(t, c);
+    int end = judge_claim_locked(m, c, key, who, result, exists);
     pthread_mutex_unlock(&t->mu);
-    h->event_signal(m->events[bucket]);
-    return rc;
+    if (end != 0) {
+        h->flight_finish(f, end, NULL, NULL);
+        return;
+    }
+    render_task_arg *j = task_new(m, f, row, s, key, dst);
+    if (!j || h->pool_submit(m->render_pool, render_task, j) < 0) {
+        free(j);
+        cluster_claim_end(m, MEDIA_CH_RENDER, claim, key, 0, 0);
+        h->flight_finish(f, RENDER_UNQUEUED, NULL, NULL); /* they fall back */
+    }
 }
 
 /* What another process's notification does to one job (caller holds the table's lock):
@@ -473,9 +524,29 @@ void thumbnails_ended_elsewhere(media *m, const char *key)
     pthread_mutex_unlock(&t->mu);
 }
 
-/* The thumbnail file does not exist: join the render for it (claiming it for this
- * process when no process renders it) and park until it ends. Returns MEDIA_GO when the
- * file exists now. */
+/* A run after waiting on the render's flight (st->render_flight): MEDIA_GO to look at the
+ * file (or, ELSEWHERE, at the table) again, or the outcome: its failure, the nearest size
+ * past the request's own deadline or when it could not be queued, 503 while stopping. */
+static int after_render(media *m, atrium_req *req, media_req *st, const media_row *row,
+                        const media_size *s)
+{
+    atrium_flight *f = st->render_flight;
+    st->render_flight = NULL;
+    int result = 0;
+    int rc = m->h->flight_result(req, f, &result, NULL);
+    if (rc == ATRIUM_E_STOPPED) {
+        m->h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    if (rc < 0 || result == RENDER_UNQUEUED) return fallback(m, req, row, s);
+    if (result == RENDER_OK || result == RENDER_ELSEWHERE) return MEDIA_GO;
+    return respond_render_failure(m, req, result);
+}
+
+/* The thumbnail file does not exist: join the render for it (its flight: leading it, when
+ * none runs here, claims it for this process when no process renders it) and park until
+ * it ends; or, while another process renders it, park on its event until that process's
+ * notification or the recheck. Returns MEDIA_GO when the file may exist now. */
 static int await_render(media *m, atrium_req *req, media_req *st, const media_row *row,
                         const media_size *s, const char *dst)
 {
@@ -483,67 +554,62 @@ static int await_render(media *m, atrium_req *req, media_req *st, const media_ro
     char key[THUMB_KEY_MAX];
     thumb_key(row->sha256, s, key, sizeof(key));
     render_table *t = m->renders;
-    bool created = false; /* this run started the job: it did not join one */
-    for (;;) {
-        enum { AWAIT_FAILED, AWAIT_EXISTS, AWAIT_CREATED, AWAIT_LATE, AWAIT_PARKED } next;
-        int result = 0;
-        int64_t now = h->now_ms();
-        pthread_mutex_lock(&t->mu);
-        render_job **pp = slot_of(t, key), *j = *pp;
-        bool stale = j && ((j->state == JOB_FAILED && failure_expired(j, now)) ||
-                           (j->state == JOB_ELSEWHERE && now >= j->recheck_at_ms));
-        if (stale) { /* a failure forgotten, or time to look at another process's render */
-            unlink_job(t, j);
-            free(j);
-            j = NULL;
-        }
-        if (j && j->state == JOB_FAILED) {
-            result = j->result;
-            next = AWAIT_FAILED;
-            goto out;
-        }
-        if (!j) {
-            /* A job leaves the table only after its file was committed: check under the
-             * lock. */
-            next = access(dst, F_OK) == 0 ? AWAIT_EXISTS : AWAIT_CREATED;
-            if (next == AWAIT_CREATED) j = job_new(m, t, row, s, key, dst);
-            goto out;
-        }
-        if (!st->waiting_render) {
-            if (!created) h->metric_add(m->m_render_coalesced, 1);
-            st->waiting_render = true;
-            st->render_deadline_ms = now + m->cfg.render_wait_ms;
-        } else if (now >= st->render_deadline_ms) {
-            next = AWAIT_LATE;
-            goto out;
-        }
-        int64_t until = st->render_deadline_ms;
-        if (j->state == JOB_ELSEWHERE && j->recheck_at_ms < until) until = j->recheck_at_ms;
-        /* Parked under the table's lock, so the job's signal (sent after it updates the
-         * table under the same lock, here or on another process's notification) cannot
-         * pass us by. */
-        /* Read the row again when woken, so a quarantine meanwhile applies (set before
-         * parking: once parked, another thread may own the request). */
-        st->have_row = false;
-        result = h->park(req, m->events[media_bucket(key)], until);
-        next = AWAIT_PARKED;
-    out:
-        pthread_mutex_unlock(&t->mu);
-        switch (next) {
-        case AWAIT_FAILED: return respond_render_failure(m, req, result);
-        case AWAIT_EXISTS: return MEDIA_GO;
-        case AWAIT_LATE: return fallback(m, req, row, s);
-        case AWAIT_PARKED:
-            if (result == 0) return ATRIUM_PARKED;
-            h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
-            return ATRIUM_DONE;
-        case AWAIT_CREATED:
-            if (!j) return ATRIUM_E_NOMEM;
-            created = true;
-            if (claim_job(m, j) < 0) return fallback(m, req, row, s);
-            break; /* see what the claim made of it */
-        }
+    int64_t now = h->now_ms();
+    if (!st->waiting_render) {
+        st->waiting_render = true;
+        st->render_deadline_ms = now + m->cfg.render_wait_ms;
+    } else if (now >= st->render_deadline_ms) {
+        return fallback(m, req, row, s);
     }
+    int result = 0, rc = MEDIA_GO;
+    pthread_mutex_lock(&t->mu);
+    render_job *j = *slot_of(t, key);
+    bool stale = j && ((j->state == JOB_FAILED && failure_expired(j, now)) ||
+                       (j->state == JOB_ELSEWHERE && now >= j->recheck_at_ms));
+    if (stale) { /* a failure forgotten, or time to look at another process's render */
+        unlink_job(t, j);
+        free(j);
+        j = NULL;
+    }
+    if (j && j->state == JOB_FAILED) {
+        result = j->result;
+        rc = ATRIUM_DONE;
+    } else if (j && j->state == JOB_ELSEWHERE) {
+        /* Parked under the table's lock, so the notification (which drops the entry under
+         * the same lock, then signals) cannot pass us by. Read the row again when woken,
+         * so a quarantine meanwhile applies (set before parking). */
+        int64_t until = j->recheck_at_ms < st->render_deadline_ms ? j->recheck_at_ms
+                                                                  : st->render_deadline_ms;
+        st->have_row = false;
+        rc = h->park(req, m->events[media_bucket(key)], until) == 0 ? ATRIUM_PARKED
+                                                                     : ATRIUM_E_STOPPED;
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (rc == ATRIUM_DONE) return respond_render_failure(m, req, result);
+    if (rc == ATRIUM_PARKED) return ATRIUM_PARKED;
+    if (rc == ATRIUM_E_STOPPED) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    /* A render leaves its flight only after its file was committed. */
+    if (access(dst, F_OK) == 0) return MEDIA_GO;
+    /* Nothing remembered: the render of this process, led or joined. */
+    atrium_flight *f = NULL;
+    rc = h->flight_join(req, m->render_flights, key, st->render_deadline_ms, 0, &f);
+    if (rc == ATRIUM_E_LIMIT) return fallback(m, req, row, s);
+    if (rc == ATRIUM_E_STOPPED) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    if (rc < 0) return rc;
+    st->render_flight = f;
+    st->have_row = false; /* read again when woken (a quarantine meanwhile applies) */
+    if (rc == ATRIUM_FLIGHT_JOINED) {
+        h->metric_add(m->m_render_coalesced, 1);
+        return ATRIUM_PARKED;
+    }
+    lead_render(m, f, row, s, key, dst); /* from here on it may end (and wake us) */
+    return ATRIUM_PARKED;
 }
 
 /* ---- the request ------------------------------------------------------------------------ */
@@ -641,7 +707,8 @@ static int serve(media *m, atrium_req *req, bool legacy)
         int fd = open_thumb(m, req, path, &size);
         if (fd >= 0) return serve_thumb(m, req, row, s, fd, size);
         if (fd == -2) return ATRIUM_DONE;
-        rc = await_render(m, req, st, row, s, path);
+        rc = st->render_flight ? after_render(m, req, st, row, s)
+                               : await_render(m, req, st, row, s, path);
         if (rc != MEDIA_GO) return rc;
     }
 }

@@ -341,7 +341,7 @@ class PreviewCoalescingTest(PreviewCase):
         threads, results = self.concurrently(srv, tokens, site.base + "/gated", 5000)
         self.wait_metric(srv, "atrium_media_url_previews_total", {"result": "coalesced"},
                          len(tokens) - 1)
-        self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview_waiting"}),
+        self.assertEqual(srv.metric("atrium_flights_waiters", {"flights": "media.url_preview"}),
                          len(tokens) - 1)
         # the waiters can all be counted before the one fetch has reached the site
         wait_until(lambda: site.count("/gated") >= 1, timeout=5, interval=0.02,
@@ -356,7 +356,7 @@ class PreviewCoalescingTest(PreviewCase):
         self.assertEqual(results, [results[0]] * len(tokens))
         self.assertEqual((site.count("/gated"), site.count("/p.png")), (1, 1))
         self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "fetched"}), 1)
-        self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview_waiting"}), 0)
+        self.assertEqual(srv.metric("atrium_flights_waiters", {"flights": "media.url_preview"}), 0)
         # an error is shared the same way (and not cached: a later request asks again)
         gate2 = threading.Event()
         self.addCleanup(gate2.set)
@@ -384,7 +384,7 @@ class PreviewCoalescingTest(PreviewCase):
         threads, results = self.concurrently(srv, [alice], site.base + "/slow", 7000)
         self.wait_metric(srv, "atrium_budget_in_use", {"budget": "media.url_preview"}, 1)
         more, waited = self.concurrently(srv, [bob, bob], site.base + "/slow", 7000)
-        self.wait_metric(srv, "atrium_budget_in_use", {"budget": "media.url_preview_waiting"}, 2)
+        self.wait_metric(srv, "atrium_flights_waiters", {"flights": "media.url_preview"}, 2)
         # the waiting line is full: the next is refused at once
         t1 = time.monotonic()
         self.assert_error(self.preview(srv, alice, site.base + "/slow", ts=7000), 429,
@@ -397,7 +397,7 @@ class PreviewCoalescingTest(PreviewCase):
         self.assertLess(time.monotonic() - t0, TIMEOUT_MS / 1000 + 3)
         self.assertEqual(site.count("/slow"), 1)
         self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "coalesced"}), 2)
-        self.assertEqual(srv.metric("atrium_budget_in_use", {"budget": "media.url_preview_waiting"}), 0)
+        self.assertEqual(srv.metric("atrium_flights_waiters", {"flights": "media.url_preview"}), 0)
 
 
 class PreviewPlainHttpTest(PreviewCase):

@@ -54,7 +54,14 @@ _Static_assert(offsetof(struct atrium_host, req_appservice) == 8 + 83 * PTR, "ho
 _Static_assert(offsetof(struct atrium_host, alias_exclusive) == 8 + 84 * PTR, "host 1.6 layout");
 _Static_assert(offsetof(struct atrium_host, alias_query) == 8 + 85 * PTR, "host 1.6 layout");
 /* 1.7 added no host member: plugin commands (a program and its arguments, plugin.h). */
-_Static_assert(sizeof(struct atrium_host) == 8 + 86 * PTR, "members are appended only at a minor");
+/* 1.8, appended after alias_query: single flight. */
+_Static_assert(offsetof(struct atrium_host, flights_create) == 8 + 86 * PTR, "host 1.8 layout");
+_Static_assert(offsetof(struct atrium_host, flight_join) == 8 + 87 * PTR, "host 1.8 layout");
+_Static_assert(offsetof(struct atrium_host, flight_finish) == 8 + 88 * PTR, "host 1.8 layout");
+_Static_assert(offsetof(struct atrium_host, flight_result) == 8 + 89 * PTR, "host 1.8 layout");
+_Static_assert(offsetof(struct atrium_host, flight_wanted) == 8 + 90 * PTR, "host 1.8 layout");
+_Static_assert(ATRIUM_FLIGHT_LEAD == 1 && ATRIUM_FLIGHT_JOINED == 2, "flight roles keep their values");
+_Static_assert(sizeof(struct atrium_host) == 8 + 91 * PTR, "members are appended only at a minor");
 /* The caller's SHA-256 context: plugins allocate it, so its size and alignment are ABI. */
 _Static_assert(sizeof(atrium_sha256) == 128 && _Alignof(atrium_sha256) == 8,
                "atrium_sha256 layout changed");
@@ -71,7 +78,7 @@ _Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x
                "route flags keep their bits");
 _Static_assert(offsetof(atrium_route, body_chunk) == 5 * PTR && sizeof(atrium_route) == 7 * PTR,
                "atrium_route layout changed");
-_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 7, "this file pins ABI 1.7");
+_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 8, "this file pins ABI 1.8");
 /* Interfaces start with their size and version, then function pointers, appended only. */
 _Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
                "directory/1 header changed");

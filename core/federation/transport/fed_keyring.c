@@ -3,20 +3,24 @@
  * fed_keyring.h for the contract).
  *
  * One mutex guards a hash table of per-server entries kept in least-recently-used order.
- * An entry moves through three states: idle; loading (its rows are being read from
- * PostgreSQL on the ring's pool, once per entry's life in memory); fetching (the fetch
- * hook was asked and fed_keyring_fetched has not come back). Every look-up that memory
- * cannot answer while an entry is loading or fetching only joins the entry's waiter list,
- * so one server is read and fetched once however many requests need its key. The rule
- * "may this server be fetched now?" lives in fetch_blocked (negative entries and the
- * refetch interval) and the rule "does what we know answer this waiter?" in answer_of;
- * everything else is moving waiters between lists.
+ * A server's resolution in flight is a flight of the core's single-flight table
+ * (core/runtime/flight.h, docs/adr/0029-single-flight.md), keyed by the server name, in
+ * one of two phases: loading (its rows are being read from PostgreSQL on the ring's pool,
+ * once per entry's life in memory) or fetching (the fetch hook was asked and
+ * fed_keyring_fetched has not come back). Every look-up that memory cannot answer joins
+ * the flight, so one server is read and fetched once however many requests need its key.
+ * When a phase ends, each waiter is judged on its own (waiter_done): answered by what is
+ * known now, refused, or - after the read, when fetching is allowed - joined to the fetch
+ * that the first of them starts. The rule "may this server be fetched now?" lives in
+ * fetch_blocked (negative entries and the refetch interval) and the rule "does what we
+ * know answer this waiter?" in answer_of.
  *
- * Waiters are answered after the mutex is released (answers are collected in a local list
- * first), and the fetch hook and pool submissions happen unlocked too, so a callback or a
- * hook that re-enters the ring cannot deadlock. Entries that are busy (waiters, a read or
- * a fetch in flight) are never evicted, which is what makes holding an entry's name across
- * an unlock safe; when memory is full of busy entries a new server is answered BUSY.
+ * Flights end (and waiters are answered) with the ring's mutex released, and the fetch
+ * hook and pool submissions happen unlocked too, so a callback or a hook that re-enters
+ * the ring cannot deadlock; the ring's mutex is taken before the flight table's, never
+ * after. Entries that are busy (a flight, or waiters still to be judged) are never
+ * evicted, which is what makes holding an entry's name across an unlock safe; when memory
+ * is full of busy entries a new server is answered BUSY.
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -26,6 +30,7 @@
 #include <time.h>
 
 #include "core/rooms/canonical_json.h"
+#include "core/runtime/flight.h"
 #include "core/runtime/base64.h"
 #include "core/federation/transport/fed_keyring.h"
 
@@ -33,8 +38,12 @@
 #define POOL_NAME "federation_keys"
 #define HASH_LOAD_FACTOR 2 /* buckets per entry at max_servers */
 
+/* A look-up waiting on its server's flight. */
 typedef struct waiter {
-    struct waiter *next;
+    rt_flight_waiter fw;
+    fed_keyring *ring;
+    rt_flight *f; /* the flight it waits on (a reference) */
+    char server[FED_SERVER_NAME_MAX_BYTES];
     fed_keyring_cb cb;
     void *arg;
     bool any_key;
@@ -43,7 +52,8 @@ typedef struct waiter {
     fed_key_result res; /* filled when answered */
 } waiter;
 
-enum entry_state { ST_IDLE, ST_LOADING, ST_FETCHING };
+/* How a flight's phase ended (its result). */
+enum phase_end { END_LOADED = 1, END_FETCHED, END_STOPPED, END_BUSY };
 
 typedef struct entry {
     char name[FED_SERVER_NAME_MAX_BYTES];
@@ -51,8 +61,9 @@ typedef struct entry {
     struct entry *lru_prev, *lru_next; /* most recent at lru.next */
     fed_key_set *keys;                 /* what we know; NULL = nothing yet */
     bool loaded;                       /* PostgreSQL's rows are merged (or there is no DB) */
-    enum entry_state state;
-    waiter *waiters;
+    rt_flight *flight;                 /* the resolution in flight, or NULL */
+    bool fetching;                     /* its phase: the fetch (else the read) */
+    int n_waiters;                     /* look-ups on it still to be judged */
     /* After a fetch: no new fetch in [since, until) (a clock going back ends it). */
     int64_t no_fetch_since_ms, no_fetch_until_ms;
     bool last_fetch_failed;
@@ -63,6 +74,7 @@ struct fed_keyring {
     fed_keyring_settings s;
     db_pool *db;
     rt_pool *pool;
+    rt_flights *flights; /* one resolution per server */
     pthread_mutex_t mu;
     pthread_cond_t writes_cv; /* writes_pending dropped */
     entry **buckets;
@@ -138,7 +150,7 @@ static void remove_locked(fed_keyring *r, entry *e)
 
 static bool busy(const entry *e)
 {
-    return e->state != ST_IDLE || e->waiters;
+    return e->flight || e->n_waiters > 0;
 }
 
 /* A new entry for name, evicting the least recently used idle one when full; NULL when
@@ -216,52 +228,6 @@ static void answer_status(waiter *w, int status, const char *why, const char *na
     memset(&w->res, 0, sizeof(w->res));
     w->res.status = status;
     snprintf(w->res.error, sizeof(w->res.error), "%s (keys of %.200s)", why, name);
-}
-
-/* Move e's waiters that are answered now onto *done; with `final`, all of them (those
- * unanswered by memory get refusal_of). */
-static void settle_locked(fed_keyring *r, entry *e, bool final, waiter **done)
-{
-    waiter **pp = &e->waiters;
-    while (*pp) {
-        waiter *w = *pp;
-        bool found = answer_of(e, w->any_key, w->key_id, w->min_valid_ms, &w->res);
-        if (!found && !final) {
-            pp = &w->next;
-            continue;
-        }
-        if (!found) refusal_of(e, w->any_key, w->key_id, w->min_valid_ms, &w->res);
-        *pp = w->next;
-        w->next = *done;
-        *done = w;
-        r->n_waiters--;
-    }
-    rt_metric_set(r->m_waiters, r->n_waiters);
-}
-
-/* Call and free answered waiters. Unlocked. */
-static void deliver(waiter *done)
-{
-    while (done) {
-        waiter *next = done->next;
-        done->cb(done->arg, &done->res);
-        free(done);
-        done = next;
-    }
-}
-
-/* Every waiter of e gets `status` (busy, stopped). Locked. */
-static void fail_all_locked(fed_keyring *r, entry *e, int status, const char *why, waiter **done)
-{
-    while (e->waiters) {
-        waiter *w = e->waiters;
-        e->waiters = w->next;
-        answer_status(w, status, why, e->name);
-        w->next = *done;
-        *done = w;
-        r->n_waiters--;
-    }
-    rt_metric_set(r->m_waiters, r->n_waiters);
 }
 
 /* ---- PostgreSQL ------------------------------------------------------------------------- */
@@ -457,16 +423,104 @@ typedef struct load_task {
     char server[FED_SERVER_NAME_MAX_BYTES];
 } load_task;
 
+enum { ACT_NONE, ACT_LOAD, ACT_FETCH };
+
+static void waiter_done(void *arg);
+
+/* w joins e's flight, leading a new one when none is under way. ACT_NONE (joined),
+ * ACT_LOAD or ACT_FETCH (the phase the caller starts after unlocking), or a negative
+ * error (w is not linked). Locked. */
+static int join_locked(fed_keyring *r, entry *e, waiter *w)
+{
+    w->fw = (rt_flight_waiter){.done = waiter_done, .arg = w};
+    int rc = rt_flight_join(r->flights, e->name, 0, &w->fw, &w->f);
+    if (rc < 0) return rc;
+    e->n_waiters++;
+    r->n_waiters++;
+    rt_metric_set(r->m_waiters, r->n_waiters);
+    if (rc == RT_FLIGHT_JOINED) return ACT_NONE;
+    e->flight = w->f;
+    e->fetching = e->loaded;
+    return e->loaded ? ACT_FETCH : ACT_LOAD;
+}
+
+/* The end of e's current phase, taken off the entry under the lock; NULL when none. */
+static rt_flight *take_flight_locked(entry *e)
+{
+    rt_flight *f = e->flight;
+    e->flight = NULL;
+    e->fetching = false;
+    return f;
+}
+
+static void load_run(void *arg, bool cancelled);
+
+/* Start the phase join_locked asked for (unlocked). A read the pool refuses ends the
+ * flight at once: its waiters are answered BUSY. */
+static void start_action(fed_keyring *r, const char *server, int action)
+{
+    if (action == ACT_FETCH) start_fetch(r, server);
+    if (action != ACT_LOAD) return;
+    load_task *t = calloc(1, sizeof(*t));
+    if (t) {
+        t->ring = r;
+        snprintf(t->server, sizeof(t->server), "%s", server);
+    }
+    if (t && rt_pool_submit(r->pool, load_run, t) == 0) return;
+    free(t);
+    pthread_mutex_lock(&r->mu);
+    rt_flight *f = take_flight_locked(find_locked(r, server));
+    pthread_mutex_unlock(&r->mu);
+    rt_metric_add(r->m_busy, 1);
+    rt_flight_finish(f, END_BUSY, NULL, NULL);
+}
+
+/* A phase of w's flight ended: w is answered by what is known now, refused, or - after
+ * the read, when fetching is allowed - joins the fetch (the first to do so starts it).
+ * Called by rt_flight_finish, unlocked. */
+static void waiter_done(void *arg)
+{
+    waiter *w = arg;
+    fed_keyring *r = w->ring;
+    int end = 0;
+    rt_flight_ended(w->f, &end, NULL);
+    rt_flight_unref(w->f);
+    w->f = NULL;
+    char name[FED_SERVER_NAME_MAX_BYTES];
+    snprintf(name, sizeof(name), "%s", w->server); /* w may be answered and freed below */
+    int action = -1;
+    pthread_mutex_lock(&r->mu);
+    entry *e = find_locked(r, w->server); /* kept: busy while it has waiters */
+    RT_ASSERT(e && e->n_waiters > 0, "keyring entry %s lost under a waiter", w->server);
+    e->n_waiters--;
+    r->n_waiters--;
+    if (end == END_STOPPED || r->stopped) {
+        answer_status(w, FED_KEY_E_STOPPED, "the key ring is stopping", e->name);
+    } else if (end == END_BUSY) {
+        answer_status(w, FED_KEY_E_BUSY, "the key ring's pool is full", e->name);
+    } else if (!answer_of(e, w->any_key, w->key_id, w->min_valid_ms, &w->res)) {
+        if (end == END_LOADED && !fetch_blocked(e, now_ms(r)))
+            action = join_locked(r, e, w); /* on to the fetch */
+        if (action < 0) refusal_of(e, w->any_key, w->key_id, w->min_valid_ms, &w->res);
+    }
+    rt_metric_set(r->m_waiters, r->n_waiters);
+    pthread_mutex_unlock(&r->mu);
+    if (action >= 0) { /* it waits for the fetch now */
+        start_action(r, name, action);
+        return;
+    }
+    w->cb(w->arg, &w->res);
+    free(w);
+}
+
 static void load_run(void *arg, bool cancelled)
 {
     load_task *t = arg;
     fed_keyring *r = t->ring;
     fed_key_set *rows = cancelled ? NULL : db_read(r, t->server);
-    waiter *done = NULL;
-    bool fetch = false;
     pthread_mutex_lock(&r->mu);
     entry *e = find_locked(r, t->server);
-    RT_ASSERT(e && e->state == ST_LOADING, "keyring entry %s lost while loading", t->server);
+    RT_ASSERT(e && e->flight && !e->fetching, "keyring entry %s lost while loading", t->server);
     e->loaded = true;
     if (rows && !e->keys) {
         e->keys = rows;
@@ -474,20 +528,11 @@ static void load_run(void *arg, bool cancelled)
     } else if (rows) {
         fed_key_set_merge(e->keys, rows);
     }
-    if (r->stopped || cancelled) {
-        fail_all_locked(r, e, FED_KEY_E_STOPPED, "the key ring is stopping",
-                        &done);
-        e->state = ST_IDLE;
-    } else {
-        settle_locked(r, e, false, &done);
-        if (e->waiters && fetch_blocked(e, now_ms(r))) settle_locked(r, e, true, &done);
-        fetch = e->waiters != NULL;
-        e->state = fetch ? ST_FETCHING : ST_IDLE;
-    }
+    int end = r->stopped || cancelled ? END_STOPPED : END_LOADED;
+    rt_flight *f = take_flight_locked(e);
     pthread_mutex_unlock(&r->mu);
     fed_key_set_free(rows);
-    deliver(done);
-    if (fetch) start_fetch(r, t->server);
+    rt_flight_finish(f, end, NULL, NULL);
     free(t);
 }
 
@@ -541,7 +586,7 @@ int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_
             rt_metric_add(r->m_hit, 1);
             return FED_KEYRING_ANSWERED;
         }
-        if (e->state == ST_IDLE && e->loaded && fetch_blocked(e, now_ms(r))) {
+        if (!e->flight && e->loaded && fetch_blocked(e, now_ms(r))) {
             refusal_of(e, any, key_id, minimum_valid_until_ms, now_out);
             pthread_mutex_unlock(&r->mu);
             rt_metric_add(r->m_negative, 1);
@@ -549,53 +594,30 @@ int fed_keyring_lookup(fed_keyring *r, const char *server_name, const char *key_
         }
     }
     waiter *w = NULL;
-    if (r->n_waiters >= r->s.max_waiters || (!e && !(e = create_locked(r, server_name))) ||
-        !(w = calloc(1, sizeof(*w)))) {
-        pthread_mutex_unlock(&r->mu);
+    int action = -1;
+    if (r->n_waiters < r->s.max_waiters && (e || (e = create_locked(r, server_name))) &&
+        (w = calloc(1, sizeof(*w)))) {
+        w->ring = r;
+        snprintf(w->server, sizeof(w->server), "%s", e->name);
+        w->cb = cb;
+        w->arg = arg;
+        w->any_key = any;
+        if (!any) snprintf(w->key_id, sizeof(w->key_id), "%s", key_id);
+        w->min_valid_ms = minimum_valid_until_ms;
+        action = join_locked(r, e, w);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (action < 0) {
+        free(w);
         rt_metric_add(r->m_busy, 1);
         answer_now(now_out, FED_KEY_E_BUSY, "too many key look-ups or servers in flight",
                    server_name);
         return FED_KEYRING_ANSWERED;
     }
-    w->cb = cb;
-    w->arg = arg;
-    w->any_key = any;
-    if (!any) snprintf(w->key_id, sizeof(w->key_id), "%s", key_id);
-    w->min_valid_ms = minimum_valid_until_ms;
-    w->next = e->waiters;
-    e->waiters = w;
-    r->n_waiters++;
-    rt_metric_set(r->m_waiters, r->n_waiters);
-    enum { NONE, LOAD, FETCH } action = NONE;
-    if (e->state == ST_IDLE) {
-        action = e->loaded ? FETCH : LOAD;
-        e->state = e->loaded ? ST_FETCHING : ST_LOADING;
-    }
-    char name[FED_SERVER_NAME_MAX_BYTES];
-    snprintf(name, sizeof(name), "%s", e->name);
-    pthread_mutex_unlock(&r->mu);
     rt_metric_add(r->m_miss, 1);
-
-    if (action == FETCH) start_fetch(r, name);
-    if (action == LOAD) {
-        load_task *t = calloc(1, sizeof(*t));
-        if (t) {
-            t->ring = r;
-            snprintf(t->server, sizeof(t->server), "%s", name);
-        }
-        if (!t || rt_pool_submit(r->pool, load_run, t) < 0) {
-            free(t);
-            waiter *done = NULL;
-            pthread_mutex_lock(&r->mu);
-            e = find_locked(r, name);
-            e->state = ST_IDLE;
-            fail_all_locked(r, e, FED_KEY_E_BUSY,
-                            "the key ring's pool is full", &done);
-            pthread_mutex_unlock(&r->mu);
-            rt_metric_add(r->m_busy, 1);
-            deliver(done);
-        }
-    }
+    char name[FED_SERVER_NAME_MAX_BYTES];
+    snprintf(name, sizeof(name), "%s", server_name);
+    start_action(r, name, action);
     return FED_KEYRING_PENDING;
 }
 
@@ -611,7 +633,7 @@ void fed_keyring_fetched(fed_keyring *r, const char *server_name, fed_key_set *k
         keys = NULL;
         error = why;
     }
-    waiter *done = NULL;
+    rt_flight *ended = NULL;
     bool store = false;
     pthread_mutex_lock(&r->mu);
     entry *e = r->stopped ? NULL : find_locked(r, server_name);
@@ -636,8 +658,8 @@ void fed_keyring_fetched(fed_keyring *r, const char *server_name, fed_key_set *k
                      error && *error ? error : "unknown error");
             e->no_fetch_until_ms = now + r->s.negative_ttl_ms;
         }
-        e->state = e->state == ST_LOADING ? ST_LOADING : ST_IDLE;
-        if (e->state == ST_IDLE) settle_locked(r, e, true, &done);
+        /* While the rows are being read, the answer only adds to what they bring. */
+        if (e->fetching) ended = take_flight_locked(e);
     }
     pthread_mutex_unlock(&r->mu);
     rt_metric_add(keys ? r->m_fetch_ok : r->m_fetch_failed, 1);
@@ -645,7 +667,7 @@ void fed_keyring_fetched(fed_keyring *r, const char *server_name, fed_key_set *k
         rt_log(ATRIUM_LOG_INFO, LOG_ORIGIN,
                "keys of %s could not be fetched (%s); not retried for %" PRId64 " ms",
                server_name, error && *error ? error : "unknown error", r->s.negative_ttl_ms);
-    deliver(done);
+    if (ended) rt_flight_finish(ended, END_FETCHED, NULL, NULL);
     if (store) queue_write(r, keys);
     fed_key_set_free(keys);
 }
@@ -675,8 +697,10 @@ fed_keyring *fed_keyring_new(const fed_keyring_settings *s, db_pool *db, rt_metr
     while (r->n_buckets < (size_t)r->s.max_servers * HASH_LOAD_FACTOR) r->n_buckets <<= 1;
     r->buckets = calloc(r->n_buckets, sizeof(entry *));
     r->pool = rt_pool_new(POOL_NAME, FED_KEYRING_POOL_THREADS, r->s.queue_depth, metrics);
-    if (!r->buckets || !r->pool) {
+    r->flights = rt_flights_new(POOL_NAME, r->s.max_servers, r->s.max_waiters, metrics);
+    if (!r->buckets || !r->pool || !r->flights) {
         if (r->pool) rt_pool_free(r->pool);
+        rt_flights_free(r->flights);
         free(r->buckets);
         free(r);
         return NULL;
@@ -718,16 +742,16 @@ void fed_keyring_stop(fed_keyring *r)
     pthread_mutex_unlock(&r->mu);
     if (already) return;
     rt_pool_stop(r->pool);
-    rt_pool_join(r->pool);
-    waiter *done = NULL;
-    pthread_mutex_lock(&r->mu);
-    for (entry *e = r->lru.lru_next; e != &r->lru; e = e->lru_next) {
-        fail_all_locked(r, e, FED_KEY_E_STOPPED, "the key ring is stopping",
-                        &done);
-        e->state = ST_IDLE;
+    rt_pool_join(r->pool); /* reads still queued ran cancelled: their flights ended */
+    for (;;) { /* the fetches still out: their waiters are answered STOPPED */
+        rt_flight *f = NULL;
+        pthread_mutex_lock(&r->mu);
+        for (entry *e = r->lru.lru_next; e != &r->lru && !f; e = e->lru_next)
+            if (e->flight) f = take_flight_locked(e);
+        pthread_mutex_unlock(&r->mu);
+        if (!f) break;
+        rt_flight_finish(f, END_STOPPED, NULL, NULL);
     }
-    pthread_mutex_unlock(&r->mu);
-    deliver(done);
 }
 
 void fed_keyring_free(fed_keyring *r)
@@ -735,6 +759,7 @@ void fed_keyring_free(fed_keyring *r)
     if (!r) return;
     while (r->lru.lru_next != &r->lru) remove_locked(r, r->lru.lru_next);
     rt_pool_free(r->pool);
+    rt_flights_free(r->flights);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->writes_cv);
     free(r->buckets);
