@@ -165,7 +165,8 @@ void ssync_subs_apply(const ssync_request *q, const ssync_rooms *rs, json_t *pic
 /* What a room's result reads besides its timeline and required_state. */
 typedef struct ssync_facts {
     rooms_vis vis;                 /* what the user may see of it */
-    int64_t name_pos, avatar_pos;  /* of the current m.room.name / m.room.avatar; 0: none */
+    bool has_name, has_avatar;     /* a current m.room.name / m.room.avatar exists */
+    int64_t name_pos, avatar_pos;  /* their positions */
     const char *name, *avatar;     /* their values (r's arena); NULL: unset or empty */
     json_int_t joined, invited;    /* member counts */
     json_t *heroes;                /* [{user_id, displayname?, avatar_url?}] (owned) */

@@ -47,11 +47,13 @@ static const char FACTS_SQL[] =
 #undef HEROES_SQL
 #undef NAMED_SQL
 
-/* One named field of a facts row: its position (0 when the room has no such event) and
- * its value (NULL when unset or empty), in r's arena. */
-static void named(atrium_req *r, PGresult *res, int row, int col, int64_t *pos, const char **val)
+/* One named field of a facts row: whether the room has such an event, its position
+ * (backfilled history has positions <= 0) and its value (NULL when unset or empty), in r's
+ * arena. */
+static void named(atrium_req *r, PGresult *res, int row, int col, bool *has, int64_t *pos, const char **val)
 {
-    *pos = PQgetisnull(res, row, col) ? 0 : atoll(PQgetvalue(res, row, col));
+    *has = !PQgetisnull(res, row, col);
+    *pos = *has ? atoll(PQgetvalue(res, row, col)) : 0;
     *val = PQgetisnull(res, row, col + 1) || !PQgetvalue(res, row, col + 1)[0]
                ? NULL
                : rt_arena_strdup(r->arena, PQgetvalue(res, row, col + 1));
@@ -98,8 +100,8 @@ static int names(sync_ctx *s, const json_t *ids, ssync_facts *out)
         size_t i = (size_t)atoll(PQgetvalue(res, row, 0)) - 1;
         if (i >= json_array_size(ids)) continue;
         ssync_facts *f = &out[i];
-        named(s->r, res, row, 1, &f->name_pos, &f->name);
-        named(s->r, res, row, 3, &f->avatar_pos, &f->avatar);
+        named(s->r, res, row, 1, &f->has_name, &f->name_pos, &f->name);
+        named(s->r, res, row, 3, &f->has_avatar, &f->avatar_pos, &f->avatar);
         f->joined = atoll(PQgetvalue(res, row, 5));
         f->invited = atoll(PQgetvalue(res, row, 6));
         f->heroes = PQgetisnull(res, row, 7) ? NULL : heroes_of(PQgetvalue(res, row, 7));

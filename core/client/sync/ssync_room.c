@@ -169,9 +169,9 @@ static int required_state(sync_ctx *s, const char *room_id, const json_t *pairs,
  * `after`), the member counts, and the heroes when the room has no name. */
 static void names(const ssync_facts *f, int64_t after, json_t *room)
 {
-    if (f->name_pos && (after == 0 || f->name_pos > after))
+    if (f->has_name && (after == 0 || f->name_pos > after))
         json_object_set_new(room, "name", f->name ? json_string(f->name) : json_null());
-    if (f->avatar_pos && (after == 0 || f->avatar_pos > after))
+    if (f->has_avatar && (after == 0 || f->avatar_pos > after))
         json_object_set_new(room, "avatar", f->avatar ? json_string(f->avatar) : json_null());
     json_object_set_new(room, "joined_count", json_integer(f->joined));
     json_object_set_new(room, "invited_count", json_integer(f->invited));
