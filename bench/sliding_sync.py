@@ -21,8 +21,9 @@ where there is one, as Atrium's PostgreSQL runs without fsync; its rate limits l
 the bench's users, which are admins); BENCH_SYNAPSE=0 or no peer measures Atrium alone and
 says so. Synapse makes the account far slower than Atrium (5 to 8 s a room on the loaded
 2-core build machine, against under 1 s): all accounts are filled at the same time, before
-any figure; then the servers take turns, round by round, so a change in the machine's load
-falls on all of them alike.
+any figure, and Atrium's push sender (which judges every event for every member, behind
+the sends) is let catch up; then the servers take turns, round by round, so a change in the
+machine's load falls on all of them alike.
 
     bench/sliding_sync.py      (ATRIUM_BIN etc. as for the integration tests;
                                 BENCH_ROOMS, BENCH_FIRST, BENCH_ROUNDS, BENCH_SYNAPSE;
@@ -151,6 +152,21 @@ def timed_fill(name, people, out):
           f"{time.monotonic() - t0:.0f} s", flush=True)
 
 
+def settle(name, srv, timeout_s=1800):
+    """Until Atrium's push sender has judged every event of the fill (it follows the stream
+    behind the sends; measuring before would time its catch-up too)."""
+    from harness import psql
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        done = psql("SELECT (SELECT stream_pos FROM push_cursor) >= (SELECT max(stream_pos) FROM events)",
+                    database=srv.database)
+        if done and done[0][0] == "t":
+            print(f"== {name}: push sender caught up {time.monotonic() - t0:.0f} s after the fill", flush=True)
+            return
+        time.sleep(1)
+    print(f"== {name}: push sender still behind after {timeout_s} s; measuring anyway", flush=True)
+
+
 def measure(targets):
     """Every figure of every target, {name: {figure: [ms...]}}: the servers take turns
     round by round, so a change in the machine's load falls on all of them alike."""
@@ -268,6 +284,8 @@ def main():
                 t.start()
             for t in fills:
                 t.join()
+            for name, srv in servers.items():
+                settle(name, srv)
             targets = {name: Target(servers.get(name), people[name], rooms[name]) for name in people}
             results = measure(targets)
         report(results)
