@@ -1,22 +1,44 @@
 #!/usr/bin/env python3
-"""Simplified Sliding Sync (MSC4186) on a large account. Prints numbers, asserts nothing.
+"""Simplified Sliding Sync (MSC4186) on a large account, Atrium and Synapse 1.132 side by
+side in one run. Prints numbers, asserts nothing about speed.
 
-One user in BENCH_ROOMS rooms (1,000 by default, made through createRoom, a message in
-each). Figures:
-  - the first response of a new connection with one list windowed at [0, 19],
-    timeline_limit 1 and Element X's kind of required_state (name, avatar, encryption,
-    create, power levels, $LAZY members): p50 and max over BENCH_FIRST runs;
-  - wake latency: a request parked with its pos, woken by a message in a room of the
-    window, from the send's answer to the sync's answer: p50, p99, max over BENCH_ROUNDS.
-No Synapse comparison yet (it would need a Synapse beside it on the same machine).
+The same account on each server, made through the client API: a user in BENCH_ROOMS rooms
+(1,000 by default; a smaller number for a quicker run, the size used is printed), each with
+10 members (the user and 9 others who join it) and 20 messages sent by its members in turn.
+Figures, p50 and max:
+  - first: the first response of a new connection with one list windowed at [0, 19],
+    timeline_limit 1 and required_state name, avatar, encryption and $LAZY members
+    (BENCH_FIRST runs);
+  - incremental: after one message in a room, the response to the connection's pos
+    (timeout 0; BENCH_ROUNDS rounds);
+  - wake: a request parked with its pos, woken by a message in a room of the window, from
+    the send's answer to the sync's answer (BENCH_ROUNDS rounds). Atrium's request is known
+    parked from its atrium_http_parked metric; Synapse's is given WAKE_SETTLE_S first.
+The figures of the previous version of the code come from the same run with
+BENCH_BASELINE_BIN (its executable, on a database of its own).
+Synapse comes from shared/peers/synapse/ beside the repository (peer.sh; SQLite on tmpfs
+where there is one, as Atrium's PostgreSQL runs without fsync; its rate limits lifted for
+the bench's users, which are admins); BENCH_SYNAPSE=0 or no peer measures Atrium alone and
+says so. Synapse makes the account far slower than Atrium (5 to 8 s a room on the loaded
+2-core build machine, against under 1 s): all accounts are filled at the same time, before
+any figure, and Atrium's push sender (which judges every event for every member, behind
+the sends) is let catch up; then the servers take turns, round by round, so a change in the
+machine's load falls on all of them alike.
 
-    bench/sliding_sync.py      (ATRIUM_BIN etc. as for the integration tests)
+    bench/sliding_sync.py      (ATRIUM_BIN etc. as for the integration tests;
+                                BENCH_ROOMS, BENCH_FIRST, BENCH_ROUNDS, BENCH_SYNAPSE;
+                                BENCH_BASELINE_BIN: another atrium executable, e.g. of
+                                the previous commit, measured as "Atrium baseline")
 """
 
+import concurrent.futures
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -26,12 +48,19 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 ROOMS = int(os.environ.get("BENCH_ROOMS", "1000"))
 FIRST = int(os.environ.get("BENCH_FIRST", "20"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "50"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
+WITH_SYNAPSE = os.environ.get("BENCH_SYNAPSE", "1") != "0"
+BASELINE_BIN = os.environ.get("BENCH_BASELINE_BIN")  # another atrium measured beside
+MEMBERS = 10           # per room, the user included
+MESSAGES = 20          # per room
+WINDOW = 20
+FILL_WORKERS = 8       # rooms filled at once
+WAKE_SETTLE_S = 0.3    # Synapse shows no parked count: time for its request to park
+SYNAPSE_IP = "127.0.0.71"
 PARK_TIMEOUT_MS = 30000
 SS = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
-BODY = {"lists": {"all": {"ranges": [[0, 19]], "timeline_limit": 1, "required_state": [
-    ["m.room.name", ""], ["m.room.avatar", ""], ["m.room.encryption", ""], ["m.room.create", ""],
-    ["m.room.power_levels", ""], ["m.room.member", "$LAZY"]]}}}
+BODY = {"lists": {"all": {"ranges": [[0, WINDOW - 1]], "timeline_limit": 1, "required_state": [
+    ["m.room.name", ""], ["m.room.avatar", ""], ["m.room.encryption", ""], ["m.room.member", "$LAZY"]]}}}
 
 from sync_longpoll import ensure_pg, parked, percentile, wait_parked  # noqa: E402
 
@@ -48,67 +77,222 @@ def ss(client, body, pos=None, timeout=None):
     return answer
 
 
-def first_figures(user):
-    times = []
-    for i in range(FIRST):
+def fill(people):
+    """ROOMS rooms of people[0] with the others joined and MESSAGES messages each: the
+    room IDs, in the order they were made."""
+    from rooms_client import V3, quote
+    user, others = people[0], people[1:]
+
+    def one(i):
+        room = user.create_room(name=f"room {i}", preset="public_chat")
+        for o in others:
+            o.join(room)
+        for j in range(MESSAGES):
+            people[j % MEMBERS].ok("PUT", f"{V3}/rooms/{quote(room)}/send/m.room.message/f{i}.{j}",
+                                   {"msgtype": "m.text", "body": f"message {j} of room {i}"})
+        return room
+    with concurrent.futures.ThreadPoolExecutor(FILL_WORKERS) as pool:
+        return list(pool.map(one, range(ROOMS)))
+
+
+def first_round(t, i):
+    answer = ss(t.user, {"conn_id": f"first{i}", **BODY})
+    assert len(answer["rooms"]) == min(WINDOW, ROOMS) and answer["lists"]["all"]["count"] == ROOMS, answer["lists"]
+
+
+class Target:
+    """One server under measurement: its user, the writer (a member of `room`), and the
+    connections' positions between rounds. srv: Atrium's harness.Server (parked requests
+    are counted), or None (Synapse)."""
+
+    def __init__(self, srv, people, rooms):
+        self.srv, self.user, self.writer, self.room = srv, people[0], people[1], rooms[0]
+        self.pos = {}
+
+    def incremental_round(self, i):
+        body = {"conn_id": "incremental", **BODY}
+        if "inc" not in self.pos:
+            self.pos["inc"] = ss(self.user, body)["pos"]
+        self.writer.send(self.room, {"msgtype": "m.text", "body": f"i{i}"})
         t0 = time.monotonic()
-        answer = ss(user, {"conn_id": f"first{i}", **BODY})
-        times.append((time.monotonic() - t0) * 1000)
-        assert len(answer["rooms"]) == 20 and answer["lists"]["all"]["count"] == ROOMS, answer["lists"]
-    return times
+        answer = ss(self.user, body, pos=self.pos["inc"])
+        took = (time.monotonic() - t0) * 1000
+        assert self.room in answer["rooms"], answer
+        self.pos["inc"] = answer["pos"]
+        return took
 
-
-def wake_figures(srv, user, writer, rooms):
-    body = {"conn_id": "wake", **BODY}
-    pos = ss(user, body)["pos"]
-    latencies = []
-    for i in range(ROUNDS):
+    def wake_round(self, i):
+        body = {"conn_id": "wake", **BODY}
+        if "wake" not in self.pos:
+            self.pos["wake"] = ss(self.user, body)["pos"]
         done = {}
-        base = parked(srv)
+        base = parked(self.srv) if self.srv else 0
 
         def poll():
-            done["answer"] = ss(user, body, pos=pos, timeout=PARK_TIMEOUT_MS)
+            done["answer"] = ss(self.user, body, pos=self.pos["wake"], timeout=PARK_TIMEOUT_MS)
             done["at"] = time.monotonic()
         t = threading.Thread(target=poll)
         t.start()
-        wait_parked(srv, base + 1, timeout=10)
-        writer.send(rooms[-1], {"msgtype": "m.text", "body": f"w{i}"})
+        if self.srv:
+            wait_parked(self.srv, base + 1, timeout=10)
+        else:
+            time.sleep(WAKE_SETTLE_S)
+        self.writer.send(self.room, {"msgtype": "m.text", "body": f"w{i}"})
         sent = time.monotonic()
         t.join(PARK_TIMEOUT_MS / 1000 + 5)
-        assert rooms[-1] in done["answer"]["rooms"], done["answer"]
-        pos = done["answer"]["pos"]
-        latencies.append((done["at"] - sent) * 1000)
-    return latencies
+        assert self.room in done["answer"]["rooms"], done["answer"]
+        self.pos["wake"] = done["answer"]["pos"]
+        return (done["at"] - sent) * 1000
+
+
+def timed_fill(name, people, out):
+    t0 = time.monotonic()
+    out[name] = fill(people)
+    print(f"== {name}: {ROOMS} rooms x {MEMBERS} members x {MESSAGES} messages made in "
+          f"{time.monotonic() - t0:.0f} s", flush=True)
+
+
+def settle(name, srv, timeout_s=1800):
+    """Until Atrium's push sender has judged every event of the fill (it follows the stream
+    behind the sends; measuring before would time its catch-up too)."""
+    from harness import psql
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        done = psql("SELECT (SELECT stream_pos FROM push_cursor) >= (SELECT max(stream_pos) FROM events)",
+                    database=srv.database)
+        if done and done[0][0] == "t":
+            print(f"== {name}: push sender caught up {time.monotonic() - t0:.0f} s after the fill", flush=True)
+            return
+        time.sleep(1)
+    print(f"== {name}: push sender still behind after {timeout_s} s; measuring anyway", flush=True)
+
+
+def measure(targets):
+    """Every figure of every target, {name: {figure: [ms...]}}: the servers take turns
+    round by round, so a change in the machine's load falls on all of them alike."""
+    out = {name: {"first": [], "incremental": [], "wake": []} for name in targets}
+    for i in range(FIRST):
+        for name, t in targets.items():
+            t0 = time.monotonic()
+            first_round(t, i)
+            out[name]["first"].append((time.monotonic() - t0) * 1000)
+    for i in range(ROUNDS):
+        for name, t in targets.items():
+            out[name]["incremental"].append(t.incremental_round(i))
+    for i in range(ROUNDS):
+        for name, t in targets.items():
+            out[name]["wake"].append(t.wake_round(i))
+    return out
+
+
+def atrium_people(srv):
+    from accounts import register
+    from rooms_client import Client
+    return [Client(srv, register(srv, "big" if i == 0 else f"member{i}")) for i in range(MEMBERS)]
+
+
+def synapse_people(stack):
+    """A Synapse started for the run (stopped by stack) and its accounts: admins without
+    rate limits, as the fill sends far past Synapse's default message and join limits."""
+    from federation_support import TestCA
+    from rooms_client import Client
+    from test_federation_synapse import INSTALL_TIMEOUT_S, SynapseCase, peer
+    peer("install", timeout=INSTALL_TIMEOUT_S)
+    # On tmpfs where there is one: Atrium's PostgreSQL runs without fsync (ATRIUM_PG_FAST).
+    # (_launch_synapse makes its directory with tempfile, hence tempfile.tempdir.)
+    saved, tempfile.tempdir = tempfile.tempdir, "/dev/shm" if os.path.isdir("/dev/shm") else None
+    try:
+        tmp = tempfile.mkdtemp(prefix="atrium-bench-synapse-")
+        stack.callback(shutil.rmtree, tmp, True)
+        syn = SynapseCase._launch_synapse(TestCA(tmp), None, SYNAPSE_IP, stack.callback)
+    finally:
+        tempfile.tempdir = saved
+    people = []
+    for i in range(MEMBERS):
+        account = syn.register("big" if i == 0 else f"member{i}", f"bench-password-{i}", admin=True)
+        syn.unlimit(account)
+        people.append(Client(syn, account))
+    return people
+
+
+def synapse_present():
+    from test_federation_synapse import PEER_SH
+    return os.path.exists(PEER_SH), PEER_SH
+
+
+def report(results):
+    cols = list(results)
+    print(f"\n== Simplified Sliding Sync, {ROOMS} rooms ({MEMBERS} members, {MESSAGES} messages each), "
+          f"window {WINDOW}, timeline_limit 1; ms, p50 / max")
+    print(f"  {'':34}" + "".join(f"{c:>22}" for c in cols))
+    rows = (("first", f"first response ({FIRST} runs)"), ("incremental", f"incremental ({ROUNDS} rounds)"),
+            ("wake", f"wake from the send ({ROUNDS} rounds)"))
+    for key, label in rows:
+        cells = "".join(f"{percentile(results[c][key], 50):>12.1f} / {max(results[c][key]):>7.1f}" for c in cols)
+        print(f"  {label:34}{cells}")
+    if "Synapse 1.132" not in results:
+        return
+    s = results["Synapse 1.132"]
+    for name in (n for n in cols if n != "Synapse 1.132"):
+        a = results[name]
+        print(f"  Synapse p50 / {name} p50: " + ", ".join(
+            f"{k} {percentile(s[k], 50) / percentile(a[k], 50):.1f}x" for k, _ in rows))
+
+
+def start_atrium(binary):
+    """An Atrium on a database of its own (binary: another executable than ATRIUM_BIN's)."""
+    from accounts import REGISTRATION_ON
+    from harness import Server, create_database
+    srv = Server(database=create_database("atrium_bench"), settings=REGISTRATION_ON, start=False)
+    saved = os.environ.get("ATRIUM_BIN")
+    if binary:
+        os.environ["ATRIUM_BIN"] = binary
+    try:
+        srv.start()
+    finally:
+        if binary and saved is None:
+            del os.environ["ATRIUM_BIN"]
+        elif binary:
+            os.environ["ATRIUM_BIN"] = saved
+    return srv
 
 
 def main():
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleanup runs on TERM too
     pg_work = ensure_pg()
-    from accounts import REGISTRATION_ON, register
-    from harness import Server, create_database, drop_database
-    from rooms_client import Client
-    db = create_database("atrium_bench")
-    srv = Server(database=db, settings=REGISTRATION_ON, start=False)
+    from harness import drop_database
+    servers, people = {}, {}
     try:
-        srv.start()
-        user = Client(srv, register(srv, "big"))
-        writer = Client(srv, register(srv, "writer"))
-        t0 = time.monotonic()
-        rooms = [user.create_room(name=f"room {i}") for i in range(ROOMS)]
-        for r in rooms:
-            user.send(r, {"msgtype": "m.text", "body": "hello"})
-        user.member_action(rooms[-1], "invite", writer.user_id)
-        writer.join(rooms[-1])
-        print(f"== setup: {ROOMS} rooms in {time.monotonic() - t0:.0f} s")
-        first = first_figures(user)
-        print(f"== first response, {ROOMS} rooms, window [0, 19], timeline_limit 1 ({FIRST} runs): "
-              f"p50 {percentile(first, 50):.1f} ms, max {max(first):.1f} ms")
-        wake = wake_figures(srv, user, writer, rooms)
-        print(f"== wake latency ({ROUNDS} rounds, from the send's answer): p50 {percentile(wake, 50):.1f} ms, "
-              f"p99 {percentile(wake, 99):.1f} ms, max {max(wake):.1f} ms")
-        print("== Synapse comparison: not measured yet")
+        with contextlib.ExitStack() as stack:
+            servers["Atrium"] = start_atrium(None)
+            if BASELINE_BIN:
+                servers["Atrium baseline"] = start_atrium(BASELINE_BIN)
+            for name, srv in servers.items():
+                people[name] = atrium_people(srv)
+            present, peer_sh = synapse_present()
+            if not WITH_SYNAPSE:
+                print("== Synapse: not measured (BENCH_SYNAPSE=0)")
+            elif not present:
+                print(f"== Synapse: not measured (no peer at {peer_sh})")
+            else:
+                people["Synapse 1.132"] = synapse_people(stack)
+            # Every account is filled at once (set-up only); then the figures, the servers
+            # taking turns (the others idle meanwhile).
+            rooms = {}
+            fills = [threading.Thread(target=timed_fill, args=(name, p, rooms)) for name, p in people.items()]
+            for t in fills:
+                t.start()
+            for t in fills:
+                t.join()
+            for name, srv in servers.items():
+                settle(name, srv)
+            targets = {name: Target(servers.get(name), people[name], rooms[name]) for name in people}
+            results = measure(targets)
+        report(results)
     finally:
-        srv.close()
-        drop_database(db)
+        for srv in servers.values():
+            srv.close()
+            drop_database(srv.database)
         if pg_work:
             subprocess.run(["bash", os.path.join(ROOT, "tests/lib/pg.sh"), "stop", pg_work], check=False)
             shutil.rmtree(pg_work, ignore_errors=True)

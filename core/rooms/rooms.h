@@ -250,6 +250,9 @@ void rooms_vis_compute(const rooms_vis_history *h, const char *user_id, rooms_vi
 /* Read the history of (room_id, user_id) with one query and compute it. The room is not
  * checked to exist. ROOMS_OK or ROOMS_E_DB. user_id must outlive *out. */
 int rooms_vis_load(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out);
+/* rooms_vis_load for each room of the array room_ids (strings), into out[i], with one
+ * query. ROOMS_OK or ROOMS_E_DB. */
+int rooms_vis_load_many(PGconn *c, const json_t *room_ids, const char *user_id, rooms_vis *out);
 /* What a reader of room_id may see: ROOMS_OK with *out; ROOMS_E_FORBIDDEN (e set) when the
  * user was never joined (no peeking, whatever the history_visibility), ROOMS_E_NOT_FOUND
  * for an unknown room, ROOMS_E_DB. A room whose history_visibility is world_readable now is

@@ -203,45 +203,39 @@ const char *rooms_erasure_sql(rt_arena *a, const char *joined)
                            joined);
 }
 
-/* One query: per kind ('h' history_visibility of the room, 'm' the user's membership), the
- * newest ROOMS_VIS_MAX_CHANGES + 1 changes (rows whose value differs from the previous
- * one), in ascending position order. */
+/* One query: per room of $2 and kind ('h' history_visibility of the room, 'm' the user's
+ * membership), the newest ROOMS_VIS_MAX_CHANGES + 1 changes (rows whose value differs from
+ * the previous one), ordered by room, kind and ascending position. */
 static const char VIS_HISTORY_SQL[] =
-    "SELECT k, pos, val FROM ("
-    " (SELECT 'm' AS k, pos, val FROM (SELECT stream_pos AS pos, membership AS val,"
-    "   lag(membership) OVER (ORDER BY stream_pos) AS prev FROM memberships"
-    "   WHERE user_id = $1 AND room_id = $2) m"
-    "  WHERE prev IS DISTINCT FROM val ORDER BY pos DESC LIMIT $3)"
+    "SELECT room_id, k, pos, val FROM ("
+    " SELECT room_id, 'm' AS k, pos, val, row_number() OVER (PARTITION BY room_id ORDER BY pos DESC) AS n"
+    "  FROM (SELECT room_id, stream_pos AS pos, membership AS val,"
+    "   lag(membership) OVER (PARTITION BY room_id ORDER BY stream_pos) AS prev FROM memberships"
+    "   WHERE user_id = $1 AND room_id = ANY($2::text[])) m WHERE prev IS DISTINCT FROM val"
     " UNION ALL"
-    " (SELECT 'h', pos, val FROM (SELECT pos, val, lag(val) OVER (ORDER BY pos) AS prev"
-    "   FROM (SELECT e.stream_pos AS pos,"
+    " SELECT room_id, 'h', pos, val, row_number() OVER (PARTITION BY room_id ORDER BY pos DESC)"
+    "  FROM (SELECT room_id, pos, val, lag(val) OVER (PARTITION BY room_id ORDER BY pos) AS prev"
+    "   FROM (SELECT e.room_id, e.stream_pos AS pos,"
     "     coalesce(e.pdu::json -> 'content' ->> 'history_visibility', '') AS val"
-    "     FROM events e WHERE e.room_id = $2 AND e.type = 'm.room.history_visibility'"
-    "     AND e.state_key = '') x) h"
-    "  WHERE prev IS DISTINCT FROM val ORDER BY pos DESC LIMIT $3)) c ORDER BY k, pos";
+    "     FROM events e WHERE e.room_id = ANY($2::text[]) AND e.type = 'm.room.history_visibility'"
+    "     AND e.state_key = '') x) h WHERE prev IS DISTINCT FROM val) c"
+    " WHERE n <= $3 ORDER BY room_id, k, pos";
 
-int rooms_vis_load(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out)
+/* The history of rows [from, to) of a VIS_HISTORY_SQL result (one room's), computed. */
+static int vis_from_rows(PGresult *res, int from, int to, const char *room_id, const char *user_id,
+                         rooms_vis *out)
 {
-    char limit_s[24];
-    snprintf(limit_s, sizeof(limit_s), "%d", ROOMS_VIS_MAX_CHANGES + 1);
-    const char *p[3] = {user_id, room_id, limit_s};
-    PGresult *res = rooms_q(c, VIS_HISTORY_SQL, 3, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    int rows = PQntuples(res);
+    int rows = to - from;
     rooms_vis_change *all = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(*all));
-    if (!all) {
-        PQclear(res);
-        return ROOMS_E_DB;
-    }
+    if (!all) return ROOMS_E_DB;
     int n_h = 0;
     for (int i = 0; i < rows; i++) {
-        bool is_hv = PQgetvalue(res, i, 0)[0] == 'h';
-        all[i].pos = atoll(PQgetvalue(res, i, 1));
-        all[i].value = is_hv ? (int)rooms_hv_parse(PQgetvalue(res, i, 2))
-                             : (int)rooms_mem_parse(PQgetvalue(res, i, 2));
+        bool is_hv = PQgetvalue(res, from + i, 1)[0] == 'h';
+        all[i].pos = atoll(PQgetvalue(res, from + i, 2));
+        all[i].value = is_hv ? (int)rooms_hv_parse(PQgetvalue(res, from + i, 3))
+                             : (int)rooms_mem_parse(PQgetvalue(res, from + i, 3));
         n_h += is_hv;
     }
-    PQclear(res);
     /* Ordered by kind: 'h' rows first, then 'm'. One row past the limit means older
      * changes exist: drop it (the oldest) and say so. */
     rooms_vis_history h = {.hv = all, .n_hv = n_h, .mem = all + n_h, .n_mem = rows - n_h};
@@ -262,6 +256,37 @@ int rooms_vis_load(PGconn *c, const char *room_id, const char *user_id, rooms_vi
                "ranges; older history is hidden from this user", user_id, room_id,
                ROOMS_VIS_MAX_CHANGES, ROOMS_VIS_MAX_RANGES);
     return ROOMS_OK;
+}
+
+int rooms_vis_load_many(PGconn *c, const json_t *room_ids, const char *user_id, rooms_vis *out)
+{
+    char limit_s[24];
+    snprintf(limit_s, sizeof(limit_s), "%d", ROOMS_VIS_MAX_CHANGES + 1);
+    rt_arena *a = rt_arena_new(1024);
+    if (!a) return ROOMS_E_DB;
+    const char *p[3] = {user_id, rooms_pg_array(a, room_ids), limit_s};
+    PGresult *res = p[1] ? rooms_q(c, VIS_HISTORY_SQL, 3, p, NULL) : NULL;
+    rt_arena_free(a);
+    if (!res) return ROOMS_E_DB;
+    int rows = PQntuples(res), at = 0, rc = ROOMS_OK;
+    for (size_t i = 0; i < json_array_size(room_ids) && rc == ROOMS_OK; i++) {
+        const char *room_id = json_string_value(json_array_get(room_ids, i));
+        /* Rows come by room ID: find this room's run (rooms without rows have none). */
+        int from = 0;
+        while (from < rows && strcmp(PQgetvalue(res, from, 0), room_id) != 0) from++;
+        for (at = from; at < rows && strcmp(PQgetvalue(res, at, 0), room_id) == 0;) at++;
+        rc = vis_from_rows(res, from, at, room_id, user_id, &out[i]);
+    }
+    PQclear(res);
+    return rc;
+}
+
+int rooms_vis_load(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out)
+{
+    json_t *ids = json_pack("[s]", room_id);
+    int rc = ids ? rooms_vis_load_many(c, ids, user_id, out) : ROOMS_E_DB;
+    json_decref(ids);
+    return rc;
 }
 
 int rooms_visibility(PGconn *c, const char *room_id, const char *user_id, rooms_vis *out,

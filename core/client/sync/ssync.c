@@ -19,6 +19,7 @@
  * What it does not do: presence, the lists' `ops`.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/client/auth/auth.h"
@@ -117,7 +118,8 @@ static int quiet_rooms(sync_ctx *s, const ssync_rooms *rs, const json_t *picked,
     return ROOMS_OK;
 }
 
-/* The picked rooms' results, and the map updated for what they send. */
+/* The picked rooms' results, and the map updated for what they send. What they read
+ * besides timelines and required_state is read for all of them at once (ssync_facts.c). */
 static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev,
                       ssync_answer *a)
 {
@@ -126,25 +128,34 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
         json_decref(quiet);
         return ROOMS_E_DB;
     }
+    json_t *ids = json_array();
     const char *room_id;
     json_t *pick;
     json_object_foreach((json_t *)picked, room_id, pick)
     {
-        if (json_object_get(quiet, room_id)) continue;
+        if (!json_object_get(quiet, room_id)) json_array_append_new(ids, json_string(room_id));
+    }
+    json_decref(quiet);
+    size_t n = json_array_size(ids);
+    ssync_facts *facts = calloc(n ? n : 1, sizeof(*facts));
+    int rc = facts ? ssync_facts_load(s, ids, facts) : ROOMS_E_DB;
+    for (size_t i = 0; rc >= 0 && i < n; i++) {
+        room_id = json_string_value(json_array_get(ids, i));
+        pick = json_object_get(picked, room_id);
         const ssync_room_row *row = &rs->rows[json_integer_value(json_object_get(pick, "i"))];
+        const json_t *sent = json_object_get(prev->rooms, room_id);
         json_t *out;
-        if (ssync_room_result(s, row, pick, json_object_get(prev->rooms, room_id), prev->stream_pos, &out) < 0) {
-            json_decref(quiet);
-            return ROOMS_E_DB;
-        }
-        if (!out) continue;
-        json_int_t limit = ssync_room_sent_limit(pick, json_object_get(prev->rooms, room_id), out);
+        rc = ssync_room_result(s, row, &facts[i], pick, sent, prev->stream_pos, &out);
+        if (rc < 0 || !out) continue;
+        json_int_t limit = ssync_room_sent_limit(pick, sent, out);
         json_object_set_new(a->rooms, room_id, out);
         json_object_set_new(a->sent, room_id, json_pack("[I, s, I, O]", (json_int_t)s->upto, row->membership,
                                                         limit, json_object_get(pick, "rsk")));
     }
-    json_decref(quiet);
-    return ROOMS_OK;
+    if (facts) ssync_facts_free(facts, n);
+    free(facts);
+    json_decref(ids);
+    return rc < 0 ? ROOMS_E_DB : ROOMS_OK;
 }
 
 /* Build the whole answer for (prev, upto]. ROOMS_OK or ROOMS_E_DB. */
@@ -316,6 +327,21 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      " rooms jsonb NOT NULL,"
      " counts jsonb NOT NULL);"
      "CREATE INDEX sliding_sync_positions_conn ON sliding_sync_positions (conn_key, pos);"},
+    {2, "sliding_sync_bumps",
+     /* Each room's bump_stamp kept as events arrive (ssync_lists.c orders by it): the
+      * newest position of an event of a bump type (SSYNC_BUMP_TYPES_SQL). Sends into a
+      * room are already serialized by its rooms row (rooms_tx.c), so the upsert adds no
+      * waiting. */
+     "CREATE TABLE sliding_sync_bumps (room_id text PRIMARY KEY, bump_stamp bigint NOT NULL);"
+     "CREATE FUNCTION sliding_sync_bump() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
+     " INSERT INTO sliding_sync_bumps (room_id, bump_stamp) VALUES (NEW.room_id, NEW.stream_pos)"
+     " ON CONFLICT (room_id) DO UPDATE SET bump_stamp = EXCLUDED.bump_stamp"
+     "  WHERE sliding_sync_bumps.bump_stamp < EXCLUDED.bump_stamp;"
+     " RETURN NULL; END $f$;"
+     "CREATE TRIGGER sliding_sync_bump AFTER INSERT ON events FOR EACH ROW"
+     " WHEN (NEW.type IN " SSYNC_BUMP_TYPES_SQL ") EXECUTE FUNCTION sliding_sync_bump();"
+     "INSERT INTO sliding_sync_bumps (room_id, bump_stamp) SELECT room_id, max(stream_pos) FROM events"
+     " WHERE type IN " SSYNC_BUMP_TYPES_SQL " GROUP BY room_id;"},
 };
 
 int ssync_init(core_runtime *rt)

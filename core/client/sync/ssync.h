@@ -8,6 +8,7 @@
  *                    connection has sent (docs/adr/0010-sliding-sync-connection-state.md)
  *   ssync_lists.c    the user's rooms: filters, activity order (bump_stamp), windows
  *   ssync_room.c     one room's result, built from /sync's readers (sync_rooms.h)
+ *   ssync_facts.c    what those results read, read once for all the picked rooms
  *   ssync_ext.c      the extensions: to_device, e2ee, account_data, receipts, typing
  *
  * Internal prefix: ssync_.
@@ -26,7 +27,11 @@
 /* The endpoint's route, metrics and /versions flag (called by the sync module's init),
  * and its tables (migrations of the sync module). */
 int ssync_init(core_runtime *rt);
-#define SSYNC_N_MIGRATIONS 1
+#define SSYNC_N_MIGRATIONS 2
+/* The event types that bump a room in activity order (Synapse's list), as SQL. */
+#define SSYNC_BUMP_TYPES_SQL                                                                   \
+    "('m.room.create', 'm.room.message', 'm.room.encrypted', 'm.sticker', 'm.call.invite',"      \
+    " 'm.poll.start', 'm.beacon_info')"
 extern const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS];
 
 /* Documented limits of a request (README.md, "Simplified Sliding Sync"). Past a MAX_*
@@ -155,13 +160,31 @@ int ssync_lists_apply(sync_ctx *s, const ssync_request *q, const ssync_rooms *rs
 /* Add the subscriptions to picked (rooms the user has a membership in only). */
 void ssync_subs_apply(const ssync_request *q, const ssync_rooms *rs, json_t *picked);
 
+/* ---- the picked rooms' facts (ssync_facts.c) --------------------------------------- */
+
+/* What a room's result reads besides its timeline and required_state. */
+typedef struct ssync_facts {
+    rooms_vis vis;                 /* what the user may see of it */
+    bool has_name, has_avatar;     /* a current m.room.name / m.room.avatar exists */
+    int64_t name_pos, avatar_pos;  /* their positions */
+    const char *name, *avatar;     /* their values (r's arena); NULL: unset or empty */
+    json_int_t joined, invited;    /* member counts */
+    json_t *heroes;                /* [{user_id, displayname?, avatar_url?}] (owned) */
+    json_int_t notification_count, highlight_count;
+} ssync_facts;
+
+/* The facts of each room of the array ids (strings) into out[i], with four queries.
+ * ROOMS_OK or ROOMS_E_DB; ssync_facts_free(out, n) either way. */
+int ssync_facts_load(sync_ctx *s, const json_t *ids, ssync_facts *out);
+void ssync_facts_free(ssync_facts *f, size_t n);
+
 /* ---- one room (ssync_room.c) ------------------------------------------------------ */
 
 /* The result of one picked room into *out (NULL when nothing changed since it was last
- * sent). sent: the connection's [sent_upto, membership] for the room, or NULL; prev: the
+ * sent), with its facts (ssync_facts_load). sent: the connection's [sent_upto, membership] for the room, or NULL; prev: the
  * previous pos's stream position (0 first). ROOMS_OK or ROOMS_E_DB. */
-int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick,
-                      const json_t *sent, int64_t prev, json_t **out);
+int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const ssync_facts *facts,
+                      const json_t *pick, const json_t *sent, int64_t prev, json_t **out);
 
 /* Does the room's pick ask for more timeline than the connection sent it with (sent:
  * [sent_upto, membership, timeline_limit])? */

@@ -4,9 +4,12 @@
  *
  * Decisions owned here:
  *   - Activity order is bump_stamp, newest first (room ID breaks ties): for a joined room
- *     the stream position of its newest event of a bump type (BUMP_TYPES, Synapse's
- *     list: create, message, encrypted, sticker, call invite, poll start, beacon info) up
- *     to the response's position; for other memberships the position of the membership.
+ *     the stream position of its newest event of a bump type (SSYNC_BUMP_TYPES_SQL,
+ *     Synapse's list: create, message, encrypted, sticker, call invite, poll start,
+ *     beacon info) up to the response's position; for other memberships the position of
+ *     the membership. A joined room's is read from sliding_sync_bumps, which a trigger
+ *     on events keeps (ssync.c, migration 2), so ordering 1,000 rooms is one query with
+ *     one join, not a read per room.
  *   - The rooms lists hold: joined, invited (not by a user the user ignores: the
  *     m.ignored_user_list, as /sync's rooms.invite) and knocked ones, and those left or banned
  *     after the connection's previous position (so the client learns of it once). A
@@ -26,8 +29,6 @@
 
 #include "core/client/sync/ssync.h"
 
-static const char *const BUMP_TYPES = "{m.room.create,m.room.message,m.room.encrypted,m.sticker,"
-                                      "m.call.invite,m.poll.start,m.beacon_info}";
 
 /* The user's room tags, as {room_id: {tag: {...}}}. */
 static int room_tags(sync_ctx *s, json_t **out)
@@ -89,27 +90,33 @@ int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_ro
         need_enc = need_enc || q->lists[i].f.is_encrypted >= 0;
         need_type = need_type || q->lists[i].f.room_types || q->lists[i].f.not_room_types;
     }
-    const char *p[7] = {s->user, rooms_i64(s->r, s->upto), BUMP_TYPES, rooms_i64(s->r, prev),
+    const char *p[6] = {s->user, rooms_i64(s->r, s->upto), rooms_i64(s->r, prev),
                         need_enc ? "t" : "f", need_type ? "t" : "f", s->timeline.ignored};
     PGresult *res = rooms_q(
         s->c,
+        /* The bump comes from sliding_sync_bumps (one join, no per-room read) unless an
+         * event arrived after upto: then from the events up to upto. */
         "WITH m AS (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id, sender,"
         "  forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2::bigint"
         "  ORDER BY room_id, stream_pos DESC)"
         " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos,"
-        "  CASE WHEN m.membership = 'join' THEN coalesce((SELECT e.stream_pos FROM events e"
-        "   WHERE e.room_id = m.room_id AND e.stream_pos <= $2::bigint AND e.type = ANY($3::text[])"
-        "   ORDER BY e.stream_pos DESC LIMIT 1), m.stream_pos) ELSE m.stream_pos END AS bump,"
-        "  CASE WHEN $5::boolean THEN EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = m.room_id"
+        "  CASE WHEN m.membership <> 'join' THEN m.stream_pos"
+        "   WHEN b.room_id IS NULL THEN m.stream_pos"
+        "   WHEN b.bump_stamp <= $2::bigint THEN b.bump_stamp"
+        "   ELSE coalesce((SELECT e.stream_pos FROM events e WHERE e.room_id = m.room_id"
+        "    AND e.stream_pos <= $2::bigint AND e.type IN " SSYNC_BUMP_TYPES_SQL
+        "    ORDER BY e.stream_pos DESC LIMIT 1), m.stream_pos) END AS bump,"
+        "  CASE WHEN $4::boolean THEN EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = m.room_id"
         "   AND cs.type = 'm.room.encryption' AND cs.state_key = '') ELSE false END,"
-        "  CASE WHEN $6::boolean THEN (SELECT e.pdu::json -> 'content' ->> 'type' FROM current_state cs"
+        "  CASE WHEN $5::boolean THEN (SELECT e.pdu::json -> 'content' ->> 'type' FROM current_state cs"
         "   JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = m.room_id"
         "   AND cs.type = 'm.room.create' AND cs.state_key = '') END"
-        " FROM m WHERE NOT m.forgotten AND (m.membership IN ('join', 'knock')"
-        "  OR (m.membership = 'invite' AND (m.sender = ANY($7::text[])) IS NOT TRUE)"
-        "  OR (m.membership IN ('leave', 'ban') AND $4::bigint > 0 AND m.stream_pos > $4::bigint))"
+        " FROM m LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
+        " WHERE NOT m.forgotten AND (m.membership IN ('join', 'knock')"
+        "  OR (m.membership = 'invite' AND (m.sender = ANY($6::text[])) IS NOT TRUE)"
+        "  OR (m.membership IN ('leave', 'ban') AND $3::bigint > 0 AND m.stream_pos > $3::bigint))"
         " ORDER BY bump DESC, m.room_id",
-        7, p, NULL);
+        6, p, NULL);
     if (!res) {
         json_decref(dms);
         return ROOMS_E_DB;

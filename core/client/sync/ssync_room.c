@@ -166,55 +166,16 @@ static int required_state(sync_ctx *s, const char *room_id, const json_t *pairs,
 }
 
 /* name and avatar (when set, and on an incremental result only when they changed after
- * `after`), and the heroes when the room has no name. */
-static int names(sync_ctx *s, const char *room_id, int64_t after, json_t *room)
+ * `after`), the member counts, and the heroes when the room has no name. */
+static void names(const ssync_facts *f, int64_t after, json_t *room)
 {
-    const char *p[2] = {room_id, rooms_i64(s->r, after)};
-    PGresult *res = rooms_q(s->c,
-                            "SELECT cs.type, e.pdu::jsonb -> 'content' ->> (CASE cs.type WHEN 'm.room.name'"
-                            "  THEN 'name' ELSE 'url' END), e.stream_pos > $2::bigint"
-                            " FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
-                            " WHERE cs.room_id = $1 AND cs.state_key = ''"
-                            " AND cs.type IN ('m.room.name', 'm.room.avatar')",
-                            2, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    bool named = false;
-    for (int i = 0; i < PQntuples(res); i++) {
-        bool is_name = strcmp(PQgetvalue(res, i, 0), "m.room.name") == 0;
-        bool set = !PQgetisnull(res, i, 1) && PQgetvalue(res, i, 1)[0];
-        named = named || (is_name && set);
-        if (PQgetvalue(res, i, 2)[0] == 't' || after == 0)
-            json_object_set_new(room, is_name ? "name" : "avatar",
-                                set ? json_string(PQgetvalue(res, i, 1)) : json_null());
-    }
-    PQclear(res);
-    json_t *summary = json_object();
-    int rc = sync_room_summary(s, room_id, summary);
-    json_t *sm = json_object_get(summary, "summary");
-    json_object_set(room, "joined_count", json_object_get(sm, "m.joined_member_count"));
-    json_object_set(room, "invited_count", json_object_get(sm, "m.invited_member_count"));
-    json_t *ids = json_object_get(sm, "m.heroes");
-    if (rc >= 0 && !named && json_array_size(ids) > 0) {
-        const char *q[2] = {room_id, rooms_pg_array(s->r->arena, ids)};
-        res = rooms_q(s->c,
-                      "SELECT cs.state_key, e.pdu::jsonb -> 'content' ->> 'displayname',"
-                      " e.pdu::jsonb -> 'content' ->> 'avatar_url' FROM current_state cs"
-                      " JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = $1"
-                      " AND cs.type = 'm.room.member' AND cs.state_key = ANY($2::text[])",
-                      2, q, NULL);
-        rc = res ? ROOMS_OK : ROOMS_E_DB;
-        json_t *heroes = json_array();
-        for (int i = 0; res && i < PQntuples(res); i++) {
-            json_t *h = json_pack("{s:s}", "user_id", PQgetvalue(res, i, 0));
-            if (!PQgetisnull(res, i, 1)) json_object_set_new(h, "displayname", json_string(PQgetvalue(res, i, 1)));
-            if (!PQgetisnull(res, i, 2)) json_object_set_new(h, "avatar_url", json_string(PQgetvalue(res, i, 2)));
-            json_array_append_new(heroes, h);
-        }
-        PQclear(res);
-        json_object_set_new(room, "heroes", heroes);
-    }
-    json_decref(summary);
-    return rc;
+    if (f->has_name && (after == 0 || f->name_pos > after))
+        json_object_set_new(room, "name", f->name ? json_string(f->name) : json_null());
+    if (f->has_avatar && (after == 0 || f->avatar_pos > after))
+        json_object_set_new(room, "avatar", f->avatar ? json_string(f->avatar) : json_null());
+    json_object_set_new(room, "joined_count", json_integer(f->joined));
+    json_object_set_new(room, "invited_count", json_integer(f->invited));
+    if (!f->name && json_array_size(f->heroes) > 0) json_object_set(room, "heroes", f->heroes);
 }
 
 /* How many of the timeline's events came after prev (0 on a connection's first answer). */
@@ -238,31 +199,25 @@ static int num_live(sync_ctx *s, const char *room_id, const sync_timeline *t, in
 }
 
 /* A joined room, or one left or banned from after the connection saw it joined. */
-static int member_room(sync_ctx *s, const ssync_room_row *row, const json_t *pick, bool initial,
-                       bool expand, bool new_state, int64_t sent_upto, int64_t prev, json_t *room)
+static int member_room(sync_ctx *s, const ssync_room_row *row, const ssync_facts *f, const json_t *pick,
+                       bool initial, bool expand, bool new_state, int64_t sent_upto, int64_t prev, json_t *room)
 {
-    rooms_vis vis;
-    if (rooms_vis_load(s->c, row->room_id, s->user, &vis) < 0) return ROOMS_E_DB;
-    s->view.reader = &vis;
+    s->view.reader = &f->vis;
     s->timeline_limit = json_integer_value(json_object_get(pick, "tl"));
     int64_t after = initial ? 0 : sent_upto;
     sync_timeline t;
     /* An expanded timeline: the newest timeline_limit events, sent before or not. */
-    int rc = sync_room_timeline(s, row->room_id, &vis, expand ? 0 : after, s->upto, &t);
+    int rc = sync_room_timeline(s, row->room_id, &f->vis, expand ? 0 : after, s->upto, &t);
     if (expand) json_object_set_new(room, "unstable_expanded_timeline", json_true());
     json_t *state = json_array();
     /* Other required_state than the room was sent with: its whole current state again. */
     if (rc >= 0)
         rc = required_state(s, row->room_id, json_object_get(pick, "rs"), new_state ? 0 : after, t.events, state);
-    if (rc >= 0) rc = names(s, row->room_id, after, room);
+    names(f, after, room);
     if (rc >= 0) rc = num_live(s, row->room_id, &t, prev, room);
-    json_t *unread = json_object();
-    if (rc >= 0) rc = sync_room_unread(s, row->room_id, unread);
     s->view.reader = NULL;
-    json_t *counts = json_object_get(unread, "unread_notifications");
-    json_object_set(room, "notification_count", json_object_get(counts, "notification_count"));
-    json_object_set(room, "highlight_count", json_object_get(counts, "highlight_count"));
-    json_decref(unread);
+    json_object_set_new(room, "notification_count", json_integer(f->notification_count));
+    json_object_set_new(room, "highlight_count", json_integer(f->highlight_count));
     bool changed = expand || json_array_size(t.events) > 0 || json_array_size(state) > 0 ||
                    json_object_get(room, "name") || json_object_get(room, "avatar");
     json_object_set_new(room, "timeline", t.events ? t.events : json_array());
@@ -321,8 +276,8 @@ int64_t ssync_room_sent_limit(const json_t *pick, const json_t *sent, const json
     return before > now ? before : now;
 }
 
-int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick,
-                      const json_t *sent, int64_t prev, json_t **out)
+int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const ssync_facts *facts,
+                      const json_t *pick, const json_t *sent, int64_t prev, json_t **out)
 {
     *out = NULL;
     const char *sent_m = json_string_value(json_array_get(sent, 1));
@@ -348,7 +303,7 @@ int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const json_t *pick
     } else if (strcmp(row->membership, "join") == 0 || (sent_m && strcmp(sent_m, "join") == 0)) {
         bool initial = !sent_m || strcmp(sent_m, "join") != 0;
         if (initial) json_object_set_new(room, "initial", json_true());
-        rc = member_room(s, row, pick, initial, !initial && ssync_room_expanded(pick, sent),
+        rc = member_room(s, row, facts, pick, initial, !initial && ssync_room_expanded(pick, sent),
                          !initial && ssync_room_state_changed(pick, sent), sent_upto, prev, room);
         send = send || rc > 0;
     }

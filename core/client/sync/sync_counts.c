@@ -11,111 +11,153 @@
  *   - summary: m.heroes by the spec's rule and the joined and invited member counts.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/client/push/push_eval.h"
 #include "core/client/push/push_rules.h"
 #include "core/client/sync/sync_rooms.h"
 
-/* What push rules read about a room (push_eval.h), in one query: the joined member count,
- * the user's display name from their member event, the current power levels (redacted
- * when their event was) and the creator. The JSON pr points into is owned by *holder. */
-static int push_room_load(sync_ctx *s, const char *room_id, push_room *pr, json_t **holder)
+/* What push rules read about each room of $1 (push_eval.h), in one query, a row per room
+ * with its index in $1 (from 1): the room version, the creator, the joined member count,
+ * the user's member event, the current power levels and whether they were redacted. */
+static const char PUSH_ROOMS_SQL[] =
+    "SELECT r.i, rm.room_version, rm.creator,"
+    " (SELECT count(*) FROM current_state WHERE room_id = r.id"
+    "  AND type = 'm.room.member' AND membership = 'join'),"
+    " (SELECT e.pdu FROM current_state cs JOIN events e"
+    "  ON e.event_id = cs.event_id WHERE cs.room_id = r.id"
+    "  AND cs.type = 'm.room.member' AND cs.state_key = $2"
+    "  AND e.redacted_by IS NULL),"
+    " pl.pdu, pl.redacted_by IS NOT NULL"
+    " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) JOIN rooms rm ON rm.room_id = r.id"
+    " LEFT JOIN LATERAL (SELECT e.pdu, e.redacted_by"
+    "  FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
+    "  WHERE cs.room_id = r.id AND cs.type = 'm.room.power_levels'"
+    "  AND cs.state_key = '') pl ON true";
+
+/* Row `row` of a PUSH_ROOMS_SQL result into *pr; the JSON pr points into is appended to
+ * holder (owned by the caller). */
+static void push_room_of(sync_ctx *s, PGresult *res, int row, push_room *pr, json_t *holder)
 {
     *pr = (push_room){0};
-    *holder = json_array();
-    const char *p[2] = {room_id, s->user};
-    PGresult *res = rooms_q(s->c,
-                            "SELECT rm.room_version, rm.creator,"
-                            " (SELECT count(*) FROM current_state WHERE room_id = $1"
-                            "  AND type = 'm.room.member' AND membership = 'join'),"
-                            " (SELECT e.pdu FROM current_state cs JOIN events e"
-                            "  ON e.event_id = cs.event_id WHERE cs.room_id = $1"
-                            "  AND cs.type = 'm.room.member' AND cs.state_key = $2"
-                            "  AND e.redacted_by IS NULL),"
-                            " pl.pdu, pl.redacted_by IS NOT NULL"
-                            " FROM rooms rm LEFT JOIN LATERAL (SELECT e.pdu, e.redacted_by"
-                            "  FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
-                            "  WHERE cs.room_id = $1 AND cs.type = 'm.room.power_levels'"
-                            "  AND cs.state_key = '') pl ON true WHERE rm.room_id = $1",
-                            2, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    if (PQntuples(res) == 1) {
-        pr->member_count = atoll(PQgetvalue(res, 0, 2));
-        pr->creator = rt_arena_strdup(s->r->arena, PQgetvalue(res, 0, 1));
-        json_t *member = PQgetisnull(res, 0, 3) ? NULL : json_loads(PQgetvalue(res, 0, 3), 0, NULL);
-        if (member && json_array_append_new(*holder, member) == 0)
-            pr->display_name = event_content_str(member, "displayname");
-        json_t *pl = PQgetisnull(res, 0, 4) ? NULL : json_loads(PQgetvalue(res, 0, 4), 0, NULL);
-        if (pl && json_array_append_new(*holder, pl) == 0) {
-            json_t *content = json_object_get(pl, "content");
-            const room_version *ver = room_version_find(PQgetvalue(res, 0, 0));
-            if (PQgetvalue(res, 0, 5)[0] == 't' && ver) {
-                content = event_redact_content(ver, "m.room.power_levels", content);
-                if (json_array_append_new(*holder, content) < 0) content = NULL;
-            }
-            pr->power_levels = content;
+    pr->member_count = atoll(PQgetvalue(res, row, 3));
+    pr->creator = rt_arena_strdup(s->r->arena, PQgetvalue(res, row, 2));
+    json_t *member = PQgetisnull(res, row, 4) ? NULL : json_loads(PQgetvalue(res, row, 4), 0, NULL);
+    if (member && json_array_append_new(holder, member) == 0)
+        pr->display_name = event_content_str(member, "displayname");
+    json_t *pl = PQgetisnull(res, row, 5) ? NULL : json_loads(PQgetvalue(res, row, 5), 0, NULL);
+    if (pl && json_array_append_new(holder, pl) == 0) {
+        json_t *content = json_object_get(pl, "content");
+        const room_version *ver = room_version_find(PQgetvalue(res, row, 1));
+        if (PQgetvalue(res, row, 6)[0] == 't' && ver) {
+            content = event_redact_content(ver, "m.room.power_levels", content);
+            if (json_array_append_new(holder, content) < 0) content = NULL;
+        }
+        pr->power_levels = content;
+    }
+}
+
+/* The unread events of each room of $1 (the rule of sync_rooms_unread), PDUs newest first,
+ * a row per event with its room's index in $1 (from 1), ordered by that index. */
+static const char UNREAD_SQL[] =
+    "SELECT r.i, u.pdu FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) CROSS JOIN LATERAL"
+    " (SELECT e.pdu, e.stream_pos FROM events e WHERE e.room_id = r.id"
+    "  AND e.stream_pos <= $3 AND e.sender <> $2 AND e.redacted_by IS NULL"
+    "  AND e.stream_pos > greatest("
+    "   coalesce((SELECT max(x.stream_pos) FROM receipts rc"
+    "    JOIN events x ON x.event_id = rc.event_id WHERE rc.room_id = r.id"
+    "    AND rc.user_id = $2"
+    "    AND rc.receipt_type IN ('m.read', 'm.read.private')), 0),"
+    "   coalesce((SELECT max(o.stream_pos) FROM events o"
+    "    WHERE o.room_id = r.id AND o.sender = $2 AND o.stream_pos <= $3), 0))"
+    "  ORDER BY e.stream_pos DESC LIMIT $4) u ORDER BY r.i, u.stream_pos DESC";
+
+/* Count the unread events (rows [from, to) of events, PDUs in column 1) whose push actions
+ * notify, and those that also highlight, with the room's push context pr. */
+static void count_notifications(sync_ctx *s, const char *room_id, const push_room *pr, PGresult *events,
+                                int from, int to, json_int_t *counts)
+{
+    bool out_of_steps = false;
+    for (int i = from; i < to; i++) {
+        json_t *pdu = json_loads(PQgetvalue(events, i, 1), 0, NULL);
+        if (!pdu) continue; /* corrupt rows are logged where events are rendered */
+        push_outcome o = push_eval(s->push_rules, pdu, pr);
+        json_decref(pdu);
+        counts[0] += o.notify;
+        counts[1] += o.highlight;
+        out_of_steps = out_of_steps || o.out_of_steps;
+    }
+    if (out_of_steps)
+        rt_log(ATRIUM_LOG_DEBUG, "core", "push rules of %s in %s: matching work ran out "
+               "(PUSH_MAX_STEPS); some rules were not tried", s->user, room_id);
+}
+
+/* The push context of the rooms with unread events (the rooms of ids whose index appears
+ * in unread), and the counts of each from it. Loads the user's rules once per response. */
+static int judge_unread(sync_ctx *s, const json_t *ids, PGresult *unread, json_int_t (*counts)[2])
+{
+    json_t *judged = json_array();
+    for (int i = 0; i < PQntuples(unread); i++)
+        if (i == 0 || strcmp(PQgetvalue(unread, i, 0), PQgetvalue(unread, i - 1, 0)) != 0)
+            json_array_append(judged, json_array_get(ids, (size_t)atoll(PQgetvalue(unread, i, 0)) - 1));
+    if (!s->push_rules) {
+        bool db_ok;
+        if (!(s->push_rules = push_rules_for(s->r, s->c, &db_ok))) {
+            json_decref(judged);
+            return ROOMS_E_DB;
         }
     }
+    const char *p[2] = {rooms_pg_array(s->r->arena, judged), s->user};
+    PGresult *res = p[0] ? rooms_q(s->c, PUSH_ROOMS_SQL, 2, p, NULL) : NULL;
+    if (!res) {
+        json_decref(judged);
+        return ROOMS_E_DB;
+    }
+    json_t *holder = json_array();
+    for (int row = 0; row < PQntuples(res); row++) {
+        const char *room_id = json_string_value(json_array_get(judged, (size_t)atoll(PQgetvalue(res, row, 0)) - 1));
+        size_t room = 0;
+        while (room < json_array_size(ids) && strcmp(json_string_value(json_array_get(ids, room)), room_id) != 0)
+            room++;
+        push_room pr;
+        push_room_of(s, res, row, &pr, holder);
+        int from = 0, to;
+        while (from < PQntuples(unread) && (size_t)atoll(PQgetvalue(unread, from, 0)) != room + 1) from++;
+        for (to = from; to < PQntuples(unread) && (size_t)atoll(PQgetvalue(unread, to, 0)) == room + 1;) to++;
+        count_notifications(s, room_id, &pr, unread, from, to, counts[room]);
+    }
+    json_decref(holder);
+    json_decref(judged);
     PQclear(res);
     return ROOMS_OK;
 }
 
-/* Count the unread events (PDUs in column 0 of events) whose push actions notify, and
- * those that also highlight. Loads the user's rules once per sync response. */
-static int count_notifications(sync_ctx *s, const char *room_id, PGresult *events,
-                               json_int_t *notify, json_int_t *highlight)
+/* unread_notifications: of the events from others after the user's newest read receipt or
+ * own event (at most SYNC_MAX_UNREAD_COUNT, newest first, redacted ones left out), those
+ * the user's push rules make notify, and those that also highlight. Two queries for all
+ * the rooms of ids. */
+int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2])
 {
-    if (!s->push_rules) {
-        bool db_ok;
-        if (!(s->push_rules = push_rules_for(s->r, s->c, &db_ok))) return ROOMS_E_DB;
-    }
-    push_room pr;
-    json_t *holder;
-    int rc = push_room_load(s, room_id, &pr, &holder);
-    bool out_of_steps = false;
-    for (int i = 0; rc >= 0 && i < PQntuples(events); i++) {
-        json_t *pdu = json_loads(PQgetvalue(events, i, 0), 0, NULL);
-        if (!pdu) continue; /* corrupt rows are logged where events are rendered */
-        push_outcome o = push_eval(s->push_rules, pdu, &pr);
-        json_decref(pdu);
-        *notify += o.notify;
-        *highlight += o.highlight;
-        out_of_steps = out_of_steps || o.out_of_steps;
-    }
-    json_decref(holder);
-    if (out_of_steps)
-        rt_log(ATRIUM_LOG_DEBUG, "core", "push rules of %s in %s: matching work ran out "
-               "(PUSH_MAX_STEPS); some rules were not tried", s->user, room_id);
+    memset(counts, 0, json_array_size(ids) * sizeof(*counts));
+    const char *p[4] = {rooms_pg_array(s->r->arena, ids), s->user, rooms_i64(s->r, s->upto),
+                        rooms_i64(s->r, SYNC_MAX_UNREAD_COUNT)};
+    PGresult *res = p[0] ? rooms_q(s->c, UNREAD_SQL, 4, p, NULL) : NULL;
+    if (!res) return ROOMS_E_DB;
+    int rc = PQntuples(res) > 0 ? judge_unread(s, ids, res, counts) : ROOMS_OK;
+    PQclear(res);
     return rc;
 }
 
-/* unread_notifications: of the events from others after the user's newest read receipt or
- * own event (at most SYNC_MAX_UNREAD_COUNT, newest first, redacted ones left out), those
- * the user's push rules make notify, and those that also highlight. */
 int sync_room_unread(sync_ctx *s, const char *room_id, json_t *room)
 {
-    const char *p[4] = {room_id, s->user, rooms_i64(s->r, s->upto), rooms_i64(s->r, SYNC_MAX_UNREAD_COUNT)};
-    PGresult *res = rooms_q(s->c,
-                            "SELECT e.pdu FROM events e WHERE e.room_id = $1"
-                            " AND e.stream_pos <= $3 AND e.sender <> $2 AND e.redacted_by IS NULL"
-                            " AND e.stream_pos > greatest("
-                            "  coalesce((SELECT max(x.stream_pos) FROM receipts rc"
-                            "   JOIN events x ON x.event_id = rc.event_id WHERE rc.room_id = $1"
-                            "   AND rc.user_id = $2"
-                            "   AND rc.receipt_type IN ('m.read', 'm.read.private')), 0),"
-                            "  coalesce((SELECT max(o.stream_pos) FROM events o"
-                            "   WHERE o.room_id = $1 AND o.sender = $2 AND o.stream_pos <= $3), 0))"
-                            " ORDER BY e.stream_pos DESC LIMIT $4",
-                            4, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    json_int_t notify = 0, highlight = 0;
-    int rc = PQntuples(res) > 0 ? count_notifications(s, room_id, res, &notify, &highlight)
-                                : ROOMS_OK;
-    PQclear(res);
+    json_t *ids = json_pack("[s]", room_id);
+    json_int_t counts[1][2];
+    int rc = ids ? sync_rooms_unread(s, ids, counts) : ROOMS_E_DB;
+    json_decref(ids);
     if (rc < 0) return rc;
     json_object_set_new(room, "unread_notifications",
-                        json_pack("{s:I, s:I}", "notification_count", notify, "highlight_count",
-                                  highlight));
+                        json_pack("{s:I, s:I}", "notification_count", counts[0][0], "highlight_count",
+                                  counts[0][1]));
     return ROOMS_OK;
 }
 

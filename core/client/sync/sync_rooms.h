@@ -61,6 +61,9 @@ int sync_room_ephemeral(sync_ctx *s, const char *room_id, bool initial, json_t *
 /* unread_notifications {notification_count, highlight_count} into room (sync_counts.c).
  * The caller releases s->push_rules when done with the response. */
 int sync_room_unread(sync_ctx *s, const char *room_id, json_t *room);
+/* The same counts for each room of the array ids (strings), with two queries whatever
+ * their number: counts[i] = {notification_count, highlight_count} of ids[i]. */
+int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2]);
 /* summary {m.heroes, m.joined_member_count, m.invited_member_count} into room
  * (sync_counts.c). */
 int sync_room_summary(sync_ctx *s, const char *room_id, json_t *room);
