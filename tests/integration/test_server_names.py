@@ -90,6 +90,18 @@ class ServerNamesTest(unittest.TestCase):
             self.refused("GET", f"{V3}/publicRooms?server={quote(name)}")
         self.assert_no_backoff()
 
+    def test_device_keys_of_users_on_a_name_that_is_not_one_are_400(self):
+        # A client asks other servers for keys and one-time keys by user ID: a name that is
+        # not one is refused before any server is asked, like every other way a name enters.
+        for name in BAD_NAMES + ["localhost/../.."]:
+            user = "@u:" + name
+            self.refused("POST", f"{V3}/keys/query", {"device_keys": {user: []}})
+            self.refused("POST", f"{V3}/keys/claim",
+                         {"one_time_keys": {user: {"DEV": "signed_curve25519"}}})
+        self.refused("POST", f"{V3}/keys/query",
+                     {"device_keys": {self.alice.user_id: [], "no-sigil:localhost": []}})
+        self.assert_no_backoff()
+
     def test_good_names_still_reach_the_federation_path(self):
         # A well-formed name is asked (here a closed port: it fails as a peer's failure, at
         # once), so the check refuses only names that are not names.

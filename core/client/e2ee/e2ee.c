@@ -21,6 +21,7 @@
 #include "core/client/e2ee/e2ee.h"
 #include "core/client/sync/notifier.h"
 #include "core/federation/transport/fed_txn.h"
+#include "core/rooms/rooms.h"
 
 static const atrium_migration MIGRATIONS[] = {
     {1, "e2ee_keys_to_device_backup",
@@ -218,6 +219,16 @@ const char *e2ee_user_domain(const char *user_id)
 {
     const char *colon = strchr(user_id, ':');
     return colon ? colon + 1 : "";
+}
+
+const char *e2ee_first_bad_user(const json_t *map)
+{
+    const char *user;
+    json_t *v;
+    json_object_foreach((json_t *)map, user, v) {
+        if (!rooms_user_id_ok(user)) return user;
+    }
+    return NULL;
 }
 
 bool e2ee_user_is_local(const atrium_req *r, const char *user_id)

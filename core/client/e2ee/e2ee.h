@@ -46,6 +46,10 @@ int to_device_init(http_server *s);
 bool e2ee_user_is_local(const atrium_req *r, const char *user_id);
 /* The server-name part of a user ID ("" when it has none). */
 const char *e2ee_user_domain(const char *user_id);
+/* The first key of map (user ID -> anything) that is not a user ID whose server part is a
+ * server name (core/rooms/rooms.h, rooms_user_id_ok), or NULL: such a name is refused with
+ * 400 M_INVALID_PARAM before any server is asked or any back-off recorded. */
+const char *e2ee_first_bad_user(const json_t *map);
 /* Is s a usable identifier: non-empty, at most E2EE_MAX_ID_BYTES, no control characters. */
 bool e2ee_id_ok(const char *s);
 /* Is `map` {user ID: {device ID: value}} well formed and within `max_pairs` pairs? Every

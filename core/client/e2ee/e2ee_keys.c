@@ -296,6 +296,8 @@ static int post_keys_claim(atrium_req *r)
     const char *msg = e2ee_check_device_map(req, "one_time_keys", E2EE_CLAIM_MAX_DEVICES,
                                             is_algorithm, "an algorithm name");
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
+    const char *bad = e2ee_first_bad_user(req);
+    if (bad) return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a user ID: %.300s", bad);
     json_t *timeout = json_object_get(body, "timeout");
     if (timeout && !json_is_integer(timeout))
         return http_respond_error(r, 400, "M_BAD_JSON", "timeout must be an integer");

@@ -232,6 +232,8 @@ static int post_keys_query(atrium_req *r)
     const json_t *req = json_object_get(body, "device_keys");
     const char *msg = check_query(req);
     if (msg) return http_respond_error(r, 400, "M_BAD_JSON", "%s", msg);
+    const char *bad = e2ee_first_bad_user(req);
+    if (bad) return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a user ID: %.300s", bad);
     json_t *timeout = json_object_get(body, "timeout");
     if (timeout && !json_is_integer(timeout))
         return http_respond_error(r, 400, "M_BAD_JSON", "timeout must be an integer");
