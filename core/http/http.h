@@ -559,12 +559,14 @@ void susp_wake(atrium_req *r); /* [any] */
 /* [req] Join the flight of key (core/runtime/flight.h) and park r on it: susp_wait until the
  * flight ends or deadline_ms. RT_FLIGHT_LEAD (start the work and rt_flight_finish it) or
  * RT_FLIGHT_JOINED, *out the flight, referenced until r ends (a hold); either way return
- * ATRIUM_PARKED. ATRIUM_E_LIMIT, ATRIUM_E_NOTFOUND (flags RT_FLIGHT_JOIN_ONLY),
- * ATRIUM_E_STOPPED, ATRIUM_E_NOMEM, ATRIUM_E_INVAL: nothing happened. The flight's lock is taken before r's (the park happens under it). */
+ * ATRIUM_PARKED. RT_FLIGHT_PUBLISHED (flags RT_FLIGHT_EARLY or _EARLY_ONLY, the early
+ * result is out): not parked, call susp_flight_result now. ATRIUM_E_LIMIT,
+ * ATRIUM_E_NOTFOUND (flags RT_FLIGHT_JOIN_ONLY or _EARLY_ONLY), ATRIUM_E_STOPPED, ATRIUM_E_NOMEM, ATRIUM_E_INVAL: nothing happened. The flight's lock is taken before r's (the park happens under it). */
 int susp_flight_join(atrium_req *r, rt_flights *t, const char *key, int64_t deadline_ms,
                      unsigned flags, rt_flight **out);
-/* [req] In a run after that park: 0 with the flight's result (and value, valid while r
- * lives) when it ended; ATRIUM_E_TIMEOUT (the deadline ran r) or ATRIUM_E_STOPPED
+/* [req] In a run after that park: RT_FLIGHT_RESULT_END (0) with the flight's result (and
+ * value, valid while r lives) when it ended, RT_FLIGHT_RESULT_EARLY (1) with its early
+ * result when r was released with that; ATRIUM_E_TIMEOUT (the deadline ran r) or ATRIUM_E_STOPPED
  * (shutdown) when not: r left the flight, which goes on for the others - answer r now.
  * ATRIUM_E_INVAL when r never joined f. */
 int susp_flight_result(atrium_req *r, rt_flight *f, int *result, void **value);

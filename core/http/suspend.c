@@ -443,9 +443,9 @@ int susp_flight_result(atrium_req *r, rt_flight *f, int *result, void **value)
         susp_wake(r);
         return why;
     }
-    /* The flight ended (its done has run or is running): the result is final. */
-    rt_flight_ended(f, result, value);
-    return 0;
+    /* Handed over (its done has run or is running, or the join found the early result
+     * out): the end's result, final, or the early one. */
+    return rt_flight_waiter_result(&fw->w, result, value);
 }
 
 /* ---- admission lines ---------------------------------------------------------------- */

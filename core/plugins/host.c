@@ -659,7 +659,12 @@ static atrium_flights *h_flights_create(atrium_plugin *self, const char *name, i
 static int h_flight_join(atrium_req *r, atrium_flights *t, const char *key, int64_t deadline_ms,
                          unsigned flags, atrium_flight **out)
 {
-    _Static_assert(ATRIUM_FLIGHT_JOIN_ONLY == RT_FLIGHT_JOIN_ONLY, "one flag, two names");
+    _Static_assert(ATRIUM_FLIGHT_JOIN_ONLY == RT_FLIGHT_JOIN_ONLY &&
+                       ATRIUM_FLIGHT_EARLY == RT_FLIGHT_EARLY &&
+                       ATRIUM_FLIGHT_EARLY_ONLY == RT_FLIGHT_EARLY_ONLY &&
+                       (int)ATRIUM_FLIGHT_PUBLISHED == (int)RT_FLIGHT_PUBLISHED &&
+                       ATRIUM_FLIGHT_RESULT_EARLY == (int)RT_FLIGHT_RESULT_EARLY,
+                   "one flag, two names");
     int rc = refuse_in_body_chunk(r, "flight_join");
     if (rc < 0) return rc;
     rt_flight *f = NULL;
@@ -679,6 +684,13 @@ static int h_flight_result(atrium_req *r, atrium_flight *f, int *result, void **
 }
 
 static int h_flight_wanted(atrium_flight *f) { return rt_flight_wanted((rt_flight *)f); }
+
+static int h_flight_publish(atrium_flight *f, int result, void *value, void (*free_value)(void *))
+{
+    return rt_flight_publish((rt_flight *)f, result, value, free_value) ? 0 : ATRIUM_E_STATE;
+}
+
+static void h_flight_unpublish(atrium_flight *f) { rt_flight_unpublish((rt_flight *)f); }
 
 static const atrium_host HOST = {
     .size = sizeof(atrium_host),
@@ -775,6 +787,8 @@ static const atrium_host HOST = {
     .flight_finish = h_flight_finish,
     .flight_result = h_flight_result,
     .flight_wanted = h_flight_wanted,
+    .flight_publish = h_flight_publish,
+    .flight_unpublish = h_flight_unpublish,
 };
 
 const atrium_host *host_table(core_runtime *rt)

@@ -10,7 +10,10 @@
  * flight under the lock and calls each done after it, so a done that joins again (a
  * request woken at once) cannot deadlock; a waiter's memory is not touched after its done
  * was called. The table itself counts the flights alive: its owner may let go first
- * (shutdown), and the last flight frees it.
+ * (shutdown), and the last flight frees it. An early result (rt_flight_publish) moves the
+ * waiters that asked for it off the list the same way; its value lives with the flight, so
+ * a flight publishes at most once and a waiter may read the value as long as it holds its
+ * reference.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,11 @@ struct rt_flight {
     int result;
     void *value;
     void (*free_value)(void *);
+    bool published;      /* the early result is out: RT_FLIGHT_EARLY joins take it */
+    bool had_early;      /* rt_flight_publish was called (at most once) */
+    int early_result;
+    void *early_value;
+    void (*free_early)(void *);
     rt_flight_waiter *head;
     char key[];
 };
@@ -40,7 +48,7 @@ struct rt_flights {
     int n_flights;
     int n_waiters; /* linked, leaders not counted */
     rt_keytab keys;
-    rt_metric *m_in_flight, *m_limit, *m_waiters, *m_refused, *m_shared, *m_left;
+    rt_metric *m_in_flight, *m_limit, *m_waiters, *m_refused, *m_shared, *m_left, *m_early;
 };
 
 rt_flights *rt_flights_new(const char *name, int max_keys, int max_waiters,
@@ -80,6 +88,8 @@ rt_flights *rt_flights_new(const char *name, int max_keys, int max_waiters,
                                     "Joins that found the key's work under way and waited for it.");
     t->m_left = rt_metric_counter(metrics, "atrium_flights_left_total", labels,
                                   "Waiters that stopped waiting before the work ended.");
+    t->m_early = rt_metric_counter(metrics, "atrium_flights_early_total", labels,
+                                   "Waiters released with the work's early result.");
     rt_metric_set(t->m_limit, max_keys);
     rt_metric_set(t->m_in_flight, 0);
     rt_metric_set(t->m_waiters, 0);
@@ -147,12 +157,24 @@ static bool admits_locked(const rt_flights *t, bool new_key)
     return new_key ? t->n_flights < t->max_keys : t->n_waiters < t->max_waiters;
 }
 
+/* The decision of a join under the lock, f the key's flight or NULL: the role, or the
+ * refusal (the arm not run yet). */
+static int join_role_locked(const rt_flights *t, const rt_flight *f, unsigned flags)
+{
+    bool early = flags & (RT_FLIGHT_EARLY | RT_FLIGHT_EARLY_ONLY);
+    if (f && f->published && early) return RT_FLIGHT_PUBLISHED;
+    if (flags & RT_FLIGHT_EARLY_ONLY) return ATRIUM_E_NOTFOUND;
+    if (!f && (flags & RT_FLIGHT_JOIN_ONLY)) return ATRIUM_E_NOTFOUND;
+    if (!admits_locked(t, f == NULL)) return ATRIUM_E_LIMIT;
+    return f ? RT_FLIGHT_JOINED : RT_FLIGHT_LEAD;
+}
+
 int rt_flight_join(rt_flights *t, const char *key, unsigned flags, rt_flight_waiter *w,
                    rt_flight **out)
 {
     size_t len = key ? strnlen(key, RT_FLIGHT_KEY_MAX_BYTES) : 0;
     if (len == 0 || len == RT_FLIGHT_KEY_MAX_BYTES || !w || !w->done ||
-        (flags & ~RT_FLIGHT_JOIN_ONLY))
+        (flags & ~(RT_FLIGHT_JOIN_ONLY | RT_FLIGHT_EARLY | RT_FLIGHT_EARLY_ONLY)))
         return ATRIUM_E_INVAL;
     uint64_t hash = rt_keytab_hash(&t->keys, key);
     /* Allocated before the lock, used only when the key has no flight. */
@@ -160,13 +182,9 @@ int rt_flight_join(rt_flights *t, const char *key, unsigned flags, rt_flight_wai
     if (!fresh) return ATRIUM_E_NOMEM;
     pthread_mutex_lock(&t->mu);
     rt_flight *f = (rt_flight *)rt_keytab_find(&t->keys, key, hash);
-    int rc = f ? RT_FLIGHT_JOINED : RT_FLIGHT_LEAD;
-    if (!f && (flags & RT_FLIGHT_JOIN_ONLY)) {
-        rc = ATRIUM_E_NOTFOUND;
-    } else if (!admits_locked(t, f == NULL)) {
-        rt_metric_add(t->m_refused, 1);
-        rc = ATRIUM_E_LIMIT;
-    } else if (w->arm) {
+    int rc = join_role_locked(t, f, flags);
+    if (rc == ATRIUM_E_LIMIT) rt_metric_add(t->m_refused, 1);
+    if (rc > 0 && rc != RT_FLIGHT_PUBLISHED && w->arm) {
         int armed = w->arm(w->arg);
         if (armed != 0) rc = armed;
     }
@@ -193,7 +211,15 @@ int rt_flight_join(rt_flights *t, const char *key, unsigned flags, rt_flight_wai
     }
     f->refs++; /* the caller's */
     w->leads = rc == RT_FLIGHT_LEAD;
-    link_locked(f, w);
+    w->early = (flags & (RT_FLIGHT_EARLY | RT_FLIGHT_EARLY_ONLY)) != 0;
+    w->released_early = rc == RT_FLIGHT_PUBLISHED;
+    if (rc == RT_FLIGHT_PUBLISHED) {
+        w->flight = f;
+        w->linked = false;
+        rt_metric_add(t->m_early, 1);
+    } else {
+        link_locked(f, w);
+    }
     pthread_mutex_unlock(&t->mu);
     free(fresh);
     *out = f;
@@ -213,6 +239,67 @@ bool rt_flight_leave(rt_flight_waiter *w)
     return mine;
 }
 
+/* ---- the early result ------------------------------------------------------------------ */
+
+/* Call done for each waiter of a list already off the flight (no lock held). */
+static void call_done(rt_flight_waiter *w)
+{
+    while (w) {
+        rt_flight_waiter *next = w->next; /* w may be gone once its done returns */
+        w->done(w->arg);
+        w = next;
+    }
+}
+
+bool rt_flight_publish(rt_flight *f, int result, void *value, void (*free_value)(void *))
+{
+    rt_flights *t = f->t;
+    pthread_mutex_lock(&t->mu);
+    RT_ASSERT(f->listed && !f->ended, "flights %s: \"%s\" published after its finish", t->name,
+              f->key);
+    if (f->had_early) {
+        pthread_mutex_unlock(&t->mu);
+        return false;
+    }
+    f->had_early = f->published = true;
+    f->early_result = result;
+    f->early_value = value;
+    f->free_early = free_value;
+    rt_flight_waiter *released = NULL;
+    for (rt_flight_waiter *w = f->head, *next; w; w = next) {
+        next = w->next;
+        if (!w->early) continue;
+        unlink_locked(f, w);
+        w->released_early = true;
+        w->next = released;
+        released = w;
+        rt_metric_add(t->m_early, 1);
+    }
+    pthread_mutex_unlock(&t->mu);
+    call_done(released);
+    return true;
+}
+
+void rt_flight_unpublish(rt_flight *f)
+{
+    pthread_mutex_lock(&f->t->mu);
+    f->published = false;
+    pthread_mutex_unlock(&f->t->mu);
+}
+
+int rt_flight_waiter_result(rt_flight_waiter *w, int *result, void **value)
+{
+    rt_flight *f = w->flight;
+    pthread_mutex_lock(&f->t->mu);
+    bool early = w->released_early;
+    RT_ASSERT(early || f->ended, "flights %s: \"%s\": a result read before it was handed over",
+              f->t->name, f->key);
+    if (result) *result = early ? f->early_result : f->result;
+    if (value) *value = early ? f->early_value : f->value;
+    pthread_mutex_unlock(&f->t->mu);
+    return early ? RT_FLIGHT_RESULT_EARLY : RT_FLIGHT_RESULT_END;
+}
+
 /* ---- the end --------------------------------------------------------------------------- */
 
 void rt_flight_finish(rt_flight *f, int result, void *value, void (*free_value)(void *))
@@ -223,6 +310,7 @@ void rt_flight_finish(rt_flight *f, int result, void *value, void (*free_value)(
     rt_keytab_remove(&t->keys, &f->ent);
     f->listed = false;
     f->ended = true;
+    f->published = false;
     f->result = result;
     f->value = value;
     f->free_value = free_value;
@@ -236,11 +324,7 @@ void rt_flight_finish(rt_flight *f, int result, void *value, void (*free_value)(
     }
     rt_metric_set(t->m_waiters, t->n_waiters);
     pthread_mutex_unlock(&t->mu);
-    while (w) {
-        rt_flight_waiter *next = w->next; /* w may be gone once its done returns */
-        w->done(w->arg);
-        w = next;
-    }
+    call_done(w);
     rt_flight_unref(f); /* the listing's */
 }
 
@@ -290,6 +374,7 @@ void rt_flight_unref(rt_flight *f)
               f->key);
     table_unref_unlock(t);
     if (f->free_value && f->value) f->free_value(f->value);
+    if (f->free_early && f->early_value) f->free_early(f->early_value);
     free(f);
 }
 

@@ -10,6 +10,12 @@
  * stops waiting before the end (its deadline passed) leaves; the work goes on for the others
  * and rt_flight_wanted says whether anyone still waits.
  *
+ * Released in two steps: work whose result is useful before its end (a file some may read
+ * while it lands) publishes an early result once (rt_flight_publish). The waiters that
+ * asked for it (RT_FLIGHT_EARLY) are done at once with it, the others wait for the end; a
+ * join asking for it while it is out gets it at once (RT_FLIGHT_PUBLISHED, nothing
+ * linked), until the work withdraws it (rt_flight_unpublish) or ends.
+ *
  * Bounded: at most max_keys flights at once (so leaders) and max_waiters waiters in all on
  * work others lead; past either a join is refused at once (ATRIUM_E_LIMIT), never queued.
  * A join may also be one that never leads (RT_FLIGHT_JOIN_ONLY: ATRIUM_E_NOTFOUND when
@@ -58,12 +64,23 @@ typedef struct rt_flight_waiter {
     rt_flight *flight;
     bool linked;
     bool leads; /* the waiter that created the flight: not counted against max_waiters */
+    bool early; /* joined with RT_FLIGHT_EARLY: done at the early result too */
+    bool released_early; /* done (or answered at its join) with the early result */
 } rt_flight_waiter;
 
 /* What a successful join made of the caller. */
 enum rt_flight_role {
     RT_FLIGHT_LEAD = 1,   /* no flight for the key: a new one; start the work, then finish */
     RT_FLIGHT_JOINED = 2, /* the work was under way: wait for its end */
+    /* RT_FLIGHT_EARLY and the early result is out: nothing linked (arm not called, done
+     * never called), the caller reads it at once (rt_flight_waiter_result) */
+    RT_FLIGHT_PUBLISHED = 3,
+};
+
+/* Which result rt_flight_waiter_result handed over. */
+enum rt_flight_result_kind {
+    RT_FLIGHT_RESULT_END = 0,   /* the finish's */
+    RT_FLIGHT_RESULT_EARLY = 1, /* the early one (rt_flight_publish) */
 };
 
 /* A table of at most max_keys flights at once (>= 1) and max_waiters waiters in all on
@@ -78,13 +95,18 @@ void rt_flights_free(rt_flights *t);
 /* Join the flight of key (1 to RT_FLIGHT_KEY_MAX_BYTES - 1 bytes) with w (arm, done, arg,
  * deadline_ms set). RT_FLIGHT_LEAD or RT_FLIGHT_JOINED, with *out the flight and one
  * reference to it for the caller (rt_flight_unref when done with its result); w is then
- * linked, and done(arg) will be called once unless w leaves first. Otherwise nothing
- * happened: ATRIUM_E_LIMIT (max_keys flights, or max_waiters waiters), ATRIUM_E_NOTFOUND
- * (RT_FLIGHT_JOIN_ONLY and no flight for key), ATRIUM_E_INVAL (a bad key or flag),
- * ATRIUM_E_NOMEM, or arm's non-zero return. */
+ * linked, and done(arg) will be called once unless w leaves first. RT_FLIGHT_PUBLISHED
+ * (flags has RT_FLIGHT_EARLY and the key's early result is out): *out and a reference as
+ * above, but w is not linked and nothing will be called: read the result now. Otherwise
+ * nothing happened: ATRIUM_E_LIMIT (max_keys flights, or max_waiters waiters),
+ * ATRIUM_E_NOTFOUND (RT_FLIGHT_JOIN_ONLY and no flight for key, or RT_FLIGHT_EARLY_ONLY and
+ * no early result out), ATRIUM_E_INVAL (a bad key or flag), ATRIUM_E_NOMEM, or arm's
+ * non-zero return. */
 int rt_flight_join(rt_flights *t, const char *key, unsigned flags, rt_flight_waiter *w,
                    rt_flight **out);
 #define RT_FLIGHT_JOIN_ONLY 0x1u /* never lead: only wait for work under way */
+#define RT_FLIGHT_EARLY 0x2u     /* be done at the early result too, when the work has one */
+#define RT_FLIGHT_EARLY_ONLY 0x4u /* only take an early result that is out now (no wait) */
 #define RT_FLIGHT_KEY_MAX_BYTES 4096
 
 /* w stops waiting before the end (its deadline passed): unlinked, done is never called,
@@ -97,6 +119,21 @@ bool rt_flight_leave(rt_flight_waiter *w);
  * NULL) are published, and every waiter's done is called, on this thread. Exactly once
  * per flight, by its leader or whoever it gave the work to. */
 void rt_flight_finish(rt_flight *f, int result, void *value, void (*free_value)(void *));
+
+/* The work has a result before its end: result and value (owned by the flight like the
+ * finish's, freed with it; either may be NULL) are published. Every linked waiter that
+ * joined with RT_FLIGHT_EARLY is unlinked and done, on this thread; the others wait for
+ * the end. Joins with RT_FLIGHT_EARLY get it at once (RT_FLIGHT_PUBLISHED) until
+ * rt_flight_unpublish or the finish. At most once per flight (a second call is refused:
+ * false, value untouched); by whoever does the work, before rt_flight_finish. */
+bool rt_flight_publish(rt_flight *f, int result, void *value, void (*free_value)(void *));
+/* Joins from now on wait for the end again (the early result went stale: the work starts
+ * over); waiters already released keep what they read. */
+void rt_flight_unpublish(rt_flight *f);
+/* After w's done (or rt_flight_leave returned false, or the join said
+ * RT_FLIGHT_PUBLISHED): the result w was released with, into *result and *value (either
+ * may be NULL), and which one it was (enum rt_flight_result_kind). */
+int rt_flight_waiter_result(rt_flight_waiter *w, int *result, void **value);
 
 /* True once the flight finished; then *result and *value (either may be NULL) are its
  * result. The caller holds a reference. */

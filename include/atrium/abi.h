@@ -28,7 +28,7 @@
 #error "ATRIUM_ABI_MAJOR/MINOR belong to atrium/abi.h: define ATRIUM_TARGET_ABI_MAJOR/MINOR"
 #endif
 #define ATRIUM_ABI_MAJOR 1
-#define ATRIUM_ABI_MINOR 8 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
+#define ATRIUM_ABI_MINOR 9 /* 1.1: settings tables (atrium_setting, config_load), db_wait_ms;
                               federation (req_origin, fed_request, req_wait, ...);
                               interfaces (iface_provide, iface_get).
                               1.2: ATRIUM_ROUTE_HEADERS_FIRST (refuse a streamed body
@@ -46,7 +46,9 @@
                               the plugin ships, given its settings on stdin; plugin.h);
                               media/1 version 1 (atrium media migrate)
                               1.8: single flight (flights_create, flight_join,
-                              flight_finish, flight_result, flight_wanted) */
+                              flight_finish, flight_result, flight_wanted)
+                              1.9: a flight's early result (flight_publish,
+                              flight_unpublish, ATRIUM_FLIGHT_EARLY, _EARLY_ONLY) */
 
 #define ATRIUM_PLUGIN_MAGIC 0x41545250u /* "ATRP" */
 

@@ -724,14 +724,38 @@ struct atrium_host {
     /* [any] Requests still parked on f whose deadline has not passed: 0 = nobody waits
      * any more (work not yet begun need not begin; end it with flight_finish anyway). */
     int (*flight_wanted)(atrium_flight *f);
+
+    /* == 1.9: a flight's early result (docs/adr/0029-single-flight.md) =================== */
+    /* Work whose result is useful before its end (a file some may read while it lands)
+     * releases its waiters in two steps. A request that joins with ATRIUM_FLIGHT_EARLY is
+     * woken by the early result as well as by the end (whichever comes first); without it,
+     * only by the end. flight_join with ATRIUM_FLIGHT_EARLY while the early result is out
+     * answers ATRIUM_FLIGHT_PUBLISHED: not parked, call flight_result now. flight_result
+     * answers ATRIUM_FLIGHT_RESULT_EARLY (1) with the early result and value instead of 0. */
+
+    /* [any] f's early result: result and value (NULL, or memory the flight owns from here,
+     * freed with the flight by free_value, like flight_finish's). Every request parked on f
+     * with ATRIUM_FLIGHT_EARLY is woken; the others wait for the end. 0, or ATRIUM_E_STATE:
+     * f published once already (once per flight; value untouched). Before flight_finish. */
+    int (*flight_publish)(atrium_flight *f, int result, void *value,
+                          void (*free_value)(void *value));
+    /* [any] The early result went stale (the work starts over): joins from now on wait for
+     * the end; requests already woken keep what they read. */
+    void (*flight_unpublish)(atrium_flight *f);
 };
 
 #define ATRIUM_FLIGHT_JOIN_ONLY 0x1u /* flight_join: only wait for work under way (1.8) */
+#define ATRIUM_FLIGHT_EARLY 0x2u /* flight_join: be woken by the early result too (1.9) */
+/* flight_join: only take an early result that is out now: ATRIUM_FLIGHT_PUBLISHED, or
+ * ATRIUM_E_NOTFOUND without parking (1.9) */
+#define ATRIUM_FLIGHT_EARLY_ONLY 0x4u
+#define ATRIUM_FLIGHT_RESULT_EARLY 1 /* flight_result: the early result (1.9) */
 
 /* What flight_join made of the request (1.8). */
 enum atrium_flight_role {
     ATRIUM_FLIGHT_LEAD = 1,   /* start the work, then flight_finish it */
     ATRIUM_FLIGHT_JOINED = 2, /* the work was under way */
+    ATRIUM_FLIGHT_PUBLISHED = 3, /* its early result is out: not parked, read it now (1.9) */
 };
 
 /* The lower-case hex of a SHA-256 digest, NUL-terminated, into `out` (1.5; no host call). */

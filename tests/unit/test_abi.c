@@ -61,7 +61,14 @@ _Static_assert(offsetof(struct atrium_host, flight_finish) == 8 + 88 * PTR, "hos
 _Static_assert(offsetof(struct atrium_host, flight_result) == 8 + 89 * PTR, "host 1.8 layout");
 _Static_assert(offsetof(struct atrium_host, flight_wanted) == 8 + 90 * PTR, "host 1.8 layout");
 _Static_assert(ATRIUM_FLIGHT_LEAD == 1 && ATRIUM_FLIGHT_JOINED == 2, "flight roles keep their values");
-_Static_assert(sizeof(struct atrium_host) == 8 + 91 * PTR, "members are appended only at a minor");
+/* 1.9, appended after flight_wanted: a flight's early result. */
+_Static_assert(offsetof(struct atrium_host, flight_publish) == 8 + 91 * PTR, "host 1.9 layout");
+_Static_assert(offsetof(struct atrium_host, flight_unpublish) == 8 + 92 * PTR, "host 1.9 layout");
+_Static_assert(ATRIUM_FLIGHT_PUBLISHED == 3 && ATRIUM_FLIGHT_RESULT_EARLY == 1 &&
+                   ATRIUM_FLIGHT_JOIN_ONLY == 0x1u && ATRIUM_FLIGHT_EARLY == 0x2u &&
+                   ATRIUM_FLIGHT_EARLY_ONLY == 0x4u,
+               "flight roles and flags keep their values");
+_Static_assert(sizeof(struct atrium_host) == 8 + 93 * PTR, "members are appended only at a minor");
 /* The caller's SHA-256 context: plugins allocate it, so its size and alignment are ABI. */
 _Static_assert(sizeof(atrium_sha256) == 128 && _Alignof(atrium_sha256) == 8,
                "atrium_sha256 layout changed");
@@ -78,7 +85,7 @@ _Static_assert(ATRIUM_ROUTE_STREAM_BODY == 0x1u && ATRIUM_ROUTE_FEDERATION == 0x
                "route flags keep their bits");
 _Static_assert(offsetof(atrium_route, body_chunk) == 5 * PTR && sizeof(atrium_route) == 7 * PTR,
                "atrium_route layout changed");
-_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 8, "this file pins ABI 1.8");
+_Static_assert(ATRIUM_ABI_MAJOR == 1 && ATRIUM_ABI_MINOR == 9, "this file pins ABI 1.9");
 /* Interfaces start with their size and version, then function pointers, appended only. */
 _Static_assert(offsetof(atrium_directory, size) == 0 && offsetof(atrium_directory, version) == 4,
                "directory/1 header changed");
