@@ -103,6 +103,10 @@ static void test_concurrent_lookups_of_one_name_share_one_discovery(void **state
     wk_set("slow.test", 200, NULL, "{\"m.server\": \"slow-b.test:4000\"}");
     wk_set_delay("slow.test", 300);
     dns_add_a("slow-b.test", "127.0.0.19", 300);
+    /* The second joins the first's flight (core/runtime/flight.c). */
+    rt_metric *shared = rt_metric_counter(g.metrics, "atrium_flights_shared_total",
+                                          "flights=\"federation_discovery\"", NULL);
+    int64_t shared_before = rt_metric_value(shared);
     result a, b;
     result_init(&a);
     result_init(&b);
@@ -113,6 +117,7 @@ static void test_concurrent_lookups_of_one_name_share_one_discovery(void **state
     assert_target(&a, "well-known", "slow-b.test", 4000, "slow-b.test:4000", "127.0.0.19");
     assert_target(&b, "well-known", "slow-b.test", 4000, "slow-b.test:4000", "127.0.0.19");
     assert_int_equal(wk_count("slow.test"), 1);
+    assert_int_equal(rt_metric_value(shared) - shared_before, 1);
 }
 
 static void test_unanswered_dns_ends_at_the_lookup_deadline(void **state)

@@ -7,8 +7,10 @@
  * outbound client hands it .well-known answers the same way (its callback runs on the
  * client's I/O thread and only copies and posts). The thread polls c-ares' sockets and the
  * eventfd, so a slow DNS server delays only the names waiting on it, and ends discoveries
- * at their deadline. Concurrent look-ups of one name join one discovery (its waiters), so
- * a burst of requests to a new destination costs one discovery.
+ * at their deadline. Concurrent look-ups of one name join one discovery, so a burst of
+ * requests to a new destination costs one discovery: the discovery is the work of the
+ * name's single flight (core/runtime/flight.h, docs/adr/0029-single-flight.md), and each
+ * look-up is a waiter on it, answered by its done when the flight finishes.
  *
  * A discovery is freed when it has answered and nothing it started is still out: each
  * outstanding query or fetch, and each step running, holds a reference. The steps
@@ -16,6 +18,7 @@
  * rules in fed_resolve_parse.c.
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,8 +55,6 @@ void fed_disc_answer(fed_disc *d, int rc, const fed_target *t, const char *err)
         return;
     d->done = true;
     fed_resolver *r = d->r;
-    rt_keytab_remove(&r->inflight, &d->ent);
-    rt_metric_set(r->m_in_flight, (int64_t)r->inflight.count);
     if (rc == 0) {
         for (size_t i = 0; i < FED_RESOLVE_N_STEPS; i++)
             if (strcmp(FED_RESOLVE_STEPS[i], t->step) == 0)
@@ -63,12 +64,18 @@ void fed_disc_answer(fed_disc *d, int rc, const fed_target *t, const char *err)
         rt_log(ATRIUM_LOG_INFO, "core", "federation: discovery of %s failed: %s", d->name,
                err);
     }
-    while (d->waiters) {
-        fed_resolve_waiter *w = d->waiters;
-        d->waiters = w->next;
-        w->cb(w->arg, rc, rc == 0 ? t : NULL, rc == 0 ? "" : err);
-        free(w);
-    }
+    /* No memory for the answer: the waiters are told so instead of the target. */
+    fed_resolve_answer *a = calloc(1, sizeof *a);
+    if (a && rc == 0)
+        a->t = *t;
+    if (a && rc != 0)
+        snprintf(a->err, sizeof a->err, "%s", err);
+    rt_flight *f = d->flight;
+    d->flight = NULL;
+    /* The gauge before the answers (whoever reads it after one sees this one gone): only
+     * this thread joins and finishes, so the count is exact. */
+    rt_metric_set(r->m_in_flight, rt_flights_in_flight(r->flights) - 1);
+    rt_flight_finish(f, a ? rc : ATRIUM_E_NOMEM, a, free); /* every waiter is answered */
 }
 
 void fed_disc_fail(fed_disc *d, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -147,45 +154,58 @@ static void msg_clear(fed_resolve_msg *m)
 
 /* ---- the resolver thread --------------------------------------------------------------------- */
 
+/* A look-up's answer: the flight of its name ended (the resolver's thread). */
+static void waiter_done(void *arg)
+{
+    fed_resolve_waiter *w = arg;
+    int rc = ATRIUM_E_NOMEM;
+    void *value = NULL;
+    rt_flight_waiter_result(&w->w, &rc, &value);
+    const fed_resolve_answer *a = value;
+    if (!a)
+        w->cb(w->arg, rc, NULL, "out of memory");
+    else
+        w->cb(w->arg, rc, rc == 0 ? &a->t : NULL, rc == 0 ? "" : a->err);
+    rt_flight_unref(w->f);
+    free(w);
+}
+
 static void lookup_start(fed_resolver *r, fed_resolve_msg *m)
 {
-    rt_keyent *k = rt_keytab_find(&r->inflight, m->name, rt_keytab_hash(&r->inflight, m->name));
     fed_resolve_waiter *w = calloc(1, sizeof *w);
-    if (!w) {
+    fed_disc *d = calloc(1, sizeof *d);
+    if (!w || !d) {
+        free(w);
+        free(d);
         m->cb(m->arg, ATRIUM_E_NOMEM, NULL, "out of memory");
         return;
     }
     w->cb = m->cb;
     w->arg = m->arg;
-    if (k) { /* joins the discovery already running for this name */
-        fed_disc *d = (fed_disc *)k;
-        w->next = d->waiters;
-        d->waiters = w;
+    w->w = (rt_flight_waiter){.done = waiter_done, .arg = w};
+    /* Joins the discovery already running for this name, or leads a new one. */
+    int rc = rt_flight_join(r->flights, m->name, 0, &w->w, &w->f);
+    if (rc != RT_FLIGHT_LEAD)
+        free(d);
+    if (rc == RT_FLIGHT_JOINED)
         return;
-    }
-    if (r->inflight.count >= r->max_in_flight) { /* names others choose: bounded */
+    if (rc < 0) {
         free(w);
-        rt_metric_add(r->m_refused, 1);
-        m->cb(m->arg, ATRIUM_E_LIMIT, NULL, "too many server discoveries are running");
+        if (rc == ATRIUM_E_LIMIT) /* names others choose: bounded */
+            rt_metric_add(r->m_refused, 1);
+        m->cb(m->arg, rc, NULL,
+              rc == ATRIUM_E_LIMIT ? "too many server discoveries are running"
+                                   : "out of memory");
         return;
     }
-    fed_disc *d = calloc(1, sizeof *d);
-    if (!d) {
-        free(w);
-        m->cb(m->arg, ATRIUM_E_NOMEM, NULL, "out of memory");
-        return;
-    }
+    rt_metric_set(r->m_in_flight, rt_flights_in_flight(r->flights));
     d->r = r;
+    d->flight = w->f;
     snprintf(d->name, sizeof d->name, "%s", m->name);
-    d->ent.key = d->name;
-    d->ent.hash = rt_keytab_hash(&r->inflight, d->name);
-    rt_keytab_insert(&r->inflight, &d->ent);
-    rt_metric_set(r->m_in_flight, (int64_t)r->inflight.count);
     d->next = r->discs;
     if (r->discs)
         r->discs->prev = d;
     r->discs = d;
-    d->waiters = w;
     d->deadline_ms = rt_now_ms() + r->timeout_ms;
     d->refs = 1; /* this step */
     fed_resolve_steps_begin(d);
@@ -354,8 +374,14 @@ fed_resolver *fed_resolve_new(const fed_resolve_settings *s, fed_http *http,
     size_t wk_cap = s->well_known_cache_entries > 0 ? (size_t)s->well_known_cache_entries
                                                     : FED_RESOLVE_DEFAULT_WK_ENTRIES;
     if (fed_resolve_cache_init(&r->dns, dns_cap, metrics, "dns") < 0 ||
-        fed_resolve_cache_init(&r->wk, wk_cap, metrics, "well_known") < 0 ||
-        rt_keytab_init(&r->inflight, FED_RESOLVE_INFLIGHT_EXPECTED) < 0)
+        fed_resolve_cache_init(&r->wk, wk_cap, metrics, "well_known") < 0)
+        goto fail;
+    if (r->max_in_flight > INT_MAX / FED_RESOLVE_WAITERS_PER_DISCOVERY)
+        r->max_in_flight = INT_MAX / FED_RESOLVE_WAITERS_PER_DISCOVERY;
+    r->flights = rt_flights_new(FED_RESOLVE_FLIGHTS_NAME, (int)r->max_in_flight,
+                                (int)r->max_in_flight * FED_RESOLVE_WAITERS_PER_DISCOVERY,
+                                metrics);
+    if (!r->flights)
         goto fail;
     r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (r->wake_fd < 0) {
@@ -488,11 +514,9 @@ void fed_resolve_free(fed_resolver *r)
     while (r->discs) { /* a fetch the client never ended: nothing will call back now */
         fed_disc *d = r->discs;
         r->discs = d->next;
-        while (d->waiters) {
-            fed_resolve_waiter *w = d->waiters;
-            d->waiters = w->next;
-            free(w);
-        }
+        /* Answered already at the stop, unless the thread never ran: answer it now. */
+        if (!d->done)
+            fed_disc_fail(d, ATRIUM_E_STOPPED, "the resolver is stopping");
         free(d);
     }
     if (r->ch_ok) {
@@ -501,7 +525,7 @@ void fed_resolve_free(fed_resolver *r)
     }
     fed_resolve_cache_destroy(&r->dns);
     fed_resolve_cache_destroy(&r->wk);
-    rt_keytab_destroy(&r->inflight);
+    rt_flights_free(r->flights);
     if (r->wake_fd >= 0)
         close(r->wake_fd);
     pthread_mutex_destroy(&r->mu);

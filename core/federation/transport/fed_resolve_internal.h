@@ -14,6 +14,7 @@
 #include <pthread.h>
 
 #include "core/federation/transport/fed_resolve.h"
+#include "core/runtime/flight.h"
 #include "core/runtime/keytab.h"
 
 #define FED_RESOLVE_DEFAULT_TIMEOUT_MS 15000
@@ -42,7 +43,10 @@
 #define FED_RESOLVE_ERR_BYTES 320
 #define FED_RESOLVE_CSV_BYTES 4096
 #define FED_RESOLVE_MAX_POLL_MS 1000
-#define FED_RESOLVE_INFLIGHT_EXPECTED 256 /* sizes the table of discoveries running */
+/* Look-ups waiting on discoveries others started, per discovery allowed at once: a bound
+ * far above what a burst needs (every caller of fed_resolve_lookup is bounded itself). */
+#define FED_RESOLVE_WAITERS_PER_DISCOVERY 64
+#define FED_RESOLVE_FLIGHTS_NAME "federation_discovery"
 
 /* ---- bounded caches (fed_resolve_cache.c) ---------------------------------------------------- */
 
@@ -115,22 +119,30 @@ typedef struct fed_resolve_msg {
     char error[FED_RESOLVE_ERR_BYTES];
 } fed_resolve_msg;
 
+/* One look-up waiting on a discovery: a waiter of the name's flight (malloc'd; freed by
+ * its done, which answers it). */
 typedef struct fed_resolve_waiter {
-    struct fed_resolve_waiter *next;
+    rt_flight_waiter w;
+    rt_flight *f;
     fed_resolve_cb cb;
     void *arg;
 } fed_resolve_waiter;
 
+/* A discovery's answer: the value its flight ends with (the flight frees it). */
+typedef struct fed_resolve_answer {
+    fed_target t;
+    char err[FED_RESOLVE_ERR_BYTES];
+} fed_resolve_answer;
+
 typedef void (*fed_addrs_cont)(fed_disc *d, const fed_dns_addrs *a, const char *err);
 
 struct fed_disc {
-    rt_keyent ent; /* in r->inflight while !done; key = name */
+    rt_flight *flight;     /* the name's flight, whose work this is, until it answers */
     fed_disc *prev, *next; /* r->discs: every discovery not yet freed */
     fed_resolver *r;
     char name[FED_RESOLVE_NAME_BYTES], host[FED_RESOLVE_NAME_BYTES];
     int port;
     int64_t deadline_ms;
-    fed_resolve_waiter *waiters;
     int refs; /* outstanding queries and fetches, and the step running */
     bool done;
     fed_url wk_url;
@@ -167,7 +179,7 @@ struct fed_resolver {
     ares_channel ch;
     bool ch_ok;
     fed_resolve_cache dns, wk;
-    rt_keytab inflight; /* at most max_in_flight entries */
+    rt_flights *flights; /* one discovery per name: at most max_in_flight names at once */
     size_t max_in_flight;
     fed_disc *discs;
     rt_metric *m_step[FED_RESOLVE_N_STEPS], *m_failed, *m_in_flight, *m_refused;
@@ -176,7 +188,8 @@ struct fed_resolver {
 /* ---- fed_resolve.c: a discovery's life ------------------------------------------------------- */
 /* Drop one reference; the discovery is freed once it has answered and none is left. */
 void fed_disc_unref(fed_disc *d);
-/* Answer every waiter once (later calls do nothing): rc 0 with t, or an error. */
+/* Answer every waiter once (later calls do nothing): rc 0 with t, or an error; the
+ * name's flight ends, so its next look-up starts a new discovery. */
 void fed_disc_answer(fed_disc *d, int rc, const fed_target *t, const char *err);
 void fed_disc_fail(fed_disc *d, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The end of every successful path; a target with no address fails ATRIUM_E_NOTFOUND. */
