@@ -228,6 +228,7 @@ typedef struct media {
 
     render_table *renders;
     atrium_flights *render_flights; /* one render per thumbnail key in this process */
+    atrium_flights *remote_flights; /* one fetch per remote file in this process (remote.c) */
     bool vips_started;
 
     atrium_pool *fetch_pool; /* media_fetch_threads workers: start fetches, store them */
@@ -284,7 +285,6 @@ typedef struct media_row {
 
 typedef struct upload_state upload_state;
 typedef struct fetch_waiter fetch_waiter;
-typedef struct remote_waiter remote_waiter;
 typedef struct remote_landing remote_landing;
 typedef struct fetch_hold fetch_hold;
 
@@ -309,7 +309,7 @@ typedef struct media_req {
     bool stream_ok;
     remote_landing *landing; /* remote_stream.c: the file being fetched this request follows */
     fetch_waiter *fw;     /* waiting in the fetch line */
-    remote_waiter *rw;    /* waiting for a fetch of the file */
+    atrium_flight *remote_flight; /* remote.c: the fetch of the file it waits for */
     int64_t remote_deadline_ms;
     int fetch_rounds; /* fetches this request waited for (a bound against loops) */
     uint64_t landed_seen; /* remote.c: the table's count of landed fetches at our last miss */

@@ -9,10 +9,12 @@
  * fetching is off, allow_remote=false or the origin is blocked; a cache hit is served like
  * local media; a miss takes a fetch budget slot and is handed to the fetch pool. In
  * admitted mode (the fetch pool) the cache is looked at again, then the request joins the
- * fetch of its file - starting it if none runs - and parks until it ends; woken, it reads
- * the stored copy or answers the failure. A fetch that lands between a request's miss and
- * its join would be started twice: the table counts landed fetches, and a request that
- * finds none running but the count moved looks again (REMOTE_MAX_LOOK_AGAIN times).
+ * fetch of its file - the host's single flight of its key, leading it if none runs - and
+ * parks until it ends (or, following the bytes, until its landing is published); woken, it
+ * reads the stored copy or answers the failure. A fetch that lands between a request's
+ * miss and its join would be started twice: the table counts landed fetches, and a
+ * request that finds none running but the count moved looks again (REMOTE_MAX_LOOK_AGAIN
+ * times).
  *
  * The answers (Element does not retry media, so they are exact): 404 M_NOT_FOUND only when
  * the origin says the file does not exist; 502 for an unreachable origin, a bad answer, a
@@ -37,12 +39,21 @@
 #define REMOTE_NEGATIVE_MAX 4096 /* remembered failures, at most */
 #define REMOTE_MAX_ROUNDS 3 /* fetches one request may wait for (thumbnail, original, ...) */
 #define REMOTE_MAX_LOOK_AGAIN 3 /* cache look-ups one request repeats before fetching anyway */
+/* Fetches under way at once, per fetch budget slot: a fetch goes on after the requests
+ * that wanted it were answered by their deadlines (up to remote_fetch_timeout_ms), so
+ * more run than requests hold slots; past this a miss is answered 503 at once. Waiters:
+ * each holds a slot, so media_fetch_max_in_flight of them at most. */
+#define REMOTE_FLIGHTS_PER_SLOT 4
 
 int remote_init(media *m)
 {
     m->remote = calloc(1, sizeof(*m->remote));
     if (!m->remote) return ATRIUM_E_NOMEM;
     pthread_mutex_init(&m->remote->mu, NULL);
+    int slots = m->cfg.fetch_max_in_flight;
+    m->remote_flights = m->h->flights_create(m->self, "remote", slots * REMOTE_FLIGHTS_PER_SLOT,
+                                             slots);
+    if (!m->remote_flights) return ATRIUM_E_NOMEM;
     m->timer = media_timer_start(m->h);
     return m->timer ? 0 : ATRIUM_E_NOMEM;
 }
@@ -183,15 +194,6 @@ void remote_key(const char *origin, const char *media_id, const media_size *thum
              thumb->crop ? "crop" : "scale", thumb->animated ? "-anim" : "");
 }
 
-/* ---- the job table (under the table's lock) ---------------------------------------- */
-
-remote_job **remote_job_slot(remote_table *t, const char *key)
-{
-    remote_job **pp = &t->buckets[media_bucket(key) * 7919u % REMOTE_TABLE_BUCKETS];
-    while (*pp && strcmp((*pp)->key, key) != 0) pp = &(*pp)->next;
-    return pp;
-}
-
 /* ---- the negative cache (under the table's lock) ------------------------------------ */
 
 /* How long a result is remembered: 0 = not at all. */
@@ -280,7 +282,54 @@ static void wanted_key(const media_req *st, const char *origin, const char *medi
     remote_key(origin, media_id, wants_thumb(st) ? &st->thumb_size : NULL, key, cap);
 }
 
-/* Admitted mode: join the fetch of the file (starting it when none runs) and park.
+/* A request that joined the fetch of key as rc said (a flight_join result, f the flight):
+ * the fetch started when it leads, ATRIUM_PARKED; it follows the published landing
+ * (MEDIA_GO); or the refusal answered. */
+static int joined_fetch(media *m, atrium_req *req, media_req *st, int rc, atrium_flight *f,
+                        const char *key, const char *origin, const char *media_id,
+                        const media_size *thumb)
+{
+    const atrium_host *h = m->h;
+    if (rc == ATRIUM_E_STOPPED) {
+        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    if (rc == ATRIUM_E_LIMIT) {
+        h->respond_error(req, 503, "M_UNKNOWN", "Too many remote media fetches under way; "
+                                                "retry shortly");
+        return ATRIUM_DONE;
+    }
+    if (rc < 0) return rc;
+    if (rc == ATRIUM_FLIGHT_PUBLISHED) { /* it streams: follow it */
+        void *landing = NULL;
+        h->metric_add(m->m_fetch_coalesced, 1);
+        if (h->flight_result(req, f, NULL, &landing) != ATRIUM_FLIGHT_RESULT_EARLY)
+            return remote_respond_failure(m, req, REMOTE_INTERNAL, origin);
+        return remote_follow_landing(m, req, st, landing);
+    }
+    st->remote_flight = f;
+    st->fetch_rounds++;
+    if (rc == ATRIUM_FLIGHT_JOINED) {
+        h->metric_add(m->m_fetch_coalesced, 1);
+        return ATRIUM_PARKED;
+    }
+    /* It leads: the job is the flight's work, finished exactly once from here. */
+    remote_job *j = remote_job_new(m, f, key, origin, media_id, thumb);
+    if (!j) {
+        h->flight_finish(f, REMOTE_INTERNAL, NULL, NULL);
+        return ATRIUM_PARKED;
+    }
+    pthread_mutex_lock(&m->remote->mu);
+    bool start_now = remote_origin_admit(m, m->remote, j);
+    pthread_mutex_unlock(&m->remote->mu);
+    if (start_now) {
+        int result = remote_job_begin(j);
+        if (result != REMOTE_STARTED) remote_job_complete(j, result);
+    }
+    return ATRIUM_PARKED;
+}
+
+/* Admitted mode: join the fetch of the file (leading it when none runs) and park.
  * ATRIUM_PARKED, LOOK_AGAIN (a fetch landed since our miss: look at the cache again),
  * MEDIA_GO (it follows a landing), or the outcome to return. */
 static int join_fetch(media *m, atrium_req *req, media_req *st, const char *origin,
@@ -289,55 +338,24 @@ static int join_fetch(media *m, atrium_req *req, media_req *st, const char *orig
     const atrium_host *h = m->h;
     char key[REMOTE_KEY_MAX];
     remote_key(origin, media_id, thumb, key, sizeof(key));
-    remote_waiter *w = h->req_alloc(req, sizeof(*w));
-    if (!w) return ATRIUM_E_NOMEM;
-    memset(w, 0, sizeof(*w));
-    w->req = req;
-    w->stream = st->stream_ok && !thumb && m->can_stream;
+    unsigned early = st->stream_ok && !thumb && m->can_stream ? ATRIUM_FLIGHT_EARLY : 0;
+    atrium_flight *f = NULL;
+    /* A fetch under way first (its landing, when it streams). */
+    int rc = h->flight_join(req, m->remote_flights, key, st->remote_deadline_ms,
+                            early | ATRIUM_FLIGHT_JOIN_ONLY, &f);
+    if (rc != ATRIUM_E_NOTFOUND)
+        return joined_fetch(m, req, st, rc, f, key, origin, media_id, thumb);
+    /* None runs. One may have ended since our look-up: a fetch's end is remembered
+     * (failure, landed count) before its flight lets the key go, so it shows here. */
     remote_table *t = m->remote;
-    int rc = ATRIUM_PARKED, remembered = REMOTE_OK;
-    bool known = false, stopping = false, start_now = false;
-    remote_landing *l = NULL;
-    remote_job **pp, *j, *fresh = NULL;
+    int remembered = REMOTE_OK;
     pthread_mutex_lock(&t->mu);
-    if (w->stream && (l = remote_landing_find(t, key))) goto out; /* it streams: follow it */
-    if ((known = negative_lookup(m, t, key, &remembered))) goto out;
-    pp = remote_job_slot(t, key);
-    j = *pp;
-    /* No fetch runs, but one landed since our cache miss: it may have been this file's,
-     * which left the table just before we came (fetching it again would be a second
-     * fetch of the same file). Look at the cache again, a bounded number of times. */
-    if (!j && t->landed != st->landed_seen && st->look_again < REMOTE_MAX_LOOK_AGAIN) {
-        st->look_again++;
-        rc = LOOK_AGAIN;
-        goto out;
-    }
-    if (!j && !(j = fresh = remote_job_new(m, key, origin, media_id, thumb))) {
-        rc = ATRIUM_E_NOMEM;
-        goto out;
-    }
-    /* Parked before the fetch can end (it wakes under the same lock's protection). */
-    if (h->req_wait(req, st->remote_deadline_ms) < 0) {
-        stopping = true;
-        goto out;
-    }
-    w->next = j->waiters;
-    j->waiters = w;
-    st->rw = w;
-    st->fetch_rounds++;
-    if (fresh) {
-        fresh->next = NULL;
-        *pp = fresh;
-        start_now = remote_origin_admit(m, t, fresh);
-    } else {
-        h->metric_add(m->m_fetch_coalesced, 1);
-    }
-out:
+    bool known = negative_lookup(m, t, key, &remembered);
+    /* One landed since our cache miss: it may have been this file's (fetching it again
+     * would be a second fetch of the same file). Look at the cache again, a bounded
+     * number of times. */
+    bool moved = !known && t->landed != st->landed_seen && st->look_again < REMOTE_MAX_LOOK_AGAIN;
     pthread_mutex_unlock(&t->mu);
-    if (l) {
-        h->metric_add(m->m_fetch_coalesced, 1);
-        return remote_follow_landing(m, req, st, l);
-    }
     if (known && remembered == REMOTE_NO_THUMBNAIL && thumb) { /* learnt meanwhile */
         st->thumb_fallback = true;
         return join_fetch(m, req, st, origin, media_id, NULL);
@@ -346,16 +364,12 @@ out:
         h->metric_add(m->m_negative_hits, 1);
         return remote_respond_failure(m, req, remembered, origin);
     }
-    if (stopping) {
-        if (fresh) remote_job_free(fresh);
-        h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
-        return ATRIUM_DONE;
+    if (moved) {
+        st->look_again++;
+        return LOOK_AGAIN;
     }
-    if (start_now) {
-        int result = remote_job_begin(fresh);
-        if (result != REMOTE_STARTED) remote_job_complete(fresh, result);
-    }
-    return rc;
+    rc = h->flight_join(req, m->remote_flights, key, st->remote_deadline_ms, early, &f);
+    return joined_fetch(m, req, st, rc, f, key, origin, media_id, thumb);
 }
 
 /* The fetch mode the calling thread runs in (the handoff to the fetch pool publishes
@@ -404,32 +418,31 @@ static int negative_answer(media *m, atrium_req *req, media_req *st, const char 
     return remote_respond_failure(m, req, remembered, origin);
 }
 
-/* A run after waiting for a fetch (st->rw): MEDIA_GO to look at the cache again (the fetch
- * stored the file, or the origin has no thumbnail, or another process's fetch ended),
- * MEDIA_GO with st->landing set (a stream to follow: look no further), or the outcome: the
- * fetch's failure, the deadline's 504, a wait for another process. */
+/* A run after waiting for a fetch (st->remote_flight): MEDIA_GO to look at the cache
+ * again (the fetch stored the file, or the origin has no thumbnail, or another process's
+ * fetch ended), MEDIA_GO with st->landing set (a stream to follow: look no further), or
+ * the outcome: the fetch's failure, the deadline's 504, a wait for another process. */
 static int after_fetch(media *m, atrium_req *req, media_req *st, const char *origin,
                        const char *media_id)
 {
-    remote_table *t = m->remote;
-    pthread_mutex_lock(&t->mu);
-    bool done = st->rw->done;
-    int result = st->rw->result;
-    if (!done) st->rw->abandoned = true;
-    pthread_mutex_unlock(&t->mu);
-    /* Not done: the deadline ran us; the fetch goes on for the others and still sends our
-     * one wake-up (the request stays valid until then). */
-    if (!done) return respond_timeout(m, req);
-    remote_landing *l = st->rw->landing;
-    st->rw = NULL;
+    atrium_flight *f = st->remote_flight;
+    st->remote_flight = NULL;
+    int result = REMOTE_INTERNAL;
+    void *landing = NULL;
+    int rc = m->h->flight_result(req, f, &result, &landing);
+    /* Not ended: the deadline ran us; the fetch goes on for the others. */
+    if (rc == ATRIUM_E_STOPPED) {
+        m->h->respond_error(req, 503, "M_UNKNOWN", "The server is stopping");
+        return ATRIUM_DONE;
+    }
+    if (rc < 0) return respond_timeout(m, req);
+    if (rc == ATRIUM_FLIGHT_RESULT_EARLY) return remote_follow_landing(m, req, st, landing);
     if (result == REMOTE_ELSEWHERE) { /* wait for the other process's fetch */
         st->fetch_rounds--;
         char key[REMOTE_KEY_MAX];
         wanted_key(st, origin, media_id, key, sizeof(key));
-        int rc = remote_claim_wait(m, req, st, key);
+        rc = remote_claim_wait(m, req, st, key);
         if (rc != MEDIA_GO) return rc;
-    } else if (result == REMOTE_STREAMING) {
-        return remote_follow_landing(m, req, st, l);
     } else if (result == REMOTE_NO_THUMBNAIL) {
         st->thumb_fallback = true;
     } else if (result != REMOTE_OK) {
@@ -486,13 +499,11 @@ static int defer_fetch(media *m, atrium_req *req, media_req *st, const char *ori
     if (st->stream_ok && m->can_stream && !wants_thumb(st)) {
         char key[REMOTE_KEY_MAX];
         remote_key(origin, media_id, NULL, key, sizeof(key));
-        pthread_mutex_lock(&m->remote->mu);
-        remote_landing *l = remote_landing_find(m->remote, key);
-        pthread_mutex_unlock(&m->remote->mu);
-        if (l) {
-            h->metric_add(m->m_fetch_coalesced, 1);
-            return remote_follow_landing(m, req, st, l);
-        }
+        atrium_flight *f = NULL; /* never parks: the landing, when it is out, or nothing */
+        int rc = h->flight_join(req, m->remote_flights, key, st->remote_deadline_ms,
+                                ATRIUM_FLIGHT_EARLY_ONLY, &f);
+        if (rc == ATRIUM_FLIGHT_PUBLISHED)
+            return joined_fetch(m, req, st, rc, f, key, origin, media_id, NULL);
     }
     int rc = fetch_budget_enter(m, req, st);
     if (rc != MEDIA_GO) return rc;
@@ -514,7 +525,7 @@ int remote_locate(media *m, atrium_req *req, media_req *st, const char *origin,
                   const char *media_id)
 {
     int rc;
-    if (st->rw) { /* a run after waiting for a fetch */
+    if (st->remote_flight) { /* a run after waiting for a fetch */
         rc = after_fetch(m, req, st, origin, media_id);
         /* MEDIA_GO with st->landing set: it follows the fetch's landing, nothing to look up. */
         if (rc != MEDIA_GO || st->landing) return rc;

@@ -1,6 +1,8 @@
 /*
  * plugins/media/remote.h - what the three files of remote media share, and nothing else
- * includes: the fetch table, its jobs, waiters and landings.
+ * includes: the fetch jobs, the per-origin cap, the negative cache and landings. One fetch
+ * per remote file is the host's single flight (m->remote_flights, one flight per key): the
+ * job is its work, requests are its waiters, and a landing is its early result.
  *   remote.c        the request path, the remote cache look-up, the negative cache
  *   remote_fetch.c  a fetch job: its transfer, the 429 retry, the commit, the per-origin cap
  *   remote_stream.c the landing: requests following a file as it is written
@@ -11,7 +13,7 @@
 
 #include "media.h"
 
-#define REMOTE_TABLE_BUCKETS 256
+#define REMOTE_TABLE_BUCKETS 256 /* the negative cache's */
 #define REMOTE_KEY_MAX (MEDIA_SERVER_NAME_MAX_CHARS + MEDIA_ID_MAX_CHARS + 2)
 #define REMOTE_ERROR_BODY_MAX 4096 /* an error answer's body kept to read its errcode */
 #define REMOTE_ORIGIN_BUCKETS 64
@@ -31,21 +33,11 @@ enum remote_result {
     REMOTE_NO_THUMBNAIL = 8, /* the origin has no thumbnail for it: fetch the original */
     REMOTE_ELSEWHERE = 9,    /* another process fetches it: wait for it (remote_claim.c) */
     REMOTE_ORIGIN_BUSY = 10, /* it kept answering 429 until the deadline (never remembered) */
-    REMOTE_STREAMING = 11,   /* a waiter's result only: follow the landing */
+    REMOTE_STREAMING = 11,   /* the flight's early result: follow the landing (its value) */
 };
 
 /* PHASE_LOCATION: the URL a multipart answer's Location part named (followed once). */
 enum fetch_phase { PHASE_FEDERATION = 0, PHASE_LEGACY, PHASE_LOCATION };
-
-struct remote_waiter {
-    atrium_req *req;
-    int result; /* enum remote_result, set (under the table's lock) before the wake */
-    bool done;
-    bool abandoned; /* its deadline answered it: the fetch need not start for it */
-    bool stream;    /* it may follow the file as it arrives (REMOTE_STREAMING) */
-    remote_landing *landing; /* with REMOTE_STREAMING: a reference for it */
-    remote_waiter *next;
-};
 
 /* A remote file being fetched, as its followers see it: the bytes written so far (a
  * descriptor of the temporary file, read with pread) and how the fetch ended. Shared by
@@ -88,8 +80,7 @@ typedef struct remote_job {
     media *m;
     bool thumb;        /* the origin's thumbnail of `size`, not the original */
     media_size size;
-    remote_waiter *waiters; /* under the table's lock */
-    struct remote_job *next;
+    atrium_flight *flight; /* the flight whose work this is: finished by remote_job_complete */
     struct remote_job *pending_next; /* in its origin's pending list */
     bool running;                    /* counted in its origin's running fetches */
     bool counted;                    /* counted in atrium_media_remote_fetches_running */
@@ -113,13 +104,13 @@ typedef struct remote_job {
     char redirect[MP_HEADER_VALUE_MAX]; /* a 3xx answer's Location header */
     int64_t transfer_deadline_ms;       /* the current transfer's */
     remote_landing *landing; /* once file bytes flow (an original): set under the lock */
+    bool published;          /* its landing was the flight's early result (once per flight) */
     bool quarantined;        /* job_commit (remote_fetch.c): its hash is quarantined */
     int tries_429;           /* answers of 429 so far */
 } remote_job;
 
 struct remote_table {
     pthread_mutex_t mu;
-    remote_job *buckets[REMOTE_TABLE_BUCKETS];
     remote_origin *origins[REMOTE_ORIGIN_BUCKETS];
     remote_negative *negative[REMOTE_TABLE_BUCKETS];
     size_t n_negative;
@@ -132,8 +123,6 @@ struct remote_table {
  * "<origin>/<media ID>/<W>x<H>-<method>[-anim]" for the origin's thumbnail of a size. */
 void remote_key(const char *origin, const char *media_id, const media_size *thumb, char *out,
                 size_t cap);
-/* [under the table's lock] Where the job of key is (or would be linked) in the table. */
-remote_job **remote_job_slot(remote_table *t, const char *key);
 /* How long a result is remembered by the negative cache: 0 = not at all. */
 int64_t remote_negative_ttl_ms(const media *m, int result);
 /* [under the table's lock] Remember result for key, when it is one to remember. */
@@ -141,9 +130,9 @@ void remote_negative_remember(media *m, remote_table *t, const char *key, int re
 
 /* ---- remote_fetch.c ----------------------------------------------------------------- */
 
-/* [under the table's lock] A new job for key, not linked anywhere yet; NULL without memory. */
-remote_job *remote_job_new(media *m, const char *key, const char *origin, const char *media_id,
-                           const media_size *thumb);
+/* A new job for key, the work of flight f; NULL without memory. */
+remote_job *remote_job_new(media *m, atrium_flight *f, const char *key, const char *origin,
+                           const char *media_id, const media_size *thumb);
 /* Free a job that never started (or has ended): its temporary file is dropped. */
 void remote_job_free(remote_job *j);
 /* [under the table's lock] Count a new job against its origin's cap: true when it may
@@ -153,7 +142,8 @@ bool remote_origin_admit(media *m, remote_table *t, remote_job *j);
 /* [fetch pool] The first start of a fetch, claimed across processes first. REMOTE_STARTED,
  * or the result to complete the job with. */
 int remote_job_begin(remote_job *j) MEDIA_MUST_CHECK;
-/* The fetch ended with result: every waiter is told and woken, the job freed. */
+/* The fetch ended with result: its flight finishes (every waiter is woken), the job is
+ * freed. */
 void remote_job_complete(remote_job *j, int result);
 /* The type and file name the answer declared for the file, made safe to store and serve. */
 void remote_job_meta(const remote_job *j, char *type, size_t type_cap, char *name,
@@ -162,16 +152,15 @@ void remote_job_meta(const remote_job *j, char *type, size_t type_cap, char *nam
 /* ---- remote_stream.c ---------------------------------------------------------------- */
 
 /* [outbound thread] Bytes were written: release them to the followers (all but the held
- * tail); the first release wakes the waiters that may follow. */
+ * tail); the first release publishes the landing as the flight's early result, which
+ * wakes the waiters that may follow. */
 void remote_landing_advance(remote_job *j);
 /* The fetch ended (or starts over): the followers get the rest (stored) or are cut. */
 void remote_landing_end(remote_job *j, bool stored);
-/* [under the table's lock] The running fetch of key, when it streams: a reference to its
- * landing, or NULL. */
-remote_landing *remote_landing_find(remote_table *t, const char *key);
-/* [req] The request follows l (a reference it now owns): MEDIA_GO with st->row describing
- * the file as far as it is known, or ATRIUM_DONE with 503. */
-int remote_follow_landing(media *m, atrium_req *req, media_req *st, remote_landing *l)
+/* [req] The request follows the landing a flight published (value, the flight's; a
+ * reference of its own is taken): MEDIA_GO with st->row describing the file as far as it
+ * is known, or ATRIUM_DONE with 503. */
+int remote_follow_landing(media *m, atrium_req *req, media_req *st, void *value)
     MEDIA_MUST_CHECK;
 
 #endif

@@ -41,8 +41,8 @@
 
 /* ---- the job ------------------------------------------------------------------------- */
 
-remote_job *remote_job_new(media *m, const char *key, const char *origin, const char *media_id,
-                           const media_size *thumb)
+remote_job *remote_job_new(media *m, atrium_flight *f, const char *key, const char *origin,
+                           const char *media_id, const media_size *thumb)
 {
     remote_job *j = calloc(1, sizeof(*j));
     mp_parser *mp = j ? calloc(1, sizeof(*mp)) : NULL;
@@ -52,6 +52,7 @@ remote_job *remote_job_new(media *m, const char *key, const char *origin, const 
     }
     j->mp = mp;
     j->m = m;
+    j->flight = f;
     snprintf(j->key, sizeof(j->key), "%s", key);
     snprintf(j->origin, sizeof(j->origin), "%s", origin);
     snprintf(j->media_id, sizeof(j->media_id), "%s", media_id);
@@ -67,15 +68,10 @@ void remote_job_free(remote_job *j)
     free(j);
 }
 
-/* Is a request still waiting for the job (not answered by its deadline meanwhile)? */
+/* Is a request still waiting for the job (within its deadline)? */
 static bool job_wanted(remote_job *j)
 {
-    pthread_mutex_lock(&j->m->remote->mu);
-    bool wanted = false;
-    for (remote_waiter *w = j->waiters; w; w = w->next)
-        if (!w->abandoned) wanted = true;
-    pthread_mutex_unlock(&j->m->remote->mu);
-    return wanted;
+    return j->m->h->flight_wanted(j->flight) > 0;
 }
 
 /* ---- the per-origin cap (under the table's lock) ------------------------------------ */
@@ -133,8 +129,8 @@ static remote_job *origin_release(media *m, remote_table *t, const remote_job *j
 
 static void job_start_task(void *arg, bool cancelled);
 
-/* The fetch ended: remember a failure, tell every waiter, wake them (after the lock),
- * forget the job, and let the origin's next pending fetch start. */
+/* The fetch ended: remember a failure, count it, finish the flight (which wakes every
+ * waiter), and let the origin's next pending fetch start. */
 void remote_job_complete(remote_job *j, int result)
 {
     media *m = j->m;
@@ -145,17 +141,11 @@ void remote_job_complete(remote_job *j, int result)
     if (j->claimed && result != REMOTE_STOPPING)
         remote_claim_end(m, j->key, result, remote_negative_ttl_ms(m, result));
     remote_landing_end(j, result == REMOTE_OK && !j->quarantined); /* its followers end too */
+    /* Remembered before the finish frees the key: a request that then finds no flight
+     * finds the failure or the landed count moved (remote.c, join_fetch). */
     pthread_mutex_lock(&t->mu);
-    remote_job **pp = remote_job_slot(t, j->key);
-    if (*pp == j) *pp = j->next;
     if (result == REMOTE_OK) t->landed++;
     remote_negative_remember(m, t, j->key, result);
-    remote_waiter *w = j->waiters;
-    j->waiters = NULL;
-    for (remote_waiter *x = w; x; x = x->next) {
-        x->result = result;
-        x->done = true;
-    }
     remote_job *start = origin_release(m, t, j);
     pthread_mutex_unlock(&t->mu);
     /* Counted before the waiters wake: whoever reads the metrics after an answer sees it. */
@@ -167,11 +157,7 @@ void remote_job_complete(remote_job *j, int result)
         h->metric_add(outcome, 1);
         if (result == REMOTE_OK) h->metric_add(m->m_fetched_via[j->phase], 1);
     }
-    while (w) {
-        remote_waiter *next = w->next; /* w may be freed once its request is woken */
-        h->req_wake(w->req);
-        w = next;
-    }
+    h->flight_finish(j->flight, result, NULL, NULL); /* every waiter is woken */
     if (j->counted) h->metric_add(m->m_fetches_running, -1);
     remote_job_free(j);
     if (start && h->pool_submit(m->fetch_pool, job_start_task, start) < 0)

@@ -3,15 +3,20 @@
  * landing a fetch opens once it has bytes to release, and the chunked answers that read
  * it (docs/adr/0005-remote-media-fetch-pool.md, "Waiters follow the bytes as they arrive").
  *
- * Waiters of an original that may stream (a plain GET of the whole file) are woken with
- * REMOTE_STREAMING as soon as it has bytes to release, and answer 200 at once with a
+ * Waiters of an original that may stream (a plain GET of the whole file) join its flight
+ * with ATRIUM_FLIGHT_EARLY; the landing is the flight's early result (REMOTE_STREAMING,
+ * host->flight_publish), which wakes them as soon as it has bytes to release, and they
+ * answer 200 at once with a
  * chunked body that follows the temporary file (host->respond_stream_wait): each read
  * returns what has been written, or WAIT; the writer signals the landing's event per
  * STREAM_SIGNAL_STEP_BYTES. The last STREAM_TAIL_HOLD_BYTES are released only once the
  * file is stored and its hash is not quarantined; a fetch that fails (cut off, too large,
  * garbage) or a quarantined hash ends every follower's body without its last chunk, so a
  * client can tell, and the cache keeps nothing. Requests that come while it streams follow
- * it too, without a fetch budget slot; a follower gives its slot back when it starts.
+ * it too (a join with ATRIUM_FLIGHT_EARLY_ONLY, which never parks), without a fetch budget
+ * slot; a follower gives its slot back when it starts. A fetch that starts over (never
+ * expected once bytes flowed) withdraws its landing and opens no second one: its waiters
+ * then wait for the end.
  * Requests waiting in another process do not follow: they read the stored copy.
  */
 #include <errno.h>
@@ -50,14 +55,14 @@ static void landing_free_arg(void *arg)
 }
 
 /* [outbound thread] An original has bytes to release (more than the held tail landed):
- * its landing, and the waiters that may follow it woken (after the lock). So a small file,
- * or a fetch that fails early, is answered with its exact code as before; once a follower
- * got its 200, a failure can only cut its body. Without memory or a descriptor there is
- * no landing: everyone waits for the end. */
+ * its landing, published as the flight's early result, which wakes the waiters that may
+ * follow it. So a small file, or a fetch that fails early, is answered with its exact code
+ * as before; once a follower got its 200, a failure can only cut its body. Without memory
+ * or a descriptor there is no landing: everyone waits for the end. */
 static void landing_open(remote_job *j)
 {
     media *m = j->m;
-    if (!m->can_stream || j->thumb) return;
+    if (!m->can_stream || j->thumb || j->published) return;
     remote_landing *l = calloc(1, sizeof(*l));
     if (!l) return;
     l->fd = fcntl(j->tmp.fd, F_DUPFD_CLOEXEC, 0);
@@ -72,29 +77,13 @@ static void landing_open(remote_job *j)
     l->deadline_ms = j->transfer_deadline_ms + STREAM_COMMIT_SLACK_MS;
     remote_job_meta(j, l->content_type, sizeof(l->content_type), l->upload_name,
                     sizeof(l->upload_name));
-    remote_table *t = m->remote;
-    remote_waiter *wake = NULL;
-    pthread_mutex_lock(&t->mu);
+    pthread_mutex_lock(&m->remote->mu);
     j->landing = l;
-    for (remote_waiter **pp = &j->waiters; *pp;) {
-        remote_waiter *w = *pp;
-        if (!w->stream || w->abandoned) {
-            pp = &w->next;
-            continue;
-        }
-        *pp = w->next;
-        w->result = REMOTE_STREAMING;
-        w->done = true;
-        w->landing = landing_ref(l);
-        w->next = wake;
-        wake = w;
-    }
-    pthread_mutex_unlock(&t->mu);
-    while (wake) {
-        remote_waiter *next = wake->next; /* wake may be freed once its request runs */
-        m->h->req_wake(wake->req);
-        wake = next;
-    }
+    pthread_mutex_unlock(&m->remote->mu);
+    j->published = true;
+    /* The flight keeps a reference for whoever reads it, the job its own for writing. */
+    if (m->h->flight_publish(j->flight, REMOTE_STREAMING, landing_ref(l), landing_free_arg) < 0)
+        landing_unref(l);
 }
 
 /* [outbound thread] Bytes were written: release them to the followers (all but the held
@@ -119,9 +108,10 @@ void remote_landing_end(remote_job *j, bool stored)
     remote_table *t = j->m->remote;
     pthread_mutex_lock(&t->mu);
     remote_landing *l = j->landing;
-    j->landing = NULL; /* no new followers */
+    j->landing = NULL;
     pthread_mutex_unlock(&t->mu);
     if (!l) return;
+    j->m->h->flight_unpublish(j->flight); /* no new followers */
     if (stored) atomic_store(&l->readable, j->bytes);
     atomic_store(&l->state, stored ? LANDING_DONE : LANDING_FAILED);
     j->m->h->event_signal(l->ev);
@@ -145,14 +135,6 @@ static int64_t landing_read(void *arg, uint64_t pos, char *buf, size_t max)
     return got > 0 ? (int64_t)got : ATRIUM_STREAM_ERROR;
 }
 
-/* The running fetch of key, when it streams: a reference to its landing, or NULL (under
- * the table's lock). */
-remote_landing *remote_landing_find(remote_table *t, const char *key)
-{
-    remote_job *j = *remote_job_slot(t, key);
-    return j && j->landing ? landing_ref(j->landing) : NULL;
-}
-
 static void landing_hold_release(void *arg)
 {
     media_req *st = arg;
@@ -160,10 +142,12 @@ static void landing_hold_release(void *arg)
     st->landing = NULL;
 }
 
-/* The request follows l (a reference it now owns): MEDIA_GO with st->row describing the
- * file as far as it is known, for download.c to answer with remote_respond_stream. */
-int remote_follow_landing(media *m, atrium_req *req, media_req *st, remote_landing *l)
+/* The request follows the published landing (a reference of its own): MEDIA_GO with
+ * st->row describing the file as far as it is known, for download.c to answer with
+ * remote_respond_stream. */
+int remote_follow_landing(media *m, atrium_req *req, media_req *st, void *value)
 {
+    remote_landing *l = landing_ref(value);
     st->landing = l;
     /* A hold, so the reference goes with the request whatever it answers. */
     if (m->h->req_hold(req, landing_hold_release, st) < 0 || !st->landing) {

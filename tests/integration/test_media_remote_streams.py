@@ -91,8 +91,12 @@ class StreamingToWaitersTest(RemoteMediaCase):
             self.assertEqual(sha(body), sha(data))
         self.assertEqual(o.media_hits("big"), 1)
         self.assertEqual(a.metric("atrium_media_remote_streamed_total"), 10)
+        # Each follower was handed the fetch's landing as its flight's early result.
+        remote = {"flights": "media.remote"}
+        self.assertEqual(a.metric("atrium_flights_early_total", remote), 10)
         self.assertEqual(self.settled(a, "atrium_http_streams_waiting"), 0)
         self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
+        self.assertEqual(a.metric("atrium_flights_in_flight", remote), 0)
         # Stored whole: the next request is a cache hit with its ETag, no second fetch.
         status, headers, again = a.request("GET", path, token=token, timeout=60)
         self.assertEqual((status, sha(again)), (200, sha(data)))
