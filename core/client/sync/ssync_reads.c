@@ -30,17 +30,19 @@
 
 /* The timelines of $1 (rooms) with $2 (limit + 1 each), each room's window ($3, $4] for
  * current state shown where it falls; from $5 the visibility condition, the timeline filter
- * and the ignored users. Per row: the event (EVENTS_SELECT's columns), the room's index,
- * and whether any relation points at the event. */
+ * and the ignored users. The positions are picked first (newest first, an index scan that
+ * stops at the limit), then rendered by primary key. Per row: the event (EVENTS_SELECT's
+ * columns), the room's index, and whether any relation points at the event. */
 #define TIMELINES_SQL                                                                          \
     "SELECT x.*, q.k, EXISTS (SELECT 1 FROM event_relations rel WHERE rel.relates_to = x.c1)" \
     " FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) WITH ORDINALITY"       \
     "  q(room, lim, wlo, whi, k)"                                                              \
-    " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.room_id = q.room AND (true%s OR ("          \
-    "  e.stream_pos > q.wlo AND e.stream_pos <= q.whi AND e.state_key IS NOT NULL AND EXISTS"  \
-    "  (SELECT 1 FROM current_state cs WHERE cs.room_id = q.room AND cs.type = e.type"         \
-    "  AND cs.state_key = e.state_key AND cs.event_id = e.event_id))%s%s"                     \
-    "  ORDER BY e.stream_pos DESC LIMIT q.lim) AS x(c0, c1)"                                   \
+    " CROSS JOIN LATERAL (SELECT e.stream_pos AS pos FROM events e WHERE e.room_id = q.room"   \
+    "  AND (true%s OR (e.stream_pos > q.wlo AND e.stream_pos <= q.whi AND e.state_key IS NOT NULL"\
+    "  AND EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = q.room AND cs.type = e.type"\
+    "  AND cs.state_key = e.state_key AND cs.event_id = e.event_id)))%s%s"                    \
+    "  ORDER BY e.stream_pos DESC LIMIT q.lim) t"                                              \
+    " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.stream_pos = t.pos) AS x(c0, c1)"           \
     " ORDER BY q.k, x.c0 DESC"
 enum { TL_VIS = 4, TL_FILTER = TL_VIS + ROOMS_VIS_MANY_PARAMS, TL_IGNORED = TL_FILTER + 4, TL_N };
 
@@ -51,13 +53,14 @@ enum { TL_VIS = 4, TL_FILTER = TL_VIS + ROOMS_VIS_MANY_PARAMS, TL_IGNORED = TL_F
 static const char STATE_SQL[] =
     "SELECT x.*, q.k FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::boolean[])"
     " WITH ORDINALITY q(room, after, allm, allt, k)"
-    " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.stream_pos IN (SELECT DISTINCT ON (s.type, s.state_key)"
-    "  s.stream_pos FROM events s WHERE s.room_id = q.room AND s.state_key IS NOT NULL"
+    " CROSS JOIN LATERAL (SELECT DISTINCT ON (s.type, s.state_key) s.stream_pos AS pos"
+    "  FROM events s WHERE s.room_id = q.room AND s.state_key IS NOT NULL"
     "  AND s.stream_pos <= $5::bigint AND s.stream_pos > q.after"
     "  AND (q.allt OR s.type IN (SELECT t.v FROM unnest($6::bigint[], $7::text[]) t(k, v) WHERE t.k = q.k))"
     "  AND (q.allm OR s.type <> 'm.room.member' OR s.state_key IN"
     "   (SELECT m.v FROM unnest($8::bigint[], $9::text[]) m(k, v) WHERE m.k = q.k))"
-    "  ORDER BY s.type, s.state_key, s.stream_pos DESC)) AS x(c0)"
+    "  ORDER BY s.type, s.state_key, s.stream_pos DESC) st"
+    " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.stream_pos = st.pos) AS x(c0)"
     " ORDER BY q.k, x.c0";
 
 typedef struct state_wants {

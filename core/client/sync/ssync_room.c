@@ -153,7 +153,7 @@ int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const ssync_facts 
         json_object_set_new(room, "initial", json_true());
     } else if (plan->member) {
         if (plan->initial) json_object_set_new(room, "initial", json_true());
-        send = send || member_room(s, facts, plan, room) > 0;
+        if (member_room(s, facts, plan, room) > 0) send = true;
     }
     if (rc < 0 || !send) {
         json_decref(room);
