@@ -217,7 +217,7 @@ class SlidingSyncTest(SharedServerTest):
         self.bob.join(shared)
         for i in range(3):
             self.alice.send(shared, {"msgtype": "m.text", "body": f"s{i}"})
-        answer = ss(self.bob, {"conn_id": "window", **one_list(timeline_limit=10)})
+        answer = ss(self.bob, {"conn_id": "window", **one_list(timeline_limit=30)})
         h = answer["rooms"][hidden]
         self.assertNotIn("before bob", bodies(h))
         self.assertEqual(bodies(h), ["after bob", "in the thread"])
