@@ -31,7 +31,8 @@
 /* The timelines of $1 (rooms) with $2 (limit + 1 each), each room's window ($3, $4] for
  * current state shown where it falls; from $5 the visibility condition, the timeline filter
  * and the ignored users. The positions are picked first (newest first, an index scan that
- * stops at the limit), then rendered by primary key. Per row: the event (EVENTS_SELECT's
+ * stops at the limit), then rendered by primary key (LIMIT 1, a no-op on the key, keeps the
+ * planner from joining the whole events table to them at once). Per row: the event (EVENTS_SELECT's
  * columns), the room's index, and whether any relation points at the event. */
 #define TIMELINES_SQL                                                                          \
     "SELECT x.*, q.k, EXISTS (SELECT 1 FROM event_relations rel WHERE rel.relates_to = x.c1)" \
@@ -42,7 +43,7 @@
     "  AND EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = q.room AND cs.type = e.type"\
     "  AND cs.state_key = e.state_key AND cs.event_id = e.event_id)))%s%s"                    \
     "  ORDER BY e.stream_pos DESC LIMIT q.lim) t"                                              \
-    " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.stream_pos = t.pos) AS x(c0, c1)"           \
+    " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.stream_pos = t.pos LIMIT 1) AS x(c0, c1)"   \
     " ORDER BY q.k, x.c0 DESC"
 enum { TL_VIS = 4, TL_FILTER = TL_VIS + ROOMS_VIS_MANY_PARAMS, TL_IGNORED = TL_FILTER + 4, TL_N };
 
@@ -60,7 +61,7 @@ static const char STATE_SQL[] =
     "  AND (q.allm OR s.type <> 'm.room.member' OR s.state_key IN"
     "   (SELECT m.v FROM unnest($8::bigint[], $9::text[]) m(k, v) WHERE m.k = q.k))"
     "  ORDER BY s.type, s.state_key, s.stream_pos DESC) st"
-    " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.stream_pos = st.pos) AS x(c0)"
+    " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.stream_pos = st.pos LIMIT 1) AS x(c0)"
     " ORDER BY q.k, x.c0";
 
 typedef struct state_wants {
