@@ -285,16 +285,13 @@ int rooms_ignored_users(PGconn *c, rt_arena *a, const char *user_id, const char 
 {
     *out = NULL;
     const char *p[1] = {user_id};
-    /* A list that is not an object of users ignores nobody (as Synapse reads it). */
     PGresult *res = rooms_q(c,
-                            "SELECT array_agg(k)::text FROM account_data,"
-                            " jsonb_object_keys(CASE WHEN jsonb_typeof(content->'ignored_users')"
-                            " = 'object' THEN content->'ignored_users' ELSE '{}' END) k"
+                            "SELECT " ROOMS_IGNORED_USERS_SQL("content") " FROM account_data"
                             " WHERE user_id = $1 AND room_id = '' AND type = 'm.ignored_user_list'",
                             1, p, NULL);
     if (!res) return ROOMS_E_DB;
     int rc = ROOMS_OK;
-    if (!PQgetisnull(res, 0, 0) && !(*out = rt_arena_strdup(a, PQgetvalue(res, 0, 0))))
+    if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0) && !(*out = rt_arena_strdup(a, PQgetvalue(res, 0, 0))))
         rc = ROOMS_E_DB; /* out of memory: no reading without the list */
     PQclear(res);
     return rc;

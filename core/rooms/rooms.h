@@ -266,6 +266,14 @@ int rooms_visibility(PGconn *c, const char *room_id, const char *user_id, rooms_
  * memory: the caller answers with no events instead of querying. */
 bool rooms_vis_window(rt_arena *a, const rooms_vis *v, int64_t lo, int64_t hi, bool hidden,
                       int n, const char **sql, const char **p);
+/* rooms_vis_window (not hidden) for n rooms in one query: room i's window lo[i] < pos <=
+ * hi[i] and visibility v[i] (all of one user), k the SQL expression of the row's room
+ * index from 1. open[i]: can anything of room i's window be visible (when not, the
+ * condition is false for it, and the caller need not ask). Parameters $pn ..
+ * $pn+ROOMS_VIS_MANY_PARAMS-1 into p. false when out of memory. */
+#define ROOMS_VIS_MANY_PARAMS 8
+bool rooms_vis_window_many(rt_arena *a, const rooms_vis *const *v, const int64_t *lo, const int64_t *hi,
+                           int n, int pn, const char *k, bool *open, const char **sql, const char **p);
 /* Does v show every event with lo < pos <= hi (nothing hidden in the window)? A window
  * past v->upto is not covered. */
 bool rooms_vis_covers(const rooms_vis *v, int64_t lo, int64_t hi);
@@ -349,6 +357,12 @@ bool rooms_filter_parse(rt_arena *a, const json_t *f, room_filter *out, char *wh
  * account data) as a text[] literal in arena a, or *out NULL when nobody is. Read once per
  * request by the readers of timelines. ROOMS_OK or ROOMS_E_DB (logged). */
 int rooms_ignored_users(PGconn *c, rt_arena *a, const char *user_id, const char **out);
+/* The rule of rooms_ignored_users as SQL: the text[] literal (NULL: nobody) of an
+ * m.ignored_user_list row's `content` (a list that is not an object of users ignores
+ * nobody, as Synapse reads it). */
+#define ROOMS_IGNORED_USERS_SQL(content)                                                        \
+    "(SELECT array_agg(k)::text FROM jsonb_object_keys(CASE WHEN jsonb_typeof(" content         \
+    "->'ignored_users') = 'object' THEN " content "->'ignored_users' ELSE '{}' END) k)"
 /* The SQL condition that leaves out of a timeline the events e of ignored users ($n, a
  * text[] or NULL): their message events go, their state events stay (the spec's rule:
  * ignoring does not hide the room's state). Lives in the arena. */

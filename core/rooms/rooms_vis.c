@@ -352,6 +352,49 @@ bool rooms_vis_window(rt_arena *a, const rooms_vis *v, int64_t lo, int64_t hi, b
     return p[0] && p[1] && p[2] && p[3] && p[4] && p[5] && *sql;
 }
 
+/* The twin of rooms_vis_window (not hidden) for several rooms at once (one query over a
+ * window of rooms): the same rule, with each room's values in arrays indexed by k. */
+bool rooms_vis_window_many(rt_arena *a, const rooms_vis *const *v, const int64_t *lo, const int64_t *hi,
+                           int n, int pn, const char *k, bool *open, const char **sql, const char **p)
+{
+    int64_t *w = rt_arena_alloc(a, (size_t)(n ? n : 1) * 4 * sizeof(int64_t));
+    int cap = n * (ROOMS_VIS_MAX_RANGES + 1) + 1, n_r = 0;
+    int64_t *rk = rt_arena_alloc(a, (size_t)cap * 3 * sizeof(int64_t));
+    if (!w || !rk) return false;
+    int64_t *rlo = rk + cap, *rhi = rlo + cap;
+    for (int i = 0; i < n; i++) {
+        int64_t l = lo[i] < v[i]->floor ? v[i]->floor : lo[i], h = hi[i] > v[i]->upto ? v[i]->upto : hi[i];
+        open[i] = l < h;
+        w[i] = open[i] ? l : 0;
+        w[n + i] = open[i] ? h : 0;
+        w[2 * n + i] = v[i]->floor;
+        w[3 * n + i] = v[i]->upto;
+        if (open[i] && v[i]->backfilled) { /* the backfilled region, (INT64_MIN, 0] */
+            rk[n_r] = i + 1;
+            rlo[n_r] = INT64_MIN;
+            rhi[n_r++] = 0;
+        }
+        for (int j = 0; open[i] && j < v[i]->n; j++) {
+            rk[n_r] = i + 1;
+            rlo[n_r] = v[i]->lo[j];
+            rhi[n_r++] = v[i]->hi[j];
+        }
+    }
+    for (int j = 0; j < 4; j++) p[j] = pos_array(a, w + (size_t)j * (size_t)n, n);
+    p[4] = pos_array(a, rk, n_r);
+    p[5] = pos_array(a, rlo, n_r);
+    p[6] = pos_array(a, rhi, n_r);
+    p[7] = n ? v[0]->user_id : "";
+    *sql = rt_arena_printf(a,
+                           " AND e.stream_pos > ($%d::bigint[])[%s] AND e.stream_pos <= ($%d::bigint[])[%s]"
+                           " AND (e.stream_pos > ($%d::bigint[])[%s] AND e.stream_pos <= ($%d::bigint[])[%s]"
+                           " AND (EXISTS (SELECT 1 FROM unnest($%d::bigint[], $%d::bigint[], $%d::bigint[])"
+                           "  r(k, lo, hi) WHERE r.k = %s AND e.stream_pos > r.lo AND e.stream_pos <= r.hi)"
+                           "  OR (e.type = 'm.room.member' AND e.state_key = $%d)))",
+                           pn, k, pn + 1, k, pn + 2, k, pn + 3, k, pn + 4, pn + 5, pn + 6, k, pn + 7);
+    return p[0] && p[1] && p[2] && p[3] && p[4] && p[5] && p[6] && *sql;
+}
+
 bool rooms_vis_covers(const rooms_vis *v, int64_t lo, int64_t hi)
 {
     if (lo >= hi) return true;

@@ -202,6 +202,48 @@ class SlidingSyncTest(SharedServerTest):
         zero = {"conn_id": "tl0", "room_subscriptions": {room: {"timeline_limit": 0, "required_state": []}}}
         self.assertEqual(ss(self.alice, zero)["rooms"][room]["timeline"], [])
 
+    def test_a_window_of_rooms_keeps_each_rooms_visibility_and_bundles(self):
+        # The window's timelines are read together (one query): each room keeps its own
+        # history visibility, limit and bundled relations.
+        hidden = self.alice.create_room(name="Joined only", initial_state=[{
+            "type": "m.room.history_visibility", "state_key": "", "content": {"history_visibility": "joined"}}])
+        self.alice.send(hidden, {"msgtype": "m.text", "body": "before bob"})
+        self.alice.ok("POST", f"{V3}/rooms/{quote(hidden)}/invite", {"user_id": self.bob.user_id})
+        self.bob.join(hidden)
+        root = self.alice.send(hidden, {"msgtype": "m.text", "body": "after bob"})
+        self.alice.send(hidden, {"msgtype": "m.text", "body": "in the thread",
+                                 "m.relates_to": {"rel_type": "m.thread", "event_id": root}})
+        shared = self.alice.create_room(name="Shared", invite=[self.bob.user_id])
+        self.bob.join(shared)
+        for i in range(3):
+            self.alice.send(shared, {"msgtype": "m.text", "body": f"s{i}"})
+        answer = ss(self.bob, {"conn_id": "window", **one_list(timeline_limit=30)})
+        h = answer["rooms"][hidden]
+        self.assertNotIn("before bob", bodies(h))
+        self.assertEqual(bodies(h), ["after bob", "in the thread"])
+        threaded = [e for e in h["timeline"] if e["event_id"] == root][0]
+        self.assertEqual(threaded["unsigned"]["m.relations"]["m.thread"]["count"], 1)
+        self.assertEqual(bodies(answer["rooms"][shared]), ["s0", "s1", "s2"])
+        self.assertFalse(answer["rooms"][shared]["limited"])
+        small = ss(self.bob, {"conn_id": "window2", **one_list(timeline_limit=2)})["rooms"]
+        self.assertEqual(bodies(small[shared]), ["s1", "s2"])
+        self.assertTrue(small[shared]["limited"])
+
+    def test_a_connection_keeps_its_eight_newest_positions(self):
+        room = self.alice.create_room(name="Positions")
+        body = {"conn_id": "eight", "room_subscriptions": {room: {"timeline_limit": 1, "required_state": []}}}
+        start = ss(self.alice, body)["pos"]
+        for i in range(8):  # retries of one pos, each with news: a new position each, the
+            # eighth pushing the retried one out (the newest eight stay)
+            self.alice.send(room, {"msgtype": "m.text", "body": f"p{i}"})
+            last = ss(self.alice, body, pos=start, timeout=0)["pos"]
+        rows = psql("SELECT count(*) FROM sliding_sync_positions p JOIN sliding_sync_connections c"
+                    f" USING (conn_key) WHERE c.user_id = '{self.alice.user_id}' AND c.conn_id = 'eight'",
+                    database=self.srv.database)
+        self.assertEqual(int(rows[0][0]), 8)
+        self.assertEqual(ss(self.alice, body, pos=start, expect=400)["errcode"], "M_UNKNOWN_POS")
+        self.assertEqual(ss(self.alice, body, pos=last, timeout=0)["rooms"], {})
+
     def test_an_invite_moves_between_the_invite_list_and_the_room_list(self):
         inviter = self.alice
         room = inviter.create_room(name="Invite me")

@@ -138,14 +138,22 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
     json_decref(quiet);
     size_t n = json_array_size(ids);
     ssync_facts *facts = calloc(n ? n : 1, sizeof(*facts));
-    int rc = facts ? ssync_facts_load(s, ids, facts) : ROOMS_E_DB;
+    ssync_plan *plans = calloc(n ? n : 1, sizeof(*plans));
+    int rc = facts && plans ? ssync_facts_load(s, ids, facts) : ROOMS_E_DB;
+    for (size_t i = 0; rc >= 0 && i < n; i++) {
+        room_id = json_string_value(json_array_get(ids, i));
+        pick = json_object_get(picked, room_id);
+        ssync_room_plan(&rs->rows[json_integer_value(json_object_get(pick, "i"))], &facts[i], pick,
+                        json_object_get(prev->rooms, room_id), prev->stream_pos, &plans[i]);
+    }
+    if (rc >= 0) rc = ssync_reads_load(s, plans, n);
     for (size_t i = 0; rc >= 0 && i < n; i++) {
         room_id = json_string_value(json_array_get(ids, i));
         pick = json_object_get(picked, room_id);
         const ssync_room_row *row = &rs->rows[json_integer_value(json_object_get(pick, "i"))];
         const json_t *sent = json_object_get(prev->rooms, room_id);
         json_t *out;
-        rc = ssync_room_result(s, row, &facts[i], pick, sent, prev->stream_pos, &out);
+        rc = ssync_room_result(s, row, &facts[i], pick, sent, &plans[i], &out);
         if (rc < 0 || !out) continue;
         json_int_t limit = ssync_room_sent_limit(pick, sent, out);
         json_object_set_new(a->rooms, room_id, out);
@@ -153,6 +161,8 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
                                                         limit, json_object_get(pick, "rsk")));
     }
     if (facts) ssync_facts_free(facts, n);
+    ssync_plans_free(plans, n);
+    free(plans);
     free(facts);
     json_decref(ids);
     return rc < 0 ? ROOMS_E_DB : ROOMS_OK;
@@ -163,10 +173,9 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
 {
     *a = (ssync_answer){json_object(), json_object(), json_object(), NULL, json_object(), false};
     ssync_rooms rs;
-    /* Timelines leave out what ignored users sent, as /sync's do (sync_rooms.c). */
-    if (rooms_ignored_users(s->c, s->r->arena, s->user, &s->timeline.ignored) < 0 ||
-        ssync_rooms_load(s, q, prev->stream_pos, &rs) < 0)
-        return ROOMS_E_DB;
+    /* Timelines leave out what ignored users sent, as /sync's do (sync_rooms.c): the
+     * list is read with the lists' account data (ssync_rooms_load). */
+    if (ssync_rooms_load(s, q, prev->stream_pos, &rs) < 0) return ROOMS_E_DB;
     json_t *picked = json_object();
     a->sent = carried_map(prev->rooms, &rs);
     int rc = ssync_lists_apply(s, q, &rs, a->counts, picked);
@@ -276,7 +285,7 @@ static int ssync_post(atrium_req *r)
         http_db_checkin(s.c);
         return ATRIUM_DONE;
     }
-    s.upto = sync_stream_upto(s.c);
+    s.upto = q.pos ? prev.upto : sync_stream_upto(s.c); /* with pos: read with it, one round trip less */
     if (s.upto < prev.stream_pos) s.upto = prev.stream_pos;
     ssync_answer a = {0};
     int rc = s.upto < 0 ? ROOMS_E_DB : build_answer(&s, &q, &prev, &a);
@@ -342,6 +351,20 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      " WHEN (NEW.type IN " SSYNC_BUMP_TYPES_SQL ") EXECUTE FUNCTION sliding_sync_bump();"
      "INSERT INTO sliding_sync_bumps (room_id, bump_stamp) SELECT room_id, max(stream_pos) FROM events"
      " WHERE type IN " SSYNC_BUMP_TYPES_SQL " GROUP BY room_id;"},
+    {3, "sliding_sync_start",
+     /* A connection started in one round trip (ssync_conn.c, ssync_conn_start): the one of
+      * that name replaced (its positions go with it), then the device's connections past
+      * max_conns (least recently used first) or unused since idle_before dropped. */
+     "CREATE FUNCTION sliding_sync_start(u text, d text, cid text, now_ms bigint, idle_before bigint,"
+     " max_conns bigint, OUT new_key bigint, OUT dropped bigint) LANGUAGE plpgsql AS $f$ BEGIN"
+     " DELETE FROM sliding_sync_connections WHERE user_id = u AND device_id = d AND conn_id = cid;"
+     " INSERT INTO sliding_sync_connections (user_id, device_id, conn_id, last_used_ms)"
+     "  VALUES (u, d, cid, now_ms) RETURNING conn_key INTO new_key;"
+     " DELETE FROM sliding_sync_connections WHERE conn_key IN ("
+     "  SELECT conn_key FROM sliding_sync_connections WHERE user_id = u AND device_id = d"
+     "  ORDER BY last_used_ms DESC, conn_key DESC OFFSET max_conns)"
+     "  OR (user_id = u AND device_id = d AND last_used_ms < idle_before);"
+     " GET DIAGNOSTICS dropped = ROW_COUNT; END $f$;"},
 };
 
 int ssync_init(core_runtime *rt)

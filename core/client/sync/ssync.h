@@ -9,6 +9,7 @@
  *   ssync_lists.c    the user's rooms: filters, activity order (bump_stamp), windows
  *   ssync_room.c     one room's result, built from /sync's readers (sync_rooms.h)
  *   ssync_facts.c    what those results read, read once for all the picked rooms
+ *   ssync_reads.c    their timelines and required_state, read once for all of them
  *   ssync_ext.c      the extensions: to_device, e2ee, account_data, receipts, typing
  *
  * Internal prefix: ssync_.
@@ -27,7 +28,7 @@
 /* The endpoint's route, metrics and /versions flag (called by the sync module's init),
  * and its tables (migrations of the sync module). */
 int ssync_init(core_runtime *rt);
-#define SSYNC_N_MIGRATIONS 2
+#define SSYNC_N_MIGRATIONS 3
 /* The event types that bump a room in activity order (Synapse's list), as SQL. */
 #define SSYNC_BUMP_TYPES_SQL                                                                   \
     "('m.room.create', 'm.room.message', 'm.room.encrypted', 'm.sticker', 'm.call.invite',"      \
@@ -109,10 +110,12 @@ typedef struct ssync_pos {
     int64_t stream_pos;
     json_t *rooms;     /* owned */
     json_t *counts;    /* owned: {list: count} */
+    int64_t upto;      /* stream_upto() when it was loaded (a request with pos reads it so) */
 } ssync_pos;
 
-/* Load the state of pos for (user, device, conn_id) and drop the connection's positions
- * older than it (the client has seen pos). 1 found, 0 unknown or expired, -1 database. */
+/* Load the state of pos for (user, device, conn_id), with stream_upto() read after it,
+ * and drop the connection's positions older than it (the client has seen pos). 1 found, 0
+ * unknown or expired, -1 database. */
 int ssync_conn_load(PGconn *c, const char *user, const char *device, const char *conn_id,
                     const char *pos, ssync_pos *out);
 /* Start the connection (user, device, conn_id) afresh (replacing one of that name),
@@ -149,7 +152,8 @@ typedef struct ssync_rooms {
 
 /* The rooms lists may hold, as of upto: joined, invited, knocked, and those left or
  * banned after `prev` (0: none), newest activity first; encryption and room type only when
- * one of q's lists filters on them. ROOMS_OK or ROOMS_E_DB. */
+ * one of q's lists filters on them. Sets s->timeline.ignored (the user's ignore list, read
+ * with the lists' account data). ROOMS_OK or ROOMS_E_DB. */
 int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_rooms *out);
 void ssync_rooms_free(ssync_rooms *rs);
 /* Apply every list to rs: counts into `counts` ({list: count}), and for each room in a
@@ -178,13 +182,39 @@ typedef struct ssync_facts {
 int ssync_facts_load(sync_ctx *s, const json_t *ids, ssync_facts *out);
 void ssync_facts_free(ssync_facts *f, size_t n);
 
-/* ---- one room (ssync_room.c) ------------------------------------------------------ */
+/* ---- one room (ssync_room.c) and the window's reads (ssync_reads.c) --------------- */
 
+/* What a picked room's result reads, decided by ssync_room_plan before anything is read,
+ * then read for every room of the window at once by ssync_reads_load. */
+typedef struct ssync_plan {
+    bool member;             /* joined, or was when last sent: timeline and required_state */
+    bool initial, expand, new_state;
+    int64_t sent_upto;
+    const char *room_id;
+    const rooms_vis *vis;    /* the room's facts' */
+    int64_t tl_lo, limit;    /* the timeline: the newest `limit` visible events of (tl_lo, upto] */
+    const json_t *pairs;     /* the required_state pairs */
+    int64_t state_after;     /* required_state: the changes after it (0: the current state) */
+    int64_t prev;            /* the previous pos's stream position (num_live), 0 first */
+    sync_timeline t;         /* read: events owned */
+    json_t *state;           /* read: the required_state events (owned) */
+    json_int_t num_live;     /* read */
+} ssync_plan;
+
+/* The plan of one picked room (facts: its ssync_facts; sent: the connection's
+ * [sent_upto, membership, timeline_limit, required_state key] for it, or NULL; prev: the
+ * previous pos's stream position, 0 first). */
+void ssync_room_plan(const ssync_room_row *row, const ssync_facts *facts, const json_t *pick,
+                     const json_t *sent, int64_t prev, ssync_plan *out);
+/* The timelines (bundles included), required_state and num_live of every member plan,
+ * with a few queries for all of them (ssync_reads.c). ROOMS_OK or ROOMS_E_DB;
+ * ssync_plans_free either way. */
+int ssync_reads_load(sync_ctx *s, ssync_plan *plans, size_t n);
+void ssync_plans_free(ssync_plan *plans, size_t n);
 /* The result of one picked room into *out (NULL when nothing changed since it was last
- * sent), with its facts (ssync_facts_load). sent: the connection's [sent_upto, membership] for the room, or NULL; prev: the
- * previous pos's stream position (0 first). ROOMS_OK or ROOMS_E_DB. */
+ * sent), from its facts and its plan's reads. ROOMS_OK or ROOMS_E_DB. */
 int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const ssync_facts *facts,
-                      const json_t *pick, const json_t *sent, int64_t prev, json_t **out);
+                      const json_t *pick, const json_t *sent, const ssync_plan *plan, json_t **out);
 
 /* Does the room's pick ask for more timeline than the connection sent it with (sent:
  * [sent_upto, membership, timeline_limit])? */

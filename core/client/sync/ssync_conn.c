@@ -60,12 +60,18 @@ int ssync_conn_load(PGconn *c, const char *user, const char *device, const char 
     char now[24], ps[24];
     const char *params[5] = {user, device, conn_id, num(ps, sizeof(ps), p),
                              num(now, sizeof(now), rooms_wall_ms())};
+    /* One statement (one round trip): the connection's last use, the position, the
+     * positions before it dropped (only when it is found), and the stream's position now
+     * (stream_upto(), read after the rest as ssync.c needs). */
     PGresult *res = rooms_q(c,
                             "WITH conn AS (UPDATE sliding_sync_connections SET last_used_ms = $5::bigint"
-                            "  WHERE user_id = $1 AND device_id = $2 AND conn_id = $3 RETURNING conn_key)"
-                            " SELECT p.conn_key, p.stream_pos, p.rooms::text, p.counts::text"
-                            " FROM sliding_sync_positions p JOIN conn ON conn.conn_key = p.conn_key"
-                            " WHERE p.pos = $4::bigint",
+                            "  WHERE user_id = $1 AND device_id = $2 AND conn_id = $3 RETURNING conn_key),"
+                            " found AS (SELECT p.conn_key, p.stream_pos, p.rooms::text, p.counts::text"
+                            "  FROM sliding_sync_positions p JOIN conn ON conn.conn_key = p.conn_key"
+                            "  WHERE p.pos = $4::bigint),"
+                            " dropped AS (DELETE FROM sliding_sync_positions d USING found"
+                            "  WHERE d.conn_key = found.conn_key AND d.pos < $4::bigint)"
+                            " SELECT found.*, stream_upto() FROM found",
                             5, params, NULL);
     if (!res) return -1;
     if (PQntuples(res) != 1) {
@@ -77,64 +83,34 @@ int ssync_conn_load(PGconn *c, const char *user, const char *device, const char 
     out->stream_pos = atoll(PQgetvalue(res, 0, 1));
     out->rooms = json_loads(PQgetvalue(res, 0, 2), 0, NULL);
     out->counts = json_loads(PQgetvalue(res, 0, 3), 0, NULL);
+    out->upto = atoll(PQgetvalue(res, 0, 4));
     PQclear(res);
     if (!json_is_object(out->rooms) || !json_is_object(out->counts)) {
-        ssync_pos_clear(out);
-        return -1;
-    }
-    char key[24];
-    const char *q[2] = {num(key, sizeof(key), out->conn_key), ps};
-    if (!db_exec(c, "DELETE FROM sliding_sync_positions WHERE conn_key = $1::bigint AND pos < $2::bigint",
-                 2, q)) {
         ssync_pos_clear(out);
         return -1;
     }
     return 1;
 }
 
-/* Inside a transaction: replace the connection of that name, and drop the device's
- * connections past the bound or unused too long. */
-static int conn_start(PGconn *c, const char *user, const char *device, const char *conn_id,
-                      int64_t *conn_key)
+int ssync_conn_start(PGconn *c, const char *user, const char *device, const char *conn_id,
+                     int64_t *conn_key)
 {
     char now[24], idle[24], max[24];
     const char *p[6] = {user, device, conn_id, num(now, sizeof(now), rooms_wall_ms()),
                         num(idle, sizeof(idle), rooms_wall_ms() - SSYNC_CONNECTION_IDLE_MS),
                         num(max, sizeof(max), SSYNC_MAX_CONNECTIONS)};
-    if (!db_exec(c, "DELETE FROM sliding_sync_connections WHERE user_id = $1 AND device_id = $2"
-                    " AND conn_id = $3", 3, p))
-        return -1;
-    PGresult *res = rooms_q(c,
-                            "INSERT INTO sliding_sync_connections (user_id, device_id, conn_id, last_used_ms)"
-                            " VALUES ($1, $2, $3, $4::bigint) RETURNING conn_key",
-                            4, p, NULL);
+    /* One call, one transaction (migration 3 of the sync module, ssync.c): the connection
+     * of that name replaced, and the device's connections past the bound or unused too
+     * long dropped. */
+    PGresult *res = rooms_q(c, "SELECT * FROM sliding_sync_start($1, $2, $3, $4::bigint, $5::bigint, $6::bigint)",
+                            6, p, NULL);
     if (!res) return -1;
     *conn_key = atoll(PQgetvalue(res, 0, 0));
-    PQclear(res);
-    const char *q[4] = {user, device, p[4], p[5]};
-    res = rooms_q(c,
-                  "DELETE FROM sliding_sync_connections WHERE conn_key IN ("
-                  " SELECT conn_key FROM sliding_sync_connections WHERE user_id = $1 AND device_id = $2"
-                  " ORDER BY last_used_ms DESC, conn_key DESC OFFSET $4::bigint)"
-                  " OR (user_id = $1 AND device_id = $2 AND last_used_ms < $3::bigint)",
-                  4, q, NULL);
-    if (!res) return -1;
-    int64_t dropped = atoll(PQcmdTuples(res));
+    int64_t dropped = atoll(PQgetvalue(res, 0, 1));
     PQclear(res);
     rt_metric_add(m_started, 1);
     rt_metric_add(m_dropped, dropped);
     return 0;
-}
-
-int ssync_conn_start(PGconn *c, const char *user, const char *device, const char *conn_id,
-                     int64_t *conn_key)
-{
-    if (!db_begin(c)) return -1;
-    if (conn_start(c, user, device, conn_id, conn_key) < 0) {
-        db_rollback(c);
-        return -1;
-    }
-    return db_commit(c) ? 0 : -1;
 }
 
 int ssync_conn_save(PGconn *c, int64_t conn_key, int64_t stream_pos, const json_t *rooms,
@@ -145,25 +121,24 @@ int ssync_conn_save(PGconn *c, int64_t conn_key, int64_t stream_pos, const json_
     const char *p[5] = {num(key, sizeof(key), conn_key), num(sp, sizeof(sp), stream_pos), rooms_text,
                         counts_text, num(max, sizeof(max), SSYNC_MAX_POSITIONS)};
     PGresult *res = NULL;
+    /* One statement: the new position, and the newest SSYNC_MAX_POSITIONS kept (the new one
+     * and the SSYNC_MAX_POSITIONS - 1 newest before it, which the statement's snapshot
+     * sees); the rest cannot be the client's latest. */
     if (rooms_text && counts_text)
         res = rooms_q(c,
-                      "INSERT INTO sliding_sync_positions (conn_key, stream_pos, rooms, counts)"
-                      " SELECT conn_key, $2::bigint, $3::jsonb, $4::jsonb FROM sliding_sync_connections"
-                      " WHERE conn_key = $1::bigint RETURNING pos",
-                      4, p, NULL);
+                      "WITH ins AS (INSERT INTO sliding_sync_positions (conn_key, stream_pos, rooms, counts)"
+                      "  SELECT conn_key, $2::bigint, $3::jsonb, $4::jsonb FROM sliding_sync_connections"
+                      "  WHERE conn_key = $1::bigint RETURNING pos),"
+                      " trimmed AS (DELETE FROM sliding_sync_positions WHERE conn_key = $1::bigint"
+                      "  AND EXISTS (SELECT 1 FROM ins) AND pos IN (SELECT pos FROM sliding_sync_positions"
+                      "  WHERE conn_key = $1::bigint ORDER BY pos DESC OFFSET $5::bigint - 1))"
+                      " SELECT pos FROM ins",
+                      5, p, NULL);
     free(rooms_text);
     free(counts_text);
     if (!res) return -1;
     int found = PQntuples(res);
     if (found == 1) snprintf(token, len, "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
-    if (found != 1) return -1;
-    const char *q[2] = {p[0], p[4]};
-    /* The newest SSYNC_MAX_POSITIONS stay; the rest cannot be the client's latest. */
-    if (!db_exec(c, "DELETE FROM sliding_sync_positions WHERE conn_key = $1::bigint AND pos IN ("
-                    " SELECT pos FROM sliding_sync_positions WHERE conn_key = $1::bigint"
-                    " ORDER BY pos DESC OFFSET $2::bigint)",
-                 2, q))
-        rt_log(ATRIUM_LOG_WARN, "core", "could not trim the positions of sliding sync connection %s", p[0]);
-    return 0;
+    return found == 1 ? 0 : -1;
 }

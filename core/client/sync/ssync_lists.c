@@ -30,58 +30,61 @@
 #include "core/client/sync/ssync.h"
 
 
-/* The user's room tags, as {room_id: {tag: {...}}}. */
-static int room_tags(sync_ctx *s, json_t **out)
+/* The account data the lists read, with one query: the ignore list into
+ * s->timeline.ignored, the rooms named in m.direct into *dms ({room_id: true}) and the
+ * room tags into *tags ({room_id: {tag: {...}}}). */
+static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
 {
-    *out = json_object();
+    *dms = json_object();
+    *tags = json_object();
+    s->timeline.ignored = NULL;
     const char *p[1] = {s->user};
     PGresult *res = rooms_q(s->c,
-                            "SELECT room_id, (content -> 'tags')::text FROM account_data WHERE user_id = $1"
-                            " AND room_id <> '' AND type = 'm.tag' AND jsonb_typeof(content -> 'tags') = 'object'",
+                            "SELECT room_id, type, CASE WHEN type = 'm.ignored_user_list' THEN "
+                            ROOMS_IGNORED_USERS_SQL("content") " WHEN type = 'm.tag' THEN (content -> 'tags')::text"
+                            " ELSE content::text END FROM account_data WHERE user_id = $1"
+                            " AND ((room_id = '' AND type IN ('m.direct', 'm.ignored_user_list'))"
+                            " OR (room_id <> '' AND type = 'm.tag' AND jsonb_typeof(content -> 'tags') = 'object'))",
                             1, p, NULL);
     if (!res) return ROOMS_E_DB;
+    int rc = ROOMS_OK;
     for (int i = 0; i < PQntuples(res); i++) {
-        json_t *tags = json_loads(PQgetvalue(res, i, 1), 0, NULL);
-        if (tags) json_object_set_new(*out, PQgetvalue(res, i, 0), tags);
-    }
-    PQclear(res);
-    return ROOMS_OK;
-}
-
-/* The rooms named in the user's m.direct account data, as {room_id: true}. */
-static int direct_rooms(sync_ctx *s, json_t **out)
-{
-    *out = json_object();
-    const char *p[1] = {s->user};
-    PGresult *res = rooms_q(s->c,
-                            "SELECT content::text FROM account_data WHERE user_id = $1 AND room_id = ''"
-                            " AND type = 'm.direct'",
-                            1, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    json_t *content = PQntuples(res) == 1 ? json_loads(PQgetvalue(res, 0, 0), 0, NULL) : NULL;
-    PQclear(res);
-    const char *who;
-    json_t *rooms;
-    json_object_foreach(content, who, rooms)
-    {
-        size_t i;
-        json_t *room;
-        json_array_foreach(rooms, i, room)
-        {
-            if (json_is_string(room)) json_object_set_new(*out, json_string_value(room), json_true());
+        const char *room = PQgetvalue(res, i, 0), *type = PQgetvalue(res, i, 1), *value = PQgetvalue(res, i, 2);
+        if (strcmp(type, "m.ignored_user_list") == 0) {
+            if (!PQgetisnull(res, i, 2) && !(s->timeline.ignored = rt_arena_strdup(s->r->arena, value)))
+                rc = ROOMS_E_DB; /* out of memory: no reading without the list */
+            continue;
         }
+        json_t *content = json_loads(value, 0, NULL);
+        if (strcmp(type, "m.tag") == 0) {
+            if (content) json_object_set_new(*tags, room, content);
+            continue;
+        }
+        const char *who;
+        json_t *rooms;
+        json_object_foreach(content, who, rooms)
+        {
+            size_t j;
+            json_t *r;
+            json_array_foreach(rooms, j, r)
+            {
+                if (json_is_string(r)) json_object_set_new(*dms, json_string_value(r), json_true());
+            }
+        }
+        json_decref(content);
     }
-    json_decref(content);
-    return ROOMS_OK;
+    PQclear(res);
+    return rc;
 }
 
 int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_rooms *out)
 {
     *out = (ssync_rooms){0};
     json_t *dms;
-    if (direct_rooms(s, &dms) < 0) return ROOMS_E_DB;
-    if (room_tags(s, &out->tags) < 0) {
+    if (account_data(s, &dms, &out->tags) < 0) {
         json_decref(dms);
+        json_decref(out->tags);
+        out->tags = NULL;
         return ROOMS_E_DB;
     }
     /* The encryption and the room type are read only when a list filters on them. */
