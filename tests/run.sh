@@ -84,6 +84,10 @@ on_exit() {
     local line
     for line in "${summary[@]}"; do printf '%s\n' "$line"; done
     [ ! -s "$build_times_file" ] || printf 'builds: %s\n' "$(paste -sd ' ' "$build_times_file")"
+    if [ -n "${CMAKE_C_COMPILER_LAUNCHER:-}" ]; then
+        printf 'ccache: %s\n' "$(ccache --print-stats 2>/dev/null |
+            awk -F'\t' '$1 ~ /^(direct_cache_hit|preprocessed_cache_hit|cache_miss)$/ {printf "%s=%s ", $1, $2}')"
+    fi
     rm -f "$build_times_file"
     slowest_tests
     if [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]; then
@@ -222,6 +226,15 @@ e2e_stamp=tests/e2e/node_modules/.atrium-lock
 if ! cmp -s tests/e2e/package-lock.json "$e2e_stamp" 2>/dev/null; then
     npm ci --prefix tests/e2e --no-audit --no-fund --loglevel=error
     cp tests/e2e/package-lock.json "$e2e_stamp"
+fi
+
+# The four trees compile through ccache: a run on a machine that has run the suite before
+# (a second clone, CI after a developer's run) recompiles only the files that changed.
+# Paths are taken relative to the clone, so clones in different folders share the cache;
+# it lives in ccache's default folder (~/.cache/ccache) unless CCACHE_DIR says otherwise.
+if command -v ccache >/dev/null 2>&1; then
+    export CMAKE_C_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+    ccache --zero-stats >/dev/null 2>&1 || true
 fi
 
 build_plain() {

@@ -36,6 +36,8 @@ ATRIUM_TEST_PACKAGES=(
     python3-matrix-nio  # test_matrix_nio: the Python SDK that speaks only the r0 prefixes
     clang          # the fuzzing suite (tests/fuzz, build-fuzz/): libFuzzer ships with it
     haproxy        # test_scaleout, bench/scaleout.sh: the balancer in front of several processes
+    ccache         # tests/run.sh compiles its four trees through it (a second run recompiles
+                   # only what changed, whatever the clone's path)
     # The E2E tests (matrix-js-sdk) need Node.js >= 20, which the machines bring;
     # tests/run.sh installs Debian's nodejs and npm only where node is missing.
 )

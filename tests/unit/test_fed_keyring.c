@@ -65,7 +65,7 @@ static fed_key_set *valid_set(const char *server, const fed_signing_key *k, int6
 {
     json_t *d = doc_of(server, k, valid_until);
     char why[FED_KEYRING_ERROR_MAX_BYTES];
-    fed_key_set *s = fed_keyring_validate(d, server, atomic_load(&fake_now), why, sizeof(why));
+    fed_key_set *s = fed_keyvalid_doc(d, server, atomic_load(&fake_now), why, sizeof(why));
     if (!s) fail_msg("%s", why);
     json_decref(d);
     return s;
@@ -85,7 +85,7 @@ static void test_good_document_yields_keys_with_capped_validity(void **state)
                                        sizeof(err)), 0);
     /* valid_until_ts 30 days ahead: used for 7 days at most. */
     json_t *d = fed_server_key_document("remote.example", &remote_key, &old, 1, T0, 30 * DAY_MS);
-    fed_key_set *s = fed_keyring_validate(d, "remote.example", T0, why, sizeof(why));
+    fed_key_set *s = fed_keyvalid_doc(d, "remote.example", T0, why, sizeof(why));
     assert_non_null(s);
     assert_int_equal(s->n, 2);
     assert_string_equal(s->keys[0].key_id, "ed25519:r1");
@@ -103,7 +103,7 @@ static void test_good_document_yields_keys_with_capped_validity(void **state)
 
     /* valid_until_ts within the cap is used as is. */
     d = fed_server_key_document("remote.example", &remote_key, NULL, 0, T0, HOUR_MS);
-    s = fed_keyring_validate(d, "remote.example", T0, why, sizeof(why));
+    s = fed_keyvalid_doc(d, "remote.example", T0, why, sizeof(why));
     assert_non_null(s);
     assert_int_equal(s->keys[0].valid_until_ms, T0 + HOUR_MS);
     fed_key_set_free(s);
@@ -113,7 +113,7 @@ static void test_good_document_yields_keys_with_capped_validity(void **state)
 static void expect_refused(const json_t *d, const char *server, const char *reason)
 {
     char why[FED_KEYRING_ERROR_MAX_BYTES] = "";
-    fed_key_set *s = fed_keyring_validate(d, server, T0, why, sizeof(why));
+    fed_key_set *s = fed_keyvalid_doc(d, server, T0, why, sizeof(why));
     if (s || !strstr(why, reason)) fail_msg("accepted or wrong reason: \"%s\" (wanted \"%s\")",
                                             why, reason);
 }
@@ -142,7 +142,7 @@ static void test_document_missing_a_self_signature_is_refused(void **state)
     /* Signed by both: accepted. */
     assert_int_equal(fed_sign_json(d, "remote.example", &remote_key2), 0);
     char why[FED_KEYRING_ERROR_MAX_BYTES];
-    fed_key_set *s = fed_keyring_validate(d, "remote.example", T0, why, sizeof(why));
+    fed_key_set *s = fed_keyvalid_doc(d, "remote.example", T0, why, sizeof(why));
     assert_non_null(s);
     assert_int_equal(s->n, 2);
     fed_key_set_free(s);
@@ -182,7 +182,7 @@ static void test_document_shape_is_checked(void **state)
                         json_pack("{s:s}", "key", "whatever"));
     fed_sign_json(d, "remote.example", &remote_key);
     char why[FED_KEYRING_ERROR_MAX_BYTES];
-    fed_key_set *s = fed_keyring_validate(d, "remote.example", T0, why, sizeof(why));
+    fed_key_set *s = fed_keyvalid_doc(d, "remote.example", T0, why, sizeof(why));
     assert_non_null(s);
     assert_int_equal(s->n, 1);
     fed_key_set_free(s);
@@ -192,7 +192,7 @@ static void test_document_shape_is_checked(void **state)
     fed_signing_key dashed = remote_key;
     snprintf(dashed.key_id, sizeof(dashed.key_id), "ed25519:auto-1");
     d = doc_of("remote.example", &dashed, T0 + DAY_MS);
-    s = fed_keyring_validate(d, "remote.example", T0, why, sizeof(why));
+    s = fed_keyvalid_doc(d, "remote.example", T0, why, sizeof(why));
     assert_non_null(s);
     assert_string_equal(s->keys[0].key_id, "ed25519:auto-1");
     fed_key_set_free(s);
@@ -229,12 +229,12 @@ static void test_notary_answer_needs_the_notary_signature(void **state)
     json_t *resp = json_pack("{s:[O, O]}", "server_keys", other, d);
     char why[FED_KEYRING_ERROR_MAX_BYTES] = "";
     /* Only the origin signed: refused. */
-    assert_null(fed_keyring_validate_notary(resp, "remote.example", &notary, T0, why, sizeof(why)));
+    assert_null(fed_keyvalid_notary(resp, "remote.example", &notary, T0, why, sizeof(why)));
     assert_non_null(strstr(why, "not signed with any of its configured keys"));
     /* The notary signs (its copy in the list). */
     json_t *listed = json_array_get(json_object_get(resp, "server_keys"), 1);
     assert_int_equal(fed_sign_json(listed, "notary.example", &notary_key), 0);
-    fed_key_set *s = fed_keyring_validate_notary(resp, "remote.example", &notary, T0, why,
+    fed_key_set *s = fed_keyvalid_notary(resp, "remote.example", &notary, T0, why,
                                                  sizeof(why));
     if (!s) fail_msg("%s", why);
     assert_int_equal(s->n, 1);
@@ -245,7 +245,7 @@ static void test_notary_answer_needs_the_notary_signature(void **state)
     json_t *newer = doc_of("remote.example", &remote_key, T0 + 3 * DAY_MS);
     fed_sign_json(newer, "notary.example", &notary_key);
     json_array_append_new(json_object_get(resp, "server_keys"), newer);
-    s = fed_keyring_validate_notary(resp, "remote.example", &notary, T0, why, sizeof(why));
+    s = fed_keyvalid_notary(resp, "remote.example", &notary, T0, why, sizeof(why));
     if (!s) fail_msg("%s", why);
     assert_int_equal(s->n, 1);
     assert_int_equal(s->keys[0].valid_until_ms, T0 + 3 * DAY_MS);
@@ -255,14 +255,14 @@ static void test_notary_answer_needs_the_notary_signature(void **state)
     json_object_set_new(json_object_get(json_object_get(listed, "signatures"), "notary.example"),
                         notary_key.key_id,
                         json_string("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"));
-    assert_null(fed_keyring_validate_notary(resp, "remote.example", &notary, T0, why, sizeof(why)));
+    assert_null(fed_keyvalid_notary(resp, "remote.example", &notary, T0, why, sizeof(why)));
     assert_non_null(strstr(why, "does not verify"));
     /* Nothing for the server asked about. */
-    assert_null(fed_keyring_validate_notary(resp, "third.example", &notary, T0, why, sizeof(why)));
+    assert_null(fed_keyvalid_notary(resp, "third.example", &notary, T0, why, sizeof(why)));
     assert_non_null(strstr(why, "no keys for third.example"));
     /* A notary without configured keys cannot vouch. */
     fed_notary blind = {"notary.example", NULL, 0};
-    assert_null(fed_keyring_validate_notary(resp, "remote.example", &blind, T0, why, sizeof(why)));
+    assert_null(fed_keyvalid_notary(resp, "remote.example", &blind, T0, why, sizeof(why)));
     json_decref(resp);
     json_decref(d);
     json_decref(other);
@@ -671,7 +671,7 @@ static void test_notary_serves_cached_documents_signed_by_us(void **state)
     fed_sign_json(d, "notary.example", &notary_key);
     char why[FED_KEYRING_ERROR_MAX_BYTES];
     fed_keyring_fetched(ring, "remote.example",
-                        fed_keyring_validate(d, "remote.example", T0, why, sizeof(why)), NULL);
+                        fed_keyvalid_doc(d, "remote.example", T0, why, sizeof(why)), NULL);
     json_decref(d);
     json_t *own_doc = fed_server_key_document("me.example", &own_key, NULL, 0, T0, DAY_MS);
 
@@ -681,7 +681,7 @@ static void test_notary_serves_cached_documents_signed_by_us(void **state)
     notary_answer n = {.resp = NULL};
     pthread_mutex_init(&n.mu, NULL);
     rt_cond_init(&n.cv);
-    assert_int_equal(fed_keyring_notary_query(ring, c, 3, "me.example", &own_key, own_doc, &resp,
+    assert_int_equal(fed_notary_query(ring, c, 3, "me.example", &own_key, own_doc, &resp,
                                               on_notary, &n), FED_KEYRING_ANSWERED);
     json_t *list = json_object_get(resp, "server_keys");
     assert_int_equal(json_array_size(list), 2); /* remote.example once, and ours */
@@ -700,7 +700,7 @@ static void test_notary_serves_cached_documents_signed_by_us(void **state)
     /* Not cached: fetched first (one fetch for both criteria), answered when it arrives. */
     fed_notary_criterion c2[] = {{"new.example", "ed25519:r2", T0}, {"new.example", NULL, T0}};
     resp = NULL;
-    assert_int_equal(fed_keyring_notary_query(ring, c2, 2, "me.example", &own_key, own_doc, &resp,
+    assert_int_equal(fed_notary_query(ring, c2, 2, "me.example", &own_key, own_doc, &resp,
                                               on_notary, &n), FED_KEYRING_PENDING);
     assert_int_equal(atomic_load(&H.calls), 1);
     fed_keyring_fetched(ring, "new.example", valid_set("new.example", &remote_key2, T0 + DAY_MS),
@@ -714,7 +714,7 @@ static void test_notary_serves_cached_documents_signed_by_us(void **state)
 
     /* A server that cannot be reached and was never cached: an empty answer. */
     fed_notary_criterion c3[] = {{"dead.example", NULL, T0}};
-    assert_int_equal(fed_keyring_notary_query(ring, c3, 1, "me.example", &own_key, own_doc, &resp,
+    assert_int_equal(fed_notary_query(ring, c3, 1, "me.example", &own_key, own_doc, &resp,
                                               on_notary, &n), FED_KEYRING_PENDING);
     fed_keyring_fetched(ring, "dead.example", NULL, "timed out");
     resp = wait_notary(&n);
@@ -724,7 +724,7 @@ static void test_notary_serves_cached_documents_signed_by_us(void **state)
     /* A cached server whose origin is down now keeps being served (its last answer). */
     atomic_store(&fake_now, T0 + 2 * DAY_MS);
     fed_notary_criterion c4[] = {{"remote.example", NULL, T0 + 2 * DAY_MS}};
-    assert_int_equal(fed_keyring_notary_query(ring, c4, 1, "me.example", &own_key, own_doc, &resp,
+    assert_int_equal(fed_notary_query(ring, c4, 1, "me.example", &own_key, own_doc, &resp,
                                               on_notary, &n), FED_KEYRING_PENDING);
     fed_keyring_fetched(ring, "remote.example", NULL, "connection refused");
     resp = wait_notary(&n);
@@ -794,7 +794,7 @@ static void test_keys_survive_in_postgresql_across_rings(void **state)
     json_t *d = fed_server_key_document("remote.example", &remote_key, &old, 1, T0, DAY_MS);
     char why[FED_KEYRING_ERROR_MAX_BYTES];
     fed_keyring_fetched(ring, "remote.example",
-                        fed_keyring_validate(d, "remote.example", T0, why, sizeof(why)), NULL);
+                        fed_keyvalid_doc(d, "remote.example", T0, why, sizeof(why)), NULL);
     json_decref(d);
     wait_answers(&a, 1);
     assert_int_equal(a.found, 1);

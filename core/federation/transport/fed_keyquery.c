@@ -60,7 +60,7 @@ static int query(atrium_req *r, const fed_notary_criterion *criteria, size_t n)
     http_req_on_free(r, notary_state_free, st);
     json_t *own = fed_own_key_document(m);
     http_req_ref(r); /* the callback's */
-    int rc = fed_keyring_notary_query(m->keyring, criteria, n, m->server_name, &m->key, own,
+    int rc = fed_notary_query(m->keyring, criteria, n, m->server_name, &m->key, own,
                                       &st->response, notary_answered, st);
     if (own) json_decref(own);
     if (rc != FED_KEYRING_PENDING) {

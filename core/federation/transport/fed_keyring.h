@@ -3,7 +3,7 @@
  * document, the cache (bounded memory in front of PostgreSQL), one fetch per server no
  * matter how many requests wait for it, and the notary answer of /_matrix/key/v2/query.
  *
- * Validation (fed_keyring_validate, _validate_notary) is pure: it turns a fetched JSON
+ * Validation (fed_keyvalid_doc, fed_keyvalid_notary) is pure: it turns a fetched JSON
  * document into a fed_key_set, the only form in which keys enter the ring, or says why
  * not. A document is accepted when its server_name is the one asked for, valid_until_ts is
  * there, and every ed25519 key in verify_keys has signed it; a notary's answer must also
@@ -26,16 +26,17 @@
  * run on the thread that completed the resolution: the ring's pool thread, or the thread
  * that called fed_keyring_fetched (the outbound client's I/O thread): they must be quick
  * and must not block (resume a parked request, no PostgreSQL). They are never called with
- * a ring lock held, so they may call into the ring again. Internal prefix: fed_keyring_.
+ * a ring lock held, so they may call into the ring again. Each file exports its own prefix:
+ * fed_keyring_ (fed_keyring.c), fed_keyvalid_ (fed_keyvalid.c), fed_notary_ (fed_notary.c).
  *
  * Wiring, in outline (the integrator's fetch hook, on top of fed_http.h and discovery):
  *     static int fetch(void *arg, fed_keyring *ring, const char *server)
  *     {   submit GET /_matrix/key/v2/server (or POST /_matrix/key/v2/query to a trusted
  *         key server) and return 0; in the request's on_done (I/O thread):
  *             json_t *doc = json_loadb(res->body, res->body_len, 0, NULL);
- *             fed_key_set *k = doc ? fed_keyring_validate(doc, server, rt_wall_ms(), why,
+ *             fed_key_set *k = doc ? fed_keyvalid_doc(doc, server, rt_wall_ms(), why,
  *                                                         sizeof(why)) : NULL;
- *             (or fed_keyring_validate_notary; on failure try the next source)
+ *             (or fed_keyvalid_notary; on failure try the next source)
  *             fed_keyring_fetched(ring, server, k, k ? NULL : why);
  *             json_decref(doc);
  *     }
@@ -106,7 +107,7 @@ void fed_key_set_merge(fed_key_set *dst, const fed_key_set *src);
  * now_wall_ms (see the top of this file for the rules). A new set (the document is
  * copied; the caller keeps doc), or NULL with `why` (why_len bytes) set to a sentence
  * naming the server and the failed check (also on out-of-memory). */
-fed_key_set *fed_keyring_validate(const json_t *doc, const char *expected_server_name,
+fed_key_set *fed_keyvalid_doc(const json_t *doc, const char *expected_server_name,
                                   int64_t now_wall_ms, char *why, size_t why_len);
 
 /* A trusted key server (federation.trusted_key_servers): its name and the keys it signs
@@ -119,11 +120,11 @@ typedef struct fed_notary {
 
 /* Validate a notary's answer (the body of its /_matrix/key/v2/query, {"server_keys":
  * [...]}) for expected_server_name: every document in it for that server must pass
- * fed_keyring_validate and carry a signature by the notary with one of notary->keys, all
+ * fed_keyvalid_doc and carry a signature by the notary with one of notary->keys, all
  * such signatures present must verify, and there must be at least one such document
  * (documents for other servers are ignored). The keys of several documents are merged
  * (per key ID, the latest validity wins). A new set, or NULL with `why` set. */
-fed_key_set *fed_keyring_validate_notary(const json_t *response, const char *expected_server_name,
+fed_key_set *fed_keyvalid_notary(const json_t *response, const char *expected_server_name,
                                          const fed_notary *notary, int64_t now_wall_ms,
                                          char *why, size_t why_len);
 
@@ -200,7 +201,7 @@ int fed_keyring_lookup(fed_keyring *ring, const char *server_name, const char *k
                        fed_keyring_cb cb, void *arg);
 
 /* The fetch hook's answer for server_name: keys (taken over; its server_name must be
- * server_name) from fed_keyring_validate or _validate_notary, or NULL with error (a
+ * server_name) from fed_keyvalid_doc or fed_keyvalid_notary, or NULL with error (a
  * sentence for the log) when every source failed. Merges the keys into memory, answers
  * the waiters (on this thread), and queues the write to PostgreSQL. Never blocks. */
 void fed_keyring_fetched(fed_keyring *ring, const char *server_name, fed_key_set *keys,
@@ -263,7 +264,7 @@ void fed_keyring_notary_refetch(fed_keyring *ring, const char *server_name, cons
  * document, already signed; NULL = left out). Servers with nothing cached are left out.
  * Returns FED_KEYRING_ANSWERED with *now_out set (a new reference) and cb never called,
  * or FED_KEYRING_PENDING: cb will be called once (possibly before this returns). */
-int fed_keyring_notary_query(fed_keyring *ring, const fed_notary_criterion *criteria,
+int fed_notary_query(fed_keyring *ring, const fed_notary_criterion *criteria,
                              size_t n, const char *own_name, const fed_signing_key *own_key,
                              const json_t *own_doc, json_t **now_out, fed_notary_cb cb,
                              void *arg);

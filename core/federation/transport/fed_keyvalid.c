@@ -225,7 +225,7 @@ static fed_key_set *new_set(const char *server, char *why, size_t why_len)
     return s;
 }
 
-fed_key_set *fed_keyring_validate(const json_t *doc, const char *expected_server_name,
+fed_key_set *fed_keyvalid_doc(const json_t *doc, const char *expected_server_name,
                                   int64_t now_wall_ms, char *why, size_t why_len)
 {
     fed_key_set *s = new_set(expected_server_name, why, why_len);
@@ -260,7 +260,7 @@ static int notary_signed(const json_t *doc, const fed_notary *notary, char *why,
     return 0;
 }
 
-fed_key_set *fed_keyring_validate_notary(const json_t *response, const char *expected_server_name,
+fed_key_set *fed_keyvalid_notary(const json_t *response, const char *expected_server_name,
                                          const fed_notary *notary, int64_t now_wall_ms,
                                          char *why, size_t why_len)
 {

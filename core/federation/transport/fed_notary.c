@@ -186,7 +186,7 @@ static notary_query *query_new(const fed_notary_criterion *criteria, size_t n)
     return q;
 }
 
-int fed_keyring_notary_query(fed_keyring *ring, const fed_notary_criterion *criteria,
+int fed_notary_query(fed_keyring *ring, const fed_notary_criterion *criteria,
                              size_t n, const char *own_name, const fed_signing_key *own_key,
                              const json_t *own_doc, json_t **now_out, fed_notary_cb cb,
                              void *arg)

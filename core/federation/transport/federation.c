@@ -63,10 +63,10 @@ static void fetch_done(void *arg, const fed_response *res)
     else if (res->status != 200 || !res->json)
         snprintf(why, sizeof(why), "%s answered %d", res->destination, res->status);
     else if (via_notary)
-        set = fed_keyring_validate_notary(res->json, kf->server, &notaries[kf->notary],
+        set = fed_keyvalid_notary(res->json, kf->server, &notaries[kf->notary],
                                           rt_wall_ms(), why, sizeof(why));
     else
-        set = fed_keyring_validate(res->json, kf->server, rt_wall_ms(), why, sizeof(why));
+        set = fed_keyvalid_doc(res->json, kf->server, rt_wall_ms(), why, sizeof(why));
     if (set) {
         fed_keyring_fetched(kf->ring, kf->server, set, NULL);
         free(kf);
