@@ -85,7 +85,7 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      " PRIMARY KEY (room_id, user_id));"
      "CREATE INDEX typing_stream ON typing (room_id, stream_pos);"},
     {2, "rooms_event_relations",
-     /* Relations by parent (rooms_bundle.c keeps it), filled from the events stored so far. */
+     /* Relations by parent (crooms_bundle.c keeps it), filled from the events stored so far. */
      "CREATE TABLE event_relations ("
      " event_id text PRIMARY KEY,"
      " room_id text NOT NULL,"
@@ -109,7 +109,7 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      " AND length(x.r ->> 'rel_type') BETWEEN 1 AND 255"
      " AND length(x.r ->> 'event_id') BETWEEN 1 AND 255;"},
     {3, "rooms_event_search",
-     /* Full text search (rooms_search.c): the searchable text of an event - content.body of
+     /* Full text search (crooms_search.c): the searchable text of an event - content.body of
       * m.room.message, content.name of m.room.name, content.topic of m.room.topic - as a
       * generated tsvector, NULL once redacted, with a GIN index. */
      "CREATE FUNCTION events_search_text(etype text, pdu text) RETURNS text"
@@ -206,7 +206,7 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      " until_ts bigint NOT NULL);"},
     {6, "rooms_remote_knocks",
      /* Knocks of local users on rooms this server is not in (core/client/rooms/
-      * rooms_knock.c): the stripped state the resident server answered, the knock itself
+      * crooms_knock.c): the stripped state the resident server answered, the knock itself
       * last, for /sync's knock_state, and the server that took the knock (the first to
       * ask when the knock is withdrawn). The knock is an outlier, its membership a row of
       * memberships, as for remote_invites. */

@@ -1,6 +1,6 @@
 /*
  * core/rooms/rooms_jump.c - jumping to a date: the one rule both APIs' timestamp_to_event
- * answer with (core/client/rooms/rooms_timestamp.c for clients, core/federation/rooms/
+ * answer with (core/client/rooms/crooms_timestamp.c for clients, core/federation/rooms/
  * fed_rooms_serve.c for other servers), and the parsing of its two query parameters.
  *
  * The event "closest to ts in a direction" is, among the room's timeline events (the

@@ -3,7 +3,7 @@
  * room's summary (the public room list's fields, and for the hierarchy its version,
  * encryption and the rooms a restricted join rule allows), a space's children (its
  * m.space.child state, in the spec's order) and who may see a room there. The client's
- * GET /hierarchy (core/client/rooms/rooms_hierarchy.c) and the federation's
+ * GET /hierarchy (core/client/rooms/crooms_hierarchy.c) and the federation's
  * (core/federation/rooms/fed_rooms_hierarchy.c) are built on these; the walk itself and
  * asking other servers are theirs. Internal prefix: rooms_.
  */

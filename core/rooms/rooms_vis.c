@@ -5,7 +5,7 @@
  * from the room's m.room.history_visibility changes and the user's membership changes,
  * both read with their stream positions in one query, it computes the short list of
  * position ranges the user may see, plus their own membership events. Every reader of
- * events (core/client/rooms/rooms_read.c, core/client/sync/sync_rooms.c) restricts its SQL
+ * events (core/client/rooms/crooms_read.c, core/client/sync/sync_rooms.c) restricts its SQL
  * with rooms_vis_window, so the rule is never re-implemented beside its twin. Readers
  * answer 403 to a user who was never joined, unless the room is world_readable now
  * (rooms_visibility): then anyone reads what the rule shows a non-member.

@@ -12,7 +12,7 @@
  * handler deep in a call chain, a module's own thread) reads it with core_runtime_get.
  *
  * Not here yet: last-seen times (core/client/auth/auth_seen.c), the typing reaper
- * (core/client/rooms/rooms_typing.c) and /sync's sections (core/client/sync/sync.c) keep
+ * (core/client/rooms/crooms_typing.c) and /sync's sections (core/client/sync/sync.c) keep
  * file-level state behind their own functions. Internal prefix: core_runtime_.
  */
 #ifndef ATRIUM_CORE_RUNTIME_OBJECT_H

@@ -402,7 +402,7 @@ class CertificateReloadTest(FederationTestCase):
 
 
 REMOTE = {"pool": "core.rooms_remote"}
-REMOTE_THREADS, REMOTE_QUEUE = 2, 16  # core/client/rooms/rooms_api.h
+REMOTE_THREADS, REMOTE_QUEUE = 2, 16  # core/client/rooms/crooms_api.h
 SILENT_PEER_IP = "127.0.0.47"
 
 

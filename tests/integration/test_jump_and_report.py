@@ -1,7 +1,7 @@
 """Jumping to a date and reporting content.
 
 GET /_matrix/client/v1/rooms/{roomId}/timestamp_to_event answers the event nearest to a
-time in one direction among those the user may see (core/client/rooms/rooms_timestamp.c, the
+time in one direction among those the user may see (core/client/rooms/crooms_timestamp.c, the
 rule in core/rooms/rooms_jump.c), and GET /_matrix/federation/v1/timestamp_to_event/{roomId}
 the same to another server under its ACL and history visibility for servers
 (core/federation/rooms/fed_rooms_serve.c): a fake peer signs its requests with its own key.

@@ -18,7 +18,7 @@ LONG_NAME = "N" * 200          # well within the profile's 256 bytes
 EVENT_LIMIT_BYTES = 65536      # the spec's limit on a whole event
 PROBE_PAD_BYTES = 65400        # a body under the limit whose event is over it
 PAD_MARGIN_BYTES = 100         # how far under the limit the padded member event stays
-BULK_QUEUE = 32                # ROOMS_BULK_QUEUE in core/client/rooms/rooms_module.c (one thread)
+BULK_QUEUE = 32                # ROOMS_BULK_QUEUE in core/client/rooms/crooms_module.c (one thread)
 BULK = {"pool": "core.rooms_bulk"}
 
 

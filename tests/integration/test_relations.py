@@ -19,9 +19,9 @@ import urllib.parse
 from rooms_client import SharedServerTest, V3, quote
 
 V1 = "/_matrix/client/v1"
-RELATIONS_MAX_LIMIT = 100        # core/client/rooms/rooms_relations.c
+RELATIONS_MAX_LIMIT = 100        # core/client/rooms/crooms_relations.c
 RELATIONS_DEFAULT_LIMIT = 5
-REL_BUNDLE_MAX_REFERENCES = 50   # core/client/rooms/rooms_relations.h
+REL_BUNDLE_MAX_REFERENCES = 50   # core/client/rooms/crooms_relations.h
 
 
 def thread(root):

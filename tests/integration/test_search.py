@@ -18,7 +18,7 @@ from harness import psql
 from rooms_client import SharedServerTest, V3, quote
 
 SEARCH = f"{V3}/search"
-DEFAULT_LIMIT = 10          # SEARCH_DEFAULT_LIMIT in core/client/rooms/rooms_search.c
+DEFAULT_LIMIT = 10          # SEARCH_DEFAULT_LIMIT in core/client/rooms/crooms_search.c
 MAX_LIMIT = 50              # SEARCH_MAX_LIMIT
 TERM_MAX_BYTES = 512        # SEARCH_TERM_MAX_BYTES
 COUNT_MAX = 1000            # SEARCH_COUNT_MAX

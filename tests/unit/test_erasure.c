@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 #define BOB "@bob:example.org"
 #define CYCLES 70 /* join/leave cycles: more than ROOMS_VIS_MAX_RANGES */

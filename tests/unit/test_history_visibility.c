@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 #define BOB "@bob:example.org"
 #define NO_END INT64_MAX

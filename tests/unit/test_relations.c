@@ -1,8 +1,8 @@
 /*
- * tests/unit/test_relations.c - the pure parts of relations (core/client/rooms/rooms_bundle.c,
- * rooms_relations.c): which contents are relations (rooms_bundle_parse: m.relates_to with string
+ * tests/unit/test_relations.c - the pure parts of relations (core/client/rooms/crooms_bundle.c,
+ * crooms_relations.c): which contents are relations (rooms_bundle_parse: m.relates_to with string
  * rel_type and event_id, the annotation key only for m.annotation, the ID length limit)
- * and the limit parameter of /relations and /threads (rooms_relations_limit: default, cap,
+ * and the limit parameter of /relations and /threads (crooms_relations_limit: default, cap,
  * at least one, refusals). The indexing, bundles and endpoints are exercised end to end
  * by tests/integration/test_relations.py.
  */
@@ -14,7 +14,7 @@
 
 #include <string.h>
 
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_relations.h"
 
 static json_t *content(const char *text)
 {
@@ -81,19 +81,19 @@ static void test_the_limit_parameter(void **state)
 {
     (void)state;
     int64_t v;
-    assert_true(rooms_relations_limit(NULL, 5, 100, &v));
+    assert_true(crooms_relations_limit(NULL, 5, 100, &v));
     assert_int_equal(v, 5);
-    assert_true(rooms_relations_limit("7", 5, 100, &v));
+    assert_true(crooms_relations_limit("7", 5, 100, &v));
     assert_int_equal(v, 7);
-    assert_true(rooms_relations_limit("1000", 5, 100, &v));
+    assert_true(crooms_relations_limit("1000", 5, 100, &v));
     assert_int_equal(v, 100);
-    assert_true(rooms_relations_limit("99999999999999999999999", 5, 100, &v));
+    assert_true(crooms_relations_limit("99999999999999999999999", 5, 100, &v));
     assert_int_equal(v, 100);
-    assert_true(rooms_relations_limit("0", 5, 100, &v));
+    assert_true(crooms_relations_limit("0", 5, 100, &v));
     assert_int_equal(v, 1);
     const char *bad[] = {"", "-1", "+3", "1.5", "ten", " 4", "4 "};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        if (rooms_relations_limit(bad[i], 5, 100, &v)) fail_msg("limit \"%s\" accepted", bad[i]);
+        if (crooms_relations_limit(bad[i], 5, 100, &v)) fail_msg("limit \"%s\" accepted", bad[i]);
 }
 
 int main(void)

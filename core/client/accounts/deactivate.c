@@ -26,13 +26,13 @@
  * identifiers, so there is nothing to unbind and no identity server is called; id_server
  * is only checked for its type. What this file does not do: refuse logins of deactivated
  * users (login.c and auth.c read the flag), hide them from the user directory
- * (user_directory.c), or build membership events (rooms_membership.c).
+ * (user_directory.c), or build membership events (crooms_membership.c).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/client/accounts/accounts.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/rooms/events.h"
 
 #define DEACTIVATE_PURPOSE "deactivate"
@@ -104,7 +104,7 @@ static void leave_rooms(atrium_req *r, const char *user_id)
         }
         rooms_err e = {0};
         char id[EVENT_ID_LEN];
-        int rc = rooms_member_leave(c, r->arena, room, user_id, id, &e);
+        int rc = crooms_member_leave(c, r->arena, room, user_id, id, &e);
         db_release(db_global(), c);
         if (rc == ROOMS_OK) {
             left += id[0] != '\0';
@@ -147,7 +147,7 @@ static int finish_deactivate(atrium_req *r, deactivate_state *st)
     http_db_checkin(c);
     if (!ok) return acc_db_failed(r);
     st->deactivated = true;
-    int rc = rooms_to_bulk_pool(r);
+    int rc = crooms_to_bulk_pool(r);
     if (rc == ATRIUM_HANDED_OFF) return rc;
     /* No room for it there: the account is closed all the same; say so, and leave here. */
     leave_rooms(r, r->user);

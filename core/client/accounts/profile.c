@@ -14,10 +14,10 @@
  * m.room.member event carrying it (clients show names and avatars from member state), up
  * to PROFILE_ROOMS_MAX rooms per change, each room its own short transaction on a
  * connection taken and given back per room. The whole change runs on the rooms module's
- * bulk pool (rooms_to_bulk_pool), and a change counts against the message rate limit. A room that refuses or fails is logged and
+ * bulk pool (crooms_to_bulk_pool), and a change counts against the message rate limit. A room that refuses or fails is logged and
  * skipped; the PUT answers 200 once the profile is committed, whatever the rooms did.
  * What this file does not do: build or authorize those events (the rooms module's
- * rooms_member_profile_refresh does, through the rooms write path, and writes nothing
+ * crooms_member_profile_refresh does, through the rooms write path, and writes nothing
  * where the member event already has the values), or update rooms beyond the cap later.
  */
 #include <string.h>
@@ -25,7 +25,7 @@
 #include "core/client/accounts/accounts.h"
 #include "core/client/appservice/appservice.h"
 #include "core/client/ratelimits.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/rooms/events.h"
 
 /* Joined rooms one profile change updates before the PUT answers; each is one short
@@ -144,7 +144,7 @@ static void update_joined_rooms(atrium_req *r, const char *user_id)
         }
         rooms_err e = {0};
         char id[EVENT_ID_LEN];
-        int rc = rooms_member_profile_refresh(c, r->arena, room, user_id, id, &e);
+        int rc = crooms_member_profile_refresh(c, r->arena, room, user_id, id, &e);
         db_release(db_global(), c);
         if (rc != ROOMS_OK)
             rt_log(ATRIUM_LOG_WARN, "core", "profile of %s: room %s keeps the old member "
@@ -170,7 +170,7 @@ static int put_field(atrium_req *r)
      * and it runs on the rooms module's bulk pool, not on this request thread. */
     if (r->run_reason != ATRIUM_RUN_HANDOFF) {
         if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
-        return rooms_to_bulk_pool(r);
+        return crooms_to_bulk_pool(r);
     }
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;

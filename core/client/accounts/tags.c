@@ -21,7 +21,7 @@
 
 #include "core/client/accounts/accounts.h"
 #include "core/client/sync/notifier.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 #define TAG_NAME_MAX_BYTES 255    /* the spec's limit on a tag name */
 #define TAGS_PER_ROOM_MAX 64      /* distinct tags on one room */

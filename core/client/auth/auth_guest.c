@@ -10,7 +10,7 @@
  * data, whoami and the TURN server; plus the media reads (download, thumbnail, config),
  * as Synapse allows. A template matches on the v3 and r0 prefixes alike. Anything else is
  * 403 M_GUEST_ACCESS_FORBIDDEN. What this file does not decide: which rooms a guest may
- * join (m.room.guest_access, rooms_membership.c) or how guests register (register.c).
+ * join (m.room.guest_access, crooms_membership.c) or how guests register (register.c).
  */
 #include <string.h>
 

@@ -22,7 +22,7 @@
 
 #include "core/client/auth/auth.h"
 #include "core/client/e2ee/e2ee.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/client/sync/sync.h"
 
 #define E2EE_QUERY_MAX_USERS 1000 /* users per keys/query request */
@@ -390,9 +390,9 @@ static int get_keys_changes(atrium_req *r)
     const char *from_s = http_req_query(r, "from"), *to_s = http_req_query(r, "to");
     if (!from_s) return http_respond_error(r, 400, "M_MISSING_PARAM", "from is required");
     int64_t from, to = INT64_MAX;
-    if (!rooms_parse_token(from_s, &from))
+    if (!crooms_parse_token(from_s, &from))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "from is not a sync token");
-    if (to_s && !rooms_parse_token(to_s, &to))
+    if (to_s && !crooms_parse_token(to_s, &to))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "to is not a sync token");
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;

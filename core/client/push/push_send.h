@@ -3,7 +3,7 @@
  * (the push_notifications rows GET /notifications serves) and delivery of them to the push
  * gateways of http pushers. Its tables are the accounts module's migrations
  * (core/client/accounts/accounts.c); it is started and stopped by the rooms module
- * (core/client/rooms/rooms_module.c), after the rooms tables a pass reads exist.
+ * (core/client/rooms/crooms_module.c), after the rooms tables a pass reads exist.
  * Internal prefix: push_send_.
  */
 #ifndef ATRIUM_CORE_PUSH_SEND_H

@@ -23,7 +23,7 @@
 #include "core/client/accounts/accounts.h"
 #include "core/client/ratelimits.h"
 #include "core/client/reports/reports.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 static const atrium_migration REPORTS_MIGRATIONS[] = {
     {1, "reports_table",
@@ -81,7 +81,7 @@ static int store(atrium_req *r, PGconn *c, const char *kind, const char *reporte
                  const char *room_id, const char *event_id, const char *target,
                  const char *reason, const char *score)
 {
-    const char *p[8] = {kind, rooms_i64(r, rooms_wall_ms()), reporter, room_id, event_id,
+    const char *p[8] = {kind, crooms_i64(r, rooms_wall_ms()), reporter, room_id, event_id,
                         target, reason, score};
     PGresult *res = rooms_q(c,
                             "INSERT INTO reports (kind, received_ts, reporter, room_id, event_id,"
@@ -95,7 +95,7 @@ static int store(atrium_req *r, PGconn *c, const char *kind, const char *reporte
 }
 
 /* Does rd's user see event_id of rd's room (visibility open on rd)? 1, 0, ROOMS_E_DB. */
-static int event_visible(atrium_req *r, rooms_reader *rd, const char *event_id)
+static int event_visible(atrium_req *r, crooms_reader *rd, const char *event_id)
 {
     const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
     if (!rooms_vis_window(r->arena, &rd->vis, INT64_MIN, INT64_MAX, false, 3, &vis_sql, p + 2))
@@ -112,8 +112,8 @@ static int event_visible(atrium_req *r, rooms_reader *rd, const char *event_id)
 /* POST /_matrix/client/v3/rooms/{roomId}/report/{eventId} {reason?, score?} */
 static int post_report_event(atrium_req *r)
 {
-    rooms_reader rd = {0};
-    if (!(rd.user = auth_request(r)) || !(rd.room = rooms_param_room(r))) return ATRIUM_DONE;
+    crooms_reader rd = {0};
+    if (!(rd.user = auth_request(r)) || !(rd.room = crooms_param_room(r))) return ATRIUM_DONE;
     const char *event_id = http_req_param(r, "eventId"), *reason = NULL;
     int64_t score = 0;
     bool has_score = false;
@@ -123,20 +123,20 @@ static int post_report_event(atrium_req *r)
     rooms_err e = {0};
     int see = rooms_visibility(rd.c, rd.room, rd.user, &rd.vis, &e);
     if (see == ROOMS_OK) see = event_visible(r, &rd, event_id);
-    if (see == ROOMS_E_DB) return rooms_reader_close(r, &rd, 503, NULL);
+    if (see == ROOMS_E_DB) return crooms_reader_close(r, &rd, 503, NULL);
     if (see != 1) { /* unknown room, never a member, unknown or hidden event: alike */
         http_db_checkin(rd.c);
         return http_respond_error(r, 404, "M_NOT_FOUND",
                                   "The event was not found or you may not see it");
     }
     return store(r, rd.c, "event", rd.user, rd.room, event_id, NULL, reason,
-                 has_score ? rooms_i64(r, score) : NULL);
+                 has_score ? crooms_i64(r, score) : NULL);
 }
 
 /* POST /_matrix/client/v3/rooms/{roomId}/report {reason} */
 static int post_report_room(atrium_req *r)
 {
-    const char *user = auth_request(r), *room = user ? rooms_param_room(r) : NULL, *reason;
+    const char *user = auth_request(r), *room = user ? crooms_param_room(r) : NULL, *reason;
     if (!room || !read_body(r, true, &reason, NULL, NULL)) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
     PGconn *c = http_db_checkout(r);

@@ -18,7 +18,7 @@
 #include "atrium/parse.h"
 #include "core/client/auth/auth.h"
 #include "core/client/reports/reports.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 #define REPORTS_ADMIN_DEFAULT_LIMIT 100
 #define REPORTS_ADMIN_MAX_LIMIT 1000 /* a larger limit is served as this one */
@@ -99,7 +99,7 @@ static int get_reports(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'dir' must be \"b\" or \"f\"");
     bool forward = dir && dir[0] == 'f';
     const char *p[4] = {http_req_query(r, "room_id"), http_req_query(r, "user_id"),
-                        rooms_i64(r, from), rooms_i64(r, limit)};
+                        crooms_i64(r, from), crooms_i64(r, limit)};
     const char *where = " WHERE r.kind = 'event'"
                         " AND ($1::text IS NULL OR strpos(r.room_id, $1) > 0)"
                         " AND ($2::text IS NULL OR strpos(r.reporter, $2) > 0)";
@@ -140,7 +140,7 @@ static int get_report(atrium_req *r)
     if (atrium_parse_int64(http_req_param(r, "reportId"), 1, INT64_MAX, &id) != 0)
         return http_respond_error(r, 400, "M_INVALID_PARAM",
                                   "The report ID must be a positive integer");
-    const char *p[1] = {rooms_i64(r, id)};
+    const char *p[1] = {crooms_i64(r, id)};
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     PGresult *res = rooms_q(c, REPORT_COLUMNS " WHERE r.kind = 'event' AND r.id = $1::bigint", 1,

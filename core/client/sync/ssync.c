@@ -105,7 +105,7 @@ static int quiet_rooms(sync_ctx *s, const ssync_rooms *rs, const json_t *picked,
         json_decref(ids);
         return ROOMS_OK;
     }
-    const char *p[3] = {rooms_pg_array(s->r->arena, ids), since, rooms_i64(s->r, s->upto)};
+    const char *p[3] = {rooms_pg_array(s->r->arena, ids), since, crooms_i64(s->r, s->upto)};
     json_decref(ids);
     PGresult *res = rooms_q(s->c,
                             "SELECT r.id FROM unnest($1::text[], $2::bigint[]) AS r(id, since)"

@@ -58,7 +58,7 @@ static int to_device(sync_ctx *s, const ssync_request *q, json_t *ext, bool *has
     int rc = sync_sections_run("to_device", s->c, s->user, s->device, since, s->upto, scratch);
     if (rc > 0) *has_new = true;
     json_t *events = json_object_get(json_object_get(scratch, "to_device"), "events");
-    json_object_set_new(ext, "to_device", json_pack("{s:s, s:o}", "next_batch", rooms_i64(s->r, s->upto),
+    json_object_set_new(ext, "to_device", json_pack("{s:s, s:o}", "next_batch", crooms_i64(s->r, s->upto),
                                                     "events", events ? json_incref(events) : json_array()));
     json_decref(scratch);
     return rc < 0 ? ROOMS_E_DB : ROOMS_OK;
@@ -76,7 +76,7 @@ static int e2ee(sync_ctx *s, int64_t prev, json_t *ext, bool *has_new)
 static int account_data(sync_ctx *s, const ssync_request *q, const json_t *picked, int64_t prev,
                         json_t *ext, bool *has_new)
 {
-    const char *p[3] = {s->user, rooms_i64(s->r, prev), rooms_i64(s->r, s->upto)};
+    const char *p[3] = {s->user, crooms_i64(s->r, prev), crooms_i64(s->r, s->upto)};
     PGresult *res = rooms_q(s->c,
                             "SELECT room_id, type, content::text FROM account_data WHERE user_id = $1"
                             " AND stream_pos > $2::bigint AND stream_pos <= $3::bigint ORDER BY stream_pos",

@@ -93,7 +93,7 @@ static int visibility(sync_ctx *s, const json_t *ids, ssync_facts *out)
 /* Names, avatars, counts and heroes into out (one query). */
 static int names(sync_ctx *s, const json_t *ids, ssync_facts *out)
 {
-    const char *p[3] = {rooms_pg_array(s->r->arena, ids), s->user, rooms_i64(s->r, SYNC_MAX_HEROES)};
+    const char *p[3] = {rooms_pg_array(s->r->arena, ids), s->user, crooms_i64(s->r, SYNC_MAX_HEROES)};
     PGresult *res = p[0] ? rooms_q(s->c, FACTS_SQL, 3, p, NULL) : NULL;
     if (!res) return ROOMS_E_DB;
     for (int row = 0; row < PQntuples(res); row++) {

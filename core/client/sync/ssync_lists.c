@@ -93,7 +93,7 @@ int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_ro
         need_enc = need_enc || q->lists[i].f.is_encrypted >= 0;
         need_type = need_type || q->lists[i].f.room_types || q->lists[i].f.not_room_types;
     }
-    const char *p[6] = {s->user, rooms_i64(s->r, s->upto), rooms_i64(s->r, prev),
+    const char *p[6] = {s->user, crooms_i64(s->r, s->upto), crooms_i64(s->r, prev),
                         need_enc ? "t" : "f", need_type ? "t" : "f", s->timeline.ignored};
     PGresult *res = rooms_q(
         s->c,

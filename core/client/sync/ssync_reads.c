@@ -14,14 +14,14 @@
  * The rules it applies stay where they live: history visibility (rooms_vis_window_many,
  * core/rooms/rooms_vis.c), the timeline's (sync_rooms.c: current state shown where it falls,
  * ignored users, and the rule for a hidden state event inside the timeline's span, for
- * which such a room is read again with sync_room_timeline), bundles (rooms_bundle_add,
+ * which such a room is read again with sync_room_timeline), bundles (crooms_bundle_add,
  * called only for the rooms whose timeline has an event with relations).
  * What it does not do: decide what a room's result holds (ssync_room.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_relations.h"
 #include "core/client/sync/ssync.h"
 
 #define LAZY "$LAZY"
@@ -209,7 +209,7 @@ static int timelines_finish(sync_ctx *s, ssync_plan **m, int n, const bool *bund
             s->timeline_limit = p->limit;
             rc = sync_room_timeline(s, p->room_id, p->vis, p->tl_lo, s->upto, &p->t);
         } else if (bundled[i]) {
-            rc = rooms_bundle_add(s->c, s->r->arena, &s->view, p->room_id, p->vis, p->t.events);
+            rc = crooms_bundle_add(s->c, s->r->arena, &s->view, p->room_id, p->vis, p->t.events);
         }
     }
     s->view.reader = NULL;
@@ -236,9 +236,9 @@ static int timelines(sync_ctx *s, ssync_plan **m, int n)
     for (int i = 0; rc == ROOMS_OK && i < n; i++) {
         json_array_append_new(ids, json_string(m[i]->room_id));
         /* A window where nothing can be visible reads nothing (not even current state). */
-        json_array_append_new(lims, json_string(rooms_i64(s->r, open[i] ? m[i]->limit + 1 : 0)));
-        json_array_append_new(wlo, json_string(rooms_i64(s->r, lo[i])));
-        json_array_append_new(whi, json_string(rooms_i64(s->r, hi[i])));
+        json_array_append_new(lims, json_string(crooms_i64(s->r, open[i] ? m[i]->limit + 1 : 0)));
+        json_array_append_new(wlo, json_string(crooms_i64(s->r, lo[i])));
+        json_array_append_new(whi, json_string(crooms_i64(s->r, hi[i])));
     }
     if (rc == ROOMS_OK) {
         p[0] = arr(s, ids);
@@ -290,19 +290,19 @@ static void req_add(sync_ctx *s, state_params *sp, const char *room, int64_t aft
 {
     json_int_t k = (json_int_t)json_array_size(sp->rooms) + 1;
     json_array_append_new(sp->rooms, json_string(room));
-    json_array_append_new(sp->after, json_string(rooms_i64(s->r, after)));
+    json_array_append_new(sp->after, json_string(crooms_i64(s->r, after)));
     json_array_append_new(sp->allm, json_string(members ? "f" : "t"));
     json_array_append_new(sp->allt, json_string(types ? "f" : "t"));
     size_t i;
     const json_t *v;
     json_array_foreach(types, i, v)
     {
-        json_array_append_new(sp->tk, json_string(rooms_i64(s->r, k)));
+        json_array_append_new(sp->tk, json_string(crooms_i64(s->r, k)));
         json_array_append(sp->tv, (json_t *)v);
     }
     json_array_foreach(members, i, v)
     {
-        json_array_append_new(sp->mk, json_string(rooms_i64(s->r, k)));
+        json_array_append_new(sp->mk, json_string(crooms_i64(s->r, k)));
         json_array_append(sp->mv, (json_t *)v);
     }
 }
@@ -370,7 +370,7 @@ static int required_states(sync_ctx *s, ssync_plan **m, int n)
     for (int i = 0; rc == ROOMS_OK && i < n; i++) all[i] = json_array();
     if (rc == ROOMS_OK && nr > 0) {
         const char *p[9] = {arr(s, sp.rooms), arr(s, sp.after), arr(s, sp.allm), arr(s, sp.allt),
-                            rooms_i64(s->r, s->upto), arr(s, sp.tk), arr(s, sp.tv), arr(s, sp.mk),
+                            crooms_i64(s->r, s->upto), arr(s, sp.tk), arr(s, sp.tv), arr(s, sp.mk),
                             arr(s, sp.mv)};
         PGresult *res = rooms_q(s->c, STATE_SQL, 9, p, NULL);
         if (!res) rc = ROOMS_E_DB;
@@ -412,12 +412,12 @@ static int num_live(sync_ctx *s, ssync_plan **m, int n)
         if (m[i]->prev <= 0 || json_array_size(m[i]->t.events) == 0) continue;
         int64_t from = m[i]->prev > m[i]->t.first_pos - 1 ? m[i]->prev : m[i]->t.first_pos - 1;
         json_array_append_new(ids, json_string(m[i]->room_id));
-        json_array_append_new(lo, json_string(rooms_i64(s->r, from)));
+        json_array_append_new(lo, json_string(crooms_i64(s->r, from)));
         json_array_append_new(which, json_integer(i));
     }
     int rc = ROOMS_OK;
     if (json_array_size(ids) > 0) {
-        const char *p[3] = {arr(s, ids), arr(s, lo), rooms_i64(s->r, s->upto)};
+        const char *p[3] = {arr(s, ids), arr(s, lo), crooms_i64(s->r, s->upto)};
         PGresult *res = rooms_q(s->c,
                                 "SELECT q.k, (SELECT count(*) FROM events e WHERE e.room_id = q.room"
                                 " AND e.stream_pos > q.lo AND e.stream_pos <= $3::bigint)"

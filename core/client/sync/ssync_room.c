@@ -54,7 +54,7 @@ static int member_room(sync_ctx *s, const ssync_facts *f, const ssync_plan *p, j
     json_object_set_new(room, "timeline", t->events ? json_incref(t->events) : json_array());
     json_object_set_new(room, "required_state", p->state ? json_incref(p->state) : json_array());
     json_object_set_new(room, "limited", json_boolean(t->limited));
-    json_object_set_new(room, "prev_batch", json_string(rooms_token(s->r, t->first_pos ? t->first_pos - 1 : s->upto)));
+    json_object_set_new(room, "prev_batch", json_string(crooms_token(s->r, t->first_pos ? t->first_pos - 1 : s->upto)));
     return changed ? 1 : 0;
 }
 

@@ -225,7 +225,7 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
         }
         s->include_leave = mode == SYNC_MODE_ROOM_INITIAL || (archived && strcmp(archived, "true") == 0);
     }
-    if (since && (!rooms_parse_token(since, &s->since) || s->since < 0)) {
+    if (since && (!crooms_parse_token(since, &s->since) || s->since < 0)) {
         http_respond_error(r, 400, "M_INVALID_PARAM", "'since' is not a token of this server");
         return false;
     }
@@ -256,7 +256,7 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
 
 static int global_account_data(sync_ctx *s, json_t *resp, bool *has_new)
 {
-    const char *p[3] = {s->user, rooms_i64(s->r, s->since), rooms_i64(s->r, s->upto)};
+    const char *p[3] = {s->user, crooms_i64(s->r, s->since), crooms_i64(s->r, s->upto)};
     PGresult *res = rooms_q(s->c,
                             "SELECT type, content::text FROM account_data WHERE user_id = $1"
                             " AND room_id = '' AND stream_pos > $2 AND stream_pos <= $3"
@@ -333,7 +333,7 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
         json_object_set_new(resp, "device_one_time_keys_count", json_object());
     if (!json_object_get(resp, "presence"))
         json_object_set_new(resp, "presence", json_pack("{s:[]}", "events"));
-    json_object_set_new(resp, "next_batch", json_string(rooms_token(s->r, s->upto)));
+    json_object_set_new(resp, "next_batch", json_string(crooms_token(s->r, s->upto)));
     return resp;
 }
 
@@ -342,7 +342,7 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
 static json_t *listed_rooms(PGconn *c, const json_t *resp)
 {
     json_t *out = json_object();
-    const atrium_directory *dir = rooms_directory();
+    const atrium_directory *dir = crooms_directory();
     if (!dir || !ATRIUM_DIRECTORY_HAS(dir, room_listed)) return out;
     static const char *const kinds[] = {"join", "invite", "leave"};
     for (int k = 0; k < 3; k++) {
@@ -362,7 +362,7 @@ static json_t *listed_rooms(PGconn *c, const json_t *resp)
 }
 
 /* The answer of a mode other than /sync, built from the sync response (consumed). A room
- * initialSync for a room the user is not in is a peek (rooms_peek_initial_sync: 403
+ * initialSync for a room the user is not in is a peek (crooms_peek_initial_sync: 403
  * unless the room is world_readable). listed: listed_rooms (consumed; NULL for /events). */
 static int respond_legacy(atrium_req *r, int mode, json_t *resp, const sync_ctx *s, json_t *listed)
 {
@@ -372,13 +372,13 @@ static int respond_legacy(atrium_req *r, int mode, json_t *resp, const sync_ctx 
     if (mode == SYNC_MODE_INITIAL) {
         out = sync_legacy_initial(resp, &v);
     } else if (mode == SYNC_MODE_EVENTS) {
-        out = sync_legacy_events(resp, rooms_token(r, since));
+        out = sync_legacy_events(resp, crooms_token(r, since));
     } else {
         out = sync_legacy_room(resp, http_req_param(r, "roomId"), &v);
         if (!out) {
             json_decref(resp);
             json_decref(listed);
-            return rooms_peek_initial_sync(r, s->user, s->upto, s->timeline_limit);
+            return crooms_peek_initial_sync(r, s->user, s->upto, s->timeline_limit);
         }
     }
     json_decref(resp);
@@ -417,7 +417,7 @@ static int sync_serve(atrium_req *r, int mode)
         /* The server is stopping: a parked sync answers "nothing new" at its own token
          * without touching the database, so thousands of them drain quickly. */
         return http_respond_json(r, 200, json_pack("{s:s, s:{s:{}, s:{}, s:{}, s:{}}}", "next_batch",
-                                                    rooms_token(r, s.since), "rooms", "join", "invite",
+                                                    crooms_token(r, s.since), "rooms", "join", "invite",
                                                     "leave", "knock"));
     }
     sync_run_state *st = r->core_state;

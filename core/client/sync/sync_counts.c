@@ -139,8 +139,8 @@ static int judge_unread(sync_ctx *s, const json_t *ids, PGresult *unread, json_i
 int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2])
 {
     memset(counts, 0, json_array_size(ids) * sizeof(*counts));
-    const char *p[4] = {rooms_pg_array(s->r->arena, ids), s->user, rooms_i64(s->r, s->upto),
-                        rooms_i64(s->r, SYNC_MAX_UNREAD_COUNT)};
+    const char *p[4] = {rooms_pg_array(s->r->arena, ids), s->user, crooms_i64(s->r, s->upto),
+                        crooms_i64(s->r, SYNC_MAX_UNREAD_COUNT)};
     PGresult *res = p[0] ? rooms_q(s->c, UNREAD_SQL, 4, p, NULL) : NULL;
     if (!res) return ROOMS_E_DB;
     int rc = PQntuples(res) > 0 ? judge_unread(s, ids, res, counts) : ROOMS_OK;
@@ -164,7 +164,7 @@ int sync_room_unread(sync_ctx *s, const char *room_id, json_t *room)
 /* m.heroes and member counts; sent with a room's full state or when its members changed. */
 int sync_room_summary(sync_ctx *s, const char *room_id, json_t *room)
 {
-    const char *p[3] = {room_id, s->user, rooms_i64(s->r, SYNC_MAX_HEROES)};
+    const char *p[3] = {room_id, s->user, crooms_i64(s->r, SYNC_MAX_HEROES)};
     /* Heroes (the spec's rule): the first SYNC_MAX_HEROES other members by the stream
      * order of their membership, joined or invited ones; when there are none, those who
      * left or were banned. */

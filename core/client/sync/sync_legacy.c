@@ -10,7 +10,7 @@
  * inviter and stripped state; left rooms when archived=true), plus presence, receipts and
  * global account data; the room form the same for one room, with its members' presence
  * and its receipts (a former member: up to the leave; someone never in it peeks,
- * rooms_peek_initial_sync); /events the window's timeline events of every joined room (or
+ * crooms_peek_initial_sync); /events the window's timeline events of every joined room (or
  * of room_id's only), each naming its room, and its presence events, between start (the
  * client's `from`) and end. Events of different rooms are ordered by their
  * origin_server_ts (the client format carries no stream position). Where the spec is

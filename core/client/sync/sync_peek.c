@@ -15,7 +15,7 @@
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/sync.h"
 #include "core/client/sync/sync_legacy.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 #define PEEK_MAX_EVENTS 100 /* events in one answer; `end` then stops at the last one */
 #define PEEK_ROOM_ID_MAX 256
@@ -25,8 +25,8 @@ int sync_events_peek(atrium_req *r, const char *user, const char *room_id, int64
 {
     if (!rooms_room_id_ok(room_id))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'room_id' is not a room ID");
-    rooms_reader rd = {.user = user, .room = room_id};
-    if (!rooms_reader_open(r, &rd)) return ATRIUM_DONE; /* 404 unknown room, 403 */
+    crooms_reader rd = {.user = user, .room = room_id};
+    if (!crooms_reader_open(r, &rd)) return ATRIUM_DONE; /* 404 unknown room, 403 */
     if (!rd.vis.world_readable) {
         http_db_checkin(rd.c);
         return http_respond_error(r, 403, "M_FORBIDDEN", "Non-joined access not allowed");
@@ -37,7 +37,7 @@ int sync_events_peek(atrium_req *r, const char *user, const char *room_id, int64
     int64_t upto = sync_stream_upto(rd.c), last = 0;
     if (since > upto) since = upto; /* a token from a newer database: start there */
     json_t *chunk = json_array();
-    int n = upto < 0 ? ROOMS_E_DB : rooms_reader_events(r, &rd, since, upto, PEEK_MAX_EVENTS, chunk, &last);
+    int n = upto < 0 ? ROOMS_E_DB : crooms_reader_events(r, &rd, since, upto, PEEK_MAX_EVENTS, chunk, &last);
     http_db_checkin(rd.c);
     if (n < 0 || !chunk) {
         json_decref(chunk);
@@ -56,6 +56,6 @@ int sync_events_peek(atrium_req *r, const char *user, const char *room_id, int64
     }
     /* A full chunk ends at its last event: the next poll goes on from there. */
     int64_t end = n == PEEK_MAX_EVENTS ? last : upto;
-    return http_respond_json(r, 200, json_pack("{s:s, s:s, s:o}", "start", rooms_token(r, since),
-                                               "end", rooms_token(r, end), "chunk", chunk));
+    return http_respond_json(r, 200, json_pack("{s:s, s:s, s:o}", "start", crooms_token(r, since),
+                                               "end", crooms_token(r, end), "chunk", chunk));
 }

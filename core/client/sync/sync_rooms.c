@@ -46,7 +46,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_relations.h"
 #include "core/client/sync/sync_lazy.h"
 #include "core/client/sync/sync_rooms.h"
 
@@ -63,7 +63,7 @@ typedef struct membership_row {
 
 static const char *i64s(sync_ctx *s, int64_t x)
 {
-    return rooms_i64(s->r, x);
+    return crooms_i64(s->r, x);
 }
 
 static bool room_wanted(const sync_ctx *s, const char *room_id)
@@ -168,7 +168,7 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
     }
     if (keep > 0) t->first_pos = events_pos(res, keep - 1);
     PQclear(res);
-    if (rooms_bundle_add(s->c, s->r->arena, &s->view, room_id, vis, t->events) < 0) {
+    if (crooms_bundle_add(s->c, s->r->arena, &s->view, room_id, vis, t->events) < 0) {
         json_decref(t->events);
         t->events = NULL;
         return ROOMS_E_DB;
@@ -470,7 +470,7 @@ static int joined_room_read(sync_ctx *s, const char *room_id, const rooms_vis *v
         json_decref(eph);
         return rc < 0 ? rc : ROOMS_OK;
     }
-    const char *prev = rooms_token(s->r, t.first_pos ? t.first_pos - 1 : s->upto);
+    const char *prev = crooms_token(s->r, t.first_pos ? t.first_pos - 1 : s->upto);
     json_t *room = json_pack("{s:{s:o}, s:{s:o, s:b, s:s}, s:{s:o}, s:{s:o}}", "state", "events", state,
                              "timeline", "events", t.events, "limited", t.limited, "prev_batch", prev,
                              "ephemeral", "events", eph, "account_data", "events",
@@ -509,7 +509,7 @@ static const stripped_kind KNOCKED = {
     "knock_state", "SELECT knock_state FROM remote_knocks WHERE event_id = $1"};
 
 /* An invite to (a knock on) a room this server is not in: the stripped state the other
- * server sent (fed_rooms_invite.c, rooms_knock.c keep it, the membership event last). 1
+ * server sent (fed_rooms_invite.c, crooms_knock.c keep it, the membership event last). 1
  * found (set in out), 0, or -1. */
 static int remote_stripped(sync_ctx *s, const stripped_kind *k, const membership_row *m,
                            json_t *out)
@@ -602,7 +602,7 @@ static int left_room(sync_ctx *s, const membership_row *m, json_t *leave, bool *
         json_decref(state);
         return rc;
     }
-    const char *prev = rooms_token(s->r, t.first_pos ? t.first_pos - 1 : m->pos);
+    const char *prev = crooms_token(s->r, t.first_pos ? t.first_pos - 1 : m->pos);
     json_object_set_new(leave, m->room_id,
                         json_pack("{s:{s:o}, s:{s:o, s:b, s:s}, s:{s:[]}}", "state", "events", state,
                                   "timeline", "events", t.events, "limited", t.limited, "prev_batch",

@@ -7,7 +7,7 @@
 #ifndef ATRIUM_CORE_SYNC_ROOMS_H
 #define ATRIUM_CORE_SYNC_ROOMS_H
 
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 #define SYNC_DEFAULT_TIMELINE_LIMIT 10
 #define SYNC_MAX_TIMELINE_LIMIT 500

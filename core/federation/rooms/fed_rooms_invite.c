@@ -17,7 +17,7 @@
  * (remote_invites) and a row of memberships, which is what /sync's invite section reads;
  * when we are in the room the invite arrives again as a PDU of a transaction and joins the
  * stream then. Accepting (a join) and declining (a leave) go through the inviting server
- * (rooms_remote.c).
+ * (crooms_remote.c).
  */
 #include <stdio.h>
 #include <string.h>

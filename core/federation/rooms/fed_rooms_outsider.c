@@ -6,7 +6,7 @@
  *
  * Such a room has no state here to check the event against: only the knock or invite our
  * user has (an outlier, its membership a row of memberships: core/client/rooms/
- * rooms_knock.c, fed_rooms_invite.c) and the room version kept with it. So the checks are
+ * crooms_knock.c, fed_rooms_invite.c) and the room version kept with it. So the checks are
  * those that need no state: an m.room.member leave or ban of that user, sent by a user of
  * the origin server and not by our user (whose own leaves go out through make_leave), in
  * the format of the room's version, signed as the version requires, its content hash

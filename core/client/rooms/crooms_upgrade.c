@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_upgrade.c - POST /_matrix/client/v3/rooms/{roomId}/upgrade.
+ * core/client/rooms/crooms_upgrade.c - POST /_matrix/client/v3/rooms/{roomId}/upgrade.
  *
  * Owns the spec's "Room Upgrades" server behaviour: a user who may send m.room.tombstone in
  * the old room gets a replacement room of the requested version whose create event names
@@ -25,7 +25,7 @@
 
 #include "core/client/auth/auth.h"
 #include "core/client/ratelimits.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 #define UPGRADE_MAX_BODY_BYTES 4096
 #define UPGRADE_RESTRICTED_LEVEL 50 /* old room's events_default/invite at least this */
@@ -157,7 +157,7 @@ static bool write_new_room(room_tx *tx, const old_room *o, const char *old_id, c
         json_object_set_new(create, "m.federate", json_false());
     if (!put(tx, user, "m.room.create", create, e)) return false;
     room_new_event join = {.sender = user, .type = "m.room.member", .state_key = user,
-                           .content = rooms_member_content(tx->c, user, "join")};
+                           .content = crooms_member_content(tx->c, user, "join")};
     char id[EVENT_ID_LEN];
     int rc = rooms_tx_append(tx, &join, id, e);
     json_decref(join.content);
@@ -257,7 +257,7 @@ static int post_upgrade(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *old_id = rooms_param_room(r);
+    const char *old_id = crooms_param_room(r);
     if (!old_id) return ATRIUM_DONE;
     json_t *body = http_req_json(r);
     if (!body) return ATRIUM_DONE;
@@ -274,7 +274,7 @@ static int post_upgrade(atrium_req *r)
     old_room o;
     int rc = load_old_room(c, r->arena, old_id, &o, &e);
     char new_id[EVENT_MAX_ID_BYTES + 1];
-    rooms_new_room_id(new_id, sizeof(new_id));
+    crooms_new_room_id(new_id, sizeof(new_id));
     if (rc == ROOMS_OK) {
         /* Step 1: may the user send the tombstone? Asked before anything is written. */
         room_auth_load al;
@@ -311,7 +311,7 @@ static int post_upgrade(atrium_req *r)
     return http_respond_json(r, 200, json_pack("{s:s}", "replacement_room", new_id));
 }
 
-int rooms_upgrade_routes(http_server *s)
+int crooms_upgrade_routes(http_server *s)
 {
     return client_route(s, "POST", "/_matrix/client/v3/rooms/{roomId}/upgrade", post_upgrade,
                         UPGRADE_MAX_BODY_BYTES);

@@ -1,6 +1,6 @@
 /*
- * core/client/rooms/rooms_hierarchy_remote.c - the rooms of a space hierarchy that live on
- * other servers (rooms_hierarchy.h).
+ * core/client/rooms/crooms_hierarchy_remote.c - the rooms of a space hierarchy that live on
+ * other servers (crooms_hierarchy.h).
  *
  * When the walk meets a child this server is not resident in, it asks the first server of
  * the child's `via` (other than this one) for GET /_matrix/federation/v1/hierarchy/{roomId}.
@@ -8,15 +8,15 @@
  * the outbound budget (ADR-0079; 429 at once when there is none), and the federation
  * client's callback stores the answer in the cache and wakes it; the handler then walks
  * again from the root and finds the room cached. One server is asked per run and at most
- * ROOMS_HIERARCHY_MAX_FETCHES per request, each within the request's deadline; a child
+ * CROOMS_HIERARCHY_MAX_FETCHES per request, each within the request's deadline; a child
  * still unknown after that is left out, as the spec leaves out what cannot be had.
  * A root this server is not in is asked the same way of a list of servers in turn, the
- * next after one that failed (rooms_hierarchy_remote_root, docs/adr/0028-remote-hierarchy-root.md).
+ * next after one that failed (crooms_hierarchy_remote_root, docs/adr/0028-remote-hierarchy-root.md).
  *
  * The cache (docs/adr/0012-hierarchy-cache.md) is one fixed table per process: an entry
  * per (room, suggested_only), the room's summary as the answer gave it, cleaned to the
  * fields a client is shown (children_state by the spec's rule, rooms_space_children_filter),
- * kept ROOMS_HIERARCHY_CACHE_MS, or ROOMS_HIERARCHY_FAILURE_CACHE_MS for a room that could
+ * kept CROOMS_HIERARCHY_CACHE_MS, or CROOMS_HIERARCHY_FAILURE_CACHE_MS for a room that could
  * not be had (the server failed, refused, or named it inaccessible). A full table replaces
  * the entry that runs out first. The answer's `children` fill entries too (without their
  * children: a child that is a space is asked for itself when the walk gets there).
@@ -25,7 +25,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_hierarchy.h"
+#include "core/client/rooms/crooms_hierarchy.h"
 #include "core/federation/transport/fed_request.h"
 #include "core/rooms/rooms_space.h"
 #include "core/runtime/uri.h"
@@ -42,7 +42,7 @@ typedef struct cache_entry {
 /* The process's cache of other servers' answers: a named registry, under its mutex. */
 static struct {
     pthread_mutex_t lock;
-    cache_entry e[ROOMS_HIERARCHY_CACHE_ENTRIES];
+    cache_entry e[CROOMS_HIERARCHY_CACHE_ENTRIES];
     rt_metric *hit, *miss, *entries, *ok, *failed;
 } hcache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -50,7 +50,7 @@ static struct {
 typedef struct hier_state {
     bool started, done, gave_up, slot;
     int fetches;
-    int root_asked; /* servers asked for the root so far (rooms_hierarchy_remote_root) */
+    int root_asked; /* servers asked for the root so far (crooms_hierarchy_remote_root) */
     char room[ATRIUM_ROOM_ID_MAX_BYTES + 1];
     bool suggested;
     bool root; /* the room asked is the walk's root: its failure is not remembered */
@@ -61,7 +61,7 @@ typedef struct hier_state {
 /* Under the lock: the live entry of (room, suggested), or NULL. */
 static cache_entry *find(const char *room, bool suggested, int64_t now)
 {
-    for (int i = 0; i < ROOMS_HIERARCHY_CACHE_ENTRIES; i++) {
+    for (int i = 0; i < CROOMS_HIERARCHY_CACHE_ENTRIES; i++) {
         cache_entry *e = &hcache.e[i];
         if (e->used && e->expires_ms > now && e->suggested == suggested && strcmp(e->room, room) == 0)
             return e;
@@ -78,11 +78,11 @@ static void store(const char *room, bool suggested, json_t *summary, bool with_c
         json_decref(summary);
         return;
     }
-    for (int i = 0; !slot && i < ROOMS_HIERARCHY_CACHE_ENTRIES; i++)
+    for (int i = 0; !slot && i < CROOMS_HIERARCHY_CACHE_ENTRIES; i++)
         if (!hcache.e[i].used || hcache.e[i].expires_ms <= now) slot = &hcache.e[i];
     if (!slot) { /* full of live entries: replace the one that runs out first */
         slot = &hcache.e[0];
-        for (int i = 1; i < ROOMS_HIERARCHY_CACHE_ENTRIES; i++)
+        for (int i = 1; i < CROOMS_HIERARCHY_CACHE_ENTRIES; i++)
             if (hcache.e[i].expires_ms < slot->expires_ms) slot = &hcache.e[i];
     }
     if (!slot->used) rt_metric_add(hcache.entries, 1);
@@ -92,10 +92,10 @@ static void store(const char *room, bool suggested, json_t *summary, bool with_c
     slot->with_children = with_children;
     slot->summary = summary;
     slot->used = true;
-    slot->expires_ms = now + (summary ? ROOMS_HIERARCHY_CACHE_MS : ROOMS_HIERARCHY_FAILURE_CACHE_MS);
+    slot->expires_ms = now + (summary ? CROOMS_HIERARCHY_CACHE_MS : CROOMS_HIERARCHY_FAILURE_CACHE_MS);
 }
 
-int rooms_hierarchy_init(rt_metrics *m)
+int crooms_hierarchy_init(rt_metrics *m)
 {
     hcache.hit = rt_metric_counter(m, "atrium_rooms_hierarchy_cache_total", "result=\"hit\"",
                                    "Space hierarchy look-ups of rooms on other servers, by cache result");
@@ -110,10 +110,10 @@ int rooms_hierarchy_init(rt_metrics *m)
     return hcache.hit && hcache.miss && hcache.entries && hcache.ok && hcache.failed ? 0 : -1;
 }
 
-void rooms_hierarchy_stop(void)
+void crooms_hierarchy_stop(void)
 {
     pthread_mutex_lock(&hcache.lock);
-    for (int i = 0; i < ROOMS_HIERARCHY_CACHE_ENTRIES; i++) {
+    for (int i = 0; i < CROOMS_HIERARCHY_CACHE_ENTRIES; i++) {
         json_decref(hcache.e[i].summary);
         memset(&hcache.e[i], 0, sizeof(hcache.e[i]));
     }
@@ -224,7 +224,7 @@ static int take_slot(atrium_req *r)
     return http_req_add_hold(r, slot_release, h);
 }
 
-void rooms_hierarchy_run_begin(atrium_req *r)
+void crooms_hierarchy_run_begin(atrium_req *r)
 {
     hier_state *st = r->core_state;
     if (!st || !st->started) return;
@@ -304,7 +304,7 @@ static int ask(atrium_req *r, hier_state *st, const char *room_id, const char *v
     st->fetches++;
     *parked = 1;
     fed_request_opts o = {.method = "GET", .destination = via, .uri = uri, .want_json = true,
-                          .max_body_bytes = ROOMS_HIERARCHY_MAX_ANSWER_BYTES,
+                          .max_body_bytes = CROOMS_HIERARCHY_MAX_ANSWER_BYTES,
                           .deadline_ms = deadline_ms, .on_done = fetched, .arg = r};
     if (fed_request_submit(&o) < 0) {
         fed_response res = {.outcome = FED_HTTP_E_INTERNAL, .error = "the outbound client refused",
@@ -314,7 +314,7 @@ static int ask(atrium_req *r, hier_state *st, const char *room_id, const char *v
     return 0;
 }
 
-int rooms_hierarchy_remote(atrium_req *r, const char *room_id, const json_t *vias,
+int crooms_hierarchy_remote(atrium_req *r, const char *room_id, const json_t *vias,
                            bool suggested, json_t **entry, int *parked)
 {
     *entry = NULL;
@@ -322,7 +322,7 @@ int rooms_hierarchy_remote(atrium_req *r, const char *room_id, const json_t *via
     if (rc >= 0) return rc;
     hier_state *st = state_of(r);
     const char *via = pick_via(vias);
-    if (*parked || !st || st->gave_up || st->started || st->fetches >= ROOMS_HIERARCHY_MAX_FETCHES ||
+    if (*parked || !st || st->gave_up || st->started || st->fetches >= CROOMS_HIERARCHY_MAX_FETCHES ||
         !via)
         return 0;
     return ask(r, st, room_id, via, suggested, false, r->deadline_ms, parked) == -2 ? -2 : 0;
@@ -346,7 +346,7 @@ static const char *nth_candidate(const json_t *servers, int n, int *count)
     return pick;
 }
 
-int rooms_hierarchy_remote_root(atrium_req *r, const char *room_id, const json_t *servers,
+int crooms_hierarchy_remote_root(atrium_req *r, const char *room_id, const json_t *servers,
                                 bool suggested, json_t **entry, int *parked)
 {
     *entry = NULL;
@@ -355,14 +355,14 @@ int rooms_hierarchy_remote_root(atrium_req *r, const char *room_id, const json_t
     int count = 0;
     const char *via = nth_candidate(servers, st ? st->root_asked : 0, &count);
     if (count == 0) return -4;
-    if (!st || st->gave_up || st->started || st->root_asked >= ROOMS_HIERARCHY_MAX_ROOT_SERVERS ||
-        st->fetches >= ROOMS_HIERARCHY_MAX_FETCHES || !via)
+    if (!st || st->gave_up || st->started || st->root_asked >= CROOMS_HIERARCHY_MAX_ROOT_SERVERS ||
+        st->fetches >= CROOMS_HIERARCHY_MAX_FETCHES || !via)
         return -3;
     /* Each server gets an even share of the time left, so a silent first one leaves the
      * others theirs (a refused connection fails at once and gives its share on). */
     int left = count - st->root_asked;
-    if (left > ROOMS_HIERARCHY_MAX_ROOT_SERVERS - st->root_asked)
-        left = ROOMS_HIERARCHY_MAX_ROOT_SERVERS - st->root_asked;
+    if (left > CROOMS_HIERARCHY_MAX_ROOT_SERVERS - st->root_asked)
+        left = CROOMS_HIERARCHY_MAX_ROOT_SERVERS - st->root_asked;
     int64_t now = rt_now_ms(), deadline = r->deadline_ms;
     if (deadline > now) deadline = now + (deadline - now) / left;
     st->root_asked++;

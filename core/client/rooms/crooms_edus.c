@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_edus.c - typing notices and read receipts across servers: what
+ * core/client/rooms/crooms_edus.c - typing notices and read receipts across servers: what
  * this server's users say is queued for the room's other servers (m.typing, m.receipt
  * through the outbound queue, core/federation/transport/fed_txn.h), and what other servers' users say
  * is stored like a local user's notice, so /sync reports it the same way.
@@ -9,13 +9,13 @@
  * Only public receipts (m.read) cross servers; private ones never leave. A remote typing
  * notice carries no timeout, so it runs out after ROOMS_FED_TYPING_TIMEOUT_MS unless
  * renewed (servers renew while their user types), reaped like a local one
- * (rooms_typing.c). Not here: the client endpoints (rooms_ephemeral.c).
+ * (crooms_typing.c). Not here: the client endpoints (crooms_ephemeral.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/client/sync/notifier.h"
 #include "core/federation/transport/fed_txn.h"
 
@@ -24,7 +24,7 @@
 
 /* ---- outbound ---------------------------------------------------------------------- */
 
-void rooms_edu_typing(PGconn *c, const char *room_id, const char *user_id, bool typing)
+void crooms_edu_typing(PGconn *c, const char *room_id, const char *user_id, bool typing)
 {
     json_t *content = json_pack("{s:s,s:s,s:b}", "room_id", room_id, "user_id", user_id,
                                 "typing", typing);
@@ -33,7 +33,7 @@ void rooms_edu_typing(PGconn *c, const char *room_id, const char *user_id, bool 
     json_decref(content);
 }
 
-void rooms_edu_receipt(PGconn *c, const char *room_id, const char *user_id,
+void crooms_edu_receipt(PGconn *c, const char *room_id, const char *user_id,
                        const char *event_id, const char *ts, const char *thread_id)
 {
     json_t *data = json_pack("{s:I}", "ts", (json_int_t)atoll(ts));
@@ -85,7 +85,7 @@ static void on_typing(void *ctx, const char *origin, const json_t *content)
                       " stream_pos = EXCLUDED.stream_pos",
                       3, p);
     if (ok) notifier_wake_room(c, room);
-    if (ok && expires) rooms_typing_expires_at(c, expires);
+    if (ok && expires) crooms_typing_expires_at(c, expires);
     db_release(db_global(), c);
 }
 
@@ -135,7 +135,7 @@ static void on_receipt(void *ctx, const char *origin, const json_t *content)
     db_release(db_global(), c);
 }
 
-int rooms_edus_init(void)
+int crooms_edus_init(void)
 {
     if (fed_txn_on_edu("m.typing", on_typing, NULL) < 0 ||
         fed_txn_on_edu("m.receipt", on_receipt, NULL) < 0) {

@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_create.c - POST /_matrix/client/v3/createRoom.
+ * core/client/rooms/crooms_create.c - POST /_matrix/client/v3/createRoom.
  *
  * Owns the spec's order of a new room's events (create, the creator's join, power levels,
  * the preset's join rules / history visibility / guest access, initial_state, name,
@@ -26,7 +26,7 @@
 #include "core/client/auth/auth.h"
 #include "core/rooms/canonical_json.h"
 #include "core/client/ratelimits.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/rooms/canonical_json.h"
 
 /* Levels of the default m.room.power_levels (Synapse-compatible). */
@@ -73,13 +73,13 @@ static json_t *default_power_levels(const char *creator, const preset *p, json_t
                      PL_MODERATOR);
 }
 
-void rooms_new_room_id(char *out, size_t len)
+void crooms_new_room_id(char *out, size_t len)
 {
     static const char LETTERS[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    char local[ROOMS_ID_RANDOM_CHARS + 1];
-    for (size_t i = 0; i < ROOMS_ID_RANDOM_CHARS; i++)
+    char local[CROOMS_ID_RANDOM_CHARS + 1];
+    for (size_t i = 0; i < CROOMS_ID_RANDOM_CHARS; i++)
         local[i] = LETTERS[randombytes_uniform(sizeof(LETTERS) - 1)];
-    local[ROOMS_ID_RANDOM_CHARS] = '\0';
+    local[CROOMS_ID_RANDOM_CHARS] = '\0';
     snprintf(out, len, "!%s:%s", local, rooms_server_name());
 }
 
@@ -127,7 +127,7 @@ static bool parse_initial_state(atrium_req *r, json_t *body, create_req *q)
         return true;
     }
     if (!json_is_array(q->initial_state)) return bad(r, "M_BAD_JSON", "'initial_state' must be a list");
-    if (json_array_size(q->initial_state) > ROOMS_MAX_INITIAL_STATE)
+    if (json_array_size(q->initial_state) > CROOMS_MAX_INITIAL_STATE)
         return bad(r, "M_INVALID_PARAM", "Too many initial_state events");
     for (size_t i = 0; i < json_array_size(q->initial_state); i++) {
         json_t *ev = json_array_get(q->initial_state, i);
@@ -161,8 +161,8 @@ static bool parse_create(atrium_req *r, json_t *body, create_req *q)
         return bad(r, "M_INVALID_PARAM", "'visibility' must be \"public\" or \"private\"");
     q->publish = visibility && strcmp(visibility, "public") == 0;
     if (alias && alias[0]) {
-        if (!rooms_directory()) {
-            rooms_directory_disabled(r);
+        if (!crooms_directory()) {
+            crooms_directory_disabled(r);
             return false;
         }
         if (strpbrk(alias, ": \t\n\r#"))
@@ -179,7 +179,7 @@ static bool parse_create(atrium_req *r, json_t *body, create_req *q)
     if (!preset_name) preset_name = visibility && strcmp(visibility, "public") == 0 ? "public_chat" : "private_chat";
     if (!(q->preset = find_preset(preset_name)))
         return bad(r, "M_INVALID_PARAM", "Unknown preset");
-    q->ver = version ? room_version_find_creatable(version) : rooms_default_version();
+    q->ver = version ? room_version_find_creatable(version) : crooms_default_version();
     if (!q->ver) {
         if (room_version_find(version))
             http_respond_error(r, 400, "M_UNSUPPORTED_ROOM_VERSION", "This server joins rooms of "
@@ -227,7 +227,7 @@ static int invite_remote_invitees(atrium_req *r, const char *creator, const char
         if (invitee_is_local(invitee)) continue;
         json_t *content = json_pack("{s:s}", "membership", "invite");
         if (q->is_direct) json_object_set_new(content, "is_direct", json_true());
-        bool ok = rooms_remote_invite_send(r, creator, room_id, invitee, content);
+        bool ok = crooms_remote_invite_send(r, creator, room_id, invitee, content);
         json_decref(content);
         if (!ok) return ATRIUM_DONE;
     }
@@ -242,7 +242,7 @@ static bool write_room(atrium_req *r, room_tx *tx, const create_req *q, const ch
     if (q->ver->creator_is_sender) json_object_del(create, "creator");
     else json_object_set_new(create, "creator", json_string(creator));
     if (!put_state(tx, creator, "m.room.create", "", create, e)) return false;
-    if (!put_state(tx, creator, "m.room.member", creator, rooms_member_content(tx->c, creator, "join"), e))
+    if (!put_state(tx, creator, "m.room.member", creator, crooms_member_content(tx->c, creator, "join"), e))
         return false;
     json_t *pl = default_power_levels(creator, q->preset, q->invites);
     if (q->pl_override) json_object_update(pl, q->pl_override);
@@ -264,7 +264,7 @@ static bool write_room(atrium_req *r, room_tx *tx, const create_req *q, const ch
         return false;
     if (q->topic && !put_state(tx, creator, "m.room.topic", "", json_pack("{s:s}", "topic", q->topic), e))
         return false;
-    const atrium_directory *dir = rooms_directory();
+    const atrium_directory *dir = crooms_directory();
     if (q->alias) {
         int rc = dir ? dir->alias_create(tx->c, q->alias, tx->room_id, creator) : ATRIUM_E_STATE;
         if (rc == ATRIUM_E_EXISTS) {
@@ -288,8 +288,8 @@ static bool write_room(atrium_req *r, room_tx *tx, const create_req *q, const ch
         /* Their server must sign the invite: a request to a peer, which createRoom's one
          * transaction does not wait for; they are invited once the room exists. */
         if (!invitee_is_local(invitee)) continue;
-        if (rooms_check_invitee(tx->c, invitee, e) < 0) return false;
-        json_t *content = rooms_member_content(tx->c, invitee, "invite");
+        if (crooms_check_invitee(tx->c, invitee, e) < 0) return false;
+        json_t *content = crooms_member_content(tx->c, invitee, "invite");
         if (q->is_direct) json_object_set_new(content, "is_direct", json_true());
         if (!put_state(tx, creator, "m.room.member", invitee, content, e)) return false;
     }
@@ -314,14 +314,14 @@ static int post_create_room(atrium_req *r)
     if (r->run_reason == ATRIUM_RUN_HANDOFF && r->core_state)
         return invite_remote_invitees(r, user, r->core_state, &q);
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
-    const atrium_directory *dir = rooms_directory();
+    const atrium_directory *dir = crooms_directory();
     if (q.publish && dir && dir->may_publish(user, auth_is_admin(r) == 1) != 1)
         return http_respond_error(r, 403, "M_FORBIDDEN", "You may not publish rooms to this "
                                   "server's room directory; create it with visibility private");
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     char room_id[EVENT_MAX_ID_BYTES + 1];
-    rooms_new_room_id(room_id, sizeof(room_id));
+    crooms_new_room_id(room_id, sizeof(room_id));
     room_tx tx;
     rooms_err e = {0};
     bool ok = rooms_tx_begin_new(&tx, c, r->arena, room_id, q.ver, user, &e) == ROOMS_OK;
@@ -342,13 +342,13 @@ static int post_create_room(atrium_req *r)
     }
     if (has_remote_invitees(&q)) {
         r->core_state = rt_arena_strdup(r->arena, room_id);
-        if (r->core_state) return rooms_to_remote_pool(r);
+        if (r->core_state) return crooms_to_remote_pool(r);
     }
     return http_respond_json(r, 200, json_pack("{s:s}", "room_id", room_id));
 }
 
-int rooms_create_routes(http_server *s)
+int crooms_create_routes(http_server *s)
 {
     return client_route(s, "POST", "/_matrix/client/v3/createRoom", post_create_room,
-                        ROOMS_CREATE_MAX_BODY_BYTES);
+                        CROOMS_CREATE_MAX_BODY_BYTES);
 }

@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_hierarchy.c - GET /_matrix/client/v1/rooms/{roomId}/hierarchy:
+ * core/client/rooms/crooms_hierarchy.c - GET /_matrix/client/v1/rooms/{roomId}/hierarchy:
  * a space's tree, depth first, one page at a time.
  *
  * The walk starts at the root and takes children from each space's m.space.child state in
@@ -8,7 +8,7 @@
  * user may not see (rooms_space_may_see) is left out with everything under it; the root
  * itself must be visible, else 403 (as for an unknown root no server can be asked about:
  * the spec's 403 "the room does not exist"). A child this server is not resident in is
- * asked of the servers in its `via` (rooms_hierarchy_remote.c, parked, cached briefly);
+ * asked of the servers in its `via` (crooms_hierarchy_remote.c, parked, cached briefly);
  * one that cannot be had is left out. A root this server is not in is asked of the servers
  * of docs/adr/0028-remote-hierarchy-root.md in turn (the request's via, server_name and
  * org.matrix.msc4235.via, checked against the grammar first, then the servers this server
@@ -28,8 +28,8 @@
 
 #include "atrium/parse.h"
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_api.h"
-#include "core/client/rooms/rooms_hierarchy.h"
+#include "core/client/rooms/crooms_api.h"
+#include "core/client/rooms/crooms_hierarchy.h"
 #include "core/rooms/rooms_space.h"
 
 #define HIERARCHY_DEFAULT_LIMIT 50
@@ -48,7 +48,7 @@ typedef struct hwalk {
     json_t *page; /* the rooms shown */
     int64_t seen; /* visible rooms met so far */
     bool more;
-    int parked; /* > 0: the walk waits for another server (rooms_hierarchy_remote) */
+    int parked; /* > 0: the walk waits for another server (crooms_hierarchy_remote) */
 } hwalk;
 
 /* ---- tokens ------------------------------------------------------------------------- */
@@ -134,13 +134,13 @@ static int room_entry(hwalk *w, const char *room_id, const json_t *vias, json_t 
     int res = rooms_space_resident(w->c, room_id);
     if (res < 0) return -1;
     if (res == 0 && strcmp(room_id, w->root) == 0) {
-        json_t *servers = rooms_remote_vias(w->r, w->c, room_id, true);
-        int rc = rooms_hierarchy_remote_root(w->r, room_id, servers, w->suggested, &s, &w->parked);
+        json_t *servers = crooms_remote_vias(w->r, w->c, room_id, true);
+        int rc = crooms_hierarchy_remote_root(w->r, room_id, servers, w->suggested, &s, &w->parked);
         json_decref(servers);
         if (rc <= 0) return rc == -4 ? 0 : rc;
     } else if (res == 0) {
         if (!vias) return 0;
-        int rc = rooms_hierarchy_remote(w->r, room_id, vias, w->suggested, &s, &w->parked);
+        int rc = crooms_hierarchy_remote(w->r, room_id, vias, w->suggested, &s, &w->parked);
         if (rc <= 0) return rc;
     } else {
         int rc = rooms_summary(w->c, room_id, true, &s);
@@ -222,11 +222,11 @@ static int walk(hwalk *w)
 static int get_hierarchy(atrium_req *r)
 {
     hwalk w = {.r = r};
-    if (!(w.user = auth_request(r)) || !(w.root = rooms_param_room(r))) return ATRIUM_DONE;
-    if (!read_params(r, &w) || !rooms_vias_ok(r, true)) return ATRIUM_DONE;
+    if (!(w.user = auth_request(r)) || !(w.root = crooms_param_room(r))) return ATRIUM_DONE;
+    if (!read_params(r, &w) || !crooms_vias_ok(r, true)) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_SHUTDOWN)
         return http_respond_error(r, 503, "M_UNKNOWN", "The server is stopping");
-    rooms_hierarchy_run_begin(r);
+    crooms_hierarchy_run_begin(r);
     if (!(w.c = http_db_checkout(r))) return ATRIUM_DONE;
     w.page = json_array();
     int rc = walk(&w);
@@ -260,7 +260,7 @@ static int get_hierarchy(atrium_req *r)
     return http_respond_json(r, 200, body);
 }
 
-int rooms_hierarchy_routes(http_server *s)
+int crooms_hierarchy_routes(http_server *s)
 {
     static const atrium_route routes[] = {
         HTTP_ROUTE("GET", "/_matrix/client/v1/rooms/{roomId}/hierarchy", get_hierarchy, 0),

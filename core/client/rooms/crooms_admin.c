@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_admin.c - the Synapse-shaped room admin API, for server admins:
+ * core/client/rooms/crooms_admin.c - the Synapse-shaped room admin API, for server admins:
  * GET and DELETE /_synapse/admin/v1/rooms/{roomId}. GET gives a room's details as Synapse's admin API gives them
  * (so existing admin tools read them): name, topic, avatar, canonical alias, members (all,
  * this server's, this server's devices), version, creator, encryption, federatable,
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 /* The details, from current state and the tables, into *out (a new object). ROOMS_OK,
  * ROOMS_E_NOT_FOUND, ROOMS_E_DB. */
@@ -108,7 +108,7 @@ static const char *admin_room(atrium_req *r)
         http_respond_error(r, 403, "M_FORBIDDEN", "You are not a server admin");
         return NULL;
     }
-    return rooms_param_room(r);
+    return crooms_param_room(r);
 }
 
 /* GET /_synapse/admin/v1/rooms/{roomId} */
@@ -120,7 +120,7 @@ static int get_room(atrium_req *r)
     if (!c) return ATRIUM_DONE;
     json_t *d = NULL;
     int rc = room_details(c, room_id, &d);
-    const atrium_directory *dir = rooms_directory();
+    const atrium_directory *dir = crooms_directory();
     int listed = rc == ROOMS_OK && dir && ATRIUM_DIRECTORY_HAS(dir, room_listed)
                      ? dir->room_listed(c, room_id)
                      : 0;
@@ -198,7 +198,7 @@ static int delete_room(atrium_req *r)
         const char *user = PQgetvalue(members, i, 0);
         char id[EVENT_ID_LEN];
         rooms_err e = {0};
-        if (rooms_member_leave(c, r->arena, room_id, user, id, &e) == ROOMS_OK) {
+        if (crooms_member_leave(c, r->arena, room_id, user, id, &e) == ROOMS_OK) {
             if (id[0]) json_array_append_new(kicked, json_string(user));
         } else {
             rt_log(ATRIUM_LOG_WARN, "core", "shutting down %s: %s could not leave: %s", room_id,
@@ -208,7 +208,7 @@ static int delete_room(atrium_req *r)
     }
     int rc = members ? 0 : ATRIUM_E_DB;
     PQclear(members);
-    const atrium_directory *dir = rooms_directory();
+    const atrium_directory *dir = crooms_directory();
     if (rc == 0 && dir) rc = dir->room_publish(c, room_id, false);
     if (rc == 0 && dir && ATRIUM_DIRECTORY_HAS(dir, room_aliases_delete))
         rc = dir->room_aliases_delete(c, room_id, &aliases);
@@ -227,11 +227,11 @@ static int delete_room(atrium_req *r)
                                                "new_room_id"));
 }
 
-int rooms_admin_routes(http_server *s)
+int crooms_admin_routes(http_server *s)
 {
     return client_route(s, "GET", "/_synapse/admin/v1/rooms/{roomId}", get_room, 0) < 0 ||
                    client_route(s, "DELETE", "/_synapse/admin/v1/rooms/{roomId}", delete_room,
-                                ROOMS_MAX_BODY_BYTES) < 0
+                                CROOMS_MAX_BODY_BYTES) < 0
                ? -1
                : 0;
 }

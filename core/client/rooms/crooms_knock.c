@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_knock.c - knocking: POST /_matrix/client/v3/knock/{roomIdOrAlias}
+ * core/client/rooms/crooms_knock.c - knocking: POST /_matrix/client/v3/knock/{roomIdOrAlias}
  * (server_name / via query parameters, an optional reason), and the knocking server's half
  * of a knock on a room of other servers (make_knock, send_knock).
  *
@@ -19,7 +19,7 @@
  * invite from another server is (core/federation/rooms/fed_rooms_invite.c). The resident server
  * then reaches us through the paths every room uses: its invite is PUT /v2/invite, its
  * kick a PDU for our user (fed_rooms_outsider.c). The user withdraws the knock by leaving
- * (rooms_knock_withdraw): make_leave / send_leave through the server that took the knock;
+ * (crooms_knock_withdraw): make_leave / send_leave through the server that took the knock;
  * when no resident takes the leave (unreachable, or the knock already over there: Synapse
  * does not send its rejections to servers outside the room) it is withdrawn here all the
  * same, with a leave of our own that only this server keeps, so no knock stays stuck.
@@ -28,14 +28,14 @@
  * events, and which fields of each) is the room model's (core/rooms/state_pdus.c).
  *
  * Not here: the resident server's side (core/federation/rooms/fed_rooms_join.c), /sync's knock
- * section (core/client/sync/sync_rooms.c), leaving (rooms_membership.c).
+ * section (core/client/sync/sync_rooms.c), leaving (crooms_membership.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/client/sync/notifier.h"
 #include "core/federation/transport/fed_call.h"
 #include "core/rooms/canonical_json.h"
@@ -142,7 +142,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     const char *via = NULL;
     json_t *made = ask_make(r, "knock", user, room_id, vias, &via, &mk);
     if (!made) {
-        int out = rooms_remote_answer_failure(r, &mk, "No server could take the knock");
+        int out = crooms_remote_answer_failure(r, &mk, "No server could take the knock");
         fed_call_result_clear(&mk);
         return out;
     }
@@ -155,7 +155,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     }
     rooms_err e = {0};
     char id[EVENT_ID_LEN];
-    json_t *knock = rooms_remote_complete_member(c, v, json_object_get(made, "event"), user,
+    json_t *knock = crooms_remote_complete_member(c, v, json_object_get(made, "event"), user,
                                                  "knock", reason, NULL, id, &e);
     json_decref(made);
     http_db_checkin(c); /* no connection is held while a peer answers */
@@ -176,7 +176,7 @@ static int remote_knock(atrium_req *r, const char *user, const char *room_id, co
     if (!fed_call_ok(&sent) || !(c = http_db_checkout(r))) {
         json_decref(knock);
         int out = fed_call_ok(&sent) ? ATRIUM_DONE
-                                     : rooms_remote_answer_failure(r, &sent, "The resident server refused the knock");
+                                     : crooms_remote_answer_failure(r, &sent, "The resident server refused the knock");
         fed_call_result_clear(&sent);
         return out;
     }
@@ -280,7 +280,7 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
     const room_version *v = room_version_find(json_string_value(json_object_get(made, "room_version")));
     rooms_err e = {0};
     const char *reason = json_string_value(json_object_get(r->json, "reason"));
-    json_t *leave = rooms_remote_complete_member(NULL, v, json_object_get(made, "event"), user,
+    json_t *leave = crooms_remote_complete_member(NULL, v, json_object_get(made, "event"), user,
                                                  "leave", reason, NULL, id, &e);
     json_decref(made);
     if (!leave) {
@@ -296,7 +296,7 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
         return NULL;
     }
     fed_call_result sent;
-    rooms_remote_put_step(r, *via_out, "send_leave", room_enc, id_enc, leave, leave,
+    crooms_remote_put_step(r, *via_out, "send_leave", room_enc, id_enc, leave, leave,
                           KNOCK_MAKE_MAX_BODY_BYTES, &sent);
     bool ok = fed_call_ok(&sent);
     if (!ok)
@@ -310,7 +310,7 @@ static json_t *send_leave(atrium_req *r, const char *user, const char *room_id,
     return leave;
 }
 
-int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
+int crooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
 {
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
@@ -320,7 +320,7 @@ int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
         http_db_checkin(c);
         return http_respond_error(r, 403, "M_FORBIDDEN", "You are not knocking on this room");
     }
-    json_t *vias = rooms_knock_vias(r, c, room_id, user);
+    json_t *vias = crooms_knock_vias(r, c, room_id, user);
     http_db_checkin(c); /* no connection is held while a peer answers */
     char id[EVENT_ID_LEN];
     const char *via = NULL;
@@ -349,7 +349,7 @@ int rooms_knock_withdraw(atrium_req *r, const char *user, const char *room_id)
     return http_respond_json(r, 200, json_object());
 }
 
-json_t *rooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const char *user)
+json_t *crooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const char *user)
 {
     json_t *vias = json_array();
     const char *p[2] = {room_id, user};
@@ -359,7 +359,7 @@ json_t *rooms_knock_vias(atrium_req *r, PGconn *c, const char *room_id, const ch
                             2, p, NULL);
     if (res && PQntuples(res) == 1) json_array_append_new(vias, json_string(PQgetvalue(res, 0, 0)));
     PQclear(res);
-    json_t *more = rooms_remote_vias(r, c, room_id, false);
+    json_t *more = crooms_remote_vias(r, c, room_id, false);
     json_array_extend(vias, more);
     json_decref(more);
     return vias;
@@ -375,18 +375,18 @@ static int knock_room(atrium_req *r, const char *user, const char *room_id,
                                     : http_req_json(r);
     if (!body) return ATRIUM_DONE;
     const char *reason;
-    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason))
+    if (!http_field_string(r, body, "reason", false, CROOMS_MAX_REASON_BYTES, &reason))
         return ATRIUM_DONE;
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
-    int remote = rooms_join_needs_remote(c, room_id);
+    int remote = crooms_join_needs_remote(c, room_id);
     if (remote == 1) {
         if (r->run_reason != ATRIUM_RUN_HANDOFF) {
             http_db_checkin(c);
-            return rooms_to_remote_pool(r);
+            return crooms_to_remote_pool(r);
         }
         json_t *vias = alias_vias ? json_deep_copy(alias_vias) : json_array();
-        json_t *more = rooms_remote_vias(r, c, room_id, false);
+        json_t *more = crooms_remote_vias(r, c, room_id, false);
         http_db_checkin(c);
         json_array_extend(vias, more);
         json_decref(more);
@@ -396,7 +396,7 @@ static int knock_room(atrium_req *r, const char *user, const char *room_id,
     }
     bool failed = remote < 0;
     bool exists = !failed && rooms_version_of(c, room_id, &failed) != NULL;
-    json_t *content = exists && !failed ? rooms_member_content(c, user, "knock") : NULL;
+    json_t *content = exists && !failed ? crooms_member_content(c, user, "knock") : NULL;
     http_db_checkin(c);
     if (failed) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     if (!exists) return http_respond_error(r, 404, "M_NOT_FOUND", "Unknown room");
@@ -405,7 +405,7 @@ static int knock_room(atrium_req *r, const char *user, const char *room_id,
      * membership) is the auth rules' decision: a refusal is 403 M_FORBIDDEN. */
     room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = user,
                          .content = content};
-    int out = rooms_write_one(r, room_id, &ev, json_pack("{s:s}", "room_id", room_id));
+    int out = crooms_write_one(r, room_id, &ev, json_pack("{s:s}", "room_id", room_id));
     json_decref(content);
     return out;
 }
@@ -415,16 +415,16 @@ static int post_knock(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    if (!rooms_vias_ok(r, false)) return ATRIUM_DONE;
+    if (!crooms_vias_ok(r, false)) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
-    if (target && target[0] == '#') return rooms_act_on_alias(r, user, target, knock_room);
+    if (target && target[0] == '#') return crooms_act_on_alias(r, user, target, knock_room);
     if (!rooms_room_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID or alias");
     return knock_room(r, user, target, NULL);
 }
 
-int rooms_knock_routes(http_server *s)
+int crooms_knock_routes(http_server *s)
 {
     return client_route(s, "POST", "/_matrix/client/v3/knock/{roomIdOrAlias}", post_knock,
-                        ROOMS_MAX_BODY_BYTES);
+                        CROOMS_MAX_BODY_BYTES);
 }

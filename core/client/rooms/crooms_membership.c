@@ -1,23 +1,23 @@
 /*
- * core/client/rooms/rooms_membership.c - joining and leaving: POST /rooms/{roomId}/join,
+ * core/client/rooms/crooms_membership.c - joining and leaving: POST /rooms/{roomId}/join,
  * /join/{roomIdOrAlias}, /rooms/{roomId}/leave, invite, kick, ban, unban and forget, plus
- * rooms_write_one, the "write one event and answer" step the single-event endpoints share.
+ * crooms_write_one, the "write one event and answer" step the single-event endpoints share.
  *
  * Each endpoint only says which membership event it wants; whether it is allowed is the
  * auth rules' decision (room_auth.c through core/rooms/rooms_tx.c). What this file adds: a join
  * of a user already joined writes nothing, kick and unban need a target that is in the
  * room / banned, membership events carry the user's profile (and a /join/{roomIdOrAlias}
- * body's other keys, rooms_join_extras, also for a join through another server), and invites reach only local
+ * body's other keys, crooms_join_extras, also for a join through another server), and invites reach only local
  * users that exist; other servers' users are invited through their server
- * (rooms_remote.c). A kick of a knocking user rejects the knock; a knock withdrawn on a room
- * this server is not in is rooms_knock.c's (rooms_knock_withdraw). /join/#alias resolves the alias through the room directory, another
+ * (crooms_remote.c). A kick of a knocking user rejects the knock; a knock withdrawn on a room
+ * this server is not in is crooms_knock.c's (crooms_knock_withdraw). /join/#alias resolves the alias through the room directory, another
  * server's by asking it (join_alias), and joins through the servers the answer names.
  *
  * It also owns which profile fields a membership event carries (add_profile: displayname
  * and avatar_url, an empty value being no value), both for new memberships and for
- * rooms_member_profile_refresh, the one-room step that carries a profile change into a
+ * crooms_member_profile_refresh, the one-room step that carries a profile change into a
  * joined room's member event. Which rooms to refresh, and how many, is profile.c's
- * decision. Likewise rooms_member_leave is the one-room step of an account deactivation
+ * decision. Likewise crooms_member_leave is the one-room step of an account deactivation
  * (which rooms, and how many: core/client/accounts/deactivate.c).
  */
 #include <stdio.h>
@@ -26,7 +26,7 @@
 #include "core/client/accounts/accounts.h"
 #include "core/client/appservice/appservice.h"
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/rooms/rooms_space.h"
 #include "core/rooms/canonical_json.h"
 #include "core/runtime/server_name.h"
@@ -53,14 +53,14 @@ static int add_profile(PGconn *c, const char *user_id, json_t *content)
     return ROOMS_OK;
 }
 
-json_t *rooms_member_content(PGconn *c, const char *user_id, const char *membership)
+json_t *crooms_member_content(PGconn *c, const char *user_id, const char *membership)
 {
     json_t *content = json_pack("{s:s}", "membership", membership);
     (void)add_profile(c, user_id, content); /* a failed read leaves the bare membership */
     return content;
 }
 
-int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e)
+int crooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e)
 {
     const char *p[1] = {user_id};
     PGresult *res = rooms_q(c, "SELECT deactivated FROM users WHERE user_id = $1", 1, p, NULL);
@@ -75,7 +75,7 @@ int rooms_check_invitee(PGconn *c, const char *user_id, rooms_err *e)
     return ROOMS_OK;
 }
 
-int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,
+int crooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, const char *key,
                      char id_out[EVENT_ID_LEN])
 {
     const char *p[3] = {user_id, device_id, key};
@@ -90,7 +90,7 @@ int rooms_txn_lookup(PGconn *c, const char *user_id, const char *device_id, cons
     return found;
 }
 
-int rooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev, json_t *answer)
+int crooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev, json_t *answer)
 {
     PGconn *c = http_db_checkout(r);
     if (!c) {
@@ -109,7 +109,7 @@ int rooms_write_one(atrium_req *r, const char *room_id, const room_new_event *ev
     if (rc == ROOMS_E_TXN_RACE) {
         /* The same transaction ID committed meanwhile on another connection: its event is
          * the answer. */
-        int found = rooms_txn_lookup(c, ev->sender, ev->txn_device,
+        int found = crooms_txn_lookup(c, ev->sender, ev->txn_device,
                                      ev->txn_key ? ev->txn_key : ev->txn_id, id);
         rc = found == 1 ? ROOMS_OK : rooms_set_err(&e, ROOMS_E_DB, "database");
     }
@@ -164,7 +164,7 @@ static json_t *with_profile(const json_t *current, const json_t *profile)
     return next;
 }
 
-int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id,
+int crooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id,
                                  const char *user_id, char id_out[EVENT_ID_LEN], rooms_err *e)
 {
     id_out[0] = '\0';
@@ -197,7 +197,7 @@ int rooms_member_profile_refresh(PGconn *c, rt_arena *arena, const char *room_id
 
 /* ---- account deactivation ------------------------------------------------------------ */
 
-int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const char *user_id,
+int crooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const char *user_id,
                        char id_out[EVENT_ID_LEN], rooms_err *e)
 {
     id_out[0] = '\0';
@@ -231,7 +231,7 @@ int rooms_member_leave(PGconn *c, rt_arena *arena, const char *room_id, const ch
 static bool take_reason(atrium_req *r, json_t *body, json_t *content)
 {
     const char *reason;
-    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return false;
+    if (!http_field_string(r, body, "reason", false, CROOMS_MAX_REASON_BYTES, &reason)) return false;
     if (reason) json_object_set_new(content, "reason", json_string(reason));
     return true;
 }
@@ -241,7 +241,7 @@ static bool take_reason(atrium_req *r, json_t *body, json_t *content)
  * ours). A displayname or avatar_url of the body is a per-room profile and wins over the
  * global one, held to the profile's types and sizes; membership and
  * join_authorised_via_users_server stay the server's. false after answering 400. */
-bool rooms_join_extras(atrium_req *r, json_t *body, json_t *content)
+bool crooms_join_extras(atrium_req *r, json_t *body, json_t *content)
 {
     static const struct {
         const char *key;
@@ -306,18 +306,18 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     /* A room this server is not in: through the servers that are, on the remote pool. */
-    int remote = rooms_join_needs_remote(c, room_id);
+    int remote = crooms_join_needs_remote(c, room_id);
     if (remote == 1) {
         if (r->run_reason != ATRIUM_RUN_HANDOFF) {
             http_db_checkin(c);
-            return rooms_to_remote_pool(r);
+            return crooms_to_remote_pool(r);
         }
         json_t *vias = alias_vias ? json_deep_copy(alias_vias) : json_array();
-        json_t *more = rooms_remote_vias(r, c, room_id, false);
+        json_t *more = crooms_remote_vias(r, c, room_id, false);
         http_db_checkin(c);
         json_array_extend(vias, more);
         json_decref(more);
-        int out = rooms_remote_join(r, user, room_id, vias);
+        int out = crooms_remote_join(r, user, room_id, vias);
         json_decref(vias);
         return out;
     }
@@ -325,7 +325,7 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
     bool failed = remote < 0;
     bool exists = !failed && rooms_version_of(c, room_id, &failed) != NULL;
     int rc = failed ? ROOMS_E_DB : rooms_membership_at(c, room_id, user, INT64_MAX, membership, NULL);
-    json_t *content = rc == ROOMS_OK && exists ? rooms_member_content(c, user, "join") : NULL;
+    json_t *content = rc == ROOMS_OK && exists ? crooms_member_content(c, user, "join") : NULL;
     bool guest_refused = false;
     if (rc == ROOMS_OK && exists && r->is_guest > 0 && strcmp(membership, "join") != 0) {
         /* Guests join only rooms that let them (m.room.guest_access: can_join). */
@@ -354,14 +354,14 @@ static int join_room(atrium_req *r, const char *user, const char *room_id,
         return http_respond_json(r, 200, answer);
     }
     bool by_join_path = http_req_param(r, "roomIdOrAlias") != NULL; /* POST /join/{...} */
-    if (!take_reason(r, body, content) || (by_join_path && !rooms_join_extras(r, body, content)) ||
+    if (!take_reason(r, body, content) || (by_join_path && !crooms_join_extras(r, body, content)) ||
         !vouch_for(r, room_id, user, content)) {
         json_decref(content);
         json_decref(answer);
         return ATRIUM_DONE;
     }
     room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = user, .content = content};
-    int out = rooms_write_one(r, room_id, &ev, answer);
+    int out = crooms_write_one(r, room_id, &ev, answer);
     json_decref(content);
     return out;
 }
@@ -371,7 +371,7 @@ static int post_room_join(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     return room ? join_room(r, user, room, NULL) : ATRIUM_DONE;
 }
 
@@ -382,10 +382,10 @@ static int post_room_join(atrium_req *r)
  * remote pool, like any join of a room this server is not in). Every run resolves again:
  * the directory keeps the answer in the request, so the run on the remote pool gets it
  * without asking. */
-int rooms_act_on_alias(atrium_req *r, const char *user, const char *alias, rooms_alias_act act)
+int crooms_act_on_alias(atrium_req *r, const char *user, const char *alias, crooms_alias_act act)
 {
-    const atrium_directory *d = rooms_directory();
-    if (!d) return rooms_directory_disabled(r);
+    const atrium_directory *d = crooms_directory();
+    if (!d) return crooms_directory_disabled(r);
     if (!rt_server_name_of_id_valid(alias)) /* before the directory asks its server */
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room alias: expected "
                                   "#localpart:server, the server a host name, IPv4 or [IPv6] "
@@ -411,7 +411,7 @@ int rooms_act_on_alias(atrium_req *r, const char *user, const char *alias, rooms
     if (!c) return ATRIUM_DONE;
     char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1];
     rooms_err e = {0};
-    int rc = rooms_resolve_alias(c, alias, room_id, &e);
+    int rc = crooms_resolve_alias(c, alias, room_id, &e);
     http_db_checkin(c);
     if (rc == ROOMS_E_NOT_FOUND) { /* a bridge may make it: ask, then look again */
         int asked = as_query_alias(r, alias);
@@ -426,9 +426,9 @@ static int post_join(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    if (!rooms_vias_ok(r, false)) return ATRIUM_DONE;
+    if (!crooms_vias_ok(r, false)) return ATRIUM_DONE;
     const char *target = http_req_param(r, "roomIdOrAlias");
-    if (target && target[0] == '#') return rooms_act_on_alias(r, user, target, join_room);
+    if (target && target[0] == '#') return crooms_act_on_alias(r, user, target, join_room);
     if (!rooms_room_id_ok(target))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a room ID or alias");
     return join_room(r, user, target, NULL);
@@ -439,15 +439,15 @@ static int post_leave(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     json_t *body = room ? optional_body(r) : NULL;
     if (!body) return ATRIUM_DONE;
-    /* Declining an invite to a room this server is not in (rooms_remote.c), or withdrawing
-     * a knock on one (rooms_knock.c): through the servers that are. */
+    /* Declining an invite to a room this server is not in (crooms_remote.c), or withdrawing
+     * a knock on one (crooms_knock.c): through the servers that are. */
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
     char membership[16] = "";
-    int remote = rooms_join_needs_remote(c, room);
+    int remote = crooms_join_needs_remote(c, room);
     if (remote == 1 && rooms_membership_at(c, room, user, INT64_MAX, membership, NULL) < 0)
         remote = ROOMS_E_DB;
     bool knocked = strcmp(membership, "knock") == 0;
@@ -455,13 +455,13 @@ static int post_leave(atrium_req *r)
     /* An invite declined on the remote pool: the servers to decline through, read while
      * the connection is held (given back at this one place). */
     json_t *vias = through_remote && r->run_reason == ATRIUM_RUN_HANDOFF && !knocked
-                       ? rooms_remote_vias(r, c, room, false)
+                       ? crooms_remote_vias(r, c, room, false)
                        : NULL;
     http_db_checkin(c);
     if (through_remote) {
-        if (r->run_reason != ATRIUM_RUN_HANDOFF) return rooms_to_remote_pool(r);
-        if (knocked) return rooms_knock_withdraw(r, user, room);
-        int out = rooms_remote_leave(r, user, room, vias);
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) return crooms_to_remote_pool(r);
+        if (knocked) return crooms_knock_withdraw(r, user, room);
+        int out = crooms_remote_leave(r, user, room, vias);
         json_decref(vias);
         return out;
     }
@@ -472,7 +472,7 @@ static int post_leave(atrium_req *r)
         return ATRIUM_DONE;
     }
     room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = user, .content = content};
-    int out = rooms_write_one(r, room, &ev, json_object());
+    int out = crooms_write_one(r, room, &ev, json_object());
     json_decref(content);
     return out;
 }
@@ -493,7 +493,7 @@ static int act_on_user(atrium_req *r, const target_action *act)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     const char *target;
@@ -502,9 +502,9 @@ static int act_on_user(atrium_req *r, const target_action *act)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'user_id' is not a user ID");
     if (act == &INVITE && strcmp(room_auth_domain(target), rooms_server_name()) != 0) {
         /* A user of another server: their server signs the invite; on the remote pool. */
-        if (r->run_reason != ATRIUM_RUN_HANDOFF) return rooms_to_remote_pool(r);
+        if (r->run_reason != ATRIUM_RUN_HANDOFF) return crooms_to_remote_pool(r);
         json_t *content = json_pack("{s:s}", "membership", "invite");
-        int out = take_reason(r, body, content) ? rooms_remote_invite(r, user, room, target, content)
+        int out = take_reason(r, body, content) ? crooms_remote_invite(r, user, room, target, content)
                                                 : ATRIUM_DONE;
         json_decref(content);
         return out;
@@ -519,8 +519,8 @@ static int act_on_user(atrium_req *r, const target_action *act)
     char current[16] = "";
     int rc = rooms_membership_at(c, room, target, INT64_MAX, current, NULL);
     if (rc < 0) rooms_set_err(&e, rc, "database");
-    if (rc == ROOMS_OK && act == &INVITE) rc = rooms_check_invitee(c, target, &e);
-    json_t *content = rc == ROOMS_OK ? rooms_member_content(c, target, act->membership) : NULL;
+    if (rc == ROOMS_OK && act == &INVITE) rc = crooms_check_invitee(c, target, &e);
+    json_t *content = rc == ROOMS_OK ? crooms_member_content(c, target, act->membership) : NULL;
     http_db_checkin(c);
     if (rc != ROOMS_OK) return rooms_fail(r, &e);
     if (act != &INVITE) {
@@ -541,7 +541,7 @@ static int act_on_user(atrium_req *r, const target_action *act)
         return ATRIUM_DONE;
     }
     room_new_event ev = {.sender = user, .type = "m.room.member", .state_key = target, .content = content};
-    int out = rooms_write_one(r, room, &ev, json_object());
+    int out = crooms_write_one(r, room, &ev, json_object());
     json_decref(content);
     return out;
 }
@@ -556,7 +556,7 @@ static int post_forget(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     if (!room || !optional_body(r)) return ATRIUM_DONE;
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
@@ -568,7 +568,7 @@ static int post_forget(atrium_req *r)
     bool standing = strcmp(membership, "join") == 0 || strcmp(membership, "invite") == 0 ||
                     strcmp(membership, "knock") == 0;
     if (ok && pos > 0 && !standing) {
-        const char *p[1] = {rooms_i64(r, pos)};
+        const char *p[1] = {crooms_i64(r, pos)};
         ok = db_exec(c, "UPDATE memberships SET forgotten = true WHERE stream_pos = $1", 1, p);
     }
     http_db_checkin(c);
@@ -578,9 +578,9 @@ static int post_forget(atrium_req *r)
     return http_respond_json(r, 200, json_object());
 }
 
-int rooms_membership_routes(http_server *s)
+int crooms_membership_routes(http_server *s)
 {
-#define POST_(p, h) HTTP_ROUTE("POST", p, h, ROOMS_MAX_BODY_BYTES)
+#define POST_(p, h) HTTP_ROUTE("POST", p, h, CROOMS_MAX_BODY_BYTES)
     static const atrium_route routes[] = {
         POST_("/_matrix/client/v3/rooms/{roomId}/join", post_room_join),
         POST_("/_matrix/client/v3/join/{roomIdOrAlias}", post_join),

@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_module.c - the rooms module: its start-up (the tables are the room
+ * core/client/rooms/crooms_module.c - the rooms module: its start-up (the tables are the room
  * model's, core/rooms/rooms.c), and the helpers every room endpoint shares: failures -> Matrix
  * errors, database connections, readers, path parameters and pagination tokens.
  */
@@ -9,9 +9,9 @@
 
 #include "core/client/auth/auth.h"
 #include "core/client/push/push_send.h"
-#include "core/client/rooms/rooms_api.h"
-#include "core/client/rooms/rooms_hierarchy.h"
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_api.h"
+#include "core/client/rooms/crooms_hierarchy.h"
+#include "core/client/rooms/crooms_relations.h"
 #include "atrium/parse.h"
 
 /* The settings, or NULL when no runtime object is bound (unit tests). */
@@ -25,14 +25,14 @@ static const struct core_config *settings(void)
 
 /* ---- database ----------------------------------------------------------------------- */
 
-const char *rooms_i64(atrium_req *r, int64_t x)
+const char *crooms_i64(atrium_req *r, int64_t x)
 {
     return rt_arena_printf(r->arena, "%lld", (long long)x);
 }
 
 /* ---- readers ------------------------------------------------------------------------ */
 
-bool rooms_reader_open(atrium_req *r, rooms_reader *rd)
+bool crooms_reader_open(atrium_req *r, crooms_reader *rd)
 {
     if (!(rd->c = http_db_checkout(r))) return false;
     rooms_err e = {0};
@@ -46,7 +46,7 @@ bool rooms_reader_open(atrium_req *r, rooms_reader *rd)
     return true;
 }
 
-int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body)
+int crooms_reader_close(atrium_req *r, crooms_reader *rd, int status, json_t *body)
 {
     http_db_checkin(rd->c);
     if (!body) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -55,7 +55,7 @@ int rooms_reader_close(atrium_req *r, rooms_reader *rd, int status, json_t *body
 
 /* ---- requests ----------------------------------------------------------------------- */
 
-bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out)
+bool crooms_filter_query(atrium_req *r, const char *name, room_filter *out)
 {
     const char *text = http_req_query(r, name);
     json_t *f = NULL;
@@ -73,7 +73,7 @@ bool rooms_filter_query(atrium_req *r, const char *name, room_filter *out)
     return ok;
 }
 
-const char *rooms_param_room(atrium_req *r)
+const char *crooms_param_room(atrium_req *r)
 {
     const char *room = http_req_param(r, "roomId");
     if (!rooms_room_id_ok(room)) {
@@ -83,14 +83,14 @@ const char *rooms_param_room(atrium_req *r)
     return room;
 }
 
-const room_version *rooms_default_version(void)
+const room_version *crooms_default_version(void)
 {
     const struct core_config *cfg = settings();
     const room_version *v = room_version_find_creatable(cfg ? cfg->rooms.default_version : NULL);
-    return v ? v : room_version_find_creatable(ROOMS_DEFAULT_VERSION);
+    return v ? v : room_version_find_creatable(CROOMS_DEFAULT_VERSION);
 }
 
-bool rooms_parse_token(const char *tok, int64_t *pos)
+bool crooms_parse_token(const char *tok, int64_t *pos)
 {
     if (!tok || (tok[0] != 's' && tok[0] != 'b') || tok[1] < '0' || tok[1] > '9') return false;
     int64_t v;
@@ -99,7 +99,7 @@ bool rooms_parse_token(const char *tok, int64_t *pos)
     return true;
 }
 
-const char *rooms_token(atrium_req *r, int64_t pos)
+const char *crooms_token(atrium_req *r, int64_t pos)
 {
     if (pos < 0) return rt_arena_printf(r->arena, "b%lld", (long long)(pos == INT64_MIN ? INT64_MAX : -pos));
     return rt_arena_printf(r->arena, "s%lld", (long long)pos);
@@ -112,7 +112,7 @@ const char *rooms_token(atrium_req *r, int64_t pos)
 #define ROOMS_BULK_THREADS 1
 #define ROOMS_BULK_QUEUE 32
 
-int rooms_to_bulk_pool(atrium_req *r)
+int crooms_to_bulk_pool(atrium_req *r)
 {
     rt_pool *bulk_pool = core_runtime_get()->rooms_bulk_pool;
     int rc = bulk_pool ? susp_handoff(r, bulk_pool, NULL, 0) : ATRIUM_E_STOPPED;
@@ -124,7 +124,7 @@ int rooms_to_bulk_pool(atrium_req *r)
     return ATRIUM_DONE;
 }
 
-int rooms_to_remote_pool(atrium_req *r)
+int crooms_to_remote_pool(atrium_req *r)
 {
     rt_pool *pool = core_runtime_get()->rooms_remote_pool;
     int rc = pool ? susp_handoff(r, pool, NULL, 0) : ATRIUM_E_STOPPED;
@@ -148,14 +148,14 @@ static int rooms_start(core_runtime *rt)
                                .notifications_per_user_max =
                                    rt->cfg->push.notifications_per_user_max};
     if (push_send_start(&push) < 0) return -1;
-    return rooms_typing_start();
+    return crooms_typing_start();
 }
 
 static void rooms_stop(core_runtime *rt)
 {
     push_send_stop();
-    rooms_typing_stop();
-    rooms_hierarchy_stop();
+    crooms_typing_stop();
+    crooms_hierarchy_stop();
     if (rt->rooms_remote_pool) {
         rt_pool_stop(rt->rooms_remote_pool); /* queued handoffs are answered 503 */
         rt_pool_join(rt->rooms_remote_pool);
@@ -178,23 +178,23 @@ static int rooms_init(core_runtime *rt)
     rt->rooms_bulk_pool = rt_pool_new("core.rooms_bulk", ROOMS_BULK_THREADS, ROOMS_BULK_QUEUE,
                                       rt->metrics);
     if (!rt->rooms_bulk_pool) return -1;
-    rt->rooms_remote_pool = rt_pool_new("core.rooms_remote", ROOMS_REMOTE_THREADS,
-                                        ROOMS_REMOTE_QUEUE, rt->metrics);
+    rt->rooms_remote_pool = rt_pool_new("core.rooms_remote", CROOMS_REMOTE_THREADS,
+                                        CROOMS_REMOTE_QUEUE, rt->metrics);
     if (!rt->rooms_remote_pool) return -1;
     if (!room_version_find_creatable(rt->cfg->rooms.default_version)) {
         rt_log(ATRIUM_LOG_ERROR, "core", "rooms.default_version \"%.16s\" is not a room version "
                "this server creates: set it to one of \"1\" to \"11\"", rt->cfg->rooms.default_version);
         return -1;
     }
-    if (rooms_create_routes(s) < 0 || rooms_membership_routes(s) < 0 || rooms_send_routes(s) < 0 ||
-        rooms_read_routes(s) < 0 || rooms_ephemeral_routes(s) < 0 || rooms_relations_routes(s) < 0 ||
-        rooms_knock_routes(s) < 0)
+    if (crooms_create_routes(s) < 0 || crooms_membership_routes(s) < 0 || crooms_send_routes(s) < 0 ||
+        crooms_read_routes(s) < 0 || crooms_ephemeral_routes(s) < 0 || crooms_relations_routes(s) < 0 ||
+        crooms_knock_routes(s) < 0)
         return -1;
-    if (rooms_search_routes(s) < 0 || rooms_upgrade_routes(s) < 0 || rooms_admin_routes(s) < 0 ||
-        rooms_hierarchy_routes(s) < 0 || rooms_jump_routes(s) < 0 ||
-        rooms_hierarchy_init(rt->metrics) < 0 ||
-        rooms_iface_provide() < 0 ||
-        rooms_edus_init() < 0)
+    if (crooms_search_routes(s) < 0 || crooms_upgrade_routes(s) < 0 || crooms_admin_routes(s) < 0 ||
+        crooms_hierarchy_routes(s) < 0 || crooms_jump_routes(s) < 0 ||
+        crooms_hierarchy_init(rt->metrics) < 0 ||
+        crooms_iface_provide() < 0 ||
+        crooms_edus_init() < 0)
         return -1;
     return 0;
 }

@@ -1,10 +1,10 @@
 /*
- * core/client/rooms/rooms_remote.c - joining a room through other servers, as the joining
+ * core/client/rooms/crooms_remote.c - joining a room through other servers, as the joining
  * server: make_join to the via servers in turn, the join completed from the template,
  * signed (rooms_event_seal) and sent with send_join, and the returned state and auth chain
  * checked and stored before the join itself.
  *
- * It runs on the rooms module's remote pool (rooms_to_remote_pool): the client's request
+ * It runs on the rooms module's remote pool (crooms_to_remote_pool): the client's request
  * is handed off, so no request-pool thread waits while peers answer; the pool thread waits
  * on each request and signature check with its deadline (fed_call.h), and holds no
  * database connection while it does: one is borrowed for each step that needs the
@@ -27,13 +27,13 @@
  *
  * Not here: partial-state joins (the full state is asked for), and resolving another
  * server's alias (the directory's:
- * rooms_membership.c passes the servers its answer names as the first vias).
+ * crooms_membership.c passes the servers its answer names as the first vias).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/client/sync/notifier.h"
 #include "core/federation/transport/fed_call.h"
 #include "core/rooms/canonical_json.h"
@@ -46,7 +46,7 @@
 #define REMOTE_MAKE_MAX_BODY_BYTES (256 * 1024)
 #define REMOTE_MAX_VIAS 8 /* via servers tried at most */
 
-int rooms_join_needs_remote(PGconn *c, const char *room_id)
+int crooms_join_needs_remote(PGconn *c, const char *room_id)
 {
     const char *p[2] = {room_id, rooms_server_name()};
     PGresult *res = rooms_q(c,
@@ -66,7 +66,7 @@ int rooms_join_needs_remote(PGconn *c, const char *room_id)
     return !ours && theirs;
 }
 
-int rooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res,
+int crooms_remote_answer_failure(atrium_req *r, const struct fed_call_result *res,
                                 const char *what)
 {
     if (res->outcome == FED_REQ_E_URI_TOO_LONG)
@@ -98,7 +98,7 @@ static bool route_unknown(const fed_call_result *res)
            (!code || strcmp(code, "M_UNRECOGNIZED") == 0);
 }
 
-void rooms_remote_put_step(atrium_req *r, const char *dest, const char *step,
+void crooms_remote_put_step(atrium_req *r, const char *dest, const char *step,
                            const char *room_enc, const char *id_enc, const json_t *v2_body,
                            const json_t *v1_body, int64_t max_body, fed_call_result *res)
 {
@@ -272,7 +272,7 @@ static json_t *ask_make(atrium_req *r, const char *membership, const char *user,
     return NULL;
 }
 
-json_t *rooms_remote_complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
+json_t *crooms_remote_complete_member(PGconn *c, const room_version *v, const json_t *tmpl,
                                      const char *user, const char *membership,
                                      const char *reason, const json_t *extra,
                                      char id[EVENT_ID_LEN], rooms_err *e)
@@ -290,7 +290,7 @@ json_t *rooms_remote_complete_member(PGconn *c, const room_version *v, const jso
     else json_object_del(pdu, "origin");
     json_object_set_new(pdu, "origin_server_ts", json_integer(rooms_wall_ms()));
     bool profile = c && (strcmp(membership, "join") == 0 || strcmp(membership, "knock") == 0);
-    json_t *content = profile ? rooms_member_content(c, user, membership)
+    json_t *content = profile ? crooms_member_content(c, user, membership)
                               : json_pack("{s:s}", "membership", membership);
     if (reason) json_object_set_new(content, "reason", json_string(reason));
     /* A restricted room: the resident named who vouches for the join (and co-signs it). */
@@ -435,7 +435,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     if (!made) {
         snprintf(why, sizeof(why), "No server could help %s the room",
                  strcmp(kind, "join") == 0 ? "joining" : "leaving");
-        *out = rooms_remote_answer_failure(r, &mk, why);
+        *out = crooms_remote_answer_failure(r, &mk, why);
         fed_call_result_clear(&mk);
         return false;
     }
@@ -446,7 +446,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
     json_t *extra = NULL;
     if (strcmp(kind, "join") == 0 && http_req_param(r, "roomIdOrAlias") && r->json) {
         extra = json_object();
-        if (!extra || !rooms_join_extras(r, r->json, extra)) {
+        if (!extra || !crooms_join_extras(r, r->json, extra)) {
             json_decref(extra);
             json_decref(made);
             *out = extra ? ATRIUM_DONE : http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
@@ -461,7 +461,7 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
         return false;
     }
     rooms_err e = {0};
-    m->event = rooms_remote_complete_member(
+    m->event = crooms_remote_complete_member(
         c, m->v, json_object_get(made, "event"), user, kind,
         json_string_value(json_object_get(r->json, "reason")), extra, m->id, &e);
     http_db_checkin(c);
@@ -481,18 +481,18 @@ static bool make_and_send(atrium_req *r, const char *kind, const char *user, con
         return false;
     }
     snprintf(step, sizeof(step), "send_%s", kind);
-    rooms_remote_put_step(r, m->via, step, room_enc, id_enc, m->event, m->event, max_body,
+    crooms_remote_put_step(r, m->via, step, room_enc, id_enc, m->event, m->event, max_body,
                           &m->sent);
     if (!fed_call_ok(&m->sent)) {
         snprintf(why, sizeof(why), "The resident server refused the %s", kind);
-        *out = rooms_remote_answer_failure(r, &m->sent, why);
+        *out = crooms_remote_answer_failure(r, &m->sent, why);
         remote_member_clear(m);
         return false;
     }
     return true;
 }
 
-int rooms_remote_join(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
+int crooms_remote_join(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
 {
     remote_member m;
     int out;
@@ -539,7 +539,7 @@ static bool via_arg(const char *name, bool msc4235)
            (msc4235 && strcmp(name, "org.matrix.msc4235.via") == 0);
 }
 
-bool rooms_vias_ok(atrium_req *r, bool msc4235)
+bool crooms_vias_ok(atrium_req *r, bool msc4235)
 {
     for (size_t i = 0; i < r->n_args; i++) {
         const char *name = r->args[i].name, *value = r->args[i].value;
@@ -552,7 +552,7 @@ bool rooms_vias_ok(atrium_req *r, bool msc4235)
     return true;
 }
 
-json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id, bool msc4235)
+json_t *crooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id, bool msc4235)
 {
     json_t *vias = json_array();
     for (size_t i = 0; i < r->n_args; i++)
@@ -583,7 +583,7 @@ json_t *rooms_remote_vias(atrium_req *r, PGconn *c, const char *room_id, bool ms
 
 /* ---- inviting a user of another server ------------------------------------------------ */
 
-bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *room_id,
+bool crooms_remote_invite_send(atrium_req *r, const char *sender, const char *room_id,
                               const char *target, json_t *content)
 {
     PGconn *c = http_db_checkout(r);
@@ -631,7 +631,7 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
     json_decref(map);
     const char *server = room_auth_domain(target);
     fed_call_result res;
-    rooms_remote_put_step(r, server, "invite", room_enc, id_enc, body, v1_body,
+    crooms_remote_put_step(r, server, "invite", room_enc, id_enc, body, v1_body,
                           REMOTE_MAKE_MAX_BODY_BYTES, &res);
     json_decref(body);
     json_decref(v1_body);
@@ -648,7 +648,7 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
             http_respond_error(r, 502, "M_UNKNOWN", "The invitee's server answered an invite it "
                                "did not sign: %s", why);
         else
-            rooms_remote_answer_failure(r, &res, "The invitee's server refused the invite");
+            crooms_remote_answer_failure(r, &res, "The invitee's server refused the invite");
         fed_call_result_clear(&res);
         return false;
     }
@@ -683,17 +683,17 @@ bool rooms_remote_invite_send(atrium_req *r, const char *sender, const char *roo
     return true;
 }
 
-int rooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
+int crooms_remote_invite(atrium_req *r, const char *sender, const char *room_id,
                         const char *target, json_t *content)
 {
-    return rooms_remote_invite_send(r, sender, room_id, target, content)
+    return crooms_remote_invite_send(r, sender, room_id, target, content)
                ? http_respond_json(r, 200, json_object())
                : ATRIUM_DONE;
 }
 
 /* ---- declining an invite to a room this server is not in ------------------------------ */
 
-int rooms_remote_leave(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
+int crooms_remote_leave(atrium_req *r, const char *user, const char *room_id, const json_t *vias)
 {
     remote_member m;
     int out;

@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_iface.c - the seam between the rooms module and the room
+ * core/client/rooms/crooms_iface.c - the seam between the rooms module and the room
  * directory, both ways: the interface "rooms/1" the core provides to plugins
  * (include/atrium/rooms.h: a room's summary, a user's membership, whether a user may send
  * a state event), and the core's one way to reach "directory/1" (include/atrium/directory.h).
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/runtime/iface.h"
 #include "core/rooms/canonical_json.h"
 #include "core/rooms/rooms_space.h"
@@ -162,31 +162,31 @@ static const atrium_rooms ROOMS_IFACE = {
  * is enabled, refreshes its public list inside the transaction that changed the room. */
 static int listing_changed(PGconn *c, const char *room_id)
 {
-    const atrium_directory *dir = rooms_directory();
+    const atrium_directory *dir = crooms_directory();
     return dir ? dir->room_changed(c, room_id) : 0;
 }
 
-int rooms_iface_provide(void)
+int crooms_iface_provide(void)
 {
     rooms_tx_set_listing_hook(listing_changed);
     return rt_iface_add("core", ATRIUM_ROOMS_IFACE, &ROOMS_IFACE);
 }
 
-const atrium_directory *rooms_directory(void)
+const atrium_directory *crooms_directory(void)
 {
     return rt_iface_get(ATRIUM_DIRECTORY_IFACE, ATRIUM_DIRECTORY_V0_SIZE);
 }
 
-int rooms_directory_disabled(atrium_req *r)
+int crooms_directory_disabled(atrium_req *r)
 {
     rooms_err e = {.code = ROOMS_E_NO_DIRECTORY};
     return rooms_fail(r, &e); /* the answer is written once, there */
 }
 
-int rooms_resolve_alias(PGconn *c, const char *alias, char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1],
+int crooms_resolve_alias(PGconn *c, const char *alias, char room_id[ATRIUM_ROOM_ID_MAX_BYTES + 1],
                         rooms_err *e)
 {
-    const atrium_directory *d = rooms_directory();
+    const atrium_directory *d = crooms_directory();
     if (!d) return rooms_set_err(e, ROOMS_E_NO_DIRECTORY, "the room directory is disabled");
     int rc = d->alias_resolve(c, alias, room_id);
     if (rc == ATRIUM_E_NOTFOUND || rc == ATRIUM_E_INVAL)
@@ -224,7 +224,7 @@ static int check_one_alias(PGconn *c, const char *room_id, const json_t *current
                              alias ? alias : "(not a string)");
     if (strcmp(colon + 1, rooms_server_name()) != 0) return ROOMS_OK; /* see the header */
     if (current && canonical_names(current, alias)) return ROOMS_OK;
-    const atrium_directory *d = rooms_directory();
+    const atrium_directory *d = crooms_directory();
     if (!d)
         return rooms_set_err(e, ROOMS_E_BAD_ALIAS, "Room alias %.255s cannot be checked: the "
                              "room directory is disabled", alias);
@@ -237,7 +237,7 @@ static int check_one_alias(PGconn *c, const char *room_id, const json_t *current
     return ROOMS_OK;
 }
 
-int rooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *content,
+int crooms_check_canonical_alias(PGconn *c, const char *room_id, const json_t *content,
                                 rooms_err *e)
 {
     const json_t *alias = json_object_get(content, "alias");
@@ -282,10 +282,10 @@ static bool remote_alias_ok(atrium_req *r, const atrium_directory *d, const char
     return false;
 }
 
-bool rooms_check_remote_canonical(atrium_req *r, PGconn *c, const char *room_id,
+bool crooms_check_remote_canonical(atrium_req *r, PGconn *c, const char *room_id,
                                   const json_t *content, int *out)
 {
-    const atrium_directory *d = rooms_directory();
+    const atrium_directory *d = crooms_directory();
     if (!d || !ATRIUM_DIRECTORY_HAS(d, alias_resolve_remote)) return true; /* not checked */
     json_t *current = NULL;
     if (canonical_content(c, room_id, &current) != ROOMS_OK) {

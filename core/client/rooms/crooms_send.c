@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_send.c - sending events: PUT /rooms/{roomId}/send/{eventType}/{txnId},
+ * core/client/rooms/crooms_send.c - sending events: PUT /rooms/{roomId}/send/{eventType}/{txnId},
  * PUT /rooms/{roomId}/state/{eventType}[/{stateKey}] and
  * PUT /rooms/{roomId}/redact/{eventId}/{txnId}.
  *
@@ -11,8 +11,8 @@
  * (reaction) with the same key from the same sender to the same event is refused with 400
  * M_DUPLICATE_ANNOTATION, as the spec says; redacting the first allows it again. An
  * m.room.canonical_alias state event must name aliases that point to the room
- * (rooms_check_canonical_alias, 400 M_BAD_ALIAS; other servers' new aliases are asked of
- * them, the request parked meanwhile: rooms_check_remote_canonical). Everything
+ * (crooms_check_canonical_alias, 400 M_BAD_ALIAS; other servers' new aliases are asked of
+ * them, the request parked meanwhile: crooms_check_remote_canonical). Everything
  * else - auth rules, size limits, canonical JSON - is the write path's (core/rooms/rooms_tx.c).
  */
 #include <stdio.h>
@@ -20,8 +20,8 @@
 
 #include "core/client/auth/auth.h"
 #include "core/client/ratelimits.h"
-#include "core/client/rooms/rooms_api.h"
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_api.h"
+#include "core/client/rooms/crooms_relations.h"
 #include "core/rooms/canonical_json.h"
 
 /* The request body as event content: a JSON object canonical JSON can carry. */
@@ -43,7 +43,7 @@ static int replay_txn(atrium_req *r, const char *user, const char *key)
     PGconn *c = http_db_checkout(r);
     if (!c) return 1;
     char id[EVENT_ID_LEN];
-    int found = rooms_txn_lookup(c, user, r->device, key, id);
+    int found = crooms_txn_lookup(c, user, r->device, key, id);
     http_db_checkin(c);
     if (found < 0) {
         http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
@@ -55,9 +55,9 @@ static int replay_txn(atrium_req *r, const char *user, const char *key)
 
 static bool txn_ok(atrium_req *r, const char *txn)
 {
-    if (txn && strlen(txn) <= ROOMS_MAX_TXN_ID_BYTES) return true;
+    if (txn && strlen(txn) <= CROOMS_MAX_TXN_ID_BYTES) return true;
     http_respond_error(r, 400, "M_INVALID_PARAM", "The transaction ID is limited to %d bytes",
-                       ROOMS_MAX_TXN_ID_BYTES);
+                       CROOMS_MAX_TXN_ID_BYTES);
     return false;
 }
 
@@ -98,7 +98,7 @@ static int put_send(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     const char *type = http_req_param(r, "eventType"), *txn = http_req_param(r, "txnId");
     if (!room || !txn_ok(r, txn)) return ATRIUM_DONE;
     if (replay_txn(r, user, txn)) return ATRIUM_DONE;
@@ -108,7 +108,7 @@ static int put_send(atrium_req *r)
     if (duplicate_annotation(r, room, user, type, content) != 0) return ATRIUM_DONE;
     room_new_event ev = {.sender = user, .type = type, .content = content,
                          .txn_device = r->device, .txn_id = txn};
-    return rooms_write_one(r, room, &ev, NULL);
+    return crooms_write_one(r, room, &ev, NULL);
 }
 
 /* The current state event (type, state_key) when its content equals content: its ID into
@@ -142,11 +142,11 @@ static bool canonical_alias_ok(atrium_req *r, PGconn *c, const char *room, const
 {
     if (strcmp(type, "m.room.canonical_alias") != 0 || key[0] != '\0') return true;
     rooms_err e = {0};
-    if (rooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
+    if (crooms_check_canonical_alias(c, room, content, &e) != ROOMS_OK) {
         *out = rooms_fail(r, &e);
         return false;
     }
-    return rooms_check_remote_canonical(r, c, room, content, out);
+    return crooms_check_remote_canonical(r, c, room, content, out);
 }
 
 /* PUT /_matrix/client/v3/rooms/{roomId}/state/{eventType}[/{stateKey}] */
@@ -154,7 +154,7 @@ static int put_state(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     const char *type = http_req_param(r, "eventType"), *key = http_req_param(r, "stateKey");
     if (!room) return ATRIUM_DONE;
     if (!key) key = "";
@@ -180,7 +180,7 @@ static int put_state(atrium_req *r)
     }
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
     room_new_event ev = {.sender = user, .type = type, .state_key = key, .content = content};
-    return rooms_write_one(r, room, &ev, NULL);
+    return crooms_write_one(r, room, &ev, NULL);
 }
 
 /* PUT /_matrix/client/v3/rooms/{roomId}/redact/{eventId}/{txnId} */
@@ -188,7 +188,7 @@ static int put_redact(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     const char *target = http_req_param(r, "eventId"), *txn = http_req_param(r, "txnId");
     if (!room || !txn_ok(r, txn)) return ATRIUM_DONE;
     if (target[0] != '$' || strlen(target) > EVENT_MAX_ID_BYTES)
@@ -198,28 +198,28 @@ static int put_redact(atrium_req *r)
     json_t *body = r->body_len ? http_req_json(r) : (r->json = json_object());
     if (!body) return ATRIUM_DONE;
     const char *reason;
-    if (!http_field_string(r, body, "reason", false, ROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;
+    if (!http_field_string(r, body, "reason", false, CROOMS_MAX_REASON_BYTES, &reason)) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_message())) return ATRIUM_DONE;
     json_t *content = reason ? json_pack("{s:s}", "reason", reason) : json_object();
     room_new_event ev = {.sender = user, .type = "m.room.redaction", .content = content,
                          .redacts = target, .txn_device = r->device, .txn_id = txn, .txn_key = key};
-    int out = rooms_write_one(r, room, &ev, NULL);
+    int out = crooms_write_one(r, room, &ev, NULL);
     json_decref(content);
     return out;
 }
 
-int rooms_send_routes(http_server *s)
+int crooms_send_routes(http_server *s)
 {
     if (client_route(s, "PUT", "/_matrix/client/v3/rooms/{roomId}/send/{eventType}/{txnId}",
-                     put_send, ROOMS_MAX_BODY_BYTES) < 0 ||
+                     put_send, CROOMS_MAX_BODY_BYTES) < 0 ||
         client_route(s, "PUT", "/_matrix/client/v3/rooms/{roomId}/state/{eventType}/{stateKey}",
-                     put_state, ROOMS_MAX_BODY_BYTES) < 0 ||
+                     put_state, CROOMS_MAX_BODY_BYTES) < 0 ||
         client_route(s, "PUT", "/_matrix/client/v3/rooms/{roomId}/state/{eventType}", put_state,
-                     ROOMS_MAX_BODY_BYTES) < 0 ||
+                     CROOMS_MAX_BODY_BYTES) < 0 ||
         client_route(s, "PUT", "/_matrix/client/v3/rooms/{roomId}/state/{eventType}/", put_state,
-                     ROOMS_MAX_BODY_BYTES) < 0 ||
+                     CROOMS_MAX_BODY_BYTES) < 0 ||
         client_route(s, "PUT", "/_matrix/client/v3/rooms/{roomId}/redact/{eventId}/{txnId}",
-                     put_redact, ROOMS_MAX_BODY_BYTES) < 0)
+                     put_redact, CROOMS_MAX_BODY_BYTES) < 0)
         return -1;
     return 0;
 }

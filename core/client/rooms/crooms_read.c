@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_read.c - reading rooms: GET /rooms/{roomId}/state[/{type}[/{key}]],
+ * core/client/rooms/crooms_read.c - reading rooms: GET /rooms/{roomId}/state[/{type}[/{key}]],
  * /event/{eventId}, /members, /joined_members, /messages, /context/{eventId}, and
  * GET /joined_rooms.
  *
@@ -11,15 +11,15 @@
  * positions ("s<N>": after event N), the same as /sync's, so a sync's prev_batch feeds
  * /messages directly; a page before what the user may see is empty, never an error.
  * It also answers GET /rooms/{roomId}/initialSync for a user not in the room
- * (rooms_peek_initial_sync), which core/client/sync/sync.c serves to members.
+ * (crooms_peek_initial_sync), which core/client/sync/sync.c serves to members.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_api.h"
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_api.h"
+#include "core/client/rooms/crooms_relations.h"
 #include "core/federation/rooms/fed_rooms.h"
 #include "atrium/parse.h"
 
@@ -28,19 +28,19 @@
 #define CONTEXT_DEFAULT_LIMIT 10
 #define CONTEXT_MAX_LIMIT 100
 
-/* The common start of a reader: authenticated user, room, then rooms_reader_open. true:
+/* The common start of a reader: authenticated user, room, then crooms_reader_open. true:
  * rd is ready (connection held). false: answered (nothing held). */
-static bool open_reader(atrium_req *r, rooms_reader *rd)
+static bool open_reader(atrium_req *r, crooms_reader *rd)
 {
     memset(rd, 0, sizeof(*rd));
-    if (!(rd->user = auth_request(r)) || !(rd->room = rooms_param_room(r))) return false;
-    return rooms_reader_open(r, rd);
+    if (!(rd->user = auth_request(r)) || !(rd->room = crooms_param_room(r))) return false;
+    return crooms_reader_open(r, rd);
 }
 
-static int db_failed(atrium_req *r, rooms_reader *rd, json_t *garbage)
+static int db_failed(atrium_req *r, crooms_reader *rd, json_t *garbage)
 {
     json_decref(garbage);
-    return rooms_reader_close(r, rd, 503, NULL);
+    return crooms_reader_close(r, rd, 503, NULL);
 }
 
 /* An integer query parameter in [1, max] (def when absent). false after answering 400. */
@@ -61,7 +61,7 @@ static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t ma
 
 /* The event event_id of the room into out when the reader may see it: rows (0 or 1) or
  * ROOMS_E_DB. *pos gets its position (may be NULL). */
-static int fetch_one(atrium_req *r, rooms_reader *rd, const char *event_id, json_t *out, int64_t *pos)
+static int fetch_one(atrium_req *r, crooms_reader *rd, const char *event_id, json_t *out, int64_t *pos)
 {
     const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
     if (!rooms_vis_window(r->arena, &rd->vis, INT64_MIN, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
@@ -75,12 +75,12 @@ static int fetch_one(atrium_req *r, rooms_reader *rd, const char *event_id, json
 /* GET /_matrix/client/v3/rooms/{roomId}/state */
 static int get_state_all(atrium_req *r)
 {
-    rooms_reader rd;
+    crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *out = json_array();
     if (events_state_at(rd.c, &rd.view, rd.room, rd.vis.upto, NULL, NULL, out) < 0)
         return db_failed(r, &rd, out);
-    return rooms_reader_close(r, &rd, 200, out);
+    return crooms_reader_close(r, &rd, 200, out);
 }
 
 /* GET /_matrix/client/v3/rooms/{roomId}/state/{eventType}[/{stateKey}] */
@@ -89,7 +89,7 @@ static int get_state_one(atrium_req *r)
     const char *type = http_req_param(r, "eventType"), *key = http_req_param(r, "stateKey");
     if (!key) key = "";
     const char *format = http_req_query(r, "format");
-    rooms_reader rd;
+    crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *types = json_pack("[s]", type);
     const char *type_arr = rooms_pg_array(r->arena, types);
@@ -110,18 +110,18 @@ static int get_state_one(atrium_req *r)
     json_t *answer = format && strcmp(format, "event") == 0 ? found : json_object_get(found, "content");
     json_incref(answer);
     json_decref(all);
-    return rooms_reader_close(r, &rd, 200, answer);
+    return crooms_reader_close(r, &rd, 200, answer);
 }
 
 /* GET /_matrix/client/v3/rooms/{roomId}/event/{eventId} */
 static int get_event(atrium_req *r)
 {
     const char *event_id = http_req_param(r, "eventId");
-    rooms_reader rd;
+    crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *out = json_array();
     int n = fetch_one(r, &rd, event_id, out, NULL);
-    if (n < 0 || rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, out) < 0)
+    if (n < 0 || crooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, out) < 0)
         return db_failed(r, &rd, out);
     if (json_array_size(out) == 0) {
         json_decref(out);
@@ -130,7 +130,7 @@ static int get_event(atrium_req *r)
     }
     json_t *ev = json_incref(json_array_get(out, 0));
     json_decref(out);
-    return rooms_reader_close(r, &rd, 200, ev);
+    return crooms_reader_close(r, &rd, 200, ev);
 }
 
 /* ---- members ------------------------------------------------------------------------ */
@@ -146,9 +146,9 @@ static int get_members(atrium_req *r)
     const char *at = http_req_query(r, "at"), *only = http_req_query(r, "membership");
     const char *not_m = http_req_query(r, "not_membership");
     int64_t at_pos = INT64_MAX;
-    if (at && !rooms_parse_token(at, &at_pos))
+    if (at && !crooms_parse_token(at, &at_pos))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'at' is not a token of this server");
-    rooms_reader rd;
+    crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     int64_t upto = at_pos < rd.vis.upto ? at_pos : rd.vis.upto;
     json_t *types = json_pack("[s]", "m.room.member");
@@ -165,13 +165,13 @@ static int get_members(atrium_req *r)
         json_array_append(chunk, ev);
     }
     json_decref(all);
-    return rooms_reader_close(r, &rd, 200, json_pack("{s:o}", "chunk", chunk));
+    return crooms_reader_close(r, &rd, 200, json_pack("{s:o}", "chunk", chunk));
 }
 
 /* GET /_matrix/client/v3/rooms/{roomId}/joined_members */
 static int get_joined_members(atrium_req *r)
 {
-    rooms_reader rd;
+    crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *types = json_pack("[s]", "m.room.member");
     const char *type_arr = rooms_pg_array(r->arena, types);
@@ -191,7 +191,7 @@ static int get_joined_members(atrium_req *r)
         json_object_set_new(joined, json_string_value(json_object_get(ev, "state_key")), who);
     }
     json_decref(all);
-    return rooms_reader_close(r, &rd, 200, json_pack("{s:o}", "joined", joined));
+    return crooms_reader_close(r, &rd, 200, json_pack("{s:o}", "joined", joined));
 }
 
 /* GET /_matrix/client/v3/joined_rooms */
@@ -214,7 +214,7 @@ static int get_joined_rooms(atrium_req *r)
 /* ---- timelines ---------------------------------------------------------------------- */
 
 /* The member events (current state) of the senders of `events`, for lazy loading. */
-static int lazy_members(rooms_reader *rd, int64_t upto, json_t *events, json_t *out)
+static int lazy_members(crooms_reader *rd, int64_t upto, json_t *events, json_t *out)
 {
     json_t *senders = json_array();
     for (size_t i = 0; i < json_array_size(events); i++) {
@@ -237,11 +237,11 @@ static int lazy_members(rooms_reader *rd, int64_t upto, json_t *events, json_t *
 /* The first `limit` events the reader may see with lo < pos <= hi that pass the filter, into
  * out: newest first (back) or oldest first. Rows or ROOMS_E_DB; *first / *last get the
  * positions of the first and last row. */
-static int window_page(atrium_req *r, rooms_reader *rd, const room_filter *f, int64_t lo, int64_t hi,
+static int window_page(atrium_req *r, crooms_reader *rd, const room_filter *f, int64_t lo, int64_t hi,
                        int64_t limit, bool back, json_t *out, int64_t *first, int64_t *last)
 {
     enum { N_PARAMS = 7 + ROOMS_VIS_PARAMS, IGNORED = N_PARAMS - 1 };
-    const char *p[N_PARAMS] = {rd->room, rooms_i64(r, limit), f->types,
+    const char *p[N_PARAMS] = {rd->room, crooms_i64(r, limit), f->types,
                                f->not_types, f->senders, f->not_senders};
     p[IGNORED] = f->ignored;
     const char *vis_sql;
@@ -257,7 +257,7 @@ static int window_page(atrium_req *r, rooms_reader *rd, const room_filter *f, in
 
 /* Does the room's history go on beyond what is stored here (backward extremities)? 1, 0,
  * -1 database. */
-static int backfill_wanted(rooms_reader *rd)
+static int backfill_wanted(crooms_reader *rd)
 {
     json_t *ids = NULL;
     int n = fed_rooms_backward_extremities(rd->c, rd->room, 1, &ids);
@@ -280,15 +280,15 @@ static int get_messages(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'dir' must be \"b\" or \"f\"");
     bool back = dir[0] == 'b';
     int64_t from_pos = back ? INT64_MAX : INT64_MIN, to_pos = back ? INT64_MIN : INT64_MAX, limit;
-    if ((from && !rooms_parse_token(from, &from_pos)) || (to && !rooms_parse_token(to, &to_pos)))
+    if ((from && !crooms_parse_token(from, &from_pos)) || (to && !crooms_parse_token(to, &to_pos)))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a pagination token of this server");
     room_filter f;
     if (!query_limit(r, "limit", MESSAGES_DEFAULT_LIMIT, MESSAGES_MAX_LIMIT, &limit) ||
-        !rooms_filter_query(r, "filter", &f))
+        !crooms_filter_query(r, "filter", &f))
         return ATRIUM_DONE;
     if (f.limit >= 0 && !http_req_query(r, "limit"))
         limit = f.limit > MESSAGES_MAX_LIMIT ? MESSAGES_MAX_LIMIT : f.limit;
-    rooms_reader rd;
+    crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     /* Back: after `to`, up to `from`, newest first. Forward: after `from`, up to `to`,
      * oldest first. Both only what the user may see. */
@@ -307,22 +307,22 @@ static int get_messages(atrium_req *r)
         if (wanted) { /* history ran out here: read more from the room's other servers */
             json_decref(chunk);
             http_db_checkin(rd.c);
-            return rooms_to_remote_pool(r);
+            return crooms_to_remote_pool(r);
         }
     }
-    if (n < 0 || rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
+    if (n < 0 || crooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
     /* Without `from`, a backward page starts at its newest event, a forward one at the
      * room's start (below any backfilled history). */
-    const char *start = from ? from : rooms_token(r, back ? (n > 0 ? first : 0) : lo);
+    const char *start = from ? from : crooms_token(r, back ? (n > 0 ? first : 0) : lo);
     json_t *body = json_pack("{s:o, s:s}", "chunk", chunk, "start", start);
-    if (n > 0 && n == limit) json_object_set_new(body, "end", json_string(rooms_token(r, back ? last - 1 : last)));
+    if (n > 0 && n == limit) json_object_set_new(body, "end", json_string(crooms_token(r, back ? last - 1 : last)));
     if (f.lazy_load_members && n > 0) {
         json_t *state = json_array();
         if (lazy_members(&rd, rd.vis.upto, chunk, state) < 0) return db_failed(r, &rd, body);
         json_object_set_new(body, "state", state);
     }
-    return rooms_reader_close(r, &rd, 200, body);
+    return crooms_reader_close(r, &rd, 200, body);
 }
 
 /* GET /_matrix/client/v3/rooms/{roomId}/context/{eventId}?limit=&filter= */
@@ -332,9 +332,9 @@ static int get_context(atrium_req *r)
     int64_t limit;
     room_filter f;
     if (!query_limit(r, "limit", CONTEXT_DEFAULT_LIMIT, CONTEXT_MAX_LIMIT, &limit) ||
-        !rooms_filter_query(r, "filter", &f))
+        !crooms_filter_query(r, "filter", &f))
         return ATRIUM_DONE;
-    rooms_reader rd;
+    crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *one = json_array();
     int64_t pos = 0;
@@ -355,10 +355,10 @@ static int get_context(atrium_req *r)
                                   &a_last);
     json_t *body = json_pack("{s:O, s:o, s:o, s:s, s:s}", "event", json_array_get(one, 0),
                              "events_before", before, "events_after", after, "start",
-                             rooms_token(r, nb > 0 ? b_last - 1 : pos - 1), "end", rooms_token(r, a_last));
+                             crooms_token(r, nb > 0 ? b_last - 1 : pos - 1), "end", crooms_token(r, a_last));
     json_array_extend(one, before); /* one page for the bundles: the objects are shared */
     json_array_extend(one, after);
-    if (na >= 0 && rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, one) < 0) na = -1;
+    if (na >= 0 && crooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, one) < 0) na = -1;
     json_decref(one);
     if (na < 0) return db_failed(r, &rd, body);
     json_t *state = json_array();
@@ -375,15 +375,15 @@ static int get_context(atrium_req *r)
     }
     json_object_set_new(body, "state", state);
     if (rc < 0) return db_failed(r, &rd, body);
-    return rooms_reader_close(r, &rd, 200, body);
+    return crooms_reader_close(r, &rd, 200, body);
 }
 
 /* ---- peeking ------------------------------------------------------------------------ */
 
-int rooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int64_t limit)
+int crooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int64_t limit)
 {
-    rooms_reader rd = {.user = user};
-    if (!(rd.room = rooms_param_room(r)) || !rooms_reader_open(r, &rd)) return ATRIUM_DONE;
+    crooms_reader rd = {.user = user};
+    if (!(rd.room = crooms_param_room(r)) || !crooms_reader_open(r, &rd)) return ATRIUM_DONE;
     if (!rd.vis.world_readable) {
         http_db_checkin(rd.c);
         return http_respond_error(r, 403, "M_FORBIDDEN", "You are not a member of this room");
@@ -408,19 +408,19 @@ int rooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int64
     }
     /* `start` pages back with /messages from the oldest event shown; `end` is the stream
      * position the answer was read at. */
-    const char *end = rooms_token(r, upto);
+    const char *end = crooms_token(r, upto);
     json_t *body = json_pack("{s:s, s:{s:o, s:s, s:s}, s:o, s:[], s:[], s:[]}", "room_id", rd.room,
                              "messages", "chunk", chunk, "start",
-                             n > 0 ? rooms_token(r, last - 1) : end, "end", end, "state", state,
+                             n > 0 ? crooms_token(r, last - 1) : end, "end", end, "state", state,
                              "presence", "receipts", "account_data");
     if (!body) {
         http_db_checkin(rd.c);
         return http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
     }
-    return rooms_reader_close(r, &rd, 200, body);
+    return crooms_reader_close(r, &rd, 200, body);
 }
 
-int rooms_reader_events(atrium_req *r, rooms_reader *rd, int64_t lo, int64_t hi, int64_t limit,
+int crooms_reader_events(atrium_req *r, crooms_reader *rd, int64_t lo, int64_t hi, int64_t limit,
                         json_t *out, int64_t *last)
 {
     room_filter f; /* none, but the reader's ignore list, as in every timeline */
@@ -433,7 +433,7 @@ int rooms_reader_events(atrium_req *r, rooms_reader *rd, int64_t lo, int64_t hi,
     return limit > 0 ? window_page(r, rd, &f, lo, hi, limit, false, out, &first, last) : 0;
 }
 
-int rooms_read_routes(http_server *s)
+int crooms_read_routes(http_server *s)
 {
 #define GET_(p, h) HTTP_ROUTE("GET", "/_matrix/client/v3" p, h, 0)
     static const atrium_route routes[] = {

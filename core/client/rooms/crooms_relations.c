@@ -1,9 +1,9 @@
 /*
- * core/client/rooms/rooms_relations.c - the relation endpoints (spec v1.11):
+ * core/client/rooms/crooms_relations.c - the relation endpoints (spec v1.11):
  *   GET /_matrix/client/v1/rooms/{roomId}/relations/{eventId}[/{relType}[/{eventType}]]
  *   GET /_matrix/client/v1/rooms/{roomId}/threads
  *
- * Both read the event_relations index (rooms_bundle.c fills it at write time) and answer
+ * Both read the event_relations index (crooms_bundle.c fills it at write time) and answer
  * like the other readers: 403 to a user who was never joined, 404 for an unknown room or a
  * parent event the user may not see, and only events rooms_vis_window shows
  * (core/rooms/rooms_vis.c owns the history visibility rule). Pagination tokens are stream
@@ -12,7 +12,7 @@
  * it also follows relations of relations, up to RELATIONS_RECURSE_DEPTH levels
  * (recursion_depth in the answer). /threads orders threads by their newest visible thread
  * event, newest first; a token there is that position. Each page's events get their bundled
- * aggregations from rooms_bundle_add. Not here: what a bundle holds (rooms_bundle.c),
+ * aggregations from crooms_bundle_add. Not here: what a bundle holds (crooms_bundle.c),
  * storing relations.
  */
 #include <errno.h>
@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_relations.h"
 #include "atrium/parse.h"
 
 #define RELATIONS_DEFAULT_LIMIT 5
@@ -30,7 +30,7 @@
 #define THREADS_DEFAULT_LIMIT 5
 #define THREADS_MAX_LIMIT 100
 
-bool rooms_relations_limit(const char *text, int64_t def, int64_t max, int64_t *out)
+bool crooms_relations_limit(const char *text, int64_t def, int64_t max, int64_t *out)
 {
     *out = def;
     if (!text) return true;
@@ -47,14 +47,14 @@ static int bad_param(atrium_req *r, const char *why)
     return http_respond_error(r, 400, "M_INVALID_PARAM", "%s", why);
 }
 
-static int db_failed(atrium_req *r, rooms_reader *rd, json_t *garbage)
+static int db_failed(atrium_req *r, crooms_reader *rd, json_t *garbage)
 {
     json_decref(garbage);
-    return rooms_reader_close(r, rd, 503, NULL);
+    return crooms_reader_close(r, rd, 503, NULL);
 }
 
 /* Render the first `keep` rows of res into array out. */
-static void render_rows(const rooms_reader *rd, PGresult *res, int keep, json_t *out)
+static void render_rows(const crooms_reader *rd, PGresult *res, int keep, json_t *out)
 {
     for (int i = 0; i < keep; i++) {
         json_t *ev = events_render(&rd->view, res, i);
@@ -63,7 +63,7 @@ static void render_rows(const rooms_reader *rd, PGresult *res, int keep, json_t 
 }
 
 /* Does the viewer see event_id of the room? 1 yes, 0 no (or unknown), ROOMS_E_DB. */
-static int parent_visible(atrium_req *r, rooms_reader *rd, const char *event_id)
+static int parent_visible(atrium_req *r, crooms_reader *rd, const char *event_id)
 {
     const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
     if (!rooms_vis_window(r->arena, &rd->vis, 0, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
@@ -97,8 +97,8 @@ static const char RELATIONS_SQL[] =
  *     ?from=&to=&limit=&dir=&recurse= */
 static int get_relations(atrium_req *r)
 {
-    rooms_reader rd = {0};
-    if (!(rd.user = auth_request(r)) || !(rd.room = rooms_param_room(r))) return ATRIUM_DONE;
+    crooms_reader rd = {0};
+    if (!(rd.user = auth_request(r)) || !(rd.room = crooms_param_room(r))) return ATRIUM_DONE;
     const char *parent = http_req_param(r, "eventId"), *rel_type = http_req_param(r, "relType");
     const char *ev_type = http_req_param(r, "eventType"), *dir = http_req_query(r, "dir");
     const char *from = http_req_query(r, "from"), *to = http_req_query(r, "to");
@@ -107,9 +107,9 @@ static int get_relations(atrium_req *r)
         return bad_param(r, "'dir' must be \"b\" or \"f\"");
     bool back = !dir || dir[0] == 'b';
     int64_t from_pos = back ? INT64_MAX : 0, to_pos = back ? 0 : INT64_MAX, limit;
-    if ((from && !rooms_parse_token(from, &from_pos)) || (to && !rooms_parse_token(to, &to_pos)))
+    if ((from && !crooms_parse_token(from, &from_pos)) || (to && !crooms_parse_token(to, &to_pos)))
         return bad_param(r, "Not a pagination token of this server");
-    if (!rooms_relations_limit(http_req_query(r, "limit"), RELATIONS_DEFAULT_LIMIT,
+    if (!crooms_relations_limit(http_req_query(r, "limit"), RELATIONS_DEFAULT_LIMIT,
                                RELATIONS_MAX_LIMIT, &limit))
         return bad_param(r, "'limit' must be a non-negative integer");
     if (recurse && strcmp(recurse, "true") != 0 && strcmp(recurse, "false") != 0)
@@ -117,7 +117,7 @@ static int get_relations(atrium_req *r)
     bool deep = recurse && recurse[0] == 't';
     if (!parent || !*parent || strlen(parent) > EVENT_MAX_ID_BYTES)
         return bad_param(r, "Not an event ID");
-    if (!rooms_reader_open(r, &rd)) return ATRIUM_DONE;
+    if (!crooms_reader_open(r, &rd)) return ATRIUM_DONE;
     int seen = parent_visible(r, &rd, parent);
     if (seen < 0) return db_failed(r, &rd, NULL);
     if (seen == 0) {
@@ -128,8 +128,8 @@ static int get_relations(atrium_req *r)
     int64_t lo = back ? to_pos : from_pos, hi = back ? from_pos : to_pos;
     json_t *chunk = json_array();
     const char *p[6 + ROOMS_VIS_PARAMS] = {parent, rd.room,
-                                           rooms_i64(r, deep ? RELATIONS_RECURSE_DEPTH : 1),
-                                           rel_type, ev_type, rooms_i64(r, limit + 1)};
+                                           crooms_i64(r, deep ? RELATIONS_RECURSE_DEPTH : 1),
+                                           rel_type, ev_type, crooms_i64(r, limit + 1)};
     const char *vis_sql;
     int64_t last = 0;
     bool more = false;
@@ -143,14 +143,14 @@ static int get_relations(atrium_req *r)
         if (keep > 0) last = events_pos(res, keep - 1);
         PQclear(res);
     }
-    if (rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
+    if (crooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
     json_t *body = json_pack("{s:o}", "chunk", chunk);
-    const char *next = rooms_token(r, back ? last - 1 : last);
+    const char *next = crooms_token(r, back ? last - 1 : last);
     if (more) json_object_set_new(body, "next_batch", json_string(next));
     if (from) json_object_set_new(body, "prev_batch", json_string(from));
     if (deep) json_object_set_new(body, "recursion_depth", json_integer(RELATIONS_RECURSE_DEPTH));
-    return rooms_reader_close(r, &rd, 200, body);
+    return crooms_reader_close(r, &rd, 200, body);
 }
 
 /* ---- /threads ----------------------------------------------------------------------- */
@@ -170,7 +170,7 @@ static const char THREADS_SQL[] =
     " ORDER BY t.latest DESC LIMIT $5";
 
 /* The roots named by the first `keep` rows of `threads`, rendered, in that order. */
-static int render_roots(atrium_req *r, rooms_reader *rd, PGresult *threads, int keep, json_t *out)
+static int render_roots(atrium_req *r, crooms_reader *rd, PGresult *threads, int keep, json_t *out)
 {
     json_t *ids = json_array();
     for (int i = 0; i < keep; i++)
@@ -197,22 +197,22 @@ static int render_roots(atrium_req *r, rooms_reader *rd, PGresult *threads, int 
 /* GET /_matrix/client/v1/rooms/{roomId}/threads?include=&from=&limit= */
 static int get_threads(atrium_req *r)
 {
-    rooms_reader rd = {0};
-    if (!(rd.user = auth_request(r)) || !(rd.room = rooms_param_room(r))) return ATRIUM_DONE;
+    crooms_reader rd = {0};
+    if (!(rd.user = auth_request(r)) || !(rd.room = crooms_param_room(r))) return ATRIUM_DONE;
     const char *include = http_req_query(r, "include"), *from = http_req_query(r, "from");
     if (include && strcmp(include, "all") != 0 && strcmp(include, "participated") != 0)
         return bad_param(r, "'include' must be \"all\" or \"participated\"");
     int64_t from_pos = INT64_MAX, limit;
-    if (from && !rooms_parse_token(from, &from_pos))
+    if (from && !crooms_parse_token(from, &from_pos))
         return bad_param(r, "Not a pagination token of this server");
-    if (!rooms_relations_limit(http_req_query(r, "limit"), THREADS_DEFAULT_LIMIT,
+    if (!crooms_relations_limit(http_req_query(r, "limit"), THREADS_DEFAULT_LIMIT,
                                THREADS_MAX_LIMIT, &limit))
         return bad_param(r, "'limit' must be a non-negative integer");
-    if (!rooms_reader_open(r, &rd)) return ATRIUM_DONE;
+    if (!crooms_reader_open(r, &rd)) return ATRIUM_DONE;
     bool participated = include && include[0] == 'p';
-    const char *p[5 + ROOMS_VIS_PARAMS] = {rd.room, rooms_i64(r, from_pos),
+    const char *p[5 + ROOMS_VIS_PARAMS] = {rd.room, crooms_i64(r, from_pos),
                                            participated ? "true" : "false", rd.user,
-                                           rooms_i64(r, limit + 1)};
+                                           crooms_i64(r, limit + 1)};
     const char *vis_sql;
     json_t *chunk = json_array();
     int64_t last = 0;
@@ -228,14 +228,14 @@ static int get_threads(atrium_req *r)
         PQclear(res);
         if (rc < 0) return db_failed(r, &rd, chunk);
     }
-    if (rooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
+    if (crooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
     json_t *body = json_pack("{s:o}", "chunk", chunk);
-    if (more) json_object_set_new(body, "next_batch", json_string(rooms_token(r, last - 1)));
-    return rooms_reader_close(r, &rd, 200, body);
+    if (more) json_object_set_new(body, "next_batch", json_string(crooms_token(r, last - 1)));
+    return crooms_reader_close(r, &rd, 200, body);
 }
 
-int rooms_relations_routes(http_server *s)
+int crooms_relations_routes(http_server *s)
 {
 #define GET_(p, h) HTTP_ROUTE("GET", "/_matrix/client/v1/rooms/{roomId}" p, h, 0)
     static const atrium_route routes[] = {

@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_bundle.c - relations at write time and bundled aggregations at read
+ * core/client/rooms/crooms_bundle.c - relations at write time and bundled aggregations at read
  * time.
  *
  * Write time (the room model's write path, core/rooms/rooms_tx.c): rooms_bundle_index records a
@@ -7,7 +7,7 @@
  * event_relations and deletes the row of a relation that a redaction removes, so the
  * readers never parse event JSON to find relations and a redacted relation stops counting.
  *
- * Read time: rooms_bundle_add owns which aggregations the server bundles into
+ * Read time: crooms_bundle_add owns which aggregations the server bundles into
  * unsigned."m.relations" (spec v1.11): m.thread (latest event, count, whether the viewer
  * took part), m.replace (the whole most recent valid replacement: same sender and type as
  * the original, neither a state event, the original not itself a replacement nor redacted,
@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_relations.h"
 
 #define BUNDLE_MAX_NESTING 1 /* latest_event of a thread gets a bundle; its own do not */
 
@@ -183,7 +183,7 @@ static int bundle(PGconn *c, rt_arena *a, const events_view *v, const char *room
     return rc;
 }
 
-int rooms_bundle_add(PGconn *c, rt_arena *a, const events_view *v, const char *room_id,
+int crooms_bundle_add(PGconn *c, rt_arena *a, const events_view *v, const char *room_id,
                      const rooms_vis *vis, json_t *events)
 {
     return bundle(c, a, v, room_id, vis, events, 0);

@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_search.c - server-side search: POST /_matrix/client/v3/search, the
+ * core/client/rooms/crooms_search.c - server-side search: POST /_matrix/client/v3/search, the
  * room_events category (Element's room and all-rooms search in unencrypted rooms).
  *
  * Matching is PostgreSQL full text search with the 'simple' configuration (lower-cased
@@ -34,8 +34,8 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_api.h"
-#include "core/client/rooms/rooms_relations.h"
+#include "core/client/rooms/crooms_api.h"
+#include "core/client/rooms/crooms_relations.h"
 
 #define SEARCH_MAX_BODY_BYTES (64 * 1024)
 #define SEARCH_TERM_MAX_BYTES 512
@@ -294,7 +294,7 @@ static int load_rooms(search_run *s, int *fail)
     const search_req *q = s->q;
     const char *p[10] = {q->term, s->r->user, q->rooms, q->not_rooms, q->key_types,
                          q->f.types, q->f.not_types, q->f.senders, q->f.not_senders,
-                         rooms_i64(s->r, SEARCH_MAX_ROOMS)};
+                         crooms_i64(s->r, SEARCH_MAX_ROOMS)};
     const char *sql = rt_arena_printf(
         s->r->arena,
         "SELECT e.room_id FROM events e WHERE e.search_tsv @@ " SEARCH_TSQUERY
@@ -364,7 +364,7 @@ static int64_t count_matches(search_run *s, int *fail)
 {
     const search_req *q = s->q;
     const char *p[8] = {q->term, s->ranges, q->key_types, q->f.types, q->f.not_types,
-                        q->f.senders, q->f.not_senders, rooms_i64(s->r, SEARCH_COUNT_MAX)};
+                        q->f.senders, q->f.not_senders, crooms_i64(s->r, SEARCH_COUNT_MAX)};
     const char *sql = rt_arena_printf(s->r->arena, "SELECT count(*) FROM (SELECT 1%s"
                                       " LIMIT $8::bigint) x", match_sql(s));
     PGresult *res = search_q(s->c, sql, 8, p, fail);
@@ -380,7 +380,7 @@ static PGresult *page_matches(search_run *s, int *fail)
 {
     const search_req *q = s->q;
     const char *p[10] = {q->term, s->ranges, q->key_types, q->f.types, q->f.not_types,
-                         q->f.senders, q->f.not_senders, rooms_i64(s->r, q->limit + 1),
+                         q->f.senders, q->f.not_senders, crooms_i64(s->r, q->limit + 1),
                          q->recent ? q->after_pos : q->after_rank, q->after_pos};
     const char *after =
         q->recent ? " AND ($9::bigint IS NULL OR e.stream_pos < $9::bigint)"
@@ -436,7 +436,7 @@ static int context_side(search_run *s, int idx, int64_t pos, int64_t limit, bool
                         json_t *out, int64_t *last)
 {
     if (limit == 0) return 0;
-    const char *p[2 + ROOMS_VIS_PARAMS] = {s->room_ids[idx], rooms_i64(s->r, limit)}, *vis;
+    const char *p[2 + ROOMS_VIS_PARAMS] = {s->room_ids[idx], crooms_i64(s->r, limit)}, *vis;
     int64_t lo = back ? 0 : pos, hi = back ? pos - 1 : INT64_MAX;
     if (!rooms_vis_window(s->r->arena, &s->vis[idx], lo, hi, false, 3, &vis, p + 2)) return 0;
     const char *sql = rt_arena_printf(s->r->arena, EVENTS_SELECT "WHERE e.room_id = $1%s"
@@ -455,8 +455,8 @@ static json_t *context_of(search_run *s, int idx, int64_t pos, json_t *result)
     int nb = context_side(s, idx, pos, s->q->before, true, before, &b_last);
     int na = nb < 0 ? nb : context_side(s, idx, pos, s->q->after, false, after, &a_last);
     json_t *ctx = json_pack("{s:o, s:o, s:s, s:s}", "events_before", before, "events_after",
-                            after, "start", rooms_token(s->r, nb > 0 ? b_last - 1 : pos - 1),
-                            "end", rooms_token(s->r, a_last));
+                            after, "start", crooms_token(s->r, nb > 0 ? b_last - 1 : pos - 1),
+                            "end", crooms_token(s->r, a_last));
     if (na < 0 || !ctx) {
         json_decref(ctx);
         return NULL;
@@ -500,7 +500,7 @@ static int render_page(search_run *s, PGresult *page, int rows, json_t *results,
             if (events_pos(res, j) == pos) ev = events_render(&view, res, j);
         if (!ev) continue; /* a corrupt row (logged) */
         json_t *one = json_pack("[O]", ev); /* bundled aggregations, as other readers */
-        if (!one || rooms_bundle_add(s->c, s->r->arena, &view, s->room_ids[idx], &s->vis[idx],
+        if (!one || crooms_bundle_add(s->c, s->r->arena, &view, s->room_ids[idx], &s->vis[idx],
                                      one) < 0)
             rc = ROOMS_E_DB;
         json_decref(one);
@@ -616,7 +616,7 @@ static int post_search(atrium_req *r)
                                                answer));
 }
 
-int rooms_search_routes(http_server *s)
+int crooms_search_routes(http_server *s)
 {
     return client_route(s, "POST", "/_matrix/client/v3/search", post_search,
                         SEARCH_MAX_BODY_BYTES);

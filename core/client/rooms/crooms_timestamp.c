@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_timestamp.c - GET /_matrix/client/v1/rooms/{roomId}/timestamp_to_event
+ * core/client/rooms/crooms_timestamp.c - GET /_matrix/client/v1/rooms/{roomId}/timestamp_to_event
  * (spec v1.6, Element's "jump to date"): the event nearest to ?ts= in direction ?dir=
  * among those the user may see, as {"event_id", "origin_server_ts"}.
  *
@@ -15,25 +15,25 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 
 /* GET /_matrix/client/v1/rooms/{roomId}/timestamp_to_event?ts=&dir= */
 static int get_timestamp_to_event(atrium_req *r)
 {
-    rooms_reader rd = {0};
-    if (!(rd.user = auth_request(r)) || !(rd.room = rooms_param_room(r))) return ATRIUM_DONE;
+    crooms_reader rd = {0};
+    if (!(rd.user = auth_request(r)) || !(rd.room = crooms_param_room(r))) return ATRIUM_DONE;
     int64_t ts;
     bool forward;
     if (!rooms_jump_parse(http_req_query(r, "ts"), http_req_query(r, "dir"), &ts, &forward))
         return http_respond_error(r, 400, "M_INVALID_PARAM",
                                   "'ts' must be a timestamp in ms and 'dir' \"f\" or \"b\"");
-    if (!rooms_reader_open(r, &rd)) return ATRIUM_DONE;
+    if (!crooms_reader_open(r, &rd)) return ATRIUM_DONE;
     const char *cp[ROOMS_VIS_PARAMS], *vis_sql;
     PGresult *res = NULL;
     if (rooms_vis_window(r->arena, &rd.vis, INT64_MIN, INT64_MAX, false, 4, &vis_sql, cp)) {
         res = rooms_jump_candidates(rd.c, r->arena, rd.room, ts, forward, vis_sql,
                                     ROOMS_VIS_PARAMS, cp, 1);
-        if (!res) return rooms_reader_close(r, &rd, 503, NULL);
+        if (!res) return crooms_reader_close(r, &rd, 503, NULL);
     }
     if (!res || PQntuples(res) == 0) {
         PQclear(res);
@@ -44,10 +44,10 @@ static int get_timestamp_to_event(atrium_req *r)
     json_t *body = json_pack("{s:s, s:I}", "event_id", PQgetvalue(res, 0, 0), "origin_server_ts",
                              (json_int_t)strtoll(PQgetvalue(res, 0, 1), NULL, 10));
     PQclear(res);
-    return rooms_reader_close(r, &rd, 200, body);
+    return crooms_reader_close(r, &rd, 200, body);
 }
 
-int rooms_jump_routes(http_server *s)
+int crooms_jump_routes(http_server *s)
 {
     return client_route(s, "GET", "/_matrix/client/v1/rooms/{roomId}/timestamp_to_event",
                         get_timestamp_to_event, 0);

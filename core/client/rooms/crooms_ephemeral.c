@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_ephemeral.c - what members say about a room without events: receipts
+ * core/client/rooms/crooms_ephemeral.c - what members say about a room without events: receipts
  * (POST /rooms/{roomId}/receipt/{receiptType}/{eventId}), read markers
  * (POST /rooms/{roomId}/read_markers) and typing (PUT /rooms/{roomId}/typing/{userId}).
  *
@@ -7,15 +7,15 @@
  * `ephemeral` (receipts, typing) or `account_data` (m.fully_read) once it is newer than the
  * client's token; after the commit the room's members are woken (only the user for private
  * receipts and read markers). Public receipts and typing also go to the room's other
- * servers (rooms_edus.c). Only joined members may send them. Typing lasts at most
- * TYPING_MAX_TIMEOUT_MS; when it runs out, the typing reaper (rooms_typing.c) reports it.
+ * servers (crooms_edus.c). Only joined members may send them. Typing lasts at most
+ * TYPING_MAX_TIMEOUT_MS; when it runs out, the typing reaper (crooms_typing.c) reports it.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client/auth/auth.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/client/sync/notifier.h"
 
 #define TYPING_MAX_TIMEOUT_MS (2 * 60 * 1000)
@@ -91,7 +91,7 @@ static int post_receipt(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     const char *type = http_req_param(r, "receiptType"), *event_id = http_req_param(r, "eventId");
     if (!room) return ATRIUM_DONE;
     if (!is_receipt_type(type) && strcmp(type, "m.fully_read") != 0)
@@ -108,12 +108,12 @@ static int post_receipt(atrium_req *r)
     bool ok = strcmp(type, "m.fully_read") == 0
                   ? store_fully_read(c, room, user, event_id)
                   : store_receipt(c, room, user, type, thread ? thread : "", event_id,
-                                  rooms_i64(r, rooms_wall_ms()));
+                                  crooms_i64(r, rooms_wall_ms()));
     if (ok) {
         if (strcmp(type, "m.read") == 0) notifier_wake_room(c, room);
         else notifier_wake_user(user);
         if (strcmp(type, "m.read") == 0) /* public: the room's other servers hear of it */
-            rooms_edu_receipt(c, room, user, event_id, rooms_i64(r, rooms_wall_ms()),
+            crooms_edu_receipt(c, room, user, event_id, crooms_i64(r, rooms_wall_ms()),
                               thread ? thread : "");
     }
     http_db_checkin(c);
@@ -126,7 +126,7 @@ static int post_read_markers(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r);
+    const char *room = crooms_param_room(r);
     json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     const char *fully, *read, *priv;
@@ -141,7 +141,7 @@ static int post_read_markers(atrium_req *r)
     for (int i = 0; i < 3; i++)
         if (ids[i] && !may_mark(r, c, room, user, ids[i])) goto out;
     if (!fully && !read && !priv && !may_mark(r, c, room, user, NULL)) goto out;
-    const char *ts = rooms_i64(r, rooms_wall_ms());
+    const char *ts = crooms_i64(r, rooms_wall_ms());
     bool ok = db_begin(c);
     if (ok && fully) ok = store_fully_read(c, room, user, fully);
     if (ok && read) ok = store_receipt(c, room, user, "m.read", "", read, ts);
@@ -150,7 +150,7 @@ static int post_read_markers(atrium_req *r)
     if (!ok) db_rollback(c);
     if (ok && read) notifier_wake_room(c, room);
     else if (ok) notifier_wake_user(user);
-    if (ok && read) rooms_edu_receipt(c, room, user, read, ts, "");
+    if (ok && read) crooms_edu_receipt(c, room, user, read, ts, "");
     out = ok ? http_respond_json(r, 200, json_object())
              : http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
 out:
@@ -163,7 +163,7 @@ static int put_typing(atrium_req *r)
 {
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
-    const char *room = rooms_param_room(r), *who = http_req_param(r, "userId");
+    const char *room = crooms_param_room(r), *who = http_req_param(r, "userId");
     json_t *body = room ? http_req_json(r) : NULL;
     if (!body) return ATRIUM_DONE;
     if (strcmp(who, user) != 0)
@@ -182,28 +182,28 @@ static int put_typing(atrium_req *r)
         http_db_checkin(c);
         return ATRIUM_DONE;
     }
-    const char *p[3] = {room, user, rooms_i64(r, json_is_true(typing) ? rooms_wall_ms() + ms : 0)};
+    const char *p[3] = {room, user, crooms_i64(r, json_is_true(typing) ? rooms_wall_ms() + ms : 0)};
     bool ok = db_exec(c,
                       "INSERT INTO typing (room_id, user_id, expires_ts, stream_pos)"
                       " VALUES ($1, $2, $3, stream_next()) ON CONFLICT (room_id, user_id)"
                       " DO UPDATE SET expires_ts = EXCLUDED.expires_ts, stream_pos = EXCLUDED.stream_pos",
                       3, p);
     if (ok) notifier_wake_room(c, room);
-    if (ok) rooms_edu_typing(c, room, user, json_is_true(typing));
-    if (ok && json_is_true(typing)) rooms_typing_expires_at(c, atoll(p[2]));
+    if (ok) crooms_edu_typing(c, room, user, json_is_true(typing));
+    if (ok && json_is_true(typing)) crooms_typing_expires_at(c, atoll(p[2]));
     http_db_checkin(c);
     if (!ok) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     return http_respond_json(r, 200, json_object());
 }
 
-int rooms_ephemeral_routes(http_server *s)
+int crooms_ephemeral_routes(http_server *s)
 {
     if (client_route(s, "POST", "/_matrix/client/v3/rooms/{roomId}/receipt/{receiptType}/{eventId}",
-                     post_receipt, ROOMS_MAX_BODY_BYTES) < 0 ||
+                     post_receipt, CROOMS_MAX_BODY_BYTES) < 0 ||
         client_route(s, "POST", "/_matrix/client/v3/rooms/{roomId}/read_markers", post_read_markers,
-                     ROOMS_MAX_BODY_BYTES) < 0 ||
+                     CROOMS_MAX_BODY_BYTES) < 0 ||
         client_route(s, "PUT", "/_matrix/client/v3/rooms/{roomId}/typing/{userId}", put_typing,
-                     ROOMS_MAX_BODY_BYTES) < 0)
+                     CROOMS_MAX_BODY_BYTES) < 0)
         return -1;
     return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * core/client/rooms/rooms_typing.c - typing notices that run out: when a typer's timeout passes
+ * core/client/rooms/crooms_typing.c - typing notices that run out: when a typer's timeout passes
  * without a new notice, the room's members learn it at that moment, as they would from
  * `typing: false`.
  *
@@ -9,7 +9,7 @@
  * (expires_ts 0, as `typing: false` does), and wakes each of those rooms. A /sync reports
  * a room's typers whenever a typing row of the room has a position in its window, so the
  * expiry reaches every parked and later sync like any other change. The earliest expiry
- * comes from PUT /typing in this process (rooms_typing_expires_at) and, after each
+ * comes from PUT /typing in this process (crooms_typing_expires_at) and, after each
  * pass, from the table itself, so rows written before a restart are reaped too; and
  * from other processes sharing the database, whose PUT /typing publishes its expiry on
  * TYPING_CHANNEL (core/store/notify.h), so a notice whose writer died still runs out on
@@ -23,7 +23,7 @@
  * expiries are reported by the next one within server.lease_ttl_ms. While the
  * notification service is down (expiries from other processes go unheard) the holder
  * also looks at the table every TYPING_REAP_POLL_MS. What this file does not do: store
- * typing notices or report them (rooms_ephemeral.c, sync_rooms.c).
+ * typing notices or report them (crooms_ephemeral.c, sync_rooms.c).
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -33,7 +33,7 @@
 
 #include "core/client/sync/notifier.h"
 #include "core/store/notify.h"
-#include "core/client/rooms/rooms_api.h"
+#include "core/client/rooms/crooms_api.h"
 #include "core/config/config.h"
 #include "core/runtime/core_runtime.h"
 #include "core/store/lease.h"
@@ -62,7 +62,7 @@ static void expires_at_local(int64_t wall_ms)
     pthread_mutex_unlock(&mu);
 }
 
-void rooms_typing_expires_at(PGconn *c, int64_t wall_ms)
+void crooms_typing_expires_at(PGconn *c, int64_t wall_ms)
 {
     expires_at_local(wall_ms);
     char v[24];
@@ -147,7 +147,7 @@ static void typing_lease_gained(void *arg)
     expires_at_local(1);
 }
 
-int rooms_typing_start(void)
+int crooms_typing_start(void)
 {
     core_runtime *rt = core_runtime_get();
     if (rt && rt->leases && !reap_lease &&
@@ -171,7 +171,7 @@ int rooms_typing_start(void)
     return 0;
 }
 
-void rooms_typing_stop(void)
+void crooms_typing_stop(void)
 {
     if (!running) return;
     pthread_mutex_lock(&mu);
