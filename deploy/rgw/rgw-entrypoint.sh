@@ -110,6 +110,7 @@ mkdir -p "$dir/osd/$osd_id"
 ceph-osd -c "$conf" -i "$osd_id" --mkfs --osd-uuid "$osd_uuid" >/dev/null
 ceph-osd -c "$conf" -i "$osd_id" -f &
 pids+=($!)
+# shellcheck disable=SC2317 # called through wait_for
 osd_up() { ceph -c "$conf" osd dump | grep -q "^osd\\.$osd_id up"; }
 wait_for "the OSD coming up" osd_up
 radosgw -c "$conf" -n client.rgw.a -f &

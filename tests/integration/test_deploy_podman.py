@@ -24,7 +24,6 @@ engine, no registry.
 Why it is built this way: docs/adr/0033-deploy-tested-with-podman.md.
 """
 
-import base64
 import datetime
 import fcntl
 import hashlib
@@ -113,11 +112,13 @@ class Podman:
         return run(["podman", *args], timeout=timeout, check=check, env=self.env, input=input)
 
     def start_service(self):
+        self.service_log = open(os.path.join(self.workdir, "podman-service.log"), "w",
+                                encoding="utf-8")
         # At the lowest priority: so is every container it starts (they are its children).
         self.service = subprocess.Popen(
             ["nice", "-n", "19", "podman", "system", "service", "--time=0",
              f"unix://{self.socket}"], env=self.env, stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(self.workdir, "podman-service.log"), "w"))
+            stderr=self.service_log)
         deadline = time.monotonic() + 30
         while not os.path.exists(self.socket):
             if self.service.poll() is not None or time.monotonic() > deadline:
@@ -133,6 +134,8 @@ class Podman:
             except subprocess.TimeoutExpired:
                 self.service.kill()
                 self.service.wait()
+        if self.service is not None:
+            self.service_log.close()
 
 
 def _hard_limit(flag):
@@ -233,7 +236,7 @@ def build_images(podman):
         name, dockerfile = item
         t0 = time.monotonic()
         proc = run(["nice", "-n", "19", "podman", "build", "--format", "docker", "--layers",
-                    "--pull=never", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-f", dockerfile,
+                    "--jobs=2", "--pull=never", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-f", dockerfile,
                     "-t", f"{PREFIX}/{name}", REPO_ROOT], env=podman.env, timeout=1800,
                    check=False)
         if proc.returncode != 0:
@@ -262,7 +265,17 @@ class Compose:
                     "ATRIUM_NET_SUBNET": SUBNET, "ATRIUM_LB_ADDRESS": LB_ADDRESS,
                     "ATRIUM_TEST_LB_DNS": f"{GATEWAY}:53",
                     "ATRIUM_S3_MEMORY_BYTES": str(256 << 20)}
-        self.files = [a for f in COMPOSE_FILES for a in ("-f", os.path.join(REPO_ROOT, f))]
+        # Debian's docker-compose (1.29) predates the top-level `name:` of Compose v2: it
+        # reads copies without that line, the project named by COMPOSE_PROJECT_NAME, and
+        # relative paths resolved from deploy/ as for the files themselves.
+        self.files = ["--project-directory", os.path.join(REPO_ROOT, "deploy")]
+        for i, name in enumerate(COMPOSE_FILES):
+            with open(os.path.join(REPO_ROOT, name), encoding="utf-8") as f:
+                lines = [ln for ln in f if not ln.startswith("name:")]
+            copy = os.path.join(podman.workdir, f"{i}-{os.path.basename(name)}")
+            with open(copy, "w", encoding="utf-8") as f:
+                f.writelines(lines)
+            self.files += ["-f", copy]
 
     def __call__(self, *args, timeout=600, check=True):
         return run(["docker-compose", *self.files, *args], timeout=timeout, check=check,
@@ -340,10 +353,14 @@ def http(method, url, body=None, token=None, headers=None, timeout=30):
 
 
 def register(base):
-    name = f"deploy{uuid.uuid4().hex[:10]}"
-    body = {"username": name, "password": "pw-deploy-secret", "auth": {"type": "m.login.dummy"}}
-    status, out = http("POST", f"{base}/_matrix/client/v3/register",
-                       json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    """A new account (m.login.dummy, after the first 401 names the session); its token."""
+    body = {"username": f"deploy{uuid.uuid4().hex[:10]}", "password": "pw-deploy-secret"}
+    url, headers = f"{base}/_matrix/client/v3/register", {"Content-Type": "application/json"}
+    status, out = http("POST", url, json.dumps(body).encode(), headers=headers)
+    if status != 401:
+        raise AssertionError(f"/register without auth through {base} answered {status}: {out[:300]!r}")
+    body["auth"] = {"type": "m.login.dummy", "session": json.loads(out).get("session")}
+    status, out = http("POST", url, json.dumps(body).encode(), headers=headers)
     if status != 200:
         raise AssertionError(f"/register through {base} answered {status}: {out[:300]!r}")
     return json.loads(out)["access_token"]
@@ -454,6 +471,10 @@ class DeployPodmanTest(unittest.TestCase):
         lb = f"http://{LB_HOST}:{LB_PORT}"
         wait_for("haproxy answering /versions", lambda: http(
             "GET", f"{lb}/_matrix/client/versions", timeout=5)[0] == 200, 60)
+        # Replicas starting at once on one volume (one config, one signing key) start once.
+        for name in replicas:
+            restarts = compose.podman("inspect", "--format", "{{.RestartCount}}", name)
+            self.assertEqual(restarts.stdout.strip(), "0", f"{name} had to be restarted")
         phases["up"] = time.monotonic() - t
         log(f"up in {phases['up']:.1f}s: {sorted(replicas)} behind haproxy at {lb}")
 

@@ -10,6 +10,7 @@
     build's binary) and keeps every hardening line of deploy/atrium.service.
 """
 
+import ipaddress
 import os
 import re
 import shutil
@@ -91,6 +92,10 @@ class DeployScaleOutTest(unittest.TestCase):
         lb = re.search(r"ipv4_address:\s*\$\{ATRIUM_LB_ADDRESS:-([0-9.]+)\}", haproxy)
         self.assertIsNotNone(lb)
         self.assertIn(f"TRUSTED_PROXIES: \"[${{ATRIUM_LB_ADDRESS:-{lb.group(1)}}}]\"", atrium)
+        # Containers started before haproxy take addresses from a range without its own.
+        pool = re.search(r"ip_range:\s*\$\{ATRIUM_NET_IP_RANGE:-([0-9.]+/[0-9]+)\}", text)
+        self.assertIsNotNone(pool)
+        self.assertNotIn(ipaddress.ip_address(lb.group(1)), ipaddress.ip_network(pool.group(1)))
 
     def test_the_systemd_template_verifies_and_keeps_the_single_units_hardening(self):
         template = read("atrium@.service")
