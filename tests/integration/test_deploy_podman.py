@@ -236,7 +236,8 @@ def build_images(podman):
         name, dockerfile = item
         t0 = time.monotonic()
         proc = run(["nice", "-n", "19", "podman", "build", "--format", "docker", "--layers",
-                    "--jobs=2", "--pull=never", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-f", dockerfile,
+                    "--jobs=2", "--pull=never", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                    "-f", dockerfile,
                     "-t", f"{PREFIX}/{name}", REPO_ROOT], env=podman.env, timeout=1800,
                    check=False)
         if proc.returncode != 0:
@@ -358,7 +359,8 @@ def register(base):
     url, headers = f"{base}/_matrix/client/v3/register", {"Content-Type": "application/json"}
     status, out = http("POST", url, json.dumps(body).encode(), headers=headers)
     if status != 401:
-        raise AssertionError(f"/register without auth through {base} answered {status}: {out[:300]!r}")
+        raise AssertionError(f"/register without auth through {base} answered {status}: "
+                             f"{out[:300]!r}")
     body["auth"] = {"type": "m.login.dummy", "session": json.loads(out).get("session")}
     status, out = http("POST", url, json.dumps(body).encode(), headers=headers)
     if status != 200:
@@ -427,7 +429,8 @@ class DeployPodmanTest(unittest.TestCase):
         phases["base image"] = time.monotonic() - t
         smoke = podman("run", "--rm", "--network", "none", BASE_IMAGE, "true", check=False)
         if smoke.returncode != 0:
-            self.skip("podman cannot run a container on this machine: " + smoke.stderr.strip()[-500:])
+            self.skip("podman cannot run a container on this machine: " +
+                      smoke.stderr.strip()[-500:])
         t = time.monotonic()
         builds = build_images(podman)
         phases["images"] = time.monotonic() - t
@@ -481,7 +484,8 @@ class DeployPodmanTest(unittest.TestCase):
     def run_js_sdk(self, phases):
         t = time.monotonic()
         tests = sorted(f for f in os.listdir(E2E_DIR) if f.endswith(".test.mjs"))
-        proc = subprocess.run(["node", "--test", "--test-force-exit", "--test-reporter=spec", *tests],
+        proc = subprocess.run(["node", "--test", "--test-force-exit", "--test-reporter=spec",
+                               *tests],
                               cwd=E2E_DIR, capture_output=True, text=True, timeout=300,
                               env={**os.environ, "ATRIUM_URL": f"http://{LB_HOST}:{LB_PORT}"})
         print(proc.stdout[-3000:])
