@@ -10,6 +10,7 @@
     build's binary) and keeps every hardening line of deploy/atrium.service.
 """
 
+import ipaddress
 import os
 import re
 import shutil
@@ -83,13 +84,18 @@ class DeployScaleOutTest(unittest.TestCase):
                            "Compose must wait longer than the server drains")
         self.assertIn("atrium-data:/data", atrium, "replicas share one data volume (media store)")
         self.assertIn("ports:", haproxy)
-        self.assertIn("127.0.0.1:8008:8008", haproxy)
+        # loopback by default; ATRIUM_HTTP_PUBLISH moves it (test_deploy_podman.py does)
+        self.assertIn('"${ATRIUM_HTTP_PUBLISH:-127.0.0.1:8008}:8008"', haproxy)
         self.assertIn("./haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro", haproxy)
         self.assertIn("ATRIUM_LB_SERVICE: atrium", haproxy)
         # The replicas trust exactly haproxy's fixed address.
         lb = re.search(r"ipv4_address:\s*\$\{ATRIUM_LB_ADDRESS:-([0-9.]+)\}", haproxy)
         self.assertIsNotNone(lb)
         self.assertIn(f"TRUSTED_PROXIES: \"[${{ATRIUM_LB_ADDRESS:-{lb.group(1)}}}]\"", atrium)
+        # Containers started before haproxy take addresses from a range without its own.
+        pool = re.search(r"ip_range:\s*\$\{ATRIUM_NET_IP_RANGE:-([0-9.]+/[0-9]+)\}", text)
+        self.assertIsNotNone(pool)
+        self.assertNotIn(ipaddress.ip_address(lb.group(1)), ipaddress.ip_network(pool.group(1)))
 
     def test_the_systemd_template_verifies_and_keeps_the_single_units_hardening(self):
         template = read("atrium@.service")

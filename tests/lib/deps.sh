@@ -49,6 +49,15 @@ ATRIUM_S3_TEST_PACKAGES=(
     ceph-mon ceph-osd radosgw ceph-common
 )
 
+# The deploy test (tests/integration/test_deploy_podman.py, ctest label `deploy`): the
+# Compose files of deploy/ run for real with podman in place of a Docker engine,
+# docker-compose on podman's socket (without its recommended docker.io), and a base image
+# made with debootstrap. The test installs them on first use and skips where it cannot.
+ATRIUM_DEPLOY_TEST_PACKAGES=(
+    podman buildah runc netavark aardvark-dns iptables catatonit
+    docker-compose debootstrap
+)
+
 # Load figures (bench/).
 ATRIUM_BENCH_PACKAGES=(
     wrk

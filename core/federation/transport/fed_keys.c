@@ -301,14 +301,17 @@ static int create_key_file(const char *path, fed_signing_key *key, char *err, si
     char line[KEY_LINE_BYTES];
     int line_len = new_key_line(key, line);
 
-    size_t tmp_len = strlen(path) + 32;
+    size_t tmp_len = strlen(path) + 48;
     char *tmp = malloc(tmp_len);
     if (!tmp) {
         sodium_memzero(line, sizeof(line));
         snprintf(err, err_len, "signing key file %s: out of memory", path);
         return ATRIUM_E_NOMEM;
     }
-    snprintf(tmp, tmp_len, "%s.tmp.%ld", path, (long)getpid());
+    /* Not the PID alone: processes in containers sharing the key's volume have the same
+     * PIDs (test_deploy_podman.py saw two replicas write one temporary file). */
+    snprintf(tmp, tmp_len, "%s.tmp.%ld.%08x", path, (long)getpid(),
+             (unsigned)randombytes_random());
     const char *step = "create";
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, KEY_FILE_MODE);
     bool ok = fd >= 0;
