@@ -132,19 +132,19 @@ static void original_headers(media *m, atrium_req *req, const media_req *st, int
     h->metric_add(m->m_downloads, 1);
 }
 
-/* storage: s3, a GET whose original is not in the local folder (or a re-run after waiting
- * for its fetch): the bytes as they arrive from the store (s3_stream.c), with the row's
- * size, ETag and headers as for a local file. Not for the federation (multipart answer)
- * nor HEAD, which read through (download_read_through). */
-static bool streams_a_miss(media *m, atrium_req *req, const media_req *st, const char *path)
+/* storage: s3: may a GET whose original is not in the local folder stream from the store
+ * (s3_stream.c)? Not for the federation (a multipart answer) nor HEAD, nor remote copies,
+ * nor a host without respond_stream_wait: those read through whole
+ * (download_read_through). */
+static bool miss_may_stream(media *m, atrium_req *req, const media_req *st)
 {
-    if (st->s3l || st->s3w) return true; /* a run after waiting for its fetch */
     if (!s3_enabled(m) || !m->can_stream || st->row.file_name[0] || st->federation) return false;
     if (strcmp(m->h->req_method(req), "GET") != 0) return false;
-    if (m->h->req_run_reason(req) == ATRIUM_RUN_HANDOFF) return false;
-    return !s3_original_cached(m, path);
+    return m->h->req_run_reason(req) != ATRIUM_RUN_HANDOFF;
 }
 
+/* A miss streamed (or a run after waiting for its fetch): the bytes as they arrive from
+ * the store, with the row's size, ETag and the headers of a local file. */
 static int serve_miss(media *m, atrium_req *req, media_req *st, const char *file_name,
                       const char *etag, const char *path)
 {
@@ -189,9 +189,13 @@ static int serve(media *m, atrium_req *req, bool legacy)
 
     char path[MEDIA_PATH_MAX];
     if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
-    if (streams_a_miss(m, req, st, path)) return serve_miss(m, req, st, file_name, etag, path);
-    rc = download_read_through(m, req, row, path);
-    if (rc != MEDIA_GO) return rc;
+    if (st->s3l || st->s3w) return serve_miss(m, req, st, file_name, etag, path);
+    if (miss_may_stream(m, req, st)) {
+        if (!s3_original_cached(m, path)) return serve_miss(m, req, st, file_name, etag, path);
+    } else {
+        rc = download_read_through(m, req, row, path);
+        if (rc != MEDIA_GO) return rc;
+    }
     uint64_t size = 0;
     int fd = delivery_open(m, req, path, &size);
     if (fd < 0) return ATRIUM_DONE;
