@@ -134,17 +134,35 @@ def sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
+def gateway_relay():
+    return Relay(int(GATEWAY.env["endpoint"].rsplit(":", 1)[1]))
+
+
 class StreamCase(harness.AtriumTestCase):
+    SHARED = False  # one server (and relay) for the class's tests: they count in deltas
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if cls.SHARED:
+            cls.class_relay = gateway_relay()
+            cls.addClassCleanup(cls.class_relay.close)
+
     def setUp(self):
         super().setUp()
-        port = int(GATEWAY.env["endpoint"].rsplit(":", 1)[1])
-        self.relay = Relay(port)
-        self.addCleanup(self.relay.close)
+        if self.SHARED:
+            self.relay = self.class_relay
+        else:
+            self.relay = gateway_relay()
+            self.addCleanup(self.relay.close)
         media = GATEWAY.media_settings(s3_endpoint=f"http://127.0.0.1:{self.relay.port}",
                                        s3_part_size_bytes=PART, orphan_min_age_ms=10000,
                                        orphan_sweep_period_ms=1000)
-        self.srv = media_server(self, media=media)
+        self.srv = media_server(self, media=media, shared=self.SHARED)
         _, self.token = register(self.srv)
+
+    def count(self, name, labels=None):
+        return self.srv.metric(name, labels) or 0
 
     def cold(self, size=OBJECT_BYTES):
         """An original in the bucket and not in the local folder: (media ID, its bytes)."""
@@ -170,8 +188,12 @@ class StreamCase(harness.AtriumTestCase):
 
 
 class StreamTest(StreamCase):
+    SHARED = True
+
     def test_the_first_bytes_reach_the_client_while_the_store_get_is_still_under_way(self):
         media_id, data = self.cold()
+        gets, stored = self.gets(), self.count("atrium_media_store_stream_ends_total",
+                                               {"outcome": "stored"})
         self.relay.hold(HOLD_AFTER)
         started = time.monotonic()
         conn, resp = self.open_download(media_id)
@@ -185,7 +207,7 @@ class StreamTest(StreamCase):
         self.assertEqual(first, data[:len(first)])
         # The store's answer is held: the GET has not ended, nothing is named yet.
         self.assertTrue(self.relay.held.is_set())
-        self.assertEqual(self.gets(), 0)
+        self.assertEqual(self.gets(), gets)
         self.assertEqual(self.srv.metric("atrium_media_store_streams_running"), 1)
         self.assertFalse(os.path.exists(original_file(self.srv, media_id)))
         self.relay.release()
@@ -196,19 +218,22 @@ class StreamTest(StreamCase):
               flush=True)
         # Cached whole once checked; the next download is a hit, no second GET.
         wait_for = time.monotonic() + 10
-        while self.gets() != 1 and time.monotonic() < wait_for:
+        while self.gets() != gets + 1 and time.monotonic() < wait_for:
             time.sleep(0.05)
-        self.assertEqual(self.gets(), 1)
+        self.assertEqual(self.gets(), gets + 1)
         self.assertTrue(os.path.exists(original_file(self.srv, media_id)))
         status, _, body = self.srv.request("GET", download_path(self.srv, media_id),
                                            token=self.token)
         self.assertEqual((status, body == data), (200, True))
-        self.assertEqual(self.gets(), 1)
-        self.assertEqual(self.srv.metric("atrium_media_store_stream_ends_total",
-                                         {"outcome": "stored"}), 1)
+        self.assertEqual(self.gets(), gets + 1)
+        self.assertEqual(self.count("atrium_media_store_stream_ends_total",
+                                    {"outcome": "stored"}), stored + 1)
 
     def test_many_clients_of_one_cold_object_cause_one_store_get(self):
         media_id, data = self.cold()
+        gets = self.gets()
+        whole = self.count("atrium_media_store_streams_total", {"kind": "whole"})
+        followers = self.count("atrium_media_store_stream_followers_total")
         self.relay.hold(HOLD_AFTER)
         clients = [self.open_download(media_id) for _ in range(8)]
         firsts = []
@@ -219,33 +244,37 @@ class StreamTest(StreamCase):
         for (conn, resp), first in zip(clients, firsts):
             self.assertEqual(sha256(first + resp.read()), sha256(data))
             conn.close()
-        self.assertEqual(self.gets(), 1)
-        self.assertEqual(self.srv.metric("atrium_media_store_streams_total",
-                                         {"kind": "whole"}), 1)
-        self.assertEqual(self.srv.metric("atrium_media_store_stream_followers_total"), 7)
+        self.assertEqual(self.gets(), gets + 1)
+        self.assertEqual(self.count("atrium_media_store_streams_total", {"kind": "whole"}),
+                         whole + 1)
+        self.assertEqual(self.count("atrium_media_store_stream_followers_total"), followers + 7)
 
     def test_a_range_on_a_miss_is_a_ranged_get_and_caches_nothing(self):
         media_id, data = self.cold()
+        ranges, gets = self.gets("range"), self.gets()
+        down = self.count("atrium_media_store_bytes_total", {"direction": "down"})
         conn, resp = self.open_download(media_id, {"Range": "bytes=1000-200999"})
         body = resp.read()
         conn.close()
         self.assertEqual((resp.status, body == data[1000:201000]), (206, True))
         self.assertEqual(resp.getheader("Content-Range"), f"bytes 1000-200999/{len(data)}")
         self.assertEqual(resp.getheader("ETag"), f'"{sha256(data)}"')
-        self.assertEqual(self.gets("range"), 1)
-        self.assertEqual(self.gets("get"), 0)
-        self.assertEqual(self.srv.metric("atrium_media_store_bytes_total",
-                                         {"direction": "down"}), 200000)
+        self.assertEqual(self.gets("range"), ranges + 1)
+        self.assertEqual(self.gets("get"), gets)
+        self.assertEqual(self.count("atrium_media_store_bytes_total", {"direction": "down"}),
+                         down + 200000)
         self.assertEqual(self.local_names(media_id), [], "a range is not cached")
         # A range past the end is 416 at once, asking the store nothing.
         conn, resp = self.open_download(media_id, {"Range": f"bytes={len(data)}-"})
         resp.read()
         conn.close()
         self.assertEqual(resp.status, 416)
-        self.assertEqual(self.gets("range"), 1)
+        self.assertEqual(self.gets("range"), ranges + 1)
 
     def test_the_gateway_gone_mid_download_cuts_the_body_and_caches_nothing(self):
         media_id, data = self.cold()
+        gets = self.gets()
+        cut = self.count("atrium_media_store_stream_ends_total", {"outcome": "cut"})
         self.relay.hold(HOLD_AFTER)
         conn, resp = self.open_download(media_id)
         self.assertEqual(resp.status, 200)
@@ -256,17 +285,17 @@ class StreamTest(StreamCase):
             resp.read()
         conn.close()
         wait_for = time.monotonic() + 10
-        while (self.srv.metric("atrium_media_store_stream_ends_total", {"outcome": "cut"}) != 1
+        while (self.count("atrium_media_store_stream_ends_total", {"outcome": "cut"}) != cut + 1
                and time.monotonic() < wait_for):
             time.sleep(0.05)
-        self.assertEqual(self.srv.metric("atrium_media_store_stream_ends_total",
-                                         {"outcome": "cut"}), 1)
+        self.assertEqual(self.count("atrium_media_store_stream_ends_total", {"outcome": "cut"}),
+                         cut + 1)
         self.assertEqual(self.local_names(media_id), [], "nothing cached, no temp file left")
         # The next download fetches again, whole.
         status, _, body = self.srv.request("GET", download_path(self.srv, media_id),
                                            token=self.token)
         self.assertEqual((status, body == data), (200, True))
-        self.assertEqual(self.gets(), 1)
+        self.assertEqual(self.gets(), gets + 1)
         self.assertTrue(os.path.exists(original_file(self.srv, media_id)))
 
 
