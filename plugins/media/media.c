@@ -337,6 +337,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = s3_init(m);
     if (rc == 0) rc = s3_cache_init(m);
     if (rc == 0) rc = s3_stream_init(m);
+    if (rc == 0) rc = s3_upstream_init(m);
     if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
         host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");
         rc = ATRIUM_E_STATE;

@@ -224,6 +224,7 @@ typedef struct media {
     atrium_pool *store_pool;  /* s3: downloads that read an original through from the store */
     s3_cache *lcache;         /* s3: the local folder's byte bound (s3_cache.c) */
     struct s3_streams *s3_streams; /* s3: misses streaming from the store (s3_stream.c) */
+    atrium_metric *m_up_parts_waiting, *m_up_completed, *m_up_aborted; /* s3_upstream.c */
 
     rowcache *rows; /* local media rows for delivery (rowcache.c) */
     fdcache *fds;   /* open descriptors of hot files (fdcache.c) */

@@ -145,6 +145,8 @@ int s3_stream_respond(media *m, atrium_req *req, media_req *st, int status, cons
 /* ---- s3_upstream.c: an upload sent as a multipart upload while its body arrives -------- */
 
 typedef struct s3_upstream s3_upstream;
+/* [init] Its metrics (storage: s3 only). */
+int s3_upstream_init(media *m);
 #define S3_STREAM_PARTS_MAX 10000 /* S3's most parts in one upload (s3_call.h's S3_PARTS_MAX) */
 /* [any] The multipart upload of originals/<media_id>, begun at its first part. NULL when
  * out of memory. Ended by s3_upstream_drop, once. */

@@ -46,6 +46,7 @@ struct s3_upstream {
     int refs;     /* the upload's, and a sender task's */
     bool running; /* a sender task is submitted or running */
     bool created, failed, cancelled, done;
+    bool completed; /* Complete succeeded */
     int pushed; /* parts numbered so far */
     int64_t give_up_at_ms;
     char id_q[S3_UPLOAD_ID_MAX * 3];
@@ -53,12 +54,35 @@ struct s3_upstream {
     size_t xml_len, xml_cap;
 };
 
+int s3_upstream_init(media *m)
+{
+    if (!m->s3) return 0;
+    const atrium_host *h = m->h;
+    m->m_up_parts_waiting = h->metric_gauge(
+        m->self, "atrium_media_store_upload_parts_waiting", NULL,
+        "Parts of streamed uploads spooled on the local disk, not yet taken by the store");
+    const char *help = "Uploads streamed to the store in parts, by how they ended (completed: "
+                       "CompleteMultipartUpload succeeded; aborted: failed or abandoned)";
+    m->m_up_completed = h->metric_counter(m->self, "atrium_media_store_upload_streams_total",
+                                          "outcome=\"completed\"", help);
+    m->m_up_aborted = h->metric_counter(m->self, "atrium_media_store_upload_streams_total",
+                                        "outcome=\"aborted\"", help);
+    return m->m_up_parts_waiting && m->m_up_completed && m->m_up_aborted ? 0 : ATRIUM_E_NOMEM;
+}
+
+/* A part leaves the local disk (sent, or dropped). */
+static void part_gone(media *m, s3_part *p)
+{
+    close(p->fd);
+    free(p);
+    m->h->metric_add(m->m_up_parts_waiting, -1);
+}
+
 static void upstream_free(s3_upstream *u)
 {
     for (s3_part *p = u->head, *next; p; p = next) {
         next = p->next;
-        close(p->fd);
-        free(p);
+        part_gone(u->m, p);
     }
     pthread_cond_destroy(&u->cv);
     pthread_mutex_destroy(&u->mu);
@@ -155,8 +179,7 @@ static void send_task(void *arg, bool cancelled)
         bool created = u->created;
         pthread_mutex_unlock(&u->mu);
         int rc = send_part(u, p, created);
-        close(p->fd);
-        free(p);
+        part_gone(m, p);
         pthread_mutex_lock(&u->mu);
         if (rc < 0) u->failed = true;
     }
@@ -199,6 +222,7 @@ int s3_upstream_push(s3_upstream *u, int fd, int64_t len)
         return -1;
     }
     p->number = ++u->pushed;
+    u->m->h->metric_add(u->m->m_up_parts_waiting, 1);
     if (u->tail)
         u->tail->next = p;
     else
@@ -242,6 +266,9 @@ int s3_upstream_finish(s3_upstream *u)
         free(body);
     }
     if (rc < 0) s3_mp_abort(m, u->key, u->id_q);
+    pthread_mutex_lock(&u->mu);
+    u->completed = rc == 0;
+    pthread_mutex_unlock(&u->mu);
     return rc;
 }
 
@@ -249,6 +276,7 @@ void s3_upstream_drop(s3_upstream *u)
 {
     if (!u) return;
     pthread_mutex_lock(&u->mu);
+    u->m->h->metric_add(u->completed ? u->m->m_up_completed : u->m->m_up_aborted, 1);
     u->cancelled = true;
     /* Not finished: abort what was created (a sender does it, never the caller's thread). */
     if (!u->done && !u->running && u->created) kick_locked(u);

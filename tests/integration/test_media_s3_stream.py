@@ -350,6 +350,9 @@ class UploadStreamTest(StreamCase):
                             ("abort", 0)):
             self.assertEqual(self.srv.metric("atrium_media_store_requests_total",
                                              {"kind": kind, "outcome": "ok"}), count, kind)
+        self.assertEqual(self.count("atrium_media_store_upload_streams_total",
+                                    {"outcome": "completed"}), 1)
+        self.assertEqual(self.count("atrium_media_store_upload_parts_waiting"), 0)
         # It downloads whole (streamed from the store) with its row's hash.
         status, headers, body = self.srv.request("GET", download_path(self.srv, media_id),
                                                  token=self.token, timeout=60)
@@ -366,6 +369,9 @@ class UploadStreamTest(StreamCase):
         self.assertEqual(GATEWAY.get_object(key)[0], 404)
         self.assertEqual(self.srv.metric("atrium_media_store_requests_total",
                                          {"kind": "abort", "outcome": "ok"}), 1)
+        self.assertEqual(self.count("atrium_media_store_upload_streams_total",
+                                    {"outcome": "aborted"}), 1)
+        self.assertEqual(self.count("atrium_media_store_upload_parts_waiting"), 0)
 
     def test_killed_mid_upload_no_torn_object_and_the_sweep_aborts_its_parts(self):
         data = os.urandom(2 * PART + 1000)
