@@ -91,8 +91,12 @@ for i in range(300):
     with open(os.path.join(out, f"{i}.png"), "wb") as f:
         f.write(png)
 EOF
-ids=()
-for i in $(seq 0 299); do ids+=("$(media_bench_upload "$token" "$work/img/$i.png" image/png)"); done
+upload_png() { media_bench_upload "$token" "$1" image/png; }
+export -f media_bench_upload upload_png
+export token url
+printf '%s\n' "$work"/img/*.png | xargs -P 8 -I{} bash -c 'upload_png "$1"' _ {} >"$work/ids"
+mapfile -t ids <"$work/ids"
+[ ${#ids[@]} -eq 300 ] || atrium_die "${#ids[@]} of 300 uploads went through"
 in_bucket=("${ids[@]:0:150}") local_set=("${ids[@]:150:150}")
 for id in "${in_bucket[@]}"; do rm -f "$(local_file "$id")"; done
 
