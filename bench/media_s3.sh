@@ -8,8 +8,9 @@
 #     gateway (curl's own SigV4). Medians of RUNS (default 7) runs each, alternating; the
 #     ratio is the gateway's total time over Atrium's (1.0: as fast as the store itself),
 #     and time to first byte both ways;
-#  2. 150 cold thumbnails (96x96 scale, 8 at a time) of 150 distinct 640x480 PNGs whose
-#     originals are only in the bucket, beside 150 others whose originals are still in the
+#  2. THUMBNAILS (default 150) cold thumbnails (96x96 scale, 8 at a time) of distinct
+#     640x480 PNGs whose originals are only in the bucket, beside as many others whose
+#     originals are still in the
 #     local folder, in the same server (both renders GET the thumbnail's key from the
 #     bucket first and PUT it after: only the original's read-through differs).
 #
@@ -22,6 +23,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/media_common.sh"
 
 runs=${RUNS:-7}
+n=${THUMBNAILS:-150} # thumbnails per set
 rgw=$root/tests/lib/rgw.sh
 rgw_dir=$(mktemp -d /tmp/rgwb.XXXXXX)
 stop_rgw() { bash "$rgw" stop "$rgw_dir" >/dev/null 2>&1 || true; }
@@ -75,7 +77,8 @@ printf '  %-32s total %7.1f ms  first byte %6.1f ms  %7.1f MB/s\n' \
 printf '  ratio (direct time / Atrium time): %.2fx\n' "$(awk -v a="$at" -v d="$dt" 'BEGIN{print d/a}')"
 
 # ---- 2. 150 cold thumbnails -------------------------------------------------------------
-python3 - "$work/img" <<'EOF'
+atrium_say "making and uploading $((2 * n)) images"
+python3 - "$work/img" "$((2 * n))" <<'EOF'
 import os, struct, sys, zlib
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
@@ -83,7 +86,7 @@ w, h = 640, 480
 def chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 base = bytes((x * 5) % 256 for x in range(w * 3))
-for i in range(300):
+for i in range(int(sys.argv[2])):
     first = os.urandom(w * 3)  # makes each image (and its thumbnail key) its own
     rows = b"\0" + first + (b"\0" + base) * (h - 1)
     png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
@@ -96,8 +99,8 @@ export -f media_bench_upload upload_png
 export token url
 printf '%s\n' "$work"/img/*.png | xargs -P 8 -I{} bash -c 'upload_png "$1"' _ {} >"$work/ids"
 mapfile -t ids <"$work/ids"
-[ ${#ids[@]} -eq 300 ] || atrium_die "${#ids[@]} of 300 uploads went through"
-in_bucket=("${ids[@]:0:150}") local_set=("${ids[@]:150:150}")
+[ ${#ids[@]} -eq $((2 * n)) ] || atrium_die "${#ids[@]} of $((2 * n)) uploads went through"
+in_bucket=("${ids[@]:0:n}") local_set=("${ids[@]:n:n}")
 for id in "${in_bucket[@]}"; do rm -f "$(local_file "$id")"; done
 
 thumbs() { # ID...: wall seconds for their thumbnails, 8 at a time
@@ -107,11 +110,12 @@ thumbs() { # ID...: wall seconds for their thumbnails, 8 at a time
         "$url/_matrix/client/v1/media/thumbnail/$SERVER_NAME/{}?width=96&height=96&method=scale"
     awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { print e - s }'
 }
+atrium_say "thumbnails"
 tl=$(thumbs "${local_set[@]}")
 tb=$(thumbs "${in_bucket[@]}")
-printf '\n150 cold thumbnails (96x96 scale, 8 at a time):\n'
+printf '\n%d cold thumbnails (96x96 scale, 8 at a time):\n' "$n"
 printf '  %-32s %7.2f s  %6.1f thumbnails/s\n' "originals in the bucket only" "$tb" \
-    "$(awk -v t="$tb" 'BEGIN{print 150/t}')"
+    "$(awk -v t="$tb" -v n="$n" 'BEGIN{print n/t}')"
 printf '  %-32s %7.2f s  %6.1f thumbnails/s\n' "originals in the local folder" "$tl" \
-    "$(awk -v t="$tl" 'BEGIN{print 150/t}')"
+    "$(awk -v t="$tl" -v n="$n" 'BEGIN{print n/t}')"
 printf '  ratio (local / bucket time): %.2fx\n' "$(awk -v a="$tb" -v b="$tl" 'BEGIN{print b/a}')"
