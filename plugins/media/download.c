@@ -94,6 +94,75 @@ int download_read_through(media *m, atrium_req *req, const media_row *row, const
     return ATRIUM_DONE;
 }
 
+/* The answer's range: 200 (the whole of size), 206 with *start, *len and content_range,
+ * or 416 (answered, with Content-Range). */
+static int choose_range(media *m, atrium_req *req, const media_req *st, const char *etag,
+                        uint64_t size, uint64_t *start, uint64_t *len, char *content_range,
+                        size_t cap)
+{
+    const atrium_host *h = m->h;
+    *start = 0;
+    *len = size;
+    const char *range = h->req_header(req, "Range");
+    if (range && !if_range_allows(h->req_header(req, "If-Range"), etag)) range = NULL;
+    if (st->federation) range = NULL; /* the federation answer is always the whole file */
+    int ranged = media_parse_range(range, size, start, len);
+    if (ranged == MEDIA_RANGE_UNSATISFIABLE) {
+        h->respond_error(req, 416, "M_UNKNOWN", "The requested range is not satisfiable");
+        snprintf(content_range, cap, "bytes */%" PRIu64, size);
+        h->respond_header(req, "Content-Range", content_range);
+        return 416;
+    }
+    if (ranged != MEDIA_RANGE_OK) return 200;
+    snprintf(content_range, cap, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, *start,
+             *start + *len - 1, size);
+    return 206;
+}
+
+/* The headers of a 200 or 206 of an original, after its body was set. */
+static void original_headers(media *m, atrium_req *req, const media_req *st, int status,
+                             const char *etag, const char *disposition, const char *content_range)
+{
+    const atrium_host *h = m->h;
+    delivery_success_headers(m, req, etag);
+    if (st->federation) return;
+    h->respond_header(req, "Content-Disposition", disposition);
+    h->respond_header(req, "Accept-Ranges", "bytes");
+    if (status == 206) h->respond_header(req, "Content-Range", content_range);
+    h->metric_add(m->m_downloads, 1);
+}
+
+/* storage: s3: may a GET whose original is not in the local folder stream from the store
+ * (s3_stream.c)? Not for the federation (a multipart answer) nor HEAD, nor remote copies,
+ * nor a host without respond_stream_wait: those read through whole
+ * (download_read_through). */
+static bool miss_may_stream(media *m, atrium_req *req, const media_req *st)
+{
+    if (!s3_enabled(m) || !m->can_stream || st->row.file_name[0] || st->federation) return false;
+    if (strcmp(m->h->req_method(req), "GET") != 0) return false;
+    return m->h->req_run_reason(req) != ATRIUM_RUN_HANDOFF;
+}
+
+/* A miss streamed (or a run after waiting for its fetch): the bytes as they arrive from
+ * the store, with the row's size, ETag and the headers of a local file. */
+static int serve_miss(media *m, atrium_req *req, media_req *st, const char *file_name,
+                      const char *etag, const char *path)
+{
+    uint64_t size = (uint64_t)st->row.size_bytes, start = 0, len = size;
+    char content_range[96];
+    int status = choose_range(m, req, st, etag, size, &start, &len, content_range,
+                              sizeof(content_range));
+    if (status == 416) return ATRIUM_DONE;
+    int rc = s3_stream_miss(m, req, st, path, status == 206, start, len);
+    if (rc != MEDIA_GO) return rc;
+    char disposition[DISPOSITION_MAX_BYTES];
+    const char *type = answer_type(&st->row, file_name, disposition, sizeof(disposition));
+    rc = s3_stream_respond(m, req, st, status, type);
+    if (rc < 0) return rc;
+    original_headers(m, req, st, status, etag, disposition, content_range);
+    return ATRIUM_DONE;
+}
+
 static int serve(media *m, atrium_req *req, bool legacy)
 {
     const atrium_host *h = m->h;
@@ -120,8 +189,13 @@ static int serve(media *m, atrium_req *req, bool legacy)
 
     char path[MEDIA_PATH_MAX];
     if (store_row_path(m, row, path, sizeof(path)) < 0) return ATRIUM_E_INVAL;
-    rc = download_read_through(m, req, row, path);
-    if (rc != MEDIA_GO) return rc;
+    if (st->s3l || st->s3w) return serve_miss(m, req, st, file_name, etag, path);
+    if (miss_may_stream(m, req, st)) {
+        if (!s3_original_cached(m, path)) return serve_miss(m, req, st, file_name, etag, path);
+    } else {
+        rc = download_read_through(m, req, row, path);
+        if (rc != MEDIA_GO) return rc;
+    }
     uint64_t size = 0;
     int fd = delivery_open(m, req, path, &size);
     if (fd < 0) return ATRIUM_DONE;
@@ -132,34 +206,18 @@ static int serve(media *m, atrium_req *req, bool legacy)
                row->media_id, size, row->size_bytes);
 
     uint64_t start = 0, len = size;
-    const char *range = h->req_header(req, "Range");
-    if (range && !if_range_allows(h->req_header(req, "If-Range"), etag)) range = NULL;
-    if (st->federation) range = NULL; /* the federation answer is always the whole file */
-    int ranged = media_parse_range(range, size, &start, &len);
     char content_range[96];
-    if (ranged == MEDIA_RANGE_UNSATISFIABLE) {
+    int status = choose_range(m, req, st, etag, size, &start, &len, content_range,
+                              sizeof(content_range));
+    if (status == 416) {
         close(fd);
-        h->respond_error(req, 416, "M_UNKNOWN", "The requested range is not satisfiable");
-        snprintf(content_range, sizeof(content_range), "bytes */%" PRIu64, size);
-        h->respond_header(req, "Content-Range", content_range);
         return ATRIUM_DONE;
     }
     char disposition[DISPOSITION_MAX_BYTES];
     const char *type = answer_type(row, file_name, disposition, sizeof(disposition));
-    int status = 200;
-    if (ranged == MEDIA_RANGE_OK) {
-        status = 206;
-        snprintf(content_range, sizeof(content_range), "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64,
-                 start, start + len - 1, size);
-    }
     rc = delivery_respond_file(m, req, status, type, disposition, fd, start, len);
     if (rc < 0) return rc;
-    delivery_success_headers(m, req, etag);
-    if (st->federation) return ATRIUM_DONE;
-    h->respond_header(req, "Content-Disposition", disposition);
-    h->respond_header(req, "Accept-Ranges", "bytes");
-    if (status == 206) h->respond_header(req, "Content-Range", content_range);
-    h->metric_add(m->m_downloads, 1);
+    original_headers(m, req, st, status, etag, disposition, content_range);
     return ATRIUM_DONE;
 }
 

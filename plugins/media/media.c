@@ -305,6 +305,7 @@ static void media_free(media *m)
     rowcache_fini(m);
     fdcache_fini(m); /* after remote_fini: the timer (and the sweep) has stopped */
     s3_cache_fini(m); /* after remote_fini: the timer (and its check) has stopped */
+    s3_stream_fini(m);
     s3_fini(m);
     for (size_t i = 0; i < m->cfg.n_blocked_origins; i++) free((char *)m->cfg.blocked_origins[i]);
     pthread_mutex_destroy(&m->wake_mu);
@@ -335,6 +336,8 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = fdcache_init(m);
     if (rc == 0) rc = s3_init(m);
     if (rc == 0) rc = s3_cache_init(m);
+    if (rc == 0) rc = s3_stream_init(m);
+    if (rc == 0) rc = s3_upstream_init(m);
     if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
         host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");
         rc = ATRIUM_E_STATE;

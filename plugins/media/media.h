@@ -49,6 +49,8 @@
  *               read through from it into the local folder (s3.h)
  *   s3_cache.c  storage: s3 - the local folder's bound: recency, eviction of originals
  *   s3_multipart.c storage: s3 - originals above the part size, and leftover uploads
+ *   s3_stream.c storage: s3 - a download's miss streamed from the store as it arrives
+ *   s3_upstream.c storage: s3 - an upload sent in parts while its body arrives
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -221,6 +223,8 @@ typedef struct media {
     media_s3 *s3;             /* NULL with storage: local (s3.c) */
     atrium_pool *store_pool;  /* s3: downloads that read an original through from the store */
     s3_cache *lcache;         /* s3: the local folder's byte bound (s3_cache.c) */
+    struct s3_streams *s3_streams; /* s3: misses streaming from the store (s3_stream.c) */
+    atrium_metric *m_up_parts_waiting, *m_up_completed, *m_up_aborted; /* s3_upstream.c */
 
     rowcache *rows; /* local media rows for delivery (rowcache.c) */
     fdcache *fds;   /* open descriptors of hot files (fdcache.c) */
@@ -308,6 +312,8 @@ typedef struct media_req {
      * file while it is being fetched (remote_stream.c) */
     bool stream_ok;
     remote_landing *landing; /* remote_stream.c: the file being fetched this request follows */
+    struct s3_landing *s3l;  /* s3_stream.c: the store fetch this request follows */
+    struct s3_waiter *s3w, *s3w_mem; /* s3_stream.c: waiting for its first bytes; its memory */
     fetch_waiter *fw;     /* waiting in the fetch line */
     atrium_flight *remote_flight; /* remote.c: the fetch of the file it waits for */
     int64_t remote_deadline_ms;

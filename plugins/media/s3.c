@@ -42,7 +42,7 @@
 #define S3_LIST_BODY_MAX (512 * 1024) /* the answer to one ListObjectsV2 */
 
 static const char *const KIND_NAMES[S3_N_KINDS] = {
-    "head", "put", "get", "delete", "list", "create", "part", "complete", "abort"};
+    "head", "put", "get", "delete", "list", "create", "part", "complete", "abort", "range"};
 static const char *const OUTCOME_NAMES[S3_N_OUTCOMES] = {"ok", "not_found", "refused", "failed"};
 
 struct media_s3 {
@@ -315,13 +315,18 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
     s3_call *call = arg;
     size_t len = size * nmemb;
     if (!call->status) curl_easy_getinfo(call->easy, CURLINFO_RESPONSE_CODE, &call->status);
-    if (call->status == 200 && (call->out_fd >= 0 || call->body_hash)) {
+    bool body = call->status == 200 || (call->range && call->status == 206);
+    if (body && (call->out_fd >= 0 || call->body_hash)) {
         if (call->out_fd >= 0 && store_write_all(call->out_fd, data, len) < 0) {
             call->write_failed = true;
             return 0; /* aborts the transfer */
         }
         if (call->body_hash) sha256_update(call->body_hash, data, len);
         call->bytes += (int64_t)len;
+        if (call->on_bytes && !call->on_bytes(call->on_bytes_arg, call->bytes)) {
+            call->write_failed = true;
+            return 0;
+        }
         return len;
     }
     if (call->resp && call->resp_cap > 0)
@@ -490,6 +495,7 @@ int s3_perform(media *m, s3_call *call)
         curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, call);
         set_method(e, call);
+        if (call->range) curl_easy_setopt(e, CURLOPT_RANGE, call->range);
         call->cc = curl_easy_perform(e);
         curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &call->status);
         curl_off_t length = -1;
@@ -689,6 +695,11 @@ int s3_list(media *m, const char *prefix, s3_list_fn fn, void *arg)
     } while (rc == 0 && token[0]);
     free(body);
     return rc;
+}
+
+void s3_count_down(media *m, int64_t bytes)
+{
+    if (bytes > 0) m->h->metric_add(m->s3->m_bytes_down, bytes);
 }
 
 void s3_count_cache(media *m, bool hit)

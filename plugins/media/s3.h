@@ -84,6 +84,8 @@ long s3_delete_prefix(media *m, const char *prefix);
 /* [any] Is the original at path in the local folder? Counted as a cache hit or miss; a hit
  * is recorded as a use (s3_cache_touch). (s3_cache.c) */
 bool s3_original_cached(media *m, const char *path);
+/* [any] Count bytes read from the store (atrium_media_store_bytes_total{direction="down"}). */
+void s3_count_down(media *m, int64_t bytes);
 /* [any] Count an original asked of the local folder: found (hit) or read through. */
 void s3_count_cache(media *m, bool hit);
 /* [pool] HEAD key: S3_OK with *size its Content-Length (-1 unknown), S3_NOT_FOUND, or
@@ -121,10 +123,48 @@ bool s3_cache_touch(media *m, const char *path);
  * read-through): counted; past the bound, an eviction pass is queued (never run here). */
 void s3_cache_added(media *m, int64_t bytes);
 
+/* ---- s3_stream.c: a miss streamed to the client as it arrives from the store ----------- */
+
+typedef struct atrium_req atrium_req;
+typedef struct media_req media_req;
+/* [init] Its table and metrics (storage: s3 only); s3_stream_fini frees them. */
+int s3_stream_init(media *m);
+void s3_stream_fini(media *m);
+/* [req] A GET of an original missing from the local folder (st->row set; path its local
+ * file): start the store's GET of it on the store pool, or follow the one under way (a
+ * range: a ranged GET of start..start+len-1 of its own, not cached), and wait (no thread
+ * waits) until it has bytes to release. MEDIA_GO: answer with s3_stream_respond now; else
+ * the outcome to return (parked; or answered: 404 no object, 503, 504, 429). Call it again
+ * on every run until it returns MEDIA_GO. */
+int s3_stream_miss(media *m, atrium_req *req, media_req *st, const char *path, bool ranged,
+                   uint64_t start, uint64_t len);
+/* [req] After s3_stream_miss's MEDIA_GO: answer status with the bytes as they arrive (the
+ * fetch's size as Content-Length; cut short if the fetch fails). 0 or an ATRIUM_E_ code. */
+int s3_stream_respond(media *m, atrium_req *req, media_req *st, int status, const char *type);
+
+/* ---- s3_upstream.c: an upload sent as a multipart upload while its body arrives -------- */
+
+typedef struct s3_upstream s3_upstream;
+/* [init] Its metrics (storage: s3 only). */
+int s3_upstream_init(media *m);
+#define S3_STREAM_PARTS_MAX 10000 /* S3's most parts in one upload (s3_call.h's S3_PARTS_MAX) */
+/* [any] The multipart upload of originals/<media_id>, begun at its first part. NULL when
+ * out of memory. Ended by s3_upstream_drop, once. */
+s3_upstream *s3_upstream_start(media *m, const char *media_id);
+/* [any] The next part: len bytes of fd from its start (fd is the upload's now: closed once
+ * sent or dropped). Sent in order by a store worker. 0, or -1: the upload failed (answer
+ * 503). */
+int s3_upstream_push(s3_upstream *u, int fd, int64_t len);
+/* [pool] The last part was pushed: wait for the parts to be sent, then Complete. 0 (the
+ * object exists), or -1 (logged; the multipart upload aborted). */
+int s3_upstream_finish(s3_upstream *u);
+/* [any] The upload ends (after finish, or without): one not completed is aborted (on a
+ * store worker). Frees u once its sender is done. */
+void s3_upstream_drop(s3_upstream *u);
+
 /* download.c: storage: s3 - fetch an original missing from the local folder on a store
  * pool worker (the request is handed off), then go on. MEDIA_GO or what to return. Also
  * used by thumbnail.c for an original served as its own thumbnail. */
-typedef struct atrium_req atrium_req;
 typedef struct media_row media_row;
 int download_read_through(media *m, atrium_req *req, const media_row *row, const char *path);
 

@@ -28,6 +28,7 @@ enum s3_kind {
     S3_KIND_PART,     /* PUT ?partNumber=&uploadId=: UploadPart */
     S3_KIND_COMPLETE, /* POST ?uploadId=: CompleteMultipartUpload */
     S3_KIND_ABORT,    /* DELETE ?uploadId=: AbortMultipartUpload */
+    S3_KIND_RANGE,    /* GET with a Range (s3_stream.c: a Range asked on a miss) */
     S3_N_KINDS
 };
 
@@ -50,6 +51,11 @@ typedef struct s3_call {
     size_t post_len;
     int out_fd;       /* GET: a 200's body goes here (-1: none) */
     struct sha256_ctx *body_hash; /* GET: if set, a 200's body is hashed as it arrives */
+    const char *range; /* RANGE: "first-last", sent as Range (its 206 is the body) */
+    /* GET, RANGE: if set, called after each piece of the body was written (and hashed),
+     * with the body's bytes so far; false stops the transfer (write_failed) */
+    bool (*on_bytes)(void *arg, int64_t bytes);
+    void *on_bytes_arg;
     char *resp;       /* if set: the answer's body (any status) is kept here, NUL-ended */
     size_t resp_cap;  /* bytes resp holds, with its NUL */
     size_t resp_len;
@@ -79,5 +85,22 @@ int s3_query_escape(const char *s, char *out, size_t cap);
 /* The text of the first <tag>...</tag> at or after from, before end (NULL: the end of the
  * string), into out. true when found and it fit. */
 bool s3_xml_text(const char *from, const char *end, const char *tag, char *out, size_t cap);
+
+/* ---- s3_multipart.c: the steps of a multipart upload (s3_upstream.c sends one too) ---- */
+
+#define S3_PARTS_MAX 10000
+#define S3_UPLOAD_ID_MAX 256
+#define S3_PART_XML_MAX (64 + S3_ETAG_MAX) /* one <Part> of the Complete body */
+
+/* [pool] CreateMultipartUpload of key: 0 with its UploadId, escaped for a query, in id_q;
+ * -1 (logged). */
+int s3_mp_create(media *m, const char *key, char *id_q, size_t cap);
+/* [pool] UploadPart number part: len bytes of fd from offset; 0 with its ETag, or -1. */
+int s3_mp_part(media *m, const char *key, const char *id_q, int part, int fd, int64_t offset,
+               int64_t len, char *etag, size_t cap);
+/* [pool] CompleteMultipartUpload with body (<CompleteMultipartUpload> of the parts): 0, -1. */
+int s3_mp_complete(media *m, const char *key, const char *id_q, const char *body, size_t len);
+/* [pool] AbortMultipartUpload (a failure is logged: the orphan sweep aborts it later). */
+void s3_mp_abort(media *m, const char *key, const char *upload_id_q);
 
 #endif

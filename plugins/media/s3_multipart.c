@@ -32,10 +32,7 @@
 #include "s3.h"
 #include "s3_call.h"
 
-#define S3_PARTS_MAX 10000
-#define S3_UPLOAD_ID_MAX 256
 #define S3_COMPLETE_BODY_MAX 4096 /* the answer to Complete */
-#define S3_PART_XML_MAX (64 + S3_ETAG_MAX)
 #define SWEEP_BODY_MAX (256 * 1024) /* one page of ListMultipartUploads */
 #define SWEEP_PAGE_UPLOADS 200      /* uploads asked for per page (~450 bytes each) */
 #define SWEEP_PAGES_MAX 16          /* pages per sweep; the rest waits for the next */
@@ -43,7 +40,7 @@
 
 /* ---- writing --------------------------------------------------------------------------- */
 
-static void abort_upload(media *m, const char *key, const char *upload_id_q)
+void s3_mp_abort(media *m, const char *key, const char *upload_id_q)
 {
     char query[S3_UPLOAD_ID_MAX * 3 + 16];
     snprintf(query, sizeof(query), "uploadId=%s", upload_id_q);
@@ -57,7 +54,7 @@ static void abort_upload(media *m, const char *key, const char *upload_id_q)
 }
 
 /* CreateMultipartUpload: its UploadId, escaped for a query, into id_q. */
-static int create_upload(media *m, const char *key, char *id_q, size_t cap)
+int s3_mp_create(media *m, const char *key, char *id_q, size_t cap)
 {
     char resp[S3_COMPLETE_BODY_MAX];
     s3_call call = {.kind = S3_KIND_CREATE, .key = key, .query = "uploads=", .out_fd = -1,
@@ -76,8 +73,8 @@ static int create_upload(media *m, const char *key, char *id_q, size_t cap)
     return 0;
 }
 
-static int upload_part(media *m, const char *key, const char *id_q, int part, int fd,
-                       int64_t offset, int64_t len, char *etag, size_t cap)
+int s3_mp_part(media *m, const char *key, const char *id_q, int part, int fd, int64_t offset,
+               int64_t len, char *etag, size_t cap)
 {
     char query[S3_UPLOAD_ID_MAX * 3 + 48];
     snprintf(query, sizeof(query), "partNumber=%d&uploadId=%s", part, id_q);
@@ -96,8 +93,7 @@ static int upload_part(media *m, const char *key, const char *id_q, int part, in
     return 0;
 }
 
-static int complete_upload(media *m, const char *key, const char *id_q, const char *body,
-                           size_t len)
+int s3_mp_complete(media *m, const char *key, const char *id_q, const char *body, size_t len)
 {
     char query[S3_UPLOAD_ID_MAX * 3 + 16];
     snprintf(query, sizeof(query), "uploadId=%s", id_q);
@@ -124,7 +120,7 @@ int s3_multipart_put(media *m, const char *key, int fd, int64_t size)
     int parts = (int)((size + part_size - 1) / part_size);
     int64_t give_up_at = m->h->now_ms() + m->cfg.orphan_min_age_ms / 2;
     char id_q[S3_UPLOAD_ID_MAX * 3];
-    if (create_upload(m, key, id_q, sizeof(id_q)) < 0) return -1;
+    if (s3_mp_create(m, key, id_q, sizeof(id_q)) < 0) return -1;
 
     size_t cap = 64 + (size_t)parts * S3_PART_XML_MAX;
     char *xml = malloc(cap);
@@ -143,7 +139,7 @@ int s3_multipart_put(media *m, const char *key, int fd, int64_t size)
         int64_t offset = (int64_t)i * part_size;
         int64_t n = size - offset < part_size ? size - offset : part_size;
         char etag[S3_ETAG_MAX];
-        rc = upload_part(m, key, id_q, i + 1, fd, offset, n, etag, sizeof(etag));
+        rc = s3_mp_part(m, key, id_q, i + 1, fd, offset, n, etag, sizeof(etag));
         if (rc == 0)
             len += (size_t)snprintf(xml + len, cap - len,
                                     "<Part><PartNumber>%d</PartNumber><ETag>%s</ETag></Part>",
@@ -151,10 +147,10 @@ int s3_multipart_put(media *m, const char *key, int fd, int64_t size)
     }
     if (rc == 0) {
         len += (size_t)snprintf(xml + len, cap - len, "</CompleteMultipartUpload>");
-        rc = complete_upload(m, key, id_q, xml, len);
+        rc = s3_mp_complete(m, key, id_q, xml, len);
     }
     free(xml);
-    if (rc < 0) abort_upload(m, key, id_q);
+    if (rc < 0) s3_mp_abort(m, key, id_q);
     return rc;
 }
 
@@ -189,7 +185,7 @@ static long abort_page(media *m, const char *body, int64_t cutoff_ms)
             s3_query_escape(id, id_q, sizeof(id_q)) == 0) {
             int64_t at = iso8601_ms(when);
             if (at >= 0 && at < cutoff_ms) {
-                abort_upload(m, key, id_q);
+                s3_mp_abort(m, key, id_q);
                 aborted++;
             }
         }

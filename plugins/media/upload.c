@@ -53,6 +53,12 @@ struct upload_state {
     sha256_ctx sha;
     int64_t size;
     int64_t quota_left; /* bytes this upload may still carry under the quota; -1 = no quota */
+    /* storage: s3, above the part size: sent in parts as it arrives (s3_upstream.c); tmp
+     * is then the part being filled, of up to part_bytes */
+    s3_upstream *stream;
+    int64_t part_bytes; /* 0: not streamed (storage: local) */
+    int64_t handed;     /* bytes already pushed as parts */
+    int first_fd;       /* the first part, for the image probe (-1 none) */
     bool is_put;
     char media_id[MEDIA_ID_MAX_CHARS + 1];
     char final_path[MEDIA_PATH_MAX];
@@ -79,6 +85,10 @@ static void upload_release(void *arg)
 {
     upload_state *up = arg;
     store_tmp_discard(&up->tmp); /* a committed one is already closed: no-op */
+    s3_upstream_drop(up->stream); /* aborted unless completed */
+    up->stream = NULL;
+    if (up->first_fd >= 0) close(up->first_fd);
+    up->first_fd = -1;
 }
 
 static int busy(media *m, atrium_req *req)
@@ -202,7 +212,12 @@ static int upload_begin(media *m, atrium_req *req, media_req *st, bool is_put)
     if (!up) return ATRIUM_E_NOMEM;
     memset(up, 0, sizeof(*up));
     up->tmp.fd = -1;
+    up->first_fd = -1;
     up->is_put = is_put;
+    if (s3_enabled(m)) { /* parts of at least the setting, at most S3_PARTS_MAX of them */
+        int64_t floor = (m->cfg.max_upload_bytes + S3_STREAM_PARTS_MAX - 1) / S3_STREAM_PARTS_MAX;
+        up->part_bytes = m->cfg.s3_part_size_bytes > floor ? m->cfg.s3_part_size_bytes : floor;
+    }
     snprintf(up->user_id, sizeof(up->user_id), "%s", user);
     snprintf(up->content_type, sizeof(up->content_type), "%s", type);
     snprintf(up->upload_name, sizeof(up->upload_name), "%s", name ? name : "");
@@ -221,6 +236,47 @@ static int upload_begin(media *m, atrium_req *req, media_req *st, bool is_put)
     st->up = up;
     if (h->req_hold(req, upload_release, up) < 0) return ATRIUM_E_EXPIRED;
     return MEDIA_GO;
+}
+
+/* storage: s3, the part being filled is full and more comes: push it to the store (the
+ * upload's multipart upload begins with the first) and begin the next. 0, -EPIPE (the
+ * store failed), or a negative errno. */
+static int hand_over(media *m, upload_state *up)
+{
+    if (!up->stream) {
+        if (!(up->stream = s3_upstream_start(m, up->media_id))) return -ENOMEM;
+        up->first_fd = dup(up->tmp.fd); /* the image probe reads the first part at commit */
+    }
+    if (up->tmp.named[0]) unlink(up->tmp.named); /* the descriptor keeps the bytes */
+    up->tmp.named[0] = '\0';
+    int fd = up->tmp.fd;
+    up->tmp.fd = -1;
+    if (s3_upstream_push(up->stream, fd, up->size - up->handed) < 0) return -EPIPE;
+    up->handed = up->size;
+    return store_tmp_open(m, up->final_path, &up->tmp);
+}
+
+/* The body's bytes, hashed, into the temp file (streamed: into parts of part_bytes). */
+static int write_body(media *m, upload_state *up, const char *data, size_t len)
+{
+    while (len > 0) {
+        size_t n = len;
+        if (up->part_bytes > 0) {
+            if (up->size - up->handed == up->part_bytes) {
+                int rc = hand_over(m, up);
+                if (rc < 0) return rc;
+            }
+            int64_t room = up->part_bytes - (up->size - up->handed);
+            if ((int64_t)n > room) n = (size_t)room;
+        }
+        int rc = store_write_all(up->tmp.fd, data, n);
+        if (rc < 0) return rc;
+        sha256_update(&up->sha, data, n);
+        up->size += (int64_t)n;
+        data += n;
+        len -= n;
+    }
+    return 0;
 }
 
 static int body_chunk(atrium_req *req, const char *data, size_t len, bool is_put)
@@ -247,7 +303,12 @@ static int body_chunk(atrium_req *req, const char *data, size_t len, bool is_put
         quota_refused(m, req);
         return ATRIUM_E_LIMIT;
     }
-    int rc = store_write_all(up->tmp.fd, data, len);
+    int rc = write_body(m, up, data, len);
+    if (rc == -EPIPE) {
+        store_tmp_discard(&up->tmp);
+        h->respond_error(req, 503, "M_UNKNOWN", "The media store is unreachable; retry later");
+        return ATRIUM_E_IO;
+    }
     if (rc < 0) {
         h->log(m->self, ATRIUM_LOG_ERROR, "cannot write upload %s: %s", up->media_id,
                strerror(-rc));
@@ -256,8 +317,6 @@ static int body_chunk(atrium_req *req, const char *data, size_t len, bool is_put
                          "The server could not store the upload");
         return ATRIUM_E_IO;
     }
-    sha256_update(&up->sha, data, len);
-    up->size += (int64_t)len;
     return 0;
 }
 
@@ -271,9 +330,16 @@ int upload_put_body_chunk(atrium_req *req, const char *data, size_t len)
     return body_chunk(req, data, len, true);
 }
 
-/* The row the upload becomes, with the facts read from the committed file. */
+/* The row the upload becomes, with the facts read from the committed file (streamed:
+ * from its first part). */
 static void fill_row(const upload_state *up, const char *sha, media_row *row)
 {
+    char probe[64];
+    const char *path = up->final_path;
+    if (up->first_fd >= 0) {
+        snprintf(probe, sizeof(probe), "/proc/self/fd/%d", up->first_fd);
+        path = probe;
+    }
     memset(row, 0, sizeof(*row));
     snprintf(row->media_id, sizeof(row->media_id), "%s", up->media_id);
     snprintf(row->user_id, sizeof(row->user_id), "%s", up->user_id);
@@ -282,7 +348,7 @@ static void fill_row(const upload_state *up, const char *sha, media_row *row)
     snprintf(row->sha256, sizeof(row->sha256), "%s", sha);
     row->created_ts = row->uploaded_ts = media_wall_ms();
     row->size_bytes = up->size;
-    if (render_probe(up->final_path, &row->width, &row->height, &row->frames) != RENDER_OK)
+    if (render_probe(path, &row->width, &row->height, &row->frames) != RENDER_OK)
         row->width = row->height = row->frames = 0;
 }
 
@@ -312,20 +378,53 @@ static int store_unreachable(media *m, atrium_req *req)
     return ATRIUM_DONE;
 }
 
+/* io pool: the upload's bytes become the original, and row is filled: the local file
+ * named (with storage: s3, then PUT), or, streamed, the last part sent and the multipart
+ * upload completed (nothing stays local). MEDIA_GO, or the answer's outcome. */
+static int land_original(media *m, atrium_req *req, upload_state *up, const char *sha,
+                         media_row *row, bool replace)
+{
+    if (up->stream) {
+        if (up->tmp.named[0]) unlink(up->tmp.named);
+        up->tmp.named[0] = '\0';
+        int fd = up->tmp.fd;
+        up->tmp.fd = -1;
+        fill_row(up, sha, row);
+        if (s3_upstream_push(up->stream, fd, up->size - up->handed) < 0 ||
+            s3_upstream_finish(up->stream) < 0)
+            return store_unreachable(m, req);
+        return MEDIA_GO;
+    }
+    if (store_tmp_commit(m, &up->tmp, up->final_path, replace) < 0) return store_failed(m, req);
+    fill_row(up, sha, row); /* reads the file: before the PUT, after which it may be evicted */
+    if (s3_enabled(m) && put_object(m, up) < 0) return store_unreachable(m, req);
+    return MEDIA_GO;
+}
+
+/* The row could not be committed: what the upload left goes (never acknowledged). */
+static void unland_original(media *m, upload_state *up)
+{
+    if (!up->stream) {
+        unlink(up->final_path);
+        return;
+    }
+    char key[S3_KEY_MAX];
+    if (s3_original_key(up->media_id, key, sizeof(key)) == 0) s3_delete_object(m, key);
+}
+
 /* io pool: POST upload. File durable (in the bucket too, with storage: s3), then the row,
  * then the answer. */
 static int commit_new(media *m, atrium_req *req, upload_state *up, const char *sha)
 {
     const atrium_host *h = m->h;
-    if (store_tmp_commit(m, &up->tmp, up->final_path, false) < 0) return store_failed(m, req);
     media_row row;
-    fill_row(up, sha, &row); /* reads the file: before the PUT, after which it may be evicted */
-    if (s3_enabled(m) && put_object(m, up) < 0) return store_unreachable(m, req);
+    int landed = land_original(m, req, up, sha, &row, false);
+    if (landed != MEDIA_GO) return landed;
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
     int rc = c ? media_db_insert(h, m->self, c, &row) : ATRIUM_E_DB;
     if (c) h->db_release(c);
     if (rc != MEDIA_DB_OK) {
-        unlink(up->final_path); /* never acknowledged: leave nothing behind */
+        unland_original(m, up); /* never acknowledged: leave nothing behind */
         return busy(m, req);
     }
     char mxc[MXC_MAX];
@@ -351,15 +450,14 @@ static int commit_put(media *m, atrium_req *req, upload_state *up, const char *s
     } else {
         outcome = check_reservation(m, req, &row, up->user_id);
     }
-    if (outcome == MEDIA_GO && store_tmp_commit(m, &up->tmp, up->final_path, true) < 0)
-        outcome = store_failed(m, req);
-    if (outcome == MEDIA_GO) fill_row(up, sha, &row); /* before the PUT (commit_new) */
-    if (outcome == MEDIA_GO && s3_enabled(m) && put_object(m, up) < 0)
-        outcome = store_unreachable(m, req);
+    if (outcome == MEDIA_GO) outcome = land_original(m, req, up, sha, &row, true);
     if (outcome == MEDIA_GO) {
         rc = media_db_complete(h, m->self, c, &row);
         if (rc == MEDIA_DB_OK) rc = media_db_exec(h, m->self, c, "COMMIT");
-        if (rc != MEDIA_DB_OK) outcome = busy(m, req);
+        if (rc != MEDIA_DB_OK) {
+            if (up->stream) unland_original(m, up); /* never acknowledged */
+            outcome = busy(m, req);
+        }
     }
     if (outcome != MEDIA_GO) media_db_exec(h, m->self, c, "ROLLBACK");
     h->db_release(c);

@@ -225,8 +225,9 @@ class MultipartTest(S3Case):
         self.assertRegex(self.gateway.etag(f"originals/{media_id}") or "", r'-3"$')
         status, body = self.gateway.get_object(f"originals/{media_id}")
         self.assertEqual((status, sha256(body)), (200, sha256(data)))
-        # Read through byte for byte once the local copy is gone.
-        os.unlink(original_file(a, media_id))
+        # Streamed in parts as it arrived: never whole in the local folder; read through
+        # byte for byte.
+        self.assertFalse(os.path.exists(original_file(a, media_id)))
         status, headers, body = a.request("GET", download_path(a, media_id), token=token,
                                           timeout=120)
         self.assertEqual((status, sha256(body)), (200, sha256(data)))
@@ -419,7 +420,9 @@ class LocalCacheBoundTest(S3Case):
 
     def test_a_download_started_before_its_file_is_evicted_completes_intact(self):
         # The reader stalls while the file ages (5 s): more than the default send stall.
-        a = self.s3_server(media={"local_cache_max_bytes": 4_000_000, "s3_timeout_ms": 60000},
+        # One part (s3_part_size_bytes above its size): the upload lands in the local folder.
+        a = self.s3_server(media={"local_cache_max_bytes": 4_000_000, "s3_timeout_ms": 60000,
+                                  "s3_part_size_bytes": 32 << 20},
                            settings={"server": {"http": {"send_stall_timeout_s": 60}}})
         _, token = register(a)
         data = os.urandom(24 << 20)  # far more than the socket buffers hold
