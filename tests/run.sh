@@ -27,7 +27,8 @@
 # Developer knobs (CI sets none): ATRIUM_TEST_SKIP_ASAN=1 skips both sanitizer trees and
 # runs every test in build/ instead, ATRIUM_TEST_SKIP_TSAN=1 only the ThreadSanitizer
 # one, ATRIUM_TEST_SKIP_FUZZ=1 the fuzzing tree, ATRIUM_FUZZ_SECONDS=N runs each fuzz target N seconds (default 4),
-# ATRIUM_JOBS=N sets build parallelism (default: number of CPUs).
+# ATRIUM_JOBS=N sets build parallelism (default: number of CPUs), ATRIUM_TEST_DEPLOY=1 also
+# runs the deploy test (label deploy, podman) at the end.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -299,7 +300,7 @@ if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
     step "ctest in build-asan/"
     run_ctest build-asan "build-asan (ASan+UBSan)" \
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 -- -LE plain "$@"
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 -- -LE 'plain|deploy' "$@"
 else
     summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_ASAN=1)' "build-asan (ASan+UBSan)")")
 fi
@@ -322,7 +323,7 @@ if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
     # the unit tests and what a sanitizer's slowdown would distort.
     plain_args=(-L 'unit|plain' "$@")
 else
-    plain_args=("$@")
+    plain_args=(-LE deploy "$@")
 fi
 step "ctest in build/"
 run_ctest build "build (RelWithDebInfo)" -- "${plain_args[@]}"
@@ -347,5 +348,14 @@ if fuzz_enabled "$@"; then
     done
 else
     summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_FUZZ=1 or a ctest filter)' "build-fuzz (libFuzzer)")")
+fi
+# The deploy test (label deploy: the container images built and the Compose files run
+# with podman, minutes even with its caches warm, half an hour on a new machine:
+# docs/adr/0033-deploy-tested-with-podman.md) runs when asked, last and alone.
+if [ "${ATRIUM_TEST_DEPLOY:-0}" = 1 ]; then
+    step "ctest -L deploy in build/ (podman, docker-compose)"
+    run_ctest build "deploy (podman)" -- -L deploy "$@"
+else
+    summary+=("$(printf '%-28s SKIPPED (run it with ATRIUM_TEST_DEPLOY=1)' "deploy (podman)")")
 fi
 stage="done"
