@@ -23,7 +23,10 @@
  *     instead of evicting, announce each copy they store on "cache.stored" so the holder
  *     looks. A host without leases evicts in every process, each on its own count.
  * Thumbnails rendered here from remote originals live with local thumbnails, keyed by
- * content hash, and are not counted.
+ * content hash, and are not counted. With storage: s3 a removed copy's object goes too,
+ * and every process drops its local copy (forget_copy). The removal then waits on the
+ * store: it runs on the fetch pool (after a store) or the io pool (the purge, a check
+ * asked by another process), never on a request-pool thread.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -32,6 +35,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 
 #define CACHE_ACCESS_BATCH 256      /* touches written in one UPDATE */
 #define CACHE_ACCESS_FLUSH_MS 10000 /* ... or after this long */
@@ -200,6 +204,19 @@ void cache_touch(media *m, const char *origin, const char *media_id)
 
 /* ---- removal --------------------------------------------------------------------------- */
 
+/* A copy whose row went: its file here (a reader's open descriptor stays valid), then
+ * with storage: s3 its object and the other processes' local copies (remote_s3.c,
+ * store_gone.c). */
+static void forget_copy(media *m, const char *file_name)
+{
+    char path[MEDIA_PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, file_name);
+    unlink(path);
+    fdcache_forget(m, path);
+    remote_s3_forget(m, file_name);
+    store_gone_publish(m, 'r', file_name);
+}
+
 /* Run a DELETE ... RETURNING file_name, size_bytes, is_original; unlink each file and
  * count the originals' bytes out. Returns the number of originals removed, or -1. */
 static int64_t remove_returned(media *m, PGconn *c, const char *sql, int n, const char *const *p)
@@ -212,11 +229,8 @@ static int64_t remove_returned(media *m, PGconn *c, const char *sql, int n, cons
         return -1;
     }
     int64_t originals = 0, bytes = 0;
-    char path[MEDIA_PATH_MAX];
     for (int i = 0; i < PQntuples(res); i++) {
-        snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, PQgetvalue(res, i, 0));
-        unlink(path); /* a reader's open descriptor stays valid */
-        fdcache_forget(m, path);
+        forget_copy(m, PQgetvalue(res, i, 0));
         if (PQgetvalue(res, i, 2)[0] == 't') {
             originals++;
             bytes += strtoll(PQgetvalue(res, i, 1), NULL, 10);
@@ -366,14 +380,8 @@ int cache_purge(media *m, int64_t before_ts, int64_t *deleted)
                                          "DELETE FROM media_remote_thumbnails"
                                          " WHERE fetched_ts < $1::bigint RETURNING file_name",
                                          1, NULL, p, NULL, NULL, 0);
-    if (res && PQresultStatus(res) == PGRES_TUPLES_OK) {
-        char path[MEDIA_PATH_MAX];
-        for (int i = 0; i < PQntuples(res); i++) {
-            snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, PQgetvalue(res, i, 0));
-            unlink(path);
-            fdcache_forget(m, path);
-        }
-    }
+    if (res && PQresultStatus(res) == PGRES_TUPLES_OK)
+        for (int i = 0; i < PQntuples(res); i++) forget_copy(m, PQgetvalue(res, i, 0));
     PQclear(res);
     h->db_release(c);
     if (n < 0) return ATRIUM_E_DB;

@@ -334,6 +334,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = rowcache_init(m);
     if (rc == 0) rc = fdcache_init(m);
     if (rc == 0) rc = s3_init(m);
+    if (rc == 0) rc = remote_s3_init(m);
     if (rc == 0) rc = s3_cache_init(m);
     if (rc == 0 && !ATRIUM_HOST_HAS(host, fed_request)) {
         host->log(self, ATRIUM_LOG_ERROR, "the media plugin needs host ABI 1.1 (federation)");

@@ -33,9 +33,10 @@
  *     since what may be removed is decided by the age rule and the rows, not the lease,
  *     which only spares the processes doing the same walk.
  * With storage: s3 the sweep also aborts multipart uploads under originals/ initiated
- * before the same cutoff (s3_multipart_sweep; a live one gives up at half that age).
+ * before the same cutoff (s3_multipart_sweep; a live one gives up at half that age) and
+ * deletes the bucket's objects of the same age that no row names (orphans_s3.c).
  * Counted in atrium_media_orphans_removed_total{kind} (original, thumbnail, temp,
- * multipart) and
+ * multipart, object) and
  * atrium_media_orphan_sweeps_total (sweeps ended), and logged as one summary line per sweep that removed something (and after the first).
  *
  * What this file does not do: remote copies (remote/, named in media_remote; not swept
@@ -60,7 +61,6 @@
 #define ORPHAN_POOL_QUEUE 2 /* sweeps waiting: the start one and a periodic one */
 #define ORPHAN_NAME_MAX MEDIA_ID_MAX_CHARS /* a media ID, or a SHA-256 in hex */
 #define ORPHAN_MAX_DEPTH 8  /* remote/<origin>/<a>/<b>/ is the deepest the store goes */
-#define ORPHAN_KINDS 4
 
 enum orphan_kind { ORPHAN_ORIGINAL, ORPHAN_THUMBNAIL };
 
@@ -73,11 +73,11 @@ typedef struct sweep {
     char dir[ORPHAN_BATCH][MEDIA_PATH_MAX]; /* the folder holding each name */
     char name[ORPHAN_BATCH][ORPHAN_NAME_MAX + 1];
     long looked_at;
-    long removed[ORPHAN_KINDS]; /* original, thumbnail, temp, multipart */
+    long removed[ORPHAN_KINDS]; /* original, thumbnail, temp, multipart, object */
     bool db_failed;
 } sweep;
 
-enum { REMOVED_ORIGINAL, REMOVED_THUMBNAIL, REMOVED_TEMP, REMOVED_MULTIPART };
+enum { REMOVED_ORIGINAL, REMOVED_THUMBNAIL, REMOVED_TEMP, REMOVED_MULTIPART, REMOVED_OBJECT };
 
 static bool old_enough(const sweep *s, const char *path)
 {
@@ -259,16 +259,24 @@ static void run_sweep(media *m)
         s->removed[REMOVED_MULTIPART] = aborted;
         m->h->metric_add(m->m_orphans_removed[REMOVED_MULTIPART], aborted);
     }
+    /* ... and objects no row names, of the same age (orphans_s3.c). */
+    long objects = orphans_s3_sweep(m, s->cutoff_s * 1000);
+    if (objects > 0) {
+        s->removed[REMOVED_OBJECT] = objects;
+        m->h->metric_add(m->m_orphans_removed[REMOVED_OBJECT], objects);
+    }
     m->h->metric_add(m->m_orphan_sweeps, 1);
-    long total = s->removed[0] + s->removed[1] + s->removed[2] + s->removed[3];
+    long total = 0;
+    for (int k = 0; k < ORPHAN_KINDS; k++) total += s->removed[k];
     bool first = !atomic_exchange(&m->orphans_swept_once, true);
     if (total > 0 || first || s->db_failed)
         m->h->log(m->self, s->db_failed ? ATRIUM_LOG_WARN : ATRIUM_LOG_INFO,
                   "orphan sweep: %ld original(s), %ld thumbnail file(s), %ld temp file(s) "
-                  "removed of %ld entries looked at, %ld multipart upload(s) aborted, in "
-                  "%lld ms (older than %lld s, no row)%s",
+                  "removed of %ld entries looked at, %ld multipart upload(s) aborted, %ld "
+                  "object(s) deleted, in %lld ms (older than %lld s, no row)%s",
                   s->removed[REMOVED_ORIGINAL], s->removed[REMOVED_THUMBNAIL],
                   s->removed[REMOVED_TEMP], s->looked_at, s->removed[REMOVED_MULTIPART],
+                  s->removed[REMOVED_OBJECT],
                   (long long)(m->h->now_ms() - started),
                   (long long)(m->cfg.orphan_min_age_ms / 1000),
                   s->db_failed ? "; the database could not be read, the rest waits for the "
@@ -305,7 +313,8 @@ int orphans_init(media *m)
     const atrium_host *h = m->h;
     m->orphan_pool = h->pool_create(m->self, "orphans", 1, ORPHAN_POOL_QUEUE);
     static const char *const KINDS[ORPHAN_KINDS] = {"kind=\"original\"", "kind=\"thumbnail\"",
-                                                    "kind=\"temp\"", "kind=\"multipart\""};
+                                                    "kind=\"temp\"", "kind=\"multipart\"",
+                                                    "kind=\"object\""};
     for (size_t i = 0; i < ORPHAN_KINDS; i++) {
         m->m_orphans_removed[i] =
             h->metric_counter(m->self, "atrium_media_orphans_removed_total", KINDS[i],
