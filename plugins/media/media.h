@@ -114,7 +114,7 @@ enum look_step { LOOK_AGAIN = 140, LOOK_FETCH = 141 };
 #define MEDIA_CLAIM_OWNER_MAX 96 /* "<instance>.<pid>.<random>" */
 #define MEDIA_FETCH_VIA_KINDS 3 /* remote_fetch.c's phases: federation, legacy, location */
 #define REMOTE_S3_EVENTS 4 /* remote_s3.c: stored, read_through, missing, deleted */
-#define ORPHAN_KINDS 5 /* orphans.c: original, thumbnail, temp, multipart, object */
+#define ORPHAN_KINDS 6 /* orphans.c: original, thumbnail, temp, multipart, object, remote */
 
 /* ---- settings ---------------------------------------------------------------------------- */
 
