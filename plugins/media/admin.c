@@ -165,6 +165,8 @@ static int media_delete(atrium_req *req)
     if (!shared) store_remove_thumbs(m, sha);
     forget_files(m, id, shared ? NULL : sha);
     if (s3_enabled(m)) delete_objects(m, id, shared ? NULL : sha);
+    store_gone_publish(m, 'o', id); /* the other processes' local folders (s3) */
+    if (!shared && sha[0]) store_gone_publish(m, 't', sha);
     h->log(m->self, ATRIUM_LOG_INFO, "media %s deleted by %s", id, h->req_authenticate(req));
     return media_reply(m, req, json_pack("{s:[s], s:i}", "deleted_media", id, "total", 1));
 }

@@ -23,7 +23,10 @@
  *     instead of evicting, announce each copy they store on "cache.stored" so the holder
  *     looks. A host without leases evicts in every process, each on its own count.
  * Thumbnails rendered here from remote originals live with local thumbnails, keyed by
- * content hash, and are not counted.
+ * content hash, and are not counted. With storage: s3 a removed copy's object goes too,
+ * and every process drops its local copy (forget_gone). The removal then waits on the
+ * store: it runs on the fetch pool (after a store) or the io pool (the purge, a check
+ * asked by another process), never on a request-pool thread.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -32,6 +35,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 
 #define CACHE_ACCESS_BATCH 256      /* touches written in one UPDATE */
 #define CACHE_ACCESS_FLUSH_MS 10000 /* ... or after this long */
@@ -200,9 +204,44 @@ void cache_touch(media *m, const char *origin, const char *media_id)
 
 /* ---- removal --------------------------------------------------------------------------- */
 
+/* The copies whose rows a statement removed: their files go at once, their objects and
+ * the other processes' copies after the database connection is given back (forget_gone:
+ * a DELETE waits on the store). */
+typedef struct gone_list {
+    size_t n;
+    char (*names)[MEDIA_FILE_NAME_MAX];
+} gone_list;
+
+/* A copy whose row went: its file here (a reader's open descriptor stays valid), kept in
+ * the list for forget_gone (dropped when there is no memory: the orphan sweeps take it). */
+static void forget_file(media *m, gone_list *g, const char *file_name, size_t cap)
+{
+    char path[MEDIA_PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, file_name);
+    unlink(path);
+    fdcache_forget(m, path);
+    if (!s3_enabled(m)) return;
+    if (!g->names && cap && !(g->names = calloc(cap, sizeof(*g->names)))) return;
+    if (g->names && g->n < cap) snprintf(g->names[g->n++], MEDIA_FILE_NAME_MAX, "%s", file_name);
+}
+
+/* With no connection held: storage: s3 - each copy's object, and every process's local
+ * copy (remote_s3.c, store_gone.c). Frees the list. */
+static void forget_gone(media *m, gone_list *g)
+{
+    for (size_t i = 0; i < g->n; i++) {
+        remote_s3_forget(m, g->names[i]);
+        store_gone_publish(m, 'r', g->names[i]);
+    }
+    free(g->names);
+    g->names = NULL;
+    g->n = 0;
+}
+
 /* Run a DELETE ... RETURNING file_name, size_bytes, is_original; unlink each file and
  * count the originals' bytes out. Returns the number of originals removed, or -1. */
-static int64_t remove_returned(media *m, PGconn *c, const char *sql, int n, const char *const *p)
+static int64_t remove_returned(media *m, PGconn *c, const char *sql, int n, const char *const *p,
+                               gone_list *g)
 {
     PGresult *res = PQexecParams(c, sql, n, NULL, p, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
@@ -212,11 +251,8 @@ static int64_t remove_returned(media *m, PGconn *c, const char *sql, int n, cons
         return -1;
     }
     int64_t originals = 0, bytes = 0;
-    char path[MEDIA_PATH_MAX];
     for (int i = 0; i < PQntuples(res); i++) {
-        snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, PQgetvalue(res, i, 0));
-        unlink(path); /* a reader's open descriptor stays valid */
-        fdcache_forget(m, path);
+        forget_file(m, g, PQgetvalue(res, i, 0), (size_t)PQntuples(res));
         if (PQgetvalue(res, i, 2)[0] == 't') {
             originals++;
             bytes += strtoll(PQgetvalue(res, i, 1), NULL, 10);
@@ -281,6 +317,7 @@ static void evict_over_bound(media *m, bool shared)
     pthread_mutex_lock(&rc->mu);
     int64_t excess = rc->bytes - m->cfg.remote_cache_max_bytes;
     pthread_mutex_unlock(&rc->mu);
+    gone_list gone = {0};
     if (over && excess > 0) {
         char excess_s[I64_CHARS];
         snprintf(excess_s, sizeof(excess_s), "%" PRId64, excess);
@@ -292,7 +329,7 @@ static void evict_over_bound(media *m, bool shared)
             " (ORDER BY last_access_ts, fetched_ts, origin, media_id) AS upto FROM media_remote),"
             " gone AS (DELETE FROM media_remote r USING ordered o WHERE r.origin = o.origin"
             " AND r.media_id = o.media_id AND o.upto - o.size_bytes < $1::bigint" REMOVE_TAIL,
-            1, p);
+            1, p, &gone);
         if (n > 0) {
             h->metric_add(m->m_remote_evictions, n);
             h->log(m->self, ATRIUM_LOG_INFO,
@@ -302,6 +339,7 @@ static void evict_over_bound(media *m, bool shared)
         }
     }
     h->db_release(c);
+    forget_gone(m, &gone);
     pthread_mutex_unlock(&rc->evict_mu);
 }
 
@@ -356,26 +394,24 @@ int cache_purge(media *m, int64_t before_ts, int64_t *deleted)
     char ts[I64_CHARS];
     snprintf(ts, sizeof(ts), "%" PRId64, before_ts);
     const char *p[] = {ts};
+    gone_list gone = {0}, thumbs = {0};
     int64_t n = remove_returned(m, c,
                                 "WITH gone AS (DELETE FROM media_remote r"
                                 " WHERE r.last_access_ts < $1::bigint" REMOVE_TAIL,
-                                1, p);
+                                1, p, &gone);
     /* Origins' thumbnails of media whose original was never fetched. */
     PGresult *res = n < 0 ? NULL
                           : PQexecParams(c,
                                          "DELETE FROM media_remote_thumbnails"
                                          " WHERE fetched_ts < $1::bigint RETURNING file_name",
                                          1, NULL, p, NULL, NULL, 0);
-    if (res && PQresultStatus(res) == PGRES_TUPLES_OK) {
-        char path[MEDIA_PATH_MAX];
-        for (int i = 0; i < PQntuples(res); i++) {
-            snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, PQgetvalue(res, i, 0));
-            unlink(path);
-            fdcache_forget(m, path);
-        }
-    }
+    if (res && PQresultStatus(res) == PGRES_TUPLES_OK)
+        for (int i = 0; i < PQntuples(res); i++)
+            forget_file(m, &thumbs, PQgetvalue(res, i, 0), (size_t)PQntuples(res));
     PQclear(res);
     h->db_release(c);
+    forget_gone(m, &gone);
+    forget_gone(m, &thumbs);
     if (n < 0) return ATRIUM_E_DB;
     *deleted = n;
     return 0;

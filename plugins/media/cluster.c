@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 
 #define CLUSTER_EVICT_LEASE "remote_cache.evict"
 #define CLUSTER_EVICT_LEASE_TTL_MS 30000
@@ -207,6 +208,7 @@ int cluster_init(media *m)
             {MEDIA_CH_FETCH, on_fetch},
             {MEDIA_CH_STORED, on_stored},
             {MEDIA_CH_ROW, rowcache_on_row},
+            {MEDIA_CH_GONE, store_gone_on},
         };
         for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
             int rc = h->notify_subscribe(m->self, subs[i].channel, subs[i].cb, m);

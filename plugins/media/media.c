@@ -335,6 +335,7 @@ static int media_init(const atrium_host *host, atrium_plugin *self, const atrium
     if (rc == 0) rc = rowcache_init(m);
     if (rc == 0) rc = fdcache_init(m);
     if (rc == 0) rc = s3_init(m);
+    if (rc == 0) rc = remote_s3_init(m);
     if (rc == 0) rc = s3_cache_init(m);
     if (rc == 0) rc = s3_stream_init(m);
     if (rc == 0) rc = s3_upstream_init(m);

@@ -51,6 +51,10 @@
  *   s3_multipart.c storage: s3 - originals above the part size, and leftover uploads
  *   s3_stream.c storage: s3 - a download's miss streamed from the store as it arrives
  *   s3_upstream.c storage: s3 - an upload sent in parts while its body arrives
+ *   remote_s3.c storage: s3 - cached remote copies in the bucket, read through (s3.h)
+ *   store_gone.c storage: s3 - local copies every process drops when media goes (s3.h)
+ *   orphans_s3.c storage: s3 - objects in the bucket no row names (the orphan sweep's)
+ *   migrate_remote.c atrium media migrate: the cached remote copies
  */
 #ifndef MEDIA_H
 #define MEDIA_H
@@ -111,6 +115,8 @@ enum look_step { LOOK_AGAIN = 140, LOOK_FETCH = 141 };
 #define MEDIA_MAX_BLOCKED_ORIGINS 64
 #define MEDIA_CLAIM_OWNER_MAX 96 /* "<instance>.<pid>.<random>" */
 #define MEDIA_FETCH_VIA_KINDS 3 /* remote_fetch.c's phases: federation, legacy, location */
+#define REMOTE_S3_EVENTS 4 /* remote_s3.c: stored, read_through, missing, deleted */
+#define ORPHAN_KINDS 6 /* orphans.c: original, thumbnail, temp, multipart, object, remote */
 
 /* ---- settings ---------------------------------------------------------------------------- */
 
@@ -217,10 +223,11 @@ typedef struct media {
     atrium_pool *orphan_pool;
     atrium_lease *orphan_lease;
     atomic_bool orphans_sweeping, orphans_swept_once;
-    atrium_metric *m_orphans_removed[4]; /* kind: original, thumbnail, temp, multipart */
+    atrium_metric *m_orphans_removed[ORPHAN_KINDS]; /* kind: see orphans.c */
     atrium_metric *m_orphan_sweeps;
 
     media_s3 *s3;             /* NULL with storage: local (s3.c) */
+    atrium_metric *m_store_remote[REMOTE_S3_EVENTS]; /* remote copies and the bucket */
     atrium_pool *store_pool;  /* s3: downloads that read an original through from the store */
     s3_cache *lcache;         /* s3: the local folder's byte bound (s3_cache.c) */
     struct s3_streams *s3_streams; /* s3: misses streaming from the store (s3_stream.c) */
@@ -615,6 +622,11 @@ int orphans_init(media *m);
 /* [start] Sweep once now (in the background), then every orphan_sweep_period_ms while this
  * process holds the lease. 0 or the timer's error. */
 int orphans_start(media *m);
+/* orphans_s3.c [orphans pool] storage: s3 - delete the bucket's objects under originals/,
+ * thumbnails/ and remote/ last modified before cutoff_ms (wall clock, ms) that no row
+ * names. Returns how many went (0 with storage: local), or -1 when nothing could be done
+ * (logged); a sweep stopped midway by the store or the database returns what it did. */
+long orphans_s3_sweep(media *m, int64_t cutoff_ms);
 
 /* ---- cluster.c: several processes on one database ------------------------------------- */
 
@@ -624,6 +636,7 @@ int orphans_start(media *m);
 #define MEDIA_CH_FETCH "fetch"   /* a remote file's key whose fetch ended */
 #define MEDIA_CH_STORED "cache.stored" /* a remote copy was stored: bytes (informative) */
 #define MEDIA_CH_ROW "row" /* a local media ID, or "#" and a hash, whose rows changed */
+#define MEDIA_CH_GONE "store.gone" /* files every local folder drops (store_gone.c) */
 
 /* [init] Subscribe to the channels, create the eviction lease (where the host offers
  * them), name this process for claims. 0 or the host's error. */

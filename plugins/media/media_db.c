@@ -99,6 +99,12 @@ const atrium_migration MEDIA_MIGRATIONS[] = {
      " expires_ts bigint NOT NULL,"
      " PRIMARY KEY (url, ts_bucket));"
      "CREATE INDEX media_url_previews_expires ON media_url_previews (expires_ts);"},
+    {6, "media_remote_file_names",
+     /* A cached copy by its file name, which is also its object key with storage: s3:
+      * the orphan sweep asks which names rows hold (orphans_s3.c), and atrium media
+      * migrate walks the copies in name order (migrate_remote.c). */
+     "CREATE INDEX media_remote_file_name ON media_remote (file_name);"
+     "CREATE INDEX media_remote_thumbnails_file_name ON media_remote_thumbnails (file_name);"},
 };
 const size_t MEDIA_N_MIGRATIONS = sizeof(MEDIA_MIGRATIONS) / sizeof(MEDIA_MIGRATIONS[0]);
 

@@ -7,8 +7,8 @@
  *
  * Decisions owned here:
  *   - what moves: every uploaded original (the rows of media_local, in media ID order, a
- *     page at a time) and every thumbnail file (thumbnails/<sha256>/... both sides). Remote
- *     copies are not in the bucket (ADR-0011) and stay where they are;
+ *     page at a time), every thumbnail file (thumbnails/<sha256>/... both sides), and every
+ *     cached remote copy a row names (migrate_remote.c, docs/adr/0032-remote-media-in-the-bucket.md);
  *   - resumption is the destination itself: an object (to s3) or a file (to local) that
  *     exists with the row's size is done and skipped, so a run killed anywhere is run again
  *     and goes on; nothing is recorded elsewhere. Both sides only ever show whole objects
@@ -46,15 +46,16 @@
 #define MIGRATE_CATCHUP_ROUNDS 5
 #define MIGRATE_THUMB_DEPTH 4 /* thumbnails/<a>/<b>/<sha256>/<file> */
 
-static void problem(migrate_run *r, const char *kind, const char *name, const char *detail)
+void migrate_problem(migrate_run *r, const char *kind, const char *name, const char *detail)
 {
     r->problems++;
     printf("problem %s %s: %s\n", kind, name, detail);
 }
 
-static void copied(migrate_run *r, const char *kind, const char *name, int64_t size)
+void migrate_copied(migrate_run *r, const char *kind, const char *name, int64_t size)
 {
     if (strcmp(kind, "original") == 0) r->copied++;
+    else if (strcmp(kind, "remote") == 0) r->remote_copied++;
     else r->thumbs_copied++;
     r->bytes += size;
     printf("copied %s %s %" PRId64 "\n", kind, name, size);
@@ -71,9 +72,7 @@ static bool row_gone(migrate_run *r, const char *media_id)
     return gone;
 }
 
-/* The object at key was just sent: read it back whole and compare. 0, or -1 when the
- * store failed (the run stops). */
-static int check_copy(migrate_run *r, const char *kind, const char *name, const char *key,
+int migrate_check_copy(migrate_run *r, const char *kind, const char *name, const char *key,
                       const char *want_hex, int64_t want_size)
 {
     char got[SHA256_HEX_CHARS + 1];
@@ -81,12 +80,12 @@ static int check_copy(migrate_run *r, const char *kind, const char *name, const 
     int rc = s3_object_sha256(r->m, key, got, &got_size);
     if (rc == S3_FAILED) return -1;
     if (rc == S3_NOT_FOUND || got_size != want_size || strcmp(got, want_hex) != 0) {
-        problem(r, kind, name,
+        migrate_problem(r, kind, name,
                 "the object read back differs from what was sent: deleted, run again");
         s3_delete_object(r->m, key);
         return 0;
     }
-    copied(r, kind, name, want_size);
+    migrate_copied(r, kind, name, want_size);
     return 0;
 }
 
@@ -96,7 +95,7 @@ static int original_to_s3(migrate_run *r, const media_brief *it)
     char detail[MEDIA_PATH_MAX + 200];
     if (s3_original_key(it->media_id, key, sizeof(key)) < 0 ||
         store_original_path(r->m, it->media_id, path, sizeof(path)) < 0) {
-        problem(r, "original", it->media_id, "its name is too long");
+        migrate_problem(r, "original", it->media_id, "its name is too long");
         return 0;
     }
     int64_t size = -1;
@@ -110,7 +109,7 @@ static int original_to_s3(migrate_run *r, const media_brief *it)
     if (rc == -ENOENT && row_gone(r, it->media_id)) return 0; /* deleted meanwhile */
     if (rc < 0) {
         snprintf(detail, sizeof(detail), "cannot read %s: %s", path, strerror(-rc));
-        problem(r, "original", it->media_id, detail);
+        migrate_problem(r, "original", it->media_id, detail);
         return 0;
     }
     if (size != it->size || strcmp(hex, it->sha256) != 0) {
@@ -118,11 +117,11 @@ static int original_to_s3(migrate_run *r, const media_brief *it)
                  "the local file (%" PRId64 " bytes, SHA-256 %.12s...) differs from its row "
                  "(%" PRId64 " bytes, %.12s...): not copied",
                  size, hex, it->size, it->sha256);
-        problem(r, "original", it->media_id, detail);
+        migrate_problem(r, "original", it->media_id, detail);
         return 0;
     }
     if (s3_put_file(r->m, key, path, size) < 0) return -1; /* logged */
-    return check_copy(r, "original", it->media_id, key, it->sha256, it->size);
+    return migrate_check_copy(r, "original", it->media_id, key, it->sha256, it->size);
 }
 
 static int original_to_local(migrate_run *r, const media_brief *it)
@@ -130,7 +129,7 @@ static int original_to_local(migrate_run *r, const media_brief *it)
     char key[S3_KEY_MAX], path[MEDIA_PATH_MAX], detail[200];
     if (s3_original_key(it->media_id, key, sizeof(key)) < 0 ||
         store_original_path(r->m, it->media_id, path, sizeof(path)) < 0) {
-        problem(r, "original", it->media_id, "its name is too long");
+        migrate_problem(r, "original", it->media_id, "its name is too long");
         return 0;
     }
     struct stat st;
@@ -142,18 +141,18 @@ static int original_to_local(migrate_run *r, const media_brief *it)
                      "the local file has %lld bytes, its row says %" PRId64
                      ": remove it and run again",
                      (long long)st.st_size, it->size);
-            problem(r, "original", it->media_id, detail);
+            migrate_problem(r, "original", it->media_id, detail);
         }
         return 0;
     }
     int rc = s3_get_file_checked(r->m, key, path, it->sha256);
     if (rc == S3_FAILED) return -1;
-    if (rc == S3_OK) copied(r, "original", it->media_id, it->size);
+    if (rc == S3_OK) migrate_copied(r, "original", it->media_id, it->size);
     else if (rc == S3_MISMATCH)
-        problem(r, "original", it->media_id,
+        migrate_problem(r, "original", it->media_id,
                 "the object does not hash to its row's SHA-256: not copied");
     else if (!row_gone(r, it->media_id))
-        problem(r, "original", it->media_id, "no object in the bucket");
+        migrate_problem(r, "original", it->media_id, "no object in the bucket");
     return 0;
 }
 
@@ -204,7 +203,7 @@ static int thumb_to_s3(migrate_run *r, const char *path)
     if (rc == -ENOENT) return 0; /* removed meanwhile (its media deleted) */
     if (rc < 0) {
         snprintf(detail, sizeof(detail), "cannot read %s: %s", path, strerror(-rc));
-        problem(r, "thumbnail", key, detail);
+        migrate_problem(r, "thumbnail", key, detail);
         return 0;
     }
     if (head == S3_OK && size == local) {
@@ -212,7 +211,7 @@ static int thumb_to_s3(migrate_run *r, const char *path)
         return 0;
     }
     if (s3_put_file(r->m, key, path, local) < 0) return -1;
-    return check_copy(r, "thumbnail", key, key, hex, local);
+    return migrate_check_copy(r, "thumbnail", key, key, hex, local);
 }
 
 /* The files under dir, depth folders down (thumbnails/<a>/<b>/<sha256>/<file>). */
@@ -220,7 +219,7 @@ static int walk_thumbs(migrate_run *r, const char *dir, int depth)
 {
     DIR *d = opendir(dir);
     if (!d) {
-        if (errno != ENOENT && errno != ENOTDIR) problem(r, "thumbnail", dir, strerror(errno));
+        if (errno != ENOENT && errno != ENOTDIR) migrate_problem(r, "thumbnail", dir, strerror(errno));
         return 0;
     }
     int rc = 0;
@@ -250,7 +249,7 @@ static int thumb_to_local(void *arg, const char *key, int64_t size)
     r->thumbs++;
     if (store_thumb_dir(r->m, sha, dir, sizeof(dir)) < 0 ||
         snprintf(path, sizeof(path), "%s/%s", dir, slash + 1) >= (int)sizeof(path)) {
-        problem(r, "thumbnail", key, "its name is too long");
+        migrate_problem(r, "thumbnail", key, "its name is too long");
         return 0;
     }
     struct stat st;
@@ -262,9 +261,9 @@ static int thumb_to_local(void *arg, const char *key, int64_t size)
     if (rc == S3_FAILED) return -1;
     if (rc == S3_NOT_FOUND) return 0; /* deleted since the listing */
     if (stat(path, &st) != 0 || st.st_size != size)
-        problem(r, "thumbnail", key, "the local file differs from the bucket's size");
+        migrate_problem(r, "thumbnail", key, "the local file differs from the bucket's size");
     else
-        copied(r, "thumbnail", key, size);
+        migrate_copied(r, "thumbnail", key, size);
     return 0;
 }
 
@@ -303,6 +302,7 @@ int migrate_library(migrate_run *r, char *err, size_t errlen)
     }
     r->catching_up = false;
     if (rc == 0) rc = move_thumbnails(r, err, errlen);
+    if (rc == 0) rc = migrate_remote_copies(r, err, errlen);
     free(r->buf);
     r->buf = NULL;
     return rc;

@@ -75,10 +75,13 @@ int main(int argc, char **argv)
     PQfinish(db);
     cli_media_close(&m);
     printf("%s to %s: %lld originals (%lld copied, %lld already there), %lld thumbnails "
-           "(%lld copied, %lld already there), %lld bytes copied, %lld problem(s)\n",
+           "(%lld copied, %lld already there), %lld remote copies (%lld copied, %lld already "
+           "there, %lld absent), %lld bytes copied, %lld problem(s)\n",
            rc < 0 ? "stopped" : "migrated", to, (long long)r.originals, (long long)r.copied,
            (long long)r.present, (long long)r.thumbs, (long long)r.thumbs_copied,
-           (long long)r.thumbs_present, (long long)r.bytes, (long long)r.problems);
+           (long long)r.thumbs_present, (long long)r.remote, (long long)r.remote_copied,
+           (long long)r.remote_present, (long long)r.remote_absent, (long long)r.bytes,
+           (long long)r.problems);
     if (rc < 0) {
         fprintf(stderr, "atrium-media-migrate: %s\n", err);
         return 2;

@@ -16,6 +16,9 @@
  *     upload's file, in this process or another one sharing the store, is therefore
  *     always younger than that (plugins/media/README.md gives the figures). The age is
  *     looked at before the database and again just before the unlink;
+ *   - remote copies: remote/<origin>/<a>/<b>/<file> whose name (under the store) no
+ *     media_remote nor media_remote_thumbnails row holds (a copy whose removal another
+ *     process announced while this one was away: store_gone.c);
  *   - originals: local/<a>/<b>/<media ID> with no media_local row of that ID, or only
  *     a reservation (POST /create) never uploaded whose expiry is older than the cutoff
  *     (a PUT killed after naming its file leaves that; a live reservation's file stays);
@@ -33,13 +36,13 @@
  *     since what may be removed is decided by the age rule and the rows, not the lease,
  *     which only spares the processes doing the same walk.
  * With storage: s3 the sweep also aborts multipart uploads under originals/ initiated
- * before the same cutoff (s3_multipart_sweep; a live one gives up at half that age).
+ * before the same cutoff (s3_multipart_sweep; a live one gives up at half that age) and
+ * deletes the bucket's objects of the same age that no row names (orphans_s3.c).
  * Counted in atrium_media_orphans_removed_total{kind} (original, thumbnail, temp,
- * multipart) and
+ * multipart, object, remote) and
  * atrium_media_orphan_sweeps_total (sweeps ended), and logged as one summary line per sweep that removed something (and after the first).
  *
- * What this file does not do: remote copies (remote/, named in media_remote; not swept
- * yet but for ".tmp-" files), or the start-up removal of every ".tmp-" file the media/1
+ * What this file does not do: the start-up removal of every ".tmp-" file the media/1
  * contract asks for (store_sweep, store.c).
  */
 #include <dirent.h>
@@ -60,9 +63,8 @@
 #define ORPHAN_POOL_QUEUE 2 /* sweeps waiting: the start one and a periodic one */
 #define ORPHAN_NAME_MAX MEDIA_ID_MAX_CHARS /* a media ID, or a SHA-256 in hex */
 #define ORPHAN_MAX_DEPTH 8  /* remote/<origin>/<a>/<b>/ is the deepest the store goes */
-#define ORPHAN_KINDS 4
 
-enum orphan_kind { ORPHAN_ORIGINAL, ORPHAN_THUMBNAIL };
+enum orphan_kind { ORPHAN_ORIGINAL, ORPHAN_THUMBNAIL, ORPHAN_REMOTE };
 
 /* One sweep: the names waiting for their database check, and what was removed. */
 typedef struct sweep {
@@ -73,16 +75,31 @@ typedef struct sweep {
     char dir[ORPHAN_BATCH][MEDIA_PATH_MAX]; /* the folder holding each name */
     char name[ORPHAN_BATCH][ORPHAN_NAME_MAX + 1];
     long looked_at;
-    long removed[ORPHAN_KINDS]; /* original, thumbnail, temp, multipart */
+    long removed[ORPHAN_KINDS]; /* original, thumbnail, temp, multipart, object, remote */
     bool db_failed;
 } sweep;
 
-enum { REMOVED_ORIGINAL, REMOVED_THUMBNAIL, REMOVED_TEMP, REMOVED_MULTIPART };
+enum {
+    REMOVED_ORIGINAL,
+    REMOVED_THUMBNAIL,
+    REMOVED_TEMP,
+    REMOVED_MULTIPART,
+    REMOVED_OBJECT,
+    REMOVED_REMOTE
+};
 
 static bool old_enough(const sweep *s, const char *path)
 {
     struct stat st;
     return lstat(path, &st) == 0 && (int64_t)st.st_mtime < s->cutoff_s;
+}
+
+/* A remote copy's name (store_remote_name's) that fits a batch and needs no escaping. */
+static bool remote_name_plain(const char *rel)
+{
+    size_t n = strlen(rel);
+    if (n > ORPHAN_NAME_MAX || strncmp(rel, "remote/", 7) != 0 || strstr(rel, "..")) return false;
+    return strspn(rel, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-/") == n;
 }
 
 static bool is_hex_sha256(const char *name)
@@ -135,20 +152,26 @@ static int rows_present(sweep *s, bool *present)
     size_t len = 0;
     arr[len++] = '{';
     /* Each element quoted, so an ID spelled NULL stays a string; the names are
-     * [A-Za-z0-9_-] or hex (media_id_valid), so nothing inside needs escaping. */
+     * [A-Za-z0-9_-] or hex (media_id_valid), or remote copies' names of [A-Za-z0-9_./-]
+     * (remote_name_plain), so nothing inside needs escaping. */
     for (size_t i = 0; i < s->n; i++)
         len += (size_t)snprintf(arr + len, cap - len, "%s\"%s\"", i ? "," : "", s->name[i]);
     arr[len++] = '}';
     arr[len] = '\0';
     /* A reservation never uploaded and expired before the cutoff wants no file: no PUT
      * can complete into it any more (upload.c checks the expiry under the row's lock). */
-    const char *sql =
-        s->kind == ORPHAN_ORIGINAL
-            ? "SELECT media_id FROM media_local WHERE media_id = ANY($1::text[])"
-              " AND NOT (uploaded_ts IS NULL AND expires_ts IS NOT NULL"
-              " AND expires_ts < $2::bigint)"
-            : "SELECT sha256 FROM media_local WHERE sha256 = ANY($1::text[])"
-              " UNION SELECT sha256 FROM media_remote WHERE sha256 = ANY($1::text[])";
+    static const char *const SQL[] = {
+        [ORPHAN_ORIGINAL] = "SELECT media_id FROM media_local WHERE media_id = ANY($1::text[])"
+                            " AND NOT (uploaded_ts IS NULL AND expires_ts IS NOT NULL"
+                            " AND expires_ts < $2::bigint)",
+        [ORPHAN_THUMBNAIL] = "SELECT sha256 FROM media_local WHERE sha256 = ANY($1::text[])"
+                             " UNION SELECT sha256 FROM media_remote WHERE sha256 = ANY($1::text[])",
+        /* A remote copy (its name under store_path, which rows hold): either table. */
+        [ORPHAN_REMOTE] = "SELECT file_name FROM media_remote WHERE file_name = ANY($1::text[])"
+                          " UNION SELECT file_name FROM media_remote_thumbnails"
+                          " WHERE file_name = ANY($1::text[])",
+    };
+    const char *sql = SQL[s->kind];
     char cutoff_ms[24];
     snprintf(cutoff_ms, sizeof(cutoff_ms), "%lld", (long long)s->cutoff_s * 1000);
     const char *p[] = {arr, cutoff_ms};
@@ -184,7 +207,7 @@ static void flush(sweep *s)
         if (s->kind == ORPHAN_THUMBNAIL) {
             remove_thumb_dir(s, path);
         } else if (old_enough(s, path)) { /* still old: nothing wrote it meanwhile */
-            unlink_counted(s, path, REMOVED_ORIGINAL);
+            unlink_counted(s, path, s->kind == ORPHAN_REMOTE ? REMOVED_REMOTE : REMOVED_ORIGINAL);
         }
     }
     s->n = 0;
@@ -220,6 +243,11 @@ static void walk(sweep *s, const char *dir, int depth, int leaf_depth)
             if (old) unlink_counted(s, path, REMOVED_TEMP);
         } else if (depth == leaf_depth && s->kind == ORPHAN_ORIGINAL) {
             if (S_ISREG(st.st_mode) && old && media_id_valid(nm)) add(s, dir, nm);
+        } else if (depth == leaf_depth && s->kind == ORPHAN_REMOTE) {
+            /* Its name as rows hold it: under store_path ("remote/..."). */
+            const char *rel = path + strlen(s->m->cfg.store_path) + 1;
+            if (S_ISREG(st.st_mode) && old && remote_name_plain(rel))
+                add(s, s->m->cfg.store_path, rel);
         } else if (depth == leaf_depth && s->kind == ORPHAN_THUMBNAIL) {
             if (!is_dir) continue;
             walk(s, path, depth + 1, leaf_depth); /* its ".tmp-" files */
@@ -244,7 +272,7 @@ static void run_sweep(media *m)
         int leaf;
     } TOPS[] = {{"local", ORPHAN_ORIGINAL, 2},
                 {"thumbnails", ORPHAN_THUMBNAIL, 2},
-                {"remote", ORPHAN_ORIGINAL, -1}}; /* remote/: ".tmp-" files only */
+                {"remote", ORPHAN_REMOTE, 3}}; /* remote/<origin>/<a>/<b>/<file> */
     char top[MEDIA_PATH_MAX];
     for (size_t i = 0; i < sizeof(TOPS) / sizeof(TOPS[0]); i++) {
         snprintf(top, sizeof(top), "%s/%s", m->cfg.store_path, TOPS[i].top);
@@ -259,16 +287,25 @@ static void run_sweep(media *m)
         s->removed[REMOVED_MULTIPART] = aborted;
         m->h->metric_add(m->m_orphans_removed[REMOVED_MULTIPART], aborted);
     }
+    /* ... and objects no row names, of the same age (orphans_s3.c). */
+    long objects = orphans_s3_sweep(m, s->cutoff_s * 1000);
+    if (objects > 0) {
+        s->removed[REMOVED_OBJECT] = objects;
+        m->h->metric_add(m->m_orphans_removed[REMOVED_OBJECT], objects);
+    }
     m->h->metric_add(m->m_orphan_sweeps, 1);
-    long total = s->removed[0] + s->removed[1] + s->removed[2] + s->removed[3];
+    long total = 0;
+    for (int k = 0; k < ORPHAN_KINDS; k++) total += s->removed[k];
     bool first = !atomic_exchange(&m->orphans_swept_once, true);
     if (total > 0 || first || s->db_failed)
         m->h->log(m->self, s->db_failed ? ATRIUM_LOG_WARN : ATRIUM_LOG_INFO,
                   "orphan sweep: %ld original(s), %ld thumbnail file(s), %ld temp file(s) "
-                  "removed of %ld entries looked at, %ld multipart upload(s) aborted, in "
-                  "%lld ms (older than %lld s, no row)%s",
+                  "and %ld remote cop(ies) removed of %ld entries looked at, %ld multipart "
+                  "upload(s) aborted, %ld object(s) deleted, in %lld ms (older than %lld s, "
+                  "no row)%s",
                   s->removed[REMOVED_ORIGINAL], s->removed[REMOVED_THUMBNAIL],
-                  s->removed[REMOVED_TEMP], s->looked_at, s->removed[REMOVED_MULTIPART],
+                  s->removed[REMOVED_TEMP], s->removed[REMOVED_REMOTE], s->looked_at,
+                  s->removed[REMOVED_MULTIPART], s->removed[REMOVED_OBJECT],
                   (long long)(m->h->now_ms() - started),
                   (long long)(m->cfg.orphan_min_age_ms / 1000),
                   s->db_failed ? "; the database could not be read, the rest waits for the "
@@ -305,7 +342,8 @@ int orphans_init(media *m)
     const atrium_host *h = m->h;
     m->orphan_pool = h->pool_create(m->self, "orphans", 1, ORPHAN_POOL_QUEUE);
     static const char *const KINDS[ORPHAN_KINDS] = {"kind=\"original\"", "kind=\"thumbnail\"",
-                                                    "kind=\"temp\"", "kind=\"multipart\""};
+                                                    "kind=\"temp\"", "kind=\"multipart\"",
+                                                    "kind=\"object\"", "kind=\"remote\""};
     for (size_t i = 0; i < ORPHAN_KINDS; i++) {
         m->m_orphans_removed[i] =
             h->metric_counter(m->self, "atrium_media_orphans_removed_total", KINDS[i],

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "remote.h"
+#include "s3.h"
 
 #define REMOTE_NEGATIVE_MAX 4096 /* remembered failures, at most */
 #define REMOTE_MAX_ROUNDS 3 /* fetches one request may wait for (thumbnail, original, ...) */
@@ -169,11 +170,16 @@ static int cache_lookup(media *m, atrium_req *req, media_req *st, const char *or
     if (c) h->db_release(c);
     if ((rc = judge_row(m, req, rc, &st->row)) != LOOKUP_HIT) return rc;
     char path[MEDIA_PATH_MAX];
-    if (store_row_path(m, &st->row, path, sizeof(path)) < 0 || access(path, F_OK) < 0) {
-        h->log(m->self, ATRIUM_LOG_WARN,
-               "remote media %s/%s: the cached copy %s is missing; fetching it again", origin,
-               media_id, st->row.file_name);
-        return LOOKUP_MISS;
+    /* Here, or (storage: s3) read through from the bucket: remote_s3.c. */
+    rc = store_row_path(m, &st->row, path, sizeof(path)) < 0
+             ? LOOKUP_MISS
+             : remote_s3_present(m, req, &st->row, path);
+    if (rc != LOOKUP_HIT) {
+        if (rc == LOOKUP_MISS)
+            h->log(m->self, ATRIUM_LOG_WARN,
+                   "remote media %s/%s: the cached copy %s is missing; fetching it again",
+                   origin, media_id, st->row.file_name);
+        return rc;
     }
     st->have_row = true;
     h->metric_add(m->m_remote_hits, 1);
@@ -392,8 +398,8 @@ static int thumb_lookup(media *m, atrium_req *req, media_req *st, const char *or
     if (c) h->db_release(c);
     if ((rc = judge_row(m, req, rc, &st->row)) != LOOKUP_HIT) return rc;
     char path[MEDIA_PATH_MAX];
-    if (store_row_path(m, &st->row, path, sizeof(path)) < 0 || access(path, F_OK) < 0)
-        return LOOKUP_MISS;
+    if (store_row_path(m, &st->row, path, sizeof(path)) < 0) return LOOKUP_MISS;
+    if ((rc = remote_s3_present(m, req, &st->row, path)) != LOOKUP_HIT) return rc;
     st->row_is_thumbnail = true;
     st->have_row = true;
     h->metric_add(m->m_remote_hits, 1);

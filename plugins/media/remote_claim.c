@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "media.h"
+#include "s3.h"
 
 #define REMOTE_CLAIM_PREFIX "fetch:"
 #define REMOTE_CLAIM_KEY_MAX (MEDIA_SERVER_NAME_MAX_CHARS + MEDIA_ID_MAX_CHARS + 64)
@@ -35,7 +36,8 @@
 #define REMOTE_RECHECK_MS 250
 
 /* Is there a cached copy (original, or the origin's thumbnail of thumb) whose file
- * exists? A database failure says no (the fetch goes on, as in one process). */
+ * exists, here or in the bucket? A database failure says no (the fetch goes on, as in
+ * one process). */
 static bool copy_exists(media *m, const char *origin, const char *media_id,
                         const media_size *thumb)
 {
@@ -47,8 +49,9 @@ static bool copy_exists(media *m, const char *origin, const char *media_id,
                    : media_db_remote_get(h, m->self, c, origin, media_id, &row);
     h->db_release(c);
     char path[MEDIA_PATH_MAX];
+    /* storage: s3 - a copy in the bucket counts (each process reads it through). */
     return rc == MEDIA_DB_OK && store_row_path(m, &row, path, sizeof(path)) == 0 &&
-           access(path, F_OK) == 0;
+           (access(path, F_OK) == 0 || remote_s3_in_bucket(m, &row));
 }
 
 int remote_claim_take(media *m, const char *key, const char *origin, const char *media_id,

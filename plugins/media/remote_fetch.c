@@ -7,7 +7,8 @@
  * the request (host->fed_request, asynchronous); the answer's bytes arrive on the core's
  * outbound-client thread (job_chunk), which only parses the multipart framing, hashes and
  * write(2)s them - never fsync, never PostgreSQL. When the transfer ends, the judgement
- * and the commit (fsync, link under a fresh name, the image header probe, the row) run on
+ * and the commit (fsync, link under a fresh name, the image header probe, with storage: s3
+ * the PUT to the bucket (remote_s3.c), the row) run on
  * the fetch pool. Only then is the row written, so a fetch cut off midway, garbage or too
  * large leaves nothing in the cache; a later copy gets a new name and the old file is
  * unlinked, so a reader holding the old descriptor is never torn.
@@ -26,6 +27,7 @@
 #include <unistd.h>
 
 #include "remote.h"
+#include "s3.h"
 
 #define REMOTE_URI_MAX (2 * (MEDIA_SERVER_NAME_MAX_CHARS + MEDIA_ID_MAX_CHARS) + 128)
 #define REMOTE_FRAMING_BYTES (MP_HEADERS_MAX * 2 + MP_JSON_MAX + 1024) /* multipart overhead */
@@ -423,6 +425,11 @@ static int job_commit(remote_job *j)
     j->tmp_open = false;
     if (!j->thumb && render_probe(j->file_abs, &row.width, &row.height, &row.frames) != RENDER_OK)
         row.width = row.height = row.frames = 0;
+    /* storage: s3 - in the bucket before the row says it is cached (remote_s3.c). */
+    if (remote_s3_put(m, j->file_rel, j->file_abs, j->bytes) < 0) {
+        unlink(j->file_abs);
+        return REMOTE_INTERNAL;
+    }
     PGconn *c = h->db_acquire(MEDIA_DB_WAIT_MS);
     char old[MEDIA_FILE_NAME_MAX] = "";
     int64_t old_bytes = 0;
@@ -432,6 +439,7 @@ static int job_commit(remote_job *j)
     if (c) h->db_release(c);
     if (rc != MEDIA_DB_OK) {
         unlink(j->file_abs);
+        remote_s3_forget(m, j->file_rel);
         return REMOTE_INTERNAL;
     }
     if (!j->thumb && j->landing) { /* followers get the tail only for a file one may see */
@@ -446,6 +454,8 @@ static int job_commit(remote_job *j)
         char path[MEDIA_PATH_MAX];
         snprintf(path, sizeof(path), "%s/%s", m->cfg.store_path, old);
         unlink(path);
+        remote_s3_forget(m, old);
+        store_gone_publish(m, 'r', old);
     }
     h->metric_add(m->m_fetch_bytes, j->bytes);
     if (!j->thumb) cache_stored(m, j->bytes - old_bytes);

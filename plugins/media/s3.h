@@ -168,4 +168,40 @@ void s3_upstream_drop(s3_upstream *u);
 typedef struct media_row media_row;
 int download_read_through(media *m, atrium_req *req, const media_row *row, const char *path);
 
+/* ---- remote_s3.c: storage: s3 - remote copies in the bucket ------------------------------ */
+
+/* [init] Its metrics (storage: s3 only). 0 or ATRIUM_E_NOMEM. */
+int remote_s3_init(media *m);
+/* The object key of a cached copy: its row's file_name ("remote/..."). 0, or
+ * ATRIUM_E_INVAL when file_name is not a remote copy's name or out is too small. */
+int remote_s3_key(const char *file_name, char *out, size_t cap) MEDIA_MUST_CHECK;
+/* [fetch pool] storage: s3 - PUT the copy just made durable at path (size bytes) under its
+ * key, before its row is written. 0 (also with storage: local), or -1 (logged): the fetch
+ * fails and its file is removed. */
+int remote_s3_put(media *m, const char *file_name, const char *path, int64_t size)
+    MEDIA_MUST_CHECK;
+/* [pool] storage: s3 - DELETE the object of a copy whose row went (a failure is logged:
+ * the orphan sweep takes it later). Nothing with storage: local or an empty name. */
+void remote_s3_forget(media *m, const char *file_name);
+/* [pool] storage: s3 - is row's copy in the bucket, whole (HEAD, its size)? */
+bool remote_s3_in_bucket(media *m, const media_row *row);
+/* [req or pool] The copy row names (path, in the local folder) for serving: LOOKUP_HIT
+ * when the file is here (with storage: s3, after reading it through: a request-pool run is
+ * handed off to the store pool first, ATRIUM_HANDED_OFF), LOOKUP_MISS when it is neither
+ * here nor in the bucket (fetch it from its origin again), or ATRIUM_DONE with the
+ * answer set (503, 429). */
+int remote_s3_present(media *m, atrium_req *req, const media_row *row, const char *path)
+    MEDIA_MUST_CHECK;
+
+/* ---- store_gone.c: local copies every process drops when media goes ------------------ */
+
+/* [any, after the commit] storage: s3 - tell every process (this one too) to remove its
+ * local copy: kind 'o' the original of media ID name, 't' the thumbnails of SHA-256 name,
+ * 'r' the remote copy whose file name (under store_path) is name. Nothing with storage:
+ * local (every process shares the one folder the remover cleaned). */
+void store_gone_publish(media *m, char kind, const char *name);
+/* The MEDIA_CH_GONE subscriber (cluster.c subscribes it; arg is the media): the unlink is
+ * queued on the io pool. */
+void store_gone_on(void *arg, const char *payload);
+
 #endif

@@ -33,8 +33,9 @@ SIZES = [(32, 32, "crop"), (96, 96, "scale")]
 N_IMAGES = 12
 MIGRATE_TIMEOUT_S = 300
 SUMMARY = re.compile(r"^migrated to (s3|local): (\d+) originals \((\d+) copied, (\d+) already "
-                     r"there\), (\d+) thumbnails \((\d+) copied, (\d+) already there\), (\d+) "
-                     r"bytes copied, (\d+) problem\(s\)$", re.M)
+                     r"there\), (\d+) thumbnails \((\d+) copied, (\d+) already there\), "
+                     r"(\d+) remote copies \((\d+) copied, (\d+) already there, (\d+) absent\), "
+                     r"(\d+) bytes copied, (\d+) problem\(s\)$", re.M)
 
 GATEWAY = None
 
@@ -78,7 +79,8 @@ class MigrateTest(harness.AtriumTestCase):
         if run.returncode not in (0, 1):
             print(run.stderr[-3000:], flush=True)
         nums = dict(zip(["originals", "copied", "present", "thumbs", "thumbs_copied",
-                         "thumbs_present", "bytes", "problems"], map(int, m.groups()[1:])))
+                         "thumbs_present", "remote", "remote_copied", "remote_present",
+                         "remote_absent", "bytes", "problems"], map(int, m.groups()[1:])))
         return run.returncode, run.stdout, nums
 
     def set_storage(self, srv, storage):

@@ -148,6 +148,33 @@ class OrphanSweepTest(AtriumTestCase):
         self.assertEqual(self.removed(srv, "thumbnail"), 1)
         self.assertEqual(self.removed(srv, "temp"), 1)
 
+    def test_old_remote_copies_no_row_names_go_and_named_ones_stay(self):
+        srv = media_server(self, media={"orphan_min_age_ms": MIN_AGE_MS,
+                                        "orphan_sweep_period_ms": PERIOD_MS})
+        srv.stop()
+        # A copy whose row went while this process was away (its store.gone missed), one a
+        # row names (an original, and an origin's thumbnail), both old; one fresh.
+        folder = os.path.join(srv.store, "remote", "example.org_8448", "ab", "cd")
+        gone = plant(os.path.join(folder, "abcdefGone-0011223344556677"))
+        named = plant(os.path.join(folder, "abcdefKept-8899aabbccddeeff"))
+        thumb = plant(os.path.join(folder, "abcdefThumb-0123456789abcdef"))
+        fresh = plant(os.path.join(folder, "abcdefFresh-fedcba9876543210"), old=False)
+        rel = lambda path: os.path.relpath(path, srv.store)
+        psql("INSERT INTO media_remote (origin, media_id, file_name, size_bytes, sha256,"
+             " fetched_ts, last_access_ts) VALUES ('example.org:8448', 'abcdefKept',"
+             f" '{rel(named)}', 18, 'x', 1, 1)", srv.database)
+        psql("INSERT INTO media_remote_thumbnails (origin, media_id, width, height, method,"
+             " animated, file_name, content_type, size_bytes, sha256, fetched_ts) VALUES"
+             f" ('example.org:8448', 'abcdefThumb', 96, 96, 'crop', false, '{rel(thumb)}',"
+             " 'image/png', 18, 'x', 1)", srv.database)
+        srv.start()
+        wait_until(lambda: self.removed(srv, "remote") >= 1, timeout=20,
+                   what="the old unnamed remote copy removed")
+        self.assertFalse(os.path.exists(gone))
+        for path in (named, thumb, fresh):
+            self.assertTrue(os.path.exists(path), path)
+        self.assertEqual(self.removed(srv, "remote"), 1)
+
 
 if __name__ == "__main__":
     unittest.main()
