@@ -396,3 +396,16 @@ int delivery_open(media *m, atrium_req *req, const char *path, uint64_t *size)
     }
     return fd;
 }
+
+int64_t delivery_landing_read(int fd, int64_t readable, bool done, bool failed, uint64_t pos,
+                              char *buf, size_t max)
+{
+    if (failed) return ATRIUM_STREAM_ERROR;
+    if ((int64_t)pos >= readable) return done ? ATRIUM_STREAM_END : ATRIUM_STREAM_WAIT;
+    size_t n = (size_t)(readable - (int64_t)pos) < max ? (size_t)(readable - (int64_t)pos) : max;
+    ssize_t got;
+    do {
+        got = pread(fd, buf, n, (off_t)pos);
+    } while (got < 0 && errno == EINTR);
+    return got > 0 ? (int64_t)got : ATRIUM_STREAM_ERROR;
+}

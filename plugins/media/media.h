@@ -567,6 +567,12 @@ int fed_respond_multipart(media *m, atrium_req *req, const char *type, const cha
  * else host->respond_file. Takes fd. */
 int delivery_respond_file(media *m, atrium_req *req, int status, const char *type,
                           const char *disposition, int fd, uint64_t offset, uint64_t len);
+/* [any] One read of a file still being written (a landing a stream follows): up to max
+ * bytes at pos from fd, of which `readable` are written; ATRIUM_STREAM_WAIT when pos has
+ * caught up and the file is not done, ATRIUM_STREAM_END when it is, ATRIUM_STREAM_ERROR
+ * when it failed. Never blocks beyond the pread of written bytes. */
+int64_t delivery_landing_read(int fd, int64_t readable, bool done, bool failed, uint64_t pos,
+                              char *buf, size_t max);
 
 /* ---- remote.c, remote_fetch.c, remote_stream.c ------------------------------------------ */
 

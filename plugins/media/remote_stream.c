@@ -123,16 +123,9 @@ static int64_t landing_read(void *arg, uint64_t pos, char *buf, size_t max)
 {
     remote_landing *l = arg;
     int state = atomic_load(&l->state);
-    if (state == LANDING_FAILED) return ATRIUM_STREAM_ERROR;
-    int64_t readable = atomic_load(&l->readable);
-    if ((int64_t)pos >= readable)
-        return state == LANDING_DONE ? ATRIUM_STREAM_END : ATRIUM_STREAM_WAIT;
-    size_t n = (size_t)(readable - (int64_t)pos) < max ? (size_t)(readable - (int64_t)pos) : max;
-    ssize_t got;
-    do {
-        got = pread(l->fd, buf, n, (off_t)pos);
-    } while (got < 0 && errno == EINTR);
-    return got > 0 ? (int64_t)got : ATRIUM_STREAM_ERROR;
+    /* readable is read after state: a landing marked done has published all its bytes. */
+    return delivery_landing_read(l->fd, atomic_load(&l->readable), state == LANDING_DONE, state == LANDING_FAILED,
+                                 pos, buf, max);
 }
 
 static void landing_hold_release(void *arg)

@@ -440,16 +440,9 @@ static int64_t landing_read(void *arg, uint64_t pos, char *buf, size_t max)
 {
     s3_landing *l = arg;
     int state = atomic_load(&l->state);
-    if (state == S3S_FAILED) return ATRIUM_STREAM_ERROR;
-    int64_t readable = atomic_load(&l->readable);
-    if ((int64_t)pos >= readable)
-        return state == S3S_DONE ? ATRIUM_STREAM_END : ATRIUM_STREAM_WAIT;
-    size_t n = (size_t)(readable - (int64_t)pos) < max ? (size_t)(readable - (int64_t)pos) : max;
-    ssize_t got;
-    do {
-        got = pread(l->fd, buf, n, (off_t)pos);
-    } while (got < 0 && errno == EINTR);
-    return got > 0 ? (int64_t)got : ATRIUM_STREAM_ERROR;
+    /* readable is read after state: a landing marked done has published all its bytes. */
+    return delivery_landing_read(l->fd, atomic_load(&l->readable), state == S3S_DONE, state == S3S_FAILED,
+                                 pos, buf, max);
 }
 
 int s3_stream_respond(media *m, atrium_req *req, media_req *st, int status, const char *type)
