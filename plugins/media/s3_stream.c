@@ -10,8 +10,8 @@
  * with the row's Content-Length and ETag and a body that follows the temp file
  * (host->respond_stream_wait: each read returns what has landed, or WAIT; the writer
  * signals the event per S3S_SIGNAL_STEP_BYTES). The last S3S_TAIL_HOLD_BYTES are released
- * only once the object came whole, its SHA-256 and size match the row and the file is
- * named; a fetch that fails (the store cut off, timed out, a mismatch) ends every
+ * only once the object came whole and its SHA-256 and size match the row (then the local
+ * copy is fsynced and named; the clients need not wait for that); a fetch that fails (the store cut off, timed out, a mismatch) ends every
  * follower's body before its Content-Length and names nothing. A small object, or a fetch
  * that fails before releasing anything, is answered with its exact code (404 for a row
  * without its object, 503 for a store that failed), as before.
@@ -214,6 +214,11 @@ static int land(media *m, s3_landing *l, const s3_call *call, int out)
                   l->media_id);
         return S3_MISMATCH;
     }
+    /* Verified: the held tail may go now. The clients need not wait for the local copy's
+     * fsync and naming below (a cache entry; they end at the last byte, the stream's END
+     * follows in fetch_end). */
+    atomic_store(&l->readable, l->size);
+    m->h->event_signal(l->ev);
     int rc = store_tmp_commit(m, &l->tmp, l->path, false);
     if (rc == 0) s3_cache_added(m, l->size);
     /* Another fetch (a HEAD's read-through, another process) landed first: same bytes. */
