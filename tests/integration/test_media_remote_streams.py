@@ -13,7 +13,7 @@ import time
 import unittest
 
 import harness
-from media_support import register
+from media_support import get_many, register
 from test_media_remote import A_IP, ORIGIN2_IP, RemoteMediaCase, sha
 
 
@@ -404,6 +404,98 @@ class FetchPoolHandoffTest(RemoteMediaCase):
         stopper.join(60)
         self.assertEqual(a.returncode, 0)
         self.assertEqual(o.media_hits("second"), 0, "never fetched")
+
+
+class FetchTableFullTest(RemoteMediaCase):
+    """The table of fetches under way (the host's single flight, media.remote) holds 4 per
+    fetch budget slot (plugins/media/remote.c): held full by an origin that sends half of
+    each file and then waits."""
+
+    def test_a_full_fetch_table_refuses_a_new_miss_at_once_and_drains_when_the_origin_answers(self):
+        o = self.origin()
+        data = {name: os.urandom(2000) for name in [f"t{i}" for i in range(7)] + ["w", "x"]}
+        for name, body in data.items():
+            o.files[name] = ("slow", body, 30)  # the rest once o.release is set
+        o.files["x"] = ("ok", data["x"], "application/octet-stream")
+        o.files["c"] = ("ok", b"cached before", "text/plain")
+        a = self.start_fed(A_IP, media={"media_fetch_max_in_flight": 2,
+                                        "remote_fetch_max_per_origin": 8})
+        _, token = register(a)
+        remote = {"flights": "media.remote"}
+        status, _, body = a.request("GET", self.remote_path(o.server_name, "c"), token=token,
+                                    timeout=30)
+        self.assertEqual((status, body), (200, b"cached before"))
+        self.assertEqual(a.metric("atrium_flights_limit", remote), 8)
+        # Seven fetches outlive their requests (answered 504 at their deadline), two
+        # requests at a time (the budget's two slots).
+        results = get_many(a, [self.remote_path(o.server_name, f"t{i}", extra="?timeout_ms=500")
+                               for i in range(7)], token, 2)
+        for r in results:
+            self.assert_failure(r, 504, "M_UNKNOWN")
+        self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
+        self.assertEqual(a.metric("atrium_flights_in_flight", remote), 7)
+        # The eighth is waited for, holding one slot: the table is full.
+        waiting = {}
+
+        def get(name):
+            waiting[name] = a.request("GET", self.remote_path(o.server_name, name,
+                                                              extra="?timeout_ms=30000"),
+                                      token=token, timeout=60)
+        threads = [threading.Thread(target=get, args=("w",), daemon=True)]
+        threads[0].start()
+        self.assertEqual(self.settled_metric(a, "atrium_flights_in_flight", remote, 8), 8)
+        # One more file: refused at once (the second slot was free), never asked of the
+        # origin, counted.
+        t0 = time.monotonic()
+        status, headers, body = a.request("GET", self.remote_path(o.server_name, "x"),
+                                          token=token, timeout=30)
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assert_failure((status, headers, body), 503, "M_UNKNOWN")
+        self.assertIn("error", json.loads(body))
+        self.assertEqual(headers.get("Retry-After"), "1")
+        self.assertEqual(o.media_hits("x"), 0)
+        self.assertEqual(a.metric("atrium_flights_refused_total", remote), 1)
+        self.assertEqual(a.metric("atrium_flights_in_flight", remote), 8)
+        # Meanwhile a cached copy and /versions are answered at once ...
+        t0 = time.monotonic()
+        status, _, body = a.request("GET", self.remote_path(o.server_name, "c"), token=token,
+                                    timeout=5)
+        self.assertEqual((status, body), (200, b"cached before"))
+        self.assertEqual(a.json("GET", "/_matrix/client/versions")[0], 200)
+        self.assertLess(time.monotonic() - t0, 1.0)
+        # ... and a file whose fetch is under way is joined, not refused.
+        threads.append(threading.Thread(target=get, args=("t0",), daemon=True))
+        threads[1].start()
+        self.assertEqual(self.settled_metric(a, "atrium_flights_waiters", remote, 1), 1)
+        self.assertEqual(a.metric("atrium_flights_refused_total", remote), 1)
+        # The origin answers: both waiters get their files, the table drains.
+        o.release.set()
+        for t in threads:
+            t.join(30)
+        for name in ("w", "t0"):
+            status, _, body = waiting[name]
+            self.assertEqual((status, sha(body)), (200, sha(data[name])), name)
+        self.assertEqual(self.settled_metric(a, "atrium_flights_in_flight", remote, 0), 0)
+        self.assertEqual(a.metric("atrium_flights_waiters", remote), 0)
+        self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
+        # The refusal was not remembered; the fetches that outlived their requests stored
+        # their files.
+        status, _, body = a.request("GET", self.remote_path(o.server_name, "x"), token=token,
+                                    timeout=30)
+        self.assertEqual((status, sha(body)), (200, sha(data["x"])))
+        status, _, body = a.request("GET", self.remote_path(o.server_name, "t6"), token=token,
+                                    timeout=30)
+        self.assertEqual((status, sha(body)), (200, sha(data["t6"])))
+        self.assertEqual(o.media_hits("t6"), 1)
+
+    def settled_metric(self, srv, name, labels, want, timeout=5.0):
+        """A metric's value once it reached `want`, or its last value after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        value = srv.metric(name, labels)
+        while value != want and time.monotonic() < deadline:
+            time.sleep(0.05)
+            value = srv.metric(name, labels)
+        return value
 
 
 if __name__ == "__main__":

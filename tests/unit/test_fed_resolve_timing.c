@@ -4,10 +4,11 @@
  * max-age, a failed or unreachable one not fetched again within its window, a recent
  * delegation kept while the .well-known server fails, DNS answers asked again after their
  * TTL, concurrent lookups of one name sharing one discovery, unanswered DNS ending at the
- * lookup deadline, and the bound on discoveries in flight. The steps of discovery are in
+ * lookup deadline, and the bounds on discoveries in flight and on their waiters. The steps of discovery are in
  * test_fed_resolve.c.
  */
 #include "fed_resolve_fixture.h"
+#include "core/federation/transport/fed_resolve_internal.h"
 
 /* ---- the tests ------------------------------------------------------------------------------- */
 
@@ -177,10 +178,51 @@ static void test_discoveries_in_flight_are_bounded(void **state)
     rt_metrics_free(m);
 }
 
+/* Lookups of a name whose discovery runs wait for it, at most
+ * FED_RESOLVE_WAITERS_PER_DISCOVERY per discovery allowed (the flights' waiter bound,
+ * shown by its gauge); one more fails at once (ATRIUM_E_LIMIT, counted), and the waiters
+ * all get the discovery's own end. */
+static void test_waiters_for_discoveries_are_bounded(void **state)
+{
+    (void)state;
+    pthread_mutex_lock(&dns.mu);
+    snprintf(dns.blackhole, sizeof dns.blackhole, "blackhole.test");
+    pthread_mutex_unlock(&dns.mu);
+    rt_metrics *m = rt_metrics_new();
+    const char *servers[] = {g.dns_server};
+    fed_resolve_settings rs = {.dns_servers = servers, .n_dns_servers = 1,
+                               .lookup_timeout_ms = 500, .max_in_flight = 1};
+    fed_resolver *r = fed_resolve_new(&rs, g.http, m);
+    assert_non_null(r);
+    assert_int_equal(fed_resolve_start(r), 0);
+    const char *labels = "flights=\"" FED_RESOLVE_FLIGHTS_NAME "\"";
+    rt_metric *waiting = rt_metric_gauge(m, "atrium_flights_waiters", labels, NULL);
+    rt_metric *refused = rt_metric_counter(m, "atrium_flights_refused_total", labels, NULL);
+    enum { WAITERS = FED_RESOLVE_WAITERS_PER_DISCOVERY };
+    static result res[WAITERS + 2]; /* the leader, its waiters, one too many */
+    for (int i = 0; i < WAITERS + 2; i++) {
+        result_init(&res[i]);
+        assert_int_equal(fed_resolve_lookup(r, "w.blackhole.test:1", on_resolved, &res[i]), 0);
+    }
+    result_wait(&res[WAITERS + 1]);
+    assert_int_equal(res[WAITERS + 1].rc, ATRIUM_E_LIMIT);
+    assert_int_equal(rt_metric_value(waiting), WAITERS);
+    assert_int_equal(rt_metric_value(refused), 1);
+    for (int i = 0; i <= WAITERS; i++) {
+        result_wait(&res[i]);
+        assert_int_equal(res[i].rc, ATRIUM_E_TIMEOUT);
+    }
+    assert_int_equal(rt_metric_value(waiting), 0);
+    fed_resolve_stop(r);
+    fed_resolve_free(r);
+    rt_metrics_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_discoveries_in_flight_are_bounded),
+        cmocka_unit_test(test_waiters_for_discoveries_are_bounded),
         cmocka_unit_test(test_well_known_is_cached_for_its_max_age_then_fetched_again),
         cmocka_unit_test(test_failed_well_known_is_not_fetched_again_within_its_window),
         cmocka_unit_test(test_recent_delegation_is_kept_while_the_well_known_server_fails),
