@@ -170,7 +170,7 @@ typedef struct http_gate http_gate;
 /* Connections a worker may have been handed whose first request has not started, past
  * which one that may wait (not cheap) stays ready in the gate: a burst of long-polls is
  * spread as the workers take them, and a cheap request waits behind a few at most. */
-#define HTTP_WORKER_BACKLOG 8
+#define HTTP_WORKER_BACKLOG 2
 /* Listen on addr and hand every new connection whose request headers are complete and
  * well-framed to one of s->workers (libmicrohttpd daemons started with
  * MHD_USE_NO_LISTEN_SOCKET): the least busy one with room. Others get a Matrix error
