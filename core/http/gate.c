@@ -28,6 +28,11 @@
  * refuses a request for want of room:
  *   - served connections: the last server.cheap_reserve of them are for cheap requests
  *     only (pick_worker), so requests that wait (parked media, long-polls) never hold all;
+ *     and a worker is handed one that may wait only while fewer than HTTP_WORKER_BACKLOG
+ *     of its connections have not started their first request, so a cheap request handed
+ *     to it waits behind a few, not behind a storm; the rest are held here, ready, counted
+ *     as served and out of the gate's room (hold), so they never stop it accepting
+ *     (docs/performance.md, "Parked long-polls");
  *   - the gate's own room (gate_max_pending) holds connections still sending headers and
  *     ready ones waiting for a slot; when it is full of slow senders, the slowest goes;
  *     when it is full otherwise, the gate stops accepting until a slot frees, and new
