@@ -23,7 +23,7 @@ from rooms_client import Client, crowd
 
 LONG_POLLS = 3000
 SOURCES = ("127.0.0.171", "127.0.0.172", "127.0.0.173")
-LONG_POLL_MS = 15000
+LONG_POLL_MS = 8000
 SERVER_NOFILE = 8192
 VERSIONS_BOUND_S = 1.0  # "at once" on a loaded 2-CPU machine; before the fix: > 10 s
 
