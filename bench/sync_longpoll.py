@@ -9,6 +9,7 @@
   3. Messages/s: 16 clients send concurrently into one room while 16 others sync in a loop.
 
     bench/sync_longpoll.py          (ATRIUM_BIN etc. as for the integration tests)
+    SYNC_BENCH_PARKED_ONLY=1 bench/sync_longpoll.py     (the first figure alone)
 
 Uses the integration-test harness (a fresh database in ATRIUM_TEST_PG_CONNINFO's cluster;
 without it, a private cluster is started in a temporary directory with tests/lib/pg.sh).
@@ -90,19 +91,54 @@ def wait_parked(srv, n, timeout=300):
     return False
 
 
+def versions_prober(srv):
+    """Asks /versions every 100 ms on a fresh connection until stopped; (stop, latencies)."""
+    stop, lat = threading.Event(), []
+
+    def probe():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                status, _, _ = srv.request("GET", "/_matrix/client/versions", timeout=60)
+            except OSError:
+                status = None
+            lat.append((time.monotonic() - t0) * 1000 if status == 200 else float("inf"))
+            time.sleep(0.1)
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    return stop, t, lat
+
+
 def parked_figures(srv, people, since):
-    print("== parked syncs: threads and RSS")
+    print("== parked syncs: threads and RSS; /versions asked every 100 ms meanwhile")
     open_socks = []
+    base_rss = None
     for target in PARKED_STEPS:
         started = time.monotonic()
-        while len(open_socks) < target:
-            p = people[len(open_socks)]
-            open_socks.append(raw_sync(srv.port, p.token, since, PARK_TIMEOUT_MS))
-        ok = wait_parked(srv, target)  # the first figure starts from none
+        stop, prober, lat = versions_prober(srv)
+        try:
+            while len(open_socks) < target:
+                p = people[len(open_socks)]
+                open_socks.append(raw_sync(srv.port, p.token, since, PARK_TIMEOUT_MS))
+            ok = wait_parked(srv, target)  # the first figure starts from none
+        except Exception as e:  # a figure that cannot be taken is printed, not raised
+            ok = f"{type(e).__name__}: {e}"
         time.sleep(1)
+        stop.set()
+        prober.join(70)
         threads, rss = proc_status(srv.pid)
-        print(f"  {target:6d} waiting: threads {threads:3d}, RSS {rss:5d} MiB"
-              f"{'' if ok else ' (not all parked!)'} (set up in {time.monotonic() - started:.1f} s)")
+        base_rss = rss if base_rss is None else base_rss
+        per = f", {(rss - base_rss) * 1024 / target:.1f} KiB per parked" if target else ""
+        failed = sum(1 for v in lat if v == float("inf"))
+        done = [v for v in lat if v != float("inf")]
+        vers = (f"/versions p50 {percentile(done, 50):.0f} ms, max {max(done):.0f} ms"
+                if done else "/versions never answered")
+        print(f"  {target:6d} waiting: threads {threads:3d}, RSS {rss:5d} MiB{per}; {vers}"
+              f"{f', {failed} failed' if failed else ''} ({len(lat)} asked)"
+              f"{'' if ok is True else f' (not all parked: {ok})'} "
+              f"(set up in {time.monotonic() - started:.1f} s)")
+        if ok is not True:
+            break
     for s in open_socks:
         s.close()
 
@@ -213,6 +249,8 @@ def main():
             bob.join(room)
             people = crowd(srv, max(PARKED_STEPS))
             parked_figures(srv, people, alice.sync()["next_batch"])
+            if os.environ.get("SYNC_BENCH_PARKED_ONLY"):
+                return
             latency_figures(srv, alice, bob, room)
             fanout_room = alice.create_room(preset="public_chat")
             fanout_figures(srv, alice, people[:FANOUT], fanout_room)

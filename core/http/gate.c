@@ -28,6 +28,11 @@
  * refuses a request for want of room:
  *   - served connections: the last server.cheap_reserve of them are for cheap requests
  *     only (pick_worker), so requests that wait (parked media, long-polls) never hold all;
+ *     and a worker is handed one that may wait only while fewer than HTTP_WORKER_BACKLOG
+ *     of its connections have not started their first request, so a cheap request handed
+ *     to it waits behind a few, not behind a storm; the rest are held here, ready, counted
+ *     as served and out of the gate's room (hold), so they never stop it accepting
+ *     (docs/performance.md, "Parked long-polls");
  *   - the gate's own room (gate_max_pending) holds connections still sending headers and
  *     ready ones waiting for a slot; when it is full of slow senders, the slowest goes;
  *     when it is full otherwise, the gate stops accepting until a slot frees, and new
@@ -86,7 +91,12 @@ typedef struct gate_conn {
     bool cheap; /* http_gate_cheap_request */
     bool dead;  /* dropped or handed over: freed after the current batch of events */
     bool partial; /* sent part of its headers (a whole head comes in one piece) */
-    struct gate_conn *prev, *next; /* in arrival order, so in deadline order */
+    /* ready with room under the limit, waiting only for a worker's backlog to fall
+     * (pick_worker): counted as a served connection, not in the gate's room */
+    bool held;
+    /* in the gate's list of those sending headers (arrival order, so deadline order), or
+     * once ready in the list of ready ones (the order they became ready in) */
+    struct gate_conn *prev, *next;
 } gate_conn;
 
 struct http_gate {
@@ -94,11 +104,12 @@ struct http_gate {
     int listen_fd, epfd, wake_fd;
     int spare_fd; /* held so a connection can be accepted and refused at EMFILE */
     bool accepting; /* the listening socket is in the epoll set */
-    int n_ready;
+    int n_ready, n_ready_cheap;
     pthread_t thread;
     bool started;
     atomic_bool stop;
-    gate_conn *head, *tail;
+    gate_conn *head, *tail;   /* sending their headers */
+    gate_conn *rhead, *rtail; /* ready, waiting for room or for a worker */
     gate_conn *graveyard; /* dead ones, still named by events of the current batch */
     int n_pending;
     int max_pending;
@@ -214,15 +225,37 @@ int http_gate_check_head(const char *buf, size_t len, const char **errcode, char
 
 /* ---- connections --------------------------------------------------------------------- */
 
-static void unlink_conn(http_gate *g, gate_conn *c)
+static void list_remove(gate_conn **head, gate_conn **tail, gate_conn *c)
 {
     if (c->prev) c->prev->next = c->next;
-    else g->head = c->next;
+    else *head = c->next;
     if (c->next) c->next->prev = c->prev;
-    else g->tail = c->prev;
+    else *tail = c->prev;
     c->prev = c->next = NULL;
+}
+
+static void list_append(gate_conn **head, gate_conn **tail, gate_conn *c)
+{
+    c->prev = *tail;
+    c->next = NULL;
+    if (*tail) (*tail)->next = c;
+    else *head = c;
+    *tail = c;
+}
+
+/* Leaves the gate's room (a held one left it when it was held). */
+static void leave_room(http_gate *g, gate_conn *c)
+{
+    if (c->held) return;
     g->n_pending--;
     rt_metric_add(g->m_pending, -1);
+}
+
+static void unlink_conn(http_gate *g, gate_conn *c)
+{
+    if (c->ready) list_remove(&g->rhead, &g->rtail, c);
+    else list_remove(&g->head, &g->tail, c);
+    leave_room(g, c);
 }
 
 /* A connection leaves the gate: later events of the same epoll batch may still name it,
@@ -263,11 +296,26 @@ static void answer_and_close(int fd, int status, const char *errcode, const char
     close(fd);
 }
 
+/* n_ready, mirrored for the workers (http_gate_poke wakes the gate only while some wait). */
+static void count_ready(http_gate *g, gate_conn *c, int d)
+{
+    g->n_ready += d;
+    if (c->cheap) g->n_ready_cheap += d;
+    atomic_fetch_add(&g->srv->gate_ready, d);
+}
+
+/* A held connection was counted as served on the client listener (hold): no more. */
+static void unhold(http_gate *g, gate_conn *c)
+{
+    if (c->held) atomic_fetch_sub(&g->srv->listeners[HTTP_LISTENER_CLIENT].open_connections, 1);
+}
+
 static void drop(http_gate *g, gate_conn *c, int status, const char *errcode, const char *msg)
 {
-    if (c->ready) g->n_ready--;
+    if (c->ready) count_ready(g, c, -1);
     else epoll_ctl(g->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     unlink_conn(g, c);
+    unhold(g, c);
     if (status) {
         answer_and_close(c->fd, status, errcode, msg);
         http_count_status(g->srv, status);
@@ -302,25 +350,33 @@ bool http_gate_cheap_request(const char *head, size_t len)
     return false;
 }
 
-/* The worker a new connection goes to: among those with room, one whose thread is not in
- * a handler, then the fewest connections. NULL when every worker is full. The last
- * cheap_reserve connections are for cheap requests only: requests that wait (a gallery of
- * thumbnails in the media line, long-polling syncs) can fill the rest, never these, so
- * /health and /versions are answered throughout a storm. */
-static http_listener *pick_worker(http_gate *g, bool cheap)
+/* The worker a new connection goes to: among those with room, the one with the fewest
+ * connections not started yet (its thread's backlog), then one whose thread is not in a
+ * handler, then the fewest connections. NULL when none has room. The last cheap_reserve
+ * connections are for cheap requests only: requests that wait (a gallery of thumbnails in
+ * the media line, long-polling syncs) can fill the rest, never these, so /health and
+ * /versions are answered throughout a storm. And a request that may wait is handed only
+ * to a worker with fewer than HTTP_WORKER_BACKLOG unstarted: a storm of long-polls stays
+ * ready here (costing a descriptor, no thread) and is handed over as the workers take it,
+ * so a cheap request handed over meanwhile is behind a few requests, not thousands. */
+static http_listener *pick_worker(http_gate *g, bool cheap, bool held)
 {
     http_server *s = g->srv;
-    int total = atomic_load(&s->listeners[HTTP_LISTENER_CLIENT].open_connections);
+    int total = atomic_load(&s->listeners[HTTP_LISTENER_CLIENT].open_connections) - held;
     if (total >= s->max_connections - (cheap ? 0 : s->cheap_reserve)) return NULL;
     http_listener *best = NULL;
-    int best_busy = 0, best_open = 0;
+    int best_backlog = 0, best_busy = 0, best_open = 0;
     for (int i = 0; i < s->n_workers; i++) {
         http_listener *w = &s->workers[i];
         int open = atomic_load(&w->open_connections), busy = atomic_load(&w->busy) > 0;
+        int backlog = atomic_load(&w->unstarted);
         /* per-worker shares are soft (the total above is the limit), up to twice */
         if (open >= w->max_connections * (cheap ? 2 : 1)) continue;
-        if (!best || busy < best_busy || (busy == best_busy && open < best_open)) {
+        if (!cheap && backlog >= HTTP_WORKER_BACKLOG) continue;
+        if (!best || backlog < best_backlog || (backlog == best_backlog && busy < best_busy) ||
+            (backlog == best_backlog && busy == best_busy && open < best_open)) {
             best = w;
+            best_backlog = backlog;
             best_busy = busy;
             best_open = open;
         }
@@ -328,27 +384,48 @@ static http_listener *pick_worker(http_gate *g, bool cheap)
     return best;
 }
 
+/* Under the limit (ignoring workers' backlogs)? A ready connection that is waits for a
+ * worker only, and is held: counted as served, out of the gate's room, so a storm of
+ * long-polls waiting for the workers does not fill the room and stop the gate accepting
+ * (a cheap request would then wait behind them in the accept queue). */
+static void hold(http_gate *g, gate_conn *c)
+{
+    http_server *s = g->srv;
+    atomic_int *total = &s->listeners[HTTP_LISTENER_CLIENT].open_connections;
+    if (c->held || atomic_load(total) >= s->max_connections - (c->cheap ? 0 : s->cheap_reserve))
+        return;
+    atomic_fetch_add(total, 1);
+    leave_room(g, c);
+    c->held = true;
+}
+
 /* Hand a connection with a good head to a worker (which owns the fd from then on, also
  * when it fails: libmicrohttpd closes it), or keep it ready until one has room. */
 static void admit(http_gate *g, gate_conn *c)
 {
-    http_listener *w = pick_worker(g, c->cheap);
+    http_listener *w = pick_worker(g, c->cheap, c->held);
     if (!w) {
         if (!c->ready) {
             epoll_ctl(g->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+            list_remove(&g->head, &g->tail, c);
             c->ready = true;
-            g->n_ready++;
+            list_append(&g->rhead, &g->rtail, c);
+            count_ready(g, c, 1);
         }
+        hold(g, c);
         return;
     }
-    if (c->ready) g->n_ready--;
+    if (c->ready) count_ready(g, c, -1);
     else epoll_ctl(g->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-    c->ready = false;
     unlink_conn(g, c);
-    http_listener_count(w, 1); /* counted now: the worker starts it a little later */
+    c->ready = false;
+    if (c->held) atomic_fetch_add(&w->open_connections, 1); /* its parent counted it already */
+    else http_listener_count(w, 1); /* counted now: the worker starts it a little later */
+    atomic_fetch_add(&w->unstarted, 1); /* until its first request (server.c) */
     if (MHD_add_connection(w->daemon, c->fd, (const struct sockaddr *)&c->addr, c->addrlen) !=
         MHD_YES) {
         http_listener_count(w, -1);
+        atomic_fetch_sub(&w->unstarted, 1);
         rt_log(ATRIUM_LOG_DEBUG, "http", "a connection could not be added (%s)", strerror(errno));
     }
     bury(g, c);
@@ -368,9 +445,13 @@ static void set_accepting(http_gate *g, bool on)
  * it has room the others have not). */
 static void admit_ready(http_gate *g)
 {
-    for (gate_conn *c = g->head, *next; c && g->n_ready > 0; c = next) {
+    bool waiters_blocked = false; /* one that may wait found no worker: nor will the rest */
+    for (gate_conn *c = g->rhead, *next; c; c = next) {
         next = c->next;
-        if (c->ready) admit(g, c);
+        if (waiters_blocked && g->n_ready_cheap == 0) break;
+        if (waiters_blocked && !c->cheap) continue;
+        admit(g, c);
+        if (!c->dead && !c->cheap) waiters_blocked = true;
     }
 }
 
@@ -378,6 +459,7 @@ static void admit_ready(http_gate *g)
 static void inspect(http_gate *g, gate_conn *c, uint32_t events)
 {
     if (c->dead) return;
+    if (c->ready) return; /* out of the epoll set, named by an event of this batch */
     ssize_t n = recv(c->fd, g->peek, sizeof(g->peek), MSG_PEEK | MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         drop(g, c, 0, NULL, NULL); /* the client left */
@@ -451,7 +533,7 @@ static void accept_all(http_gate *g)
              * not slow, only not there yet (a burst of new clients). */
             int64_t young = rt_now_ms() - GATE_EVICT_MIN_AGE_MS + g->header_timeout_ms;
             gate_conn *slow = g->head;
-            while (slow && (slow->ready || (!slow->partial && slow->deadline_ms > young)))
+            while (slow && !slow->partial && slow->deadline_ms > young)
                 slow = slow->next;
             if (slow) {
                 rt_metric_add(g->m_timeouts, 1);
@@ -478,10 +560,7 @@ static void accept_all(http_gate *g)
             return; /* EAGAIN: all taken; other errors: try at the next event */
         }
         c->deadline_ms = rt_now_ms() + g->header_timeout_ms;
-        c->prev = g->tail;
-        if (g->tail) g->tail->next = c;
-        else g->head = c;
-        g->tail = c;
+        list_append(&g->head, &g->tail, c);
         g->n_pending++;
         rt_metric_add(g->m_pending, 1);
         struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = c};
@@ -497,9 +576,24 @@ static void expire(http_gate *g, int64_t now)
 {
     for (gate_conn *c = g->head, *next; c && c->deadline_ms <= now; c = next) {
         next = c->next;
-        if (c->ready) continue;
         rt_metric_add(g->m_timeouts, 1);
         drop(g, c, 408, "M_UNKNOWN", "The request headers did not arrive in time");
+    }
+}
+
+/* A worker's backlog fell (http_gate_poke): admit_ready runs after this batch. */
+static void take_pokes(http_gate *g)
+{
+    uint64_t n;
+    if (read(g->srv->gate_poke_fd, &n, sizeof(n)) < 0) { /* EAGAIN: taken already */
+    }
+}
+
+void http_gate_poke(http_server *s)
+{
+    uint64_t one = 1;
+    if (atomic_load(&s->gate_ready) > 0 && s->gate_poke_fd >= 0 &&
+        write(s->gate_poke_fd, &one, sizeof(one)) < 0) { /* full: a wake is pending anyway */
     }
 }
 
@@ -511,7 +605,6 @@ static void *gate_main(void *arg)
         int64_t now = rt_now_ms();
         int wait = g->accepting && g->n_ready == 0 ? GATE_IDLE_WAIT_MS : GATE_FULL_RETRY_MS;
         gate_conn *first = g->head;
-        while (first && first->ready) first = first->next;
         if (first) {
             int64_t left = first->deadline_ms - now;
             wait = left < 0 ? 0 : left < wait ? (int)left : wait;
@@ -519,6 +612,7 @@ static void *gate_main(void *arg)
         int n = epoll_wait(g->epfd, evs, GATE_EPOLL_BATCH, wait);
         for (int i = 0; i < n; i++) {
             if (evs[i].data.ptr == g) accept_all(g);
+            else if (evs[i].data.ptr == &g->srv->gate_poke_fd) take_pokes(g);
             else if (evs[i].data.ptr) inspect(g, evs[i].data.ptr, evs[i].events);
         }
         admit_ready(g);
@@ -531,6 +625,7 @@ static void *gate_main(void *arg)
         free_dead(g);
     }
     while (g->head) drop(g, g->head, 0, NULL, NULL);
+    while (g->rhead) drop(g, g->rhead, 0, NULL, NULL);
     free_dead(g);
     return NULL;
 }
@@ -595,6 +690,8 @@ http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_
     if (g->epfd < 0 || g->wake_fd < 0) goto fail;
     struct epoll_event wev = {.events = EPOLLIN, .data.ptr = NULL};
     if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->wake_fd, &wev) < 0) goto fail;
+    struct epoll_event pev = {.events = EPOLLIN, .data.ptr = &s->gate_poke_fd};
+    if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, s->gate_poke_fd, &pev) < 0) goto fail;
     set_accepting(g, true);
     if (!g->accepting) goto fail;
     if (pthread_create(&g->thread, NULL, gate_main, g) != 0) goto fail;

@@ -105,6 +105,10 @@ typedef struct http_listener {
     struct MHD_Daemon *daemon;
     struct http_listener *parent; /* the client listener, whose counts it adds to */
     atomic_int busy;              /* handler runs in progress on its thread */
+    /* Connections handed over by the gate whose first request has not reached on_access
+     * yet: its thread's backlog, which a cheap request handed to it waits behind. The gate
+     * hands a worker at most HTTP_WORKER_BACKLOG of those that may wait (gate.c). */
+    atomic_int unstarted;
     int max_connections;          /* its share of the client connections */
 } http_listener;
 
@@ -163,6 +167,10 @@ typedef struct http_gate http_gate;
 /* Descriptors the gate holds past the connection limit (server.c leaves them out of it):
  * one spare kept for accepting at EMFILE. */
 #define HTTP_GATE_EXTRA_FDS 1
+/* Connections a worker may have been handed whose first request has not started, past
+ * which one that may wait (not cheap) stays ready in the gate: a burst of long-polls is
+ * spread as the workers take them, and a cheap request waits behind a few at most. */
+#define HTTP_WORKER_BACKLOG 2
 /* Listen on addr and hand every new connection whose request headers are complete and
  * well-framed to one of s->workers (libmicrohttpd daemons started with
  * MHD_USE_NO_LISTEN_SOCKET): the least busy one with room. Others get a Matrix error
@@ -174,6 +182,9 @@ http_gate *http_gate_start(http_server *s, const struct sockaddr *addr, socklen_
                            int *port_out);
 /* Stop accepting and close every connection still waiting for its headers. */
 void http_gate_stop(http_gate *g);
+/* A worker's backlog (unstarted) fell: the gate may hand it a connection waiting for room.
+ * Any thread; cheap (one eventfd write, only while connections wait in the gate). */
+void http_gate_poke(http_server *s);
 /* Where the header block of buf ends (just past the empty line), or 0 when it does not
  * end within len bytes. Pure. */
 size_t http_gate_head_end(const char *buf, size_t len);
@@ -203,6 +214,8 @@ struct http_server {
     http_gate *gate;      /* the client listener's front door */
     int gate_max_pending; /* connections it may hold while their headers arrive */
     int cheap_reserve;    /* connections only cheap requests may take (gate.c) */
+    int gate_poke_fd;     /* eventfd the workers wake the gate with (http_gate_poke) */
+    atomic_int gate_ready; /* connections waiting in the gate for a worker with room */
     susp_timer *timer;
     rt_budget *outbound; /* ADR-0079 (docs/adr/0079-outbound-budget.md) */
     atomic_bool stopping;

@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
@@ -385,6 +386,20 @@ static bool take_body(atrium_req *r, const char *data, size_t size)
     return false;
 }
 
+/* The first request of a connection the gate handed to client worker l has reached it:
+ * l's backlog shrinks (http_listener.unstarted). The connection's socket context is a flag
+ * set in on_connection, so later requests on a kept-alive connection do not count. */
+static void first_request_started(http_listener *l, struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    bool *started = info ? info->socket_context : NULL;
+    if (!started || *started) return;
+    *started = true;
+    atomic_fetch_sub(&l->unstarted, 1);
+    http_gate_poke(l->srv);
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
                                  const char *method, const char *version,
                                  const char *upload_data, size_t *upload_data_size,
@@ -395,6 +410,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     http_server *s = listener->srv;
     atrium_req *r = *con_cls;
     if (!r) {
+        if (listener->parent) first_request_started(listener, c);
         r = http_req_new(s, c, method, url, listener->kind);
         if (!r) return MHD_NO;
         *con_cls = r;
@@ -473,9 +489,20 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 {
     http_server *s = ((http_listener *)cls)->srv;
     (void)c;
-    (void)socket_context;
     int d = toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
     http_listener *l = cls;
+    if (l->parent && d > 0) { /* counted unstarted by the gate (admit) until its first request */
+        *socket_context = calloc(1, sizeof(bool));
+        if (!*socket_context) atomic_fetch_sub(&l->unstarted, 1);
+    } else if (l->parent) { /* closed: unstarted still if it never sent a request */
+        bool *started = *socket_context;
+        if (started && !*started) {
+            atomic_fetch_sub(&l->unstarted, 1);
+            http_gate_poke(s);
+        }
+        free(started);
+        *socket_context = NULL;
+    }
     atomic_fetch_add(&open_connections, d);
     /* A client worker's connections were counted by the gate when it handed them over
      * (http_gate_count): a burst is spread before any has started. */
@@ -489,6 +516,8 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
     if (!s) return NULL;
     s->cfg = cfg;
     s->metrics = metrics;
+    s->gate_poke_fd = -1;
+    atomic_init(&s->gate_ready, 0);
     s->router = router_new();
     pthread_mutex_init(&s->events_mu, NULL);
     s->ratelimit_enabled = cfg->ratelimit.enabled;
@@ -531,7 +560,8 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
                                               "Responses sent, by status class");
     }
     s->timer = susp_timer_new(s);
-    if (!s->router || !s->outbound || !s->timer) {
+    s->gate_poke_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!s->router || !s->outbound || !s->timer || s->gate_poke_fd < 0) {
         http_server_free(s);
         return NULL;
     }
@@ -738,6 +768,7 @@ int http_server_start(http_server *s)
         w->max_connections = per_worker;
         atomic_init(&w->open_connections, 0);
         atomic_init(&w->busy, 0);
+        atomic_init(&w->unstarted, 0);
         w->daemon = MHD_start_daemon(
             flags, 0, NULL, NULL, on_access, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
             /* The gate enforces per_worker with counts from the connection callback;
@@ -819,6 +850,7 @@ void http_server_free(http_server *s)
     router_free(s->router);
     free(s->workers);
     rt_budget_free(s->outbound);
+    if (s->gate_poke_fd >= 0) close(s->gate_poke_fd);
     pthread_mutex_destroy(&s->events_mu);
     free(s);
 }
