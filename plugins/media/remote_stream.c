@@ -124,8 +124,8 @@ static int64_t landing_read(void *arg, uint64_t pos, char *buf, size_t max)
     remote_landing *l = arg;
     int state = atomic_load(&l->state);
     /* readable is read after state: a landing marked done has published all its bytes. */
-    return delivery_landing_read(l->fd, atomic_load(&l->readable), state == LANDING_DONE, state == LANDING_FAILED,
-                                 pos, buf, max);
+    return delivery_landing_read(l->fd, atomic_load(&l->readable), state == LANDING_DONE,
+                                 state == LANDING_FAILED, pos, buf, max);
 }
 
 static void landing_hold_release(void *arg)
