@@ -177,7 +177,9 @@ class RoundTripTest(S3Case):
         self.assertEqual(a.metric("atrium_media_store_cache_misses_total"), 1)
         self.assertEqual(a.metric("atrium_media_store_requests_total",
                                   {"kind": "get", "outcome": "ok"}), 1)
-        self.assertTrue(os.path.exists(original_file(a, media_id)), "the read-through is cached")
+        # Cached: the local copy is named just after the last byte went (ADR-0031).
+        wait_until(lambda: os.path.exists(original_file(a, media_id)), timeout=10,
+                   what="the read-through cached")
 
         # Served as today: Range and 304 from the cached copy, no second GET.
         status, headers, body = a.request("GET", download_path(a, media_id), token=token,
@@ -408,7 +410,9 @@ class LocalCacheBoundTest(S3Case):
             status, headers, body = a.request("GET", download_path(a, media_id), token=token)
             self.assertEqual((status, sha256(body)), (200, sha256(blobs[media_id])))
             self.assertEqual(headers["ETag"], f'"{sha256(blobs[media_id])}"')
-            self.assertTrue(os.path.exists(original_file(a, media_id)))
+            # The local copy is named just after the last byte went (ADR-0031).
+            wait_until(lambda: os.path.exists(original_file(a, media_id)), timeout=10,
+                       what="the read-through copy named in the local folder")
         self.assertEqual(a.metric("atrium_media_store_cache_misses_total"),
                          misses + len(evicted))
         # Over the bound again with what was read through: it settles again.
