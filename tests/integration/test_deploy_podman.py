@@ -41,6 +41,7 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from common import wait_until
 from harness import REPO_ROOT
 
 CACHE_DIR = os.environ.get("ATRIUM_DEPLOY_CACHE", "/var/cache/atrium-test")
@@ -391,14 +392,7 @@ def s3_get(endpoint, bucket, key):
 
 
 def wait_for(what, predicate, timeout, interval=0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r})")
+    return wait_until(predicate, timeout=timeout, interval=interval, what=what)
 
 
 class DeployPodmanTest(unittest.TestCase):
