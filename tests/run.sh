@@ -19,8 +19,9 @@
 #    tests/tsan.supp), passing CTEST ARGS to all three; then the libFuzzer targets
 #    (tests/fuzz, label "fuzz") in build-fuzz/ (clang), each for ATRIUM_FUZZ_SECONDS
 #    seconds (default 4) from its seed corpus;
-# 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary with each tree's time
-#    and the ten slowest tests, and exits non-zero if anything failed.
+# 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary with each tree's time,
+#    the ten slowest tests and the server starts per tree, and exits non-zero if anything
+#    failed.
 # Why the integration tests run once, under the sanitizers: docs/adr/0007-tests-run-once-under-asan.md.
 # CI (.ci/run) runs exactly this. A second run reuses both builds and the cluster.
 #
@@ -91,6 +92,7 @@ on_exit() {
     fi
     rm -f "$build_times_file"
     slowest_tests
+    server_starts
     if [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]; then
         printf '%sRESULT: PASSED%s\n' "$green" "$plain"
     else
@@ -124,6 +126,18 @@ slowest_tests() {
     for log in "${ctest_logs[@]}"; do
         sed -nE "s|^ *[0-9]+/[0-9]+ Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$|\2 \1 ${log%%/*}|p" "$log"
     done | sort -rn | awk 'NR <= 10 {printf "    %7.1f s  %s (%s)\n", $1, $2, $3}'
+}
+
+# server_starts: how many atrium processes each tree's integration tests started, and the
+# five test files that started most (tests/integration/harness.py notes each start).
+server_starts() {
+    local dir log
+    for dir in build-asan build build-tsan; do
+        log=$root/$dir/test-tmp/server-starts.log
+        [ -s "$log" ] || continue
+        printf 'server starts in %s: %d (most: %s)\n' "$dir" "$(wc -l <"$log")" \
+            "$(sort "$log" | uniq -c | sort -rn | head -n 5 | awk '{printf "%s%s %d", NR > 1 ? ", " : "", $2, $1}')"
+    done
 }
 
 # timed_build DIR [ARGS...]: builds a tree and notes how long that took for the summary.
