@@ -136,7 +136,7 @@ server_starts() {
         log=$root/$dir/test-tmp/server-starts.log
         [ -s "$log" ] || continue
         printf 'server starts in %s: %d (most: %s)\n' "$dir" "$(wc -l <"$log")" \
-            "$(sort "$log" | uniq -c | sort -rn | head -n 5 | awk '{printf "%s%s %d", NR > 1 ? ", " : "", $2, $1}')"
+            "$(sort "$log" | uniq -c | sort -rn | head -n 5 | awk '{printf "%s%s %d", (NR > 1 ? ", " : ""), $2, $1}')"
     done
 }
 
