@@ -475,9 +475,16 @@ static push_flight *free_flight(int64_t queue_id, bool *busy)
  * failure. */
 static int64_t deliver(PGconn *c)
 {
+    /* Most passes find the queue empty: asking that first costs a fraction of planning the
+     * batch's query below (about 5 ms of PostgreSQL's CPU, every PUSH_POLL_MS). */
+    PGresult *res = acc_q(c, "SELECT EXISTS (SELECT 1 FROM push_queue)", 0, NULL);
+    if (!res) return -1;
+    bool queued = PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    if (!queued) return PUSH_POLL_MS;
     char lim[24];
     const char *p[1] = {i64(lim, sizeof(lim), PUSH_DELIVER_BATCH)};
-    PGresult *res = acc_q(c,
+    res = acc_q(c,
         "SELECT q.id, q.attempts, p.user_id, p.app_id, p.pushkey, p.created_ts, p.data::text,"
         " n.highlight, n.actions::text, n.event_id, n.room_id,"
         " (SELECT count(*) FROM push_notifications u WHERE u.user_id = p.user_id"
