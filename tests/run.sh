@@ -237,10 +237,25 @@ fi
 step "npm packages for the end-to-end tests (tests/e2e, matrix-js-sdk)"
 # The machines come with Node.js 20; a machine without node gets Debian's.
 command -v node >/dev/null 2>&1 || atrium_need_packages nodejs npm
+# A clean clone has no node_modules: `npm ci` takes a minute or more of a run (most of it
+# unpacking), so its result is kept per package-lock.json in the user's cache and copied
+# into the next clone on this machine.
 e2e_stamp=tests/e2e/node_modules/.atrium-lock
+e2e_cache=${XDG_CACHE_HOME:-$HOME/.cache}/atrium/e2e-node_modules-$(sha256sum tests/e2e/package-lock.json | cut -c1-16)
 if ! cmp -s tests/e2e/package-lock.json "$e2e_stamp" 2>/dev/null; then
-    npm ci --prefix tests/e2e --no-audit --no-fund --loglevel=error
-    cp tests/e2e/package-lock.json "$e2e_stamp"
+    rm -rf tests/e2e/node_modules
+    if cmp -s tests/e2e/package-lock.json "$e2e_cache/.atrium-lock" 2>/dev/null &&
+        cp -a "$e2e_cache" tests/e2e/node_modules; then
+        atrium_say "tests/e2e/node_modules copied from $e2e_cache"
+    else
+        rm -rf tests/e2e/node_modules
+        npm ci --prefix tests/e2e --no-audit --no-fund --loglevel=error
+        cp tests/e2e/package-lock.json "$e2e_stamp"
+        # Best effort: a copy that cannot be kept only costs the next clone its npm ci.
+        { mkdir -p "$(dirname "$e2e_cache")" && rm -rf "$e2e_cache.tmp" "$e2e_cache" &&
+            cp -a tests/e2e/node_modules "$e2e_cache.tmp" && mv "$e2e_cache.tmp" "$e2e_cache"; } ||
+            rm -rf "$e2e_cache.tmp"
+    fi
 fi
 
 # The four trees compile through ccache: a run on a machine that has run the suite before
