@@ -50,15 +50,31 @@ class Background:
         return self._value
 
 
-def wait_until(predicate, timeout=10, interval=0.05, what="condition"):
-    """Polls predicate() until it returns a truthy value; returns it or fails."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
+WAIT_FIRST_INTERVAL_S = 0.05
+WAIT_MAX_INTERVAL_S = 0.25
+WAIT_STEADY_S = 1.0
+
+
+def wait_until(predicate, timeout=10, interval=None, what="condition"):
+    """Polls predicate() until it returns a truthy value; returns it or fails. The last poll
+    is at the deadline. With no interval, polls are 50 ms apart for the first second (what
+    a test timing something that fast sees), then the pause grows by half each time up to
+    WAIT_MAX_INTERVAL_S: a poll is often a request to an ASan-built server, or a psql
+    process and a database session, and at a fixed 50 ms a long wait kept a CPU busy. A
+    given interval is kept throughout."""
+    started = time.monotonic()
+    deadline = started + timeout
+    pause = WAIT_FIRST_INTERVAL_S if interval is None else interval
+    while True:
         last = predicate()
         if last:
             return last
-        time.sleep(interval)
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        time.sleep(min(pause, deadline - now))
+        if interval is None and now - started >= WAIT_STEADY_S:
+            pause = min(pause * 1.5, WAIT_MAX_INTERVAL_S)
     raise AssertionError(f"{what} not reached within {timeout}s (last value {last!r})")
 
 
