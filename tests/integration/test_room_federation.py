@@ -10,6 +10,7 @@ lie; two Atrium processes play both sides where the real thing can run.
 
 import json
 import time
+import uuid
 
 from accounts import deactivate, quote, register
 from federation_support import sign_json, verify_json
@@ -43,12 +44,47 @@ class PeerView:
         return status, body
 
 
-class ServedEventsTest(FederationTestCase):
+def tag():
+    """A suffix for the localparts of one test on a server its class shares."""
+    return uuid.uuid4().hex[:8]
+
+
+_PEER_NAMES = set()  # fresh_fake_peer's
+
+
+def fresh_fake_peer(case):
+    """case.fake_peer() under a server name (its port) no other test of the process had: a
+    class's shared server keeps what it learnt of a peer (its key, a backoff), which must
+    not meet a later test's new peer that happens to get the same port."""
+    while True:
+        peer = case.fake_peer()
+        if peer.server_name not in _PEER_NAMES:
+            _PEER_NAMES.add(peer.server_name)
+            return peer
+        peer.close()
+
+
+class SharedServerCase(FederationTestCase):
+    """One A for all the tests of a class (start_class_fed), each test with its own fake
+    peer (a new server name), its own alice and its own rooms; none stops the server, and
+    counters are read as deltas from the test's start (what a fresh server would count)."""
+
     def setUp(self):
-        self.peer = self.fake_peer()
-        self.a = self.start_fed(A_IP)
-        self.alice = Client(self.a, register(self.a, "alice"))
+        self.peer = fresh_fake_peer(self)
+        self.a = self.start_class_fed(A_IP)
+        self.metrics_at_start = self.a.metrics()
+        self.alice = Client(self.a, register(self.a, f"alice{tag()}"))
         self.view = PeerView(self.a, self.peer)
+
+    def counted(self, name, labels=None):
+        """How much the metric (its samples with these labels) grew since setUp began."""
+        def total(samples):
+            return sum(value for sample, sample_labels, value in samples if sample == name and
+                       all(sample_labels.get(k) == str(v) for k, v in (labels or {}).items()))
+        return total(self.a.metrics()) - total(self.metrics_at_start)
+
+
+class ServedEventsTest(SharedServerCase):
 
     def world_readable_room(self, **extra):
         return self.alice.create_room(initial_state=[{
@@ -127,7 +163,7 @@ class ServedEventsTest(FederationTestCase):
 
     def test_an_erased_users_events_are_served_redacted_to_other_servers(self):
         room = self.world_readable_room(preset="public_chat")
-        account = register(self.a, "mal")
+        account = register(self.a, f"mal{tag()}")
         mal = Client(self.a, account)
         mal.join(room)
         erased = mal.send(room, {"msgtype": "m.text", "body": "erase me"})
@@ -202,14 +238,11 @@ def complete_event(template, server_name, key, version="10", **changes):
     return ev, reference_event_id(ev, version)
 
 
-class ResidentJoinTest(FederationTestCase):
+class ResidentJoinTest(SharedServerCase):
     """This server as the resident server of a room a fake peer's user joins and leaves."""
 
     def setUp(self):
-        self.peer = self.fake_peer()
-        self.a = self.start_fed(A_IP)
-        self.alice = Client(self.a, register(self.a, "alice"))
-        self.view = PeerView(self.a, self.peer)
+        super().setUp()
         self.user = f"@pat:{self.peer.server_name}"
 
     def make(self, room, what="join", user=None, ver="&ver=10&ver=11"):
@@ -305,15 +338,12 @@ class ResidentJoinTest(FederationTestCase):
         self.assertEqual(self.send(room, ev, event_id)[0], 200)
 
 
-class FakePeerTest(FederationTestCase):
+class FakePeerTest(SharedServerCase):
     """A fake peer in a room of A (joined through make_join/send_join) sends PDUs in
     transactions: good ones, and each kind of bad one the spec names."""
 
     def setUp(self):
-        self.peer = self.fake_peer()
-        self.a = self.start_fed(A_IP)
-        self.alice = Client(self.a, register(self.a, "alice"))
-        self.view = PeerView(self.a, self.peer)
+        super().setUp()
         self.user = f"@pat:{self.peer.server_name}"
         self.room = self.alice.create_room(preset="public_chat")
         _, made = self.view.get(f"{FED}/v1/make_join/{quote(self.room)}/{quote(self.user)}?ver=10")
@@ -328,18 +358,22 @@ class FakePeerTest(FederationTestCase):
     def event(self, content, event_type="m.room.message", state_key=None, key=None, prev=None,
               room=None, sender=None, member=None, more_auth=(), **changes):
         room = room or self.room
-        [(pl,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
-                         " AND type = 'm.room.power_levels'")
-        [(create,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
-                             " AND type = 'm.room.create'")
         sender = sender or self.user
-        member = [[member]] if member else self.q(
-            f"SELECT event_id FROM current_state WHERE room_id = '{room}'"
-            f" AND type = 'm.room.member' AND state_key = '{sender}'")
-        prev = prev or [r[0] for r in self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{room}'")]
-        [(depth,)] = self.q(f"SELECT max(depth) FROM events WHERE room_id = '{room}'")
+        # One psql for what the event refers to: the power levels and the create event
+        # (one each: a scalar subquery fails on two), the sender's member events, the
+        # room's extremities, its depth.
+        state = f"SELECT event_id FROM current_state WHERE room_id = '{room}' AND type ="
+        [(pl, create, members, tips, depth)] = self.q(
+            f"SELECT ({state} 'm.room.power_levels'), ({state} 'm.room.create'),"
+            f" (SELECT string_agg(event_id, ' ') FROM ({state} 'm.room.member'"
+            f" AND state_key = '{sender}') m),"
+            f" (SELECT string_agg(event_id, ' ') FROM room_extremities WHERE room_id = '{room}'),"
+            f" (SELECT max(depth) FROM events WHERE room_id = '{room}')")
+        self.assertTrue(pl and create and depth, (pl, create, depth))
+        member = [member] if member else members.split()
+        prev = prev or tips.split()
         ev = {"type": event_type, "room_id": room, "sender": sender, "content": content,
-              "auth_events": [create, pl] + [m[0] for m in member] + list(more_auth),
+              "auth_events": [create, pl] + member + list(more_auth),
               "prev_events": prev,
               "depth": int(depth) + 1}
         if state_key is not None:
@@ -377,10 +411,10 @@ class FakePeerTest(FederationTestCase):
         from federation_support import SigningKey
         impostor = SigningKey(self.peer.key.key_id.split(":")[1])
         ev, event_id = self.event({"msgtype": "m.text", "body": "forged"}, key=impostor)
+        labels = {"outcome": "rejected", "check": "signature"}
         self.assertIn("error", self.send_txn(ev)[event_id])
         self.assertEqual(self.stored(event_id), [])
-        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
-                                       {"outcome": "rejected", "check": "signature"}), 1)
+        self.assertEqual(self.counted("atrium_rooms_inbound_pdus_total", labels), 1)
 
     def test_a_wrong_content_hash_is_stored_redacted(self):
         ev, event_id = self.event({"msgtype": "m.text", "body": "original"})
@@ -390,7 +424,7 @@ class FakePeerTest(FederationTestCase):
         self.assertEqual(self.timeline()[event_id]["content"], {})
         [(pdu,)] = self.q(f"SELECT pdu FROM events WHERE event_id = '{event_id}'")
         self.assertNotIn("altered", pdu)
-        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_redacted_total"), 1)
+        self.assertEqual(self.counted("atrium_rooms_inbound_pdus_redacted_total"), 1)
 
     def test_an_auth_failure_is_rejected_and_kept_out_of_state_and_timeline(self):
         [(before,)] = self.q(f"SELECT event_id FROM current_state WHERE room_id = '{self.room}'"
@@ -443,10 +477,10 @@ class FakePeerTest(FederationTestCase):
     def test_an_event_for_a_room_the_peer_is_not_in_is_rejected(self):
         other = self.alice.create_room(preset="public_chat")
         ev, event_id = self.event({"msgtype": "m.text", "body": "intruder"}, room=other)
+        labels = {"outcome": "rejected", "check": "origin"}
         self.assertIn("error", self.send_txn(ev)[event_id])
         self.assertEqual(self.stored(event_id), [])
-        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
-                                       {"outcome": "rejected", "check": "origin"}), 1)
+        self.assertEqual(self.counted("atrium_rooms_inbound_pdus_total", labels), 1)
 
     def test_after_a_ban_the_peer_can_no_longer_send_into_the_room(self):
         [(old_tip,)] = self.q(f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")
@@ -460,11 +494,11 @@ class FakePeerTest(FederationTestCase):
         # Beside it (prev_events from before the ban): valid then, refused by the current
         # state: soft-failed, kept, not in the timeline.
         ev, event_id = self.event({"msgtype": "m.text", "body": "sneaky"}, prev=[old_tip], member=join)
+        labels = {"outcome": "soft_failed", "check": ""}
         self.assertEqual(self.send_txn(ev), {event_id: {}})
         self.assertEqual(self.stored(event_id), ["soft_failed"])
         self.assertNotIn(event_id, self.timeline())
-        self.assertEqual(self.a.metric("atrium_rooms_inbound_pdus_total",
-                                       {"outcome": "soft_failed", "check": ""}), 1)
+        self.assertEqual(self.counted("atrium_rooms_inbound_pdus_total", labels), 1)
 
     def test_concurrent_state_resolves_by_the_spec_not_by_arrival(self):
         pl = self.alice.state(self.room, "m.room.power_levels")
@@ -483,7 +517,7 @@ class FakePeerTest(FederationTestCase):
         self.assertEqual(self.alice.state(self.room, "m.room.topic"), {"topic": "A"})
         self.assertEqual(sorted(r[0] for r in self.q(
             f"SELECT event_id FROM room_extremities WHERE room_id = '{self.room}'")), sorted([mine, theirs]))
-        self.assertGreaterEqual(self.a.metric("atrium_rooms_state_resolutions_total", {"outcome": "ok"}), 1)
+        self.assertGreaterEqual(self.counted("atrium_rooms_state_resolutions_total", {"outcome": "ok"}), 1)
         # The next event closes the fork: it names both.
         after = self.alice.send(self.room, {"msgtype": "m.text", "body": "merged"})
         [(pdu,)] = self.q(f"SELECT pdu FROM events WHERE event_id = '{after}'")
@@ -501,6 +535,16 @@ class TwoServersCase(FederationTestCase):
         self.alice = Client(self.a, register(self.a, "alice"))
         self.bob = Client(self.b, register(self.b, "bob"))
 
+    def start_shared_pair(self):
+        """setUp for a class whose tests share one A and one B (start_class_fed): each test
+        its own alice, bob (tagged localparts) and rooms, none stops a server, and counters
+        are read as deltas."""
+        self.a = self.start_class_fed(A_IP)
+        self.b = self.start_class_fed(B_IP)
+        suffix = tag()
+        self.alice = Client(self.a, register(self.a, f"alice{suffix}"))
+        self.bob = Client(self.b, register(self.b, f"bob{suffix}"))
+
     def join(self, room, via=None):
         via = via or self.a.server_name
         return self.bob.call("POST", f"/_matrix/client/v3/join/{quote(room)}?server_name={quote(via)}",
@@ -510,12 +554,14 @@ class TwoServersCase(FederationTestCase):
         chunk = client.ok("GET", f"/_matrix/client/v3/rooms/{quote(room)}/messages?dir=b&limit=50")["chunk"]
         return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
 
-    def wait_until(self, what, predicate, timeout=20):
+    def wait_until(self, what, predicate, timeout=20, interval=0.1):
+        """Polls predicate every interval seconds: a longer one where each poll costs a
+        process (psql) and what is awaited comes on a retry schedule of seconds."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             if predicate():
                 return
-            time.sleep(0.1)
+            time.sleep(interval)
         self.fail(f"timed out waiting for {what}")
 
     def public_room_with_bob(self):

@@ -63,8 +63,10 @@ class BothSidesSeen:
         # after it is back (or, when Synapse itself was restarted, with its catch-up).
         theirs = [e["event_id"] for e in self.state_events(self.synapse_user, room)
                   if e["sender"] == self.synapse_user.user_id]
+        # Polled each second (a psql each): Synapse's retries come seconds apart.
         self.wait_until("the Synapse user's events of the partition at Atrium",
-                        lambda: self.held_at_atrium(theirs) == set(theirs), timeout=120)
+                        lambda: self.held_at_atrium(theirs) == set(theirs), timeout=120,
+                        interval=1)
         super().assert_resolved(room, **expect)
         ours = [e["event_id"] for e in self.state_events(self.atrium_user, room)
                 if e["sender"] == self.atrium_user.user_id]
