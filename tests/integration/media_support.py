@@ -16,10 +16,11 @@ import struct
 import subprocess
 import tempfile
 import time
+import unittest
 import uuid
 import zlib
 
-from harness import deep_merge, psql, raw_connect
+from harness import Server, deep_merge, psql, raw_connect
 
 PASSWORD = "correct horse battery staple"
 
@@ -28,15 +29,54 @@ def media_server(case, media=None, settings=None, shared=False, **kwargs):
     """Starts a server (AtriumTestCase.start_server) with registration open and the media
     plugin storing in <server dir>/media_store; `media` adds plugins.media settings.
     shared=True: the one server of the test's class (AtriumTestCase.start_class_server),
-    for tests that use their own users and media and count nothing from zero."""
+    for tests that use their own users and media and count nothing from zero.
+    shared="module": the one server on these settings of the test's module, for such tests
+    in several classes (module_server)."""
     def build(tmp):
         conf = {"enabled": True, "store_path": os.path.join(tmp, "media_store")}
         conf.update(media or {})
         out = {"registration": {"enabled": True}, "plugins": {"media": conf}}
         return deep_merge(out, settings or {})
-    start = case.start_class_server if shared else case.start_server
-    srv = start(settings=build, **kwargs)
+    if shared == "module":
+        key = (type(case).__module__, repr(media), repr(settings), repr(sorted(kwargs.items())))
+        srv = module_server(case, key, lambda: Server(start=False, settings=build, **kwargs))
+    else:
+        start = case.start_class_server if shared else case.start_server
+        srv = start(settings=build, **kwargs)
     srv.store = os.path.join(srv.dir, "media_store")
+    return srv
+
+
+_MODULE_SERVERS = {}
+
+
+def module_server(case, key, make):
+    """The server of the test's module under `key` (make() builds it, unstarted), started by
+    the first test that asks, stopped and checked (exit code, sanitizer reports) once the
+    module's tests ran (unittest.addModuleCleanup: a problem fails the run); a failed test
+    marks it, so its log is kept. AtriumTestCase.start_class_server's rules hold, across
+    classes: each test with users and media of its own, no absolute counter, no stop."""
+    srv = _MODULE_SERVERS.get(key)
+    if srv is None:
+        srv = make()
+        try:
+            srv.start()
+        except BaseException:
+            srv._failed = True
+            srv.close(raise_errors=False)
+            raise
+        _MODULE_SERVERS[key] = srv
+
+        def close():
+            del _MODULE_SERVERS[key]
+            srv.close()
+        unittest.addModuleCleanup(close)
+
+    def mark():
+        outcome = getattr(case, "_outcome", None)
+        if outcome is not None and not getattr(outcome, "success", True):
+            srv._failed = True
+    case.addCleanup(mark)
     return srv
 
 

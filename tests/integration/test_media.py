@@ -1,7 +1,12 @@
 """The media plugin's uploads and downloads: byte-for-byte round trips, the headers of
 success and failure, media ID validation, tokens, HEAD, ranges and conditional requests,
 the upload limit, asynchronous uploads, the legacy paths, and trust and safety (quarantine,
-the admin API, verification of originals)."""
+the admin API, verification of originals).
+
+Tests on the default settings share the module's one server (media_server(shared="module")):
+each uses users and media of its own and counts from the values before it; a test with
+settings of its own, or one that measures the process or counts everything, has its own.
+"""
 
 import http.client
 import json
@@ -39,8 +44,9 @@ class MediaTestCase(AtriumTestCase):
 
 class RoundTripTest(MediaTestCase):
     def test_upload_round_trips_byte_for_byte_with_its_sha256_as_etag(self):
-        srv = media_server(self)
+        srv = media_server(self, shared="module")
         user, token = register(srv)
+        uploads0 = srv.metric("atrium_media_uploads_total") or 0
         data = os.urandom(300_000)
         media_id = upload(srv, token, data, "application/x-test")
         self.assertEqual(len(media_id), 24)
@@ -55,7 +61,7 @@ class RoundTripTest(MediaTestCase):
         row = psql(f"SELECT user_id, sha256, size_bytes FROM media_local WHERE media_id = '{media_id}'",
                    srv.database)
         self.assertEqual(row, [[user, sha256(data), str(len(data))]])
-        self.assertEqual(srv.metric("atrium_media_uploads_total"), 1)
+        self.assertEqual(srv.metric("atrium_media_uploads_total") - uploads0, 1)
 
     def test_an_upload_streams_to_disk_instead_of_into_memory(self):
         size = 40 * 1024 * 1024
@@ -74,7 +80,7 @@ class RoundTripTest(MediaTestCase):
         self.assertEqual((status, sha256(body)), (200, sha256(data)))
 
     def test_an_empty_upload_is_stored_and_served(self):
-        srv = media_server(self)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         media_id = upload(srv, token, b"", "text/plain")
         status, headers, body = srv.request("GET", download_path(srv, media_id), token=token)
@@ -83,10 +89,8 @@ class RoundTripTest(MediaTestCase):
 
 
 class HeadersTest(MediaTestCase):
-    """Its tests share one server (media_server(shared=True))."""
-
     def test_success_headers_and_the_disposition_rules(self):
-        srv = media_server(self, shared=True)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         image = upload(srv, token, png(8, 8), "image/png", "cat photo.png")
         html = upload(srv, token, b"<script>alert(1)</script>", "text/html")
@@ -116,7 +120,7 @@ class HeadersTest(MediaTestCase):
                 self.assertEqual(headers.get("Access-Control-Allow-Origin"), "*")
 
     def test_unknown_media_is_404_not_found_and_not_cached(self):
-        srv = media_server(self, shared=True)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         response = srv.request("GET", download_path(srv, "NoSuchMediaHere"), token=token)
         self.assert_error(response, 404, "M_NOT_FOUND")
@@ -124,7 +128,7 @@ class HeadersTest(MediaTestCase):
         self.assertIsNone(response[1].get("Content-Disposition"))
 
     def test_head_answers_the_headers_without_a_body(self):
-        srv = media_server(self, shared=True)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         data = os.urandom(12345)
         media_id = upload(srv, token, data, "image/png")
@@ -137,11 +141,10 @@ class HeadersTest(MediaTestCase):
 
 class HotFileTest(MediaTestCase):
     """The fast path of a file downloaded again and again: corked responses on a kept-alive
-    connection, and the open-file cache (plugins/media/fdcache.c). Its tests share one
-    server (media_server(shared=True)): each uploads media of its own."""
+    connection, and the open-file cache (plugins/media/fdcache.c)."""
 
     def test_kept_alive_downloads_follow_each_other_without_a_stall(self):
-        srv = media_server(self, shared=True)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         data = os.urandom(100_000)
         media_id = upload(srv, token, data)
@@ -166,7 +169,7 @@ class HotFileTest(MediaTestCase):
         self.assertLess(time.monotonic() - started, 3.0, "90 answers on one connection")
 
     def test_a_file_deleted_or_replaced_on_disk_is_never_served_from_an_open_descriptor(self):
-        srv = media_server(self, shared=True)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         first, second = os.urandom(5000), os.urandom(5000)
         media_id = upload(srv, token, first)
@@ -186,10 +189,8 @@ class HotFileTest(MediaTestCase):
 
 
 class RangeAndConditionalTest(MediaTestCase):
-    """Its tests share one server (media_server(shared=True))."""
-
     def test_ranges_give_206_416_or_the_whole_body(self):
-        srv = media_server(self, shared=True)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         data = bytes(range(256)) * 40  # 10240 bytes
         media_id = upload(srv, token, data, "video/mp4")
@@ -219,7 +220,7 @@ class RangeAndConditionalTest(MediaTestCase):
         self.assertEqual(response[1].get("Content-Range"), "bytes */10240")
 
     def test_if_none_match_gives_304_only_to_an_authorized_request(self):
-        srv = media_server(self, shared=True)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         data = os.urandom(5000)
         media_id = upload(srv, token, data, "image/jpeg")
@@ -239,7 +240,7 @@ class RangeAndConditionalTest(MediaTestCase):
 
 class IdentifierAndTokenTest(MediaTestCase):
     def test_bad_media_ids_and_server_names_are_refused(self):
-        srv = media_server(self)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         secret = os.path.join(srv.dir, "homeserver.yaml")
         bad_ids = ["..%2F..%2Fhomeserver.yaml", "a.b", "a%20b", "%2E%2E", "x" * 256, "caf%C3%A9",
@@ -265,8 +266,9 @@ class IdentifierAndTokenTest(MediaTestCase):
                                       "?allow_remote=false", token=token), 404, "M_NOT_FOUND")
 
     def test_missing_unknown_and_revoked_tokens_get_401(self):
-        srv = media_server(self)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
+        files0 = store_files(srv)
         media_id = upload(srv, token, b"hello", "text/plain")
         paths = [download_path(srv, media_id), thumbnail_path(srv, media_id, 32, 32),
                  "/_matrix/client/v1/media/config"]
@@ -283,7 +285,8 @@ class IdentifierAndTokenTest(MediaTestCase):
         self.assert_error(srv.request("GET", download_path(srv, media_id), token=token), 401, "M_UNKNOWN_TOKEN")
         self.assert_error(srv.request("POST", "/_matrix/media/v3/upload", body=b"x", token=token),
                           401, "M_UNKNOWN_TOKEN")
-        self.assertEqual(store_files(srv), [os.path.relpath(original_file(srv, media_id), srv.store)],
+        self.assertEqual(sorted(set(store_files(srv)) - set(files0)),
+                         [os.path.relpath(original_file(srv, media_id), srv.store)],
                          "refused uploads leave no file")
 
     def test_config_names_the_upload_limit_to_an_authenticated_client(self):
@@ -345,7 +348,7 @@ class UploadLimitTest(MediaTestCase):
 
 class AsyncUploadTest(MediaTestCase):
     def test_create_then_put_wakes_a_waiting_download(self):
-        srv = media_server(self)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         status, created = srv.json("POST", "/_matrix/media/v1/create", {}, token=token)
         self.assertEqual(status, 200, created)
@@ -420,7 +423,7 @@ class AsyncUploadTest(MediaTestCase):
 
 class LegacyPathsTest(MediaTestCase):
     def test_legacy_paths_are_frozen_unless_switched_on(self):
-        srv = media_server(self)
+        srv = media_server(self, shared="module")
         _, token = register(srv)
         media_id = upload(srv, token, b"old media", "text/plain")
         self.assert_error(srv.request("GET", f"/_matrix/media/v3/download/localhost/{media_id}"),
@@ -446,10 +449,13 @@ class LegacyPathsTest(MediaTestCase):
 
 
 class TrustAndSafetyTest(MediaTestCase):
+    """The verification counts every original of its server: it has a server of its own."""
+
     def test_quarantine_by_id_and_by_hash_is_404_for_everyone(self):
-        srv = media_server(self)
+        srv = media_server(self, shared="module")
         admin_id, admin = register(srv, admin=True)
         user_id, token = register(srv)
+        refused0 = srv.metric("atrium_media_refused_quarantined_total") or 0
         data = png(50, 50)
         media_id = upload(srv, token, data, "image/png")
         twin = upload(srv, token, data, "image/png")  # the same bytes under another ID
@@ -471,13 +477,13 @@ class TrustAndSafetyTest(MediaTestCase):
                                   token=admin), (200, {}))
         for mid in (media_id, twin):
             self.assert_error(srv.request("GET", download_path(srv, mid), token=token), 404, "M_NOT_FOUND")
-        self.assertEqual(srv.metric("atrium_media_refused_quarantined_total"), 4)
+        self.assertEqual(srv.metric("atrium_media_refused_quarantined_total") - refused0, 4)
         self.assertEqual(srv.json("POST", f"/_atrium/admin/v1/media/unquarantine_hash/{sha256(data)}", {},
                                   token=admin), (200, {}))
         self.assertEqual(srv.request("GET", download_path(srv, twin), token=token)[0], 200)
 
     def test_admin_lists_and_deletes_a_users_media(self):
-        srv = media_server(self)
+        srv = media_server(self, shared="module")
         _, admin = register(srv, admin=True)
         user_id, token = register(srv)
         ids = [upload(srv, token, f"file {i}".encode(), "text/plain", f"f{i}.txt") for i in range(3)]

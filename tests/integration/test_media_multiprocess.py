@@ -41,16 +41,45 @@ def sha(data):
 
 
 class MultiProcessCase(remote.RemoteMediaCase):
-    def start_cluster(self, count, media=None):
+    def start_cluster(self, count, media=None, shared=False):
         """`count` processes on one new database and one media store, started one after
-        the other (the first writes the signing key the others read)."""
+        the other (the first writes the signing key the others read). shared=True: the one
+        cluster of the test's class, stopped and checked once its last test ran (the rules
+        of AtriumTestCase.start_class_server: own users, media and origins, no absolute
+        counter, no server stopped; same arguments in every call of a class)."""
+        if not shared:
+            return self._new_cluster(count, media, self.addCleanup, self._close_marked)
+        cls = type(self)
+        if "_class_cluster" not in cls.__dict__:
+            servers = self._new_cluster(count, media, cls.addClassCleanup, lambda srv: srv.close)
+            cls._class_cluster = (servers, (count, media))
+        servers, args = cls._class_cluster
+        self.assertEqual(args, (count, media), "a shared cluster's arguments differ")
+
+        def mark():
+            outcome = getattr(self, "_outcome", None)
+            if outcome is not None and not getattr(outcome, "success", True):
+                for srv in servers:
+                    srv._failed = True
+        self.addCleanup(mark)
+        return list(servers)
+
+    def _close_marked(self, srv):
+        def close():
+            outcome = getattr(self, "_outcome", None)
+            if outcome is not None and not getattr(outcome, "success", True):
+                srv._failed = True
+            srv.close()
+        return close
+
+    def _new_cluster(self, count, media, add_cleanup, closer):
         db = harness.create_database()
-        self.addCleanup(harness.drop_database, db)
+        add_cleanup(harness.drop_database, db)
         tmp_root = os.environ.get("ATRIUM_TEST_TMPDIR") or None
         if tmp_root:
             os.makedirs(tmp_root, exist_ok=True)
         shared = tempfile.mkdtemp(prefix="atrium-media-multi-", dir=tmp_root)
-        self.addCleanup(shutil.rmtree, shared, True)
+        add_cleanup(shutil.rmtree, shared, True)
         store = os.path.join(shared, "media_store")
         conf = {"enabled": True, "store_path": store}
         conf.update(media or {})
@@ -63,13 +92,7 @@ class MultiProcessCase(remote.RemoteMediaCase):
             srv._settings = harness.deep_merge(srv._settings, extra)
             srv.store = store
             srv.write_config()
-
-            def close(srv=srv):
-                outcome = getattr(self, "_outcome", None)
-                if outcome is not None and not getattr(outcome, "success", True):
-                    srv._failed = True
-                srv.close()
-            self.addCleanup(close)
+            add_cleanup(closer(srv))
             srv.start()
             servers.append(srv)
         return servers
@@ -170,13 +193,18 @@ class ThumbnailAcrossProcessesTest(MultiProcessCase):
 
 
 class RemoteFetchAcrossProcessesTest(MultiProcessCase):
+    """Its tests share one cluster (start_cluster(shared=True)), each with an origin of
+    its own."""
+
     def test_one_uncached_remote_file_asked_of_two_processes_at_once_is_fetched_once(self):
         o = self.origin(ORIGIN_IP)
         data = os.urandom(300000)
         o.files["shared1"] = ("ok", data, "application/octet-stream")
         o.delay_s = 0.5  # the first fetch is still running when the other process asks
-        a, b = self.start_cluster(2)
+        a, b = self.start_cluster(2, shared=True)
         _, token = register(a)
+        ok = {"outcome": "ok"}
+        fetched0 = [self.count(srv, "atrium_media_remote_fetches_total", ok) for srv in (a, b)]
         path = self.remote_path(o.server_name, "shared1")
         results = [None] * 10
         start = threading.Barrier(10)
@@ -193,7 +221,8 @@ class RemoteFetchAcrossProcessesTest(MultiProcessCase):
                          [r[2][:200] for r in results if r and r[0] != 200][:3])
         self.assertEqual({sha(r[2]) for r in results}, {sha(data)})
         self.assertEqual(o.media_hits("shared1"), 1, o.hits)
-        fetched = [srv.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}) for srv in (a, b)]
+        fetched = [self.count(srv, "atrium_media_remote_fetches_total", ok) - before
+                   for srv, before in zip((a, b), fetched0)]
         self.assertEqual(sorted(fetched), [0, 1], "one process fetched, the other read its copy")
         # Later requests, on either process, come from the shared cache.
         for srv in (a, b):
@@ -204,7 +233,7 @@ class RemoteFetchAcrossProcessesTest(MultiProcessCase):
     def test_a_missing_remote_file_is_asked_of_the_origin_once_for_both_processes(self):
         o = self.origin(ORIGIN_IP)
         o.delay_s = 0.5
-        a, b = self.start_cluster(2)
+        a, b = self.start_cluster(2, shared=True)
         _, token = register(a)
         path = self.remote_path(o.server_name, "absent1")
         first = Background(a.request, "GET", path, token=token, timeout=30)
@@ -216,7 +245,8 @@ class RemoteFetchAcrossProcessesTest(MultiProcessCase):
 
 class DeadClaimantTest(MultiProcessCase):
     """A process that claimed a render or a fetch and died leaves its claim row behind:
-    the others wait for it no longer than its expiry, then do the work themselves."""
+    the others wait for it no longer than its expiry, then do the work themselves. Its
+    tests share one cluster (start_cluster(shared=True)), claiming keys of their own."""
 
     def dead_claim(self, srv, key, lapse_ms):
         harness.psql("INSERT INTO media_claims (claim_key, owner, expires_ts) VALUES"
@@ -225,8 +255,9 @@ class DeadClaimantTest(MultiProcessCase):
                      srv.database)
 
     def test_a_render_claimed_by_a_dead_process_is_taken_over_when_its_claim_lapses(self):
-        a, b = self.start_cluster(2)
+        a, b = self.start_cluster(2, shared=True)
         _, token = register(a)
+        renders0 = self.total((a, b), "atrium_media_renders_total", {"result": "ok"})
         image = solid_png(800, 600, 3)
         media_id = upload(a, token, image, "image/png")
         self.dead_claim(a, f"render:{sha(image)}/320x240-scale", 2000)
@@ -237,13 +268,13 @@ class DeadClaimantTest(MultiProcessCase):
         self.assertEqual(webp_size(body), (320, 240))
         self.assertGreater(waited, 1.5, "it waited for the other claimant first")
         self.assertLess(waited, 6.0)
-        self.assertEqual(self.total((a, b), "atrium_media_renders_total", {"result": "ok"}), 1)
+        self.assertEqual(self.total((a, b), "atrium_media_renders_total", {"result": "ok"}) - renders0, 1)
 
     def test_a_fetch_claimed_by_a_dead_process_is_taken_over_when_its_claim_lapses(self):
         o = self.origin(ORIGIN_IP)
         data = os.urandom(50000)
         o.files["orphan1"] = ("ok", data, "application/octet-stream")
-        a, b = self.start_cluster(2)
+        a, b = self.start_cluster(2, shared=True)
         _, token = register(a)
         self.dead_claim(a, f"fetch:{o.server_name}/orphan1", 2000)
         started = time.monotonic()
@@ -310,7 +341,8 @@ class QuarantineAcrossProcessesTest(MultiProcessCase):
 class RowCacheAcrossProcessesTest(MultiProcessCase):
     """Each process keeps the local media rows it served (rowcache.c); a quarantine by ID or
     by hash, or a deletion, through one process drops them there at once and in the
-    others within a second (their notifications on the "row" channel)."""
+    others within a second (their notifications on the "row" channel). Its tests share
+    one cluster (start_cluster(shared=True)), each with media of its own."""
 
     def hits(self, srv):
         return srv.metric("atrium_media_row_cache_total", {"result": "hit"}) or 0
@@ -344,7 +376,7 @@ class RowCacheAcrossProcessesTest(MultiProcessCase):
         self.assertLess(time.monotonic() - changed, QUARANTINE_REACH_S)
 
     def test_a_quarantine_by_id_through_a_drops_the_cached_row_on_b(self):
-        a, b = self.start_cluster(2)
+        a, b = self.start_cluster(2, shared=True)
         _, admin = register(a, admin=True)
         data = os.urandom(5000)
         media_id = upload(a, admin, data)
@@ -362,7 +394,7 @@ class RowCacheAcrossProcessesTest(MultiProcessCase):
             self.assertEqual((status, body), (200, data))
 
     def test_a_quarantine_by_hash_through_a_drops_the_cached_row_on_b(self):
-        a, b = self.start_cluster(2)
+        a, b = self.start_cluster(2, shared=True)
         _, admin = register(a, admin=True)
         data = os.urandom(5000)
         media_id = upload(a, admin, data)
@@ -373,7 +405,7 @@ class RowCacheAcrossProcessesTest(MultiProcessCase):
         self.assert_refused_everywhere(a, b, admin, media_id, time.monotonic())
 
     def test_a_deletion_through_a_drops_the_cached_row_on_b(self):
-        a, b = self.start_cluster(2)
+        a, b = self.start_cluster(2, shared=True)
         _, admin = register(a, admin=True)
         data = os.urandom(5000)
         media_id = upload(a, admin, data)

@@ -5,6 +5,9 @@ A fake site written here serves HTTPS from the test CA (or plain HTTP) on its ow
 address and counts what it is asked; the server under
 test trusts the CA (federation.custom_ca_list) and allows loopback past the address
 blacklist (federation.ip_range_whitelist), except where a test wants the blacklist to bite.
+
+Tests on the default settings share the module's one server (PreviewCase.shared_server),
+each with users and sites of its own, counting from the values before it.
 """
 
 import http.server
@@ -114,22 +117,40 @@ OG_PAGE = """<!DOCTYPE html>
 """
 
 
+_MODULE = {}  # the module's test CA and the base URLs its fake sites had
+
+
 class PreviewCase(harness.AtriumTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="atrium-media-preview-")
-        cls.ca = TestCA(cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        """One CA for the module: its shared server trusts the sites of every class."""
+        if not _MODULE:
+            tmp = tempfile.mkdtemp(prefix="atrium-media-preview-")
+            unittest.addModuleCleanup(shutil.rmtree, tmp, True)  # after the servers stop
+            _MODULE.update(ca=TestCA(tmp), bases=set())
+        cls.ca = _MODULE["ca"]
 
     def site(self, tls=True):
+        """A fake site whose base URL no other test of the module had: the shared server's
+        cached previews of one test's site are never another's."""
         s = FakeSite(self.ca, SITE_IP if tls else PLAIN_SITE_IP, tls)
+        while s.base in _MODULE["bases"]:
+            s.close()
+            s = FakeSite(self.ca, SITE_IP if tls else PLAIN_SITE_IP, tls)
+        _MODULE["bases"].add(s.base)
         self.addCleanup(s.close)
         return s
 
-    def server(self, enabled=True, whitelist=("127.0.0.0/8",), media=None):
+    def shared_server(self):
+        """The module's one server (media_server(shared="module")) on the settings of
+        server(), following 3 redirects: for tests with users and sites of their own that
+        count from the values before them."""
+        return self.server(media={"url_preview_max_redirects": 3}, shared="module")
+
+    def count(self, srv, name, labels=None):
+        return srv.metric(name, labels) or 0
+
+    def server(self, enabled=True, whitelist=("127.0.0.0/8",), media=None, shared=False):
         conf = {"url_preview_max_bytes": CAP_BYTES, "url_preview_timeout_ms": TIMEOUT_MS,
                 "url_preview_max_in_flight": 2, "url_preview_max_per_user": 2}
         if enabled:
@@ -137,7 +158,7 @@ class PreviewCase(harness.AtriumTestCase):
         conf.update(media or {})
         fed = {"custom_ca_list": [self.ca.cert], "ip_range_whitelist": list(whitelist),
                "client": {"request_timeout_ms": 5000}}
-        return media_server(self, media=conf, settings={"federation": fed})
+        return media_server(self, media=conf, settings={"federation": fed}, shared=shared)
 
     def preview(self, srv, token, url, ts=None, path=PREVIEW, timeout=20):
         q = f"{path}?url={quote(url, safe='')}" + (f"&ts={ts}" if ts is not None else "")
@@ -155,7 +176,7 @@ class PreviewContentTest(PreviewCase):
         image = png(20, 10)
         site.page("/article", OG_PAGE)
         site.page("/img/pic.png", image, "image/png")
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
         status, og = self.preview(srv, token, site.base + "/article#section")
         self.assertEqual(status, 200, og)
@@ -180,19 +201,22 @@ class PreviewContentTest(PreviewCase):
         site = self.site()
         site.page("/article", OG_PAGE)
         site.page("/img/pic.png", png(8, 8), "image/png")
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
+        asked0 = self.count(srv, "atrium_media_url_preview_requests_total")
+        cached0 = self.count(srv, "atrium_media_url_previews_total", {"result": "cached"})
+        fetched0 = self.count(srv, "atrium_media_url_previews_total", {"result": "fetched"})
         first = self.preview(srv, token, site.base + "/article")
         self.assertEqual(first[0], 200, first[1])
         asked = srv.metric("atrium_media_url_preview_requests_total")
-        self.assertEqual(asked, 2)  # the page and its image
+        self.assertEqual(asked - asked0, 2)  # the page and its image
         _, other = register(srv)
         again = self.preview(srv, other, site.base + "/article")
         self.assertEqual(again, first)
         self.assertEqual((site.count("/article"), site.count("/img/pic.png")), (1, 1))
         self.assertEqual(srv.metric("atrium_media_url_preview_requests_total"), asked)
-        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "cached"}), 1)
-        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "fetched"}), 1)
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "cached"}) - cached0, 1)
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "fetched"}) - fetched0, 1)
         # a ts in another TTL window is another preview: the site is asked again
         old = self.preview(srv, token, site.base + "/article", ts=1000)
         self.assertEqual(old[0], 200)
@@ -204,7 +228,7 @@ class PreviewContentTest(PreviewCase):
                   '<meta name="Description" content="Said by meta">'
                   '<meta property="og:image" content="ftp://elsewhere/x.png"></head></html>'
                   .encode("latin-1"), "text/html; charset=ISO-8859-1")
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
         status, og = self.preview(srv, token, site.base + "/plain")
         self.assertEqual(status, 200, og)
@@ -215,7 +239,7 @@ class PreviewContentTest(PreviewCase):
         image = png(30, 40)
         site.page("/photo.png", image, "image/png")
         site.page("/data.json", b'{"a": 1}', "application/json")
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
         status, og = self.preview(srv, token, site.base + "/photo.png")
         self.assertEqual(status, 200, og)
@@ -232,7 +256,7 @@ class PreviewContentTest(PreviewCase):
         site.page("/moved", b"", status=302, headers={"Location": "/article"})
         site.page("/article", "<title>Arrived</title>")
         site.page("/loop", b"", status=301, headers={"Location": f"{site.base}/loop"})
-        srv = self.server(media={"url_preview_max_redirects": 3})
+        srv = self.shared_server()
         _, token = register(srv)
         self.assertEqual(self.preview(srv, token, site.base + "/moved"), (200, {"og:title": "Arrived"}))
         self.assert_error(self.preview(srv, token, site.base + "/loop"), 502, "M_UNKNOWN")
@@ -244,7 +268,7 @@ class PreviewBoundsTest(PreviewCase):
     def test_a_page_over_the_size_cap_is_502_too_large(self):
         site = self.site()
         site.page("/huge", "<title>big</title>" + "x" * (CAP_BYTES * 3))
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
         self.assert_error(self.preview(srv, token, site.base + "/huge"), 502, "M_TOO_LARGE")
 
@@ -252,7 +276,7 @@ class PreviewBoundsTest(PreviewCase):
         site = self.site()
         site.page("/article", '<title>T</title><meta property="og:image" content="big.png">')
         site.page("/big.png", os.urandom(CAP_BYTES * 2), "image/png")
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
         self.assertEqual(self.preview(srv, token, site.base + "/article"), (200, {"og:title": "T"}))
         self.assertEqual(site.count("/big.png"), 1)
@@ -332,15 +356,17 @@ class PreviewCoalescingTest(PreviewCase):
                                 b'<title>Once</title><meta property="og:image" content="/p.png">',
                                 {})
         site.page("/p.png", png(12, 6), "image/png")
-        srv = self.server()
+        srv = self.shared_server()
         _, alice = register(srv)
+        coalesced0 = self.count(srv, "atrium_media_url_previews_total", {"result": "coalesced"})
+        fetched0 = self.count(srv, "atrium_media_url_previews_total", {"result": "fetched"})
         _, bob = register(srv)
         _, carol = register(srv)
         # alice's share of the fetch budget is 2: waiting requests do not count against it
         tokens = [alice, alice, alice, bob, carol, bob]
         threads, results = self.concurrently(srv, tokens, site.base + "/gated", 5000)
         self.wait_metric(srv, "atrium_media_url_previews_total", {"result": "coalesced"},
-                         len(tokens) - 1)
+                         coalesced0 + len(tokens) - 1)
         self.assertEqual(srv.metric("atrium_flights_waiters", {"flights": "media.url_preview"}),
                          len(tokens) - 1)
         # the waiters can all be counted before the one fetch has reached the site
@@ -355,7 +381,7 @@ class PreviewCoalescingTest(PreviewCase):
         self.assertTrue(results[0][1]["og:image"].startswith("mxc://"), results[0][1])
         self.assertEqual(results, [results[0]] * len(tokens))
         self.assertEqual((site.count("/gated"), site.count("/p.png")), (1, 1))
-        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "fetched"}), 1)
+        self.assertEqual(srv.metric("atrium_media_url_previews_total", {"result": "fetched"}) - fetched0, 1)
         self.assertEqual(srv.metric("atrium_flights_waiters", {"flights": "media.url_preview"}), 0)
         # an error is shared the same way (and not cached: a later request asks again)
         gate2 = threading.Event()
@@ -363,7 +389,7 @@ class PreviewCoalescingTest(PreviewCase):
         site.pages["/failing"] = ("gate", gate2, 410, "text/plain", b"gone", {})
         threads, results = self.concurrently(srv, [alice, bob, carol], site.base + "/failing", 5000)
         self.wait_metric(srv, "atrium_media_url_previews_total", {"result": "coalesced"},
-                         len(tokens) - 1 + 2)
+                         coalesced0 + len(tokens) - 1 + 2)
         gate2.set()
         for t in threads:
             t.join(20)
@@ -406,7 +432,7 @@ class PreviewPlainHttpTest(PreviewCase):
         image = png(16, 9)
         site.page("/article", OG_PAGE)
         site.page("/img/pic.png", image, "image/png")
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
         status, og = self.preview(srv, token, site.base + "/article")
         self.assertEqual(status, 200, og)
@@ -420,7 +446,7 @@ class PreviewPlainHttpTest(PreviewCase):
         plain = self.site(tls=False)
         site.page("/moved", b"", status=301, headers={"Location": plain.base + "/landing"})
         plain.page("/landing", "<title>Over plain http</title>")
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
         self.assertEqual(self.preview(srv, token, site.base + "/moved"),
                          (200, {"og:title": "Over plain http"}))
@@ -429,7 +455,8 @@ class PreviewPlainHttpTest(PreviewCase):
     def test_an_http_url_to_a_blacklisted_address_is_refused_with_403_and_never_reached(self):
         plain = self.site(tls=False)
         plain.page("/article", OG_PAGE)
-        srv = self.server(whitelist=(f"{SITE_IP}/32",))  # PLAIN_SITE_IP stays blacklisted
+        # PLAIN_SITE_IP stays blacklisted (a module server: see test_a_redirect_to_a_...)
+        srv = self.server(whitelist=(f"{SITE_IP}/32",), shared="module")
         _, token = register(srv)
         self.assert_error(self.preview(srv, token, plain.base + "/article"), 403, "M_UNKNOWN")
         self.assertEqual(plain.count("/article"), 0)
@@ -438,8 +465,9 @@ class PreviewPlainHttpTest(PreviewCase):
 class PreviewRefusalTest(PreviewCase):
     def test_bad_input_is_refused_at_once_without_a_fetch(self):
         site = self.site()
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
+        asked0 = self.count(srv, "atrium_media_url_preview_requests_total")
         status, body = srv.json("GET", PREVIEW, token=token)
         self.assertEqual((status, body["errcode"]), (400, "M_MISSING_PARAM"))
         for url in ("ftp://example.org/x", "not a url", "https:///nohost", "javascript:alert(1)",
@@ -449,7 +477,7 @@ class PreviewRefusalTest(PreviewCase):
         status, body = srv.json("GET", f"{PREVIEW}?url={quote(site.base)}")
         self.assertEqual((status, body["errcode"]), (401, "M_MISSING_TOKEN"))
         self.assertEqual(site.hits, {})
-        self.assertEqual(srv.metric("atrium_media_url_preview_requests_total"), 0)
+        self.assertEqual(self.count(srv, "atrium_media_url_preview_requests_total") - asked0, 0)
 
     def test_a_blacklisted_address_is_refused_with_403_and_never_reached(self):
         site = self.site()
@@ -462,7 +490,7 @@ class PreviewRefusalTest(PreviewCase):
     def test_a_redirect_to_a_blacklisted_address_is_refused_at_connect(self):
         site = self.site()
         site.page("/go", b"", status=302, headers={"Location": "https://10.255.255.1:8443/x"})
-        srv = self.server(whitelist=(f"{SITE_IP}/32",))
+        srv = self.server(whitelist=(f"{SITE_IP}/32",), shared="module")
         _, token = register(srv)
         self.assert_error(self.preview(srv, token, site.base + "/go"), 403, "M_UNKNOWN")
         self.assertEqual(site.count("/go"), 1)
@@ -481,7 +509,7 @@ class PreviewRefusalTest(PreviewCase):
     def test_the_legacy_v3_and_r0_paths_preview_too_when_enabled(self):
         site = self.site()
         site.page("/t", "<title>Legacy</title>")
-        srv = self.server()
+        srv = self.shared_server()
         _, token = register(srv)
         for path in (LEGACY, "/_matrix/media/r0/preview_url"):
             self.assertEqual(self.preview(srv, token, site.base + "/t", path=path),

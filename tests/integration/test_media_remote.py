@@ -242,12 +242,69 @@ class RemoteMediaCase(harness.AtriumTestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="atrium-media-remote-")
         cls.ca = TestCA(cls.tmp)
+        cls._class_feds, cls._origin_names = {}, set()  # see start_fed(shared=True), origin()
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def start_fed(self, ip, media=None, extra=None):
+    def start_fed(self, ip, media=None, extra=None, shared=False):
+        """A federating server on ip with the media plugin. shared=True: the one server on
+        ip of the test's class, as AtriumTestCase.start_class_server (same rules; every
+        shared call of a class on one ip passes the same settings)."""
+        if shared:
+            return self._class_fed(ip, media, extra)
+        srv = self._new_fed(ip, media, extra)
+
+        def close():
+            srv._failed = srv._failed or self._test_failed()
+            srv.close()
+        self.addCleanup(close)
+        srv.start()
+        return srv
+
+    def _test_failed(self):
+        outcome = getattr(self, "_outcome", None)
+        return outcome is not None and not getattr(outcome, "success", True)
+
+    def _class_fed(self, ip, media, extra):
+        cls = type(self)
+        servers = cls._class_feds
+        if ip in servers:
+            srv, args = servers[ip]
+            self.assertEqual(args, (media, extra), "a shared server's settings differ")
+        else:
+            srv = self._new_fed(ip, media, extra)
+            try:
+                srv.start()
+            except BaseException:
+                srv._failed = True
+                srv.close(raise_errors=False)
+                raise
+            servers[ip] = (srv, (media, extra))
+
+            def close():
+                del servers[ip]
+                srv.close()
+            cls.addClassCleanup(close)
+
+        self.addCleanup(lambda: setattr(srv, "_failed", srv._failed or self._test_failed()))
+        return srv
+
+    def remote_files(self, srv):
+        """Every file of the remote cache (shared servers: compare before and after)."""
+        return {os.path.join(root, f) for root, _, fs in os.walk(os.path.join(srv.store, "remote"))
+                for f in fs}
+
+    def remote_rows(self, srv, origin):
+        return harness.psql(f"SELECT count(*) FROM media_remote WHERE origin = '{origin}'",
+                            srv.database)
+
+    def count(self, srv, name, labels=None):
+        """A counter's value, 0 while never counted (shared servers: before vs after)."""
+        return srv.metric(name, labels) or 0
+
+    def _new_fed(self, ip, media, extra):
         def settings(tmp):
             conf = {"enabled": True, "store_path": os.path.join(tmp, "media_store")}
             conf.update(media or {})
@@ -257,18 +314,16 @@ class RemoteMediaCase(harness.AtriumTestCase):
         srv._settings = harness.deep_merge(srv._settings, settings(srv.dir))
         srv.store = os.path.join(srv.dir, "media_store")
         srv.write_config()
-
-        def close():
-            outcome = getattr(self, "_outcome", None)
-            if outcome is not None and not getattr(outcome, "success", True):
-                srv._failed = True
-            srv.close()
-        self.addCleanup(close)
-        srv.start()
         return srv
 
     def origin(self, ip=ORIGIN_IP):
+        """A fake origin named (ip:port) as no other of the class (for shared servers)."""
+        used = type(self)._origin_names
         o = FakeOrigin(self.ca, ip)
+        while o.server_name in used:
+            o.close()
+            o = FakeOrigin(self.ca, ip)
+        used.add(o.server_name)
         self.addCleanup(o.close)
         return o
 
@@ -363,13 +418,16 @@ class ServingOtherServersTest(RemoteMediaCase):
 
 
 class FetchingFromAtriumTest(RemoteMediaCase):
+    """Its tests share a pair of servers (start_fed(shared=True)), counting from before."""
     def test_a_user_on_a_downloads_and_thumbnails_media_uploaded_on_b_then_from_the_cache(self):
-        a = self.start_fed(A_IP)
-        b = self.start_fed(B_IP)
+        a = self.start_fed(A_IP, shared=True)
+        b = self.start_fed(B_IP, shared=True)
         _, tb = register(b)
         _, ta = register(a)
         image = png(640, 480)
         media_id = upload(b, tb, image, "image/png", filename="pic.png")
+        served0 = self.count(b, "atrium_media_federation_served_total")
+        fetched0 = self.count(a, "atrium_media_remote_fetches_total", {"outcome": "ok"})
         status, headers, body = a.request("GET", self.remote_path(b.server_name, media_id),
                                           token=ta, timeout=30)
         self.assertEqual(status, 200, body[:300])
@@ -377,7 +435,7 @@ class FetchingFromAtriumTest(RemoteMediaCase):
         self.assertEqual(headers["Content-Type"], "image/png")
         self.assertIn('filename="pic.png"', headers["Content-Disposition"])
         served = b.metric("atrium_media_federation_served_total")
-        self.assertEqual(served, 1)
+        self.assertEqual(served - served0, 1)
         status, _, thumb = a.request("GET", self.remote_path(b.server_name, media_id, (96, 96)),
                                      token=ta, timeout=30)
         self.assertEqual(status, 200, thumb[:300])
@@ -385,17 +443,19 @@ class FetchingFromAtriumTest(RemoteMediaCase):
         status, _, again = a.request("GET", self.remote_path(b.server_name, media_id), token=ta)
         self.assertEqual((status, sha(again)), (200, sha(image)))
         # The thumbnail and the second download came from A's cache: B served once.
-        self.assertEqual(b.metric("atrium_media_federation_served_total"), 1)
-        self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}), 1)
+        self.assertEqual(b.metric("atrium_media_federation_served_total") - served0, 1)
+        self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}) - fetched0, 1)
 
 
     def test_a_remote_thumbnail_comes_from_the_origins_thumbnail_endpoint_first(self):
-        a = self.start_fed(A_IP)
-        b = self.start_fed(B_IP)
+        a = self.start_fed(A_IP, shared=True)
+        b = self.start_fed(B_IP, shared=True)
         _, tb = register(b)
         _, ta = register(a)
         image = png(800, 600)
         media_id = upload(b, tb, image, "image/png")
+        served0 = self.count(b, "atrium_media_federation_served_total")
+        renders0 = self.count(a, "atrium_media_renders_total", {"result": "ok"})
         status, _, thumb = a.request("GET", self.remote_path(b.server_name, media_id, (320, 240)),
                                      token=ta, timeout=30)
         self.assertEqual(status, 200, thumb[:300])
@@ -404,16 +464,18 @@ class FetchingFromAtriumTest(RemoteMediaCase):
         self.assertEqual(status, 200)
         self.assertEqual(sha(thumb), sha(own))  # B's own rendering, not A's
         self.assertEqual(webp_size(thumb), (320, 240))
-        self.assertEqual(b.metric("atrium_media_federation_served_total"), 1)
-        self.assertEqual(a.metric("atrium_media_renders_total", {"result": "ok"}), 0)
+        self.assertEqual(b.metric("atrium_media_federation_served_total") - served0, 1)
+        self.assertEqual(self.count(a, "atrium_media_renders_total", {"result": "ok"}) - renders0, 0)
         # Again: from A's cache.
         status, _, again = a.request("GET", self.remote_path(b.server_name, media_id, (320, 240)),
                                      token=ta, timeout=30)
         self.assertEqual((status, sha(again)), (200, sha(own)))
-        self.assertEqual(b.metric("atrium_media_federation_served_total"), 1)
+        self.assertEqual(b.metric("atrium_media_federation_served_total") - served0, 1)
 
 
 class FakeOriginTest(RemoteMediaCase):
+    """Tests on the default settings share one server (start_fed(shared=True)), each with
+    an origin of its own (own port, own name), counting from the values before it."""
     SHORT = {"upload_wait_default_ms": 3000}
 
     def test_one_hundred_concurrent_downloads_of_one_uncached_file_make_one_upstream_request(self):
@@ -421,7 +483,7 @@ class FakeOriginTest(RemoteMediaCase):
         data = os.urandom(200000)
         o.files["one"] = ("ok", data, "application/octet-stream")
         o.delay_s = 0.5
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
         results = get_many(a, [self.remote_path(o.server_name, "one")] * 100, token, 100)
         self.assertEqual([r[0] for r in results], [200] * 100, [r[2][:200] for r in results if r[0] != 200][:3])
@@ -434,7 +496,7 @@ class FakeOriginTest(RemoteMediaCase):
         for i in range(150):
             o.files[f"img{i}"] = ("ok", png(8, 8 + i % 5), "image/png")
         o.delay_s = 0.05
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
         paths = [self.remote_path(o.server_name, f"img{i}") for i in range(150)]
         results = get_many(a, paths, token, 150)
@@ -481,8 +543,9 @@ class FakeOriginTest(RemoteMediaCase):
         image = png(640, 480)
         o.files["pic"] = ("ok", image, "image/png")
         o.delay_s = 0.5
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
+        renders0 = self.count(a, "atrium_media_renders_total", {"result": "ok"})
         paths = [self.remote_path(o.server_name, "pic", (96, 96) if i % 2 else None)
                  for i in range(100)]
         results = get_many(a, paths, token, 100)
@@ -496,7 +559,7 @@ class FakeOriginTest(RemoteMediaCase):
             hits = dict(o.hits)
         self.assertEqual(hits.get("/_matrix/federation/v1/media/download/pic"), 1, hits)
         self.assertLessEqual(hits.get("/_matrix/federation/v1/media/thumbnail/pic", 0), 1, hits)
-        self.assertEqual(a.metric("atrium_media_renders_total", {"result": "ok"}), 1)
+        self.assertEqual(a.metric("atrium_media_renders_total", {"result": "ok"}) - renders0, 1)
 
     def test_over_the_per_client_cap_requests_wait_in_the_line_and_all_succeed(self):
         o = self.origin()
@@ -573,14 +636,15 @@ class FakeOriginTest(RemoteMediaCase):
 
     def test_an_origin_answering_404_gives_404_and_is_not_asked_again_within_the_window(self):
         o = self.origin()
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
+        negative0 = self.count(a, "atrium_media_remote_negative_hits_total")
         r = a.request("GET", self.remote_path(o.server_name, "missing"), token=token, timeout=30)
         self.assert_failure(r, 404, "M_NOT_FOUND")
         r = a.request("GET", self.remote_path(o.server_name, "missing"), token=token, timeout=30)
         self.assert_failure(r, 404, "M_NOT_FOUND")
         self.assertEqual(o.media_hits("missing"), 1)
-        self.assertEqual(a.metric("atrium_media_remote_negative_hits_total"), 1)
+        self.assertEqual(a.metric("atrium_media_remote_negative_hits_total") - negative0, 1)
 
     def test_a_dead_origin_holds_at_most_its_per_origin_cap_while_others_are_served(self):
         dead = self.origin()
@@ -619,15 +683,15 @@ class FakeOriginTest(RemoteMediaCase):
         o = self.origin()
         o.files["junk"] = ("garbage",)
         o.files["cut"] = ("truncated", os.urandom(50000))
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
+        before = self.remote_files(a)
         self.assert_failure(a.request("GET", self.remote_path(o.server_name, "junk"), token=token,
                                       timeout=30), 502, "M_UNKNOWN")
         self.assert_failure(a.request("GET", self.remote_path(o.server_name, "cut"), token=token,
                                       timeout=30), 502, "M_UNKNOWN")
-        remote_files = [f for root, _, fs in os.walk(os.path.join(a.store, "remote")) for f in fs]
-        self.assertEqual(remote_files, [])
-        self.assertEqual(harness.psql("SELECT count(*) FROM media_remote", a.database), [["0"]])
+        self.assertEqual(self.remote_files(a) - before, set())  # no new file, no new row
+        self.assertEqual(self.remote_rows(a, o.server_name), [["0"]])
 
     def test_an_oversize_file_gives_502_too_large(self):
         o = self.origin()
@@ -641,7 +705,7 @@ class FakeOriginTest(RemoteMediaCase):
         o = self.origin()
         data = os.urandom(5000)
         o.files["old"] = ("unrecognized", data, "application/octet-stream")
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
         status, _, body = a.request("GET", self.remote_path(o.server_name, "old"), token=token,
                                     timeout=30)
@@ -708,7 +772,7 @@ class FakeOriginTest(RemoteMediaCase):
         o.files["moved"] = ("location", f"https://{cdn.server_name}/cdn/blob")
         o.files["evil"] = ("location", "https://10.255.255.1:8443/cdn/x")
         o.files["loop"] = ("location", f"https://{o.server_name}/_matrix/federation/v1/media/download/loop")
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
         status, headers, body = a.request("GET", self.remote_path(o.server_name, "moved"),
                                           token=token, timeout=30)
@@ -729,7 +793,7 @@ class FakeOriginTest(RemoteMediaCase):
     def test_clients_that_leave_while_waiting_give_their_slots_back_by_the_deadline(self):
         o = self.origin()
         o.files["gone"] = ("hang",)
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
         socks = [harness.raw_connect(a.port) for _ in range(5)]
         for sock in socks:
@@ -797,7 +861,7 @@ class FakeOriginTest(RemoteMediaCase):
         o = self.origin()
         o.files["q1"] = ("ok", b"quarantine me", "text/plain")
         o.files["q2"] = ("ok", b"refused bytes", "text/plain")
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
         _, admin = register(a, admin=True)
         path1, path2 = (self.remote_path(o.server_name, n) for n in ("q1", "q2"))

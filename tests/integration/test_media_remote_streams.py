@@ -61,14 +61,20 @@ def follow(srv, path, token, timeout=60):
 
 
 class StreamingToWaitersTest(RemoteMediaCase):
-    """Waiters of a remote original follow its bytes as they arrive (respond_stream_wait)."""
+    """Waiters of a remote original follow its bytes as they arrive (respond_stream_wait).
+    Its tests share one server (start_fed(shared=True), a deadline long enough for the
+    20 MB drip), each with an origin of its own, counting from the values before it."""
+    SLOW = {"remote_fetch_timeout_ms": 120000}
 
     def test_ten_waiters_of_a_slow_20_mb_file_get_bytes_before_it_lands_and_identical_bodies(self):
         o = self.origin()
         data = os.urandom(20 * 1024 * 1024)
         o.files["big"] = ("drip", data, 256 * 1024, 0.05, None)
-        a = self.start_fed(A_IP, media={"remote_fetch_timeout_ms": 120000})
+        a = self.start_fed(A_IP, media=self.SLOW, shared=True)
         _, token = register(a)
+        remote = {"flights": "media.remote"}
+        streamed0 = self.count(a, "atrium_media_remote_streamed_total")
+        early0 = self.count(a, "atrium_flights_early_total", remote)
         path = self.remote_path(o.server_name, "big", extra="?timeout_ms=60000")
         results = [None] * 10
 
@@ -90,10 +96,9 @@ class StreamingToWaitersTest(RemoteMediaCase):
             self.assertEqual(len(body), len(data))
             self.assertEqual(sha(body), sha(data))
         self.assertEqual(o.media_hits("big"), 1)
-        self.assertEqual(a.metric("atrium_media_remote_streamed_total"), 10)
+        self.assertEqual(a.metric("atrium_media_remote_streamed_total") - streamed0, 10)
         # Each follower was handed the fetch's landing as its flight's early result.
-        remote = {"flights": "media.remote"}
-        self.assertEqual(a.metric("atrium_flights_early_total", remote), 10)
+        self.assertEqual(a.metric("atrium_flights_early_total", remote) - early0, 10)
         self.assertEqual(self.settled(a, "atrium_http_streams_waiting"), 0)
         self.assertEqual(self.settled(a, "atrium_media_fetch_budget_in_flight"), 0)
         self.assertEqual(a.metric("atrium_flights_in_flight", remote), 0)
@@ -107,8 +112,9 @@ class StreamingToWaitersTest(RemoteMediaCase):
         o = self.origin()
         data = os.urandom(4 * 1024 * 1024)
         o.files["cut"] = ("drip", data, 128 * 1024, 0.05, 2 * 1024 * 1024)
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, media=self.SLOW, shared=True)
         _, token = register(a)
+        before = self.remote_files(a)
         path = self.remote_path(o.server_name, "cut")
         results = [None] * 4
 
@@ -125,9 +131,8 @@ class StreamingToWaitersTest(RemoteMediaCase):
             self.assertFalse(complete, "a client can tell the body is truncated")
             self.assertLess(len(body), len(data))
             self.assertEqual(body, data[:len(body)])
-        remote_files = [f for root, _, fs in os.walk(os.path.join(a.store, "remote")) for f in fs]
-        self.assertEqual(remote_files, [])
-        self.assertEqual(harness.psql("SELECT count(*) FROM media_remote", a.database), [["0"]])
+        self.assertEqual(self.remote_files(a) - before, set())
+        self.assertEqual(self.remote_rows(a, o.server_name), [["0"]])
         # Remembered as a failure of the origin: answered with its exact code now.
         self.assert_failure(a.request("GET", path, token=token, timeout=30), 502, "M_UNKNOWN")
         self.assertEqual(o.media_hits("cut"), 1)
@@ -137,16 +142,19 @@ class StreamingToWaitersTest(RemoteMediaCase):
         o = self.origin()
         data = os.urandom(1024 * 1024)
         o.files["r"] = ("drip", data, 128 * 1024, 0.05, None)
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, media=self.SLOW, shared=True)
         _, token = register(a)
+        streamed0 = self.count(a, "atrium_media_remote_streamed_total")
         status, headers, body = a.request("GET", self.remote_path(o.server_name, "r"),
                                           headers={"Range": "bytes=100-199"}, token=token,
                                           timeout=60)
         self.assertEqual((status, body), (206, data[100:200]))
-        self.assertEqual(a.metric("atrium_media_remote_streamed_total"), 0)
+        self.assertEqual(self.count(a, "atrium_media_remote_streamed_total") - streamed0, 0)
 
 
 class OriginsThatMisbehaveTest(RemoteMediaCase):
+    """Its tests on the default settings share one server (start_fed(shared=True))."""
+
     def test_a_slow_drip_ends_at_the_deadline_with_504_and_gives_its_slots_back(self):
         o = self.origin()
         o.files["drip"] = ("drip", os.urandom(10000), 1, 1.0, None)  # one byte a second
@@ -187,14 +195,14 @@ class OriginsThatMisbehaveTest(RemoteMediaCase):
         o = self.origin()
         o.files["more"] = ("truncated", os.urandom(30000))   # promises more than it sends
         o.files["less"] = ("short_length", os.urandom(30000))  # sends more than it promised
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
+        before = self.remote_files(a)
         for name in ("more", "less"):
             self.assert_failure(a.request("GET", self.remote_path(o.server_name, name),
                                           token=token, timeout=30), 502, "M_UNKNOWN")
-        remote_files = [f for root, _, fs in os.walk(os.path.join(a.store, "remote")) for f in fs]
-        self.assertEqual(remote_files, [])
-        self.assertEqual(harness.psql("SELECT count(*) FROM media_remote", a.database), [["0"]])
+        self.assertEqual(self.remote_files(a) - before, set())
+        self.assertEqual(self.remote_rows(a, o.server_name), [["0"]])
 
     def test_a_legacy_redirect_is_followed_once_and_one_to_a_blacklisted_address_refused(self):
         o = self.origin()
@@ -205,7 +213,7 @@ class OriginsThatMisbehaveTest(RemoteMediaCase):
         o.files["evil"] = ("redirect", "https://10.255.255.1:8443/cdn/x")
         o.files["again"] = ("redirect", f"https://{o.server_name}/_matrix/media/v3/download/"
                                         f"{o.server_name}/again")
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
         status, headers, body = a.request("GET", self.remote_path(o.server_name, "moved"),
                                           token=token, timeout=30)
@@ -228,15 +236,18 @@ class OriginsThatMisbehaveTest(RemoteMediaCase):
         o.files["old"] = ("unrecognized", b"legacy bytes", "text/plain")
         o.files["moved"] = ("redirect", f"https://{cdn.server_name}/cdn/blob")
         o.files["part"] = ("location", f"https://{cdn.server_name}/cdn/blob")
-        a = self.start_fed(A_IP)
+        a = self.start_fed(A_IP, shared=True)
         _, token = register(a)
+        vias = ("federation", "legacy", "location")
+        via0 = {k: self.count(a, "atrium_media_remote_fetched_total", {"via": k}) for k in vias}
+        ok0 = self.count(a, "atrium_media_remote_fetches_total", {"outcome": "ok"})
         for name in ("fed", "old", "moved", "part"):
             self.assertEqual(a.request("GET", self.remote_path(o.server_name, name), token=token,
                                        timeout=30)[0], 200, name)
-        via = {k: a.metric("atrium_media_remote_fetched_total", {"via": k})
-               for k in ("federation", "legacy", "location")}
+        via = {k: self.count(a, "atrium_media_remote_fetched_total", {"via": k}) - via0[k]
+               for k in vias}
         self.assertEqual(via, {"federation": 1, "legacy": 1, "location": 2})
-        self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}), 4)
+        self.assertEqual(a.metric("atrium_media_remote_fetches_total", {"outcome": "ok"}) - ok0, 4)
 
 
 class ClientsAndCacheTest(RemoteMediaCase):
