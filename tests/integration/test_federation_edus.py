@@ -215,13 +215,13 @@ class DeviceListsAcrossServers:
 
 class PresenceAcrossServersTest(TwoServerTest):
     """presence.enabled on A (the harness turns it off by default), and on B unless the test
-    says otherwise: m.presence EDUs. Servers of their own (their configuration)."""
+    says otherwise: m.presence EDUs. A is the class's; B is each test's own (its setting)."""
 
     PRESENCE_ON = {"presence": {"enabled": True}}
 
     def setUp(self):
-        self.a = self.start_fed(A_IP, self.PRESENCE_ON)
-        self.alice = register(self.a, "alice", display_name="alice's phone")
+        self.a = self.start_class_fed(A_IP, self.PRESENCE_ON)
+        self.alice = register(self.a, f"alice{next(_names)}", display_name="alice's phone")
 
     def start_b(self, presence):
         self.b = self.start_fed(B_IP, {"presence": {"enabled": presence}})
@@ -267,9 +267,10 @@ class PresenceAcrossServersTest(TwoServerTest):
     def test_a_server_with_presence_off_stores_nothing_it_is_sent(self):
         self.start_b(presence=False)
         self.shared_room()
-        wait_until(lambda: harness.psql("SELECT count(*) FROM federation_outbound",
+        wait_until(lambda: harness.psql("SELECT count(*) FROM federation_outbound WHERE"
+                                        f" destination = '{self.b.server_name}'",
                                         database=self.a.database) == [["0"]],
-                   what="A's queue to empty")
+                   what="A's queue to B to empty")
         handled = lambda: self.b.metric("atrium_federation_inbound_edus_total",  # noqa: E731
                                         {"outcome": "handled"}) or 0
         before = handled()
