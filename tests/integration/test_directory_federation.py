@@ -2,7 +2,10 @@
 public room list (GET and POST publicRooms?server=); remote look-ups under ADR-0079
 (docs/adr/0079-outbound-budget.md) with a peer that never answers; the 30 s cache and
 in-flight sharing, counted at a fake peer; a peer's refusal reaching the client as an
-error; a user on A joining a room of B through B's alias."""
+error; a user on A joining a room of B through B's alias.
+
+SharedPairTest's tests share A and B (a start costs about a CPU-second): each has users,
+aliases and a fake peer of its own, and reads A's counters as what they gained."""
 
 import http.server
 import json
@@ -18,6 +21,8 @@ from test_federation import A_IP, B_IP, FederationTestCase
 
 HUNG_IP, PEER_IP = "127.0.0.42", "127.0.0.32"
 DIRECTORY = {"directory": {"enabled": True}}
+# A behind a proxy on 127.0.0.1: X-Forwarded-For gives a look-up a client key of its own.
+TRUSTED = {"server": {"http": {"trusted_proxies": ["127.0.0.1"]}}}
 
 
 class CountingPeer:
@@ -86,11 +91,18 @@ def alias_path(alias):
     return f"{V3}/directory/room/{quote(alias)}"
 
 
-class TwoServersTest(FederationTestCase):
+class SharedPairTest(FederationTestCase):
+    """A (TRUSTED) and B with the directory, shared by the class's tests."""
+
+    def pair(self):
+        return (self.start_class_fed(A_IP, TRUSTED, plugins=DIRECTORY),
+                self.start_class_fed(B_IP, plugins=DIRECTORY))
+
+    def counter(self, srv, name, labels=None):
+        return srv.metric(name, labels) or 0
+
     def test_a_user_on_a_resolves_an_alias_of_b_and_reads_b_public_rooms(self):
-        b = self.start_fed(B_IP, plugins=DIRECTORY)
-        a = self.start_fed(A_IP, {"server": {"http": {"trusted_proxies": ["127.0.0.1"]}}},
-                           plugins=DIRECTORY)
+        a, b = self.pair()
         # Each look-up from its own client key: a slot is given back only after the last
         # byte of its answer went out, so a client's next look-up may race it (ADR-0079).
         clients = iter(f"10.4.0.{i}" for i in range(1, 50))
@@ -125,18 +137,20 @@ class TwoServersTest(FederationTestCase):
         status, _, _ = b.fed_request("GET", "/_matrix/federation/v1/publicRooms")
         self.assertEqual(status, 401)
 
-
     def test_a_user_on_a_joins_through_an_alias_of_b_and_sees_what_is_said_on_b(self):
-        b = self.start_fed(B_IP, plugins=DIRECTORY)
-        a = self.start_fed(A_IP, plugins=DIRECTORY)
-        bea = Client(b, register(b, "bea"))
+        a, b = self.pair()
+        ok = {"outcome": "ok"}
+        looked_up = self.counter(a, "atrium_directory_remote_lookups_total", ok)
+        cache_hits = self.counter(a, "atrium_directory_remote_cache_hits_total")
+        bea = Client(b, register(b, "bea2"))
         room = bea.create_room(room_alias_name="square", preset="public_chat", name="Square")
-        amy = Client(a, register(a, "amy"))
+        amy = Client(a, register(a, "amy2"))
         alias = f"#square:{b.server_name}"
         # No server_name given: A asks B's directory, then joins through the servers it names.
         status, body = amy.call("POST", f"{V3}/join/{quote(alias)}", {}, timeout=30)
         self.assertEqual((status, body), (200, {"room_id": room}), body)
-        self.assertEqual(a.metric("atrium_directory_remote_lookups_total", {"outcome": "ok"}), 1)
+        self.assertEqual(self.counter(a, "atrium_directory_remote_lookups_total", ok),
+                         looked_up + 1)
         # The wait for B's answer held no request-pool thread: it was parked, and the join
         # itself ran on the rooms module's remote pool.
         wait_until(lambda: a.metric("atrium_budget_in_use", {"budget": "outbound"}) == 0,
@@ -156,17 +170,19 @@ class TwoServersTest(FederationTestCase):
         # does not have is B's 404, not a join.
         status, body = amy.call("POST", f"{V3}/join/{quote(alias)}", {}, timeout=30)
         self.assertEqual((status, body), (200, {"room_id": room}), body)
-        self.assertEqual(a.metric("atrium_directory_remote_cache_hits_total"), 1)
+        self.assertEqual(self.counter(a, "atrium_directory_remote_cache_hits_total"),
+                         cache_hits + 1)
         status, body = amy.call("POST", f"{V3}/join/{quote('#gone:' + b.server_name)}", {},
                                 timeout=30)
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"), body)
 
 
     def test_a_canonical_alias_naming_an_alias_of_another_server_is_checked_with_that_server(self):
-        a = self.start_fed(A_IP, plugins=DIRECTORY)
-        b = self.start_fed(B_IP, plugins=DIRECTORY)
-        amy = Client(a, register(a, "amy"))
-        bea = Client(b, register(b, "bea"))
+        a, b = self.pair()
+        ok = {"outcome": "ok"}
+        looked_up = self.counter(a, "atrium_directory_remote_lookups_total", ok)
+        amy = Client(a, register(a, "amy3"))
+        bea = Client(b, register(b, "bea3"))
         room = amy.create_room(room_alias_name="home", preset="public_chat")
         elsewhere = bea.create_room(room_alias_name="elsewhere")
         # bea joins amy's room through A, and gives it an alias on B.
@@ -191,7 +207,51 @@ class TwoServersTest(FederationTestCase):
         self.assertNotEqual(elsewhere, room)
         # Only new aliases are asked of B: #visiting once (the event names it after), then
         # #elsewhere; #nothing was B's refusal.
-        self.assertEqual(a.metric("atrium_directory_remote_lookups_total", {"outcome": "ok"}), 2)
+        self.assertEqual(self.counter(a, "atrium_directory_remote_lookups_total", ok),
+                         looked_up + 2)
+
+    def test_identical_look_ups_reach_the_peer_once_whether_concurrent_or_within_30_s(self):
+        peer = CountingPeer(self.ca, PEER_IP, delay_s=1.0)
+        self.addCleanup(peer.close)
+        a, _ = self.pair()
+        shared = self.counter(a, "atrium_directory_remote_shared_total")
+        cache_hits = self.counter(a, "atrium_directory_remote_cache_hits_total")
+        rooms = f"{V3}/publicRooms?server={quote(peer.server_name)}&limit=10"
+        together = [Background(a.json, "GET", rooms, headers={"X-Forwarded-For": f"10.3.0.{i}"},
+                               timeout=30) for i in (1, 2)]
+        results = [t.result() for t in together]
+        for status, body in results:
+            self.assertEqual((status, body["chunk"][0]["room_id"]), (200, "!far:peer"), body)
+        self.assertEqual(peer.count("/_matrix/federation/v1/publicRooms"), 1)
+        self.assertEqual(self.counter(a, "atrium_directory_remote_shared_total"), shared + 1)
+        status, body = a.json("GET", rooms, headers={"X-Forwarded-For": "10.3.0.3"})
+        self.assertEqual(status, 200)
+        self.assertEqual(peer.count("/_matrix/federation/v1/publicRooms"), 1)
+        self.assertEqual(self.counter(a, "atrium_directory_remote_cache_hits_total"),
+                         cache_hits + 1)
+        # Another page is another look-up, asked with the peer's own token.
+        status, body = a.json("GET", rooms + "&since=peer-token-2")
+        self.assertEqual(status, 200)
+        self.assertEqual(peer.count("/_matrix/federation/v1/publicRooms"), 2)
+        self.assertIn("since=peer-token-2", peer.requests[-1][1])
+        # POST with a filter is sent on as a POST with that filter.
+        amy = Client(a, register(a, "amy_cache"))
+        amy.ok("POST", f"{V3}/publicRooms?server={quote(peer.server_name)}",
+               {"filter": {"generic_search_term": "far"}})
+        self.assertEqual(peer.requests[-1][0], "POST")
+        self.assertEqual(peer.requests[-1][2]["filter"], {"generic_search_term": "far"})
+
+    def test_a_peer_refusing_the_look_up_is_an_error_for_the_client_not_an_empty_list(self):
+        peer = CountingPeer(self.ca, PEER_IP, alias_status=403)
+        self.addCleanup(peer.close)
+        a, _ = self.pair()
+        refused = {"outcome": "refused"}
+        before = self.counter(a, "atrium_directory_remote_lookups_total", refused)
+        status, body = a.json("GET", alias_path(f"#x:{peer.server_name}"))
+        self.assertEqual(status, 502, body)
+        self.assertIn("refused", body["error"])
+        self.assertEqual(self.counter(a, "atrium_directory_remote_lookups_total", refused),
+                         before + 1)
 
 
 class OutboundBudgetTest(FederationTestCase):
@@ -254,47 +314,6 @@ class OutboundBudgetTest(FederationTestCase):
         self.assertEqual(a.metric("atrium_directory_remote_limited_total"), 2)
         status, headers, _ = a.request("GET", rooms, headers=client("10.2.0.5"))
         self.assertEqual(headers.get("Cache-Control"), "no-store")  # the failure is not kept
-
-
-class CacheTest(FederationTestCase):
-    def test_identical_look_ups_reach_the_peer_once_whether_concurrent_or_within_30_s(self):
-        peer = CountingPeer(self.ca, PEER_IP, delay_s=1.0)
-        self.addCleanup(peer.close)
-        a = self.start_fed(A_IP, {"server": {"http": {"trusted_proxies": ["127.0.0.1"]}}},
-                           plugins=DIRECTORY)
-        rooms = f"{V3}/publicRooms?server={quote(peer.server_name)}&limit=10"
-        together = [Background(a.json, "GET", rooms, headers={"X-Forwarded-For": f"10.3.0.{i}"},
-                               timeout=30) for i in (1, 2)]
-        results = [t.result() for t in together]
-        for status, body in results:
-            self.assertEqual((status, body["chunk"][0]["room_id"]), (200, "!far:peer"), body)
-        self.assertEqual(peer.count("/_matrix/federation/v1/publicRooms"), 1)
-        self.assertEqual(a.metric("atrium_directory_remote_shared_total"), 1)
-        status, body = a.json("GET", rooms, headers={"X-Forwarded-For": "10.3.0.3"})
-        self.assertEqual(status, 200)
-        self.assertEqual(peer.count("/_matrix/federation/v1/publicRooms"), 1)
-        self.assertEqual(a.metric("atrium_directory_remote_cache_hits_total"), 1)
-        # Another page is another look-up, asked with the peer's own token.
-        status, body = a.json("GET", rooms + "&since=peer-token-2")
-        self.assertEqual(status, 200)
-        self.assertEqual(peer.count("/_matrix/federation/v1/publicRooms"), 2)
-        self.assertIn("since=peer-token-2", peer.requests[-1][1])
-        # POST with a filter is sent on as a POST with that filter.
-        amy = Client(a, register(a, "amy"))
-        amy.ok("POST", f"{V3}/publicRooms?server={quote(peer.server_name)}",
-               {"filter": {"generic_search_term": "far"}})
-        self.assertEqual(peer.requests[-1][0], "POST")
-        self.assertEqual(peer.requests[-1][2]["filter"], {"generic_search_term": "far"})
-
-    def test_a_peer_refusing_the_look_up_is_an_error_for_the_client_not_an_empty_list(self):
-        peer = CountingPeer(self.ca, PEER_IP, alias_status=403)
-        self.addCleanup(peer.close)
-        a = self.start_fed(A_IP, plugins=DIRECTORY)
-        status, body = a.json("GET", alias_path(f"#x:{peer.server_name}"))
-        self.assertEqual(status, 502, body)
-        self.assertIn("refused", body["error"])
-        self.assertEqual(a.metric("atrium_directory_remote_lookups_total", {"outcome": "refused"}), 1)
-
 
 if __name__ == "__main__":
     import unittest

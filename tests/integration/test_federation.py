@@ -9,6 +9,7 @@ A fake key server (federation_support.FakeKeyServer) plays the peer where the te
 one that misbehaves: expired keys, signatures by keys it never published.
 """
 
+import itertools
 import os
 import re
 import signal
@@ -29,6 +30,7 @@ from federation_support import (FakeKeyServer, FederatedServer, HungServer, Sign
 
 A_IP, B_IP, FAKE_IP, HUNG_IP = "127.0.0.21", "127.0.0.22", "127.0.0.31", "127.0.0.41"
 PROFILE = "/_matrix/federation/v1/query/profile?user_id="
+_names = itertools.count(1)  # users of their own on servers that tests share
 
 
 class FederationTestCase(harness.AtriumTestCase):
@@ -52,8 +54,9 @@ class FederationTestCase(harness.AtriumTestCase):
         finally:
             shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def start_class_fed(self, ip):
-        """The server on ip that this class's tests share (start_fed's settings): started
+    def start_class_fed(self, ip, extra=None, **kwargs):
+        """The server on ip that this class's tests share (start_fed's extra settings and
+        FederatedServer's kwargs: every call of a class passes the same): started
         by the first test that asks, stopped and checked (exit code, sanitizer reports) in
         tearDownClass. A server start costs about a CPU-second under ASan; a class whose
         tests each make their own users and rooms, and stop no server, needs one, not one
@@ -61,7 +64,8 @@ class FederationTestCase(harness.AtriumTestCase):
         servers = type(self).class_servers
         srv = servers.get(ip)
         if srv is None:
-            srv = FederatedServer(self.ca, ip, extra=REGISTRATION_ON, start=False)
+            srv = FederatedServer(self.ca, ip, extra=harness.deep_merge(REGISTRATION_ON, extra or {}),
+                                  start=False, **kwargs)
             try:
                 srv.start()
             except BaseException:
@@ -99,29 +103,7 @@ class FederationTestCase(harness.AtriumTestCase):
 
 
 class KeyServerTest(FederationTestCase):
-    def test_key_document_is_signed_by_its_own_key_and_served_only_on_the_federation_port(self):
-        a = self.start_fed(A_IP)
-        status, _, doc = a.fed_request("GET", "/_matrix/key/v2/server")
-        self.assertEqual(status, 200, doc)
-        self.assertEqual(doc["server_name"], a.server_name)
-        [(key_id, key)] = doc["verify_keys"].items()
-        self.assertTrue(key_id.startswith("ed25519:a_"), key_id)
-        self.assertTrue(verify_json(doc, a.server_name, key_id, key["key"]))
-        week_ms = 7 * 24 * 3600 * 1000
-        self.assertAlmostEqual(doc["valid_until_ts"], time.time() * 1000 + week_ms, delta=60000)
-        self.assertEqual(doc["old_verify_keys"], {})
-        # The key file, in Synapse's format, beside the config.
-        with open(os.path.join(a.dir, f"{a.server_name}.signing.key")) as f:
-            algo, version, seed = f.read().split()
-        self.assertEqual((algo, "ed25519:" + version), ("ed25519", key_id))
-        self.assertEqual(SigningKey(version, harness_b64decode(seed)).public_b64, key["key"])
-        # Listeners serve their own paths only.
-        status, _, body = a.request("GET", "/_matrix/key/v2/server")
-        self.assertEqual((status, harness.jsonlib.loads(body)["errcode"]), (404, "M_UNRECOGNIZED"))
-        status, _, body = a.fed_request("GET", "/_matrix/client/versions")
-        self.assertEqual((status, body["errcode"]), (404, "M_UNRECOGNIZED"))
-        status, _, body = a.fed_request("GET", "/_matrix/federation/v1/version")
-        self.assertEqual((status, body["server"]["name"]), (200, "Atrium"))
+    """Keys across restarts: servers of their own."""
 
     def test_the_same_key_comes_back_after_a_restart(self):
         a = self.start_fed(A_IP)
@@ -166,32 +148,70 @@ def harness_b64decode(text):
     return base64.b64decode(text + "=" * (-len(text) % 4))
 
 
-class SignedRequestsTest(FederationTestCase):
+class KeyDocument:
+    def test_key_document_is_signed_by_its_own_key_and_served_only_on_the_federation_port(self):
+        a = self.start_class_fed(A_IP)
+        status, _, doc = a.fed_request("GET", "/_matrix/key/v2/server")
+        self.assertEqual(status, 200, doc)
+        self.assertEqual(doc["server_name"], a.server_name)
+        [(key_id, key)] = doc["verify_keys"].items()
+        self.assertTrue(key_id.startswith("ed25519:a_"), key_id)
+        self.assertTrue(verify_json(doc, a.server_name, key_id, key["key"]))
+        week_ms = 7 * 24 * 3600 * 1000
+        self.assertAlmostEqual(doc["valid_until_ts"], time.time() * 1000 + week_ms, delta=60000)
+        self.assertEqual(doc["old_verify_keys"], {})
+        # The key file, in Synapse's format, beside the config.
+        with open(os.path.join(a.dir, f"{a.server_name}.signing.key")) as f:
+            algo, version, seed = f.read().split()
+        self.assertEqual((algo, "ed25519:" + version), ("ed25519", key_id))
+        self.assertEqual(SigningKey(version, harness_b64decode(seed)).public_b64, key["key"])
+        # Listeners serve their own paths only.
+        status, _, body = a.request("GET", "/_matrix/key/v2/server")
+        self.assertEqual((status, harness.jsonlib.loads(body)["errcode"]), (404, "M_UNRECOGNIZED"))
+        status, _, body = a.fed_request("GET", "/_matrix/client/versions")
+        self.assertEqual((status, body["errcode"]), (404, "M_UNRECOGNIZED"))
+        status, _, body = a.fed_request("GET", "/_matrix/federation/v1/version")
+        self.assertEqual((status, body["server"]["name"]), (200, "Atrium"))
+
+
+class SignedRequests:
     def test_each_server_verifies_the_others_signed_profile_query(self):
-        a = self.start_fed(A_IP)
-        b = self.start_fed(B_IP)
-        alice = register(a, "alice")
-        bob = register(b, "bob")
+        a = self.start_class_fed(A_IP)
+        b = self.start_class_fed(B_IP)
+        verified = [srv.metric("atrium_federation_inbound_verified_total") or 0 for srv in (a, b)]
+        n = next(_names)
+        alice = register(a, f"alice{n}")
+        bob = register(b, f"bob{n}")
         status, body = b.json("GET", f"/_matrix/client/v3/profile/{quote(alice.user_id)}",
                               token=bob.token)
-        self.assertEqual((status, body), (200, {"displayname": "alice"}))
+        self.assertEqual((status, body), (200, {"displayname": f"alice{n}"}))
         status, body = a.json("GET", f"/_matrix/client/v3/profile/{quote(bob.user_id)}/displayname",
                               token=alice.token)
-        self.assertEqual((status, body), (200, {"displayname": "bob"}))
+        self.assertEqual((status, body), (200, {"displayname": f"bob{n}"}))
         status, body = a.json("GET", f"/_matrix/client/v3/profile/{quote('@nobody:' + b.server_name)}",
                               token=alice.token)
         self.assertEqual((status, body["errcode"]), (404, "M_NOT_FOUND"))
-        # Each verified the other's signature, after fetching the other's key.
-        self.assertGreaterEqual(a.metric("atrium_federation_inbound_verified_total"), 1)
-        self.assertGreaterEqual(b.metric("atrium_federation_inbound_verified_total"), 1)
+        # Each verified the other's signature (after fetching the other's key, or with the
+        # key an earlier test of the class made it fetch).
+        self.assertGreaterEqual(a.metric("atrium_federation_inbound_verified_total"), verified[0] + 1)
+        self.assertGreaterEqual(b.metric("atrium_federation_inbound_verified_total"), verified[1] + 1)
 
 
-class RefusalTest(FederationTestCase):
+class Refusals:
+    """Signed requests of a fake peer (one per test: a name, a key and a key cache entry
+    of its own) to A, and the refusals of the X-Matrix check, each named in A's log after
+    the test began."""
+
     def setUp(self):
         self.peer = self.fake_peer()
-        self.a = self.start_fed(A_IP)
-        register(self.a, "alice")
-        self.uri = PROFILE + quote("@alice:" + self.a.server_name)
+        self.a = self.start_class_fed(A_IP)
+        self.alice_name = f"alice{next(_names)}"
+        register(self.a, self.alice_name)
+        self.uri = PROFILE + quote(f"@{self.alice_name}:" + self.a.server_name)
+        self.log_from = len(self.a.log_text())
+
+    def log_since_setup(self):
+        return self.a.log_text()[self.log_from:]
 
     def signed(self, uri=None, key=None, origin=None, destination=None, method="GET",
                content=None, sent_content=None):
@@ -204,11 +224,12 @@ class RefusalTest(FederationTestCase):
     def assert_refused(self, answer, check, status=401, errcode="M_UNAUTHORIZED"):
         got_status, _, body = answer
         self.assertEqual((got_status, body["errcode"]), (status, errcode), body)
-        self.a.wait_for_log(rf"refused \(check {check}\)")
+        wait_until(lambda: re.search(rf"refused \(check {check}\)", self.log_since_setup()),
+                   what=f"the refusal (check {check}) in A's log")
 
     def test_a_correctly_signed_request_is_answered(self):
         status, _, body = self.signed()
-        self.assertEqual((status, body), (200, {"displayname": "alice"}))
+        self.assertEqual((status, body), (200, {"displayname": self.alice_name}))
         self.assertEqual(self.peer.requests.count("/_matrix/key/v2/server"), 1)
         self.signed()  # the key is cached now
         self.assertEqual(self.peer.requests.count("/_matrix/key/v2/server"), 1)
@@ -227,7 +248,7 @@ class RefusalTest(FederationTestCase):
         self.peer.valid_for_ms = -3600 * 1000
         answer = self.signed()
         self.assertEqual(answer[0], 401, answer)
-        self.assertRegex(self.a.log_text(), r"refused \(check (expired_key|unknown_key)\)")
+        self.assertRegex(self.log_since_setup(), r"refused \(check (expired_key|unknown_key)\)")
 
     def test_a_wrong_destination(self):
         self.assert_refused(self.signed(destination="127.0.0.99:8448"), "destination")
@@ -241,6 +262,11 @@ class RefusalTest(FederationTestCase):
 
     def test_an_unsigned_probe_of_an_unknown_path_learns_nothing(self):
         self.assert_refused(self.a.fed_request("GET", "/_matrix/federation/v1/secret"), "missing")
+
+
+class OnePairTest(KeyDocument, SignedRequests, Refusals, FederationTestCase):
+    """The tests above on one pair of servers, A and B (a start costs about a CPU-second):
+    each makes users of its own and stops no server."""
 
 
 class WhitelistTest(FederationTestCase):
@@ -342,11 +368,12 @@ FEDPLUG = {"fedplug": {"enabled": True,
 
 
 class PluginAbiTest(FederationTestCase):
-    """The federation members of the host table, used by a plugin built from include/."""
+    """The federation members of the host table, used by a plugin built from include/ (a
+    pair of servers with the plugin, shared by the class's tests)."""
 
     def test_a_plugin_asks_another_server_parked_and_signs_and_verifies_json(self):
-        a = self.start_fed(A_IP, plugins=FEDPLUG)
-        b = self.start_fed(B_IP, plugins=FEDPLUG)
+        a = self.start_class_fed(A_IP, plugins=FEDPLUG)
+        b = self.start_class_fed(B_IP, plugins=FEDPLUG)
         status, body = a.json("GET", f"/_fedplug/version?server={quote(b.server_name)}")
         self.assertEqual(status, 200, body)
         self.assertEqual((body["outcome"], body["status"]), (0, 200), body)
@@ -369,7 +396,7 @@ class PluginAbiTest(FederationTestCase):
 
     def test_a_plugin_federation_route_sees_the_verified_origin(self):
         peer = self.fake_peer()
-        a = self.start_fed(A_IP, plugins=FEDPLUG)
+        a = self.start_class_fed(A_IP, plugins=FEDPLUG)
         uri = "/_matrix/federation/unstable/org.atrium.fedplug/whoami"
         status, _, body = a.signed_request("GET", uri, peer.server_name, peer.key)
         self.assertEqual((status, body), (200, {"origin": peer.server_name}))

@@ -7,8 +7,12 @@ read receipts both ways.
 
 The room the users share is a real federated room: alice creates it on A and bob joins it
 through A (make_join/send_join), so each server's current state holds both members.
+
+The tests on A and B as they come share one pair of servers (EdusAcrossServersTest: each
+test registers users and makes rooms of its own); presence needs its own configuration.
 """
 
+import itertools
 import json
 import time
 
@@ -21,14 +25,17 @@ from test_federation import A_IP, B_IP, HUNG_IP, FederationTestCase
 from test_federation_txn import wait_until
 
 V3 = "/_matrix/client/v3"
+_names = itertools.count(1)  # users of their own on the servers the tests share
 
 
 class TwoServerTest(FederationTestCase):
     def setUp(self):
-        self.a = self.start_fed(A_IP)
-        self.b = self.start_fed(B_IP)
-        self.alice = register(self.a, "alice", display_name="alice's phone")
-        self.bob = register(self.b, "bob", display_name="bob's laptop")
+        self.a = self.start_class_fed(A_IP)
+        self.b = self.start_class_fed(B_IP)
+        n = next(_names)
+        self.alice_name = f"alice{n}"
+        self.alice = register(self.a, self.alice_name, display_name="alice's phone")
+        self.bob = register(self.b, f"bob{n}", display_name="bob's laptop")
 
     def shared_room(self):
         """alice's public room on A, which bob of B joins through A."""
@@ -49,7 +56,7 @@ class TwoServerTest(FederationTestCase):
         return harness.psql(sql, database=self.b.database)
 
 
-class KeysAcrossServersTest(TwoServerTest):
+class KeysAcrossServers:
     def test_keys_query_and_claim_reach_the_users_of_the_other_server(self):
         keys = device_keys(self.alice)
         otks = one_time_keys(2, prefix="A")
@@ -99,7 +106,7 @@ class KeysAcrossServersTest(TwoServerTest):
         self.assertEqual((status, body["errcode"]), (401, "M_UNAUTHORIZED"))
 
 
-class ToDeviceAcrossServersTest(TwoServerTest):
+class ToDeviceAcrossServers:
     def test_to_device_messages_reach_the_other_servers_devices_both_ways(self):
         since = sync(self.bob)["next_batch"]
         content = {"algorithm": "m.olm.v1.curve25519-aes-sha2", "ciphertext": {"x": 1}}
@@ -124,7 +131,7 @@ class ToDeviceAcrossServersTest(TwoServerTest):
                                    "content": {"n": 2}}])
 
 
-class DeviceListsAcrossServersTest(TwoServerTest):
+class DeviceListsAcrossServers:
     def changes(self, since):
         status, body = self.bob.json("GET", f"{KEYS}/changes?from={since}")
         self.assertEqual(status, 200, body)
@@ -150,7 +157,7 @@ class DeviceListsAcrossServersTest(TwoServerTest):
         since = stream_token(self.b)
 
         # A second device of alice: B learns of it (first news of alice: a resync).
-        phone = login(self.a, "alice")
+        phone = login(self.a, self.alice_name)
         self.assertEqual(upload(phone, device_keys=device_keys(phone))[0], 200)
         wait_until(lambda: self.alice.user_id in self.changes(since),
                    what="alice in bob's keys/changes")
@@ -173,7 +180,7 @@ class DeviceListsAcrossServersTest(TwoServerTest):
         # resync_ts cleared too: B resyncs a user at most once a minute (ADR-0023), and the
         # first news of alice above was one.
         self.b_rows("UPDATE e2ee_remote_device_lists SET stream_id = 0, devices = '{}',"
-                    " resync_ts = NULL")
+                    f" resync_ts = NULL WHERE user_id = '{self.alice.user_id}'")
         self.assertEqual(upload(phone, device_keys=device_keys(phone, tag="v3"))[0], 200)
         record = wait_until(lambda: (r := self.b_record()) and r[0] == self.a_stream_id() and r,
                             what="the resync")
@@ -207,14 +214,17 @@ class DeviceListsAcrossServersTest(TwoServerTest):
 
 
 class PresenceAcrossServersTest(TwoServerTest):
-    """presence.enabled on both (the harness turns it off by default): m.presence EDUs."""
+    """presence.enabled on A (the harness turns it off by default), and on B unless the test
+    says otherwise: m.presence EDUs. A is the class's; B is each test's own (its setting)."""
 
     PRESENCE_ON = {"presence": {"enabled": True}}
 
     def setUp(self):
-        self.a = self.start_fed(A_IP, self.PRESENCE_ON)
-        self.b = self.start_fed(B_IP, self.PRESENCE_ON)
-        self.alice = register(self.a, "alice", display_name="alice's phone")
+        self.a = self.start_class_fed(A_IP, self.PRESENCE_ON)
+        self.alice = register(self.a, f"alice{next(_names)}", display_name="alice's phone")
+
+    def start_b(self, presence):
+        self.b = self.start_fed(B_IP, {"presence": {"enabled": presence}})
         self.bob = register(self.b, "bob", display_name="bob's laptop")
 
     @staticmethod
@@ -229,6 +239,7 @@ class PresenceAcrossServersTest(TwoServerTest):
                 if e["sender"] == user_id]
 
     def test_presence_changes_cross_both_ways(self):
+        self.start_b(presence=True)
         room = self.shared_room()
         since_b = sync(self.bob)["next_batch"]
         status, _ = self.alice.json("PUT", f"{V3}/presence/{quote(self.alice.user_id)}/status",
@@ -254,14 +265,12 @@ class PresenceAcrossServersTest(TwoServerTest):
         self.assertTrue(room)
 
     def test_a_server_with_presence_off_stores_nothing_it_is_sent(self):
-        self.b.stop()
-        self.b._settings = harness.deep_merge(self.b._settings, {"presence": {"enabled": False}})
-        self.b.write_config()
-        self.b.start()
+        self.start_b(presence=False)
         self.shared_room()
-        wait_until(lambda: harness.psql("SELECT count(*) FROM federation_outbound",
+        wait_until(lambda: harness.psql("SELECT count(*) FROM federation_outbound WHERE"
+                                        f" destination = '{self.b.server_name}'",
                                         database=self.a.database) == [["0"]],
-                   what="A's queue to empty")
+                   what="A's queue to B to empty")
         handled = lambda: self.b.metric("atrium_federation_inbound_edus_total",  # noqa: E731
                                         {"outcome": "handled"}) or 0
         before = handled()
@@ -272,7 +281,7 @@ class PresenceAcrossServersTest(TwoServerTest):
         self.assertEqual(self.presence_of(self.bob, self.alice.user_id), {"presence": "offline"})
 
 
-class TypingAndReceiptsAcrossServersTest(TwoServerTest):
+class TypingAndReceiptsAcrossServers:
     def test_typing_and_read_receipts_cross_both_ways(self):
         room = self.shared_room()
         # The receipts are for an event both servers hold: the room's name, part of the
@@ -346,6 +355,11 @@ class TypingAndReceiptsAcrossServersTest(TwoServerTest):
             what="bob's receipt at A")
         self.assertEqual(harness.psql("SELECT 1 FROM receipts WHERE event_id = '$forged'",
                                       database=self.a.database), [])
+
+
+class EdusAcrossServersTest(KeysAcrossServers, ToDeviceAcrossServers, DeviceListsAcrossServers,
+                            TypingAndReceiptsAcrossServers, TwoServerTest):
+    """The tests above on one pair of servers (a start costs about a CPU-second)."""
 
 
 if __name__ == "__main__":

@@ -4,8 +4,12 @@ signs its own events), and Atrium as the asking server falling back to the v1 fo
 a peer does not know the v2 ones (V1OnlyPeer: a resident of its own room, built and signed
 here, that answers 404 M_UNRECOGNIZED to every v2 membership route), and a make_join
 refused by every via answered with the refusal itself, not a 502.
+
+Each class's tests share its Atrium (a start costs about a CPU-second): each test has a
+fake peer of its own (a name, a key, rooms) and users of its own.
 """
 
+import itertools
 import json
 import time
 import urllib.parse
@@ -16,6 +20,7 @@ from rooms_client import Client, content_hash, redact, reference_event_id
 from test_federation import A_IP, B_IP, FAKE_IP, FederationTestCase
 
 VERSION = "10"
+_names = itertools.count(1)  # users of their own on the servers the tests share
 
 
 def quote(s):
@@ -122,15 +127,9 @@ class V1OnlyPeer(FakeKeyServer):
         return status, answer
 
 
-class ServedV1FormsTest(FederationTestCase):
+class ServedV1Forms:
     """Atrium A as the resident: a fake peer joins, reads the auth chain, leaves and is
     invited through the v1 forms."""
-
-    def setUp(self):
-        self.peer = self.fake_peer()
-        self.a = self.start_fed(A_IP)
-        self.alice = Client(self.a, register(self.a, "alice"))
-        self.user = f"@pat:{self.peer.server_name}"
 
     def fed(self, method, path, body=None):
         status, _, answer = self.a.signed_request(method, path, self.peer.server_name,
@@ -194,7 +193,7 @@ class ServedV1FormsTest(FederationTestCase):
         self.assertEqual((status, body["errcode"]), (403, "M_FORBIDDEN"), body)
 
     def test_v1_invite_is_signed_and_answered_in_the_v1_envelope(self):
-        bob = Client(self.a, register(self.a, "bob"))
+        bob = Client(self.a, register(self.a, f"bob{next(_names)}"))
         room = f"!elsewhere:{self.peer.server_name}"
         stripped = [{"type": "m.room.create", "state_key": "", "sender": self.user,
                      "content": {"room_version": VERSION}},
@@ -232,8 +231,8 @@ class FallbackToV1Test(FederationTestCase):
     def setUp(self):
         self.peer = V1OnlyPeer(self.ca, FAKE_IP)
         self.addCleanup(self.peer.close)
-        self.b = self.start_fed(B_IP)
-        self.bob = Client(self.b, register(self.b, "bob"))
+        self.b = self.start_class_fed(B_IP)
+        self.bob = Client(self.b, register(self.b, f"bob{next(_names)}"))
 
     def puts(self, prefix):
         return [p.split("/")[3] for p, _ in self.peer.sent if p.startswith(prefix)]
@@ -279,14 +278,9 @@ class FallbackToV1Test(FederationTestCase):
         self.assertIn("closed here", body["error"])
 
 
-class BadInputAndNotaryTest(FederationTestCase):
+class BadInputAndNotary:
     """Bad input from a server is 400 (signature problems stay 401); the key notary
     refetches a key whose cached validity ends before what the asker needs."""
-
-    def setUp(self):
-        self.peer = self.fake_peer()
-        self.a = self.start_fed(A_IP)
-        self.uri = "/_matrix/federation/v1/query/profile?user_id=" + quote("@x:" + self.a.server_name)
 
     def test_an_origin_that_is_not_a_server_name_or_a_body_not_json_is_400(self):
         auth = xmatrix("GET", self.uri, "example.com:notaport", self.a.server_name, self.peer.key)
@@ -325,3 +319,14 @@ class BadInputAndNotaryTest(FederationTestCase):
         later = query(first["valid_until_ts"] + 3600 * 1000)
         self.assertEqual(fetches(), 2)
         self.assertGreater(later["valid_until_ts"], first["valid_until_ts"] + 3600 * 1000)
+
+
+class ServedByATest(ServedV1Forms, BadInputAndNotary, FederationTestCase):
+    """The tests of A as the server asked, on one A; a fake peer per test."""
+
+    def setUp(self):
+        self.peer = self.fake_peer()
+        self.a = self.start_class_fed(A_IP)
+        self.alice = Client(self.a, register(self.a, f"alice{next(_names)}"))
+        self.user = f"@pat:{self.peer.server_name}"
+        self.uri = "/_matrix/federation/v1/query/profile?user_id=" + quote("@x:" + self.a.server_name)

@@ -6,18 +6,27 @@ for bob's server, which is not in the room) moves it to B's leave; bob's leave w
 the knock through A (or, when A cannot take the leave, at B alone). Rooms that take no
 knocks refuse them at A, and B keeps nothing.
 A fake peer checks A's make_knock / send_knock answers where it must be able to lie.
+
+The tests that stop no server share their servers (one pair; one A for the fake peer's):
+each registers users of its own.
 """
+
+import itertools
 
 from accounts import quote, register
 from harness import psql
 from rooms_client import Client
-from test_federation import A_IP, FederationTestCase
+from test_federation import A_IP, B_IP, FederationTestCase
 from test_room_federation import FED, PeerView, TwoServersCase, complete_event
 
 V3 = "/_matrix/client/v3"
+_names = itertools.count(1)  # users of their own on the servers the tests share
 
 
-class KnockFederationTest(TwoServersCase):
+class KnockAcrossServers:
+    """The helpers of the knock tests across two Atrium processes (TwoServersCase's alice on
+    A, bob on B)."""
+
     def knock_room(self, version="10", rule="knock"):
         return self.alice.create_room(
             room_version=version, name="Ask first",
@@ -30,6 +39,17 @@ class KnockFederationTest(TwoServersCase):
 
     def bob_sync_has(self, section, room):
         return room in self.bob.sync()["rooms"][section]
+
+
+class KnockFederationTest(KnockAcrossServers, TwoServersCase):
+    """One pair of servers for the class (a start costs about a CPU-second)."""
+
+    def setUp(self):
+        self.a = self.start_class_fed(A_IP)
+        self.b = self.start_class_fed(B_IP)
+        n = next(_names)
+        self.alice = Client(self.a, register(self.a, f"alice{n}"))
+        self.bob = Client(self.b, register(self.b, f"bob{n}"))
 
     def test_a_knock_crosses_servers_then_an_invite_lets_the_knocker_join(self):
         room = self.knock_room()
@@ -90,6 +110,20 @@ class KnockFederationTest(TwoServersCase):
         self.assertEqual(self.membership(self.alice, room, self.bob.user_id), "leave")
         self.assertFalse(self.bob_sync_has("knock", room))
 
+    def test_rooms_that_take_no_knocks_refuse_them_at_the_resident(self):
+        for version, rule in (("10", "invite"), ("10", "public"), ("6", "knock")):
+            room = self.knock_room(version=version, rule=rule)
+            status, body = self.knock(room)
+            self.assertEqual((status, body.get("errcode")), (403, "M_FORBIDDEN"), (version, rule, body))
+            self.assertIsNone(self.membership(self.alice, room, self.bob.user_id))
+            self.assertEqual(psql(f"SELECT count(*) FROM memberships WHERE room_id = '{room}'",
+                                  database=self.b.database), [["0"]])
+            self.assertFalse(self.bob_sync_has("knock", room))
+
+
+class KnockResidentDownTest(KnockAcrossServers, TwoServersCase):
+    """A test that stops A: servers of its own."""
+
     def test_a_knock_is_withdrawn_here_when_the_resident_cannot_take_the_leave(self):
         room = self.knock_room()
         self.assertEqual(self.knock(room)[0], 200)
@@ -106,24 +140,15 @@ class KnockFederationTest(TwoServersCase):
         status, body = self.bob.call("POST", f"{V3}/rooms/{quote(room)}/leave", {}, timeout=60)
         self.assertNotEqual(status, 200, body)
 
-    def test_rooms_that_take_no_knocks_refuse_them_at_the_resident(self):
-        for version, rule in (("10", "invite"), ("10", "public"), ("6", "knock")):
-            room = self.knock_room(version=version, rule=rule)
-            status, body = self.knock(room)
-            self.assertEqual((status, body.get("errcode")), (403, "M_FORBIDDEN"), (version, rule, body))
-            self.assertIsNone(self.membership(self.alice, room, self.bob.user_id))
-            self.assertEqual(psql(f"SELECT count(*) FROM memberships WHERE room_id = '{room}'",
-                                  database=self.b.database), [["0"]])
-            self.assertFalse(self.bob_sync_has("knock", room))
-
 
 class ResidentKnockTest(FederationTestCase):
-    """A as the resident server of a room a fake peer's user knocks on."""
+    """A as the resident server of a room a fake peer's user knocks on (one A for the
+    class; a fake peer, with a name of its own, per test)."""
 
     def setUp(self):
         self.peer = self.fake_peer()
-        self.a = self.start_fed(A_IP)
-        self.alice = Client(self.a, register(self.a, "alice"))
+        self.a = self.start_class_fed(A_IP)
+        self.alice = Client(self.a, register(self.a, f"alice{next(_names)}"))
         self.view = PeerView(self.a, self.peer)
         self.user = f"@pat:{self.peer.server_name}"
 
