@@ -305,6 +305,36 @@ class OutboundBudgetTest(AtriumTestCase):
         wait_until(lambda: srv.metric("atrium_budget_in_use", {"budget": "outbound"}) == 0,
                    what="outbound slots returned")
 
+    def test_a_slot_goes_back_when_the_answer_is_queued_not_after_its_last_byte(self):
+        # A client asking one thing after the other must never meet its own last slot: the
+        # last byte reaches it before libmicrohttpd's completed callback runs (a flake in
+        # test_appservice.py once: protocols, then protocol/irc, 429).
+        srv = self.server()
+        peer = PeerThatNeverAnswers()
+        self.addCleanup(peer.close)
+        in_use = lambda: srv.metric("atrium_budget_in_use", {"budget": "outbound"})  # noqa: E731
+        s = raw_connect(srv.port, rcvbuf=16384)
+        self.addCleanup(s.close)
+        s.sendall(f"GET /_test/outbound?port={peer.port}&bytes={HoldTest.BIG} HTTP/1.1\r\n"
+                  "Host: x\r\nX-Forwarded-For: 10.2.0.1\r\n\r\n".encode())
+        wait_until(lambda: len(peer.accepted) == 1, what="the request waiting on the peer")
+        self.assertEqual(in_use(), 1)
+        peer.answer_all()
+        status, _, rest = read_head(s)
+        self.assertEqual(status, 200)
+        # The client has read nothing of the body: most of it is unsent, the slot is back.
+        wait_until(lambda: in_use() == 0, what="the slot back while the body is unsent")
+        second = Background(srv.json, "GET", f"/_test/outbound?port={peer.port}",
+                            headers={"X-Forwarded-For": "10.2.0.1"}, timeout=30)
+        wait_until(lambda: len(peer.accepted) == 2, what="the same client's next request waiting")
+        peer.answer_all()
+        self.assertEqual(second.result(), (200, {"peer": "answered"}))
+        received = len(rest)
+        while received < HoldTest.BIG:
+            chunk = s.recv(1 << 20)
+            self.assertTrue(chunk, "the first body was cut off")
+            received += len(chunk)
+
 
 class RateLimitTest(AtriumTestCase):
     def test_a_request_run_twice_is_counted_once_and_the_refusal_says_when_to_retry(self):
