@@ -312,6 +312,7 @@ typedef struct http_kv {
 typedef struct http_hold {
     void (*release)(void *arg);
     void *arg;
+    bool until_answer; /* http_req_add_answer_hold */
     struct http_hold *next;
 } http_hold;
 
@@ -427,6 +428,8 @@ struct atrium_req {
     int on_pool;         /* handed-off handler runs in progress (a handler on one pool may
                             hand off to another, whose run starts before the first ends) */
     bool holds_deferred; /* completed while on_pool: the pool thread releases them */
+    bool answer_deferred; /* answered while on_pool: the pool thread releases the answer
+                             holds */
 
     /* inside a body_chunk callback: park, line_admit, req_wait and handoff refuse */
     bool in_body_chunk;
@@ -450,6 +453,15 @@ void http_req_on_free(atrium_req *r, void (*fn)(void *arg), void *arg);
 /* Release every hold once (idempotent); holds added later are released at once. */
 int http_req_add_hold(atrium_req *r, void (*release)(void *arg), void *arg);
 void http_req_release_holds(atrium_req *r);
+/* A hold released as soon as the answer is queued, before its first byte leaves (or, as
+ * any hold, when the request ends unanswered; never under a handed-off handler that still
+ * runs): for a slot that counts requests waiting, not answers being sent. The outbound
+ * budget (ADR-0079) is one: a client that asks one thing after the other must find its
+ * last request's slot free, and an answer's last byte reaches the client before
+ * libmicrohttpd's completed callback runs. */
+int http_req_add_answer_hold(atrium_req *r, void (*release)(void *arg), void *arg);
+/* The answer is about to be queued (server.c): releases the answer holds. */
+void http_req_answered(atrium_req *r);
 /* Around a handed-off handler's run (suspend.c): while it runs, http_req_release_holds
  * defers to http_req_pool_run_end, which releases them on the pool thread. begin returns
  * false when the request already completed (do not run the handler). */

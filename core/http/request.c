@@ -301,7 +301,7 @@ void http_req_on_free(atrium_req *r, void (*fn)(void *), void *arg)
     r->on_free_arg = arg;
 }
 
-int http_req_add_hold(atrium_req *r, void (*release)(void *), void *arg)
+static int add_hold(atrium_req *r, void (*release)(void *), void *arg, bool until_answer)
 {
     pthread_mutex_lock(&r->holds_mu);
     if (r->completed) {
@@ -317,6 +317,7 @@ int http_req_add_hold(atrium_req *r, void (*release)(void *), void *arg)
     }
     h->release = release;
     h->arg = arg;
+    h->until_answer = until_answer;
     h->next = r->holds;
     r->holds = h;
     rt_metric_add(r->srv->m_holds, 1);
@@ -324,7 +325,44 @@ int http_req_add_hold(atrium_req *r, void (*release)(void *), void *arg)
     return 0;
 }
 
+int http_req_add_hold(atrium_req *r, void (*release)(void *), void *arg)
+{
+    return add_hold(r, release, arg, false);
+}
+
+int http_req_add_answer_hold(atrium_req *r, void (*release)(void *), void *arg)
+{
+    return add_hold(r, release, arg, true);
+}
+
 static void release_list(atrium_req *r, http_hold *h);
+
+/* Unlink r's answer holds (under holds_mu) and return them as a list. */
+static http_hold *take_answer_holds(atrium_req *r)
+{
+    http_hold *taken = NULL, **p = &r->holds;
+    while (*p) {
+        http_hold *h = *p;
+        if (h->until_answer) {
+            *p = h->next;
+            h->next = taken;
+            taken = h;
+        } else {
+            p = &h->next;
+        }
+    }
+    return taken;
+}
+
+void http_req_answered(atrium_req *r)
+{
+    pthread_mutex_lock(&r->holds_mu);
+    http_hold *h = NULL;
+    if (r->on_pool) r->answer_deferred = true; /* the deadline answered a running handler */
+    else h = take_answer_holds(r);
+    pthread_mutex_unlock(&r->holds_mu);
+    release_list(r, h);
+}
 
 void http_req_release_holds(atrium_req *r)
 {
@@ -357,8 +395,12 @@ void http_req_pool_run_end(atrium_req *r)
     http_hold *h = NULL;
     if (r->on_pool == 0 && r->holds_deferred) {
         r->holds_deferred = false;
+        r->answer_deferred = false;
         h = r->holds;
         r->holds = NULL;
+    } else if (r->on_pool == 0 && r->answer_deferred) {
+        r->answer_deferred = false;
+        h = take_answer_holds(r);
     }
     pthread_mutex_unlock(&r->holds_mu);
     release_list(r, h);

@@ -138,6 +138,7 @@ static enum MHD_Result queue(atrium_req *r, int status, struct MHD_Response *res
     if (!resp) resp = http_error_response(500, "M_UNKNOWN", "Internal server error", 0);
     if (!resp) return MHD_NO;
     http_add_cors(resp); /* the one place every response gets its CORS headers */
+    http_req_answered(r); /* answer holds go before the first byte can reach the client */
     enum MHD_Result rc = http_mhd_queue_response(r->conn, (unsigned)status, resp);
     if (rc == MHD_YES) set_phase(r, r->conn, PHASE_SENDING);
     MHD_destroy_response(resp);

@@ -290,7 +290,9 @@ static void budget_hold_release(void *arg)
     rt_budget_release(h->b, h->key);
 }
 
-static int acquire_as_hold(atrium_req *r, rt_budget *b)
+/* until_answer: given back once the answer is queued (the outbound budget), not when the
+ * request ends. */
+static int acquire_as_hold(atrium_req *r, rt_budget *b, bool until_answer)
 {
     const char *key = http_req_client_key(r);
     int rc = rt_budget_try_acquire(b, key, NULL);
@@ -302,12 +304,13 @@ static int acquire_as_hold(atrium_req *r, rt_budget *b)
     }
     h->b = b;
     h->key = key;
-    return http_req_add_hold(r, budget_hold_release, h);
+    return until_answer ? http_req_add_answer_hold(r, budget_hold_release, h)
+                        : http_req_add_hold(r, budget_hold_release, h);
 }
 
 static int h_budget_acquire_hold(atrium_req *r, atrium_budget *b)
 {
-    return acquire_as_hold(r, (rt_budget *)b);
+    return acquire_as_hold(r, (rt_budget *)b, false);
 }
 
 static void line_free(void *obj)
@@ -356,7 +359,7 @@ static int h_line_admit(atrium_req *r, atrium_line *line)
 
 static int h_outbound_acquire(atrium_req *r)
 {
-    return acquire_as_hold(r, core_runtime_get()->http->outbound);
+    return acquire_as_hold(r, core_runtime_get()->http->outbound, true);
 }
 
 static atrium_ratelimit *h_ratelimit_create(atrium_plugin *self, const char *action,

@@ -450,8 +450,8 @@ struct atrium_host {
     /* [req] The outbound budget (ADR-0079, docs/adr/0079-outbound-budget.md) for a handler
      * on a request-pool thread that will
      * wait on another server: at most half the request pool across all clients and one per
-     * client key. 0 = the slot is held until the request ends; ATRIUM_E_LIMIT = answer 429
-     * at once (respond_limited), never wait. */
+     * client key. 0 = the slot is held until the answer is queued (or the request ends
+     * unanswered); ATRIUM_E_LIMIT = answer 429 at once (respond_limited), never wait. */
     int (*outbound_acquire)(atrium_req *req);
 
     /* [init] A token bucket per client key: per_second refill, burst capacity. Metrics

@@ -4,8 +4,9 @@ helpers for concurrent requests and polling metrics."""
 import os
 import threading
 import time
+import unittest
 
-from harness import AtriumTestCase, test_plugin_dir  # noqa: F401  (re-exported)
+from harness import AtriumTestCase, Server, test_plugin_dir  # noqa: F401  (re-exported)
 
 
 def testplug(name="testplug", **settings):
@@ -17,6 +18,41 @@ def with_testplug(**settings):
     plugins = {"media": {"enabled": True}, "directory": {"enabled": True}}
     plugins.update(testplug(**settings))
     return plugins
+
+
+_module_servers = {}
+
+
+def start_module_server(test, **kwargs):
+    """A server that every test of test's module asking with the same Server(**kwargs)
+    shares, across classes (start_class_server shares within one class): started by the
+    first test that asks, stopped and checked (exit code, sanitizer reports) when the
+    module's tests are done, where a problem fails the module; a failed test marks it, so
+    its log is kept. For tests that each use their own users and rooms, assert no absolute
+    counter (a delta from the same server is fine) and stop no server."""
+    key = (type(test).__module__, repr(sorted(kwargs.items())))
+    srv = _module_servers.get(key)
+    if srv is None:
+        srv = Server(start=False, **kwargs)
+        try:
+            srv.start()
+        except BaseException:
+            srv._failed = True
+            srv.close(raise_errors=False)
+            raise
+        _module_servers[key] = srv
+
+        def close():
+            del _module_servers[key]
+            srv.close()
+        unittest.addModuleCleanup(close)
+
+    def mark():
+        outcome = getattr(test, "_outcome", None)  # unittest internals: did the test fail?
+        if outcome is not None and not getattr(outcome, "success", True):
+            srv._failed = True
+    test.addCleanup(mark)
+    return srv
 
 
 class Background:

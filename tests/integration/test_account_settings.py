@@ -4,21 +4,22 @@ import unittest
 import uuid
 
 from accounts import REGISTRATION_ON, quote, register
-from common import AtriumTestCase
+from common import AtriumTestCase, start_module_server
 
 V3 = "/_matrix/client/v3"
 
 
 def unique(name):
-    """name with a suffix of its own: the tests of a class share one server."""
+    """name with a suffix of its own: the tests share servers."""
     return f"{name}{uuid.uuid4().hex[:8]}"
 
 
 class ProfileTest(AtriumTestCase):
-    """The tests share one server (start_class_server), each with a kim and lee of its own."""
+    """The tests share one server with PushRulesTest and FiltersTest (start_module_server),
+    each with a kim and lee of its own."""
 
     def setUp(self):
-        self.srv = self.start_class_server(settings=REGISTRATION_ON)
+        self.srv = start_module_server(self, settings=REGISTRATION_ON)
         self.kim_name = unique("kim")
         self.kim = register(self.srv, self.kim_name)
         self.lee = register(self.srv, unique("lee"))
@@ -101,10 +102,11 @@ class CapabilitiesConfigTest(AtriumTestCase):
 
 
 class PushRulesTest(AtriumTestCase):
-    """The tests share one server (start_class_server), each with a mia of its own."""
+    """The tests share one server with ProfileTest and FiltersTest (start_module_server),
+    each with a mia of its own."""
 
     def setUp(self):
-        self.srv = self.start_class_server(settings=REGISTRATION_ON)
+        self.srv = start_module_server(self, settings=REGISTRATION_ON)
         self.mia_name = unique("mia")
         self.mia = register(self.srv, self.mia_name)
 
@@ -225,10 +227,11 @@ class PushRulesTest(AtriumTestCase):
 
 
 class FiltersTest(AtriumTestCase):
-    """The tests share one server (start_class_server), each with a ned and oli of its own."""
+    """The tests share one server with ProfileTest and PushRulesTest (start_module_server),
+    each with a ned and oli of its own."""
 
     def setUp(self):
-        self.srv = self.start_class_server(settings=REGISTRATION_ON)
+        self.srv = start_module_server(self, settings=REGISTRATION_ON)
         self.ned = register(self.srv, unique("ned"))
         self.oli = register(self.srv, unique("oli"))
         self.base = f"{V3}/user/{quote(self.ned.user_id)}/filter"
@@ -270,17 +273,19 @@ BODY_LIMIT = 16384  # server.http.max_json_body_bytes for account data, small to
 
 
 class AccountDataTest(AtriumTestCase):
+    """The tests share one server (start_class_server), each with a pat and quinn of its own."""
+
     def setUp(self):
-        self.srv = self.start_server(settings={**REGISTRATION_ON,
-                                               "server": {"http": {"max_json_body_bytes": BODY_LIMIT}}})
-        self.pat = register(self.srv, "pat")
-        self.quinn = register(self.srv, "quinn")
+        self.srv = self.start_class_server(settings={
+            **REGISTRATION_ON, "server": {"http": {"max_json_body_bytes": BODY_LIMIT}}})
+        self.pat = register(self.srv, unique("pat"))
+        self.quinn = register(self.srv, unique("quinn"))
         self.base = f"{V3}/user/{quote(self.pat.user_id)}"
 
     def stream_positions(self):
         from harness import psql
         return {(row[0], row[1]): int(row[2]) for row in psql(
-            "SELECT room_id, type, stream_pos FROM account_data WHERE user_id = '@pat:localhost'",
+            f"SELECT room_id, type, stream_pos FROM account_data WHERE user_id = '{self.pat.user_id}'",
             database=self.srv.database)}
 
     def test_global_and_room_account_data_round_trip_with_growing_stream_positions(self):

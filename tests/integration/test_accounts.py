@@ -3,9 +3,10 @@ and the bad input each of those endpoints must refuse with the right Matrix erro
 
 import json
 import unittest
+import uuid
 
 from accounts import REGISTRATION_ON, login, quote, register
-from common import AtriumTestCase
+from common import AtriumTestCase, start_module_server
 from harness import psql
 
 REGISTER = "/_matrix/client/v3/register"
@@ -13,12 +14,17 @@ LOGIN = "/_matrix/client/v3/login"
 WHOAMI = "/_matrix/client/v3/account/whoami"
 
 
+def unique(name):
+    """A localpart no other test of the module's shared server registers."""
+    return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
 class RegistrationTest(AtriumTestCase):
-    """The tests share one server (start_class_server): a name one test registers (alice,
-    quiet, carol) is no other test's."""
+    """The tests share one server with LoginTest and LogoutTest (start_module_server): a
+    name one test registers (alice, quiet, carol) is no other test's."""
 
     def setUp(self):
-        self.srv = self.start_class_server(settings=REGISTRATION_ON)
+        self.srv = start_module_server(self, settings=REGISTRATION_ON)
 
     def test_register_without_auth_is_a_401_challenge_with_the_dummy_flow(self):
         status, body = self.srv.json("POST", REGISTER, {"username": "amy", "password": "pw"})
@@ -145,34 +151,34 @@ class PasswordHashingTest(AtriumTestCase):
 
 
 class LoginTest(AtriumTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.passwords = {"alice": "alice's secret"}
+    """On the module's shared server: each test logs in as an alice of its own."""
 
     def setUp(self):
-        self.srv = self.start_server(settings=REGISTRATION_ON)
-        self.alice = register(self.srv, "alice", self.passwords["alice"], device_id="FIRST")
+        self.srv = start_module_server(self, settings=REGISTRATION_ON)
+        self.name = unique("alice")
+        self.alice = register(self.srv, self.name, "alice's secret", device_id="FIRST")
 
     def test_get_login_lists_the_password_flow(self):
         self.assertEqual(self.srv.json("GET", LOGIN), (200, {"flows": [{"type": "m.login.password"}]}))
 
     def test_password_login_by_localpart_full_id_and_legacy_user_field(self):
-        by_localpart = login(self.srv, "alice", "alice's secret")
-        self.assertEqual(by_localpart.user_id, "@alice:localhost")
+        alice = f"@{self.name}:localhost"
+        by_localpart = login(self.srv, self.name, "alice's secret")
+        self.assertEqual(by_localpart.user_id, alice)
         self.assertNotEqual(by_localpart.device_id, "FIRST")
-        by_id = login(self.srv, "@alice:localhost", "alice's secret", device_id="SECOND")
+        by_id = login(self.srv, alice, "alice's secret", device_id="SECOND")
         self.assertEqual(by_id.device_id, "SECOND")
-        status, body = self.srv.json("POST", LOGIN, {"type": "m.login.password", "user": "alice",
+        status, body = self.srv.json("POST", LOGIN, {"type": "m.login.password", "user": self.name,
                                                      "password": "alice's secret"}, timeout=60)
         self.assertEqual(status, 200, body)
         self.assertEqual(body["home_server"], "localhost")
         for account in (by_localpart, by_id):
-            self.assertEqual(self.srv.json("GET", WHOAMI, token=account.token)[1]["user_id"], "@alice:localhost")
+            self.assertEqual(self.srv.json("GET", WHOAMI, token=account.token)[1]["user_id"], alice)
 
     def test_wrong_password_and_unknown_user_get_the_same_403(self):
         answers = []
-        for user, password in (("alice", "wrong"), ("nobody", "alice's secret"),
-                               ("@alice:elsewhere.org", "alice's secret")):
+        for user, password in ((self.name, "wrong"), (unique("nobody"), "alice's secret"),
+                               (f"@{self.name}:elsewhere.org", "alice's secret")):
             status, body = self.srv.json("POST", LOGIN, {
                 "type": "m.login.password", "identifier": {"type": "m.id.user", "user": user},
                 "password": password}, timeout=60)
@@ -182,7 +188,7 @@ class LoginTest(AtriumTestCase):
         self.assertEqual(answers[2], answers[0])
 
     def test_login_with_an_existing_device_id_revokes_that_devices_old_token(self):
-        again = login(self.srv, "alice", "alice's secret", device_id="FIRST")
+        again = login(self.srv, self.name, "alice's secret", device_id="FIRST")
         self.assertEqual(again.device_id, "FIRST")
         status, body = self.srv.json("GET", WHOAMI, token=self.alice.token)
         self.assertEqual((status, body["errcode"]), (401, "M_UNKNOWN_TOKEN"))
@@ -191,17 +197,17 @@ class LoginTest(AtriumTestCase):
     def test_bad_login_bodies_get_the_matching_error(self):
         cases = [
             ("{", 400, "M_NOT_JSON"),
-            ({"type": "m.login.password", "identifier": {"type": "m.id.user", "user": "alice"}}, 400, "M_MISSING_PARAM"),
-            ({"identifier": {"type": "m.id.user", "user": "alice"}, "password": "x"}, 400, "M_MISSING_PARAM"),
+            ({"type": "m.login.password", "identifier": {"type": "m.id.user", "user": self.name}}, 400, "M_MISSING_PARAM"),
+            ({"identifier": {"type": "m.id.user", "user": self.name}, "password": "x"}, 400, "M_MISSING_PARAM"),
             ({"type": "m.login.password", "password": "x"}, 400, "M_MISSING_PARAM"),
             ({"type": "m.login.token", "token": "x"}, 400, "M_UNKNOWN"),
             ({"type": "m.login.password", "identifier": {"type": "m.id.user", "user": 5}, "password": "x"}, 400, "M_BAD_JSON"),
-            ({"type": "m.login.password", "identifier": "alice", "password": "x"}, 400, "M_BAD_JSON"),
-            ({"type": "m.login.password", "identifier": {"type": "m.id.user", "user": "alice"}, "password": True}, 400, "M_BAD_JSON"),
+            ({"type": "m.login.password", "identifier": self.name, "password": "x"}, 400, "M_BAD_JSON"),
+            ({"type": "m.login.password", "identifier": {"type": "m.id.user", "user": self.name}, "password": True}, 400, "M_BAD_JSON"),
             ({"type": "m.login.password", "identifier": {"type": "m.id.thirdparty", "medium": "email",
                                                          "address": "a@b.c"}, "password": "x"}, 400, "M_UNKNOWN"),
             ({"type": "m.login.password", "medium": "email", "address": "a@b.c", "password": "x"}, 400, "M_UNKNOWN"),
-            ({"type": "m.login.password", "user": "alice", "password": "x" * 70_000}, 413, "M_TOO_LARGE"),
+            ({"type": "m.login.password", "user": self.name, "password": "x" * 70_000}, 413, "M_TOO_LARGE"),
         ]
         for body, want_status, want_code in cases:
             status, answer = self.srv.json("POST", LOGIN, body, headers={"Content-Type": "application/json"})
@@ -209,10 +215,13 @@ class LoginTest(AtriumTestCase):
 
 
 class LogoutTest(AtriumTestCase):
+    """On the module's shared server: each test logs out a frank of its own."""
+
     def setUp(self):
-        self.srv = self.start_server(settings=REGISTRATION_ON)
-        self.phone = register(self.srv, "frank", device_id="PHONE")
-        self.laptop = login(self.srv, "frank", self.phone.password, device_id="LAPTOP")
+        self.srv = start_module_server(self, settings=REGISTRATION_ON)
+        frank = unique("frank")
+        self.phone = register(self.srv, frank, device_id="PHONE")
+        self.laptop = login(self.srv, frank, self.phone.password, device_id="LAPTOP")
 
     def test_logout_stops_the_token_at_once_and_leaves_other_devices_working(self):
         self.assertEqual(self.srv.json("POST", "/_matrix/client/v3/logout", token=self.phone.token), (200, {}))
@@ -225,7 +234,7 @@ class LogoutTest(AtriumTestCase):
             self.assertEqual([d["device_id"] for d in body["devices"]], ["LAPTOP"])
 
     def test_logout_all_stops_every_token_of_the_user(self):
-        other = register(self.srv, "grace")
+        other = register(self.srv, unique("grace"))
         self.assertEqual(self.srv.json("POST", "/_matrix/client/v3/logout/all", {}, token=self.laptop.token), (200, {}))
         for account in (self.phone, self.laptop):
             status, body = self.srv.json("GET", WHOAMI, token=account.token)

@@ -21,9 +21,12 @@ def mac(nonce, username, password, admin, secret=SECRET):
 
 
 class AdminRegisterTest(AtriumTestCase):
+    """The tests share one server (start_class_server): each registers names of its own
+    (root, once, mallory, dup, operator) and takes nonces of its own."""
+
     def setUp(self):
         # Open registration stays off: admin registration does not depend on it.
-        self.srv = self.start_server(settings={"registration": {"shared_secret": SECRET}})
+        self.srv = self.start_class_server(settings={"registration": {"shared_secret": SECRET}})
 
     def nonce(self):
         status, body = self.srv.json("GET", ADMIN_REGISTER)

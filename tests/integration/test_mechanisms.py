@@ -8,8 +8,17 @@ import socket
 import time
 import unittest
 
-from common import AtriumTestCase, Background, thread_count, wait_until, with_testplug
+from common import (AtriumTestCase, Background, start_module_server, thread_count, wait_until,
+                    with_testplug)
 from harness import psql, raw_connect, read_head
+
+
+def shared_server(test):
+    """The one server of this module's tests that need the test plugin as it comes (rate
+    limits off, as the harness has them), stop no server and count deltas: a start costs
+    about a CPU-second under ASan, more under TSan."""
+    return start_module_server(test, plugins=with_testplug(),
+                               settings={"ratelimit": {"enabled": False}})
 
 
 class PeerThatNeverAnswers:
@@ -49,12 +58,13 @@ class PeerThatNeverAnswers:
 
 class HandoffTest(AtriumTestCase):
     def test_route_hands_off_to_its_pool_which_answers_with_the_scope_values(self):
-        srv = self.start_server(plugins=with_testplug())
+        srv = shared_server(self)
+        runs = srv.metric("atrium_testplug_pool_runs_total") or 0
         status, body = srv.json("GET", "/_test/handoff")
         self.assertEqual(status, 200, body)
         self.assertTrue(body["ran_on_pool"])
         self.assertEqual(body["fetch_mode"], 2)  # ATRIUM_FETCH_ADMITTED, published by the handoff
-        self.assertEqual(srv.metric("atrium_testplug_pool_runs_total"), 1)
+        self.assertEqual(srv.metric("atrium_testplug_pool_runs_total") - runs, 1)
         self.assertEqual(srv.metric("atrium_http_handed_off"), 0)
         self.assertEqual(srv.metric("atrium_pool_threads", {"pool": "testplug.work"}), 2)
 
@@ -101,7 +111,7 @@ class HandoffTest(AtriumTestCase):
 
 class ParkTest(AtriumTestCase):
     def test_parked_request_is_resumed_by_another_request(self):
-        srv = self.start_server(plugins=with_testplug())
+        srv = shared_server(self)
         parked = Background(srv.json, "GET", "/_test/park?timeout_ms=20000", timeout=30)
         wait_until(lambda: srv.metric("atrium_http_parked") == 1, what="one parked request")
         status, body = srv.json("POST", "/_test/ring")
@@ -125,7 +135,7 @@ class ParkTest(AtriumTestCase):
             self.assertEqual(p.result(), (200, {"woken_by": "event"}))
 
     def test_park_deadline_runs_the_handler_again(self):
-        srv = self.start_server(plugins=with_testplug())
+        srv = shared_server(self)
         started = time.monotonic()
         self.assertEqual(srv.json("GET", "/_test/park?timeout_ms=300"), (200, {"woken_by": "deadline"}))
         self.assertLess(time.monotonic() - started, 2.0)
@@ -188,7 +198,7 @@ class HoldTest(AtriumTestCase):
     BIG = 16 * 1024 * 1024
 
     def test_hold_is_released_after_the_last_byte_of_a_slow_read(self):
-        srv = self.start_server(plugins=with_testplug())
+        srv = shared_server(self)
         s = raw_connect(srv.port, rcvbuf=16384)
         s.sendall(f"GET /_test/slow?bytes={self.BIG} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         status, _, rest = read_head(s)
@@ -206,7 +216,7 @@ class HoldTest(AtriumTestCase):
         self.assertEqual(srv.metric("atrium_http_holds"), 0)
 
     def test_hold_is_released_when_the_client_disconnects_mid_body(self):
-        srv = self.start_server(plugins=with_testplug())
+        srv = shared_server(self)
         s = raw_connect(srv.port, rcvbuf=16384)
         s.sendall(f"GET /_test/slow?bytes={self.BIG} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         read_head(s)
@@ -255,11 +265,15 @@ class HoldTest(AtriumTestCase):
 
 class OutboundBudgetTest(AtriumTestCase):
     """ADR-0079 (docs/adr/0079-outbound-budget.md): with 4 request threads, at most 2
-    requests may wait on other servers, and at most 1 per client key; over either cap the answer is 429 at once."""
+    requests may wait on other servers, and at most 1 per client key; over either cap the answer is 429 at once.
+    The tests share one server (start_class_server), each with client addresses of its own."""
+
+    def server(self):
+        return self.start_class_server(plugins=with_testplug(), settings={
+            "server": {"http": {"request_threads": 4, "trusted_proxies": ["127.0.0.1"]}}})
 
     def test_third_outbound_request_and_second_from_one_client_are_refused_at_once(self):
-        srv = self.start_server(plugins=with_testplug(), settings={
-            "server": {"http": {"request_threads": 4, "trusted_proxies": ["127.0.0.1"]}}})
+        srv = self.server()
         peer = PeerThatNeverAnswers()
         self.addCleanup(peer.close)
         path = f"/_test/outbound?port={peer.port}"
@@ -291,6 +305,36 @@ class OutboundBudgetTest(AtriumTestCase):
         wait_until(lambda: srv.metric("atrium_budget_in_use", {"budget": "outbound"}) == 0,
                    what="outbound slots returned")
 
+    def test_a_slot_goes_back_when_the_answer_is_queued_not_after_its_last_byte(self):
+        # A client asking one thing after the other must never meet its own last slot: the
+        # last byte reaches it before libmicrohttpd's completed callback runs (a flake in
+        # test_appservice.py once: protocols, then protocol/irc, 429).
+        srv = self.server()
+        peer = PeerThatNeverAnswers()
+        self.addCleanup(peer.close)
+        in_use = lambda: srv.metric("atrium_budget_in_use", {"budget": "outbound"})  # noqa: E731
+        s = raw_connect(srv.port, rcvbuf=16384)
+        self.addCleanup(s.close)
+        s.sendall(f"GET /_test/outbound?port={peer.port}&bytes={HoldTest.BIG} HTTP/1.1\r\n"
+                  "Host: x\r\nX-Forwarded-For: 10.2.0.1\r\n\r\n".encode())
+        wait_until(lambda: len(peer.accepted) == 1, what="the request waiting on the peer")
+        self.assertEqual(in_use(), 1)
+        peer.answer_all()
+        status, _, rest = read_head(s)
+        self.assertEqual(status, 200)
+        # The client has read nothing of the body: most of it is unsent, the slot is back.
+        wait_until(lambda: in_use() == 0, what="the slot back while the body is unsent")
+        second = Background(srv.json, "GET", f"/_test/outbound?port={peer.port}",
+                            headers={"X-Forwarded-For": "10.2.0.1"}, timeout=30)
+        wait_until(lambda: len(peer.accepted) == 2, what="the same client's next request waiting")
+        peer.answer_all()
+        self.assertEqual(second.result(), (200, {"peer": "answered"}))
+        received = len(rest)
+        while received < HoldTest.BIG:
+            chunk = s.recv(1 << 20)
+            self.assertTrue(chunk, "the first body was cut off")
+            received += len(chunk)
+
 
 class RateLimitTest(AtriumTestCase):
     def test_a_request_run_twice_is_counted_once_and_the_refusal_says_when_to_retry(self):
@@ -304,7 +348,7 @@ class RateLimitTest(AtriumTestCase):
         self.assertGreaterEqual(int(headers.get("Retry-After")), 1)
 
     def test_rate_limits_can_be_switched_off(self):
-        srv = self.start_server(plugins=with_testplug(), settings={"ratelimit": {"enabled": False}})
+        srv = shared_server(self)  # {"ratelimit": {"enabled": False}}
         for _ in range(5):
             self.assertEqual(srv.json("GET", "/_test/limited")[0], 200)
 

@@ -15,10 +15,11 @@ import tempfile
 import threading
 import time
 import unittest
+import uuid
 
 import harness
 from accounts import REGISTRATION_ON, register
-from common import wait_until
+from common import AtriumTestCase, wait_until
 from harness import create_database, drop_database
 from federation_support import FakeKeyServer, TestCA
 from rooms_client import V3, Client
@@ -87,9 +88,13 @@ class FakeGateway(FakeKeyServer):
             return list(self.notified)
 
 
-class PushCase(unittest.TestCase):
+class PushCase(AtriumTestCase):
     """A server whose outbound client may reach the test gateways, ann and bob in a room;
-    helpers. Its subclasses hold the tests."""
+    helpers. Its subclasses hold the tests. A class's tests share one server
+    (start_class_server), each with a gateway, an ann, a bob and a room of its own, except
+    those named in OWN_SERVER: a restart, or a gauge that must see only the test's pushes."""
+
+    OWN_SERVER = ()
 
     @classmethod
     def setUpClass(cls):
@@ -113,18 +118,13 @@ class PushCase(unittest.TestCase):
     def setUp(self):
         self.gw = FakeGateway(self.ca, GATEWAY_IP)
         self.addCleanup(self.gw.close)
-        self.srv = harness.Server(settings=self.settings())
-        self.srv.__enter__()
-
-        def close():
-            outcome = getattr(self, "_outcome", None)
-            if outcome is not None and not getattr(outcome, "success", True):
-                self.srv._failed = True  # the server's log goes with the failure
-            self.srv.close()
-
-        self.addCleanup(close)
-        self.ann = Client(self.srv, register(self.srv, "ann"))
-        self.bob = Client(self.srv, register(self.srv, "bob"))
+        if self._testMethodName in self.OWN_SERVER:
+            self.srv = self.start_server(settings=self.settings())
+        else:
+            self.srv = self.start_class_server(settings=self.settings())
+        suffix = uuid.uuid4().hex[:8]
+        self.ann = Client(self.srv, register(self.srv, f"ann{suffix}"))
+        self.bob = Client(self.srv, register(self.srv, f"bob{suffix}"))
         self.room = self.ann.create_room(name="Pushed room", invite=[self.bob.user_id])
         self.bob.join(self.room)
         # The sender has decided the room's first events (the invite notified bob) before
@@ -154,6 +154,8 @@ class PushCase(unittest.TestCase):
 
 
 class PushGatewayTest(PushCase):
+    OWN_SERVER = ("test_a_pending_push_survives_a_restart",
+                  "test_at_most_16_pushers_are_in_flight_and_the_rest_wait_losing_nothing")
 
     def test_a_notifying_event_reaches_the_gateway_with_its_fields_and_counts(self):
         self.set_pusher(self.bob, "bob-key", extra="kept")

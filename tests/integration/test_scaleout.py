@@ -72,8 +72,7 @@ class ScaleOutTest(unittest.TestCase):
         self.addCleanup(cluster.close)
         return cluster
 
-    def test_requests_are_spread_over_every_process_and_each_names_itself(self):
-        c = self.start_cluster(n=3)
+    def assert_requests_spread_and_each_process_names_itself(self, c):
         lb = Endpoint(c.lb.ip, c.lb.port)
         before = [s.metric("atrium_http_requests_total") for s in c.servers]
         for _ in range(30):
@@ -112,8 +111,10 @@ class ScaleOutTest(unittest.TestCase):
                          f"{proc.stdout[-5000:]}\n{proc.stderr[-3000:]}")
         self.assertTrue(all(n > 20 for n in served), f"requests per process: {served}")
 
-    def test_a_process_stopping_with_sigterm_is_drained_without_failed_requests(self):
+    def test_requests_are_spread_and_a_process_stopping_with_sigterm_is_drained(self):
+        # One cluster for both (three starts each): the spread first, then the stop.
         c = self.start_cluster(n=3)
+        self.assert_requests_spread_and_each_process_names_itself(c)
         lb = Endpoint(c.lb.ip, c.lb.port)
         statuses, stop = [], threading.Event()
 
@@ -138,9 +139,12 @@ class ScaleOutTest(unittest.TestCase):
         wait_until(lambda: c.lb.servers().get(stopping.host) == "DOWN", timeout=10,
                    what="haproxy marks the stopped process down")
 
-    def test_a_killed_lease_holders_jobs_are_taken_over_within_the_lease(self):
+    def test_killed_lease_holders_jobs_and_a_plugins_lease_are_taken_over_within_the_lease(self):
+        # One cluster for both (three starts each): the core's once-only jobs' holder is
+        # killed first, then, of the two left, the holder of the plugin's lease.
         c = self.start_cluster(n=3, settings={"registration": {"enabled": True},
-                                              "server": {"lease_ttl_ms": LEASE_TTL_MS}})
+                                              "server": {"lease_ttl_ms": LEASE_TTL_MS}},
+                               plugins=testplug(lease_ttl_ms=LEASE_TTL_MS))
         holder = wait_until(lambda: lease_holders(c, "core.typing_reaper"), timeout=10,
                             what="a typing reaper lease holder")
         self.assertEqual(len(holder), 1, "one process holds the lease")
@@ -190,10 +194,9 @@ class ScaleOutTest(unittest.TestCase):
         wait_until(stopped_typing, timeout=LEASE_TTL_MS / 1000 + 5, interval=0.1,
                    what="the typing notice reported as run out")
         self.assertLessEqual(time.monotonic() - killed_at, LEASE_TTL_MS / 1000 + 2 + TAKEOVER_SLACK_S)
+        self.assert_a_plugins_lease_is_held_by_one_process_and_moves_when_it_dies(c)
 
-    def test_a_plugins_lease_is_held_by_one_process_and_moves_when_it_dies(self):
-        c = self.start_cluster(n=3, plugins=testplug(lease_ttl_ms=LEASE_TTL_MS))
-
+    def assert_a_plugins_lease_is_held_by_one_process_and_moves_when_it_dies(self, c):
         def holders():
             out = []
             for s in c.servers:

@@ -235,8 +235,8 @@ static int get_line(atrium_req *req)
 
 /* ---- outbound budget -------------------------------------------------------------- */
 
-/* GET /_test/outbound?port=P: waits on a peer the test controls, on this request-pool
- * thread, under the outbound budget. */
+/* GET /_test/outbound?port=P[&bytes=N]: waits on a peer the test controls, on this
+ * request-pool thread, under the outbound budget; then answers JSON, or N bytes. */
 static int get_outbound(atrium_req *req)
 {
     if (h->outbound_acquire(req) < 0)
@@ -253,6 +253,7 @@ static int get_outbound(atrium_req *req)
     int n = poll(&p, 1, OUTBOUND_PEER_WAIT_MS);
     close(fd);
     if (n <= 0) return h->respond_error(req, 504, "M_UNKNOWN", "The peer did not answer");
+    if (query_long(req, "bytes", 0) > 0) return respond_pattern(req);
     return h->respond_json(req, 200, json_pack("{s:s}", "peer", "answered"));
 }
 

@@ -191,8 +191,8 @@ static int ping_send(atrium_req *r, const as_service *svc, const char *txn_id)
     return ATRIUM_PARKED;
 }
 
-/* The outbound budget's slot, held to the answer's last byte (ADR-0079: a request that
- * waits on another server). false after answering 429. */
+/* The outbound budget's slot (ADR-0079: a request that waits on another server), held
+ * until the answer is queued. false after answering 429. */
 typedef struct outbound_slot {
     rt_budget *b;
     const char *key;
@@ -215,8 +215,7 @@ bool as_outbound_hold(atrium_req *r)
         return false;
     }
     *h = (outbound_slot){.b = b, .key = key};
-    if (http_req_add_hold(r, outbound_release, h) < 0) {
-        rt_budget_release(b, key);
+    if (http_req_add_answer_hold(r, outbound_release, h) < 0) { /* released by it */
         http_respond_error(r, 500, "M_UNKNOWN", "Out of memory");
         return false;
     }

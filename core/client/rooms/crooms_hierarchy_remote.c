@@ -200,7 +200,7 @@ static void fetched(void *arg, const fed_response *res)
 
 /* ---- asking ------------------------------------------------------------------------- */
 
-/* The request's outbound-budget slot, a hold: given back after its last byte. */
+/* The request's outbound-budget slot, a hold: given back once the answer is queued. */
 typedef struct slot_hold {
     rt_budget *b;
     const char *key;
@@ -221,7 +221,7 @@ static int take_slot(atrium_req *r)
     h->key = http_req_client_key(r);
     int rc = rt_budget_try_acquire(h->b, h->key, NULL);
     if (rc < 0) return rc;
-    return http_req_add_hold(r, slot_release, h);
+    return http_req_add_answer_hold(r, slot_release, h);
 }
 
 void crooms_hierarchy_run_begin(atrium_req *r)
