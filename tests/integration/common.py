@@ -25,15 +25,22 @@ _module_servers = {}
 
 def start_module_server(test, **kwargs):
     """A server that every test of test's module asking with the same Server(**kwargs)
-    shares, across classes (start_class_server shares within one class): started by the
-    first test that asks, stopped and checked (exit code, sanitizer reports) when the
-    module's tests are done, where a problem fails the module; a failed test marks it, so
-    its log is kept. For tests that each use their own users and rooms, assert no absolute
-    counter (a delta from the same server is fine) and stop no server."""
+    shares, across classes (start_class_server shares within one class): see
+    module_server."""
     key = (type(test).__module__, repr(sorted(kwargs.items())))
+    return module_server(test, key, lambda: Server(start=False, **kwargs))
+
+
+def module_server(test, key, make):
+    """The server of test's module under `key` (make() builds it, unstarted): started by
+    the first test that asks, stopped and checked (exit code, sanitizer reports) when the
+    module's tests are done (unittest.addModuleCleanup), where a problem fails the module;
+    a failed test marks it, so its log is kept. For tests that each use their own users
+    and rooms, assert no absolute counter (a delta from the same server is fine) and stop
+    no server."""
     srv = _module_servers.get(key)
     if srv is None:
-        srv = Server(start=False, **kwargs)
+        srv = make()
         try:
             srv.start()
         except BaseException:

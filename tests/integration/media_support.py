@@ -20,6 +20,7 @@ import unittest
 import uuid
 import zlib
 
+from common import module_server
 from harness import Server, deep_merge, psql, raw_connect
 
 PASSWORD = "correct horse battery staple"
@@ -44,39 +45,6 @@ def media_server(case, media=None, settings=None, shared=False, **kwargs):
         start = case.start_class_server if shared else case.start_server
         srv = start(settings=build, **kwargs)
     srv.store = os.path.join(srv.dir, "media_store")
-    return srv
-
-
-_MODULE_SERVERS = {}
-
-
-def module_server(case, key, make):
-    """The server of the test's module under `key` (make() builds it, unstarted), started by
-    the first test that asks, stopped and checked (exit code, sanitizer reports) once the
-    module's tests ran (unittest.addModuleCleanup: a problem fails the run); a failed test
-    marks it, so its log is kept. AtriumTestCase.start_class_server's rules hold, across
-    classes: each test with users and media of its own, no absolute counter, no stop."""
-    srv = _MODULE_SERVERS.get(key)
-    if srv is None:
-        srv = make()
-        try:
-            srv.start()
-        except BaseException:
-            srv._failed = True
-            srv.close(raise_errors=False)
-            raise
-        _MODULE_SERVERS[key] = srv
-
-        def close():
-            del _MODULE_SERVERS[key]
-            srv.close()
-        unittest.addModuleCleanup(close)
-
-    def mark():
-        outcome = getattr(case, "_outcome", None)
-        if outcome is not None and not getattr(outcome, "success", True):
-            srv._failed = True
-    case.addCleanup(mark)
     return srv
 
 
