@@ -370,8 +370,10 @@ static int get_messages(atrium_req *r)
                         : back ? (n > 0 ? topo_token(r, first) : crooms_token(r, 0))
                                : crooms_token(r, lo.at.pos);
     json_t *body = json_pack("{s:o, s:s}", "chunk", chunk, "start", start);
-    if (n > 0 && n == limit)
-        json_object_set_new(body, "end", json_string(back ? topo_token_before(r, last) : topo_token(r, last)));
+    if (n > 0 && n == limit) {
+        const char *end = back ? topo_token_before(r, last) : topo_token(r, last);
+        json_object_set_new(body, "end", json_string(end));
+    }
     if (f.lazy_load_members && n > 0) {
         json_t *state = json_array();
         if (lazy_members(&rd, rd.vis.upto, chunk, state) < 0) return db_failed(r, &rd, body);
