@@ -25,6 +25,7 @@ enum {
     COL_POS = 0, COL_ID, COL_PDU, COL_REDACTED_BY, COL_TXN_DEVICE, COL_TXN_ID, COL_VERSION,
     COL_PREV_PDU, COL_PREV_REDACTED_BY, COL_REDACTION_PDU, COL_REDACTION_ID, COL_REPLACES,
     COL_ERASED, COL_PREV_POS, COL_PREV_ERASED, COL_REDACTION_POS, COL_REDACTION_ERASED,
+    COL_DEPTH, /* EVENTS_COL_DEPTH */
 };
 
 /* Does erasure hide the event `pdu` (its sender erased: the boolean column erased_col; at
@@ -99,6 +100,16 @@ json_t *events_render(const events_view *v, PGresult *res, int row)
 int events_fetch(PGconn *c, const events_view *v, const char *sql, int n,
                  const char *const *params, json_t *out, int64_t *first_pos, int64_t *last_pos)
 {
+    events_topo first, last;
+    int rows = events_fetch_topo(c, v, sql, n, params, out, &first, &last);
+    if (rows > 0 && first_pos) *first_pos = first.pos;
+    if (rows > 0 && last_pos) *last_pos = last.pos;
+    return rows;
+}
+
+int events_fetch_topo(PGconn *c, const events_view *v, const char *sql, int n,
+                      const char *const *params, json_t *out, events_topo *first, events_topo *last)
+{
     PGresult *res = rooms_q(c, sql, n, params, NULL);
     if (!res) return ROOMS_E_DB;
     int rows = PQntuples(res);
@@ -107,8 +118,9 @@ int events_fetch(PGconn *c, const events_view *v, const char *sql, int n,
         if (ev) json_array_append_new(out, ev);
     }
     if (rows > 0) {
-        if (first_pos) *first_pos = events_pos(res, 0);
-        if (last_pos) *last_pos = events_pos(res, rows - 1);
+        if (first) *first = (events_topo){atoll(PQgetvalue(res, 0, COL_DEPTH)), events_pos(res, 0)};
+        if (last)
+            *last = (events_topo){atoll(PQgetvalue(res, rows - 1, COL_DEPTH)), events_pos(res, rows - 1)};
     }
     PQclear(res);
     return rows;

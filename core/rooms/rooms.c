@@ -223,6 +223,10 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      /* timestamp_to_event (rooms_jump.c): the nearest event to a time in a room is one
       * index range scan from that time, whichever the direction. */
      "CREATE INDEX events_room_ts ON events (room_id, origin_server_ts, stream_pos);"},
+    {8, "rooms_event_topological",
+     /* /messages and /context page a room in topological order (crooms_read.c): by depth,
+      * then stream position, one index range scan either way. */
+     "CREATE INDEX events_room_topo ON events (room_id, depth, stream_pos);"},
 };
 
 

@@ -53,7 +53,7 @@
 #include "core/store/db.h"
 
 /* The migrations of owner "rooms" (rooms.c), applied by the rooms module (core/client/rooms/). */
-#define ROOMS_N_MIGRATIONS 7
+#define ROOMS_N_MIGRATIONS 8
 extern const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS];
 
 /* ---- failures ----------------------------------------------------------------------- */
@@ -110,7 +110,7 @@ typedef struct rooms_vis rooms_vis; /* below: what one user may see of one room 
     "SELECT e.stream_pos, e.event_id, e.pdu, e.redacted_by, e.txn_device, e.txn_id,"       \
     " rm.room_version, p.pdu, p.redacted_by, rd.pdu, rd.event_id, e.replaces_state,"        \
     " eu.user_id IS NOT NULL, p.stream_pos, pu.user_id IS NOT NULL, rd.stream_pos,"         \
-    " ru.user_id IS NOT NULL"                                                               \
+    " ru.user_id IS NOT NULL, e.depth"                                                      \
     " FROM events e JOIN rooms rm ON rm.room_id = e.room_id"                                \
     " LEFT JOIN events p ON p.event_id = e.replaces_state"                                  \
     " LEFT JOIN events rd ON rd.event_id = e.redacted_by"                                   \
@@ -118,6 +118,7 @@ typedef struct rooms_vis rooms_vis; /* below: what one user may see of one room 
     " LEFT JOIN erased_users pu ON pu.user_id = p.sender"                                   \
     " LEFT JOIN erased_users ru ON ru.user_id = rd.sender "
 #define EVENTS_COL_POS 0
+#define EVENTS_COL_DEPTH 17
 
 /* Who reads: rendering depends on it (transaction_id, and erasure: rooms_erasure_hides). */
 typedef struct events_view {
@@ -145,6 +146,15 @@ int64_t events_pos(PGresult *res, int row);
  * rows, or ROOMS_E_DB. */
 int events_fetch(PGconn *c, const events_view *v, const char *sql, int n,
                  const char *const *params, json_t *out, int64_t *first_pos, int64_t *last_pos);
+/* Where an event sits in the room's topological order (the client API's /messages and
+ * /context: by depth, then by stream position within a depth, as the spec orders a room's
+ * history and Synapse does). */
+typedef struct events_topo {
+    int64_t depth, pos;
+} events_topo;
+/* events_fetch, with the topological places of the first and last rows. */
+int events_fetch_topo(PGconn *c, const events_view *v, const char *sql, int n,
+                      const char *const *params, json_t *out, events_topo *first, events_topo *last);
 /* The room's state at position upto (INT64_MAX: the current state), in the client format,
  * appended to out in stream order. With members not NULL (a JSON array of user IDs), the
  * only m.room.member events are those of these users (lazy loading). With types not NULL

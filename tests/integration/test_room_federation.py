@@ -524,6 +524,62 @@ class FakePeerTest(SharedServerCase):
         self.assertEqual(sorted(json.loads(pdu)["prev_events"]), sorted([mine, theirs]))
         self.assertEqual(self.alice.state(self.room, "m.room.topic"), {"topic": "A"})
 
+    def messages(self, direction, frm=None, limit=2):
+        """One /messages page of the room's messages: (bodies, end token or None)."""
+        types = quote(json.dumps({"types": ["m.room.message"]}))
+        since = f"&from={quote(frm)}" if frm else ""
+        page = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(self.room)}/messages"
+                                    f"?dir={direction}&limit={limit}&filter={types}{since}")
+        return [e["content"]["body"] for e in page["chunk"]], page.get("end")
+
+    def all_pages(self, direction, frm=None, between=None):
+        """Every page from frm on, its bodies in order; between(i) runs after page i."""
+        bodies = []
+        for i in range(20):
+            got, frm = self.messages(direction, frm)
+            bodies += got
+            if between:
+                between(i)
+            if not frm:
+                return bodies
+        self.fail("paging did not end")
+
+    def test_messages_follow_the_rooms_topological_order_not_arrival(self):
+        # The peer's join J is the room's tip; alice's m1..m5 follow it. The peer's x
+        # names J too (depth J+1, beside m1) but arrives after m5: /messages shows the
+        # room by depth, then arrival within a depth (the spec's order, and Synapse's), so
+        # x sits between m1 and m2, not after m5, as an event fetched late (a missing
+        # event, a backfilled one) sits where it belongs in the history.
+        [(join, depth)] = self.q(f"SELECT e.event_id, e.depth FROM room_extremities x JOIN events e"
+                                 f" ON e.event_id = x.event_id WHERE x.room_id = '{self.room}'")
+        for i in range(1, 6):
+            self.alice.send(self.room, {"msgtype": "m.text", "body": f"m{i}"})
+        ev, x = self.event({"msgtype": "m.text", "body": "x"}, prev=[join], depth=int(depth) + 1)
+        self.assertEqual(self.send_txn(ev), {x: {}})
+        self.assertEqual(self.stored(x), ["stream"])
+        self.assertEqual(self.messages("b", limit=10)[0], ["m5", "m4", "m3", "m2", "x", "m1"])
+
+        # Paged two at a time, each page resumes where the last ended: an event arriving
+        # meanwhile deeper in the history (y, beside x) is met when paging reaches it; one
+        # arriving after the first page's place (m6) is not in the backward pages.
+        def arrivals(i):
+            if i == 0:
+                self.alice.send(self.room, {"msgtype": "m.text", "body": "m6"})
+                ev, y = self.event({"msgtype": "m.text", "body": "y"}, prev=[join], depth=int(depth) + 1)
+                self.assertEqual(self.send_txn(ev), {y: {}})
+        self.assertEqual(self.all_pages("b", between=arrivals), ["m5", "m4", "m3", "m2", "y", "x", "m1"])
+        self.assertEqual(self.all_pages("f"), ["m1", "x", "y", "m2", "m3", "m4", "m5", "m6"])
+
+        # /context around x in the same order, and its tokens go on from its ends.
+        types = quote(json.dumps({"types": ["m.room.message"]}))
+        ctx = self.alice.ok("GET", f"/_matrix/client/v3/rooms/{quote(self.room)}/context/{quote(x)}"
+                                   f"?limit=2&filter={types}")
+        self.assertEqual([[e["content"]["body"] for e in ctx[k]] for k in ("events_before", "events_after")],
+                         [["m1"], ["y"]])
+        self.assertEqual(self.messages("f", ctx["end"], limit=1)[0], ["m2"])
+        self.assertEqual(self.messages("b", ctx["start"], limit=5)[0], [])
+        self.assertEqual(self.messages("b", ctx["end"], limit=3)[0], ["y", "x", "m1"])
+
 
 class TwoServersCase(FederationTestCase):
     """Two Atrium processes, alice on A and bob on B, and the helpers their tests share

@@ -156,8 +156,12 @@ void crooms_new_room_id(char *out, size_t len);
 /* The configured default room version (rooms.default_version). */
 const room_version *crooms_default_version(void);
 /* Pagination tokens: "s<pos>", and "b<n>" for position -n (history backfilled from other
- * servers sits at positions <= 0). false when tok is not one. */
+ * servers sits at positions <= 0). /messages' places in the room's topological order,
+ * "t<depth>_<pos>" (crooms_read.c), stand for their stream position here (the spec lets
+ * /relations start at a /messages token). false when tok is not one. */
 bool crooms_parse_token(const char *tok, int64_t *pos);
+/* A "t<depth>_<pos>" token. false when tok is not one. */
+bool crooms_parse_topo_token(const char *tok, int64_t *depth, int64_t *pos);
 const char *crooms_token(atrium_req *r, int64_t pos);
 
 /* Route registration, one per file. */

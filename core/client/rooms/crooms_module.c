@@ -90,8 +90,21 @@ const room_version *crooms_default_version(void)
     return v ? v : room_version_find_creatable(CROOMS_DEFAULT_VERSION);
 }
 
+bool crooms_parse_topo_token(const char *tok, int64_t *depth, int64_t *pos)
+{
+    const char *sep = tok && tok[0] == 't' ? strchr(tok + 1, '_') : NULL;
+    char d[24];
+    if (!sep || sep == tok + 1 || (size_t)(sep - tok - 1) >= sizeof(d)) return false;
+    memcpy(d, tok + 1, (size_t)(sep - tok - 1));
+    d[sep - tok - 1] = '\0';
+    return atrium_parse_int64(d, INT64_MIN + 1, INT64_MAX, depth) == 0 &&
+           atrium_parse_int64(sep + 1, INT64_MIN + 1, INT64_MAX, pos) == 0;
+}
+
 bool crooms_parse_token(const char *tok, int64_t *pos)
 {
+    int64_t depth;
+    if (tok && tok[0] == 't') return crooms_parse_topo_token(tok, &depth, pos);
     if (!tok || (tok[0] != 's' && tok[0] != 'b') || tok[1] < '0' || tok[1] > '9') return false;
     int64_t v;
     if (atrium_parse_int64(tok + 1, 0, INT64_MAX, &v) != 0) return false;

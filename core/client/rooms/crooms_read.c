@@ -7,9 +7,13 @@
  * owns the history visibility rule; a user who was never joined gets 403). Events (/event,
  * /messages, /context) are restricted to it with rooms_vis_window; an invisible event is
  * 404 M_NOT_FOUND, as if it did not exist. State (/state, /members) is the room's state
- * as of the user's leave, or now: state is not history. Pagination tokens are stream
- * positions ("s<N>": after event N), the same as /sync's, so a sync's prev_batch feeds
- * /messages directly; a page before what the user may see is empty, never an error.
+ * as of the user's leave, or now: state is not history. /messages and /context show the
+ * room in its topological order (by depth, then stream position within a depth: the
+ * spec's order for a room's history, and Synapse's), not in arrival order: an event that
+ * arrived late (fetched as a missing event, or backfilled below the stream) still shows
+ * where it belongs. Their tokens are places in that order ("t<depth>_<pos>"); they also
+ * take /sync's stream positions ("s<N>": after event N), so a sync's prev_batch feeds
+ * /messages directly. A page before what the user may see is empty, never an error.
  * It also answers GET /rooms/{roomId}/initialSync for a user not in the room
  * (crooms_peek_initial_sync), which core/client/sync/sync.c serves to members.
  */
@@ -60,14 +64,14 @@ static bool query_limit(atrium_req *r, const char *name, int64_t def, int64_t ma
 }
 
 /* The event event_id of the room into out when the reader may see it: rows (0 or 1) or
- * ROOMS_E_DB. *pos gets its position (may be NULL). */
-static int fetch_one(atrium_req *r, crooms_reader *rd, const char *event_id, json_t *out, int64_t *pos)
+ * ROOMS_E_DB. *at gets its place (may be NULL). */
+static int fetch_one(atrium_req *r, crooms_reader *rd, const char *event_id, json_t *out, events_topo *at)
 {
     const char *p[2 + ROOMS_VIS_PARAMS] = {event_id, rd->room}, *vis_sql;
     if (!rooms_vis_window(r->arena, &rd->vis, INT64_MIN, INT64_MAX, false, 3, &vis_sql, p + 2)) return 0;
     const char *sql = rt_arena_printf(r->arena, EVENTS_SELECT "WHERE e.event_id = $1"
                                                               " AND e.room_id = $2%s", vis_sql);
-    return events_fetch(rd->c, &rd->view, sql, 2 + ROOMS_VIS_PARAMS, p, out, pos, NULL);
+    return events_fetch_topo(rd->c, &rd->view, sql, 2 + ROOMS_VIS_PARAMS, p, out, at, NULL);
 }
 
 /* ---- state -------------------------------------------------------------------------- */
@@ -234,25 +238,70 @@ static int lazy_members(crooms_reader *rd, int64_t upto, json_t *events, json_t 
     return rc;
 }
 
-/* The first `limit` events the reader may see with lo < pos <= hi that pass the filter, into
- * out: newest first (back) or oldest first. Rows or ROOMS_E_DB; *first / *last get the
- * positions of the first and last row. */
-static int window_page(atrium_req *r, crooms_reader *rd, const room_filter *f, int64_t lo, int64_t hi,
-                       int64_t limit, bool back, json_t *out, int64_t *first, int64_t *last)
+/* ---- the topological order --------------------------------------------------------- */
+
+/* One end of a page: a stream position ("s<N>"/"b<N>": crooms_parse_token, as /sync's
+ * prev_batch gives it) or a place in the room's topological order, by depth then stream
+ * position ("t<depth>_<pos>": the place just after that event). Either way a page runs
+ * from after its low end up to and including its high end. */
+typedef struct page_end {
+    bool topo;
+    events_topo at; /* at.pos alone for a stream position */
+} page_end;
+
+static const page_end STREAM_START = {false, {0, INT64_MIN}}, STREAM_END = {false, {0, INT64_MAX}};
+
+static bool parse_page_end(const char *tok, page_end *out)
 {
-    enum { N_PARAMS = 7 + ROOMS_VIS_PARAMS, IGNORED = N_PARAMS - 1 };
+    *out = (page_end){tok[0] == 't', {0, 0}};
+    return out->topo ? crooms_parse_topo_token(tok, &out->at.depth, &out->at.pos)
+                     : crooms_parse_token(tok, &out->at.pos);
+}
+
+/* The token of the place just after the event at `at`. */
+static const char *topo_token(atrium_req *r, events_topo at)
+{
+    return rt_arena_printf(r->arena, "t%lld_%lld", (long long)at.depth, (long long)at.pos);
+}
+
+/* The token of the place just before the event at `at`: a backward page resumes there. */
+static const char *topo_token_before(atrium_req *r, events_topo at)
+{
+    return topo_token(r, (events_topo){at.depth, at.pos - 1});
+}
+
+/* The first `limit` events the reader may see after lo, up to and including hi, that pass
+ * the filter, into out: newest first (back) or oldest first, in the room's topological
+ * order (by depth, then stream position: what /messages and /context show, as the spec
+ * says) or, with !topo, in stream order (arrival: /events). Rows or ROOMS_E_DB; *first /
+ * *last get the places of the first and last row. */
+static int window_page(atrium_req *r, crooms_reader *rd, const room_filter *f, page_end lo, page_end hi,
+                       int64_t limit, bool back, bool topo, json_t *out, events_topo *first,
+                       events_topo *last)
+{
+    enum { TOPO = 6, VIS = TOPO + 4, N_PARAMS = VIS + ROOMS_VIS_PARAMS + 1, IGNORED = N_PARAMS - 1 };
     const char *p[N_PARAMS] = {rd->room, crooms_i64(r, limit), f->types,
                                f->not_types, f->senders, f->not_senders};
+    /* The topological ends (a stream end leaves its side open here: it bounds the
+     * visibility window instead). */
+    p[TOPO] = crooms_i64(r, lo.topo ? lo.at.depth : INT64_MIN);
+    p[TOPO + 1] = crooms_i64(r, lo.topo ? lo.at.pos : INT64_MIN);
+    p[TOPO + 2] = crooms_i64(r, hi.topo ? hi.at.depth : INT64_MAX);
+    p[TOPO + 3] = crooms_i64(r, hi.topo ? hi.at.pos : INT64_MAX);
     p[IGNORED] = f->ignored;
     const char *vis_sql;
-    if (!rooms_vis_window(r->arena, &rd->vis, lo, hi, false, 7, &vis_sql, p + 6)) return 0;
-    const char *sql = rt_arena_printf(r->arena,
-                                      EVENTS_SELECT "WHERE e.room_id = $1%s%s%s"
-                                                    " ORDER BY e.stream_pos %s LIMIT $2",
-                                      vis_sql, rooms_filter_sql(r->arena, 3),
-                                      rooms_ignored_sql(r->arena, IGNORED + 1),
-                                      back ? "DESC" : "ASC");
-    return events_fetch(rd->c, &rd->view, sql, N_PARAMS, p, out, first, last);
+    if (!rooms_vis_window(r->arena, &rd->vis, lo.topo ? INT64_MIN : lo.at.pos,
+                          hi.topo ? INT64_MAX : hi.at.pos, false, VIS + 1, &vis_sql, p + VIS))
+        return 0;
+    const char *dir = back ? "DESC" : "ASC";
+    const char *sql = rt_arena_printf(
+        r->arena,
+        EVENTS_SELECT "WHERE e.room_id = $1 AND (e.depth, e.stream_pos) > ($7::bigint, $8::bigint)"
+                      " AND (e.depth, e.stream_pos) <= ($9::bigint, $10::bigint)%s%s%s"
+                      " ORDER BY %s%s%s e.stream_pos %s LIMIT $2",
+        vis_sql, rooms_filter_sql(r->arena, 3), rooms_ignored_sql(r->arena, IGNORED + 1),
+        topo ? "e.depth " : "", topo ? dir : "", topo ? "," : "", dir);
+    return events_fetch_topo(rd->c, &rd->view, sql, N_PARAMS, p, out, first, last);
 }
 
 /* Does the room's history go on beyond what is stored here (backward extremities)? 1, 0,
@@ -279,8 +328,9 @@ static int get_messages(atrium_req *r)
     if (!dir || (strcmp(dir, "b") != 0 && strcmp(dir, "f") != 0))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "'dir' must be \"b\" or \"f\"");
     bool back = dir[0] == 'b';
-    int64_t from_pos = back ? INT64_MAX : INT64_MIN, to_pos = back ? INT64_MIN : INT64_MAX, limit;
-    if ((from && !crooms_parse_token(from, &from_pos)) || (to && !crooms_parse_token(to, &to_pos)))
+    page_end from_end = back ? STREAM_END : STREAM_START, to_end = back ? STREAM_START : STREAM_END;
+    int64_t limit;
+    if ((from && !parse_page_end(from, &from_end)) || (to && !parse_page_end(to, &to_end)))
         return http_respond_error(r, 400, "M_INVALID_PARAM", "Not a pagination token of this server");
     room_filter f;
     if (!query_limit(r, "limit", MESSAGES_DEFAULT_LIMIT, MESSAGES_MAX_LIMIT, &limit) ||
@@ -291,16 +341,16 @@ static int get_messages(atrium_req *r)
     crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     /* Back: after `to`, up to `from`, newest first. Forward: after `from`, up to `to`,
-     * oldest first. Both only what the user may see. */
-    int64_t lo = back ? to_pos : from_pos, hi = back ? from_pos : to_pos;
+     * oldest first. Both in the room's topological order, only what the user may see. */
+    page_end lo = back ? to_end : from_end, hi = back ? from_end : to_end;
     bool may_backfill = back && !to && rd.vis.backfilled;
     if (may_backfill && r->run_reason == ATRIUM_RUN_HANDOFF &&
         fed_rooms_backfill(&rd.c, rd.room, (int)limit) < 0)
         return db_failed(r, &rd, NULL);
     if (rooms_ignored_users(rd.c, r->arena, rd.user, &f.ignored) < 0) return db_failed(r, &rd, NULL);
     json_t *chunk = json_array();
-    int64_t first = 0, last = 0;
-    int n = window_page(r, &rd, &f, lo, hi, limit, back, chunk, &first, &last);
+    events_topo first = {0, 0}, last = {0, 0};
+    int n = window_page(r, &rd, &f, lo, hi, limit, back, true, chunk, &first, &last);
     if (n >= 0 && n < limit && may_backfill && r->run_reason != ATRIUM_RUN_HANDOFF) {
         int wanted = backfill_wanted(&rd);
         if (wanted < 0) return db_failed(r, &rd, chunk);
@@ -313,10 +363,17 @@ static int get_messages(atrium_req *r)
     if (n < 0 || crooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, chunk) < 0)
         return db_failed(r, &rd, chunk);
     /* Without `from`, a backward page starts at its newest event, a forward one at the
-     * room's start (below any backfilled history). */
-    const char *start = from ? from : crooms_token(r, back ? (n > 0 ? first : 0) : lo);
+     * room's start (below any backfilled history). `end` is the place just past the
+     * page's last event: the next page resumes there, whatever arrived meanwhile (an
+     * event that arrives later deeper in the history is met when paging reaches it). */
+    const char *start = from ? from
+                        : back ? (n > 0 ? topo_token(r, first) : crooms_token(r, 0))
+                               : crooms_token(r, lo.at.pos);
     json_t *body = json_pack("{s:o, s:s}", "chunk", chunk, "start", start);
-    if (n > 0 && n == limit) json_object_set_new(body, "end", json_string(crooms_token(r, back ? last - 1 : last)));
+    if (n > 0 && n == limit) {
+        const char *end = back ? topo_token_before(r, last) : topo_token(r, last);
+        json_object_set_new(body, "end", json_string(end));
+    }
     if (f.lazy_load_members && n > 0) {
         json_t *state = json_array();
         if (lazy_members(&rd, rd.vis.upto, chunk, state) < 0) return db_failed(r, &rd, body);
@@ -337,8 +394,8 @@ static int get_context(atrium_req *r)
     crooms_reader rd;
     if (!open_reader(r, &rd)) return ATRIUM_DONE;
     json_t *one = json_array();
-    int64_t pos = 0;
-    int n = fetch_one(r, &rd, event_id, one, &pos);
+    events_topo at = {0, 0};
+    int n = fetch_one(r, &rd, event_id, one, &at);
     if (n < 0) return db_failed(r, &rd, one);
     if (n == 0) {
         json_decref(one);
@@ -348,14 +405,17 @@ static int get_context(atrium_req *r)
     if (rooms_ignored_users(rd.c, r->arena, rd.user, &f.ignored) < 0) return db_failed(r, &rd, one);
     int64_t before_n = limit / 2, after_n = limit - before_n;
     json_t *before = json_array(), *after = json_array();
-    int64_t b_last = pos, a_last = pos, dummy;
-    int nb = window_page(r, &rd, &f, INT64_MIN, pos - 1, before_n, true, before, &dummy, &b_last);
+    /* Around the event in the room's topological order, as /messages pages it. */
+    events_topo b_last = at, a_last = at, dummy;
+    page_end before_it = {true, {at.depth, at.pos - 1}}, after_it = {true, at};
+    int nb = window_page(r, &rd, &f, STREAM_START, before_it, before_n, true, true, before, &dummy,
+                         &b_last);
     int na = nb < 0 ? nb
-                    : window_page(r, &rd, &f, pos, INT64_MAX, after_n, false, after, &dummy,
-                                  &a_last);
+                    : window_page(r, &rd, &f, after_it, STREAM_END, after_n, false, true, after,
+                                  &dummy, &a_last);
     json_t *body = json_pack("{s:O, s:o, s:o, s:s, s:s}", "event", json_array_get(one, 0),
                              "events_before", before, "events_after", after, "start",
-                             crooms_token(r, nb > 0 ? b_last - 1 : pos - 1), "end", crooms_token(r, a_last));
+                             topo_token_before(r, b_last), "end", topo_token(r, a_last));
     json_array_extend(one, before); /* one page for the bundles: the objects are shared */
     json_array_extend(one, after);
     if (na >= 0 && crooms_bundle_add(rd.c, r->arena, &rd.view, rd.room, &rd.vis, one) < 0) na = -1;
@@ -368,10 +428,10 @@ static int get_context(atrium_req *r)
         json_array_append(all, json_object_get(body, "event"));
         json_array_extend(all, before);
         json_array_extend(all, after);
-        rc = lazy_members(&rd, a_last, all, state);
+        rc = lazy_members(&rd, a_last.pos, all, state);
         json_decref(all);
     } else {
-        rc = events_state_at(rd.c, &rd.view, rd.room, a_last, NULL, NULL, state);
+        rc = events_state_at(rd.c, &rd.view, rd.room, a_last.pos, NULL, NULL, state);
     }
     json_object_set_new(body, "state", state);
     if (rc < 0) return db_failed(r, &rd, body);
@@ -394,9 +454,10 @@ int crooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int6
         rooms_ignored_users(rd.c, r->arena, rd.user, &f.ignored) < 0)
         return db_failed(r, &rd, NULL);
     json_t *newest_first = json_array(), *chunk = json_array(), *state = json_array();
-    int64_t first = 0, last = 0;
+    events_topo first = {0, 0}, last = {0, 0};
+    page_end until = {false, {0, upto}};
     int n = !newest_first || !chunk || !state ? -1
-            : limit > 0 ? window_page(r, &rd, &f, INT64_MIN, upto, limit, true, newest_first,
+            : limit > 0 ? window_page(r, &rd, &f, STREAM_START, until, limit, true, true, newest_first,
                                       &first, &last)
                         : 0;
     for (size_t i = json_array_size(newest_first); n > 0 && i > 0; i--)
@@ -411,7 +472,7 @@ int crooms_peek_initial_sync(atrium_req *r, const char *user, int64_t upto, int6
     const char *end = crooms_token(r, upto);
     json_t *body = json_pack("{s:s, s:{s:o, s:s, s:s}, s:o, s:[], s:[], s:[]}", "room_id", rd.room,
                              "messages", "chunk", chunk, "start",
-                             n > 0 ? crooms_token(r, last - 1) : end, "end", end, "state", state,
+                             n > 0 ? topo_token_before(r, last) : end, "end", end, "state", state,
                              "presence", "receipts", "account_data");
     if (!body) {
         http_db_checkin(rd.c);
@@ -429,8 +490,11 @@ int crooms_reader_events(atrium_req *r, crooms_reader *rd, int64_t lo, int64_t h
     if (!rooms_filter_parse(r->arena, NULL, &f, why, sizeof(why)) ||
         rooms_ignored_users(rd->c, r->arena, rd->user, &f.ignored) < 0)
         return ROOMS_E_DB;
-    int64_t first = 0;
-    return limit > 0 ? window_page(r, rd, &f, lo, hi, limit, false, out, &first, last) : 0;
+    events_topo first, end = {0, 0};
+    page_end after = {false, {0, lo}}, until = {false, {0, hi}};
+    int n = limit > 0 ? window_page(r, rd, &f, after, until, limit, false, false, out, &first, &end) : 0;
+    *last = end.pos;
+    return n;
 }
 
 int crooms_read_routes(http_server *s)
