@@ -793,6 +793,11 @@ class HostilePeerTest(FederationTestCase):
                                                    [worlds["oversized"][0][1]], [], 5)],
             "mixed": worlds["mixed"] + other[1:] + [intruder],
         }
+        # Serialised now, not while bob's /sync is being timed: making the 65 MiB answer
+        # holds this process's GIL for a second or more on a loaded machine, which the
+        # watch (a thread of this process) would count as the server's delay.
+        bodies = {name: canonical({"origin": peer, "state": [e for e, _ in answers[name]],
+                                   "auth_chain": []}) for name in rooms}
         keys = self.peer.do_get
 
         def get(handler):
@@ -814,10 +819,12 @@ class HostilePeerTest(FederationTestCase):
             path = urllib.parse.unquote(handler.path.split("?")[0])
             for name, room in rooms.items():
                 if path.startswith(f"{FED}/v2/send_join/{room}/"):
-                    state = [e for e, _ in answers[name]]
                     try:
-                        return self.peer.reply(handler, 200, {"origin": peer, "state": state,
-                                                              "auth_chain": []})
+                        handler.send_response(200)
+                        handler.send_header("Content-Type", "application/json")
+                        handler.send_header("Content-Length", str(len(bodies[name])))
+                        handler.end_headers()
+                        return handler.wfile.write(bodies[name])
                     except OSError:  # the oversized answer: Atrium stops reading
                         return None
             return handler.send_error(404)
