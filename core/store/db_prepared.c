@@ -23,6 +23,7 @@
  * statements number a few hundred. Statements are session objects in PostgreSQL: a
  * transaction that rolls back after a statement was prepared in it leaves it prepared.
  */
+#include <libpq-events.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
