@@ -208,8 +208,10 @@ static int serve(const char *config_path)
 
     rt.db = db_pool_new(cfg.database.conninfo, cfg.database.pool_size,
                         cfg.database.checkout_timeout_ms, rt.metrics);
-    if (rt.db)
+    if (rt.db) {
         db_pool_tune(rt.db, cfg.database.unresponsive_ms, cfg.database.statement_timeout_ms);
+        db_pool_prepare(rt.db, cfg.database.prepared_statements);
+    }
     if (!rt.db || db_pool_connect(rt.db, cfg.database.connect_retry_s) < 0) goto out;
     if (db_core_migrate(rt.db) < 0) goto out;
     rt.leases = lease_service_new(rt.db, instance, rt.metrics);

@@ -231,6 +231,7 @@ struct core_config {
         int connect_retry_s;      /* database.connect_retry_s (default 30) */
         int unresponsive_ms;      /* database.unresponsive_ms (default 1000): probe deadline */
         int statement_timeout_ms; /* database.statement_timeout_ms (default 30000; 0 none) */
+        bool prepared_statements; /* database.prepared_statements (default true): db_query */
     } database;
     struct {
         const char *default_version; /* rooms.default_version (default "10"): createRoom */

@@ -284,6 +284,10 @@ const struct cfg_setting CORE_SETTINGS[] = {
     INT_ROW("database.statement_timeout_ms", database.statement_timeout_ms, 30000, 0, 3600000,
             "ms", "PostgreSQL cancels a statement running longer than this (its "
                   "statement_timeout; migrations excepted); 0 = no limit."),
+    BOOL_ROW("database.prepared_statements", database.prepared_statements, true,
+             "Prepare the core's statements once per pooled connection, so PostgreSQL plans "
+             "each once; false for a connection pooler that cannot keep them (PgBouncer in "
+             "transaction mode before 1.21)."),
 
     BOOL_ROW("registration.enabled", registration.enabled, false,
              "Let anyone create an account with POST /register."),

@@ -249,7 +249,7 @@ PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
                   bool *unique_violation)
 {
     if (unique_violation) *unique_violation = false;
-    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(c, sql, n, params);
     ExecStatusType st = PQresultStatus(res);
     if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) return res;
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);

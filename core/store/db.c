@@ -112,6 +112,7 @@ struct db_pool {
     int64_t grow_after_ms; /* no new connection before (after opening one failed) */
     bool grow_failing;     /* the last attempt to open one more failed (logged once) */
     rt_metric *m_in_use, *m_size, *m_timeouts, *m_resets, *m_available, *m_refused, *m_cuts;
+    db_prepared_stats prepared; /* its connections' prepared statements (db_prepared.c) */
 };
 
 int64_t db_request_wait_ms(const db_pool *p)
@@ -123,6 +124,11 @@ db_pool *db_global(void)
 {
     core_runtime *rt = core_runtime_get();
     return rt ? rt->db : NULL;
+}
+
+void db_pool_prepare(db_pool *p, bool enabled)
+{
+    p->prepared.off = !enabled;
 }
 
 bool db_available(const db_pool *p)
@@ -167,6 +173,12 @@ db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,
                                      "Checkouts refused at once because PostgreSQL was unavailable");
     p->m_cuts = rt_metric_counter(metrics, "atrium_db_cuts_total", NULL,
                                   "Borrowed connections cut because PostgreSQL stopped answering");
+    p->prepared.statements = rt_metric_gauge(
+        metrics, "atrium_db_prepared_statements", NULL,
+        "Statements prepared on the pool's connections (at most 512 per connection)");
+    p->prepared.unprepared = rt_metric_counter(
+        metrics, "atrium_db_unprepared_total", NULL,
+        "Statements run unprepared because their connection's cache was full");
     rt_metric_set(p->m_available, 1);
     return p;
 }
@@ -482,6 +494,7 @@ static bool heal_locked(db_pool *p, db_conn *dc)
     pthread_mutex_unlock(&p->mu);
     char err[512] = "";
     PGconn *fresh = connect_by(p->effective, rt_now_ms() + p->unresponsive_ms, err, sizeof(err));
+    if (fresh) (void)db_prepared_attach(fresh, &p->prepared); /* false: runs unprepared */
     conn_set(dc, fresh);
     pthread_mutex_lock(&p->mu);
     count_open_locked(p);
@@ -580,6 +593,7 @@ int db_pool_connect(db_pool *p, int retry_s)
         int64_t deadline = now + (until > now ? until - now : 0) + p->unresponsive_ms;
         PGconn *c = connect_by(p->effective, deadline, err, sizeof(err));
         if (c) {
+            (void)db_prepared_attach(c, &p->prepared); /* false: runs unprepared */
             conn_set(&p->conns[0], c);
             break;
         }

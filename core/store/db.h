@@ -46,6 +46,9 @@ db_pool *db_pool_new(const char *conninfo, int size, int64_t request_wait_ms,
  * unavailable (> 0), and PostgreSQL's statement_timeout for pooled connections (0 = none,
  * or whatever the conninfo's own options say). */
 void db_pool_tune(db_pool *p, int unresponsive_ms, int statement_timeout_ms);
+/* Before db_pool_connect: whether db_query prepares statements on the pool's connections
+ * (database.prepared_statements; on by default). */
+void db_pool_prepare(db_pool *p, bool enabled);
 /* Whether the database answers, as the monitor last found (true before any probe and for
  * no pool). Any thread; never waits. */
 bool db_available(const db_pool *p);
@@ -100,6 +103,36 @@ bool db_commit(PGconn *c) RT_MUST_CHECK;
  * handle: the failure that led here was logged where it happened, and a ROLLBACK fails only
  * on a lost connection, which db_release hands to the pool's monitor. */
 void db_rollback(PGconn *c);
+
+/* ---- prepared statements (db_prepared.c) ----------------------------------------------- */
+
+/* How many statements one connection keeps prepared; db_query runs any further distinct
+ * statement unprepared (atrium_db_unprepared_total). The core has a few hundred. */
+#define DB_PREPARED_MAX 512
+
+/* The pool's metrics for its connections' caches: statements prepared now, over all
+ * connections (gauge), and executions run unprepared because a cache was full (counter). */
+typedef struct {
+    rt_metric *statements, *unprepared;
+    bool off; /* database.prepared_statements false: every statement runs unprepared */
+} db_prepared_stats;
+
+/* Run one statement with text parameters and text results, as PQexecParams(c, sql, n, NULL,
+ * params, NULL, NULL, 0) would, returning the same PGresult (the caller clears it): but
+ * the first run of sql on c prepares it (a named statement on c's session) and later runs
+ * only execute it, so PostgreSQL plans it once per connection. When preparing fails (a bad
+ * statement, an aborted transaction, a lost connection) or c's cache is full, the statement
+ * runs unprepared, so an error reads exactly as PQexecParams's. For the core's queries, not
+ * for DDL, LISTEN or one-off statements. The calling thread must hold c. */
+PGresult *db_query(PGconn *c, const char *sql, int n, const char *const *params);
+/* Give c its cache of prepared statements, counted in stats (may be NULL; it must outlive
+ * c). The pool calls it for each connection it opens; db_query attaches any other
+ * connection the first time, without metrics. libpq's reset of c empties the cache and
+ * PQfinish frees it. False when it could not (db_query then runs c's statements
+ * unprepared). */
+bool db_prepared_attach(PGconn *c, const db_prepared_stats *stats);
+/* How many statements c holds prepared (0 for a connection never attached). For tests. */
+int db_prepared_count(const PGconn *c);
 
 /* ---- what every user of the database shares ------------------------------------------ */
 

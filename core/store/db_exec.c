@@ -22,7 +22,7 @@
 static bool exec_statement(PGconn *c, const char *sql, int nparams, const char *const *params,
                            int64_t *affected, char *err, size_t err_len)
 {
-    PGresult *res = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(c, sql, nparams, params);
     ExecStatusType st = PQresultStatus(res);
     bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
     if (ok && affected) {

@@ -164,7 +164,7 @@ static bool take_or_renew(lease_service *s, PGconn *c, lease *l)
              (long long)(l->ttl_ms * LEASE_ROW_NUM / LEASE_ROW_DEN));
     const char *p[3] = {l->name, s->holder, valid};
     int64_t sent = rt_now_ms();
-    PGresult *res = PQexecParams(c, LEASE_TAKE_SQL, 3, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c, LEASE_TAKE_SQL, 3, p);
     bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
     if (ok) {
         atomic_store(&l->held_until_ms,
@@ -183,8 +183,7 @@ static bool take_or_renew(lease_service *s, PGconn *c, lease *l)
 static void give_up(lease_service *s, PGconn *c, lease *l)
 {
     const char *p[2] = {l->name, s->holder};
-    PGresult *res = PQexecParams(c, "DELETE FROM core_leases WHERE name = $1 AND holder = $2",
-                                 2, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c, "DELETE FROM core_leases WHERE name = $1 AND holder = $2", 2, p);
     if (PQresultStatus(res) != PGRES_COMMAND_OK)
         rt_log(ATRIUM_LOG_WARN, "core", "lease %s could not be given up (it expires by itself "
                "within its ttl): %s", l->name, PQerrorMessage(c));
@@ -340,13 +339,13 @@ int lease_count_live(PGconn *c, const char *prefix)
     char stale[24];
     snprintf(stale, sizeof(stale), "%lld", (long long)LEASE_MAX_TTL_MS);
     const char *p[2] = {prefix, stale};
-    PGresult *res = PQexecParams(
+    PGresult *res = db_query(
         c,
         "WITH gone AS (DELETE FROM core_leases WHERE left(name, length($1)) = $1"
         " AND expires_at < clock_timestamp() - $2::bigint * interval '1 millisecond')"
         " SELECT count(*) FROM core_leases WHERE left(name, length($1)) = $1"
         " AND expires_at > clock_timestamp()",
-        2, NULL, p, NULL, NULL, 0);
+        2, p);
     int n = -1;
     if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
         n = atoi(PQgetvalue(res, 0, 0));

@@ -97,7 +97,7 @@ void acc_random_device_id(char out[ACC_RANDOM_ID_CHARS + 1])
 
 PGresult *acc_q(PGconn *c, const char *sql, int n, const char *const *params)
 {
-    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(c, sql, n, params);
     ExecStatusType st = PQresultStatus(res);
     if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) return res;
     rt_log(ATRIUM_LOG_ERROR, "core", "accounts query failed: %s", PQresultErrorMessage(res));

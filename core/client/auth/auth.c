@@ -100,16 +100,16 @@ const char *auth_request(atrium_req *r)
     PGconn *c = http_db_checkout(r);
     if (!c) return NULL;
     const char *params[1] = {hex};
-    PGresult *res = PQexecParams(c,
-                                 "SELECT t.user_id, t.device_id, u.is_admin, d.last_seen_ts,"
-                                 " u.is_guest,"
-                                 " t.expires_ts - (extract(epoch from now()) * 1000)::bigint,"
-                                 " t.retires"
-                                 " FROM access_tokens t JOIN users u ON u.user_id = t.user_id"
-                                 " LEFT JOIN devices d ON d.user_id = t.user_id"
-                                 " AND d.device_id = t.device_id"
-                                 " WHERE t.token_hash = $1 AND NOT u.deactivated",
-                                 1, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(c,
+                             "SELECT t.user_id, t.device_id, u.is_admin, d.last_seen_ts,"
+                             " u.is_guest,"
+                             " t.expires_ts - (extract(epoch from now()) * 1000)::bigint,"
+                             " t.retires"
+                             " FROM access_tokens t JOIN users u ON u.user_id = t.user_id"
+                             " LEFT JOIN devices d ON d.user_id = t.user_id"
+                             " AND d.device_id = t.device_id"
+                             " WHERE t.token_hash = $1 AND NOT u.deactivated",
+                             1, params);
     bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
     if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "token look-up failed: %s", PQresultErrorMessage(res));
     int64_t seen_ts = 0; /* NULL (never seen, or no device row): due */
@@ -185,12 +185,12 @@ int auth_issue_token_ex(PGconn *conn, const char *user_id, const char *device_id
     token_hash_hex(token_out, hex);
     snprintf(lifetime, sizeof(lifetime), "%lld", (long long)lifetime_ms);
     const char *params[5] = {hex, user_id, device_id, lifetime_ms > 0 ? lifetime : NULL, retires};
-    PGresult *res = PQexecParams(conn,
-                                 "INSERT INTO access_tokens (token_hash, user_id, device_id,"
-                                 " created_ts, expires_ts, retires)"
-                                 " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint,"
-                                 " (extract(epoch from now()) * 1000)::bigint + $4::bigint, $5)",
-                                 5, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(conn,
+                             "INSERT INTO access_tokens (token_hash, user_id, device_id,"
+                             " created_ts, expires_ts, retires)"
+                             " VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint,"
+                             " (extract(epoch from now()) * 1000)::bigint + $4::bigint, $5)",
+                             5, params);
     bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
     if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "storing a token failed: %s", PQresultErrorMessage(res));
     PQclear(res);
@@ -213,16 +213,16 @@ bool auth_retire_refresh(PGconn *conn, const char *retired, const char *successo
      * replaced goes with the access token minted beside it, and its successors (the access
      * token and the refresh token that replaced it) forget it. */
     const char *params[2] = {retired, successor};
-    PGresult *res = PQexecParams(conn,
-                                 "WITH old AS (DELETE FROM refresh_tokens WHERE token_hash = $1"
-                                 "  RETURNING access_hash),"
-                                 " gone AS (DELETE FROM access_tokens WHERE token_hash IN"
-                                 "  (SELECT access_hash FROM old)),"
-                                 " kept AS (UPDATE refresh_tokens SET retires = NULL"
-                                 "  WHERE retires = $1)"
-                                 " UPDATE access_tokens SET retires = NULL WHERE retires = $1"
-                                 " OR token_hash = $2",
-                                 2, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(conn,
+                             "WITH old AS (DELETE FROM refresh_tokens WHERE token_hash = $1"
+                             "  RETURNING access_hash),"
+                             " gone AS (DELETE FROM access_tokens WHERE token_hash IN"
+                             "  (SELECT access_hash FROM old)),"
+                             " kept AS (UPDATE refresh_tokens SET retires = NULL"
+                             "  WHERE retires = $1)"
+                             " UPDATE access_tokens SET retires = NULL WHERE retires = $1"
+                             " OR token_hash = $2",
+                             2, params);
     bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
     if (!ok) rt_log(ATRIUM_LOG_ERROR, "core", "retiring a refresh token failed: %s",
                     PQresultErrorMessage(res));

@@ -128,14 +128,14 @@ static int write_seen(const char *user, const char *device, const char *ip, cons
     char ts[24];
     snprintf(ts, sizeof(ts), "%lld", (long long)now_ms);
     const char *params[5] = {user, device, ts, ip, user_agent};
-    PGresult *res = PQexecParams(c,
-                                 "UPDATE devices SET last_seen_ts = $3, last_seen_ip = $4,"
-                                 " last_seen_user_agent = $5"
-                                 " WHERE user_id = $1 AND device_id = $2 AND EXISTS ("
-                                 "SELECT 1 FROM devices WHERE user_id = $1 AND device_id = $2"
-                                 " AND (last_seen_ts IS NULL OR last_seen_ts < $3)"
-                                 " FOR UPDATE SKIP LOCKED)",
-                                 5, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(c,
+                             "UPDATE devices SET last_seen_ts = $3, last_seen_ip = $4,"
+                             " last_seen_user_agent = $5"
+                             " WHERE user_id = $1 AND device_id = $2 AND EXISTS ("
+                             "SELECT 1 FROM devices WHERE user_id = $1 AND device_id = $2"
+                             " AND (last_seen_ts IS NULL OR last_seen_ts < $3)"
+                             " FOR UPDATE SKIP LOCKED)",
+                             5, params);
     int rc = -1;
     if (PQresultStatus(res) == PGRES_COMMAND_OK)
         rc = strcmp(PQcmdTuples(res), "1") == 0 ? 1 : 0;

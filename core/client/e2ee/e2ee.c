@@ -297,7 +297,7 @@ PGconn *e2ee_db_begin(atrium_req *r)
 PGresult *e2ee_sql(PGconn *c, ExecStatusType want, const char *sql, int n,
                    const char *const *params)
 {
-    PGresult *res = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(c, sql, n, params);
     if (PQresultStatus(res) == want) return res;
     rt_log(ATRIUM_LOG_ERROR, "e2ee", "query failed: %s (%.80s...)", PQresultErrorMessage(res),
            sql);

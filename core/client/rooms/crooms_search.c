@@ -255,7 +255,7 @@ static bool parse_room_events(atrium_req *r, json_t *re, search_req *q)
  * timeout, else ROOMS_E_DB), logged. */
 static PGresult *search_q(PGconn *c, const char *sql, int n, const char *const *p, int *fail)
 {
-    PGresult *res = PQexecParams(c, sql, n, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c, sql, n, p);
     ExecStatusType st = PQresultStatus(res);
     if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) return res;
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);

@@ -201,11 +201,11 @@ void notifier_wake_room(PGconn *conn, const char *room_id)
     push_send_kick(); /* the event may notify someone's phone (push_send.c) */
     as_sender_kick(); /* or interest an application service (as_sender.c) */
     const char *params[1] = {room_id};
-    PGresult *res = PQexecParams(conn,
-                                 "SELECT state_key FROM current_state"
-                                 " WHERE room_id = $1 AND type = 'm.room.member'"
-                                 " AND membership IN ('join', 'invite')",
-                                 1, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(conn,
+                             "SELECT state_key FROM current_state"
+                             " WHERE room_id = $1 AND type = 'm.room.member'"
+                             " AND membership IN ('join', 'invite')",
+                             1, params);
     if (PQresultStatus(res) == PGRES_TUPLES_OK)
         for (int i = 0; i < PQntuples(res); i++) notifier_wake_user(PQgetvalue(res, i, 0));
     else

@@ -258,7 +258,7 @@ static int ended_outsider(PGconn *c, const char *room_id, const char *event_id, 
 {
     out[0] = '\0';
     const char *p[2] = {room_id, event_id};
-    PGresult *res = PQexecParams(
+    PGresult *res = db_query(
         c,
         "SELECT substr(e.state_key, strpos(e.state_key, ':') + 1) FROM events e"
         " JOIN current_state cs ON cs.room_id = e.room_id AND cs.type = 'm.room.member'"
@@ -266,7 +266,7 @@ static int ended_outsider(PGconn *c, const char *room_id, const char *event_id, 
         " WHERE e.room_id = $1 AND e.event_id = $2 AND e.type = 'm.room.member'"
         " AND e.sender <> e.state_key AND cs.membership IN ('knock', 'invite')"
         " AND (e.pdu::jsonb) -> 'content' ->> 'membership' IN ('leave', 'ban')",
-        2, NULL, p, NULL, NULL, 0);
+        2, p);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "outbound queue: %s", PQerrorMessage(c));
         PQclear(res);

@@ -179,16 +179,15 @@ static void write_one(fed_backoff *b, const write_task *t)
     const char *params[4] = {t->dest, failure, last, interval};
     PGresult *res =
         t->remove
-            ? PQexecParams(c, "DELETE FROM federation_destinations WHERE destination = $1", 1,
-                           NULL, params, NULL, NULL, 0)
-            : PQexecParams(c,
-                           "INSERT INTO federation_destinations"
-                           " (destination, failure_ts, retry_last_ts, retry_interval_ms)"
-                           " VALUES ($1, $2, $3, $4) ON CONFLICT (destination) DO UPDATE SET"
-                           " failure_ts = EXCLUDED.failure_ts,"
-                           " retry_last_ts = EXCLUDED.retry_last_ts,"
-                           " retry_interval_ms = EXCLUDED.retry_interval_ms",
-                           4, NULL, params, NULL, NULL, 0);
+            ? db_query(c, "DELETE FROM federation_destinations WHERE destination = $1", 1, params)
+            : db_query(c,
+                       "INSERT INTO federation_destinations"
+                       " (destination, failure_ts, retry_last_ts, retry_interval_ms)"
+                       " VALUES ($1, $2, $3, $4) ON CONFLICT (destination) DO UPDATE SET"
+                       " failure_ts = EXCLUDED.failure_ts,"
+                       " retry_last_ts = EXCLUDED.retry_last_ts,"
+                       " retry_interval_ms = EXCLUDED.retry_interval_ms",
+                       4, params);
     if (PQresultStatus(res) != PGRES_COMMAND_OK)
         rt_log(ATRIUM_LOG_WARN, "core", "federation backoff: saving the state of %s failed: %s",
                t->dest, PQresultErrorMessage(res));

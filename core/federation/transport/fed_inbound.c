@@ -176,10 +176,10 @@ static void register_metrics(rt_metrics *reg)
 static json_t *stored_answer(PGconn *c, const char *origin, const char *txn, bool *db_failed)
 {
     const char *p[2] = {origin, txn};
-    PGresult *res = PQexecParams(c,
-                                 "SELECT response FROM federation_inbound_txns"
-                                 " WHERE origin = $1 AND txn_id = $2",
-                                 2, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c,
+                             "SELECT response FROM federation_inbound_txns"
+                             " WHERE origin = $1 AND txn_id = $2",
+                             2, p);
     *db_failed = PQresultStatus(res) != PGRES_TUPLES_OK;
     json_t *j = NULL;
     if (*db_failed)
@@ -198,10 +198,10 @@ static void store_answer(PGconn *c, const char *origin, const char *txn, const j
     char ts[24], cutoff[24];
     snprintf(ts, sizeof(ts), "%lld", (long long)now);
     const char *p[4] = {origin, txn, text, ts};
-    PGresult *res = PQexecParams(c,
-                                 "INSERT INTO federation_inbound_txns (origin, txn_id, response,"
-                                 " received_ts) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                                 4, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c,
+                             "INSERT INTO federation_inbound_txns (origin, txn_id, response,"
+                             " received_ts) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                             4, p);
     if (PQresultStatus(res) != PGRES_COMMAND_OK) /* a replay would be processed again */
         rt_log(ATRIUM_LOG_WARN, "federation", "transaction %s from %s not recorded: %s", txn,
                origin, PQerrorMessage(c));
@@ -215,8 +215,7 @@ static void store_answer(PGconn *c, const char *origin, const char *txn, const j
     if (!prune) return;
     snprintf(cutoff, sizeof(cutoff), "%lld", (long long)(now - FED_INBOUND_TXN_KEEP_MS));
     const char *q[1] = {cutoff};
-    PQclear(PQexecParams(c, "DELETE FROM federation_inbound_txns WHERE received_ts < $1", 1, NULL,
-                         q, NULL, NULL, 0));
+    PQclear(db_query(c, "DELETE FROM federation_inbound_txns WHERE received_ts < $1", 1, q));
 }
 
 /* ---- processing (on the pool) --------------------------------------------------------- */

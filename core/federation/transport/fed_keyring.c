@@ -258,7 +258,7 @@ static fed_key_set *db_read(fed_keyring *r, const char *server)
         return NULL;
     }
     const char *params[1] = {server};
-    PGresult *res = PQexecParams(c, SELECT_KEYS, 1, NULL, params, NULL, NULL, 0);
+    PGresult *res = db_query(c, SELECT_KEYS, 1, params);
     fed_key_set *s = NULL;
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         rt_log(ATRIUM_LOG_WARN, LOG_ORIGIN, "keys of %s: reading federation_server_keys: %s",

@@ -123,12 +123,12 @@ static const char *own_server_name(void)
 static PGresult *room_servers(PGconn *c, const char *room_id)
 {
     const char *p[2] = {room_id, own_server_name()};
-    PGresult *res = PQexecParams(
+    PGresult *res = db_query(
         c,
         "SELECT DISTINCT substr(state_key, strpos(state_key, ':') + 1) AS d FROM current_state"
         " WHERE room_id = $1 AND type = 'm.room.member' AND membership = 'join'"
         " AND strpos(state_key, ':') > 0 AND substr(state_key, strpos(state_key, ':') + 1) <> $2",
-        2, NULL, p, NULL, NULL, 0);
+        2, p);
     if (PQresultStatus(res) == PGRES_TUPLES_OK) return res;
     rt_log(ATRIUM_LOG_ERROR, "federation", "outbound queue: %s", PQerrorMessage(c));
     PQclear(res);
@@ -206,12 +206,12 @@ int fed_outbound_enqueue_room_edu(PGconn *c, const char *room_id, const char *ed
 int fed_txn_server_in_room(PGconn *c, const char *room_id, const char *server_name)
 {
     const char *p[2] = {room_id, server_name};
-    PGresult *res = PQexecParams(c,
-                                 "SELECT 1 FROM current_state WHERE room_id = $1"
-                                 " AND type = 'm.room.member' AND membership = 'join'"
-                                 " AND substr(state_key, strpos(state_key, ':') + 1) = $2"
-                                 " AND strpos(state_key, ':') > 0 LIMIT 1",
-                                 2, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c,
+                             "SELECT 1 FROM current_state WHERE room_id = $1"
+                             " AND type = 'm.room.member' AND membership = 'join'"
+                             " AND substr(state_key, strpos(state_key, ':') + 1) = $2"
+                             " AND strpos(state_key, ':') > 0 LIMIT 1",
+                             2, p);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "room membership: %s", PQerrorMessage(c));
         PQclear(res);
@@ -361,10 +361,10 @@ static bool pick_txn(fed_outbound *o, PGconn *c, out_dest *d, bool *db_failed)
     *db_failed = false;
     if (d->txn_id[0]) return true;
     const char *p[4] = {d->name};
-    PGresult *res = PQexecParams(c,
-                                 "SELECT txn_id FROM federation_outbound WHERE destination = $1"
-                                 " AND txn_id IS NOT NULL ORDER BY id LIMIT 1",
-                                 1, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c,
+                             "SELECT txn_id FROM federation_outbound WHERE destination = $1"
+                             " AND txn_id IS NOT NULL ORDER BY id LIMIT 1",
+                             1, p);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         PQclear(res);
         return !(*db_failed = true);
@@ -410,12 +410,12 @@ static bool pick_txn(fed_outbound *o, PGconn *c, out_dest *d, bool *db_failed)
 static json_t *txn_body(fed_outbound *o, PGconn *c, out_dest *d)
 {
     const char *p[2] = {d->name, d->txn_id};
-    PGresult *res = PQexecParams(c,
-                                 "SELECT q.kind, q.edu_type, q.content, e.pdu"
-                                 " FROM federation_outbound q LEFT JOIN events e"
-                                 " ON q.kind = 0 AND e.event_id = q.event_id"
-                                 " WHERE q.destination = $1 AND q.txn_id = $2 ORDER BY q.id",
-                                 2, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c,
+                             "SELECT q.kind, q.edu_type, q.content, e.pdu"
+                             " FROM federation_outbound q LEFT JOIN events e"
+                             " ON q.kind = 0 AND e.event_id = q.event_id"
+                             " WHERE q.destination = $1 AND q.txn_id = $2 ORDER BY q.id",
+                             2, p);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "outbound queue: %s", PQerrorMessage(c));
         PQclear(res);
@@ -554,10 +554,10 @@ static int64_t pass(fed_outbound *o)
     char limit[16];
     snprintf(limit, sizeof(limit), "%d", FED_OUTBOUND_MAX_DESTINATIONS);
     const char *p[1] = {limit};
-    PGresult *res = PQexecParams(c,
-                                 "SELECT destination, count(*) FROM federation_outbound"
-                                 " GROUP BY destination ORDER BY min(id) LIMIT $1::int",
-                                 1, NULL, p, NULL, NULL, 0);
+    PGresult *res = db_query(c,
+                             "SELECT destination, count(*) FROM federation_outbound"
+                             " GROUP BY destination ORDER BY min(id) LIMIT $1::int",
+                             1, p);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         rt_log(ATRIUM_LOG_ERROR, "federation", "outbound queue: %s", PQerrorMessage(c));
         PQclear(res);
