@@ -6,7 +6,7 @@ import threading
 import time
 import unittest
 
-from harness import AtriumTestCase, Server, test_plugin_dir  # noqa: F401  (re-exported)
+from harness import AtriumTestCase, Server, mark_on_failure, start_shared, test_plugin_dir  # noqa: F401  (re-exported)
 
 
 def testplug(name="testplug", **settings):
@@ -40,25 +40,13 @@ def module_server(test, key, make):
     no server."""
     srv = _module_servers.get(key)
     if srv is None:
-        srv = make()
-        try:
-            srv.start()
-        except BaseException:
-            srv._failed = True
-            srv.close(raise_errors=False)
-            raise
-        _module_servers[key] = srv
+        srv = _module_servers[key] = start_shared(make())
 
         def close():
             del _module_servers[key]
             srv.close()
         unittest.addModuleCleanup(close)
-
-    def mark():
-        outcome = getattr(test, "_outcome", None)  # unittest internals: did the test fail?
-        if outcome is not None and not getattr(outcome, "success", True):
-            srv._failed = True
-    test.addCleanup(mark)
+    mark_on_failure(test, srv)
     return srv
 
 

@@ -787,6 +787,27 @@ class Server:
             raise ServerError("; ".join(problems))
 
 
+def start_shared(srv):
+    """Starts srv, a server tests will share; a start that fails marks it failed (its log
+    is kept), closes it and raises."""
+    try:
+        srv.start()
+    except BaseException:
+        srv._failed = True
+        srv.close(raise_errors=False)
+        raise
+    return srv
+
+
+def mark_on_failure(test, srv):
+    """A shared server keeps its log when test fails (checked at the test's cleanup)."""
+    def mark():
+        outcome = getattr(test, "_outcome", None)  # unittest internals: did the test fail?
+        if outcome is not None and not getattr(outcome, "success", True):
+            srv._failed = True
+    test.addCleanup(mark)
+
+
 class AtriumTestCase(unittest.TestCase):
     """TestCase with start_server(): the server is closed (and checked) in cleanup."""
 
@@ -819,23 +840,11 @@ class AtriumTestCase(unittest.TestCase):
         cls = type(self)
         srv = cls.__dict__.get("_class_server")
         if srv is None:
-            srv = Server(start=False, **kwargs)
-            try:
-                srv.start()
-            except BaseException:
-                srv._failed = True
-                srv.close(raise_errors=False)
-                raise
-            cls._class_server = srv
+            srv = cls._class_server = start_shared(Server(start=False, **kwargs))
 
             def close():
                 del cls._class_server
                 srv.close()
             cls.addClassCleanup(close)
-
-        def mark():
-            outcome = getattr(self, "_outcome", None)
-            if outcome is not None and not getattr(outcome, "success", True):
-                srv._failed = True
-        self.addCleanup(mark)
+        mark_on_failure(self, srv)
         return srv

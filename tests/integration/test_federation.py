@@ -64,21 +64,10 @@ class FederationTestCase(harness.AtriumTestCase):
         servers = type(self).class_servers
         srv = servers.get(ip)
         if srv is None:
-            srv = FederatedServer(self.ca, ip, extra=harness.deep_merge(REGISTRATION_ON, extra or {}),
-                                  start=False, **kwargs)
-            try:
-                srv.start()
-            except BaseException:
-                srv._failed = True
-                srv.close(raise_errors=False)
-                raise
-            servers[ip] = srv
-
-        def mark():
-            outcome = getattr(self, "_outcome", None)
-            if outcome is not None and not getattr(outcome, "success", True):
-                srv._failed = True
-        self.addCleanup(mark)
+            srv = servers[ip] = harness.start_shared(FederatedServer(
+                self.ca, ip, extra=harness.deep_merge(REGISTRATION_ON, extra or {}),
+                start=False, **kwargs))
+        harness.mark_on_failure(self, srv)
         return srv
 
     def start_fed(self, ip, extra=None, start=True, **kwargs):

@@ -88,20 +88,9 @@ class HostilePeerTest(FederationTestCase):
                 "plugins": {"media": {"enabled": True,
                                       "store_path": os.path.join(srv.dir, "media_store")}}})
             srv.write_config()
-            try:
-                srv.start()
-            except BaseException:
-                srv._failed = True
-                srv.close(raise_errors=False)
-                raise
-            servers[HOSTILE_IP] = srv
+            servers[HOSTILE_IP] = harness.start_shared(srv)
         srv = servers[HOSTILE_IP]
-
-        def mark():  # a failed test keeps the server's log
-            outcome = getattr(self, "_outcome", None)
-            if outcome is not None and not getattr(outcome, "success", True):
-                srv._failed = True
-        self.addCleanup(mark)
+        harness.mark_on_failure(self, srv)  # a failed test keeps the server's log
         return srv
 
     def setUp(self):

@@ -274,13 +274,7 @@ class RemoteMediaCase(harness.AtriumTestCase):
             srv, args = servers[ip]
             self.assertEqual(args, (media, extra), "a shared server's settings differ")
         else:
-            srv = self._new_fed(ip, media, extra)
-            try:
-                srv.start()
-            except BaseException:
-                srv._failed = True
-                srv.close(raise_errors=False)
-                raise
+            srv = harness.start_shared(self._new_fed(ip, media, extra))
             servers[ip] = (srv, (media, extra))
 
             def close():
@@ -288,7 +282,7 @@ class RemoteMediaCase(harness.AtriumTestCase):
                 srv.close()
             cls.addClassCleanup(close)
 
-        self.addCleanup(lambda: setattr(srv, "_failed", srv._failed or self._test_failed()))
+        harness.mark_on_failure(self, srv)
         return srv
 
     def remote_files(self, srv):
