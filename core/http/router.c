@@ -55,15 +55,10 @@ struct router {
     size_t n_by_segs[ROUTER_MAX_SEGMENTS + 1], cap_by_segs[ROUTER_MAX_SEGMENTS + 1];
 };
 
-/* FNV-1a of one decoded segment; equal text gives equal hashes (the text still decides). */
+/* The hash of one decoded segment; equal text gives equal hashes (the text still decides). */
 static uint64_t seg_hash(const char *s)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        h ^= *p;
-        h *= 1099511628211ull;
-    }
-    return h;
+    return rt_text_hash(s);
 }
 
 static void entry_free_parts(route_entry *e)

@@ -5,7 +5,8 @@
  * getrandom(2) keeps chains short even when clients pick their keys to collide. The table
  * is sized once (a power of two up to RT_KEYTAB_MAX_BUCKETS) from the bound its user
  * enforces - a budget's global cap, a line's waiting limit, a rate limiter's max_keys -
- * so it never rehashes under a lock. It does not allocate records or copy keys.
+ * so it never rehashes under a lock. It does not allocate records or copy keys. Also the
+ * runtime's unkeyed text hash (rt_text_hash), for keys no client picks.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -133,4 +134,12 @@ rt_keyent *rt_keytab_pop_any(rt_keytab *t)
         }
     }
     return NULL;
+}
+
+uint64_t rt_text_hash(const char *s)
+{
+    uint64_t h = UINT64_C(1469598103934665603); /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        h = (h ^ *p) * UINT64_C(1099511628211);
+    return h;
 }

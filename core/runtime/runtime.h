@@ -30,6 +30,12 @@
 int64_t rt_now_ms(void);  /* CLOCK_MONOTONIC in milliseconds: for deadlines */
 int64_t rt_wall_ms(void); /* CLOCK_REALTIME in milliseconds: for timestamps */
 
+/* ---- hashing -------------------------------------------------------------------------- */
+
+/* FNV-1a (64-bit) of a NUL-terminated text, for keys this process chooses (SQL texts,
+ * route segments); keys others choose go through keytab.c's keyed SipHash instead. */
+uint64_t rt_text_hash(const char *s);
+
 /* ---- log ------------------------------------------------------------------------------ */
 /* One line per call on stderr, written with a single write(2) so lines never interleave:
  *   2026-11-29T14:05:12.123Z atrium-a INFO  [req 7f3a] message

@@ -50,13 +50,6 @@ typedef struct {
     prep_entry slots[DB_PREPARED_SLOTS];
 } prep_cache;
 
-static uint64_t sql_hash(const char *s)
-{
-    uint64_t h = UINT64_C(1469598103934665603); /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * UINT64_C(1099511628211);
-    return h;
-}
-
 static void cache_forget_all(prep_cache *pc)
 {
     for (int i = 0; i < DB_PREPARED_SLOTS; i++) {
@@ -154,7 +147,7 @@ PGresult *db_query(PGconn *c, const char *sql, int n, const char *const *params)
     if (db_prepared_attach(c, NULL)) pc = PQinstanceData(c, event_proc);
     if (!pc || (pc->stats && pc->stats->off))
         return PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
-    uint64_t h = sql_hash(sql);
+    uint64_t h = rt_text_hash(sql);
     prep_entry *e = cache_slot(pc, sql, h);
     if (!e->sql) {
         if (pc->count >= DB_PREPARED_MAX) {
