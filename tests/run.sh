@@ -52,6 +52,7 @@ started=$(date +%s)
 stage="setup"
 pg_started=0
 summary=()
+step_marks=()
 ctest_logs=()
 build_times_file=$(mktemp)
 others_pid=
@@ -66,9 +67,13 @@ else
     bold='' green='' red='' plain=''
 fi
 
+# step TEXT: a heading with the time since the start, so a slow CI log shows which step
+# took the time.
 step() {
     stage=$*
-    printf '\n%s==> %s%s\n' "$bold" "$*" "$plain"
+    local t=$(($(date +%s) - started))
+    step_marks+=("$t $*")
+    printf '\n%s==> [%dm%02ds] %s%s\n' "$bold" $((t / 60)) $((t % 60)) "$*" "$plain"
 }
 
 on_exit() {
@@ -91,6 +96,7 @@ on_exit() {
             awk -F'\t' '$1 ~ /^(direct_cache_hit|preprocessed_cache_hit|cache_miss)$/ {printf "%s=%s ", $1, $2}')"
     fi
     rm -f "$build_times_file"
+    step_times "$elapsed"
     slowest_tests
     server_starts
     if [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]; then
@@ -115,6 +121,20 @@ kill_tree() {
     local child
     for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
     kill "$1" 2>/dev/null || true
+}
+
+# step_times END: how long each step took, one line per step, from the marks step() left.
+step_times() {
+    local i t next name
+    [ ${#step_marks[@]} -gt 0 ] || return 0
+    printf 'steps:\n'
+    for i in "${!step_marks[@]}"; do
+        t=${step_marks[$i]%% *}
+        name=${step_marks[$i]#* }
+        next=$1
+        [ $((i + 1)) -ge ${#step_marks[@]} ] || next=${step_marks[$((i + 1))]%% *}
+        printf '    %4ds  %s\n' $((next - t)) "$name"
+    done
 }
 
 # slowest_tests: the ten longest tests of the trees run so far, from ctest's own lines
