@@ -57,6 +57,8 @@ import time
 import unittest
 import uuid
 
+import pg_client
+
 HEALTH_TIMEOUT_S = 30
 HEALTH_POLL_S = 0.02  # a start takes 0.2-0.3 s: a coarser poll would add to each
 STOP_TIMEOUT_S = 30
@@ -119,15 +121,23 @@ def psql_bin():
     return shutil.which("psql") or "psql"
 
 
-def psql(sql, database="postgres", timeout=60):
-    """Runs SQL with psql on the test cluster; returns rows as lists of strings."""
-    proc = subprocess.run(
-        [psql_bin(), "-X", "-q", "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1",
-         "-d", conninfo_for(database), "-c", sql],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "PGCONNECT_TIMEOUT": "10"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"psql failed ({proc.returncode}) on {sql!r}: {proc.stderr.strip()}")
-    return [line.split("\t") for line in proc.stdout.splitlines() if line]
+_SQL = pg_client.Pool()
+SQL_TIMEOUT_S = 60
+
+
+def _sql_conninfo(database):
+    return (f"{conninfo_for(database)} connect_timeout=10 application_name=atrium-tests "
+            f"options='-c statement_timeout={SQL_TIMEOUT_S * 1000}'")
+
+
+def psql(sql, database="postgres"):
+    """Runs SQL on the test cluster (one database; the last statement's rows) and returns
+    rows as lists of strings, as psql -At prints them. Through a connection this process
+    keeps open to the database (tests/integration/pg_client.py), not a psql process."""
+    try:
+        return _SQL.run(_sql_conninfo(database), sql)
+    except pg_client.SqlError as e:
+        raise RuntimeError(f"SQL failed on {sql!r}: {e}") from None
 
 
 class _AdminSession:
@@ -263,6 +273,7 @@ def migrated_template():
 
 def drop_database(name):
     """Drops the database, disconnecting anyone still connected (a killed server's pool)."""
+    _SQL.forget(_sql_conninfo(name))
     _ADMIN.run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

@@ -216,7 +216,7 @@ class CrowdMember:
         self.user_id, self.token, self.device_id = user_id, token, device_id
 
 
-CROWD_BATCH = 400  # users per psql call (one argument is limited to 128 KiB)
+CROWD_BATCH = 400  # users per statement (a few hundred KiB of SQL at most)
 
 
 def crowd(srv, n, prefix="crowd"):
