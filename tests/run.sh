@@ -251,7 +251,9 @@ synapse_peer=${ATRIUM_SYNAPSE_PEER_SH:-$(dirname "$root")/shared/peers/synapse/p
 if [ -f "$synapse_peer" ]; then
     step "Synapse test peer ($synapse_peer)"
     bash "$synapse_peer" install >&2 || atrium_die "could not install the Synapse test peer"
-    export ATRIUM_SYNAPSE_PEER_SH=$synapse_peer
+    # Installed once here, so the test classes skip their own `peer.sh install` (it checks
+    # 33 Debian packages and hashes the bundle: about 2 CPU-seconds a class).
+    export ATRIUM_SYNAPSE_PEER_SH=$synapse_peer ATRIUM_SYNAPSE_PEER_INSTALLED=1
 fi
 
 step "npm packages for the end-to-end tests (tests/e2e, matrix-js-sdk)"

@@ -42,6 +42,18 @@ def peer(*args, timeout=120):
     return done.stdout
 
 
+def install_peer():
+    """peer.sh install, once per process, and not at all when tests/run.sh installed the
+    peer before the run (ATRIUM_SYNAPSE_PEER_INSTALLED=1): the check alone costs about
+    2 CPU-seconds."""
+    global _PEER_INSTALLED
+    if not _PEER_INSTALLED and os.environ.get("ATRIUM_SYNAPSE_PEER_INSTALLED") != "1":
+        peer("install", timeout=INSTALL_TIMEOUT_S)
+    _PEER_INSTALLED = True
+
+
+_PEER_INSTALLED = False
+
 SKIP_MESSAGE = f"SKIPPED: no Synapse peer at {PEER_SH}; the Synapse interop tests did not run"
 
 
@@ -129,7 +141,7 @@ class SynapseCase(FederationTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        peer("install", timeout=INSTALL_TIMEOUT_S)
+        install_peer()
 
     def start_synapse(self, whitelist, ip=SYNAPSE_IP):
         """A Synapse on ip (a free port each for federation and clients) federating with the
