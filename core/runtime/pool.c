@@ -1,9 +1,13 @@
 /*
  * core/runtime/pool.c - named fixed-size thread pools with a bounded queue.
  *
- * Owns the pool rules (docs/architecture.md): a fixed number of threads started once, a FIFO
- * queue of at most queue_depth tasks, and submission that never blocks - a full queue or a
- * stopped pool refuses at once so the caller can answer 429/503 instead of parking a thread.
+ * Owns the pool rules (docs/architecture.md): at most `threads` workers, started as work
+ * arrives and kept (ADR-0036: an idle server holds no thread for a pool it never used), a
+ * FIFO queue of at most queue_depth tasks, and submission that never blocks - a full queue
+ * or a stopped pool refuses at once so the caller can answer 429/503 instead of parking a
+ * thread. A task queued when every worker is busy (or there is none) starts one more, up to
+ * the limit; once a pool has a worker, a failure to start another only leaves the task
+ * queued for the ones there are, and a pool that cannot start its first refuses.
  * For the handoff (suspend the connection, then enqueue) a caller reserves a queue slot first:
  * a reservation counts against the depth, so the later rt_pool_submit_reserved cannot fail.
  *
@@ -35,8 +39,12 @@ struct rt_pool {
     int n_threads;
     int queue_depth;
     pthread_t *threads;
-    int started;  /* threads created by rt_pool_start */
+    int started;  /* threads created so far (threads[0..started)) */
     int live;     /* threads that have not exited their loop */
+    int fresh;    /* created, not yet in their loop: each will take a queued task */
+    int waiting;  /* workers asleep on `work` */
+    bool running; /* rt_pool_start was called: tasks start workers from now on */
+    bool told;    /* a failure to start a worker was logged (once per pool) */
     bool joined;
 
     pthread_mutex_t lock;
@@ -47,7 +55,7 @@ struct rt_pool {
     int busy;
     bool stopped;
 
-    rt_metric *m_threads, *m_busy, *m_queued, *m_queue_limit, *m_refused;
+    rt_metric *m_threads, *m_thread_limit, *m_busy, *m_queued, *m_queue_limit, *m_refused;
 };
 
 /* The pool whose worker the calling thread is, NULL elsewhere. */
@@ -85,7 +93,9 @@ rt_pool *rt_pool_new(const char *name, int threads, int queue_depth, rt_metrics 
     if (rt_metric_label(labels, sizeof(labels), "pool", name) < 0)
         labels[0] = '\0';
     p->m_threads = rt_metric_gauge(metrics, "atrium_pool_threads", labels,
-                                   "Worker threads of the pool.");
+                                   "Worker threads of the pool (started as work arrives).");
+    p->m_thread_limit = rt_metric_gauge(metrics, "atrium_pool_threads_limit", labels,
+                                        "Worker threads the pool may start.");
     p->m_busy = rt_metric_gauge(metrics, "atrium_pool_busy", labels,
                                 "Workers running a task now.");
     p->m_queued = rt_metric_gauge(metrics, "atrium_pool_queued", labels,
@@ -95,7 +105,8 @@ rt_pool *rt_pool_new(const char *name, int threads, int queue_depth, rt_metrics 
     p->m_refused = rt_metric_counter(metrics, "atrium_pool_refused_total", labels,
                                      "Submissions refused because the queue was full or the "
                                      "pool stopped.");
-    rt_metric_set(p->m_threads, threads);
+    rt_metric_set(p->m_threads, 0);
+    rt_metric_set(p->m_thread_limit, threads);
     rt_metric_set(p->m_busy, 0);
     rt_metric_set(p->m_queued, 0);
     rt_metric_set(p->m_queue_limit, queue_depth);
@@ -108,13 +119,42 @@ fail:
     return NULL;
 }
 
-/* Caller holds p->lock. */
+static void *worker_main(void *arg);
+
+/* One more worker, up to the limit. Caller holds p->lock (the new thread waits for it). */
+static int spawn_locked(rt_pool *p)
+{
+    if (!p->running || p->stopped || p->started >= p->n_threads)
+        return ATRIUM_E_STATE;
+    int rc = pthread_create(&p->threads[p->started], NULL, worker_main, p);
+    if (rc != 0) {
+        if (!p->told)
+            rt_log(ATRIUM_LOG_ERROR, "core",
+                   "pool %s: could not start worker %d of %d (error %d); raise the process "
+                   "or memory limits, or lower the pool's threads",
+                   p->name, p->started + 1, p->n_threads, rc);
+        p->told = true;
+        return ATRIUM_E_IO;
+    }
+    char tname[RT_POOL_THREAD_NAME_BYTES];
+    snprintf(tname, sizeof(tname), "%s", p->name);
+    (void)pthread_setname_np(p->threads[p->started], tname); /* cosmetic (top -H, gdb) */
+    p->started++;
+    p->live++;
+    p->fresh++;
+    rt_metric_set(p->m_threads, p->started);
+    return 0;
+}
+
+/* Caller holds p->lock. More tasks queued than workers free to take them: one more. */
 static void push_locked(rt_pool *p, rt_task_fn fn, void *arg)
 {
     RT_ASSERT(p->queued < p->queue_depth, "pool %s: queue overflow", p->name);
     p->ring[(p->head + p->queued) % p->queue_depth] = (rt_task){fn, arg};
     p->queued++;
     rt_metric_set(p->m_queued, p->queued);
+    if (p->queued > p->waiting + p->fresh)
+        (void)spawn_locked(p); /* best effort: the workers there are take it otherwise */
     pthread_cond_signal(&p->work);
 }
 
@@ -130,8 +170,9 @@ static bool pop_locked(rt_pool *p, rt_task *out)
     return true;
 }
 
-/* The admission rule shared by submit and reserve: refuse at once, never wait.
- * Caller holds p->lock. */
+/* The admission rule shared by submit and reserve: refuse at once, never wait. A started
+ * pool without a worker starts its first here, so what it admits has a thread to run it
+ * (a reservation's later submit cannot fail). Caller holds p->lock. */
 static int admit_locked(rt_pool *p)
 {
     int rc = 0;
@@ -139,6 +180,8 @@ static int admit_locked(rt_pool *p)
         rc = ATRIUM_E_STOPPED;
     else if (p->queued + p->reserved >= p->queue_depth)
         rc = ATRIUM_E_LIMIT;
+    else if (p->running && p->live == 0)
+        rc = spawn_locked(p);
     if (rc != 0)
         rt_metric_add(p->m_refused, 1);
     return rc;
@@ -159,6 +202,7 @@ static void *worker_main(void *arg)
     rt_pool *p = arg;
     rt_pool_self = p;
     pthread_mutex_lock(&p->lock);
+    p->fresh--;
     for (;;) {
         rt_task t;
         if (pop_locked(p, &t)) {
@@ -174,7 +218,9 @@ static void *worker_main(void *arg)
         }
         if (p->stopped && p->reserved == 0)
             break; /* nothing queued and nothing can still be queued */
+        p->waiting++;
         pthread_cond_wait(&p->work, &p->lock);
+        p->waiting--;
     }
     p->live--;
     /* Wake the others so each sees the exit condition too. */
@@ -184,36 +230,24 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* From now on tasks start workers. What was queued or reserved before gets its workers
+ * here (one per queued task up to the limit, one at least for a reservation); a failure to
+ * start those is the caller's to handle (it stops and joins the pool). */
 int rt_pool_start(rt_pool *p)
 {
+    int rc = 0;
     pthread_mutex_lock(&p->lock);
-    bool state_ok = p->started == 0 && !p->stopped;
-    pthread_mutex_unlock(&p->lock);
-    if (!state_ok)
-        return ATRIUM_E_STATE;
-    for (int i = 0; i < p->n_threads; i++) {
-        pthread_mutex_lock(&p->lock);
-        p->live++;
-        pthread_mutex_unlock(&p->lock);
-        int rc = pthread_create(&p->threads[i], NULL, worker_main, p);
-        if (rc != 0) {
-            pthread_mutex_lock(&p->lock);
-            p->live--;
-            pthread_mutex_unlock(&p->lock);
-            rt_log(ATRIUM_LOG_ERROR, "core",
-                   "pool %s: could not start thread %d of %d (error %d); raise the process "
-                   "or memory limits, or lower the pool's threads",
-                   p->name, i + 1, p->n_threads, rc);
-            return ATRIUM_E_IO; /* the caller stops and joins the threads that did start */
-        }
-        char tname[RT_POOL_THREAD_NAME_BYTES];
-        snprintf(tname, sizeof(tname), "%s", p->name);
-        (void)pthread_setname_np(p->threads[i], tname); /* cosmetic (top -H, gdb) */
-        pthread_mutex_lock(&p->lock);
-        p->started++;
-        pthread_mutex_unlock(&p->lock);
+    if (p->running || p->stopped) {
+        rc = ATRIUM_E_STATE;
+        goto out;
     }
-    return 0;
+    p->running = true;
+    int want = p->queued > 0 ? p->queued : (p->reserved > 0 ? 1 : 0);
+    while (rc == 0 && p->started < want && p->started < p->n_threads)
+        rc = spawn_locked(p);
+out:
+    pthread_mutex_unlock(&p->lock);
+    return rc;
 }
 
 int rt_pool_submit(rt_pool *p, rt_task_fn fn, void *arg)

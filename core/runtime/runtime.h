@@ -144,17 +144,19 @@ int rt_scope_wait(pthread_cond_t *cv, pthread_mutex_t *m, int64_t deadline_ms);
 int rt_cond_init(pthread_cond_t *cv); /* condattr with CLOCK_MONOTONIC */
 
 /* ---- pool ----------------------------------------------------------------------------- */
-/* A named fixed-size thread pool with a bounded queue. Submission never blocks: it fails at
- * once when the queue is full or the pool stopped. A caller that must not fail after a
- * point (the handoff: suspend, then enqueue) reserves a queue slot first. */
+/* A named thread pool of at most `threads` workers, started as tasks arrive and kept
+ * (ADR-0036), with a bounded queue. Submission never blocks: it fails at once when the
+ * queue is full or the pool stopped (or could not start its first worker). A caller that
+ * must not fail after a point (the handoff: suspend, then enqueue) reserves a queue slot
+ * first. */
 typedef struct rt_pool rt_pool;
 /* `cancelled` is true when the pool stopped before the task ran: the task must then only
  * clean up (for a handoff: answer 503). Every submitted task runs exactly once. */
 typedef void (*rt_task_fn)(void *arg, bool cancelled);
 rt_pool *rt_pool_new(const char *name, int threads, int queue_depth, rt_metrics *metrics);
-int rt_pool_start(rt_pool *p);                              /* ATRIUM_E_IO if a thread fails */
-int rt_pool_submit(rt_pool *p, rt_task_fn fn, void *arg);   /* 0, E_LIMIT, E_STOPPED */
-int rt_pool_reserve(rt_pool *p);                            /* 0, E_LIMIT, E_STOPPED */
+int rt_pool_start(rt_pool *p); /* tasks start workers from now; E_IO if one fails */
+int rt_pool_submit(rt_pool *p, rt_task_fn fn, void *arg);   /* 0, E_LIMIT, E_STOPPED, E_IO */
+int rt_pool_reserve(rt_pool *p);                            /* 0, E_LIMIT, E_STOPPED, E_IO */
 void rt_pool_submit_reserved(rt_pool *p, rt_task_fn fn, void *arg); /* never fails */
 void rt_pool_unreserve(rt_pool *p);
 /* Refuse new work; queued tasks run with cancelled=true; running tasks finish. */
@@ -164,10 +166,11 @@ void rt_pool_free(rt_pool *p); /* after join */
 bool rt_pool_stopped(rt_pool *p);
 bool rt_pool_on_worker(const rt_pool *p); /* is the calling thread one of p's workers? */
 const char *rt_pool_name(const rt_pool *p);
-int rt_pool_threads(const rt_pool *p);
+int rt_pool_threads(const rt_pool *p); /* the most it may start */
 int rt_pool_queued(rt_pool *p);
 int rt_pool_busy(rt_pool *p);
-/* Metrics (labels pool="<name>"): atrium_pool_threads, atrium_pool_busy,
+/* Metrics (labels pool="<name>"): atrium_pool_threads (started), atrium_pool_threads_limit,
+ * atrium_pool_busy,
  * atrium_pool_queued, atrium_pool_queue_limit, atrium_pool_refused_total. */
 
 /* ---- budget --------------------------------------------------------------------------- */

@@ -384,9 +384,10 @@ struct atrium_host {
 
     /* == 1.0: pools and handoff ========================================================= */
 
-    /* [init] A named pool of `threads` workers with a queue of `queue_depth` tasks. The
-     * host starts it before start() and stops and joins it after stop(). Metrics
-     * atrium_pool_{threads,busy,queued,queue_limit,refused_total}{pool="<plugin>.<name>"}. */
+    /* [init] A named pool of at most `threads` workers (started as tasks arrive, then
+     * kept) with a queue of `queue_depth` tasks. The host starts it before start() and
+     * stops and joins it after stop(). Metrics
+     * atrium_pool_{threads,threads_limit,busy,queued,queue_limit,refused_total}{pool="<plugin>.<name>"}. */
     atrium_pool *(*pool_create)(atrium_plugin *self, const char *name, int threads,
                                 int queue_depth);
     /* [any] Run fn(arg, cancelled) on the pool. Never blocks: ATRIUM_E_LIMIT when the queue

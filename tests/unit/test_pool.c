@@ -1,6 +1,7 @@
 /*
  * tests/unit/test_pool.c - the pool's contract: bounded queue, refusal without blocking,
- * reservations, and every task running exactly once (cancelled after stop).
+ * reservations, workers started as tasks arrive up to the limit, and every task running
+ * exactly once (cancelled after stop).
  *
  * Workers are held busy with a gate task the test opens, so the queue's state is known at
  * every step; completion is awaited on condition variables, never on sleeps.
@@ -12,6 +13,7 @@
 #include <cmocka.h>
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -352,13 +354,66 @@ static void test_pool_metrics_report_threads_queue_and_refusals(void **state)
     assert_int_equal(rt_pool_submit(p, record_task, &r), 0);
     assert_int_equal(rt_pool_submit(p, record_task, &r), ATRIUM_E_LIMIT);
     char *text = rt_metrics_render(reg, NULL);
-    assert_non_null(strstr(text, "\natrium_pool_threads{pool=\"media\"} 3\n"));
+    /* Never started: no worker yet, three allowed. */
+    assert_non_null(strstr(text, "\natrium_pool_threads{pool=\"media\"} 0\n"));
+    assert_non_null(strstr(text, "\natrium_pool_threads_limit{pool=\"media\"} 3\n"));
     assert_non_null(strstr(text, "\natrium_pool_busy{pool=\"media\"} 0\n"));
     assert_non_null(strstr(text, "\natrium_pool_queued{pool=\"media\"} 1\n"));
     assert_non_null(strstr(text, "\natrium_pool_queue_limit{pool=\"media\"} 1\n"));
     assert_non_null(strstr(text, "\natrium_pool_refused_total{pool=\"media\"} 1\n"));
     free(text);
     pool_finish(p);
+    record_destroy(&r);
+    rt_metrics_free(reg);
+}
+
+/* The value of the pool's atrium_pool_threads gauge (workers started) in reg. */
+static int started_threads(rt_metrics *reg, const char *pool)
+{
+    char *text = rt_metrics_render(reg, NULL);
+    char key[96];
+    snprintf(key, sizeof(key), "\natrium_pool_threads{pool=\"%s\"} ", pool);
+    const char *at = strstr(text, key);
+    int n = at ? atoi(at + strlen(key)) : -1;
+    free(text);
+    return n;
+}
+
+static void test_pool_starts_workers_as_tasks_arrive_never_past_its_limit(void **state)
+{
+    (void)state;
+    rt_metrics *reg = rt_metrics_new();
+    rt_pool *p = rt_pool_new("grow", 3, 16, reg);
+    assert_int_equal(rt_pool_start(p), 0);
+    assert_int_equal(started_threads(reg, "grow"), 0); /* idle: no thread held */
+    gate g[4];
+    for (int i = 0; i < 4; i++)
+        gate_init(&g[i]);
+    /* Each task that finds every worker busy starts one more... */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rt_pool_submit(p, gate_task, &g[i]), 0);
+        gate_wait_entered(&g[i]);
+        assert_int_equal(started_threads(reg, "grow"), i + 1);
+    }
+    /* ...up to the limit: the fourth waits in the queue for one of the three. */
+    assert_int_equal(rt_pool_submit(p, gate_task, &g[3]), 0);
+    assert_int_equal(rt_pool_queued(p), 1);
+    assert_int_equal(started_threads(reg, "grow"), 3);
+    gate_open(&g[0]);
+    gate_wait_entered(&g[3]);
+    for (int i = 1; i < 4; i++)
+        gate_open(&g[i]);
+    /* Kept once started, and never more than three. */
+    record r;
+    record_init(&r, p);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(rt_pool_submit(p, record_task, &r), 0);
+    record_wait_runs(&r, 10);
+    assert_int_equal(r.on_worker, 10);
+    assert_int_equal(started_threads(reg, "grow"), 3);
+    pool_finish(p);
+    for (int i = 0; i < 4; i++)
+        gate_destroy(&g[i]);
     record_destroy(&r);
     rt_metrics_free(reg);
 }
@@ -376,6 +431,7 @@ int main(void)
         cmocka_unit_test(test_pool_stopped_before_start_runs_leftovers_cancelled_on_the_caller),
         cmocka_unit_test(test_pool_runs_every_task_exactly_once_under_concurrent_submitters),
         cmocka_unit_test(test_pool_metrics_report_threads_queue_and_refusals),
+        cmocka_unit_test(test_pool_starts_workers_as_tasks_arrive_never_past_its_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
