@@ -21,7 +21,8 @@
  *
  * The pool opens its connections as they are needed, up to database.pool_size: one at
  * start (with the probe's), another when a checkout has found none idle for
- * DB_GROW_GRACE_MS and no connection already being opened will serve it. The monitor
+ * DB_GROW_GRACE_MS (a background sender's, db_acquire_background: DB_GROW_GRACE_BACKGROUND_MS)
+ * and no connection already being opened will serve it. The monitor
  * opens it, with a deadline, exactly as it re-establishes a broken one; the checkout only
  * waits its own timeout. A failure to open
  * one more (PostgreSQL at max_connections, say) is not an outage while others work: the
@@ -59,6 +60,8 @@
 /* A checkout that finds no idle connection waits this long for one to be given back
  * before the pool grows (a burst of short queries, as at start, shares what is open). */
 #define DB_GROW_GRACE_MS 5
+/* The same for background work (db_acquire_background): the start's wake-ups share one. */
+#define DB_GROW_GRACE_BACKGROUND_MS 250
 /* After a failure to open one more connection, no other attempt for this long. */
 #define DB_GROW_RETRY_MS 1000
 /* Defaults written into the conninfo where it sets none: a connection attempt gives up
@@ -627,12 +630,12 @@ int db_pool_connect(db_pool *p, int retry_s)
     return 0;
 }
 
-PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
+static PGconn *acquire(db_pool *p, int64_t timeout_ms, int64_t grace_ms)
 {
     if (!p) return NULL;
     if (timeout_ms == DB_WAIT_CONFIGURED) timeout_ms = p->request_wait_ms;
     int64_t until = rt_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
-    int64_t grow_at = rt_now_ms() + (timeout_ms > 0 ? DB_GROW_GRACE_MS : 0);
+    int64_t grow_at = rt_now_ms() + (timeout_ms > 0 ? grace_ms : 0);
     pthread_mutex_lock(&p->mu);
     db_conn *dc = NULL;
     while (!dc) {
@@ -654,7 +657,7 @@ PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
             pthread_cond_signal(&p->mon_cv);
         }
         if (dc) break;
-        /* None idle: past DB_GROW_GRACE_MS the monitor opens one more when the pool may
+        /* None idle: past the grace the monitor opens one more when the pool may
          * grow (this thread never connects: it waits its timeout, no longer). */
         int64_t now = rt_now_ms();
         if (now >= grow_at) grow_for_locked(p, p->waiting + 1);
@@ -679,6 +682,16 @@ PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
     pthread_mutex_unlock(&p->mu);
     rt_metric_add(p->m_in_use, 1);
     return dc->conn;
+}
+
+PGconn *db_acquire(db_pool *p, int64_t timeout_ms)
+{
+    return acquire(p, timeout_ms, DB_GROW_GRACE_MS);
+}
+
+PGconn *db_acquire_background(db_pool *p, int64_t timeout_ms)
+{
+    return acquire(p, timeout_ms, DB_GROW_GRACE_BACKGROUND_MS);
 }
 
 void db_release(db_pool *p, PGconn *c)

@@ -66,6 +66,11 @@ int db_pool_connect(db_pool *p, int retry_s);
  * connection may be cut under the caller when PostgreSQL stops answering: its libpq calls
  * then fail as on a lost connection (answer 503). Any thread. */
 PGconn *db_acquire(db_pool *p, int64_t timeout_ms) RT_MUST_CHECK;
+/* db_acquire for a background sender or sweeper, which no client waits on: it takes an idle
+ * connection, and makes the pool grow only after waiting DB_GROW_GRACE_BACKGROUND_MS (a
+ * request, DB_GROW_GRACE_MS), so the senders that wake together at start share what is
+ * open instead of each opening one more. */
+PGconn *db_acquire_background(db_pool *p, int64_t timeout_ms) RT_MUST_CHECK;
 void db_release(db_pool *p, PGconn *c);
 void db_pool_free(db_pool *p);
 /* The connection string for dedicated connections (LISTEN): the configured one with the

@@ -641,7 +641,7 @@ static int64_t serve(PGconn *c, size_t idx)
 /* One pass over every service with a url. The milliseconds until the next. */
 static int64_t pass(void)
 {
-    PGconn *c = db_acquire(S.db, AS_DB_WAIT_MS);
+    PGconn *c = db_acquire_background(S.db, AS_DB_WAIT_MS);
     if (!c) return AS_DB_RETRY_MS;
     bool settled = settle(c);
     int64_t wait = settled ? AS_POLL_MS : AS_DB_RETRY_MS;

@@ -563,7 +563,7 @@ static int64_t deliver(PGconn *c)
 /* One pass: settle, decide, deliver. The milliseconds until the next. */
 static int64_t pass(void)
 {
-    PGconn *c = db_acquire(S.db, PUSH_DB_WAIT_MS);
+    PGconn *c = db_acquire_background(S.db, PUSH_DB_WAIT_MS);
     if (!c) return PUSH_DB_RETRY_MS;
     if (!lease_held(S.lease)) { /* another process sends: only settle what this one sent */
         bool settled = settle(c);

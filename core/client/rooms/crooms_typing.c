@@ -85,7 +85,7 @@ static void on_typing_notify(void *arg, const char *payload)
 static int64_t reap(int64_t now_ms)
 {
     if (!lease_held(reap_lease)) return 0; /* another process reaps; on_gain wakes this one */
-    PGconn *c = db_acquire(db_global(), TYPING_REAP_DB_WAIT_MS);
+    PGconn *c = db_acquire_background(db_global(), TYPING_REAP_DB_WAIT_MS);
     if (!c) return now_ms + TYPING_REAP_RETRY_MS;
     char now_s[24];
     snprintf(now_s, sizeof(now_s), "%lld", (long long)now_ms);

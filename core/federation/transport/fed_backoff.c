@@ -165,7 +165,7 @@ static void remove_locked(fed_backoff *b, dest_ent *e)
 
 static void write_one(fed_backoff *b, const write_task *t)
 {
-    PGconn *c = db_acquire(b->db, FED_BACKOFF_DB_WAIT_MS);
+    PGconn *c = db_acquire_background(b->db, FED_BACKOFF_DB_WAIT_MS);
     if (!c) {
         rt_log(ATRIUM_LOG_WARN, "core",
                "federation backoff: no database connection; the state of %s is not saved",
@@ -241,7 +241,7 @@ static void queue_write_locked(fed_backoff *b, const char *dest, const dest_ent 
 int fed_backoff_load(fed_backoff *b)
 {
     if (!b->db) return 0;
-    PGconn *c = db_acquire(b->db, FED_BACKOFF_LOAD_WAIT_MS);
+    PGconn *c = db_acquire_background(b->db, FED_BACKOFF_LOAD_WAIT_MS);
     if (!c) {
         rt_log(ATRIUM_LOG_ERROR, "core", "federation backoff: no database connection to read it");
         return ATRIUM_E_DB;

@@ -534,7 +534,7 @@ static int64_t pass(fed_outbound *o)
     int64_t balance_in = fed_groups_balance_in(o->groups);
     if (!o->dests && fed_groups_count_held(o->groups) == 0 && balance_in != 0)
         return min_wait(FED_OUTBOUND_POLL_MS, balance_in); /* nothing to do here yet */
-    PGconn *c = db_acquire(o->db, FED_OUTBOUND_DB_WAIT_MS);
+    PGconn *c = db_acquire_background(o->db, FED_OUTBOUND_DB_WAIT_MS);
     if (!c) return FED_OUTBOUND_DB_RETRY_MS;
     bool db_failed = !settle(o, c);
     if (balance_in == 0) fed_groups_balance(o->groups, c);
