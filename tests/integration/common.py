@@ -115,3 +115,20 @@ def thread_count(pid):
             if line.startswith("Threads:"):
                 return int(line.split()[1])
     raise AssertionError("no Threads line")
+
+
+def make_admin(srv, user_id):
+    """Makes user_id a server admin as an operator does, in the database, and waits until
+    srv has forgotten what it cached about the user's tokens: the change reaches a running
+    server through a PostgreSQL notification (core/client/auth/auth_cache.c), a moment
+    after the UPDATE commits, not with it."""
+    from harness import psql
+    # A notification sent before the server listens is lost (it empties its cache when it
+    # starts listening, uncounted): wait for its listener first.
+    wait_until(lambda: srv.metric("atrium_notify_listener_up") == 1, timeout=30,
+               what=f"{srv.server_name} listening for notifications")
+    before = srv.metric("atrium_auth_cache_forgets_total")
+    psql(f"UPDATE users SET is_admin = true WHERE user_id = '{user_id}'", srv.database)
+    if before is not None:  # else no cache: nothing to wait for
+        wait_until(lambda: srv.metric("atrium_auth_cache_forgets_total") > before, timeout=30,
+                   what=f"{srv.server_name} forgetting its cache of {user_id}")

@@ -20,8 +20,8 @@ import unittest
 import uuid
 import zlib
 
-from common import module_server
-from harness import Server, deep_merge, psql, raw_connect
+from common import make_admin, module_server
+from harness import Server, deep_merge, raw_connect
 
 PASSWORD = "correct horse battery staple"
 
@@ -60,7 +60,7 @@ def register(srv, name=None, admin=False):
     if status != 200:
         raise AssertionError(f"/register answered {status}: {done}")
     if admin:
-        psql(f"UPDATE users SET is_admin = true WHERE user_id = '{done['user_id']}'", srv.database)
+        make_admin(srv, done["user_id"])
     return done["user_id"], done["access_token"]
 
 

@@ -4,6 +4,7 @@ and where each was last seen; anyone else gets 403, an unknown user 404."""
 import urllib.parse
 
 from accounts import REGISTRATION_ON, login, register
+from common import make_admin
 from harness import AtriumTestCase, psql
 
 WHOIS = "/_matrix/client/v3/admin/whois/"
@@ -13,8 +14,7 @@ class AdminWhoisTest(AtriumTestCase):
     def setUp(self):
         self.srv = self.start_server(settings=REGISTRATION_ON)
         self.admin = register(self.srv, "root")
-        psql(f"UPDATE users SET is_admin = true WHERE user_id = '{self.admin.user_id}'",
-             self.srv.database)
+        make_admin(self.srv, self.admin.user_id)
         self.alice = register(self.srv, "alice", device_id="LAPTOP")
         login(self.srv, "alice", device_id="PHONE")
         psql("UPDATE devices SET last_seen_ts = 1700000000000, last_seen_ip = '10.1.2.3'"

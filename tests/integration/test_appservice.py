@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import harness
 from accounts import REGISTRATION_ON, Account, register
+from common import make_admin
 from rooms_client import V3, Client, quote
 
 SERVER = "localhost"
@@ -690,8 +691,7 @@ class DeliveryTest(QueryChecks, AppserviceCase):
 
     def test_the_admin_listing_shows_each_service_its_backlog_and_latency(self):
         root = register(self.srv, "root_as")
-        harness.psql(f"UPDATE users SET is_admin = true WHERE user_id = '{root.user_id}'",
-                     self.srv.database)
+        make_admin(self.srv, root.user_id)
         path = "/_atrium/admin/v1/appservices"
         for token in (register(self.srv, "nobody_as").token, "as-secret"):
             status, answer = self.srv.json("GET", path, token=token)

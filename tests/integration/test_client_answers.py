@@ -10,6 +10,7 @@ keeps the item's whole list in one place."""
 import urllib.parse
 
 from accounts import login as login_account
+from common import make_admin
 from harness import psql
 from rooms_client import V3, SharedServerTest, quote
 
@@ -20,8 +21,7 @@ class ClientAnswersTest(SharedServerTest):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        psql(f"UPDATE users SET is_admin = true WHERE user_id = '{cls.root.user_id}'",
-             cls.srv.database)
+        make_admin(cls.srv, cls.root.user_id)
 
     def assertRefused(self, answer, status, errcodes):
         got_status, body = answer

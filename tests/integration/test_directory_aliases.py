@@ -7,6 +7,7 @@ import os
 import unittest
 
 from accounts import REGISTRATION_ON, register
+from common import make_admin
 from harness import Server, ServerError, psql, test_plugin_dir
 from rooms_client import V3, Client, SharedServerTest, quote
 
@@ -205,8 +206,7 @@ class AdminsOnlyPublishingTest(SharedServerTest):
     def setUpClass(cls):
         super().setUpClass()
         cls.root = Client(cls.srv, register(cls.srv, "root"))
-        psql(f"UPDATE users SET is_admin = true WHERE user_id = '{cls.root.user_id}'",
-             database=cls.srv.database)
+        make_admin(cls.srv, cls.root.user_id)
 
     def test_only_server_admins_list_rooms_and_they_may_delete_any_alias(self):
         status, body = self.ed.call("POST", f"{V3}/createRoom",
@@ -321,8 +321,7 @@ class DirectoryDisabledTest(unittest.TestCase):
             for alias in ("#x:localhost", "#x:elsewhere.example"):
                 status, body = user.call("POST", f"{V3}/join/{quote(alias)}")
                 self.assertEqual((status, body["errcode"]), (400, "M_UNRECOGNIZED"), alias)
-            psql(f"UPDATE users SET is_admin = true WHERE user_id = '{user.user_id}'",
-                 database=srv.database)
+            make_admin(srv, user.user_id)
             details = user.ok("GET", f"/_synapse/admin/v1/rooms/{quote(room)}")
             self.assertEqual((details["name"], details["public"]), ("Still works", False))
             status, body = user.call("PUT", f"{V3}/rooms/{quote(room)}/state/m.room.canonical_alias",

@@ -17,6 +17,7 @@ import time
 import unittest
 
 from accounts import REGISTRATION_ON, register
+from common import make_admin
 from federation_support import FakeKeyServer, FederatedServer, TestCA
 from harness import psql
 from rooms_client import V3, Client, SharedServerTest, quote
@@ -169,8 +170,7 @@ class ReportTest(SharedServerTest):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        psql(f"UPDATE users SET is_admin = true WHERE user_id = '{cls.root.user_id}'",
-             cls.srv.database)
+        make_admin(cls.srv, cls.root.user_id)
 
     def room_with_bob(self, name="Reported", **extra):
         room = self.alice.create_room(preset="public_chat", name=name, **extra)

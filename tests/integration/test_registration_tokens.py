@@ -14,6 +14,7 @@ import unittest
 import urllib.parse
 
 from accounts import REGISTRATION_ON
+from common import make_admin
 from harness import Server, psql
 
 V3 = "/_matrix/client/v3"
@@ -47,8 +48,7 @@ class RegistrationTokensTest(unittest.TestCase):
             status, body = register_with_token(cls.srv, "root", "bootstrap")
             assert status == 200, (status, body)
             cls.root = body["access_token"]
-            psql(f"UPDATE users SET is_admin = true WHERE user_id = '{body['user_id']}'",
-                 database=cls.srv.database)
+            make_admin(cls.srv, body["user_id"])
         except BaseException:
             cls.srv.__exit__(None, None, None)
             raise
