@@ -295,8 +295,11 @@ static bool decide(PGconn *c, bool *more)
     const char *p[2] = {upto, i64(lim, sizeof(lim), PUSH_SCAN_BATCH)};
     PGresult *ev = acc_q(c,
                          "SELECT e.stream_pos, e.event_id, e.room_id, e.sender, e.pdu"
-                         " FROM events e, push_cursor pc WHERE pc.id = 1"
-                         " AND e.stream_pos > pc.stream_pos AND e.stream_pos <= $1"
+                         /* The cursor as a scalar subquery: its value bounds the index
+                          * scan of events (a join would read every event up to $1 and
+                          * filter them, a scan of the whole table on every batch). */
+                         " FROM events e WHERE e.stream_pos > (SELECT pc.stream_pos FROM push_cursor pc"
+                         "  WHERE pc.id = 1) AND e.stream_pos <= $1"
                          " AND e.redacted_by IS NULL ORDER BY e.stream_pos LIMIT $2::int",
                          2, p);
     bool ok = ev != NULL;
