@@ -26,7 +26,10 @@ runs=${RUNS:-7}
 n=${THUMBNAILS:-150} # thumbnails per set
 rgw=$root/tests/lib/rgw.sh
 rgw_dir=$(mktemp -d /tmp/rgwb.XXXXXX)
-stop_rgw() { bash "$rgw" stop "$rgw_dir" >/dev/null 2>&1 || true; }
+stop_rgw() {
+    bash "$rgw" stop "$rgw_dir" >/dev/null 2>&1 || true
+    rm -rf "$rgw_dir"
+}
 extra_cleanup+=(stop_rgw)
 bash "$rgw" packages >/dev/null
 # shellcheck disable=SC2046

@@ -40,6 +40,12 @@
 #define S3_POOL_QUEUE 1024 /* downloads waiting for a store worker (then 503) */
 #define S3_DELETE_PREFIX_MAX 1000 /* objects under one prefix deleted at once (a hash's thumbnails) */
 #define S3_LIST_BODY_MAX (512 * 1024) /* the answer to one ListObjectsV2 */
+/* libcurl's receive buffer for a GET's body (its default is 16 KiB): one per running GET,
+ * so at most s3_max_concurrent of them. A cold 5 MB download streamed from the store took
+ * ~320 receive, write and hash rounds at 16 KiB; at 256 KiB the socket gives what it has
+ * in a few (bench/media_s3.sh: 0.86x a direct GET at 16 KiB, 0.90x at 256 KiB, 30 pairs;
+ * docs/adr/0031-streaming-media-to-and-from-the-object-store.md). */
+#define S3_GET_BUFFER_BYTES (256L * 1024)
 
 static const char *const KIND_NAMES[S3_N_KINDS] = {
     "head", "put", "get", "delete", "list", "create", "part", "complete", "abort", "range"};
@@ -443,7 +449,11 @@ static void set_method(CURL *e, s3_call *call)
     case S3_KIND_ABORT:
         curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "DELETE");
         break;
-    default: /* GET, LIST */
+    case S3_KIND_GET:
+    case S3_KIND_RANGE:
+        curl_easy_setopt(e, CURLOPT_BUFFERSIZE, S3_GET_BUFFER_BYTES);
+        break;
+    default: /* LIST */
         break;
     }
 }

@@ -183,6 +183,38 @@ static void sha256_matches_the_fips_vectors_however_split(void **state)
     assert_string_equal(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
+/* Both block functions (the CPU's SHA extensions where it has them, the portable rounds)
+ * give the same digests: the vectors through the portable one, then random inputs of many
+ * lengths through both. */
+static void sha256_is_the_same_through_either_block_function(void **state)
+{
+    (void)state;
+    atomic_store(&chosen_blocks, blocks_portable);
+    char hex[65];
+    hex_of("abc", 3, 1, hex);
+    assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    atomic_store(&chosen_blocks, (blocks_fn)NULL);
+#ifdef SHA256_HAVE_SHANI
+    if (!cpu_has_shani()) {
+        print_message("no SHA extensions on this CPU: only the portable rounds checked\n");
+        return;
+    }
+    static uint8_t data[64 * 40];
+    uint32_t x = 2463534242u;
+    for (size_t i = 0; i < sizeof(data); i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        data[i] = (uint8_t)x;
+    }
+    for (size_t n = 0; n <= 40; n++) {
+        uint32_t a[8], b[8];
+        for (int i = 0; i < 8; i++) a[i] = b[i] = x * (uint32_t)(i + 1) + (uint32_t)n;
+        blocks_portable(a, data, n);
+        blocks_shani(b, data, n);
+        assert_memory_equal(a, b, sizeof(a));
+    }
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -194,6 +226,7 @@ int main(void)
         cmocka_unit_test(ranges_are_single_satisfiable_or_ignored),
         cmocka_unit_test(sizes_parse_and_choose_the_smallest_large_enough),
         cmocka_unit_test(sha256_matches_the_fips_vectors_however_split),
+        cmocka_unit_test(sha256_is_the_same_through_either_block_function),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
