@@ -1,5 +1,5 @@
 /*
- * core/runtime/pool.c - named fixed-size thread pools with a bounded queue.
+ * core/runtime/pool.c - named thread pools, bounded in threads and in queued tasks.
  *
  * Owns the pool rules (docs/architecture.md): at most `threads` workers, started as work
  * arrives and kept (ADR-0036: an idle server holds no thread for a pool it never used), a
@@ -103,8 +103,8 @@ rt_pool *rt_pool_new(const char *name, int threads, int queue_depth, rt_metrics 
     p->m_queue_limit = rt_metric_gauge(metrics, "atrium_pool_queue_limit", labels,
                                        "Depth of the pool's queue.");
     p->m_refused = rt_metric_counter(metrics, "atrium_pool_refused_total", labels,
-                                     "Submissions refused because the queue was full or the "
-                                     "pool stopped.");
+                                     "Submissions refused because the queue was full, the "
+                                     "pool stopped or its first worker could not start.");
     rt_metric_set(p->m_threads, 0);
     rt_metric_set(p->m_thread_limit, threads);
     rt_metric_set(p->m_busy, 0);
