@@ -52,6 +52,10 @@ class _Conn:
             self.close()
             raise SqlError(f"cannot connect: {why}")
 
+    def dead(self):
+        """Closed by the server (a test cut every backend of its database, say)."""
+        return _libpq().PQstatus(self.handle) != CONNECTION_OK
+
     def broken(self):
         """Closed by the server, or left inside a transaction (a statement's own BEGIN):
         either way not for the next statement."""
@@ -118,7 +122,7 @@ class Pool:
             try:
                 rows = conn.run(sql)
             except SqlError:
-                if not (reused and conn.broken()):
+                if not (reused and conn.dead()):
                     raise
                 conn.close()
                 conn = _Conn(conninfo)
