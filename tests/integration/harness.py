@@ -45,14 +45,12 @@ import json as jsonlib
 import os
 import re
 import resource
-import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 import uuid
@@ -140,75 +138,6 @@ def psql(sql, database="postgres"):
         raise RuntimeError(f"SQL failed on {sql!r}: {e}") from None
 
 
-class _AdminSession:
-    """One psql kept open on the cluster's "postgres" database for the harness's own
-    statements (CREATE and DROP DATABASE, the template check). Through psql() each server's
-    create and drop cost a psql process and a PostgreSQL backend (with its authentication)
-    apiece, hundreds of both per run on CPUs the tests share. Only SQL the harness writes
-    itself goes through it: psql reads it as a script (variables, backslash commands),
-    where -c sends a test's SQL untouched. A session is its process's own (a forked child
-    opens another) and ends when the process does (psql sees its input close)."""
-
-    def __init__(self):
-        self.proc = None
-        self.owner = None
-        self.lock = threading.Lock()
-
-    def _spawn(self):
-        self.proc = subprocess.Popen(
-            [psql_bin(), "-X", "-q", "-At", "-F", "\t", "-d", conninfo_for("postgres")],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={**os.environ, "PGCONNECT_TIMEOUT": "10"})
-        self.owner = os.getpid()
-
-    def _discard(self):
-        if self.proc is not None and self.owner == os.getpid():
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def run(self, sql, timeout=60):
-        """Runs one statement; returns its rows as lists of strings, raises RuntimeError
-        with PostgreSQL's message when it fails."""
-        marker = f"--atrium-harness-{uuid.uuid4().hex}--"
-        script = (f"{sql};\n\\if :ERROR\n\\echo {marker} :LAST_ERROR_MESSAGE\n"
-                  f"\\else\n\\echo {marker}\n\\endif\n").encode()
-        with self.lock:
-            if self.proc is None or self.owner != os.getpid() or self.proc.poll() is not None:
-                self._spawn()
-            try:
-                self.proc.stdin.write(script)
-                self.proc.stdin.flush()
-                out = self._read_until(marker.encode(), time.monotonic() + timeout)
-            except BaseException:
-                self._discard()
-                raise
-        lines = out.decode().splitlines()
-        if lines[-1] != marker:
-            raise RuntimeError(f"psql failed on {sql!r}: {lines[-1][len(marker):].strip()}")
-        return [line.split("\t") for line in lines[:-1] if line]
-
-    def _read_until(self, marker, deadline):
-        fd = self.proc.stdout.fileno()
-        out = b""
-        while True:
-            end = out.find(marker)
-            if end >= 0 and out.find(b"\n", end) >= 0:
-                return out[:out.find(b"\n", end)]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError("psql (the harness's session) did not answer in time")
-            if select.select([fd], [], [], left)[0]:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    raise RuntimeError(f"psql (the harness's session) exited with "
-                                       f"{self.proc.wait()}: is the test cluster running?")
-                out += chunk
-
-
-_ADMIN = _AdminSession()
-
-
 def create_database(prefix="atrium_test", template=None):
     """Creates a database with a fresh random name and returns the name; a copy of the
     database `template` when given (else empty)."""
@@ -218,7 +147,7 @@ def create_database(prefix="atrium_test", template=None):
         # FILE_COPY (PostgreSQL 15+) copies the template's files where the default strategy
         # writes every page through the WAL: half the CPU for the create and the drop.
         sql += f' TEMPLATE "{template}"' + (" STRATEGY FILE_COPY" if _pg_version() >= 15 else "")
-    _ADMIN.run(sql)
+    psql(sql)
     return name
 
 
@@ -228,7 +157,7 @@ _PG_VERSION = []
 def _pg_version():
     """The test cluster's major version (asked once per process)."""
     if not _PG_VERSION:
-        _PG_VERSION.append(int(_ADMIN.run("SHOW server_version_num")[0][0]) // 10000)
+        _PG_VERSION.append(int(psql("SHOW server_version_num")[0][0]) // 10000)
     return _PG_VERSION[0]
 
 
@@ -256,14 +185,14 @@ def migrated_template():
     os.makedirs(tmp_root, exist_ok=True)
     with open(os.path.join(tmp_root, ".migrated-template.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the tree's test processes make it once
-        if _ADMIN.run(f"SELECT 1 FROM pg_database WHERE datname = '{name}'"):
+        if psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'"):
             _MADE_TEMPLATES.add(name)
             return name
         made = create_database()
         try:
             with Server(database=made, plugins={}):
                 pass  # started (migrations applied), then stopped with exit 0
-            _ADMIN.run(f'ALTER DATABASE "{made}" RENAME TO "{name}"')  # complete, or absent
+            psql(f'ALTER DATABASE "{made}" RENAME TO "{name}"')  # complete, or absent
         except BaseException:
             drop_database(made)
             raise
@@ -274,7 +203,7 @@ def migrated_template():
 def drop_database(name):
     """Drops the database, disconnecting anyone still connected (a killed server's pool)."""
     _SQL.forget(_sql_conninfo(name))
-    _ADMIN.run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def free_port(host="127.0.0.1"):
