@@ -111,6 +111,15 @@ static void record_wait_runs(record *r, int n)
     pthread_mutex_unlock(&r->m);
 }
 
+/* n record tasks submitted at once, each run on one of p's workers. */
+static void submit_records_and_wait(rt_pool *p, record *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        assert_int_equal(rt_pool_submit(p, record_task, r), 0);
+    record_wait_runs(r, n);
+    assert_int_equal(r->on_worker, n);
+}
+
 static void pool_finish(rt_pool *p)
 {
     rt_pool_stop(p);
@@ -126,10 +135,7 @@ static void test_pool_runs_submitted_tasks_on_its_own_workers(void **state)
     assert_int_equal(rt_pool_start(p), 0);
     record r;
     record_init(&r, p);
-    for (int i = 0; i < 10; i++)
-        assert_int_equal(rt_pool_submit(p, record_task, &r), 0);
-    record_wait_runs(&r, 10);
-    assert_int_equal(r.on_worker, 10);
+    submit_records_and_wait(p, &r, 10);
     assert_int_equal(r.cancelled, 0);
     assert_false(rt_pool_on_worker(p));
     assert_string_equal(rt_pool_name(p), "work");
@@ -406,10 +412,7 @@ static void test_pool_starts_workers_as_tasks_arrive_never_past_its_limit(void *
     /* Kept once started, and never more than three. */
     record r;
     record_init(&r, p);
-    for (int i = 0; i < 10; i++)
-        assert_int_equal(rt_pool_submit(p, record_task, &r), 0);
-    record_wait_runs(&r, 10);
-    assert_int_equal(r.on_worker, 10);
+    submit_records_and_wait(p, &r, 10);
     assert_int_equal(started_threads(reg, "grow"), 3);
     pool_finish(p);
     for (int i = 0; i < 4; i++)
