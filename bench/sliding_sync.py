@@ -31,7 +31,9 @@ machine's load falls on all of them alike.
                                 BENCH_BASELINE_BIN: another atrium executable, e.g. of
                                 the previous commit, measured as "Atrium baseline";
                                 BENCH_SYNAPSE_DIR: where a filled Synapse is kept for
-                                the next runs, or taken from: see kept_synapse)
+                                the next runs, or taken from: see kept_synapse;
+                                BENCH_ATRIUM_DIR: the same for Atrium's database, see
+                                kept_atrium)
 """
 
 import concurrent.futures
@@ -44,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
@@ -56,6 +59,7 @@ WITH_SYNAPSE = os.environ.get("BENCH_SYNAPSE", "1") != "0"
 WITH_ATRIUM = os.environ.get("BENCH_ATRIUM", "1") != "0"  # 0: Synapse alone (to fill a kept one)
 BASELINE_BIN = os.environ.get("BENCH_BASELINE_BIN")  # another atrium measured beside
 SYNAPSE_DIR = os.environ.get("BENCH_SYNAPSE_DIR")  # a filled Synapse kept across runs
+ATRIUM_DIR = os.environ.get("BENCH_ATRIUM_DIR")    # a filled Atrium database kept across runs
 MEMBERS = 10           # per room, the user included
 MESSAGES = 20          # per room
 WINDOW = 20
@@ -70,6 +74,7 @@ SS = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
 BODY = {"lists": {"all": {"ranges": [[0, WINDOW - 1]], "timeline_limit": 1, "required_state": [
     ["m.room.name", ""], ["m.room.avatar", ""], ["m.room.encryption", ""], ["m.room.member", "$LAZY"]]}}}
 
+from rooms_client import Client  # noqa: E402
 from sync_longpoll import ensure_pg, parked, percentile, wait_parked  # noqa: E402
 
 
@@ -249,7 +254,6 @@ def kept_synapse(stack):
     Each run's rounds add their messages and connections to it (a few dozen messages in
     one room, a few connections: small beside the fill)."""
     import json
-    import types
     from rooms_client import Client
     from test_federation_synapse import SynapsePeer, peer
     state_path = os.path.join(SYNAPSE_DIR, "state.json")
@@ -307,11 +311,52 @@ def report(results):
             f"{k} {percentile(s[k], 50) / percentile(a[k], 50):.1f}x" for k, _ in rows))
 
 
-def start_atrium(binary):
-    """An Atrium on a database of its own (binary: another executable than ATRIUM_BIN's)."""
+def kept_atrium():
+    """BENCH_ATRIUM_DIR: an Atrium database filled by an earlier run, which every Atrium of
+    this run starts on a copy of (its accounts and rooms in state.json), or None. The run
+    that finds no state.json there fills Atrium's account as usual, lets its push sender
+    catch up, keeps a copy of the database, writes state.json and stops without measuring.
+    The database stays in the PostgreSQL of ATRIUM_TEST_PG_CONNINFO, which must outlive the
+    run. The kept database is at the migrations of the executable that filled it; each
+    executable of a later run migrates its own copy at its start (fill with the oldest)."""
+    if not ATRIUM_DIR:
+        return None
+    if not os.environ.get("ATRIUM_TEST_PG_CONNINFO"):
+        sys.exit("BENCH_ATRIUM_DIR needs ATRIUM_TEST_PG_CONNINFO: a PostgreSQL that outlives the run")
+    path = os.path.join(ATRIUM_DIR, "state.json")
+    if not os.path.exists(path):
+        return None
+    import json
+    with open(path, encoding="utf-8") as f:
+        state = json.load(f)
+    if state["rooms"] != ROOMS:
+        sys.exit(f"{ATRIUM_DIR} holds an Atrium database filled with {state['rooms']} rooms, not {ROOMS}")
+    return state
+
+
+def keep_atrium(srv, people, rooms):
+    """After the fill of srv (its push sender caught up): a copy of its database, and
+    ATRIUM_DIR/state.json naming it (see kept_atrium)."""
+    import json
+    from harness import create_database
+    srv.stop()
+    kept = create_database("atrium_bench_kept", template=srv.database)
+    os.makedirs(ATRIUM_DIR, exist_ok=True)
+    state = {"rooms": ROOMS, "database": kept, "room_ids": rooms,
+             "accounts": [{"user_id": p.user_id, "token": p.token, "device_id": p.device_id} for p in people]}
+    with open(os.path.join(ATRIUM_DIR, "state.json.tmp"), "w", encoding="utf-8") as f:
+        json.dump(state, f)
+    os.replace(os.path.join(ATRIUM_DIR, "state.json.tmp"), os.path.join(ATRIUM_DIR, "state.json"))
+    print(f"== Atrium: database kept as {kept} (state in {ATRIUM_DIR}); run again to measure", flush=True)
+
+
+def start_atrium(binary, template=None):
+    """An Atrium on a database of its own (binary: another executable than ATRIUM_BIN's;
+    template: a kept database it starts on a copy of)."""
     from accounts import REGISTRATION_ON
     from harness import Server, create_database
-    srv = Server(database=create_database("atrium_bench"), settings=REGISTRATION_ON, start=False)
+    srv = Server(database=create_database("atrium_bench", template=template), settings=REGISTRATION_ON,
+                 start=False)
     saved = os.environ.get("ATRIUM_BIN")
     if binary:
         os.environ["ATRIUM_BIN"] = binary
@@ -332,12 +377,20 @@ def main():
     servers, people, rooms = {}, {}, {}
     try:
         with contextlib.ExitStack() as stack:
+            kept = kept_atrium()
+            template = kept["database"] if kept else None
             if WITH_ATRIUM:
-                servers["Atrium"] = start_atrium(None)
+                servers["Atrium"] = start_atrium(None, template)
             if BASELINE_BIN:
-                servers["Atrium baseline"] = start_atrium(BASELINE_BIN)
+                servers["Atrium baseline"] = start_atrium(BASELINE_BIN, template)
             for name, srv in servers.items():
-                people[name] = atrium_people(srv)
+                if kept:
+                    people[name] = [Client(srv, types.SimpleNamespace(**a)) for a in kept["accounts"]]
+                    rooms[name] = kept["room_ids"]
+                else:
+                    people[name] = atrium_people(srv)
+            if kept:
+                print(f"== Atrium: on copies of the kept database {template} (not filled again)", flush=True)
             present, peer_sh = synapse_present()
             if not WITH_SYNAPSE:
                 print("== Synapse: not measured (BENCH_SYNAPSE=0)")
@@ -359,6 +412,10 @@ def main():
                 save_kept_synapse(people["Synapse 1.132"], rooms["Synapse 1.132"])
             for name, srv in servers.items():
                 settle(name, srv)
+            if ATRIUM_DIR and not kept and servers:
+                name = next(iter(servers))
+                keep_atrium(servers[name], people[name], rooms[name])
+                return
             targets = {name: Target(servers.get(name), people[name], rooms[name]) for name in people}
             results = measure(targets)
         report(results)

@@ -49,7 +49,7 @@ def bodies(room):
 
 
 class SlidingSyncTest(SharedServerTest):
-    USERS = ("alice", "bob", "many", "carol")
+    USERS = ("alice", "bob", "many", "carol", "dora")
 
     def parked(self, client, body, pos):
         """A request of client parked on the server: its Background."""
@@ -125,6 +125,76 @@ class SlidingSyncTest(SharedServerTest):
         wider = {"conn_id": "window", **one_list(ranges=[[0, 19]], timeline_limit=1)}
         grown = ss(self.many, wider, pos=nxt["pos"], timeout=0)
         self.assertEqual(set(grown["rooms"]), set(rooms[31:40]))
+
+    def test_a_window_reads_the_top_of_the_order_and_keeps_the_rooms_it_sent(self):
+        # Lists without filters read only the top of sliding_sync_rooms (ssync_lists.c):
+        # subscriptions outside the window, the connection's rooms that fell out of it, and
+        # the count must come out as from the whole order.
+        before = ss(self.dora, {"conn_id": "top-before", **one_list(ranges=[[0, 0]])})["lists"]["all"]["count"]
+        rooms = [self.dora.create_room(name=f"w{i}") for i in range(5)]  # w4 the newest
+        body = {"conn_id": "top", "room_subscriptions": {rooms[0]: {"timeline_limit": 1, "required_state": []}},
+                **one_list(ranges=[[0, 1]], timeline_limit=1)}
+        first = ss(self.dora, body)
+        self.assertEqual(first["lists"]["all"]["count"], before + 5)
+        self.assertEqual(set(first["rooms"]), {rooms[4], rooms[3], rooms[0]})
+        self.assertEqual(first["rooms"][rooms[4]]["lists"], ["all"])
+        for i in (1, 2):  # w1 and w2 push w4 and w3 out of the window
+            self.dora.send(rooms[i], {"msgtype": "m.text", "body": f"push {i}"})
+        out = ss(self.dora, body, pos=first["pos"], timeout=0)
+        self.assertEqual(set(out["rooms"]), {rooms[1], rooms[2]})
+        self.assertTrue(out["rooms"][rooms[1]]["initial"])
+        self.dora.send(rooms[4], {"msgtype": "m.text", "body": "back"})
+        back = ss(self.dora, body, pos=out["pos"], timeout=0)
+        self.assertEqual(list(back["rooms"]), [rooms[4]])
+        self.assertNotIn("initial", back["rooms"][rooms[4]])  # sent before it fell out
+        self.assertEqual(bodies(back["rooms"][rooms[4]]), ["back"])
+        self.dora.leave(rooms[3])
+        left = ss(self.dora, body, pos=back["pos"], timeout=0)
+        self.assertEqual(left["lists"]["all"]["count"], before + 5)  # w3 listed once more, as left
+        self.assertEqual(ss(self.dora, body, pos=left["pos"], timeout=0)["lists"]["all"]["count"], before + 4)
+
+    def test_a_row_that_moved_after_the_answers_position_is_read_from_the_history(self):
+        rooms = [self.dora.create_room(name=f"h{i}") for i in range(3)]
+        body = {"conn_id": "history", **one_list(ranges=[[0, 1]], timeline_limit=1)}
+        expected = ss(self.dora, body)
+        # A bump_stamp past every position, as a message written after the answer's
+        # position would leave it: the list must come from the memberships' history.
+        psql(f"UPDATE sliding_sync_rooms SET bump_stamp = 9223372036854775807"
+             f" WHERE user_id = '{self.dora.user_id}' AND room_id = '{rooms[0]}'", database=self.srv.database)
+        try:
+            answer = ss(self.dora, {**body, "conn_id": "history2"})
+        finally:
+            psql(f"UPDATE sliding_sync_rooms SET bump_stamp = (SELECT bump_stamp FROM sliding_sync_bumps"
+                 f" WHERE room_id = '{rooms[0]}') WHERE user_id = '{self.dora.user_id}'"
+                 f" AND room_id = '{rooms[0]}'", database=self.srv.database)
+        self.assertEqual(list(answer["rooms"]), list(expected["rooms"]))
+        self.assertEqual(set(answer["rooms"]), {rooms[2], rooms[1]})
+        self.assertEqual(answer["lists"], expected["lists"])
+
+    def test_the_rooms_table_follows_memberships_and_messages(self):
+        room = self.alice.create_room(name="Table", invite=[self.dora.user_id])
+        self.dora.join(room)
+        self.alice.send(room, {"msgtype": "m.text", "body": "bump"})
+        self.dora.leave(room)
+        self.dora.ok("POST", f"{V3}/rooms/{quote(room)}/forget", {})
+        self.alice.member_action(room, "invite", self.dora.user_id)
+        self.dora.join(room)
+        self.alice.send(room, {"msgtype": "m.text", "body": "bump again"})
+        # For every user and room of the server (this class's other tests' too): the newest
+        # membership, and the bump_stamp that the history and sliding_sync_bumps give.
+        stale = psql("SELECT m.user_id, m.room_id FROM (SELECT DISTINCT ON (user_id, room_id) * FROM memberships"
+                     " ORDER BY user_id, room_id, stream_pos DESC) m"
+                     " LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
+                     " FULL JOIN sliding_sync_rooms r ON r.user_id = m.user_id AND r.room_id = m.room_id"
+                     " WHERE r.user_id IS NULL OR m.user_id IS NULL OR (r.membership, r.membership_pos,"
+                     " r.event_id, r.sender, r.forgotten, r.bump_stamp) IS DISTINCT FROM (m.membership,"
+                     " m.stream_pos, m.event_id, m.sender, m.forgotten, CASE WHEN m.membership = 'join'"
+                     " THEN coalesce(b.bump_stamp, m.stream_pos) ELSE m.stream_pos END)",
+                     database=self.srv.database)
+        self.assertEqual(stale, [])
+        row = psql(f"SELECT membership, forgotten FROM sliding_sync_rooms WHERE user_id = '{self.dora.user_id}'"
+                   f" AND room_id = '{room}'", database=self.srv.database)
+        self.assertEqual(row, [["join", "f"]])
 
     def test_required_state_wildcards_lazy_and_me(self):
         room = self.alice.create_room(name="State", invite=[self.bob.user_id, self.carol.user_id])

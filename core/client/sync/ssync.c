@@ -175,7 +175,7 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
     ssync_rooms rs;
     /* Timelines leave out what ignored users sent, as /sync's do (sync_rooms.c): the
      * list is read with the lists' account data (ssync_rooms_load). */
-    if (ssync_rooms_load(s, q, prev->stream_pos, &rs) < 0) return ROOMS_E_DB;
+    if (ssync_rooms_load(s, q, prev->stream_pos, prev->rooms, &rs) < 0) return ROOMS_E_DB;
     json_t *picked = json_object();
     a->sent = carried_map(prev->rooms, &rs);
     int rc = ssync_lists_apply(s, q, &rs, a->counts, picked);
@@ -205,12 +205,13 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
 
 /* Store the answer as the connection's next position (a new connection without pos).
  * 1 stored (token set), 0 the connection is gone, -1 database. */
-static int store_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *prev, const ssync_answer *a,
+static int store_answer(sync_ctx *s, const ssync_request *q, ssync_pos *prev, const ssync_answer *a,
                         char *token, size_t len)
 {
-    int64_t key = prev->conn_key;
-    if (!q->pos && ssync_conn_start(s->c, s->user, s->device, q->conn_id, &key) < 0) return -1;
-    if (ssync_conn_save(s->c, key, s->upto, a->sent, a->counts, token, len) < 0) return q->pos ? 0 : -1;
+    ssync_conn_new fresh = {s->user, s->device, q->conn_id};
+    if (ssync_conn_save(s->c, q->pos ? NULL : &fresh, prev->conn_key, s->upto, a->sent, a->counts, prev->plan_mode,
+                        token, len) < 0)
+        return q->pos ? 0 : -1;
     return 1;
 }
 
@@ -259,18 +260,31 @@ static bool load_pos(atrium_req *r, sync_ctx *s, const ssync_request *q, ssync_p
  * "Generic plans"): the window queries take their rooms as arrays, so every custom plan
  * looks cheaper to PostgreSQL than the generic one (which assumes 100 rooms) and it never
  * stops planning them again: 6.5 ms to plan the timelines of one room on each wake-up,
- * against 0.3 ms to run them. Session-wide for this connection, so reset before it goes
- * back to the pool (a failure of either only costs the planning it would save). */
-static PGconn *checkout(atrium_req *r)
+ * against 0.3 ms to run them. Session-wide for this connection, so set back before it goes
+ * back to the pool (a failure of either only costs the planning it would save). Neither
+ * takes a round trip of its own on a run that stores an answer: the run's first statement
+ * sets them (this one for a new connection, ssync_conn_load's with a pos) and the one that
+ * stores the answer sets the connection's own mode back (ssync_conn_save); only a run that
+ * stores nothing (it parks, answers with nothing new or fails) sets it back in checkin.
+ * prev->plan_mode: the mode to set back. */
+static int64_t upto_and_generic_plans(PGconn *c, ssync_pos *prev)
 {
-    PGconn *c = http_db_checkout(r);
-    if (c) PQclear(PQexec(c, "SET plan_cache_mode = force_generic_plan"));
-    return c;
+    PGresult *res = rooms_q(c, "SELECT stream_upto(), gp.plan_mode, " SSYNC_PLAN_MODE_SET " FROM " SSYNC_PLAN_MODE_FROM,
+                            0, NULL, NULL);
+    if (!res) return -1;
+    int64_t upto = atoll(PQgetvalue(res, 0, 0));
+    snprintf(prev->plan_mode, sizeof(prev->plan_mode), "%s", PQgetvalue(res, 0, 1));
+    PQclear(res);
+    return upto;
 }
 
-static void checkin(PGconn *c)
+static void checkin(PGconn *c, ssync_pos *prev)
 {
-    PQclear(PQexec(c, "RESET plan_cache_mode"));
+    if (prev->plan_mode[0]) {
+        const char *p[1] = {prev->plan_mode};
+        PQclear(rooms_q(c, "SELECT set_config('plan_cache_mode', $1, false)", 1, p, NULL));
+        prev->plan_mode[0] = '\0';
+    }
     http_db_checkin(c);
 }
 
@@ -295,16 +309,16 @@ static int ssync_post(atrium_req *r)
     char why[64];
     if (!rooms_filter_parse(r->arena, NULL, &s.timeline, why, sizeof(why)))
         return http_respond_error(r, 500, "M_UNKNOWN", "%s", why);
-    if (!(s.c = checkout(r))) return ATRIUM_DONE;
+    if (!(s.c = http_db_checkout(r))) return ATRIUM_DONE;
     if (r->run_reason == ATRIUM_RUN_FIRST &&
         presence_sync_mark(s.c, user, http_req_query(r, "set_presence")) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "[req %s] could not record %s's presence", r->id, user);
     ssync_pos prev;
     if (!load_pos(r, &s, &q, &prev)) {
-        checkin(s.c);
+        checkin(s.c, &prev);
         return ATRIUM_DONE;
     }
-    s.upto = q.pos ? prev.upto : sync_stream_upto(s.c); /* with pos: read with it, one round trip less */
+    s.upto = q.pos ? prev.upto : upto_and_generic_plans(s.c, &prev); /* with pos: read with it */
     if (s.upto < prev.stream_pos) s.upto = prev.stream_pos;
     ssync_answer a = {0};
     int rc = s.upto < 0 ? ROOMS_E_DB : build_answer(&s, &q, &prev, &a);
@@ -312,7 +326,7 @@ static int ssync_post(atrium_req *r)
     char token[SSYNC_TOKEN_MAX];
     snprintf(token, sizeof(token), "%lld", (long long)prev.pos); /* the client's, when nothing is new */
     if (rc >= 0 && !a.has_new && q.pos && may_wait && ev) {
-        checkin(s.c);
+        checkin(s.c, &prev);
         ssync_pos_clear(&prev);
         answer_free(&a);
         char who[SSYNC_USER_ID_MAX];
@@ -324,7 +338,7 @@ static int ssync_post(atrium_req *r)
         return http_respond_error(r, 503, "M_UNKNOWN", "Could not wait; retry");
     }
     int stored = rc < 0 || (!a.has_new && q.pos) ? 1 : store_answer(&s, &q, &prev, &a, token, sizeof(token));
-    checkin(s.c);
+    checkin(s.c, &prev);
     ssync_pos_clear(&prev);
     if (rc < 0 || stored < 0) {
         answer_free(&a);
@@ -384,6 +398,54 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      "  ORDER BY last_used_ms DESC, conn_key DESC OFFSET max_conns)"
      "  OR (user_id = u AND device_id = d AND last_used_ms < idle_before);"
      " GET DIAGNOSTICS dropped = ROW_COUNT; END $f$;"},
+    {4, "sliding_sync_rooms",
+     /* Each local user's rooms as the lists read them, one row per (user, room): the newest
+      * membership and the room's bump_stamp (ssync_lists.c, SSYNC_ROOMS_SQL), so the top
+      * of a list is an index scan that stops at the window and its count one scan of the
+      * user's rows, instead of every membership read, joined and ordered on every run
+      * (docs/adr/0038-sliding-sync-rooms-in-activity-order.md). Kept by triggers: on
+      * memberships (a newer row replaces the older; `forgotten` follows), and in
+      * sliding_sync_bump, which copies the room's bump_stamp to its joined members' rows.
+      * Both writes run under the room's row lock of the transaction that writes the
+      * room (rooms_tx.c), so a join and a message of one room never miss each other. */
+     "CREATE TABLE sliding_sync_rooms ("
+     " user_id text NOT NULL,"
+     " room_id text NOT NULL,"
+     " membership text NOT NULL,"
+     " membership_pos bigint NOT NULL,"
+     " event_id text NOT NULL,"
+     " sender text NOT NULL,"
+     " forgotten boolean NOT NULL,"
+     " bump_stamp bigint NOT NULL,"
+     " PRIMARY KEY (user_id, room_id));"
+     "CREATE INDEX sliding_sync_rooms_order ON sliding_sync_rooms (user_id, bump_stamp DESC, room_id);"
+     "CREATE INDEX sliding_sync_rooms_joined ON sliding_sync_rooms (room_id) WHERE membership = 'join';"
+     "CREATE FUNCTION sliding_sync_membership() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
+     " INSERT INTO sliding_sync_rooms AS r (user_id, room_id, membership, membership_pos, event_id, sender,"
+     "  forgotten, bump_stamp)"
+     " VALUES (NEW.user_id, NEW.room_id, NEW.membership, NEW.stream_pos, NEW.event_id, NEW.sender, NEW.forgotten,"
+     "  CASE WHEN NEW.membership = 'join' THEN coalesce((SELECT b.bump_stamp FROM sliding_sync_bumps b"
+     "   WHERE b.room_id = NEW.room_id), NEW.stream_pos) ELSE NEW.stream_pos END)"
+     " ON CONFLICT (user_id, room_id) DO UPDATE SET membership = EXCLUDED.membership,"
+     "  membership_pos = EXCLUDED.membership_pos, event_id = EXCLUDED.event_id, sender = EXCLUDED.sender,"
+     "  forgotten = EXCLUDED.forgotten, bump_stamp = EXCLUDED.bump_stamp"
+     "  WHERE r.membership_pos <= EXCLUDED.membership_pos;"
+     " RETURN NULL; END $f$;"
+     "CREATE TRIGGER sliding_sync_membership AFTER INSERT OR UPDATE OF forgotten ON memberships"
+     " FOR EACH ROW EXECUTE FUNCTION sliding_sync_membership();"
+     "CREATE OR REPLACE FUNCTION sliding_sync_bump() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
+     " INSERT INTO sliding_sync_bumps (room_id, bump_stamp) VALUES (NEW.room_id, NEW.stream_pos)"
+     " ON CONFLICT (room_id) DO UPDATE SET bump_stamp = EXCLUDED.bump_stamp"
+     "  WHERE sliding_sync_bumps.bump_stamp < EXCLUDED.bump_stamp;"
+     " UPDATE sliding_sync_rooms r SET bump_stamp = b.bump_stamp FROM sliding_sync_bumps b"
+     "  WHERE b.room_id = NEW.room_id AND r.room_id = NEW.room_id AND r.membership = 'join'"
+     "  AND r.bump_stamp <> b.bump_stamp;"
+     " RETURN NULL; END $f$;"
+     "INSERT INTO sliding_sync_rooms SELECT m.user_id, m.room_id, m.membership, m.stream_pos, m.event_id,"
+     " m.sender, m.forgotten, CASE WHEN m.membership = 'join' THEN coalesce(b.bump_stamp, m.stream_pos)"
+     " ELSE m.stream_pos END"
+     " FROM (SELECT DISTINCT ON (user_id, room_id) * FROM memberships ORDER BY user_id, room_id, stream_pos DESC) m"
+     " LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id;"},
 };
 
 int ssync_init(core_runtime *rt)

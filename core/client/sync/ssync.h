@@ -28,7 +28,7 @@
 /* The endpoint's route, metrics and /versions flag (called by the sync module's init),
  * and its tables (migrations of the sync module). */
 int ssync_init(core_runtime *rt);
-#define SSYNC_N_MIGRATIONS 3
+#define SSYNC_N_MIGRATIONS 4
 /* The event types that bump a room in activity order (Synapse's list), as SQL. */
 #define SSYNC_BUMP_TYPES_SQL                                                                   \
     "('m.room.create', 'm.room.message', 'm.room.encrypted', 'm.sticker', 'm.call.invite',"      \
@@ -101,6 +101,8 @@ bool ssync_request_parse(atrium_req *r, ssync_request *q);
 
 /* ---- connection state (ssync_conn.c) ---------------------------------------------- */
 
+#define SSYNC_PLAN_MODE_MAX 32 /* a plan_cache_mode value, kept for a run */
+
 /* What a pos token stands for: the stream position it was computed up to, and per room
  * what the connection sent: {room_id: [sent_upto, membership, timeline_limit,
  * required_state key]}; the lists' counts. */
@@ -111,23 +113,40 @@ typedef struct ssync_pos {
     json_t *rooms;     /* owned */
     json_t *counts;    /* owned: {list: count} */
     int64_t upto;      /* stream_upto() when it was loaded (a request with pos reads it so) */
+    /* The connection's plan_cache_mode before the run set generic plans (ssync.c,
+     * "Generic plans"), to be restored before the connection goes back; "" when the run
+     * has not set them or has restored it already. */
+    char plan_mode[SSYNC_PLAN_MODE_MAX];
 } ssync_pos;
 
+/* How a run's first statement sets generic plans for the run (ssync.c, "Generic plans"):
+ * it selects from SSYNC_PLAN_MODE_FROM, whose gp.plan_mode is the setting before (a
+ * subquery kept apart by OFFSET 0, so read first), and SSYNC_PLAN_MODE_SET, which depends
+ * on it and so runs after. */
+#define SSYNC_PLAN_MODE_FROM "(SELECT current_setting('plan_cache_mode') AS plan_mode OFFSET 0) gp"
+#define SSYNC_PLAN_MODE_SET "set_config('plan_cache_mode', 'force_generic_plan' || left(gp.plan_mode, 0), false)"
+
 /* Load the state of pos for (user, device, conn_id), with stream_upto() read after it,
- * and drop the connection's positions older than it (the client has seen pos). 1 found, 0
- * unknown or expired, -1 database. */
+ * and drop the connection's positions older than it (the client has seen pos); in the
+ * same statement, generic plans for the run (out->plan_mode set) when it is found. 1
+ * found, 0 unknown or expired, -1 database. */
 int ssync_conn_load(PGconn *c, const char *user, const char *device, const char *conn_id,
                     const char *pos, ssync_pos *out);
-/* Start the connection (user, device, conn_id) afresh (replacing one of that name),
- * dropping the device's least recently used connections past SSYNC_MAX_CONNECTIONS (counted
- * in atrium_sliding_sync_connections_dropped_total). *conn_key set. 0 or -1. */
-int ssync_conn_start(PGconn *c, const char *user, const char *device, const char *conn_id,
-                     int64_t *conn_key);
+/* Who a new connection is (ssync_conn_save starts it). */
+typedef struct ssync_conn_new {
+    const char *user, *device, *conn_id;
+} ssync_conn_new;
 /* Store a new position of conn_key (committed before it returns): its token into
- * `token` (at least 24 bytes). 0, or -1 (the connection was dropped meanwhile, or the
- * database failed). */
-int ssync_conn_save(PGconn *c, int64_t conn_key, int64_t stream_pos, const json_t *rooms,
-                    const json_t *counts, char *token, size_t len);
+ * `token` (at least 24 bytes). With `fresh` (conn_key unused), the connection (user,
+ * device, conn_id) is started afresh in the same statement (replacing one of that name),
+ * dropping the device's least recently used connections past SSYNC_MAX_CONNECTIONS
+ * (counted in atrium_sliding_sync_connections_dropped_total). When it is stored, the
+ * connection's plan_cache_mode is set back to plan_mode (unless "") in the same statement
+ * and plan_mode emptied. 0, or -1 (the connection was dropped meanwhile, or the database
+ * failed). */
+int ssync_conn_save(PGconn *c, const ssync_conn_new *fresh, int64_t conn_key, int64_t stream_pos,
+                    const json_t *rooms, const json_t *counts, char plan_mode[SSYNC_PLAN_MODE_MAX],
+                    char *token, size_t len);
 void ssync_pos_clear(ssync_pos *p);
 /* The metric, registered once at start-up. */
 void ssync_conn_metrics(rt_metrics *metrics);
@@ -145,16 +164,24 @@ typedef struct ssync_room_row {
 
 typedef struct ssync_rooms {
     PGresult *res;            /* owns the strings of rows */
-    ssync_room_row *rows;     /* activity order, newest first */
+    ssync_room_row *rows;     /* activity order, newest first (the first n_ordered) */
     int n;
+    /* Only the top of the order was read (no list filters; ssync_lists.c): rows
+     * [0, n_ordered) are the first of the order, the rest the other rooms the request or
+     * the connection names, in no order; `total` is the count of the whole order. Else
+     * n_ordered == n and every room is there. */
+    int n_ordered;
+    int64_t total;
     json_t *tags;             /* {room_id: tags object} */
 } ssync_rooms;
 
 /* The rooms lists may hold, as of upto: joined, invited, knocked, and those left or
  * banned after `prev` (0: none), newest activity first; encryption and room type only when
- * one of q's lists filters on them. Sets s->timeline.ignored (the user's ignore list, read
- * with the lists' account data). ROOMS_OK or ROOMS_E_DB. */
-int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_rooms *out);
+ * one of q's lists filters on them. When no list filters, only the top of that order
+ * (as far as the lists' ranges reach) and the rooms named by q's subscriptions or by
+ * `sent` (the connection's room map, or NULL). Sets s->timeline.ignored (the user's
+ * ignore list, read with the lists' account data). ROOMS_OK or ROOMS_E_DB. */
+int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const json_t *sent, ssync_rooms *out);
 void ssync_rooms_free(ssync_rooms *rs);
 /* Apply every list to rs: counts into `counts` ({list: count}), and for each room in a
  * list's window its combined config and list names into `picked`

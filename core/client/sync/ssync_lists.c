@@ -7,9 +7,13 @@
  *     the stream position of its newest event of a bump type (SSYNC_BUMP_TYPES_SQL,
  *     Synapse's list: create, message, encrypted, sticker, call invite, poll start,
  *     beacon info) up to the response's position; for other memberships the position of
- *     the membership. A joined room's is read from sliding_sync_bumps, which a trigger
- *     on events keeps (ssync.c, migration 2), so ordering 1,000 rooms is one query with
- *     one join, not a read per room.
+ *     the membership. Each user's rooms are kept in that order in sliding_sync_rooms (a
+ *     row per room with its newest membership and bump_stamp, kept by triggers: migration
+ *     4 of ssync.c): lists without filters read only the top of it, as far as their
+ *     ranges reach, and its count, plus the rooms the request's subscriptions and the
+ *     connection's map name; lists with filters read all of it. When one of the user's
+ *     rows moved after the answer's position, the rooms as of that position come from the
+ *     memberships' history and sliding_sync_bumps instead (a race with a write; rare).
  *   - The rooms lists hold: joined, invited (not by a user the user ignores: the
  *     m.ignored_user_list, as /sync's rooms.invite) and knocked ones, and those left or banned
  *     after the connection's previous position (so the client learns of it once). A
@@ -77,61 +81,98 @@ static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
     return rc;
 }
 
-int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_rooms *out)
+/* The rule of which rooms the lists hold, on a row `t` whose membership's position is
+ * column `pos`: $3 the connection's previous position, $6 the ignored users. */
+#define LISTED_SQL(t, pos)                                                                     \
+    " NOT " t ".forgotten AND (" t ".membership IN ('join', 'knock')"                          \
+    "  OR (" t ".membership = 'invite' AND (" t ".sender = ANY($6::text[])) IS NOT TRUE)"      \
+    "  OR (" t ".membership IN ('leave', 'ban') AND $3::bigint > 0 AND " t "." pos " > $3::bigint)) "
+/* A row's encryption ($4) and room type ($5), read only when a list filters on them. */
+#define FILTERED_SQL(t)                                                                        \
+    " CASE WHEN $4::boolean THEN EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = " t ".room_id" \
+    "  AND cs.type = 'm.room.encryption' AND cs.state_key = '') ELSE false END,"              \
+    " CASE WHEN $5::boolean THEN (SELECT e.pdu::json -> 'content' ->> 'type' FROM current_state cs" \
+    "  JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = " t ".room_id"             \
+    "  AND cs.type = 'm.room.create' AND cs.state_key = '') END "
+
+/* From sliding_sync_rooms (migration 4 of ssync.c), kept in this order by triggers: the
+ * first $7 rows of the order (all when NULL), an index scan that stops there, and the
+ * rooms of $8 (subscriptions, the connection's map) that the lists hold, with the count of
+ * the whole order. No row is used when one of the user's rows moved after upto ($2): its
+ * state as of upto is in the history (HISTORY_SQL); `late` says so. Every row carries the
+ * count and `late`; one row of NULLs when no room is listed. */
+static const char TOP_SQL[] =
+    "WITH u AS (SELECT count(*) FILTER (WHERE" LISTED_SQL("s", "membership_pos") ") AS n,"
+    "  coalesce(bool_or(s.membership_pos > $2::bigint OR s.bump_stamp > $2::bigint), false) AS late"
+    "  FROM sliding_sync_rooms s WHERE s.user_id = $1),"
+    " top AS MATERIALIZED (SELECT s.* FROM sliding_sync_rooms s WHERE s.user_id = $1"
+    "  AND NOT (SELECT late FROM u) AND" LISTED_SQL("s", "membership_pos")
+    "  ORDER BY s.bump_stamp DESC, s.room_id LIMIT $7::bigint),"
+    " x AS (SELECT true AS ordered, top.* FROM top UNION ALL SELECT false, s.* FROM sliding_sync_rooms s"
+    "  WHERE s.user_id = $1 AND s.room_id = ANY($8::text[]) AND NOT (SELECT late FROM u)"
+    "  AND" LISTED_SQL("s", "membership_pos") "AND s.room_id NOT IN (SELECT room_id FROM top))"
+    " SELECT x.room_id, x.membership, x.event_id, x.sender, x.membership_pos, x.bump_stamp,"
+    FILTERED_SQL("x") ", u.n, u.late, x.ordered"
+    " FROM u LEFT JOIN x ON true ORDER BY x.ordered DESC, x.bump_stamp DESC, x.room_id";
+
+/* The same rooms as of upto from the memberships' history, every one in order (when
+ * TOP_SQL says a row moved after upto). The bump comes from sliding_sync_bumps unless an
+ * event arrived after upto: then from the events up to upto. */
+static const char HISTORY_SQL[] =
+    "WITH m AS (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id, sender,"
+    "  forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2::bigint"
+    "  ORDER BY room_id, stream_pos DESC)"
+    " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos,"
+    "  CASE WHEN m.membership <> 'join' THEN m.stream_pos"
+    "   WHEN b.room_id IS NULL THEN m.stream_pos"
+    "   WHEN b.bump_stamp <= $2::bigint THEN b.bump_stamp"
+    "   ELSE coalesce((SELECT e.stream_pos FROM events e WHERE e.room_id = m.room_id"
+    "    AND e.stream_pos <= $2::bigint AND e.type IN " SSYNC_BUMP_TYPES_SQL
+    "    ORDER BY e.stream_pos DESC LIMIT 1), m.stream_pos) END AS bump,"
+    FILTERED_SQL("m")
+    " FROM m LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
+    " WHERE" LISTED_SQL("m", "stream_pos")
+    " ORDER BY bump DESC, m.room_id";
+#undef LISTED_SQL
+#undef FILTERED_SQL
+
+/* How many rows of the order the lists need: the end of their furthest range, or -1 for
+ * every row (a list filters, or has no ranges, so its count or window needs them all). */
+static int64_t rows_needed(const ssync_request *q)
 {
-    *out = (ssync_rooms){0};
-    json_t *dms;
-    if (account_data(s, &dms, &out->tags) < 0) {
-        json_decref(dms);
-        json_decref(out->tags);
-        out->tags = NULL;
-        return ROOMS_E_DB;
-    }
-    /* The encryption and the room type are read only when a list filters on them. */
-    bool need_enc = false, need_type = false;
+    int64_t need = 0;
     for (size_t i = 0; i < q->n_lists; i++) {
-        need_enc = need_enc || q->lists[i].f.is_encrypted >= 0;
-        need_type = need_type || q->lists[i].f.room_types || q->lists[i].f.not_room_types;
+        const ssync_list *l = &q->lists[i];
+        const ssync_filters *f = &l->f;
+        if (l->n_ranges < 0 || f->is_dm >= 0 || f->is_encrypted >= 0 || f->is_invite >= 0 || f->room_types ||
+            f->not_room_types || f->spaces || f->tags || f->not_tags)
+            return -1;
+        for (int r = 0; r < l->n_ranges; r++)
+            if (l->ranges[r][1] + 1 > need) need = l->ranges[r][1] + 1;
     }
-    const char *p[6] = {s->user, crooms_i64(s->r, s->upto), crooms_i64(s->r, prev),
-                        need_enc ? "t" : "f", need_type ? "t" : "f", s->timeline.ignored};
-    PGresult *res = rooms_q(
-        s->c,
-        /* The bump comes from sliding_sync_bumps (one join, no per-room read) unless an
-         * event arrived after upto: then from the events up to upto. */
-        "WITH m AS (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id, sender,"
-        "  forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2::bigint"
-        "  ORDER BY room_id, stream_pos DESC)"
-        " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos,"
-        "  CASE WHEN m.membership <> 'join' THEN m.stream_pos"
-        "   WHEN b.room_id IS NULL THEN m.stream_pos"
-        "   WHEN b.bump_stamp <= $2::bigint THEN b.bump_stamp"
-        "   ELSE coalesce((SELECT e.stream_pos FROM events e WHERE e.room_id = m.room_id"
-        "    AND e.stream_pos <= $2::bigint AND e.type IN " SSYNC_BUMP_TYPES_SQL
-        "    ORDER BY e.stream_pos DESC LIMIT 1), m.stream_pos) END AS bump,"
-        "  CASE WHEN $4::boolean THEN EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = m.room_id"
-        "   AND cs.type = 'm.room.encryption' AND cs.state_key = '') ELSE false END,"
-        "  CASE WHEN $5::boolean THEN (SELECT e.pdu::json -> 'content' ->> 'type' FROM current_state cs"
-        "   JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = m.room_id"
-        "   AND cs.type = 'm.room.create' AND cs.state_key = '') END"
-        " FROM m LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
-        " WHERE NOT m.forgotten AND (m.membership IN ('join', 'knock')"
-        "  OR (m.membership = 'invite' AND (m.sender = ANY($6::text[])) IS NOT TRUE)"
-        "  OR (m.membership IN ('leave', 'ban') AND $3::bigint > 0 AND m.stream_pos > $3::bigint))"
-        " ORDER BY bump DESC, m.room_id",
-        6, p, NULL);
-    if (!res) {
-        json_decref(dms);
-        return ROOMS_E_DB;
-    }
+    return need;
+}
+
+/* The rooms the request or the connection names: its subscriptions and sent's rooms. */
+static json_t *named_rooms(const ssync_request *q, const json_t *sent)
+{
+    json_t *ids = json_array();
+    for (size_t i = 0; i < q->n_subs; i++) json_array_append_new(ids, json_string(q->subs[i].room_id));
+    const char *room_id;
+    json_t *v;
+    json_object_foreach((json_t *)sent, room_id, v) json_array_append_new(ids, json_string(room_id));
+    return ids;
+}
+
+/* The rows of TOP_SQL or HISTORY_SQL (their first eight columns) into out. */
+static int rows_of(PGresult *res, json_t *dms, ssync_rooms *out)
+{
     out->res = res;
     out->n = PQntuples(res);
+    if (out->n == 1 && PQgetisnull(res, 0, 0)) out->n = 0; /* TOP_SQL's row of no room */
+    out->n_ordered = out->n;
     out->rows = calloc((size_t)out->n + 1, sizeof(ssync_room_row));
-    if (!out->rows) {
-        json_decref(dms);
-        ssync_rooms_free(out);
-        return ROOMS_E_DB;
-    }
+    if (!out->rows) return ROOMS_E_DB;
     for (int i = 0; i < out->n; i++) {
         ssync_room_row *row = &out->rows[i];
         row->room_id = PQgetvalue(res, i, 0);
@@ -145,8 +186,48 @@ int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, ssync_ro
         row->is_dm = json_object_get(dms, row->room_id) != NULL;
         row->tags = json_object_get(out->tags, row->room_id);
     }
-    json_decref(dms);
     return ROOMS_OK;
+}
+
+int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const json_t *sent, ssync_rooms *out)
+{
+    *out = (ssync_rooms){.total = -1};
+    json_t *dms;
+    if (account_data(s, &dms, &out->tags) < 0) {
+        json_decref(dms);
+        json_decref(out->tags);
+        out->tags = NULL;
+        return ROOMS_E_DB;
+    }
+    /* The encryption and the room type are read only when a list filters on them. */
+    bool need_enc = false, need_type = false;
+    for (size_t i = 0; i < q->n_lists; i++) {
+        need_enc = need_enc || q->lists[i].f.is_encrypted >= 0;
+        need_type = need_type || q->lists[i].f.room_types || q->lists[i].f.not_room_types;
+    }
+    int64_t need = rows_needed(q);
+    json_t *named = need >= 0 ? named_rooms(q, sent) : json_array();
+    const char *p[8] = {s->user, crooms_i64(s->r, s->upto), crooms_i64(s->r, prev), need_enc ? "t" : "f",
+                        need_type ? "t" : "f", s->timeline.ignored, need >= 0 ? crooms_i64(s->r, need) : NULL,
+                        rooms_pg_array(s->r->arena, named)};
+    json_decref(named);
+    PGresult *res = p[7] ? rooms_q(s->c, TOP_SQL, 8, p, NULL) : NULL;
+    bool late = res && PQntuples(res) > 0 && PQgetvalue(res, 0, 9)[0] == 't';
+    if (res && late) {
+        PQclear(res);
+        res = rooms_q(s->c, HISTORY_SQL, 6, p, NULL);
+    }
+    int rc = res ? rows_of(res, dms, out) : ROOMS_E_DB;
+    if (rc == ROOMS_OK && !late && need >= 0) {
+        out->total = out->n ? atoll(PQgetvalue(res, 0, 8)) : 0;
+        while (out->n_ordered > 0 && PQgetvalue(res, out->n_ordered - 1, 10)[0] != 't') out->n_ordered--;
+    }
+    json_decref(dms);
+    if (rc < 0) {
+        if (!out->res) PQclear(res);
+        ssync_rooms_free(out);
+    }
+    return rc;
 }
 
 void ssync_rooms_free(ssync_rooms *rs)
@@ -246,7 +327,7 @@ int ssync_lists_apply(sync_ctx *s, const ssync_request *q, const ssync_rooms *rs
         json_t *children = NULL;
         if (l->f.spaces && space_children(s, l->f.spaces, &children) < 0) return ROOMS_E_DB;
         int64_t count = 0;
-        for (int i = 0; i < rs->n; i++) {
+        for (int i = 0; i < rs->n_ordered; i++) {
             if (!filters_match(&l->f, &rs->rows[i], children)) continue;
             if (in_ranges(l, count)) {
                 json_t *pk = pick_merge(picked, rs->rows[i].room_id, i, &l->cfg);
@@ -254,6 +335,7 @@ int ssync_lists_apply(sync_ctx *s, const ssync_request *q, const ssync_rooms *rs
             }
             count++;
         }
+        if (rs->total >= 0) count = rs->total; /* only the top of the order was read */
         json_decref(children);
         json_object_set_new(counts, l->name, json_integer(count));
     }
