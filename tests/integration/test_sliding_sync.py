@@ -180,9 +180,10 @@ class SlidingSyncTest(SharedServerTest):
         self.alice.member_action(room, "invite", self.dora.user_id)
         self.dora.join(room)
         self.alice.send(room, {"msgtype": "m.text", "body": "bump again"})
-        # For every user and room of the server (this class's other tests' too): the newest
-        # membership, and the bump_stamp that the history and sliding_sync_bumps give.
+        # For every local user and room of the server (this class's other tests' too): the
+        # newest membership, and the bump_stamp that the history and sliding_sync_bumps give.
         stale = psql("SELECT m.user_id, m.room_id FROM (SELECT DISTINCT ON (user_id, room_id) * FROM memberships"
+                     " WHERE user_id IN (SELECT user_id FROM users)"
                      " ORDER BY user_id, room_id, stream_pos DESC) m"
                      " LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
                      " FULL JOIN sliding_sync_rooms r ON r.user_id = m.user_id AND r.room_id = m.room_id"

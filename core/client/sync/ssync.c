@@ -399,7 +399,8 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      "  OR (user_id = u AND device_id = d AND last_used_ms < idle_before);"
      " GET DIAGNOSTICS dropped = ROW_COUNT; END $f$;"},
     {4, "sliding_sync_rooms",
-     /* Each local user's rooms as the lists read them, one row per (user, room): the newest
+     /* Each local user's rooms (users with a row in users; memberships holds remote
+      * members too) as the lists read them, one row per (user, room): the newest
       * membership and the room's bump_stamp (ssync_lists.c, SSYNC_ROOMS_SQL), so the top
       * of a list is an index scan that stops at the window and its count one scan of the
       * user's rows, instead of every membership read, joined and ordered on every run
@@ -421,6 +422,7 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      "CREATE INDEX sliding_sync_rooms_order ON sliding_sync_rooms (user_id, bump_stamp DESC, room_id);"
      "CREATE INDEX sliding_sync_rooms_joined ON sliding_sync_rooms (room_id) WHERE membership = 'join';"
      "CREATE FUNCTION sliding_sync_membership() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
+     " IF NOT EXISTS (SELECT 1 FROM users WHERE user_id = NEW.user_id) THEN RETURN NULL; END IF;"
      " INSERT INTO sliding_sync_rooms AS r (user_id, room_id, membership, membership_pos, event_id, sender,"
      "  forgotten, bump_stamp)"
      " VALUES (NEW.user_id, NEW.room_id, NEW.membership, NEW.stream_pos, NEW.event_id, NEW.sender, NEW.forgotten,"
@@ -445,7 +447,7 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      " m.sender, m.forgotten, CASE WHEN m.membership = 'join' THEN coalesce(b.bump_stamp, m.stream_pos)"
      " ELSE m.stream_pos END"
      " FROM (SELECT DISTINCT ON (user_id, room_id) * FROM memberships ORDER BY user_id, room_id, stream_pos DESC) m"
-     " LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id;"},
+     " JOIN users u ON u.user_id = m.user_id LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id;"},
 };
 
 int ssync_init(core_runtime *rt)
