@@ -5,7 +5,7 @@ side in one run. Prints numbers, asserts nothing about speed.
 The same account on each server, made through the client API: a user in BENCH_ROOMS rooms
 (1,000 by default; a smaller number for a quicker run, the size used is printed), each with
 10 members (the user and 9 others who join it) and 20 messages sent by its members in turn.
-Figures, p50 and max:
+Figures, p50 and max (after WARMUP first responses of each server, not counted):
   - first: the first response of a new connection with one list windowed at [0, 19],
     timeline_limit 1 and required_state name, avatar, encryption and $LAZY members
     (BENCH_FIRST runs);
@@ -67,6 +67,7 @@ FILL_WORKERS = 8       # rooms filled at once
 # In each conn_id and transaction ID: a kept Synapse (BENCH_SYNAPSE_DIR) remembers those of
 # the earlier runs, and would answer a send with an earlier run's event.
 RUN = f"{int(time.time())}"
+WARMUP = 3             # first responses of each server before the figures, not counted
 WAKE_SETTLE_S = 0.3    # Synapse shows no parked count: time for its request to park
 SYNAPSE_IP = "127.0.0.71"
 PARK_TIMEOUT_MS = 30000
@@ -184,6 +185,9 @@ def measure(targets):
     """Every figure of every target, {name: {figure: [ms...]}}: the servers take turns
     round by round, so a change in the machine's load falls on all of them alike."""
     out = {name: {"first": [], "incremental": [], "wake": []} for name in targets}
+    for i in range(WARMUP):  # not counted: a server started on a kept database is cold
+        for t in targets.values():
+            first_round(t, f"warm{i}")
     for i in range(FIRST):
         for name, t in targets.items():
             t0 = time.monotonic()
