@@ -401,7 +401,7 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
     {4, "sliding_sync_rooms",
      /* Each local user's rooms (users with a row in users; memberships holds remote
       * members too) as the lists read them, one row per (user, room): the newest
-      * membership and the room's bump_stamp (ssync_lists.c, SSYNC_ROOMS_SQL), so the top
+      * membership and the room's bump_stamp (ssync_lists.c, TOP_SQL), so the top
       * of a list is an index scan that stops at the window and its count one scan of the
       * user's rows, instead of every membership read, joined and ordered on every run
       * (docs/adr/0038-sliding-sync-rooms-in-activity-order.md). Kept by triggers: on
