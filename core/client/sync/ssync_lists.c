@@ -87,10 +87,12 @@ static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
     " NOT " t ".forgotten AND (" t ".membership IN ('join', 'knock')"                          \
     "  OR (" t ".membership = 'invite' AND (" t ".sender = ANY($6::text[])) IS NOT TRUE)"      \
     "  OR (" t ".membership IN ('leave', 'ban') AND $3::bigint > 0 AND " t "." pos " > $3::bigint)) "
-/* A row's encryption ($4) and room type ($5), read only when a list filters on them. */
+/* A row's encryption ($4) and room type ($5), read only when a list filters on them; a
+ * probe of the room's key each (a scalar subquery with LIMIT: PostgreSQL would turn an
+ * EXISTS over many rows into one scan of every room's current state). */
 #define FILTERED_SQL(t)                                                                        \
-    " CASE WHEN $4::boolean THEN EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = " t ".room_id" \
-    "  AND cs.type = 'm.room.encryption' AND cs.state_key = '') ELSE false END,"              \
+    " CASE WHEN $4::boolean THEN (SELECT true FROM current_state cs WHERE cs.room_id = " t ".room_id" \
+    "  AND cs.type = 'm.room.encryption' AND cs.state_key = '' LIMIT 1) IS NOT NULL ELSE false END," \
     " CASE WHEN $5::boolean THEN (SELECT e.pdu::json -> 'content' ->> 'type' FROM current_state cs" \
     "  JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = " t ".room_id"             \
     "  AND cs.type = 'm.room.create' AND cs.state_key = '') END "
