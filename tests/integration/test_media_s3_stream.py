@@ -254,7 +254,9 @@ class StreamTest(StreamCase):
         while self.gets() != gets + 1 and time.monotonic() < wait_for:
             time.sleep(0.05)
         self.assertEqual(self.gets(), gets + 1)
-        self.assertTrue(os.path.exists(original_file(self.srv, media_id)))
+        # Named after the GET ended (and was counted): the clients do not wait for it.
+        wait_until(lambda: os.path.exists(original_file(self.srv, media_id)), timeout=10,
+                   what="the local copy named")
         status, _, body = self.srv.request("GET", download_path(self.srv, media_id),
                                            token=self.token)
         self.assertEqual((status, body == data), (200, True))
@@ -329,7 +331,9 @@ class StreamTest(StreamCase):
                                            token=self.token)
         self.assertEqual((status, body == data), (200, True))
         self.assertEqual(self.gets(), gets + 1)
-        self.assertTrue(os.path.exists(original_file(self.srv, media_id)))
+        # Named after the GET ended (and was counted): the clients do not wait for it.
+        wait_until(lambda: os.path.exists(original_file(self.srv, media_id)), timeout=10,
+                   what="the local copy named")
 
 
     def test_an_object_that_is_not_the_rows_is_never_served_whole(self):
