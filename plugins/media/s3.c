@@ -17,8 +17,8 @@
  * s3_max_concurrent handles exist, so at most that many connections, idle or not; a
  * connection idle S3_IDLE_CONNECTION_MAX_S is closed rather than reused, and a handle
  * whose request failed is dropped with its connection. A connection the store closed
- * while idle is seen dead before use; one it closes as a request goes out is retried once
- * on a new connection by libcurl, but only where that is safe: every request here may be
+ * while idle is seen dead before use; one it closes as a request goes out has the request
+ * sent again on a new connection by libcurl, but only where that is safe: every request here may be
  * sent twice (GET, HEAD, PUT and UploadPart of the same bytes, DELETE) except the two
  * POSTs (CreateMultipartUpload, CompleteMultipartUpload), which always go on a new
  * connection (libcurl retries only on a reused one). A PUT's body is sent again from its
@@ -206,7 +206,8 @@ static int create_metrics(media *m, media_s3 *s)
         m->self, "atrium_media_store_thumbnails_total", "source=\"bucket\"",
         "Thumbnails a render needed, by where they came from (render: rendered here and put in "
         "the bucket; bucket: read through, rendered before)");
-    return s->m_in_flight && s->m_connects && s->m_idle && s->m_hits && s->m_misses && s->m_thumbs_render && s->m_thumbs_bucket
+    return s->m_in_flight && s->m_connects && s->m_idle && s->m_hits && s->m_misses &&
+                   s->m_thumbs_render && s->m_thumbs_bucket
                ? 0
                : ATRIUM_E_NOMEM;
 }
