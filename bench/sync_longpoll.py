@@ -17,6 +17,7 @@
     SYNC_BENCH_PARKED_ONLY=1 bench/sync_longpoll.py     (the first figure alone)
     SYNC_BENCH_PARKED=100000 bench/sync_longpoll.py     (the first figure to 100,000, and
                                                          the fan-out among them, alone)
+    SYNC_BENCH_HEAPS=1 ...      (each step also prints bench/heap_residency.py's figures)
 
 Uses the integration-test harness (a fresh database in ATRIUM_TEST_PG_CONNINFO's cluster;
 without it, a private cluster is started in a temporary directory with tests/lib/pg.sh).
@@ -177,6 +178,9 @@ def parked_figures(srv, people, since, steps=PARKED_STEPS, big=False):
         prober.join(70)
         threads, rss = proc_status(srv.pid)
         base_rss = rss if base_rss is None else base_rss
+        if os.environ.get("SYNC_BENCH_HEAPS"):  # where that RSS is, by malloc chunk size
+            subprocess.run([sys.executable, os.path.join(ROOT, "bench", "heap_residency.py"),
+                            str(srv.pid)], check=False)
         per = f", {(rss - base_rss) * 1024 / target:.1f} KiB per parked" if target else ""
         print(f"  {target:6d} waiting: threads {threads:3d}, RSS {rss:5d} MiB{per}; "
               f"{versions_summary(lat)}{'' if ok is True else f' (not all parked: {ok})'} "
