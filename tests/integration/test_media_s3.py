@@ -20,7 +20,7 @@ objects, quarantine keeps them.
 
 An original above s3_part_size_bytes goes as a multipart upload (the store's ETag says how
 many parts); a multipart upload a crash left open is aborted by the orphan sweep; a part
-size under S3's 5 MiB refuses the start.
+size under S3's 5 MiB refuses the start. The media/1 conformance suite passes in s3 mode.
 
 The Ceph packages are installed on first use (tests/lib/rgw.sh packages, apt-get); the
 tests are skipped, saying why, only where they cannot be installed.
@@ -32,6 +32,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -508,6 +509,27 @@ class RefusedStartTest(S3Case):
     def test_an_unreachable_store_refuses_the_start(self):
         port = harness.free_port()
         self.assertIn("unreachable", self.refused(s3_endpoint=f"http://127.0.0.1:{port}"))
+
+
+class ConformanceTest(S3Case):
+    """The media/1 conformance suite (tests/conformance/media/conform.py, run for the local
+    folder by ctest as conformance.media_stock) with the stock plugin in s3 mode, against
+    this file's gateway."""
+
+    def test_the_media_conformance_suite_passes_with_the_stock_plugin_in_s3_mode(self):
+        conform = os.path.join(HERE, "..", "conformance", "media", "conform.py")
+        before = set(self.gateway.keys("originals/"))
+        args = [sys.executable, conform, os.path.join(harness.plugin_dir(), "media.so"),
+                "--thumbnails", "yes", "--set", "remote_fetch_enabled=false"]
+        for key, value in self.gateway.media_settings().items():
+            args += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+        run = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, ATRIUM_BIN=harness.atrium_bin()))
+        self.assertEqual(run.returncode, 0, run.stderr[-6000:])
+        self.assertRegex(run.stderr, r"Ran [1-9]\d* tests")
+        # Its uploads went to the bucket: s3 mode, not the local folder.
+        self.assertTrue(set(self.gateway.keys("originals/")) - before,
+                        "no new object under originals/ in the bucket")
 
 
 if __name__ == "__main__":
