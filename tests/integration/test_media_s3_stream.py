@@ -2,7 +2,9 @@
 (plugins/media/s3_stream.c, docs/adr/0031-streaming-media-to-and-from-the-object-store.md):
 the client has its first bytes while the store's GET is still under way, many clients of
 one cold object cause one GET, a Range on a miss is a ranged GET that caches nothing, and a
-store that dies mid-download cuts the client's body and caches nothing. Store requests go on
+store that dies mid-download cuts the client's body and caches nothing; one answering
+garbage gets 503 (no-store) and caches nothing; one frozen under load gives every cold
+download a 503 within s3_timeout_ms while /versions and cached media answer at once. Store requests go on
 kept connections, at most s3_max_concurrent, and come right when the store closes them
 (idle, restarted, or as a request goes out).
 
@@ -39,8 +41,10 @@ class Relay:
     """A TCP relay to the gateway. hold(n): an answer (gateway to Atrium) passes n bytes,
     then waits until release(); cut(): every connection is closed at once; drop_reused():
     the next request that comes on a connection which already carried one is not passed on,
-    its connection closed instead (a store closing a kept connection as a request goes out).
-    Counts the connections it accepted (accepted) and the most open at once (most_open)."""
+    its connection closed instead (a store closing a kept connection as a request goes out);
+    garble(data): every answer is replaced by data, then its connection closed (a store
+    answering garbage), until garble(None). Counts the connections it accepted (accepted)
+    and the most open at once (most_open)."""
 
     def __init__(self, target_port):
         self.target = ("127.0.0.1", target_port)
@@ -56,6 +60,7 @@ class Relay:
         self.conns = []
         self.accepted = self.open = self.most_open = self.dropped = 0
         self.drop = False
+        self.garbage = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def hold(self, n):
@@ -80,6 +85,9 @@ class Relay:
 
     def drop_reused(self):
         self.drop = True
+
+    def garble(self, data):
+        self.garbage = data
 
     def close(self):
         self.cut()
@@ -122,6 +130,9 @@ class Relay:
                 elif request != conn["requests"]:  # a new answer: hold() counts from here
                     request, sent = conn["requests"], 0
                     conn["answered"] = True
+                if answers and self.garbage is not None:
+                    dst.sendall(self.garbage)
+                    break
                 limit = self.limit if answers else None
                 if limit is not None and sent + len(data) > limit:
                     take = max(0, limit - sent)
@@ -378,6 +389,71 @@ def restart_gateway():
                     "client.rgw.a"], check=True, timeout=60)
     wait_until(lambda: GATEWAY.curl("-o", "/dev/null", GATEWAY.env["endpoint"]).returncode == 0,
                timeout=30, what="radosgw answering again")
+
+
+class FaultyStoreTest(StreamCase):
+    """A store answering garbage, and one frozen under load (answers held, as a SIGSTOPped
+    gateway holds them): clear errors within s3_timeout_ms, nothing cached, and what does not
+    need the store answered at once meanwhile."""
+    SHARED = True
+    MEDIA = {"s3_timeout_ms": 3000}
+
+    def test_a_store_answering_garbage_gets_a_clear_error_caches_nothing_and_heals(self):
+        media_id, data = self.cold(256 * 1024)
+        self.relay.garble(b"this is not an HTTP answer\r\n\r\n")
+        try:
+            status, headers, body = self.srv.request("GET", download_path(self.srv, media_id),
+                                                     token=self.token)
+        finally:
+            self.relay.garble(None)
+        self.assertEqual(status, 503, body)
+        self.assertIn(b"errcode", body)
+        self.assertIn("no-store", headers.get("Cache-Control", ""))
+        self.assertEqual(self.local_names(media_id), [], "nothing cached, no temp file left")
+        status, _, body = self.srv.request("GET", download_path(self.srv, media_id),
+                                           token=self.token)
+        self.assertEqual((status, body == data), (200, True))
+
+    def test_a_frozen_store_under_load_gives_bounded_503s_while_cached_media_is_served(self):
+        cached = os.urandom(64 * 1024)
+        cached_id = upload(self.srv, self.token, cached)  # its local copy stays
+        colds = [self.cold(128 * 1024)[0] for _ in range(6)]
+        self.relay.hold(0)  # every store answer held: the store frozen
+        self.addCleanup(self.relay.release)
+        results = {}
+
+        def fetch(media_id):
+            started = time.monotonic()
+            status, headers, body = self.srv.request("GET", download_path(self.srv, media_id),
+                                                     token=self.token, timeout=60)
+            results[media_id] = (status, headers.get("Cache-Control", ""), body,
+                                 time.monotonic() - started)
+        threads = [threading.Thread(target=fetch, args=(m,)) for m in colds]
+        for t in threads:
+            t.start()
+        self.assertTrue(self.relay.held.wait(10), "no store request reached the store")
+        # Meanwhile: /versions and a cached download, at once.
+        started = time.monotonic()
+        status, _, _ = self.srv.request("GET", "/_matrix/client/versions")
+        versions_s = time.monotonic() - started
+        started = time.monotonic()
+        c_status, _, c_body = self.srv.request("GET", download_path(self.srv, cached_id),
+                                               token=self.token)
+        cached_s = time.monotonic() - started
+        for t in threads:
+            t.join(60)
+        self.assertEqual(status, 200)
+        self.assertLess(versions_s, 2.0)
+        self.assertEqual((c_status, c_body == cached), (200, True))
+        self.assertLess(cached_s, 2.0)
+        bound = self.MEDIA["s3_timeout_ms"] / 1000 + 8  # the deadline, and ASan's slowness
+        for media_id in colds:
+            status, cache_control, body, took = results[media_id]
+            self.assertEqual(status, 503, body)
+            self.assertIn(b"errcode", body)
+            self.assertIn("no-store", cache_control)
+            self.assertLess(took, bound)
+            self.assertEqual(self.local_names(media_id), [])
 
 
 class ConnectionReuseTest(StreamCase):
