@@ -26,9 +26,12 @@ the sends) is let catch up; then the servers take turns, round by round, so a ch
 machine's load falls on all of them alike.
 
     bench/sliding_sync.py      (ATRIUM_BIN etc. as for the integration tests;
-                                BENCH_ROOMS, BENCH_FIRST, BENCH_ROUNDS, BENCH_SYNAPSE;
+                                BENCH_ROOMS, BENCH_FIRST, BENCH_ROUNDS, BENCH_SYNAPSE,
+                                BENCH_ATRIUM=0 for Synapse alone;
                                 BENCH_BASELINE_BIN: another atrium executable, e.g. of
-                                the previous commit, measured as "Atrium baseline")
+                                the previous commit, measured as "Atrium baseline";
+                                BENCH_SYNAPSE_DIR: where a filled Synapse is kept for
+                                the next runs, or taken from: see kept_synapse)
 """
 
 import concurrent.futures
@@ -50,11 +53,16 @@ ROOMS = int(os.environ.get("BENCH_ROOMS", "1000"))
 FIRST = int(os.environ.get("BENCH_FIRST", "20"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
 WITH_SYNAPSE = os.environ.get("BENCH_SYNAPSE", "1") != "0"
+WITH_ATRIUM = os.environ.get("BENCH_ATRIUM", "1") != "0"  # 0: Synapse alone (to fill a kept one)
 BASELINE_BIN = os.environ.get("BENCH_BASELINE_BIN")  # another atrium measured beside
+SYNAPSE_DIR = os.environ.get("BENCH_SYNAPSE_DIR")  # a filled Synapse kept across runs
 MEMBERS = 10           # per room, the user included
 MESSAGES = 20          # per room
 WINDOW = 20
 FILL_WORKERS = 8       # rooms filled at once
+# In each conn_id and transaction ID: a kept Synapse (BENCH_SYNAPSE_DIR) remembers those of
+# the earlier runs, and would answer a send with an earlier run's event.
+RUN = f"{int(time.time())}"
 WAKE_SETTLE_S = 0.3    # Synapse shows no parked count: time for its request to park
 SYNAPSE_IP = "127.0.0.71"
 PARK_TIMEOUT_MS = 30000
@@ -96,7 +104,7 @@ def fill(people):
 
 
 def first_round(t, i):
-    answer = ss(t.user, {"conn_id": f"first{i}", **BODY})
+    answer = ss(t.user, {"conn_id": f"first{i}-{RUN}", **BODY})
     assert len(answer["rooms"]) == min(WINDOW, ROOMS) and answer["lists"]["all"]["count"] == ROOMS, answer["lists"]
 
 
@@ -110,10 +118,10 @@ class Target:
         self.pos = {}
 
     def incremental_round(self, i):
-        body = {"conn_id": "incremental", **BODY}
+        body = {"conn_id": f"incremental-{RUN}", **BODY}
         if "inc" not in self.pos:
             self.pos["inc"] = ss(self.user, body)["pos"]
-        self.writer.send(self.room, {"msgtype": "m.text", "body": f"i{i}"})
+        self.writer.send(self.room, {"msgtype": "m.text", "body": f"i{i}"}, txn=f"i{i}-{RUN}")
         t0 = time.monotonic()
         answer = ss(self.user, body, pos=self.pos["inc"])
         took = (time.monotonic() - t0) * 1000
@@ -122,7 +130,7 @@ class Target:
         return took
 
     def wake_round(self, i):
-        body = {"conn_id": "wake", **BODY}
+        body = {"conn_id": f"wake-{RUN}", **BODY}
         if "wake" not in self.pos:
             self.pos["wake"] = ss(self.user, body)["pos"]
         done = {}
@@ -137,7 +145,7 @@ class Target:
             wait_parked(self.srv, base + 1, timeout=10)
         else:
             time.sleep(WAKE_SETTLE_S)
-        self.writer.send(self.room, {"msgtype": "m.text", "body": f"w{i}"})
+        self.writer.send(self.room, {"msgtype": "m.text", "body": f"w{i}"}, txn=f"w{i}-{RUN}")
         sent = time.monotonic()
         t.join(PARK_TIMEOUT_MS / 1000 + 5)
         assert self.room in done["answer"]["rooms"], done["answer"]
@@ -193,26 +201,86 @@ def atrium_people(srv):
 
 def synapse_people(stack):
     """A Synapse started for the run (stopped by stack) and its accounts: admins without
-    rate limits, as the fill sends far past Synapse's default message and join limits."""
-    from federation_support import TestCA
-    from rooms_client import Client
-    from test_federation_synapse import INSTALL_TIMEOUT_S, SynapseCase, peer
+    rate limits, as the fill sends far past Synapse's default message and join limits.
+    (people, rooms): rooms is None when the accounts are still to be filled, else the rooms
+    of a filled Synapse kept from an earlier run (BENCH_SYNAPSE_DIR)."""
+    from test_federation_synapse import INSTALL_TIMEOUT_S, peer
     peer("install", timeout=INSTALL_TIMEOUT_S)
+    if SYNAPSE_DIR:
+        return kept_synapse(stack)
     # On tmpfs where there is one: Atrium's PostgreSQL runs without fsync (ATRIUM_PG_FAST).
+    tmp = tempfile.mkdtemp(prefix="atrium-bench-synapse-", dir=tmpfs())
+    stack.callback(shutil.rmtree, tmp, True)
+    syn = launch_synapse(tmp, stack)
+    return synapse_accounts(syn), None
+
+
+def tmpfs():
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def launch_synapse(directory, stack):
+    """A new Synapse whose files (database, certificates) are all under directory."""
+    from federation_support import TestCA
+    from test_federation_synapse import SynapseCase
     # (_launch_synapse makes its directory with tempfile, hence tempfile.tempdir.)
-    saved, tempfile.tempdir = tempfile.tempdir, "/dev/shm" if os.path.isdir("/dev/shm") else None
+    saved, tempfile.tempdir = tempfile.tempdir, directory
     try:
-        tmp = tempfile.mkdtemp(prefix="atrium-bench-synapse-")
-        stack.callback(shutil.rmtree, tmp, True)
-        syn = SynapseCase._launch_synapse(TestCA(tmp), None, SYNAPSE_IP, stack.callback)
+        return SynapseCase._launch_synapse(TestCA(directory), None, SYNAPSE_IP, stack.callback)
     finally:
         tempfile.tempdir = saved
+
+
+def synapse_accounts(syn):
+    from rooms_client import Client
     people = []
     for i in range(MEMBERS):
         account = syn.register("big" if i == 0 else f"member{i}", f"bench-password-{i}", admin=True)
         syn.unlimit(account)
         people.append(Client(syn, account))
     return people
+
+
+def kept_synapse(stack):
+    """BENCH_SYNAPSE_DIR: a Synapse whose filled database outlives the run (filling 1,000
+    rooms takes it 25 minutes or more). The first run with an empty directory makes and
+    fills it and notes in state.json how to start it again (its start arguments, accounts
+    and rooms); later runs with the same BENCH_ROOMS start it from there and skip its fill.
+    Each run's rounds add their messages and connections to it (a few dozen messages in
+    one room, a few connections: small beside the fill)."""
+    import json
+    import types
+    from rooms_client import Client
+    from test_federation_synapse import SynapsePeer, peer
+    state_path = os.path.join(SYNAPSE_DIR, "state.json")
+    if os.path.exists(state_path):
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+        if state["rooms"] != ROOMS:
+            sys.exit(f"{SYNAPSE_DIR} holds a Synapse filled with {state['rooms']} rooms, not {ROOMS}")
+        syn = SynapsePeer(state["args"], **state["peer"])
+        syn.start()
+        stack.callback(peer, "stop", syn["dir"])
+        people = [Client(syn, types.SimpleNamespace(**a)) for a in state["accounts"]]
+        print(f"== Synapse 1.132: filled database kept in {SYNAPSE_DIR} (not filled again)", flush=True)
+        return people, state["room_ids"]
+    os.makedirs(SYNAPSE_DIR, exist_ok=True)
+    syn = launch_synapse(SYNAPSE_DIR, contextlib.ExitStack())  # its directory is kept
+    stack.callback(peer, "stop", syn["dir"])
+    people = synapse_accounts(syn)
+    syn.bench_state = {"rooms": ROOMS, "args": syn.start_args, "peer": dict(syn),
+                       "accounts": [{"user_id": p.user_id, "token": p.token, "device_id": p.device_id}
+                                    for p in people]}
+    return people, None
+
+
+def save_kept_synapse(people, rooms):
+    """After the fill of a kept Synapse: state.json, which later runs start it from."""
+    import json
+    state = dict(people[0].srv.bench_state, room_ids=rooms)
+    with open(os.path.join(SYNAPSE_DIR, "state.json.tmp"), "w", encoding="utf-8") as f:
+        json.dump(state, f)
+    os.replace(os.path.join(SYNAPSE_DIR, "state.json.tmp"), os.path.join(SYNAPSE_DIR, "state.json"))
 
 
 def synapse_present():
@@ -261,10 +329,11 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleanup runs on TERM too
     pg_work = ensure_pg()
     from harness import drop_database
-    servers, people = {}, {}
+    servers, people, rooms = {}, {}, {}
     try:
         with contextlib.ExitStack() as stack:
-            servers["Atrium"] = start_atrium(None)
+            if WITH_ATRIUM:
+                servers["Atrium"] = start_atrium(None)
             if BASELINE_BIN:
                 servers["Atrium baseline"] = start_atrium(BASELINE_BIN)
             for name, srv in servers.items():
@@ -275,15 +344,19 @@ def main():
             elif not present:
                 print(f"== Synapse: not measured (no peer at {peer_sh})")
             else:
-                people["Synapse 1.132"] = synapse_people(stack)
+                people["Synapse 1.132"], kept_rooms = synapse_people(stack)
+                if kept_rooms:
+                    rooms["Synapse 1.132"] = kept_rooms
             # Every account is filled at once (set-up only); then the figures, the servers
             # taking turns (the others idle meanwhile).
-            rooms = {}
-            fills = [threading.Thread(target=timed_fill, args=(name, p, rooms)) for name, p in people.items()]
+            fills = [threading.Thread(target=timed_fill, args=(name, p, rooms))
+                     for name, p in people.items() if name not in rooms]
             for t in fills:
                 t.start()
             for t in fills:
                 t.join()
+            if SYNAPSE_DIR and "Synapse 1.132" in people and hasattr(people["Synapse 1.132"][0].srv, "bench_state"):
+                save_kept_synapse(people["Synapse 1.132"], rooms["Synapse 1.132"])
             for name, srv in servers.items():
                 settle(name, srv)
             targets = {name: Target(servers.get(name), people[name], rooms[name]) for name in people}
