@@ -15,7 +15,12 @@
 #     bucket first and PUT it after: only the original's read-through differs).
 #
 #   bench/media_s3.sh
+#   BASELINE_BIN=/path/to/other/build/core/atrium bench/media_s3.sh
 #
+# With BASELINE_BIN, a second Atrium of that build (its plugins from the folder beside its
+# core/) runs on the same database, gateway and bucket with a local folder of its own, and
+# the cold download is timed through both in the same loop (their order swapped each run,
+# the direct GET between them): old and new builds side by side.
 # Asserts nothing but that the bytes are right. See bench/lib.sh for ATRIUM_BIN and the
 # database.
 set -euo pipefail
@@ -35,14 +40,39 @@ bash "$rgw" packages >/dev/null
 # shellcheck disable=SC2046
 eval $(bash "$rgw" start "$rgw_dir" 2>/dev/null | grep -E '^[a-z_]+=')
 
-media_bench_start ATRIUM__PLUGINS__MEDIA__STORAGE=s3 \
-    ATRIUM__PLUGINS__MEDIA__S3_ENDPOINT="$endpoint" ATRIUM__PLUGINS__MEDIA__S3_REGION="$region" \
-    ATRIUM__PLUGINS__MEDIA__S3_BUCKET="$bucket" ATRIUM__PLUGINS__MEDIA__S3_PATH_STYLE=true \
-    ATRIUM__PLUGINS__MEDIA__S3_ACCESS_KEY_ID="$access_key" \
-    ATRIUM__PLUGINS__MEDIA__S3_SECRET_ACCESS_KEY="$secret_key"
+s3_env=(ATRIUM__PLUGINS__MEDIA__STORAGE=s3
+    ATRIUM__PLUGINS__MEDIA__S3_ENDPOINT="$endpoint" ATRIUM__PLUGINS__MEDIA__S3_REGION="$region"
+    ATRIUM__PLUGINS__MEDIA__S3_BUCKET="$bucket" ATRIUM__PLUGINS__MEDIA__S3_PATH_STYLE=true
+    ATRIUM__PLUGINS__MEDIA__S3_ACCESS_KEY_ID="$access_key"
+    ATRIUM__PLUGINS__MEDIA__S3_SECRET_ACCESS_KEY="$secret_key")
+media_bench_start "${s3_env[@]}"
 token=$(media_bench_token)
 
-local_file() { echo "$store/local/${1:0:2}/${1:2:2}/$1"; }
+local_file() { echo "${2:-$store}/local/${1:0:2}/${1:2:2}/$1"; }
+
+# The baseline build beside the first: the same configuration file, its own port, plugins
+# and local folder.
+base_store=$work/media_store_baseline base_pid='' base_url=''
+stop_baseline() { [ -z "$base_pid" ] || atrium_stop_pid "$base_pid" "$STOP_GRACE_S"; }
+if [ -n "${BASELINE_BIN:-}" ]; then
+    extra_cleanup+=(stop_baseline)
+    base_port=$(free_port)
+    env ATRIUM__SERVER__HTTP__PORT="$base_port" ATRIUM__RATELIMIT__ENABLED=false \
+        ATRIUM__LOG__LEVEL=warn ATRIUM__PLUGIN_DIR="$(dirname "$(dirname "$BASELINE_BIN")")/plugins" \
+        ATRIUM__REGISTRATION__ENABLED=true ATRIUM__PLUGINS__MEDIA__STORE_PATH="$base_store" \
+        "${s3_env[@]}" "$BASELINE_BIN" --config "$work/homeserver.yaml" </dev/null \
+        >"$work/baseline.log" 2>&1 &
+    base_pid=$!
+    base_url=http://127.0.0.1:$base_port
+    deadline=$((SECONDS + HEALTH_TIMEOUT_S))
+    until curl -fsS -m 2 -o /dev/null "$base_url/health" 2>/dev/null; do
+        if ! kill -0 "$base_pid" 2>/dev/null || [ $SECONDS -ge $deadline ]; then
+            cat "$work/baseline.log" >&2
+            atrium_die "the baseline build did not start"
+        fi
+        sleep 0.1
+    done
+fi
 
 # ---- 1. a cold 5 MB download --------------------------------------------------------------
 head -c 5000000 /dev/urandom >"$work/large.bin"
@@ -59,25 +89,43 @@ timed_get() {
     echo "$out"
 }
 
-a_ttfb=() a_total=() d_ttfb=() d_total=()
-for _ in $(seq "$runs"); do
-    rm -f "$(local_file "$large_id")"
-    read -r t1 t2 < <(timed_get -H "Authorization: Bearer $token" "$atrium_url")
-    a_ttfb+=("$t1") a_total+=("$t2")
+a_ttfb=() a_total=() d_ttfb=() d_total=() b_ttfb=() b_total=()
+atrium_get() { # the cold download through ours (a) or the baseline build (b)
+    local t1 t2
+    if [ "$1" = a ]; then
+        rm -f "$(local_file "$large_id")"
+        read -r t1 t2 < <(timed_get -H "Authorization: Bearer $token" "$atrium_url")
+        a_ttfb+=("$t1") a_total+=("$t2")
+    else
+        rm -f "$(local_file "$large_id" "$base_store")"
+        read -r t1 t2 < <(timed_get -H "Authorization: Bearer $token" "${atrium_url/$url/$base_url}")
+        b_ttfb+=("$t1") b_total+=("$t2")
+    fi
+}
+for i in $(seq "$runs"); do
+    first=a second=b
+    [ $((i % 2)) = 0 ] && [ -n "$base_url" ] && first=b second=a
+    atrium_get $first
     read -r t1 t2 < <(timed_get --aws-sigv4 "aws:amz:$region:s3" --user "$access_key:$secret_key" \
         -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' "$direct_url")
     d_ttfb+=("$t1") d_total+=("$t2")
+    [ -z "$base_url" ] || atrium_get $second
 done
-at=$(median "${a_total[@]}") dt=$(median "${d_total[@]}")
-af=$(median "${a_ttfb[@]}") df=$(median "${d_ttfb[@]}")
-printf '\ncold 5 MB download, medians of %d runs:\n' "$runs"
-printf '  %-32s total %7.1f ms  first byte %6.1f ms  %7.1f MB/s\n' \
-    "Atrium (miss, from the bucket)" "$(awk -v v="$at" 'BEGIN{print v*1000}')" \
-    "$(awk -v v="$af" 'BEGIN{print v*1000}')" "$(awk -v v="$at" 'BEGIN{print 5/v}')"
-printf '  %-32s total %7.1f ms  first byte %6.1f ms  %7.1f MB/s\n' \
-    "gateway GET, direct" "$(awk -v v="$dt" 'BEGIN{print v*1000}')" \
-    "$(awk -v v="$df" 'BEGIN{print v*1000}')" "$(awk -v v="$dt" 'BEGIN{print 5/v}')"
+dt=$(median "${d_total[@]}") df=$(median "${d_ttfb[@]}")
+line() { # LABEL TOTAL_S FIRST_BYTE_S
+    printf '  %-32s total %7.1f ms  first byte %6.1f ms  %7.1f MB/s\n' "$1" \
+        "$(awk -v v="$2" 'BEGIN{print v*1000}')" "$(awk -v v="$3" 'BEGIN{print v*1000}')" \
+        "$(awk -v v="$2" 'BEGIN{print 5/v}')"
+}
+printf '\ncold 5 MB download, medians of %d runs (load average %s):\n' "$runs" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)"
+at=$(median "${a_total[@]}") af=$(median "${a_ttfb[@]}")
+line "Atrium (miss, from the bucket)" "$at" "$af"
+[ -z "$base_url" ] || line "Atrium, BASELINE_BIN" "$(median "${b_total[@]}")" "$(median "${b_ttfb[@]}")"
+line "gateway GET, direct" "$dt" "$df"
 printf '  ratio (direct time / Atrium time): %.2fx\n' "$(awk -v a="$at" -v d="$dt" 'BEGIN{print d/a}')"
+[ -z "$base_url" ] || printf '  ratio, BASELINE_BIN: %.2fx\n' \
+    "$(awk -v a="$(median "${b_total[@]}")" -v d="$dt" 'BEGIN{print d/a}')"
 
 # ---- 2. 150 cold thumbnails -------------------------------------------------------------
 atrium_say "making and uploading $((2 * n)) images"

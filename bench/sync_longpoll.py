@@ -2,7 +2,12 @@
 """Speed figures for /sync long-polls. Prints numbers, asserts nothing.
 
   1. Parked syncs: the server's threads and RSS with 0, 1,000 and 10,000 syncs waiting
-     (each a raw connection long-polling with timeout=5 min).
+     (each a raw connection long-polling with timeout=5 min). SYNC_BENCH_PARKED=100000 adds
+     a step of that many (timeout 10 min, the server's cap), then wakes the 1,000 members of
+     one room among them with one message (time from the send to each answer) while the
+     others stay parked; it raises the descriptor limits of both processes (we must be root
+     past the hard limit) and spreads the connections over several loopback source
+     addresses (one address has 28,232 ephemeral ports), and says so.
   2. Wake-to-response latency: one client long-polls, another sends; the time from the
      send's answer to the sync's answer, over ROUNDS rounds (p50, p99); and the fan-out: the
      time from one send until each of FANOUT parked members of the room has its answer.
@@ -10,6 +15,9 @@
 
     bench/sync_longpoll.py          (ATRIUM_BIN etc. as for the integration tests)
     SYNC_BENCH_PARKED_ONLY=1 bench/sync_longpoll.py     (the first figure alone)
+    SYNC_BENCH_PARKED=100000 bench/sync_longpoll.py     (the first figure to 100,000, and
+                                                         the fan-out among them, alone)
+    SYNC_BENCH_HEAPS=1 ...      (each step also prints bench/heap_residency.py's figures)
 
 Uses the integration-test harness (a fresh database in ATRIUM_TEST_PG_CONNINFO's cluster;
 without it, a private cluster is started in a temporary directory with tests/lib/pg.sh).
@@ -40,7 +48,15 @@ SENDERS = 16
 SYNCERS = 16
 SEND_SECONDS = 10
 PARK_TIMEOUT_MS = 300000
+BIG_PARK_TIMEOUT_MS = 600000  # core/http/suspend.c PARK_MAX_MS: setting up 100,000 takes minutes
 SERVER_NOFILE = 20000
+# 100,000 long-polls need about 205,000 descriptors on the server (README, LimitNOFILE):
+# of what is left after its reserves, about half may hold a waiting request.
+BIG_SERVER_NOFILE_PER_PARKED = 2.1
+CLIENT_NOFILE_SLACK = 2000
+PER_SOURCE_ADDRESS = 25000  # below the 28,232 ephemeral ports of one source address
+SOURCE_NET = "127.0.28."  # client source addresses 127.0.28.1, .2, ... (no test uses them)
+IP_BIND_ADDRESS_NO_PORT = 24  # linux/in.h: the port is picked at connect, per destination
 
 
 def ensure_pg():
@@ -64,12 +80,26 @@ def proc_status(pid):
     return int(fields["Threads"]), int(fields["VmRSS"].split()[0]) // 1024
 
 
-def raw_sync(port, token, since, timeout_ms):
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+def raw_sync(port, token, since, timeout_ms, source=None):
+    if source is None:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((source, 0))
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", port))
     query = urllib.parse.urlencode({"since": since, "timeout": str(timeout_ms)})
     sock.sendall((f"GET /_matrix/client/v3/sync?{query} HTTP/1.1\r\nHost: bench\r\n"
                   f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n").encode())
     return sock
+
+
+def cpu_seconds(pid):
+    """User and system CPU time the process has used so far."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values, p):
@@ -109,38 +139,110 @@ def versions_prober(srv):
     return stop, t, lat
 
 
-def parked_figures(srv, people, since):
+def source_address(i):
+    """The loopback source address of the i-th parked long-poll of a big step."""
+    return f"{SOURCE_NET}{1 + i // PER_SOURCE_ADDRESS}"
+
+
+def versions_summary(lat):
+    failed = sum(1 for v in lat if v == float("inf"))
+    done = [v for v in lat if v != float("inf")]
+    if not done:
+        return "/versions never answered"
+    return (f"/versions p50 {percentile(done, 50):.0f} ms, p99 {percentile(done, 99):.0f} ms, "
+            f"max {max(done):.0f} ms{f', {failed} failed' if failed else ''} ({len(lat)} asked)")
+
+
+def parked_figures(srv, people, since, steps=PARKED_STEPS, big=False):
+    """Parks long-polls up to each step and prints the server's threads and RSS. Returns
+    the open sockets (people[i]'s long-poll is socks[i]) when every step completed, else
+    None (they are closed)."""
     print("== parked syncs: threads and RSS; /versions asked every 100 ms meanwhile")
     open_socks = []
     base_rss = None
-    for target in PARKED_STEPS:
+    timeout_ms = BIG_PARK_TIMEOUT_MS if big else PARK_TIMEOUT_MS
+    for target in steps:
         started = time.monotonic()
         stop, prober, lat = versions_prober(srv)
         try:
             while len(open_socks) < target:
-                p = people[len(open_socks)]
-                open_socks.append(raw_sync(srv.port, p.token, since, PARK_TIMEOUT_MS))
-            ok = wait_parked(srv, target)  # the first figure starts from none
+                i = len(open_socks)
+                open_socks.append(raw_sync(srv.port, people[i].token, since, timeout_ms,
+                                           source_address(i) if big else None))
+            ok = wait_parked(srv, target, timeout=900 if big else 300)  # the first figure starts from none
         except Exception as e:  # a figure that cannot be taken is printed, not raised
             ok = f"{type(e).__name__}: {e}"
+        set_up = time.monotonic() - started
         time.sleep(1)
         stop.set()
         prober.join(70)
         threads, rss = proc_status(srv.pid)
         base_rss = rss if base_rss is None else base_rss
+        if os.environ.get("SYNC_BENCH_HEAPS"):  # where that RSS is, by malloc chunk size
+            subprocess.run([sys.executable, os.path.join(ROOT, "bench", "heap_residency.py"),
+                            str(srv.pid)], check=False)
         per = f", {(rss - base_rss) * 1024 / target:.1f} KiB per parked" if target else ""
-        failed = sum(1 for v in lat if v == float("inf"))
-        done = [v for v in lat if v != float("inf")]
-        vers = (f"/versions p50 {percentile(done, 50):.0f} ms, max {max(done):.0f} ms"
-                if done else "/versions never answered")
-        print(f"  {target:6d} waiting: threads {threads:3d}, RSS {rss:5d} MiB{per}; {vers}"
-              f"{f', {failed} failed' if failed else ''} ({len(lat)} asked)"
-              f"{'' if ok is True else f' (not all parked: {ok})'} "
-              f"(set up in {time.monotonic() - started:.1f} s)")
+        print(f"  {target:6d} waiting: threads {threads:3d}, RSS {rss:5d} MiB{per}; "
+              f"{versions_summary(lat)}{'' if ok is True else f' (not all parked: {ok})'} "
+              f"(set up in {set_up:.1f} s, load average {os.getloadavg()[0]:.1f})", flush=True)
         if ok is not True:
-            break
-    for s in open_socks:
-        s.close()
+            for s in open_socks:
+                s.close()
+            return None
+    if big:  # /versions with everyone parked, no long-poll arriving
+        stop, prober, lat = versions_prober(srv)
+        time.sleep(20)
+        stop.set()
+        prober.join(70)
+        print(f"  {len(open_socks)} parked, 20 s: {versions_summary(lat)}", flush=True)
+    return open_socks
+
+
+def big_fanout_figures(srv, alice, room, member_socks):
+    """One message into a room whose members each hold one of the parked long-polls: the
+    time from the send to each member's answer, and how many others stayed parked."""
+    print(f"== fan-out among the parked: one send, {len(member_socks)} parked members of the room")
+    before = parked(srv)
+    sel = selectors.DefaultSelector()
+    for sock in member_socks:
+        sel.register(sock, selectors.EVENT_READ)
+    stop, prober, lat = versions_prober(srv)
+    cpu_before = cpu_seconds(srv.pid)
+    start = time.monotonic()
+    alice.send(room, {"msgtype": "m.text", "body": "fan-out"})
+    send_ms = (time.monotonic() - start) * 1000
+    times, answers, pending = [], {}, len(member_socks)
+    while pending and time.monotonic() - start < 120:
+        for key, _ in sel.select(timeout=1):
+            data = key.fileobj.recv(65536)
+            answers[key.fileobj] = answers.get(key.fileobj, b"") + data
+            if not data:
+                sel.unregister(key.fileobj)
+                times.append((time.monotonic() - start) * 1000)
+                pending -= 1
+    cpu_ms = (cpu_seconds(srv.pid) - cpu_before) * 1000
+    time.sleep(2)
+    stop.set()
+    prober.join(70)
+    after = parked(srv)
+    with_message = sum(1 for a in answers.values() if a.startswith(b"HTTP/1.1 200") and b'"fan-out"' in a)
+    if times:
+        print(f"  answered {len(times)}/{len(member_socks)} ({with_message} with the message): "
+              f"p50 {percentile(times, 50):.0f} ms, p99 {percentile(times, 99):.0f} ms, "
+              f"last {max(times):.0f} ms (the send answered in {send_ms:.0f} ms; the server's CPU "
+              f"meanwhile {cpu_ms:.0f} ms, {cpu_ms / len(times):.2f} ms per answer); parked {before} before, {after} after; "
+              f"{versions_summary(lat)}; load average {os.getloadavg()[0]:.1f}", flush=True)
+    else:
+        print("  no member answered within 120 s")
+    return after
+
+
+def raise_nofile(n):
+    """RLIMIT_NOFILE of this process to n, raising the hard limit too (root only past it).
+    Returns what it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, max(n, hard)))
+    return soft, hard
 
 
 def latency_figures(srv, alice, bob, room):
@@ -233,22 +335,62 @@ def throughput_figures(srv, senders, syncers, room):
           f"{sum(synced) / SEND_SECONDS:.0f} syncs/s answered meanwhile")
 
 
+def big_run(srv, alice, people, big):
+    """SYNC_BENCH_PARKED: the 1,000 members of one room join first; then every step parks
+    (the members' long-polls among the first ones), then one message wakes the members."""
+    from rooms_client import Client
+    fanout_room = alice.create_room(preset="public_chat")
+    for m in people[:FANOUT]:
+        Client(srv, m).join(fanout_room)
+    steps = tuple(n for n in PARKED_STEPS if n < big) + (big,)
+    socks = parked_figures(srv, people, alice.sync()["next_batch"], steps, big=True)
+    if socks is None:
+        return
+    threads, rss = proc_status(srv.pid)
+    big_fanout_figures(srv, alice, fanout_room, socks[:FANOUT])
+    print(f"  after the fan-out: threads {threads}, RSS {rss} MiB")
+    for sock in socks[FANOUT:]:
+        sock.close()
+
+
 def main():
+    big = int(os.environ.get("SYNC_BENCH_PARKED", "0"))
+    server_nofile = max(SERVER_NOFILE, int(big * BIG_SERVER_NOFILE_PER_PARKED))
+    client_nofile = max(SERVER_NOFILE, big + CLIENT_NOFILE_SLACK)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if big:  # the hard limit too, so the server (our child) may have its own raised
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (client_nofile, max(hard, server_nofile)))
+        except (ValueError, OSError) as e:
+            # Raising a hard limit needs CAP_SYS_RESOURCE (root alone is not enough in a
+            # container that drops it): the step cannot be taken here.
+            print(f"could not raise RLIMIT_NOFILE from {soft}/{hard} to {client_nofile}/"
+                  f"{server_nofile} ({e}; raising the hard limit needs CAP_SYS_RESOURCE): "
+                  f"{big} parked long-polls need about {server_nofile} descriptors on the server")
+            sys.exit(2)
+        print(f"raised RLIMIT_NOFILE: this process {soft}/{hard} -> {client_nofile}/"
+              f"{max(hard, server_nofile)}, the server {server_nofile}; long-polls from "
+              f"{source_address(0)} to {source_address(big - 1)} ({PER_SOURCE_ADDRESS} each)")
+    else:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     pg_work = ensure_pg()
     from accounts import REGISTRATION_ON, register
     from harness import Server
     from rooms_client import Client, crowd
     try:
         settings = {**REGISTRATION_ON, "log": {"level": "warn"}}
-        with Server(settings=settings, nofile=SERVER_NOFILE) as srv:
+        with Server(settings=settings, nofile=server_nofile) as srv:
             alice = Client(srv, register(srv, "alice"))
             bob = Client(srv, register(srv, "bob"))
             room = alice.create_room(preset="public_chat")
             bob.join(room)
-            people = crowd(srv, max(PARKED_STEPS))
-            parked_figures(srv, people, alice.sync()["next_batch"])
+            people = crowd(srv, max(PARKED_STEPS + (big,)))
+            if big:
+                big_run(srv, alice, people, big)
+                return
+            socks = parked_figures(srv, people, alice.sync()["next_batch"])
+            for sock in socks or []:
+                sock.close()
             if os.environ.get("SYNC_BENCH_PARKED_ONLY"):
                 return
             latency_figures(srv, alice, bob, room)

@@ -12,14 +12,15 @@
 #    creates its own database) and ATRIUM_TEST_PG_DIR;
 # 4. runs every test not labelled "plain" (unit, integration, conformance, end-to-end)
 #    once, in build-asan/, with leak detection on and any sanitizer report fatal; then, in
-#    build/, the unit tests again and the tests labelled "plain" (those whose bounds a
-#    sanitizer would distort: tests/integration/CMakeLists.txt); then the tests labelled
-#    "tsan" (the runtime mechanisms, plugins, media delivery: tests/CMakeLists.txt) in
-#    build-tsan/ with any data race fatal (library internals suppressed by
-#    tests/tsan.supp), passing CTEST ARGS to all three; then the libFuzzer targets
-#    (tests/fuzz, label "fuzz") in build-fuzz/ (clang), each for ATRIUM_FUZZ_SECONDS
-#    seconds (default 4) from its seed corpus;
+#    build/, the unit tests again while the libFuzzer targets (tests/fuzz, label "fuzz")
+#    run in build-fuzz/ (clang), each for ATRIUM_FUZZ_SECONDS seconds (default 4) from its
+#    seed corpus; then, alone, the tests labelled "plain" (those whose bounds a sanitizer
+#    or a busy CPU would distort: tests/integration/CMakeLists.txt); then the tests
+#    labelled "tsan" (the runtime mechanisms, plugins, media delivery: tests/CMakeLists.txt)
+#    in build-tsan/ with any data race fatal (library internals suppressed by
+#    tests/tsan.supp), passing CTEST ARGS to every tree but the fuzzing one;
 # 5. stops PostgreSQL (also on failure or Ctrl-C), prints a summary with each tree's time,
+#    each step's time and how busy the CPUs were meanwhile,
 #    the ten slowest tests and the server starts per tree, and exits non-zero if anything
 #    failed.
 # Why the integration tests run once, under the sanitizers: docs/adr/0007-tests-run-once-under-asan.md.
@@ -42,7 +43,7 @@ readonly PG_DIR=$root/build/test-pg
 # Tests run side by side: the integration tests spend most of their time waiting on
 # sockets, timers and other servers (a test keeps about a third of one CPU busy under
 # ASan), so four at a time fill the 2 CPUs (docs/adr/0007-tests-run-once-under-asan.md).
-readonly CTEST_JOBS=2         # build/: the plain tests bound latencies
+readonly CTEST_JOBS=2         # build/: the unit tests, beside the fuzzers (-j2 as well)
 readonly CTEST_JOBS_ASAN=4
 readonly CTEST_JOBS_TSAN=3
 readonly CTEST_DEFAULT_TIMEOUT_S=600   # for tests that set no TIMEOUT of their own
@@ -53,9 +54,12 @@ stage="setup"
 pg_started=0
 summary=()
 step_marks=()
+step_cpu=()
 ctest_logs=()
+declare -A tmp_emptied=()
 build_times_file=$(mktemp)
 others_pid=
+fuzz_pid=
 failed=0
 total_passed=0
 total_failed=0
@@ -73,15 +77,17 @@ step() {
     stage=$*
     local t=$(($(date +%s) - started))
     step_marks+=("$t $*")
+    step_cpu+=("$(cpu_jiffies)")
     printf '\n%s==> [%dm%02ds] %s%s\n' "$bold" $((t / 60)) $((t % 60)) "$*" "$plain"
 }
 
 on_exit() {
     local rc=$?
-    if [ -n "$others_pid" ]; then
-        kill_tree "$others_pid"
-        wait "$others_pid" 2>/dev/null || true
-    fi
+    local pid
+    for pid in $others_pid $fuzz_pid; do
+        kill_tree "$pid"
+        wait "$pid" 2>/dev/null || true
+    done
     if [ "$pg_started" = 1 ]; then
         "$PG_SH" stop "$PG_DIR" >&2 || atrium_say "could not stop the test PostgreSQL in $PG_DIR"
     fi
@@ -123,17 +129,31 @@ kill_tree() {
     kill "$1" 2>/dev/null || true
 }
 
-# step_times END: how long each step took, one line per step, from the marks step() left.
+# cpu_jiffies: "BUSY TOTAL", the whole machine's CPU time so far from /proc/stat (idle and
+# iowait are not busy), so the summary can say how busy the CPUs were during each step.
+cpu_jiffies() {
+    awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6, t; exit}' \
+        /proc/stat 2>/dev/null || echo "0 0"
+}
+
+# step_times END: how long each step took and how busy the machine's CPUs were meanwhile
+# (anything else running on the machine counts too; a step at 100% is bound by CPU, so
+# running more at once cannot shorten it), one line per step, from the marks step() left.
 step_times() {
-    local i t next name
+    local i t next name busy total next_busy next_total pct=0
     [ ${#step_marks[@]} -gt 0 ] || return 0
-    printf 'steps:\n'
+    printf 'steps (wall, CPUs busy):\n'
+    step_cpu+=("$(cpu_jiffies)")
     for i in "${!step_marks[@]}"; do
         t=${step_marks[$i]%% *}
         name=${step_marks[$i]#* }
         next=$1
         [ $((i + 1)) -ge ${#step_marks[@]} ] || next=${step_marks[$((i + 1))]%% *}
-        printf '    %4ds  %s\n' $((next - t)) "$name"
+        read -r busy total <<<"${step_cpu[$i]}"
+        read -r next_busy next_total <<<"${step_cpu[$((i + 1))]}"
+        pct=0
+        [ "$next_total" -le "$total" ] || pct=$((100 * (next_busy - busy) / (next_total - total)))
+        printf '    %4ds %3d%%  %s\n' $((next - t)) "$pct" "$name"
     done
 }
 
@@ -175,37 +195,46 @@ selected() {
     ctest --test-dir "$dir" -N "$@" | grep -cE '^ *Test +#' || true
 }
 
-# run_ctest DIR LABEL [ENV=VALUE...] -- CTEST ARGS: runs the suite of one tree and adds
-# its verdict to the summary.
-run_ctest() {
-    local dir=$1 label=$2 jobs=$CTEST_JOBS
-    shift 2
-    case $dir in
-        build-asan) jobs=$CTEST_JOBS_ASAN ;;
-        build-tsan) jobs=$CTEST_JOBS_TSAN ;;
+# ctest_jobs DIR: how many tests of that tree run side by side.
+ctest_jobs() {
+    case $1 in
+        build-asan) echo "$CTEST_JOBS_ASAN" ;;
+        build-tsan) echo "$CTEST_JOBS_TSAN" ;;
+        *) echo "$CTEST_JOBS" ;;
     esac
+}
+
+# start_ctest DIR LOG [ENV=VALUE...] -- CTEST ARGS: runs one tree's ctest into LOG (and the
+# terminal), leaving its exit status in LOG.rc; returns 1 when the arguments select none
+# of that tree's tests (nothing is run then).
+start_ctest() {
+    local dir=$1 log=$2
+    shift 2
     local env=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do env+=("$1"); shift; done
     shift
-    if [ "$(selected "$dir" "$@")" -eq 0 ]; then # a filter that picks none of this tree's tests
-        summary+=("$(printf '%-28s none selected' "$label")")
-        return 0
-    fi
-    local log=$dir/Testing/atrium-run.log rc tree_started
-    tree_started=$(date +%s)
+    [ "$(selected "$dir" "$@")" -gt 0 ] || return 1
     mkdir -p "$dir/Testing"
-    # Where the harness puts each server's config and log (kept there when a test fails).
-    rm -rf "$dir/test-tmp"
+    # Where the harness puts each server's config and log (kept there when a test fails),
+    # emptied before a tree's first run.
+    [ -n "${tmp_emptied[$dir]:-}" ] || rm -rf "$dir/test-tmp"
+    tmp_emptied[$dir]=1
     env+=("ATRIUM_TEST_TMPDIR=$root/$dir/test-tmp")
     set +e
-    env "${env[@]}" ctest --test-dir "$dir" --output-on-failure -j"$jobs" \
+    env "${env[@]}" ctest --test-dir "$dir" --output-on-failure -j"$(ctest_jobs "$dir")" \
         --timeout "$CTEST_DEFAULT_TIMEOUT_S" --no-tests=error \
-        --output-junit "$root/$dir/Testing/junit.xml" "$@" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
+        --output-junit "$root/${log%.log}.junit.xml" "$@" 2>&1 | tee "$log"
+    echo "${PIPESTATUS[0]}" >"$log.rc"
     set -e
-    local verdict
+}
+
+# record_ctest DIR LABEL LOG SECONDS: adds the verdict of a ctest run start_ctest made to
+# the summary and the totals.
+record_ctest() {
+    local dir=$1 label=$2 log=$3 rc verdict
+    label="$label ${4}s"
+    rc=$(cat "$log.rc" 2>/dev/null || echo 1)
     verdict=$(grep -E '^[0-9]+% tests passed' "$log" | tail -n 1 || true)
-    label="$label $(($(date +%s) - tree_started))s"
     ctest_logs+=("$log")
     if [[ $verdict =~ ([0-9]+)\ tests?\ failed\ out\ of\ ([0-9]+) ]]; then
         total_failed=$((total_failed + BASH_REMATCH[1]))
@@ -226,6 +255,22 @@ run_ctest() {
     local skipped
     while read -r skipped; do summary+=("    ${skipped/SKIPPED: /skipped: }"); done \
         < <(grep -ho "SKIPPED: [^'\"]*" "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u)
+}
+
+# run_ctest DIR LABEL [LOG NAME] [ENV=VALUE...] -- CTEST ARGS: runs the suite of one tree
+# and adds its verdict to the summary.
+run_ctest() {
+    local dir=$1 label=$2 name=atrium-run t0
+    shift 2
+    case ${1:-} in *=* | --) ;; *) name=$1; shift ;; esac
+    local log=$dir/Testing/$name.log
+    t0=$(date +%s)
+    rm -f "$log.rc"
+    if ! start_ctest "$dir" "$log" "$@"; then # a filter that picks none of this tree's tests
+        summary+=("$(printf '%-28s none selected' "$label")")
+        return 0
+    fi
+    record_ctest "$dir" "$label" "$log" $(($(date +%s) - t0))
 }
 
 # The fuzzers run with the whole suite, not with a ctest filter (tests/run.sh -R media has
@@ -369,27 +414,32 @@ if [ -n "$others_pid" ]; then
     others_pid=
 fi
 
+# The product's own build runs the unit tests again (with the sanitizer tree skipped,
+# every test but the latency-bound ones) while the fuzzers run: those tests mostly wait on
+# timers, the fuzzers keep the CPUs busy. Then the tests labelled "plain" (latency bounds
+# a sanitizer's slowdown, or a fuzzer beside them, would distort) run alone.
 if [ "${ATRIUM_TEST_SKIP_ASAN:-0}" != 1 ]; then
-    # The sanitizer tree runs every other test; this one, the product's own build, runs
-    # the unit tests and what a sanitizer's slowdown would distort.
-    plain_args=(-L 'unit|plain' "$@")
+    unit_args=(-L unit "$@")
 else
-    plain_args=(-LE deploy "$@")
+    unit_args=(-LE 'plain|deploy' "$@")
 fi
-step "ctest in build/"
-run_ctest build "build (RelWithDebInfo)" -- "${plain_args[@]}"
-
-if tsan_enabled; then
-    step "ctest -L tsan in build-tsan/"
-    run_ctest build-tsan "build-tsan (TSan subset)" \
-        "TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$root/tests/tsan.supp" \
-        -- -L tsan "$@"
-else
-    summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_*SAN=1)' "build-tsan (TSan subset)")")
-fi
+fuzz_log=build-fuzz/Testing/atrium-run.log
 if fuzz_enabled "$@"; then
-    step "ctest -L fuzz in build-fuzz/ (${ATRIUM_FUZZ_SECONDS:-4} s per target)"
-    run_ctest build-fuzz "build-fuzz (libFuzzer)" -- -L fuzz
+    step "ctest in build/ (-L unit), beside ctest -L fuzz in build-fuzz/ (${ATRIUM_FUZZ_SECONDS:-4} s per target)"
+    fuzz_started=$(date +%s)
+    rm -f "$fuzz_log.rc"
+    start_ctest build-fuzz "$fuzz_log" -- -L fuzz >/dev/null &
+    fuzz_pid=$!
+else
+    step "ctest in build/ (-L unit)"
+fi
+run_ctest build "build (RelWithDebInfo)" unit -- "${unit_args[@]}"
+if [ -n "$fuzz_pid" ]; then
+    wait "$fuzz_pid" || true
+    fuzz_pid=
+    printf '\n--- build-fuzz (libFuzzer), run beside the unit tests above ---\n'
+    cat "$fuzz_log"
+    record_ctest build-fuzz "build-fuzz (libFuzzer)" "$fuzz_log" $(($(date +%s) - fuzz_started))
     # Executions and coverage each target reached (libFuzzer's last status line).
     for log in build-fuzz/tests/fuzz/work/*/last-run.log; do
         [ -f "$log" ] || continue
@@ -399,6 +449,17 @@ if fuzz_enabled "$@"; then
     done
 else
     summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_FUZZ=1 or a ctest filter)' "build-fuzz (libFuzzer)")")
+fi
+step "ctest -L plain in build/ (latency bounds, nothing beside them)"
+run_ctest build "build, -L plain" plain -- -L plain "$@"
+
+if tsan_enabled; then
+    step "ctest -L tsan in build-tsan/"
+    run_ctest build-tsan "build-tsan (TSan subset)" \
+        "TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$root/tests/tsan.supp" \
+        -- -L tsan "$@"
+else
+    summary+=("$(printf '%-28s SKIPPED (ATRIUM_TEST_SKIP_*SAN=1)' "build-tsan (TSan subset)")")
 fi
 # The deploy test (label deploy: the container images built and the Compose files run
 # with podman, minutes even with its caches warm, half an hour on a new machine:

@@ -18,7 +18,12 @@
 
 #include "core/http/http.h"
 
-#define REQ_ARENA_CHUNK_BYTES 8192
+/* A request's arena comes in chunks of this size (2,032 bytes with the chunk's own header:
+ * a 2 KiB malloc chunk). A parked /sync keeps its first chunk for as long as it waits, all
+ * of it resident (malloc hands out memory the handlers touched before): 8 KiB chunks cost
+ * about 6.4 KiB per parked request, these 2 KiB, and a parked /sync fits one
+ * (docs/performance.md, 'Parked long-polls'). */
+#define REQ_ARENA_CHUNK_BYTES 2000
 /* Reset arenas kept for the next requests, instead of an 8 KiB malloc and free per
  * request (too big for malloc's per-thread cache: it showed in the profile of every
  * request). A thread uses one slot, picked once; with more threads than slots, some
@@ -36,6 +41,7 @@ typedef struct kv_collect {
     atrium_req *r;
     http_kv *items;
     size_t n, cap;
+    size_t expected; /* libmicrohttpd's count of them: the first array's size */
     bool decode;
 } kv_collect;
 
@@ -45,7 +51,7 @@ static enum MHD_Result collect_kv(void *cls, enum MHD_ValueKind kind, const char
     (void)kind;
     kv_collect *k = cls;
     if (k->n == k->cap) {
-        size_t cap = k->cap ? k->cap * 2 : 16;
+        size_t cap = k->cap ? k->cap * 2 : k->expected ? k->expected : 16;
         http_kv *n = rt_arena_alloc(k->r->arena, cap * sizeof(*n));
         if (!n) return MHD_NO;
         if (k->n) memcpy(n, k->items, k->n * sizeof(*n));
@@ -76,6 +82,7 @@ typedef struct raw_query {
     atrium_req *r;
     char *buf;
     size_t len, cap;
+    size_t expected; /* its length with the terminator, measured first: the buffer's size */
     bool failed;
 } raw_query;
 
@@ -83,7 +90,7 @@ static void raw_query_put(raw_query *q, const char *s, size_t n)
 {
     if (q->failed) return;
     if (q->len + n + 1 > q->cap) {
-        size_t cap = q->cap ? q->cap * 2 : 256;
+        size_t cap = q->cap ? q->cap * 2 : q->expected ? q->expected : 256;
         while (cap < q->len + n + 1) cap *= 2;
         char *b = rt_arena_alloc(q->r->arena, cap);
         if (!b) {
@@ -97,6 +104,23 @@ static void raw_query_put(raw_query *q, const char *s, size_t n)
     memcpy(q->buf + q->len, s, n);
     q->len += n;
     q->buf[q->len] = '\0';
+}
+
+/* What collect_raw_query will write for one parameter: its '&' (or, for the first, the
+ * terminator), key, '=' and value. */
+static enum MHD_Result measure_raw_query(void *cls, enum MHD_ValueKind kind, const char *key,
+                                         const char *value)
+{
+    (void)kind;
+    raw_query *q = cls;
+    q->expected += 1 + (key ? strlen(key) : 0) + (value ? 1 + strlen(value) : 0);
+    return MHD_YES;
+}
+
+static size_t count_values(struct MHD_Connection *c, enum MHD_ValueKind kind)
+{
+    int n = MHD_get_connection_values(c, kind, NULL, NULL);
+    return n > 0 ? (size_t)n : 0;
 }
 
 static enum MHD_Result collect_raw_query(void *cls, enum MHD_ValueKind kind, const char *key,
@@ -256,15 +280,18 @@ atrium_req *http_req_new(http_server *s, struct MHD_Connection *c, const char *m
     r->start_ms = rt_now_ms();
     r->deadline_ms = r->start_ms + s->cfg->http.handoff_deadline_ms;
 
-    kv_collect h = {.r = r};
+    /* Arrays of the exact size (counted first): they stay as long as the request, a parked
+     * one included. */
+    kv_collect h = {.r = r, .expected = count_values(c, MHD_HEADER_KIND)};
     MHD_get_connection_values(c, MHD_HEADER_KIND, collect_kv, &h);
     r->headers = h.items;
     r->n_headers = h.n;
-    kv_collect q = {.r = r, .decode = true};
+    kv_collect q = {.r = r, .decode = true, .expected = count_values(c, MHD_GET_ARGUMENT_KIND)};
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_kv, &q);
     r->args = q.items;
     r->n_args = q.n;
     raw_query rq = {.r = r};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, measure_raw_query, &rq);
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_raw_query, &rq);
     r->raw_query = rq.buf && !rq.failed ? rq.buf : "";
 

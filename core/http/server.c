@@ -39,12 +39,16 @@
 #include "core/http/http.h"
 
 /* libmicrohttpd's memory per connection: the request's head (in a read buffer of half of
- * it at first, grown within it), its parsed headers and the response's head. Twice
- * HTTP_MAX_HEAD_BYTES holds a head at that limit, kept-alive requests included
- * (test_bad_input). Kept small on purpose: libmicrohttpd 0.9.75 zeroes the whole pool
- * before each request of a connection, and at 64 KiB that was the largest single cost of
- * serving a cached 100 KB file (docs/performance.md). */
-#define CONNECTION_MEMORY_LIMIT_BYTES (2 * HTTP_MAX_HEAD_BYTES)
+ * it at first, grown within it), its parsed headers (from the pool's end, about 56 bytes
+ * each) and the response's head. One and a half HTTP_MAX_HEAD_BYTES holds a head at that
+ * limit with HTTP_MAX_HEADERS headers, kept-alive requests included (test_bad_input).
+ * Kept small on purpose: libmicrohttpd 0.9.75 zeroes the whole pool before each request
+ * of a connection, and at 64 KiB that was the largest single cost of serving a cached
+ * 100 KB file; and a parked long-poll keeps its pool, whose untouched pages between the
+ * head and the header list are resident when malloc reuses memory freed by handlers: 8.0
+ * KiB per parked /sync at 24 KiB against 9.0 at 32 KiB (docs/performance.md, 'Parked
+ * long-polls'). Under 32 KiB libmicrohttpd takes it from malloc, not mmap. */
+#define CONNECTION_MEMORY_LIMIT_BYTES (HTTP_MAX_HEAD_BYTES + HTTP_MAX_HEAD_BYTES / 2) /* 24 KiB */
 #define OUTBOUND_SOCKET_RESERVE 16 /* the coming federation client's connection cap */
 #define DRAIN_POLL_MS 20
 #define FED_CONNECTION_SHARE 4 /* the federation listener gets 1/4 of the connections */

@@ -7,10 +7,22 @@
  * libcurl the host already initialized: the plugin never calls curl_global_init). The
  * payload is sent as UNSIGNED-PAYLOAD in x-amz-content-sha256, which S3 and the RADOS
  * Gateway require beside the signature (over TLS the transport protects the body; the
- * original's SHA-256 is kept in its row and checked by verify-media). One easy handle per
- * request, made and freed on the calling pool thread; at most s3_max_concurrent requests
- * run at once (the rest wait, at most s3_timeout_ms, for a slot), each bounded by
- * s3_timeout_ms. Nothing here runs on a request-pool thread (s3.h).
+ * original's SHA-256 is kept in its row and checked by verify-media). At most
+ * s3_max_concurrent requests run at once (the rest wait, at most s3_timeout_ms, for a
+ * slot), each bounded by s3_timeout_ms. Nothing here runs on a request-pool thread (s3.h).
+ *
+ * Connections to the store are reused: a request slot comes with an easy handle kept from
+ * an earlier request (handle_take), whose one connection libcurl keeps open between
+ * requests, so a GET needs no new TCP connection (nor TLS handshake). At most
+ * s3_max_concurrent handles exist, so at most that many connections, idle or not; a
+ * connection idle S3_IDLE_CONNECTION_MAX_S is closed rather than reused, and a handle
+ * whose request failed is dropped with its connection. A connection the store closed
+ * while idle is seen dead before use; one it closes as a request goes out has the request
+ * sent again on a new connection by libcurl, but only where that is safe: every request here may be
+ * sent twice (GET, HEAD, PUT and UploadPart of the same bytes, DELETE) except the two
+ * POSTs (CreateMultipartUpload, CompleteMultipartUpload), which always go on a new
+ * connection (libcurl retries only on a reused one). A PUT's body is sent again from its
+ * start (on_seek).
  *
  * Metrics: atrium_media_store_requests_total{kind,outcome}, atrium_media_store_bytes_total
  * {direction}, atrium_media_store_in_flight, atrium_media_store_request_ms_total{kind},
@@ -38,14 +50,15 @@
 #define S3_CONNECT_TIMEOUT_MS 5000
 #define S3_PART_MIN_BYTES (5LL * 1024 * 1024) /* S3's smallest part (but the last) */
 #define S3_POOL_QUEUE 1024 /* downloads waiting for a store worker (then 503) */
-#define S3_DELETE_PREFIX_MAX 1000 /* objects under one prefix deleted at once (a hash's thumbnails) */
-#define S3_LIST_BODY_MAX (512 * 1024) /* the answer to one ListObjectsV2 */
 /* libcurl's receive buffer for a GET's body (its default is 16 KiB): one per running GET,
  * so at most s3_max_concurrent of them. A cold 5 MB download streamed from the store took
  * ~320 receive, write and hash rounds at 16 KiB; at 256 KiB the socket gives what it has
  * in a few (bench/media_s3.sh: 0.86x a direct GET at 16 KiB, 0.90x at 256 KiB, 30 pairs;
  * docs/adr/0031-streaming-media-to-and-from-the-object-store.md). */
 #define S3_GET_BUFFER_BYTES (256L * 1024)
+/* A connection idle this long is closed, not reused: below the idle timeouts stores keep
+ * (a connection the store closes first costs a failed attempt and libcurl's retry). */
+#define S3_IDLE_CONNECTION_MAX_S 20L
 
 static const char *const KIND_NAMES[S3_N_KINDS] = {
     "head", "put", "get", "delete", "list", "create", "part", "complete", "abort", "range"};
@@ -57,9 +70,12 @@ struct media_s3 {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* CLOCK_MONOTONIC (host->cond_init) */
     int in_flight;
+    CURL **idle; /* handles kept for the next request: n_idle of s3_max_concurrent */
+    int n_idle;
     atrium_metric *m_requests[S3_N_KINDS][S3_N_OUTCOMES];
     atrium_metric *m_ms[S3_N_KINDS];
     atrium_metric *m_bytes_up, *m_bytes_down, *m_in_flight, *m_hits, *m_misses;
+    atrium_metric *m_connects, *m_idle;
     atrium_metric *m_thumbs_render, *m_thumbs_bucket;
 };
 
@@ -172,6 +188,12 @@ static int create_metrics(media *m, media_s3 *s)
                                         "direction=\"down\"", "Bytes sent to or read from the object store");
     s->m_in_flight = h->metric_gauge(m->self, "atrium_media_store_in_flight", NULL,
                                      "Object store requests running now (at most s3_max_concurrent)");
+    s->m_connects = h->metric_counter(
+        m->self, "atrium_media_store_connections_total", NULL,
+        "Connections opened to the object store (a request on a kept connection opens none)");
+    s->m_idle = h->metric_gauge(m->self, "atrium_media_store_handles_idle", NULL,
+                                "Kept connections to the object store waiting for a request "
+                                "(with those in use, at most s3_max_concurrent)");
     s->m_hits = h->metric_counter(m->self, "atrium_media_store_cache_hits_total", NULL,
                                   "Originals found in the local folder");
     s->m_misses = h->metric_counter(m->self, "atrium_media_store_cache_misses_total", NULL,
@@ -184,7 +206,8 @@ static int create_metrics(media *m, media_s3 *s)
         m->self, "atrium_media_store_thumbnails_total", "source=\"bucket\"",
         "Thumbnails a render needed, by where they came from (render: rendered here and put in "
         "the bucket; bucket: read through, rendered before)");
-    return s->m_in_flight && s->m_hits && s->m_misses && s->m_thumbs_render && s->m_thumbs_bucket
+    return s->m_in_flight && s->m_connects && s->m_idle && s->m_hits && s->m_misses &&
+                   s->m_thumbs_render && s->m_thumbs_bucket
                ? 0
                : ATRIUM_E_NOMEM;
 }
@@ -203,9 +226,12 @@ int s3_client_init(media *m)
         snprintf(s->secret, sizeof(s->secret), "%s", m->cfg.s3_secret_access_key);
     snprintf(s->sigv4, sizeof(s->sigv4), "aws:amz:%s:s3", m->cfg.s3_region);
     if (rc == 0) rc = create_metrics(m, s);
+    if (rc == 0 && !(s->idle = calloc((size_t)m->cfg.s3_max_concurrent, sizeof(*s->idle))))
+        rc = ATRIUM_E_NOMEM;
     if (rc == 0 && m->h->cond_init(&s->cv) != 0) rc = ATRIUM_E_NOMEM;
     if (rc < 0) {
         explicit_bzero(s->secret, sizeof(s->secret));
+        free(s->idle);
         free(s);
         return rc;
     }
@@ -231,6 +257,8 @@ void s3_fini(media *m)
 {
     media_s3 *s = m->s3;
     if (!s) return;
+    for (int i = 0; i < s->n_idle; i++) curl_easy_cleanup(s->idle[i]);
+    free(s->idle);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     explicit_bzero(s->secret, sizeof(s->secret));
@@ -378,6 +406,17 @@ static size_t on_read(char *buf, size_t size, size_t nmemb, void *arg)
     return (size_t)n;
 }
 
+/* libcurl sends a PUT's body again (its request retried on a new connection): from the
+ * start of this request's bytes. */
+static int on_seek(void *arg, curl_off_t offset, int origin)
+{
+    s3_call *call = arg;
+    if (origin != SEEK_SET || offset < 0 || offset > call->upload_size)
+        return CURL_SEEKFUNC_CANTSEEK;
+    call->bytes_sent = (int64_t)offset;
+    return CURL_SEEKFUNC_OK;
+}
+
 static void deadline_after(struct timespec *ts, int64_t ms)
 {
     clock_gettime(CLOCK_MONOTONIC, ts);
@@ -418,6 +457,42 @@ static void slot_release(media *m)
     m->h->metric_add(s->m_in_flight, -1);
 }
 
+/* [with a slot] The most recently kept handle (its connection the likeliest still open),
+ * or a new one; NULL when out of memory. */
+static CURL *handle_take(media *m)
+{
+    media_s3 *s = m->s3;
+    CURL *e = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (s->n_idle > 0) e = s->idle[--s->n_idle];
+    pthread_mutex_unlock(&s->mu);
+    if (!e) return curl_easy_init();
+    m->h->metric_add(s->m_idle, -1);
+    return e;
+}
+
+/* [with a slot] Keep e and its connection for the next request, unless its request failed
+ * (then its connection may be in any state: both go). At most s3_max_concurrent handles
+ * exist (one per slot), so the list never overflows. */
+static void handle_give(media *m, CURL *e, bool failed)
+{
+    media_s3 *s = m->s3;
+    bool kept = false;
+    if (!failed) {
+        curl_easy_reset(e); /* keeps its connection (and TLS session), forgets call's buffers */
+        pthread_mutex_lock(&s->mu);
+        if (s->n_idle < m->cfg.s3_max_concurrent) {
+            s->idle[s->n_idle++] = e;
+            kept = true;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (kept)
+        m->h->metric_add(s->m_idle, 1);
+    else
+        curl_easy_cleanup(e);
+}
+
 static int outcome_of(const s3_call *call)
 {
     if (call->cc != CURLE_OK) return S3_OUT_FAILED;
@@ -437,10 +512,15 @@ static void set_method(CURL *e, s3_call *call)
         curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
         curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
         curl_easy_setopt(e, CURLOPT_READDATA, call);
+        curl_easy_setopt(e, CURLOPT_SEEKFUNCTION, on_seek);
+        curl_easy_setopt(e, CURLOPT_SEEKDATA, call);
         curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)call->upload_size);
         break;
     case S3_KIND_CREATE:
     case S3_KIND_COMPLETE:
+        /* Not to be sent twice (a second Create opens another upload; a second Complete
+         * finds none): a new connection, which libcurl never retries on. */
+        curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
         curl_easy_setopt(e, CURLOPT_POST, 1L);
         curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)call->post_len);
         curl_easy_setopt(e, CURLOPT_POSTFIELDS, call->post_body ? call->post_body : "");
@@ -456,6 +536,60 @@ static void set_method(CURL *e, s3_call *call)
     default: /* LIST */
         break;
     }
+}
+
+/* The options of call on e (a new or reset handle). */
+static void set_options(media *m, CURL *e, s3_call *call, const char *url, struct curl_slist *hdrs)
+{
+    const media_config *c = &m->cfg;
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, m->s3->sigv4);
+    curl_easy_setopt(e, CURLOPT_USERNAME, c->s3_access_key_id);
+    curl_easy_setopt(e, CURLOPT_PASSWORD, m->s3->secret);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_MAXCONNECTS, 1L);
+    curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, S3_IDLE_CONNECTION_MAX_S);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)c->s3_timeout_ms);
+    long connect_ms = c->s3_timeout_ms < S3_CONNECT_TIMEOUT_MS ? (long)c->s3_timeout_ms
+                                                               : S3_CONNECT_TIMEOUT_MS;
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, call->curl_err);
+    if (!empty(c->s3_ca_file)) curl_easy_setopt(e, CURLOPT_CAINFO, c->s3_ca_file);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, call);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, call);
+    set_method(e, call);
+    if (call->range) curl_easy_setopt(e, CURLOPT_RANGE, call->range);
+}
+
+/* Send call on e and read its answer into call (cc, status, length); the connections it
+ * opened counted. A HEAD that got nothing back on a kept connection (the store closed it
+ * as the request went out) is sent once more on a new one: libcurl does that itself for
+ * the other kinds, not for a request without a body. */
+static void transfer(media *m, CURL *e, s3_call *call)
+{
+    long connects = 0;
+    call->cc = curl_easy_perform(e);
+    if (curl_easy_getinfo(e, CURLINFO_NUM_CONNECTS, &connects) != CURLE_OK) connects = 0;
+    if (call->kind == S3_KIND_HEAD && connects == 0 &&
+        (call->cc == CURLE_GOT_NOTHING || call->cc == CURLE_SEND_ERROR ||
+         call->cc == CURLE_RECV_ERROR)) {
+        call->curl_err[0] = '\0';
+        curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+        call->cc = curl_easy_perform(e);
+        connects = 1;
+    }
+    if (connects > 0) m->h->metric_add(m->s3->m_connects, connects);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &call->status);
+    curl_off_t length = -1;
+    if (curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) != CURLE_OK)
+        length = -1;
+    call->length = (int64_t)length;
+    if (call->cc != CURLE_OK && !call->curl_err[0])
+        snprintf(call->curl_err, sizeof(call->curl_err), "%s", curl_easy_strerror(call->cc));
 }
 
 int s3_perform(media *m, s3_call *call)
@@ -478,7 +612,7 @@ int s3_perform(media *m, s3_call *call)
         m->h->metric_add(s->m_requests[call->kind][S3_OUT_FAILED], 1);
         return S3_OUT_FAILED;
     }
-    CURL *e = curl_easy_init();
+    CURL *e = handle_take(m);
     /* Only this header: libcurl 7.88 signs every header the caller sets, even one that
      * only removes a default ("Expect:"), and the store then refuses the signature. */
     struct curl_slist *hdrs = curl_slist_append(NULL, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
@@ -487,36 +621,12 @@ int s3_perform(media *m, s3_call *call)
         snprintf(call->curl_err, sizeof(call->curl_err), "out of memory");
     } else {
         call->easy = e;
-        curl_easy_setopt(e, CURLOPT_URL, url);
-        curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-        curl_easy_setopt(e, CURLOPT_AWS_SIGV4, s->sigv4);
-        curl_easy_setopt(e, CURLOPT_USERNAME, c->s3_access_key_id);
-        curl_easy_setopt(e, CURLOPT_PASSWORD, s->secret);
-        curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
-        curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)c->s3_timeout_ms);
-        long connect_ms = c->s3_timeout_ms < S3_CONNECT_TIMEOUT_MS ? (long)c->s3_timeout_ms
-                                                                   : S3_CONNECT_TIMEOUT_MS;
-        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
-        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, call->curl_err);
-        if (!empty(c->s3_ca_file)) curl_easy_setopt(e, CURLOPT_CAINFO, c->s3_ca_file);
-        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(e, CURLOPT_WRITEDATA, call);
-        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-        curl_easy_setopt(e, CURLOPT_HEADERDATA, call);
-        set_method(e, call);
-        if (call->range) curl_easy_setopt(e, CURLOPT_RANGE, call->range);
-        call->cc = curl_easy_perform(e);
-        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &call->status);
-        curl_off_t length = -1;
-        if (curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) != CURLE_OK)
-            length = -1;
-        call->length = (int64_t)length;
-        if (call->cc != CURLE_OK && !call->curl_err[0])
-            snprintf(call->curl_err, sizeof(call->curl_err), "%s", curl_easy_strerror(call->cc));
+        set_options(m, e, call, url, hdrs);
+        transfer(m, e, call);
     }
     curl_slist_free_all(hdrs);
-    if (e) curl_easy_cleanup(e);
+    /* A transfer stopped by us (write_failed) or failed: its handle and connection go. */
+    if (e) handle_give(m, e, call->cc != CURLE_OK || call->write_failed);
     call->easy = NULL;
     slot_release(m);
     int out = outcome_of(call);
@@ -664,49 +774,6 @@ int s3_object_sha256(media *m, const char *key, char hex[SHA256_HEX_CHARS + 1], 
     return S3_OK;
 }
 
-int s3_list(media *m, const char *prefix, s3_list_fn fn, void *arg)
-{
-    char esc[S3_KEY_MAX * 3], token[S3_KEY_MAX * 2] = "", token_esc[S3_KEY_MAX * 6];
-    char query[S3_KEY_MAX * 10], key[S3_KEY_MAX], size_text[32], truncated[8];
-    if (s3_query_escape(prefix, esc, sizeof(esc)) < 0) return -1;
-    char *body = malloc(S3_LIST_BODY_MAX);
-    if (!body) return -1;
-    int rc = 0;
-    do {
-        /* Names in byte order: the signature's canonical query (s3_call.h). */
-        if (token[0] && s3_query_escape(token, token_esc, sizeof(token_esc)) < 0) {
-            rc = -1;
-            break;
-        }
-        if (token[0])
-            snprintf(query, sizeof(query), "continuation-token=%s&list-type=2&prefix=%s",
-                     token_esc, esc);
-        else
-            snprintf(query, sizeof(query), "list-type=2&prefix=%s", esc);
-        s3_call call = {.kind = S3_KIND_LIST, .query = query, .out_fd = -1, .resp = body,
-                        .resp_cap = S3_LIST_BODY_MAX};
-        if (s3_perform(m, &call) != S3_OUT_OK || call.resp_truncated) {
-            s3_log_failure(m, &call, "ListObjectsV2");
-            rc = -1;
-            break;
-        }
-        for (const char *p = body; rc == 0 && (p = strstr(p, "<Contents>")) != NULL; p += 10) {
-            const char *end = strstr(p, "</Contents>");
-            if (!s3_xml_text(p, end, "Key", key, sizeof(key)) ||
-                !s3_xml_text(p, end, "Size", size_text, sizeof(size_text)))
-                continue;
-            rc = fn(arg, key, strtoll(size_text, NULL, 10));
-        }
-        token[0] = '\0';
-        if (rc == 0 && s3_xml_text(body, NULL, "IsTruncated", truncated, sizeof(truncated)) &&
-            strcmp(truncated, "true") == 0 &&
-            !s3_xml_text(body, NULL, "NextContinuationToken", token, sizeof(token)))
-            rc = -1; /* a truncated answer without its token: cannot go on */
-    } while (rc == 0 && token[0]);
-    free(body);
-    return rc;
-}
-
 void s3_count_down(media *m, int64_t bytes)
 {
     if (bytes > 0) m->h->metric_add(m->s3->m_bytes_down, bytes);
@@ -771,36 +838,4 @@ int s3_delete_object(media *m, const char *key)
     if (out == S3_OUT_OK || out == S3_OUT_NOT_FOUND) return 0;
     s3_log_failure(m, &call, "DELETE");
     return -1;
-}
-
-long s3_delete_prefix(media *m, const char *prefix)
-{
-    char esc[S3_KEY_MAX * 3], query[S3_KEY_MAX * 3 + 64];
-    if (s3_query_escape(prefix, esc, sizeof(esc)) < 0) return -1;
-    snprintf(query, sizeof(query), "list-type=2&max-keys=%d&prefix=%s", S3_DELETE_PREFIX_MAX,
-             esc);
-    char *body = malloc(S3_LIST_BODY_MAX);
-    if (!body) return -1;
-    s3_call call = {.kind = S3_KIND_LIST, .query = query, .out_fd = -1, .resp = body,
-                    .resp_cap = S3_LIST_BODY_MAX};
-    if (s3_perform(m, &call) != S3_OUT_OK) {
-        s3_log_failure(m, &call, "ListObjectsV2");
-        free(body);
-        return -1;
-    }
-    long deleted = 0;
-    char key[S3_KEY_MAX];
-    for (const char *p = body; (p = strstr(p, "<Contents>")) != NULL; p += 10) {
-        const char *end = strstr(p, "</Contents>");
-        if (!s3_xml_text(p, end, "Key", key, sizeof(key)) ||
-            strncmp(key, prefix, strlen(prefix)) != 0)
-            continue;
-        if (s3_delete_object(m, key) < 0) {
-            deleted = -1;
-            break;
-        }
-        deleted++;
-    }
-    free(body);
-    return deleted;
 }

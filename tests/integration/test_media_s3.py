@@ -10,8 +10,9 @@ while media in the local folder is served as ever.
 
 With local_cache_max_bytes the local folder is a bounded cache: past the bound the least
 recently used originals (older than 5 s, and found in the bucket) are evicted by a pass on
-the plugin's cache pool down to 90 % of the bound, and read through again when asked for;
-a download that had its file open when it was evicted completes intact.
+the plugin's cache pool down to 90 % of the bound, and read through again when asked for,
+by six readers at once too; a download that had its file open when it was evicted
+completes intact.
 
 Two processes with different local folders (standing for two machines) share one database
 and the bucket: what one uploads, the other downloads and thumbnails; a thumbnail one
@@ -20,7 +21,7 @@ objects, quarantine keeps them.
 
 An original above s3_part_size_bytes goes as a multipart upload (the store's ETag says how
 many parts); a multipart upload a crash left open is aborted by the orphan sweep; a part
-size under S3's 5 MiB refuses the start.
+size under S3's 5 MiB refuses the start. The media/1 conformance suite passes in s3 mode.
 
 The Ceph packages are installed on first use (tests/lib/rgw.sh packages, apt-get); the
 tests are skipped, saying why, only where they cannot be installed.
@@ -32,7 +33,9 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.parse
@@ -432,6 +435,46 @@ class LocalCacheBoundTest(S3Case):
                    what="evictions after the read-throughs")
         self.assertEqual(a.metric("atrium_media_store_cache_local_only"), 0)
 
+    def test_a_full_cache_under_concurrent_readers_serves_every_byte_and_settles_again(self):
+        bound = 1_000_000
+        a = self.s3_server(media={"local_cache_max_bytes": bound})
+        _, token = register(a)
+        blobs = {}
+        for _ in range(8):  # 2.4 MB into a 1 MB bound
+            data = os.urandom(300_000)
+            blobs[upload(a, token, data)] = data
+        ids = list(blobs)
+        kept = self.settled_under(a, bound)
+        evicted = [media_id for media_id in ids if media_id not in kept]
+        self.assertGreaterEqual(len(evicted), 5, kept)
+        misses = a.metric("atrium_media_store_cache_misses_total")
+        evictions = a.metric("atrium_media_store_cache_evictions_total")
+        # Six readers, each through every original twice in its own order: the evicted ones
+        # read through while the others are served from the full folder.
+        errors = []
+
+        def reader(k):
+            for media_id in (ids[k:] + ids[:k]) * 2:
+                status, _, body = a.request("GET", download_path(a, media_id), token=token,
+                                            timeout=60)
+                if status != 200 or body != blobs[media_id]:
+                    errors.append((media_id, status, len(body)))
+        readers = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(120)
+        self.assertEqual(errors, [])
+        # Every evicted original was read through; most downloads came from the folder (an
+        # original read through may age out and go again while the readers run on a slow
+        # machine: 19 read-throughs of 96 downloads seen at load 8).
+        read_through = a.metric("atrium_media_store_cache_misses_total") - misses
+        self.assertGreaterEqual(read_through, len(evicted))
+        self.assertLess(read_through, 6 * 2 * len(ids) // 2)
+        self.settled_under(a, bound)
+        wait_until(lambda: a.metric("atrium_media_store_cache_evictions_total") > evictions,
+                   what="evictions after the read-throughs")
+
     def test_a_download_started_before_its_file_is_evicted_completes_intact(self):
         # The reader stalls while the file ages (5 s): more than the default send stall.
         # One part (s3_part_size_bytes above its size): the upload lands in the local folder.
@@ -508,6 +551,27 @@ class RefusedStartTest(S3Case):
     def test_an_unreachable_store_refuses_the_start(self):
         port = harness.free_port()
         self.assertIn("unreachable", self.refused(s3_endpoint=f"http://127.0.0.1:{port}"))
+
+
+class ConformanceTest(S3Case):
+    """The media/1 conformance suite (tests/conformance/media/conform.py, run for the local
+    folder by ctest as conformance.media_stock) with the stock plugin in s3 mode, against
+    this file's gateway."""
+
+    def test_the_media_conformance_suite_passes_with_the_stock_plugin_in_s3_mode(self):
+        conform = os.path.join(HERE, "..", "conformance", "media", "conform.py")
+        before = set(self.gateway.keys("originals/"))
+        args = [sys.executable, conform, os.path.join(harness.plugin_dir(), "media.so"),
+                "--thumbnails", "yes", "--set", "remote_fetch_enabled=false"]
+        for key, value in self.gateway.media_settings().items():
+            args += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+        run = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, ATRIUM_BIN=harness.atrium_bin()))
+        self.assertEqual(run.returncode, 0, run.stderr[-6000:])
+        self.assertRegex(run.stderr, r"Ran [1-9]\d* tests")
+        # Its uploads went to the bucket: s3 mode, not the local folder.
+        self.assertTrue(set(self.gateway.keys("originals/")) - before,
+                        "no new object under originals/ in the bucket")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,11 @@
 (plugins/media/s3_stream.c, docs/adr/0031-streaming-media-to-and-from-the-object-store.md):
 the client has its first bytes while the store's GET is still under way, many clients of
 one cold object cause one GET, a Range on a miss is a ranged GET that caches nothing, and a
-store that dies mid-download cuts the client's body and caches nothing.
+store that dies mid-download cuts the client's body and caches nothing; one answering
+garbage gets 503 (no-store) and caches nothing; one frozen under load gives every cold
+download a 503 within s3_timeout_ms while /versions and cached media answer at once. Store requests go on
+kept connections, at most s3_max_concurrent, and come right when the store closes them
+(idle, restarted, or as a request goes out).
 
 Against a real radosgw (tests/lib/rgw.sh, through test_media_s3's Gateway), seen through a
 relay on loopback that passes every byte untouched until told to hold a GET's answer after
@@ -14,7 +18,9 @@ import hashlib
 import http.client
 import os
 import re
+import signal
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -32,8 +38,13 @@ TAIL_HOLD = 64 * 1024  # the last bytes held until the SHA-256 is checked (s3_st
 
 
 class Relay:
-    """A TCP relay to the gateway. hold(n): answers (gateway to Atrium) pass n bytes per
-    connection, then wait until release(); cut(): every connection is closed at once."""
+    """A TCP relay to the gateway. hold(n): an answer (gateway to Atrium) passes n bytes,
+    then waits until release(); cut(): every connection is closed at once; drop_reused():
+    the next request that comes on a connection which already carried one is not passed on,
+    its connection closed instead (a store closing a kept connection as a request goes out);
+    garble(data): every answer is replaced by data, then its connection closed (a store
+    answering garbage), until garble(None). Counts the connections it accepted (accepted)
+    and the most open at once (most_open)."""
 
     def __init__(self, target_port):
         self.target = ("127.0.0.1", target_port)
@@ -47,6 +58,9 @@ class Relay:
         self.released = threading.Event()
         self.held = threading.Event()  # an answer is being held now
         self.conns = []
+        self.accepted = self.open = self.most_open = self.dropped = 0
+        self.drop = False
+        self.garbage = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def hold(self, n):
@@ -69,6 +83,12 @@ class Relay:
             s.close()
         self.release()
 
+    def drop_reused(self):
+        self.drop = True
+
+    def garble(self, data):
+        self.garbage = data
+
     def close(self):
         self.cut()
         self.listener.close()
@@ -79,6 +99,8 @@ class Relay:
                 down, _ = self.listener.accept()
             except OSError:
                 return
+            with self.lock:
+                self.accepted += 1
             try:
                 up = socket.create_connection(self.target, timeout=10)
             except OSError:
@@ -86,15 +108,30 @@ class Relay:
                 continue
             with self.lock:
                 self.conns += [down, up]
-            threading.Thread(target=self._pump, args=(down, up, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(up, down, True), daemon=True).start()
+                self.open += 1
+                self.most_open = max(self.most_open, self.open)
+            conn = {"requests": 0, "answered": False, "ends": 2}
+            for args in ((down, up, False, conn), (up, down, True, conn)):
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, src, dst, answers):
-        sent = 0
+    def _pump(self, src, dst, answers, conn):
+        sent, request = 0, 0
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
+                    break
+                if not answers:  # a request, or more of one
+                    if self.drop and conn["answered"]:
+                        self.drop = False
+                        self.dropped += 1
+                        break
+                    conn["requests"] += 1
+                elif request != conn["requests"]:  # a new answer: hold() counts from here
+                    request, sent = conn["requests"], 0
+                    conn["answered"] = True
+                if answers and self.garbage is not None:
+                    dst.sendall(self.garbage)
                     break
                 limit = self.limit if answers else None
                 if limit is not None and sent + len(data) > limit:
@@ -113,6 +150,10 @@ class Relay:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        with self.lock:
+            conn["ends"] -= 1
+            if conn["ends"] == 0:
+                self.open -= 1
 
 
 GATEWAY = None
@@ -142,6 +183,7 @@ def gateway_relay():
 
 class StreamCase(harness.AtriumTestCase):
     SHARED = False  # one server (and relay) for the class's tests: they count in deltas
+    MEDIA = {}  # more plugins.media settings
 
     @classmethod
     def setUpClass(cls):
@@ -159,7 +201,7 @@ class StreamCase(harness.AtriumTestCase):
             self.addCleanup(self.relay.close)
         media = GATEWAY.media_settings(s3_endpoint=f"http://127.0.0.1:{self.relay.port}",
                                        s3_part_size_bytes=PART, orphan_min_age_ms=10000,
-                                       orphan_sweep_period_ms=1000)
+                                       orphan_sweep_period_ms=1000, **self.MEDIA)
         self.srv = media_server(self, media=media, shared=self.SHARED)
         _, self.token = register(self.srv)
 
@@ -223,7 +265,9 @@ class StreamTest(StreamCase):
         while self.gets() != gets + 1 and time.monotonic() < wait_for:
             time.sleep(0.05)
         self.assertEqual(self.gets(), gets + 1)
-        self.assertTrue(os.path.exists(original_file(self.srv, media_id)))
+        # Named after the GET ended (and was counted): the clients do not wait for it.
+        wait_until(lambda: os.path.exists(original_file(self.srv, media_id)), timeout=10,
+                   what="the local copy named")
         status, _, body = self.srv.request("GET", download_path(self.srv, media_id),
                                            token=self.token)
         self.assertEqual((status, body == data), (200, True))
@@ -298,7 +342,9 @@ class StreamTest(StreamCase):
                                            token=self.token)
         self.assertEqual((status, body == data), (200, True))
         self.assertEqual(self.gets(), gets + 1)
-        self.assertTrue(os.path.exists(original_file(self.srv, media_id)))
+        # Named after the GET ended (and was counted): the clients do not wait for it.
+        wait_until(lambda: os.path.exists(original_file(self.srv, media_id)), timeout=10,
+                   what="the local copy named")
 
 
     def test_an_object_that_is_not_the_rows_is_never_served_whole(self):
@@ -330,6 +376,151 @@ class StreamTest(StreamCase):
                                           {"outcome": "cut"}) == cut,
                        timeout=10, what="the fetch ended as cut")
             self.assertEqual(self.local_names(media_id), [], "nothing named, no temp file left")
+
+
+def restart_gateway():
+    """radosgw stopped (its connections closed) and started again on the same port."""
+    run_dir = os.path.join(GATEWAY.dir, "run")
+    with open(os.path.join(run_dir, "client.rgw.a.pid"), encoding="utf-8") as f:
+        pid = int(f.read())
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), timeout=20, what="radosgw stopped")
+    subprocess.run(["radosgw", "-c", os.path.join(GATEWAY.dir, "ceph.conf"), "-n",
+                    "client.rgw.a"], check=True, timeout=60)
+    wait_until(lambda: GATEWAY.curl("-o", "/dev/null", GATEWAY.env["endpoint"]).returncode == 0,
+               timeout=30, what="radosgw answering again")
+
+
+class FaultyStoreTest(StreamCase):
+    """A store answering garbage, and one frozen under load (answers held, as a SIGSTOPped
+    gateway holds them): clear errors within s3_timeout_ms, nothing cached, and what does not
+    need the store answered at once meanwhile."""
+    SHARED = True
+    MEDIA = {"s3_timeout_ms": 3000}
+
+    def test_a_store_answering_garbage_gets_a_clear_error_caches_nothing_and_heals(self):
+        media_id, data = self.cold(256 * 1024)
+        self.relay.garble(b"this is not an HTTP answer\r\n\r\n")
+        try:
+            status, headers, body = self.srv.request("GET", download_path(self.srv, media_id),
+                                                     token=self.token)
+        finally:
+            self.relay.garble(None)
+        self.assertEqual(status, 503, body)
+        self.assertIn(b"errcode", body)
+        self.assertIn("no-store", headers.get("Cache-Control", ""))
+        self.assertEqual(self.local_names(media_id), [], "nothing cached, no temp file left")
+        status, _, body = self.srv.request("GET", download_path(self.srv, media_id),
+                                           token=self.token)
+        self.assertEqual((status, body == data), (200, True))
+
+    def test_a_frozen_store_under_load_gives_bounded_503s_while_cached_media_is_served(self):
+        cached = os.urandom(64 * 1024)
+        cached_id = upload(self.srv, self.token, cached)  # its local copy stays
+        colds = [self.cold(128 * 1024)[0] for _ in range(6)]
+        self.relay.hold(0)  # every store answer held: the store frozen
+        self.addCleanup(self.relay.release)
+        results = {}
+
+        def fetch(media_id):
+            started = time.monotonic()
+            status, headers, body = self.srv.request("GET", download_path(self.srv, media_id),
+                                                     token=self.token, timeout=60)
+            results[media_id] = (status, headers.get("Cache-Control", ""), body,
+                                 time.monotonic() - started)
+        threads = [threading.Thread(target=fetch, args=(m,)) for m in colds]
+        for t in threads:
+            t.start()
+        self.assertTrue(self.relay.held.wait(10), "no store request reached the store")
+        # Meanwhile: /versions and a cached download, at once.
+        started = time.monotonic()
+        status, _, _ = self.srv.request("GET", "/_matrix/client/versions")
+        versions_s = time.monotonic() - started
+        started = time.monotonic()
+        c_status, _, c_body = self.srv.request("GET", download_path(self.srv, cached_id),
+                                               token=self.token)
+        cached_s = time.monotonic() - started
+        for t in threads:
+            t.join(60)
+        self.assertEqual(status, 200)
+        self.assertLess(versions_s, 2.0)
+        self.assertEqual((c_status, c_body == cached), (200, True))
+        self.assertLess(cached_s, 2.0)
+        bound = self.MEDIA["s3_timeout_ms"] / 1000 + 8  # the deadline, and ASan's slowness
+        for media_id in colds:
+            status, cache_control, body, took = results[media_id]
+            self.assertEqual(status, 503, body)
+            self.assertIn(b"errcode", body)
+            self.assertIn("no-store", cache_control)
+            self.assertLess(took, bound)
+            self.assertEqual(self.local_names(media_id), [])
+
+
+class ConnectionReuseTest(StreamCase):
+    """Requests to the store go on kept connections (plugins/media/s3.c, handle_take): at
+    most s3_max_concurrent of them, and a connection the store closed is never used for an
+    answer."""
+
+    MEDIA = {"s3_max_concurrent": 2}
+    SIZE = 1 << 20
+
+    def download_whole(self, media_id, data):
+        status, _, body = self.srv.request("GET", download_path(self.srv, media_id),
+                                           token=self.token, timeout=30)
+        self.assertEqual((status, sha256(body)), (200, sha256(data)), media_id)
+
+    def test_downloads_one_after_another_reuse_connections_and_come_whole_when_they_close(self):
+        objects = [self.cold(self.SIZE) for _ in range(10)]
+        for media_id, data in objects[:4]:
+            self.download_whole(media_id, data)
+        # 4 uploads, 4 GETs and the start's HEAD: never more connections than handles.
+        self.assertLessEqual(self.relay.accepted, 2)
+        self.assertEqual(self.count("atrium_media_store_connections_total"), self.relay.accepted)
+        # The store closes every kept connection (an idle timeout), then restarts.
+        self.relay.cut()
+        self.download_whole(*objects[4])
+        restart_gateway()
+        self.download_whole(*objects[5])
+        # It closes the kept connection just as a GET goes out on it: sent again on a new
+        # one (a GET may be sent twice).
+        for media_id, data in objects[6:8]:
+            self.relay.drop_reused()
+            self.download_whole(media_id, data)
+        self.assertEqual(self.relay.dropped, 2)
+        # The same for a PUT: its body is sent again whole.
+        self.relay.drop_reused()
+        data = os.urandom(self.SIZE)
+        media_id = upload(self.srv, self.token, data)
+        self.assertEqual(self.relay.dropped, 3)
+        status, body = GATEWAY.get_object(f"originals/{media_id}")
+        self.assertEqual((status, sha256(body)), (200, sha256(data)))
+        for media_id, data in objects[8:]:
+            self.download_whole(media_id, data)
+        # Every connection counted (those the relay took while the gateway was down too).
+        self.assertEqual(self.count("atrium_media_store_connections_total"), self.relay.accepted)
+        self.assertEqual(self.count("atrium_media_store_requests_total",
+                                    {"kind": "get", "outcome": "failed"}), 0)
+
+    def test_concurrent_misses_past_the_bound_keep_at_most_s3_max_concurrent_connections(self):
+        objects = [self.cold(self.SIZE) for _ in range(6)]
+        errors = []
+
+        def fetch(media_id, data):
+            try:
+                self.download_whole(media_id, data)
+            except AssertionError as e:
+                errors.append(e)
+        threads = [threading.Thread(target=fetch, args=o) for o in objects]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertLessEqual(self.relay.most_open, 2)
+        # The kept handles (full: both slots' handles), each with its connection still open
+        # (the orphan sweep's listing may hold one a moment).
+        wait_until(lambda: (self.count("atrium_media_store_handles_idle"), self.relay.open)
+                   == (2, 2), timeout=10, what="two handles kept, their connections open")
 
 
 class UploadStreamTest(StreamCase):

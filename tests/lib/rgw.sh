@@ -40,7 +40,7 @@ usage() {
 }
 
 # Claims a free block of ports; prints its first port. A block whose lock names a dead
-# process is taken over.
+# cluster's folder, or none for a minute, is taken over.
 claim_ports() {
     mkdir -p "$PORT_LOCKS"
     local base lock owner
@@ -49,6 +49,10 @@ claim_ports() {
         if ! mkdir "$lock" 2>/dev/null; then
             owner=$(cat "$lock/owner" 2>/dev/null || true)
             [ -n "$owner" ] && [ -d "$owner" ] && continue
+            # No owner yet: another start made the lock a moment ago and writes it next
+            # (taking it over then gave two clusters one block of ports).
+            [ -z "$owner" ] && [ -n "$(find "$lock" -maxdepth 0 -newermt '-60 seconds' 2>/dev/null)" ] &&
+                continue
             rm -rf "$lock"
             mkdir "$lock" 2>/dev/null || continue
         fi

@@ -44,6 +44,7 @@ typedef struct cache_entry {
 struct auth_cache {
     pthread_mutex_t mu;
     cache_entry *slots; /* NULL once stopped */
+    size_t used;        /* slots holding an entry: a forget skips the walk when none do */
     uint64_t epoch;     /* bumped by every forget: see auth_cache_store */
     rt_metric *m_hits, *m_misses, *m_forgets;
 };
@@ -69,8 +70,10 @@ static size_t slot_of(const char *hash)
     return v % AUTH_CACHE_SLOTS;
 }
 
-static void clear_entry(cache_entry *e)
+/* c->mu held. */
+static void clear_entry(auth_cache *c, cache_entry *e)
 {
+    if (e->user) c->used--;
     free(e->user);
     free(e->device);
     memset(e, 0, sizeof(*e));
@@ -126,16 +129,17 @@ void auth_cache_store(const char *hash, const char *user, const char *device, in
     /* A forget since the look-up began may have revoked what the database said. */
     if (c->slots && c->epoch == read_epoch && listening()) {
         cache_entry *e = &c->slots[slot_of(hash)];
-        clear_entry(e);
+        clear_entry(c, e);
         e->user = strdup(user);
         e->device = strdup(device);
+        if (e->user) c->used++;
         if (e->user && e->device) {
             memcpy(e->hash, hash, sizeof(e->hash));
             e->flags = flags;
             e->expires_ms = rt_now_ms() + (valid_ms < AUTH_CACHE_TTL_MS ? valid_ms
                                                                         : AUTH_CACHE_TTL_MS);
         } else {
-            clear_entry(e);
+            clear_entry(c, e);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -145,10 +149,10 @@ void auth_cache_store(const char *hash, const char *user, const char *device, in
 static void forget_locked(auth_cache *c, const char *user)
 {
     c->epoch++;
-    if (!c->slots) return;
-    for (size_t i = 0; i < AUTH_CACHE_SLOTS; i++)
+    /* Empty (as when listening starts with the server): the table's pages stay untouched. */
+    for (size_t i = 0; c->slots && c->used > 0 && i < AUTH_CACHE_SLOTS; i++)
         if (c->slots[i].user && (!user || strcmp(c->slots[i].user, user) == 0))
-            clear_entry(&c->slots[i]);
+            clear_entry(c, &c->slots[i]);
 }
 
 static void forget_user(auth_cache *c, const char *user_id)
