@@ -153,25 +153,37 @@ class SlidingSyncTest(SharedServerTest):
         self.assertEqual(left["lists"]["all"]["count"], before + 5)  # w3 listed once more, as left
         self.assertEqual(ss(self.dora, body, pos=left["pos"], timeout=0)["lists"]["all"]["count"], before + 4)
 
-    def test_a_row_that_moved_after_the_answers_position_is_read_from_the_history(self):
-        rooms = [self.dora.create_room(name=f"h{i}") for i in range(3)]
+    def test_rows_that_moved_after_the_answers_position_are_read_as_of_it(self):
+        rooms = [self.dora.create_room(name=f"h{i}") for i in range(3)]  # h2 the newest
         body = {"conn_id": "history", **one_list(ranges=[[0, 1]], timeline_limit=1)}
         expected = ss(self.dora, body)
-        # A bump_stamp past every position, as a message written after the answer's
-        # position would leave it: the list must come from the memberships' history.
-        psql(f"UPDATE sliding_sync_rooms SET bump_stamp = 9223372036854775807"
-             f" WHERE user_id = '{self.dora.user_id}' AND room_id = '{rooms[0]}'", database=self.srv.database)
+        self.assertEqual(list(expected["rooms"]), [rooms[2], rooms[1]])
+        db = self.srv.database
+        # A room's bump_stamp past every position, as a message written after the answer's
+        # position leaves it: the room's place comes from its events up to that position.
+        psql(f"UPDATE sliding_sync_bumps SET bump_stamp = 9223372036854775807 WHERE room_id = '{rooms[0]}'",
+             database=db)
         try:
-            answer = ss(self.dora, {**body, "conn_id": "history2"})
+            bumped = ss(self.dora, {**body, "conn_id": "history2"})
         finally:
-            psql(f"UPDATE sliding_sync_rooms SET bump_stamp = (SELECT bump_stamp FROM sliding_sync_bumps"
-                 f" WHERE room_id = '{rooms[0]}') WHERE user_id = '{self.dora.user_id}'"
-                 f" AND room_id = '{rooms[0]}'", database=self.srv.database)
-        self.assertEqual(list(answer["rooms"]), list(expected["rooms"]))
-        self.assertEqual(set(answer["rooms"]), {rooms[2], rooms[1]})
-        self.assertEqual(answer["lists"], expected["lists"])
+            psql(f"UPDATE sliding_sync_bumps SET bump_stamp = (SELECT max(stream_pos) FROM events"
+                 f" WHERE room_id = '{rooms[0]}') WHERE room_id = '{rooms[0]}'", database=db)
+        # A membership past every position (dora left h2 "after" it): the rooms as of the
+        # position come from the memberships' history, where dora is still in h2.
+        psql(f"UPDATE sliding_sync_rooms SET membership = 'leave', membership_pos = 9223372036854775807"
+             f" WHERE user_id = '{self.dora.user_id}' AND room_id = '{rooms[2]}'", database=db)
+        try:
+            left = ss(self.dora, {**body, "conn_id": "history3"})
+        finally:
+            psql(f"UPDATE sliding_sync_rooms r SET membership = m.membership, membership_pos = m.stream_pos"
+                 f" FROM memberships m WHERE m.event_id = r.event_id AND r.user_id = '{self.dora.user_id}'"
+                 f" AND r.room_id = '{rooms[2]}'", database=db)
+        for answer in (bumped, left):
+            self.assertEqual(list(answer["rooms"]), list(expected["rooms"]))
+            self.assertEqual(answer["lists"], expected["lists"])
+            self.assertEqual(answer["rooms"][rooms[2]]["bump_stamp"], expected["rooms"][rooms[2]]["bump_stamp"])
 
-    def test_the_rooms_table_follows_memberships_and_messages(self):
+    def test_the_rooms_table_follows_memberships(self):
         room = self.alice.create_room(name="Table", invite=[self.dora.user_id])
         self.dora.join(room)
         self.alice.send(room, {"msgtype": "m.text", "body": "bump"})
@@ -179,23 +191,39 @@ class SlidingSyncTest(SharedServerTest):
         self.dora.ok("POST", f"{V3}/rooms/{quote(room)}/forget", {})
         self.alice.member_action(room, "invite", self.dora.user_id)
         self.dora.join(room)
-        self.alice.send(room, {"msgtype": "m.text", "body": "bump again"})
         # For every local user and room of the server (this class's other tests' too): the
-        # newest membership, and the bump_stamp that the history and sliding_sync_bumps give.
+        # newest membership of the history.
         stale = psql("SELECT m.user_id, m.room_id FROM (SELECT DISTINCT ON (user_id, room_id) * FROM memberships"
                      " WHERE user_id IN (SELECT user_id FROM users)"
                      " ORDER BY user_id, room_id, stream_pos DESC) m"
-                     " LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
                      " FULL JOIN sliding_sync_rooms r ON r.user_id = m.user_id AND r.room_id = m.room_id"
                      " WHERE r.user_id IS NULL OR m.user_id IS NULL OR (r.membership, r.membership_pos,"
-                     " r.event_id, r.sender, r.forgotten, r.bump_stamp) IS DISTINCT FROM (m.membership,"
-                     " m.stream_pos, m.event_id, m.sender, m.forgotten, CASE WHEN m.membership = 'join'"
-                     " THEN coalesce(b.bump_stamp, m.stream_pos) ELSE m.stream_pos END)",
+                     " r.event_id, r.sender, r.forgotten) IS DISTINCT FROM (m.membership,"
+                     " m.stream_pos, m.event_id, m.sender, m.forgotten)",
                      database=self.srv.database)
         self.assertEqual(stale, [])
         row = psql(f"SELECT membership, forgotten FROM sliding_sync_rooms WHERE user_id = '{self.dora.user_id}'"
                    f" AND room_id = '{room}'", database=self.srv.database)
         self.assertEqual(row, [["join", "f"]])
+
+    def test_a_message_rewrites_no_members_row(self):
+        # The write path stays one row per message whatever the room's size (ADR-0038): a
+        # message moves the room in every member's list through sliding_sync_bumps alone,
+        # and leaves each member's row in sliding_sync_rooms as it was (same tuple: an
+        # UPDATE, even of equal values, gives the row a new ctid and xmin).
+        members = (self.bob, self.carol, self.dora)  # not `many`, whose rooms another test counts
+        room = self.alice.create_room(name="Quiet rows", invite=[m.user_id for m in members])
+        for m in members:
+            m.join(room)
+        rows = f"SELECT user_id, ctid, xmin FROM sliding_sync_rooms WHERE room_id = '{room}' ORDER BY user_id"
+        before = psql(rows, database=self.srv.database)
+        self.assertEqual(len(before), 4)
+        for i in range(3):
+            self.alice.send(room, {"msgtype": "m.text", "body": f"quiet {i}"})
+        self.assertEqual(psql(rows, database=self.srv.database), before)
+        top = ss(self.bob, {"conn_id": "quiet", **one_list(ranges=[[0, 0]], timeline_limit=1)})
+        self.assertEqual(list(top["rooms"]), [room])
+        self.assertEqual(bodies(top["rooms"][room]), ["quiet 2"])
 
     def test_required_state_wildcards_lazy_and_me(self):
         room = self.alice.create_room(name="State", invite=[self.bob.user_id, self.carol.user_id])

@@ -399,16 +399,15 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      "  OR (user_id = u AND device_id = d AND last_used_ms < idle_before);"
      " GET DIAGNOSTICS dropped = ROW_COUNT; END $f$;"},
     {4, "sliding_sync_rooms",
-     /* Each local user's rooms (users with a row in users; memberships holds remote
-      * members too) as the lists read them, one row per (user, room): the newest
-      * membership and the room's bump_stamp (ssync_lists.c, TOP_SQL), so the top
-      * of a list is an index scan that stops at the window and its count one scan of the
-      * user's rows, instead of every membership read, joined and ordered on every run
-      * (docs/adr/0038-sliding-sync-rooms-in-activity-order.md). Kept by triggers: on
-      * memberships (a newer row replaces the older; `forgotten` follows), and in
-      * sliding_sync_bump, which copies the room's bump_stamp to its joined members' rows.
-      * Both writes run under the room's row lock of the transaction that writes the
-      * room (rooms_tx.c), so a join and a message of one room never miss each other. */
+     /* Each local user's newest membership per room (users with a row in users;
+      * memberships holds remote members too), one row per (user, room): the lists read
+      * the user's rows by the primary key and join each to its room's bump_stamp in
+      * sliding_sync_bumps (ssync_lists.c, TOP_SQL), instead of reading every membership
+      * of the history, which a generic plan did by walking the whole table
+      * (docs/adr/0038-sliding-sync-rooms-in-activity-order.md). Kept by a trigger on
+      * memberships only (a newer row replaces the older; `forgotten` follows): a
+      * message writes nothing here, so a send stays one upsert of sliding_sync_bumps
+      * whatever the number of members. */
      "CREATE TABLE sliding_sync_rooms ("
      " user_id text NOT NULL,"
      " room_id text NOT NULL,"
@@ -417,37 +416,23 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      " event_id text NOT NULL,"
      " sender text NOT NULL,"
      " forgotten boolean NOT NULL,"
-     " bump_stamp bigint NOT NULL,"
      " PRIMARY KEY (user_id, room_id));"
-     "CREATE INDEX sliding_sync_rooms_order ON sliding_sync_rooms (user_id, bump_stamp DESC, room_id);"
-     "CREATE INDEX sliding_sync_rooms_joined ON sliding_sync_rooms (room_id) WHERE membership = 'join';"
      "CREATE FUNCTION sliding_sync_membership() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
      " IF NOT EXISTS (SELECT 1 FROM users WHERE user_id = NEW.user_id) THEN RETURN NULL; END IF;"
      " INSERT INTO sliding_sync_rooms AS r (user_id, room_id, membership, membership_pos, event_id, sender,"
-     "  forgotten, bump_stamp)"
-     " VALUES (NEW.user_id, NEW.room_id, NEW.membership, NEW.stream_pos, NEW.event_id, NEW.sender, NEW.forgotten,"
-     "  CASE WHEN NEW.membership = 'join' THEN coalesce((SELECT b.bump_stamp FROM sliding_sync_bumps b"
-     "   WHERE b.room_id = NEW.room_id), NEW.stream_pos) ELSE NEW.stream_pos END)"
+     "  forgotten)"
+     " VALUES (NEW.user_id, NEW.room_id, NEW.membership, NEW.stream_pos, NEW.event_id, NEW.sender, NEW.forgotten)"
      " ON CONFLICT (user_id, room_id) DO UPDATE SET membership = EXCLUDED.membership,"
      "  membership_pos = EXCLUDED.membership_pos, event_id = EXCLUDED.event_id, sender = EXCLUDED.sender,"
-     "  forgotten = EXCLUDED.forgotten, bump_stamp = EXCLUDED.bump_stamp"
+     "  forgotten = EXCLUDED.forgotten"
      "  WHERE r.membership_pos <= EXCLUDED.membership_pos;"
      " RETURN NULL; END $f$;"
      "CREATE TRIGGER sliding_sync_membership AFTER INSERT OR UPDATE OF forgotten ON memberships"
      " FOR EACH ROW EXECUTE FUNCTION sliding_sync_membership();"
-     "CREATE OR REPLACE FUNCTION sliding_sync_bump() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
-     " INSERT INTO sliding_sync_bumps (room_id, bump_stamp) VALUES (NEW.room_id, NEW.stream_pos)"
-     " ON CONFLICT (room_id) DO UPDATE SET bump_stamp = EXCLUDED.bump_stamp"
-     "  WHERE sliding_sync_bumps.bump_stamp < EXCLUDED.bump_stamp;"
-     " UPDATE sliding_sync_rooms r SET bump_stamp = b.bump_stamp FROM sliding_sync_bumps b"
-     "  WHERE b.room_id = NEW.room_id AND r.room_id = NEW.room_id AND r.membership = 'join'"
-     "  AND r.bump_stamp <> b.bump_stamp;"
-     " RETURN NULL; END $f$;"
      "INSERT INTO sliding_sync_rooms SELECT m.user_id, m.room_id, m.membership, m.stream_pos, m.event_id,"
-     " m.sender, m.forgotten, CASE WHEN m.membership = 'join' THEN coalesce(b.bump_stamp, m.stream_pos)"
-     " ELSE m.stream_pos END"
+     " m.sender, m.forgotten"
      " FROM (SELECT DISTINCT ON (user_id, room_id) * FROM memberships ORDER BY user_id, room_id, stream_pos DESC) m"
-     " JOIN users u ON u.user_id = m.user_id LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id;"},
+     " JOIN users u ON u.user_id = m.user_id;"},
 };
 
 int ssync_init(core_runtime *rt)

@@ -7,13 +7,15 @@
  *     the stream position of its newest event of a bump type (SSYNC_BUMP_TYPES_SQL,
  *     Synapse's list: create, message, encrypted, sticker, call invite, poll start,
  *     beacon info) up to the response's position; for other memberships the position of
- *     the membership. Each user's rooms are kept in that order in sliding_sync_rooms (a
- *     row per room with its newest membership and bump_stamp, kept by triggers: migration
- *     4 of ssync.c): lists without filters read only the top of it, as far as their
- *     ranges reach, and its count, plus the rooms the request's subscriptions and the
- *     connection's map name; lists with filters read all of it. When one of the user's
- *     rows moved after the answer's position, the rooms as of that position come from the
- *     memberships' history and sliding_sync_bumps instead (a race with a write; rare).
+ *     the membership. Each local user's newest membership per room is kept in
+ *     sliding_sync_rooms (a trigger on memberships: migration 4 of ssync.c), each room's
+ *     bump_stamp in sliding_sync_bumps (a trigger on events: migration 2), so a message
+ *     writes one row whatever the room's size. A run reads the user's rows by index,
+ *     joins each to its room's bump and sorts them; lists without filters keep only the
+ *     top, as far as their ranges reach, and the count, plus the rooms the request's
+ *     subscriptions and the connection's map name; lists with filters keep all. When one
+ *     of the user's memberships moved after the answer's position, the rooms as of that
+ *     position come from the memberships' history instead (a race with a write; rare).
  *   - The rooms lists hold: joined, invited (not by a user the user ignores: the
  *     m.ignored_user_list, as /sync's rooms.invite) and knocked ones, and those left or banned
  *     after the connection's previous position (so the client learns of it once). A
@@ -97,46 +99,55 @@ static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
     "  JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = " t ".room_id"             \
     "  AND cs.type = 'm.room.create' AND cs.state_key = '') END "
 
-/* From sliding_sync_rooms (migration 4 of ssync.c), kept in this order by triggers: the
- * first $7 rows of the order (all when NULL), an index scan that stops there, and the
- * rooms of $8 (subscriptions, the connection's map) that the lists hold, with the count of
- * the whole order. No row is used when one of the user's rows moved after upto ($2): its
- * state as of upto is in the history (HISTORY_SQL); `late` says so. Every row carries the
- * count and `late`; one row of NULLs when no room is listed. */
+/* A row's bump_stamp as of upto ($2), the row `t` with its room's bump_stamp `bump` (NULL
+ * when sliding_sync_bumps has no row for it): for a joined room the room's, unless an
+ * event arrived after upto (then the newest event of a bump type up to upto, read only for
+ * such a room); else the membership's position (column `pos`). */
+#define BUMP_SQL(t, pos, bump)                                                                 \
+    " CASE WHEN " t ".membership <> 'join' OR " bump " IS NULL THEN " t "." pos                 \
+    "  WHEN " bump " <= $2::bigint THEN " bump                                                 \
+    "  ELSE coalesce((SELECT e.stream_pos FROM events e WHERE e.room_id = " t ".room_id"        \
+    "   AND e.stream_pos <= $2::bigint AND e.type IN " SSYNC_BUMP_TYPES_SQL                      \
+    "   ORDER BY e.stream_pos DESC LIMIT 1), " t "." pos ") END "
+
+/* From sliding_sync_rooms (migration 4 of ssync.c): the user's rows, read by its primary
+ * key (user_id first), each joined to its room's bump in sliding_sync_bumps (the room's
+ * row: an index probe, so the cost follows the user's rooms, not the server's), then the
+ * first $7 of the order (all when NULL; a top-N sort) and the rooms of $8 (subscriptions,
+ * the connection's map) that the lists hold, with the count of the whole order. No row is
+ * used when one of the user's memberships moved after upto ($2): its state as of upto is
+ * in the history (HISTORY_SQL); `late` says so. Every row carries the count and `late`;
+ * one row of NULLs when no room is listed. */
 static const char TOP_SQL[] =
-    "WITH u AS (SELECT count(*) FILTER (WHERE" LISTED_SQL("s", "membership_pos") ") AS n,"
-    "  coalesce(bool_or(s.membership_pos > $2::bigint OR s.bump_stamp > $2::bigint), false) AS late"
-    "  FROM sliding_sync_rooms s WHERE s.user_id = $1),"
-    " top AS MATERIALIZED (SELECT s.* FROM sliding_sync_rooms s WHERE s.user_id = $1"
-    "  AND NOT (SELECT late FROM u) AND" LISTED_SQL("s", "membership_pos")
-    "  ORDER BY s.bump_stamp DESC, s.room_id LIMIT $7::bigint),"
-    " x AS (SELECT true AS ordered, top.* FROM top UNION ALL SELECT false, s.* FROM sliding_sync_rooms s"
-    "  WHERE s.user_id = $1 AND s.room_id = ANY($8::text[]) AND NOT (SELECT late FROM u)"
-    "  AND" LISTED_SQL("s", "membership_pos") "AND s.room_id NOT IN (SELECT room_id FROM top))"
-    " SELECT x.room_id, x.membership, x.event_id, x.sender, x.membership_pos, x.bump_stamp,"
+    "WITH a AS MATERIALIZED (SELECT s.room_id, s.membership, s.event_id, s.sender, s.membership_pos,"
+    "  s.forgotten," BUMP_SQL("s", "membership_pos", "s.room_bump") "AS bump"
+    "  FROM (SELECT s.*, (SELECT b.bump_stamp FROM sliding_sync_bumps b WHERE b.room_id = s.room_id) AS room_bump"
+    "   FROM sliding_sync_rooms s WHERE s.user_id = $1 OFFSET 0) s),"
+    " u AS (SELECT count(*) FILTER (WHERE" LISTED_SQL("a", "membership_pos") ") AS n,"
+    "  coalesce(bool_or(a.membership_pos > $2::bigint), false) AS late FROM a),"
+    " top AS MATERIALIZED (SELECT a.* FROM a WHERE NOT (SELECT late FROM u) AND" LISTED_SQL("a", "membership_pos")
+    "  ORDER BY a.bump DESC, a.room_id LIMIT $7::bigint),"
+    " x AS (SELECT true AS ordered, top.* FROM top UNION ALL SELECT false, a.* FROM a"
+    "  WHERE a.room_id = ANY($8::text[]) AND NOT (SELECT late FROM u)"
+    "  AND" LISTED_SQL("a", "membership_pos") "AND a.room_id NOT IN (SELECT room_id FROM top))"
+    " SELECT x.room_id, x.membership, x.event_id, x.sender, x.membership_pos, x.bump,"
     FILTERED_SQL("x") ", u.n, u.late, x.ordered"
-    " FROM u LEFT JOIN x ON true ORDER BY x.ordered DESC, x.bump_stamp DESC, x.room_id";
+    " FROM u LEFT JOIN x ON true ORDER BY x.ordered DESC, x.bump DESC, x.room_id";
 
 /* The same rooms as of upto from the memberships' history, every one in order (when
- * TOP_SQL says a row moved after upto). The bump comes from sliding_sync_bumps unless an
- * event arrived after upto: then from the events up to upto. */
+ * TOP_SQL says a membership moved after upto). */
 static const char HISTORY_SQL[] =
     "WITH m AS (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id, sender,"
     "  forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2::bigint"
     "  ORDER BY room_id, stream_pos DESC)"
-    " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos,"
-    "  CASE WHEN m.membership <> 'join' THEN m.stream_pos"
-    "   WHEN b.room_id IS NULL THEN m.stream_pos"
-    "   WHEN b.bump_stamp <= $2::bigint THEN b.bump_stamp"
-    "   ELSE coalesce((SELECT e.stream_pos FROM events e WHERE e.room_id = m.room_id"
-    "    AND e.stream_pos <= $2::bigint AND e.type IN " SSYNC_BUMP_TYPES_SQL
-    "    ORDER BY e.stream_pos DESC LIMIT 1), m.stream_pos) END AS bump,"
+    " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos," BUMP_SQL("m", "stream_pos", "b.bump_stamp") "AS bump,"
     FILTERED_SQL("m")
     " FROM m LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
     " WHERE" LISTED_SQL("m", "stream_pos")
     " ORDER BY bump DESC, m.room_id";
 #undef LISTED_SQL
 #undef FILTERED_SQL
+#undef BUMP_SQL
 
 /* How many rows of the order the lists need: the end of their furthest range, or -1 for
  * every row (a list filters, or has no ranges, so its count or window needs them all). */
