@@ -111,8 +111,9 @@ static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
     "   ORDER BY e.stream_pos DESC LIMIT 1), " t "." pos ") END "
 
 /* From sliding_sync_rooms (migration 4 of ssync.c): the user's rows, read by its primary
- * key (user_id first), each joined to its room's bump in sliding_sync_bumps (the room's
- * row: an index probe, so the cost follows the user's rooms, not the server's), then the
+ * key (user_id first), each with its room's bump from sliding_sync_bumps by a probe of its
+ * key (a scalar subquery: as a join, the generic plan hashes the whole table, every room
+ * of the server), so the cost follows the user's rooms, not the server's; then the
  * first $7 of the order (all when NULL; a top-N sort) and the rooms of $8 (subscriptions,
  * the connection's map) that the lists hold, with the count of the whole order. No row is
  * used when one of the user's memberships moved after upto ($2): its state as of upto is
@@ -140,7 +141,8 @@ static const char HISTORY_SQL[] =
     "WITH m AS (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id, sender,"
     "  forgotten FROM memberships WHERE user_id = $1 AND stream_pos <= $2::bigint"
     "  ORDER BY room_id, stream_pos DESC)"
-    " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos," BUMP_SQL("m", "stream_pos", "b.bump_stamp") "AS bump,"
+    " SELECT m.room_id, m.membership, m.event_id, m.sender, m.stream_pos,"
+    BUMP_SQL("m", "stream_pos", "b.bump_stamp") "AS bump,"
     FILTERED_SQL("m")
     " FROM m LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
     " WHERE" LISTED_SQL("m", "stream_pos")
