@@ -13,13 +13,13 @@
   Synapse is in the room it authorises a second Synapse user itself and Atrium takes that
   join); a room where no Atrium user may invite answers M_UNABLE_TO_GRANT_JOIN, which
   Synapse treats as "try another server" and, with none left, tells its client 502.
-- knock_restricted on Synapse: an Atrium user in no allowed room is refused the join and
-  knocks; one in the space joins without knocking.
+- knock_restricted, both ways: a user of the other server in no allowed room is refused
+  the join and knocks; one in the space joins without knocking.
 
 One Synapse and one Atrium serve every test (each test makes its own rooms and Atrium
-users; three Synapse users are shared): a server start is most of the file's time. Synapse is a test peer, not part of Atrium
-(test_federation_synapse.py says where it comes from); without it these tests are skipped
-with a message saying so.
+users; three Synapse users are shared): a server start is most of the file's time.
+Synapse is a test peer, not part of Atrium (test_federation_synapse.py says where it comes
+from); without it these tests are skipped with a message saying so.
 """
 
 import concurrent.futures
@@ -217,7 +217,24 @@ class SynapseRestrictedJoinTest(SynapseCase):
         self.assertIn(f"Failed to make_join via {via}: 400", logged)
         self.assertIsNone(self.atrium_join(room, sue.user_id))
 
-    def test_knock_restricted_lets_space_members_of_the_other_server_join(self):
+    def test_knock_restricted_lets_space_members_of_synapse_join_an_atrium_room(self):
+        alice, sue, syd = self.atrium_user("alice"), self.sue, self.syd
+        space = alice.create_room(preset="public_chat", creation_content=SPACE)
+        room = self.restricted_room(alice, space, rule="knock_restricted")
+        via = self.a.server_name
+        # syd, in no allowed room, may not join (Atrium's make_join refuses) but may knock.
+        self.assert_refused(self.join(syd, room, via), 403, "M_FORBIDDEN")
+        status, body = syd.call("POST", f"{V3}/knock/{quote(room)}?server_name={quote(via)}",
+                                {"reason": "let me in"})
+        self.assertEqual((status, body), (200, {"room_id": room}))
+        self.assertEqual(self.membership(alice, room, syd.user_id)["membership"], "knock")
+        # sue, in the space, joins authorised by alice without knocking.
+        self.assertEqual(self.join(sue, space, via), (200, {"room_id": space}))
+        self.assertEqual(self.join(sue, room, via), (200, {"room_id": room}))
+        self.assertEqual(self.atrium_join(room, sue.user_id)["content"]
+                         ["join_authorised_via_users_server"], alice.user_id)
+
+    def test_knock_restricted_lets_space_members_of_atrium_join_a_synapse_room(self):
         sam = self.sam
         alice, carol = (self.atrium_user(n) for n in ("alice", "carol"))
         space = sam.create_room(preset="public_chat", creation_content=SPACE)
