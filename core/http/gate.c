@@ -369,7 +369,8 @@ static http_listener *pick_worker(http_gate *g, bool cheap, bool held)
     for (int i = 0; i < s->n_workers; i++) {
         http_listener *w = &s->workers[i];
         int open = atomic_load(&w->open_connections), busy = atomic_load(&w->busy) > 0;
-        int backlog = atomic_load(&w->unstarted);
+        /* what a request handed to it waits behind: new connections and woken runs */
+        int backlog = atomic_load(&w->unstarted) + atomic_load(&w->resumed);
         /* per-worker shares are soft (the total above is the limit), up to twice */
         if (open >= w->max_connections * (cheap ? 2 : 1)) continue;
         if (!cheap && backlog >= HTTP_WORKER_BACKLOG) continue;
