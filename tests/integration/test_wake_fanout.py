@@ -5,7 +5,8 @@ room wakes them all at once. Meanwhile /versions is asked every 20 ms on a fresh
 connection: each must be answered in a small part of the time the fan-out takes (measured
 here: from the send to the last long-poll's answer), not behind the woken syncs queued on
 the workers' threads (core/http/resume_line.c). Every long-poll must be answered 200 with
-the message.
+the message, the resume lines must have held woken requests (atrium_http_resumes_waiting
+above 0) and be empty after.
 
 The bound is relative to the fan-out measured in the same run, so a sanitizer's slowdown
 scales both sides: the test runs in the ASan tree like the others.
@@ -87,7 +88,7 @@ class WakeFanoutTest(unittest.TestCase):
         while srv.metric("atrium_http_parked") < n:
             self.assertLess(time.monotonic(), deadline, "the long-polls did not all park")
             time.sleep(0.05)
-        lat, stop = [], threading.Event()
+        lat, lined, stop = [], [], threading.Event()
 
         def probe():
             while not stop.is_set():
@@ -97,6 +98,8 @@ class WakeFanoutTest(unittest.TestCase):
                 except OSError as e:
                     status = repr(e)
                 lat.append((time.monotonic() - t0, status, t0))
+                if len(lat) % 2 == 0:  # the resume line's gauge: it must fill, then empty
+                    lined.append(srv.metric("atrium_http_resumes_waiting"))
                 time.sleep(PROBE_EVERY_S)
 
         sent = time.monotonic()
@@ -112,7 +115,8 @@ class WakeFanoutTest(unittest.TestCase):
         during = [p for p in lat if p[2] < sent + fanout]
         worst = max(during)
         print(f"\n{n} long-polls woken in {fanout * 1000:.0f} ms; /versions meanwhile: "
-              f"{len(during)} probes, worst {worst[0] * 1000:.0f} ms", file=sys.stderr)
+              f"{len(during)} probes, worst {worst[0] * 1000:.0f} ms; resume lines held up to "
+              f"{max(lined):.0f}", file=sys.stderr)
         statuses = {}
         for data, _ in answers.values():
             line = data.split(b"\r\n", 1)[0]
@@ -121,6 +125,8 @@ class WakeFanoutTest(unittest.TestCase):
         self.assertTrue(all(b"wake-fanout" in data for data, _ in answers.values()))
         self.assertTrue(all(p[1] == 200 for p in lat), lat)
         self.assertGreaterEqual(len(during), 3)
+        self.assertGreater(max(lined), 0, "no woken request waited in a resume line")
+        self.assertEqual(srv.metric("atrium_http_resumes_waiting"), 0)
         self.assertLess(worst[0], fanout * SHARE_OF_FANOUT,
                         f"/versions took {worst[0] * 1000:.0f} ms while {n} woken long-polls "
                         f"were answered over {fanout * 1000:.0f} ms")
