@@ -22,8 +22,10 @@ import os
 import types
 import unittest
 
-from accounts import register
+import harness
+from accounts import REGISTRATION_ON, register
 from rooms_client import V3, Client, quote
+from test_federation import FederatedServer
 from test_federation_synapse import PEER_SH, SKIP_MESSAGE, SynapseCase
 
 SYNAPSE_IP, ATRIUM_IP = "127.0.0.137", "127.0.0.138"
@@ -224,45 +226,57 @@ class SlidingSyncAgainstSynapseTest(SynapseCase):
     """One Synapse and one Atrium for the class; each scenario makes users of its own."""
 
     maxDiff = None
-    accounts = {}
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.syn = cls.start_class_synapse(SYNAPSE_IP)
+        try:
+            # Atrium starts, and its users register, while Synapse starts (seconds). Atrium
+            # from this thread: the harness ties a server's life to the thread starting it.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                synapse = pool.submit(cls.start_class_synapse, SYNAPSE_IP)
+                try:
+                    atrium_accounts = cls.start_atrium()
+                finally:
+                    cls.syn = synapse.result()
+            cls.accounts = {"atrium": atrium_accounts, "synapse": cls.on_each_user(cls.synapse_user)}
+        except BaseException:
+            cls.tearDownClass()  # stops the Atrium started (Synapse: its class cleanup)
+            raise
+
+    @classmethod
+    def start_atrium(cls):
+        """The class's Atrium (start_class_fed finds it) and its USERS."""
+        a = cls.class_servers[ATRIUM_IP] = harness.start_shared(FederatedServer(
+            cls.ca, ATRIUM_IP, extra=REGISTRATION_ON, start=False))
+        return cls.on_each_user(lambda lp: cls.named(a, register(a, lp), lp))
+
+    @classmethod
+    def synapse_user(cls, localpart):
+        """An admin without Synapse's rate limits (its defaults would pace the scenarios)."""
+        account = synapse_register(cls.syn, localpart)
+        cls.syn.unlimit(account)
+        return cls.named(cls.syn, account, localpart)
+
+    @staticmethod
+    def named(srv, account, localpart):
+        if localpart in DISPLAY_NAMES:
+            Client(srv, account).ok("PUT", f"{V3}/profile/{quote(account.user_id)}/displayname",
+                                    {"displayname": DISPLAY_NAMES[localpart]})
+        return account
+
+    @staticmethod
+    def on_each_user(make):
+        """make(localpart) for each of USERS at once (a registration costs about a second
+        on Synapse, an Argon2id hash on Atrium): {localpart: account}."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(USERS)) as pool:
+            jobs = {lp: pool.submit(make, lp) for lp in USERS}
+            return {lp: job.result() for lp, job in jobs.items()}
 
     def setUp(self):
         self.a = self.start_class_fed(ATRIUM_IP)
-        cls = type(self)
-        if not cls.accounts:
-            cls.accounts = self.register_all()
-        self.sides = [Side("atrium", self.a, self.a.server_name, cls.accounts["atrium"]),
-                      Side("synapse", self.syn, self.syn.server_name, cls.accounts["synapse"])]
-
-    def register_all(self):
-        """USERS on both servers, at once (a registration costs about a second on Synapse):
-        {server: {localpart: account}}. Synapse's are admins without its rate limits (its
-        defaults would pace the scenarios). DISPLAY_NAMES set."""
-        syn, a = self.syn, self.a
-
-        def on_synapse(localpart):
-            account = synapse_register(syn, localpart)
-            syn.unlimit(account)
-            return account
-
-        def make(side, localpart):
-            account = on_synapse(localpart) if side == "synapse" else register(a, localpart)
-            srv = syn if side == "synapse" else a
-            if localpart in DISPLAY_NAMES:
-                Client(srv, account).ok("PUT", f"{V3}/profile/{quote(account.user_id)}/displayname",
-                                        {"displayname": DISPLAY_NAMES[localpart]})
-            return account
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
-            jobs = {(side, lp): pool.submit(make, side, lp)
-                    for side in ("atrium", "synapse") for lp in USERS}
-            return {side: {lp: jobs[side, lp].result() for lp in USERS}
-                    for side in ("atrium", "synapse")}
+        self.sides = [Side("atrium", self.a, self.a.server_name, self.accounts["atrium"]),
+                      Side("synapse", self.syn, self.syn.server_name, self.accounts["synapse"])]
 
     def run_both(self, scenario):
         """scenario(side) on both servers at once: the two lists of (step, answer),
