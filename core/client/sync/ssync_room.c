@@ -11,7 +11,9 @@
  *     membership, a new name or avatar; its timeline then holds the events after
  *     sent_upto (limited when there were more).
  *   - Invited and knocked rooms carry only their stripped state (invite_state), once per
- *     membership.
+ *     membership, with the name and avatar it holds. A room left or banned from has no
+ *     member counts or heroes. Where results still differ from Synapse's, and why:
+ *     docs/adr/0041-sliding-sync-differences-from-synapse.md.
  *   - A timeline_limit larger than the one the room was last sent with (the connection
  *     keeps it) sends the room at once with its newest timeline_limit events and
  *     unstable_expanded_timeline (Synapse's name for the MSC's expanded_timeline). Other
