@@ -29,8 +29,9 @@
  *   - served connections: the last server.cheap_reserve of them are for cheap requests
  *     only (pick_worker), so requests that wait (parked media, long-polls) never hold all;
  *     and a worker is handed one that may wait only while fewer than HTTP_WORKER_BACKLOG
- *     of its connections have not started their first request, so a cheap request handed
- *     to it waits behind a few, not behind a storm; the rest are held here, ready, counted
+ *     of its connections have not started their first request or woken requests their
+ *     run (resume_line.c), so a cheap request handed to it waits behind a few, not behind
+ *     a storm or a wake fan-out; the rest are held here, ready, counted
  *     as served and out of the gate's room (hold), so they never stop it accepting
  *     (docs/performance.md, "Parked long-polls");
  *   - the gate's own room (gate_max_pending) holds connections still sending headers and
@@ -369,7 +370,8 @@ static http_listener *pick_worker(http_gate *g, bool cheap, bool held)
     for (int i = 0; i < s->n_workers; i++) {
         http_listener *w = &s->workers[i];
         int open = atomic_load(&w->open_connections), busy = atomic_load(&w->busy) > 0;
-        int backlog = atomic_load(&w->unstarted);
+        /* what a request handed to it waits behind: new connections and woken runs */
+        int backlog = atomic_load(&w->unstarted) + atomic_load(&w->resumed);
         /* per-worker shares are soft (the total above is the limit), up to twice */
         if (open >= w->max_connections * (cheap ? 2 : 1)) continue;
         if (!cheap && backlog >= HTTP_WORKER_BACKLOG) continue;

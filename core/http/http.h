@@ -110,7 +110,28 @@ typedef struct http_listener {
      * hands a worker at most HTTP_WORKER_BACKLOG of those that may wait (gate.c). */
     atomic_int unstarted;
     int max_connections;          /* its share of the client connections */
+    /* Its woken requests (resumed to run their handler again, ACT_REDISPATCH) whose run has
+     * not started, at most HTTP_WORKER_RESUMES; the others wait in its resume line, in wake
+     * order, still suspended (resume_line.c). Changed under resume_mu. */
+    pthread_mutex_t resume_mu;
+    atomic_int resumed;
+    struct atrium_req *rl_head, *rl_tail;
 } http_listener;
+
+/* ---- the resume line (resume_line.c) ------------------------------------------------ */
+/* Woken requests a worker runs again at once; the rest wait suspended in its line, so a
+ * fan-out of a thousand woken long-polls never puts more than these ahead of a cheap
+ * request handed to that worker (docs/performance.md, "The wake fan-out"). */
+#define HTTP_WORKER_RESUMES 2
+/* Resume r (its state already SUSP_RESUMING with `action`): a woken run on a client worker
+ * takes a place among its HTTP_WORKER_RESUMES or waits in its line; anything else is
+ * resumed at once. Any thread, r->mu not held. */
+void http_resume(atrium_req *r, int action);
+/* r's woken run starts, or its connection closed before: its place goes to the oldest in
+ * the line. The worker's thread; no-op when r holds none. */
+void http_resume_done(atrium_req *r);
+/* Resume every request still in a line (shutdown, before the workers stop). */
+void http_resume_flush(http_server *s);
 
 /* Count d connections opened (+1) or closed (-1) on l and its parent. */
 void http_listener_count(http_listener *l, int d);
@@ -225,7 +246,7 @@ struct http_server {
     struct atrium_event *events; /* every event, for shutdown */
     rt_metric *m_requests, *m_connections, *m_parked, *m_handed_off, *m_holds;
     rt_metric *m_handoff_expired, *m_handoff_client_gone, *m_handoff_cancelled;
-    rt_metric *m_streams_waiting, *m_streams_cut;
+    rt_metric *m_streams_waiting, *m_streams_cut, *m_resumes_waiting;
     rt_metric *m_responses[6]; /* by status class 1xx..5xx, [0] unused */
     bool ratelimit_enabled;
 
@@ -430,6 +451,12 @@ struct atrium_req {
     bool holds_deferred; /* completed while on_pool: the pool thread releases them */
     bool answer_deferred; /* answered while on_pool: the pool thread releases the answer
                              holds */
+
+    /* its client worker (NULL on the other listeners), and its place there as a woken run
+     * (resume_counted) or in its resume line (rl_next); resume_line.c */
+    struct http_listener *worker;
+    bool resume_counted;
+    struct atrium_req *rl_next;
 
     /* inside a body_chunk callback: park, line_admit, req_wait and handoff refuse */
     bool in_body_chunk;

@@ -418,6 +418,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         if (listener->parent) first_request_started(listener, c);
         r = http_req_new(s, c, method, url, listener->kind);
         if (!r) return MHD_NO;
+        if (listener->parent) r->worker = listener;
         *con_cls = r;
         atomic_fetch_add(&inflight_requests, 1);
         /* Refused before its body: answer now; MHD closes the connection after. */
@@ -446,6 +447,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     pthread_mutex_unlock(&r->mu);
 
     if (state == SUSP_RESUMING) {
+        http_resume_done(r); /* its place in the worker's woken runs: the next one's */
         if (action == ACT_RESPOND) return queue(r, status, resp);
         r->run_reason = reason;
         return dispatch_on(listener, r);
@@ -473,6 +475,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atrium_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
+    http_resume_done(r); /* resumed from a line, then closed before it ran */
     set_phase(r, c, PHASE_IDLE); /* kept alive: waiting for the next request */
     uncork_response(r);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
@@ -557,6 +560,9 @@ http_server *http_server_new(const struct core_config *cfg, rt_metrics *metrics)
     s->m_streams_cut = rt_metric_counter(
         metrics, "atrium_http_streams_cut_total", NULL,
         "Waiting responses cut before their end by their deadline or shutdown");
+    s->m_resumes_waiting = rt_metric_gauge(
+        metrics, "atrium_http_resumes_waiting", NULL,
+        "Woken requests waiting in a worker's resume line to run again (resume_line.c)");
     static const char *const classes[] = {NULL, "1xx", "2xx", "3xx", "4xx", "5xx"};
     for (int i = 1; i <= 5; i++) {
         char labels[32];
@@ -765,6 +771,8 @@ int http_server_start(http_server *s)
     s->n_workers = cfg->http.request_threads;
     s->workers = calloc((size_t)s->n_workers, sizeof(*s->workers));
     bool workers_ok = s->workers != NULL;
+    for (int i = 0; workers_ok && i < s->n_workers; i++)
+        pthread_mutex_init(&s->workers[i].resume_mu, NULL);
     for (int i = 0; workers_ok && i < s->n_workers; i++) {
         http_listener *w = &s->workers[i];
         w->srv = s;
@@ -774,6 +782,7 @@ int http_server_start(http_server *s)
         atomic_init(&w->open_connections, 0);
         atomic_init(&w->busy, 0);
         atomic_init(&w->unstarted, 0);
+        atomic_init(&w->resumed, 0);
         w->daemon = MHD_start_daemon(
             flags, 0, NULL, NULL, on_access, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
             /* The gate enforces per_worker with counts from the connection callback;
@@ -840,6 +849,7 @@ void http_server_stop(http_server *s)
     s->fed_daemon = NULL;
     if (s->ops_daemon) MHD_stop_daemon(s->ops_daemon);
     s->ops_daemon = NULL;
+    http_resume_flush(s); /* libmicrohttpd stops no daemon with a connection suspended */
     for (int i = 0; s->workers && i < s->n_workers; i++) {
         if (s->workers[i].daemon) MHD_stop_daemon(s->workers[i].daemon);
         s->workers[i].daemon = NULL;
@@ -853,6 +863,8 @@ void http_server_free(http_server *s)
     susp_timer_free(s->timer);
     susp_events_free(s);
     router_free(s->router);
+    for (int i = 0; s->workers && i < s->n_workers; i++)
+        pthread_mutex_destroy(&s->workers[i].resume_mu);
     free(s->workers);
     rt_budget_free(s->outbound);
     if (s->gate_poke_fd >= 0) close(s->gate_poke_fd);

@@ -164,7 +164,7 @@ void susp_suspend(atrium_req *r, int kind, int64_t deadline_ms)
 }
 
 /* Under r->mu, r suspended: SUSPENDED -> RESUMING with what to do. The caller unlocks,
- * then calls MHD_resume_connection. */
+ * then calls MHD_resume_connection (or http_resume). */
 static void resume_locked(atrium_req *r, int action, int reason, int status,
                           struct MHD_Response *resp)
 {
@@ -187,7 +187,7 @@ bool susp_resume(atrium_req *r, int action, int reason, int status, struct MHD_R
     }
     resume_locked(r, action, reason, status, resp);
     pthread_mutex_unlock(&r->mu);
-    MHD_resume_connection(r->conn);
+    http_resume(r, action); /* a woken run may wait in its worker's line (resume_line.c) */
     return true;
 }
 

@@ -168,6 +168,19 @@ class PushCountsTest(SharedServerTest):
         # Only Bob's rules: Carol still counts everything.
         self.assertEqual(self.counts(self.carol, quiet), (2, 0))
 
+    def test_each_member_of_a_room_gets_their_own_stored_rules(self):
+        # The push sender reads every member's rules at once (push_rules_batch_read): each
+        # member's verdict must come from their own rows, not a neighbour's.
+        room = self.room_of_three()
+        self.put_rule(self.bob, "room", room, {"actions": ["dont_notify"]})
+        self.put_rule(self.carol, "room", room,
+                      {"actions": ["notify", {"set_tweak": "highlight"}]})
+        self.put_rule(self.carol, "sender", self.alice.user_id, {"actions": []})
+        self.say(self.alice, room, "one")
+        self.say(self.alice, room, "two")
+        self.assertEqual(self.counts(self.bob, room), (0, 0))
+        self.assertEqual(self.counts(self.carol, room), (2, 2))  # room rules before sender
+
     def test_a_sender_rule_silences_one_sender(self):
         room = self.room_of_three()
         self.put_rule(self.bob, "sender", self.carol.user_id, {"actions": []})

@@ -402,51 +402,8 @@ class SynapseRoomsTest(test_federation_synapse.SynapseInteropTest):
                         "GET", f"/_matrix/client/v3/rooms/{quote(room)}/members")["chunk"]
                     if e["content"]["membership"] == "join"})
 
-    def test_restricted_rooms_are_joined_through_the_residents_authoriser_both_ways(self):
-        # "Members of the space may join", version 10, across servers: the resident's
-        # make_join names its authorising user, send_join co-signs the join.
-        def restricted(space):
-            return [{"type": "m.room.join_rules", "content": {"join_rule": "restricted", "allow": [
-                {"type": "m.room_membership", "room_id": space}]}}]
-        with self.subTest(resident="synapse"):
-            status, body = self.sam_call("POST", "/_matrix/client/v3/createRoom",
-                                         {"preset": "public_chat", "creation_content": {"type": "m.space"}})
-            self.assertEqual(status, 200, body)
-            space = body["room_id"]
-            status, body = self.sam_call("POST", "/_matrix/client/v3/createRoom",
-                                         {"preset": "private_chat", "room_version": "10",
-                                          "initial_state": restricted(space)})
-            self.assertEqual(status, 200, body)
-            room = body["room_id"]
-            via = f"?server_name={quote(self.syn['name'])}"
-            for target in (space, room):
-                self.assertEqual(self.alice.call("POST", f"/_matrix/client/v3/join/{quote(target)}{via}",
-                                                 {}, timeout=60), (200, {"room_id": target}))
-            [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
-                            f" AND state_key = '{self.alice.user_id}'", database=self.a.database)
-            join = json.loads(pdu)
-            self.assertEqual(join["content"]["join_authorised_via_users_server"], self.sam["user_id"])
-            self.assertEqual(set(join["signatures"]), {self.a.server_name, self.syn["name"]})
-            self.alice.send(room, {"msgtype": "m.text", "body": "in through synapse's space"})
-            self.wait_until("alice's message at Synapse",
-                            lambda: "in through synapse's space" in self.sam_bodies(room))
-        with self.subTest(resident="atrium"):
-            space = self.alice.create_room(preset="public_chat", creation_content={"type": "m.space"})
-            room = self.alice.create_room(preset="private_chat", room_version="10",
-                                          initial_state=restricted(space))
-            via = f"?server_name={quote(self.a.server_name)}"
-            for target in (space, room):
-                status, body = self.sam_call("POST", f"/_matrix/client/v3/join/{quote(target)}{via}", {})
-                self.assertEqual(status, 200, body)
-            [(pdu,)] = psql(f"SELECT pdu FROM events WHERE room_id = '{room}' AND type = 'm.room.member'"
-                            f" AND state_key = '{self.sam['user_id']}'", database=self.a.database)
-            join = json.loads(pdu)
-            self.assertEqual(join["content"]["join_authorised_via_users_server"], self.alice.user_id)
-            self.assertEqual(set(join["signatures"]), {self.a.server_name, self.syn["name"]})
-            self.sam_call("PUT", f"/_matrix/client/v3/rooms/{quote(room)}/send/m.room.message/r1",
-                          {"msgtype": "m.text", "body": "in through atrium's space"})
-            self.wait_until("sam's message at Atrium",
-                            lambda: "in through atrium's space" in self.alice_bodies(room))
+    # Restricted rooms with Synapse, both ways, and their refusals:
+    # test_restricted_joins_synapse.py.
 
     def test_atrium_pages_back_through_a_synapse_rooms_history_it_joined_late(self):
         syd = json.loads(__import__("test_federation_synapse").peer(

@@ -149,11 +149,23 @@ static json_t *user_rule_json(PGresult *res, int row)
     return rule;
 }
 
+/* Rows [first, end) of res: one user's part of a result (res NULL: none). */
+typedef struct rows {
+    PGresult *res;
+    int first, end;
+} rows;
+
+static rows all_rows(PGresult *res)
+{
+    return (rows){res, 0, res ? PQntuples(res) : 0};
+}
+
 /* Apply the user's stored changes to one default rule. */
-static void apply_default_settings(json_t *rule, PGresult *settings)
+static void apply_default_settings(json_t *rule, rows set)
 {
     const char *id = json_string_value(json_object_get(rule, "rule_id"));
-    for (int i = 0; settings && i < PQntuples(settings); i++) {
+    PGresult *settings = set.res;
+    for (int i = set.first; settings && i < set.end; i++) {
         if (strcmp(PQgetvalue(settings, i, 0), id) != 0) continue;
         if (!PQgetisnull(settings, i, 1))
             json_object_set_new(rule, "enabled", json_boolean(PQgetvalue(settings, i, 1)[0] == 't'));
@@ -165,7 +177,7 @@ static void apply_default_settings(json_t *rule, PGresult *settings)
 
 /* The composition rule (see the file comment). user_rules and settings may be NULL (none,
  * or the database could not be read). Returns the global rule set, or NULL on OOM. */
-static json_t *compose_ruleset(const char *user, PGresult *user_rules, PGresult *settings)
+static json_t *compose_ruleset(const char *user, rows user_rules, rows settings)
 {
     json_t *defaults = default_rules(user);
     json_t *global = json_object();
@@ -185,9 +197,9 @@ static json_t *compose_ruleset(const char *user, PGresult *user_rules, PGresult 
             json_array_append(out, json_array_get(defs, 0)); /* .m.rule.master */
             first_default = 1;
         }
-        for (int row = 0; user_rules && row < PQntuples(user_rules); row++)
-            if (strcmp(PQgetvalue(user_rules, row, 0), kind) == 0)
-                json_array_append_new(out, user_rule_json(user_rules, row));
+        for (int row = user_rules.first; user_rules.res && row < user_rules.end; row++)
+            if (strcmp(PQgetvalue(user_rules.res, row, 0), kind) == 0)
+                json_array_append_new(out, user_rule_json(user_rules.res, row));
         for (i = first_default; i < json_array_size(defs); i++)
             json_array_append(out, json_array_get(defs, i));
         json_object_set_new(global, kind, out);
@@ -209,7 +221,8 @@ static json_t *load_ruleset(const char *user, PGconn *c, bool *db_ok)
                                       " WHERE user_id = $1", 1, p)
                            : NULL;
     *db_ok = rules && settings;
-    json_t *global = compose_ruleset(user, *db_ok ? rules : NULL, *db_ok ? settings : NULL);
+    json_t *global = compose_ruleset(user, all_rows(*db_ok ? rules : NULL),
+                                     all_rows(*db_ok ? settings : NULL));
     PQclear(rules);
     PQclear(settings);
     return global;
@@ -224,9 +237,95 @@ json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok)
     return global;
 }
 
-json_t *push_rules_for_user(const char *user_id, PGconn *c, bool *db_ok)
+/* ---- many users' rule sets at once (the push sender) ------------------------------- */
+
+struct push_rules_batch {
+    PGresult *rules, *settings; /* ordered by user_id, then as load_ruleset's */
+    json_t *index;              /* user_id -> [rules first, end, settings first, end] */
+};
+
+/* A PostgreSQL text[] literal of column 0 of res, every element quoted. */
+static char *users_literal(PGresult *res)
 {
-    return load_ruleset(user_id, c, db_ok);
+    size_t cap = 3;
+    for (int i = 0; i < PQntuples(res); i++) cap += 2 * strlen(PQgetvalue(res, i, 0)) + 3;
+    char *out = malloc(cap), *o = out;
+    if (!out) return NULL;
+    *o++ = '{';
+    for (int i = 0; i < PQntuples(res); i++) {
+        if (i) *o++ = ',';
+        *o++ = '"';
+        for (const char *v = PQgetvalue(res, i, 0); *v; v++) {
+            if (*v == '"' || *v == '\\') *o++ = '\\';
+            *o++ = *v;
+        }
+        *o++ = '"';
+    }
+    *o++ = '}';
+    *o = '\0';
+    return out;
+}
+
+/* Index the rows of res (user_id in column col, each user's rows together) into index at
+ * slot 0 (rules) or 2 (settings) of each user's entry. */
+static bool index_rows(json_t *index, PGresult *res, int col, int slot)
+{
+    for (int first = 0, n = PQntuples(res); first < n;) {
+        const char *user = PQgetvalue(res, first, col);
+        int end = first + 1;
+        while (end < n && strcmp(PQgetvalue(res, end, col), user) == 0) end++;
+        json_t *e = json_object_get(index, user);
+        if (!e) {
+            e = json_pack("[iiii]", 0, 0, 0, 0);
+            if (!e || json_object_set_new(index, user, e) != 0) return false;
+        }
+        if (json_array_set_new(e, (size_t)slot, json_integer(first)) != 0 ||
+            json_array_set_new(e, (size_t)slot + 1, json_integer(end)) != 0)
+            return false;
+        first = end;
+    }
+    return true;
+}
+
+push_rules_batch *push_rules_batch_read(PGconn *c, PGresult *who)
+{
+    push_rules_batch *b = calloc(1, sizeof(*b));
+    char *users = users_literal(who);
+    const char *p[1] = {users};
+    if (b && users) {
+        b->rules = acc_q(c, "SELECT kind, rule_id, conditions, pattern, actions, enabled, user_id"
+                            " FROM push_rules WHERE user_id = ANY($1::text[])"
+                            " ORDER BY user_id, kind, position, rule_id", 1, p);
+        b->settings = b->rules ? acc_q(c, "SELECT rule_id, enabled, actions, user_id"
+                                          " FROM push_rule_defaults WHERE user_id = ANY($1::text[])"
+                                          " ORDER BY user_id", 1, p)
+                               : NULL;
+        b->index = json_object();
+    }
+    free(users);
+    if (!b || !b->settings || !b->index || !index_rows(b->index, b->rules, 6, 0) ||
+        !index_rows(b->index, b->settings, 3, 2)) {
+        push_rules_batch_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+json_t *push_rules_batch_for(push_rules_batch *b, const char *user)
+{
+    json_t *e = json_object_get(b->index, user);
+    int at[4] = {0, 0, 0, 0};
+    for (size_t i = 0; e && i < 4; i++) at[i] = (int)json_integer_value(json_array_get(e, i));
+    return compose_ruleset(user, (rows){b->rules, at[0], at[1]}, (rows){b->settings, at[2], at[3]});
+}
+
+void push_rules_batch_free(push_rules_batch *b)
+{
+    if (!b) return;
+    PQclear(b->rules);
+    PQclear(b->settings);
+    json_decref(b->index);
+    free(b);
 }
 
 /* The rule set for a read, degraded to the defaults when PostgreSQL is unavailable. */

@@ -19,9 +19,15 @@
  * the defaults come back. A new reference; NULL only on out of memory. */
 json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok);
 
-/* The same for any user_id (the push sender, core/client/push/push_send.c), without the
- * log line. Any thread. */
-json_t *push_rules_for_user(const char *user_id, PGconn *c, bool *db_ok);
+/* The stored rules and changes of many users read in two statements, not two per user:
+ * the push sender's members of a room (push_send.c). Users in column 0 of who. NULL when
+ * the database could not be read or out of memory. Any thread. */
+typedef struct push_rules_batch push_rules_batch;
+push_rules_batch *push_rules_batch_read(PGconn *c, PGresult *who);
+/* user's composed global rule set from b, as push_rules_for_user's (a user of who; one with
+ * nothing stored gets the defaults). A new reference; NULL only on out of memory. */
+json_t *push_rules_batch_for(push_rules_batch *b, const char *user);
+void push_rules_batch_free(push_rules_batch *b);
 
 /* Register GET/PUT/DELETE /pushrules/... 0 or -1 (logged). */
 int push_rules_routes(http_server *s);

@@ -232,12 +232,13 @@ static bool decide_event(PGconn *c, PGresult *ev, int row, int64_t *pruned)
     push_room pr = {0};
     json_t *holder = NULL;
     bool ok = who && (PQntuples(who) == 0 || room_facts(c, room_id, &pr, &holder));
+    /* every member's push rules in two statements, not two per member */
+    push_rules_batch *rules = ok && PQntuples(who) > 0 ? push_rules_batch_read(c, who) : NULL;
+    if (ok && PQntuples(who) > 0 && !rules) ok = false;
     for (int i = 0; ok && i < PQntuples(who); i++) {
         const char *user = PQgetvalue(who, i, 0);
-        bool db_ok;
-        json_t *global = push_rules_for_user(user, c, &db_ok);
-        if (!global || !db_ok) {
-            json_decref(global);
+        json_t *global = push_rules_batch_for(rules, user);
+        if (!global) {
             ok = false;
             break;
         }
@@ -270,6 +271,7 @@ static bool decide_event(PGconn *c, PGresult *ev, int row, int64_t *pruned)
         }
         json_decref(global);
     }
+    push_rules_batch_free(rules);
     PQclear(who);
     json_decref(holder);
     json_decref(pdu);

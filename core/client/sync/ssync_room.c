@@ -11,7 +11,9 @@
  *     membership, a new name or avatar; its timeline then holds the events after
  *     sent_upto (limited when there were more).
  *   - Invited and knocked rooms carry only their stripped state (invite_state), once per
- *     membership.
+ *     membership, with the name and avatar it holds. A room left or banned from has no
+ *     member counts or heroes. Where results still differ from Synapse's, and why:
+ *     docs/adr/0041-sliding-sync-differences-from-synapse.md.
  *   - A timeline_limit larger than the one the room was last sent with (the connection
  *     keeps it) sends the room at once with its newest timeline_limit events and
  *     unstable_expanded_timeline (Synapse's name for the MSC's expanded_timeline). Other
@@ -26,33 +28,56 @@
 #include "core/client/sync/ssync.h"
 
 /* name and avatar (when set, and on an incremental result only when they changed after
- * `after`), the member counts, and the heroes when the room has no name. */
-static void names(const ssync_facts *f, int64_t after, json_t *room)
+ * `after`); for a room the user is joined to, the member counts and the heroes when the
+ * room has no name (a room left holds what the user saw until the leave: today's counts
+ * and members are no longer theirs to see, and Synapse sends neither). */
+static void names(const ssync_facts *f, int64_t after, bool joined, json_t *room)
 {
     if (f->has_name && (after == 0 || f->name_pos > after))
         json_object_set_new(room, "name", f->name ? json_string(f->name) : json_null());
     if (f->has_avatar && (after == 0 || f->avatar_pos > after))
         json_object_set_new(room, "avatar", f->avatar ? json_string(f->avatar) : json_null());
+    if (!joined) return;
     json_object_set_new(room, "joined_count", json_integer(f->joined));
     json_object_set_new(room, "invited_count", json_integer(f->invited));
     if (!f->name && json_array_size(f->heroes) > 0) json_object_set(room, "heroes", f->heroes);
 }
 
+/* An invited or knocked room's name and avatar, from its stripped state (what the user
+ * may see of it), and its unread counts, none before a join: as Synapse sends them. */
+static void stripped_names(const json_t *stripped, json_t *room)
+{
+    size_t i;
+    json_t *ev;
+    json_array_foreach(stripped, i, ev)
+    {
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        const char *key = json_string_value(json_object_get(ev, "state_key"));
+        if (!type || !key || *key) continue;
+        const json_t *content = json_object_get(ev, "content");
+        const char *field = strcmp(type, "m.room.name") == 0 ? "name" : strcmp(type, "m.room.avatar") == 0 ? "url" : NULL;
+        const char *val = field ? json_string_value(json_object_get(content, field)) : NULL;
+        if (val && *val) json_object_set_new(room, *field == 'n' ? "name" : "avatar", json_string(val));
+    }
+    json_object_set_new(room, "notification_count", json_integer(0));
+    json_object_set_new(room, "highlight_count", json_integer(0));
+}
+
 /* A joined room, or one left or banned from after the connection saw it joined: its
  * plan's reads (ssync_reads.c) and facts. 1 changed since it was sent, 0 not. */
-static int member_room(sync_ctx *s, const ssync_facts *f, const ssync_plan *p, json_t *room)
+static int member_room(sync_ctx *s, const ssync_facts *f, const ssync_plan *p, bool joined, json_t *room)
 {
     int64_t after = p->initial ? 0 : p->sent_upto;
     const sync_timeline *t = &p->t;
     if (p->expand) json_object_set_new(room, "unstable_expanded_timeline", json_true());
-    names(f, after, room);
+    names(f, after, joined, room);
     json_object_set_new(room, "num_live", json_integer(p->num_live));
     json_object_set_new(room, "notification_count", json_integer(f->notification_count));
     json_object_set_new(room, "highlight_count", json_integer(f->highlight_count));
     bool changed = p->expand || json_array_size(t->events) > 0 || json_array_size(p->state) > 0 ||
                    json_object_get(room, "name") || json_object_get(room, "avatar");
     json_object_set_new(room, "timeline", t->events ? json_incref(t->events) : json_array());
-    json_object_set_new(room, "required_state", p->state ? json_incref(p->state) : json_array());
+    if (json_array_size(p->state) > 0) json_object_set(room, "required_state", p->state); /* none: left out */
     json_object_set_new(room, "limited", json_boolean(t->limited));
     json_object_set_new(room, "prev_batch", json_string(crooms_token(s->r, t->first_pos ? t->first_pos - 1 : s->upto)));
     return changed ? 1 : 0;
@@ -149,11 +174,12 @@ int ssync_room_result(sync_ctx *s, const ssync_room_row *row, const ssync_facts 
                                                      knocked ? "knock_state" : "invite_state"),
                                      "events");
         json_object_set_new(room, knocked ? "knock_state" : "invite_state", st ? json_incref(st) : json_array());
+        stripped_names(st, room);
         json_decref(holder);
         json_object_set_new(room, "initial", json_true());
     } else if (plan->member) {
         if (plan->initial) json_object_set_new(room, "initial", json_true());
-        if (member_room(s, facts, plan, room) > 0) send = true;
+        if (member_room(s, facts, plan, strcmp(row->membership, "join") == 0, room) > 0) send = true;
     }
     if (rc < 0 || !send) {
         json_decref(room);

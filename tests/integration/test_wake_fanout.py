@@ -1,0 +1,136 @@
+"""A fan-out of woken long-polls does not delay cheap requests (issue 28, item 2).
+
+A few hundred /sync long-polls park, from the members of one room; one message into the
+room wakes them all at once. Meanwhile /versions is asked every 20 ms on a fresh
+connection: each must be answered in a small part of the time the fan-out takes (measured
+here: from the send to the last long-poll's answer), not behind the woken syncs queued on
+the workers' threads (core/http/resume_line.c). Every long-poll must be answered 200 with
+the message, the resume lines must have held woken requests (atrium_http_resumes_waiting
+above 0) and be empty after.
+
+The bound is relative to the fan-out measured in the same run, so a sanitizer's slowdown
+scales both sides: the test runs in the ASan tree like the others.
+"""
+
+import selectors
+import socket
+import sys
+import threading
+import time
+import unittest
+import urllib.parse
+
+from harness import Server
+from rooms_client import Client, crowd
+
+MEMBERS = 20
+POLLS_PER_MEMBER = 15  # 300 parked long-polls
+LONG_POLL_MS = 60000
+PROBE_EVERY_S = 0.02
+SHARE_OF_FANOUT = 0.25  # worst /versions against the fan-out's duration; before: ~1
+
+
+def open_long_poll(port, token, since):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    query = urllib.parse.urlencode({"since": since, "timeout": str(LONG_POLL_MS)})
+    sock.sendall((f"GET /_matrix/client/v3/sync?{query} HTTP/1.1\r\nHost: t\r\n"
+                  f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n").encode())
+    sock.setblocking(False)
+    return sock
+
+
+def read_all(socks, deadline):
+    """Each socket's whole answer and the time it ended (the server closes after it)."""
+    sel = selectors.DefaultSelector()
+    bufs = {}
+    for s in socks:
+        sel.register(s, selectors.EVENT_READ)
+        bufs[s] = b""
+    done = {}
+    while len(done) < len(socks) and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=1):
+            s = key.fileobj
+            try:
+                data = s.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            if data:
+                bufs[s] += data
+            else:
+                sel.unregister(s)
+                done[s] = (bufs[s], time.monotonic())
+    sel.close()
+    return done
+
+
+class WakeFanoutTest(unittest.TestCase):
+    def test_versions_answered_at_once_while_hundreds_of_long_polls_wake(self):
+        with Server() as srv:
+            people = crowd(srv, MEMBERS, prefix="fan")
+            owner = Client(srv, people[0])
+            room = owner.create_room(preset="public_chat")
+            for p in people[1:]:
+                Client(srv, p).join(room)
+            since = {p.user_id: Client(srv, p).sync()["next_batch"] for p in people}
+            socks = [open_long_poll(srv.port, p.token, since[p.user_id])
+                     for p in people for _ in range(POLLS_PER_MEMBER)]
+            try:
+                self.run_fanout(srv, owner, room, socks)
+            finally:
+                for s in socks:
+                    s.close()
+
+    def run_fanout(self, srv, owner, room, socks):
+        n = len(socks)
+        deadline = time.monotonic() + 60
+        while srv.metric("atrium_http_parked") < n:
+            self.assertLess(time.monotonic(), deadline, "the long-polls did not all park")
+            time.sleep(0.05)
+        lat, lined, stop = [], [], threading.Event()
+
+        def probe():
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    status, _, _ = srv.request("GET", "/_matrix/client/versions", timeout=60)
+                except OSError as e:
+                    status = repr(e)
+                lat.append((time.monotonic() - t0, status, t0))
+                if len(lat) % 2 == 0:  # the resume line's gauge: it must fill, then empty
+                    lined.append(srv.metric("atrium_http_resumes_waiting"))
+                time.sleep(PROBE_EVERY_S)
+
+        sent = time.monotonic()
+        prober = threading.Thread(target=probe)
+        prober.start()
+        try:
+            owner.send(room, {"msgtype": "m.text", "body": "wake-fanout"})
+            answers = read_all(socks, deadline=time.monotonic() + 120)
+        finally:
+            stop.set()
+            prober.join(90)
+        fanout = max(t for _, t in answers.values()) - sent if answers else float("inf")
+        during = [p for p in lat if p[2] < sent + fanout]
+        worst = max(during)
+        print(f"\n{n} long-polls woken in {fanout * 1000:.0f} ms; /versions meanwhile: "
+              f"{len(during)} probes, worst {worst[0] * 1000:.0f} ms; resume lines held up to "
+              f"{max(lined):.0f}", file=sys.stderr)
+        statuses = {}
+        for data, _ in answers.values():
+            line = data.split(b"\r\n", 1)[0]
+            statuses[line] = statuses.get(line, 0) + 1
+        self.assertEqual(statuses, {b"HTTP/1.1 200 OK": n})
+        self.assertTrue(all(b"wake-fanout" in data for data, _ in answers.values()))
+        self.assertTrue(all(p[1] == 200 for p in lat), lat)
+        self.assertGreaterEqual(len(during), 3)
+        self.assertGreater(max(lined), 0, "no woken request waited in a resume line")
+        self.assertEqual(srv.metric("atrium_http_resumes_waiting"), 0)
+        self.assertLess(worst[0], fanout * SHARE_OF_FANOUT,
+                        f"/versions took {worst[0] * 1000:.0f} ms while {n} woken long-polls "
+                        f"were answered over {fanout * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    unittest.main()
