@@ -33,10 +33,13 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -371,10 +374,41 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 }
 
 /* The answer's ETag header, for UploadPart. */
+/* Acknowledge at once what call's connection received. A store that writes an answer's
+ * head and its body apart with Nagle's algorithm on (the RADOS Gateway's default, no
+ * tcp_nodelay) holds a small body until the head is acknowledged, and on a kept
+ * connection Linux delays that acknowledgement (up to 40 ms: it expects a request to
+ * carry it). Every small answer on a kept connection then took 40 ms more than on a new
+ * one (bench/media_s3.sh: 150 thumbnails, a 404 GET of the thumbnail's key and a GET of
+ * the original each, 1.6x slower); docs/adr/0031-streaming-media-to-and-from-the-object-store.md. */
+static void ack_now(const s3_call *call)
+{
+#ifdef TCP_QUICKACK
+    if (call->sock == CURL_SOCKET_BAD) return;
+    int one = 1;
+    (void)setsockopt(call->sock, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+#else
+    (void)call;
+#endif
+}
+
+/* A new connection's socket (libcurl asks only for those): the one call's answer comes on. */
+static int on_socket(void *arg, curl_socket_t fd, curlsocktype purpose)
+{
+    s3_call *call = arg;
+    (void)purpose;
+    call->sock = fd;
+    return CURL_SOCKOPT_OK;
+}
+
 static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
 {
     s3_call *call = arg;
     size_t len = size * nmemb;
+    if (len >= 1 && len <= 2 && (data[0] == '\r' || data[0] == '\n')) {
+        ack_now(call); /* the end of the head: the body may be waiting for our ACK */
+        return len;
+    }
     if (len > 5 && strncasecmp(data, "etag:", 5) == 0) {
         const char *v = data + 5;
         size_t n = len - 5;
@@ -561,6 +595,12 @@ static void set_options(media *m, CURL *e, s3_call *call, const char *url, struc
     curl_easy_setopt(e, CURLOPT_WRITEDATA, call);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, call);
+    curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, on_socket);
+    curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, call);
+    /* A kept handle's connection (still known after curl_easy_reset), or none. */
+    call->sock = CURL_SOCKET_BAD;
+    if (curl_easy_getinfo(e, CURLINFO_ACTIVESOCKET, &call->sock) != CURLE_OK)
+        call->sock = CURL_SOCKET_BAD;
     set_method(e, call);
     if (call->range) curl_easy_setopt(e, CURLOPT_RANGE, call->range);
 }
@@ -628,6 +668,7 @@ int s3_perform(media *m, s3_call *call)
     /* A transfer stopped by us (write_failed) or failed: its handle and connection go. */
     if (e) handle_give(m, e, call->cc != CURLE_OK || call->write_failed);
     call->easy = NULL;
+    call->sock = CURL_SOCKET_BAD;
     slot_release(m);
     int out = outcome_of(call);
     m->h->metric_add(s->m_requests[call->kind][out], 1);

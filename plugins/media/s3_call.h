@@ -62,6 +62,7 @@ typedef struct s3_call {
     bool resp_truncated; /* the body was longer than resp_cap - 1 */
     bool write_failed;
     CURL *easy;
+    curl_socket_t sock; /* the connection easy sends on (CURL_SOCKET_BAD: none yet) */
     long status;
     CURLcode cc;
     int64_t bytes;  /* body bytes received into out_fd */
