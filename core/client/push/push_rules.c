@@ -14,6 +14,7 @@
  * What this file does not do: evaluate rules against events (push_eval.c does, for the
  * notification counts of /sync) or deliver pushes (no pushers yet).
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,12 +114,48 @@ static void patch_placeholders(json_t *v, const char *user_id, const char *local
     }
 }
 
-/* The defaults for one user: {override: [...], content: [...], ...}. NULL on OOM. */
-static json_t *default_rules(const char *user)
+/* DEFAULT_RULES parsed once (parsing it per rule set was half the server's CPU when one
+ * message woke 1,000 members: the push sender composes each member's rule set, and each
+ * woken /sync its user's; docs/performance.md, "The wake fan-out"). Never changed after
+ * parse_defaults: its rules are shared by every composed rule set (jansson's reference
+ * counts are atomic here), and a rule that must differ for a user is a copy. */
+static json_t *g_defaults;
+static bool g_names_user[5][32]; /* [kind][position]: the rule holds a placeholder */
+static pthread_once_t g_defaults_once = PTHREAD_ONCE_INIT;
+
+static bool holds_placeholder(const json_t *v)
+{
+    if (json_is_string(v)) return json_string_value(v)[0] == '\x01';
+    const char *key;
+    json_t *item;
+    size_t i;
+    if (json_is_object(v)) {
+        json_object_foreach((json_t *)v, key, item) if (holds_placeholder(item)) return true;
+    } else if (json_is_array(v)) {
+        json_array_foreach(v, i, item) if (holds_placeholder(item)) return true;
+    }
+    return false;
+}
+
+static void parse_defaults(void)
 {
     json_error_t jerr;
-    json_t *rules = json_loads(DEFAULT_RULES, 0, &jerr);
-    RT_ASSERT(rules, "default push rules do not parse: %s at %d", jerr.text, jerr.position);
+    g_defaults = json_loads(DEFAULT_RULES, 0, &jerr);
+    RT_ASSERT(g_defaults, "default push rules do not parse: %s at %d", jerr.text, jerr.position);
+    for (size_t k = 0; KINDS[k]; k++) {
+        const json_t *defs = json_object_get(g_defaults, KINDS[k]);
+        RT_ASSERT(json_array_size(defs) <= 32, "too many default %s rules", KINDS[k]);
+        for (size_t i = 0; i < json_array_size(defs); i++)
+            g_names_user[k][i] = holds_placeholder(json_array_get(defs, i));
+    }
+}
+
+/* The defaults for one user: {override: [...], content: [...], ...}, new arrays of the
+ * shared rules (g_defaults: not to be changed), those naming the user copied with the
+ * placeholders replaced by the user's ID and localpart. NULL on OOM. */
+static json_t *default_rules(const char *user)
+{
+    pthread_once(&g_defaults_once, parse_defaults);
     char lp[256];
     const char *colon = strchr(user, ':');
     size_t n = user[0] == '@' && colon ? (size_t)(colon - user - 1) : 0;
@@ -126,8 +163,29 @@ static json_t *default_rules(const char *user)
         memcpy(lp, user + 1, n);
         lp[n] = '\0';
     }
-    patch_placeholders(rules, user, n > 0 && n < sizeof(lp) ? lp : user);
-    return rules;
+    const char *localpart = n > 0 && n < sizeof(lp) ? lp : user;
+    json_t *out = json_object();
+    for (size_t k = 0; out && KINDS[k]; k++) {
+        const json_t *defs = json_object_get(g_defaults, KINDS[k]);
+        json_t *arr = json_array();
+        for (size_t i = 0; arr && i < json_array_size(defs); i++) {
+            json_t *rule = json_array_get(defs, i), *mine = NULL;
+            if (!g_names_user[k][i]) {
+                mine = json_incref(rule);
+            } else if ((mine = json_deep_copy(rule))) {
+                patch_placeholders(mine, user, localpart);
+            }
+            if (!mine || json_array_append_new(arr, mine) != 0) {
+                json_decref(arr);
+                arr = NULL;
+            }
+        }
+        if (!arr || json_object_set_new(out, KINDS[k], arr) != 0) {
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    return out;
 }
 
 /* A stored user rule as the client sees it. */
@@ -160,19 +218,30 @@ static rows all_rows(PGresult *res)
     return (rows){res, 0, res ? PQntuples(res) : 0};
 }
 
-/* Apply the user's stored changes to one default rule. */
-static void apply_default_settings(json_t *rule, rows set)
+/* The default rule at defs[at] with the user's stored changes applied: a copy when there
+ * are any (the rule itself may be shared: default_rules). false on OOM. */
+static bool apply_default_settings(json_t *defs, size_t at, rows set)
 {
+    json_t *rule = json_array_get(defs, at);
     const char *id = json_string_value(json_object_get(rule, "rule_id"));
     PGresult *settings = set.res;
+    bool copied = false;
     for (int i = set.first; settings && i < set.end; i++) {
         if (strcmp(PQgetvalue(settings, i, 0), id) != 0) continue;
+        if (!copied) {
+            json_t *copy = json_deep_copy(rule);
+            if (!copy || json_array_set_new(defs, at, copy) != 0) return false;
+            rule = copy;
+            id = json_string_value(json_object_get(rule, "rule_id"));
+            copied = true;
+        }
         if (!PQgetisnull(settings, i, 1))
             json_object_set_new(rule, "enabled", json_boolean(PQgetvalue(settings, i, 1)[0] == 't'));
         json_t *actions = PQgetisnull(settings, i, 2) ? NULL
                                                       : json_loads(PQgetvalue(settings, i, 2), 0, NULL);
         if (actions) json_object_set_new(rule, "actions", actions);
     }
+    return true;
 }
 
 /* The composition rule (see the file comment). user_rules and settings may be NULL (none,
@@ -190,8 +259,13 @@ static json_t *compose_ruleset(const char *user, rows user_rules, rows settings)
         const char *kind = KINDS[k];
         json_t *out = json_array(), *defs = json_object_get(defaults, kind);
         size_t i;
-        json_t *rule;
-        json_array_foreach(defs, i, rule) apply_default_settings(rule, settings);
+        for (i = 0; i < json_array_size(defs); i++)
+            if (!apply_default_settings(defs, i, settings)) {
+                json_decref(out);
+                json_decref(defaults);
+                json_decref(global);
+                return NULL;
+            }
         size_t first_default = 0;
         if (strcmp(kind, "override") == 0 && json_array_size(defs) > 0) {
             json_array_append(out, json_array_get(defs, 0)); /* .m.rule.master */
