@@ -373,7 +373,6 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
     return len;
 }
 
-/* The answer's ETag header, for UploadPart. */
 /* Acknowledge at once what call's connection received. A store that writes an answer's
  * head and its body apart with Nagle's algorithm on (the RADOS Gateway's default, no
  * tcp_nodelay) holds a small body until the head is acknowledged, and on a kept
@@ -401,6 +400,7 @@ static int on_socket(void *arg, curl_socket_t fd, curlsocktype purpose)
     return CURL_SOCKOPT_OK;
 }
 
+/* The answer's ETag header, for UploadPart; the end of the head acknowledged (ack_now). */
 static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
 {
     s3_call *call = arg;
