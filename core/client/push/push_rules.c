@@ -117,8 +117,8 @@ static void patch_placeholders(json_t *v, const char *user_id, const char *local
 /* DEFAULT_RULES parsed once (parsing it per rule set was half the server's CPU when one
  * message woke 1,000 members: the push sender composes each member's rule set, and each
  * woken /sync its user's; docs/performance.md, "The wake fan-out"). Never changed after
- * parse_defaults: its rules are shared by every composed rule set (jansson's reference
- * counts are atomic here), and a rule that must differ for a user is a copy. */
+ * parse_defaults: its rules are shared by every composed rule set (jansson changes their
+ * reference counts with atomic builtins), and a rule that must differ for a user is a copy. */
 static json_t *g_defaults;
 static bool g_names_user[5][32]; /* [kind][position]: the rule holds a placeholder */
 static pthread_once_t g_defaults_once = PTHREAD_ONCE_INIT;
@@ -169,13 +169,19 @@ static json_t *default_rules(const char *user)
         const json_t *defs = json_object_get(g_defaults, KINDS[k]);
         json_t *arr = json_array();
         for (size_t i = 0; arr && i < json_array_size(defs); i++) {
-            json_t *rule = json_array_get(defs, i), *mine = NULL;
+            json_t *rule = json_array_get(defs, i), *mine;
+            int rc;
             if (!g_names_user[k][i]) {
-                mine = json_incref(rule);
+                /* Shared: its count changes only inside libjansson (atomic builtins) and
+                 * never reaches zero (g_defaults holds it). */
+                rc = json_array_append(arr, rule);
             } else if ((mine = json_deep_copy(rule))) {
                 patch_placeholders(mine, user, localpart);
+                rc = json_array_append_new(arr, mine);
+            } else {
+                rc = -1;
             }
-            if (!mine || json_array_append_new(arr, mine) != 0) {
+            if (rc != 0) {
                 json_decref(arr);
                 arr = NULL;
             }

@@ -15,6 +15,7 @@
 
 #include "core/client/push/push_eval.h"
 #include "core/client/push/push_rules.h"
+#include "core/client/sync/sync_pdus.h"
 #include "core/client/sync/sync_rooms.h"
 
 /* What push rules read about each room of $1 (push_eval.h), in one query, a row per room
@@ -58,10 +59,10 @@ static void push_room_of(sync_ctx *s, PGresult *res, int row, push_room *pr, jso
 }
 
 /* The unread events of each room of $1 (the rule of sync_rooms_unread), PDUs newest first,
- * a row per event with its room's index in $1 (from 1), ordered by that index. */
+ * a row per event with its room's index in $1 (from 1), ordered by that index, and its ID. */
 static const char UNREAD_SQL[] =
-    "SELECT r.i, u.pdu FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) CROSS JOIN LATERAL"
-    " (SELECT e.pdu, e.stream_pos FROM events e WHERE e.room_id = r.id"
+    "SELECT r.i, u.pdu, u.event_id FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) CROSS JOIN LATERAL"
+    " (SELECT e.pdu, e.stream_pos, e.event_id FROM events e WHERE e.room_id = r.id"
     "  AND e.stream_pos <= $3 AND e.sender <> $2 AND e.redacted_by IS NULL"
     "  AND e.stream_pos > greatest("
     "   coalesce((SELECT max(x.stream_pos) FROM receipts rc"
@@ -72,17 +73,19 @@ static const char UNREAD_SQL[] =
     "    WHERE o.room_id = r.id AND o.sender = $2 AND o.stream_pos <= $3), 0))"
     "  ORDER BY e.stream_pos DESC LIMIT $4) u ORDER BY r.i, u.stream_pos DESC";
 
-/* Count the unread events (rows [from, to) of events, PDUs in column 1) whose push actions
- * notify, and those that also highlight, with the room's push context pr. */
+/* Count the unread events (rows [from, to) of events, PDUs in column 1, IDs in 2) whose
+ * push actions notify, and those that also highlight, with the room's push context pr.
+ * The PDUs parsed are shared with other requests judging the same events (sync_pdus.h). */
 static void count_notifications(sync_ctx *s, const char *room_id, const push_room *pr, PGresult *events,
                                 int from, int to, json_int_t *counts)
 {
     bool out_of_steps = false;
     for (int i = from; i < to; i++) {
-        json_t *pdu = json_loads(PQgetvalue(events, i, 1), 0, NULL);
+        sync_pdus *pdus = sync_pdus_global();
+        json_t *pdu = sync_pdus_get(pdus, PQgetvalue(events, i, 2), PQgetvalue(events, i, 1));
         if (!pdu) continue; /* corrupt rows are logged where events are rendered */
         push_outcome o = push_eval(s->push_rules, pdu, pr);
-        json_decref(pdu);
+        sync_pdus_put(pdus, pdu);
         counts[0] += o.notify;
         counts[1] += o.highlight;
         out_of_steps = out_of_steps || o.out_of_steps;
