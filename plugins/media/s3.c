@@ -379,7 +379,8 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
  * connection Linux delays that acknowledgement (up to 40 ms: it expects a request to
  * carry it). Every small answer on a kept connection then took 40 ms more than on a new
  * one (bench/media_s3.sh: 150 thumbnails, a 404 GET of the thumbnail's key and a GET of
- * the original each, 1.6x slower); docs/adr/0031-streaming-media-to-and-from-the-object-store.md. */
+ * the original each, 1.6x slower);
+ * docs/adr/0031-streaming-media-to-and-from-the-object-store.md. */
 static void ack_now(const s3_call *call)
 {
 #ifdef TCP_QUICKACK

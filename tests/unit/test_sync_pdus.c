@@ -46,7 +46,8 @@ static void test_a_full_cache_keeps_at_most_its_slots_and_the_newest_events_hit(
         assert_non_null(pdu);
         char body[32];
         snprintf(body, sizeof(body), "message %d", i);
-        assert_string_equal(json_string_value(json_object_get(json_object_get(pdu, "content"), "body")), body);
+        const json_t *content = json_object_get(pdu, "content");
+        assert_string_equal(json_string_value(json_object_get(content, "body")), body);
         sync_pdus_put(p, pdu);
         assert_true(metric(reg, "atrium_sync_pdu_cache_entries") <= 8);
     }

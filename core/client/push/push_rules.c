@@ -116,9 +116,10 @@ static void patch_placeholders(json_t *v, const char *user_id, const char *local
 
 /* DEFAULT_RULES parsed once (parsing it per rule set was half the server's CPU when one
  * message woke 1,000 members: the push sender composes each member's rule set, and each
- * woken /sync its user's; docs/performance.md, "The wake fan-out"). Never changed after
- * parse_defaults: its rules are shared by every composed rule set (jansson changes their
- * reference counts with atomic builtins), and a rule that must differ for a user is a copy. */
+ * woken /sync its user's; docs/performance.md, "The wake fan-out"; ADR-0037). Never
+ * changed after parse_defaults: its rules are shared by every composed rule set (their
+ * reference counts change only inside libjansson, with atomic builtins), and a rule that
+ * must differ for a user is a copy. */
 static json_t *g_defaults;
 static bool g_names_user[5][32]; /* [kind][position]: the rule holds a placeholder */
 static pthread_once_t g_defaults_once = PTHREAD_ONCE_INIT;
