@@ -121,7 +121,9 @@ static void patch_placeholders(json_t *v, const char *user_id, const char *local
  * reference counts change only inside libjansson, with atomic builtins), and a rule that
  * must differ for a user is a copy. */
 static json_t *g_defaults;
-static bool g_names_user[5][32]; /* [kind][position]: the rule holds a placeholder */
+#define MAX_DEFAULTS_PER_KIND 32
+/* [kind (KINDS, without its NULL)][position]: the rule holds a placeholder */
+static bool g_names_user[sizeof(KINDS) / sizeof(*KINDS) - 1][MAX_DEFAULTS_PER_KIND];
 static pthread_once_t g_defaults_once = PTHREAD_ONCE_INIT;
 
 static bool holds_placeholder(const json_t *v)
@@ -145,7 +147,8 @@ static void parse_defaults(void)
     RT_ASSERT(g_defaults, "default push rules do not parse: %s at %d", jerr.text, jerr.position);
     for (size_t k = 0; KINDS[k]; k++) {
         const json_t *defs = json_object_get(g_defaults, KINDS[k]);
-        RT_ASSERT(json_array_size(defs) <= 32, "too many default %s rules", KINDS[k]);
+        RT_ASSERT(json_array_size(defs) <= MAX_DEFAULTS_PER_KIND, "too many default %s rules",
+                  KINDS[k]);
         for (size_t i = 0; i < json_array_size(defs); i++)
             g_names_user[k][i] = holds_placeholder(json_array_get(defs, i));
     }

@@ -80,8 +80,8 @@ static void count_notifications(sync_ctx *s, const char *room_id, const push_roo
                                 int from, int to, json_int_t *counts)
 {
     bool out_of_steps = false;
+    sync_pdus *pdus = sync_pdus_global();
     for (int i = from; i < to; i++) {
-        sync_pdus *pdus = sync_pdus_global();
         json_t *pdu = sync_pdus_get(pdus, PQgetvalue(events, i, 2), PQgetvalue(events, i, 1));
         if (!pdu) continue; /* corrupt rows are logged where events are rendered */
         push_outcome o = push_eval(s->push_rules, pdu, pr);
