@@ -342,8 +342,11 @@ def keep_atrium(srv, people, rooms):
     """After the fill of srv (its push sender caught up): a copy of its database, and
     ATRIUM_DIR/state.json naming it (see kept_atrium)."""
     import json
+    import harness
     from harness import create_database
     srv.stop()
+    # The bench's own kept connection (harness.psql) would block the copy.
+    harness._SQL.forget(harness._sql_conninfo(srv.database))
     kept = create_database("atrium_bench_kept", template=srv.database)
     os.makedirs(ATRIUM_DIR, exist_ok=True)
     state = {"rooms": ROOMS, "database": kept, "room_ids": rooms,

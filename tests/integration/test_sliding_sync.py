@@ -320,6 +320,12 @@ class SlidingSyncTest(SharedServerTest):
         h = answer["rooms"][hidden]
         self.assertNotIn("before bob", bodies(h))
         self.assertEqual(bodies(h), ["after bob", "in the thread"])
+        # The room's current state set before bob could see it comes where it falls
+        # (docs/adr/0022-current-state-in-sync-timelines.md); the message does not.
+        types = [e["type"] for e in h["timeline"]]
+        self.assertEqual(types[:2], ["m.room.create", "m.room.member"], types)
+        for kept in ("m.room.power_levels", "m.room.history_visibility", "m.room.name"):
+            self.assertIn(kept, types)
         threaded = [e for e in h["timeline"] if e["event_id"] == root][0]
         self.assertEqual(threaded["unsigned"]["m.relations"]["m.thread"]["count"], 1)
         self.assertEqual(bodies(answer["rooms"][shared]), ["s0", "s1", "s2"])

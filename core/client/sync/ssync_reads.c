@@ -28,24 +28,26 @@
 #define ME "$ME"
 #define WILD "*"
 
-/* The timelines of $1 (rooms) with $2 (limit + 1 each), each room's window ($3, $4] for
- * current state shown where it falls; from $5 the visibility condition, the timeline filter
- * and the ignored users. The positions are picked first (newest first, an index scan that
- * stops at the limit), then rendered by primary key (LIMIT 1, a no-op on the key, keeps the
- * planner from joining the whole events table to them at once). Per row: the event (EVENTS_SELECT's
- * columns), the room's index, and whether any relation points at the event. */
+/* The timelines of $1 (rooms) with $2 (limit + 1 each); from $3 the visibility condition,
+ * the timeline filter and the ignored users. The positions are picked first (newest first,
+ * an index scan of the room backwards that stops at the limit), then rendered by primary
+ * key (LIMIT 1, a no-op on the key, keeps the planner from joining the whole events table
+ * to them at once). Per row: the event (EVENTS_SELECT's columns), the room's index, and
+ * whether any relation points at the event.
+ * Current state that history visibility hides is not read here: such an event inside the
+ * picked span leaves the span not covered by what the user sees, and timelines_finish reads
+ * that room again by sync_rooms.c's rule, which shows it where it falls
+ * (docs/adr/0022-current-state-in-sync-timelines.md); one outside the span is older than
+ * the timeline's start either way. Reading it here too (an OR in the scan) made every
+ * room's scan a bitmap scan of its whole history. */
 #define TIMELINES_SQL                                                                          \
     "SELECT x.*, q.k, EXISTS (SELECT 1 FROM event_relations rel WHERE rel.relates_to = x.c1)" \
-    " FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) WITH ORDINALITY"       \
-    "  q(room, lim, wlo, whi, k)"                                                              \
+    " FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY q(room, lim, k)"                  \
     " CROSS JOIN LATERAL (SELECT e.stream_pos AS pos FROM events e WHERE e.room_id = q.room"   \
-    "  AND (true%s OR (e.stream_pos > q.wlo AND e.stream_pos <= q.whi AND e.state_key IS NOT NULL"\
-    "  AND EXISTS (SELECT 1 FROM current_state cs WHERE cs.room_id = q.room AND cs.type = e.type"\
-    "  AND cs.state_key = e.state_key AND cs.event_id = e.event_id)))%s%s"                    \
-    "  ORDER BY e.stream_pos DESC LIMIT q.lim) t"                                              \
+    "  %s%s%s ORDER BY e.stream_pos DESC LIMIT q.lim) t"                                      \
     " CROSS JOIN LATERAL (" EVENTS_SELECT "WHERE e.stream_pos = t.pos LIMIT 1) AS x(c0, c1)"   \
     " ORDER BY q.k, x.c0 DESC"
-enum { TL_VIS = 4, TL_FILTER = TL_VIS + ROOMS_VIS_MANY_PARAMS, TL_IGNORED = TL_FILTER + 4, TL_N };
+enum { TL_VIS = 2, TL_FILTER = TL_VIS + ROOMS_VIS_MANY_PARAMS, TL_IGNORED = TL_FILTER + 4, TL_N };
 
 /* Per request k of $1..$4 (room, after, every member, every type): the newest state event
  * per (type, state_key) with after < pos <= $5, of the types of $6/$7 (k, type) and the
@@ -218,7 +220,7 @@ static int timelines_finish(sync_ctx *s, ssync_plan **m, int n, const bool *bund
 
 static int timelines(sync_ctx *s, ssync_plan **m, int n)
 {
-    json_t *ids = json_array(), *lims = json_array(), *wlo = json_array(), *whi = json_array();
+    json_t *ids = json_array(), *lims = json_array();
     const rooms_vis **vis = calloc((size_t)n, sizeof(*vis));
     int64_t *lo = calloc((size_t)n, sizeof(*lo)), *hi = calloc((size_t)n, sizeof(*hi));
     bool *open = calloc((size_t)n, sizeof(*open)), *bundled = calloc((size_t)n, sizeof(*bundled));
@@ -237,14 +239,10 @@ static int timelines(sync_ctx *s, ssync_plan **m, int n)
         json_array_append_new(ids, json_string(m[i]->room_id));
         /* A window where nothing can be visible reads nothing (not even current state). */
         json_array_append_new(lims, json_string(crooms_i64(s->r, open[i] ? m[i]->limit + 1 : 0)));
-        json_array_append_new(wlo, json_string(crooms_i64(s->r, lo[i])));
-        json_array_append_new(whi, json_string(crooms_i64(s->r, hi[i])));
     }
     if (rc == ROOMS_OK) {
         p[0] = arr(s, ids);
         p[1] = arr(s, lims);
-        p[2] = arr(s, wlo);
-        p[3] = arr(s, whi);
         p[TL_FILTER] = s->timeline.types;
         p[TL_FILTER + 1] = s->timeline.not_types;
         p[TL_FILTER + 2] = s->timeline.senders;
@@ -261,8 +259,6 @@ static int timelines(sync_ctx *s, ssync_plan **m, int n)
     if (rc == ROOMS_OK) rc = timelines_finish(s, m, n, bundled);
     json_decref(ids);
     json_decref(lims);
-    json_decref(wlo);
-    json_decref(whi);
     free(vis);
     free(lo);
     free(hi);

@@ -126,14 +126,16 @@ typedef struct timeline {
 /* The newest `limit` events with lo < pos <= hi that the user may see (vis), ascending.
  * A state event that is still the room's current state is shown even where history
  * visibility hides it (as Synapse does): the client learns the room as it is from the
- * timeline, and a timeline never starts after current state it would then lack. */
+ * timeline, and a timeline never starts after current state it would then lack. Where vis
+ * shows the whole window there is no such event, and the scan is the room's index read
+ * backwards up to the limit (the OR would make it a bitmap scan of the whole window). */
 static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
                         int64_t hi, timeline *t)
 {
     t->events = json_array();
     t->limited = false;
     t->first_pos = 0;
-    enum { VIS = 6, LO = VIS + ROOMS_VIS_PARAMS, HI, IGNORED, N_PARAMS };
+    enum { VIS = 6, IGNORED = VIS + ROOMS_VIS_PARAMS, LO, HI, N_PARAMS };
     const char *p[N_PARAMS] = {room_id, i64s(s, s->timeline_limit + 1),
                                s->timeline.types, s->timeline.not_types,
                                s->timeline.senders, s->timeline.not_senders};
@@ -143,15 +145,21 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
     const char *vis_sql;
     if (!rooms_vis_window(s->r->arena, vis, lo, hi, false, VIS + 1, &vis_sql, p + VIS))
         return ROOMS_OK;
-    const char *sql = rt_arena_printf(s->r->arena,
-                                      EVENTS_SELECT "WHERE e.room_id = $1 AND (true%s OR ("
-                                                    "e.stream_pos > $%d AND e.stream_pos <= $%d"
-                                                    " AND e.state_key IS NOT NULL AND "
-                                                    CURRENT_STATE_SQL "))%s%s"
-                                                    " ORDER BY e.stream_pos DESC LIMIT $2",
-                                      vis_sql, LO + 1, HI + 1, rooms_filter_sql(s->r->arena, 3),
-                                      rooms_ignored_sql(s->r->arena, IGNORED + 1));
-    PGresult *res = rooms_q(s->c, sql, N_PARAMS, p, NULL);
+    bool all_seen = rooms_vis_covers(vis, lo, hi);
+    const char *hidden_current = all_seen ? ""
+                                          : rt_arena_printf(s->r->arena,
+                                                            " OR (e.stream_pos > $%d AND e.stream_pos <= $%d"
+                                                            " AND e.state_key IS NOT NULL AND " CURRENT_STATE_SQL ")",
+                                                            LO + 1, HI + 1);
+    const char *sql = hidden_current
+                          ? rt_arena_printf(s->r->arena,
+                                            EVENTS_SELECT "WHERE e.room_id = $1 AND (true%s%s)%s%s"
+                                                          " ORDER BY e.stream_pos DESC LIMIT $2",
+                                            vis_sql, hidden_current, rooms_filter_sql(s->r->arena, 3),
+                                            rooms_ignored_sql(s->r->arena, IGNORED + 1))
+                          : NULL;
+    int n_params = all_seen ? LO : N_PARAMS; /* $LO and $HI only in the OR */
+    PGresult *res = sql ? rooms_q(s->c, sql, n_params, p, NULL) : NULL;
     if (!res) {
         json_decref(t->events);
         t->events = NULL;
