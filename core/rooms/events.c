@@ -140,23 +140,21 @@ json_t *event_redact_content(const room_version *v, const char *type, const json
     if (!out || !json_is_object(content) || !type) return out;
     const char *const *keep = content_keep(v->redaction, type);
     if (!keep) return out;
-    if (keep == ALL_KEYS) {
-        json_object_update(out, (json_t *)content);
-        return out;
-    }
+    /* Copies, not references: content may belong to a PDU shared between threads
+     * (core/rooms/events_pdus.h), whose reference counts are not to be touched. */
     const char *k;
     json_t *val;
     json_object_foreach((json_t *)content, k, val) {
-        if (!in_list(keep, k)) continue;
+        if (keep != ALL_KEYS && !in_list(keep, k)) continue;
         if (v->redaction >= ROOM_REDACT_V11 && strcmp(type, "m.room.member") == 0 &&
             strcmp(k, "third_party_invite") == 0) {
             /* v11 keeps only third_party_invite.signed. */
             json_t *signed_part = json_is_object(val) ? json_object_get(val, "signed") : NULL;
             if (signed_part)
-                json_object_set_new(out, k, json_pack("{s:O}", "signed", signed_part));
+                json_object_set_new(out, k, json_pack("{s:o}", "signed", json_deep_copy(signed_part)));
             continue;
         }
-        json_object_set(out, k, val);
+        json_object_set_new(out, k, json_deep_copy(val));
     }
     return out;
 }
@@ -576,6 +574,8 @@ const char *event_content_str(const json_t *pdu, const char *key)
 json_t *event_client_format(const room_version *v, const json_t *pdu, const char *event_id,
                             bool redacted, bool with_room_id)
 {
+    /* Nothing of pdu is referenced by the result (copies only): pdu may be shared between
+     * threads (core/rooms/events_pdus.h), whose reference counts are not to be touched. */
     const char *type = json_string_value(json_object_get(pdu, "type"));
     json_t *content = json_object_get(pdu, "content");
     json_t *out = json_object();
@@ -583,21 +583,21 @@ json_t *event_client_format(const room_version *v, const json_t *pdu, const char
     json_object_set_new(out, "content", redacted ? event_redact_content(v, type, content)
                                                  : json_deep_copy(content ? content : json_object()));
     json_object_set_new(out, "event_id", json_string(event_id));
-    json_object_set(out, "origin_server_ts", json_object_get(pdu, "origin_server_ts"));
-    json_object_set(out, "sender", json_object_get(pdu, "sender"));
-    json_object_set(out, "type", json_object_get(pdu, "type"));
+    static const char *const copied[] = {"origin_server_ts", "sender", "type"};
+    for (size_t i = 0; i < sizeof(copied) / sizeof(copied[0]); i++)
+        json_object_set_new(out, copied[i], json_deep_copy(json_object_get(pdu, copied[i])));
     json_t *sk = json_object_get(pdu, "state_key");
-    if (sk) json_object_set(out, "state_key", sk);
-    if (with_room_id) json_object_set(out, "room_id", json_object_get(pdu, "room_id"));
+    if (sk) json_object_set_new(out, "state_key", json_deep_copy(sk));
+    if (with_room_id) json_object_set_new(out, "room_id", json_deep_copy(json_object_get(pdu, "room_id")));
     if (type && strcmp(type, "m.room.redaction") == 0) {
         json_t *target = json_object_get(pdu, "redacts");
         if (!target && content) target = json_object_get(content, "redacts");
-        if (json_is_string(target)) json_object_set(out, "redacts", target);
+        if (json_is_string(target)) json_object_set_new(out, "redacts", json_deep_copy(target));
         /* And under content in versions before 11, for clients that read it there only
          * (room version 11's "Event format" asks servers to). */
         json_t *out_content = json_object_get(out, "content");
         if (json_is_string(target) && !redacted && !json_object_get(out_content, "redacts"))
-            json_object_set(out_content, "redacts", target);
+            json_object_set_new(out_content, "redacts", json_deep_copy(target));
     }
     return out;
 }

@@ -86,8 +86,8 @@ const room_version *room_version_find_creatable(const char *id);
  * version this server joins and checks events of. */
 extern const char *const ROOM_VERSIONS_SUPPORTED[];
 
-/* The content of an event of `type` after redaction under v: a new object holding only
- * the keys that survive (v.redaction says which). */
+/* The content of an event of `type` after redaction under v: a new object holding copies
+ * of the keys that survive (v.redaction says which); nothing of content is referenced. */
 json_t *event_redact_content(const room_version *v, const char *type, const json_t *content);
 /* The whole event after redaction (top-level keys and content): a new object. */
 json_t *event_redact(const room_version *v, const json_t *pdu);
@@ -155,7 +155,8 @@ int event_finalize(const room_version *v, json_t *pdu, char id_out[EVENT_ID_LEN]
 /* The client format of a stored event (no `unsigned`; the caller adds it): content
  * (redacted when `redacted`), event_id, origin_server_ts, sender, type, state_key when it
  * is a state event, room_id when with_room_id, and for redactions `redacts` both at the top
- * level and (unless redacted) in content, in every room version. A new object, or NULL on out-of-memory. */
+ * level and (unless redacted) in content, in every room version. A new object that
+ * references nothing of pdu (pdu may be shared, events_pdus.h), or NULL on out-of-memory. */
 json_t *event_client_format(const room_version *v, const json_t *pdu, const char *event_id,
                             bool redacted, bool with_room_id);
 

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/rooms/events_pdus.h"
 #include "core/rooms/rooms.h"
 
 /* Columns of EVENTS_SELECT. */
@@ -44,10 +45,17 @@ int64_t events_pos(PGresult *res, int row)
     return atoll(PQgetvalue(res, row, COL_POS));
 }
 
+/* A child of a shared PDU for a result: copied, never referenced (events_pdus.h). */
+static json_t *copied(const json_t *v)
+{
+    return v ? json_deep_copy(v) : json_null();
+}
+
 static void add_prev_state(json_t *uns, const events_view *v, const room_version *ver,
                            PGresult *res, int row)
 {
-    json_t *prev = json_loads(PQgetvalue(res, row, COL_PREV_PDU), 0, NULL);
+    events_pdus *pdus = events_pdus_global();
+    json_t *prev = events_pdus_get(pdus, PQgetvalue(res, row, COL_REPLACES), PQgetvalue(res, row, COL_PREV_PDU));
     if (!prev) return;
     const char *type = json_string_value(json_object_get(prev, "type"));
     json_t *content = json_object_get(prev, "content");
@@ -55,20 +63,23 @@ static void add_prev_state(json_t *uns, const events_view *v, const room_version
         erased_for(v, res, row, COL_PREV_ERASED, COL_PREV_POS, prev))
         json_object_set_new(uns, "prev_content", event_redact_content(ver, type, content));
     else if (content)
-        json_object_set(uns, "prev_content", content);
-    json_object_set(uns, "prev_sender", json_object_get(prev, "sender"));
+        json_object_set_new(uns, "prev_content", json_deep_copy(content));
+    json_object_set_new(uns, "prev_sender", copied(json_object_get(prev, "sender")));
     json_object_set_new(uns, "replaces_state", json_string(PQgetvalue(res, row, COL_REPLACES)));
-    json_decref(prev);
+    events_pdus_put(pdus, prev);
 }
 
+/* The PDUs come from the process's shared parsed PDUs (events_pdus.h): read, and nothing
+ * of them referenced by the result (event_client_format copies what it takes). */
 json_t *events_render(const events_view *v, PGresult *res, int row)
 {
     const char *event_id = PQgetvalue(res, row, COL_ID);
     const room_version *ver = room_version_find(PQgetvalue(res, row, COL_VERSION));
-    json_t *pdu = json_loads(PQgetvalue(res, row, COL_PDU), 0, NULL);
+    events_pdus *pdus = events_pdus_global();
+    json_t *pdu = events_pdus_get(pdus, event_id, PQgetvalue(res, row, COL_PDU));
     if (!pdu || !ver) {
         rt_log(ATRIUM_LOG_ERROR, "core", "stored event %s cannot be read", event_id);
-        json_decref(pdu);
+        events_pdus_put(pdus, pdu);
         return NULL;
     }
     bool redacted = !PQgetisnull(res, row, COL_REDACTED_BY);
@@ -84,16 +95,16 @@ json_t *events_render(const events_view *v, PGresult *res, int row)
         json_object_set_new(uns, "transaction_id", json_string(PQgetvalue(res, row, COL_TXN_ID)));
     if (!PQgetisnull(res, row, COL_PREV_PDU)) add_prev_state(uns, v, ver, res, row);
     if (redacted && !PQgetisnull(res, row, COL_REDACTION_PDU)) {
-        json_t *rpdu = json_loads(PQgetvalue(res, row, COL_REDACTION_PDU), 0, NULL);
+        const char *rid = PQgetvalue(res, row, COL_REDACTION_ID);
+        json_t *rpdu = events_pdus_get(pdus, rid, PQgetvalue(res, row, COL_REDACTION_PDU));
         bool r_erased = rpdu && erased_for(v, res, row, COL_REDACTION_ERASED, COL_REDACTION_POS, rpdu);
         if (rpdu)
             json_object_set_new(uns, "redacted_because",
-                                event_client_format(ver, rpdu, PQgetvalue(res, row, COL_REDACTION_ID),
-                                                    r_erased, v->with_room_id));
-        json_decref(rpdu);
+                                event_client_format(ver, rpdu, rid, r_erased, v->with_room_id));
+        events_pdus_put(pdus, rpdu);
     }
     json_object_set_new(out, "unsigned", uns);
-    json_decref(pdu);
+    events_pdus_put(pdus, pdu);
     return out;
 }
 

@@ -79,13 +79,13 @@ class PushCountsTest(SharedServerTest):
         self.assertEqual(self.counts(self.bob, room), (2, 0))
         judged = self.judged()
         self.assertEqual(self.counts(self.carol, room), (2, 0))
-        # Carol's unread events went through the shared parsed PDUs (sync_pdus.c).
+        # Carol's unread events went through the shared parsed PDUs (events_pdus.c).
         self.assertGreater(self.judged(), judged)
 
     def judged(self):
         """Unread events judged so far, from a parsed PDU kept or parsed anew."""
-        return (self.srv.metric("atrium_sync_pdu_cache_hits_total")
-                + self.srv.metric("atrium_sync_pdu_cache_misses_total"))
+        return (self.srv.metric("atrium_events_pdu_cache_hits_total")
+                + self.srv.metric("atrium_events_pdu_cache_misses_total"))
 
     def test_own_events_never_count_and_reset_the_count(self):
         room = self.room_of_three()

@@ -15,47 +15,63 @@
 
 #include "core/client/push/push_eval.h"
 #include "core/client/push/push_rules.h"
-#include "core/client/sync/sync_pdus.h"
+#include "core/rooms/events_pdus.h"
 #include "core/client/sync/sync_rooms.h"
 
 /* What push rules read about each room of $1 (push_eval.h), in one query, a row per room
  * with its index in $1 (from 1): the room version, the creator, the joined member count,
- * the user's member event, the current power levels and whether they were redacted. */
+ * the user's member event and its ID, the current power levels, whether they were
+ * redacted, and their ID. */
 static const char PUSH_ROOMS_SQL[] =
     "SELECT r.i, rm.room_version, rm.creator,"
     " (SELECT count(*) FROM current_state WHERE room_id = r.id"
     "  AND type = 'm.room.member' AND membership = 'join'),"
-    " (SELECT e.pdu FROM current_state cs JOIN events e"
+    " me.pdu, me.event_id, pl.pdu, pl.redacted_by IS NOT NULL, pl.event_id"
+    " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) JOIN rooms rm ON rm.room_id = r.id"
+    " LEFT JOIN LATERAL (SELECT e.pdu, e.event_id FROM current_state cs JOIN events e"
     "  ON e.event_id = cs.event_id WHERE cs.room_id = r.id"
     "  AND cs.type = 'm.room.member' AND cs.state_key = $2"
-    "  AND e.redacted_by IS NULL),"
-    " pl.pdu, pl.redacted_by IS NOT NULL"
-    " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) JOIN rooms rm ON rm.room_id = r.id"
-    " LEFT JOIN LATERAL (SELECT e.pdu, e.redacted_by"
+    "  AND e.redacted_by IS NULL) me ON true"
+    " LEFT JOIN LATERAL (SELECT e.pdu, e.redacted_by, e.event_id"
     "  FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
     "  WHERE cs.room_id = r.id AND cs.type = 'm.room.power_levels'"
     "  AND cs.state_key = '') pl ON true";
 
-/* Row `row` of a PUSH_ROOMS_SQL result into *pr; the JSON pr points into is appended to
- * holder (owned by the caller). */
-static void push_room_of(sync_ctx *s, PGresult *res, int row, push_room *pr, json_t *holder)
+/* The parsed PDUs a room's push context points into (shared, events_pdus.h), given back
+ * once its events are judged, and the redacted power levels made for it. */
+typedef struct push_room_held {
+    json_t *member, *power_levels, *redacted;
+} push_room_held;
+
+/* Row `row` of a PUSH_ROOMS_SQL result into *pr, pointing into what *held holds (the
+ * caller gives it back with push_room_release). */
+static void push_room_of(sync_ctx *s, PGresult *res, int row, push_room *pr, push_room_held *held)
 {
+    events_pdus *pdus = events_pdus_global();
     *pr = (push_room){0};
+    *held = (push_room_held){0};
     pr->member_count = atoll(PQgetvalue(res, row, 3));
     pr->creator = rt_arena_strdup(s->r->arena, PQgetvalue(res, row, 2));
-    json_t *member = PQgetisnull(res, row, 4) ? NULL : json_loads(PQgetvalue(res, row, 4), 0, NULL);
-    if (member && json_array_append_new(holder, member) == 0)
-        pr->display_name = event_content_str(member, "displayname");
-    json_t *pl = PQgetisnull(res, row, 5) ? NULL : json_loads(PQgetvalue(res, row, 5), 0, NULL);
-    if (pl && json_array_append_new(holder, pl) == 0) {
-        json_t *content = json_object_get(pl, "content");
+    if (!PQgetisnull(res, row, 4))
+        held->member = events_pdus_get(pdus, PQgetvalue(res, row, 5), PQgetvalue(res, row, 4));
+    if (held->member) pr->display_name = event_content_str(held->member, "displayname");
+    if (!PQgetisnull(res, row, 6))
+        held->power_levels = events_pdus_get(pdus, PQgetvalue(res, row, 8), PQgetvalue(res, row, 6));
+    if (held->power_levels) {
+        json_t *content = json_object_get(held->power_levels, "content");
         const room_version *ver = room_version_find(PQgetvalue(res, row, 1));
-        if (PQgetvalue(res, row, 6)[0] == 't' && ver) {
-            content = event_redact_content(ver, "m.room.power_levels", content);
-            if (json_array_append_new(holder, content) < 0) content = NULL;
-        }
+        if (PQgetvalue(res, row, 7)[0] == 't' && ver)
+            content = held->redacted = event_redact_content(ver, "m.room.power_levels", content);
         pr->power_levels = content;
     }
+}
+
+static void push_room_release(push_room_held *held)
+{
+    events_pdus *pdus = events_pdus_global();
+    events_pdus_put(pdus, held->member);
+    events_pdus_put(pdus, held->power_levels);
+    json_decref(held->redacted);
 }
 
 /* The unread events of each room of $1 (the rule of sync_rooms_unread), PDUs newest first,
@@ -75,17 +91,17 @@ static const char UNREAD_SQL[] =
 
 /* Count the unread events (rows [from, to) of events, PDUs in column 1, IDs in 2) whose
  * push actions notify, and those that also highlight, with the room's push context pr.
- * The PDUs parsed are shared with other requests judging the same events (sync_pdus.h). */
+ * The PDUs parsed are shared with other requests judging the same events (events_pdus.h). */
 static void count_notifications(sync_ctx *s, const char *room_id, const push_room *pr, PGresult *events,
                                 int from, int to, json_int_t *counts)
 {
     bool out_of_steps = false;
-    sync_pdus *pdus = sync_pdus_global();
+    events_pdus *pdus = events_pdus_global();
     for (int i = from; i < to; i++) {
-        json_t *pdu = sync_pdus_get(pdus, PQgetvalue(events, i, 2), PQgetvalue(events, i, 1));
+        json_t *pdu = events_pdus_get(pdus, PQgetvalue(events, i, 2), PQgetvalue(events, i, 1));
         if (!pdu) continue; /* corrupt rows are logged where events are rendered */
         push_outcome o = push_eval(s->push_rules, pdu, pr);
-        sync_pdus_put(pdus, pdu);
+        events_pdus_put(pdus, pdu);
         counts[0] += o.notify;
         counts[1] += o.highlight;
         out_of_steps = out_of_steps || o.out_of_steps;
@@ -116,20 +132,20 @@ static int judge_unread(sync_ctx *s, const json_t *ids, PGresult *unread, json_i
         json_decref(judged);
         return ROOMS_E_DB;
     }
-    json_t *holder = json_array();
     for (int row = 0; row < PQntuples(res); row++) {
         const char *room_id = json_string_value(json_array_get(judged, (size_t)atoll(PQgetvalue(res, row, 0)) - 1));
         size_t room = 0;
         while (room < json_array_size(ids) && strcmp(json_string_value(json_array_get(ids, room)), room_id) != 0)
             room++;
         push_room pr;
-        push_room_of(s, res, row, &pr, holder);
+        push_room_held held;
+        push_room_of(s, res, row, &pr, &held);
         int from = 0, to;
         while (from < PQntuples(unread) && (size_t)atoll(PQgetvalue(unread, from, 0)) != room + 1) from++;
         for (to = from; to < PQntuples(unread) && (size_t)atoll(PQgetvalue(unread, to, 0)) == room + 1;) to++;
         count_notifications(s, room_id, &pr, unread, from, to, counts[room]);
+        push_room_release(&held);
     }
-    json_decref(holder);
     json_decref(judged);
     PQclear(res);
     return ROOMS_OK;
