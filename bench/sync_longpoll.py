@@ -102,6 +102,20 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def pg_cpu_seconds(database):
+    """CPU time used so far by the PostgreSQL backends connected to database (the server's
+    pool; a backend that exits meanwhile is not counted)."""
+    from harness import psql
+    total = 0.0
+    for (pid,) in psql(f"SELECT pid FROM pg_stat_activity WHERE datname = '{database}'"
+                       " AND pid <> pg_backend_pid()"):
+        try:
+            total += cpu_seconds(int(pid))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
 def percentile(values, p):
     values = sorted(values)
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
@@ -207,7 +221,7 @@ def big_fanout_figures(srv, alice, room, member_socks):
     for sock in member_socks:
         sel.register(sock, selectors.EVENT_READ)
     stop, prober, lat = versions_prober(srv)
-    cpu_before = cpu_seconds(srv.pid)
+    cpu_before, pg_before = cpu_seconds(srv.pid), pg_cpu_seconds(srv.database)
     start = time.monotonic()
     alice.send(room, {"msgtype": "m.text", "body": "fan-out"})
     send_ms = (time.monotonic() - start) * 1000
@@ -221,6 +235,7 @@ def big_fanout_figures(srv, alice, room, member_socks):
                 times.append((time.monotonic() - start) * 1000)
                 pending -= 1
     cpu_ms = (cpu_seconds(srv.pid) - cpu_before) * 1000
+    pg_ms = (pg_cpu_seconds(srv.database) - pg_before) * 1000
     time.sleep(2)
     stop.set()
     prober.join(70)
@@ -230,7 +245,8 @@ def big_fanout_figures(srv, alice, room, member_socks):
         print(f"  answered {len(times)}/{len(member_socks)} ({with_message} with the message): "
               f"p50 {percentile(times, 50):.0f} ms, p99 {percentile(times, 99):.0f} ms, "
               f"last {max(times):.0f} ms (the send answered in {send_ms:.0f} ms; the server's CPU "
-              f"meanwhile {cpu_ms:.0f} ms, {cpu_ms / len(times):.2f} ms per answer); parked {before} before, {after} after; "
+              f"meanwhile {cpu_ms:.0f} ms, {cpu_ms / len(times):.2f} ms per answer; PostgreSQL's "
+              f"{pg_ms / len(times):.2f} ms per answer); parked {before} before, {after} after; "
               f"{versions_summary(lat)}; load average {os.getloadavg()[0]:.1f}", flush=True)
     else:
         print("  no member answered within 120 s")

@@ -114,9 +114,9 @@ static pdu_slot *victim(pdu_slot *set)
     return v;
 }
 
-json_t *events_pdus_get(events_pdus *p, const char *event_id, const char *text)
+json_t *events_pdus_peek(events_pdus *p, const char *event_id)
 {
-    if (!p) return json_loads(text, 0, NULL);
+    if (!p) return NULL;
     pdu_slot *set = set_of(p, event_id), *s;
     json_t *pdu = NULL;
     pthread_mutex_lock(&p->mu);
@@ -125,8 +125,17 @@ json_t *events_pdus_get(events_pdus *p, const char *event_id, const char *text)
         s->used = ++p->clock;
     }
     pthread_mutex_unlock(&p->mu);
-    rt_metric_add(pdu ? p->m_hits : p->m_misses, 1);
+    if (pdu) rt_metric_add(p->m_hits, 1);
+    return pdu;
+}
+
+json_t *events_pdus_get(events_pdus *p, const char *event_id, const char *text)
+{
+    if (!p) return json_loads(text, 0, NULL);
+    json_t *pdu = events_pdus_peek(p, event_id);
     if (pdu) return pdu;
+    rt_metric_add(p->m_misses, 1);
+    pdu_slot *set = set_of(p, event_id), *s;
     /* Not yet shared: its count may change outside the lock until it is in a slot. */
     if (!(pdu = json_loads(text, 0, NULL)) || strlen(text) > p->max_text) return pdu;
     char *id = strdup(event_id);

@@ -32,6 +32,10 @@ void events_pdus_free(events_pdus *p);
  * NULL when text does not parse. p NULL: parsed and not kept. */
 json_t *events_pdus_get(events_pdus *p, const char *event_id, const char *text);
 void events_pdus_put(events_pdus *p, json_t *pdu);
+/* The kept parsed PDU of event_id (a hit, given back with events_pdus_put), or NULL when
+ * none is kept (not counted as a miss: the caller reads the text and calls
+ * events_pdus_get, which counts it). */
+json_t *events_pdus_peek(events_pdus *p, const char *event_id);
 
 /* The process's cache (sync_init makes it; NULL before: then nothing is kept). */
 events_pdus *events_pdus_global(void);

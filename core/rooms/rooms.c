@@ -227,6 +227,11 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      /* /messages and /context page a room in topological order (crooms_read.c): by depth,
       * then stream position, one index range scan either way. */
      "CREATE INDEX events_room_topo ON events (room_id, depth, stream_pos);"},
+    {9, "rooms_event_senders",
+     /* A user's newest own event in a room (where the unread events start,
+      * core/client/sync/sync_counts.c) is one index probe: without it, a scan back through
+      * everything others sent since, on every sync of every member. */
+     "CREATE INDEX events_room_sender ON events (room_id, sender, stream_pos);"},
 };
 
 

@@ -115,10 +115,14 @@ static void test_a_new_event_takes_the_slot_read_least_recently(void **state)
     json_t *kept = events_pdus_get(p, "$event1", "not JSON: a hit");
     assert_non_null(kept);
     events_pdus_put(p, kept);
+    long long misses = metric(reg, "atrium_events_pdu_cache_misses_total");
+    assert_null(events_pdus_peek(p, "$event2")); /* not kept: NULL, and no miss counted */
+    assert_int_equal(metric(reg, "atrium_events_pdu_cache_misses_total"), misses);
+    assert_null(events_pdus_peek(NULL, "$event1"));
     assert_null(events_pdus_get(p, "$event2", "not JSON: it was parsed again"));
     for (int i = 3; i <= 5; i++) {
         snprintf(id, sizeof(id), "$event%d", i);
-        json_t *pdu = events_pdus_get(p, id, "not JSON: a hit");
+        json_t *pdu = i == 4 ? events_pdus_peek(p, id) : events_pdus_get(p, id, "not JSON: a hit");
         assert_non_null(pdu);
         events_pdus_put(p, pdu);
     }

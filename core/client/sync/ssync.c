@@ -269,22 +269,12 @@ static bool load_pos(atrium_req *r, sync_ctx *s, const ssync_request *q, ssync_p
  * prev->plan_mode: the mode to set back. */
 static int64_t upto_and_generic_plans(PGconn *c, ssync_pos *prev)
 {
-    PGresult *res = rooms_q(c, "SELECT stream_upto(), gp.plan_mode, " SSYNC_PLAN_MODE_SET " FROM " SSYNC_PLAN_MODE_FROM,
-                            0, NULL, NULL);
-    if (!res) return -1;
-    int64_t upto = atoll(PQgetvalue(res, 0, 0));
-    snprintf(prev->plan_mode, sizeof(prev->plan_mode), "%s", PQgetvalue(res, 0, 1));
-    PQclear(res);
-    return upto;
+    return sync_upto_generic_plans(c, prev->plan_mode);
 }
 
 static void checkin(PGconn *c, ssync_pos *prev)
 {
-    if (prev->plan_mode[0]) {
-        const char *p[1] = {prev->plan_mode};
-        PQclear(rooms_q(c, "SELECT set_config('plan_cache_mode', $1, false)", 1, p, NULL));
-        prev->plan_mode[0] = '\0';
-    }
+    sync_plan_mode_restore(c, prev->plan_mode);
     http_db_checkin(c);
 }
 

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/client/sync/sync.h"
 #include "core/client/sync/sync_rooms.h"
 #include "core/runtime/core_runtime.h"
 
@@ -101,7 +102,6 @@ bool ssync_request_parse(atrium_req *r, ssync_request *q);
 
 /* ---- connection state (ssync_conn.c) ---------------------------------------------- */
 
-#define SSYNC_PLAN_MODE_MAX 32 /* a plan_cache_mode value, kept for a run */
 
 /* What a pos token stands for: the stream position it was computed up to, and per room
  * what the connection sent: {room_id: [sent_upto, membership, timeline_limit,
@@ -116,15 +116,9 @@ typedef struct ssync_pos {
     /* The connection's plan_cache_mode before the run set generic plans (ssync.c,
      * "Generic plans"), to be restored before the connection goes back; "" when the run
      * has not set them or has restored it already. */
-    char plan_mode[SSYNC_PLAN_MODE_MAX];
+    char plan_mode[SYNC_PLAN_MODE_MAX];
 } ssync_pos;
 
-/* How a run's first statement sets generic plans for the run (ssync.c, "Generic plans"):
- * it selects from SSYNC_PLAN_MODE_FROM, whose gp.plan_mode is the setting before (a
- * subquery kept apart by OFFSET 0, so read first), and SSYNC_PLAN_MODE_SET, which depends
- * on it and so runs after. */
-#define SSYNC_PLAN_MODE_FROM "(SELECT current_setting('plan_cache_mode') AS plan_mode OFFSET 0) gp"
-#define SSYNC_PLAN_MODE_SET "set_config('plan_cache_mode', 'force_generic_plan' || left(gp.plan_mode, 0), false)"
 
 /* Load the state of pos for (user, device, conn_id), with stream_upto() read after it,
  * and drop the connection's positions older than it (the client has seen pos); in the
@@ -145,7 +139,7 @@ typedef struct ssync_conn_new {
  * and plan_mode emptied. 0, or -1 (the connection was dropped meanwhile, or the database
  * failed). */
 int ssync_conn_save(PGconn *c, const ssync_conn_new *fresh, int64_t conn_key, int64_t stream_pos,
-                    const json_t *rooms, const json_t *counts, char plan_mode[SSYNC_PLAN_MODE_MAX],
+                    const json_t *rooms, const json_t *counts, char plan_mode[SYNC_PLAN_MODE_MAX],
                     char *token, size_t len);
 void ssync_pos_clear(ssync_pos *p);
 /* The metric, registered once at start-up. */

@@ -72,8 +72,8 @@ int ssync_conn_load(PGconn *c, const char *user, const char *device, const char 
                             "  WHERE p.pos = $4::bigint),"
                             " dropped AS (DELETE FROM sliding_sync_positions d USING found"
                             "  WHERE d.conn_key = found.conn_key AND d.pos < $4::bigint)"
-                            " SELECT found.*, stream_upto(), gp.plan_mode, " SSYNC_PLAN_MODE_SET
-                            " FROM found CROSS JOIN " SSYNC_PLAN_MODE_FROM,
+                            " SELECT found.*, stream_upto(), gp.plan_mode, " SYNC_PLAN_MODE_SET
+                            " FROM found CROSS JOIN " SYNC_PLAN_MODE_FROM,
                             5, params, NULL);
     if (!res) return -1;
     if (PQntuples(res) != 1) {
@@ -89,7 +89,7 @@ int ssync_conn_load(PGconn *c, const char *user, const char *device, const char 
     snprintf(out->plan_mode, sizeof(out->plan_mode), "%s", PQgetvalue(res, 0, 5));
     PQclear(res);
     if (!json_is_object(out->rooms) || !json_is_object(out->counts)) {
-        char plan_mode[SSYNC_PLAN_MODE_MAX];
+        char plan_mode[SYNC_PLAN_MODE_MAX];
         memcpy(plan_mode, out->plan_mode, sizeof(plan_mode)); /* still to be set back */
         ssync_pos_clear(out);
         memcpy(out->plan_mode, plan_mode, sizeof(plan_mode));
@@ -123,7 +123,7 @@ static const char SAVE_SQL[] =
     " SELECT pos, 0, CASE WHEN $5 <> '' THEN set_config('plan_cache_mode', $5, false) END FROM ins";
 
 int ssync_conn_save(PGconn *c, const ssync_conn_new *fresh, int64_t conn_key, int64_t stream_pos,
-                    const json_t *rooms, const json_t *counts, char plan_mode[SSYNC_PLAN_MODE_MAX],
+                    const json_t *rooms, const json_t *counts, char plan_mode[SYNC_PLAN_MODE_MAX],
                     char *token, size_t len)
 {
     char *rooms_text = json_dumps(rooms, JSON_COMPACT), *counts_text = json_dumps(counts, JSON_COMPACT);

@@ -29,8 +29,8 @@
 #include "core/client/sync/ssync.h"
 #include "core/client/sync/sync.h"
 #include "core/client/sync/sync_legacy.h"
-#include "core/rooms/events_pdus.h"
 #include "core/client/sync/sync_rooms.h"
+#include "core/rooms/events_pdus.h"
 #include "core/rooms/rooms_tx.h"
 #include "atrium/parse.h"
 
@@ -287,6 +287,25 @@ int64_t sync_stream_upto(PGconn *c)
     return v;
 }
 
+int64_t sync_upto_generic_plans(PGconn *c, char prev[SYNC_PLAN_MODE_MAX])
+{
+    PGresult *res = rooms_q(c, "SELECT stream_upto(), gp.plan_mode, " SYNC_PLAN_MODE_SET " FROM " SYNC_PLAN_MODE_FROM,
+                            0, NULL, NULL);
+    if (!res) return -1;
+    int64_t upto = atoll(PQgetvalue(res, 0, 0));
+    snprintf(prev, SYNC_PLAN_MODE_MAX, "%s", PQgetvalue(res, 0, 1));
+    PQclear(res);
+    return upto;
+}
+
+void sync_plan_mode_restore(PGconn *c, char prev[SYNC_PLAN_MODE_MAX])
+{
+    if (!prev[0]) return;
+    const char *p[1] = {prev};
+    PQclear(rooms_q(c, "SELECT set_config('plan_cache_mode', $1, false)", 1, p, NULL));
+    prev[0] = '\0';
+}
+
 /* After the presence filter emptied what the presence section reported: do the other
  * sections' parts still hold news (to-device messages, device list changes)? */
 static bool sections_still_news(const json_t *resp)
@@ -472,7 +491,9 @@ static int sync_serve(atrium_req *r, int mode)
     if (r->run_reason == ATRIUM_RUN_FIRST &&
         presence_sync_mark(s.c, user, http_req_query(r, "set_presence")) < 0)
         rt_log(ATRIUM_LOG_WARN, "core", "[req %s] could not record %s's presence", r->id, user);
-    s.upto = sync_stream_upto(s.c);
+    /* Generic plans for the rest of the run (sync.h), set back before the connection goes. */
+    char plan_mode[SYNC_PLAN_MODE_MAX] = "";
+    s.upto = sync_upto_generic_plans(s.c, plan_mode);
     if (s.since > s.upto) s.since = s.upto; /* a token from a newer database: start there */
     bool has_new = false;
     json_t *resp = s.upto < 0 ? NULL : build_response(&s, &has_new);
@@ -482,6 +503,7 @@ static int sync_serve(atrium_req *r, int mode)
         json_decref(resp);
         resp = NULL;
     }
+    sync_plan_mode_restore(s.c, plan_mode);
     http_db_checkin(s.c);
     json_decref(filter_holder);
     json_decref(only_room);

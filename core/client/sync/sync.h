@@ -66,7 +66,20 @@ int sync_add_section(const char *name, sync_section_fn fn);
  * 1 when one of them had news, 0, or a negative atrium_err. Any request thread. */
 int sync_sections_run(const char *name, PGconn *c, const char *user_id, const char *device_id,
                       int64_t since, int64_t upto, json_t *response);
+#define SYNC_PLAN_MODE_MAX 32 /* a plan_cache_mode value, kept for a run */
+/* How a run's first statement sets generic plans for the run (sync_upto_generic_plans):
+ * it selects from SYNC_PLAN_MODE_FROM, whose gp.plan_mode is the setting before (a
+ * subquery kept apart by OFFSET 0, so read first), and SYNC_PLAN_MODE_SET, which depends
+ * on it and so runs after. */
+#define SYNC_PLAN_MODE_FROM "(SELECT current_setting('plan_cache_mode') AS plan_mode OFFSET 0) gp"
+#define SYNC_PLAN_MODE_SET "set_config('plan_cache_mode', 'force_generic_plan' || left(gp.plan_mode, 0), false)"
 /* The newest position whose writers have all committed (stream_upto()), or -1. */
 int64_t sync_stream_upto(PGconn *c);
+/* sync_stream_upto, and generic plans for the rest of the run on c (plan_cache_mode
+ * force_generic_plan, docs/adr/0039-sync-runs-use-generic-plans.md) in the same statement:
+ * prev gets the connection's mode before, which sync_plan_mode_restore sets back before c
+ * goes back to the pool (then prev is ""). -1 when the database failed. */
+int64_t sync_upto_generic_plans(PGconn *c, char prev[SYNC_PLAN_MODE_MAX]);
+void sync_plan_mode_restore(PGconn *c, char prev[SYNC_PLAN_MODE_MAX]);
 
 #endif

@@ -74,11 +74,14 @@ static void push_room_release(push_room_held *held)
     json_decref(held->redacted);
 }
 
-/* The unread events of each room of $1 (the rule of sync_rooms_unread), PDUs newest first,
- * a row per event with its room's index in $1 (from 1), ordered by that index, and its ID. */
+/* The unread events of each room of $1 (the rule of sync_rooms_unread), newest first, a
+ * row per event with its room's index in $1 (from 1), ordered by that index, and its ID:
+ * IDs only, the PDUs come from the shared parsed ones (events_pdus.h) and the few missing
+ * there from PDUS_SQL (a thousand woken members each had their 99 unread PDUs sent again,
+ * most of PostgreSQL's time for the statement). */
 static const char UNREAD_SQL[] =
-    "SELECT r.i, u.pdu, u.event_id FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) CROSS JOIN LATERAL"
-    " (SELECT e.pdu, e.stream_pos, e.event_id FROM events e WHERE e.room_id = r.id"
+    "SELECT r.i, u.event_id FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) CROSS JOIN LATERAL"
+    " (SELECT e.stream_pos, e.event_id FROM events e WHERE e.room_id = r.id"
     "  AND e.stream_pos <= $3 AND e.sender <> $2 AND e.redacted_by IS NULL"
     "  AND e.stream_pos > greatest("
     "   coalesce((SELECT max(x.stream_pos) FROM receipts rc"
@@ -88,20 +91,57 @@ static const char UNREAD_SQL[] =
     "   coalesce((SELECT max(o.stream_pos) FROM events o"
     "    WHERE o.room_id = r.id AND o.sender = $2 AND o.stream_pos <= $3), 0))"
     "  ORDER BY e.stream_pos DESC LIMIT $4) u ORDER BY r.i, u.stream_pos DESC";
+/* The PDUs of the events of $1 (IDs) with each one's index in $1 (from 1). */
+static const char PDUS_SQL[] =
+    "SELECT q.i, e.pdu FROM unnest($1::text[]) WITH ORDINALITY AS q(id, i)"
+    " JOIN events e ON e.event_id = q.id";
 
-/* Count the unread events (rows [from, to) of events, PDUs in column 1, IDs in 2) whose
- * push actions notify, and those that also highlight, with the room's push context pr.
- * The PDUs parsed are shared with other requests judging the same events (events_pdus.h). */
-static void count_notifications(sync_ctx *s, const char *room_id, const push_room *pr, PGresult *events,
+/* The parsed PDU of each row of unread (its ID in column 1) into pdus[row] (NULL for one
+ * that does not parse: corrupt rows are logged where events are rendered), each a
+ * reference to give back with events_pdus_put. ROOMS_OK or ROOMS_E_DB. */
+static int unread_pdus(sync_ctx *s, PGresult *unread, json_t **pdus)
+{
+    events_pdus *cache = events_pdus_global();
+    json_t *missing = json_array();
+    int *where = calloc((size_t)PQntuples(unread) + 1, sizeof(*where));
+    int rc = missing && where ? ROOMS_OK : ROOMS_E_DB;
+    for (int i = 0; rc == ROOMS_OK && i < PQntuples(unread); i++) {
+        if ((pdus[i] = events_pdus_peek(cache, PQgetvalue(unread, i, 1)))) continue;
+        where[json_array_size(missing)] = i;
+        json_array_append_new(missing, json_string(PQgetvalue(unread, i, 1)));
+    }
+    if (rc == ROOMS_OK && json_array_size(missing) > 0) {
+        const char *p[1] = {rooms_pg_array(s->r->arena, missing)};
+        PGresult *res = p[0] ? rooms_q(s->c, PDUS_SQL, 1, p, NULL) : NULL;
+        if (!res) rc = ROOMS_E_DB;
+        for (int row = 0; res && row < PQntuples(res); row++) {
+            size_t k = (size_t)atoll(PQgetvalue(res, row, 0)) - 1;
+            if (k >= json_array_size(missing) || pdus[where[k]]) continue;
+            pdus[where[k]] = events_pdus_get(cache, json_string_value(json_array_get(missing, k)),
+                                             PQgetvalue(res, row, 1));
+        }
+        PQclear(res);
+    }
+    json_decref(missing);
+    free(where);
+    return rc;
+}
+
+static void release_pdus(json_t **pdus, int n)
+{
+    for (int i = 0; pdus && i < n; i++) events_pdus_put(events_pdus_global(), pdus[i]);
+    free(pdus);
+}
+
+/* Count the unread events (pdus[from, to)) whose push actions notify, and those that also
+ * highlight, with the room's push context pr. */
+static void count_notifications(sync_ctx *s, const char *room_id, const push_room *pr, json_t *const *pdus,
                                 int from, int to, json_int_t *counts)
 {
     bool out_of_steps = false;
-    events_pdus *pdus = events_pdus_global();
     for (int i = from; i < to; i++) {
-        json_t *pdu = events_pdus_get(pdus, PQgetvalue(events, i, 2), PQgetvalue(events, i, 1));
-        if (!pdu) continue; /* corrupt rows are logged where events are rendered */
-        push_outcome o = push_eval(s->push_rules, pdu, pr);
-        events_pdus_put(pdus, pdu);
+        if (!pdus[i]) continue;
+        push_outcome o = push_eval(s->push_rules, pdus[i], pr);
         counts[0] += o.notify;
         counts[1] += o.highlight;
         out_of_steps = out_of_steps || o.out_of_steps;
@@ -126,9 +166,13 @@ static int judge_unread(sync_ctx *s, const json_t *ids, PGresult *unread, json_i
             return ROOMS_E_DB;
         }
     }
+    json_t **pdus = calloc((size_t)PQntuples(unread) + 1, sizeof(*pdus));
     const char *p[2] = {rooms_pg_array(s->r->arena, judged), s->user};
-    PGresult *res = p[0] ? rooms_q(s->c, PUSH_ROOMS_SQL, 2, p, NULL) : NULL;
+    PGresult *res = pdus && p[0] && unread_pdus(s, unread, pdus) == ROOMS_OK
+                        ? rooms_q(s->c, PUSH_ROOMS_SQL, 2, p, NULL)
+                        : NULL;
     if (!res) {
+        release_pdus(pdus, PQntuples(unread));
         json_decref(judged);
         return ROOMS_E_DB;
     }
@@ -143,9 +187,10 @@ static int judge_unread(sync_ctx *s, const json_t *ids, PGresult *unread, json_i
         int from = 0, to;
         while (from < PQntuples(unread) && (size_t)atoll(PQgetvalue(unread, from, 0)) != room + 1) from++;
         for (to = from; to < PQntuples(unread) && (size_t)atoll(PQgetvalue(unread, to, 0)) == room + 1;) to++;
-        count_notifications(s, room_id, &pr, unread, from, to, counts[room]);
+        count_notifications(s, room_id, &pr, pdus, from, to, counts[room]);
         push_room_release(&held);
     }
+    release_pdus(pdus, PQntuples(unread));
     json_decref(judged);
     PQclear(res);
     return ROOMS_OK;
