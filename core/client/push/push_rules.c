@@ -117,9 +117,12 @@ static void patch_placeholders(json_t *v, const char *user_id, const char *local
 /* DEFAULT_RULES parsed once (parsing it per rule set was half the server's CPU when one
  * message woke 1,000 members: the push sender composes each member's rule set, and each
  * woken /sync its user's; docs/performance.md, "The wake fan-out"; ADR-0037). Never
- * changed after parse_defaults: its rules are shared by every composed rule set (their
- * reference counts change only inside libjansson, with atomic builtins), and a rule that
- * must differ for a user is a copy. */
+ * changed after parse_defaults: its rules are shared by every composed rule set, and a
+ * rule that must differ for a user is a copy. Every value in it is immortal (jansson's
+ * reference count (size_t)-1, which json_incref and json_decref leave alone), so no
+ * thread ever writes a count of it: the inline json_incref of json_array_append reads a
+ * count before changing it atomically, a data race ThreadSanitizer reported between
+ * two woken syncs (tests/integration/test_wake_fanout.py runs under it). */
 static json_t *g_defaults;
 #define MAX_DEFAULTS_PER_KIND 32
 /* [kind (KINDS, without its NULL)][position]: the rule holds a placeholder */
@@ -140,11 +143,27 @@ static bool holds_placeholder(const json_t *v)
     return false;
 }
 
+/* v and everything in it made immortal (never counted again, never freed). Before any
+ * other thread sees v. */
+static void make_immortal(json_t *v)
+{
+    const char *key;
+    json_t *item;
+    size_t i;
+    if (json_is_object(v)) {
+        json_object_foreach(v, key, item) make_immortal(item);
+    } else if (json_is_array(v)) {
+        json_array_foreach(v, i, item) make_immortal(item);
+    }
+    if (v->refcount != (size_t)-1) v->refcount = (size_t)-1; /* true, false, null already are */
+}
+
 static void parse_defaults(void)
 {
     json_error_t jerr;
     g_defaults = json_loads(DEFAULT_RULES, 0, &jerr);
     RT_ASSERT(g_defaults, "default push rules do not parse: %s at %d", jerr.text, jerr.position);
+    make_immortal(g_defaults);
     for (size_t k = 0; KINDS[k]; k++) {
         const json_t *defs = json_object_get(g_defaults, KINDS[k]);
         RT_ASSERT(json_array_size(defs) <= MAX_DEFAULTS_PER_KIND, "too many default %s rules",
@@ -176,8 +195,7 @@ static json_t *default_rules(const char *user)
             json_t *rule = json_array_get(defs, i), *mine;
             int rc;
             if (!g_names_user[k][i]) {
-                /* Shared: its count changes only inside libjansson (atomic builtins) and
-                 * never reaches zero (g_defaults holds it). */
+                /* Shared and immortal: appending it writes no count. */
                 rc = json_array_append(arr, rule);
             } else if ((mine = json_deep_copy(rule))) {
                 patch_placeholders(mine, user, localpart);
