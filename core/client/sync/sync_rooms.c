@@ -128,7 +128,8 @@ typedef struct timeline {
  * visibility hides it (as Synapse does): the client learns the room as it is from the
  * timeline, and a timeline never starts after current state it would then lack. Where vis
  * shows the whole window there is no such event, and the scan is the room's index read
- * backwards up to the limit (the OR would make it a bitmap scan of the whole window). */
+ * backwards up to the limit (the OR would make it a bitmap scan of the whole window).
+ * Bundled relations are read only when the query says a kept event has some. */
 static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, int64_t lo,
                         int64_t hi, timeline *t)
 {
@@ -153,8 +154,10 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
                                                             LO + 1, HI + 1);
     const char *sql = hidden_current
                           ? rt_arena_printf(s->r->arena,
-                                            EVENTS_SELECT "WHERE e.room_id = $1 AND (true%s%s)%s%s"
-                                                          " ORDER BY e.stream_pos DESC LIMIT $2",
+                                            "SELECT x.*, EXISTS (SELECT 1 FROM event_relations rel"
+                                            " WHERE rel.relates_to = x.c1) FROM (" EVENTS_SELECT
+                                            "WHERE e.room_id = $1 AND (true%s%s)%s%s"
+                                            " ORDER BY e.stream_pos DESC LIMIT $2) AS x(c0, c1) ORDER BY x.c0 DESC",
                                             vis_sql, hidden_current, rooms_filter_sql(s->r->arena, 3),
                                             rooms_ignored_sql(s->r->arena, IGNORED + 1))
                           : NULL;
@@ -170,13 +173,15 @@ static int fetch_window(sync_ctx *s, const char *room_id, const rooms_vis *vis, 
         t->limited = true; /* one more than the limit exists */
         keep = (int)s->timeline_limit;
     }
+    bool related = false; /* some kept event has relations: only then are bundles read */
     for (int i = keep; i-- > 0;) {
         json_t *ev = events_render(&s->view, res, i);
         if (ev) json_array_append_new(t->events, ev);
+        related = related || PQgetvalue(res, i, PQnfields(res) - 1)[0] == 't';
     }
     if (keep > 0) t->first_pos = events_pos(res, keep - 1);
     PQclear(res);
-    if (crooms_bundle_add(s->c, s->r->arena, &s->view, room_id, vis, t->events) < 0) {
+    if (related && crooms_bundle_add(s->c, s->r->arena, &s->view, room_id, vis, t->events) < 0) {
         json_decref(t->events);
         t->events = NULL;
         return ROOMS_E_DB;
