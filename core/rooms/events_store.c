@@ -45,10 +45,11 @@ int64_t events_pos(PGresult *res, int row)
     return atoll(PQgetvalue(res, row, COL_POS));
 }
 
-/* A child of a shared PDU for a result: copied, never referenced (events_pdus.h). */
+/* A child of a shared PDU for a result: copied, never referenced (events_pdus.h); NULL
+ * (nothing set) when absent. */
 static json_t *copied(const json_t *v)
 {
-    return v ? json_deep_copy(v) : json_null();
+    return v ? json_deep_copy(v) : NULL;
 }
 
 static void add_prev_state(json_t *uns, const events_view *v, const room_version *ver,

@@ -102,7 +102,6 @@ bool ssync_request_parse(atrium_req *r, ssync_request *q);
 
 /* ---- connection state (ssync_conn.c) ---------------------------------------------- */
 
-
 /* What a pos token stands for: the stream position it was computed up to, and per room
  * what the connection sent: {room_id: [sent_upto, membership, timeline_limit,
  * required_state key]}; the lists' counts. */
@@ -118,7 +117,6 @@ typedef struct ssync_pos {
      * has not set them or has restored it already. */
     char plan_mode[SYNC_PLAN_MODE_MAX];
 } ssync_pos;
-
 
 /* Load the state of pos for (user, device, conn_id), with stream_upto() read after it,
  * and drop the connection's positions older than it (the client has seen pos); in the

@@ -66,9 +66,10 @@ int sync_add_section(const char *name, sync_section_fn fn);
  * 1 when one of them had news, 0, or a negative atrium_err. Any request thread. */
 int sync_sections_run(const char *name, PGconn *c, const char *user_id, const char *device_id,
                       int64_t since, int64_t upto, json_t *response);
+
 #define SYNC_PLAN_MODE_MAX 32 /* a plan_cache_mode value, kept for a run */
-/* How a run's first statement sets generic plans for the run (sync_upto_generic_plans):
- * it selects from SYNC_PLAN_MODE_FROM, whose gp.plan_mode is the setting before (a
+/* How a run's first statement sets generic plans for the run (sync_upto_generic_plans,
+ * and sliding sync's ssync_conn_load): it selects from SYNC_PLAN_MODE_FROM, whose gp.plan_mode is the setting before (a
  * subquery kept apart by OFFSET 0, so read first), and SYNC_PLAN_MODE_SET, which depends
  * on it and so runs after. */
 #define SYNC_PLAN_MODE_FROM "(SELECT current_setting('plan_cache_mode') AS plan_mode OFFSET 0) gp"

@@ -15,8 +15,8 @@
 
 #include "core/client/push/push_eval.h"
 #include "core/client/push/push_rules.h"
-#include "core/rooms/events_pdus.h"
 #include "core/client/sync/sync_rooms.h"
+#include "core/rooms/events_pdus.h"
 
 /* What push rules read about each room of $1 (push_eval.h), in one query, a row per room
  * with its index in $1 (from 1): the room version, the creator, the joined member count,
