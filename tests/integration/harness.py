@@ -329,7 +329,32 @@ _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?
 
 
 def _unescape_label(value):
+    if "\\" not in value:
+        return value
     return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+def _parse_sample(line):
+    match = _METRIC_LINE.match(line)
+    if not match:
+        raise ValueError(f"malformed metrics line: {line!r}")
+    labels = {}
+    body = match.group(3) or ""
+    pos = 0
+    while pos < len(body):
+        label = _LABEL.match(body, pos)
+        if not label:
+            raise ValueError(f"malformed labels in metrics line: {line!r}")
+        labels[label.group(1)] = _unescape_label(label.group(2))
+        pos = label.end()
+    return match.group(1), labels, float(match.group(4))
+
+
+# Sample lines parsed before, by their text: most lines of a /metrics page are the same at
+# the next poll (a test polls a metric dozens of times), and parsing each anew cost 0.8 ms
+# of CPU per page. A malformed line is never kept: it raises at every parse.
+_PARSED_LINES = {}
+_PARSED_LINES_MAX = 20000
 
 
 def parse_metrics(text):
@@ -339,19 +364,13 @@ def parse_metrics(text):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        match = _METRIC_LINE.match(line)
-        if not match:
-            raise ValueError(f"malformed metrics line: {line!r}")
-        labels = {}
-        body = match.group(3) or ""
-        pos = 0
-        while pos < len(body):
-            label = _LABEL.match(body, pos)
-            if not label:
-                raise ValueError(f"malformed labels in metrics line: {line!r}")
-            labels[label.group(1)] = _unescape_label(label.group(2))
-            pos = label.end()
-        samples.append((match.group(1), labels, float(match.group(4))))
+        known = _PARSED_LINES.get(line)
+        if known is None:
+            if len(_PARSED_LINES) >= _PARSED_LINES_MAX:
+                _PARSED_LINES.clear()
+            known = _PARSED_LINES[line] = _parse_sample(line)
+        name, labels, value = known
+        samples.append((name, dict(labels), value))
     return samples
 
 

@@ -123,8 +123,9 @@ def png(width, height, pixel=None, alpha=False, level=6, raw_rows=None):
     """A PNG; pixel(x, y) -> (r, g, b[, a]) (default: a gradient). raw_rows: bytes of the
     filtered scanlines, for large noise images (pixel is then ignored)."""
     channels = 4 if alpha else 3
+    if raw_rows is None and pixel is None:
+        raw_rows = _gradient_rows(width, height, channels)
     if raw_rows is None:
-        pixel = pixel or (lambda x, y: (x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), 128, 255))
         rows = bytearray()
         for y in range(height):
             rows.append(0)
@@ -134,6 +135,23 @@ def png(width, height, pixel=None, alpha=False, level=6, raw_rows=None):
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 6 if alpha else 2, 0, 0, 0)
     return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) +
             _chunk(b"IDAT", zlib.compress(raw_rows, level)) + _chunk(b"IEND", b""))
+
+
+def _gradient_rows(width, height, channels):
+    """png's default picture, filtered scanlines: red grows along x, green along y, blue
+    128, alpha 255 (written a channel at a time: a call per pixel cost 0.4 s of CPU for a
+    1000x800 image)."""
+    row = bytearray(width * channels)
+    row[0::channels] = bytes(x * 255 // max(width - 1, 1) for x in range(width))
+    row[2::channels] = b"\x80" * width
+    if channels == 4:
+        row[3::channels] = b"\xff" * width
+    rows = bytearray()
+    for y in range(height):
+        row[1::channels] = bytes([y * 255 // max(height - 1, 1)]) * width
+        rows.append(0)
+        rows.extend(row)
+    return bytes(rows)
 
 
 def solid_png(width, height, index):
