@@ -318,13 +318,17 @@ PY
 
 # Sets the superuser's password verifier for this start (see ATRIUM_PG_FAST above): one
 # iteration for a fast cluster, PostgreSQL's own (4096) otherwise. Without python3 a fast
-# cluster keeps the verifier it has.
+# cluster keeps the verifier it has. Any other cluster (the private one deploy/run-local.sh
+# starts for an operator) is left as it is unless an earlier fast start left the
+# one-iteration verifier.
 set_password_verifier() {
     local secret
     if [ "${ATRIUM_PG_FAST:-0}" = 1 ]; then
         command -v python3 >/dev/null || return 0
         secret=$(scram_verifier 1) || die "cannot compute the password verifier"
     else
+        [ "$(cluster_psql postgres -At -c "SELECT rolpassword LIKE 'SCRAM-SHA-256\$1:%'
+            FROM pg_authid WHERE rolname = '$DB_SUPERUSER'")" = t ] || return 0
         secret=$(cluster_password)
     fi
     # On standard input, not the command line: the process list shows no password.
