@@ -362,26 +362,33 @@ static int post_keys_claim(atrium_req *r)
 /* ---- sync section -------------------------------------------------------------------------- */
 
 /* device_one_time_keys_count and device_unused_fallback_key_types: steady-state data that
- * never wakes a sync by itself (returns 0). */
+ * never wakes a sync by itself (returns 0). One statement for both (every woken sync runs
+ * it): rows 'o' (algorithm, count of unclaimed one-time keys) and 'f' (an unused
+ * fallback key's algorithm), in algorithm order. */
 static int sync_key_counts(PGconn *c, const char *user_id, const char *device_id,
                            int64_t since, int64_t upto, json_t *response)
 {
     (void)since;
     (void)upto;
-    json_t *counts = one_time_key_counts(c, user_id, device_id);
-    if (!counts) return ATRIUM_E_DB;
-    json_object_set_new(response, "device_one_time_keys_count", counts);
     const char *p[2] = {user_id, device_id};
     PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,
-                             "SELECT algorithm FROM e2ee_fallback_keys"
+                             "SELECT 'o', algorithm, count(*) FROM e2ee_one_time_keys"
+                             " WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm"
+                             " UNION ALL SELECT 'f', algorithm, 0 FROM e2ee_fallback_keys"
                              " WHERE user_id = $1 AND device_id = $2 AND NOT used"
-                             " ORDER BY algorithm",
+                             " ORDER BY 1, 2",
                              2, p);
     if (!res) return ATRIUM_E_DB;
-    json_t *types = json_array();
-    for (int i = 0; i < PQntuples(res); i++)
-        json_array_append_new(types, json_string(PQgetvalue(res, i, 0)));
+    json_t *counts = json_object(), *types = json_array();
+    json_object_set_new(counts, E2EE_DEFAULT_OTK_ALGORITHM, json_integer(0));
+    for (int i = 0; i < PQntuples(res); i++) {
+        if (PQgetvalue(res, i, 0)[0] == 'o')
+            json_object_set_new(counts, PQgetvalue(res, i, 1), json_integer(atoll(PQgetvalue(res, i, 2))));
+        else
+            json_array_append_new(types, json_string(PQgetvalue(res, i, 1)));
+    }
     PQclear(res);
+    json_object_set_new(response, "device_one_time_keys_count", counts);
     json_object_set_new(response, "device_unused_fallback_key_types", types);
     return 0;
 }
