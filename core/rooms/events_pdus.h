@@ -37,7 +37,8 @@ void events_pdus_put(events_pdus *p, json_t *pdu);
  * events_pdus_get, which counts it). */
 json_t *events_pdus_peek(events_pdus *p, const char *event_id);
 
-/* The process's cache (sync_init makes it; NULL before: then nothing is kept). */
+/* The process's cache (the rooms module's init makes it, core/client/rooms/crooms_module.c;
+ * NULL before: then nothing is kept). */
 events_pdus *events_pdus_global(void);
 void events_pdus_set_global(events_pdus *p);
 

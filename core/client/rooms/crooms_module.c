@@ -12,6 +12,7 @@
 #include "core/client/rooms/crooms_api.h"
 #include "core/client/rooms/crooms_hierarchy.h"
 #include "core/client/rooms/crooms_relations.h"
+#include "core/rooms/events_pdus.h"
 #include "atrium/parse.h"
 
 /* The settings, or NULL when no runtime object is bound (unit tests). */
@@ -194,6 +195,13 @@ static int rooms_init(core_runtime *rt)
     rt->rooms_remote_pool = rt_pool_new("core.rooms_remote", CROOMS_REMOTE_THREADS,
                                         CROOMS_REMOTE_QUEUE, rt->metrics);
     if (!rt->rooms_remote_pool) return -1;
+    /* Stored events' parsed PDUs, shared by every request that renders or judges events
+     * (core/rooms/events_pdus.h): made before any route can serve one. */
+    if (!events_pdus_global()) {
+        events_pdus *pdus = events_pdus_new(rt->metrics, EVENTS_PDUS_SLOTS, EVENTS_PDUS_MAX_TEXT);
+        if (!pdus) return -1;
+        events_pdus_set_global(pdus);
+    }
     if (!room_version_find_creatable(rt->cfg->rooms.default_version)) {
         rt_log(ATRIUM_LOG_ERROR, "core", "rooms.default_version \"%.16s\" is not a room version "
                "this server creates: set it to one of \"1\" to \"11\"", rt->cfg->rooms.default_version);

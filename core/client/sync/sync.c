@@ -30,7 +30,6 @@
 #include "core/client/sync/sync.h"
 #include "core/client/sync/sync_legacy.h"
 #include "core/client/sync/sync_rooms.h"
-#include "core/rooms/events_pdus.h"
 #include "core/rooms/rooms_tx.h"
 #include "atrium/parse.h"
 
@@ -537,13 +536,6 @@ static int sync_init(core_runtime *rt)
     rt->limits.sync = rt_ratelimit_new("sync", rate->per_minute / SECONDS_PER_MINUTE,
                                        rate->burst, SYNC_RATE_MAX_KEYS, rt->metrics);
     if (!rt->limits.sync) return -1;
-    /* Stored events' parsed PDUs shared by all requests (core/rooms/events_pdus.h): the
-     * renderer and the unread counts read them. */
-    if (!events_pdus_global()) {
-        events_pdus *pdus = events_pdus_new(rt->metrics, EVENTS_PDUS_SLOTS, EVENTS_PDUS_MAX_TEXT);
-        if (!pdus) return -1;
-        events_pdus_set_global(pdus);
-    }
     /* Wake-ups made by other processes sharing the database. */
     if (notifier_listen(rt->notifier, rt->notify) < 0) return -1;
     /* Wake-ups made by this process's room writes (core/rooms/rooms_tx.h). */

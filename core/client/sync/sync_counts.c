@@ -129,7 +129,8 @@ static int unread_pdus(sync_ctx *s, PGresult *unread, json_t **pdus)
 
 static void release_pdus(json_t **pdus, int n)
 {
-    for (int i = 0; pdus && i < n; i++) events_pdus_put(events_pdus_global(), pdus[i]);
+    events_pdus *cache = events_pdus_global();
+    for (int i = 0; pdus && i < n; i++) events_pdus_put(cache, pdus[i]);
     free(pdus);
 }
 
