@@ -9,7 +9,12 @@ the message, the resume lines must have held woken requests (atrium_http_resumes
 above 0) and be empty after.
 
 The bound is relative to the fan-out measured in the same run, so a sanitizer's slowdown
-scales both sides: the test runs in the ASan tree like the others.
+scales both sides: the test runs in the ASan tree like the others, and under
+ThreadSanitizer. One probe may miss it: on a 2-core machine running another test beside
+this one, a single /versions can lose the CPU for longer than the bound (CI saw 234 ms in a
+729 ms fan-out under TSan). Queued behind the woken syncs, every probe sent during the
+fan-out waits (the probes' ratio was about 1 before the resume lines), so all but one
+within the bound still tells the two apart.
 """
 
 import selectors
@@ -27,7 +32,8 @@ MEMBERS = 20
 POLLS_PER_MEMBER = 15  # 300 parked long-polls
 LONG_POLL_MS = 60000
 PROBE_EVERY_S = 0.02
-SHARE_OF_FANOUT = 0.25  # worst /versions against the fan-out's duration; before: ~1
+SHARE_OF_FANOUT = 0.25  # /versions against the fan-out's duration; before: ~1
+ALLOWED_OVER = 1  # probes that may exceed it (a scheduling outlier on a shared machine)
 
 
 def open_long_poll(port, token, since):
@@ -114,6 +120,7 @@ class WakeFanoutTest(unittest.TestCase):
         fanout = max(t for _, t in answers.values()) - sent if answers else float("inf")
         during = [p for p in lat if p[2] < sent + fanout]
         worst = max(during)
+        over = [p for p in during if p[0] >= fanout * SHARE_OF_FANOUT]
         print(f"\n{n} long-polls woken in {fanout * 1000:.0f} ms; /versions meanwhile: "
               f"{len(during)} probes, worst {worst[0] * 1000:.0f} ms; resume lines held up to "
               f"{max(lined):.0f}", file=sys.stderr)
@@ -127,9 +134,11 @@ class WakeFanoutTest(unittest.TestCase):
         self.assertGreaterEqual(len(during), 3)
         self.assertGreater(max(lined), 0, "no woken request waited in a resume line")
         self.assertEqual(srv.metric("atrium_http_resumes_waiting"), 0)
-        self.assertLess(worst[0], fanout * SHARE_OF_FANOUT,
-                        f"/versions took {worst[0] * 1000:.0f} ms while {n} woken long-polls "
-                        f"were answered over {fanout * 1000:.0f} ms")
+        self.assertLessEqual(
+            len(over), ALLOWED_OVER,
+            f"{len(over)} of {len(during)} /versions took over {SHARE_OF_FANOUT:.0%} of the "
+            f"fan-out ({sorted(round(p[0] * 1000) for p in over)} ms) while {n} woken "
+            f"long-polls were answered over {fanout * 1000:.0f} ms")
 
 
 if __name__ == "__main__":
