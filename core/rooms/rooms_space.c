@@ -21,8 +21,7 @@ static int summary_state(PGconn *c, const char *room_id, json_t **state, json_in
     const char *p[1] = {room_id};
     PGresult *res = rooms_q(
         c,
-        "SELECT (SELECT count(*) FROM current_state m WHERE m.room_id = r.room_id"
-        "  AND m.type = 'm.room.member' AND m.membership = 'join'),"
+        "SELECT r.joined_members,"
         " coalesce(jsonb_object_agg(cs.type, e.pdu::jsonb -> 'content')"
         "  FILTER (WHERE cs.type IS NOT NULL AND e.redacted_by IS NULL), '{}')::text,"
         " r.room_version"

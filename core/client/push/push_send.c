@@ -134,9 +134,7 @@ static bool room_facts(PGconn *c, const char *room_id, push_room *pr, json_t **h
     *holder = json_array();
     const char *p[1] = {room_id};
     PGresult *res = acc_q(c,
-                          "SELECT rm.creator,"
-                          " (SELECT count(*) FROM current_state WHERE room_id = $1"
-                          "  AND type = 'm.room.member' AND membership = 'join'),"
+                          "SELECT rm.creator, rm.joined_members,"
                           " (SELECT e.pdu FROM current_state cs JOIN events e"
                           "  ON e.event_id = cs.event_id WHERE cs.room_id = $1"
                           "  AND cs.type = 'm.room.power_levels' AND cs.state_key = ''"

@@ -15,7 +15,8 @@
 #include "core/client/sync/ssync.h"
 
 /* Per room of $1 (a row each, with its index from 1): the current m.room.name and
- * m.room.avatar (position and value), the joined and invited member counts, and the heroes
+ * m.room.avatar (position and value), the joined and invited member counts (kept with the
+ * room: rooms migration 10, core/rooms/rooms.c), and the heroes
  * (sync_room_summary's rule: the first SYNC_MAX_HEROES other joined or invited members by
  * the position of their membership, else those who left or were banned) with the display
  * name and avatar of their current member event; NULL for a named room. */
@@ -33,14 +34,12 @@
     "  AND cs.type = '" type "' AND cs.state_key = '') "
 static const char FACTS_SQL[] =
     "SELECT r.i, nm.pos, nm.val, av.pos, av.val,"
-    " (SELECT count(*) FROM current_state WHERE room_id = r.id AND type = 'm.room.member'"
-    "  AND membership = 'join'),"
-    " (SELECT count(*) FROM current_state WHERE room_id = r.id AND type = 'm.room.member'"
-    "  AND membership = 'invite'),"
+    " coalesce(rm.joined_members, 0), coalesce(rm.invited_members, 0),"
     /* Heroes only for a room without a name: no one reads them otherwise. */
     " CASE WHEN coalesce(nm.val, '') = '' THEN coalesce(nullif(" HEROES_SQL("('join', 'invite')") ", '[]'),"
     "  " HEROES_SQL("('leave', 'ban')") ") END"
     " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i)"
+    " LEFT JOIN rooms rm ON rm.room_id = r.id"
     NAMED_SQL("m.room.name", "name") "nm ON true"
     NAMED_SQL("m.room.avatar", "url") "av ON true"
     " ORDER BY r.i";

@@ -20,12 +20,10 @@
 
 /* What push rules read about each room of $1 (push_eval.h), in one query, a row per room
  * with its index in $1 (from 1): the room version, the creator, the joined member count,
- * the user's member event and its ID, the current power levels, whether they were
- * redacted, and their ID. */
+ * (kept by rooms migration 10, core/rooms/rooms.c), the user's member event and its ID,
+ * the current power levels, whether they were redacted, and their ID. */
 static const char PUSH_ROOMS_SQL[] =
-    "SELECT r.i, rm.room_version, rm.creator,"
-    " (SELECT count(*) FROM current_state WHERE room_id = r.id"
-    "  AND type = 'm.room.member' AND membership = 'join'),"
+    "SELECT r.i, rm.room_version, rm.creator, rm.joined_members,"
     " me.pdu, me.event_id, pl.pdu, pl.redacted_by IS NOT NULL, pl.event_id"
     " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) JOIN rooms rm ON rm.room_id = r.id"
     " LEFT JOIN LATERAL (SELECT e.pdu, e.event_id FROM current_state cs JOIN events e"
@@ -239,13 +237,12 @@ int sync_room_summary(sync_ctx *s, const char *room_id, json_t *room)
     "   JOIN events e ON e.event_id = cs.event_id WHERE cs.room_id = $1"                  \
     "   AND cs.type = 'm.room.member' AND cs.membership IN " memberships                   \
     "   AND cs.state_key <> $2 ORDER BY e.stream_pos LIMIT $3) h)"
+    /* The counts kept with the room (rooms migration 10, core/rooms/rooms.c). */
     PGresult *res = rooms_q(s->c,
-                            "SELECT count(*) FILTER (WHERE membership = 'join'),"
-                            " count(*) FILTER (WHERE membership = 'invite'),"
+                            "SELECT coalesce(rm.joined_members, 0), coalesce(rm.invited_members, 0),"
                             " " HEROES_SQL("('join', 'invite')") ","
                             " " HEROES_SQL("('leave', 'ban')")
-                            " FROM current_state WHERE room_id = $1 AND type = 'm.room.member'"
-                            " AND membership IN ('join', 'invite')",
+                            " FROM (SELECT 1) one LEFT JOIN rooms rm ON rm.room_id = $1",
                             3, p, NULL);
 #undef HEROES_SQL
     if (!res) return ROOMS_E_DB;
