@@ -496,11 +496,15 @@ static int joined_room_read(sync_ctx *s, const char *room_id, const rooms_vis *v
     return rc < 0 ? rc : ROOMS_OK;
 }
 
-static int joined_room(sync_ctx *s, const char *room_id, json_t *acct, json_t *join, bool *has_new)
+/* A room whose newest membership as of upto (at pos) is a join: when that join is at or
+ * before since, it was the membership at since too (no query; every joined room of every
+ * incremental sync asked it). */
+static int joined_room(sync_ctx *s, const char *room_id, int64_t pos, json_t *acct, json_t *join,
+                       bool *has_new)
 {
-    bool was_joined;
+    bool was_joined = s->since > 0 && pos <= s->since;
     rooms_vis vis;
-    if (joined_at_since(s, room_id, &was_joined) < 0 ||
+    if ((!was_joined && joined_at_since(s, room_id, &was_joined) < 0) ||
         rooms_vis_load(s->c, room_id, s->user, &vis) < 0)
         return ROOMS_E_DB;
     s->view.reader = &vis; /* this room's reader, for erasure, while it is read */
@@ -690,7 +694,7 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
         bool in_window = m.pos > s->since;
         if (strcmp(m.membership, "join") == 0) {
             if (!active || json_object_get(active, m.room_id) || json_object_get(acct, m.room_id))
-                rc = joined_room(s, m.room_id, acct, join, has_new);
+                rc = joined_room(s, m.room_id, m.pos, acct, join, has_new);
         }
         /* An invite from a user it ignores is not shown (the spec; Synapse drops it too). */
         else if (strcmp(m.membership, "invite") == 0 && (in_window || s->since == 0) &&
