@@ -254,20 +254,28 @@ static bool read_params(atrium_req *r, sync_ctx *s, int64_t *timeout_ms, int mod
 
 /* ---- the response ------------------------------------------------------------------- */
 
-static int global_account_data(sync_ctx *s, json_t *resp, bool *has_new)
+/* The account data events of (since, upto], in the order they were written, in one
+ * statement: the global ones into resp's account_data, the rooms' into
+ * s->room_account_data ({room_id: [events]}, for sync_rooms). */
+static int account_data(sync_ctx *s, json_t *resp, bool *has_new)
 {
     const char *p[3] = {s->user, crooms_i64(s->r, s->since), crooms_i64(s->r, s->upto)};
     PGresult *res = rooms_q(s->c,
-                            "SELECT type, content::text FROM account_data WHERE user_id = $1"
-                            " AND room_id = '' AND stream_pos > $2 AND stream_pos <= $3"
+                            "SELECT room_id, type, content::text FROM account_data"
+                            " WHERE user_id = $1 AND stream_pos > $2 AND stream_pos <= $3"
                             " ORDER BY stream_pos",
                             3, p, NULL);
     if (!res) return ROOMS_E_DB;
     json_t *events = json_array();
+    s->room_account_data = json_object();
     for (int i = 0; i < PQntuples(res); i++) {
-        json_t *content = json_loads(PQgetvalue(res, i, 1), 0, NULL);
-        json_array_append_new(events, json_pack("{s:s, s:o}", "type", PQgetvalue(res, i, 0), "content",
-                                                content ? content : json_object()));
+        const char *room = PQgetvalue(res, i, 0);
+        json_t *content = json_loads(PQgetvalue(res, i, 2), 0, NULL);
+        json_t *ev = json_pack("{s:s, s:o}", "type", PQgetvalue(res, i, 1), "content",
+                               content ? content : json_object());
+        json_t *list = room[0] ? json_object_get(s->room_account_data, room) : events;
+        if (!list) json_object_set_new(s->room_account_data, room, list = json_array());
+        json_array_append_new(list, ev);
     }
     PQclear(res);
     sync_filter_events(s->account_data_filter, events);
@@ -322,8 +330,11 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
     json_t *resp = json_object(), *rooms = json_object();
     json_object_set_new(resp, "rooms", rooms);
     /* Once per run, so a change to the list shows in the next sync. */
-    if (rooms_ignored_users(s->c, s->r->arena, s->user, &s->timeline.ignored) < 0 ||
-        sync_rooms(s, rooms, has_new) < 0 || global_account_data(s, resp, has_new) < 0) {
+    bool failed = rooms_ignored_users(s->c, s->r->arena, s->user, &s->timeline.ignored) < 0 ||
+                  account_data(s, resp, has_new) < 0 || sync_rooms(s, rooms, has_new) < 0;
+    json_decref(s->room_account_data);
+    s->room_account_data = NULL;
+    if (failed) {
         json_decref(resp);
         return NULL;
     }

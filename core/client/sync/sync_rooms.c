@@ -395,29 +395,6 @@ static int ephemeral(sync_ctx *s, const char *room_id, bool initial, json_t *out
     return ROOMS_OK;
 }
 
-/* Room account data of the window, as {room_id: [events]}. */
-static int room_account_data(sync_ctx *s, json_t **out)
-{
-    *out = json_object();
-    const char *p[3] = {s->user, i64s(s, s->since), i64s(s, s->upto)};
-    PGresult *res = rooms_q(s->c,
-                            "SELECT room_id, type, content::text FROM account_data"
-                            " WHERE user_id = $1 AND room_id <> '' AND stream_pos > $2"
-                            " AND stream_pos <= $3 ORDER BY stream_pos",
-                            3, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    for (int i = 0; i < PQntuples(res); i++) {
-        const char *room = PQgetvalue(res, i, 0);
-        json_t *list = json_object_get(*out, room);
-        if (!list) json_object_set_new(*out, room, list = json_array());
-        json_t *content = json_loads(PQgetvalue(res, i, 2), 0, NULL);
-        json_array_append_new(list, json_pack("{s:s, s:o}", "type", PQgetvalue(res, i, 1), "content",
-                                              content ? content : json_object()));
-    }
-    PQclear(res);
-    return ROOMS_OK;
-}
-
 static bool has_member_event(const json_t *events)
 {
     for (size_t i = 0; i < json_array_size(events); i++)
@@ -670,8 +647,7 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     /* A device syncing from nothing has no member events: forget what it was sent. */
     if (s->lazy_members && (s->since == 0 || s->full_state))
         sync_lazy_forget_device(s->user, s->device);
-    json_t *acct;
-    if (room_account_data(s, &acct) < 0) return ROOMS_E_DB;
+    json_t *acct = s->room_account_data ? json_incref(s->room_account_data) : json_object();
     /* Every room's newest membership of the user as of upto. */
     const char *p[3] = {s->user, i64s(s, s->upto), s->timeline.ignored};
     PGresult *res = rooms_q(s->c,

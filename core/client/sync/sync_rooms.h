@@ -37,6 +37,8 @@ typedef struct sync_ctx {
     events_view view;     /* room_id left out */
     json_t *push_rules;   /* the user's rule set: loaded by the first room with unread
                            * events, released when sync_rooms returns (NULL before) */
+    json_t *room_account_data; /* the window's per-room account data events by room ID,
+                                * read with the global ones (sync.c); owned by sync.c */
 } sync_ctx;
 
 /* Fill rooms.join / rooms.invite / rooms.leave of `rooms` for the window (since, upto].
