@@ -161,18 +161,18 @@ static json_t *deliver_to_device(PGconn *c, const char *user, const char *device
     snprintf(since_s, sizeof(since_s), "%lld", (long long)since);
     snprintf(upto_s, sizeof(upto_s), "%lld", (long long)upto);
     snprintf(limit_s, sizeof(limit_s), "%d", TO_DEVICE_SYNC_LIMIT);
-    const char *p[4] = {user, device, since_s, upto_s};
-    if (since > 0 && !db_exec(c,
-                              "DELETE FROM to_device_messages"
-                              " WHERE user_id = $1 AND device_id = $2"
-                              " AND delivered_upto <= $3::bigint",
-                              3, p))
-        return NULL;
-    p[2] = limit_s;
+    /* One statement: the rows `since` acknowledges are deleted (not on an initial sync) and
+     * the batch is taken from the others (a statement's parts share one snapshot, so the
+     * batch names the deleted rows' complement itself). */
+    const char *p[5] = {user, device, limit_s, upto_s, since_s};
     PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,
-                             "WITH batch AS (SELECT stream_pos FROM to_device_messages"
+                             "WITH acked AS (DELETE FROM to_device_messages"
+                             "  WHERE user_id = $1 AND device_id = $2 AND $5::bigint > 0"
+                             "  AND delivered_upto <= $5::bigint),"
+                             " batch AS (SELECT stream_pos FROM to_device_messages"
                              "  WHERE user_id = $1 AND device_id = $2"
                              "  AND stream_pos <= $4::bigint"
+                             "  AND ($5::bigint = 0 OR coalesce(delivered_upto > $5::bigint, true))"
                              "  ORDER BY stream_pos LIMIT $3::int),"
                              " marked AS (UPDATE to_device_messages m"
                              "  SET delivered_upto = $4::bigint"
@@ -181,7 +181,7 @@ static json_t *deliver_to_device(PGconn *c, const char *user, const char *device
                              "  RETURNING m.stream_pos, m.sender, m.event_type, m.content)"
                              " SELECT sender, event_type, content FROM marked"
                              " ORDER BY stream_pos",
-                             4, p);
+                             5, p);
     if (!res) return NULL;
     json_t *events = json_array();
     for (int i = 0; i < PQntuples(res); i++) {
