@@ -605,37 +605,6 @@ static int left_room(sync_ctx *s, const membership_row *m, json_t *leave, bool *
     return ROOMS_OK;
 }
 
-/* Incremental syncs: the joined rooms of `memberships` with events, receipts or typing in
- * the window, as a set {room_id: true}; NULL (every room) for initial and full syncs. */
-static int active_rooms(sync_ctx *s, PGresult *memberships, json_t **out)
-{
-    *out = NULL;
-    if (s->since == 0 || s->full_state) return ROOMS_OK;
-    json_t *ids = json_array();
-    for (int i = 0; i < PQntuples(memberships); i++)
-        if (strcmp(PQgetvalue(memberships, i, 1), "join") == 0)
-            json_array_append_new(ids, json_string(PQgetvalue(memberships, i, 0)));
-    *out = json_object();
-    if (json_array_size(ids) == 0) {
-        json_decref(ids);
-        return ROOMS_OK;
-    }
-    const char *p[3] = {rooms_pg_array(s->r->arena, ids), i64s(s, s->since), i64s(s, s->upto)};
-    json_decref(ids);
-    PGresult *res = rooms_q(s->c,
-                            "SELECT DISTINCT room_id FROM events WHERE room_id = ANY($1::text[])"
-                            " AND stream_pos > $2 AND stream_pos <= $3"
-                            " UNION SELECT room_id FROM receipts WHERE room_id = ANY($1::text[])"
-                            " AND stream_pos > $2 AND stream_pos <= $3"
-                            " UNION SELECT room_id FROM typing WHERE room_id = ANY($1::text[])"
-                            " AND stream_pos > $2 AND stream_pos <= $3",
-                            3, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    for (int i = 0; i < PQntuples(res); i++) json_object_set_new(*out, PQgetvalue(res, i, 0), json_true());
-    PQclear(res);
-    return ROOMS_OK;
-}
-
 int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
 {
     json_t *join = json_object(), *invite = json_object(), *leave = json_object();
@@ -648,20 +617,29 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     if (s->lazy_members && (s->since == 0 || s->full_state))
         sync_lazy_forget_device(s->user, s->device);
     json_t *acct = s->room_account_data ? json_incref(s->room_account_data) : json_object();
-    /* Every room's newest membership of the user as of upto. */
-    const char *p[3] = {s->user, i64s(s, s->upto), s->timeline.ignored};
+    /* Every room's newest membership of the user as of upto, and for an incremental sync
+     * ($4) whether a joined room had events, receipts or typing in the window (the others
+     * are skipped unless they have account data; initial and full syncs read every room). */
+    bool incremental = s->since > 0 && !s->full_state;
+    const char *p[5] = {s->user, i64s(s, s->upto), s->timeline.ignored, incremental ? "t" : "f",
+                        i64s(s, s->since)};
+#define IN_WINDOW(table) "EXISTS (SELECT 1 FROM " table " x WHERE x.room_id = m.room_id" \
+                         " AND x.stream_pos > $5 AND x.stream_pos <= $2)"
     PGresult *res = rooms_q(s->c,
-                            "SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id,"
+                            "SELECT m.*, NOT $4::boolean OR (m.membership = 'join' AND"
+                            " (" IN_WINDOW("events") " OR " IN_WINDOW("receipts") " OR "
+                            IN_WINDOW("typing") ")) FROM"
+                            " (SELECT DISTINCT ON (room_id) room_id, membership, stream_pos, event_id,"
                             " sender, forgotten, (sender = ANY($3::text[])) IS TRUE"
                             " FROM memberships WHERE user_id = $1 AND stream_pos <= $2"
-                            " ORDER BY room_id, stream_pos DESC",
-                            3, p, NULL);
+                            " ORDER BY room_id, stream_pos DESC) m",
+                            5, p, NULL);
+#undef IN_WINDOW
     if (!res) {
         json_decref(acct);
         return ROOMS_E_DB;
     }
-    json_t *active = NULL;
-    int rc = active_rooms(s, res, &active);
+    int rc = ROOMS_OK;
     for (int i = 0; i < PQntuples(res) && rc >= 0; i++) {
         membership_row m = {PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), PQgetvalue(res, i, 3),
                             PQgetvalue(res, i, 4), atoll(PQgetvalue(res, i, 2))};
@@ -669,7 +647,7 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
         if (forgotten || !room_wanted(s, m.room_id)) continue;
         bool in_window = m.pos > s->since;
         if (strcmp(m.membership, "join") == 0) {
-            if (!active || json_object_get(active, m.room_id) || json_object_get(acct, m.room_id))
+            if (PQgetvalue(res, i, 7)[0] == 't' || json_object_get(acct, m.room_id))
                 rc = joined_room(s, m.room_id, m.pos, acct, join, has_new);
         }
         /* An invite from a user it ignores is not shown (the spec; Synapse drops it too). */
@@ -684,7 +662,6 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     }
     PQclear(res);
     json_decref(acct);
-    json_decref(active);
     json_decref(s->push_rules);
     s->push_rules = NULL;
     return rc;
