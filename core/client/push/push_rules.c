@@ -235,16 +235,13 @@ static json_t *user_rule_json(PGresult *res, int row)
     return rule;
 }
 
-/* Rows [first, end) of res: one user's part of a result (res NULL: none). */
+/* Rows [first, end) of res: one user's part of a result (res NULL: none), its columns
+ * from col on. */
 typedef struct rows {
     PGresult *res;
-    int first, end;
+    int first, end, col;
 } rows;
 
-static rows all_rows(PGresult *res)
-{
-    return (rows){res, 0, res ? PQntuples(res) : 0};
-}
 
 /* The default rule at defs[at] with the user's stored changes applied: a copy when there
  * are any (the rule itself may be shared: default_rules). false on OOM. */
@@ -255,7 +252,7 @@ static bool apply_default_settings(json_t *defs, size_t at, rows set)
     PGresult *settings = set.res;
     bool copied = false;
     for (int i = set.first; settings && i < set.end; i++) {
-        if (strcmp(PQgetvalue(settings, i, 0), id) != 0) continue;
+        if (strcmp(PQgetvalue(settings, i, set.col), id) != 0) continue;
         if (!copied) {
             json_t *copy = json_deep_copy(rule);
             if (!copy || json_array_set_new(defs, at, copy) != 0) return false;
@@ -263,10 +260,12 @@ static bool apply_default_settings(json_t *defs, size_t at, rows set)
             id = json_string_value(json_object_get(rule, "rule_id"));
             copied = true;
         }
-        if (!PQgetisnull(settings, i, 1))
-            json_object_set_new(rule, "enabled", json_boolean(PQgetvalue(settings, i, 1)[0] == 't'));
-        json_t *actions = PQgetisnull(settings, i, 2) ? NULL
-                                                      : json_loads(PQgetvalue(settings, i, 2), 0, NULL);
+        if (!PQgetisnull(settings, i, set.col + 1))
+            json_object_set_new(rule, "enabled",
+                                json_boolean(PQgetvalue(settings, i, set.col + 1)[0] == 't'));
+        json_t *actions = PQgetisnull(settings, i, set.col + 2)
+                              ? NULL
+                              : json_loads(PQgetvalue(settings, i, set.col + 2), 0, NULL);
         if (actions) json_object_set_new(rule, "actions", actions);
     }
     return true;
@@ -311,22 +310,24 @@ static json_t *compose_ruleset(const char *user, rows user_rules, rows settings)
 }
 
 /* The user's global rule set read with c. *db_ok false when the stored part could not be
- * read (the defaults are still there). NULL only on OOM. */
+ * read (the defaults are still there). NULL only on OOM. One statement (every woken sync
+ * with unread events runs it): the user's rules first (columns 0-5, kind never NULL),
+ * then the settings of default rules (columns 6-8). */
 static json_t *load_ruleset(const char *user, PGconn *c, bool *db_ok)
 {
     const char *p[1] = {user};
-    PGresult *rules = c ? acc_q(c, "SELECT kind, rule_id, conditions, pattern, actions, enabled"
-                                   " FROM push_rules WHERE user_id = $1"
-                                   " ORDER BY kind, position, rule_id", 1, p)
-                        : NULL;
-    PGresult *settings = c ? acc_q(c, "SELECT rule_id, enabled, actions FROM push_rule_defaults"
-                                      " WHERE user_id = $1", 1, p)
-                           : NULL;
-    *db_ok = rules && settings;
-    json_t *global = compose_ruleset(user, all_rows(*db_ok ? rules : NULL),
-                                     all_rows(*db_ok ? settings : NULL));
-    PQclear(rules);
-    PQclear(settings);
+    PGresult *res = c ? acc_q(c, "SELECT kind, rule_id, conditions, pattern, actions, enabled,"
+                                 " NULL, NULL::boolean, NULL, position"
+                                 " FROM push_rules WHERE user_id = $1"
+                                 " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, rule_id,"
+                                 " enabled, actions, NULL FROM push_rule_defaults WHERE user_id = $1"
+                                 " ORDER BY 1 NULLS LAST, 10, 2", 1, p)
+                      : NULL;
+    *db_ok = res != NULL;
+    int n = res ? PQntuples(res) : 0, split = 0;
+    while (split < n && !PQgetisnull(res, split, 0)) split++;
+    json_t *global = compose_ruleset(user, (rows){res, 0, split, 0}, (rows){res, split, n, 6});
+    PQclear(res);
     return global;
 }
 
@@ -418,7 +419,8 @@ json_t *push_rules_batch_for(push_rules_batch *b, const char *user)
     json_t *e = json_object_get(b->index, user);
     int at[4] = {0, 0, 0, 0};
     for (size_t i = 0; e && i < 4; i++) at[i] = (int)json_integer_value(json_array_get(e, i));
-    return compose_ruleset(user, (rows){b->rules, at[0], at[1]}, (rows){b->settings, at[2], at[3]});
+    return compose_ruleset(user, (rows){b->rules, at[0], at[1], 0},
+                           (rows){b->settings, at[2], at[3], 0});
 }
 
 void push_rules_batch_free(push_rules_batch *b)
