@@ -348,45 +348,46 @@ static int timeline_state(sync_ctx *s, const char *room_id, const timeline *t, b
 
 static int ephemeral(sync_ctx *s, const char *room_id, bool initial, json_t *out)
 {
-    const char *p[4] = {room_id, i64s(s, initial ? 0 : s->since), i64s(s, s->upto), s->user};
+    /* One statement: the window's receipts (rows 'r'), then the room's typing rows ('t'):
+     * whether each still types, and whether it changed in the window. */
+    const char *p[5] = {room_id, i64s(s, initial ? 0 : s->since), i64s(s, s->upto), s->user,
+                        i64s(s, rooms_wall_ms())};
     PGresult *res = rooms_q(s->c,
-                            "SELECT event_id, receipt_type, user_id, ts, thread_id FROM receipts"
+                            "SELECT 'r', event_id, receipt_type, user_id, ts, thread_id,"
+                            " NULL::boolean, NULL::boolean FROM receipts"
                             " WHERE room_id = $1 AND stream_pos > $2 AND stream_pos <= $3"
-                            " AND (receipt_type <> 'm.read.private' OR user_id = $4)",
-                            4, p, NULL);
+                            " AND (receipt_type <> 'm.read.private' OR user_id = $4)"
+                            " UNION ALL SELECT 't', NULL, NULL, user_id, NULL, NULL,"
+                            " expires_ts > $5::bigint, stream_pos > $2::bigint"
+                            " AND stream_pos <= $3::bigint FROM typing WHERE room_id = $1",
+                            5, p, NULL);
     if (!res) return ROOMS_E_DB;
-    if (PQntuples(res) > 0) {
-        json_t *content = json_object();
-        for (int i = 0; i < PQntuples(res); i++) {
-            const char *ev = PQgetvalue(res, i, 0), *type = PQgetvalue(res, i, 1);
-            json_t *by_ev = json_object_get(content, ev);
-            if (!by_ev) json_object_set_new(content, ev, by_ev = json_object());
-            json_t *by_type = json_object_get(by_ev, type);
-            if (!by_type) json_object_set_new(by_ev, type, by_type = json_object());
-            json_t *rec = json_pack("{s:I}", "ts", (json_int_t)atoll(PQgetvalue(res, i, 3)));
-            if (PQgetvalue(res, i, 4)[0])
-                json_object_set_new(rec, "thread_id", json_string(PQgetvalue(res, i, 4)));
-            json_object_set_new(by_type, PQgetvalue(res, i, 2), rec);
+    json_t *content = json_object(), *typers = json_array();
+    bool changed = false;
+    for (int i = 0; i < PQntuples(res); i++) {
+        const char *user = PQgetvalue(res, i, 3);
+        if (PQgetvalue(res, i, 0)[0] == 't') {
+            if (PQgetvalue(res, i, 6)[0] == 't') json_array_append_new(typers, json_string(user));
+            if (PQgetvalue(res, i, 7)[0] == 't') changed = true;
+            continue;
         }
-        json_array_append_new(out, json_pack("{s:s, s:o}", "type", "m.receipt", "content", content));
+        const char *ev = PQgetvalue(res, i, 1), *type = PQgetvalue(res, i, 2);
+        json_t *by_ev = json_object_get(content, ev);
+        if (!by_ev) json_object_set_new(content, ev, by_ev = json_object());
+        json_t *by_type = json_object_get(by_ev, type);
+        if (!by_type) json_object_set_new(by_ev, type, by_type = json_object());
+        json_t *rec = json_pack("{s:I}", "ts", (json_int_t)atoll(PQgetvalue(res, i, 4)));
+        if (PQgetvalue(res, i, 5)[0])
+            json_object_set_new(rec, "thread_id", json_string(PQgetvalue(res, i, 5)));
+        json_object_set_new(by_type, user, rec);
     }
     PQclear(res);
+    if (json_object_size(content) > 0)
+        json_array_append_new(out, json_pack("{s:s, s:o}", "type", "m.receipt", "content", content));
+    else
+        json_decref(content);
     /* Typing: the current typers, sent when the set changed in the window (or on an initial
      * sync when someone types). */
-    const char *q[4] = {room_id, i64s(s, initial ? 0 : s->since), i64s(s, s->upto),
-                        i64s(s, rooms_wall_ms())};
-    res = rooms_q(s->c,
-                  "SELECT user_id, expires_ts > $4::bigint, stream_pos > $2::bigint"
-                  " AND stream_pos <= $3::bigint FROM typing WHERE room_id = $1",
-                  4, q, NULL);
-    if (!res) return ROOMS_E_DB;
-    bool changed = false;
-    json_t *typers = json_array();
-    for (int i = 0; i < PQntuples(res); i++) {
-        if (PQgetvalue(res, i, 1)[0] == 't') json_array_append_new(typers, json_string(PQgetvalue(res, i, 0)));
-        if (PQgetvalue(res, i, 2)[0] == 't') changed = true;
-    }
-    PQclear(res);
     if ((initial && json_array_size(typers) > 0) || (!initial && changed))
         json_array_append_new(out, json_pack("{s:s, s:{s:o}}", "type", "m.typing", "content",
                                              "user_ids", typers));
