@@ -6,9 +6,9 @@
  * e2ee_cross_signing.c). The files:
  *   e2ee.c                the module (routes, migrations owned by "e2ee") and the helpers
  *                         below: parameters, transactions, key-change positions, wake-ups
- *   e2ee_keys.c           keys/upload, keys/claim, and the sync section with the one-time
- *                         key counts
- *   e2ee_query.c          keys/query, keys/changes, and the device_lists sync section
+ *   e2ee_keys.c           keys/upload, keys/claim, and the e2ee sync section: the one-time
+ *                         key counts, and the device lists (e2ee_sync_device_lists)
+ *   e2ee_query.c          keys/query, keys/changes, and the device lists' queries
  *   e2ee_cross_signing.c  keys/device_signing/upload, keys/signatures/upload
  *   e2ee_backup.c         room_keys/version and room_keys/keys (server-side key backup)
  *   to_device.c           sendToDevice and the to_device sync section
@@ -86,6 +86,18 @@ int e2ee_record_key_change(PGconn *c, const char *user_id);
 /* After the transaction that recorded a change committed: wake the parked syncs of
  * everyone who hears of user_id's key changes. Any thread with a connection. */
 void e2ee_wake_key_change(PGconn *c, const char *user_id);
+/* Whether (from, to] holds no key change and no membership change of anyone (then no
+ * user's device lists changed in it): a boolean SQL expression of the parameters numbered
+ * from and to (string literals, e.g. "1", "2"). */
+#define E2EE_WINDOW_QUIET_SQL(from, to)                                                   \
+    "(NOT EXISTS (SELECT 1 FROM device_lists_changes WHERE stream_pos > $" from "::bigint" \
+    " AND stream_pos <= $" to "::bigint) AND NOT EXISTS (SELECT 1 FROM memberships"        \
+    " WHERE stream_pos > $" from "::bigint AND stream_pos <= $" to "::bigint))"
+/* The device_lists {changed, left} of an incremental sync (since > 0) into response; quiet:
+ * E2EE_WINDOW_QUIET_SQL's answer for (since, upto], read by the caller (both empty then).
+ * 1 when there is something to report, 0, or ATRIUM_E_DB. */
+int e2ee_sync_device_lists(PGconn *c, const char *user_id, int64_t since, int64_t upto,
+                           bool quiet, json_t *response);
 
 /* ---- pure helpers (unit tested) ---------------------------------------------------------- */
 

@@ -365,32 +365,42 @@ static int post_keys_claim(atrium_req *r)
  * never wakes a sync by itself (returns 0). One statement for both (every woken sync runs
  * it): rows 'o' (algorithm, count of unclaimed one-time keys) and 'f' (an unused
  * fallback key's algorithm), in algorithm order. */
-static int sync_key_counts(PGconn *c, const char *user_id, const char *device_id,
-                           int64_t since, int64_t upto, json_t *response)
+/* The e2ee sync section: the device's one-time key counts and unused fallback key types
+ * (rows 'o' and 'f'), and whether the window is quiet for device lists (row 'q', on an
+ * incremental sync), in one statement; then the device lists (e2ee_query.c). */
+static int sync_e2ee(PGconn *c, const char *user_id, const char *device_id, int64_t since,
+                     int64_t upto, json_t *response)
 {
-    (void)since;
-    (void)upto;
-    const char *p[2] = {user_id, device_id};
+    char since_s[24], upto_s[24];
+    snprintf(since_s, sizeof(since_s), "%lld", (long long)since);
+    snprintf(upto_s, sizeof(upto_s), "%lld", (long long)upto);
+    const char *p[4] = {user_id, device_id, since_s, upto_s};
     PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,
                              "SELECT 'o', algorithm, count(*) FROM e2ee_one_time_keys"
                              " WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm"
                              " UNION ALL SELECT 'f', algorithm, 0 FROM e2ee_fallback_keys"
                              " WHERE user_id = $1 AND device_id = $2 AND NOT used"
+                             " UNION ALL SELECT 'q', '', " E2EE_WINDOW_QUIET_SQL("3", "4") "::int"
+                             " WHERE $3::bigint > 0"
                              " ORDER BY 1, 2",
-                             2, p);
+                             4, p);
     if (!res) return ATRIUM_E_DB;
     json_t *counts = json_object(), *types = json_array();
     json_object_set_new(counts, E2EE_DEFAULT_OTK_ALGORITHM, json_integer(0));
+    bool quiet = false;
     for (int i = 0; i < PQntuples(res); i++) {
-        if (PQgetvalue(res, i, 0)[0] == 'o')
+        char kind = PQgetvalue(res, i, 0)[0];
+        if (kind == 'o')
             json_object_set_new(counts, PQgetvalue(res, i, 1), json_integer(atoll(PQgetvalue(res, i, 2))));
-        else
+        else if (kind == 'f')
             json_array_append_new(types, json_string(PQgetvalue(res, i, 1)));
+        else
+            quiet = atoll(PQgetvalue(res, i, 2)) == 1;
     }
     PQclear(res);
     json_object_set_new(response, "device_one_time_keys_count", counts);
     json_object_set_new(response, "device_unused_fallback_key_types", types);
-    return 0;
+    return e2ee_sync_device_lists(c, user_id, since, upto, quiet, response);
 }
 
 int e2ee_keys_init(http_server *s)
@@ -398,5 +408,5 @@ int e2ee_keys_init(http_server *s)
     if (client_route(s, "POST", "/_matrix/client/v3/keys/upload", post_keys_upload, 0) < 0 ||
         client_route(s, "POST", "/_matrix/client/v3/keys/claim", post_keys_claim, 0) < 0)
         return -1;
-    return sync_add_section("e2ee", sync_key_counts) < 0 ? -1 : 0;
+    return sync_add_section("e2ee", sync_e2ee) < 0 ? -1 : 0;
 }

@@ -356,22 +356,19 @@ static int window_quiet(PGconn *c, int64_t from, int64_t to)
     snprintf(from_s, sizeof(from_s), "%lld", (long long)from);
     snprintf(to_s, sizeof(to_s), "%lld", (long long)to);
     const char *p[2] = {from_s, to_s};
-    PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK,
-                             "SELECT NOT EXISTS (SELECT 1 FROM device_lists_changes"
-                             "  WHERE stream_pos > $1::bigint AND stream_pos <= $2::bigint)"
-                             " AND NOT EXISTS (SELECT 1 FROM memberships"
-                             "  WHERE stream_pos > $1::bigint AND stream_pos <= $2::bigint)",
-                             2, p);
+    PGresult *res = e2ee_sql(c, PGRES_TUPLES_OK, "SELECT " E2EE_WINDOW_QUIET_SQL("1", "2"), 2, p);
     if (!res) return -1;
     int quiet = PQgetvalue(res, 0, 0)[0] == 't';
     PQclear(res);
     return quiet;
 }
 
-/* {changed, left} for user between two positions, or NULL on a DB failure. */
-static json_t *device_list_changes(PGconn *c, const char *user, int64_t from, int64_t to)
+/* {changed, left} for user between two positions, or NULL on a DB failure. quiet:
+ * window_quiet's answer when the caller has it, else -1. */
+static json_t *device_list_changes(PGconn *c, const char *user, int64_t from, int64_t to,
+                                   int quiet)
 {
-    int quiet = window_quiet(c, from, to);
+    if (quiet < 0) quiet = window_quiet(c, from, to);
     if (quiet < 0) return NULL;
     if (quiet) return json_pack("{s:[], s:[]}", "changed", "left");
     json_t *changed = user_list(c, changed_sql, user, from, to);
@@ -396,19 +393,18 @@ static int get_keys_changes(atrium_req *r)
         return http_respond_error(r, 400, "M_INVALID_PARAM", "to is not a sync token");
     PGconn *c = http_db_checkout(r);
     if (!c) return ATRIUM_DONE;
-    json_t *out = device_list_changes(c, r->user, from, to);
+    json_t *out = device_list_changes(c, r->user, from, to, -1);
     http_db_checkin(c);
     if (!out) return http_respond_error(r, 503, "M_UNKNOWN", "The database failed; retry");
     return http_respond_json(r, 200, out);
 }
 
 /* device_lists {changed, left} of an incremental sync; an initial sync reports none (the
- * client queries every user it tracks anyway). 1 when there is something to report. */
-static int sync_device_lists(PGconn *c, const char *user_id, const char *device_id,
-                             int64_t since, int64_t upto, json_t *response)
+ * client queries every user it tracks anyway). */
+int e2ee_sync_device_lists(PGconn *c, const char *user_id, int64_t since, int64_t upto,
+                           bool quiet, json_t *response)
 {
-    (void)device_id;
-    json_t *lists = since > 0 ? device_list_changes(c, user_id, since, upto)
+    json_t *lists = since > 0 ? device_list_changes(c, user_id, since, upto, quiet)
                               : json_pack("{s:[], s:[]}", "changed", "left");
     if (!lists) return ATRIUM_E_DB;
     int news = json_array_size(json_object_get(lists, "changed")) > 0 ||
@@ -422,5 +418,5 @@ int e2ee_query_init(http_server *s)
     if (client_route(s, "POST", "/_matrix/client/v3/keys/query", post_keys_query, 0) < 0 ||
         client_route(s, "GET", "/_matrix/client/v3/keys/changes", get_keys_changes, 0) < 0)
         return -1;
-    return sync_add_section("e2ee", sync_device_lists) < 0 ? -1 : 0;
+    return 0;
 }
