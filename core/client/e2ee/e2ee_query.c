@@ -1,6 +1,6 @@
 /*
  * core/client/e2ee/e2ee_query.c - reading other users' keys: POST /keys/query, GET /keys/changes,
- * and the device_lists sync section.
+ * and the device_lists of a sync (e2ee_sync_device_lists, called by e2ee_keys.c's section).
  *
  * keys/query answers from what is stored: each device's keys as uploaded plus
  * unsigned.device_display_name, each user's cross-signing keys, and the signatures uploaded
