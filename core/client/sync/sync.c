@@ -305,6 +305,28 @@ int64_t sync_upto_generic_plans(PGconn *c, char prev[SYNC_PLAN_MODE_MAX])
     return upto;
 }
 
+/* sync_upto_generic_plans for /sync, with the user's ignore list (rooms.h's rule) into
+ * s->timeline.ignored in the same statement: once per run, so a change to the list shows
+ * in the next sync. */
+static int64_t upto_and_ignored(sync_ctx *s, char prev[SYNC_PLAN_MODE_MAX])
+{
+    const char *p[1] = {s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT stream_upto(), gp.plan_mode, " SYNC_PLAN_MODE_SET ","
+                            " (SELECT " ROOMS_IGNORED_USERS_SQL("a.content") " FROM account_data a"
+                            "  WHERE a.user_id = $1 AND a.room_id = ''"
+                            "  AND a.type = 'm.ignored_user_list')"
+                            " FROM " SYNC_PLAN_MODE_FROM,
+                            1, p, NULL);
+    if (!res) return -1;
+    int64_t upto = atoll(PQgetvalue(res, 0, 0));
+    snprintf(prev, SYNC_PLAN_MODE_MAX, "%s", PQgetvalue(res, 0, 1));
+    s->timeline.ignored = PQgetisnull(res, 0, 3) ? NULL : rt_arena_strdup(s->r->arena, PQgetvalue(res, 0, 3));
+    bool oom = !PQgetisnull(res, 0, 3) && !s->timeline.ignored;
+    PQclear(res);
+    return oom ? -1 : upto; /* out of memory: no reading without the list */
+}
+
 void sync_plan_mode_restore(PGconn *c, char prev[SYNC_PLAN_MODE_MAX])
 {
     if (!prev[0]) return;
@@ -329,9 +351,7 @@ static json_t *build_response(sync_ctx *s, bool *has_new)
     *has_new = false;
     json_t *resp = json_object(), *rooms = json_object();
     json_object_set_new(resp, "rooms", rooms);
-    /* Once per run, so a change to the list shows in the next sync. */
-    bool failed = rooms_ignored_users(s->c, s->r->arena, s->user, &s->timeline.ignored) < 0 ||
-                  account_data(s, resp, has_new) < 0 || sync_rooms(s, rooms, has_new) < 0;
+    bool failed = account_data(s, resp, has_new) < 0 || sync_rooms(s, rooms, has_new) < 0;
     json_decref(s->room_account_data);
     s->room_account_data = NULL;
     if (failed) {
@@ -503,7 +523,7 @@ static int sync_serve(atrium_req *r, int mode)
         rt_log(ATRIUM_LOG_WARN, "core", "[req %s] could not record %s's presence", r->id, user);
     /* Generic plans for the rest of the run (sync.h), set back before the connection goes. */
     char plan_mode[SYNC_PLAN_MODE_MAX] = "";
-    s.upto = sync_upto_generic_plans(s.c, plan_mode);
+    s.upto = upto_and_ignored(&s, plan_mode);
     if (s.since > s.upto) s.since = s.upto; /* a token from a newer database: start there */
     bool has_new = false;
     json_t *resp = s.upto < 0 ? NULL : build_response(&s, &has_new);
