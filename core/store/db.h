@@ -55,9 +55,9 @@ bool db_available(const db_pool *p);
 /* The wait DB_WAIT_CONFIGURED stands for (0 for no pool). Any thread. */
 int64_t db_request_wait_ms(const db_pool *p);
 /* Open the first pool connection, retrying for up to retry_s seconds when PostgreSQL is not
- * reachable yet, and the probe's, then start the monitor thread (which opens the others
- * as checkouts need them). 0, or -1 after logging what failed and
- * what to check. */
+ * reachable yet, then start the monitor thread (which opens the others as checkouts need
+ * them; its probes use an idle pool connection, or one of its own when none is idle). 0,
+ * or -1 after logging what failed and what to check. */
 int db_pool_connect(db_pool *p, int retry_s);
 /* Borrow a connection, waiting at most timeout_ms (DB_WAIT_CONFIGURED: the configured
  * request wait) for a free one (none idle: the monitor opens one more if the pool may
@@ -66,10 +66,11 @@ int db_pool_connect(db_pool *p, int retry_s);
  * connection may be cut under the caller when PostgreSQL stops answering: its libpq calls
  * then fail as on a lost connection (answer 503). Any thread. */
 PGconn *db_acquire(db_pool *p, int64_t timeout_ms) RT_MUST_CHECK;
-/* db_acquire for a background sender or sweeper, which no client waits on: it takes an idle
- * connection, and makes the pool grow only after waiting DB_GROW_GRACE_BACKGROUND_MS (a
- * request, DB_GROW_GRACE_MS), so the senders that wake together at start share what is
- * open instead of each opening one more. */
+/* db_acquire for a background sender, sweeper or migration, which no client waits on: it
+ * takes an idle connection, and makes the pool grow only after waiting
+ * DB_GROW_GRACE_BACKGROUND_MS (a request, DB_GROW_GRACE_MS), so the senders that wake
+ * together at start and the start's migrations share what is open instead of each
+ * opening one more. */
 PGconn *db_acquire_background(db_pool *p, int64_t timeout_ms) RT_MUST_CHECK;
 void db_release(db_pool *p, PGconn *c);
 void db_pool_free(db_pool *p);
