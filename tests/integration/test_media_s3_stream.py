@@ -290,6 +290,8 @@ class StreamTest(StreamCase):
         for (conn, resp), first in zip(clients, firsts):
             self.assertEqual(sha256(first + resp.read()), sha256(data))
             conn.close()
+        # Counted when the store's stream ends, which may be just after the last byte.
+        wait_until(lambda: self.gets() >= gets + 1, timeout=10, what="the GET counted")
         self.assertEqual(self.gets(), gets + 1)
         self.assertEqual(self.count("atrium_media_store_streams_total", {"kind": "whole"}),
                          whole + 1)
@@ -341,8 +343,10 @@ class StreamTest(StreamCase):
         status, _, body = self.srv.request("GET", download_path(self.srv, media_id),
                                            token=self.token)
         self.assertEqual((status, body == data), (200, True))
+        # The GET is counted and the copy named when the store's stream ends, which may be
+        # just after the client has the last byte: the clients do not wait for either.
+        wait_until(lambda: self.gets() >= gets + 1, timeout=10, what="the GET counted")
         self.assertEqual(self.gets(), gets + 1)
-        # Named after the GET ended (and was counted): the clients do not wait for it.
         wait_until(lambda: os.path.exists(original_file(self.srv, media_id)), timeout=10,
                    what="the local copy named")
 
