@@ -208,6 +208,36 @@ static bool prune_user(PGconn *c, const char *user, int64_t *pruned)
     return true;
 }
 
+/* Keep the notifications of one event, notified [{user_id, highlight, actions}], for
+ * every member at once (one statement, not one per member: a message to a 1,000-member
+ * room made a thousand), queue them for each member's HTTP pushers and count them; a
+ * member over its keep (push_over_keep) is pruned. false on a database failure. */
+static bool keep_notifications(PGconn *c, const json_t *notified, const char *room_id,
+                               const char *event_id, const char *pos, int64_t *pruned)
+{
+    char *rows = json_dumps(notified, JSON_COMPACT), ts[24];
+    const char *q[5] = {rows, room_id, event_id, pos, i64(ts, sizeof(ts), rt_wall_ms())};
+    PGresult *kept = rows ? acc_q(c,
+        "WITH v AS (SELECT * FROM jsonb_to_recordset($1::jsonb)"
+        "  AS v(user_id text, highlight boolean, actions jsonb)),"
+        " n AS (INSERT INTO push_notifications (user_id, room_id, event_id, stream_pos,"
+        "  highlight, actions, ts) SELECT v.user_id, $2, $3, $4, v.highlight, v.actions, $5"
+        "  FROM v ON CONFLICT (user_id, event_id) DO NOTHING RETURNING id, user_id),"
+        " q AS (INSERT INTO push_queue (notification_id, user_id, app_id, pushkey)"
+        "  SELECT n.id, p.user_id, p.app_id, p.pushkey FROM n JOIN pushers p"
+        "  ON p.user_id = n.user_id WHERE p.kind = 'http' AND p.enabled)"
+        " INSERT INTO push_notification_counts (user_id, n) SELECT n.user_id, 1 FROM n"
+        " ON CONFLICT (user_id) DO UPDATE SET n = push_notification_counts.n + 1"
+        " RETURNING user_id, n",
+        5, q) : NULL;
+    free(rows);
+    bool ok = kept != NULL;
+    for (int i = 0; ok && i < PQntuples(kept); i++)
+        if (push_over_keep(atoll(PQgetvalue(kept, i, 1)))) ok = prune_user(c, PQgetvalue(kept, i, 0), pruned);
+    PQclear(kept);
+    return ok;
+}
+
 /* Decide one event for its room's local members; *pruned grows by the notifications
  * pruned to make room. false on a database failure. */
 static bool decide_event(PGconn *c, PGresult *ev, int row, int64_t *pruned)
@@ -233,6 +263,8 @@ static bool decide_event(PGconn *c, PGresult *ev, int row, int64_t *pruned)
     /* every member's push rules in two statements, not two per member */
     push_rules_batch *rules = ok && PQntuples(who) > 0 ? push_rules_batch_read(c, who) : NULL;
     if (ok && PQntuples(who) > 0 && !rules) ok = false;
+    json_t *notified = json_array(); /* [{user_id, highlight, actions}] */
+    if (!notified) ok = false;
     for (int i = 0; ok && i < PQntuples(who); i++) {
         const char *user = PQgetvalue(who, i, 0);
         json_t *global = push_rules_batch_for(rules, user);
@@ -244,31 +276,14 @@ static bool decide_event(PGconn *c, PGresult *ev, int row, int64_t *pruned)
         push_outcome o = push_eval(global, pdu, &pr);
         if (o.notify) {
             json_t *actions = rule_actions(global, o.rule_id);
-            char *acts = actions ? json_dumps(actions, JSON_COMPACT) : NULL;
-            char ts[24];
-            const char *q[7] = {user, room_id, event_id, pos, o.highlight ? "t" : "f",
-                                acts ? acts : "[]", i64(ts, sizeof(ts), rt_wall_ms())};
-            PGresult *kept = acc_q(c,
-                "WITH n AS (INSERT INTO push_notifications (user_id, room_id,"
-                "  event_id, stream_pos, highlight, actions, ts)"
-                "  VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"
-                "  ON CONFLICT (user_id, event_id) DO NOTHING RETURNING id),"
-                " q AS (INSERT INTO push_queue (notification_id, user_id, app_id, pushkey)"
-                "  SELECT n.id, p.user_id, p.app_id, p.pushkey FROM n, pushers p"
-                "  WHERE p.user_id = $1 AND p.kind = 'http' AND p.enabled)"
-                " INSERT INTO push_notification_counts (user_id, n) SELECT $1, 1 FROM n"
-                " ON CONFLICT (user_id) DO UPDATE SET n = push_notification_counts.n + 1"
-                " RETURNING n",
-                7, q);
-            ok = kept != NULL;
-            if (ok && PQntuples(kept) == 1 && push_over_keep(atoll(PQgetvalue(kept, 0, 0))))
-                ok = prune_user(c, user, pruned);
-            PQclear(kept);
-            free(acts);
-            json_decref(actions);
+            ok = json_array_append_new(notified, json_pack("{s:s, s:b, s:o}", "user_id", user,
+                                                           "highlight", o.highlight, "actions",
+                                                           actions ? actions : json_array())) == 0;
         }
         json_decref(global);
     }
+    if (ok && json_array_size(notified) > 0) ok = keep_notifications(c, notified, room_id, event_id, pos, pruned);
+    json_decref(notified);
     push_rules_batch_free(rules);
     PQclear(who);
     json_decref(holder);
