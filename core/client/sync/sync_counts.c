@@ -18,14 +18,39 @@
 #include "core/client/sync/sync_rooms.h"
 #include "core/rooms/events_pdus.h"
 
-/* What push rules read about each room of $1 (push_eval.h), in one query, a row per room
- * with its index in $1 (from 1): the room version, the creator, the joined member count,
+/* The unread events of each room of $1 and, for the rooms that have some, what push rules
+ * read about them, in one statement (two before; both run for every woken sync).
+ *
+ * The unread events (the rule of sync_rooms_unread): from others, up to upto ($3), after
+ * the user's ($2) newest read receipt or own event, newest first, at most $4 a room; IDs
+ * only, the PDUs come from the shared parsed ones (events_pdus.h) and the few missing
+ * there from PDUS_SQL (a thousand woken members each had their 99 unread PDUs sent again).
+ * A row 'u' each: the room's index in $1 (from 1), the event ID and position.
+ *
+ * The push context (push_eval.h) of each room with unread events, a row 'c' each: its
+ * index, then (from column CTX_COL) the room version, the creator, the joined member count
  * (kept by rooms migration 10, core/rooms/rooms.c), the user's member event and its ID,
- * the current power levels, whether they were redacted, and their ID. */
-static const char PUSH_ROOMS_SQL[] =
-    "SELECT r.i, rm.room_version, rm.creator, rm.joined_members,"
+ * the current power levels, whether they were redacted, and their ID.
+ *
+ * Ordered: the 'c' rows first, then the 'u' rows by room index and newest first. */
+#define CTX_COL 4
+static const char UNREAD_SQL[] =
+    "WITH u AS (SELECT r.i, u.event_id, u.stream_pos"
+    " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) CROSS JOIN LATERAL"
+    " (SELECT e.stream_pos, e.event_id FROM events e WHERE e.room_id = r.id"
+    "  AND e.stream_pos <= $3 AND e.sender <> $2 AND e.redacted_by IS NULL"
+    "  AND e.stream_pos > greatest("
+    "   coalesce((SELECT max(x.stream_pos) FROM receipts rc"
+    "    JOIN events x ON x.event_id = rc.event_id WHERE rc.room_id = r.id"
+    "    AND rc.user_id = $2"
+    "    AND rc.receipt_type IN ('m.read', 'm.read.private')), 0),"
+    "   coalesce((SELECT max(o.stream_pos) FROM events o"
+    "    WHERE o.room_id = r.id AND o.sender = $2 AND o.stream_pos <= $3), 0))"
+    "  ORDER BY e.stream_pos DESC LIMIT $4) u),"
+    " r AS (SELECT DISTINCT i, ($1::text[])[i] AS id FROM u)"
+    " SELECT 'c', r.i, NULL, NULL::bigint, rm.room_version, rm.creator, rm.joined_members,"
     " me.pdu, me.event_id, pl.pdu, pl.redacted_by IS NOT NULL, pl.event_id"
-    " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) JOIN rooms rm ON rm.room_id = r.id"
+    " FROM r JOIN rooms rm ON rm.room_id = r.id"
     " LEFT JOIN LATERAL (SELECT e.pdu, e.event_id FROM current_state cs JOIN events e"
     "  ON e.event_id = cs.event_id WHERE cs.room_id = r.id"
     "  AND cs.type = 'm.room.member' AND cs.state_key = $2"
@@ -33,7 +58,10 @@ static const char PUSH_ROOMS_SQL[] =
     " LEFT JOIN LATERAL (SELECT e.pdu, e.redacted_by, e.event_id"
     "  FROM current_state cs JOIN events e ON e.event_id = cs.event_id"
     "  WHERE cs.room_id = r.id AND cs.type = 'm.room.power_levels'"
-    "  AND cs.state_key = '') pl ON true";
+    "  AND cs.state_key = '') pl ON true"
+    " UNION ALL SELECT 'u', u.i, u.event_id, u.stream_pos, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL, NULL FROM u"
+    " ORDER BY 1, 2, 4 DESC";
 
 /* The parsed PDUs a room's push context points into (shared, events_pdus.h), given back
  * once its events are judged, and the redacted power levels made for it. */
@@ -41,24 +69,26 @@ typedef struct push_room_held {
     json_t *member, *power_levels, *redacted;
 } push_room_held;
 
-/* Row `row` of a PUSH_ROOMS_SQL result into *pr, pointing into what *held holds (the
+/* The 'c' row `row` of an UNREAD_SQL result into *pr, pointing into what *held holds (the
  * caller gives it back with push_room_release). */
 static void push_room_of(sync_ctx *s, PGresult *res, int row, push_room *pr, push_room_held *held)
 {
     events_pdus *pdus = events_pdus_global();
     *pr = (push_room){0};
     *held = (push_room_held){0};
-    pr->member_count = atoll(PQgetvalue(res, row, 3));
-    pr->creator = rt_arena_strdup(s->r->arena, PQgetvalue(res, row, 2));
-    if (!PQgetisnull(res, row, 4))
-        held->member = events_pdus_get(pdus, PQgetvalue(res, row, 5), PQgetvalue(res, row, 4));
+    pr->member_count = atoll(PQgetvalue(res, row, CTX_COL + 2));
+    pr->creator = rt_arena_strdup(s->r->arena, PQgetvalue(res, row, CTX_COL + 1));
+    if (!PQgetisnull(res, row, CTX_COL + 3))
+        held->member = events_pdus_get(pdus, PQgetvalue(res, row, CTX_COL + 4),
+                                       PQgetvalue(res, row, CTX_COL + 3));
     if (held->member) pr->display_name = event_content_str(held->member, "displayname");
-    if (!PQgetisnull(res, row, 6))
-        held->power_levels = events_pdus_get(pdus, PQgetvalue(res, row, 8), PQgetvalue(res, row, 6));
+    if (!PQgetisnull(res, row, CTX_COL + 5))
+        held->power_levels = events_pdus_get(pdus, PQgetvalue(res, row, CTX_COL + 7),
+                                             PQgetvalue(res, row, CTX_COL + 5));
     if (held->power_levels) {
         json_t *content = json_object_get(held->power_levels, "content");
-        const room_version *ver = room_version_find(PQgetvalue(res, row, 1));
-        if (PQgetvalue(res, row, 7)[0] == 't' && ver)
+        const room_version *ver = room_version_find(PQgetvalue(res, row, CTX_COL));
+        if (PQgetvalue(res, row, CTX_COL + 6)[0] == 't' && ver)
             content = held->redacted = event_redact_content(ver, "m.room.power_levels", content);
         pr->power_levels = content;
     }
@@ -72,41 +102,31 @@ static void push_room_release(push_room_held *held)
     json_decref(held->redacted);
 }
 
-/* The unread events of each room of $1 (the rule of sync_rooms_unread), newest first, a
- * row per event with its room's index in $1 (from 1), ordered by that index, and its ID:
- * IDs only, the PDUs come from the shared parsed ones (events_pdus.h) and the few missing
- * there from PDUS_SQL (a thousand woken members each had their 99 unread PDUs sent again,
- * most of PostgreSQL's time for the statement). */
-static const char UNREAD_SQL[] =
-    "SELECT r.i, u.event_id FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i) CROSS JOIN LATERAL"
-    " (SELECT e.stream_pos, e.event_id FROM events e WHERE e.room_id = r.id"
-    "  AND e.stream_pos <= $3 AND e.sender <> $2 AND e.redacted_by IS NULL"
-    "  AND e.stream_pos > greatest("
-    "   coalesce((SELECT max(x.stream_pos) FROM receipts rc"
-    "    JOIN events x ON x.event_id = rc.event_id WHERE rc.room_id = r.id"
-    "    AND rc.user_id = $2"
-    "    AND rc.receipt_type IN ('m.read', 'm.read.private')), 0),"
-    "   coalesce((SELECT max(o.stream_pos) FROM events o"
-    "    WHERE o.room_id = r.id AND o.sender = $2 AND o.stream_pos <= $3), 0))"
-    "  ORDER BY e.stream_pos DESC LIMIT $4) u ORDER BY r.i, u.stream_pos DESC";
+/* An UNREAD_SQL result: its 'c' rows are [0, first), its 'u' rows [first, PQntuples). */
+typedef struct unread_rows {
+    PGresult *res;
+    int first, n; /* the 'u' rows: n of them from first */
+} unread_rows;
+
 /* The PDUs of the events of $1 (IDs) with each one's index in $1 (from 1). */
 static const char PDUS_SQL[] =
     "SELECT q.i, e.pdu FROM unnest($1::text[]) WITH ORDINALITY AS q(id, i)"
     " JOIN events e ON e.event_id = q.id";
 
-/* The parsed PDU of each row of unread (its ID in column 1) into pdus[row] (NULL for one
- * that does not parse: corrupt rows are logged where events are rendered), each a
- * reference to give back with events_pdus_put. ROOMS_OK or ROOMS_E_DB. */
-static int unread_pdus(sync_ctx *s, PGresult *unread, json_t **pdus)
+/* The parsed PDU of each unread event (the k-th 'u' row) into pdus[k] (NULL for one that
+ * does not parse: corrupt rows are logged where events are rendered), each a reference to
+ * give back with events_pdus_put. ROOMS_OK or ROOMS_E_DB. */
+static int unread_pdus(sync_ctx *s, const unread_rows *u, json_t **pdus)
 {
     events_pdus *cache = events_pdus_global();
     json_t *missing = json_array();
-    int *where = calloc((size_t)PQntuples(unread) + 1, sizeof(*where));
+    int *where = calloc((size_t)u->n + 1, sizeof(*where));
     int rc = missing && where ? ROOMS_OK : ROOMS_E_DB;
-    for (int i = 0; rc == ROOMS_OK && i < PQntuples(unread); i++) {
-        if ((pdus[i] = events_pdus_peek(cache, PQgetvalue(unread, i, 1)))) continue;
-        where[json_array_size(missing)] = i;
-        json_array_append_new(missing, json_string(PQgetvalue(unread, i, 1)));
+    for (int k = 0; rc == ROOMS_OK && k < u->n; k++) {
+        const char *id = PQgetvalue(u->res, u->first + k, 2);
+        if ((pdus[k] = events_pdus_peek(cache, id))) continue;
+        where[json_array_size(missing)] = k;
+        json_array_append_new(missing, json_string(id));
     }
     if (rc == ROOMS_OK && json_array_size(missing) > 0) {
         const char *p[1] = {rooms_pg_array(s->r->arena, missing)};
@@ -150,55 +170,47 @@ static void count_notifications(sync_ctx *s, const char *room_id, const push_roo
                "(PUSH_MAX_STEPS); some rules were not tried", s->user, room_id);
 }
 
-/* The push context of the rooms with unread events (the rooms of ids whose index appears
- * in unread), and the counts of each from it. Loads the user's rules once per response. */
-static int judge_unread(sync_ctx *s, const json_t *ids, PGresult *unread, json_int_t (*counts)[2])
+/* The room index (from 1) of the k-th unread event. */
+static size_t unread_room(const unread_rows *u, int k)
 {
-    json_t *judged = json_array();
-    for (int i = 0; i < PQntuples(unread); i++)
-        if (i == 0 || strcmp(PQgetvalue(unread, i, 0), PQgetvalue(unread, i - 1, 0)) != 0)
-            json_array_append(judged, json_array_get(ids, (size_t)atoll(PQgetvalue(unread, i, 0)) - 1));
+    return (size_t)atoll(PQgetvalue(u->res, u->first + k, 1));
+}
+
+/* The counts of each room with unread events, judged with its push context (the 'c'
+ * rows). Loads the user's rules once per response. */
+static int judge_unread(sync_ctx *s, const json_t *ids, const unread_rows *u, json_int_t (*counts)[2])
+{
     if (!s->push_rules) {
         bool db_ok;
-        if (!(s->push_rules = push_rules_for(s->r, s->c, &db_ok))) {
-            json_decref(judged);
-            return ROOMS_E_DB;
-        }
+        if (!(s->push_rules = push_rules_for(s->r, s->c, &db_ok))) return ROOMS_E_DB;
     }
-    json_t **pdus = calloc((size_t)PQntuples(unread) + 1, sizeof(*pdus));
-    const char *p[2] = {rooms_pg_array(s->r->arena, judged), s->user};
-    PGresult *res = pdus && p[0] && unread_pdus(s, unread, pdus) == ROOMS_OK
-                        ? rooms_q(s->c, PUSH_ROOMS_SQL, 2, p, NULL)
-                        : NULL;
-    if (!res) {
-        release_pdus(pdus, PQntuples(unread));
-        json_decref(judged);
+    json_t **pdus = calloc((size_t)u->n + 1, sizeof(*pdus));
+    if (!pdus || unread_pdus(s, u, pdus) != ROOMS_OK) {
+        release_pdus(pdus, u->n);
         return ROOMS_E_DB;
     }
-    for (int row = 0; row < PQntuples(res); row++) {
-        const char *room_id = json_string_value(json_array_get(judged, (size_t)atoll(PQgetvalue(res, row, 0)) - 1));
-        size_t room = 0;
-        while (room < json_array_size(ids) && strcmp(json_string_value(json_array_get(ids, room)), room_id) != 0)
-            room++;
+    for (int row = 0; row < u->first; row++) {
+        size_t room = (size_t)atoll(PQgetvalue(u->res, row, 1));
+        if (room < 1 || room > json_array_size(ids)) continue;
         push_room pr;
         push_room_held held;
-        push_room_of(s, res, row, &pr, &held);
+        push_room_of(s, u->res, row, &pr, &held);
         int from = 0, to;
-        while (from < PQntuples(unread) && (size_t)atoll(PQgetvalue(unread, from, 0)) != room + 1) from++;
-        for (to = from; to < PQntuples(unread) && (size_t)atoll(PQgetvalue(unread, to, 0)) == room + 1;) to++;
-        count_notifications(s, room_id, &pr, pdus, from, to, counts[room]);
+        while (from < u->n && unread_room(u, from) != room) from++;
+        for (to = from; to < u->n && unread_room(u, to) == room;) to++;
+        count_notifications(s, json_string_value(json_array_get(ids, room - 1)), &pr, pdus, from,
+                            to, counts[room - 1]);
         push_room_release(&held);
     }
-    release_pdus(pdus, PQntuples(unread));
-    json_decref(judged);
-    PQclear(res);
+    release_pdus(pdus, u->n);
     return ROOMS_OK;
 }
 
 /* unread_notifications: of the events from others after the user's newest read receipt or
  * own event (at most SYNC_MAX_UNREAD_COUNT, newest first, redacted ones left out), those
- * the user's push rules make notify, and those that also highlight. Two queries for all
- * the rooms of ids. */
+ * the user's push rules make notify, and those that also highlight. One query for all the
+ * rooms of ids (and one for the rules, once per response, when there is something to
+ * judge). */
 int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2])
 {
     memset(counts, 0, json_array_size(ids) * sizeof(*counts));
@@ -206,7 +218,10 @@ int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2])
                         crooms_i64(s->r, SYNC_MAX_UNREAD_COUNT)};
     PGresult *res = p[0] ? rooms_q(s->c, UNREAD_SQL, 4, p, NULL) : NULL;
     if (!res) return ROOMS_E_DB;
-    int rc = PQntuples(res) > 0 ? judge_unread(s, ids, res, counts) : ROOMS_OK;
+    unread_rows u = {res, 0, 0};
+    while (u.first < PQntuples(res) && PQgetvalue(res, u.first, 0)[0] == 'c') u.first++;
+    u.n = PQntuples(res) - u.first;
+    int rc = u.n > 0 ? judge_unread(s, ids, &u, counts) : ROOMS_OK;
     PQclear(res);
     return rc;
 }
