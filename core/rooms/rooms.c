@@ -236,7 +236,8 @@ const atrium_migration ROOMS_MIGRATIONS[ROOMS_N_MIGRATIONS] = {
      /* Each room's joined and invited member counts, kept by a trigger on current_state
       * (every writer of a room's state holds its rooms row, rooms_tx_begin, so the count
       * adds no lock): push rules' room_member_count and the sync summaries read one
-      * column where each woken member of a 1,000-member room counted 1,000 rows. */
+      * column where each woken member of a 1,000-member room counted 1,000 rows
+      * (docs/adr/0040-sync-round-trips-and-kept-member-counts.md). */
      "ALTER TABLE rooms ADD COLUMN joined_members bigint NOT NULL DEFAULT 0,"
      " ADD COLUMN invited_members bigint NOT NULL DEFAULT 0;"
      "CREATE FUNCTION rooms_member_counts() RETURNS trigger LANGUAGE plpgsql AS $f$"
