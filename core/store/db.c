@@ -8,12 +8,9 @@
  * The decision this file owns is that no thread waits on PostgreSQL without a bound,
  * whatever libpq call it makes (plugins call libpq themselves, so the bound cannot live in
  * a query wrapper). A monitor thread watches every borrowed connection. One borrowed for
- * longer than DB_SUSPECT_MS makes it probe the server, with libpq's asynchronous calls
- * and a deadline (database.unresponsive_ms); it also probes every DB_PROBE_INTERVAL_MS. A
- * probe runs on an idle pool connection when there is one (a PostgreSQL session costs the
- * server tens of ms of CPU to start, so none is opened for probes alone), else on a
- * connection of the monitor's own, opened then and kept. A probe that gets no answer in
- * time (a frozen or partitioned
+ * longer than DB_SUSPECT_MS makes it probe the server on a connection of its own, with
+ * libpq's asynchronous calls and a deadline (database.unresponsive_ms); it also probes
+ * every DB_PROBE_INTERVAL_MS. A probe that gets no answer in time (a frozen or partitioned
  * server: TCP still accepts, nothing replies, and PQcancel would wait on the same frozen
  * postmaster) makes the database unavailable: the monitor shuts down the socket of every
  * borrowed connection (through its own duplicate of the descriptor, so a descriptor libpq
@@ -23,7 +20,7 @@
  * count of checkouts refused meanwhile.
  *
  * The pool opens its connections as they are needed, up to database.pool_size: one at
- * start, another when a checkout has found none idle for
+ * start (with the probe's), another when a checkout has found none idle for
  * DB_GROW_GRACE_MS (a background sender's or a migration's, db_acquire_background:
  * DB_GROW_GRACE_BACKGROUND_MS)
  * and no connection already being opened will serve it. The monitor
@@ -113,7 +110,7 @@ struct db_pool {
     atomic_bool down;
     int64_t down_since_ms;
     int64_t refused; /* checkouts refused in the current outage */
-    PGconn *probe;   /* the monitor's own connection, once needed (monitor thread only) */
+    PGconn *probe;   /* the monitor's own connection (monitor thread only) */
     int64_t last_probe_ms;
     int64_t heal_after_ms; /* no reconnect before (after one failed) */
     int64_t grow_after_ms; /* no new connection before (after opening one failed) */
@@ -422,57 +419,11 @@ static void declare_up_locked(db_pool *p)
            (long long)(rt_now_ms() - p->down_since_ms), (long long)p->refused);
 }
 
-/* An idle pool connection for a probe, taken as a checkout would (BUSY, so no checkout
- * takes it meanwhile), or NULL when none is idle. Monitor thread, without mu. */
-static db_conn *probe_borrow(db_pool *p)
-{
-    db_conn *dc = NULL;
-    pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->size && p->idle > 0 && !dc; i++) {
-        db_conn *c = &p->conns[i];
-        if (c->state != DB_CONN_IDLE || idle_conn_stale(c)) continue;
-        c->state = DB_CONN_BUSY;
-        c->busy_since_ms = rt_now_ms();
-        c->cut = false;
-        p->idle--;
-        dc = c;
-    }
-    pthread_mutex_unlock(&p->mu);
-    return dc;
-}
-
-/* Give back what probe_borrow took: idle again when the probe was answered, else broken
- * (its state is unknown: the monitor re-establishes it). Monitor thread, without mu. */
-static void probe_return(db_pool *p, db_conn *dc, bool answered)
-{
-    pthread_mutex_lock(&p->mu);
-    if (answered && !dc->cut && PQstatus(dc->conn) == CONNECTION_OK) {
-        dc->state = DB_CONN_IDLE;
-        p->idle++;
-        pthread_cond_signal(&p->cv);
-    } else {
-        dc->state = DB_CONN_BROKEN;
-    }
-    pthread_mutex_unlock(&p->mu);
-}
-
-/* One probe: true when PostgreSQL answered within unresponsive_ms. While the database is
- * available, on an idle pool connection if there is one; otherwise (or when that one
- * fails before the deadline, as a connection the server closed does) on the monitor's
- * own. Monitor thread, without mu. */
+/* One probe on the monitor's own connection: true when PostgreSQL answered within
+ * unresponsive_ms. Monitor thread, without mu. */
 static bool probe(db_pool *p, char *err, size_t errlen)
 {
     int64_t deadline = rt_now_ms() + p->unresponsive_ms;
-    db_conn *dc = atomic_load(&p->down) ? NULL : probe_borrow(p);
-    if (dc) {
-        bool answered = query_by(dc->conn, "SELECT 1", deadline);
-        probe_return(p, dc, answered);
-        if (answered) return true;
-        if (rt_now_ms() >= deadline) {
-            snprintf(err, errlen, "no answer to a probe within %d ms", p->unresponsive_ms);
-            return false;
-        }
-    }
     /* While unavailable, "answers again" means a new connection works too: the pool's
      * connections must be re-established, not only the probe's kept one. */
     if (p->probe && (PQstatus(p->probe) != CONNECTION_OK || atomic_load(&p->down))) {
@@ -662,7 +613,9 @@ int db_pool_connect(db_pool *p, int retry_s)
                               .tv_nsec = (DB_RETRY_INTERVAL_MS % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    /* No probe connection yet: probes use an idle pool connection while there is one. */
+    /* The probe's own connection now, so it is there before the first checkout (the
+     * monitor re-opens it when it is lost). */
+    p->probe = connect_by(p->effective, rt_now_ms() + p->unresponsive_ms, err, sizeof(err));
     pthread_mutex_lock(&p->mu);
     p->conns[0].state = DB_CONN_IDLE;
     for (int i = 1; i < p->size; i++) p->conns[i].state = DB_CONN_CLOSED;

@@ -55,9 +55,9 @@ bool db_available(const db_pool *p);
 /* The wait DB_WAIT_CONFIGURED stands for (0 for no pool). Any thread. */
 int64_t db_request_wait_ms(const db_pool *p);
 /* Open the first pool connection, retrying for up to retry_s seconds when PostgreSQL is not
- * reachable yet, then start the monitor thread (which opens the others as checkouts need
- * them; its probes use an idle pool connection, or one of its own when none is idle). 0,
- * or -1 after logging what failed and what to check. */
+ * reachable yet, and the probe's, then start the monitor thread (which opens the others
+ * as checkouts need them). 0, or -1 after logging what failed and
+ * what to check. */
 int db_pool_connect(db_pool *p, int retry_s);
 /* Borrow a connection, waiting at most timeout_ms (DB_WAIT_CONFIGURED: the configured
  * request wait) for a free one (none idle: the monitor opens one more if the pool may
