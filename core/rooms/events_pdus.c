@@ -86,15 +86,12 @@ void events_pdus_free(events_pdus *p)
     free(p);
 }
 
-/* The first slot of event_id's set (FNV-1a of the event ID). */
+/* The first slot of event_id's set. The runtime's unkeyed text hash although other
+ * servers choose event IDs: IDs aimed at one set only evict each other within its
+ * EVENTS_PDUS_WAYS slots (re-parses, never a chain to walk), so no keyed hash is needed. */
 static pdu_slot *set_of(const events_pdus *p, const char *event_id)
 {
-    uint64_t h = 14695981039346656037ULL;
-    for (const unsigned char *c = (const unsigned char *)event_id; *c; c++) {
-        h ^= *c;
-        h *= 1099511628211ULL;
-    }
-    return &p->slots[(size_t)(h % p->n_sets) * EVENTS_PDUS_WAYS];
+    return &p->slots[(size_t)(rt_text_hash(event_id) % p->n_sets) * EVENTS_PDUS_WAYS];
 }
 
 /* The slot of the set holding event_id, or NULL. Under the lock. */
