@@ -2,8 +2,9 @@
  * tests/unit/test_push_eval.c - the push rule evaluator (core/client/push/push_eval.c): glob
  * patterns and word boundaries, dotted keys with escapes, every condition kind, rule order
  * across kinds, disabled rules, the highlight tweak, the legacy mention rules, malformed
- * rules and the work bound. Rule sets and events are written here; the server's default
- * rules are exercised end to end by tests/integration/test_push_counts.py.
+ * rules and the work bound; one rule set read once (a program) for many events. Rule sets
+ * and events are written here; the server's default rules are exercised end to end by
+ * tests/integration/test_push_counts.py.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -116,6 +117,9 @@ static void test_event_match_globs_match_the_whole_value_case_insensitively(void
                         message("{'msgtype': '\xc3\xa9T\xc3\xa9'}")));
     assert_true(matches("content.msgtype", "\xd0\x9c\xd0\x98\xd0\xa0", /* МИР */
                         message("{'msgtype': '\xd0\xbc\xd0\xb8\xd1\x80'}")));
+    /* A value with a letter beyond ASCII never equals a pattern without one. */
+    assert_false(matches("content.msgtype", "m.text", message("{'msgtype': 'm.t\xc3\xa9xt'}")));
+    assert_false(matches("content.msgtype", "m.tex", message("{'msgtype': 'm.text'}")));
     /* An empty pattern matches only an empty value (the spec's tombstone state_key). */
     assert_true(matches("content.msgtype", "", message("{'msgtype': ''}")));
     assert_false(matches("content.msgtype", "", message("{'msgtype': 'x'}")));
@@ -160,6 +164,13 @@ static void test_content_body_patterns_match_whole_words_anywhere(void **state)
     assert_false(matches("content.body", "@room", said("@roomy")));
     /* Other keys never search for words. */
     assert_false(matches("content.msgtype", "text", message("{'msgtype': 'm text'}")));
+    /* A pattern's first letter inside words only, then at one's start; folded either way;
+     * a first letter beyond ASCII. */
+    assert_false(matches("content.body", "bob", said("kabob abba")));
+    assert_true(matches("content.body", "bob", said("kabob bob")));
+    assert_true(matches("content.body", "Bob", said("kabob BOB")));
+    assert_true(matches("content.body", "\xc3\x89mile", said("bonjour \xc3\xa9mile")));
+    assert_false(matches("content.body", "\xc3\x89mile", said("bonjour d\xc3\xa9mile")));
 }
 
 /* ---- dotted keys ---------------------------------------------------------------------- */
@@ -601,6 +612,53 @@ static void test_pathological_patterns_stop_at_the_work_bound(void **state)
     free(body);
 }
 
+/* ---- one rule set read once, many events ------------------------------------------- */
+
+static void test_a_program_judges_each_event_as_push_eval_does_and_holds_its_rules(void **state)
+{
+    (void)state;
+    const char *rules =
+        "{'override': [{'rule_id': 'notice', 'conditions': [{'kind': 'event_match',"
+        "  'key': 'content.msgtype', 'pattern': 'm.notice'}], 'actions': []},"
+        " {'rule_id': 'mention', 'conditions': [{'kind': 'contains_display_name'}],"
+        "  'actions': ['notify', {'set_tweak': 'highlight'}]}],"
+        " 'content': [{'rule_id': 'word', 'pattern': 'cake', 'actions': ['notify']}],"
+        " 'underride': [{'rule_id': 'one_to_one', 'conditions': [{'kind': 'room_member_count',"
+        "  'is': '2'}], 'actions': ['notify', {'set_tweak': 'highlight', 'value': false}]},"
+        " {'rule_id': 'rest', 'conditions': [{'kind': 'event_match', 'key': 'type',"
+        "  'pattern': 'm.room.*'}], 'actions': ['dont_notify']}]}";
+    json_t *global = j(rules);
+    push_program *p = push_program_new(global);
+    assert_non_null(p);
+    json_t *events[] = {said("hello Bob"), said("cake!"), said("plain"),
+                        message("{'msgtype': 'm.notice', 'body': 'Bob'}"), said("cakes")};
+    push_room two = {.display_name = "Bob", .member_count = 2};
+    const char *want[][2] = {{"mention", "notify highlight"}, {"word", "notify"},
+                             {"one_to_one", "notify"}, {"notice", ""}, {"one_to_one", "notify"}};
+    for (size_t i = 0; i < sizeof(events) / sizeof(*events); i++) {
+        push_outcome a = push_program_run(p, events[i], &two), b = push_eval(global, events[i], &two);
+        assert_string_equal(a.rule_id, want[i][0]);
+        assert_int_equal(a.notify, strstr(want[i][1], "notify") != NULL);
+        assert_int_equal(a.highlight, strstr(want[i][1], "highlight") != NULL);
+        assert_string_equal(a.rule_id, b.rule_id);
+        assert_int_equal(a.notify, b.notify);
+        assert_int_equal(a.highlight, b.highlight);
+    }
+    /* The program holds the rule set: the caller's reference may go first. */
+    json_decref(global);
+    push_outcome o = push_program_run(p, events[2], &PLAIN_ROOM);
+    assert_string_equal(o.rule_id, "rest");
+    assert_false(o.notify);
+    for (size_t i = 0; i < sizeof(events) / sizeof(*events); i++) json_decref(events[i]);
+    push_program_free(p);
+    /* No program (out of memory) matches nothing. */
+    json_t *ev = said("cake");
+    o = push_program_run(NULL, ev, &PLAIN_ROOM);
+    assert_null(o.rule_id);
+    assert_false(o.notify);
+    json_decref(ev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -622,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_malformed_rule_sets_never_match_and_never_crash),
         cmocka_unit_test(test_patterns_over_the_length_limit_never_match),
         cmocka_unit_test(test_pathological_patterns_stop_at_the_work_bound),
+        cmocka_unit_test(test_a_program_judges_each_event_as_push_eval_does_and_holds_its_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

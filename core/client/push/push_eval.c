@@ -16,9 +16,19 @@
  *     backslash; any other backslash is itself. Arrays are not indexed.
  *   - Sender power: users[sender], else users_default, else 0; without power levels the
  *     creator has PUSH_CREATOR_LEVEL. Needed: notifications[key], else 50.
+ *   - A rule set is read once into a program (push_program_new: keys split, patterns
+ *     compiled, actions judged) and run against each event; push_eval is the two in one.
+ *     /sync judges up to 99 unread events a room with one user's rules, and reading the
+ *     JSON at every event was a third of the server's CPU in a sliding-sync first
+ *     response (docs/performance.md, "Push rules read once"). Two shortcuts leave the
+ *     NFA: a whole value against an ASCII pattern without wildcards is a byte comparison,
+ *     and a words-mode pattern whose first character starts no word of the body cannot
+ *     match. Both spend exactly the steps the NFA would have, so PUSH_MAX_STEPS cuts
+ *     every rule set off at the same point as before.
  * What this file does not do: read rules or room state (push_rules.c,
  * core/client/sync/sync_rooms.c), deliver pushes, or know about threads.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,11 +46,20 @@ static const char *const LEGACY_MENTION_RULES[] = {".m.rule.contains_display_nam
                                                    ".m.rule.contains_user_name",
                                                    ".m.rule.roomnotif", NULL};
 
+/* What word_scan found in the text words-mode patterns read (content.body): its code
+ * points, how many start a word, and which ASCII characters (folded) start one. */
+typedef struct word_scan {
+    const char *text; /* NULL until scanned */
+    int64_t chars, starts;
+    uint64_t first[2]; /* bit c: an ASCII character folding to c starts a word */
+} word_scan;
+
 typedef struct eval_ctx {
     const json_t *event;
     const push_room *room;
     int64_t steps_left;
     bool out_of_steps;
+    word_scan words;
 } eval_ctx;
 
 /* Spend n steps of the event's budget; false (and remembered) once it ran out. */
@@ -109,16 +128,21 @@ static bool is_word_cp(uint32_t c)
 
 /* ---- glob matching ---------------------------------------------------------------------- */
 
-/* A compiled pattern: folded code points, GLOB_ANY_ONE, GLOB_STAR. */
+/* A compiled pattern: folded code points, GLOB_ANY_ONE, GLOB_STAR (tok has room for
+ * PUSH_MAX_PATTERN_BYTES of them). ascii: only ASCII code points, no wildcard (a whole
+ * value then matches by a byte comparison, ascii_match). */
 typedef struct glob {
-    int32_t tok[PUSH_MAX_PATTERN_BYTES];
+    int32_t *tok;
     size_t n;
+    bool ascii;
 } glob;
 
-/* Compile pattern (literal: no wildcards, for display names). false when it is too long. */
+/* Compile pattern (literal: no wildcards, for display names) into g (g->tok set by the
+ * caller). false when it is too long. */
 static bool glob_compile(glob *g, const char *pattern, size_t len, bool literal)
 {
     g->n = 0;
+    g->ascii = true;
     if (len > PUSH_MAX_PATTERN_BYTES) return false;
     const unsigned char *s = (const unsigned char *)pattern;
     for (size_t i = 0; i < len;) {
@@ -127,6 +151,7 @@ static bool glob_compile(glob *g, const char *pattern, size_t len, bool literal)
         if (!literal && c == '*') t = GLOB_STAR;
         if (!literal && c == '?') t = GLOB_ANY_ONE;
         if (t == GLOB_STAR && g->n > 0 && g->tok[g->n - 1] == GLOB_STAR) continue;
+        g->ascii = g->ascii && t >= 0 && t < 0x80;
         g->tok[g->n++] = t; /* n <= len <= PUSH_MAX_PATTERN_BYTES */
     }
     return true;
@@ -210,38 +235,116 @@ static bool glob_match(eval_ctx *cx, const glob *g, const char *text, size_t len
     }
 }
 
-/* Compile and match; false for a pattern too long or a budget spent. */
-static bool pattern_matches(eval_ctx *cx, const char *pattern, const json_t *value, bool words,
-                            bool literal)
+/* A whole text against an ASCII pattern without wildcards (g->ascii), spending the steps
+ * glob_match would: two for each code point it consumes, up to and including the first
+ * that cannot match (a byte of 0x80 or more starts a code point that folds to no ASCII
+ * one). */
+static bool ascii_match(eval_ctx *cx, const glob *g, const char *text, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    size_t i = 0;
+    while (i < g->n && i < len && s[i] < 0x80 && (int32_t)fold(s[i]) == g->tok[i]) i++;
+    bool match = i == g->n && len == g->n;
+    size_t consumed = match || i >= len ? i : i + 1;
+    return spend(cx, 2 * (int64_t)consumed) && match;
+}
+
+/* Scan text for word_first (once an event: every words-mode pattern reads the same body). */
+static const word_scan *word_scan_of(eval_ctx *cx, const char *text, size_t len)
+{
+    word_scan *w = &cx->words;
+    if (w->text == text) return w;
+    *w = (word_scan){.text = text};
+    const unsigned char *s = (const unsigned char *)text;
+    uint32_t prev = 0;
+    for (size_t i = 0; i < len;) {
+        bool starts = w->chars == 0 || !is_word_cp(prev);
+        uint32_t c = next_cp(s, len, &i), f = fold(c);
+        w->chars++;
+        w->starts += starts;
+        if (starts && f < 0x80) w->first[f >> 6] |= 1ull << (f & 63);
+        prev = c;
+    }
+    return w;
+}
+
+/* A words-mode match that cannot succeed because the pattern's first token (an ASCII
+ * character) starts no word of the text: what glob_match would spend on it (each code
+ * point consumed costs one step, two where a word starts: state 0 alone is live then, and
+ * nothing else ever is), without walking the states. -1 when the shortcut does not apply. */
+static int64_t words_miss_steps(eval_ctx *cx, const glob *g, const char *text, size_t len)
+{
+    if (g->n == 0 || g->tok[0] < 0 || g->tok[0] >= 0x80) return -1;
+    const word_scan *w = word_scan_of(cx, text, len);
+    uint32_t t = (uint32_t)g->tok[0];
+    return w->first[t >> 6] & (1ull << (t & 63)) ? -1 : w->chars + w->starts;
+}
+
+/* Does g match value? Only strings match; words as glob_match's. */
+static bool glob_matches(eval_ctx *cx, const glob *g, const json_t *value, bool words)
 {
     if (!json_is_string(value)) return false;
-    glob g;
-    return glob_compile(&g, pattern, strlen(pattern), literal) &&
-           glob_match(cx, &g, json_string_value(value), json_string_length(value), words);
+    const char *text = json_string_value(value);
+    size_t len = json_string_length(value);
+    if (!words && g->ascii) return ascii_match(cx, g, text, len);
+    int64_t miss = words ? words_miss_steps(cx, g, text, len) : -1;
+    if (miss >= 0) {
+        spend(cx, miss);
+        return false;
+    }
+    return glob_match(cx, g, text, len, words);
 }
 
 /* ---- event properties ------------------------------------------------------------------- */
 
-/* The value at dotted key inside event, or NULL (absent, key too long or too deep). */
-static const json_t *event_property(const json_t *event, const char *key)
+static void *carve(push_program *p, size_t n);
+
+/* A dotted key split into its object keys: parts[0..n) in one allocation with the parts
+ * themselves. parts NULL: a key too long or too deep, never present. */
+typedef struct key_path {
+    char **parts;
+    size_t n;
+} key_path;
+
+/* Split key (see the file comment) with p's memory. false on out of memory. */
+static bool key_path_compile(push_program *p, key_path *kp, const char *key)
 {
+    *kp = (key_path){0};
     size_t klen = strlen(key);
-    if (klen > PUSH_MAX_KEY_BYTES) return NULL;
-    char part[PUSH_MAX_KEY_BYTES + 1];
-    const json_t *v = event;
-    size_t depth = 0;
+    if (klen > PUSH_MAX_KEY_BYTES) return true;
+    char buf[PUSH_MAX_KEY_BYTES + 1]; /* the parts, each ended by a NUL: at most klen + 1 */
+    size_t used = 0, n = 0;
     for (size_t i = 0;;) {
-        size_t n = 0;
         while (i < klen && key[i] != '.') {
             if (key[i] == '\\' && i + 1 < klen && (key[i + 1] == '.' || key[i + 1] == '\\')) i++;
-            part[n++] = key[i++];
+            buf[used++] = key[i++];
         }
-        part[n] = '\0';
-        if (++depth > PUSH_MAX_KEY_DEPTH || !json_is_object(v)) return NULL;
-        v = json_object_get(v, part);
-        if (!v || i >= klen) return v;
+        buf[used++] = '\0';
+        n++;
+        if (i >= klen) break;
         i++; /* the separating dot */
     }
+    if (n > PUSH_MAX_KEY_DEPTH) return true;
+    char **parts = carve(p, n * sizeof(*parts) + used);
+    if (!parts) return false;
+    char *text = (char *)(parts + n);
+    memcpy(text, buf, used);
+    for (size_t k = 0, at = 0; k < n; k++) {
+        parts[k] = text + at;
+        at += strlen(text + at) + 1;
+    }
+    kp->parts = parts;
+    kp->n = n;
+    return true;
+}
+
+/* The value at kp inside event, or NULL. */
+static const json_t *path_get(const json_t *event, const key_path *kp)
+{
+    if (!kp->parts) return NULL;
+    const json_t *v = event;
+    for (size_t i = 0; v && i < kp->n; i++) v = json_is_object(v) ? json_object_get(v, kp->parts[i]) : NULL;
+    return v;
 }
 
 /* The JSON values event_property_is/contains compare: strings, integers, booleans, null. */
@@ -250,76 +353,233 @@ static bool is_scalar(const json_t *v)
     return json_is_string(v) || json_is_integer(v) || json_is_boolean(v) || json_is_null(v);
 }
 
-/* ---- conditions ------------------------------------------------------------------------- */
-
 /* The string member name of obj, or NULL. */
 static const char *str_of(const json_t *obj, const char *name)
 {
     return json_string_value(json_object_get(obj, name));
 }
 
-static bool cond_event_match(eval_ctx *cx, const json_t *cond)
-{
-    const char *key = str_of(cond, "key"), *pattern = str_of(cond, "pattern");
-    if (!key || !pattern) return false;
-    return pattern_matches(cx, pattern, event_property(cx->event, key),
-                           strcmp(key, "content.body") == 0, false);
-}
+/* ---- the compiled rule set ---------------------------------------------------------------
+ * push_program_new reads a rule set once into the structures below; push_program_run
+ * then reads only the event. Every shape the JSON can take maps onto one of them with the
+ * verdict and the steps the rule's text gives (the file comment and push_eval.h). */
 
-static bool cond_property_is(eval_ctx *cx, const json_t *cond)
-{
-    const char *key = str_of(cond, "key");
-    const json_t *want = json_object_get(cond, "value");
-    if (!key || !is_scalar(want)) return false;
-    const json_t *v = event_property(cx->event, key);
-    return is_scalar(v) && json_equal((json_t *)v, (json_t *)want);
-}
+typedef enum cond_kind {
+    COND_FALSE,   /* not an object, or no kind: fails without spending */
+    COND_UNKNOWN, /* an unknown kind or a malformed condition: spends its step, fails */
+    COND_EVENT_MATCH,
+    COND_PROPERTY_IS,
+    COND_PROPERTY_CONTAINS,
+    COND_DISPLAY_NAME,
+    COND_MEMBER_COUNT,
+    COND_SENDER_PERMISSION,
+} cond_kind;
 
-static bool cond_property_contains(eval_ctx *cx, const json_t *cond)
+enum { OP_EQ, OP_LT, OP_GT, OP_LE, OP_GE };
+
+typedef struct pcond {
+    cond_kind kind;
+    key_path key;         /* event_match, event_property_is/contains */
+    glob pattern;         /* event_match */
+    bool words;           /* event_match on content.body */
+    const json_t *value;  /* event_property_is/contains: a scalar (borrowed) */
+    int op;               /* room_member_count */
+    int64_t count;        /* room_member_count */
+    const char *notify_key; /* sender_notification_permission (borrowed) */
+} pcond;
+
+typedef enum rule_shape {
+    RULE_CONDITIONS, /* override, underride: every condition (none: always) */
+    RULE_CONTENT,    /* its pattern on content.body as words */
+    RULE_ROOM,       /* its rule_id is the event's room */
+    RULE_SENDER,     /* its rule_id is the event's sender */
+    RULE_NEVER,      /* a shape that never matches (after its step) */
+} rule_shape;
+
+typedef struct prule {
+    rule_shape shape;
+    const char *rule_id;    /* borrowed; NULL when absent */
+    bool legacy;            /* a legacy mention rule: skipped for events with m.mentions */
+    glob pattern;           /* RULE_CONTENT */
+    pcond *conds;           /* RULE_CONDITIONS */
+    size_t n_conds;
+    bool notify, highlight; /* the verdict of its actions */
+} prule;
+
+/* The program's memory: blocks carved in order, freed together. */
+typedef struct block {
+    struct block *next;
+    size_t used, cap;
+    max_align_t data[];
+} block;
+#define BLOCK_BYTES 4096
+
+struct push_program {
+    json_t *global; /* held: the rules borrow from it */
+    prule *rules;
+    size_t n;
+    block *blocks; /* the newest first */
+};
+
+/* n bytes of p's memory (zeroed), or NULL on out of memory. */
+static void *carve(push_program *p, size_t n)
 {
-    const char *key = str_of(cond, "key");
-    const json_t *want = json_object_get(cond, "value");
-    if (!key || !is_scalar(want)) return false;
-    const json_t *list = event_property(cx->event, key);
-    if (!json_is_array(list) || !spend(cx, (int64_t)json_array_size(list))) return false;
-    for (size_t i = 0; i < json_array_size(list); i++) {
-        const json_t *v = json_array_get(list, i);
-        if (is_scalar(v) && json_equal((json_t *)v, (json_t *)want)) return true;
+    n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
+    block *b = p->blocks;
+    if (!b || b->cap - b->used < n) {
+        size_t cap = n > BLOCK_BYTES ? n : BLOCK_BYTES;
+        if (!(b = calloc(1, sizeof(*b) + cap))) return NULL;
+        b->cap = cap;
+        b->next = p->blocks;
+        p->blocks = b;
     }
-    return false;
+    void *out = (char *)b->data + b->used;
+    b->used += n;
+    return out;
 }
 
-static bool cond_display_name(eval_ctx *cx)
+/* A glob of pattern into g (its tokens in p's memory). false on out of memory; a pattern
+ * too long leaves g->tok NULL (never matches). */
+static bool glob_new(push_program *p, glob *g, const char *pattern, bool literal)
 {
-    const char *name = cx->room->display_name;
-    if (!name || !name[0]) return false;
-    return pattern_matches(cx, name, event_property(cx->event, "content.body"), true, true);
+    *g = (glob){0};
+    size_t len = strlen(pattern);
+    if (len > PUSH_MAX_PATTERN_BYTES) return true;
+    if (!(g->tok = carve(p, (len + 1) * sizeof(*g->tok)))) return false;
+    glob_compile(g, pattern, len, literal);
+    return true;
 }
 
-/* room_member_count: "is" is an optional ==, <, >, <= or >= and a decimal count. */
-static bool cond_member_count(eval_ctx *cx, const json_t *cond)
+/* room_member_count's "is": an optional ==, <, >, <= or >= and a decimal count. */
+static bool member_count_parse(const char *is, int *op, int64_t *count)
 {
-    const char *is = str_of(cond, "is");
-    if (!is) return false;
-    const char *op = "==";
     static const char *const OPS[] = {"==", "<=", ">=", "<", ">", NULL};
+    static const int OP_OF[] = {OP_EQ, OP_LE, OP_GE, OP_LT, OP_GT};
+    *op = OP_EQ;
     for (size_t i = 0; OPS[i]; i++) {
         if (strncmp(is, OPS[i], strlen(OPS[i])) == 0) {
-            op = OPS[i];
+            *op = OP_OF[i];
             is += strlen(OPS[i]);
             break;
         }
     }
     size_t digits = strspn(is, "0123456789");
-    if (digits == 0 || digits > MEMBER_COUNT_MAX_DIGITS || is[digits] != '\0') return false;
-    int64_t want, have = cx->room->member_count;
-    if (atrium_parse_int64(is, 0, INT64_MAX, &want) != 0) return false;
-    if (strcmp(op, "<") == 0) return have < want;
-    if (strcmp(op, ">") == 0) return have > want;
-    if (strcmp(op, "<=") == 0) return have <= want;
-    if (strcmp(op, ">=") == 0) return have >= want;
-    return have == want;
+    return digits > 0 && digits <= MEMBER_COUNT_MAX_DIGITS && is[digits] == '\0' &&
+           atrium_parse_int64(is, 0, INT64_MAX, count) == 0;
 }
+
+/* One condition (any JSON) into c. false on out of memory. */
+static bool cond_compile(push_program *p, pcond *c, const json_t *cond)
+{
+    *c = (pcond){.kind = COND_FALSE};
+    const char *kind = json_is_object(cond) ? str_of(cond, "kind") : NULL;
+    if (!kind) return true;
+    c->kind = COND_UNKNOWN;
+    const char *key = str_of(cond, "key"), *pattern = str_of(cond, "pattern");
+    const json_t *value = json_object_get(cond, "value");
+    if (strcmp(kind, "event_match") == 0 && key && pattern) {
+        c->kind = COND_EVENT_MATCH;
+        c->words = strcmp(key, "content.body") == 0;
+        return key_path_compile(p, &c->key, key) && glob_new(p, &c->pattern, pattern, false);
+    }
+    bool is = strcmp(kind, "event_property_is") == 0;
+    if ((is || strcmp(kind, "event_property_contains") == 0) && key && is_scalar(value)) {
+        c->kind = is ? COND_PROPERTY_IS : COND_PROPERTY_CONTAINS;
+        c->value = value;
+        return key_path_compile(p, &c->key, key);
+    }
+    if (strcmp(kind, "contains_display_name") == 0) c->kind = COND_DISPLAY_NAME;
+    const char *count = str_of(cond, "is");
+    if (strcmp(kind, "room_member_count") == 0 && count && member_count_parse(count, &c->op, &c->count))
+        c->kind = COND_MEMBER_COUNT;
+    if (strcmp(kind, "sender_notification_permission") == 0 && key) {
+        c->kind = COND_SENDER_PERMISSION;
+        c->notify_key = key;
+    }
+    return true;
+}
+
+/* The verdict of a rule's actions: "notify" notifies, a highlight tweak without a value or
+ * with value true highlights (the last one counts), and only with a notification. */
+static void actions_verdict(const json_t *actions, prule *r)
+{
+    bool highlight = false;
+    for (size_t i = 0; json_is_array(actions) && i < json_array_size(actions); i++) {
+        const json_t *a = json_array_get(actions, i);
+        if (json_is_string(a) && strcmp(json_string_value(a), "notify") == 0) r->notify = true;
+        const char *tweak = str_of(a, "set_tweak");
+        if (tweak && strcmp(tweak, "highlight") == 0) {
+            const json_t *value = json_object_get(a, "value");
+            highlight = !value || json_is_true(value);
+        }
+    }
+    r->highlight = r->notify && highlight;
+}
+
+/* One enabled rule (an object) of kind into r. false on out of memory. */
+static bool rule_compile(push_program *p, prule *r, const char *kind, const json_t *rule)
+{
+    *r = (prule){.rule_id = str_of(rule, "rule_id")};
+    for (size_t i = 0; r->rule_id && LEGACY_MENTION_RULES[i]; i++)
+        r->legacy = r->legacy || strcmp(r->rule_id, LEGACY_MENTION_RULES[i]) == 0;
+    actions_verdict(json_object_get(rule, "actions"), r);
+    if (strcmp(kind, "content") == 0) {
+        const char *pattern = str_of(rule, "pattern");
+        r->shape = pattern ? RULE_CONTENT : RULE_NEVER;
+        return !pattern || glob_new(p, &r->pattern, pattern, false);
+    }
+    if (strcmp(kind, "room") == 0 || strcmp(kind, "sender") == 0) {
+        r->shape = !r->rule_id ? RULE_NEVER : kind[0] == 'r' ? RULE_ROOM : RULE_SENDER;
+        return true;
+    }
+    const json_t *conditions = json_object_get(rule, "conditions");
+    r->shape = !conditions || json_is_array(conditions) ? RULE_CONDITIONS : RULE_NEVER;
+    size_t n = json_array_size(conditions);
+    if (n == 0) return true;
+    if (!(r->conds = carve(p, n * sizeof(*r->conds)))) return false;
+    for (; r->n_conds < n; r->n_conds++)
+        if (!cond_compile(p, &r->conds[r->n_conds], json_array_get(conditions, r->n_conds))) return false;
+    return true;
+}
+
+push_program *push_program_new(const json_t *global)
+{
+    push_program *p = calloc(1, sizeof(*p));
+    if (!p) return NULL;
+    p->global = json_incref((json_t *)global);
+    size_t cap = 0;
+    for (size_t k = 0; json_is_object(global) && KIND_ORDER[k]; k++)
+        cap += json_array_size(json_object_get(global, KIND_ORDER[k]));
+    if (cap > 0 && !(p->rules = carve(p, cap * sizeof(*p->rules)))) {
+        push_program_free(p);
+        return NULL;
+    }
+    for (size_t k = 0; cap > 0 && KIND_ORDER[k]; k++) {
+        const json_t *rules = json_object_get(global, KIND_ORDER[k]);
+        for (size_t i = 0; i < json_array_size(rules); i++) {
+            const json_t *rule = json_array_get(rules, i), *enabled = json_object_get(rule, "enabled");
+            if (!json_is_object(rule) || (enabled && !json_is_true(enabled))) continue;
+            if (!rule_compile(p, &p->rules[p->n++], KIND_ORDER[k], rule)) {
+                push_program_free(p);
+                return NULL;
+            }
+        }
+    }
+    return p;
+}
+
+void push_program_free(push_program *p)
+{
+    if (!p) return;
+    for (block *b = p->blocks, *next; b; b = next) {
+        next = b->next;
+        free(b);
+    }
+    json_decref(p->global);
+    free(p);
+}
+
+/* ---- running it ------------------------------------------------------------------------- */
 
 /* The sender's power level in the room (see the file comment). */
 static int64_t sender_level(const push_room *room, const char *sender)
@@ -333,115 +593,113 @@ static int64_t sender_level(const push_room *room, const char *sender)
     return json_is_integer(def) ? json_integer_value(def) : 0;
 }
 
-static bool cond_sender_permission(eval_ctx *cx, const json_t *cond)
+/* The event's content.body, or NULL. */
+static const json_t *body_of(const json_t *event)
 {
-    const char *key = str_of(cond, "key"), *sender = str_of(cx->event, "sender");
-    if (!key || !sender) return false;
-    const json_t *needed = json_object_get(json_object_get(cx->room->power_levels,
-                                                           "notifications"), key);
-    int64_t level = json_is_integer(needed) ? json_integer_value(needed)
-                                            : PUSH_DEFAULT_NOTIFY_LEVEL;
+    return json_object_get(json_object_get(event, "content"), "body");
+}
+
+static bool cond_display_name(eval_ctx *cx)
+{
+    const char *name = cx->room->display_name;
+    const json_t *body = body_of(cx->event);
+    if (!name || !name[0] || !json_is_string(body)) return false;
+    int32_t tok[PUSH_MAX_PATTERN_BYTES];
+    glob g = {.tok = tok};
+    return glob_compile(&g, name, strlen(name), true) && glob_matches(cx, &g, body, true);
+}
+
+static bool cond_member_count(eval_ctx *cx, const pcond *c)
+{
+    int64_t have = cx->room->member_count;
+    switch (c->op) {
+    case OP_LT: return have < c->count;
+    case OP_GT: return have > c->count;
+    case OP_LE: return have <= c->count;
+    case OP_GE: return have >= c->count;
+    default: return have == c->count;
+    }
+}
+
+static bool cond_sender_permission(eval_ctx *cx, const pcond *c)
+{
+    const char *sender = str_of(cx->event, "sender");
+    if (!sender) return false;
+    const json_t *needed = json_object_get(json_object_get(cx->room->power_levels, "notifications"),
+                                           c->notify_key);
+    int64_t level = json_is_integer(needed) ? json_integer_value(needed) : PUSH_DEFAULT_NOTIFY_LEVEL;
     return sender_level(cx->room, sender) >= level;
 }
 
-/* One condition; an unknown kind or a malformed condition does not match. */
-static bool condition_matches(eval_ctx *cx, const json_t *cond)
+static bool cond_property_contains(eval_ctx *cx, const pcond *c)
 {
-    const char *kind = str_of(cond, "kind");
-    if (!kind || !spend(cx, 1)) return false;
-    if (strcmp(kind, "event_match") == 0) return cond_event_match(cx, cond);
-    if (strcmp(kind, "event_property_is") == 0) return cond_property_is(cx, cond);
-    if (strcmp(kind, "event_property_contains") == 0) return cond_property_contains(cx, cond);
-    if (strcmp(kind, "contains_display_name") == 0) return cond_display_name(cx);
-    if (strcmp(kind, "room_member_count") == 0) return cond_member_count(cx, cond);
-    if (strcmp(kind, "sender_notification_permission") == 0)
-        return cond_sender_permission(cx, cond);
+    const json_t *list = path_get(cx->event, &c->key);
+    if (!json_is_array(list) || !spend(cx, (int64_t)json_array_size(list))) return false;
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        const json_t *v = json_array_get(list, i);
+        if (is_scalar(v) && json_equal((json_t *)v, (json_t *)c->value)) return true;
+    }
     return false;
 }
 
-/* ---- rules ------------------------------------------------------------------------------ */
-
-/* Does rule (of kind) match the event? Conditions absent: always (override, underride). */
-static bool rule_matches(eval_ctx *cx, const char *kind, const json_t *rule)
+/* One condition; what fails to compile never matches. */
+static bool cond_run(eval_ctx *cx, const pcond *c)
 {
-    const char *rule_id = str_of(rule, "rule_id");
-    if (strcmp(kind, "content") == 0) {
-        const char *pattern = str_of(rule, "pattern");
-        return pattern && pattern_matches(cx, pattern, event_property(cx->event, "content.body"),
-                                          true, false);
+    if (c->kind == COND_FALSE || !spend(cx, 1)) return false;
+    switch (c->kind) {
+    case COND_EVENT_MATCH:
+        return c->pattern.tok && glob_matches(cx, &c->pattern, path_get(cx->event, &c->key), c->words);
+    case COND_PROPERTY_IS: {
+        const json_t *v = path_get(cx->event, &c->key);
+        return is_scalar(v) && json_equal((json_t *)v, (json_t *)c->value);
     }
-    if (strcmp(kind, "room") == 0) {
-        const char *room_id = str_of(cx->event, "room_id");
-        return rule_id && room_id && strcmp(rule_id, room_id) == 0;
+    case COND_PROPERTY_CONTAINS: return cond_property_contains(cx, c);
+    case COND_DISPLAY_NAME: return cond_display_name(cx);
+    case COND_MEMBER_COUNT: return cond_member_count(cx, c);
+    case COND_SENDER_PERMISSION: return cond_sender_permission(cx, c);
+    default: return false;
     }
-    if (strcmp(kind, "sender") == 0) {
-        const char *sender = str_of(cx->event, "sender");
-        return rule_id && sender && strcmp(rule_id, sender) == 0;
-    }
-    const json_t *conditions = json_object_get(rule, "conditions");
-    if (!conditions) return true;
-    if (!json_is_array(conditions)) return false;
-    for (size_t i = 0; i < json_array_size(conditions); i++) {
-        const json_t *cond = json_array_get(conditions, i);
-        if (!json_is_object(cond) || !condition_matches(cx, cond)) return false;
-    }
-    return true;
 }
 
-/* Is rule switched on? "enabled" true or absent; anything else switches it off. */
-static bool rule_enabled(const json_t *rule)
+static bool rule_run(eval_ctx *cx, const prule *r)
 {
-    const json_t *enabled = json_object_get(rule, "enabled");
-    return !enabled || json_is_true(enabled);
+    const char *id;
+    switch (r->shape) {
+    case RULE_CONTENT: return r->pattern.tok && glob_matches(cx, &r->pattern, body_of(cx->event), true);
+    case RULE_ROOM: return (id = str_of(cx->event, "room_id")) && strcmp(r->rule_id, id) == 0;
+    case RULE_SENDER: return (id = str_of(cx->event, "sender")) && strcmp(r->rule_id, id) == 0;
+    case RULE_CONDITIONS:
+        for (size_t i = 0; i < r->n_conds; i++)
+            if (!cond_run(cx, &r->conds[i])) return false;
+        return true;
+    default: return false;
+    }
 }
 
-/* A legacy mention rule, skipped for events that carry m.mentions? */
-static bool legacy_mention_skipped(const json_t *rule, bool has_mentions)
+push_outcome push_program_run(const push_program *p, const json_t *event, const push_room *room)
 {
-    const char *rule_id = str_of(rule, "rule_id");
-    if (!has_mentions || !rule_id) return false;
-    for (size_t i = 0; LEGACY_MENTION_RULES[i]; i++)
-        if (strcmp(rule_id, LEGACY_MENTION_RULES[i]) == 0) return true;
-    return false;
-}
-
-/* The verdict of a matched rule's actions. */
-static void apply_actions(const json_t *actions, push_outcome *out)
-{
-    bool highlight = false;
-    for (size_t i = 0; json_is_array(actions) && i < json_array_size(actions); i++) {
-        const json_t *a = json_array_get(actions, i);
-        if (json_is_string(a) && strcmp(json_string_value(a), "notify") == 0) out->notify = true;
-        const char *tweak = str_of(a, "set_tweak");
-        if (tweak && strcmp(tweak, "highlight") == 0) {
-            const json_t *value = json_object_get(a, "value");
-            highlight = !value || json_is_true(value);
+    push_outcome out = {0};
+    if (!p || !json_is_object(event) || !room) return out;
+    eval_ctx cx = {.event = event, .room = room, .steps_left = PUSH_MAX_STEPS};
+    bool has_mentions = json_object_get(json_object_get(event, "content"), "m.mentions") != NULL;
+    for (size_t i = 0; i < p->n; i++) {
+        const prule *r = &p->rules[i];
+        if ((r->legacy && has_mentions) || !spend(&cx, 1)) continue;
+        if (rule_run(&cx, r)) {
+            out.rule_id = r->rule_id;
+            out.notify = r->notify;
+            out.highlight = r->highlight;
+            break;
         }
     }
-    out->highlight = out->notify && highlight;
+    out.out_of_steps = cx.out_of_steps;
+    return out;
 }
 
 push_outcome push_eval(const json_t *global, const json_t *event, const push_room *room)
 {
-    push_outcome out = {0};
-    if (!json_is_object(global) || !json_is_object(event) || !room) return out;
-    eval_ctx cx = {.event = event, .room = room, .steps_left = PUSH_MAX_STEPS};
-    bool has_mentions = json_object_get(json_object_get(event, "content"), "m.mentions") != NULL;
-    for (size_t k = 0; KIND_ORDER[k]; k++) {
-        const json_t *rules = json_object_get(global, KIND_ORDER[k]);
-        for (size_t i = 0; json_is_array(rules) && i < json_array_size(rules); i++) {
-            const json_t *rule = json_array_get(rules, i);
-            if (!json_is_object(rule) || !rule_enabled(rule) ||
-                legacy_mention_skipped(rule, has_mentions) || !spend(&cx, 1))
-                continue;
-            if (rule_matches(&cx, KIND_ORDER[k], rule)) {
-                out.rule_id = str_of(rule, "rule_id");
-                apply_actions(json_object_get(rule, "actions"), &out);
-                out.out_of_steps = cx.out_of_steps;
-                return out;
-            }
-        }
-    }
-    out.out_of_steps = cx.out_of_steps;
+    push_program *p = push_program_new(global);
+    push_outcome out = push_program_run(p, event, room);
+    push_program_free(p);
     return out;
 }

@@ -50,9 +50,18 @@ typedef struct push_outcome {
  * The legacy mention rules (.m.rule.contains_display_name, .m.rule.contains_user_name,
  * .m.rule.roomnotif) are skipped for events whose content has m.mentions (v1.7).
  * A rule of an unknown shape, or with a condition of an unknown kind, does not match.
- * Never fails: odd JSON anywhere makes rules not match. Any thread; no allocation that
- * outlives the call.
+ * Never fails: odd JSON anywhere makes rules not match (and so does running out of
+ * memory). Any thread; no allocation that outlives the call.
  */
 push_outcome push_eval(const json_t *global, const json_t *event, const push_room *room);
+
+/* The same rule set read once for many events (push_eval reads it at every call): /sync
+ * judges up to SYNC_MAX_UNREAD_COUNT events a room with one user's rules. A program holds
+ * a reference to global (the outcomes' rule_id point into it) and is never changed by a
+ * run, so threads may share one. NULL on out of memory; a NULL program matches nothing. */
+typedef struct push_program push_program;
+push_program *push_program_new(const json_t *global);
+push_outcome push_program_run(const push_program *p, const json_t *event, const push_room *room);
+void push_program_free(push_program *p);
 
 #endif

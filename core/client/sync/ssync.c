@@ -25,6 +25,7 @@
 #include "core/client/auth/auth.h"
 #include "core/client/client.h"
 #include "core/client/presence/presence.h"
+#include "core/client/push/push_eval.h"
 #include "core/client/ratelimits.h"
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/ssync.h"
@@ -187,7 +188,7 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
         json_object_set_new(pick, "rsk", json_string(ssync_required_state_key(s->r, json_object_get(pick, "rs"))));
     }
     if (rc >= 0) rc = rooms_part(s, &rs, picked, prev, a);
-    json_decref(s->push_rules);
+    push_program_free(s->push_rules);
     s->push_rules = NULL;
     if (rc >= 0) rc = ssync_extensions(s, q, picked, prev->stream_pos, a->extensions, &a->has_new);
     json_decref(picked);

@@ -160,7 +160,7 @@ static void count_notifications(sync_ctx *s, const char *room_id, const push_roo
     bool out_of_steps = false;
     for (int i = from; i < to; i++) {
         if (!pdus[i]) continue;
-        push_outcome o = push_eval(s->push_rules, pdus[i], pr);
+        push_outcome o = push_program_run(s->push_rules, pdus[i], pr);
         counts[0] += o.notify;
         counts[1] += o.highlight;
         out_of_steps = out_of_steps || o.out_of_steps;
@@ -182,7 +182,10 @@ static int judge_unread(sync_ctx *s, const json_t *ids, const unread_rows *u, js
 {
     if (!s->push_rules) {
         bool db_ok;
-        if (!(s->push_rules = push_rules_for(s->r, s->c, &db_ok))) return ROOMS_E_DB;
+        json_t *global = push_rules_for(s->r, s->c, &db_ok);
+        s->push_rules = global ? push_program_new(global) : NULL;
+        json_decref(global);
+        if (!s->push_rules) return ROOMS_E_DB;
     }
     json_t **pdus = calloc((size_t)u->n + 1, sizeof(*pdus));
     if (!pdus || unread_pdus(s, u, pdus) != ROOMS_OK) {

@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "core/client/auth/auth.h"
+#include "core/client/push/push_eval.h"
 #include "core/client/rooms/crooms_relations.h"
 #include "core/client/sync/sync_lazy.h"
 #include "core/client/sync/sync_rooms.h"
@@ -663,7 +664,7 @@ int sync_rooms(sync_ctx *s, json_t *rooms, bool *has_new)
     }
     PQclear(res);
     json_decref(acct);
-    json_decref(s->push_rules);
+    push_program_free(s->push_rules);
     s->push_rules = NULL;
     return rc;
 }

@@ -35,7 +35,8 @@ typedef struct sync_ctx {
     const json_t *presence_filter, *account_data_filter;
     const json_t *ephemeral_filter, *room_account_data_filter;
     events_view view;     /* room_id left out */
-    json_t *push_rules;   /* the user's rule set: loaded by the first room with unread
+    struct push_program *push_rules; /* the user's rule set, read once for all the events
+                           * it judges (push_eval.h): loaded by the first room with unread
                            * events, released when sync_rooms returns (NULL before) */
     json_t *room_account_data; /* the window's per-room account data events by room ID,
                                 * read with the global ones (sync.c); owned by sync.c */
