@@ -188,6 +188,8 @@ struct core_config {
         const char *bind_address;     /* server.http.bind_address (default 127.0.0.1) */
         int port;                     /* server.http.port (default 8008) */
         int request_threads;          /* server.http.request_threads (default 4, 1..256) */
+        int woken_threads;            /* server.http.woken_threads (default 2, 1..256) */
+        int woken_queue;              /* server.http.woken_queue (default 8192) */
         int connection_timeout_s;     /* server.http.connection_timeout_s (default 60) */
         int header_timeout_ms;        /* server.http.header_timeout_ms (default 10000) */
         int max_connections;          /* server.http.max_connections (0 = from RLIMIT_NOFILE) */

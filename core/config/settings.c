@@ -187,6 +187,12 @@ const struct cfg_setting CORE_SETTINGS[] = {
             "TCP port of the client listener; 0 = any free port."),
     INT_ROW("server.http.request_threads", http.request_threads, 4, 1, 256, "threads",
             "The request pool: threads handling client requests (libmicrohttpd's pool)."),
+    INT_ROW("server.http.woken_threads", http.woken_threads, 2, 1, 256, "threads",
+            "Threads that run woken long-polls (/sync, sliding sync) again, so a message to a "
+            "big room's parked members never holds the request pool."),
+    INT_ROW("server.http.woken_queue", http.woken_queue, 8192, 1, 1000000, NULL,
+            "Woken long-polls waiting for those threads at most; past it one runs on its "
+            "request thread."),
     INT_ROW("server.http.connection_timeout_s", http.connection_timeout_s, 60, 1, 3600, "s",
             "An idle client connection is closed after this long."),
     INT_ROW("server.http.header_timeout_ms", http.header_timeout_ms, 10000, 100, 600000, "ms",

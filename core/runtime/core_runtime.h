@@ -52,6 +52,8 @@ typedef struct core_runtime {
     rt_pool *rooms_bulk_pool;        /* core.rooms_bulk: writes into many rooms at once */
     rt_pool *rooms_remote_pool;      /* core.rooms_remote: room requests waiting on peers */
     rt_pool *e2ee_resync_pool;       /* core.e2ee_resync: device-list resyncs (ADR-0024) */
+    rt_pool *sync_woken_pool;        /* core.sync_woken: woken long-polls run here, not on
+                                      * the request pool (core/client/sync/sync.h) */
     rt_budget *e2ee_resync_budget;   /* its slots, per server */
     core_limits limits;
     struct atrium_plugin **plugins;  /* loaded plugins, in load order */

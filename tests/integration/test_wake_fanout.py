@@ -3,10 +3,15 @@
 A few hundred /sync long-polls park, from the members of one room; one message into the
 room wakes them all at once. Meanwhile /versions is asked every 20 ms on a fresh
 connection: each must be answered in a small part of the time the fan-out takes (measured
-here: from the send to the last long-poll's answer), not behind the woken syncs queued on
-the workers' threads (core/http/resume_line.c). Every long-poll must be answered 200 with
-the message, the resume lines must have held woken requests (atrium_http_resumes_waiting
-above 0) and be empty after.
+here: from the send to the last long-poll's answer), not behind the woken syncs. Woken
+runs go to their own pool, core.sync_woken (docs/adr/0042-woken-long-polls-leave-the-
+request-pool.md), paced onto it by the workers' resume lines (core/http/resume_line.c).
+Every long-poll must be answered 200 with the message, the pool's queue must have held
+woken runs (atrium_pool_queued above 0) and the resume lines be empty after.
+
+With the pool held full (one thread, a queue of two), the woken runs past its queue run
+on their request threads instead (atrium_pool_refused_total counts them): every long-poll
+is still answered with the message.
 
 The bound is relative to the fan-out measured in the same run, so a sanitizer's slowdown
 scales both sides: the test runs in the ASan tree like the others, and under
@@ -104,8 +109,8 @@ class WakeFanoutTest(unittest.TestCase):
                 except OSError as e:
                     status = repr(e)
                 lat.append((time.monotonic() - t0, status, t0))
-                if len(lat) % 2 == 0:  # the resume line's gauge: it must fill, then empty
-                    lined.append(srv.metric("atrium_http_resumes_waiting"))
+                if len(lat) % 2 == 0:  # the woken runs' queue: it must fill, then empty
+                    lined.append(srv.metric("atrium_pool_queued", {"pool": "core.sync_woken"}))
                 time.sleep(PROBE_EVERY_S)
 
         sent = time.monotonic()
@@ -122,8 +127,8 @@ class WakeFanoutTest(unittest.TestCase):
         worst = max(during)
         over = [p for p in during if p[0] >= fanout * SHARE_OF_FANOUT]
         print(f"\n{n} long-polls woken in {fanout * 1000:.0f} ms; /versions meanwhile: "
-              f"{len(during)} probes, worst {worst[0] * 1000:.0f} ms; resume lines held up to "
-              f"{max(lined):.0f}", file=sys.stderr)
+              f"{len(during)} probes, worst {worst[0] * 1000:.0f} ms; the woken runs' queue "
+              f"held up to {max(lined):.0f}", file=sys.stderr)
         statuses = {}
         for data, _ in answers.values():
             line = data.split(b"\r\n", 1)[0]
@@ -132,13 +137,45 @@ class WakeFanoutTest(unittest.TestCase):
         self.assertTrue(all(b"wake-fanout" in data for data, _ in answers.values()))
         self.assertTrue(all(p[1] == 200 for p in lat), lat)
         self.assertGreaterEqual(len(during), 3)
-        self.assertGreater(max(lined), 0, "no woken request waited in a resume line")
+        self.assertGreater(max(lined), 0, "no woken run waited for the core.sync_woken pool")
         self.assertEqual(srv.metric("atrium_http_resumes_waiting"), 0)
+        self.assertEqual(srv.metric("atrium_pool_queued", {"pool": "core.sync_woken"}), 0)
         self.assertLessEqual(
             len(over), ALLOWED_OVER,
             f"{len(over)} of {len(during)} /versions took over {SHARE_OF_FANOUT:.0%} of the "
             f"fan-out ({sorted(round(p[0] * 1000) for p in over)} ms) while {n} woken "
             f"long-polls were answered over {fanout * 1000:.0f} ms")
+
+    def test_past_a_full_woken_pool_long_polls_run_on_their_request_threads(self):
+        http = {"woken_threads": 1, "woken_queue": 2}
+        with Server(settings={"server": {"http": http}}) as srv:
+            self.assertEqual(srv.metric("atrium_pool_queue_limit", {"pool": "core.sync_woken"}), 2)
+            self.assertEqual(srv.metric("atrium_pool_threads_limit", {"pool": "core.sync_woken"}), 1)
+            people = crowd(srv, 10, prefix="full")
+            owner = Client(srv, people[0])
+            room = owner.create_room(preset="public_chat")
+            for p in people[1:]:
+                Client(srv, p).join(room)
+            since = {p.user_id: Client(srv, p).sync()["next_batch"] for p in people}
+            socks = [open_long_poll(srv.port, p.token, since[p.user_id]) for p in people for _ in range(3)]
+            try:
+                deadline = time.monotonic() + 60
+                while srv.metric("atrium_http_parked") < len(socks):
+                    self.assertLess(time.monotonic(), deadline, "the long-polls did not all park")
+                    time.sleep(0.05)
+                refused = srv.metric("atrium_pool_refused_total", {"pool": "core.sync_woken"})
+                owner.send(room, {"msgtype": "m.text", "body": "past-the-queue"})
+                answers = read_all(socks, deadline=time.monotonic() + 60)
+            finally:
+                for s in socks:
+                    s.close()
+            self.assertEqual(len(answers), len(socks))
+            for data, _ in answers.values():
+                self.assertTrue(data.startswith(b"HTTP/1.1 200 OK"), data[:200])
+                self.assertIn(b"past-the-queue", data)
+            self.assertGreater(srv.metric("atrium_pool_refused_total", {"pool": "core.sync_woken"}), refused,
+                               "no woken run found the pool's queue full")
+            self.assertEqual(srv.metric("atrium_pool_queued", {"pool": "core.sync_woken"}), 0)
 
 
 if __name__ == "__main__":

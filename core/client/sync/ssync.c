@@ -281,6 +281,7 @@ static void checkin(PGconn *c, ssync_pos *prev)
 
 static int ssync_post(atrium_req *r)
 {
+    if (sync_woken_handoff(r) == ATRIUM_HANDED_OFF) return ATRIUM_HANDED_OFF;
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_sync())) return ATRIUM_DONE; /* counted once per request */

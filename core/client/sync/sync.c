@@ -454,6 +454,7 @@ static int joined_to(sync_ctx *s, const char *room_id)
  * /rooms/{roomId}/initialSync and /events (mode). */
 static int sync_serve(atrium_req *r, int mode)
 {
+    if (sync_woken_handoff(r) == ATRIUM_HANDED_OFF) return ATRIUM_HANDED_OFF;
     const char *user = auth_request(r);
     if (!user) return ATRIUM_DONE;
     if (ratelimit_refused(r, ratelimit_sync())) return ATRIUM_DONE; /* counted once per request */
@@ -555,13 +556,50 @@ static int sync_serve(atrium_req *r, int mode)
     return http_respond_json(r, 200, resp);
 }
 
+int sync_woken_handoff(atrium_req *r)
+{
+    core_runtime *rt = core_runtime_get();
+    rt_pool *pool = rt ? rt->sync_woken_pool : NULL;
+    if (r->run_reason != ATRIUM_RUN_WOKEN || !pool) return 0;
+    /* The handoff's deadline counts from now: the request's own was set when it arrived,
+     * and a long-poll may have been parked for longer than that. */
+    int64_t deadline = r->deadline_ms;
+    r->deadline_ms = rt_now_ms() + rt->cfg->http.handoff_deadline_ms;
+    if (susp_handoff(r, pool, NULL, 0) == 0) return ATRIUM_HANDED_OFF;
+    r->deadline_ms = deadline;
+    return 0;
+}
+
 static int sync_get(atrium_req *r) { return sync_serve(r, SYNC_MODE_SYNC); }
 static int initial_sync_get(atrium_req *r) { return sync_serve(r, SYNC_MODE_INITIAL); }
 static int room_initial_sync_get(atrium_req *r) { return sync_serve(r, SYNC_MODE_ROOM_INITIAL); }
 static int events_get(atrium_req *r) { return sync_serve(r, SYNC_MODE_EVENTS); }
 
+static int sync_start(core_runtime *rt)
+{
+    if (rt_pool_start(rt->sync_woken_pool) < 0) {
+        rt_log(ATRIUM_LOG_ERROR, "core", "cannot start the pool of woken long-polls");
+        return -1;
+    }
+    return 0;
+}
+
+static void sync_stop(core_runtime *rt)
+{
+    if (!rt->sync_woken_pool) return;
+    rt_pool_stop(rt->sync_woken_pool); /* queued ones are answered 503 (suspend.c) */
+    rt_pool_join(rt->sync_woken_pool);
+    rt_pool_free(rt->sync_woken_pool);
+    rt->sync_woken_pool = NULL;
+}
+
 static int sync_init(core_runtime *rt)
 {
+    /* server.http.woken_threads, _queue: two threads keep both CPUs of a small machine
+     * busy with the runs and their backends; the queue holds a fan-out's woken runs. */
+    rt->sync_woken_pool = rt_pool_new("core.sync_woken", rt->cfg->http.woken_threads,
+                                      rt->cfg->http.woken_queue, rt->metrics);
+    if (!rt->sync_woken_pool) return -1;
     /* ratelimit.sync.*: a re-run of a parked sync is not counted again. */
     const struct core_rate *rate = &rt->cfg->ratelimit.sync;
     rt->limits.sync = rt_ratelimit_new("sync", rate->per_minute / SECONDS_PER_MINUTE,
@@ -585,4 +623,6 @@ const client_module SYNC_MODULE = {
     .migrations = SSYNC_MIGRATIONS, /* sliding sync's connection state */
     .n_migrations = SSYNC_N_MIGRATIONS,
     .init = sync_init, /* the limiter is freed with the others (ratelimits_free) */
+    .start = sync_start,
+    .stop = sync_stop,
 };

@@ -83,4 +83,14 @@ int64_t sync_stream_upto(PGconn *c);
 int64_t sync_upto_generic_plans(PGconn *c, char prev[SYNC_PLAN_MODE_MAX]);
 void sync_plan_mode_restore(PGconn *c, char prev[SYNC_PLAN_MODE_MAX]);
 
+/* A woken long-poll (/sync, /events, sliding sync) runs again on the pool core.sync_woken,
+ * not on the request pool: a message wakes every parked member of its room at once, and
+ * run on the request pool each woken run held a request thread through its statements,
+ * so a cheap request (/versions) waited behind them (docs/adr/0042-woken-long-polls-
+ * leave-the-request-pool.md). On a run woken by its event, returns ATRIUM_HANDED_OFF
+ * when r went to the pool (the caller returns it); 0 to run here (any other run, no
+ * pool, or its queue full: the run then stays on this thread, as before). */
+struct atrium_req;
+int sync_woken_handoff(struct atrium_req *r);
+
 #endif
