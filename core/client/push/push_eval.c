@@ -20,11 +20,11 @@
  *     compiled, actions judged) and run against each event; push_eval is the two in one.
  *     /sync judges up to 99 unread events a room with one user's rules, and reading the
  *     JSON at every event was a third of the server's CPU in a sliding-sync first
- *     response (docs/performance.md, "Push rules read once"). Two shortcuts leave the
- *     NFA: a whole value against an ASCII pattern without wildcards is a byte comparison,
- *     and a words-mode pattern whose first character starts no word of the body cannot
- *     match. Both spend exactly the steps the NFA would have, so PUSH_MAX_STEPS cuts
- *     every rule set off at the same point as before.
+ *     response (docs/performance-sliding-sync.md, "Push rules read once"). Two shortcuts
+ *     leave the NFA: a whole value against an ASCII pattern without wildcards is a byte
+ *     comparison, and a words-mode pattern whose first character starts no word of the
+ *     body cannot match. Both spend exactly the steps the NFA would have, so
+ *     PUSH_MAX_STEPS cuts every rule set off at the same point as before.
  * What this file does not do: read rules or room state (push_rules.c,
  * core/client/sync/sync_rooms.c), deliver pushes, or know about threads.
  */
@@ -343,7 +343,8 @@ static const json_t *path_get(const json_t *event, const key_path *kp)
 {
     if (!kp->parts) return NULL;
     const json_t *v = event;
-    for (size_t i = 0; v && i < kp->n; i++) v = json_is_object(v) ? json_object_get(v, kp->parts[i]) : NULL;
+    for (size_t i = 0; v && i < kp->n; i++)
+        v = json_is_object(v) ? json_object_get(v, kp->parts[i]) : NULL;
     return v;
 }
 
@@ -490,7 +491,8 @@ static bool cond_compile(push_program *p, pcond *c, const json_t *cond)
     }
     if (strcmp(kind, "contains_display_name") == 0) c->kind = COND_DISPLAY_NAME;
     const char *count = str_of(cond, "is");
-    if (strcmp(kind, "room_member_count") == 0 && count && member_count_parse(count, &c->op, &c->count))
+    if (strcmp(kind, "room_member_count") == 0 && count &&
+        member_count_parse(count, &c->op, &c->count))
         c->kind = COND_MEMBER_COUNT;
     if (strcmp(kind, "sender_notification_permission") == 0 && key) {
         c->kind = COND_SENDER_PERMISSION;
@@ -538,7 +540,8 @@ static bool rule_compile(push_program *p, prule *r, const char *kind, const json
     if (n == 0) return true;
     if (!(r->conds = carve(p, n * sizeof(*r->conds)))) return false;
     for (; r->n_conds < n; r->n_conds++)
-        if (!cond_compile(p, &r->conds[r->n_conds], json_array_get(conditions, r->n_conds))) return false;
+        if (!cond_compile(p, &r->conds[r->n_conds], json_array_get(conditions, r->n_conds)))
+            return false;
     return true;
 }
 
@@ -557,7 +560,8 @@ push_program *push_program_new(const json_t *global)
     for (size_t k = 0; cap > 0 && KIND_ORDER[k]; k++) {
         const json_t *rules = json_object_get(global, KIND_ORDER[k]);
         for (size_t i = 0; i < json_array_size(rules); i++) {
-            const json_t *rule = json_array_get(rules, i), *enabled = json_object_get(rule, "enabled");
+            const json_t *rule = json_array_get(rules, i);
+            const json_t *enabled = json_object_get(rule, "enabled");
             if (!json_is_object(rule) || (enabled && !json_is_true(enabled))) continue;
             if (!rule_compile(p, &p->rules[p->n++], KIND_ORDER[k], rule)) {
                 push_program_free(p);
@@ -627,7 +631,8 @@ static bool cond_sender_permission(eval_ctx *cx, const pcond *c)
     if (!sender) return false;
     const json_t *needed = json_object_get(json_object_get(cx->room->power_levels, "notifications"),
                                            c->notify_key);
-    int64_t level = json_is_integer(needed) ? json_integer_value(needed) : PUSH_DEFAULT_NOTIFY_LEVEL;
+    int64_t level =
+        json_is_integer(needed) ? json_integer_value(needed) : PUSH_DEFAULT_NOTIFY_LEVEL;
     return sender_level(cx->room, sender) >= level;
 }
 
@@ -648,7 +653,8 @@ static bool cond_run(eval_ctx *cx, const pcond *c)
     if (c->kind == COND_FALSE || !spend(cx, 1)) return false;
     switch (c->kind) {
     case COND_EVENT_MATCH:
-        return c->pattern.tok && glob_matches(cx, &c->pattern, path_get(cx->event, &c->key), c->words);
+        return c->pattern.tok &&
+               glob_matches(cx, &c->pattern, path_get(cx->event, &c->key), c->words);
     case COND_PROPERTY_IS: {
         const json_t *v = path_get(cx->event, &c->key);
         return is_scalar(v) && json_equal((json_t *)v, (json_t *)c->value);
@@ -665,7 +671,8 @@ static bool rule_run(eval_ctx *cx, const prule *r)
 {
     const char *id;
     switch (r->shape) {
-    case RULE_CONTENT: return r->pattern.tok && glob_matches(cx, &r->pattern, body_of(cx->event), true);
+    case RULE_CONTENT:
+        return r->pattern.tok && glob_matches(cx, &r->pattern, body_of(cx->event), true);
     case RULE_ROOM: return (id = str_of(cx->event, "room_id")) && strcmp(r->rule_id, id) == 0;
     case RULE_SENDER: return (id = str_of(cx->event, "sender")) && strcmp(r->rule_id, id) == 0;
     case RULE_CONDITIONS:
