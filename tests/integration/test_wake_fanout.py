@@ -11,7 +11,9 @@ woken runs (atrium_pool_queued above 0) and the resume lines be empty after.
 
 With the pool held full (one thread, a queue of two), the woken runs past its queue run
 on their request threads instead (atrium_pool_refused_total counts them): every long-poll
-is still answered with the message.
+is still answered with the message. A long-poll parked for longer than
+server.http.handoff_deadline_ms is still answered with the message when woken, not 504:
+its handoff's deadline counts from the wake, not from its arrival.
 
 The bound is relative to the fan-out measured in the same run, so a sanitizer's slowdown
 scales both sides: the test runs in the ASan tree like the others, and under
@@ -176,6 +178,29 @@ class WakeFanoutTest(unittest.TestCase):
             self.assertGreater(srv.metric("atrium_pool_refused_total", {"pool": "core.sync_woken"}), refused,
                                "no woken run found the pool's queue full")
             self.assertEqual(srv.metric("atrium_pool_queued", {"pool": "core.sync_woken"}), 0)
+
+    def test_a_long_poll_parked_past_the_handoff_deadline_is_answered_when_woken(self):
+        with Server(settings={"server": {"http": {"handoff_deadline_ms": 1000}}}) as srv:
+            people = crowd(srv, 2, prefix="late")
+            owner = Client(srv, people[0])
+            room = owner.create_room(preset="public_chat")
+            Client(srv, people[1]).join(room)
+            since = Client(srv, people[1]).sync()["next_batch"]
+            sock = open_long_poll(srv.port, people[1].token, since)
+            try:
+                deadline = time.monotonic() + 30
+                while srv.metric("atrium_http_parked") < 1:
+                    self.assertLess(time.monotonic(), deadline, "the long-poll did not park")
+                    time.sleep(0.05)
+                time.sleep(1.5)  # past the request's own handoff deadline
+                owner.send(room, {"msgtype": "m.text", "body": "late-wake"})
+                answers = read_all([sock], deadline=time.monotonic() + 30)
+            finally:
+                sock.close()
+            self.assertEqual(len(answers), 1)
+            data = next(iter(answers.values()))[0]
+            self.assertTrue(data.startswith(b"HTTP/1.1 200 OK"), data[:200])
+            self.assertIn(b"late-wake", data)
 
 
 if __name__ == "__main__":
