@@ -16,7 +16,10 @@
  * A request in a line is SUSP_RESUMING: its deadline has left the timer and no waker or
  * deadline touches it again; its connection cannot close while suspended.
  * Only ACT_REDISPATCH resumes of the client workers are lined; answers (ACT_RESPOND) and
- * waiting streams cost a write, not a run, and are resumed at once.
+ * waiting streams cost a write, not a run, and are resumed at once. The core's long-polls
+ * (/sync, sliding sync) hand a woken run on to their own pool as soon as it starts here
+ * (docs/adr/0042-woken-long-polls-leave-the-request-pool.md), so for them a run on the
+ * worker is a handoff, not their statements.
  */
 #include <microhttpd.h>
 
