@@ -361,13 +361,11 @@ static int post_keys_claim(atrium_req *r)
 
 /* ---- sync section -------------------------------------------------------------------------- */
 
-/* device_one_time_keys_count and device_unused_fallback_key_types: steady-state data that
- * never wakes a sync by itself (returns 0). One statement for both (every woken sync runs
- * it): rows 'o' (algorithm, count of unclaimed one-time keys) and 'f' (an unused
- * fallback key's algorithm), in algorithm order. */
-/* The e2ee sync section: the device's one-time key counts and unused fallback key types
- * (rows 'o' and 'f'), and whether the window is quiet for device lists (row 'q', on an
- * incremental sync), in one statement; then the device lists (e2ee_query.c). */
+/* The e2ee sync section. device_one_time_keys_count and device_unused_fallback_key_types
+ * are steady-state data that never wake a sync by themselves; the device lists
+ * (e2ee_query.c) may. One statement (every woken sync runs it): rows 'o' (algorithm, count
+ * of unclaimed one-time keys), 'f' (an unused fallback key's algorithm) and, on an
+ * incremental sync, 'q' (whether the window is quiet for device lists), in that order. */
 static int sync_e2ee(PGconn *c, const char *user_id, const char *device_id, int64_t since,
                      int64_t upto, json_t *response)
 {

@@ -242,7 +242,6 @@ typedef struct rows {
     int first, end, col;
 } rows;
 
-
 /* The default rule at defs[at] with the user's stored changes applied: a copy when there
  * are any (the rule itself may be shared: default_rules). false on OOM. */
 static bool apply_default_settings(json_t *defs, size_t at, rows set)

@@ -233,7 +233,8 @@ static bool keep_notifications(PGconn *c, const json_t *notified, const char *ro
     free(rows);
     bool ok = kept != NULL;
     for (int i = 0; ok && i < PQntuples(kept); i++)
-        if (push_over_keep(atoll(PQgetvalue(kept, i, 1)))) ok = prune_user(c, PQgetvalue(kept, i, 0), pruned);
+        if (push_over_keep(atoll(PQgetvalue(kept, i, 1))))
+            ok = prune_user(c, PQgetvalue(kept, i, 0), pruned);
     PQclear(kept);
     return ok;
 }
@@ -282,7 +283,8 @@ static bool decide_event(PGconn *c, PGresult *ev, int row, int64_t *pruned)
         }
         json_decref(global);
     }
-    if (ok && json_array_size(notified) > 0) ok = keep_notifications(c, notified, room_id, event_id, pos, pruned);
+    if (ok && json_array_size(notified) > 0)
+        ok = keep_notifications(c, notified, room_id, event_id, pos, pruned);
     json_decref(notified);
     push_rules_batch_free(rules);
     PQclear(who);
