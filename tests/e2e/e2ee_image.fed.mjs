@@ -141,7 +141,7 @@ test("an encrypted image sent on A is decrypted by a user of B, fetched through 
         await bob.joinRoom(roomId);
         await waitFor("bob joined, as alice sees it",
             () => alice.getRoom(roomId)?.getMember(bob.getUserId())?.membership === "join",
-            alice, [sdk.RoomStateEvent.Members]);
+            alice, [sdk.RoomStateEvent.Members, sdk.ClientEvent.Room]); /* a new room is stored after its events */
         assert.ok(await alice.getCrypto().isEncryptionEnabledInRoom(roomId));
 
         const { cipher, file } = await encryptAttachment(IMAGE);
