@@ -49,7 +49,7 @@ def bodies(room):
 
 
 class SlidingSyncTest(SharedServerTest):
-    USERS = ("alice", "bob", "many", "carol", "dora")
+    USERS = ("alice", "bob", "many", "carol", "dora", "erin")
 
     def parked(self, client, body, pos):
         """A request of client parked on the server: its Background."""
@@ -152,6 +152,85 @@ class SlidingSyncTest(SharedServerTest):
         left = ss(self.dora, body, pos=back["pos"], timeout=0)
         self.assertEqual(left["lists"]["all"]["count"], before + 5)  # w3 listed once more, as left
         self.assertEqual(ss(self.dora, body, pos=left["pos"], timeout=0)["lists"]["all"]["count"], before + 4)
+
+    def lists_read(self):
+        return {way: self.srv.metric("atrium_sliding_sync_lists_total", {"way": way}) or 0
+                for way in ("recent", "whole")}
+
+    def both_ways(self, client, ranges, tag):
+        """The same request answered the short way (newest rooms first, RECENT_SQL) and the
+        whole order (a filter that keeps every room sends a list there): both answers, and
+        how many list reads each way counted."""
+        before = self.lists_read()
+        short = ss(client, {"conn_id": f"{tag}-short", **one_list(ranges=ranges, timeline_limit=0)})
+        mid = self.lists_read()
+        whole = ss(client, {"conn_id": f"{tag}-whole", **one_list(
+            ranges=ranges, timeline_limit=0, filters={"not_room_types": ["org.example.none"]})})
+        for answer in (short, whole):
+            self.assertEqual(answer["lists"]["all"]["count"], short["lists"]["all"]["count"])
+        ways = {w: mid[w] - before[w] for w in mid}
+        return short, whole, ways
+
+    def assert_same_window(self, short, whole):
+        def window(answer):
+            return {rid: (r["bump_stamp"], r.get("membership")) for rid, r in answer["rooms"].items()}
+        self.assertEqual(window(short), window(whole))
+        self.assertEqual(short["lists"], whole["lists"])
+
+    def test_the_short_way_and_the_whole_order_agree(self):
+        # Joined rooms bumped in a shuffled order, invites (ordered by the invite, whatever
+        # is sent in the room after), a room left and one forgotten (not listed): the
+        # window the short way reads and its count are the whole order's.
+        joined = [self.carol.create_room(name=f"s{i}") for i in range(12)]
+        invited = [self.alice.create_room(name=f"i{i}", invite=[self.carol.user_id]) for i in range(3)]
+        gone = [self.alice.create_room(name=f"g{i}", invite=[self.carol.user_id]) for i in range(2)]
+        for room in gone:
+            self.carol.join(room)
+            self.carol.leave(room)
+        self.carol.ok("POST", f"{V3}/rooms/{quote(gone[1])}/forget", {})
+        for room in (joined[3], invited[0], joined[7], gone[0], joined[0], invited[2], joined[5]):
+            (self.carol if room in joined else self.alice).send(room, {"msgtype": "m.text", "body": "bump"})
+        for ranges in ([[0, 4]], [[0, 9]], [[0, 99]]):
+            short, whole, ways = self.both_ways(self.carol, ranges, f"agree{ranges[0][1]}")
+            self.assertEqual(ways, {"recent": 1, "whole": 0})
+            self.assert_same_window(short, whole)
+        # The rooms bumped, newest first, then the invites (a message after an invite does
+        # not move it), then the joined rooms by their creation; carol's rooms of other
+        # tests are older.
+        top = sorted(short["rooms"], key=lambda rid: -short["rooms"][rid]["bump_stamp"])
+        self.assertEqual(top[:11], [joined[5], joined[0], joined[7], joined[3], *reversed(invited),
+                                    *reversed(joined[8:])])
+        self.assertFalse(set(gone) & set(short["rooms"]))
+
+    def test_the_short_way_gives_way_when_the_users_rooms_are_old(self):
+        # erin is in a few rooms; many newer rooms of others fill the walk's first rows
+        # (4 x 10 of them for a window of 10), so the short way cannot tell and the whole
+        # order answers, the same.
+        mine = [self.erin.create_room(name=f"old{i}") for i in range(2)]
+        for i in range(45):
+            self.alice.create_room(name=f"newer{i}")
+        short, whole, ways = self.both_ways(self.erin, [[0, 9]], "old")
+        self.assertEqual(ways, {"recent": 0, "whole": 1})
+        self.assert_same_window(short, whole)
+        self.assertTrue(set(mine) <= set(short["rooms"]))  # and another test's room of erin's
+        self.assertEqual(short["lists"]["all"]["count"], len(short["rooms"]))
+
+    def test_a_join_gives_its_room_a_bump_row(self):
+        # The short way counts on a row in sliding_sync_bumps for every room a local user
+        # is joined to; a room joined over federation may have no event of a bump type
+        # stored (its create event an outlier): as here, where the row is taken away.
+        room = self.alice.create_room(name="No bump", invite=[self.erin.user_id])
+        db = self.srv.database
+        psql(f"DELETE FROM sliding_sync_bumps WHERE room_id = '{room}'", database=db)
+        self.erin.join(room)
+        row = psql(f"SELECT b.bump_stamp, r.membership_pos FROM sliding_sync_bumps b JOIN sliding_sync_rooms r"
+                   f" ON r.room_id = b.room_id WHERE b.room_id = '{room}' AND r.user_id = '{self.erin.user_id}'",
+                   database=db)
+        self.assertEqual(len(row), 1)
+        self.assertEqual(row[0][0], row[0][1])  # the join's own position
+        short, whole, _ = self.both_ways(self.erin, [[0, 0]], "nobump")
+        self.assertEqual(list(short["rooms"]), [room])
+        self.assert_same_window(short, whole)
 
     def test_rows_that_moved_after_the_answers_position_are_read_as_of_it(self):
         rooms = [self.dora.create_room(name=f"h{i}") for i in range(3)]  # h2 the newest

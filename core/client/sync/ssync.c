@@ -343,6 +343,18 @@ static int ssync_post(atrium_req *r)
     return respond(r, &q, token, &a);
 }
 
+/* The body of the trigger function keeping sliding_sync_rooms (migrations 4 and 5): a
+ * local user's membership row replaces the older one of the same room. */
+#define MEMBERSHIP_ROW_SQL                                                                     \
+    " IF NOT EXISTS (SELECT 1 FROM users WHERE user_id = NEW.user_id) THEN RETURN NULL; END IF;" \
+    " INSERT INTO sliding_sync_rooms AS r (user_id, room_id, membership, membership_pos, event_id, sender," \
+    "  forgotten)"                                                                              \
+    " VALUES (NEW.user_id, NEW.room_id, NEW.membership, NEW.stream_pos, NEW.event_id, NEW.sender, NEW.forgotten)" \
+    " ON CONFLICT (user_id, room_id) DO UPDATE SET membership = EXCLUDED.membership,"            \
+    "  membership_pos = EXCLUDED.membership_pos, event_id = EXCLUDED.event_id, sender = EXCLUDED.sender," \
+    "  forgotten = EXCLUDED.forgotten"                                                          \
+    "  WHERE r.membership_pos <= EXCLUDED.membership_pos;"
+
 const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
     {1, "sliding_sync_connections",
      /* docs/adr/0010-sliding-sync-connection-state.md */
@@ -410,14 +422,7 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      " forgotten boolean NOT NULL,"
      " PRIMARY KEY (user_id, room_id));"
      "CREATE FUNCTION sliding_sync_membership() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
-     " IF NOT EXISTS (SELECT 1 FROM users WHERE user_id = NEW.user_id) THEN RETURN NULL; END IF;"
-     " INSERT INTO sliding_sync_rooms AS r (user_id, room_id, membership, membership_pos, event_id, sender,"
-     "  forgotten)"
-     " VALUES (NEW.user_id, NEW.room_id, NEW.membership, NEW.stream_pos, NEW.event_id, NEW.sender, NEW.forgotten)"
-     " ON CONFLICT (user_id, room_id) DO UPDATE SET membership = EXCLUDED.membership,"
-     "  membership_pos = EXCLUDED.membership_pos, event_id = EXCLUDED.event_id, sender = EXCLUDED.sender,"
-     "  forgotten = EXCLUDED.forgotten"
-     "  WHERE r.membership_pos <= EXCLUDED.membership_pos;"
+     MEMBERSHIP_ROW_SQL
      " RETURN NULL; END $f$;"
      "CREATE TRIGGER sliding_sync_membership AFTER INSERT OR UPDATE OF forgotten ON memberships"
      " FOR EACH ROW EXECUTE FUNCTION sliding_sync_membership();"
@@ -425,11 +430,33 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
      " m.sender, m.forgotten"
      " FROM (SELECT DISTINCT ON (user_id, room_id) * FROM memberships ORDER BY user_id, room_id, stream_pos DESC) m"
      " JOIN users u ON u.user_id = m.user_id;"},
+    {5, "sliding_sync_recent_first",
+     /* The lists' short way (ssync_lists.c, RECENT_SQL): a user's newest rooms found by
+      * walking sliding_sync_bumps newest first, which needs the index on bump_stamp and
+      * a row there for every room a local user is joined to (a room joined over
+      * federation may have no event of a bump type stored: its row starts at the first
+      * local join, the bump such a joiner had anyway). Every run also reads all of the
+      * user's rows for the count, and one user's rows lie spread over the table in the
+      * order the memberships came: with the columns the lists read in the primary key,
+      * an index-only scan reads them from the key's pages (the table changes only with
+      * memberships, so a vacuum leaves its pages all-visible).
+      * docs/adr/0043-sliding-sync-lists-newest-first.md */
+     "CREATE INDEX sliding_sync_bumps_stamp ON sliding_sync_bumps (bump_stamp);"
+     "ALTER TABLE sliding_sync_rooms DROP CONSTRAINT sliding_sync_rooms_pkey,"
+     " ADD PRIMARY KEY (user_id, room_id) INCLUDE (membership, membership_pos, event_id, sender, forgotten);"
+     "CREATE OR REPLACE FUNCTION sliding_sync_membership() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
+     MEMBERSHIP_ROW_SQL
+     " IF NEW.membership = 'join' THEN INSERT INTO sliding_sync_bumps (room_id, bump_stamp)"
+     "  VALUES (NEW.room_id, NEW.stream_pos) ON CONFLICT (room_id) DO NOTHING; END IF;"
+     " RETURN NULL; END $f$;"
+     "INSERT INTO sliding_sync_bumps (room_id, bump_stamp) SELECT room_id, min(membership_pos)"
+     " FROM sliding_sync_rooms WHERE membership = 'join' GROUP BY room_id ON CONFLICT (room_id) DO NOTHING;"},
 };
 
 int ssync_init(core_runtime *rt)
 {
     ssync_conn_metrics(rt->metrics);
+    ssync_lists_metrics(rt->metrics);
     if (client_route(rt->http, "POST", SSYNC_PATH, ssync_post, 0) < 0) return -1;
     return http_unstable_feature_add(SSYNC_FEATURE);
 }

@@ -29,7 +29,7 @@
 /* The endpoint's route, metrics and /versions flag (called by the sync module's init),
  * and its tables (migrations of the sync module). */
 int ssync_init(core_runtime *rt);
-#define SSYNC_N_MIGRATIONS 4
+#define SSYNC_N_MIGRATIONS 5
 /* The event types that bump a room in activity order (Synapse's list), as SQL. */
 #define SSYNC_BUMP_TYPES_SQL                                                                   \
     "('m.room.create', 'm.room.message', 'm.room.encrypted', 'm.sticker', 'm.call.invite',"      \
@@ -142,6 +142,8 @@ int ssync_conn_save(PGconn *c, const ssync_conn_new *fresh, int64_t conn_key, in
 void ssync_pos_clear(ssync_pos *p);
 /* The metric, registered once at start-up. */
 void ssync_conn_metrics(rt_metrics *metrics);
+/* The counters of ssync_lists.c (list reads by way). Start-up. */
+void ssync_lists_metrics(rt_metrics *metrics);
 
 /* ---- the user's rooms (ssync_lists.c) --------------------------------------------- */
 

@@ -36,6 +36,17 @@
 #include "core/client/sync/ssync.h"
 
 
+/* Lists read the short way (RECENT_SQL), and those it sent on to the whole order. */
+static rt_metric *m_short, *m_short_missed;
+
+void ssync_lists_metrics(rt_metrics *metrics)
+{
+    m_short = rt_metric_counter(metrics, "atrium_sliding_sync_lists_total", "way=\"recent\"",
+                                "Sliding sync list reads: newest rooms first (RECENT_SQL)");
+    m_short_missed = rt_metric_counter(metrics, "atrium_sliding_sync_lists_total", "way=\"whole\"",
+                                       "Sliding sync list reads the short way sent on to the whole order");
+}
+
 /* The account data the lists read, with one query: the ignore list into
  * s->timeline.ignored, the rooms named in m.direct into *dms ({room_id: true}) and the
  * room tags into *tags ({room_id: {tag: {...}}}). */
@@ -115,7 +126,9 @@ static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
  * key (a scalar subquery: as a join, the generic plan hashes the whole table, every room
  * of the server), so the cost follows the user's rooms, not the server's; then the
  * first $7 of the order (all when NULL; a top-N sort) and the rooms of $8 (subscriptions,
- * the connection's map) that the lists hold, with the count of the whole order. No row is
+ * the connection's map) that the lists hold, with the count of the whole order ($8 empty,
+ * as on a new connection without subscriptions: a one-time test, not a pass over every
+ * row). No row is
  * used when one of the user's memberships moved after upto ($2): its state as of upto is
  * in the history (HISTORY_SQL); `late` says so. Every row carries the count and `late`;
  * one row of NULLs when no room is listed. */
@@ -129,7 +142,7 @@ static const char TOP_SQL[] =
     " top AS MATERIALIZED (SELECT a.* FROM a WHERE NOT (SELECT late FROM u) AND" LISTED_SQL("a", "membership_pos")
     "  ORDER BY a.bump DESC, a.room_id LIMIT $7::bigint),"
     " x AS (SELECT true AS ordered, top.* FROM top UNION ALL SELECT false, a.* FROM a"
-    "  WHERE a.room_id = ANY($8::text[]) AND NOT (SELECT late FROM u)"
+    "  WHERE cardinality($8::text[]) > 0 AND a.room_id = ANY($8::text[]) AND NOT (SELECT late FROM u)"
     "  AND" LISTED_SQL("a", "membership_pos") "AND a.room_id NOT IN (SELECT room_id FROM top))"
     " SELECT x.room_id, x.membership, x.event_id, x.sender, x.membership_pos, x.bump,"
     FILTERED_SQL("x") ", u.n, u.late, x.ordered"
@@ -147,6 +160,43 @@ static const char HISTORY_SQL[] =
     " FROM m LEFT JOIN sliding_sync_bumps b ON b.room_id = m.room_id"
     " WHERE" LISTED_SQL("m", "stream_pos")
     " ORDER BY bump DESC, m.room_id";
+/* The short way to TOP_SQL's rows when no list filters (so the lists want the first $7 of
+ * the order and the count): walk sliding_sync_bumps newest first (its index on
+ * bump_stamp) and keep the rooms the user is joined to, until $7 of them; the user's rooms
+ * of other memberships (ordered by their own position) and the count come from one
+ * index-only pass over the user's rows. Exact when the walk found min($7, joined) rooms
+ * none of which moved after upto ($2): every joined room has a row in sliding_sync_bumps
+ * (ssync.c, migration 5), so a joined room the walk did not reach is older than all it
+ * found. The walk stops after max(4 x $7, half the joined rooms) rows of the server's; `ok`
+ * false (the walk fell short, a room moved after upto, a membership moved after upto)
+ * sends the caller to TOP_SQL. The rows, columns and order of TOP_SQL, and `ok` last;
+ * $4 and $5 are false here (filters would need every row).
+ * docs/adr/0043-sliding-sync-lists-newest-first.md */
+static const char RECENT_SQL[] =
+    "WITH u AS MATERIALIZED (SELECT count(*) FILTER (WHERE" LISTED_SQL("mine", "membership_pos") ") AS n,"
+    "  count(*) FILTER (WHERE mine.membership = 'join' AND NOT mine.forgotten) AS nj,"
+    "  coalesce(bool_or(mine.membership_pos > $2::bigint), false) AS late FROM sliding_sync_rooms mine"
+    "  WHERE mine.user_id = $1),"
+    " j AS MATERIALIZED (SELECT s.room_id, s.membership, s.event_id, s.sender, s.membership_pos, s.forgotten,"
+    "  r.bump_stamp AS bump FROM (SELECT b.room_id, b.bump_stamp FROM sliding_sync_bumps b"
+    "   ORDER BY b.bump_stamp DESC LIMIT (SELECT greatest(4 * $7::bigint, u.nj / 2) FROM u)) r"
+    "  JOIN sliding_sync_rooms s ON s.user_id = $1 AND s.room_id = r.room_id"
+    "  WHERE s.membership = 'join' AND NOT s.forgotten ORDER BY r.bump_stamp DESC LIMIT $7::bigint),"
+    " ok AS (SELECT NOT u.late AND (SELECT count(*) FROM j) = least($7::bigint, u.nj)"
+    "  AND NOT EXISTS (SELECT 1 FROM j WHERE j.bump > $2::bigint) AS ok FROM u),"
+    " top AS MATERIALIZED (SELECT c.* FROM (SELECT * FROM j UNION ALL SELECT mine.room_id, mine.membership,"
+    "   mine.event_id, mine.sender, mine.membership_pos, mine.forgotten, mine.membership_pos FROM sliding_sync_rooms mine"
+    "   WHERE mine.user_id = $1 AND mine.membership <> 'join' AND" LISTED_SQL("mine", "membership_pos") ") c"
+    "  WHERE (SELECT ok FROM ok) ORDER BY c.bump DESC, c.room_id LIMIT $7::bigint),"
+    " x AS (SELECT true AS ordered, top.* FROM top UNION ALL SELECT false, m.room_id, m.membership, m.event_id,"
+    "  m.sender, m.membership_pos, m.forgotten," BUMP_SQL("m", "membership_pos", "m.room_bump")
+    "  FROM (SELECT mine.*, (SELECT b.bump_stamp FROM sliding_sync_bumps b WHERE b.room_id = mine.room_id)"
+    "   AS room_bump FROM sliding_sync_rooms mine WHERE mine.user_id = $1 AND (SELECT ok FROM ok) AND cardinality($8::text[]) > 0"
+    "   AND mine.room_id = ANY($8::text[]) OFFSET 0) m"
+    "  WHERE" LISTED_SQL("m", "membership_pos") "AND m.room_id NOT IN (SELECT room_id FROM top))"
+    " SELECT x.room_id, x.membership, x.event_id, x.sender, x.membership_pos, x.bump, $4::boolean AND false,"
+    " CASE WHEN $5::boolean THEN NULL END::text, u.n, u.late, x.ordered, ok.ok"
+    " FROM u CROSS JOIN ok LEFT JOIN x ON true ORDER BY x.ordered DESC, x.bump DESC, x.room_id";
 #undef LISTED_SQL
 #undef FILTERED_SQL
 #undef BUMP_SQL
@@ -226,7 +276,15 @@ int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const js
                         need_type ? "t" : "f", s->timeline.ignored, need >= 0 ? crooms_i64(s->r, need) : NULL,
                         rooms_pg_array(s->r->arena, named)};
     json_decref(named);
-    PGresult *res = p[7] ? rooms_q(s->c, TOP_SQL, 8, p, NULL) : NULL;
+    PGresult *res = NULL;
+    bool whole = need < 0;
+    if (p[7] && !whole) { /* a failure here is the run's, as for TOP_SQL: no second try */
+        res = rooms_q(s->c, RECENT_SQL, 8, p, NULL);
+        whole = res && (PQntuples(res) < 1 || PQgetvalue(res, 0, 11)[0] != 't');
+        rt_metric_add(whole ? m_short_missed : m_short, res ? 1 : 0);
+        if (whole) PQclear(res); /* the short way could not tell: the whole order */
+    }
+    if (whole && p[7]) res = rooms_q(s->c, TOP_SQL, 8, p, NULL);
     bool late = res && PQntuples(res) > 0 && PQgetvalue(res, 0, 9)[0] == 't';
     if (res && late) {
         PQclear(res);
