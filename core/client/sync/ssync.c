@@ -443,7 +443,8 @@ const atrium_migration SSYNC_MIGRATIONS[SSYNC_N_MIGRATIONS] = {
       * docs/adr/0043-sliding-sync-lists-newest-first.md */
      "CREATE INDEX sliding_sync_bumps_stamp ON sliding_sync_bumps (bump_stamp);"
      "ALTER TABLE sliding_sync_rooms DROP CONSTRAINT sliding_sync_rooms_pkey,"
-     " ADD PRIMARY KEY (user_id, room_id) INCLUDE (membership, membership_pos, event_id, sender, forgotten);"
+     " ADD PRIMARY KEY (user_id, room_id)"
+     "  INCLUDE (membership, membership_pos, event_id, sender, forgotten);"
      "CREATE OR REPLACE FUNCTION sliding_sync_membership() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN"
      MEMBERSHIP_ROW_SQL
      " IF NEW.membership = 'join' THEN INSERT INTO sliding_sync_bumps (room_id, bump_stamp)"

@@ -128,9 +128,8 @@ static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
  * first $7 of the order (all when NULL; a top-N sort) and the rooms of $8 (subscriptions,
  * the connection's map) that the lists hold, with the count of the whole order ($8 empty,
  * as on a new connection without subscriptions: a one-time test, not a pass over every
- * row). No row is
- * used when one of the user's memberships moved after upto ($2): its state as of upto is
- * in the history (HISTORY_SQL); `late` says so. Every row carries the count and `late`;
+ * row). No row is used when one of the user's memberships moved after upto ($2): its
+ * state as of upto is in the history (HISTORY_SQL); `late` says so. Every row carries the count and `late`;
  * one row of NULLs when no room is listed. */
 static const char TOP_SQL[] =
     "WITH a AS MATERIALIZED (SELECT s.room_id, s.membership, s.event_id, s.sender, s.membership_pos,"
@@ -173,9 +172,11 @@ static const char HISTORY_SQL[] =
  * $4 and $5 are false here (filters would need every row).
  * docs/adr/0043-sliding-sync-lists-newest-first.md */
 static const char RECENT_SQL[] =
-    "WITH u AS MATERIALIZED (SELECT count(*) FILTER (WHERE" LISTED_SQL("mine", "membership_pos") ") AS n,"
+    "WITH u AS MATERIALIZED (SELECT"
+    "  count(*) FILTER (WHERE" LISTED_SQL("mine", "membership_pos") ") AS n,"
     "  count(*) FILTER (WHERE mine.membership = 'join' AND NOT mine.forgotten) AS nj,"
-    "  coalesce(bool_or(mine.membership_pos > $2::bigint), false) AS late FROM sliding_sync_rooms mine"
+    "  coalesce(bool_or(mine.membership_pos > $2::bigint), false) AS late"
+    "  FROM sliding_sync_rooms mine"
     "  WHERE mine.user_id = $1),"
     " j AS MATERIALIZED (SELECT s.room_id, s.membership, s.event_id, s.sender, s.membership_pos, s.forgotten,"
     "  r.bump_stamp AS bump FROM (SELECT b.room_id, b.bump_stamp FROM sliding_sync_bumps b"
@@ -185,14 +186,15 @@ static const char RECENT_SQL[] =
     " ok AS (SELECT NOT u.late AND (SELECT count(*) FROM j) = least($7::bigint, u.nj)"
     "  AND NOT EXISTS (SELECT 1 FROM j WHERE j.bump > $2::bigint) AS ok FROM u),"
     " top AS MATERIALIZED (SELECT c.* FROM (SELECT * FROM j UNION ALL SELECT mine.room_id, mine.membership,"
-    "   mine.event_id, mine.sender, mine.membership_pos, mine.forgotten, mine.membership_pos FROM sliding_sync_rooms mine"
-    "   WHERE mine.user_id = $1 AND mine.membership <> 'join' AND" LISTED_SQL("mine", "membership_pos") ") c"
+    "   mine.event_id, mine.sender, mine.membership_pos, mine.forgotten, mine.membership_pos"
+    "   FROM sliding_sync_rooms mine WHERE mine.user_id = $1 AND mine.membership <> 'join'"
+    "   AND" LISTED_SQL("mine", "membership_pos") ") c"
     "  WHERE (SELECT ok FROM ok) ORDER BY c.bump DESC, c.room_id LIMIT $7::bigint),"
     " x AS (SELECT true AS ordered, top.* FROM top UNION ALL SELECT false, m.room_id, m.membership, m.event_id,"
     "  m.sender, m.membership_pos, m.forgotten," BUMP_SQL("m", "membership_pos", "m.room_bump")
     "  FROM (SELECT mine.*, (SELECT b.bump_stamp FROM sliding_sync_bumps b WHERE b.room_id = mine.room_id)"
-    "   AS room_bump FROM sliding_sync_rooms mine WHERE mine.user_id = $1 AND (SELECT ok FROM ok) AND cardinality($8::text[]) > 0"
-    "   AND mine.room_id = ANY($8::text[]) OFFSET 0) m"
+    "   AS room_bump FROM sliding_sync_rooms mine WHERE mine.user_id = $1 AND (SELECT ok FROM ok)"
+    "   AND cardinality($8::text[]) > 0 AND mine.room_id = ANY($8::text[]) OFFSET 0) m"
     "  WHERE" LISTED_SQL("m", "membership_pos") "AND m.room_id NOT IN (SELECT room_id FROM top))"
     " SELECT x.room_id, x.membership, x.event_id, x.sender, x.membership_pos, x.bump, $4::boolean AND false,"
     " CASE WHEN $5::boolean THEN NULL END::text, u.n, u.late, x.ordered, ok.ok"
