@@ -167,9 +167,10 @@ static const char HISTORY_SQL[] =
  * none of which moved after upto ($2): every joined room has a row in sliding_sync_bumps
  * (ssync.c, migration 5), so a joined room the walk did not reach is older than all it
  * found. The walk stops after max(4 x $7, half the joined rooms) rows of the server's; `ok`
- * false (the walk fell short, a room moved after upto, a membership moved after upto)
- * sends the caller to TOP_SQL. The rows, columns and order of TOP_SQL, and `ok` last;
- * $4 and $5 are false here (filters would need every row).
+ * false (the walk fell short, a room moved after upto) sends the caller to TOP_SQL; with
+ * `late` (a membership moved after upto) to HISTORY_SQL, as TOP_SQL would. The rows,
+ * columns and order of TOP_SQL, and `ok` last; $4 and $5 are false here (filters would
+ * need every row).
  * docs/adr/0043-sliding-sync-lists-newest-first.md */
 static const char RECENT_SQL[] =
     "WITH u AS MATERIALIZED (SELECT"
@@ -282,8 +283,10 @@ int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const js
     bool whole = need < 0;
     if (p[7] && !whole) { /* a failure here is the run's, as for TOP_SQL: no second try */
         res = rooms_q(s->c, RECENT_SQL, 8, p, NULL);
-        whole = res && (PQntuples(res) < 1 || PQgetvalue(res, 0, 11)[0] != 't');
-        rt_metric_add(whole ? m_short_missed : m_short, res ? 1 : 0);
+        bool told = res && PQntuples(res) > 0 && PQgetvalue(res, 0, 11)[0] == 't';
+        bool moved = res && PQntuples(res) > 0 && PQgetvalue(res, 0, 9)[0] == 't';
+        rt_metric_add(told ? m_short : m_short_missed, res ? 1 : 0);
+        whole = res && !told && !moved; /* a membership that moved: the history, below */
         if (whole) PQclear(res); /* the short way could not tell: the whole order */
     }
     if (whole && p[7]) res = rooms_q(s->c, TOP_SQL, 8, p, NULL);
