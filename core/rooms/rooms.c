@@ -296,9 +296,18 @@ PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
     if (unique_violation && state && strcmp(state, "23505") == 0) {
         *unique_violation = true;
-    } else {
-        rt_log(ATRIUM_LOG_ERROR, "core", "rooms query failed: %s", PQresultErrorMessage(res));
+        PQclear(res);
+        return NULL;
     }
+    return rooms_q_taken(res);
+}
+
+PGresult *rooms_q_taken(PGresult *res)
+{
+    ExecStatusType st = PQresultStatus(res);
+    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) return res;
+    rt_log(ATRIUM_LOG_ERROR, "core", "rooms query failed: %s",
+           res ? PQresultErrorMessage(res) : "the connection broke");
     PQclear(res);
     return NULL;
 }

@@ -87,6 +87,9 @@ int rooms_set_err(rooms_err *e, int code, const char *fmt, ...) __attribute__((f
  * *unique_violation (may be NULL) is set when it failed on a unique constraint. */
 PGresult *rooms_q(PGconn *c, const char *sql, int n, const char *const *params,
                   bool *unique_violation) RT_MUST_CHECK;
+/* rooms_q's second half for a statement sent with db_query_send: res (db_query_result's)
+ * when it holds tuples or a command's success, else NULL after logging (res cleared). */
+PGresult *rooms_q_taken(PGresult *res) RT_MUST_CHECK;
 /* A statement whose result is not needed: db_exec (core/store/db.h). */
 /* Milliseconds since the Unix epoch (origin_server_ts). */
 int64_t rooms_wall_ms(void);

@@ -631,6 +631,49 @@ int db_pool_connect(db_pool *p, int retry_s)
     return 0;
 }
 
+/* An idle connection that is still good, or NULL (stale ones found on the way are handed
+ * to the monitor). mu. */
+static db_conn *take_idle_locked(db_pool *p)
+{
+    for (int i = 0; i < p->size && p->idle > 0; i++) {
+        db_conn *c = &p->conns[i];
+        if (c->state != DB_CONN_IDLE) continue;
+        p->idle--;
+        if (!idle_conn_stale(c)) return c;
+        c->state = DB_CONN_BROKEN; /* the monitor re-establishes it */
+        pthread_cond_signal(&p->mon_cv);
+    }
+    return NULL;
+}
+
+/* dc borrowed by the calling thread. mu on entry, released. */
+static PGconn *lend_unlock(db_pool *p, db_conn *dc)
+{
+    dc->state = DB_CONN_BUSY;
+    dc->busy_since_ms = rt_now_ms();
+    dc->cut = false;
+    pthread_mutex_unlock(&p->mu);
+    rt_metric_add(p->m_in_use, 1);
+    return dc->conn;
+}
+
+PGconn *db_acquire_spare(db_pool *p)
+{
+    if (!p) return NULL;
+    pthread_mutex_lock(&p->mu);
+    bool may_grow = false;
+    for (int i = 0; i < p->size && !may_grow; i++) may_grow = p->conns[i].state == DB_CONN_CLOSED;
+    db_conn *dc = NULL;
+    if (!atomic_load(&p->down) && (p->idle >= 2 || (p->idle == 1 && may_grow))) dc = take_idle_locked(p);
+    if (p->idle == 0 && may_grow && !atomic_load(&p->down))
+        grow_for_locked(p, 1); /* none left idle: one more for whoever comes next */
+    if (!dc) {
+        pthread_mutex_unlock(&p->mu);
+        return NULL;
+    }
+    return lend_unlock(p, dc);
+}
+
 static PGconn *acquire(db_pool *p, int64_t timeout_ms, int64_t grace_ms)
 {
     if (!p) return NULL;
@@ -646,18 +689,7 @@ static PGconn *acquire(db_pool *p, int64_t timeout_ms, int64_t grace_ms)
             rt_metric_add(p->m_refused, 1);
             return NULL;
         }
-        for (int i = 0; i < p->size && p->idle > 0; i++) {
-            db_conn *c = &p->conns[i];
-            if (c->state != DB_CONN_IDLE) continue;
-            p->idle--;
-            if (!idle_conn_stale(c)) {
-                dc = c;
-                break;
-            }
-            c->state = DB_CONN_BROKEN; /* the monitor re-establishes it */
-            pthread_cond_signal(&p->mon_cv);
-        }
-        if (dc) break;
+        if ((dc = take_idle_locked(p))) break;
         /* None idle: past the grace the monitor opens one more when the pool may
          * grow (this thread never connects: it waits its timeout, no longer). */
         int64_t now = rt_now_ms();
@@ -677,12 +709,7 @@ static PGconn *acquire(db_pool *p, int64_t timeout_ms, int64_t grace_ms)
             return NULL;
         }
     }
-    dc->state = DB_CONN_BUSY;
-    dc->busy_since_ms = rt_now_ms();
-    dc->cut = false;
-    pthread_mutex_unlock(&p->mu);
-    rt_metric_add(p->m_in_use, 1);
-    return dc->conn;
+    return lend_unlock(p, dc);
 }
 
 PGconn *db_acquire(db_pool *p, int64_t timeout_ms)

@@ -72,6 +72,12 @@ PGconn *db_acquire(db_pool *p, int64_t timeout_ms) RT_MUST_CHECK;
  * together at start and the start's migrations share what is open instead of each
  * opening one more. */
 PGconn *db_acquire_background(db_pool *p, int64_t timeout_ms) RT_MUST_CHECK;
+/* A second connection for a caller that holds one and can do without another (sliding
+ * sync's parallel reads, docs/adr/0044-sliding-sync-reads-on-two-connections.md): an
+ * idle one, taken only while another stays idle or the pool may still open one (which it
+ * is then asked to, for the next checkout). Never waits and never counts as a checkout
+ * timeout; NULL when there is none to spare or the database is unavailable. */
+PGconn *db_acquire_spare(db_pool *p) RT_MUST_CHECK;
 void db_release(db_pool *p, PGconn *c);
 void db_pool_free(db_pool *p);
 /* The connection string for dedicated connections (LISTEN): the configured one with the
@@ -131,6 +137,23 @@ typedef struct {
  * runs unprepared, so an error reads exactly as PQexecParams's. For the core's queries, not
  * for DDL, LISTEN or one-off statements. The calling thread must hold c. */
 PGresult *db_query(PGconn *c, const char *sql, int n, const char *const *params);
+/* db_query in two halves, for a caller with work of its own to do while PostgreSQL runs
+ * the statement (docs/adr/0044-sliding-sync-reads-on-two-connections.md): send it (false:
+ * nothing was sent, c is free again), then, before any other use of c, take its result
+ * (what db_query would have returned; NULL only when c broke). A caller that gives up
+ * after sending still takes the result before giving c back. */
+bool db_query_send(PGconn *c, const char *sql, int n, const char *const *params) RT_MUST_CHECK;
+PGresult *db_query_result(PGconn *c);
+/* Several statements sent at once (libpq's pipeline mode): begin, db_query_send each,
+ * sync (sends them; false: c failed; called also when a send failed, for end waits for
+ * the sync point), then db_query_result for each in order, and end (what was not taken
+ * is dropped; c is back to one statement at a time, or broken for the pool to replace). Between sync and end, PostgreSQL runs them one after the other in one
+ * implicit transaction: a failed one makes the later ones fail (PGRES_PIPELINE_ABORTED)
+ * and undoes the earlier ones' changes, a session setting included. A statement a
+ * pipeline sends for the first time on c runs unprepared and is prepared at the end. */
+bool db_pipeline_begin(PGconn *c) RT_MUST_CHECK;
+bool db_pipeline_sync(PGconn *c) RT_MUST_CHECK;
+void db_pipeline_end(PGconn *c);
 /* Give c its cache of prepared statements, counted in stats (may be NULL; it must outlive
  * c). The pool calls it for each connection it opens; db_query attaches any other
  * connection the first time, without metrics. libpq's reset of c empties the cache and

@@ -24,6 +24,7 @@
  * transaction that rolls back after a statement was prepared in it leaves it prepared.
  */
 #include <libpq-events.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,11 +44,22 @@ typedef struct {
     char name[DB_PREPARED_NAME_BYTES];
 } prep_entry;
 
+/* Statements a pipeline sent unprepared (a statement cannot be prepared in one), prepared
+ * when it ends; more than this in one pipeline stay unprepared until a later one. */
+#define DB_PIPELINE_LATER 8
+
+typedef struct {
+    char *sql;
+    int n;
+} prep_later;
+
 typedef struct {
     const db_prepared_stats *stats; /* the pool's metrics, or NULL */
     int count;
     unsigned next_id;
     prep_entry slots[DB_PREPARED_SLOTS];
+    prep_later later[DB_PIPELINE_LATER];
+    int n_later;
 } prep_cache;
 
 static void cache_forget_all(prep_cache *pc)
@@ -80,6 +92,7 @@ static int event_proc(PGEventId id, void *info, void *pass_through)
         prep_cache *pc = PQinstanceData(c, event_proc);
         if (pc) {
             cache_forget_all(pc);
+            for (int i = 0; i < pc->n_later; i++) free(pc->later[i].sql);
             free(pc);
             PQsetInstanceData(c, event_proc, NULL);
         }
@@ -141,24 +154,103 @@ static bool cache_prepare(PGconn *c, prep_cache *pc, prep_entry *e, const char *
     return true;
 }
 
-PGresult *db_query(PGconn *c, const char *sql, int n, const char *const *params)
+/* The prepared statement of sql on c (prepared now if it is not yet), or NULL when sql
+ * runs unprepared (no cache, cache off or full, or the server refused to prepare it). */
+static const prep_entry *prepared(PGconn *c, const char *sql, int n)
 {
     prep_cache *pc = NULL;
     if (db_prepared_attach(c, NULL)) pc = PQinstanceData(c, event_proc);
-    if (!pc || (pc->stats && pc->stats->off))
-        return PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    if (!pc || (pc->stats && pc->stats->off)) return NULL;
     uint64_t h = rt_text_hash(sql);
     prep_entry *e = cache_slot(pc, sql, h);
-    if (!e->sql) {
-        if (pc->count >= DB_PREPARED_MAX) {
-            if (pc->stats) rt_metric_add(pc->stats->unprepared, 1);
-            return PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
-        }
-        if (!cache_prepare(c, pc, e, sql, h, n))
-            return PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    if (e->sql) return e;
+    if (pc->count >= DB_PREPARED_MAX) {
+        if (pc->stats) rt_metric_add(pc->stats->unprepared, 1);
+        return NULL;
     }
-    PGresult *res = PQexecPrepared(c, e->name, n, params, NULL, NULL, 0);
+    if (PQpipelineStatus(c) != PQ_PIPELINE_OFF) { /* prepared when the pipeline ends */
+        char *copy = pc->n_later < DB_PIPELINE_LATER ? strdup(sql) : NULL;
+        if (copy) pc->later[pc->n_later++] = (prep_later){copy, n};
+        return NULL;
+    }
+    return cache_prepare(c, pc, e, sql, h, n) ? e : NULL;
+}
+
+/* After a result of a prepared statement: a server that no longer knows c's statements
+ * makes c's cache forget them all. */
+static void check_forgotten(PGconn *c, const PGresult *res)
+{
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-    if (state && strcmp(state, DB_SQLSTATE_NO_STATEMENT) == 0) cache_forget_all(pc);
+    prep_cache *pc = PQinstanceData(c, event_proc);
+    if (pc && state && strcmp(state, DB_SQLSTATE_NO_STATEMENT) == 0) cache_forget_all(pc);
+}
+
+PGresult *db_query(PGconn *c, const char *sql, int n, const char *const *params)
+{
+    const prep_entry *e = prepared(c, sql, n);
+    if (!e) return PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    PGresult *res = PQexecPrepared(c, e->name, n, params, NULL, NULL, 0);
+    check_forgotten(c, res);
     return res;
+}
+
+bool db_query_send(PGconn *c, const char *sql, int n, const char *const *params)
+{
+    const prep_entry *e = prepared(c, sql, n);
+    return e ? PQsendQueryPrepared(c, e->name, n, params, NULL, NULL, 0) == 1
+             : PQsendQueryParams(c, sql, n, NULL, params, NULL, NULL, 0) == 1;
+}
+
+PGresult *db_query_result(PGconn *c)
+{
+    PGresult *last = NULL, *res;
+    while ((res = PQgetResult(c))) { /* one statement: its result, then NULL */
+        PQclear(last);
+        last = res;
+    }
+    if (last) check_forgotten(c, last);
+    return last;
+}
+
+bool db_pipeline_begin(PGconn *c)
+{
+    return PQenterPipelineMode(c) == 1;
+}
+
+bool db_pipeline_sync(PGconn *c)
+{
+    return PQpipelineSync(c) == 1;
+}
+
+void db_pipeline_end(PGconn *c)
+{
+    /* What was not taken yet, up to the sync point (each statement's results end with a
+     * NULL; two in a row: nothing more will come, the connection broke). */
+    for (int nulls = 0; nulls < 2;) {
+        PGresult *res = PQgetResult(c);
+        if (!res) {
+            nulls++;
+            continue;
+        }
+        nulls = 0;
+        bool sync = PQresultStatus(res) == PGRES_PIPELINE_SYNC;
+        PQclear(res);
+        if (sync) break;
+    }
+    if (PQexitPipelineMode(c) != 1) {
+        /* Left in pipeline mode, the connection would fail every later caller: make it
+         * broken instead, for the pool's monitor to replace (db.h). */
+        shutdown(PQsocket(c), SHUT_RDWR);
+        PQconsumeInput(c);
+    }
+    prep_cache *pc = PQinstanceData(c, event_proc);
+    for (int i = 0; pc && i < pc->n_later; i++) {
+        uint64_t h = rt_text_hash(pc->later[i].sql);
+        prep_entry *e = cache_slot(pc, pc->later[i].sql, h);
+        if (!e->sql && pc->count < DB_PREPARED_MAX && PQpipelineStatus(c) == PQ_PIPELINE_OFF &&
+            PQstatus(c) == CONNECTION_OK)
+            (void)cache_prepare(c, pc, e, pc->later[i].sql, h, pc->later[i].n);
+        free(pc->later[i].sql);
+    }
+    if (pc) pc->n_later = 0;
 }

@@ -669,15 +669,33 @@ class SlidingSyncTest(SharedServerTest):
         self.assertEqual(answer["pos"], pos)
 
 
+SECOND = "atrium_sliding_sync_second_connection_total"
+
+
+def window_facts(answer):
+    """What a first response says of each room, for comparing two servers' answers."""
+    facts = {}
+    for room_id, room in answer["rooms"].items():
+        facts[room_id] = {k: room.get(k) for k in (
+            "name", "heroes", "joined_count", "invited_count", "notification_count", "highlight_count",
+            "bump_stamp", "membership", "limited", "num_live", "initial")}
+        facts[room_id]["timeline"] = [e["event_id"] for e in room.get("timeline", [])]
+        facts[room_id]["required_state"] = sorted(
+            (e["type"], e["state_key"], e["event_id"]) for e in room.get("required_state", []))
+    return facts, {name: lst["count"] for name, lst in answer["lists"].items()}
+
+
 class SlidingSyncTwoProcessesTest(unittest.TestCase):
     """A connection served by two processes on one database: a pos from one is good on the
-    other, and a request parked on B wakes for a message sent through A."""
+    other, and a request parked on B wakes for a message sent through A. B has two database
+    connections, too few to spare one for a run's parallel reads; A has the default."""
 
     @classmethod
     def setUpClass(cls):
         cls.db = create_database()
         cls.a = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.31")
-        cls.b = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.32")
+        cls.b = Server(database=cls.db, settings={**REGISTRATION_ON, "database": {"pool_size": 2}},
+                       start=False, host="127.0.0.32")
         try:
             cls.a.start()
             cls.b.start()
@@ -713,6 +731,45 @@ class SlidingSyncTwoProcessesTest(unittest.TestCase):
         self.assertLess(bg.finished_at - written, 2.0)
         # B's pos is good on A.
         self.assertEqual(ss(on_a, body, pos=answer["pos"], timeout=0)["rooms"], {})
+
+    def test_reads_on_a_second_connection_answer_as_reads_on_one(self):
+        writer = Client(self.a, register(self.a, "two_w"))
+        account = register(self.a, "two_r")
+        on_a, on_b = Client(self.a, account), Client(self.b, account)
+        named = writer.create_room(name="Two connections", invite=[account.user_id])
+        unnamed = writer.create_room(invite=[account.user_id])
+        for room in (named, unnamed):
+            on_a.join(room)
+        for i in range(3):
+            writer.send(named, {"msgtype": "m.text", "body": f"plain {i}"})
+        writer.send(named, {"msgtype": "m.text", "body": "for you",
+                            "m.mentions": {"user_ids": [account.user_id]}})
+        writer.send(unnamed, {"msgtype": "m.text", "body": "one"})
+        body = one_list(timeline_limit=3, required_state=[
+            ["m.room.name", ""], ["m.room.avatar", ""], ["m.room.member", "$LAZY"]])
+
+        def first(client, srv, conn_id):
+            got = {w: srv.metric(SECOND, {"got": w}) or 0 for w in ("yes", "no")}
+            answer = ss(client, {"conn_id": conn_id, **body})
+            return answer, {w: (srv.metric(SECOND, {"got": w}) or 0) - got[w] for w in got}
+
+        # A's pool opens connections as they are wanted: the first runs may find none to
+        # spare (and ask for one), a later one reads on two.
+        tries = [first(on_a, self.a, f"two-a{i}") for i in range(5)]
+        on_two = [answer for answer, used in tries if used["yes"] == 1]
+        self.assertTrue(on_two, f"no run on A read on a second connection: {[u for _, u in tries]}")
+        on_one, used_b = first(on_b, self.b, "two-b")
+        self.assertEqual(used_b, {"yes": 0, "no": 1})  # two connections: none to spare
+        self.assertEqual(window_facts(on_two[-1]), window_facts(on_one))
+        # And they are right, not merely alike.
+        rooms = on_one["rooms"]
+        self.assertEqual(rooms[named]["name"], "Two connections")
+        self.assertEqual((rooms[named]["notification_count"], rooms[named]["highlight_count"]), (4, 1))
+        self.assertEqual((rooms[unnamed]["notification_count"], rooms[unnamed]["highlight_count"]), (1, 0))
+        self.assertEqual([h["user_id"] for h in rooms[unnamed]["heroes"]], [writer.user_id])
+        self.assertEqual(bodies(rooms[named]), ["plain 1", "plain 2", "for you"])
+        self.assertEqual({e["state_key"] for e in rooms[named]["required_state"] if e["type"] == "m.room.member"},
+                         {writer.user_id})
 
     def test_a_connection_survives_a_restart(self):
         account = register(self.a, "restart_r")

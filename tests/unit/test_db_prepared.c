@@ -7,7 +7,9 @@
  * usable; parameter types are inferred as PQexecParams infers them; the bound holds with
  * the cache full (later statements run unprepared and are counted); a reset connection
  * starts an empty cache; the pool's connections report to its metrics and
- * database.prepared_statements false prepares nothing.
+ * database.prepared_statements false prepares nothing. Pipelines (db_pipeline_*): results
+ * in order, statements prepared at the end, a failure undoing the pipeline's setting; and
+ * the pool's spare connection (db_acquire_spare) never taking the last idle one.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/store/db.h"
 
@@ -240,6 +243,141 @@ static void test_the_pools_connections_prepare_unless_turned_off(void **state)
     check_pool(false);
 }
 
+/* The current plan_cache_mode of c, asked unprepared. */
+static void plan_mode(PGconn *c, char *out, size_t len)
+{
+    PGresult *r = PQexec(c, "SHOW plan_cache_mode");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("%s", PQresultErrorMessage(r));
+    snprintf(out, len, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+}
+
+/* The next result of c's pipeline, which must have status want (cleared unless kept). */
+static PGresult *take(PGconn *c, ExecStatusType want, bool keep)
+{
+    PGresult *r = db_query_result(c);
+    if (PQresultStatus(r) != want)
+        fail_msg("%s instead of %s: %s", PQresStatus(PQresultStatus(r)), PQresStatus(want),
+                 PQresultErrorMessage(r));
+    if (keep) return r;
+    PQclear(r);
+    return NULL;
+}
+
+/* A new connection's plan_cache_mode into before, and a pipeline begun on it whose first
+ * statement sets generic plans. */
+static PGconn *pipeline_setting_generic_plans(char *before, size_t len)
+{
+    PGconn *c = connect_pg();
+    plan_mode(c, before, len);
+    assert_true(db_pipeline_begin(c));
+    assert_true(db_query_send(c, "SELECT set_config('plan_cache_mode', 'force_generic_plan', false)", 0, NULL));
+    return c;
+}
+
+/* After db_pipeline_end: one statement at a time again, with the mode of before. */
+static void assert_pipeline_left(PGconn *c, const char *before)
+{
+    char after[64];
+    assert_int_equal(PQpipelineStatus(c), PQ_PIPELINE_OFF);
+    assert_int_equal(PQtransactionStatus(c), PQTRANS_IDLE);
+    plan_mode(c, after, sizeof(after));
+    assert_string_equal(after, before);
+}
+
+/* A pipeline's statements answer in order, each its own result; statements it sent for
+ * the first time run unprepared and are prepared once it ends; a setting made and reset
+ * within it is as before, and the connection takes one statement at a time again. */
+static void test_a_pipeline_answers_in_order_and_prepares_at_its_end(void **state)
+{
+    (void)state;
+    NEED_PG();
+    char before[64];
+    PGconn *c = pipeline_setting_generic_plans(before, sizeof(before));
+    assert_true(db_query_send(c, "SELECT $1::int * 2", 1, (const char *const[]){"21"}));
+    assert_true(db_query_send(c, "SELECT current_setting('plan_cache_mode')", 0, NULL));
+    assert_true(db_query_send(c, "RESET plan_cache_mode", 0, NULL));
+    assert_true(db_pipeline_sync(c));
+    assert_int_equal(db_prepared_count(c), 0); /* nothing prepared within the pipeline */
+    take(c, PGRES_TUPLES_OK, false);
+    PGresult *r = take(c, PGRES_TUPLES_OK, true);
+    assert_string_equal(PQgetvalue(r, 0, 0), "42");
+    PQclear(r);
+    r = take(c, PGRES_TUPLES_OK, true);
+    assert_string_equal(PQgetvalue(r, 0, 0), "force_generic_plan");
+    PQclear(r);
+    take(c, PGRES_COMMAND_OK, false);
+    db_pipeline_end(c);
+    assert_pipeline_left(c, before);
+    assert_int_equal(server_prepared(c), 4);
+    /* Prepared now: the same statement runs prepared, one statement at a time. */
+    assert_int_equal(query_int(c, "SELECT $1::int * 2", "5"), 10);
+    assert_int_equal(server_prepared(c), 4);
+    PQfinish(c);
+}
+
+/* A failing statement fails the later ones of its pipeline and undoes the earlier ones'
+ * setting; what was not taken is dropped at the end, and the connection works on. */
+static void test_a_failure_in_a_pipeline_undoes_it_and_the_connection_works_on(void **state)
+{
+    (void)state;
+    NEED_PG();
+    char before[64];
+    PGconn *c = pipeline_setting_generic_plans(before, sizeof(before));
+    assert_true(db_query_send(c, "SELECT 1 / $1::int", 1, (const char *const[]){"0"}));
+    assert_true(db_query_send(c, "SELECT 7", 0, NULL));
+    assert_true(db_query_send(c, "SELECT 8", 0, NULL));
+    assert_true(db_pipeline_sync(c));
+    take(c, PGRES_TUPLES_OK, false);
+    PGresult *r = take(c, PGRES_FATAL_ERROR, true);
+    assert_string_equal(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22012"); /* division_by_zero */
+    PQclear(r);
+    take(c, PGRES_PIPELINE_ABORTED, false);
+    db_pipeline_end(c); /* "SELECT 8" never taken */
+    assert_pipeline_left(c, before);
+    assert_int_equal(query_int(c, "SELECT $1::int + 1", "8"), 9);
+    PQfinish(c);
+}
+
+/* A spare connection is lent only while another stays idle or the pool may open one
+ * more (which it is then asked to); with the pool at its bound and one idle, none is
+ * spared and an ordinary checkout still gets that one. */
+static void test_a_spare_connection_never_takes_the_last_one(void **state)
+{
+    (void)state;
+    NEED_PG();
+    rt_metrics *m = rt_metrics_new();
+    snprintf(conninfo, sizeof(conninfo), "%s dbname=postgres", pg_conninfo());
+    db_pool *p = db_pool_new(conninfo, 3, 2000, m);
+    assert_non_null(p);
+    assert_int_equal(db_pool_connect(p, 5), 0);
+    PGconn *held = db_acquire(p, 2000); /* the one opened at start */
+    assert_non_null(held);
+    /* None idle: no spare, but the pool is asked for one more. */
+    assert_null(db_acquire_spare(p));
+    PGconn *spare = NULL;
+    for (int waited = 0; !spare && waited < 5000; waited += 10) {
+        spare = db_acquire_spare(p); /* one idle and a slot left to open: lent */
+        if (!spare) usleep(10000);
+    }
+    assert_non_null(spare);
+    db_release(p, spare);
+    /* Wait for the third (asked for when the spare left none idle). */
+    rt_metric *open = rt_metric_gauge(m, "atrium_db_connections", NULL, "t");
+    for (int waited = 0; rt_metric_value(open) < 3 && waited < 5000; waited += 10) usleep(10000);
+    assert_int_equal(rt_metric_value(open), 3);
+    spare = db_acquire_spare(p); /* two idle: one lent */
+    assert_non_null(spare);
+    assert_null(db_acquire_spare(p)); /* one idle, no slot left: kept for others */
+    PGconn *last = db_acquire(p, 0);
+    assert_non_null(last);
+    db_release(p, last);
+    db_release(p, spare);
+    db_release(p, held);
+    db_pool_free(p);
+    rt_metrics_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -249,6 +387,9 @@ int main(void)
         cmocka_unit_test(test_parameter_types_are_inferred_as_unprepared),
         cmocka_unit_test(test_a_full_cache_holds_its_bound_and_runs_the_rest_unprepared),
         cmocka_unit_test(test_the_pools_connections_prepare_unless_turned_off),
+        cmocka_unit_test(test_a_pipeline_answers_in_order_and_prepares_at_its_end),
+        cmocka_unit_test(test_a_failure_in_a_pipeline_undoes_it_and_the_connection_works_on),
+        cmocka_unit_test(test_a_spare_connection_never_takes_the_last_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

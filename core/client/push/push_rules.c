@@ -308,20 +308,19 @@ static json_t *compose_ruleset(const char *user, rows user_rules, rows settings)
     return global;
 }
 
-/* The user's global rule set read with c. *db_ok false when the stored part could not be
- * read (the defaults are still there). NULL only on OOM. One statement (every woken sync
- * with unread events runs it): the user's rules first (columns 0-5, kind never NULL),
- * then the settings of default rules (columns 6-8). */
-static json_t *load_ruleset(const char *user, PGconn *c, bool *db_ok)
+/* The user's stored rules and settings, in one statement (every woken sync with unread
+ * events runs it): the user's rules first (columns 0-5, kind never NULL), then the
+ * settings of default rules (columns 6-8). $1: the user. */
+static const char RULESET_SQL[] = "SELECT kind, rule_id, conditions, pattern, actions, enabled,"
+                                  " NULL, NULL::boolean, NULL, position FROM push_rules WHERE user_id = $1"
+                                  " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, rule_id,"
+                                  " enabled, actions, NULL FROM push_rule_defaults WHERE user_id = $1"
+                                  " ORDER BY 1 NULLS LAST, 10, 2";
+
+/* The user's global rule set from RULESET_SQL's result res (NULL: it could not be read;
+ * consumed): *db_ok false then, the defaults still there. NULL only on OOM. */
+static json_t *ruleset_of(const char *user, PGresult *res, bool *db_ok)
 {
-    const char *p[1] = {user};
-    PGresult *res = c ? acc_q(c, "SELECT kind, rule_id, conditions, pattern, actions, enabled,"
-                                 " NULL, NULL::boolean, NULL, position"
-                                 " FROM push_rules WHERE user_id = $1"
-                                 " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, rule_id,"
-                                 " enabled, actions, NULL FROM push_rule_defaults WHERE user_id = $1"
-                                 " ORDER BY 1 NULLS LAST, 10, 2", 1, p)
-                      : NULL;
     *db_ok = res != NULL;
     int n = res ? PQntuples(res) : 0, split = 0;
     while (split < n && !PQgetisnull(res, split, 0)) split++;
@@ -330,19 +329,29 @@ static json_t *load_ruleset(const char *user, PGconn *c, bool *db_ok)
     return global;
 }
 
-json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok)
+bool push_rules_send(PGconn *c, const char *user)
 {
-    json_t *global = load_ruleset(r->user, c, db_ok);
+    return db_query_send(c, RULESET_SQL, 1, (const char *const[]){user});
+}
+
+json_t *push_rules_take(atrium_req *r, PGresult *res, bool *db_ok)
+{
+    json_t *global = ruleset_of(r->user, res, db_ok);
     if (!*db_ok)
         rt_log(ATRIUM_LOG_WARN, "core", "push rules of %s evaluated without stored changes "
                "(database unavailable)", r->user);
     return global;
 }
 
+json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok)
+{
+    return push_rules_take(r, c ? acc_q(c, RULESET_SQL, 1, (const char *const[]){r->user}) : NULL, db_ok);
+}
+
 /* ---- many users' rule sets at once (the push sender) ------------------------------- */
 
 struct push_rules_batch {
-    PGresult *rules, *settings; /* ordered by user_id, then as load_ruleset's */
+    PGresult *rules, *settings; /* ordered by user_id, then as RULESET_SQL's */
     json_t *index;              /* user_id -> [rules first, end, settings first, end] */
 };
 
@@ -436,7 +445,7 @@ static json_t *ruleset_for_read(atrium_req *r)
 {
     PGconn *c = db_acquire(db_global(), DB_WAIT_CONFIGURED);
     bool db_ok = false;
-    json_t *global = load_ruleset(r->user, c, &db_ok);
+    json_t *global = ruleset_of(r->user, c ? acc_q(c, RULESET_SQL, 1, (const char *const[]){r->user}) : NULL, &db_ok);
     if (c) http_db_checkin(c);
     if (!db_ok)
         rt_log(ATRIUM_LOG_WARN, "core", "push rules of %s served without stored changes "
@@ -627,7 +636,7 @@ static bool conditions_ok(atrium_req *r, json_t *conditions)
 static bool mirror_to_account_data(atrium_req *r, PGconn *c)
 {
     bool db_ok;
-    json_t *global = load_ruleset(r->user, c, &db_ok);
+    json_t *global = ruleset_of(r->user, acc_q(c, RULESET_SQL, 1, (const char *const[]){r->user}), &db_ok);
     json_t *content = global ? json_pack("{s:o}", "global", global) : NULL;
     char *text = content ? json_dumps(content, JSON_COMPACT) : NULL;
     json_decref(content);

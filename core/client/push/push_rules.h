@@ -18,6 +18,12 @@
  * caller). When the stored part cannot be read, *db_ok is false, the failure is logged and
  * the defaults come back. A new reference; NULL only on out of memory. */
 json_t *push_rules_for(atrium_req *r, PGconn *c, bool *db_ok);
+/* push_rules_for in two halves, for a caller running the statement beside its own work
+ * (db_query_send, core/store/db.h): send it on c (false: nothing sent); then give its
+ * result to push_rules_take (tuples, or NULL when it failed, logged by the caller;
+ * consumed). */
+bool push_rules_send(PGconn *c, const char *user) RT_MUST_CHECK;
+json_t *push_rules_take(atrium_req *r, PGresult *res, bool *db_ok);
 
 /* The stored rules and changes of many users read in two statements, not two per user:
  * the push sender's members of a room (push_send.c). Users in column 0 of who. NULL when

@@ -140,7 +140,8 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
     size_t n = json_array_size(ids);
     ssync_facts *facts = calloc(n ? n : 1, sizeof(*facts));
     ssync_plan *plans = calloc(n ? n : 1, sizeof(*plans));
-    int rc = facts && plans ? ssync_facts_load(s, ids, facts) : ROOMS_E_DB;
+    ssync_facts_read fr = {0};
+    int rc = facts && plans ? ssync_facts_start(s, ids, facts, &fr) : ROOMS_E_DB;
     for (size_t i = 0; rc >= 0 && i < n; i++) {
         room_id = json_string_value(json_array_get(ids, i));
         pick = json_object_get(picked, room_id);
@@ -148,6 +149,8 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
                         json_object_get(prev->rooms, room_id), prev->stream_pos, &plans[i]);
     }
     if (rc >= 0) rc = ssync_reads_load(s, plans, n);
+    int frc = ssync_facts_finish(s, ids, facts, &fr, rc >= 0);
+    if (rc >= 0) rc = frc;
     for (size_t i = 0; rc >= 0 && i < n; i++) {
         room_id = json_string_value(json_array_get(ids, i));
         pick = json_object_get(picked, room_id);
@@ -458,6 +461,7 @@ int ssync_init(core_runtime *rt)
 {
     ssync_conn_metrics(rt->metrics);
     ssync_lists_metrics(rt->metrics);
+    ssync_facts_metrics(rt->metrics);
     if (client_route(rt->http, "POST", SSYNC_PATH, ssync_post, 0) < 0) return -1;
     return http_unstable_feature_add(SSYNC_FEATURE);
 }

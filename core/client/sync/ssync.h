@@ -198,10 +198,24 @@ typedef struct ssync_facts {
     json_int_t notification_count, highlight_count;
 } ssync_facts;
 
-/* The facts of each room of the array ids (strings) into out[i], with four queries.
- * ROOMS_OK or ROOMS_E_DB; ssync_facts_free(out, n) either way. */
-int ssync_facts_load(sync_ctx *s, const json_t *ids, ssync_facts *out);
+/* A read of facts under way: the second connection it borrowed, if any. */
+typedef struct ssync_facts_read {
+    PGconn *c2; /* NULL: none, everything is read on s->c */
+} ssync_facts_read;
+
+/* The facts of each room of the array ids (strings) into out[i], in two calls around the
+ * reads of the window's timelines and required_state (ssync_reads.c), which need the
+ * first call's visibility: start reads it (on s->c) and, on a second connection taken
+ * from the pool without waiting (none idle: none), starts the unread events' statement;
+ * finish (after the reads, `ok` false when they failed: it only gives the connection
+ * back) reads the rest, on the second connection while s->c judges the unread events.
+ * docs/adr/0044-sliding-sync-reads-on-two-connections.md. ROOMS_OK or ROOMS_E_DB;
+ * finish called whenever start was, ssync_facts_free(out, n) either way. */
+int ssync_facts_start(sync_ctx *s, const json_t *ids, ssync_facts *out, ssync_facts_read *fr);
+int ssync_facts_finish(sync_ctx *s, const json_t *ids, ssync_facts *out, ssync_facts_read *fr, bool ok);
 void ssync_facts_free(ssync_facts *f, size_t n);
+/* The counters of runs that read on a second connection or found none. Start-up. */
+void ssync_facts_metrics(rt_metrics *metrics);
 
 /* ---- one room (ssync_room.c) and the window's reads (ssync_reads.c) --------------- */
 

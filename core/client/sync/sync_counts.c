@@ -209,17 +209,25 @@ static int judge_unread(sync_ctx *s, const json_t *ids, const unread_rows *u, js
     return ROOMS_OK;
 }
 
-/* unread_notifications: of the events from others after the user's newest read receipt or
- * own event (at most SYNC_MAX_UNREAD_COUNT, newest first, redacted ones left out), those
- * the user's push rules make notify, and those that also highlight. One query for all the
- * rooms of ids (and one for the rules, once per response, when there is something to
- * judge). */
-int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2])
+/* UNREAD_SQL's parameters for the rooms of ids, in s's arena (p[0] NULL: out of memory). */
+static void unread_params(sync_ctx *s, const json_t *ids, const char *p[4])
+{
+    p[0] = rooms_pg_array(s->r->arena, ids);
+    p[1] = s->user;
+    p[2] = crooms_i64(s->r, s->upto);
+    p[3] = crooms_i64(s->r, SYNC_MAX_UNREAD_COUNT);
+}
+
+bool sync_rooms_unread_send(sync_ctx *s, PGconn *c, const json_t *ids)
+{
+    const char *p[4];
+    unread_params(s, ids, p);
+    return p[0] && db_query_send(c, UNREAD_SQL, 4, p);
+}
+
+int sync_rooms_unread_take(sync_ctx *s, const json_t *ids, PGresult *res, json_int_t (*counts)[2])
 {
     memset(counts, 0, json_array_size(ids) * sizeof(*counts));
-    const char *p[4] = {rooms_pg_array(s->r->arena, ids), s->user, crooms_i64(s->r, s->upto),
-                        crooms_i64(s->r, SYNC_MAX_UNREAD_COUNT)};
-    PGresult *res = p[0] ? rooms_q(s->c, UNREAD_SQL, 4, p, NULL) : NULL;
     if (!res) return ROOMS_E_DB;
     unread_rows u = {res, 0, 0};
     while (u.first < PQntuples(res) && PQgetvalue(res, u.first, 0)[0] == 'c') u.first++;
@@ -227,6 +235,18 @@ int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2])
     int rc = u.n > 0 ? judge_unread(s, ids, &u, counts) : ROOMS_OK;
     PQclear(res);
     return rc;
+}
+
+/* unread_notifications: of the events from others after the user's newest read receipt or
+ * own event (at most SYNC_MAX_UNREAD_COUNT, newest first, redacted ones left out), those
+ * the user's push rules make notify, and those that also highlight. One query for all the
+ * rooms of ids (and one for the rules, once per response, when there is something to
+ * judge). */
+int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2])
+{
+    const char *p[4];
+    unread_params(s, ids, p);
+    return sync_rooms_unread_take(s, ids, p[0] ? rooms_q(s->c, UNREAD_SQL, 4, p, NULL) : NULL, counts);
 }
 
 int sync_room_unread(sync_ctx *s, const char *room_id, json_t *room)

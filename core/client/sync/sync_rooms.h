@@ -67,6 +67,11 @@ int sync_room_unread(sync_ctx *s, const char *room_id, json_t *room);
 /* The same counts for each room of the array ids (strings), with two queries whatever
  * their number: counts[i] = {notification_count, highlight_count} of ids[i]. */
 int sync_rooms_unread(sync_ctx *s, const json_t *ids, json_int_t (*counts)[2]);
+/* sync_rooms_unread in two halves, its statement run on another connection c than s->c
+ * (ssync_facts.c): send it (false: nothing sent), then take its result (db_query_result
+ * of c; NULL when c failed) into counts. Consumes res. */
+bool sync_rooms_unread_send(sync_ctx *s, PGconn *c, const json_t *ids) RT_MUST_CHECK;
+int sync_rooms_unread_take(sync_ctx *s, const json_t *ids, PGresult *res, json_int_t (*counts)[2]);
 /* summary {m.heroes, m.joined_member_count, m.invited_member_count} into room
  * (sync_counts.c). */
 int sync_room_summary(sync_ctx *s, const char *room_id, json_t *room);
