@@ -276,7 +276,9 @@ const struct cfg_setting CORE_SETTINGS[] = {
      .help = "A libpq connection string, like \"dbname=atrium\"."},
     INT_ROW("database.pool_size", database.pool_size, 8, 1, 512, NULL,
             "The most PostgreSQL connections the pool opens, shared by the core and the "
-            "plugins: one at start, more as concurrent requests need them."),
+            "plugins: one at start, more as concurrent requests need them (a sliding-sync "
+            "run also borrows a spare one for its parallel reads while another stays idle: "
+            "docs/adr/0044-sliding-sync-reads-on-two-connections.md)."),
     INT_ROW("database.checkout_timeout_ms", database.checkout_timeout_ms, 2000, 1, 600000,
             "ms", "How long a client request waits for a free database connection before it "
                   "is answered 503."),

@@ -147,10 +147,11 @@ PGresult *db_query_result(PGconn *c);
 /* Several statements sent at once (libpq's pipeline mode): begin, db_query_send each,
  * sync (sends them; false: c failed; called also when a send failed, for end waits for
  * the sync point), then db_query_result for each in order, and end (what was not taken
- * is dropped; c is back to one statement at a time, or broken for the pool to replace). Between sync and end, PostgreSQL runs them one after the other in one
- * implicit transaction: a failed one makes the later ones fail (PGRES_PIPELINE_ABORTED)
- * and undoes the earlier ones' changes, a session setting included. A statement a
- * pipeline sends for the first time on c runs unprepared and is prepared at the end. */
+ * is dropped; c is back to one statement at a time, or broken for the pool to replace).
+ * Between sync and end, PostgreSQL runs them one after the other in one implicit
+ * transaction: a failed one makes the later ones fail (PGRES_PIPELINE_ABORTED) and undoes
+ * the earlier ones' changes, a session setting included. A statement a pipeline sends
+ * for the first time on c runs unprepared and is prepared at the end. */
 bool db_pipeline_begin(PGconn *c) RT_MUST_CHECK;
 bool db_pipeline_sync(PGconn *c) RT_MUST_CHECK;
 void db_pipeline_end(PGconn *c);

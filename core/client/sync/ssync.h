@@ -205,10 +205,11 @@ typedef struct ssync_facts_read {
 
 /* The facts of each room of the array ids (strings) into out[i], in two calls around the
  * reads of the window's timelines and required_state (ssync_reads.c), which need the
- * first call's visibility: start reads it (on s->c) and, on a second connection taken
- * from the pool without waiting (none idle: none), starts the unread events' statement;
- * finish (after the reads, `ok` false when they failed: it only gives the connection
- * back) reads the rest, on the second connection while s->c judges the unread events.
+ * first call's visibility: start reads it on s->c, after sending the push rules, the
+ * unread events and the names as one pipeline on a second connection the pool can spare
+ * (db_acquire_spare; none: none); finish (after the reads; `ok` false when they failed:
+ * it only gives the connection back) takes those results and judges the unread events,
+ * or without a second connection reads them on s->c.
  * docs/adr/0044-sliding-sync-reads-on-two-connections.md. ROOMS_OK or ROOMS_E_DB;
  * finish called whenever start was, ssync_facts_free(out, n) either way. */
 int ssync_facts_start(sync_ctx *s, const json_t *ids, ssync_facts *out, ssync_facts_read *fr);

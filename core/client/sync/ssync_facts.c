@@ -142,7 +142,7 @@ static int unread_take(sync_ctx *s, const json_t *ids, bool serial, PGresult *re
     return rc;
 }
 
-/* Runs that read on a second connection, and those that found none idle. */
+/* Runs that read on a second connection, and those that found none to spare. */
 static rt_metric *m_second, *m_second_missed;
 
 void ssync_facts_metrics(rt_metrics *metrics)
@@ -150,7 +150,7 @@ void ssync_facts_metrics(rt_metrics *metrics)
     m_second = rt_metric_counter(metrics, "atrium_sliding_sync_second_connection_total", "got=\"yes\"",
                                  "Sliding sync runs that read unread counts and names on a second connection");
     m_second_missed = rt_metric_counter(metrics, "atrium_sliding_sync_second_connection_total", "got=\"no\"",
-                                        "Sliding sync runs that found no second connection idle (read on one)");
+                                        "Sliding sync runs that found no connection to spare (read on one)");
 }
 
 /* Give back the second connection, out of pipeline mode. */
@@ -169,8 +169,8 @@ static void second_release(ssync_facts_read *fr)
 static const char GENERIC_SQL[] = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false)";
 static const char OWN_MODE_SQL[] = "RESET plan_cache_mode";
 
-/* A second connection for the run, running the pipeline; none when the pool has none idle
- * (never waited for: the run then reads on s->c alone) or it failed to send. */
+/* A second connection for the run, running the pipeline; none when the pool has none to
+ * spare (never waited for: the run then reads on s->c alone) or it failed to send. */
 static void second_start(sync_ctx *s, const json_t *ids, ssync_facts_read *fr)
 {
     fr->c2 = db_acquire_spare(db_global());
