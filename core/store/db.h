@@ -152,6 +152,7 @@ PGresult *db_query_result(PGconn *c);
  * transaction: a failed one makes the later ones fail (PGRES_PIPELINE_ABORTED) and undoes
  * the earlier ones' changes, a session setting included. A statement a pipeline sends
  * for the first time on c runs unprepared and is prepared at the end. */
+#define DB_PIPELINE_LATER 8 /* new statements a pipeline prepares at its end; more wait for a later one */
 bool db_pipeline_begin(PGconn *c) RT_MUST_CHECK;
 bool db_pipeline_sync(PGconn *c) RT_MUST_CHECK;
 void db_pipeline_end(PGconn *c);

@@ -45,9 +45,7 @@ typedef struct {
 } prep_entry;
 
 /* Statements a pipeline sent unprepared (a statement cannot be prepared in one), prepared
- * when it ends; more than this in one pipeline stay unprepared until a later one. */
-#define DB_PIPELINE_LATER 8
-
+ * when it ends: at most DB_PIPELINE_LATER (db.h). */
 typedef struct {
     char *sql;
     int n;

@@ -8,8 +8,9 @@
  * the cache full (later statements run unprepared and are counted); a reset connection
  * starts an empty cache; the pool's connections report to its metrics and
  * database.prepared_statements false prepares nothing. Pipelines (db_pipeline_*): results
- * in order, statements prepared at the end, a failure undoing the pipeline's setting; and
- * the pool's spare connection (db_acquire_spare) never taking the last idle one.
+ * in order, statements prepared at the end (at most DB_PIPELINE_LATER new ones), a failure
+ * undoing the pipeline's setting; and the pool's spare connection (db_acquire_spare)
+ * never taking the last idle one.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -339,6 +340,31 @@ static void test_a_failure_in_a_pipeline_undoes_it_and_the_connection_works_on(v
     PQfinish(c);
 }
 
+/* Past DB_PIPELINE_LATER new statements in one pipeline, the rest run unprepared and are
+ * prepared by a later pipeline that sends them again; every result is still right. */
+static void test_a_pipeline_prepares_at_most_its_bound_of_new_statements(void **state)
+{
+    (void)state;
+    NEED_PG();
+    PGconn *c = connect_pg();
+    enum { N = DB_PIPELINE_LATER + 3 };
+    char sql[N][64];
+    for (int i = 0; i < N; i++) snprintf(sql[i], sizeof(sql[i]), "SELECT %d + $1::int", i);
+    for (int round = 0; round < 2; round++) {
+        assert_true(db_pipeline_begin(c));
+        for (int i = 0; i < N; i++) assert_true(db_query_send(c, sql[i], 1, (const char *const[]){"100"}));
+        assert_true(db_pipeline_sync(c));
+        for (int i = 0; i < N; i++) {
+            PGresult *r = take(c, PGRES_TUPLES_OK, true);
+            assert_int_equal(atoi(PQgetvalue(r, 0, 0)), 100 + i);
+            PQclear(r);
+        }
+        db_pipeline_end(c);
+        assert_int_equal(server_prepared(c), round == 0 ? DB_PIPELINE_LATER : N);
+    }
+    PQfinish(c);
+}
+
 /* A spare connection is lent only while another stays idle or the pool may open one
  * more (which it is then asked to); with the pool at its bound and one idle, none is
  * spared and an ordinary checkout still gets that one. */
@@ -389,6 +415,7 @@ int main(void)
         cmocka_unit_test(test_the_pools_connections_prepare_unless_turned_off),
         cmocka_unit_test(test_a_pipeline_answers_in_order_and_prepares_at_its_end),
         cmocka_unit_test(test_a_failure_in_a_pipeline_undoes_it_and_the_connection_works_on),
+        cmocka_unit_test(test_a_pipeline_prepares_at_most_its_bound_of_new_statements),
         cmocka_unit_test(test_a_spare_connection_never_takes_the_last_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
