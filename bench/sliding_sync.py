@@ -15,7 +15,12 @@ Figures, p50 and max (after WARMUP first responses of each server, not counted):
     the send's answer to the sync's answer (BENCH_ROUNDS rounds). Atrium's request is known
     parked from its atrium_http_parked metric; Synapse's is given WAKE_SETTLE_S first.
 The figures of the previous version of the code come from the same run with
-BENCH_BASELINE_BIN (its executable, on a database of its own).
+BENCH_BASELINE_BIN (its executable, on a database of its own). Atrium keeps joined rooms'
+first results and sends them again while nothing of theirs changed (sliding_sync.cache_mb,
+docs/adr/0045-sliding-sync-keeps-first-results.md), so its first responses after the
+warm-up are the kept ones; "Atrium, nothing kept" is the same executable with
+sliding_sync.cache_mb: 0 (every room read, as after a change in each), measured beside it
+unless BENCH_UNKEPT=0.
 Synapse comes from shared/peers/synapse/ beside the repository (peer.sh; SQLite on tmpfs
 where there is one, as Atrium's PostgreSQL runs without fsync; its rate limits lifted for
 the bench's users, which are admins); BENCH_SYNAPSE=0 or no peer measures Atrium alone and
@@ -28,6 +33,7 @@ machine's load falls on all of them alike.
     bench/sliding_sync.py      (ATRIUM_BIN etc. as for the integration tests;
                                 BENCH_ROOMS, BENCH_FIRST, BENCH_ROUNDS, BENCH_SYNAPSE,
                                 BENCH_ATRIUM=0 for Synapse alone;
+                                BENCH_UNKEPT=0 without "Atrium, nothing kept";
                                 BENCH_BASELINE_BIN: another atrium executable, e.g. of
                                 the previous commit, measured as "Atrium baseline";
                                 BENCH_SYNAPSE_DIR: where a filled Synapse is kept for
@@ -58,6 +64,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
 WITH_SYNAPSE = os.environ.get("BENCH_SYNAPSE", "1") != "0"
 WITH_ATRIUM = os.environ.get("BENCH_ATRIUM", "1") != "0"  # 0: Synapse alone (to fill a kept one)
 BASELINE_BIN = os.environ.get("BENCH_BASELINE_BIN")  # another atrium measured beside
+WITH_UNKEPT = os.environ.get("BENCH_UNKEPT", "1") != "0"  # also Atrium keeping no first results
 SYNAPSE_DIR = os.environ.get("BENCH_SYNAPSE_DIR")  # a filled Synapse kept across runs
 ATRIUM_DIR = os.environ.get("BENCH_ATRIUM_DIR")    # a filled Atrium database kept across runs
 MEMBERS = 10           # per room, the user included
@@ -357,13 +364,13 @@ def keep_atrium(srv, people, rooms):
     print(f"== Atrium: database kept as {kept} (state in {ATRIUM_DIR}); run again to measure", flush=True)
 
 
-def start_atrium(binary, template=None):
+def start_atrium(binary, template=None, settings=None):
     """An Atrium on a database of its own (binary: another executable than ATRIUM_BIN's;
-    template: a kept database it starts on a copy of)."""
+    template: a kept database it starts on a copy of; settings: more of its config)."""
     from accounts import REGISTRATION_ON
     from harness import Server, create_database
-    srv = Server(database=create_database("atrium_bench", template=template), settings=REGISTRATION_ON,
-                 start=False)
+    srv = Server(database=create_database("atrium_bench", template=template),
+                 settings={**REGISTRATION_ON, **(settings or {})}, start=False)
     saved = os.environ.get("ATRIUM_BIN")
     if binary:
         os.environ["ATRIUM_BIN"] = binary
@@ -388,6 +395,8 @@ def main():
             template = kept["database"] if kept else None
             if WITH_ATRIUM:
                 servers["Atrium"] = start_atrium(None, template)
+            if WITH_ATRIUM and WITH_UNKEPT and (kept or not ATRIUM_DIR):
+                servers["Atrium, nothing kept"] = start_atrium(None, template, {"sliding_sync": {"cache_mb": 0}})
             if BASELINE_BIN:
                 servers["Atrium baseline"] = start_atrium(BASELINE_BIN, template)
             for name, srv in servers.items():

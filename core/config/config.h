@@ -268,6 +268,9 @@ struct core_config {
     struct {
         int notifications_per_user_max; /* push.notifications_per_user_max (default 1000) */
     } push;
+    struct {
+        int cache_mb; /* sliding_sync.cache_mb (default 64; 0 keeps nothing) */
+    } sliding_sync;
     const char **app_service_config_files; /* app_service_config_files: registration files */
     size_t n_app_service_config_files;
     struct {

@@ -351,6 +351,12 @@ const struct cfg_setting CORE_SETTINGS[] = {
             "gateways): older ones are deleted, with their pushes not yet delivered, once a "
             "user has a tenth more than this."),
 
+    INT_ROW("sliding_sync.cache_mb", sliding_sync.cache_mb, 64, 0, 65536, "MiB",
+            "Memory for joined rooms' first sliding-sync results, kept per process and sent "
+            "again while nothing of the room changed (its events, the user's receipt and "
+            "account data): keys and JSON text at most this; 0 keeps nothing "
+            "(docs/adr/0045-sliding-sync-keeps-first-results.md)."),
+
     INT_ROW("appservice.retry_min_ms", appservice.retry_min_ms, 1000, 10, 600000, "ms",
             "A transaction an application service did not take is sent again after this "
             "long, doubled per failure."),

@@ -688,12 +688,14 @@ def window_facts(answer):
 class SlidingSyncTwoProcessesTest(unittest.TestCase):
     """A connection served by two processes on one database: a pos from one is good on the
     other, and a request parked on B wakes for a message sent through A. B has two database
-    connections, too few to spare one for a run's parallel reads; A has the default."""
+    connections, too few to spare one for a run's parallel reads; A has the default. A keeps
+    no first results (sliding_sync.cache_mb: 0), B does."""
 
     @classmethod
     def setUpClass(cls):
         cls.db = create_database()
-        cls.a = Server(database=cls.db, settings=REGISTRATION_ON, start=False, host="127.0.0.31")
+        cls.a = Server(database=cls.db, settings={**REGISTRATION_ON, "sliding_sync": {"cache_mb": 0}},
+                       start=False, host="127.0.0.31")
         cls.b = Server(database=cls.db, settings={**REGISTRATION_ON, "database": {"pool_size": 2}},
                        start=False, host="127.0.0.32")
         try:
@@ -770,6 +772,31 @@ class SlidingSyncTwoProcessesTest(unittest.TestCase):
         self.assertEqual(bodies(rooms[named]), ["plain 1", "plain 2", "for you"])
         self.assertEqual({e["state_key"] for e in rooms[named]["required_state"] if e["type"] == "m.room.member"},
                          {writer.user_id})
+
+    def test_a_result_kept_by_one_process_follows_writes_through_the_other(self):
+        writer = Client(self.a, register(self.a, "kept_w"))
+        account = register(self.a, "kept_r")
+        on_a, on_b = Client(self.a, account), Client(self.b, account)
+        rooms = [writer.create_room(name=f"Kept {i}", invite=[account.user_id]) for i in range(2)]
+        for room in rooms:
+            on_a.join(room)
+            writer.send(room, {"msgtype": "m.text", "body": "before"})
+        body = one_list(timeline_limit=2, required_state=[["m.room.name", ""], ["m.room.member", "$LAZY"]])
+
+        def hits():
+            return self.b.metric("atrium_sliding_sync_cache_hits_total") or 0
+
+        ss(on_b, {"conn_id": "kept-b1", **body})
+        before = hits()
+        kept = ss(on_b, {"conn_id": "kept-b2", **body})
+        self.assertEqual(hits() - before, 2)
+        self.assertEqual(window_facts(kept), window_facts(ss(on_a, {"conn_id": "kept-a", **body})))
+        self.assertIsNone(self.a.metric("atrium_sliding_sync_cache_hits_total"))  # A keeps none
+        writer.send(rooms[0], {"msgtype": "m.text", "body": "through A"})
+        before = hits()
+        after = ss(on_b, {"conn_id": "kept-b3", **body})
+        self.assertEqual(hits() - before, 1)
+        self.assertEqual(bodies(after["rooms"][rooms[0]]), ["before", "through A"])
 
     def test_a_connection_survives_a_restart(self):
         account = register(self.a, "restart_r")

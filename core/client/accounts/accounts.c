@@ -220,6 +220,9 @@ static const atrium_migration MIGRATIONS[] = {
      " ADD COLUMN password_hash text;"},
     /* pushers.c: MSC3881, a pusher its device switched off (kept, listed, not pushed to). */
     {15, "pushers_enabled", "ALTER TABLE pushers ADD COLUMN enabled boolean NOT NULL DEFAULT true;"},
+    /* The newest erasure in one index probe: part of a kept sliding-sync result's stamp
+     * (core/client/sync/ssync_hits.c). */
+    {16, "erased_users_ts", "CREATE INDEX erased_users_ts ON erased_users (erased_ts);"},
 };
 
 static int accounts_init(core_runtime *rt)

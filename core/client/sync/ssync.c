@@ -30,6 +30,7 @@
 #include "core/client/sync/notifier.h"
 #include "core/client/sync/ssync.h"
 #include "core/client/sync/sync.h"
+#include "core/config/config.h"
 
 #define SSYNC_PATH "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
 #define SSYNC_FEATURE "org.matrix.simplified_msc3575"
@@ -119,8 +120,10 @@ static int quiet_rooms(sync_ctx *s, const ssync_rooms *rs, const json_t *picked,
     return ROOMS_OK;
 }
 
-/* The picked rooms' results, and the map updated for what they send. What they read
- * besides timelines and required_state is read for all of them at once (ssync_facts.c). */
+/* The picked rooms' results, and the map updated for what they send. Joined rooms new to
+ * the connection are taken kept where nothing of theirs changed (ssync_hits.c); what the
+ * others read besides timelines and required_state is read for all of them at once
+ * (ssync_facts.c). */
 static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev,
                       ssync_answer *a)
 {
@@ -137,6 +140,11 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
         if (!json_object_get(quiet, room_id)) json_array_append_new(ids, json_string(room_id));
     }
     json_decref(quiet);
+    ssync_hits hits;
+    if (ssync_hits_take(s, rs, picked, prev, ids, a->rooms, a->sent, &hits) < 0) {
+        json_decref(ids);
+        return ROOMS_E_DB;
+    }
     size_t n = json_array_size(ids);
     ssync_facts *facts = calloc(n ? n : 1, sizeof(*facts));
     ssync_plan *plans = calloc(n ? n : 1, sizeof(*plans));
@@ -159,6 +167,7 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
         json_t *out;
         rc = ssync_room_result(s, row, &facts[i], pick, sent, &plans[i], &out);
         if (rc < 0 || !out) continue;
+        ssync_hits_keep(&hits, room_id, out, &plans[i]);
         json_int_t limit = ssync_room_sent_limit(pick, sent, out);
         json_object_set_new(a->rooms, room_id, out);
         json_object_set_new(a->sent, room_id, json_pack("[I, s, I, O]", (json_int_t)s->upto, row->membership,
@@ -462,6 +471,13 @@ int ssync_init(core_runtime *rt)
     ssync_conn_metrics(rt->metrics);
     ssync_lists_metrics(rt->metrics);
     ssync_facts_metrics(rt->metrics);
+    /* sliding_sync.cache_mb: the process's kept first results (ssync_cache.c), made once. */
+    size_t budget = (size_t)rt->cfg->sliding_sync.cache_mb * 1024 * 1024;
+    if (budget > 0 && !ssync_cache_global()) {
+        ssync_cache *cache = ssync_cache_new(rt->metrics, budget);
+        if (!cache) return -1;
+        ssync_cache_set_global(cache);
+    }
     if (client_route(rt->http, "POST", SSYNC_PATH, ssync_post, 0) < 0) return -1;
     return http_unstable_feature_add(SSYNC_FEATURE);
 }

@@ -11,6 +11,8 @@
  *   ssync_facts.c    what those results read, read once for all the picked rooms
  *   ssync_reads.c    their timelines and required_state, read once for all of them
  *   ssync_ext.c      the extensions: to_device, e2ee, account_data, receipts, typing
+ *   ssync_hits.c     joined rooms' first results taken kept when nothing of theirs changed
+ *   ssync_cache.c    where they are kept (bounded by sliding_sync.cache_mb)
  *
  * Internal prefix: ssync_.
  */
@@ -262,6 +264,48 @@ bool ssync_room_state_changed(const json_t *pick, const json_t *sent);
 /* The timeline_limit to remember for a room sent as `result`: the new one after a gap
  * (limited) or a fresh start, else the larger of the two. */
 int64_t ssync_room_sent_limit(const json_t *pick, const json_t *sent, const json_t *result);
+
+/* ---- kept first results (ssync_cache.c, ssync_hits.c) ---------------------------- */
+
+/* What a kept result was made from (ssync_hits.c says what each is); compared whole. */
+typedef struct ssync_stamp {
+    int64_t room_max, room_min, receipt, account_data, erased;
+} ssync_stamp;
+
+#define SSYNC_CACHE_SET_BYTES (64 * 1024) /* a set's share of the budget, about */
+#define SSYNC_CACHE_WAYS 32               /* entries per set at most (2 KiB each fill it) */
+
+typedef struct ssync_cache ssync_cache;
+/* A store of at most `budget` bytes of keys and texts (NULL below SSYNC_CACHE_SET_BYTES or
+ * on OOM), counted in atrium_sliding_sync_cache_* metrics. */
+ssync_cache *ssync_cache_new(rt_metrics *metrics, size_t budget);
+void ssync_cache_free(ssync_cache *c);
+/* A copy of the text kept for key at this stamp (the caller frees it), or NULL (counted
+ * as a miss; an entry of another stamp is removed). c NULL: NULL, not counted. */
+char *ssync_cache_get(ssync_cache *c, const char *key, const ssync_stamp *stamp);
+/* Keep text for key at stamp (replacing key's entry), pushing out the least recently
+ * read entries of its set as needed; one larger than a set's share is not kept. */
+void ssync_cache_put(ssync_cache *c, const char *key, const ssync_stamp *stamp, const char *text);
+size_t ssync_cache_bytes(ssync_cache *c);
+/* The process's store (ssync_init makes it; NULL: none, nothing kept). */
+ssync_cache *ssync_cache_global(void);
+void ssync_cache_set_global(ssync_cache *c);
+
+/* The rooms of a run that may be taken kept, with their keys and stamps (r's arena). */
+typedef struct ssync_hits {
+    size_t n;
+    const char **room_id, **key;
+    ssync_stamp *stamp;
+    bool *stamped; /* stamp read, and not taken: keep the room's result */
+} ssync_hits;
+
+/* Of the rooms of ids (picked, to be read), those joined and new to the connection: read
+ * their stamps, and send those kept at the same stamp from the store (into rooms, and the
+ * connection's map `sent`), removing them from ids. ROOMS_OK or ROOMS_E_DB. */
+int ssync_hits_take(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev, json_t *ids,
+                    json_t *rooms, json_t *sent, ssync_hits *h);
+/* Keep the result a run read for room_id when h stamped it. */
+void ssync_hits_keep(const ssync_hits *h, const char *room_id, const json_t *result, const ssync_plan *plan);
 
 /* ---- extensions (ssync_ext.c) ----------------------------------------------------- */
 
