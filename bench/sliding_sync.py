@@ -434,6 +434,12 @@ def main():
                 return
             targets = {name: Target(servers.get(name), people[name], rooms[name]) for name in people}
             results = measure(targets)
+            for name, srv in servers.items():  # what the kept first results held and did
+                kept_bytes = srv.metric("atrium_sliding_sync_cache_bytes")
+                if kept_bytes is not None:
+                    print(f"== {name}: {srv.metric('atrium_sliding_sync_cache_entries'):.0f} room results kept, "
+                          f"{kept_bytes / 1024:.1f} KiB; hits {srv.metric('atrium_sliding_sync_cache_hits_total'):.0f},"
+                          f" misses {srv.metric('atrium_sliding_sync_cache_misses_total'):.0f}", flush=True)
         report(results)
     finally:
         for srv in servers.values():

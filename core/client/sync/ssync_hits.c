@@ -167,7 +167,7 @@ int ssync_hits_take(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, co
         if (!h->stamped[i]) continue;
         if (prev->stream_pos > 0 && prev->stream_pos < h->stamp[i].room_max) continue; /* num_live */
         char *text = ssync_cache_get(cache, h->key[i], &h->stamp[i]);
-        json_t *room = text ? json_loads(text, 0, NULL) : NULL;
+        json_t *room = text ? json_loads(text, JSON_ALLOW_NUL, NULL) : NULL;
         free(text);
         if (!json_is_object(room)) {
             json_decref(room);
