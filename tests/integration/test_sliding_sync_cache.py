@@ -9,7 +9,8 @@ test_sliding_sync.py, SlidingSyncTwoProcessesTest.)"""
 
 import time
 
-from rooms_client import V3, SharedServerTest, quote
+from accounts import deactivate, register
+from rooms_client import V3, Client, SharedServerTest, quote
 from test_sliding_sync import bodies, one_list, ss, window_facts
 
 HITS = "atrium_sliding_sync_cache_hits_total"
@@ -141,3 +142,24 @@ class SlidingSyncCacheTest(SharedServerTest):
         invited2, (hits, _) = self.first(self.erin, "inv-2", body)
         self.assertEqual(hits, 0)
         self.assertIn("invite_state", invited2["rooms"][room])
+
+    def test_an_erasure_of_a_user_who_left_changes_what_a_later_reader_is_sent(self):
+        room = self.alice.create_room(name="Erased", preset="public_chat")
+        account = register(self.srv, "cache_erased")
+        gone = Client(self.srv, account)
+        gone.join(room)
+        said = gone.send(room, {"msgtype": "m.text", "body": "soon erased"})
+        gone.leave(room)  # so the deactivation writes nothing in the room
+        reader = Client(self.srv, register(self.srv, "cache_reader"))
+        reader.join(room)  # after the message: erasure hides it from this reader
+        body = one_list(timeline_limit=5)
+        self.first(reader, "er-1", body)
+        shown, (hits, _) = self.first(reader, "er-2", body)
+        self.assertEqual(hits, 1)
+        event = {e["event_id"]: e for e in shown["rooms"][room]["timeline"]}[said]
+        self.assertEqual(event["content"]["body"], "soon erased")
+        status, answer = deactivate(self.srv, account, erase=True)
+        self.assertEqual(status, 200, answer)
+        erased, (hits, misses) = self.first(reader, "er-3", body)
+        self.assertEqual((hits, misses), (0, 1))
+        self.assertEqual({e["event_id"]: e for e in erased["rooms"][room]["timeline"]}[said]["content"], {})
