@@ -188,6 +188,15 @@ def settle(name, srv, timeout_s=1800):
     print(f"== {name}: push sender still behind after {timeout_s} s; measuring anyway", flush=True)
 
 
+def turns(targets, i):
+    """The targets in round i's order: each round starts one further along, so each server
+    follows each other one as often (what a server still does after answering, Synapse's
+    work after its response above all, falls on all of them alike, not on the next one)."""
+    items = list(targets.items())
+    k = i % len(items)
+    return items[k:] + items[:k]
+
+
 def measure(targets):
     """Every figure of every target, {name: {figure: [ms...]}}: the servers take turns
     round by round, so a change in the machine's load falls on all of them alike."""
@@ -196,15 +205,15 @@ def measure(targets):
         for t in targets.values():
             first_round(t, f"warm{i}")
     for i in range(FIRST):
-        for name, t in targets.items():
+        for name, t in turns(targets, i):
             t0 = time.monotonic()
             first_round(t, i)
             out[name]["first"].append((time.monotonic() - t0) * 1000)
     for i in range(ROUNDS):
-        for name, t in targets.items():
+        for name, t in turns(targets, i):
             out[name]["incremental"].append(t.incremental_round(i))
     for i in range(ROUNDS):
-        for name, t in targets.items():
+        for name, t in turns(targets, i):
             out[name]["wake"].append(t.wake_round(i))
     return out
 
