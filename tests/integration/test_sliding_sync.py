@@ -549,6 +549,22 @@ class SlidingSyncTest(SharedServerTest):
         huge = ss(self.alice, {"lists": {"a": {"ranges": [[0, 10 ** 15]], "timeline_limit": 10 ** 9}}})
         self.assertIn("a", huge["lists"])
 
+    def test_a_request_at_its_limits_of_lists_and_pairs_answers_at_once(self):
+        # 100 lists of 100 pairs over the same 20 rooms: 10,000 pairs a room. Comparing each
+        # pair with every other (the required_state key) held a request thread for 17 s in a
+        # release build (21.6 s here under ASan); sorted, 0.9 s under ASan.
+        who = Client(self.srv, register(self.srv, "limits"))
+        rooms = [who.create_room(name=f"Limits {i}") for i in range(20)]
+        lists = {f"l{i}": {"ranges": ALL, "timeline_limit": 1,
+                           "required_state": [[f"t{i}.{j}", ""] for j in range(99)] + [["m.room.name", ""]]}
+                 for i in range(100)}
+        started = time.monotonic()
+        answer = ss(who, {"conn_id": "limits", "lists": lists}, http_timeout=120)
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(set(answer["rooms"]), set(rooms))
+        self.assertEqual({e["type"] for e in answer["rooms"][rooms[0]]["required_state"]}, {"m.room.name"})
+        self.assertEqual(len(answer["rooms"][rooms[0]]["lists"]), 100)
+
     # -- extensions -----------------------------------------------------------------------
 
     def test_to_device_extension_delivers_then_deletes_once_acknowledged(self):

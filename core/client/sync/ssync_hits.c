@@ -40,7 +40,13 @@ static const char STAMPS_SQL[] =
     " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i)";
 
 /* The sorted, distinct [type, state_key] pairs as one string (the order and repeats of
- * a request's pairs do not change what they ask for). */
+ * a request's pairs do not change what they ask for), each part length-prefixed so no
+ * two sets of pairs share a string. */
+static int by_text(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 static const char *pairs_key(atrium_req *r, const json_t *pairs)
 {
     size_t n = json_array_size(pairs), len = 1;
@@ -48,17 +54,12 @@ static const char *pairs_key(atrium_req *r, const json_t *pairs)
     if (!each) return NULL;
     for (size_t i = 0; i < n; i++) {
         const json_t *p = json_array_get(pairs, i);
-        each[i] = rt_arena_printf(r->arena, "%s\x1e%s", json_string_value(json_array_get(p, 0)),
-                                  json_string_value(json_array_get(p, 1)));
+        const char *type = json_string_value(json_array_get(p, 0)), *key = json_string_value(json_array_get(p, 1));
+        each[i] = type && key ? rt_arena_printf(r->arena, "%zu:%s%zu:%s", strlen(type), type, strlen(key), key) : NULL;
         if (!each[i]) return NULL;
         len += strlen(each[i]) + 1;
     }
-    for (size_t i = 1; i < n; i++) /* insertion sort: a request names a few pairs */
-        for (size_t j = i; j > 0 && strcmp(each[j - 1], each[j]) > 0; j--) {
-            const char *t = each[j];
-            each[j] = each[j - 1];
-            each[j - 1] = t;
-        }
+    qsort(each, n, sizeof(*each), by_text); /* lists' pairs together can be thousands */
     char *out = rt_arena_alloc(r->arena, len), *at = out;
     if (!out) return NULL;
     for (size_t i = 0; i < n; i++) {
@@ -66,7 +67,7 @@ static const char *pairs_key(atrium_req *r, const json_t *pairs)
         size_t l = strlen(each[i]);
         memcpy(at, each[i], l);
         at += l;
-        *at++ = '\x1d';
+        *at++ = ';';
     }
     *at = '\0';
     return out;
@@ -152,13 +153,15 @@ int ssync_hits_take(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, co
         const json_t *pick = json_object_get(picked, room_id);
         if (!eligible(row_of(rs, pick), json_object_get(prev->rooms, room_id))) continue;
         const char *pk = pairs_key(r, json_object_get(pick, "rs"));
-        const char *key = pk ? rt_arena_printf(r->arena, "%s\x1f%s\x1f%s\x1f%lld\x1f%s", s->user,
-                                               s->device ? s->device : "", room_id,
+        const char *device = s->device ? s->device : "";
+        const char *key = pk ? rt_arena_printf(r->arena, "%zu:%s%zu:%s%zu:%s%lld;%s", strlen(s->user), s->user,
+                                               strlen(device), device, strlen(room_id), room_id,
                                                (long long)json_integer_value(json_object_get(pick, "tl")), pk)
                              : NULL;
-        if (!key) return ROOMS_E_DB;
+        const char *id = rt_arena_strdup(r->arena, room_id); /* ids drops the hits' strings */
+        if (!key || !id) return ROOMS_E_DB;
         h->stamped[h->n] = false;
-        h->room_id[h->n] = room_id;
+        h->room_id[h->n] = id;
         h->key[h->n++] = key;
     }
     if (h->n == 0) return ROOMS_OK;

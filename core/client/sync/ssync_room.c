@@ -112,23 +112,27 @@ static uint64_t fnv(uint64_t h, const char *str)
     return (h ^ 0xff) * 1099511628211ULL; /* a separator, so ("ab","c") differs from ("a","bc") */
 }
 
+static int by_value(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 const char *ssync_required_state_key(atrium_req *r, const json_t *pairs)
 {
-    uint64_t sum = 0;
-    size_t i, j;
-    const json_t *p, *q;
-    json_array_foreach(pairs, i, p)
-    {
-        bool seen = false; /* the same pair from two lists counts once */
-        json_array_foreach(pairs, j, q)
-        {
-            if (j >= i) break;
-            if (json_equal(p, q)) seen = true;
-        }
-        if (!seen)
-            sum += fnv(fnv(14695981039346656037ULL, json_string_value(json_array_get(p, 0))),
-                       json_string_value(json_array_get(p, 1)));
+    size_t n = json_array_size(pairs);
+    uint64_t *each = rt_arena_alloc(r->arena, (n ? n : 1) * sizeof(*each)), sum = 0;
+    if (!each) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *p = json_array_get(pairs, i);
+        each[i] = fnv(fnv(14695981039346656037ULL, json_string_value(json_array_get(p, 0))),
+                      json_string_value(json_array_get(p, 1)));
     }
+    /* The same pair from two lists counts once: sorted, so repeats sit together (lists'
+     * pairs together can be thousands; comparing each with every other was quadratic). */
+    qsort(each, n, sizeof(*each), by_value);
+    for (size_t i = 0; i < n; i++)
+        if (i == 0 || each[i] != each[i - 1]) sum += each[i];
     return rt_arena_printf(r->arena, "%016llx", (unsigned long long)sum);
 }
 
