@@ -188,7 +188,7 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
     ssync_rooms rs;
     /* Timelines leave out what ignored users sent, as /sync's do (sync_rooms.c): the
      * list is read with the lists' account data (ssync_rooms_load). */
-    if (ssync_rooms_load(s, q, prev->stream_pos, prev->rooms, &rs) < 0) return ROOMS_E_DB;
+    if (ssync_rooms_load(s, q, prev->stream_pos, prev->rooms, prev->account_data, &rs) < 0) return ROOMS_E_DB;
     json_t *picked = json_object();
     a->sent = carried_map(prev->rooms, &rs);
     int rc = ssync_lists_apply(s, q, &rs, a->counts, picked);
@@ -279,10 +279,21 @@ static bool load_pos(atrium_req *r, sync_ctx *s, const ssync_request *q, ssync_p
  * sets them (this one for a new connection, ssync_conn_load's with a pos) and the one that
  * stores the answer sets the connection's own mode back (ssync_conn_save); only a run that
  * stores nothing (it parks, answers with nothing new or fails) sets it back in checkin.
- * prev->plan_mode: the mode to set back. */
-static int64_t upto_and_generic_plans(PGconn *c, ssync_pos *prev)
+ * prev->plan_mode: the mode to set back. The first statement of a new connection also
+ * reads the account data the lists need (prev->account_data, as ssync_conn_load does). */
+static int64_t upto_and_generic_plans(sync_ctx *s, ssync_pos *prev)
 {
-    return sync_upto_generic_plans(c, prev->plan_mode);
+    const char *p[1] = {s->user};
+    PGresult *res = rooms_q(s->c,
+                            "SELECT stream_upto(), gp.plan_mode, " SYNC_PLAN_MODE_SET ", "
+                            SSYNC_ACCOUNT_DATA_SQL("$1") " FROM " SYNC_PLAN_MODE_FROM,
+                            1, p, NULL);
+    if (!res) return -1;
+    int64_t upto = atoll(PQgetvalue(res, 0, 0));
+    snprintf(prev->plan_mode, sizeof(prev->plan_mode), "%s", PQgetvalue(res, 0, 1));
+    prev->account_data = strdup(PQgetvalue(res, 0, 3));
+    PQclear(res);
+    return prev->account_data ? upto : -1;
 }
 
 static void checkin(PGconn *c, ssync_pos *prev)
@@ -322,7 +333,7 @@ static int ssync_post(atrium_req *r)
         checkin(s.c, &prev);
         return ATRIUM_DONE;
     }
-    s.upto = q.pos ? prev.upto : upto_and_generic_plans(s.c, &prev); /* with pos: read with it */
+    s.upto = q.pos ? prev.upto : upto_and_generic_plans(&s, &prev); /* with pos: read with it */
     if (s.upto < prev.stream_pos) s.upto = prev.stream_pos;
     ssync_answer a = {0};
     int rc = s.upto < 0 ? ROOMS_E_DB : build_answer(&s, &q, &prev, &a);

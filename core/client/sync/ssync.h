@@ -118,12 +118,25 @@ typedef struct ssync_pos {
      * "Generic plans"), to be restored before the connection goes back; "" when the run
      * has not set them or has restored it already. */
     char plan_mode[SYNC_PLAN_MODE_MAX];
+    char *account_data; /* SSYNC_ACCOUNT_DATA_SQL's text, read with the position (owned) */
 } ssync_pos;
+
+/* The account data the lists read (ssync_lists.c: the ignore list, m.direct, the rooms'
+ * tags), as one column of the statement that starts a run (user: the SQL of its user
+ * parameter), so it costs no round trip of its own: a JSON array of [room_id, type,
+ * value as text]. */
+#define SSYNC_ACCOUNT_DATA_SQL(user)                                                           \
+    "(SELECT coalesce(json_agg(json_build_array(ad.room_id, ad.type, ad.v)), '[]')::text FROM" \
+    " (SELECT room_id, type, CASE WHEN type = 'm.ignored_user_list' THEN "                     \
+    ROOMS_IGNORED_USERS_SQL("content") " WHEN type = 'm.tag' THEN (content -> 'tags')::text"  \
+    " ELSE content::text END AS v FROM account_data WHERE user_id = " user                      \
+    " AND ((room_id = '' AND type IN ('m.direct', 'm.ignored_user_list'))"                     \
+    " OR (room_id <> '' AND type = 'm.tag' AND jsonb_typeof(content -> 'tags') = 'object'))) ad)"
 
 /* Load the state of pos for (user, device, conn_id), with stream_upto() read after it,
  * and drop the connection's positions older than it (the client has seen pos); in the
- * same statement, generic plans for the run (out->plan_mode set) when it is found. 1
- * found, 0 unknown or expired, -1 database. */
+ * same statement, generic plans for the run (out->plan_mode set) and the user's account
+ * data (out->account_data) when it is found. 1 found, 0 unknown or expired, -1 database. */
 int ssync_conn_load(PGconn *c, const char *user, const char *device, const char *conn_id,
                     const char *pos, ssync_pos *out);
 /* Who a new connection is (ssync_conn_save starts it). */
@@ -176,8 +189,9 @@ typedef struct ssync_rooms {
  * one of q's lists filters on them. When no list filters, only the top of that order
  * (as far as the lists' ranges reach) and the rooms named by q's subscriptions or by
  * `sent` (the connection's room map, or NULL). Sets s->timeline.ignored (the user's
- * ignore list, read with the lists' account data). ROOMS_OK or ROOMS_E_DB. */
-int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const json_t *sent, ssync_rooms *out);
+ * ignore list, from account_data: SSYNC_ACCOUNT_DATA_SQL's text). ROOMS_OK or ROOMS_E_DB. */
+int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const json_t *sent,
+                     const char *account_data, ssync_rooms *out);
 void ssync_rooms_free(ssync_rooms *rs);
 /* Apply every list to rs: counts into `counts` ({list: count}), and for each room in a
  * list's window its combined config and list names into `picked`

@@ -42,6 +42,7 @@ void ssync_pos_clear(ssync_pos *p)
 {
     json_decref(p->rooms);
     json_decref(p->counts);
+    free(p->account_data);
     *p = (ssync_pos){0};
 }
 
@@ -72,7 +73,8 @@ int ssync_conn_load(PGconn *c, const char *user, const char *device, const char 
                             "  WHERE p.pos = $4::bigint),"
                             " dropped AS (DELETE FROM sliding_sync_positions d USING found"
                             "  WHERE d.conn_key = found.conn_key AND d.pos < $4::bigint)"
-                            " SELECT found.*, stream_upto(), gp.plan_mode, " SYNC_PLAN_MODE_SET
+                            " SELECT found.*, stream_upto(), gp.plan_mode, " SYNC_PLAN_MODE_SET ","
+                            " " SSYNC_ACCOUNT_DATA_SQL("$1")
                             " FROM found CROSS JOIN " SYNC_PLAN_MODE_FROM,
                             5, params, NULL);
     if (!res) return -1;
@@ -87,8 +89,9 @@ int ssync_conn_load(PGconn *c, const char *user, const char *device, const char 
     out->counts = json_loads(PQgetvalue(res, 0, 3), 0, NULL);
     out->upto = atoll(PQgetvalue(res, 0, 4));
     snprintf(out->plan_mode, sizeof(out->plan_mode), "%s", PQgetvalue(res, 0, 5));
+    out->account_data = strdup(PQgetvalue(res, 0, 7));
     PQclear(res);
-    if (!json_is_object(out->rooms) || !json_is_object(out->counts)) {
+    if (!json_is_object(out->rooms) || !json_is_object(out->counts) || !out->account_data) {
         char plan_mode[SYNC_PLAN_MODE_MAX];
         memcpy(plan_mode, out->plan_mode, sizeof(plan_mode)); /* still to be set back */
         ssync_pos_clear(out);

@@ -47,32 +47,33 @@ void ssync_lists_metrics(rt_metrics *metrics)
                                        "Sliding sync list reads the short way sent on to the whole order");
 }
 
-/* The account data the lists read, with one query: the ignore list into
- * s->timeline.ignored, the rooms named in m.direct into *dms ({room_id: true}) and the
- * room tags into *tags ({room_id: {tag: {...}}}). */
-static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
+/* The account data the lists read (SSYNC_ACCOUNT_DATA_SQL's text, read with the run's
+ * position): the ignore list into s->timeline.ignored, the rooms named in m.direct into
+ * *dms ({room_id: true}) and the room tags into *tags ({room_id: {tag: {...}}}). */
+static int account_data(sync_ctx *s, const char *text, json_t **dms, json_t **tags)
 {
     *dms = json_object();
     *tags = json_object();
     s->timeline.ignored = NULL;
-    const char *p[1] = {s->user};
-    PGresult *res = rooms_q(s->c,
-                            "SELECT room_id, type, CASE WHEN type = 'm.ignored_user_list' THEN "
-                            ROOMS_IGNORED_USERS_SQL("content") " WHEN type = 'm.tag' THEN (content -> 'tags')::text"
-                            " ELSE content::text END FROM account_data WHERE user_id = $1"
-                            " AND ((room_id = '' AND type IN ('m.direct', 'm.ignored_user_list'))"
-                            " OR (room_id <> '' AND type = 'm.tag' AND jsonb_typeof(content -> 'tags') = 'object'))",
-                            1, p, NULL);
-    if (!res) return ROOMS_E_DB;
+    json_t *all = text ? json_loads(text, 0, NULL) : NULL;
+    if (!json_is_array(all)) {
+        json_decref(all);
+        return ROOMS_E_DB;
+    }
     int rc = ROOMS_OK;
-    for (int i = 0; i < PQntuples(res); i++) {
-        const char *room = PQgetvalue(res, i, 0), *type = PQgetvalue(res, i, 1), *value = PQgetvalue(res, i, 2);
+    size_t i;
+    json_t *item;
+    json_array_foreach(all, i, item)
+    {
+        const char *room = json_string_value(json_array_get(item, 0)), *type = json_string_value(json_array_get(item, 1));
+        const char *value = json_string_value(json_array_get(item, 2));
+        if (!room || !type) continue;
         if (strcmp(type, "m.ignored_user_list") == 0) {
-            if (!PQgetisnull(res, i, 2) && !(s->timeline.ignored = rt_arena_strdup(s->r->arena, value)))
+            if (value && !(s->timeline.ignored = rt_arena_strdup(s->r->arena, value)))
                 rc = ROOMS_E_DB; /* out of memory: no reading without the list */
             continue;
         }
-        json_t *content = json_loads(value, 0, NULL);
+        json_t *content = value ? json_loads(value, 0, NULL) : NULL;
         if (strcmp(type, "m.tag") == 0) {
             if (content) json_object_set_new(*tags, room, content);
             continue;
@@ -90,7 +91,7 @@ static int account_data(sync_ctx *s, json_t **dms, json_t **tags)
         }
         json_decref(content);
     }
-    PQclear(res);
+    json_decref(all);
     return rc;
 }
 
@@ -257,11 +258,12 @@ static int rows_of(PGresult *res, json_t *dms, ssync_rooms *out)
     return ROOMS_OK;
 }
 
-int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const json_t *sent, ssync_rooms *out)
+int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const json_t *sent,
+                     const char *account_data_text, ssync_rooms *out)
 {
     *out = (ssync_rooms){.total = -1};
     json_t *dms;
-    if (account_data(s, &dms, &out->tags) < 0) {
+    if (account_data(s, account_data_text, &dms, &out->tags) < 0) {
         json_decref(dms);
         json_decref(out->tags);
         out->tags = NULL;

@@ -294,20 +294,11 @@ int64_t sync_stream_upto(PGconn *c)
     return v;
 }
 
-int64_t sync_upto_generic_plans(PGconn *c, char prev[SYNC_PLAN_MODE_MAX])
-{
-    PGresult *res = rooms_q(c, "SELECT stream_upto(), gp.plan_mode, " SYNC_PLAN_MODE_SET " FROM " SYNC_PLAN_MODE_FROM,
-                            0, NULL, NULL);
-    if (!res) return -1;
-    int64_t upto = atoll(PQgetvalue(res, 0, 0));
-    snprintf(prev, SYNC_PLAN_MODE_MAX, "%s", PQgetvalue(res, 0, 1));
-    PQclear(res);
-    return upto;
-}
-
-/* sync_upto_generic_plans for /sync, with the user's ignore list (rooms.h's rule) into
+/* sync_stream_upto, and generic plans for the rest of the run on s->c (plan_cache_mode
+ * force_generic_plan, docs/adr/0039-sync-runs-use-generic-plans.md; prev gets the mode
+ * before, for sync_plan_mode_restore), with the user's ignore list (rooms.h's rule) into
  * s->timeline.ignored in the same statement: once per run, so a change to the list shows
- * in the next sync. */
+ * in the next sync. -1 when the database failed. */
 static int64_t upto_and_ignored(sync_ctx *s, char prev[SYNC_PLAN_MODE_MAX])
 {
     const char *p[1] = {s->user};

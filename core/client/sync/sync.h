@@ -68,19 +68,17 @@ int sync_sections_run(const char *name, PGconn *c, const char *user_id, const ch
                       int64_t since, int64_t upto, json_t *response);
 
 #define SYNC_PLAN_MODE_MAX 32 /* a plan_cache_mode value, kept for a run */
-/* How a run's first statement sets generic plans for the run (sync_upto_generic_plans,
- * and sliding sync's ssync_conn_load): it selects from SYNC_PLAN_MODE_FROM, whose gp.plan_mode is the setting before (a
+/* How a run's first statement sets generic plans for the run (/sync's upto_and_ignored,
+ * sliding sync's upto_and_generic_plans and ssync_conn_load): it selects from SYNC_PLAN_MODE_FROM, whose gp.plan_mode is the setting before (a
  * subquery kept apart by OFFSET 0, so read first), and SYNC_PLAN_MODE_SET, which depends
  * on it and so runs after. */
 #define SYNC_PLAN_MODE_FROM "(SELECT current_setting('plan_cache_mode') AS plan_mode OFFSET 0) gp"
 #define SYNC_PLAN_MODE_SET "set_config('plan_cache_mode', 'force_generic_plan' || left(gp.plan_mode, 0), false)"
 /* The newest position whose writers have all committed (stream_upto()), or -1. */
 int64_t sync_stream_upto(PGconn *c);
-/* sync_stream_upto, and generic plans for the rest of the run on c (plan_cache_mode
- * force_generic_plan, docs/adr/0039-sync-runs-use-generic-plans.md) in the same statement:
- * prev gets the connection's mode before, which sync_plan_mode_restore sets back before c
- * goes back to the pool (then prev is ""). -1 when the database failed. */
-int64_t sync_upto_generic_plans(PGconn *c, char prev[SYNC_PLAN_MODE_MAX]);
+/* Set back the connection's plan_cache_mode from before a run's generic plans
+ * (docs/adr/0039-sync-runs-use-generic-plans.md; prev: the mode its first statement read)
+ * before c goes back to the pool; then prev is "". Nothing when prev is "". */
 void sync_plan_mode_restore(PGconn *c, char prev[SYNC_PLAN_MODE_MAX]);
 
 /* A woken long-poll (/sync, /events, sliding sync) runs again on the pool core.sync_woken,
