@@ -163,3 +163,27 @@ class SlidingSyncCacheTest(SharedServerTest):
         erased, (hits, misses) = self.first(reader, "er-3", body)
         self.assertEqual((hits, misses), (0, 1))
         self.assertEqual({e["event_id"]: e for e in erased["rooms"][room]["timeline"]}[said]["content"], {})
+
+    def test_a_range_moving_over_rooms_takes_those_with_nothing_after_the_position(self):
+        who = Client(self.srv, register(self.srv, "cache_ranges"))
+        a, b, c = [self.bob.create_room(name=f"Range {x}", invite=[who.user_id]) for x in "abc"]
+        for room in (a, b, c):
+            who.join(room)
+            self.bob.send(room, {"msgtype": "m.text", "body": "before"})
+        wide = one_list(ranges=[[0, 2]], timeline_limit=2, required_state=STATE)
+        first = ss(who, {"conn_id": "rng", **one_list(ranges=[[0, 0]], timeline_limit=2, required_state=STATE)})
+        self.assertEqual(list(first["rooms"]), [c])
+        self.bob.send(b, {"msgtype": "m.text", "body": "after"})
+        # Kept now: b's kept result is right as of now, but the connection's position is
+        # before its newest event, which num_live must count.
+        self.first(who, "rng-warm", wide)
+        before = self.counts()
+        moved = ss(who, {"conn_id": "rng", **wide}, pos=first["pos"], timeout=0)
+        self.assertEqual(self.counts()[0] - before[0], 1)  # a: nothing after the position
+        self.assertEqual(set(moved["rooms"]), {a, b})
+        self.assertIs(moved["rooms"][a]["initial"], True)
+        self.assertEqual(moved["rooms"][a]["num_live"], 0)
+        self.assertEqual(bodies(moved["rooms"][a]), ["before"])
+        self.assertIs(moved["rooms"][b]["initial"], True)  # read: an event after the position
+        self.assertEqual(moved["rooms"][b]["num_live"], 1)
+        self.assertEqual(bodies(moved["rooms"][b]), ["before", "after"])
