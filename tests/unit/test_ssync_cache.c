@@ -137,7 +137,9 @@ static void *work(void *arg)
     worker *w = arg;
     char key[32], text[64];
     for (int i = 0; i < 3000; i++) {
-        int k = (i * 7 + w->id) % 300;
+        /* Mostly 24 keys, which fit the store (so reads hit whatever the threads'
+         * timing), every tenth one of 5,000 others, which push entries out. */
+        int k = i % 10 == 9 ? 1000 + (i * 13 + w->id) % 5000 : (i + w->id) % 24;
         snprintf(key, sizeof(key), "room%d", k);
         snprintf(text, sizeof(text), "{\"room\":%d}", k);
         char *got = ssync_cache_get(w->c, key, &STAMP);
