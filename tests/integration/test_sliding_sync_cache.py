@@ -187,3 +187,24 @@ class SlidingSyncCacheTest(SharedServerTest):
         self.assertIs(moved["rooms"][b]["initial"], True)  # read: an event after the position
         self.assertEqual(moved["rooms"][b]["num_live"], 1)
         self.assertEqual(bodies(moved["rooms"][b]), ["before", "after"])
+
+    def test_a_list_with_filters_reads_its_stamps_apart_and_keeps_as_well(self):
+        # Filters read the whole order (not the short way, which brings the stamps along):
+        # the stamps come from a statement of their own.
+        who = Client(self.srv, register(self.srv, "cache_filters"))
+        rooms = [self.bob.create_room(name=f"Filtered {i}", invite=[who.user_id]) for i in range(2)]
+        for room in rooms:
+            who.join(room)
+            self.bob.send(room, {"msgtype": "m.text", "body": "unread"})
+        body = one_list(timeline_limit=1, required_state=STATE, filters={"is_encrypted": False})
+        fresh, (hits, misses) = self.first(who, "flt-1", body)
+        self.assertEqual((hits, misses), (0, 2))
+        kept, (hits, misses) = self.first(who, "flt-2", body)
+        self.assertEqual((hits, misses), (2, 0))
+        self.assertEqual(without_ages(kept), without_ages(fresh))
+        newest = who.messages(rooms[0], dir="b", limit=1)["chunk"][0]["event_id"]
+        who.ok("POST", f"{V3}/rooms/{quote(rooms[0])}/receipt/m.read/{quote(newest)}", {})
+        read, (hits, misses) = self.first(who, "flt-3", body)
+        self.assertEqual((hits, misses), (1, 1))
+        self.assertEqual(read["rooms"][rooms[0]]["notification_count"], 0)
+        self.assertEqual(read["rooms"][rooms[1]]["notification_count"], 1)

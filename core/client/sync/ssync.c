@@ -188,7 +188,10 @@ static int build_answer(sync_ctx *s, const ssync_request *q, const ssync_pos *pr
     ssync_rooms rs;
     /* Timelines leave out what ignored users sent, as /sync's do (sync_rooms.c): the
      * list is read with the lists' account data (ssync_rooms_load). */
-    if (ssync_rooms_load(s, q, prev->stream_pos, prev->rooms, prev->account_data, &rs) < 0) return ROOMS_E_DB;
+    /* A new connection's rooms are all new to it: their stamps come with the list. */
+    bool want_stamps = !q->pos && ssync_cache_global();
+    if (ssync_rooms_load(s, q, prev->stream_pos, prev->rooms, prev->account_data, want_stamps, &rs) < 0)
+        return ROOMS_E_DB;
     json_t *picked = json_object();
     a->sent = carried_map(prev->rooms, &rs);
     int rc = ssync_lists_apply(s, q, &rs, a->counts, picked);

@@ -162,6 +162,23 @@ void ssync_lists_metrics(rt_metrics *metrics);
 
 /* ---- the user's rooms (ssync_lists.c) --------------------------------------------- */
 
+/* What a kept result was made from (ssync_hits.c says what each is); compared whole. Read
+ * by SSYNC_ROOM_STAMP_SQL (a room's three, `room` its room ID, `upto` the run's position,
+ * `user` the user) and SSYNC_USER_STAMP_SQL (the user's two), as columns in this order. */
+typedef struct ssync_stamp {
+    int64_t room_max, room_min, receipt, account_data, erased;
+} ssync_stamp;
+#define SSYNC_ROOM_STAMP_SQL(room, upto, user)                                                 \
+    "coalesce((SELECT max(e.stream_pos) FROM events e WHERE e.room_id = " room                 \
+    "  AND e.stream_pos <= " upto "), -9223372036854775808),"                                  \
+    " coalesce((SELECT min(e.stream_pos) FROM events e WHERE e.room_id = " room "),"           \
+    "  -9223372036854775808),"                                                                 \
+    " coalesce((SELECT max(rc.stream_pos) FROM receipts rc WHERE rc.room_id = " room           \
+    "  AND rc.user_id = " user "), 0)"
+#define SSYNC_USER_STAMP_SQL(user)                                                             \
+    "coalesce((SELECT max(a.stream_pos) FROM account_data a WHERE a.user_id = " user "), 0),"  \
+    " coalesce((SELECT max(er.erased_ts) FROM erased_users er), 0)"
+
 /* A room of the user, as lists see it. */
 typedef struct ssync_room_row {
     const char *room_id, *membership, *event_id, *sender;
@@ -169,6 +186,8 @@ typedef struct ssync_room_row {
     bool encrypted, is_dm;
     const char *room_type; /* NULL: no type */
     const json_t *tags;    /* the room's m.tag `tags` object, or NULL (owned by ssync_rooms) */
+    bool stamped;          /* stamp read with the list (ssync_rooms_load's want_stamps) */
+    ssync_stamp stamp;
 } ssync_room_row;
 
 typedef struct ssync_rooms {
@@ -189,9 +208,11 @@ typedef struct ssync_rooms {
  * one of q's lists filters on them. When no list filters, only the top of that order
  * (as far as the lists' ranges reach) and the rooms named by q's subscriptions or by
  * `sent` (the connection's room map, or NULL). Sets s->timeline.ignored (the user's
- * ignore list, from account_data: SSYNC_ACCOUNT_DATA_SQL's text). ROOMS_OK or ROOMS_E_DB. */
+ * ignore list, from account_data: SSYNC_ACCOUNT_DATA_SQL's text). With want_stamps, the
+ * rows of the top of the order read the short way carry their stamps (ssync_stamp: a
+ * round trip fewer for a new connection's kept results). ROOMS_OK or ROOMS_E_DB. */
 int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const json_t *sent,
-                     const char *account_data, ssync_rooms *out);
+                     const char *account_data, bool want_stamps, ssync_rooms *out);
 void ssync_rooms_free(ssync_rooms *rs);
 /* Apply every list to rs: counts into `counts` ({list: count}), and for each room in a
  * list's window its combined config and list names into `picked`
@@ -280,11 +301,6 @@ bool ssync_room_state_changed(const json_t *pick, const json_t *sent);
 int64_t ssync_room_sent_limit(const json_t *pick, const json_t *sent, const json_t *result);
 
 /* ---- kept first results (ssync_cache.c, ssync_hits.c) ---------------------------- */
-
-/* What a kept result was made from (ssync_hits.c says what each is); compared whole. */
-typedef struct ssync_stamp {
-    int64_t room_max, room_min, receipt, account_data, erased;
-} ssync_stamp;
 
 #define SSYNC_CACHE_SET_BYTES (64 * 1024) /* a set's share of the budget, about */
 #define SSYNC_CACHE_WAYS 32               /* entries per set at most (2 KiB each fill it) */

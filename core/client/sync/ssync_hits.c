@@ -8,9 +8,9 @@
  *     user, device, timeline_limit and required_state pairs it was made for; without what
  *     the list row adds (membership, bump_stamp, is_dm, lists), which a hit takes from
  *     the run's own row.
- *   - When it is still right: at the same stamp, read for the window in one statement
- *     before anything of the room is read (so a stamp is never newer than what it
- *     stamps): the room's newest event up to the run's position and its oldest one (every
+ *   - When it is still right: at the same stamp, read for the window before anything of
+ *     the room is read (so a stamp is never newer than what it stamps), with the list for
+ *     a new connection's top rooms (ssync_lists.c, RECENT_SQL), else in one statement: the room's newest event up to the run's position and its oldest one (every
  *     event, state, redaction, relation, membership or backfill changes one of them; the
  *     member counts, names, heroes and visibility come from events), the user's newest
  *     receipt in the room (unread counts), the user's newest account data (push rules,
@@ -30,13 +30,7 @@
 /* Per room of $1: its newest event up to $2 and oldest event, the newest receipt of $3 in
  * it, then $3's newest account data and the newest erasure (the same on every row). */
 static const char STAMPS_SQL[] =
-    "SELECT r.i,"
-    " coalesce((SELECT max(e.stream_pos) FROM events e WHERE e.room_id = r.id AND e.stream_pos <= $2),"
-    "  -9223372036854775808),"
-    " coalesce((SELECT min(e.stream_pos) FROM events e WHERE e.room_id = r.id), -9223372036854775808),"
-    " coalesce((SELECT max(rc.stream_pos) FROM receipts rc WHERE rc.room_id = r.id AND rc.user_id = $3), 0),"
-    " coalesce((SELECT max(a.stream_pos) FROM account_data a WHERE a.user_id = $3), 0),"
-    " coalesce((SELECT max(x.erased_ts) FROM erased_users x), 0)"
+    "SELECT r.i, " SSYNC_ROOM_STAMP_SQL("r.id", "$2::bigint", "$3") ", " SSYNC_USER_STAMP_SQL("$3")
     " FROM unnest($1::text[]) WITH ORDINALITY AS r(id, i)";
 
 /* The sorted, distinct [type, state_key] pairs as one string (the order and repeats of
@@ -114,23 +108,35 @@ static json_t *hit_result(sync_ctx *s, const ssync_room_row *row, const json_t *
     return room;
 }
 
-/* The stamps of h's rooms (one statement). ROOMS_OK or ROOMS_E_DB. */
+/* The stamps of h's rooms not stamped with the list (one statement, none when all were).
+ * ROOMS_OK or ROOMS_E_DB. */
 static int read_stamps(sync_ctx *s, ssync_hits *h)
 {
-    json_t *ids = json_array();
-    for (size_t i = 0; i < h->n; i++) json_array_append_new(ids, json_string(h->room_id[i]));
+    json_t *ids = json_array(), *which = json_array();
+    for (size_t i = 0; i < h->n; i++)
+        if (!h->stamped[i]) {
+            json_array_append_new(ids, json_string(h->room_id[i]));
+            json_array_append_new(which, json_integer((json_int_t)i));
+        }
+    if (json_array_size(ids) == 0) {
+        json_decref(ids);
+        json_decref(which);
+        return ROOMS_OK;
+    }
     const char *p[3] = {rooms_pg_array(s->r->arena, ids), crooms_i64(s->r, s->upto), s->user};
     json_decref(ids);
     PGresult *res = rooms_q(s->c, STAMPS_SQL, 3, p, NULL);
-    if (!res) return ROOMS_E_DB;
-    for (int row = 0; row < PQntuples(res); row++) {
-        size_t i = (size_t)atoll(PQgetvalue(res, row, 0)) - 1;
-        if (i >= h->n) continue;
+    for (int row = 0; res && row < PQntuples(res); row++) {
+        size_t k = (size_t)atoll(PQgetvalue(res, row, 0)) - 1, i;
+        if (k >= json_array_size(which) || (i = (size_t)json_integer_value(json_array_get(which, k))) >= h->n)
+            continue;
         h->stamp[i] = (ssync_stamp){atoll(PQgetvalue(res, row, 1)), atoll(PQgetvalue(res, row, 2)),
                                     atoll(PQgetvalue(res, row, 3)), atoll(PQgetvalue(res, row, 4)),
                                     atoll(PQgetvalue(res, row, 5))};
         h->stamped[i] = true;
     }
+    json_decref(which);
+    if (!res) return ROOMS_E_DB;
     PQclear(res);
     return ROOMS_OK;
 }
@@ -160,7 +166,9 @@ int ssync_hits_take(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, co
                              : NULL;
         const char *id = rt_arena_strdup(r->arena, room_id); /* ids drops the hits' strings */
         if (!key || !id) return ROOMS_E_DB;
-        h->stamped[h->n] = false;
+        const ssync_room_row *row = row_of(rs, pick);
+        h->stamped[h->n] = row->stamped; /* read with the list (a new connection's top rooms) */
+        if (row->stamped) h->stamp[h->n] = row->stamp;
         h->room_id[h->n] = id;
         h->key[h->n++] = key;
     }

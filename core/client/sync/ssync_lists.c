@@ -206,7 +206,13 @@ static const char RECENT_SQL[] =
     "  WHERE" LISTED_SQL("m", "membership_pos") "AND m.room_id NOT IN (SELECT room_id FROM top))"
     " SELECT x.room_id, x.membership, x.event_id, x.sender, x.membership_pos, x.bump, $4::boolean AND false,"
     " CASE WHEN $5::boolean THEN NULL END::text, u.n, u.late, x.ordered, ok.ok"
-    " FROM u CROSS JOIN ok LEFT JOIN x ON true ORDER BY x.ordered DESC, x.bump DESC, x.room_id";
+    " , st.*, g.*"
+    " FROM u CROSS JOIN ok LEFT JOIN x ON true"
+    /* With $9, the stamps of the ordered rows (ssync_hits.c; nothing read otherwise). */
+    " LEFT JOIN LATERAL (SELECT " SSYNC_ROOM_STAMP_SQL("x.room_id", "$2::bigint", "$1")
+    "  WHERE $9::boolean AND x.ordered) st ON true"
+    " LEFT JOIN (SELECT " SSYNC_USER_STAMP_SQL("$1") " WHERE $9::boolean) g ON true"
+    " ORDER BY x.ordered DESC, x.bump DESC, x.room_id";
 #undef LISTED_SQL
 #undef FILTERED_SQL
 #undef BUMP_SQL
@@ -239,7 +245,9 @@ static json_t *named_rooms(const ssync_request *q, const json_t *sent)
     return ids;
 }
 
-/* The rows of TOP_SQL or HISTORY_SQL (their first eight columns) into out. */
+#define STAMP_COL 12 /* RECENT_SQL's first stamp column */
+/* The rows of RECENT_SQL, TOP_SQL or HISTORY_SQL (their first eight columns, and
+ * RECENT_SQL's stamps) into out. */
 static int rows_of(PGresult *res, json_t *dms, ssync_rooms *out)
 {
     out->res = res;
@@ -260,12 +268,19 @@ static int rows_of(PGresult *res, json_t *dms, ssync_rooms *out)
         row->room_type = PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7);
         row->is_dm = json_object_get(dms, row->room_id) != NULL;
         row->tags = json_object_get(out->tags, row->room_id);
+        /* RECENT_SQL's stamps (columns 12 to 16), when it read them for this row. */
+        row->stamped = PQnfields(res) >= STAMP_COL + 5 && !PQgetisnull(res, i, STAMP_COL) &&
+                       !PQgetisnull(res, i, STAMP_COL + 3);
+        if (row->stamped)
+            row->stamp = (ssync_stamp){atoll(PQgetvalue(res, i, STAMP_COL)), atoll(PQgetvalue(res, i, STAMP_COL + 1)),
+                                       atoll(PQgetvalue(res, i, STAMP_COL + 2)), atoll(PQgetvalue(res, i, STAMP_COL + 3)),
+                                       atoll(PQgetvalue(res, i, STAMP_COL + 4))};
     }
     return ROOMS_OK;
 }
 
 int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const json_t *sent,
-                     const char *account_data_text, ssync_rooms *out)
+                     const char *account_data_text, bool want_stamps, ssync_rooms *out)
 {
     *out = (ssync_rooms){.total = -1};
     json_t *dms;
@@ -283,14 +298,14 @@ int ssync_rooms_load(sync_ctx *s, const ssync_request *q, int64_t prev, const js
     }
     int64_t need = rows_needed(q);
     json_t *named = need >= 0 ? named_rooms(q, sent) : json_array();
-    const char *p[8] = {s->user, crooms_i64(s->r, s->upto), crooms_i64(s->r, prev), need_enc ? "t" : "f",
+    const char *p[9] = {s->user, crooms_i64(s->r, s->upto), crooms_i64(s->r, prev), need_enc ? "t" : "f",
                         need_type ? "t" : "f", s->timeline.ignored, need >= 0 ? crooms_i64(s->r, need) : NULL,
-                        rooms_pg_array(s->r->arena, named)};
+                        rooms_pg_array(s->r->arena, named), want_stamps ? "t" : "f"};
     json_decref(named);
     PGresult *res = NULL;
     bool whole = need < 0;
     if (p[7] && !whole) { /* a failure here is the run's, as for TOP_SQL: no second try */
-        res = rooms_q(s->c, RECENT_SQL, 8, p, NULL);
+        res = rooms_q(s->c, RECENT_SQL, 9, p, NULL);
         bool told = res && PQntuples(res) > 0 && PQgetvalue(res, 0, 11)[0] == 't';
         bool moved = res && PQntuples(res) > 0 && PQgetvalue(res, 0, 9)[0] == 't';
         rt_metric_add(told ? m_short : m_short_missed, res ? 1 : 0);
