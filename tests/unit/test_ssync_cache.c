@@ -94,7 +94,8 @@ static void test_an_entry_answers_only_at_its_stamp_and_goes_at_another(void **s
     ssync_cache_put(c, "k", &later, "{\"a\":2}");
     ssync_cache_put(c, "k", &later, "{\"a\":3}"); /* replaces, not a second entry */
     assert_int_equal(metric(reg, "atrium_sliding_sync_cache_entries"), 1);
-    assert_int_equal(metric(reg, "atrium_sliding_sync_cache_bytes"), (long long)(strlen("k") + strlen("{\"a\":3}") + 2));
+    long long bytes = (long long)(strlen("k") + strlen("{\"a\":3}") + 2);
+    assert_int_equal(metric(reg, "atrium_sliding_sync_cache_bytes"), bytes);
     char *got = ssync_cache_get(c, "k", &later);
     assert_string_equal(got, "{\"a\":3}");
     free(got);

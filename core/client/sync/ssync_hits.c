@@ -10,11 +10,12 @@
  *     the run's own row.
  *   - When it is still right: at the same stamp, read for the window before anything of
  *     the room is read (so a stamp is never newer than what it stamps), with the list for
- *     a new connection's top rooms (ssync_lists.c, RECENT_SQL), else in one statement: the room's newest event up to the run's position and its oldest one (every
- *     event, state, redaction, relation, membership or backfill changes one of them; the
- *     member counts, names, heroes and visibility come from events), the user's newest
- *     receipt in the room (unread counts), the user's newest account data (push rules,
- *     the ignore list) and the newest erasure (what erased senders' events show).
+ *     a new connection's top rooms (ssync_lists.c, RECENT_SQL), else in one statement: the
+ *     room's newest event up to the run's position and its oldest one (every event, state,
+ *     redaction, relation, membership or backfill changes one of them; the member counts,
+ *     names, heroes and visibility come from events), the user's newest receipt in the
+ *     room (unread counts), the user's newest account data (push rules, the ignore list)
+ *     and the newest erasure (what erased senders' events show).
  *   - What changes with time is set again on a hit: each event's unsigned.age, num_live
  *     (0: a hit is taken only on a first answer, or where the previous position is past
  *     the room's newest event), and a prev_batch made from the run's position (an empty

@@ -65,7 +65,8 @@ static int account_data(sync_ctx *s, const char *text, json_t **dms, json_t **ta
     json_t *item;
     json_array_foreach(all, i, item)
     {
-        const char *room = json_string_value(json_array_get(item, 0)), *type = json_string_value(json_array_get(item, 1));
+        const char *room = json_string_value(json_array_get(item, 0));
+        const char *type = json_string_value(json_array_get(item, 1));
         const char *value = json_string_value(json_array_get(item, 2));
         if (!room || !type) continue;
         if (strcmp(type, "m.ignored_user_list") == 0) {
@@ -164,18 +165,18 @@ static const char HISTORY_SQL[] =
  * the order and the count): walk sliding_sync_bumps newest first (its index on
  * bump_stamp) and keep the rooms the user is joined to, until $7 of them; the count and
  * the IDs of the user's rooms of other memberships (ordered by their own position, read
- * again by key) come from one pass over the user's rows by the primary key (`room_id > ''`,
- * true of every room ID, makes that pass an index scan in the generic plan also where a
- * few users share the same rooms: without it PostgreSQL, which then expects a tenth of the
- * table, read all of it, 0.6 ms of the statement's 1.0 for 10 users in 1,000 rooms, and a
- * second pass for the other memberships took 0.2 more). Exact when the walk found min($7, joined) rooms
- * none of which moved after upto ($2): every joined room has a row in sliding_sync_bumps
- * (ssync.c, migration 5), so a joined room the walk did not reach is older than all it
- * found. The walk stops after max(4 x $7, half the joined rooms) rows of the server's; `ok`
- * false (the walk fell short, a room moved after upto) sends the caller to TOP_SQL; with
- * `late` (a membership moved after upto) to HISTORY_SQL, as TOP_SQL would. The rows,
- * columns and order of TOP_SQL, and `ok` last; $4 and $5 are false here (filters would
- * need every row).
+ * again by key) come from one pass over the user's rows by the primary key (`room_id >
+ * ''`, true of every room ID, makes that pass an index scan in the generic plan also
+ * where a few users share the same rooms: without it PostgreSQL, which then expects a
+ * tenth of the table, read all of it, 0.6 ms of the statement's 1.0 for 10 users in 1,000
+ * rooms, and a second pass for the other memberships took 0.2 more). Exact when the walk
+ * found min($7, joined) rooms none of which moved after upto ($2): every joined room has
+ * a row in sliding_sync_bumps (ssync.c, migration 5), so a joined room the walk did not
+ * reach is older than all it found. The walk stops after max(4 x $7, half the joined
+ * rooms) rows of the server's; `ok` false (the walk fell short, a room moved after upto)
+ * sends the caller to TOP_SQL; with `late` (a membership moved after upto) to
+ * HISTORY_SQL, as TOP_SQL would. The rows, columns and order of TOP_SQL, and `ok` last;
+ * $4 and $5 are false here (filters would need every row).
  * docs/adr/0043-sliding-sync-lists-newest-first.md */
 static const char RECENT_SQL[] =
     "WITH u AS MATERIALIZED (SELECT"
@@ -195,7 +196,8 @@ static const char RECENT_SQL[] =
     "  AND NOT EXISTS (SELECT 1 FROM j WHERE j.bump > $2::bigint) AS ok FROM u),"
     " top AS MATERIALIZED (SELECT c.* FROM (SELECT * FROM j UNION ALL SELECT mine.room_id, mine.membership,"
     "   mine.event_id, mine.sender, mine.membership_pos, mine.forgotten, mine.membership_pos"
-    "   FROM sliding_sync_rooms mine WHERE mine.user_id = $1 AND mine.room_id = ANY(CAST((SELECT others FROM u) AS text[]))"
+    "   FROM sliding_sync_rooms mine WHERE mine.user_id = $1"
+    "   AND mine.room_id = ANY(CAST((SELECT others FROM u) AS text[]))"
     "   AND mine.membership <> 'join' AND" LISTED_SQL("mine", "membership_pos") ") c"
     "  WHERE (SELECT ok FROM ok) ORDER BY c.bump DESC, c.room_id LIMIT $7::bigint),"
     " x AS (SELECT true AS ordered, top.* FROM top UNION ALL SELECT false, m.room_id, m.membership, m.event_id,"
@@ -271,10 +273,11 @@ static int rows_of(PGresult *res, json_t *dms, ssync_rooms *out)
         /* RECENT_SQL's stamps (columns 12 to 16), when it read them for this row. */
         row->stamped = PQnfields(res) >= STAMP_COL + 5 && !PQgetisnull(res, i, STAMP_COL) &&
                        !PQgetisnull(res, i, STAMP_COL + 3);
-        if (row->stamped)
-            row->stamp = (ssync_stamp){atoll(PQgetvalue(res, i, STAMP_COL)), atoll(PQgetvalue(res, i, STAMP_COL + 1)),
-                                       atoll(PQgetvalue(res, i, STAMP_COL + 2)), atoll(PQgetvalue(res, i, STAMP_COL + 3)),
-                                       atoll(PQgetvalue(res, i, STAMP_COL + 4))};
+        if (row->stamped) {
+            int64_t v[5]; /* ssync_stamp's five, in their order */
+            for (int k = 0; k < 5; k++) v[k] = atoll(PQgetvalue(res, i, STAMP_COL + k));
+            row->stamp = (ssync_stamp){v[0], v[1], v[2], v[3], v[4]};
+        }
     }
     return ROOMS_OK;
 }
