@@ -142,6 +142,7 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
     json_decref(quiet);
     ssync_hits hits;
     if (ssync_hits_take(s, rs, picked, prev, ids, a->rooms, a->sent, &hits) < 0) {
+        ssync_hits_free(&hits);
         json_decref(ids);
         return ROOMS_E_DB;
     }
@@ -174,6 +175,7 @@ static int rooms_part(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, 
                                                         limit, json_object_get(pick, "rsk")));
     }
     if (facts) ssync_facts_free(facts, n);
+    ssync_hits_free(&hits);
     ssync_plans_free(plans, n);
     free(plans);
     free(facts);

@@ -326,16 +326,19 @@ typedef struct ssync_hits {
     size_t n;
     const char **room_id, **key;
     ssync_stamp *stamp;
-    bool *stamped; /* stamp read, and not taken: keep the room's result */
+    bool *stamped;   /* stamp read, and not taken: keep the room's result */
+    json_t *to_keep; /* {room_id: index} of those (owned: ssync_hits_free) */
 } ssync_hits;
 
 /* Of the rooms of ids (picked, to be read), those joined and new to the connection: read
  * their stamps, and send those kept at the same stamp from the store (into rooms, and the
- * connection's map `sent`), removing them from ids. ROOMS_OK or ROOMS_E_DB. */
+ * connection's map `sent`), removing them from ids. ROOMS_OK or ROOMS_E_DB;
+ * ssync_hits_free either way. */
 int ssync_hits_take(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, const ssync_pos *prev, json_t *ids,
                     json_t *rooms, json_t *sent, ssync_hits *h);
 /* Keep the result a run read for room_id when h stamped it. */
 void ssync_hits_keep(const ssync_hits *h, const char *room_id, const json_t *result, const ssync_plan *plan);
+void ssync_hits_free(ssync_hits *h);
 
 /* ---- extensions (ssync_ext.c) ----------------------------------------------------- */
 

@@ -175,6 +175,7 @@ int ssync_hits_take(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, co
     }
     if (h->n == 0) return ROOMS_OK;
     if (read_stamps(s, h) < 0) return ROOMS_E_DB;
+    json_t *taken = json_object();
     for (size_t i = 0; i < h->n; i++) {
         if (!h->stamped[i]) continue;
         if (prev->stream_pos > 0 && prev->stream_pos < h->stamp[i].room_max) continue; /* num_live */
@@ -192,29 +193,44 @@ int ssync_hits_take(sync_ctx *s, const ssync_rooms *rs, const json_t *picked, co
                                       (json_int_t)json_integer_value(json_object_get(pick, "tl")),
                                       json_object_get(pick, "rsk")));
         h->stamped[i] = false; /* taken: nothing to keep */
-        for (size_t j = 0; j < json_array_size(ids); j++)
-            if (strcmp(json_string_value(json_array_get(ids, j)), h->room_id[i]) == 0) {
-                json_array_remove(ids, j);
-                break;
-            }
+        json_object_set_new(taken, h->room_id[i], json_true());
     }
+    /* The rooms taken leave ids, and those to keep are found by ID (a window can hold
+     * thousands of rooms: one pass each, no search per room). */
+    h->to_keep = json_object();
+    json_t *left = json_array();
+    for (size_t i = 0; i < h->n; i++)
+        if (h->stamped[i]) json_object_set_new(h->to_keep, h->room_id[i], json_integer((json_int_t)i));
+    for (size_t j = 0; j < json_array_size(ids); j++) {
+        json_t *id = json_array_get(ids, j);
+        if (!json_object_get(taken, json_string_value(id))) json_array_append(left, id);
+    }
+    json_array_clear(ids);
+    json_array_extend(ids, left);
+    json_decref(left);
+    json_decref(taken);
     return ROOMS_OK;
+}
+
+void ssync_hits_free(ssync_hits *h)
+{
+    json_decref(h->to_keep);
+    h->to_keep = NULL;
 }
 
 void ssync_hits_keep(const ssync_hits *h, const char *room_id, const json_t *result, const ssync_plan *plan)
 {
     ssync_cache *cache = ssync_cache_global();
-    for (size_t i = 0; cache && i < h->n; i++) {
-        if (!h->stamped[i] || strcmp(h->room_id[i], room_id) != 0) continue;
-        json_t *kept = json_object();
-        json_object_update(kept, (json_t *)result);
-        const char *row_fields[] = {"membership", "bump_stamp", "is_dm", "lists", "num_live"};
-        for (size_t f = 0; f < sizeof(row_fields) / sizeof(row_fields[0]); f++) json_object_del(kept, row_fields[f]);
-        if (!plan->t.first_pos) json_object_del(kept, "prev_batch"); /* the run's position */
-        char *text = json_dumps(kept, JSON_COMPACT);
-        if (text) ssync_cache_put(cache, h->key[i], &h->stamp[i], text);
-        free(text);
-        json_decref(kept);
-        return;
-    }
+    const json_t *at = cache ? json_object_get(h->to_keep, room_id) : NULL;
+    if (!at) return;
+    size_t i = (size_t)json_integer_value(at);
+    json_t *kept = json_object();
+    json_object_update(kept, (json_t *)result);
+    const char *row_fields[] = {"membership", "bump_stamp", "is_dm", "lists", "num_live"};
+    for (size_t f = 0; f < sizeof(row_fields) / sizeof(row_fields[0]); f++) json_object_del(kept, row_fields[f]);
+    if (!plan->t.first_pos) json_object_del(kept, "prev_batch"); /* the run's position */
+    char *text = json_dumps(kept, JSON_COMPACT);
+    if (text) ssync_cache_put(cache, h->key[i], &h->stamp[i], text);
+    free(text);
+    json_decref(kept);
 }
