@@ -15,19 +15,7 @@
 #include <string.h>
 
 #include "core/client/sync/ssync.h"
-
-/* The value of one unlabelled metric in the registry's rendering (-1: absent). */
-static long long metric(rt_metrics *reg, const char *name)
-{
-    size_t len = 0;
-    char *text = rt_metrics_render(reg, &len);
-    char want[128];
-    snprintf(want, sizeof(want), "\n%s ", name);
-    const char *at = text ? strstr(text, want) : NULL;
-    long long v = at ? atoll(at + strlen(want)) : -1;
-    free(text);
-    return v;
-}
+#include "metric_fixture.h"
 
 static const ssync_stamp STAMP = {10, 1, 0, 5, 0};
 
